@@ -1,0 +1,109 @@
+# eventstore: build, test, bench, install.
+#
+#   make            build the Lua module (build/lib/eventstore/core.so) and libeventstore.a
+#   make test       install missing Debian packages, build, run every test
+#   make check-sanitize   the same suite under AddressSanitizer + UBSan
+#   make bench      print benchmark figures (see bench/README.md)
+#   make install    put the module where the system Lua 5.4 finds it
+#   make demo       the README's first command: a short run on SQLite
+
+# ---- settings --------------------------------------------------------------
+CC       ?= cc
+LUA      ?= lua5.4
+PREFIX   ?= /usr/local
+BUILD    ?= build
+OPT      ?= -O2 -g
+LUA_INC  ?= /usr/include/lua5.4
+WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Werror
+CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -Icore -MMD -MP $(SAN)
+LDLIBS   += -lsqlite3 -lpthread -lm
+LUA_CMOD_DIR ?= $(PREFIX)/lib/x86_64-linux-gnu/lua/5.4
+LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
+
+# Debian packages the build and the tests need (installed by `make deps`).
+DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 pkg-config valgrind
+
+# ---- sources ---------------------------------------------------------------
+CORE_SRC := $(filter-out core/lua_%.c,$(wildcard core/*.c))
+LUA_SRC  := $(wildcard core/lua_*.c)
+CORE_OBJ := $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
+LUA_OBJ  := $(LUA_SRC:core/%.c=$(BUILD)/obj/%.o)
+MODULE   := $(BUILD)/lib/eventstore/core.so
+LIB      := $(BUILD)/libeventstore.a
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+CTEST_SRC := $(wildcard spec/c/*.c)
+CTEST_BIN := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%)
+
+LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
+
+.PHONY: all deps test check check-sanitize check-valgrind bench install clean demo fuzz
+
+all: $(MODULE) $(LIB) $(CTEST_BIN)
+
+# Installs what is missing; a no-op (no apt) when everything is there.
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(BUILD)/obj/%.o: core/%.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# Only the Lua-facing files see the Lua half of json.h.
+$(LUA_OBJ): CFLAGS += -DES_JSON_WITH_LUA
+
+$(MODULE): $(CORE_OBJ) $(LUA_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(SAN) -o $@ $^ $(LDLIBS)
+
+$(LIB): $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(BUILD)/bench/%: bench/%.c $(LIB) $(MODULE)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+
+$(BUILD)/ctest/%: spec/c/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+
+# The README's test command. Last line: "N passed, N failed".
+test: all
+	@$(LUA_ENV) BUILD=$(BUILD) sh spec/run.sh
+
+check: test
+
+# The same suite with the module built under ASan + UBSan. The system
+# lua5.4 is not instrumented, so the ASan runtime is preloaded.
+check-sanitize:
+	@$(MAKE) --no-print-directory BUILD=build-san OPT='-O1 -g -fno-omit-frame-pointer' \
+	  SAN='-fsanitize=address,undefined -fno-sanitize-recover=all' all
+	@LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build-san/lib/?.so;;' BUILD=build-san sh spec/run.sh
+
+check-valgrind: all
+	@$(LUA_ENV) sh spec/valgrind.sh
+
+bench: all $(BENCH_BIN)
+	@$(LUA_ENV) BUILD=$(BUILD) sh bench/run.sh
+
+demo: all
+	@$(LUA_ENV) $(LUA) examples/demo.lua
+
+install: all
+	install -d $(DESTDIR)$(LUA_CMOD_DIR)/eventstore $(DESTDIR)$(LUA_LMOD_DIR)/eventstore
+	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMOD_DIR)/eventstore/core.so
+	install -m 644 lua/eventstore/*.lua $(DESTDIR)$(LUA_LMOD_DIR)/eventstore/
+
+clean:
+	rm -rf build build-san
+
+-include $(CORE_OBJ:.o=.d) $(LUA_OBJ:.o=.d)

@@ -1,0 +1,142 @@
+/*
+ * backend.h: the row-level interface a storage backend implements.
+ *
+ * A backend stores and finds rows; it knows no rule of the contract. The
+ * core (store.c) decides every value it writes (indexes, statuses, the
+ * `queued`/`due_at` dispatch bookkeeping) and calls these functions inside
+ * a transaction it opened. Where a database can do something faster (an
+ * index, a partial index) the backend may, as long as the answers are the
+ * ones specified here.
+ *
+ * Locking: the core serialises write transactions itself (one at a time per
+ * store handle). Read transactions may run concurrently with each other and
+ * with a write transaction; a read transaction must see only committed data
+ * (a backend may implement that by simply serialising reads with writes).
+ *
+ * All functions return ES_OK or an es code with err filled; ES_NOT_FOUND
+ * means "no such row" and needs no message. Rows passed to callbacks are
+ * borrowed for the duration of the callback; a callback returns nonzero to
+ * stop the iteration early (not an error).
+ */
+#ifndef ES_BACKEND_H
+#define ES_BACKEND_H
+
+#include "store.h"
+
+typedef int (*es_event_cb)(void *ctx, const es_event *row);
+typedef int (*es_session_cb)(void *ctx, const es_session_info *row);
+typedef int (*es_snapshot_cb)(void *ctx, const es_snapshot *row);
+typedef int (*es_presence_cb_row)(void *ctx, const es_presence_row *row);
+
+typedef struct es_backend es_backend;  /* a backend's own state, opaque to the core */
+/* A transaction (read or write) of a backend, opaque to the core. Row
+ * functions take the transaction they run in; a read transaction and a
+ * write transaction may be live at once on different threads. */
+typedef struct es_txn es_txn;
+
+typedef struct es_backend_ops {
+  const char *scheme;  /* URL scheme without ':', e.g. "memory", "sqlite" */
+  /* 1: a write transaction may stay open across several callers' work and
+   * commit once for all (group commit; worth it when commit is an fsync).
+   * 0: the core commits at the end of every call. */
+  int group_commit;
+
+  /* url_rest: the URL after "scheme:". Returns the backend in *out. */
+  int (*open)(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err);
+  void (*close)(es_backend *b);
+
+  /* Transactions. A write transaction contains savepoints: the core wraps
+   * each caller's work in savepoint/release so that one caller's failure
+   * rolls back only its own rows while the batch goes on. */
+  int (*write_begin)(es_backend *b, es_txn **t, es_err *err);
+  int (*write_commit)(es_txn *t, es_err *err);   /* durable when it returns ES_OK; ends t */
+  void (*write_rollback)(es_txn *t);             /* ends t */
+  int (*savepoint)(es_txn *t, es_err *err);
+  int (*savepoint_release)(es_txn *t, es_err *err);
+  void (*savepoint_rollback)(es_txn *t);         /* undoes since savepoint, then releases it */
+  int (*read_begin)(es_backend *b, es_txn **t, es_err *err);
+  void (*read_end)(es_txn *t);
+
+  /* Sessions: one row per session with its counters (store.h
+   * es_session_info), kept by the core. */
+  int (*session_get)(es_txn *t, const char *session, es_session_info *out, es_err *err);
+  int (*session_put)(es_txn *t, const es_session_info *row, es_err *err); /* insert or replace */
+  /* Sessions with name starting with prefix and > after (NULL: no bound),
+   * ascending byte order, at most limit. */
+  int (*session_list)(es_txn *t, const char *prefix, const char *after, int64_t limit,
+                      es_session_cb cb, void *ctx, es_err *err);
+
+  /* Events. */
+  int (*event_get)(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err);
+  /* Finds an event by id in any session (ES_NOT_FOUND when none). */
+  int (*event_get_by_id)(es_txn *t, const char *id, es_event *out, es_err *err);
+  /* Inserts a new row; assigns row->position (greater than every position
+   * committed before). The core guarantees (session,index) and id are new. */
+  int (*event_insert)(es_txn *t, es_event *row, es_err *err);
+  /* Rewrites the mutable dispatch fields of the row at (session, index):
+   * status, attempts, failures, last_error, processed_at, claim_holder,
+   * claim_expires_at, retry_at, queued, due_at, last_failed_attempt,
+   * returned. */
+  int (*event_update)(es_txn *t, const es_event *row, es_err *err);
+  /* after < index <= through, ascending, at most limit (ES_NONE: all). */
+  int (*event_range)(es_txn *t, const char *session, int64_t after, int64_t through,
+                     int64_t limit, es_event_cb cb, void *ctx, es_err *err);
+  /* position > after, ascending, at most limit (ES_NONE: all). */
+  int (*event_all)(es_txn *t, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
+                   es_err *err);
+  /* The lowest index > after of an event in (session, lane) whose status is
+   * not PROCESSED (dead letters count); *index = 0 when none. */
+  int (*lane_next)(es_txn *t, const char *session, const char *lane, int64_t after,
+                   int64_t *index, es_err *err);
+  /* Queued rows with due_at <= now. session NULL: all sessions, ordered by
+   * (due_at, position), at most limit. session set: that session's, in any
+   * order, all of them (limit ES_NONE). */
+  int (*queued_due)(es_txn *t, const char *session, int64_t now, int64_t limit,
+                    es_event_cb cb, void *ctx, es_err *err);
+  /* The smallest due_at > now among queued rows (of session, or all when
+   * NULL); ES_NONE when none. */
+  int (*queued_next_due)(es_txn *t, const char *session, int64_t now, int64_t *due,
+                         es_err *err);
+  /* Rows with status DEAD (of session, or all when NULL), position > after,
+   * ascending position, at most limit. */
+  int (*dead_list)(es_txn *t, const char *session, int64_t after, int64_t limit,
+                   es_event_cb cb, void *ctx, es_err *err);
+
+  /* Snapshots, keyed (session, reducer). */
+  int (*snapshot_get)(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
+                      es_err *err);
+  int (*snapshot_put)(es_txn *t, const char *session, const es_snapshot *row, es_err *err);
+  /* Ascending reducer name; rows passed without state (state NULL). */
+  int (*snapshot_list)(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
+                       es_err *err);
+
+  /* Presence, keyed (ns, participant, field). value NULL: tombstone. */
+  int (*presence_get)(es_txn *t, const char *ns, const char *participant, const char *field,
+                      es_presence_row *out, es_err *err);
+  int (*presence_put)(es_txn *t, const char *ns, const es_presence_row *row, es_err *err);
+  /* Drops rows of ns with expires_at <= now (may be a no-op). */
+  int (*presence_expire)(es_txn *t, const char *ns, int64_t now, es_err *err);
+  /* Rows of ns with expires_at > now, tombstones included, ordered by
+   * (participant, field). */
+  int (*presence_list)(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
+                       void *ctx, es_err *err);
+
+  /* Optional (NULL): a number that changes whenever anyone, in any process,
+   * commits to the same storage; es_store_wait polls it to see other
+   * processes' writes. */
+  int (*data_version)(es_backend *b, uint64_t *version, es_err *err);
+} es_backend_ops;
+
+extern const es_backend_ops es_backend_memory;
+extern const es_backend_ops es_backend_sqlite;
+
+/* Row helpers shared by backends and core (store.c). */
+void es_session_info_init(es_session_info *si);
+int es_session_info_copy(es_session_info *dst, const es_session_info *src);
+void es_snapshot_init(es_snapshot *sn);
+int es_snapshot_copy(es_snapshot *dst, const es_snapshot *src);
+void es_presence_row_init(es_presence_row *r);
+void es_presence_row_destroy(es_presence_row *r);
+int es_presence_row_copy(es_presence_row *dst, const es_presence_row *src);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * json.h: the exact payload codec (CONTRACT.md §1).
+ *
+ * Canonical text: object keys in byte order, no spaces, integers as integers
+ * (all of int64), floats in the shortest form that reads back exactly and
+ * still reads as a float ("3.0", "0.1", "1e+300"), strings as UTF-8 with
+ * only '"', '\\' and control characters escaped. Decoding is strict: one
+ * value, no trailing garbage, no duplicate object keys, valid UTF-8, no lone
+ * surrogates, nesting at most ES_JSON_MAX_DEPTH deep. An integer literal
+ * outside int64 decodes as a float.
+ *
+ * Two faces: the C face works on text only (for C callers and the binary);
+ * the Lua face converts between Lua values and text.
+ */
+#ifndef ES_JSON_H
+#define ES_JSON_H
+
+#include "buf.h"
+#include "es.h"
+
+#define ES_JSON_MAX_DEPTH 512
+
+/* C face ------------------------------------------------------------------ */
+
+/* Checks that text[0..len) is one strict JSON value. ES_OK or
+ * ES_INVALID_ARGUMENT with the byte offset and reason in err. */
+int es_json_validate(const char *text, size_t len, es_err *err);
+
+/* Parses text[0..len) strictly and appends its canonical form to out.
+ * ES_OK, ES_INVALID_ARGUMENT (bad JSON) or ES_STORAGE (out of memory). */
+int es_json_canonicalize(const char *text, size_t len, es_buf *out, es_err *err);
+
+/* Appends the canonical text of a double (shortest exact form that reads as
+ * a float). NaN and infinities are ES_INVALID_ARGUMENT. */
+int es_json_format_double(double d, es_buf *out, es_err *err);
+
+/* Lua face ---------------------------------------------------------------- */
+#ifdef ES_JSON_WITH_LUA
+#include <lua.h>
+
+/* Encodes the Lua value at stack index idx into canonical text appended to
+ * out. nil and json.null encode as null; a table marked with the array
+ * metatable (json.array, or any decoded array) or whose keys are exactly
+ * 1..n (n >= 1) is an array; a table with only string keys (or empty and
+ * unmarked) is an object. Functions, userdata (but null), threads, cycles,
+ * NaN/inf, mixed or sparse keys and invalid UTF-8 are ES_INVALID_ARGUMENT
+ * with a message naming the path, e.g. "payload.items[3]: ...". `what`
+ * names the root of that path (e.g. "payload"). Never raises a Lua error
+ * (uses at most a few stack slots; checks the stack). */
+int es_json_encode_lua(lua_State *L, int idx, const char *what, es_buf *out, es_err *err);
+
+/* Decodes text[0..len) and pushes the value (one slot). A top-level null
+ * pushes nil; null inside arrays/objects is json.null; arrays get the array
+ * metatable. On failure pushes nothing and returns ES_INVALID_ARGUMENT (or
+ * ES_STORAGE when Lua runs out of memory). */
+int es_json_decode_lua(lua_State *L, const char *text, size_t len, es_err *err);
+
+/* Pushes the json.null sentinel (a light userdata, the same in every
+ * lua_State of the process). */
+void es_json_push_null(lua_State *L);
+/* Whether the value at idx is json.null. */
+int es_json_is_null(lua_State *L, int idx);
+
+/* Pushes the module table {encode, decode, null, array, is_array}:
+ * encode(v) -> text, decode(text) -> v raise an eventstore error object
+ * ({code = "INVALID_ARGUMENT", message = ...}, built by es_lua_push_error)
+ * on bad input. */
+void es_json_push_module(lua_State *L);
+#endif
+
+#endif

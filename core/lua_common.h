@@ -1,0 +1,25 @@
+/*
+ * lua_common.h: helpers shared by the Lua-facing C files (store handle,
+ * json module, clock): the eventstore error object.
+ *
+ * An error object is a table {code = "CODE", message = "..."} whose
+ * metatable ("eventstore.Error" in the registry) gives
+ * tostring(e) == "CODE: message" (CONTRACT.md §2).
+ */
+#ifndef ES_LUA_COMMON_H
+#define ES_LUA_COMMON_H
+
+#include <lua.h>
+
+#include "es.h"
+
+#define ES_LUA_ERROR_MT "eventstore.Error"
+
+/* Pushes a new error object (creating the metatable on first use). */
+void es_lua_push_error(lua_State *L, int code, const char *message);
+/* Raises err as an error object. Never returns. */
+int es_lua_raise(lua_State *L, const es_err *err);
+/* Raises a new error object with a formatted message. Never returns. */
+int es_lua_raisef(lua_State *L, int code, const char *fmt, ...);
+
+#endif

@@ -1,0 +1,186 @@
+/*
+ * rows.c: init / copy / destroy for the row structs of store.h and
+ * backend.h, shared by the core and every backend.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+static int dup_str(char **dst, const char *src) {
+  if (!src) {
+    *dst = NULL;
+    return ES_OK;
+  }
+  *dst = strdup(src);
+  return *dst ? ES_OK : ES_STORAGE;
+}
+
+static int dup_bytes(char **dst, const char *src, size_t len) {
+  if (!src) {
+    *dst = NULL;
+    return ES_OK;
+  }
+  *dst = malloc(len + 1);
+  if (!*dst) return ES_STORAGE;
+  memcpy(*dst, src, len);
+  (*dst)[len] = '\0';
+  return ES_OK;
+}
+
+void es_event_init(es_event *e) {
+  memset(e, 0, sizeof *e);
+  e->cause_index = e->cause_attempt = ES_NONE;
+  e->not_before = ES_NONE;
+  e->processed_at = ES_NONE;
+  e->claim_expires_at = ES_NONE;
+  e->retry_at = ES_NONE;
+  e->due_at = ES_NONE;
+  e->last_failed_attempt = ES_NONE;
+}
+
+void es_event_destroy(es_event *e) {
+  if (!e) return;
+  free(e->id);
+  free(e->type);
+  free(e->payload);
+  free(e->session);
+  free(e->lane);
+  free(e->last_error);
+  free(e->claim_holder);
+  es_event_init(e);
+}
+
+int es_event_copy(es_event *dst, const es_event *src) {
+  *dst = *src;
+  dst->id = dst->type = dst->payload = dst->session = dst->lane = NULL;
+  dst->last_error = dst->claim_holder = NULL;
+  if (dup_str(&dst->id, src->id) || dup_str(&dst->type, src->type) ||
+      dup_bytes(&dst->payload, src->payload, src->payload_len) ||
+      dup_str(&dst->session, src->session) || dup_str(&dst->lane, src->lane) ||
+      dup_str(&dst->last_error, src->last_error) || dup_str(&dst->claim_holder, src->claim_holder)) {
+    es_event_destroy(dst);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+void es_events_destroy(es_events *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) es_event_destroy(&list->v[i]);
+  free(list->v);
+  list->v = NULL;
+  list->n = list->cap = 0;
+}
+
+int es_events_push_copy(es_events *list, const es_event *e) {
+  if (list->n == list->cap) {
+    size_t cap = list->cap ? list->cap * 2 : 8;
+    es_event *v = realloc(list->v, cap * sizeof *v);
+    if (!v) return ES_STORAGE;
+    list->v = v;
+    list->cap = cap;
+  }
+  if (es_event_copy(&list->v[list->n], e) != ES_OK) return ES_STORAGE;
+  list->n++;
+  return ES_OK;
+}
+
+void es_new_event_init(es_new_event *e) {
+  memset(e, 0, sizeof *e);
+  e->cause_index = e->cause_attempt = ES_NONE;
+  e->not_before = ES_NONE;
+}
+
+void es_renew_result_destroy(es_renew_result *r) {
+  if (!r) return;
+  free(r->renewed);
+  free(r->superseded);
+  memset(r, 0, sizeof *r);
+}
+
+void es_session_info_init(es_session_info *si) {
+  memset(si, 0, sizeof *si);
+  si->first_at = si->updated_at = ES_NONE;
+}
+
+void es_session_info_destroy(es_session_info *si) {
+  if (!si) return;
+  free(si->session);
+  es_session_info_init(si);
+}
+
+int es_session_info_copy(es_session_info *dst, const es_session_info *src) {
+  *dst = *src;
+  dst->session = NULL;
+  return dup_str(&dst->session, src->session);
+}
+
+void es_sessions_destroy(es_sessions *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) es_session_info_destroy(&list->v[i]);
+  free(list->v);
+  free(list->cursor);
+  memset(list, 0, sizeof *list);
+}
+
+void es_snapshot_init(es_snapshot *sn) {
+  memset(sn, 0, sizeof *sn);
+  sn->updated_at = ES_NONE;
+}
+
+void es_snapshot_destroy(es_snapshot *sn) {
+  if (!sn) return;
+  free(sn->reducer);
+  free(sn->state);
+  free(sn->version);
+  es_snapshot_init(sn);
+}
+
+int es_snapshot_copy(es_snapshot *dst, const es_snapshot *src) {
+  *dst = *src;
+  dst->reducer = dst->state = dst->version = NULL;
+  if (dup_str(&dst->reducer, src->reducer) || dup_bytes(&dst->state, src->state, src->state_len) ||
+      dup_str(&dst->version, src->version)) {
+    es_snapshot_destroy(dst);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+void es_snapshots_destroy(es_snapshots *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) es_snapshot_destroy(&list->v[i]);
+  free(list->v);
+  memset(list, 0, sizeof *list);
+}
+
+void es_presence_row_init(es_presence_row *r) {
+  memset(r, 0, sizeof *r);
+}
+
+void es_presence_row_destroy(es_presence_row *r) {
+  if (!r) return;
+  free(r->participant);
+  free(r->field);
+  free(r->value);
+  es_presence_row_init(r);
+}
+
+int es_presence_row_copy(es_presence_row *dst, const es_presence_row *src) {
+  *dst = *src;
+  dst->participant = dst->field = dst->value = NULL;
+  if (dup_str(&dst->participant, src->participant) || dup_str(&dst->field, src->field) ||
+      dup_bytes(&dst->value, src->value, src->value_len)) {
+    es_presence_row_destroy(dst);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+void es_presence_rows_destroy(es_presence_rows *rows) {
+  if (!rows) return;
+  for (size_t i = 0; i < rows->n; i++) es_presence_row_destroy(&rows->v[i]);
+  free(rows->v);
+  memset(rows, 0, sizeof *rows);
+}

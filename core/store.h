@@ -1,0 +1,308 @@
+/*
+ * store.h: the eventstore C API (CONTRACT.md §3): open a backend by URL,
+ * append and read events, claim / renew / complete / fail them, dead
+ * letters, snapshots, inspection, waiting, and presence.
+ *
+ * Every rule of the contract lives once, in store.c; backends (backend.h)
+ * only store and find rows inside transactions.
+ *
+ * Threads: one es_store may be used from any number of threads at once.
+ * Every call is atomic: on failure nothing was written.
+ *
+ * Ownership: strings passed in are borrowed for the duration of the call;
+ * results (es_event, es_events, ...) are owned by the caller and released
+ * with the matching _destroy function.
+ */
+#ifndef ES_STORE_H
+#define ES_STORE_H
+
+#include "es.h"
+
+typedef struct es_store es_store;
+
+#define ES_DEFAULT_MAX_PAYLOAD (1024 * 1024)
+#define ES_DEFAULT_MAX_BATCH 10000
+#define ES_MAX_ID_BYTES 255
+
+/* Options for es_store_open; zero-initialise and set what you need. */
+typedef struct es_open_opts {
+  es_clock_fn clock;         /* NULL: the system clock */
+  void *clock_ctx;           /* borrowed; must outlive the store */
+  size_t max_payload_bytes;  /* 0: ES_DEFAULT_MAX_PAYLOAD */
+  size_t max_batch_events;   /* 0: ES_DEFAULT_MAX_BATCH (more is TOO_LARGE) */
+  int durability;            /* backend-specific; 0: the backend's durable default */
+} es_open_opts;
+
+/* Dispatch status of a stored event. */
+enum { ES_STATUS_PENDING = 0, ES_STATUS_PROCESSED = 1, ES_STATUS_DEAD = 2 };
+
+/* A stored event with its dispatch record: the row every call returns and
+ * every backend stores. Strings are owned (malloc'd) unless a comment says
+ * otherwise; optional integers are ES_NONE when absent. */
+typedef struct es_event {
+  char *id;               /* unique across the store */
+  char *type;
+  char *payload;          /* canonical JSON text, NUL-terminated */
+  size_t payload_len;
+  char *session;
+  char *lane;             /* NULL: unlaned */
+  int64_t index;          /* 1-based, dense per session */
+  int64_t position;       /* store-wide, increasing in commit order */
+  int64_t created_at;
+  int64_t cause_index;    /* ES_NONE: no cause */
+  int64_t cause_attempt;
+  int64_t not_before;     /* ES_NONE: ready at once */
+  int status;             /* ES_STATUS_* */
+  int64_t attempts;       /* claims so far */
+  int64_t failures;
+  char *last_error;       /* NULL: none */
+  int64_t processed_at;   /* ES_NONE while not processed */
+  char *claim_holder;     /* NULL: no live-or-expired claim owns the event */
+  int64_t claim_expires_at;
+  int64_t retry_at;       /* end of the current backoff, ES_NONE: none */
+  /* Bookkeeping for the rules (written by store.c, stored verbatim by
+   * backends, not shown to users): */
+  int queued;             /* 1: a dispatch candidate (pending, not dead, head of its lane) */
+  int64_t due_at;         /* when queued: the time it is or becomes ready */
+  int64_t last_failed_attempt; /* ES_NONE: no failure; makes fail() idempotent */
+  int64_t returned;       /* events appended by the completing attempt */
+} es_event;
+
+typedef struct es_events {
+  es_event *v;  /* owned array */
+  size_t n;
+  size_t cap;
+} es_events;
+
+void es_event_init(es_event *e);          /* zero strings, ES_NONE optionals */
+void es_event_destroy(es_event *e);       /* frees the strings */
+int es_event_copy(es_event *dst, const es_event *src); /* deep copy; ES_STORAGE on OOM */
+void es_events_destroy(es_events *list);  /* frees every event and the array */
+/* Appends a deep copy of e. ES_OK or ES_STORAGE. */
+int es_events_push_copy(es_events *list, const es_event *e);
+
+/* An event to append. Borrowed strings. */
+typedef struct es_new_event {
+  const char *id;          /* NULL: generated (UUIDv7) */
+  const char *type;        /* required, non-empty */
+  const char *payload;     /* canonical JSON (see json.h); NULL: null */
+  size_t payload_len;
+  const char *lane;        /* NULL: unlaned */
+  int settled;             /* 1: stored processed, never dispatched */
+  int64_t cause_index;     /* ES_NONE: none (complete() sets its own) */
+  int64_t cause_attempt;
+  int64_t not_before;      /* ES_NONE: none */
+} es_new_event;
+
+void es_new_event_init(es_new_event *e);  /* NULL strings, ES_NONE optionals */
+
+/* Opens a store. url: NULL or "memory:", "sqlite:PATH". Unknown schemes are
+ * ES_INVALID_ARGUMENT; backend failures ES_STORAGE. *out is owned by the
+ * caller: es_store_release() it. */
+int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_err *err);
+/* Closes the backend once calls in flight finish; later calls return
+ * ES_CLOSED. Harmless when already closed. */
+void es_store_close(es_store *s);
+/* Reference counting, so several threads (engine workers) can hold one
+ * store: retain adds a reference; release drops one and, at zero, closes
+ * and frees. es_store_open returns one reference. */
+void es_store_retain(es_store *s);
+void es_store_release(es_store *s);
+
+/* The current time by the store's clock. */
+int es_store_now(es_store *s, int64_t *now, es_err *err);
+/* A counter bumped by every commit through this handle (cheap change check
+ * for subscriptions). */
+uint64_t es_store_version(es_store *s);
+
+/* 3.1 Append and read ---------------------------------------------------- */
+
+/* Appends n events (n may be 0). expected: ES_NONE or the required head.
+ * out receives the stored events in batch order (for a full replay, the
+ * originals); *pending whether the session has pending events afterwards.
+ * Errors: INVALID_ARGUMENT, TOO_LARGE, PARTIAL_DUPLICATE_BATCH, ID_CONFLICT,
+ * SUPERSEDED_ATTEMPT, NO_SUCH_EVENT, WRONG_EXPECTED_HEAD, STORAGE, CLOSED. */
+int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
+                    int64_t expected, es_events *out, int *pending, es_err *err);
+
+/* Events with after < index <= through (ES_NONE: the head), at most limit
+ * (ES_NONE: no limit), in index order. */
+int es_store_read(es_store *s, const char *session, int64_t after, int64_t through,
+                  int64_t limit, es_events *out, es_err *err);
+int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err);
+/* Events of every session with position > after, in position order. */
+int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err);
+/* Looks one event up by (session, index). NO_SUCH_EVENT when absent. */
+int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err);
+
+/* 3.2 Dispatch ----------------------------------------------------------- */
+
+enum { ES_CLAIMED = 1, ES_BUSY, ES_SETTLED, ES_COMPLETED, ES_SUPERSEDED, ES_FAILED, ES_DEAD_LETTERED };
+
+typedef struct es_claim_opts {
+  const char *holder;       /* required */
+  int64_t ttl_ms;           /* used when expires_at is ES_NONE; must be > 0 then */
+  int64_t expires_at;       /* ES_NONE: now + ttl_ms */
+  const int64_t *exclude;   /* indexes not to claim (borrowed) */
+  size_t n_exclude;
+  int64_t limit;            /* ES_NONE: no limit */
+} es_claim_opts;
+
+/* Claims the ready events of one session. *outcome: ES_CLAIMED (events in
+ * out, index order), ES_BUSY (*retry_at or ES_NONE) or ES_SETTLED. */
+int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+                   es_events *out, int64_t *retry_at, es_err *err);
+/* Claims up to limit ready events across sessions, earliest ready first.
+ * *retry_at: when the next not-yet-ready event becomes ready (ES_NONE). */
+int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
+                        es_events *out, int64_t *retry_at, es_err *err);
+
+typedef struct es_claim_ref {
+  int64_t index;
+  int64_t attempt;
+} es_claim_ref;
+
+typedef struct es_renew_result {
+  int64_t *renewed;     /* owned */
+  size_t n_renewed;
+  int64_t *superseded;  /* owned */
+  size_t n_superseded;
+} es_renew_result;
+void es_renew_result_destroy(es_renew_result *r);
+
+int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
+                   size_t n, int64_t ttl_ms, es_renew_result *out, es_err *err);
+
+/* *outcome: ES_COMPLETED (out: the appended events) or ES_SUPERSEDED. */
+int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
+                      const es_new_event *evs, size_t n, int *outcome, es_events *out, es_err *err);
+
+/* *outcome: ES_FAILED, ES_DEAD_LETTERED or ES_SUPERSEDED; *failures the
+ * count after the call. max_failures >= 1; retry_after_ms >= 0. */
+int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+                  const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
+                  int64_t *failures, es_err *err);
+
+/* A dead letter back to pending (failures reset) / marked processed.
+ * NO_SUCH_EVENT for a missing index; INVALID_ARGUMENT when it is not dead. */
+int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err);
+int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason, es_err *err);
+
+/* Dead letters (session NULL: all) with position > after, position order. */
+int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
+                          es_events *out, es_err *err);
+
+/* 3.3 Snapshots ---------------------------------------------------------- */
+
+typedef struct es_snapshot {
+  char *reducer;
+  int64_t index;
+  char *state;      /* bytes, owned */
+  size_t state_len;
+  char *version;
+  int64_t updated_at;
+} es_snapshot;
+
+typedef struct es_snapshots {
+  es_snapshot *v;
+  size_t n;
+  size_t cap;
+} es_snapshots;
+
+void es_snapshot_destroy(es_snapshot *sn);
+void es_snapshots_destroy(es_snapshots *list);
+
+/* The newest snapshot (*found = 0 when none) and the events after it. */
+int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
+                        es_snapshot *snap, es_events *events, es_err *err);
+/* Guarded upsert: ignored when a snapshot of a higher index exists. */
+int es_store_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+                          const char *state, size_t state_len, const char *version, es_err *err);
+/* The session's snapshots by reducer name (state left NULL). */
+int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err);
+
+/* 3.4 Inspection --------------------------------------------------------- */
+
+typedef struct es_session_info {
+  char *session;
+  int64_t head;       /* highest index */
+  int64_t events;
+  int64_t pending;
+  int64_t dead;
+  int64_t attempts;
+  int64_t failures;
+  int64_t first_at;
+  int64_t updated_at;
+} es_session_info;
+
+typedef struct es_sessions {
+  es_session_info *v;
+  size_t n;
+  size_t cap;
+  char *cursor;  /* owned; NULL when no more pages */
+} es_sessions;
+
+void es_session_info_destroy(es_session_info *si);
+void es_sessions_destroy(es_sessions *list);
+
+/* Sessions whose name starts with prefix and sorts after `after` (NULL:
+ * from the start), byte order, at most limit (> 0). */
+int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+                      es_sessions *out, es_err *err);
+/* One page; through ES_NONE pins the current head into *through_out. */
+int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+                         int64_t limit, es_events *out, int64_t *through_out, es_err *err);
+
+/* 3.5 Waiting ------------------------------------------------------------ */
+
+/* Events after `after` (an index; a position when session is NULL), waiting
+ * up to timeout_ms for some to exist. Sees other processes' commits where
+ * the backend can (sqlite: within ~100 ms). Returns ES_OK with an empty
+ * list on timeout. */
+int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
+                  int64_t limit, es_events *out, es_err *err);
+
+/* 3.6 Presence ----------------------------------------------------------- */
+
+typedef struct es_presence_row {
+  char *participant;
+  char *field;
+  char *value;       /* canonical JSON; NULL: a tombstone (deleted field) */
+  size_t value_len;
+  int64_t seen;
+  int64_t at;
+  int64_t expires_at;
+} es_presence_row;
+
+typedef struct es_presence_rows {
+  es_presence_row *v;
+  size_t n;
+  size_t cap;
+} es_presence_rows;
+
+void es_presence_rows_destroy(es_presence_rows *rows);
+
+/* One field of a presence write: value NULL deletes (tombstone). Borrowed. */
+typedef struct es_presence_field {
+  const char *field;
+  const char *value;
+  size_t value_len;
+} es_presence_field;
+
+/* Applies each field whose stored `at` is not newer than at (ES_NONE: now).
+ * applied receives the fields that won (value NULL for a deletion), with
+ * participant/seen/at set. ttl_ms > 0. */
+int es_store_presence_set(es_store *s, const char *ns, const char *participant,
+                          const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
+                          int64_t seen, es_presence_rows *applied, es_err *err);
+/* Live rows of ns (no tombstones, nothing expired), by participant, field. */
+int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
+
+/* In-process presence notification: cb runs after commit, on the writing
+ * thread, with the applied fields (borrowed for the call). Returns a token
+ * for es_store_presence_unwatch, or 0 when out of memory. */
+typedef void (*es_presence_cb)(void *ctx, const char *ns, const es_presence_rows *applied);
+uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
+void es_store_presence_unwatch(es_store *s, uint64_t token);
+
+#endif
