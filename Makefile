@@ -103,6 +103,17 @@ install: all
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMOD_DIR)/eventstore/core.so
 	install -m 644 lua/eventstore/*.lua $(DESTDIR)$(LUA_LMOD_DIR)/eventstore/
 
+# libFuzzer over the JSON codec (C face, and the Lua face against it); see
+# fuzz/README.md. Bounded: FUZZ_TIME seconds (default 60).
+fuzz:
+	@mkdir -p $(BUILD)/fuzz/corpus
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  fuzz/json_fuzz.c core/json.c core/buf.c core/es.c core/lua_json.c core/lua_common.c \
+	  -o $(BUILD)/fuzz/json_fuzz -llua5.4 -lm
+	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
+	  $(BUILD)/fuzz/corpus
+
 clean:
 	rm -rf build build-san
 

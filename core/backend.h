@@ -84,13 +84,17 @@ typedef struct es_backend_ops {
   /* position > after, ascending, at most limit (ES_NONE: all). */
   int (*event_all)(es_txn *t, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
                    es_err *err);
+  /* The highest position stored (0 when the store is empty). */
+  int (*last_position)(es_txn *t, int64_t *position, es_err *err);
   /* The lowest index > after of an event in (session, lane) whose status is
    * not PROCESSED (dead letters count); *index = 0 when none. */
   int (*lane_next)(es_txn *t, const char *session, const char *lane, int64_t after,
                    int64_t *index, es_err *err);
-  /* Queued rows with due_at <= now. session NULL: all sessions, ordered by
-   * (due_at, position), at most limit. session set: that session's, in any
-   * order, all of them (limit ES_NONE). */
+  /* Queued rows with due_at <= now, at most limit (ES_NONE: all).
+   * session NULL: all sessions, ordered by (due_at, position).
+   * session set: that session's, ordered by index (claim() returns index
+   * order and applies its limit; a row that is queued but not yet due is
+   * skipped, so the cost is O(log n + queued-not-due + limit)). */
   int (*queued_due)(es_txn *t, const char *session, int64_t now, int64_t limit,
                     es_event_cb cb, void *ctx, es_err *err);
   /* The smallest due_at > now among queued rows (of session, or all when
@@ -129,14 +133,5 @@ typedef struct es_backend_ops {
 
 extern const es_backend_ops es_backend_memory;
 extern const es_backend_ops es_backend_sqlite;
-
-/* Row helpers shared by backends and core (store.c). */
-void es_session_info_init(es_session_info *si);
-int es_session_info_copy(es_session_info *dst, const es_session_info *src);
-void es_snapshot_init(es_snapshot *sn);
-int es_snapshot_copy(es_snapshot *dst, const es_snapshot *src);
-void es_presence_row_init(es_presence_row *r);
-void es_presence_row_destroy(es_presence_row *r);
-int es_presence_row_copy(es_presence_row *dst, const es_presence_row *src);
 
 #endif

@@ -65,7 +65,8 @@ typedef struct es_event {
   int queued;             /* 1: a dispatch candidate (pending, not dead, head of its lane) */
   int64_t due_at;         /* when queued: the time it is or becomes ready */
   int64_t last_failed_attempt; /* ES_NONE: no failure; makes fail() idempotent */
-  int64_t returned;       /* events appended by the completing attempt */
+  int64_t returned;       /* events appended by the completing attempt; -1 when
+                             processed without a completion (settled) */
 } es_event;
 
 typedef struct es_events {
@@ -132,6 +133,9 @@ int es_store_read(es_store *s, const char *session, int64_t after, int64_t throu
 int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err);
 /* Events of every session with position > after, in position order. */
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err);
+/* The highest position stored so far (0 when empty): where a subscriber
+ * to every session starts. */
+int es_store_last_position(es_store *s, int64_t *position, es_err *err);
 /* Looks one event up by (session, index). NO_SUCH_EVENT when absent. */
 int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err);
 
@@ -215,9 +219,11 @@ void es_snapshots_destroy(es_snapshots *list);
 /* The newest snapshot (*found = 0 when none) and the events after it. */
 int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
                         es_snapshot *snap, es_events *events, es_err *err);
-/* Guarded upsert: ignored when a snapshot of a higher index exists. */
+/* Guarded upsert: ignored (*stored = 0) when a snapshot of a higher index
+ * exists; an equal index replaces. index must be 0..head (NO_SUCH_EVENT). */
 int es_store_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
-                          const char *state, size_t state_len, const char *version, es_err *err);
+                          const char *state, size_t state_len, const char *version, int *stored,
+                          es_err *err);
 /* The session's snapshots by reducer name (state left NULL). */
 int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err);
 
@@ -304,5 +310,14 @@ int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, e
 typedef void (*es_presence_cb)(void *ctx, const char *ns, const es_presence_rows *applied);
 uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
 void es_store_presence_unwatch(es_store *s, uint64_t token);
+
+/* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
+void es_session_info_init(es_session_info *si);
+int es_session_info_copy(es_session_info *dst, const es_session_info *src);
+void es_snapshot_init(es_snapshot *sn);
+int es_snapshot_copy(es_snapshot *dst, const es_snapshot *src);
+void es_presence_row_init(es_presence_row *r);
+void es_presence_row_destroy(es_presence_row *r);
+int es_presence_row_copy(es_presence_row *dst, const es_presence_row *src);
 
 #endif

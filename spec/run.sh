@@ -11,7 +11,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
 # busted: its TAP output gives one "ok"/"not ok" line per test.
-$LUA /usr/bin/busted --output=TAP spec >"$out" 2>&1
+$LUA /usr/bin/busted --config-file=spec/.busted --output=TAP spec >"$out" 2>&1
 status=$?
 cat "$out"
 p=$(grep -c '^ok ' "$out")

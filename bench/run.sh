@@ -1,0 +1,8 @@
+#!/bin/sh
+# make bench: every benchmark, figures on stdout. See bench/README.md.
+BUILD=${BUILD:-build}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+set -e
+"$BUILD"/bench/store_bench memory: 1000000
+lua5.4 bench/store_bench.lua memory: 1000000

@@ -1,0 +1,1448 @@
+/*
+ * backend_memory.c: the "memory:" backend (backend.h), everything in RAM.
+ *
+ * Layout (docs/memory-backend.md has the picture and the cost of each op):
+ *   - a row is one allocation: a 64-byte header, the optional immutable
+ *     integers (cause, not_before, the lane) only when present, then
+ *     id, type and payload bytes; the session name and the lane name are
+ *     shared, the dispatch record (attempts, claim, errors, ...) is a
+ *     separate block that exists only once it differs from "never touched";
+ *   - rows are found by position (a dense array: position p at p - 1), by
+ *     (session, index) (a dense array per session) and by id (hmap.h);
+ *   - the dispatch indexes are intrusive AVL trees (tree.h): queued rows by
+ *     (due_at, position) store-wide and by (due_at, index) per session, dead
+ *     rows by position store-wide and per session, unprocessed laned rows by
+ *     index per (session, lane). Their nodes sit in a block hung off the row
+ *     only while it is in one of those sets (freed at commit otherwise), so
+ *     history rows do not pay for them.
+ *
+ * Transactions: one writer at a time (a rwlock, writer-preferring) and an
+ * undo log. Every write op first makes every allocation it needs, then
+ * changes the structures (which cannot fail), then logs how to undo. Undo
+ * never allocates: the trees are intrusive and a replaced block (dispatch
+ * record, session row, snapshot, presence row) is kept until commit, so
+ * savepoint_rollback and write_rollback always restore the exact previous
+ * state, even out of memory.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "hmap.h"
+#include "tree.h"
+
+typedef struct mrow mrow;
+typedef struct msess msess;
+
+/* The ordered sets a row can be in; bit i of a set mask is slot i. A links
+ * block holds the nodes of slots 0 .. n-1 only, so the order puts the sets
+ * of a pending row first: a queued row needs 2 nodes, a laned one 3. */
+enum { SLOT_QG, SLOT_QS, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
+#define SETS_QUEUED ((1u << SLOT_QG) | (1u << SLOT_QS))
+#define SETS_DEAD ((1u << SLOT_DG) | (1u << SLOT_DS))
+#define SETS_LANE (1u << SLOT_LANE)
+
+typedef struct mlinks {
+  mrow *row;             /* back pointer: a node leads to its row */
+  es_tree_node node[];   /* indexed by SLOT_*, as many as mrow.nslots */
+} mlinks;
+
+/* The dispatch record beyond status/queued/due_at. Copy-on-write: an update
+ * installs a new block and the undo log keeps the old one until commit. */
+typedef struct mdisp {
+  int64_t attempts, failures, processed_at, claim_expires_at, retry_at, last_failed_attempt,
+      returned;
+  unsigned char has_error, has_holder;
+  char data[];  /* last_error NUL, claim_holder NUL (each only when present) */
+} mdisp;
+
+enum {
+  RF_LANE = 1,            /* tail holds the mlane pointer */
+  RF_CAUSE = 2,           /* tail holds cause_index, cause_attempt */
+  RF_NOT_BEFORE = 4,      /* tail holds not_before */
+  RF_NO_PAYLOAD = 8,      /* payload was NULL */
+  RF_PROC_AT_CREATED = 16 /* no disp block, processed_at == created_at (a settled event) */
+};
+
+struct mrow {
+  msess *sess;     /* shared: the session name lives there */
+  mdisp *disp;     /* NULL: the untouched dispatch record */
+  mlinks *links;   /* NULL: in no ordered set */
+  int64_t index, position, created_at, due_at;
+  uint32_t payload_len;
+  unsigned char status, queued, flags;
+  unsigned char nslots;  /* nodes in the links block */
+  uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before] id NUL type NUL payload NUL */
+};
+
+typedef struct mlane {
+  es_tree unprocessed;  /* SLOT_LANE nodes by index */
+  size_t rows;          /* rows pointing here; the lane is freed at 0 */
+  char name[];
+} mlane;
+
+typedef struct msnap {
+  int64_t index, updated_at;
+  size_t state_len;
+  unsigned char has_state, has_version;
+  char data[];  /* reducer NUL [version NUL] [state bytes NUL] */
+} msnap;
+
+struct msess {
+  es_tree_node by_name;   /* in es_backend.names while info != NULL */
+  es_session_info *info;  /* owned, session field NULL; NULL: never put */
+  mrow **rows;            /* owned array; index i at rows[i - 1] */
+  size_t n, cap;
+  es_tree queued;         /* SLOT_QS */
+  es_tree dead;           /* SLOT_DS */
+  es_hmap *lanes;         /* owned, of owned mlane; NULL until the first laned row */
+  msnap **snaps;          /* owned, sorted by reducer */
+  size_t nsnaps, capsnaps;
+  char name[];
+};
+
+typedef struct prow {
+  es_tree_node ord;  /* in mns.rows by (participant, field) */
+  es_tree_node exp;  /* in mns.expiry by (expires_at, address) */
+  int64_t seen, at, expires_at;
+  size_t value_len;
+  unsigned char has_value;
+  char data[];       /* participant NUL field NUL [value NUL] */
+} prow;
+
+typedef struct mns {
+  es_tree rows, expiry;
+  size_t count;
+  char name[];
+} mns;
+
+/* One undo step. */
+enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL };
+typedef struct urec {
+  unsigned char kind;
+  unsigned char created;    /* this op created the session (or namespace): undo frees it */
+  unsigned char new_links;  /* U_EV_UPDATE: the op installed a bigger links block */
+  unsigned char old_nslots;
+  unsigned char disp_kept;  /* U_EV_UPDATE: the dispatch block did not change */
+  unsigned char old_status, old_queued, old_flags;
+  void *obj;                /* the row, session or namespace */
+  void *old;                /* the replaced block (owned by the log until commit), or NULL */
+  void *neu;                /* U_SNAP_PUT, U_PRES_PUT: the block put; U_EV_UPDATE: the old links */
+  int64_t old_due;
+} urec;
+
+struct es_txn {
+  es_backend *b;
+  int write;
+};
+
+struct es_backend {
+  pthread_rwlock_t lock;
+  es_txn wtxn, rtxn;
+  mrow **pos;        /* owned array; position p at pos[p - 1] */
+  size_t npos, cappos;
+  es_hmap ids;       /* rows by id */
+  es_hmap sessions;  /* owned msess by name */
+  msess *last;       /* the session found last: batches stay in one */
+  es_tree names;     /* sessions with a session row, by name */
+  es_tree queued;    /* SLOT_QG */
+  es_tree dead;      /* SLOT_DG */
+  es_hmap spaces;    /* owned mns by name */
+  urec *undo;        /* owned log of the open write transaction */
+  size_t nundo, capundo;
+  size_t *marks;     /* savepoint stack: undo log lengths */
+  size_t nmarks, capmarks;
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static int oom(es_err *err) { return es_fail(err, ES_STORAGE, "memory backend: out of memory"); }
+
+/* The array arr (*cap elements of size sz) with room for n: arr itself, or
+ * a reallocation (*cap updated), or NULL when out of memory (arr intact). */
+static void *grow(void *arr, size_t *cap, size_t n, size_t sz) {
+  if (n <= *cap) return arr;
+  size_t c = *cap ? *cap : 8;
+  while (c < n) c += c;  /* doubling: a big array grows by mremap, not copying */
+  if (c > SIZE_MAX / sz) return NULL;
+  void *p = realloc(arr, c * sz);
+  if (p) *cap = c;
+  return p;
+}
+
+static int undo_reserve(es_backend *b, size_t n) {
+  urec *p = grow(b->undo, &b->capundo, b->nundo + n, sizeof *p);
+  if (!p) return -1;
+  b->undo = p;
+  return 0;
+}
+
+static int pos_reserve(es_backend *b) {
+  mrow **p = grow(b->pos, &b->cappos, b->npos + 1, sizeof *p);
+  if (!p) return -1;
+  b->pos = p;
+  return 0;
+}
+
+static int rows_reserve(msess *s) {
+  mrow **p = grow(s->rows, &s->cap, s->n + 1, sizeof *p);
+  if (!p) return -1;
+  s->rows = p;
+  return 0;
+}
+
+static int snaps_reserve(msess *s) {
+  msnap **p = grow(s->snaps, &s->capsnaps, s->nsnaps + 1, sizeof *p);
+  if (!p) return -1;
+  s->snaps = p;
+  return 0;
+}
+
+/* Logs a step; undo_reserve made room. */
+static urec *undo_push(es_backend *b, int kind, void *obj) {
+  urec *u = &b->undo[b->nundo++];
+  memset(u, 0, sizeof *u);
+  u->kind = (unsigned char)kind;
+  u->obj = obj;
+  return u;
+}
+
+static int check_write(es_txn *t, es_err *err) {
+  if (!t || !t->write)
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: write outside a write transaction");
+  return ES_OK;
+}
+
+/* ---- rows: layout ------------------------------------------------------- */
+
+static size_t tail_words(unsigned flags) {
+  return ((flags & RF_LANE) ? 1 : 0) + ((flags & RF_CAUSE) ? 2 : 0) + ((flags & RF_NOT_BEFORE) ? 1 : 0);
+}
+
+static mlane *row_lane(const mrow *r) {
+  mlane *l = NULL;
+  if (r->flags & RF_LANE) memcpy(&l, &r->tail[0], sizeof l);
+  return l;
+}
+
+static const char *row_id(const mrow *r) { return (const char *)(r->tail + tail_words(r->flags)); }
+static const char *row_id_key(const void *item) { return row_id(item); }
+static const char *sess_key(const void *item) { return ((const msess *)item)->name; }
+static const char *lane_key(const void *item) { return ((const mlane *)item)->name; }
+static const char *ns_key(const void *item) { return ((const mns *)item)->name; }
+
+static int disp_is_default(const es_event *e) {
+  return e->attempts == 0 && e->failures == 0 && e->processed_at == ES_NONE &&
+         e->claim_expires_at == ES_NONE && e->retry_at == ES_NONE &&
+         e->last_failed_attempt == ES_NONE && e->returned == 0 && !e->last_error && !e->claim_holder;
+}
+
+/* Whether e's dispatch record needs a block; *proc_flag is RF_PROC_AT_CREATED
+ * when the only difference is processed_at == created_at. */
+static int disp_needed(const es_event *e, int64_t created_at, unsigned *proc_flag) {
+  *proc_flag = 0;
+  if (disp_is_default(e)) return 0;
+  if (e->processed_at == created_at) {
+    es_event probe = *e;
+    probe.processed_at = ES_NONE;
+    if (disp_is_default(&probe)) {
+      *proc_flag = RF_PROC_AT_CREATED;
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static int str_eq(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
+
+static const char *disp_error(const mdisp *d) { return d->has_error ? d->data : NULL; }
+static const char *disp_holder(const mdisp *d) {
+  if (!d->has_holder) return NULL;
+  return d->has_error ? d->data + strlen(d->data) + 1 : d->data;
+}
+
+static int disp_same(const mdisp *d, const es_event *e) {
+  return d && d->attempts == e->attempts && d->failures == e->failures &&
+         d->processed_at == e->processed_at && d->claim_expires_at == e->claim_expires_at &&
+         d->retry_at == e->retry_at && d->last_failed_attempt == e->last_failed_attempt &&
+         d->returned == e->returned && str_eq(disp_error(d), e->last_error) &&
+         str_eq(disp_holder(d), e->claim_holder);
+}
+
+static mdisp *disp_new(const es_event *e) {
+  size_t le = e->last_error ? strlen(e->last_error) + 1 : 0;
+  size_t lh = e->claim_holder ? strlen(e->claim_holder) + 1 : 0;
+  mdisp *d = malloc(sizeof *d + le + lh);
+  if (!d) return NULL;
+  d->attempts = e->attempts;
+  d->failures = e->failures;
+  d->processed_at = e->processed_at;
+  d->claim_expires_at = e->claim_expires_at;
+  d->retry_at = e->retry_at;
+  d->last_failed_attempt = e->last_failed_attempt;
+  d->returned = e->returned;
+  d->has_error = e->last_error != NULL;
+  d->has_holder = e->claim_holder != NULL;
+  if (le) memcpy(d->data, e->last_error, le);
+  if (lh) memcpy(d->data + le, e->claim_holder, lh);
+  return d;
+}
+
+/* A borrowed es_event over the row (valid while the row is unchanged). */
+static void row_view(const mrow *r, es_event *e) {
+  size_t w = 0;
+  mlane *lane = row_lane(r);
+  if (r->flags & RF_LANE) w++;
+  e->cause_index = e->cause_attempt = ES_NONE;
+  e->not_before = ES_NONE;
+  if (r->flags & RF_CAUSE) {
+    e->cause_index = (int64_t)r->tail[w];
+    e->cause_attempt = (int64_t)r->tail[w + 1];
+    w += 2;
+  }
+  if (r->flags & RF_NOT_BEFORE) e->not_before = (int64_t)r->tail[w++];
+  char *id = (char *)(r->tail + w);
+  char *type = id + strlen(id) + 1;
+  char *payload = type + strlen(type) + 1;
+  e->id = id;
+  e->type = type;
+  e->payload = (r->flags & RF_NO_PAYLOAD) ? NULL : payload;
+  e->payload_len = r->payload_len;
+  e->session = (char *)r->sess->name;
+  e->lane = lane ? lane->name : NULL;
+  e->index = r->index;
+  e->position = r->position;
+  e->created_at = r->created_at;
+  e->status = r->status;
+  e->queued = r->queued;
+  e->due_at = r->due_at;
+  const mdisp *d = r->disp;
+  if (d) {
+    e->attempts = d->attempts;
+    e->failures = d->failures;
+    e->processed_at = d->processed_at;
+    e->claim_expires_at = d->claim_expires_at;
+    e->retry_at = d->retry_at;
+    e->last_failed_attempt = d->last_failed_attempt;
+    e->returned = d->returned;
+    e->last_error = (char *)disp_error(d);
+    e->claim_holder = (char *)disp_holder(d);
+  } else {
+    e->attempts = e->failures = e->returned = 0;
+    e->processed_at = (r->flags & RF_PROC_AT_CREATED) ? r->created_at : ES_NONE;
+    e->claim_expires_at = e->retry_at = e->last_failed_attempt = ES_NONE;
+    e->last_error = e->claim_holder = NULL;
+  }
+}
+
+static void row_free(mrow *r) {
+  free(r->disp);
+  free(r->links);
+  free(r);
+}
+
+/* ---- rows: ordered sets ------------------------------------------------- */
+
+/* The sets a row with these fields belongs in. */
+static unsigned sets_of(int status, int queued, unsigned flags) {
+  unsigned m = 0;
+  if (queued) m |= SETS_QUEUED;
+  if (status == ES_STATUS_DEAD) m |= SETS_DEAD;
+  if ((flags & RF_LANE) && status != ES_STATUS_PROCESSED) m |= SETS_LANE;
+  return m;
+}
+static unsigned row_sets(const mrow *r) { return sets_of(r->status, r->queued, r->flags); }
+
+/* Nodes a links block needs for the sets of mask. */
+static unsigned slots_for(unsigned mask) {
+  unsigned n = 0;
+  while (mask >> n) n++;
+  return n;
+}
+
+static mlinks *links_new(mrow *r, unsigned nslots) {
+  mlinks *l = malloc(sizeof *l + nslots * sizeof l->node[0]);
+  if (l) l->row = r;
+  return l;
+}
+
+typedef struct tkey {
+  int64_t a, b;
+} tkey;
+
+static tkey slot_key(int slot, const mrow *r) {
+  tkey k = {0, 0};
+  switch (slot) {
+    case SLOT_QG: k.a = r->due_at; k.b = r->position; break;
+    case SLOT_QS: k.a = r->due_at; k.b = r->index; break;
+    case SLOT_DG:
+    case SLOT_DS: k.a = r->position; break;
+    default: k.a = r->index; break;
+  }
+  return k;
+}
+
+static mrow *node_row(const es_tree_node *n, int slot) {
+  const mlinks *l = (const mlinks *)((const char *)(n - slot) - offsetof(mlinks, node));
+  return l->row;
+}
+
+static int tkey_cmp(tkey x, tkey y) {
+  if (x.a != y.a) return x.a < y.a ? -1 : 1;
+  if (x.b != y.b) return x.b < y.b ? -1 : 1;
+  return 0;
+}
+
+#define SLOT_FUNCS(slot, name)                                                     \
+  static int cmp_##name(const es_tree_node *x, const es_tree_node *y) {            \
+    return tkey_cmp(slot_key(slot, node_row(x, slot)), slot_key(slot, node_row(y, slot))); \
+  }                                                                                \
+  static int probe_##name(const void *key, const es_tree_node *n) {                \
+    return tkey_cmp(*(const tkey *)key, slot_key(slot, node_row(n, slot)));         \
+  }
+SLOT_FUNCS(SLOT_QG, qg)
+SLOT_FUNCS(SLOT_QS, qs)
+SLOT_FUNCS(SLOT_DG, dg)
+SLOT_FUNCS(SLOT_DS, ds)
+SLOT_FUNCS(SLOT_LANE, lane)
+
+static es_tree_probe_fn const slot_probe[NSLOTS] = {
+    [SLOT_QG] = probe_qg, [SLOT_QS] = probe_qs, [SLOT_LANE] = probe_lane,
+    [SLOT_DG] = probe_dg, [SLOT_DS] = probe_ds};
+
+static es_tree *slot_tree(es_backend *b, mrow *r, int slot) {
+  switch (slot) {
+    case SLOT_QG: return &b->queued;
+    case SLOT_QS: return &r->sess->queued;
+    case SLOT_DG: return &b->dead;
+    case SLOT_DS: return &r->sess->dead;
+    default: return &row_lane(r)->unprocessed;
+  }
+}
+
+/* Links or unlinks r in the sets of mask (r->links must exist). */
+static void row_link(es_backend *b, mrow *r, unsigned mask) {
+  for (int s = 0; s < NSLOTS; s++)
+    if (mask & (1u << s)) es_tree_insert(slot_tree(b, r, s), &r->links->node[s]);
+}
+static void row_unlink(es_backend *b, mrow *r, unsigned mask) {
+  for (int s = 0; s < NSLOTS; s++)
+    if (mask & (1u << s)) es_tree_remove(slot_tree(b, r, s), &r->links->node[s]);
+}
+
+/* Moves r to a new dispatch state, relinking only the sets whose membership
+ * or key changes; with another links block (big enough for the new sets),
+ * every set moves to it. Cannot fail. */
+static void row_set_state(es_backend *b, mrow *r, int status, int queued, int64_t due_at,
+                          unsigned flags, mdisp *disp, mlinks *links, unsigned nslots) {
+  unsigned before = row_sets(r), after = sets_of(status, queued, flags);
+  unsigned moved = 0;
+  if (r->due_at != due_at) moved = before & after & SETS_QUEUED;
+  if (links != r->links) moved = before & after;
+  row_unlink(b, r, (before & ~after) | moved);
+  r->status = (unsigned char)status;
+  r->queued = (unsigned char)(queued != 0);
+  r->due_at = due_at;
+  r->flags = (unsigned char)flags;
+  r->disp = disp;
+  r->links = links;
+  r->nslots = (unsigned char)nslots;
+  row_link(b, r, (after & ~before) | moved);
+}
+
+/* ---- sessions ----------------------------------------------------------- */
+
+static int cmp_name(const es_tree_node *x, const es_tree_node *y) {
+  return strcmp(((const msess *)x)->name, ((const msess *)y)->name);
+}
+static int probe_name(const void *key, const es_tree_node *n) {
+  return strcmp(key, ((const msess *)n)->name);
+}
+
+static msess *sess_alloc(const char *name) {
+  size_t len = strlen(name);
+  msess *s = calloc(1, sizeof *s + len + 1);
+  if (!s) return NULL;
+  memcpy(s->name, name, len + 1);
+  es_tree_init(&s->queued, cmp_qs);
+  es_tree_init(&s->dead, cmp_ds);
+  return s;
+}
+
+static void sess_free(msess *s) {
+  if (s->lanes) {
+    size_t it = 0;
+    mlane *l;
+    while ((l = es_hmap_next(s->lanes, &it))) free(l);
+    es_hmap_destroy(s->lanes);
+    free(s->lanes);
+  }
+  for (size_t i = 0; i < s->nsnaps; i++) free(s->snaps[i]);
+  free(s->snaps);
+  free(s->rows);
+  free(s->info);
+  free(s);
+}
+
+/* Only a writer moves the cache: readers run concurrently with each other
+ * (never with the writer), so they may read it but not write it. */
+static msess *sess_find(es_txn *t, const char *name) {
+  es_backend *b = t->b;
+  if (!name) return NULL;
+  if (b->last && strcmp(b->last->name, name) == 0) return b->last;
+  msess *s = es_hmap_get(&b->sessions, name);
+  if (s && t->write) b->last = s;
+  return s;
+}
+
+/* Finds the session, or prepares a new one (*fresh, not yet in the map; the
+ * map has room for it). */
+static int sess_prepare(es_txn *t, const char *name, msess **out, int *fresh, es_err *err) {
+  es_backend *b = t->b;
+  if (!name) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no session name");
+  *fresh = 0;
+  *out = sess_find(t, name);
+  if (*out) return ES_OK;
+  if (es_hmap_reserve(&b->sessions, 1) != 0 || !(*out = sess_alloc(name))) return oom(err);
+  *fresh = 1;
+  return ES_OK;
+}
+
+static void sess_publish(es_backend *b, msess *s, int fresh) {
+  if (fresh) es_hmap_put(&b->sessions, s);  /* reserved: cannot fail */
+}
+
+/* Undo of the op that created s: it holds nothing any more. */
+static void sess_unpublish(es_backend *b, msess *s) {
+  if (b->last == s) b->last = NULL;
+  es_hmap_remove(&b->sessions, s->name);
+  sess_free(s);
+}
+
+/* ---- transactions ------------------------------------------------------- */
+
+static void undo_one(es_backend *b, urec *u);
+
+static void undo_to(es_backend *b, size_t mark) {
+  while (b->nundo > mark) undo_one(b, &b->undo[--b->nundo]);
+}
+
+static int mem_write_begin(es_backend *b, es_txn **t, es_err *err) {
+  if (pthread_rwlock_wrlock(&b->lock) != 0) return es_fail(err, ES_STORAGE, "memory backend: lock failed");
+  b->nundo = 0;
+  b->nmarks = 0;
+  *t = &b->wtxn;
+  return ES_OK;
+}
+
+/* Frees what the log kept for undo and the links blocks no set uses. */
+static void finish_commit(es_backend *b) {
+  for (size_t i = 0; i < b->nundo; i++) {
+    urec *u = &b->undo[i];
+    switch (u->kind) {
+      case U_EV_UPDATE:
+        if (!u->disp_kept) free(u->old);
+        if (u->new_links) free(u->neu);
+        /* fall through */
+      case U_EV_INSERT: {
+        mrow *r = u->obj;
+        if (r->links && !row_sets(r)) {
+          free(r->links);
+          r->links = NULL;
+          r->nslots = 0;
+        }
+        break;
+      }
+      default: free(u->old); break;  /* session row, snapshot, presence row */
+    }
+  }
+  b->nundo = 0;
+  b->nmarks = 0;
+  /* A huge transaction should not pin its log forever. */
+  if (b->capundo > 65536) {
+    free(b->undo);
+    b->undo = NULL;
+    b->capundo = 0;
+  }
+}
+
+static int mem_write_commit(es_txn *t, es_err *err) {
+  (void)err;
+  es_backend *b = t->b;
+  finish_commit(b);
+  pthread_rwlock_unlock(&b->lock);
+  return ES_OK;
+}
+
+static void mem_write_rollback(es_txn *t) {
+  es_backend *b = t->b;
+  undo_to(b, 0);
+  b->nmarks = 0;
+  pthread_rwlock_unlock(&b->lock);
+}
+
+static int mem_savepoint(es_txn *t, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  size_t *marks = grow(b->marks, &b->capmarks, b->nmarks + 1, sizeof *marks);
+  if (!marks) return oom(err);
+  b->marks = marks;
+  b->marks[b->nmarks++] = b->nundo;
+  return ES_OK;
+}
+
+static int mem_savepoint_release(es_txn *t, es_err *err) {
+  es_backend *b = t->b;
+  if (!b->nmarks) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no savepoint to release");
+  b->nmarks--;  /* its steps stay in the log for an outer rollback */
+  return ES_OK;
+}
+
+static void mem_savepoint_rollback(es_txn *t) {
+  es_backend *b = t->b;
+  if (!b->nmarks) return;
+  undo_to(b, b->marks[--b->nmarks]);
+}
+
+static int mem_read_begin(es_backend *b, es_txn **t, es_err *err) {
+  if (pthread_rwlock_rdlock(&b->lock) != 0) return es_fail(err, ES_STORAGE, "memory backend: lock failed");
+  *t = &b->rtxn;
+  return ES_OK;
+}
+
+static void mem_read_end(es_txn *t) { pthread_rwlock_unlock(&t->b->lock); }
+
+/* ---- open / close ------------------------------------------------------- */
+
+static int cmp_pres(const es_tree_node *x, const es_tree_node *y);
+static int cmp_pexp(const es_tree_node *x, const es_tree_node *y);
+
+static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
+  (void)opts;
+  *out = NULL;
+  if (url_rest && *url_rest)
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend takes no path: \"memory:%s\"", url_rest);
+  es_backend *b = calloc(1, sizeof *b);
+  if (!b) return oom(err);
+  pthread_rwlockattr_t attr;
+  int rc = pthread_rwlockattr_init(&attr);
+  /* Readers must not starve the single writer. */
+  if (rc == 0) pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  if (rc == 0) rc = pthread_rwlock_init(&b->lock, &attr);
+  pthread_rwlockattr_destroy(&attr);
+  if (rc != 0) {
+    free(b);
+    return es_fail(err, ES_STORAGE, "memory backend: cannot create its lock");
+  }
+  b->wtxn.b = b->rtxn.b = b;
+  b->wtxn.write = 1;
+  es_hmap_init(&b->ids, row_id_key);
+  es_hmap_init(&b->sessions, sess_key);
+  es_hmap_init(&b->spaces, ns_key);
+  es_tree_init(&b->names, cmp_name);
+  es_tree_init(&b->queued, cmp_qg);
+  es_tree_init(&b->dead, cmp_dg);
+  *out = b;
+  return ES_OK;
+}
+
+static void free_prows(es_tree_node *n) {
+  /* Post-order over the `ord` tree (ord is the first member of prow). */
+  if (!n) return;
+  free_prows((es_tree_node *)(n->left_bal & ~(uintptr_t)3));
+  free_prows(n->right);
+  free(n);
+}
+
+static void mem_close(es_backend *b) {
+  if (!b) return;
+  undo_to(b, 0);  /* a transaction left open: its rows go, the rest is as committed */
+  for (size_t i = 0; i < b->npos; i++) row_free(b->pos[i]);
+  free(b->pos);
+  size_t it = 0;
+  msess *s;
+  while ((s = es_hmap_next(&b->sessions, &it))) sess_free(s);
+  mns *ns;
+  it = 0;
+  while ((ns = es_hmap_next(&b->spaces, &it))) {
+    free_prows(ns->rows.root);
+    free(ns);
+  }
+  es_hmap_destroy(&b->ids);
+  es_hmap_destroy(&b->sessions);
+  es_hmap_destroy(&b->spaces);
+  free(b->undo);
+  free(b->marks);
+  pthread_rwlock_destroy(&b->lock);
+  free(b);
+}
+
+/* ---- sessions: ops ------------------------------------------------------ */
+
+static int mem_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+  msess *s = sess_find(t, session);
+  if (!s || !s->info) return ES_NOT_FOUND;
+  es_session_info v = *s->info;
+  v.session = s->name;
+  return es_session_info_copy(out, &v) == ES_OK ? ES_OK : oom(err);
+}
+
+static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
+  es_backend *b = t->b;
+  msess *s;
+  int fresh, rc;
+  if ((rc = check_write(t, err)) || (rc = sess_prepare(t, row->session, &s, &fresh, err))) return rc;
+  es_session_info *info = malloc(sizeof *info);
+  if (!info || undo_reserve(b, 1) != 0) {
+    free(info);
+    if (fresh) sess_free(s);
+    return oom(err);
+  }
+  *info = *row;
+  info->session = NULL;
+  sess_publish(b, s, fresh);
+  urec *u = undo_push(b, U_SESS_PUT, s);
+  u->created = (unsigned char)fresh;
+  u->old = s->info;
+  s->info = info;
+  if (!u->old) es_tree_insert(&b->names, &s->by_name);
+  return ES_OK;
+}
+
+static int starts_with(const char *s, const char *prefix, size_t plen) {
+  return strncmp(s, prefix, plen) == 0;
+}
+
+#define CHUNK 32
+
+/* Walks in chunks and re-seeks after each, so a callback may write to the
+ * store without invalidating the walk. */
+static int mem_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
+                            es_session_cb cb, void *ctx, es_err *err) {
+  (void)err;
+  es_backend *b = t->b;
+  const char *pre = prefix ? prefix : "";
+  size_t plen = strlen(pre);
+  if (limit != ES_NONE && limit <= 0) return ES_OK;
+  /* Start at the later of the prefix and `after`. */
+  const char *key = pre;
+  int strict = 0;
+  if (after && strcmp(after, pre) >= 0) {
+    key = after;
+    strict = 1;
+  }
+  es_tree_iter it;
+  for (;;) {
+    msess *chunk[CHUNK];
+    int n = 0, more = 1;
+    for (es_tree_node *nd = es_tree_iter_seek(&it, &b->names, probe_name, key, strict); nd;
+         nd = es_tree_iter_next(&it)) {
+      msess *s = (msess *)nd;
+      if (!starts_with(s->name, pre, plen)) {
+        more = 0;
+        break;
+      }
+      if (n == CHUNK) break;
+      chunk[n++] = s;
+    }
+    if (n < CHUNK) more = 0;
+    for (int i = 0; i < n; i++) {
+      msess *s = chunk[i];
+      if (!s->info) continue;
+      es_session_info v = *s->info;
+      v.session = s->name;
+      if (cb(ctx, &v)) return ES_OK;
+      if (limit != ES_NONE && --limit == 0) return ES_OK;
+    }
+    if (!more || n == 0) return ES_OK;
+    key = chunk[n - 1]->name;
+    strict = 1;
+  }
+}
+
+/* ---- events: ops -------------------------------------------------------- */
+
+static int row_lookup(es_txn *t, const char *session, int64_t index, mrow **out) {
+  msess *s = sess_find(t, session);
+  if (!s || index < 1 || (uint64_t)index > s->n) return ES_NOT_FOUND;
+  *out = s->rows[index - 1];
+  return ES_OK;
+}
+
+static int copy_out(const mrow *r, es_event *out, es_err *err) {
+  es_event v;
+  row_view(r, &v);
+  return es_event_copy(out, &v) == ES_OK ? ES_OK : oom(err);
+}
+
+static int mem_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+  mrow *r;
+  if (row_lookup(t, session, index, &r) != ES_OK) return ES_NOT_FOUND;
+  return copy_out(r, out, err);
+}
+
+static int mem_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+  mrow *r = id ? es_hmap_get(&t->b->ids, id) : NULL;
+  if (!r) return ES_NOT_FOUND;
+  return copy_out(r, out, err);
+}
+
+static int check_status(const es_event *row, es_err *err) {
+  if (row->status < ES_STATUS_PENDING || row->status > ES_STATUS_DEAD)
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: bad status %d", row->status);
+  return ES_OK;
+}
+
+static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
+  if (!row->id || !*row->id || !row->type)
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: an event needs an id and a type");
+  if (row->payload && row->payload_len > UINT32_MAX)
+    return es_fail(err, ES_TOO_LARGE, "memory backend: payload over 4 GiB");
+  uint32_t hid = es_hmap_hash(row->id);
+  if (es_hmap_get_h(&b->ids, row->id, hid))
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: id \"%s\" is already stored", row->id);
+
+  msess *s;
+  int fresh;
+  if ((rc = sess_prepare(t, row->session, &s, &fresh, err))) return rc;
+  if ((uint64_t)row->index != s->n + 1) {
+    size_t next = s->n + 1;
+    if (fresh) sess_free(s);
+    /* Rows are found by index in a dense array; the core appends in order. */
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "memory backend: index %lld of \"%s\" is not the next one (%zu)",
+                   (long long)row->index, row->session, next);
+  }
+
+  /* Every allocation first; nothing is visible until they all succeeded. */
+  unsigned flags = 0, proc;
+  int need_disp = disp_needed(row, row->created_at, &proc);
+  flags |= proc;
+  if (row->lane) flags |= RF_LANE;
+  if (row->cause_index != ES_NONE || row->cause_attempt != ES_NONE) flags |= RF_CAUSE;
+  if (row->not_before != ES_NONE) flags |= RF_NOT_BEFORE;
+  if (!row->payload) flags |= RF_NO_PAYLOAD;
+  size_t lid = strlen(row->id) + 1, ltype = strlen(row->type) + 1;
+  size_t lpay = row->payload ? row->payload_len : 0;
+  unsigned sets = sets_of(row->status, row->queued, flags);
+
+  mlane *lane = NULL, *new_lane = NULL;
+  es_hmap *new_lanes = NULL;
+  mdisp *disp = NULL;
+  mlinks *links = NULL;
+  mrow *r = NULL;
+  if (undo_reserve(b, 1) || pos_reserve(b) || es_hmap_reserve(&b->ids, 1) || rows_reserve(s))
+    goto fail;
+  if (row->lane) {
+    if (!s->lanes) {
+      if (!(new_lanes = malloc(sizeof *new_lanes))) goto fail;
+      es_hmap_init(new_lanes, lane_key);
+      s->lanes = new_lanes;
+    }
+    lane = es_hmap_get(s->lanes, row->lane);
+    if (!lane) {
+      size_t ll = strlen(row->lane) + 1;
+      if (es_hmap_reserve(s->lanes, 1) || !(new_lane = malloc(sizeof *new_lane + ll))) goto fail;
+      memcpy(new_lane->name, row->lane, ll);
+      new_lane->rows = 0;
+      es_tree_init(&new_lane->unprocessed, cmp_lane);
+      lane = new_lane;
+    }
+  }
+  if (need_disp && !(disp = disp_new(row))) goto fail;
+  if (sets && !(links = links_new(NULL, slots_for(sets)))) goto fail;
+  r = malloc(sizeof *r + tail_words(flags) * 8 + lid + ltype + lpay + 1);
+  if (!r) goto fail;
+
+  /* Nothing below can fail. */
+  r->sess = s;
+  r->disp = disp;
+  r->links = links;
+  if (links) links->row = r;
+  r->index = row->index;
+  r->position = (int64_t)b->npos + 1;
+  r->created_at = row->created_at;
+  r->due_at = row->due_at;
+  r->payload_len = (uint32_t)lpay;
+  r->status = (unsigned char)row->status;
+  r->queued = (unsigned char)(row->queued != 0);
+  r->flags = (unsigned char)flags;
+  r->nslots = (unsigned char)slots_for(sets);
+  size_t w = 0;
+  if (flags & RF_LANE) memcpy(&r->tail[w++], &lane, sizeof lane);
+  if (flags & RF_CAUSE) {
+    r->tail[w++] = (uint64_t)row->cause_index;
+    r->tail[w++] = (uint64_t)row->cause_attempt;
+  }
+  if (flags & RF_NOT_BEFORE) r->tail[w++] = (uint64_t)row->not_before;
+  char *p = (char *)(r->tail + w);
+  memcpy(p, row->id, lid);
+  memcpy(p + lid, row->type, ltype);
+  if (lpay) memcpy(p + lid + ltype, row->payload, lpay);
+  p[lid + ltype + lpay] = '\0';
+
+  sess_publish(b, s, fresh);
+  if (new_lane) es_hmap_put(s->lanes, new_lane);
+  if (lane) lane->rows++;
+  b->pos[b->npos++] = r;
+  s->rows[s->n++] = r;
+  es_hmap_put_h(&b->ids, r, hid);
+  row_link(b, r, sets);
+  urec *u = undo_push(b, U_EV_INSERT, r);
+  u->created = (unsigned char)fresh;
+  row->position = r->position;
+  return ES_OK;
+
+fail:
+  free(r);
+  free(links);
+  free(disp);
+  free(new_lane);
+  if (new_lanes) {
+    es_hmap_destroy(new_lanes);
+    free(new_lanes);
+    s->lanes = NULL;
+  }
+  if (fresh) sess_free(s);
+  return oom(err);
+}
+
+static void undo_insert(es_backend *b, urec *u) {
+  mrow *r = u->obj;
+  msess *s = r->sess;
+  mlane *lane = row_lane(r);
+  row_unlink(b, r, row_sets(r));
+  es_hmap_remove(&b->ids, row_id(r));
+  b->npos--;  /* undone newest first: r is the last row of both arrays */
+  s->n--;
+  if (lane && --lane->rows == 0) {
+    es_hmap_remove(s->lanes, lane->name);
+    free(lane);
+    if (!s->lanes->count) {
+      es_hmap_destroy(s->lanes);
+      free(s->lanes);
+      s->lanes = NULL;
+    }
+  }
+  row_free(r);
+  if (u->created) sess_unpublish(b, s);
+}
+
+static int mem_event_update(es_txn *t, const es_event *row, es_err *err) {
+  es_backend *b = t->b;
+  mrow *r;
+  int rc;
+  if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
+  if (row_lookup(t, row->session, row->index, &r) != ES_OK) return ES_NOT_FOUND;
+  unsigned proc;
+  int need_disp = disp_needed(row, r->created_at, &proc);
+  unsigned flags = (r->flags & ~(unsigned)RF_PROC_AT_CREATED) | proc;
+  int kept = need_disp ? disp_same(r->disp, row) : r->disp == NULL;
+  mdisp *disp = kept ? r->disp : NULL;
+  if (undo_reserve(b, 1) != 0) return oom(err);
+  if (need_disp && !kept && !(disp = disp_new(row))) return oom(err);
+  /* A links block only grows (within a transaction, undo needs the old one). */
+  unsigned nslots = slots_for(sets_of(row->status, row->queued, flags));
+  mlinks *links = r->links;
+  if (nslots > r->nslots) {
+    if (!(links = links_new(r, nslots))) {
+      if (!kept) free(disp);
+      return oom(err);
+    }
+  } else {
+    nslots = r->nslots;
+  }
+  urec *u = undo_push(b, U_EV_UPDATE, r);
+  u->new_links = links != r->links;
+  u->neu = r->links;
+  u->old_nslots = r->nslots;
+  u->disp_kept = (unsigned char)kept;
+  u->old_status = r->status;
+  u->old_queued = r->queued;
+  u->old_flags = r->flags;
+  u->old_due = r->due_at;
+  u->old = r->disp;
+  row_set_state(b, r, row->status, row->queued, row->due_at, flags, disp, links, nslots);
+  return ES_OK;
+}
+
+static void undo_update(es_backend *b, urec *u) {
+  mrow *r = u->obj;
+  mdisp *cur = r->disp;
+  mlinks *cur_links = r->links;
+  row_set_state(b, r, u->old_status, u->old_queued, u->old_due, u->old_flags, u->old, u->neu,
+                u->old_nslots);
+  if (!u->disp_kept) free(cur);
+  if (u->new_links) free(cur_links);
+}
+
+static int mem_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
+                           int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)err;
+  msess *s = sess_find(t, session);
+  if (!s || (limit != ES_NONE && limit <= 0)) return ES_OK;
+  int64_t i = after < 0 ? 0 : after;
+  for (; (uint64_t)i < s->n && (through == ES_NONE || i < through); i++) {
+    es_event v;
+    row_view(s->rows[i], &v);
+    if (cb(ctx, &v)) break;
+    if (limit != ES_NONE && --limit == 0) break;
+  }
+  return ES_OK;
+}
+
+static int mem_event_all(es_txn *t, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
+                         es_err *err) {
+  (void)err;
+  es_backend *b = t->b;
+  if (limit != ES_NONE && limit <= 0) return ES_OK;
+  for (int64_t i = after < 0 ? 0 : after; (uint64_t)i < b->npos; i++) {
+    es_event v;
+    row_view(b->pos[i], &v);
+    if (cb(ctx, &v)) break;
+    if (limit != ES_NONE && --limit == 0) break;
+  }
+  return ES_OK;
+}
+
+static int mem_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
+                         int64_t *index, es_err *err) {
+  *index = 0;
+  if (!lane) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: lane_next needs a lane");
+  msess *s = sess_find(t, session);
+  mlane *l = s && s->lanes ? es_hmap_get(s->lanes, lane) : NULL;
+  if (!l) return ES_OK;
+  tkey k = {after, 0};
+  es_tree_node *n = es_tree_seek(&l->unprocessed, probe_lane, &k, 1);
+  if (n) *index = node_row(n, SLOT_LANE)->index;
+  return ES_OK;
+}
+
+/* Calls cb for the rows of one set from `from` on (strict: after it) while
+ * their key's first part is <= a_max, at most limit. Chunked like
+ * mem_session_list; a row changed by a callback is re-checked before its
+ * turn. */
+static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t a_max,
+                    int64_t limit, es_event_cb cb, void *ctx) {
+  if (limit != ES_NONE && limit <= 0) return ES_OK;
+  es_tree_iter it;
+  for (;;) {
+    mrow *rows[CHUNK];
+    tkey keys[CHUNK];
+    int n = 0;
+    for (es_tree_node *nd = es_tree_iter_seek(&it, tree, slot_probe[slot], &from, strict);
+         nd && n < CHUNK; nd = es_tree_iter_next(&it)) {
+      mrow *r = node_row(nd, slot);
+      tkey k = slot_key(slot, r);
+      if (k.a > a_max) break;
+      rows[n] = r;
+      keys[n++] = k;
+    }
+    for (int i = 0; i < n; i++) {
+      mrow *r = rows[i];
+      if (!(row_sets(r) & (1u << slot)) || tkey_cmp(slot_key(slot, r), keys[i]) != 0) continue;
+      es_event v;
+      row_view(r, &v);
+      if (cb(ctx, &v)) return ES_OK;
+      if (limit != ES_NONE && --limit == 0) return ES_OK;
+    }
+    if (n < CHUNK) return ES_OK;
+    from = keys[n - 1];
+    strict = 1;
+  }
+}
+
+static int mem_queued_due(es_txn *t, const char *session, int64_t now, int64_t limit,
+                          es_event_cb cb, void *ctx, es_err *err) {
+  (void)err;
+  es_backend *b = t->b;
+  tkey from = {INT64_MIN, INT64_MIN};
+  if (!session) return walk_set(&b->queued, SLOT_QG, from, 0, now, limit, cb, ctx);
+  msess *s = sess_find(t, session);
+  if (!s) return ES_OK;
+  return walk_set(&s->queued, SLOT_QS, from, 0, now, limit, cb, ctx);
+}
+
+static int mem_queued_next_due(es_txn *t, const char *session, int64_t now, int64_t *due,
+                               es_err *err) {
+  (void)err;
+  es_backend *b = t->b;
+  *due = ES_NONE;
+  tkey k = {now, INT64_MAX};
+  es_tree_node *n;
+  if (!session) {
+    if ((n = es_tree_seek(&b->queued, probe_qg, &k, 1))) *due = node_row(n, SLOT_QG)->due_at;
+    return ES_OK;
+  }
+  msess *s = sess_find(t, session);
+  if (s && (n = es_tree_seek(&s->queued, probe_qs, &k, 1))) *due = node_row(n, SLOT_QS)->due_at;
+  return ES_OK;
+}
+
+static int mem_dead_list(es_txn *t, const char *session, int64_t after, int64_t limit,
+                         es_event_cb cb, void *ctx, es_err *err) {
+  (void)err;
+  es_backend *b = t->b;
+  tkey from = {after, INT64_MAX};
+  if (!session) return walk_set(&b->dead, SLOT_DG, from, 1, INT64_MAX, limit, cb, ctx);
+  msess *s = sess_find(t, session);
+  if (!s) return ES_OK;
+  return walk_set(&s->dead, SLOT_DS, from, 1, INT64_MAX, limit, cb, ctx);
+}
+
+/* ---- snapshots ---------------------------------------------------------- */
+
+static const char *snap_version(const msnap *m) {
+  return m->has_version ? m->data + strlen(m->data) + 1 : NULL;
+}
+
+static void snap_view(const msnap *m, es_snapshot *v, int with_state) {
+  v->reducer = (char *)m->data;
+  v->index = m->index;
+  v->updated_at = m->updated_at;
+  v->version = (char *)snap_version(m);
+  v->state = NULL;
+  v->state_len = 0;
+  if (with_state && m->has_state) {
+    const char *ver = snap_version(m);
+    v->state = (char *)(ver ? ver + strlen(ver) + 1 : m->data + strlen(m->data) + 1);
+    v->state_len = m->state_len;
+  }
+}
+
+/* Index of reducer in s->snaps, or where it would go (*found = 0). */
+static size_t snap_find(const msess *s, const char *reducer, int *found) {
+  size_t lo = 0, hi = s->nsnaps;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(s->snaps[mid]->data, reducer);
+    if (c == 0) {
+      *found = 1;
+      return mid;
+    }
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  *found = 0;
+  return lo;
+}
+
+static int mem_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
+                            es_err *err) {
+  msess *s = sess_find(t, session);
+  int found = 0;
+  size_t i = s && reducer ? snap_find(s, reducer, &found) : 0;
+  if (!found) return ES_NOT_FOUND;
+  es_snapshot v;
+  snap_view(s->snaps[i], &v, 1);
+  return es_snapshot_copy(out, &v) == ES_OK ? ES_OK : oom(err);
+}
+
+static int mem_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
+  es_backend *b = t->b;
+  int rc, fresh, found;
+  msess *s;
+  if ((rc = check_write(t, err))) return rc;
+  if (!row->reducer) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a snapshot needs a reducer");
+  if ((rc = sess_prepare(t, session, &s, &fresh, err))) return rc;
+  size_t i = snap_find(s, row->reducer, &found);
+  size_t lr = strlen(row->reducer) + 1, lv = row->version ? strlen(row->version) + 1 : 0;
+  size_t ls = row->state ? row->state_len + 1 : 0;
+  msnap *m = NULL;
+  if (undo_reserve(b, 1) || (!found && snaps_reserve(s)) ||
+      !(m = malloc(sizeof *m + lr + lv + ls))) {
+    free(m);
+    if (fresh) sess_free(s);
+    return oom(err);
+  }
+  m->index = row->index;
+  m->updated_at = row->updated_at;
+  m->state_len = row->state ? row->state_len : 0;
+  m->has_state = row->state != NULL;
+  m->has_version = row->version != NULL;
+  memcpy(m->data, row->reducer, lr);
+  if (lv) memcpy(m->data + lr, row->version, lv);
+  if (ls) {
+    memcpy(m->data + lr + lv, row->state, row->state_len);
+    m->data[lr + lv + row->state_len] = '\0';
+  }
+  sess_publish(b, s, fresh);
+  urec *u = undo_push(b, U_SNAP_PUT, s);
+  u->created = (unsigned char)fresh;
+  u->neu = m;
+  if (found) {
+    u->old = s->snaps[i];
+  } else {
+    memmove(&s->snaps[i + 1], &s->snaps[i], (s->nsnaps - i) * sizeof *s->snaps);
+    s->nsnaps++;
+  }
+  s->snaps[i] = m;
+  return ES_OK;
+}
+
+static void undo_snap(es_backend *b, urec *u) {
+  msess *s = u->obj;
+  msnap *m = u->neu;
+  int found;
+  size_t i = snap_find(s, m->data, &found);
+  if (u->old) {
+    s->snaps[i] = u->old;
+  } else {
+    s->nsnaps--;
+    memmove(&s->snaps[i], &s->snaps[i + 1], (s->nsnaps - i) * sizeof *s->snaps);
+  }
+  free(m);
+  if (u->created) sess_unpublish(b, s);
+}
+
+static int mem_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
+                             es_err *err) {
+  (void)err;
+  msess *s = sess_find(t, session);
+  /* By position in the sorted array, re-read each turn: a callback that
+   * puts a snapshot shifts it at most by the one it added. */
+  for (size_t i = 0; s && i < s->nsnaps; i++) {
+    es_snapshot v;
+    snap_view(s->snaps[i], &v, 0);
+    if (cb(ctx, &v)) break;
+  }
+  return ES_OK;
+}
+
+/* ---- presence ----------------------------------------------------------- */
+
+typedef struct pkey {
+  const char *participant, *field;
+} pkey;
+
+static const char *prow_field(const prow *p) { return p->data + strlen(p->data) + 1; }
+static const char *prow_value(const prow *p) {
+  if (!p->has_value) return NULL;
+  const char *f = prow_field(p);
+  return f + strlen(f) + 1;
+}
+
+static int pkey_cmp(const pkey *k, const prow *p) {
+  int c = strcmp(k->participant, p->data);
+  return c ? c : strcmp(k->field, prow_field(p));
+}
+static int probe_pres(const void *key, const es_tree_node *n) { return pkey_cmp(key, (const prow *)n); }
+static int cmp_pres(const es_tree_node *x, const es_tree_node *y) {
+  const prow *a = (const prow *)x;
+  pkey k = {a->data, prow_field(a)};
+  return pkey_cmp(&k, (const prow *)y);
+}
+static const prow *exp_prow(const es_tree_node *n) {
+  return (const prow *)((const char *)n - offsetof(prow, exp));
+}
+static int cmp_pexp(const es_tree_node *x, const es_tree_node *y) {
+  const prow *a = exp_prow(x), *c = exp_prow(y);
+  if (a->expires_at != c->expires_at) return a->expires_at < c->expires_at ? -1 : 1;
+  uintptr_t pa = (uintptr_t)a, pc = (uintptr_t)c;  /* unique tie-break */
+  return pa < pc ? -1 : pa > pc;
+}
+
+static void prow_view(const prow *p, es_presence_row *v) {
+  v->participant = (char *)p->data;
+  v->field = (char *)prow_field(p);
+  v->value = (char *)prow_value(p);
+  v->value_len = p->has_value ? p->value_len : 0;
+  v->seen = p->seen;
+  v->at = p->at;
+  v->expires_at = p->expires_at;
+}
+
+static prow *prow_find(const mns *ns, const char *participant, const char *field) {
+  pkey k = {participant, field};
+  es_tree_node *n = es_tree_seek(&ns->rows, probe_pres, &k, 0);
+  return n && probe_pres(&k, n) == 0 ? (prow *)n : NULL;
+}
+
+static void prow_link(mns *ns, prow *p) {
+  es_tree_insert(&ns->rows, &p->ord);
+  es_tree_insert(&ns->expiry, &p->exp);
+  ns->count++;
+}
+static void prow_unlink(mns *ns, prow *p) {
+  es_tree_remove(&ns->rows, &p->ord);
+  es_tree_remove(&ns->expiry, &p->exp);
+  ns->count--;
+}
+
+static int mem_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
+                            es_presence_row *out, es_err *err) {
+  mns *n = ns ? es_hmap_get(&t->b->spaces, ns) : NULL;
+  prow *p = n && participant && field ? prow_find(n, participant, field) : NULL;
+  if (!p) return ES_NOT_FOUND;
+  es_presence_row v;
+  prow_view(p, &v);
+  return es_presence_row_copy(out, &v) == ES_OK ? ES_OK : oom(err);
+}
+
+static int mem_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  if (!ns || !row->participant || !row->field)
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: presence needs ns, participant and field");
+  mns *n = es_hmap_get(&b->spaces, ns);
+  int fresh = 0;
+  size_t lp = strlen(row->participant) + 1, lf = strlen(row->field) + 1;
+  size_t lv = row->value ? row->value_len + 1 : 0;
+  prow *p = NULL;
+  if (undo_reserve(b, 1) != 0) return oom(err);
+  if (!n) {
+    size_t ln = strlen(ns) + 1;
+    if (es_hmap_reserve(&b->spaces, 1) != 0 || !(n = malloc(sizeof *n + ln))) return oom(err);
+    memcpy(n->name, ns, ln);
+    es_tree_init(&n->rows, cmp_pres);
+    es_tree_init(&n->expiry, cmp_pexp);
+    n->count = 0;
+    fresh = 1;
+  }
+  if (!(p = malloc(sizeof *p + lp + lf + lv))) {
+    if (fresh) free(n);
+    return oom(err);
+  }
+  p->seen = row->seen;
+  p->at = row->at;
+  p->expires_at = row->expires_at;
+  p->value_len = row->value ? row->value_len : 0;
+  p->has_value = row->value != NULL;
+  memcpy(p->data, row->participant, lp);
+  memcpy(p->data + lp, row->field, lf);
+  if (lv) {
+    memcpy(p->data + lp + lf, row->value, row->value_len);
+    p->data[lp + lf + row->value_len] = '\0';
+  }
+  if (fresh) es_hmap_put(&b->spaces, n);
+  prow *old = prow_find(n, row->participant, row->field);
+  if (old) prow_unlink(n, old);
+  prow_link(n, p);
+  urec *u = undo_push(b, U_PRES_PUT, n);
+  u->created = (unsigned char)fresh;
+  u->old = old;
+  u->neu = p;
+  return ES_OK;
+}
+
+static int mem_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  mns *n = ns ? es_hmap_get(&b->spaces, ns) : NULL;
+  es_tree_node *e;
+  while (n && (e = es_tree_first(&n->expiry)) && exp_prow(e)->expires_at <= now) {
+    /* Each removal is logged before the next: out of memory stops here with
+     * every removal so far undoable. */
+    if (undo_reserve(b, 1) != 0) return oom(err);
+    prow *p = (prow *)exp_prow(e);
+    prow_unlink(n, p);
+    urec *u = undo_push(b, U_PRES_DEL, n);
+    u->old = p;
+  }
+  return ES_OK;
+}
+
+static int mem_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
+                             void *ctx, es_err *err) {
+  (void)err;
+  mns *n = ns ? es_hmap_get(&t->b->spaces, ns) : NULL;
+  if (!n) return ES_OK;
+  es_tree_iter it;
+  pkey from = {"", ""};
+  int strict = 0;
+  for (;;) {
+    prow *chunk[CHUNK];
+    int k = 0;
+    for (es_tree_node *nd = es_tree_iter_seek(&it, &n->rows, probe_pres, &from, strict); nd && k < CHUNK;
+         nd = es_tree_iter_next(&it))
+      chunk[k++] = (prow *)nd;
+    for (int i = 0; i < k; i++) {
+      if (chunk[i]->expires_at <= now) continue;
+      es_presence_row v;
+      prow_view(chunk[i], &v);
+      if (cb(ctx, &v)) return ES_OK;
+    }
+    if (k < CHUNK) return ES_OK;
+    /* The last prow stays allocated until commit even if a callback replaced it. */
+    from.participant = chunk[k - 1]->data;
+    from.field = prow_field(chunk[k - 1]);
+    strict = 1;
+  }
+}
+
+static void undo_pres(es_backend *b, urec *u) {
+  mns *n = u->obj;
+  if (u->kind == U_PRES_DEL) {
+    prow_link(n, u->old);
+    return;
+  }
+  prow_unlink(n, u->neu);
+  free(u->neu);
+  if (u->old) prow_link(n, u->old);
+  if (u->created) {
+    es_hmap_remove(&b->spaces, n->name);
+    free(n);
+  }
+}
+
+/* ---- undo dispatch ------------------------------------------------------ */
+
+static void undo_one(es_backend *b, urec *u) {
+  switch (u->kind) {
+    case U_EV_INSERT: undo_insert(b, u); break;
+    case U_EV_UPDATE: undo_update(b, u); break;
+    case U_SESS_PUT: {
+      msess *s = u->obj;
+      free(s->info);
+      s->info = u->old;
+      if (!s->info) es_tree_remove(&b->names, &s->by_name);
+      if (u->created) sess_unpublish(b, s);
+      break;
+    }
+    case U_SNAP_PUT: undo_snap(b, u); break;
+    default: undo_pres(b, u); break;
+  }
+}
+
+const es_backend_ops es_backend_memory = {
+    .scheme = "memory",
+    .group_commit = 0,
+    .open = mem_open,
+    .close = mem_close,
+    .write_begin = mem_write_begin,
+    .write_commit = mem_write_commit,
+    .write_rollback = mem_write_rollback,
+    .savepoint = mem_savepoint,
+    .savepoint_release = mem_savepoint_release,
+    .savepoint_rollback = mem_savepoint_rollback,
+    .read_begin = mem_read_begin,
+    .read_end = mem_read_end,
+    .session_get = mem_session_get,
+    .session_put = mem_session_put,
+    .session_list = mem_session_list,
+    .event_get = mem_event_get,
+    .event_get_by_id = mem_event_get_by_id,
+    .event_insert = mem_event_insert,
+    .event_update = mem_event_update,
+    .event_range = mem_event_range,
+    .event_all = mem_event_all,
+    .lane_next = mem_lane_next,
+    .queued_due = mem_queued_due,
+    .queued_next_due = mem_queued_next_due,
+    .dead_list = mem_dead_list,
+    .snapshot_get = mem_snapshot_get,
+    .snapshot_put = mem_snapshot_put,
+    .snapshot_list = mem_snapshot_list,
+    .presence_get = mem_presence_get,
+    .presence_put = mem_presence_put,
+    .presence_expire = mem_presence_expire,
+    .presence_list = mem_presence_list,
+    .data_version = NULL,
+};

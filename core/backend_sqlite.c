@@ -1,0 +1,1621 @@
+/*
+ * backend_sqlite.c: the SQLite backend (`sqlite:PATH[?options]`), the durable
+ * embedded default. It stores and finds rows (backend.h); every rule lives in
+ * store.c. docs/sqlite.md describes the schema, the durability modes and what
+ * each can lose, multi-process use, versioning and the error mapping.
+ *
+ * Connections (all on one file, WAL mode):
+ *   - one write connection: write transactions (BEGIN IMMEDIATE, so several
+ *     processes on one file serialise on the write lock instead of failing),
+ *     savepoints, and the schema check / migration at open;
+ *   - a pool of read connections (grown on demand up to `readers`): each read
+ *     transaction is a deferred BEGIN ... COMMIT on one of them, so reads see
+ *     only committed data and run while a write transaction is open;
+ *   - one "watch" connection answering data_version (PRAGMA data_version
+ *     changes when any other connection, in any process, commits).
+ * Every statement is prepared once per connection (SQLITE_PREPARE_PERSISTENT)
+ * and reused; a statement needed again while it is still being stepped (a
+ * callback calling back into the backend) gets a temporary one instead.
+ *
+ * Positions: assigned by this file from a counter loaded when a write
+ * transaction begins (max of the stored high-water mark and max(position)+1)
+ * and saved with the commit, so a position is never handed out twice even if
+ * the newest rows are deleted one day (retention); rows of a rolled-back
+ * savepoint give their positions back (they were never visible). SQLite
+ * serialises writers (one write lock per file), so positions grow in commit
+ * order across threads and processes.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+/* ---- settings --------------------------------------------------------- */
+
+#define SQ_SCHEMA_VERSION 1            /* PRAGMA user_version of the current schema */
+#define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
+#define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
+#define SQ_DEFAULT_READERS 8           /* read connections at most */
+#define SQ_MAX_READERS 64
+#define SQ_MAX_SAVEPOINTS 64           /* nesting depth whose positions are given back on rollback */
+
+enum { SQ_SYNC_NORMAL = 1, SQ_SYNC_FULL = 2 };
+enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
+
+/* ---- statements ------------------------------------------------------- */
+
+/* Column order of every event SELECT; bind_event() binds the same order as
+ * ?1..?23, so INSERT and UPDATE share one binder. */
+#define EV_COLS                                                                           \
+  "position, session, idx, id, type, payload, lane, created_at, cause_index, "            \
+  "cause_attempt, not_before, status, attempts, failures, last_error, processed_at, "     \
+  "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned"
+#define SESS_COLS "session, head, events, pending, dead, attempts, failures, first_at, updated_at"
+
+enum {
+  ST_BEGIN_WRITE, ST_BEGIN_READ, ST_COMMIT, ST_ROLLBACK, ST_SAVEPOINT, ST_RELEASE, ST_ROLLBACK_TO,
+  ST_MAX_POSITION, ST_META_GET, ST_META_PUT,
+  ST_SESSION_GET, ST_SESSION_PUT,
+  ST_SESSION_LIST_GE, ST_SESSION_LIST_GE_LT, ST_SESSION_LIST_GT, ST_SESSION_LIST_GT_LT,
+  ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_RANGE, ST_EVENT_ALL,
+  ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_NEXT_ALL,
+  ST_QUEUED_NEXT_SESSION, ST_DEAD_ALL, ST_DEAD_SESSION,
+  ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
+  ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
+  ST_DATA_VERSION,
+  ST_COUNT
+};
+
+/* The WHERE terms `queued = 1`, `status = 2`, `status <> 1` and
+ * `lane IS NOT NULL` repeat the partial indexes' terms literally: that is
+ * what lets SQLite use a partial index. INDEXED BY pins the plan: without
+ * statistics the planner may otherwise prefer UNIQUE(session, idx) and
+ * walk every event of a session (INDEXED BY fails loudly at prepare, that
+ * is at open, if an index ever stops being usable). */
+static const char *const sq_sql[ST_COUNT] = {
+    [ST_BEGIN_WRITE] = "BEGIN IMMEDIATE",
+    [ST_BEGIN_READ] = "BEGIN",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+    [ST_SAVEPOINT] = "SAVEPOINT es_sp",
+    [ST_RELEASE] = "RELEASE es_sp",
+    [ST_ROLLBACK_TO] = "ROLLBACK TO es_sp",
+    [ST_MAX_POSITION] = "SELECT max(position) FROM events",
+    [ST_META_GET] = "SELECT value FROM meta WHERE key = ?1",
+    [ST_META_PUT] = "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
+    [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = ?1",
+    [ST_SESSION_PUT] = "INSERT OR REPLACE INTO sessions(" SESS_COLS
+                       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    [ST_SESSION_LIST_GE] = "SELECT " SESS_COLS
+                           " FROM sessions WHERE session >= ?1 ORDER BY session LIMIT ?3",
+    [ST_SESSION_LIST_GE_LT] = "SELECT " SESS_COLS
+                              " FROM sessions WHERE session >= ?1 AND session < ?2"
+                              " ORDER BY session LIMIT ?3",
+    [ST_SESSION_LIST_GT] = "SELECT " SESS_COLS
+                           " FROM sessions WHERE session > ?1 ORDER BY session LIMIT ?3",
+    [ST_SESSION_LIST_GT_LT] = "SELECT " SESS_COLS
+                              " FROM sessions WHERE session > ?1 AND session < ?2"
+                              " ORDER BY session LIMIT ?3",
+    [ST_EVENT_GET] = "SELECT " EV_COLS " FROM events WHERE session = ?1 AND idx = ?2",
+    [ST_EVENT_GET_BY_ID] = "SELECT " EV_COLS " FROM events WHERE id = ?1",
+    [ST_EVENT_INSERT] = "INSERT INTO events(" EV_COLS
+                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
+                        " ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
+    [ST_EVENT_UPDATE] = "UPDATE events SET status = ?12, attempts = ?13, failures = ?14,"
+                        " last_error = ?15, processed_at = ?16, claim_holder = ?17,"
+                        " claim_expires_at = ?18, retry_at = ?19, queued = ?20, due_at = ?21,"
+                        " last_failed_attempt = ?22, returned = ?23"
+                        " WHERE session = ?2 AND idx = ?3",
+    [ST_EVENT_RANGE] = "SELECT " EV_COLS
+                       " FROM events WHERE session = ?1 AND idx > ?2 AND idx <= ?3"
+                       " ORDER BY idx LIMIT ?4",
+    [ST_EVENT_ALL] = "SELECT " EV_COLS " FROM events WHERE position > ?1 ORDER BY position LIMIT ?2",
+    [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
+                     " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
+                     " AND lane IS NOT NULL AND status <> 1 ORDER BY idx LIMIT 1",
+    [ST_QUEUED_DUE_ALL] = "SELECT " EV_COLS
+                          " FROM events INDEXED BY events_queued WHERE queued = 1 AND due_at <= ?1"
+                          " ORDER BY due_at, position LIMIT ?2",
+    [ST_QUEUED_DUE_SESSION] = "SELECT " EV_COLS
+                              " FROM events INDEXED BY events_session_queued"
+                              " WHERE queued = 1 AND session = ?1 AND due_at <= ?2"
+                              " ORDER BY idx LIMIT ?3",
+    [ST_QUEUED_NEXT_ALL] = "SELECT min(due_at) FROM events INDEXED BY events_queued"
+                           " WHERE queued = 1 AND due_at > ?1",
+    [ST_QUEUED_NEXT_SESSION] = "SELECT min(due_at) FROM events INDEXED BY events_session_queued"
+                               " WHERE queued = 1 AND session = ?1 AND due_at > ?2",
+    [ST_DEAD_ALL] = "SELECT " EV_COLS
+                    " FROM events INDEXED BY events_dead"
+                    " WHERE status = 2 AND position > ?1 ORDER BY position LIMIT ?2",
+    [ST_DEAD_SESSION] = "SELECT " EV_COLS
+                        " FROM events INDEXED BY events_session_dead"
+                        " WHERE status = 2 AND session = ?1 AND position > ?2"
+                        " ORDER BY position LIMIT ?3",
+    [ST_SNAPSHOT_GET] = "SELECT reducer, idx, state, version, updated_at FROM snapshots"
+                        " WHERE session = ?1 AND reducer = ?2",
+    [ST_SNAPSHOT_PUT] = "INSERT OR REPLACE INTO snapshots(session, reducer, idx, state, version,"
+                        " updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    [ST_SNAPSHOT_LIST] = "SELECT reducer, idx, NULL, version, updated_at FROM snapshots"
+                         " WHERE session = ?1 ORDER BY reducer",
+    [ST_PRESENCE_GET] = "SELECT participant, field, value, seen, at, expires_at FROM presence"
+                        " WHERE ns = ?1 AND participant = ?2 AND field = ?3",
+    [ST_PRESENCE_PUT] = "INSERT OR REPLACE INTO presence(ns, participant, field, value, seen, at,"
+                        " expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [ST_PRESENCE_EXPIRE] = "DELETE FROM presence WHERE ns = ?1 AND expires_at <= ?2",
+    [ST_PRESENCE_LIST] = "SELECT participant, field, value, seen, at, expires_at FROM presence"
+                         " WHERE ns = ?1 AND expires_at > ?2 ORDER BY participant, field",
+    [ST_DATA_VERSION] = "PRAGMA data_version",
+};
+
+/* The schema, version 1. Byte order everywhere: every text column uses the
+ * default BINARY collation (memcmp). */
+static const char sq_schema_v1[] =
+    "CREATE TABLE IF NOT EXISTS meta("
+    "  key TEXT PRIMARY KEY,"
+    "  value) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS events("
+    "  position INTEGER PRIMARY KEY,"  /* rowid; assigned by this file, see the header */
+    "  session TEXT NOT NULL,"
+    "  idx INTEGER NOT NULL,"
+    "  id TEXT NOT NULL UNIQUE,"
+    "  type TEXT,"
+    "  payload TEXT,"                  /* canonical JSON, every byte kept (bound with its length) */
+    "  lane TEXT,"
+    "  created_at INTEGER,"
+    "  cause_index INTEGER,"
+    "  cause_attempt INTEGER,"
+    "  not_before INTEGER,"
+    "  status INTEGER NOT NULL,"       /* 0 pending, 1 processed, 2 dead */
+    "  attempts INTEGER,"
+    "  failures INTEGER,"
+    "  last_error TEXT,"
+    "  processed_at INTEGER,"
+    "  claim_holder TEXT,"
+    "  claim_expires_at INTEGER,"
+    "  retry_at INTEGER,"
+    "  queued INTEGER NOT NULL,"
+    "  due_at INTEGER,"
+    "  last_failed_attempt INTEGER,"
+    "  returned INTEGER,"
+    "  UNIQUE(session, idx));"
+    "CREATE INDEX IF NOT EXISTS events_queued ON events(due_at, position) WHERE queued = 1;"
+    /* by index (claim order); due_at in the key filters without a row lookup */
+    "CREATE INDEX IF NOT EXISTS events_session_queued ON events(session, idx, due_at) WHERE queued = 1;"
+    "CREATE INDEX IF NOT EXISTS events_lane ON events(session, lane, idx)"
+    "  WHERE lane IS NOT NULL AND status <> 1;"
+    "CREATE INDEX IF NOT EXISTS events_dead ON events(position) WHERE status = 2;"
+    "CREATE INDEX IF NOT EXISTS events_session_dead ON events(session, position) WHERE status = 2;"
+    "CREATE TABLE IF NOT EXISTS sessions("
+    "  session TEXT PRIMARY KEY,"
+    "  head INTEGER NOT NULL,"
+    "  events INTEGER NOT NULL,"
+    "  pending INTEGER NOT NULL,"
+    "  dead INTEGER NOT NULL,"
+    "  attempts INTEGER NOT NULL,"
+    "  failures INTEGER NOT NULL,"
+    "  first_at INTEGER,"
+    "  updated_at INTEGER) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS snapshots("
+    "  session TEXT NOT NULL,"
+    "  reducer TEXT NOT NULL,"
+    "  idx INTEGER NOT NULL,"
+    "  state BLOB,"
+    "  version TEXT,"
+    "  updated_at INTEGER,"
+    "  PRIMARY KEY(session, reducer));"
+    "CREATE TABLE IF NOT EXISTS presence("
+    "  ns TEXT NOT NULL,"
+    "  participant TEXT NOT NULL,"
+    "  field TEXT NOT NULL,"
+    "  value TEXT,"                    /* NULL: a tombstone */
+    "  seen INTEGER,"
+    "  at INTEGER,"
+    "  expires_at INTEGER,"
+    "  PRIMARY KEY(ns, participant, field)) WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS presence_expiry ON presence(ns, expires_at);";
+
+/* migrations[v] takes a file from schema version v to v + 1, inside the
+ * open's write transaction. Version 0 is a file without our schema (new, or
+ * an empty SQLite file). */
+static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
+    sq_schema_v1,
+};
+
+/* ---- types ------------------------------------------------------------ */
+
+typedef struct sq_conn {
+  sqlite3 *db;
+  es_backend *b;                   /* borrowed: the owner */
+  sqlite3_stmt *st[ST_COUNT];      /* prepared on first use, finalized at close */
+  unsigned char active[ST_COUNT];  /* 1 while st[i] is being stepped */
+  int64_t busy_since;              /* monotonic ms of the first busy retry */
+} sq_conn;
+
+struct es_txn {
+  es_backend *b;
+  sq_conn *c;
+  int write;                       /* 1: the write transaction */
+  int broken;                      /* SQLite ended the transaction behind our back */
+  char broken_msg[ES_ERRMSG_MAX];  /* why, for every later call */
+  int depth;                       /* open savepoints */
+  int64_t next_position;           /* write: the position the next insert gets */
+  int64_t saved_next;              /* write: next_position as stored when the txn began */
+  int64_t sp_next[SQ_MAX_SAVEPOINTS]; /* next_position when each savepoint began */
+  struct sq_reader *reader;        /* read: the pool entry */
+};
+
+typedef struct sq_reader {
+  sq_conn c;
+  es_txn t;
+  struct sq_reader *next_free;
+  struct sq_reader *next_all;
+} sq_reader;
+
+struct es_backend {
+  char *path;                      /* owned */
+  int mode;                        /* SQ_MODE_* */
+  int sync;                        /* SQ_SYNC_* */
+  int busy_ms;
+  int max_readers;
+  int64_t max_pages;               /* 0: no cap */
+  sq_conn w;                       /* the write connection */
+  es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
+  pthread_mutex_t pool_mu;
+  pthread_cond_t pool_cv;
+  sq_reader *free_readers;
+  sq_reader *all_readers;
+  int n_readers;                   /* opened or being opened */
+  pthread_mutex_t watch_mu;
+  sq_conn watch;                   /* data_version */
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static int64_t sq_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sq_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* What an SQLite result code means for the user, named plainly. */
+static const char *sq_cause(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_FULL: return "disk full";
+    case SQLITE_CORRUPT: return "database corrupt";
+    case SQLITE_NOTADB: return "not a database (corrupt or not an SQLite file)";
+    case SQLITE_READONLY: return "read-only";
+    case SQLITE_BUSY: return "locked by another writer";
+    case SQLITE_LOCKED: return "locked";
+    case SQLITE_IOERR: return "I/O error";
+    case SQLITE_CANTOPEN: return "cannot open the file";
+    case SQLITE_NOMEM: return "out of memory";
+    case SQLITE_PERM: return "permission denied";
+    case SQLITE_CONSTRAINT: return "constraint violated";
+    case SQLITE_TOOBIG: return "value too large";
+    default: return "error";
+  }
+}
+
+/* Fills err with ES_STORAGE: "sqlite PATH: WHAT: CAUSE (sqlite message[, errno text])". */
+static int sq_fail(es_err *err, sq_conn *c, int rc, const char *what) {
+  const char *msg = c && c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc);
+  int sys = c && c->db ? sqlite3_system_errno(c->db) : 0;
+  const char *path = c && c->b ? c->b->path : "";
+  int prim = rc & 0xff;
+  if (prim == SQLITE_BUSY) {
+    return es_fail(err, ES_STORAGE, "sqlite %s: %s: %s for %d ms (%s)", path, what, sq_cause(rc),
+                   c && c->b ? c->b->busy_ms : 0, msg);
+  }
+  if (sys && (prim == SQLITE_IOERR || prim == SQLITE_CANTOPEN || prim == SQLITE_FULL ||
+              prim == SQLITE_READONLY || prim == SQLITE_PERM)) {
+    return es_fail(err, ES_STORAGE, "sqlite %s: %s: %s (%s; %s)", path, what, sq_cause(rc), msg,
+                   strerror(sys));
+  }
+  return es_fail(err, ES_STORAGE, "sqlite %s: %s: %s (%s)", path, what, sq_cause(rc), msg);
+}
+
+static int sq_oom(es_err *err) {
+  return es_fail(err, ES_STORAGE, "sqlite: out of memory");
+}
+
+static char *sq_dup(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (!d) return NULL;
+  if (n) memcpy(d, s, n);
+  d[n] = '\0';
+  return d;
+}
+
+/* Our busy handler: short sleeps (1-5 ms) so waiting writers of several
+ * processes get in soon after a commit, up to busy_ms in all. */
+static int sq_busy_handler(void *ctx, int count) {
+  sq_conn *c = ctx;
+  int64_t now = sq_mono_ms();
+  if (count == 0) c->busy_since = now;
+  if (now - c->busy_since >= c->b->busy_ms) return 0;
+  sq_sleep_ms(count < 10 ? 1 : count < 50 ? 2 : 5);
+  return 1;
+}
+
+/* ---- statements ------------------------------------------------------- */
+
+/* Borrows the statement `id` of c, reset and ready to bind. When it is
+ * already being stepped (re-entry from a callback) a temporary statement is
+ * prepared; *temp tells sq_stmt_done to finalize it. */
+static int sq_stmt(sq_conn *c, int id, sqlite3_stmt **out, int *temp, es_err *err) {
+  int rc;
+  *temp = 0;
+  if (c->st[id] && !c->active[id]) {
+    c->active[id] = 1;
+    *out = c->st[id];
+    return ES_OK;
+  }
+  if (!c->st[id]) {
+    rc = sqlite3_prepare_v3(c->db, sq_sql[id], -1, SQLITE_PREPARE_PERSISTENT, &c->st[id], NULL);
+    if (rc != SQLITE_OK) {
+      c->st[id] = NULL;
+      return sq_fail(err, c, rc, "prepare");
+    }
+    c->active[id] = 1;
+    *out = c->st[id];
+    return ES_OK;
+  }
+  rc = sqlite3_prepare_v3(c->db, sq_sql[id], -1, 0, out, NULL);
+  if (rc != SQLITE_OK) return sq_fail(err, c, rc, "prepare");
+  *temp = 1;
+  return ES_OK;
+}
+
+static void sq_stmt_done(sq_conn *c, int id, sqlite3_stmt *st, int temp) {
+  if (temp) {
+    sqlite3_finalize(st);
+    return;
+  }
+  sqlite3_reset(st);
+  c->active[id] = 0;
+}
+
+static void sq_conn_finalize(sq_conn *c) {
+  for (int i = 0; i < ST_COUNT; i++) {
+    if (c->st[i]) sqlite3_finalize(c->st[i]);
+    c->st[i] = NULL;
+    c->active[i] = 0;
+  }
+}
+
+/* A transaction may be used after SQLite rolled it back on its own (some
+ * I/O, full-disk and out-of-memory errors do that): every later call fails,
+ * so a group commit never commits the rest of the batch as if nothing
+ * happened. */
+static int sq_txn_check(es_txn *t, es_err *err) {
+  if (t->broken)
+    return es_fail(err, ES_STORAGE, "sqlite %s: the transaction was rolled back by an earlier error: %s",
+                   t->b->path, t->broken_msg);
+  return ES_OK;
+}
+
+/* Marks t broken with msg as the cause (without our "sqlite PATH: " prefix). */
+static void sq_txn_break(es_txn *t, const char *msg) {
+  size_t n = strlen(t->b->path);
+  if (strncmp(msg, "sqlite ", 7) == 0 && strncmp(msg + 7, t->b->path, n) == 0 && msg[7 + n] == ':')
+    msg += 7 + n + 1 + (msg[8 + n] == ' ');
+  t->broken = 1;
+  snprintf(t->broken_msg, sizeof t->broken_msg, "%s", msg);
+}
+
+/* After a failed step: records err, and marks t broken when SQLite left the
+ * transaction. */
+static int sq_txn_fail(es_txn *t, int rc, const char *what, es_err *err) {
+  int code = sq_fail(err, t->c, rc, what);
+  if (sqlite3_get_autocommit(t->c->db) && !t->broken) sq_txn_break(t, err ? err->msg : sq_cause(rc));
+  return code;
+}
+
+/* Runs a statement without results (BEGIN, SAVEPOINT, ...) on c. */
+static int sq_exec_id(sq_conn *c, int id, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, rc, code;
+  if ((code = sq_stmt(c, id, &st, &temp, err)) != ES_OK) return code;
+  rc = sqlite3_step(st);
+  sq_stmt_done(c, id, st, temp);
+  if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+    return sq_fail(err, c, rc,
+                   id == ST_BEGIN_WRITE ? "cannot begin a write transaction"
+                   : id == ST_BEGIN_READ ? "cannot begin a read transaction"
+                   : id == ST_COMMIT ? "commit" : "savepoint");
+  return ES_OK;
+}
+
+/* ---- binding and decoding ----------------------------------------------- */
+
+static int sq_bind_opt(sqlite3_stmt *st, int i, int64_t v) {
+  return v == ES_NONE ? sqlite3_bind_null(st, i) : sqlite3_bind_int64(st, i, v);
+}
+
+static int sq_bind_str(sqlite3_stmt *st, int i, const char *s) {
+  return s ? sqlite3_bind_text(st, i, s, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
+}
+
+static int sq_bind_bytes_text(sqlite3_stmt *st, int i, const char *s, size_t n) {
+  return s ? sqlite3_bind_text64(st, i, s, n, SQLITE_STATIC, SQLITE_UTF8) : sqlite3_bind_null(st, i);
+}
+
+static int64_t sq_col_opt(sqlite3_stmt *st, int i) {
+  return sqlite3_column_type(st, i) == SQLITE_NULL ? ES_NONE : sqlite3_column_int64(st, i);
+}
+
+/* A text column: borrowed (copy 0, valid until the next step) or copied. */
+static int sq_col_str(sqlite3_stmt *st, int i, int copy, char **dst, size_t *len) {
+  const unsigned char *p;
+  size_t n;
+  if (sqlite3_column_type(st, i) == SQLITE_NULL) {
+    *dst = NULL;
+    if (len) *len = 0;
+    return ES_OK;
+  }
+  p = sqlite3_column_text(st, i);
+  n = (size_t)sqlite3_column_bytes(st, i);
+  if (!p) return ES_STORAGE;
+  if (len) *len = n;
+  if (!copy) {
+    *dst = (char *)p;
+    return ES_OK;
+  }
+  *dst = sq_dup((const char *)p, n);
+  return *dst ? ES_OK : ES_STORAGE;
+}
+
+static int sq_bind_event(sqlite3_stmt *st, const es_event *e, int64_t position) {
+  int rc = SQLITE_OK;
+  rc |= sq_bind_opt(st, 1, position);
+  rc |= sq_bind_str(st, 2, e->session);
+  rc |= sqlite3_bind_int64(st, 3, e->index);
+  rc |= sq_bind_str(st, 4, e->id);
+  rc |= sq_bind_str(st, 5, e->type);
+  rc |= sq_bind_bytes_text(st, 6, e->payload, e->payload_len);
+  rc |= sq_bind_str(st, 7, e->lane);
+  rc |= sq_bind_opt(st, 8, e->created_at);
+  rc |= sq_bind_opt(st, 9, e->cause_index);
+  rc |= sq_bind_opt(st, 10, e->cause_attempt);
+  rc |= sq_bind_opt(st, 11, e->not_before);
+  rc |= sqlite3_bind_int(st, 12, e->status);
+  rc |= sq_bind_opt(st, 13, e->attempts);
+  rc |= sq_bind_opt(st, 14, e->failures);
+  rc |= sq_bind_str(st, 15, e->last_error);
+  rc |= sq_bind_opt(st, 16, e->processed_at);
+  rc |= sq_bind_str(st, 17, e->claim_holder);
+  rc |= sq_bind_opt(st, 18, e->claim_expires_at);
+  rc |= sq_bind_opt(st, 19, e->retry_at);
+  rc |= sqlite3_bind_int(st, 20, e->queued);
+  rc |= sq_bind_opt(st, 21, e->due_at);
+  rc |= sq_bind_opt(st, 22, e->last_failed_attempt);
+  rc |= sq_bind_opt(st, 23, e->returned);
+  return rc;
+}
+
+/* Decodes the current row (EV_COLS) into e: strings borrowed from the
+ * statement (copy 0) or owned (copy 1; on failure e is left empty). */
+static int sq_decode_event(sqlite3_stmt *st, int copy, es_event *e) {
+  es_event_init(e);
+  e->position = sqlite3_column_int64(st, 0);
+  e->index = sqlite3_column_int64(st, 2);
+  e->created_at = sq_col_opt(st, 7);
+  e->cause_index = sq_col_opt(st, 8);
+  e->cause_attempt = sq_col_opt(st, 9);
+  e->not_before = sq_col_opt(st, 10);
+  e->status = sqlite3_column_int(st, 11);
+  e->attempts = sq_col_opt(st, 12);
+  e->failures = sq_col_opt(st, 13);
+  e->processed_at = sq_col_opt(st, 15);
+  e->claim_expires_at = sq_col_opt(st, 17);
+  e->retry_at = sq_col_opt(st, 18);
+  e->queued = sqlite3_column_int(st, 19);
+  e->due_at = sq_col_opt(st, 20);
+  e->last_failed_attempt = sq_col_opt(st, 21);
+  e->returned = sq_col_opt(st, 22);
+  if (sq_col_str(st, 1, copy, &e->session, NULL) || sq_col_str(st, 3, copy, &e->id, NULL) ||
+      sq_col_str(st, 4, copy, &e->type, NULL) ||
+      sq_col_str(st, 5, copy, &e->payload, &e->payload_len) ||
+      sq_col_str(st, 6, copy, &e->lane, NULL) || sq_col_str(st, 14, copy, &e->last_error, NULL) ||
+      sq_col_str(st, 16, copy, &e->claim_holder, NULL)) {
+    if (copy) es_event_destroy(e);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+static int sq_decode_session(sqlite3_stmt *st, int copy, es_session_info *si) {
+  es_session_info_init(si);
+  si->head = sqlite3_column_int64(st, 1);
+  si->events = sqlite3_column_int64(st, 2);
+  si->pending = sqlite3_column_int64(st, 3);
+  si->dead = sqlite3_column_int64(st, 4);
+  si->attempts = sqlite3_column_int64(st, 5);
+  si->failures = sqlite3_column_int64(st, 6);
+  si->first_at = sq_col_opt(st, 7);
+  si->updated_at = sq_col_opt(st, 8);
+  return sq_col_str(st, 0, copy, &si->session, NULL);
+}
+
+/* reducer, idx, state (blob), version, updated_at */
+static int sq_decode_snapshot(sqlite3_stmt *st, int copy, es_snapshot *sn) {
+  es_snapshot_init(sn);
+  sn->index = sqlite3_column_int64(st, 1);
+  sn->updated_at = sq_col_opt(st, 4);
+  if (sq_col_str(st, 0, copy, &sn->reducer, NULL) || sq_col_str(st, 3, copy, &sn->version, NULL))
+    goto oom;
+  if (sqlite3_column_type(st, 2) != SQLITE_NULL) {
+    const void *p = sqlite3_column_blob(st, 2);
+    size_t n = (size_t)sqlite3_column_bytes(st, 2);
+    sn->state_len = n;
+    if (!p) p = ""; /* an empty blob reads back as NULL from SQLite: keep it "" */
+    if (copy) {
+      sn->state = sq_dup(p, n);
+      if (!sn->state) goto oom;
+    } else {
+      sn->state = (char *)p; /* borrowed, never written through */
+    }
+  }
+  return ES_OK;
+oom:
+  if (copy) es_snapshot_destroy(sn);
+  return ES_STORAGE;
+}
+
+/* participant, field, value, seen, at, expires_at */
+static int sq_decode_presence(sqlite3_stmt *st, int copy, es_presence_row *r) {
+  es_presence_row_init(r);
+  r->seen = sq_col_opt(st, 3);
+  r->at = sq_col_opt(st, 4);
+  r->expires_at = sq_col_opt(st, 5);
+  if (sq_col_str(st, 0, copy, &r->participant, NULL) || sq_col_str(st, 1, copy, &r->field, NULL) ||
+      sq_col_str(st, 2, copy, &r->value, &r->value_len)) {
+    if (copy) es_presence_row_destroy(r);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+/* ---- iteration ---------------------------------------------------------- */
+
+/* The four row kinds that are iterated with callbacks. */
+enum { ROW_EVENT, ROW_SESSION, ROW_SNAPSHOT, ROW_PRESENCE };
+
+typedef union sq_row {
+  es_event ev;
+  es_session_info se;
+  es_snapshot sn;
+  es_presence_row pr;
+} sq_row;
+
+/* Decodes the current row of a statement of row kind `kind` into out (an
+ * es_event, es_session_info, es_snapshot or es_presence_row). */
+static int sq_decode(int kind, sqlite3_stmt *st, int copy, void *out) {
+  switch (kind) {
+    case ROW_EVENT: return sq_decode_event(st, copy, out);
+    case ROW_SESSION: return sq_decode_session(st, copy, out);
+    case ROW_SNAPSHOT: return sq_decode_snapshot(st, copy, out);
+    default: return sq_decode_presence(st, copy, out);
+  }
+}
+
+static void sq_row_destroy(int kind, sq_row *r) {
+  switch (kind) {
+    case ROW_EVENT: es_event_destroy(&r->ev); break;
+    case ROW_SESSION: es_session_info_destroy(&r->se); break;
+    case ROW_SNAPSHOT: es_snapshot_destroy(&r->sn); break;
+    default: es_presence_row_destroy(&r->pr); break;
+  }
+}
+
+/* Any callback type, for passing through sq_iterate (converted back by kind). */
+typedef void (*sq_fn)(void);
+
+static int sq_call(int kind, sq_fn cb, void *ctx, const sq_row *r) {
+  switch (kind) {
+    case ROW_EVENT: return ((es_event_cb)cb)(ctx, &r->ev);
+    case ROW_SESSION: return ((es_session_cb)cb)(ctx, &r->se);
+    case ROW_SNAPSHOT: return ((es_snapshot_cb)cb)(ctx, &r->sn);
+    default: return ((es_presence_cb_row)cb)(ctx, &r->pr);
+  }
+}
+
+/* Steps a bound statement and hands each row to cb.
+ * In a read transaction rows stream straight from SQLite (borrowed
+ * strings). In the write transaction the rows are copied out and the
+ * statement reset before the first callback: a callback may then write
+ * (e.g. update the rows it is given) without the scan seeing its own changes
+ * (SQLite leaves that undefined) and without holding a statement open. */
+static int sq_iterate(es_txn *t, int id, sqlite3_stmt *st, int temp, int kind, sq_fn cb, void *ctx,
+                      es_err *err) {
+  sq_row r;
+  int rc, code = ES_OK;
+  if (!t->write) {
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      if (sq_decode(kind, st, 0, &r) != ES_OK) {
+        code = sq_oom(err);
+        break;
+      }
+      if (sq_call(kind, cb, ctx, &r)) break;
+    }
+    if (code == ES_OK && rc != SQLITE_ROW && rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
+    sq_stmt_done(t->c, id, st, temp);
+    return code;
+  }
+  sq_row *rows = NULL;
+  size_t n = 0, cap = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (n == cap) {
+      size_t ncap = cap ? cap * 2 : 16;
+      sq_row *nr = realloc(rows, ncap * sizeof *nr);
+      if (!nr) {
+        code = sq_oom(err);
+        break;
+      }
+      rows = nr;
+      cap = ncap;
+    }
+    if (sq_decode(kind, st, 1, &rows[n]) != ES_OK) {
+      code = sq_oom(err);
+      break;
+    }
+    n++;
+  }
+  if (code == ES_OK && rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, id, st, temp);
+  size_t i = 0;
+  if (code == ES_OK)
+    for (; i < n; i++)
+      if (sq_call(kind, cb, ctx, &rows[i])) break;
+  for (i = 0; i < n; i++) sq_row_destroy(kind, &rows[i]);
+  free(rows);
+  return code;
+}
+
+/* Begins a row operation on t: checks the transaction, borrows statement id. */
+static int sq_op(es_txn *t, int id, sqlite3_stmt **st, int *temp, es_err *err) {
+  int code = sq_txn_check(t, err);
+  if (code != ES_OK) return code;
+  return sq_stmt(t->c, id, st, temp, err);
+}
+
+static int sq_read_only_txn(es_err *err) {
+  return es_fail(err, ES_STORAGE, "sqlite: a write inside a read transaction");
+}
+
+static int64_t sq_limit(int64_t limit) {
+  return (limit == ES_NONE || limit < 0) ? -1 : limit;
+}
+
+/* Steps a statement expected to give at most one row into out (kind);
+ * ES_NOT_FOUND when none. */
+static int sq_get_one(es_txn *t, int id, sqlite3_stmt *st, int temp, int kind, void *out,
+                      es_err *err) {
+  int rc = sqlite3_step(st), code = ES_OK;
+  if (rc == SQLITE_ROW) {
+    if (sq_decode(kind, st, 1, out) != ES_OK) code = sq_oom(err);
+  } else if (rc == SQLITE_DONE) {
+    code = ES_NOT_FOUND;
+  } else {
+    code = sq_txn_fail(t, rc, "read", err);
+  }
+  sq_stmt_done(t->c, id, st, temp);
+  return code;
+}
+
+/* Steps a write statement to completion. */
+static int sq_run(es_txn *t, int id, sqlite3_stmt *st, int temp, const char *what, es_err *err) {
+  int rc = sqlite3_step(st), code = ES_OK;
+  if (rc != SQLITE_DONE) code = sq_txn_fail(t, rc, what, err);
+  sq_stmt_done(t->c, id, st, temp);
+  return code;
+}
+
+static int sq_bind_fail(es_txn *t, int id, sqlite3_stmt *st, int temp, es_err *err) {
+  int code = sq_fail(err, t->c, sqlite3_errcode(t->c->db), "bind");
+  sq_stmt_done(t->c, id, st, temp);
+  return code;
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+/* Runs sql on c; on failure err says `what` failed. */
+static int sq_conn_exec(sq_conn *c, const char *sql, const char *what, es_err *err) {
+  int rc = sqlite3_exec(c->db, sql, NULL, NULL, NULL);
+  return rc == SQLITE_OK ? ES_OK : sq_fail(err, c, rc, what ? what : sql);
+}
+
+/* Opens c on the backend's file with its mode and settings. primary: the
+ * write connection (may create the file; the others are query_only). */
+static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
+  int create = primary && b->mode == SQ_MODE_RWC;
+  int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_PRIVATECACHE;
+  int rc, code;
+  char sql[96];
+  memset(c, 0, sizeof *c);
+  c->b = b;
+  if (b->mode == SQ_MODE_RO)
+    flags |= SQLITE_OPEN_READONLY;
+  else
+    flags |= SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
+  rc = sqlite3_open_v2(b->path, &c->db, flags, NULL);
+  if (rc != SQLITE_OK) {
+    int sys = c->db ? sqlite3_system_errno(c->db) : 0;
+    if (!c->db) return sq_oom(err);
+    if ((rc & 0xff) == SQLITE_CANTOPEN && sys == ENOENT && !create)
+      code = es_fail(err, ES_STORAGE, "sqlite %s: cannot open: the file does not exist", b->path);
+    else
+      code = sq_fail(err, c, rc, "cannot open");
+    sqlite3_close_v2(c->db);
+    c->db = NULL;
+    return code;
+  }
+  sqlite3_extended_result_codes(c->db, 1);
+  sqlite3_busy_handler(c->db, sq_busy_handler, c);
+  if (b->mode != SQ_MODE_RO && sqlite3_db_readonly(c->db, "main") == 1) {
+    code = es_fail(err, ES_STORAGE,
+                   "sqlite %s: the file is read-only (open it with \"sqlite:%s?mode=ro\" to read it)",
+                   b->path, b->path);
+    sqlite3_close_v2(c->db);
+    c->db = NULL;
+    return code;
+  }
+  if (b->max_pages > 0) {
+    snprintf(sql, sizeof sql, "PRAGMA max_page_count = %lld", (long long)b->max_pages);
+    if ((code = sq_conn_exec(c, sql, "cannot read the file", err)) != ES_OK) goto fail;
+  }
+  if (b->mode != SQ_MODE_RO) {
+    snprintf(sql, sizeof sql, "PRAGMA synchronous = %s",
+             b->sync == SQ_SYNC_FULL ? "FULL" : "NORMAL");
+    if ((code = sq_conn_exec(c, sql, "cannot read the file", err)) != ES_OK) goto fail;
+  }
+  /* Readers and the watch connection never write: let SQLite enforce it. */
+  if (!primary && (code = sq_conn_exec(c, "PRAGMA query_only = 1", "cannot read the file", err)) != ES_OK)
+    goto fail;
+  return ES_OK;
+fail:
+  sqlite3_close_v2(c->db);
+  c->db = NULL;
+  return code;
+}
+
+static void sq_conn_close(sq_conn *c) {
+  if (!c->db) return;
+  sq_conn_finalize(c);
+  sqlite3_close_v2(c->db);
+  c->db = NULL;
+}
+
+/* Reads one integer pragma on c. */
+static int sq_pragma_int(sq_conn *c, const char *sql, int64_t *out, es_err *err) {
+  sqlite3_stmt *st;
+  int rc = sqlite3_prepare_v2(c->db, sql, -1, &st, NULL);
+  if (rc != SQLITE_OK) return sq_fail(err, c, rc, sql);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    *out = sqlite3_column_int64(st, 0);
+    rc = SQLITE_OK;
+  } else if (rc == SQLITE_DONE) {
+    *out = 0;
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(st);
+  return rc == SQLITE_OK ? ES_OK : sq_fail(err, c, rc, sql);
+}
+
+/* WAL mode (persistent in the file; set once, by whoever opens it first). */
+static int sq_setup_wal(es_backend *b, es_err *err) {
+  sqlite3_stmt *st;
+  sq_conn *c = &b->w;
+  int rc = sqlite3_prepare_v2(c->db, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+  if (rc != SQLITE_OK) return sq_fail(err, c, rc, "cannot read the file");
+  rc = sqlite3_step(st);
+  if (rc != SQLITE_ROW) {
+    sqlite3_finalize(st);
+    return sq_fail(err, c, rc, "cannot read the file");
+  }
+  const char *mode = (const char *)sqlite3_column_text(st, 0);
+  int ok = mode && strcmp(mode, "wal") == 0;
+  char got[32];
+  snprintf(got, sizeof got, "%s", mode ? mode : "?");
+  sqlite3_finalize(st);
+  if (!ok)
+    return es_fail(err, ES_STORAGE, "sqlite %s: cannot switch the file to WAL mode (it is in %s mode)",
+                   b->path, got);
+  return ES_OK;
+}
+
+/* Reads the file's schema version and application id and judges them:
+ * ES_OK with *migrate 0 (current), ES_OK with *migrate 1 (older: migrate),
+ * or ES_STORAGE (newer, foreign, damaged). */
+static int sq_schema_read(es_backend *b, int64_t *version, int *migrate, es_err *err) {
+  sq_conn *c = &b->w;
+  int64_t app = 0;
+  int code;
+  *migrate = 0;
+  if ((code = sq_pragma_int(c, "PRAGMA user_version", version, err)) != ES_OK) return code;
+  if ((code = sq_pragma_int(c, "PRAGMA application_id", &app, err)) != ES_OK) return code;
+  if (app != 0 && app != SQ_APPLICATION_ID)
+    return es_fail(err, ES_STORAGE, "sqlite %s: not an eventstore database (application_id %lld)",
+                   b->path, (long long)app);
+  if (*version > SQ_SCHEMA_VERSION)
+    return es_fail(err, ES_STORAGE,
+                   "sqlite %s: schema version %lld is newer than this eventstore supports (%d); "
+                   "upgrade eventstore to open it",
+                   b->path, (long long)*version, SQ_SCHEMA_VERSION);
+  if (*version < 0)
+    return es_fail(err, ES_STORAGE, "sqlite %s: bad schema version %lld", b->path,
+                   (long long)*version);
+  *migrate = *version < SQ_SCHEMA_VERSION;
+  return ES_OK;
+}
+
+/* Checks the schema version; creates / migrates an older one in one write
+ * transaction (read-write), refuses to (read-only). */
+static int sq_setup_schema(es_backend *b, es_err *err) {
+  sq_conn *c = &b->w;
+  int64_t version = 0;
+  int code, migrate;
+  /* the common case, a current file, takes no write lock */
+  if ((code = sq_schema_read(b, &version, &migrate, err)) != ES_OK) return code;
+  if (!migrate) return ES_OK;
+  if (b->mode == SQ_MODE_RO)
+    return es_fail(err, ES_STORAGE,
+                   "sqlite %s: schema version %lld needs migrating to %d, which a read-only "
+                   "open cannot do (open it read-write once)",
+                   b->path, (long long)version, SQ_SCHEMA_VERSION);
+  if ((code = sq_conn_exec(c, "BEGIN IMMEDIATE", "cannot lock the file to set up its schema", err)) != ES_OK)
+    return code;
+  /* again under the lock: another process may have migrated meanwhile */
+  if ((code = sq_schema_read(b, &version, &migrate, err)) != ES_OK) goto rollback;
+  for (int64_t v = version; migrate && v < SQ_SCHEMA_VERSION; v++) {
+    int rc = sqlite3_exec(c->db, sq_migrations[v], NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+      char what[64];
+      snprintf(what, sizeof what, "migrating schema %lld to %lld failed", (long long)v,
+               (long long)v + 1);
+      code = sq_fail(err, c, rc, what);
+      goto rollback;
+    }
+  }
+  if (migrate) {
+    char sql[96];
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d; PRAGMA application_id = %d",
+             SQ_SCHEMA_VERSION, SQ_APPLICATION_ID);
+    if ((code = sq_conn_exec(c, sql, "recording the schema version", err)) != ES_OK) goto rollback;
+  }
+  if ((code = sq_conn_exec(c, "COMMIT", "commit", err)) != ES_OK) goto rollback;
+  return ES_OK;
+rollback:
+  if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+  return code;
+}
+
+/* ---- URL ---------------------------------------------------------------- */
+
+static int sq_parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  long long x;
+  errno = 0;
+  x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) return -1;
+  *out = x;
+  return 0;
+}
+
+/* "PATH[?key=value&...]": sync=full|normal, mode=rwc|rw|ro,
+ * busy_timeout=ms, readers=n, max_pages=n. */
+static int sq_parse_url(es_backend *b, const char *rest, const es_open_opts *opts, es_err *err) {
+  const char *q = strchr(rest, '?');
+  size_t plen = q ? (size_t)(q - rest) : strlen(rest);
+  b->mode = SQ_MODE_RWC;
+  b->sync = (opts && opts->durability == 1) ? SQ_SYNC_NORMAL : SQ_SYNC_FULL;
+  if (opts && (opts->durability < 0 || opts->durability > 1))
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "sqlite: durability %d unknown (0 full, 1 normal)", opts->durability);
+  b->busy_ms = SQ_DEFAULT_BUSY_MS;
+  b->max_readers = SQ_DEFAULT_READERS;
+  if (plen == 0) return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: the URL names no file (sqlite:PATH)");
+  b->path = sq_dup(rest, plen);
+  if (!b->path) return sq_oom(err);
+  if (strcmp(b->path, ":memory:") == 0 || strncmp(b->path, "file:", 5) == 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "sqlite: \"%s\" is not supported: give a file path (use memory: for a store in memory)",
+                   b->path);
+  while (q && *q) {
+    const char *k = q + 1, *amp = strchr(k, '&');
+    size_t n = amp ? (size_t)(amp - k) : strlen(k);
+    char kv[128], *eq, *v;
+    int64_t x;
+    q = amp;
+    if (n == 0) continue;
+    if (n >= sizeof kv) return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: URL option too long");
+    memcpy(kv, k, n);
+    kv[n] = '\0';
+    eq = strchr(kv, '=');
+    if (!eq) return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: URL option \"%s\" has no value", kv);
+    *eq = '\0';
+    v = eq + 1;
+    if (strcmp(kv, "sync") == 0) {
+      if (strcmp(v, "full") == 0) b->sync = SQ_SYNC_FULL;
+      else if (strcmp(v, "normal") == 0) b->sync = SQ_SYNC_NORMAL;
+      else return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: sync=%s unknown (full or normal)", v);
+    } else if (strcmp(kv, "mode") == 0) {
+      if (strcmp(v, "rwc") == 0) b->mode = SQ_MODE_RWC;
+      else if (strcmp(v, "rw") == 0) b->mode = SQ_MODE_RW;
+      else if (strcmp(v, "ro") == 0) b->mode = SQ_MODE_RO;
+      else return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: mode=%s unknown (rwc, rw or ro)", v);
+    } else if (strcmp(kv, "busy_timeout") == 0) {
+      if (sq_parse_int(v, 0, INT_MAX, &x))
+        return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: busy_timeout=%s is not a number of ms", v);
+      b->busy_ms = (int)x;
+    } else if (strcmp(kv, "readers") == 0) {
+      if (sq_parse_int(v, 1, SQ_MAX_READERS, &x))
+        return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: readers=%s not in 1..%d", v, SQ_MAX_READERS);
+      b->max_readers = (int)x;
+    } else if (strcmp(kv, "max_pages") == 0) {
+      if (sq_parse_int(v, 1, INT64_MAX, &x))
+        return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: max_pages=%s is not a positive number", v);
+      b->max_pages = x;
+    } else {
+      return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: unknown URL option \"%s\"", kv);
+    }
+  }
+  return ES_OK;
+}
+
+/* The directory part of path must exist: say so plainly when it does not. */
+static int sq_check_dir(es_backend *b, es_err *err) {
+  const char *slash = strrchr(b->path, '/');
+  struct stat stb;
+  char *dir;
+  if (!slash) return ES_OK;
+  dir = sq_dup(b->path, slash == b->path ? 1 : (size_t)(slash - b->path));
+  if (!dir) return sq_oom(err);
+  int code = ES_OK;
+  if (stat(dir, &stb) != 0)
+    code = es_fail(err, ES_STORAGE, "sqlite %s: the directory %s %s", b->path, dir,
+                   errno == ENOENT ? "does not exist" : strerror(errno));
+  else if (!S_ISDIR(stb.st_mode))
+    code = es_fail(err, ES_STORAGE, "sqlite %s: %s is not a directory", b->path, dir);
+  free(dir);
+  return code;
+}
+
+/* Makes a newly created file's directory entry durable (SQLite syncs the
+ * directory for its WAL, not for the main file it creates). */
+static void sq_sync_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = slash ? sq_dup(path, slash == path ? 1 : (size_t)(slash - path)) : sq_dup(".", 1);
+  if (!dir) return;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+  free(dir);
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+static void sq_close(es_backend *b) {
+  if (!b) return;
+  sq_reader *r = b->all_readers;
+  while (r) {
+    sq_reader *next = r->next_all;
+    sq_conn_close(&r->c);
+    free(r);
+    r = next;
+  }
+  sq_conn_close(&b->watch);
+  sq_conn_close(&b->w); /* the last connection: checkpoints and removes the WAL */
+  pthread_mutex_destroy(&b->pool_mu);
+  pthread_cond_destroy(&b->pool_cv);
+  pthread_mutex_destroy(&b->watch_mu);
+  free(b->path);
+  free(b);
+}
+
+static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
+  es_backend *b;
+  struct stat stb;
+  int code, existed;
+  *out = NULL;
+  if (!url_rest) url_rest = "";
+  if (!sqlite3_threadsafe())
+    return es_fail(err, ES_STORAGE, "sqlite: the SQLite library was built without thread support");
+  b = calloc(1, sizeof *b);
+  if (!b) return sq_oom(err);
+  pthread_mutex_init(&b->pool_mu, NULL);
+  pthread_cond_init(&b->pool_cv, NULL);
+  pthread_mutex_init(&b->watch_mu, NULL);
+  b->wt.b = b;
+  b->wt.c = &b->w;
+  b->wt.write = 1;
+  if ((code = sq_parse_url(b, url_rest, opts, err)) != ES_OK) goto fail;
+  if ((code = sq_check_dir(b, err)) != ES_OK) goto fail;
+  existed = stat(b->path, &stb) == 0;
+  if (existed && S_ISDIR(stb.st_mode)) {
+    code = es_fail(err, ES_STORAGE, "sqlite %s: is a directory, not a database file", b->path);
+    goto fail;
+  }
+  if (!existed && b->mode != SQ_MODE_RWC) {
+    code = es_fail(err, ES_STORAGE, "sqlite %s: the file does not exist (mode=%s does not create it)",
+                   b->path, b->mode == SQ_MODE_RO ? "ro" : "rw");
+    goto fail;
+  }
+  if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
+  if (b->mode != SQ_MODE_RO && (code = sq_setup_wal(b, err)) != ES_OK) goto fail;
+  if ((code = sq_setup_schema(b, err)) != ES_OK) goto fail;
+  /* Statements that read the schema fail on a damaged file: prepare them
+   * now, so such a file is refused at open rather than at first use. */
+  for (int i = ST_MAX_POSITION; i < ST_COUNT; i++) {
+    if (b->mode == SQ_MODE_RO && i == ST_DATA_VERSION) continue;
+    int rc = sqlite3_prepare_v3(b->w.db, sq_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->w.st[i], NULL);
+    if (rc != SQLITE_OK) {
+      code = sq_fail(err, &b->w, rc, "the schema does not match");
+      goto fail;
+    }
+  }
+  if (b->mode != SQ_MODE_RO) {
+    if ((code = sq_conn_exec(&b->w, "PRAGMA journal_size_limit = 67108864", NULL, err)) != ES_OK) goto fail;
+  }
+  if ((code = sq_conn_open(b, &b->watch, 0, err)) != ES_OK) goto fail;
+  if (!existed) sq_sync_dir(b->path);
+  *out = b;
+  return ES_OK;
+fail:
+  sq_close(b);
+  return code;
+}
+
+/* ---- transactions ------------------------------------------------------- */
+
+/* Loads the next position inside a fresh write transaction. */
+static int sq_load_next_position(es_txn *t, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, rc, code;
+  int64_t max = 0, saved = 0;
+  if ((code = sq_stmt(t->c, ST_MAX_POSITION, &st, &temp, err)) != ES_OK) return code;
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) max = sqlite3_column_int64(st, 0);
+  sq_stmt_done(t->c, ST_MAX_POSITION, st, temp);
+  if (rc != SQLITE_ROW) return sq_txn_fail(t, rc, "read", err);
+  if ((code = sq_stmt(t->c, ST_META_GET, &st, &temp, err)) != ES_OK) return code;
+  sqlite3_bind_text(st, 1, "next_position", -1, SQLITE_STATIC);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) saved = sqlite3_column_int64(st, 0);
+  sq_stmt_done(t->c, ST_META_GET, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  t->saved_next = saved;
+  t->next_position = max + 1 > saved ? max + 1 : saved;
+  return ES_OK;
+}
+
+static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
+  es_txn *t = &b->wt;
+  int code;
+  *out = NULL;
+  if (b->mode == SQ_MODE_RO)
+    return es_fail(err, ES_STORAGE, "sqlite %s: opened read-only (mode=ro): cannot write", b->path);
+  t->broken = 0;
+  t->depth = 0;
+  if ((code = sq_exec_id(&b->w, ST_BEGIN_WRITE, err)) != ES_OK) return code;
+  if ((code = sq_load_next_position(t, err)) != ES_OK) {
+    sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
+    return code;
+  }
+  *out = t;
+  return ES_OK;
+}
+
+static void sq_write_rollback(es_txn *t) {
+  if (!sqlite3_get_autocommit(t->c->db)) {
+    if (sq_exec_id(t->c, ST_ROLLBACK, NULL) != ES_OK)
+      sqlite3_exec(t->c->db, "ROLLBACK", NULL, NULL, NULL);
+  }
+  t->depth = 0;
+  t->broken = 0;
+}
+
+static int sq_write_commit(es_txn *t, es_err *err) {
+  int code = sq_txn_check(t, err);
+  if (code != ES_OK) {
+    sq_write_rollback(t);
+    return code;
+  }
+  if (t->next_position > t->saved_next) {
+    sqlite3_stmt *st;
+    int temp;
+    if ((code = sq_stmt(t->c, ST_META_PUT, &st, &temp, err)) != ES_OK) goto fail;
+    sqlite3_bind_text(st, 1, "next_position", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, t->next_position);
+    if ((code = sq_run(t, ST_META_PUT, st, temp, "write", err)) != ES_OK) goto fail;
+  }
+  {
+    sqlite3_stmt *st;
+    int temp, rc;
+    if ((code = sq_stmt(t->c, ST_COMMIT, &st, &temp, err)) != ES_OK) goto fail;
+    rc = sqlite3_step(st);
+    sq_stmt_done(t->c, ST_COMMIT, st, temp);
+    if (rc != SQLITE_DONE) {
+      code = sq_fail(err, t->c, rc, "commit");
+      goto fail;
+    }
+  }
+  t->depth = 0;
+  return ES_OK;
+fail:
+  sq_write_rollback(t);
+  return code;
+}
+
+static int sq_savepoint(es_txn *t, es_err *err) {
+  int code = sq_txn_check(t, err);
+  if (code != ES_OK) return code;
+  if ((code = sq_exec_id(t->c, ST_SAVEPOINT, err)) != ES_OK) return code;
+  if (t->depth < SQ_MAX_SAVEPOINTS) t->sp_next[t->depth] = t->next_position;
+  t->depth++;
+  return ES_OK;
+}
+
+static int sq_savepoint_release(es_txn *t, es_err *err) {
+  int code = sq_txn_check(t, err);
+  if (code != ES_OK) return code;
+  if (t->depth <= 0) return es_fail(err, ES_STORAGE, "sqlite: release without a savepoint");
+  if ((code = sq_exec_id(t->c, ST_RELEASE, err)) != ES_OK) {
+    if (sqlite3_get_autocommit(t->c->db)) sq_txn_break(t, err ? err->msg : "release failed");
+    return code;
+  }
+  t->depth--;
+  return ES_OK;
+}
+
+static void sq_savepoint_rollback(es_txn *t) {
+  if (t->broken || t->depth <= 0) return;
+  if (sq_exec_id(t->c, ST_ROLLBACK_TO, NULL) != ES_OK || sq_exec_id(t->c, ST_RELEASE, NULL) != ES_OK) {
+    /* cannot undo only this caller's work: fail the whole transaction */
+    char msg[300];
+    snprintf(msg, sizeof msg, "rolling back a savepoint failed: %s", sqlite3_errmsg(t->c->db));
+    sq_txn_break(t, msg);
+    return;
+  }
+  t->depth--;
+  if (t->depth < SQ_MAX_SAVEPOINTS) t->next_position = t->sp_next[t->depth];
+}
+
+static int sq_read_begin(es_backend *b, es_txn **out, es_err *err) {
+  sq_reader *r = NULL;
+  int code;
+  *out = NULL;
+  pthread_mutex_lock(&b->pool_mu);
+  while (!b->free_readers && b->n_readers >= b->max_readers) pthread_cond_wait(&b->pool_cv, &b->pool_mu);
+  if (b->free_readers) {
+    r = b->free_readers;
+    b->free_readers = r->next_free;
+    pthread_mutex_unlock(&b->pool_mu);
+  } else {
+    b->n_readers++;
+    pthread_mutex_unlock(&b->pool_mu);
+    r = calloc(1, sizeof *r);
+    code = r ? sq_conn_open(b, &r->c, 0, err) : sq_oom(err);
+    if (code == ES_OK && b->max_pages == 0)
+      sq_conn_exec(&r->c, "PRAGMA cache_size = -4096", NULL, NULL);
+    pthread_mutex_lock(&b->pool_mu);
+    if (code != ES_OK) {
+      b->n_readers--;
+      pthread_cond_signal(&b->pool_cv);
+      pthread_mutex_unlock(&b->pool_mu);
+      free(r);
+      return code;
+    }
+    r->t.b = b;
+    r->t.c = &r->c;
+    r->t.reader = r;
+    r->next_all = b->all_readers;
+    b->all_readers = r;
+    pthread_mutex_unlock(&b->pool_mu);
+  }
+  r->t.broken = 0;
+  if ((code = sq_exec_id(&r->c, ST_BEGIN_READ, err)) != ES_OK) {
+    pthread_mutex_lock(&b->pool_mu);
+    r->next_free = b->free_readers;
+    b->free_readers = r;
+    pthread_cond_signal(&b->pool_cv);
+    pthread_mutex_unlock(&b->pool_mu);
+    return code;
+  }
+  *out = &r->t;
+  return ES_OK;
+}
+
+static void sq_read_end(es_txn *t) {
+  sq_reader *r = t->reader;
+  es_backend *b = t->b;
+  if (!sqlite3_get_autocommit(r->c.db) && sq_exec_id(&r->c, ST_COMMIT, NULL) != ES_OK)
+    sqlite3_exec(r->c.db, "ROLLBACK", NULL, NULL, NULL);
+  pthread_mutex_lock(&b->pool_mu);
+  r->next_free = b->free_readers;
+  b->free_readers = r;
+  pthread_cond_signal(&b->pool_cv);
+  pthread_mutex_unlock(&b->pool_mu);
+}
+
+/* ---- sessions ------------------------------------------------------------ */
+
+static int sq_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_SESSION_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  return sq_get_one(t, ST_SESSION_GET, st, temp, ROW_SESSION, out, err);
+}
+
+static int sq_session_put(es_txn *t, const es_session_info *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_SESSION_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, row->session);
+  rc |= sqlite3_bind_int64(st, 2, row->head);
+  rc |= sqlite3_bind_int64(st, 3, row->events);
+  rc |= sqlite3_bind_int64(st, 4, row->pending);
+  rc |= sqlite3_bind_int64(st, 5, row->dead);
+  rc |= sqlite3_bind_int64(st, 6, row->attempts);
+  rc |= sqlite3_bind_int64(st, 7, row->failures);
+  rc |= sq_bind_opt(st, 8, row->first_at);
+  rc |= sq_bind_opt(st, 9, row->updated_at);
+  if (rc) return sq_bind_fail(t, ST_SESSION_PUT, st, temp, err);
+  return sq_run(t, ST_SESSION_PUT, st, temp, "write", err);
+}
+
+/* The smallest string greater than every string starting with prefix:
+ * prefix without its trailing 0xFF bytes, last byte + 1. NULL (no upper
+ * bound) when prefix is empty or all 0xFF. *oom on allocation failure. */
+static char *sq_prefix_successor(const char *prefix, int *oom) {
+  size_t n = strlen(prefix);
+  *oom = 0;
+  while (n > 0 && (unsigned char)prefix[n - 1] == 0xFF) n--;
+  if (n == 0) return NULL;
+  char *s = sq_dup(prefix, n);
+  if (!s) {
+    *oom = 1;
+    return NULL;
+  }
+  s[n - 1] = (char)((unsigned char)s[n - 1] + 1);
+  return s;
+}
+
+static int sq_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
+                           es_session_cb cb, void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, oom, id;
+  const char *lower;
+  int exclusive;
+  char *upper;
+  if (!prefix) prefix = "";
+  /* One lower bound (the larger of prefix and after) and one upper bound
+   * keep this a range scan of the primary key: O(log n + limit). */
+  if (after && strcmp(after, prefix) >= 0) {
+    lower = after;
+    exclusive = 1;
+  } else {
+    lower = prefix;
+    exclusive = 0;
+  }
+  upper = sq_prefix_successor(prefix, &oom);
+  if (oom) return sq_oom(err);
+  id = exclusive ? (upper ? ST_SESSION_LIST_GT_LT : ST_SESSION_LIST_GT)
+                 : (upper ? ST_SESSION_LIST_GE_LT : ST_SESSION_LIST_GE);
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) {
+    free(upper);
+    return code;
+  }
+  sq_bind_str(st, 1, lower);
+  if (upper) sq_bind_str(st, 2, upper);
+  sqlite3_bind_int64(st, 3, sq_limit(limit));
+  code = sq_iterate(t, id, st, temp, ROW_SESSION, (sq_fn)cb, ctx, err);
+  free(upper);
+  return code;
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static int sq_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_EVENT_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sqlite3_bind_int64(st, 2, index);
+  return sq_get_one(t, ST_EVENT_GET, st, temp, ROW_EVENT, out, err);
+}
+
+static int sq_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_EVENT_GET_BY_ID, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, id);
+  return sq_get_one(t, ST_EVENT_GET_BY_ID, st, temp, ROW_EVENT, out, err);
+}
+
+static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_EVENT_INSERT, &st, &temp, err)) != ES_OK) return code;
+  if (sq_bind_event(st, row, t->next_position) != SQLITE_OK)
+    return sq_bind_fail(t, ST_EVENT_INSERT, st, temp, err);
+  if ((code = sq_run(t, ST_EVENT_INSERT, st, temp, "insert", err)) != ES_OK) return code;
+  row->position = t->next_position++;
+  return ES_OK;
+}
+
+static int sq_event_update(es_txn *t, const es_event *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_EVENT_UPDATE, &st, &temp, err)) != ES_OK) return code;
+  if (sq_bind_event(st, row, ES_NONE) != SQLITE_OK)
+    return sq_bind_fail(t, ST_EVENT_UPDATE, st, temp, err);
+  if ((code = sq_run(t, ST_EVENT_UPDATE, st, temp, "update", err)) != ES_OK) return code;
+  return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
+static int sq_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
+                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_EVENT_RANGE, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sqlite3_bind_int64(st, 2, after == ES_NONE ? 0 : after);
+  sqlite3_bind_int64(st, 3, through == ES_NONE ? INT64_MAX : through);
+  sqlite3_bind_int64(st, 4, sq_limit(limit));
+  return sq_iterate(t, ST_EVENT_RANGE, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+}
+
+static int sq_event_all(es_txn *t, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
+                        es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_EVENT_ALL, &st, &temp, err)) != ES_OK) return code;
+  sqlite3_bind_int64(st, 1, after == ES_NONE ? 0 : after);
+  sqlite3_bind_int64(st, 2, sq_limit(limit));
+  return sq_iterate(t, ST_EVENT_ALL, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+}
+
+static int sq_last_position(es_txn *t, int64_t *position, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  *position = 0;
+  if ((code = sq_op(t, ST_MAX_POSITION, &st, &temp, err)) != ES_OK) return code;
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *position = sqlite3_column_int64(st, 0); /* NULL (empty) reads as 0 */
+  sq_stmt_done(t->c, ST_MAX_POSITION, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  return ES_OK;
+}
+
+static int sq_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
+                        int64_t *index, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  *index = 0;
+  if ((code = sq_op(t, ST_LANE_NEXT, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sq_bind_str(st, 2, lane);
+  sqlite3_bind_int64(st, 3, after == ES_NONE ? 0 : after);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *index = sqlite3_column_int64(st, 0);
+  sq_stmt_done(t->c, ST_LANE_NEXT, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  return ES_OK;
+}
+
+static int sq_queued_due(es_txn *t, const char *session, int64_t now, int64_t limit, es_event_cb cb,
+                         void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, id = session ? ST_QUEUED_DUE_SESSION : ST_QUEUED_DUE_ALL;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  if (session) {
+    sq_bind_str(st, 1, session);
+    sqlite3_bind_int64(st, 2, now);
+    sqlite3_bind_int64(st, 3, sq_limit(limit));
+  } else {
+    sqlite3_bind_int64(st, 1, now);
+    sqlite3_bind_int64(st, 2, sq_limit(limit));
+  }
+  return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+}
+
+static int sq_queued_next_due(es_txn *t, const char *session, int64_t now, int64_t *due,
+                              es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc, id = session ? ST_QUEUED_NEXT_SESSION : ST_QUEUED_NEXT_ALL;
+  *due = ES_NONE;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  if (session) {
+    sq_bind_str(st, 1, session);
+    sqlite3_bind_int64(st, 2, now);
+  } else {
+    sqlite3_bind_int64(st, 1, now);
+  }
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *due = sq_col_opt(st, 0);
+  sq_stmt_done(t->c, id, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  return ES_OK;
+}
+
+static int sq_dead_list(es_txn *t, const char *session, int64_t after, int64_t limit, es_event_cb cb,
+                        void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, id = session ? ST_DEAD_SESSION : ST_DEAD_ALL;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  if (session) {
+    sq_bind_str(st, 1, session);
+    sqlite3_bind_int64(st, 2, after == ES_NONE ? 0 : after);
+    sqlite3_bind_int64(st, 3, sq_limit(limit));
+  } else {
+    sqlite3_bind_int64(st, 1, after == ES_NONE ? 0 : after);
+    sqlite3_bind_int64(st, 2, sq_limit(limit));
+  }
+  return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+}
+
+/* ---- snapshots ------------------------------------------------------------ */
+
+static int sq_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
+                           es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_SNAPSHOT_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sq_bind_str(st, 2, reducer);
+  return sq_get_one(t, ST_SNAPSHOT_GET, st, temp, ROW_SNAPSHOT, out, err);
+}
+
+static int sq_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_SNAPSHOT_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, session);
+  rc |= sq_bind_str(st, 2, row->reducer);
+  rc |= sqlite3_bind_int64(st, 3, row->index);
+  rc |= row->state ? sqlite3_bind_blob64(st, 4, row->state, row->state_len, SQLITE_STATIC)
+                   : sqlite3_bind_null(st, 4);
+  rc |= sq_bind_str(st, 5, row->version);
+  rc |= sq_bind_opt(st, 6, row->updated_at);
+  if (rc) return sq_bind_fail(t, ST_SNAPSHOT_PUT, st, temp, err);
+  return sq_run(t, ST_SNAPSHOT_PUT, st, temp, "write", err);
+}
+
+static int sq_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
+                            es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_SNAPSHOT_LIST, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  return sq_iterate(t, ST_SNAPSHOT_LIST, st, temp, ROW_SNAPSHOT, (sq_fn)cb, ctx, err);
+}
+
+/* ---- presence ------------------------------------------------------------- */
+
+static int sq_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
+                           es_presence_row *out, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_PRESENCE_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, ns);
+  sq_bind_str(st, 2, participant);
+  sq_bind_str(st, 3, field);
+  return sq_get_one(t, ST_PRESENCE_GET, st, temp, ROW_PRESENCE, out, err);
+}
+
+static int sq_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_PRESENCE_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, ns);
+  rc |= sq_bind_str(st, 2, row->participant);
+  rc |= sq_bind_str(st, 3, row->field);
+  rc |= sq_bind_bytes_text(st, 4, row->value, row->value_len);
+  rc |= sq_bind_opt(st, 5, row->seen);
+  rc |= sq_bind_opt(st, 6, row->at);
+  rc |= sq_bind_opt(st, 7, row->expires_at);
+  if (rc) return sq_bind_fail(t, ST_PRESENCE_PUT, st, temp, err);
+  return sq_run(t, ST_PRESENCE_PUT, st, temp, "write", err);
+}
+
+static int sq_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if (!t->write) return ES_OK; /* allowed no-op: a read transaction never writes */
+  if ((code = sq_op(t, ST_PRESENCE_EXPIRE, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, ns);
+  sqlite3_bind_int64(st, 2, now);
+  return sq_run(t, ST_PRESENCE_EXPIRE, st, temp, "write", err);
+}
+
+static int sq_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb, void *ctx,
+                            es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_PRESENCE_LIST, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, ns);
+  sqlite3_bind_int64(st, 2, now);
+  return sq_iterate(t, ST_PRESENCE_LIST, st, temp, ROW_PRESENCE, (sq_fn)cb, ctx, err);
+}
+
+/* ---- data version --------------------------------------------------------- */
+
+static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  pthread_mutex_lock(&b->watch_mu);
+  if ((code = sq_stmt(&b->watch, ST_DATA_VERSION, &st, &temp, err)) != ES_OK) {
+    pthread_mutex_unlock(&b->watch_mu);
+    return code;
+  }
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *version = (uint64_t)sqlite3_column_int64(st, 0);
+  sq_stmt_done(&b->watch, ST_DATA_VERSION, st, temp);
+  code = rc == SQLITE_ROW ? ES_OK : sq_fail(err, &b->watch, rc, "data_version");
+  pthread_mutex_unlock(&b->watch_mu);
+  return code;
+}
+
+/* ---- the ops table ---------------------------------------------------------- */
+
+const es_backend_ops es_backend_sqlite = {
+    .scheme = "sqlite",
+    .group_commit = 1,
+    .open = sq_open,
+    .close = sq_close,
+    .write_begin = sq_write_begin,
+    .write_commit = sq_write_commit,
+    .write_rollback = sq_write_rollback,
+    .savepoint = sq_savepoint,
+    .savepoint_release = sq_savepoint_release,
+    .savepoint_rollback = sq_savepoint_rollback,
+    .read_begin = sq_read_begin,
+    .read_end = sq_read_end,
+    .session_get = sq_session_get,
+    .session_put = sq_session_put,
+    .session_list = sq_session_list,
+    .event_get = sq_event_get,
+    .event_get_by_id = sq_event_get_by_id,
+    .event_insert = sq_event_insert,
+    .event_update = sq_event_update,
+    .event_range = sq_event_range,
+    .event_all = sq_event_all,
+    .last_position = sq_last_position,
+    .lane_next = sq_lane_next,
+    .queued_due = sq_queued_due,
+    .queued_next_due = sq_queued_next_due,
+    .dead_list = sq_dead_list,
+    .snapshot_get = sq_snapshot_get,
+    .snapshot_put = sq_snapshot_put,
+    .snapshot_list = sq_snapshot_list,
+    .presence_get = sq_presence_get,
+    .presence_put = sq_presence_put,
+    .presence_expire = sq_presence_expire,
+    .presence_list = sq_presence_list,
+    .data_version = sq_data_version,
+};

@@ -1,0 +1,150 @@
+/*
+ * hmap.c: the string-keyed hash set of hmap.h.
+ *
+ * The slot of a hash h is (h * cap) >> 32 (a multiply instead of a modulo,
+ * so cap need not be a power of two and can grow by 1.5x).
+ */
+#include "hmap.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define EMPTY 0u
+#define REMOVED 1u
+
+/* 64-bit multiply-xorshift over 8-byte words, folded to 32 bits; never 0 or
+ * 1 (those mark empty and removed slots). */
+uint32_t es_hmap_hash(const char *s) {
+  size_t len = strlen(s);
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (len * 0xC2B2AE3D27D4EB4Full);
+  while (len >= 8) {
+    uint64_t w;
+    memcpy(&w, s, 8);
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+    h ^= h >> 29;
+    s += 8;
+    len -= 8;
+  }
+  if (len) {
+    uint64_t w = 0;
+    memcpy(&w, s, len);
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+  }
+  h ^= h >> 33;
+  h *= 0xC4CEB9FE1A85EC53ull;
+  h ^= h >> 33;
+  uint32_t r = (uint32_t)(h ^ (h >> 32));
+  return r < 2 ? r + 2 : r;
+}
+
+static size_t home(uint32_t h, size_t cap) { return (size_t)(((uint64_t)h * cap) >> 32); }
+
+void es_hmap_init(es_hmap *m, es_hmap_key_fn key) {
+  memset(m, 0, sizeof *m);
+  m->key = key;
+}
+
+void es_hmap_destroy(es_hmap *m) {
+  free(m->items);
+  free(m->hashes);
+  es_hmap_init(m, m->key);
+}
+
+void *es_hmap_get(const es_hmap *m, const char *key) {
+  return m->count ? es_hmap_get_h(m, key, es_hmap_hash(key)) : NULL;
+}
+
+void *es_hmap_get_h(const es_hmap *m, const char *key, uint32_t h) {
+  if (!m->count) return NULL;
+  size_t i = home(h, m->cap);
+  for (;;) {
+    uint32_t s = m->hashes[i];
+    if (s == EMPTY) return NULL;
+    if (s == h && strcmp(m->key(m->items[i]), key) == 0) return m->items[i];
+    if (++i == m->cap) i = 0;
+  }
+}
+
+/* Places an item known to be absent, in a table known to have room. */
+static void place(void **items, uint32_t *hashes, size_t cap, uint32_t h, void *item) {
+  size_t i = home(h, cap);
+  while (hashes[i] > REMOVED)
+    if (++i == cap) i = 0;
+  hashes[i] = h;
+  items[i] = item;
+}
+
+static int full(size_t used, size_t cap) { return used * 8 > cap * 7; }
+
+static int rebuild(es_hmap *m, size_t need) {
+  /* Sized for the live items only (removed slots are dropped), to at most
+   * 3/4 load, so a rebuild forced by removed slots keeps the capacity and
+   * one forced by growth leaves room for many puts. */
+  size_t cap = m->cap ? m->cap : 8;
+  while ((m->count + need) * 4 > cap * 3) cap += cap / 2;
+  if (cap > UINT32_MAX || cap > SIZE_MAX / sizeof(void *)) return -1;
+  void **items = malloc(cap * sizeof *items);
+  uint32_t *hashes = calloc(cap, sizeof *hashes);
+  if (!items || !hashes) {
+    free(items);
+    free(hashes);
+    return -1;
+  }
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->hashes[i] > REMOVED) place(items, hashes, cap, m->hashes[i], m->items[i]);
+  free(m->items);
+  free(m->hashes);
+  m->items = items;
+  m->hashes = hashes;
+  m->cap = cap;
+  m->removed = 0;
+  return 0;
+}
+
+int es_hmap_reserve(es_hmap *m, size_t n) {
+  if (m->cap && !full(m->count + m->removed + n, m->cap)) return 0;
+  return rebuild(m, n);
+}
+
+int es_hmap_put(es_hmap *m, void *item) { return es_hmap_put_h(m, item, es_hmap_hash(m->key(item))); }
+
+int es_hmap_put_h(es_hmap *m, void *item, uint32_t h) {
+  if (es_hmap_reserve(m, 1) != 0) return -1;
+  size_t i = home(h, m->cap);
+  /* Reuse a removed slot: every later lookup still probes past it to the
+   * same first empty slot. */
+  while (m->hashes[i] > REMOVED)
+    if (++i == m->cap) i = 0;
+  if (m->hashes[i] == REMOVED) m->removed--;
+  m->hashes[i] = h;
+  m->items[i] = item;
+  m->count++;
+  return 0;
+}
+
+void *es_hmap_remove(es_hmap *m, const char *key) {
+  if (!m->count) return NULL;
+  uint32_t h = es_hmap_hash(key);
+  size_t i = home(h, m->cap);
+  for (;;) {
+    uint32_t s = m->hashes[i];
+    if (s == EMPTY) return NULL;
+    if (s == h && strcmp(m->key(m->items[i]), key) == 0) {
+      void *item = m->items[i];
+      m->hashes[i] = REMOVED;
+      m->items[i] = NULL;
+      m->count--;
+      m->removed++;
+      return item;
+    }
+    if (++i == m->cap) i = 0;
+  }
+}
+
+void *es_hmap_next(const es_hmap *m, size_t *pos) {
+  while (*pos < m->cap) {
+    size_t i = (*pos)++;
+    if (m->hashes[i] > REMOVED) return m->items[i];
+  }
+  return NULL;
+}

@@ -1,0 +1,60 @@
+/*
+ * hmap.h: a hash set of items that carry their own NUL-terminated string key
+ * (an event row and its id, a session and its name), looked up by key.
+ *
+ * Open addressing with linear probing over two parallel arrays: the items and
+ * a 32-bit hash per slot. The stored hashes make probing compare integers,
+ * not strings, and let the table grow without touching the items (a cache
+ * miss each). Capacity grows by 1.5x at 7/8 load, so a slot costs 12 bytes
+ * and an item 14 to 24 bytes.
+ *
+ * The map never owns the items. Not thread-safe: the owner serialises access.
+ * The hash is not keyed: adversarial keys can make probes long.
+ */
+#ifndef ES_HMAP_H
+#define ES_HMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Returns the item's key (borrowed from the item; must not change while the
+ * item is in a map). */
+typedef const char *(*es_hmap_key_fn)(const void *item);
+
+typedef struct es_hmap {
+  void **items;      /* owned array of cap borrowed item pointers */
+  uint32_t *hashes;  /* owned; 0 empty, 1 removed, else the key's hash */
+  size_t cap;
+  size_t count;      /* items present */
+  size_t removed;    /* slots marked removed, reclaimed when the table is rebuilt */
+  es_hmap_key_fn key;
+} es_hmap;
+
+/* Starts an empty map (no allocation). */
+void es_hmap_init(es_hmap *m, es_hmap_key_fn key);
+/* Frees the table, not the items. */
+void es_hmap_destroy(es_hmap *m);
+
+/* The item whose key equals key, or NULL. */
+void *es_hmap_get(const es_hmap *m, const char *key);
+/* The hash es_hmap_* computes for key: a caller that looks a key up and then
+ * puts it hashes once with es_hmap_hash and passes it to the _h variants. */
+uint32_t es_hmap_hash(const char *key);
+void *es_hmap_get_h(const es_hmap *m, const char *key, uint32_t hash);
+/* Makes room so that the next n es_hmap_put calls cannot fail. Returns 0, or
+ * -1 when out of memory (the map is unchanged). */
+int es_hmap_reserve(es_hmap *m, size_t n);
+/* Adds item (borrowed), whose key must not be present. Grows when needed:
+ * returns 0, or -1 when out of memory (the map is unchanged). */
+int es_hmap_put(es_hmap *m, void *item);
+/* es_hmap_put with the item key's es_hmap_hash. */
+int es_hmap_put_h(es_hmap *m, void *item, uint32_t hash);
+/* Removes and returns the item with that key (NULL when absent). Never
+ * allocates. */
+void *es_hmap_remove(es_hmap *m, const char *key);
+
+/* Walks the items: start with *pos = 0; returns NULL at the end. Any put or
+ * remove invalidates the walk. */
+void *es_hmap_next(const es_hmap *m, size_t *pos);
+
+#endif

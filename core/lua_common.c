@@ -1,0 +1,81 @@
+/*
+ * lua_common.c: the eventstore error object shared by every Lua-facing C
+ * file (lua_common.h, CONTRACT.md §2): a table {code = "CODE", message =
+ * "..."} whose metatable, registered as "eventstore.Error", makes
+ * tostring(e) read "CODE: message".
+ */
+#include "lua_common.h"
+
+#include <lauxlib.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+static int error_tostring(lua_State *L) {
+  /* Raw reads: the fields are ours, and a user-set __index on an error
+   * table must not make tostring raise while reporting an error. */
+  const char *code, *msg;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_pushliteral(L, "code");
+  lua_rawget(L, 1);
+  lua_pushliteral(L, "message");
+  lua_rawget(L, 1);
+  code = lua_tostring(L, 2);
+  msg = lua_tostring(L, 3);
+  if (!code) code = "ERROR";
+  if (msg) lua_pushfstring(L, "%s: %s", code, msg);
+  else lua_pushstring(L, code);
+  return 1;
+}
+
+/* Pushes the metatable, creating it on first use in this lua_State. */
+static void push_error_mt(lua_State *L) {
+  if (luaL_newmetatable(L, ES_LUA_ERROR_MT)) {
+    lua_pushcfunction(L, error_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+}
+
+void es_lua_push_error(lua_State *L, int code, const char *message) {
+  luaL_checkstack(L, 3, "error object");
+  lua_createtable(L, 0, 2);
+  lua_pushstring(L, es_strerror(code));
+  lua_setfield(L, -2, "code");
+  lua_pushstring(L, message ? message : "");
+  lua_setfield(L, -2, "message");
+  push_error_mt(L);
+  lua_setmetatable(L, -2);
+}
+
+int es_lua_raise(lua_State *L, const es_err *err) {
+  es_lua_push_error(L, err->code, err->msg);
+  return lua_error(L);
+}
+
+int es_lua_raisef(lua_State *L, int code, const char *fmt, ...) {
+  char small[ES_ERRMSG_MAX];
+  va_list ap, ap2;
+  int n;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  n = vsnprintf(small, sizeof small, fmt, ap);
+  va_end(ap);
+  if (n < 0) {
+    va_end(ap2);
+    es_lua_push_error(L, code, fmt);
+    return lua_error(L);
+  }
+  if ((size_t)n < sizeof small) {
+    va_end(ap2);
+    es_lua_push_error(L, code, small);
+  } else {
+    /* Too long for the stack copy: format into a Lua buffer instead of
+     * truncating (the message is what the user reads). */
+    luaL_Buffer b;
+    char *p = luaL_buffinitsize(L, &b, (size_t)n + 1);
+    vsnprintf(p, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    luaL_pushresultsize(&b, (size_t)n);
+    es_lua_push_error(L, code, lua_tostring(L, -1));
+  }
+  return lua_error(L);
+}

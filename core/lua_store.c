@@ -1,0 +1,1199 @@
+/*
+ * lua_store.c: the Lua face of the store: luaopen_eventstore_core, the
+ * "eventstore.Store" handle (shaped like liolib's file handles), the
+ * manual clock, and in-process subscriptions.
+ *
+ * Argument misuse raises standard Lua argument errors; everything the core
+ * rejects is raised as an eventstore error object (lua_common.h).
+ *
+ * Subscriptions are delivered on the subscribing Lua state only: at the end
+ * of every call made through the handle (so a write from this state has
+ * notified before it returns) and by wait(). Each subscription remembers
+ * the last index (or position) it delivered and reads what follows, so an
+ * event is never delivered twice nor skipped, whichever thread wrote it.
+ */
+#include <lauxlib.h>
+#include <lua.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "json.h"
+#include "lua_common.h"
+#include "store.h"
+
+#define STORE_MT "eventstore.Store"
+#define CLOCK_MT "eventstore.ManualClock"
+#define ES_LUA_VERSION "eventstore 0.1.0"
+
+typedef struct sub {
+  int active;
+  int fn_ref;
+  char *session;  /* NULL: every session (then `last` is a position) */
+  int64_t last;   /* last index / position delivered */
+  struct sub *next;
+} sub;
+
+typedef struct patch {
+  es_presence_rows rows;
+  struct patch *next;
+} patch;
+
+typedef struct psub {
+  int active;
+  int fn_ref;
+  uint64_t token;
+  pthread_mutex_t mu;   /* guards the queue: writers on any thread push */
+  patch *head, *tail;
+  struct psub *next;
+} psub;
+
+typedef struct lstore {
+  es_store *s;           /* NULL once closed */
+  lua_State *L;          /* the state making the current call (a Lua clock runs there) */
+  int clock_ref;         /* registry ref of a Lua clock function, or LUA_NOREF */
+  es_manual_clock *mclock;
+  sub *subs;
+  psub *psubs;
+  uint64_t seen_version; /* store version at the last drain */
+  int draining;
+} lstore;
+
+typedef struct lclock {
+  es_manual_clock *c;
+} lclock;
+
+/* ---------------------------------------------------------------------- */
+/* helpers */
+
+static lstore *check_store(lua_State *L) {
+  lstore *h = luaL_checkudata(L, 1, STORE_MT);
+  if (!h->s) {
+    es_err e = {ES_CLOSED, "the store is closed"};
+    es_lua_raise(L, &e);
+  }
+  h->L = L;
+  return h;
+}
+
+static int64_t opt_int_field(lua_State *L, int arg, const char *field, int64_t def) {
+  if (lua_isnoneornil(L, arg)) return def;
+  lua_getfield(L, arg, field);
+  int64_t v = def;
+  if (!lua_isnil(L, -1)) {
+    int ok;
+    v = lua_tointegerx(L, -1, &ok);
+    if (!ok) luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be an integer", field));
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* A string field; returns NULL when absent. The string stays valid while
+ * the table at arg is on the stack and unchanged. */
+static const char *opt_str_field(lua_State *L, int arg, const char *field) {
+  if (lua_isnoneornil(L, arg)) return NULL;
+  lua_getfield(L, arg, field);
+  const char *v = NULL;
+  if (!lua_isnil(L, -1)) {
+    if (lua_type(L, -1) != LUA_TSTRING)
+      luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be a string", field));
+    v = lua_tostring(L, -1);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+static const char *req_str_field(lua_State *L, int arg, const char *field) {
+  const char *v = opt_str_field(L, arg, field);
+  if (!v) luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' is required", field));
+  return v;
+}
+
+static void check_opt_table(lua_State *L, int arg) {
+  if (!lua_isnoneornil(L, arg)) luaL_checktype(L, arg, LUA_TTABLE);
+}
+
+static void set_int(lua_State *L, const char *k, int64_t v) {
+  if (v == ES_NONE) return;
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_setfield(L, -2, k);
+}
+
+static void set_str(lua_State *L, const char *k, const char *v) {
+  if (!v) return;
+  lua_pushstring(L, v);
+  lua_setfield(L, -2, k);
+}
+
+static const char *status_name(int status) {
+  switch (status) {
+    case ES_STATUS_PROCESSED: return "processed";
+    case ES_STATUS_DEAD: return "dead";
+    default: return "pending";
+  }
+}
+
+static void push_event(lua_State *L, const es_event *e, int claimed) {
+  lua_createtable(L, 0, 20);
+  set_str(L, "id", e->id);
+  set_str(L, "type", e->type);
+  es_err err = {0};
+  if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) es_lua_raise(L, &err);
+  lua_setfield(L, -2, "payload");
+  set_int(L, "index", e->index);
+  set_str(L, "session", e->session);
+  set_int(L, "position", e->position);
+  set_int(L, "created_at", e->created_at);
+  if (e->cause_index != ES_NONE) {
+    lua_createtable(L, 0, 2);
+    set_int(L, "index", e->cause_index);
+    set_int(L, "attempt", e->cause_attempt);
+    lua_setfield(L, -2, "cause");
+  }
+  set_str(L, "lane", e->lane);
+  set_int(L, "not_before", e->not_before);
+  set_str(L, "status", status_name(e->status));
+  set_int(L, "attempts", e->attempts);
+  set_int(L, "failures", e->failures);
+  set_str(L, "last_error", e->last_error);
+  set_int(L, "processed_at", e->processed_at);
+  set_str(L, "claim_holder", e->claim_holder);
+  set_int(L, "claim_expires_at", e->claim_expires_at);
+  set_int(L, "retry_at", e->retry_at);
+  if (claimed) set_int(L, "attempt", e->attempts);
+}
+
+/* Pushes an array of events and frees the list. */
+static void push_events(lua_State *L, es_events *list, int claimed) {
+  lua_createtable(L, (int)(list->n > 1000000 ? 0 : list->n), 0);
+  for (size_t i = 0; i < list->n; i++) {
+    push_event(L, &list->v[i], claimed);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  es_events_destroy(list);
+}
+
+/* Raises err after freeing what a failed call may hold (nothing: every
+ * es_store_* call frees its outputs on failure). */
+static int raise(lua_State *L, const es_err *err) { return es_lua_raise(L, err); }
+
+/* Reads an events array argument into a userdata-held es_new_event array.
+ * Payloads are encoded to canonical text kept in a table on the stack, so
+ * an error anywhere leaks nothing. Leaves 2 values on the stack. */
+static es_new_event *check_events(lua_State *L, int arg, size_t *n_out) {
+  luaL_checktype(L, arg, LUA_TTABLE);
+  size_t n = (size_t)lua_rawlen(L, arg);
+  es_new_event *evs = lua_newuserdatauv(L, (n ? n : 1) * sizeof *evs, 0);
+  lua_createtable(L, (int)(n > 100000 ? 0 : n), 0); /* payload texts */
+  int anchor = lua_gettop(L);
+  es_buf buf;
+  es_buf_init(&buf);
+  for (size_t i = 0; i < n; i++) {
+    es_new_event *e = &evs[i];
+    es_new_event_init(e);
+    if (lua_rawgeti(L, arg, (lua_Integer)i + 1) != LUA_TTABLE)
+      luaL_argerror(L, arg, lua_pushfstring(L, "events[%d] must be a table", (int)i + 1));
+    int t = lua_gettop(L);
+    lua_getfield(L, t, "type");
+    if (lua_type(L, -1) != LUA_TSTRING)
+      luaL_argerror(L, arg,
+                    lua_pushfstring(L, lua_isnil(L, -1) ? "events[%d].type is required"
+                                                        : "events[%d].type must be a string",
+                                    (int)i + 1));
+    e->type = lua_tostring(L, -1);
+    lua_pop(L, 1);
+    static const char *const str_fields[] = {"id", "lane"};
+    for (int f = 0; f < 2; f++) {
+      lua_getfield(L, t, str_fields[f]);
+      if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+          luaL_argerror(L, arg,
+                        lua_pushfstring(L, "events[%d].%s must be a string", (int)i + 1,
+                                        str_fields[f]));
+        if (f == 0) e->id = lua_tostring(L, -1);
+        else e->lane = lua_tostring(L, -1);
+      }
+      lua_pop(L, 1);
+    }
+    lua_getfield(L, t, "settled");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+      luaL_argerror(L, arg, lua_pushfstring(L, "events[%d].settled must be a boolean", (int)i + 1));
+    e->settled = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    lua_getfield(L, t, "not_before");
+    if (!lua_isnil(L, -1)) {
+      int ok;
+      e->not_before = lua_tointegerx(L, -1, &ok);
+      if (!ok)
+        luaL_argerror(L, arg,
+                      lua_pushfstring(L, "events[%d].not_before must be an integer", (int)i + 1));
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "cause");
+    if (!lua_isnil(L, -1)) {
+      int ok1, ok2;
+      if (!lua_istable(L, -1))
+        luaL_argerror(L, arg, lua_pushfstring(L, "events[%d].cause must be a table", (int)i + 1));
+      lua_getfield(L, -1, "index");
+      lua_getfield(L, -2, "attempt");
+      e->cause_index = lua_tointegerx(L, -2, &ok1);
+      e->cause_attempt = lua_tointegerx(L, -1, &ok2);
+      if (!ok1 || !ok2)
+        luaL_argerror(L, arg,
+                      lua_pushfstring(L, "events[%d].cause needs integer index and attempt",
+                                      (int)i + 1));
+      lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
+    lua_getfield(L, t, "payload");
+    if (!lua_isnil(L, -1)) {
+      char what[32];
+      es_err err = {0};
+      snprintf(what, sizeof what, "events[%d].payload", (int)i + 1);
+      buf.len = 0;
+      if (es_json_encode_lua(L, -1, what, &buf, &err) != ES_OK) {
+        es_buf_destroy(&buf);
+        es_lua_raise(L, &err);
+      }
+      lua_pushlstring(L, buf.data ? buf.data : "", buf.len);
+      e->payload = lua_tolstring(L, -1, &e->payload_len);
+      lua_rawseti(L, anchor, (lua_Integer)i + 1);
+    }
+    lua_pop(L, 2); /* payload, event table */
+  }
+  es_buf_destroy(&buf);
+  *n_out = n;
+  return evs;
+}
+
+/* ---------------------------------------------------------------------- */
+/* subscriptions */
+
+static void free_subs(lua_State *L, lstore *h, int all) {
+  for (sub **p = &h->subs; *p;) {
+    sub *x = *p;
+    if (all || !x->active) {
+      *p = x->next;
+      luaL_unref(L, LUA_REGISTRYINDEX, x->fn_ref);
+      free(x->session);
+      free(x);
+    } else {
+      p = &x->next;
+    }
+  }
+}
+
+static void on_presence(void *ctx, const char *ns, const es_presence_rows *applied) {
+  psub *p = ctx;
+  (void)ns;
+  patch *x = calloc(1, sizeof *x);
+  if (!x) return;
+  x->rows.v = calloc(applied->n ? applied->n : 1, sizeof *x->rows.v);
+  if (!x->rows.v) {
+    free(x);
+    return;
+  }
+  for (size_t i = 0; i < applied->n; i++) {
+    if (es_presence_row_copy(&x->rows.v[i], &applied->v[i]) != ES_OK) break;
+    x->rows.n++;
+  }
+  x->rows.cap = applied->n;
+  pthread_mutex_lock(&p->mu);
+  if (p->tail) p->tail->next = x;
+  else p->head = x;
+  p->tail = x;
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void free_patches(patch *x) {
+  while (x) {
+    patch *next = x->next;
+    es_presence_rows_destroy(&x->rows);
+    free(x);
+    x = next;
+  }
+}
+
+static void free_psubs(lua_State *L, lstore *h, int all) {
+  for (psub **p = &h->psubs; *p;) {
+    psub *x = *p;
+    if (all || !x->active) {
+      *p = x->next;
+      if (x->active && h->s) es_store_presence_unwatch(h->s, x->token);
+      luaL_unref(L, LUA_REGISTRYINDEX, x->fn_ref);
+      free_patches(x->head);
+      pthread_mutex_destroy(&x->mu);
+      free(x);
+    } else {
+      p = &x->next;
+    }
+  }
+}
+
+static void push_patch(lua_State *L, const es_presence_rows *rows) {
+  lua_createtable(L, 0, 4);
+  if (rows->n > 0) {
+    set_str(L, "participant", rows->v[0].participant);
+    set_int(L, "seen", rows->v[0].seen);
+    set_int(L, "at", rows->v[0].at);
+  }
+  lua_createtable(L, 0, (int)rows->n);
+  for (size_t i = 0; i < rows->n; i++) {
+    const es_presence_row *r = &rows->v[i];
+    if (r->value) {
+      es_err err = {0};
+      if (es_json_decode_lua(L, r->value, r->value_len, &err) != ES_OK) es_lua_raise(L, &err);
+      if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        es_json_push_null(L);
+      }
+    } else {
+      es_json_push_null(L);
+    }
+    lua_setfield(L, -2, r->field);
+  }
+  lua_setfield(L, -2, "values");
+}
+
+/* Calls fn(value) where value is on top; an error in fn is raised from the
+ * call that delivered it (the event still counts as delivered). */
+static void deliver(lua_State *L, lstore *h, int fn_ref) {
+  lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
+  lua_insert(L, -2);
+  if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+    h->draining = 0;
+    lua_error(L);
+  }
+}
+
+static int drain_events(lua_State *L, lstore *h, sub *x) {
+  es_events list;
+  es_err err = {0};
+  int rc = x->session ? es_store_read(h->s, x->session, x->last, ES_NONE, 1000, &list, &err)
+                      : es_store_read_all(h->s, x->last, 1000, &list, &err);
+  if (rc) {
+    h->draining = 0;
+    raise(L, &err);
+  }
+  size_t n = list.n;
+  if (n == 0) {
+    es_events_destroy(&list);
+    return 0;
+  }
+  /* Turn the batch into Lua values first: fn may raise, and nothing C-owned
+   * may be held across that. */
+  push_events(L, &list, 0);
+  int t = lua_gettop(L);
+  for (size_t i = 1; i <= n && x->active && h->s; i++) {
+    lua_rawgeti(L, t, (lua_Integer)i);
+    lua_getfield(L, -1, x->session ? "index" : "position");
+    x->last = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    deliver(L, h, x->fn_ref);
+  }
+  lua_settop(L, t - 1);
+  return 1;
+}
+
+static void drain(lua_State *L, lstore *h) {
+  if (h->draining || !h->s) return;
+  h->draining = 1;
+  for (int more = 1; more && h->s;) {
+    more = 0;
+    uint64_t v = es_store_version(h->s);
+    if (v != h->seen_version) {
+      for (sub *x = h->subs; x && h->s; x = x->next)
+        while (x->active && h->s && drain_events(L, h, x)) more = 1;
+      h->seen_version = v;
+    }
+    for (psub *p = h->psubs; p && h->s; p = p->next) {
+      for (;;) {
+        pthread_mutex_lock(&p->mu);
+        patch *x = p->head;
+        if (x) {
+          p->head = x->next;
+          if (!p->head) p->tail = NULL;
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (!x) break;
+        more = 1;
+        if (p->active) push_patch(L, &x->rows);
+        free_patches(x); /* x->next was detached above */
+        if (p->active) deliver(L, h, p->fn_ref);
+      }
+    }
+  }
+  h->draining = 0;
+  free_subs(L, h, 0);
+  free_psubs(L, h, 0);
+}
+
+/* Every method returns through here so subscribers run before it returns. */
+static int done(lua_State *L, lstore *h, int nret) {
+  if (h->subs || h->psubs) {
+    int top = lua_gettop(L);
+    drain(L, h);
+    lua_settop(L, top);
+  }
+  return nret;
+}
+
+static int unsubscribe(lua_State *L) {
+  sub *x = lua_touserdata(L, lua_upvalueindex(1));
+  x->active = 0;
+  return 0;
+}
+
+static int punsubscribe(lua_State *L) {
+  lstore *h = lua_touserdata(L, lua_upvalueindex(2));
+  psub *x = lua_touserdata(L, lua_upvalueindex(1));
+  if (x->active && h->s) es_store_presence_unwatch(h->s, x->token);
+  x->active = 0;
+  return 0;
+}
+
+static int m_subscribe(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_optstring(L, 2, NULL);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  es_err err = {0};
+  int64_t last = 0;
+  int rc = session ? es_store_head(h->s, session, &last, &err)
+                   : es_store_last_position(h->s, &last, &err);
+  if (rc) return raise(L, &err);
+  sub *x = calloc(1, sizeof *x);
+  if (!x || (session && !(x->session = strdup(session)))) {
+    free(x);
+    return luaL_error(L, "out of memory");
+  }
+  lua_pushvalue(L, 3);
+  x->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  x->active = 1;
+  x->last = last;
+  x->next = h->subs;
+  h->subs = x;
+  if (h->seen_version == 0) h->seen_version = es_store_version(h->s);
+  lua_pushlightuserdata(L, x);
+  lua_pushvalue(L, 1); /* keeps the store (and so x) alive */
+  lua_pushcclosure(L, unsubscribe, 2);
+  return 1;
+}
+
+static int m_presence_subscribe(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *ns = luaL_checkstring(L, 2);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  psub *x = calloc(1, sizeof *x);
+  if (!x) return luaL_error(L, "out of memory");
+  pthread_mutex_init(&x->mu, NULL);
+  x->token = es_store_presence_watch(h->s, ns, on_presence, x);
+  if (!x->token) {
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+    return luaL_error(L, "out of memory");
+  }
+  lua_pushvalue(L, 3);
+  x->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  x->active = 1;
+  x->next = h->psubs;
+  h->psubs = x;
+  lua_pushlightuserdata(L, x);
+  lua_pushvalue(L, 1);
+  lua_pushcclosure(L, punsubscribe, 2);
+  return 1;
+}
+
+/* ---------------------------------------------------------------------- */
+/* open, close, clocks */
+
+static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
+  lstore *h = ctx;
+  lua_State *L = h->L;
+  if (!L) return es_fail(err, ES_INVALID_ARGUMENT, "the clock function has no Lua state to run in");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, h->clock_ref);
+  if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
+    es_fail(err, ES_INVALID_ARGUMENT, "the clock function failed: %s",
+            lua_isstring(L, -1) ? lua_tostring(L, -1) : "(error object)");
+    lua_pop(L, 1);
+    return ES_INVALID_ARGUMENT;
+  }
+  int ok;
+  lua_Integer v = lua_tointegerx(L, -1, &ok);
+  lua_pop(L, 1);
+  if (!ok) return es_fail(err, ES_INVALID_ARGUMENT, "the clock function must return integer milliseconds");
+  *now = v;
+  return ES_OK;
+}
+
+static int store_close(lua_State *L, lstore *h) {
+  if (!h->s) return 0;
+  free_psubs(L, h, 1);
+  free_subs(L, h, 1);
+  es_store_close(h->s);
+  es_store_release(h->s);
+  h->s = NULL;
+  if (h->clock_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, h->clock_ref);
+  h->clock_ref = LUA_NOREF;
+  if (h->mclock) es_manual_clock_release(h->mclock);
+  h->mclock = NULL;
+  return 0;
+}
+
+static int m_close(lua_State *L) {
+  lstore *h = luaL_checkudata(L, 1, STORE_MT);
+  store_close(L, h);
+  return 0;
+}
+
+static int m_gc(lua_State *L) {
+  lstore *h = luaL_checkudata(L, 1, STORE_MT);
+  store_close(L, h);
+  return 0;
+}
+
+static int m_tostring(lua_State *L) {
+  lstore *h = luaL_checkudata(L, 1, STORE_MT);
+  if (h->s) lua_pushfstring(L, "eventstore.Store (%p)", (void *)h);
+  else lua_pushliteral(L, "eventstore.Store (closed)");
+  return 1;
+}
+
+static int l_open(lua_State *L) {
+  const char *url = luaL_optstring(L, 1, NULL);
+  check_opt_table(L, 2);
+  es_open_opts o = {0};
+  int64_t maxp = opt_int_field(L, 2, "max_payload_bytes", 0);
+  if (maxp < 0) luaL_argerror(L, 2, "field 'max_payload_bytes' must be >= 0");
+  o.max_payload_bytes = (size_t)maxp;
+  /* Created closed before anything is acquired (liolib's pattern). */
+  lstore *h = lua_newuserdatauv(L, sizeof *h, 0);
+  memset(h, 0, sizeof *h);
+  h->clock_ref = LUA_NOREF;
+  luaL_setmetatable(L, STORE_MT);
+  if (!lua_isnoneornil(L, 2)) {
+    lua_getfield(L, 2, "clock");
+    if (lua_isfunction(L, -1)) {
+      h->clock_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+      o.clock = lua_fn_clock;
+      o.clock_ctx = h;
+    } else if (!lua_isnil(L, -1)) {
+      lclock *c = luaL_testudata(L, -1, CLOCK_MT);
+      if (!c) luaL_argerror(L, 2, "field 'clock' must be a function or an eventstore.manual_clock");
+      h->mclock = c->c;
+      es_manual_clock_retain(h->mclock);
+      o.clock = es_manual_clock_now;
+      o.clock_ctx = h->mclock;
+      lua_pop(L, 1);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  h->L = L;
+  es_err err = {0};
+  es_store *s = NULL;
+  if (es_store_open(url, &o, &s, &err) != ES_OK) return raise(L, &err);
+  h->s = s;
+  return 1;
+}
+
+static int l_manual_clock(lua_State *L) {
+  lua_Integer ms = luaL_optinteger(L, 1, 0);
+  lclock *c = lua_newuserdatauv(L, sizeof *c, 0);
+  c->c = NULL;
+  luaL_setmetatable(L, CLOCK_MT);
+  c->c = es_manual_clock_new(ms);
+  if (!c->c) return luaL_error(L, "out of memory");
+  return 1;
+}
+
+static es_manual_clock *check_clock(lua_State *L) {
+  lclock *c = luaL_checkudata(L, 1, CLOCK_MT);
+  return c->c;
+}
+
+static int c_now(lua_State *L) {
+  lua_pushinteger(L, es_manual_clock_get(check_clock(L)));
+  return 1;
+}
+
+static int c_set(lua_State *L) {
+  es_manual_clock *c = check_clock(L);
+  es_manual_clock_set(c, luaL_checkinteger(L, 2));
+  lua_pushinteger(L, es_manual_clock_get(c));
+  return 1;
+}
+
+static int c_advance(lua_State *L) {
+  es_manual_clock *c = check_clock(L);
+  lua_pushinteger(L, es_manual_clock_advance(c, luaL_checkinteger(L, 2)));
+  return 1;
+}
+
+static int c_call(lua_State *L) {
+  lua_pushinteger(L, es_manual_clock_get(check_clock(L)));
+  return 1;
+}
+
+static int c_gc(lua_State *L) {
+  lclock *c = luaL_checkudata(L, 1, CLOCK_MT);
+  es_manual_clock_release(c->c);
+  c->c = NULL;
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.1 append and read */
+
+static int m_append(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  check_opt_table(L, 4);
+  int64_t expected = opt_int_field(L, 4, "expected", ES_NONE);
+  size_t n;
+  es_new_event *evs = check_events(L, 3, &n);
+  es_events out;
+  int pending = 0;
+  es_err err = {0};
+  if (es_store_append(h->s, session, evs, n, expected, &out, &pending, &err)) return raise(L, &err);
+  push_events(L, &out, 0);
+  lua_pushboolean(L, pending);
+  return done(L, h, 2);
+}
+
+static int m_read(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  check_opt_table(L, 3);
+  int64_t after = opt_int_field(L, 3, "after", 0);
+  int64_t through = opt_int_field(L, 3, "through", ES_NONE);
+  int64_t limit = opt_int_field(L, 3, "limit", ES_NONE);
+  es_events out;
+  es_err err = {0};
+  if (es_store_read(h->s, session, after, through, limit, &out, &err)) return raise(L, &err);
+  push_events(L, &out, 0);
+  return done(L, h, 1);
+}
+
+static int m_head(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  int64_t head;
+  es_err err = {0};
+  if (es_store_head(h->s, session, &head, &err)) return raise(L, &err);
+  lua_pushinteger(L, head);
+  return done(L, h, 1);
+}
+
+static int m_read_all(lua_State *L) {
+  lstore *h = check_store(L);
+  check_opt_table(L, 2);
+  int64_t after = opt_int_field(L, 2, "after", 0);
+  int64_t limit = opt_int_field(L, 2, "limit", ES_NONE);
+  es_events out;
+  es_err err = {0};
+  if (es_store_read_all(h->s, after, limit, &out, &err)) return raise(L, &err);
+  push_events(L, &out, 0);
+  return done(L, h, 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.2 dispatch */
+
+static int m_claim(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  es_claim_opts o = {0};
+  o.holder = req_str_field(L, 3, "holder");
+  o.ttl_ms = opt_int_field(L, 3, "ttl_ms", ES_NONE);
+  o.expires_at = opt_int_field(L, 3, "expires_at", ES_NONE);
+  if (o.ttl_ms == ES_NONE && o.expires_at == ES_NONE)
+    luaL_argerror(L, 3, "field 'ttl_ms' or 'expires_at' is required");
+  o.limit = opt_int_field(L, 3, "limit", ES_NONE);
+  lua_getfield(L, 3, "exclude");
+  if (!lua_isnil(L, -1)) {
+    if (!lua_istable(L, -1)) luaL_argerror(L, 3, "field 'exclude' must be a table of indexes");
+    size_t n = (size_t)lua_rawlen(L, -1);
+    int64_t *ex = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ex, 0);
+    for (size_t i = 0; i < n; i++) {
+      int ok;
+      lua_rawgeti(L, -2, (lua_Integer)i + 1);
+      ex[i] = lua_tointegerx(L, -1, &ok);
+      if (!ok) luaL_argerror(L, 3, "field 'exclude' must hold integer indexes");
+      lua_pop(L, 1);
+    }
+    o.exclude = ex;
+    o.n_exclude = n;
+  }
+  int outcome = 0;
+  int64_t retry_at;
+  es_events out;
+  es_err err = {0};
+  if (es_store_claim(h->s, session, &o, &outcome, &out, &retry_at, &err)) return raise(L, &err);
+  lua_createtable(L, 0, 3);
+  if (outcome == ES_CLAIMED) {
+    set_str(L, "outcome", "claimed");
+    push_events(L, &out, 1);
+    lua_setfield(L, -2, "events");
+  } else {
+    es_events_destroy(&out);
+    set_str(L, "outcome", outcome == ES_BUSY ? "busy" : "settled");
+    if (outcome == ES_BUSY) set_int(L, "retry_at", retry_at);
+  }
+  return done(L, h, 1);
+}
+
+static int m_claim_next(lua_State *L) {
+  lstore *h = check_store(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  const char *holder = req_str_field(L, 2, "holder");
+  int64_t ttl = opt_int_field(L, 2, "ttl_ms", ES_NONE);
+  if (ttl == ES_NONE) luaL_argerror(L, 2, "field 'ttl_ms' is required");
+  int64_t limit = opt_int_field(L, 2, "limit", 1);
+  int64_t retry_at;
+  es_events out;
+  es_err err = {0};
+  if (es_store_claim_next(h->s, holder, ttl, limit, &out, &retry_at, &err)) return raise(L, &err);
+  push_events(L, &out, 1);
+  if (retry_at == ES_NONE) lua_pushnil(L);
+  else lua_pushinteger(L, retry_at);
+  return done(L, h, 2);
+}
+
+static void push_int_array(lua_State *L, const int64_t *v, size_t n) {
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_pushinteger(L, v[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+}
+
+static int m_renew(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  const char *holder = req_str_field(L, 3, "holder");
+  int64_t ttl = opt_int_field(L, 3, "ttl_ms", ES_NONE);
+  if (ttl == ES_NONE) luaL_argerror(L, 3, "field 'ttl_ms' is required");
+  lua_getfield(L, 3, "claims");
+  if (!lua_istable(L, -1)) luaL_argerror(L, 3, "field 'claims' must be a table of {index, attempt}");
+  size_t n = (size_t)lua_rawlen(L, -1);
+  es_claim_ref *claims = lua_newuserdatauv(L, (n ? n : 1) * sizeof *claims, 0);
+  for (size_t i = 0; i < n; i++) {
+    int ok1, ok2;
+    if (lua_rawgeti(L, -2, (lua_Integer)i + 1) != LUA_TTABLE)
+      luaL_argerror(L, 3, "field 'claims' must hold {index, attempt} tables");
+    lua_getfield(L, -1, "index");
+    lua_getfield(L, -2, "attempt");
+    if (lua_isnil(L, -2)) { /* positional {index, attempt} */
+      lua_pop(L, 2);
+      lua_rawgeti(L, -1, 1);
+      lua_rawgeti(L, -2, 2);
+    }
+    claims[i].index = lua_tointegerx(L, -2, &ok1);
+    claims[i].attempt = lua_tointegerx(L, -1, &ok2);
+    if (!ok1 || !ok2) luaL_argerror(L, 3, "each claim needs integer index and attempt");
+    lua_pop(L, 3);
+  }
+  es_renew_result r;
+  es_err err = {0};
+  if (es_store_renew(h->s, session, holder, claims, n, ttl, &r, &err)) return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  push_int_array(L, r.renewed, r.n_renewed);
+  lua_setfield(L, -2, "renewed");
+  push_int_array(L, r.superseded, r.n_superseded);
+  lua_setfield(L, -2, "superseded");
+  es_renew_result_destroy(&r);
+  return done(L, h, 1);
+}
+
+static int m_complete(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  lua_Integer index = luaL_checkinteger(L, 3);
+  lua_Integer attempt = luaL_checkinteger(L, 4);
+  size_t n = 0;
+  es_new_event *evs = NULL;
+  if (lua_isnoneornil(L, 5)) {
+    lua_newtable(L);
+    lua_replace(L, 5);
+  }
+  evs = check_events(L, 5, &n);
+  int outcome = 0;
+  es_events out;
+  es_err err = {0};
+  if (es_store_complete(h->s, session, index, attempt, evs, n, &outcome, &out, &err))
+    return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  if (outcome == ES_COMPLETED) {
+    set_str(L, "outcome", "completed");
+    push_events(L, &out, 0);
+    lua_setfield(L, -2, "events");
+  } else {
+    set_str(L, "outcome", "superseded");
+  }
+  return done(L, h, 1);
+}
+
+static int m_fail(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  lua_Integer index = luaL_checkinteger(L, 3);
+  lua_Integer attempt = luaL_checkinteger(L, 4);
+  luaL_checktype(L, 5, LUA_TTABLE);
+  const char *error = req_str_field(L, 5, "error");
+  int64_t max_failures = opt_int_field(L, 5, "max_failures", 5);
+  int64_t retry_after = opt_int_field(L, 5, "retry_after_ms", 0);
+  int outcome = 0;
+  int64_t failures = 0;
+  es_err err = {0};
+  if (es_store_fail(h->s, session, index, attempt, error, max_failures, retry_after, &outcome,
+                    &failures, &err))
+    return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  set_str(L, "outcome", outcome == ES_FAILED            ? "failed"
+                        : outcome == ES_DEAD_LETTERED ? "dead_lettered"
+                                                      : "superseded");
+  set_int(L, "failures", failures);
+  return done(L, h, 1);
+}
+
+static int push_one(lua_State *L, lstore *h, const char *session, int64_t index) {
+  es_event e;
+  es_err err = {0};
+  if (es_store_get(h->s, session, index, &e, &err)) return raise(L, &err);
+  push_event(L, &e, 0);
+  es_event_destroy(&e);
+  return done(L, h, 1);
+}
+
+static int m_revive(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  lua_Integer index = luaL_checkinteger(L, 3);
+  es_err err = {0};
+  if (es_store_revive(h->s, session, index, &err)) return raise(L, &err);
+  return push_one(L, h, session, index);
+}
+
+static int m_settle(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  lua_Integer index = luaL_checkinteger(L, 3);
+  const char *reason = luaL_optstring(L, 4, NULL);
+  es_err err = {0};
+  if (es_store_settle(h->s, session, index, reason, &err)) return raise(L, &err);
+  return push_one(L, h, session, index);
+}
+
+static int m_dead_letters(lua_State *L) {
+  lstore *h = check_store(L);
+  check_opt_table(L, 2);
+  const char *session = opt_str_field(L, 2, "session");
+  int64_t after = opt_int_field(L, 2, "after", 0);
+  int64_t limit = opt_int_field(L, 2, "limit", 100);
+  es_events out;
+  es_err err = {0};
+  if (es_store_dead_letters(h->s, session, after, limit, &out, &err)) return raise(L, &err);
+  push_events(L, &out, 0);
+  return done(L, h, 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.3 snapshots, 3.4 inspection */
+
+static int m_read_state(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  const char *reducer = luaL_checkstring(L, 3);
+  int found;
+  es_snapshot snap;
+  es_events events;
+  es_err err = {0};
+  if (es_store_read_state(h->s, session, reducer, &found, &snap, &events, &err))
+    return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  if (found) {
+    lua_createtable(L, 0, 3);
+    set_int(L, "index", snap.index);
+    lua_pushlstring(L, snap.state ? snap.state : "", snap.state_len);
+    lua_setfield(L, -2, "state");
+    set_str(L, "version", snap.version);
+    lua_setfield(L, -2, "snapshot");
+  }
+  es_snapshot_destroy(&snap);
+  push_events(L, &events, 0);
+  lua_setfield(L, -2, "events");
+  return done(L, h, 1);
+}
+
+static int m_put_snapshot(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  const char *reducer = luaL_checkstring(L, 3);
+  lua_Integer index = luaL_checkinteger(L, 4);
+  size_t len;
+  const char *state = luaL_checklstring(L, 5, &len);
+  const char *version = luaL_optstring(L, 6, "");
+  int stored = 0;
+  es_err err = {0};
+  if (es_store_put_snapshot(h->s, session, reducer, index, state, len, version, &stored, &err))
+    return raise(L, &err);
+  lua_pushboolean(L, stored);
+  return done(L, h, 1);
+}
+
+static int m_snapshots(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  es_snapshots list;
+  es_err err = {0};
+  if (es_store_snapshots(h->s, session, &list, &err)) return raise(L, &err);
+  lua_createtable(L, (int)list.n, 0);
+  for (size_t i = 0; i < list.n; i++) {
+    lua_createtable(L, 0, 4);
+    set_str(L, "reducer", list.v[i].reducer);
+    set_int(L, "index", list.v[i].index);
+    set_str(L, "version", list.v[i].version);
+    set_int(L, "updated_at", list.v[i].updated_at);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  es_snapshots_destroy(&list);
+  return done(L, h, 1);
+}
+
+static int m_sessions(lua_State *L) {
+  lstore *h = check_store(L);
+  check_opt_table(L, 2);
+  const char *prefix = opt_str_field(L, 2, "prefix");
+  const char *after = opt_str_field(L, 2, "after");
+  int64_t limit = opt_int_field(L, 2, "limit", 100);
+  es_sessions list;
+  es_err err = {0};
+  if (es_store_sessions(h->s, prefix, after, limit, &list, &err)) return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  lua_createtable(L, (int)list.n, 0);
+  for (size_t i = 0; i < list.n; i++) {
+    const es_session_info *si = &list.v[i];
+    lua_createtable(L, 0, 8);
+    set_str(L, "session", si->session);
+    set_int(L, "events", si->events);
+    set_int(L, "pending", si->pending);
+    set_int(L, "dead", si->dead);
+    set_int(L, "attempts", si->attempts);
+    set_int(L, "failures", si->failures);
+    set_int(L, "first_at", si->first_at);
+    set_int(L, "updated_at", si->updated_at);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  lua_setfield(L, -2, "sessions");
+  set_str(L, "cursor", list.cursor);
+  es_sessions_destroy(&list);
+  return done(L, h, 1);
+}
+
+static int m_events_page(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_checkstring(L, 2);
+  check_opt_table(L, 3);
+  int64_t after = opt_int_field(L, 3, "after", 0);
+  int64_t through = opt_int_field(L, 3, "through", ES_NONE);
+  int64_t limit = opt_int_field(L, 3, "limit", 100);
+  int64_t through_out = 0;
+  es_events out;
+  es_err err = {0};
+  if (es_store_events_page(h->s, session, after, through, limit, &out, &through_out, &err))
+    return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  push_events(L, &out, 0);
+  lua_setfield(L, -2, "events");
+  set_int(L, "through", through_out);
+  return done(L, h, 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.5 waiting, 3.6 presence */
+
+static int m_wait(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = luaL_optstring(L, 2, NULL);
+  lua_Integer after = luaL_optinteger(L, 3, 0);
+  lua_Integer timeout = luaL_optinteger(L, 4, 0);
+  lua_Integer limit = luaL_optinteger(L, 5, 1000);
+  es_events out;
+  es_err err = {0};
+  if (es_store_wait(h->s, session, after, timeout, limit, &out, &err)) return raise(L, &err);
+  push_events(L, &out, 0);
+  return done(L, h, 1);
+}
+
+static int m_presence_set(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *ns = luaL_checkstring(L, 2);
+  const char *participant = luaL_checkstring(L, 3);
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_checktype(L, 5, LUA_TTABLE);
+  int64_t ttl = opt_int_field(L, 5, "ttl_ms", ES_NONE);
+  if (ttl == ES_NONE) luaL_argerror(L, 5, "field 'ttl_ms' is required");
+  int64_t at = opt_int_field(L, 5, "at", ES_NONE);
+  int64_t seen = opt_int_field(L, 5, "seen", 0);
+  /* Fields in byte order, so the write is deterministic. */
+  size_t n = 0;
+  lua_pushnil(L);
+  while (lua_next(L, 4)) {
+    if (lua_type(L, -2) != LUA_TSTRING) luaL_argerror(L, 4, "presence field names must be strings");
+    n++;
+    lua_pop(L, 1);
+  }
+  es_presence_field *fields = lua_newuserdatauv(L, (n ? n : 1) * sizeof *fields, 0);
+  lua_createtable(L, (int)n, 0); /* anchors the encoded values */
+  int anchor = lua_gettop(L);
+  es_buf buf;
+  es_buf_init(&buf);
+  size_t i = 0;
+  lua_pushnil(L);
+  while (lua_next(L, 4)) {
+    fields[i].field = lua_tostring(L, -2);
+    if (es_json_is_null(L, -1)) {
+      fields[i].value = NULL;
+      fields[i].value_len = 0;
+    } else {
+      es_err err = {0};
+      char what[300];
+      snprintf(what, sizeof what, "values.%s", fields[i].field);
+      buf.len = 0;
+      if (es_json_encode_lua(L, -1, what, &buf, &err) != ES_OK) {
+        es_buf_destroy(&buf);
+        return raise(L, &err);
+      }
+      lua_pushlstring(L, buf.data ? buf.data : "", buf.len);
+      fields[i].value = lua_tolstring(L, -1, &fields[i].value_len);
+      lua_rawseti(L, anchor, (lua_Integer)i + 1);
+    }
+    i++;
+    lua_pop(L, 1);
+  }
+  es_buf_destroy(&buf);
+  es_presence_rows applied;
+  es_err err = {0};
+  if (es_store_presence_set(h->s, ns, participant, fields, n, ttl, at, seen, &applied, &err))
+    return raise(L, &err);
+  push_patch(L, &applied);
+  lua_getfield(L, -1, "values");
+  lua_remove(L, -2);
+  es_presence_rows_destroy(&applied);
+  return done(L, h, 1);
+}
+
+static int m_presence_read(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *ns = luaL_checkstring(L, 2);
+  es_presence_rows rows;
+  es_err err = {0};
+  if (es_store_presence_read(h->s, ns, &rows, &err)) return raise(L, &err);
+  lua_createtable(L, (int)rows.n, 0);
+  for (size_t i = 0; i < rows.n; i++) {
+    const es_presence_row *r = &rows.v[i];
+    lua_createtable(L, 0, 6);
+    set_str(L, "participant", r->participant);
+    set_str(L, "field", r->field);
+    if (es_json_decode_lua(L, r->value, r->value_len, &err) != ES_OK) {
+      es_presence_rows_destroy(&rows);
+      return raise(L, &err);
+    }
+    lua_setfield(L, -2, "value");
+    set_int(L, "seen", r->seen);
+    set_int(L, "at", r->at);
+    set_int(L, "expires_at", r->expires_at);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  es_presence_rows_destroy(&rows);
+  return done(L, h, 1);
+}
+
+/* ---------------------------------------------------------------------- */
+
+static const luaL_Reg store_methods[] = {
+    {"append", m_append},
+    {"read", m_read},
+    {"head", m_head},
+    {"read_all", m_read_all},
+    {"claim", m_claim},
+    {"claim_next", m_claim_next},
+    {"renew", m_renew},
+    {"complete", m_complete},
+    {"fail", m_fail},
+    {"revive", m_revive},
+    {"settle", m_settle},
+    {"dead_letters", m_dead_letters},
+    {"read_state", m_read_state},
+    {"put_snapshot", m_put_snapshot},
+    {"snapshots", m_snapshots},
+    {"sessions", m_sessions},
+    {"events_page", m_events_page},
+    {"subscribe", m_subscribe},
+    {"wait", m_wait},
+    {"presence_set", m_presence_set},
+    {"presence_read", m_presence_read},
+    {"presence_subscribe", m_presence_subscribe},
+    {"close", m_close},
+    {NULL, NULL},
+};
+
+static const luaL_Reg store_meta[] = {
+    {"__gc", m_gc},
+    {"__close", m_gc},
+    {"__tostring", m_tostring},
+    {NULL, NULL},
+};
+
+static const luaL_Reg clock_methods[] = {
+    {"now", c_now},
+    {"set", c_set},
+    {"advance", c_advance},
+    {NULL, NULL},
+};
+
+static const luaL_Reg clock_meta[] = {
+    {"__gc", c_gc},
+    {"__call", c_call},
+    {NULL, NULL},
+};
+
+static const luaL_Reg module_fns[] = {
+    {"open", l_open},
+    {"manual_clock", l_manual_clock},
+    {NULL, NULL},
+};
+
+int luaopen_eventstore_core(lua_State *L);
+
+int luaopen_eventstore_core(lua_State *L) {
+  luaL_newmetatable(L, STORE_MT);
+  luaL_setfuncs(L, store_meta, 0);
+  luaL_newlib(L, store_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, CLOCK_MT);
+  luaL_setfuncs(L, clock_meta, 0);
+  luaL_newlib(L, clock_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+
+  luaL_newlib(L, module_fns);
+  es_json_push_module(L);
+  lua_setfield(L, -2, "json");
+  luaL_getmetatable(L, STORE_MT);
+  lua_getfield(L, -1, "__index");
+  lua_setfield(L, -3, "store_methods"); /* init.lua adds Lua-written methods (stream) */
+  lua_pop(L, 1);
+  es_lua_push_error(L, ES_OK, ""); /* creates the error metatable */
+  lua_getmetatable(L, -1);
+  lua_setfield(L, -3, "error_mt");
+  lua_pop(L, 1);
+  lua_pushliteral(L, ES_LUA_VERSION);
+  lua_setfield(L, -2, "_VERSION");
+  return 1;
+}

@@ -1,0 +1,1756 @@
+/*
+ * store.c: the store's front door and every rule of CONTRACT.md §3, written
+ * once for all backends.
+ *
+ * A call validates its arguments, reads the clock once, and runs its work
+ * as one function inside a backend transaction (run_write / run_read).
+ * Backends only store and find rows (backend.h); this file decides every
+ * value they store, including the dispatch bookkeeping:
+ *
+ *   queued  the event is a dispatch candidate: pending, not dead, and (if
+ *           laned) the oldest unprocessed event of its lane.
+ *   due_at  for a queued event, the time it is (or becomes) ready: the end
+ *           of its live claim, its not_before, or its backoff end. An event
+ *           is ready exactly when queued and due_at <= now, so "claim" and
+ *           "claim_next" are index lookups, never scans.
+ *
+ * Group commit (backends with group_commit = 1): a write transaction stays
+ * open while other writers are queued for it; each caller's work runs in a
+ * savepoint, and the last caller in commits (one sync) for everyone, who all
+ * return only after that commit; a failed commit fails them all.
+ */
+#include "store.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "backend.h"
+#include "json.h"
+
+#define GROUP_MAX 1024        /* callers per group commit at most */
+#define WAIT_POLL_MS 50       /* how often es_store_wait looks for other processes' commits */
+
+typedef struct group_waiter {
+  int done;
+  int rc;
+  es_err err;
+  struct group_waiter *next;
+} group_waiter;
+
+typedef struct presence_watch {
+  uint64_t token;
+  char *ns;
+  es_presence_cb cb;
+  void *ctx;
+  struct presence_watch *next;
+} presence_watch;
+
+struct es_store {
+  const es_backend_ops *ops;
+  es_backend *bk;
+  es_clock_fn clock;
+  void *clock_ctx;
+  size_t max_payload;
+  size_t max_batch;
+
+  /* lifecycle */
+  pthread_mutex_t lmu;       /* guards closed, inflight */
+  pthread_cond_t lcond;      /* inflight reached 0 */
+  int closed;
+  int inflight;
+  atomic_int refs;
+
+  /* writes */
+  pthread_mutex_t wmu;       /* one writer in the backend at a time */
+  pthread_cond_t wcond;      /* a group committed */
+  atomic_int arriving;       /* writers waiting for wmu: the group waits for them */
+  es_txn *wtxn;              /* the open group transaction, or NULL */
+  group_waiter *members;     /* callers whose work is in wtxn */
+  int n_members;
+
+  /* change notification (es_store_wait, subscriptions) */
+  pthread_mutex_t vmu;
+  pthread_cond_t vcond;      /* broadcast after every commit */
+  atomic_uint_least64_t version;
+
+  /* UUIDv7 generation: strictly increasing within this handle */
+  pthread_mutex_t umu;
+  int64_t uuid_ms;
+  uint32_t uuid_seq;         /* 12-bit counter within one millisecond */
+
+  /* presence watchers */
+  pthread_mutex_t pmu;
+  presence_watch *watches;
+  uint64_t next_token;
+};
+
+/* ---------------------------------------------------------------------- */
+/* small helpers */
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static int utf8_valid(const unsigned char *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return 0;
+    }
+    if (i + len > n) return 0;
+    for (size_t k = 1; k < len; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return 0;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return 0;
+    i += len;
+  }
+  return 1;
+}
+
+/* Names (sessions, ids, types, lanes, holders, reducers, namespaces): a
+ * non-empty UTF-8 string of at most 255 bytes. */
+static int check_name(const char *what, const char *v, es_err *err) {
+  if (!v) return es_fail(err, ES_INVALID_ARGUMENT, "%s is required", what);
+  size_t n = strlen(v);
+  if (n == 0) return es_fail(err, ES_INVALID_ARGUMENT, "%s must not be empty", what);
+  if (n > ES_MAX_ID_BYTES)
+    return es_fail(err, ES_INVALID_ARGUMENT, "%s is %zu bytes, at most %d allowed", what, n,
+                   ES_MAX_ID_BYTES);
+  if (!utf8_valid((const unsigned char *)v, n))
+    return es_fail(err, ES_INVALID_ARGUMENT, "%s is not valid UTF-8", what);
+  return ES_OK;
+}
+
+static int nomem(es_err *err) { return es_fail(err, ES_STORAGE, "out of memory"); }
+
+static void notify_commit(es_store *s) {
+  pthread_mutex_lock(&s->vmu);
+  atomic_fetch_add(&s->version, 1);
+  pthread_cond_broadcast(&s->vcond);
+  pthread_mutex_unlock(&s->vmu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* lifecycle */
+
+static const es_backend_ops *const backends[] = {&es_backend_memory, &es_backend_sqlite};
+
+int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_err *err) {
+  static const es_open_opts defaults = {0};
+  const es_backend_ops *ops = NULL;
+  const char *rest = "";
+  *out = NULL;
+  if (!opts) opts = &defaults;
+  if (!url) url = "memory:";
+  const char *colon = strchr(url, ':');
+  if (colon) {
+    size_t n = (size_t)(colon - url);
+    for (size_t i = 0; i < sizeof backends / sizeof *backends; i++) {
+      if (strlen(backends[i]->scheme) == n && memcmp(backends[i]->scheme, url, n) == 0) {
+        ops = backends[i];
+        rest = colon + 1;
+      }
+    }
+  }
+  if (!ops)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "unknown store url '%.200s' (expected memory:, sqlite:PATH)", url);
+  es_store *s = calloc(1, sizeof *s);
+  if (!s) return nomem(err);
+  s->ops = ops;
+  s->clock = opts->clock ? opts->clock : es_clock_system;
+  s->clock_ctx = opts->clock_ctx;
+  s->max_payload = opts->max_payload_bytes ? opts->max_payload_bytes : ES_DEFAULT_MAX_PAYLOAD;
+  s->max_batch = opts->max_batch_events ? opts->max_batch_events : ES_DEFAULT_MAX_BATCH;
+  pthread_mutex_init(&s->lmu, NULL);
+  pthread_cond_init(&s->lcond, NULL);
+  pthread_mutex_init(&s->wmu, NULL);
+  pthread_cond_init(&s->wcond, NULL);
+  pthread_mutex_init(&s->vmu, NULL);
+  pthread_cond_init(&s->vcond, NULL);
+  pthread_mutex_init(&s->umu, NULL);
+  pthread_mutex_init(&s->pmu, NULL);
+  atomic_init(&s->refs, 1);
+  atomic_init(&s->arriving, 0);
+  atomic_init(&s->version, 0);
+  s->next_token = 1;
+  int rc = ops->open(rest, opts, &s->bk, err);
+  if (rc != ES_OK) {
+    s->closed = 1;
+    es_store_release(s);
+    return rc;
+  }
+  *out = s;
+  return ES_OK;
+}
+
+void es_store_close(es_store *s) {
+  pthread_mutex_lock(&s->lmu);
+  if (s->closed) {
+    pthread_mutex_unlock(&s->lmu);
+    return;
+  }
+  s->closed = 1;
+  while (s->inflight > 0) pthread_cond_wait(&s->lcond, &s->lmu);
+  pthread_mutex_unlock(&s->lmu);
+  /* No call is in flight, so no group transaction is open. */
+  s->ops->close(s->bk);
+  s->bk = NULL;
+  notify_commit(s); /* wake waiters so they see CLOSED */
+}
+
+void es_store_retain(es_store *s) { atomic_fetch_add(&s->refs, 1); }
+
+void es_store_release(es_store *s) {
+  if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
+  es_store_close(s);
+  presence_watch *w = s->watches;
+  while (w) {
+    presence_watch *next = w->next;
+    free(w->ns);
+    free(w);
+    w = next;
+  }
+  pthread_mutex_destroy(&s->lmu);
+  pthread_cond_destroy(&s->lcond);
+  pthread_mutex_destroy(&s->wmu);
+  pthread_cond_destroy(&s->wcond);
+  pthread_mutex_destroy(&s->vmu);
+  pthread_cond_destroy(&s->vcond);
+  pthread_mutex_destroy(&s->umu);
+  pthread_mutex_destroy(&s->pmu);
+  free(s);
+}
+
+/* Every call is bracketed by enter/leave so close() can wait for it. */
+static int enter(es_store *s, es_err *err) {
+  pthread_mutex_lock(&s->lmu);
+  if (s->closed) {
+    pthread_mutex_unlock(&s->lmu);
+    return es_fail(err, ES_CLOSED, "the store is closed");
+  }
+  s->inflight++;
+  pthread_mutex_unlock(&s->lmu);
+  return ES_OK;
+}
+
+static void leave(es_store *s) {
+  pthread_mutex_lock(&s->lmu);
+  if (--s->inflight == 0) pthread_cond_broadcast(&s->lcond);
+  pthread_mutex_unlock(&s->lmu);
+}
+
+int es_store_now(es_store *s, int64_t *now, es_err *err) {
+  return s->clock(s->clock_ctx, now, err);
+}
+
+uint64_t es_store_version(es_store *s) { return atomic_load(&s->version); }
+
+/* ---------------------------------------------------------------------- */
+/* transactions */
+
+typedef int (*txn_fn)(es_store *s, es_txn *t, void *arg, es_err *err);
+
+/* Commits (or, with nobody in it, rolls back) the open group and tells each
+ * member how it went. Called with wmu held. */
+static void group_finish(es_store *s) {
+  es_err cerr = {0};
+  int rc = ES_OK;
+  if (s->n_members > 0) {
+    rc = s->ops->write_commit(s->wtxn, &cerr);
+  } else {
+    s->ops->write_rollback(s->wtxn);
+  }
+  s->wtxn = NULL;
+  for (group_waiter *w = s->members; w; w = w->next) {
+    w->rc = rc;
+    if (rc != ES_OK) w->err = cerr;
+    w->done = 1;
+  }
+  int committed = s->n_members > 0 && rc == ES_OK;
+  s->members = NULL;
+  s->n_members = 0;
+  pthread_cond_broadcast(&s->wcond);
+  if (committed) notify_commit(s);
+}
+
+static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
+  group_waiter me = {0};
+  atomic_fetch_add(&s->arriving, 1);
+  pthread_mutex_lock(&s->wmu);
+  atomic_fetch_sub(&s->arriving, 1);
+  int rc = ES_OK;
+  if (!s->wtxn) rc = s->ops->write_begin(s->bk, &s->wtxn, err);
+  if (rc == ES_OK) {
+    rc = s->ops->savepoint(s->wtxn, err);
+    if (rc == ES_OK) {
+      rc = fn(s, s->wtxn, arg, err);
+      if (rc == ES_OK) rc = s->ops->savepoint_release(s->wtxn, err);
+      if (rc != ES_OK) s->ops->savepoint_rollback(s->wtxn);
+    }
+    if (rc == ES_OK) {
+      me.next = s->members;
+      s->members = &me;
+      s->n_members++;
+    }
+    /* The last writer in commits for the group; the others wait for it. */
+    if (atomic_load(&s->arriving) == 0 || s->n_members >= GROUP_MAX) {
+      group_finish(s);
+    } else {
+      while (rc == ES_OK && !me.done) pthread_cond_wait(&s->wcond, &s->wmu);
+    }
+  }
+  pthread_mutex_unlock(&s->wmu);
+  if (rc == ES_OK && me.rc != ES_OK) {
+    if (err) *err = me.err;
+    rc = me.rc;
+  }
+  return rc;
+}
+
+static int run_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
+  if (s->ops->group_commit) return run_write_group(s, fn, arg, err);
+  es_txn *t = NULL;
+  pthread_mutex_lock(&s->wmu);
+  int rc = s->ops->write_begin(s->bk, &t, err);
+  if (rc == ES_OK) {
+    rc = fn(s, t, arg, err);
+    if (rc == ES_OK) {
+      rc = s->ops->write_commit(t, err);
+    } else {
+      s->ops->write_rollback(t);
+    }
+  }
+  pthread_mutex_unlock(&s->wmu);
+  if (rc == ES_OK) notify_commit(s);
+  return rc;
+}
+
+static int run_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
+  es_txn *t = NULL;
+  int rc = s->ops->read_begin(s->bk, &t, err);
+  if (rc != ES_OK) return rc;
+  rc = fn(s, t, arg, err);
+  s->ops->read_end(t);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* event ids: UUIDv7 (RFC 9562), strictly increasing per handle */
+
+static int uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
+  unsigned char r[10];
+  if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+    return es_fail(err, ES_STORAGE, "no randomness for an event id");
+  pthread_mutex_lock(&s->umu);
+  if (now > s->uuid_ms) {
+    s->uuid_ms = now;
+    s->uuid_seq = ((uint32_t)r[8] << 8 | r[9]) & 0x3FF; /* random start, room to count */
+  } else if (++s->uuid_seq > 0xFFF) {
+    s->uuid_ms++; /* borrow the next millisecond rather than repeat */
+    s->uuid_seq = 0;
+  }
+  uint64_t ms = (uint64_t)s->uuid_ms;
+  uint32_t seq = s->uuid_seq;
+  pthread_mutex_unlock(&s->umu);
+  unsigned char b[16];
+  for (int i = 0; i < 6; i++) b[i] = (unsigned char)(ms >> (40 - 8 * i));
+  b[6] = (unsigned char)(0x70 | (seq >> 8));
+  b[7] = (unsigned char)(seq & 0xFF);
+  b[8] = (unsigned char)(0x80 | (r[0] & 0x3F));
+  memcpy(b + 9, r + 1, 7);
+  static const char hex[] = "0123456789abcdef";
+  int o = 0;
+  for (int i = 0; i < 16; i++) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out[o++] = '-';
+    out[o++] = hex[b[i] >> 4];
+    out[o++] = hex[b[i] & 15];
+  }
+  out[o] = '\0';
+  return ES_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* the rules */
+
+/* Attempt `attempt` owns the event from the claim that started it until it
+ * completes or fails, or a later claim starts attempt + 1 (CONTRACT §3.1). */
+static int owns(const es_event *row, int64_t attempt) {
+  return row->status == ES_STATUS_PENDING && row->attempts == attempt && row->claim_holder != NULL;
+}
+
+/* The time a queued, unclaimed event becomes ready. */
+static int64_t due_of(const es_event *row, int64_t now) {
+  int64_t due = now;
+  if (row->not_before != ES_NONE) due = max64(due, row->not_before);
+  if (row->retry_at != ES_NONE) due = max64(due, row->retry_at);
+  return due;
+}
+
+static int load_session(es_store *s, es_txn *t, const char *session, es_session_info *si,
+                        es_err *err) {
+  int rc = s->ops->session_get(t, session, si, err);
+  if (rc == ES_NOT_FOUND) {
+    es_session_info_init(si);
+    si->session = strdup(session);
+    return si->session ? ES_OK : nomem(err);
+  }
+  return rc;
+}
+
+static int get_event(es_store *s, es_txn *t, const char *session, int64_t index, es_event *row,
+                     es_err *err) {
+  int rc = s->ops->event_get(t, session, index, row, err);
+  if (rc == ES_NOT_FOUND)
+    return es_fail(err, ES_NO_SUCH_EVENT, "no event at index %lld in session '%s'", (long long)index,
+                   session);
+  return rc;
+}
+
+/* Checks one event to append (everything that needs no transaction). */
+static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err *err) {
+  char what[64];
+  int rc;
+  if (!e->type) return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].type is required", i + 1);
+  snprintf(what, sizeof what, "events[%zu].type", i + 1);
+  if ((rc = check_name(what, e->type, err))) return rc;
+  if (e->id) {
+    snprintf(what, sizeof what, "events[%zu].id", i + 1);
+    if ((rc = check_name(what, e->id, err))) return rc;
+  }
+  if (e->lane) {
+    snprintf(what, sizeof what, "events[%zu].lane", i + 1);
+    if ((rc = check_name(what, e->lane, err))) return rc;
+  }
+  if (e->payload) {
+    if (e->payload_len > s->max_payload)
+      return es_fail(err, ES_TOO_LARGE, "events[%zu].payload is %zu bytes, over the limit of %zu",
+                     i + 1, e->payload_len, s->max_payload);
+    es_err jerr = {0};
+    if (es_json_validate(e->payload, e->payload_len, &jerr) != ES_OK)
+      return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].payload: %s", i + 1, jerr.msg);
+  }
+  if ((e->cause_index == ES_NONE) != (e->cause_attempt == ES_NONE))
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].cause needs both index and attempt", i + 1);
+  if (e->cause_index != ES_NONE && (e->cause_index < 1 || e->cause_attempt < 1))
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].cause index and attempt must be >= 1",
+                   i + 1);
+  return ES_OK;
+}
+
+static int cmp_str_ptr(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int check_batch(es_store *s, const es_new_event *evs, size_t n, es_err *err) {
+  if (n > s->max_batch)
+    return es_fail(err, ES_TOO_LARGE, "batch of %zu events, over the limit of %zu", n, s->max_batch);
+  size_t n_ids = 0;
+  for (size_t i = 0; i < n; i++) {
+    int rc = check_new_event(s, &evs[i], i, err);
+    if (rc) return rc;
+    if (evs[i].id) n_ids++;
+  }
+  if (n_ids < 2) return ES_OK;
+  /* Distinct ids: sort pointers rather than compare all pairs. */
+  const char **ids = malloc(n_ids * sizeof *ids);
+  if (!ids) return nomem(err);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (evs[i].id) ids[k++] = evs[i].id;
+  qsort(ids, k, sizeof *ids, cmp_str_ptr);
+  int rc = ES_OK;
+  for (size_t i = 1; i < k; i++) {
+    if (strcmp(ids[i - 1], ids[i]) == 0) {
+      rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH, "the batch repeats event id '%s'", ids[i]);
+      break;
+    }
+  }
+  free(ids);
+  return rc;
+}
+
+static int payload_equal(const es_new_event *e, const es_event *row) {
+  const char *p = e->payload ? e->payload : "null";
+  size_t n = e->payload ? e->payload_len : 4;
+  return n == row->payload_len && memcmp(p, row->payload, n) == 0;
+}
+
+/* Batch idempotency (CONTRACT §3.1). Returns ES_OK with *replayed = 1 and
+ * the originals in out when every id is already stored in this session;
+ * *replayed = 0 when none is; an error otherwise. `cause` (complete()) also
+ * requires the stored events to carry that cause. */
+static int check_replay(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
+                        size_t n, int *replayed, es_events *out, es_err *err) {
+  size_t found = 0;
+  int rc = ES_OK;
+  *replayed = 0;
+  if (n == 0) return ES_OK;
+  es_event row;
+  es_event_init(&row);
+  for (size_t i = 0; i < n && rc == ES_OK; i++) {
+    if (!evs[i].id) continue;
+    rc = s->ops->event_get_by_id(t, evs[i].id, &row, err);
+    if (rc == ES_NOT_FOUND) {
+      rc = ES_OK;
+      continue;
+    }
+    if (rc != ES_OK) break;
+    if (strcmp(row.session, session) != 0) {
+      rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
+                   "event id '%s' already exists in another session", evs[i].id);
+    } else if (strcmp(row.type, evs[i].type) != 0 || !payload_equal(&evs[i], &row)) {
+      rc = es_fail(err, ES_ID_CONFLICT,
+                   "event id '%s' is already stored with a different %s", evs[i].id,
+                   strcmp(row.type, evs[i].type) != 0 ? "type" : "payload");
+    } else {
+      found++;
+      rc = es_events_push_copy(out, &row);
+      if (rc) nomem(err);
+    }
+    es_event_destroy(&row);
+  }
+  if (rc == ES_OK && found > 0 && found < n)
+    rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
+                 "the batch mixes %zu already-stored and %zu new events", found, n - found);
+  if (rc != ES_OK || found < n) {
+    es_events_destroy(out);
+    return rc;
+  }
+  *replayed = 1;
+  return ES_OK;
+}
+
+/* Inserts events after the session's head; cause_* (complete) overrides each
+ * event's own cause. Updates si's counters; appends copies to out. */
+static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,
+                         size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
+                         es_events *out, es_err *err) {
+  int rc = ES_OK;
+  for (size_t i = 0; i < n && rc == ES_OK; i++) {
+    const es_new_event *e = &evs[i];
+    char gen[37];
+    es_event row;
+    es_event_init(&row);
+    if (!e->id && (rc = uuid7(s, now, gen, err))) break;
+    row.id = (char *)(e->id ? e->id : gen);
+    row.type = (char *)e->type;
+    row.payload = (char *)(e->payload ? e->payload : "null");
+    row.payload_len = e->payload ? e->payload_len : 4;
+    row.session = si->session;
+    row.lane = (char *)e->lane;
+    row.index = si->head + 1;
+    row.created_at = now;
+    row.cause_index = cause_index != ES_NONE ? cause_index : e->cause_index;
+    row.cause_attempt = cause_index != ES_NONE ? cause_attempt : e->cause_attempt;
+    row.not_before = e->not_before;
+    row.returned = 0;
+    if (e->settled) {
+      row.status = ES_STATUS_PROCESSED;
+      row.processed_at = now;
+      row.returned = -1;
+    } else {
+      row.status = ES_STATUS_PENDING;
+      int64_t blocker = 0;
+      if (e->lane) rc = s->ops->lane_next(t, si->session, e->lane, 0, &blocker, err);
+      if (rc) break;
+      row.queued = blocker == 0;
+      if (row.queued) row.due_at = due_of(&row, now);
+      si->pending++;
+    }
+    rc = s->ops->event_insert(t, &row, err);
+    if (rc == ES_OK) {
+      si->head++;
+      si->events++;
+      if (si->first_at == ES_NONE) si->first_at = now;
+      if (out && es_events_push_copy(out, &row)) rc = nomem(err);
+    }
+  }
+  si->updated_at = now;
+  return rc;
+}
+
+/* After the head of a lane was processed: the next unprocessed event of
+ * the lane becomes a dispatch candidate. */
+static int advance_lane(es_store *s, es_txn *t, const es_event *done, int64_t now, es_err *err) {
+  if (!done->lane) return ES_OK;
+  int64_t next = 0;
+  int rc = s->ops->lane_next(t, done->session, done->lane, done->index, &next, err);
+  if (rc || next == 0) return rc;
+  es_event row;
+  if ((rc = get_event(s, t, done->session, next, &row, err))) return rc;
+  if (row.status == ES_STATUS_PENDING && !row.queued) {
+    row.queued = 1;
+    row.due_at = due_of(&row, now);
+    rc = s->ops->event_update(t, &row, err);
+  }
+  es_event_destroy(&row);
+  return rc;
+}
+
+/* --- append --- */
+
+typedef struct {
+  const char *session;
+  const es_new_event *evs;
+  size_t n;
+  int64_t expected;
+  int64_t now;
+  es_events *out;
+  int pending;
+} append_args;
+
+static int check_causes(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
+                        size_t n, es_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    if (evs[i].cause_index == ES_NONE) continue;
+    es_event parent;
+    int rc = get_event(s, t, session, evs[i].cause_index, &parent, err);
+    if (rc) return rc;
+    int ok = owns(&parent, evs[i].cause_attempt);
+    es_event_destroy(&parent);
+    if (!ok)
+      return es_fail(err, ES_SUPERSEDED_ATTEMPT,
+                     "attempt %lld no longer owns event %lld in session '%s'",
+                     (long long)evs[i].cause_attempt, (long long)evs[i].cause_index, session);
+  }
+  return ES_OK;
+}
+
+static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
+  append_args *a = arg;
+  int replayed = 0;
+  es_session_info si;
+  int rc = check_replay(s, t, a->session, a->evs, a->n, &replayed, a->out, err);
+  if (rc) return rc;
+  if ((rc = load_session(s, t, a->session, &si, err))) return rc;
+  if (replayed) {
+    a->pending = si.pending > 0;
+    es_session_info_destroy(&si);
+    return ES_OK;
+  }
+  if (a->expected != ES_NONE && si.head != a->expected) {
+    rc = es_fail(err, ES_WRONG_EXPECTED_HEAD, "session '%s' is at %lld, expected %lld", a->session,
+                 (long long)si.head, (long long)a->expected);
+  }
+  if (rc == ES_OK) rc = check_causes(s, t, a->session, a->evs, a->n, err);
+  if (rc == ES_OK) rc = insert_events(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now, a->out, err);
+  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  a->pending = si.pending > 0;
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
+                    int64_t expected, es_events *out, int *pending, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  *pending = 0;
+  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = check_batch(s, evs, n, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  append_args a = {session, evs, n, expected, 0, out, 0};
+  if (n == 0) {
+    /* Writes nothing; still answers whether the session has pending work. */
+    es_session_info si;
+    es_txn *t = NULL;
+    rc = s->ops->read_begin(s->bk, &t, err);
+    if (rc == ES_OK) {
+      rc = s->ops->session_get(t, session, &si, err);
+      if (rc == ES_OK) {
+        *pending = si.pending > 0;
+        es_session_info_destroy(&si);
+      } else if (rc == ES_NOT_FOUND) {
+        rc = ES_OK;
+      }
+      s->ops->read_end(t);
+    }
+    leave(s);
+    return rc;
+  }
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_append, &a, err);
+  leave(s);
+  if (rc) {
+    es_events_destroy(out);
+    return rc;
+  }
+  *pending = a.pending;
+  return ES_OK;
+}
+
+/* --- reads --- */
+
+typedef struct {
+  const char *session;
+  int64_t after, through, limit;
+  es_events *out;
+  int64_t head;
+} range_args;
+
+static int collect_event(void *ctx, const es_event *row) {
+  es_events *out = ctx;
+  return es_events_push_copy(out, row) == ES_OK ? 0 : -1;
+}
+
+static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
+  range_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  if (rc == ES_NOT_FOUND) {
+    a->head = 0;
+    return ES_OK;
+  }
+  if (rc) return rc;
+  a->head = si.head;
+  es_session_info_destroy(&si);
+  int64_t through = a->through == ES_NONE ? a->head : a->through;
+  if (through > a->head) through = a->head;
+  if (through <= a->after) return ES_OK;
+  return s->ops->event_range(t, a->session, a->after, through, a->limit, collect_event, a->out,
+                             err);
+}
+
+static int read_range(es_store *s, range_args *a, es_err *err) {
+  int rc;
+  memset(a->out, 0, sizeof *a->out);
+  if ((rc = check_name("session", a->session, err))) return rc;
+  if (a->limit != ES_NONE && a->limit < 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
+  if (a->limit == 0) return ES_OK;
+  if ((rc = enter(s, err))) return rc;
+  rc = run_read(s, do_range, a, err);
+  leave(s);
+  if (rc) es_events_destroy(a->out);
+  return rc;
+}
+
+int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
+                  es_events *out, es_err *err) {
+  range_args a = {session, after < 0 ? 0 : after, through, limit, out, 0};
+  return read_range(s, &a, err);
+}
+
+int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+                         int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
+  range_args a = {session, after < 0 ? 0 : after, through, limit, out, 0};
+  int rc = read_range(s, &a, err);
+  if (rc == ES_OK) *through_out = through == ES_NONE ? a.head : (through < a.head ? through : a.head);
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  int64_t *head;
+} head_args;
+
+static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
+  head_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  *a->head = 0;
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc) return rc;
+  *a->head = si.head;
+  es_session_info_destroy(&si);
+  return ES_OK;
+}
+
+int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) {
+  int rc;
+  *head = 0;
+  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  head_args a = {session, head};
+  rc = run_read(s, do_head, &a, err);
+  leave(s);
+  return rc;
+}
+
+typedef struct {
+  int64_t after, limit;
+  const char *session; /* dead_letters filter */
+  es_events *out;
+} all_args;
+
+static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
+  all_args *a = arg;
+  return s->ops->event_all(t, a->after, a->limit, collect_event, a->out, err);
+}
+
+int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if (limit != ES_NONE && limit < 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
+  if (limit == 0) return ES_OK;
+  if ((rc = enter(s, err))) return rc;
+  all_args a = {after < 0 ? 0 : after, limit, NULL, out};
+  rc = run_read(s, do_read_all, &a, err);
+  leave(s);
+  if (rc) es_events_destroy(out);
+  return rc;
+}
+
+static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
+  return s->ops->last_position(t, arg, err);
+}
+
+int es_store_last_position(es_store *s, int64_t *position, es_err *err) {
+  int rc;
+  *position = 0;
+  if ((rc = enter(s, err))) return rc;
+  rc = run_read(s, do_last_position, position, err);
+  leave(s);
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  int64_t index;
+  es_event *out;
+} get_args;
+
+static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
+  get_args *a = arg;
+  return get_event(s, t, a->session, a->index, a->out, err);
+}
+
+int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
+  int rc;
+  es_event_init(out);
+  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  get_args a = {session, index, out};
+  rc = run_read(s, do_get, &a, err);
+  leave(s);
+  return rc;
+}
+
+/* --- claims --- */
+
+/* Claims a ready row: a new attempt, owned by holder until expires. */
+static int claim_row(es_store *s, es_txn *t, es_event *row, const char *holder, int64_t expires,
+                     es_err *err) {
+  char *h = strdup(holder);
+  if (!h) return nomem(err);
+  free(row->claim_holder);
+  row->claim_holder = h;
+  row->attempts++;
+  row->claim_expires_at = expires;
+  row->retry_at = ES_NONE;
+  row->due_at = expires; /* a live claim is ready again only when it expires */
+  return s->ops->event_update(t, row, err);
+}
+
+static int cmp_event_index(const void *a, const void *b) {
+  const es_event *x = a, *y = b;
+  return (x->index > y->index) - (x->index < y->index);
+}
+
+typedef struct {
+  const char *session;
+  const es_claim_opts *o;
+  int64_t now;
+  int outcome;
+  es_events *out;
+  int64_t retry_at;
+} claim_args;
+
+static int excluded(const es_claim_opts *o, int64_t index) {
+  for (size_t i = 0; i < o->n_exclude; i++)
+    if (o->exclude[i] == index) return 1;
+  return 0;
+}
+
+static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
+  claim_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  a->retry_at = ES_NONE;
+  if (rc == ES_NOT_FOUND) {
+    a->outcome = ES_SETTLED;
+    return ES_OK;
+  }
+  if (rc) return rc;
+  /* Excluded rows come back too and are dropped here, so ask for that many
+   * more than the limit. */
+  int64_t want = a->o->limit == ES_NONE ? ES_NONE : a->o->limit + (int64_t)a->o->n_exclude;
+  rc = s->ops->queued_due(t, a->session, a->now, want, collect_event, a->out, err);
+  if (rc == ES_OK) {
+    /* Drop exclusions, then index order (backends already give it), then the limit. */
+    size_t k = 0;
+    for (size_t i = 0; i < a->out->n; i++) {
+      if (excluded(a->o, a->out->v[i].index)) {
+        es_event_destroy(&a->out->v[i]);
+      } else {
+        a->out->v[k++] = a->out->v[i];
+      }
+    }
+    a->out->n = k;
+    qsort(a->out->v, k, sizeof *a->out->v, cmp_event_index);
+    if (a->o->limit != ES_NONE && (int64_t)k > a->o->limit) {
+      for (size_t i = (size_t)a->o->limit; i < k; i++) es_event_destroy(&a->out->v[i]);
+      a->out->n = (size_t)a->o->limit;
+    }
+  }
+  int64_t expires = a->o->expires_at != ES_NONE ? a->o->expires_at : a->now + a->o->ttl_ms;
+  for (size_t i = 0; rc == ES_OK && i < a->out->n; i++)
+    rc = claim_row(s, t, &a->out->v[i], a->o->holder, expires, err);
+  if (rc == ES_OK && a->out->n > 0) {
+    a->outcome = ES_CLAIMED;
+    si.attempts += (int64_t)a->out->n;
+    si.updated_at = a->now;
+    rc = s->ops->session_put(t, &si, err);
+  } else if (rc == ES_OK) {
+    a->outcome = si.pending > 0 ? ES_BUSY : ES_SETTLED;
+    if (si.pending > 0) rc = s->ops->queued_next_due(t, a->session, a->now, &a->retry_at, err);
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+static int check_claim_opts(const es_claim_opts *o, es_err *err) {
+  int rc = check_name("holder", o->holder, err);
+  if (rc) return rc;
+  if (o->expires_at == ES_NONE && o->ttl_ms <= 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0 (or give expires_at)");
+  if (o->limit != ES_NONE && o->limit < 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
+  return ES_OK;
+}
+
+int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+                   es_events *out, int64_t *retry_at, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  *retry_at = ES_NONE;
+  if ((rc = check_name("session", session, err)) || (rc = check_claim_opts(o, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  claim_args a = {session, o, 0, 0, out, ES_NONE};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_claim, &a, err);
+  leave(s);
+  if (rc) {
+    es_events_destroy(out);
+    return rc;
+  }
+  *outcome = a.outcome;
+  *retry_at = a.retry_at;
+  return ES_OK;
+}
+
+typedef struct {
+  const char *holder;
+  int64_t ttl_ms, limit, now;
+  es_events *out;
+  int64_t retry_at;
+} claim_next_args;
+
+static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
+  claim_next_args *a = arg;
+  int rc = s->ops->queued_due(t, NULL, a->now, a->limit, collect_event, a->out, err);
+  for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) {
+    es_event *row = &a->out->v[i];
+    rc = claim_row(s, t, row, a->holder, a->now + a->ttl_ms, err);
+    if (rc) break;
+    es_session_info si;
+    if ((rc = s->ops->session_get(t, row->session, &si, err))) break;
+    si.attempts++;
+    si.updated_at = a->now;
+    rc = s->ops->session_put(t, &si, err);
+    es_session_info_destroy(&si);
+  }
+  if (rc == ES_OK) rc = s->ops->queued_next_due(t, NULL, a->now, &a->retry_at, err);
+  return rc;
+}
+
+int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
+                        es_events *out, int64_t *retry_at, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  *retry_at = ES_NONE;
+  es_claim_opts o = {.holder = holder, .ttl_ms = ttl_ms, .expires_at = ES_NONE, .limit = limit};
+  if ((rc = check_claim_opts(&o, err))) return rc;
+  if (limit == ES_NONE) limit = 1;
+  if ((rc = enter(s, err))) return rc;
+  claim_next_args a = {holder, ttl_ms, limit, 0, out, ES_NONE};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK && limit > 0) rc = run_write(s, do_claim_next, &a, err);
+  leave(s);
+  if (rc) {
+    es_events_destroy(out);
+    return rc;
+  }
+  *retry_at = a.retry_at;
+  return ES_OK;
+}
+
+typedef struct {
+  const char *session, *holder;
+  const es_claim_ref *claims;
+  size_t n;
+  int64_t ttl_ms, now;
+  es_renew_result *out;
+} renew_args;
+
+static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
+  renew_args *a = arg;
+  int rc = ES_OK;
+  a->out->n_renewed = a->out->n_superseded = 0;
+  for (size_t i = 0; i < a->n && rc == ES_OK; i++) {
+    es_event row;
+    rc = s->ops->event_get(t, a->session, a->claims[i].index, &row, err);
+    if (rc == ES_NOT_FOUND) {
+      rc = ES_OK;
+      continue;
+    }
+    if (rc) break;
+    if (!owns(&row, a->claims[i].attempt)) {
+      a->out->superseded[a->out->n_superseded++] = row.index;
+    } else if (strcmp(row.claim_holder, a->holder) == 0) {
+      row.claim_expires_at = row.due_at = a->now + a->ttl_ms;
+      rc = s->ops->event_update(t, &row, err);
+      if (rc == ES_OK) a->out->renewed[a->out->n_renewed++] = row.index;
+    }
+    es_event_destroy(&row);
+  }
+  return rc;
+}
+
+int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
+                   size_t n, int64_t ttl_ms, es_renew_result *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = check_name("session", session, err)) || (rc = check_name("holder", holder, err)))
+    return rc;
+  if (ttl_ms <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0");
+  out->renewed = malloc((n ? n : 1) * sizeof *out->renewed);
+  out->superseded = malloc((n ? n : 1) * sizeof *out->superseded);
+  if (!out->renewed || !out->superseded) {
+    es_renew_result_destroy(out);
+    return nomem(err);
+  }
+  if ((rc = enter(s, err))) {
+    es_renew_result_destroy(out);
+    return rc;
+  }
+  renew_args a = {session, holder, claims, n, ttl_ms, 0, out};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_renew, &a, err);
+  leave(s);
+  if (rc) es_renew_result_destroy(out);
+  return rc;
+}
+
+/* --- complete --- */
+
+typedef struct {
+  const char *session;
+  int64_t index, attempt;
+  const es_new_event *evs;
+  size_t n;
+  int64_t now;
+  int outcome;
+  es_events *out;
+} complete_args;
+
+/* A repeated complete() of the attempt that completed the event: the same
+ * ids return the same events; anything else is PARTIAL_DUPLICATE_BATCH. */
+static int complete_replay(es_store *s, es_txn *t, complete_args *a, const es_event *parent,
+                           es_err *err) {
+  int replayed = 0;
+  int rc = ES_OK;
+  if ((int64_t)a->n == parent->returned) {
+    if (a->n == 0) replayed = 1;
+    else rc = check_replay(s, t, a->session, a->evs, a->n, &replayed, a->out, err);
+  }
+  for (size_t i = 0; rc == ES_OK && replayed && i < a->out->n; i++) {
+    if (a->out->v[i].cause_index != a->index || a->out->v[i].cause_attempt != a->attempt)
+      replayed = 0;
+  }
+  if (rc == ES_ID_CONFLICT || rc == ES_STORAGE) return rc;
+  if (rc != ES_OK || !replayed) {
+    es_events_destroy(a->out);
+    return es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
+                   "attempt %lld already completed event %lld with a different batch",
+                   (long long)a->attempt, (long long)a->index);
+  }
+  a->outcome = ES_COMPLETED;
+  return ES_OK;
+}
+
+static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
+  complete_args *a = arg;
+  es_event parent;
+  int rc = get_event(s, t, a->session, a->index, &parent, err);
+  if (rc) return rc;
+  if (parent.status == ES_STATUS_PROCESSED && parent.returned >= 0 &&
+      parent.attempts == a->attempt) {
+    rc = complete_replay(s, t, a, &parent, err);
+    es_event_destroy(&parent);
+    return rc;
+  }
+  if (!owns(&parent, a->attempt)) {
+    a->outcome = ES_SUPERSEDED;
+    es_event_destroy(&parent);
+    return ES_OK;
+  }
+  int replayed = 0;
+  rc = check_replay(s, t, a->session, a->evs, a->n, &replayed, a->out, err);
+  if (rc == ES_OK && replayed) {
+    es_events_destroy(a->out);
+    rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH, "the returned events' ids are already stored");
+  }
+  es_session_info si;
+  es_session_info_init(&si);
+  if (rc == ES_OK) rc = load_session(s, t, a->session, &si, err);
+  if (rc == ES_OK)
+    rc = insert_events(s, t, &si, a->evs, a->n, a->index, a->attempt, a->now, a->out, err);
+  if (rc == ES_OK) {
+    free(parent.claim_holder);
+    parent.claim_holder = NULL;
+    parent.status = ES_STATUS_PROCESSED;
+    parent.processed_at = a->now;
+    parent.claim_expires_at = ES_NONE;
+    parent.retry_at = ES_NONE;
+    parent.queued = 0;
+    parent.due_at = ES_NONE;
+    parent.returned = (int64_t)a->n;
+    rc = s->ops->event_update(t, &parent, err);
+  }
+  if (rc == ES_OK) rc = advance_lane(s, t, &parent, a->now, err);
+  if (rc == ES_OK) {
+    si.pending--;
+    si.updated_at = a->now;
+    rc = s->ops->session_put(t, &si, err);
+  }
+  if (rc == ES_OK) a->outcome = ES_COMPLETED;
+  es_session_info_destroy(&si);
+  es_event_destroy(&parent);
+  return rc;
+}
+
+int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
+                      const es_new_event *evs, size_t n, int *outcome, es_events *out,
+                      es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = check_name("session", session, err)) || (rc = check_batch(s, evs, n, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  complete_args a = {session, index, attempt, evs, n, 0, 0, out};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_complete, &a, err);
+  leave(s);
+  if (rc || a.outcome != ES_COMPLETED) es_events_destroy(out);
+  if (rc) return rc;
+  *outcome = a.outcome;
+  return ES_OK;
+}
+
+/* --- fail, revive, settle --- */
+
+typedef struct {
+  const char *session;
+  int64_t index, attempt;
+  const char *error;
+  int64_t max_failures, retry_after_ms, now;
+  int outcome;
+  int64_t failures;
+} fail_args;
+
+static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
+  fail_args *a = arg;
+  es_event row;
+  int rc = get_event(s, t, a->session, a->index, &row, err);
+  if (rc) return rc;
+  a->failures = row.failures;
+  if (row.status != ES_STATUS_PROCESSED && row.attempts == a->attempt &&
+      row.last_failed_attempt == a->attempt && !row.claim_holder) {
+    /* The same fail again: same outcome, counted once. */
+    a->outcome = row.status == ES_STATUS_DEAD ? ES_DEAD_LETTERED : ES_FAILED;
+    es_event_destroy(&row);
+    return ES_OK;
+  }
+  if (!owns(&row, a->attempt)) {
+    a->outcome = ES_SUPERSEDED;
+    es_event_destroy(&row);
+    return ES_OK;
+  }
+  es_session_info si;
+  if ((rc = load_session(s, t, a->session, &si, err))) {
+    es_event_destroy(&row);
+    return rc;
+  }
+  char *msg = strdup(a->error);
+  if (!msg) rc = nomem(err);
+  if (rc == ES_OK) {
+    free(row.last_error);
+    row.last_error = msg;
+    free(row.claim_holder);
+    row.claim_holder = NULL;
+    row.claim_expires_at = ES_NONE;
+    row.failures++;
+    row.last_failed_attempt = a->attempt;
+    si.failures++;
+    if (row.failures >= a->max_failures) {
+      row.status = ES_STATUS_DEAD;
+      row.queued = 0;
+      row.due_at = ES_NONE;
+      row.retry_at = ES_NONE;
+      si.pending--;
+      si.dead++;
+      a->outcome = ES_DEAD_LETTERED;
+    } else {
+      row.retry_at = a->retry_after_ms > 0 ? a->now + a->retry_after_ms : ES_NONE;
+      row.due_at = due_of(&row, a->now);
+      a->outcome = ES_FAILED;
+    }
+    a->failures = row.failures;
+    si.updated_at = a->now;
+    rc = s->ops->event_update(t, &row, err);
+  }
+  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  es_session_info_destroy(&si);
+  es_event_destroy(&row);
+  return rc;
+}
+
+int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+                  const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
+                  int64_t *failures, es_err *err) {
+  int rc;
+  if ((rc = check_name("session", session, err))) return rc;
+  if (!error) return es_fail(err, ES_INVALID_ARGUMENT, "error is required");
+  if (max_failures < 1) return es_fail(err, ES_INVALID_ARGUMENT, "max_failures must be >= 1");
+  if (retry_after_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "retry_after_ms must be >= 0");
+  if ((rc = enter(s, err))) return rc;
+  fail_args a = {session, index, attempt, error, max_failures, retry_after_ms, 0, 0, 0};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_fail, &a, err);
+  leave(s);
+  if (rc) return rc;
+  *outcome = a.outcome;
+  *failures = a.failures;
+  return ES_OK;
+}
+
+typedef struct {
+  const char *session;
+  int64_t index;
+  const char *reason; /* settle */
+  int revive;
+  int64_t now;
+} dead_args;
+
+static int do_dead_change(es_store *s, es_txn *t, void *arg, es_err *err) {
+  dead_args *a = arg;
+  es_event row;
+  int rc = get_event(s, t, a->session, a->index, &row, err);
+  if (rc) return rc;
+  if (row.status != ES_STATUS_DEAD) {
+    es_event_destroy(&row);
+    return es_fail(err, ES_INVALID_ARGUMENT, "event %lld in session '%s' is not a dead letter",
+                   (long long)a->index, a->session);
+  }
+  es_session_info si;
+  if ((rc = load_session(s, t, a->session, &si, err))) {
+    es_event_destroy(&row);
+    return rc;
+  }
+  si.dead--;
+  si.updated_at = a->now;
+  if (a->revive) {
+    row.status = ES_STATUS_PENDING;
+    row.failures = 0;
+    row.last_failed_attempt = ES_NONE;
+    row.retry_at = ES_NONE;
+    row.queued = 1; /* a dead letter was the head of its lane */
+    row.due_at = due_of(&row, a->now);
+    si.pending++;
+  } else {
+    row.status = ES_STATUS_PROCESSED;
+    row.processed_at = a->now;
+    row.returned = -1;
+    if (a->reason && *a->reason) {
+      /* Keep the last error and say why it was settled. */
+      size_t n = (row.last_error ? strlen(row.last_error) : 0) + strlen(a->reason) + 16;
+      char *msg = malloc(n);
+      if (!msg) rc = nomem(err);
+      else {
+        snprintf(msg, n, "%s%ssettled: %s", row.last_error ? row.last_error : "",
+                 row.last_error ? "\n" : "", a->reason);
+        free(row.last_error);
+        row.last_error = msg;
+      }
+    }
+  }
+  if (rc == ES_OK) rc = s->ops->event_update(t, &row, err);
+  if (rc == ES_OK && !a->revive) rc = advance_lane(s, t, &row, a->now, err);
+  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  es_session_info_destroy(&si);
+  es_event_destroy(&row);
+  return rc;
+}
+
+static int dead_change(es_store *s, dead_args *a, es_err *err) {
+  int rc;
+  if ((rc = check_name("session", a->session, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  rc = es_store_now(s, &a->now, err);
+  if (rc == ES_OK) rc = run_write(s, do_dead_change, a, err);
+  leave(s);
+  return rc;
+}
+
+int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err) {
+  dead_args a = {session, index, NULL, 1, 0};
+  return dead_change(s, &a, err);
+}
+
+int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason,
+                    es_err *err) {
+  dead_args a = {session, index, reason, 0, 0};
+  return dead_change(s, &a, err);
+}
+
+static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
+  all_args *a = arg;
+  return s->ops->dead_list(t, a->session, a->after, a->limit, collect_event, a->out, err);
+}
+
+int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
+                          es_events *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if (session && (rc = check_name("session", session, err))) return rc;
+  if (limit != ES_NONE && limit < 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
+  if (limit == 0) return ES_OK;
+  if ((rc = enter(s, err))) return rc;
+  all_args a = {after < 0 ? 0 : after, limit, session, out};
+  rc = run_read(s, do_dead_list, &a, err);
+  leave(s);
+  if (rc) es_events_destroy(out);
+  return rc;
+}
+
+/* --- snapshots --- */
+
+typedef struct {
+  const char *session, *reducer;
+  int *found;
+  es_snapshot *snap;
+  es_events *events;
+} state_args;
+
+static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
+  state_args *a = arg;
+  int rc = s->ops->snapshot_get(t, a->session, a->reducer, a->snap, err);
+  *a->found = rc == ES_OK;
+  if (rc == ES_NOT_FOUND) rc = ES_OK;
+  if (rc) return rc;
+  int64_t after = *a->found ? a->snap->index : 0;
+  return s->ops->event_range(t, a->session, after, INT64_MAX, ES_NONE, collect_event, a->events,
+                             err);
+}
+
+int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
+                        es_snapshot *snap, es_events *events, es_err *err) {
+  int rc;
+  memset(events, 0, sizeof *events);
+  es_snapshot_init(snap);
+  *found = 0;
+  if ((rc = check_name("session", session, err)) || (rc = check_name("reducer", reducer, err)))
+    return rc;
+  if ((rc = enter(s, err))) return rc;
+  state_args a = {session, reducer, found, snap, events};
+  rc = run_read(s, do_read_state, &a, err);
+  leave(s);
+  if (rc) {
+    es_events_destroy(events);
+    es_snapshot_destroy(snap);
+    *found = 0;
+  }
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  es_snapshot row;
+  int stored;
+} put_snap_args;
+
+static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
+  put_snap_args *a = arg;
+  es_session_info si;
+  int64_t head = 0;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  if (rc == ES_OK) {
+    head = si.head;
+    es_session_info_destroy(&si);
+  } else if (rc != ES_NOT_FOUND) {
+    return rc;
+  }
+  if (a->row.index > head)
+    return es_fail(err, ES_NO_SUCH_EVENT, "snapshot index %lld is beyond the head %lld of '%s'",
+                   (long long)a->row.index, (long long)head, a->session);
+  es_snapshot old;
+  rc = s->ops->snapshot_get(t, a->session, a->row.reducer, &old, err);
+  if (rc == ES_OK) {
+    int newer = old.index > a->row.index;
+    es_snapshot_destroy(&old);
+    /* Never replace a further-along snapshot: a slow writer must not
+     * clobber a fast one. Equal index replaces (a new reducer version). */
+    if (newer) return ES_OK;
+  } else if (rc != ES_NOT_FOUND) {
+    return rc;
+  }
+  rc = s->ops->snapshot_put(t, a->session, &a->row, err);
+  if (rc == ES_OK) a->stored = 1;
+  return rc;
+}
+
+int es_store_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+                          const char *state, size_t state_len, const char *version, int *stored,
+                          es_err *err) {
+  int rc;
+  *stored = 0;
+  if ((rc = check_name("session", session, err)) || (rc = check_name("reducer", reducer, err)))
+    return rc;
+  if (index < 0) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot index must be >= 0");
+  if (!state) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot state is required");
+  if (!version) version = "";
+  if ((rc = enter(s, err))) return rc;
+  put_snap_args a = {session, {0}, 0};
+  a.row.reducer = (char *)reducer;
+  a.row.index = index;
+  a.row.state = (char *)state;
+  a.row.state_len = state_len;
+  a.row.version = (char *)version;
+  rc = es_store_now(s, &a.row.updated_at, err);
+  if (rc == ES_OK) rc = run_write(s, do_put_snapshot, &a, err);
+  leave(s);
+  if (rc == ES_OK) *stored = a.stored;
+  return rc;
+}
+
+static int collect_snapshot(void *ctx, const es_snapshot *row) {
+  es_snapshots *out = ctx;
+  if (out->n == out->cap) {
+    size_t cap = out->cap ? out->cap * 2 : 4;
+    es_snapshot *v = realloc(out->v, cap * sizeof *v);
+    if (!v) return -1;
+    out->v = v;
+    out->cap = cap;
+  }
+  if (es_snapshot_copy(&out->v[out->n], row)) return -1;
+  out->n++;
+  return 0;
+}
+
+typedef struct {
+  const char *session;
+  es_snapshots *out;
+} snaps_args;
+
+static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
+  snaps_args *a = arg;
+  return s->ops->snapshot_list(t, a->session, collect_snapshot, a->out, err);
+}
+
+int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  snaps_args a = {session, out};
+  rc = run_read(s, do_snapshots, &a, err);
+  leave(s);
+  if (rc) es_snapshots_destroy(out);
+  return rc;
+}
+
+/* --- inspection --- */
+
+static int collect_session(void *ctx, const es_session_info *row) {
+  es_sessions *out = ctx;
+  if (out->n == out->cap) {
+    size_t cap = out->cap ? out->cap * 2 : 16;
+    es_session_info *v = realloc(out->v, cap * sizeof *v);
+    if (!v) return -1;
+    out->v = v;
+    out->cap = cap;
+  }
+  if (es_session_info_copy(&out->v[out->n], row)) return -1;
+  out->n++;
+  return 0;
+}
+
+typedef struct {
+  const char *prefix, *after;
+  int64_t limit;
+  es_sessions *out;
+} sessions_args;
+
+static int do_sessions(es_store *s, es_txn *t, void *arg, es_err *err) {
+  sessions_args *a = arg;
+  /* One more than asked tells whether another page follows. */
+  int rc = s->ops->session_list(t, a->prefix, a->after, a->limit + 1, collect_session, a->out, err);
+  if (rc) return rc;
+  if ((int64_t)a->out->n > a->limit) {
+    es_session_info_destroy(&a->out->v[--a->out->n]);
+    a->out->cursor = strdup(a->out->v[a->out->n - 1].session);
+    if (!a->out->cursor) return nomem(err);
+  }
+  return ES_OK;
+}
+
+int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+                      es_sessions *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
+  if ((rc = enter(s, err))) return rc;
+  sessions_args a = {prefix ? prefix : "", after, limit, out};
+  rc = run_read(s, do_sessions, &a, err);
+  leave(s);
+  if (rc) es_sessions_destroy(out);
+  return rc;
+}
+
+/* --- waiting --- */
+
+int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
+                  int64_t limit, es_events *out, es_err *err) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  if (timeout_ms < 0) timeout_ms = 0;
+  deadline.tv_sec += timeout_ms / 1000;
+  deadline.tv_nsec += (timeout_ms % 1000) * 1000000;
+  if (deadline.tv_nsec >= 1000000000) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000;
+  }
+  uint64_t ext = 0;
+  int have_ext = 0;
+  for (;;) {
+    uint64_t seen = es_store_version(s);
+    int rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
+                     : es_store_read_all(s, after, limit, out, err);
+    if (rc || out->n > 0) return rc;
+    es_events_destroy(out);
+    if ((rc = enter(s, err))) return rc;
+    if (s->ops->data_version) {
+      uint64_t v = 0;
+      rc = s->ops->data_version(s->bk, &v, err);
+      if (rc) {
+        leave(s);
+        return rc;
+      }
+      if (have_ext && v != ext) {
+        ext = v;
+        leave(s);
+        continue; /* another process committed: read again */
+      }
+      ext = v;
+      have_ext = 1;
+    }
+    leave(s);
+    struct timespec now, until;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec > deadline.tv_sec ||
+        (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec))
+      return ES_OK;
+    /* Sleep until a commit here, the deadline, or the next external poll. */
+    until = now;
+    until.tv_nsec += WAIT_POLL_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000;
+    }
+    if (until.tv_sec > deadline.tv_sec ||
+        (until.tv_sec == deadline.tv_sec && until.tv_nsec > deadline.tv_nsec))
+      until = deadline;
+    pthread_mutex_lock(&s->vmu);
+    while (es_store_version(s) == seen) {
+      if (pthread_cond_clockwait(&s->vcond, &s->vmu, CLOCK_MONOTONIC, &until) != 0) break;
+    }
+    pthread_mutex_unlock(&s->vmu);
+  }
+}
+
+/* --- presence --- */
+
+typedef struct {
+  const char *ns, *participant;
+  const es_presence_field *fields;
+  size_t n;
+  int64_t ttl_ms, at, seen, now;
+  es_presence_rows *applied;
+} presence_args;
+
+static int push_presence(es_presence_rows *rows, const es_presence_row *row) {
+  if (rows->n == rows->cap) {
+    size_t cap = rows->cap ? rows->cap * 2 : 8;
+    es_presence_row *v = realloc(rows->v, cap * sizeof *v);
+    if (!v) return ES_STORAGE;
+    rows->v = v;
+    rows->cap = cap;
+  }
+  if (es_presence_row_copy(&rows->v[rows->n], row)) return ES_STORAGE;
+  rows->n++;
+  return ES_OK;
+}
+
+static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
+  presence_args *a = arg;
+  int rc = s->ops->presence_expire(t, a->ns, a->now, err);
+  for (size_t i = 0; rc == ES_OK && i < a->n; i++) {
+    es_presence_row old;
+    rc = s->ops->presence_get(t, a->ns, a->participant, a->fields[i].field, &old, err);
+    if (rc == ES_OK) {
+      /* Last writer wins by `at`; a tie goes to the incoming write. An
+       * expired row (or tombstone) no longer guards its field. */
+      int newer = old.expires_at > a->now && old.at > a->at;
+      es_presence_row_destroy(&old);
+      if (newer) continue;
+    } else if (rc == ES_NOT_FOUND) {
+      rc = ES_OK;
+    } else {
+      break;
+    }
+    es_presence_row row = {
+        .participant = (char *)a->participant,
+        .field = (char *)a->fields[i].field,
+        .value = (char *)a->fields[i].value,
+        .value_len = a->fields[i].value_len,
+        .seen = a->seen,
+        .at = a->at,
+        .expires_at = a->now + a->ttl_ms,
+    };
+    rc = s->ops->presence_put(t, a->ns, &row, err);
+    if (rc == ES_OK && push_presence(a->applied, &row)) rc = nomem(err);
+  }
+  return rc;
+}
+
+int es_store_presence_set(es_store *s, const char *ns, const char *participant,
+                          const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
+                          int64_t seen, es_presence_rows *applied, es_err *err) {
+  int rc;
+  memset(applied, 0, sizeof *applied);
+  if ((rc = check_name("namespace", ns, err)) || (rc = check_name("participant", participant, err)))
+    return rc;
+  if (ttl_ms <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0");
+  for (size_t i = 0; i < n; i++) {
+    if ((rc = check_name("presence field", fields[i].field, err))) return rc;
+    if (fields[i].value) {
+      if (fields[i].value_len > s->max_payload)
+        return es_fail(err, ES_TOO_LARGE, "presence value '%s' is %zu bytes, over the limit of %zu",
+                       fields[i].field, fields[i].value_len, s->max_payload);
+      es_err jerr = {0};
+      if (es_json_validate(fields[i].value, fields[i].value_len, &jerr))
+        return es_fail(err, ES_INVALID_ARGUMENT, "presence value '%s': %s", fields[i].field,
+                       jerr.msg);
+    }
+  }
+  if ((rc = enter(s, err))) return rc;
+  presence_args a = {ns, participant, fields, n, ttl_ms, at, seen, 0, applied};
+  rc = es_store_now(s, &a.now, err);
+  if (a.at == ES_NONE) a.at = a.now;
+  if (rc == ES_OK && n > 0) rc = run_write(s, do_presence_set, &a, err);
+  leave(s);
+  if (rc) {
+    es_presence_rows_destroy(applied);
+    return rc;
+  }
+  if (applied->n == 0) return ES_OK;
+  /* Tell in-process watchers, after commit, on this thread. */
+  pthread_mutex_lock(&s->pmu);
+  for (presence_watch *w = s->watches; w; w = w->next)
+    if (strcmp(w->ns, ns) == 0) w->cb(w->ctx, ns, applied);
+  pthread_mutex_unlock(&s->pmu);
+  return ES_OK;
+}
+
+typedef struct {
+  const char *ns;
+  int64_t now;
+  es_presence_rows *out;
+} presence_read_args;
+
+static int collect_presence(void *ctx, const es_presence_row *row) {
+  if (!row->value) return 0; /* tombstones only guard against older writes */
+  return push_presence(ctx, row) == ES_OK ? 0 : -1;
+}
+
+static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
+  presence_read_args *a = arg;
+  return s->ops->presence_list(t, a->ns, a->now, collect_presence, a->out, err);
+}
+
+int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = check_name("namespace", ns, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  presence_read_args a = {ns, 0, out};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_read(s, do_presence_read, &a, err);
+  leave(s);
+  if (rc) es_presence_rows_destroy(out);
+  return rc;
+}
+
+uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
+  presence_watch *w = calloc(1, sizeof *w);
+  if (!w) return 0;
+  w->ns = strdup(ns);
+  if (!w->ns) {
+    free(w);
+    return 0;
+  }
+  w->cb = cb;
+  w->ctx = ctx;
+  pthread_mutex_lock(&s->pmu);
+  w->token = s->next_token++;
+  w->next = s->watches;
+  s->watches = w;
+  pthread_mutex_unlock(&s->pmu);
+  return w->token;
+}
+
+void es_store_presence_unwatch(es_store *s, uint64_t token) {
+  pthread_mutex_lock(&s->pmu);
+  for (presence_watch **p = &s->watches; *p; p = &(*p)->next) {
+    if ((*p)->token == token) {
+      presence_watch *w = *p;
+      *p = w->next;
+      free(w->ns);
+      free(w);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&s->pmu);
+}

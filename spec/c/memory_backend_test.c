@@ -1,0 +1,1840 @@
+/*
+ * memory_backend_test.c: unit test of the "memory:" backend through its ops
+ * table (backend.h), without the core: every op, its ordering and limits,
+ * undo on savepoint_rollback and write_rollback (the whole observable state,
+ * indexes included, must be identical afterwards), out-of-memory at every
+ * allocation of every write op, concurrent readers, and a scale check.
+ *
+ * Prints TAP-style "ok N - name" / "not ok N - name" lines ("# ..." lines
+ * are diagnostics and figures) and exits non-zero when a test failed.
+ *
+ *   memory_backend_test [N]   N: events of the scale check (default
+ *   1000000; 20000 under valgrind, 200000 under AddressSanitizer; the
+ *   MBT_SCALE_N environment variable also sets it)
+ *
+ * Out-of-memory tests replace malloc/calloc/realloc/free with wrappers that
+ * fail on demand; under AddressSanitizer and valgrind, which own malloc, that
+ * test says it is skipped.
+ */
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MBT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MBT_ASAN 1
+#endif
+#endif
+#ifndef MBT_ASAN
+#define MBT_ASAN 0
+#endif
+
+/* ---- allocation failure injection --------------------------------------- */
+
+/* Counts down allocations while armed; the one that reaches zero fails.
+ * Test-only state: the library itself has none. */
+static long fail_countdown = -1;
+static long alloc_calls;
+
+#if !MBT_ASAN
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
+
+static int should_fail(void) {
+  alloc_calls++;
+  if (fail_countdown < 0) return 0;
+  return fail_countdown-- == 0;
+}
+void *malloc(size_t n) { return should_fail() ? NULL : __libc_malloc(n); }
+void *calloc(size_t n, size_t m) { return should_fail() ? NULL : __libc_calloc(n, m); }
+void *realloc(void *p, size_t n) { return should_fail() ? NULL : __libc_realloc(p, n); }
+void free(void *p) { __libc_free(p); }
+#endif
+
+/* ---- TAP ---------------------------------------------------------------- */
+
+static int test_no, failed_tests, cur_failed;
+
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      printf("#   %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);    \
+      cur_failed = 1;                                                        \
+    }                                                                        \
+  } while (0)
+#define CHECK_RC(call, want)                                                 \
+  do {                                                                       \
+    int rc_ = (call);                                                        \
+    if (rc_ != (want)) {                                                     \
+      printf("#   %s:%d: %s returned %s, wanted %s\n", __FILE__, __LINE__, #call, \
+             es_strerror(rc_), es_strerror(want));                           \
+      cur_failed = 1;                                                        \
+    }                                                                        \
+  } while (0)
+
+static void run(const char *name, void (*fn)(void)) {
+  cur_failed = 0;
+  fn();
+  test_no++;
+  printf("%sok %d - %s\n", cur_failed ? "not " : "", test_no, name);
+  fflush(stdout);
+  if (cur_failed) failed_tests++;
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static const es_backend_ops *OPS = &es_backend_memory;
+
+static es_backend *open_mem(void) {
+  es_backend *b = NULL;
+  es_err err;
+  if (OPS->open("", NULL, &b, &err) != ES_OK) {
+    printf("# open failed: %s\n", err.msg);
+    exit(2);
+  }
+  return b;
+}
+
+static es_txn *wbegin(es_backend *b) {
+  es_txn *t = NULL;
+  es_err err;
+  if (OPS->write_begin(b, &t, &err) != ES_OK) {
+    printf("# write_begin failed\n");
+    exit(2);
+  }
+  return t;
+}
+
+static void commit(es_txn *t) {
+  es_err err;
+  CHECK_RC(OPS->write_commit(t, &err), ES_OK);
+}
+
+static es_txn *rbegin(es_backend *b) {
+  es_txn *t = NULL;
+  es_err err;
+  if (OPS->read_begin(b, &t, &err) != ES_OK) {
+    printf("# read_begin failed\n");
+    exit(2);
+  }
+  return t;
+}
+
+/* A row as the core would insert it: pending and queued at created_at. */
+static es_event mkrow(const char *session, int64_t index, const char *id, const char *lane) {
+  es_event e;
+  es_event_init(&e);
+  e.session = (char *)session;
+  e.index = index;
+  e.id = (char *)id;
+  e.type = "t";
+  e.payload = "{}";
+  e.payload_len = 2;
+  e.lane = (char *)lane;
+  e.created_at = 1000 + index;
+  e.queued = 1;
+  e.due_at = e.created_at;
+  return e;
+}
+
+static int ins(es_txn *t, es_event e) {
+  es_err err;
+  return OPS->event_insert(t, &e, &err);
+}
+
+/* Inserts and returns the position (0 on failure). */
+static int64_t ins_pos(es_txn *t, es_event e) {
+  es_err err;
+  if (OPS->event_insert(t, &e, &err) != ES_OK) return 0;
+  return e.position;
+}
+
+static int upd(es_txn *t, const es_event *e) {
+  es_err err;
+  return OPS->event_update(t, e, &err);
+}
+
+/* Reads a row back, changes it with fn's arguments and updates it. */
+static int set_state(es_txn *t, const char *session, int64_t index, int status, int queued,
+                     int64_t due_at) {
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  int rc = OPS->event_get(t, session, index, &e, &err);
+  if (rc != ES_OK) return rc;
+  e.status = status;
+  e.queued = queued;
+  e.due_at = due_at;
+  rc = upd(t, &e);
+  es_event_destroy(&e);
+  return rc;
+}
+
+/* Collects the index (or position) of rows passed to a callback. */
+typedef struct ints {
+  int64_t v[4096];
+  size_t n;
+  int which;       /* 0 index, 1 position, 2 due_at */
+  size_t stop_at;  /* nonzero: stop after that many */
+} ints;
+
+static int collect_int(void *ctx, const es_event *row) {
+  ints *c = ctx;
+  int64_t x = c->which == 0 ? row->index : c->which == 1 ? row->position : row->due_at;
+  if (c->n < 4096) c->v[c->n++] = x;
+  return c->stop_at && c->n >= c->stop_at;
+}
+
+static int same_ints(const ints *c, const int64_t *want, size_t n) {
+  if (c->n != n) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (c->v[i] != want[i]) return 0;
+  return 1;
+}
+
+#define WANT(c, ...)                                                          \
+  do {                                                                        \
+    const int64_t w_[] = {__VA_ARGS__};                                       \
+    size_t nw_ = sizeof w_ / sizeof w_[0];                                    \
+    if (!same_ints(&(c), w_, nw_)) {                                          \
+      printf("#   %s:%d: got [", __FILE__, __LINE__);                         \
+      for (size_t i_ = 0; i_ < (c).n; i_++) printf("%s%lld", i_ ? " " : "", (long long)(c).v[i_]); \
+      printf("] wanted [%s]\n", #__VA_ARGS__);                                \
+      cur_failed = 1;                                                         \
+    }                                                                         \
+  } while (0)
+#define WANT_NONE(c) CHECK((c).n == 0)
+
+static ints range(es_txn *t, const char *s, int64_t after, int64_t through, int64_t limit) {
+  ints c = {.which = 0};
+  es_err err;
+  CHECK_RC(OPS->event_range(t, s, after, through, limit, collect_int, &c, &err), ES_OK);
+  return c;
+}
+
+static ints all_pos(es_txn *t, int64_t after, int64_t limit) {
+  ints c = {.which = 1};
+  es_err err;
+  CHECK_RC(OPS->event_all(t, after, limit, collect_int, &c, &err), ES_OK);
+  return c;
+}
+
+static ints due_pos(es_txn *t, const char *s, int64_t now, int64_t limit) {
+  ints c = {.which = 1};
+  es_err err;
+  CHECK_RC(OPS->queued_due(t, s, now, limit, collect_int, &c, &err), ES_OK);
+  return c;
+}
+
+static ints dead_pos(es_txn *t, const char *s, int64_t after, int64_t limit) {
+  ints c = {.which = 1};
+  es_err err;
+  CHECK_RC(OPS->dead_list(t, s, after, limit, collect_int, &c, &err), ES_OK);
+  return c;
+}
+
+static int64_t next_due(es_txn *t, const char *s, int64_t now) {
+  int64_t d = 0;
+  es_err err;
+  CHECK_RC(OPS->queued_next_due(t, s, now, &d, &err), ES_OK);
+  return d;
+}
+
+static int64_t lane_next(es_txn *t, const char *s, const char *lane, int64_t after) {
+  int64_t i = -1;
+  es_err err;
+  CHECK_RC(OPS->lane_next(t, s, lane, after, &i, &err), ES_OK);
+  return i;
+}
+
+static int sess_put(es_txn *t, const char *name, int64_t head) {
+  es_session_info si;
+  es_err err;
+  es_session_info_init(&si);
+  si.session = (char *)name;
+  si.head = si.events = head;
+  si.pending = 1;
+  si.dead = 2;
+  si.attempts = 3;
+  si.failures = 4;
+  si.first_at = 5;
+  si.updated_at = 6 + head;
+  return OPS->session_put(t, &si, &err);
+}
+
+static int snap_put(es_txn *t, const char *s, const char *reducer, int64_t index, const char *state,
+                    const char *version) {
+  es_snapshot sn;
+  es_err err;
+  es_snapshot_init(&sn);
+  sn.reducer = (char *)reducer;
+  sn.index = index;
+  sn.state = (char *)state;
+  sn.state_len = state ? strlen(state) : 0;
+  sn.version = (char *)version;
+  sn.updated_at = 70 + index;
+  return OPS->snapshot_put(t, s, &sn, &err);
+}
+
+static int pres_put(es_txn *t, const char *ns, const char *p, const char *f, const char *value,
+                    int64_t at, int64_t expires_at) {
+  es_presence_row r;
+  es_err err;
+  es_presence_row_init(&r);
+  r.participant = (char *)p;
+  r.field = (char *)f;
+  r.value = (char *)value;
+  r.value_len = value ? strlen(value) : 0;
+  r.seen = at * 2;
+  r.at = at;
+  r.expires_at = expires_at;
+  return OPS->presence_put(t, ns, &r, &err);
+}
+
+/* ---- a text dump of the whole observable state --------------------------- */
+
+typedef struct sbuf {
+  char *p;
+  size_t n, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  va_list ap;
+  for (;;) {
+    va_start(ap, fmt);
+    int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) abort();
+    if (b->p && b->n + (size_t)k < b->cap) {
+      b->n += (size_t)k;
+      return;
+    }
+    size_t cap = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
+    char *q = realloc(b->p, cap);
+    if (!q) abort();
+    b->p = q;
+    b->cap = cap;
+  }
+}
+
+static void sb_bytes(sbuf *b, const char *p, size_t n) {
+  if (!p) {
+    sb_printf(b, "NULL");
+    return;
+  }
+  sb_printf(b, "\"");
+  for (size_t i = 0; i < n; i++) sb_printf(b, "%02x", (unsigned char)p[i]);
+  sb_printf(b, "\"");
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_bytes(b, s, s ? strlen(s) : 0); }
+
+static void dump_event(sbuf *b, const es_event *e) {
+  sb_printf(b, "ev ");
+  sb_str(b, e->session);
+  sb_printf(b, " #%lld pos=%lld id=", (long long)e->index, (long long)e->position);
+  sb_str(b, e->id);
+  sb_printf(b, " type=");
+  sb_str(b, e->type);
+  sb_printf(b, " payload=");
+  sb_bytes(b, e->payload, e->payload_len);
+  sb_printf(b, " lane=");
+  sb_str(b, e->lane);
+  sb_printf(b, " c=%lld cause=%lld/%lld nb=%lld st=%d att=%lld fail=%lld err=", (long long)e->created_at,
+            (long long)e->cause_index, (long long)e->cause_attempt, (long long)e->not_before,
+            e->status, (long long)e->attempts, (long long)e->failures);
+  sb_str(b, e->last_error);
+  sb_printf(b, " pat=%lld holder=", (long long)e->processed_at);
+  sb_str(b, e->claim_holder);
+  sb_printf(b, " exp=%lld retry=%lld q=%d due=%lld lfa=%lld ret=%lld\n", (long long)e->claim_expires_at,
+            (long long)e->retry_at, e->queued, (long long)e->due_at, (long long)e->last_failed_attempt,
+            (long long)e->returned);
+}
+
+static int dump_event_cb(void *ctx, const es_event *e) {
+  dump_event(ctx, e);
+  return 0;
+}
+
+static int dump_session_cb(void *ctx, const es_session_info *si) {
+  sbuf *b = ctx;
+  sb_printf(b, "session ");
+  sb_str(b, si->session);
+  sb_printf(b, " %lld %lld %lld %lld %lld %lld %lld %lld\n", (long long)si->head, (long long)si->events,
+            (long long)si->pending, (long long)si->dead, (long long)si->attempts,
+            (long long)si->failures, (long long)si->first_at, (long long)si->updated_at);
+  return 0;
+}
+
+static int dump_snap_cb(void *ctx, const es_snapshot *sn) {
+  sbuf *b = ctx;
+  sb_printf(b, "snap ");
+  sb_str(b, sn->reducer);
+  sb_printf(b, " %lld ", (long long)sn->index);
+  sb_str(b, sn->version);
+  sb_printf(b, " %lld state=%s\n", (long long)sn->updated_at, sn->state ? "SET" : "NULL");
+  return 0;
+}
+
+static int dump_pres_cb(void *ctx, const es_presence_row *r) {
+  sbuf *b = ctx;
+  sb_printf(b, "pres ");
+  sb_str(b, r->participant);
+  sb_printf(b, " ");
+  sb_str(b, r->field);
+  sb_printf(b, " ");
+  sb_bytes(b, r->value, r->value_len);
+  sb_printf(b, " %lld %lld %lld\n", (long long)r->seen, (long long)r->at, (long long)r->expires_at);
+  return 0;
+}
+
+/* What a state dump visits besides what event_all reveals. */
+static const char *const U_SESSIONS[] = {"a", "b", "c", "new", "snaponly", "x/1", "x/2", NULL};
+static const char *const U_LANES[] = {"l1", "l2", "newlane", NULL};
+static const char *const U_REDUCERS[] = {"r1", "r2", "r3", NULL};
+static const char *const U_NS[] = {"ns1", "ns2", "newns", NULL};
+static const char *const U_PARTS[] = {"p1", "p2", "p3", NULL};
+static const char *const U_FIELDS[] = {"f1", "f2", NULL};
+static const int64_t U_NOWS[] = {INT64_MIN, 0, 1000, 1003, 1005, 1010, 5000, INT64_MAX};
+
+/* Everything the ops can observe, as text; equal dumps = equal states. */
+static char *dump_state(es_txn *t, const char *const *ids) {
+  sbuf b = {0};
+  es_err err;
+  sb_printf(&b, "== all\n");
+  OPS->event_all(t, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  sb_printf(&b, "== sessions\n");
+  OPS->session_list(t, "", NULL, ES_NONE, dump_session_cb, &b, &err);
+  for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
+    sb_printf(&b, "== due %lld\n", (long long)U_NOWS[k]);
+    OPS->queued_due(t, NULL, U_NOWS[k], ES_NONE, dump_event_cb, &b, &err);
+    sb_printf(&b, "next %lld\n", (long long)next_due(t, NULL, U_NOWS[k]));
+  }
+  sb_printf(&b, "== dead\n");
+  OPS->dead_list(t, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  for (const char *const *s = U_SESSIONS; *s; s++) {
+    es_session_info si;
+    es_session_info_init(&si);
+    sb_printf(&b, "== session %s\n", *s);
+    if (OPS->session_get(t, *s, &si, &err) == ES_OK) dump_session_cb(&b, &si);
+    es_session_info_destroy(&si);
+    OPS->event_range(t, *s, 0, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+    for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
+      ints c = due_pos(t, *s, U_NOWS[k], ES_NONE);
+      /* Per-session order is free: sort before printing. */
+      for (size_t i = 1; i < c.n; i++)
+        for (size_t j = i; j > 0 && c.v[j - 1] > c.v[j]; j--) {
+          int64_t x = c.v[j];
+          c.v[j] = c.v[j - 1];
+          c.v[j - 1] = x;
+        }
+      sb_printf(&b, "due %lld:", (long long)U_NOWS[k]);
+      for (size_t i = 0; i < c.n; i++) sb_printf(&b, " %lld", (long long)c.v[i]);
+      sb_printf(&b, " next %lld\n", (long long)next_due(t, *s, U_NOWS[k]));
+    }
+    ints d = dead_pos(t, *s, 0, ES_NONE);
+    sb_printf(&b, "dead:");
+    for (size_t i = 0; i < d.n; i++) sb_printf(&b, " %lld", (long long)d.v[i]);
+    sb_printf(&b, "\n");
+    for (const char *const *l = U_LANES; *l; l++) {
+      sb_printf(&b, "lane %s:", *l);
+      for (int64_t after = 0; after < 40; after++)
+        sb_printf(&b, " %lld", (long long)lane_next(t, *s, *l, after));
+      sb_printf(&b, "\n");
+    }
+    OPS->snapshot_list(t, *s, dump_snap_cb, &b, &err);
+    for (const char *const *r = U_REDUCERS; *r; r++) {
+      es_snapshot sn;
+      es_snapshot_init(&sn);
+      if (OPS->snapshot_get(t, *s, *r, &sn, &err) == ES_OK) {
+        sb_printf(&b, "snapget ");
+        sb_bytes(&b, sn.state, sn.state_len);
+        dump_snap_cb(&b, &sn);
+      }
+      es_snapshot_destroy(&sn);
+    }
+  }
+  for (const char *const *ns = U_NS; *ns; ns++) {
+    sb_printf(&b, "== ns %s\n", *ns);
+    OPS->presence_list(t, *ns, INT64_MIN, dump_pres_cb, &b, &err);
+    for (const char *const *p = U_PARTS; *p; p++)
+      for (const char *const *f = U_FIELDS; *f; f++) {
+        es_presence_row r;
+        es_presence_row_init(&r);
+        if (OPS->presence_get(t, *ns, *p, *f, &r, &err) == ES_OK) dump_pres_cb(&b, &r);
+        es_presence_row_destroy(&r);
+      }
+  }
+  for (size_t i = 0; ids && ids[i]; i++) {
+    es_event e;
+    es_event_init(&e);
+    if (OPS->event_get_by_id(t, ids[i], &e, &err) == ES_OK) {
+      sb_printf(&b, "id %s -> %lld\n", ids[i], (long long)e.position);
+    } else {
+      sb_printf(&b, "id %s -> none\n", ids[i]);
+    }
+    es_event_destroy(&e);
+  }
+  return b.p;
+}
+
+static int same_dump(const char *x, const char *y) {
+  if (strcmp(x, y) == 0) return 1;
+  /* Show the first differing line. */
+  const char *p = x, *q = y;
+  while (*p && *p == *q) p++, q++;
+  while (p > x && p[-1] != '\n') p--, q--;
+  printf("#   state differs at:\n#   before: %.200s\n#   after:  %.200s\n", p, q);
+  return 0;
+}
+
+/* ---- a populated store -------------------------------------------------- */
+
+static const char *const BASE_IDS[] = {"a1", "a2", "a3", "a4", "a5", "a6", "a7", "b1", "b2", "b3",
+                                       "c1", "n1", "x1", NULL};
+
+/* Sessions a, b, c with laned, queued, processed, dead rows, session rows,
+ * snapshots and presence: every index has members. */
+static void populate(es_backend *b) {
+  es_txn *t = wbegin(b);
+  es_event e;
+  e = mkrow("a", 1, "a1", "l1");
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("a", 2, "a2", "l1");
+  e.queued = 0;  /* behind a1 in its lane */
+  e.due_at = ES_NONE;
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("a", 3, "a3", NULL);
+  e.status = ES_STATUS_PROCESSED;  /* settled */
+  e.processed_at = e.created_at;
+  e.queued = 0;
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("a", 4, "a4", "l2");
+  e.status = ES_STATUS_DEAD;
+  e.queued = 0;
+  e.failures = 3;
+  e.attempts = 3;
+  e.last_error = "boom";
+  e.last_failed_attempt = 3;
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("a", 5, "a5", "l2");
+  e.queued = 0;
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("a", 6, "a6", NULL);
+  e.not_before = e.due_at = 1010;
+  e.cause_index = 3;
+  e.cause_attempt = 1;
+  e.payload = "[1,\"\\u0000\"]";
+  e.payload_len = strlen(e.payload);
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("b", 1, "b1", NULL);
+  e.due_at = 1003;
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("b", 2, "b2", NULL);
+  e.due_at = 1001;  /* ties a1: position breaks it */
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("b", 3, "b3", "l1");
+  e.due_at = 5000;
+  CHECK_RC(ins(t, e), ES_OK);
+  e = mkrow("c", 1, "c1", NULL);
+  e.status = ES_STATUS_PROCESSED;
+  e.queued = 0;
+  e.attempts = 1;
+  e.processed_at = 1500;
+  e.claim_holder = "w1";
+  e.claim_expires_at = 1600;
+  e.returned = 2;
+  CHECK_RC(ins(t, e), ES_OK);
+  CHECK_RC(sess_put(t, "a", 6), ES_OK);
+  CHECK_RC(sess_put(t, "b", 3), ES_OK);
+  CHECK_RC(snap_put(t, "a", "r2", 4, "S2", "v1"), ES_OK);
+  CHECK_RC(snap_put(t, "a", "r1", 2, "S1", NULL), ES_OK);
+  CHECK_RC(snap_put(t, "snaponly", "r1", 0, NULL, "v"), ES_OK);
+  CHECK_RC(pres_put(t, "ns1", "p1", "f1", "1", 10, 2000), ES_OK);
+  CHECK_RC(pres_put(t, "ns1", "p1", "f2", NULL, 11, 2000), ES_OK);
+  CHECK_RC(pres_put(t, "ns1", "p2", "f1", "\"x\"", 12, 900), ES_OK);
+  CHECK_RC(pres_put(t, "ns2", "p3", "f1", "true", 13, 3000), ES_OK);
+  commit(t);
+}
+
+/* The write steps the rollback and out-of-memory tests replay: every write
+ * op, moving rows in and out of every index. Each returns an es code. */
+static int step_insert_lane(es_txn *t) { return ins(t, mkrow("a", 7, "a7", "l1")); }
+static int step_insert_new_session(es_txn *t) {
+  es_event e = mkrow("new", 1, "n1", "newlane");
+  e.status = ES_STATUS_DEAD;
+  e.queued = 0;
+  e.last_error = "dead on arrival";
+  return ins(t, e);
+}
+static int step_insert_settled(es_txn *t) {
+  es_event e = mkrow("b", 4, "x1", NULL);
+  e.status = ES_STATUS_PROCESSED;
+  e.processed_at = e.created_at;
+  e.queued = 0;
+  return ins(t, e);
+}
+static int step_process_a1(es_txn *t) { return set_state(t, "a", 1, ES_STATUS_PROCESSED, 0, ES_NONE); }
+static int step_queue_a2(es_txn *t) { return set_state(t, "a", 2, ES_STATUS_PENDING, 1, 1002); }
+static int step_revive_a4(es_txn *t) { return set_state(t, "a", 4, ES_STATUS_PENDING, 1, 1004); }
+static int step_move_b1(es_txn *t) { return set_state(t, "b", 1, ES_STATUS_PENDING, 1, 1000); }
+static int step_kill_a3(es_txn *t) { return set_state(t, "a", 3, ES_STATUS_DEAD, 0, ES_NONE); }
+static int step_claim_b2(es_txn *t) {
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  int rc = OPS->event_get(t, "b", 2, &e, &err);
+  if (rc) return rc;
+  free(e.claim_holder);
+  e.claim_holder = strdup("worker-2");
+  e.attempts++;
+  e.claim_expires_at = 4000;
+  e.due_at = 4000;
+  rc = e.claim_holder ? upd(t, &e) : ES_STORAGE;
+  es_event_destroy(&e);
+  return rc;
+}
+static int step_clear_c1(es_txn *t) {
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  int rc = OPS->event_get(t, "c", 1, &e, &err);
+  if (rc) return rc;
+  e.attempts = e.returned = 0;
+  e.processed_at = e.created_at;  /* back to the compact "settled" form */
+  free(e.claim_holder);
+  e.claim_holder = NULL;
+  e.claim_expires_at = ES_NONE;
+  rc = upd(t, &e);
+  es_event_destroy(&e);
+  return rc;
+}
+static int step_sess_replace(es_txn *t) { return sess_put(t, "a", 7); }
+static int step_sess_first(es_txn *t) { return sess_put(t, "c", 1); }
+static int step_sess_new(es_txn *t) { return sess_put(t, "x/2", 0); }
+static int step_snap_replace(es_txn *t) { return snap_put(t, "a", "r1", 5, "S1b", "v2"); }
+static int step_snap_add(es_txn *t) { return snap_put(t, "a", "r3", 1, "", "v"); }
+static int step_snap_new_session(es_txn *t) { return snap_put(t, "x/1", "r2", 9, "S9", "v"); }
+static int step_pres_replace(es_txn *t) { return pres_put(t, "ns1", "p1", "f1", "2", 20, 2500); }
+static int step_pres_add(es_txn *t) { return pres_put(t, "ns1", "p3", "f2", NULL, 21, 2500); }
+static int step_pres_new_ns(es_txn *t) { return pres_put(t, "newns", "p1", "f1", "{}", 22, 2500); }
+static int step_pres_expire(es_txn *t) {
+  es_err err;
+  return OPS->presence_expire(t, "ns1", 2000, &err);
+}
+
+typedef struct step {
+  const char *name;
+  int (*fn)(es_txn *);
+} step;
+
+static const step STEPS[] = {
+    {"insert laned", step_insert_lane},       {"insert new session", step_insert_new_session},
+    {"insert settled", step_insert_settled},  {"process a1", step_process_a1},
+    {"queue a2", step_queue_a2},              {"revive a4", step_revive_a4},
+    {"move b1", step_move_b1},                {"kill a3", step_kill_a3},
+    {"claim b2", step_claim_b2},              {"clear c1", step_clear_c1},
+    {"session replace", step_sess_replace},   {"session first put", step_sess_first},
+    {"session new", step_sess_new},           {"snapshot replace", step_snap_replace},
+    {"snapshot add", step_snap_add},          {"snapshot new session", step_snap_new_session},
+    {"presence replace", step_pres_replace},  {"presence add", step_pres_add},
+    {"presence new ns", step_pres_new_ns},    {"presence expire", step_pres_expire},
+};
+#define NSTEPS (sizeof STEPS / sizeof STEPS[0])
+
+static void run_steps(es_txn *t, size_t from, size_t to) {
+  for (size_t i = from; i < to; i++) {
+    int rc = STEPS[i].fn(t);
+    if (rc != ES_OK) {
+      printf("#   step %s: %s\n", STEPS[i].name, es_strerror(rc));
+      cur_failed = 1;
+    }
+  }
+}
+
+/* ---- tests: each op ----------------------------------------------------- */
+
+static void test_open(void) {
+  es_backend *b = NULL;
+  es_err err = {0};
+  CHECK_RC(OPS->open("", NULL, &b, &err), ES_OK);
+  OPS->close(b);
+  b = NULL;
+  CHECK_RC(OPS->open(NULL, NULL, &b, &err), ES_OK);
+  OPS->close(b);
+  b = (es_backend *)1;
+  CHECK_RC(OPS->open("/tmp/x", NULL, &b, &err), ES_INVALID_ARGUMENT);
+  CHECK(b == NULL);
+  CHECK(strstr(err.msg, "memory:/tmp/x") != NULL);
+  CHECK(strcmp(OPS->scheme, "memory") == 0);
+  CHECK(OPS->group_commit == 0);
+  OPS->close(NULL);
+}
+
+static void test_insert_get(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = rbegin(b);
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  CHECK_RC(OPS->event_get(t, "a", 6, &e, &err), ES_OK);
+  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.type, "t") == 0 && strcmp(e.session, "a") == 0);
+  CHECK(e.payload_len == strlen("[1,\"\\u0000\"]") && memcmp(e.payload, "[1,\"\\u0000\"]", e.payload_len) == 0);
+  CHECK(e.payload[e.payload_len] == '\0');
+  CHECK(e.lane == NULL && e.index == 6 && e.position == 6 && e.created_at == 1006);
+  CHECK(e.cause_index == 3 && e.cause_attempt == 1 && e.not_before == 1010);
+  CHECK(e.status == ES_STATUS_PENDING && e.queued == 1 && e.due_at == 1010);
+  CHECK(e.attempts == 0 && e.failures == 0 && e.last_error == NULL && e.claim_holder == NULL);
+  CHECK(e.processed_at == ES_NONE && e.claim_expires_at == ES_NONE && e.retry_at == ES_NONE);
+  CHECK(e.last_failed_attempt == ES_NONE && e.returned == 0);
+  /* Owned: the caller may scribble on it and frees it. */
+  e.id[0] = 'Z';
+  e.session[0] = 'Z';
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get(t, "a", 6, &e, &err), ES_OK);
+  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.session, "a") == 0);
+  es_event_destroy(&e);
+
+  CHECK_RC(OPS->event_get(t, "a", 4, &e, &err), ES_OK);
+  CHECK(strcmp(e.lane, "l2") == 0 && e.status == ES_STATUS_DEAD && e.failures == 3);
+  CHECK(strcmp(e.last_error, "boom") == 0 && e.last_failed_attempt == 3 && e.attempts == 3);
+  CHECK(e.cause_index == ES_NONE && e.not_before == ES_NONE);
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get(t, "a", 3, &e, &err), ES_OK);
+  CHECK(e.status == ES_STATUS_PROCESSED && e.processed_at == e.created_at);
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get_by_id(t, "c1", &e, &err), ES_OK);
+  CHECK(strcmp(e.session, "c") == 0 && e.index == 1 && e.position == 10);
+  CHECK(strcmp(e.claim_holder, "w1") == 0 && e.claim_expires_at == 1600 && e.processed_at == 1500);
+  CHECK(e.returned == 2 && e.attempts == 1);
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get_by_id(t, "b3", &e, &err), ES_OK);
+  CHECK(strcmp(e.lane, "l1") == 0 && strcmp(e.session, "b") == 0 && e.position == 9);
+  es_event_destroy(&e);
+
+  CHECK_RC(OPS->event_get(t, "a", 0, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get(t, "a", 7, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get(t, "zz", 1, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get_by_id(t, "nope", &e, &err), ES_NOT_FOUND);
+  OPS->read_end(t);
+
+  /* Positions keep increasing across sessions and transactions; a NULL
+   * payload and empty strings survive. */
+  t = wbegin(b);
+  es_event r = mkrow("d", 1, "d1", "");
+  r.payload = NULL;
+  r.payload_len = 0;
+  r.type = "";
+  CHECK(ins_pos(t, r) == 11);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->event_get(t, "d", 1, &e, &err), ES_OK);
+  CHECK(e.payload == NULL && e.payload_len == 0 && strcmp(e.type, "") == 0 && strcmp(e.lane, "") == 0);
+  es_event_destroy(&e);
+  OPS->read_end(t);
+  OPS->close(b);
+}
+
+static void test_insert_rejects(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = rbegin(b);
+  char *before = dump_state(t, BASE_IDS);
+  es_err err;
+  es_event e = mkrow("a", 7, "q", NULL);
+  CHECK_RC(OPS->event_insert(t, &e, &err), ES_INVALID_ARGUMENT);  /* read transaction */
+  CHECK_RC(sess_put(t, "a", 1), ES_INVALID_ARGUMENT);
+  OPS->read_end(t);
+  t = wbegin(b);
+  CHECK_RC(ins(t, mkrow("a", 8, "q", NULL)), ES_INVALID_ARGUMENT);   /* gap */
+  CHECK_RC(ins(t, mkrow("a", 6, "q", NULL)), ES_INVALID_ARGUMENT);   /* taken */
+  CHECK_RC(ins(t, mkrow("zz", 2, "q", NULL)), ES_INVALID_ARGUMENT);  /* new session not at 1 */
+  CHECK_RC(ins(t, mkrow("a", 7, "b1", NULL)), ES_INVALID_ARGUMENT);  /* id of another row */
+  CHECK_RC(ins(t, mkrow("a", 7, "", NULL)), ES_INVALID_ARGUMENT);
+  e = mkrow("a", 7, "q", NULL);
+  e.status = 7;
+  CHECK_RC(ins(t, e), ES_INVALID_ARGUMENT);
+  e = mkrow("a", 1, "q", NULL);
+  e.status = 9;
+  CHECK_RC(upd(t, &e), ES_INVALID_ARGUMENT);
+  e = mkrow("a", 9, "q", NULL);
+  CHECK_RC(upd(t, &e), ES_NOT_FOUND);
+  e = mkrow("zz", 1, "q", NULL);
+  CHECK_RC(upd(t, &e), ES_NOT_FOUND);
+  char *after = dump_state(t, BASE_IDS);
+  CHECK(same_dump(before, after));
+  commit(t);
+  free(before);
+  free(after);
+  OPS->close(b);
+}
+
+static void test_range_all(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = rbegin(b);
+  ints c = range(t, "a", 0, ES_NONE, ES_NONE);
+  WANT(c, 1, 2, 3, 4, 5, 6);
+  c = range(t, "a", ES_NONE, ES_NONE, ES_NONE);
+  WANT(c, 1, 2, 3, 4, 5, 6);
+  c = range(t, "a", 2, 5, ES_NONE);
+  WANT(c, 3, 4, 5);
+  c = range(t, "a", 2, 5, 2);
+  WANT(c, 3, 4);
+  c = range(t, "a", 2, 100, ES_NONE);
+  WANT(c, 3, 4, 5, 6);
+  c = range(t, "a", 5, 5, ES_NONE);
+  WANT_NONE(c);
+  c = range(t, "a", 0, ES_NONE, 0);
+  WANT_NONE(c);
+  c = range(t, "nobody", 0, ES_NONE, ES_NONE);
+  WANT_NONE(c);
+  c = (ints){.which = 0, .stop_at = 2};
+  es_err err;
+  CHECK_RC(OPS->event_range(t, "a", 0, ES_NONE, ES_NONE, collect_int, &c, &err), ES_OK);
+  WANT(c, 1, 2);
+  c = all_pos(t, 0, ES_NONE);
+  WANT(c, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10);
+  c = all_pos(t, 7, ES_NONE);
+  WANT(c, 8, 9, 10);
+  c = all_pos(t, 3, 2);
+  WANT(c, 4, 5);
+  c = all_pos(t, 10, ES_NONE);
+  WANT_NONE(c);
+  c = all_pos(t, ES_NONE, 1);
+  WANT(c, 1);
+  OPS->read_end(t);
+  OPS->close(b);
+}
+
+static void test_update(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = wbegin(b);
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  CHECK_RC(OPS->event_get(t, "a", 1, &e, &err), ES_OK);
+  es_event u = e;
+  u.status = ES_STATUS_PENDING;
+  u.attempts = 4;
+  u.failures = 2;
+  u.last_error = "e2";
+  u.processed_at = 77;
+  u.claim_holder = "h";
+  u.claim_expires_at = 88;
+  u.retry_at = 99;
+  u.queued = 1;
+  u.due_at = 1234;
+  u.last_failed_attempt = 3;
+  u.returned = 5;
+  /* Immutable fields are not the update's business. */
+  u.type = "changed";
+  u.payload = "1";
+  u.payload_len = 1;
+  u.created_at = 1;
+  CHECK_RC(upd(t, &u), ES_OK);
+  es_event g;
+  es_event_init(&g);
+  CHECK_RC(OPS->event_get(t, "a", 1, &g, &err), ES_OK);
+  CHECK(g.attempts == 4 && g.failures == 2 && strcmp(g.last_error, "e2") == 0);
+  CHECK(g.processed_at == 77 && strcmp(g.claim_holder, "h") == 0 && g.claim_expires_at == 88);
+  CHECK(g.retry_at == 99 && g.queued == 1 && g.due_at == 1234 && g.last_failed_attempt == 3);
+  CHECK(g.returned == 5 && strcmp(g.type, "t") == 0 && strcmp(g.payload, "{}") == 0);
+  CHECK(g.created_at == 1001 && g.position == 1 && strcmp(g.lane, "l1") == 0);
+  es_event_destroy(&g);
+  /* Back to the untouched record: the row reads back exactly that. */
+  CHECK_RC(upd(t, &e), ES_OK);
+  CHECK_RC(OPS->event_get(t, "a", 1, &g, &err), ES_OK);
+  sbuf x = {0}, y = {0};
+  dump_event(&x, &e);
+  dump_event(&y, &g);
+  CHECK(same_dump(x.p, y.p));
+  free(x.p);
+  free(y.p);
+  es_event_destroy(&g);
+  es_event_destroy(&e);
+  commit(t);
+  OPS->close(b);
+}
+
+static void test_lane_next(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = wbegin(b);
+  es_err err;
+  int64_t i = 5;
+  CHECK(lane_next(t, "a", "l1", 0) == 1);
+  CHECK(lane_next(t, "a", "l1", 1) == 2);
+  CHECK(lane_next(t, "a", "l1", 2) == 0);
+  CHECK(lane_next(t, "a", "l2", 0) == 4);  /* a dead letter counts */
+  CHECK(lane_next(t, "a", "l2", 4) == 5);
+  CHECK(lane_next(t, "b", "l1", 0) == 3);  /* lanes are per session */
+  CHECK(lane_next(t, "a", "nolane", 0) == 0);
+  CHECK(lane_next(t, "nobody", "l1", 0) == 0);
+  CHECK(lane_next(t, "a", "l1", ES_NONE) == 1);
+  CHECK_RC(OPS->lane_next(t, "a", NULL, 0, &i, &err), ES_INVALID_ARGUMENT);
+  /* Out of order processing: the set does not assume the core's order. */
+  CHECK_RC(ins(t, mkrow("a", 7, "a7", "l1")), ES_OK);
+  CHECK_RC(set_state(t, "a", 2, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK(lane_next(t, "a", "l1", 1) == 7);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK(lane_next(t, "a", "l1", 0) == 7);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);  /* settled dead letter */
+  CHECK(lane_next(t, "a", "l2", 0) == 5);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PENDING, 0, ES_NONE), ES_OK);  /* un-processed again */
+  CHECK(lane_next(t, "a", "l2", 0) == 4);
+  commit(t);
+  OPS->close(b);
+}
+
+static void test_queued(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = wbegin(b);
+  /* queued: a1 1001 (pos 1), a6 1010 (6), b1 1003 (7), b2 1001 (8), b3 5000 (9) */
+  ints c = due_pos(t, NULL, INT64_MAX, ES_NONE);
+  WANT(c, 1, 8, 7, 6, 9);
+  c = due_pos(t, NULL, 1003, ES_NONE);
+  WANT(c, 1, 8, 7);
+  c = due_pos(t, NULL, 1003, 2);
+  WANT(c, 1, 8);
+  c = due_pos(t, NULL, 1000, ES_NONE);
+  WANT_NONE(c);
+  c = due_pos(t, "b", 1003, ES_NONE);
+  CHECK(c.n == 2 && c.v[0] + c.v[1] == 15);
+  c = due_pos(t, "a", INT64_MAX, ES_NONE);
+  CHECK(c.n == 2);
+  c = due_pos(t, "nobody", INT64_MAX, ES_NONE);
+  WANT_NONE(c);
+  CHECK(next_due(t, NULL, 0) == 1001);
+  CHECK(next_due(t, NULL, 1001) == 1003);
+  CHECK(next_due(t, NULL, 1010) == 5000);
+  CHECK(next_due(t, NULL, 5000) == ES_NONE);
+  CHECK(next_due(t, "a", 1001) == 1010);
+  CHECK(next_due(t, "a", 1010) == ES_NONE);
+  CHECK(next_due(t, "nobody", 0) == ES_NONE);
+  /* Moving due_at, dequeuing, re-queuing keep both sets right. */
+  CHECK_RC(set_state(t, "b", 3, ES_STATUS_PENDING, 1, 900), ES_OK);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PENDING, 0, 1001), ES_OK);
+  c = due_pos(t, NULL, INT64_MAX, ES_NONE);
+  WANT(c, 9, 8, 7, 6);
+  CHECK(next_due(t, "b", 900) == 1001);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PENDING, 1, 1001), ES_OK);
+  c = due_pos(t, NULL, 1001, ES_NONE);
+  WANT(c, 9, 1, 8);
+  /* More rows than a walk chunk, with equal due_at. */
+  for (int64_t i = 2; i <= 100; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "m%lld", (long long)i);
+    es_event e = mkrow("m", i - 1, id, NULL);
+    e.due_at = 2000 + (i % 3);
+    CHECK_RC(ins(t, e), ES_OK);
+  }
+  c = due_pos(t, "m", INT64_MAX, ES_NONE);
+  CHECK(c.n == 99);
+  c = due_pos(t, NULL, 2002, ES_NONE);
+  CHECK(c.n == 5 + 99);
+  int sorted = 1;
+  /* (due_at, position) order: 33 rows at 2000, 33 at 2001, 33 at 2002. */
+  for (size_t i = 6; i < c.n; i++) {
+    int64_t pa = c.v[i - 1], pb = c.v[i];
+    int64_t da = 2000 + ((pa - 10 + 1) % 3), db = 2000 + ((pb - 10 + 1) % 3);
+    if (da > db || (da == db && pa >= pb)) sorted = 0;
+  }
+  CHECK(sorted);
+  c = due_pos(t, NULL, 2002, 40);
+  CHECK(c.n == 40);
+  commit(t);
+  OPS->close(b);
+}
+
+static void test_dead(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = wbegin(b);
+  ints c = dead_pos(t, NULL, 0, ES_NONE);
+  WANT(c, 4);
+  CHECK_RC(set_state(t, "b", 2, ES_STATUS_DEAD, 0, ES_NONE), ES_OK);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_DEAD, 0, ES_NONE), ES_OK);
+  c = dead_pos(t, NULL, 0, ES_NONE);
+  WANT(c, 1, 4, 8);
+  c = dead_pos(t, NULL, 1, ES_NONE);
+  WANT(c, 4, 8);
+  c = dead_pos(t, NULL, ES_NONE, 2);
+  WANT(c, 1, 4);
+  c = dead_pos(t, "a", 0, ES_NONE);
+  WANT(c, 1, 4);
+  c = dead_pos(t, "a", 1, 1);
+  WANT(c, 4);
+  c = dead_pos(t, "b", 0, ES_NONE);
+  WANT(c, 8);
+  c = dead_pos(t, "c", 0, ES_NONE);
+  WANT_NONE(c);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PENDING, 1, 1), ES_OK);  /* revived */
+  c = dead_pos(t, NULL, 0, ES_NONE);
+  WANT(c, 1, 8);
+  /* Beyond one walk chunk. */
+  for (int64_t i = 1; i <= 70; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "d%lld", (long long)i);
+    es_event e = mkrow("dd", i, id, NULL);
+    e.status = ES_STATUS_DEAD;
+    e.queued = 0;
+    CHECK_RC(ins(t, e), ES_OK);
+  }
+  c = dead_pos(t, NULL, 0, ES_NONE);
+  CHECK(c.n == 72 && c.v[2] == 11 && c.v[71] == 80);
+  c = dead_pos(t, "dd", 40, ES_NONE);
+  CHECK(c.n == 40 && c.v[0] == 41);
+  commit(t);
+  OPS->close(b);
+}
+
+typedef struct names {
+  char v[200][16];
+  size_t n;
+} names;
+
+static int collect_name(void *ctx, const es_session_info *si) {
+  names *c = ctx;
+  if (c->n < 200) snprintf(c->v[c->n++], 16, "%s", si->session);
+  return 0;
+}
+
+static names list_sessions(es_txn *t, const char *prefix, const char *after, int64_t limit) {
+  names c = {.n = 0};
+  es_err err;
+  CHECK_RC(OPS->session_list(t, prefix, after, limit, collect_name, &c, &err), ES_OK);
+  return c;
+}
+
+static void test_sessions(void) {
+  es_backend *b = open_mem();
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_session_info si;
+  es_session_info_init(&si);
+  CHECK_RC(OPS->session_get(t, "a", &si, &err), ES_NOT_FOUND);
+  const char *all[] = {"b", "a", "ab", "a\xc3\xa9", "az", "a/1", "c", "\xff", "ba"};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CHECK_RC(sess_put(t, all[i], (int64_t)i), ES_OK);
+  CHECK_RC(ins(t, mkrow("events-only", 1, "e1", NULL)), ES_OK);  /* no session row: not listed */
+  CHECK_RC(OPS->session_get(t, "events-only", &si, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->session_get(t, "az", &si, &err), ES_OK);
+  CHECK(strcmp(si.session, "az") == 0 && si.head == 4 && si.events == 4 && si.pending == 1);
+  CHECK(si.dead == 2 && si.attempts == 3 && si.failures == 4 && si.first_at == 5 && si.updated_at == 10);
+  es_session_info_destroy(&si);
+  CHECK_RC(sess_put(t, "az", 40), ES_OK);
+  CHECK_RC(OPS->session_get(t, "az", &si, &err), ES_OK);
+  CHECK(si.head == 40);
+  es_session_info_destroy(&si);
+  commit(t);
+  t = rbegin(b);
+  names c = list_sessions(t, "", NULL, ES_NONE);
+  const char *want[] = {"a", "a/1", "ab", "az", "a\xc3\xa9", "b", "ba", "c", "\xff"};
+  CHECK(c.n == 9);
+  for (size_t i = 0; i < c.n && i < 9; i++) CHECK(strcmp(c.v[i], want[i]) == 0);
+  c = list_sessions(t, "a", NULL, ES_NONE);
+  CHECK(c.n == 5 && strcmp(c.v[4], "a\xc3\xa9") == 0);
+  c = list_sessions(t, "a", "a/1", 2);
+  CHECK(c.n == 2 && strcmp(c.v[0], "ab") == 0 && strcmp(c.v[1], "az") == 0);
+  c = list_sessions(t, "a", "0", ES_NONE);  /* after sorts before the prefix */
+  CHECK(c.n == 5);
+  c = list_sessions(t, "a", "b", ES_NONE);  /* after sorts after every match */
+  CHECK(c.n == 0);
+  c = list_sessions(t, NULL, "b", ES_NONE);
+  CHECK(c.n == 3 && strcmp(c.v[0], "ba") == 0);
+  c = list_sessions(t, "q", NULL, ES_NONE);
+  CHECK(c.n == 0);
+  c = list_sessions(t, "", NULL, 0);
+  CHECK(c.n == 0);
+  OPS->read_end(t);
+  /* Beyond one walk chunk. */
+  t = wbegin(b);
+  for (int i = 0; i < 100; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "s%03d", i);
+    CHECK_RC(sess_put(t, name, i), ES_OK);
+  }
+  commit(t);
+  t = rbegin(b);
+  c = list_sessions(t, "s", "s010", ES_NONE);
+  CHECK(c.n == 89 && strcmp(c.v[0], "s011") == 0 && strcmp(c.v[88], "s099") == 0);
+  c = list_sessions(t, "s0", NULL, 70);
+  CHECK(c.n == 70 && strcmp(c.v[69], "s069") == 0);
+  OPS->read_end(t);
+  OPS->close(b);
+}
+
+typedef struct snaps {
+  char reducer[8][8];
+  int64_t index[8];
+  int state_null[8];
+  size_t n;
+} snaps;
+
+static int collect_snap(void *ctx, const es_snapshot *sn) {
+  snaps *c = ctx;
+  if (c->n < 8) {
+    snprintf(c->reducer[c->n], 8, "%s", sn->reducer);
+    c->index[c->n] = sn->index;
+    c->state_null[c->n++] = sn->state == NULL;
+  }
+  return 0;
+}
+
+static void test_snapshots(void) {
+  es_backend *b = open_mem();
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_snapshot sn;
+  es_snapshot_init(&sn);
+  CHECK_RC(OPS->snapshot_get(t, "s", "r", &sn, &err), ES_NOT_FOUND);
+  CHECK_RC(snap_put(t, "s", "rb", 3, "B", "v1"), ES_OK);
+  CHECK_RC(snap_put(t, "s", "ra", 5, "A", NULL), ES_OK);
+  CHECK_RC(snap_put(t, "s", "rc", 1, NULL, "v3"), ES_OK);
+  es_snapshot bin;
+  es_snapshot_init(&bin);
+  bin.reducer = "rd";
+  bin.index = 9;
+  bin.state = "x\0y";
+  bin.state_len = 3;
+  bin.version = "v";
+  bin.updated_at = 42;
+  CHECK_RC(OPS->snapshot_put(t, "s", &bin, &err), ES_OK);
+  CHECK_RC(snap_put(t, "s", "rb", 2, "B2", "v2"), ES_OK);  /* the core guards; the backend replaces */
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->snapshot_get(t, "s", "rb", &sn, &err), ES_OK);
+  CHECK(sn.index == 2 && sn.state_len == 2 && memcmp(sn.state, "B2", 3) == 0);
+  CHECK(strcmp(sn.version, "v2") == 0 && sn.updated_at == 72 && strcmp(sn.reducer, "rb") == 0);
+  es_snapshot_destroy(&sn);
+  CHECK_RC(OPS->snapshot_get(t, "s", "rd", &sn, &err), ES_OK);
+  CHECK(sn.state_len == 3 && memcmp(sn.state, "x\0y", 3) == 0 && sn.updated_at == 42);
+  es_snapshot_destroy(&sn);
+  CHECK_RC(OPS->snapshot_get(t, "s", "ra", &sn, &err), ES_OK);
+  CHECK(sn.version == NULL && sn.state_len == 1);
+  es_snapshot_destroy(&sn);
+  CHECK_RC(OPS->snapshot_get(t, "s", "rc", &sn, &err), ES_OK);
+  CHECK(sn.state == NULL && sn.state_len == 0);
+  es_snapshot_destroy(&sn);
+  CHECK_RC(OPS->snapshot_get(t, "other", "ra", &sn, &err), ES_NOT_FOUND);
+  snaps c = {.n = 0};
+  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK(c.n == 4 && strcmp(c.reducer[0], "ra") == 0 && strcmp(c.reducer[1], "rb") == 0);
+  CHECK(strcmp(c.reducer[2], "rc") == 0 && strcmp(c.reducer[3], "rd") == 0);
+  CHECK(c.index[1] == 2 && c.state_null[0] && c.state_null[3]);
+  c.n = 0;
+  CHECK_RC(OPS->snapshot_list(t, "none", collect_snap, &c, &err), ES_OK);
+  CHECK(c.n == 0);
+  /* A snapshot alone does not make a listed session. */
+  names sl = list_sessions(t, "", NULL, ES_NONE);
+  CHECK(sl.n == 0);
+  OPS->read_end(t);
+  OPS->close(b);
+}
+
+typedef struct prows {
+  char key[64][16];
+  int tomb[64];
+  size_t n;
+} prows;
+
+static int collect_pres(void *ctx, const es_presence_row *r) {
+  prows *c = ctx;
+  if (c->n < 64) {
+    snprintf(c->key[c->n], 16, "%s.%s", r->participant, r->field);
+    c->tomb[c->n++] = r->value == NULL;
+  }
+  return 0;
+}
+
+static prows list_pres(es_txn *t, const char *ns, int64_t now) {
+  prows c = {.n = 0};
+  es_err err;
+  CHECK_RC(OPS->presence_list(t, ns, now, collect_pres, &c, &err), ES_OK);
+  return c;
+}
+
+static void test_presence(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_presence_row r;
+  es_presence_row_init(&r);
+  CHECK_RC(pres_put(t, "ns1", "p0", "f9", "9", 1, 5000), ES_OK);
+  CHECK_RC(pres_put(t, "ns1", "p1", "f0", "0", 1, 5000), ES_OK);
+  prows c = list_pres(t, "ns1", 0);
+  CHECK(c.n == 5);
+  const char *want[] = {"p0.f9", "p1.f0", "p1.f1", "p1.f2", "p2.f1"};
+  for (size_t i = 0; i < c.n && i < 5; i++) CHECK(strcmp(c.key[i], want[i]) == 0);
+  CHECK(c.tomb[3] && !c.tomb[2]);
+  c = list_pres(t, "ns1", 900);  /* expires_at <= now is gone */
+  CHECK(c.n == 4 && strcmp(c.key[3], "p1.f2") == 0);
+  c = list_pres(t, "ns1", 2000);
+  CHECK(c.n == 2);
+  c = list_pres(t, "nons", 0);
+  CHECK(c.n == 0);
+  CHECK_RC(OPS->presence_get(t, "ns1", "p1", "f1", &r, &err), ES_OK);
+  CHECK(strcmp(r.value, "1") == 0 && r.value_len == 1 && r.seen == 20 && r.at == 10 && r.expires_at == 2000);
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_get(t, "ns1", "p1", "f2", &r, &err), ES_OK);
+  CHECK(r.value == NULL && r.at == 11);
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_get(t, "ns1", "p2", "f1", &r, &err), ES_OK);  /* get does not filter */
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_get(t, "ns1", "p9", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->presence_get(t, "nons", "p1", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(pres_put(t, "ns1", "p1", "f1", NULL, 30, 2100), ES_OK);  /* replace with a tombstone */
+  CHECK_RC(OPS->presence_get(t, "ns1", "p1", "f1", &r, &err), ES_OK);
+  CHECK(r.value == NULL && r.at == 30 && r.expires_at == 2100);
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_expire(t, "ns1", 2000, &err), ES_OK);
+  c = list_pres(t, "ns1", INT64_MIN);
+  CHECK(c.n == 3 && strcmp(c.key[2], "p1.f1") == 0);
+  CHECK_RC(OPS->presence_get(t, "ns1", "p2", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->presence_expire(t, "nons", 2000, &err), ES_OK);
+  c = list_pres(t, "ns2", 0);
+  CHECK(c.n == 1);
+  /* Beyond one walk chunk. */
+  for (int i = 0; i < 50; i++) {
+    char f[8];
+    snprintf(f, sizeof f, "g%02d", i);
+    CHECK_RC(pres_put(t, "big", "p", f, "1", i, 10 + i), ES_OK);
+  }
+  c = list_pres(t, "big", 0);
+  CHECK(c.n == 50);
+  prows only = list_pres(t, "big", 40);
+  CHECK(only.n == 19 && strcmp(only.key[0], "p.g31") == 0);
+  CHECK_RC(OPS->presence_expire(t, "big", 29, &err), ES_OK);
+  only = list_pres(t, "big", INT64_MIN);
+  CHECK(only.n == 30 && strcmp(only.key[0], "p.g20") == 0);
+  commit(t);
+  OPS->close(b);
+}
+
+/* ---- tests: transactions ------------------------------------------------ */
+
+static char *dump_now(es_backend *b) {
+  es_txn *t = rbegin(b);
+  char *d = dump_state(t, BASE_IDS);
+  OPS->read_end(t);
+  return d;
+}
+
+static void test_savepoint_rollback(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  char *base = dump_now(b);
+  es_txn *t = wbegin(b);
+  es_err err;
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  run_steps(t, 0, NSTEPS);
+  char *changed = dump_state(t, BASE_IDS);
+  CHECK(strcmp(changed, base) != 0);
+  OPS->savepoint_rollback(t);
+  char *d = dump_state(t, BASE_IDS);
+  CHECK(same_dump(base, d));
+  free(d);
+  /* Again, then keep it: the same state as doing it once. */
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  run_steps(t, 0, NSTEPS);
+  CHECK_RC(OPS->savepoint_release(t, &err), ES_OK);
+  d = dump_state(t, BASE_IDS);
+  CHECK(same_dump(changed, d));
+  free(d);
+  commit(t);
+  d = dump_now(b);
+  CHECK(same_dump(changed, d));
+  free(d);
+  free(changed);
+  free(base);
+  OPS->close(b);
+}
+
+static void test_write_rollback(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  char *base = dump_now(b);
+  es_txn *t = wbegin(b);
+  run_steps(t, 0, NSTEPS);
+  OPS->write_rollback(t);
+  char *d = dump_now(b);
+  CHECK(same_dump(base, d));
+  free(d);
+  /* Positions of rolled-back rows are given again: none was committed. */
+  t = wbegin(b);
+  CHECK(ins_pos(t, mkrow("a", 7, "a7", NULL)) == 11);
+  OPS->write_rollback(t);
+  /* Rolled back then redone equals done once, on another store. */
+  t = wbegin(b);
+  run_steps(t, 0, NSTEPS);
+  commit(t);
+  es_backend *b2 = open_mem();
+  populate(b2);
+  t = wbegin(b2);
+  run_steps(t, 0, NSTEPS);
+  commit(t);
+  char *x = dump_now(b), *y = dump_now(b2);
+  CHECK(same_dump(x, y));
+  free(x);
+  free(y);
+  free(base);
+  OPS->close(b);
+  OPS->close(b2);
+}
+
+static void test_nested_savepoints(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  char *base = dump_now(b);
+  es_txn *t = wbegin(b);
+  es_err err;
+  run_steps(t, 0, 6);
+  char *d1 = dump_state(t, BASE_IDS);
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  run_steps(t, 6, 13);
+  char *d2 = dump_state(t, BASE_IDS);
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  run_steps(t, 13, NSTEPS);
+  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(t);
+  char *d = dump_state(t, BASE_IDS);
+  CHECK(same_dump(d2, d));
+  free(d);
+  OPS->savepoint_rollback(t);
+  d = dump_state(t, BASE_IDS);
+  CHECK(same_dump(d1, d));
+  free(d);
+  OPS->savepoint_rollback(t);  /* none left: harmless */
+  CHECK_RC(OPS->savepoint_release(t, &err), ES_INVALID_ARGUMENT);
+  /* The same row moved in and out of sets across savepoints. */
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(set_state(t, "a", 3, ES_STATUS_PENDING, 1, 7), ES_OK);
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(set_state(t, "a", 3, ES_STATUS_DEAD, 0, 7), ES_OK);
+  CHECK_RC(set_state(t, "a", 3, ES_STATUS_PROCESSED, 0, 7), ES_OK);
+  OPS->savepoint_rollback(t);
+  CHECK(next_due(t, "a", 0) == 7);
+  CHECK_RC(OPS->savepoint_release(t, &err), ES_OK);
+  OPS->write_rollback(t);
+  d = dump_now(b);
+  CHECK(same_dump(base, d));
+  free(d);
+  free(d1);
+  free(d2);
+  free(base);
+  OPS->close(b);
+}
+
+typedef struct cbctx {
+  es_txn *t;
+  int calls;
+  int64_t seen[64];
+} cbctx;
+
+/* Dequeues each row it is given and queues a new one that is due earlier. */
+static int dequeue_cb(void *ctx, const es_event *row) {
+  cbctx *c = ctx;
+  for (int i = 0; i < c->calls; i++)
+    if (c->seen[i] == row->position) cur_failed = 1;  /* delivered twice */
+  if (c->calls < 64) c->seen[c->calls] = row->position;
+  c->calls++;
+  CHECK_RC(set_state(c->t, row->session, row->index, ES_STATUS_PENDING, 0, ES_NONE), ES_OK);
+  char id[16];
+  snprintf(id, sizeof id, "cb%d", c->calls);
+  es_event e = mkrow("cbs", c->calls, id, NULL);
+  e.due_at = 0;
+  CHECK_RC(ins(c->t, e), ES_OK);
+  return 0;
+}
+
+static int put_session_cb(void *ctx, const es_session_info *si) {
+  cbctx *c = ctx;
+  c->calls++;
+  char name[64];
+  snprintf(name, sizeof name, "%s+", si->session);
+  if (strlen(name) < 6) CHECK_RC(sess_put(c->t, name, 0), ES_OK);
+  return 0;
+}
+
+static void test_callbacks_may_write(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = wbegin(b);
+  es_err err;
+  /* More queued rows than a walk chunk. */
+  for (int64_t i = 1; i <= 40; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "w%lld", (long long)i);
+    es_event e = mkrow("w", i, id, NULL);
+    e.due_at = 1002;
+    CHECK_RC(ins(t, e), ES_OK);
+  }
+  cbctx c = {.t = t};
+  CHECK_RC(OPS->queued_due(t, NULL, 1003, ES_NONE, dequeue_cb, &c, &err), ES_OK);
+  /* a1, b2 at 1001, the 40 at 1002, b1 at 1003; rows queued meanwhile are earlier. */
+  CHECK(c.calls == 43);
+  ints left = due_pos(t, NULL, 1003, ES_NONE);
+  CHECK(left.n == 43);  /* only the rows the callback added */
+  c.calls = 0;
+  CHECK_RC(OPS->session_list(t, "", NULL, ES_NONE, put_session_cb, &c, &err), ES_OK);
+  CHECK(c.calls >= 2);
+  commit(t);
+  OPS->close(b);
+}
+
+/* ---- tests: out of memory ----------------------------------------------- */
+
+/* Fails the k-th allocation of each step for every k until the step gets
+ * through: the step must report STORAGE and leave the state as it was (but
+ * presence_expire, which may stop half-way), and rolling back must restore
+ * the committed state exactly. */
+static void test_out_of_memory(void) {
+  /* valgrind and AddressSanitizer put their own malloc in front of ours. */
+  fail_countdown = 0;
+  void *probe = malloc(1);
+  fail_countdown = -1;
+  if (probe) {
+    free(probe);
+    printf("#   skipped: allocation failures cannot be injected here (valgrind, ASan)\n");
+    return;
+  }
+  es_backend *b = open_mem();
+  populate(b);
+  char *base = dump_now(b);
+  long failures_seen = 0;
+  for (size_t i = 0; i < NSTEPS; i++) {
+    for (long k = 0;; k++) {
+      es_txn *t = wbegin(b);
+      run_steps(t, 0, i);
+      char *pre = dump_state(t, BASE_IDS);
+      fail_countdown = k;
+      int rc = STEPS[i].fn(t);
+      long left = fail_countdown;
+      fail_countdown = -1;
+      if (rc != ES_OK) {
+        failures_seen++;
+        if (rc != ES_STORAGE) {
+          printf("#   step %s, allocation %ld: %s\n", STEPS[i].name, k, es_strerror(rc));
+          cur_failed = 1;
+        }
+        if (STEPS[i].fn != step_pres_expire) {
+          char *d = dump_state(t, BASE_IDS);
+          if (!same_dump(pre, d)) {
+            printf("#   step %s, allocation %ld changed the state\n", STEPS[i].name, k);
+            cur_failed = 1;
+          }
+          free(d);
+        }
+      }
+      free(pre);
+      OPS->write_rollback(t);
+      char *d = dump_now(b);
+      if (!same_dump(base, d)) {
+        printf("#   step %s, allocation %ld: rollback differs\n", STEPS[i].name, k);
+        cur_failed = 1;
+      }
+      free(d);
+      if (rc == ES_OK && left >= 0) break;
+      if (k > 100) {
+        printf("#   step %s never succeeds\n", STEPS[i].name);
+        cur_failed = 1;
+        break;
+      }
+    }
+  }
+  CHECK(failures_seen >= (long)NSTEPS);
+  printf("#   %ld injected allocation failures\n", failures_seen);
+
+  /* Reads that copy out, savepoints and open. */
+  es_err err;
+  for (long k = 0; k < 8; k++) {
+    es_txn *t = wbegin(b);
+    es_event e;
+    es_session_info si;
+    es_snapshot sn;
+    es_presence_row pr;
+    es_event_init(&e);
+    es_session_info_init(&si);
+    es_snapshot_init(&sn);
+    es_presence_row_init(&pr);
+    int rc[6];
+    fail_countdown = k;
+    rc[0] = OPS->event_get(t, "c", 1, &e, &err);
+    es_event_destroy(&e);
+    fail_countdown = k;
+    rc[1] = OPS->event_get_by_id(t, "a6", &e, &err);
+    es_event_destroy(&e);
+    fail_countdown = k;
+    rc[2] = OPS->session_get(t, "a", &si, &err);
+    es_session_info_destroy(&si);
+    fail_countdown = k;
+    rc[3] = OPS->snapshot_get(t, "a", "r2", &sn, &err);
+    es_snapshot_destroy(&sn);
+    fail_countdown = k;
+    rc[4] = OPS->presence_get(t, "ns1", "p1", "f1", &pr, &err);
+    es_presence_row_destroy(&pr);
+    fail_countdown = k;
+    rc[5] = OPS->savepoint(t, &err);
+    fail_countdown = -1;
+    for (int j = 0; j < 6; j++) CHECK(rc[j] == ES_OK || rc[j] == ES_STORAGE);
+    OPS->write_rollback(t);
+  }
+  for (long k = 0; k < 4; k++) {
+    es_backend *x = NULL;
+    fail_countdown = k;
+    int rc = OPS->open("", NULL, &x, &err);
+    fail_countdown = -1;
+    CHECK(rc == ES_OK || (rc == ES_STORAGE && x == NULL));
+    OPS->close(x);
+  }
+  char *d = dump_now(b);
+  CHECK(same_dump(base, d));
+  free(d);
+  free(base);
+  OPS->close(b);
+}
+
+/* ---- tests: threads ------------------------------------------------------ */
+
+typedef struct reader_ctx {
+  es_backend *b;
+  volatile int *stop;
+  long reads, bad;
+} reader_ctx;
+
+static int count_cb(void *ctx, const es_event *row) {
+  (void)row;
+  (*(long *)ctx)++;
+  return 0;
+}
+
+static void *reader(void *arg) {
+  reader_ctx *r = arg;
+  while (!__atomic_load_n(r->stop, __ATOMIC_ACQUIRE)) {
+    es_txn *t = NULL;
+    es_err err;
+    if (OPS->read_begin(r->b, &t, &err) != ES_OK) {
+      r->bad++;
+      break;
+    }
+    long n = 0;
+    OPS->event_all(t, 0, ES_NONE, count_cb, &n, &err);
+    if (n % 10) r->bad++;  /* a half-written or rolled-back batch */
+    OPS->read_end(t);
+    __atomic_add_fetch(&r->reads, 1, __ATOMIC_RELAXED);
+  }
+  return NULL;
+}
+
+static long total_reads(reader_ctx *rc, int n) {
+  long sum = 0;
+  for (int i = 0; i < n; i++) sum += __atomic_load_n(&rc[i].reads, __ATOMIC_RELAXED);
+  return sum;
+}
+
+static void test_concurrent_readers(void) {
+  es_backend *b = open_mem();
+  volatile int stop = 0;
+  reader_ctx rc[4];
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) {
+    rc[i] = (reader_ctx){.b = b, .stop = &stop};
+    pthread_create(&th[i], NULL, reader, &rc[i]);
+  }
+  int64_t head = 0;
+  /* At least 300 transactions, and on until the readers got a fair share. */
+  int batch;
+  for (batch = 0; batch < 300 || (total_reads(rc, 4) < 400 && batch < 1000000); batch++) {
+    if (batch % 16 == 0) sched_yield();
+    es_txn *t = wbegin(b);
+    int keep = batch % 3 != 2;
+    for (int i = 0; i < 10; i++) {
+      char id[32];
+      snprintf(id, sizeof id, "t%d-%d", batch, i);
+      CHECK_RC(ins(t, mkrow("s", head + 1 + i, id, NULL)), ES_OK);
+    }
+    if (keep) {
+      commit(t);
+      head += 10;
+    } else {
+      OPS->write_rollback(t);
+    }
+  }
+  __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
+  long reads = 0, bad = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    reads += rc[i].reads;
+    bad += rc[i].bad;
+  }
+  CHECK(bad == 0);
+  es_txn *t = rbegin(b);
+  ints c = range(t, "s", head - 1, ES_NONE, ES_NONE);
+  CHECK(c.n == 1 && c.v[0] == head);
+  OPS->read_end(t);
+  CHECK(reads >= 400);
+  printf("#   %ld consistent reads during %d write transactions\n", reads, batch);
+  OPS->close(b);
+}
+
+/* ---- tests: scale -------------------------------------------------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A UUIDv7-shaped id (36 bytes) for event n, written without printf. */
+static void make_id(char *out, uint64_t n) {
+  static const char hex[] = "0123456789abcdef";
+  memcpy(out, "0190f3a4-5b6c-7d8e-9f01-000000000000", 37);
+  for (int i = 35; i >= 24; i--, n >>= 4) out[i] = hex[n & 15];
+}
+
+/* Heap chunks plus mmapped blocks (big arrays are mmapped or not depending
+ * on glibc's dynamic threshold). */
+static size_t heap_used(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+static long rss_bytes(void) {
+  long pages = 0, rss = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+  fclose(f);
+  return rss * 4096;
+}
+
+typedef struct scale_run {
+  double insert_s;
+  double bytes_per_event;
+  double rss_per_event;
+  double ns[8];  /* per-call costs, see COST_NAMES */
+} scale_run;
+
+static const char *const COST_NAMES[] = {"event_get", "event_get_by_id", "event_range(10)",
+                                         "lane_next", "queued_due(all, 10)",
+                                         "queued_due(session)", "queued_next_due",
+                                         "dead_list(1)"};
+
+static int nop_cb(void *ctx, const es_event *row) {
+  (void)row;
+  (*(long *)ctx)++;
+  return 0;
+}
+
+/* Appends n events to one session as the core would (batches of 100, a
+ * savepoint each): pending and queued at created_at, a quarter of them on
+ * one of 100 lanes (queued only at the head of their lane), one in 1000
+ * dead. Then times each read op at the far end of history and checks the
+ * answers. */
+static scale_run scale(int64_t n, int settled, int timing_rounds) {
+  scale_run out = {0};
+  es_backend *b = open_mem();
+  es_err err;
+  char id[40], lane[16];
+  size_t heap0 = heap_used();
+  long rss0 = rss_bytes();
+  double t0 = now_s();
+  for (int64_t i = 1; i <= n;) {
+    es_txn *t = wbegin(b);
+    CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+    for (int k = 0; k < 100 && i <= n; k++, i++) {
+      es_event e;
+      es_event_init(&e);
+      make_id(id, (uint64_t)i);
+      e.id = id;
+      e.type = "order.placed";
+      e.payload = "{\"qty\":2,\"sku\":\"A1\"}";
+      e.payload_len = 21;
+      e.session = "big";
+      e.index = i;
+      e.created_at = 1000 + i;
+      if (i % 4 == 0) {
+        snprintf(lane, sizeof lane, "lane%lld", (long long)(i / 4 % 100));
+        e.lane = lane;
+      }
+      if (settled) {
+        e.status = ES_STATUS_PROCESSED;
+        e.processed_at = e.created_at;
+      } else if (i % 1000 == 0) {
+        e.status = ES_STATUS_DEAD;
+        e.failures = 5;
+        e.last_error = "boom";
+      } else {
+        e.queued = !e.lane || i <= 400;  /* one head per lane */
+        e.due_at = e.queued ? e.created_at : ES_NONE;
+      }
+      if (OPS->event_insert(t, &e, &err) != ES_OK || e.position != i) {
+        cur_failed = 1;
+        printf("#   insert %lld failed\n", (long long)i);
+        i = n + 1;
+        break;
+      }
+    }
+    CHECK_RC(OPS->savepoint_release(t, &err), ES_OK);
+    es_session_info si;
+    es_session_info_init(&si);
+    OPS->session_get(t, "big", &si, &err);
+    es_session_info_destroy(&si);
+    si.session = "big";
+    si.head = si.events = i - 1;
+    CHECK_RC(OPS->session_put(t, &si, &err), ES_OK);
+    commit(t);
+  }
+  out.insert_s = now_s() - t0;
+  out.bytes_per_event = (double)(heap_used() - heap0) / (double)n;
+  out.rss_per_event = (double)(rss_bytes() - rss0) / (double)n;
+
+  /* Answers at the far end. */
+  es_txn *t = rbegin(b);
+  es_event e;
+  es_event_init(&e);
+  CHECK_RC(OPS->event_get(t, "big", n, &e, &err), ES_OK);
+  CHECK(e.position == n && e.created_at == 1000 + n);
+  es_event_destroy(&e);
+  make_id(id, (uint64_t)(n / 2));
+  CHECK_RC(OPS->event_get_by_id(t, id, &e, &err), ES_OK);
+  CHECK(e.index == n / 2);
+  es_event_destroy(&e);
+  ints c = range(t, "big", n - 10, ES_NONE, 5);
+  WANT(c, n - 9, n - 8, n - 7, n - 6, n - 5);
+  c = all_pos(t, n - 3, ES_NONE);
+  WANT(c, n - 2, n - 1, n);
+  if (!settled) {
+    c = due_pos(t, NULL, 1003, ES_NONE);
+    WANT(c, 1, 2, 3);
+    c = due_pos(t, NULL, INT64_MAX, 3);
+    WANT(c, 1, 2, 3);
+    c = due_pos(t, "big", 1005, ES_NONE);
+    CHECK(c.n == 5);
+    CHECK(next_due(t, NULL, 1000 + n - 2) == 1000 + n - 1 || next_due(t, NULL, 1000 + n - 2) == 1000 + n);
+    CHECK(lane_next(t, "big", "lane5", 0) == 20);
+    CHECK(lane_next(t, "big", "lane5", 20) == 420);
+    c = dead_pos(t, NULL, 0, 2);
+    if (n >= 2000) WANT(c, 1000, 2000);
+    c = dead_pos(t, "big", n - 1000, ES_NONE);
+    CHECK(c.n == 1);
+  } else {
+    CHECK(next_due(t, NULL, 0) == ES_NONE);
+    CHECK(lane_next(t, "big", "lane5", 0) == 0);
+  }
+
+  /* Per-call costs, each op repeated over the newest part of history. */
+  long sink = 0;
+  int rounds = timing_rounds;
+  for (int op = 0; op < 8; op++) {
+    double s = now_s();
+    for (int r = 0; r < rounds; r++) {
+      int64_t idx = n - (r * 7919) % (n < 1000 ? n : 1000);
+      switch (op) {
+        case 0:
+          OPS->event_get(t, "big", idx, &e, &err);
+          es_event_destroy(&e);
+          break;
+        case 1:
+          make_id(id, (uint64_t)idx);
+          OPS->event_get_by_id(t, id, &e, &err);
+          es_event_destroy(&e);
+          break;
+        case 2: OPS->event_range(t, "big", idx - 10, idx, 10, nop_cb, &sink, &err); break;
+        case 3: {
+          int64_t x;
+          OPS->lane_next(t, "big", "lane7", idx, &x, &err);
+          sink += x > 0;
+          break;
+        }
+        case 4: OPS->queued_due(t, NULL, INT64_MAX, 10, nop_cb, &sink, &err); break;
+        case 5: OPS->queued_due(t, "big", 1010, ES_NONE, nop_cb, &sink, &err); break;
+        case 6: {
+          int64_t x;
+          OPS->queued_next_due(t, NULL, 1000 + idx, &x, &err);
+          sink += x != ES_NONE;
+          break;
+        }
+        default: OPS->dead_list(t, NULL, idx - 5000, 1, nop_cb, &sink, &err); break;
+      }
+    }
+    out.ns[op] = (now_s() - s) * 1e9 / rounds;
+  }
+  OPS->read_end(t);
+  OPS->close(b);
+  return out;
+}
+
+static int64_t scale_n = 1000000;
+static int timing_rounds = 200000;
+
+static void test_scale(void) {
+  scale_run small = scale(1000, 0, timing_rounds);
+  scale_run big = scale(scale_n, 0, timing_rounds);
+  printf("#   %lld pending events in one session: %.0f inserts/s (batches of 100), "
+         "%.0f heap bytes/event, %.0f RSS bytes/event\n",
+         (long long)scale_n, (double)scale_n / big.insert_s, big.bytes_per_event, big.rss_per_event);
+  printf("#   per call, ns (1000 events -> %lld events):\n", (long long)scale_n);
+  for (int op = 0; op < 8; op++)
+    printf("#     %-22s %7.0f -> %7.0f  (x%.2f)\n", COST_NAMES[op], small.ns[op], big.ns[op],
+           big.ns[op] / (small.ns[op] > 0 ? small.ns[op] : 1));
+  scale_run settled = scale(scale_n, 1, 1000);
+  printf("#   %lld settled events: %.0f inserts/s, %.0f heap bytes/event, %.0f RSS bytes/event\n",
+         (long long)scale_n, (double)scale_n / settled.insert_s, settled.bytes_per_event,
+         settled.rss_per_event);
+}
+
+/* ---- main ----------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+  const char *pre = getenv("LD_PRELOAD");
+  int valgrind = pre && strstr(pre, "vgpreload");
+  if (valgrind) {
+    scale_n = 20000;
+    timing_rounds = 2000;
+  } else if (MBT_ASAN) {
+    scale_n = 200000;
+    timing_rounds = 20000;
+  }
+  const char *env = getenv("MBT_SCALE_N");
+  if (env) scale_n = atoll(env);
+  if (argc > 1) scale_n = atoll(argv[1]);
+  if (scale_n < 1000) scale_n = 1000;
+
+  run("open: only \"memory:\"", test_open);
+  run("event_insert / event_get / event_get_by_id round-trip every field", test_insert_get);
+  run("event_insert / event_update reject bad rows and change nothing", test_insert_rejects);
+  run("event_range and event_all: order, bounds, limits", test_range_all);
+  run("event_update rewrites exactly the dispatch fields", test_update);
+  run("lane_next: lowest unprocessed index per (session, lane)", test_lane_next);
+  run("queued_due / queued_next_due: (due_at, position) order, limits", test_queued);
+  run("dead_list: position order, per session, limits", test_dead);
+  run("session_put / session_get / session_list: byte order, prefix, after, limit", test_sessions);
+  run("snapshots: put, replace, get, list by reducer", test_snapshots);
+  run("presence: put, get, list by (participant, field), expire", test_presence);
+  run("savepoint_rollback restores the exact state, indexes included", test_savepoint_rollback);
+  run("write_rollback restores the exact state and reuses positions", test_write_rollback);
+  run("nested savepoints", test_nested_savepoints);
+  run("callbacks may write while a walk is under way", test_callbacks_may_write);
+  run("out of memory at every allocation leaves a consistent, undoable state", test_out_of_memory);
+  run("readers see only committed transactions", test_concurrent_readers);
+  run("scale: ops stay correct and cheap over a long history", test_scale);
+  printf("1..%d\n", test_no);
+  return failed_tests ? 1 : 0;
+}

@@ -1,0 +1,231 @@
+-- spec/helpers.lua: what every conformance spec shares.
+--
+-- The conformance suite (spec/1N-store_*_spec.lua) runs every test once per
+-- backend URL template returned by helpers.urls(). Each test opens a fresh
+-- store through helpers.new / helpers.open, with an injected manual clock,
+-- and every spec file registers `after_each(helpers.cleanup)` so the stores
+-- a test opened are closed and their SQLite files removed.
+--
+-- A backend that is not compiled in is NOT skipped: helpers.open raises a
+-- loud error for each of its tests, because CI must run every backend.
+
+local eventstore = require("eventstore")
+
+local helpers = {}
+
+-- The start time of every test's manual clock (ms since the epoch).
+helpers.T0 = 1000000
+
+local DEFAULT_URLS = { "memory:", "sqlite:" }
+
+local opened = {} -- store handles opened by the current test (closed by cleanup)
+local files = {}  -- paths created by the current test (removed by cleanup)
+
+-- The backend URL templates to run the suite on: ES_TEST_URLS
+-- (space-separated, e.g. "memory: sqlite:") or memory: and sqlite:.
+-- "sqlite:" means "a fresh temporary file per test"; "sqlite:DIR/" (ending
+-- in a slash) means "a fresh file in DIR per test".
+function helpers.urls()
+  local env = os.getenv("ES_TEST_URLS")
+  if env == nil or not env:match("%S") then
+    local copy = {}
+    for i, u in ipairs(DEFAULT_URLS) do copy[i] = u end
+    return copy
+  end
+  local urls = {}
+  for u in env:gmatch("%S+") do urls[#urls + 1] = u end
+  return urls
+end
+
+-- A fresh concrete URL for one test, from a URL template.
+local function fresh_url(template)
+  local dir = template:match("^sqlite:(.*)$")
+  if dir ~= nil and (dir == "" or dir:sub(-1) == "/") then
+    -- os.tmpname creates an empty file: keep it as a reservation of the
+    -- unique name and put the database next to it.
+    local reserved = os.tmpname()
+    files[#files + 1] = reserved
+    local path
+    if dir == "" then
+      path = reserved .. ".db"
+    else
+      path = dir .. reserved:match("[^/]+$") .. ".db"
+    end
+    for _, suffix in ipairs({ "", "-wal", "-shm", "-journal" }) do
+      files[#files + 1] = path .. suffix
+    end
+    return "sqlite:" .. path
+  end
+  -- memory: every open is a new, empty store. Other URLs are used as given.
+  return template
+end
+
+local function raw_open(url, opts)
+  local ok, store = pcall(eventstore.open, url, opts)
+  if not ok then
+    local err = store
+    if eventstore.is_error(err, "INVALID_ARGUMENT") then
+      -- Do not skip: a backend that is not compiled in must fail loudly.
+      error(("cannot open backend URL %q (%s): every backend in ES_TEST_URLS must be built, "
+        .. "CI runs them all"):format(url, tostring(err)), 0)
+    end
+    error(err, 0)
+  end
+  opened[#opened + 1] = store
+  return store
+end
+
+-- Opens a FRESH store for one test from a URL template. Returns the store
+-- and the concrete URL it was opened with (for helpers.open_same).
+function helpers.open(template, opts)
+  local url = fresh_url(template)
+  return raw_open(url, opts), url
+end
+
+-- Opens another handle on the concrete URL returned by helpers.open (only
+-- meaningful for sqlite: memory stores are per handle).
+function helpers.open_same(url, opts)
+  return raw_open(url, opts)
+end
+
+-- The manual clock of the contract: :now(), :set(ms), :advance(ms).
+function helpers.manual_clock(ms)
+  return eventstore.manual_clock(ms)
+end
+
+-- The usual test setup: a fresh store on a manual clock at T0.
+-- Returns store, clock, concrete url. opts are copied, clock added.
+function helpers.new(template, opts)
+  local clock = helpers.manual_clock(helpers.T0)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  if o.clock == nil then o.clock = clock end
+  local store, url = helpers.open(template, o)
+  return store, clock, url
+end
+
+-- Closes every store the current test opened and removes its files.
+function helpers.cleanup()
+  for i = #opened, 1, -1 do
+    pcall(function() opened[i]:close() end)
+    opened[i] = nil
+  end
+  for i = #files, 1, -1 do
+    os.remove(files[i])
+    files[i] = nil
+  end
+end
+
+local function fail(msg)
+  error(msg, 3)
+end
+
+-- Asserts that fn(...) raises an eventstore error object with this code:
+-- a table with .code == code, a string .message, tostring(e) starting with
+-- code .. ": ", and eventstore.is_error(e, code). Returns the error.
+function helpers.expect_error(code, fn, ...)
+  local ok, err = pcall(fn, ...)
+  if ok then
+    fail(("expected a %s error, but the call succeeded"):format(code))
+  end
+  if type(err) ~= "table" then
+    fail(("expected a %s error object, got a %s error: %s"):format(code, type(err), tostring(err)))
+  end
+  if err.code ~= code then
+    fail(("expected error code %s, got %s (%s)"):format(code, tostring(err.code), tostring(err)))
+  end
+  if type(err.message) ~= "string" then
+    fail(("error object %s has no string message"):format(code))
+  end
+  local text = tostring(err)
+  if text:sub(1, #code + 2) ~= code .. ": " then
+    fail(("tostring of a %s error must start with %q, got %q"):format(code, code .. ": ", text))
+  end
+  if eventstore.is_error(err, code) ~= true then
+    fail(("eventstore.is_error(e, %q) is not true for %s"):format(code, text))
+  end
+  return err
+end
+
+-- Asserts that fn(...) raises a standard Lua argument error (a string
+-- containing "bad argument"). Returns the message.
+function helpers.expect_arg_error(fn, ...)
+  local ok, err = pcall(fn, ...)
+  if ok then
+    fail("expected a 'bad argument' error, but the call succeeded")
+  end
+  if type(err) ~= "string" or not err:find("bad argument", 1, true) then
+    fail(("expected a standard 'bad argument' error, got %s: %s"):format(type(err), tostring(err)))
+  end
+  return err
+end
+
+-- A deterministic text form of any Lua value (sorted keys, integer vs
+-- float kept apart), to compare whole store states before/after a call.
+local function dump(v, seen)
+  local t = type(v)
+  if t == "table" then
+    if seen[v] then return "<cycle>" end
+    seen[v] = true
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b)
+      local ta, tb = type(a), type(b)
+      if ta ~= tb then return ta < tb end
+      if ta == "number" or ta == "string" then return a < b end
+      return tostring(a) < tostring(b)
+    end)
+    local parts = {}
+    for _, k in ipairs(keys) do
+      parts[#parts + 1] = "[" .. dump(k, seen) .. "]=" .. dump(v[k], seen)
+    end
+    seen[v] = nil
+    return "{" .. table.concat(parts, ",") .. "}"
+  elseif t == "number" then
+    if math.type(v) == "integer" then return ("i%d"):format(v) end
+    return ("f%.17g"):format(v)
+  elseif t == "string" then
+    return ("%q"):format(v)
+  elseif v == eventstore.json.null then
+    return "json.null"
+  end
+  return tostring(v)
+end
+
+function helpers.dump(v)
+  return dump(v, {})
+end
+
+-- Everything a store holds in its log (every event with its dispatch
+-- record), as text: equal before and after a call that must change nothing.
+function helpers.log_state(store)
+  return helpers.dump(store:read_all({}))
+end
+
+-- The list of a field of each element, e.g. helpers.pluck(events, "index").
+function helpers.pluck(list, field)
+  local out = {}
+  for i, e in ipairs(list) do out[i] = e[field] end
+  return out
+end
+
+function helpers.indexes(events)
+  return helpers.pluck(events, "index")
+end
+
+-- A sorted copy of an array.
+function helpers.sorted(list, cmp)
+  local out = {}
+  for i, v in ipairs(list) do out[i] = v end
+  table.sort(out, cmp)
+  return out
+end
+
+-- Wall-clock seconds (fractional when lua-system is available).
+function helpers.wall()
+  local ok, system = pcall(require, "system")
+  if ok and type(system) == "table" and system.gettime then return system.gettime() end
+  return os.time()
+end
+
+return helpers
