@@ -1,6 +1,7 @@
 # eventstore: build, test, bench, install.
 #
-#   make            build the Lua module (build/lib/eventstore/core.so) and libeventstore.a
+#   make            build the Lua module (build/lib/eventstore/core.so), libeventstore.a
+#                   and the binary (build/bin/eventstore, docs/cli.md)
 #   make test       install missing Debian packages, build, run every test
 #   make check-sanitize   the same suite under AddressSanitizer + UBSan
 #   make bench      print benchmark figures (see bench/README.md)
@@ -17,6 +18,7 @@ LUA_INC  ?= /usr/include/lua5.4
 WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Werror
 CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -Icore -MMD -MP $(SAN)
 LDLIBS   += -lsqlite3 -lpthread -lm
+LUA_LIB  ?= -llua5.4
 LUA_CMOD_DIR ?= $(PREFIX)/lib/x86_64-linux-gnu/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
@@ -24,12 +26,15 @@ LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 pkg-config valgrind
 
 # ---- sources ---------------------------------------------------------------
-CORE_SRC := $(filter-out core/lua_%.c,$(wildcard core/*.c))
+# core/main.c is the binary's entry point: in neither the library nor the module.
+CORE_SRC := $(filter-out core/lua_%.c core/main.c,$(wildcard core/*.c))
 LUA_SRC  := $(wildcard core/lua_*.c)
 CORE_OBJ := $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 LUA_OBJ  := $(LUA_SRC:core/%.c=$(BUILD)/obj/%.o)
 MODULE   := $(BUILD)/lib/eventstore/core.so
 LIB      := $(BUILD)/libeventstore.a
+MAIN_OBJ := $(BUILD)/obj/main.o
+BIN      := $(BUILD)/bin/eventstore
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 CTEST_SRC := $(wildcard spec/c/*.c)
@@ -39,7 +44,7 @@ LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
 .PHONY: all deps test check check-sanitize check-valgrind bench install clean demo fuzz
 
-all: $(MODULE) $(LIB) $(CTEST_BIN)
+all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN)
 
 # Installs what is missing; a no-op (no apt) when everything is there.
 deps:
@@ -65,6 +70,12 @@ $(MODULE): $(CORE_OBJ) $(LUA_OBJ)
 $(LIB): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
+
+# The binary links the core statically (no core.so needed at run time); it
+# finds the Lua files as docs/cli.md says.
+$(BIN): $(MAIN_OBJ) $(LUA_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) -o $@ $(MAIN_OBJ) $(LUA_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(LIB) $(MODULE)
 	@mkdir -p $(dir $@)
@@ -102,6 +113,8 @@ install: all
 	install -d $(DESTDIR)$(LUA_CMOD_DIR)/eventstore $(DESTDIR)$(LUA_LMOD_DIR)/eventstore
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMOD_DIR)/eventstore/core.so
 	install -m 644 lua/eventstore/*.lua $(DESTDIR)$(LUA_LMOD_DIR)/eventstore/
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/eventstore
 
 # libFuzzer over the JSON codec (C face, and the Lua face against it); see
 # fuzz/README.md. Bounded: FUZZ_TIME seconds (default 60).
@@ -112,9 +125,9 @@ fuzz:
 	  fuzz/json_fuzz.c core/json.c core/buf.c core/es.c core/lua_json.c core/lua_common.c \
 	  -o $(BUILD)/fuzz/json_fuzz -llua5.4 -lm
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
-	  $(BUILD)/fuzz/corpus
+	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
 
 clean:
 	rm -rf build build-san
 
--include $(CORE_OBJ:.o=.d) $(LUA_OBJ:.o=.d)
+-include $(CORE_OBJ:.o=.d) $(LUA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)

@@ -24,6 +24,7 @@
  * savepoint_rollback and write_rollback always restore the exact previous
  * state, even out of memory.
  */
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +38,15 @@ typedef struct msess msess;
 
 /* The ordered sets a row can be in; bit i of a set mask is slot i. A links
  * block holds the nodes of slots 0 .. n-1 only, so the order puts the sets
- * of a pending row first: a queued row needs 2 nodes, a laned one 3. */
-enum { SLOT_QG, SLOT_QS, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
-#define SETS_QUEUED ((1u << SLOT_QG) | (1u << SLOT_QS))
+ * of a pending row first: a queued row needs 3 nodes, a laned one 4.
+ *   QG   queued rows of the store by (due_at, position): claim_next
+ *   QS   queued rows of a session by (due_at, index): queued_next_due
+ *   QI   queued rows of a session by index: claim, in index order
+ *   LANE unprocessed rows of a (session, lane) by index: lane_next
+ *   DG, DS  dead rows of the store, of a session, by position */
+enum { SLOT_QG, SLOT_QS, SLOT_QI, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
+#define SETS_BY_DUE ((1u << SLOT_QG) | (1u << SLOT_QS))
+#define SETS_QUEUED (SETS_BY_DUE | (1u << SLOT_QI))
 #define SETS_DEAD ((1u << SLOT_DG) | (1u << SLOT_DS))
 #define SETS_LANE (1u << SLOT_LANE)
 
@@ -62,7 +69,10 @@ enum {
   RF_CAUSE = 2,           /* tail holds cause_index, cause_attempt */
   RF_NOT_BEFORE = 4,      /* tail holds not_before */
   RF_NO_PAYLOAD = 8,      /* payload was NULL */
-  RF_PROC_AT_CREATED = 16 /* no disp block, processed_at == created_at (a settled event) */
+  /* Without a disp block, a settled event (processed at creation, never
+   * completed) still reads back exactly: */
+  RF_PROC_AT_CREATED = 16, /* processed_at == created_at */
+  RF_RETURNED_NONE = 32    /* returned == -1 */
 };
 
 struct mrow {
@@ -95,6 +105,7 @@ struct msess {
   mrow **rows;            /* owned array; index i at rows[i - 1] */
   size_t n, cap;
   es_tree queued;         /* SLOT_QS */
+  es_tree queued_idx;     /* SLOT_QI */
   es_tree dead;           /* SLOT_DS */
   es_hmap *lanes;         /* owned, of owned mlane; NULL until the first laned row */
   msnap **snaps;          /* owned, sorted by reducer */
@@ -238,19 +249,21 @@ static int disp_is_default(const es_event *e) {
          e->last_failed_attempt == ES_NONE && e->returned == 0 && !e->last_error && !e->claim_holder;
 }
 
-/* Whether e's dispatch record needs a block; *proc_flag is RF_PROC_AT_CREATED
- * when the only difference is processed_at == created_at. */
-static int disp_needed(const es_event *e, int64_t created_at, unsigned *proc_flag) {
-  *proc_flag = 0;
-  if (disp_is_default(e)) return 0;
-  if (e->processed_at == created_at) {
-    es_event probe = *e;
+/* Whether e's dispatch record needs a block; when not, *disp_flags holds the
+ * RF_PROC_AT_CREATED / RF_RETURNED_NONE flags that make up the difference. */
+static int disp_needed(const es_event *e, int64_t created_at, unsigned *disp_flags) {
+  es_event probe = *e;
+  *disp_flags = 0;
+  if (probe.processed_at == created_at && probe.processed_at != ES_NONE) {
     probe.processed_at = ES_NONE;
-    if (disp_is_default(&probe)) {
-      *proc_flag = RF_PROC_AT_CREATED;
-      return 0;
-    }
+    *disp_flags |= RF_PROC_AT_CREATED;
   }
+  if (probe.returned == -1) {
+    probe.returned = 0;
+    *disp_flags |= RF_RETURNED_NONE;
+  }
+  if (disp_is_default(&probe)) return 0;
+  *disp_flags = 0;
   return 1;
 }
 
@@ -329,7 +342,8 @@ static void row_view(const mrow *r, es_event *e) {
     e->last_error = (char *)disp_error(d);
     e->claim_holder = (char *)disp_holder(d);
   } else {
-    e->attempts = e->failures = e->returned = 0;
+    e->attempts = e->failures = 0;
+    e->returned = (r->flags & RF_RETURNED_NONE) ? -1 : 0;
     e->processed_at = (r->flags & RF_PROC_AT_CREATED) ? r->created_at : ES_NONE;
     e->claim_expires_at = e->retry_at = e->last_failed_attempt = ES_NONE;
     e->last_error = e->claim_holder = NULL;
@@ -376,6 +390,7 @@ static tkey slot_key(int slot, const mrow *r) {
   switch (slot) {
     case SLOT_QG: k.a = r->due_at; k.b = r->position; break;
     case SLOT_QS: k.a = r->due_at; k.b = r->index; break;
+    case SLOT_QI: k.a = r->index; break;
     case SLOT_DG:
     case SLOT_DS: k.a = r->position; break;
     default: k.a = r->index; break;
@@ -403,18 +418,20 @@ static int tkey_cmp(tkey x, tkey y) {
   }
 SLOT_FUNCS(SLOT_QG, qg)
 SLOT_FUNCS(SLOT_QS, qs)
+SLOT_FUNCS(SLOT_QI, qi)
 SLOT_FUNCS(SLOT_DG, dg)
 SLOT_FUNCS(SLOT_DS, ds)
 SLOT_FUNCS(SLOT_LANE, lane)
 
 static es_tree_probe_fn const slot_probe[NSLOTS] = {
-    [SLOT_QG] = probe_qg, [SLOT_QS] = probe_qs, [SLOT_LANE] = probe_lane,
+    [SLOT_QG] = probe_qg, [SLOT_QS] = probe_qs, [SLOT_QI] = probe_qi, [SLOT_LANE] = probe_lane,
     [SLOT_DG] = probe_dg, [SLOT_DS] = probe_ds};
 
 static es_tree *slot_tree(es_backend *b, mrow *r, int slot) {
   switch (slot) {
     case SLOT_QG: return &b->queued;
     case SLOT_QS: return &r->sess->queued;
+    case SLOT_QI: return &r->sess->queued_idx;
     case SLOT_DG: return &b->dead;
     case SLOT_DS: return &r->sess->dead;
     default: return &row_lane(r)->unprocessed;
@@ -423,6 +440,7 @@ static es_tree *slot_tree(es_backend *b, mrow *r, int slot) {
 
 /* Links or unlinks r in the sets of mask (r->links must exist). */
 static void row_link(es_backend *b, mrow *r, unsigned mask) {
+  assert(slots_for(mask) <= r->nslots);
   for (int s = 0; s < NSLOTS; s++)
     if (mask & (1u << s)) es_tree_insert(slot_tree(b, r, s), &r->links->node[s]);
 }
@@ -438,7 +456,7 @@ static void row_set_state(es_backend *b, mrow *r, int status, int queued, int64_
                           unsigned flags, mdisp *disp, mlinks *links, unsigned nslots) {
   unsigned before = row_sets(r), after = sets_of(status, queued, flags);
   unsigned moved = 0;
-  if (r->due_at != due_at) moved = before & after & SETS_QUEUED;
+  if (r->due_at != due_at) moved = before & after & SETS_BY_DUE;
   if (links != r->links) moved = before & after;
   row_unlink(b, r, (before & ~after) | moved);
   r->status = (unsigned char)status;
@@ -466,6 +484,7 @@ static msess *sess_alloc(const char *name) {
   if (!s) return NULL;
   memcpy(s->name, name, len + 1);
   es_tree_init(&s->queued, cmp_qs);
+  es_tree_init(&s->queued_idx, cmp_qi);
   es_tree_init(&s->dead, cmp_ds);
   return s;
 }
@@ -628,10 +647,12 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   if (!b) return oom(err);
   pthread_rwlockattr_t attr;
   int rc = pthread_rwlockattr_init(&attr);
-  /* Readers must not starve the single writer. */
-  if (rc == 0) pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-  if (rc == 0) rc = pthread_rwlock_init(&b->lock, &attr);
-  pthread_rwlockattr_destroy(&attr);
+  if (rc == 0) {
+    /* Readers must not starve the single writer. */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    rc = pthread_rwlock_init(&b->lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+  }
   if (rc != 0) {
     free(b);
     return es_fail(err, ES_STORAGE, "memory backend: cannot create its lock");
@@ -648,17 +669,14 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   return ES_OK;
 }
 
-static void free_prows(es_tree_node *n) {
-  /* Post-order over the `ord` tree (ord is the first member of prow). */
-  if (!n) return;
-  free_prows((es_tree_node *)(n->left_bal & ~(uintptr_t)3));
-  free_prows(n->right);
-  free(n);
-}
+/* ord is the first member of a prow: the node is the allocation. */
+static void free_prow_node(es_tree_node *n) { free(n); }
 
 static void mem_close(es_backend *b) {
   if (!b) return;
-  undo_to(b, 0);  /* a transaction left open: its rows go, the rest is as committed */
+  /* A transaction left open (a caller's bug) is undone so that everything
+   * below frees exactly what is committed. */
+  undo_to(b, 0);
   for (size_t i = 0; i < b->npos; i++) row_free(b->pos[i]);
   free(b->pos);
   size_t it = 0;
@@ -667,7 +685,8 @@ static void mem_close(es_backend *b) {
   mns *ns;
   it = 0;
   while ((ns = es_hmap_next(&b->spaces, &it))) {
-    free_prows(ns->rows.root);
+    es_tree_clear(&ns->expiry, NULL);
+    es_tree_clear(&ns->rows, free_prow_node);
     free(ns);
   }
   es_hmap_destroy(&b->ids);
@@ -820,9 +839,8 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   }
 
   /* Every allocation first; nothing is visible until they all succeeded. */
-  unsigned flags = 0, proc;
-  int need_disp = disp_needed(row, row->created_at, &proc);
-  flags |= proc;
+  unsigned flags;
+  int need_disp = disp_needed(row, row->created_at, &flags);
   if (row->lane) flags |= RF_LANE;
   if (row->cause_index != ES_NONE || row->cause_attempt != ES_NONE) flags |= RF_CAUSE;
   if (row->not_before != ES_NONE) flags |= RF_NOT_BEFORE;
@@ -939,9 +957,9 @@ static int mem_event_update(es_txn *t, const es_event *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
   if (row_lookup(t, row->session, row->index, &r) != ES_OK) return ES_NOT_FOUND;
-  unsigned proc;
-  int need_disp = disp_needed(row, r->created_at, &proc);
-  unsigned flags = (r->flags & ~(unsigned)RF_PROC_AT_CREATED) | proc;
+  unsigned dflags;
+  int need_disp = disp_needed(row, r->created_at, &dflags);
+  unsigned flags = (r->flags & ~(unsigned)(RF_PROC_AT_CREATED | RF_RETURNED_NONE)) | dflags;
   int kept = need_disp ? disp_same(r->disp, row) : r->disp == NULL;
   mdisp *disp = kept ? r->disp : NULL;
   if (undo_reserve(b, 1) != 0) return oom(err);
@@ -1010,6 +1028,12 @@ static int mem_event_all(es_txn *t, int64_t after, int64_t limit, es_event_cb cb
   return ES_OK;
 }
 
+static int mem_last_position(es_txn *t, int64_t *position, es_err *err) {
+  (void)err;
+  *position = (int64_t)t->b->npos;  /* positions are dense from 1 */
+  return ES_OK;
+}
+
 static int mem_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
                          int64_t *index, es_err *err) {
   *index = 0;
@@ -1024,36 +1048,43 @@ static int mem_lane_next(es_txn *t, const char *session, const char *lane, int64
 }
 
 /* Calls cb for the rows of one set from `from` on (strict: after it) while
- * their key's first part is <= a_max, at most limit. Chunked like
- * mem_session_list; a row changed by a callback is re-checked before its
- * turn. */
-static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t a_max,
-                    int64_t limit, es_event_cb cb, void *ctx) {
+ * their key's first part is <= stop_a, skipping rows due after skip_due, at
+ * most limit. Chunked like mem_session_list; a row changed by a callback is
+ * re-checked before its turn. */
+static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop_a,
+                    int64_t skip_due, int64_t limit, es_event_cb cb, void *ctx) {
   if (limit != ES_NONE && limit <= 0) return ES_OK;
   es_tree_iter it;
   for (;;) {
     mrow *rows[CHUNK];
     tkey keys[CHUNK];
-    int n = 0;
-    for (es_tree_node *nd = es_tree_iter_seek(&it, tree, slot_probe[slot], &from, strict);
-         nd && n < CHUNK; nd = es_tree_iter_next(&it)) {
+    int n = 0, more = 0;
+    for (es_tree_node *nd = es_tree_iter_seek(&it, tree, slot_probe[slot], &from, strict); nd;
+         nd = es_tree_iter_next(&it)) {
       mrow *r = node_row(nd, slot);
       tkey k = slot_key(slot, r);
-      if (k.a > a_max) break;
+      if (k.a > stop_a) break;
+      from = k;  /* resume after the last row seen, skipped or not */
+      strict = 1;
+      if (r->due_at > skip_due) continue;
       rows[n] = r;
       keys[n++] = k;
+      if (n == CHUNK) {
+        more = 1;
+        break;
+      }
     }
     for (int i = 0; i < n; i++) {
       mrow *r = rows[i];
-      if (!(row_sets(r) & (1u << slot)) || tkey_cmp(slot_key(slot, r), keys[i]) != 0) continue;
+      if (!(row_sets(r) & (1u << slot)) || tkey_cmp(slot_key(slot, r), keys[i]) != 0 ||
+          r->due_at > skip_due)
+        continue;
       es_event v;
       row_view(r, &v);
       if (cb(ctx, &v)) return ES_OK;
       if (limit != ES_NONE && --limit == 0) return ES_OK;
     }
-    if (n < CHUNK) return ES_OK;
-    from = keys[n - 1];
-    strict = 1;
+    if (!more) return ES_OK;
   }
 }
 
@@ -1062,10 +1093,11 @@ static int mem_queued_due(es_txn *t, const char *session, int64_t now, int64_t l
   (void)err;
   es_backend *b = t->b;
   tkey from = {INT64_MIN, INT64_MIN};
-  if (!session) return walk_set(&b->queued, SLOT_QG, from, 0, now, limit, cb, ctx);
+  if (!session) return walk_set(&b->queued, SLOT_QG, from, 0, now, INT64_MAX, limit, cb, ctx);
+  /* By index, passing over rows not due yet (mostly live claims). */
   msess *s = sess_find(t, session);
   if (!s) return ES_OK;
-  return walk_set(&s->queued, SLOT_QS, from, 0, now, limit, cb, ctx);
+  return walk_set(&s->queued_idx, SLOT_QI, from, 0, INT64_MAX, now, limit, cb, ctx);
 }
 
 static int mem_queued_next_due(es_txn *t, const char *session, int64_t now, int64_t *due,
@@ -1089,10 +1121,10 @@ static int mem_dead_list(es_txn *t, const char *session, int64_t after, int64_t 
   (void)err;
   es_backend *b = t->b;
   tkey from = {after, INT64_MAX};
-  if (!session) return walk_set(&b->dead, SLOT_DG, from, 1, INT64_MAX, limit, cb, ctx);
+  if (!session) return walk_set(&b->dead, SLOT_DG, from, 1, INT64_MAX, INT64_MAX, limit, cb, ctx);
   msess *s = sess_find(t, session);
   if (!s) return ES_OK;
-  return walk_set(&s->dead, SLOT_DS, from, 1, INT64_MAX, limit, cb, ctx);
+  return walk_set(&s->dead, SLOT_DS, from, 1, INT64_MAX, INT64_MAX, limit, cb, ctx);
 }
 
 /* ---- snapshots ---------------------------------------------------------- */
@@ -1433,6 +1465,7 @@ const es_backend_ops es_backend_memory = {
     .event_update = mem_event_update,
     .event_range = mem_event_range,
     .event_all = mem_event_all,
+    .last_position = mem_last_position,
     .lane_next = mem_lane_next,
     .queued_due = mem_queued_due,
     .queued_next_due = mem_queued_next_due,

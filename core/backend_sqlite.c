@@ -261,7 +261,9 @@ typedef struct sq_reader {
 } sq_reader;
 
 struct es_backend {
-  char *path;                      /* owned */
+  char *path;                      /* owned: as given, for messages */
+  char *full_path;                 /* owned: absolute, for every connection after the first
+                                      (the process may change directory meanwhile) */
   int mode;                        /* SQ_MODE_* */
   int sync;                        /* SQ_SYNC_* */
   int busy_ms;
@@ -297,7 +299,7 @@ static const char *sq_cause(int rc) {
   switch (rc & 0xff) {
     case SQLITE_FULL: return "disk full";
     case SQLITE_CORRUPT: return "database corrupt";
-    case SQLITE_NOTADB: return "not a database (corrupt or not an SQLite file)";
+    case SQLITE_NOTADB: return "not a database: corrupt, or not an SQLite file";
     case SQLITE_READONLY: return "read-only";
     case SQLITE_BUSY: return "locked by another writer";
     case SQLITE_LOCKED: return "locked";
@@ -753,7 +755,7 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
     flags |= SQLITE_OPEN_READONLY;
   else
     flags |= SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
-  rc = sqlite3_open_v2(b->path, &c->db, flags, NULL);
+  rc = sqlite3_open_v2(b->full_path ? b->full_path : b->path, &c->db, flags, NULL);
   if (rc != SQLITE_OK) {
     int sys = c->db ? sqlite3_system_errno(c->db) : 0;
     if (!c->db) return sq_oom(err);
@@ -886,7 +888,7 @@ static int sq_setup_schema(es_backend *b, es_err *err) {
   for (int64_t v = version; migrate && v < SQ_SCHEMA_VERSION; v++) {
     int rc = sqlite3_exec(c->db, sq_migrations[v], NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
-      char what[64];
+      char what[96];
       snprintf(what, sizeof what, "migrating schema %lld to %lld failed", (long long)v,
                (long long)v + 1);
       code = sq_fail(err, c, rc, what);
@@ -1028,6 +1030,7 @@ static void sq_close(es_backend *b) {
   pthread_cond_destroy(&b->pool_cv);
   pthread_mutex_destroy(&b->watch_mu);
   free(b->path);
+  free(b->full_path);
   free(b);
 }
 
@@ -1060,6 +1063,13 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
     goto fail;
   }
   if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
+  {
+    const char *full = sqlite3_db_filename(b->w.db, "main");
+    if (full && *full && !(b->full_path = sq_dup(full, strlen(full)))) {
+      code = sq_oom(err);
+      goto fail;
+    }
+  }
   if (b->mode != SQ_MODE_RO && (code = sq_setup_wal(b, err)) != ES_OK) goto fail;
   if ((code = sq_setup_schema(b, err)) != ES_OK) goto fail;
   /* Statements that read the schema fail on a damaged file: prepare them
@@ -1076,7 +1086,7 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
     if ((code = sq_conn_exec(&b->w, "PRAGMA journal_size_limit = 67108864", NULL, err)) != ES_OK) goto fail;
   }
   if ((code = sq_conn_open(b, &b->watch, 0, err)) != ES_OK) goto fail;
-  if (!existed) sq_sync_dir(b->path);
+  if (!existed) sq_sync_dir(b->full_path ? b->full_path : b->path);
   *out = b;
   return ES_OK;
 fail:

@@ -31,7 +31,8 @@ int es_buf_addf(es_buf *b, const char *fmt, ...)
 /* Ensures a NUL after the data; returns b->data (borrowed, valid until the
  * next change to b) or NULL when out of memory. */
 const char *es_buf_cstr(es_buf *b);
-/* Hands the data to the caller (who frees it) and leaves b empty. NUL-terminated. */
+/* Hands the data to the caller (who frees it) and leaves b empty. NUL-terminated.
+ * NULL (and *len = 0) when out of memory; the data is then freed here. */
 char *es_buf_take(es_buf *b, size_t *len);
 
 #endif

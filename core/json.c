@@ -452,12 +452,13 @@ typedef struct digits17 {
  * a 5 followed by zeros (the 17 digits may themselves have been rounded
  * to that tie from either side); only then snprintf is asked. */
 static int rounded(double ad, const digits17 *d17, int prec, char *digits, int *exp) {
-  int i, tie = d17->s[prec] == '5';
+  int i, tie;
   if (prec >= 17) {
     memcpy(digits, d17->s, 17);
     *exp = d17->exp;
     return 17;
   }
+  tie = d17->s[prec] == '5';
   for (i = prec + 1; tie && i < 17; i++)
     if (d17->s[i] != '0') tie = 0;
   if (tie) return round_digits(ad, prec, digits, exp);
@@ -542,9 +543,10 @@ int es_json_format_double(double d, es_buf *out, es_err *err) {
     bexp = exp;
   }
 
-  /* Layout as Python's repr (and so JavaScript for this range): positional
-   * for 1e-4 <= |d| < 1e16, else d.ddde+XX with at least two exponent
-   * digits; a positional float always shows a '.' so it reads as a float. */
+  /* Layout as Python's repr, so other tools can produce the same text:
+   * positional for 1e-4 <= |d| < 1e16, else d.ddde+XX with at least two
+   * exponent digits; a positional float always shows a '.' so it reads
+   * back as a float. */
   if (signbit(d)) text[k++] = '-';
   if (bexp >= -4 && bexp < 16) {
     if (bexp < 0) {

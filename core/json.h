@@ -22,16 +22,25 @@
 
 /* C face ------------------------------------------------------------------ */
 
-/* Checks that text[0..len) is one strict JSON value. ES_OK or
- * ES_INVALID_ARGUMENT with the byte offset and reason in err. */
+/* Checks that text[0..len) is one strict JSON value (text need not be
+ * NUL-terminated). ES_OK, ES_INVALID_ARGUMENT with "invalid JSON at byte N:
+ * reason" in err (N 0-based), or ES_STORAGE (out of memory: duplicate-key
+ * detection needs scratch space). Accepts and rejects exactly what
+ * es_json_canonicalize does, with the same messages. */
 int es_json_validate(const char *text, size_t len, es_err *err);
 
 /* Parses text[0..len) strictly and appends its canonical form to out.
- * ES_OK, ES_INVALID_ARGUMENT (bad JSON) or ES_STORAGE (out of memory). */
+ * ES_OK, ES_INVALID_ARGUMENT (bad JSON, message as es_json_validate) or
+ * ES_STORAGE (out of memory). On failure out->len is as it was (a buffer
+ * that ran out of memory keeps its sticky oom flag). */
 int es_json_canonicalize(const char *text, size_t len, es_buf *out, es_err *err);
 
-/* Appends the canonical text of a double (shortest exact form that reads as
- * a float). NaN and infinities are ES_INVALID_ARGUMENT. */
+/* Appends the canonical text of a double: the shortest digits that read
+ * back exactly (nearest first), positional for 1e-4 <= |d| < 1e16, else
+ * exponent form; always reads as a float ("3.0", "1e+300", "-0.0"). The
+ * same text as Python's repr(float); independent of the locale. NaN and
+ * infinities are ES_INVALID_ARGUMENT (nothing appended); ES_STORAGE when
+ * out runs out of memory. */
 int es_json_format_double(double d, es_buf *out, es_err *err);
 
 /* Lua face ---------------------------------------------------------------- */
@@ -44,15 +53,22 @@ int es_json_format_double(double d, es_buf *out, es_err *err);
  * 1..n (n >= 1) is an array; a table with only string keys (or empty and
  * unmarked) is an object. Functions, userdata (but null), threads, cycles,
  * NaN/inf, mixed or sparse keys and invalid UTF-8 are ES_INVALID_ARGUMENT
- * with a message naming the path, e.g. "payload.items[3]: ...". `what`
- * names the root of that path (e.g. "payload"). Never raises a Lua error
- * (uses at most a few stack slots; checks the stack). */
+ * with a message naming the path, e.g. "payload.items[3]: ..." (1-based
+ * Lua positions). `what` names the root of that path (e.g. "payload";
+ * NULL: "value"). Marked arrays encode 1..n, n the largest key, holes as
+ * null (refused when mostly holes); nesting deeper than ES_JSON_MAX_DEPTH
+ * is ES_INVALID_ARGUMENT; ES_STORAGE when out runs out of memory. On
+ * failure out->len is as it was. Tables are read raw (no metamethods).
+ * Never raises a Lua error (uses no allocating Lua call; a few stack slots
+ * per nesting level, checked with lua_checkstack) and leaves the stack as
+ * it found it. */
 int es_json_encode_lua(lua_State *L, int idx, const char *what, es_buf *out, es_err *err);
 
 /* Decodes text[0..len) and pushes the value (one slot). A top-level null
  * pushes nil; null inside arrays/objects is json.null; arrays get the array
- * metatable. On failure pushes nothing and returns ES_INVALID_ARGUMENT (or
- * ES_STORAGE when Lua runs out of memory). */
+ * metatable; objects are plain tables. On failure pushes nothing and
+ * returns ES_INVALID_ARGUMENT (messages as es_json_validate) or ES_STORAGE
+ * (Lua ran out of memory). Never raises: the work runs under lua_pcall. */
 int es_json_decode_lua(lua_State *L, const char *text, size_t len, es_err *err);
 
 /* Pushes the json.null sentinel (a light userdata, the same in every
@@ -64,7 +80,11 @@ int es_json_is_null(lua_State *L, int idx);
 /* Pushes the module table {encode, decode, null, array, is_array}:
  * encode(v) -> text, decode(text) -> v raise an eventstore error object
  * ({code = "INVALID_ARGUMENT", message = ...}, built by es_lua_push_error)
- * on bad input. */
+ * on bad input; decode of a non-string and encode() without an argument
+ * are standard argument errors. array(t) marks t (or a new table) and
+ * returns it; is_array(v) says whether v carries the mark. Also creates
+ * the array metatable in this lua_State, which es_json_encode_lua needs in
+ * order to recognise marked tables. See docs/json.md. */
 void es_json_push_module(lua_State *L);
 #endif
 

@@ -23,9 +23,10 @@
 
 /* Its address is json.null (a light userdata: no allocation, the same in
  * every lua_State of the process) ... */
-static const char null_sentinel = 0;
-/* ... and this one's is the registry key of the array metatable. */
-static const char array_mt_key = 0;
+static const char null_sentinel = 'n';
+/* ... and this one's is the registry key of the array metatable. (Distinct
+ * values, so that even -fmerge-all-constants cannot give both one address.) */
+static const char array_mt_key = 'a';
 
 #define ARRAY_MT_NAME "eventstore.json.array"
 

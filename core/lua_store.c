@@ -21,6 +21,10 @@
 #include "clock.h"
 #include "json.h"
 #include "lua_common.h"
+#include "lua_engine.h"
+#include "lua_events.h"
+#include "lua_state.h"
+#include "lua_store.h"
 #include "store.h"
 
 #define STORE_MT "eventstore.Store"
@@ -77,196 +81,13 @@ static lstore *check_store(lua_State *L) {
   return h;
 }
 
-static int64_t opt_int_field(lua_State *L, int arg, const char *field, int64_t def) {
-  if (lua_isnoneornil(L, arg)) return def;
-  lua_getfield(L, arg, field);
-  int64_t v = def;
-  if (!lua_isnil(L, -1)) {
-    int ok;
-    v = lua_tointegerx(L, -1, &ok);
-    if (!ok) luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be an integer", field));
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
-/* A string field; returns NULL when absent. The string stays valid while
- * the table at arg is on the stack and unchanged. */
-static const char *opt_str_field(lua_State *L, int arg, const char *field) {
-  if (lua_isnoneornil(L, arg)) return NULL;
-  lua_getfield(L, arg, field);
-  const char *v = NULL;
-  if (!lua_isnil(L, -1)) {
-    if (lua_type(L, -1) != LUA_TSTRING)
-      luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be a string", field));
-    v = lua_tostring(L, -1);
-  }
-  lua_pop(L, 1);
-  return v;
-}
-
-static const char *req_str_field(lua_State *L, int arg, const char *field) {
-  const char *v = opt_str_field(L, arg, field);
-  if (!v) luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' is required", field));
-  return v;
-}
-
 static void check_opt_table(lua_State *L, int arg) {
   if (!lua_isnoneornil(L, arg)) luaL_checktype(L, arg, LUA_TTABLE);
-}
-
-static void set_int(lua_State *L, const char *k, int64_t v) {
-  if (v == ES_NONE) return;
-  lua_pushinteger(L, (lua_Integer)v);
-  lua_setfield(L, -2, k);
-}
-
-static void set_str(lua_State *L, const char *k, const char *v) {
-  if (!v) return;
-  lua_pushstring(L, v);
-  lua_setfield(L, -2, k);
-}
-
-static const char *status_name(int status) {
-  switch (status) {
-    case ES_STATUS_PROCESSED: return "processed";
-    case ES_STATUS_DEAD: return "dead";
-    default: return "pending";
-  }
-}
-
-static void push_event(lua_State *L, const es_event *e, int claimed) {
-  lua_createtable(L, 0, 20);
-  set_str(L, "id", e->id);
-  set_str(L, "type", e->type);
-  es_err err = {0};
-  if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) es_lua_raise(L, &err);
-  lua_setfield(L, -2, "payload");
-  set_int(L, "index", e->index);
-  set_str(L, "session", e->session);
-  set_int(L, "position", e->position);
-  set_int(L, "created_at", e->created_at);
-  if (e->cause_index != ES_NONE) {
-    lua_createtable(L, 0, 2);
-    set_int(L, "index", e->cause_index);
-    set_int(L, "attempt", e->cause_attempt);
-    lua_setfield(L, -2, "cause");
-  }
-  set_str(L, "lane", e->lane);
-  set_int(L, "not_before", e->not_before);
-  set_str(L, "status", status_name(e->status));
-  set_int(L, "attempts", e->attempts);
-  set_int(L, "failures", e->failures);
-  set_str(L, "last_error", e->last_error);
-  set_int(L, "processed_at", e->processed_at);
-  set_str(L, "claim_holder", e->claim_holder);
-  set_int(L, "claim_expires_at", e->claim_expires_at);
-  set_int(L, "retry_at", e->retry_at);
-  if (claimed) set_int(L, "attempt", e->attempts);
-}
-
-/* Pushes an array of events and frees the list. */
-static void push_events(lua_State *L, es_events *list, int claimed) {
-  lua_createtable(L, (int)(list->n > 1000000 ? 0 : list->n), 0);
-  for (size_t i = 0; i < list->n; i++) {
-    push_event(L, &list->v[i], claimed);
-    lua_rawseti(L, -2, (lua_Integer)i + 1);
-  }
-  es_events_destroy(list);
 }
 
 /* Raises err after freeing what a failed call may hold (nothing: every
  * es_store_* call frees its outputs on failure). */
 static int raise(lua_State *L, const es_err *err) { return es_lua_raise(L, err); }
-
-/* Reads an events array argument into a userdata-held es_new_event array.
- * Payloads are encoded to canonical text kept in a table on the stack, so
- * an error anywhere leaks nothing. Leaves 2 values on the stack. */
-static es_new_event *check_events(lua_State *L, int arg, size_t *n_out) {
-  luaL_checktype(L, arg, LUA_TTABLE);
-  size_t n = (size_t)lua_rawlen(L, arg);
-  es_new_event *evs = lua_newuserdatauv(L, (n ? n : 1) * sizeof *evs, 0);
-  lua_createtable(L, (int)(n > 100000 ? 0 : n), 0); /* payload texts */
-  int anchor = lua_gettop(L);
-  es_buf buf;
-  es_buf_init(&buf);
-  for (size_t i = 0; i < n; i++) {
-    es_new_event *e = &evs[i];
-    es_new_event_init(e);
-    if (lua_rawgeti(L, arg, (lua_Integer)i + 1) != LUA_TTABLE)
-      luaL_argerror(L, arg, lua_pushfstring(L, "events[%d] must be a table", (int)i + 1));
-    int t = lua_gettop(L);
-    lua_getfield(L, t, "type");
-    if (lua_type(L, -1) != LUA_TSTRING)
-      luaL_argerror(L, arg,
-                    lua_pushfstring(L, lua_isnil(L, -1) ? "events[%d].type is required"
-                                                        : "events[%d].type must be a string",
-                                    (int)i + 1));
-    e->type = lua_tostring(L, -1);
-    lua_pop(L, 1);
-    static const char *const str_fields[] = {"id", "lane"};
-    for (int f = 0; f < 2; f++) {
-      lua_getfield(L, t, str_fields[f]);
-      if (!lua_isnil(L, -1)) {
-        if (lua_type(L, -1) != LUA_TSTRING)
-          luaL_argerror(L, arg,
-                        lua_pushfstring(L, "events[%d].%s must be a string", (int)i + 1,
-                                        str_fields[f]));
-        if (f == 0) e->id = lua_tostring(L, -1);
-        else e->lane = lua_tostring(L, -1);
-      }
-      lua_pop(L, 1);
-    }
-    lua_getfield(L, t, "settled");
-    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-      luaL_argerror(L, arg, lua_pushfstring(L, "events[%d].settled must be a boolean", (int)i + 1));
-    e->settled = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    lua_getfield(L, t, "not_before");
-    if (!lua_isnil(L, -1)) {
-      int ok;
-      e->not_before = lua_tointegerx(L, -1, &ok);
-      if (!ok)
-        luaL_argerror(L, arg,
-                      lua_pushfstring(L, "events[%d].not_before must be an integer", (int)i + 1));
-    }
-    lua_pop(L, 1);
-    lua_getfield(L, t, "cause");
-    if (!lua_isnil(L, -1)) {
-      int ok1, ok2;
-      if (!lua_istable(L, -1))
-        luaL_argerror(L, arg, lua_pushfstring(L, "events[%d].cause must be a table", (int)i + 1));
-      lua_getfield(L, -1, "index");
-      lua_getfield(L, -2, "attempt");
-      e->cause_index = lua_tointegerx(L, -2, &ok1);
-      e->cause_attempt = lua_tointegerx(L, -1, &ok2);
-      if (!ok1 || !ok2)
-        luaL_argerror(L, arg,
-                      lua_pushfstring(L, "events[%d].cause needs integer index and attempt",
-                                      (int)i + 1));
-      lua_pop(L, 2);
-    }
-    lua_pop(L, 1);
-    lua_getfield(L, t, "payload");
-    if (!lua_isnil(L, -1)) {
-      char what[32];
-      es_err err = {0};
-      snprintf(what, sizeof what, "events[%d].payload", (int)i + 1);
-      buf.len = 0;
-      if (es_json_encode_lua(L, -1, what, &buf, &err) != ES_OK) {
-        es_buf_destroy(&buf);
-        es_lua_raise(L, &err);
-      }
-      lua_pushlstring(L, buf.data ? buf.data : "", buf.len);
-      e->payload = lua_tolstring(L, -1, &e->payload_len);
-      lua_rawseti(L, anchor, (lua_Integer)i + 1);
-    }
-    lua_pop(L, 2); /* payload, event table */
-  }
-  es_buf_destroy(&buf);
-  *n_out = n;
-  return evs;
-}
 
 /* ---------------------------------------------------------------------- */
 /* subscriptions */
@@ -335,9 +156,9 @@ static void free_psubs(lua_State *L, lstore *h, int all) {
 static void push_patch(lua_State *L, const es_presence_rows *rows) {
   lua_createtable(L, 0, 4);
   if (rows->n > 0) {
-    set_str(L, "participant", rows->v[0].participant);
-    set_int(L, "seen", rows->v[0].seen);
-    set_int(L, "at", rows->v[0].at);
+    es_lua_set_str(L, "participant", rows->v[0].participant);
+    es_lua_set_int(L, "seen", rows->v[0].seen);
+    es_lua_set_int(L, "at", rows->v[0].at);
   }
   lua_createtable(L, 0, (int)rows->n);
   for (size_t i = 0; i < rows->n; i++) {
@@ -384,7 +205,7 @@ static int drain_events(lua_State *L, lstore *h, sub *x) {
   }
   /* Turn the batch into Lua values first: fn may raise, and nothing C-owned
    * may be held across that. */
-  push_events(L, &list, 0);
+  es_lua_push_events(L, &list, 0);
   int t = lua_gettop(L);
   for (size_t i = 1; i <= n && x->active && h->s; i++) {
     lua_rawgeti(L, t, (lua_Integer)i);
@@ -564,7 +385,7 @@ static int l_open(lua_State *L) {
   const char *url = luaL_optstring(L, 1, NULL);
   check_opt_table(L, 2);
   es_open_opts o = {0};
-  int64_t maxp = opt_int_field(L, 2, "max_payload_bytes", 0);
+  int64_t maxp = es_lua_opt_int_field(L, 2, "max_payload_bytes", 0);
   if (maxp < 0) luaL_argerror(L, 2, "field 'max_payload_bytes' must be >= 0");
   o.max_payload_bytes = (size_t)maxp;
   /* Created closed before anything is acquired (liolib's pattern). */
@@ -650,14 +471,14 @@ static int m_append(lua_State *L) {
   lstore *h = check_store(L);
   const char *session = luaL_checkstring(L, 2);
   check_opt_table(L, 4);
-  int64_t expected = opt_int_field(L, 4, "expected", ES_NONE);
+  int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   size_t n;
-  es_new_event *evs = check_events(L, 3, &n);
+  es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, &n);
   es_events out;
   int pending = 0;
   es_err err = {0};
   if (es_store_append(h->s, session, evs, n, expected, &out, &pending, &err)) return raise(L, &err);
-  push_events(L, &out, 0);
+  es_lua_push_events(L, &out, 0);
   lua_pushboolean(L, pending);
   return done(L, h, 2);
 }
@@ -666,13 +487,13 @@ static int m_read(lua_State *L) {
   lstore *h = check_store(L);
   const char *session = luaL_checkstring(L, 2);
   check_opt_table(L, 3);
-  int64_t after = opt_int_field(L, 3, "after", 0);
-  int64_t through = opt_int_field(L, 3, "through", ES_NONE);
-  int64_t limit = opt_int_field(L, 3, "limit", ES_NONE);
+  int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
+  int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
+  int64_t limit = es_lua_opt_int_field(L, 3, "limit", ES_NONE);
   es_events out;
   es_err err = {0};
   if (es_store_read(h->s, session, after, through, limit, &out, &err)) return raise(L, &err);
-  push_events(L, &out, 0);
+  es_lua_push_events(L, &out, 0);
   return done(L, h, 1);
 }
 
@@ -689,12 +510,12 @@ static int m_head(lua_State *L) {
 static int m_read_all(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
-  int64_t after = opt_int_field(L, 2, "after", 0);
-  int64_t limit = opt_int_field(L, 2, "limit", ES_NONE);
+  int64_t after = es_lua_opt_int_field(L, 2, "after", 0);
+  int64_t limit = es_lua_opt_int_field(L, 2, "limit", ES_NONE);
   es_events out;
   es_err err = {0};
   if (es_store_read_all(h->s, after, limit, &out, &err)) return raise(L, &err);
-  push_events(L, &out, 0);
+  es_lua_push_events(L, &out, 0);
   return done(L, h, 1);
 }
 
@@ -706,12 +527,12 @@ static int m_claim(lua_State *L) {
   const char *session = luaL_checkstring(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
   es_claim_opts o = {0};
-  o.holder = req_str_field(L, 3, "holder");
-  o.ttl_ms = opt_int_field(L, 3, "ttl_ms", ES_NONE);
-  o.expires_at = opt_int_field(L, 3, "expires_at", ES_NONE);
+  o.holder = es_lua_req_str_field(L, 3, "holder");
+  o.ttl_ms = es_lua_opt_int_field(L, 3, "ttl_ms", ES_NONE);
+  o.expires_at = es_lua_opt_int_field(L, 3, "expires_at", ES_NONE);
   if (o.ttl_ms == ES_NONE && o.expires_at == ES_NONE)
     luaL_argerror(L, 3, "field 'ttl_ms' or 'expires_at' is required");
-  o.limit = opt_int_field(L, 3, "limit", ES_NONE);
+  o.limit = es_lua_opt_int_field(L, 3, "limit", ES_NONE);
   lua_getfield(L, 3, "exclude");
   if (!lua_isnil(L, -1)) {
     if (!lua_istable(L, -1)) luaL_argerror(L, 3, "field 'exclude' must be a table of indexes");
@@ -734,13 +555,13 @@ static int m_claim(lua_State *L) {
   if (es_store_claim(h->s, session, &o, &outcome, &out, &retry_at, &err)) return raise(L, &err);
   lua_createtable(L, 0, 3);
   if (outcome == ES_CLAIMED) {
-    set_str(L, "outcome", "claimed");
-    push_events(L, &out, 1);
+    es_lua_set_str(L, "outcome", "claimed");
+    es_lua_push_events(L, &out, 1);
     lua_setfield(L, -2, "events");
   } else {
     es_events_destroy(&out);
-    set_str(L, "outcome", outcome == ES_BUSY ? "busy" : "settled");
-    if (outcome == ES_BUSY) set_int(L, "retry_at", retry_at);
+    es_lua_set_str(L, "outcome", outcome == ES_BUSY ? "busy" : "settled");
+    if (outcome == ES_BUSY) es_lua_set_int(L, "retry_at", retry_at);
   }
   return done(L, h, 1);
 }
@@ -748,15 +569,15 @@ static int m_claim(lua_State *L) {
 static int m_claim_next(lua_State *L) {
   lstore *h = check_store(L);
   luaL_checktype(L, 2, LUA_TTABLE);
-  const char *holder = req_str_field(L, 2, "holder");
-  int64_t ttl = opt_int_field(L, 2, "ttl_ms", ES_NONE);
+  const char *holder = es_lua_req_str_field(L, 2, "holder");
+  int64_t ttl = es_lua_opt_int_field(L, 2, "ttl_ms", ES_NONE);
   if (ttl == ES_NONE) luaL_argerror(L, 2, "field 'ttl_ms' is required");
-  int64_t limit = opt_int_field(L, 2, "limit", 1);
+  int64_t limit = es_lua_opt_int_field(L, 2, "limit", 1);
   int64_t retry_at;
   es_events out;
   es_err err = {0};
   if (es_store_claim_next(h->s, holder, ttl, limit, &out, &retry_at, &err)) return raise(L, &err);
-  push_events(L, &out, 1);
+  es_lua_push_events(L, &out, 1);
   if (retry_at == ES_NONE) lua_pushnil(L);
   else lua_pushinteger(L, retry_at);
   return done(L, h, 2);
@@ -774,8 +595,8 @@ static int m_renew(lua_State *L) {
   lstore *h = check_store(L);
   const char *session = luaL_checkstring(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
-  const char *holder = req_str_field(L, 3, "holder");
-  int64_t ttl = opt_int_field(L, 3, "ttl_ms", ES_NONE);
+  const char *holder = es_lua_req_str_field(L, 3, "holder");
+  int64_t ttl = es_lua_opt_int_field(L, 3, "ttl_ms", ES_NONE);
   if (ttl == ES_NONE) luaL_argerror(L, 3, "field 'ttl_ms' is required");
   lua_getfield(L, 3, "claims");
   if (!lua_istable(L, -1)) luaL_argerror(L, 3, "field 'claims' must be a table of {index, attempt}");
@@ -820,7 +641,7 @@ static int m_complete(lua_State *L) {
     lua_newtable(L);
     lua_replace(L, 5);
   }
-  evs = check_events(L, 5, &n);
+  evs = es_lua_check_events(L, 5, 5, ES_NONE, &n);
   int outcome = 0;
   es_events out;
   es_err err = {0};
@@ -828,11 +649,11 @@ static int m_complete(lua_State *L) {
     return raise(L, &err);
   lua_createtable(L, 0, 2);
   if (outcome == ES_COMPLETED) {
-    set_str(L, "outcome", "completed");
-    push_events(L, &out, 0);
+    es_lua_set_str(L, "outcome", "completed");
+    es_lua_push_events(L, &out, 0);
     lua_setfield(L, -2, "events");
   } else {
-    set_str(L, "outcome", "superseded");
+    es_lua_set_str(L, "outcome", "superseded");
   }
   return done(L, h, 1);
 }
@@ -843,9 +664,9 @@ static int m_fail(lua_State *L) {
   lua_Integer index = luaL_checkinteger(L, 3);
   lua_Integer attempt = luaL_checkinteger(L, 4);
   luaL_checktype(L, 5, LUA_TTABLE);
-  const char *error = req_str_field(L, 5, "error");
-  int64_t max_failures = opt_int_field(L, 5, "max_failures", 5);
-  int64_t retry_after = opt_int_field(L, 5, "retry_after_ms", 0);
+  const char *error = es_lua_req_str_field(L, 5, "error");
+  int64_t max_failures = es_lua_opt_int_field(L, 5, "max_failures", 5);
+  int64_t retry_after = es_lua_opt_int_field(L, 5, "retry_after_ms", 0);
   int outcome = 0;
   int64_t failures = 0;
   es_err err = {0};
@@ -853,10 +674,10 @@ static int m_fail(lua_State *L) {
                     &failures, &err))
     return raise(L, &err);
   lua_createtable(L, 0, 2);
-  set_str(L, "outcome", outcome == ES_FAILED            ? "failed"
+  es_lua_set_str(L, "outcome", outcome == ES_FAILED            ? "failed"
                         : outcome == ES_DEAD_LETTERED ? "dead_lettered"
                                                       : "superseded");
-  set_int(L, "failures", failures);
+  es_lua_set_int(L, "failures", failures);
   return done(L, h, 1);
 }
 
@@ -864,7 +685,7 @@ static int push_one(lua_State *L, lstore *h, const char *session, int64_t index)
   es_event e;
   es_err err = {0};
   if (es_store_get(h->s, session, index, &e, &err)) return raise(L, &err);
-  push_event(L, &e, 0);
+  es_lua_push_event(L, &e, 0);
   es_event_destroy(&e);
   return done(L, h, 1);
 }
@@ -891,13 +712,13 @@ static int m_settle(lua_State *L) {
 static int m_dead_letters(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
-  const char *session = opt_str_field(L, 2, "session");
-  int64_t after = opt_int_field(L, 2, "after", 0);
-  int64_t limit = opt_int_field(L, 2, "limit", 100);
+  const char *session = es_lua_opt_str_field(L, 2, "session");
+  int64_t after = es_lua_opt_int_field(L, 2, "after", 0);
+  int64_t limit = es_lua_opt_int_field(L, 2, "limit", 100);
   es_events out;
   es_err err = {0};
   if (es_store_dead_letters(h->s, session, after, limit, &out, &err)) return raise(L, &err);
-  push_events(L, &out, 0);
+  es_lua_push_events(L, &out, 0);
   return done(L, h, 1);
 }
 
@@ -917,14 +738,14 @@ static int m_read_state(lua_State *L) {
   lua_createtable(L, 0, 2);
   if (found) {
     lua_createtable(L, 0, 3);
-    set_int(L, "index", snap.index);
+    es_lua_set_int(L, "index", snap.index);
     lua_pushlstring(L, snap.state ? snap.state : "", snap.state_len);
     lua_setfield(L, -2, "state");
-    set_str(L, "version", snap.version);
+    es_lua_set_str(L, "version", snap.version);
     lua_setfield(L, -2, "snapshot");
   }
   es_snapshot_destroy(&snap);
-  push_events(L, &events, 0);
+  es_lua_push_events(L, &events, 0);
   lua_setfield(L, -2, "events");
   return done(L, h, 1);
 }
@@ -954,10 +775,10 @@ static int m_snapshots(lua_State *L) {
   lua_createtable(L, (int)list.n, 0);
   for (size_t i = 0; i < list.n; i++) {
     lua_createtable(L, 0, 4);
-    set_str(L, "reducer", list.v[i].reducer);
-    set_int(L, "index", list.v[i].index);
-    set_str(L, "version", list.v[i].version);
-    set_int(L, "updated_at", list.v[i].updated_at);
+    es_lua_set_str(L, "reducer", list.v[i].reducer);
+    es_lua_set_int(L, "index", list.v[i].index);
+    es_lua_set_str(L, "version", list.v[i].version);
+    es_lua_set_int(L, "updated_at", list.v[i].updated_at);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   es_snapshots_destroy(&list);
@@ -967,9 +788,9 @@ static int m_snapshots(lua_State *L) {
 static int m_sessions(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
-  const char *prefix = opt_str_field(L, 2, "prefix");
-  const char *after = opt_str_field(L, 2, "after");
-  int64_t limit = opt_int_field(L, 2, "limit", 100);
+  const char *prefix = es_lua_opt_str_field(L, 2, "prefix");
+  const char *after = es_lua_opt_str_field(L, 2, "after");
+  int64_t limit = es_lua_opt_int_field(L, 2, "limit", 100);
   es_sessions list;
   es_err err = {0};
   if (es_store_sessions(h->s, prefix, after, limit, &list, &err)) return raise(L, &err);
@@ -978,18 +799,18 @@ static int m_sessions(lua_State *L) {
   for (size_t i = 0; i < list.n; i++) {
     const es_session_info *si = &list.v[i];
     lua_createtable(L, 0, 8);
-    set_str(L, "session", si->session);
-    set_int(L, "events", si->events);
-    set_int(L, "pending", si->pending);
-    set_int(L, "dead", si->dead);
-    set_int(L, "attempts", si->attempts);
-    set_int(L, "failures", si->failures);
-    set_int(L, "first_at", si->first_at);
-    set_int(L, "updated_at", si->updated_at);
+    es_lua_set_str(L, "session", si->session);
+    es_lua_set_int(L, "events", si->events);
+    es_lua_set_int(L, "pending", si->pending);
+    es_lua_set_int(L, "dead", si->dead);
+    es_lua_set_int(L, "attempts", si->attempts);
+    es_lua_set_int(L, "failures", si->failures);
+    es_lua_set_int(L, "first_at", si->first_at);
+    es_lua_set_int(L, "updated_at", si->updated_at);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   lua_setfield(L, -2, "sessions");
-  set_str(L, "cursor", list.cursor);
+  es_lua_set_str(L, "cursor", list.cursor);
   es_sessions_destroy(&list);
   return done(L, h, 1);
 }
@@ -998,23 +819,42 @@ static int m_events_page(lua_State *L) {
   lstore *h = check_store(L);
   const char *session = luaL_checkstring(L, 2);
   check_opt_table(L, 3);
-  int64_t after = opt_int_field(L, 3, "after", 0);
-  int64_t through = opt_int_field(L, 3, "through", ES_NONE);
-  int64_t limit = opt_int_field(L, 3, "limit", 100);
+  int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
+  int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
+  int64_t limit = es_lua_opt_int_field(L, 3, "limit", 100);
   int64_t through_out = 0;
   es_events out;
   es_err err = {0};
   if (es_store_events_page(h->s, session, after, through, limit, &out, &through_out, &err))
     return raise(L, &err);
   lua_createtable(L, 0, 2);
-  push_events(L, &out, 0);
+  es_lua_push_events(L, &out, 0);
   lua_setfield(L, -2, "events");
-  set_int(L, "through", through_out);
+  es_lua_set_int(L, "through", through_out);
   return done(L, h, 1);
 }
 
 /* ---------------------------------------------------------------------- */
 /* 3.5 waiting, 3.6 presence */
+
+static int m_now(lua_State *L) {
+  lstore *h = check_store(L);
+  int64_t now;
+  es_err err = {0};
+  if (es_store_now(h->s, &now, &err)) return raise(L, &err);
+  lua_pushinteger(L, now);
+  return done(L, h, 1);
+}
+
+es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock) {
+  lstore *h = luaL_checkudata(L, idx, STORE_MT);
+  if (!h->s) {
+    es_err e = {ES_CLOSED, "the store is closed"};
+    es_lua_raise(L, &e);
+  }
+  if (lua_clock) *lua_clock = h->clock_ref != LUA_NOREF;
+  return h->s;
+}
 
 static int m_wait(lua_State *L) {
   lstore *h = check_store(L);
@@ -1025,7 +865,7 @@ static int m_wait(lua_State *L) {
   es_events out;
   es_err err = {0};
   if (es_store_wait(h->s, session, after, timeout, limit, &out, &err)) return raise(L, &err);
-  push_events(L, &out, 0);
+  es_lua_push_events(L, &out, 0);
   return done(L, h, 1);
 }
 
@@ -1035,10 +875,10 @@ static int m_presence_set(lua_State *L) {
   const char *participant = luaL_checkstring(L, 3);
   luaL_checktype(L, 4, LUA_TTABLE);
   luaL_checktype(L, 5, LUA_TTABLE);
-  int64_t ttl = opt_int_field(L, 5, "ttl_ms", ES_NONE);
+  int64_t ttl = es_lua_opt_int_field(L, 5, "ttl_ms", ES_NONE);
   if (ttl == ES_NONE) luaL_argerror(L, 5, "field 'ttl_ms' is required");
-  int64_t at = opt_int_field(L, 5, "at", ES_NONE);
-  int64_t seen = opt_int_field(L, 5, "seen", 0);
+  int64_t at = es_lua_opt_int_field(L, 5, "at", ES_NONE);
+  int64_t seen = es_lua_opt_int_field(L, 5, "seen", 0);
   /* Fields in byte order, so the write is deterministic. */
   size_t n = 0;
   lua_pushnil(L);
@@ -1097,16 +937,16 @@ static int m_presence_read(lua_State *L) {
   for (size_t i = 0; i < rows.n; i++) {
     const es_presence_row *r = &rows.v[i];
     lua_createtable(L, 0, 6);
-    set_str(L, "participant", r->participant);
-    set_str(L, "field", r->field);
+    es_lua_set_str(L, "participant", r->participant);
+    es_lua_set_str(L, "field", r->field);
     if (es_json_decode_lua(L, r->value, r->value_len, &err) != ES_OK) {
       es_presence_rows_destroy(&rows);
       return raise(L, &err);
     }
     lua_setfield(L, -2, "value");
-    set_int(L, "seen", r->seen);
-    set_int(L, "at", r->at);
-    set_int(L, "expires_at", r->expires_at);
+    es_lua_set_int(L, "seen", r->seen);
+    es_lua_set_int(L, "at", r->at);
+    es_lua_set_int(L, "expires_at", r->expires_at);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   es_presence_rows_destroy(&rows);
@@ -1135,6 +975,7 @@ static const luaL_Reg store_methods[] = {
     {"events_page", m_events_page},
     {"subscribe", m_subscribe},
     {"wait", m_wait},
+    {"now", m_now},
     {"presence_set", m_presence_set},
     {"presence_read", m_presence_read},
     {"presence_subscribe", m_presence_subscribe},
@@ -1168,7 +1009,6 @@ static const luaL_Reg module_fns[] = {
     {NULL, NULL},
 };
 
-int luaopen_eventstore_core(lua_State *L);
 
 int luaopen_eventstore_core(lua_State *L) {
   luaL_newmetatable(L, STORE_MT);
@@ -1185,6 +1025,10 @@ int luaopen_eventstore_core(lua_State *L) {
   luaL_newlib(L, module_fns);
   es_json_push_module(L);
   lua_setfield(L, -2, "json");
+  es_state_push_module(L);
+  lua_setfield(L, -2, "state");
+  es_engine_push_constructor(L);
+  lua_setfield(L, -2, "engine");
   luaL_getmetatable(L, STORE_MT);
   lua_getfield(L, -1, "__index");
   lua_setfield(L, -3, "store_methods"); /* init.lua adds Lua-written methods (stream) */

@@ -392,6 +392,12 @@ static int uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
   return ES_OK;
 }
 
+int es_store_new_id(es_store *s, char out[37], es_err *err) {
+  int64_t now;
+  int rc = es_store_now(s, &now, err);
+  return rc ? rc : uuid7(s, now, out, err);
+}
+
 /* ---------------------------------------------------------------------- */
 /* the rules */
 

@@ -112,6 +112,10 @@ void es_store_release(es_store *s);
 
 /* The current time by the store's clock. */
 int es_store_now(es_store *s, int64_t *now, es_err *err);
+/* Writes a new event id (UUIDv7, time-ordered, unique) into out. For
+ * callers that must fix ids before a call so that retrying it is
+ * idempotent (the engine's completions). */
+int es_store_new_id(es_store *s, char out[37], es_err *err);
 /* A counter bumped by every commit through this handle (cheap change check
  * for subscriptions). */
 uint64_t es_store_version(es_store *s);

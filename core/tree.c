@@ -209,6 +209,19 @@ void es_tree_remove(es_tree *t, es_tree_node *n) {
   t->root = del(t->cmp, t->root, n, &shrunk);
 }
 
+static void clear(es_tree_node *n, void (*fn)(es_tree_node *n)) {
+  if (!n) return;
+  clear(L(n), fn);
+  clear(n->right, fn);
+  if (fn) fn(n);
+}
+
+void es_tree_clear(es_tree *t, void (*fn)(es_tree_node *n)) {
+  es_tree_node *root = t->root;
+  t->root = NULL;
+  clear(root, fn);
+}
+
 es_tree_node *es_tree_first(const es_tree *t) {
   es_tree_node *n = t->root;
   if (!n) return NULL;

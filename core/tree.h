@@ -55,6 +55,10 @@ es_tree_node *es_tree_insert(es_tree *t, es_tree_node *n);
 /* Unlinks n, which must be linked in t with its key unchanged. */
 void es_tree_remove(es_tree *t, es_tree_node *n);
 
+/* Empties the tree, calling fn (if not NULL) on every node after its
+ * children, so fn may free the node. O(n). */
+void es_tree_clear(es_tree *t, void (*fn)(es_tree_node *n));
+
 /* The smallest node, NULL when empty. */
 es_tree_node *es_tree_first(const es_tree *t);
 

@@ -311,6 +311,12 @@ describe("eventstore.json", function()
       bad_json('{"a":{"x":1,"x":1}}', "duplicate")
       local e = bad_json('{"a":1, "b":2, "a":3}', "duplicate")
       assert.truthy(e.message:find("byte 15", 1, true))
+      -- the first key, in text order, that repeats an earlier one
+      e = bad_json('{"b":1,"a":1,"b":2,"a":2}', "duplicate")
+      assert.truthy(e.message:find('byte 13: duplicate object key "b"', 1, true), e.message)
+      -- reported when the object closes: an earlier syntax error in it wins
+      e = bad_json('{"a":1,"a":2,"c":x}')
+      assert.truthy(e.message:find("byte 17: unexpected character 'x'", 1, true), e.message)
     end)
   end)
 

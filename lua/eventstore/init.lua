@@ -12,6 +12,8 @@ local M = {
   open = core.open,
   manual_clock = core.manual_clock,
   json = core.json,
+  state = core.state,
+  engine = require("eventstore.engine"),
 }
 
 -- Whether e is an eventstore error object (with the given code, if any).

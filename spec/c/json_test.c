@@ -204,6 +204,8 @@ static const bad_case bad[] = {
     {"{\"a\":1,\"a\":2}", 0, "at byte 7: duplicate object key \"a\""},
     {"{\"a\":1,\"\\u0061\":2}", 0, "at byte 7: duplicate"},
     {"{\"b\":1,\"a\":2,\"b\":3}", 0, "at byte 13: duplicate"},
+    {"{\"b\":1,\"a\":1,\"b\":2,\"a\":2}", 0, "at byte 13: duplicate object key \"b\""},
+    {"{\"a\":1,\"a\":2,\"c\":x}", 0, "at byte 17: unexpected character 'x'"},
     {"[{\"x\":1,\"x\":1}]", 0, "duplicate"},
     {"\"\\ud800\"", 0, "lone high surrogate"},
     {"\"\\udc00\"", 0, "lone low surrogate"},
@@ -393,6 +395,23 @@ static void test_doubles(const char *tag) {
     es_buf_destroy(&b);
   }
   ok(bad_n == 0, "%s: format_double matches %zu reference texts", tag, sizeof doubles / sizeof doubles[0]);
+
+  {
+    /* Regression: json_fuzz found format_double reading one byte past its
+     * 17-digit buffer for doubles needing all 17 digits (seen under UBSan),
+     * with the input "\u000E" taken as a double. */
+    static const unsigned char bytes[8] = {0x22, 0x5c, 0x75, 0x30, 0x30, 0x30, 0x45, 0x22};
+    double d;
+    char *end;
+    int rc;
+    memcpy(&d, bytes, sizeof d);
+    es_buf_init(&b);
+    rc = es_json_format_double(d, &b, &err);
+    es_buf_cstr(&b);
+    ok(rc == ES_OK && strtod(b.data, &end) == d && *end == '\0',
+       "%s: regression: a 17-digit double (fuzz input \"\\u000E\") formats within bounds: %s", tag, b.data);
+    es_buf_destroy(&b);
+  }
 
   es_buf_init(&b);
   ok(es_json_format_double(NAN, &b, &err) == ES_INVALID_ARGUMENT && b.len == 0 && err.code == ES_INVALID_ARGUMENT,

@@ -26,6 +26,8 @@
 #include <time.h>
 
 #include "backend.h"
+#include "hmap.h"
+#include "tree.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MBT_ASAN 1
@@ -43,7 +45,6 @@
 /* Counts down allocations while armed; the one that reaches zero fails.
  * Test-only state: the library itself has none. */
 static long fail_countdown = -1;
-static long alloc_calls;
 
 #if !MBT_ASAN
 extern void *__libc_malloc(size_t);
@@ -52,7 +53,6 @@ extern void *__libc_realloc(void *, size_t);
 extern void __libc_free(void *);
 
 static int should_fail(void) {
-  alloc_calls++;
   if (fail_countdown < 0) return 0;
   return fail_countdown-- == 0;
 }
@@ -516,8 +516,9 @@ static void populate(es_backend *b) {
   e.due_at = ES_NONE;
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("a", 3, "a3", NULL);
-  e.status = ES_STATUS_PROCESSED;  /* settled */
+  e.status = ES_STATUS_PROCESSED;  /* settled, as the core writes it */
   e.processed_at = e.created_at;
+  e.returned = -1;
   e.queued = 0;
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("a", 4, "a4", "l2");
@@ -582,6 +583,7 @@ static int step_insert_settled(es_txn *t) {
   es_event e = mkrow("b", 4, "x1", NULL);
   e.status = ES_STATUS_PROCESSED;
   e.processed_at = e.created_at;
+  e.returned = -1;
   e.queued = 0;
   return ins(t, e);
 }
@@ -713,7 +715,8 @@ static void test_insert_get(void) {
   CHECK(e.cause_index == ES_NONE && e.not_before == ES_NONE);
   es_event_destroy(&e);
   CHECK_RC(OPS->event_get(t, "a", 3, &e, &err), ES_OK);
-  CHECK(e.status == ES_STATUS_PROCESSED && e.processed_at == e.created_at);
+  CHECK(e.status == ES_STATUS_PROCESSED && e.processed_at == e.created_at && e.returned == -1);
+  CHECK(e.attempts == 0 && e.claim_holder == NULL && e.retry_at == ES_NONE);
   es_event_destroy(&e);
   CHECK_RC(OPS->event_get_by_id(t, "c1", &e, &err), ES_OK);
   CHECK(strcmp(e.session, "c") == 0 && e.index == 1 && e.position == 10);
@@ -855,6 +858,20 @@ static void test_update(void) {
   CHECK(g.returned == 5 && strcmp(g.type, "t") == 0 && strcmp(g.payload, "{}") == 0);
   CHECK(g.created_at == 1001 && g.position == 1 && strcmp(g.lane, "l1") == 0);
   es_event_destroy(&g);
+  /* Forms a backend may store compactly read back exactly too. */
+  const struct {
+    int64_t processed_at, returned, attempts;
+  } forms[] = {{1001, -1, 0}, {1001, 0, 0}, {ES_NONE, -1, 0}, {1001, -1, 1}, {1002, -1, 0}, {0, 0, 0}};
+  for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+    es_event f = e;
+    f.processed_at = forms[i].processed_at;
+    f.returned = forms[i].returned;
+    f.attempts = forms[i].attempts;
+    CHECK_RC(upd(t, &f), ES_OK);
+    CHECK_RC(OPS->event_get(t, "a", 1, &g, &err), ES_OK);
+    CHECK(g.processed_at == f.processed_at && g.returned == f.returned && g.attempts == f.attempts);
+    es_event_destroy(&g);
+  }
   /* Back to the untouched record: the row reads back exactly that. */
   CHECK_RC(upd(t, &e), ES_OK);
   CHECK_RC(OPS->event_get(t, "a", 1, &g, &err), ES_OK);
@@ -867,6 +884,30 @@ static void test_update(void) {
   es_event_destroy(&g);
   es_event_destroy(&e);
   commit(t);
+  OPS->close(b);
+}
+
+static int64_t last_pos(es_txn *t) {
+  int64_t p = -1;
+  es_err err;
+  CHECK_RC(OPS->last_position(t, &p, &err), ES_OK);
+  return p;
+}
+
+static void test_last_position(void) {
+  es_backend *b = open_mem();
+  es_txn *t = rbegin(b);
+  CHECK(last_pos(t) == 0);
+  OPS->read_end(t);
+  populate(b);
+  t = wbegin(b);
+  CHECK(last_pos(t) == 10);
+  CHECK_RC(ins(t, mkrow("a", 7, "a7", NULL)), ES_OK);
+  CHECK(last_pos(t) == 11);  /* the writer sees its own rows */
+  OPS->write_rollback(t);
+  t = rbegin(b);
+  CHECK(last_pos(t) == 10);
+  OPS->read_end(t);
   OPS->close(b);
 }
 
@@ -913,8 +954,12 @@ static void test_queued(void) {
   WANT(c, 1, 8);
   c = due_pos(t, NULL, 1000, ES_NONE);
   WANT_NONE(c);
-  c = due_pos(t, "b", 1003, ES_NONE);
-  CHECK(c.n == 2 && c.v[0] + c.v[1] == 15);
+  c = due_pos(t, "b", 1003, ES_NONE);  /* a session's: by index */
+  WANT(c, 7, 8);
+  c = due_pos(t, "b", 1003, 1);
+  WANT(c, 7);
+  c = due_pos(t, "b", 1002, 1);  /* b1 is not due yet: passed over */
+  WANT(c, 8);
   c = due_pos(t, "a", INT64_MAX, ES_NONE);
   CHECK(c.n == 2);
   c = due_pos(t, "nobody", INT64_MAX, ES_NONE);
@@ -937,7 +982,7 @@ static void test_queued(void) {
   WANT(c, 9, 1, 8);
   /* More rows than a walk chunk, with equal due_at. */
   for (int64_t i = 2; i <= 100; i++) {
-    char id[16];
+    char id[32];
     snprintf(id, sizeof id, "m%lld", (long long)i);
     es_event e = mkrow("m", i - 1, id, NULL);
     e.due_at = 2000 + (i % 3);
@@ -945,6 +990,11 @@ static void test_queued(void) {
   }
   c = due_pos(t, "m", INT64_MAX, ES_NONE);
   CHECK(c.n == 99);
+  /* index j is due at 2000 + (j + 1) % 3; position 10 + j */
+  c = due_pos(t, "m", 2001, 10);
+  WANT(c, 12, 13, 15, 16, 18, 19, 21, 22, 24, 25);
+  c = due_pos(t, "m", 2000, ES_NONE);
+  CHECK(c.n == 33 && c.v[0] == 12 && c.v[32] == 108);
   c = due_pos(t, NULL, 2002, ES_NONE);
   CHECK(c.n == 5 + 99);
   int sorted = 1;
@@ -988,7 +1038,7 @@ static void test_dead(void) {
   WANT(c, 1, 8);
   /* Beyond one walk chunk. */
   for (int64_t i = 1; i <= 70; i++) {
-    char id[16];
+    char id[32];
     snprintf(id, sizeof id, "d%lld", (long long)i);
     es_event e = mkrow("dd", i, id, NULL);
     e.status = ES_STATUS_DEAD;
@@ -1211,7 +1261,7 @@ static void test_presence(void) {
   CHECK(c.n == 1);
   /* Beyond one walk chunk. */
   for (int i = 0; i < 50; i++) {
-    char f[8];
+    char f[16];
     snprintf(f, sizeof f, "g%02d", i);
     CHECK_RC(pres_put(t, "big", "p", f, "1", i, 10 + i), ES_OK);
   }
@@ -1379,7 +1429,7 @@ static void test_callbacks_may_write(void) {
   es_err err;
   /* More queued rows than a walk chunk. */
   for (int64_t i = 1; i <= 40; i++) {
-    char id[16];
+    char id[32];
     snprintf(id, sizeof id, "w%lld", (long long)i);
     es_event e = mkrow("w", i, id, NULL);
     e.due_at = 1002;
@@ -1406,8 +1456,9 @@ static void test_callbacks_may_write(void) {
  * the committed state exactly. */
 static void test_out_of_memory(void) {
   /* valgrind and AddressSanitizer put their own malloc in front of ours. */
+  void *(*volatile alloc)(size_t) = malloc;  /* a call the compiler cannot elide */
   fail_countdown = 0;
-  void *probe = malloc(1);
+  void *probe = alloc(1);
   fail_countdown = -1;
   if (probe) {
     free(probe);
@@ -1593,6 +1644,111 @@ static void test_concurrent_readers(void) {
   OPS->close(b);
 }
 
+/* ---- tests: the containers ------------------------------------------------ */
+
+typedef struct inode {
+  es_tree_node node;  /* first: a node is its inode */
+  int64_t key;
+  int linked;
+  char name[16];
+} inode;
+
+static int inode_cmp(const es_tree_node *a, const es_tree_node *b) {
+  int64_t x = ((const inode *)a)->key, y = ((const inode *)b)->key;
+  return x < y ? -1 : x > y;
+}
+static int inode_probe(const void *key, const es_tree_node *n) {
+  int64_t x = *(const int64_t *)key, y = ((const inode *)n)->key;
+  return x < y ? -1 : x > y;
+}
+static const char *inode_name(const void *item) { return ((const inode *)item)->name; }
+
+/* A deterministic generator, so a failure replays. */
+static uint64_t rnd(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static void test_containers(void) {
+  enum { N = 2000 };
+  static inode nodes[N];
+  es_tree t;
+  es_hmap m;
+  es_tree_init(&t, inode_cmp);
+  es_hmap_init(&m, inode_name);
+  uint64_t seed = 88172645463325252ull;
+  for (int i = 0; i < N; i++) {
+    nodes[i].key = (int64_t)(i * 7919 % N) - N / 2;  /* distinct */
+    nodes[i].linked = 0;
+    snprintf(nodes[i].name, sizeof nodes[i].name, "k%d", i);
+  }
+  long linked = 0;
+  int bad_tree = 0, bad_map = 0, bad_seek = 0;
+  for (int round = 0; round < 20000; round++) {
+    inode *x = &nodes[rnd(&seed) % N];
+    if (x->linked) {
+      es_tree_remove(&t, &x->node);
+      if (es_hmap_remove(&m, x->name) != x) bad_map = 1;
+      x->linked = 0;
+      linked--;
+    } else {
+      if (es_tree_insert(&t, &x->node) != NULL) bad_tree = 1;
+      if (es_hmap_get(&m, x->name) || es_hmap_put(&m, x) != 0) bad_map = 1;
+      x->linked = 1;
+      linked++;
+    }
+    if (round % 97 == 0 || round < 200) {
+      if (es_tree_check(&t) != linked) bad_tree = 1;
+      if (m.count != (size_t)linked) bad_map = 1;
+      for (int i = 0; i < N; i += 37)
+        if ((es_hmap_get(&m, nodes[i].name) == &nodes[i]) != nodes[i].linked) bad_map = 1;
+      /* seek and iteration against a scan of the reference */
+      int64_t k = (int64_t)(rnd(&seed) % (N + 2)) - N / 2 - 1;
+      for (int strict = 0; strict < 2; strict++) {
+        const inode *want = NULL;
+        for (int i = 0; i < N; i++)
+          if (nodes[i].linked && (strict ? nodes[i].key > k : nodes[i].key >= k) &&
+              (!want || nodes[i].key < want->key))
+            want = &nodes[i];
+        if ((const inode *)es_tree_seek(&t, inode_probe, &k, strict) != want) bad_seek = 1;
+        es_tree_iter it;
+        int64_t prev = INT64_MIN;
+        long seen = 0;
+        for (es_tree_node *n = es_tree_iter_seek(&it, &t, inode_probe, &k, strict); n;
+             n = es_tree_iter_next(&it)) {
+          if (((inode *)n)->key <= prev) bad_seek = 1;
+          prev = ((inode *)n)->key;
+          seen++;
+        }
+        long expect = 0;
+        for (int i = 0; i < N; i++)
+          if (nodes[i].linked && (strict ? nodes[i].key > k : nodes[i].key >= k)) expect++;
+        if (seen != expect) bad_seek = 1;
+      }
+    }
+  }
+  /* Ascending and descending runs: the append path and its mirror. */
+  es_tree_clear(&t, NULL);
+  for (int i = 0; i < N; i++) {
+    nodes[i].key = i;
+    es_tree_insert(&t, &nodes[i].node);
+  }
+  if (es_tree_check(&t) != N || ((inode *)es_tree_first(&t))->key != 0) bad_tree = 1;
+  es_tree_clear(&t, NULL);
+  for (int i = 0; i < N; i++) {
+    nodes[i].key = -i;
+    es_tree_insert(&t, &nodes[i].node);
+  }
+  if (es_tree_check(&t) != N || ((inode *)es_tree_first(&t))->key != 1 - N) bad_tree = 1;
+  es_tree_clear(&t, NULL);
+  CHECK(!bad_tree);
+  CHECK(!bad_map);
+  CHECK(!bad_seek);
+  es_hmap_destroy(&m);
+}
+
 /* ---- tests: scale -------------------------------------------------------- */
 
 static double now_s(void) {
@@ -1676,6 +1832,7 @@ static scale_run scale(int64_t n, int settled, int timing_rounds) {
       if (settled) {
         e.status = ES_STATUS_PROCESSED;
         e.processed_at = e.created_at;
+        e.returned = -1;
       } else if (i % 1000 == 0) {
         e.status = ES_STATUS_DEAD;
         e.failures = 5;
@@ -1822,8 +1979,9 @@ int main(int argc, char **argv) {
   run("event_insert / event_update reject bad rows and change nothing", test_insert_rejects);
   run("event_range and event_all: order, bounds, limits", test_range_all);
   run("event_update rewrites exactly the dispatch fields", test_update);
+  run("last_position: the highest position stored", test_last_position);
   run("lane_next: lowest unprocessed index per (session, lane)", test_lane_next);
-  run("queued_due / queued_next_due: (due_at, position) order, limits", test_queued);
+  run("queued_due / queued_next_due: store by (due_at, position), session by index", test_queued);
   run("dead_list: position order, per session, limits", test_dead);
   run("session_put / session_get / session_list: byte order, prefix, after, limit", test_sessions);
   run("snapshots: put, replace, get, list by reducer", test_snapshots);
@@ -1834,6 +1992,7 @@ int main(int argc, char **argv) {
   run("callbacks may write while a walk is under way", test_callbacks_may_write);
   run("out of memory at every allocation leaves a consistent, undoable state", test_out_of_memory);
   run("readers see only committed transactions", test_concurrent_readers);
+  run("tree.h and hmap.h agree with a reference under random operations", test_containers);
   run("scale: ops stay correct and cheap over a long history", test_scale);
   printf("1..%d\n", test_no);
   return failed_tests ? 1 : 0;

@@ -535,7 +535,7 @@ static void test_sessions(void) {
   collect c = {0};
   /* in byte order */
   static const char *names[] = {"a",   "a%",      "a%b",         "a_",  "ab",
-                                "a\xff", "a\xff" "z", "a\xff\xff", "b",   "\xff",
+                                "a\xff", "a\xffz", "a\xff\xff", "b",   "\xff",
                                 "\xff\xff"};
   const int nn = (int)(sizeof names / sizeof names[0]);
   if (!b) {
@@ -1000,6 +1000,37 @@ static void test_concurrency(void) {
   free(p);
 }
 
+/* A relative path keeps naming the same file after the process changes
+ * directory (read connections open lazily, later). */
+static void test_relative_path(void) {
+  char dir[] = "/tmp/es-sqlite-reldir-XXXXXX";
+  char cwd[4096];
+  es_err err = {0};
+  es_backend *b = NULL;
+  es_txn *t;
+  es_event e, got;
+  es_event_init(&got);
+  if (!mkdtemp(dir) || !getcwd(cwd, sizeof cwd) || chdir(dir) != 0) {
+    CHECK(0, "set up a directory for the relative path test");
+    return;
+  }
+  int rc = B->open("rel.db", NULL, &b, &err);
+  CHECK(rc == ES_OK, "open a relative path");
+  if (chdir("/") != 0) rc = -1;
+  ev_make(&e, "r", 1, "rel-1", "1");
+  CHECK(rc == ES_OK && put_event(b, &e) > 0, "write after a chdir");
+  CHECK(rc == ES_OK && B->read_begin(b, &t, &err) == ES_OK && B->event_get(t, "r", 1, &got, &err) == ES_OK,
+        "a read connection opened after a chdir reads the same file");
+  if (got.id) es_event_destroy(&got);
+  if (rc == ES_OK) B->read_end(t);
+  if (b) B->close(b);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/rel.db", dir);
+  rm_db(path);
+  rmdir(dir);
+  if (chdir(cwd) != 0) perror("chdir");
+}
+
 static void test_multi_handle(void) {
   char *p = tmp_path();
   es_backend *a = open_ok(p, "busy_timeout=300");
@@ -1443,6 +1474,7 @@ int main(void) {
   test_savepoints();
   test_reentrancy();
   test_concurrency();
+  test_relative_path();
   test_multi_handle();
   test_errors();
   test_disk_full();

@@ -1,0 +1,21 @@
+/*
+ * lua_store.h: what other Lua-facing C files need of the store handle.
+ */
+#ifndef ES_LUA_STORE_H
+#define ES_LUA_STORE_H
+
+#include <lua.h>
+
+#include "store.h"
+
+/* The es_store behind the eventstore.Store at idx (borrowed: valid while
+ * the handle is open; es_store_retain it to keep it). Raises an argument
+ * error for anything else and CLOSED for a closed handle. *lua_clock (if
+ * not NULL) tells whether the store's clock is a Lua function, which only
+ * the opening thread may call. */
+es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock);
+
+/* The module loader (require "eventstore.core"). */
+int luaopen_eventstore_core(lua_State *L);
+
+#endif

@@ -1,0 +1,700 @@
+-- eventstore.cli: every command of the `eventstore` binary (docs/cli.md).
+--
+--   require("eventstore.cli").main(argv) --> exit code
+--
+-- argv[1..] are the command line arguments (argv[0] the program name), as
+-- core/main.c passes them. main parses and checks the whole command line
+-- first: a usage error (unknown command or option, a missing or extra
+-- argument, a bad number, an invalid JSON argument) prints one line
+-- "eventstore: ..." on stderr (plus the synopsis when the shape of the line
+-- is wrong) and returns 2 before the store is opened. Then the command runs
+-- unprotected: a failure raises, and main.c prints "eventstore: <tostring of
+-- the error>" and exits 1. Errors this file raises itself (a bad stdin line,
+-- a missing scripts directory) are objects with __tostring, like the store's
+-- error objects, so main.c prints them as one line without a traceback.
+--
+-- Options are parsed by hand (no dependencies beyond Lua): `--name value`
+-- or `--name=value`, anywhere after the command; `--` ends the options. An
+-- argument is an option only if it looks like one (`-x`, `--xyz`), so a
+-- negative JSON number such as `-5` is a positional argument.
+local eventstore = require("eventstore")
+local json = eventstore.json
+
+local PROG = "eventstore"
+local DEFAULT_DB = "sqlite:./eventstore.db"
+local DEFAULT_SCRIPTS = "./scripts"
+local PAGE = 100             -- rows per store call when listing
+local READ_PAGE = 1000       -- events per store:read page
+local PROGRESS_EVERY_MS = 500
+
+-- The terminal helpers only the binary has (core/main.c); a plain lua5.4
+-- running this module sees "not a terminal" and no progress line.
+local tty do
+  local ok, m = pcall(require, "eventstore.tty")
+  tty = ok and type(m) == "table" and m or nil
+end
+
+-- ---- errors ---------------------------------------------------------------
+
+-- A runtime failure found by the CLI (exit 1 via main.c).
+local Failure = { __tostring = function(e) return e.message end }
+local function fail(fmt, ...)
+  error(setmetatable({ message = fmt:format(...) }, Failure), 0)
+end
+
+-- A usage error (exit 2, caught in main). `synopsis` says whether to show
+-- the command's synopsis after the message (the shape of the line was wrong,
+-- not just one value).
+local Usage = { __tostring = function(e) return e.message end }
+local function usage_error(cmd, synopsis, fmt, ...)
+  error(setmetatable({ message = fmt:format(...), cmd = cmd, synopsis = synopsis }, Usage), 0)
+end
+
+-- ---- output ---------------------------------------------------------------
+
+local function out(line)
+  io.stdout:write(line, "\n")
+end
+
+-- One stored event (or any row table) as one line of JSON. A missing
+-- payload is JSON null, so every event line has a "payload" key.
+local function event_json(e)
+  local t = {}
+  for k, v in pairs(e) do t[k] = v end
+  if t.payload == nil then t.payload = json.null end
+  return json.encode(t)
+end
+
+local function print_events(events)
+  for _, e in ipairs(events) do out(event_json(e)) end
+end
+
+-- ---- helpers --------------------------------------------------------------
+
+-- A whole number >= min from an option or argument (usage error otherwise).
+local function parse_int(cmd, what, text, min)
+  local n = text:match("^%d+$") and math.tointeger(tonumber(text)) or nil
+  if n == nil or n < min then
+    usage_error(cmd, false, "%s: %s expects a whole number >= %d, got '%s'", cmd, what, min, text)
+  end
+  return n
+end
+
+-- Whether dir is an existing directory ("dir/." opens only for one).
+local function is_dir(dir)
+  local f = io.open(dir .. "/.", "r")
+  if f then f:close() return true end
+  return false
+end
+
+local function file_exists(path)
+  local f = io.open(path, "r")
+  if f then f:close() return true end
+  return false
+end
+
+-- Opens the store. Commands that only look (read, state, ...) refuse a
+-- sqlite: file that does not exist instead of creating an empty one.
+local function open_store(o, creates)
+  local path = o.db:match("^sqlite:(.+)$")
+  if not creates and path and not file_exists(path) then
+    fail("STORAGE: no database at '%s' (--db %s); append or run creates one", path, o.db)
+  end
+  return eventstore.open(o.db)
+end
+
+-- The scripts directory, checked: required by run and state; for append,
+-- only when --scripts was given (the default ./scripts is optional there).
+local function scripts_dir(o, required)
+  local dir = o.scripts or DEFAULT_SCRIPTS
+  if is_dir(dir) then return dir end
+  if required or o.scripts ~= nil then
+    fail("scripts directory '%s' does not exist (--scripts DIR)", dir)
+  end
+  return nil
+end
+
+local function need_engine()
+  if type(eventstore.engine) ~= "function" then
+    fail("this build has no engine (require('eventstore').engine is missing)")
+  end
+end
+
+-- ---- commands ---------------------------------------------------------------
+--
+-- Each command: synopsis, help text, positional argument count (min, max),
+-- options (name -> "flag" | "string" | {int = minimum}), an optional check
+-- (more usage checks, still before anything is opened) and run (returns the
+-- exit code).
+
+local DB_HELP = "  --db URL        the store (default " .. DEFAULT_DB .. "; memory: or sqlite:PATH)\n"
+local SCRIPTS_HELP = "  --scripts DIR   the scripts directory (default " .. DEFAULT_SCRIPTS .. ")\n"
+local HELP_HELP = "  -h, --help      print this help\n"
+
+local commands = {}
+local order = {}
+local function command(name, def)
+  def.name = name
+  commands[name] = def
+  order[#order + 1] = name
+end
+
+command("run", {
+  synopsis = "run [--db URL] [--scripts DIR] [--workers N] [--until-idle]",
+  summary = "dispatch pending events to their handlers",
+  help = [[
+Dispatches every pending event of the store to its handler in the scripts
+directory (handlers/<type>.lua), until SIGINT or SIGTERM (handler calls in
+flight finish, their claims are released, exit 0), or with --until-idle
+until no event is ready. On a terminal a progress line is kept on stderr.
+At the end prints to stdout:
+  handled N, failed N, dead N, pending N
+]],
+  options_help = DB_HELP .. SCRIPTS_HELP .. [[
+  --workers N     worker threads (default: the engine's, 1)
+  --until-idle    return once no event is ready now
+]],
+  args = { 0, 0 },
+  options = { db = "string", scripts = "string", workers = { int = 1 }, ["until-idle"] = "flag" },
+})
+
+command("append", {
+  synopsis = "append SESSION TYPE [JSON] [--id ID] [--lane LANE] | append SESSION < NDJSON",
+  summary = "append one event, or NDJSON events from stdin",
+  help = [[
+With TYPE: appends one event of that type to SESSION, its payload the JSON
+argument (null when omitted).
+Without TYPE: reads events from stdin, one JSON object per line
+  {"type": "...", "payload": ..., "id": "...", "lane": "..."}
+(only type is required; blank lines are skipped). Every line is checked
+before anything is written; all of them are appended as one batch (at most
+10,000 events), atomically.
+Prints the stored events as NDJSON. When the scripts directory exists the
+append goes through the engine, so events of a type without a handler are
+stored already processed; otherwise every event is stored pending.
+]],
+  options_help = DB_HELP .. SCRIPTS_HELP .. [[
+  --id ID         the event's id (default: generated)
+  --lane LANE     the event's lane
+]],
+  args = { 1, 3 },
+  options = { db = "string", scripts = "string", id = "string", lane = "string" },
+})
+
+command("read", {
+  synopsis = "read SESSION [--after N] [--limit N] [--follow] [--db URL]",
+  summary = "print a session's events as NDJSON",
+  help = [[
+Prints the events of SESSION after index N, one JSON object per line, in
+index order. With --follow keeps printing new events as they are appended
+(also by other processes) until interrupted.
+]],
+  options_help = DB_HELP .. [[
+  --after N       start after index N (default 0)
+  --limit N       print at most N events
+  --follow        wait for new events
+]],
+  args = { 1, 1 },
+  options = { db = "string", after = { int = 0 }, limit = { int = 1 }, follow = "flag" },
+})
+
+command("state", {
+  synopsis = "state SESSION REDUCER [--at N] [--db URL] [--scripts DIR]",
+  summary = "print a reducer's state of a session as JSON",
+  help = [[
+Folds SESSION's events with reducers/REDUCER.lua of the scripts directory
+and prints the state as one line of JSON (through index N with --at). A
+state JSON cannot carry (a function, a table mixing integer and string
+keys, ...) is an error.
+]],
+  options_help = DB_HELP .. SCRIPTS_HELP .. [[
+  --at N          the state after event N (0: the initial state)
+]],
+  args = { 2, 2 },
+  options = { db = "string", scripts = "string", at = { int = 0 } },
+})
+
+command("sessions", {
+  synopsis = "sessions [--prefix P] [--after SESSION] [--limit N] [--db URL]",
+  summary = "list sessions as NDJSON",
+  help = [[
+Prints one JSON object per session, in byte order of the session id:
+  {"session", "events", "pending", "dead", "attempts", "failures",
+   "first_at", "updated_at"}
+]],
+  options_help = DB_HELP .. [[
+  --prefix P      only sessions whose id starts with P
+  --after SESSION start after this session id (to page)
+  --limit N       print at most N sessions
+]],
+  args = { 0, 0 },
+  options = { db = "string", prefix = "string", after = "string", limit = { int = 1 } },
+})
+
+command("dead", {
+  synopsis = "dead [SESSION] [--limit N] [--db URL]",
+  summary = "list dead letters as NDJSON",
+  help = [[
+Prints the dead-lettered events (of SESSION, or of every session) as NDJSON
+in position order, with their last_error.
+]],
+  options_help = DB_HELP .. [[
+  --limit N       print at most N events
+]],
+  args = { 0, 1 },
+  options = { db = "string", limit = { int = 1 } },
+})
+
+command("revive", {
+  synopsis = "revive SESSION INDEX [--db URL]",
+  summary = "put a dead letter back to pending",
+  help = [[
+Puts dead letter INDEX of SESSION back to pending with its failure count
+reset, and prints the updated event as JSON.
+]],
+  options_help = DB_HELP,
+  args = { 2, 2 },
+  options = { db = "string" },
+})
+
+command("settle", {
+  synopsis = "settle SESSION INDEX [--reason TEXT] [--db URL]",
+  summary = "mark a dead letter processed without handling it",
+  help = [[
+Marks dead letter INDEX of SESSION processed (it is never handled), and
+prints the updated event as JSON.
+]],
+  options_help = DB_HELP .. [[
+  --reason TEXT   why (added to the event's last_error)
+]],
+  args = { 2, 2 },
+  options = { db = "string", reason = "string" },
+})
+
+command("snapshots", {
+  synopsis = "snapshots SESSION [--db URL]",
+  summary = "list a session's snapshots as NDJSON",
+  help = [[
+Prints one JSON object per reducer snapshot of SESSION:
+  {"reducer", "index", "version", "updated_at"}
+]],
+  options_help = DB_HELP,
+  args = { 1, 1 },
+  options = { db = "string" },
+})
+
+command("help", {
+  synopsis = "help [COMMAND]",
+  summary = "print help (also: COMMAND --help)",
+  help = "Prints the list of commands, or the help of COMMAND.\n",
+  args = { 0, 1 },
+  options = {},
+})
+
+-- ---- help -----------------------------------------------------------------
+
+local function global_usage()
+  local lines = {
+    ("usage: %s COMMAND [ARGS] [OPTIONS]"):format(PROG),
+    "",
+    "commands:",
+  }
+  for _, name in ipairs(order) do
+    lines[#lines + 1] = ("  %-10s %s"):format(name, commands[name].summary)
+  end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = ("Run '%s COMMAND --help' for a command's options; '%s --version' for the version.")
+    :format(PROG, PROG)
+  return table.concat(lines, "\n") .. "\n"
+end
+
+local function command_help(def)
+  return ("usage: %s %s\n\n%s\noptions:\n%s%s"):format(PROG, def.synopsis, def.help, def.options_help or "", HELP_HELP)
+end
+
+-- ---- parsing --------------------------------------------------------------
+
+local function looks_like_option(a)
+  return a:match("^%-%a") ~= nil or a:match("^%-%-%a") ~= nil
+end
+
+-- Parses argv[i..] for command def: returns opts (option values, plus
+-- opts.help) and the positional arguments. Raises Usage.
+local function parse(def, argv, i)
+  local name = def.name
+  local o, args = {}, {}
+  local only_args = false
+  while i <= #argv do
+    local a = argv[i]
+    if only_args or not looks_like_option(a) then
+      if a == "--" and not only_args then
+        only_args = true
+      else
+        args[#args + 1] = a
+      end
+    elseif a == "-h" or a == "--help" then
+      o.help = true
+    else
+      local key, value = a:match("^%-%-([^=]+)=(.*)$")
+      key = key or a:match("^%-%-(.+)$")
+      local kind = key and def.options[key]
+      if kind == nil then
+        usage_error(name, true, "%s: unknown option '%s'", name, a)
+      end
+      if kind == "flag" then
+        if value ~= nil then usage_error(name, true, "%s: option --%s takes no value", name, key) end
+        o[key] = true
+      else
+        if value == nil then
+          i = i + 1
+          value = argv[i]
+          if value == nil then usage_error(name, true, "%s: option --%s needs a value", name, key) end
+        end
+        if type(kind) == "table" then
+          o[key] = parse_int(name, "--" .. key, value, kind.int)
+        else
+          o[key] = value
+        end
+      end
+    end
+    i = i + 1
+  end
+  if o.help then return o, args end
+  local min, max = def.args[1], def.args[2]
+  if #args < min then
+    usage_error(name, true, "%s: missing argument%s", name, min - #args > 1 and "s" or "")
+  elseif #args > max then
+    usage_error(name, true, "%s: unexpected argument '%s'", name, args[max + 1])
+  end
+  o.db = o.db or DEFAULT_DB
+  return o, args
+end
+
+-- ---- command bodies -------------------------------------------------------
+
+-- Builds an engine on an open store. `progress` is a hook the engine may
+-- call with {handled, failed, dead, pending} while it runs; an engine that
+-- does not know the option and rejects it gets built without it.
+local function new_engine(store, dir, extra)
+  need_engine()
+  local opts = { store = store, scripts = dir }
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  local ok, engine = pcall(eventstore.engine, opts)
+  if not ok and opts.progress ~= nil and tostring(engine):find("progress", 1, true) then
+    opts.progress = nil
+    ok, engine = pcall(eventstore.engine, opts)
+  end
+  if not ok then error(engine, 0) end
+  return engine
+end
+
+-- The number of pending events of the whole store (for run's summary).
+local function count_pending(store)
+  local total, after = 0, nil
+  repeat
+    local page = store:sessions({ after = after, limit = PAGE })
+    for _, s in ipairs(page.sessions) do total = total + (s.pending or 0) end
+    after = page.cursor
+  until after == nil
+  return total
+end
+
+function commands.run.run(o)
+  local dir = scripts_dir(o, true)
+  need_engine()
+  local store <close> = open_store(o, true)
+
+  -- PROGRESS HOOK: the engine has no progress callback in docs/engine.md
+  -- yet; if it calls opts.progress(stats) from the thread that called
+  -- run(), this keeps one line on stderr, redrawn at most every 500 ms.
+  -- Without the hook only the summary is printed.
+  local drawn = false
+  local progress
+  if tty and tty.isatty(2) then
+    local last = nil
+    progress = function(stats)
+      if type(stats) ~= "table" then return end
+      local now = tty.now_ms()
+      if last ~= nil and now - last < PROGRESS_EVERY_MS then return end
+      last = now
+      io.stderr:write(("\r\27[Khandled %d, failed %d, dead %d, pending %s"):format(
+        stats.handled or 0, stats.failed or 0, stats.dead or 0,
+        stats.pending ~= nil and tostring(stats.pending) or "?"))
+      io.stderr:flush()
+      drawn = true
+    end
+  end
+
+  local engine = new_engine(store, dir, { workers = o.workers, progress = progress })
+  local stats = engine:run({ until_idle = o["until-idle"] == true }) or {}
+  engine:close()
+  if drawn then io.stderr:write("\r\27[K") io.stderr:flush() end
+  out(("handled %d, failed %d, dead %d, pending %d"):format(
+    stats.handled or 0, stats.failed or 0, stats.dead or 0, count_pending(store)))
+  return 0
+end
+
+local LINE_FIELDS = { type = true, payload = true, id = true, lane = true }
+
+-- Checks one stdin line; returns the event or raises "stdin line N: why".
+local function parse_line(n, text)
+  local ok, v = pcall(json.decode, text)
+  if not ok then
+    fail("stdin line %d: invalid JSON: %s", n, type(v) == "table" and tostring(v.message) or tostring(v))
+  end
+  local array_mt = getmetatable(json.array({}))
+  if type(v) ~= "table" or (array_mt ~= nil and getmetatable(v) == array_mt) then
+    fail("stdin line %d: expected a JSON object {\"type\": ..., \"payload\": ...}", n)
+  end
+  for k in pairs(v) do
+    if not LINE_FIELDS[k] then
+      fail("stdin line %d: unknown field '%s' (expected type, payload, id, lane)", n, tostring(k))
+    end
+  end
+  if type(v.type) ~= "string" or v.type == "" then
+    fail("stdin line %d: \"type\" must be a non-empty string", n)
+  end
+  for _, f in ipairs({ "id", "lane" }) do
+    if v[f] ~= nil and type(v[f]) ~= "string" then
+      fail("stdin line %d: \"%s\" must be a string", n, f)
+    end
+  end
+  return { type = v.type, payload = v.payload, id = v.id, lane = v.lane }
+end
+
+function commands.append.check(o, args)
+  if #args == 1 then
+    if o.id or o.lane then
+      usage_error("append", true, "append: --id and --lane need TYPE (stdin lines carry their own)")
+    end
+  elseif args[3] ~= nil then
+    local ok, v = pcall(json.decode, args[3])
+    if not ok then
+      usage_error("append", false, "append: invalid JSON payload: %s",
+        type(v) == "table" and tostring(v.message) or tostring(v))
+    end
+    o.payload = v
+  end
+end
+
+function commands.append.run(o, args)
+  local session = args[1]
+  local events
+  if #args == 1 then
+    -- Every line is checked before the store is even opened.
+    events = {}
+    local n = 0
+    for line in io.stdin:lines() do
+      n = n + 1
+      line = line:gsub("\r$", "")
+      if line:match("%S") then events[#events + 1] = parse_line(n, line) end
+    end
+  else
+    events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane } }
+  end
+  local dir = scripts_dir(o, false)
+  local store <close> = open_store(o, true)
+  local stored
+  if dir ~= nil and eventstore.engine ~= nil then
+    local engine = new_engine(store, dir)
+    stored = engine:append(session, events)
+    engine:close()
+  else
+    stored = store:append(session, events)
+  end
+  print_events(stored)
+  return 0
+end
+
+function commands.read.run(o, args)
+  local session = args[1]
+  local store <close> = open_store(o, false)
+  local left = o.limit
+  local after = o.after or 0
+  if o.follow then
+    io.stdout:setvbuf("line") -- each event shows up as it comes
+    for e in store:stream(session, { after = after }) do
+      out(event_json(e))
+      if left ~= nil then
+        left = left - 1
+        if left == 0 then break end
+      end
+    end
+    return 0
+  end
+  while true do
+    local n = left ~= nil and math.min(left, READ_PAGE) or READ_PAGE
+    if n == 0 then break end
+    local page = store:read(session, { after = after, limit = n })
+    print_events(page)
+    if #page > 0 then after = page[#page].index end
+    if left ~= nil then left = left - #page end
+    if #page < n then break end
+  end
+  return 0
+end
+
+function commands.state.run(o, args)
+  local session, reducer = args[1], args[2]
+  local dir = scripts_dir(o, true)
+  need_engine()
+  local store <close> = open_store(o, false)
+  local engine = new_engine(store, dir)
+  local state = engine:state(session, reducer, { at = o.at })
+  engine:close()
+  local ok, text = pcall(json.encode, state)
+  if not ok then
+    fail("the state of reducer '%s' cannot be printed as JSON: %s", reducer,
+      type(text) == "table" and tostring(text.message) or tostring(text))
+  end
+  out(text)
+  return 0
+end
+
+function commands.sessions.run(o)
+  local store <close> = open_store(o, false)
+  local left, after = o.limit, o.after
+  repeat
+    local n = left ~= nil and math.min(left, PAGE) or PAGE
+    local page = store:sessions({ prefix = o.prefix, after = after, limit = n })
+    for _, s in ipairs(page.sessions) do out(json.encode(s)) end
+    if left ~= nil then left = left - #page.sessions end
+    after = page.cursor
+  until after == nil or left == 0
+  return 0
+end
+
+function commands.dead.run(o, args)
+  local store <close> = open_store(o, false)
+  local left, after = o.limit, 0
+  while true do
+    local n = left ~= nil and math.min(left, PAGE) or PAGE
+    local page = store:dead_letters({ session = args[1], after = after, limit = n })
+    print_events(page)
+    if #page > 0 then after = page[#page].position end
+    if left ~= nil then left = left - #page end
+    if #page < n or left == 0 then break end
+  end
+  return 0
+end
+
+function commands.revive.check(o, args)
+  o.index = parse_int("revive", "INDEX", args[2], 1)
+end
+
+function commands.revive.run(o, args)
+  local store <close> = open_store(o, false)
+  out(event_json(store:revive(args[1], o.index)))
+  return 0
+end
+
+function commands.settle.check(o, args)
+  o.index = parse_int("settle", "INDEX", args[2], 1)
+end
+
+function commands.settle.run(o, args)
+  local store <close> = open_store(o, false)
+  out(event_json(store:settle(args[1], o.index, o.reason)))
+  return 0
+end
+
+function commands.snapshots.run(o, args)
+  local store <close> = open_store(o, false)
+  for _, s in ipairs(store:snapshots(args[1])) do out(json.encode(s)) end
+  return 0
+end
+
+function commands.help.check(_, args)
+  if args[1] ~= nil and commands[args[1]] == nil then
+    usage_error(nil, true, "unknown command '%s'", args[1])
+  end
+end
+
+function commands.help.run(_, args)
+  if args[1] == nil then
+    io.stdout:write(global_usage())
+  else
+    io.stdout:write(command_help(commands[args[1]]))
+  end
+  return 0
+end
+
+-- ---- main -----------------------------------------------------------------
+
+-- Prints a usage error on stderr; returns 2.
+local function report_usage(e)
+  io.stderr:write(PROG, ": ", e.message, "\n")
+  if e.synopsis then
+    if e.cmd ~= nil and commands[e.cmd] then
+      io.stderr:write(("usage: %s %s\nRun '%s %s --help' for details.\n")
+        :format(PROG, commands[e.cmd].synopsis, PROG, e.cmd))
+    else
+      io.stderr:write(global_usage())
+    end
+  end
+  return 2
+end
+
+local M = {}
+
+-- Runs one command line; returns the exit code (0 ok, 2 usage error).
+-- Runtime failures are raised (core/main.c reports them and exits 1).
+function M.main(argv)
+  argv = argv or {}
+  -- Phase 1, protected: parse and check. Nothing is opened yet. A usage
+  -- error comes back as is; anything else is a bug, kept with its
+  -- traceback and re-raised as one printable object.
+  local ok, def, o, args = xpcall(function()
+    -- --db and --scripts may also come before the command; they are
+    -- parsed as if they came right after it (so a later one wins).
+    local i, lead = 1, {}
+    while argv[i] ~= nil and looks_like_option(argv[i]) do
+      local a = argv[i]
+      if a == "-h" or a == "--help" then return "help" end
+      if a == "--version" then return "version" end
+      local key = a:match("^%-%-(%a+)=") or a:match("^%-%-(%a+)$")
+      if key ~= "db" and key ~= "scripts" then
+        usage_error(nil, true, "unknown option '%s'", a)
+      end
+      lead[#lead + 1] = a
+      if not a:find("=", 1, true) then
+        i = i + 1
+        if argv[i] == nil then usage_error(nil, true, "option %s needs a value", a) end
+        lead[#lead + 1] = argv[i]
+      end
+      i = i + 1
+    end
+    local first = argv[i]
+    if first == nil then usage_error(nil, true, "no command given") end
+    local d = commands[first]
+    if d == nil then usage_error(nil, true, "unknown command '%s'", first) end
+    for j = i + 1, #argv do lead[#lead + 1] = argv[j] end
+    local opts, positional = parse(d, lead, 1)
+    if not opts.help and d.check then d.check(opts, positional) end
+    return d, opts, positional
+  end, function(e)
+    if getmetatable(e) == Usage then return e end
+    return setmetatable({ message = debug.traceback(tostring(e), 2) }, Failure)
+  end)
+  if not ok then
+    if getmetatable(def) == Usage then return report_usage(def) end
+    error(def, 0)
+  end
+  if def == "help" then
+    io.stdout:write(global_usage())
+    return 0
+  elseif def == "version" then
+    out(eventstore._VERSION or PROG)
+    return 0
+  end
+  if o.help then
+    io.stdout:write(command_help(def))
+    return 0
+  end
+  -- Phase 2, unprotected: failures reach core/main.c (exit 1).
+  local code = def.run(o, args)
+  io.stdout:flush()
+  return code or 0
+end
+
+return M
