@@ -287,11 +287,18 @@ static void install_loader(lua_State *L, es_engine *e) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, e);
 }
 
-/* Makes sure L has e's loader. May raise. */
+/* Makes sure the host state L has e's loader, and makes its next lookups
+ * look at the files again: engine:state and engine:append must never act
+ * on a stale view of the scripts (a stat per call is cheap). May raise. */
 static void need_loader(lua_State *L, es_engine *e) {
-  int have = lua_rawgetp(L, LUA_REGISTRYINDEX, e) != LUA_TNIL;
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, e) == LUA_TNIL) {
+    lua_pop(L, 1);
+    install_loader(L, e);
+    return;
+  }
+  lua_getfield(L, -1, "new_run");
+  lua_call(L, 0, 0);
   lua_pop(L, 1);
-  if (!have) install_loader(L, e);
 }
 
 /* Pushes loader[fn](name, now): value, err, extra. May raise. */
@@ -1054,6 +1061,10 @@ static int l_engine_has_handler(lua_State *L) {
 static int l_engine_close(lua_State *L) {
   lengine *h = luaL_checkudata(L, 1, ENGINE_MT);
   if (h->e && !h->e->in_run) {
+    /* The host state's loader is keyed by the engine's address, which a
+     * later engine may reuse: drop it with the engine. */
+    lua_pushnil(L);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, h->e);
     engine_free(h->e);
     h->e = NULL;
   }

@@ -205,10 +205,17 @@ static void render_step(const step *s, msgbuf *m) {
       snprintf(num, sizeof num, "[%lld]", (long long)s->i);
       msg_adds(m, num);
       break;
-    case K_FLOAT:
-      snprintf(num, sizeof num, "[%.17g]", (double)s->f);
+    case K_FLOAT: {
+      /* The shortest form that reads back exactly: [0.1], not [0.10000000000000001]. */
+      int prec;
+      for (prec = 15; prec < 17; prec++) {
+        snprintf(num, sizeof num, "%.*g", prec, (double)s->f);
+        if (strtod(num, NULL) == s->f) break;
+      }
+      snprintf(num, sizeof num, "[%.*g]", prec, (double)s->f);
       msg_adds(m, num);
       break;
+    }
     case K_TRUE: msg_adds(m, "[true]"); break;
     case K_FALSE: msg_adds(m, "[false]"); break;
     case K_NULL: msg_adds(m, "[json.null]"); break;
@@ -236,18 +243,28 @@ static void render_step(const step *s, msgbuf *m) {
   }
 }
 
-/* Renders "what.a.b[3]" for the value at the given depth. Deep paths keep
- * their root, first and last steps. */
+/* Renders "what.a.b[3]" for the value at the given depth, within m's
+ * capacity. A path too long for it keeps its root, a few first steps and
+ * as many last steps as fit (the end is where the offending value is). */
 static void render_path(const enc *e, int depth, msgbuf *m) {
-  int i;
-  msg_adds(m, e->what);
+  size_t lens[ES_STATE_MAX_DEPTH], total = 0, tail_len = 0, limit = m->cap - 1;
+  msgbuf one;
+  int i, head = 0, tail = depth, cut;
   for (i = 0; i < depth; i++) {
-    if (depth > 24 && i == 8) {
-      msg_adds(m, "...");
-      i = depth - 12;
-    }
-    render_step(&e->path[i], m);
+    msg_init(&one, 200);
+    render_step(&e->path[i], &one);
+    lens[i] = one.n;
+    total += one.n;
   }
+  msg_adds(m, e->what);
+  cut = m->n + total > limit;
+  if (cut) {
+    while (head < depth && head < 8 && m->n + lens[head] <= limit / 3) render_step(&e->path[head++], m);
+    while (tail > head && m->n + 3 + tail_len + lens[tail - 1] <= limit) tail_len += lens[--tail];
+    if (tail == depth && depth > head) tail--; /* at least the last step, even cut */
+    if (tail > head) msg_adds(m, "...");
+  }
+  for (i = cut ? tail : 0; i < depth; i++) render_step(&e->path[i], m);
 }
 
 /* "path: reason" as INVALID_ARGUMENT. The reason is sized first so that a

@@ -88,9 +88,10 @@ static int exists(const char *path) {
  *   installed:   <exe dir>/../share/lua/5.4   (PREFIX/bin -> PREFIX/share)
  * Each only when it holds eventstore/cli.lua, so an installed binary does
  * not search a stray /lua. The default path (LUA_PATH_5_4 / LUA_PATH or
- * Lua's built-in /usr/local/share/lua/5.4 ...) stays behind them.
- * The result is also exported as LUA_PATH_5_4, so Lua states the engine
- * creates for its workers (and child processes) find the same files.
+ * Lua's built-in /usr/local/share/lua/5.4 ...) stays behind them. The
+ * engine gives its worker states this state's package.path, so handlers'
+ * require() sees the same files; the environment is left alone (a handler's
+ * child lua5.4 is not pointed at this build tree).
  */
 static void set_path(lua_State *L) {
   char exe[PATH_MAX], probe[PATH_MAX + 64];
@@ -117,8 +118,6 @@ static void set_path(lua_State *L) {
   lua_remove(L, -2);
   luaL_addvalue(&b);
   luaL_pushresult(&b);
-  /* Best effort: without it only worker states lose the build-tree path. */
-  setenv("LUA_PATH_5_4", lua_tostring(L, -1), 1);
   lua_getglobal(L, "package");
   lua_insert(L, -2);
   lua_setfield(L, -2, "path");
@@ -165,16 +164,13 @@ static void preload(lua_State *L) {
   lua_pop(L, 1);
 }
 
-/* Loads eventstore.cli and calls its main(argv) (argv[1..], the program
- * name as argv[0]); leaves the exit code on the stack. */
+/* Calls cli.main(argv) (argv[1..], the program name as argv[0]) with the
+ * module table at index 3; leaves the exit code on the stack. */
 static int l_runcli(lua_State *L) {
   int argc = (int)lua_tointeger(L, 1);
   char **argv = (char **)lua_touserdata(L, 2);
   int i;
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "eventstore.cli");
-  lua_call(L, 1, 1);
-  lua_getfield(L, -1, "main");
+  lua_getfield(L, 3, "main");
   if (lua_type(L, -1) != LUA_TFUNCTION)
     return luaL_error(L, "module 'eventstore.cli' has no main function");
   lua_createtable(L, argc > 0 ? argc - 1 : 0, 1);
@@ -195,10 +191,22 @@ static int pmain(lua_State *L) {
   luaL_openlibs(L);
   preload(L);
   set_path(L);
+  /* Loading apart from running: a binary that cannot find its Lua files
+   * says so, with where it looked, instead of a traceback. */
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "eventstore.cli");
+  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    lua_pushfstring(L, "cannot load its Lua files (see docs/cli.md, \"Where the binary finds its Lua "
+                       "files\"): %s", lua_tostring(L, -1));
+    report(L, LUA_ERRRUN);
+    lua_pushinteger(L, EXIT_FAILURE);
+    return 1;
+  }
   lua_pushcfunction(L, l_runcli);
   lua_pushinteger(L, argc);
   lua_pushlightuserdata(L, argv);
-  status = docall(L, 2, 1);
+  lua_pushvalue(L, -4);
+  status = docall(L, 3, 1);
   if (report(L, status) == LUA_OK) {
     if (lua_isnil(L, -1)) {
       code = EXIT_SUCCESS;

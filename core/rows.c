@@ -41,24 +41,51 @@ void es_event_init(es_event *e) {
 
 void es_event_destroy(es_event *e) {
   if (!e) return;
+  if (!e->packed) {
+    free(e->type);
+    free(e->payload);
+    free(e->session);
+    free(e->lane);
+  }
   free(e->id);
-  free(e->type);
-  free(e->payload);
-  free(e->session);
-  free(e->lane);
   free(e->last_error);
   free(e->claim_holder);
   es_event_init(e);
 }
 
+/* A stored event's id, type, session, lane and payload never change, so a
+ * copy puts them in one allocation anchored at id: one malloc, not five.
+ * (Rows without an id, which no store returns, are copied field by field.) */
 int es_event_copy(es_event *dst, const es_event *src) {
   *dst = *src;
   dst->id = dst->type = dst->payload = dst->session = dst->lane = NULL;
   dst->last_error = dst->claim_holder = NULL;
-  if (dup_str(&dst->id, src->id) || dup_str(&dst->type, src->type) ||
-      dup_bytes(&dst->payload, src->payload, src->payload_len) ||
-      dup_str(&dst->session, src->session) || dup_str(&dst->lane, src->lane) ||
-      dup_str(&dst->last_error, src->last_error) || dup_str(&dst->claim_holder, src->claim_holder)) {
+  dst->packed = 0;
+  if (src->id) {
+    const char *strs[4] = {src->id, src->type, src->session, src->lane};
+    char **outs[4] = {&dst->id, &dst->type, &dst->session, &dst->lane};
+    size_t lens[4], total = src->payload ? src->payload_len + 1 : 0;
+    for (int i = 0; i < 4; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
+    char *p = malloc(total);
+    if (!p) return ES_STORAGE;
+    for (int i = 0; i < 4; i++) {
+      if (!strs[i]) continue;
+      *outs[i] = memcpy(p, strs[i], lens[i]);
+      p += lens[i];
+    }
+    if (src->payload) {
+      memcpy(p, src->payload, src->payload_len);
+      p[src->payload_len] = '\0';
+      dst->payload = p;
+    }
+    dst->packed = 1;
+  } else if (dup_str(&dst->type, src->type) ||
+             dup_bytes(&dst->payload, src->payload, src->payload_len) ||
+             dup_str(&dst->session, src->session) || dup_str(&dst->lane, src->lane)) {
+    es_event_destroy(dst);
+    return ES_STORAGE;
+  }
+  if (dup_str(&dst->last_error, src->last_error) || dup_str(&dst->claim_holder, src->claim_holder)) {
     es_event_destroy(dst);
     return ES_STORAGE;
   }

@@ -82,6 +82,8 @@ struct es_store {
   pthread_mutex_t umu;
   int64_t uuid_ms;
   uint32_t uuid_seq;         /* 12-bit counter within one millisecond */
+  unsigned char rand_pool[4000];
+  size_t rand_used;          /* bytes of rand_pool already handed out */
 
   /* presence watchers */
   pthread_mutex_t pmu;
@@ -196,6 +198,7 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   atomic_init(&s->arriving, 0);
   atomic_init(&s->version, 0);
   s->next_token = 1;
+  s->rand_used = sizeof s->rand_pool;
   int rc = ops->open(rest, opts, &s->bk, err);
   if (rc != ES_OK) {
     s->closed = 1;
@@ -362,9 +365,18 @@ static int run_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
 
 static int uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
   unsigned char r[10];
-  if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
-    return es_fail(err, ES_STORAGE, "no randomness for an event id");
   pthread_mutex_lock(&s->umu);
+  /* One getrandom() per few hundred ids: a syscall per id cost more than
+   * the rest of an append. */
+  if (s->rand_used + sizeof r > sizeof s->rand_pool) {
+    if (getrandom(s->rand_pool, sizeof s->rand_pool, 0) != (ssize_t)sizeof s->rand_pool) {
+      pthread_mutex_unlock(&s->umu);
+      return es_fail(err, ES_STORAGE, "no randomness for an event id");
+    }
+    s->rand_used = 0;
+  }
+  memcpy(r, s->rand_pool + s->rand_used, sizeof r);
+  s->rand_used += sizeof r;
   if (now > s->uuid_ms) {
     s->uuid_ms = now;
     s->uuid_seq = ((uint32_t)r[8] << 8 | r[9]) & 0x3FF; /* random start, room to count */
@@ -626,6 +638,7 @@ typedef struct {
   int64_t now;
   es_events *out;
   int pending;
+  int want_out;   /* 0: the caller passed no out list; do not copy rows */
 } append_args;
 
 static int check_causes(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
@@ -662,7 +675,9 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
                  (long long)si.head, (long long)a->expected);
   }
   if (rc == ES_OK) rc = check_causes(s, t, a->session, a->evs, a->n, err);
-  if (rc == ES_OK) rc = insert_events(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now, a->out, err);
+  if (rc == ES_OK)
+    rc = insert_events(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now,
+                       a->want_out ? a->out : NULL, err);
   if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
   a->pending = si.pending > 0;
   es_session_info_destroy(&si);
@@ -672,12 +687,14 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
                     int64_t expected, es_events *out, int *pending, es_err *err) {
   int rc;
+  es_events unused = {0};
+  if (!out) out = &unused; /* the caller does not want the stored events back */
   memset(out, 0, sizeof *out);
   *pending = 0;
   if ((rc = check_name("session", session, err))) return rc;
   if ((rc = check_batch(s, evs, n, err))) return rc;
   if ((rc = enter(s, err))) return rc;
-  append_args a = {session, evs, n, expected, 0, out, 0};
+  append_args a = {session, evs, n, expected, 0, out, 0, 1};
   if (n == 0) {
     /* Writes nothing; still answers whether the session has pending work. */
     es_session_info si;
@@ -696,9 +713,11 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
     leave(s);
     return rc;
   }
+  a.want_out = out != &unused;
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = run_write(s, do_append, &a, err);
   leave(s);
+  es_events_destroy(&unused);
   if (rc) {
     es_events_destroy(out);
     return rc;

@@ -67,6 +67,9 @@ typedef struct es_event {
   int64_t last_failed_attempt; /* ES_NONE: no failure; makes fail() idempotent */
   int64_t returned;       /* events appended by the completing attempt; -1 when
                              processed without a completion (settled) */
+  int packed;             /* 1: id, type, payload, session and lane share one
+                             allocation starting at id (es_event_copy's); never
+                             replace those fields of a packed event */
 } es_event;
 
 typedef struct es_events {
@@ -124,7 +127,7 @@ uint64_t es_store_version(es_store *s);
 
 /* Appends n events (n may be 0). expected: ES_NONE or the required head.
  * out receives the stored events in batch order (for a full replay, the
- * originals); *pending whether the session has pending events afterwards.
+ * originals), or is NULL when the caller does not need them; *pending whether the session has pending events afterwards.
  * Errors: INVALID_ARGUMENT, TOO_LARGE, PARTIAL_DUPLICATE_BATCH, ID_CONFLICT,
  * SUPERSEDED_ATTEMPT, NO_SUCH_EVENT, WRONG_EXPECTED_HEAD, STORAGE, CLOSED. */
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,

@@ -80,7 +80,10 @@ local function describe(e)
   elseif e.type == "payment.declined" or e.type == "order.cancelled" or e.type == "order.rejected" then
     return p.reason
   elseif e.type == "shipment.due" then
-    return ("timer: due %d ms after it was written"):format(e.not_before - e.created_at)
+    -- delay_ms counts from the clock read when the attempt completed; the
+    -- commit stamps created_at a moment later, so round to 100 ms.
+    local delay = (e.not_before - e.created_at + 50) // 100 * 100
+    return ("timer: due %d ms after it was written"):format(delay)
   elseif e.type == "order.shipped" then
     return ("%s, tracking %s"):format(p.carrier, p.tracking)
   end
@@ -97,8 +100,9 @@ for _, o in ipairs(ORDERS) do
     type = "order.placed",
     payload = { customer = o.customer, card = o.card, items = o.items },
   } })
-  print(("  %-10s  %-6s %-22s card %-12s %s"):format(o.session, o.customer, items_text(o.items), o.card,
-    o.note and "(" .. o.note .. ")" or ""))
+  local line = ("  %-10s  %-6s %-22s card %-12s %s"):format(o.session, o.customer, items_text(o.items), o.card,
+    o.note and "(" .. o.note .. ")" or "")
+  print((line:gsub("%s+$", "")))
 end
 
 -- 2. Run the engine until everything is handled ---------------------------------

@@ -12,6 +12,7 @@
 -- that looks at mtimes sees each edit as a change, without sleeping.
 local eventstore = require("eventstore")
 local helpers = require("helpers")
+local luassert = require("luassert")
 
 local eh = {}
 
@@ -86,7 +87,7 @@ end
 
 -- {handled, failed, dead} of a run() result, extra fields ignored.
 function eh.counts(r)
-  assert.is_table(r, "engine:run must return a table")
+  luassert.is_table(r, "engine:run must return a table")
   return { handled = r.handled, failed = r.failed, dead = r.dead }
 end
 

@@ -62,11 +62,13 @@ local function handle_requests()
   for _, e in ipairs(got.events) do
     -- The balance as of just before this request.
     local balance = engine:state(ACCOUNT, "balance", { at = e.index - 1 }).balance
+    -- The outcome is a fact nobody needs to handle: stored settled.
     local outcome
     if balance >= e.payload.amount then
-      outcome = { type = "withdrawn", payload = { amount = e.payload.amount } }
+      outcome = { type = "withdrawn", payload = { amount = e.payload.amount }, settled = true }
     else
-      outcome = { type = "withdrawal.refused", payload = { amount = e.payload.amount, reason = "insufficient funds" } }
+      outcome = { type = "withdrawal.refused", settled = true,
+        payload = { amount = e.payload.amount, reason = "insufficient funds" } }
     end
     print(("   claimed #%d %s %s (attempt %d, balance %s) -> %s"):format(
       e.index, e.type, money(e.payload.amount), e.attempt, money(balance), outcome.type))
@@ -77,6 +79,7 @@ end
 
 print("4. claim and complete by hand")
 handle_requests()
+print("   another request comes in: 90.00")
 store:append(ACCOUNT, { { type = "withdrawal.requested", payload = { amount = 9000 } } })
 handle_requests()
 handle_requests()

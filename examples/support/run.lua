@@ -152,6 +152,7 @@ local function drain()
     end
     return n
   end
+  io.stdout:flush() -- so the handlers' stderr lines come after what we printed so far
   for _ = 1, 200 do -- bounded: ~10 s
     local r = engine:run { until_idle = true }
     for k in pairs(totals) do totals[k] = totals[k] + r[k] end
@@ -161,6 +162,7 @@ local function drain()
   error("support: work still waiting after 10 s")
 end
 
+local all_in_order = true
 local function report()
   local desk = engine:state(DESK, "desk")
   for _, t in ipairs(TICKETS) do
@@ -169,6 +171,7 @@ local function report()
     for i, n in ipairs(s.replied) do replied[i] = tostring(n) end
     local in_order = true
     for i, n in ipairs(s.replied) do in_order = in_order and n == i end
+    all_in_order = all_in_order and in_order
     print(("   %s: %d message(s), replies to %s (%s), %s"):format(t.id, s.received,
       #replied > 0 and table.concat(replied, ", ") or "none", in_order and "in order" or "OUT OF ORDER",
       s.status))
@@ -178,7 +181,6 @@ end
 
 print()
 print("5. the engine runs (3 workers) until only blocked work is left; the bot logs to stderr:")
-io.stdout:flush()
 drain()
 io.stderr:flush()
 report()
@@ -211,7 +213,7 @@ local desk = report()
 print()
 print("7. later")
 sleep(200)
-print("   ana stopped typing 200 ms ago, her typing field expired; present: " .. online_text())
+print("   200 ms on, ana's typing field has expired (nobody refreshed it); present: " .. online_text())
 print("   bo signs off: his fields are deleted, leaving tombstones")
 set("bo", { status = null, name = null }, 60000)
 -- A heartbeat bo's client wrote before signing off (at = 1) arrives late.
@@ -224,9 +226,11 @@ print("   present: " .. online_text())
 unsubscribe()
 
 print()
-print(("summary: %d tickets, %d messages, %d still open; every ticket answered in order; "
-  .. "%d dead letter settled by hand; engine handled %d, failed %d, dead %d")
-  :format(#TICKETS, #MESSAGES, desk.open, #dead, totals.handled, totals.failed, totals.dead))
+print(("summary: %d tickets, %d messages, %d still open; %s; "
+  .. "%d dead letter(s) settled by hand; engine handled %d, failed %d, dead %d")
+  :format(#TICKETS, #MESSAGES, desk.open,
+    all_in_order and "every ticket answered in order" or "SOME TICKET ANSWERED OUT OF ORDER",
+    #dead, totals.handled, totals.failed, totals.dead))
 
 engine:close()
 store:close()

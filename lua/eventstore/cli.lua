@@ -25,7 +25,8 @@ local DEFAULT_DB = "sqlite:./eventstore.db"
 local DEFAULT_SCRIPTS = "./scripts"
 local PAGE = 100             -- rows per store call when listing
 local READ_PAGE = 1000       -- events per store:read page
-local PROGRESS_EVERY_MS = 500
+local PROGRESS_EVERY_MS = 500  -- the progress line's redraw period
+local PENDING_EVERY_MS = 2000  -- how often the progress line recounts pending
 
 -- The terminal helpers only the binary has (core/main.c); a plain lua5.4
 -- running this module sees "not a terminal" and no progress line.
@@ -52,8 +53,12 @@ end
 
 -- ---- output ---------------------------------------------------------------
 
+-- Writes one line to stdout. A write error (a full disk, a closed file)
+-- is a failure, not a silent exit 0. (A closed pipe ends the process with
+-- SIGPIPE first, as for any filter: `eventstore read s | head -1`.)
 local function out(line)
-  io.stdout:write(line, "\n")
+  local ok, err = io.stdout:write(line, "\n")
+  if not ok then fail("cannot write to stdout: %s", tostring(err)) end
 end
 
 -- One stored event (or any row table) as one line of JSON. A missing
@@ -350,16 +355,17 @@ local function parse(def, argv, i)
           value = argv[i]
           if value == nil then usage_error(name, true, "%s: option --%s needs a value", name, key) end
         end
-        if type(kind) == "table" then
-          o[key] = parse_int(name, "--" .. key, value, kind.int)
-        else
-          o[key] = value
-        end
+        o[key] = value -- numbers are checked below, so --help still wins
       end
     end
     i = i + 1
   end
   if o.help then return o, args end
+  for key, kind in pairs(def.options) do
+    if type(kind) == "table" and o[key] ~= nil then
+      o[key] = parse_int(name, "--" .. key, o[key], kind.int)
+    end
+  end
   local min, max = def.args[1], def.args[2]
   if #args < min then
     usage_error(name, true, "%s: missing argument%s", name, min - #args > 1 and "s" or "")
@@ -372,20 +378,12 @@ end
 
 -- ---- command bodies -------------------------------------------------------
 
--- Builds an engine on an open store. `progress` is a hook the engine may
--- call with {handled, failed, dead, pending} while it runs; an engine that
--- does not know the option and rejects it gets built without it.
+-- Builds an engine on an open store (the engine leaves it open).
 local function new_engine(store, dir, extra)
   need_engine()
   local opts = { store = store, scripts = dir }
   for k, v in pairs(extra or {}) do opts[k] = v end
-  local ok, engine = pcall(eventstore.engine, opts)
-  if not ok and opts.progress ~= nil and tostring(engine):find("progress", 1, true) then
-    opts.progress = nil
-    ok, engine = pcall(eventstore.engine, opts)
-  end
-  if not ok then error(engine, 0) end
-  return engine
+  return eventstore.engine(opts)
 end
 
 -- The number of pending events of the whole store (for run's summary).
@@ -404,29 +402,32 @@ function commands.run.run(o)
   need_engine()
   local store <close> = open_store(o, true)
 
-  -- PROGRESS HOOK: the engine has no progress callback in docs/engine.md
-  -- yet; if it calls opts.progress(stats) from the thread that called
-  -- run(), this keeps one line on stderr, redrawn at most every 500 ms.
-  -- Without the hook only the summary is printed.
+  -- The progress line: engine:run calls `progress` on this thread every
+  -- progress_ms with {handled, failed, dead}; pending is counted here (a
+  -- walk over the sessions), at most every PENDING_EVERY_MS. The line is
+  -- redrawn in place with \r and cleared before the summary.
   local drawn = false
   local progress
   if tty and tty.isatty(2) then
-    local last = nil
+    local pending, counted = 0, nil
     progress = function(stats)
-      if type(stats) ~= "table" then return end
       local now = tty.now_ms()
-      if last ~= nil and now - last < PROGRESS_EVERY_MS then return end
-      last = now
-      io.stderr:write(("\r\27[Khandled %d, failed %d, dead %d, pending %s"):format(
-        stats.handled or 0, stats.failed or 0, stats.dead or 0,
-        stats.pending ~= nil and tostring(stats.pending) or "?"))
+      if counted == nil or now - counted >= PENDING_EVERY_MS then
+        pending, counted = count_pending(store), now
+      end
+      io.stderr:write(("\r\27[Khandled %d, failed %d, dead %d, pending %d"):format(
+        stats.handled or 0, stats.failed or 0, stats.dead or 0, pending))
       io.stderr:flush()
       drawn = true
     end
   end
 
-  local engine = new_engine(store, dir, { workers = o.workers, progress = progress })
-  local stats = engine:run({ until_idle = o["until-idle"] == true }) or {}
+  local engine = new_engine(store, dir, { workers = o.workers })
+  local stats = engine:run({
+    until_idle = o["until-idle"] == true,
+    progress = progress,
+    progress_ms = PROGRESS_EVERY_MS,
+  }) or {}
   engine:close()
   if drawn then io.stderr:write("\r\27[K") io.stderr:flush() end
   out(("handled %d, failed %d, dead %d, pending %d"):format(
@@ -680,20 +681,19 @@ function M.main(argv)
     if getmetatable(def) == Usage then return report_usage(def) end
     error(def, 0)
   end
+  -- Phase 2, unprotected: failures reach core/main.c (exit 1).
+  local code = 0
   if def == "help" then
     io.stdout:write(global_usage())
-    return 0
   elseif def == "version" then
     out(eventstore._VERSION or PROG)
-    return 0
-  end
-  if o.help then
+  elseif o.help then
     io.stdout:write(command_help(def))
-    return 0
+  else
+    code = def.run(o, args)
   end
-  -- Phase 2, unprotected: failures reach core/main.c (exit 1).
-  local code = def.run(o, args)
-  io.stdout:flush()
+  local flushed, err = io.stdout:flush()
+  if not flushed then fail("cannot write to stdout: %s", tostring(err)) end
   return code or 0
 end
 

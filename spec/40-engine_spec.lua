@@ -1,0 +1,801 @@
+-- Engine: CONTRACT §4 and docs/engine.md -- handlers, events without a
+-- handler, hot reload, retries with backoff, dead letters, lanes under two
+-- workers, timers, the instruction and memory budgets, ctx, close.
+-- Reducers and snapshots are in 41-engine_state_spec.lua, kill -9 in
+-- 42-engine_crash_spec.lua. Runs once per backend URL (helpers.urls()).
+--
+-- Handlers run in the engine's worker Lua states, not in this one: they
+-- report what they saw only through the events they return, which the tests
+-- read back from the log.
+local eventstore = require("eventstore")
+if not package.searchpath("helpers", package.path) then
+  local dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
+  package.path = dir .. "?.lua;" .. package.path
+end
+local helpers = require("helpers")
+local eh = require("engine_helpers")
+
+local T0 = helpers.T0
+local counts = eh.counts
+local event = eh.event
+local expect_error = helpers.expect_error
+
+-- A handler returning one event of type `out` (no handler file: settled).
+local function returns(out)
+  return ([[
+return function(event, ctx)
+  return { { type = %q, payload = { of = event.index } } }
+end
+]]):format(out)
+end
+
+local function contains(haystack, needle)
+  return type(haystack) == "string" and haystack:find(needle, 1, true) ~= nil
+end
+
+local function contains_ci(haystack, pattern)
+  return type(haystack) == "string" and haystack:lower():find(pattern) ~= nil
+end
+
+-- engine:append of events whose type has a handler file: each must be
+-- stored pending (else the engine did not see its own handler file).
+local function append_pending(engine, session, events, opts)
+  local stored, pending = engine:append(session, events, opts)
+  for i, e in ipairs(stored) do
+    assert.equal("pending", e.status, ("engine:append stored %s #%d (%s) %s: the engine did not see "
+      .. "scripts/handlers/%s.lua"):format(session, e.index, e.type, tostring(e.status), e.type))
+  end
+  return stored, pending
+end
+
+for _, url in ipairs(helpers.urls()) do
+  describe(url, function()
+    after_each(eh.cleanup)
+
+    -- A fresh store on a manual clock at T0 and an empty scripts directory.
+    -- t.engine(opts) opens an engine on them (opts added to store/scripts).
+    local function setup()
+      local store, clock, concrete = helpers.new(url)
+      local t = { store = store, clock = clock, url = concrete, dir = eh.scripts_dir() }
+      function t.engine(opts)
+        local o = { store = store, scripts = t.dir }
+        for k, v in pairs(opts or {}) do o[k] = v end
+        return eh.engine(o)
+      end
+      function t.handler(event_type, source) eh.handler(t.dir, event_type, source) end
+      return t
+    end
+
+    local function run(engine)
+      return counts(engine:run({ until_idle = true }))
+    end
+
+    -------------------------------------------------------------------------
+    describe("handlers", function()
+      it("appends a handler's returned events with cause {index, attempt} and marks the event processed", function()
+        local t = setup()
+        t.handler("order.placed", [[
+return function(event, ctx)
+  return {
+    { type = "order.confirmed", payload = { order = event.payload.order, qty = event.payload.qty } },
+    { type = "order.audit", id = "audit-" .. event.payload.order, lane = "audit", payload = { n = 1 } },
+  }
+end
+]])
+        local engine = t.engine()
+        local stored, pending = engine:append("s", { { type = "order.placed", payload = { order = "A1", qty = 2 } } })
+        assert.equal(1, #stored)
+        assert.equal("pending", stored[1].status)
+        assert.is_true(pending)
+
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+
+        local events = t.store:read("s")
+        assert.equal(3, #events)
+        local placed, confirmed, audit = events[1], events[2], events[3]
+        assert.equal("processed", placed.status)
+        assert.equal(1, placed.attempts)
+        assert.equal(0, placed.failures)
+        assert.equal(T0, placed.processed_at)
+
+        assert.equal("order.confirmed", confirmed.type)
+        assert.same({ order = "A1", qty = 2 }, confirmed.payload)
+        assert.same({ index = 1, attempt = 1 }, confirmed.cause)
+        assert.equal("s", confirmed.session)
+        assert.equal(2, confirmed.index)
+
+        assert.equal("order.audit", audit.type)
+        assert.equal("audit-A1", audit.id)
+        assert.equal("audit", audit.lane)
+        assert.same({ index = 1, attempt = 1 }, audit.cause)
+
+        -- the returned events have no handler: the engine settled them
+        assert.equal("processed", confirmed.status)
+        assert.equal("processed", audit.status)
+
+        -- nothing left: a second run does nothing
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        assert.equal(3, t.store:head("s"))
+      end)
+
+      it("a handler returning nothing processes the event and appends nothing", function()
+        local t = setup()
+        t.handler("quiet", "return function(event, ctx) end\n")
+        t.handler("empty", "return function(event, ctx) return {} end\n")
+        local engine = t.engine()
+        t.store:append("s", { { type = "quiet" }, { type = "empty" } })
+        assert.same({ handled = 2, failed = 0, dead = 0 }, run(engine))
+        assert.equal(2, t.store:head("s"))
+        assert.equal("processed", event(t.store, "s", 1).status)
+        assert.equal("processed", event(t.store, "s", 2).status)
+      end)
+
+      it("runs the handlers of returned events in turn within the same run", function()
+        local t = setup()
+        t.handler("a", returns("b"))
+        t.handler("b", returns("c"))
+        t.handler("c", returns("d")) -- d has no handler
+        local engine = t.engine()
+        append_pending(engine, "s", { { type = "a" } })
+        assert.same({ handled = 3, failed = 0, dead = 0 }, run(engine))
+        local events = t.store:read("s")
+        assert.same({ "a", "b", "c", "d" }, helpers.pluck(events, "type"))
+        assert.is_nil(events[1].cause)
+        assert.same({ index = 1, attempt = 1 }, events[2].cause)
+        assert.same({ index = 2, attempt = 1 }, events[3].cause)
+        assert.same({ index = 3, attempt = 1 }, events[4].cause)
+        for _, e in ipairs(events) do
+          assert.equal("processed", e.status, "event " .. e.index .. " (" .. e.type .. ")")
+        end
+        assert.equal(3, events[4].payload.of)
+      end)
+
+      it("handles the pending events of every session", function()
+        local t = setup()
+        t.handler("job", returns("job.done"))
+        local engine = t.engine()
+        for _, s in ipairs({ "s1", "s2", "s3" }) do
+          t.store:append(s, { { type = "job" }, { type = "job" } })
+        end
+        assert.same({ handled = 6, failed = 0, dead = 0 }, run(engine))
+        for _, s in ipairs({ "s1", "s2", "s3" }) do
+          local events = t.store:read(s)
+          assert.equal(4, #events, s)
+          for _, e in ipairs(events) do assert.equal("processed", e.status) end
+          local done = eh.of_type(events, "job.done")
+          assert.same({ 1, 2 }, helpers.sorted(helpers.pluck(helpers.pluck(done, "cause"), "index")))
+        end
+      end)
+
+      it("gives the handler the stored event with its attempt, and ctx.session, ctx.attempt, ctx.now()", function()
+        local t = setup()
+        t.handler("probe", [[
+return function(event, ctx)
+  ctx.log("probing", event.index)
+  return { {
+    type = "probe.result",
+    payload = {
+      index = event.index, session = event.session, type = event.type, id = event.id,
+      lane = event.lane, attempt = event.attempt, status = event.status, data = event.payload,
+      ctx_session = ctx.session, ctx_attempt = ctx.attempt, now = ctx.now(),
+    },
+  } }
+end
+]])
+        local engine = t.engine()
+        t.store:append("sess-1", { { type = "other", settled = true }, { id = "p-1", type = "probe", lane = "L", payload = { x = 1, y = "z" } } })
+        t.clock:set(T0 + 12345)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local r = event(t.store, "sess-1", 3)
+        assert.equal("probe.result", r.type)
+        assert.same({
+          index = 2, session = "sess-1", type = "probe", id = "p-1", lane = "L", attempt = 1,
+          status = "pending", data = { x = 1, y = "z" },
+          ctx_session = "sess-1", ctx_attempt = 1, now = T0 + 12345,
+        }, r.payload)
+        assert.equal("integer", math.type(r.payload.now))
+        assert.equal(T0 + 12345, event(t.store, "sess-1", 2).processed_at)
+      end)
+
+      it("run returns the handled, failed and dead counts of that run", function()
+        local t = setup()
+        t.handler("ok", returns("ok.done"))
+        t.handler("bad", "return function(event, ctx) error('bad handler') end\n")
+        local engine = t.engine({ max_failures = 5 })
+        t.store:append("s", { { type = "ok" }, { type = "bad" }, { type = "ok" } })
+        assert.same({ handled = 2, failed = 1, dead = 0 }, run(engine))
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine)) -- bad waits for its backoff
+      end)
+
+      it("each engine uses its own scripts directory (engines opened and closed one after another)", function()
+        local t = setup()
+        for i = 1, 6 do
+          local dir = eh.scripts_dir()
+          local job = "job" .. i -- only this engine's directory has its handler
+          eh.handler(dir, job, ([[
+return function(event, ctx)
+  return { { type = "done", payload = { engine = %d } } }
+end
+]]):format(i))
+          local engine = eh.engine({ store = t.store, scripts = dir })
+          local session = "s" .. i
+          local stored = engine:append(session, { { type = job } })
+          assert.equal("pending", stored[1].status, "engine " .. i .. " does not see its own handler")
+          assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+          assert.same({ engine = i }, event(t.store, session, 2).payload)
+          engine:close()
+        end
+      end)
+
+      it("engine:append is store:append: expected head, returned stored events", function()
+        local t = setup()
+        t.handler("work", returns("work.done"))
+        local engine = t.engine()
+        local stored = engine:append("s", { { id = "w1", type = "work", payload = { n = 1 } } }, { expected = 0 })
+        assert.equal(1, stored[1].index)
+        assert.equal("w1", stored[1].id)
+        assert.same({ n = 1 }, stored[1].payload)
+        expect_error("WRONG_EXPECTED_HEAD", function()
+          engine:append("s", { { type = "work" } }, { expected = 0 })
+        end)
+        -- a lost-acknowledgement retry returns the original
+        local again = engine:append("s", { { id = "w1", type = "work", payload = { n = 1 } } })
+        assert.equal(1, again[1].index)
+        assert.equal(1, t.store:head("s"))
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("events of a type with no handler", function()
+      it("engine:append stores them processed; types with a handler stay pending", function()
+        local t = setup()
+        t.handler("work", returns("work.done"))
+        local engine = t.engine()
+        local stored, pending = engine:append("s", { { type = "note" }, { type = "work" }, { type = "note.other" } })
+        assert.same({ "processed", "pending", "processed" }, helpers.pluck(stored, "status"))
+        assert.is_true(pending)
+        assert.same({ "processed", "pending", "processed" }, helpers.pluck(t.store:read("s"), "status"))
+
+        local _, pending2 = engine:append("t", { { type = "note" } })
+        assert.is_false(pending2)
+        assert.equal("processed", event(t.store, "t", 1).status)
+
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal(4, t.store:head("s"))
+      end)
+
+      it("the engine settles events appended straight to the store, without counting them as handled", function()
+        local t = setup()
+        local engine = t.engine()
+        local _, pending = t.store:append("s", { { type = "note" }, { type = "note", lane = "L" }, { type = "note", lane = "L" } })
+        assert.is_true(pending)
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        for i = 1, 3 do
+          local e = event(t.store, "s", i)
+          assert.equal("processed", e.status)
+          assert.is_nil(e.last_error)
+        end
+        assert.equal(3, t.store:head("s"))
+      end)
+
+      it("a handler file added later does not re-dispatch them", function()
+        local t = setup()
+        local engine = t.engine()
+        engine:append("s", { { type = "note" } })
+        t.store:append("s", { { type = "note" } })
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        assert.equal("processed", event(t.store, "s", 2).status)
+
+        t.handler("note", returns("noted"))
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        assert.equal(2, t.store:head("s"))
+        local fresh = t.engine()
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(fresh))
+        assert.equal(2, t.store:head("s"))
+      end)
+
+      it("once a handler file exists, new events of its type go to it", function()
+        local t = setup()
+        local engine = t.engine()
+        engine:append("s", { { type = "note" } })
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        t.handler("note", returns("noted"))
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+
+        t.store:append("s", { { type = "note" } }) -- index 2
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local stored = engine:append("s", { { type = "note" } }) -- index 4
+        assert.equal("pending", stored[1].status)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local noted = eh.of_type(t.store:read("s"), "noted")
+        assert.same({ 2, 4 }, helpers.pluck(helpers.pluck(noted, "cause"), "index"))
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("hot reload", function()
+      local function version_handler(v)
+        return ([[
+return function(event, ctx)
+  return { { type = "out", payload = { version = %d, of = event.index } } }
+end
+]]):format(v)
+      end
+
+      it("a changed handler file is used from the next run on", function()
+        local t = setup()
+        t.handler("job", version_handler(1))
+        local engine = t.engine()
+        append_pending(engine, "s", { { type = "job" } })
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal(1, event(t.store, "s", 2).payload.version)
+
+        t.handler("job", version_handler(2)) -- new content, mtime moved forward
+        append_pending(engine, "s", { { type = "job" } }) -- index 3
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local out = event(t.store, "s", 4)
+        assert.same({ version = 2, of = 3 }, out.payload)
+      end)
+
+      it("a changed handler file is picked up by an engine that stays open (after more than a second)", function()
+        local t = setup()
+        t.handler("job", version_handler(1))
+        local engine = t.engine({ workers = 2 })
+        append_pending(engine, "s", { { type = "job" } })
+        run(engine)
+        assert.equal(1, event(t.store, "s", 2).payload.version)
+        t.handler("job", version_handler(7))
+        os.execute("sleep 1.1")
+        append_pending(engine, "s", { { type = "job" }, { type = "job" } })
+        assert.same({ handled = 2, failed = 0, dead = 0 }, run(engine))
+        for _, e in ipairs(eh.of_type(t.store:read("s", { after = 2 }), "out")) do
+          assert.equal(7, e.payload.version)
+        end
+      end)
+
+      it("a handler file with a syntax error fails its events naming the file; other events go on", function()
+        local t = setup()
+        t.handler("broken", "return function(event, ctx)\n  return { { type = \n")
+        t.handler("fine", returns("fine.done"))
+        local engine = t.engine({ max_failures = 5, backoff_ms = 1000 })
+        t.store:append("a", { { type = "broken" } })
+        t.store:append("b", { { type = "fine" }, { type = "fine" } })
+        assert.same({ handled = 2, failed = 1, dead = 0 }, run(engine))
+
+        local e = event(t.store, "a", 1)
+        assert.equal("pending", e.status)
+        assert.equal(1, e.failures)
+        assert.is_string(e.last_error)
+        assert.is_true(contains(e.last_error, "broken.lua"), "last_error must name the file: " .. tostring(e.last_error))
+        assert.equal("processed", event(t.store, "b", 1).status)
+        assert.equal("processed", event(t.store, "b", 2).status)
+
+        -- fixed, it runs on the retry
+        t.handler("broken", returns("repaired"))
+        t.clock:set(e.retry_at)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local repaired = event(t.store, "a", 2)
+        assert.equal("repaired", repaired.type)
+        assert.same({ index = 1, attempt = 2 }, repaired.cause)
+      end)
+
+      it("a handler file that does not return a function fails its events naming the file", function()
+        local t = setup()
+        t.handler("notfn", "return 42\n")
+        t.handler("fine", returns("fine.done"))
+        local engine = t.engine()
+        t.store:append("a", { { type = "notfn" } })
+        t.store:append("b", { { type = "fine" } })
+        assert.same({ handled = 1, failed = 1, dead = 0 }, run(engine))
+        local e = event(t.store, "a", 1)
+        assert.equal(1, e.failures)
+        assert.is_true(contains(e.last_error, "notfn.lua"), "last_error must name the file: " .. tostring(e.last_error))
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("retries with backoff", function()
+      it("an error on attempt 1 waits for its backoff, then attempt 2 succeeds", function()
+        local t = setup()
+        t.handler("flaky", [[
+return function(event, ctx)
+  if ctx.attempt == 1 then error("flaky: first attempt fails") end
+  return { { type = "flaky.done", payload = { attempt = ctx.attempt } } }
+end
+]])
+        local engine = t.engine({ backoff_ms = 1000, backoff_cap_ms = 60000, max_failures = 5 })
+        t.store:append("s", { { type = "flaky" } })
+        assert.same({ handled = 0, failed = 1, dead = 0 }, run(engine))
+
+        local e = event(t.store, "s", 1)
+        assert.equal("pending", e.status)
+        assert.equal(1, e.failures)
+        assert.equal(1, e.attempts) -- not retried within the same run
+        assert.is_true(contains(e.last_error, "flaky: first attempt fails"), tostring(e.last_error))
+        assert.is_number(e.retry_at)
+        assert.is_true(e.retry_at >= T0 + 500 and e.retry_at <= T0 + 1000,
+          ("first retry_at must be within [now + 500, now + 1000], got now + %d"):format(e.retry_at - T0))
+        local retry_at = e.retry_at
+
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        t.clock:set(retry_at - 1)
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        assert.equal(1, event(t.store, "s", 1).attempts)
+
+        t.clock:set(retry_at)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        e = event(t.store, "s", 1)
+        assert.equal("processed", e.status)
+        assert.equal(2, e.attempts)
+        local done = event(t.store, "s", 2)
+        assert.equal("flaky.done", done.type)
+        assert.same({ index = 1, attempt = 2 }, done.cause)
+        assert.same({ attempt = 2 }, done.payload)
+      end)
+
+      it("the n-th retry waits between half and all of min(backoff_ms * 2^(n-1), backoff_cap_ms)", function()
+        local t = setup()
+        t.handler("always", "return function(event, ctx) error('always fails') end\n")
+        local engine = t.engine({ backoff_ms = 1000, backoff_cap_ms = 3000, max_failures = 10 })
+        t.store:append("s", { { type = "always" } })
+        local expected_wait = { 1000, 2000, 3000, 3000, 3000 }
+        local now = T0
+        for n, wait in ipairs(expected_wait) do
+          assert.same({ handled = 0, failed = 1, dead = 0 }, run(engine), "run " .. n)
+          local e = event(t.store, "s", 1)
+          assert.equal(n, e.failures)
+          assert.equal(n, e.attempts)
+          assert.equal("pending", e.status)
+          assert.is_true(e.retry_at >= now + wait // 2 and e.retry_at <= now + wait,
+            ("retry %d: retry_at must be within [now + %d, now + %d], got now + %d")
+              :format(n, wait // 2, wait, e.retry_at - now))
+          -- nothing happens before retry_at
+          t.clock:set(e.retry_at - 1)
+          assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+          now = e.retry_at
+          t.clock:set(now)
+        end
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("dead letters", function()
+      it("dead-letters at max_failures keeping the error and its traceback; revive after a fix completes it", function()
+        local t = setup()
+        t.handler("doomed", [[
+local function deeper()
+  error("doomed: handler always fails")
+end
+return function(event, ctx)
+  deeper()
+end
+]])
+        local engine = t.engine({ max_failures = 2, backoff_ms = 100, backoff_cap_ms = 1000 })
+        t.store:append("s", { { type = "doomed" } })
+        assert.same({ handled = 0, failed = 1, dead = 0 }, run(engine))
+        local e = event(t.store, "s", 1)
+        assert.equal("pending", e.status)
+        assert.equal(1, e.failures)
+
+        t.clock:set(e.retry_at)
+        local r = run(engine)
+        assert.equal(0, r.handled)
+        assert.equal(1, r.dead)
+        e = event(t.store, "s", 1)
+        assert.equal("dead", e.status)
+        assert.equal(2, e.failures)
+        assert.is_true(contains(e.last_error, "doomed: handler always fails"), tostring(e.last_error))
+        assert.is_true(contains(e.last_error, "stack traceback"), "last_error must hold a traceback: " .. tostring(e.last_error))
+        local dead = t.store:dead_letters({})
+        assert.equal(1, #dead)
+        assert.equal(1, dead[1].index)
+
+        -- a dead letter is not retried, however long we wait
+        t.clock:advance(10 * 60 * 1000)
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        assert.equal("dead", event(t.store, "s", 1).status)
+
+        -- fix the handler, revive: it runs again and completes
+        t.handler("doomed", [[
+return function(event, ctx)
+  return { { type = "doomed.done", payload = { attempt = ctx.attempt } } }
+end
+]])
+        t.store:revive("s", 1)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        e = event(t.store, "s", 1)
+        assert.equal("processed", e.status)
+        local done = event(t.store, "s", 2)
+        assert.equal("doomed.done", done.type)
+        assert.equal(3, e.attempts) -- two failed claims, then the revived one
+        assert.same({ index = 1, attempt = 3 }, done.cause)
+        assert.same({ attempt = 3 }, done.payload)
+        assert.equal(0, #t.store:dead_letters({}))
+      end)
+
+      it("a dead letter blocks its lane until settled", function()
+        local t = setup()
+        t.handler("doomed", "return function(event, ctx) error('doomed') end\n")
+        t.handler("next", returns("next.done"))
+        local engine = t.engine({ max_failures = 1 })
+        t.store:append("s", { { type = "doomed", lane = "L" }, { type = "next", lane = "L" }, { type = "next" } })
+        local r = run(engine)
+        assert.equal(1, r.handled) -- the unlaned event
+        assert.equal(1, r.dead)
+        assert.equal("dead", event(t.store, "s", 1).status)
+        assert.equal("pending", event(t.store, "s", 2).status)
+        t.clock:advance(10 * 60 * 1000)
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        assert.equal("pending", event(t.store, "s", 2).status)
+
+        t.store:settle("s", 1, "skipped by the test")
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal("processed", event(t.store, "s", 2).status)
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("lanes", function()
+      it("handles each lane strictly in index order with 2 workers", function()
+        local t = setup()
+        t.handler("step", [[
+return function(event, ctx)
+  local x = 0
+  for i = 1, 20000 + (event.index * 7919) % 20000 do x = x + i end
+  return { { type = "seen", payload = { index = event.index, lane = event.lane } } }
+end
+]])
+        local engine = t.engine({ workers = 2 })
+        local lanes = { "a", "b", "c" }
+        local batch, by_lane = {}, { a = {}, b = {}, c = {}, none = {} }
+        for i = 1, 75 do
+          local lane = (i % 5 == 0) and nil or lanes[i % 3 + 1]
+          batch[i] = { type = "step", lane = lane, payload = { i = i } }
+          table.insert(by_lane[lane or "none"], i)
+        end
+        t.store:append("s", batch)
+        assert.same({ handled = 75, failed = 0, dead = 0 }, run(engine))
+
+        local events = t.store:read("s")
+        assert.equal(150, #events)
+        local seen = { a = {}, b = {}, c = {}, none = {} }
+        for _, e in ipairs(events) do
+          assert.equal("processed", e.status, "event " .. e.index)
+          if e.type == "seen" then
+            assert.equal(e.payload.index, e.cause.index)
+            table.insert(seen[e.payload.lane or "none"], e.payload.index)
+          end
+        end
+        for _, lane in ipairs(lanes) do
+          assert.same(by_lane[lane], seen[lane], "lane " .. lane .. " was not handled in index order")
+        end
+        assert.same(by_lane.none, helpers.sorted(seen.none))
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("timers", function()
+      it("a returned event with delay_ms gets not_before = now at completion + delay_ms and waits for the clock", function()
+        local t = setup()
+        t.handler("start", [[
+return function(event, ctx)
+  return { { type = "tick", delay_ms = 5000, payload = { n = 1 } } }
+end
+]])
+        t.handler("tick", returns("ticked"))
+        local engine = t.engine()
+        append_pending(engine, "s", { { type = "start" } })
+        t.clock:set(T0 + 100)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local tick = event(t.store, "s", 2)
+        assert.equal("tick", tick.type)
+        assert.equal(T0 + 5100, tick.not_before)
+        assert.equal("pending", tick.status)
+        assert.same({ index = 1, attempt = 1 }, tick.cause)
+        assert.same({ n = 1 }, tick.payload)
+
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        t.clock:set(T0 + 5099)
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        assert.equal(2, t.store:head("s"))
+        t.clock:set(T0 + 5100)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local ticked = event(t.store, "s", 3)
+        assert.equal("ticked", ticked.type)
+        assert.same({ index = 2, attempt = 1 }, ticked.cause)
+        assert.equal("processed", event(t.store, "s", 2).status)
+      end)
+
+      it("a returned event with at gets not_before = at", function()
+        local t = setup()
+        t.handler("schedule", [[
+return function(event, ctx)
+  return { { type = "tick", at = event.payload.at } }
+end
+]])
+        t.handler("tick", returns("ticked"))
+        local engine = t.engine()
+        append_pending(engine, "s", { { type = "schedule", payload = { at = T0 + 7777 } } })
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal(T0 + 7777, event(t.store, "s", 2).not_before)
+        t.clock:set(T0 + 7776)
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        t.clock:set(T0 + 7777)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal("ticked", event(t.store, "s", 3).type)
+      end)
+
+      it("engine:append accepts delay_ms and at", function()
+        local t = setup()
+        t.handler("tick", returns("ticked"))
+        local engine = t.engine()
+        t.clock:set(T0 + 10)
+        local stored = append_pending(engine, "s", { { type = "tick", delay_ms = 3000 }, { type = "tick", at = T0 + 2000 } })
+        assert.equal(T0 + 3010, stored[1].not_before)
+        assert.equal(T0 + 2000, stored[2].not_before)
+        assert.equal(T0 + 3010, event(t.store, "s", 1).not_before)
+        assert.equal(T0 + 2000, event(t.store, "s", 2).not_before)
+
+        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
+        t.clock:set(T0 + 2000)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal("processed", event(t.store, "s", 2).status)
+        assert.equal("pending", event(t.store, "s", 1).status)
+        t.clock:set(T0 + 3010)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal("processed", event(t.store, "s", 1).status)
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("budgets", function()
+      it("a handler over the instruction budget fails naming it; the engine handles the other events", function()
+        local t = setup()
+        t.handler("spin", "return function(event, ctx) while true do end end\n")
+        t.handler("ok", returns("ok.done"))
+        local engine = t.engine({ instruction_budget = 100000 })
+        t.store:append("a", { { type = "spin" } })
+        t.store:append("b", { { type = "ok" }, { type = "ok" } })
+        assert.same({ handled = 2, failed = 1, dead = 0 }, run(engine))
+        local e = event(t.store, "a", 1)
+        assert.equal("pending", e.status)
+        assert.equal(1, e.failures)
+        assert.is_true(contains_ci(e.last_error, "instruction.budget"),
+          "last_error must name the instruction budget: " .. tostring(e.last_error))
+        assert.equal("processed", event(t.store, "b", 2).status)
+
+        -- the engine keeps going: the worker that ran into the budget works on
+        t.clock:advance(10 * 60 * 1000)
+        t.store:append("b", { { type = "ok" } })
+        assert.same({ handled = 1, failed = 1, dead = 0 }, run(engine))
+        assert.equal("processed", event(t.store, "b", 5).status)
+        assert.equal(2, event(t.store, "a", 1).failures)
+      end)
+
+      it("the instruction budget is per handler call, not cumulative", function()
+        local t = setup()
+        t.handler("medium", [[
+return function(event, ctx)
+  local x = 0
+  for i = 1, 20000 do x = x + i end
+  return { { type = "medium.done", payload = { x = x } } }
+end
+]])
+        local engine = t.engine({ instruction_budget = 100000, workers = 1 })
+        local batch = {}
+        for i = 1, 12 do batch[i] = { type = "medium" } end
+        t.store:append("s", batch)
+        assert.same({ handled = 12, failed = 0, dead = 0 }, run(engine))
+      end)
+
+      it("a handler over the memory budget fails naming it; the engine survives and handles other events", function()
+        local t = setup()
+        t.handler("hog_string", [[
+return function(event, ctx)
+  local s = string.rep("x", 128 * 1024 * 1024)
+  return { { type = "never", payload = { n = #s } } }
+end
+]])
+        t.handler("hog_table", [[
+return function(event, ctx)
+  local t = {}
+  for i = 1, 200000 do t[i] = string.rep("y", 1000) .. i end
+  return { { type = "never", payload = { n = #t } } }
+end
+]])
+        t.handler("ok", returns("ok.done"))
+        local engine = t.engine({ memory_budget = 32 * 1024 * 1024 })
+        t.store:append("a", { { type = "hog_string" } })
+        t.store:append("b", { { type = "hog_table" } })
+        t.store:append("c", { { type = "ok" }, { type = "ok" } })
+        assert.same({ handled = 2, failed = 2, dead = 0 }, run(engine))
+        for _, s in ipairs({ "a", "b" }) do
+          local e = event(t.store, s, 1)
+          assert.equal("pending", e.status, s)
+          assert.equal(1, e.failures, s)
+          assert.is_true(contains_ci(e.last_error, "memory.budget"),
+            "last_error of " .. s .. " must name the memory budget: " .. tostring(e.last_error))
+          assert.equal(1, t.store:head(s), "nothing appended for " .. s)
+        end
+        assert.equal("processed", event(t.store, "c", 1).status)
+        assert.equal("processed", event(t.store, "c", 2).status)
+
+        -- the worker's Lua state is usable afterwards
+        t.store:append("c", { { type = "ok" } })
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal("processed", event(t.store, "c", 5).status)
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("close", function()
+      -- How many open file descriptors of this process point at path (or
+      -- its -wal / -shm / -journal).
+      local function fds_on(path)
+        local pid = eh.read_file("/proc/self/stat"):match("^(%d+)")
+        local p = assert(io.popen("ls -l /proc/" .. pid .. "/fd 2>/dev/null"))
+        local n = 0
+        for line in p:lines() do
+          if line:find(path, 1, true) then n = n + 1 end
+        end
+        p:close()
+        return n
+      end
+
+      if url:match("^sqlite:") then
+        it("closes a store the engine opened from a URL", function()
+          local store, clock, concrete = helpers.new(url)
+          store:close() -- only the file name is needed (removed by cleanup)
+          local path = concrete:match("^sqlite:(.*)$")
+          assert.equal(0, fds_on(path))
+          local dir = eh.scripts_dir()
+          eh.handler(dir, "job", returns("job.done"))
+          local engine = eh.engine({ store = concrete, scripts = dir, clock = clock })
+          append_pending(engine, "s", { { type = "job" } })
+          assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+          assert.is_true(fds_on(path) > 0, "the engine should hold the sqlite file open")
+          engine:close()
+          assert.equal(0, fds_on(path), "engine:close() must close the store it opened")
+
+          local check = helpers.open_same(concrete)
+          local events = check:read("s")
+          assert.equal(2, #events)
+          assert.equal("processed", events[1].status)
+          assert.same({ index = 1, attempt = 1 }, events[2].cause)
+          assert.equal(T0, events[1].processed_at) -- the clock option reached the store
+        end)
+      end
+
+      it("works on a store it opens from a URL and closes it without error", function()
+        local clock = helpers.manual_clock(T0)
+        local store_url = url
+        if url:match("^sqlite:") then
+          local s, _, concrete = helpers.new(url)
+          s:close()
+          store_url = concrete
+        end
+        local dir = eh.scripts_dir()
+        eh.handler(dir, "job", returns("job.done"))
+        local engine = eh.engine({ store = store_url, scripts = dir, clock = clock })
+        local stored = append_pending(engine, "s", { { type = "job" } })
+        assert.equal(T0, stored[1].created_at)
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        engine:close()
+      end)
+
+      it("leaves a store it was given open", function()
+        local t = setup()
+        t.handler("job", returns("job.done"))
+        local engine = t.engine()
+        append_pending(engine, "s", { { type = "job" } })
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        engine:close()
+        -- the store is still usable
+        local stored = t.store:append("s", { { type = "after.close" } })
+        assert.equal(3, stored[1].index)
+        assert.equal(3, #t.store:read("s"))
+        assert.equal(3, t.store:head("s"))
+      end)
+    end)
+  end)
+end
