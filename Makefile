@@ -116,16 +116,23 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/eventstore
 
-# libFuzzer over the JSON codec (C face, and the Lua face against it); see
-# fuzz/README.md. Bounded: FUZZ_TIME seconds (default 60).
+# libFuzzer over the JSON codec (C face, and the Lua face against it) and
+# over the reducer-state codec (decode, and re-encode against the input);
+# see fuzz/README.md. Bounded: FUZZ_TIME seconds per target (default 60).
 fuzz:
-	@mkdir -p $(BUILD)/fuzz/corpus
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/json_fuzz.c core/json.c core/buf.c core/es.c core/lua_json.c core/lua_common.c \
 	  -o $(BUILD)/fuzz/json_fuzz -llua5.4 -lm
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  fuzz/state_fuzz.c core/lua_state.c core/json.c core/buf.c core/es.c core/lua_json.c core/lua_common.c \
+	  -o $(BUILD)/fuzz/state_fuzz -llua5.4 -lm
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
+	$(BUILD)/fuzz/state_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
+	  -artifact_prefix=$(BUILD)/fuzz/state- $(BUILD)/fuzz/state_corpus
 
 clean:
 	rm -rf build build-san

@@ -10,11 +10,12 @@
  *   - rows are found by position (a dense array: position p at p - 1), by
  *     (session, index) (a dense array per session) and by id (hmap.h);
  *   - the dispatch indexes are intrusive AVL trees (tree.h): queued rows by
- *     (due_at, position) store-wide and by (due_at, index) per session, dead
- *     rows by position store-wide and per session, unprocessed laned rows by
- *     index per (session, lane). Their nodes sit in a block hung off the row
- *     only while it is in one of those sets (freed at commit otherwise), so
- *     history rows do not pay for them.
+ *     (due_at, position) store-wide and by index per session (each subtree
+ *     knowing its least due_at), dead rows by position store-wide and per
+ *     session, unprocessed laned rows by index per (session, lane). Their
+ *     nodes sit in a block hung off the row, sized for the sets it is in and
+ *     freed at commit once it is in none, so history rows do not pay for
+ *     them.
  *
  * Transactions: one writer at a time (a rwlock, writer-preferring) and an
  * undo log. Every write op first makes every allocation it needs, then
@@ -38,20 +39,21 @@ typedef struct msess msess;
 
 /* The ordered sets a row can be in; bit i of a set mask is slot i. A links
  * block holds the nodes of slots 0 .. n-1 only, so the order puts the sets
- * of a pending row first: a queued row needs 3 nodes, a laned one 4.
+ * of a pending row first: a queued row needs 2 nodes, a laned one 3.
  *   QG   queued rows of the store by (due_at, position): claim_next
- *   QS   queued rows of a session by (due_at, index): queued_next_due
- *   QI   queued rows of a session by index: claim, in index order
+ *   QS   queued rows of a session by index, each subtree knowing its least
+ *        due_at (mlinks.qmin): claim takes the first due rows in index
+ *        order without walking the ones not due yet
  *   LANE unprocessed rows of a (session, lane) by index: lane_next
  *   DG, DS  dead rows of the store, of a session, by position */
-enum { SLOT_QG, SLOT_QS, SLOT_QI, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
-#define SETS_BY_DUE ((1u << SLOT_QG) | (1u << SLOT_QS))
-#define SETS_QUEUED (SETS_BY_DUE | (1u << SLOT_QI))
+enum { SLOT_QG, SLOT_QS, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
+#define SETS_QUEUED ((1u << SLOT_QG) | (1u << SLOT_QS))
 #define SETS_DEAD ((1u << SLOT_DG) | (1u << SLOT_DS))
 #define SETS_LANE (1u << SLOT_LANE)
 
 typedef struct mlinks {
   mrow *row;             /* back pointer: a node leads to its row */
+  int64_t qmin;          /* least due_at in this row's QS subtree */
   es_tree_node node[];   /* indexed by SLOT_*, as many as mrow.nslots */
 } mlinks;
 
@@ -104,8 +106,7 @@ struct msess {
   es_session_info *info;  /* owned, session field NULL; NULL: never put */
   mrow **rows;            /* owned array; index i at rows[i - 1] */
   size_t n, cap;
-  es_tree queued;         /* SLOT_QS */
-  es_tree queued_idx;     /* SLOT_QI */
+  es_tree queued;         /* SLOT_QS, augmented with mlinks.qmin */
   es_tree dead;           /* SLOT_DS */
   es_hmap *lanes;         /* owned, of owned mlane; NULL until the first laned row */
   msnap **snaps;          /* owned, sorted by reducer */
@@ -377,7 +378,10 @@ static unsigned slots_for(unsigned mask) {
 
 static mlinks *links_new(mrow *r, unsigned nslots) {
   mlinks *l = malloc(sizeof *l + nslots * sizeof l->node[0]);
-  if (l) l->row = r;
+  if (l) {
+    l->row = r;
+    l->qmin = INT64_MAX;
+  }
   return l;
 }
 
@@ -389,8 +393,7 @@ static tkey slot_key(int slot, const mrow *r) {
   tkey k = {0, 0};
   switch (slot) {
     case SLOT_QG: k.a = r->due_at; k.b = r->position; break;
-    case SLOT_QS: k.a = r->due_at; k.b = r->index; break;
-    case SLOT_QI: k.a = r->index; break;
+    case SLOT_QS: k.a = r->index; break;
     case SLOT_DG:
     case SLOT_DS: k.a = r->position; break;
     default: k.a = r->index; break;
@@ -398,10 +401,12 @@ static tkey slot_key(int slot, const mrow *r) {
   return k;
 }
 
-static mrow *node_row(const es_tree_node *n, int slot) {
-  const mlinks *l = (const mlinks *)((const char *)(n - slot) - offsetof(mlinks, node));
-  return l->row;
+/* A set's node leads to its links block (the slot says which node it is),
+ * and that to the row. */
+static mlinks *node_links(const es_tree_node *n, int slot) {
+  return (mlinks *)((const char *)(n - slot) - offsetof(mlinks, node));
 }
+static mrow *node_row(const es_tree_node *n, int slot) { return node_links(n, slot)->row; }
 
 static int tkey_cmp(tkey x, tkey y) {
   if (x.a != y.a) return x.a < y.a ? -1 : 1;
@@ -418,24 +423,34 @@ static int tkey_cmp(tkey x, tkey y) {
   }
 SLOT_FUNCS(SLOT_QG, qg)
 SLOT_FUNCS(SLOT_QS, qs)
-SLOT_FUNCS(SLOT_QI, qi)
 SLOT_FUNCS(SLOT_DG, dg)
 SLOT_FUNCS(SLOT_DS, ds)
 SLOT_FUNCS(SLOT_LANE, lane)
 
 static es_tree_probe_fn const slot_probe[NSLOTS] = {
-    [SLOT_QG] = probe_qg, [SLOT_QS] = probe_qs, [SLOT_QI] = probe_qi, [SLOT_LANE] = probe_lane,
+    [SLOT_QG] = probe_qg, [SLOT_QS] = probe_qs, [SLOT_LANE] = probe_lane,
     [SLOT_DG] = probe_dg, [SLOT_DS] = probe_ds};
 
 static es_tree *slot_tree(es_backend *b, mrow *r, int slot) {
   switch (slot) {
     case SLOT_QG: return &b->queued;
     case SLOT_QS: return &r->sess->queued;
-    case SLOT_QI: return &r->sess->queued_idx;
     case SLOT_DG: return &b->dead;
     case SLOT_DS: return &r->sess->dead;
     default: return &row_lane(r)->unprocessed;
   }
+}
+
+static int64_t qs_min(const es_tree_node *n) { return n ? node_links(n, SLOT_QS)->qmin : INT64_MAX; }
+
+static int qs_update(es_tree_node *n) {
+  mlinks *l = node_links(n, SLOT_QS);
+  int64_t m = l->row->due_at, c;
+  if ((c = qs_min(es_tree_left(n))) < m) m = c;
+  if ((c = qs_min(n->right)) < m) m = c;
+  if (l->qmin == m) return 0;
+  l->qmin = m;
+  return 1;
 }
 
 /* Links or unlinks r in the sets of mask (r->links must exist). */
@@ -456,7 +471,8 @@ static void row_set_state(es_backend *b, mrow *r, int status, int queued, int64_
                           unsigned flags, mdisp *disp, mlinks *links, unsigned nslots) {
   unsigned before = row_sets(r), after = sets_of(status, queued, flags);
   unsigned moved = 0;
-  if (r->due_at != due_at) moved = before & after & SETS_BY_DUE;
+  /* QS is keyed by index but summarises due_at: relinking refreshes it. */
+  if (r->due_at != due_at) moved = before & after & SETS_QUEUED;
   if (links != r->links) moved = before & after;
   row_unlink(b, r, (before & ~after) | moved);
   r->status = (unsigned char)status;
@@ -483,8 +499,7 @@ static msess *sess_alloc(const char *name) {
   msess *s = calloc(1, sizeof *s + len + 1);
   if (!s) return NULL;
   memcpy(s->name, name, len + 1);
-  es_tree_init(&s->queued, cmp_qs);
-  es_tree_init(&s->queued_idx, cmp_qi);
+  es_tree_init_augmented(&s->queued, cmp_qs, qs_update);
   es_tree_init(&s->dead, cmp_ds);
   return s;
 }
@@ -1048,11 +1063,11 @@ static int mem_lane_next(es_txn *t, const char *session, const char *lane, int64
 }
 
 /* Calls cb for the rows of one set from `from` on (strict: after it) while
- * their key's first part is <= stop_a, skipping rows due after skip_due, at
- * most limit. Chunked like mem_session_list; a row changed by a callback is
- * re-checked before its turn. */
-static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop_a,
-                    int64_t skip_due, int64_t limit, es_event_cb cb, void *ctx) {
+ * their key's first part is <= stop_a, at most limit. Chunked like
+ * mem_session_list; a row changed by a callback is re-checked before its
+ * turn. */
+static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop_a, int64_t limit,
+                    es_event_cb cb, void *ctx) {
   if (limit != ES_NONE && limit <= 0) return ES_OK;
   es_tree_iter it;
   for (;;) {
@@ -1064,9 +1079,8 @@ static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop
       mrow *r = node_row(nd, slot);
       tkey k = slot_key(slot, r);
       if (k.a > stop_a) break;
-      from = k;  /* resume after the last row seen, skipped or not */
+      from = k;
       strict = 1;
-      if (r->due_at > skip_due) continue;
       rows[n] = r;
       keys[n++] = k;
       if (n == CHUNK) {
@@ -1076,9 +1090,7 @@ static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop
     }
     for (int i = 0; i < n; i++) {
       mrow *r = rows[i];
-      if (!(row_sets(r) & (1u << slot)) || tkey_cmp(slot_key(slot, r), keys[i]) != 0 ||
-          r->due_at > skip_due)
-        continue;
+      if (!(row_sets(r) & (1u << slot)) || tkey_cmp(slot_key(slot, r), keys[i]) != 0) continue;
       es_event v;
       row_view(r, &v);
       if (cb(ctx, &v)) return ES_OK;
@@ -1088,16 +1100,61 @@ static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop
   }
 }
 
+/* Up to cap rows of the QS subtree n with index > after and due_at <= now,
+ * in index order. A subtree whose least due_at is later than now is never
+ * entered, so this costs O((found + 1) log n) however many rows wait. */
+static void qs_collect(const es_tree_node *n, int64_t after, int64_t now, mrow **out, int *k,
+                       int cap) {
+  while (n && *k < cap && qs_min(n) <= now) {
+    mrow *r = node_row(n, SLOT_QS);
+    if (r->index > after) {
+      qs_collect(es_tree_left(n), after, now, out, k, cap);
+      if (*k < cap && r->index > after && r->due_at <= now) out[(*k)++] = r;
+    }
+    n = n->right;  /* the loop is the tail call */
+  }
+}
+
+/* The least due_at > now in the QS subtree n (or best, if smaller). Only
+ * subtrees holding a row due by now are searched inside. */
+static int64_t qs_next_due(const es_tree_node *n, int64_t now, int64_t best) {
+  while (n) {
+    int64_t m = qs_min(n);
+    if (m >= best) break;
+    if (m > now) return m;
+    best = qs_next_due(es_tree_left(n), now, best);
+    int64_t d = node_row(n, SLOT_QS)->due_at;
+    if (d > now && d < best) best = d;
+    n = n->right;
+  }
+  return best;
+}
+
 static int mem_queued_due(es_txn *t, const char *session, int64_t now, int64_t limit,
                           es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
   es_backend *b = t->b;
   tkey from = {INT64_MIN, INT64_MIN};
-  if (!session) return walk_set(&b->queued, SLOT_QG, from, 0, now, INT64_MAX, limit, cb, ctx);
-  /* By index, passing over rows not due yet (mostly live claims). */
+  if (!session) return walk_set(&b->queued, SLOT_QG, from, 0, now, limit, cb, ctx);
   msess *s = sess_find(t, session);
-  if (!s) return ES_OK;
-  return walk_set(&s->queued_idx, SLOT_QI, from, 0, INT64_MAX, now, limit, cb, ctx);
+  if (!s || (limit != ES_NONE && limit <= 0)) return ES_OK;
+  /* In chunks, re-collected after each (callbacks may write). */
+  int64_t after = INT64_MIN;
+  for (;;) {
+    mrow *rows[CHUNK];
+    int k = 0;
+    qs_collect(s->queued.root, after, now, rows, &k, CHUNK);
+    for (int i = 0; i < k; i++) {
+      mrow *r = rows[i];
+      after = r->index;
+      if (!r->queued || r->due_at > now) continue;
+      es_event v;
+      row_view(r, &v);
+      if (cb(ctx, &v)) return ES_OK;
+      if (limit != ES_NONE && --limit == 0) return ES_OK;
+    }
+    if (k < CHUNK) return ES_OK;
+  }
 }
 
 static int mem_queued_next_due(es_txn *t, const char *session, int64_t now, int64_t *due,
@@ -1105,14 +1162,15 @@ static int mem_queued_next_due(es_txn *t, const char *session, int64_t now, int6
   (void)err;
   es_backend *b = t->b;
   *due = ES_NONE;
-  tkey k = {now, INT64_MAX};
-  es_tree_node *n;
   if (!session) {
-    if ((n = es_tree_seek(&b->queued, probe_qg, &k, 1))) *due = node_row(n, SLOT_QG)->due_at;
+    tkey k = {now, INT64_MAX};
+    es_tree_node *n = es_tree_seek(&b->queued, probe_qg, &k, 1);
+    if (n) *due = node_row(n, SLOT_QG)->due_at;
     return ES_OK;
   }
   msess *s = sess_find(t, session);
-  if (s && (n = es_tree_seek(&s->queued, probe_qs, &k, 1))) *due = node_row(n, SLOT_QS)->due_at;
+  int64_t d = s && now != INT64_MAX ? qs_next_due(s->queued.root, now, INT64_MAX) : INT64_MAX;
+  if (d != INT64_MAX) *due = d;
   return ES_OK;
 }
 
@@ -1121,10 +1179,10 @@ static int mem_dead_list(es_txn *t, const char *session, int64_t after, int64_t 
   (void)err;
   es_backend *b = t->b;
   tkey from = {after, INT64_MAX};
-  if (!session) return walk_set(&b->dead, SLOT_DG, from, 1, INT64_MAX, INT64_MAX, limit, cb, ctx);
+  if (!session) return walk_set(&b->dead, SLOT_DG, from, 1, INT64_MAX, limit, cb, ctx);
   msess *s = sess_find(t, session);
   if (!s) return ES_OK;
-  return walk_set(&s->dead, SLOT_DS, from, 1, INT64_MAX, INT64_MAX, limit, cb, ctx);
+  return walk_set(&s->dead, SLOT_DS, from, 1, INT64_MAX, limit, cb, ctx);
 }
 
 /* ---- snapshots ---------------------------------------------------------- */

@@ -26,6 +26,7 @@
  * order across threads and processes.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -34,7 +35,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -404,7 +404,13 @@ static void sq_conn_finalize(sq_conn *c) {
  * I/O, full-disk and out-of-memory errors do that): every later call fails,
  * so a group commit never commits the rest of the batch as if nothing
  * happened. */
+static void sq_txn_break(es_txn *t, const char *msg);
+
 static int sq_txn_check(es_txn *t, es_err *err) {
+  /* belt and braces: a write transaction that is no longer open on its
+   * connection must not go on (a SAVEPOINT would silently start a new one) */
+  if (t->write && !t->broken && sqlite3_get_autocommit(t->c->db))
+    sq_txn_break(t, "SQLite ended the transaction");
   if (t->broken)
     return es_fail(err, ES_STORAGE, "sqlite %s: the transaction was rolled back by an earlier error: %s",
                    t->b->path, t->broken_msg);
@@ -1075,7 +1081,7 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
   /* Statements that read the schema fail on a damaged file: prepare them
    * now, so such a file is refused at open rather than at first use. */
   for (int i = ST_MAX_POSITION; i < ST_COUNT; i++) {
-    if (b->mode == SQ_MODE_RO && i == ST_DATA_VERSION) continue;
+    if (i == ST_DATA_VERSION) continue; /* asked on the watch connection only */
     int rc = sqlite3_prepare_v3(b->w.db, sq_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &b->w.st[i], NULL);
     if (rc != SQLITE_OK) {
       code = sq_fail(err, &b->w, rc, "the schema does not match");
@@ -1125,6 +1131,8 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
     return es_fail(err, ES_STORAGE, "sqlite %s: opened read-only (mode=ro): cannot write", b->path);
   t->broken = 0;
   t->depth = 0;
+  /* never build on a transaction a failed rollback left behind */
+  if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
   if ((code = sq_exec_id(&b->w, ST_BEGIN_WRITE, err)) != ES_OK) return code;
   if ((code = sq_load_next_position(t, err)) != ES_OK) {
     sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
@@ -1224,8 +1232,6 @@ static int sq_read_begin(es_backend *b, es_txn **out, es_err *err) {
     pthread_mutex_unlock(&b->pool_mu);
     r = calloc(1, sizeof *r);
     code = r ? sq_conn_open(b, &r->c, 0, err) : sq_oom(err);
-    if (code == ES_OK && b->max_pages == 0)
-      sq_conn_exec(&r->c, "PRAGMA cache_size = -4096", NULL, NULL);
     pthread_mutex_lock(&b->pool_mu);
     if (code != ES_OK) {
       b->n_readers--;

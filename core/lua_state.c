@@ -173,6 +173,8 @@ typedef struct step {
  * value bytes [kend, end) of the output buffer. */
 typedef struct entry {
   size_t start, kend, end;
+  uint64_t prefix; /* the key's first 8 bytes, big-endian, zero-padded: most
+                      comparisons end here, without touching the buffer */
 } entry;
 
 typedef struct enc {
@@ -183,6 +185,8 @@ typedef struct enc {
   int array_mt;  /* stack index of the json array metatable; 0 when not fetched */
   entry *ents;   /* owned: the pairs of every table being written, innermost last */
   size_t nents, capents;
+  entry *scratch; /* owned: merge sort scratch */
+  size_t capscratch;
   es_buf tmp;    /* owned: scratch for putting pairs in key order */
   step path[ES_STATE_MAX_DEPTH];
 } enc;
@@ -326,37 +330,58 @@ static int push_entry(enc *e, const entry *en) {
   return ES_OK;
 }
 
-static int entry_less(const enc *e, const entry *a, const entry *b) {
-  const unsigned char *d = (const unsigned char *)e->out->data;
-  return keycmp(d + a->start, a->kend - a->start, d + b->start, b->kend - b->start) < 0;
+/* Orders pairs by their key bytes; the prefix decides unless the first 8
+ * bytes are equal. */
+static int entry_cmp(const char *base, const entry *a, const entry *b) {
+  if (a->prefix != b->prefix) return a->prefix < b->prefix ? -1 : 1;
+  return keycmp((const unsigned char *)base + a->start, a->kend - a->start, (const unsigned char *)base + b->start,
+                b->kend - b->start);
 }
 
-/* Heapsort: in place, O(n log n) whatever the input, no extra memory, and
- * the comparison needs the output buffer (qsort has no context argument). */
-static void sift(const enc *e, entry *v, size_t root, size_t n) {
-  for (;;) {
-    size_t child = 2 * root + 1;
-    entry t;
-    if (child >= n) return;
-    if (child + 1 < n && entry_less(e, &v[child], &v[child + 1])) child++;
-    if (!entry_less(e, &v[root], &v[child])) return;
-    t = v[root];
-    v[root] = v[child];
-    v[child] = t;
-    root = child;
-  }
-}
-
-static void sort_entries(const enc *e, entry *v, size_t n) {
+static uint64_t key_prefix(const es_buf *out, size_t start, size_t kend) {
+  uint64_t p = 0;
   size_t i;
-  if (n < 2) return;
-  for (i = n / 2; i-- > 0;) sift(e, v, i, n);
-  for (i = n - 1; i > 0; i--) {
-    entry t = v[0];
-    v[0] = v[i];
-    v[i] = t;
-    sift(e, v, 0, i);
+  for (i = 0; i < 8; i++) p = (p << 8) | (start + i < kend ? (unsigned char)out->data[start + i] : 0);
+  return p;
+}
+
+/* Sorts v[0..n): insertion sort for the small tables that are the common
+ * case, else a bottom-up merge sort (sequential access, n log n compares;
+ * qsort has no context argument to reach the buffer). */
+static int sort_entries(enc *e, entry *v, size_t n) {
+  const char *base = e->out->data;
+  size_t i, j, w;
+  entry *a = v, *b;
+  if (n <= 16) {
+    for (i = 1; i < n; i++) {
+      entry x = v[i];
+      for (j = i; j > 0 && entry_cmp(base, &v[j - 1], &x) > 0; j--) v[j] = v[j - 1];
+      v[j] = x;
+    }
+    return ES_OK;
   }
+  if (e->capscratch < n) {
+    entry *t = n > SIZE_MAX / sizeof *t ? NULL : realloc(e->scratch, n * sizeof *t);
+    if (!t) return ES_STORAGE;
+    e->scratch = t;
+    e->capscratch = n;
+  }
+  b = e->scratch;
+  for (w = 1; w < n; w *= 2) {
+    for (i = 0; i < n; i += 2 * w) {
+      size_t lo = i, mid = i + w < n ? i + w : n, hi = i + 2 * w < n ? i + 2 * w : n, l = lo, r = mid, k = lo;
+      while (l < mid && r < hi) b[k++] = entry_cmp(base, &a[r], &a[l]) < 0 ? a[r++] : a[l++];
+      while (l < mid) b[k++] = a[l++];
+      while (r < hi) b[k++] = a[r++];
+    }
+    {
+      entry *t = a;
+      a = b;
+      b = t;
+    }
+  }
+  if (a != v) memcpy(v, a, n * sizeof *v);
+  return ES_OK;
 }
 
 /* Rewrites the pairs (contiguous in the output, in the order they were
@@ -364,7 +389,7 @@ static void sort_entries(const enc *e, entry *v, size_t n) {
 static int order_entries(enc *e, size_t base) {
   entry *v = e->ents + base;
   size_t n = e->nents - base, i, from = v[0].start, to = v[n - 1].end;
-  sort_entries(e, v, n);
+  if (sort_entries(e, v, n) != ES_OK) return ES_STORAGE;
   e->tmp.len = 0;
   for (i = 0; i < n; i++) es_buf_add(&e->tmp, e->out->data + v[i].start, v[i].end - v[i].start);
   if (e->tmp.oom) return ES_STORAGE;
@@ -472,12 +497,14 @@ static int enc_table(enc *e, int idx, int depth) {
       return rc;
     }
     en.end = out->len;
+    en.prefix = key_prefix(out, en.start, en.kend);
     lua_pop(L, 1);
     if (out->oom || push_entry(e, &en) != ES_OK) {
       lua_pop(L, 1);
       return enc_oom(e);
     }
-    if (sorted && e->nents - base > 1 && !entry_less(e, &e->ents[e->nents - 2], &e->ents[e->nents - 1])) sorted = 0;
+    if (sorted && e->nents - base > 1 && entry_cmp(out->data, &e->ents[e->nents - 2], &e->ents[e->nents - 1]) > 0)
+      sorted = 0;
   }
   rc = ES_OK;
   if (!sorted && order_entries(e, base) != ES_OK) rc = enc_oom(e);
@@ -534,6 +561,8 @@ int es_state_encode(lua_State *L, int idx, const char *what, es_buf *out, es_err
   e->array_mt = 0;
   e->ents = NULL;
   e->nents = e->capents = 0;
+  e->scratch = NULL;
+  e->capscratch = 0;
   es_buf_init(&e->tmp);
   if (!lua_checkstack(L, 4)) return es_fail(err, ES_STORAGE, "out of memory while encoding state");
   /* Fetched before the walk, not when the first metatable shows up: it may
@@ -549,6 +578,7 @@ int es_state_encode(lua_State *L, int idx, const char *what, es_buf *out, es_err
   if (rc != ES_OK) out->len = mark;
   lua_settop(L, top);
   free(e->ents);
+  free(e->scratch);
   es_buf_destroy(&e->tmp);
   return rc;
 }

@@ -7,6 +7,10 @@
  * root, iteration keeps its own ancestor stack. Balance = height(right)
  * - height(left), stored as balance + 1 in the two low bits of the left
  * pointer.
+ *
+ * Augmented trees (an update callback) get update(n) for every node whose
+ * subtree changed, children before parents: the new leaf and its path up,
+ * both or all three nodes of a rotation, the path of a removal.
  */
 #include "tree.h"
 
@@ -26,15 +30,18 @@ static void set_B(es_tree_node *n, int b) {
   n->left_bal = (n->left_bal & ~BAL_MASK) | (uintptr_t)(b + 1);
 }
 
-void es_tree_init(es_tree *t, es_tree_cmp_fn cmp) {
+void es_tree_init(es_tree *t, es_tree_cmp_fn cmp) { es_tree_init_augmented(t, cmp, NULL); }
+
+void es_tree_init_augmented(es_tree *t, es_tree_cmp_fn cmp, es_tree_update_fn update) {
   t->root = NULL;
   t->cmp = cmp;
+  t->update = update;
 }
 
 /* x is two levels taller on the left. Rotates; *same_height tells whether
  * the subtree kept the height it had before the rotation (only possible
  * after a removal, when the left child was balanced). */
-static es_tree_node *fix_left_heavy(es_tree_node *x, int *same_height) {
+static es_tree_node *fix_left_heavy(es_tree_node *x, int *same_height, es_tree_update_fn upd) {
   es_tree_node *y = L(x);
   if (B(y) <= 0) {
     set_L(x, y->right);
@@ -48,6 +55,7 @@ static es_tree_node *fix_left_heavy(es_tree_node *x, int *same_height) {
       set_B(y, 0);
       *same_height = 0;
     }
+    if (upd) upd(x), upd(y);
     return y;
   }
   es_tree_node *z = y->right;
@@ -60,11 +68,12 @@ static es_tree_node *fix_left_heavy(es_tree_node *x, int *same_height) {
   set_B(y, bz == 1 ? -1 : 0);
   set_B(z, 0);
   *same_height = 0;
+  if (upd) upd(x), upd(y), upd(z);
   return z;
 }
 
 /* Mirror of fix_left_heavy. */
-static es_tree_node *fix_right_heavy(es_tree_node *x, int *same_height) {
+static es_tree_node *fix_right_heavy(es_tree_node *x, int *same_height, es_tree_update_fn upd) {
   es_tree_node *y = x->right;
   if (B(y) >= 0) {
     x->right = L(y);
@@ -78,6 +87,7 @@ static es_tree_node *fix_right_heavy(es_tree_node *x, int *same_height) {
       set_B(y, 0);
       *same_height = 0;
     }
+    if (upd) upd(x), upd(y);
     return y;
   }
   es_tree_node *z = L(y);
@@ -90,29 +100,35 @@ static es_tree_node *fix_right_heavy(es_tree_node *x, int *same_height) {
   set_B(y, bz == -1 ? 1 : 0);
   set_B(z, 0);
   *same_height = 0;
+  if (upd) upd(x), upd(y), upd(z);
   return z;
 }
 
 /* Walks back up the insertion path (path[i] was left via dir[i]; the last
- * one got the new leaf) while subtrees grow, and rotates at most once. */
+ * one got the new leaf) while subtrees grow, rotating at most once; an
+ * augmented tree goes on while summaries change. */
 static void grew_up(es_tree *t, es_tree_node **path, const unsigned char *dir, int d) {
-  int same;
+  es_tree_update_fn upd = t->update;
+  int growing = 1, same;
   while (d-- > 0) {
-    es_tree_node *n = path[d], *sub;
-    int b = B(n) + (dir[d] ? 1 : -1);
-    if (b == 0) {
-      set_B(n, 0);
-      return;
-    }
-    if (b == 1 || b == -1) {
+    es_tree_node *n = path[d];
+    if (growing) {
+      int b = B(n) + (dir[d] ? 1 : -1);
+      if (b == 2 || b == -2) {
+        es_tree_node *sub = b < 0 ? fix_left_heavy(n, &same, upd) : fix_right_heavy(n, &same, upd);
+        if (d == 0) t->root = sub;
+        else if (dir[d - 1]) path[d - 1]->right = sub;
+        else set_L(path[d - 1], sub);
+        growing = 0;
+        if (!upd) return;
+        continue;  /* the rotation updated the nodes it moved */
+      }
       set_B(n, b);
-      continue;
+      if (b == 0) growing = 0;
     }
-    sub = b < 0 ? fix_left_heavy(n, &same) : fix_right_heavy(n, &same);
-    if (d == 0) t->root = sub;
-    else if (dir[d - 1]) path[d - 1]->right = sub;
-    else set_L(path[d - 1], sub);
-    return;
+    /* Above the last rotation, an unchanged summary leaves every ancestor's
+     * unchanged too. */
+    if ((!upd || !upd(n)) && !growing) return;
   }
 }
 
@@ -123,6 +139,7 @@ es_tree_node *es_tree_insert(es_tree *t, es_tree_node *n) {
   n->left_bal = 0;
   n->right = NULL;
   set_B(n, 0);
+  if (t->update) t->update(n);
   if (!t->root) {
     t->root = n;
     return NULL;
@@ -150,36 +167,40 @@ es_tree_node *es_tree_insert(es_tree *t, es_tree_node *n) {
 }
 
 /* The left subtree of root got one shorter. */
-static es_tree_node *left_shrunk(es_tree_node *root, int *shrunk) {
+static es_tree_node *left_shrunk(es_tree_node *root, int *shrunk, es_tree_update_fn upd) {
   int same;
   switch (B(root)) {
     case -1: set_B(root, 0); return root;             /* shrunk stays 1 */
     case 0: set_B(root, 1); *shrunk = 0; return root;
-    default: root = fix_right_heavy(root, &same); *shrunk = !same; return root;
+    default: root = fix_right_heavy(root, &same, upd); *shrunk = !same; return root;
   }
 }
 
-static es_tree_node *right_shrunk(es_tree_node *root, int *shrunk) {
+static es_tree_node *right_shrunk(es_tree_node *root, int *shrunk, es_tree_update_fn upd) {
   int same;
   switch (B(root)) {
     case 1: set_B(root, 0); return root;
     case 0: set_B(root, -1); *shrunk = 0; return root;
-    default: root = fix_left_heavy(root, &same); *shrunk = !same; return root;
+    default: root = fix_left_heavy(root, &same, upd); *shrunk = !same; return root;
   }
 }
 
 /* Detaches the smallest node of root's subtree into *min. */
-static es_tree_node *del_min(es_tree_node *root, es_tree_node **min, int *shrunk) {
+static es_tree_node *del_min(es_tree_node *root, es_tree_node **min, int *shrunk,
+                             es_tree_update_fn upd) {
   if (!L(root)) {
     *min = root;
     *shrunk = 1;
     return root->right;
   }
-  set_L(root, del_min(L(root), min, shrunk));
-  return *shrunk ? left_shrunk(root, shrunk) : root;
+  set_L(root, del_min(L(root), min, shrunk, upd));
+  if (*shrunk) root = left_shrunk(root, shrunk, upd);
+  if (upd) upd(root);
+  return root;
 }
 
-static es_tree_node *del(es_tree_cmp_fn cmp, es_tree_node *root, es_tree_node *n, int *shrunk) {
+static es_tree_node *del(es_tree *t, es_tree_node *root, es_tree_node *n, int *shrunk) {
+  es_tree_update_fn upd = t->update;
   assert(root != NULL);  /* n is linked: the search cannot fall off the tree */
   if (root == n) {
     es_tree_node *l = L(n), *r = n->right, *m;
@@ -189,24 +210,29 @@ static es_tree_node *del(es_tree_cmp_fn cmp, es_tree_node *root, es_tree_node *n
     }
     /* The successor takes n's place: nodes are the caller's objects, so
      * they are relinked, never copied. */
-    r = del_min(r, &m, shrunk);
+    r = del_min(r, &m, shrunk, upd);
     m->left_bal = n->left_bal;  /* n's left child and balance */
     m->right = r;
-    return *shrunk ? right_shrunk(m, shrunk) : m;
+    if (*shrunk) m = right_shrunk(m, shrunk, upd);
+    if (upd) upd(m);
+    return m;
   }
-  int c = cmp(n, root);
+  int c = t->cmp(n, root);
   assert(c != 0);  /* two linked nodes with one key: the caller broke uniqueness */
   if (c < 0) {
-    set_L(root, del(cmp, L(root), n, shrunk));
-    return *shrunk ? left_shrunk(root, shrunk) : root;
+    set_L(root, del(t, L(root), n, shrunk));
+    if (*shrunk) root = left_shrunk(root, shrunk, upd);
+  } else {
+    root->right = del(t, root->right, n, shrunk);
+    if (*shrunk) root = right_shrunk(root, shrunk, upd);
   }
-  root->right = del(cmp, root->right, n, shrunk);
-  return *shrunk ? right_shrunk(root, shrunk) : root;
+  if (upd) upd(root);
+  return root;
 }
 
 void es_tree_remove(es_tree *t, es_tree_node *n) {
   int shrunk = 0;
-  t->root = del(t->cmp, t->root, n, &shrunk);
+  t->root = del(t, t->root, n, &shrunk);
 }
 
 static void clear(es_tree_node *n, void (*fn)(es_tree_node *n)) {
@@ -221,6 +247,8 @@ void es_tree_clear(es_tree *t, void (*fn)(es_tree_node *n)) {
   t->root = NULL;
   clear(root, fn);
 }
+
+es_tree_node *es_tree_left(const es_tree_node *n) { return L(n); }
 
 es_tree_node *es_tree_first(const es_tree *t) {
   es_tree_node *n = t->root;

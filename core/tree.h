@@ -11,8 +11,15 @@
  * or a position). A node's key must not change while it is linked: unlink,
  * change, re-link.
  *
- * Costs: insert, remove, first, seek O(log n); iteration O(1) amortised per
- * step. Not thread-safe: the owner serialises access.
+ * Augmented trees keep a per-subtree summary (a minimum, a count) in the
+ * caller's objects: the tree calls an update callback on every node whose
+ * subtree changed, children first (an insert stops going up once a summary
+ * comes out unchanged), so the caller can prune searches with es_tree_left
+ * and node->right from t->root.
+ *
+ * Costs: insert, remove, first, seek O(log n) (an insert that appends after
+ * the maximum makes one comparison); iteration O(1) amortised per step. Not
+ * thread-safe: the owner serialises access.
  */
 #ifndef ES_TREE_H
 #define ES_TREE_H
@@ -24,9 +31,10 @@
  * n that fits in an address space. */
 #define ES_TREE_MAX_HEIGHT 96
 
-/* Embedded in the caller's object; opaque to it. 16 bytes: the balance
- * factor hides in the low bits of the left pointer (nodes are at least
- * 4-byte aligned). */
+/* Embedded in the caller's object. 16 bytes: the balance factor hides in
+ * the low bits of the left pointer (nodes are at least 4-byte aligned), so
+ * read the left child with es_tree_left; right may be read directly. The
+ * caller never writes either. */
 typedef struct es_tree_node {
   uintptr_t left_bal;          /* left child | (balance + 1) */
   struct es_tree_node *right;  /* right child */
@@ -38,14 +46,24 @@ typedef int (*es_tree_cmp_fn)(const es_tree_node *a, const es_tree_node *b);
  * sorts before n, 0 when equal, >0 after. */
 typedef int (*es_tree_probe_fn)(const void *key, const es_tree_node *n);
 
+/* Recomputes n's summary from n and its children (whose summaries are up
+ * to date); returns nonzero when the summary changed. */
+typedef int (*es_tree_update_fn)(es_tree_node *n);
+
 typedef struct es_tree {
-  es_tree_node *root;  /* NULL: empty */
+  es_tree_node *root;  /* NULL: empty; readable for custom descents */
   es_tree_cmp_fn cmp;
+  es_tree_update_fn update;  /* NULL: not augmented */
 } es_tree;
 
 /* Starts an empty tree ordered by cmp. No allocation; nothing to destroy
  * (the nodes belong to the caller). */
 void es_tree_init(es_tree *t, es_tree_cmp_fn cmp);
+/* The same, with a summary kept up to date by update. */
+void es_tree_init_augmented(es_tree *t, es_tree_cmp_fn cmp, es_tree_update_fn update);
+
+/* n's left child (NULL when none); the right child is n->right. */
+es_tree_node *es_tree_left(const es_tree_node *n);
 
 /* Links n (borrowed: it must stay valid and unchanged in key while linked).
  * Returns NULL when linked, or the already linked node with an equal key
