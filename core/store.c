@@ -934,7 +934,7 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
       }
     }
     a->out->n = k;
-    qsort(a->out->v, k, sizeof *a->out->v, cmp_event_index);
+    if (k > 1) qsort(a->out->v, k, sizeof *a->out->v, cmp_event_index);
     if (a->o->limit != ES_NONE && (int64_t)k > a->o->limit) {
       for (size_t i = (size_t)a->o->limit; i < k; i++) es_event_destroy(&a->out->v[i]);
       a->out->n = (size_t)a->o->limit;
