@@ -313,6 +313,17 @@ static void test_out_of_memory(void) {
   };
   size_t t;
   int bad_n = 0, hits = 0;
+  /* valgrind puts its own malloc in front of ours: nothing can be injected. */
+  void *(*volatile alloc)(size_t) = malloc;
+  fail_countdown = 0;
+  void *probe = alloc(1);
+  fail_countdown = -1;
+  if (probe) {
+    free(probe);
+    test_no++;
+    printf("ok %d - # SKIP allocation failures cannot be injected here (valgrind)\n", test_no);
+    return;
+  }
   for (t = 0; t < sizeof texts / sizeof texts[0]; t++) {
     long k, base = live_blocks;
     for (k = 0; k < 40; k++) {

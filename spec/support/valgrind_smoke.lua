@@ -42,6 +42,34 @@ for _, url in ipairs({"memory:", "sqlite:" .. path}) do
   pcall(store.append, store, "", {{type = "t"}})
   assert(seen > 0)
 end
+-- The engine: worker threads, a handler, a reducer with snapshots, a
+-- failing handler and a budget, on sqlite.
+local dir = os.tmpname()
+os.remove(dir)
+os.execute("mkdir -p " .. dir .. "/handlers " .. dir .. "/reducers")
+local function write(name, text)
+  local f = assert(io.open(dir .. "/" .. name, "w"))
+  f:write(text)
+  f:close()
+end
+write("handlers/ping.lua", [[return function(e, ctx)
+  ctx.state("count")
+  return {{type = "pong", payload = {n = e.payload.n}, delay_ms = 0}}
+end]])
+write("handlers/boom.lua", "return function() error('boom') end")
+write("handlers/spin.lua", "return function() while true do end end")
+write("reducers/count.lua", "return {init = function() return {n = 0} end, ping = function(s) s.n = s.n + 1 end}")
+for _, s in ipairs({"", "-wal", "-shm"}) do os.remove(path .. s) end
+do
+  local engine <close> = eventstore.engine{store = "sqlite:" .. path, scripts = dir, workers = 2,
+    max_failures = 1, instruction_budget = 100000, snapshot_every = 2}
+  for i = 1, 5 do engine:append("e", {{type = "ping", payload = {n = i}}}) end
+  engine:append("e", {{type = "boom"}, {type = "spin"}, {type = "unknown"}})
+  local r = engine:run{until_idle = true}
+  assert(r.handled == 5 and r.dead == 2, "handled " .. r.handled .. ", dead " .. r.dead)
+  assert(engine:state("e", "count").n == 5)
+end
+os.execute("rm -rf " .. dir)
 for _, s in ipairs({"", "-wal", "-shm"}) do os.remove(path .. s) end
 collectgarbage()
 print("ok")
