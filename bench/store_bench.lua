@@ -5,13 +5,9 @@ local eventstore = require("eventstore")
 local url = arg[1] or "memory:"
 local big = tonumber(arg[2] or "1000000")
 local durable = url:sub(1, 7) == "sqlite:"
-local clock = os.clock -- CPU time of this process: fine for a single-threaded run
-local mono = function()
-  -- wall time matters for durable stores (fsync waits are not CPU time)
-  local f = io.popen("date +%s.%N")
-  local t = tonumber(f:read("l")); f:close(); return t
-end
-local now = durable and mono or clock
+-- Wall time in seconds: durable stores wait on fsync, which is not CPU time.
+local wall = eventstore.open("memory:")
+local now = function() return wall:now() / 1000 end
 
 local payload = {customer = "c-000123", items = {{qty = 2, sku = "SKU-42"}}, note = "leave at the door"}
 local seq = 0

@@ -1,0 +1,204 @@
+/*
+ * sqlite_bench.c: durable appends on sqlite: with 1, 4 and 16 writer
+ * threads sharing one handle (group commit), beside raw SQLite inserting
+ * the same rows through its C API in one transaction per 1,000 rows, in
+ * the same run; and claim-then-complete cycles.
+ *
+ *   sqlite_bench DIR [SECONDS]      DIR: where the database files go
+ *
+ * Both sides are durable: WAL with synchronous=FULL. Prints one line per
+ * figure: "<what> <events/s> <ratio to raw>".
+ */
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "store.h"
+
+static const char PAYLOAD[] =
+    "{\"customer\":\"c-000123\",\"items\":[{\"qty\":2,\"sku\":\"SKU-42\"}],\"note\":\"leave at the door\"}";
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void remove_db(const char *path) {
+  static const char *const suffixes[] = {"", "-wal", "-shm"};
+  for (int i = 0; i < 3; i++) {
+    char p[1100];
+    snprintf(p, sizeof p, "%s%s", path, suffixes[i]);
+    unlink(p);
+  }
+}
+
+static void die(const char *what, const char *msg) {
+  fprintf(stderr, "sqlite_bench: %s: %s\n", what, msg);
+  exit(1);
+}
+
+/* --- raw SQLite: the reference a user would compare against --- */
+
+static double raw_sqlite(const char *path, long rows) {
+  sqlite3 *db;
+  remove_db(path);
+  if (sqlite3_open(path, &db) != SQLITE_OK) die("raw open", sqlite3_errmsg(db));
+  sqlite3_exec(db,
+               "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+               "CREATE TABLE events(position INTEGER PRIMARY KEY, session TEXT NOT NULL,"
+               " idx INTEGER NOT NULL, id TEXT NOT NULL UNIQUE, type TEXT NOT NULL,"
+               " payload BLOB NOT NULL, created_at INTEGER NOT NULL, UNIQUE(session, idx));",
+               NULL, NULL, NULL);
+  sqlite3_stmt *st;
+  sqlite3_prepare_v2(db, "INSERT INTO events(session, idx, id, type, payload, created_at) VALUES(?,?,?,?,?,?)",
+                     -1, &st, NULL);
+  double t0 = now_s();
+  for (long i = 0; i < rows; i++) {
+    if (i % 1000 == 0) sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
+    char id[40];
+    snprintf(id, sizeof id, "0190f1c2-0000-7000-8000-%012ld", i);
+    sqlite3_bind_text(st, 1, "bench", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, i + 1);
+    sqlite3_bind_text(st, 3, id, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 4, "order.placed", -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 5, PAYLOAD, sizeof PAYLOAD - 1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, 1700000000000 + i);
+    if (sqlite3_step(st) != SQLITE_DONE) die("raw insert", sqlite3_errmsg(db));
+    sqlite3_reset(st);
+    if (i % 1000 == 999 || i + 1 == rows) sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+  }
+  double rate = (double)rows / (now_s() - t0);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  remove_db(path);
+  return rate;
+}
+
+/* --- the store: writers sharing one handle --- */
+
+typedef struct {
+  es_store *s;
+  int batch;
+  int thread;
+  double until;
+  atomic_long *events;
+} writer;
+
+static void *write_loop(void *arg) {
+  writer *w = arg;
+  es_new_event *evs = calloc((size_t)w->batch, sizeof *evs);
+  for (int i = 0; i < w->batch; i++) {
+    es_new_event_init(&evs[i]);
+    evs[i].type = "order.placed";
+    evs[i].payload = PAYLOAD;
+    evs[i].payload_len = sizeof PAYLOAD - 1;
+    evs[i].settled = 1;
+  }
+  char session[32];
+  snprintf(session, sizeof session, "writer-%d", w->thread);
+  while (now_s() < w->until) {
+    int pending;
+    es_err err = {0};
+    if (es_store_append(w->s, session, evs, (size_t)w->batch, ES_NONE, NULL, &pending, &err))
+      die("append", err.msg);
+    atomic_fetch_add(w->events, w->batch);
+  }
+  free(evs);
+  return NULL;
+}
+
+static double store_appends(const char *path, int threads, int batch, double seconds) {
+  char url[1100];
+  snprintf(url, sizeof url, "sqlite:%s", path);
+  remove_db(path);
+  es_store *s;
+  es_err err = {0};
+  if (es_store_open(url, NULL, &s, &err)) die("open", err.msg);
+  atomic_long events = 0;
+  pthread_t tid[64];
+  writer w[64];
+  double t0 = now_s();
+  for (int i = 0; i < threads; i++) {
+    w[i] = (writer){s, batch, i, t0 + seconds, &events};
+    pthread_create(&tid[i], NULL, write_loop, &w[i]);
+  }
+  for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
+  double rate = (double)atomic_load(&events) / (now_s() - t0);
+  es_store_release(s);
+  remove_db(path);
+  return rate;
+}
+
+static double cycles(const char *path, double seconds) {
+  char url[1100];
+  snprintf(url, sizeof url, "sqlite:%s", path);
+  remove_db(path);
+  es_store *s;
+  es_err err = {0};
+  if (es_store_open(url, NULL, &s, &err)) die("open", err.msg);
+  es_new_event ev;
+  es_new_event_init(&ev);
+  ev.type = "order.paid";
+  ev.payload = PAYLOAD;
+  ev.payload_len = sizeof PAYLOAD - 1;
+  /* Enough pending events that the loop never runs dry. */
+  for (int i = 0; i < 1000; i++) {
+    es_new_event b[100];
+    for (int k = 0; k < 100; k++) b[k] = ev;
+    int pending;
+    if (es_store_append(s, "cycle", b, 100, ES_NONE, NULL, &pending, &err)) die("append", err.msg);
+  }
+  es_new_event result = ev;
+  result.type = "order.shipped";
+  result.settled = 1;
+  long n = 0;
+  double t0 = now_s();
+  while (now_s() - t0 < seconds) {
+    es_events got, done;
+    int64_t retry;
+    int outcome;
+    if (es_store_claim_next(s, "bench", 30000, 1, &got, &retry, &err)) die("claim_next", err.msg);
+    if (got.n != 1) die("claim_next", "ran dry");
+    if (es_store_complete(s, "cycle", got.v[0].index, got.v[0].attempts, &result, 1, &outcome, &done,
+                          &err))
+      die("complete", err.msg);
+    es_events_destroy(&got);
+    es_events_destroy(&done);
+    n++;
+  }
+  double rate = (double)n / (now_s() - t0);
+  es_store_release(s);
+  remove_db(path);
+  return rate;
+}
+
+int main(int argc, char **argv) {
+  const char *dir = argc > 1 ? argv[1] : ".";
+  double seconds = argc > 2 ? atof(argv[2]) : 3.0;
+  char path[1024];
+  snprintf(path, sizeof path, "%s/sqlite_bench.db", dir);
+  double raw = raw_sqlite(path, 200000);
+  printf("# sqlite_bench (durable: WAL, synchronous=FULL; %.0f s per figure)\n", seconds);
+  printf("%-44s %12s %8s\n", "# what", "events/s", "vs raw");
+  printf("%-44s %12.0f %8.2f\n", "raw SQLite insert, 1 txn per 1,000 rows", raw, 1.0);
+  static const int threads[] = {1, 4, 16};
+  static const int batches[] = {1, 100};
+  for (int b = 0; b < 2; b++) {
+    for (int t = 0; t < 3; t++) {
+      char what[80];
+      snprintf(what, sizeof what, "append, %d thread%s, batch of %d", threads[t],
+               threads[t] > 1 ? "s" : "", batches[b]);
+      double r = store_appends(path, threads[t], batches[b], seconds);
+      printf("%-44s %12.0f %8.2f\n", what, r, r / raw);
+      fflush(stdout);
+    }
+  }
+  printf("%-44s %12.0f %8s\n", "claim_next + complete cycles (1 thread)", cycles(path, seconds), "-");
+  return 0;
+}
