@@ -98,44 +98,64 @@ typedef struct {
   double seconds; /* time spent in them */
 } tally;
 
-static void report(const char *what, long size, tally t) {
-  printf("%-34s %8ld %12.0f\n", what, size, t.ops / t.seconds);
-  fflush(stdout);
-}
 
-/* Measures `calls` appends of `batch` events on a session already at size. */
-static tally bench_append(es_store *s, const char *session, int batch, long calls) {
-  double t0 = now_s();
-  fill(s, session, calls * batch, batch, 1);
-  return (tally){(double)(calls * batch), now_s() - t0};
-}
+/* Each measurement rotates over a set of sessions of one size, so the
+ * small sessions stay near their size while being appended to. */
+typedef struct {
+  char **names;
+  int n;
+  long size;
+} group;
 
-static tally bench_read(es_store *s, const char *session, long size, long calls) {
+static const char *pick(const group *g, long i) { return g->names[i % g->n]; }
+
+static tally bench_append(es_store *s, const group *g, int batch, long calls) {
+  es_new_event *evs = calloc((size_t)batch, sizeof *evs);
+  for (int i = 0; i < batch; i++) {
+    es_new_event_init(&evs[i]);
+    evs[i].type = "order.placed";
+    evs[i].payload = PAYLOAD;
+    evs[i].payload_len = sizeof PAYLOAD - 1;
+    evs[i].settled = 1;
+  }
   double t0 = now_s();
-  unsigned seed = 42;
   for (long i = 0; i < calls; i++) {
-    int64_t after = (int64_t)(rand_r(&seed) % (unsigned)(size > 100 ? size - 100 : 1));
+    int pending;
+    es_err err = {0};
+    if (es_store_append(s, pick(g, i), evs, (size_t)batch, ES_NONE, NULL, &pending, &err))
+      die("append", &err);
+  }
+  tally t = {(double)(calls * batch), now_s() - t0};
+  free(evs);
+  return t;
+}
+
+static tally bench_read(es_store *s, const group *g, long calls) {
+  unsigned seed = 42;
+  double t0 = now_s();
+  for (long i = 0; i < calls; i++) {
+    int64_t after = (int64_t)(rand_r(&seed) % (unsigned)(g->size - 100));
     es_events out;
     es_err err = {0};
-    if (es_store_read(s, session, after, ES_NONE, 100, &out, &err)) die("read", &err);
+    if (es_store_read(s, pick(g, i), after, ES_NONE, 100, &out, &err)) die("read", &err);
     es_events_destroy(&out);
   }
   return (tally){(double)calls, now_s() - t0};
 }
 
-static tally bench_head(es_store *s, const char *session, long calls) {
+static tally bench_head(es_store *s, const group *g, long calls) {
   double t0 = now_s();
   for (long i = 0; i < calls; i++) {
     int64_t head;
     es_err err = {0};
-    if (es_store_head(s, session, &head, &err)) die("head", &err);
+    if (es_store_head(s, pick(g, i), &head, &err)) die("head", &err);
   }
   return (tally){(double)calls, now_s() - t0};
 }
 
-/* claim (this session) then complete with one result event, `calls` times;
- * a pending event is appended before each cycle (not timed). */
-static tally bench_cycle(es_store *s, const char *session, long calls, int use_next) {
+/* claim (of the session, or claim_next) then complete with one result
+ * event; a pending event is appended before each cycle (not timed). */
+static tally bench_cycle(es_store *s, const group *g, long calls, int use_next) {
   double spent = 0;
   es_new_event ev;
   es_new_event_init(&ev);
@@ -146,11 +166,11 @@ static tally bench_cycle(es_store *s, const char *session, long calls, int use_n
   result.type = "order.shipped";
   result.settled = 1;
   for (long i = 0; i < calls; i++) {
+    const char *session = pick(g, i);
     es_events out;
     int pending;
     es_err err = {0};
-    if (es_store_append(s, session, &ev, 1, ES_NONE, &out, &pending, &err)) die("append", &err);
-    es_events_destroy(&out);
+    if (es_store_append(s, session, &ev, 1, ES_NONE, NULL, &pending, &err)) die("append", &err);
     double t0 = now_s();
     int64_t retry;
     if (use_next) {
@@ -166,8 +186,8 @@ static tally bench_cycle(es_store *s, const char *session, long calls, int use_n
     }
     es_events done;
     int outcome;
-    if (es_store_complete(s, session, out.v[0].index, out.v[0].attempts, &result, 1, &outcome,
-                          &done, &err))
+    if (es_store_complete(s, out.v[0].session, out.v[0].index, out.v[0].attempts, &result, 1,
+                          &outcome, &done, &err))
       die("complete", &err);
     spent += now_s() - t0;
     es_events_destroy(&out);
@@ -178,54 +198,71 @@ static tally bench_cycle(es_store *s, const char *session, long calls, int use_n
 
 static tally add(tally a, tally b) { return (tally){a.ops + b.ops, a.seconds + b.seconds}; }
 
+static void row(const char *what, tally small, tally big) {
+  double a = small.ops / small.seconds, b = big.ops / big.seconds;
+  printf("%-28s %12.0f %12.0f %8.2f\n", what, a, b, a / b);
+  fflush(stdout);
+}
+
 int main(int argc, char **argv) {
   base_url = argc > 1 ? argv[1] : "memory:";
   long big = argc > 2 ? atol(argv[2]) : 1000000;
   int durable = strncmp(base_url, "sqlite:", 7) == 0;
-  long small = 1000;
-  printf("# store_bench %s (ops/s; append counts events)\n", base_url);
-  printf("%-34s %8s %12s\n", "# what", "session", "ops/s");
-
-  /* Small sessions: 10 rounds, each on a fresh store filled to 1,000. */
-  tally a1 = {0}, a100 = {0}, rd = {0}, hd = {0}, cy = {0}, cn = {0};
-  for (int round = 0; round < 10; round++) {
-    es_store *s = fresh();
-    fill(s, "s", small, 100, 1);
-    a1 = add(a1, bench_append(s, "s", 1, durable ? 20 : 100));
-    a100 = add(a100, bench_append(s, "s", 100, durable ? 2 : 10));
-    rd = add(rd, bench_read(s, "s", small, 1000));
-    hd = add(hd, bench_head(s, "s", 10000));
-    cy = add(cy, bench_cycle(s, "s", durable ? 20 : 100, 0));
-    cn = add(cn, bench_cycle(s, "s", durable ? 20 : 100, 1));
-    drop(s);
-  }
-  report("append (batch 1)", small, a1);
-  report("append (batch 100)", small, a100);
-  report("read (100 events)", small, rd);
-  report("head", small, hd);
-  report("claim+complete cycle", small, cy);
-  report("claim_next+complete cycle", small, cn);
-
-  /* The big session, plus 10,000 idle sessions claim_next must not scan. */
+  int scale = durable ? 10 : 1; /* durable calls wait on fsync: fewer of them */
   es_store *s = fresh();
+
+  /* One store holds everything, so both sizes are measured against the
+   * same store-wide indexes (ids, positions, the ready queue) and the
+   * only difference is the session's length. */
+  char *big_name = "big";
+  group G = {&big_name, 1, big};
   long rss0 = rss_bytes();
   double t0 = now_s();
-  fill(s, "s", big, 100, 1);
+  fill(s, "big", big, 100, 1);
   double fill_s = now_s() - t0;
   long rss1 = rss_bytes();
+  enum { SMALL = 100 };
+  char *names[SMALL];
+  for (int i = 0; i < SMALL; i++) {
+    names[i] = malloc(32);
+    snprintf(names[i], 32, "small-%03d", i);
+    fill(s, names[i], 1000, 100, 1);
+  }
+  group g = {names, SMALL, 1000};
+  /* Idle sessions, which claim_next must never scan. */
   for (int i = 0; i < 10000; i++) {
     char name[32];
     snprintf(name, sizeof name, "idle-%05d", i);
     fill(s, name, 1, 1, 1);
   }
-  report("append (batch 100, filling)", big, (tally){(double)big, fill_s});
-  report("append (batch 1)", big, bench_append(s, "s", 1, durable ? 200 : 1000));
-  report("append (batch 100)", big, bench_append(s, "s", 100, durable ? 20 : 100));
-  report("read (100 events)", big, bench_read(s, "s", big, 10000));
-  report("head", big, bench_head(s, "s", 100000));
-  report("claim+complete cycle", big, bench_cycle(s, "s", durable ? 200 : 1000, 0));
-  report("claim_next+complete cycle", big, bench_cycle(s, "s", durable ? 200 : 1000, 1));
-  if (!durable) printf("%-34s %8ld %12.0f\n", "resident bytes per event", big, (double)(rss1 - rss0) / (double)big);
+
+  printf("# store_bench %s ops/s on sessions of 1,000 and of %ld events in one store\n",
+         base_url, big);
+  printf("# (append counts events; 10,000 idle sessions present)\n");
+  printf("%-28s %12s %12s %8s\n", "# what", "1k session", "1M session", "ratio");
+  tally a1[2] = {{0}}, a100[2] = {{0}}, rd[2] = {{0}}, hd[2] = {{0}}, cy[2] = {{0}}, cn[2] = {{0}};
+  /* Alternate the two sizes in rounds so drift hits both alike. */
+  for (int round = 0; round < 5; round++) {
+    const group *gs[2] = {&g, &G};
+    for (int k = 0; k < 2; k++) {
+      a1[k] = add(a1[k], bench_append(s, gs[k], 1, 20000 / scale / (durable ? 10 : 1)));
+      a100[k] = add(a100[k], bench_append(s, gs[k], 100, 1000 / scale));
+      rd[k] = add(rd[k], bench_read(s, gs[k], 20000 / scale));
+      hd[k] = add(hd[k], bench_head(s, gs[k], 200000 / scale));
+      cy[k] = add(cy[k], bench_cycle(s, gs[k], 20000 / scale / (durable ? 10 : 1), 0));
+      cn[k] = add(cn[k], bench_cycle(s, gs[k], 20000 / scale / (durable ? 10 : 1), 1));
+    }
+  }
+  row("append (batch 1)", a1[0], a1[1]);
+  row("append (batch 100)", a100[0], a100[1]);
+  row("read (100 events)", rd[0], rd[1]);
+  row("head", hd[0], hd[1]);
+  row("claim+complete cycle", cy[0], cy[1]);
+  row("claim_next+complete cycle", cn[0], cn[1]);
+  printf("%-28s %12s %12.0f\n", "append filling (batch 100)", "", (double)big / fill_s);
+  if (!durable)
+    printf("%-28s %12s %12.0f\n", "resident bytes per event", "", (double)(rss1 - rss0) / (double)big);
+  for (int i = 0; i < SMALL; i++) free(names[i]);
   drop(s);
   return 0;
 }
