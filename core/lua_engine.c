@@ -26,6 +26,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -671,6 +672,11 @@ static void handle(worker *w, const es_event *ev) {
                  (long long)ev->index, ev->type, (long long)failures, j.error);
     } else if (outcome == ES_FAILED) {
       atomic_fetch_add(&e->failed, 1);
+      /* One line per failed attempt (the traceback stays in last_error). */
+      const char *nl = strchr(j.error, '\n');
+      worker_log(w, "%s #%lld %s attempt %lld failed, retry in %lld ms: %.*s", ev->session,
+                 (long long)ev->index, ev->type, (long long)ev->attempts, (long long)wait,
+                 (int)(nl ? nl - j.error : (ptrdiff_t)strlen(j.error)), j.error);
     }
   }
   free(j.error);
