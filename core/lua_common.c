@@ -79,3 +79,18 @@ int es_lua_raisef(lua_State *L, int code, const char *fmt, ...) {
   }
   return lua_error(L);
 }
+
+static int push_buf_unprotected(lua_State *L) {
+  es_buf *b = lua_touserdata(L, 1);
+  lua_pushlstring(L, b->data ? b->data : "", b->len);
+  return 1;
+}
+
+void es_lua_push_buf(lua_State *L, es_buf *b) {
+  lua_pushcfunction(L, push_buf_unprotected);
+  lua_pushlightuserdata(L, b);
+  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    es_buf_destroy(b);
+    lua_error(L);
+  }
+}

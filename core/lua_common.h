@@ -11,9 +11,15 @@
 
 #include <lua.h>
 
+#include "buf.h"
 #include "es.h"
 
 #define ES_LUA_ERROR_MT "eventstore.Error"
+
+/* Pushes b's bytes as a Lua string. Runs the push under lua_pcall, so a
+ * memory error cannot leak b: on one, b is destroyed and the error
+ * re-raised; otherwise b is left to the caller (to reuse or destroy). */
+void es_lua_push_buf(lua_State *L, es_buf *b);
 
 /* Pushes a new error object (creating the metatable on first use). */
 void es_lua_push_error(lua_State *L, int code, const char *message);

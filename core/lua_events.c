@@ -204,7 +204,7 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
         es_buf_destroy(&buf);
         es_lua_raise(L, &err);
       }
-      lua_pushlstring(L, buf.data ? buf.data : "", buf.len);
+      es_lua_push_buf(L, &buf);
       e->payload = lua_tolstring(L, -1, &e->payload_len);
       lua_rawseti(L, anchor, (lua_Integer)i + 1);
     }

@@ -563,18 +563,9 @@ int es_json_decode_lua(lua_State *L, const char *text, size_t len, es_err *err) 
 
 /* The module -------------------------------------------------------------- */
 
-/* Moves the finished text into a Lua string under lua_pcall, so a memory
- * error there cannot leak the buffer. */
-static int push_buf(lua_State *L) {
-  es_buf *b = lua_touserdata(L, 1);
-  lua_pushlstring(L, b->data ? b->data : "", b->len);
-  return 1;
-}
-
 static int l_encode(lua_State *L) {
   es_buf b;
   es_err err;
-  int status;
   luaL_checkany(L, 1);
   lua_settop(L, 1);
   es_buf_init(&b);
@@ -582,11 +573,8 @@ static int l_encode(lua_State *L) {
     es_buf_destroy(&b);
     return es_lua_raise(L, &err);
   }
-  lua_pushcfunction(L, push_buf);
-  lua_pushlightuserdata(L, &b);
-  status = lua_pcall(L, 1, 1, 0);
+  es_lua_push_buf(L, &b);
   es_buf_destroy(&b);
-  if (status != LUA_OK) return lua_error(L);
   return 1;
 }
 

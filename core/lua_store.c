@@ -908,7 +908,7 @@ static int m_presence_set(lua_State *L) {
         es_buf_destroy(&buf);
         return raise(L, &err);
       }
-      lua_pushlstring(L, buf.data ? buf.data : "", buf.len);
+      es_lua_push_buf(L, &buf);
       fields[i].value = lua_tolstring(L, -1, &fields[i].value_len);
       lua_rawseti(L, anchor, (lua_Integer)i + 1);
     }

@@ -100,15 +100,21 @@ void es_events_destroy(es_events *list) {
   list->n = list->cap = 0;
 }
 
+int es_grow(void **v, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return ES_OK;
+  size_t n = *cap ? *cap : 8;
+  while (n < need) n *= 2;
+  void *p = realloc(*v, n * elem);
+  if (!p) return ES_STORAGE;
+  *v = p;
+  *cap = n;
+  return ES_OK;
+}
+
 int es_events_push_copy(es_events *list, const es_event *e) {
-  if (list->n == list->cap) {
-    size_t cap = list->cap ? list->cap * 2 : 8;
-    es_event *v = realloc(list->v, cap * sizeof *v);
-    if (!v) return ES_STORAGE;
-    list->v = v;
-    list->cap = cap;
-  }
-  if (es_event_copy(&list->v[list->n], e) != ES_OK) return ES_STORAGE;
+  if (es_grow((void **)&list->v, &list->cap, list->n + 1, sizeof *list->v) ||
+      es_event_copy(&list->v[list->n], e) != ES_OK)
+    return ES_STORAGE;
   list->n++;
   return ES_OK;
 }

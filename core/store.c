@@ -735,9 +735,23 @@ typedef struct {
   int64_t head;
 } range_args;
 
+/* Backend iterations copy rows into a list through a collector. A
+ * callback's nonzero return only stops an iteration, so running out of
+ * memory is remembered here and turned into an error by collected(). */
+typedef struct {
+  void *list;
+  int oom;
+} collector;
+
+static int collected(int rc, const collector *c, es_err *err) {
+  return rc == ES_OK && c->oom ? nomem(err) : rc;
+}
+
 static int collect_event(void *ctx, const es_event *row) {
-  es_events *out = ctx;
-  return es_events_push_copy(out, row) == ES_OK ? 0 : -1;
+  collector *c = ctx;
+  if (es_events_push_copy(c->list, row) == ES_OK) return 0;
+  c->oom = 1;
+  return 1;
 }
 
 static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
@@ -754,8 +768,9 @@ static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
   int64_t through = a->through == ES_NONE ? a->head : a->through;
   if (through > a->head) through = a->head;
   if (through <= a->after) return ES_OK;
-  return s->ops->event_range(t, a->session, a->after, through, a->limit, collect_event, a->out,
-                             err);
+  collector c = {a->out, 0};
+  int rc2 = s->ops->event_range(t, a->session, a->after, through, a->limit, collect_event, &c, err);
+  return collected(rc2, &c, err);
 }
 
 static int read_range(es_store *s, range_args *a, es_err *err) {
@@ -822,7 +837,8 @@ typedef struct {
 
 static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
-  return s->ops->event_all(t, a->after, a->limit, collect_event, a->out, err);
+  collector c = {a->out, 0};
+  return collected(s->ops->event_all(t, a->after, a->limit, collect_event, &c, err), &c, err);
 }
 
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
@@ -922,7 +938,8 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
   /* Excluded rows come back too and are dropped here, so ask for that many
    * more than the limit. */
   int64_t want = a->o->limit == ES_NONE ? ES_NONE : a->o->limit + (int64_t)a->o->n_exclude;
-  rc = s->ops->queued_due(t, a->session, a->now, want, collect_event, a->out, err);
+  collector c = {a->out, 0};
+  rc = collected(s->ops->queued_due(t, a->session, a->now, want, collect_event, &c, err), &c, err);
   if (rc == ES_OK) {
     /* Drop exclusions, then index order (backends already give it), then the limit. */
     size_t k = 0;
@@ -995,7 +1012,8 @@ typedef struct {
 
 static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
   claim_next_args *a = arg;
-  int rc = s->ops->queued_due(t, NULL, a->now, a->limit, collect_event, a->out, err);
+  collector c = {a->out, 0};
+  int rc = collected(s->ops->queued_due(t, NULL, a->now, a->limit, collect_event, &c, err), &c, err);
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) {
     es_event *row = &a->out->v[i];
     rc = claim_row(s, t, row, a->holder, a->now + a->ttl_ms, err);
@@ -1362,7 +1380,9 @@ int es_store_settle(es_store *s, const char *session, int64_t index, const char 
 
 static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
-  return s->ops->dead_list(t, a->session, a->after, a->limit, collect_event, a->out, err);
+  collector c = {a->out, 0};
+  return collected(s->ops->dead_list(t, a->session, a->after, a->limit, collect_event, &c, err), &c,
+                   err);
 }
 
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
@@ -1396,8 +1416,9 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc == ES_NOT_FOUND) rc = ES_OK;
   if (rc) return rc;
   int64_t after = *a->found ? a->snap->index : 0;
-  return s->ops->event_range(t, a->session, after, INT64_MAX, ES_NONE, collect_event, a->events,
-                             err);
+  collector c = {a->events, 0};
+  return collected(
+      s->ops->event_range(t, a->session, after, INT64_MAX, ES_NONE, collect_event, &c, err), &c, err);
 }
 
 int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
@@ -1481,15 +1502,13 @@ int es_store_put_snapshot(es_store *s, const char *session, const char *reducer,
 }
 
 static int collect_snapshot(void *ctx, const es_snapshot *row) {
-  es_snapshots *out = ctx;
-  if (out->n == out->cap) {
-    size_t cap = out->cap ? out->cap * 2 : 4;
-    es_snapshot *v = realloc(out->v, cap * sizeof *v);
-    if (!v) return -1;
-    out->v = v;
-    out->cap = cap;
+  collector *c = ctx;
+  es_snapshots *out = c->list;
+  if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) ||
+      es_snapshot_copy(&out->v[out->n], row)) {
+    c->oom = 1;
+    return 1;
   }
-  if (es_snapshot_copy(&out->v[out->n], row)) return -1;
   out->n++;
   return 0;
 }
@@ -1501,7 +1520,8 @@ typedef struct {
 
 static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
   snaps_args *a = arg;
-  return s->ops->snapshot_list(t, a->session, collect_snapshot, a->out, err);
+  collector c = {a->out, 0};
+  return collected(s->ops->snapshot_list(t, a->session, collect_snapshot, &c, err), &c, err);
 }
 
 int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
@@ -1519,15 +1539,13 @@ int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_e
 /* --- inspection --- */
 
 static int collect_session(void *ctx, const es_session_info *row) {
-  es_sessions *out = ctx;
-  if (out->n == out->cap) {
-    size_t cap = out->cap ? out->cap * 2 : 16;
-    es_session_info *v = realloc(out->v, cap * sizeof *v);
-    if (!v) return -1;
-    out->v = v;
-    out->cap = cap;
+  collector *c = ctx;
+  es_sessions *out = c->list;
+  if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) ||
+      es_session_info_copy(&out->v[out->n], row)) {
+    c->oom = 1;
+    return 1;
   }
-  if (es_session_info_copy(&out->v[out->n], row)) return -1;
   out->n++;
   return 0;
 }
@@ -1541,7 +1559,9 @@ typedef struct {
 static int do_sessions(es_store *s, es_txn *t, void *arg, es_err *err) {
   sessions_args *a = arg;
   /* One more than asked tells whether another page follows. */
-  int rc = s->ops->session_list(t, a->prefix, a->after, a->limit + 1, collect_session, a->out, err);
+  collector c = {a->out, 0};
+  int rc = collected(
+      s->ops->session_list(t, a->prefix, a->after, a->limit + 1, collect_session, &c, err), &c, err);
   if (rc) return rc;
   if ((int64_t)a->out->n > a->limit) {
     es_session_info_destroy(&a->out->v[--a->out->n]);
@@ -1636,14 +1656,9 @@ typedef struct {
 } presence_args;
 
 static int push_presence(es_presence_rows *rows, const es_presence_row *row) {
-  if (rows->n == rows->cap) {
-    size_t cap = rows->cap ? rows->cap * 2 : 8;
-    es_presence_row *v = realloc(rows->v, cap * sizeof *v);
-    if (!v) return ES_STORAGE;
-    rows->v = v;
-    rows->cap = cap;
-  }
-  if (es_presence_row_copy(&rows->v[rows->n], row)) return ES_STORAGE;
+  if (es_grow((void **)&rows->v, &rows->cap, rows->n + 1, sizeof *rows->v) ||
+      es_presence_row_copy(&rows->v[rows->n], row))
+    return ES_STORAGE;
   rows->n++;
   return ES_OK;
 }
@@ -1726,13 +1741,17 @@ typedef struct {
 } presence_read_args;
 
 static int collect_presence(void *ctx, const es_presence_row *row) {
+  collector *c = ctx;
   if (!row->value) return 0; /* tombstones only guard against older writes */
-  return push_presence(ctx, row) == ES_OK ? 0 : -1;
+  if (push_presence(c->list, row) == ES_OK) return 0;
+  c->oom = 1;
+  return 1;
 }
 
 static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
   presence_read_args *a = arg;
-  return s->ops->presence_list(t, a->ns, a->now, collect_presence, a->out, err);
+  collector c = {a->out, 0};
+  return collected(s->ops->presence_list(t, a->ns, a->now, collect_presence, &c, err), &c, err);
 }
 
 int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {

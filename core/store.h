@@ -319,6 +319,9 @@ uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb,
 void es_store_presence_unwatch(es_store *s, uint64_t token);
 
 /* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
+/* Makes room for `need` elements of `elem` bytes in the array *v of *cap
+ * (doubling); ES_OK or ES_STORAGE (then *v and *cap are unchanged). */
+int es_grow(void **v, size_t *cap, size_t need, size_t elem);
 void es_session_info_init(es_session_info *si);
 int es_session_info_copy(es_session_info *dst, const es_session_info *src);
 void es_snapshot_init(es_snapshot *sn);

@@ -2,12 +2,6 @@
 -- once per backend URL (helpers.urls()). The only tests here that block do
 -- so for a short real time (timeouts of at most 250 ms).
 local eventstore = require("eventstore")
--- spec/.busted puts spec/ on the path; also work when busted is started
--- without it (e.g. `busted spec` from the repository root).
-if not package.searchpath("helpers", package.path) then
-  local dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
-  package.path = dir .. "?.lua;" .. package.path
-end
 local helpers = require("helpers")
 
 local indexes = helpers.indexes

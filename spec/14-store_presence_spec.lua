@@ -2,12 +2,6 @@
 -- tombstones, TTL by the store's clock, patches). Runs once per backend URL
 -- (helpers.urls()).
 local eventstore = require("eventstore")
--- spec/.busted puts spec/ on the path; also work when busted is started
--- without it (e.g. `busted spec` from the repository root).
-if not package.searchpath("helpers", package.path) then
-  local dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
-  package.path = dir .. "?.lua;" .. package.path
-end
 local helpers = require("helpers")
 
 local json = eventstore.json

@@ -6,12 +6,6 @@
 -- session or snapshot (an unknown session reads as empty), so the contract
 -- gives no case for it before §3.7.
 local eventstore = require("eventstore")
--- spec/.busted puts spec/ on the path; also work when busted is started
--- without it (e.g. `busted spec` from the repository root).
-if not package.searchpath("helpers", package.path) then
-  local dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
-  package.path = dir .. "?.lua;" .. package.path
-end
 local helpers = require("helpers")
 
 local expect_error = helpers.expect_error

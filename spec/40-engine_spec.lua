@@ -8,10 +8,6 @@
 -- report what they saw only through the events they return, which the tests
 -- read back from the log.
 local eventstore = require("eventstore")
-if not package.searchpath("helpers", package.path) then
-  local dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
-  package.path = dir .. "?.lua;" .. package.path
-end
 local helpers = require("helpers")
 local eh = require("engine_helpers")
 
@@ -54,21 +50,8 @@ for _, url in ipairs(helpers.urls()) do
 
     -- A fresh store on a manual clock at T0 and an empty scripts directory.
     -- t.engine(opts) opens an engine on them (opts added to store/scripts).
-    local function setup()
-      local store, clock, concrete = helpers.new(url)
-      local t = { store = store, clock = clock, url = concrete, dir = eh.scripts_dir() }
-      function t.engine(opts)
-        local o = { store = store, scripts = t.dir }
-        for k, v in pairs(opts or {}) do o[k] = v end
-        return eh.engine(o)
-      end
-      function t.handler(event_type, source) eh.handler(t.dir, event_type, source) end
-      return t
-    end
-
-    local function run(engine)
-      return counts(engine:run({ until_idle = true }))
-    end
+    local function setup() return eh.setup(url) end
+    local run = eh.run
 
     -------------------------------------------------------------------------
     describe("handlers", function()

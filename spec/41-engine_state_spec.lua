@@ -5,10 +5,6 @@
 -- reducer state through a snapshot, unserialisable state. Runs once per
 -- backend URL (helpers.urls()).
 local eventstore = require("eventstore")
-if not package.searchpath("helpers", package.path) then
-  local dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
-  package.path = dir .. "?.lua;" .. package.path
-end
 local helpers = require("helpers")
 local eh = require("engine_helpers")
 
@@ -63,22 +59,8 @@ for _, url in ipairs(helpers.urls()) do
   describe(url, function()
     after_each(eh.cleanup)
 
-    local function setup()
-      local store, clock, concrete = helpers.new(url)
-      local t = { store = store, clock = clock, url = concrete, dir = eh.scripts_dir() }
-      function t.engine(opts)
-        local o = { store = store, scripts = t.dir }
-        for k, v in pairs(opts or {}) do o[k] = v end
-        return eh.engine(o)
-      end
-      function t.reducer(name, source) eh.reducer(t.dir, name, source) end
-      function t.handler(event_type, source) eh.handler(t.dir, event_type, source) end
-      return t
-    end
-
-    local function run(engine)
-      return counts(engine:run({ until_idle = true }))
-    end
+    local function setup() return eh.setup(url) end
+    local run = eh.run
 
     -- n events alternating x / y with integer v and float w.
     local function seq_events(from, to)

@@ -10,10 +10,6 @@
 -- of the attempt that processed it, and the results of each lane must be in
 -- index order. SQLite only: memory stores do not outlive their process.
 local eventstore = require("eventstore")
-if not package.searchpath("helpers", package.path) then
-  local dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
-  package.path = dir .. "?.lua;" .. package.path
-end
 local eh = require("engine_helpers")
 
 local LUA = os.getenv("LUA") or "lua5.4"

@@ -122,6 +122,28 @@ function eh.error_text(err)
   return tostring(err)
 end
 
+-- A fresh store (helpers.new: a manual clock at T0) and an empty scripts
+-- directory; t.engine(opts) opens an engine on them (opts added to
+-- store/scripts), t.handler / t.reducer write scripts into the directory.
+function eh.setup(url)
+  local helpers = require("helpers")
+  local store, clock, concrete = helpers.new(url)
+  local t = { store = store, clock = clock, url = concrete, dir = eh.scripts_dir() }
+  function t.engine(opts)
+    local o = { store = store, scripts = t.dir }
+    for k, v in pairs(opts or {}) do o[k] = v end
+    return eh.engine(o)
+  end
+  function t.reducer(name, source) eh.reducer(t.dir, name, source) end
+  function t.handler(event_type, source) eh.handler(t.dir, event_type, source) end
+  return t
+end
+
+-- run{until_idle = true}, as counts.
+function eh.run(engine)
+  return eh.counts(engine:run({ until_idle = true }))
+end
+
 function eh.cleanup()
   for i = #engines, 1, -1 do
     pcall(function() engines[i]:close() end)
