@@ -21,24 +21,12 @@ local spec_dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
 local CHILD = spec_dir .. "support/sqlite_crash_child.lua"
 local KILLS = 24
 
-local function sh_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local helpers = require("helpers")
+local sh_quote = helpers.sh_quote
 
-local function sleep(seconds)
-  os.execute(("sleep %.3f"):format(seconds))
-end
+local sleep = helpers.sleep
 
--- Whether pid is still running (a zombie counts as gone: its files are
--- closed, its locks released).
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat", "r")
-  if not f then return false end
-  local stat = f:read("a") or ""
-  f:close()
-  local state = stat:match("^%d+ %b() (%a)")
-  return state ~= nil and state ~= "Z" and state ~= "X"
-end
+local alive = helpers.alive
 
 local function file_size(path)
   local f = io.open(path, "rb")
@@ -56,9 +44,7 @@ local function read_file(path)
   return s
 end
 
-local function remove_db(path)
-  for _, suffix in ipairs({ "", "-wal", "-shm", "-journal" }) do os.remove(path .. suffix) end
-end
+local remove_db = helpers.remove_db
 
 describe("sqlite: kill -9", function()
   local base, db, ackfile, logfile

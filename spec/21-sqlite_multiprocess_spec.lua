@@ -18,13 +18,10 @@ local spec_dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
 local WORKER = spec_dir .. "support/sqlite_worker.lua"
 local APPENDER = spec_dir .. "support/sqlite_append_later.lua"
 
-local function sh_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local helpers = require("helpers")
+local sh_quote = helpers.sh_quote
 
-local function remove_db(path)
-  for _, suffix in ipairs({ "", "-wal", "-shm", "-journal" }) do os.remove(path .. suffix) end
-end
+local remove_db = helpers.remove_db
 
 -- Wall-clock milliseconds (the same clock the store uses for created_at).
 local function now_ms()

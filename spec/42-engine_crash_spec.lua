@@ -17,9 +17,8 @@ local KILLS = 6
 local EVENTS = 300
 local q = eh.sh_quote
 
-local function sleep(seconds)
-  os.execute(("sleep %.3f"):format(seconds))
-end
+local helpers = require("helpers")
+local sleep = helpers.sleep
 
 -- The repository root as an absolute path (this file is ROOT/spec/...).
 local function repo_root()
@@ -33,15 +32,7 @@ local function repo_root()
   return spec_dir .. "/.."
 end
 
--- Whether pid is still running (a zombie counts as gone).
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat", "r")
-  if not f then return false end
-  local stat = f:read("a") or ""
-  f:close()
-  local state = stat:match("^%d+ %b() (%a)")
-  return state ~= nil and state ~= "Z" and state ~= "X"
-end
+local alive = helpers.alive
 
 -- The child: opens the engine on the sqlite file (real clock) and runs it.
 -- MODE "work": one run{until_idle = true} (usually killed before it ends);

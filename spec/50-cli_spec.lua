@@ -14,9 +14,8 @@
 local eventstore = require("eventstore")
 local json = eventstore.json
 
-local function sh_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local helpers = require("helpers")
+local sh_quote = helpers.sh_quote
 
 local ROOT = assert(io.popen("pwd")):read("l")
 local BUILD = os.getenv("BUILD") or "build"
@@ -634,9 +633,13 @@ describe("eventstore binary", function()
       store:append("s-2", { { type = "greet", payload = { name = "bo" } } })
       store:close()
       write_scripts(work .. "/scripts")
-      local out = ok(es({ "run", "--until-idle", "--workers", "2" }))
-      -- boom failed once and waits for its backoff: still pending
-      assert.are.equal("handled 2, failed 1, dead 0, pending 1\n", out)
+      local r = es({ "run", "--until-idle", "--workers", "2" })
+      assert.are.equal(0, r.code, "exit code")
+      -- boom failed once and waits for its backoff: still pending; the
+      -- failed attempt is one line on stderr (its traceback is in last_error)
+      assert.are.equal("handled 2, failed 1, dead 0, pending 1\n", r.out)
+      assert.truthy(r.err:find("s%-1 #2 boom attempt 1 failed, retry in %d+ ms: .*boom"), r.err)
+      assert.are.equal(1, select(2, r.err:gsub("\n", "")), "one line per failed attempt")
       store = open_db()
       local s1 = store:read("s-1")
       assert.are.equal(3, #s1)

@@ -13,9 +13,8 @@ local LUA = os.getenv("LUA") or "lua5.4"
 local spec_dir = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec"
 local ROOT = spec_dir .. "/.."
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local helpers = require("helpers")
+local q = helpers.sh_quote
 
 local temp = {} -- files to remove after each test
 

@@ -20,9 +20,7 @@ local dirs = {}    -- {reserved_tmpname, dir} created by the current test
 local engines = {} -- engines opened by the current test
 local bump = 0     -- seconds in the future of the last script write
 
-local function q(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local q = helpers.sh_quote
 eh.sh_quote = q
 
 -- A fresh scripts directory with empty handlers/ and reducers/.
@@ -126,7 +124,6 @@ end
 -- directory; t.engine(opts) opens an engine on them (opts added to
 -- store/scripts), t.handler / t.reducer write scripts into the directory.
 function eh.setup(url)
-  local helpers = require("helpers")
   local store, clock, concrete = helpers.new(url)
   local t = { store = store, clock = clock, url = concrete, dir = eh.scripts_dir() }
   function t.engine(opts)

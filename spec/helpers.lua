@@ -228,4 +228,32 @@ function helpers.wall()
   return os.time()
 end
 
+-- Processes and files, for the specs that run children (crash, multi-
+-- process, CLI, examples).
+
+-- s quoted for sh.
+function helpers.sh_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+function helpers.sleep(seconds)
+  os.execute(("sleep %.3f"):format(seconds))
+end
+
+-- Whether pid is still running (a zombie counts as gone: its files are
+-- closed, its locks released).
+function helpers.alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat", "r")
+  if not f then return false end
+  local stat = f:read("a") or ""
+  f:close()
+  local state = stat:match("^%d+ %b() (%a)")
+  return state ~= nil and state ~= "Z" and state ~= "X"
+end
+
+-- Removes a SQLite file and its companions.
+function helpers.remove_db(path)
+  for _, suffix in ipairs({ "", "-wal", "-shm", "-journal" }) do os.remove(path .. suffix) end
+end
+
 return helpers
