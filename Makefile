@@ -19,7 +19,7 @@ WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpo
 CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -Icore -MMD -MP $(SAN)
 LDLIBS   += -lsqlite3 -lpthread -lm
 LUA_LIB  ?= -llua5.4
-LUA_CMOD_DIR ?= $(PREFIX)/lib/x86_64-linux-gnu/lua/5.4
+LUA_CMOD_DIR ?= $(PREFIX)/lib/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
 # Debian packages the build and the tests need (installed by `make deps`).
