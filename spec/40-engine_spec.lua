@@ -711,6 +711,33 @@ end
     end)
 
     -------------------------------------------------------------------------
+    describe("claims of long handlers", function()
+      it("renews the claim while a handler runs past ttl_ms, so no other worker retakes it", function()
+        -- The real clock: the claim must really expire without renewal.
+        local store = helpers.open(url)
+        local dir = eh.scripts_dir()
+        eh.handler(dir, "slow", [[return function(e)
+          os.execute("sleep 0.8") -- four TTLs; the keeper renews every ttl/3
+          return {{type = "slow.done"}}
+        end]])
+        local engine = eh.engine({ store = store, scripts = dir, workers = 2, ttl_ms = 200 })
+        append_pending(engine, "s", { { type = "slow" } })
+        -- Without renewal the workers would retake each other's claims for
+        -- ever: bound the run so a broken keeper fails instead of hanging.
+        local deadline = os.time() + 10
+        local r = eh.counts(engine:run({ until_idle = true, progress_ms = 100, progress = function()
+          if os.time() > deadline then engine:stop() end
+        end }))
+        assert.same({ handled = 1, failed = 0, dead = 0 }, r)
+        local e = event(store, "s", 1)
+        assert.equal("processed", e.status)
+        assert.equal(1, e.attempts, "a second worker took the event over: the claim was not renewed")
+        assert.equal(2, store:head("s"), "exactly one result")
+        engine:close()
+      end)
+    end)
+
+    -------------------------------------------------------------------------
     describe("close", function()
       -- How many open file descriptors of this process point at path (or
       -- its -wal / -shm / -journal).
