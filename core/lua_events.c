@@ -98,14 +98,30 @@ void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
   if (claimed) es_lua_set_int(L, "attempt", e->attempts);
 }
 
-/* Pushes an array of events and frees the list. */
+static int events_box_gc(lua_State *L) {
+  es_events_destroy(lua_touserdata(L, 1));
+  return 0;
+}
+
+/* Pushes an array of events and frees the list. The list moves into a
+ * userdata first, so a Lua error while building the tables (out of memory,
+ * a stored payload that does not decode) cannot leak it. */
 void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
-  lua_createtable(L, (int)(list->n > 1000000 ? 0 : list->n), 0);
-  for (size_t i = 0; i < list->n; i++) {
-    es_lua_push_event(L, &list->v[i], claimed);
+  es_events *box = lua_newuserdatauv(L, sizeof *box, 0);
+  *box = *list; /* the caller's list is ours now, even if the next lines raise */
+  memset(list, 0, sizeof *list);
+  if (luaL_newmetatable(L, "eventstore.EventsBox")) {
+    lua_pushcfunction(L, events_box_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  lua_createtable(L, (int)(box->n > 1000000 ? 0 : box->n), 0);
+  for (size_t i = 0; i < box->n; i++) {
+    es_lua_push_event(L, &box->v[i], claimed);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
-  es_events_destroy(list);
+  es_events_destroy(box);
+  lua_remove(L, -2);
 }
 
 /* A bad event: an argument error when the events came as argument `arg`,

@@ -42,6 +42,7 @@ function Engine:append(session, events, opts)
   end
   local now
   local out = {}
+  local has = {} -- one look at the scripts directory per type and call
   for i, e in ipairs(events) do
     if type(e) ~= "table" then
       error("bad argument #2 to 'append' (events[" .. i .. "] must be a table)", 2)
@@ -59,8 +60,9 @@ function Engine:append(session, events, opts)
       copy.not_before = copy.at or (now + copy.delay_ms)
       copy.delay_ms, copy.at = nil, nil
     end
-    if type(copy.type) == "string" and not copy.settled and not self._handle:has_handler(copy.type) then
-      copy.settled = true
+    if type(copy.type) == "string" and not copy.settled then
+      if has[copy.type] == nil then has[copy.type] = self._handle:has_handler(copy.type) end
+      if not has[copy.type] then copy.settled = true end
     end
     out[i] = copy
   end
