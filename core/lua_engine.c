@@ -617,7 +617,8 @@ static int run_job(lua_State *L) {
   lua_pushlightuserdata(L, &now);
   lua_pushlightuserdata(L, &n);
   if (lua_pcall(L, 3, 2, 0) != LUA_OK) {
-    job_error(j, lua_isstring(L, -1) ? lua_tostring(L, -1) : "handler returned invalid events");
+    /* An error object (a payload JSON cannot carry) prints as CODE: message. */
+    job_error(j, luaL_tolstring(L, -1, NULL));
     return 0;
   }
   j->result = RUN_HANDLED;
