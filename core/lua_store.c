@@ -61,6 +61,7 @@ typedef struct lstore {
   sub *subs;
   psub *psubs;
   uint64_t seen_version; /* store version at the last drain */
+  uint64_t seen_data;    /* data version (other processes' commits) at the last drain */
   int draining;
 } lstore;
 
@@ -223,11 +224,19 @@ static void drain(lua_State *L, lstore *h) {
   h->draining = 1;
   for (int more = 1; more && h->s;) {
     more = 0;
-    uint64_t v = es_store_version(h->s);
-    if (v != h->seen_version) {
+    /* Other processes' commits count too (subscribe(nil) on sqlite sees
+     * them at this state's next call, e.g. while it waits). */
+    uint64_t v = es_store_version(h->s), dv = 0;
+    es_err err = {0};
+    if (h->subs && es_store_data_version(h->s, &dv, &err) != ES_OK) {
+      h->draining = 0;
+      raise(L, &err);
+    }
+    if (v != h->seen_version || dv != h->seen_data) {
       for (sub *x = h->subs; x && h->s; x = x->next)
         while (x->active && h->s && drain_events(L, h, x)) more = 1;
       h->seen_version = v;
+      h->seen_data = dv;
     }
     for (psub *p = h->psubs; p && h->s; p = p->next) {
       for (;;) {
@@ -296,6 +305,7 @@ static int m_subscribe(lua_State *L) {
   x->next = h->subs;
   h->subs = x;
   if (h->seen_version == 0) h->seen_version = es_store_version(h->s);
+  if (!h->subs->next) es_store_data_version(h->s, &h->seen_data, &err);
   lua_pushlightuserdata(L, x);
   lua_pushvalue(L, 1); /* keeps the store (and so x) alive */
   lua_pushcclosure(L, unsubscribe, 2);

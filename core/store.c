@@ -271,6 +271,16 @@ int es_store_now(es_store *s, int64_t *now, es_err *err) {
 
 uint64_t es_store_version(es_store *s) { return atomic_load(&s->version); }
 
+int es_store_data_version(es_store *s, uint64_t *version, es_err *err) {
+  *version = 0;
+  if (!s->ops->data_version) return ES_OK;
+  int rc = enter(s, err);
+  if (rc) return rc;
+  rc = s->ops->data_version(s->bk, version, err);
+  leave(s);
+  return rc;
+}
+
 /* ---------------------------------------------------------------------- */
 /* transactions */
 
@@ -1605,23 +1615,16 @@ int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeo
                      : es_store_read_all(s, after, limit, out, err);
     if (rc || out->n > 0) return rc;
     es_events_destroy(out);
-    if ((rc = enter(s, err))) return rc;
     if (s->ops->data_version) {
       uint64_t v = 0;
-      rc = s->ops->data_version(s->bk, &v, err);
-      if (rc) {
-        leave(s);
-        return rc;
-      }
+      if ((rc = es_store_data_version(s, &v, err))) return rc;
       if (have_ext && v != ext) {
         ext = v;
-        leave(s);
         continue; /* another process committed: read again */
       }
       ext = v;
       have_ext = 1;
     }
-    leave(s);
     struct timespec now, until;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (now.tv_sec > deadline.tv_sec ||

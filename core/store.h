@@ -122,6 +122,10 @@ int es_store_new_id(es_store *s, char out[37], es_err *err);
 /* A counter bumped by every commit through this handle (cheap change check
  * for subscriptions). */
 uint64_t es_store_version(es_store *s);
+/* A number that changes when any process commits to the same storage
+ * (sqlite: PRAGMA data_version); always 0 for backends that cannot tell
+ * (memory:, where nothing else can write). */
+int es_store_data_version(es_store *s, uint64_t *version, es_err *err);
 
 /* 3.1 Append and read ---------------------------------------------------- */
 

@@ -120,6 +120,27 @@ describe("sqlite: several processes on one file", function()
     print(("# completions: A %d, B %d; superseded late completions: %d"):format(counts.A, counts.B, superseded))
   end)
 
+  it("subscribe(nil) is called for another process's append while the host waits", function()
+    local store = eventstore.open("sqlite:" .. db)
+    local seen = {}
+    local unsubscribe = store:subscribe(nil, function(e) seen[#seen + 1] = { e = e, at = now_ms() } end)
+    local p = assert(io.popen(("%s %s %s %s 150 2>&1"):format(LUA, sh_quote(APPENDER), sh_quote(db),
+      "elsewhere"), "r"))
+    -- The host waits on something else; subscriptions are delivered at its
+    -- calls, and wait() returns at least every timeout.
+    local deadline = now_ms() + 5000
+    while #seen == 0 and now_ms() < deadline do store:wait("unrelated", 0, 100) end
+    local out = p:read("a")
+    p:close()
+    unsubscribe()
+    store:close()
+    assert.equal(1, #seen, "the subscriber never saw the other process's event: " .. out)
+    assert.equal("elsewhere", seen[1].e.session)
+    assert.equal("ping", seen[1].e.type)
+    assert.is_true(seen[1].at - seen[1].e.created_at <= 300,
+      "seen " .. (seen[1].at - seen[1].e.created_at) .. " ms after it was written")
+  end)
+
   it("store:wait sees another process's append within ~100 ms", function()
     local store = eventstore.open("sqlite:" .. db)
     local latencies = {}
