@@ -74,7 +74,7 @@ for _, kind in ipairs({"memory:", "sqlite:"}) do
   drop(path)
 
   -- Dispatch through a trivial handler.
-  for _, workers in ipairs({1, 2}) do
+  for _, workers in ipairs(kind == "memory:" and {1, 2} or {1, 2, 4, 8}) do
     url, path = url_for(kind)
     store = eventstore.open(url)
     local count = kind == "memory:" and 20000 or 2000
