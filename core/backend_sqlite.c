@@ -41,7 +41,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 1            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 2            /* PRAGMA user_version of the current schema */
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -67,7 +67,8 @@ enum {
   ST_SESSION_GET, ST_SESSION_PUT,
   ST_SESSION_LIST_GE, ST_SESSION_LIST_GE_LT, ST_SESSION_LIST_GT, ST_SESSION_LIST_GT_LT,
   ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_RANGE, ST_EVENT_ALL,
-  ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_NEXT_ALL,
+  ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_DUE_SESSION_BY_DUE,
+  ST_QUEUED_WINDOW_COUNT, ST_QUEUED_NEXT_ALL,
   ST_QUEUED_NEXT_SESSION, ST_DEAD_ALL, ST_DEAD_SESSION,
   ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
   ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
@@ -125,13 +126,24 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_QUEUED_DUE_ALL] = "SELECT " EV_COLS
                           " FROM events INDEXED BY events_queued WHERE queued = 1 AND due_at <= ?1"
                           " ORDER BY due_at, position LIMIT ?2",
-    [ST_QUEUED_DUE_SESSION] = "SELECT " EV_COLS
-                              " FROM events INDEXED BY events_session_queued"
-                              " WHERE queued = 1 AND session = ?1 AND due_at <= ?2"
+    /* The ready rows among the first ?4 queued rows of the session (by
+     * index): what a claim wants when ready rows come first. */
+    [ST_QUEUED_DUE_SESSION] = "SELECT " EV_COLS " FROM events"
+                              " WHERE queued = 1 AND session = ?1 AND due_at <= ?2 AND idx IN"
+                              " (SELECT idx FROM events INDEXED BY events_session_queued"
+                              "  WHERE queued = 1 AND session = ?1 ORDER BY idx LIMIT ?4)"
                               " ORDER BY idx LIMIT ?3",
+    /* Only the ready rows, found by due time, then put in index order: when
+     * many rows that are not due (claims, timers) come first. */
+    [ST_QUEUED_DUE_SESSION_BY_DUE] = "SELECT " EV_COLS
+                                     " FROM events INDEXED BY events_session_due"
+                                     " WHERE queued = 1 AND session = ?1 AND due_at <= ?2"
+                                     " ORDER BY idx LIMIT ?3",
+    [ST_QUEUED_WINDOW_COUNT] = "SELECT count(*) FROM (SELECT 1 FROM events INDEXED BY events_session_queued"
+                               " WHERE queued = 1 AND session = ?1 LIMIT ?2)",
     [ST_QUEUED_NEXT_ALL] = "SELECT min(due_at) FROM events INDEXED BY events_queued"
                            " WHERE queued = 1 AND due_at > ?1",
-    [ST_QUEUED_NEXT_SESSION] = "SELECT min(due_at) FROM events INDEXED BY events_session_queued"
+    [ST_QUEUED_NEXT_SESSION] = "SELECT min(due_at) FROM events INDEXED BY events_session_due"
                                " WHERE queued = 1 AND session = ?1 AND due_at > ?2",
     [ST_DEAD_ALL] = "SELECT " EV_COLS
                     " FROM events INDEXED BY events_dead"
@@ -226,8 +238,14 @@ static const char sq_schema_v1[] =
 /* migrations[v] takes a file from schema version v to v + 1, inside the
  * open's write transaction. Version 0 is a file without our schema (new, or
  * an empty SQLite file). */
+/* Version 2: by due time within a session (the ready rows alone, and the
+ * next due time, in O(log n) however many rows wait). */
+static const char sq_schema_v2[] =
+    "CREATE INDEX IF NOT EXISTS events_session_due ON events(session, due_at) WHERE queued = 1;";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
+    sq_schema_v2,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -1442,20 +1460,65 @@ static int sq_lane_next(es_txn *t, const char *session, const char *lane, int64_
   return ES_OK;
 }
 
+/* Counts rows on their way to the caller's callback, skipping the first
+ * `skip` (already delivered by the window query). */
+typedef struct {
+  es_event_cb cb;
+  void *ctx;
+  int64_t seen, skip, delivered;
+} sq_counting;
+
+static int sq_count_event(void *ctx, const es_event *row) {
+  sq_counting *c = ctx;
+  if (c->seen++ < c->skip) return 0;
+  c->delivered++;
+  return c->cb(c->ctx, row);
+}
+
+#define SQ_CLAIM_WINDOW 64 /* queued rows a claim looks at past its limit before asking by due time */
+
 static int sq_queued_due(es_txn *t, const char *session, int64_t now, int64_t limit, es_event_cb cb,
                          void *ctx, es_err *err) {
   sqlite3_stmt *st;
-  int temp, code, id = session ? ST_QUEUED_DUE_SESSION : ST_QUEUED_DUE_ALL;
-  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
-  if (session) {
-    sq_bind_str(st, 1, session);
-    sqlite3_bind_int64(st, 2, now);
-    sqlite3_bind_int64(st, 3, sq_limit(limit));
-  } else {
+  int temp, code;
+  if (!session) {
+    if ((code = sq_op(t, ST_QUEUED_DUE_ALL, &st, &temp, err)) != ES_OK) return code;
     sqlite3_bind_int64(st, 1, now);
     sqlite3_bind_int64(st, 2, sq_limit(limit));
+    return sq_iterate(t, ST_QUEUED_DUE_ALL, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
   }
-  return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+  sq_counting c = {cb, ctx, 0, 0, 0};
+  int64_t window = limit == ES_NONE ? 0 : limit + SQ_CLAIM_WINDOW;
+  if (window > 0) {
+    /* Usually the ready rows are the first queued ones: O(log n + window). */
+    if ((code = sq_op(t, ST_QUEUED_DUE_SESSION, &st, &temp, err)) != ES_OK) return code;
+    sq_bind_str(st, 1, session);
+    sqlite3_bind_int64(st, 2, now);
+    sqlite3_bind_int64(st, 3, limit);
+    sqlite3_bind_int64(st, 4, window);
+    code = sq_iterate(t, ST_QUEUED_DUE_SESSION, st, temp, ROW_EVENT, (sq_fn)sq_count_event, &c, err);
+    if (code != ES_OK || c.delivered >= limit) return code;
+    /* Fewer than asked: done, unless the window was full of rows that are
+     * not due, with ready rows possibly beyond it. */
+    if ((code = sq_op(t, ST_QUEUED_WINDOW_COUNT, &st, &temp, err)) != ES_OK) return code;
+    sq_bind_str(st, 1, session);
+    sqlite3_bind_int64(st, 2, window);
+    int rc = sqlite3_step(st);
+    int64_t queued = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sq_stmt_done(t->c, ST_QUEUED_WINDOW_COUNT, st, temp);
+    if (rc != SQLITE_ROW) return sq_txn_fail(t, rc, "read", err);
+    if (queued < window) return ES_OK;
+  }
+  /* Only the ready rows (found by due time), in index order; the ones the
+   * window delivered come first (they have the lowest indexes): skip them. */
+  if ((code = sq_op(t, ST_QUEUED_DUE_SESSION_BY_DUE, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sqlite3_bind_int64(st, 2, now);
+  sqlite3_bind_int64(st, 3, sq_limit(limit));
+  c.skip = c.delivered;
+  c.seen = 0;
+  return sq_iterate(t, ST_QUEUED_DUE_SESSION_BY_DUE, st, temp, ROW_EVENT, (sq_fn)sq_count_event, &c,
+                    err);
 }
 
 static int sq_queued_next_due(es_txn *t, const char *session, int64_t now, int64_t *due,

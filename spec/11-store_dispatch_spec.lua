@@ -150,6 +150,21 @@ for _, url in ipairs(helpers.urls()) do
         assert.same({ 1 }, indexes(claimed(store, "s")))
       end)
 
+      it("finds ready events behind many that are not due yet (timers, live claims), in index order", function()
+        local store, clock = new()
+        local timers = {}
+        for i = 1, 300 do timers[i] = { type = "timer", not_before = T0 + 10000 + i } end
+        store:append("s", timers)                                  -- 1..300: not due
+        store:append("s", { { type = "a" }, { type = "b" } })      -- 301, 302: ready
+        local live = store:claim("s", { holder = "h", ttl_ms = 60000, limit = 1 })
+        assert.same({ 301 }, indexes(live.events))                 -- a live claim now too
+        local second = claimed(store, "s", { limit = 1, ttl_ms = 60000 })
+        assert.same({ 302 }, indexes(second))
+        assert.equal(T0 + 10001, busy(store, "s"))                 -- the earliest timer
+        clock:set(T0 + 10002)
+        assert.same({ 1, 2 }, indexes(claimed(store, "s", { limit = 5 })))
+      end)
+
       it("claims an event whose not_before is already past", function()
         local store = new()
         store:append("s", { { type = "late", not_before = T0 - 10 } })

@@ -258,7 +258,7 @@ static void test_open_fresh(void) {
   }
   struct stat st;
   CHECK(stat(p, &st) == 0, "the file exists after open");
-  CHECK(raw_int(p, "PRAGMA user_version") == 1, "schema version 1 recorded (user_version)");
+  CHECK(raw_int(p, "PRAGMA user_version") == 2, "schema version 2 recorded (user_version)");
   CHECK(raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events'") == 1,
         "events table created");
   {
@@ -1188,9 +1188,16 @@ static void test_errors(void) {
   /* migration from version 0 (an empty SQLite file with someone's table) */
   raw_exec(p, "CREATE TABLE keepme(x); INSERT INTO keepme VALUES (1)");
   b = open_ok(p, NULL);
-  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 1 &&
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 2 &&
             raw_int(p, "SELECT count(*) FROM keepme") == 1,
         "a version-0 file is migrated to the current schema, other tables kept");
+  if (b) B->close(b);
+  /* migration from version 1 (before the per-session due-time index) */
+  raw_exec(p, "DROP INDEX events_session_due; PRAGMA user_version = 1");
+  b = open_ok(p, NULL);
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 2 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_session_due'") == 1,
+        "a version-1 file is migrated to version 2 (the due-time index added)");
   if (b) B->close(b);
   rm_db(p);
   /* a migration that fails is rolled back whole */
