@@ -91,6 +91,22 @@ size_t esj_utf8_seq(const unsigned char *p, const unsigned char *end) {
   return n;
 }
 
+int esj_next_element(esj_parser *P, char close, int *more) {
+  esj_skip_ws(P);
+  if (P->p < P->end && *P->p == ',') {
+    P->p++;
+    esj_skip_ws(P);
+    *more = 1;
+    return ES_OK;
+  }
+  if (P->p < P->end && *P->p == (unsigned char)close) {
+    P->p++;
+    *more = 0;
+    return ES_OK;
+  }
+  return esj_fail_unexpected(P, close == '}' ? "',' or '}'" : "',' or ']'");
+}
+
 static int hexval(unsigned char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -723,17 +739,9 @@ static int canon_object(canon *c, int depth) {
     if ((rc = canon_value(c, depth)) != ES_OK) return rc;
     if (out) mem.end = out->len;
     if (esj_members_push(&c->m, &mem) != ES_OK) return esj_fail_oom(P);
-    esj_skip_ws(P);
-    if (P->p < P->end && *P->p == ',') {
-      P->p++;
-      esj_skip_ws(P);
-      continue;
-    }
-    if (P->p < P->end && *P->p == '}') {
-      P->p++;
-      break;
-    }
-    return esj_fail_unexpected(P, "',' or '}'");
+    int more;
+    if ((rc = esj_next_element(P, '}', &more)) != ES_OK) return rc;
+    if (!more) break;
   }
   if (!sorted) {
     esj_member *v = c->m.v + base;
@@ -766,17 +774,10 @@ static int canon_array(canon *c, int depth) {
   }
   for (;;) {
     if ((rc = canon_value(c, depth)) != ES_OK) return rc;
-    esj_skip_ws(P);
-    if (P->p < P->end && *P->p == ',') {
-      P->p++;
-      if (c->out) esj_putc(c->out, ',');
-      continue;
-    }
-    if (P->p < P->end && *P->p == ']') {
-      P->p++;
-      break;
-    }
-    return esj_fail_unexpected(P, "',' or ']'");
+    int more;
+    if ((rc = esj_next_element(P, ']', &more)) != ES_OK) return rc;
+    if (!more) break;
+    if (c->out) esj_putc(c->out, ',');
   }
   if (c->out) esj_putc(c->out, ']');
   return ES_OK;

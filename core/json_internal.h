@@ -64,6 +64,12 @@ int esj_fail_unexpected(esj_parser *P, const char *expected);
 /* Out of memory while parsing: ES_STORAGE. */
 int esj_fail_oom(esj_parser *P);
 
+/* After an element of an array or object (both faces parse the same
+ * syntax): skips white space, then ',' and the white space after it
+ * (*more = 1) or the closing `close` (*more = 0). ES_OK, or
+ * ES_INVALID_ARGUMENT naming what was expected. */
+int esj_next_element(esj_parser *P, char close, int *more);
+
 static inline void esj_skip_ws(esj_parser *P) {
   const unsigned char *p = P->p, *end = P->end;
   while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;

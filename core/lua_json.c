@@ -434,17 +434,9 @@ static int dec_object(lua_State *L, dec *d, int depth) {
     P->p++;
     if ((rc = dec_value(L, d, depth)) != ES_OK) return rc;
     lua_rawset(L, -3);
-    esj_skip_ws(P);
-    if (P->p < P->end && *P->p == ',') {
-      P->p++;
-      esj_skip_ws(P);
-      continue;
-    }
-    if (P->p < P->end && *P->p == '}') {
-      P->p++;
-      break;
-    }
-    return esj_fail_unexpected(P, "',' or '}'");
+    int more;
+    if ((rc = esj_next_element(P, '}', &more)) != ES_OK) return rc;
+    if (!more) break;
   }
   if (dup_at) return esj_fail(P, dup_at, "duplicate object key \"%s\"", dup_key);
   return ES_OK;
@@ -466,16 +458,9 @@ static int dec_array(lua_State *L, dec *d, int depth) {
   for (;;) {
     if ((rc = dec_value(L, d, depth)) != ES_OK) return rc;
     lua_rawseti(L, -2, ++i);
-    esj_skip_ws(P);
-    if (P->p < P->end && *P->p == ',') {
-      P->p++;
-      continue;
-    }
-    if (P->p < P->end && *P->p == ']') {
-      P->p++;
-      return ES_OK;
-    }
-    return esj_fail_unexpected(P, "',' or ']'");
+    int more;
+    if ((rc = esj_next_element(P, ']', &more)) != ES_OK) return rc;
+    if (!more) return ES_OK;
   }
 }
 
