@@ -26,11 +26,14 @@ LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 pkg-config valgrind
 
 # ---- sources ---------------------------------------------------------------
-# core/main.c is the binary's entry point: in neither the library nor the module.
-CORE_SRC := $(filter-out core/lua_%.c core/main.c,$(wildcard core/*.c))
-LUA_SRC  := $(wildcard core/lua_*.c)
+# One folder per room (docs/layout in README.md): util/ (buffers, trees,
+# clock), store/ (the front door and its rules), backends/ (memory, sqlite),
+# codec/ (payload JSON, reducer state), engine/ (dispatch, budgets, fold),
+# lua/ (the Lua binding). core/main.c is the binary's entry point: in
+# neither the library nor the module.
+ROOMS    := util store backends codec engine lua
+CORE_SRC := core/es.c $(foreach r,$(ROOMS),$(wildcard core/$(r)/*.c))
 CORE_OBJ := $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
-LUA_OBJ  := $(LUA_SRC:core/%.c=$(BUILD)/obj/%.o)
 MODULE   := $(BUILD)/lib/eventstore/core.so
 LIB      := $(BUILD)/libeventstore.a
 MAIN_OBJ := $(BUILD)/obj/main.o
@@ -61,9 +64,9 @@ $(BUILD)/obj/%.o: core/%.c | deps
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # Only the Lua-facing files see the Lua half of json.h.
-$(LUA_OBJ): CFLAGS += -DES_JSON_WITH_LUA
+$(filter $(BUILD)/obj/lua/% $(BUILD)/obj/engine/% $(BUILD)/obj/codec/json_lua.o $(BUILD)/obj/codec/state.o,$(CORE_OBJ)): CFLAGS += -DES_JSON_WITH_LUA
 
-$(MODULE): $(CORE_OBJ) $(LUA_OBJ)
+$(MODULE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(SAN) -o $@ $^ $(LDLIBS)
 
@@ -73,17 +76,17 @@ $(LIB): $(CORE_OBJ)
 
 # The binary links the core statically (no core.so needed at run time); it
 # finds the Lua files as docs/cli.md says.
-$(BIN): $(MAIN_OBJ) $(LUA_OBJ) $(LIB)
+$(BIN): $(MAIN_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) -o $@ $(MAIN_OBJ) $(LUA_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
+	$(CC) $(SAN) -o $@ $(MAIN_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(LIB) $(MODULE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
 
 $(BUILD)/ctest/%: spec/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
 
 # The README's test command. Last line: "N passed, N failed".
 test: all
@@ -123,11 +126,11 @@ fuzz:
 	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/json_fuzz.c core/json.c core/buf.c core/es.c core/lua_json.c core/lua_common.c \
+	  fuzz/json_fuzz.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
 	  -o $(BUILD)/fuzz/json_fuzz -llua5.4 -lm
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/state_fuzz.c core/lua_state.c core/json.c core/buf.c core/es.c core/lua_json.c core/lua_common.c \
+	  fuzz/state_fuzz.c core/codec/state.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
 	  -o $(BUILD)/fuzz/state_fuzz -llua5.4 -lm
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
@@ -137,4 +140,4 @@ fuzz:
 clean:
 	rm -rf build build-san
 
--include $(CORE_OBJ:.o=.d) $(LUA_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)
+-include $(CORE_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "store.h"
+#include "store/store.h"
 
 static const char PAYLOAD[] =
     "{\"customer\":\"c-000123\",\"items\":[{\"qty\":2,\"sku\":\"SKU-42\"}],\"note\":\"leave at the door\"}";

@@ -26,7 +26,7 @@
 
 #define PROGNAME "eventstore"
 
-/* Defined in lua_store.c (the module's one export); no header declares it
+/* Defined in lua/store_handle.c (the module's one export); no header declares it
  * because Lua finds it by name in the shared module. The binary links it
  * statically and registers it in package.preload instead. */
 int luaopen_eventstore_core(lua_State *L);

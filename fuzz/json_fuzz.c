@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "codec/json.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,6 +1,6 @@
 /*
  * state_fuzz.c: a libFuzzer target for the reducer-state codec
- * (lua_state.h, docs/state-codec.md). Built and run by `make fuzz`
+ * (codec/state.h, docs/state-codec.md). Built and run by `make fuzz`
  * (clang -fsanitize=fuzzer,address,undefined); see fuzz/README.md.
  *
  * For every input it checks what must hold whatever the bytes are:
@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
-#include "lua_state.h"
+#include "codec/json.h"
+#include "codec/state.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

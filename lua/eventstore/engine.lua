@@ -1,5 +1,5 @@
 -- eventstore.engine: the engine's Lua face (docs/engine.md). Dispatch and
--- the reducer fold are C (core/lua_engine.c); this file holds what is
+-- the reducer fold are C (core/lua/engine_handle.c); this file holds what is
 -- simplest in Lua: opening a store from a URL, and append's rules for
 -- events without a handler and for timers.
 local core = require("eventstore.core")

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "json.h"
+#include "util/buf.h"
+#include "codec/json.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1

@@ -27,9 +27,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "hmap.h"
-#include "tree.h"
+#include "store/backend.h"
+#include "util/hmap.h"
+#include "util/tree.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MBT_ASAN 1

@@ -1,5 +1,5 @@
 /*
- * sqlite_backend_test.c: unit test of the SQLite backend (core/backend_sqlite.c)
+ * sqlite_backend_test.c: unit test of the SQLite backend (core/backends/sqlite.c)
  * through its ops table (backend.h), below the core: every row op, the
  * transactions and savepoints, read isolation, the read pool, several
  * handles on one file, the schema version rule and migration, and the
@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "store/backend.h"
 
 /* Under valgrind (make check-valgrind) everything runs ~50x slower: the
  * timing checks scale their limits and the throughput figures are skipped. */

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "store.h"
+#include "store/store.h"
 
 #define WRITERS 6
 #define WORKERS 4

@@ -19,7 +19,7 @@
  * savepoint, and the last caller in commits (one sync) for everyone, who all
  * return only after that commit; a failed commit fails them all.
  */
-#include "store.h"
+#include "store/store.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -29,8 +29,8 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "backend.h"
-#include "json.h"
+#include "store/backend.h"
+#include "codec/json.h"
 
 #define GROUP_MAX 1024        /* callers per group commit at most */
 #define WAIT_POLL_MS 50       /* how often es_store_wait looks for other processes' commits */

@@ -1,6 +1,6 @@
 /*
- * lua_events.c: converting between Lua values and the store's C structs,
- * shared by the store handle (lua_store.c) and the engine (lua_engine.c):
+ * lua/events.c: converting between Lua values and the store's C structs,
+ * shared by the store handle (lua/store_handle.c) and the engine (lua/engine_handle.c):
  * option-table fields, stored events to Lua tables, Lua event arrays to
  * es_new_event arrays.
  */
@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "json.h"
-#include "lua_common.h"
-#include "lua_events.h"
+#include "codec/json.h"
+#include "lua/common.h"
+#include "lua/events.h"
 
 int64_t es_lua_opt_int_field(lua_State *L, int arg, const char *field, int64_t def) {
   if (lua_isnoneornil(L, arg)) return def;

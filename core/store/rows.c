@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "store/backend.h"
 
 static int dup_str(char **dst, const char *src) {
   if (!src) {

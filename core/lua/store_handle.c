@@ -1,10 +1,10 @@
 /*
- * lua_store.c: the Lua face of the store: luaopen_eventstore_core, the
+ * lua/store_handle.c: the Lua face of the store: luaopen_eventstore_core, the
  * "eventstore.Store" handle (shaped like liolib's file handles), the
  * manual clock, and in-process subscriptions.
  *
  * Argument misuse raises standard Lua argument errors; everything the core
- * rejects is raised as an eventstore error object (lua_common.h).
+ * rejects is raised as an eventstore error object (lua/common.h).
  *
  * Subscriptions are delivered on the subscribing Lua state only: at the end
  * of every call made through the handle (so a write from this state has
@@ -18,14 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "json.h"
-#include "lua_common.h"
-#include "lua_engine.h"
-#include "lua_events.h"
-#include "lua_state.h"
-#include "lua_store.h"
-#include "store.h"
+#include "util/clock.h"
+#include "codec/json.h"
+#include "lua/common.h"
+#include "lua/engine_handle.h"
+#include "lua/events.h"
+#include "codec/state.h"
+#include "lua/store_handle.h"
+#include "store/store.h"
 
 #define STORE_MT "eventstore.Store"
 #define CLOCK_MT "eventstore.ManualClock"

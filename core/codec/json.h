@@ -15,7 +15,7 @@
 #ifndef ES_JSON_H
 #define ES_JSON_H
 
-#include "buf.h"
+#include "util/buf.h"
 #include "es.h"
 
 #define ES_JSON_MAX_DEPTH 512

@@ -1,6 +1,6 @@
 /*
- * lua_events.h: Lua <-> C conversions shared by the store handle and the
- * engine (lua_events.c). Functions that read Lua arguments raise standard
+ * lua/events.h: Lua <-> C conversions shared by the store handle and the
+ * engine (lua/events.c). Functions that read Lua arguments raise standard
  * Lua argument errors for misuse, like luaL_check*.
  */
 #ifndef ES_LUA_EVENTS_H
@@ -8,7 +8,7 @@
 
 #include <lua.h>
 
-#include "store.h"
+#include "store/store.h"
 
 /* Fields of an optional options table at stack index arg (nil/none: the
  * default). A wrong type raises an argument error naming the field.

@@ -1,5 +1,5 @@
 /*
- * lua_common.h: helpers shared by the Lua-facing C files (store handle,
+ * lua/common.h: helpers shared by the Lua-facing C files (store handle,
  * json module, clock): the eventstore error object.
  *
  * An error object is a table {code = "CODE", message = "..."} whose
@@ -11,7 +11,7 @@
 
 #include <lua.h>
 
-#include "buf.h"
+#include "util/buf.h"
 #include "es.h"
 
 #define ES_LUA_ERROR_MT "eventstore.Error"

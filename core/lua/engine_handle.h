@@ -1,6 +1,6 @@
 /*
- * lua_engine.h: the engine's constructor for the module table
- * (lua_engine.c; the Lua face is lua/eventstore/engine.lua).
+ * lua/engine_handle.h: the engine's constructor for the module table
+ * (lua/engine_handle.c; the Lua face is lua/eventstore/engine.lua).
  */
 #ifndef ES_LUA_ENGINE_H
 #define ES_LUA_ENGINE_H

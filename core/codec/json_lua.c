@@ -1,5 +1,5 @@
 /*
- * lua_json.c: the Lua face of the exact payload codec (json.h): Lua value
+ * codec/json_lua.c: the Lua face of the exact payload codec (json.h): Lua value
  * <-> canonical JSON text, and the eventstore.json module table.
  *
  * The text rules (scanner, number and string writers, key order) live in
@@ -17,9 +17,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "json.h"
-#include "json_internal.h"
-#include "lua_common.h"
+#include "codec/json.h"
+#include "codec/json_internal.h"
+#include "lua/common.h"
 
 /* Its address is json.null (a light userdata: no allocation, the same in
  * every lua_State of the process) ... */

@@ -12,7 +12,7 @@
  * subtree changed, children before parents: the new leaf and its path up,
  * both or all three nodes of a rotation, the path of a removal.
  */
-#include "tree.h"
+#include "util/tree.h"
 
 #include <assert.h>
 #include <stdalign.h>

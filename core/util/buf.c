@@ -5,7 +5,7 @@
  * check once at the end instead of after every append, so a failed append
  * must leave the buffer in a state where later appends are harmless no-ops.
  */
-#include "buf.h"
+#include "util/buf.h"
 
 #include <stdarg.h>
 #include <stdio.h>

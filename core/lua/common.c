@@ -1,10 +1,10 @@
 /*
- * lua_common.c: the eventstore error object shared by every Lua-facing C
- * file (lua_common.h, CONTRACT.md §2): a table {code = "CODE", message =
+ * lua/common.c: the eventstore error object shared by every Lua-facing C
+ * file (lua/common.h, CONTRACT.md §2): a table {code = "CODE", message =
  * "..."} whose metatable, registered as "eventstore.Error", makes
  * tostring(e) read "CODE: message".
  */
-#include "lua_common.h"
+#include "lua/common.h"
 
 #include <lauxlib.h>
 #include <stdarg.h>

@@ -1,5 +1,5 @@
 /*
- * backend_memory.c: the "memory:" backend (backend.h), everything in RAM.
+ * backends/memory.c: the "memory:" backend (backend.h), everything in RAM.
  *
  * Layout (docs/memory-backend.md has the picture and the cost of each op):
  *   - a row is one allocation: a 64-byte header, the optional immutable
@@ -30,9 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "hmap.h"
-#include "tree.h"
+#include "store/backend.h"
+#include "util/hmap.h"
+#include "util/tree.h"
 
 typedef struct mrow mrow;
 typedef struct msess msess;

@@ -1,6 +1,6 @@
 /*
  * json.c: the C face of the exact payload codec (json.h) and the scanner,
- * writers and member sort that the Lua face (lua_json.c) shares through
+ * writers and member sort that the Lua face (codec/json_lua.c) shares through
  * json_internal.h. No Lua here: this file goes into libeventstore.a, which
  * pure C programs link.
  *
@@ -10,7 +10,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strtod_l and newlocale; implicitly declared, strtod_l would return int */
 #endif
-#include "json.h"
+#include "codec/json.h"
 
 #include <float.h>
 #include <locale.h>
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_internal.h"
+#include "codec/json_internal.h"
 
 /* The "C" locale ---------------------------------------------------------- */
 

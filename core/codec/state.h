@@ -1,5 +1,5 @@
 /*
- * lua_state.h: the exact reducer-state codec (CONTRACT.md §4, docs/state-codec.md).
+ * codec/state.h: the exact reducer-state codec (CONTRACT.md §4, docs/state-codec.md).
  *
  * A reducer builds its state as an arbitrary Lua value; snapshots cache it
  * as bytes and the engine restores it later, possibly into another
@@ -28,7 +28,7 @@
 
 #include <lua.h>
 
-#include "buf.h"
+#include "util/buf.h"
 #include "es.h"
 
 /* The first byte of every encoding. A decoder refuses other versions. */

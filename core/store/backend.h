@@ -21,7 +21,7 @@
 #ifndef ES_BACKEND_H
 #define ES_BACKEND_H
 
-#include "store.h"
+#include "store/store.h"
 
 typedef int (*es_event_cb)(void *ctx, const es_event *row);
 typedef int (*es_session_cb)(void *ctx, const es_session_info *row);

@@ -4,7 +4,7 @@
  * The slot of a hash h is (h * cap) >> 32 (a multiply instead of a modulo,
  * so cap need not be a power of two and can grow by 1.5x).
  */
-#include "hmap.h"
+#include "util/hmap.h"
 
 #include <stdlib.h>
 #include <string.h>

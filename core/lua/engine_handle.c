@@ -1,5 +1,5 @@
 /*
- * lua_engine.c: the engine (CONTRACT.md §4, docs/engine.md): worker
+ * lua/engine_handle.c: the engine (CONTRACT.md §4, docs/engine.md): worker
  * threads, each with its own lua_State, that claim ready events, run the
  * Lua handler for their type, and complete or fail them; and the reducer
  * fold with snapshots.
@@ -35,14 +35,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "buf.h"
-#include "json.h"
-#include "lua_common.h"
-#include "lua_engine.h"
-#include "lua_events.h"
-#include "lua_state.h"
-#include "lua_store.h"
-#include "store.h"
+#include "util/buf.h"
+#include "codec/json.h"
+#include "lua/common.h"
+#include "lua/engine_handle.h"
+#include "lua/events.h"
+#include "codec/state.h"
+#include "lua/store_handle.h"
+#include "store/store.h"
 
 #define ENGINE_MT "eventstore.Engine"
 #define HOOK_EVERY 1000     /* instructions between count-hook calls */

@@ -1,5 +1,5 @@
 /*
- * backend_sqlite.c: the SQLite backend (`sqlite:PATH[?options]`), the durable
+ * backends/sqlite.c: the SQLite backend (`sqlite:PATH[?options]`), the durable
  * embedded default. It stores and finds rows (backend.h); every rule lives in
  * store.c. docs/sqlite.md describes the schema, the durability modes and what
  * each can lose, multi-process use, versioning and the error mapping.
@@ -37,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
+#include "store/backend.h"
 
 /* ---- settings --------------------------------------------------------- */
 

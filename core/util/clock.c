@@ -2,7 +2,7 @@
  * clock.c: the manual clock (clock.h). Atomics, so worker threads can read
  * it while a test moves it.
  */
-#include "clock.h"
+#include "util/clock.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,10 +1,10 @@
 /*
  * json_internal.h: the pieces of the JSON codec shared by its C face
- * (json.c) and its Lua face (lua_json.c), so both read and write exactly
+ * (json.c) and its Lua face (codec/json_lua.c), so both read and write exactly
  * the same text: the strict scanner (strings, numbers, literals, errors
  * with byte offsets), the canonical writers (integers, doubles, strings)
  * and the object-member sort. Private to the codec: nothing outside
- * json.c and lua_json.c includes it.
+ * json.c and codec/json_lua.c includes it.
  */
 #ifndef ES_JSON_INTERNAL_H
 #define ES_JSON_INTERNAL_H
@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "json.h"
+#include "codec/json.h"
 
 #include <string.h>
 

@@ -1,12 +1,12 @@
 /*
- * lua_store.h: what other Lua-facing C files need of the store handle.
+ * lua/store_handle.h: what other Lua-facing C files need of the store handle.
  */
 #ifndef ES_LUA_STORE_H
 #define ES_LUA_STORE_H
 
 #include <lua.h>
 
-#include "store.h"
+#include "store/store.h"
 
 /* The es_store behind the eventstore.Store at idx (borrowed: valid while
  * the handle is open; es_store_retain it to keep it). Raises an argument
