@@ -11,13 +11,17 @@
  *
  * Exit codes: what cli.main returns (0 ok, 1 runtime error, 2 usage error);
  * 1 when an error escapes it, reported on stderr as "eventstore: message".
- * SIGINT/SIGTERM during `run` are the engine's: its run() returns and
- * cli.main returns 0, so nothing here touches signals.
+ * Signals are the host's (the library installs none): tty.watch_signals()
+ * installs SIGINT/SIGTERM handlers that count; `run` polls tty.signals()
+ * and stops its engine, which interrupts running handlers and returns
+ * within about a second. A second signal ends the process at once
+ * (claims expire; nothing is lost).
  */
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +30,7 @@
 
 #define PROGNAME "eventstore"
 
-/* Defined in lua/store_handle.c (the module's one export); no header declares it
- * because Lua finds it by name in the shared module. The binary links it
- * statically and registers it in package.preload instead. */
-int luaopen_eventstore_core(lua_State *L);
+#include "lua/module.h" /* the module, linked statically: registered in package.preload */
 
 /* Prints "eventstore: msg" on stderr (lua.c's l_message). */
 static void l_message(const char *msg) {
@@ -132,6 +133,38 @@ static int tty_isatty(lua_State *L) {
   return 1;
 }
 
+/* Signals seen since tty.watch_signals(): a process-wide flag is the one
+ * thing a signal handler may touch, and this file is the host. */
+static volatile sig_atomic_t signals_seen = 0;
+
+static void on_signal(int sig) {
+  if (signals_seen > 0) { /* the second one: quit now */
+    static const char msg[] = "\neventstore: quitting at once; running attempts' claims will expire\n";
+    ssize_t ignored = write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(128 + sig);
+  }
+  signals_seen = sig;
+}
+
+/* tty.watch_signals(): SIGINT and SIGTERM are counted from now on. */
+static int tty_watch_signals(lua_State *L) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  (void)L;
+  return 0;
+}
+
+/* tty.signals() -> the signal number seen (0: none yet). */
+static int tty_signals(lua_State *L) {
+  lua_pushinteger(L, signals_seen);
+  return 1;
+}
+
 /* tty.now_ms(): a monotonic clock in milliseconds, to pace the progress
  * line (os.time has only seconds, os.clock is CPU time). */
 static int tty_now_ms(lua_State *L) {
@@ -144,6 +177,8 @@ static int tty_now_ms(lua_State *L) {
 static const luaL_Reg tty_fns[] = {
     {"isatty", tty_isatty},
     {"now_ms", tty_now_ms},
+    {"watch_signals", tty_watch_signals},
+    {"signals", tty_signals},
     {NULL, NULL},
 };
 

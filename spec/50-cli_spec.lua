@@ -661,7 +661,7 @@ describe("eventstore binary", function()
     local function run_and_signal(sig, after)
       local script = ([[
 cd %s || exit 99
-timeout -k 2 30 %s run >run.out 2>run.err &
+timeout --foreground -k 2 30 %s run >run.out 2>run.err &
 pid=$!
 sleep %s
 kill -%s $pid
@@ -671,7 +671,9 @@ rc=$?
 t1=$(date +%%s%%N)
 echo "$rc $(( (t1 - t0) / 1000000 ))"
 ]]):format(sh_quote(work), sh_quote(BIN), after, sig)
-      -- timeout forwards the signal to the binary and exits with its status
+      -- timeout forwards the signal to the binary alone (--foreground: not
+      -- to its process group, so a handler's child is not killed with it)
+      -- and exits with its status
       local p = assert(io.popen("sh -c " .. sh_quote(script)))
       local line = p:read("l")
       p:close()
@@ -691,19 +693,23 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       store:close()
     end)
 
-    engine_it("SIGTERM while a handler runs: the call finishes, its result is stored, exit 0", function()
+    engine_it("SIGTERM while a handler runs: the handler is interrupted, its attempt retried later, exit 0 within 3 s", function()
       write_scripts(work .. "/scripts")
-      ok(es({ "append", "s", "slow", '{"seconds":1.5}' }))
+      ok(es({ "append", "s", "slow", '{"seconds":19.7}' }))
       local rc, ms = run_and_signal("TERM", 0.5)
       assert.are.equal("0", rc, read_file(work .. "/run.err"))
-      assert.is_true(tonumber(ms) < 5000, "took " .. ms .. " ms to stop")
-      assert.are.equal("handled 1, failed 0, dead 0, pending 0\n", read_file(work .. "/run.out"))
+      assert.is_true(tonumber(ms) < 3000, "took " .. ms .. " ms to stop")
+      assert.are.equal("handled 0, failed 1, dead 0, pending 1\n", read_file(work .. "/run.out"))
+      assert.truthy(read_file(work .. "/run.err"):find("stopping: interrupting 1 running handler", 1, true))
       local store = open_db()
       local events = store:read("s")
-      assert.are.equal("processed", events[1].status)
-      assert.is_nil(events[1].claim_holder)
-      assert.are.equal("slept", events[2].type)
+      assert.are.equal(1, #events)
+      assert.are.equal("pending", events[1].status)
+      assert.are.equal(1, events[1].attempts)
+      assert.truthy(events[1].last_error:find("interrupted: the engine is stopping", 1, true), events[1].last_error)
+      assert.is_nil(events[1].claim_holder) -- ready for the next run at once
       store:close()
+      os.execute("pkill -f 'sleep 19.7' >/dev/null 2>&1")
     end)
 
     engine_it("SIGINT: exits 0 and prints the summary", function()

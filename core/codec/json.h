@@ -57,7 +57,9 @@ int es_json_format_double(double d, es_buf *out, es_err *err);
  * Lua positions). `what` names the root of that path (e.g. "payload";
  * NULL: "value"). Marked arrays encode 1..n, n the largest key, holes as
  * null (refused when mostly holes); nesting deeper than ES_JSON_MAX_DEPTH
- * is ES_INVALID_ARGUMENT; ES_STORAGE when out runs out of memory. On
+ * is ES_INVALID_ARGUMENT; ES_STORAGE when out runs out of memory;
+ * ES_TOO_LARGE as soon as the text would take out past out->max (when
+ * set: the limit is checked while writing, never after). On
  * failure out->len is as it was. Tables are read raw (no metamethods).
  * Never raises a Lua error (uses no allocating Lua call; a few stack slots
  * per nesting level, checked with lua_checkstack) and leaves the stack as

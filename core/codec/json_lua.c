@@ -62,6 +62,7 @@ typedef struct enc {
   es_buf *out;
   es_err *err;
   const char *what;
+  size_t mark;    /* out->len when encoding began */
   int array_mt;   /* stack index of the array metatable; 0 when none exists */
   esj_members m;  /* owned: members of every open object */
   es_buf tmp;     /* owned: scratch for reordering members */
@@ -157,7 +158,12 @@ static int enc_fail(enc *e, int depth, const char *fmt, ...) {
   return es_fail(e->err, ES_INVALID_ARGUMENT, "%s", m.s);
 }
 
-static int enc_oom(enc *e) { return es_fail(e->err, ES_STORAGE, "out of memory while encoding JSON"); }
+static int enc_oom(enc *e) {
+  if (e->out->over)
+    return es_fail(e->err, ES_TOO_LARGE, "%s is over the limit of %zu bytes", e->what,
+                   e->out->max - e->mark);
+  return es_fail(e->err, ES_STORAGE, "out of memory while encoding JSON");
+}
 
 static int enc_value(enc *e, int idx, int depth);
 
@@ -324,6 +330,9 @@ mixed:
 
 static int enc_value(enc *e, int idx, int depth) {
   lua_State *L = e->L;
+  /* Stop at once when the output hit its cap: a value of shared subtables
+   * (a DAG) can be exponentially larger than the memory it takes. */
+  if (e->out->oom) return enc_oom(e);
   switch (lua_type(L, idx)) {
     case LUA_TNIL:
       esj_put(e->out, "null", 4);
@@ -369,6 +378,7 @@ int es_json_encode_lua(lua_State *L, int idx, const char *what, es_buf *out, es_
   idx = lua_absindex(L, idx);
   e->L = L;
   e->out = out;
+  e->mark = mark;
   e->err = err;
   e->what = what ? what : "value";
   e->m.v = NULL;
@@ -378,8 +388,9 @@ int es_json_encode_lua(lua_State *L, int idx, const char *what, es_buf *out, es_
   e->array_mt = 0;
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &array_mt_key) == LUA_TTABLE) e->array_mt = lua_gettop(L);
   rc = enc_value(e, idx, 0);
-  if (rc == ES_OK && out->oom) rc = enc_oom(e);
+  if (out->oom) rc = enc_oom(e);
   if (rc != ES_OK) out->len = mark;
+  if (out->over) out->oom = out->over = 0; /* a size limit, not a broken buffer */
   lua_settop(L, top);
   esj_members_destroy(&e->m);
   es_buf_destroy(&e->tmp);

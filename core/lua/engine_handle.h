@@ -1,14 +1,15 @@
 /*
- * lua/engine_handle.h: the engine's constructor for the module table
- * (lua/engine_handle.c; the Lua face is lua/eventstore/engine.lua).
+ * lua/engine_handle.h: the engine's Lua handle (engine_handle.c); the Lua
+ * face around it is lua/eventstore/engine.lua.
  */
-#ifndef ES_LUA_ENGINE_H
-#define ES_LUA_ENGINE_H
+#ifndef ES_LUA_ENGINE_HANDLE_H
+#define ES_LUA_ENGINE_HANDLE_H
 
 #include <lua.h>
 
 /* Pushes core.engine(store, opts) -> an eventstore.Engine handle with
- * run(opts), stop(), fold(session, reducer, at), has_handler(type), close(). */
-void es_engine_push_constructor(lua_State *L);
+ * run(opts), stop(), state(session, reducer, at), append(session, events,
+ * opts), has_handler(type), close(); registers the handle's metatable. */
+void es_lua_push_engine_constructor(lua_State *L);
 
 #endif

@@ -161,7 +161,7 @@ static const char *event_str(lua_State *L, int t, int arg, size_t i, const char 
 }
 
 es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_now,
-                                  size_t *n_out) {
+                                  size_t max_payload, size_t *n_out) {
   idx = lua_absindex(L, idx);
   if (!lua_istable(L, idx)) {
     if (arg > 0) luaL_checktype(L, arg, LUA_TTABLE);
@@ -216,6 +216,7 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
       es_err err = {0};
       snprintf(what, sizeof what, "events[%d].payload", (int)i + 1);
       buf.len = 0;
+      buf.max = max_payload;
       if (es_json_encode_lua(L, -1, what, &buf, &err) != ES_OK) {
         es_buf_destroy(&buf);
         es_lua_raise(L, &err);

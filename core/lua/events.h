@@ -34,8 +34,10 @@ void es_lua_push_events(lua_State *L, es_events *list, int claimed);
  * argument error for argument arg; arg == 0 (events a handler returned):
  * a plain error "returned events[i]...". timer_now != ES_NONE also accepts
  * `delay_ms` (not_before = timer_now + delay_ms) and `at` (not_before = at).
- * Payloads that JSON cannot carry raise INVALID_ARGUMENT error objects. */
+ * Payloads that JSON cannot carry raise INVALID_ARGUMENT error objects; a
+ * payload whose text would pass max_payload (0: no limit) raises TOO_LARGE
+ * as soon as the encoder gets there. */
 es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_now,
-                                  size_t *n_out);
+                                  size_t max_payload, size_t *n_out);
 
 #endif

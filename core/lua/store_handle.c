@@ -1,6 +1,6 @@
 /*
- * lua/store_handle.c: the Lua face of the store: luaopen_eventstore_core, the
- * "eventstore.Store" handle (shaped like liolib's file handles), the
+ * lua/store_handle.c: the Lua face of the store: the module table
+ * (es_lua_open_store; lua/module.c adds the engine), the "eventstore.Store" handle (shaped like liolib's file handles), the
  * manual clock, and in-process subscriptions.
  *
  * Argument misuse raises standard Lua argument errors; everything the core
@@ -21,7 +21,6 @@
 #include "util/clock.h"
 #include "codec/json.h"
 #include "lua/common.h"
-#include "lua/engine_handle.h"
 #include "lua/events.h"
 #include "codec/state.h"
 #include "lua/store_handle.h"
@@ -483,7 +482,7 @@ static int m_append(lua_State *L) {
   check_opt_table(L, 4);
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   size_t n;
-  es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, &n);
+  es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, es_store_max_payload(h->s), &n);
   es_events out;
   int pending = 0;
   es_err err = {0};
@@ -651,7 +650,7 @@ static int m_complete(lua_State *L) {
     lua_newtable(L);
     lua_replace(L, 5);
   }
-  evs = es_lua_check_events(L, 5, 5, ES_NONE, &n);
+  evs = es_lua_check_events(L, 5, 5, ES_NONE, es_store_max_payload(h->s), &n);
   int outcome = 0;
   es_events out;
   es_err err = {0};
@@ -1020,7 +1019,7 @@ static const luaL_Reg module_fns[] = {
 };
 
 
-int luaopen_eventstore_core(lua_State *L) {
+int es_lua_open_store(lua_State *L) {
   luaL_newmetatable(L, STORE_MT);
   luaL_setfuncs(L, store_meta, 0);
   luaL_newlib(L, store_methods);
@@ -1037,8 +1036,6 @@ int luaopen_eventstore_core(lua_State *L) {
   lua_setfield(L, -2, "json");
   es_state_push_module(L);
   lua_setfield(L, -2, "state");
-  es_engine_push_constructor(L);
-  lua_setfield(L, -2, "engine");
   luaL_getmetatable(L, STORE_MT);
   lua_getfield(L, -1, "__index");
   lua_setfield(L, -3, "store_methods"); /* init.lua adds Lua-written methods (stream) */

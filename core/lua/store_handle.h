@@ -15,7 +15,9 @@
  * the opening thread may call. */
 es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock);
 
-/* The module loader (require "eventstore.core"). */
-int luaopen_eventstore_core(lua_State *L);
+/* Pushes the module table of the store's Lua face (open, manual_clock,
+ * json, state, store_methods, error_mt, _VERSION); lua/module.c's
+ * luaopen_eventstore_core adds the engine. */
+int es_lua_open_store(lua_State *L);
 
 #endif

@@ -265,6 +265,8 @@ static void leave(es_store *s) {
   pthread_mutex_unlock(&s->lmu);
 }
 
+size_t es_store_max_payload(const es_store *s) { return s->max_payload; }
+
 int es_store_now(es_store *s, int64_t *now, es_err *err) {
   return s->clock(s->clock_ctx, now, err);
 }
@@ -1337,7 +1339,9 @@ static int do_dead_change(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (a->revive) {
     row.status = ES_STATUS_PENDING;
     row.failures = 0;
-    row.last_failed_attempt = ES_NONE;
+    /* Attempts up to now ended (the last one dead-lettered it): an engine
+     * counting attempts that never ended (docs/engine.md) starts afresh. */
+    row.last_failed_attempt = row.attempts;
     row.retry_at = ES_NONE;
     row.queued = 1; /* a dead letter was the head of its lane */
     row.due_at = due_of(&row, a->now);

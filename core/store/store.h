@@ -113,6 +113,9 @@ void es_store_close(es_store *s);
 void es_store_retain(es_store *s);
 void es_store_release(es_store *s);
 
+/* The payload size limit the store was opened with (max_payload_bytes). */
+size_t es_store_max_payload(const es_store *s);
+
 /* The current time by the store's clock. */
 int es_store_now(es_store *s, int64_t *now, es_err *err);
 /* Writes a new event id (UUIDv7, time-ordered, unique) into out. For

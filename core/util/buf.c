@@ -17,6 +17,8 @@ void es_buf_init(es_buf *b) {
   b->len = 0;
   b->cap = 0;
   b->oom = 0;
+  b->max = 0;
+  b->over = 0;
 }
 
 void es_buf_destroy(es_buf *b) {
@@ -31,6 +33,12 @@ static int reserve(es_buf *b, size_t n) {
   char *p;
   if (b->oom) return ES_STORAGE;
   if (n > SIZE_MAX - 1 - b->len) goto fail;
+  if (b->max && b->len + n > b->max) {
+    /* Checked while writing, so an encoder stops at the limit instead of
+     * building a gigabyte to refuse it afterwards. */
+    b->over = 1;
+    goto fail;
+  }
   need = b->len + n + 1;
   if (need <= b->cap) return ES_OK;
   /* Doubling keeps appends amortised O(1); 64 avoids a string of tiny

@@ -12,7 +12,9 @@ typedef struct es_buf {
   char *data;  /* owned; NUL-terminated after es_buf_cstr(); may be NULL when cap == 0 */
   size_t len;  /* bytes used */
   size_t cap;  /* bytes allocated */
-  int oom;     /* set once an append failed for lack of memory; later appends do nothing */
+  int oom;     /* set once an append failed (no memory, or past max); later appends do nothing */
+  size_t max;  /* 0: no cap; else len may not exceed it (an encoder's size limit) */
+  int over;    /* set with oom when an append would have passed max */
 } es_buf;
 
 /* Works in place: starts an empty buffer (no allocation). */

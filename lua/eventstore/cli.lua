@@ -26,6 +26,7 @@ local DEFAULT_SCRIPTS = "./scripts"
 local PAGE = 100             -- rows per store call when listing
 local READ_PAGE = 1000       -- events per store:read page
 local PROGRESS_EVERY_MS = 500  -- the progress line's redraw period
+local SIGNAL_POLL_MS = 100     -- how often run looks for SIGINT/SIGTERM
 local PENDING_EVERY_MS = 2000  -- how often the progress line recounts pending
 
 -- The terminal helpers only the binary has (core/main.c); a plain lua5.4
@@ -409,9 +410,11 @@ function commands.run.run(o)
   local drawn = false
   local progress
   if tty and tty.isatty(2) then
-    local pending, counted = 0, nil
+    local pending, counted, shown = 0, nil, nil
     progress = function(stats)
       local now = tty.now_ms()
+      if shown and now - shown < PROGRESS_EVERY_MS then return end
+      shown = now
       if counted == nil or now - counted >= PENDING_EVERY_MS then
         pending, counted = count_pending(store), now
       end
@@ -423,10 +426,29 @@ function commands.run.run(o)
   end
 
   local engine = new_engine(store, dir, { workers = o.workers })
+  -- SIGINT/SIGTERM (counted by the binary, which owns signals) stop the
+  -- engine: running handlers are interrupted and retried later.
+  local stopping = false
+  local draw = progress
+  progress = function(stats)
+    if not stopping and tty and tty.signals and tty.signals() ~= 0 then
+      stopping = true
+      engine:stop()
+      if drawn then io.stderr:write("\r\27[K") drawn = false end
+      local busy = stats.busy or 0
+      if busy > 0 then
+        io.stderr:write(("stopping: interrupting %d running handler%s (press Ctrl-C again to quit now)\n")
+          :format(busy, busy == 1 and "" or "s"))
+        io.stderr:flush()
+      end
+    end
+    if draw and not stopping then draw(stats) end
+  end
+  if tty and tty.watch_signals then tty.watch_signals() end
   local stats = engine:run({
     until_idle = o["until-idle"] == true,
     progress = progress,
-    progress_ms = PROGRESS_EVERY_MS,
+    progress_ms = SIGNAL_POLL_MS,
   }) or {}
   engine:close()
   if drawn then io.stderr:write("\r\27[K") io.stderr:flush() end

@@ -1,0 +1,206 @@
+/*
+ * budget.c: instruction, memory and trip budgets of the engine's Lua
+ * states (budget.h). The allocator and the count hook are the two places
+ * where user code meets the budget; es_budget_pcall is where a call starts
+ * and where a tripped call is known to have unwound.
+ */
+#include "engine/budget.h"
+
+#include <lauxlib.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+es_budget *es_budget_of(lua_State *L) {
+  void *ud = NULL;
+  lua_getallocf(L, &ud);
+  return ud;
+}
+
+/* The allocator. Growth is refused past the limit only inside a budgeted
+ * call (the engine's own bookkeeping between calls must not fail halfway),
+ * and refused altogether once a call tripped, until it unwinds. */
+static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  es_budget *b = ud;
+  size_t old = ptr ? osize : 0; /* with ptr NULL, osize is a type tag */
+  if (nsize == 0) {
+    free(ptr);
+    b->used -= old;
+    return NULL;
+  }
+  if (nsize > old && b->depth > 0) {
+    if (atomic_load_explicit(&b->trip, memory_order_relaxed) != ES_TRIP_NONE) return NULL;
+    if (b->limit && b->used + (nsize - old) > b->limit) {
+      /* Lua answers a refusal with an emergency collection and asks once
+       * more for the same block: only when that retry fails too is the
+       * state really out of budget. A refusal the collection cured (say,
+       * after collectgarbage("stop")) is no failure of anyone's. */
+      if (b->refused && b->refused_ptr == ptr && b->refused_size == nsize) {
+        b->refused = 0;
+        es_budget_trip(b, ES_TRIP_MEMORY);
+      } else {
+        b->refused = 1;
+        b->refused_ptr = ptr;
+        b->refused_size = nsize;
+      }
+      return NULL;
+    }
+  }
+  void *p = realloc(ptr, nsize);
+  if (!p) return NULL;
+  b->used = b->used - old + nsize;
+  if (nsize > old) b->refused = 0;
+  return p;
+}
+
+void es_budget_trip(es_budget *b, int reason) {
+  int none = ES_TRIP_NONE;
+  atomic_compare_exchange_strong(&b->trip, &none, reason);
+}
+
+const char *es_budget_message(const es_budget *b, int reason, char *buf, size_t len) {
+  switch (reason) {
+  case ES_TRIP_INSTRUCTIONS:
+    snprintf(buf, len, "instruction budget exceeded (%lld instructions)", (long long)b->instr_limit);
+    break;
+  case ES_TRIP_MEMORY:
+    snprintf(buf, len, "memory budget exceeded (%zu bytes)", b->limit);
+    break;
+  case ES_TRIP_DEADLINE:
+    snprintf(buf, len, "deadline exceeded (%lld ms)", (long long)b->deadline_ms);
+    break;
+  case ES_TRIP_STOP:
+    snprintf(buf, len, "interrupted: the engine is stopping");
+    break;
+  default:
+    snprintf(buf, len, "no budget exceeded");
+  }
+  return buf;
+}
+
+/* The count hook: counts instructions, and once the call has tripped,
+ * raises at every instruction of whichever thread runs (a coroutine's
+ * error surfaces in its resumer, which then raises in turn). */
+static void count_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  es_budget *b = es_budget_of(L);
+  atomic_fetch_add_explicit(&b->ticks, 1, memory_order_relaxed);
+  if (b->depth == 0) return;
+  int t = atomic_load_explicit(&b->trip, memory_order_relaxed);
+  if (t == ES_TRIP_NONE) {
+    int every = lua_gethookcount(L);
+    if (every != ES_BUDGET_HOOK_EVERY) /* left at 1 by an earlier trip */
+      lua_sethook(L, count_hook, LUA_MASKCOUNT, ES_BUDGET_HOOK_EVERY);
+    b->instr += every;
+    if (!b->instr_limit || b->instr <= b->instr_limit) return;
+    es_budget_trip(b, ES_TRIP_INSTRUCTIONS);
+    t = atomic_load(&b->trip);
+  }
+  lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+  if (L != b->main) lua_sethook(b->main, count_hook, LUA_MASKCOUNT, 1);
+  char msg[128];
+  luaL_error(L, "%s", es_budget_message(b, t, msg, sizeof msg));
+}
+
+static int refuse_sethook(lua_State *L) {
+  return luaL_error(L, "debug.sethook is not available to engine scripts "
+                       "(the engine's budgets use the hook)");
+}
+
+static int open_state(lua_State *L) {
+  luaL_openlibs(L);
+  lua_getglobal(L, "debug");
+  lua_pushcfunction(L, refuse_sethook);
+  lua_setfield(L, -2, "sethook");
+  lua_pop(L, 1);
+  return 0;
+}
+
+lua_State *es_budget_newstate(es_budget *b, size_t limit, int64_t instr_limit,
+                              int64_t deadline_ms, char *err, size_t errlen) {
+  memset(b, 0, sizeof *b);
+  b->limit = limit;
+  b->instr_limit = instr_limit;
+  b->deadline_ms = deadline_ms;
+  lua_State *L = lua_newstate(budget_alloc, b);
+  if (!L) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  b->main = L;
+  lua_pushcfunction(L, open_state);
+  if (lua_pcall(L, 0, 0, 0) != LUA_OK) {
+    snprintf(err, errlen, "cannot open the standard libraries: %s", lua_tostring(L, -1));
+    lua_close(L);
+    return NULL;
+  }
+  if (limit && b->used > limit / 2) {
+    snprintf(err, errlen,
+             "memory_budget %zu is too small: the standard libraries alone take %zu bytes", limit,
+             b->used);
+    lua_close(L);
+    return NULL;
+  }
+  lua_sethook(L, count_hook, LUA_MASKCOUNT, ES_BUDGET_HOOK_EVERY);
+  return L;
+}
+
+/* The message handler: the error with a traceback. It runs inside the
+ * budgeted call, so an error object's __tostring is under the budget too,
+ * and nothing after the call needs to run user code to read the error. */
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) {
+      msg = lua_tostring(L, -1);
+    } else {
+      msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+int es_budget_pcall(lua_State *L, int nargs, int nresults) {
+  es_budget *b = es_budget_of(L);
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  int64_t saved = b->instr;
+  b->instr = 0;
+  b->depth++;
+  int rc = lua_pcall(L, nargs, nresults, base);
+  b->depth--;
+  b->instr = saved;
+  lua_remove(L, base);
+  int t = atomic_load(&b->trip);
+  /* Instructions and memory are this call's; a deadline or a stop ends
+   * the whole attempt, so it stays set for the calls around this one. */
+  if (t != ES_TRIP_NONE && (b->depth == 0 || t == ES_TRIP_INSTRUCTIONS || t == ES_TRIP_MEMORY)) {
+    atomic_store(&b->trip, ES_TRIP_NONE);
+    lua_sethook(b->main, count_hook, LUA_MASKCOUNT, ES_BUDGET_HOOK_EVERY);
+  }
+  if (t == ES_TRIP_NONE && rc == LUA_ERRMEM && b->limit) t = ES_TRIP_MEMORY;
+  if (t == ES_TRIP_NONE) {
+    if (rc != LUA_OK && !lua_isstring(L, -1)) {
+      lua_pop(L, 1);
+      lua_pushliteral(L, "(error object is not a string)");
+    }
+    return rc;
+  }
+  /* A budget stopped the call: that is its cause, whatever the code made
+   * of the error on the way out (caught it, returned, raised its own). */
+  char msg[128];
+  es_budget_message(b, t, msg, sizeof msg);
+  if (rc == LUA_OK) { /* it returned: drop the results, keep one slot */
+    lua_settop(L, base - 1);
+    lua_pushnil(L);
+  }
+  const char *got = lua_tostring(L, -1);
+  if (got && strstr(got, msg)) return rc;
+  if (got) lua_pushfstring(L, "%s\n(the code went on and raised: %s)", msg, got);
+  else lua_pushstring(L, msg);
+  lua_remove(L, -2);
+  return rc != LUA_OK ? rc : LUA_ERRRUN;
+}

@@ -1,0 +1,1070 @@
+/*
+ * engine.c: the engine of engine.h: runners (a thread and a budgeted Lua
+ * state each), dispatch, the keeper (claim renewal and watchdog), runs,
+ * and the fold runner behind es_engine_state. The reducer fold itself is
+ * fold.c; budgets are budget.c.
+ *
+ * Dispatch: a worker claims one event with claim_next, runs the job (load
+ * the handler, call it, convert and encode what it returned) as one
+ * budgeted call, fixes the ids of the returned events and completes (so a
+ * retried completion is idempotent). A failure is retried with exponential
+ * backoff and jitter; at max_failures the event is dead-lettered with its
+ * traceback. Attempts that never ended (the process died in the handler,
+ * a worker was abandoned) count toward max_failures: see lost_attempts.
+ *
+ * Abandoning: a runner whose call tripped (deadline, stop) and did not
+ * unwind within GRACE_MS, or that burns CPU where no hook reaches, is
+ * abandoned by the keeper: its attempt is failed for it, its slot gets a
+ * fresh runner, and its thread, whenever it comes back, frees its own
+ * state and drops its reference to the engine without touching the store.
+ */
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/internal.h"
+#include "codec/state.h"
+#include "lua/common.h"
+#include "lua/events.h"
+#include "lua/module.h"
+
+#define IDLE_POLL_MS 50      /* how often an idle worker looks for ready events */
+#define WATCH_EVERY_MS 50    /* the keeper's period */
+#define GRACE_MS 1000        /* a tripped call must unwind within this */
+#define STALL_CPU_NS 1000000000LL /* CPU burnt with no hook: stuck where no hook reaches */
+#define CLOSE_WAIT_MS 1000   /* closing a Lua state (its finalizers) */
+#define COMPLETE_TRIES 3     /* a completion failing with STORAGE is retried (same ids) */
+#define CLAIM_BACKOFF_MAX_MS 5000
+#define MAX_MS (100LL * 365 * 24 * 3600 * 1000) /* the largest time option: 100 years */
+
+static const char loader_key = 'l'; /* registry: the state's loader */
+
+int64_t es_mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int64_t ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static int64_t cpu_ns(clockid_t c) {
+  struct timespec ts;
+  if (clock_gettime(c, &ts) != 0) return -1;
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void es_engine_log(es_engine *e, int id, const char *fmt, ...) {
+  va_list ap;
+  char line[1024];
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (id) fprintf(stderr, "eventstore[%s/%d]: %s\n", e->holder, id, line);
+  else fprintf(stderr, "eventstore[%s]: %s\n", e->holder, line);
+}
+
+/* ---------------------------------------------------------------------- */
+/* runner states */
+
+/* stat(path) -> "mtime_ns:size:inode" or nil: a script file's signature. */
+static int l_stat(lua_State *L) {
+  struct stat st;
+  if (stat(luaL_checkstring(L, 1), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  lua_pushfstring(L, "%I.%I:%I:%I", (lua_Integer)st.st_mtim.tv_sec,
+                  (lua_Integer)st.st_mtim.tv_nsec, (lua_Integer)st.st_size,
+                  (lua_Integer)st.st_ino);
+  return 1;
+}
+
+/* hash(source) -> 16 hex digits (FNV-1a 64): a reducer's version. */
+static int l_hash(lua_State *L) {
+  size_t n;
+  const unsigned char *p = (const unsigned char *)luaL_checklstring(L, 1, &n);
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+  lua_pushstring(L, hex);
+  return 1;
+}
+
+/* Sets up a runner's state: package paths, eventstore preloaded (the
+ * module is linked into this very library, so handlers' require needs no
+ * .so search), and the loader (lua/eventstore/loader.lua). */
+static int setup_state(lua_State *L) {
+  es_engine *e = lua_touserdata(L, 1);
+  lua_getglobal(L, "package");
+  if (e->lua_path) {
+    lua_pushstring(L, e->lua_path);
+    lua_setfield(L, -2, "path");
+  }
+  if (e->lua_cpath) {
+    lua_pushstring(L, e->lua_cpath);
+    lua_setfield(L, -2, "cpath");
+  }
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_eventstore_core);
+  lua_setfield(L, -2, "eventstore.core");
+  lua_pop(L, 2);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "eventstore.loader");
+  lua_call(L, 1, 1);
+  lua_pushstring(L, e->scripts);
+  lua_pushcfunction(L, l_stat);
+  lua_pushcfunction(L, l_hash);
+  lua_call(L, 3, 1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &loader_key);
+  return 0;
+}
+
+/* Pushes loader[fn](name, now): value, err, extra. Raises. */
+void es_loader_call(lua_State *L, const char *fn, const char *name) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &loader_key);
+  lua_getfield(L, -1, fn);
+  lua_remove(L, -2);
+  lua_pushstring(L, name);
+  lua_pushinteger(L, es_mono_ms());
+  lua_call(L, 2, 3);
+}
+
+static void runner_free_now(runner *r) {
+  if (r->L) lua_close(r->L);
+  free(r->session);
+  free(r->type);
+  es_buf_destroy(&r->fold_out);
+  pthread_mutex_destroy(&r->mu);
+  free(r);
+}
+
+static runner *runner_new(es_engine *e, int id, es_err *err) {
+  runner *r = calloc(1, sizeof *r);
+  if (!r) {
+    es_fail(err, ES_STORAGE, "out of memory");
+    return NULL;
+  }
+  r->e = e;
+  r->id = id;
+  pthread_mutex_init(&r->mu, NULL);
+  es_buf_init(&r->fold_out);
+  char msg[512];
+  r->L = es_budget_newstate(&r->b, (size_t)e->o.memory_budget, e->o.instruction_budget,
+                            e->o.deadline_ms, msg, sizeof msg);
+  if (!r->L) {
+    es_fail(err, ES_INVALID_ARGUMENT, "cannot create an engine Lua state: %s", msg);
+    runner_free_now(r);
+    return NULL;
+  }
+  lua_pushcfunction(r->L, setup_state);
+  lua_pushlightuserdata(r->L, e);
+  if (lua_pcall(r->L, 1, 0, 0) != LUA_OK) {
+    es_fail(err, ES_INVALID_ARGUMENT, "cannot set up an engine Lua state: %s",
+            lua_tostring(r->L, -1));
+    runner_free_now(r);
+    return NULL;
+  }
+  return r;
+}
+
+static void *closer_main(void *arg) {
+  runner_free_now(arg);
+  return NULL;
+}
+
+/* Frees a runner whose thread (if any) has ended. Closing its state runs
+ * the finalizers its scripts left, with hooks off (Lua's rule), so one
+ * that never returns would hang the caller: the close gets CLOSE_WAIT_MS
+ * on a thread of its own, and is left to it after that. */
+static void runner_free(runner *r) {
+  pthread_t t;
+  if (pthread_create(&t, NULL, closer_main, r) != 0) {
+    runner_free_now(r);
+    return;
+  }
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += CLOSE_WAIT_MS / 1000;
+  if (pthread_timedjoin_np(t, NULL, &until) != 0) pthread_detach(t);
+}
+
+/* Marks the start of a watched call (under r->mu). */
+static void watch_start(runner *r) {
+  r->busy = 1;
+  r->finishing = 0;
+  r->started_ms = es_mono_ms();
+  r->tripped_ms = 0;
+  r->last_ticks = atomic_load(&r->b.ticks);
+  r->last_cpu_ns = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+  atomic_store(&r->b.trip, ES_TRIP_NONE);
+  if (r->id && atomic_load(&r->e->stopping)) { /* a worker; folds are not the run's */
+    es_budget_trip(&r->b, ES_TRIP_STOP);
+    r->tripped_ms = r->started_ms;
+  }
+}
+
+/* The watchdog's look at one runner (under r->mu): trips a call past its
+ * deadline; returns 1 (and a cause) when the runner must be abandoned. */
+static int watch(es_engine *e, runner *r, int64_t now, char *cause, size_t len) {
+  if (!r->busy || r->finishing || r->abandoned) return 0;
+  if (!r->tripped_ms && now - r->started_ms > e->o.deadline_ms) {
+    es_budget_trip(&r->b, ES_TRIP_DEADLINE);
+    r->tripped_ms = now;
+  }
+  if (r->tripped_ms && now - r->tripped_ms > GRACE_MS) {
+    char msg[128];
+    int t = atomic_load(&r->b.trip);
+    snprintf(cause, len, "%s; the call did not unwind within %d ms, its worker was abandoned",
+             es_budget_message(&r->b, t ? t : ES_TRIP_DEADLINE, msg, sizeof msg), GRACE_MS);
+    return 1;
+  }
+  unsigned ticks = atomic_load(&r->b.ticks);
+  int64_t cpu = r->has_cpu ? cpu_ns(r->cpu) : -1;
+  if (ticks != r->last_ticks || atomic_load(&r->b.trusted) > 0 || cpu < 0 || r->last_cpu_ns < 0) {
+    r->last_ticks = ticks;
+    r->last_cpu_ns = cpu;
+    return 0;
+  }
+  if (cpu - r->last_cpu_ns > STALL_CPU_NS) {
+    snprintf(cause, len,
+             "stuck: %lld ms of CPU where no budget hook reaches (a C function such as a "
+             "pathological string pattern, or a __gc finalizer); its worker was abandoned",
+             (long long)((cpu - r->last_cpu_ns) / 1000000));
+    return 1;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* dispatch */
+
+/* Attempts of ev that neither completed nor failed (the process died in
+ * the handler, a worker was abandoned after it lost its claim) since the
+ * last recorded failure or revive: they count toward max_failures, or a
+ * handler that kills its process would be retried forever. */
+static int64_t lost_attempts(const es_event *ev) {
+  int64_t ended = ev->last_failed_attempt == ES_NONE ? 0 : ev->last_failed_attempt;
+  int64_t lost = ev->attempts - 1 - ended;
+  return lost > 0 ? lost : 0;
+}
+
+/* The n-th retry waits between half and all of min(backoff * 2^(n-1), cap). */
+static int64_t backoff_for(const es_engine *e, int64_t n) {
+  int64_t base = e->o.backoff_ms;
+  for (int64_t i = 1; i < n && base < e->o.backoff_cap_ms; i++) base *= 2;
+  if (base > e->o.backoff_cap_ms) base = e->o.backoff_cap_ms;
+  if (base <= 0) return 0;
+  uint32_t r = 0;
+  if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)es_mono_ms();
+  int64_t half = base / 2;
+  return half + (int64_t)(r % (uint64_t)(base - half + 1));
+}
+
+/* Records a failed attempt (from the worker, or from the keeper for an
+ * abandoned one). */
+static void record_failure(es_engine *e, int id, const claim_info *c, const char *error,
+                           int retry_now) {
+  int outcome = 0;
+  int64_t failures = 0;
+  es_err err = {0};
+  int64_t max = e->o.max_failures - c->lost;
+  if (max < c->failures + 1) max = c->failures + 1;
+  int64_t wait = retry_now ? 0 : backoff_for(e, c->failures + c->lost + 1);
+  int rc = es_store_fail(e->s, c->session, c->index, c->attempt, error, max, wait, &outcome,
+                         &failures, &err);
+  const char *nl = strchr(error, '\n');
+  int first = (int)(nl ? nl - error : (ptrdiff_t)strlen(error));
+  if (rc) {
+    es_engine_log(e, id, "%s #%lld: recording the failure failed: %s: %s", c->session,
+                  (long long)c->index, es_strerror(rc), err.msg);
+  } else if (outcome == ES_DEAD_LETTERED) {
+    atomic_fetch_add(&e->dead, 1);
+    es_engine_log(e, id, "%s #%lld %s dead-lettered after %lld failures: %.*s", c->session,
+                  (long long)c->index, c->type, (long long)(failures + c->lost), first, error);
+  } else if (outcome == ES_FAILED) {
+    atomic_fetch_add(&e->failed, 1);
+    /* One line per failed attempt (the traceback stays in last_error). */
+    es_engine_log(e, id, "%s #%lld %s attempt %lld failed, retry in %lld ms: %.*s", c->session,
+                  (long long)c->index, c->type, (long long)c->attempt, (long long)wait, first,
+                  error);
+  }
+}
+
+/* What handling one event came to. */
+enum { RUN_HANDLED, RUN_SETTLE, RUN_FAILED };
+
+typedef struct job {
+  runner *r;
+  const es_event *ev;
+  int result;
+  char *error;       /* malloc'd, for RUN_FAILED */
+  es_new_event *evs; /* what the handler returned (anchored on the stack) */
+  size_t n;
+} job;
+
+static void job_error(job *j, const char *msg) {
+  free(j->error);
+  j->error = strdup(msg ? msg : "unknown error");
+  j->result = RUN_FAILED;
+}
+
+/* Everything of one event that runs Lua, as one budgeted call: finding
+ * and loading the handler, calling it, and converting what it returned
+ * (metamethods included) and encoding the payloads (within the size
+ * limit). Leaves the converted events on the stack, with what they borrow. */
+static int run_job(lua_State *L) {
+  job *j = lua_touserdata(L, 1);
+  const es_event *ev = j->ev;
+  es_engine *e = j->r->e;
+  es_loader_call(L, "handler", ev->type);
+  if (!lua_isnil(L, -2)) { /* the load error */
+    lua_pushvalue(L, -2);
+    return lua_error(L);
+  }
+  if (lua_isnil(L, -3)) {
+    j->result = RUN_SETTLE; /* no handler: settle it, never wait for one */
+    return 0;
+  }
+  lua_pop(L, 2);
+  es_lua_push_event(L, ev, 1);
+  es_push_ctx(L, j->r, ev);
+  lua_call(L, 2, 1);
+  int64_t now;
+  es_err err = {0};
+  atomic_fetch_add(&j->r->b.trusted, 1);
+  int rc = es_store_now(e->s, &now, &err);
+  atomic_fetch_sub(&j->r->b.trusted, 1);
+  if (rc) return es_lua_raise(L, &err);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+  }
+  j->evs = es_lua_check_events(L, -1, 0, now, es_store_max_payload(e->s), &j->n);
+  j->result = RUN_HANDLED;
+  return 3; /* the returned table (it holds the events' strings), the events, their payloads */
+}
+
+/* Completes the attempt with the returned events (ids fixed first, so a
+ * retried completion is idempotent). */
+static void complete_job(job *j) {
+  es_engine *e = j->r->e;
+  const es_event *ev = j->ev;
+  char (*ids)[37] = j->n ? calloc(j->n, sizeof *ids) : NULL;
+  es_err err = {0};
+  if (j->n && !ids) {
+    job_error(j, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < j->n; i++) {
+    if (j->evs[i].id) continue;
+    if (es_store_new_id(e->s, ids[i], &err)) {
+      job_error(j, err.msg);
+      free(ids);
+      return;
+    }
+    j->evs[i].id = ids[i];
+  }
+  for (int tries = 0;; tries++) {
+    int outcome = 0;
+    es_events out;
+    int rc = es_store_complete(e->s, ev->session, ev->index, ev->attempts, j->evs, j->n,
+                               &outcome, &out, &err);
+    es_events_destroy(&out);
+    if (rc == ES_OK) {
+      if (outcome == ES_SUPERSEDED)
+        es_engine_log(e, j->r->id, "%s #%lld: attempt %lld was superseded; its result is dropped",
+                      ev->session, (long long)ev->index, (long long)ev->attempts);
+      else if (j->result == RUN_HANDLED)
+        atomic_fetch_add(&e->handled, 1);
+      break;
+    }
+    if (rc != ES_STORAGE || tries + 1 >= COMPLETE_TRIES) {
+      char msg[ES_ERRMSG_MAX + 64];
+      snprintf(msg, sizeof msg, "completing failed: %s: %s", es_strerror(rc), err.msg);
+      if (rc == ES_STORAGE) {
+        /* Leave the claim to expire: the event is retried, nothing lost. */
+        es_engine_log(e, j->r->id, "%s #%lld: %s", ev->session, (long long)ev->index, msg);
+        j->result = RUN_SETTLE;
+      } else {
+        job_error(j, msg);
+      }
+      break;
+    }
+    sleep_ms(10 << tries);
+  }
+  free(ids);
+}
+
+/* Handles one claimed event. Returns 0, or 1 when the runner was
+ * abandoned meanwhile (its thread must then only clean up). */
+static int handle(runner *r, const es_event *ev) {
+  es_engine *e = r->e;
+  lua_State *L = r->L;
+  job j = {r, ev, RUN_FAILED, NULL, NULL, 0};
+  claim_info c = {ev->session, ev->type, ev->index, ev->attempts, ev->failures,
+                  lost_attempts(ev)};
+  if (c.failures + c.lost >= e->o.max_failures) {
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "%lld earlier attempts never finished (the process running the handler died, was "
+             "killed or called os.exit, or its worker was abandoned)",
+             (long long)c.lost);
+    c.lost = e->o.max_failures; /* dead-letters it now */
+    record_failure(e, r->id, &c, msg, 1);
+    return 0;
+  }
+  pthread_mutex_lock(&r->mu);
+  r->session = strdup(ev->session);
+  r->type = strdup(ev->type);
+  r->claim = c;
+  r->claim.session = r->session;
+  r->claim.type = r->type;
+  r->renewed_ms = es_mono_ms();
+  watch_start(r);
+  pthread_mutex_unlock(&r->mu);
+
+  lua_settop(L, 0);
+  lua_pushcfunction(L, run_job);
+  lua_pushlightuserdata(L, &j);
+  int rc = es_budget_pcall(L, 1, 3);
+  if (rc != LUA_OK) job_error(&j, lua_tostring(L, -1));
+  /* Garbage of this call is collected now, within the watched window (a
+   * finalizer may run), and a collector a handler stopped runs again. */
+  lua_gc(L, LUA_GCRESTART);
+  lua_gc(L, LUA_GCSTEP, 0);
+
+  pthread_mutex_lock(&r->mu);
+  int abandoned = r->abandoned;
+  if (!abandoned) r->finishing = 1;
+  pthread_mutex_unlock(&r->mu);
+  if (abandoned) {
+    free(j.error);
+    return 1;
+  }
+  if (j.result != RUN_FAILED) complete_job(&j);
+  if (j.result == RUN_FAILED) {
+    int stop = j.error && strstr(j.error, "interrupted: the engine is stopping") != NULL;
+    record_failure(e, r->id, &c, j.error ? j.error : "unknown error", stop);
+  }
+  free(j.error);
+  lua_settop(L, 0);
+  pthread_mutex_lock(&r->mu);
+  r->busy = 0;
+  r->finishing = 0;
+  free(r->session);
+  free(r->type);
+  r->session = r->type = NULL;
+  pthread_mutex_unlock(&r->mu);
+  return 0;
+}
+
+static void engine_sleep(es_engine *e, int64_t ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&e->mu);
+  if (!atomic_load(&e->stopping)) pthread_cond_clockwait(&e->cond, &e->mu, CLOCK_MONOTONIC, &until);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Ends the run: wakes idle workers and interrupts busy ones. */
+static void begin_stop(es_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int was = atomic_exchange(&e->stopping, 1);
+  pthread_cond_broadcast(&e->cond);
+  if (!was) {
+    int64_t now = es_mono_ms();
+    for (int i = 0; i < e->n; i++) {
+      runner *r = e->slots[i];
+      if (!r) continue;
+      pthread_mutex_lock(&r->mu);
+      if (r->busy && !r->finishing) {
+        es_budget_trip(&r->b, ES_TRIP_STOP);
+        if (!r->tripped_ms) r->tripped_ms = now;
+      }
+      pthread_mutex_unlock(&r->mu);
+    }
+  }
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Keeps the first error that ends a run. */
+static void run_error(es_engine *e, int code, const char *msg) {
+  pthread_mutex_lock(&e->mu);
+  if (!e->run_err.code) es_fail(&e->run_err, code, "%s", msg);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void worker_exit(runner *r) {
+  if (!r->abandoned) {
+    atomic_fetch_sub(&r->e->running, 1);
+    return;
+  }
+  es_engine *e = r->e;
+  runner_free_now(r);
+  es_engine_unref(e);
+}
+
+static void *worker_main(void *arg) {
+  runner *r = arg;
+  es_engine *e = r->e;
+  r->has_cpu = pthread_getcpuclockid(pthread_self(), &r->cpu) == 0;
+  int64_t claim_wait = IDLE_POLL_MS;
+  while (!atomic_load(&e->stopping)) {
+    atomic_fetch_add(&e->busy, 1);
+    es_events got;
+    int64_t retry_at = ES_NONE;
+    es_err err = {0};
+    int rc = es_store_claim_next(e->s, e->holder, e->o.ttl_ms, 1, &got, &retry_at, &err);
+    if (rc == ES_OK && got.n > 0) {
+      claim_wait = IDLE_POLL_MS;
+      int gone = handle(r, &got.v[0]);
+      es_events_destroy(&got);
+      atomic_fetch_sub(&e->busy, 1);
+      if (gone) break;
+      continue;
+    }
+    if (rc != ES_OK) {
+      atomic_fetch_sub(&e->busy, 1);
+      char msg[ES_ERRMSG_MAX + 64];
+      snprintf(msg, sizeof msg, "claiming failed: %s", err.msg);
+      /* A run that is to end when idle cannot tell idle from broken: it
+       * ends with the error. A store that closed ends any run. Otherwise
+       * (disk full, a lost connection) back off, doubling, and go on. */
+      if (rc == ES_CLOSED || atomic_load(&e->until_idle)) {
+        run_error(e, rc, msg);
+        begin_stop(e);
+        break;
+      }
+      es_engine_log(e, r->id, "%s: %s; retrying in %lld ms", es_strerror(rc), msg,
+                    (long long)claim_wait);
+      engine_sleep(e, claim_wait);
+      claim_wait = claim_wait * 2 > CLAIM_BACKOFF_MAX_MS ? CLAIM_BACKOFF_MAX_MS : claim_wait * 2;
+      continue;
+    }
+    /* Nothing ready now. With until_idle, the run is over once no other
+     * worker is busy either (a busy one may still produce events). */
+    if (atomic_fetch_sub(&e->busy, 1) == 1 && atomic_load(&e->until_idle)) {
+      begin_stop(e);
+      break;
+    }
+    engine_sleep(e, IDLE_POLL_MS);
+  }
+  worker_exit(r);
+  return NULL;
+}
+
+/* Takes r (busy, not finishing) out of its slot: fails its attempt, lets
+ * its thread go, and (unless the run is stopping) starts a replacement. */
+static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
+  pthread_mutex_lock(&r->mu);
+  int ok = r->busy && !r->finishing && !r->abandoned;
+  claim_info c = r->claim;
+  if (ok) {
+    r->abandoned = 1;
+    c.session = strdup(r->claim.session ? r->claim.session : "");
+    c.type = strdup(r->claim.type ? r->claim.type : "");
+  }
+  pthread_mutex_unlock(&r->mu);
+  if (!ok) return;
+  atomic_fetch_add(&e->refs, 1); /* the thread's, until it comes back */
+  atomic_fetch_add(&e->abandoned, 1);
+  pthread_detach(r->thread);
+  es_engine_log(e, r->id, "%s #%lld %s: %s", c.session ? c.session : "?", (long long)c.index,
+                c.type ? c.type : "?", cause);
+  if (c.session && c.type) record_failure(e, r->id, &c, cause, atomic_load(&e->stopping));
+  free((char *)c.session);
+  free((char *)c.type);
+
+  runner *fresh = NULL;
+  if (!atomic_load(&e->stopping)) {
+    es_err err = {0};
+    fresh = runner_new(e, r->id, &err);
+    if (fresh && pthread_create(&fresh->thread, NULL, worker_main, fresh) != 0) {
+      runner_free_now(fresh);
+      fresh = NULL;
+    }
+    if (!fresh) es_engine_log(e, r->id, "cannot replace the abandoned worker: %s", err.msg);
+  }
+  pthread_mutex_lock(&e->mu);
+  e->slots[slot] = fresh;
+  if (!fresh) atomic_fetch_sub(&e->running, 1);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* The keeper: renews the claims of handlers in flight every ttl/3, and
+ * watches every call (watch()). Runs until the last worker has finished,
+ * so handlers finishing during a stop keep their claims. */
+static void *keeper_main(void *arg) {
+  es_engine *e = arg;
+  int64_t every = e->o.ttl_ms / 3 > 10 ? e->o.ttl_ms / 3 : 10;
+  while (!atomic_load(&e->keeper_quit)) {
+    sleep_ms(WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every);
+    int64_t now = es_mono_ms();
+    for (int i = 0; i < e->n; i++) {
+      pthread_mutex_lock(&e->mu);
+      runner *r = e->slots[i];
+      pthread_mutex_unlock(&e->mu);
+      if (!r) continue;
+      char cause[512];
+      pthread_mutex_lock(&r->mu);
+      int gone = watch(e, r, now, cause, sizeof cause);
+      int renew = !gone && r->busy && !r->abandoned && r->session && now - r->renewed_ms >= every;
+      claim_info c = r->claim;
+      char *session = renew ? strdup(r->session) : NULL;
+      if (renew) r->renewed_ms = now;
+      pthread_mutex_unlock(&r->mu);
+      if (gone) abandon(e, i, r, cause);
+      if (session) {
+        es_claim_ref ref = {c.index, c.attempt};
+        es_renew_result rr;
+        es_err err = {0};
+        if (es_store_renew(e->s, session, e->holder, &ref, 1, e->o.ttl_ms, &rr, &err) == ES_OK)
+          es_renew_result_destroy(&rr);
+        free(session);
+      }
+    }
+  }
+  return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* open, run, close */
+
+void es_engine_opts_init(es_engine_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->scripts = "scripts";
+  o->workers = 1;
+  o->ttl_ms = 30000;
+  o->max_failures = 5;
+  o->backoff_ms = 1000;
+  o->backoff_cap_ms = 60000;
+  o->instruction_budget = 100000000;
+  o->memory_budget = 64 * 1024 * 1024;
+  o->deadline_ms = 300000;
+  o->snapshot_every = 100;
+}
+
+static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, es_err *err) {
+  if (v >= lo && v <= hi) return ES_OK;
+  return es_fail(err, ES_INVALID_ARGUMENT, "%s must be an integer from %lld to %lld (got %lld)",
+                 name, (long long)lo, (long long)hi, (long long)v);
+}
+
+static int check_opts(const es_engine_opts *o, es_err *err) {
+  int rc;
+  if ((rc = check_range("workers", o->workers, 1, ES_ENGINE_MAX_WORKERS, err)) ||
+      (rc = check_range("ttl_ms", o->ttl_ms, 1, MAX_MS, err)) ||
+      (rc = check_range("max_failures", o->max_failures, 1, 1000000000, err)) ||
+      (rc = check_range("backoff_ms", o->backoff_ms, 0, MAX_MS, err)) ||
+      (rc = check_range("backoff_cap_ms", o->backoff_cap_ms, 0, MAX_MS, err)) ||
+      (rc = check_range("instruction_budget", o->instruction_budget, 0, INT64_MAX / 2, err)) ||
+      (rc = check_range("memory_budget", o->memory_budget, 0, INT64_MAX / 2, err)) ||
+      (rc = check_range("deadline_ms", o->deadline_ms, 1, MAX_MS, err)) ||
+      (rc = check_range("snapshot_every", o->snapshot_every, 0, INT64_MAX / 2, err)))
+    return rc;
+  if (!o->scripts || !*o->scripts) return es_fail(err, ES_INVALID_ARGUMENT, "scripts must name a directory");
+  struct stat st;
+  if (stat(o->scripts, &st) != 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "scripts directory '%s' does not exist (%s)",
+                   o->scripts, strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return es_fail(err, ES_INVALID_ARGUMENT, "scripts '%s' is not a directory", o->scripts);
+  if (o->holder && (!*o->holder || strlen(o->holder) > ES_MAX_ID_BYTES))
+    return es_fail(err, ES_INVALID_ARGUMENT, "holder must be 1 to %d bytes", ES_MAX_ID_BYTES);
+  return ES_OK;
+}
+
+static void engine_free(es_engine *e) {
+  for (int i = 0; i < e->n && e->slots; i++)
+    if (e->slots[i]) runner_free(e->slots[i]);
+  free(e->slots);
+  if (e->folder) {
+    runner *r = e->folder;
+    pthread_mutex_lock(&e->fold_mu);
+    r->quit = 1;
+    pthread_cond_broadcast(&e->fold_cond);
+    pthread_mutex_unlock(&e->fold_mu);
+    pthread_join(r->thread, NULL);
+    free(r->fold_session);
+    free(r->fold_reducer);
+    runner_free(r);
+  }
+  if (e->s) es_store_release(e->s);
+  free(e->scripts);
+  free(e->holder);
+  free(e->lua_path);
+  free(e->lua_cpath);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cond);
+  pthread_mutex_destroy(&e->fold_mu);
+  pthread_cond_destroy(&e->fold_cond);
+  free(e);
+}
+
+void es_engine_unref(es_engine *e) {
+  if (atomic_fetch_sub(&e->refs, 1) == 1) engine_free(e);
+}
+
+static char *dup_or_null(const char *s, int *oom) {
+  if (!s) return NULL;
+  char *d = strdup(s);
+  if (!d) *oom = 1;
+  return d;
+}
+
+int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err *err) {
+  *out = NULL;
+  int rc = check_opts(o, err);
+  if (rc) return rc;
+  es_engine *e = calloc(1, sizeof *e);
+  if (!e) return es_fail(err, ES_STORAGE, "out of memory");
+  atomic_init(&e->refs, 1);
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cond, NULL);
+  pthread_mutex_init(&e->fold_mu, NULL);
+  pthread_cond_init(&e->fold_cond, NULL);
+  es_store_retain(s);
+  e->s = s;
+  e->o = *o;
+  char holder[64];
+  if (!o->holder) {
+    uint32_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)es_mono_ms();
+    snprintf(holder, sizeof holder, "engine-%ld-%08x", (long)getpid(), r);
+  }
+  int oom = 0;
+  e->scripts = dup_or_null(o->scripts, &oom);
+  e->holder = dup_or_null(o->holder ? o->holder : holder, &oom);
+  e->lua_path = dup_or_null(o->lua_path, &oom);
+  e->lua_cpath = dup_or_null(o->lua_cpath, &oom);
+  e->o.scripts = e->scripts;
+  e->o.holder = e->holder;
+  e->o.lua_path = e->lua_path;
+  e->o.lua_cpath = e->lua_cpath;
+  e->n = (int)o->workers;
+  e->slots = calloc((size_t)e->n, sizeof *e->slots);
+  if (oom || !e->slots) {
+    es_engine_unref(e);
+    return es_fail(err, ES_STORAGE, "out of memory");
+  }
+  for (int i = 0; i < e->n; i++) {
+    e->slots[i] = runner_new(e, i + 1, err);
+    if (!e->slots[i]) {
+      es_engine_unref(e);
+      return err->code;
+    }
+  }
+  *out = e;
+  return ES_OK;
+}
+
+void es_engine_stop(es_engine *e) { atomic_store(&e->stop_req, 1); }
+
+es_store *es_engine_store(es_engine *e) { return e->s; }
+
+static void fill_stats(es_engine *e, es_engine_stats *st) {
+  st->handled = atomic_load(&e->handled);
+  st->failed = atomic_load(&e->failed);
+  st->dead = atomic_load(&e->dead);
+  st->abandoned = atomic_load(&e->abandoned);
+  st->busy = atomic_load(&e->busy);
+}
+
+int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, es_err *err) {
+  memset(stats, 0, sizeof *stats);
+  if (e->in_run) return es_fail(err, ES_INVALID_ARGUMENT, "the engine is already running");
+  static const es_run_opts none = {0};
+  if (!ro) ro = &none;
+  int64_t every = ro->progress_ms > 0 ? ro->progress_ms : 500;
+  e->in_run = 1;
+  memset(&e->run_err, 0, sizeof e->run_err);
+  atomic_store(&e->stop_req, 0);
+  atomic_store(&e->stopping, 0);
+  atomic_store(&e->keeper_quit, 0);
+  atomic_store(&e->until_idle, ro->until_idle);
+  atomic_store(&e->busy, 0);
+  atomic_store(&e->handled, 0);
+  atomic_store(&e->failed, 0);
+  atomic_store(&e->dead, 0);
+  atomic_store(&e->abandoned, 0);
+  int started = 0;
+  for (int i = 0; i < e->n; i++) {
+    runner *r = e->slots[i];
+    if (!r) {
+      es_err ignored = {0};
+      r = e->slots[i] = runner_new(e, i + 1, &ignored);
+      if (!r) continue;
+    }
+    /* A new run looks at every script file again. */
+    lua_State *L = r->L;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &loader_key);
+    lua_getfield(L, -1, "new_run");
+    lua_pcall(L, 0, 0, 0);
+    lua_settop(L, 0);
+    atomic_fetch_add(&e->running, 1);
+    if (pthread_create(&r->thread, NULL, worker_main, r) != 0) {
+      atomic_fetch_sub(&e->running, 1);
+      runner_free(r);
+      e->slots[i] = NULL;
+      continue;
+    }
+    started++;
+  }
+  if (started == 0) {
+    e->in_run = 0;
+    return es_fail(err, ES_STORAGE, "cannot start worker threads");
+  }
+  pthread_t keeper;
+  int keeper_started = pthread_create(&keeper, NULL, keeper_main, e) == 0;
+  int64_t next = es_mono_ms() + every;
+  while (atomic_load(&e->running) > 0) {
+    sleep_ms(20);
+    if (atomic_load(&e->stop_req)) begin_stop(e);
+    if (ro->progress && es_mono_ms() >= next) {
+      next = es_mono_ms() + every;
+      es_engine_stats now;
+      fill_stats(e, &now);
+      if (ro->progress(ro->progress_ctx, &now)) begin_stop(e);
+    }
+  }
+  begin_stop(e);
+  atomic_store(&e->keeper_quit, 1);
+  if (keeper_started) pthread_join(keeper, NULL);
+  /* Every worker still in a slot has finished (running is 0); the
+   * abandoned ones were detached and left their slots. */
+  for (int i = 0; i < e->n; i++)
+    if (e->slots[i]) pthread_join(e->slots[i]->thread, NULL);
+  fill_stats(e, stats);
+  stats->busy = 0;
+  e->in_run = 0;
+  if (e->run_err.code) {
+    *err = e->run_err;
+    return err->code;
+  }
+  return ES_OK;
+}
+
+/* ---------------------------------------------------------------------- */
+/* es_engine_state: folds on the fold runner, watched by the caller */
+
+/* The error at idx as an es_err: an eventstore error object keeps its
+ * code; anything else (a reducer's own error) is INVALID_ARGUMENT. */
+static void to_err(lua_State *L, int idx, es_err *err) {
+  int code = ES_INVALID_ARGUMENT;
+  const char *msg = NULL;
+  if (lua_type(L, idx) == LUA_TTABLE && luaL_getmetafield(L, idx, "__name") != LUA_TNIL) {
+    int ours = lua_isstring(L, -1) && strcmp(lua_tostring(L, -1), ES_LUA_ERROR_MT) == 0;
+    lua_pop(L, 1);
+    if (ours) {
+      lua_getfield(L, idx, "code");
+      const char *name = lua_tostring(L, -1);
+      for (int c = 1; name && c < ES_NCODES; c++)
+        if (strcmp(es_strerror(c), name) == 0) code = c;
+      lua_pop(L, 1);
+      lua_getfield(L, idx, "message");
+      msg = lua_tostring(L, -1);
+      lua_pop(L, 1); /* still referenced by the error object */
+    }
+  }
+  if (!msg) msg = lua_isstring(L, idx) ? lua_tostring(L, idx) : "error object is not a string";
+  es_fail(err, code, "%s", msg);
+}
+
+static int fold_job_inner(lua_State *L) {
+  runner *r = lua_touserdata(L, 1);
+  lua_settop(L, 0);
+  /* engine:state never acts on a stale view of the scripts: a reducer
+   * edited a moment ago is used now (a stat per call is cheap). */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &loader_key);
+  lua_getfield(L, -1, "new_run");
+  lua_call(L, 0, 0);
+  lua_settop(L, 0);
+  es_fold(L, r, r->fold_session, r->fold_reducer, r->fold_at, &r->fold_out, &r->fold_index);
+  if (r->e->o.snapshot_every == 0) { /* fold did not encode it */
+    es_err err = {0};
+    char what[300];
+    snprintf(what, sizeof what, "state of reducer '%s'", r->fold_reducer);
+    if (es_state_encode(L, -1, what, &r->fold_out, &err) != ES_OK) es_lua_raise(L, &err);
+  }
+  return 0;
+}
+
+/* The fold job, in the fold runner's state, as one budgeted call: the
+ * fold and the encoding of its result. An error object is caught inside
+ * to keep its code (the budgeted call reports strings). */
+static int fold_job(lua_State *L) {
+  runner *r = lua_touserdata(L, 1);
+  lua_pushcfunction(L, fold_job_inner);
+  lua_pushlightuserdata(L, r);
+  if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+    to_err(L, -1, &r->fold_err);
+    r->fold_rc = r->fold_err.code;
+  }
+  return 0;
+}
+
+static void *fold_main(void *arg) {
+  runner *r = arg;
+  es_engine *e = r->e;
+  r->has_cpu = pthread_getcpuclockid(pthread_self(), &r->cpu) == 0;
+  pthread_mutex_lock(&e->fold_mu);
+  for (;;) {
+    while (!r->fold_pending && !r->quit) pthread_cond_wait(&e->fold_cond, &e->fold_mu);
+    if (r->quit) break;
+    r->fold_pending = 0;
+    pthread_mutex_unlock(&e->fold_mu);
+
+    pthread_mutex_lock(&r->mu);
+    watch_start(r);
+    pthread_mutex_unlock(&r->mu);
+    lua_State *L = r->L;
+    lua_settop(L, 0);
+    lua_pushcfunction(L, fold_job);
+    lua_pushlightuserdata(L, r);
+    if (es_budget_pcall(L, 1, 0) != LUA_OK) {
+      es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "reducer '%s': %s", r->fold_reducer,
+              lua_tostring(L, -1));
+      r->fold_rc = ES_INVALID_ARGUMENT;
+    }
+    lua_settop(L, 0);
+    lua_gc(L, LUA_GCRESTART);
+    lua_gc(L, LUA_GCSTEP, 0);
+
+    pthread_mutex_lock(&e->fold_mu);
+    pthread_mutex_lock(&r->mu);
+    int gone = r->abandoned;
+    r->busy = 0;
+    pthread_mutex_unlock(&r->mu);
+    if (gone) break;
+    r->fold_done = 1;
+    pthread_cond_broadcast(&e->fold_cond);
+  }
+  int gone = r->abandoned;
+  pthread_mutex_unlock(&e->fold_mu);
+  if (gone) {
+    free(r->fold_session);
+    free(r->fold_reducer);
+    runner_free_now(r);
+    es_engine_unref(e);
+  }
+  return NULL;
+}
+
+int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
+                    es_buf *out, int64_t *index, es_err *err) {
+  pthread_mutex_lock(&e->fold_mu);
+  runner *r = e->folder;
+  if (!r) {
+    r = runner_new(e, 0, err);
+    if (r && pthread_create(&r->thread, NULL, fold_main, r) != 0) {
+      runner_free_now(r);
+      r = NULL;
+      es_fail(err, ES_STORAGE, "cannot start the fold thread");
+    }
+    if (!r) {
+      pthread_mutex_unlock(&e->fold_mu);
+      return err->code;
+    }
+    e->folder = r;
+  }
+  free(r->fold_session);
+  free(r->fold_reducer);
+  r->fold_session = strdup(session);
+  r->fold_reducer = strdup(reducer);
+  if (!r->fold_session || !r->fold_reducer) {
+    pthread_mutex_unlock(&e->fold_mu);
+    return es_fail(err, ES_STORAGE, "out of memory");
+  }
+  r->fold_at = at;
+  r->fold_rc = ES_OK;
+  memset(&r->fold_err, 0, sizeof r->fold_err);
+  r->fold_out.len = 0;
+  r->fold_done = 0;
+  r->fold_pending = 1;
+  pthread_cond_broadcast(&e->fold_cond);
+  /* The caller is this call's watchdog. */
+  while (!r->fold_done) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += WATCH_EVERY_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&e->fold_cond, &e->fold_mu, &until);
+    if (r->fold_done) break;
+    char cause[512];
+    pthread_mutex_lock(&r->mu);
+    int gone = watch(e, r, es_mono_ms(), cause, sizeof cause);
+    if (gone) r->abandoned = 1;
+    pthread_mutex_unlock(&r->mu);
+    if (gone) {
+      atomic_fetch_add(&e->refs, 1); /* the thread's, until it comes back */
+      pthread_detach(r->thread);
+      e->folder = NULL;
+      pthread_mutex_unlock(&e->fold_mu);
+      return es_fail(err, ES_INVALID_ARGUMENT, "reducer '%s': %s", reducer, cause);
+    }
+  }
+  int rc = r->fold_rc;
+  if (rc) *err = r->fold_err;
+  else if (es_buf_add(out, r->fold_out.data ? r->fold_out.data : "", r->fold_out.len) != ES_OK)
+    rc = es_fail(err, ES_STORAGE, "out of memory");
+  if (index) *index = r->fold_index;
+  pthread_mutex_unlock(&e->fold_mu);
+  return rc;
+}
+
+int es_engine_has_handler(es_engine *e, const char *type) {
+  char path[4096];
+  struct stat st;
+  if (strchr(type, '/') && (strstr(type, "..") || type[0] == '/')) return 0;
+  int n = snprintf(path, sizeof path, "%s/handlers/%s.lua", e->scripts, type);
+  return n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_t n,
+                     int64_t expected, es_events *out, int *pending, es_err *err) {
+  /* One look at the scripts directory per type and call: has[i] is the
+   * answer for evs[i]'s type, copied from an earlier event of that type. */
+  signed char *has = n ? malloc(n) : NULL;
+  if (n && !has) return es_fail(err, ES_STORAGE, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    has[i] = -1;
+    if (!evs[i].type) continue;
+    for (size_t k = 0; k < i && has[i] < 0; k++)
+      if (has[k] >= 0 && strcmp(evs[k].type, evs[i].type) == 0) has[i] = has[k];
+    if (has[i] < 0) has[i] = (signed char)es_engine_has_handler(e, evs[i].type);
+    if (!has[i]) evs[i].settled = 1;
+  }
+  free(has);
+  return es_store_append(e->s, session, evs, n, expected, out, pending, err);
+}
+
+void es_engine_close(es_engine *e) {
+  if (!e) return;
+  es_engine_unref(e);
+}

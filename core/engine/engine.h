@@ -1,0 +1,113 @@
+/*
+ * engine.h: the engine (CONTRACT.md §4, docs/engine.md) as a C subsystem.
+ *
+ * An engine dispatches a store's pending events to Lua handlers loaded
+ * from a scripts directory: worker threads, each with its own Lua state,
+ * claim ready events (claim_next), run the handler under budgets, and
+ * complete (appending what it returned, exactly once) or fail them (retry
+ * with exponential backoff, dead letter at max_failures). A keeper thread
+ * renews the claims of long handlers and is the watchdog: it stops calls
+ * past their deadline, and abandons (and replaces) a worker stuck where no
+ * hook reaches. It also folds reducers, with snapshots, in its own Lua
+ * state (es_engine_state), so no user code runs in the caller's state.
+ *
+ * Threads: es_engine_stop may be called from any thread and from a signal
+ * handler; every other call from one thread at a time.
+ *
+ * The engine installs no signal handlers: a host that wants SIGINT or
+ * SIGTERM to stop a run installs its own and calls es_engine_stop.
+ */
+#ifndef ES_ENGINE_H
+#define ES_ENGINE_H
+
+#include "store/store.h"
+#include "util/buf.h"
+
+typedef struct es_engine es_engine;
+
+#define ES_ENGINE_MAX_WORKERS 256
+
+/* Options; start from es_engine_opts_init (the documented defaults). */
+typedef struct es_engine_opts {
+  const char *scripts;        /* scripts directory; must exist (copied) */
+  const char *holder;         /* claim holder name; NULL: "engine-<pid>-<random>" (copied) */
+  int64_t workers;            /* worker threads, 1..ES_ENGINE_MAX_WORKERS */
+  int64_t ttl_ms;             /* claim TTL (renewed every ttl_ms/3 while a handler runs) */
+  int64_t max_failures;       /* failures before an event is dead-lettered */
+  int64_t backoff_ms;         /* the n-th retry waits between half and all of */
+  int64_t backoff_cap_ms;     /*   min(backoff_ms * 2^(n-1), backoff_cap_ms) */
+  int64_t instruction_budget; /* VM instructions per handler or reducer call; 0: none */
+  int64_t memory_budget;      /* bytes one Lua state of the engine may hold; 0: none */
+  int64_t deadline_ms;        /* wall-clock time per handler call or fold */
+  int64_t snapshot_every;     /* events folded between snapshots; 0: no snapshots */
+  const char *lua_path;       /* package.path of the engine's states; NULL: Lua's default */
+  const char *lua_cpath;      /* package.cpath; NULL: Lua's default */
+} es_engine_opts;
+
+void es_engine_opts_init(es_engine_opts *o);
+
+/* Creates an engine on s (retained until the engine is gone). Checks the
+ * options (INVALID_ARGUMENT naming the option), that the scripts
+ * directory exists, and creates the workers' Lua states (which need
+ * lua/eventstore/loader.lua on lua_path). *out: es_engine_close it. */
+int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err *err);
+
+/* The store the engine works on (borrowed: valid while the engine is). */
+es_store *es_engine_store(es_engine *e);
+
+/* Stops the run in progress (no effect when none is). Handlers in flight are
+ * interrupted (their attempts fail as interrupted, to be retried) and a
+ * worker that does not unwind within a second is abandoned, so the run
+ * returns within about a second whatever the handlers do.
+ * Async-signal-safe. */
+void es_engine_stop(es_engine *e);
+
+typedef struct es_engine_stats {
+  int64_t handled;   /* events whose handler returned and whose completion was stored */
+  int64_t failed;    /* failed attempts that will be retried */
+  int64_t dead;      /* events dead-lettered */
+  int64_t abandoned; /* workers abandoned (stuck past the deadline or a stop) */
+  int64_t busy;      /* handlers running right now */
+} es_engine_stats;
+
+/* Called on the running thread about every progress_ms; return non-zero
+ * to stop the run. */
+typedef int (*es_engine_progress_fn)(void *ctx, const es_engine_stats *now);
+
+typedef struct es_run_opts {
+  int until_idle;               /* return once no event is ready and no worker is busy */
+  es_engine_progress_fn progress; /* NULL: none */
+  void *progress_ctx;
+  int64_t progress_ms;          /* 0: 500 */
+} es_run_opts;
+
+/* Runs the workers on the calling thread's behalf until es_engine_stop,
+ * the progress callback, a closed store, or (until_idle) no ready event.
+ * *stats: the run's counts. ES_INVALID_ARGUMENT when a run is already in
+ * progress; ES_STORAGE when no worker thread could start. */
+int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, es_err *err);
+
+/* Folds reducer over session through at (ES_NONE: the head) from the
+ * newest usable snapshot, snapshotting as configured, and writes the state
+ * encoded by the reducer-state codec (codec/state.h) into out (appended).
+ * *index: the index folded through. Errors: NOT_FOUND (no such reducer),
+ * NO_SUCH_EVENT (at beyond the head), INVALID_ARGUMENT (the reducer failed,
+ * went over a budget or its state cannot be serialised: the message names
+ * the reducer), store errors. */
+int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
+                    es_buf *out, int64_t *index, es_err *err);
+
+/* Whether scripts/handlers/<type>.lua exists (loadable or not). */
+int es_engine_has_handler(es_engine *e, const char *type);
+
+/* store append with the engine's rule for events it writes itself: an
+ * event of a type with no handler is stored processed (settled), since
+ * nothing here would ever handle it. evs[i].settled may be set. */
+int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_t n,
+                     int64_t expected, es_events *out, int *pending, es_err *err);
+
+/* Frees the engine (must not be running). A Lua state that does not close
+ * within a second (a finalizer that never returns) is left to its thread. */
+void es_engine_close(es_engine *e);
+
+#endif

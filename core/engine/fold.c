@@ -1,0 +1,198 @@
+/*
+ * fold.c: the reducer fold with snapshots (CONTRACT.md §4, docs/engine.md)
+ * and a handler's ctx. Both run in one of the engine's own Lua states,
+ * inside a budgeted call; each reducer step is a budgeted call of its own.
+ */
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codec/state.h"
+#include "engine/internal.h"
+#include "lua/common.h"
+#include "lua/events.h"
+
+/* C-owned event lists held by a userdata, so a Lua error in a reducer
+ * step never leaks them. */
+typedef struct box {
+  es_events events;
+  es_snapshot snap;
+} box;
+
+static int box_gc(lua_State *L) {
+  box *x = lua_touserdata(L, 1);
+  es_events_destroy(&x->events);
+  es_snapshot_destroy(&x->snap);
+  return 0;
+}
+
+static box *push_box(lua_State *L) {
+  box *x = lua_newuserdatauv(L, sizeof *x, 0);
+  memset(x, 0, sizeof *x);
+  es_snapshot_init(&x->snap);
+  lua_newtable(L);
+  lua_pushcfunction(L, box_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);
+  return x;
+}
+
+/* Store calls are the engine's own C code: the watchdog must not take the
+ * time they take (a long read, a lock wait) for a stuck script. */
+#define TRUSTED(r, call)                                                                          \
+  do {                                                                                            \
+    atomic_fetch_add(&(r)->b.trusted, 1);                                                         \
+    rc = (call);                                                                                  \
+    atomic_fetch_sub(&(r)->b.trusted, 1);                                                         \
+  } while (0)
+
+void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
+             es_buf *encoded, int64_t *through) {
+  es_engine *e = r->e;
+  es_err err = {0};
+  int rc;
+  es_loader_call(L, "reducer", reducer);
+  if (!lua_isnil(L, -2)) es_lua_raisef(L, ES_INVALID_ARGUMENT, "%s", lua_tostring(L, -2));
+  if (lua_isnil(L, -3))
+    es_lua_raisef(L, ES_NOT_FOUND, "no reducer '%s' in %s/reducers", reducer, e->scripts);
+  const char *version = lua_tostring(L, -1);
+  lua_pop(L, 2);
+  int mod = lua_gettop(L);
+  lua_pushstring(L, version);
+  int ver = lua_gettop(L);
+
+  int64_t head;
+  TRUSTED(r, es_store_head(e->s, session, &head, &err));
+  if (rc) es_lua_raise(L, &err);
+  if (at == ES_NONE) at = head;
+  if (at < 0) es_lua_raisef(L, ES_INVALID_ARGUMENT, "at must be >= 0");
+  if (through) *through = at;
+  if (at > head)
+    es_lua_raisef(L, ES_NO_SUCH_EVENT, "no event at index %lld in session '%s' (head %lld)",
+                  (long long)at, session, (long long)head);
+
+  box *x = push_box(L);
+  int found = 0;
+  TRUSTED(r, es_store_read_state(e->s, session, reducer, &found, &x->snap, &x->events, &err));
+  if (rc) es_lua_raise(L, &err);
+  int stale = found && strcmp(x->snap.version ? x->snap.version : "", version) != 0;
+  int64_t from = 0;
+  int have_state = 0;
+  if (found && !stale && x->snap.index <= at) {
+    /* A snapshot that does not decode is a bad cache entry: refold. */
+    if (es_state_decode(L, x->snap.state, x->snap.state_len, &err) == ES_OK) {
+      from = x->snap.index;
+      have_state = 1;
+    }
+  }
+  if (!have_state) {
+    if (found) {
+      es_events_destroy(&x->events);
+      TRUSTED(r, es_store_read(e->s, session, 0, at, ES_NONE, &x->events, &err));
+      if (rc) es_lua_raise(L, &err);
+    }
+    lua_getfield(L, mod, "init");
+    if (lua_isfunction(L, -1)) {
+      if (es_budget_pcall(L, 0, 1) != LUA_OK)
+        es_lua_raisef(L, ES_INVALID_ARGUMENT, "reducer '%s' init: %s", reducer, lua_tostring(L, -1));
+    } else {
+      lua_pop(L, 1);
+      lua_newtable(L);
+    }
+  }
+  int st = lua_gettop(L);
+  int64_t folded = 0;
+  for (size_t i = 0; i < x->events.n; i++) {
+    const es_event *ev = &x->events.v[i];
+    if (ev->index <= from) continue;
+    if (ev->index > at) break;
+    folded++;
+    lua_getfield(L, mod, ev->type);
+    if (!lua_isfunction(L, -1)) {
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, st);
+    es_lua_push_event(L, ev, 0);
+    if (es_budget_pcall(L, 2, 1) != LUA_OK)
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "reducer '%s' at %s #%lld (%s): %s", reducer, session,
+                    (long long)ev->index, ev->type, lua_tostring(L, -1));
+    if (lua_isnil(L, -1)) lua_pop(L, 1); /* changed in place */
+    else lua_replace(L, st);
+  }
+  if (e->o.snapshot_every > 0) {
+    /* With snapshots on, an unserialisable state is an error even before
+     * the first snapshot is due, so it shows up on the first fold. */
+    es_buf own, *buf = encoded ? encoded : &own;
+    es_buf_init(&own);
+    size_t mark = buf->len;
+    char what[300];
+    snprintf(what, sizeof what, "state of reducer '%s'", reducer);
+    rc = es_state_encode(L, st, what, buf, &err);
+    int stored = 0;
+    if (rc == ES_OK && (folded >= e->o.snapshot_every || stale) && at > 0)
+      TRUSTED(r, es_store_put_snapshot(e->s, session, reducer, at, buf->data ? buf->data + mark : "",
+                                       buf->len - mark, lua_tostring(L, ver), &stored, &err));
+    es_buf_destroy(&own);
+    if (rc) es_lua_raise(L, &err);
+  }
+  lua_replace(L, mod); /* the state where the module was */
+  lua_settop(L, mod);
+}
+
+/* ctx.now() */
+static int ctx_now(lua_State *L) {
+  runner *r = lua_touserdata(L, lua_upvalueindex(1));
+  int64_t now;
+  es_err err = {0};
+  int rc;
+  TRUSTED(r, es_store_now(r->e->s, &now, &err));
+  if (rc) es_lua_raise(L, &err);
+  lua_pushinteger(L, now);
+  return 1;
+}
+
+/* ctx.state(reducer): the session's state before the handled event. */
+static int ctx_state(lua_State *L) {
+  runner *r = lua_touserdata(L, lua_upvalueindex(1));
+  const char *reducer = luaL_checkstring(L, 1);
+  es_fold(L, r, lua_tostring(L, lua_upvalueindex(2)), reducer,
+          lua_tointeger(L, lua_upvalueindex(3)) - 1, NULL, NULL);
+  return 1;
+}
+
+/* ctx.log(...): one line on stderr naming the event. */
+static int ctx_log(lua_State *L) {
+  int n = lua_gettop(L);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, lua_tostring(L, lua_upvalueindex(1)));
+  for (int i = 1; i <= n; i++) {
+    luaL_addchar(&b, i == 1 ? ' ' : '\t');
+    luaL_tolstring(L, i, NULL);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+  fprintf(stderr, "%s\n", lua_tostring(L, -1));
+  return 0;
+}
+
+void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
+  lua_createtable(L, 0, 6);
+  es_lua_set_str(L, "session", ev->session);
+  es_lua_set_int(L, "attempt", ev->attempts);
+  es_lua_set_int(L, "index", ev->index);
+  lua_pushlightuserdata(L, r);
+  lua_pushcclosure(L, ctx_now, 1);
+  lua_setfield(L, -2, "now");
+  lua_pushlightuserdata(L, r);
+  lua_pushstring(L, ev->session);
+  lua_pushinteger(L, ev->index);
+  lua_pushcclosure(L, ctx_state, 3);
+  lua_setfield(L, -2, "state");
+  lua_pushfstring(L, "[%s #%I %s]", ev->session, (lua_Integer)ev->index, ev->type);
+  lua_pushcclosure(L, ctx_log, 1);
+  lua_setfield(L, -2, "log");
+}

@@ -1,0 +1,103 @@
+/*
+ * internal.h: what engine.c and fold.c share: the engine's struct, the
+ * runner (a thread with a budgeted Lua state), and the fold. Not part of
+ * the engine's API (engine.h).
+ */
+#ifndef ES_ENGINE_INTERNAL_H
+#define ES_ENGINE_INTERNAL_H
+
+#include <lua.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "engine/budget.h"
+#include "engine/engine.h"
+
+/* The claim a worker is handling. Strings borrowed from the runner. */
+typedef struct claim_info {
+  const char *session;
+  const char *type;
+  int64_t index, attempt;
+  int64_t failures;   /* recorded failures when claimed */
+  int64_t lost;       /* earlier attempts that never ended (count as failures) */
+} claim_info;
+
+typedef struct runner {
+  es_engine *e;
+  int id;                  /* 1..workers; 0: the fold runner */
+  lua_State *L;            /* its own state, budgeted by b */
+  es_budget b;
+  pthread_t thread;
+  clockid_t cpu;           /* the thread's CPU clock, for the watchdog */
+  int has_cpu;
+
+  pthread_mutex_t mu;      /* guards what the keeper reads below */
+  int busy;                /* in a watched call */
+  int finishing;           /* writing its outcome: no longer to be abandoned */
+  int abandoned;           /* given up on: its thread frees it when it returns */
+  int64_t started_ms;      /* monotonic start of the call */
+  int64_t tripped_ms;      /* when a deadline or stop tripped it; 0: not */
+  int64_t renewed_ms;      /* last claim renewal */
+  unsigned last_ticks;     /* hook ticks at the last look ... */
+  int64_t last_cpu_ns;     /* ... and the thread's CPU time then */
+  char *session, *type;    /* owned copies for claim */
+  claim_info claim;
+
+  /* The fold runner's job (under e->fold_mu). */
+  int fold_pending, fold_done, quit;
+  char *fold_session, *fold_reducer;
+  int64_t fold_at, fold_index;
+  int fold_rc;
+  es_err fold_err;
+  es_buf fold_out;
+} runner;
+
+struct es_engine {
+  atomic_int refs;            /* the owner's, and one per abandoned runner */
+  es_store *s;                /* retained */
+  es_engine_opts o;           /* strings point at the copies below */
+  char *scripts, *holder, *lua_path, *lua_cpath;
+  int n;                      /* worker slots */
+  runner **slots;             /* NULL where a worker could not be replaced */
+  pthread_mutex_t mu;         /* slots; with cond, idle workers sleep and stop wakes them */
+  pthread_cond_t cond;
+
+  runner *folder;             /* runs es_engine_state's folds; NULL until needed */
+  pthread_mutex_t fold_mu;    /* one fold at a time, and the job handoff */
+  pthread_cond_t fold_cond;
+
+  /* one run */
+  int in_run;
+  atomic_int stop_req;        /* es_engine_stop (signal-safe) */
+  atomic_int stopping;        /* the run is ending: claim no more */
+  atomic_int keeper_quit;
+  atomic_int until_idle;
+  atomic_int busy;            /* workers claiming or handling */
+  atomic_int running;         /* worker threads not finished nor abandoned */
+  atomic_llong handled, failed, dead, abandoned;
+  es_err run_err;             /* the first error that ended the run */
+};
+
+int64_t es_mono_ms(void);
+void es_engine_log(es_engine *e, int id, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void es_engine_unref(es_engine *e);
+
+/* Pushes loader[fn](name, now) of L's loader: value, err, extra. Raises. */
+void es_loader_call(lua_State *L, const char *fn, const char *name);
+
+/* Folds reducer over session through at (ES_NONE: the head) in r's state
+ * and pushes the state (fold.c). With snapshots on, encoded (if not NULL)
+ * receives the state's encoding; *through (if not NULL) the index folded
+ * through. Raises error objects. */
+void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
+             es_buf *encoded, int64_t *through);
+
+/* Pushes the ctx table for a handler of ev (fold.c). */
+void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
+
+#endif
