@@ -27,6 +27,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -287,6 +288,7 @@ struct es_backend {
   int busy_ms;
   int max_readers;
   int64_t max_pages;               /* 0: no cap */
+  char *wal_path;                  /* owned: PATH-wal, for the checks that look at it */
   sq_conn w;                       /* the write connection */
   es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
   pthread_mutex_t pool_mu;
@@ -347,6 +349,16 @@ static int sq_fail(es_err *err, sq_conn *c, int rc, const char *what) {
                    strerror(sys));
   }
   return es_fail(err, ES_STORAGE, "sqlite %s: %s: %s (%s)", path, what, sq_cause(rc), msg);
+}
+
+/* path followed by suffix, e.g. "x.db-wal". Caller frees; NULL when out of memory. */
+static char *sq_path_with(const char *path, const char *suffix) {
+  size_t n = strlen(path), m = strlen(suffix);
+  char *s = malloc(n + m + 1);
+  if (!s) return NULL;
+  memcpy(s, path, n);
+  memcpy(s + n, suffix, m + 1);
+  return s;
 }
 
 static int sq_oom(es_err *err) {
@@ -766,6 +778,31 @@ static int sq_conn_exec(sq_conn *c, const char *sql, const char *what, es_err *e
   return rc == SQLITE_OK ? ES_OK : sq_fail(err, c, rc, what ? what : sql);
 }
 
+/* "file:PATH?immutable=1" with PATH's '%', '?' and '#' escaped (the only
+ * bytes SQLite's URI parser would not take literally in a path); an
+ * absolute PATH gets an empty authority ("file://" PATH), so "//x" stays a
+ * path. Caller frees; NULL when out of memory. */
+static char *sq_immutable_uri(const char *path) {
+  static const char hex[] = "0123456789ABCDEF";
+  size_t n = strlen(path);
+  char *u = malloc(7 + 3 * n + sizeof "?immutable=1");
+  char *o = u;
+  if (!u) return NULL;
+  memcpy(o, "file://", 7);
+  o += path[0] == '/' ? 7 : 5;
+  for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
+    if (*p == '%' || *p == '?' || *p == '#') {
+      *o++ = '%';
+      *o++ = hex[*p >> 4];
+      *o++ = hex[*p & 15];
+    } else {
+      *o++ = (char)*p;
+    }
+  }
+  memcpy(o, "?immutable=1", sizeof "?immutable=1");
+  return u;
+}
+
 /* Opens c on the backend's file with its mode and settings. primary: the
  * write connection (may create the file; the others are query_only). */
 static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
@@ -866,19 +903,105 @@ static int sq_setup_wal(es_backend *b, es_err *err) {
   return ES_OK;
 }
 
-/* Reads the file's schema version and application id and judges them:
- * ES_OK with *migrate 0 (current), ES_OK with *migrate 1 (older: migrate),
- * or ES_STORAGE (newer, foreign, damaged). */
-static int sq_schema_read(es_backend *b, int64_t *version, int *migrate, es_err *err) {
-  sq_conn *c = &b->w;
-  int64_t app = 0;
+/* Formats an application id for messages: 0x47504B47 ("GPKG"), the quoted
+ * part only when all four bytes are printable ASCII. */
+static void sq_app_text(int64_t app, char *buf, size_t size) {
+  uint32_t u = (uint32_t)app;
+  char tag[5];
+  int printable = 1;
+  for (int i = 0; i < 4; i++) {
+    tag[i] = (char)(u >> (24 - 8 * i));
+    if (tag[i] < 0x20 || tag[i] > 0x7e) printable = 0;
+  }
+  tag[4] = '\0';
+  if (printable)
+    snprintf(buf, size, "0x%08" PRIX32 " (\"%s\")", u, tag);
+  else
+    snprintf(buf, size, "0x%08" PRIX32, u);
+}
+
+static int sq_foreign_app(es_backend *b, int64_t app, es_err *err) {
+  char text[32];
+  sq_app_text(app, text, sizeof text);
+  return es_fail(err, ES_INVALID_ARGUMENT,
+                 "sqlite %s: not an eventstore database: application_id %s, not 0x%08X (\"ESTB\"); "
+                 "it belongs to another application and is left untouched",
+                 b->path, text, SQ_APPLICATION_ID);
+}
+
+/* Judges an existing, non-empty file from its first 100 bytes, read with
+ * plain read(2) before SQLite opens it: a file that is not SQLite at all, or
+ * another application's SQLite file (a foreign application_id), is refused
+ * without SQLite ever touching it (no -wal, no -shm, no hot-journal
+ * rollback). What the header cannot settle (application_id 0: new, empty or
+ * foreign) sq_schema_read settles through SQLite, still without writing.
+ * A file this process cannot read is left to SQLite, which names the cause. */
+static int sq_check_header(es_backend *b, es_err *err) {
+  static const char magic[16] = "SQLite format 3";   /* with its NUL: 16 bytes */
+  unsigned char h[100];
+  size_t got = 0;
+  int fd = open(b->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ES_OK;
+  while (got < sizeof h) {
+    ssize_t n = read(fd, h + got, sizeof h - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  close(fd);
+  if (got < sizeof h || memcmp(h, magic, sizeof magic) != 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "sqlite %s: not an eventstore database: not an SQLite file (it does not start "
+                   "with the SQLite header); it is left untouched",
+                   b->path);
+  int64_t app = (int64_t)((uint32_t)h[68] << 24 | (uint32_t)h[69] << 16 | (uint32_t)h[70] << 8 | h[71]);
+  if (app != 0 && app != SQ_APPLICATION_ID) return sq_foreign_app(b, app, err);
+  return ES_OK;
+}
+
+/* Reads the file's schema version and application id and judges them,
+ * without writing: ES_OK with *migrate 0 (current), ES_OK with *migrate 1
+ * (older, or a new or empty file: create / migrate), ES_INVALID_ARGUMENT
+ * (not an eventstore database) or ES_STORAGE (newer, damaged, unreadable).
+ *
+ * Ours are files with our application_id, and files with none (0) only while
+ * they are empty: user_version 0 and no table, index, view or trigger. Every
+ * schema this code ever wrote set application_id in the same transaction as
+ * the tables, so an application_id of 0 next to any schema object is another
+ * application's file (e.g. one with a `users` table) and is refused, never
+ * stamped. */
+static int sq_schema_read(es_backend *b, sq_conn *c, int64_t *version, int *migrate, es_err *err) {
+  int64_t app = 0, objects = 0;
   int code;
   *migrate = 0;
   if ((code = sq_pragma_int(c, "PRAGMA user_version", version, err)) != ES_OK) return code;
   if ((code = sq_pragma_int(c, "PRAGMA application_id", &app, err)) != ES_OK) return code;
-  if (app != 0 && app != SQ_APPLICATION_ID)
-    return es_fail(err, ES_STORAGE, "sqlite %s: not an eventstore database (application_id %lld)",
-                   b->path, (long long)app);
+  if (app != 0 && app != SQ_APPLICATION_ID) return sq_foreign_app(b, app, err);
+  if (app == 0) {
+    if (*version != 0)
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "sqlite %s: not an eventstore database: application_id 0 (not 0x%08X \"ESTB\") "
+                     "and user_version %lld; it belongs to another application and is left untouched",
+                     b->path, SQ_APPLICATION_ID, (long long)*version);
+    if ((code = sq_pragma_int(c, "SELECT count(*) FROM sqlite_master", &objects, err)) != ES_OK)
+      return code;
+    if (objects > 0) {
+      sqlite3_stmt *st;
+      char first[64] = "?";
+      if (sqlite3_prepare_v2(c->db, "SELECT type, name FROM sqlite_master ORDER BY rowid LIMIT 1", -1,
+                             &st, NULL) == SQLITE_OK) {
+        if (sqlite3_step(st) == SQLITE_ROW)
+          snprintf(first, sizeof first, "%s %s", (const char *)sqlite3_column_text(st, 0),
+                   (const char *)sqlite3_column_text(st, 1));
+        sqlite3_finalize(st);
+      }
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "sqlite %s: not an eventstore database: application_id 0 (not 0x%08X \"ESTB\") "
+                     "and it already holds %lld schema object%s (the first: %s); eventstore only "
+                     "initialises a new or empty file, this one is left untouched",
+                     b->path, SQ_APPLICATION_ID, (long long)objects, objects == 1 ? "" : "s", first);
+    }
+  }
   if (*version > SQ_SCHEMA_VERSION)
     return es_fail(err, ES_STORAGE,
                    "sqlite %s: schema version %lld is newer than this eventstore supports (%d); "
@@ -891,14 +1014,13 @@ static int sq_schema_read(es_backend *b, int64_t *version, int *migrate, es_err 
   return ES_OK;
 }
 
-/* Checks the schema version; creates / migrates an older one in one write
- * transaction (read-write), refuses to (read-only). */
-static int sq_setup_schema(es_backend *b, es_err *err) {
+/* Creates / migrates an older schema (as judged by sq_schema_read) in one
+ * write transaction, judging the file again under the lock; refuses to in a
+ * read-only open. */
+static int sq_setup_schema(es_backend *b, int64_t version, int migrate, es_err *err) {
   sq_conn *c = &b->w;
-  int64_t version = 0;
-  int code, migrate;
+  int code;
   /* the common case, a current file, takes no write lock */
-  if ((code = sq_schema_read(b, &version, &migrate, err)) != ES_OK) return code;
   if (!migrate) return ES_OK;
   if (b->mode == SQ_MODE_RO)
     return es_fail(err, ES_STORAGE,
@@ -908,7 +1030,7 @@ static int sq_setup_schema(es_backend *b, es_err *err) {
   if ((code = sq_conn_exec(c, "BEGIN IMMEDIATE", "cannot lock the file to set up its schema", err)) != ES_OK)
     return code;
   /* again under the lock: another process may have migrated meanwhile */
-  if ((code = sq_schema_read(b, &version, &migrate, err)) != ES_OK) goto rollback;
+  if ((code = sq_schema_read(b, &b->w, &version, &migrate, err)) != ES_OK) goto rollback;
   for (int64_t v = version; migrate && v < SQ_SCHEMA_VERSION; v++) {
     int rc = sqlite3_exec(c->db, sq_migrations[v], NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
@@ -1037,6 +1159,35 @@ static void sq_sync_dir(const char *path) {
   free(dir);
 }
 
+/* Judges an existing file that has neither a -wal nor a -journal next to it
+ * (sq_schema_read) through a temporary immutable, read-only connection: with
+ * no -wal the main file holds every commit, and an immutable connection
+ * reads it exactly while creating nothing. An ordinary connection would
+ * create a -wal and a -shm for a WAL-mode file, and a read-only one would
+ * leave them behind, next to another application's file. */
+static int sq_prejudge(es_backend *b, es_err *err) {
+  sq_conn j;
+  int64_t version;
+  int migrate, code;
+  char *uri = sq_immutable_uri(b->path);
+  if (!uri) return sq_oom(err);
+  memset(&j, 0, sizeof j);
+  j.b = b;
+  int rc = sqlite3_open_v2(uri, &j.db,
+                           SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
+                               SQLITE_OPEN_PRIVATECACHE,
+                           NULL);
+  free(uri);
+  if (rc != SQLITE_OK) {
+    code = j.db ? sq_fail(err, &j, rc, "cannot open") : sq_oom(err);
+  } else {
+    sqlite3_extended_result_codes(j.db, 1);
+    code = sq_schema_read(b, &j, &version, &migrate, err);
+  }
+  sqlite3_close_v2(j.db);
+  return code;
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static void sq_close(es_backend *b) {
@@ -1055,13 +1206,15 @@ static void sq_close(es_backend *b) {
   pthread_mutex_destroy(&b->watch_mu);
   free(b->path);
   free(b->full_path);
+  free(b->wal_path);
   free(b);
 }
 
 static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
   es_backend *b;
-  struct stat stb;
-  int code, existed;
+  struct stat stb, wst;
+  int code, existed, had_wal, migrate = 0;
+  int64_t version = 0;
   *out = NULL;
   if (!url_rest) url_rest = "";
   if (!sqlite3_threadsafe())
@@ -1086,16 +1239,55 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
                    b->path, b->mode == SQ_MODE_RO ? "ro" : "rw");
     goto fail;
   }
-  if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
-  {
-    const char *full = sqlite3_db_filename(b->w.db, "main");
-    if (full && *full && !(b->full_path = sq_dup(full, strlen(full)))) {
+  /* Nothing below may write before the file is judged ours (sq_check_header,
+   * sq_schema_read): the WAL switch and the migration come after. */
+  if (existed && S_ISREG(stb.st_mode) && stb.st_size > 0 && (code = sq_check_header(b, err)) != ES_OK)
+    goto fail;
+  if (!(b->wal_path = sq_path_with(b->path, "-wal"))) {
+    code = sq_oom(err);
+    goto fail;
+  }
+  had_wal = stat(b->wal_path, &wst) == 0;
+  if (existed && S_ISREG(stb.st_mode) && stb.st_size > 0 && !had_wal) {
+    char *journal = sq_path_with(b->path, "-journal");
+    if (!journal) {
       code = sq_oom(err);
       goto fail;
     }
+    int had_journal = access(journal, F_OK) == 0;
+    free(journal);
+    code = sq_prejudge(b, err);
+    /* With a -journal (another application's transaction cut short: ours
+     * never use one) the main file may be half written: only a clear
+     * verdict counts, anything else is left to the ordinary connection. */
+    if (code != ES_OK && !(had_journal && code == ES_STORAGE)) goto fail;
   }
+  if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
+  {
+    const char *full = sqlite3_db_filename(b->w.db, "main");
+    if (full && *full) {
+      /* every later look at the files by name must not depend on the
+       * current directory (the process may change it) */
+      char *wal = sq_path_with(full, "-wal");
+      if (!wal || !(b->full_path = sq_dup(full, strlen(full)))) {
+        free(wal);
+        code = sq_oom(err);
+        goto fail;
+      }
+      free(b->wal_path);
+      b->wal_path = wal;
+    }
+  }
+  /* Until the file is judged ours, closing must not checkpoint a WAL that
+   * was already there (it may be another application's): that would write
+   * its main file. (A WAL this open created is empty, and SQLite removes it
+   * with its -shm at close, writing nothing.) */
+  if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
+  code = sq_schema_read(b, &b->w, &version, &migrate, err);
+  if (code != ES_OK) goto fail;
+  if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
   if (b->mode != SQ_MODE_RO && (code = sq_setup_wal(b, err)) != ES_OK) goto fail;
-  if ((code = sq_setup_schema(b, err)) != ES_OK) goto fail;
+  if ((code = sq_setup_schema(b, version, migrate, err)) != ES_OK) goto fail;
   /* Statements that read the schema fail on a damaged file: prepare them
    * now, so such a file is refused at open rather than at first use. */
   for (int i = ST_MAX_POSITION; i < ST_COUNT; i++) {
