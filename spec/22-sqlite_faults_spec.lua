@@ -1,15 +1,21 @@
 -- SQLite against hostile files and faults (docs/sqlite.md "Files that are not
--- eventstore databases"; issue 8,
--- item 3). Each test is a regression test of something a reviewer saw
+-- eventstore databases"; docs/cli.md; issue 8,
+-- items 3 and 5). Each test is a regression test of something a reviewer saw
 -- break:
 --
 --   - a failed open rewrote another application's SQLite file (our
 --     user_version, application_id, WAL mode, four tables), and a file with
 --     only a `users` table was opened and stamped as ours;
+--   - `--db 'sqlite:x.db?mode=ro'` made the CLI look for a file named
+--     "x.db?mode=ro";
 -- SQLite only: these are files and file systems.
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local sh_quote = helpers.sh_quote
+
+local ROOT = assert(io.popen("pwd")):read("l")
+local BUILD = os.getenv("BUILD") or "build"
+local BIN = (BUILD:sub(1, 1) == "/" and "" or ROOT .. "/") .. BUILD .. "/bin/eventstore"
 
 -- ---- small tools --------------------------------------------------------------
 
@@ -63,6 +69,19 @@ local function assert_mentions(text, ...)
   assert(m == nil, ("expected %q in: %s"):format(tostring(m), text))
 end
 
+-- Runs the eventstore binary (bounded); returns exit code, stdout, stderr.
+local function run_cli(dir, args)
+  local parts = { "cd", sh_quote(dir), "&&", "timeout", "-k", "2", "30", sh_quote(BIN) }
+  for _, a in ipairs(args) do parts[#parts + 1] = sh_quote(a) end
+  local out, err = os.tmpname(), os.tmpname()
+  local _, _, code = os.execute(table.concat(parts, " ") .. " </dev/null >" .. out .. " 2>" .. err)
+  local o, e = read_file(out) or "", read_file(err) or ""
+  os.remove(out)
+  os.remove(err)
+  return code, o, e
+end
+
+-- Mounts: every command bounded; unmount falls back to a lazy unmount so a
 -- ---- 3: files that are not eventstore databases -------------------------------
 
 describe("sqlite: a file that is not an eventstore database", function()
@@ -156,5 +175,54 @@ describe("sqlite: a file that is not an eventstore database", function()
     assert.are.equal(1, store:head("s"))
     store:close()
     assert.are.equal("kept", capture("sqlite3 " .. sh_quote(path) .. " 'SELECT x FROM notes'"))
+  end)
+end)
+
+-- ---- 5: URL options on the command line -----------------------------------------
+
+describe("eventstore CLI: --db with URL options", function()
+  local dir
+
+  before_each(function()
+    dir = mkdtemp()
+    local store = eventstore.open("sqlite:" .. dir .. "/x.db")
+    store:append("s", { { type = "a", payload = 1 }, { type = "b", payload = 2 } })
+    store:close()
+  end)
+  after_each(function() sh("rm -rf " .. sh_quote(dir)) end)
+
+  it("read finds the file behind ?mode=ro and ?sync=normal", function()
+    for _, url in ipairs({ "sqlite:x.db?mode=ro", "sqlite:x.db?sync=normal", "sqlite:./x.db?mode=ro&readers=2" }) do
+      local code, out, err = run_cli(dir, { "read", "s", "--db", url })
+      assert.are.equal("", err, url)
+      assert.are.equal(0, code, url)
+      local n = 0
+      for line in out:gmatch("[^\n]+") do
+        n = n + 1
+        assert.are.equal(n, eventstore.json.decode(line).index)
+      end
+      assert.are.equal(2, n, url)
+    end
+  end)
+
+  it("a missing file is named without the options, and nothing is created", function()
+    local code, out, err = run_cli(dir, { "read", "s", "--db", "sqlite:none.db?mode=ro" })
+    assert.are.equal(1, code)
+    assert.are.equal("", out)
+    assert_mentions(err, "no database at 'none.db'", "--db sqlite:none.db?mode=ro")
+    assert.are.equal("x.db", listing(dir))
+  end)
+
+  it("the options reach the store: a bad one is refused, append with ?sync=normal writes x.db", function()
+    local code, _, err = run_cli(dir, { "read", "s", "--db", "sqlite:x.db?bogus=1" })
+    assert.are.equal(1, code)
+    assert_mentions(err, "INVALID_ARGUMENT", "bogus")
+    code, _, err = run_cli(dir, { "append", "s", "c", "3", "--db", "sqlite:x.db?sync=normal" })
+    assert.are.equal("", err)
+    assert.are.equal(0, code)
+    assert.are.equal("x.db", listing(dir))
+    local store = eventstore.open("sqlite:" .. dir .. "/x.db?mode=ro")
+    assert.are.equal(3, store:head("s"))
+    store:close()
   end)
 end)
