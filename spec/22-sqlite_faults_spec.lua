@@ -1,6 +1,6 @@
 -- SQLite against hostile files and faults (docs/sqlite.md "Files that are not
--- eventstore databases"; docs/cli.md; issue 8,
--- items 3 and 5). Each test is a regression test of something a reviewer saw
+-- eventstore databases", "Read-only media"; docs/cli.md; issue 8,
+-- items 3, 5 and 6). Each test is a regression test of something a reviewer saw
 -- break:
 --
 --   - a failed open rewrote another application's SQLite file (our
@@ -8,6 +8,13 @@
 --     only a `users` table was opened and stamped as ours;
 --   - `--db 'sqlite:x.db?mode=ro'` made the CLI look for a file named
 --     "x.db?mode=ro";
+--   - a store on read-only media could not be opened at all, not even with
+--     the `?mode=ro` the error suggested;
+--
+-- The read-only test needs a read-only directory: as root a read-only bind
+-- mount of a temporary directory, always unmounted in a `finally`, every
+-- command bounded by `timeout`; not root, chmod (root ignores permissions);
+-- pending with a message when neither is possible.
 -- SQLite only: these are files and file systems.
 local eventstore = require("eventstore")
 local helpers = require("helpers")
@@ -56,6 +63,8 @@ local function listing(dir)
   return capture("ls -A " .. sh_quote(dir) .. " | sort")
 end
 
+local IS_ROOT = capture("id -u") == "0"
+
 -- The first argument whose pattern (plain text) is missing from text, or nil.
 local function missing(text, ...)
   for _, want in ipairs({ ... }) do
@@ -82,6 +91,21 @@ local function run_cli(dir, args)
 end
 
 -- Mounts: every command bounded; unmount falls back to a lazy unmount so a
+-- busy mount point never outlives the test.
+local function mount(args)
+  return sh("timeout 10 mount " .. args .. " >/dev/null 2>&1")
+end
+
+local function umount(dir)
+  if not sh("timeout 10 umount " .. sh_quote(dir) .. " >/dev/null 2>&1") then
+    sh("timeout 10 umount -l " .. sh_quote(dir) .. " >/dev/null 2>&1")
+  end
+end
+
+local function is_mounted(dir)
+  return sh("mountpoint -q " .. sh_quote(dir))
+end
+
 -- ---- 3: files that are not eventstore databases -------------------------------
 
 describe("sqlite: a file that is not an eventstore database", function()
@@ -224,5 +248,91 @@ describe("eventstore CLI: --db with URL options", function()
     local store = eventstore.open("sqlite:" .. dir .. "/x.db?mode=ro")
     assert.are.equal(3, store:head("s"))
     store:close()
+  end)
+end)
+
+-- ---- 6: read-only media -----------------------------------------------------------
+
+describe("sqlite: a store on read-only media", function()
+  it("opens with ?mode=ro (which the plain open's error suggests), reads, refuses writes, changes nothing", function()
+    local src, mnt = mkdtemp(), mkdtemp()
+    local how
+    finally(function()
+      if is_mounted(mnt) then umount(mnt) end
+      sh("chmod -R u+w " .. sh_quote(src) .. " 2>/dev/null")
+      sh("rmdir " .. sh_quote(mnt) .. " 2>/dev/null")
+      sh("rm -rf " .. sh_quote(src))
+    end)
+    local store = eventstore.open("sqlite:" .. src .. "/x.db")
+    store:append("s", { { type = "a", payload = 1 }, { type = "b", payload = 2 }, { type = "c", payload = 3 } })
+    store:close()
+    local dir -- where the test sees the store: read-only
+    if IS_ROOT then
+      -- root ignores file permissions: only a read-only mount stops it
+      if mount("--bind " .. sh_quote(src) .. " " .. sh_quote(mnt))
+          and mount("-o remount,ro,bind " .. sh_quote(mnt)) then
+        dir, how = mnt, "bind"
+      end
+    elseif sh("chmod 0555 " .. sh_quote(src) .. " && chmod 0444 " .. sh_quote(src .. "/x.db")) then
+      dir, how = src, "chmod"
+    end
+    if not dir then
+      pending("cannot make a read-only directory here (root without mount permission?)")
+      return
+    end
+    assert(not sh("touch " .. sh_quote(dir .. "/probe") .. " 2>/dev/null"),
+      "the directory must really be read-only for this test (" .. how .. ")")
+    local names, bytes = listing(dir), read_file(dir .. "/x.db")
+    local path = dir .. "/x.db"
+
+    -- a plain open fails, naming what works
+    local err = helpers.expect_error("STORAGE", eventstore.open, "sqlite:" .. path)
+    local suggested = err.message:match('"(sqlite:[^"]*%?mode=ro)"')
+    assert(suggested, "the error must suggest a ?mode=ro URL: " .. err.message)
+    assert_mentions(err.message, path, "read-only")
+
+    -- which works: every read
+    local ro = eventstore.open(suggested)
+    assert.are.same({ 1, 2, 3 }, helpers.pluck(ro:read("s"), "payload"))
+    assert.are.equal(3, ro:head("s"))
+    assert.are.equal(3, #ro:read_all({}))
+    assert.are.equal("s", ro:sessions({}).sessions[1].session)
+    assert.are.same({}, ro:wait("s", 3, 0))
+    -- and refuses writes as STORAGE, changing nothing
+    err = helpers.expect_error("STORAGE", ro.append, ro, "s", { { type = "d" } })
+    assert_mentions(err.message, "read-only")
+    assert.are.equal(3, ro:head("s"))
+    ro:close()
+
+    -- the CLI too (items 5 and 6 together: the reviewer's command line)
+    local code, out, cerr = run_cli(dir, { "read", "s", "--db", "sqlite:x.db?mode=ro" })
+    assert.are.equal("", cerr)
+    assert.are.equal(0, code)
+    assert.are.equal(3, select(2, out:gsub("\n", "")))
+
+    assert.are.equal(names, listing(dir), "files appeared")
+    assert.are.equal(bytes, read_file(path), "the file changed")
+
+    if how == "bind" then
+      -- The same file written through its writable path while a read-only
+      -- handle is open: the handle reads without locks (SQLite cannot
+      -- create the -shm here), so it must refuse to read rather than read
+      -- pages that may be torn or stale.
+      ro = eventstore.open(suggested)
+      assert.are.equal(3, ro:head("s"))
+      local w = eventstore.open("sqlite:" .. src .. "/x.db")
+      w:append("s", { { type = "d", payload = 4 } })
+      err = helpers.expect_error("STORAGE", ro.read, ro, "s")
+      assert_mentions(err.message, "changed", "reopen")
+      ro:close()
+      -- while the writer has it open (-wal and -shm exist), mode=ro reads
+      -- through them and follows new commits
+      ro = eventstore.open(suggested)
+      assert.are.equal(4, ro:head("s"))
+      w:append("s", { { type = "e", payload = 5 } })
+      assert.are.equal(5, ro:head("s"))
+      ro:close()
+      w:close()
+    end
   end)
 end)

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -289,6 +290,10 @@ struct es_backend {
   int max_readers;
   int64_t max_pages;               /* 0: no cap */
   char *wal_path;                  /* owned: PATH-wal, for the checks that look at it */
+  int immutable;                   /* 1: mode=ro on a location where SQLite cannot create the
+                                      -shm (read-only media): opened with immutable=1 */
+  struct stat imm_st;              /* immutable: the main file as it was at open */
+  int imm_changed;                 /* immutable: the file changed since (sticky; under pool_mu) */
   sq_conn w;                       /* the write connection */
   es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
   pthread_mutex_t pool_mu;
@@ -809,14 +814,21 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
   int create = primary && b->mode == SQ_MODE_RWC;
   int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_PRIVATECACHE;
   int rc, code;
-  char sql[96];
+  char sql[96], *uri = NULL;
+  const char *name = b->full_path ? b->full_path : b->path;
   memset(c, 0, sizeof *c);
   c->b = b;
   if (b->mode == SQ_MODE_RO)
     flags |= SQLITE_OPEN_READONLY;
   else
     flags |= SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
-  rc = sqlite3_open_v2(b->full_path ? b->full_path : b->path, &c->db, flags, NULL);
+  if (b->immutable) {
+    if (!(uri = sq_immutable_uri(name))) return sq_oom(err);
+    name = uri;
+    flags |= SQLITE_OPEN_URI;
+  }
+  rc = sqlite3_open_v2(name, &c->db, flags, NULL);
+  free(uri);
   if (rc != SQLITE_OK) {
     int sys = c->db ? sqlite3_system_errno(c->db) : 0;
     if (!c->db) return sq_oom(err);
@@ -831,9 +843,12 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
   sqlite3_extended_result_codes(c->db, 1);
   sqlite3_busy_handler(c->db, sq_busy_handler, c);
   if (b->mode != SQ_MODE_RO && sqlite3_db_readonly(c->db, "main") == 1) {
+    struct statvfs vfs;
+    int ro_fs = statvfs(b->full_path ? b->full_path : b->path, &vfs) == 0 &&
+                (vfs.f_flag & ST_RDONLY);
     code = es_fail(err, ES_STORAGE,
-                   "sqlite %s: the file is read-only (open it with \"sqlite:%s?mode=ro\" to read it)",
-                   b->path, b->path);
+                   "sqlite %s: the file is read-only%s (open it with \"sqlite:%s?mode=ro\" to read it)",
+                   b->path, ro_fs ? " (on a read-only file system)" : "", b->path);
     sqlite3_close_v2(c->db);
     c->db = NULL;
     return code;
@@ -1188,6 +1203,15 @@ static int sq_prejudge(es_backend *b, es_err *err) {
   return code;
 }
 
+/* Whether the write connection's failure means SQLite could not set up the
+ * WAL's shared memory (-shm) for reading: it cannot create it on read-only
+ * media, nor in a directory this process may not write. */
+static int sq_cannot_init_wal(es_backend *b) {
+  int rc = sqlite3_extended_errcode(b->w.db);
+  return (rc & 0xff) == SQLITE_CANTOPEN || rc == SQLITE_READONLY_CANTINIT ||
+         rc == SQLITE_READONLY_DIRECTORY;
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static void sq_close(es_backend *b) {
@@ -1213,7 +1237,7 @@ static void sq_close(es_backend *b) {
 static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
   es_backend *b;
   struct stat stb, wst;
-  int code, existed, had_wal, migrate = 0;
+  int code, existed, had_wal, wal_frames, migrate = 0;
   int64_t version = 0;
   *out = NULL;
   if (!url_rest) url_rest = "";
@@ -1248,6 +1272,7 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
     goto fail;
   }
   had_wal = stat(b->wal_path, &wst) == 0;
+  wal_frames = had_wal && wst.st_size > 0;
   if (existed && S_ISREG(stb.st_mode) && stb.st_size > 0 && !had_wal) {
     char *journal = sq_path_with(b->path, "-journal");
     if (!journal) {
@@ -1284,6 +1309,29 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
    * with its -shm at close, writing nothing.) */
   if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
   code = sq_schema_read(b, &b->w, &version, &migrate, err);
+  if (code == ES_STORAGE && b->mode == SQ_MODE_RO && !wal_frames && sq_cannot_init_wal(b)) {
+    /* Read-only media (or a directory this process may not write): SQLite
+     * cannot create the -shm a WAL database needs even to be read. The -wal
+     * is absent or empty, so the main file holds every commit: read it as
+     * immutable. */
+    sq_conn_close(&b->w);
+    b->immutable = 1;
+    if (stat(b->full_path ? b->full_path : b->path, &b->imm_st) != 0) {
+      code = es_fail(err, ES_STORAGE, "sqlite %s: cannot open: %s", b->path, strerror(errno));
+      goto fail;
+    }
+    if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
+    code = sq_schema_read(b, &b->w, &version, &migrate, err);
+  }
+  if (code == ES_STORAGE && b->mode == SQ_MODE_RO && wal_frames && sq_cannot_init_wal(b))
+    /* The -wal holds commits the main file lacks: immutable would not see
+     * them, and SQLite needs a -shm it can create to read them. */
+    code = es_fail(err, ES_STORAGE,
+                   "sqlite %s: cannot open read-only: %s holds commits not yet copied into the main "
+                   "file, and reading them needs a %s-shm that cannot be created here (read-only "
+                   "media?); copy the files to writable storage, or open it read-write once where "
+                   "it can be written",
+                   b->path, b->wal_path, b->path);
   if (code != ES_OK) goto fail;
   if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
   if (b->mode != SQ_MODE_RO && (code = sq_setup_wal(b, err)) != ES_OK) goto fail;
@@ -1427,10 +1475,38 @@ static void sq_savepoint_rollback(es_txn *t) {
   if (t->depth < SQ_MAX_SAVEPOINTS) t->next_position = t->sp_next[t->depth];
 }
 
+/* An immutable open reads the main file without locks and keeps pages in
+ * its cache, which is right only while nobody writes the file (read-only
+ * media; but a read-only bind mount, say, may be written through another
+ * path). Every commit to a WAL database goes to the -wal first, and a
+ * checkpoint changes the main file's mtime: once either is seen, stop
+ * reading for good, since the cache may now mix old and new pages. */
+static int sq_immutable_changed(es_backend *b) {
+  struct stat now;
+  int changed;
+  pthread_mutex_lock(&b->pool_mu);
+  if (!b->imm_changed &&
+      ((stat(b->wal_path, &now) == 0 && now.st_size > 0) ||
+       stat(b->full_path ? b->full_path : b->path, &now) != 0 ||
+       now.st_ino != b->imm_st.st_ino ||
+       now.st_size != b->imm_st.st_size || now.st_mtim.tv_sec != b->imm_st.st_mtim.tv_sec ||
+       now.st_mtim.tv_nsec != b->imm_st.st_mtim.tv_nsec))
+    b->imm_changed = 1;
+  changed = b->imm_changed;
+  pthread_mutex_unlock(&b->pool_mu);
+  return changed;
+}
+
 static int sq_read_begin(es_backend *b, es_txn **out, es_err *err) {
   sq_reader *r = NULL;
   int code;
   *out = NULL;
+  if (b->immutable && sq_immutable_changed(b))
+    return es_fail(err, ES_STORAGE,
+                   "sqlite %s: the file changed since this read-only handle opened it as immutable "
+                   "(SQLite could not create %s-shm, so it reads without locks and cannot follow "
+                   "writes); reopen the store",
+                   b->path, b->path);
   pthread_mutex_lock(&b->pool_mu);
   while (!b->free_readers && b->n_readers >= b->max_readers) pthread_cond_wait(&b->pool_cv, &b->pool_mu);
   if (b->free_readers) {
