@@ -1,7 +1,7 @@
--- SQLite against hostile files and faults (docs/sqlite.md "Files that are not
--- eventstore databases", "Read-only media"; docs/cli.md; issue 8,
--- items 3, 5 and 6). Each test is a regression test of something a reviewer saw
--- break:
+-- SQLite against hostile files and faults (docs/sqlite.md "Files that are
+-- not eventstore databases", "Read-only media", "A full disk"; issue 8,
+-- items 3, 5, 6 and 7). Each test is a regression test of something a
+-- reviewer saw break:
 --
 --   - a failed open rewrote another application's SQLite file (our
 --     user_version, application_id, WAL mode, four tables), and a file with
@@ -10,11 +10,15 @@
 --     "x.db?mode=ro";
 --   - a store on read-only media could not be opened at all, not even with
 --     the `?mode=ro` the error suggested;
+--   - on a small disk the WAL took all the space, and after space was freed
+--     only a few appends succeeded (none after reopening).
 --
--- The read-only test needs a read-only directory: as root a read-only bind
--- mount of a temporary directory, always unmounted in a `finally`, every
--- command bounded by `timeout`; not root, chmod (root ignores permissions);
--- pending with a message when neither is possible.
+-- The read-only and disk-full tests need mounts: as root they use a
+-- read-only bind mount and a small tmpfs in temporary directories, always
+-- unmounted in a `finally`; every command is bounded by `timeout`. Not
+-- root, the read-only test falls back to chmod, and the disk-full tests are
+-- pending with a message (as are both when mounting is not permitted, e.g.
+-- in a container without CAP_SYS_ADMIN).
 -- SQLite only: these are files and file systems.
 local eventstore = require("eventstore")
 local helpers = require("helpers")
@@ -76,6 +80,11 @@ end
 local function assert_mentions(text, ...)
   local m = missing(text, ...)
   assert(m == nil, ("expected %q in: %s"):format(tostring(m), text))
+end
+
+-- The ids of every event in the store, in position order.
+local function all_ids(store)
+  return helpers.pluck(store:read_all({}), "id")
 end
 
 -- Runs the eventstore binary (bounded); returns exit code, stdout, stderr.
@@ -334,5 +343,148 @@ describe("sqlite: a store on read-only media", function()
       ro:close()
       w:close()
     end
+  end)
+end)
+
+-- ---- 7: a full disk -------------------------------------------------------------------
+
+-- Mounts a tmpfs of size_kib at a new directory and runs fn(dir); pending
+-- when not root or the mount fails; always unmounts.
+local function with_tmpfs(size_kib, fn)
+  if not IS_ROOT then
+    pending("needs root to mount a small tmpfs (run the suite as root to test a full disk)")
+    return
+  end
+  local dir = mkdtemp()
+  finally(function()
+    if is_mounted(dir) then umount(dir) end
+    sh("rmdir " .. sh_quote(dir) .. " 2>/dev/null")
+  end)
+  if not mount(("-t tmpfs -o size=%dk tmpfs %s"):format(size_kib, sh_quote(dir))) then
+    pending("cannot mount a tmpfs here (no permission to mount?)")
+    return
+  end
+  fn(dir)
+end
+
+local function free_kib(dir)
+  return math.tointeger(tonumber(capture("df -k --output=avail " .. sh_quote(dir) .. " | tail -1")))
+end
+
+local function fill(path, kib)
+  assert(sh(("dd if=/dev/zero of=%s bs=1024 count=%d status=none 2>/dev/null"):format(sh_quote(path), kib)))
+end
+
+local PAYLOAD = { text = string.rep("x", 300) }
+
+-- Appends one-event batches until one fails (at most `max` tries); every
+-- failure must be STORAGE "disk full" and leave the log exactly as it was.
+-- Returns the ids acknowledged, in order, and the first error.
+local function append_until_full(store, ids, max)
+  for i = 1, max do
+    local ok, res = pcall(store.append, store, "s", { { type = "t", payload = PAYLOAD } })
+    if not ok then
+      assert(eventstore.is_error(res, "STORAGE"), "expected STORAGE, got " .. tostring(res))
+      assert_mentions(res.message, "disk full")
+      return res
+    end
+    ids[#ids + 1] = res[1].id
+    assert(i < max, "the disk never filled up")
+  end
+end
+
+-- While the disk is full: more calls (appends, a claim, a snapshot) each
+-- either succeed or fail with STORAGE "disk full" and change nothing.
+local function calls_while_full(store, ids)
+  local failures = 0
+  local calls = {
+    function() return store:append("s", { { type = "t", payload = PAYLOAD } }) end,
+    function() return store:claim("s", { holder = "h", ttl_ms = 1000, limit = 1 }) end,
+    function() return store:put_snapshot("s", "r", store:head("s"), string.rep("s", 20000), "1") end,
+    function() return store:append("s", { { type = "t", payload = PAYLOAD }, { type = "t", payload = PAYLOAD } }) end,
+  }
+  for _, call in ipairs(calls) do
+    local before = helpers.log_state(store)
+    local snaps = helpers.dump(store:snapshots("s"))
+    local ok, res = pcall(call)
+    if ok then
+      -- it found room: then it must be all there (only appends add ids)
+      if type(res) == "table" and res[1] and res[1].id then
+        for _, e in ipairs(res) do ids[#ids + 1] = e.id end
+      end
+    else
+      failures = failures + 1
+      assert(eventstore.is_error(res, "STORAGE"), "expected STORAGE, got " .. tostring(res))
+      assert_mentions(res.message, "disk full")
+      assert.are.equal(before, helpers.log_state(store), "a failed call changed the log")
+      assert.are.equal(snaps, helpers.dump(store:snapshots("s")), "a failed call changed the snapshots")
+    end
+  end
+  return failures
+end
+
+describe("sqlite: a full disk", function()
+  it("a small disk: STORAGE 'disk full', nothing lost or half-written; works again once space is freed, and after reopening", function()
+    with_tmpfs(4096, function(dir)
+      fill(dir .. "/spare", 512)     -- freed later
+      fill(dir .. "/ballast", 2304)  -- leaves the store about 1.2 MiB
+      local url = "sqlite:" .. dir .. "/s.db"
+      local store = eventstore.open(url, { clock = eventstore.manual_clock(1000000) })
+      local ids = {}
+      append_until_full(store, ids, 20000)
+      assert(#ids > 0, "nothing fitted at all: the test's sizes are wrong")
+      assert.are.same(ids, all_ids(store), "exactly the acknowledged events are stored")
+      calls_while_full(store, ids)
+      assert.are.same(ids, all_ids(store))
+
+      -- free 512 KiB: appends work again on the same handle
+      os.remove(dir .. "/spare")
+      for _ = 1, 100 do
+        local stored = store:append("s", { { type = "t", payload = PAYLOAD } })
+        ids[#ids + 1] = stored[1].id
+      end
+      assert.are.same(ids, all_ids(store))
+      store:close()
+
+      -- and after reopening: everything acknowledged, and appends work
+      store = eventstore.open(url)
+      assert.are.same(ids, all_ids(store))
+      for _ = 1, 100 do
+        local stored = store:append("s", { { type = "t", payload = PAYLOAD } })
+        ids[#ids + 1] = stored[1].id
+      end
+      assert.are.same(ids, all_ids(store))
+      store:close()
+    end)
+  end)
+
+  it("the disk fills after the store opened: freeing 400 KiB lets 300 appends through, also after reopening", function()
+    -- A tmpfs big enough that the store opens with room to spare (no
+    -- low-space settings yet), then filled by someone else: the WAL, which
+    -- grows by whole pages per commit, is what meets the full disk.
+    with_tmpfs(72 * 1024, function(dir)
+      local url = "sqlite:" .. dir .. "/s.db"
+      local store = eventstore.open(url)
+      local ids = { store:append("s", { { type = "t", payload = PAYLOAD } })[1].id }
+      fill(dir .. "/spare", 400)
+      fill(dir .. "/ballast", free_kib(dir) - 1536)
+      append_until_full(store, ids, 20000)
+      assert.are.same(ids, all_ids(store))
+      assert(calls_while_full(store, ids) > 0, "the disk should still be full")
+      assert.are.same(ids, all_ids(store))
+
+      os.remove(dir .. "/spare")
+      for _ = 1, 300 do
+        ids[#ids + 1] = store:append("s", { { type = "t", payload = PAYLOAD } })[1].id
+      end
+      store:close()
+      store = eventstore.open(url)
+      assert.are.same(ids, all_ids(store))
+      for _ = 1, 300 do
+        ids[#ids + 1] = store:append("s", { { type = "t", payload = PAYLOAD } })[1].id
+      end
+      assert.are.same(ids, all_ids(store))
+      store:close()
+    end)
   end)
 end)

@@ -49,6 +49,8 @@
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
 #define SQ_MAX_READERS 64
 #define SQ_MAX_SAVEPOINTS 64           /* nesting depth whose positions are given back on rollback */
+#define SQ_LOW_SPACE_BYTES (64 << 20)  /* less free space than this: keep the WAL small (sq_reclaim_wal) */
+#define SQ_SPACE_CHECK_EVERY 256       /* writes between two looks at the free space */
 
 enum { SQ_SYNC_NORMAL = 1, SQ_SYNC_FULL = 2 };
 enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
@@ -258,6 +260,7 @@ typedef struct sq_conn {
   sqlite3_stmt *st[ST_COUNT];      /* prepared on first use, finalized at close */
   unsigned char active[ST_COUNT];  /* 1 while st[i] is being stepped */
   int64_t busy_since;              /* monotonic ms of the first busy retry */
+  int no_wait;                     /* 1: the busy handler gives up at once (opportunistic checkpoints) */
 } sq_conn;
 
 struct es_txn {
@@ -294,6 +297,12 @@ struct es_backend {
                                       -shm (read-only media): opened with immutable=1 */
   struct stat imm_st;              /* immutable: the main file as it was at open */
   int imm_changed;                 /* immutable: the file changed since (sticky; under pool_mu) */
+  int ckpt_due;                    /* write path only: try a WAL checkpoint (TRUNCATE) before the
+                                      next write, to give back the WAL's disk space */
+  int low_space;                   /* write path only: 0 normal; 1 short of space (a write met a
+                                      full disk, or little space is free); 2 the small-WAL
+                                      settings of sq_reclaim_wal are applied */
+  unsigned space_checks;           /* write path only: counts writes between free-space checks */
   sq_conn w;                       /* the write connection */
   es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
   pthread_mutex_t pool_mu;
@@ -338,12 +347,31 @@ static const char *sq_cause(int rc) {
   }
 }
 
-/* Fills err with ES_STORAGE: "sqlite PATH: WHAT: CAUSE (sqlite message[, errno text])". */
+/* Whether a failure means the disk (or max_pages, or a quota) is full. SQLite
+ * reports most of these as SQLITE_FULL, but a -shm that cannot grow comes
+ * back as an I/O error whose errno says so (only then is errno looked at:
+ * it may be left over from an earlier failure). */
+static int sq_is_full(int rc, int sys) {
+  return (rc & 0xff) == SQLITE_FULL || ((rc & 0xff) == SQLITE_IOERR && (sys == ENOSPC || sys == EDQUOT));
+}
+
+/* Fills err with ES_STORAGE: "sqlite PATH: WHAT: CAUSE (sqlite message[, errno text])".
+ * A full disk met by the write connection also arms the recovery that
+ * sq_write_begin runs (see sq_reclaim_wal). */
 static int sq_fail(es_err *err, sq_conn *c, int rc, const char *what) {
   const char *msg = c && c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc);
   int sys = c && c->db ? sqlite3_system_errno(c->db) : 0;
   const char *path = c && c->b ? c->b->path : "";
   int prim = rc & 0xff;
+  if (sq_is_full(rc, sys)) {
+    if (c && c->b && c == &c->b->w) {
+      c->b->ckpt_due = 1;
+      if (!c->b->low_space) c->b->low_space = 1;
+    }
+    if (prim != SQLITE_FULL)
+      return es_fail(err, ES_STORAGE, "sqlite %s: %s: disk full (%s; %s)", path, what, msg,
+                     strerror(sys));
+  }
   if (prim == SQLITE_BUSY) {
     return es_fail(err, ES_STORAGE, "sqlite %s: %s: %s for %d ms (%s)", path, what, sq_cause(rc),
                    c && c->b ? c->b->busy_ms : 0, msg);
@@ -384,7 +412,7 @@ static int sq_busy_handler(void *ctx, int count) {
   sq_conn *c = ctx;
   int64_t now = sq_mono_ms();
   if (count == 0) c->busy_since = now;
-  if (now - c->busy_since >= c->b->busy_ms) return 0;
+  if (c->no_wait || now - c->busy_since >= c->b->busy_ms) return 0;
   sq_sleep_ms(count < 10 ? 1 : count < 50 ? 2 : 5);
   return 1;
 }
@@ -1212,6 +1240,15 @@ static int sq_cannot_init_wal(es_backend *b) {
          rc == SQLITE_READONLY_DIRECTORY;
 }
 
+/* Whether the file system holding the store has less than
+ * SQ_LOW_SPACE_BYTES free (for unprivileged users: root may use a little
+ * more, which only makes this err on the careful side). */
+static int sq_space_short(es_backend *b) {
+  struct statvfs vfs;
+  if (statvfs(b->full_path ? b->full_path : b->path, &vfs) != 0) return 0;
+  return (uint64_t)vfs.f_bavail * vfs.f_frsize < (uint64_t)SQ_LOW_SPACE_BYTES;
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static void sq_close(es_backend *b) {
@@ -1336,6 +1373,11 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
   if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
   if (b->mode != SQ_MODE_RO && (code = sq_setup_wal(b, err)) != ES_OK) goto fail;
   if ((code = sq_setup_schema(b, version, migrate, err)) != ES_OK) goto fail;
+  /* A WAL left with commits in it (a previous process could not checkpoint
+   * it, e.g. on a full disk, or another process is using the file): the
+   * first write checkpoints it first, so its space is given back. */
+  if (b->mode != SQ_MODE_RO && wal_frames) b->ckpt_due = 1;
+  if (b->mode != SQ_MODE_RO && sq_space_short(b)) b->low_space = 1;
   /* Statements that read the schema fail on a damaged file: prepare them
    * now, so such a file is refused at open rather than at first use. */
   for (int i = ST_MAX_POSITION; i < ST_COUNT; i++) {
@@ -1381,6 +1423,39 @@ static int sq_load_next_position(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
+/* WAL frames are whole pages, so on a small disk the WAL, not the data, is
+ * what fills it (each commit adds the ~10 pages it touched, for a few
+ * hundred bytes of events), and SQLite checkpoints only every 1000 pages.
+ * Once the disk is full the WAL cannot be checkpointed (that needs the main
+ * file to grow) and, without a checkpoint, never restarts from its
+ * beginning: every later write appends to it and fails, even after space is
+ * freed, even after reopening. So after a write met a full disk (sq_fail arms
+ * this), and after opening a file whose WAL still holds commits, each write
+ * first tries a TRUNCATE checkpoint: it copies the WAL into the main file
+ * and truncates the WAL to zero bytes, giving its space back, as soon as the
+ * main file can grow by the (few) pages the WAL holds. It never waits: when
+ * readers or another process's writer are in the way it is retried at the
+ * next write. A failed checkpoint changes nothing (the WAL stays
+ * authoritative), so acknowledged data is never at risk.
+ * Short of space (a write met a full disk, or less than SQ_LOW_SPACE_BYTES
+ * are free: looked at when the store opens and every SQ_SPACE_CHECK_EVERY
+ * writes) the handle keeps its WAL small from then on (a checkpoint every 64
+ * pages instead of 1000, the file cut back to 256 KiB when it restarts), so
+ * the log does not grow into the space the data needs, and a checkpoint
+ * after a full disk needs little room. */
+static void sq_reclaim_wal(es_backend *b) {
+  if (b->low_space == 1 &&
+      sqlite3_exec(b->w.db, "PRAGMA wal_autocheckpoint = 64; PRAGMA journal_size_limit = 262144",
+                   NULL, NULL, NULL) == SQLITE_OK)
+    b->low_space = 2;
+  if (b->ckpt_due) {
+    b->w.no_wait = 1;
+    int rc = sqlite3_wal_checkpoint_v2(b->w.db, "main", SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+    b->w.no_wait = 0;
+    if (rc == SQLITE_OK) b->ckpt_due = 0;
+  }
+}
+
 static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   es_txn *t = &b->wt;
   int code;
@@ -1391,6 +1466,9 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   t->depth = 0;
   /* never build on a transaction a failed rollback left behind */
   if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
+  if (!b->low_space && ++b->space_checks % SQ_SPACE_CHECK_EVERY == 0 && sq_space_short(b))
+    b->low_space = 1;
+  if (b->ckpt_due || b->low_space == 1) sq_reclaim_wal(b);
   if ((code = sq_exec_id(&b->w, ST_BEGIN_WRITE, err)) != ES_OK) return code;
   if ((code = sq_load_next_position(t, err)) != ES_OK) {
     sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
