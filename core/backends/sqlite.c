@@ -2,7 +2,15 @@
  * backends/sqlite.c: the SQLite backend (`sqlite:PATH[?options]`), the durable
  * embedded default. It stores and finds rows (backend.h); every rule lives in
  * store.c. docs/sqlite.md describes the schema, the durability modes and what
- * each can lose, multi-process use, versioning and the error mapping.
+ * each can lose, multi-process use, versioning and the error mapping, files
+ * that are not ours, read-only media and full disks.
+ *
+ * Open never writes a file before judging it an eventstore database
+ * (sq_check_header, sq_prejudge, sq_schema_read): another application's
+ * file is refused and left exactly as it was. mode=ro falls back to
+ * SQLite's immutable=1 where no -shm can be created (sq_open,
+ * sq_immutable_changed). After a full disk each write first tries to give
+ * the WAL's space back (sq_reclaim_wal).
  *
  * Connections (all on one file, WAL mode):
  *   - one write connection: write transactions (BEGIN IMMEDIATE, so several
