@@ -2,7 +2,15 @@
  * backends/sqlite.c: the SQLite backend (`sqlite:PATH[?options]`), the durable
  * embedded default. It stores and finds rows (backend.h); every rule lives in
  * store.c. docs/sqlite.md describes the schema, the durability modes and what
- * each can lose, multi-process use, versioning and the error mapping.
+ * each can lose, multi-process use, versioning and the error mapping, files
+ * that are not ours, read-only media and full disks.
+ *
+ * Open never writes a file before judging it an eventstore database
+ * (sq_check_header, sq_prejudge, sq_schema_read): another application's
+ * file is refused and left exactly as it was. mode=ro falls back to
+ * SQLite's immutable=1 where no -shm can be created (sq_open,
+ * sq_immutable_changed). After a full disk each write first tries to give
+ * the WAL's space back (sq_reclaim_wal).
  *
  * Connections (all on one file, WAL mode):
  *   - one write connection: write transactions (BEGIN IMMEDIATE, so several
@@ -27,6 +35,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -34,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +57,8 @@
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
 #define SQ_MAX_READERS 64
 #define SQ_MAX_SAVEPOINTS 64           /* nesting depth whose positions are given back on rollback */
+#define SQ_LOW_SPACE_BYTES (64 << 20)  /* less free space than this: keep the WAL small (sq_reclaim_wal) */
+#define SQ_SPACE_CHECK_EVERY 256       /* writes between two looks at the free space */
 
 enum { SQ_SYNC_NORMAL = 1, SQ_SYNC_FULL = 2 };
 enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
@@ -256,6 +268,7 @@ typedef struct sq_conn {
   sqlite3_stmt *st[ST_COUNT];      /* prepared on first use, finalized at close */
   unsigned char active[ST_COUNT];  /* 1 while st[i] is being stepped */
   int64_t busy_since;              /* monotonic ms of the first busy retry */
+  int no_wait;                     /* 1: the busy handler gives up at once (opportunistic checkpoints) */
 } sq_conn;
 
 struct es_txn {
@@ -287,6 +300,17 @@ struct es_backend {
   int busy_ms;
   int max_readers;
   int64_t max_pages;               /* 0: no cap */
+  char *wal_path;                  /* owned: PATH-wal, for the checks that look at it */
+  int immutable;                   /* 1: mode=ro on a location where SQLite cannot create the
+                                      -shm (read-only media): opened with immutable=1 */
+  struct stat imm_st;              /* immutable: the main file as it was at open */
+  int imm_changed;                 /* immutable: the file changed since (sticky; under pool_mu) */
+  int ckpt_due;                    /* write path only: try a WAL checkpoint (TRUNCATE) before the
+                                      next write, to give back the WAL's disk space */
+  int low_space;                   /* write path only: 0 normal; 1 short of space (a write met a
+                                      full disk, or little space is free); 2 the small-WAL
+                                      settings of sq_reclaim_wal are applied */
+  unsigned space_checks;           /* write path only: counts writes between free-space checks */
   sq_conn w;                       /* the write connection */
   es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
   pthread_mutex_t pool_mu;
@@ -331,12 +355,31 @@ static const char *sq_cause(int rc) {
   }
 }
 
-/* Fills err with ES_STORAGE: "sqlite PATH: WHAT: CAUSE (sqlite message[, errno text])". */
+/* Whether a failure means the disk (or max_pages, or a quota) is full. SQLite
+ * reports most of these as SQLITE_FULL, but a -shm that cannot grow comes
+ * back as an I/O error whose errno says so (only then is errno looked at:
+ * it may be left over from an earlier failure). */
+static int sq_is_full(int rc, int sys) {
+  return (rc & 0xff) == SQLITE_FULL || ((rc & 0xff) == SQLITE_IOERR && (sys == ENOSPC || sys == EDQUOT));
+}
+
+/* Fills err with ES_STORAGE: "sqlite PATH: WHAT: CAUSE (sqlite message[, errno text])".
+ * A full disk met by the write connection also arms the recovery that
+ * sq_write_begin runs (see sq_reclaim_wal). */
 static int sq_fail(es_err *err, sq_conn *c, int rc, const char *what) {
   const char *msg = c && c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc);
   int sys = c && c->db ? sqlite3_system_errno(c->db) : 0;
   const char *path = c && c->b ? c->b->path : "";
   int prim = rc & 0xff;
+  if (sq_is_full(rc, sys)) {
+    if (c && c->b && c == &c->b->w) {
+      c->b->ckpt_due = 1;
+      if (!c->b->low_space) c->b->low_space = 1;
+    }
+    if (prim != SQLITE_FULL)
+      return es_fail(err, ES_STORAGE, "sqlite %s: %s: disk full (%s; %s)", path, what, msg,
+                     strerror(sys));
+  }
   if (prim == SQLITE_BUSY) {
     return es_fail(err, ES_STORAGE, "sqlite %s: %s: %s for %d ms (%s)", path, what, sq_cause(rc),
                    c && c->b ? c->b->busy_ms : 0, msg);
@@ -347,6 +390,16 @@ static int sq_fail(es_err *err, sq_conn *c, int rc, const char *what) {
                    strerror(sys));
   }
   return es_fail(err, ES_STORAGE, "sqlite %s: %s: %s (%s)", path, what, sq_cause(rc), msg);
+}
+
+/* path followed by suffix, e.g. "x.db-wal". Caller frees; NULL when out of memory. */
+static char *sq_path_with(const char *path, const char *suffix) {
+  size_t n = strlen(path), m = strlen(suffix);
+  char *s = malloc(n + m + 1);
+  if (!s) return NULL;
+  memcpy(s, path, n);
+  memcpy(s + n, suffix, m + 1);
+  return s;
 }
 
 static int sq_oom(es_err *err) {
@@ -367,7 +420,7 @@ static int sq_busy_handler(void *ctx, int count) {
   sq_conn *c = ctx;
   int64_t now = sq_mono_ms();
   if (count == 0) c->busy_since = now;
-  if (now - c->busy_since >= c->b->busy_ms) return 0;
+  if (c->no_wait || now - c->busy_since >= c->b->busy_ms) return 0;
   sq_sleep_ms(count < 10 ? 1 : count < 50 ? 2 : 5);
   return 1;
 }
@@ -766,20 +819,52 @@ static int sq_conn_exec(sq_conn *c, const char *sql, const char *what, es_err *e
   return rc == SQLITE_OK ? ES_OK : sq_fail(err, c, rc, what ? what : sql);
 }
 
+/* "file:PATH?immutable=1" with PATH's '%', '?' and '#' escaped (the only
+ * bytes SQLite's URI parser would not take literally in a path); an
+ * absolute PATH gets an empty authority ("file://" PATH), so "//x" stays a
+ * path. Caller frees; NULL when out of memory. */
+static char *sq_immutable_uri(const char *path) {
+  static const char hex[] = "0123456789ABCDEF";
+  size_t n = strlen(path);
+  char *u = malloc(7 + 3 * n + sizeof "?immutable=1");
+  char *o = u;
+  if (!u) return NULL;
+  memcpy(o, "file://", 7);
+  o += path[0] == '/' ? 7 : 5;
+  for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
+    if (*p == '%' || *p == '?' || *p == '#') {
+      *o++ = '%';
+      *o++ = hex[*p >> 4];
+      *o++ = hex[*p & 15];
+    } else {
+      *o++ = (char)*p;
+    }
+  }
+  memcpy(o, "?immutable=1", sizeof "?immutable=1");
+  return u;
+}
+
 /* Opens c on the backend's file with its mode and settings. primary: the
  * write connection (may create the file; the others are query_only). */
 static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
   int create = primary && b->mode == SQ_MODE_RWC;
   int flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_PRIVATECACHE;
   int rc, code;
-  char sql[96];
+  char sql[96], *uri = NULL;
+  const char *name = b->full_path ? b->full_path : b->path;
   memset(c, 0, sizeof *c);
   c->b = b;
   if (b->mode == SQ_MODE_RO)
     flags |= SQLITE_OPEN_READONLY;
   else
     flags |= SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
-  rc = sqlite3_open_v2(b->full_path ? b->full_path : b->path, &c->db, flags, NULL);
+  if (b->immutable) {
+    if (!(uri = sq_immutable_uri(name))) return sq_oom(err);
+    name = uri;
+    flags |= SQLITE_OPEN_URI;
+  }
+  rc = sqlite3_open_v2(name, &c->db, flags, NULL);
+  free(uri);
   if (rc != SQLITE_OK) {
     int sys = c->db ? sqlite3_system_errno(c->db) : 0;
     if (!c->db) return sq_oom(err);
@@ -794,9 +879,12 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
   sqlite3_extended_result_codes(c->db, 1);
   sqlite3_busy_handler(c->db, sq_busy_handler, c);
   if (b->mode != SQ_MODE_RO && sqlite3_db_readonly(c->db, "main") == 1) {
+    struct statvfs vfs;
+    int ro_fs = statvfs(b->full_path ? b->full_path : b->path, &vfs) == 0 &&
+                (vfs.f_flag & ST_RDONLY);
     code = es_fail(err, ES_STORAGE,
-                   "sqlite %s: the file is read-only (open it with \"sqlite:%s?mode=ro\" to read it)",
-                   b->path, b->path);
+                   "sqlite %s: the file is read-only%s (open it with \"sqlite:%s?mode=ro\" to read it)",
+                   b->path, ro_fs ? " (on a read-only file system)" : "", b->path);
     sqlite3_close_v2(c->db);
     c->db = NULL;
     return code;
@@ -866,19 +954,105 @@ static int sq_setup_wal(es_backend *b, es_err *err) {
   return ES_OK;
 }
 
-/* Reads the file's schema version and application id and judges them:
- * ES_OK with *migrate 0 (current), ES_OK with *migrate 1 (older: migrate),
- * or ES_STORAGE (newer, foreign, damaged). */
-static int sq_schema_read(es_backend *b, int64_t *version, int *migrate, es_err *err) {
-  sq_conn *c = &b->w;
-  int64_t app = 0;
+/* Formats an application id for messages: 0x47504B47 ("GPKG"), the quoted
+ * part only when all four bytes are printable ASCII. */
+static void sq_app_text(int64_t app, char *buf, size_t size) {
+  uint32_t u = (uint32_t)app;
+  char tag[5];
+  int printable = 1;
+  for (int i = 0; i < 4; i++) {
+    tag[i] = (char)(u >> (24 - 8 * i));
+    if (tag[i] < 0x20 || tag[i] > 0x7e) printable = 0;
+  }
+  tag[4] = '\0';
+  if (printable)
+    snprintf(buf, size, "0x%08" PRIX32 " (\"%s\")", u, tag);
+  else
+    snprintf(buf, size, "0x%08" PRIX32, u);
+}
+
+static int sq_foreign_app(es_backend *b, int64_t app, es_err *err) {
+  char text[32];
+  sq_app_text(app, text, sizeof text);
+  return es_fail(err, ES_INVALID_ARGUMENT,
+                 "sqlite %s: not an eventstore database: application_id %s, not 0x%08X (\"ESTB\"); "
+                 "it belongs to another application and is left untouched",
+                 b->path, text, SQ_APPLICATION_ID);
+}
+
+/* Judges an existing, non-empty file from its first 100 bytes, read with
+ * plain read(2) before SQLite opens it: a file that is not SQLite at all, or
+ * another application's SQLite file (a foreign application_id), is refused
+ * without SQLite ever touching it (no -wal, no -shm, no hot-journal
+ * rollback). What the header cannot settle (application_id 0: new, empty or
+ * foreign) sq_schema_read settles through SQLite, still without writing.
+ * A file this process cannot read is left to SQLite, which names the cause. */
+static int sq_check_header(es_backend *b, es_err *err) {
+  static const char magic[16] = "SQLite format 3";   /* with its NUL: 16 bytes */
+  unsigned char h[100];
+  size_t got = 0;
+  int fd = open(b->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ES_OK;
+  while (got < sizeof h) {
+    ssize_t n = read(fd, h + got, sizeof h - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  close(fd);
+  if (got < sizeof h || memcmp(h, magic, sizeof magic) != 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "sqlite %s: not an eventstore database: not an SQLite file (it does not start "
+                   "with the SQLite header); it is left untouched",
+                   b->path);
+  int64_t app = (int64_t)((uint32_t)h[68] << 24 | (uint32_t)h[69] << 16 | (uint32_t)h[70] << 8 | h[71]);
+  if (app != 0 && app != SQ_APPLICATION_ID) return sq_foreign_app(b, app, err);
+  return ES_OK;
+}
+
+/* Reads the file's schema version and application id and judges them,
+ * without writing: ES_OK with *migrate 0 (current), ES_OK with *migrate 1
+ * (older, or a new or empty file: create / migrate), ES_INVALID_ARGUMENT
+ * (not an eventstore database) or ES_STORAGE (newer, damaged, unreadable).
+ *
+ * Ours are files with our application_id, and files with none (0) only while
+ * they are empty: user_version 0 and no table, index, view or trigger. Every
+ * schema this code ever wrote set application_id in the same transaction as
+ * the tables, so an application_id of 0 next to any schema object is another
+ * application's file (e.g. one with a `users` table) and is refused, never
+ * stamped. */
+static int sq_schema_read(es_backend *b, sq_conn *c, int64_t *version, int *migrate, es_err *err) {
+  int64_t app = 0, objects = 0;
   int code;
   *migrate = 0;
   if ((code = sq_pragma_int(c, "PRAGMA user_version", version, err)) != ES_OK) return code;
   if ((code = sq_pragma_int(c, "PRAGMA application_id", &app, err)) != ES_OK) return code;
-  if (app != 0 && app != SQ_APPLICATION_ID)
-    return es_fail(err, ES_STORAGE, "sqlite %s: not an eventstore database (application_id %lld)",
-                   b->path, (long long)app);
+  if (app != 0 && app != SQ_APPLICATION_ID) return sq_foreign_app(b, app, err);
+  if (app == 0) {
+    if (*version != 0)
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "sqlite %s: not an eventstore database: application_id 0 (not 0x%08X \"ESTB\") "
+                     "and user_version %lld; it belongs to another application and is left untouched",
+                     b->path, SQ_APPLICATION_ID, (long long)*version);
+    if ((code = sq_pragma_int(c, "SELECT count(*) FROM sqlite_master", &objects, err)) != ES_OK)
+      return code;
+    if (objects > 0) {
+      sqlite3_stmt *st;
+      char first[64] = "?";
+      if (sqlite3_prepare_v2(c->db, "SELECT type, name FROM sqlite_master ORDER BY rowid LIMIT 1", -1,
+                             &st, NULL) == SQLITE_OK) {
+        if (sqlite3_step(st) == SQLITE_ROW)
+          snprintf(first, sizeof first, "%s %s", (const char *)sqlite3_column_text(st, 0),
+                   (const char *)sqlite3_column_text(st, 1));
+        sqlite3_finalize(st);
+      }
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "sqlite %s: not an eventstore database: application_id 0 (not 0x%08X \"ESTB\") "
+                     "and it already holds %lld schema object%s (the first: %s); eventstore only "
+                     "initialises a new or empty file, this one is left untouched",
+                     b->path, SQ_APPLICATION_ID, (long long)objects, objects == 1 ? "" : "s", first);
+    }
+  }
   if (*version > SQ_SCHEMA_VERSION)
     return es_fail(err, ES_STORAGE,
                    "sqlite %s: schema version %lld is newer than this eventstore supports (%d); "
@@ -891,14 +1065,13 @@ static int sq_schema_read(es_backend *b, int64_t *version, int *migrate, es_err 
   return ES_OK;
 }
 
-/* Checks the schema version; creates / migrates an older one in one write
- * transaction (read-write), refuses to (read-only). */
-static int sq_setup_schema(es_backend *b, es_err *err) {
+/* Creates / migrates an older schema (as judged by sq_schema_read) in one
+ * write transaction, judging the file again under the lock; refuses to in a
+ * read-only open. */
+static int sq_setup_schema(es_backend *b, int64_t version, int migrate, es_err *err) {
   sq_conn *c = &b->w;
-  int64_t version = 0;
-  int code, migrate;
+  int code;
   /* the common case, a current file, takes no write lock */
-  if ((code = sq_schema_read(b, &version, &migrate, err)) != ES_OK) return code;
   if (!migrate) return ES_OK;
   if (b->mode == SQ_MODE_RO)
     return es_fail(err, ES_STORAGE,
@@ -908,7 +1081,7 @@ static int sq_setup_schema(es_backend *b, es_err *err) {
   if ((code = sq_conn_exec(c, "BEGIN IMMEDIATE", "cannot lock the file to set up its schema", err)) != ES_OK)
     return code;
   /* again under the lock: another process may have migrated meanwhile */
-  if ((code = sq_schema_read(b, &version, &migrate, err)) != ES_OK) goto rollback;
+  if ((code = sq_schema_read(b, &b->w, &version, &migrate, err)) != ES_OK) goto rollback;
   for (int64_t v = version; migrate && v < SQ_SCHEMA_VERSION; v++) {
     int rc = sqlite3_exec(c->db, sq_migrations[v], NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
@@ -1037,6 +1210,53 @@ static void sq_sync_dir(const char *path) {
   free(dir);
 }
 
+/* Judges an existing file that has neither a -wal nor a -journal next to it
+ * (sq_schema_read) through a temporary immutable, read-only connection: with
+ * no -wal the main file holds every commit, and an immutable connection
+ * reads it exactly while creating nothing. An ordinary connection would
+ * create a -wal and a -shm for a WAL-mode file, and a read-only one would
+ * leave them behind, next to another application's file. */
+static int sq_prejudge(es_backend *b, es_err *err) {
+  sq_conn j;
+  int64_t version;
+  int migrate, code;
+  char *uri = sq_immutable_uri(b->path);
+  if (!uri) return sq_oom(err);
+  memset(&j, 0, sizeof j);
+  j.b = b;
+  int rc = sqlite3_open_v2(uri, &j.db,
+                           SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX |
+                               SQLITE_OPEN_PRIVATECACHE,
+                           NULL);
+  free(uri);
+  if (rc != SQLITE_OK) {
+    code = j.db ? sq_fail(err, &j, rc, "cannot open") : sq_oom(err);
+  } else {
+    sqlite3_extended_result_codes(j.db, 1);
+    code = sq_schema_read(b, &j, &version, &migrate, err);
+  }
+  sqlite3_close_v2(j.db);
+  return code;
+}
+
+/* Whether the write connection's failure means SQLite could not set up the
+ * WAL's shared memory (-shm) for reading: it cannot create it on read-only
+ * media, nor in a directory this process may not write. */
+static int sq_cannot_init_wal(es_backend *b) {
+  int rc = sqlite3_extended_errcode(b->w.db);
+  return (rc & 0xff) == SQLITE_CANTOPEN || rc == SQLITE_READONLY_CANTINIT ||
+         rc == SQLITE_READONLY_DIRECTORY;
+}
+
+/* Whether the file system holding the store has less than
+ * SQ_LOW_SPACE_BYTES free (for unprivileged users: root may use a little
+ * more, which only makes this err on the careful side). */
+static int sq_space_short(es_backend *b) {
+  struct statvfs vfs;
+  if (statvfs(b->full_path ? b->full_path : b->path, &vfs) != 0) return 0;
+  return (uint64_t)vfs.f_bavail * vfs.f_frsize < (uint64_t)SQ_LOW_SPACE_BYTES;
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static void sq_close(es_backend *b) {
@@ -1055,13 +1275,15 @@ static void sq_close(es_backend *b) {
   pthread_mutex_destroy(&b->watch_mu);
   free(b->path);
   free(b->full_path);
+  free(b->wal_path);
   free(b);
 }
 
 static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
   es_backend *b;
-  struct stat stb;
-  int code, existed;
+  struct stat stb, wst;
+  int code, existed, had_wal, wal_frames, migrate = 0;
+  int64_t version = 0;
   *out = NULL;
   if (!url_rest) url_rest = "";
   if (!sqlite3_threadsafe())
@@ -1086,16 +1308,84 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
                    b->path, b->mode == SQ_MODE_RO ? "ro" : "rw");
     goto fail;
   }
-  if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
-  {
-    const char *full = sqlite3_db_filename(b->w.db, "main");
-    if (full && *full && !(b->full_path = sq_dup(full, strlen(full)))) {
+  /* Nothing below may write before the file is judged ours (sq_check_header,
+   * sq_schema_read): the WAL switch and the migration come after. */
+  if (existed && S_ISREG(stb.st_mode) && stb.st_size > 0 && (code = sq_check_header(b, err)) != ES_OK)
+    goto fail;
+  if (!(b->wal_path = sq_path_with(b->path, "-wal"))) {
+    code = sq_oom(err);
+    goto fail;
+  }
+  had_wal = stat(b->wal_path, &wst) == 0;
+  wal_frames = had_wal && wst.st_size > 0;
+  if (existed && S_ISREG(stb.st_mode) && stb.st_size > 0 && !had_wal) {
+    char *journal = sq_path_with(b->path, "-journal");
+    if (!journal) {
       code = sq_oom(err);
       goto fail;
     }
+    int had_journal = access(journal, F_OK) == 0;
+    free(journal);
+    code = sq_prejudge(b, err);
+    /* With a -journal (another application's transaction cut short: ours
+     * never use one) the main file may be half written: only a clear
+     * verdict counts, anything else is left to the ordinary connection. */
+    if (code != ES_OK && !(had_journal && code == ES_STORAGE)) goto fail;
   }
+  if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
+  {
+    const char *full = sqlite3_db_filename(b->w.db, "main");
+    if (full && *full) {
+      /* every later look at the files by name must not depend on the
+       * current directory (the process may change it) */
+      char *wal = sq_path_with(full, "-wal");
+      if (!wal || !(b->full_path = sq_dup(full, strlen(full)))) {
+        free(wal);
+        code = sq_oom(err);
+        goto fail;
+      }
+      free(b->wal_path);
+      b->wal_path = wal;
+    }
+  }
+  /* Until the file is judged ours, closing must not checkpoint a WAL that
+   * was already there (it may be another application's): that would write
+   * its main file. (A WAL this open created is empty, and SQLite removes it
+   * with its -shm at close, writing nothing.) */
+  if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
+  code = sq_schema_read(b, &b->w, &version, &migrate, err);
+  if (code == ES_STORAGE && b->mode == SQ_MODE_RO && !wal_frames && sq_cannot_init_wal(b)) {
+    /* Read-only media (or a directory this process may not write): SQLite
+     * cannot create the -shm a WAL database needs even to be read. The -wal
+     * is absent or empty, so the main file holds every commit: read it as
+     * immutable. */
+    sq_conn_close(&b->w);
+    b->immutable = 1;
+    if (stat(b->full_path ? b->full_path : b->path, &b->imm_st) != 0) {
+      code = es_fail(err, ES_STORAGE, "sqlite %s: cannot open: %s", b->path, strerror(errno));
+      goto fail;
+    }
+    if ((code = sq_conn_open(b, &b->w, 1, err)) != ES_OK) goto fail;
+    code = sq_schema_read(b, &b->w, &version, &migrate, err);
+  }
+  if (code == ES_STORAGE && b->mode == SQ_MODE_RO && wal_frames && sq_cannot_init_wal(b))
+    /* The -wal holds commits the main file lacks: immutable would not see
+     * them, and SQLite needs a -shm it can create to read them. */
+    code = es_fail(err, ES_STORAGE,
+                   "sqlite %s: cannot open read-only: %s holds commits not yet copied into the main "
+                   "file, and reading them needs a %s-shm that cannot be created here (read-only "
+                   "media?); copy the files to writable storage, or open it read-write once where "
+                   "it can be written",
+                   b->path, b->wal_path, b->path);
+  if (code != ES_OK) goto fail;
+  if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
   if (b->mode != SQ_MODE_RO && (code = sq_setup_wal(b, err)) != ES_OK) goto fail;
-  if ((code = sq_setup_schema(b, err)) != ES_OK) goto fail;
+  if ((code = sq_setup_schema(b, version, migrate, err)) != ES_OK) goto fail;
+  /* A WAL left with commits in it (a previous process could not checkpoint
+   * it, e.g. on a full disk, or another process is using the file): the
+   * first write checkpoints it first, so its space is given back. */
+  if (b->mode != SQ_MODE_RO && wal_frames) b->ckpt_due = 1;
+  if (b->mode != SQ_MODE_RO && sq_space_short(b)) b->low_space = 1;
   /* Statements that read the schema fail on a damaged file: prepare them
    * now, so such a file is refused at open rather than at first use. */
   for (int i = ST_MAX_POSITION; i < ST_COUNT; i++) {
@@ -1141,6 +1431,39 @@ static int sq_load_next_position(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
+/* WAL frames are whole pages, so on a small disk the WAL, not the data, is
+ * what fills it (each commit adds the ~10 pages it touched, for a few
+ * hundred bytes of events), and SQLite checkpoints only every 1000 pages.
+ * Once the disk is full the WAL cannot be checkpointed (that needs the main
+ * file to grow) and, without a checkpoint, never restarts from its
+ * beginning: every later write appends to it and fails, even after space is
+ * freed, even after reopening. So after a write met a full disk (sq_fail arms
+ * this), and after opening a file whose WAL still holds commits, each write
+ * first tries a TRUNCATE checkpoint: it copies the WAL into the main file
+ * and truncates the WAL to zero bytes, giving its space back, as soon as the
+ * main file can grow by the (few) pages the WAL holds. It never waits: when
+ * readers or another process's writer are in the way it is retried at the
+ * next write. A failed checkpoint changes nothing (the WAL stays
+ * authoritative), so acknowledged data is never at risk.
+ * Short of space (a write met a full disk, or less than SQ_LOW_SPACE_BYTES
+ * are free: looked at when the store opens and every SQ_SPACE_CHECK_EVERY
+ * writes) the handle keeps its WAL small from then on (a checkpoint every 64
+ * pages instead of 1000, the file cut back to 256 KiB when it restarts), so
+ * the log does not grow into the space the data needs, and a checkpoint
+ * after a full disk needs little room. */
+static void sq_reclaim_wal(es_backend *b) {
+  if (b->low_space == 1 &&
+      sqlite3_exec(b->w.db, "PRAGMA wal_autocheckpoint = 64; PRAGMA journal_size_limit = 262144",
+                   NULL, NULL, NULL) == SQLITE_OK)
+    b->low_space = 2;
+  if (b->ckpt_due) {
+    b->w.no_wait = 1;
+    int rc = sqlite3_wal_checkpoint_v2(b->w.db, "main", SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+    b->w.no_wait = 0;
+    if (rc == SQLITE_OK) b->ckpt_due = 0;
+  }
+}
+
 static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   es_txn *t = &b->wt;
   int code;
@@ -1151,6 +1474,9 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   t->depth = 0;
   /* never build on a transaction a failed rollback left behind */
   if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
+  if (!b->low_space && ++b->space_checks % SQ_SPACE_CHECK_EVERY == 0 && sq_space_short(b))
+    b->low_space = 1;
+  if (b->ckpt_due || b->low_space == 1) sq_reclaim_wal(b);
   if ((code = sq_exec_id(&b->w, ST_BEGIN_WRITE, err)) != ES_OK) return code;
   if ((code = sq_load_next_position(t, err)) != ES_OK) {
     sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
@@ -1235,10 +1561,38 @@ static void sq_savepoint_rollback(es_txn *t) {
   if (t->depth < SQ_MAX_SAVEPOINTS) t->next_position = t->sp_next[t->depth];
 }
 
+/* An immutable open reads the main file without locks and keeps pages in
+ * its cache, which is right only while nobody writes the file (read-only
+ * media; but a read-only bind mount, say, may be written through another
+ * path). Every commit to a WAL database goes to the -wal first, and a
+ * checkpoint changes the main file's mtime: once either is seen, stop
+ * reading for good, since the cache may now mix old and new pages. */
+static int sq_immutable_changed(es_backend *b) {
+  struct stat now;
+  int changed;
+  pthread_mutex_lock(&b->pool_mu);
+  if (!b->imm_changed &&
+      ((stat(b->wal_path, &now) == 0 && now.st_size > 0) ||
+       stat(b->full_path ? b->full_path : b->path, &now) != 0 ||
+       now.st_ino != b->imm_st.st_ino ||
+       now.st_size != b->imm_st.st_size || now.st_mtim.tv_sec != b->imm_st.st_mtim.tv_sec ||
+       now.st_mtim.tv_nsec != b->imm_st.st_mtim.tv_nsec))
+    b->imm_changed = 1;
+  changed = b->imm_changed;
+  pthread_mutex_unlock(&b->pool_mu);
+  return changed;
+}
+
 static int sq_read_begin(es_backend *b, es_txn **out, es_err *err) {
   sq_reader *r = NULL;
   int code;
   *out = NULL;
+  if (b->immutable && sq_immutable_changed(b))
+    return es_fail(err, ES_STORAGE,
+                   "sqlite %s: the file changed since this read-only handle opened it as immutable "
+                   "(SQLite could not create %s-shm, so it reads without locks and cannot follow "
+                   "writes); reopen the store",
+                   b->path, b->path);
   pthread_mutex_lock(&b->pool_mu);
   while (!b->free_readers && b->n_readers >= b->max_readers) pthread_cond_wait(&b->pool_cv, &b->pool_mu);
   if (b->free_readers) {

@@ -100,10 +100,13 @@ local function file_exists(path)
 end
 
 -- Opens the store. Commands that only look (read, state, ...) refuse a
--- sqlite: file that does not exist instead of creating an empty one.
+-- sqlite: file that does not exist instead of creating an empty one. The
+-- file is the URL's path without its options (`sqlite:PATH?mode=ro`: the
+-- first `?` starts them, as in docs/sqlite.md); the URL, options and all,
+-- goes to eventstore.open unchanged.
 local function open_store(o, creates)
-  local path = o.db:match("^sqlite:(.+)$")
-  if not creates and path and not file_exists(path) then
+  local path = o.db:match("^sqlite:([^?]*)")
+  if not creates and path and path ~= "" and not file_exists(path) then
     fail("STORAGE: no database at '%s' (--db %s); append or run creates one", path, o.db)
   end
   return eventstore.open(o.db)

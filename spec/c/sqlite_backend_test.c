@@ -138,6 +138,58 @@ static int64_t raw_int(const char *path, const char *sql) {
   return v;
 }
 
+/* The whole file at path (NULL if unreadable); *len its size. Caller frees. */
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  char *buf = NULL;
+  size_t cap = 0, n = 0, got;
+  *len = 0;
+  if (!f) return NULL;
+  do {
+    if (n == cap) {
+      char *nb = realloc(buf, cap = cap ? 2 * cap : 8192);
+      if (!nb) break;
+      buf = nb;
+    }
+    got = fread(buf + n, 1, cap - n, f);
+    n += got;
+  } while (got > 0);
+  fclose(f);
+  if (!buf) buf = malloc(1);
+  *len = n;
+  return buf;
+}
+
+/* Whether the file at path holds exactly these bytes. */
+static int file_is(const char *path, const char *bytes, size_t len) {
+  size_t n;
+  char *now = slurp(path, &n);
+  int same = now && n == len && (len == 0 || memcmp(now, bytes, len) == 0);
+  free(now);
+  return same;
+}
+
+static int exists_suffix(const char *path, const char *suffix) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s%s", path, suffix);
+  return access(buf, F_OK) == 0;
+}
+
+/* Whether no -wal, -shm or -journal file sits next to path. */
+static int no_side_files(const char *path) {
+  return !exists_suffix(path, "-wal") && !exists_suffix(path, "-shm") &&
+         !exists_suffix(path, "-journal");
+}
+
+static void copy_file(const char *from, const char *to) {
+  size_t n;
+  char *bytes = slurp(from, &n);
+  FILE *f = fopen(to, "wb");
+  if (bytes && f) (void)!fwrite(bytes, 1, n, f);
+  if (f) fclose(f);
+  free(bytes);
+}
+
 /* Fills a new pending, unqueued event row with borrowed strings. */
 static void ev_make(es_event *e, const char *session, int64_t idx, const char *id, const char *payload) {
   es_event_init(e);
@@ -1119,10 +1171,10 @@ static void test_errors(void) {
     for (size_t i = 0; i < sizeof junk; i++) junk[i] = (char)(i * 7 + 3);
     CHECK(fd >= 0 && write(fd, junk, sizeof junk) == (ssize_t)sizeof junk, "write a garbage file");
     close(fd);
-    CHECK(open_fail(p, NULL, &err) == ES_STORAGE && has(err.msg, "not a database"),
-          "garbage file: ES_STORAGE 'not a database'");
-    struct stat st;
-    CHECK(stat(p, &st) == 0 && st.st_size == 8192, "the garbage file is left untouched");
+    CHECK(open_fail(p, NULL, &err) == ES_INVALID_ARGUMENT && has(err.msg, "not an SQLite file"),
+          "garbage file: ES_INVALID_ARGUMENT 'not an SQLite file'");
+    CHECK(file_is(p, junk, sizeof junk) && no_side_files(p),
+          "the garbage file is left untouched (same bytes, no -wal, -shm, -journal)");
     rm_db(p);
   }
 
@@ -1179,18 +1231,18 @@ static void test_errors(void) {
         "a newer schema version read-only: ES_STORAGE too");
   rm_db(p);
 
-  /* a foreign SQLite file (another application's id) */
-  raw_exec(p, "PRAGMA application_id = 1234; CREATE TABLE t(x)");
-  CHECK(open_fail(p, NULL, &err) == ES_STORAGE && has(err.msg, "not an eventstore database"),
-        "another application's SQLite file: ES_STORAGE");
-  rm_db(p);
-
-  /* migration from version 0 (an empty SQLite file with someone's table) */
-  raw_exec(p, "CREATE TABLE keepme(x); INSERT INTO keepme VALUES (1)");
+  /* migration from version 0: an empty SQLite file (a header, no schema) */
+  raw_exec(p, "CREATE TABLE gone(x); DROP TABLE gone");
   b = open_ok(p, NULL);
   CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 2 &&
-            raw_int(p, "SELECT count(*) FROM keepme") == 1,
-        "a version-0 file is migrated to the current schema, other tables kept");
+            raw_int(p, "PRAGMA application_id") == 0x45535442,
+        "an empty SQLite file (no schema) is initialised with the current schema");
+  if (b) B->close(b);
+  /* our own file with someone's table added: the table is kept */
+  raw_exec(p, "CREATE TABLE keepme(x); INSERT INTO keepme VALUES (1)");
+  b = open_ok(p, NULL);
+  CHECK(b != NULL && raw_int(p, "SELECT count(*) FROM keepme") == 1,
+        "other tables in an eventstore file are left alone");
   if (b) B->close(b);
   /* migration from version 1 (before the per-session due-time index) */
   raw_exec(p, "DROP INDEX events_session_due; PRAGMA user_version = 1");
@@ -1200,12 +1252,13 @@ static void test_errors(void) {
         "a version-1 file is migrated to version 2 (the due-time index added)");
   if (b) B->close(b);
   rm_db(p);
-  /* a migration that fails is rolled back whole */
-  raw_exec(p, "CREATE TABLE events(x)");
-  CHECK(open_fail(p, NULL, &err) == ES_STORAGE && has(err.msg, "migrating schema 0 to 1"),
+  /* a migration that fails is rolled back whole (an eventstore file at
+   * version 1 whose events table cannot take the version-2 index) */
+  raw_exec(p, "PRAGMA application_id = 1163088962; PRAGMA user_version = 1; CREATE TABLE events(x)");
+  CHECK(open_fail(p, NULL, &err) == ES_STORAGE && has(err.msg, "migrating schema 1 to 2"),
         "a failing migration: ES_STORAGE naming the step");
-  CHECK(raw_int(p, "PRAGMA user_version") == 0 &&
-            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name IN ('meta', 'sessions')") == 0,
+  CHECK(raw_int(p, "PRAGMA user_version") == 1 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_session_due'") == 0,
         "a failing migration leaves the file as it was");
   rm_db(p);
 
@@ -1243,6 +1296,192 @@ static void test_errors(void) {
   }
   rm_db(p);
   free(p);
+}
+
+/* Regression (issue 8, item 3): a failed open rewrote another application's
+ * SQLite file (our user_version, application_id, WAL mode, four tables). A
+ * file that is not an eventstore database is refused with
+ * ES_INVALID_ARGUMENT naming why, and left byte-for-byte as it was, with no
+ * -wal or -shm left behind. */
+static void test_foreign_files(void) {
+  char *p = tmp_path();
+  es_err err;
+  size_t len;
+  char *before;
+  static const struct {
+    const char *sql, *why, *name;
+  } foreign[] = {
+      {"CREATE TABLE sessions(id TEXT PRIMARY KEY, user TEXT); INSERT INTO sessions VALUES ('a', 'b')",
+       "application_id 0", "a file with its own sessions table"},
+      {"CREATE TABLE users(name TEXT)", "table users", "a file with only a users table"},
+      {"PRAGMA application_id = 1196444487; CREATE TABLE t(x)", "0x47504B47 (\"GPKG\")",
+       "a file with another application_id"},
+      {"PRAGMA user_version = 7", "user_version 7", "a file with a user_version and no schema"},
+      {"PRAGMA journal_mode = WAL; CREATE TABLE w(x); INSERT INTO w VALUES (1)", "table w",
+       "another application's WAL-mode file"},
+  };
+  for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++) {
+    char name[160];
+    rm_db(p);
+    raw_exec(p, foreign[i].sql);
+    before = slurp(p, &len);
+    int rc = open_fail(p, NULL, &err);
+    snprintf(name, sizeof name, "%s: ES_INVALID_ARGUMENT 'not an eventstore database' naming the path and why",
+             foreign[i].name);
+    CHECK(rc == ES_INVALID_ARGUMENT && has(err.msg, "not an eventstore database") && has(err.msg, p) &&
+              has(err.msg, foreign[i].why),
+          name);
+    snprintf(name, sizeof name, "%s: unchanged, no -wal or -shm left", foreign[i].name);
+    CHECK(before && file_is(p, before, len) && no_side_files(p), name);
+    snprintf(name, sizeof name, "%s: mode=ro refuses it too", foreign[i].name);
+    CHECK(open_fail(p, "mode=ro", &err) == ES_INVALID_ARGUMENT && file_is(p, before, len) &&
+              no_side_files(p),
+          name);
+    free(before);
+  }
+
+  /* another application's WAL-mode file whose WAL still holds commits
+   * (the application crashed): neither the main file nor its WAL may be
+   * checkpointed or removed by our refusal */
+  {
+    char *q = tmp_path(), qwal[512], qshm[512], pwal[512], pshm[512];
+    sqlite3 *db;
+    rm_db(p);
+    snprintf(qwal, sizeof qwal, "%s-wal", q);
+    snprintf(qshm, sizeof qshm, "%s-shm", q);
+    snprintf(pwal, sizeof pwal, "%s-wal", p);
+    snprintf(pshm, sizeof pshm, "%s-shm", p);
+    sqlite3_open(q, &db);
+    sqlite3_exec(db, "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; CREATE TABLE w(x);"
+                     " INSERT INTO w VALUES (1), (2)", NULL, NULL, NULL);
+    copy_file(q, p); /* a copy while open: what a crash leaves */
+    copy_file(qwal, pwal);
+    copy_file(qshm, pshm);
+    sqlite3_close(db);
+    rm_db(q);
+    free(q);
+    size_t wlen;
+    char *wal_before = slurp(pwal, &wlen);
+    before = slurp(p, &len);
+    CHECK(wlen > 0 && open_fail(p, NULL, &err) == ES_INVALID_ARGUMENT && has(err.msg, "table w"),
+          "a foreign WAL-mode file with commits in its WAL: ES_INVALID_ARGUMENT");
+    CHECK(file_is(p, before, len) && file_is(pwal, wal_before, wlen),
+          "... its main file and its WAL are unchanged (not checkpointed, not removed)");
+    free(before);
+    free(wal_before);
+    rm_db(p);
+  }
+
+  /* not SQLite at all: a text file, a file shorter than the header */
+  {
+    static const char text[] = "name,email\nann,ann@example.org\n"
+                               "this is a CSV file, not a database; it is long enough to pass the "
+                               "size of the SQLite header, which is 100 bytes\n";
+    static const char tiny[] = "hi\n";
+    const char *contents[] = {text, tiny};
+    for (int i = 0; i < 2; i++) {
+      int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      CHECK(fd >= 0 && write(fd, contents[i], strlen(contents[i])) == (ssize_t)strlen(contents[i]),
+            "write a file that is not SQLite");
+      close(fd);
+      CHECK(open_fail(p, NULL, &err) == ES_INVALID_ARGUMENT && has(err.msg, "not an SQLite file") &&
+                has(err.msg, p),
+            i == 0 ? "a text file: ES_INVALID_ARGUMENT 'not an SQLite file'"
+                   : "a 3-byte file: ES_INVALID_ARGUMENT 'not an SQLite file'");
+      CHECK(file_is(p, contents[i], strlen(contents[i])) && no_side_files(p),
+            "... left untouched, nothing next to it");
+    }
+    rm_db(p);
+  }
+
+  /* a zero-length file is ours to initialise */
+  {
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    close(fd);
+    es_backend *b = open_ok(p, NULL);
+    CHECK(b != NULL, "a zero-length file opens");
+    if (b) B->close(b);
+    CHECK(raw_int(p, "PRAGMA application_id") == 0x45535442 && raw_int(p, "PRAGMA user_version") == 2,
+          "... and is initialised as an eventstore database");
+    rm_db(p);
+  }
+  free(p);
+}
+
+/* Regression (issue 8, item 6): a store on read-only media could not be
+ * opened at all, not even with the ?mode=ro its error suggested (SQLite
+ * cannot create the -shm a WAL database needs to be read). As root a
+ * read-only bind mount (root ignores permissions), otherwise a chmod 0555
+ * directory; skipped when neither works. The Lua spec
+ * (spec/22-sqlite_faults_spec.lua) covers the same through the store; this
+ * one runs under valgrind too. */
+static void test_read_only_media(void) {
+  char src[] = "/tmp/es-ro-src-XXXXXX", mnt[] = "/tmp/es-ro-mnt-XXXXXX", cmd[256];
+  char path[128], srcdb[128];
+  es_err err;
+  es_event e;
+  int mounted = 0, chmodded = 0;
+  if (!mkdtemp(src) || !mkdtemp(mnt)) {
+    CHECK(0, "make temporary directories");
+    return;
+  }
+  snprintf(srcdb, sizeof srcdb, "%s/x.db", src);
+  es_backend *b = open_ok(srcdb, NULL);
+  ev_make(&e, "ro", 1, "ro-1", "1");
+  CHECK(b && put_event(b, &e) > 0, "a store with one event, closed cleanly");
+  if (b) B->close(b);
+  if (geteuid() == 0) {
+    snprintf(cmd, sizeof cmd,
+             "timeout 10 mount --bind %s %s 2>/dev/null && timeout 10 mount -o remount,ro,bind %s 2>/dev/null",
+             src, mnt, mnt);
+    mounted = system(cmd) == 0;
+    snprintf(path, sizeof path, "%s/x.db", mnt);
+  } else {
+    chmodded = chmod(src, 0555) == 0;
+    snprintf(path, sizeof path, "%s/x.db", src);
+  }
+  if (!mounted && !chmodded) {
+    printf("# skipped: cannot make a read-only directory here (root without mount permission?)\n");
+  } else {
+    CHECK(open_fail(path, NULL, &err) == ES_STORAGE && has(err.msg, "read-only") &&
+              has(err.msg, "?mode=ro"),
+          "read-only media: a plain open fails, naming ?mode=ro");
+    b = open_ok(path, "mode=ro");
+    CHECK(b != NULL, "read-only media: mode=ro opens");
+    if (b) {
+      es_txn *t;
+      collect c = {0};
+      uint64_t v;
+      CHECK(B->read_begin(b, &t, &err) == ES_OK &&
+                B->event_range(t, "ro", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+                c.evs.n == 1,
+            "read-only media: mode=ro reads");
+      if (t) B->read_end(t);
+      collect_reset(&c);
+      CHECK(B->data_version(b, &v, &err) == ES_OK, "read-only media: data_version");
+      CHECK(B->write_begin(b, &t, &err) == ES_STORAGE && has(err.msg, "read-only"),
+            "read-only media: writes are ES_STORAGE 'read-only'");
+      if (mounted) {
+        /* written through the writable path: the immutable handle must
+         * stop reading rather than read torn or stale pages */
+        es_backend *w = open_ok(srcdb, NULL);
+        ev_make(&e, "ro", 2, "ro-2", "2");
+        CHECK(w && put_event(w, &e) > 0, "a write through the writable path");
+        CHECK(B->read_begin(b, &t, &err) == ES_STORAGE && has(err.msg, "changed"),
+              "read-only media: the immutable handle refuses to read a file written since");
+        if (w) B->close(w);
+      }
+      B->close(b);
+    }
+  }
+  if (mounted) {
+    snprintf(cmd, sizeof cmd, "timeout 10 umount %s || timeout 10 umount -l %s", mnt, mnt);
+    (void)!system(cmd);
+  }
+  if (chmodded) chmod(src, 0755);
+  rm_db(srcdb);
+  rmdir(src);
+  rmdir(mnt);
 }
 
 static void test_disk_full(void) {
@@ -1488,6 +1727,8 @@ int main(void) {
   test_relative_path();
   test_multi_handle();
   test_errors();
+  test_foreign_files();
+  test_read_only_media();
   test_disk_full();
   test_scale();
   test_throughput();
