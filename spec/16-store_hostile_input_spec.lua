@@ -472,6 +472,74 @@ end
     end)
 
     ---------------------------------------------------------------------------
+    describe("size and depth limits (docs/limits.md)", function()
+      local function deep(n)
+        local root = {}
+        local t = root
+        for _ = 2, n do
+          t.x = {}
+          t = t.x
+        end
+        return root
+      end
+
+      it("a payload nests at most 512 tables deep; 513 is INVALID_ARGUMENT", function()
+        local store = new()
+        assert.equal(1, #store:append("s", { { type = "t", payload = deep(512) } }))
+        local err = refused(store, "events[1].payload", function(s)
+          return s:append("s", { { type = "t", payload = deep(513) } })
+        end)
+        assert.truthy(err.message:find("nesting deeper than 512", 1, true))
+      end)
+
+      it("a presence value: at most 512 deep and max_payload_bytes long (TOO_LARGE)", function()
+        local store = new({ max_payload_bytes = 4096 })
+        store:presence_set("room", "p", { v = deep(512) }, { ttl_ms = 10 })
+        refused(store, "values.v", function(s) return s:presence_set("room", "p", { v = deep(513) }, { ttl_ms = 10 }) end)
+        local before = everything(store)
+        local err = expect_error("TOO_LARGE", function()
+          return store:presence_set("room", "p", { v = string.rep("x", 4095) }, { ttl_ms = 10 })
+        end)
+        assert.truthy(err.message:find("presence value 'v'", 1, true))
+        assert.equal(before, everything(store))
+      end)
+
+      it("reducer state nests at most 200 tables deep (snapshots on): 201 is INVALID_ARGUMENT naming the reducer", function()
+        local t = eh.setup(url)
+        for _, n in ipairs({ 200, 201 }) do
+          t.reducer("deep" .. n, ([[
+return { init = function()
+  local root = {}
+  local t = root
+  for _ = 2, %d do t.x = {}; t = t.x end
+  return root
+end }
+]]):format(n))
+        end
+        local engine = t.engine()
+        t.store:append("s", { { type = "t", settled = true } })
+        assert.is_table(engine:state("s", "deep200"))
+        local err = expect_error("INVALID_ARGUMENT", function() return engine:state("s", "deep201") end)
+        assert.truthy(err.message:find("deep201", 1, true), err.message)
+      end)
+
+      it("engine options as they exist today: below their minimum, not integers: argument errors", function()
+        local t = eh.setup(url)
+        local cases = {
+          { "workers", 0 }, { "workers", 257 }, { "ttl_ms", 0 }, { "max_failures", 0 },
+          { "backoff_ms", -1 }, { "backoff_cap_ms", -1 }, { "instruction_budget", -1 },
+          { "memory_budget", -1 }, { "snapshot_every", -1 }, { "ttl_ms", 3.5 }, { "workers", "2" },
+        }
+        for _, c in ipairs(cases) do
+          local msg = expect_arg_error(function() return t.engine({ [c[1]] = c[2] }) end)
+          assert.truthy(msg:find(c[1], 1, true), msg)
+        end
+        local err = expect_error("INVALID_ARGUMENT", function() return t.engine({ ttl_ms = MIN }) end)
+        assert.truthy(err.message:find("ttl_ms", 1, true))
+      end)
+    end)
+
+    ---------------------------------------------------------------------------
     describe("batches and conversions", function()
       it("a batch whose length lies (a border far beyond its elements) is an argument error", function()
         local store = seeded()
