@@ -42,12 +42,15 @@ BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_BIN := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%)
+# The store fuzz target built as a plain program that runs a fixed sequence
+# of inputs: make test runs it with the C tests (fuzz/README.md).
+FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
 .PHONY: all deps test check check-sanitize check-valgrind bench install clean demo fuzz
 
-all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN)
+all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
 # Installs what is missing; a no-op (no apt) when everything is there.
 deps:
@@ -88,6 +91,10 @@ $(BUILD)/ctest/%: spec/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
 
+$(FUZZ_RUN): fuzz/store_fuzz.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DES_FUZZ_STANDALONE $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
+
 # The README's test command. Last line: "N passed, N failed".
 test: all
 	@$(LUA_ENV) BUILD=$(BUILD) sh spec/run.sh
@@ -119,11 +126,12 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/eventstore
 
-# libFuzzer over the JSON codec (C face, and the Lua face against it) and
-# over the reducer-state codec (decode, and re-encode against the input);
+# libFuzzer over the JSON codec (C face, and the Lua face against it), over
+# the reducer-state codec (decode, and re-encode against the input) and over
+# the store's Lua face (hostile Lua values through append, claim, presence);
 # see fuzz/README.md. Bounded: FUZZ_TIME seconds per target (default 60).
 fuzz:
-	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/json_fuzz.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
@@ -132,10 +140,15 @@ fuzz:
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/state_fuzz.c core/codec/state.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
 	  -o $(BUILD)/fuzz/state_fuzz -llua5.4 -lm
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  fuzz/store_fuzz.c $(CORE_SRC) -o $(BUILD)/fuzz/store_fuzz -llua5.4 -lsqlite3 -lpthread -lm
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
 	$(BUILD)/fuzz/state_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/state- $(BUILD)/fuzz/state_corpus
+	$(BUILD)/fuzz/store_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
+	  -artifact_prefix=$(BUILD)/fuzz/store- $(BUILD)/fuzz/store_corpus
 
 clean:
 	rm -rf build build-san

@@ -29,13 +29,27 @@ const char *es_strerror(int code) {
   return code_names[code];
 }
 
+/* A message cut at ES_ERRMSG_MAX bytes may end inside a multi-byte UTF-8
+ * character: drop that partial character, so a cut message is still valid
+ * text (it may be stored, e.g. as a failed attempt's last_error, and
+ * printed as JSON). */
+static void drop_partial_char(char *s, size_t n) {
+  size_t i = n;
+  while (i > 0 && n - i < 3 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--;
+  if (i == 0) return;
+  unsigned char lead = (unsigned char)s[i - 1];
+  size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+  if ((lead & 0x80) && n - (i - 1) < need) s[i - 1] = '\0';
+}
+
 int es_fail(es_err *err, int code, const char *fmt, ...) {
   if (err) {
     va_list ap;
     err->code = code;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof err->msg) drop_partial_char(err->msg, sizeof err->msg - 1);
   }
   return code;
 }

@@ -9,13 +9,53 @@
 #include <lua.h>
 
 #include "store/store.h"
+#include "util/buf.h"
+
+/* Names (sessions, ids, types, lanes, holders, reducers, versions, presence
+ * namespaces, participants and fields, cursors and prefixes, URLs). The
+ * store's C API takes NUL-terminated strings, so a NUL inside a Lua string
+ * would silently cut the name there: every name read from Lua goes through
+ * these, which raise INVALID_ARGUMENT "<what> must not contain a NUL byte".
+ * The other name rules (non-empty, <= 255 bytes, UTF-8) are the core's
+ * (es_check_name). es_lua_name checks the string already at idx;
+ * es_lua_check_name a required argument (a non-string raises the usual
+ * argument error), es_lua_opt_name an optional one (nil/none: NULL).
+ * Strings are borrowed from the stack. */
+const char *es_lua_name(lua_State *L, int idx, const char *what);
+const char *es_lua_check_name(lua_State *L, int arg, const char *what);
+const char *es_lua_opt_name(lua_State *L, int arg, const char *what);
+
+/* Integer arguments: a Lua number with an integer value (3 or 3.0, not "3",
+ * 3.5 or 2^63), else an argument error naming `what`. es_lua_check_int
+ * accepts every integer (indexes and attempts are lookup keys);
+ * es_lua_opt_int (nil/none: def) refuses math.mininteger with
+ * INVALID_ARGUMENT, because it is ES_NONE, the C API's "absent". */
+int64_t es_lua_check_int(lua_State *L, int arg, const char *what);
+int64_t es_lua_opt_int(lua_State *L, int arg, const char *what, int64_t def);
 
 /* Fields of an optional options table at stack index arg (nil/none: the
- * default). A wrong type raises an argument error naming the field.
- * Strings are borrowed from the table (valid while it is on the stack). */
+ * default). A wrong type raises an argument error naming the field; an
+ * integer field is read like es_lua_opt_int; a string field is a name
+ * (NUL refused, as above). Strings are borrowed: valid while the table is
+ * on the stack and unchanged (one made by an __index metamethod is left on
+ * the stack to keep it alive). */
 int64_t es_lua_opt_int_field(lua_State *L, int arg, const char *field, int64_t def);
 const char *es_lua_opt_str_field(lua_State *L, int arg, const char *field);
 const char *es_lua_req_str_field(lua_State *L, int arg, const char *field);
+/* A free-text field (a failure's `error`): any bytes, NUL included, with
+ * their length in *len; store it through es_text_clean (store.h). */
+const char *es_lua_opt_text_field(lua_State *L, int arg, const char *field, size_t *len);
+
+/* Pushes an empty es_buf in a userdata whose __gc destroys it: a buffer
+ * that lives while Lua code may raise (it is freed with the stack). */
+es_buf *es_lua_push_buf_box(lua_State *L);
+
+/* The length of the sequence at idx, after checking that each of its
+ * elements exists (lua_rawlen alone may report a border far beyond the
+ * elements, e.g. for {[1]=x, [2]=x, [4]=x, ..., [2^62]=x}), so callers can
+ * size arrays by it. A hole raises an argument error for arg (arg > 0)
+ * or a plain error naming `what`. */
+size_t es_lua_check_seq(lua_State *L, int idx, int arg, const char *what);
 
 /* t[k] = v on the table at the top; nothing when v is ES_NONE / NULL. */
 void es_lua_set_int(lua_State *L, const char *k, int64_t v);
@@ -28,15 +68,17 @@ void es_lua_push_event(lua_State *L, const es_event *e, int claimed);
 void es_lua_push_events(lua_State *L, es_events *list, int claimed);
 
 /* Reads the array of events at stack index idx into an es_new_event array
- * held by a userdata, encoding payloads into strings held by a table; both
- * are pushed (2 slots) and keep everything alive while they stay on the
- * stack, so an error anywhere leaks nothing. arg > 0: misuse raises an
- * argument error for argument arg; arg == 0 (events a handler returned):
- * a plain error "returned events[i]...". timer_now != ES_NONE also accepts
- * `delay_ms` (not_before = timer_now + delay_ms) and `at` (not_before = at).
- * Payloads that JSON cannot carry raise INVALID_ARGUMENT error objects; a
- * payload whose text would pass max_payload (0: no limit) raises TOO_LARGE
- * as soon as the encoder gets there. */
+ * held by a userdata, encoding payloads into strings held by a table (which
+ * also anchors the names); both are pushed (2 slots) and keep everything
+ * alive while they stay on the stack, so an error anywhere leaks nothing.
+ * arg > 0: misuse (a wrong type) raises an argument error for argument
+ * arg; arg == 0 (events a handler returned): a plain error "returned
+ * events[i]...". timer_now != ES_NONE also accepts `delay_ms` and `at`, by
+ * the store's one timer rule (es_timer_not_before; not with not_before).
+ * Names with a NUL, payloads that JSON cannot carry and timer values out of
+ * range raise INVALID_ARGUMENT error objects; a payload whose text would
+ * pass max_payload (0: no limit) raises TOO_LARGE as soon as the encoder
+ * gets there. */
 es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_now,
                                   size_t max_payload, size_t *n_out);
 

@@ -285,7 +285,7 @@ static int punsubscribe(lua_State *L) {
 
 static int m_subscribe(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_optstring(L, 2, NULL);
+  const char *session = es_lua_opt_name(L, 2, "session");
   luaL_checktype(L, 3, LUA_TFUNCTION);
   es_err err = {0};
   int64_t last = 0;
@@ -313,8 +313,11 @@ static int m_subscribe(lua_State *L) {
 
 static int m_presence_subscribe(lua_State *L) {
   lstore *h = check_store(L);
-  const char *ns = luaL_checkstring(L, 2);
+  const char *ns = es_lua_check_name(L, 2, "namespace");
   luaL_checktype(L, 3, LUA_TFUNCTION);
+  es_err nerr = {0};
+  /* No store call sees this name, so check it here as every call would. */
+  if (es_check_name("namespace", ns, &nerr)) return raise(L, &nerr);
   psub *x = calloc(1, sizeof *x);
   if (!x) return luaL_error(L, "out of memory");
   pthread_mutex_init(&x->mu, NULL);
@@ -391,11 +394,11 @@ static int m_tostring(lua_State *L) {
 }
 
 static int l_open(lua_State *L) {
-  const char *url = luaL_optstring(L, 1, NULL);
+  const char *url = es_lua_opt_name(L, 1, "url");
   check_opt_table(L, 2);
   es_open_opts o = {0};
   int64_t maxp = es_lua_opt_int_field(L, 2, "max_payload_bytes", 0);
-  if (maxp < 0) luaL_argerror(L, 2, "field 'max_payload_bytes' must be >= 0");
+  if (maxp < 0) es_lua_raisef(L, ES_INVALID_ARGUMENT, "max_payload_bytes must be >= 0");
   o.max_payload_bytes = (size_t)maxp;
   /* Created closed before anything is acquired (liolib's pattern). */
   lstore *h = lua_newuserdatauv(L, sizeof *h, 0);
@@ -429,7 +432,7 @@ static int l_open(lua_State *L) {
 }
 
 static int l_manual_clock(lua_State *L) {
-  lua_Integer ms = luaL_optinteger(L, 1, 0);
+  int64_t ms = lua_isnoneornil(L, 1) ? 0 : es_lua_check_int(L, 1, "ms");
   lclock *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->c = NULL;
   luaL_setmetatable(L, CLOCK_MT);
@@ -450,14 +453,20 @@ static int c_now(lua_State *L) {
 
 static int c_set(lua_State *L) {
   es_manual_clock *c = check_clock(L);
-  es_manual_clock_set(c, luaL_checkinteger(L, 2));
+  es_manual_clock_set(c, es_lua_check_int(L, 2, "ms"));
   lua_pushinteger(L, es_manual_clock_get(c));
   return 1;
 }
 
 static int c_advance(lua_State *L) {
   es_manual_clock *c = check_clock(L);
-  lua_pushinteger(L, es_manual_clock_advance(c, luaL_checkinteger(L, 2)));
+  int64_t ms = es_lua_check_int(L, 2, "ms"), now = es_manual_clock_get(c);
+  /* Moving the clock past the int64 range would wrap it into the past. */
+  if ((ms > 0 && now > INT64_MAX - ms) || (ms < 0 && now < INT64_MIN + 1 - ms))
+    return es_lua_raisef(L, ES_INVALID_ARGUMENT,
+                         "advance(%lld) would move the clock (at %lld) out of the int64 range",
+                         (long long)ms, (long long)now);
+  lua_pushinteger(L, es_manual_clock_advance(c, ms));
   return 1;
 }
 
@@ -478,7 +487,7 @@ static int c_gc(lua_State *L) {
 
 static int m_append(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   check_opt_table(L, 4);
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   size_t n;
@@ -494,7 +503,7 @@ static int m_append(lua_State *L) {
 
 static int m_read(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   check_opt_table(L, 3);
   int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
   int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
@@ -508,7 +517,7 @@ static int m_read(lua_State *L) {
 
 static int m_head(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   int64_t head;
   es_err err = {0};
   if (es_store_head(h->s, session, &head, &err)) return raise(L, &err);
@@ -533,7 +542,7 @@ static int m_read_all(lua_State *L) {
 
 static int m_claim(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   luaL_checktype(L, 3, LUA_TTABLE);
   es_claim_opts o = {0};
   o.holder = es_lua_req_str_field(L, 3, "holder");
@@ -545,12 +554,11 @@ static int m_claim(lua_State *L) {
   lua_getfield(L, 3, "exclude");
   if (!lua_isnil(L, -1)) {
     if (!lua_istable(L, -1)) luaL_argerror(L, 3, "field 'exclude' must be a table of indexes");
-    size_t n = (size_t)lua_rawlen(L, -1);
+    size_t n = es_lua_check_seq(L, -1, 3, "field 'exclude'");
     int64_t *ex = lua_newuserdatauv(L, (n ? n : 1) * sizeof *ex, 0);
     for (size_t i = 0; i < n; i++) {
-      int ok;
-      lua_rawgeti(L, -2, (lua_Integer)i + 1);
-      ex[i] = lua_tointegerx(L, -1, &ok);
+      int ok = 0;
+      if (lua_rawgeti(L, -2, (lua_Integer)i + 1) == LUA_TNUMBER) ex[i] = lua_tointegerx(L, -1, &ok);
       if (!ok) luaL_argerror(L, 3, "field 'exclude' must hold integer indexes");
       lua_pop(L, 1);
     }
@@ -602,17 +610,17 @@ static void push_int_array(lua_State *L, const int64_t *v, size_t n) {
 
 static int m_renew(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   luaL_checktype(L, 3, LUA_TTABLE);
   const char *holder = es_lua_req_str_field(L, 3, "holder");
   int64_t ttl = es_lua_opt_int_field(L, 3, "ttl_ms", ES_NONE);
   if (ttl == ES_NONE) luaL_argerror(L, 3, "field 'ttl_ms' is required");
   lua_getfield(L, 3, "claims");
   if (!lua_istable(L, -1)) luaL_argerror(L, 3, "field 'claims' must be a table of {index, attempt}");
-  size_t n = (size_t)lua_rawlen(L, -1);
+  size_t n = es_lua_check_seq(L, -1, 3, "field 'claims'");
   es_claim_ref *claims = lua_newuserdatauv(L, (n ? n : 1) * sizeof *claims, 0);
   for (size_t i = 0; i < n; i++) {
-    int ok1, ok2;
+    int ok1 = 0, ok2 = 0;
     if (lua_rawgeti(L, -2, (lua_Integer)i + 1) != LUA_TTABLE)
       luaL_argerror(L, 3, "field 'claims' must hold {index, attempt} tables");
     lua_getfield(L, -1, "index");
@@ -622,9 +630,10 @@ static int m_renew(lua_State *L) {
       lua_rawgeti(L, -1, 1);
       lua_rawgeti(L, -2, 2);
     }
-    claims[i].index = lua_tointegerx(L, -2, &ok1);
-    claims[i].attempt = lua_tointegerx(L, -1, &ok2);
-    if (!ok1 || !ok2) luaL_argerror(L, 3, "each claim needs integer index and attempt");
+    if (lua_type(L, -2) == LUA_TNUMBER) claims[i].index = lua_tointegerx(L, -2, &ok1);
+    if (lua_type(L, -1) == LUA_TNUMBER) claims[i].attempt = lua_tointegerx(L, -1, &ok2);
+    if (!ok1 || !ok2)
+      luaL_argerror(L, 3, "field 'claims' needs integer index and attempt in each claim");
     lua_pop(L, 3);
   }
   es_renew_result r;
@@ -641,9 +650,9 @@ static int m_renew(lua_State *L) {
 
 static int m_complete(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
-  lua_Integer index = luaL_checkinteger(L, 3);
-  lua_Integer attempt = luaL_checkinteger(L, 4);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t index = es_lua_check_int(L, 3, "index");
+  int64_t attempt = es_lua_check_int(L, 4, "attempt");
   size_t n = 0;
   es_new_event *evs = NULL;
   if (lua_isnoneornil(L, 5)) {
@@ -669,19 +678,27 @@ static int m_complete(lua_State *L) {
 
 static int m_fail(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
-  lua_Integer index = luaL_checkinteger(L, 3);
-  lua_Integer attempt = luaL_checkinteger(L, 4);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t index = es_lua_check_int(L, 3, "index");
+  int64_t attempt = es_lua_check_int(L, 4, "attempt");
   luaL_checktype(L, 5, LUA_TTABLE);
-  const char *error = es_lua_req_str_field(L, 5, "error");
+  size_t elen;
+  const char *error = es_lua_opt_text_field(L, 5, "error", &elen);
+  if (!error) luaL_argerror(L, 5, "field 'error' is required");
   int64_t max_failures = es_lua_opt_int_field(L, 5, "max_failures", 5);
   int64_t retry_after = es_lua_opt_int_field(L, 5, "retry_after_ms", 0);
   int outcome = 0;
   int64_t failures = 0;
   es_err err = {0};
-  if (es_store_fail(h->s, session, index, attempt, error, max_failures, retry_after, &outcome,
-                    &failures, &err))
-    return raise(L, &err);
+  /* Free text keeps every byte it can: a NUL (which the C API cannot carry)
+   * becomes U+FFFD here rather than cutting the message (es_text_clean). */
+  char *text = NULL;
+  if (es_text_clean(error, elen, ES_MAX_TEXT_BYTES, &text, NULL))
+    return luaL_error(L, "out of memory");
+  int rc = es_store_fail(h->s, session, index, attempt, text, max_failures, retry_after, &outcome,
+                         &failures, &err);
+  free(text);
+  if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
   es_lua_set_str(L, "outcome", outcome == ES_FAILED            ? "failed"
                         : outcome == ES_DEAD_LETTERED ? "dead_lettered"
@@ -701,8 +718,8 @@ static int push_one(lua_State *L, lstore *h, const char *session, int64_t index)
 
 static int m_revive(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
-  lua_Integer index = luaL_checkinteger(L, 3);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t index = es_lua_check_int(L, 3, "index");
   es_err err = {0};
   if (es_store_revive(h->s, session, index, &err)) return raise(L, &err);
   return push_one(L, h, session, index);
@@ -710,11 +727,17 @@ static int m_revive(lua_State *L) {
 
 static int m_settle(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
-  lua_Integer index = luaL_checkinteger(L, 3);
-  const char *reason = luaL_optstring(L, 4, NULL);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t index = es_lua_check_int(L, 3, "index");
+  size_t rlen = 0;
+  const char *reason = luaL_optlstring(L, 4, NULL, &rlen);
   es_err err = {0};
-  if (es_store_settle(h->s, session, index, reason, &err)) return raise(L, &err);
+  char *text = NULL; /* free text, as fail's error */
+  if (reason && es_text_clean(reason, rlen, ES_MAX_TEXT_BYTES, &text, NULL))
+    return luaL_error(L, "out of memory");
+  int rc = es_store_settle(h->s, session, index, text, &err);
+  free(text);
+  if (rc) return raise(L, &err);
   return push_one(L, h, session, index);
 }
 
@@ -736,8 +759,8 @@ static int m_dead_letters(lua_State *L) {
 
 static int m_read_state(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
-  const char *reducer = luaL_checkstring(L, 3);
+  const char *session = es_lua_check_name(L, 2, "session");
+  const char *reducer = es_lua_check_name(L, 3, "reducer");
   int found;
   es_snapshot snap;
   es_events events;
@@ -761,12 +784,12 @@ static int m_read_state(lua_State *L) {
 
 static int m_put_snapshot(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
-  const char *reducer = luaL_checkstring(L, 3);
-  lua_Integer index = luaL_checkinteger(L, 4);
+  const char *session = es_lua_check_name(L, 2, "session");
+  const char *reducer = es_lua_check_name(L, 3, "reducer");
+  int64_t index = es_lua_check_int(L, 4, "index");
   size_t len;
-  const char *state = luaL_checklstring(L, 5, &len);
-  const char *version = luaL_optstring(L, 6, "");
+  const char *state = luaL_checklstring(L, 5, &len); /* bytes: every one is kept */
+  const char *version = lua_isnoneornil(L, 6) ? "" : es_lua_check_name(L, 6, "version");
   int stored = 0;
   es_err err = {0};
   if (es_store_put_snapshot(h->s, session, reducer, index, state, len, version, &stored, &err))
@@ -777,7 +800,7 @@ static int m_put_snapshot(lua_State *L) {
 
 static int m_snapshots(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   es_snapshots list;
   es_err err = {0};
   if (es_store_snapshots(h->s, session, &list, &err)) return raise(L, &err);
@@ -826,7 +849,7 @@ static int m_sessions(lua_State *L) {
 
 static int m_events_page(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   check_opt_table(L, 3);
   int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
   int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
@@ -867,10 +890,10 @@ es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock) {
 
 static int m_wait(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = luaL_optstring(L, 2, NULL);
-  lua_Integer after = luaL_optinteger(L, 3, 0);
-  lua_Integer timeout = luaL_optinteger(L, 4, 0);
-  lua_Integer limit = luaL_optinteger(L, 5, 1000);
+  const char *session = es_lua_opt_name(L, 2, "session");
+  int64_t after = es_lua_opt_int(L, 3, "after", 0);
+  int64_t timeout = es_lua_opt_int(L, 4, "timeout_ms", 0);
+  int64_t limit = es_lua_opt_int(L, 5, "limit", 1000);
   es_events out;
   es_err err = {0};
   if (es_store_wait(h->s, session, after, timeout, limit, &out, &err)) return raise(L, &err);
@@ -880,8 +903,8 @@ static int m_wait(lua_State *L) {
 
 static int m_presence_set(lua_State *L) {
   lstore *h = check_store(L);
-  const char *ns = luaL_checkstring(L, 2);
-  const char *participant = luaL_checkstring(L, 3);
+  const char *ns = es_lua_check_name(L, 2, "namespace");
+  const char *participant = es_lua_check_name(L, 3, "participant");
   luaL_checktype(L, 4, LUA_TTABLE);
   luaL_checktype(L, 5, LUA_TTABLE);
   int64_t ttl = es_lua_opt_int_field(L, 5, "ttl_ms", ES_NONE);
@@ -893,18 +916,24 @@ static int m_presence_set(lua_State *L) {
   lua_pushnil(L);
   while (lua_next(L, 4)) {
     if (lua_type(L, -2) != LUA_TSTRING) luaL_argerror(L, 4, "presence field names must be strings");
+    /* Names first (as the core would), so a value's error message quotes a
+     * valid name of at most 255 bytes. */
+    es_err nerr = {0};
+    if (es_check_name("presence field", es_lua_name(L, -2, "presence field"), &nerr))
+      return raise(L, &nerr);
     n++;
     lua_pop(L, 1);
   }
   es_presence_field *fields = lua_newuserdatauv(L, (n ? n : 1) * sizeof *fields, 0);
   lua_createtable(L, (int)n, 0); /* anchors the encoded values */
   int anchor = lua_gettop(L);
-  es_buf buf;
-  es_buf_init(&buf);
+  es_buf *buf = es_lua_push_buf_box(L); /* freed with the stack if anything raises */
   size_t i = 0;
   lua_pushnil(L);
-  while (lua_next(L, 4)) {
-    fields[i].field = lua_tostring(L, -2);
+  /* i < n: memory safety even if a finalizer run by a collection in this
+   * loop added keys to the table (next's order is then undefined anyway). */
+  while (i < n && lua_next(L, 4)) {
+    fields[i].field = es_lua_name(L, -2, "presence field");
     if (es_json_is_null(L, -1)) {
       fields[i].value = NULL;
       fields[i].value_len = 0;
@@ -912,19 +941,17 @@ static int m_presence_set(lua_State *L) {
       es_err err = {0};
       char what[300];
       snprintf(what, sizeof what, "values.%s", fields[i].field);
-      buf.len = 0;
-      if (es_json_encode_lua(L, -1, what, &buf, &err) != ES_OK) {
-        es_buf_destroy(&buf);
-        return raise(L, &err);
-      }
-      es_lua_push_buf(L, &buf);
+      buf->len = 0;
+      if (es_json_encode_lua(L, -1, what, buf, &err) != ES_OK) return raise(L, &err);
+      es_lua_push_buf(L, buf);
       fields[i].value = lua_tolstring(L, -1, &fields[i].value_len);
       lua_rawseti(L, anchor, (lua_Integer)i + 1);
     }
     i++;
     lua_pop(L, 1);
   }
-  es_buf_destroy(&buf);
+  n = i;
+  es_buf_destroy(buf);
   es_presence_rows applied;
   es_err err = {0};
   if (es_store_presence_set(h->s, ns, participant, fields, n, ttl, at, seen, &applied, &err))
@@ -938,7 +965,7 @@ static int m_presence_set(lua_State *L) {
 
 static int m_presence_read(lua_State *L) {
   lstore *h = check_store(L);
-  const char *ns = luaL_checkstring(L, 2);
+  const char *ns = es_lua_check_name(L, 2, "namespace");
   es_presence_rows rows;
   es_err err = {0};
   if (es_store_presence_read(h->s, ns, &rows, &err)) return raise(L, &err);

@@ -96,36 +96,41 @@ struct es_store {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* The length (1-4) of the valid UTF-8 sequence at s (n bytes left), or 0
+ * when s does not start one (a stray continuation byte, an overlong form,
+ * a surrogate, a code point above U+10FFFF, a sequence cut short). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  unsigned c = s[0];
+  if (c < 0x80) return 1;
+  size_t len;
+  uint32_t cp;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+    cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    cp = c & 0x0F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (len > n) return 0;
+  for (size_t k = 1; k < len; k++) {
+    if ((s[k] & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (s[k] & 0x3F);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+      (cp >= 0xD800 && cp <= 0xDFFF))
+    return 0;
+  return len;
+}
+
 static int utf8_valid(const unsigned char *s, size_t n) {
-  size_t i = 0;
-  while (i < n) {
-    unsigned c = s[i];
-    if (c < 0x80) {
-      i++;
-      continue;
-    }
-    size_t len;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return 0;
-    }
-    if (i + len > n) return 0;
-    for (size_t k = 1; k < len; k++) {
-      if ((s[i + k] & 0xC0) != 0x80) return 0;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF))
-      return 0;
+  for (size_t i = 0; i < n;) {
+    size_t len = utf8_seq(s + i, n - i);
+    if (len == 0) return 0;
     i += len;
   }
   return 1;
@@ -133,7 +138,7 @@ static int utf8_valid(const unsigned char *s, size_t n) {
 
 /* Names (sessions, ids, types, lanes, holders, reducers, namespaces): a
  * non-empty UTF-8 string of at most 255 bytes. */
-static int check_name(const char *what, const char *v, es_err *err) {
+int es_check_name(const char *what, const char *v, es_err *err) {
   if (!v) return es_fail(err, ES_INVALID_ARGUMENT, "%s is required", what);
   size_t n = strlen(v);
   if (n == 0) return es_fail(err, ES_INVALID_ARGUMENT, "%s must not be empty", what);
@@ -142,6 +147,99 @@ static int check_name(const char *what, const char *v, es_err *err) {
                    ES_MAX_ID_BYTES);
   if (!utf8_valid((const unsigned char *)v, n))
     return es_fail(err, ES_INVALID_ARGUMENT, "%s is not valid UTF-8", what);
+  return ES_OK;
+}
+
+/* U+FFFD REPLACEMENT CHARACTER and U+2026 HORIZONTAL ELLIPSIS in UTF-8. */
+#define REPLACEMENT "\xEF\xBF\xBD"
+#define ELLIPSIS "\xE2\x80\xA6"
+
+int es_text_clean(const char *s, size_t n, size_t max, char **out, size_t *out_len) {
+  const unsigned char *p = (const unsigned char *)s;
+  /* Each input byte gives at most 3 output bytes (one U+FFFD). */
+  size_t cap = n > max / 3 ? max : n * 3;
+  char *o = malloc(cap + 1);
+  *out = NULL;
+  if (out_len) *out_len = 0;
+  if (!o) return ES_STORAGE;
+  size_t k = 0, i = 0;
+  int cut = 0;
+  while (i < n) {
+    size_t len = p[i] == 0 ? 0 : utf8_seq(p + i, n - i);
+    const char *piece = len ? s + i : REPLACEMENT;
+    size_t plen = len ? len : 3;
+    if (k + plen > max) {
+      cut = 1;
+      break;
+    }
+    memcpy(o + k, piece, plen);
+    k += plen;
+    i += len ? len : 1;
+  }
+  if (cut) {
+    /* Make room for the ellipsis, backing off whole characters only. */
+    while (k > 0 && k + 3 > max) {
+      do k--;
+      while (k > 0 && ((unsigned char)o[k] & 0xC0) == 0x80);
+    }
+    if (k + 3 <= max) {
+      memcpy(o + k, ELLIPSIS, 3);
+      k += 3;
+    }
+  }
+  o[k] = '\0';
+  *out = o;
+  if (out_len) *out_len = k;
+  return ES_OK;
+}
+
+/* now + d for a duration d >= 0; 1 when the sum would pass INT64_MAX (the
+ * largest time there is: refused, never wrapped to a time in the past). */
+static int add_time(int64_t now, int64_t d, int64_t *sum) {
+  if (now > 0 && d > INT64_MAX - now) return 1;
+  *sum = now + d;
+  return 0;
+}
+
+static int too_late(es_err *err, const char *what) {
+  return es_fail(err, ES_INVALID_ARGUMENT,
+                 "%s is too large: now + %s is beyond the largest time (%lld)", what, what,
+                 (long long)INT64_MAX);
+}
+
+int es_timer_not_before(const char *what, int64_t now, int has_delay, int64_t delay_ms,
+                        int has_at, int64_t at, int64_t *not_before, es_err *err) {
+  if (!what) what = "event";
+  *not_before = ES_NONE;
+  if (has_delay && has_at)
+    return es_fail(err, ES_INVALID_ARGUMENT, "%s has both delay_ms and at (give one)", what);
+  if (has_at) {
+    if (at < 0) return es_fail(err, ES_INVALID_ARGUMENT, "%s.at must be >= 0", what);
+    *not_before = at;
+  }
+  if (has_delay) {
+    if (delay_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "%s.delay_ms must be >= 0", what);
+    if (add_time(now, delay_ms, not_before)) {
+      *not_before = ES_NONE;
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "%s.delay_ms is too large: now + delay_ms is beyond the largest time (%lld)",
+                     what, (long long)INT64_MAX);
+    }
+  }
+  return ES_OK;
+}
+
+/* Count limits: ES_NONE (none) stays; a negative one is refused by the
+ * caller; anything above ES_MAX_LIMIT saturates (it could never be reached,
+ * and backends add small windows to limits). */
+static int64_t cap_limit(int64_t limit) {
+  return limit != ES_NONE && limit > ES_MAX_LIMIT ? ES_MAX_LIMIT : limit;
+}
+
+/* Optional non-negative integers (positions, indexes, times): ES_NONE or
+ * >= 0. */
+static int check_nonneg(const char *what, int64_t v, es_err *err) {
+  if (v != ES_NONE && v < 0) return es_fail(err, ES_INVALID_ARGUMENT, "%s must be >= 0", what);
   return ES_OK;
 }
 
@@ -178,7 +276,7 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   }
   if (!ops)
     return es_fail(err, ES_INVALID_ARGUMENT,
-                   "unknown store url '%.200s' (expected memory:, sqlite:PATH)", url);
+                   "unknown store url '%s' (expected memory:, sqlite:PATH)", url);
   es_store *s = calloc(1, sizeof *s);
   if (!s) return nomem(err);
   s->ops = ops;
@@ -393,7 +491,9 @@ static int uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
     s->uuid_ms = now;
     s->uuid_seq = ((uint32_t)r[8] << 8 | r[9]) & 0x3FF; /* random start, room to count */
   } else if (++s->uuid_seq > 0xFFF) {
-    s->uuid_ms++; /* borrow the next millisecond rather than repeat */
+    /* Borrow the next millisecond rather than repeat (a clock stuck at the
+     * largest time keeps it; the 62 random bits still tell ids apart). */
+    if (s->uuid_ms < INT64_MAX) s->uuid_ms++;
     s->uuid_seq = 0;
   }
   uint64_t ms = (uint64_t)s->uuid_ms;
@@ -465,14 +565,14 @@ static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err 
   int rc;
   if (!e->type) return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].type is required", i + 1);
   snprintf(what, sizeof what, "events[%zu].type", i + 1);
-  if ((rc = check_name(what, e->type, err))) return rc;
+  if ((rc = es_check_name(what, e->type, err))) return rc;
   if (e->id) {
     snprintf(what, sizeof what, "events[%zu].id", i + 1);
-    if ((rc = check_name(what, e->id, err))) return rc;
+    if ((rc = es_check_name(what, e->id, err))) return rc;
   }
   if (e->lane) {
     snprintf(what, sizeof what, "events[%zu].lane", i + 1);
-    if ((rc = check_name(what, e->lane, err))) return rc;
+    if ((rc = es_check_name(what, e->lane, err))) return rc;
   }
   if (e->payload) {
     if (e->payload_len > s->max_payload)
@@ -487,6 +587,8 @@ static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err 
   if (e->cause_index != ES_NONE && (e->cause_index < 1 || e->cause_attempt < 1))
     return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].cause index and attempt must be >= 1",
                    i + 1);
+  if (e->not_before != ES_NONE && e->not_before < 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].not_before must be >= 0", i + 1);
   return ES_OK;
 }
 
@@ -703,7 +805,8 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
   if (!out) out = &unused; /* the caller does not want the stored events back */
   memset(out, 0, sizeof *out);
   *pending = 0;
-  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if ((rc = check_nonneg("expected", expected, err))) return rc;
   if ((rc = check_batch(s, evs, n, err))) return rc;
   if ((rc = enter(s, err))) return rc;
   append_args a = {session, evs, n, expected, 0, out, 0, 1};
@@ -788,10 +891,12 @@ static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
 static int read_range(es_store *s, range_args *a, es_err *err) {
   int rc;
   memset(a->out, 0, sizeof *a->out);
-  if ((rc = check_name("session", a->session, err))) return rc;
-  if (a->limit != ES_NONE && a->limit < 0)
-    return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
+  if ((rc = es_check_name("session", a->session, err)) ||
+      (rc = check_nonneg("after", a->after, err)) ||
+      (rc = check_nonneg("through", a->through, err)) || (rc = check_nonneg("limit", a->limit, err)))
+    return rc;
   if (a->limit == 0) return ES_OK;
+  a->limit = cap_limit(a->limit);
   if ((rc = enter(s, err))) return rc;
   rc = run_read(s, do_range, a, err);
   leave(s);
@@ -801,13 +906,13 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
 
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
                   es_events *out, es_err *err) {
-  range_args a = {session, after < 0 ? 0 : after, through, limit, out, 0};
+  range_args a = {session, after, through, limit, out, 0};
   return read_range(s, &a, err);
 }
 
 int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                          int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
-  range_args a = {session, after < 0 ? 0 : after, through, limit, out, 0};
+  range_args a = {session, after, through, limit, out, 0};
   int rc = read_range(s, &a, err);
   if (rc == ES_OK) *through_out = through == ES_NONE ? a.head : (through < a.head ? through : a.head);
   return rc;
@@ -833,7 +938,7 @@ static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) {
   int rc;
   *head = 0;
-  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = enter(s, err))) return rc;
   head_args a = {session, head};
   rc = run_read(s, do_head, &a, err);
@@ -856,10 +961,10 @@ static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if (limit != ES_NONE && limit < 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
+  if ((rc = check_nonneg("after", after, err)) || (rc = check_nonneg("limit", limit, err))) return rc;
   if (limit == 0) return ES_OK;
   if ((rc = enter(s, err))) return rc;
-  all_args a = {after < 0 ? 0 : after, limit, NULL, out};
+  all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), NULL, out};
   rc = run_read(s, do_read_all, &a, err);
   leave(s);
   if (rc) es_events_destroy(out);
@@ -893,7 +998,7 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
   int rc;
   es_event_init(out);
-  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = enter(s, err))) return rc;
   get_args a = {session, index, out};
   rc = run_read(s, do_get, &a, err);
@@ -917,6 +1022,16 @@ static int claim_row(es_store *s, es_txn *t, es_event *row, const char *holder, 
   return s->ops->event_update(t, row, err);
 }
 
+/* retry_at for claim / claim_next. A due time of INT64_MAX (a not_before or
+ * claim end of math.maxinteger) is "never" and reported as none, the same
+ * on every backend (the memory backend's search cannot report it). */
+static int next_due(es_store *s, es_txn *t, const char *session, int64_t now, int64_t *due,
+                    es_err *err) {
+  int rc = s->ops->queued_next_due(t, session, now, due, err);
+  if (rc == ES_OK && *due == INT64_MAX) *due = ES_NONE;
+  return rc;
+}
+
 static int cmp_event_index(const void *a, const void *b) {
   const es_event *x = a, *y = b;
   return (x->index > y->index) - (x->index < y->index);
@@ -926,6 +1041,8 @@ typedef struct {
   const char *session;
   const es_claim_opts *o;
   int64_t now;
+  int64_t expires;  /* the claim's end: expires_at, or now + ttl_ms */
+  int64_t limit;    /* o->limit, capped (cap_limit) */
   int outcome;
   es_events *out;
   int64_t retry_at;
@@ -949,7 +1066,7 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc) return rc;
   /* Excluded rows come back too and are dropped here, so ask for that many
    * more than the limit. */
-  int64_t want = a->o->limit == ES_NONE ? ES_NONE : a->o->limit + (int64_t)a->o->n_exclude;
+  int64_t want = a->limit == ES_NONE ? ES_NONE : cap_limit(a->limit + (int64_t)a->o->n_exclude);
   collector c = {a->out, 0};
   rc = collected(s->ops->queued_due(t, a->session, a->now, want, collect_event, &c, err), &c, err);
   if (rc == ES_OK) {
@@ -964,14 +1081,13 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
     }
     a->out->n = k;
     if (k > 1) qsort(a->out->v, k, sizeof *a->out->v, cmp_event_index);
-    if (a->o->limit != ES_NONE && (int64_t)k > a->o->limit) {
-      for (size_t i = (size_t)a->o->limit; i < k; i++) es_event_destroy(&a->out->v[i]);
-      a->out->n = (size_t)a->o->limit;
+    if (a->limit != ES_NONE && (int64_t)k > a->limit) {
+      for (size_t i = (size_t)a->limit; i < k; i++) es_event_destroy(&a->out->v[i]);
+      a->out->n = (size_t)a->limit;
     }
   }
-  int64_t expires = a->o->expires_at != ES_NONE ? a->o->expires_at : a->now + a->o->ttl_ms;
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++)
-    rc = claim_row(s, t, &a->out->v[i], a->o->holder, expires, err);
+    rc = claim_row(s, t, &a->out->v[i], a->o->holder, a->expires, err);
   if (rc == ES_OK && a->out->n > 0) {
     a->outcome = ES_CLAIMED;
     si.attempts += (int64_t)a->out->n;
@@ -979,20 +1095,19 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = s->ops->session_put(t, &si, err);
   } else if (rc == ES_OK) {
     a->outcome = si.pending > 0 ? ES_BUSY : ES_SETTLED;
-    if (si.pending > 0) rc = s->ops->queued_next_due(t, a->session, a->now, &a->retry_at, err);
+    if (si.pending > 0) rc = next_due(s, t, a->session, a->now, &a->retry_at, err);
   }
   es_session_info_destroy(&si);
   return rc;
 }
 
 static int check_claim_opts(const es_claim_opts *o, es_err *err) {
-  int rc = check_name("holder", o->holder, err);
+  int rc = es_check_name("holder", o->holder, err);
   if (rc) return rc;
   if (o->expires_at == ES_NONE && o->ttl_ms <= 0)
     return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0 (or give expires_at)");
-  if (o->limit != ES_NONE && o->limit < 0)
-    return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
-  return ES_OK;
+  if ((rc = check_nonneg("expires_at", o->expires_at, err))) return rc;
+  return check_nonneg("limit", o->limit, err);
 }
 
 int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
@@ -1000,10 +1115,12 @@ int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int
   int rc;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
-  if ((rc = check_name("session", session, err)) || (rc = check_claim_opts(o, err))) return rc;
+  if ((rc = es_check_name("session", session, err)) || (rc = check_claim_opts(o, err))) return rc;
   if ((rc = enter(s, err))) return rc;
-  claim_args a = {session, o, 0, 0, out, ES_NONE};
+  claim_args a = {session, o, 0, o->expires_at, cap_limit(o->limit), 0, out, ES_NONE};
   rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK && o->expires_at == ES_NONE && add_time(a.now, o->ttl_ms, &a.expires))
+    rc = too_late(err, "ttl_ms");
   if (rc == ES_OK) rc = run_write(s, do_claim, &a, err);
   leave(s);
   if (rc) {
@@ -1017,7 +1134,7 @@ int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int
 
 typedef struct {
   const char *holder;
-  int64_t ttl_ms, limit, now;
+  int64_t expires, limit, now;
   es_events *out;
   int64_t retry_at;
 } claim_next_args;
@@ -1028,7 +1145,7 @@ static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
   int rc = collected(s->ops->queued_due(t, NULL, a->now, a->limit, collect_event, &c, err), &c, err);
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) {
     es_event *row = &a->out->v[i];
-    rc = claim_row(s, t, row, a->holder, a->now + a->ttl_ms, err);
+    rc = claim_row(s, t, row, a->holder, a->expires, err);
     if (rc) break;
     es_session_info si;
     if ((rc = s->ops->session_get(t, row->session, &si, err))) break;
@@ -1037,7 +1154,7 @@ static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = s->ops->session_put(t, &si, err);
     es_session_info_destroy(&si);
   }
-  if (rc == ES_OK) rc = s->ops->queued_next_due(t, NULL, a->now, &a->retry_at, err);
+  if (rc == ES_OK) rc = next_due(s, t, NULL, a->now, &a->retry_at, err);
   return rc;
 }
 
@@ -1050,8 +1167,9 @@ int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t
   if ((rc = check_claim_opts(&o, err))) return rc;
   if (limit == ES_NONE) limit = 1;
   if ((rc = enter(s, err))) return rc;
-  claim_next_args a = {holder, ttl_ms, limit, 0, out, ES_NONE};
+  claim_next_args a = {holder, 0, cap_limit(limit), 0, out, ES_NONE};
   rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   if (rc == ES_OK && limit > 0) rc = run_write(s, do_claim_next, &a, err);
   leave(s);
   if (rc) {
@@ -1066,7 +1184,7 @@ typedef struct {
   const char *session, *holder;
   const es_claim_ref *claims;
   size_t n;
-  int64_t ttl_ms, now;
+  int64_t expires, now;
   es_renew_result *out;
 } renew_args;
 
@@ -1085,7 +1203,7 @@ static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
     if (!owns(&row, a->claims[i].attempt)) {
       a->out->superseded[a->out->n_superseded++] = row.index;
     } else if (strcmp(row.claim_holder, a->holder) == 0) {
-      row.claim_expires_at = row.due_at = a->now + a->ttl_ms;
+      row.claim_expires_at = row.due_at = a->expires;
       rc = s->ops->event_update(t, &row, err);
       if (rc == ES_OK) a->out->renewed[a->out->n_renewed++] = row.index;
     }
@@ -1098,7 +1216,7 @@ int es_store_renew(es_store *s, const char *session, const char *holder, const e
                    size_t n, int64_t ttl_ms, es_renew_result *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if ((rc = check_name("session", session, err)) || (rc = check_name("holder", holder, err)))
+  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
     return rc;
   if (ttl_ms <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0");
   out->renewed = malloc((n ? n : 1) * sizeof *out->renewed);
@@ -1111,8 +1229,9 @@ int es_store_renew(es_store *s, const char *session, const char *holder, const e
     es_renew_result_destroy(out);
     return rc;
   }
-  renew_args a = {session, holder, claims, n, ttl_ms, 0, out};
+  renew_args a = {session, holder, claims, n, 0, 0, out};
   rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   if (rc == ES_OK) rc = run_write(s, do_renew, &a, err);
   leave(s);
   if (rc) es_renew_result_destroy(out);
@@ -1212,7 +1331,7 @@ int es_store_complete(es_store *s, const char *session, int64_t index, int64_t a
                       es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if ((rc = check_name("session", session, err)) || (rc = check_batch(s, evs, n, err))) return rc;
+  if ((rc = es_check_name("session", session, err)) || (rc = check_batch(s, evs, n, err))) return rc;
   if ((rc = enter(s, err))) return rc;
   complete_args a = {session, index, attempt, evs, n, 0, 0, out};
   rc = es_store_now(s, &a.now, err);
@@ -1233,6 +1352,7 @@ typedef struct {
   int64_t max_failures, retry_after_ms, now;
   int outcome;
   int64_t failures;
+  int64_t retry_at;  /* now + retry_after_ms */
 } fail_args;
 
 static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
@@ -1258,8 +1378,10 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
     es_event_destroy(&row);
     return rc;
   }
-  char *msg = strdup(a->error);
-  if (!msg) rc = nomem(err);
+  /* Stored text is always valid UTF-8 and bounded (es_text_clean), so every
+   * reader (Lua, JSON output, the CLI) can show it. */
+  char *msg = NULL;
+  if (es_text_clean(a->error, strlen(a->error), ES_MAX_TEXT_BYTES, &msg, NULL)) rc = nomem(err);
   if (rc == ES_OK) {
     free(row.last_error);
     row.last_error = msg;
@@ -1278,7 +1400,7 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
       si.dead++;
       a->outcome = ES_DEAD_LETTERED;
     } else {
-      row.retry_at = a->retry_after_ms > 0 ? a->now + a->retry_after_ms : ES_NONE;
+      row.retry_at = a->retry_after_ms > 0 ? a->retry_at : ES_NONE;
       row.due_at = due_of(&row, a->now);
       a->outcome = ES_FAILED;
     }
@@ -1296,13 +1418,15 @@ int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attem
                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                   int64_t *failures, es_err *err) {
   int rc;
-  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = es_check_name("session", session, err))) return rc;
   if (!error) return es_fail(err, ES_INVALID_ARGUMENT, "error is required");
   if (max_failures < 1) return es_fail(err, ES_INVALID_ARGUMENT, "max_failures must be >= 1");
   if (retry_after_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "retry_after_ms must be >= 0");
   if ((rc = enter(s, err))) return rc;
-  fail_args a = {session, index, attempt, error, max_failures, retry_after_ms, 0, 0, 0};
+  fail_args a = {session, index, attempt, error, max_failures, retry_after_ms, 0, 0, 0, ES_NONE};
   rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK && add_time(a.now, retry_after_ms, &a.retry_at))
+    rc = too_late(err, "retry_after_ms");
   if (rc == ES_OK) rc = run_write(s, do_fail, &a, err);
   leave(s);
   if (rc) return rc;
@@ -1318,6 +1442,28 @@ typedef struct {
   int revive;
   int64_t now;
 } dead_args;
+
+/* A settled dead letter's last_error: its last error (cleaned too: a file
+ * written by an older version may hold any bytes), a newline, "settled: "
+ * and the reason; within ES_MAX_TEXT_BYTES, the reason keeping at least
+ * half of it so a long error cannot push the reason out. NULL: out of memory. */
+static char *settle_text(const char *last_error, const char *reason) {
+  static const char sep[] = "settled: ";
+  char *why = NULL, *old = NULL, *msg = NULL;
+  size_t nwhy = 0, nold = 0;
+  if (es_text_clean(reason, strlen(reason), ES_MAX_TEXT_BYTES / 2, &why, &nwhy)) return NULL;
+  size_t room = ES_MAX_TEXT_BYTES - nwhy - (sizeof sep - 1) - 1; /* - 1: the newline */
+  if (last_error && es_text_clean(last_error, strlen(last_error), room, &old, &nold)) {
+    free(why);
+    return NULL;
+  }
+  size_t n = nold + (old ? 1 : 0) + (sizeof sep - 1) + nwhy + 1;
+  msg = malloc(n);
+  if (msg) snprintf(msg, n, "%s%s%s%s", old ? old : "", old ? "\n" : "", sep, why);
+  free(why);
+  free(old);
+  return msg;
+}
 
 static int do_dead_change(es_store *s, es_txn *t, void *arg, es_err *err) {
   dead_args *a = arg;
@@ -1351,13 +1497,9 @@ static int do_dead_change(es_store *s, es_txn *t, void *arg, es_err *err) {
     row.processed_at = a->now;
     row.returned = -1;
     if (a->reason && *a->reason) {
-      /* Keep the last error and say why it was settled. */
-      size_t n = (row.last_error ? strlen(row.last_error) : 0) + strlen(a->reason) + 16;
-      char *msg = malloc(n);
+      char *msg = settle_text(row.last_error, a->reason);
       if (!msg) rc = nomem(err);
       else {
-        snprintf(msg, n, "%s%ssettled: %s", row.last_error ? row.last_error : "",
-                 row.last_error ? "\n" : "", a->reason);
         free(row.last_error);
         row.last_error = msg;
       }
@@ -1373,7 +1515,7 @@ static int do_dead_change(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 static int dead_change(es_store *s, dead_args *a, es_err *err) {
   int rc;
-  if ((rc = check_name("session", a->session, err))) return rc;
+  if ((rc = es_check_name("session", a->session, err))) return rc;
   if ((rc = enter(s, err))) return rc;
   rc = es_store_now(s, &a->now, err);
   if (rc == ES_OK) rc = run_write(s, do_dead_change, a, err);
@@ -1403,11 +1545,11 @@ int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64
                           es_events *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if (session && (rc = check_name("session", session, err))) return rc;
-  if (limit != ES_NONE && limit < 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
+  if (session && (rc = es_check_name("session", session, err))) return rc;
+  if ((rc = check_nonneg("after", after, err)) || (rc = check_nonneg("limit", limit, err))) return rc;
   if (limit == 0) return ES_OK;
   if ((rc = enter(s, err))) return rc;
-  all_args a = {after < 0 ? 0 : after, limit, session, out};
+  all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), session, out};
   rc = run_read(s, do_dead_list, &a, err);
   leave(s);
   if (rc) es_events_destroy(out);
@@ -1441,7 +1583,7 @@ int es_store_read_state(es_store *s, const char *session, const char *reducer, i
   memset(events, 0, sizeof *events);
   es_snapshot_init(snap);
   *found = 0;
-  if ((rc = check_name("session", session, err)) || (rc = check_name("reducer", reducer, err)))
+  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("reducer", reducer, err)))
     return rc;
   if ((rc = enter(s, err))) return rc;
   state_args a = {session, reducer, found, snap, events};
@@ -1496,7 +1638,7 @@ int es_store_put_snapshot(es_store *s, const char *session, const char *reducer,
                           es_err *err) {
   int rc;
   *stored = 0;
-  if ((rc = check_name("session", session, err)) || (rc = check_name("reducer", reducer, err)))
+  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("reducer", reducer, err)))
     return rc;
   if (index < 0) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot index must be >= 0");
   if (!state) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot state is required");
@@ -1541,7 +1683,7 @@ static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if ((rc = check_name("session", session, err))) return rc;
+  if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = enter(s, err))) return rc;
   snaps_args a = {session, out};
   rc = run_read(s, do_snapshots, &a, err);
@@ -1591,7 +1733,7 @@ int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_
   memset(out, 0, sizeof *out);
   if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
   if ((rc = enter(s, err))) return rc;
-  sessions_args a = {prefix ? prefix : "", after, limit, out};
+  sessions_args a = {prefix ? prefix : "", after, cap_limit(limit), out};
   rc = run_read(s, do_sessions, &a, err);
   leave(s);
   if (rc) es_sessions_destroy(out);
@@ -1603,8 +1745,9 @@ int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_
 int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
                   int64_t limit, es_events *out, es_err *err) {
   struct timespec deadline;
+  memset(out, 0, sizeof *out);
+  if (timeout_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "timeout_ms must be >= 0");
   clock_gettime(CLOCK_MONOTONIC, &deadline);
-  if (timeout_ms < 0) timeout_ms = 0;
   deadline.tv_sec += timeout_ms / 1000;
   deadline.tv_nsec += (timeout_ms % 1000) * 1000000;
   if (deadline.tv_nsec >= 1000000000) {
@@ -1659,6 +1802,7 @@ typedef struct {
   const es_presence_field *fields;
   size_t n;
   int64_t ttl_ms, at, seen, now;
+  int64_t expires;  /* now + ttl_ms */
   es_presence_rows *applied;
 } presence_args;
 
@@ -1694,7 +1838,7 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
         .value_len = a->fields[i].value_len,
         .seen = a->seen,
         .at = a->at,
-        .expires_at = a->now + a->ttl_ms,
+        .expires_at = a->expires,
     };
     rc = s->ops->presence_put(t, a->ns, &row, err);
     if (rc == ES_OK && push_presence(a->applied, &row)) rc = nomem(err);
@@ -1707,11 +1851,13 @@ int es_store_presence_set(es_store *s, const char *ns, const char *participant,
                           int64_t seen, es_presence_rows *applied, es_err *err) {
   int rc;
   memset(applied, 0, sizeof *applied);
-  if ((rc = check_name("namespace", ns, err)) || (rc = check_name("participant", participant, err)))
+  if ((rc = es_check_name("namespace", ns, err)) || (rc = es_check_name("participant", participant, err)))
     return rc;
   if (ttl_ms <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0");
+  if ((rc = check_nonneg("at", at, err))) return rc;
+  if (seen < 0) return es_fail(err, ES_INVALID_ARGUMENT, "seen must be >= 0");
   for (size_t i = 0; i < n; i++) {
-    if ((rc = check_name("presence field", fields[i].field, err))) return rc;
+    if ((rc = es_check_name("presence field", fields[i].field, err))) return rc;
     if (fields[i].value) {
       if (fields[i].value_len > s->max_payload)
         return es_fail(err, ES_TOO_LARGE, "presence value '%s' is %zu bytes, over the limit of %zu",
@@ -1723,8 +1869,9 @@ int es_store_presence_set(es_store *s, const char *ns, const char *participant,
     }
   }
   if ((rc = enter(s, err))) return rc;
-  presence_args a = {ns, participant, fields, n, ttl_ms, at, seen, 0, applied};
+  presence_args a = {ns, participant, fields, n, ttl_ms, at, seen, 0, 0, applied};
   rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   if (a.at == ES_NONE) a.at = a.now;
   if (rc == ES_OK && n > 0) rc = run_write(s, do_presence_set, &a, err);
   leave(s);
@@ -1764,7 +1911,7 @@ static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if ((rc = check_name("namespace", ns, err))) return rc;
+  if ((rc = es_check_name("namespace", ns, err))) return rc;
   if ((rc = enter(s, err))) return rc;
   presence_read_args a = {ns, 0, out};
   rc = es_store_now(s, &a.now, err);

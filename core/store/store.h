@@ -23,6 +23,13 @@ typedef struct es_store es_store;
 #define ES_DEFAULT_MAX_PAYLOAD (1024 * 1024)
 #define ES_DEFAULT_MAX_BATCH 10000
 #define ES_MAX_ID_BYTES 255
+/* Free text the store keeps (a failure's error, a settle reason, together
+ * as last_error): at most this many bytes, cut at a character boundary. */
+#define ES_MAX_TEXT_BYTES 65536
+/* Count limits (`limit` of reads, claims, listings) above this act as this:
+ * no call can return that many rows, and backends may add to a limit
+ * without overflowing. */
+#define ES_MAX_LIMIT ((int64_t)1 << 62)
 
 /* Options for es_store_open; zero-initialise and set what you need. */
 typedef struct es_open_opts {
@@ -99,6 +106,39 @@ typedef struct es_new_event {
 } es_new_event;
 
 void es_new_event_init(es_new_event *e);  /* NULL strings, ES_NONE optionals */
+
+/* Argument rules shared with the bindings ------------------------------- */
+
+/* A name (session, event id, type, lane, holder, reducer, presence
+ * namespace, participant or field): a non-empty UTF-8 string of at most
+ * ES_MAX_ID_BYTES bytes. `what` names the argument in the message.
+ * ES_OK or ES_INVALID_ARGUMENT. Every es_store_* call applies it to its
+ * names; bindings call it for names that reach no store call (e.g. a
+ * presence subscription's namespace). The C API takes NUL-terminated
+ * strings, so a NUL byte inside a name can only be seen (and must be
+ * refused) by a caller holding the string with its length (lua/events.h). */
+int es_check_name(const char *what, const char *v, es_err *err);
+
+/* Free text as the store keeps it (a failure's `error`, a settle `reason`):
+ * n bytes of s, which may hold anything, made valid UTF-8 without NUL:
+ * each NUL byte and each byte that does not start a valid UTF-8 sequence
+ * becomes U+FFFD; text over max bytes is cut at a character boundary and
+ * ends with U+2026 ("..."). max >= 3. *out (NUL-terminated, *out_len bytes
+ * when out_len is not NULL) is malloc'd, the caller frees it. ES_OK or
+ * ES_STORAGE (out of memory; *out is NULL then). Text that is already
+ * valid and short enough comes back unchanged. */
+int es_text_clean(const char *s, size_t n, size_t max, char **out, size_t *out_len);
+
+/* The one timer rule (CONTRACT §4: a handler's returned events and
+ * engine:append): `delay_ms` counts from now, `at` is absolute; either
+ * becomes the event's not_before. has_delay / has_at say whether each was
+ * given. Both given, a negative value, or now + delay_ms beyond the largest
+ * time (INT64_MAX): ES_INVALID_ARGUMENT, the message naming `what` (e.g.
+ * "events[2]") and the field. Neither given: *not_before = ES_NONE.
+ * Checking that values are integers at all is the caller's (the binding's)
+ * part. */
+int es_timer_not_before(const char *what, int64_t now, int has_delay, int64_t delay_ms,
+                        int has_at, int64_t at, int64_t *not_before, es_err *err);
 
 /* Opens a store. url: NULL or "memory:", "sqlite:PATH". Unknown schemes are
  * ES_INVALID_ARGUMENT; backend failures ES_STORAGE. *out is owned by the

@@ -62,13 +62,63 @@ local function out(line)
   if not ok then fail("cannot write to stdout: %s", tostring(err)) end
 end
 
--- One stored event (or any row table) as one line of JSON. A missing
--- payload is JSON null, so every event line has a "payload" key.
-local function event_json(e)
+-- A text field as printable JSON text. The store keeps text valid UTF-8,
+-- but a file written by an older version may hold any bytes in last_error:
+-- each byte that does not belong to a valid UTF-8 character is printed as
+-- the four characters \xHH, so a listing never fails on what it lists.
+local function printable(s)
+  if utf8.len(s) then return s end
+  local parts, i = {}, 1
+  while i <= #s do
+    local b = s:byte(i)
+    local len = b < 0x80 and 1 or (b >= 0xC2 and b <= 0xDF) and 2 or (b >= 0xE0 and b <= 0xEF) and 3
+      or (b >= 0xF0 and b <= 0xF4) and 4 or nil
+    local piece = len and s:sub(i, i + len - 1)
+    if piece and #piece == len and utf8.len(piece) == 1 then
+      parts[#parts + 1] = piece
+      i = i + len
+    else
+      parts[#parts + 1] = ("\\x%02X"):format(b)
+      i = i + 1
+    end
+  end
+  return table.concat(parts)
+end
+
+-- A copy of a row table (an event, a session, a snapshot) with its text
+-- fields through printable().
+local function printable_row(r)
   local t = {}
-  for k, v in pairs(e) do t[k] = v end
+  for k, v in pairs(r) do t[k] = type(v) == "string" and printable(v) or v end
+  return t
+end
+
+-- A row that is not an event as one line of JSON.
+local function row_json(r)
+  return json.encode(printable_row(r))
+end
+
+-- One stored event as one line of JSON. A missing payload is JSON null, so
+-- every event line has a "payload" key; a payload is always valid JSON.
+local function event_json(e)
+  local t = printable_row(e)
   if t.payload == nil then t.payload = json.null end
   return json.encode(t)
+end
+
+-- The dead letter a revive or settle is about, checked before anything is
+-- written: it exists and is dead (the store checks again, atomically; this
+-- is so a command that fails has written nothing, whatever the reason).
+local function dead_letter(store, session, index)
+  local e = store:read(session, { after = index - 1, limit = 1 })[1]
+  if e == nil or e.index ~= index then
+    fail("NO_SUCH_EVENT: no event at index %d in session '%s'", index, printable(session))
+  end
+  if e.status ~= "dead" then
+    fail("INVALID_ARGUMENT: event %d in session '%s' is not a dead letter", index, printable(session))
+  end
+  event_json(e) -- what will be printed can be printed
+  return e
 end
 
 local function print_events(events)
@@ -583,7 +633,7 @@ function commands.sessions.run(o)
   repeat
     local n = left ~= nil and math.min(left, PAGE) or PAGE
     local page = store:sessions({ prefix = o.prefix, after = after, limit = n })
-    for _, s in ipairs(page.sessions) do out(json.encode(s)) end
+    for _, s in ipairs(page.sessions) do out(row_json(s)) end
     if left ~= nil then left = left - #page.sessions end
     after = page.cursor
   until after == nil or left == 0
@@ -610,6 +660,7 @@ end
 
 function commands.revive.run(o, args)
   local store <close> = open_store(o, false)
+  dead_letter(store, args[1], o.index)
   out(event_json(store:revive(args[1], o.index)))
   return 0
 end
@@ -620,13 +671,14 @@ end
 
 function commands.settle.run(o, args)
   local store <close> = open_store(o, false)
+  dead_letter(store, args[1], o.index)
   out(event_json(store:settle(args[1], o.index, o.reason)))
   return 0
 end
 
 function commands.snapshots.run(o, args)
   local store <close> = open_store(o, false)
-  for _, s in ipairs(store:snapshots(args[1])) do out(json.encode(s)) end
+  for _, s in ipairs(store:snapshots(args[1])) do out(row_json(s)) end
   return 0
 end
 

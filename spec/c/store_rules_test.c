@@ -1,0 +1,192 @@
+/*
+ * store_rules_test.c: the argument rules the store core exports to the
+ * bindings (store.h), tested directly in C: the one timer rule
+ * (es_timer_not_before), free text as stored (es_text_clean), names
+ * (es_check_name), and the core refusing times that would overflow
+ * (claim, renew, fail, presence) on a memory: store with a clock at the
+ * edges of int64. TAP-style output; non-zero exit on failure.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store.h"
+
+static int test_no, n_failed;
+
+static void ok(int cond, const char *name) {
+  test_no++;
+  if (!cond) n_failed++;
+  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
+}
+
+/* Whether err's message contains part. */
+static int says(const es_err *err, const char *part) { return strstr(err->msg, part) != NULL; }
+
+static void timer_rule(void) {
+  int64_t nb = 0;
+  es_err err = {0};
+  ok(es_timer_not_before("events[1]", 1000, 0, 0, 0, 0, &nb, &err) == ES_OK && nb == ES_NONE,
+     "timer: neither delay_ms nor at: no not_before");
+  ok(es_timer_not_before("events[1]", 1000, 1, 500, 0, 0, &nb, &err) == ES_OK && nb == 1500,
+     "timer: delay_ms counts from now");
+  ok(es_timer_not_before("events[1]", 1000, 1, 0, 0, 0, &nb, &err) == ES_OK && nb == 1000,
+     "timer: delay_ms = 0 is now");
+  ok(es_timer_not_before("events[1]", 1000, 0, 0, 1, 42, &nb, &err) == ES_OK && nb == 42,
+     "timer: at is absolute (even in the past)");
+  ok(es_timer_not_before("events[1]", 1000, 0, 0, 1, INT64_MAX, &nb, &err) == ES_OK &&
+         nb == INT64_MAX,
+     "timer: at = INT64_MAX is accepted");
+  ok(es_timer_not_before("events[1]", 1000, 1, INT64_MAX - 1000, 0, 0, &nb, &err) == ES_OK &&
+         nb == INT64_MAX,
+     "timer: the largest delay that fits reaches INT64_MAX exactly");
+  ok(es_timer_not_before("events[1]", -5, 1, INT64_MAX, 0, 0, &nb, &err) == ES_OK &&
+         nb == INT64_MAX - 5,
+     "timer: a clock before the epoch takes any delay");
+
+  struct {
+    const char *name;
+    int64_t now;
+    int has_delay;
+    int64_t delay;
+    int has_at;
+    int64_t at;
+    const char *msg;
+  } bad[] = {
+      {"delay_ms past INT64_MAX", 1000, 1, INT64_MAX, 0, 0, "events[2].delay_ms is too large"},
+      {"delay_ms one past the largest", 1000, 1, INT64_MAX - 999, 0, 0, "events[2].delay_ms is too large"},
+      {"negative delay_ms", 1000, 1, -500, 0, 0, "events[2].delay_ms must be >= 0"},
+      {"delay_ms = INT64_MIN", 1000, 1, INT64_MIN, 0, 0, "events[2].delay_ms must be >= 0"},
+      {"negative at", 1000, 0, 0, 1, -1, "events[2].at must be >= 0"},
+      {"at = INT64_MIN", 1000, 0, 0, 1, INT64_MIN, "events[2].at must be >= 0"},
+      {"both delay_ms and at", 1000, 1, 5, 1, 5, "events[2] has both delay_ms and at"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char name[128];
+    nb = 7;
+    memset(&err, 0, sizeof err);
+    int rc = es_timer_not_before("events[2]", bad[i].now, bad[i].has_delay, bad[i].delay,
+                                 bad[i].has_at, bad[i].at, &nb, &err);
+    snprintf(name, sizeof name, "timer: %s is INVALID_ARGUMENT naming it", bad[i].name);
+    ok(rc == ES_INVALID_ARGUMENT && err.code == ES_INVALID_ARGUMENT && says(&err, bad[i].msg) &&
+           nb == ES_NONE,
+       name);
+  }
+}
+
+static void text_clean(void) {
+  char *out = NULL;
+  size_t n = 0;
+  ok(es_text_clean("plain ünïcødé", strlen("plain ünïcødé"), 100, &out, &n) == ES_OK &&
+         strcmp(out, "plain ünïcødé") == 0 && n == strlen(out),
+     "text: valid text is unchanged");
+  free(out);
+  ok(es_text_clean("a\0b", 3, 100, &out, &n) == ES_OK && strcmp(out, "a\xEF\xBF\xBD" "b") == 0,
+     "text: a NUL becomes U+FFFD, the bytes after it are kept");
+  free(out);
+  ok(es_text_clean("\xC3(\xFF\xED\xA0\x80\xF0\x9F\x98", 9, 100, &out, &n) == ES_OK &&
+         strcmp(out, "\xEF\xBF\xBD(\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                     "\xEF\xBF\xBD\xEF\xBF\xBD") == 0,
+     "text: each byte of an invalid sequence becomes U+FFFD (cut, stray, surrogate, short)");
+  free(out);
+  /* "x" then 2-byte characters, cut to 10 bytes: a byte count lands inside
+   * a character; the result ends at a boundary with the ellipsis. */
+  ok(es_text_clean("x\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9", 11, 10, &out, &n) == ES_OK &&
+         strcmp(out, "x\xC3\xA9\xC3\xA9\xC3\xA9\xE2\x80\xA6") == 0 && n == 10,
+     "text: a cut falls on a character boundary and ends with U+2026");
+  free(out);
+  ok(es_text_clean("0123456789", 10, 10, &out, &n) == ES_OK && strcmp(out, "0123456789") == 0,
+     "text: exactly max bytes is not cut");
+  free(out);
+  ok(es_text_clean("", 0, 10, &out, &n) == ES_OK && out[0] == '\0' && n == 0, "text: empty");
+  free(out);
+}
+
+static void names(void) {
+  es_err err = {0};
+  char long_name[300];
+  memset(long_name, 's', 256);
+  long_name[256] = '\0';
+  ok(es_check_name("session", "ok", &err) == ES_OK, "name: a plain name");
+  ok(es_check_name("session", "", &err) == ES_INVALID_ARGUMENT && says(&err, "session must not be empty"),
+     "name: empty");
+  ok(es_check_name("holder", long_name, &err) == ES_INVALID_ARGUMENT && says(&err, "holder is 256 bytes"),
+     "name: 256 bytes");
+  ok(es_check_name("lane", "bad\xff", &err) == ES_INVALID_ARGUMENT && says(&err, "lane is not valid UTF-8"),
+     "name: invalid UTF-8");
+  ok(es_check_name("namespace", NULL, &err) == ES_INVALID_ARGUMENT && says(&err, "namespace is required"),
+     "name: missing");
+}
+
+/* A clock the test moves; ctx is an int64_t. */
+static int test_clock(void *ctx, int64_t *now, es_err *err) {
+  (void)err;
+  *now = *(int64_t *)ctx;
+  return ES_OK;
+}
+
+static void overflowing_times(void) {
+  int64_t now = INT64_MAX - 10;
+  es_open_opts o = {0};
+  o.clock = test_clock;
+  o.clock_ctx = &now;
+  es_store *s = NULL;
+  es_err err = {0};
+  if (es_store_open("memory:", &o, &s, &err)) {
+    ok(0, "open a memory store");
+    return;
+  }
+  es_new_event e;
+  es_new_event_init(&e);
+  e.type = "t";
+  int pending;
+  ok(es_store_append(s, "s", &e, 1, ES_NONE, NULL, &pending, &err) == ES_OK, "edge clock: append");
+
+  es_claim_opts co = {.holder = "w", .ttl_ms = 11, .expires_at = ES_NONE, .limit = ES_NONE};
+  int outcome = 0;
+  es_events got;
+  int64_t retry;
+  ok(es_store_claim(s, "s", &co, &outcome, &got, &retry, &err) == ES_INVALID_ARGUMENT &&
+         says(&err, "ttl_ms is too large"),
+     "edge clock: claim ttl_ms one past INT64_MAX is refused");
+  co.ttl_ms = 10;
+  ok(es_store_claim(s, "s", &co, &outcome, &got, &retry, &err) == ES_OK && outcome == ES_CLAIMED &&
+         got.n == 1 && got.v[0].claim_expires_at == INT64_MAX,
+     "edge clock: claim ttl_ms reaching INT64_MAX exactly");
+  int64_t attempt = got.n ? got.v[0].attempts : 0;
+  es_events_destroy(&got);
+
+  es_claim_ref ref = {1, attempt};
+  es_renew_result rr;
+  ok(es_store_renew(s, "s", "w", &ref, 1, 11, &rr, &err) == ES_INVALID_ARGUMENT &&
+         says(&err, "ttl_ms is too large"),
+     "edge clock: renew past INT64_MAX is refused");
+  int64_t failures = 0;
+  ok(es_store_fail(s, "s", 1, attempt, "e", 5, 11, &outcome, &failures, &err) ==
+             ES_INVALID_ARGUMENT &&
+         says(&err, "retry_after_ms is too large"),
+     "edge clock: fail with retry_after_ms past INT64_MAX is refused");
+  es_events all;
+  ok(es_store_read(s, "s", 0, ES_NONE, ES_NONE, &all, &err) == ES_OK && all.n == 1 &&
+         all.v[0].failures == 0 && all.v[0].claim_expires_at == INT64_MAX,
+     "edge clock: the refused calls changed nothing");
+  es_events_destroy(&all);
+
+  es_presence_field f = {"typing", "true", 4};
+  es_presence_rows applied;
+  ok(es_store_presence_set(s, "room", "ann", &f, 1, 11, ES_NONE, 0, &applied, &err) ==
+             ES_INVALID_ARGUMENT &&
+         says(&err, "ttl_ms is too large"),
+     "edge clock: presence ttl_ms past INT64_MAX is refused");
+  es_store_release(s);
+}
+
+int main(void) {
+  timer_rule();
+  text_clean();
+  names();
+  overflowing_times();
+  printf("# %d tests, %d failed\n", test_no, n_failed);
+  return n_failed ? 1 : 0;
+}
