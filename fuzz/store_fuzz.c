@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "lua/module.h"
+#include "lua/store_handle.h"
 #include "store/store.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
