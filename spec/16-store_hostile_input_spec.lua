@@ -523,16 +523,21 @@ end }
         assert.truthy(err.message:find("deep201", 1, true), err.message)
       end)
 
-      it("engine options as they exist today: below their minimum, not integers: argument errors", function()
+      it("engine options: not integers are argument errors; out of range, INVALID_ARGUMENT naming the option", function()
         local t = eh.setup(url)
+        for _, c in ipairs({ { "ttl_ms", 3.5 }, { "workers", "2" }, { "deadline_ms", 2 ^ 63 } }) do
+          local msg = expect_arg_error(function() return t.engine({ [c[1]] = c[2] }) end)
+          assert.truthy(msg:find(c[1], 1, true), msg)
+        end
         local cases = {
           { "workers", 0 }, { "workers", 257 }, { "ttl_ms", 0 }, { "max_failures", 0 },
           { "backoff_ms", -1 }, { "backoff_cap_ms", -1 }, { "instruction_budget", -1 },
-          { "memory_budget", -1 }, { "snapshot_every", -1 }, { "ttl_ms", 3.5 }, { "workers", "2" },
+          { "memory_budget", -1 }, { "snapshot_every", -1 }, { "deadline_ms", 0 },
+          { "ttl_ms", math.maxinteger },
         }
         for _, c in ipairs(cases) do
-          local msg = expect_arg_error(function() return t.engine({ [c[1]] = c[2] }) end)
-          assert.truthy(msg:find(c[1], 1, true), msg)
+          local e = expect_error("INVALID_ARGUMENT", function() return t.engine({ [c[1]] = c[2] }) end)
+          assert.truthy(e.message:find(c[1], 1, true), e.message)
         end
         local err = expect_error("INVALID_ARGUMENT", function() return t.engine({ ttl_ms = MIN }) end)
         assert.truthy(err.message:find("ttl_ms", 1, true))

@@ -272,6 +272,21 @@ return { a = function(s) while true do pcall(function() while true do end end) e
         expect_error("INVALID_ARGUMENT", function() t.engine({ holder = "a\0b" }) end)
       end)
 
+      it("names with a NUL byte are refused by state, append and ctx.state, never cut", function()
+        local t = setup()
+        t.reducer("r", "return { a = function(s) s.n = 1 end }")
+        t.handler("x", "return function(e, ctx) ctx.state('r\\0evil') end")
+        local engine = t.engine({ max_failures = 1, backoff_ms = 0 })
+        t.store:append("s", { { type = "a" } })
+        expect_error("INVALID_ARGUMENT", function() engine:state("s\0evil", "r") end)
+        expect_error("INVALID_ARGUMENT", function() engine:state("s", "r\0evil") end)
+        expect_error("INVALID_ARGUMENT", function() engine:append("s\0evil", { { type = "a" } }) end)
+        t.store:append("h", { { type = "x" } })
+        engine:run({ until_idle = true })
+        local ev = eh.event(t.store, "h", 1)
+        assert.is_true(contains(ev.last_error, "NUL"), ev.last_error)
+      end)
+
       it("out-of-range options are INVALID_ARGUMENT naming the option", function()
         local t = setup()
         for _, case in ipairs({

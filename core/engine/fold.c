@@ -157,7 +157,7 @@ static int ctx_now(lua_State *L) {
 /* ctx.state(reducer): the session's state before the handled event. */
 static int ctx_state(lua_State *L) {
   runner *r = lua_touserdata(L, lua_upvalueindex(1));
-  const char *reducer = luaL_checkstring(L, 1);
+  const char *reducer = es_lua_check_name(L, 1, "reducer");
   es_fold(L, r, lua_tostring(L, lua_upvalueindex(2)), reducer,
           lua_tointeger(L, lua_upvalueindex(3)) - 1, NULL, NULL);
   return 1;

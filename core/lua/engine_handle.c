@@ -38,17 +38,14 @@ static es_engine *check_engine(lua_State *L) { return check_handle(L)->e; }
 
 /* A string option without NUL bytes (a C string would silently cut it). */
 static const char *opt_name(lua_State *L, int arg, const char *field) {
-  if (lua_isnoneornil(L, arg)) return NULL;
   lua_getfield(L, arg, field);
-  const char *v = NULL;
-  if (!lua_isnil(L, -1)) {
-    size_t len;
-    if (lua_type(L, -1) != LUA_TSTRING)
-      luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be a string", field));
-    v = lua_tolstring(L, -1, &len);
-    if (strlen(v) != len)
-      es_lua_raisef(L, ES_INVALID_ARGUMENT, "%s must not contain a NUL byte", field);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return NULL;
   }
+  if (lua_type(L, -1) != LUA_TSTRING)
+    luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be a string", field));
+  const char *v = es_lua_name(L, -1, field);
   lua_pop(L, 1); /* the options table keeps the string */
   return v;
 }
@@ -161,17 +158,10 @@ static int l_engine_stop(lua_State *L) {
  * and copied into this one. */
 static int l_engine_state(lua_State *L) {
   es_engine *e = check_engine(L);
-  size_t slen, rlen;
-  const char *session = luaL_checklstring(L, 2, &slen);
-  const char *reducer = luaL_checklstring(L, 3, &rlen);
+  const char *session = es_lua_check_name(L, 2, "session");
+  const char *reducer = es_lua_check_name(L, 3, "reducer");
   int64_t at = ES_NONE;
-  if (!lua_isnoneornil(L, 4)) {
-    int ok;
-    at = lua_tointegerx(L, 4, &ok);
-    if (!ok) luaL_argerror(L, 4, "'at' must be an integer");
-  }
-  if (strlen(session) != slen) es_lua_raisef(L, ES_INVALID_ARGUMENT, "session must not contain a NUL byte");
-  if (strlen(reducer) != rlen) es_lua_raisef(L, ES_INVALID_ARGUMENT, "reducer must not contain a NUL byte");
+  if (!lua_isnoneornil(L, 4)) at = es_lua_check_int(L, 4, "at");
   es_buf buf;
   es_buf_init(&buf);
   es_err err = {0};
@@ -194,7 +184,7 @@ static int l_engine_state(lua_State *L) {
 static int l_engine_append(lua_State *L) {
   es_engine *e = check_engine(L);
   es_store *s = es_engine_store(e);
-  const char *session = luaL_checkstring(L, 2);
+  const char *session = es_lua_check_name(L, 2, "session");
   if (!lua_isnoneornil(L, 4)) luaL_checktype(L, 4, LUA_TTABLE);
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   int64_t now;
@@ -214,7 +204,7 @@ static int l_engine_append(lua_State *L) {
 /* has_handler(type): whether scripts/handlers/<type>.lua exists. */
 static int l_engine_has_handler(lua_State *L) {
   es_engine *e = check_engine(L);
-  lua_pushboolean(L, es_engine_has_handler(e, luaL_checkstring(L, 2)));
+  lua_pushboolean(L, es_engine_has_handler(e, es_lua_check_name(L, 2, "type")));
   return 1;
 }
 
