@@ -212,7 +212,7 @@ static void watch_start(runner *r) {
   r->started_ms = es_mono_ms();
   r->tripped_ms = 0;
   r->last_ticks = atomic_load(&r->b.ticks);
-  r->last_cpu_ns = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+  r->last_cpu_ns = -1; /* the watchdog takes its baseline at its first look */
   atomic_store(&r->b.trip, ES_TRIP_NONE);
   if (r->id && atomic_load(&r->e->stopping)) { /* a worker; folds are not the run's */
     es_budget_trip(&r->b, ES_TRIP_STOP);
