@@ -326,6 +326,30 @@ return { a = function(s) while true do pcall(function() while true do end end) e
   end)
 end
 
+describe("engine: a store it cannot write", function()
+  after_each(eh.cleanup)
+
+  it("run{until_idle} fails at once with the storage error instead of spinning", function()
+    local eventstore = require("eventstore")
+    local db = os.tmpname()
+    local rw = eventstore.open("sqlite:" .. db)
+    rw:append("s", { { type = "x" } })
+    rw:close()
+    local dir = eh.scripts_dir()
+    eh.handler(dir, "x", "return function() end")
+    local ro = eventstore.open("sqlite:" .. db .. "?mode=ro")
+    local engine = eh.engine({ store = ro, scripts = dir })
+    local started = wall()
+    local ok, err = pcall(engine.run, engine, { until_idle = true })
+    assert.is_false(ok)
+    assert.is_true(eventstore.is_error(err, "STORAGE"), tostring(err))
+    assert.is_true(wall() - started < 2000)
+    engine:close()
+    ro:close()
+    for _, s in ipairs({ "", "-wal", "-shm" }) do os.remove(db .. s) end
+  end)
+end)
+
 -- os.exit in a handler ends the process: only a durable store sees the
 -- next run, so this is sqlite: only. Each run is a child process.
 describe("engine: attempts that never ended", function()
