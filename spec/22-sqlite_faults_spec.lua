@@ -24,9 +24,7 @@ local eventstore = require("eventstore")
 local helpers = require("helpers")
 local sh_quote = helpers.sh_quote
 
-local ROOT = assert(io.popen("pwd")):read("l")
-local BUILD = os.getenv("BUILD") or "build"
-local BIN = (BUILD:sub(1, 1) == "/" and "" or ROOT .. "/") .. BUILD .. "/bin/eventstore"
+local BIN = helpers.BIN
 
 -- ---- small tools --------------------------------------------------------------
 
@@ -48,19 +46,9 @@ local function mkdtemp()
   return capture("mktemp -d")
 end
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = helpers.read_file
 
-local function write_file(path, bytes)
-  local f = assert(io.open(path, "wb"))
-  assert(f:write(bytes))
-  f:close()
-end
+local write_file = helpers.write_file
 
 -- The names in a directory, sorted, one string (to see files appear).
 local function listing(dir)

@@ -13,17 +13,9 @@ local json = eventstore.json
 local helpers = require("helpers")
 local sh_quote = helpers.sh_quote
 
-local ROOT = assert(io.popen("pwd")):read("l")
-local BUILD = os.getenv("BUILD") or "build"
-local BIN = (BUILD:sub(1, 1) == "/" and "" or ROOT .. "/") .. BUILD .. "/bin/eventstore"
+local BIN = helpers.BIN
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_file = helpers.read_file
 
 local work, db
 

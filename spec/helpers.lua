@@ -231,6 +231,26 @@ end
 -- Processes and files, for the specs that run children (crash, multi-
 -- process, CLI, examples).
 
+-- The binary of this build (BUILD: build-san under make check-sanitize).
+local ROOT = assert(io.popen("pwd")):read("l")
+local BUILD = os.getenv("BUILD") or "build"
+helpers.BIN = (BUILD:sub(1, 1) == "/" and "" or ROOT .. "/") .. BUILD .. "/bin/eventstore"
+
+-- A file's bytes, or nil when it cannot be read.
+function helpers.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+function helpers.write_file(path, bytes)
+  local f = assert(io.open(path, "wb"))
+  assert(f:write(bytes))
+  f:close()
+end
+
 -- s quoted for sh.
 function helpers.sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
