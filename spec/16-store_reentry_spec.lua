@@ -267,6 +267,43 @@ for _, url in ipairs(helpers.urls()) do
     end)
 
     -------------------------------------------------------------------------
+    if url:match("^sqlite:") then
+      describe("a stored value that no longer decodes", function()
+        -- Converting a result to Lua values raises half-way; the C result
+        -- must still be freed (make check-sanitize fails on a leak).
+        it("raises from every call that returns it, and the store stays usable", function()
+          local store, _, full = new()
+          store:append("s", { { type = "a", payload = { n = 1 } }, { type = "b", payload = { n = 2 } } })
+          -- Event 2 a dead letter (so settle reaches the read-back), 1 pending.
+          local c = store:claim("s", { holder = "w", ttl_ms = 10, exclude = { 1 } })
+          store:fail("s", 2, c.events[1].attempt, { error = "x", max_failures = 1 })
+          store:presence_set("room", "ann", { a = 1 }, { ttl_ms = 1000 })
+          store:close()
+          local sql = [[UPDATE events SET payload = '{"n":'; UPDATE presence SET value = '[1,';]]
+          local ok = os.execute(("sqlite3 %s %s"):format(helpers.sh_quote(full:match("^sqlite:(.*)$")),
+            helpers.sh_quote(sql)))
+          assert.is_true(ok == true or ok == 0, "sqlite3 failed")
+          local again = helpers.open_same(full, { clock = helpers.manual_clock(helpers.T0) })
+          local calls = {
+            { "read", function() return again:read("s") end },
+            { "read_all", function() return again:read_all({}) end },
+            { "read_state", function() return again:read_state("s", "r") end },
+            { "claim", function() return again:claim("s", { holder = "w", ttl_ms = 10 }) end },
+            { "settle", function() return again:settle("s", 2, "skip") end },
+            { "presence_read", function() return again:presence_read("room") end },
+          }
+          for _, call in ipairs(calls) do
+            local ok_call, err = pcall(call[2])
+            assert.is_false(ok_call, call[1] .. " returned a value it could not decode")
+            assert.is_true(eventstore.is_error(err, "INVALID_ARGUMENT"), call[1] .. ": " .. tostring(err))
+            assert.is_truthy(tostring(err):find("JSON", 1, true), call[1] .. ": " .. tostring(err))
+          end
+          assert.equal(2, again:head("s"))
+        end)
+      end)
+    end
+
+    -------------------------------------------------------------------------
     describe("an argument whose metamethod closes the store", function()
       -- The binding reads its arguments (running __index) after checking
       -- the handle: it must look again before calling the core.

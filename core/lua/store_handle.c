@@ -134,6 +134,52 @@ static void core_leave(lua_State *L, lstore *h) {
   }
 }
 
+/* A C result (es_events, es_presence_rows, ...) kept in a userdata from
+ * before the core call that fills it until it is converted: a Lua error
+ * while converting it (out of memory, a stored value that does not decode)
+ * then frees it at collection instead of leaking it. Freeing it early is
+ * fine: every destroy leaves an empty value behind. */
+typedef struct owned {
+  void (*destroy)(void *); /* frees what the value holds */
+  /* The C result, zeroed. Its members need no more alignment than these,
+   * which is what Lua guarantees for userdata memory (LUAI_MAXALIGN);
+   * max_align_t would ask for more. */
+  union {
+    void *p;
+    int64_t i;
+    double d;
+  } value[];
+} owned;
+
+static int owned_gc(lua_State *L) {
+  owned *o = lua_touserdata(L, 1);
+  o->destroy(o->value);
+  return 0;
+}
+
+/* Pushes a box for a zeroed result of `size` bytes; returns the result
+ * (valid while the box is on the stack). */
+static void *owned_push(lua_State *L, size_t size, void (*destroy)(void *)) {
+  owned *o = lua_newuserdatauv(L, sizeof *o + size, 0);
+  memset(o, 0, sizeof *o + size);
+  o->destroy = destroy;
+  if (luaL_newmetatable(L, "eventstore.Owned")) {
+    lua_pushcfunction(L, owned_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  return o->value;
+}
+
+/* destroy functions with the signature owned needs */
+static void destroy_events(void *p) { es_events_destroy(p); }
+static void destroy_event(void *p) { es_event_destroy(p); }
+static void destroy_renew(void *p) { es_renew_result_destroy(p); }
+static void destroy_snapshot(void *p) { es_snapshot_destroy(p); }
+static void destroy_snapshots(void *p) { es_snapshots_destroy(p); }
+static void destroy_sessions(void *p) { es_sessions_destroy(p); }
+static void destroy_rows(void *p) { es_presence_rows_destroy(p); }
+
 static void check_opt_table(lua_State *L, int arg) {
   if (!lua_isnoneornil(L, arg)) luaL_checktype(L, arg, LUA_TTABLE);
 }
@@ -263,21 +309,21 @@ static void deliver(lua_State *L, int fn_ref) {
 
 static int drain_events(lua_State *L, lstore *h, sub *x) {
   int base = lua_gettop(L);
-  es_events list;
+  es_events *list = owned_push(L, sizeof *list, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = x->session ? es_store_read(s, x->session, x->last, ES_NONE, 1000, &list, &err)
-                      : es_store_read_all(s, x->last, 1000, &list, &err);
+  int rc = x->session ? es_store_read(s, x->session, x->last, ES_NONE, 1000, list, &err)
+                      : es_store_read_all(s, x->last, 1000, list, &err);
   core_leave(L, h);
   if (rc) raise(L, &err);
-  size_t n = list.n;
+  size_t n = list->n;
   if (n == 0) {
-    es_events_destroy(&list);
+    lua_settop(L, base); /* the box frees the empty list */
     return 0;
   }
   /* Turn the batch into Lua values first: fn may raise, and nothing C-owned
    * may be held across that. */
-  es_lua_push_events(L, &list, 0);
+  es_lua_push_events(L, list, 0);
   int t = lua_gettop(L);
   /* fn may end x or close the store: both are looked at after each call. */
   for (size_t i = 1; i <= n && x->active && h->s; i++) {
@@ -654,14 +700,14 @@ static int m_append(lua_State *L) {
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   size_t n;
   es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, &n);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   int pending = 0;
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_append(s, session, evs, n, expected, &out, &pending, &err);
+  int rc = es_store_append(s, session, evs, n, expected, out, &pending, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_lua_push_events(L, out, 0);
   lua_pushboolean(L, pending);
   return done(L, h, 2);
 }
@@ -673,13 +719,13 @@ static int m_read(lua_State *L) {
   int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
   int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
   int64_t limit = es_lua_opt_int_field(L, 3, "limit", ES_NONE);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_read(s, session, after, through, limit, &out, &err);
+  int rc = es_store_read(s, session, after, through, limit, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -701,13 +747,13 @@ static int m_read_all(lua_State *L) {
   check_opt_table(L, 2);
   int64_t after = es_lua_opt_int_field(L, 2, "after", 0);
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", ES_NONE);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_read_all(s, after, limit, &out, &err);
+  int rc = es_store_read_all(s, after, limit, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -742,19 +788,19 @@ static int m_claim(lua_State *L) {
   }
   int outcome = 0;
   int64_t retry_at;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_claim(s, session, &o, &outcome, &out, &retry_at, &err);
+  int rc = es_store_claim(s, session, &o, &outcome, out, &retry_at, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 3);
   if (outcome == ES_CLAIMED) {
     es_lua_set_str(L, "outcome", "claimed");
-    es_lua_push_events(L, &out, 1);
+    es_lua_push_events(L, out, 1);
     lua_setfield(L, -2, "events");
   } else {
-    es_events_destroy(&out);
+    es_events_destroy(out);
     es_lua_set_str(L, "outcome", outcome == ES_BUSY ? "busy" : "settled");
     if (outcome == ES_BUSY) es_lua_set_int(L, "retry_at", retry_at);
   }
@@ -769,13 +815,13 @@ static int m_claim_next(lua_State *L) {
   if (ttl == ES_NONE) luaL_argerror(L, 2, "field 'ttl_ms' is required");
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", 1);
   int64_t retry_at;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_claim_next(s, holder, ttl, limit, &out, &retry_at, &err);
+  int rc = es_store_claim_next(s, holder, ttl, limit, out, &retry_at, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, &out, 1);
+  es_lua_push_events(L, out, 1);
   if (retry_at == ES_NONE) lua_pushnil(L);
   else lua_pushinteger(L, retry_at);
   return done(L, h, 2);
@@ -816,18 +862,18 @@ static int m_renew(lua_State *L) {
     if (!ok1 || !ok2) luaL_argerror(L, 3, "each claim needs integer index and attempt");
     lua_pop(L, 3);
   }
-  es_renew_result r;
+  es_renew_result *r = owned_push(L, sizeof *r, destroy_renew);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_renew(s, session, holder, claims, n, ttl, &r, &err);
+  int rc = es_store_renew(s, session, holder, claims, n, ttl, r, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
-  push_int_array(L, r.renewed, r.n_renewed);
+  push_int_array(L, r->renewed, r->n_renewed);
   lua_setfield(L, -2, "renewed");
-  push_int_array(L, r.superseded, r.n_superseded);
+  push_int_array(L, r->superseded, r->n_superseded);
   lua_setfield(L, -2, "superseded");
-  es_renew_result_destroy(&r);
+  es_renew_result_destroy(r);
   return done(L, h, 1);
 }
 
@@ -844,16 +890,16 @@ static int m_complete(lua_State *L) {
   }
   evs = es_lua_check_events(L, 5, 5, ES_NONE, &n);
   int outcome = 0;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_complete(s, session, index, attempt, evs, n, &outcome, &out, &err);
+  int rc = es_store_complete(s, session, index, attempt, evs, n, &outcome, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
   if (outcome == ES_COMPLETED) {
     es_lua_set_str(L, "outcome", "completed");
-    es_lua_push_events(L, &out, 0);
+    es_lua_push_events(L, out, 0);
     lua_setfield(L, -2, "events");
   } else {
     es_lua_set_str(L, "outcome", "superseded");
@@ -887,14 +933,14 @@ static int m_fail(lua_State *L) {
 }
 
 static int push_one(lua_State *L, lstore *h, const char *session, int64_t index) {
-  es_event e;
+  es_event *e = owned_push(L, sizeof *e, destroy_event);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_get(s, session, index, &e, &err);
+  int rc = es_store_get(s, session, index, e, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_event(L, &e, 0);
-  es_event_destroy(&e);
+  es_lua_push_event(L, e, 0);
+  es_event_destroy(e);
   return done(L, h, 1);
 }
 
@@ -929,13 +975,13 @@ static int m_dead_letters(lua_State *L) {
   const char *session = es_lua_opt_str_field(L, 2, "session");
   int64_t after = es_lua_opt_int_field(L, 2, "after", 0);
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", 100);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_dead_letters(s, session, after, limit, &out, &err);
+  int rc = es_store_dead_letters(s, session, after, limit, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -947,24 +993,24 @@ static int m_read_state(lua_State *L) {
   const char *session = luaL_checkstring(L, 2);
   const char *reducer = luaL_checkstring(L, 3);
   int found;
-  es_snapshot snap;
-  es_events events;
+  es_snapshot *snap = owned_push(L, sizeof *snap, destroy_snapshot);
+  es_events *events = owned_push(L, sizeof *events, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_read_state(s, session, reducer, &found, &snap, &events, &err);
+  int rc = es_store_read_state(s, session, reducer, &found, snap, events, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
   if (found) {
     lua_createtable(L, 0, 3);
-    es_lua_set_int(L, "index", snap.index);
-    lua_pushlstring(L, snap.state ? snap.state : "", snap.state_len);
+    es_lua_set_int(L, "index", snap->index);
+    lua_pushlstring(L, snap->state ? snap->state : "", snap->state_len);
     lua_setfield(L, -2, "state");
-    es_lua_set_str(L, "version", snap.version);
+    es_lua_set_str(L, "version", snap->version);
     lua_setfield(L, -2, "snapshot");
   }
-  es_snapshot_destroy(&snap);
-  es_lua_push_events(L, &events, 0);
+  es_snapshot_destroy(snap);
+  es_lua_push_events(L, events, 0);
   lua_setfield(L, -2, "events");
   return done(L, h, 1);
 }
@@ -990,22 +1036,22 @@ static int m_put_snapshot(lua_State *L) {
 static int m_snapshots(lua_State *L) {
   lstore *h = check_store(L);
   const char *session = luaL_checkstring(L, 2);
-  es_snapshots list;
+  es_snapshots *list = owned_push(L, sizeof *list, destroy_snapshots);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_snapshots(s, session, &list, &err);
+  int rc = es_store_snapshots(s, session, list, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  lua_createtable(L, (int)list.n, 0);
-  for (size_t i = 0; i < list.n; i++) {
+  lua_createtable(L, (int)list->n, 0);
+  for (size_t i = 0; i < list->n; i++) {
     lua_createtable(L, 0, 4);
-    es_lua_set_str(L, "reducer", list.v[i].reducer);
-    es_lua_set_int(L, "index", list.v[i].index);
-    es_lua_set_str(L, "version", list.v[i].version);
-    es_lua_set_int(L, "updated_at", list.v[i].updated_at);
+    es_lua_set_str(L, "reducer", list->v[i].reducer);
+    es_lua_set_int(L, "index", list->v[i].index);
+    es_lua_set_str(L, "version", list->v[i].version);
+    es_lua_set_int(L, "updated_at", list->v[i].updated_at);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
-  es_snapshots_destroy(&list);
+  es_snapshots_destroy(list);
   return done(L, h, 1);
 }
 
@@ -1015,16 +1061,16 @@ static int m_sessions(lua_State *L) {
   const char *prefix = es_lua_opt_str_field(L, 2, "prefix");
   const char *after = es_lua_opt_str_field(L, 2, "after");
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", 100);
-  es_sessions list;
+  es_sessions *list = owned_push(L, sizeof *list, destroy_sessions);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_sessions(s, prefix, after, limit, &list, &err);
+  int rc = es_store_sessions(s, prefix, after, limit, list, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
-  lua_createtable(L, (int)list.n, 0);
-  for (size_t i = 0; i < list.n; i++) {
-    const es_session_info *si = &list.v[i];
+  lua_createtable(L, (int)list->n, 0);
+  for (size_t i = 0; i < list->n; i++) {
+    const es_session_info *si = &list->v[i];
     lua_createtable(L, 0, 8);
     es_lua_set_str(L, "session", si->session);
     es_lua_set_int(L, "events", si->events);
@@ -1037,8 +1083,8 @@ static int m_sessions(lua_State *L) {
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   lua_setfield(L, -2, "sessions");
-  es_lua_set_str(L, "cursor", list.cursor);
-  es_sessions_destroy(&list);
+  es_lua_set_str(L, "cursor", list->cursor);
+  es_sessions_destroy(list);
   return done(L, h, 1);
 }
 
@@ -1050,14 +1096,14 @@ static int m_events_page(lua_State *L) {
   int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
   int64_t limit = es_lua_opt_int_field(L, 3, "limit", 100);
   int64_t through_out = 0;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_events_page(s, session, after, through, limit, &out, &through_out, &err);
+  int rc = es_store_events_page(s, session, after, through, limit, out, &through_out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
-  es_lua_push_events(L, &out, 0);
+  es_lua_push_events(L, out, 0);
   lua_setfield(L, -2, "events");
   es_lua_set_int(L, "through", through_out);
   return done(L, h, 1);
@@ -1097,13 +1143,13 @@ static int m_wait(lua_State *L) {
   lua_Integer after = luaL_optinteger(L, 3, 0);
   lua_Integer timeout = luaL_optinteger(L, 4, 0);
   lua_Integer limit = luaL_optinteger(L, 5, 1000);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_wait(s, session, after, timeout, limit, &out, &err);
+  int rc = es_store_wait(s, session, after, timeout, limit, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -1154,45 +1200,42 @@ static int m_presence_set(lua_State *L) {
     lua_pop(L, 1);
   }
   es_buf_destroy(&buf);
-  es_presence_rows applied;
+  es_presence_rows *applied = owned_push(L, sizeof *applied, destroy_rows);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_presence_set(s, ns, participant, fields, n, ttl, at, seen, &applied, &err);
+  int rc = es_store_presence_set(s, ns, participant, fields, n, ttl, at, seen, applied, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  push_patch(L, &applied);
+  push_patch(L, applied);
   lua_getfield(L, -1, "values");
   lua_remove(L, -2);
-  es_presence_rows_destroy(&applied);
+  es_presence_rows_destroy(applied);
   return done(L, h, 1);
 }
 
 static int m_presence_read(lua_State *L) {
   lstore *h = check_store(L);
   const char *ns = luaL_checkstring(L, 2);
-  es_presence_rows rows;
+  es_presence_rows *rows = owned_push(L, sizeof *rows, destroy_rows);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_presence_read(s, ns, &rows, &err);
+  int rc = es_store_presence_read(s, ns, rows, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  lua_createtable(L, (int)rows.n, 0);
-  for (size_t i = 0; i < rows.n; i++) {
-    const es_presence_row *r = &rows.v[i];
+  lua_createtable(L, (int)rows->n, 0);
+  for (size_t i = 0; i < rows->n; i++) {
+    const es_presence_row *r = &rows->v[i];
     lua_createtable(L, 0, 6);
     es_lua_set_str(L, "participant", r->participant);
     es_lua_set_str(L, "field", r->field);
-    if (es_json_decode_lua(L, r->value, r->value_len, &err) != ES_OK) {
-      es_presence_rows_destroy(&rows);
-      return raise(L, &err);
-    }
+    if (es_json_decode_lua(L, r->value, r->value_len, &err) != ES_OK) return raise(L, &err);
     lua_setfield(L, -2, "value");
     es_lua_set_int(L, "seen", r->seen);
     es_lua_set_int(L, "at", r->at);
     es_lua_set_int(L, "expires_at", r->expires_at);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
-  es_presence_rows_destroy(&rows);
+  es_presence_rows_destroy(rows);
   return done(L, h, 1);
 }
 
