@@ -402,3 +402,27 @@ for _, url in ipairs(helpers.urls()) do
     end)
   end)
 end
+
+describe("eventstore.open that fails", function()
+  -- The handle exists before the open (it is created closed, liolib's
+  -- pattern): a failed open must still release the clock it took, a Lua
+  -- function's registry ref or a manual clock's reference (the latter
+  -- leaked, as make check-sanitize's leak detection shows).
+  local function failing_opens(weak)
+    local fn = function() return 0 end
+    weak[fn] = true
+    local ok1, err1 = pcall(eventstore.open, "nope:", { clock = fn })
+    local ok2, err2 = pcall(eventstore.open, "nope:", { clock = eventstore.manual_clock(5) })
+    return ok1, err1, ok2, err2
+  end
+
+  it("releases the clock it was given", function()
+    local weak = setmetatable({}, { __mode = "k" })
+    local ok1, err1, ok2, err2 = failing_opens(weak)
+    assert.is_false(ok1)
+    assert.is_true(eventstore.is_error(err1, "INVALID_ARGUMENT"), tostring(err1))
+    assert.is_false(ok2)
+    assert.is_true(eventstore.is_error(err2, "INVALID_ARGUMENT"), tostring(err2))
+    assert.is_true(collected(weak), "the clock function is still referenced after a failed open")
+  end)
+end)
