@@ -342,6 +342,24 @@ for _, url in ipairs(helpers.urls()) do
           return s:presence_set("ns", "p", { a = 1 }, closing_table(s, { ttl_ms = 10 }))
         end },
       }
+      it("of eventstore.engine leaves the engine a closed store, never a freed one", function()
+        -- The engine takes the store from its first argument, then reads
+        -- its options (running __index) before it holds a reference.
+        local eh = require("engine_helpers")
+        finally(eh.cleanup)
+        local store = new()
+        local dir = eh.scripts_dir()
+        local opts = closing_table(store, { store = store, scripts = dir })
+        local ok, engine = pcall(eventstore.engine, opts)
+        if ok then
+          expect_error("CLOSED", function() return engine:append("s", { { type = "t" } }) end)
+          engine:close()
+        else
+          assert.is_true(eventstore.is_error(engine, "CLOSED"), tostring(engine))
+        end
+        expect_error("CLOSED", function() return store:head("s") end)
+      end)
+
       for _, case in ipairs(cases) do
         it("makes " .. case[1] .. " raise CLOSED", function()
           local store = new()

@@ -74,6 +74,10 @@ typedef struct psub {
 
 typedef struct lstore {
   es_store *s;           /* NULL once closed */
+  es_store *held;        /* the handle's reference, released only at collection: the
+                          * pointer es_lua_check_store lends stays valid (a closed store,
+                          * CLOSED on every call) while the handle lives, even if Lua
+                          * code closes the handle before the borrower retains it */
   lua_State *L;          /* the state making the current core call (a Lua clock runs there) */
   int clock_ref;         /* registry ref of a Lua clock function, or LUA_NOREF */
   es_manual_clock *mclock;
@@ -571,8 +575,7 @@ static void store_close(lua_State *L, lstore *h) {
     for (sub *x = h->subs; x; x = x->next) sub_end(L, x);
     for (psub *p = h->psubs; p; p = p->next) psub_end(L, h, p);
     es_store_close(h->s);
-    es_store_release(h->s);
-    h->s = NULL;
+    h->s = NULL; /* h->held keeps the struct until __gc */
   }
   if (h->clock_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, h->clock_ref);
   h->clock_ref = LUA_NOREF;
@@ -590,6 +593,12 @@ static int m_close(lua_State *L) {
 static int m_gc(lua_State *L) {
   lstore *h = luaL_checkudata(L, 1, STORE_MT);
   store_close(L, h);
+  /* Nothing can borrow from a collected handle: let the store go (the
+   * engine may still hold its own reference). */
+  if (h->held) {
+    es_store_release(h->held);
+    h->held = NULL;
+  }
   return 0;
 }
 
@@ -636,7 +645,7 @@ static int l_open(lua_State *L) {
   h->L = L;
   h->in_core = 1; /* as core_enter: should opening ever read the clock */
   int rc = es_store_open(url, &o, &s, &err);
-  h->s = s;
+  h->s = h->held = s;
   core_leave(L, h);
   if (rc != ES_OK) {
     store_close(L, h); /* the clock refs, now rather than at collection */
@@ -1271,7 +1280,7 @@ static const luaL_Reg store_methods[] = {
 
 static const luaL_Reg store_meta[] = {
     {"__gc", m_gc},
-    {"__close", m_gc},
+    {"__close", m_close},
     {"__tostring", m_tostring},
     {NULL, NULL},
 };
