@@ -80,7 +80,7 @@ typedef struct lstore {
                           * code closes the handle before the borrower retains it */
   lua_State *L;          /* the state making the current core call (a Lua clock runs there) */
   int clock_ref;         /* registry ref of a Lua clock function, or LUA_NOREF */
-  es_manual_clock *mclock;
+  es_manual_clock *mclock; /* a manual clock's reference, released at __gc (see store_close) */
   sub *subs;             /* newest first; ended ones stay until reap() */
   psub *psubs;
   uint64_t next_id;      /* the id of the next subscription */
@@ -562,7 +562,7 @@ static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
 }
 
 /* The one close function behind close(), __close and __gc (DESIGN.md
- * convention 7). Harmless twice. Releases the clock even for a handle
+ * convention 7). Harmless twice. Releases a Lua clock even for a handle
  * whose open failed (h->s never set). */
 static void store_close(lua_State *L, lstore *h) {
   if (h->in_core) {
@@ -577,10 +577,11 @@ static void store_close(lua_State *L, lstore *h) {
     es_store_close(h->s);
     h->s = NULL; /* h->held keeps the struct until __gc */
   }
+  /* A Lua clock runs only inside this handle's calls: it can go now. A
+   * manual clock stays until __gc, as long as the es_store whose clock it
+   * is (engine workers read that clock without entering a call). */
   if (h->clock_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, h->clock_ref);
   h->clock_ref = LUA_NOREF;
-  if (h->mclock) es_manual_clock_release(h->mclock);
-  h->mclock = NULL;
   reap(h);
 }
 
@@ -599,6 +600,8 @@ static int m_gc(lua_State *L) {
     es_store_release(h->held);
     h->held = NULL;
   }
+  if (h->mclock) es_manual_clock_release(h->mclock);
+  h->mclock = NULL;
   return 0;
 }
 
@@ -648,7 +651,7 @@ static int l_open(lua_State *L) {
   h->s = h->held = s;
   core_leave(L, h);
   if (rc != ES_OK) {
-    store_close(L, h); /* the clock refs, now rather than at collection */
+    store_close(L, h); /* a Lua clock's ref now rather than at collection */
     return raise(L, &err);
   }
   return 1;
