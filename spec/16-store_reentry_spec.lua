@@ -1,11 +1,12 @@
 -- Regression specs (issue 7, memory safety): Lua code that runs while the
 -- binding is in the middle of a call (subscribers, presence subscribers, a
 -- clock function, metamethods of argument tables) and cancels
--- subscriptions, closes the store or calls it again. Each case here was a
--- use-after-free, a NULL dereference or a hang in core/lua/store_handle.c;
--- under `make check-sanitize` the memory errors abort the run. Runs once per
--- backend URL (helpers.urls()); docs/store.md ("Callbacks and closing")
--- states the rules tested here.
+-- subscriptions, closes the store or calls it again; results that fail to
+-- convert; a failed open. Each case here was a use-after-free, a NULL
+-- dereference, a hang or a leak in core/lua/store_handle.c; under
+-- `make check-sanitize` (leak detection on) the memory errors and leaks
+-- fail the run. Runs once per backend URL (helpers.urls()); docs/store.md
+-- ("Callbacks and closing") states the rules tested here.
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 
