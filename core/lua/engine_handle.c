@@ -45,9 +45,9 @@ static const char *opt_name(lua_State *L, int arg, const char *field) {
   }
   if (lua_type(L, -1) != LUA_TSTRING)
     luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be a string", field));
-  const char *v = es_lua_name(L, -1, field);
-  lua_pop(L, 1); /* the options table keeps the string */
-  return v;
+  /* Left on the stack: a string an __index metamethod made has no other
+   * anchor, and the engine copies it only later. */
+  return es_lua_name(L, -1, field);
 }
 
 /* core.engine(store, opts) -> handle */

@@ -11,6 +11,23 @@
  * notified before it returns) and by wait(). Each subscription remembers
  * the last index (or position) it delivered and reads what follows, so an
  * event is never delivered twice nor skipped, whichever thread wrote it.
+ *
+ * Lua code runs in the middle of this file's calls: metamethods of argument
+ * tables (while they are read), the store's Lua clock (inside the core's
+ * call), subscribers (after the core's call, while the delivery loop walks
+ * the subscription lists) and finalizers anywhere Lua allocates. Any of it
+ * may cancel subscriptions, call the store again or close it. The rules
+ * that keep C's pointers valid (docs/store.md, "Callbacks and closing"):
+ *   - the es_store is fetched (core_enter) only after the arguments are
+ *     read, so a metamethod that closed the handle gives CLOSED;
+ *   - while the core runs a call (in_core) the only Lua code is the clock's:
+ *     any other call of this handle is refused, and close() is deferred to
+ *     the end of that call, which the clock then fails with CLOSED (closing
+ *     there would wait for the very call that runs the clock);
+ *   - while subscribers are delivered (draining), an ended subscription is
+ *     only marked; its struct is freed once the loop is done (reap);
+ *   - an unsubscribe function names its subscription by id, never by
+ *     pointer, so calling it twice or after close() finds nothing to do.
  */
 #include <lauxlib.h>
 #include <lua.h>
@@ -31,8 +48,9 @@
 #define ES_LUA_VERSION "eventstore 0.1.0"
 
 typedef struct sub {
-  int active;
-  int fn_ref;
+  uint64_t id;    /* what its unsubscribe function names; never reused in a handle */
+  int active;     /* 0 once ended: never delivered again, fn_ref released */
+  int fn_ref;     /* registry ref of the subscriber, LUA_NOREF once ended */
   char *session;  /* NULL: every session (then `last` is a position) */
   int64_t last;   /* last index / position delivered */
   struct sub *next;
@@ -44,9 +62,10 @@ typedef struct patch {
 } patch;
 
 typedef struct psub {
-  int active;
+  uint64_t id;          /* as sub.id */
+  int active;           /* as sub.active; also: the core's watch is removed once 0 */
   int fn_ref;
-  uint64_t token;
+  uint64_t token;       /* the core's watch (es_store_presence_watch) */
   pthread_mutex_t mu;   /* guards the queue: writers on any thread push */
   patch *head, *tail;
   struct psub *next;
@@ -54,32 +73,116 @@ typedef struct psub {
 
 typedef struct lstore {
   es_store *s;           /* NULL once closed */
-  lua_State *L;          /* the state making the current call (a Lua clock runs there) */
+  es_store *held;        /* the handle's reference, released only at collection: the
+                          * pointer es_lua_check_store lends stays valid (a closed store,
+                          * CLOSED on every call) while the handle lives, even if Lua
+                          * code closes the handle before the borrower retains it */
+  lua_State *L;          /* the state making the current core call (a Lua clock runs there) */
   int clock_ref;         /* registry ref of a Lua clock function, or LUA_NOREF */
-  es_manual_clock *mclock;
-  sub *subs;
+  es_manual_clock *mclock; /* a manual clock's reference, released at __gc (see store_close) */
+  sub *subs;             /* newest first; ended ones stay until reap() */
   psub *psubs;
+  uint64_t next_id;      /* the id of the next subscription */
   uint64_t seen_version; /* store version at the last drain */
   uint64_t seen_data;    /* data version (other processes' commits) at the last drain */
-  int draining;
+  int draining;          /* drain() is walking subs/psubs: reap() must wait */
+  int in_core;           /* a call into the core is running (only the clock may run Lua) */
+  int close_requested;   /* close() came while in_core: done when that call returns */
+  patch *delivering;     /* the patch drain() is converting (freed if that raises) */
 } lstore;
 
 typedef struct lclock {
   es_manual_clock *c;
 } lclock;
 
+static void store_close(lua_State *L, lstore *h);
+
 /* ---------------------------------------------------------------------- */
 /* helpers */
 
 static lstore *check_store(lua_State *L) {
   lstore *h = luaL_checkudata(L, 1, STORE_MT);
+  if (h->in_core)
+    es_lua_raisef(L, ES_INVALID_ARGUMENT,
+                  "the store cannot be called from inside its own clock function "
+                  "(only close() is allowed there)");
+  if (!h->s) {
+    es_err e = {ES_CLOSED, "the store is closed"};
+    es_lua_raise(L, &e);
+  }
+  return h;
+}
+
+/* The es_store for one call into the core, made after the call's arguments
+ * were read: reading them may have run a metamethod that closed the
+ * handle (CLOSED then). Every core_enter is followed by core_leave before
+ * anything can raise. */
+static es_store *core_enter(lua_State *L, lstore *h) {
   if (!h->s) {
     es_err e = {ES_CLOSED, "the store is closed"};
     es_lua_raise(L, &e);
   }
   h->L = L;
-  return h;
+  h->in_core = 1;
+  return h->s;
 }
+
+/* Ends a call into the core; a close() its clock asked for happens now. */
+static void core_leave(lua_State *L, lstore *h) {
+  h->in_core = 0;
+  h->L = NULL;
+  if (h->close_requested) {
+    h->close_requested = 0;
+    store_close(L, h);
+  }
+}
+
+/* A C result (es_events, es_presence_rows, ...) kept in a userdata from
+ * before the core call that fills it until it is converted: a Lua error
+ * while converting it (out of memory, a stored value that does not decode)
+ * then frees it at collection instead of leaking it. Freeing it early is
+ * fine: every destroy leaves an empty value behind. */
+typedef struct owned {
+  void (*destroy)(void *); /* frees what the value holds */
+  /* The C result, zeroed. Its members need no more alignment than these,
+   * which is what Lua guarantees for userdata memory (LUAI_MAXALIGN);
+   * max_align_t would ask for more. */
+  union {
+    void *p;
+    int64_t i;
+    double d;
+  } value[];
+} owned;
+
+static int owned_gc(lua_State *L) {
+  owned *o = lua_touserdata(L, 1);
+  o->destroy(o->value);
+  return 0;
+}
+
+/* Pushes a box for a zeroed result of `size` bytes; returns the result
+ * (valid while the box is on the stack). */
+static void *owned_push(lua_State *L, size_t size, void (*destroy)(void *)) {
+  owned *o = lua_newuserdatauv(L, sizeof *o + size, 0);
+  memset(o, 0, sizeof *o + size);
+  o->destroy = destroy;
+  if (luaL_newmetatable(L, "eventstore.Owned")) {
+    lua_pushcfunction(L, owned_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  return o->value;
+}
+
+/* destroy functions with the signature owned needs */
+static void destroy_events(void *p) { es_events_destroy(p); }
+static void destroy_event(void *p) { es_event_destroy(p); }
+static void destroy_renew(void *p) { es_renew_result_destroy(p); }
+static void destroy_snapshot(void *p) { es_snapshot_destroy(p); }
+static void destroy_snapshots(void *p) { es_snapshots_destroy(p); }
+static void destroy_sessions(void *p) { es_sessions_destroy(p); }
+static void destroy_rows(void *p) { es_presence_rows_destroy(p); }
+static void destroy_cstr(void *p) { free(*(char **)p); }
 
 static void check_opt_table(lua_State *L, int arg) {
   if (!lua_isnoneornil(L, arg)) luaL_checktype(L, arg, LUA_TTABLE);
@@ -91,20 +194,6 @@ static int raise(lua_State *L, const es_err *err) { return es_lua_raise(L, err);
 
 /* ---------------------------------------------------------------------- */
 /* subscriptions */
-
-static void free_subs(lua_State *L, lstore *h, int all) {
-  for (sub **p = &h->subs; *p;) {
-    sub *x = *p;
-    if (all || !x->active) {
-      *p = x->next;
-      luaL_unref(L, LUA_REGISTRYINDEX, x->fn_ref);
-      free(x->session);
-      free(x);
-    } else {
-      p = &x->next;
-    }
-  }
-}
 
 static void on_presence(void *ctx, const char *ns, const es_presence_rows *applied) {
   psub *p = ctx;
@@ -137,19 +226,54 @@ static void free_patches(patch *x) {
   }
 }
 
-static void free_psubs(lua_State *L, lstore *h, int all) {
+/* Ends a subscription: the callback's registry ref goes at once (DESIGN.md
+ * convention 8), the struct stays until reap(). */
+static void sub_end(lua_State *L, sub *x) {
+  if (!x->active) return;
+  x->active = 0;
+  luaL_unref(L, LUA_REGISTRYINDEX, x->fn_ref);
+  x->fn_ref = LUA_NOREF;
+}
+
+/* As sub_end; also removes the core's watch, after which no thread calls
+ * on_presence with p any more, and drops the patches not yet delivered. */
+static void psub_end(lua_State *L, lstore *h, psub *p) {
+  if (!p->active) return;
+  p->active = 0;
+  if (h->s) es_store_presence_unwatch(h->s, p->token);
+  luaL_unref(L, LUA_REGISTRYINDEX, p->fn_ref);
+  p->fn_ref = LUA_NOREF;
+  pthread_mutex_lock(&p->mu);
+  patch *queued = p->head;
+  p->head = p->tail = NULL;
+  pthread_mutex_unlock(&p->mu);
+  free_patches(queued);
+}
+
+/* Frees ended subscriptions, unless drain() is walking the lists (then it
+ * calls reap itself when it is done). */
+static void reap(lstore *h) {
+  if (h->draining) return;
+  for (sub **p = &h->subs; *p;) {
+    sub *x = *p;
+    if (x->active) {
+      p = &x->next;
+      continue;
+    }
+    *p = x->next;
+    free(x->session);
+    free(x);
+  }
   for (psub **p = &h->psubs; *p;) {
     psub *x = *p;
-    if (all || !x->active) {
-      *p = x->next;
-      if (x->active && h->s) es_store_presence_unwatch(h->s, x->token);
-      luaL_unref(L, LUA_REGISTRYINDEX, x->fn_ref);
-      free_patches(x->head);
-      pthread_mutex_destroy(&x->mu);
-      free(x);
-    } else {
+    if (x->active) {
       p = &x->next;
+      continue;
     }
+    *p = x->next;
+    free_patches(x->head);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
   }
 }
 
@@ -178,59 +302,59 @@ static void push_patch(lua_State *L, const es_presence_rows *rows) {
   lua_setfield(L, -2, "values");
 }
 
-/* Calls fn(value) where value is on top; an error in fn is raised from the
- * call that delivered it (the event still counts as delivered). */
-static void deliver(lua_State *L, lstore *h, int fn_ref) {
+/* Calls fn(value) where value is on top. Runs inside drain's lua_pcall: an
+ * error in fn ends the drain and is raised from the call that delivered it
+ * (the event still counts as delivered). */
+static void deliver(lua_State *L, int fn_ref) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, fn_ref);
   lua_insert(L, -2);
-  if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
-    h->draining = 0;
-    lua_error(L);
-  }
+  lua_call(L, 1, 0);
 }
 
 static int drain_events(lua_State *L, lstore *h, sub *x) {
-  es_events list;
+  int base = lua_gettop(L);
+  es_events *list = owned_push(L, sizeof *list, destroy_events);
   es_err err = {0};
-  int rc = x->session ? es_store_read(h->s, x->session, x->last, ES_NONE, 1000, &list, &err)
-                      : es_store_read_all(h->s, x->last, 1000, &list, &err);
-  if (rc) {
-    h->draining = 0;
-    raise(L, &err);
-  }
-  size_t n = list.n;
+  es_store *s = core_enter(L, h);
+  int rc = x->session ? es_store_read(s, x->session, x->last, ES_NONE, 1000, list, &err)
+                      : es_store_read_all(s, x->last, 1000, list, &err);
+  core_leave(L, h);
+  if (rc) raise(L, &err);
+  size_t n = list->n;
   if (n == 0) {
-    es_events_destroy(&list);
+    lua_settop(L, base); /* the box frees the empty list */
     return 0;
   }
   /* Turn the batch into Lua values first: fn may raise, and nothing C-owned
    * may be held across that. */
-  es_lua_push_events(L, &list, 0);
+  es_lua_push_events(L, list, 0);
   int t = lua_gettop(L);
+  /* fn may end x or close the store: both are looked at after each call. */
   for (size_t i = 1; i <= n && x->active && h->s; i++) {
     lua_rawgeti(L, t, (lua_Integer)i);
     lua_getfield(L, -1, x->session ? "index" : "position");
     x->last = lua_tointeger(L, -1);
     lua_pop(L, 1);
-    deliver(L, h, x->fn_ref);
+    deliver(L, x->fn_ref);
   }
-  lua_settop(L, t - 1);
+  lua_settop(L, base);
   return 1;
 }
 
-static void drain(lua_State *L, lstore *h) {
-  if (h->draining || !h->s) return;
-  h->draining = 1;
+/* drain()'s body, under lua_pcall: h (a light userdata) is argument 1. */
+static int drain_protected(lua_State *L) {
+  lstore *h = lua_touserdata(L, 1);
   for (int more = 1; more && h->s;) {
     more = 0;
     /* Other processes' commits count too (subscribe(nil) on sqlite sees
      * them at this state's next call, e.g. while it waits). */
-    uint64_t v = es_store_version(h->s), dv = 0;
+    uint64_t dv = 0;
     es_err err = {0};
-    if (h->subs && es_store_data_version(h->s, &dv, &err) != ES_OK) {
-      h->draining = 0;
-      raise(L, &err);
-    }
+    es_store *s = core_enter(L, h);
+    uint64_t v = es_store_version(s);
+    int rc = h->subs ? es_store_data_version(s, &dv, &err) : ES_OK;
+    core_leave(L, h);
+    if (rc != ES_OK) raise(L, &err);
     if (v != h->seen_version || dv != h->seen_data) {
       for (sub *x = h->subs; x && h->s; x = x->next)
         while (x->active && h->s && drain_events(L, h, x)) more = 1;
@@ -238,30 +362,47 @@ static void drain(lua_State *L, lstore *h) {
       h->seen_data = dv;
     }
     for (psub *p = h->psubs; p && h->s; p = p->next) {
-      for (;;) {
+      while (p->active && h->s) {
         pthread_mutex_lock(&p->mu);
         patch *x = p->head;
         if (x) {
           p->head = x->next;
           if (!p->head) p->tail = NULL;
+          x->next = NULL;
         }
         pthread_mutex_unlock(&p->mu);
         if (!x) break;
         more = 1;
-        if (p->active) push_patch(L, &x->rows);
-        free_patches(x); /* x->next was detached above */
-        if (p->active) deliver(L, h, p->fn_ref);
+        h->delivering = x; /* push_patch may raise: drain() frees it then */
+        push_patch(L, &x->rows);
+        h->delivering = NULL;
+        free_patches(x);
+        deliver(L, p->fn_ref);
       }
     }
   }
+  return 0;
+}
+
+/* Delivers what subscribers have not seen yet. Subscribers may cancel
+ * subscriptions, write, or close the store; a subscriber's error is raised
+ * from here after the delivery state is reset. */
+static void drain(lua_State *L, lstore *h) {
+  if (h->draining || !h->s) return;
+  h->draining = 1;
+  lua_pushcfunction(L, drain_protected);
+  lua_pushlightuserdata(L, h);
+  int status = lua_pcall(L, 1, 0, 0);
   h->draining = 0;
-  free_subs(L, h, 0);
-  free_psubs(L, h, 0);
+  free_patches(h->delivering);
+  h->delivering = NULL;
+  reap(h);
+  if (status != LUA_OK) lua_error(L);
 }
 
 /* Every method returns through here so subscribers run before it returns. */
 static int done(lua_State *L, lstore *h, int nret) {
-  if (h->subs || h->psubs) {
+  if (h->s && (h->subs || h->psubs)) {
     int top = lua_gettop(L);
     drain(L, h);
     lua_settop(L, top);
@@ -269,18 +410,40 @@ static int done(lua_State *L, lstore *h, int nret) {
   return nret;
 }
 
+/* The unsubscribe functions: upvalue 1 is the store (which keeps the
+ * handle's memory alive), upvalue 2 the subscription's id. A subscription
+ * that already ended (cancelled, or the store closed) is not in the list
+ * any more, or is marked ended: nothing to do. */
 static int unsubscribe(lua_State *L) {
-  sub *x = lua_touserdata(L, lua_upvalueindex(1));
-  x->active = 0;
+  lstore *h = lua_touserdata(L, lua_upvalueindex(1));
+  uint64_t id = (uint64_t)lua_tointeger(L, lua_upvalueindex(2));
+  for (sub *x = h->subs; x; x = x->next) {
+    if (x->id == id) {
+      sub_end(L, x);
+      break;
+    }
+  }
+  reap(h);
   return 0;
 }
 
 static int punsubscribe(lua_State *L) {
-  lstore *h = lua_touserdata(L, lua_upvalueindex(2));
-  psub *x = lua_touserdata(L, lua_upvalueindex(1));
-  if (x->active && h->s) es_store_presence_unwatch(h->s, x->token);
-  x->active = 0;
+  lstore *h = lua_touserdata(L, lua_upvalueindex(1));
+  uint64_t id = (uint64_t)lua_tointeger(L, lua_upvalueindex(2));
+  for (psub *x = h->psubs; x; x = x->next) {
+    if (x->id == id) {
+      psub_end(L, h, x);
+      break;
+    }
+  }
+  reap(h);
   return 0;
+}
+
+static void push_unsubscribe(lua_State *L, lua_CFunction fn, uint64_t id) {
+  lua_pushvalue(L, 1);
+  lua_pushinteger(L, (lua_Integer)id);
+  lua_pushcclosure(L, fn, 2);
 }
 
 static int m_subscribe(lua_State *L) {
@@ -289,25 +452,31 @@ static int m_subscribe(lua_State *L) {
   luaL_checktype(L, 3, LUA_TFUNCTION);
   es_err err = {0};
   int64_t last = 0;
-  int rc = session ? es_store_head(h->s, session, &last, &err)
-                   : es_store_last_position(h->s, &last, &err);
+  uint64_t data = 0;
+  es_store *s = core_enter(L, h);
+  int rc = session ? es_store_head(s, session, &last, &err)
+                   : es_store_last_position(s, &last, &err);
+  uint64_t version = es_store_version(s);
+  if (rc == ES_OK && !h->subs) rc = es_store_data_version(s, &data, &err);
+  core_leave(L, h);
   if (rc) return raise(L, &err);
+  lua_pushvalue(L, 3);
+  int fn_ref = luaL_ref(L, LUA_REGISTRYINDEX); /* before the allocations: it may raise */
   sub *x = calloc(1, sizeof *x);
   if (!x || (session && !(x->session = strdup(session)))) {
     free(x);
+    luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
     return luaL_error(L, "out of memory");
   }
-  lua_pushvalue(L, 3);
-  x->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-  x->active = 1;
+  x->id = ++h->next_id;
   x->last = last;
+  x->fn_ref = fn_ref;
+  x->active = 1;
   x->next = h->subs;
   h->subs = x;
-  if (h->seen_version == 0) h->seen_version = es_store_version(h->s);
-  if (!h->subs->next) es_store_data_version(h->s, &h->seen_data, &err);
-  lua_pushlightuserdata(L, x);
-  lua_pushvalue(L, 1); /* keeps the store (and so x) alive */
-  lua_pushcclosure(L, unsubscribe, 2);
+  if (h->seen_version == 0) h->seen_version = version;
+  if (!x->next) h->seen_data = data;
+  push_unsubscribe(L, unsubscribe, x->id);
   return 1;
 }
 
@@ -318,37 +487,72 @@ static int m_presence_subscribe(lua_State *L) {
   es_err nerr = {0};
   /* No store call sees this name, so check it here as every call would. */
   if (es_check_name("namespace", ns, &nerr)) return raise(L, &nerr);
+  /* The registry ref first: once the core has the watch, nothing may
+   * raise before x is linked (unlinked, nobody would remove the watch). */
+  lua_pushvalue(L, 3);
+  int fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   psub *x = calloc(1, sizeof *x);
-  if (!x) return luaL_error(L, "out of memory");
+  if (!x) {
+    luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
+    return luaL_error(L, "out of memory");
+  }
   pthread_mutex_init(&x->mu, NULL);
-  x->token = es_store_presence_watch(h->s, ns, on_presence, x);
+  es_store *s = core_enter(L, h);
+  x->token = es_store_presence_watch(s, ns, on_presence, x);
+  core_leave(L, h);
   if (!x->token) {
     pthread_mutex_destroy(&x->mu);
     free(x);
+    luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
     return luaL_error(L, "out of memory");
   }
-  lua_pushvalue(L, 3);
-  x->fn_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  x->id = ++h->next_id;
+  x->fn_ref = fn_ref;
   x->active = 1;
   x->next = h->psubs;
   h->psubs = x;
-  lua_pushlightuserdata(L, x);
-  lua_pushvalue(L, 1);
-  lua_pushcclosure(L, punsubscribe, 2);
+  push_unsubscribe(L, punsubscribe, x->id);
   return 1;
 }
 
 /* ---------------------------------------------------------------------- */
 /* open, close, clocks */
 
+/* The error a failed clock function raised, as text for the core's error
+ * (never calls __tostring: this runs inside a core call, where nothing may
+ * raise). */
+static const char *clock_error_text(lua_State *L) {
+  if (lua_type(L, -1) == LUA_TSTRING) return lua_tostring(L, -1);
+  if (lua_type(L, -1) == LUA_TTABLE) { /* an eventstore error object */
+    lua_pushliteral(L, "message");
+    lua_rawget(L, -2);
+    const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    lua_pop(L, 1); /* still anchored by the error table */
+    if (msg) return msg;
+  }
+  return "(error object)";
+}
+
+/* The core's clock when `clock` is a Lua function. It runs only inside a
+ * call of this handle (in_core; the engine refuses such stores, so no
+ * other thread calls it), on the state making that call. */
 static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
   lstore *h = ctx;
   lua_State *L = h->L;
-  if (!L) return es_fail(err, ES_INVALID_ARGUMENT, "the clock function has no Lua state to run in");
+  if (!L || !h->in_core)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "the clock function runs only inside a call made through its store");
+  if (!lua_checkstack(L, 3)) return es_fail(err, ES_STORAGE, "out of memory (Lua stack)");
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->clock_ref);
-  if (lua_pcall(L, 0, 1, 0) != LUA_OK) {
-    es_fail(err, ES_INVALID_ARGUMENT, "the clock function failed: %s",
-            lua_isstring(L, -1) ? lua_tostring(L, -1) : "(error object)");
+  int status = lua_pcall(L, 0, 1, 0);
+  if (h->close_requested) {
+    /* The clock closed its store: fail the call before it writes; the
+     * close itself happens when the call returns (core_leave). */
+    lua_pop(L, 1);
+    return es_fail(err, ES_CLOSED, "the store was closed by its clock function");
+  }
+  if (status != LUA_OK) {
+    es_fail(err, ES_INVALID_ARGUMENT, "the clock function failed: %s", clock_error_text(L));
     lua_pop(L, 1);
     return ES_INVALID_ARGUMENT;
   }
@@ -360,18 +564,28 @@ static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
   return ES_OK;
 }
 
-static int store_close(lua_State *L, lstore *h) {
-  if (!h->s) return 0;
-  free_psubs(L, h, 1);
-  free_subs(L, h, 1);
-  es_store_close(h->s);
-  es_store_release(h->s);
-  h->s = NULL;
+/* The one close function behind close(), __close and __gc (DESIGN.md
+ * convention 7). Harmless twice. Releases a Lua clock even for a handle
+ * whose open failed (h->s never set). */
+static void store_close(lua_State *L, lstore *h) {
+  if (h->in_core) {
+    /* Only the clock runs Lua now; es_store_close would wait for the very
+     * call that runs it. */
+    if (h->s) h->close_requested = 1;
+    return;
+  }
+  if (h->s) {
+    for (sub *x = h->subs; x; x = x->next) sub_end(L, x);
+    for (psub *p = h->psubs; p; p = p->next) psub_end(L, h, p);
+    es_store_close(h->s);
+    h->s = NULL; /* h->held keeps the struct until __gc */
+  }
+  /* A Lua clock runs only inside this handle's calls: it can go now. A
+   * manual clock stays until __gc, as long as the es_store whose clock it
+   * is (engine workers read that clock without entering a call). */
   if (h->clock_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, h->clock_ref);
   h->clock_ref = LUA_NOREF;
-  if (h->mclock) es_manual_clock_release(h->mclock);
-  h->mclock = NULL;
-  return 0;
+  reap(h);
 }
 
 static int m_close(lua_State *L) {
@@ -383,6 +597,14 @@ static int m_close(lua_State *L) {
 static int m_gc(lua_State *L) {
   lstore *h = luaL_checkudata(L, 1, STORE_MT);
   store_close(L, h);
+  /* Nothing can borrow from a collected handle: let the store go (the
+   * engine may still hold its own reference). */
+  if (h->held) {
+    es_store_release(h->held);
+    h->held = NULL;
+  }
+  if (h->mclock) es_manual_clock_release(h->mclock);
+  h->mclock = NULL;
   return 0;
 }
 
@@ -413,7 +635,8 @@ static int l_open(lua_State *L) {
       o.clock_ctx = h;
     } else if (!lua_isnil(L, -1)) {
       lclock *c = luaL_testudata(L, -1, CLOCK_MT);
-      if (!c) luaL_argerror(L, 2, "field 'clock' must be a function or an eventstore.manual_clock");
+      if (!c || !c->c)
+        luaL_argerror(L, 2, "field 'clock' must be a function or an eventstore.manual_clock");
       h->mclock = c->c;
       es_manual_clock_retain(h->mclock);
       o.clock = es_manual_clock_now;
@@ -423,11 +646,17 @@ static int l_open(lua_State *L) {
       lua_pop(L, 1);
     }
   }
-  h->L = L;
   es_err err = {0};
   es_store *s = NULL;
-  if (es_store_open(url, &o, &s, &err) != ES_OK) return raise(L, &err);
-  h->s = s;
+  h->L = L;
+  h->in_core = 1; /* as core_enter: should opening ever read the clock */
+  int rc = es_store_open(url, &o, &s, &err);
+  h->s = h->held = s;
+  core_leave(L, h);
+  if (rc != ES_OK) {
+    store_close(L, h); /* a Lua clock's ref now rather than at collection */
+    return raise(L, &err);
+  }
   return 1;
 }
 
@@ -492,11 +721,14 @@ static int m_append(lua_State *L) {
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   size_t n;
   es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, es_store_max_payload(h->s), &n);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   int pending = 0;
   es_err err = {0};
-  if (es_store_append(h->s, session, evs, n, expected, &out, &pending, &err)) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_append(s, session, evs, n, expected, out, &pending, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_events(L, out, 0);
   lua_pushboolean(L, pending);
   return done(L, h, 2);
 }
@@ -508,10 +740,13 @@ static int m_read(lua_State *L) {
   int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
   int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
   int64_t limit = es_lua_opt_int_field(L, 3, "limit", ES_NONE);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_read(h->s, session, after, through, limit, &out, &err)) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_read(s, session, after, through, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -520,7 +755,10 @@ static int m_head(lua_State *L) {
   const char *session = es_lua_check_name(L, 2, "session");
   int64_t head;
   es_err err = {0};
-  if (es_store_head(h->s, session, &head, &err)) return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_head(s, session, &head, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_pushinteger(L, head);
   return done(L, h, 1);
 }
@@ -530,10 +768,13 @@ static int m_read_all(lua_State *L) {
   check_opt_table(L, 2);
   int64_t after = es_lua_opt_int_field(L, 2, "after", 0);
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", ES_NONE);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_read_all(h->s, after, limit, &out, &err)) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_read_all(s, after, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -567,16 +808,19 @@ static int m_claim(lua_State *L) {
   }
   int outcome = 0;
   int64_t retry_at;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_claim(h->s, session, &o, &outcome, &out, &retry_at, &err)) return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_claim(s, session, &o, &outcome, out, &retry_at, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_createtable(L, 0, 3);
   if (outcome == ES_CLAIMED) {
     es_lua_set_str(L, "outcome", "claimed");
-    es_lua_push_events(L, &out, 1);
+    es_lua_push_events(L, out, 1);
     lua_setfield(L, -2, "events");
   } else {
-    es_events_destroy(&out);
+    es_events_destroy(out);
     es_lua_set_str(L, "outcome", outcome == ES_BUSY ? "busy" : "settled");
     if (outcome == ES_BUSY) es_lua_set_int(L, "retry_at", retry_at);
   }
@@ -591,10 +835,13 @@ static int m_claim_next(lua_State *L) {
   if (ttl == ES_NONE) luaL_argerror(L, 2, "field 'ttl_ms' is required");
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", 1);
   int64_t retry_at;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_claim_next(h->s, holder, ttl, limit, &out, &retry_at, &err)) return raise(L, &err);
-  es_lua_push_events(L, &out, 1);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_claim_next(s, holder, ttl, limit, out, &retry_at, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_events(L, out, 1);
   if (retry_at == ES_NONE) lua_pushnil(L);
   else lua_pushinteger(L, retry_at);
   return done(L, h, 2);
@@ -636,15 +883,18 @@ static int m_renew(lua_State *L) {
       luaL_argerror(L, 3, "field 'claims' needs integer index and attempt in each claim");
     lua_pop(L, 3);
   }
-  es_renew_result r;
+  es_renew_result *r = owned_push(L, sizeof *r, destroy_renew);
   es_err err = {0};
-  if (es_store_renew(h->s, session, holder, claims, n, ttl, &r, &err)) return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_renew(s, session, holder, claims, n, ttl, r, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
-  push_int_array(L, r.renewed, r.n_renewed);
+  push_int_array(L, r->renewed, r->n_renewed);
   lua_setfield(L, -2, "renewed");
-  push_int_array(L, r.superseded, r.n_superseded);
+  push_int_array(L, r->superseded, r->n_superseded);
   lua_setfield(L, -2, "superseded");
-  es_renew_result_destroy(&r);
+  es_renew_result_destroy(r);
   return done(L, h, 1);
 }
 
@@ -661,14 +911,16 @@ static int m_complete(lua_State *L) {
   }
   evs = es_lua_check_events(L, 5, 5, ES_NONE, es_store_max_payload(h->s), &n);
   int outcome = 0;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_complete(h->s, session, index, attempt, evs, n, &outcome, &out, &err))
-    return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_complete(s, session, index, attempt, evs, n, &outcome, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
   if (outcome == ES_COMPLETED) {
     es_lua_set_str(L, "outcome", "completed");
-    es_lua_push_events(L, &out, 0);
+    es_lua_push_events(L, out, 0);
     lua_setfield(L, -2, "events");
   } else {
     es_lua_set_str(L, "outcome", "superseded");
@@ -691,13 +943,15 @@ static int m_fail(lua_State *L) {
   int64_t failures = 0;
   es_err err = {0};
   /* Free text keeps every byte it can: a NUL (which the C API cannot carry)
-   * becomes U+FFFD here rather than cutting the message (es_text_clean). */
-  char *text = NULL;
-  if (es_text_clean(error, elen, ES_MAX_TEXT_BYTES, &text, NULL))
+   * becomes U+FFFD here rather than cutting the message (es_text_clean).
+   * Owned by a box, so nothing leaks if the store turns out closed. */
+  char **text = owned_push(L, sizeof *text, destroy_cstr);
+  if (es_text_clean(error, elen, ES_MAX_TEXT_BYTES, text, NULL))
     return luaL_error(L, "out of memory");
-  int rc = es_store_fail(h->s, session, index, attempt, text, max_failures, retry_after, &outcome,
-                         &failures, &err);
-  free(text);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_fail(s, session, index, attempt, *text, max_failures, retry_after,
+                         &outcome, &failures, &err);
+  core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
   es_lua_set_str(L, "outcome", outcome == ES_FAILED            ? "failed"
@@ -708,11 +962,14 @@ static int m_fail(lua_State *L) {
 }
 
 static int push_one(lua_State *L, lstore *h, const char *session, int64_t index) {
-  es_event e;
+  es_event *e = owned_push(L, sizeof *e, destroy_event);
   es_err err = {0};
-  if (es_store_get(h->s, session, index, &e, &err)) return raise(L, &err);
-  es_lua_push_event(L, &e, 0);
-  es_event_destroy(&e);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_get(s, session, index, e, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_event(L, e, 0);
+  es_event_destroy(e);
   return done(L, h, 1);
 }
 
@@ -721,7 +978,10 @@ static int m_revive(lua_State *L) {
   const char *session = es_lua_check_name(L, 2, "session");
   int64_t index = es_lua_check_int(L, 3, "index");
   es_err err = {0};
-  if (es_store_revive(h->s, session, index, &err)) return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_revive(s, session, index, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   return push_one(L, h, session, index);
 }
 
@@ -732,11 +992,12 @@ static int m_settle(lua_State *L) {
   size_t rlen = 0;
   const char *reason = luaL_optlstring(L, 4, NULL, &rlen);
   es_err err = {0};
-  char *text = NULL; /* free text, as fail's error */
-  if (reason && es_text_clean(reason, rlen, ES_MAX_TEXT_BYTES, &text, NULL))
+  char **text = owned_push(L, sizeof *text, destroy_cstr); /* free text, as fail's error */
+  if (reason && es_text_clean(reason, rlen, ES_MAX_TEXT_BYTES, text, NULL))
     return luaL_error(L, "out of memory");
-  int rc = es_store_settle(h->s, session, index, text, &err);
-  free(text);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_settle(s, session, index, *text, &err);
+  core_leave(L, h);
   if (rc) return raise(L, &err);
   return push_one(L, h, session, index);
 }
@@ -747,10 +1008,13 @@ static int m_dead_letters(lua_State *L) {
   const char *session = es_lua_opt_str_field(L, 2, "session");
   int64_t after = es_lua_opt_int_field(L, 2, "after", 0);
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", 100);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_dead_letters(h->s, session, after, limit, &out, &err)) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_dead_letters(s, session, after, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -762,22 +1026,24 @@ static int m_read_state(lua_State *L) {
   const char *session = es_lua_check_name(L, 2, "session");
   const char *reducer = es_lua_check_name(L, 3, "reducer");
   int found;
-  es_snapshot snap;
-  es_events events;
+  es_snapshot *snap = owned_push(L, sizeof *snap, destroy_snapshot);
+  es_events *events = owned_push(L, sizeof *events, destroy_events);
   es_err err = {0};
-  if (es_store_read_state(h->s, session, reducer, &found, &snap, &events, &err))
-    return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_read_state(s, session, reducer, &found, snap, events, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
   if (found) {
     lua_createtable(L, 0, 3);
-    es_lua_set_int(L, "index", snap.index);
-    lua_pushlstring(L, snap.state ? snap.state : "", snap.state_len);
+    es_lua_set_int(L, "index", snap->index);
+    lua_pushlstring(L, snap->state ? snap->state : "", snap->state_len);
     lua_setfield(L, -2, "state");
-    es_lua_set_str(L, "version", snap.version);
+    es_lua_set_str(L, "version", snap->version);
     lua_setfield(L, -2, "snapshot");
   }
-  es_snapshot_destroy(&snap);
-  es_lua_push_events(L, &events, 0);
+  es_snapshot_destroy(snap);
+  es_lua_push_events(L, events, 0);
   lua_setfield(L, -2, "events");
   return done(L, h, 1);
 }
@@ -792,8 +1058,10 @@ static int m_put_snapshot(lua_State *L) {
   const char *version = lua_isnoneornil(L, 6) ? "" : es_lua_check_name(L, 6, "version");
   int stored = 0;
   es_err err = {0};
-  if (es_store_put_snapshot(h->s, session, reducer, index, state, len, version, &stored, &err))
-    return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_put_snapshot(s, session, reducer, index, state, len, version, &stored, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_pushboolean(L, stored);
   return done(L, h, 1);
 }
@@ -801,19 +1069,22 @@ static int m_put_snapshot(lua_State *L) {
 static int m_snapshots(lua_State *L) {
   lstore *h = check_store(L);
   const char *session = es_lua_check_name(L, 2, "session");
-  es_snapshots list;
+  es_snapshots *list = owned_push(L, sizeof *list, destroy_snapshots);
   es_err err = {0};
-  if (es_store_snapshots(h->s, session, &list, &err)) return raise(L, &err);
-  lua_createtable(L, (int)list.n, 0);
-  for (size_t i = 0; i < list.n; i++) {
+  es_store *s = core_enter(L, h);
+  int rc = es_store_snapshots(s, session, list, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, (int)list->n, 0);
+  for (size_t i = 0; i < list->n; i++) {
     lua_createtable(L, 0, 4);
-    es_lua_set_str(L, "reducer", list.v[i].reducer);
-    es_lua_set_int(L, "index", list.v[i].index);
-    es_lua_set_str(L, "version", list.v[i].version);
-    es_lua_set_int(L, "updated_at", list.v[i].updated_at);
+    es_lua_set_str(L, "reducer", list->v[i].reducer);
+    es_lua_set_int(L, "index", list->v[i].index);
+    es_lua_set_str(L, "version", list->v[i].version);
+    es_lua_set_int(L, "updated_at", list->v[i].updated_at);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
-  es_snapshots_destroy(&list);
+  es_snapshots_destroy(list);
   return done(L, h, 1);
 }
 
@@ -823,13 +1094,16 @@ static int m_sessions(lua_State *L) {
   const char *prefix = es_lua_opt_str_field(L, 2, "prefix");
   const char *after = es_lua_opt_str_field(L, 2, "after");
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", 100);
-  es_sessions list;
+  es_sessions *list = owned_push(L, sizeof *list, destroy_sessions);
   es_err err = {0};
-  if (es_store_sessions(h->s, prefix, after, limit, &list, &err)) return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_sessions(s, prefix, after, limit, list, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
-  lua_createtable(L, (int)list.n, 0);
-  for (size_t i = 0; i < list.n; i++) {
-    const es_session_info *si = &list.v[i];
+  lua_createtable(L, (int)list->n, 0);
+  for (size_t i = 0; i < list->n; i++) {
+    const es_session_info *si = &list->v[i];
     lua_createtable(L, 0, 8);
     es_lua_set_str(L, "session", si->session);
     es_lua_set_int(L, "events", si->events);
@@ -842,8 +1116,8 @@ static int m_sessions(lua_State *L) {
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   lua_setfield(L, -2, "sessions");
-  es_lua_set_str(L, "cursor", list.cursor);
-  es_sessions_destroy(&list);
+  es_lua_set_str(L, "cursor", list->cursor);
+  es_sessions_destroy(list);
   return done(L, h, 1);
 }
 
@@ -855,12 +1129,14 @@ static int m_events_page(lua_State *L) {
   int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
   int64_t limit = es_lua_opt_int_field(L, 3, "limit", 100);
   int64_t through_out = 0;
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_events_page(h->s, session, after, through, limit, &out, &through_out, &err))
-    return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_events_page(s, session, after, through, limit, out, &through_out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
-  es_lua_push_events(L, &out, 0);
+  es_lua_push_events(L, out, 0);
   lua_setfield(L, -2, "events");
   es_lua_set_int(L, "through", through_out);
   return done(L, h, 1);
@@ -873,13 +1149,19 @@ static int m_now(lua_State *L) {
   lstore *h = check_store(L);
   int64_t now;
   es_err err = {0};
-  if (es_store_now(h->s, &now, &err)) return raise(L, &err);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_now(s, &now, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
   lua_pushinteger(L, now);
   return done(L, h, 1);
 }
 
 es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock) {
   lstore *h = luaL_checkudata(L, idx, STORE_MT);
+  if (h->in_core)
+    es_lua_raisef(L, ES_INVALID_ARGUMENT,
+                  "the store cannot be used from inside its own clock function");
   if (!h->s) {
     es_err e = {ES_CLOSED, "the store is closed"};
     es_lua_raise(L, &e);
@@ -894,10 +1176,13 @@ static int m_wait(lua_State *L) {
   int64_t after = es_lua_opt_int(L, 3, "after", 0);
   int64_t timeout = es_lua_opt_int(L, 4, "timeout_ms", 0);
   int64_t limit = es_lua_opt_int(L, 5, "limit", 1000);
-  es_events out;
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
-  if (es_store_wait(h->s, session, after, timeout, limit, &out, &err)) return raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_wait(s, session, after, timeout, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_events(L, out, 0);
   return done(L, h, 1);
 }
 
@@ -952,40 +1237,42 @@ static int m_presence_set(lua_State *L) {
   }
   n = i;
   es_buf_destroy(buf);
-  es_presence_rows applied;
+  es_presence_rows *applied = owned_push(L, sizeof *applied, destroy_rows);
   es_err err = {0};
-  if (es_store_presence_set(h->s, ns, participant, fields, n, ttl, at, seen, &applied, &err))
-    return raise(L, &err);
-  push_patch(L, &applied);
+  es_store *s = core_enter(L, h);
+  int rc = es_store_presence_set(s, ns, participant, fields, n, ttl, at, seen, applied, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  push_patch(L, applied);
   lua_getfield(L, -1, "values");
   lua_remove(L, -2);
-  es_presence_rows_destroy(&applied);
+  es_presence_rows_destroy(applied);
   return done(L, h, 1);
 }
 
 static int m_presence_read(lua_State *L) {
   lstore *h = check_store(L);
   const char *ns = es_lua_check_name(L, 2, "namespace");
-  es_presence_rows rows;
+  es_presence_rows *rows = owned_push(L, sizeof *rows, destroy_rows);
   es_err err = {0};
-  if (es_store_presence_read(h->s, ns, &rows, &err)) return raise(L, &err);
-  lua_createtable(L, (int)rows.n, 0);
-  for (size_t i = 0; i < rows.n; i++) {
-    const es_presence_row *r = &rows.v[i];
+  es_store *s = core_enter(L, h);
+  int rc = es_store_presence_read(s, ns, rows, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, (int)rows->n, 0);
+  for (size_t i = 0; i < rows->n; i++) {
+    const es_presence_row *r = &rows->v[i];
     lua_createtable(L, 0, 6);
     es_lua_set_str(L, "participant", r->participant);
     es_lua_set_str(L, "field", r->field);
-    if (es_json_decode_lua(L, r->value, r->value_len, &err) != ES_OK) {
-      es_presence_rows_destroy(&rows);
-      return raise(L, &err);
-    }
+    if (es_json_decode_lua(L, r->value, r->value_len, &err) != ES_OK) return raise(L, &err);
     lua_setfield(L, -2, "value");
     es_lua_set_int(L, "seen", r->seen);
     es_lua_set_int(L, "at", r->at);
     es_lua_set_int(L, "expires_at", r->expires_at);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
-  es_presence_rows_destroy(&rows);
+  es_presence_rows_destroy(rows);
   return done(L, h, 1);
 }
 
@@ -1021,7 +1308,7 @@ static const luaL_Reg store_methods[] = {
 
 static const luaL_Reg store_meta[] = {
     {"__gc", m_gc},
-    {"__close", m_gc},
+    {"__close", m_close},
     {"__tostring", m_tostring},
     {NULL, NULL},
 };

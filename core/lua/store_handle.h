@@ -9,10 +9,13 @@
 #include "store/store.h"
 
 /* The es_store behind the eventstore.Store at idx (borrowed: valid while
- * the handle is open; es_store_retain it to keep it). Raises an argument
- * error for anything else and CLOSED for a closed handle. *lua_clock (if
- * not NULL) tells whether the store's clock is a Lua function, which only
- * the opening thread may call. */
+ * the handle is alive, i.e. until it is collected, so while it stays on
+ * the stack; if Lua code closes the handle meanwhile, e.g. a metamethod of
+ * an options table read later, it is a closed store whose calls fail with
+ * CLOSED; es_store_retain it to keep it). Raises an argument error for
+ * anything else and CLOSED for a closed handle. *lua_clock (if not NULL)
+ * tells whether the store's clock is a Lua function, which only the
+ * opening thread may call. */
 es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock);
 
 /* Pushes the module table of the store's Lua face (open, manual_clock,

@@ -42,6 +42,31 @@ for _, url in ipairs({"memory:", "sqlite:" .. path}) do
   pcall(store.append, store, "", {{type = "t"}})
   assert(seen > 0)
 end
+-- Lua code that cancels, re-enters or closes its store mid-call
+-- (spec/17-store_reentry_spec.lua): subscriptions cancelled twice and after
+-- close, a subscriber and a clock function that close their store, a
+-- result that no longer decodes.
+for _, url in ipairs({"memory:", "sqlite:" .. path}) do
+  local store = eventstore.open(url, {clock = eventstore.manual_clock(1000)})
+  local unsub = store:subscribe("r", function() store:close() end)
+  local punsub = store:presence_subscribe("ns", function() end)
+  store:subscribe(nil, function() end)
+  store:append("r", {{type = "t"}, {type = "t"}})
+  unsub(); unsub(); punsub(); punsub()
+  local armed, clocked = false, nil
+  clocked = eventstore.open(url, {clock = function()
+    if armed then clocked:close() end
+    return 1000
+  end})
+  armed = true
+  assert(not pcall(clocked.append, clocked, "r", {{type = "t"}}))
+  assert(not pcall(eventstore.open, "nope:", {clock = eventstore.manual_clock(1)}))
+end
+os.execute(("sqlite3 %s \"UPDATE events SET payload = '{'\""):format(path))
+do
+  local store <close> = eventstore.open("sqlite:" .. path)
+  assert(not pcall(store.read, store, "r"))
+end
 -- The engine: worker threads, a handler, a reducer with snapshots, a
 -- failing handler and a budget, on sqlite.
 local dir = os.tmpname()
