@@ -720,7 +720,7 @@ static int m_append(lua_State *L) {
   check_opt_table(L, 4);
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   size_t n;
-  es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, es_store_max_payload(h->s), &n);
+  es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, es_store_max_payload(h->held), &n);
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   int pending = 0;
   es_err err = {0};
@@ -909,7 +909,7 @@ static int m_complete(lua_State *L) {
     lua_newtable(L);
     lua_replace(L, 5);
   }
-  evs = es_lua_check_events(L, 5, 5, ES_NONE, es_store_max_payload(h->s), &n);
+  evs = es_lua_check_events(L, 5, 5, ES_NONE, es_store_max_payload(h->held), &n);
   int outcome = 0;
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
