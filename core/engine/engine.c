@@ -284,6 +284,8 @@ static void record_failure(es_engine *e, int id, const claim_info *c, const char
   int outcome = 0;
   int64_t failures = 0;
   es_err err = {0};
+  /* Lost attempts count: the store dead-letters at max, so lower it by
+   * them (never below this failure, which always counts). */
   int64_t max = e->o.max_failures - c->lost;
   if (max < c->failures + 1) max = c->failures + 1;
   int64_t wait = retry_now ? 0 : backoff_for(e, c->failures + c->lost + 1);
@@ -426,8 +428,7 @@ static int handle(runner *r, const es_event *ev) {
              "%lld earlier attempts never finished (the process running the handler died, was "
              "killed or called os.exit, or its worker was abandoned)",
              (long long)c.lost);
-    c.lost = e->o.max_failures; /* dead-letters it now */
-    record_failure(e, r->id, &c, msg, 1);
+    record_failure(e, r->id, &c, msg, 1); /* failures + lost >= max: dead-letters it */
     return 0;
   }
   pthread_mutex_lock(&r->mu);
@@ -530,7 +531,9 @@ static void worker_exit(runner *r) {
 static void *worker_main(void *arg) {
   runner *r = arg;
   es_engine *e = r->e;
+  pthread_mutex_lock(&r->mu); /* the keeper reads it under r->mu */
   r->has_cpu = pthread_getcpuclockid(pthread_self(), &r->cpu) == 0;
+  pthread_mutex_unlock(&r->mu);
   int64_t claim_wait = IDLE_POLL_MS;
   while (!atomic_load(&e->stopping)) {
     atomic_fetch_add(&e->busy, 1);
@@ -929,7 +932,9 @@ static int fold_job(lua_State *L) {
 static void *fold_main(void *arg) {
   runner *r = arg;
   es_engine *e = r->e;
+  pthread_mutex_lock(&r->mu);
   r->has_cpu = pthread_getcpuclockid(pthread_self(), &r->cpu) == 0;
+  pthread_mutex_unlock(&r->mu);
   pthread_mutex_lock(&e->fold_mu);
   for (;;) {
     while (!r->fold_pending && !r->quit) pthread_cond_wait(&e->fold_cond, &e->fold_mu);
