@@ -25,6 +25,7 @@
 #include <lua.h>
 #include <lualib.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@
 #define COMPLETE_TRIES 3     /* a completion failing with STORAGE is retried (same ids) */
 #define CLAIM_BACKOFF_MAX_MS 5000
 #define MAX_MS (100LL * 365 * 24 * 3600 * 1000) /* the largest time option: 100 years */
+#define FOLD_SPIN_US 300     /* how long the fold handoff polls before blocking */
 
 static const char loader_key = 'l'; /* registry: the state's loader */
 
@@ -148,8 +150,6 @@ void es_loader_call(lua_State *L, const char *fn, const char *name) {
 
 static void runner_free_now(runner *r) {
   if (r->L) lua_close(r->L);
-  free(r->session);
-  free(r->type);
   es_buf_destroy(&r->fold_out);
   pthread_mutex_destroy(&r->mu);
   free(r);
@@ -432,11 +432,11 @@ static int handle(runner *r, const es_event *ev) {
     return 0;
   }
   pthread_mutex_lock(&r->mu);
-  r->session = strdup(ev->session);
-  r->type = strdup(ev->type);
+  /* Borrowed from ev, which outlives the call: the keeper copies what it
+   * keeps, under r->mu. */
+  r->session = ev->session;
+  r->type = ev->type;
   r->claim = c;
-  r->claim.session = r->session;
-  r->claim.type = r->type;
   r->renewed_ms = es_mono_ms();
   watch_start(r);
   pthread_mutex_unlock(&r->mu);
@@ -469,8 +469,6 @@ static int handle(runner *r, const es_event *ev) {
   pthread_mutex_lock(&r->mu);
   r->busy = 0;
   r->finishing = 0;
-  free(r->session);
-  free(r->type);
   r->session = r->type = NULL;
   pthread_mutex_unlock(&r->mu);
   return 0;
@@ -587,7 +585,7 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
   claim_info c = r->claim;
   if (ok) {
     r->abandoned = 1;
-    c.session = strdup(r->claim.session ? r->claim.session : "");
+    c.session = strdup(r->claim.session ? r->claim.session : ""); /* r's are borrowed */
     c.type = strdup(r->claim.type ? r->claim.type : "");
   }
   pthread_mutex_unlock(&r->mu);
@@ -723,6 +721,7 @@ static void engine_free(es_engine *e) {
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cond);
   pthread_mutex_destroy(&e->fold_mu);
+  pthread_mutex_destroy(&e->state_mu);
   pthread_cond_destroy(&e->fold_cond);
   free(e);
 }
@@ -748,6 +747,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cond, NULL);
   pthread_mutex_init(&e->fold_mu, NULL);
+  pthread_mutex_init(&e->state_mu, NULL);
   pthread_cond_init(&e->fold_cond, NULL);
   es_store_retain(s);
   e->s = s;
@@ -873,6 +873,9 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
 /* ---------------------------------------------------------------------- */
 /* es_engine_state: folds on the fold runner, watched by the caller */
 
+static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
+                        es_buf *out, int64_t *index, es_err *err);
+
 /* The error at idx as an es_err: an eventstore error object keeps its
  * code; anything else (a reducer's own error) is INVALID_ARGUMENT. */
 static void to_err(lua_State *L, int idx, es_err *err) {
@@ -929,6 +932,25 @@ static int fold_job(lua_State *L) {
   return 0;
 }
 
+/* Polls flag for up to FOLD_SPIN_US: handing a fold to the fold thread
+ * and back costs two thread wake-ups when either side blocks (tens of
+ * microseconds each on a VM, ten times a small fold); a short poll finds a
+ * quick fold's answer, or back-to-back calls' next job, without them. */
+static int spin_until(atomic_int *flag) {
+  int64_t until = 0;
+  for (int i = 0;; i++) {
+    if (atomic_load(flag)) return 1;
+    if ((i & 63) == 63) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      int64_t now = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+      if (!until) until = now + FOLD_SPIN_US;
+      else if (now >= until) return 0;
+      sched_yield();
+    }
+  }
+}
+
 static void *fold_main(void *arg) {
   runner *r = arg;
   es_engine *e = r->e;
@@ -937,6 +959,11 @@ static void *fold_main(void *arg) {
   pthread_mutex_unlock(&r->mu);
   pthread_mutex_lock(&e->fold_mu);
   for (;;) {
+    if (!r->fold_pending && !r->quit) {
+      pthread_mutex_unlock(&e->fold_mu);
+      spin_until(&r->fold_pending);
+      pthread_mutex_lock(&e->fold_mu);
+    }
     while (!r->fold_pending && !r->quit) pthread_cond_wait(&e->fold_cond, &e->fold_mu);
     if (r->quit) break;
     r->fold_pending = 0;
@@ -980,6 +1007,14 @@ static void *fold_main(void *arg) {
 
 int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                     es_buf *out, int64_t *index, es_err *err) {
+  pthread_mutex_lock(&e->state_mu);
+  int rc = engine_state(e, session, reducer, at, out, index, err);
+  pthread_mutex_unlock(&e->state_mu);
+  return rc;
+}
+
+static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
+                        es_buf *out, int64_t *index, es_err *err) {
   pthread_mutex_lock(&e->fold_mu);
   runner *r = e->folder;
   if (!r) {
@@ -1010,6 +1045,9 @@ int es_engine_state(es_engine *e, const char *session, const char *reducer, int6
   r->fold_done = 0;
   r->fold_pending = 1;
   pthread_cond_broadcast(&e->fold_cond);
+  pthread_mutex_unlock(&e->fold_mu);
+  spin_until(&r->fold_done);
+  pthread_mutex_lock(&e->fold_mu);
   /* The caller is this call's watchdog. */
   while (!r->fold_done) {
     struct timespec until;

@@ -41,11 +41,12 @@ typedef struct runner {
   int64_t renewed_ms;      /* last claim renewal */
   unsigned last_ticks;     /* hook ticks at the last look ... */
   int64_t last_cpu_ns;     /* ... and the thread's CPU time then */
-  char *session, *type;    /* owned copies for claim */
+  const char *session, *type; /* of the claim in flight: borrowed from its event */
   claim_info claim;
 
-  /* The fold runner's job (under e->fold_mu). */
-  int fold_pending, fold_done, quit;
+  /* The fold runner's job (under e->fold_mu; the flags are also polled
+   * without it for a moment before blocking, see spin_until). */
+  atomic_int fold_pending, fold_done, quit;
   char *fold_session, *fold_reducer;
   int64_t fold_at, fold_index;
   int fold_rc;
@@ -64,7 +65,8 @@ struct es_engine {
   pthread_cond_t cond;
 
   runner *folder;             /* runs es_engine_state's folds; NULL until needed */
-  pthread_mutex_t fold_mu;    /* one fold at a time, and the job handoff */
+  pthread_mutex_t state_mu;   /* one es_engine_state at a time */
+  pthread_mutex_t fold_mu;    /* the job handoff */
   pthread_cond_t fold_cond;
 
   /* one run */
