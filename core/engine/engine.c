@@ -49,7 +49,7 @@
 #define COMPLETE_TRIES 3     /* a completion failing with STORAGE is retried (same ids) */
 #define CLAIM_BACKOFF_MAX_MS 5000
 #define MAX_MS (100LL * 365 * 24 * 3600 * 1000) /* the largest time option: 100 years */
-#define FOLD_SPIN_US 300     /* how long the fold handoff polls before blocking */
+#define FOLD_SPIN_US 50      /* how long the fold handoff polls before blocking */
 
 static const char loader_key = 'l'; /* registry: the state's loader */
 
