@@ -700,6 +700,16 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       os.execute("pkill -f 'sleep 19.7' >/dev/null 2>&1")
     end)
 
+    engine_it("SIGINT while a handler is in os.execute is not lost: the run stops within 3 s", function()
+      write_scripts(work .. "/scripts")
+      ok(es({ "append", "s", "slow", '{"seconds":19.3}' }))
+      local rc, ms = run_and_signal("INT", 0.5)
+      assert.are.equal("0", rc, read_file(work .. "/run.err"))
+      assert.is_true(tonumber(ms) < 3000, "took " .. ms .. " ms to stop")
+      assert.are.equal("handled 0, failed 1, dead 0, pending 1\n", read_file(work .. "/run.out"))
+      os.execute("pkill -f 'sleep 19.3' >/dev/null 2>&1")
+    end)
+
     engine_it("SIGINT: exits 0 and prints the summary", function()
       write_scripts(work .. "/scripts")
       -- not in the background: a non-interactive shell's background jobs

@@ -30,10 +30,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/random.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 #include "engine/internal.h"
 #include "codec/state.h"
@@ -109,6 +113,31 @@ static int l_hash(lua_State *L) {
   return 1;
 }
 
+/* os.execute for engine scripts. The C library's system() ignores SIGINT
+ * and SIGQUIT in the whole process while the command runs, so a Ctrl-C
+ * to an engine whose handler sits in os.execute("sleep 20") was lost; this
+ * one runs /bin/sh -c without touching any signal disposition, and
+ * returns what os.execute returns. */
+static int l_execute(lua_State *L) {
+  const char *cmd = luaL_optstring(L, 1, NULL);
+  if (!cmd) {
+    lua_pushboolean(L, access("/bin/sh", X_OK) == 0);
+    return 1;
+  }
+  char *argv[] = {"sh", "-c", (char *)cmd, NULL};
+  pid_t pid;
+  int rc = posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ);
+  if (rc != 0) {
+    errno = rc;
+    return luaL_fileresult(L, 0, NULL);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return luaL_fileresult(L, 0, NULL);
+  }
+  return luaL_execresult(L, status);
+}
+
 /* Sets up a runner's state: package paths, eventstore preloaded (the
  * module is linked into this very library, so handlers' require needs no
  * .so search), and the loader (lua/eventstore/loader.lua). */
@@ -127,6 +156,10 @@ static int setup_state(lua_State *L) {
   lua_pushcfunction(L, luaopen_eventstore_core);
   lua_setfield(L, -2, "eventstore.core");
   lua_pop(L, 2);
+  lua_getglobal(L, "os");
+  lua_pushcfunction(L, l_execute);
+  lua_setfield(L, -2, "execute");
+  lua_pop(L, 1);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "eventstore.loader");
   lua_call(L, 1, 1);

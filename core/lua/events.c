@@ -324,6 +324,23 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
    * lua_rawlen may report a border far beyond the elements that exist
    * ({[1] = e, [2] = e, [4] = e, ..., [2^62] = e} has length 2^62). */
   size_t n = (size_t)lua_rawlen(L, idx);
+  /* A list and nothing else: one event passed without its enclosing list
+   * ({type = "x"} has length 0) must not read as an empty batch. */
+  size_t keys = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    keys++;
+    if (!lua_isinteger(L, -1)) {
+      lua_pop(L, 1);
+      lua_getfield(L, idx, "type");
+      int one = !lua_isnil(L, -1);
+      lua_pop(L, 1);
+      if (one) bad_event(L, arg, "events must be a list of events, not one event (wrap it: {event})");
+      bad_event(L, arg, "events must be a list of events (keys 1..n only)");
+    }
+  }
+  if (keys != n) bad_event(L, arg, "events must be a list of events (keys 1..n only)");
   for (size_t i = 0; i < n; i++) {
     int type = lua_rawgeti(L, idx, (lua_Integer)i + 1);
     lua_pop(L, 1);
