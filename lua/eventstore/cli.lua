@@ -283,8 +283,8 @@ command("state", {
   help = [[
 Folds SESSION's events with reducers/REDUCER.lua of the scripts directory
 and prints the state as one line of JSON (through index N with --at). A
-state JSON cannot carry (a function, a table mixing integer and string
-keys, ...) is an error.
+state that cannot be printed as JSON (a function, a table mixing integer
+and string keys, ...) is an error.
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
   --at N          the state after event N (0: the initial state)
