@@ -236,7 +236,7 @@ describe("eventstore binary", function()
         { { "revive", "s", "x" }, "revive: INDEX expects a whole number >= 1, got 'x'" },
         { { "settle", "s", "0" }, "settle: INDEX expects a whole number >= 1, got '0'" },
         { { "state", "s", "r", "--at", "1.5" }, "state: --at expects a whole number >= 0, got '1.5'" },
-        { { "run", "--workers", "0" }, "run: --workers expects a whole number >= 1, got '0'" },
+        { { "run", "--workers", "0" }, "run: --workers expects a whole number from 1 to 256, got '0'" },
         { { "sessions", "--limit", "many" }, "sessions: --limit expects a whole number >= 1" },
         { { "dead", "--limit", "" }, "dead: --limit expects a whole number >= 1" },
       }

@@ -28,6 +28,9 @@ local READ_PAGE = 1000       -- events per store:read page
 local PROGRESS_EVERY_MS = 500  -- the progress line's redraw period
 local SIGNAL_POLL_MS = 100     -- how often run looks for SIGINT/SIGTERM
 local PENDING_EVERY_MS = 2000  -- how often the progress line recounts pending
+local PROGRESS_LOG_EVERY_MS = 5000 -- run --progress off a terminal: one log line this often
+local MAX_WORKERS = 256        -- the engine's limit (docs/engine.md)
+local DEFAULT_DEADLINE_S = 300 -- run --until-done gives up after this long
 
 -- The terminal helpers only the binary has (core/main.c); a plain lua5.4
 -- running this module sees "not a terminal" and no progress line.
@@ -127,10 +130,14 @@ end
 
 -- ---- helpers --------------------------------------------------------------
 
--- A whole number >= min from an option or argument (usage error otherwise).
-local function parse_int(cmd, what, text, min)
+-- A whole number >= min (and <= max when given) from an option or argument
+-- (usage error otherwise, naming the range).
+local function parse_int(cmd, what, text, min, max)
   local n = text:match("^%d+$") and math.tointeger(tonumber(text)) or nil
-  if n == nil or n < min then
+  if n == nil or n < min or (max ~= nil and n > max) then
+    if max ~= nil then
+      usage_error(cmd, false, "%s: %s expects a whole number from %d to %d, got '%s'", cmd, what, min, max, text)
+    end
     usage_error(cmd, false, "%s: %s expects a whole number >= %d, got '%s'", cmd, what, min, text)
   end
   return n
@@ -182,7 +189,7 @@ end
 -- ---- commands ---------------------------------------------------------------
 --
 -- Each command: synopsis, help text, positional argument count (min, max),
--- options (name -> "flag" | "string" | {int = minimum}), an optional check
+-- options (name -> "flag" | "string" | {int = minimum, max = maximum?}), an optional check
 -- (more usage checks, still before anything is opened) and run (returns the
 -- exit code).
 
@@ -199,22 +206,35 @@ local function command(name, def)
 end
 
 command("run", {
-  synopsis = "run [--db URL] [--scripts DIR] [--workers N] [--until-idle]",
+  synopsis = "run [--db URL] [--scripts DIR] [--workers N] [--until-idle | --until-done [--deadline S]] [--progress]",
   summary = "dispatch pending events to their handlers",
   help = [[
 Dispatches every pending event of the store to its handler in the scripts
 directory (handlers/<type>.lua), until SIGINT or SIGTERM (handler calls in
-flight finish, their claims are released, exit 0), or with --until-idle
-until no event is ready. On a terminal a progress line is kept on stderr.
-At the end prints to stdout:
+flight are interrupted and retried later, exit 0); with --until-idle until
+no event is ready now; with --until-done until no pending event will ever
+become ready by time alone (it also waits for backoffs and timers). On a
+terminal a progress line is kept on stderr. At the end prints to stdout:
   handled N, failed N, dead N, pending N
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
-  --workers N     worker threads (default: the engine's, 1)
-  --until-idle    return once no event is ready now
+  --workers N     worker threads, 1 to 256 (default: the engine's, 1)
+  --until-idle    return once no event is ready now (timers and backoffs
+                  stay pending)
+  --until-done    also wait for events that become ready later (timers,
+                  backoffs); exit 1 naming what is still pending if that
+                  would take past the deadline
+  --deadline S    with --until-done: give up after S seconds, 1 to 31536000
+                  (default 300)
+  --progress      when stderr is not a terminal, log a progress line to it
+                  every 5 s (on a terminal the line is always kept)
 ]],
   args = { 0, 0 },
-  options = { db = "string", scripts = "string", workers = { int = 1 }, ["until-idle"] = "flag" },
+  options = {
+    db = "string", scripts = "string", workers = { int = 1, max = MAX_WORKERS },
+    ["until-idle"] = "flag", ["until-done"] = "flag", deadline = { int = 1, max = 365 * 24 * 3600 },
+    progress = "flag",
+  },
 })
 
 command("append", {
@@ -263,8 +283,8 @@ command("state", {
   help = [[
 Folds SESSION's events with reducers/REDUCER.lua of the scripts directory
 and prints the state as one line of JSON (through index N with --at). A
-state JSON cannot carry (a function, a table mixing integer and string
-keys, ...) is an error.
+state that cannot be printed as JSON (a function, a table mixing integer
+and string keys, ...) is an error.
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
   --at N          the state after event N (0: the initial state)
@@ -417,7 +437,7 @@ local function parse(def, argv, i)
   if o.help then return o, args end
   for key, kind in pairs(def.options) do
     if type(kind) == "table" and o[key] ~= nil then
-      o[key] = parse_int(name, "--" .. key, o[key], kind.int)
+      o[key] = parse_int(name, "--" .. key, o[key], kind.int, kind.max)
     end
   end
   local min, max = def.args[1], def.args[2]
@@ -451,62 +471,153 @@ local function count_pending(store)
   return total
 end
 
+function commands.run.check(o)
+  if o["until-idle"] and o["until-done"] then
+    usage_error("run", true, "run: --until-idle and --until-done exclude each other")
+  end
+  if o.deadline ~= nil and not o["until-done"] then
+    usage_error("run", true, "run: --deadline needs --until-done")
+  end
+end
+
+-- When the next pending event becomes ready by time alone, for run
+-- --until-done: walks the sessions that have pending events (only those)
+-- and their events. An event's ready time is the latest of its not_before
+-- (a timer), retry_at (a backoff) and claim_expires_at (another holder's
+-- claim). Pending events already ready are not counted: after a run until
+-- idle, nothing here took them (no handler here), and time will not
+-- change that. Returns the earliest ready time (nil: none), how many
+-- events wait for a time, and the first of them.
+local function next_wake(store, now)
+  local wake, waiting, first = nil, 0, nil
+  local after
+  repeat
+    local page = store:sessions({ after = after, limit = PAGE })
+    for _, s in ipairs(page.sessions) do
+      if (s.pending or 0) > 0 then
+        local from = 0
+        while true do
+          local events = store:read(s.session, { after = from, limit = READ_PAGE })
+          for _, e in ipairs(events) do
+            if e.status == "pending" then
+              local t = math.max(e.not_before or 0, e.retry_at or 0, e.claim_expires_at or 0)
+              if t > now then
+                waiting = waiting + 1
+                if wake == nil or t < wake then wake, first = t, e end
+              end
+            end
+          end
+          if #events < READ_PAGE then break end
+          from = events[#events].index
+        end
+      end
+    end
+    after = page.cursor
+  until after == nil
+  return wake, waiting, first
+end
+
 function commands.run.run(o)
   local dir = scripts_dir(o, true)
   need_engine()
   local store <close> = open_store(o, true)
+  local until_done = o["until-done"] == true
+  local now_ms = (tty and tty.now_ms) or function() return store:now() end
+
+  -- Totals over the engine runs (--until-done runs it until idle, again
+  -- after each wait).
+  local total = { handled = 0, failed = 0, dead = 0 }
 
   -- The progress line: engine:run calls `progress` on this thread every
-  -- progress_ms with {handled, failed, dead}; pending is counted here (a
-  -- walk over the sessions), at most every PENDING_EVERY_MS. The line is
-  -- redrawn in place with \r and cleared before the summary.
+  -- SIGNAL_POLL_MS with {handled, failed, dead, busy} of that run; pending
+  -- is counted here (a walk over the sessions), at most every
+  -- PENDING_EVERY_MS. On a terminal the line is redrawn in place with \r
+  -- every PROGRESS_EVERY_MS and cleared before the summary; otherwise, with
+  -- --progress, it is logged as a plain line every PROGRESS_LOG_EVERY_MS.
+  local on_tty = tty ~= nil and tty.isatty(2)
+  local draw = on_tty or o.progress == true
   local drawn = false
-  local progress
-  if tty and tty.isatty(2) then
-    local pending, counted, shown = 0, nil, nil
-    progress = function(stats)
-      local now = tty.now_ms()
-      if shown and now - shown < PROGRESS_EVERY_MS then return end
-      shown = now
-      if counted == nil or now - counted >= PENDING_EVERY_MS then
-        pending, counted = count_pending(store), now
-      end
-      io.stderr:write(("\r\27[Khandled %d, failed %d, dead %d, pending %d"):format(
-        stats.handled or 0, stats.failed or 0, stats.dead or 0, pending))
-      io.stderr:flush()
-      drawn = true
+  local pending, counted, shown = 0, nil, nil
+  local function show(stats)
+    if not draw then return end
+    local now = now_ms()
+    if shown and now - shown < (on_tty and PROGRESS_EVERY_MS or PROGRESS_LOG_EVERY_MS) then return end
+    shown = now
+    if counted == nil or now - counted >= PENDING_EVERY_MS then
+      pending, counted = count_pending(store), now
     end
+    local line = ("handled %d, failed %d, dead %d, pending %d"):format(total.handled + (stats.handled or 0),
+      total.failed + (stats.failed or 0), total.dead + (stats.dead or 0), pending)
+    if on_tty then
+      io.stderr:write("\r\27[K", line)
+      drawn = true
+    else
+      io.stderr:write(PROG, ": progress: ", line, "\n")
+    end
+    io.stderr:flush()
   end
 
   local engine = new_engine(store, dir, { workers = o.workers })
   -- SIGINT/SIGTERM (counted by the binary, which owns signals) stop the
   -- engine: running handlers are interrupted and retried later.
   local stopping = false
-  local draw = progress
-  progress = function(stats)
+  local function poll_signals(busy)
     if not stopping and tty and tty.signals and tty.signals() ~= 0 then
       stopping = true
       engine:stop()
       if drawn then io.stderr:write("\r\27[K") drawn = false end
-      local busy = stats.busy or 0
+      busy = busy or 0
       if busy > 0 then
         io.stderr:write(("stopping: interrupting %d running handler%s (press Ctrl-C again to quit now)\n")
           :format(busy, busy == 1 and "" or "s"))
         io.stderr:flush()
       end
     end
-    if draw and not stopping then draw(stats) end
+    return stopping
+  end
+  local function progress(stats)
+    if not poll_signals(stats.busy) then show(stats) end
   end
   if tty and tty.watch_signals then tty.watch_signals() end
-  local stats = engine:run({
-    until_idle = o["until-idle"] == true,
-    progress = progress,
-    progress_ms = SIGNAL_POLL_MS,
-  }) or {}
+
+  local deadline_at = store:now() + (o.deadline or DEFAULT_DEADLINE_S) * 1000
+  local overdue -- {waiting, first, wake}: --until-done could not finish in time
+  while true do
+    local stats = engine:run({
+      until_idle = o["until-idle"] == true or until_done,
+      progress = progress,
+      progress_ms = SIGNAL_POLL_MS,
+    }) or {}
+    for k in pairs(total) do total[k] = total[k] + (stats[k] or 0) end
+    if not until_done or stopping then break end
+    local now = store:now()
+    local wake, waiting, first = next_wake(store, now)
+    if wake == nil then break end
+    if wake > deadline_at then
+      overdue = { waiting = waiting, first = first, wake = wake, now = now }
+      break
+    end
+    -- Sleep until the next event is due, polling signals (store:wait
+    -- after the last possible position is a plain sleep on the store).
+    while not poll_signals(0) do
+      local left = wake - store:now()
+      if left <= 0 then break end
+      store:wait(nil, math.maxinteger, math.min(left, SIGNAL_POLL_MS))
+      show({})
+    end
+    if stopping then break end
+  end
   engine:close()
   if drawn then io.stderr:write("\r\27[K") io.stderr:flush() end
   out(("handled %d, failed %d, dead %d, pending %d"):format(
-    stats.handled or 0, stats.failed or 0, stats.dead or 0, count_pending(store)))
+    total.handled, total.failed, total.dead, count_pending(store)))
+  if overdue then
+    local e = overdue.first
+    fail("run --until-done: %d pending event%s will not be ready before the deadline (--deadline %d s); "
+      .. "the next: session '%s' #%d (%s), ready in %d s", overdue.waiting, overdue.waiting == 1 and "" or "s",
+      o.deadline or DEFAULT_DEADLINE_S, printable(e.session), e.index, printable(e.type),
+      (overdue.wake - overdue.now + 999) // 1000)
+  end
   return 0
 end
 
@@ -557,7 +668,12 @@ function commands.append.run(o, args)
   local session = args[1]
   local events
   if #args == 1 then
-    -- Every line is checked before the store is even opened.
+    -- Every line is checked before the store is even opened. A user at a
+    -- terminal is told what the command is waiting for.
+    if tty and tty.isatty(0) then
+      io.stderr:write(PROG, ": reading NDJSON events from stdin, Ctrl-D to end\n")
+      io.stderr:flush()
+    end
     events = {}
     local n = 0
     for line in io.stdin:lines() do
@@ -758,20 +874,41 @@ function M.main(argv)
     if getmetatable(def) == Usage then return report_usage(def) end
     error(def, 0)
   end
-  -- Phase 2, unprotected: failures reach core/main.c (exit 1).
-  local code = 0
-  if def == "help" then
-    io.stdout:write(global_usage())
-  elseif def == "version" then
-    out(eventstore._VERSION or PROG)
-  elseif o.help then
-    io.stdout:write(command_help(def))
-  else
-    code = def.run(o, args)
-  end
+  -- Phase 2: failures reach core/main.c (exit 1). An expected failure (an
+  -- error object with __tostring: the store's, the engine's, this file's)
+  -- is re-raised as one line: the engine appends a reducer's traceback to
+  -- its message, which belongs in a log, not in a command's error line. A
+  -- string error is a bug and keeps its traceback.
+  local ran, code = xpcall(function()
+    if def == "help" then
+      io.stdout:write(global_usage())
+    elseif def == "version" then
+      out(eventstore._VERSION or PROG)
+    elseif o.help then
+      io.stdout:write(command_help(def))
+    else
+      return def.run(o, args)
+    end
+    return 0
+  end, function(e)
+    local mt = getmetatable(e)
+    if type(e) ~= "string" and mt ~= nil and mt.__tostring ~= nil then
+      return setmetatable({ message = M.one_line(tostring(e)) }, Failure)
+    end
+    return setmetatable({ message = debug.traceback(tostring(e), 2) }, Failure)
+  end)
+  if not ran then error(code, 0) end
   local flushed, err = io.stdout:flush()
   if not flushed then fail("cannot write to stdout: %s", tostring(err)) end
   return code or 0
+end
+
+-- An error message as one line: without the traceback the engine appends
+-- to a script's error ("\nstack traceback:\n..."), other line breaks as
+-- spaces.
+function M.one_line(msg)
+  msg = msg:gsub("\n?stack traceback:\n.*$", "")
+  return (msg:gsub("%s*\n%s*", " "))
 end
 
 return M
