@@ -623,7 +623,7 @@ static void test_types(void) {
            {"a", ES_STATUS_PENDING, 1, 100}, {"a", ES_STATUS_PENDING, 0, 50},
            {"a", ES_STATUS_PROCESSED, 0, 10}, {"c", ES_STATUS_DEAD, 0, 10},
            {"b", ES_STATUS_PENDING, 1, 900}, {"a", ES_STATUS_PENDING, 1, 100}};
-  char ids[8][8];
+  char ids[8][16];
   int ok = 1;
   B->write_begin(b, &t, &err);
   for (int i = 0; i < 8; i++) {
