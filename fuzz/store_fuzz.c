@@ -494,6 +494,18 @@ static int push_args(lua_State *L, src *s, int op) {
         }
         lua_setfield(L, -2, "exclude");
       }
+      if (op == OP_CLAIM_NEXT && pick(s, 3) == 0) {
+        /* types: names (NUL, invalid UTF-8, too long among them), or
+         * sometimes a non-string element */
+        unsigned n = pick(s, 5);
+        lua_createtable(L, (int)n, 0);
+        for (unsigned i = 0; i < n; i++) {
+          if (pick(s, 8) == 0) push_number_ish(L, s, 2);
+          else push_name(L, s);
+          lua_rawseti(L, -2, (lua_Integer)i + 1);
+        }
+        lua_setfield(L, -2, "types");
+      }
       if (pick(s, 8) == 0) maybe_metatable(L, s, 1, 0);
       return op == OP_CLAIM ? 2 : 1;
     case OP_PRESENCE: {

@@ -580,6 +580,189 @@ for _, url in ipairs(helpers.urls()) do
     end)
 
     -------------------------------------------------------------------------
+    describe("claim_next with types", function()
+      local function next_(store, opts)
+        opts = opts or {}
+        opts.holder = opts.holder or "w1"
+        opts.ttl_ms = opts.ttl_ms or 1000
+        return store:claim_next(opts)
+      end
+
+      local function types_of(evs)
+        return helpers.pluck(evs, "type")
+      end
+
+      it("claims only ready events of the listed types", function()
+        local store = new()
+        store:append("a", { { type = "x" }, { type = "y" }, { type = "z" } })
+        store:append("b", { { type = "y" }, { type = "w" } })
+        local evs = next_(store, { limit = 10, types = { "y", "w" } })
+        assert.same({ "y", "y", "w" }, types_of(evs))
+        assert.same({ "a", "b", "b" }, helpers.pluck(evs, "session"))
+        -- the others are still there for an engine that handles them
+        assert.same({ "x", "z" }, types_of(next_(store, { limit = 10 })))
+      end)
+
+      it("orders across types earliest ready first, then position, as without types", function()
+        local store, clock = new()
+        store:append("a", { { type = "x", not_before = T0 + 100 } }) -- ready at T0+100
+        clock:set(T0 + 50)
+        store:append("b", { { type = "y" } })                        -- ready at T0+50
+        store:append("c", { { type = "x" } })                        -- ready at T0+50, later position
+        store:append("d", { { type = "z" } })                        -- not listed
+        clock:set(T0 + 200)
+        local evs = next_(store, { limit = 10, types = { "x", "y" } })
+        assert.same({ "b", "c", "a" }, helpers.pluck(evs, "session"))
+      end)
+
+      it("takes the earliest ready events across types when the limit cuts", function()
+        local store, clock = new()
+        for i = 1, 3 do
+          store:append("x" .. i, { { type = "x" } })
+          clock:advance(1)
+          store:append("y" .. i, { { type = "y" } })
+          clock:advance(1)
+        end
+        local evs = next_(store, { limit = 3, types = { "y", "x" } })
+        assert.same({ "x1", "y1", "x2" }, helpers.pluck(evs, "session"))
+        evs = next_(store, { limit = 1, types = { "y", "x" } })
+        assert.same({ "y2" }, helpers.pluck(evs, "session"))
+      end)
+
+      it("claims one event by default and duplicates in types are harmless", function()
+        local store = new()
+        store:append("a", { { type = "x" }, { type = "x" } })
+        local evs = next_(store, { types = { "x", "x", "x" } })
+        assert.same({ 1 }, indexes(evs))
+        evs = next_(store, { limit = 10, types = { "x", "x" } })
+        assert.same({ 2 }, indexes(evs))
+        assert.equal(1, evs[1].attempt)
+      end)
+
+      it("retry_at considers only the listed types", function()
+        local store = new()
+        store:append("a", { { type = "x", not_before = T0 + 300 } })
+        store:append("b", { { type = "y", not_before = T0 + 100 } })
+        store:append("c", { { type = "z" } })
+        local evs, retry_at = next_(store, { limit = 10, types = { "x" } })
+        assert.same({}, evs)
+        assert.equal(T0 + 300, retry_at)
+        evs, retry_at = next_(store, { limit = 10, types = { "x", "y" } })
+        assert.same({}, evs)
+        assert.equal(T0 + 100, retry_at)
+        evs, retry_at = next_(store, { limit = 10, types = { "w" } })
+        assert.same({}, evs)
+        assert.is_nil(retry_at)
+        -- after claiming, the claim's own expiry is a retry_at of its type
+        evs, retry_at = next_(store, { ttl_ms = 50, types = { "z" } })
+        assert.same({ "c" }, helpers.pluck(evs, "session"))
+        assert.equal(T0 + 50, retry_at)
+      end)
+
+      it("keeps the lane rule: a listed type behind an unlisted one in its lane is not ready", function()
+        local store = new()
+        store:append("s", { { type = "other", lane = "L" }, { type = "mine", lane = "L" },
+                            { type = "mine" } })
+        local evs, retry_at = next_(store, { limit = 10, types = { "mine" } })
+        assert.same({ 3 }, indexes(evs))
+        evs, retry_at = next_(store, { limit = 10, types = { "mine" } })
+        assert.same({}, evs)
+        assert.equal(T0 + 1000, retry_at) -- event 3's claim; event 2 waits on its lane
+        -- once the lane's head is processed, the listed type's event is next
+        local head = next_(store, { types = { "other" } })[1]
+        assert.equal(1, head.index)
+        assert.equal("completed", store:complete("s", 1, head.attempt, {}).outcome)
+        evs = next_(store, { limit = 10, types = { "mine" } })
+        assert.same({ 2 }, indexes(evs))
+      end)
+
+      it("a dead letter of an unlisted type still blocks its lane", function()
+        local store = new()
+        store:append("s", { { type = "other", lane = "L" }, { type = "mine", lane = "L" } })
+        dead_letter(store, "s", 1)
+        local evs, retry_at = next_(store, { limit = 10, types = { "mine", "other" } })
+        assert.same({}, evs)
+        assert.is_nil(retry_at)
+      end)
+
+      it("types = {} claims nothing and reports no retry_at", function()
+        local store = new()
+        store:append("a", { { type = "x" } })
+        store:append("b", { { type = "y", not_before = T0 + 100 } })
+        local evs, retry_at = next_(store, { limit = 10, types = {} })
+        assert.same({}, evs)
+        assert.is_nil(retry_at)
+        assert.equal(0, event(store, "a", 1).attempts or 0)
+        assert.same({ "a" }, helpers.pluck(next_(store, { limit = 10 }), "session"))
+      end)
+
+      it("refuses bad type names, writing nothing", function()
+        local store = new()
+        store:append("a", { { type = "x" } })
+        local e = expect_error("INVALID_ARGUMENT", next_, store, { types = { "x", "a\0b" } })
+        assert.matches("types%[2%]", e.message)
+        assert.matches("NUL", e.message)
+        e = expect_error("INVALID_ARGUMENT", next_, store, { types = { "" } })
+        assert.matches("types%[1%]", e.message)
+        expect_error("INVALID_ARGUMENT", next_, store, { types = { ("t"):rep(256) } })
+        local many = {}
+        for i = 1, 1001 do many[i] = "t" .. i end
+        e = expect_error("INVALID_ARGUMENT", next_, store, { types = many })
+        assert.matches("1001", e.message)
+        many[1001] = nil
+        assert.same({}, next_(store, { types = many }))
+        assert.has_error(function() next_(store, { types = "x" }) end)
+        assert.has_error(function() next_(store, { types = { 1 } }) end)
+        assert.has_error(function() next_(store, { types = { "x", nil, "y" } }) end)
+        assert.equal(0, event(store, "a", 1).attempts or 0)
+      end)
+    end)
+
+    -------------------------------------------------------------------------
+    describe("pending_types", function()
+      it("is empty for an empty store", function()
+        local store = new()
+        assert.same({}, store:pending_types())
+      end)
+
+      it("counts pending events by type: claimed, laned and timed ones too", function()
+        local store = new()
+        store:append("a", { { type = "x" }, { type = "y", lane = "L" }, { type = "x", lane = "L" } })
+        store:append("b", { { type = "x", not_before = T0 + 500 }, { type = "z", settled = true } })
+        store:claim_next({ holder = "w", ttl_ms = 1000, types = { "y" } })
+        assert.same({ x = 3, y = 1 }, store:pending_types())
+      end)
+
+      it("drops processed, settled and dead events; revive brings them back", function()
+        local store = new()
+        store:append("s", { { type = "x" }, { type = "x" }, { type = "y" } })
+        local e = store:claim_next({ holder = "w", ttl_ms = 1000, types = { "x" } })[1]
+        store:complete("s", e.index, e.attempt, { { type = "y" } })
+        assert.same({ x = 1, y = 2 }, store:pending_types())
+        local c = store:claim("s", { holder = "w", ttl_ms = 1000, exclude = { 2 }, limit = 1 })
+        assert.same({ 3 }, indexes(c.events))
+        store:fail("s", 3, c.events[1].attempt, { error = "boom", max_failures = 1 })
+        assert.same({ x = 1, y = 1 }, store:pending_types())
+        store:revive("s", 3)
+        assert.same({ x = 1, y = 2 }, store:pending_types())
+        e = store:claim_next({ holder = "w", ttl_ms = 1000, types = { "x" } })[1]
+        store:fail("s", e.index, e.attempt, { error = "no", max_failures = 1 })
+        assert.same({ y = 2 }, store:pending_types())
+        store:settle("s", e.index, "handled by hand")
+        assert.same({ y = 2 }, store:pending_types())
+      end)
+
+      it("a failed call changes no count", function()
+        local store = new()
+        store:append("s", { { type = "x", id = "one" } })
+        expect_error("PARTIAL_DUPLICATE_BATCH", function()
+          store:append("s", { { type = "x", id = "one" }, { type = "y", id = "two" } })
+        end)
+        assert.same({ x = 1 }, store:pending_types())
+      end)
+    end)
+
+    -------------------------------------------------------------------------
     describe("renew", function()
       local function renew(store, session, holder, claims, ttl_ms)
         local r = store:renew(session, { holder = holder, claims = claims, ttl_ms = ttl_ms or 1000 })

@@ -2,17 +2,18 @@
  * backends/memory.c: the "memory:" backend (backend.h), everything in RAM.
  *
  * Layout (docs/memory-backend.md has the picture and the cost of each op):
- *   - a row is one allocation: a 64-byte header, the optional immutable
+ *   - a row is one allocation: a 72-byte header, the optional immutable
  *     integers (cause, not_before, the lane) only when present, then
- *     id, type and payload bytes; the session name and the lane name are
+ *     id and payload bytes; the session, type and lane names are
  *     shared, the dispatch record (attempts, claim, errors, ...) is a
  *     separate block that exists only once it differs from "never touched";
  *   - rows are found by position (a dense array: position p at p - 1), by
  *     (session, index) (a dense array per session) and by id (hmap.h);
  *   - the dispatch indexes are intrusive AVL trees (tree.h): queued rows by
- *     (due_at, position) store-wide and by index per session (each subtree
- *     knowing its least due_at), dead rows by position store-wide and per
- *     session, unprocessed laned rows by index per (session, lane). Their
+ *     (due_at, position) store-wide and per type, and by index per session
+ *     (each subtree knowing its least due_at), dead rows by position
+ *     store-wide and per session, unprocessed laned rows by index per
+ *     (session, lane). Their
  *     nodes sit in a block hung off the row, sized for the sets it is in and
  *     freed at commit once it is in none, so history rows do not pay for
  *     them.
@@ -36,18 +37,21 @@
 
 typedef struct mrow mrow;
 typedef struct msess msess;
+typedef struct mtype mtype;
 
 /* The ordered sets a row can be in; bit i of a set mask is slot i. A links
  * block holds the nodes of slots 0 .. n-1 only, so the order puts the sets
- * of a pending row first: a queued row needs 2 nodes, a laned one 3.
+ * of a pending row first: a queued row needs 3 nodes, a laned one 4.
  *   QG   queued rows of the store by (due_at, position): claim_next
  *   QS   queued rows of a session by index, each subtree knowing its least
  *        due_at (mlinks.qmin): claim takes the first due rows in index
  *        order without walking the ones not due yet
+ *   QT   queued rows of one type by (due_at, position): claim_next limited
+ *        to some types never walks the rows of the others
  *   LANE unprocessed rows of a (session, lane) by index: lane_next
  *   DG, DS  dead rows of the store, of a session, by position */
-enum { SLOT_QG, SLOT_QS, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
-#define SETS_QUEUED ((1u << SLOT_QG) | (1u << SLOT_QS))
+enum { SLOT_QG, SLOT_QS, SLOT_QT, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
+#define SETS_QUEUED ((1u << SLOT_QG) | (1u << SLOT_QS) | (1u << SLOT_QT))
 #define SETS_DEAD ((1u << SLOT_DG) | (1u << SLOT_DS))
 #define SETS_LANE (1u << SLOT_LANE)
 
@@ -79,13 +83,23 @@ enum {
 
 struct mrow {
   msess *sess;     /* shared: the session name lives there */
+  mtype *type;     /* shared: the type name lives there */
   mdisp *disp;     /* NULL: the untouched dispatch record */
   mlinks *links;   /* NULL: in no ordered set */
   int64_t index, position, created_at, due_at;
   uint32_t payload_len;
   unsigned char status, queued, flags;
   unsigned char nslots;  /* nodes in the links block */
-  uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before] id NUL type NUL payload NUL */
+  uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before] id NUL payload NUL */
+};
+
+/* An event type: shared by its rows, with its own ready queue and the count
+ * of its pending rows (pending_types), both kept by row_set_state. */
+struct mtype {
+  es_tree queued;       /* SLOT_QT nodes by (due_at, position) */
+  int64_t pending;      /* rows with status PENDING */
+  size_t rows;          /* rows pointing here; the type is freed at 0 (by undo) */
+  char name[];
 };
 
 typedef struct mlane {
@@ -160,6 +174,7 @@ struct es_backend {
   es_tree names;     /* sessions with a session row, by name */
   es_tree queued;    /* SLOT_QG */
   es_tree dead;      /* SLOT_DG */
+  es_hmap types;     /* owned mtype by name */
   es_hmap spaces;    /* owned mns by name */
   urec *undo;        /* owned log of the open write transaction */
   size_t nundo, capundo;
@@ -242,6 +257,7 @@ static const char *row_id(const mrow *r) { return (const char *)(r->tail + tail_
 static const char *row_id_key(const void *item) { return row_id(item); }
 static const char *sess_key(const void *item) { return ((const msess *)item)->name; }
 static const char *lane_key(const void *item) { return ((const mlane *)item)->name; }
+static const char *type_key(const void *item) { return ((const mtype *)item)->name; }
 static const char *ns_key(const void *item) { return ((const mns *)item)->name; }
 
 static int disp_is_default(const es_event *e) {
@@ -317,10 +333,9 @@ static void row_view(const mrow *r, es_event *e) {
   }
   if (r->flags & RF_NOT_BEFORE) e->not_before = (int64_t)r->tail[w++];
   char *id = (char *)(r->tail + w);
-  char *type = id + strlen(id) + 1;
-  char *payload = type + strlen(type) + 1;
+  char *payload = id + strlen(id) + 1;
   e->id = id;
-  e->type = type;
+  e->type = r->type->name;
   e->payload = (r->flags & RF_NO_PAYLOAD) ? NULL : payload;
   e->payload_len = r->payload_len;
   e->session = (char *)r->sess->name;
@@ -392,7 +407,8 @@ typedef struct tkey {
 static tkey slot_key(int slot, const mrow *r) {
   tkey k = {0, 0};
   switch (slot) {
-    case SLOT_QG: k.a = r->due_at; k.b = r->position; break;
+    case SLOT_QG:
+    case SLOT_QT: k.a = r->due_at; k.b = r->position; break;
     case SLOT_QS: k.a = r->index; break;
     case SLOT_DG:
     case SLOT_DS: k.a = r->position; break;
@@ -423,18 +439,20 @@ static int tkey_cmp(tkey x, tkey y) {
   }
 SLOT_FUNCS(SLOT_QG, qg)
 SLOT_FUNCS(SLOT_QS, qs)
+SLOT_FUNCS(SLOT_QT, qt)
 SLOT_FUNCS(SLOT_DG, dg)
 SLOT_FUNCS(SLOT_DS, ds)
 SLOT_FUNCS(SLOT_LANE, lane)
 
 static es_tree_probe_fn const slot_probe[NSLOTS] = {
-    [SLOT_QG] = probe_qg, [SLOT_QS] = probe_qs, [SLOT_LANE] = probe_lane,
+    [SLOT_QG] = probe_qg, [SLOT_QS] = probe_qs, [SLOT_QT] = probe_qt, [SLOT_LANE] = probe_lane,
     [SLOT_DG] = probe_dg, [SLOT_DS] = probe_ds};
 
 static es_tree *slot_tree(es_backend *b, mrow *r, int slot) {
   switch (slot) {
     case SLOT_QG: return &b->queued;
     case SLOT_QS: return &r->sess->queued;
+    case SLOT_QT: return &r->type->queued;
     case SLOT_DG: return &b->dead;
     case SLOT_DS: return &r->sess->dead;
     default: return &row_lane(r)->unprocessed;
@@ -475,6 +493,7 @@ static void row_set_state(es_backend *b, mrow *r, int status, int queued, int64_
   if (r->due_at != due_at) moved = before & after & SETS_QUEUED;
   if (links != r->links) moved = before & after;
   row_unlink(b, r, (before & ~after) | moved);
+  r->type->pending += (status == ES_STATUS_PENDING) - (r->status == ES_STATUS_PENDING);
   r->status = (unsigned char)status;
   r->queued = (unsigned char)(queued != 0);
   r->due_at = due_at;
@@ -676,6 +695,7 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   b->wtxn.write = 1;
   es_hmap_init(&b->ids, row_id_key);
   es_hmap_init(&b->sessions, sess_key);
+  es_hmap_init(&b->types, type_key);
   es_hmap_init(&b->spaces, ns_key);
   es_tree_init(&b->names, cmp_name);
   es_tree_init(&b->queued, cmp_qg);
@@ -697,6 +717,9 @@ static void mem_close(es_backend *b) {
   size_t it = 0;
   msess *s;
   while ((s = es_hmap_next(&b->sessions, &it))) sess_free(s);
+  mtype *ty;
+  it = 0;
+  while ((ty = es_hmap_next(&b->types, &it))) free(ty);
   mns *ns;
   it = 0;
   while ((ns = es_hmap_next(&b->spaces, &it))) {
@@ -706,6 +729,7 @@ static void mem_close(es_backend *b) {
   }
   es_hmap_destroy(&b->ids);
   es_hmap_destroy(&b->sessions);
+  es_hmap_destroy(&b->types);
   es_hmap_destroy(&b->spaces);
   free(b->undo);
   free(b->marks);
@@ -860,17 +884,27 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   if (row->cause_index != ES_NONE || row->cause_attempt != ES_NONE) flags |= RF_CAUSE;
   if (row->not_before != ES_NONE) flags |= RF_NOT_BEFORE;
   if (!row->payload) flags |= RF_NO_PAYLOAD;
-  size_t lid = strlen(row->id) + 1, ltype = strlen(row->type) + 1;
+  size_t lid = strlen(row->id) + 1;
   size_t lpay = row->payload ? row->payload_len : 0;
   unsigned sets = sets_of(row->status, row->queued, flags);
 
   mlane *lane = NULL, *new_lane = NULL;
+  mtype *type = es_hmap_get(&b->types, row->type), *new_type = NULL;
   es_hmap *new_lanes = NULL;
   mdisp *disp = NULL;
   mlinks *links = NULL;
   mrow *r = NULL;
   if (undo_reserve(b, 1) || pos_reserve(b) || es_hmap_reserve(&b->ids, 1) || rows_reserve(s))
     goto fail;
+  if (!type) {
+    size_t lt = strlen(row->type) + 1;
+    if (es_hmap_reserve(&b->types, 1) || !(new_type = malloc(sizeof *new_type + lt))) goto fail;
+    memcpy(new_type->name, row->type, lt);
+    new_type->pending = 0;
+    new_type->rows = 0;
+    es_tree_init(&new_type->queued, cmp_qt);
+    type = new_type;
+  }
   if (row->lane) {
     if (!s->lanes) {
       if (!(new_lanes = malloc(sizeof *new_lanes))) goto fail;
@@ -889,11 +923,12 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   }
   if (need_disp && !(disp = disp_new(row))) goto fail;
   if (sets && !(links = links_new(NULL, slots_for(sets)))) goto fail;
-  r = malloc(sizeof *r + tail_words(flags) * 8 + lid + ltype + lpay + 1);
+  r = malloc(sizeof *r + tail_words(flags) * 8 + lid + lpay + 1);
   if (!r) goto fail;
 
   /* Nothing below can fail. */
   r->sess = s;
+  r->type = type;
   r->disp = disp;
   r->links = links;
   if (links) links->row = r;
@@ -915,13 +950,15 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   if (flags & RF_NOT_BEFORE) r->tail[w++] = (uint64_t)row->not_before;
   char *p = (char *)(r->tail + w);
   memcpy(p, row->id, lid);
-  memcpy(p + lid, row->type, ltype);
-  if (lpay) memcpy(p + lid + ltype, row->payload, lpay);
-  p[lid + ltype + lpay] = '\0';
+  if (lpay) memcpy(p + lid, row->payload, lpay);
+  p[lid + lpay] = '\0';
 
   sess_publish(b, s, fresh);
   if (new_lane) es_hmap_put(s->lanes, new_lane);
   if (lane) lane->rows++;
+  if (new_type) es_hmap_put(&b->types, new_type);  /* reserved: cannot fail */
+  type->rows++;
+  if (r->status == ES_STATUS_PENDING) type->pending++;
   b->pos[b->npos++] = r;
   s->rows[s->n++] = r;
   es_hmap_put_h(&b->ids, r, hid);
@@ -935,6 +972,7 @@ fail:
   free(r);
   free(links);
   free(disp);
+  free(new_type);
   free(new_lane);
   if (new_lanes) {
     es_hmap_destroy(new_lanes);
@@ -949,7 +987,13 @@ static void undo_insert(es_backend *b, urec *u) {
   mrow *r = u->obj;
   msess *s = r->sess;
   mlane *lane = row_lane(r);
+  mtype *type = r->type;
   row_unlink(b, r, row_sets(r));
+  if (r->status == ES_STATUS_PENDING) type->pending--;
+  if (--type->rows == 0) {
+    es_hmap_remove(&b->types, type->name);
+    free(type);
+  }
   es_hmap_remove(&b->ids, row_id(r));
   b->npos--;  /* undone newest first: r is the last row of both arrays */
   s->n--;
@@ -1171,6 +1215,55 @@ static int mem_queued_next_due(es_txn *t, const char *session, int64_t now, int6
   msess *s = sess_find(t, session);
   int64_t d = s && now != INT64_MAX ? qs_next_due(s->queued.root, now, INT64_MAX) : INT64_MAX;
   if (d != INT64_MAX) *due = d;
+  return ES_OK;
+}
+
+static int mem_queued_due_type(es_txn *t, const char *type, int64_t now, int64_t limit,
+                               es_event_cb cb, void *ctx, es_err *err) {
+  (void)err;
+  mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
+  tkey from = {INT64_MIN, INT64_MIN};
+  if (!m) return ES_OK;
+  return walk_set(&m->queued, SLOT_QT, from, 0, now, limit, cb, ctx);
+}
+
+static int mem_queued_next_due_type(es_txn *t, const char *type, int64_t now, int64_t *due,
+                                    es_err *err) {
+  (void)err;
+  mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
+  *due = ES_NONE;
+  if (!m) return ES_OK;
+  tkey k = {now, INT64_MAX};
+  es_tree_node *n = es_tree_seek(&m->queued, probe_qt, &k, 1);
+  if (n) *due = node_row(n, SLOT_QT)->due_at;
+  return ES_OK;
+}
+
+static int cmp_type_ptr(const void *x, const void *y) {
+  return strcmp((*(mtype *const *)x)->name, (*(mtype *const *)y)->name);
+}
+
+/* O(T log T), T = types ever stored: every type keeps its own count, so no
+ * row is visited. The types are collected (and sorted) before the first
+ * callback, so a callback may write. */
+static int mem_pending_types(es_txn *t, es_type_count_cb cb, void *ctx, es_err *err) {
+  es_backend *b = t->b;
+  mtype **v = NULL, *m;
+  size_t n = 0, cap = 0, it = 0;
+  while ((m = es_hmap_next(&b->types, &it))) {
+    if (m->pending <= 0) continue;
+    mtype **g = grow(v, &cap, n + 1, sizeof *v);
+    if (!g) {
+      free(v);
+      return oom(err);
+    }
+    v = g;
+    v[n++] = m;
+  }
+  if (n > 1) qsort(v, n, sizeof *v, cmp_type_ptr);
+  for (size_t i = 0; i < n; i++)
+    if (cb(ctx, v[i]->name, v[i]->pending)) break;
+  free(v);
   return ES_OK;
 }
 
@@ -1527,6 +1620,9 @@ const es_backend_ops es_backend_memory = {
     .lane_next = mem_lane_next,
     .queued_due = mem_queued_due,
     .queued_next_due = mem_queued_next_due,
+    .queued_due_type = mem_queued_due_type,
+    .queued_next_due_type = mem_queued_next_due_type,
+    .pending_types = mem_pending_types,
     .dead_list = mem_dead_list,
     .snapshot_get = mem_snapshot_get,
     .snapshot_put = mem_snapshot_put,

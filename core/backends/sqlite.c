@@ -51,7 +51,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 2            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 3            /* PRAGMA user_version of the current schema */
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -81,7 +81,8 @@ enum {
   ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_RANGE, ST_EVENT_ALL,
   ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_DUE_SESSION_BY_DUE,
   ST_QUEUED_WINDOW_COUNT, ST_QUEUED_NEXT_ALL,
-  ST_QUEUED_NEXT_SESSION, ST_DEAD_ALL, ST_DEAD_SESSION,
+  ST_QUEUED_NEXT_SESSION, ST_QUEUED_DUE_TYPE, ST_QUEUED_NEXT_TYPE, ST_PENDING_TYPES,
+  ST_DEAD_ALL, ST_DEAD_SESSION,
   ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
   ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
   ST_DATA_VERSION,
@@ -157,6 +158,16 @@ static const char *const sq_sql[ST_COUNT] = {
                            " WHERE queued = 1 AND due_at > ?1",
     [ST_QUEUED_NEXT_SESSION] = "SELECT min(due_at) FROM events INDEXED BY events_session_due"
                                " WHERE queued = 1 AND session = ?1 AND due_at > ?2",
+    /* `status = 0` selects the partial index events_type_pending; queued
+     * rows are all pending, so it filters nothing else. */
+    [ST_QUEUED_DUE_TYPE] = "SELECT " EV_COLS
+                           " FROM events INDEXED BY events_type_pending"
+                           " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at <= ?2"
+                           " ORDER BY due_at, position LIMIT ?3",
+    [ST_QUEUED_NEXT_TYPE] = "SELECT min(due_at) FROM events INDEXED BY events_type_pending"
+                            " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at > ?2",
+    [ST_PENDING_TYPES] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
+                         " WHERE status = 0 GROUP BY type ORDER BY type",
     [ST_DEAD_ALL] = "SELECT " EV_COLS
                     " FROM events INDEXED BY events_dead"
                     " WHERE status = 2 AND position > ?1 ORDER BY position LIMIT ?2",
@@ -255,9 +266,18 @@ static const char sq_schema_v1[] =
 static const char sq_schema_v2[] =
     "CREATE INDEX IF NOT EXISTS events_session_due ON events(session, due_at) WHERE queued = 1;";
 
+/* Version 3: the pending rows by type (claim_next{types}: each listed
+ * type's ready rows in due order without touching other types' rows;
+ * pending_types: counts from this index alone). queued sits before due_at
+ * so the ready rows of a type are one range of it. */
+static const char sq_schema_v3[] =
+    "CREATE INDEX IF NOT EXISTS events_type_pending ON events(type, queued, due_at, position)"
+    "  WHERE status = 0;";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
+    sq_schema_v3,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -1894,6 +1914,60 @@ static int sq_queued_next_due(es_txn *t, const char *session, int64_t now, int64
   return ES_OK;
 }
 
+static int sq_queued_due_type(es_txn *t, const char *type, int64_t now, int64_t limit,
+                              es_event_cb cb, void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_QUEUED_DUE_TYPE, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, type);
+  sqlite3_bind_int64(st, 2, now);
+  sqlite3_bind_int64(st, 3, sq_limit(limit));
+  return sq_iterate(t, ST_QUEUED_DUE_TYPE, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+}
+
+static int sq_queued_next_due_type(es_txn *t, const char *type, int64_t now, int64_t *due,
+                                   es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  *due = ES_NONE;
+  if ((code = sq_op(t, ST_QUEUED_NEXT_TYPE, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, type);
+  sqlite3_bind_int64(st, 2, now);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *due = sq_col_opt(st, 0);
+  sq_stmt_done(t->c, ST_QUEUED_NEXT_TYPE, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  return ES_OK;
+}
+
+/* A walk of events_type_pending (covering: no table row is read), so
+ * O(pending rows), not O(events). Rows are copied out before the first
+ * callback, as sq_iterate does in a write transaction. */
+static int sq_pending_types(es_txn *t, es_type_count_cb cb, void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  if ((code = sq_op(t, ST_PENDING_TYPES, &st, &temp, err)) != ES_OK) return code;
+  es_type_counts got = {NULL, 0};
+  size_t cap = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    const unsigned char *type = sqlite3_column_text(st, 0);
+    char *copy = type ? strdup((const char *)type) : NULL;
+    if (!copy || es_grow((void **)&got.v, &cap, got.n + 1, sizeof *got.v) != ES_OK) {
+      free(copy);
+      code = sq_oom(err);
+      break;
+    }
+    got.v[got.n].type = copy;
+    got.v[got.n++].pending = sqlite3_column_int64(st, 1);
+  }
+  if (code == ES_OK && rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, ST_PENDING_TYPES, st, temp);
+  for (size_t i = 0; code == ES_OK && i < got.n; i++)
+    if (cb(ctx, got.v[i].type, got.v[i].pending)) break;
+  es_type_counts_destroy(&got);
+  return code;
+}
+
 static int sq_dead_list(es_txn *t, const char *session, int64_t after, int64_t limit, es_event_cb cb,
                         void *ctx, es_err *err) {
   sqlite3_stmt *st;
@@ -2042,6 +2116,9 @@ const es_backend_ops es_backend_sqlite = {
     .lane_next = sq_lane_next,
     .queued_due = sq_queued_due,
     .queued_next_due = sq_queued_next_due,
+    .queued_due_type = sq_queued_due_type,
+    .queued_next_due_type = sq_queued_next_due_type,
+    .pending_types = sq_pending_types,
     .dead_list = sq_dead_list,
     .snapshot_get = sq_snapshot_get,
     .snapshot_put = sq_snapshot_put,

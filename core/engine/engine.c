@@ -571,7 +571,7 @@ static void *worker_main(void *arg) {
     es_events got;
     int64_t retry_at = ES_NONE;
     es_err err = {0};
-    int rc = es_store_claim_next(e->s, e->holder, e->o.ttl_ms, 1, &got, &retry_at, &err);
+    int rc = es_store_claim_next(e->s, e->holder, e->o.ttl_ms, 1, NULL, 0, &got, &retry_at, &err);
     if (rc == ES_OK && got.n > 0) {
       claim_wait = IDLE_POLL_MS;
       int gone = handle(r, &got.v[0]);

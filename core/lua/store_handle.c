@@ -30,8 +30,10 @@
  *     pointer, so calling it twice or after close() finds nothing to do.
  */
 #include <lauxlib.h>
+#include <limits.h>
 #include <lua.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -827,6 +829,43 @@ static int m_claim(lua_State *L) {
   return done(L, h, 1);
 }
 
+/* claim_next's `types` (the table at the top, popped): copied, pointers
+ * and bytes, into one userdata left on the stack, so a clock function that
+ * changes the table during the call cannot free a name the core reads.
+ * *n gets the count; NUL inside a name is refused here, the rest of the
+ * name rules (and the count limit) by the core. */
+static const char *const *check_types(lua_State *L, size_t *n) {
+  int t = lua_gettop(L);
+  if (!lua_istable(L, t)) luaL_argerror(L, 2, "field 'types' must be a table of type names");
+  *n = es_lua_check_seq(L, t, 2, "field 'types'");
+  size_t bytes = 0;
+  for (size_t i = 0; i < *n; i++) {
+    size_t len;
+    if (lua_rawgeti(L, t, (lua_Integer)i + 1) != LUA_TSTRING)
+      luaL_argerror(L, 2, "field 'types' must hold strings (type names)");
+    lua_tolstring(L, -1, &len);
+    char what[32];
+    snprintf(what, sizeof what, "types[%zu]", i + 1);
+    es_lua_name(L, -1, what);
+    lua_pop(L, 1);
+    bytes += len + 1;
+  }
+  size_t head = (*n ? *n : 1) * sizeof(char *);
+  char **v = lua_newuserdatauv(L, head + bytes, 0);
+  char *p = (char *)v + head;
+  for (size_t i = 0; i < *n; i++) {
+    size_t len;
+    lua_rawgeti(L, t, (lua_Integer)i + 1);
+    const char *name = lua_tolstring(L, -1, &len);
+    memcpy(p, name, len + 1);
+    v[i] = p;
+    p += len + 1;
+    lua_pop(L, 1);
+  }
+  lua_remove(L, t);
+  return (const char *const *)v;
+}
+
 static int m_claim_next(lua_State *L) {
   lstore *h = check_store(L);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -834,11 +873,16 @@ static int m_claim_next(lua_State *L) {
   int64_t ttl = es_lua_opt_int_field(L, 2, "ttl_ms", ES_NONE);
   if (ttl == ES_NONE) luaL_argerror(L, 2, "field 'ttl_ms' is required");
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", 1);
+  const char *const *types = NULL;  /* absent: every type */
+  size_t n_types = 0;
+  lua_getfield(L, 2, "types");
+  if (lua_isnil(L, -1)) lua_pop(L, 1);
+  else types = check_types(L, &n_types);
   int64_t retry_at;
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_claim_next(s, holder, ttl, limit, out, &retry_at, &err);
+  int rc = es_store_claim_next(s, holder, ttl, limit, types, n_types, out, &retry_at, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   es_lua_push_events(L, out, 1);
@@ -1088,6 +1132,25 @@ static int m_snapshots(lua_State *L) {
   return done(L, h, 1);
 }
 
+static void destroy_type_counts(void *p) { es_type_counts_destroy(p); }
+
+static int m_pending_types(lua_State *L) {
+  lstore *h = check_store(L);
+  es_type_counts *list = owned_push(L, sizeof *list, destroy_type_counts);
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_store_pending_types(s, list, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, list->n > INT_MAX ? INT_MAX : (int)list->n);
+  for (size_t i = 0; i < list->n; i++) {
+    lua_pushinteger(L, list->v[i].pending);
+    lua_setfield(L, -2, list->v[i].type);
+  }
+  es_type_counts_destroy(list);
+  return done(L, h, 1);
+}
+
 static int m_sessions(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
@@ -1295,6 +1358,7 @@ static const luaL_Reg store_methods[] = {
     {"put_snapshot", m_put_snapshot},
     {"snapshots", m_snapshots},
     {"sessions", m_sessions},
+    {"pending_types", m_pending_types},
     {"events_page", m_events_page},
     {"subscribe", m_subscribe},
     {"wait", m_wait},

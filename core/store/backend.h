@@ -27,6 +27,8 @@ typedef int (*es_event_cb)(void *ctx, const es_event *row);
 typedef int (*es_session_cb)(void *ctx, const es_session_info *row);
 typedef int (*es_snapshot_cb)(void *ctx, const es_snapshot *row);
 typedef int (*es_presence_cb_row)(void *ctx, const es_presence_row *row);
+/* One event type and how many of its events are pending. */
+typedef int (*es_type_count_cb)(void *ctx, const char *type, int64_t pending);
 
 typedef struct es_backend es_backend;  /* a backend's own state, opaque to the core */
 /* A transaction (read or write) of a backend, opaque to the core. Row
@@ -101,6 +103,21 @@ typedef struct es_backend_ops {
    * NULL); ES_NONE when none. */
   int (*queued_next_due)(es_txn *t, const char *session, int64_t now, int64_t *due,
                          es_err *err);
+  /* Queued rows of one type with due_at <= now, ordered by (due_at,
+   * position), at most limit (ES_NONE: all). An index by type is expected:
+   * the cost is O(log n + rows returned), whatever the number of queued
+   * rows of other types (claim_next with types asks once per type and
+   * merges). */
+  int (*queued_due_type)(es_txn *t, const char *type, int64_t now, int64_t limit,
+                         es_event_cb cb, void *ctx, es_err *err);
+  /* The smallest due_at > now among queued rows of one type; ES_NONE when
+   * none. O(log n). */
+  int (*queued_next_due_type)(es_txn *t, const char *type, int64_t now, int64_t *due,
+                              es_err *err);
+  /* Every type with at least one row of status PENDING (claimed or not,
+   * queued or waiting in its lane; not dead, not processed) and that count,
+   * ascending byte order of type. */
+  int (*pending_types)(es_txn *t, es_type_count_cb cb, void *ctx, es_err *err);
   /* Rows with status DEAD (of session, or all when NULL), position > after,
    * ascending position, at most limit. */
   int (*dead_list)(es_txn *t, const char *session, int64_t after, int64_t limit,

@@ -1135,14 +1135,58 @@ int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int
 typedef struct {
   const char *holder;
   int64_t expires, limit, now;
+  const char **types;  /* NULL: every type; else n_types distinct names */
+  size_t n_types;
   es_events *out;
   int64_t retry_at;
 } claim_next_args;
 
+/* The contract's claim order: the time it became ready, then position. */
+static int cmp_event_ready(const void *x, const void *y) {
+  const es_event *a = x, *b = y;
+  if (a->due_at != b->due_at) return a->due_at < b->due_at ? -1 : 1;
+  return (a->position > b->position) - (a->position < b->position);
+}
+
+/* The ready rows of the listed types, earliest first, at most a->limit:
+ * each type's index gives its own earliest ones, the merge keeps the
+ * earliest overall. Rows of types not listed are never looked at. */
+static int ready_of_types(es_store *s, es_txn *t, claim_next_args *a, es_err *err) {
+  collector c = {a->out, 0};
+  int rc = ES_OK;
+  for (size_t i = 0; rc == ES_OK && i < a->n_types; i++)
+    rc = collected(s->ops->queued_due_type(t, a->types[i], a->now, a->limit, collect_event, &c, err),
+                   &c, err);
+  if (rc) return rc;
+  if (a->out->n > 1) qsort(a->out->v, a->out->n, sizeof *a->out->v, cmp_event_ready);
+  if (a->limit != ES_NONE && (int64_t)a->out->n > a->limit) {
+    for (size_t i = (size_t)a->limit; i < a->out->n; i++) es_event_destroy(&a->out->v[i]);
+    a->out->n = (size_t)a->limit;
+  }
+  return ES_OK;
+}
+
+/* retry_at limited to the listed types: the least of each type's next due
+ * time. */
+static int next_due_of_types(es_store *s, es_txn *t, const claim_next_args *a, int64_t *due,
+                             es_err *err) {
+  *due = ES_NONE;
+  for (size_t i = 0; i < a->n_types; i++) {
+    int64_t d;
+    int rc = s->ops->queued_next_due_type(t, a->types[i], a->now, &d, err);
+    if (rc) return rc;
+    if (d != ES_NONE && (*due == ES_NONE || d < *due)) *due = d;
+  }
+  if (*due == INT64_MAX) *due = ES_NONE;  /* "never", as next_due says */
+  return ES_OK;
+}
+
 static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
   claim_next_args *a = arg;
   collector c = {a->out, 0};
-  int rc = collected(s->ops->queued_due(t, NULL, a->now, a->limit, collect_event, &c, err), &c, err);
+  int rc = a->types ? ready_of_types(s, t, a, err)
+                    : collected(s->ops->queued_due(t, NULL, a->now, a->limit, collect_event, &c, err),
+                                &c, err);
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) {
     es_event *row = &a->out->v[i];
     rc = claim_row(s, t, row, a->holder, a->expires, err);
@@ -1154,24 +1198,65 @@ static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = s->ops->session_put(t, &si, err);
     es_session_info_destroy(&si);
   }
-  if (rc == ES_OK) rc = next_due(s, t, NULL, a->now, &a->retry_at, err);
+  if (rc == ES_OK)
+    rc = a->types ? next_due_of_types(s, t, a, &a->retry_at, err)
+                  : next_due(s, t, NULL, a->now, &a->retry_at, err);
   return rc;
 }
 
+/* Checks claim_next's types and returns them sorted without duplicates in
+ * *out (malloc'd, the strings borrowed; NULL when n is 0), so each type's
+ * index is asked once. */
+static int claim_types(const char *const *types, size_t n, const char ***out, size_t *n_out,
+                       es_err *err) {
+  *out = NULL;
+  *n_out = 0;
+  if (n > ES_MAX_CLAIM_TYPES)
+    return es_fail(err, ES_INVALID_ARGUMENT, "types: %zu names, more than the %d allowed", n,
+                   ES_MAX_CLAIM_TYPES);
+  for (size_t i = 0; i < n; i++) {
+    char what[32];
+    snprintf(what, sizeof what, "types[%zu]", i + 1);
+    int rc = es_check_name(what, types[i], err);
+    if (rc) return rc;
+  }
+  if (n == 0) return ES_OK;
+  const char **v = malloc(n * sizeof *v);
+  if (!v) return nomem(err);
+  memcpy(v, types, n * sizeof *v);
+  qsort(v, n, sizeof *v, cmp_str_ptr);
+  size_t k = 1;
+  for (size_t i = 1; i < n; i++)
+    if (strcmp(v[i], v[k - 1]) != 0) v[k++] = v[i];
+  *out = v;
+  *n_out = k;
+  return ES_OK;
+}
+
 int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
-                        es_events *out, int64_t *retry_at, es_err *err) {
+                        const char *const *types, size_t n_types, es_events *out,
+                        int64_t *retry_at, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
   es_claim_opts o = {.holder = holder, .ttl_ms = ttl_ms, .expires_at = ES_NONE, .limit = limit};
   if ((rc = check_claim_opts(&o, err))) return rc;
+  const char **tv = NULL;
+  size_t tn = 0;
+  if (types && (rc = claim_types(types, n_types, &tv, &tn, err))) return rc;
   if (limit == ES_NONE) limit = 1;
-  if ((rc = enter(s, err))) return rc;
-  claim_next_args a = {holder, 0, cap_limit(limit), 0, out, ES_NONE};
+  if ((rc = enter(s, err))) {
+    free(tv);
+    return rc;
+  }
+  claim_next_args a = {holder, 0, cap_limit(limit), 0, tv, tn, out, ES_NONE};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
-  if (rc == ES_OK && limit > 0) rc = run_write(s, do_claim_next, &a, err);
+  /* An empty list of types (an engine without handlers) claims nothing and
+   * waits for nothing, like limit 0. */
+  if (rc == ES_OK && limit > 0 && !(types && tn == 0)) rc = run_write(s, do_claim_next, &a, err);
   leave(s);
+  free(tv);
   if (rc) {
     es_events_destroy(out);
     return rc;
@@ -1737,6 +1822,52 @@ int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_
   rc = run_read(s, do_sessions, &a, err);
   leave(s);
   if (rc) es_sessions_destroy(out);
+  return rc;
+}
+
+/* --- pending events by type --- */
+
+typedef struct {
+  es_type_counts *out;
+  size_t cap;
+  int oom;
+} type_counts_args;
+
+static int collect_type_count(void *ctx, const char *type, int64_t pending) {
+  type_counts_args *a = ctx;
+  char *copy = strdup(type);
+  if (!copy || es_grow((void **)&a->out->v, &a->cap, a->out->n + 1, sizeof *a->out->v) != ES_OK) {
+    free(copy);
+    a->oom = 1;
+    return 1;
+  }
+  a->out->v[a->out->n].type = copy;
+  a->out->v[a->out->n++].pending = pending;
+  return 0;
+}
+
+static int do_pending_types(es_store *s, es_txn *t, void *arg, es_err *err) {
+  type_counts_args *a = arg;
+  int rc = s->ops->pending_types(t, collect_type_count, a, err);
+  return rc == ES_OK && a->oom ? nomem(err) : rc;
+}
+
+void es_type_counts_destroy(es_type_counts *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) free(list->v[i].type);
+  free(list->v);
+  list->v = NULL;
+  list->n = 0;
+}
+
+int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = enter(s, err))) return rc;
+  type_counts_args a = {out, 0, 0};
+  rc = run_read(s, do_pending_types, &a, err);
+  leave(s);
+  if (rc) es_type_counts_destroy(out);
   return rc;
 }
 

@@ -30,6 +30,9 @@ typedef struct es_store es_store;
  * no call can return that many rows, and backends may add to a limit
  * without overflowing. */
 #define ES_MAX_LIMIT ((int64_t)1 << 62)
+/* claim_next's `types`: at most this many names (an engine lists the types
+ * it has handlers for; a list this long is a bug, not a scripts directory). */
+#define ES_MAX_CLAIM_TYPES 1000
 
 /* Options for es_store_open; zero-initialise and set what you need. */
 typedef struct es_open_opts {
@@ -210,10 +213,21 @@ typedef struct es_claim_opts {
  * out, index order), ES_BUSY (*retry_at or ES_NONE) or ES_SETTLED. */
 int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
                    es_events *out, int64_t *retry_at, es_err *err);
-/* Claims up to limit ready events across sessions, earliest ready first.
- * *retry_at: when the next not-yet-ready event becomes ready (ES_NONE). */
+/* Claims up to limit (ES_NONE: 1) ready events across sessions, earliest
+ * ready first (the time it became ready, then position).
+ * types: NULL claims events of every type; otherwise only events whose type
+ * is one of the n_types names (borrowed; duplicates harmless; n_types 0
+ * claims nothing), found through a per-type index, so events of other
+ * types cost nothing however many are ready: O(n_types log n + limit) rows
+ * looked at for small limits. Lanes still hold: a laned event of a listed
+ * type behind an unprocessed one of another type is not ready.
+ * *retry_at: when the next not-yet-ready event (of those types) becomes
+ * ready (ES_NONE).
+ * Errors: INVALID_ARGUMENT (holder, ttl_ms, limit, a type that is not a
+ * name, more than ES_MAX_CLAIM_TYPES types), STORAGE, CLOSED. */
 int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
-                        es_events *out, int64_t *retry_at, es_err *err);
+                        const char *const *types, size_t n_types, es_events *out,
+                        int64_t *retry_at, es_err *err);
 
 typedef struct es_claim_ref {
   int64_t index;
@@ -312,6 +326,27 @@ int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_
 /* One page; through ES_NONE pins the current head into *through_out. */
 int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                          int64_t limit, es_events *out, int64_t *through_out, es_err *err);
+
+/* Pending events per type: what claim_next{types} leaves behind for other
+ * engines ("N pending events of types a, b have no handler here"). */
+typedef struct es_type_count {
+  char *type;       /* owned */
+  int64_t pending;  /* events of that type neither processed nor dead (> 0) */
+} es_type_count;
+
+typedef struct es_type_counts {
+  es_type_count *v;  /* owned array */
+  size_t n;
+} es_type_counts;
+
+void es_type_counts_destroy(es_type_counts *list);
+
+/* Every type that has pending events (claimed or not, waiting in a lane or
+ * on a timer; not dead, not processed), with their number, in byte order
+ * of type. Read from the backends' per-type bookkeeping, never a scan of
+ * the history: memory O(T log T) for T types ever stored, sqlite a walk of
+ * its index of pending rows by type (O(pending events)). */
+int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err);
 
 /* 3.5 Waiting ------------------------------------------------------------ */
 

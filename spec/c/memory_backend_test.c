@@ -253,6 +253,41 @@ static int64_t next_due(es_txn *t, const char *s, int64_t now) {
   return d;
 }
 
+static ints due_type_pos(es_txn *t, const char *type, int64_t now, int64_t limit) {
+  ints c = {.which = 1};
+  es_err err;
+  CHECK_RC(OPS->queued_due_type(t, type, now, limit, collect_int, &c, &err), ES_OK);
+  return c;
+}
+
+static int64_t next_due_type(es_txn *t, const char *type, int64_t now) {
+  int64_t d = 0;
+  es_err err;
+  CHECK_RC(OPS->queued_next_due_type(t, type, now, &d, &err), ES_OK);
+  return d;
+}
+
+/* pending_types as text: "type=count " in the order given. */
+typedef struct {
+  char s[256];
+  size_t n;
+} type_text;
+
+static int type_text_cb(void *ctx, const char *type, int64_t pending) {
+  type_text *tt = ctx;
+  int k = snprintf(tt->s + tt->n, sizeof tt->s - tt->n, "%s=%lld ", type, (long long)pending);
+  if (k > 0 && (size_t)k < sizeof tt->s - tt->n) tt->n += (size_t)k;
+  return 0;
+}
+
+static const char *pending_text(es_txn *t, type_text *tt) {
+  es_err err;
+  tt->n = 0;
+  tt->s[0] = '\0';
+  CHECK_RC(OPS->pending_types(t, type_text_cb, tt, &err), ES_OK);
+  return tt->s;
+}
+
 static int64_t lane_next(es_txn *t, const char *s, const char *lane, int64_t after) {
   int64_t i = -1;
   es_err err;
@@ -406,6 +441,7 @@ static const char *const U_SESSIONS[] = {"a", "b", "c", "new", "snaponly", "x/1"
 static const char *const U_LANES[] = {"l1", "l2", "newlane", NULL};
 static const char *const U_REDUCERS[] = {"r1", "r2", "r3", NULL};
 static const char *const U_NS[] = {"ns1", "ns2", "newns", NULL};
+static const char *const U_TYPES[] = {"t", "u", "newtype", "none", NULL};
 static const char *const U_PARTS[] = {"p1", "p2", "p3", NULL};
 static const char *const U_FIELDS[] = {"f1", "f2", NULL};
 static const int64_t U_NOWS[] = {INT64_MIN, 0, 1000, 1003, 1005, 1010, 5000, INT64_MAX};
@@ -425,6 +461,15 @@ static char *dump_state(es_txn *t, const char *const *ids) {
   }
   sb_printf(&b, "== dead\n");
   OPS->dead_list(t, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  for (const char *const *ty = U_TYPES; *ty; ty++)
+    for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
+      ints c = due_type_pos(t, *ty, U_NOWS[k], ES_NONE);
+      sb_printf(&b, "type %s due %lld:", *ty, (long long)U_NOWS[k]);
+      for (size_t i = 0; i < c.n; i++) sb_printf(&b, " %lld", (long long)c.v[i]);
+      sb_printf(&b, " next %lld\n", (long long)next_due_type(t, *ty, U_NOWS[k]));
+    }
+  type_text tt;
+  sb_printf(&b, "== pending types %s\n", pending_text(t, &tt));
   for (const char *const *s = U_SESSIONS; *s; s++) {
     es_session_info si;
     es_session_info_init(&si);
@@ -533,6 +578,7 @@ static void populate(es_backend *b) {
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("a", 5, "a5", "l2");
   e.queued = 0;
+  e.type = "u";
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("a", 6, "a6", NULL);
   e.not_before = e.due_at = 1010;
@@ -543,12 +589,14 @@ static void populate(es_backend *b) {
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("b", 1, "b1", NULL);
   e.due_at = 1003;
+  e.type = "u";
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("b", 2, "b2", NULL);
   e.due_at = 1001;  /* ties a1: position breaks it */
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("b", 3, "b3", "l1");
   e.due_at = 5000;
+  e.type = "u";
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("c", 1, "c1", NULL);
   e.status = ES_STATUS_PROCESSED;
@@ -576,6 +624,7 @@ static void populate(es_backend *b) {
 static int step_insert_lane(es_txn *t) { return ins(t, mkrow("a", 7, "a7", "l1")); }
 static int step_insert_new_session(es_txn *t) {
   es_event e = mkrow("new", 1, "n1", "newlane");
+  e.type = "newtype";  /* a type's first row: undo must drop the type too */
   e.status = ES_STATUS_DEAD;
   e.queued = 0;
   e.last_error = "dead on arrival";
@@ -1010,6 +1059,67 @@ static void test_queued(void) {
   c = due_pos(t, NULL, 2002, 40);
   CHECK(c.n == 40);
   commit(t);
+  OPS->close(b);
+}
+
+/* The per-type queues and counts (claim_next with types, pending_types).
+ * populate's types: t = a1 a2 a3 a4 a6 b2 c1, u = a5 b1 b3. */
+static void test_types(void) {
+  es_backend *b = open_mem();
+  populate(b);
+  es_txn *t = wbegin(b);
+  type_text tt;
+  /* queued t: a1 1001 (pos 1), b2 1001 (8), a6 1010 (6); u: b1 1003 (7), b3 5000 (9) */
+  ints c = due_type_pos(t, "t", INT64_MAX, ES_NONE);
+  WANT(c, 1, 8, 6);
+  c = due_type_pos(t, "t", 1003, ES_NONE);
+  WANT(c, 1, 8);
+  c = due_type_pos(t, "t", 1003, 1);
+  WANT(c, 1);
+  c = due_type_pos(t, "u", INT64_MAX, ES_NONE);
+  WANT(c, 7, 9);
+  c = due_type_pos(t, "u", 1002, ES_NONE);
+  WANT_NONE(c);
+  c = due_type_pos(t, "none", INT64_MAX, ES_NONE);
+  WANT_NONE(c);
+  CHECK(next_due_type(t, "t", 0) == 1001);
+  CHECK(next_due_type(t, "t", 1001) == 1010);
+  CHECK(next_due_type(t, "u", 1003) == 5000);
+  CHECK(next_due_type(t, "u", 5000) == ES_NONE);
+  CHECK(next_due_type(t, "none", 0) == ES_NONE);
+  /* pending: t a1 a2 a6 b2 (a3, c1 processed, a4 dead); u a5 b1 b3 */
+  CHECK(strcmp(pending_text(t, &tt), "t=4 u=3 ") == 0);
+  /* Processing, reviving, moving and killing keep queues and counts. */
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PENDING, 1, 1004), ES_OK);
+  CHECK_RC(set_state(t, "b", 3, ES_STATUS_PENDING, 1, 900), ES_OK);
+  CHECK_RC(set_state(t, "b", 1, ES_STATUS_DEAD, 0, ES_NONE), ES_OK);
+  c = due_type_pos(t, "t", INT64_MAX, ES_NONE);
+  WANT(c, 8, 4, 6);
+  c = due_type_pos(t, "u", INT64_MAX, ES_NONE);
+  WANT(c, 9);
+  CHECK(strcmp(pending_text(t, &tt), "t=4 u=2 ") == 0);
+  /* A new type, in byte order among the others; types with none pending
+   * are left out. */
+  es_event e = mkrow("b", 4, "b4", NULL);
+  e.type = "T";
+  CHECK_RC(ins(t, e), ES_OK);
+  CHECK_RC(set_state(t, "b", 3, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK_RC(set_state(t, "a", 5, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK(strcmp(pending_text(t, &tt), "T=1 t=4 ") == 0);
+  c = due_type_pos(t, "T", INT64_MAX, ES_NONE);
+  WANT(c, 11);
+  /* The store-wide queue still holds every type. */
+  c = due_pos(t, NULL, INT64_MAX, ES_NONE);
+  WANT(c, 8, 4, 11, 6);
+  OPS->write_rollback(t);
+  t = rbegin(b);
+  CHECK(strcmp(pending_text(t, &tt), "t=4 u=3 ") == 0);
+  c = due_type_pos(t, "T", INT64_MAX, ES_NONE);
+  WANT_NONE(c);
+  c = due_type_pos(t, "t", INT64_MAX, ES_NONE);
+  WANT(c, 1, 8, 6);
+  OPS->read_end(t);
   OPS->close(b);
 }
 
@@ -2066,6 +2176,8 @@ int main(int argc, char **argv) {
   run("last_position: the highest position stored", test_last_position);
   run("lane_next: lowest unprocessed index per (session, lane)", test_lane_next);
   run("queued_due / queued_next_due: store by (due_at, position), session by index", test_queued);
+  run("queued_due_type / queued_next_due_type / pending_types: per-type queues and counts",
+      test_types);
   run("dead_list: position order, per session, limits", test_dead);
   run("session_put / session_get / session_list: byte order, prefix, after, limit", test_sessions);
   run("snapshots: put, replace, get, list by reducer", test_snapshots);

@@ -310,7 +310,7 @@ static void test_open_fresh(void) {
   }
   struct stat st;
   CHECK(stat(p, &st) == 0, "the file exists after open");
-  CHECK(raw_int(p, "PRAGMA user_version") == 2, "schema version 2 recorded (user_version)");
+  CHECK(raw_int(p, "PRAGMA user_version") == 3, "schema version 3 recorded (user_version)");
   CHECK(raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events'") == 1,
         "events table created");
   {
@@ -575,6 +575,129 @@ static void test_lanes_queue_dead(void) {
   collect_reset(&c);
   B->read_end(t);
   B->close(b);
+  rm_db(p);
+  free(p);
+}
+
+/* The per-type ops: queued_due_type, queued_next_due_type, pending_types,
+ * and the migration from version 2 (no type index) keeping its rows. */
+typedef struct {
+  char s[256];
+  size_t n;
+} type_text;
+
+static int type_text_cb(void *ctx, const char *type, int64_t pending) {
+  type_text *tt = ctx;
+  int k = snprintf(tt->s + tt->n, sizeof tt->s - tt->n, "%s=%lld ", type, (long long)pending);
+  if (k > 0 && (size_t)k < sizeof tt->s - tt->n) tt->n += (size_t)k;
+  return 0;
+}
+
+static const char *pending_text(es_txn *t, type_text *tt) {
+  es_err err;
+  tt->n = 0;
+  tt->s[0] = '\0';
+  if (B->pending_types(t, type_text_cb, tt, &err) != ES_OK) snprintf(tt->s, sizeof tt->s, "error");
+  return tt->s;
+}
+
+static void test_types(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  es_event e;
+  collect c = {0};
+  type_text tt;
+  int64_t due, pos[8];
+  if (!b) {
+    CHECK(0, "open for type tests");
+    return;
+  }
+  /* (type, status, queued, due_at) */
+  struct {
+    const char *type;
+    int status, queued;
+    int64_t due;
+  } R[] = {{"a", ES_STATUS_PENDING, 1, 300}, {"b", ES_STATUS_PENDING, 1, 100},
+           {"a", ES_STATUS_PENDING, 1, 100}, {"a", ES_STATUS_PENDING, 0, 50},
+           {"a", ES_STATUS_PROCESSED, 0, 10}, {"c", ES_STATUS_DEAD, 0, 10},
+           {"b", ES_STATUS_PENDING, 1, 900}, {"a", ES_STATUS_PENDING, 1, 100}};
+  char ids[8][16];
+  int ok = 1;
+  B->write_begin(b, &t, &err);
+  for (int i = 0; i < 8; i++) {
+    snprintf(ids[i], sizeof ids[i], "T%d", i);
+    ev_make(&e, "s", i + 1, ids[i], "1");
+    e.type = (char *)R[i].type;
+    e.status = R[i].status;
+    e.queued = R[i].queued;
+    e.due_at = R[i].due;
+    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    pos[i] = e.position;
+  }
+  CHECK(ok && B->write_commit(t, &err) == ES_OK, "insert typed fixtures");
+
+  B->read_begin(b, &t, &err);
+  CHECK(B->queued_due_type(t, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+            c.evs.v[0].position == pos[2] && c.evs.v[1].position == pos[7],
+        "queued_due_type: that type's queued rows due by now, by (due_at, position)");
+  collect_reset(&c);
+  CHECK(B->queued_due_type(t, "a", 1000, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+            c.evs.v[0].position == pos[2],
+        "queued_due_type: limit");
+  collect_reset(&c);
+  CHECK(B->queued_due_type(t, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
+            c.evs.v[2].position == pos[0],
+        "queued_due_type: unqueued, processed rows skipped");
+  collect_reset(&c);
+  CHECK(B->queued_due_type(t, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+            c.evs.v[0].position == pos[1] && str_eq(c.evs.v[0].type, "b"),
+        "queued_due_type: only rows of that type");
+  collect_reset(&c);
+  CHECK(B->queued_due_type(t, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
+        "queued_due_type: an unknown type has none");
+  collect_reset(&c);
+  CHECK(B->queued_next_due_type(t, "a", 100, &due, &err) == ES_OK && due == 300 &&
+            B->queued_next_due_type(t, "b", 100, &due, &err) == ES_OK && due == 900,
+        "queued_next_due_type: smallest due_at > now of that type");
+  CHECK(B->queued_next_due_type(t, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
+            B->queued_next_due_type(t, "zz", 0, &due, &err) == ES_OK && due == ES_NONE,
+        "queued_next_due_type: none is ES_NONE");
+  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0,
+        "pending_types: pending rows per type (queued or not), byte order, no dead or processed");
+  B->read_end(t);
+
+  /* an update moves rows out of (and back into) the counts and queues */
+  B->write_begin(b, &t, &err);
+  ev_make(&e, "s", 3, ids[2], "1");
+  e.type = "a";
+  e.status = ES_STATUS_PROCESSED;
+  e.queued = 0;
+  CHECK(B->event_update(t, &e, &err) == ES_OK && strcmp(pending_text(t, &tt), "a=3 b=2 ") == 0,
+        "pending_types inside the write transaction sees its update");
+  B->write_rollback(t);
+  B->read_begin(b, &t, &err);
+  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0, "... and not after a rollback");
+  B->read_end(t);
+  B->close(b);
+
+  /* migration from version 2: the index is built over the rows there */
+  raw_exec(p, "DROP INDEX events_type_pending; PRAGMA user_version = 2");
+  b = open_ok(p, NULL);
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 3 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1,
+        "a version-2 file is migrated to version 3 (the type index added)");
+  if (b) {
+    B->read_begin(b, &t, &err);
+    CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0 &&
+              B->queued_due_type(t, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+              c.evs.n == 2,
+          "... and its rows are found by type");
+    collect_reset(&c);
+    B->read_end(t);
+    B->close(b);
+  }
   rm_db(p);
   free(p);
 }
@@ -1234,7 +1357,7 @@ static void test_errors(void) {
   /* migration from version 0: an empty SQLite file (a header, no schema) */
   raw_exec(p, "CREATE TABLE gone(x); DROP TABLE gone");
   b = open_ok(p, NULL);
-  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 2 &&
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 3 &&
             raw_int(p, "PRAGMA application_id") == 0x45535442,
         "an empty SQLite file (no schema) is initialised with the current schema");
   if (b) B->close(b);
@@ -1247,9 +1370,10 @@ static void test_errors(void) {
   /* migration from version 1 (before the per-session due-time index) */
   raw_exec(p, "DROP INDEX events_session_due; PRAGMA user_version = 1");
   b = open_ok(p, NULL);
-  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 2 &&
-            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_session_due'") == 1,
-        "a version-1 file is migrated to version 2 (the due-time index added)");
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 3 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_session_due'") == 1 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1,
+        "a version-1 file is migrated to version 3 (the due-time and type indexes added)");
   if (b) B->close(b);
   rm_db(p);
   /* a migration that fails is rolled back whole (an eventstore file at
@@ -1401,7 +1525,7 @@ static void test_foreign_files(void) {
     es_backend *b = open_ok(p, NULL);
     CHECK(b != NULL, "a zero-length file opens");
     if (b) B->close(b);
-    CHECK(raw_int(p, "PRAGMA application_id") == 0x45535442 && raw_int(p, "PRAGMA user_version") == 2,
+    CHECK(raw_int(p, "PRAGMA application_id") == 0x45535442 && raw_int(p, "PRAGMA user_version") == 3,
           "... and is initialised as an eventstore database");
     rm_db(p);
   }
@@ -1719,6 +1843,7 @@ int main(void) {
   test_open_fresh();
   test_events();
   test_lanes_queue_dead();
+  test_types();
   test_sessions();
   test_snapshots_presence();
   test_savepoints();
