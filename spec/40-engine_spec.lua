@@ -247,7 +247,7 @@ end
         assert.equal(4, t.store:head("s"))
       end)
 
-      it("the engine settles events appended straight to the store, without counting them as handled", function()
+      it("the engine leaves events appended straight to the store pending, for an engine with their handler", function()
         local t = setup()
         local engine = t.engine()
         local _, pending = t.store:append("s", { { type = "note" }, { type = "note", lane = "L" }, { type = "note", lane = "L" } })
@@ -255,26 +255,25 @@ end
         assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
         for i = 1, 3 do
           local e = event(t.store, "s", i)
-          assert.equal("processed", e.status)
-          assert.is_nil(e.last_error)
+          assert.equal("pending", e.status)
+          assert.equal(0, e.attempts) -- never even claimed
         end
         assert.equal(3, t.store:head("s"))
       end)
 
-      it("a handler file added later does not re-dispatch them", function()
+      it("a handler file added later handles the ones left pending, not the ones the engine wrote", function()
         local t = setup()
         local engine = t.engine()
-        engine:append("s", { { type = "note" } })
-        t.store:append("s", { { type = "note" } })
+        engine:append("s", { { type = "note" } })   -- written by the engine: processed
+        t.store:append("s", { { type = "note" } })  -- straight to the store: pending
         assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
-        assert.equal("processed", event(t.store, "s", 2).status)
+        assert.equal("processed", event(t.store, "s", 1).status)
+        assert.equal("pending", event(t.store, "s", 2).status)
 
         t.handler("note", returns("noted"))
-        assert.same({ handled = 0, failed = 0, dead = 0 }, run(engine))
-        assert.equal(2, t.store:head("s"))
-        local fresh = t.engine()
-        assert.same({ handled = 0, failed = 0, dead = 0 }, run(fresh))
-        assert.equal(2, t.store:head("s"))
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.equal(3, t.store:head("s"))
+        assert.same({ 2 }, helpers.pluck(helpers.pluck(eh.of_type(t.store:read("s"), "noted"), "cause"), "index"))
       end)
 
       it("once a handler file exists, new events of its type go to it", function()

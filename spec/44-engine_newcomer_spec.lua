@@ -36,6 +36,39 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal(1, t.store:head("s"))
     end)
 
+    it("an engine claims only the types it has handlers for and reports the rest, never settling them", function()
+      local t = eh.setup(url)
+      t.handler("a", "return function() return {{type = 'a.done'}} end")
+      local engine = t.engine({})
+      t.store:append("s", { { type = "b" }, { type = "a" }, { type = "c" }, { type = "b" } })
+      local r = engine:run({ until_idle = true })
+      assert.same({ handled = 1, failed = 0, dead = 0 }, eh.counts(r))
+      assert.equal(3, r.unhandled)
+      assert.equal("b, c", r.unhandled_types)
+      for _, i in ipairs({ 1, 3, 4 }) do
+        local ev = eh.event(t.store, "s", i)
+        assert.equal("pending", ev.status)
+        assert.equal(0, ev.attempts)
+      end
+      assert.equal("processed", eh.event(t.store, "s", 5).status) -- a.done: written by the engine, no handler
+      -- an engine that has the handler takes them
+      t.handler("b", "return function() end")
+      t.handler("c", "return function() end")
+      local r2 = engine:run({ until_idle = true })
+      assert.same({ handled = 3, failed = 0, dead = 0 }, eh.counts(r2))
+      assert.equal(0, r2.unhandled)
+    end)
+
+    it("an engine on an empty scripts directory marks nothing done", function()
+      local t = eh.setup(url)
+      local engine = t.engine({})
+      t.store:append("s", { { type = "x" }, { type = "y" } })
+      local r = engine:run({ until_idle = true })
+      assert.same({ handled = 0, failed = 0, dead = 0 }, eh.counts(r))
+      assert.equal(2, r.unhandled)
+      assert.same({ "pending", "pending" }, helpers.pluck(t.store:read("s"), "status"))
+    end)
+
     it("os.execute in a handler returns what the standard one returns", function()
       local t = eh.setup(url)
       t.handler("x", [[

@@ -342,8 +342,30 @@ static void record_failure(es_engine *e, int id, const claim_info *c, const char
   }
 }
 
+/* The current type set, with a reference for the caller (NULL: none). */
+static es_type_set *types_get(es_engine *e) {
+  pthread_mutex_lock(&e->types_mu);
+  es_type_set *t = e->types;
+  if (t) atomic_fetch_add(&t->refs, 1);
+  pthread_mutex_unlock(&e->types_mu);
+  return t;
+}
+
+/* Rescans scripts/handlers (at a run's start, then every second by the
+ * keeper), so a handler file added while the engine runs is picked up. */
+static void types_refresh(es_engine *e) {
+  es_type_set *fresh = es_type_set_scan(e->scripts);
+  if (!fresh) return; /* out of memory: keep the old set */
+  pthread_mutex_lock(&e->types_mu);
+  es_type_set *old = e->types;
+  e->types = fresh;
+  e->types_at = es_mono_ms();
+  pthread_mutex_unlock(&e->types_mu);
+  es_type_set_release(old);
+}
+
 /* What handling one event came to. */
-enum { RUN_HANDLED, RUN_SETTLE, RUN_FAILED };
+enum { RUN_HANDLED, RUN_SETTLE, RUN_FAILED, RUN_RELEASE };
 
 typedef struct job {
   runner *r;
@@ -374,7 +396,10 @@ static int run_job(lua_State *L) {
     return lua_error(L);
   }
   if (lua_isnil(L, -3)) {
-    j->result = RUN_SETTLE; /* no handler: settle it, never wait for one */
+    /* Its handler file went away between the scan and the claim: never
+     * settle work this engine cannot do; the claim expires and an engine
+     * with the handler takes it. */
+    j->result = RUN_RELEASE;
     return 0;
   }
   lua_pop(L, 2);
@@ -407,6 +432,13 @@ static void complete_job(job *j) {
     job_error(j, "out of memory");
     return;
   }
+  /* Events this engine writes for types it has no handler for are stored
+   * processed (CONTRACT §4): facts nobody here handles must not sit
+   * pending. The set is at most a second old, as the loader's view. */
+  es_type_set *ts = types_get(e);
+  for (size_t i = 0; i < j->n; i++)
+    if (!j->evs[i].settled && !es_type_set_has(ts, j->evs[i].type)) j->evs[i].settled = 1;
+  es_type_set_release(ts);
   for (size_t i = 0; i < j->n; i++) {
     if (j->evs[i].id) continue;
     if (es_store_new_id(e->s, ids[i], &err)) {
@@ -492,7 +524,10 @@ static int handle(runner *r, const es_event *ev) {
     free(j.error);
     return 1;
   }
-  if (j.result != RUN_FAILED) complete_job(&j);
+  if (j.result == RUN_RELEASE)
+    es_engine_log(e, r->id, "%s #%lld %s: its handler file is gone; left for its claim to expire",
+                  ev->session, (long long)ev->index, ev->type);
+  else if (j.result != RUN_FAILED) complete_job(&j);
   if (j.result == RUN_FAILED) {
     int stop = j.error && strstr(j.error, "interrupted: the engine is stopping") != NULL;
     record_failure(e, r->id, &c, j.error ? j.error : "unknown error", stop);
@@ -571,7 +606,15 @@ static void *worker_main(void *arg) {
     es_events got;
     int64_t retry_at = ES_NONE;
     es_err err = {0};
-    int rc = es_store_claim_next(e->s, e->holder, e->o.ttl_ms, 1, NULL, 0, &got, &retry_at, &err);
+    /* Only the types this engine has handlers for: others stay pending for
+     * an engine that has theirs (CONTRACT §4). */
+    static const char *const no_types[1] = {NULL}; /* types != NULL, n 0: claim nothing */
+    es_type_set *ts = types_get(e);
+    int rc = ts ? es_store_claim_next(e->s, e->holder, e->o.ttl_ms, 1,
+                                      ts->n ? (const char *const *)ts->v : no_types, ts->n, &got,
+                                      &retry_at, &err)
+                : es_fail(&err, ES_STORAGE, "out of memory");
+    es_type_set_release(ts);
     if (rc == ES_OK && got.n > 0) {
       claim_wait = IDLE_POLL_MS;
       int gone = handle(r, &got.v[0]);
@@ -657,6 +700,7 @@ static void *keeper_main(void *arg) {
   while (!atomic_load(&e->keeper_quit)) {
     sleep_ms(WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every);
     int64_t now = es_mono_ms();
+    if (now - e->types_at >= 1000) types_refresh(e);
     for (int i = 0; i < e->n; i++) {
       pthread_mutex_lock(&e->mu);
       runner *r = e->slots[i];
@@ -755,6 +799,8 @@ static void engine_free(es_engine *e) {
   pthread_cond_destroy(&e->cond);
   pthread_mutex_destroy(&e->fold_mu);
   pthread_mutex_destroy(&e->state_mu);
+  pthread_mutex_destroy(&e->types_mu);
+  es_type_set_release(e->types);
   pthread_cond_destroy(&e->fold_cond);
   free(e);
 }
@@ -781,6 +827,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_cond_init(&e->cond, NULL);
   pthread_mutex_init(&e->fold_mu, NULL);
   pthread_mutex_init(&e->state_mu, NULL);
+  pthread_mutex_init(&e->types_mu, NULL);
   pthread_cond_init(&e->fold_cond, NULL);
   es_store_retain(s);
   e->s = s;
@@ -829,6 +876,36 @@ static void fill_stats(es_engine *e, es_engine_stats *st) {
   st->busy = atomic_load(&e->busy);
 }
 
+/* Counts the pending events this engine has no handler for, and says so
+ * once per run: a wrong scripts directory shows up as work left pending,
+ * never as work silently done (CONTRACT §4). */
+static void report_unhandled(es_engine *e, es_engine_stats *st) {
+  es_type_counts tc;
+  es_err err = {0};
+  if (es_store_pending_types(e->s, &tc, &err) != ES_OK) return;
+  es_type_set *ts = types_get(e);
+  size_t used = 0;
+  for (size_t i = 0; i < tc.n; i++) {
+    if (tc.v[i].pending <= 0 || es_type_set_has(ts, tc.v[i].type)) continue;
+    st->unhandled += tc.v[i].pending;
+    size_t room = sizeof st->unhandled_types - used;
+    int n = snprintf(st->unhandled_types + used, room, "%s%s", used ? ", " : "", tc.v[i].type);
+    if (n < 0 || (size_t)n >= room) { /* cut, marked */
+      strcpy(st->unhandled_types + sizeof st->unhandled_types - 4, "...");
+      used = sizeof st->unhandled_types - 1;
+    } else {
+      used += (size_t)n;
+    }
+  }
+  es_type_set_release(ts);
+  es_type_counts_destroy(&tc);
+  if (st->unhandled)
+    es_engine_log(e, 0, "%lld pending event%s of type%s %s %s no handler here (scripts: %s)",
+                  (long long)st->unhandled, st->unhandled == 1 ? "" : "s",
+                  strchr(st->unhandled_types, ',') ? "s" : "", st->unhandled_types,
+                  st->unhandled == 1 ? "has" : "have", e->scripts);
+}
+
 int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, es_err *err) {
   memset(stats, 0, sizeof *stats);
   if (e->in_run) return es_fail(err, ES_INVALID_ARGUMENT, "the engine is already running");
@@ -846,6 +923,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   atomic_store(&e->failed, 0);
   atomic_store(&e->dead, 0);
   atomic_store(&e->abandoned, 0);
+  types_refresh(e);
   int started = 0;
   for (int i = 0; i < e->n; i++) {
     runner *r = e->slots[i];
@@ -895,6 +973,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
     if (e->slots[i]) pthread_join(e->slots[i]->thread, NULL);
   fill_stats(e, stats);
   stats->busy = 0;
+  report_unhandled(e, stats);
   e->in_run = 0;
   if (e->run_err.code) {
     *err = e->run_err;

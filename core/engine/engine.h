@@ -68,6 +68,8 @@ typedef struct es_engine_stats {
   int64_t dead;      /* events dead-lettered */
   int64_t abandoned; /* workers abandoned (stuck past the deadline or a stop) */
   int64_t busy;      /* handlers running right now */
+  int64_t unhandled; /* at the end of a run: pending events of types with no handler here */
+  char unhandled_types[256]; /* their types, "a, b" (cut with "..." when long) */
 } es_engine_stats;
 
 /* Called on the running thread about every progress_ms; return non-zero

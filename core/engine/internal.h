@@ -14,6 +14,19 @@
 #include "engine/budget.h"
 #include "engine/engine.h"
 
+/* The event types with a handler file (handlers.c), sorted; shared and
+ * replaced whole, so refcounted. */
+typedef struct es_type_set {
+  atomic_int refs;
+  char **v;
+  size_t n;
+} es_type_set;
+
+/* Scans scripts/handlers (NULL when out of memory); one reference. */
+es_type_set *es_type_set_scan(const char *scripts);
+int es_type_set_has(const es_type_set *t, const char *type);
+void es_type_set_release(es_type_set *t);
+
 /* The claim a worker is handling. Strings borrowed from the runner. */
 typedef struct claim_info {
   const char *session;
@@ -63,6 +76,10 @@ struct es_engine {
   runner **slots;             /* NULL where a worker could not be replaced */
   pthread_mutex_t mu;         /* slots; with cond, idle workers sleep and stop wakes them */
   pthread_cond_t cond;
+
+  es_type_set *types;         /* what workers claim (under types_mu); the keeper rescans it */
+  pthread_mutex_t types_mu;
+  int64_t types_at;           /* when it was scanned (monotonic ms) */
 
   runner *folder;             /* runs es_engine_state's folds; NULL until needed */
   pthread_mutex_t state_mu;   /* one es_engine_state at a time */

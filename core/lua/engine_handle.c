@@ -114,7 +114,8 @@ static int on_progress(void *ud, const es_engine_stats *st) {
   return 0;
 }
 
-/* run{until_idle, progress, progress_ms} -> {handled, failed, dead, abandoned} */
+/* run{until_idle, progress, progress_ms} -> {handled, failed, dead, abandoned,
+ * unhandled, unhandled_types} */
 static int l_engine_run(lua_State *L) {
   lengine *h = check_handle(L);
   es_run_opts ro = {0};
@@ -146,6 +147,8 @@ static int l_engine_run(lua_State *L) {
   es_lua_set_int(L, "failed", st.failed);
   es_lua_set_int(L, "dead", st.dead);
   es_lua_set_int(L, "abandoned", st.abandoned);
+  es_lua_set_int(L, "unhandled", st.unhandled);
+  if (st.unhandled) es_lua_set_str(L, "unhandled_types", st.unhandled_types);
   return 1;
 }
 
