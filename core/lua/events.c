@@ -340,7 +340,15 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
       bad_event(L, arg, "events must be a list of events (keys 1..n only)");
     }
   }
-  if (keys != n) bad_event(L, arg, "events must be a list of events (keys 1..n only)");
+  /* Not a sequence: some index in 1..keys + 1 is missing (keys integer
+   * keys cannot fill keys + 1 slots), so this finds it in O(keys) even
+   * when the length reported is a border far beyond the elements. */
+  if (keys != n)
+    for (size_t i = 1; i <= keys + 1; i++) {
+      int missing = lua_rawgeti(L, idx, (lua_Integer)i) == LUA_TNIL;
+      lua_pop(L, 1);
+      if (missing) bad_event(L, arg, "events[%d] must be a table (events must be a list 1..n)", (int)i);
+    }
   for (size_t i = 0; i < n; i++) {
     int type = lua_rawgeti(L, idx, (lua_Integer)i + 1);
     lua_pop(L, 1);
