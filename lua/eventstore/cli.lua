@@ -460,15 +460,16 @@ local function new_engine(store, dir, extra)
   return eventstore.engine(opts)
 end
 
--- The number of pending events of the whole store (for run's summary).
-local function count_pending(store)
-  local total, after = 0, nil
-  repeat
-    local page = store:sessions({ after = after, limit = PAGE })
-    for _, s in ipairs(page.sessions) do total = total + (s.pending or 0) end
-    after = page.cursor
-  until after == nil
-  return total
+-- The pending events of the whole store (for run's summary and progress
+-- line), and how many of them are of types `engine` has no handler for
+-- (store:pending_types: one row per type, not a walk over the sessions).
+local function count_pending(store, engine)
+  local total, unhandled = 0, 0
+  for event_type, n in pairs(store:pending_types()) do
+    total = total + n
+    if engine and not engine:has_handler(event_type) then unhandled = unhandled + n end
+  end
+  return total, unhandled
 end
 
 function commands.run.check(o)
@@ -537,17 +538,20 @@ function commands.run.run(o)
   local on_tty = tty ~= nil and tty.isatty(2)
   local draw = on_tty or o.progress == true
   local drawn = false
-  local pending, counted, shown = 0, nil, nil
+  local pending, unhandled, counted, shown = 0, 0, nil, nil
+  local engine
   local function show(stats)
     if not draw then return end
     local now = now_ms()
     if shown and now - shown < (on_tty and PROGRESS_EVERY_MS or PROGRESS_LOG_EVERY_MS) then return end
     shown = now
     if counted == nil or now - counted >= PENDING_EVERY_MS then
-      pending, counted = count_pending(store), now
+      pending, unhandled = count_pending(store, engine)
+      counted = now
     end
     local line = ("handled %d, failed %d, dead %d, pending %d"):format(total.handled + (stats.handled or 0),
       total.failed + (stats.failed or 0), total.dead + (stats.dead or 0), pending)
+    if unhandled > 0 then line = line .. (", %d without a handler here"):format(unhandled) end
     if on_tty then
       io.stderr:write("\r\27[K", line)
       drawn = true
@@ -557,7 +561,7 @@ function commands.run.run(o)
     io.stderr:flush()
   end
 
-  local engine = new_engine(store, dir, { workers = o.workers })
+  engine = new_engine(store, dir, { workers = o.workers })
   -- SIGINT/SIGTERM (counted by the binary, which owns signals) stop the
   -- engine: running handlers are interrupted and retried later.
   local stopping = false

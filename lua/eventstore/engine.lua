@@ -28,6 +28,9 @@ function Engine:run(opts) return self._handle:run(opts) end
 
 function Engine:stop() self._handle:stop() end
 
+-- Whether scripts/handlers/<type>.lua exists (loadable or not).
+function Engine:has_handler(event_type) return self._handle:has_handler(event_type) end
+
 -- Like store:append; events of a type with no handler are stored
 -- processed (they would never wait for a worker), and `delay_ms` / `at`
 -- become `not_before` (a timer).
