@@ -22,6 +22,7 @@
 #include <lualib.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,14 +137,26 @@ static int tty_isatty(lua_State *L) {
 /* Signals seen since tty.watch_signals(): a process-wide flag is the one
  * thing a signal handler may touch, and this file is the host. */
 static volatile sig_atomic_t signals_seen = 0;
+static volatile int64_t first_signal_ms = 0;
+
+static int64_t signal_now_ms(void) { /* clock_gettime is async-signal-safe */
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static void on_signal(int sig) {
+  /* One keypress or kill can arrive twice (to the process and to its
+   * group, as timeout(1) sends it): only a signal a moment after the first
+   * is someone asking again. */
+  if (signals_seen > 0 && signal_now_ms() - first_signal_ms < 250) return;
   if (signals_seen > 0) { /* the second one: quit now */
     static const char msg[] = "\neventstore: quitting at once; running attempts' claims will expire\n";
     ssize_t ignored = write(2, msg, sizeof msg - 1);
     (void)ignored;
     _exit(128 + sig);
   }
+  first_signal_ms = signal_now_ms();
   signals_seen = sig;
 }
 

@@ -370,13 +370,16 @@ describe("eventstore binary", function()
       assert.is_false(exists(db_path()))
     end)
 
-    engine_it("goes through the engine when ./scripts exists: no handler means stored processed", function()
+    engine_it("goes through the engine only with --scripts: no handler there means stored processed", function()
       write_scripts(work .. "/scripts")
-      local a = ndjson(ok(es({ "append", "s", "note", '{"x":1}' })))[1]
+      -- ./scripts exists, but without --scripts every event is stored pending
+      local plain = ndjson(ok(es({ "append", "s", "note", '{"x":1}' })))[1]
+      assert.are.equal("pending", plain.status)
+      local a = ndjson(ok(es({ "append", "s", "note", '{"x":1}', "--scripts", "scripts" })))[1]
       assert.are.equal("processed", a.status)
-      local b = ndjson(ok(es({ "append", "s", "greet", '{"name":"ada"}' })))[1]
+      local b = ndjson(ok(es({ "append", "s", "greet", '{"name":"ada"}', "--scripts", "scripts" })))[1]
       assert.are.equal("pending", b.status)
-      local got = ndjson(ok(es({ "append", "s" }, '{"type":"note"}\n{"type":"greet","payload":{"name":"bo"}}\n')))
+      local got = ndjson(ok(es({ "append", "s", "--scripts", "scripts" }, '{"type":"note"}\n{"type":"greet","payload":{"name":"bo"}}\n')))
       assert.are.same({ "processed", "pending" }, { got[1].status, got[2].status })
     end)
   end)
@@ -708,6 +711,34 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       assert.is_true(tonumber(ms) < 3000, "took " .. ms .. " ms to stop")
       assert.are.equal("handled 0, failed 1, dead 0, pending 1\n", read_file(work .. "/run.out"))
       os.execute("pkill -f 'sleep 19.3' >/dev/null 2>&1")
+    end)
+
+    engine_it("a second signal quits at once, saying so", function()
+      write_scripts(work .. "/scripts")
+      ok(es({ "append", "s", "slow", '{"seconds":19.1}' }))
+      local script = ([[
+cd %s || exit 99
+%s run >run.out 2>run.err &
+pid=$!
+sleep 0.5
+kill -TERM $pid
+sleep 0.4
+kill -TERM $pid
+t0=$(date +%%s%%N)
+wait $pid
+rc=$?
+t1=$(date +%%s%%N)
+echo "$rc $(( (t1 - t0) / 1000000 ))"
+]]):format(sh_quote(work), sh_quote(BIN))
+      local p = assert(io.popen("sh -c " .. sh_quote(script)))
+      local rc, ms = p:read("l"):match("^(%d+) (%d+)$")
+      p:close()
+      os.execute("pkill -f 'sleep 19.1' >/dev/null 2>&1")
+      assert.are.equal("143", rc, read_file(work .. "/run.err"))
+      assert.is_true(tonumber(ms) < 500, "took " .. ms .. " ms")
+      local err = read_file(work .. "/run.err")
+      assert.truthy(err:find("press Ctrl-C again to quit now", 1, true), err)
+      assert.truthy(err:find("quitting at once", 1, true), err)
     end)
 
     engine_it("SIGINT: exits 0 and prints the summary", function()

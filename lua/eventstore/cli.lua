@@ -248,9 +248,10 @@ Without TYPE: reads events from stdin, one JSON object per line
 (only type is required; blank lines are skipped). Every line is checked
 before anything is written; all of them are appended as one batch (at most
 10,000 events), atomically.
-Prints the stored events as NDJSON. When the scripts directory exists the
-append goes through the engine, so events of a type without a handler are
-stored already processed; otherwise every event is stored pending.
+Prints the stored events as NDJSON. Every event is stored pending, for
+`run` to handle. With --scripts DIR the append goes through the engine of
+DIR instead, so events of a type without a handler there are stored
+already processed (facts nothing will handle).
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
   --id ID         the event's id (default: generated)
@@ -688,10 +689,13 @@ function commands.append.run(o, args)
   else
     events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane } }
   end
-  local dir = scripts_dir(o, false)
+  -- Only an explicit --scripts: a ./scripts that belongs to another app
+  -- must not decide that this app's events need no handling (CONTRACT §4).
+  local dir = o.scripts ~= nil and scripts_dir(o, true) or nil
   local store <close> = open_store(o, true)
   local stored
-  if dir ~= nil and eventstore.engine ~= nil then
+  if dir ~= nil then
+    need_engine()
     local engine = new_engine(store, dir)
     stored = engine:append(session, events)
     engine:close()
