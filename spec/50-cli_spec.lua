@@ -649,19 +649,24 @@ describe("eventstore binary", function()
 
     -- Starts `run` in the background, sends `sig` after `after` seconds;
     -- returns the exit code (string) and how many ms it took to exit.
-    local function run_and_signal(sig, after)
+    -- Runs `run` in the background, sends it SIG after `after` seconds (and
+    -- once more `again` seconds later, if given); returns its exit status
+    -- and the ms from the last signal to its exit, as strings.
+    local function run_and_signal(sig, after, again)
       local script = ([[
 cd %s || exit 99
 timeout --foreground -k 2 30 %s run >run.out 2>run.err &
 pid=$!
 sleep %s
 kill -%s $pid
+%s
 t0=$(date +%%s%%N)
 wait $pid
 rc=$?
 t1=$(date +%%s%%N)
 echo "$rc $(( (t1 - t0) / 1000000 ))"
-]]):format(sh_quote(work), sh_quote(BIN), after, sig)
+]]):format(sh_quote(work), sh_quote(BIN), after, sig,
+        again and ("sleep %s; kill -%s $pid"):format(again, sig) or "")
       -- timeout forwards the signal to the binary alone (--foreground: not
       -- to its process group, so a handler's child is not killed with it)
       -- and exits with its status
@@ -716,23 +721,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
     engine_it("a second signal quits at once, saying so", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "slow", '{"seconds":19.1}' }))
-      local script = ([[
-cd %s || exit 99
-%s run >run.out 2>run.err &
-pid=$!
-sleep 0.5
-kill -TERM $pid
-sleep 0.4
-kill -TERM $pid
-t0=$(date +%%s%%N)
-wait $pid
-rc=$?
-t1=$(date +%%s%%N)
-echo "$rc $(( (t1 - t0) / 1000000 ))"
-]]):format(sh_quote(work), sh_quote(BIN))
-      local p = assert(io.popen("sh -c " .. sh_quote(script)))
-      local rc, ms = p:read("l"):match("^(%d+) (%d+)$")
-      p:close()
+      local rc, ms = run_and_signal("TERM", 0.5, 0.4)
       os.execute("pkill -f 'sleep 19.1' >/dev/null 2>&1")
       assert.are.equal("143", rc, read_file(work .. "/run.err"))
       assert.is_true(tonumber(ms) < 500, "took " .. ms .. " ms")
