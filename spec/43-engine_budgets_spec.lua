@@ -81,6 +81,35 @@ for _, url in ipairs(helpers.urls()) do
       end)
     end
 
+    it("engine scripts load text chunks only (no bytecode: Lua has no verifier)", function()
+      local t = setup()
+      t.handler("x", [[
+local bin = string.dump(function() return 1 end)
+return function()
+  local f, err = load(bin)
+  local path = os.tmpname()
+  local out = io.open(path, "wb"); out:write(bin); out:close()
+  local g, err2 = loadfile(path)
+  local ok3, err3 = pcall(dofile, path)
+  os.remove(path)
+  local h = load("return 2")
+  local json = require("eventstore").json -- Lua modules still load (as text)
+  return {{type = "r", payload = {tostring(f), err, tostring(g), err2, ok3, tostring(err3), h(), json.encode({1})}}}
+end]])
+      local engine = t.engine({})
+      t.store:append("s", { { type = "x" } })
+      assert.same({ handled = 1, failed = 0, dead = 0 }, eh.run(engine))
+      local p = eh.event(t.store, "s", 2).payload
+      assert.equal("nil", p[1])
+      assert.is_true(contains(p[2], "binary chunk"), p[2])
+      assert.equal("nil", p[3])
+      assert.is_true(contains(p[4], "binary chunk"), p[4])
+      assert.is_false(p[5])
+      assert.is_true(contains(p[6], "binary chunk"), p[6])
+      assert.equal(2, p[7])
+      assert.equal("[1]", p[8])
+    end)
+
     it("a returned payload that is a DAG of 40 levels fails at the size limit, promptly", function()
       local t = setup()
       t.handler("x", [[

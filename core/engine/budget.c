@@ -108,12 +108,43 @@ static int refuse_sethook(lua_State *L) {
                        "(the engine's budgets use the hook)");
 }
 
+/* Text chunks only in engine scripts: Lua 5.4 has no bytecode verifier,
+ * so a crafted binary chunk (load, loadfile, dofile, require of a .luac)
+ * could corrupt the process that a budget is meant to protect. */
+static const char TEXT_ONLY[] =
+    "local load, loadfile, select, searchpath = load, loadfile, select, package.searchpath\n"
+    "_G.load = function(chunk, name, _, ...)\n"
+    "  if select('#', ...) > 0 then return load(chunk, name, 't', (...)) end\n"
+    "  return load(chunk, name, 't')\n"
+    "end\n"
+    "_G.loadfile = function(file, _, ...)\n"
+    "  if select('#', ...) > 0 then return loadfile(file, 't', (...)) end\n"
+    "  return loadfile(file, 't')\n"
+    "end\n"
+    "_G.dofile = function(file)\n"
+    "  local f, err = loadfile(file, 't')\n"
+    "  if not f then error(err, 2) end\n"
+    "  return f()\n"
+    "end\n"
+    "package.searchers[2] = function(name)\n"
+    "  local path, err = searchpath(name, package.path)\n"
+    "  if not path then return '\\n\\t' .. err end\n"
+    "  local f, lerr = loadfile(path, 't')\n"
+    "  if not f then\n"
+    "    error(('error loading module %q from file %q:\\n\\t%s'):format(name, path, lerr), 0)\n"
+    "  end\n"
+    "  return f, path\n"
+    "end\n";
+
 static int open_state(lua_State *L) {
   luaL_openlibs(L);
   lua_getglobal(L, "debug");
   lua_pushcfunction(L, refuse_sethook);
   lua_setfield(L, -2, "sethook");
   lua_pop(L, 1);
+  if (luaL_loadbufferx(L, TEXT_ONLY, sizeof TEXT_ONLY - 1, "=eventstore.textonly", "t") != LUA_OK)
+    return lua_error(L);
+  lua_call(L, 0, 0);
   return 0;
 }
 
