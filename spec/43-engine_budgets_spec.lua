@@ -110,34 +110,25 @@ end]])
       assert.equal("[1]", p[8])
     end)
 
-    it("a returned payload that is a DAG of 40 levels fails at the size limit, promptly", function()
-      local t = setup()
-      t.handler("x", [[
-return function()
-  local t = {}
-  for _ = 1, 40 do t = {a = t, b = t} end
-  return { { type = "y", payload = t } }
-end]])
-      local ev, _, ms = run_one(t)
-      assert.equal("dead", ev.status)
-      assert.is_true(contains(ev.last_error, "TOO_LARGE"), ev.last_error)
-      assert.is_true(ms < 5000, "took " .. ms .. " ms")
-    end)
-
-    it("a payload of 400 references to one 8 MiB string is refused while encoding", function()
-      local t = setup()
-      t.handler("x", [[
-return function()
-  local s = string.rep("x", 8 * 1024 * 1024)
-  local p = {}
-  for i = 1, 400 do p[i] = s end
-  return { { type = "y", payload = p } }
-end]])
-      local ev, _, ms = run_one(t)
-      assert.equal("dead", ev.status)
-      assert.is_true(contains(ev.last_error, "over the limit of 1048576 bytes"), ev.last_error)
-      assert.is_true(ms < 5000, "took " .. ms .. " ms")
-    end)
+    -- Payloads far larger encoded than in memory: refused at the size
+    -- limit while encoding (TOO_LARGE), never built in full first.
+    local HUGE_PAYLOADS = {
+      ["a DAG of 40 levels"] = "local t = {} for _ = 1, 40 do t = {a = t, b = t} end return t",
+      ["400 references to one 8 MiB string"] =
+        "local s = string.rep('x', 8 * 1024 * 1024) local p = {} for i = 1, 400 do p[i] = s end return p",
+    }
+    for name, make in pairs(HUGE_PAYLOADS) do
+      it("a returned payload of " .. name .. " is refused while encoding, promptly", function()
+        local t = setup()
+        t.handler("x", ("local function make() %s end\n"):format(make)
+          .. "return function() return { { type = 'y', payload = make() } } end")
+        local ev, _, ms = run_one(t)
+        assert.equal("dead", ev.status)
+        assert.is_true(contains(ev.last_error, "TOO_LARGE"), ev.last_error)
+        assert.is_true(contains(ev.last_error, "over the limit of 1048576 bytes"), ev.last_error)
+        assert.is_true(ms < 5000, "took " .. ms .. " ms")
+      end)
+    end
 
     it("a memory budget exceeded inside pcall still fails the attempt, naming the budget", function()
       local t = setup()
