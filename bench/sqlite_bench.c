@@ -105,7 +105,7 @@ static void *write_loop(void *arg) {
   while (now_s() < w->until) {
     int pending;
     es_err err = {0};
-    if (es_store_append(w->s, session, evs, (size_t)w->batch, ES_NONE, NULL, &pending, &err))
+    if (es_store_append(w->s, session, evs, (size_t)w->batch, ES_NONE, ES_NONE, NULL, &pending, &err))
       die("append", err.msg);
     atomic_fetch_add(w->events, w->batch);
   }
@@ -152,7 +152,7 @@ static double cycles(const char *path, double seconds) {
     es_new_event b[100];
     for (int k = 0; k < 100; k++) b[k] = ev;
     int pending;
-    if (es_store_append(s, "cycle", b, 100, ES_NONE, NULL, &pending, &err)) die("append", err.msg);
+    if (es_store_append(s, "cycle", b, 100, ES_NONE, ES_NONE, NULL, &pending, &err)) die("append", err.msg);
   }
   es_new_event result = ev;
   result.type = "order.shipped";
@@ -165,7 +165,7 @@ static double cycles(const char *path, double seconds) {
     int outcome;
     if (es_store_claim_next(s, "bench", 30000, 1, NULL, 0, &got, &retry, &err)) die("claim_next", err.msg);
     if (got.n != 1) die("claim_next", "ran dry");
-    if (es_store_complete(s, "cycle", got.v[0].index, got.v[0].attempts, &result, 1, &outcome, &done,
+    if (es_store_complete(s, "cycle", got.v[0].index, got.v[0].attempts, &result, 1, ES_NONE, &outcome, &done,
                           &err))
       die("complete", err.msg);
     es_events_destroy(&got);

@@ -87,7 +87,7 @@ static void fill(es_store *s, const char *session, long n, int batch, int settle
     int pending;
     es_err err = {0};
     /* No out list: a writer that does not need the stored events back. */
-    if (es_store_append(s, session, evs, k, ES_NONE, NULL, &pending, &err)) die("append", &err);
+    if (es_store_append(s, session, evs, k, ES_NONE, ES_NONE, NULL, &pending, &err)) die("append", &err);
     done += (long)k;
   }
   free(evs);
@@ -122,7 +122,7 @@ static tally bench_append(es_store *s, const group *g, int batch, long calls) {
   for (long i = 0; i < calls; i++) {
     int pending;
     es_err err = {0};
-    if (es_store_append(s, pick(g, i), evs, (size_t)batch, ES_NONE, NULL, &pending, &err))
+    if (es_store_append(s, pick(g, i), evs, (size_t)batch, ES_NONE, ES_NONE, NULL, &pending, &err))
       die("append", &err);
   }
   tally t = {(double)(calls * batch), now_s() - t0};
@@ -170,7 +170,7 @@ static tally bench_cycle(es_store *s, const group *g, long calls, int use_next) 
     es_events out;
     int pending;
     es_err err = {0};
-    if (es_store_append(s, session, &ev, 1, ES_NONE, NULL, &pending, &err)) die("append", &err);
+    if (es_store_append(s, session, &ev, 1, ES_NONE, ES_NONE, NULL, &pending, &err)) die("append", &err);
     double t0 = now_s();
     int64_t retry;
     if (use_next) {
@@ -186,7 +186,7 @@ static tally bench_cycle(es_store *s, const group *g, long calls, int use_next) 
     }
     es_events done;
     int outcome;
-    if (es_store_complete(s, out.v[0].session, out.v[0].index, out.v[0].attempts, &result, 1,
+    if (es_store_complete(s, out.v[0].session, out.v[0].index, out.v[0].attempts, &result, 1, ES_NONE,
                           &outcome, &done, &err))
       die("complete", &err);
     spent += now_s() - t0;

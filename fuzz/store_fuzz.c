@@ -648,7 +648,7 @@ static void seed(es_store *st) {
   int64_t retry;
   es_events got;
   es_err err = {0};
-  CHECK(es_store_append(st, "s", e, 3, ES_NONE, NULL, &pending, &err) == ES_OK, "seed: %s", err.msg);
+  CHECK(es_store_append(st, "s", e, 3, ES_NONE, ES_NONE, NULL, &pending, &err) == ES_OK, "seed: %s", err.msg);
   es_claim_opts o = {.holder = "w", .ttl_ms = 1000, .expires_at = ES_NONE, .limit = 1};
   CHECK(es_store_claim(st, "s", &o, &outcome, &got, &retry, &err) == ES_OK, "seed: %s", err.msg);
   es_events_destroy(&got);

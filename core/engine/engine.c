@@ -451,7 +451,7 @@ static void complete_job(job *j) {
   for (int tries = 0;; tries++) {
     int outcome = 0;
     es_events out;
-    int rc = es_store_complete(e->s, ev->session, ev->index, ev->attempts, j->evs, j->n,
+    int rc = es_store_complete(e->s, ev->session, ev->index, ev->attempts, j->evs, j->n, ES_NONE,
                                &outcome, &out, &err);
     es_events_destroy(&out);
     if (rc == ES_OK) {
@@ -719,7 +719,7 @@ static void *keeper_main(void *arg) {
         es_claim_ref ref = {c.index, c.attempt};
         es_renew_result rr;
         es_err err = {0};
-        if (es_store_renew(e->s, session, e->holder, &ref, 1, e->o.ttl_ms, &rr, &err) == ES_OK)
+        if (es_store_renew(e->s, session, e->holder, &ref, 1, e->o.ttl_ms, ES_NONE, &rr, &err) == ES_OK)
           es_renew_result_destroy(&rr);
         free(session);
       }
@@ -1216,7 +1216,7 @@ int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_
     if (!has[i]) evs[i].settled = 1;
   }
   free(has);
-  return es_store_append(e->s, session, evs, n, expected, out, pending, err);
+  return es_store_append(e->s, session, evs, n, expected, ES_NONE, out, pending, err);
 }
 
 void es_engine_close(es_engine *e) {

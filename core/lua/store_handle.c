@@ -727,7 +727,7 @@ static int m_append(lua_State *L) {
   int pending = 0;
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_append(s, session, evs, n, expected, out, &pending, &err);
+  int rc = es_store_append(s, session, evs, n, expected, ES_NONE, out, &pending, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   es_lua_push_events(L, out, 0);
@@ -930,7 +930,7 @@ static int m_renew(lua_State *L) {
   es_renew_result *r = owned_push(L, sizeof *r, destroy_renew);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_renew(s, session, holder, claims, n, ttl, r, &err);
+  int rc = es_store_renew(s, session, holder, claims, n, ttl, ES_NONE, r, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
@@ -958,7 +958,7 @@ static int m_complete(lua_State *L) {
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_complete(s, session, index, attempt, evs, n, &outcome, out, &err);
+  int rc = es_store_complete(s, session, index, attempt, evs, n, ES_NONE, &outcome, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);

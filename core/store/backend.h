@@ -29,6 +29,7 @@ typedef int (*es_snapshot_cb)(void *ctx, const es_snapshot *row);
 typedef int (*es_presence_cb_row)(void *ctx, const es_presence_row *row);
 /* One event type and how many of its events are pending. */
 typedef int (*es_type_count_cb)(void *ctx, const char *type, int64_t pending);
+typedef int (*es_ref_cb)(void *ctx, const es_ref *row);
 
 typedef struct es_backend es_backend;  /* a backend's own state, opaque to the core */
 /* A transaction (read or write) of a backend, opaque to the core. Row
@@ -67,6 +68,11 @@ typedef struct es_backend_ops {
    * ascending byte order, at most limit. */
   int (*session_list)(es_txn *t, const char *prefix, const char *after, int64_t limit,
                       es_session_cb cb, void *ctx, es_err *err);
+  /* Sessions whose row has parent == parent (made by fork from it), name >
+   * after (NULL: no bound), ascending byte order, at most limit. An index
+   * by (parent, session) is expected: O(log n + rows returned). */
+  int (*session_children)(es_txn *t, const char *parent, const char *after, int64_t limit,
+                          es_session_cb cb, void *ctx, es_err *err);
 
   /* Events. */
   int (*event_get)(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err);
@@ -78,7 +84,9 @@ typedef struct es_backend_ops {
   /* Rewrites the mutable dispatch fields of the row at (session, index):
    * status, attempts, failures, last_error, processed_at, claim_holder,
    * claim_expires_at, retry_at, queued, due_at, last_failed_attempt,
-   * returned. */
+   * returned, first_claimed_at, last_claimed_at, failed_at,
+   * processed_by_attempt. (origin_session / origin_index are immutable,
+   * written by event_insert.) */
   int (*event_update)(es_txn *t, const es_event *row, es_err *err);
   /* after < index <= through, ascending, at most limit (ES_NONE: all). */
   int (*event_range)(es_txn *t, const char *session, int64_t after, int64_t through,
@@ -130,6 +138,16 @@ typedef struct es_backend_ops {
   /* Ascending reducer name; rows passed without state (state NULL). */
   int (*snapshot_list)(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
                        es_err *err);
+
+  /* Refs (§3.7), keyed by name; row->head is neither stored nor returned
+   * (the core fills it from the session row). */
+  int (*ref_get)(es_txn *t, const char *name, es_ref *out, es_err *err);
+  int (*ref_put)(es_txn *t, const es_ref *row, es_err *err); /* insert or replace */
+  int (*ref_delete)(es_txn *t, const char *name, es_err *err); /* ES_NOT_FOUND when absent */
+  /* Refs with name > after (NULL: no bound), ascending byte order, at most
+   * limit. */
+  int (*ref_list)(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
+                  es_err *err);
 
   /* Presence, keyed (ns, participant, field). value NULL: tombstone. */
   int (*presence_get)(es_txn *t, const char *ns, const char *participant, const char *field,

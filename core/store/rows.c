@@ -37,6 +37,9 @@ void es_event_init(es_event *e) {
   e->retry_at = ES_NONE;
   e->due_at = ES_NONE;
   e->last_failed_attempt = ES_NONE;
+  e->first_claimed_at = e->last_claimed_at = e->failed_at = ES_NONE;
+  e->processed_by_attempt = ES_NONE;
+  e->origin_index = ES_NONE;
 }
 
 void es_event_destroy(es_event *e) {
@@ -46,6 +49,7 @@ void es_event_destroy(es_event *e) {
     free(e->payload);
     free(e->session);
     free(e->lane);
+    free(e->origin_session);
   }
   free(e->id);
   free(e->last_error);
@@ -53,22 +57,23 @@ void es_event_destroy(es_event *e) {
   es_event_init(e);
 }
 
-/* A stored event's id, type, session, lane and payload never change, so a
- * copy puts them in one allocation anchored at id: one malloc, not five.
- * (Rows without an id, which no store returns, are copied field by field.) */
+/* A stored event's id, type, session, lane, origin and payload never
+ * change, so a copy puts them in one allocation anchored at id: one
+ * malloc, not six. (Rows without an id, which no store returns, are copied
+ * field by field.) */
 int es_event_copy(es_event *dst, const es_event *src) {
   *dst = *src;
-  dst->id = dst->type = dst->payload = dst->session = dst->lane = NULL;
+  dst->id = dst->type = dst->payload = dst->session = dst->lane = dst->origin_session = NULL;
   dst->last_error = dst->claim_holder = NULL;
   dst->packed = 0;
   if (src->id) {
-    const char *strs[4] = {src->id, src->type, src->session, src->lane};
-    char **outs[4] = {&dst->id, &dst->type, &dst->session, &dst->lane};
-    size_t lens[4], total = src->payload ? src->payload_len + 1 : 0;
-    for (int i = 0; i < 4; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
+    const char *strs[5] = {src->id, src->type, src->session, src->lane, src->origin_session};
+    char **outs[5] = {&dst->id, &dst->type, &dst->session, &dst->lane, &dst->origin_session};
+    size_t lens[5], total = src->payload ? src->payload_len + 1 : 0;
+    for (int i = 0; i < 5; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
     char *p = malloc(total);
     if (!p) return ES_STORAGE;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
       if (!strs[i]) continue;
       *outs[i] = memcpy(p, strs[i], lens[i]);
       p += lens[i];
@@ -81,7 +86,8 @@ int es_event_copy(es_event *dst, const es_event *src) {
     dst->packed = 1;
   } else if (dup_str(&dst->type, src->type) ||
              dup_bytes(&dst->payload, src->payload, src->payload_len) ||
-             dup_str(&dst->session, src->session) || dup_str(&dst->lane, src->lane)) {
+             dup_str(&dst->session, src->session) || dup_str(&dst->lane, src->lane) ||
+             dup_str(&dst->origin_session, src->origin_session)) {
     es_event_destroy(dst);
     return ES_STORAGE;
   }
@@ -135,18 +141,29 @@ void es_renew_result_destroy(es_renew_result *r) {
 void es_session_info_init(es_session_info *si) {
   memset(si, 0, sizeof *si);
   si->first_at = si->updated_at = ES_NONE;
+  si->sealed_at = ES_NONE;
+  si->lease_token = si->lease_expires_at = ES_NONE;
+  si->fork_at = si->forked_at = ES_NONE;
 }
 
 void es_session_info_destroy(es_session_info *si) {
   if (!si) return;
   free(si->session);
+  free(si->seal_reason);
+  free(si->lease_holder);
+  free(si->parent);
   es_session_info_init(si);
 }
 
 int es_session_info_copy(es_session_info *dst, const es_session_info *src) {
   *dst = *src;
-  dst->session = NULL;
-  return dup_str(&dst->session, src->session);
+  dst->session = dst->seal_reason = dst->lease_holder = dst->parent = NULL;
+  if (dup_str(&dst->session, src->session) || dup_str(&dst->seal_reason, src->seal_reason) ||
+      dup_str(&dst->lease_holder, src->lease_holder) || dup_str(&dst->parent, src->parent)) {
+    es_session_info_destroy(dst);
+    return ES_STORAGE;
+  }
+  return ES_OK;
 }
 
 void es_sessions_destroy(es_sessions *list) {
@@ -216,4 +233,53 @@ void es_presence_rows_destroy(es_presence_rows *rows) {
   for (size_t i = 0; i < rows->n; i++) es_presence_row_destroy(&rows->v[i]);
   free(rows->v);
   memset(rows, 0, sizeof *rows);
+}
+
+void es_lineage_destroy(es_lineage *l) {
+  if (!l) return;
+  free(l->session);
+  free(l->parent);
+  memset(l, 0, sizeof *l);
+}
+
+void es_lineages_destroy(es_lineages *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) es_lineage_destroy(&list->v[i]);
+  free(list->v);
+  memset(list, 0, sizeof *list);
+}
+
+void es_ref_init(es_ref *r) {
+  memset(r, 0, sizeof *r);
+  r->head = r->created_at = r->updated_at = ES_NONE;
+}
+
+void es_ref_destroy(es_ref *r) {
+  if (!r) return;
+  free(r->name);
+  free(r->session);
+  es_ref_init(r);
+}
+
+void es_refs_destroy(es_refs *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) es_ref_destroy(&list->v[i]);
+  free(list->v);
+  memset(list, 0, sizeof *list);
+}
+
+int es_ref_copy(es_ref *dst, const es_ref *src) {
+  *dst = *src;
+  dst->name = dst->session = NULL;
+  if (dup_str(&dst->name, src->name) || dup_str(&dst->session, src->session)) {
+    es_ref_destroy(dst);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+void es_lease_destroy(es_lease *l) {
+  if (!l) return;
+  free(l->holder);
+  memset(l, 0, sizeof *l);
 }

@@ -799,7 +799,7 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
-                    int64_t expected, es_events *out, int *pending, es_err *err) {
+                    int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err) {
   int rc;
   es_events unused = {0};
   if (!out) out = &unused; /* the caller does not want the stored events back */
@@ -809,6 +809,7 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
   if ((rc = check_nonneg("expected", expected, err))) return rc;
   if ((rc = check_batch(s, evs, n, err))) return rc;
   if ((rc = enter(s, err))) return rc;
+  (void)fence; /* TODO(issue 9) in progress */
   append_args a = {session, evs, n, expected, 0, out, 0, 1};
   if (n == 0) {
     /* Writes nothing; still answers whether the session has pending work. */
@@ -1298,12 +1299,14 @@ static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
-                   size_t n, int64_t ttl_ms, es_renew_result *out, es_err *err) {
+                   size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
     return rc;
-  if (ttl_ms <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0");
+  if (expires_at == ES_NONE && ttl_ms <= 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0 (or give expires_at)");
+  if ((rc = check_nonneg("expires_at", expires_at, err))) return rc;
   out->renewed = malloc((n ? n : 1) * sizeof *out->renewed);
   out->superseded = malloc((n ? n : 1) * sizeof *out->superseded);
   if (!out->renewed || !out->superseded) {
@@ -1314,9 +1317,10 @@ int es_store_renew(es_store *s, const char *session, const char *holder, const e
     es_renew_result_destroy(out);
     return rc;
   }
-  renew_args a = {session, holder, claims, n, 0, 0, out};
+  renew_args a = {session, holder, claims, n, expires_at, 0, out};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
+  if (rc == ES_OK && expires_at == ES_NONE && add_time(a.now, ttl_ms, &a.expires))
+    rc = too_late(err, "ttl_ms");
   if (rc == ES_OK) rc = run_write(s, do_renew, &a, err);
   leave(s);
   if (rc) es_renew_result_destroy(out);
@@ -1412,12 +1416,13 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
-                      const es_new_event *evs, size_t n, int *outcome, es_events *out,
-                      es_err *err) {
+                      const es_new_event *evs, size_t n, int64_t fence, int *outcome,
+                      es_events *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = check_batch(s, evs, n, err))) return rc;
   if ((rc = enter(s, err))) return rc;
+  (void)fence; /* TODO(issue 9) in progress */
   complete_args a = {session, index, attempt, evs, n, 0, 0, out};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = run_write(s, do_complete, &a, err);

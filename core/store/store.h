@@ -1,7 +1,8 @@
 /*
  * store.h: the eventstore C API (CONTRACT.md §3): open a backend by URL,
  * append and read events, claim / renew / complete / fail them, dead
- * letters, snapshots, inspection, waiting, and presence.
+ * letters, snapshots, inspection, waiting, presence, branches (fork,
+ * lineage, refs, promote) and fences, leases and seals.
  *
  * Every rule of the contract lives once, in store.c; backends (backend.h)
  * only store and find rows inside transactions.
@@ -19,6 +20,14 @@
 #include "es.h"
 
 typedef struct es_store es_store;
+
+/* An id source (es_open_opts.ids): writes the next event id, a
+ * NUL-terminated name (es_check_name) of at most ES_MAX_ID_BYTES bytes, into
+ * out (cap = ES_MAX_ID_BYTES + 1 bytes). Called inside the write call that
+ * needs the id, on the calling thread. Every id it returns must be new: an
+ * id already stored is refused (INVALID_ARGUMENT naming the source) and the
+ * call changes nothing. ES_OK or an error code with err filled. */
+typedef int (*es_id_fn)(void *ctx, char *out, size_t cap, es_err *err);
 
 #define ES_DEFAULT_MAX_PAYLOAD (1024 * 1024)
 #define ES_DEFAULT_MAX_BATCH 10000
@@ -41,6 +50,8 @@ typedef struct es_open_opts {
   size_t max_payload_bytes;  /* 0: ES_DEFAULT_MAX_PAYLOAD */
   size_t max_batch_events;   /* 0: ES_DEFAULT_MAX_BATCH (more is TOO_LARGE) */
   int durability;            /* backend-specific; 0: the backend's durable default */
+  es_id_fn ids;              /* NULL: UUIDv7; else where generated event ids come from */
+  void *ids_ctx;             /* borrowed; must outlive the store */
 } es_open_opts;
 
 /* Dispatch status of a stored event. */
@@ -70,6 +81,13 @@ typedef struct es_event {
   char *claim_holder;     /* NULL: no live-or-expired claim owns the event */
   int64_t claim_expires_at;
   int64_t retry_at;       /* end of the current backoff, ES_NONE: none */
+  int64_t first_claimed_at;     /* ES_NONE: never claimed */
+  int64_t last_claimed_at;      /* the latest claim's time; ES_NONE: never claimed */
+  int64_t failed_at;            /* the latest failure's time; ES_NONE: never failed */
+  int64_t processed_by_attempt; /* the attempt whose completion processed it; ES_NONE otherwise
+                                   (pending, dead, settled, a fork's copy) */
+  char *origin_session;   /* a fork's copy: the session it was copied from; NULL otherwise */
+  int64_t origin_index;   /* its index there (ES_NONE unless origin_session) */
   /* Bookkeeping for the rules (written by store.c, stored verbatim by
    * backends, not shown to users): */
   int queued;             /* 1: a dispatch candidate (pending, not dead, head of its lane) */
@@ -77,7 +95,7 @@ typedef struct es_event {
   int64_t last_failed_attempt; /* ES_NONE: no failure; makes fail() idempotent */
   int64_t returned;       /* events appended by the completing attempt; -1 when
                              processed without a completion (settled) */
-  int packed;             /* 1: id, type, payload, session and lane share one
+  int packed;             /* 1: id, type, payload, session, lane and origin_session share one
                              allocation starting at id (es_event_copy's); never
                              replace those fields of a packed event */
 } es_event;
@@ -176,12 +194,17 @@ int es_store_data_version(es_store *s, uint64_t *version, es_err *err);
 /* 3.1 Append and read ---------------------------------------------------- */
 
 /* Appends n events (n may be 0). expected: ES_NONE or the required head.
+ * fence: ES_NONE (an unfenced write) or the writer's fence token (§3.8):
+ * refused with STALE_FENCE unless it is the session's current token.
  * out receives the stored events in batch order (for a full replay, the
- * originals), or is NULL when the caller does not need them; *pending whether the session has pending events afterwards.
+ * originals), or is NULL when the caller does not need them; *pending
+ * whether the session has pending events afterwards. A full replay is
+ * answered before the head, fence and seal checks (it writes nothing).
  * Errors: INVALID_ARGUMENT, TOO_LARGE, PARTIAL_DUPLICATE_BATCH, ID_CONFLICT,
- * SUPERSEDED_ATTEMPT, NO_SUCH_EVENT, WRONG_EXPECTED_HEAD, STORAGE, CLOSED. */
+ * SUPERSEDED_ATTEMPT, NO_SUCH_EVENT, WRONG_EXPECTED_HEAD, STALE_FENCE,
+ * SEALED, STORAGE, CLOSED. */
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
-                    int64_t expected, es_events *out, int *pending, es_err *err);
+                    int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
 
 /* Events with after < index <= through (ES_NONE: the head), at most limit
  * (ES_NONE: no limit), in index order. */
@@ -242,12 +265,17 @@ typedef struct es_renew_result {
 } es_renew_result;
 void es_renew_result_destroy(es_renew_result *r);
 
+/* Extends the listed claims to expires_at, or (expires_at ES_NONE) to
+ * now + ttl_ms (> 0). */
 int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
-                   size_t n, int64_t ttl_ms, es_renew_result *out, es_err *err);
+                   size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err);
 
-/* *outcome: ES_COMPLETED (out: the appended events) or ES_SUPERSEDED. */
+/* *outcome: ES_COMPLETED (out: the appended events) or ES_SUPERSEDED.
+ * fence as for es_store_append (STALE_FENCE); events on a sealed session:
+ * SEALED (a completion without events still works). */
 int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
-                      const es_new_event *evs, size_t n, int *outcome, es_events *out, es_err *err);
+                      const es_new_event *evs, size_t n, int64_t fence, int *outcome,
+                      es_events *out, es_err *err);
 
 /* *outcome: ES_FAILED, ES_DEAD_LETTERED or ES_SUPERSEDED; *failures the
  * count after the call. max_failures >= 1; retry_after_ms >= 0. */
@@ -307,6 +335,17 @@ typedef struct es_session_info {
   int64_t failures;
   int64_t first_at;
   int64_t updated_at;
+  /* §3.8, kept on the session row so every write checks them for free: */
+  int64_t fence;            /* the current fence token; 0: never fenced */
+  int64_t sealed_at;        /* ES_NONE: open */
+  char *seal_reason;        /* owned; NULL: none given (or open) */
+  char *lease_holder;       /* owned; NULL: never leased or released (may have expired) */
+  int64_t lease_token;      /* the fence token the lease took */
+  int64_t lease_expires_at;
+  /* §3.7 lineage, written once by fork: */
+  char *parent;             /* owned; NULL: not made by fork */
+  int64_t fork_at;          /* the parent's index the fork copied through */
+  int64_t forked_at;        /* when */
 } es_session_info;
 
 typedef struct es_sessions {
@@ -347,6 +386,18 @@ void es_type_counts_destroy(es_type_counts *list);
  * the history: memory O(T log T) for T types ever stored, sqlite a walk of
  * its index of pending rows by type (O(pending events)). */
 int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err);
+
+/* Many sessions' read_state in one call (one read transaction, so the
+ * answers are consistent with each other): out[i] for sessions[i]. At most
+ * ES_DEFAULT_MAX_BATCH sessions (more: TOO_LARGE). */
+typedef struct es_state_read {
+  int found;            /* 1: snap holds the newest snapshot */
+  es_snapshot snap;
+  es_events events;     /* after the snapshot (all events when none) */
+} es_state_read;
+void es_state_reads_destroy(es_state_read *v, size_t n); /* each entry; not v itself */
+int es_store_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+                         es_state_read *out, es_err *err);
 
 /* 3.5 Waiting ------------------------------------------------------------ */
 
@@ -399,6 +450,110 @@ int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, e
 typedef void (*es_presence_cb)(void *ctx, const char *ns, const es_presence_rows *applied);
 uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
 void es_store_presence_unwatch(es_store *s, uint64_t token);
+
+/* 3.7 Branches ----------------------------------------------------------- */
+
+/* A lineage record: `session` was forked from `parent` at index `at`. */
+typedef struct es_lineage {
+  char *session;  /* owned */
+  char *parent;   /* owned */
+  int64_t at;
+  int64_t created_at;
+} es_lineage;
+
+typedef struct es_lineages {
+  es_lineage *v;
+  size_t n;
+  size_t cap;
+} es_lineages;
+
+void es_lineage_destroy(es_lineage *l);
+void es_lineages_destroy(es_lineages *list);
+
+/* Creates session `to` whose events 1..at are copies of `from`'s (same
+ * type, payload, lane, cause, not_before, created_at; fresh ids; origin =
+ * {from, index}; all processed) and carries over from's snapshots at index
+ * <= at, in one atomic call; records the lineage (*out). `from` is not
+ * changed. Errors: NOT_FOUND (`from` does not exist), INVALID_ARGUMENT (`to`
+ * has events or was forked before, `to` == `from`, at < 0), NO_SUCH_EVENT
+ * (at > head(from)), SEALED (`to` is sealed), TOO_LARGE, STORAGE, CLOSED. */
+int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
+                  es_err *err);
+/* The session's lineage record; *found = 0 when it was not made by fork. */
+int es_store_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err);
+/* Lineage records of sessions forked from `session`, by session name in
+ * byte order, names > after (NULL: from the start), at most limit (>= 1). */
+int es_store_children(es_store *s, const char *session, const char *after, int64_t limit,
+                      es_lineages *out, es_err *err);
+
+/* A ref: a named pointer to a session. */
+typedef struct es_ref {
+  char *name;     /* owned */
+  char *session;  /* owned */
+  int64_t head;   /* the session's head when read (never stored) */
+  int64_t created_at;
+  int64_t updated_at;
+} es_ref;
+
+typedef struct es_refs {
+  es_ref *v;
+  size_t n;
+  size_t cap;
+} es_refs;
+
+void es_ref_init(es_ref *r);
+void es_ref_destroy(es_ref *r);
+void es_refs_destroy(es_refs *list);
+int es_ref_copy(es_ref *dst, const es_ref *src);
+
+/* Points ref `name` at `session` (insert or move); *out the ref after. */
+int es_store_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err);
+/* *found = 0 when the ref does not exist. */
+int es_store_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err);
+/* Refs with name > after (NULL: from the start), byte order, at most limit
+ * (>= 1, else INVALID_ARGUMENT). */
+int es_store_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err);
+/* Removes the ref; absent: ES_OK (*deleted = 0). */
+int es_store_delete_ref(es_store *s, const char *name, int *deleted, es_err *err);
+/* Points to_ref at the session from_ref names (NOT_FOUND when from_ref is
+ * missing). has_expect 0: last writer wins. has_expect 1: a compare-and-set:
+ * to_ref must name `expect` now (expect NULL: must not exist), else
+ * REF_CONFLICT with *actual set (malloc'd, the session to_ref names, NULL
+ * when it does not exist; the caller frees it) and nothing moves. *out the
+ * ref after the move. */
+int es_store_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+                     const char *expect, es_ref *out, char **actual, es_err *err);
+
+/* 3.8 Fences, leases, seals --------------------------------------------- */
+
+/* A new fence token for the session (greater than every earlier one;
+ * the first is 1). if_token: ES_NONE, or the token that must still be
+ * current (0: never fenced), else STALE_FENCE and nothing changes. */
+int es_store_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err);
+
+typedef struct es_lease {
+  int acquired;        /* 1: holder has the lease; 0: another holder has it */
+  char *holder;        /* owned: the lease's holder */
+  int64_t token;       /* the lease's fence token (when acquired) */
+  int64_t expires_at;
+} es_lease;
+void es_lease_destroy(es_lease *l);
+
+/* Takes (or, for the same holder, renews) the session's lease until now +
+ * ttl_ms (> 0). A holder that already holds a live lease keeps its token
+ * (unless a fence was taken since: then it gets a new one); anyone else
+ * acquiring a free or expired lease takes a new fence token, so the
+ * previous holder's fenced writes fail with STALE_FENCE. A live lease of
+ * another holder: out->acquired = 0 with that holder and its expiry. */
+int es_store_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+                   es_lease *out, es_err *err);
+/* Ends the lease early when holder and token name the current lease
+ * (*released = 1); otherwise changes nothing (*released = 0). */
+int es_store_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+                           int *released, es_err *err);
+/* Seals the session (no more events; reason may be NULL, kept cleaned as
+ * es_text_clean does). Sealing a sealed session changes nothing. */
+int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err);
 
 /* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
 /* Makes room for `need` elements of `elem` bytes in the array *v of *cap

@@ -141,7 +141,7 @@ static void overflowing_times(void) {
   es_new_event_init(&e);
   e.type = "t";
   int pending;
-  ok(es_store_append(s, "s", &e, 1, ES_NONE, NULL, &pending, &err) == ES_OK, "edge clock: append");
+  ok(es_store_append(s, "s", &e, 1, ES_NONE, ES_NONE, NULL, &pending, &err) == ES_OK, "edge clock: append");
 
   es_claim_opts co = {.holder = "w", .ttl_ms = 11, .expires_at = ES_NONE, .limit = ES_NONE};
   int outcome = 0;
@@ -159,7 +159,7 @@ static void overflowing_times(void) {
 
   es_claim_ref ref = {1, attempt};
   es_renew_result rr;
-  ok(es_store_renew(s, "s", "w", &ref, 1, 11, &rr, &err) == ES_INVALID_ARGUMENT &&
+  ok(es_store_renew(s, "s", "w", &ref, 1, 11, ES_NONE, &rr, &err) == ES_INVALID_ARGUMENT &&
          says(&err, "ttl_ms is too large"),
      "edge clock: renew past INT64_MAX is refused");
   int64_t failures = 0;

@@ -48,7 +48,7 @@ static void *writer(void *arg) {
     int pending;
     es_err err = {0};
     /* Alternate: the shared session (contended) and this writer's own. */
-    if (es_store_append(c->s, i % 2 ? "shared" : own, &e, 1, ES_NONE, NULL, &pending, &err))
+    if (es_store_append(c->s, i % 2 ? "shared" : own, &e, 1, ES_NONE, ES_NONE, NULL, &pending, &err))
       atomic_fetch_add(c->errors, 1);
   }
   atomic_fetch_sub(c->writers_left, 1);
@@ -87,7 +87,7 @@ static void *worker(void *arg) {
       r.settled = 1;
       es_events out;
       int outcome;
-      if (es_store_complete(c->s, got.v[i].session, got.v[i].index, got.v[i].attempts, &r, 1,
+      if (es_store_complete(c->s, got.v[i].session, got.v[i].index, got.v[i].attempts, &r, 1, ES_NONE,
                             &outcome, &out, &err) ||
           outcome != ES_COMPLETED)
         atomic_fetch_add(c->errors, 1);
