@@ -426,7 +426,7 @@ static int run_job(lua_State *L) {
 static void complete_job(job *j) {
   es_engine *e = j->r->e;
   const es_event *ev = j->ev;
-  char (*ids)[37] = j->n ? calloc(j->n, sizeof *ids) : NULL;
+  char (*ids)[ES_MAX_ID_BYTES + 1] = j->n ? calloc(j->n, sizeof *ids) : NULL;
   es_err err = {0};
   if (j->n && !ids) {
     job_error(j, "out of memory");

@@ -168,7 +168,7 @@ static const char *status_name(int status) {
 }
 
 void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
-  lua_createtable(L, 0, 20);
+  lua_createtable(L, 0, 26);
   es_lua_set_str(L, "id", e->id);
   es_lua_set_str(L, "type", e->type);
   es_err err = {0};
@@ -194,6 +194,16 @@ void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
   es_lua_set_str(L, "claim_holder", e->claim_holder);
   es_lua_set_int(L, "claim_expires_at", e->claim_expires_at);
   es_lua_set_int(L, "retry_at", e->retry_at);
+  es_lua_set_int(L, "first_claimed_at", e->first_claimed_at);
+  es_lua_set_int(L, "last_claimed_at", e->last_claimed_at);
+  es_lua_set_int(L, "failed_at", e->failed_at);
+  es_lua_set_int(L, "processed_by_attempt", e->processed_by_attempt);
+  if (e->origin_session) {
+    lua_createtable(L, 0, 2);
+    es_lua_set_str(L, "session", e->origin_session);
+    es_lua_set_int(L, "index", e->origin_index);
+    lua_setfield(L, -2, "origin");
+  }
   if (claimed) es_lua_set_int(L, "attempt", e->attempts);
 }
 

@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "util/clock.h"
+#include "util/ids.h"
 #include "codec/json.h"
 #include "lua/common.h"
 #include "lua/events.h"
@@ -47,6 +48,7 @@
 
 #define STORE_MT "eventstore.Store"
 #define CLOCK_MT "eventstore.ManualClock"
+#define IDS_MT "eventstore.CounterIds"
 #define ES_LUA_VERSION "eventstore 0.1.0"
 
 typedef struct sub {
@@ -82,6 +84,8 @@ typedef struct lstore {
   lua_State *L;          /* the state making the current core call (a Lua clock runs there) */
   int clock_ref;         /* registry ref of a Lua clock function, or LUA_NOREF */
   es_manual_clock *mclock; /* a manual clock's reference, released at __gc (see store_close) */
+  int ids_ref;           /* registry ref of a Lua id-source function, or LUA_NOREF */
+  es_counter_ids *cids;  /* a counter id source's reference, released at __gc */
   sub *subs;             /* newest first; ended ones stay until reap() */
   psub *psubs;
   uint64_t next_id;      /* the id of the next subscription */
@@ -96,6 +100,10 @@ typedef struct lstore {
 typedef struct lclock {
   es_manual_clock *c;
 } lclock;
+
+typedef struct lids {
+  es_counter_ids *c;
+} lids;
 
 static void store_close(lua_State *L, lstore *h);
 
@@ -185,6 +193,11 @@ static void destroy_snapshots(void *p) { es_snapshots_destroy(p); }
 static void destroy_sessions(void *p) { es_sessions_destroy(p); }
 static void destroy_rows(void *p) { es_presence_rows_destroy(p); }
 static void destroy_cstr(void *p) { free(*(char **)p); }
+static void destroy_lineage(void *p) { es_lineage_destroy(p); }
+static void destroy_lineages(void *p) { es_lineages_destroy(p); }
+static void destroy_ref(void *p) { es_ref_destroy(p); }
+static void destroy_refs(void *p) { es_refs_destroy(p); }
+static void destroy_lease(void *p) { es_lease_destroy(p); }
 
 static void check_opt_table(lua_State *L, int arg) {
   if (!lua_isnoneornil(L, arg)) luaL_checktype(L, arg, LUA_TTABLE);
@@ -566,6 +579,38 @@ static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
   return ES_OK;
 }
 
+/* The core's id source when `ids` is a Lua function: like a Lua clock, it
+ * runs only inside a call of this handle, on the state making it. */
+static int lua_fn_ids(void *ctx, char *out, size_t cap, es_err *err) {
+  lstore *h = ctx;
+  lua_State *L = h->L;
+  if (!L || !h->in_core)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "the id function runs only inside a call made through its store");
+  if (!lua_checkstack(L, 3)) return es_fail(err, ES_STORAGE, "out of memory (Lua stack)");
+  lua_rawgeti(L, LUA_REGISTRYINDEX, h->ids_ref);
+  int status = lua_pcall(L, 0, 1, 0);
+  if (h->close_requested) {
+    lua_pop(L, 1);
+    return es_fail(err, ES_CLOSED, "the store was closed by its id function");
+  }
+  if (status != LUA_OK) {
+    es_fail(err, ES_INVALID_ARGUMENT, "the id function failed: %s", clock_error_text(L));
+    lua_pop(L, 1);
+    return ES_INVALID_ARGUMENT;
+  }
+  size_t len = 0;
+  const char *id = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+  int rc = ES_OK;
+  if (!id) rc = es_fail(err, ES_INVALID_ARGUMENT, "the id function must return a string");
+  else if (len >= cap || memchr(id, '\0', len))
+    rc = es_fail(err, ES_INVALID_ARGUMENT,
+                 "the id function returned %s", len >= cap ? "an id over 255 bytes" : "an id with a NUL byte");
+  else memcpy(out, id, len + 1);
+  lua_pop(L, 1);
+  return rc;
+}
+
 /* The one close function behind close(), __close and __gc (DESIGN.md
  * convention 7). Harmless twice. Releases a Lua clock even for a handle
  * whose open failed (h->s never set). */
@@ -587,6 +632,8 @@ static void store_close(lua_State *L, lstore *h) {
    * is (engine workers read that clock without entering a call). */
   if (h->clock_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, h->clock_ref);
   h->clock_ref = LUA_NOREF;
+  if (h->ids_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, h->ids_ref);
+  h->ids_ref = LUA_NOREF;
   reap(h);
 }
 
@@ -607,6 +654,8 @@ static int m_gc(lua_State *L) {
   }
   if (h->mclock) es_manual_clock_release(h->mclock);
   h->mclock = NULL;
+  if (h->cids) es_counter_ids_release(h->cids);
+  h->cids = NULL;
   return 0;
 }
 
@@ -627,7 +676,7 @@ static int l_open(lua_State *L) {
   /* Created closed before anything is acquired (liolib's pattern). */
   lstore *h = lua_newuserdatauv(L, sizeof *h, 0);
   memset(h, 0, sizeof *h);
-  h->clock_ref = LUA_NOREF;
+  h->clock_ref = h->ids_ref = LUA_NOREF;
   luaL_setmetatable(L, STORE_MT);
   if (!lua_isnoneornil(L, 2)) {
     lua_getfield(L, 2, "clock");
@@ -647,6 +696,23 @@ static int l_open(lua_State *L) {
     } else {
       lua_pop(L, 1);
     }
+    lua_getfield(L, 2, "ids");
+    if (lua_isfunction(L, -1)) {
+      h->ids_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+      o.ids = lua_fn_ids;
+      o.ids_ctx = h;
+    } else if (!lua_isnil(L, -1)) {
+      lids *c = luaL_testudata(L, -1, IDS_MT);
+      if (!c || !c->c)
+        luaL_argerror(L, 2, "field 'ids' must be a function or an eventstore.counter_ids");
+      h->cids = c->c;
+      es_counter_ids_retain(h->cids);
+      o.ids = es_counter_ids_next;
+      o.ids_ctx = h->cids;
+      lua_pop(L, 1);
+    } else {
+      lua_pop(L, 1);
+    }
   }
   es_err err = {0};
   es_store *s = NULL;
@@ -659,6 +725,39 @@ static int l_open(lua_State *L) {
     store_close(L, h); /* a Lua clock's ref now rather than at collection */
     return raise(L, &err);
   }
+  return 1;
+}
+
+/* eventstore.counter_ids(prefix, start): a deterministic, thread-safe id
+ * source for open's `ids` ("evt-000000000001", ...). */
+static int l_counter_ids(lua_State *L) {
+  size_t n = 0;
+  const char *prefix = lua_isnoneornil(L, 1) ? "" : luaL_checklstring(L, 1, &n);
+  if (memchr(prefix, '\0', n)) es_lua_raisef(L, ES_INVALID_ARGUMENT, "prefix must not hold a NUL byte");
+  if (n > 200) es_lua_raisef(L, ES_INVALID_ARGUMENT, "prefix is longer than 200 bytes");
+  int64_t start = lua_isnoneornil(L, 2) ? 1 : es_lua_check_int(L, 2, "start");
+  if (start < 0) es_lua_raisef(L, ES_INVALID_ARGUMENT, "start must be >= 0");
+  lids *c = lua_newuserdatauv(L, sizeof *c, 0);
+  c->c = NULL;
+  luaL_setmetatable(L, IDS_MT);
+  if (!(c->c = es_counter_ids_new(prefix, start))) return luaL_error(L, "out of memory");
+  return 1;
+}
+
+static int ids_gc(lua_State *L) {
+  lids *c = luaL_checkudata(L, 1, IDS_MT);
+  es_counter_ids_release(c->c);
+  c->c = NULL;
+  return 0;
+}
+
+/* ids(): the next id, as the store would take it (tests peek with it). */
+static int ids_call(lua_State *L) {
+  lids *c = luaL_checkudata(L, 1, IDS_MT);
+  char out[ES_MAX_ID_BYTES + 1];
+  es_err err = {0};
+  if (es_counter_ids_next(c->c, out, sizeof out, &err)) return es_lua_raise(L, &err);
+  lua_pushstring(L, out);
   return 1;
 }
 
@@ -721,13 +820,14 @@ static int m_append(lua_State *L) {
   const char *session = es_lua_check_name(L, 2, "session");
   check_opt_table(L, 4);
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
+  int64_t fence = es_lua_opt_int_field(L, 4, "fence", ES_NONE);
   size_t n;
   es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, es_store_max_payload(h->held), &n);
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   int pending = 0;
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_append(s, session, evs, n, expected, ES_NONE, out, &pending, &err);
+  int rc = es_store_append(s, session, evs, n, expected, fence, out, &pending, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   es_lua_push_events(L, out, 0);
@@ -905,7 +1005,9 @@ static int m_renew(lua_State *L) {
   luaL_checktype(L, 3, LUA_TTABLE);
   const char *holder = es_lua_req_str_field(L, 3, "holder");
   int64_t ttl = es_lua_opt_int_field(L, 3, "ttl_ms", ES_NONE);
-  if (ttl == ES_NONE) luaL_argerror(L, 3, "field 'ttl_ms' is required");
+  int64_t expires_at = es_lua_opt_int_field(L, 3, "expires_at", ES_NONE);
+  if (ttl == ES_NONE && expires_at == ES_NONE)
+    luaL_argerror(L, 3, "field 'ttl_ms' or 'expires_at' is required");
   lua_getfield(L, 3, "claims");
   if (!lua_istable(L, -1)) luaL_argerror(L, 3, "field 'claims' must be a table of {index, attempt}");
   size_t n = es_lua_check_seq(L, -1, 3, "field 'claims'");
@@ -930,7 +1032,7 @@ static int m_renew(lua_State *L) {
   es_renew_result *r = owned_push(L, sizeof *r, destroy_renew);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_renew(s, session, holder, claims, n, ttl, ES_NONE, r, &err);
+  int rc = es_store_renew(s, session, holder, claims, n, ttl, expires_at, r, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
@@ -954,11 +1056,13 @@ static int m_complete(lua_State *L) {
     lua_replace(L, 5);
   }
   evs = es_lua_check_events(L, 5, 5, ES_NONE, es_store_max_payload(h->held), &n);
+  check_opt_table(L, 6);
+  int64_t fence = es_lua_opt_int_field(L, 6, "fence", ES_NONE);
   int outcome = 0;
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_complete(s, session, index, attempt, evs, n, ES_NONE, &outcome, out, &err);
+  int rc = es_store_complete(s, session, index, attempt, evs, n, fence, &outcome, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   lua_createtable(L, 0, 2);
@@ -1151,6 +1255,23 @@ static int m_pending_types(lua_State *L) {
   return done(L, h, 1);
 }
 
+/* A session row's §3.7/§3.8 fields: `sealed` always, the rest when set. */
+static void push_session_controls(lua_State *L, const es_session_info *si) {
+  lua_pushboolean(L, si->sealed_at != ES_NONE);
+  lua_setfield(L, -2, "sealed");
+  es_lua_set_int(L, "sealed_at", si->sealed_at);
+  es_lua_set_str(L, "seal_reason", si->seal_reason);
+  if (si->fence > 0) es_lua_set_int(L, "fence", si->fence);
+  if (si->lease_holder) {
+    lua_createtable(L, 0, 3);
+    es_lua_set_str(L, "holder", si->lease_holder);
+    es_lua_set_int(L, "token", si->lease_token);
+    es_lua_set_int(L, "expires_at", si->lease_expires_at);
+    lua_setfield(L, -2, "lease");
+  }
+  es_lua_set_str(L, "parent", si->parent);
+}
+
 static int m_sessions(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
@@ -1167,7 +1288,7 @@ static int m_sessions(lua_State *L) {
   lua_createtable(L, (int)list->n, 0);
   for (size_t i = 0; i < list->n; i++) {
     const es_session_info *si = &list->v[i];
-    lua_createtable(L, 0, 8);
+    lua_createtable(L, 0, 14);
     es_lua_set_str(L, "session", si->session);
     es_lua_set_int(L, "events", si->events);
     es_lua_set_int(L, "pending", si->pending);
@@ -1176,6 +1297,7 @@ static int m_sessions(lua_State *L) {
     es_lua_set_int(L, "failures", si->failures);
     es_lua_set_int(L, "first_at", si->first_at);
     es_lua_set_int(L, "updated_at", si->updated_at);
+    push_session_controls(L, si);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   lua_setfield(L, -2, "sessions");
@@ -1229,7 +1351,7 @@ es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock) {
     es_err e = {ES_CLOSED, "the store is closed"};
     es_lua_raise(L, &e);
   }
-  if (lua_clock) *lua_clock = h->clock_ref != LUA_NOREF;
+  if (lua_clock) *lua_clock = h->clock_ref != LUA_NOREF || h->ids_ref != LUA_NOREF;
   return h->s;
 }
 
@@ -1341,6 +1463,330 @@ static int m_presence_read(lua_State *L) {
 
 /* ---------------------------------------------------------------------- */
 
+
+/* ---------------------------------------------------------------------- */
+/* 3.3 many states at once */
+
+typedef struct state_reads {
+  es_state_read *v;  /* owned array of n */
+  size_t n;
+} state_reads;
+
+static void destroy_state_reads(void *p) {
+  state_reads *r = p;
+  es_state_reads_destroy(r->v, r->n);
+  free(r->v);
+}
+
+static int m_read_states(lua_State *L) {
+  lstore *h = check_store(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  const char *reducer = es_lua_check_name(L, 3, "reducer");
+  size_t n = es_lua_check_seq(L, 2, 2, "sessions");
+  /* The names, copied into one userdata (like claim_next's types) so that
+   * nothing Lua does during the call (a clock function) can free one. */
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    char what[40];
+    snprintf(what, sizeof what, "sessions[%zu]", i + 1);
+    if (lua_rawgeti(L, 2, (lua_Integer)i + 1) != LUA_TSTRING)
+      luaL_argerror(L, 2, "must be a list of session names");
+    es_lua_name(L, -1, what);
+    bytes += lua_rawlen(L, -1) + 1;
+    lua_pop(L, 1);
+  }
+  size_t head = (n ? n : 1) * sizeof(char *);
+  char **names = lua_newuserdatauv(L, head + bytes, 0);
+  char *p = (char *)names + head;
+  for (size_t i = 0; i < n; i++) {
+    size_t len;
+    lua_rawgeti(L, 2, (lua_Integer)i + 1);
+    memcpy(p, lua_tolstring(L, -1, &len), len + 1);
+    names[i] = p;
+    p += len + 1;
+    lua_pop(L, 1);
+  }
+  state_reads *box = owned_push(L, sizeof *box, destroy_state_reads);
+  es_state_read *out = n ? calloc(n, sizeof *out) : NULL;
+  if (n && !out) return luaL_error(L, "out of memory");
+  box->v = out;
+  box->n = n;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_read_states(st, (const char *const *)names, n, reducer, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, (int)(n > 100000 ? 0 : n));
+  for (size_t i = 0; i < n; i++) {
+    lua_createtable(L, 0, 2);
+    if (out[i].found) {
+      lua_createtable(L, 0, 3);
+      es_lua_set_int(L, "index", out[i].snap.index);
+      lua_pushlstring(L, out[i].snap.state ? out[i].snap.state : "", out[i].snap.state_len);
+      lua_setfield(L, -2, "state");
+      es_lua_set_str(L, "version", out[i].snap.version);
+      lua_setfield(L, -2, "snapshot");
+    }
+    es_lua_push_events(L, &out[i].events, 0);
+    lua_setfield(L, -2, "events");
+    lua_setfield(L, -2, names[i]);
+  }
+  return done(L, h, 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.7 branches */
+
+static void push_lineage(lua_State *L, const es_lineage *l) {
+  lua_createtable(L, 0, 4);
+  es_lua_set_str(L, "session", l->session);
+  es_lua_set_str(L, "parent", l->parent);
+  es_lua_set_int(L, "at", l->at);
+  es_lua_set_int(L, "created_at", l->created_at);
+}
+
+static void push_ref(lua_State *L, const es_ref *r) {
+  lua_createtable(L, 0, 5);
+  es_lua_set_str(L, "name", r->name);
+  es_lua_set_str(L, "session", r->session);
+  es_lua_set_int(L, "head", r->head);
+  es_lua_set_int(L, "created_at", r->created_at);
+  es_lua_set_int(L, "updated_at", r->updated_at);
+}
+
+/* A listing's {after, limit} (limit defaults to 100). */
+static void listing_opts(lua_State *L, int arg, const char **after, int64_t *limit) {
+  check_opt_table(L, arg);
+  *after = es_lua_opt_str_field(L, arg, "after");
+  *limit = es_lua_opt_int_field(L, arg, "limit", 100);
+}
+
+static int m_fork(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *from = es_lua_check_name(L, 2, "from");
+  int64_t at = es_lua_check_int(L, 3, "at");
+  const char *to = es_lua_check_name(L, 4, "to");
+  es_lineage *out = owned_push(L, sizeof *out, destroy_lineage);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_fork(st, from, at, to, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  push_lineage(L, out);
+  return done(L, h, 1);
+}
+
+static int m_lineage(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  es_lineage *out = owned_push(L, sizeof *out, destroy_lineage);
+  int found = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_lineage(st, session, &found, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  if (found) push_lineage(L, out);
+  else lua_pushnil(L);
+  return done(L, h, 1);
+}
+
+static int m_children(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  const char *after;
+  int64_t limit;
+  listing_opts(L, 3, &after, &limit);
+  es_lineages *out = owned_push(L, sizeof *out, destroy_lineages);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_children(st, session, after, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, (int)out->n, 0);
+  for (size_t i = 0; i < out->n; i++) {
+    push_lineage(L, &out->v[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return done(L, h, 1);
+}
+
+static int m_put_ref(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *name = es_lua_check_name(L, 2, "name");
+  const char *session = es_lua_check_name(L, 3, "session");
+  es_ref *out = owned_push(L, sizeof *out, destroy_ref);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_put_ref(st, name, session, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  push_ref(L, out);
+  return done(L, h, 1);
+}
+
+static int m_get_ref(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *name = es_lua_check_name(L, 2, "name");
+  es_ref *out = owned_push(L, sizeof *out, destroy_ref);
+  int found = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_get_ref(st, name, &found, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  if (found) push_ref(L, out);
+  else lua_pushnil(L);
+  return done(L, h, 1);
+}
+
+static int m_list_refs(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *after;
+  int64_t limit;
+  listing_opts(L, 2, &after, &limit);
+  es_refs *out = owned_push(L, sizeof *out, destroy_refs);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_list_refs(st, after, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, (int)out->n, 0);
+  for (size_t i = 0; i < out->n; i++) {
+    push_ref(L, &out->v[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return done(L, h, 1);
+}
+
+static int m_delete_ref(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *name = es_lua_check_name(L, 2, "name");
+  int deleted = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_delete_ref(st, name, &deleted, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_pushboolean(L, deleted);
+  return done(L, h, 1);
+}
+
+static int m_promote(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *from = es_lua_check_name(L, 2, "from_ref");
+  const char *to = es_lua_check_name(L, 3, "to_ref");
+  check_opt_table(L, 4);
+  int has_expect = 0;
+  const char *expect = NULL;
+  if (!lua_isnoneornil(L, 4)) {
+    lua_getfield(L, 4, "expect");
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      has_expect = 1;
+      expect = es_lua_name(L, -1, "expect");
+    } else if (lua_type(L, -1) == LUA_TBOOLEAN && !lua_toboolean(L, -1)) {
+      has_expect = 1;
+    } else if (!lua_isnil(L, -1)) {
+      luaL_argerror(L, 4, "field 'expect' must be a session name or false");
+    }
+    lua_pop(L, 1); /* expect stays anchored by the options table */
+  }
+  es_ref *out = owned_push(L, sizeof *out, destroy_ref);
+  char **actual = owned_push(L, sizeof *actual, destroy_cstr);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_promote(st, from, to, has_expect, expect, out, actual, &err);
+  core_leave(L, h);
+  if (rc == ES_REF_CONFLICT) {
+    /* The error carries what the caller expected and what it found
+     * (false: no ref), so a loser can retry against `actual`. */
+    es_lua_push_error(L, rc, err.msg);
+    if (expect) lua_pushstring(L, expect);
+    else lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "expected");
+    if (*actual) lua_pushstring(L, *actual);
+    else lua_pushboolean(L, 0);
+    lua_setfield(L, -2, "actual");
+    return lua_error(L);
+  }
+  if (rc) return raise(L, &err);
+  push_ref(L, out);
+  return done(L, h, 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.8 fences, leases, seals */
+
+static int m_fence(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  check_opt_table(L, 3);
+  int64_t if_token = es_lua_opt_int_field(L, 3, "if_token", ES_NONE);
+  int64_t token = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_fence(st, session, if_token, &token, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_pushinteger(L, token);
+  return done(L, h, 1);
+}
+
+static int m_lease(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  luaL_checktype(L, 3, LUA_TTABLE);
+  const char *holder = es_lua_req_str_field(L, 3, "holder");
+  int64_t ttl = es_lua_opt_int_field(L, 3, "ttl_ms", ES_NONE);
+  if (ttl == ES_NONE) luaL_argerror(L, 3, "field 'ttl_ms' is required");
+  es_lease *out = owned_push(L, sizeof *out, destroy_lease);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_lease(st, session, holder, ttl, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, 4);
+  es_lua_set_str(L, "outcome", out->acquired ? "acquired" : "held");
+  es_lua_set_str(L, "holder", out->holder);
+  if (out->acquired) es_lua_set_int(L, "token", out->token);
+  es_lua_set_int(L, "expires_at", out->expires_at);
+  return done(L, h, 1);
+}
+
+static int m_release(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  luaL_checktype(L, 3, LUA_TTABLE);
+  const char *holder = es_lua_req_str_field(L, 3, "holder");
+  int64_t token = es_lua_opt_int_field(L, 3, "token", ES_NONE);
+  if (token == ES_NONE) luaL_argerror(L, 3, "field 'token' is required");
+  int released = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_lease_release(st, session, holder, token, &released, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_pushboolean(L, released);
+  return done(L, h, 1);
+}
+
+static int m_seal(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  check_opt_table(L, 3);
+  size_t len = 0;
+  const char *reason = lua_isnoneornil(L, 3) ? NULL : es_lua_opt_text_field(L, 3, "reason", &len);
+  char **text = owned_push(L, sizeof *text, destroy_cstr);
+  if (reason && es_text_clean(reason, len, ES_MAX_TEXT_BYTES, text, NULL))
+    return luaL_error(L, "out of memory");
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_seal(st, session, *text, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  return done(L, h, 0);
+}
+
 static const luaL_Reg store_methods[] = {
     {"append", m_append},
     {"read", m_read},
@@ -1366,6 +1812,19 @@ static const luaL_Reg store_methods[] = {
     {"presence_set", m_presence_set},
     {"presence_read", m_presence_read},
     {"presence_subscribe", m_presence_subscribe},
+    {"read_states", m_read_states},
+    {"fork", m_fork},
+    {"lineage", m_lineage},
+    {"children", m_children},
+    {"put_ref", m_put_ref},
+    {"get_ref", m_get_ref},
+    {"list_refs", m_list_refs},
+    {"delete_ref", m_delete_ref},
+    {"promote", m_promote},
+    {"fence", m_fence},
+    {"lease", m_lease},
+    {"release", m_release},
+    {"seal", m_seal},
     {"close", m_close},
     {NULL, NULL},
 };
@@ -1390,9 +1849,16 @@ static const luaL_Reg clock_meta[] = {
     {NULL, NULL},
 };
 
+static const luaL_Reg ids_meta[] = {
+    {"__gc", ids_gc},
+    {"__call", ids_call},
+    {NULL, NULL},
+};
+
 static const luaL_Reg module_fns[] = {
     {"open", l_open},
     {"manual_clock", l_manual_clock},
+    {"counter_ids", l_counter_ids},
     {NULL, NULL},
 };
 
@@ -1407,6 +1873,9 @@ int es_lua_open_store(lua_State *L) {
   luaL_setfuncs(L, clock_meta, 0);
   luaL_newlib(L, clock_methods);
   lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  luaL_newmetatable(L, IDS_MT);
+  luaL_setfuncs(L, ids_meta, 0);
   lua_pop(L, 1);
 
   luaL_newlib(L, module_fns);

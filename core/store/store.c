@@ -55,6 +55,8 @@ struct es_store {
   es_backend *bk;
   es_clock_fn clock;
   void *clock_ctx;
+  es_id_fn ids;              /* NULL: UUIDv7 */
+  void *ids_ctx;
   size_t max_payload;
   size_t max_batch;
 
@@ -282,6 +284,8 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   s->ops = ops;
   s->clock = opts->clock ? opts->clock : es_clock_system;
   s->clock_ctx = opts->clock_ctx;
+  s->ids = opts->ids;
+  s->ids_ctx = opts->ids_ctx;
   s->max_payload = opts->max_payload_bytes ? opts->max_payload_bytes : ES_DEFAULT_MAX_PAYLOAD;
   s->max_batch = opts->max_batch_events ? opts->max_batch_events : ES_DEFAULT_MAX_BATCH;
   pthread_mutex_init(&s->lmu, NULL);
@@ -516,10 +520,38 @@ static int uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
   return ES_OK;
 }
 
-int es_store_new_id(es_store *s, char out[37], es_err *err) {
+/* An id from the injected source, checked to be a name. */
+static int source_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
+  out[0] = '\0';
+  int rc = s->ids(s->ids_ctx, out, ES_MAX_ID_BYTES + 1, err);
+  if (rc) return rc;
+  out[ES_MAX_ID_BYTES] = '\0';
+  return es_check_name("the id source's id", out, err);
+}
+
+int es_store_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
+  if (s->ids) return source_id(s, out, err);
   int64_t now;
   int rc = es_store_now(s, &now, err);
   return rc ? rc : uuid7(s, now, out, err);
+}
+
+/* A generated event id, from the store's id source when it has one. An
+ * injected source is trusted with nothing: its id must be a name and new,
+ * or the call fails before writing a row with it. */
+static int new_event_id(es_store *s, es_txn *t, int64_t now, char out[ES_MAX_ID_BYTES + 1],
+                        es_err *err) {
+  if (!s->ids) return uuid7(s, now, out, err);
+  int rc = source_id(s, out, err);
+  if (rc) return rc;
+  es_event row;
+  rc = s->ops->event_get_by_id(t, out, &row, err);
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc == ES_OK) {
+    es_event_destroy(&row);
+    rc = es_fail(err, ES_INVALID_ARGUMENT, "the id source returned '%s', an id already stored", out);
+  }
+  return rc;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -683,10 +715,10 @@ static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_n
   int rc = ES_OK;
   for (size_t i = 0; i < n && rc == ES_OK; i++) {
     const es_new_event *e = &evs[i];
-    char gen[37];
+    char gen[ES_MAX_ID_BYTES + 1];
     es_event row;
     es_event_init(&row);
-    if (!e->id && (rc = uuid7(s, now, gen, err))) break;
+    if (!e->id && (rc = new_event_id(s, t, now, gen, err))) break;
     row.id = (char *)(e->id ? e->id : gen);
     row.type = (char *)e->type;
     row.payload = (char *)(e->payload ? e->payload : "null");
@@ -742,6 +774,25 @@ static int advance_lane(es_store *s, es_txn *t, const es_event *done, int64_t no
   return rc;
 }
 
+/* §3.8: a write that carries a fence token must carry the session's current
+ * one (a token never issued is as stale as an old one: either way another
+ * writer owns the session or the writer is confused); a sealed session takes
+ * no more events. Checked after the replay check, so a lost-acknowledgement
+ * retry, which writes nothing, still gets its answer. */
+static int check_writable(const es_session_info *si, int64_t fence, size_t n, es_err *err) {
+  if (fence != ES_NONE && fence != si->fence) {
+    if (fence < si->fence)
+      return es_fail(err, ES_STALE_FENCE, "fence token %lld of session '%s' is stale (current: %lld)",
+                     (long long)fence, si->session, (long long)si->fence);
+    return es_fail(err, ES_STALE_FENCE, "fence token %lld was never issued for session '%s' (current: %lld)",
+                   (long long)fence, si->session, (long long)si->fence);
+  }
+  if (n > 0 && si->sealed_at != ES_NONE)
+    return es_fail(err, ES_SEALED, "session '%s' is sealed%s%s", si->session,
+                   si->seal_reason ? ": " : "", si->seal_reason ? si->seal_reason : "");
+  return ES_OK;
+}
+
 /* --- append --- */
 
 typedef struct {
@@ -749,6 +800,7 @@ typedef struct {
   const es_new_event *evs;
   size_t n;
   int64_t expected;
+  int64_t fence;
   int64_t now;
   es_events *out;
   int pending;
@@ -784,7 +836,8 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
     es_session_info_destroy(&si);
     return ES_OK;
   }
-  if (a->expected != ES_NONE && si.head != a->expected) {
+  rc = check_writable(&si, a->fence, a->n, err);
+  if (rc == ES_OK && a->expected != ES_NONE && si.head != a->expected) {
     rc = es_fail(err, ES_WRONG_EXPECTED_HEAD, "session '%s' is at %lld, expected %lld", a->session,
                  (long long)si.head, (long long)a->expected);
   }
@@ -808,9 +861,9 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
   if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = check_nonneg("expected", expected, err))) return rc;
   if ((rc = check_batch(s, evs, n, err))) return rc;
+  if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
   if ((rc = enter(s, err))) return rc;
-  (void)fence; /* TODO(issue 9) in progress */
-  append_args a = {session, evs, n, expected, 0, out, 0, 1};
+  append_args a = {session, evs, n, expected, fence, 0, out, 0, 1};
   if (n == 0) {
     /* Writes nothing; still answers whether the session has pending work. */
     es_session_info si;
@@ -1010,13 +1063,15 @@ int es_store_get(es_store *s, const char *session, int64_t index, es_event *out,
 /* --- claims --- */
 
 /* Claims a ready row: a new attempt, owned by holder until expires. */
-static int claim_row(es_store *s, es_txn *t, es_event *row, const char *holder, int64_t expires,
-                     es_err *err) {
+static int claim_row(es_store *s, es_txn *t, es_event *row, const char *holder, int64_t now,
+                     int64_t expires, es_err *err) {
   char *h = strdup(holder);
   if (!h) return nomem(err);
   free(row->claim_holder);
   row->claim_holder = h;
   row->attempts++;
+  if (row->first_claimed_at == ES_NONE) row->first_claimed_at = now;
+  row->last_claimed_at = now;
   row->claim_expires_at = expires;
   row->retry_at = ES_NONE;
   row->due_at = expires; /* a live claim is ready again only when it expires */
@@ -1088,7 +1143,7 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
     }
   }
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++)
-    rc = claim_row(s, t, &a->out->v[i], a->o->holder, a->expires, err);
+    rc = claim_row(s, t, &a->out->v[i], a->o->holder, a->now, a->expires, err);
   if (rc == ES_OK && a->out->n > 0) {
     a->outcome = ES_CLAIMED;
     si.attempts += (int64_t)a->out->n;
@@ -1108,7 +1163,9 @@ static int check_claim_opts(const es_claim_opts *o, es_err *err) {
   if (o->expires_at == ES_NONE && o->ttl_ms <= 0)
     return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0 (or give expires_at)");
   if ((rc = check_nonneg("expires_at", o->expires_at, err))) return rc;
-  return check_nonneg("limit", o->limit, err);
+  if (o->limit != ES_NONE && o->limit < 1)
+    return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 1 (omit it for no limit)");
+  return ES_OK;
 }
 
 int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
@@ -1190,7 +1247,7 @@ static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
                                 &c, err);
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) {
     es_event *row = &a->out->v[i];
-    rc = claim_row(s, t, row, a->holder, a->expires, err);
+    rc = claim_row(s, t, row, a->holder, a->now, a->expires, err);
     if (rc) break;
     es_session_info si;
     if ((rc = s->ops->session_get(t, row->session, &si, err))) break;
@@ -1254,8 +1311,8 @@ int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   /* An empty list of types (an engine without handlers) claims nothing and
-   * waits for nothing, like limit 0. */
-  if (rc == ES_OK && limit > 0 && !(types && tn == 0)) rc = run_write(s, do_claim_next, &a, err);
+   * waits for nothing. */
+  if (rc == ES_OK && !(types && tn == 0)) rc = run_write(s, do_claim_next, &a, err);
   leave(s);
   free(tv);
   if (rc) {
@@ -1334,6 +1391,7 @@ typedef struct {
   int64_t index, attempt;
   const es_new_event *evs;
   size_t n;
+  int64_t fence;
   int64_t now;
   int outcome;
   es_events *out;
@@ -1375,20 +1433,27 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
     es_event_destroy(&parent);
     return rc;
   }
-  if (!owns(&parent, a->attempt)) {
+  es_session_info si;
+  if ((rc = load_session(s, t, a->session, &si, err))) {
+    es_event_destroy(&parent);
+    return rc;
+  }
+  /* A fenced-out writer learns it even when its attempt was also
+   * superseded: STALE_FENCE says stop, SUPERSEDED only "not this one". */
+  if (a->fence != ES_NONE) rc = check_writable(&si, a->fence, 0, err);
+  if (rc == ES_OK && !owns(&parent, a->attempt)) {
     a->outcome = ES_SUPERSEDED;
+    es_session_info_destroy(&si);
     es_event_destroy(&parent);
     return ES_OK;
   }
+  if (rc == ES_OK) rc = check_writable(&si, ES_NONE, a->n, err);
   int replayed = 0;
-  rc = check_replay(s, t, a->session, a->evs, a->n, &replayed, a->out, err);
+  if (rc == ES_OK) rc = check_replay(s, t, a->session, a->evs, a->n, &replayed, a->out, err);
   if (rc == ES_OK && replayed) {
     es_events_destroy(a->out);
     rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH, "the returned events' ids are already stored");
   }
-  es_session_info si;
-  es_session_info_init(&si);
-  if (rc == ES_OK) rc = load_session(s, t, a->session, &si, err);
   if (rc == ES_OK)
     rc = insert_events(s, t, &si, a->evs, a->n, a->index, a->attempt, a->now, a->out, err);
   if (rc == ES_OK) {
@@ -1401,6 +1466,7 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
     parent.queued = 0;
     parent.due_at = ES_NONE;
     parent.returned = (int64_t)a->n;
+    parent.processed_by_attempt = a->attempt;
     rc = s->ops->event_update(t, &parent, err);
   }
   if (rc == ES_OK) rc = advance_lane(s, t, &parent, a->now, err);
@@ -1421,9 +1487,9 @@ int es_store_complete(es_store *s, const char *session, int64_t index, int64_t a
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = check_batch(s, evs, n, err))) return rc;
+  if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
   if ((rc = enter(s, err))) return rc;
-  (void)fence; /* TODO(issue 9) in progress */
-  complete_args a = {session, index, attempt, evs, n, 0, 0, out};
+  complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = run_write(s, do_complete, &a, err);
   leave(s);
@@ -1480,6 +1546,7 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
     row.claim_expires_at = ES_NONE;
     row.failures++;
     row.last_failed_attempt = a->attempt;
+    row.failed_at = a->now;
     si.failures++;
     if (row.failures >= a->max_failures) {
       row.status = ES_STATUS_DEAD;
@@ -1684,6 +1751,56 @@ int es_store_read_state(es_store *s, const char *session, const char *reducer, i
     es_snapshot_destroy(snap);
     *found = 0;
   }
+  return rc;
+}
+
+/* read_states: every session's answer inside one read transaction. */
+typedef struct {
+  const char *const *sessions;
+  size_t n;
+  const char *reducer;
+  es_state_read *out;
+} states_args;
+
+static int do_read_states(es_store *s, es_txn *t, void *arg, es_err *err) {
+  states_args *a = arg;
+  for (size_t i = 0; i < a->n; i++) {
+    state_args one = {a->sessions[i], a->reducer, &a->out[i].found, &a->out[i].snap,
+                      &a->out[i].events};
+    int rc = do_read_state(s, t, &one, err);
+    if (rc) return rc;
+  }
+  return ES_OK;
+}
+
+void es_state_reads_destroy(es_state_read *v, size_t n) {
+  for (size_t i = 0; v && i < n; i++) {
+    es_snapshot_destroy(&v[i].snap);
+    es_events_destroy(&v[i].events);
+    v[i].found = 0;
+  }
+}
+
+int es_store_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+                         es_state_read *out, es_err *err) {
+  int rc;
+  for (size_t i = 0; i < n; i++) {
+    memset(&out[i], 0, sizeof out[i]);
+    es_snapshot_init(&out[i].snap);
+  }
+  if ((rc = es_check_name("reducer", reducer, err))) return rc;
+  if (n > ES_DEFAULT_MAX_BATCH)
+    return es_fail(err, ES_TOO_LARGE, "%zu sessions, over the limit of %d", n, ES_DEFAULT_MAX_BATCH);
+  for (size_t i = 0; i < n; i++) {
+    char what[40];
+    snprintf(what, sizeof what, "sessions[%zu]", i + 1);
+    if ((rc = es_check_name(what, sessions[i], err))) return rc;
+  }
+  if ((rc = enter(s, err))) return rc;
+  states_args a = {sessions, n, reducer, out};
+  rc = run_read(s, do_read_states, &a, err);
+  leave(s);
+  if (rc) es_state_reads_destroy(out, n);
   return rc;
 }
 
@@ -2087,4 +2204,574 @@ void es_store_presence_unwatch(es_store *s, uint64_t token) {
     }
   }
   pthread_mutex_unlock(&s->pmu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.7 branches: fork, lineage, refs, promote */
+
+#define FORK_CHUNK 1024  /* rows read from the source per step of a fork */
+
+static int no_session(es_err *err, const char *session) {
+  return es_fail(err, ES_NOT_FOUND, "no session '%s'", session);
+}
+
+static int check_limit(int64_t limit, es_err *err) {
+  if (limit < 1) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
+  return ES_OK;
+}
+
+/* `after` bounds of listings may be any string (they need not name a
+ * session or ref that exists); only their length is bounded. */
+static int check_after(const char *after, es_err *err) {
+  if (after && strlen(after) > ES_MAX_ID_BYTES)
+    return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
+  return ES_OK;
+}
+
+static int lineage_of(const es_session_info *si, es_lineage *out) {
+  memset(out, 0, sizeof *out);
+  out->session = strdup(si->session);
+  out->parent = strdup(si->parent);
+  out->at = si->fork_at;
+  out->created_at = si->forked_at;
+  if (out->session && out->parent) return ES_OK;
+  es_lineage_destroy(out);
+  return ES_STORAGE;
+}
+
+typedef struct {
+  const char *from, *to;
+  int64_t at, now;
+  es_lineage *out;
+} fork_args;
+
+/* Copies the source's events 1..at in chunks (a backend iteration must not
+ * run while rows are inserted) as processed rows of `to`. */
+static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *dst, es_err *err) {
+  int rc = ES_OK;
+  int64_t after = 0;
+  while (rc == ES_OK && after < a->at) {
+    es_events chunk = {0};
+    collector c = {&chunk, 0};
+    rc = collected(s->ops->event_range(t, a->from, after, a->at, FORK_CHUNK, collect_event, &c, err),
+                   &c, err);
+    if (rc == ES_OK && chunk.n == 0)
+      rc = es_fail(err, ES_STORAGE, "session '%s' has no event after %lld below its head", a->from,
+                   (long long)after);
+    for (size_t i = 0; rc == ES_OK && i < chunk.n; i++) {
+      const es_event *src = &chunk.v[i];
+      char id[ES_MAX_ID_BYTES + 1];
+      if ((rc = new_event_id(s, t, a->now, id, err))) break;
+      es_event row;
+      es_event_init(&row);
+      row.id = id;
+      row.type = src->type;
+      row.payload = src->payload;
+      row.payload_len = src->payload_len;
+      row.session = dst->session;
+      row.lane = src->lane;
+      row.index = src->index;
+      row.created_at = src->created_at;
+      row.cause_index = src->cause_index;
+      row.cause_attempt = src->cause_attempt;
+      row.not_before = src->not_before;
+      row.status = ES_STATUS_PROCESSED;
+      row.processed_at = a->now;
+      row.returned = -1;
+      row.origin_session = (char *)a->from;
+      row.origin_index = src->index;
+      if ((rc = s->ops->event_insert(t, &row, err))) break;
+      if (dst->first_at == ES_NONE) dst->first_at = src->created_at;
+      dst->head = dst->events = src->index;
+    }
+    if (chunk.n) after = chunk.v[chunk.n - 1].index;
+    es_events_destroy(&chunk);
+  }
+  return rc;
+}
+
+/* Carries over the source's snapshots at or below the fork point: the
+ * fork's state is then as cheap to read as the source's was. */
+static int fork_snapshots(es_store *s, es_txn *t, fork_args *a, es_err *err) {
+  es_snapshots list = {0};
+  collector c = {&list, 0};
+  int rc = collected(s->ops->snapshot_list(t, a->from, collect_snapshot, &c, err), &c, err);
+  for (size_t i = 0; rc == ES_OK && i < list.n; i++) {
+    if (list.v[i].index > a->at) continue;
+    es_snapshot snap;
+    es_snapshot_init(&snap);
+    rc = s->ops->snapshot_get(t, a->from, list.v[i].reducer, &snap, err);
+    if (rc == ES_OK) rc = s->ops->snapshot_put(t, a->to, &snap, err);
+    es_snapshot_destroy(&snap);
+  }
+  es_snapshots_destroy(&list);
+  return rc;
+}
+
+static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
+  fork_args *a = arg;
+  es_session_info src, dst;
+  int rc = s->ops->session_get(t, a->from, &src, err);
+  if (rc == ES_NOT_FOUND) return no_session(err, a->from);
+  if (rc) return rc;
+  int64_t head = src.head;
+  es_session_info_destroy(&src);
+  if (a->at > head)
+    return es_fail(err, ES_NO_SUCH_EVENT, "cannot fork session '%s' at %lld: its head is %lld",
+                   a->from, (long long)a->at, (long long)head);
+  if ((rc = load_session(s, t, a->to, &dst, err))) return rc;
+  if (dst.head > 0) {
+    rc = es_fail(err, ES_INVALID_ARGUMENT, "cannot fork into session '%s': it already has events",
+                 a->to);
+  } else if (dst.parent) {
+    rc = es_fail(err, ES_INVALID_ARGUMENT,
+                 "cannot fork into session '%s': it is already a fork of '%s'", a->to, dst.parent);
+  } else {
+    rc = check_writable(&dst, ES_NONE, (size_t)a->at, err);
+  }
+  if (rc == ES_OK) rc = fork_events(s, t, a, &dst, err);
+  if (rc == ES_OK) rc = fork_snapshots(s, t, a, err);
+  if (rc == ES_OK) {
+    dst.parent = strdup(a->from);
+    dst.fork_at = a->at;
+    dst.forked_at = dst.updated_at = a->now;
+    rc = dst.parent ? s->ops->session_put(t, &dst, err) : nomem(err);
+  }
+  if (rc == ES_OK && lineage_of(&dst, a->out)) rc = nomem(err);
+  es_session_info_destroy(&dst);
+  return rc;
+}
+
+int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
+                  es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_check_name("from", from, err)) || (rc = es_check_name("to", to, err))) return rc;
+  if (at < 0) return es_fail(err, ES_INVALID_ARGUMENT, "at must be >= 0");
+  if (strcmp(from, to) == 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "cannot fork session '%s' into itself", from);
+  if ((rc = enter(s, err))) return rc;
+  fork_args a = {from, to, at, 0, out};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_fork, &a, err);
+  leave(s);
+  if (rc) es_lineage_destroy(out);
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  int *found;
+  es_lineage *out;
+} lineage_args;
+
+static int do_lineage(es_store *s, es_txn *t, void *arg, es_err *err) {
+  lineage_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc) return rc;
+  if (si.parent) {
+    if (lineage_of(&si, a->out)) rc = nomem(err);
+    else *a->found = 1;
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_store_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
+  int rc;
+  *found = 0;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  lineage_args a = {session, found, out};
+  rc = run_read(s, do_lineage, &a, err);
+  leave(s);
+  return rc;
+}
+
+static int collect_child(void *ctx, const es_session_info *row) {
+  collector *c = ctx;
+  es_lineages *out = c->list;
+  if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) ||
+      lineage_of(row, &out->v[out->n])) {
+    c->oom = 1;
+    return 1;
+  }
+  out->n++;
+  return 0;
+}
+
+typedef struct {
+  const char *session, *after;
+  int64_t limit;
+  es_lineages *out;
+} children_args;
+
+static int do_children(es_store *s, es_txn *t, void *arg, es_err *err) {
+  children_args *a = arg;
+  collector c = {a->out, 0};
+  return collected(
+      s->ops->session_children(t, a->session, a->after, a->limit, collect_child, &c, err), &c, err);
+}
+
+int es_store_children(es_store *s, const char *session, const char *after, int64_t limit,
+                      es_lineages *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_check_name("session", session, err)) || (rc = check_after(after, err)) ||
+      (rc = check_limit(limit, err)))
+    return rc;
+  if ((rc = enter(s, err))) return rc;
+  children_args a = {session, after, cap_limit(limit), out};
+  rc = run_read(s, do_children, &a, err);
+  leave(s);
+  if (rc) es_lineages_destroy(out);
+  return rc;
+}
+
+/* A ref as shown: with the head its session has now. */
+static int ref_with_head(es_store *s, es_txn *t, es_ref *ref, es_err *err) {
+  es_session_info si;
+  int rc = s->ops->session_get(t, ref->session, &si, err);
+  ref->head = 0;
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc) return rc;
+  ref->head = si.head;
+  es_session_info_destroy(&si);
+  return ES_OK;
+}
+
+/* Points `name` at `session` (keeping created_at of an existing ref). */
+static int ref_point(es_store *s, es_txn *t, const char *name, const char *session, int64_t now,
+                     es_ref *out, es_err *err) {
+  es_ref old;
+  es_ref_init(&old);
+  int rc = s->ops->ref_get(t, name, &old, err);
+  if (rc != ES_OK && rc != ES_NOT_FOUND) return rc;
+  es_ref row = {(char *)name, (char *)session, ES_NONE, rc == ES_OK ? old.created_at : now, now};
+  es_ref_destroy(&old);
+  if ((rc = s->ops->ref_put(t, &row, err))) return rc;
+  if (es_ref_copy(out, &row)) return nomem(err);
+  return ref_with_head(s, t, out, err);
+}
+
+typedef struct {
+  const char *name, *session, *expect;
+  int has_expect;
+  int64_t now;
+  es_ref *out;
+  char *actual;  /* promote's REF_CONFLICT: what to_ref names (owned) */
+  int found;
+} ref_args;
+
+static int do_put_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ref_args *a = arg;
+  return ref_point(s, t, a->name, a->session, a->now, a->out, err);
+}
+
+int es_store_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err) {
+  int rc;
+  es_ref_init(out);
+  if ((rc = es_check_name("name", name, err)) || (rc = es_check_name("session", session, err)))
+    return rc;
+  if ((rc = enter(s, err))) return rc;
+  ref_args a = {.name = name, .session = session, .out = out};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_put_ref, &a, err);
+  leave(s);
+  if (rc) es_ref_destroy(out);
+  return rc;
+}
+
+static int do_get_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ref_args *a = arg;
+  int rc = s->ops->ref_get(t, a->name, a->out, err);
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc == ES_OK) {
+    a->found = 1;
+    rc = ref_with_head(s, t, a->out, err);
+  }
+  return rc;
+}
+
+int es_store_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+  int rc;
+  *found = 0;
+  es_ref_init(out);
+  if ((rc = es_check_name("name", name, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  ref_args a = {.name = name, .out = out};
+  rc = run_read(s, do_get_ref, &a, err);
+  leave(s);
+  if (rc) es_ref_destroy(out);
+  else *found = a.found;
+  return rc;
+}
+
+static int collect_ref(void *ctx, const es_ref *row) {
+  collector *c = ctx;
+  es_refs *out = c->list;
+  if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v) ||
+      es_ref_copy(&out->v[out->n], row)) {
+    c->oom = 1;
+    return 1;
+  }
+  out->n++;
+  return 0;
+}
+
+typedef struct {
+  const char *after;
+  int64_t limit;
+  es_refs *out;
+} list_refs_args;
+
+static int do_list_refs(es_store *s, es_txn *t, void *arg, es_err *err) {
+  list_refs_args *a = arg;
+  collector c = {a->out, 0};
+  int rc = collected(s->ops->ref_list(t, a->after, a->limit, collect_ref, &c, err), &c, err);
+  for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) rc = ref_with_head(s, t, &a->out->v[i], err);
+  return rc;
+}
+
+int es_store_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = check_after(after, err)) || (rc = check_limit(limit, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  list_refs_args a = {after, cap_limit(limit), out};
+  rc = run_read(s, do_list_refs, &a, err);
+  leave(s);
+  if (rc) es_refs_destroy(out);
+  return rc;
+}
+
+static int do_delete_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ref_args *a = arg;
+  int rc = s->ops->ref_delete(t, a->name, err);
+  a->found = rc == ES_OK;
+  return rc == ES_NOT_FOUND ? ES_OK : rc;
+}
+
+int es_store_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
+  int rc;
+  *deleted = 0;
+  if ((rc = es_check_name("name", name, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  ref_args a = {.name = name};
+  rc = run_write(s, do_delete_ref, &a, err);
+  leave(s);
+  if (rc == ES_OK) *deleted = a.found;
+  return rc;
+}
+
+/* The compare-and-set runs inside the write transaction, which is
+ * serialised within this process (wmu) and across processes by the
+ * backend's write lock, so of two promotes with the same `expect` exactly
+ * one sees it hold. */
+static int do_promote(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ref_args *a = arg; /* name: from_ref, session: to_ref */
+  es_ref from, to;
+  es_ref_init(&from);
+  es_ref_init(&to);
+  int rc = s->ops->ref_get(t, a->name, &from, err);
+  if (rc == ES_NOT_FOUND) return es_fail(err, ES_NOT_FOUND, "no ref '%s'", a->name);
+  if (rc) return rc;
+  rc = s->ops->ref_get(t, a->session, &to, err);
+  int exists = rc == ES_OK;
+  if (rc == ES_NOT_FOUND) rc = ES_OK;
+  if (rc == ES_OK && a->has_expect &&
+      (a->expect ? !exists || strcmp(to.session, a->expect) != 0 : exists)) {
+    if (exists && !(a->actual = strdup(to.session))) {
+      rc = nomem(err);
+    } else {
+      rc = es_fail(err, ES_REF_CONFLICT, "promote onto ref '%s' refused: expected %s%s%s, found %s%s%s",
+                   a->session, a->expect ? "'" : "", a->expect ? a->expect : "no ref",
+                   a->expect ? "'" : "", exists ? "'" : "", exists ? to.session : "no ref",
+                   exists ? "'" : "");
+    }
+  }
+  if (rc == ES_OK) rc = ref_point(s, t, a->session, from.session, a->now, a->out, err);
+  es_ref_destroy(&from);
+  es_ref_destroy(&to);
+  return rc;
+}
+
+int es_store_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+                     const char *expect, es_ref *out, char **actual, es_err *err) {
+  int rc;
+  es_ref_init(out);
+  *actual = NULL;
+  if ((rc = es_check_name("from_ref", from_ref, err)) || (rc = es_check_name("to_ref", to_ref, err)))
+    return rc;
+  if (has_expect && expect && (rc = es_check_name("expect", expect, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  ref_args a = {from_ref, to_ref, has_expect ? expect : NULL, has_expect, 0, out, NULL, 0};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_promote, &a, err);
+  leave(s);
+  if (rc) es_ref_destroy(out);
+  if (rc == ES_REF_CONFLICT) *actual = a.actual;
+  else free(a.actual);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.8 fences, leases, seals: fields of the session row, so every write,
+ * which reads that row anyway, checks them for free. */
+
+typedef struct {
+  const char *session, *holder, *reason;
+  int64_t token;    /* fence: if_token in, the new token out; release: the token */
+  int64_t ttl_ms, now;
+  es_lease *lease;
+  int done;         /* release: released */
+} ctl_args;
+
+static int do_fence(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ctl_args *a = arg;
+  es_session_info si;
+  int rc = load_session(s, t, a->session, &si, err);
+  if (rc) return rc;
+  if (a->token != ES_NONE && a->token != si.fence) {
+    rc = es_fail(err, ES_STALE_FENCE, "session '%s' is at fence token %lld, not %lld", a->session,
+                 (long long)si.fence, (long long)a->token);
+  } else if (si.fence == INT64_MAX) {
+    rc = es_fail(err, ES_INVALID_ARGUMENT, "session '%s' has used up its fence tokens", a->session);
+  } else {
+    a->token = ++si.fence;
+    rc = s->ops->session_put(t, &si, err);
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_store_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err) {
+  int rc;
+  *token = 0;
+  if ((rc = es_check_name("session", session, err)) || (rc = check_nonneg("if_token", if_token, err)))
+    return rc;
+  if ((rc = enter(s, err))) return rc;
+  ctl_args a = {.session = session, .token = if_token};
+  rc = run_write(s, do_fence, &a, err);
+  leave(s);
+  if (rc == ES_OK) *token = a.token;
+  return rc;
+}
+
+static int do_lease(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ctl_args *a = arg;
+  es_session_info si;
+  int rc = load_session(s, t, a->session, &si, err);
+  if (rc) return rc;
+  int live = si.lease_holder && a->now < si.lease_expires_at;
+  es_lease *out = a->lease;
+  if (live && strcmp(si.lease_holder, a->holder) != 0) {
+    out->acquired = 0;
+    out->expires_at = si.lease_expires_at;
+    out->holder = strdup(si.lease_holder);
+    es_session_info_destroy(&si);
+    return out->holder ? ES_OK : nomem(err);
+  }
+  /* A renewal keeps its token while it is still the current one; a new
+   * holder (or the same one after expiry, perhaps a restarted process)
+   * takes a new token, which fences out the previous holder's writes. */
+  if (!live || si.lease_token != si.fence) {
+    if (si.fence == INT64_MAX) {
+      es_session_info_destroy(&si);
+      return es_fail(err, ES_INVALID_ARGUMENT, "session '%s' has used up its fence tokens",
+                     a->session);
+    }
+    si.lease_token = ++si.fence;
+  }
+  if (!live) {
+    free(si.lease_holder);
+    if (!(si.lease_holder = strdup(a->holder))) rc = nomem(err);
+  }
+  if (rc == ES_OK && add_time(a->now, a->ttl_ms, &si.lease_expires_at)) rc = too_late(err, "ttl_ms");
+  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  if (rc == ES_OK) {
+    out->acquired = 1;
+    out->token = si.lease_token;
+    out->expires_at = si.lease_expires_at;
+    if (!(out->holder = strdup(a->holder))) rc = nomem(err);
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_store_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+                   es_lease *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
+    return rc;
+  if (ttl_ms <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0");
+  if ((rc = enter(s, err))) return rc;
+  ctl_args a = {.session = session, .holder = holder, .ttl_ms = ttl_ms, .lease = out};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_lease, &a, err);
+  leave(s);
+  if (rc) es_lease_destroy(out);
+  return rc;
+}
+
+static int do_lease_release(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ctl_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc) return rc;
+  if (si.lease_holder && strcmp(si.lease_holder, a->holder) == 0 && si.lease_token == a->token) {
+    free(si.lease_holder);
+    si.lease_holder = NULL;
+    si.lease_token = si.lease_expires_at = ES_NONE;
+    rc = s->ops->session_put(t, &si, err);
+    a->done = rc == ES_OK;
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_store_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+                           int *released, es_err *err) {
+  int rc;
+  *released = 0;
+  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
+    return rc;
+  if ((rc = enter(s, err))) return rc;
+  ctl_args a = {.session = session, .holder = holder, .token = token};
+  rc = run_write(s, do_lease_release, &a, err);
+  leave(s);
+  if (rc == ES_OK) *released = a.done;
+  return rc;
+}
+
+static int do_seal(es_store *s, es_txn *t, void *arg, es_err *err) {
+  ctl_args *a = arg;
+  es_session_info si;
+  int rc = load_session(s, t, a->session, &si, err);
+  if (rc) return rc;
+  if (si.sealed_at == ES_NONE) {
+    si.sealed_at = si.updated_at = a->now;
+    if (a->reason && es_text_clean(a->reason, strlen(a->reason), ES_MAX_TEXT_BYTES, &si.seal_reason,
+                                   NULL))
+      rc = nomem(err);
+    if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err) {
+  int rc;
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  ctl_args a = {.session = session, .reason = reason};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = run_write(s, do_seal, &a, err);
+  leave(s);
+  return rc;
 }

@@ -179,10 +179,11 @@ size_t es_store_max_payload(const es_store *s);
 
 /* The current time by the store's clock. */
 int es_store_now(es_store *s, int64_t *now, es_err *err);
-/* Writes a new event id (UUIDv7, time-ordered, unique) into out. For
- * callers that must fix ids before a call so that retrying it is
+/* Writes a new event id into out: from the store's id source (open's
+ * `ids`) when it has one, else a UUIDv7 (time-ordered, unique, 36 bytes).
+ * For callers that must fix ids before a call so that retrying it is
  * idempotent (the engine's completions). */
-int es_store_new_id(es_store *s, char out[37], es_err *err);
+int es_store_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err);
 /* A counter bumped by every commit through this handle (cheap change check
  * for subscriptions). */
 uint64_t es_store_version(es_store *s);
