@@ -148,4 +148,38 @@ describe("examples", function()
     has(out, "every ticket answered in order")
     has_not(out, "OUT OF ORDER")
   end)
+  it("examples/branches: two plans on forks of a conversation, the winner promoted onto main", function()
+    local code, out = run(LUA .. " examples/branches/run.lua")
+    assert.equal(0, code, out)
+    -- The forks copy #1..#2; each branch's handlers ran on it alone.
+    has(out, 'fork("conv-1", 2, "conv-1/try-a") -> parent conv-1 at #2, head 2')
+    has(out, 'fork("conv-1", 2, "conv-1/try-b") -> parent conv-1 at #2, head 2')
+    has(out, "#1 user.message      Get me from Lisbon to Porto on Friday, under 60 EUR, there by 13:00. (copy of conv-1 #1, processed)")
+    has(out, "conv-1 got none of them: head 2")
+
+    -- The winner by reducer state, promoted with a compare-and-set.
+    has(out, "try-a (train): score 34: over budget by 12 EUR, arrives 12:58, 169 min on the road; 3 messages")
+    has(out, "try-b (bus): score 78: within budget, arrives 12:10, 220 min on the road")
+    has(out, "winner: try/b (conv-1/try-b, score 78)")
+    has(out, 'promote("try/b", "main", {expect = "conv-1"}) -> main names conv-1/try-b')
+    has(out, "-> REF_CONFLICT: expected conv-1, actual conv-1/try-b")
+
+    -- Lineage, and the sealed loser.
+    has(out, 'children("conv-1"): conv-1/try-a (at #2), conv-1/try-b (at #2)')
+    has(out, "conv-1/try-a: 6 events, sealed (lost to try/b)")
+    has(out, "append to conv-1/try-a -> refused, SEALED")
+
+    -- The conversation goes on on the session main names.
+    has(out, "conv-1/try-b: booked BUS-0830; main -> conv-1/try-b (head 9)")
+
+    -- The README shows this run's output (stdout) exactly.
+    local f = assert(io.open(ROOT .. "/examples/branches/README.md", "rb"))
+    local readme = f:read("a")
+    f:close()
+    local shown = readme:match("\nOutput[^\n]*\n\n```\n(.-)```\n")
+    assert(shown, "examples/branches/README.md shows no output block")
+    local code2, stdout = run("sh -c " .. q(LUA .. " examples/branches/run.lua 2>/dev/null"))
+    assert.equal(0, code2, stdout)
+    assert.equal(shown, stdout)
+  end)
 end)
