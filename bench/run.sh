@@ -7,5 +7,6 @@ set -e
 "$BUILD"/bench/store_bench memory: 1000000
 lua5.4 bench/store_bench.lua memory: 1000000
 "$BUILD"/bench/store_bench "sqlite:$dir/store_bench.db" 1000000
+lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
 "$BUILD"/bench/sqlite_bench "$dir" 3
 lua5.4 bench/engine_bench.lua "$dir"

@@ -3,11 +3,18 @@
  * a thousand events and on one of about a million, so the two can be
  * compared (costs must not grow with history).
  *
- *   store_bench [URL] [BIG]     URL default "memory:", BIG default 1000000
+ *   store_bench [URL] [BIG] [fork]   URL default "memory:", BIG default 1000000;
+ *                                    "fork": only the fork figures
  *
  * Prints one line per figure: "<what> <session size> <ops/s>". Events carry
  * ~100-byte payloads. Rounds on the small session start from a fresh store
  * each time so it stays near 1,000 events.
+ *
+ * Then, in fresh stores: es_store_fork of a FORK_EVENTS-event session
+ * beside es_store_append of the same number of events in batches of 1,000
+ * into a new session (the events already in hand: no read), in the same
+ * rounds, with the ratio (append time / fork time: how many times faster
+ * the fork is; the target is at least 3).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,6 +203,60 @@ static tally bench_cycle(es_store *s, const group *g, long calls, int use_next) 
   return (tally){(double)calls, spent};
 }
 
+/* Fork vs append: each round opens a fresh store, fills "src" (not timed),
+ * then times es_store_fork(src, FORK_EVENTS, "fork") and appending
+ * FORK_EVENTS events in batches of 1,000 to "copy", in alternating order
+ * from round to round so drift hits both alike. */
+enum { FORK_EVENTS = 100000, FORK_BATCH = 1000, FORK_ROUNDS = 3 };
+
+static double time_fork(es_store *s) {
+  es_lineage l;
+  es_err err = {0};
+  double t0 = now_s();
+  if (es_store_fork(s, "src", FORK_EVENTS, "fork", &l, &err)) die("fork", &err);
+  double spent = now_s() - t0;
+  es_lineage_destroy(&l);
+  return spent;
+}
+
+static double time_append_copy(es_store *s) {
+  double t0 = now_s();
+  fill(s, "copy", FORK_EVENTS, FORK_BATCH, 1);
+  return now_s() - t0;
+}
+
+static void bench_fork(void) {
+  double fork_s = 0, append_s = 0;
+  for (int round = 0; round < FORK_ROUNDS; round++) {
+    es_store *s = fresh();
+    fill(s, "src", FORK_EVENTS, FORK_BATCH, 1);
+    if (round % 2 == 0) {
+      fork_s += time_fork(s);
+      append_s += time_append_copy(s);
+    } else {
+      append_s += time_append_copy(s);
+      fork_s += time_fork(s);
+    }
+    int64_t head = 0;
+    es_err err = {0};
+    if (es_store_head(s, "fork", &head, &err)) die("head", &err);
+    if (head != FORK_EVENTS) {
+      fprintf(stderr, "store_bench: the fork has %lld events, not %d\n", (long long)head, FORK_EVENTS);
+      exit(1);
+    }
+    drop(s);
+  }
+  printf("# store_bench %s fork: copying a %d-event session, %d rounds, a fresh store each\n", base_url,
+         FORK_EVENTS, FORK_ROUNDS);
+  printf("# (fork x: this row's time / the fork's time, i.e. how many times faster the fork is)\n");
+  printf("%-28s %12s %12s %8s\n", "# what", "events/s", "ms per copy", "fork x");
+  double n = (double)FORK_EVENTS * FORK_ROUNDS;
+  printf("%-28s %12.0f %12.1f %8.2f\n", "append (batch 1000)", n / append_s, append_s * 1000 / FORK_ROUNDS,
+         append_s / fork_s);
+  printf("%-28s %12.0f %12.1f\n", "fork", n / fork_s, fork_s * 1000 / FORK_ROUNDS);
+  fflush(stdout);
+}
+
 static tally add(tally a, tally b) { return (tally){a.ops + b.ops, a.seconds + b.seconds}; }
 
 static void row(const char *what, tally small, tally big) {
@@ -209,6 +270,10 @@ int main(int argc, char **argv) {
   long big = argc > 2 ? atol(argv[2]) : 1000000;
   int durable = strncmp(base_url, "sqlite:", 7) == 0;
   int scale = durable ? 10 : 1; /* durable calls wait on fsync: fewer of them */
+  if (argc > 3 && strcmp(argv[3], "fork") == 0) {
+    bench_fork();
+    return 0;
+  }
   es_store *s = fresh();
 
   /* One store holds everything, so both sizes are measured against the
@@ -264,5 +329,6 @@ int main(int argc, char **argv) {
     printf("%-28s %12s %12.0f\n", "resident bytes per event", "", (double)(rss1 - rss0) / (double)big);
   for (int i = 0; i < SMALL; i++) free(names[i]);
   drop(s);
+  bench_fork();
   return 0;
 }
