@@ -1227,6 +1227,12 @@ int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_
   }
   free(has);
   int64_t fence = es_engine_fence_of(e, session);
+  /* Fenced out, the engine holds no token any more: an unfenced write now
+   * would land in a session another holder owns. */
+  if (fence == ES_NONE && es_engine_is_fenced(e, session))
+    return es_fail(err, ES_STALE_FENCE,
+                   "this engine was fenced out of session '%s' (another holder took its lease); "
+                   "lease it again to write there", session);
   int rc = es_store_append(e->s, session, evs, n, expected, fence, out, pending, err);
   if (rc == ES_STALE_FENCE) es_engine_fenced_out(e, session);
   return rc;

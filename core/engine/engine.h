@@ -114,8 +114,9 @@ int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_
  * keeper renews it every ttl_ms/3. When a write is refused with
  * STALE_FENCE (another holder took the lease over) the attempt fails with
  * that error, the engine drops the lease and its claims skip the session
- * from then on, leaving its events to the new holder, until
- * es_engine_lease takes it again. out as es_store_lease's. */
+ * from then on, leaving its events to the new holder, and
+ * es_engine_append there is STALE_FENCE, until es_engine_lease takes it
+ * again. out as es_store_lease's. */
 int es_engine_lease(es_engine *e, const char *session, int64_t ttl_ms, es_lease *out,
                     es_err *err);
 /* Ends the engine's lease on session early (*released: whether the store

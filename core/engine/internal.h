@@ -138,6 +138,8 @@ int64_t es_engine_fence_of(es_engine *e, const char *session);
  * renewal found another holder: the lease is gone, and the engine's claims
  * skip the session until engine:lease takes it again. */
 void es_engine_fenced_out(es_engine *e, const char *session);
+/* Whether the engine was fenced out of session (and has not leased it again). */
+int es_engine_is_fenced(es_engine *e, const char *session);
 /* A copy of the sessions to skip (NULL, *n = 0 when none); free it with
  * es_engine_skip_free. */
 char **es_engine_skip_list(es_engine *e, size_t *n);

@@ -57,6 +57,15 @@ void es_engine_fenced_out(es_engine *e, const char *session) {
                       "to that holder", session);
 }
 
+int es_engine_is_fenced(es_engine *e, const char *session) {
+  if (!atomic_load(&e->any_fenced)) return 0;
+  pthread_mutex_lock(&e->lease_mu);
+  int found = 0;
+  for (size_t i = 0; i < e->n_fenced && !found; i++) found = strcmp(e->fenced[i], session) == 0;
+  pthread_mutex_unlock(&e->lease_mu);
+  return found;
+}
+
 char **es_engine_skip_list(es_engine *e, size_t *n) {
   *n = 0;
   if (!atomic_load(&e->any_fenced)) return NULL;
