@@ -502,7 +502,7 @@ describe("eventstore branches, refs and seals", function()
         s:append("s", { { type = "ok" }, { type = "bad" } })
         local c = s:claim("s", { holder = "w", ttl_ms = 60000, limit = 1 })
         local e = c.events[1]
-        s:complete("s", e.index, e.attempt, {}, {})
+        s:complete("s", e.index, e.attempt, {})
         c = s:claim("s", { holder = "w", ttl_ms = 60000, limit = 1 })
         e = c.events[1]
         s:fail("s", e.index, e.attempt, { error = "nope", max_failures = 1 })
