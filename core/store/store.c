@@ -2333,6 +2333,36 @@ static int fork_snapshots(es_store *s, es_txn *t, fork_args *a, es_err *err) {
   return rc;
 }
 
+/* `to` may be a session without events that already has forks of its own
+ * (made at 0): forking one of its descendants into it would make the
+ * lineage a loop. Walks from's ancestors (a chain of forks, each step one
+ * row lookup). */
+static int check_not_ancestor(es_store *s, es_txn *t, const char *from, const char *to,
+                              es_err *err) {
+  char *cur = strdup(from);
+  int rc = cur ? ES_OK : nomem(err);
+  while (rc == ES_OK && cur) {
+    es_session_info si;
+    rc = s->ops->session_get(t, cur, &si, err);
+    free(cur);
+    cur = NULL;
+    if (rc == ES_NOT_FOUND) {
+      rc = ES_OK;
+      break;
+    }
+    if (rc) break;
+    if (si.parent && strcmp(si.parent, to) == 0)
+      rc = es_fail(err, ES_INVALID_ARGUMENT,
+                   "cannot fork '%s' into '%s': '%s' is its ancestor (lineage must not loop)", from,
+                   to, to);
+    cur = si.parent; /* moves to the next step */
+    si.parent = NULL;
+    es_session_info_destroy(&si);
+  }
+  free(cur);
+  return rc;
+}
+
 static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
   fork_args *a = arg;
   es_session_info src, dst;
@@ -2351,6 +2381,8 @@ static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
   } else if (dst.parent) {
     rc = es_fail(err, ES_INVALID_ARGUMENT,
                  "cannot fork into session '%s': it is already a fork of '%s'", a->to, dst.parent);
+  } else if ((rc = check_not_ancestor(s, t, a->from, a->to, err)) != ES_OK) {
+    /* refused: lineage must stay a tree */
   } else {
     rc = check_writable(&dst, ES_NONE, (size_t)a->at, err);
   }

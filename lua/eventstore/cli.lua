@@ -88,11 +88,20 @@ local function printable(s)
   return table.concat(parts)
 end
 
--- A copy of a row table (an event, a session, a snapshot) with its text
--- fields through printable().
+-- A copy of a row table (an event, a session, a snapshot, a ref) with its
+-- text fields through printable(), also those of the records a row holds
+-- (an event's origin, a session's lease); a payload is JSON already.
+local NESTED = { origin = true, lease = true }
 local function printable_row(r)
   local t = {}
-  for k, v in pairs(r) do t[k] = type(v) == "string" and printable(v) or v end
+  for k, v in pairs(r) do
+    if type(v) == "string" then
+      v = printable(v)
+    elseif type(v) == "table" and NESTED[k] then
+      v = printable_row(v)
+    end
+    t[k] = v
+  end
   return t
 end
 
@@ -300,7 +309,9 @@ command("sessions", {
   help = [[
 Prints one JSON object per session, in byte order of the session id:
   {"session", "events", "pending", "dead", "attempts", "failures",
-   "first_at", "updated_at"}
+   "first_at", "updated_at", "sealed"}
+and, when they apply, "sealed_at", "seal_reason", "fence", "lease"
+({"holder", "token", "expires_at"}) and "parent" (a fork's source).
 ]],
   options_help = DB_HELP .. [[
   --prefix P      only sessions whose id starts with P
@@ -363,6 +374,118 @@ Prints one JSON object per reducer snapshot of SESSION:
   options = { db = "string" },
 })
 
+command("fork", {
+  synopsis = "fork FROM AT TO [--db URL]",
+  summary = "start session TO as a copy of FROM's first AT events",
+  help = [[
+Creates session TO as a branch of FROM: copies events 1..AT of FROM (same
+type, payload, lane, index; fresh ids; each with origin {session, index};
+stored already processed) and FROM's snapshots at or below AT. FROM is
+unchanged. TO must have no events and not be a fork already. AT is a whole
+number >= 0 (0: an empty branch). Prints the lineage record as JSON:
+  {"session", "parent", "at", "created_at"}
+]],
+  options_help = DB_HELP,
+  args = { 3, 3 },
+  options = { db = "string" },
+})
+
+command("lineage", {
+  synopsis = "lineage SESSION [--db URL]",
+  summary = "print where a forked session comes from, up to its root",
+  help = [[
+Prints SESSION's lineage record, then its parent's, and so on up to the
+first session that is not a fork, one JSON object per line:
+  {"session", "parent", "at", "created_at"}
+A session that is not a fork (or does not exist) prints nothing.
+]],
+  options_help = DB_HELP,
+  args = { 1, 1 },
+  options = { db = "string" },
+})
+
+command("children", {
+  synopsis = "children SESSION [--after S] [--limit N] [--db URL]",
+  summary = "list the sessions forked from a session as NDJSON",
+  help = [[
+Prints the lineage record of each session forked from SESSION, one JSON
+object per line, in byte order of the session id:
+  {"session", "parent", "at", "created_at"}
+]],
+  options_help = DB_HELP .. [[
+  --after S       start after this session id (to page)
+  --limit N       print at most N sessions
+]],
+  args = { 1, 1 },
+  options = { db = "string", after = "string", limit = { int = 1 } },
+})
+
+command("refs", {
+  synopsis = "refs [--after NAME] [--limit N] [--db URL]",
+  summary = "list refs as NDJSON",
+  help = [[
+Prints one JSON object per ref, in byte order of the name:
+  {"name", "session", "head", "created_at", "updated_at"}
+(head: the head of the session the ref names, now; 0 without events).
+]],
+  options_help = DB_HELP .. [[
+  --after NAME    start after this ref name (to page)
+  --limit N       print at most N refs
+]],
+  args = { 0, 0 },
+  options = { db = "string", after = "string", limit = { int = 1 } },
+})
+
+command("ref", {
+  synopsis = "ref NAME [SESSION] [--db URL]",
+  summary = "show a ref, or point it at a session",
+  help = [[
+Without SESSION: prints ref NAME as one JSON object
+  {"name", "session", "head", "created_at", "updated_at"}
+or fails with NOT_FOUND (exit 1) when there is no such ref.
+With SESSION: points ref NAME at SESSION (creating the ref, or moving it
+whatever it named; SESSION need not exist yet) and prints the ref.
+]],
+  options_help = DB_HELP,
+  args = { 1, 2 },
+  options = { db = "string" },
+})
+
+command("promote", {
+  synopsis = "promote FROM TO [--expect SESSION | --expect-none] [--db URL]",
+  summary = "point ref TO at the session ref FROM names",
+  help = [[
+Points ref TO at the session ref FROM names, and prints ref TO as JSON.
+Without --expect the last writer wins. With --expect SESSION, TO must name
+SESSION now; with --expect-none, TO must not exist. Otherwise nothing
+moves and it fails (exit 1) with
+  REF_CONFLICT: promote onto ref 'TO' refused: expected ..., found ...
+A missing ref FROM is NOT_FOUND.
+]],
+  options_help = DB_HELP .. [[
+  --expect SESSION  compare-and-set: only if TO names SESSION now
+  --expect-none     compare-and-set: only if TO does not exist
+]],
+  args = { 2, 2 },
+  options = { db = "string", expect = "string", ["expect-none"] = "flag" },
+})
+
+command("seal", {
+  synopsis = "seal SESSION [--reason TEXT] [--db URL]",
+  summary = "close a session to new events",
+  help = [[
+Seals SESSION: appending to it (and completing a handler call with new
+events) then fails with SEALED; its pending events are still dispatched.
+Sealing a sealed session changes nothing (the first reason stays). Prints
+the session's row as `sessions` does, with "sealed": true.
+]],
+  options_help = DB_HELP .. [[
+  --reason TEXT   why (kept as the session's seal_reason)
+]],
+  args = { 1, 1 },
+  options = { db = "string", reason = "string" },
+})
+
 command("help", {
   synopsis = "help [COMMAND]",
   summary = "print help (also: COMMAND --help)",
@@ -396,6 +519,18 @@ end
 
 local function looks_like_option(a)
   return a:match("^%-%a") ~= nil or a:match("^%-%-%a") ~= nil
+end
+
+-- The names of a command's positional arguments, from its synopsis
+-- ("fork FROM AT TO [--db URL]": FROM, AT, TO; up to a "|").
+local function arg_names(def)
+  local names = {}
+  for word in def.synopsis:gmatch("%S+") do
+    if word == "|" then break end
+    local n = word:gsub("[%[%]]", "")
+    if n:match("^[A-Z]+$") then names[#names + 1] = n end
+  end
+  return names
 end
 
 -- Parses argv[i..] for command def: returns opts (option values, plus
@@ -443,7 +578,10 @@ local function parse(def, argv, i)
   end
   local min, max = def.args[1], def.args[2]
   if #args < min then
-    usage_error(name, true, "%s: missing argument%s", name, min - #args > 1 and "s" or "")
+    local missing = {}
+    for j = #args + 1, min do missing[#missing + 1] = arg_names(def)[j] end
+    usage_error(name, true, "%s: missing argument%s %s", name, min - #args > 1 and "s" or "",
+      table.concat(missing, ", "))
   elseif #args > max then
     usage_error(name, true, "%s: unexpected argument '%s'", name, args[max + 1])
   end
@@ -803,6 +941,117 @@ end
 function commands.snapshots.run(o, args)
   local store <close> = open_store(o, false)
   for _, s in ipairs(store:snapshots(args[1])) do out(row_json(s)) end
+  return 0
+end
+
+-- Pages through a listing call (children, list_refs) that takes
+-- {after, limit} and returns a list ordered by `key`: prints every row
+-- after o.after, at most o.limit of them.
+local function print_listing(o, call, key)
+  local left, after = o.limit, o.after
+  repeat
+    local n = left ~= nil and math.min(left, PAGE) or PAGE
+    local page = call({ after = after, limit = n })
+    for _, r in ipairs(page) do out(row_json(r)) end
+    if left ~= nil then left = left - #page end
+    if #page > 0 then after = page[#page][key] end
+  until #page < n or left == 0
+end
+
+function commands.fork.check(o, args)
+  o.at = parse_int("fork", "AT", args[2], 0)
+end
+
+function commands.fork.run(o, args)
+  local store <close> = open_store(o, false)
+  out(row_json(store:fork(args[1], o.at, args[3])))
+  return 0
+end
+
+-- The chain of forks from SESSION up to its root. A lineage can only be
+-- walked this way if it has no cycle; a cycle (which the store should not
+-- let form) ends the walk where a session comes back.
+function commands.lineage.run(o, args)
+  local store <close> = open_store(o, false)
+  local seen, session = {}, args[1]
+  while session ~= nil and not seen[session] do
+    seen[session] = true
+    local l = store:lineage(session)
+    if l == nil then break end
+    out(row_json(l))
+    session = l.parent
+  end
+  return 0
+end
+
+function commands.children.run(o, args)
+  local store <close> = open_store(o, false)
+  print_listing(o, function(opts) return store:children(args[1], opts) end, "session")
+  return 0
+end
+
+function commands.refs.run(o)
+  local store <close> = open_store(o, false)
+  print_listing(o, function(opts) return store:list_refs(opts) end, "name")
+  return 0
+end
+
+function commands.ref.run(o, args)
+  local store <close> = open_store(o, false)
+  local ref
+  if args[2] ~= nil then
+    ref = store:put_ref(args[1], args[2])
+  else
+    ref = store:get_ref(args[1])
+    if ref == nil then fail("NOT_FOUND: no ref '%s'", printable(args[1])) end
+  end
+  out(row_json(ref))
+  return 0
+end
+
+function commands.promote.check(o)
+  if o.expect ~= nil and o["expect-none"] then
+    usage_error("promote", true, "promote: --expect and --expect-none exclude each other")
+  end
+end
+
+function commands.promote.run(o, args)
+  local store <close> = open_store(o, false)
+  local opts
+  if o.expect ~= nil then
+    opts = { expect = o.expect }
+  elseif o["expect-none"] then
+    opts = { expect = false }
+  end
+  local ok, ref = pcall(store.promote, store, args[1], args[2], opts)
+  if not ok then
+    local e = ref
+    if eventstore.is_error(e, "REF_CONFLICT") then
+      -- The store's message names both; said here from the error's fields
+      -- so the line always shows what was expected and what was found.
+      local function show(v) return v and ("'" .. printable(v) .. "'") or "no ref" end
+      fail("REF_CONFLICT: promote onto ref '%s' refused: expected %s, found %s",
+        printable(args[2]), show(e.expected), show(e.actual))
+    end
+    error(e, 0)
+  end
+  out(row_json(ref))
+  return 0
+end
+
+-- A session's row as `sessions` lists it (nil when it has none).
+local function session_row(store, session)
+  local row = store:sessions({ prefix = session, limit = 1 }).sessions[1]
+  if row ~= nil and row.session == session then return row end
+  return nil
+end
+
+function commands.seal.run(o, args)
+  local store <close> = open_store(o, false)
+  store:seal(args[1], { reason = o.reason })
+  -- (the store lists every session with a row, a sealed one included;
+  -- the fallback keeps a command that has written from failing)
+  out(row_json(session_row(store, args[1]) or { session = args[1], sealed = true }))
   return 0
 end
 
