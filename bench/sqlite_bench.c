@@ -163,7 +163,7 @@ static double cycles(const char *path, double seconds) {
     es_events got, done;
     int64_t retry;
     int outcome;
-    if (es_store_claim_next(s, "bench", 30000, 1, NULL, 0, &got, &retry, &err)) die("claim_next", err.msg);
+    if (es_store_claim_next(s, "bench", 30000, 1, NULL, 0, NULL, 0, &got, &retry, &err)) die("claim_next", err.msg);
     if (got.n != 1) die("claim_next", "ran dry");
     if (es_store_complete(s, "cycle", got.v[0].index, got.v[0].attempts, &result, 1, ES_NONE, &outcome, &done,
                           &err))

@@ -174,7 +174,7 @@ static tally bench_cycle(es_store *s, const group *g, long calls, int use_next) 
     double t0 = now_s();
     int64_t retry;
     if (use_next) {
-      if (es_store_claim_next(s, "bench", 30000, 1, NULL, 0, &out, &retry, &err)) die("claim_next", &err);
+      if (es_store_claim_next(s, "bench", 30000, 1, NULL, 0, NULL, 0, &out, &retry, &err)) die("claim_next", &err);
     } else {
       es_claim_opts o = {.holder = "bench", .ttl_ms = 30000, .expires_at = ES_NONE, .limit = 1};
       int outcome;

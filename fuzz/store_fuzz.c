@@ -10,7 +10,8 @@
  *
  * Each input is read as a small program: a sequence of store calls
  * (append, claim, claim_next, presence_set, presence_read, read, fail,
- * complete, renew, sessions, advancing the clock) on one memory: store
+ * complete, renew, sessions, fork, fence, lease, seal, put_ref, promote,
+ * advancing the clock) on one memory: store
  * with a manual clock, whose arguments are Lua values made from the input
  * bytes: names that may hold NUL bytes, invalid UTF-8 or 256 bytes;
  * integers at the int64 edges; floats (3.5, 2^63, NaN, infinities);
@@ -24,7 +25,8 @@
  *     error (a string with "bad argument") or an eventstore error object
  *     (its metatable, a known code other than STORAGE and CLOSED, a string
  *     message, tostring "CODE: message");
- *   - a call that raised changed nothing (the log, every dispatch record
+ *   - a call that raised changed nothing (the log, every dispatch record,
+ *     every session row with its fence, lease, seal and lineage, the refs,
  *     and the presence of the namespaces used are as before);
  *   - an append that returned stored every event in the session it was
  *     given, byte for byte (no name cut at a NUL), one per event;
@@ -389,6 +391,30 @@ static uint64_t digest(es_store *st) {
     h = mix_str(h, e->last_error);
   }
   es_events_destroy(&all);
+  es_sessions ss;
+  CHECK(es_store_sessions(st, "", NULL, 1000, &ss, &err) == ES_OK, "sessions: %s", err.msg);
+  for (size_t i = 0; i < ss.n; i++) {
+    const es_session_info *si = &ss.v[i];
+    h = mix_str(h, si->session);
+    h = mix(h, si->head);
+    h = mix(h, si->fence);
+    h = mix(h, si->sealed_at);
+    h = mix_str(h, si->seal_reason);
+    h = mix_str(h, si->lease_holder);
+    h = mix(h, si->lease_token);
+    h = mix(h, si->lease_expires_at);
+    h = mix_str(h, si->parent);
+    h = mix(h, si->fork_at);
+  }
+  es_sessions_destroy(&ss);
+  es_refs refs;
+  CHECK(es_store_list_refs(st, NULL, 1000, &refs, &err) == ES_OK, "list_refs: %s", err.msg);
+  for (size_t i = 0; i < refs.n; i++) {
+    h = mix_str(h, refs.v[i].name);
+    h = mix_str(h, refs.v[i].session);
+    h = mix(h, refs.v[i].updated_at);
+  }
+  es_refs_destroy(&refs);
   static const char *const spaces[] = {"room", "s"};
   for (size_t k = 0; k < 2; k++) {
     es_presence_rows rows;
@@ -426,7 +452,8 @@ static void check_error(lua_State *L, int status, const char *op, int error_mt) 
   const char *code = lua_tostring(L, -2);
   static const char *const known[] = {"PARTIAL_DUPLICATE_BATCH", "ID_CONFLICT", "SUPERSEDED_ATTEMPT",
                                       "NO_SUCH_EVENT", "WRONG_EXPECTED_HEAD", "INVALID_ARGUMENT",
-                                      "TOO_LARGE"};
+                                      "TOO_LARGE", "STALE_FENCE", "SEALED", "REF_CONFLICT",
+                                      "NOT_FOUND"};
   int found = 0;
   for (size_t i = 0; i < sizeof known / sizeof *known; i++) found |= strcmp(code, known[i]) == 0;
   CHECK(found, "%s: unexpected code %s: %s", op, code, lua_tostring(L, -1));
@@ -458,10 +485,12 @@ static int same_text(lua_State *L, int a, int b) {
 /* the calls */
 
 enum { OP_APPEND, OP_CLAIM, OP_PRESENCE, OP_CLAIM_NEXT, OP_READ, OP_FAIL, OP_COMPLETE,
-       OP_PRESENCE_READ, OP_RENEW, OP_SESSIONS, OP_ADVANCE, N_OPS };
+       OP_PRESENCE_READ, OP_RENEW, OP_SESSIONS, OP_FORK, OP_FENCE, OP_LEASE, OP_SEAL, OP_PUT_REF,
+       OP_PROMOTE, OP_ADVANCE, N_OPS };
 
 static const char *const op_names[N_OPS] = {"append", "claim", "presence_set", "claim_next", "read",
                                             "fail", "complete", "presence_read", "renew", "sessions",
+                                            "fork", "fence", "lease", "seal", "put_ref", "promote",
                                             "advance"};
 
 /* Pushes the arguments of one call after the store (at index store);
@@ -472,8 +501,9 @@ static int push_args(lua_State *L, src *s, int op) {
       push_session(L, s);
       push_events(L, s);
       if (pick(s, 4) == 0) {
-        lua_createtable(L, 0, 1);
+        lua_createtable(L, 0, 2);
         maybe_field(L, s, "expected", 'i', 8);
+        maybe_field(L, s, "fence", 'i', 4);
         return 3;
       }
       return 2;
@@ -539,6 +569,11 @@ static int push_args(lua_State *L, src *s, int op) {
       push_index(L, s);
       if (op == OP_COMPLETE) {
         push_events(L, s);
+        if (pick(s, 4) == 0) {
+          lua_createtable(L, 0, 1);
+          maybe_field(L, s, "fence", 'i', 4);
+          return 5;
+        }
         return 4;
       }
       lua_createtable(L, 0, 3);
@@ -573,6 +608,39 @@ static int push_args(lua_State *L, src *s, int op) {
       lua_setfield(L, -2, "claims");
       return 2;
     }
+    case OP_FORK:
+      push_session(L, s);
+      push_index(L, s);
+      push_session(L, s);
+      return 3;
+    case OP_FENCE:
+    case OP_SEAL:
+      push_session(L, s);
+      lua_createtable(L, 0, 1);
+      if (op == OP_FENCE) maybe_field(L, s, "if_token", 'i', 4);
+      else maybe_field(L, s, "reason", 'n', 2);
+      return 2;
+    case OP_LEASE:
+      push_session(L, s);
+      lua_createtable(L, 0, 2);
+      maybe_field(L, s, "holder", 'n', 7);
+      maybe_field(L, s, "ttl_ms", 'i', 7);
+      return 2;
+    case OP_PUT_REF:
+      push_session(L, s); /* a ref name: the same kinds of bytes */
+      push_session(L, s);
+      return 2;
+    case OP_PROMOTE:
+      push_session(L, s);
+      push_session(L, s);
+      lua_createtable(L, 0, 1);
+      if (pick(s, 3) == 0) {
+        lua_pushboolean(L, 0);
+        lua_setfield(L, -2, "expect");
+      } else {
+        maybe_field(L, s, "expect", 'n', 4);
+      }
+      return 3;
     case OP_SESSIONS:
       lua_createtable(L, 0, 3);
       maybe_field(L, s, "prefix", 'n', 2);
@@ -636,7 +704,8 @@ typedef struct stats {
 
 /* What every run starts from, so that calls meet real rows: session "s"
  * with three events (the third in lane "l"), the first claimed by "w"
- * (attempt 1). */
+ * (attempt 1), and a ref "s" naming it (push_session's common name, so
+ * promote meets a ref). */
 static void seed(es_store *st) {
   es_new_event e[3];
   for (int i = 0; i < 3; i++) {
@@ -652,6 +721,9 @@ static void seed(es_store *st) {
   es_claim_opts o = {.holder = "w", .ttl_ms = 1000, .expires_at = ES_NONE, .limit = 1};
   CHECK(es_store_claim(st, "s", &o, &outcome, &got, &retry, &err) == ES_OK, "seed: %s", err.msg);
   es_events_destroy(&got);
+  es_ref ref;
+  CHECK(es_store_put_ref(st, "s", "s", &ref, &err) == ES_OK, "seed: %s", err.msg);
+  es_ref_destroy(&ref);
 }
 
 static void run_input(const uint8_t *data, size_t size, stats *st_out) {
@@ -753,7 +825,8 @@ int main(void) {
     }
     run_input(buf, n, &counts);
   }
-  printf("ok 1 - store_fuzz: %ld pseudo-random inputs through append, claim, presence and more\n",
+  printf("ok 1 - store_fuzz: %ld pseudo-random inputs through append, claim, presence, fork, "
+         "fences and more\n",
          iters);
   for (int op = 0; op < N_OPS; op++)
     printf("# %-13s %6lu returned, %6lu raised\n", op_names[op], counts.ok[op], counts.raised[op]);

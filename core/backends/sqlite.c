@@ -51,7 +51,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 3            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 4            /* PRAGMA user_version of the current schema */
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -66,24 +66,37 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
 /* ---- statements ------------------------------------------------------- */
 
 /* Column order of every event SELECT; bind_event() binds the same order as
- * ?1..?23, so INSERT and UPDATE share one binder. */
+ * ?1..?29, so INSERT and UPDATE share one binder. The columns of version 4
+ * come last; the immutable origin before the dispatch fields, so that the
+ * UPDATE's highest parameter is the last one bound (binding a number above
+ * a statement's highest parameter is an error, one below it that the
+ * statement does not use is not). */
 #define EV_COLS                                                                           \
   "position, session, idx, id, type, payload, lane, created_at, cause_index, "            \
   "cause_attempt, not_before, status, attempts, failures, last_error, processed_at, "     \
-  "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned"
-#define SESS_COLS "session, head, events, pending, dead, attempts, failures, first_at, updated_at"
+  "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
+  "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
+  "processed_by_attempt"
+/* Column order of every session SELECT; sq_session_put binds it as ?1..?18. */
+#define SESS_COLS                                                                         \
+  "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
+  "sealed_at, seal_reason, lease_holder, lease_token, lease_expires_at, parent, fork_at, "  \
+  "forked_at"
+#define REF_COLS "name, session, created_at, updated_at"
 
 enum {
   ST_BEGIN_WRITE, ST_BEGIN_READ, ST_COMMIT, ST_ROLLBACK, ST_SAVEPOINT, ST_RELEASE, ST_ROLLBACK_TO,
   ST_MAX_POSITION, ST_META_GET, ST_META_PUT,
   ST_SESSION_GET, ST_SESSION_PUT,
   ST_SESSION_LIST_GE, ST_SESSION_LIST_GE_LT, ST_SESSION_LIST_GT, ST_SESSION_LIST_GT_LT,
+  ST_SESSION_CHILDREN, ST_SESSION_CHILDREN_GT,
   ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_RANGE, ST_EVENT_ALL,
   ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_DUE_SESSION_BY_DUE,
   ST_QUEUED_WINDOW_COUNT, ST_QUEUED_NEXT_ALL,
   ST_QUEUED_NEXT_SESSION, ST_QUEUED_DUE_TYPE, ST_QUEUED_NEXT_TYPE, ST_PENDING_TYPES,
   ST_DEAD_ALL, ST_DEAD_SESSION,
   ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
+  ST_REF_GET, ST_REF_PUT, ST_REF_DELETE, ST_REF_LIST, ST_REF_LIST_GT,
   ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
   ST_DATA_VERSION,
   ST_COUNT
@@ -108,7 +121,8 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_META_PUT] = "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = ?1",
     [ST_SESSION_PUT] = "INSERT OR REPLACE INTO sessions(" SESS_COLS
-                       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                       ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
+                       " ?15, ?16, ?17, ?18)",
     [ST_SESSION_LIST_GE] = "SELECT " SESS_COLS
                            " FROM sessions WHERE session >= ?1 ORDER BY session LIMIT ?3",
     [ST_SESSION_LIST_GE_LT] = "SELECT " SESS_COLS
@@ -119,15 +133,27 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SESSION_LIST_GT_LT] = "SELECT " SESS_COLS
                               " FROM sessions WHERE session > ?1 AND session < ?2"
                               " ORDER BY session LIMIT ?3",
+    /* One range of sessions_parent, already in session order (no sort);
+     * `parent IS NOT NULL` repeats the partial index's term. */
+    [ST_SESSION_CHILDREN] = "SELECT " SESS_COLS " FROM sessions INDEXED BY sessions_parent"
+                            " WHERE parent IS NOT NULL AND parent = ?1"
+                            " ORDER BY session LIMIT ?3",
+    [ST_SESSION_CHILDREN_GT] = "SELECT " SESS_COLS " FROM sessions INDEXED BY sessions_parent"
+                               " WHERE parent IS NOT NULL AND parent = ?1 AND session > ?2"
+                               " ORDER BY session LIMIT ?3",
     [ST_EVENT_GET] = "SELECT " EV_COLS " FROM events WHERE session = ?1 AND idx = ?2",
     [ST_EVENT_GET_BY_ID] = "SELECT " EV_COLS " FROM events WHERE id = ?1",
     [ST_EVENT_INSERT] = "INSERT INTO events(" EV_COLS
                         ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
-                        " ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)",
+                        " ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
+                        " ?29)",
+    /* The mutable dispatch record only: the origin (?24, ?25) is bound but
+     * not used, a fork's copy keeps it. */
     [ST_EVENT_UPDATE] = "UPDATE events SET status = ?12, attempts = ?13, failures = ?14,"
                         " last_error = ?15, processed_at = ?16, claim_holder = ?17,"
                         " claim_expires_at = ?18, retry_at = ?19, queued = ?20, due_at = ?21,"
-                        " last_failed_attempt = ?22, returned = ?23"
+                        " last_failed_attempt = ?22, returned = ?23, first_claimed_at = ?26,"
+                        " last_claimed_at = ?27, failed_at = ?28, processed_by_attempt = ?29"
                         " WHERE session = ?2 AND idx = ?3",
     [ST_EVENT_RANGE] = "SELECT " EV_COLS
                        " FROM events WHERE session = ?1 AND idx > ?2 AND idx <= ?3"
@@ -181,6 +207,11 @@ static const char *const sq_sql[ST_COUNT] = {
                         " updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [ST_SNAPSHOT_LIST] = "SELECT reducer, idx, NULL, version, updated_at FROM snapshots"
                          " WHERE session = ?1 ORDER BY reducer",
+    [ST_REF_GET] = "SELECT " REF_COLS " FROM refs WHERE name = ?1",
+    [ST_REF_PUT] = "INSERT OR REPLACE INTO refs(" REF_COLS ") VALUES (?1, ?2, ?3, ?4)",
+    [ST_REF_DELETE] = "DELETE FROM refs WHERE name = ?1",
+    [ST_REF_LIST] = "SELECT " REF_COLS " FROM refs ORDER BY name LIMIT ?2",
+    [ST_REF_LIST_GT] = "SELECT " REF_COLS " FROM refs WHERE name > ?1 ORDER BY name LIMIT ?2",
     [ST_PRESENCE_GET] = "SELECT participant, field, value, seen, at, expires_at FROM presence"
                         " WHERE ns = ?1 AND participant = ?2 AND field = ?3",
     [ST_PRESENCE_PUT] = "INSERT OR REPLACE INTO presence(ns, participant, field, value, seen, at,"
@@ -274,10 +305,44 @@ static const char sq_schema_v3[] =
     "CREATE INDEX IF NOT EXISTS events_type_pending ON events(type, queued, due_at, position)"
     "  WHERE status = 0;";
 
+/* Version 4 (CONTRACT §3.7, §3.8): the full dispatch record and a fork
+ * copy's origin on events; fences, leases, seals and lineage on sessions
+ * (kept on the session row so every write reads them with the row it
+ * reads anyway); children by parent; refs. ADD COLUMN only rewrites the
+ * schema text, not the rows (old rows read the defaults: NULL, i.e.
+ * ES_NONE, and fence 0, i.e. never fenced), so the migration takes the
+ * same time on any file. The new values are not made up for old rows
+ * (processed_by_attempt and the claim and failure times stay unknown):
+ * the backend stores rows, it does not reconstruct history. */
+static const char sq_schema_v4[] =
+    "ALTER TABLE events ADD COLUMN origin_session TEXT;"   /* immutable, written by insert */
+    "ALTER TABLE events ADD COLUMN origin_index INTEGER;"
+    "ALTER TABLE events ADD COLUMN first_claimed_at INTEGER;"
+    "ALTER TABLE events ADD COLUMN last_claimed_at INTEGER;"
+    "ALTER TABLE events ADD COLUMN failed_at INTEGER;"
+    "ALTER TABLE events ADD COLUMN processed_by_attempt INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE sessions ADD COLUMN sealed_at INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN seal_reason TEXT;"
+    "ALTER TABLE sessions ADD COLUMN lease_holder TEXT;"
+    "ALTER TABLE sessions ADD COLUMN lease_token INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN lease_expires_at INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN parent TEXT;"
+    "ALTER TABLE sessions ADD COLUMN fork_at INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN forked_at INTEGER;"
+    /* only forked sessions have a parent: the others cost no index entry */
+    "CREATE INDEX IF NOT EXISTS sessions_parent ON sessions(parent, session) WHERE parent IS NOT NULL;"
+    "CREATE TABLE IF NOT EXISTS refs("
+    "  name TEXT PRIMARY KEY,"
+    "  session TEXT NOT NULL,"
+    "  created_at INTEGER,"
+    "  updated_at INTEGER) WITHOUT ROWID;";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
     sq_schema_v3,
+    sq_schema_v4,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -604,6 +669,12 @@ static int sq_bind_event(sqlite3_stmt *st, const es_event *e, int64_t position) 
   rc |= sq_bind_opt(st, 21, e->due_at);
   rc |= sq_bind_opt(st, 22, e->last_failed_attempt);
   rc |= sq_bind_opt(st, 23, e->returned);
+  rc |= sq_bind_str(st, 24, e->origin_session);
+  rc |= sq_bind_opt(st, 25, e->origin_index);
+  rc |= sq_bind_opt(st, 26, e->first_claimed_at);
+  rc |= sq_bind_opt(st, 27, e->last_claimed_at);
+  rc |= sq_bind_opt(st, 28, e->failed_at);
+  rc |= sq_bind_opt(st, 29, e->processed_by_attempt);
   return rc;
 }
 
@@ -627,11 +698,17 @@ static int sq_decode_event(sqlite3_stmt *st, int copy, es_event *e) {
   e->due_at = sq_col_opt(st, 20);
   e->last_failed_attempt = sq_col_opt(st, 21);
   e->returned = sq_col_opt(st, 22);
+  e->origin_index = sq_col_opt(st, 24);
+  e->first_claimed_at = sq_col_opt(st, 25);
+  e->last_claimed_at = sq_col_opt(st, 26);
+  e->failed_at = sq_col_opt(st, 27);
+  e->processed_by_attempt = sq_col_opt(st, 28);
   if (sq_col_str(st, 1, copy, &e->session, NULL) || sq_col_str(st, 3, copy, &e->id, NULL) ||
       sq_col_str(st, 4, copy, &e->type, NULL) ||
       sq_col_str(st, 5, copy, &e->payload, &e->payload_len) ||
       sq_col_str(st, 6, copy, &e->lane, NULL) || sq_col_str(st, 14, copy, &e->last_error, NULL) ||
-      sq_col_str(st, 16, copy, &e->claim_holder, NULL)) {
+      sq_col_str(st, 16, copy, &e->claim_holder, NULL) ||
+      sq_col_str(st, 23, copy, &e->origin_session, NULL)) {
     if (copy) es_event_destroy(e);
     return ES_STORAGE;
   }
@@ -648,7 +725,18 @@ static int sq_decode_session(sqlite3_stmt *st, int copy, es_session_info *si) {
   si->failures = sqlite3_column_int64(st, 6);
   si->first_at = sq_col_opt(st, 7);
   si->updated_at = sq_col_opt(st, 8);
-  return sq_col_str(st, 0, copy, &si->session, NULL);
+  si->fence = sqlite3_column_int64(st, 9);
+  si->sealed_at = sq_col_opt(st, 10);
+  si->lease_token = sq_col_opt(st, 13);
+  si->lease_expires_at = sq_col_opt(st, 14);
+  si->fork_at = sq_col_opt(st, 16);
+  si->forked_at = sq_col_opt(st, 17);
+  if (sq_col_str(st, 0, copy, &si->session, NULL) || sq_col_str(st, 11, copy, &si->seal_reason, NULL) ||
+      sq_col_str(st, 12, copy, &si->lease_holder, NULL) || sq_col_str(st, 15, copy, &si->parent, NULL)) {
+    if (copy) es_session_info_destroy(si);
+    return ES_STORAGE;
+  }
+  return ES_OK;
 }
 
 /* reducer, idx, state (blob), version, updated_at */
@@ -676,6 +764,18 @@ oom:
   return ES_STORAGE;
 }
 
+/* REF_COLS; head is not stored (the core fills it): ES_NONE. */
+static int sq_decode_ref(sqlite3_stmt *st, int copy, es_ref *r) {
+  es_ref_init(r);
+  r->created_at = sq_col_opt(st, 2);
+  r->updated_at = sq_col_opt(st, 3);
+  if (sq_col_str(st, 0, copy, &r->name, NULL) || sq_col_str(st, 1, copy, &r->session, NULL)) {
+    if (copy) es_ref_destroy(r);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
 /* participant, field, value, seen, at, expires_at */
 static int sq_decode_presence(sqlite3_stmt *st, int copy, es_presence_row *r) {
   es_presence_row_init(r);
@@ -692,23 +792,25 @@ static int sq_decode_presence(sqlite3_stmt *st, int copy, es_presence_row *r) {
 
 /* ---- iteration ---------------------------------------------------------- */
 
-/* The four row kinds that are iterated with callbacks. */
-enum { ROW_EVENT, ROW_SESSION, ROW_SNAPSHOT, ROW_PRESENCE };
+/* The row kinds that are iterated with callbacks. */
+enum { ROW_EVENT, ROW_SESSION, ROW_SNAPSHOT, ROW_PRESENCE, ROW_REF };
 
 typedef union sq_row {
   es_event ev;
   es_session_info se;
   es_snapshot sn;
   es_presence_row pr;
+  es_ref rf;
 } sq_row;
 
 /* Decodes the current row of a statement of row kind `kind` into out (an
- * es_event, es_session_info, es_snapshot or es_presence_row). */
+ * es_event, es_session_info, es_snapshot, es_presence_row or es_ref). */
 static int sq_decode(int kind, sqlite3_stmt *st, int copy, void *out) {
   switch (kind) {
     case ROW_EVENT: return sq_decode_event(st, copy, out);
     case ROW_SESSION: return sq_decode_session(st, copy, out);
     case ROW_SNAPSHOT: return sq_decode_snapshot(st, copy, out);
+    case ROW_REF: return sq_decode_ref(st, copy, out);
     default: return sq_decode_presence(st, copy, out);
   }
 }
@@ -718,6 +820,7 @@ static void sq_row_destroy(int kind, sq_row *r) {
     case ROW_EVENT: es_event_destroy(&r->ev); break;
     case ROW_SESSION: es_session_info_destroy(&r->se); break;
     case ROW_SNAPSHOT: es_snapshot_destroy(&r->sn); break;
+    case ROW_REF: es_ref_destroy(&r->rf); break;
     default: es_presence_row_destroy(&r->pr); break;
   }
 }
@@ -730,6 +833,7 @@ static int sq_call(int kind, sq_fn cb, void *ctx, const sq_row *r) {
     case ROW_EVENT: return ((es_event_cb)cb)(ctx, &r->ev);
     case ROW_SESSION: return ((es_session_cb)cb)(ctx, &r->se);
     case ROW_SNAPSHOT: return ((es_snapshot_cb)cb)(ctx, &r->sn);
+    case ROW_REF: return ((es_ref_cb)cb)(ctx, &r->rf);
     default: return ((es_presence_cb_row)cb)(ctx, &r->pr);
   }
 }
@@ -1688,6 +1792,15 @@ static int sq_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   rc |= sqlite3_bind_int64(st, 7, row->failures);
   rc |= sq_bind_opt(st, 8, row->first_at);
   rc |= sq_bind_opt(st, 9, row->updated_at);
+  rc |= sqlite3_bind_int64(st, 10, row->fence);
+  rc |= sq_bind_opt(st, 11, row->sealed_at);
+  rc |= sq_bind_str(st, 12, row->seal_reason);
+  rc |= sq_bind_str(st, 13, row->lease_holder);
+  rc |= sq_bind_opt(st, 14, row->lease_token);
+  rc |= sq_bind_opt(st, 15, row->lease_expires_at);
+  rc |= sq_bind_str(st, 16, row->parent);
+  rc |= sq_bind_opt(st, 17, row->fork_at);
+  rc |= sq_bind_opt(st, 18, row->forked_at);
   if (rc) return sq_bind_fail(t, ST_SESSION_PUT, st, temp, err);
   return sq_run(t, ST_SESSION_PUT, st, temp, "write", err);
 }
@@ -1740,6 +1853,17 @@ static int sq_session_list(es_txn *t, const char *prefix, const char *after, int
   code = sq_iterate(t, id, st, temp, ROW_SESSION, (sq_fn)cb, ctx, err);
   free(upper);
   return code;
+}
+
+static int sq_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
+                               es_session_cb cb, void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, id = after ? ST_SESSION_CHILDREN_GT : ST_SESSION_CHILDREN;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, parent);
+  if (after) sq_bind_str(st, 2, after);
+  sqlite3_bind_int64(st, 3, sq_limit(limit));
+  return sq_iterate(t, id, st, temp, ROW_SESSION, (sq_fn)cb, ctx, err);
 }
 
 /* ---- events -------------------------------------------------------------- */
@@ -2021,6 +2145,49 @@ static int sq_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, v
   return sq_iterate(t, ST_SNAPSHOT_LIST, st, temp, ROW_SNAPSHOT, (sq_fn)cb, ctx, err);
 }
 
+/* ---- refs ------------------------------------------------------------------ */
+
+static int sq_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if ((code = sq_op(t, ST_REF_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, name);
+  return sq_get_one(t, ST_REF_GET, st, temp, ROW_REF, out, err);
+}
+
+static int sq_ref_put(es_txn *t, const es_ref *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_REF_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, row->name);
+  rc |= sq_bind_str(st, 2, row->session);
+  rc |= sq_bind_opt(st, 3, row->created_at);
+  rc |= sq_bind_opt(st, 4, row->updated_at);
+  if (rc) return sq_bind_fail(t, ST_REF_PUT, st, temp, err);
+  return sq_run(t, ST_REF_PUT, st, temp, "write", err);
+}
+
+static int sq_ref_delete(es_txn *t, const char *name, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_REF_DELETE, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, name);
+  if ((code = sq_run(t, ST_REF_DELETE, st, temp, "write", err)) != ES_OK) return code;
+  return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
+static int sq_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
+                       es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, id = after ? ST_REF_LIST_GT : ST_REF_LIST;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  if (after) sq_bind_str(st, 1, after);
+  sqlite3_bind_int64(st, 2, sq_limit(limit));
+  return sq_iterate(t, id, st, temp, ROW_REF, (sq_fn)cb, ctx, err);
+}
+
 /* ---- presence ------------------------------------------------------------- */
 
 static int sq_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
@@ -2106,6 +2273,7 @@ const es_backend_ops es_backend_sqlite = {
     .session_get = sq_session_get,
     .session_put = sq_session_put,
     .session_list = sq_session_list,
+    .session_children = sq_session_children,
     .event_get = sq_event_get,
     .event_get_by_id = sq_event_get_by_id,
     .event_insert = sq_event_insert,
@@ -2123,6 +2291,10 @@ const es_backend_ops es_backend_sqlite = {
     .snapshot_get = sq_snapshot_get,
     .snapshot_put = sq_snapshot_put,
     .snapshot_list = sq_snapshot_list,
+    .ref_get = sq_ref_get,
+    .ref_put = sq_ref_put,
+    .ref_delete = sq_ref_delete,
+    .ref_list = sq_ref_list,
     .presence_get = sq_presence_get,
     .presence_put = sq_presence_put,
     .presence_expire = sq_presence_expire,

@@ -451,9 +451,11 @@ static void complete_job(job *j) {
   for (int tries = 0;; tries++) {
     int outcome = 0;
     es_events out;
-    int rc = es_store_complete(e->s, ev->session, ev->index, ev->attempts, j->evs, j->n, ES_NONE,
+    int64_t fence = es_engine_fence_of(e, ev->session);
+    int rc = es_store_complete(e->s, ev->session, ev->index, ev->attempts, j->evs, j->n, fence,
                                &outcome, &out, &err);
     es_events_destroy(&out);
+    if (rc == ES_STALE_FENCE) es_engine_fenced_out(e, ev->session);
     if (rc == ES_OK) {
       if (outcome == ES_SUPERSEDED)
         es_engine_log(e, j->r->id, "%s #%lld: attempt %lld was superseded; its result is dropped",
@@ -610,10 +612,13 @@ static void *worker_main(void *arg) {
      * an engine that has theirs (CONTRACT §4). */
     static const char *const no_types[1] = {NULL}; /* types != NULL, n 0: claim nothing */
     es_type_set *ts = types_get(e);
+    size_t n_skip;
+    char **skip = es_engine_skip_list(e, &n_skip); /* sessions another holder owns */
     int rc = ts ? es_store_claim_next(e->s, e->holder, e->o.ttl_ms, 1,
-                                      ts->n ? (const char *const *)ts->v : no_types, ts->n, &got,
-                                      &retry_at, &err)
+                                      ts->n ? (const char *const *)ts->v : no_types, ts->n,
+                                      (const char *const *)skip, n_skip, &got, &retry_at, &err)
                 : es_fail(&err, ES_STORAGE, "out of memory");
+    es_engine_skip_free(skip, n_skip);
     es_type_set_release(ts);
     if (rc == ES_OK && got.n > 0) {
       claim_wait = IDLE_POLL_MS;
@@ -701,6 +706,7 @@ static void *keeper_main(void *arg) {
     sleep_ms(WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every);
     int64_t now = es_mono_ms();
     if (now - e->types_at >= 1000) types_refresh(e);
+    es_engine_renew_leases(e, now);
     for (int i = 0; i < e->n; i++) {
       pthread_mutex_lock(&e->mu);
       runner *r = e->slots[i];
@@ -800,6 +806,8 @@ static void engine_free(es_engine *e) {
   pthread_mutex_destroy(&e->fold_mu);
   pthread_mutex_destroy(&e->state_mu);
   pthread_mutex_destroy(&e->types_mu);
+  es_engine_leases_free(e);
+  pthread_mutex_destroy(&e->lease_mu);
   es_type_set_release(e->types);
   pthread_cond_destroy(&e->fold_cond);
   free(e);
@@ -828,6 +836,8 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_mutex_init(&e->fold_mu, NULL);
   pthread_mutex_init(&e->state_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
+  pthread_mutex_init(&e->lease_mu, NULL);
+  atomic_init(&e->any_fenced, 0);
   pthread_cond_init(&e->fold_cond, NULL);
   es_store_retain(s);
   e->s = s;
@@ -1216,7 +1226,16 @@ int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_
     if (!has[i]) evs[i].settled = 1;
   }
   free(has);
-  return es_store_append(e->s, session, evs, n, expected, ES_NONE, out, pending, err);
+  int64_t fence = es_engine_fence_of(e, session);
+  /* Fenced out, the engine holds no token any more: an unfenced write now
+   * would land in a session another holder owns. */
+  if (fence == ES_NONE && es_engine_is_fenced(e, session))
+    return es_fail(err, ES_STALE_FENCE,
+                   "this engine was fenced out of session '%s' (another holder took its lease); "
+                   "lease it again to write there", session);
+  int rc = es_store_append(e->s, session, evs, n, expected, fence, out, pending, err);
+  if (rc == ES_STALE_FENCE) es_engine_fenced_out(e, session);
+  return rc;
 }
 
 void es_engine_close(es_engine *e) {

@@ -108,6 +108,21 @@ int es_engine_has_handler(es_engine *e, const char *type);
 int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_t n,
                      int64_t expected, es_events *out, int *pending, es_err *err);
 
+/* Takes (or renews) the session's lease (store.h es_store_lease) for this
+ * engine's holder. While it holds it, the engine's writes to the session
+ * (completions, es_engine_append) carry the lease's fence token and the
+ * keeper renews it every ttl_ms/3. When a write is refused with
+ * STALE_FENCE (another holder took the lease over) the attempt fails with
+ * that error, the engine drops the lease and its claims skip the session
+ * from then on, leaving its events to the new holder, and
+ * es_engine_append there is STALE_FENCE, until es_engine_lease takes it
+ * again. out as es_store_lease's. */
+int es_engine_lease(es_engine *e, const char *session, int64_t ttl_ms, es_lease *out,
+                    es_err *err);
+/* Ends the engine's lease on session early (*released: whether the store
+ * still had it as this engine's). */
+int es_engine_release(es_engine *e, const char *session, int *released, es_err *err);
+
 /* Frees the engine (must not be running). A Lua state that does not close
  * within a second (a finalizer that never returns) is left to its thread. */
 void es_engine_close(es_engine *e);

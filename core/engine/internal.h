@@ -67,6 +67,14 @@ typedef struct runner {
   es_buf fold_out;
 } runner;
 
+/* A session lease this engine holds (engine:lease): its writes to the
+ * session carry the token; the keeper renews it every ttl_ms/3. */
+typedef struct engine_lease {
+  char *session;
+  int64_t token, ttl_ms;
+  int64_t renewed_ms;         /* monotonic */
+} engine_lease;
+
 struct es_engine {
   atomic_int refs;            /* the owner's, and one per abandoned runner */
   es_store *s;                /* retained */
@@ -80,6 +88,13 @@ struct es_engine {
   es_type_set *types;         /* what workers claim (under types_mu); the keeper rescans it */
   pthread_mutex_t types_mu;
   int64_t types_at;           /* when it was scanned (monotonic ms) */
+
+  pthread_mutex_t lease_mu;   /* the two lists below */
+  engine_lease *leases;       /* held leases */
+  size_t n_leases, cap_leases;
+  char **fenced;              /* sessions this engine was fenced out of: its claims skip them */
+  size_t n_fenced, cap_fenced;
+  atomic_int any_fenced;      /* n_fenced > 0, read without the lock on the claim path */
 
   runner *folder;             /* runs es_engine_state's folds; NULL until needed */
   pthread_mutex_t state_mu;   /* one es_engine_state at a time */
@@ -115,6 +130,23 @@ void es_loader_call(lua_State *L, const char *fn, const char *name);
  * through. Raises error objects. */
 void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
              es_buf *encoded, int64_t *through);
+
+/* Leases (leases.c). The token this engine's writes to session carry
+ * (ES_NONE: it holds no lease there). */
+int64_t es_engine_fence_of(es_engine *e, const char *session);
+/* A write carrying the session's token was refused (STALE_FENCE) or a
+ * renewal found another holder: the lease is gone, and the engine's claims
+ * skip the session until engine:lease takes it again. */
+void es_engine_fenced_out(es_engine *e, const char *session);
+/* Whether the engine was fenced out of session (and has not leased it again). */
+int es_engine_is_fenced(es_engine *e, const char *session);
+/* A copy of the sessions to skip (NULL, *n = 0 when none); free it with
+ * es_engine_skip_free. */
+char **es_engine_skip_list(es_engine *e, size_t *n);
+void es_engine_skip_free(char **v, size_t n);
+/* The keeper's turn: renews leases due (every ttl_ms/3). */
+void es_engine_renew_leases(es_engine *e, int64_t now_ms);
+void es_engine_leases_free(es_engine *e);
 
 /* Pushes the ctx table for a handler of ev (fold.c). */
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev);

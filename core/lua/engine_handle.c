@@ -57,8 +57,8 @@ static int l_engine_new(lua_State *L) {
   luaL_checktype(L, 2, LUA_TTABLE);
   lua_settop(L, 2);
   if (lua_clock)
-    luaL_argerror(L, 1, "the store's clock is a Lua function, which worker threads cannot call; "
-                        "use eventstore.manual_clock");
+    luaL_argerror(L, 1, "the store's clock or id source is a Lua function, which worker threads "
+                        "cannot call; use eventstore.manual_clock and eventstore.counter_ids");
   es_engine_opts o;
   es_engine_opts_init(&o);
   o.workers = es_lua_opt_int_field(L, 2, "workers", o.workers);
@@ -204,6 +204,38 @@ static int l_engine_append(lua_State *L) {
   return 2;
 }
 
+/* lease(session, {ttl_ms}): as store:lease, for this engine's holder; while
+ * it holds the lease its writes to the session carry the token. */
+static int l_engine_lease(lua_State *L) {
+  es_engine *e = check_engine(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  if (!lua_isnoneornil(L, 3)) luaL_checktype(L, 3, LUA_TTABLE);
+  int64_t ttl = es_lua_opt_int_field(L, 3, "ttl_ms", 30000);
+  es_lease out;
+  es_err err = {0};
+  if (es_engine_lease(e, session, ttl, &out, &err) != ES_OK) return es_lua_raise(L, &err);
+  lua_createtable(L, 0, 4);
+  lua_pushstring(L, out.acquired ? "acquired" : "held");
+  lua_setfield(L, -2, "outcome");
+  lua_pushstring(L, out.holder);
+  lua_setfield(L, -2, "holder");
+  if (out.acquired) es_lua_set_int(L, "token", out.token);
+  es_lua_set_int(L, "expires_at", out.expires_at);
+  es_lease_destroy(&out);
+  return 1;
+}
+
+/* release(session) -> whether the engine's lease was ended. */
+static int l_engine_release(lua_State *L) {
+  es_engine *e = check_engine(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int released = 0;
+  es_err err = {0};
+  if (es_engine_release(e, session, &released, &err) != ES_OK) return es_lua_raise(L, &err);
+  lua_pushboolean(L, released);
+  return 1;
+}
+
 /* has_handler(type): whether scripts/handlers/<type>.lua exists. */
 static int l_engine_has_handler(lua_State *L) {
   es_engine *e = check_engine(L);
@@ -237,6 +269,8 @@ static const luaL_Reg engine_methods[] = {
     {"state", l_engine_state},
     {"append", l_engine_append},
     {"has_handler", l_engine_has_handler},
+    {"lease", l_engine_lease},
+    {"release", l_engine_release},
     {"close", l_engine_close},
     {NULL, NULL},
 };

@@ -982,7 +982,7 @@ static int m_claim_next(lua_State *L) {
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_claim_next(s, holder, ttl, limit, types, n_types, out, &retry_at, &err);
+  int rc = es_store_claim_next(s, holder, ttl, limit, types, n_types, NULL, 0, out, &retry_at, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   es_lua_push_events(L, out, 1);

@@ -1195,9 +1195,40 @@ typedef struct {
   int64_t expires, limit, now;
   const char **types;  /* NULL: every type; else n_types distinct names */
   size_t n_types;
+  const char *const *skip; /* sessions not to claim from (borrowed) */
+  size_t n_skip;
   es_events *out;
   int64_t retry_at;
 } claim_next_args;
+
+/* With sessions to skip, ready rows are read without a backend limit and
+ * collected until `want` rows of other sessions are in: the backends'
+ * iterations are lazy, so the cost is the skipped rows plus the limit. */
+typedef struct {
+  collector c;
+  const claim_next_args *a;
+  int64_t want, got;
+} skip_collector;
+
+static int collect_unskipped(void *ctx, const es_event *row) {
+  skip_collector *k = ctx;
+  for (size_t i = 0; i < k->a->n_skip; i++)
+    if (strcmp(k->a->skip[i], row->session) == 0) return 0;
+  if (collect_event(&k->c, row)) return 1;
+  return ++k->got >= k->want;
+}
+
+/* Ready rows (of one type, or of every type when type is NULL), earliest
+ * first, at most a->limit of sessions not skipped, appended to a->out. */
+static int ready_rows(es_store *s, es_txn *t, claim_next_args *a, const char *type, es_err *err) {
+  skip_collector k = {{a->out, 0}, a, a->limit, 0};
+  int64_t limit = a->n_skip ? ES_NONE : a->limit;
+  es_event_cb cb = a->n_skip ? collect_unskipped : collect_event;
+  void *ctx = a->n_skip ? (void *)&k : (void *)&k.c;
+  int rc = type ? s->ops->queued_due_type(t, type, a->now, limit, cb, ctx, err)
+                : s->ops->queued_due(t, NULL, a->now, limit, cb, ctx, err);
+  return collected(rc, &k.c, err);
+}
 
 /* The contract's claim order: the time it became ready, then position. */
 static int cmp_event_ready(const void *x, const void *y) {
@@ -1210,11 +1241,8 @@ static int cmp_event_ready(const void *x, const void *y) {
  * each type's index gives its own earliest ones, the merge keeps the
  * earliest overall. Rows of types not listed are never looked at. */
 static int ready_of_types(es_store *s, es_txn *t, claim_next_args *a, es_err *err) {
-  collector c = {a->out, 0};
   int rc = ES_OK;
-  for (size_t i = 0; rc == ES_OK && i < a->n_types; i++)
-    rc = collected(s->ops->queued_due_type(t, a->types[i], a->now, a->limit, collect_event, &c, err),
-                   &c, err);
+  for (size_t i = 0; rc == ES_OK && i < a->n_types; i++) rc = ready_rows(s, t, a, a->types[i], err);
   if (rc) return rc;
   if (a->out->n > 1) qsort(a->out->v, a->out->n, sizeof *a->out->v, cmp_event_ready);
   if (a->limit != ES_NONE && (int64_t)a->out->n > a->limit) {
@@ -1241,10 +1269,7 @@ static int next_due_of_types(es_store *s, es_txn *t, const claim_next_args *a, i
 
 static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
   claim_next_args *a = arg;
-  collector c = {a->out, 0};
-  int rc = a->types ? ready_of_types(s, t, a, err)
-                    : collected(s->ops->queued_due(t, NULL, a->now, a->limit, collect_event, &c, err),
-                                &c, err);
+  int rc = a->types ? ready_of_types(s, t, a, err) : ready_rows(s, t, a, NULL, err);
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) {
     es_event *row = &a->out->v[i];
     rc = claim_row(s, t, row, a->holder, a->now, a->expires, err);
@@ -1292,8 +1317,8 @@ static int claim_types(const char *const *types, size_t n, const char ***out, si
 }
 
 int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
-                        const char *const *types, size_t n_types, es_events *out,
-                        int64_t *retry_at, es_err *err) {
+                        const char *const *types, size_t n_types, const char *const *skip,
+                        size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
@@ -1307,7 +1332,7 @@ int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t
     free(tv);
     return rc;
   }
-  claim_next_args a = {holder, 0, cap_limit(limit), 0, tv, tn, out, ES_NONE};
+  claim_next_args a = {holder, 0, cap_limit(limit), 0, tv, tn, skip, skip ? n_skip : 0, out, ES_NONE};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   /* An empty list of types (an engine without handlers) claims nothing and

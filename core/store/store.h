@@ -245,13 +245,16 @@ int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int
  * types cost nothing however many are ready: O(n_types log n + limit) rows
  * looked at for small limits. Lanes still hold: a laned event of a listed
  * type behind an unprocessed one of another type is not ready.
+ * skip: n_skip sessions (borrowed; NULL: none) whose events are not
+ * claimed: an engine fenced out of a session leaves its events to the
+ * lease's holder. Their ready rows are still looked at (and passed over).
  * *retry_at: when the next not-yet-ready event (of those types) becomes
  * ready (ES_NONE).
  * Errors: INVALID_ARGUMENT (holder, ttl_ms, limit, a type that is not a
  * name, more than ES_MAX_CLAIM_TYPES types), STORAGE, CLOSED. */
 int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
-                        const char *const *types, size_t n_types, es_events *out,
-                        int64_t *retry_at, es_err *err);
+                        const char *const *types, size_t n_types, const char *const *skip,
+                        size_t n_skip, es_events *out, int64_t *retry_at, es_err *err);
 
 typedef struct es_claim_ref {
   int64_t index;

@@ -36,6 +36,14 @@ function Engine:has_handler(event_type) return self._handle:has_handler(event_ty
 -- become `not_before` (a timer).
 function Engine:append(session, events, opts) return self._handle:append(session, events, opts) end
 
+-- lease(session, {ttl_ms = 30000}) -> as store:lease, for this engine's
+-- holder: while it holds the lease its writes there carry the token
+-- (docs/branches.md).
+function Engine:lease(session, opts) return self._handle:lease(session, opts) end
+
+-- release(session) -> whether the engine's lease was ended
+function Engine:release(session) return self._handle:release(session) end
+
 -- state(session, reducer, {at = index}) -> the folded state
 function Engine:state(session, reducer, opts)
   if opts ~= nil and type(opts) ~= "table" then

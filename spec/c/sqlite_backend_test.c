@@ -42,6 +42,8 @@
 static const es_backend_ops *B = &es_backend_sqlite;
 static int n_tests, n_failed;
 
+#define SCHEMA_VERSION 4 /* the user_version this build writes */
+
 static void check(int cond, const char *name, int line) {
   n_tests++;
   if (cond) {
@@ -222,7 +224,21 @@ static int ev_eq(const es_event *a, const es_event *b) {
          a->processed_at == b->processed_at && str_eq(a->claim_holder, b->claim_holder) &&
          a->claim_expires_at == b->claim_expires_at && a->retry_at == b->retry_at &&
          a->queued == b->queued && a->due_at == b->due_at &&
-         a->last_failed_attempt == b->last_failed_attempt && a->returned == b->returned;
+         a->last_failed_attempt == b->last_failed_attempt && a->returned == b->returned &&
+         a->first_claimed_at == b->first_claimed_at && a->last_claimed_at == b->last_claimed_at &&
+         a->failed_at == b->failed_at && a->processed_by_attempt == b->processed_by_attempt &&
+         str_eq(a->origin_session, b->origin_session) && a->origin_index == b->origin_index;
+}
+
+/* Every field of two session rows. */
+static int si_eq(const es_session_info *a, const es_session_info *b) {
+  return str_eq(a->session, b->session) && a->head == b->head && a->events == b->events &&
+         a->pending == b->pending && a->dead == b->dead && a->attempts == b->attempts &&
+         a->failures == b->failures && a->first_at == b->first_at && a->updated_at == b->updated_at &&
+         a->fence == b->fence && a->sealed_at == b->sealed_at &&
+         str_eq(a->seal_reason, b->seal_reason) && str_eq(a->lease_holder, b->lease_holder) &&
+         a->lease_token == b->lease_token && a->lease_expires_at == b->lease_expires_at &&
+         str_eq(a->parent, b->parent) && a->fork_at == b->fork_at && a->forked_at == b->forked_at;
 }
 
 /* Collects callback rows. */
@@ -271,6 +287,34 @@ static int collect_presence(void *ctx, const es_presence_row *row) {
   return 0;
 }
 
+/* refs as "name=session"; ints: head (never stored: must be ES_NONE) */
+static int collect_ref(void *ctx, const es_ref *row) {
+  collect *c = ctx;
+  if (c->n < 32) {
+    snprintf(c->names[c->n], sizeof c->names[0], "%s=%s", row->name, row->session);
+    c->ints[c->n] = row->head;
+  }
+  c->n++;
+  return c->stop_after && c->n >= c->stop_after;
+}
+
+/* Session rows, every field (deep copies). */
+typedef struct {
+  es_session_info v[32];
+  int n;
+} sess_rows;
+
+static int collect_session_row(void *ctx, const es_session_info *row) {
+  sess_rows *r = ctx;
+  if (r->n < 32 && es_session_info_copy(&r->v[r->n], row) == ES_OK) r->n++;
+  return 0;
+}
+
+static void sess_rows_reset(sess_rows *r) {
+  for (int i = 0; i < r->n; i++) es_session_info_destroy(&r->v[i]);
+  r->n = 0;
+}
+
 static void collect_reset(collect *c) {
   es_events_destroy(&c->evs);
   memset(c, 0, sizeof *c);
@@ -294,6 +338,114 @@ static int64_t put_event(es_backend *b, es_event *e) {
   return e->position;
 }
 
+/* Files of older schema versions, made as that code made them: its DDL
+ * verbatim (sq_schema_v1..v3 of sqlite.c before version 4), run in one
+ * transaction with the version stamped, in WAL mode. Taking a current file
+ * apart instead would leave version-4 columns behind. */
+static const char old_schema_v1[] =
+    "CREATE TABLE IF NOT EXISTS meta("
+    "  key TEXT PRIMARY KEY,"
+    "  value) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS events("
+    "  position INTEGER PRIMARY KEY,"
+    "  session TEXT NOT NULL,"
+    "  idx INTEGER NOT NULL,"
+    "  id TEXT NOT NULL UNIQUE,"
+    "  type TEXT,"
+    "  payload TEXT,"
+    "  lane TEXT,"
+    "  created_at INTEGER,"
+    "  cause_index INTEGER,"
+    "  cause_attempt INTEGER,"
+    "  not_before INTEGER,"
+    "  status INTEGER NOT NULL,"
+    "  attempts INTEGER,"
+    "  failures INTEGER,"
+    "  last_error TEXT,"
+    "  processed_at INTEGER,"
+    "  claim_holder TEXT,"
+    "  claim_expires_at INTEGER,"
+    "  retry_at INTEGER,"
+    "  queued INTEGER NOT NULL,"
+    "  due_at INTEGER,"
+    "  last_failed_attempt INTEGER,"
+    "  returned INTEGER,"
+    "  UNIQUE(session, idx));"
+    "CREATE INDEX IF NOT EXISTS events_queued ON events(due_at, position) WHERE queued = 1;"
+    "CREATE INDEX IF NOT EXISTS events_session_queued ON events(session, idx, due_at) WHERE queued = 1;"
+    "CREATE INDEX IF NOT EXISTS events_lane ON events(session, lane, idx)"
+    "  WHERE lane IS NOT NULL AND status <> 1;"
+    "CREATE INDEX IF NOT EXISTS events_dead ON events(position) WHERE status = 2;"
+    "CREATE INDEX IF NOT EXISTS events_session_dead ON events(session, position) WHERE status = 2;"
+    "CREATE TABLE IF NOT EXISTS sessions("
+    "  session TEXT PRIMARY KEY,"
+    "  head INTEGER NOT NULL,"
+    "  events INTEGER NOT NULL,"
+    "  pending INTEGER NOT NULL,"
+    "  dead INTEGER NOT NULL,"
+    "  attempts INTEGER NOT NULL,"
+    "  failures INTEGER NOT NULL,"
+    "  first_at INTEGER,"
+    "  updated_at INTEGER) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS snapshots("
+    "  session TEXT NOT NULL,"
+    "  reducer TEXT NOT NULL,"
+    "  idx INTEGER NOT NULL,"
+    "  state BLOB,"
+    "  version TEXT,"
+    "  updated_at INTEGER,"
+    "  PRIMARY KEY(session, reducer));"
+    "CREATE TABLE IF NOT EXISTS presence("
+    "  ns TEXT NOT NULL,"
+    "  participant TEXT NOT NULL,"
+    "  field TEXT NOT NULL,"
+    "  value TEXT,"
+    "  seen INTEGER,"
+    "  at INTEGER,"
+    "  expires_at INTEGER,"
+    "  PRIMARY KEY(ns, participant, field)) WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS presence_expiry ON presence(ns, expires_at);";
+static const char old_schema_v2[] =
+    "CREATE INDEX IF NOT EXISTS events_session_due ON events(session, due_at) WHERE queued = 1;";
+static const char old_schema_v3[] =
+    "CREATE INDEX IF NOT EXISTS events_type_pending ON events(type, queued, due_at, position)"
+    "  WHERE status = 0;";
+
+/* A new file at path with the schema of version 1, 2 or 3 and no rows;
+ * extra (SQL) runs in the same transaction (old rows). */
+static void make_old_file(const char *path, int version, const char *extra) {
+  size_t n = sizeof old_schema_v1 + sizeof old_schema_v2 + sizeof old_schema_v3 + 256 +
+             (extra ? strlen(extra) : 0);
+  char *sql = malloc(n);
+  snprintf(sql, n,
+           "BEGIN; %s %s %s PRAGMA user_version = %d; PRAGMA application_id = 1163088962; %s COMMIT",
+           old_schema_v1, version >= 2 ? old_schema_v2 : "", version >= 3 ? old_schema_v3 : "",
+           version, extra ? extra : "");
+  raw_exec(path, "PRAGMA journal_mode = WAL");
+  if (raw_exec(path, sql) != SQLITE_OK) printf("# make_old_file: the SQL failed\n");
+  free(sql);
+}
+
+/* The columns of one table in declaration order, comma separated. */
+static void table_columns(const char *path, const char *table, char *out, size_t cap) {
+  sqlite3 *db;
+  sqlite3_stmt *st;
+  char sql[128];
+  size_t n = 0;
+  out[0] = '\0';
+  if (sqlite3_open(path, &db) != SQLITE_OK) return;
+  snprintf(sql, sizeof sql, "SELECT name FROM pragma_table_info('%s')", table);
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK) {
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      int k = snprintf(out + n, cap - n, "%s%s", n ? "," : "", (const char *)sqlite3_column_text(st, 0));
+      if (k < 0 || (size_t)k >= cap - n) break;
+      n += (size_t)k;
+    }
+    sqlite3_finalize(st);
+  }
+  sqlite3_close(db);
+}
+
 /* ---- tests ---------------------------------------------------------------- */
 
 static void test_open_fresh(void) {
@@ -310,9 +462,11 @@ static void test_open_fresh(void) {
   }
   struct stat st;
   CHECK(stat(p, &st) == 0, "the file exists after open");
-  CHECK(raw_int(p, "PRAGMA user_version") == 3, "schema version 3 recorded (user_version)");
+  CHECK(raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION, "schema version 4 recorded (user_version)");
   CHECK(raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events'") == 1,
         "events table created");
+  CHECK(raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name IN ('refs', 'sessions_parent')") == 2,
+        "a new file has the version-4 objects (refs, sessions_parent)");
   {
     sqlite3 *db;
     sqlite3_stmt *s;
@@ -364,6 +518,12 @@ static void test_events(void) {
   e[1].due_at = 8888;
   e[1].last_failed_attempt = 2;
   e[1].returned = 4;
+  e[1].first_claimed_at = 4000;
+  e[1].last_claimed_at = 4100;
+  e[1].failed_at = 4150;
+  e[1].processed_by_attempt = 3;
+  e[1].origin_session = (char *)"parent-\xff";  /* a fork's copy */
+  e[1].origin_index = 12;
   ev_make(&e[2], "s", 3, "id-3", "null");
   e[2].created_at = ES_NONE;
   e[2].attempts = ES_NONE;
@@ -387,7 +547,8 @@ static void test_events(void) {
     ok &= B->event_get(t, e[i].session, e[i].index, &got, &err) == ES_OK && ev_eq(&got, &e[i]);
     es_event_destroy(&got);
   }
-  CHECK(ok, "event_get returns every field as written (ES_NONE as NULL, NUL bytes kept)");
+  CHECK(ok, "event_get returns every field as written (ES_NONE as NULL, NUL bytes kept; "
+            "the dispatch record's times and the origin, set and unset)");
   es_event_init(&got);
   CHECK(B->event_get(t, "s", 2, &got, &err) == ES_OK && got.payload_len == 5 &&
             memcmp(got.payload, "\"a\0b\"", 5) == 0 && got.payload[5] == '\0',
@@ -440,22 +601,44 @@ static void test_events(void) {
   u.due_at = 15;
   u.last_failed_attempt = 16;
   u.returned = 17;
+  u.first_claimed_at = 18;
+  u.last_claimed_at = 19;
+  u.failed_at = 20;
+  u.processed_by_attempt = 21;
   u.type = (char *)"changed-type-ignored";
+  u.origin_session = (char *)"origin-ignored"; /* immutable: written by insert only */
+  u.origin_index = 22;
   CHECK(B->event_update(t, &u, &err) == ES_OK, "event_update");
   es_event_init(&got);
   CHECK(B->event_get(t, "s", 1, &got, &err) == ES_OK && got.status == ES_STATUS_DEAD &&
             got.attempts == 7 && got.failures == 3 && str_eq(got.last_error, "err\ntrace") &&
             got.processed_at == 12 && str_eq(got.claim_holder, "h") && got.claim_expires_at == 13 &&
             got.retry_at == 14 && got.queued == 1 && got.due_at == 15 &&
-            got.last_failed_attempt == 16 && got.returned == 17 && str_eq(got.type, "t") &&
-            got.position == e[0].position,
+            got.last_failed_attempt == 16 && got.returned == 17 && got.first_claimed_at == 18 &&
+            got.last_claimed_at == 19 && got.failed_at == 20 && got.processed_by_attempt == 21 &&
+            str_eq(got.type, "t") && got.position == e[0].position,
         "event_update: dispatch fields rewritten, the rest kept; the write txn sees its own writes");
+  CHECK(got.origin_session == NULL && got.origin_index == ES_NONE,
+        "event_update: the origin is not written (none stays none)");
   es_event_destroy(&got);
+  u = e[1];
+  u.origin_session = (char *)"origin-ignored";
+  u.origin_index = ES_NONE;
+  u.first_claimed_at = ES_NONE;
+  CHECK(B->event_update(t, &u, &err) == ES_OK && B->event_get(t, "s", 2, &got, &err) == ES_OK &&
+            str_eq(got.origin_session, "parent-\xff") && got.origin_index == 12 &&
+            got.first_claimed_at == ES_NONE && got.last_claimed_at == 4100,
+        "event_update: a fork's copy keeps its origin");
+  es_event_destroy(&got);
+  u = e[0];
+  u.status = ES_STATUS_DEAD;
   u.claim_holder = NULL;
   u.claim_expires_at = ES_NONE;
   u.last_error = NULL;
   CHECK(B->event_update(t, &u, &err) == ES_OK && B->event_get(t, "s", 1, &got, &err) == ES_OK &&
-            got.claim_holder == NULL && got.claim_expires_at == ES_NONE && got.last_error == NULL,
+            got.claim_holder == NULL && got.claim_expires_at == ES_NONE && got.last_error == NULL &&
+            got.first_claimed_at == ES_NONE && got.last_claimed_at == ES_NONE &&
+            got.failed_at == ES_NONE && got.processed_by_attempt == ES_NONE,
         "event_update: NULL / ES_NONE clear fields");
   es_event_destroy(&got);
   es_event missing = e[0];
@@ -681,13 +864,21 @@ static void test_types(void) {
   CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0, "... and not after a rollback");
   B->read_end(t);
   B->close(b);
+  rm_db(p);
 
   /* migration from version 2: the index is built over the rows there */
-  raw_exec(p, "DROP INDEX events_type_pending; PRAGMA user_version = 2");
+  char rows[2048];
+  size_t rn = 0;
+  for (int i = 0; i < 8; i++)
+    rn += (size_t)snprintf(rows + rn, sizeof rows - rn,
+                           "INSERT INTO events(position, session, idx, id, type, payload, status,"
+                           " queued, due_at) VALUES (%d, 's', %d, 'T%d', '%s', '1', %d, %d, %lld);",
+                           i + 1, i + 1, i, R[i].type, R[i].status, R[i].queued, (long long)R[i].due);
+  make_old_file(p, 2, rows);
   b = open_ok(p, NULL);
-  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 3 &&
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION &&
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1,
-        "a version-2 file is migrated to version 3 (the type index added)");
+        "a version-2 file is migrated to version 4 (the type index added)");
   if (b) {
     B->read_begin(b, &t, &err);
     CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0 &&
@@ -790,6 +981,46 @@ static void test_sessions(void) {
   CHECK(B->session_list(t, "zzz", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 0,
         "session_list: no match");
   B->read_end(t);
+
+  /* the fence, seal, lease and lineage fields (§3.7, §3.8) */
+  es_session_info full;
+  es_session_info_init(&full);
+  full.session = (char *)"full";
+  full.head = 9;
+  full.fence = 41;
+  full.sealed_at = 500;
+  full.seal_reason = (char *)"done \xe2\x80\xa6";
+  full.lease_holder = (char *)"worker-1";
+  full.lease_token = 41;
+  full.lease_expires_at = 600;
+  full.parent = (char *)"ab";
+  full.fork_at = 7;
+  full.forked_at = 450;
+  sess_rows rows = {0};
+  B->write_begin(b, &t, &err);
+  CHECK(B->session_put(t, &full, &err) == ES_OK && B->session_get(t, "full", &got, &err) == ES_OK &&
+            si_eq(&got, &full),
+        "session_put / session_get: every field of the row, set");
+  es_session_info_destroy(&got);
+  CHECK(B->session_list(t, "full", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 1 && si_eq(&rows.v[0], &full) &&
+            B->session_children(t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 1 && !strcmp(c.names[0], "full"),
+        "session_list and session_children return them too");
+  sess_rows_reset(&rows);
+  memset(&c, 0, sizeof c);
+  es_session_info bare;
+  es_session_info_init(&bare);
+  bare.session = (char *)"full";
+  CHECK(B->session_put(t, &bare, &err) == ES_OK && B->session_get(t, "full", &got, &err) == ES_OK &&
+            si_eq(&got, &bare) && got.fence == 0 && got.sealed_at == ES_NONE && got.parent == NULL &&
+            got.lease_holder == NULL && got.lease_token == ES_NONE,
+        "session_put replacing: unset fields come back unset (fence 0, ES_NONE, NULL)");
+  es_session_info_destroy(&got);
+  CHECK(B->session_children(t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0,
+        "... and the row is no longer a child");
+  memset(&c, 0, sizeof c);
+  CHECK(B->write_commit(t, &err) == ES_OK, "commit");
   B->close(b);
   rm_db(p);
   free(p);
@@ -1357,7 +1588,7 @@ static void test_errors(void) {
   /* migration from version 0: an empty SQLite file (a header, no schema) */
   raw_exec(p, "CREATE TABLE gone(x); DROP TABLE gone");
   b = open_ok(p, NULL);
-  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 3 &&
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION &&
             raw_int(p, "PRAGMA application_id") == 0x45535442,
         "an empty SQLite file (no schema) is initialised with the current schema");
   if (b) B->close(b);
@@ -1367,13 +1598,16 @@ static void test_errors(void) {
   CHECK(b != NULL && raw_int(p, "SELECT count(*) FROM keepme") == 1,
         "other tables in an eventstore file are left alone");
   if (b) B->close(b);
+  rm_db(p);
   /* migration from version 1 (before the per-session due-time index) */
-  raw_exec(p, "DROP INDEX events_session_due; PRAGMA user_version = 1");
+  make_old_file(p, 1, "INSERT INTO sessions VALUES ('s1', 0, 0, 0, 0, 0, 0, NULL, NULL);");
   b = open_ok(p, NULL);
-  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == 3 &&
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION &&
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_session_due'") == 1 &&
-            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1,
-        "a version-1 file is migrated to version 3 (the due-time and type indexes added)");
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name IN ('refs', 'sessions_parent')") == 2 &&
+            raw_int(p, "SELECT fence FROM sessions WHERE session = 's1'") == 0,
+        "a version-1 file is migrated to version 4 (every step: indexes, columns, refs)");
   if (b) B->close(b);
   rm_db(p);
   /* a migration that fails is rolled back whole (an eventstore file at
@@ -1525,7 +1759,8 @@ static void test_foreign_files(void) {
     es_backend *b = open_ok(p, NULL);
     CHECK(b != NULL, "a zero-length file opens");
     if (b) B->close(b);
-    CHECK(raw_int(p, "PRAGMA application_id") == 0x45535442 && raw_int(p, "PRAGMA user_version") == 3,
+    CHECK(raw_int(p, "PRAGMA application_id") == 0x45535442 &&
+              raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION,
           "... and is initialised as an eventstore database");
     rm_db(p);
   }
@@ -1754,6 +1989,636 @@ static void test_scale(void) {
   free(p);
 }
 
+/* Every SELECT of events returns the version-4 fields (one column list,
+ * one decoder; checked anyway, in a read and in the write transaction,
+ * which copy rows differently). */
+static int fields_match(const es_events *got, const es_event *want) {
+  return got->n == 1 && ev_eq(&got->v[0], want);
+}
+
+static void test_event_fields_everywhere(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  es_event q, d, got;
+  collect c = {0};
+  if (!b) {
+    CHECK(0, "open for event field tests");
+    return;
+  }
+  ev_make(&q, "f", 1, "f-1", "1");
+  q.type = (char *)"ft";
+  q.queued = 1;
+  q.due_at = 10;
+  ev_make(&d, "f", 2, "f-2", "2");
+  d.status = ES_STATUS_DEAD;
+  es_event *both[2] = {&q, &d};
+  for (int i = 0; i < 2; i++) {
+    both[i]->first_claimed_at = 100 + i;
+    both[i]->last_claimed_at = 200 + i;
+    both[i]->failed_at = 300 + i;
+    both[i]->processed_by_attempt = 4 + i;
+    both[i]->origin_session = (char *)"from";
+    both[i]->origin_index = 7 + i;
+  }
+  B->write_begin(b, &t, &err);
+  CHECK(B->event_insert(t, &q, &err) == ES_OK && B->event_insert(t, &d, &err) == ES_OK &&
+            B->write_commit(t, &err) == ES_OK,
+        "insert rows with every version-4 field set");
+  for (int pass = 0; pass < 2; pass++) {
+    int ok = 1;
+    if (pass == 0) B->read_begin(b, &t, &err);
+    else B->write_begin(b, &t, &err);
+    ok &= B->event_get(t, "f", 1, &got, &err) == ES_OK && ev_eq(&got, &q);
+    es_event_destroy(&got);
+    ok &= B->event_get_by_id(t, "f-2", &got, &err) == ES_OK && ev_eq(&got, &d);
+    es_event_destroy(&got);
+#define EACH(call, want)                                        \
+  do {                                                          \
+    ok &= (call) == ES_OK && fields_match(&c.evs, (want));      \
+    collect_reset(&c);                                          \
+  } while (0)
+    EACH(B->event_range(t, "f", 1, 2, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->event_all(t, q.position, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->queued_due(t, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(B->queued_due(t, "f", 10, 1, collect_event, &c, &err), &q);        /* the index window */
+    EACH(B->queued_due(t, "f", 10, ES_NONE, collect_event, &c, &err), &q);  /* by due time */
+    EACH(B->queued_due_type(t, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(B->dead_list(t, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->dead_list(t, "f", 0, ES_NONE, collect_event, &c, &err), &d);
+#undef EACH
+    CHECK(ok, pass == 0 ? "every event read returns the dispatch times and the origin (read txn)"
+                        : "every event read returns the dispatch times and the origin (write txn)");
+    if (pass == 0) B->read_end(t);
+    else B->write_rollback(t);
+  }
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
+/* session_children: one range of sessions_parent, in byte order. */
+static void test_session_children(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  collect c = {0};
+  sess_rows rows = {0};
+  /* children of "P" in byte order; inserted in reverse */
+  static const char *kids[] = {"A", "P%", "P/a", "P_", "a", "a\xff", "b", "\xff", "\xff\xff"};
+  const int nk = (int)(sizeof kids / sizeof kids[0]);
+  if (!b) {
+    CHECK(0, "open for children tests");
+    return;
+  }
+  B->write_begin(b, &t, &err);
+  int ok = 1;
+  es_session_info si;
+  for (int i = nk - 1; i >= 0; i--) {
+    char name[16];
+    es_session_info_init(&si);
+    snprintf(name, sizeof name, "%s", kids[i]);
+    si.session = name;
+    si.parent = (char *)"P";
+    si.fork_at = i;
+    si.forked_at = 1000 + i;
+    ok &= B->session_put(t, &si, &err) == ES_OK;
+  }
+  /* noise: the parent itself, a sibling tree, sessions without a parent */
+  static const char *other[][2] = {{"P", NULL}, {"Q", NULL}, {"c1", "Q"}, {"P0", "PP"},
+                                   {"z", NULL}, {"", "P "}};
+  for (int i = 0; i < 6; i++) {
+    es_session_info_init(&si);
+    si.session = (char *)other[i][0];
+    si.parent = (char *)other[i][1];
+    ok &= B->session_put(t, &si, &err) == ES_OK;
+  }
+  CHECK(ok && B->write_commit(t, &err) == ES_OK, "sessions with and without a parent");
+
+  B->read_begin(b, &t, &err);
+  CHECK(B->session_children(t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == nk,
+        "session_children: every child of the parent (ES_NONE: no limit)");
+  ok = c.n == nk;
+  for (int i = 0; ok && i < nk; i++) ok = strcmp(c.names[i], kids[i]) == 0;
+  CHECK(ok, "session_children: ascending byte order (0xFF last), whatever the insertion order");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "P", NULL, ES_MAX_LIMIT, collect_session, &c, &err) == ES_OK &&
+            c.n == nk,
+        "session_children: a limit of 2^62 is no limit");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "P", "P_", 3, collect_session, &c, &err) == ES_OK && c.n == 3 &&
+            !strcmp(c.names[0], "a") && !strcmp(c.names[1], "a\xff") && !strcmp(c.names[2], "b"),
+        "session_children: name > after, at most limit");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "P", "b", ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2 &&
+            !strcmp(c.names[0], "\xff"),
+        "session_children: after a name that is a child excludes it");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "P", "\xff\xff", ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 0,
+        "session_children: after the last child gives nothing");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "P", "", 1, collect_session, &c, &err) == ES_OK && c.n == 1 &&
+            !strcmp(c.names[0], "A"),
+        "session_children: after \"\" is a bound like any other");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "P", NULL, 0, collect_session, &c, &err) == ES_OK && c.n == 0,
+        "session_children: limit 0 gives nothing");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "Q", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 1 && str_eq(rows.v[0].session, "c1") && str_eq(rows.v[0].parent, "Q"),
+        "session_children: only that parent's children, whole rows");
+  sess_rows_reset(&rows);
+  CHECK(B->session_children(t, "P ", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 1 && str_eq(rows.v[0].session, "") &&
+            B->session_children(t, "z", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0 &&
+            B->session_children(t, "PP", NULL, 5, collect_session, &c, &err) == ES_OK && c.n == 1,
+        "session_children: other parents, a parent without children");
+  sess_rows_reset(&rows);
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_children(t, "P", NULL, 2, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 2 && rows.v[1].fork_at == 1 && rows.v[1].forked_at == 1001,
+        "session_children: the lineage fields come with the rows");
+  sess_rows_reset(&rows);
+  B->read_end(t);
+
+  /* a replaced row leaves its old parent's children (the index follows) */
+  B->write_begin(b, &t, &err);
+  es_session_info_init(&si);
+  si.session = (char *)"a";
+  si.parent = (char *)"Q";
+  ok = B->session_put(t, &si, &err) == ES_OK;
+  si.session = (char *)"b";
+  si.parent = NULL;
+  ok &= B->session_put(t, &si, &err) == ES_OK;
+  ok &= B->session_children(t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+        c.n == nk - 2;
+  memset(&c, 0, sizeof c);
+  ok &= B->session_children(t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2 &&
+        !strcmp(c.names[0], "a") && !strcmp(c.names[1], "c1");
+  memset(&c, 0, sizeof c);
+  CHECK(ok, "session_put replacing a row moves it between parents (seen inside the write txn)");
+  /* savepoint rollback undoes a new child */
+  ok = B->savepoint(t, &err) == ES_OK;
+  si.session = (char *)"new-kid";
+  si.parent = (char *)"Q";
+  ok &= B->session_put(t, &si, &err) == ES_OK;
+  B->savepoint_rollback(t);
+  ok &= B->session_children(t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2;
+  memset(&c, 0, sizeof c);
+  CHECK(ok, "savepoint_rollback undoes a child added in it");
+  B->write_rollback(t);
+  B->read_begin(b, &t, &err);
+  CHECK(B->session_children(t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == nk,
+        "... and write_rollback the moves");
+  memset(&c, 0, sizeof c);
+  B->read_end(t);
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
+/* refs: get, put (insert or replace), delete, list. */
+static void test_refs(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t, *r;
+  es_err err = {0};
+  collect c = {0};
+  es_ref ref, got;
+  /* in byte order; inserted in reverse */
+  static const char *names[] = {"main", "main%", "main/x", "main_", "prod", "prod\xff", "\xff"};
+  const int nn = (int)(sizeof names / sizeof names[0]);
+  if (!b) {
+    CHECK(0, "open for ref tests");
+    return;
+  }
+  B->write_begin(b, &t, &err);
+  int ok = 1;
+  for (int i = nn - 1; i >= 0; i--) {
+    char sess[16];
+    es_ref_init(&ref);
+    snprintf(sess, sizeof sess, "s%d", i);
+    ref.name = (char *)names[i];
+    ref.session = sess;
+    ref.head = 999; /* never stored */
+    ref.created_at = 10 + i;
+    ref.updated_at = 20 + i;
+    ok &= B->ref_put(t, &ref, &err) == ES_OK;
+  }
+  CHECK(ok, "ref_put (insert)");
+  es_ref_init(&got);
+  CHECK(B->ref_get(t, "main/x", &got, &err) == ES_OK && str_eq(got.name, "main/x") &&
+            str_eq(got.session, "s2") && got.created_at == 12 && got.updated_at == 22 &&
+            got.head == ES_NONE,
+        "ref_get inside the write transaction; head is not stored (ES_NONE)");
+  es_ref_destroy(&got);
+  CHECK(B->write_commit(t, &err) == ES_OK, "commit refs");
+
+  B->read_begin(b, &t, &err);
+  CHECK(B->ref_get(t, "prod\xff", &got, &err) == ES_OK && str_eq(got.session, "s5") &&
+            got.head == ES_NONE,
+        "ref_get");
+  es_ref_destroy(&got);
+  CHECK(B->ref_get(t, "nope", &got, &err) == ES_NOT_FOUND && B->ref_get(t, "mai", &got, &err) == ES_NOT_FOUND,
+        "ref_get: unknown is ES_NOT_FOUND (no prefix match)");
+  CHECK(B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == nn, "ref_list: all");
+  ok = c.n == nn;
+  for (int i = 0; ok && i < nn; i++) {
+    char want[64];
+    snprintf(want, sizeof want, "%s=s%d", names[i], i);
+    ok = strcmp(c.names[i], want) == 0 && c.ints[i] == ES_NONE;
+  }
+  CHECK(ok, "ref_list: ascending byte order (0xFF last), head ES_NONE");
+  memset(&c, 0, sizeof c);
+  CHECK(B->ref_list(t, NULL, ES_MAX_LIMIT, collect_ref, &c, &err) == ES_OK && c.n == nn,
+        "ref_list: a limit of 2^62 is no limit");
+  memset(&c, 0, sizeof c);
+  CHECK(B->ref_list(t, "main%", 2, collect_ref, &c, &err) == ES_OK && c.n == 2 &&
+            !strcmp(c.names[0], "main/x=s2") && !strcmp(c.names[1], "main_=s3"),
+        "ref_list: name > after, at most limit");
+  memset(&c, 0, sizeof c);
+  CHECK(B->ref_list(t, "n", ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 3 &&
+            !strcmp(c.names[0], "prod=s4"),
+        "ref_list: after need not be a ref");
+  memset(&c, 0, sizeof c);
+  CHECK(B->ref_list(t, "\xff", ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 0 &&
+            B->ref_list(t, NULL, 0, collect_ref, &c, &err) == ES_OK && c.n == 0,
+        "ref_list: after the last, limit 0: nothing");
+  memset(&c, 0, sizeof c);
+  c.stop_after = 2;
+  CHECK(B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 2,
+        "ref_list: a callback returning nonzero stops early");
+  memset(&c, 0, sizeof c);
+  es_ref_init(&ref);
+  ref.name = (char *)"x";
+  ref.session = (char *)"s";
+  CHECK(B->ref_put(t, &ref, &err) == ES_STORAGE && B->ref_delete(t, "main", &err) == ES_STORAGE,
+        "ref writes inside a read transaction are refused (ES_STORAGE)");
+  B->read_end(t);
+
+  /* replace, delete, savepoints, isolation */
+  B->write_begin(b, &t, &err);
+  es_ref_init(&ref);
+  ref.name = (char *)"main";
+  ref.session = (char *)"moved";
+  ref.created_at = 10;
+  ref.updated_at = ES_NONE;
+  CHECK(B->ref_put(t, &ref, &err) == ES_OK && B->ref_get(t, "main", &got, &err) == ES_OK &&
+            str_eq(got.session, "moved") && got.created_at == 10 && got.updated_at == ES_NONE,
+        "ref_put replaces (ES_NONE times kept)");
+  es_ref_destroy(&got);
+  CHECK(B->ref_delete(t, "prod", &err) == ES_OK && B->ref_get(t, "prod", &got, &err) == ES_NOT_FOUND,
+        "ref_delete");
+  CHECK(B->ref_delete(t, "prod", &err) == ES_NOT_FOUND && B->ref_delete(t, "nope", &err) == ES_NOT_FOUND,
+        "ref_delete: absent is ES_NOT_FOUND");
+  CHECK(B->read_begin(b, &r, &err) == ES_OK && B->ref_get(r, "prod", &got, &err) == ES_OK &&
+            str_eq(got.session, "s4"),
+        "a reader does not see an uncommitted delete");
+  es_ref_destroy(&got);
+  B->read_end(r);
+  ok = B->savepoint(t, &err) == ES_OK;
+  ref.name = (char *)"main_";
+  ref.session = (char *)"sp";
+  ok &= B->ref_put(t, &ref, &err) == ES_OK;
+  ok &= B->ref_delete(t, "main%", &err) == ES_OK;
+  ref.name = (char *)"new";
+  ok &= B->ref_put(t, &ref, &err) == ES_OK;
+  B->savepoint_rollback(t);
+  ok &= B->ref_get(t, "main_", &got, &err) == ES_OK && str_eq(got.session, "s3");
+  es_ref_destroy(&got);
+  ok &= B->ref_get(t, "main%", &got, &err) == ES_OK;
+  es_ref_destroy(&got);
+  ok &= B->ref_get(t, "new", &got, &err) == ES_NOT_FOUND;
+  CHECK(ok, "savepoint_rollback undoes ref puts, replaces and deletes made in it");
+  ok = B->savepoint(t, &err) == ES_OK;
+  ok &= B->ref_delete(t, "\xff", &err) == ES_OK;
+  ok &= B->savepoint_release(t, &err) == ES_OK;
+  CHECK(ok && B->write_commit(t, &err) == ES_OK, "a released savepoint's delete commits");
+  B->read_begin(b, &t, &err);
+  CHECK(B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == nn - 2 &&
+            !strcmp(c.names[0], "main=moved") && !strcmp(c.names[c.n - 1], "prod\xff=s5"),
+        "after commit: the replace and both deletes, nothing of the rolled-back savepoint");
+  memset(&c, 0, sizeof c);
+  B->read_end(t);
+  B->close(b);
+  b = open_ok(p, NULL);
+  CHECK(b && B->read_begin(b, &t, &err) == ES_OK && B->ref_get(t, "main", &got, &err) == ES_OK &&
+            str_eq(got.session, "moved"),
+        "refs survive reopening");
+  es_ref_destroy(&got);
+  if (b) {
+    B->read_end(t);
+    B->close(b);
+  }
+  rm_db(p);
+  free(p);
+}
+
+/* A file of schema version 3, made and filled as the version-3 code did
+ * (its DDL, its 23 event columns and 9 session columns), migrated in place
+ * at open: every row kept, the new fields absent (ES_NONE, NULL, fence 0),
+ * then usable as a version-4 file. A read-only open refuses to migrate; a
+ * migration that fails changes nothing. */
+static const char v3_rows[] =
+    "INSERT INTO events(position, session, idx, id, type, payload, lane, created_at, cause_index,"
+    " cause_attempt, not_before, status, attempts, failures, last_error, processed_at, claim_holder,"
+    " claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned) VALUES"
+    " (1, 's', 1, 'e1', 'a', '{\"x\":1}', NULL, 100, NULL, NULL, NULL, 1, 1, 0, NULL, 150,"
+    "  NULL, NULL, NULL, 0, NULL, NULL, 0),"
+    " (2, 's', 2, 'e2', 'a', '[1]', 'L', 101, 1, 1, NULL, 0, 2, 1, 'boom', NULL, 'w1', 9000,"
+    "  NULL, 1, 500, 1, 0),"
+    " (3, 's', 3, 'e3', 'b', 'null', 'L', 102, NULL, NULL, 5000, 2, 3, 3, 'dead', NULL, NULL,"
+    "  NULL, NULL, 0, NULL, 3, 0),"
+    " (5, 't', 1, 'e4', 'a', '\"x\"', NULL, 103, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL,"
+    "  NULL, NULL, 1, 200, NULL, 0);"
+    "INSERT INTO sessions(session, head, events, pending, dead, attempts, failures, first_at,"
+    " updated_at) VALUES ('s', 3, 3, 1, 1, 6, 4, 100, 102), ('t', 1, 1, 1, 0, 0, 0, 103, NULL);"
+    "INSERT INTO snapshots(session, reducer, idx, state, version, updated_at)"
+    " VALUES ('s', 'count', 2, X'00ff01', 'v1', 77);"
+    "INSERT INTO presence(ns, participant, field, value, seen, at, expires_at)"
+    " VALUES ('ns', 'alice', 'status', '\"here\"', 1, 10, 99999);"
+    "INSERT INTO meta(key, value) VALUES ('next_position', 7);";
+
+static void test_migrate_v3(void) {
+  char *p = tmp_path();
+  es_backend *b;
+  es_txn *t;
+  es_err err = {0};
+  es_event want[4], got;
+  collect c = {0};
+  char cols[1024];
+  make_old_file(p, 3, v3_rows);
+  CHECK(raw_int(p, "PRAGMA user_version") == 3 && raw_int(p, "SELECT count(*) FROM events") == 4,
+        "a version-3 file with rows");
+
+  CHECK(open_fail(p, "mode=ro", &err) == ES_STORAGE && has(err.msg, "needs migrating") &&
+            has(err.msg, "read-only"),
+        "mode=ro on a version-3 file: ES_STORAGE, it cannot migrate");
+  CHECK(raw_int(p, "PRAGMA user_version") == 3 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'refs'") == 0,
+        "... and leaves it at version 3");
+
+  b = open_ok(p, NULL);
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION &&
+            raw_int(p, "PRAGMA application_id") == 0x45535442,
+        "a version-3 file is migrated to version 4 in place at open");
+  table_columns(p, "events", cols, sizeof cols);
+  CHECK(has(cols, ",returned,origin_session,origin_index,first_claimed_at,last_claimed_at,failed_at,"
+                  "processed_by_attempt"),
+        "events has the version-4 columns");
+  table_columns(p, "sessions", cols, sizeof cols);
+  CHECK(has(cols, ",updated_at,fence,sealed_at,seal_reason,lease_holder,lease_token,lease_expires_at,"
+                  "parent,fork_at,forked_at"),
+        "sessions has the version-4 columns");
+  CHECK(raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name IN ('refs', 'sessions_parent')") == 2,
+        "refs and sessions_parent created");
+  if (!b) {
+    rm_db(p);
+    free(p);
+    return;
+  }
+
+  /* the rows as the version-3 code wrote them */
+  ev_make(&want[0], "s", 1, "e1", "{\"x\":1}");
+  want[0].type = (char *)"a";
+  want[0].created_at = 100;
+  want[0].status = ES_STATUS_PROCESSED;
+  want[0].attempts = 1;
+  want[0].processed_at = 150;
+  ev_make(&want[1], "s", 2, "e2", "[1]");
+  want[1].type = (char *)"a";
+  want[1].lane = (char *)"L";
+  want[1].created_at = 101;
+  want[1].cause_index = 1;
+  want[1].cause_attempt = 1;
+  want[1].attempts = 2;
+  want[1].failures = 1;
+  want[1].last_error = (char *)"boom";
+  want[1].claim_holder = (char *)"w1";
+  want[1].claim_expires_at = 9000;
+  want[1].queued = 1;
+  want[1].due_at = 500;
+  want[1].last_failed_attempt = 1;
+  ev_make(&want[2], "s", 3, "e3", "null");
+  want[2].type = (char *)"b";
+  want[2].lane = (char *)"L";
+  want[2].created_at = 102;
+  want[2].not_before = 5000;
+  want[2].status = ES_STATUS_DEAD;
+  want[2].attempts = 3;
+  want[2].failures = 3;
+  want[2].last_error = (char *)"dead";
+  want[2].last_failed_attempt = 3;
+  ev_make(&want[3], "t", 1, "e4", "\"x\"");
+  want[3].type = (char *)"a";
+  want[3].created_at = 103;
+  want[3].queued = 1;
+  want[3].due_at = 200;
+  int64_t wpos[4] = {1, 2, 3, 5};
+  for (int i = 0; i < 4; i++) want[i].position = wpos[i];
+
+  B->read_begin(b, &t, &err);
+  int ok = 1;
+  for (int i = 0; i < 4; i++) {
+    ok &= B->event_get(t, want[i].session, want[i].index, &got, &err) == ES_OK && ev_eq(&got, &want[i]);
+    es_event_destroy(&got);
+  }
+  CHECK(ok, "every event kept, every field; the new ones absent (ES_NONE, no origin)");
+  ok = B->event_all(t, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 4 &&
+       ev_eq(&c.evs.v[3], &want[3]);
+  collect_reset(&c);
+  ok &= B->queued_due(t, NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+        ev_eq(&c.evs.v[0], &want[3]) && ev_eq(&c.evs.v[1], &want[1]);
+  collect_reset(&c);
+  ok &= B->dead_list(t, "s", 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+        ev_eq(&c.evs.v[0], &want[2]);
+  collect_reset(&c);
+  int64_t idx = -1, last = -1;
+  type_text tt;
+  ok &= B->lane_next(t, "s", "L", 0, &idx, &err) == ES_OK && idx == 2;
+  ok &= strcmp(pending_text(t, &tt), "a=2 ") == 0;
+  ok &= B->last_position(t, &last, &err) == ES_OK && last == 5;
+  CHECK(ok, "the old rows are found through every index (queue, dead, lane, type)");
+
+  es_session_info si, wsi;
+  es_session_info_init(&wsi);
+  wsi.session = (char *)"s";
+  wsi.head = 3;
+  wsi.events = 3;
+  wsi.pending = 1;
+  wsi.dead = 1;
+  wsi.attempts = 6;
+  wsi.failures = 4;
+  wsi.first_at = 100;
+  wsi.updated_at = 102;
+  CHECK(B->session_get(t, "s", &si, &err) == ES_OK && si_eq(&si, &wsi),
+        "session rows kept; fence 0, no seal, lease or lineage");
+  es_session_info_destroy(&si);
+  sess_rows rows = {0};
+  CHECK(B->session_list(t, "", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 2 && str_eq(rows.v[1].session, "t") && rows.v[1].updated_at == ES_NONE &&
+            rows.v[1].fence == 0 && rows.v[1].parent == NULL && rows.v[1].sealed_at == ES_NONE,
+        "session_list reads the migrated rows");
+  sess_rows_reset(&rows);
+  CHECK(B->session_children(t, "s", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0 &&
+            B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 0,
+        "no children, no refs yet");
+  memset(&c, 0, sizeof c);
+  es_snapshot sn;
+  es_presence_row pr;
+  CHECK(B->snapshot_get(t, "s", "count", &sn, &err) == ES_OK && sn.index == 2 && sn.state_len == 3 &&
+            memcmp(sn.state, "\x00\xff\x01", 3) == 0 && str_eq(sn.version, "v1") &&
+            sn.updated_at == 77,
+        "snapshots kept");
+  es_snapshot_destroy(&sn);
+  CHECK(B->presence_get(t, "ns", "alice", "status", &pr, &err) == ES_OK &&
+            str_eq(pr.value, "\"here\"") && pr.expires_at == 99999,
+        "presence kept");
+  es_presence_row_destroy(&pr);
+  B->read_end(t);
+
+  /* written to as a version-4 file */
+  B->write_begin(b, &t, &err);
+  es_event e;
+  ev_make(&e, "s", 4, "e5", "4");
+  e.origin_session = (char *)"t";
+  e.origin_index = 1;
+  ok = B->event_insert(t, &e, &err) == ES_OK && e.position == 7;
+  es_event u = want[1];
+  u.first_claimed_at = 400;
+  u.last_claimed_at = 450;
+  u.failed_at = 460;
+  ok &= B->event_update(t, &u, &err) == ES_OK;
+  es_session_info_init(&si);
+  si.session = (char *)"fork";
+  si.parent = (char *)"s";
+  si.fork_at = 2;
+  si.fence = 3;
+  ok &= B->session_put(t, &si, &err) == ES_OK;
+  es_ref ref;
+  es_ref_init(&ref);
+  ref.name = (char *)"main";
+  ref.session = (char *)"fork";
+  ok &= B->ref_put(t, &ref, &err) == ES_OK;
+  CHECK(ok && B->write_commit(t, &err) == ES_OK,
+        "then written as version 4 (the position high-water mark kept: 7)");
+  B->close(b);
+  b = open_ok(p, NULL);
+  CHECK(b && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION, "reopening a migrated file");
+  if (b) {
+    B->read_begin(b, &t, &err);
+    ok = B->event_get(t, "s", 4, &got, &err) == ES_OK && str_eq(got.origin_session, "t") &&
+         got.origin_index == 1;
+    es_event_destroy(&got);
+    ok &= B->event_get(t, "s", 2, &got, &err) == ES_OK && got.first_claimed_at == 400 &&
+          got.failed_at == 460 && got.processed_by_attempt == ES_NONE;
+    es_event_destroy(&got);
+    ok &= B->session_children(t, "s", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+          rows.n == 1 && rows.v[0].fence == 3 && rows.v[0].fork_at == 2;
+    sess_rows_reset(&rows);
+    ok &= B->ref_get(t, "main", &ref, &err) == ES_OK && str_eq(ref.session, "fork");
+    es_ref_destroy(&ref);
+    CHECK(ok, "... keeps what was written after the migration");
+    B->read_end(t);
+    B->close(b);
+  }
+  rm_db(p);
+
+  /* a migration that fails is rolled back whole: a version-3 file whose
+   * sessions table cannot take the new columns (the events ALTERs before
+   * it must be undone too) */
+  make_old_file(p, 3, "ALTER TABLE sessions ADD COLUMN parent TEXT;");
+  CHECK(open_fail(p, NULL, &err) == ES_STORAGE && has(err.msg, "migrating schema 3 to 4"),
+        "a failing 3 -> 4 migration: ES_STORAGE naming the step");
+  table_columns(p, "events", cols, sizeof cols);
+  CHECK(raw_int(p, "PRAGMA user_version") == 3 && !has(cols, "origin_session") &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'refs'") == 0,
+        "... and leaves the file at version 3 as it was");
+  rm_db(p);
+  free(p);
+}
+
+/* What a fork costs: the core copies a prefix by reading event_range and
+ * calling event_insert per row inside one write transaction. Each insert
+ * must stay one reused prepared statement (no per-row query): the copy
+ * runs at about the rate of a plain bulk insert. */
+static void test_fork_copy(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  const int N = RUNNING_ON_VALGRIND ? 5000 : 100000;
+  char id[32];
+  if (!b) {
+    CHECK(0, "open for fork copy");
+    return;
+  }
+  double t0 = now_s();
+  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  for (int i = 1; ok && i <= N; i++) {
+    es_event e;
+    snprintf(id, sizeof id, "src-%08d", i);
+    ev_make(&e, "src", i, id, "{\"amount\":1234,\"sku\":\"ABC-123\"}");
+    e.status = ES_STATUS_PROCESSED;
+    e.processed_at = 5;
+    ok &= B->event_insert(t, &e, &err) == ES_OK;
+  }
+  ok &= B->write_commit(t, &err) == ES_OK;
+  double insert_s = now_s() - t0;
+  CHECK(ok, "insert the source session");
+
+  t0 = now_s();
+  ok = B->write_begin(b, &t, &err) == ES_OK;
+  int64_t after = 0, copied = 0;
+  const int64_t page = 1000;
+  while (ok) {
+    collect c = {0};
+    ok &= B->event_range(t, "src", after, ES_NONE, page, collect_event, &c, &err) == ES_OK;
+    for (size_t i = 0; ok && i < c.evs.n; i++) {
+      es_event e = c.evs.v[i];
+      snprintf(id, sizeof id, "dst-%08lld", (long long)e.index);
+      e.id = id;
+      e.session = (char *)"dst";
+      e.origin_session = (char *)"src";
+      e.origin_index = e.index;
+      ok &= B->event_insert(t, &e, &err) == ES_OK;
+      copied++;
+    }
+    size_t n = c.evs.n;
+    if (n) after = c.evs.v[n - 1].index;
+    collect_reset(&c);
+    if (n < (size_t)page) break;
+  }
+  es_session_info si;
+  es_session_info_init(&si);
+  si.session = (char *)"dst";
+  si.head = copied;
+  si.parent = (char *)"src";
+  si.fork_at = copied;
+  ok &= B->session_put(t, &si, &err) == ES_OK;
+  ok &= B->write_commit(t, &err) == ES_OK;
+  double copy_s = now_s() - t0;
+  printf("# %d events: inserted in %.3f s, copied (event_range + event_insert, one transaction) in "
+         "%.3f s (%.0f events/s)\n",
+         N, insert_s, copy_s, copy_s > 0 ? N / copy_s : 0.0);
+  CHECK(ok && copied == N, "a whole session copied in one write transaction");
+  /* a per-row query or statement preparation would at least double it */
+  CHECK(RUNNING_ON_VALGRIND || copy_s < 2.5 * insert_s + 0.5, "copying costs about what inserting costs");
+  es_event got;
+  B->read_begin(b, &t, &err);
+  CHECK(B->event_get(t, "dst", N, &got, &err) == ES_OK && str_eq(got.origin_session, "src") &&
+            got.origin_index == N && got.status == ES_STATUS_PROCESSED && got.processed_at == 5,
+        "the copies carry their origin");
+  es_event_destroy(&got);
+  B->read_end(t);
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
 /* Throughput: batches of 100 events through the ops (each event with its
  * indexes, plus the session row) against raw SQLite inserts of the same
  * payloads into a one-index table, both WAL + synchronous=FULL. Printed,
@@ -1842,9 +2707,12 @@ static void test_throughput(void) {
 int main(void) {
   test_open_fresh();
   test_events();
+  test_event_fields_everywhere();
   test_lanes_queue_dead();
   test_types();
   test_sessions();
+  test_session_children();
+  test_refs();
   test_snapshots_presence();
   test_savepoints();
   test_reentrancy();
@@ -1852,10 +2720,12 @@ int main(void) {
   test_relative_path();
   test_multi_handle();
   test_errors();
+  test_migrate_v3();
   test_foreign_files();
   test_read_only_media();
   test_disk_full();
   test_scale();
+  test_fork_copy();
   test_throughput();
   printf("1..%d\n", n_tests);
   printf("# %d passed, %d failed\n", n_tests - n_failed, n_failed);

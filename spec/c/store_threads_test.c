@@ -71,7 +71,7 @@ static void *worker(void *arg) {
     es_events got;
     int64_t retry;
     es_err err = {0};
-    if (es_store_claim_next(c->s, holder, 60000, 2, NULL, 0, &got, &retry, &err)) {
+    if (es_store_claim_next(c->s, holder, 60000, 2, NULL, 0, NULL, 0, &got, &retry, &err)) {
       atomic_fetch_add(c->errors, 1);
       return NULL;
     }
@@ -79,7 +79,7 @@ static void *worker(void *arg) {
       es_events_destroy(&got);
       if (atomic_load(c->writers_left) == 0) {
         /* Writers are done: one more look, then stop. */
-        if (es_store_claim_next(c->s, holder, 60000, 1, NULL, 0, &got, &retry, &err) == ES_OK && got.n == 0) {
+        if (es_store_claim_next(c->s, holder, 60000, 1, NULL, 0, NULL, 0, &got, &retry, &err) == ES_OK && got.n == 0) {
           es_events_destroy(&got);
           return NULL;
         }
