@@ -29,8 +29,8 @@ describe("sqlite: promote races between processes", function()
   end)
 
   after_each(function()
-    -- a worker still spinning gives up on its own after 60 s; the barrier
-    -- files go with the directory
+    -- workers still waiting for a round (after a failed one) stop at once
+    helpers.write_file(dir .. "/stop", "stop\n")
     for i = #procs, 1, -1 do
       pcall(function() procs[i]:close() end)
       procs[i] = nil

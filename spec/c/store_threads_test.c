@@ -290,7 +290,9 @@ static void run_group(const char *url, const char *path, const char *label, int 
         c[0].out.n != 2 || c[2].out.n != 2)
       others_kept = 0;
     int64_t head = -1;
-    if (es_store_head(s, c[1].session, &head, &err) || head != 0) failed_left_nothing = 0;
+    es_events none = {0};
+    if (es_store_head(s, c[1].session, &head, &err) || head != 0 || !holds_exactly(s, c[1].session, &none))
+      failed_left_nothing = 0;
     if (grouped && commits != 1) {
       printf("# round %d: %llu commits for the group (expected 1)\n", r, (unsigned long long)commits);
       one_commit = 0;

@@ -13,7 +13,8 @@
 --   "won"                        the promote returned
 --   "conflict EXPECTED ACTUAL"   REF_CONFLICT (false printed as "false")
 --   "error TEXT"                 anything else
--- Prints "done" at the end.
+-- Prints "done" at the end. Exits at once when DIR/stop appears (the spec
+-- failed a round and will start no more).
 local eventstore = require("eventstore")
 
 local db, id, rounds, dir = arg[1], arg[2], math.tointeger(tonumber(arg[3])), arg[4]
@@ -43,6 +44,7 @@ for r = 1, rounds do
   -- each other. A worker left behind for more than 60 s gives up.
   local started = os.time()
   while not exists(go) do
+    if exists(dir .. "/stop") then os.exit(2) end -- the spec failed and gives up
     if os.time() - started > 60 then
       io.stdout:write("timeout waiting for round " .. r .. "\n")
       os.exit(1)
