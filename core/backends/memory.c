@@ -3,12 +3,15 @@
  *
  * Layout (docs/memory-backend.md has the picture and the cost of each op):
  *   - a row is one allocation: a 72-byte header, the optional immutable
- *     integers (cause, not_before, the lane) only when present, then
- *     id and payload bytes; the session, type and lane names are
- *     shared, the dispatch record (attempts, claim, errors, ...) is a
- *     separate block that exists only once it differs from "never touched";
+ *     values (cause, not_before, the lane, a fork copy's origin) only when
+ *     present, then id and payload bytes; the session, type, lane and
+ *     origin session names are shared, the dispatch record (attempts,
+ *     claim, errors, ...) is a separate block that exists only once it
+ *     differs from "never touched" and holds only the fields that differ;
  *   - rows are found by position (a dense array: position p at p - 1), by
  *     (session, index) (a dense array per session) and by id (hmap.h);
+ *   - sessions are found by name (hmap.h, and a tree for listing) and by
+ *     (parent, name) (a tree of the forked ones); refs by name (a tree);
  *   - the dispatch indexes are intrusive AVL trees (tree.h): queued rows by
  *     (due_at, position) store-wide and per type, and by index per session
  *     (each subtree knowing its least due_at), dead rows by position
@@ -22,7 +25,7 @@
  * undo log. Every write op first makes every allocation it needs, then
  * changes the structures (which cannot fail), then logs how to undo. Undo
  * never allocates: the trees are intrusive and a replaced block (dispatch
- * record, session row, snapshot, presence row) is kept until commit, so
+ * record, session row, snapshot, presence row, ref) is kept until commit, so
  * savepoint_rollback and write_rollback always restore the exact previous
  * state, even out of memory.
  */
@@ -61,13 +64,26 @@ typedef struct mlinks {
   es_tree_node node[];   /* indexed by SLOT_*, as many as mrow.nslots */
 } mlinks;
 
-/* The dispatch record beyond status/queued/due_at. Copy-on-write: an update
+/* The integers of the dispatch record beyond status/queued/due_at, in the
+ * order of an mdisp's mask bits, and their values in a fresh event. */
+enum {
+  DF_ATTEMPTS, DF_FAILURES, DF_RETURNED, DF_PROCESSED_AT, DF_CLAIM_EXPIRES_AT, DF_RETRY_AT,
+  DF_LAST_FAILED_ATTEMPT, DF_FIRST_CLAIMED_AT, DF_LAST_CLAIMED_AT, DF_FAILED_AT,
+  DF_PROCESSED_BY_ATTEMPT, NDF
+};
+static const int64_t DF_DEFAULT[NDF] = {0, 0, 0, ES_NONE, ES_NONE, ES_NONE,
+                                        ES_NONE, ES_NONE, ES_NONE, ES_NONE, ES_NONE};
+
+/* The dispatch record beyond status/queued/due_at. Sparse: each state an
+ * event goes through (claimed, failed, completed) sets a few of the eleven
+ * integers and history keeps its block forever, so a block stores only the
+ * integers that differ from a fresh event's. Copy-on-write: an update
  * installs a new block and the undo log keeps the old one until commit. */
 typedef struct mdisp {
-  int64_t attempts, failures, processed_at, claim_expires_at, retry_at, last_failed_attempt,
-      returned;
+  uint16_t mask;                   /* bit i: DF_ field i is stored in v */
   unsigned char has_error, has_holder;
-  char data[];  /* last_error NUL, claim_holder NUL (each only when present) */
+  int64_t v[];  /* the fields of mask in DF_ order, then last_error NUL, claim_holder NUL
+                   (each only when present) */
 } mdisp;
 
 enum {
@@ -78,7 +94,12 @@ enum {
   /* Without a disp block, a settled event (processed at creation, never
    * completed) still reads back exactly: */
   RF_PROC_AT_CREATED = 16, /* processed_at == created_at */
-  RF_RETURNED_NONE = 32    /* returned == -1 */
+  RF_RETURNED_NONE = 32,   /* returned == -1 */
+  /* A fork's copy: tail holds the origin's msess pointer (NULL for a row
+   * given an origin_index without origin_session) and origin_index. The
+   * session is shared like the row's own, so a fork of k rows pays 16
+   * bytes a row, not k copies of the name. */
+  RF_ORIGIN = 64
 };
 
 struct mrow {
@@ -90,7 +111,8 @@ struct mrow {
   uint32_t payload_len;
   unsigned char status, queued, flags;
   unsigned char nslots;  /* nodes in the links block */
-  uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before] id NUL payload NUL */
+  uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before][origin ptr origin_index]
+                      id NUL payload NUL */
 };
 
 /* An event type: shared by its rows, with its own ready queue and the count
@@ -117,7 +139,10 @@ typedef struct msnap {
 
 struct msess {
   es_tree_node by_name;   /* in es_backend.names while info != NULL */
-  es_session_info *info;  /* owned, session field NULL; NULL: never put */
+  es_tree_node by_parent; /* in es_backend.children while info && info->parent */
+  /* Owned, one block: its strings point into the block itself and session
+   * is NULL (the name is ours). NULL: never put. */
+  es_session_info *info;
   mrow **rows;            /* owned array; index i at rows[i - 1] */
   size_t n, cap;
   es_tree queued;         /* SLOT_QS, augmented with mlinks.qmin */
@@ -143,8 +168,17 @@ typedef struct mns {
   char name[];
 } mns;
 
+/* A ref: one block, replaced (not changed) by a put. */
+typedef struct mref {
+  es_tree_node node;  /* first: in es_backend.refs by name while current */
+  int64_t created_at, updated_at;
+  unsigned char linked;  /* 0: replaced or deleted (kept for undo until commit) */
+  char data[];           /* name NUL session NUL */
+} mref;
+
 /* One undo step. */
-enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL };
+enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL, U_REF_PUT,
+       U_REF_DEL };
 typedef struct urec {
   unsigned char kind;
   unsigned char created;    /* this op created the session (or namespace): undo frees it */
@@ -154,7 +188,9 @@ typedef struct urec {
   unsigned char old_status, old_queued, old_flags;
   void *obj;                /* the row, session or namespace */
   void *old;                /* the replaced block (owned by the log until commit), or NULL */
-  void *neu;                /* U_SNAP_PUT, U_PRES_PUT: the block put; U_EV_UPDATE: the old links */
+  void *neu;                /* U_SNAP_PUT, U_PRES_PUT, U_REF_PUT: the block put;
+                               U_EV_UPDATE: the old links; U_EV_INSERT: the origin session
+                               the op created (undo frees it), or NULL */
   int64_t old_due;
 } urec;
 
@@ -171,7 +207,10 @@ struct es_backend {
   es_hmap ids;       /* rows by id */
   es_hmap sessions;  /* owned msess by name */
   msess *last;       /* the session found last: batches stay in one */
+  msess *last_origin; /* the origin session found last: a fork copies from one */
   es_tree names;     /* sessions with a session row, by name */
+  es_tree children;  /* sessions whose row has a parent, by (parent, name) */
+  es_tree refs;      /* mref by name */
   es_tree queued;    /* SLOT_QG */
   es_tree dead;      /* SLOT_DG */
   es_hmap types;     /* owned mtype by name */
@@ -244,7 +283,8 @@ static int check_write(es_txn *t, es_err *err) {
 /* ---- rows: layout ------------------------------------------------------- */
 
 static size_t tail_words(unsigned flags) {
-  return ((flags & RF_LANE) ? 1 : 0) + ((flags & RF_CAUSE) ? 2 : 0) + ((flags & RF_NOT_BEFORE) ? 1 : 0);
+  return ((flags & RF_LANE) ? 1 : 0) + ((flags & RF_CAUSE) ? 2 : 0) +
+         ((flags & RF_NOT_BEFORE) ? 1 : 0) + ((flags & RF_ORIGIN) ? 2 : 0);
 }
 
 static mlane *row_lane(const mrow *r) {
@@ -260,62 +300,113 @@ static const char *lane_key(const void *item) { return ((const mlane *)item)->na
 static const char *type_key(const void *item) { return ((const mtype *)item)->name; }
 static const char *ns_key(const void *item) { return ((const mns *)item)->name; }
 
-static int disp_is_default(const es_event *e) {
-  return e->attempts == 0 && e->failures == 0 && e->processed_at == ES_NONE &&
-         e->claim_expires_at == ES_NONE && e->retry_at == ES_NONE &&
-         e->last_failed_attempt == ES_NONE && e->returned == 0 && !e->last_error && !e->claim_holder;
+static void disp_fields(const es_event *e, int64_t f[NDF]) {
+  f[DF_ATTEMPTS] = e->attempts;
+  f[DF_FAILURES] = e->failures;
+  f[DF_RETURNED] = e->returned;
+  f[DF_PROCESSED_AT] = e->processed_at;
+  f[DF_CLAIM_EXPIRES_AT] = e->claim_expires_at;
+  f[DF_RETRY_AT] = e->retry_at;
+  f[DF_LAST_FAILED_ATTEMPT] = e->last_failed_attempt;
+  f[DF_FIRST_CLAIMED_AT] = e->first_claimed_at;
+  f[DF_LAST_CLAIMED_AT] = e->last_claimed_at;
+  f[DF_FAILED_AT] = e->failed_at;
+  f[DF_PROCESSED_BY_ATTEMPT] = e->processed_by_attempt;
+}
+
+static void disp_set_fields(es_event *e, const int64_t f[NDF]) {
+  e->attempts = f[DF_ATTEMPTS];
+  e->failures = f[DF_FAILURES];
+  e->returned = f[DF_RETURNED];
+  e->processed_at = f[DF_PROCESSED_AT];
+  e->claim_expires_at = f[DF_CLAIM_EXPIRES_AT];
+  e->retry_at = f[DF_RETRY_AT];
+  e->last_failed_attempt = f[DF_LAST_FAILED_ATTEMPT];
+  e->first_claimed_at = f[DF_FIRST_CLAIMED_AT];
+  e->last_claimed_at = f[DF_LAST_CLAIMED_AT];
+  e->failed_at = f[DF_FAILED_AT];
+  e->processed_by_attempt = f[DF_PROCESSED_BY_ATTEMPT];
+}
+
+/* The mask of the fields of f that differ from a fresh event's. */
+static unsigned disp_mask(const int64_t f[NDF]) {
+  unsigned m = 0;
+  for (int i = 0; i < NDF; i++)
+    if (f[i] != DF_DEFAULT[i]) m |= 1u << i;
+  return m;
+}
+
+/* Whether any field of f differs from a fresh event's: what every insert
+ * asks, most rows being fresh, so unrolled and without branches (the
+ * array then lives in registers). */
+static int disp_any(const int64_t f[NDF]) {
+  uint64_t x = 0;
+#pragma GCC unroll 16
+  for (int i = 0; i < NDF; i++) x |= (uint64_t)f[i] ^ (uint64_t)DF_DEFAULT[i];
+  return x != 0;
+}
+
+static void disp_unpack(const mdisp *d, int64_t f[NDF]) {
+  for (int i = 0, j = 0; i < NDF; i++) f[i] = (d->mask & (1u << i)) ? d->v[j++] : DF_DEFAULT[i];
 }
 
 /* Whether e's dispatch record needs a block; when not, *disp_flags holds the
  * RF_PROC_AT_CREATED / RF_RETURNED_NONE flags that make up the difference. */
 static int disp_needed(const es_event *e, int64_t created_at, unsigned *disp_flags) {
-  es_event probe = *e;
-  *disp_flags = 0;
-  if (probe.processed_at == created_at && probe.processed_at != ES_NONE) {
-    probe.processed_at = ES_NONE;
-    *disp_flags |= RF_PROC_AT_CREATED;
+  int64_t f[NDF];
+  unsigned flags = 0;
+  disp_fields(e, f);
+  if (f[DF_PROCESSED_AT] == created_at && created_at != ES_NONE) {
+    f[DF_PROCESSED_AT] = ES_NONE;
+    flags |= RF_PROC_AT_CREATED;
   }
-  if (probe.returned == -1) {
-    probe.returned = 0;
-    *disp_flags |= RF_RETURNED_NONE;
+  if (f[DF_RETURNED] == -1) {
+    f[DF_RETURNED] = 0;
+    flags |= RF_RETURNED_NONE;
   }
-  if (disp_is_default(&probe)) return 0;
-  *disp_flags = 0;
-  return 1;
+  int needed = disp_any(f) || e->last_error || e->claim_holder;
+  *disp_flags = needed ? 0 : flags;
+  return needed;
 }
 
 static int str_eq(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
 
-static const char *disp_error(const mdisp *d) { return d->has_error ? d->data : NULL; }
+static const char *disp_text(const mdisp *d) {
+  return (const char *)(d->v + __builtin_popcount(d->mask));
+}
+static const char *disp_error(const mdisp *d) { return d->has_error ? disp_text(d) : NULL; }
 static const char *disp_holder(const mdisp *d) {
   if (!d->has_holder) return NULL;
-  return d->has_error ? d->data + strlen(d->data) + 1 : d->data;
+  const char *p = disp_text(d);
+  return d->has_error ? p + strlen(p) + 1 : p;
 }
 
 static int disp_same(const mdisp *d, const es_event *e) {
-  return d && d->attempts == e->attempts && d->failures == e->failures &&
-         d->processed_at == e->processed_at && d->claim_expires_at == e->claim_expires_at &&
-         d->retry_at == e->retry_at && d->last_failed_attempt == e->last_failed_attempt &&
-         d->returned == e->returned && str_eq(disp_error(d), e->last_error) &&
+  if (!d) return 0;
+  int64_t have[NDF], want[NDF];
+  disp_unpack(d, have);
+  disp_fields(e, want);
+  return memcmp(have, want, sizeof have) == 0 && str_eq(disp_error(d), e->last_error) &&
          str_eq(disp_holder(d), e->claim_holder);
 }
 
 static mdisp *disp_new(const es_event *e) {
+  int64_t f[NDF];
+  disp_fields(e, f);
+  unsigned mask = disp_mask(f);
+  size_t nv = (size_t)__builtin_popcount(mask);
   size_t le = e->last_error ? strlen(e->last_error) + 1 : 0;
   size_t lh = e->claim_holder ? strlen(e->claim_holder) + 1 : 0;
-  mdisp *d = malloc(sizeof *d + le + lh);
+  mdisp *d = malloc(sizeof *d + nv * sizeof d->v[0] + le + lh);
   if (!d) return NULL;
-  d->attempts = e->attempts;
-  d->failures = e->failures;
-  d->processed_at = e->processed_at;
-  d->claim_expires_at = e->claim_expires_at;
-  d->retry_at = e->retry_at;
-  d->last_failed_attempt = e->last_failed_attempt;
-  d->returned = e->returned;
+  d->mask = (uint16_t)mask;
   d->has_error = e->last_error != NULL;
   d->has_holder = e->claim_holder != NULL;
-  if (le) memcpy(d->data, e->last_error, le);
-  if (lh) memcpy(d->data + le, e->claim_holder, lh);
+  for (int i = 0, j = 0; i < NDF; i++)
+    if (mask & (1u << i)) d->v[j++] = f[i];
+  char *text = (char *)(d->v + nv);
+  if (le) memcpy(text, e->last_error, le);
+  if (lh) memcpy(text + le, e->claim_holder, lh);
   return d;
 }
 
@@ -332,6 +423,15 @@ static void row_view(const mrow *r, es_event *e) {
     w += 2;
   }
   if (r->flags & RF_NOT_BEFORE) e->not_before = (int64_t)r->tail[w++];
+  e->origin_session = NULL;
+  e->origin_index = ES_NONE;
+  if (r->flags & RF_ORIGIN) {
+    msess *o;
+    memcpy(&o, &r->tail[w], sizeof o);
+    e->origin_session = o ? o->name : NULL;
+    e->origin_index = (int64_t)r->tail[w + 1];
+    w += 2;
+  }
   char *id = (char *)(r->tail + w);
   char *payload = id + strlen(id) + 1;
   e->id = id;
@@ -346,22 +446,18 @@ static void row_view(const mrow *r, es_event *e) {
   e->status = r->status;
   e->queued = r->queued;
   e->due_at = r->due_at;
+  e->packed = 0;
   const mdisp *d = r->disp;
   if (d) {
-    e->attempts = d->attempts;
-    e->failures = d->failures;
-    e->processed_at = d->processed_at;
-    e->claim_expires_at = d->claim_expires_at;
-    e->retry_at = d->retry_at;
-    e->last_failed_attempt = d->last_failed_attempt;
-    e->returned = d->returned;
+    int64_t f[NDF];
+    disp_unpack(d, f);
+    disp_set_fields(e, f);
     e->last_error = (char *)disp_error(d);
     e->claim_holder = (char *)disp_holder(d);
   } else {
-    e->attempts = e->failures = 0;
-    e->returned = (r->flags & RF_RETURNED_NONE) ? -1 : 0;
-    e->processed_at = (r->flags & RF_PROC_AT_CREATED) ? r->created_at : ES_NONE;
-    e->claim_expires_at = e->retry_at = e->last_failed_attempt = ES_NONE;
+    disp_set_fields(e, DF_DEFAULT);
+    if (r->flags & RF_RETURNED_NONE) e->returned = -1;
+    if (r->flags & RF_PROC_AT_CREATED) e->processed_at = r->created_at;
     e->last_error = e->claim_holder = NULL;
   }
 }
@@ -513,6 +609,26 @@ static int probe_name(const void *key, const es_tree_node *n) {
   return strcmp(key, ((const msess *)n)->name);
 }
 
+/* The children index: (parent, name), the parent read from the session
+ * row, which only a session_put changes (it unlinks first when it does). */
+typedef struct ckey {
+  const char *parent, *name;
+} ckey;
+
+static msess *child_sess(const es_tree_node *n) {
+  return (msess *)((const char *)n - offsetof(msess, by_parent));
+}
+static int ckey_cmp(const ckey *k, const msess *s) {
+  int c = strcmp(k->parent, s->info->parent);
+  return c ? c : strcmp(k->name, s->name);
+}
+static int probe_child(const void *key, const es_tree_node *n) { return ckey_cmp(key, child_sess(n)); }
+static int cmp_child(const es_tree_node *x, const es_tree_node *y) {
+  const msess *a = child_sess(x);
+  ckey k = {a->info->parent, a->name};
+  return ckey_cmp(&k, child_sess(y));
+}
+
 static msess *sess_alloc(const char *name) {
   size_t len = strlen(name);
   msess *s = calloc(1, sizeof *s + len + 1);
@@ -569,6 +685,7 @@ static void sess_publish(es_backend *b, msess *s, int fresh) {
 /* Undo of the op that created s: it holds nothing any more. */
 static void sess_unpublish(es_backend *b, msess *s) {
   if (b->last == s) b->last = NULL;
+  if (b->last_origin == s) b->last_origin = NULL;
   es_hmap_remove(&b->sessions, s->name);
   sess_free(s);
 }
@@ -671,6 +788,7 @@ static void mem_read_end(es_txn *t) { pthread_rwlock_unlock(&t->b->lock); }
 
 static int cmp_pres(const es_tree_node *x, const es_tree_node *y);
 static int cmp_pexp(const es_tree_node *x, const es_tree_node *y);
+static int cmp_ref(const es_tree_node *x, const es_tree_node *y);
 
 static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
   (void)opts;
@@ -698,14 +816,17 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_hmap_init(&b->types, type_key);
   es_hmap_init(&b->spaces, ns_key);
   es_tree_init(&b->names, cmp_name);
+  es_tree_init(&b->children, cmp_child);
+  es_tree_init(&b->refs, cmp_ref);
   es_tree_init(&b->queued, cmp_qg);
   es_tree_init(&b->dead, cmp_dg);
   *out = b;
   return ES_OK;
 }
 
-/* ord is the first member of a prow: the node is the allocation. */
-static void free_prow_node(es_tree_node *n) { free(n); }
+/* ord is the first member of a prow, node of an mref: the node is the
+ * allocation. */
+static void free_node(es_tree_node *n) { free(n); }
 
 static void mem_close(es_backend *b) {
   if (!b) return;
@@ -724,9 +845,10 @@ static void mem_close(es_backend *b) {
   it = 0;
   while ((ns = es_hmap_next(&b->spaces, &it))) {
     es_tree_clear(&ns->expiry, NULL);
-    es_tree_clear(&ns->rows, free_prow_node);
+    es_tree_clear(&ns->rows, free_node);
     free(ns);
   }
+  es_tree_clear(&b->refs, free_node);
   es_hmap_destroy(&b->ids);
   es_hmap_destroy(&b->sessions);
   es_hmap_destroy(&b->types);
@@ -747,25 +869,55 @@ static int mem_session_get(es_txn *t, const char *session, es_session_info *out,
   return es_session_info_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
+/* A copy of row in one block, its strings after the struct. */
+static es_session_info *info_new(const es_session_info *row) {
+  const char *strs[3] = {row->seal_reason, row->lease_holder, row->parent};
+  size_t lens[3], total = sizeof(es_session_info);
+  for (int i = 0; i < 3; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
+  es_session_info *info = malloc(total);
+  if (!info) return NULL;
+  *info = *row;
+  info->session = NULL;
+  char **outs[3] = {&info->seal_reason, &info->lease_holder, &info->parent};
+  char *p = (char *)(info + 1);
+  for (int i = 0; i < 3; i++) {
+    *outs[i] = strs[i] ? memcpy(p, strs[i], lens[i]) : NULL;
+    p += lens[i];
+  }
+  return info;
+}
+
+/* Makes `to` s's session row in place of `from` (s->info), keeping the
+ * by-name and children indexes right. Cannot fail; used by put and undo. */
+static void sess_swap_info(es_backend *b, msess *s, es_session_info *to) {
+  es_session_info *from = s->info;
+  const char *pf = from ? from->parent : NULL, *pt = to ? to->parent : NULL;
+  /* The tree reads the parent through s->info: unlink under the old key,
+   * link under the new one; an unchanged parent keeps its node. */
+  int moved = !str_eq(pf, pt);
+  if (pf && moved) es_tree_remove(&b->children, &s->by_parent);
+  if (from && !to) es_tree_remove(&b->names, &s->by_name);
+  s->info = to;
+  if (to && !from) es_tree_insert(&b->names, &s->by_name);
+  if (pt && moved) es_tree_insert(&b->children, &s->by_parent);
+}
+
 static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   es_backend *b = t->b;
   msess *s;
   int fresh, rc;
   if ((rc = check_write(t, err)) || (rc = sess_prepare(t, row->session, &s, &fresh, err))) return rc;
-  es_session_info *info = malloc(sizeof *info);
+  es_session_info *info = info_new(row);
   if (!info || undo_reserve(b, 1) != 0) {
     free(info);
     if (fresh) sess_free(s);
     return oom(err);
   }
-  *info = *row;
-  info->session = NULL;
   sess_publish(b, s, fresh);
   urec *u = undo_push(b, U_SESS_PUT, s);
   u->created = (unsigned char)fresh;
   u->old = s->info;
-  s->info = info;
-  if (!u->old) es_tree_insert(&b->names, &s->by_name);
+  sess_swap_info(b, s, info);
   return ES_OK;
 }
 
@@ -820,6 +972,41 @@ static int mem_session_list(es_txn *t, const char *prefix, const char *after, in
   }
 }
 
+/* O(log f + k), f = sessions with a parent: a seek in the children tree.
+ * Chunked like mem_session_list; a session whose parent a callback changed
+ * is checked again before its turn. */
+static int mem_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
+                                es_session_cb cb, void *ctx, es_err *err) {
+  es_backend *b = t->b;
+  if (!parent)
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: session_children needs a parent");
+  if (limit != ES_NONE && limit <= 0) return ES_OK;
+  ckey key = {parent, after ? after : ""};
+  int strict = after != NULL;
+  es_tree_iter it;
+  for (;;) {
+    msess *chunk[CHUNK];
+    int n = 0;
+    for (es_tree_node *nd = es_tree_iter_seek(&it, &b->children, probe_child, &key, strict);
+         nd && n < CHUNK; nd = es_tree_iter_next(&it)) {
+      msess *c = child_sess(nd);
+      if (strcmp(c->info->parent, parent) != 0) break;
+      chunk[n++] = c;
+    }
+    for (int i = 0; i < n; i++) {
+      msess *c = chunk[i];
+      if (!c->info || !c->info->parent || strcmp(c->info->parent, parent) != 0) continue;
+      es_session_info v = *c->info;
+      v.session = c->name;
+      if (cb(ctx, &v)) return ES_OK;
+      if (limit != ES_NONE && --limit == 0) return ES_OK;
+    }
+    if (n < CHUNK) return ES_OK;
+    key.name = chunk[n - 1]->name;
+    strict = 1;
+  }
+}
+
 /* ---- events: ops -------------------------------------------------------- */
 
 static int row_lookup(es_txn *t, const char *session, int64_t index, mrow **out) {
@@ -853,6 +1040,15 @@ static int check_status(const es_event *row, es_err *err) {
   return ES_OK;
 }
 
+/* The writer's lookup of a fork copy's origin session: a cache of its own,
+ * so that copying rows from one session into another keeps both cached. */
+static msess *origin_find(es_backend *b, const char *name) {
+  if (b->last_origin && strcmp(b->last_origin->name, name) == 0) return b->last_origin;
+  msess *s = es_hmap_get(&b->sessions, name);
+  if (s) b->last_origin = s;
+  return s;
+}
+
 static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   es_backend *b = t->b;
   int rc;
@@ -883,12 +1079,14 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   if (row->lane) flags |= RF_LANE;
   if (row->cause_index != ES_NONE || row->cause_attempt != ES_NONE) flags |= RF_CAUSE;
   if (row->not_before != ES_NONE) flags |= RF_NOT_BEFORE;
+  if (row->origin_session || row->origin_index != ES_NONE) flags |= RF_ORIGIN;
   if (!row->payload) flags |= RF_NO_PAYLOAD;
   size_t lid = strlen(row->id) + 1;
   size_t lpay = row->payload ? row->payload_len : 0;
   unsigned sets = sets_of(row->status, row->queued, flags);
 
   mlane *lane = NULL, *new_lane = NULL;
+  msess *origin = NULL, *new_origin = NULL;
   mtype *type = es_hmap_get(&b->types, row->type), *new_type = NULL;
   es_hmap *new_lanes = NULL;
   mdisp *disp = NULL;
@@ -921,6 +1119,17 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
       lane = new_lane;
     }
   }
+  if (row->origin_session) {
+    origin = strcmp(row->origin_session, s->name) == 0 ? s : origin_find(b, row->origin_session);
+    if (!origin) {
+      /* Not a session here (the core copies from one that is): an empty
+       * msess holds the name, seen by no op but through this row. */
+      if (es_hmap_reserve(&b->sessions, (size_t)fresh + 1) ||
+          !(new_origin = sess_alloc(row->origin_session)))
+        goto fail;
+      origin = new_origin;
+    }
+  }
   if (need_disp && !(disp = disp_new(row))) goto fail;
   if (sets && !(links = links_new(NULL, slots_for(sets)))) goto fail;
   r = malloc(sizeof *r + tail_words(flags) * 8 + lid + lpay + 1);
@@ -948,12 +1157,20 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
     r->tail[w++] = (uint64_t)row->cause_attempt;
   }
   if (flags & RF_NOT_BEFORE) r->tail[w++] = (uint64_t)row->not_before;
+  if (flags & RF_ORIGIN) {
+    memcpy(&r->tail[w++], &origin, sizeof origin);
+    r->tail[w++] = (uint64_t)row->origin_index;
+  }
   char *p = (char *)(r->tail + w);
   memcpy(p, row->id, lid);
   if (lpay) memcpy(p + lid, row->payload, lpay);
   p[lid + lpay] = '\0';
 
   sess_publish(b, s, fresh);
+  if (new_origin) {
+    es_hmap_put(&b->sessions, new_origin);  /* reserved: cannot fail */
+    b->last_origin = new_origin;
+  }
   if (new_lane) es_hmap_put(s->lanes, new_lane);
   if (lane) lane->rows++;
   if (new_type) es_hmap_put(&b->types, new_type);  /* reserved: cannot fail */
@@ -965,6 +1182,7 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   row_link(b, r, sets);
   urec *u = undo_push(b, U_EV_INSERT, r);
   u->created = (unsigned char)fresh;
+  u->neu = new_origin;
   row->position = r->position;
   return ES_OK;
 
@@ -972,6 +1190,7 @@ fail:
   free(r);
   free(links);
   free(disp);
+  if (new_origin) sess_free(new_origin);
   free(new_type);
   free(new_lane);
   if (new_lanes) {
@@ -1008,6 +1227,7 @@ static void undo_insert(es_backend *b, urec *u) {
   }
   row_free(r);
   if (u->created) sess_unpublish(b, s);
+  if (u->neu) sess_unpublish(b, u->neu);
 }
 
 static int mem_event_update(es_txn *t, const es_event *row, es_err *err) {
@@ -1575,6 +1795,123 @@ static void undo_pres(es_backend *b, urec *u) {
   }
 }
 
+/* ---- refs --------------------------------------------------------------- */
+
+static const char *ref_session(const mref *m) { return m->data + strlen(m->data) + 1; }
+static int probe_ref(const void *key, const es_tree_node *n) {
+  return strcmp(key, ((const mref *)n)->data);
+}
+static int cmp_ref(const es_tree_node *x, const es_tree_node *y) {
+  return strcmp(((const mref *)x)->data, ((const mref *)y)->data);
+}
+
+static mref *ref_find(const es_backend *b, const char *name) {
+  es_tree_node *n = es_tree_seek(&b->refs, probe_ref, name, 0);
+  return n && probe_ref(name, n) == 0 ? (mref *)n : NULL;
+}
+
+static void ref_view(const mref *m, es_ref *v) {
+  v->name = (char *)m->data;
+  v->session = (char *)ref_session(m);
+  v->head = ES_NONE;  /* not stored: the core reads it from the session row */
+  v->created_at = m->created_at;
+  v->updated_at = m->updated_at;
+}
+
+static void ref_link(es_backend *b, mref *m) {
+  es_tree_insert(&b->refs, &m->node);
+  m->linked = 1;
+}
+static void ref_unlink(es_backend *b, mref *m) {
+  es_tree_remove(&b->refs, &m->node);
+  m->linked = 0;
+}
+
+static int mem_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+  mref *m = name ? ref_find(t->b, name) : NULL;
+  if (!m) return ES_NOT_FOUND;
+  es_ref v;
+  ref_view(m, &v);
+  return es_ref_copy(out, &v) == ES_OK ? ES_OK : oom(err);
+}
+
+static int mem_ref_put(es_txn *t, const es_ref *row, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  if (!row->name || !row->session)
+    return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a ref needs a name and a session");
+  size_t ln = strlen(row->name) + 1, ls = strlen(row->session) + 1;
+  mref *m = NULL;
+  if (undo_reserve(b, 1) != 0 || !(m = malloc(sizeof *m + ln + ls))) {
+    free(m);
+    return oom(err);
+  }
+  m->created_at = row->created_at;
+  m->updated_at = row->updated_at;
+  memcpy(m->data, row->name, ln);
+  memcpy(m->data + ln, row->session, ls);
+  mref *old = ref_find(b, row->name);
+  if (old) ref_unlink(b, old);
+  ref_link(b, m);
+  urec *u = undo_push(b, U_REF_PUT, NULL);
+  u->old = old;
+  u->neu = m;
+  return ES_OK;
+}
+
+static int mem_ref_delete(es_txn *t, const char *name, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  mref *m = name ? ref_find(b, name) : NULL;
+  if (!m) return ES_NOT_FOUND;
+  if (undo_reserve(b, 1) != 0) return oom(err);
+  ref_unlink(b, m);
+  urec *u = undo_push(b, U_REF_DEL, NULL);
+  u->old = m;
+  return ES_OK;
+}
+
+static void undo_ref(es_backend *b, urec *u) {
+  if (u->kind == U_REF_PUT) {
+    ref_unlink(b, u->neu);
+    free(u->neu);
+  }
+  if (u->old) ref_link(b, u->old);
+}
+
+/* O(log r + k). Chunked like mem_session_list; a ref a callback replaced is
+ * read again by name before its turn (its old block lives until commit), a
+ * ref it deleted is skipped. */
+static int mem_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
+                        es_err *err) {
+  (void)err;
+  es_backend *b = t->b;
+  if (limit != ES_NONE && limit <= 0) return ES_OK;
+  const char *key = after ? after : "";
+  int strict = after != NULL;
+  es_tree_iter it;
+  for (;;) {
+    mref *chunk[CHUNK];
+    int n = 0;
+    for (es_tree_node *nd = es_tree_iter_seek(&it, &b->refs, probe_ref, key, strict);
+         nd && n < CHUNK; nd = es_tree_iter_next(&it))
+      chunk[n++] = (mref *)nd;
+    for (int i = 0; i < n; i++) {
+      mref *m = chunk[i];
+      if (!m->linked && !(m = ref_find(b, m->data))) continue;
+      es_ref v;
+      ref_view(m, &v);
+      if (cb(ctx, &v)) return ES_OK;
+      if (limit != ES_NONE && --limit == 0) return ES_OK;
+    }
+    if (n < CHUNK) return ES_OK;
+    key = chunk[n - 1]->data;
+    strict = 1;
+  }
+}
+
 /* ---- undo dispatch ------------------------------------------------------ */
 
 static void undo_one(es_backend *b, urec *u) {
@@ -1583,12 +1920,14 @@ static void undo_one(es_backend *b, urec *u) {
     case U_EV_UPDATE: undo_update(b, u); break;
     case U_SESS_PUT: {
       msess *s = u->obj;
-      free(s->info);
-      s->info = u->old;
-      if (!s->info) es_tree_remove(&b->names, &s->by_name);
+      es_session_info *cur = s->info;
+      sess_swap_info(b, s, u->old);
+      free(cur);
       if (u->created) sess_unpublish(b, s);
       break;
     }
+    case U_REF_PUT:
+    case U_REF_DEL: undo_ref(b, u); break;
     case U_SNAP_PUT: undo_snap(b, u); break;
     default: undo_pres(b, u); break;
   }
@@ -1610,6 +1949,7 @@ const es_backend_ops es_backend_memory = {
     .session_get = mem_session_get,
     .session_put = mem_session_put,
     .session_list = mem_session_list,
+    .session_children = mem_session_children,
     .event_get = mem_event_get,
     .event_get_by_id = mem_event_get_by_id,
     .event_insert = mem_event_insert,
@@ -1627,6 +1967,10 @@ const es_backend_ops es_backend_memory = {
     .snapshot_get = mem_snapshot_get,
     .snapshot_put = mem_snapshot_put,
     .snapshot_list = mem_snapshot_list,
+    .ref_get = mem_ref_get,
+    .ref_put = mem_ref_put,
+    .ref_delete = mem_ref_delete,
+    .ref_list = mem_ref_list,
     .presence_get = mem_presence_get,
     .presence_put = mem_presence_put,
     .presence_expire = mem_presence_expire,

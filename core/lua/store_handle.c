@@ -1051,6 +1051,7 @@ static int m_complete(lua_State *L) {
   int64_t attempt = es_lua_check_int(L, 4, "attempt");
   size_t n = 0;
   es_new_event *evs = NULL;
+  lua_settop(L, 6); /* events and options at fixed slots, whatever was given */
   if (lua_isnoneornil(L, 5)) {
     lua_newtable(L);
     lua_replace(L, 5);

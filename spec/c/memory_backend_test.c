@@ -1,11 +1,13 @@
 /*
  * memory_backend_test.c: unit test of the "memory:" backend through its ops
- * table (backend.h), without the core: every op, its ordering and limits,
- * undo on savepoint_rollback and write_rollback (the whole observable state,
- * indexes included, must be identical afterwards), out-of-memory at every
- * allocation of every write op, concurrent readers, its two containers
- * (tree.h, hmap.h) against a reference, and a scale check whose figures
- * (inserts/s, bytes per event, per-call costs) it prints.
+ * table (backend.h), without the core: every op (events, sessions and their
+ * children, snapshots, refs, presence), its ordering and limits, every field
+ * of every row read back exactly, undo on savepoint_rollback and
+ * write_rollback (the whole observable state, indexes included, must be
+ * identical afterwards), out-of-memory at every allocation of every write
+ * op, concurrent readers, its two containers (tree.h, hmap.h) against a
+ * reference, and a scale check whose figures (inserts/s, bytes per event,
+ * per-call costs) it prints.
  *
  * Prints TAP-style "ok N - name" / "not ok N - name" lines ("# ..." lines
  * are diagnostics and figures) and exits non-zero when a test failed.
@@ -310,6 +312,53 @@ static int sess_put(es_txn *t, const char *name, int64_t head) {
   return OPS->session_put(t, &si, &err);
 }
 
+/* A session row with every field set: lineage when parent is given, a
+ * seal and a lease when reason / holder are. */
+static int sess_put_full(es_txn *t, const char *name, int64_t head, const char *parent,
+                         const char *reason, const char *holder) {
+  es_session_info si;
+  es_err err;
+  es_session_info_init(&si);
+  si.session = (char *)name;
+  si.head = si.events = head;
+  si.first_at = 5;
+  si.updated_at = 6 + head;
+  si.fence = head + 1;
+  if (reason) {
+    si.sealed_at = 900 + head;
+    si.seal_reason = (char *)reason;
+  }
+  if (holder) {
+    si.lease_holder = (char *)holder;
+    si.lease_token = head + 1;
+    si.lease_expires_at = 5000 + head;
+  }
+  if (parent) {
+    si.parent = (char *)parent;
+    si.fork_at = head;
+    si.forked_at = 800 + head;
+  }
+  return OPS->session_put(t, &si, &err);
+}
+
+static int ref_put(es_txn *t, const char *name, const char *session, int64_t created,
+                   int64_t updated) {
+  es_ref r;
+  es_err err;
+  es_ref_init(&r);
+  r.name = (char *)name;
+  r.session = (char *)session;
+  r.head = 12345;  /* not stored */
+  r.created_at = created;
+  r.updated_at = updated;
+  return OPS->ref_put(t, &r, &err);
+}
+
+static int ref_del(es_txn *t, const char *name) {
+  es_err err;
+  return OPS->ref_delete(t, name, &err);
+}
+
 static int snap_put(es_txn *t, const char *s, const char *reducer, int64_t index, const char *state,
                     const char *version) {
   es_snapshot sn;
@@ -394,9 +443,13 @@ static void dump_event(sbuf *b, const es_event *e) {
   sb_str(b, e->last_error);
   sb_printf(b, " pat=%lld holder=", (long long)e->processed_at);
   sb_str(b, e->claim_holder);
-  sb_printf(b, " exp=%lld retry=%lld q=%d due=%lld lfa=%lld ret=%lld\n", (long long)e->claim_expires_at,
+  sb_printf(b, " exp=%lld retry=%lld q=%d due=%lld lfa=%lld ret=%lld", (long long)e->claim_expires_at,
             (long long)e->retry_at, e->queued, (long long)e->due_at, (long long)e->last_failed_attempt,
             (long long)e->returned);
+  sb_printf(b, " fca=%lld lca=%lld fat=%lld pba=%lld origin=", (long long)e->first_claimed_at,
+            (long long)e->last_claimed_at, (long long)e->failed_at, (long long)e->processed_by_attempt);
+  sb_str(b, e->origin_session);
+  sb_printf(b, "/%lld\n", (long long)e->origin_index);
 }
 
 static int dump_event_cb(void *ctx, const es_event *e) {
@@ -408,9 +461,27 @@ static int dump_session_cb(void *ctx, const es_session_info *si) {
   sbuf *b = ctx;
   sb_printf(b, "session ");
   sb_str(b, si->session);
-  sb_printf(b, " %lld %lld %lld %lld %lld %lld %lld %lld\n", (long long)si->head, (long long)si->events,
+  sb_printf(b, " %lld %lld %lld %lld %lld %lld %lld %lld", (long long)si->head, (long long)si->events,
             (long long)si->pending, (long long)si->dead, (long long)si->attempts,
             (long long)si->failures, (long long)si->first_at, (long long)si->updated_at);
+  sb_printf(b, " fence=%lld sealed=%lld reason=", (long long)si->fence, (long long)si->sealed_at);
+  sb_str(b, si->seal_reason);
+  sb_printf(b, " lease=");
+  sb_str(b, si->lease_holder);
+  sb_printf(b, "/%lld/%lld parent=", (long long)si->lease_token, (long long)si->lease_expires_at);
+  sb_str(b, si->parent);
+  sb_printf(b, "@%lld/%lld\n", (long long)si->fork_at, (long long)si->forked_at);
+  return 0;
+}
+
+static int dump_ref_cb(void *ctx, const es_ref *r) {
+  sbuf *b = ctx;
+  sb_printf(b, "ref ");
+  sb_str(b, r->name);
+  sb_printf(b, " -> ");
+  sb_str(b, r->session);
+  sb_printf(b, " head=%lld %lld %lld\n", (long long)r->head, (long long)r->created_at,
+            (long long)r->updated_at);
   return 0;
 }
 
@@ -437,7 +508,9 @@ static int dump_pres_cb(void *ctx, const es_presence_row *r) {
 }
 
 /* What a state dump visits besides what event_all reveals. */
-static const char *const U_SESSIONS[] = {"a", "b", "c", "new", "snaponly", "x/1", "x/2", NULL};
+static const char *const U_SESSIONS[] = {"a",  "b",  "c",  "new",  "snaponly", "x/1",
+                                         "x/2", "fa", "fb", "fc", "fnew", "ghost", NULL};
+static const char *const U_REFS[] = {"main", "dev", "rel/1", "new", "none", NULL};
 static const char *const U_LANES[] = {"l1", "l2", "newlane", NULL};
 static const char *const U_REDUCERS[] = {"r1", "r2", "r3", NULL};
 static const char *const U_NS[] = {"ns1", "ns2", "newns", NULL};
@@ -461,6 +534,15 @@ static char *dump_state(es_txn *t, const char *const *ids) {
   }
   sb_printf(&b, "== dead\n");
   OPS->dead_list(t, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  sb_printf(&b, "== refs\n");
+  OPS->ref_list(t, NULL, ES_NONE, dump_ref_cb, &b, &err);
+  OPS->ref_list(t, "dev", 1, dump_ref_cb, &b, &err);
+  for (const char *const *r = U_REFS; *r; r++) {
+    es_ref ref;
+    es_ref_init(&ref);
+    if (OPS->ref_get(t, *r, &ref, &err) == ES_OK) dump_ref_cb(&b, &ref);
+    es_ref_destroy(&ref);
+  }
   for (const char *const *ty = U_TYPES; *ty; ty++)
     for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
       ints c = due_type_pos(t, *ty, U_NOWS[k], ES_NONE);
@@ -476,6 +558,10 @@ static char *dump_state(es_txn *t, const char *const *ids) {
     sb_printf(&b, "== session %s\n", *s);
     if (OPS->session_get(t, *s, &si, &err) == ES_OK) dump_session_cb(&b, &si);
     es_session_info_destroy(&si);
+    sb_printf(&b, "children:\n");
+    OPS->session_children(t, *s, NULL, ES_NONE, dump_session_cb, &b, &err);
+    sb_printf(&b, "children after fa, 1:\n");
+    OPS->session_children(t, *s, "fa", 1, dump_session_cb, &b, &err);
     OPS->event_range(t, *s, 0, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
     for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
       ints c = due_pos(t, *s, U_NOWS[k], ES_NONE);
@@ -548,8 +634,8 @@ static int same_dump(const char *x, const char *y) {
 
 /* ---- a populated store -------------------------------------------------- */
 
-static const char *const BASE_IDS[] = {"a1", "a2", "a3", "a4", "a5", "a6", "a7", "b1", "b2", "b3",
-                                       "c1", "n1", "x1", NULL};
+static const char *const BASE_IDS[] = {"a1", "a2", "a3",  "a4",  "a5", "a6",  "a7", "b1",
+                                       "b2", "b3", "c1",  "n1",  "x1", "fa1", "fn1", NULL};
 
 /* Sessions a, b, c with laned, queued, processed, dead rows, session rows,
  * snapshots and presence: every index has members. */
@@ -575,6 +661,9 @@ static void populate(es_backend *b) {
   e.attempts = 3;
   e.last_error = "boom";
   e.last_failed_attempt = 3;
+  e.first_claimed_at = 1100;
+  e.last_claimed_at = 1300;
+  e.failed_at = 1310;
   CHECK_RC(ins(t, e), ES_OK);
   e = mkrow("a", 5, "a5", "l2");
   e.queued = 0;
@@ -606,9 +695,18 @@ static void populate(es_backend *b) {
   e.claim_holder = "w1";
   e.claim_expires_at = 1600;
   e.returned = 2;
+  e.first_claimed_at = e.last_claimed_at = 1400;
+  e.processed_by_attempt = 1;
   CHECK_RC(ins(t, e), ES_OK);
   CHECK_RC(sess_put(t, "a", 6), ES_OK);
   CHECK_RC(sess_put(t, "b", 3), ES_OK);
+  CHECK_RC(sess_put_full(t, "fa", 0, "a", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "fb", 1, "a", "closed", "w9"), ES_OK);
+  CHECK_RC(sess_put_full(t, "fc", 2, "b", NULL, "w8"), ES_OK);
+  CHECK_RC(sess_put_full(t, "x/1", 3, "a", "", NULL), ES_OK);
+  CHECK_RC(ref_put(t, "main", "a", 1, 2), ES_OK);
+  CHECK_RC(ref_put(t, "dev", "fa", 3, 4), ES_OK);
+  CHECK_RC(ref_put(t, "rel/1", "b", 5, 6), ES_OK);
   CHECK_RC(snap_put(t, "a", "r2", 4, "S2", "v1"), ES_OK);
   CHECK_RC(snap_put(t, "a", "r1", 2, "S1", NULL), ES_OK);
   CHECK_RC(snap_put(t, "snaponly", "r1", 0, NULL, "v"), ES_OK);
@@ -673,6 +771,74 @@ static int step_clear_c1(es_txn *t) {
   es_event_destroy(&e);
   return rc;
 }
+/* A fork's copies: origin an existing session, then a name that is none. */
+static int step_insert_forked(es_txn *t) {
+  es_event e = mkrow("fa", 1, "fa1", "l1");
+  e.status = ES_STATUS_PROCESSED;
+  e.processed_at = e.created_at;
+  e.returned = -1;
+  e.queued = 0;
+  e.due_at = ES_NONE;
+  e.origin_session = "a";
+  e.origin_index = 1;
+  return ins(t, e);
+}
+static int step_insert_forked_ghost(es_txn *t) {
+  es_event e = mkrow("fnew", 1, "fn1", NULL);
+  e.status = ES_STATUS_PROCESSED;
+  e.processed_at = 1;
+  e.returned = -1;
+  e.queued = 0;
+  e.due_at = ES_NONE;
+  e.origin_session = "ghost";
+  e.origin_index = 4;
+  return ins(t, e);
+}
+/* Completes a6 (attempt 2) and fails b1: every new dispatch field. */
+static int step_complete_a6(es_txn *t) {
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  int rc = OPS->event_get(t, "a", 6, &e, &err);
+  if (rc) return rc;
+  e.status = ES_STATUS_PROCESSED;
+  e.queued = 0;
+  e.due_at = ES_NONE;
+  e.attempts = 2;
+  e.first_claimed_at = 1011;
+  e.last_claimed_at = 1020;
+  e.processed_at = 1030;
+  e.processed_by_attempt = 2;
+  e.returned = 1;
+  rc = upd(t, &e);
+  es_event_destroy(&e);
+  return rc;
+}
+static int step_fail_b1(es_txn *t) {
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  int rc = OPS->event_get(t, "b", 1, &e, &err);
+  if (rc) return rc;
+  e.attempts = e.failures = 1;
+  e.first_claimed_at = e.last_claimed_at = 1003;
+  e.failed_at = 1004;
+  e.last_failed_attempt = 1;
+  e.retry_at = e.due_at = 1100;
+  e.last_error = "nope";
+  rc = upd(t, &e);
+  e.last_error = NULL;
+  es_event_destroy(&e);
+  return rc;
+}
+static int step_sess_fork(es_txn *t) { return sess_put_full(t, "fnew", 1, "a", NULL, NULL); }
+static int step_sess_reparent(es_txn *t) { return sess_put_full(t, "fb", 4, "b", "closed", "w9"); }
+static int step_sess_unparent(es_txn *t) { return sess_put_full(t, "fc", 5, NULL, "sealed", NULL); }
+static int step_sess_seal(es_txn *t) { return sess_put_full(t, "fa", 6, "a", "done", "w7"); }
+static int step_ref_add(es_txn *t) { return ref_put(t, "new", "fnew", 10, 10); }
+static int step_ref_replace(es_txn *t) { return ref_put(t, "main", "b", 1, 11); }
+static int step_ref_delete(es_txn *t) { return ref_del(t, "dev"); }
+static int step_ref_readd(es_txn *t) { return ref_put(t, "dev", "fb", 12, 12); }
 static int step_sess_replace(es_txn *t) { return sess_put(t, "a", 7); }
 static int step_sess_first(es_txn *t) { return sess_put(t, "c", 1); }
 static int step_sess_new(es_txn *t) { return sess_put(t, "x/2", 0); }
@@ -703,6 +869,12 @@ static const step STEPS[] = {
     {"snapshot add", step_snap_add},          {"snapshot new session", step_snap_new_session},
     {"presence replace", step_pres_replace},  {"presence add", step_pres_add},
     {"presence new ns", step_pres_new_ns},    {"presence expire", step_pres_expire},
+    {"insert forked", step_insert_forked},    {"insert forked from ghost", step_insert_forked_ghost},
+    {"complete a6", step_complete_a6},        {"fail b1", step_fail_b1},
+    {"session fork", step_sess_fork},         {"session reparent", step_sess_reparent},
+    {"session unparent", step_sess_unparent}, {"session seal", step_sess_seal},
+    {"ref add", step_ref_add},                {"ref replace", step_ref_replace},
+    {"ref delete", step_ref_delete},          {"ref re-add", step_ref_readd},
 };
 #define NSTEPS (sizeof STEPS / sizeof STEPS[0])
 
@@ -1240,6 +1412,610 @@ static void test_sessions(void) {
   OPS->close(b);
 }
 
+static char *dump_now(es_backend *b);
+
+/* e read back through every read op that returns it equals want. */
+static void check_reads(es_txn *t, const es_event *want) {
+  es_err err;
+  sbuf w = {0};
+  dump_event(&w, want);
+  es_event g;
+  es_event_init(&g);
+  CHECK_RC(OPS->event_get(t, want->session, want->index, &g, &err), ES_OK);
+  sbuf x = {0};
+  dump_event(&x, &g);
+  CHECK(same_dump(w.p, x.p));
+  CHECK(g.packed == 1);
+  es_event_destroy(&g);
+  CHECK_RC(OPS->event_get_by_id(t, want->id, &g, &err), ES_OK);
+  sbuf y = {0};
+  dump_event(&y, &g);
+  CHECK(same_dump(w.p, y.p));
+  es_event_destroy(&g);
+  /* The borrowed views of the walks. */
+  sbuf r = {0}, a = {0};
+  CHECK_RC(OPS->event_range(t, want->session, want->index - 1, want->index, ES_NONE, dump_event_cb, &r,
+                            &err), ES_OK);
+  CHECK(r.p && same_dump(w.p, r.p));
+  CHECK_RC(OPS->event_all(t, want->position - 1, 1, dump_event_cb, &a, &err), ES_OK);
+  CHECK(a.p && same_dump(w.p, a.p));
+  free(w.p);
+  free(x.p);
+  free(y.p);
+  free(r.p);
+  free(a.p);
+}
+
+static int64_t ins_row(es_txn *t, es_event *e) {
+  es_err err;
+  CHECK_RC(OPS->event_insert(t, e, &err), ES_OK);
+  return e->position;
+}
+
+static void test_event_fields(void) {
+  es_backend *b = open_mem();
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_event rows[8];
+  int n = 0;
+  rows[n++] = mkrow("o", 1, "o1", NULL);  /* ordinary: no origin */
+  es_event e = mkrow("f", 1, "f1", "l1");  /* a fork's copy, as fork writes them */
+  e.origin_session = "o";
+  e.origin_index = 1;
+  e.status = ES_STATUS_PROCESSED;
+  e.processed_at = 7;
+  e.returned = -1;
+  e.queued = 0;
+  e.due_at = ES_NONE;
+  e.cause_index = 3;
+  e.cause_attempt = 2;
+  e.not_before = 44;
+  e.payload = NULL;
+  e.payload_len = 0;
+  rows[n++] = e;
+  e = mkrow("f", 2, "f2", NULL);  /* origin: the row's own session */
+  e.origin_session = "f";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("f", 3, "f3", "l1");  /* origin: a name that is no session here */
+  e.origin_session = "ghost";
+  e.origin_index = 9;
+  rows[n++] = e;
+  e = mkrow("f", 4, "f4", NULL);  /* stored verbatim, even half an origin */
+  e.origin_index = 4;
+  rows[n++] = e;
+  e = mkrow("g", 1, "g1", NULL);  /* a new session copied from a new name */
+  e.origin_session = "ghost2";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("h", 1, "h1", NULL);  /* a new session copied from itself */
+  e.origin_session = "h";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("f", 5, "f5", NULL);  /* a fresh row given every new dispatch field */
+  e.attempts = 2;
+  e.first_claimed_at = 1;
+  e.last_claimed_at = 2;
+  e.failed_at = 3;
+  e.processed_by_attempt = 4;
+  rows[n++] = e;
+  for (int i = 0; i < n; i++) CHECK(ins_row(t, &rows[i]) == i + 1);
+  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
+  commit(t);
+  t = rbegin(b);
+  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
+  /* An origin name is stored, not made a session. */
+  es_session_info si;
+  es_session_info_init(&si);
+  CHECK_RC(OPS->session_get(t, "ghost", &si, &err), ES_NOT_FOUND);
+  names sl = list_sessions(t, "", NULL, ES_NONE);
+  CHECK(sl.n == 0);
+  ints c = range(t, "ghost", 0, ES_NONE, ES_NONE);
+  WANT_NONE(c);
+  OPS->read_end(t);
+
+  /* The dispatch fields through claims, a failure, a completion; each new
+   * field alone; back to untouched. Origins do not change. */
+  t = wbegin(b);
+  es_event u = rows[1];
+  u.status = ES_STATUS_PENDING;
+  u.queued = 1;
+  u.due_at = 50;
+  u.attempts = 1;
+  u.claim_holder = "w";
+  u.claim_expires_at = 60;
+  u.first_claimed_at = u.last_claimed_at = 50;
+  u.processed_at = ES_NONE;
+  u.returned = 0;
+  u.origin_session = "changed";  /* immutable: ignored */
+  u.origin_index = 77;
+  CHECK_RC(upd(t, &u), ES_OK);
+  u.origin_session = rows[1].origin_session;
+  u.origin_index = rows[1].origin_index;
+  check_reads(t, &u);
+  ints q = due_pos(t, NULL, 50, ES_NONE);
+  WANT(q, 2);
+  CHECK_RC(upd(t, &u), ES_OK);  /* the same record again */
+  check_reads(t, &u);
+  u.status = ES_STATUS_DEAD;
+  u.queued = 0;
+  u.due_at = ES_NONE;
+  u.failures = 1;
+  u.failed_at = 61;
+  u.last_failed_attempt = 1;
+  u.last_error = "bad";
+  u.claim_holder = NULL;
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  sbuf w = {0}, d = {0};
+  dump_event(&w, &u);
+  CHECK_RC(OPS->dead_list(t, "f", 0, ES_NONE, dump_event_cb, &d, &err), ES_OK);
+  CHECK(d.p && same_dump(w.p, d.p));
+  free(w.p);
+  free(d.p);
+  u.status = ES_STATUS_PENDING;
+  u.queued = 1;
+  u.due_at = 70;
+  u.attempts = 2;
+  u.last_claimed_at = 70;
+  u.claim_holder = "w2";
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  u.status = ES_STATUS_PROCESSED;
+  u.queued = 0;
+  u.due_at = ES_NONE;
+  u.processed_at = 80;
+  u.processed_by_attempt = 2;
+  u.returned = 3;
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  es_event base = rows[3];
+  for (int f = 0; f < 4; f++) {
+    es_event one = base;
+    int64_t *field[] = {&one.first_claimed_at, &one.last_claimed_at, &one.failed_at,
+                        &one.processed_by_attempt};
+    *field[f] = INT64_MAX - f;
+    CHECK_RC(upd(t, &one), ES_OK);
+    check_reads(t, &one);
+    *field[f] = INT64_MIN + 1;  /* anything but ES_NONE is stored */
+    CHECK_RC(upd(t, &one), ES_OK);
+    check_reads(t, &one);
+  }
+  CHECK_RC(upd(t, &base), ES_OK);
+  check_reads(t, &base);
+  commit(t);
+  t = rbegin(b);
+  check_reads(t, &u);
+  check_reads(t, &base);
+  OPS->read_end(t);
+
+  /* Undone, the rows and the origin names they brought go; done again,
+   * they read back the same. */
+  char *before = dump_now(b);
+  t = wbegin(b);
+  es_event x = mkrow("k", 1, "k1", NULL);
+  x.origin_session = "ghost3";
+  x.origin_index = 2;
+  es_event y = mkrow("k", 2, "k2", NULL);
+  y.origin_session = "ghost3";
+  y.origin_index = 3;
+  es_event z = mkrow("f", 6, "f6", NULL);
+  z.origin_session = "ghost3";
+  z.origin_index = 5;
+  CHECK(ins_row(t, &x) == n + 1 && ins_row(t, &y) == n + 2 && ins_row(t, &z) == n + 3);
+  check_reads(t, &y);
+  OPS->write_rollback(t);
+  char *after = dump_now(b);
+  CHECK(same_dump(before, after));
+  t = wbegin(b);
+  CHECK(ins_row(t, &x) == n + 1 && ins_row(t, &y) == n + 2 && ins_row(t, &z) == n + 3);
+  commit(t);
+  t = rbegin(b);
+  check_reads(t, &x);
+  check_reads(t, &z);
+  OPS->read_end(t);
+  free(before);
+  free(after);
+  OPS->close(b);
+}
+
+static void check_session(es_txn *t, const char *name, const char *want) {
+  es_session_info si;
+  es_err err;
+  es_session_info_init(&si);
+  CHECK_RC(OPS->session_get(t, name, &si, &err), ES_OK);
+  sbuf x = {0};
+  dump_session_cb(&x, &si);
+  CHECK(x.p && same_dump(want, x.p));
+  free(x.p);
+  es_session_info_destroy(&si);
+}
+
+static void test_session_fields(void) {
+  es_backend *b = open_mem();
+  es_txn *t = wbegin(b);
+  es_err err;
+  /* A seal reason as long as the store keeps. */
+  char *reason = malloc(ES_MAX_TEXT_BYTES + 1);
+  memset(reason, 'r', ES_MAX_TEXT_BYTES);
+  reason[ES_MAX_TEXT_BYTES] = '\0';
+  es_session_info si;
+  es_session_info_init(&si);
+  si.session = "s";
+  si.head = 1;
+  si.fence = 9;
+  si.sealed_at = 10;
+  si.seal_reason = reason;
+  si.lease_holder = "holder";
+  si.lease_token = 9;
+  si.lease_expires_at = 11;
+  si.parent = "p";
+  si.fork_at = 12;
+  si.forked_at = 13;
+  CHECK_RC(OPS->session_put(t, &si, &err), ES_OK);
+  sbuf want = {0};
+  dump_session_cb(&want, &si);
+  /* The row was copied: the caller's strings are its own. */
+  reason[0] = 'X';
+  check_session(t, "s", want.p);
+  es_session_info got;
+  es_session_info_init(&got);
+  CHECK_RC(OPS->session_get(t, "s", &got, &err), ES_OK);
+  CHECK(strlen(got.seal_reason) == ES_MAX_TEXT_BYTES && got.seal_reason[0] == 'r');
+  got.lease_holder[0] = 'Z';  /* owned by the caller */
+  es_session_info_destroy(&got);
+  check_session(t, "s", want.p);
+  /* Every field through session_list and session_children too. */
+  sbuf l = {0}, c = {0};
+  CHECK_RC(OPS->session_list(t, "s", NULL, ES_NONE, dump_session_cb, &l, &err), ES_OK);
+  CHECK(l.p && same_dump(want.p, l.p));
+  CHECK_RC(OPS->session_children(t, "p", NULL, ES_NONE, dump_session_cb, &c, &err), ES_OK);
+  CHECK(c.p && same_dump(want.p, c.p));
+  free(l.p);
+  free(c.p);
+  /* Replaced by a row with no strings, then empty ones. */
+  es_session_info plain;
+  es_session_info_init(&plain);
+  plain.session = "s";
+  plain.head = 2;
+  CHECK_RC(OPS->session_put(t, &plain, &err), ES_OK);
+  sbuf want2 = {0};
+  dump_session_cb(&want2, &plain);
+  check_session(t, "s", want2.p);
+  plain.seal_reason = plain.lease_holder = plain.parent = "";
+  CHECK_RC(OPS->session_put(t, &plain, &err), ES_OK);
+  sbuf want3 = {0};
+  dump_session_cb(&want3, &plain);
+  check_session(t, "s", want3.p);
+  commit(t);
+  t = rbegin(b);
+  check_session(t, "s", want3.p);
+  OPS->read_end(t);
+  /* Rolled back to the long row and forth again. */
+  t = wbegin(b);
+  reason[0] = 'r';
+  CHECK_RC(OPS->session_put(t, &si, &err), ES_OK);
+  check_session(t, "s", want.p);
+  OPS->write_rollback(t);
+  t = rbegin(b);
+  check_session(t, "s", want3.p);
+  OPS->read_end(t);
+  free(want.p);
+  free(want2.p);
+  free(want3.p);
+  free(reason);
+  OPS->close(b);
+}
+
+/* session_children's names as one string: "a b c ". */
+typedef struct ntext {
+  char s[4096];
+  size_t n;
+  size_t stop_at;
+  int calls;
+  es_txn *t;
+  int mode;  /* 1: each call moves its child to parent "elsewhere" and, the first 40,
+                add a child "zz<k>" of "big"; the first also moves c001, c003, ...
+                c099 away */
+} ntext;
+
+static int ntext_cb(void *ctx, const es_session_info *si) {
+  ntext *c = ctx;
+  c->calls++;
+  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s ", si->session);
+  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
+  if (c->mode == 1) {
+    char name[32];
+    CHECK_RC(sess_put_full(c->t, si->session, 0, "elsewhere", NULL, NULL), ES_OK);
+    snprintf(name, sizeof name, "zz%d", c->calls);
+    if (c->calls <= 40) CHECK_RC(sess_put_full(c->t, name, 0, "big", NULL, NULL), ES_OK);
+    for (int i = 1; c->calls == 1 && i < 100; i += 2) {
+      snprintf(name, sizeof name, "c%03d", i);
+      CHECK_RC(sess_put_full(c->t, name, 0, "elsewhere", NULL, NULL), ES_OK);
+    }
+  }
+  return c->stop_at && (size_t)c->calls >= c->stop_at;
+}
+
+static const char *children(es_txn *t, const char *parent, const char *after, int64_t limit,
+                            ntext *c) {
+  es_err err;
+  c->n = 0;
+  c->s[0] = '\0';
+  c->calls = 0;
+  CHECK_RC(OPS->session_children(t, parent, after, limit, ntext_cb, c, &err), ES_OK);
+  return c->s;
+}
+
+static void test_children(void) {
+  es_backend *b = open_mem();
+  es_txn *t = wbegin(b);
+  es_err err;
+  ntext c = {.n = 0};
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "") == 0);
+  const char *kids[] = {"p/b", "p/a", "p/\xff", "p/\xc3\xa9", "q", "p/a/1"};
+  for (size_t i = 0; i < sizeof kids / sizeof kids[0]; i++)
+    CHECK_RC(sess_put_full(t, kids[i], (int64_t)i, "p", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "p", 0, NULL, NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "q/1", 0, "q", NULL, NULL), ES_OK);
+  /* Parents that sort next to "p" share no children with it. */
+  CHECK_RC(sess_put_full(t, "o/1", 0, "o", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "p!", 0, "p/", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "p0", 0, "p\x01", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "pp", 0, "", NULL, NULL), ES_OK);  /* the empty name, stored */
+  CHECK_RC(ins(t, mkrow("r", 1, "r1", NULL)), ES_OK);  /* events only: no row, no parent */
+  commit(t);
+  t = rbegin(b);
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "p", "p/a", ES_NONE, &c), "p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "p", "p/a/0", ES_NONE, &c), "p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "p", "", ES_NONE, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "p", "p/b", 2, &c), "p/\xc3\xa9 p/\xff ") == 0);
+  CHECK(strcmp(children(t, "p", NULL, 1, &c), "p/a ") == 0);
+  CHECK(strcmp(children(t, "p", "q", ES_NONE, &c), "") == 0);
+  CHECK(strcmp(children(t, "p", "\xff", ES_NONE, &c), "") == 0);
+  CHECK(strcmp(children(t, "p", NULL, ES_MAX_LIMIT, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "p", NULL, INT64_MAX, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "p", NULL, 0, &c), "") == 0);
+  CHECK(strcmp(children(t, "p", NULL, -3, &c), "") == 0);
+  CHECK(strcmp(children(t, "q", NULL, ES_NONE, &c), "q/1 ") == 0);
+  CHECK(strcmp(children(t, "p/", NULL, ES_NONE, &c), "p! ") == 0);
+  CHECK(strcmp(children(t, "", NULL, ES_NONE, &c), "pp ") == 0);
+  CHECK(strcmp(children(t, "o", NULL, ES_NONE, &c), "o/1 ") == 0);
+  CHECK(strcmp(children(t, "nobody", NULL, ES_NONE, &c), "") == 0);
+  CHECK(strcmp(children(t, "r", NULL, ES_NONE, &c), "") == 0);
+  c.stop_at = 2;  /* the callback stops the walk */
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 ") == 0);
+  c.stop_at = 0;
+  CHECK_RC(OPS->session_children(t, NULL, NULL, ES_NONE, ntext_cb, &c, &err), ES_INVALID_ARGUMENT);
+  OPS->read_end(t);
+
+  /* A put that changes the parent moves the child; one that keeps it
+   * keeps one entry; one without a parent removes it. Undone exactly. */
+  char *before = dump_now(b);
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(sess_put_full(t, "p/b", 9, "q", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "p/a", 9, NULL, "sealed", NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "q", 9, "p", "sealed", "h"), ES_OK);
+  CHECK_RC(sess_put_full(t, "q", 10, "p", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "new", 0, "q", NULL, NULL), ES_OK);
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a/1 p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "q", NULL, ES_NONE, &c), "new p/b q/1 ") == 0);
+  sbuf one = {0};
+  CHECK_RC(OPS->session_children(t, "p", "p/\xff", ES_NONE, dump_session_cb, &one, &err), ES_OK);
+  CHECK(one.p && strstr(one.p, " 10 10 ") != NULL);  /* the latest row of q */
+  free(one.p);
+  OPS->savepoint_rollback(t);
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  CHECK(strcmp(children(t, "q", NULL, ES_NONE, &c), "q/1 ") == 0);
+  CHECK_RC(sess_put_full(t, "p/b", 9, "q", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "new", 0, "p", NULL, NULL), ES_OK);
+  OPS->write_rollback(t);
+  char *after = dump_now(b);
+  CHECK(same_dump(before, after));
+  free(before);
+  free(after);
+  t = rbegin(b);
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
+  OPS->read_end(t);
+
+  /* Beyond one walk chunk, with a callback that moves each child away and
+   * adds new ones behind the walk: each child is seen once. */
+  t = wbegin(b);
+  for (int i = 0; i < 100; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "c%03d", i);
+    CHECK_RC(sess_put_full(t, name, i, "big", NULL, NULL), ES_OK);
+  }
+  CHECK_RC(sess_put_full(t, "bif/1", 0, "bif", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "bih/1", 0, "bih", NULL, NULL), ES_OK);
+  children(t, "big", NULL, ES_NONE, &c);
+  CHECK(c.calls == 100 && strncmp(c.s, "c000 c001 ", 10) == 0);
+  children(t, "big", "c010", ES_NONE, &c);
+  CHECK(c.calls == 89 && strncmp(c.s, "c011 ", 5) == 0);
+  children(t, "big", "c010", 70, &c);
+  CHECK(c.calls == 70 && strstr(c.s, "c080 ") != NULL && strstr(c.s, "c081") == NULL);
+  c.t = t;
+  c.mode = 1;
+  children(t, "big", NULL, ES_NONE, &c);
+  c.mode = 0;
+  /* The 50 even ones (the odd ones left before their turn, in this chunk
+   * and the next), then the 40 added behind them ("zz1".."zz40"), each
+   * moved away in its turn. */
+  CHECK(c.calls == 90);
+  CHECK(strncmp(c.s, "c000 c002 c004 ", 15) == 0);
+  CHECK(strstr(c.s, "c030 c032 c034 ") != NULL);
+  CHECK(strstr(c.s, "c098 zz1 zz10 ") != NULL);
+  children(t, "big", NULL, ES_NONE, &c);
+  CHECK(c.calls == 0);
+  children(t, "elsewhere", NULL, ES_NONE, &c);
+  CHECK(c.calls == 140 && strncmp(c.s, "c000 ", 5) == 0);
+  commit(t);
+  OPS->close(b);
+}
+
+/* ref_list's names as one string. */
+typedef struct rtext {
+  char s[4096];
+  size_t n;
+  int calls;
+  size_t stop_at;
+  es_txn *t;
+  int mode;  /* 1: the first call replaces each odd ref r001..r099 and deletes r010,
+                r020, ..., r090 */
+} rtext;
+
+static int rtext_cb(void *ctx, const es_ref *r) {
+  rtext *c = ctx;
+  c->calls++;
+  CHECK(r->head == ES_NONE);
+  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s=%s ", r->name, r->session);
+  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
+  if (c->mode == 1 && c->calls == 1) {
+    for (int i = 1; i < 100; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "r%03d", i);
+      if (i % 10 == 0) CHECK_RC(ref_del(c->t, name), ES_OK);
+      else if (i % 2) CHECK_RC(ref_put(c->t, name, "moved", 0, 1), ES_OK);
+    }
+  }
+  return c->stop_at && (size_t)c->calls >= c->stop_at;
+}
+
+static const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
+  es_err err;
+  c->n = 0;
+  c->s[0] = '\0';
+  c->calls = 0;
+  CHECK_RC(OPS->ref_list(t, after, limit, rtext_cb, c, &err), ES_OK);
+  return c->s;
+}
+
+static void test_refs(void) {
+  es_backend *b = open_mem();
+  es_err err;
+  es_ref r;
+  es_ref_init(&r);
+  es_txn *t = rbegin(b);
+  rtext c = {.n = 0};
+  CHECK_RC(OPS->ref_get(t, "main", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "") == 0);
+  /* Writes need a write transaction. */
+  CHECK_RC(ref_put(t, "main", "s", 1, 1), ES_INVALID_ARGUMENT);
+  CHECK_RC(ref_del(t, "main"), ES_INVALID_ARGUMENT);
+  OPS->read_end(t);
+  t = wbegin(b);
+  CHECK_RC(ref_put(t, "b", "s1", 1, 2), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s2", 3, 4), ES_OK);
+  CHECK_RC(ref_put(t, "\xff", "s3", 5, 6), ES_OK);
+  CHECK_RC(ref_put(t, "a/1", "s4", 7, 8), ES_OK);
+  CHECK_RC(ref_put(t, "ab", "", 9, 10), ES_OK);
+  CHECK_RC(ref_put(t, NULL, "s", 1, 1), ES_INVALID_ARGUMENT);
+  CHECK_RC(ref_put(t, "x", NULL, 1, 1), ES_INVALID_ARGUMENT);
+  CHECK_RC(OPS->ref_get(t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.name, "a") == 0 && strcmp(r.session, "s2") == 0 && r.head == ES_NONE);
+  CHECK(r.created_at == 3 && r.updated_at == 4);
+  es_ref_destroy(&r);
+  /* Replaced in place of the old one (insert or replace). */
+  CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->ref_get(t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.session, "s5") == 0 && r.created_at == 3 && r.updated_at == 11);
+  r.name[0] = 'Z';  /* owned by the caller */
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.name, "a") == 0);
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(t, "ab", &r, &err), ES_OK);
+  CHECK(strcmp(r.session, "") == 0);
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(t, "a/", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(t, NULL, &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= b=s1 \xff=s3 ") == 0);
+  CHECK(strcmp(refs(t, "a", ES_NONE, &c), "a/1=s4 ab= b=s1 \xff=s3 ") == 0);
+  CHECK(strcmp(refs(t, "a0", 2, &c), "ab= b=s1 ") == 0);
+  CHECK(strcmp(refs(t, "", 1, &c), "a=s5 ") == 0);
+  CHECK(strcmp(refs(t, NULL, ES_MAX_LIMIT, &c), "a=s5 a/1=s4 ab= b=s1 \xff=s3 ") == 0);
+  CHECK(strcmp(refs(t, NULL, 0, &c), "") == 0);
+  CHECK(strcmp(refs(t, NULL, -1, &c), "") == 0);
+  CHECK(strcmp(refs(t, "\xff", ES_NONE, &c), "") == 0);
+  c.stop_at = 3;
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= ") == 0);
+  c.stop_at = 0;
+  OPS->read_end(t);
+  t = wbegin(b);
+  CHECK_RC(ref_del(t, "ab"), ES_OK);
+  CHECK_RC(ref_del(t, "ab"), ES_NOT_FOUND);
+  CHECK_RC(ref_del(t, "nope"), ES_NOT_FOUND);
+  CHECK_RC(ref_del(t, NULL), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(t, "ab", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
+  commit(t);
+
+  /* Undo: every kind of ref write, nested, restores the exact list. */
+  char *before = dump_now(b);
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s6", 3, 12), ES_OK);
+  CHECK_RC(ref_del(t, "b"), ES_OK);
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(ref_put(t, "b", "s7", 13, 13), ES_OK);
+  CHECK_RC(ref_put(t, "b", "s8", 13, 14), ES_OK);
+  CHECK_RC(ref_del(t, "a/1"), ES_OK);
+  CHECK_RC(ref_put(t, "c", "s9", 15, 15), ES_OK);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 b=s8 c=s9 \xff=s3 ") == 0);
+  OPS->savepoint_rollback(t);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 a/1=s4 \xff=s3 ") == 0);
+  OPS->savepoint_rollback(t);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
+  CHECK_RC(ref_del(t, "a"), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s10", 16, 16), ES_OK);
+  OPS->write_rollback(t);
+  char *after = dump_now(b);
+  CHECK(same_dump(before, after));
+  t = rbegin(b);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
+  OPS->read_end(t);
+  free(before);
+  free(after);
+
+  /* Beyond one walk chunk, with a callback that replaces and deletes refs
+   * of this chunk and the next ones: replaced refs are read as they are
+   * now, deleted ones are skipped. */
+  t = wbegin(b);
+  CHECK_RC(ref_del(t, "\xff"), ES_OK);  /* the only name after "r" */
+  for (int i = 0; i < 100; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "r%03d", i);
+    CHECK_RC(ref_put(t, name, "s", i, i), ES_OK);
+  }
+  refs(t, "r", ES_NONE, &c);
+  CHECK(c.calls == 100 && strncmp(c.s, "r000=s r001=s ", 14) == 0);
+  refs(t, "r049", 60, &c);
+  CHECK(c.calls == 50 && strncmp(c.s, "r050=s ", 7) == 0);
+  c.t = t;
+  c.mode = 1;
+  refs(t, "r", ES_NONE, &c);
+  c.mode = 0;
+  CHECK(c.calls == 91);
+  CHECK(strncmp(c.s, "r000=s r001=moved r002=s r003=moved ", 36) == 0);
+  CHECK(strstr(c.s, "r009=moved r011=moved r012=s ") != NULL);
+  CHECK(strstr(c.s, "r089=moved r091=moved ") != NULL);
+  char *walked = strdup(c.s);
+  refs(t, "r", ES_NONE, &c);
+  CHECK(c.calls == 91 && strcmp(c.s, walked) == 0);
+  free(walked);
+  commit(t);
+  /* Closing with ref writes open frees every block. */
+  t = wbegin(b);
+  CHECK_RC(ref_put(t, "r000", "x", 0, 0), ES_OK);
+  CHECK_RC(ref_del(t, "r001"), ES_OK);
+  CHECK_RC(ref_put(t, "zz", "x", 0, 0), ES_OK);
+  OPS->close(b);
+}
+
 typedef struct snaps {
   char reducer[8][8];
   int64_t index[8];
@@ -1622,8 +2398,9 @@ static void test_out_of_memory(void) {
         break;
       }
     }
-    /* presence_expire only allocates when the undo log must grow: below. */
-    if (step_failures == 0 && STEPS[i].fn != step_pres_expire) {
+    /* presence_expire and ref_delete only allocate when the undo log must
+     * grow: below. */
+    if (step_failures == 0 && STEPS[i].fn != step_pres_expire && STEPS[i].fn != step_ref_delete) {
       printf("#   step %s allocates nothing: not tested\n", STEPS[i].name);
       cur_failed = 1;
     }
@@ -1660,6 +2437,36 @@ static void test_out_of_memory(void) {
     free(after);
     OPS->close(p);
   }
+  /* ref_delete running out of memory: the undo log full, the step that
+   * would grow it fails and changes nothing. */
+  {
+    int hit = 0;
+    es_err e2;
+    for (int k = 0; k < 4096 && !hit; k++) {
+      es_txn *t = wbegin(b);
+      for (int i = 0; i < k; i++) CHECK_RC(ref_put(t, "main", "a", 1, i), ES_OK);
+      fail_countdown = 0;
+      int rc = OPS->ref_delete(t, "dev", &e2);
+      fail_countdown = -1;
+      if (rc != ES_OK) {
+        hit = 1;
+        CHECK_RC(rc, ES_STORAGE);
+        es_ref r;
+        es_ref_init(&r);
+        CHECK_RC(OPS->ref_get(t, "dev", &r, &e2), ES_OK);
+        CHECK(r.session && strcmp(r.session, "fa") == 0);
+        es_ref_destroy(&r);
+        /* and the next try, with memory, goes through */
+        CHECK_RC(OPS->ref_delete(t, "dev", &e2), ES_OK);
+        failures_seen++;
+      }
+      OPS->write_rollback(t);
+    }
+    CHECK(hit);
+    char *d = dump_now(b);
+    CHECK(same_dump(base, d));
+    free(d);
+  }
   CHECK(failures_seen >= (long)NSTEPS);
   printf("#   %ld injected allocation failures\n", failures_seen);
 
@@ -1671,11 +2478,13 @@ static void test_out_of_memory(void) {
     es_session_info si;
     es_snapshot sn;
     es_presence_row pr;
+    es_ref rf;
     es_event_init(&e);
     es_session_info_init(&si);
     es_snapshot_init(&sn);
     es_presence_row_init(&pr);
-    int rc[6];
+    es_ref_init(&rf);
+    int rc[9];
     fail_countdown = k;
     rc[0] = OPS->event_get(t, "c", 1, &e, &err);
     es_event_destroy(&e);
@@ -1693,8 +2502,17 @@ static void test_out_of_memory(void) {
     es_presence_row_destroy(&pr);
     fail_countdown = k;
     rc[5] = OPS->savepoint(t, &err);
+    fail_countdown = k;
+    rc[6] = OPS->ref_get(t, "main", &rf, &err);
+    es_ref_destroy(&rf);
+    fail_countdown = k;
+    rc[7] = OPS->session_get(t, "fb", &si, &err);  /* a row with every string */
+    es_session_info_destroy(&si);
+    fail_countdown = k;
+    rc[8] = OPS->event_get(t, "a", 4, &e, &err);  /* a dispatch block with an error */
+    es_event_destroy(&e);
     fail_countdown = -1;
-    for (int j = 0; j < 6; j++) CHECK(rc[j] == ES_OK || rc[j] == ES_STORAGE);
+    for (int j = 0; j < 9; j++) CHECK(rc[j] == ES_OK || rc[j] == ES_STORAGE);
     OPS->write_rollback(t);
   }
   for (long k = 0; k < 4; k++) {
@@ -2180,6 +2998,13 @@ int main(int argc, char **argv) {
       test_types);
   run("dead_list: position order, per session, limits", test_dead);
   run("session_put / session_get / session_list: byte order, prefix, after, limit", test_sessions);
+  run("event fields: origin (immutable, only on forked rows) and the dispatch record round-trip",
+      test_event_fields);
+  run("session rows: every field and string round-trips, copied, replaced, undone",
+      test_session_fields);
+  run("session_children: byte order, after, limit, moves with the parent, undo, callbacks",
+      test_children);
+  run("refs: put, replace, get, delete, list in byte order, undo, callbacks", test_refs);
   run("snapshots: put, replace, get, list by reducer", test_snapshots);
   run("presence: put, get, list by (participant, field), expire", test_presence);
   run("savepoint_rollback restores the exact state, indexes included", test_savepoint_rollback);
