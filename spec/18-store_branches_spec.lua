@@ -358,6 +358,23 @@ for _, url in ipairs(helpers.urls()) do
           assert.equal(5, store:head("src"))
         end)
 
+        it("`to` an ancestor of `from`: INVALID_ARGUMENT, the lineage stays a tree", function()
+          local store = new()
+          -- a session without events can have forks made at 0
+          store:seal("a")
+          store:fork("a", 0, "b")
+          store:fork("b", 0, "c")
+          for _, from in ipairs({ "b", "c" }) do
+            local err = expect_error("INVALID_ARGUMENT", store.fork, store, from, 0, "a")
+            assert.truthy(tostring(err):find("ancestor", 1, true), tostring(err))
+          end
+          assert.is_nil(store:lineage("a"))
+          assert.equal("b", store:lineage("c").parent)
+          -- a session that is not an ancestor may still be the target
+          store:fork("c", 0, "d")
+          assert.equal("c", store:lineage("d").parent)
+        end)
+
         it("bad argument types are argument errors", function()
           local store, clock = new()
           source(store, clock)
