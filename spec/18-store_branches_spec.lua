@@ -31,12 +31,7 @@ for _, url in ipairs(helpers.urls()) do
       return helpers.new(url, opts)
     end
 
-    local function claim(store, session, opts)
-      opts = opts or {}
-      opts.holder = opts.holder or "w1"
-      if opts.expires_at == nil then opts.ttl_ms = opts.ttl_ms or 1000 end
-      return store:claim(session, opts)
-    end
+    local claim = helpers.claim
 
     local function append_n(store, session, n)
       local batch = {}

@@ -40,18 +40,7 @@ for _, url in ipairs(helpers.urls()) do
       return helpers.new(url, opts)
     end
 
-    local function claim(store, session, opts)
-      opts = opts or {}
-      opts.holder = opts.holder or "w1"
-      if opts.expires_at == nil then opts.ttl_ms = opts.ttl_ms or 1000 end
-      return store:claim(session, opts)
-    end
-
-    local function claimed(store, session, opts)
-      local r = claim(store, session, opts)
-      assert.equal("claimed", r.outcome)
-      return r.events
-    end
+    local claim, claimed = helpers.claim, helpers.claimed
 
     local function event(store, session, index)
       return store:read(session, { after = index - 1, limit = 1 })[1]
