@@ -23,6 +23,18 @@ local pluck = helpers.pluck
 local BYTE_ORDER = { "B", "a", "aa", "e", "z", "ß", "é", "😀" }
 local SHUFFLED = { "é", "z", "😀", "B", "aa", "ß", "e", "a" }
 
+-- Every name of a listing read in pages of 3, each page after the last
+-- name of the one before: names(opts) lists one page.
+local function all_pages(names)
+  local all, after = {}, nil
+  repeat
+    local page = names({ after = after, limit = 3 })
+    for _, n in ipairs(page) do all[#all + 1] = n end
+    after = page[#page]
+  until #page < 3
+  return all
+end
+
 for _, url in ipairs(helpers.urls()) do
   describe(url, function()
     after_each(helpers.cleanup)
@@ -460,13 +472,7 @@ for _, url in ipairs(helpers.urls()) do
         assert.same({}, names({ after = "\xf4\x8f\xbf\xbf" }))
         assert.same({ "B", "a", "aa" }, names({ limit = 3 }))
         -- paging with after = the last of a page sees each child once
-        local all, after = {}, nil
-        repeat
-          local page = names({ after = after, limit = 3 })
-          for _, n in ipairs(page) do all[#all + 1] = n end
-          after = page[#page]
-        until #page < 3
-        assert.same(BYTE_ORDER, all)
+        assert.same(BYTE_ORDER, all_pages(names))
       end)
 
       it("children: limit defaults to 100", function()
@@ -576,13 +582,7 @@ for _, url in ipairs(helpers.urls()) do
         assert.same({ "z", "ß", "é", "😀" }, names({ after = "f" }))
         assert.same({ "aa", "e" }, names({ after = "a", limit = 2 }))
         assert.same({}, names({ after = "😀" }))
-        local all, after = {}, nil
-        repeat
-          local page = names({ after = after, limit = 3 })
-          for _, n in ipairs(page) do all[#all + 1] = n end
-          after = page[#page]
-        until #page < 3
-        assert.same(BYTE_ORDER, all)
+        assert.same(BYTE_ORDER, all_pages(names))
       end)
 
       it("list_refs: limit defaults to 100; 0, negative are INVALID_ARGUMENT; wrong types argument errors", function()
