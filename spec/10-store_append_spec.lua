@@ -52,12 +52,7 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal(before, helpers.log_state(store))
     end
 
-    local function claim(store, session, opts)
-      opts = opts or {}
-      opts.holder = opts.holder or "w1"
-      if opts.expires_at == nil then opts.ttl_ms = opts.ttl_ms or 1000 end
-      return store:claim(session, opts)
-    end
+    local claim = helpers.claim
 
     -------------------------------------------------------------------------
     describe("§1 payloads through the store", function()

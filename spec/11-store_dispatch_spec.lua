@@ -18,13 +18,7 @@ for _, url in ipairs(helpers.urls()) do
       return helpers.new(url, opts)
     end
 
-    -- claim with defaults: holder "w1", ttl 1000 ms.
-    local function claim(store, session, opts)
-      opts = opts or {}
-      opts.holder = opts.holder or "w1"
-      if opts.expires_at == nil then opts.ttl_ms = opts.ttl_ms or 1000 end
-      return store:claim(session, opts)
-    end
+    local claim, claimed = helpers.claim, helpers.claimed
 
     local function claimed(store, session, opts)
       local r = claim(store, session, opts)

@@ -209,6 +209,22 @@ function helpers.pluck(list, field)
   return out
 end
 
+-- claim with the suite's defaults: holder "w1", ttl 1000 ms (unless
+-- expires_at is given).
+function helpers.claim(store, session, opts)
+  opts = opts or {}
+  opts.holder = opts.holder or "w1"
+  if opts.expires_at == nil then opts.ttl_ms = opts.ttl_ms or 1000 end
+  return store:claim(session, opts)
+end
+
+-- helpers.claim that must claim: its events.
+function helpers.claimed(store, session, opts)
+  local r = helpers.claim(store, session, opts)
+  assert(r.outcome == "claimed", "expected outcome claimed, got " .. tostring(r.outcome))
+  return r.events
+end
+
 function helpers.indexes(events)
   return helpers.pluck(events, "index")
 end

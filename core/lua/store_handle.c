@@ -1502,7 +1502,8 @@ static int m_read_states(lua_State *L) {
   for (size_t i = 0; i < n; i++) {
     size_t len;
     lua_rawgeti(L, 2, (lua_Integer)i + 1);
-    memcpy(p, lua_tolstring(L, -1, &len), len + 1);
+    const char *name = lua_tolstring(L, -1, &len);
+    memcpy(p, name, len + 1);
     names[i] = p;
     p += len + 1;
     lua_pop(L, 1);

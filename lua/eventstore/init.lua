@@ -11,6 +11,7 @@ local M = {
   _VERSION = core._VERSION,
   open = core.open,
   manual_clock = core.manual_clock,
+  counter_ids = core.counter_ids,
   json = core.json,
   state = core.state,
   engine = require("eventstore.engine"),

@@ -4,6 +4,14 @@
  * shared session and to their own; workers claim_next and complete at the
  * same time. Afterwards: indexes dense, positions unique and increasing,
  * every event completed exactly once with exactly one result, nothing lost.
+ *
+ * And group commit (docs/store.md "Transactions, threads and group commit";
+ * CONTRACT §2 "A failed call changes nothing"): three writers share one
+ * SQLite write transaction, the middle one fails after it has inserted a
+ * row (its id source returns an id already stored for its second event);
+ * the other two must be committed, with one commit for the group, and the
+ * failed one must have left nothing. On memory: the same calls, one
+ * transaction each.
  * TAP-style output; non-zero exit on failure.
  */
 #include <pthread.h>
@@ -162,6 +170,175 @@ static void run(const char *url, const char *label) {
   es_store_release(s);
 }
 
+/* ---------------------------------------------------------------------- */
+/* Group commit: one failing member leaves the others committed. */
+
+#define GC_ROUNDS 8
+#define GC_HOLD_US 150000 /* A keeps the group's transaction open this long */
+
+static _Thread_local int gc_hold;      /* A: hold inside the first id call */
+static _Thread_local int gc_good_left; /* B: ids to give before repeating a stored one; -1: never */
+static atomic_long gc_counter;
+static atomic_int gc_a_inside, gc_started;
+
+/* The store's id source: fresh "gc-N" ids, except that B's second id is
+ * "seed-id" (stored before the rounds), and A's first call waits inside
+ * the write transaction until B and C are on their way into it. */
+static int gc_ids(void *unused, char *out, size_t cap, es_err *err) {
+  (void)unused;
+  (void)err;
+  if (gc_hold) {
+    gc_hold = 0;
+    atomic_store(&gc_a_inside, 1);
+    while (atomic_load(&gc_started) < 2) usleep(100);
+    usleep(GC_HOLD_US); /* B and C are now queued behind this transaction */
+  }
+  if (gc_good_left == 0) {
+    snprintf(out, cap, "seed-id");
+    return ES_OK;
+  }
+  if (gc_good_left > 0) gc_good_left--;
+  snprintf(out, cap, "gc-%ld", atomic_fetch_add(&gc_counter, 1) + 1);
+  return ES_OK;
+}
+
+typedef struct {
+  es_store *s;
+  int role; /* 0: A (holds), 1: B (fails), 2: C */
+  char session[48];
+  int rc;
+  int code;
+  es_events out;
+} gc_ctx;
+
+static void *gc_writer(void *arg) {
+  gc_ctx *c = arg;
+  gc_good_left = -1;
+  if (c->role == 0) {
+    gc_hold = 1;
+  } else {
+    while (!atomic_load(&gc_a_inside)) usleep(100);
+    if (c->role == 1) gc_good_left = 1;
+    atomic_fetch_add(&gc_started, 1);
+  }
+  es_new_event e[2];
+  for (int i = 0; i < 2; i++) {
+    es_new_event_init(&e[i]);
+    e[i].type = "job";
+  }
+  int pending;
+  es_err err = {0};
+  c->rc = es_store_append(c->s, c->session, e, 2, ES_NONE, ES_NONE, &c->out, &pending, &err);
+  c->code = err.code;
+  return NULL;
+}
+
+/* Whether session holds exactly the events of list (by id, in order). */
+static int holds_exactly(es_store *s, const char *session, const es_events *list) {
+  es_events got;
+  es_err err = {0};
+  if (es_store_read(s, session, 0, ES_NONE, ES_NONE, &got, &err)) return 0;
+  int same = got.n == list->n;
+  for (size_t i = 0; same && i < got.n; i++) same = strcmp(got.v[i].id, list->v[i].id) == 0;
+  es_events_destroy(&got);
+  return same;
+}
+
+static void run_group(const char *url, const char *path, const char *label, int grouped) {
+  es_open_opts o = {0};
+  o.ids = gc_ids;
+  es_store *s;
+  es_err err = {0};
+  char name[200];
+  if (es_store_open(url, &o, &s, &err)) {
+    printf("# open %s: %s\n", url, err.msg);
+    snprintf(name, sizeof name, "%s: group commit: open", label);
+    ok(0, name);
+    return;
+  }
+  es_new_event seed;
+  es_new_event_init(&seed);
+  seed.id = "seed-id";
+  seed.type = "seed";
+  int pending;
+  snprintf(name, sizeof name, "%s: group commit: the seed event", label);
+  ok(es_store_append(s, "seed", &seed, 1, ES_NONE, ES_NONE, NULL, &pending, &err) == ES_OK, name);
+  int outcomes = 1, others_kept = 1, failed_left_nothing = 1, one_commit = 1;
+  es_events kept[GC_ROUNDS][2];
+  char sessions[GC_ROUNDS][3][48];
+  for (int r = 0; r < GC_ROUNDS; r++) {
+    atomic_store(&gc_a_inside, 0);
+    atomic_store(&gc_started, 0);
+    gc_ctx c[3];
+    pthread_t t[3];
+    uint64_t before = es_store_version(s);
+    for (int i = 0; i < 3; i++) {
+      memset(&c[i], 0, sizeof c[i]);
+      c[i].s = s;
+      c[i].role = i;
+      snprintf(c[i].session, sizeof c[i].session, "gc-%c-%d", "abc"[i], r);
+      memcpy(sessions[r][i], c[i].session, sizeof c[i].session);
+    }
+    for (int i = 0; i < 3; i++) pthread_create(&t[i], NULL, gc_writer, &c[i]);
+    for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+    uint64_t commits = es_store_version(s) - before;
+    if (c[0].rc != ES_OK || c[2].rc != ES_OK || c[1].rc != ES_INVALID_ARGUMENT) {
+      printf("# round %d: rc A %d, B %d (code %d), C %d\n", r, c[0].rc, c[1].rc, c[1].code, c[2].rc);
+      outcomes = 0;
+    }
+    if (!holds_exactly(s, c[0].session, &c[0].out) || !holds_exactly(s, c[2].session, &c[2].out) ||
+        c[0].out.n != 2 || c[2].out.n != 2)
+      others_kept = 0;
+    int64_t head = -1;
+    es_events none = {0};
+    if (es_store_head(s, c[1].session, &head, &err) || head != 0 || !holds_exactly(s, c[1].session, &none))
+      failed_left_nothing = 0;
+    if (grouped && commits != 1) {
+      printf("# round %d: %llu commits for the group (expected 1)\n", r, (unsigned long long)commits);
+      one_commit = 0;
+    }
+    kept[r][0] = c[0].out;
+    kept[r][1] = c[2].out;
+    es_events_destroy(&c[1].out);
+  }
+  snprintf(name, sizeof name, "%s: group commit: A and C succeed, B is INVALID_ARGUMENT", label);
+  ok(outcomes, name);
+  snprintf(name, sizeof name, "%s: group commit: the members beside the failed one are committed", label);
+  ok(others_kept, name);
+  snprintf(name, sizeof name, "%s: group commit: the failed member left nothing (not its first event)", label);
+  ok(failed_left_nothing, name);
+  if (grouped) {
+    snprintf(name, sizeof name, "%s: group commit: A, B and C shared one transaction (one commit)", label);
+    ok(one_commit, name);
+  }
+  /* Nothing else in the log: the seed and 4 events per round. */
+  es_events all;
+  int total = es_store_read_all(s, 0, ES_NONE, &all, &err) == ES_OK && all.n == 1 + 4 * GC_ROUNDS;
+  if (total) es_events_destroy(&all);
+  snprintf(name, sizeof name, "%s: group commit: the log holds exactly the committed events", label);
+  ok(total, name);
+  es_store_release(s);
+
+  if (path) {
+    /* What a new handle on the file reads: committed for real. */
+    int opened = es_store_open(url, NULL, &s, &err) == ES_OK;
+    int durable = opened;
+    for (int r = 0; durable && r < GC_ROUNDS; r++) {
+      int64_t head = -1;
+      durable = holds_exactly(s, sessions[r][0], &kept[r][0]) &&
+                holds_exactly(s, sessions[r][2], &kept[r][1]) &&
+                es_store_head(s, sessions[r][1], &head, &err) == ES_OK && head == 0;
+    }
+    if (opened) es_store_release(s);
+    snprintf(name, sizeof name, "%s: group commit: a new handle on the file reads the same", label);
+    ok(durable, name);
+  }
+  for (int r = 0; r < GC_ROUNDS; r++) {
+    es_events_destroy(&kept[r][0]);
+    es_events_destroy(&kept[r][1]);
+  }
+}
+
 int main(void) {
   printf("# store_threads_test: one handle, %d writers and %d workers\n", WRITERS, WORKERS);
   run("memory:", "memory");
@@ -171,10 +348,17 @@ int main(void) {
   snprintf(path, sizeof path, "%s/t.db", dir);
   snprintf(url, sizeof url, "sqlite:%s?sync=normal", path);
   run(url, "sqlite");
+  run_group("memory:", NULL, "memory", 0);
+  char gpath[64], gurl[200];
+  snprintf(gpath, sizeof gpath, "%s/g.db", dir);
+  snprintf(gurl, sizeof gurl, "sqlite:%s", gpath);
+  run_group(gurl, gpath, "sqlite", 1);
   char p[200];
   static const char *const suffixes[] = {"", "-wal", "-shm"};
   for (int i = 0; i < 3; i++) {
     snprintf(p, sizeof p, "%s%s", path, suffixes[i]);
+    unlink(p);
+    snprintf(p, sizeof p, "%s%s", gpath, suffixes[i]);
     unlink(p);
   }
   rmdir(dir);
