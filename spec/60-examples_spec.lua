@@ -155,6 +155,7 @@ describe("examples", function()
     has(out, 'fork("conv-1", 2, "conv-1/try-a") -> parent conv-1 at #2, head 2')
     has(out, 'fork("conv-1", 2, "conv-1/try-b") -> parent conv-1 at #2, head 2')
     has(out, "#1 user.message      Get me from Lisbon to Porto on Friday, under 60 EUR, there by 13:00. (copy of conv-1 #1, processed)")
+    has(out, "conv-1/try-b  evt-000000000005, evt-000000000006") -- counter ids: fresh for the copies
     has(out, "conv-1 got none of them: head 2")
 
     -- The winner by reducer state, promoted with a compare-and-set.
