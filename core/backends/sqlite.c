@@ -91,6 +91,7 @@ enum {
   ST_SESSION_LIST_GE, ST_SESSION_LIST_GE_LT, ST_SESSION_LIST_GT, ST_SESSION_LIST_GT_LT,
   ST_SESSION_CHILDREN, ST_SESSION_CHILDREN_GT,
   ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_RANGE, ST_EVENT_ALL,
+  ST_EVENT_COPY,
   ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_DUE_SESSION_BY_DUE,
   ST_QUEUED_WINDOW_COUNT, ST_QUEUED_NEXT_ALL,
   ST_QUEUED_NEXT_SESSION, ST_QUEUED_DUE_TYPE, ST_QUEUED_NEXT_TYPE, ST_PENDING_TYPES,
@@ -159,6 +160,17 @@ static const char *const sq_sql[ST_COUNT] = {
                        " FROM events WHERE session = ?1 AND idx > ?2 AND idx <= ?3"
                        " ORDER BY idx LIMIT ?4",
     [ST_EVENT_ALL] = "SELECT " EV_COLS " FROM events WHERE position > ?1 ORDER BY position LIMIT ?2",
+    /* fork: one statement copies the prefix inside SQLite (no row goes
+     * through C); es_copy_id() is the core's id generator (sq_fn_copy_id).
+     * The columns follow EV_COLS. Positions ?1 + idx - 1: increasing in
+     * index order without a window function (a quarter of the time),
+     * leaving a gap if the source lacks an index (allowed: positions need
+     * only increase; the core refuses such a copy anyway). */
+    [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
+                      " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type,"
+                      " payload, lane, created_at, cause_index, cause_attempt, not_before, 1, 0, 0,"
+                      " NULL, ?3, NULL, NULL, NULL, 0, NULL, NULL, -1, ?4, idx, NULL, NULL, NULL, NULL"
+                      " FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
     [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
                      " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
                      " AND lane IS NOT NULL AND status <> 1 ORDER BY idx LIMIT 1",
@@ -354,6 +366,10 @@ typedef struct sq_conn {
   unsigned char active[ST_COUNT];  /* 1 while st[i] is being stepped */
   int64_t busy_since;              /* monotonic ms of the first busy retry */
   int no_wait;                     /* 1: the busy handler gives up at once (opportunistic checkpoints) */
+  es_id_fn copy_id;                /* es_copy_id()'s generator while ST_EVENT_COPY runs, else NULL */
+  void *copy_id_ctx;
+  es_err copy_err;                 /* why the generator failed */
+  int copy_rc;
 } sq_conn;
 
 struct es_txn {
@@ -968,6 +984,26 @@ static char *sq_immutable_uri(const char *path) {
   return u;
 }
 
+/* es_copy_id(): the next id from the generator event_copy set on the
+ * connection (NOT deterministic, so SQLite calls it once per row). */
+static void sq_fn_copy_id(sqlite3_context *cx, int argc, sqlite3_value **argv) {
+  (void)argc;
+  (void)argv;
+  sq_conn *c = sqlite3_user_data(cx);
+  char id[ES_MAX_ID_BYTES + 1];
+  if (!c->copy_id) {
+    sqlite3_result_error(cx, "es_copy_id() runs only inside event_copy", -1);
+    return;
+  }
+  int rc = c->copy_id(c->copy_id_ctx, id, sizeof id, &c->copy_err);
+  if (rc != ES_OK) {
+    c->copy_rc = rc;
+    sqlite3_result_error(cx, c->copy_err.msg, -1);
+    return;
+  }
+  sqlite3_result_text(cx, id, -1, SQLITE_TRANSIENT);
+}
+
 /* Opens c on the backend's file with its mode and settings. primary: the
  * write connection (may create the file; the others are query_only). */
 static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
@@ -1002,6 +1038,13 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
   }
   sqlite3_extended_result_codes(c->db, 1);
   sqlite3_busy_handler(c->db, sq_busy_handler, c);
+  if (primary && sqlite3_create_function(c->db, "es_copy_id", 0, SQLITE_UTF8, c, sq_fn_copy_id,
+                                         NULL, NULL) != SQLITE_OK) {
+    code = sq_fail(err, c, sqlite3_errcode(c->db), "cannot open");
+    sqlite3_close_v2(c->db);
+    c->db = NULL;
+    return code;
+  }
   if (b->mode != SQ_MODE_RO && sqlite3_db_readonly(c->db, "main") == 1) {
     struct statvfs vfs;
     int ro_fs = statvfs(b->full_path ? b->full_path : b->path, &vfs) == 0 &&
@@ -1897,6 +1940,38 @@ static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
   return ES_OK;
 }
 
+static int sq_event_copy(es_txn *t, const char *from, int64_t through, const char *to,
+                         int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
+                         es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  *copied = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_EVENT_COPY, &st, &temp, err)) != ES_OK) return code;
+  sqlite3_bind_int64(st, 1, t->next_position);
+  sq_bind_str(st, 2, to);
+  sqlite3_bind_int64(st, 3, processed_at);
+  sq_bind_str(st, 4, from);
+  sqlite3_bind_int64(st, 5, through);
+  t->c->copy_id = new_id;
+  t->c->copy_id_ctx = id_ctx;
+  t->c->copy_rc = ES_OK;
+  int rc = sqlite3_step(st);
+  t->c->copy_id = NULL;
+  if (rc != SQLITE_DONE && t->c->copy_rc != ES_OK) {
+    /* The generator's own error, not SQLite's wrapping of it. */
+    sq_stmt_done(t->c, ST_EVENT_COPY, st, temp);
+    if (err) *err = t->c->copy_err;
+    return t->c->copy_rc;
+  }
+  code = rc == SQLITE_DONE ? ES_OK : sq_txn_fail(t, rc, "copy", err);
+  sq_stmt_done(t->c, ST_EVENT_COPY, st, temp);
+  if (code != ES_OK) return code;
+  *copied = sqlite3_changes64(t->c->db);
+  t->next_position += through;
+  return ES_OK;
+}
+
 static int sq_event_update(es_txn *t, const es_event *row, es_err *err) {
   sqlite3_stmt *st;
   int temp, code;
@@ -2277,6 +2352,7 @@ const es_backend_ops es_backend_sqlite = {
     .event_get = sq_event_get,
     .event_get_by_id = sq_event_get_by_id,
     .event_insert = sq_event_insert,
+    .event_copy = sq_event_copy,
     .event_update = sq_event_update,
     .event_range = sq_event_range,
     .event_all = sq_event_all,

@@ -88,6 +88,18 @@ typedef struct es_backend_ops {
    * processed_by_attempt. (origin_session / origin_index are immutable,
    * written by event_insert.) */
   int (*event_update)(es_txn *t, const es_event *row, es_err *err);
+  /* Optional (NULL: the core copies row by row with event_range and
+   * event_insert). For fork: for each row of session `from` with index <=
+   * through, in index order, inserts a row of session `to` with the same
+   * index, type, payload, lane, created_at, cause and not_before, an id
+   * from new_id(id_ctx), origin (from, index), and the dispatch record of
+   * an event settled at processed_at (status PROCESSED, returned -1, every
+   * other dispatch field empty, not queued); positions increase in index
+   * order. *copied: the rows inserted. Ids from new_id are new (the core
+   * passes a generator of unique ids only). */
+  int (*event_copy)(es_txn *t, const char *from, int64_t through, const char *to,
+                    int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
+                    es_err *err);
   /* after < index <= through, ascending, at most limit (ES_NONE: all). */
   int (*event_range)(es_txn *t, const char *session, int64_t after, int64_t through,
                      int64_t limit, es_event_cb cb, void *ctx, es_err *err);

@@ -2270,9 +2270,43 @@ typedef struct {
   es_lineage *out;
 } fork_args;
 
+typedef struct {
+  es_store *s;
+  int64_t now;
+} fork_id_ctx;
+
+/* The ids of a backend's bulk copy: UUIDv7, unique by construction. */
+static int fork_id(void *ctx, char *out, size_t cap, es_err *err) {
+  fork_id_ctx *f = ctx;
+  if (cap < 37) return es_fail(err, ES_STORAGE, "no room for an event id");
+  return uuid7(f->s, f->now, out, err);
+}
+
+/* The backend copies the rows itself (event_copy): no row passes through
+ * the core. Only with generated UUIDv7 ids: an injected id source's ids
+ * are checked one by one (new_event_id), which the row-by-row copy does. */
+static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_info *dst,
+                            es_err *err) {
+  es_events first = {0};
+  collector c = {&first, 0};
+  int rc = collected(s->ops->event_range(t, a->from, 0, a->at, 1, collect_event, &c, err), &c, err);
+  if (rc) return rc;
+  if (first.n) dst->first_at = first.v[0].created_at;
+  es_events_destroy(&first);
+  fork_id_ctx ids = {s, a->now};
+  int64_t copied = 0;
+  rc = s->ops->event_copy(t, a->from, a->at, dst->session, a->now, fork_id, &ids, &copied, err);
+  if (rc == ES_OK && copied != a->at)
+    rc = es_fail(err, ES_STORAGE, "session '%s' has %lld events through %lld, not %lld", a->from,
+                 (long long)copied, (long long)a->at, (long long)a->at);
+  if (rc == ES_OK) dst->head = dst->events = a->at;
+  return rc;
+}
+
 /* Copies the source's events 1..at in chunks (a backend iteration must not
  * run while rows are inserted) as processed rows of `to`. */
 static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *dst, es_err *err) {
+  if (s->ops->event_copy && !s->ids && a->at > 0) return fork_events_bulk(s, t, a, dst, err);
   int rc = ES_OK;
   int64_t after = 0;
   while (rc == ES_OK && after < a->at) {

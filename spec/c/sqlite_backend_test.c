@@ -650,6 +650,90 @@ static void test_events(void) {
   free(p);
 }
 
+/* event_copy's id generator for the tests: "copy-N", failing at `fail_at`. */
+typedef struct copy_ids {
+  int next, fail_at;
+} copy_ids;
+
+static int copy_id(void *ctx, char *out, size_t cap, es_err *err) {
+  copy_ids *c = ctx;
+  if (++c->next == c->fail_at) return es_fail(err, ES_INVALID_ARGUMENT, "no id %d", c->next);
+  snprintf(out, cap, "copy-%d", c->next);
+  return ES_OK;
+}
+
+/* event_copy (fork's bulk copy): the prefix through `through`, fields,
+ * fresh ids, origin, a settled dispatch record, increasing positions; a
+ * failing id generator fails the call with its own error, and the
+ * savepoint rolls the partial copy back. */
+static void test_event_copy(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  es_event e[3];
+  collect c = {0};
+  if (!b) {
+    CHECK(0, "open for event_copy");
+    return;
+  }
+  ev_make(&e[0], "src", 1, "s-1", "{\"a\":1}");
+  ev_make(&e[1], "src", 2, "s-2", "[1,2]");
+  e[1].lane = (char *)"l";
+  e[1].cause_index = 1;
+  e[1].cause_attempt = 1;
+  e[1].not_before = 77;
+  e[1].status = ES_STATUS_PENDING;
+  e[1].attempts = 2;
+  e[1].claim_holder = (char *)"w";
+  ev_make(&e[2], "src", 3, "s-3", "null");
+  CHECK(B->write_begin(b, &t, &err) == ES_OK, "event_copy: write_begin");
+  int ok = 1;
+  for (int i = 0; i < 3; i++) ok &= B->event_insert(t, &e[i], &err) == ES_OK;
+  copy_ids ids = {0, 0};
+  int64_t copied = 0;
+  ok &= B->event_copy(t, "src", 2, "dst", 5000, copy_id, &ids, &copied, &err) == ES_OK;
+  CHECK(ok && copied == 2, "event_copy copies the rows through `through`");
+  CHECK(B->event_range(t, "dst", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2,
+        "event_copy: the copies are in the new session");
+  if (c.evs.n == 2) {
+    const es_event *x = &c.evs.v[1];
+    CHECK(strcmp(c.evs.v[0].id, "copy-1") == 0 && strcmp(x->id, "copy-2") == 0,
+          "event_copy: ids from the generator, in index order");
+    CHECK(x->index == 2 && strcmp(x->type, e[1].type) == 0 && x->payload_len == 5 &&
+              memcmp(x->payload, "[1,2]", 5) == 0 && x->lane && strcmp(x->lane, "l") == 0 &&
+              x->cause_index == 1 && x->cause_attempt == 1 && x->not_before == 77 &&
+              x->created_at == e[1].created_at,
+          "event_copy: index, type, payload, lane, cause, not_before and created_at kept");
+    CHECK(x->origin_session && strcmp(x->origin_session, "src") == 0 && x->origin_index == 2,
+          "event_copy: origin = (from, index)");
+    CHECK(x->status == ES_STATUS_PROCESSED && x->processed_at == 5000 && x->returned == -1 &&
+              x->attempts == 0 && x->failures == 0 && !x->claim_holder && !x->queued &&
+              x->claim_expires_at == ES_NONE && x->processed_by_attempt == ES_NONE,
+          "event_copy: a settled dispatch record, nothing of the source's");
+    CHECK(c.evs.v[0].position > e[2].position && x->position > c.evs.v[0].position,
+          "event_copy: positions after every existing one, increasing");
+    es_event next;
+    ev_make(&next, "src", 4, "s-4", "1");
+    CHECK(B->event_insert(t, &next, &err) == ES_OK && next.position > x->position,
+          "event_copy: the next insert gets a later position");
+  }
+  collect_reset(&c);
+  CHECK(B->savepoint(t, &err) == ES_OK, "event_copy: savepoint");
+  copy_ids failing = {0, 2};
+  int rc = B->event_copy(t, "src", 3, "dst2", 5000, copy_id, &failing, &copied, &err);
+  CHECK(rc == ES_INVALID_ARGUMENT && strstr(err.msg, "no id 2") != NULL,
+        "event_copy: a failing id generator fails the call with its own error");
+  B->savepoint_rollback(t);
+  CHECK(B->event_range(t, "dst2", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
+        "event_copy: nothing of the failed copy is left after the savepoint rollback");
+  collect_reset(&c);
+  CHECK(B->write_commit(t, &err) == ES_OK, "event_copy: commit");
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
 static void test_lanes_queue_dead(void) {
   char *p = tmp_path();
   es_backend *b = open_ok(p, NULL);
@@ -2708,6 +2792,7 @@ int main(void) {
   test_open_fresh();
   test_events();
   test_event_fields_everywhere();
+  test_event_copy();
   test_lanes_queue_dead();
   test_types();
   test_sessions();
