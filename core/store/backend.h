@@ -172,6 +172,22 @@ typedef struct es_backend_ops {
   int (*presence_list)(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
                        void *ctx, es_err *err);
 
+  /* Retention (§3.9). */
+  /* Removes the session's rows with index <= through, whatever their
+   * status (the core checked what it had to), keeping every index and
+   * count of the backend consistent (dispatch sets, per-type pending
+   * counts, lanes, ids: a removed id may be inserted again). O(rows
+   * removed), not O(store). */
+  int (*event_delete_range)(es_txn *t, const char *session, int64_t through, es_err *err);
+  /* Removes the session's row (ES_NOT_FOUND when absent); its name may be
+   * put again. */
+  int (*session_delete)(es_txn *t, const char *session, es_err *err);
+  /* Removes every snapshot of the session. */
+  int (*snapshot_delete_all)(es_txn *t, const char *session, es_err *err);
+  /* Removes every ref whose session is `session`; O(log n + removed) (an
+   * index by session). */
+  int (*ref_delete_session)(es_txn *t, const char *session, es_err *err);
+
   /* Optional (NULL): a number that changes whenever anyone, in any process,
    * commits to the same storage; es_store_wait polls it to see other
    * processes' writes. */

@@ -144,6 +144,7 @@ void es_session_info_init(es_session_info *si) {
   si->sealed_at = ES_NONE;
   si->lease_token = si->lease_expires_at = ES_NONE;
   si->fork_at = si->forked_at = ES_NONE;
+  si->first_index = 1;
 }
 
 void es_session_info_destroy(es_session_info *si) {

@@ -350,6 +350,10 @@ typedef struct es_session_info {
   char *parent;             /* owned; NULL: not made by fork */
   int64_t fork_at;          /* the parent's index the fork copied through */
   int64_t forked_at;        /* when */
+  /* §3.9: */
+  int64_t first_index;      /* the lowest index still in the live store (head + 1 when all
+                               were dropped); 1 until a truncate. Backends store it; 0 read
+                               back from an old row means 1. */
 } es_session_info;
 
 typedef struct es_sessions {
@@ -558,6 +562,23 @@ int es_store_lease_release(es_store *s, const char *session, const char *holder,
 /* Seals the session (no more events; reason may be NULL, kept cleaned as
  * es_text_clean does). Sealing a sealed session changes nothing. */
 int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err);
+
+/* 3.9 Retention ---------------------------------------------------------- */
+
+/* Drops events 1..through of the session from the live store: indexes and
+ * positions never shift, the head stays; reads below the new first_index
+ * are TRUNCATED. through: 0..head (NO_SUCH_EVENT above; a session without a
+ * row has head 0). Already dropped (through < first_index): nothing to do.
+ * Any event in the range pending or dead: INVALID_ARGUMENT, nothing
+ * dropped. Costs O(events dropped). *first_index: the session's after. */
+int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
+                      es_err *err);
+/* Removes the session: its events (pending ones are never dispatched),
+ * snapshots, the refs naming it, its lineage record, lease, fence and seal
+ * (its row). Its ids and its name may be used again; other sessions'
+ * positions do not change. *deleted: whether it existed. Costs O(its
+ * events + its snapshots + the refs naming it). */
+int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err);
 
 /* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
 /* Makes room for `need` elements of `elem` bytes in the array *v of *cap
