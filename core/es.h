@@ -22,9 +22,10 @@ enum {
   ES_SUPERSEDED_ATTEMPT,      /* an append's cause names an attempt that no longer owns its event */
   ES_NO_SUCH_EVENT,           /* an index that does not exist in that session */
   ES_WRONG_EXPECTED_HEAD,     /* append{expected = n} and the head is not n */
-  ES_STALE_FENCE,             /* reserved: fences (§3.7) */
-  ES_SEALED,                  /* reserved: sealed sessions (§3.7) */
-  ES_REF_CONFLICT,            /* reserved: branch refs (§3.7) */
+  ES_STALE_FENCE,             /* a write's fence token is not the session's current one (§3.8) */
+  ES_SEALED,                  /* an append to a sealed session (§3.8) */
+  ES_TRUNCATED,               /* a read or fold that needs events dropped by truncate (§3.9) */
+  ES_REF_CONFLICT,            /* a compare-and-set on a branch ref lost (§3.7) */
   ES_NOT_FOUND,               /* a ref, session or snapshot that does not exist where required;
                                  backends also return it for "no such row" */
   ES_INVALID_ARGUMENT,        /* well-typed but unacceptable value */

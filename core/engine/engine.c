@@ -20,6 +20,7 @@
  */
 #include "engine/engine.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
@@ -996,7 +997,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
 /* es_engine_state: folds on the fold runner, watched by the caller */
 
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
-                        es_buf *out, int64_t *index, es_err *err);
+                        int force, es_buf *out, int64_t *index, es_err *err);
 
 /* The error at idx as an es_err: an eventstore error object keeps its
  * code; anything else (a reducer's own error) is INVALID_ARGUMENT. */
@@ -1030,8 +1031,9 @@ static int fold_job_inner(lua_State *L) {
   lua_getfield(L, -1, "new_run");
   lua_call(L, 0, 0);
   lua_settop(L, 0);
-  es_fold(L, r, r->fold_session, r->fold_reducer, r->fold_at, &r->fold_out, &r->fold_index);
-  if (r->e->o.snapshot_every == 0) { /* fold did not encode it */
+  es_fold(L, r, r->fold_session, r->fold_reducer, r->fold_at, &r->fold_out, &r->fold_index,
+          r->fold_force);
+  if (r->e->o.snapshot_every == 0 && !r->fold_force) { /* fold did not encode it */
     es_err err = {0};
     char what[300];
     snprintf(what, sizeof what, "state of reducer '%s'", r->fold_reducer);
@@ -1130,13 +1132,13 @@ static void *fold_main(void *arg) {
 int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                     es_buf *out, int64_t *index, es_err *err) {
   pthread_mutex_lock(&e->state_mu);
-  int rc = engine_state(e, session, reducer, at, out, index, err);
+  int rc = engine_state(e, session, reducer, at, 0, out, index, err);
   pthread_mutex_unlock(&e->state_mu);
   return rc;
 }
 
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
-                        es_buf *out, int64_t *index, es_err *err) {
+                        int force, es_buf *out, int64_t *index, es_err *err) {
   pthread_mutex_lock(&e->fold_mu);
   runner *r = e->folder;
   if (!r) {
@@ -1161,6 +1163,7 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
     return es_fail(err, ES_STORAGE, "out of memory");
   }
   r->fold_at = at;
+  r->fold_force = force;
   r->fold_rc = ES_OK;
   memset(&r->fold_err, 0, sizeof r->fold_err);
   r->fold_out.len = 0;
@@ -1201,6 +1204,63 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
   if (index) *index = r->fold_index;
   pthread_mutex_unlock(&e->fold_mu);
   return rc;
+}
+
+static int cmp_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The reducer names of scripts/reducers (the files *.lua), sorted. */
+static int reducer_names(es_engine *e, char ***out, size_t *n, es_err *err) {
+  char path[4096];
+  *out = NULL;
+  *n = 0;
+  snprintf(path, sizeof path, "%s/reducers", e->scripts);
+  DIR *d = opendir(path);
+  if (!d) return errno == ENOENT ? ES_OK : es_fail(err, ES_STORAGE, "cannot read %s: %s", path, strerror(errno));
+  size_t cap = 0;
+  int rc = ES_OK;
+  struct dirent *de;
+  while (rc == ES_OK && (de = readdir(d))) {
+    size_t len = strlen(de->d_name);
+    if (len <= 4 || de->d_name[0] == '.' || strcmp(de->d_name + len - 4, ".lua") != 0) continue;
+    char *name = strndup(de->d_name, len - 4);
+    if (!name || es_grow((void **)out, &cap, *n + 1, sizeof **out)) {
+      free(name);
+      rc = es_fail(err, ES_STORAGE, "out of memory");
+    } else {
+      (*out)[(*n)++] = name;
+    }
+  }
+  closedir(d);
+  if (rc == ES_OK && *n > 1) qsort(*out, *n, sizeof **out, cmp_names);
+  return rc;
+}
+
+int es_engine_truncate(es_engine *e, const char *session, int64_t through, int64_t *first_index,
+                       es_err *err) {
+  char **names;
+  size_t n;
+  *first_index = 1;
+  int rc = es_check_name("session", session, err);
+  if (rc == ES_OK && through < 0) rc = es_fail(err, ES_INVALID_ARGUMENT, "through must be >= 0");
+  if (rc == ES_OK) rc = reducer_names(e, &names, &n, err);
+  if (rc) return rc;
+  /* Every reducer's state at `through` is snapshotted first: once the
+   * events are gone, that snapshot is where every later fold starts. */
+  es_buf state;
+  es_buf_init(&state);
+  pthread_mutex_lock(&e->state_mu);
+  for (size_t i = 0; rc == ES_OK && through > 0 && i < n; i++) {
+    state.len = 0;
+    rc = engine_state(e, session, names[i], through, 1, &state, NULL, err);
+  }
+  pthread_mutex_unlock(&e->state_mu);
+  es_buf_destroy(&state);
+  for (size_t i = 0; i < n; i++) free(names[i]);
+  free(names);
+  if (rc) return rc;
+  return es_store_truncate(e->s, session, through, first_index, err);
 }
 
 int es_engine_has_handler(es_engine *e, const char *type) {

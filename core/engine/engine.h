@@ -99,6 +99,13 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
 int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                     es_buf *out, int64_t *index, es_err *err);
 
+/* §3.9 with state kept readable: snapshots every reducer of
+ * scripts/reducers at `through` (whatever snapshot_every says), then
+ * es_store_truncate. A reducer that fails to fold (or needs events already
+ * dropped: TRUNCATED) stops it before anything is dropped. */
+int es_engine_truncate(es_engine *e, const char *session, int64_t through, int64_t *first_index,
+                       es_err *err);
+
 /* Whether scripts/handlers/<type>.lua exists (loadable or not). */
 int es_engine_has_handler(es_engine *e, const char *type);
 

@@ -49,7 +49,7 @@ static box *push_box(lua_State *L) {
   } while (0)
 
 void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
-             es_buf *encoded, int64_t *through) {
+             es_buf *encoded, int64_t *through, int force) {
   es_engine *e = r->e;
   es_err err = {0};
   int rc;
@@ -122,7 +122,7 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     if (lua_isnil(L, -1)) lua_pop(L, 1); /* changed in place */
     else lua_replace(L, st);
   }
-  if (e->o.snapshot_every > 0) {
+  if (e->o.snapshot_every > 0 || force) {
     /* With snapshots on, an unserialisable state is an error even before
      * the first snapshot is due, so it shows up on the first fold. */
     es_buf own, *buf = encoded ? encoded : &own;
@@ -132,7 +132,7 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     snprintf(what, sizeof what, "state of reducer '%s'", reducer);
     rc = es_state_encode(L, st, what, buf, &err);
     int stored = 0;
-    if (rc == ES_OK && (folded >= e->o.snapshot_every || stale) && at > 0)
+    if (rc == ES_OK && (force || folded >= e->o.snapshot_every || stale) && at > 0)
       TRUSTED(r, es_store_put_snapshot(e->s, session, reducer, at, buf->data ? buf->data + mark : "",
                                        buf->len - mark, lua_tostring(L, ver), &stored, &err));
     es_buf_destroy(&own);
@@ -159,7 +159,7 @@ static int ctx_state(lua_State *L) {
   runner *r = lua_touserdata(L, lua_upvalueindex(1));
   const char *reducer = es_lua_check_name(L, 1, "reducer");
   es_fold(L, r, lua_tostring(L, lua_upvalueindex(2)), reducer,
-          lua_tointeger(L, lua_upvalueindex(3)) - 1, NULL, NULL);
+          lua_tointeger(L, lua_upvalueindex(3)) - 1, NULL, NULL, 0);
   return 1;
 }
 

@@ -62,6 +62,7 @@ typedef struct runner {
   atomic_int fold_pending, fold_done, quit;
   char *fold_session, *fold_reducer;
   int64_t fold_at, fold_index;
+  int fold_force;          /* snapshot at fold_at whatever snapshot_every says (truncate) */
   int fold_rc;
   es_err fold_err;
   es_buf fold_out;
@@ -127,9 +128,11 @@ void es_loader_call(lua_State *L, const char *fn, const char *name);
 /* Folds reducer over session through at (ES_NONE: the head) in r's state
  * and pushes the state (fold.c). With snapshots on, encoded (if not NULL)
  * receives the state's encoding; *through (if not NULL) the index folded
- * through. Raises error objects. */
+ * through. force: encode and snapshot at `at` (> 0) whatever snapshot_every
+ * says (engine:truncate keeps every state readable that way). Raises error
+ * objects. */
 void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
-             es_buf *encoded, int64_t *through);
+             es_buf *encoded, int64_t *through, int force);
 
 /* Leases (leases.c). The token this engine's writes to session carry
  * (ES_NONE: it holds no lease there). */

@@ -236,6 +236,19 @@ static int l_engine_release(lua_State *L) {
   return 1;
 }
 
+/* truncate(session, through) -> first_index: snapshots every reducer at
+ * through, then store truncate. */
+static int l_engine_truncate(lua_State *L) {
+  es_engine *e = check_engine(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t through = es_lua_check_int(L, 3, "through");
+  int64_t first = 1;
+  es_err err = {0};
+  if (es_engine_truncate(e, session, through, &first, &err) != ES_OK) return es_lua_raise(L, &err);
+  lua_pushinteger(L, first);
+  return 1;
+}
+
 /* has_handler(type): whether scripts/handlers/<type>.lua exists. */
 static int l_engine_has_handler(lua_State *L) {
   es_engine *e = check_engine(L);
@@ -270,6 +283,7 @@ static const luaL_Reg engine_methods[] = {
     {"append", l_engine_append},
     {"has_handler", l_engine_has_handler},
     {"lease", l_engine_lease},
+    {"truncate", l_engine_truncate},
     {"release", l_engine_release},
     {"close", l_engine_close},
     {NULL, NULL},

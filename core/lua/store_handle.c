@@ -1271,6 +1271,7 @@ static void push_session_controls(lua_State *L, const es_session_info *si) {
     lua_setfield(L, -2, "lease");
   }
   es_lua_set_str(L, "parent", si->parent);
+  es_lua_set_int(L, "first_index", si->first_index > 1 ? si->first_index : 1);
 }
 
 static int m_sessions(lua_State *L) {
@@ -1789,6 +1790,36 @@ static int m_seal(lua_State *L) {
   return done(L, h, 0);
 }
 
+/* ---------------------------------------------------------------------- */
+/* 3.9 retention */
+
+static int m_truncate(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t through = es_lua_check_int(L, 3, "through");
+  int64_t first = 1;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_truncate(st, session, through, &first, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_pushinteger(L, first);
+  return done(L, h, 1);
+}
+
+static int m_delete(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int deleted = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_delete(st, session, &deleted, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_pushboolean(L, deleted);
+  return done(L, h, 1);
+}
+
 static const luaL_Reg store_methods[] = {
     {"append", m_append},
     {"read", m_read},
@@ -1827,6 +1858,8 @@ static const luaL_Reg store_methods[] = {
     {"lease", m_lease},
     {"release", m_release},
     {"seal", m_seal},
+    {"truncate", m_truncate},
+    {"delete", m_delete},
     {"close", m_close},
     {NULL, NULL},
 };

@@ -897,6 +897,17 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
 
 /* --- reads --- */
 
+/* §3.9: a read of (after, through] needs no event below the session's
+ * first_index (the truncated prefix), else TRUNCATED. */
+static int check_live(const es_session_info *si, int64_t after, int64_t through, es_err *err) {
+  int64_t first = si->first_index > 1 ? si->first_index : 1;
+  if (through > after && after + 1 < first)
+    return es_fail(err, ES_TRUNCATED,
+                   "events 1..%lld of session '%s' were truncated: read from after = %lld on",
+                   (long long)(first - 1), si->session, (long long)(first - 1));
+  return ES_OK;
+}
+
 typedef struct {
   const char *session;
   int64_t after, through, limit;
@@ -933,9 +944,11 @@ static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
   }
   if (rc) return rc;
   a->head = si.head;
-  es_session_info_destroy(&si);
   int64_t through = a->through == ES_NONE ? a->head : a->through;
   if (through > a->head) through = a->head;
+  rc = check_live(&si, a->after, through, err);
+  es_session_info_destroy(&si);
+  if (rc) return rc;
   if (through <= a->after) return ES_OK;
   collector c = {a->out, 0};
   int rc2 = s->ops->event_range(t, a->session, a->after, through, a->limit, collect_event, &c, err);
@@ -1046,7 +1059,13 @@ typedef struct {
 
 static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
   get_args *a = arg;
-  return get_event(s, t, a->session, a->index, a->out, err);
+  int rc = get_event(s, t, a->session, a->index, a->out, err);
+  if (rc != ES_NO_SUCH_EVENT) return rc;
+  es_session_info si;
+  if (s->ops->session_get(t, a->session, &si, err) != ES_OK) return rc;
+  if (a->index >= 1 && a->index <= si.head) rc = check_live(&si, a->index - 1, a->index, err);
+  es_session_info_destroy(&si);
+  return rc;
 }
 
 int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
@@ -1754,6 +1773,19 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc == ES_NOT_FOUND) rc = ES_OK;
   if (rc) return rc;
   int64_t after = *a->found ? a->snap->index : 0;
+  es_session_info si;
+  rc = s->ops->session_get(t, a->session, &si, err);
+  if (rc == ES_OK) {
+    rc = check_live(&si, after, si.head, err); /* the fold from this snapshot needs them */
+    es_session_info_destroy(&si);
+  } else if (rc == ES_NOT_FOUND) {
+    rc = ES_OK;
+  }
+  if (rc) {
+    es_snapshot_destroy(a->snap);
+    *a->found = 0;
+    return rc;
+  }
   collector c = {a->events, 0};
   return collected(
       s->ops->event_range(t, a->session, after, INT64_MAX, ES_NONE, collect_event, &c, err), &c, err);
@@ -2404,7 +2436,9 @@ static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc == ES_NOT_FOUND) return no_session(err, a->from);
   if (rc) return rc;
   int64_t head = src.head;
+  rc = a->at <= head ? check_live(&src, 0, a->at, err) : ES_OK; /* the copy needs 1..at */
   es_session_info_destroy(&src);
+  if (rc) return rc;
   if (a->at > head)
     return es_fail(err, ES_NO_SUCH_EVENT, "cannot fork session '%s' at %lld: its head is %lld",
                    a->from, (long long)a->at, (long long)head);
@@ -2864,5 +2898,109 @@ int es_store_seal(es_store *s, const char *session, const char *reason, es_err *
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = run_write(s, do_seal, &a, err);
   leave(s);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.9 retention: truncate and delete */
+
+typedef struct {
+  const char *session;
+  int64_t through, now;
+  int64_t first_index;   /* truncate: after */
+  int done;              /* delete: it existed */
+  /* the scan of the range to drop */
+  int64_t rows, bad_index;
+  int bad_status;
+} retention_args;
+
+/* Counts the rows to drop and stops at the first one that is not
+ * processed: only settled history may go. */
+static int scan_droppable(void *ctx, const es_event *row) {
+  retention_args *a = ctx;
+  if (row->status != ES_STATUS_PROCESSED) {
+    a->bad_index = row->index;
+    a->bad_status = row->status;
+    return 1;
+  }
+  a->rows++;
+  return 0;
+}
+
+static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
+  retention_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  if (rc == ES_NOT_FOUND) {
+    a->first_index = 1;
+    if (a->through == 0) return ES_OK;
+    return es_fail(err, ES_NO_SUCH_EVENT, "cannot truncate session '%s' through %lld: it has no events",
+                   a->session, (long long)a->through);
+  }
+  if (rc) return rc;
+  int64_t first = si.first_index > 1 ? si.first_index : 1;
+  a->first_index = first;
+  if (a->through > si.head) {
+    rc = es_fail(err, ES_NO_SUCH_EVENT, "cannot truncate session '%s' through %lld: its head is %lld",
+                 a->session, (long long)a->through, (long long)si.head);
+  } else if (a->through >= first) {
+    a->bad_index = 0;
+    rc = s->ops->event_range(t, a->session, first - 1, a->through, ES_NONE, scan_droppable, a, err);
+    if (rc == ES_OK && a->bad_index)
+      rc = es_fail(err, ES_INVALID_ARGUMENT,
+                   "cannot truncate session '%s' through %lld: event %lld is %s (only processed events "
+                   "can be dropped: let it complete, or settle it)",
+                   a->session, (long long)a->through, (long long)a->bad_index,
+                   a->bad_status == ES_STATUS_DEAD ? "a dead letter" : "pending");
+    if (rc == ES_OK) rc = s->ops->event_delete_range(t, a->session, a->through, err);
+    if (rc == ES_OK) {
+      si.events -= a->rows;
+      si.first_index = a->first_index = a->through + 1;
+      rc = s->ops->session_put(t, &si, err);
+    }
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
+                      es_err *err) {
+  int rc;
+  *first_index = 1;
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if (through < 0) return es_fail(err, ES_INVALID_ARGUMENT, "through must be >= 0");
+  if ((rc = enter(s, err))) return rc;
+  retention_args a = {.session = session, .through = through};
+  rc = run_write(s, do_truncate, &a, err);
+  leave(s);
+  if (rc == ES_OK) *first_index = a.first_index;
+  return rc;
+}
+
+static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
+  retention_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(t, a->session, &si, err);
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc) return rc;
+  es_session_info_destroy(&si);
+  if ((rc = s->ops->event_delete_range(t, a->session, INT64_MAX, err)) ||
+      (rc = s->ops->snapshot_delete_all(t, a->session, err)) ||
+      (rc = s->ops->ref_delete_session(t, a->session, err)))
+    return rc;
+  rc = s->ops->session_delete(t, a->session, err);
+  a->done = rc == ES_OK;
+  return rc;
+}
+
+int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err) {
+  int rc;
+  *deleted = 0;
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if ((rc = enter(s, err))) return rc;
+  retention_args a = {.session = session};
+  rc = run_write(s, do_delete, &a, err);
+  leave(s);
+  if (rc == ES_OK) *deleted = a.done;
   return rc;
 }

@@ -41,6 +41,10 @@ function Engine:append(session, events, opts) return self._handle:append(session
 -- (docs/branches.md).
 function Engine:lease(session, opts) return self._handle:lease(session, opts) end
 
+-- truncate(session, through) -> first_index: every reducer's state is
+-- snapshotted at `through` first, so it stays readable (CONTRACT §3.9).
+function Engine:truncate(session, through) return self._handle:truncate(session, through) end
+
 -- release(session) -> whether the engine's lease was ended
 function Engine:release(session) return self._handle:release(session) end
 
