@@ -32,6 +32,12 @@
  * savepoint give their positions back (they were never visible). SQLite
  * serialises writers (one write lock per file), so positions grow in commit
  * order across threads and processes.
+ *
+ * Space (retention, §3.9): files created since schema version 5 are in
+ * auto_vacuum=INCREMENTAL mode (set before the WAL switch writes the first
+ * page: sq_open). After a write transaction that removed rows commits, one
+ * bounded pass of incremental vacuum gives freed pages back to the file
+ * system (sq_vacuum_pass); older files keep their mode and reuse freed pages.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,7 +57,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 4            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 5            /* PRAGMA user_version of the current schema */
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -59,6 +65,14 @@
 #define SQ_MAX_SAVEPOINTS 64           /* nesting depth whose positions are given back on rollback */
 #define SQ_LOW_SPACE_BYTES (64 << 20)  /* less free space than this: keep the WAL small (sq_reclaim_wal) */
 #define SQ_SPACE_CHECK_EVERY 256       /* writes between two looks at the free space */
+/* Pages (4 KiB) one incremental-vacuum pass gives back at most: bounds what
+ * a commit after a removal pays on top of the removal (sq_vacuum_pass).
+ * Short of space the passes are smaller, since each one first writes the
+ * pages it moves to the WAL. */
+#define SQ_VACUUM_PAGES 1024
+#define SQ_VACUUM_PAGES_LOW 64
+#define SQ_STR_(x) #x
+#define SQ_STR(x) SQ_STR_(x)
 
 enum { SQ_SYNC_NORMAL = 1, SQ_SYNC_FULL = 2 };
 enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
@@ -77,11 +91,11 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
   "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
   "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
   "processed_by_attempt"
-/* Column order of every session SELECT; sq_session_put binds it as ?1..?18. */
+/* Column order of every session SELECT; sq_session_put binds it as ?1..?19. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
   "sealed_at, seal_reason, lease_holder, lease_token, lease_expires_at, parent, fork_at, "  \
-  "forked_at"
+  "forked_at, first_index"
 #define REF_COLS "name, session, created_at, updated_at"
 
 enum {
@@ -99,6 +113,8 @@ enum {
   ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
   ST_REF_GET, ST_REF_PUT, ST_REF_DELETE, ST_REF_LIST, ST_REF_LIST_GT,
   ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
+  ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
+  ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
   ST_DATA_VERSION,
   ST_COUNT
 };
@@ -123,7 +139,7 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = ?1",
     [ST_SESSION_PUT] = "INSERT OR REPLACE INTO sessions(" SESS_COLS
                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
-                       " ?15, ?16, ?17, ?18)",
+                       " ?15, ?16, ?17, ?18, ?19)",
     [ST_SESSION_LIST_GE] = "SELECT " SESS_COLS
                            " FROM sessions WHERE session >= ?1 ORDER BY session LIMIT ?3",
     [ST_SESSION_LIST_GE_LT] = "SELECT " SESS_COLS
@@ -231,6 +247,20 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_PRESENCE_EXPIRE] = "DELETE FROM presence WHERE ns = ?1 AND expires_at <= ?2",
     [ST_PRESENCE_LIST] = "SELECT participant, field, value, seen, at, expires_at FROM presence"
                          " WHERE ns = ?1 AND expires_at > ?2 ORDER BY participant, field",
+    /* Retention (§3.9). UNIQUE(session, idx) is the only index that starts
+     * with session and has no WHERE of its own, so the rows to remove are
+     * one range of it: O(log n + removed), each removed row also leaving
+     * the partial indexes it is in (queues, types, lanes, dead). */
+    [ST_EVENT_DELETE_RANGE] = "DELETE FROM events WHERE session = ?1 AND idx <= ?2",
+    [ST_SESSION_DELETE] = "DELETE FROM sessions WHERE session = ?1",
+    /* a prefix range of the primary key (session, reducer) */
+    [ST_SNAPSHOT_DELETE_ALL] = "DELETE FROM snapshots WHERE session = ?1",
+    /* the primary key is the name: without refs_session this would scan */
+    [ST_REF_DELETE_SESSION] = "DELETE FROM refs INDEXED BY refs_session WHERE session = ?1",
+    [ST_FREELIST_COUNT] = "PRAGMA freelist_count",
+    /* one row per page given back; a pragma takes no bound parameter */
+    [ST_INCREMENTAL_VACUUM] = "PRAGMA incremental_vacuum(" SQ_STR(SQ_VACUUM_PAGES) ")",
+    [ST_INCREMENTAL_VACUUM_LOW] = "PRAGMA incremental_vacuum(" SQ_STR(SQ_VACUUM_PAGES_LOW) ")",
     [ST_DATA_VERSION] = "PRAGMA data_version",
 };
 
@@ -350,11 +380,23 @@ static const char sq_schema_v4[] =
     "  created_at INTEGER,"
     "  updated_at INTEGER) WITHOUT ROWID;";
 
+/* Version 5 (CONTRACT §3.9): the session's first live index (a truncate
+ * drops events below it; rows written before read 1: nothing was dropped
+ * from them), and refs by the session they name, so deleting a session
+ * removes its refs in O(log n + removed) instead of scanning every ref.
+ * auto_vacuum is not part of a migration: switching an existing file needs
+ * a full VACUUM, so a file keeps the mode it was created with (sq_open sets
+ * it for new files). */
+static const char sq_schema_v5[] =
+    "ALTER TABLE sessions ADD COLUMN first_index INTEGER NOT NULL DEFAULT 1;"
+    "CREATE INDEX IF NOT EXISTS refs_session ON refs(session, name);";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
     sq_schema_v3,
     sq_schema_v4,
+    sq_schema_v5,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -382,6 +424,9 @@ struct es_txn {
   int64_t next_position;           /* write: the position the next insert gets */
   int64_t saved_next;              /* write: next_position as stored when the txn began */
   int64_t sp_next[SQ_MAX_SAVEPOINTS]; /* next_position when each savepoint began */
+  int removed;                     /* write: a removal op deleted rows (sq_vacuum_pass after
+                                      commit; a savepoint rolling them back leaves it set,
+                                      which costs one look at the free-page count) */
   struct sq_reader *reader;        /* read: the pool entry */
 };
 
@@ -412,6 +457,9 @@ struct es_backend {
                                       full disk, or little space is free); 2 the small-WAL
                                       settings of sq_reclaim_wal are applied */
   unsigned space_checks;           /* write path only: counts writes between free-space checks */
+  int incremental;                 /* the file is in auto_vacuum=INCREMENTAL mode (read at open) */
+  int vacuum_due;                  /* write path only: free pages are left to give back (a pass
+                                      could not run, or there were more than one pass takes) */
   sq_conn w;                       /* the write connection */
   es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
   pthread_mutex_t pool_mu;
@@ -747,6 +795,7 @@ static int sq_decode_session(sqlite3_stmt *st, int copy, es_session_info *si) {
   si->lease_expires_at = sq_col_opt(st, 14);
   si->fork_at = sq_col_opt(st, 16);
   si->forked_at = sq_col_opt(st, 17);
+  si->first_index = sqlite3_column_int64(st, 18); /* NOT NULL DEFAULT 1: older rows read 1 */
   if (sq_col_str(st, 0, copy, &si->session, NULL) || sq_col_str(st, 11, copy, &si->seal_reason, NULL) ||
       sq_col_str(st, 12, copy, &si->lease_holder, NULL) || sq_col_str(st, 15, copy, &si->parent, NULL)) {
     if (copy) es_session_info_destroy(si);
@@ -1546,8 +1595,27 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
                    b->path, b->wal_path, b->path);
   if (code != ES_OK) goto fail;
   if (had_wal) sqlite3_db_config(b->w.db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 0, (int *)NULL);
+  /* A new file (version 0: judged ours and empty) is made in
+   * auto_vacuum=INCREMENTAL mode, so that what retention removes can be
+   * given back (sq_vacuum_pass). The mode is fixed once the file's first
+   * page exists, and the WAL switch below writes that page, so this comes
+   * first. On an empty SQLite file made elsewhere (it already has a page)
+   * it changes nothing, and an existing file keeps its mode: switching
+   * needs a full VACUUM, far too slow for an open. */
+  if (b->mode != SQ_MODE_RO && version == 0 && migrate &&
+      (code = sq_conn_exec(&b->w, "PRAGMA auto_vacuum = INCREMENTAL", "cannot set up the file", err)) !=
+          ES_OK)
+    goto fail;
   if (b->mode != SQ_MODE_RO && (code = sq_setup_wal(b, err)) != ES_OK) goto fail;
   if ((code = sq_setup_schema(b, version, migrate, err)) != ES_OK) goto fail;
+  if (b->mode != SQ_MODE_RO) {
+    int64_t av = 0;
+    if ((code = sq_pragma_int(&b->w, "PRAGMA auto_vacuum", &av, err)) != ES_OK) goto fail;
+    b->incremental = av == 2;
+    /* free pages a previous process left (its last pass could not run):
+     * the first commit looks at the free-page count and gives them back */
+    b->vacuum_due = b->incremental;
+  }
   /* A WAL left with commits in it (a previous process could not checkpoint
    * it, e.g. on a full disk, or another process is using the file): the
    * first write checkpoints it first, so its space is given back. */
@@ -1639,6 +1707,7 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
     return es_fail(err, ES_STORAGE, "sqlite %s: opened read-only (mode=ro): cannot write", b->path);
   t->broken = 0;
   t->depth = 0;
+  t->removed = 0;
   /* never build on a transaction a failed rollback left behind */
   if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
   if (!b->low_space && ++b->space_checks % SQ_SPACE_CHECK_EVERY == 0 && sq_space_short(b))
@@ -1660,6 +1729,55 @@ static void sq_write_rollback(es_txn *t) {
   }
   t->depth = 0;
   t->broken = 0;
+  t->removed = 0;
+}
+
+/* Gives space back after a commit, a little at a time: one pass of
+ * `PRAGMA incremental_vacuum(SQ_VACUUM_PAGES)` moves at most that many
+ * pages from the end of the file into free slots and shortens the file
+ * (in WAL mode the main file shrinks when the WAL is next checkpointed).
+ * It runs in its own short transaction right after the commit, not inside
+ * it: a pass that fails (the disk is full, another process holds the write
+ * lock: it never waits) leaves acknowledged work alone and is simply tried
+ * again after the next commit. When more pages are free than one pass
+ * takes, the next commits each take another pass until none is left, so
+ * no commit pays more than SQ_VACUUM_PAGES page moves; meanwhile inserts
+ * reuse free pages anyway. Short of space (sq_reclaim_wal) a pass moves
+ * SQ_VACUUM_PAGES_LOW pages, so that the WAL it writes stays small. Files
+ * not in incremental mode (created before schema version 5) never get
+ * here: they reuse freed pages and keep their size (VACUUM shrinks them,
+ * see docs/sqlite.md). */
+static void sq_vacuum_pass(es_backend *b) {
+  sq_conn *c = &b->w;
+  sqlite3_stmt *st;
+  int temp, rc;
+  int64_t free_pages = 0;
+  int id = b->low_space ? ST_INCREMENTAL_VACUUM_LOW : ST_INCREMENTAL_VACUUM;
+  int64_t pass = b->low_space ? SQ_VACUUM_PAGES_LOW : SQ_VACUUM_PAGES;
+  b->vacuum_due = 1;
+  if (sq_stmt(c, ST_FREELIST_COUNT, &st, &temp, NULL) != ES_OK) return;
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) free_pages = sqlite3_column_int64(st, 0);
+  sq_stmt_done(c, ST_FREELIST_COUNT, st, temp);
+  if (rc != SQLITE_ROW) return;
+  if (free_pages == 0) {
+    b->vacuum_due = 0;
+    return;
+  }
+  if (sq_stmt(c, id, &st, &temp, NULL) != ES_OK) return;
+  c->no_wait = 1;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+  }
+  c->no_wait = 0;
+  if (rc != SQLITE_DONE) {
+    /* no message for anyone, but a full disk arms the WAL recovery */
+    sq_fail(NULL, c, sqlite3_extended_errcode(c->db), "incremental vacuum");
+    sq_stmt_done(c, id, st, temp);
+    if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return;
+  }
+  sq_stmt_done(c, id, st, temp);
+  b->vacuum_due = free_pages > pass;
 }
 
 static int sq_write_commit(es_txn *t, es_err *err) {
@@ -1688,6 +1806,8 @@ static int sq_write_commit(es_txn *t, es_err *err) {
     }
   }
   t->depth = 0;
+  if (t->b->incremental && (t->removed || t->b->vacuum_due)) sq_vacuum_pass(t->b);
+  t->removed = 0;
   return ES_OK;
 fail:
   sq_write_rollback(t);
@@ -1844,6 +1964,7 @@ static int sq_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   rc |= sq_bind_str(st, 16, row->parent);
   rc |= sq_bind_opt(st, 17, row->fork_at);
   rc |= sq_bind_opt(st, 18, row->forked_at);
+  rc |= sqlite3_bind_int64(st, 19, row->first_index);
   if (rc) return sq_bind_fail(t, ST_SESSION_PUT, st, temp, err);
   return sq_run(t, ST_SESSION_PUT, st, temp, "write", err);
 }
@@ -2312,6 +2433,54 @@ static int sq_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_
   return sq_iterate(t, ST_PRESENCE_LIST, st, temp, ROW_PRESENCE, (sq_fn)cb, ctx, err);
 }
 
+/* ---- retention (§3.9) -------------------------------------------------------- */
+
+/* Runs one of the DELETE statements with session bound as ?1 (and through
+ * as ?2 for event_delete_range); *removed: the rows deleted. Marks the
+ * transaction so that the commit gives the freed space back. */
+static int sq_remove(es_txn *t, int id, const char *session, int64_t through, int64_t *removed,
+                     es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  *removed = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  if (id == ST_EVENT_DELETE_RANGE) sqlite3_bind_int64(st, 2, through);
+  if ((code = sq_run(t, id, st, temp, "delete", err)) != ES_OK) return code;
+  *removed = sqlite3_changes64(t->c->db);
+  if (*removed > 0) t->removed = 1;
+  return ES_OK;
+}
+
+/* Positions are not touched: next_position was loaded when the
+ * transaction began (above every row, the removed ones included) and the
+ * commit stores it when it is above the stored high-water mark, so removing
+ * the newest rows never lets a later insert reuse their positions, in this
+ * process or after a reopen. A through below 1 (ES_NONE included) removes
+ * nothing: never everything by mistake. */
+static int sq_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
+  int64_t removed;
+  return sq_remove(t, ST_EVENT_DELETE_RANGE, session, through, &removed, err);
+}
+
+static int sq_session_delete(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  int code = sq_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
+  if (code != ES_OK) return code;
+  return removed > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
+static int sq_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  return sq_remove(t, ST_SNAPSHOT_DELETE_ALL, session, 0, &removed, err);
+}
+
+static int sq_ref_delete_session(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  return sq_remove(t, ST_REF_DELETE_SESSION, session, 0, &removed, err);
+}
+
 /* ---- data version --------------------------------------------------------- */
 
 static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
@@ -2375,5 +2544,9 @@ const es_backend_ops es_backend_sqlite = {
     .presence_put = sq_presence_put,
     .presence_expire = sq_presence_expire,
     .presence_list = sq_presence_list,
+    .event_delete_range = sq_event_delete_range,
+    .session_delete = sq_session_delete,
+    .snapshot_delete_all = sq_snapshot_delete_all,
+    .ref_delete_session = sq_ref_delete_session,
     .data_version = sq_data_version,
 };

@@ -42,7 +42,7 @@
 static const es_backend_ops *B = &es_backend_sqlite;
 static int n_tests, n_failed;
 
-#define SCHEMA_VERSION 4 /* the user_version this build writes */
+#define SCHEMA_VERSION 5 /* the user_version this build writes */
 
 static void check(int cond, const char *name, int line) {
   n_tests++;
@@ -238,7 +238,8 @@ static int si_eq(const es_session_info *a, const es_session_info *b) {
          a->fence == b->fence && a->sealed_at == b->sealed_at &&
          str_eq(a->seal_reason, b->seal_reason) && str_eq(a->lease_holder, b->lease_holder) &&
          a->lease_token == b->lease_token && a->lease_expires_at == b->lease_expires_at &&
-         str_eq(a->parent, b->parent) && a->fork_at == b->fork_at && a->forked_at == b->forked_at;
+         str_eq(a->parent, b->parent) && a->fork_at == b->fork_at && a->forked_at == b->forked_at &&
+         a->first_index == b->first_index;
 }
 
 /* Collects callback rows. */
@@ -339,9 +340,10 @@ static int64_t put_event(es_backend *b, es_event *e) {
 }
 
 /* Files of older schema versions, made as that code made them: its DDL
- * verbatim (sq_schema_v1..v3 of sqlite.c before version 4), run in one
- * transaction with the version stamped, in WAL mode. Taking a current file
- * apart instead would leave version-4 columns behind. */
+ * verbatim (sq_schema_v1..v4 of sqlite.c before version 5), run in one
+ * transaction with the version stamped, in WAL mode (and auto_vacuum
+ * NONE, as those versions left it). Taking a current file apart instead
+ * would leave newer columns behind. */
 static const char old_schema_v1[] =
     "CREATE TABLE IF NOT EXISTS meta("
     "  key TEXT PRIMARY KEY,"
@@ -410,17 +412,39 @@ static const char old_schema_v2[] =
 static const char old_schema_v3[] =
     "CREATE INDEX IF NOT EXISTS events_type_pending ON events(type, queued, due_at, position)"
     "  WHERE status = 0;";
+static const char old_schema_v4[] =
+    "ALTER TABLE events ADD COLUMN origin_session TEXT;"
+    "ALTER TABLE events ADD COLUMN origin_index INTEGER;"
+    "ALTER TABLE events ADD COLUMN first_claimed_at INTEGER;"
+    "ALTER TABLE events ADD COLUMN last_claimed_at INTEGER;"
+    "ALTER TABLE events ADD COLUMN failed_at INTEGER;"
+    "ALTER TABLE events ADD COLUMN processed_by_attempt INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE sessions ADD COLUMN sealed_at INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN seal_reason TEXT;"
+    "ALTER TABLE sessions ADD COLUMN lease_holder TEXT;"
+    "ALTER TABLE sessions ADD COLUMN lease_token INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN lease_expires_at INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN parent TEXT;"
+    "ALTER TABLE sessions ADD COLUMN fork_at INTEGER;"
+    "ALTER TABLE sessions ADD COLUMN forked_at INTEGER;"
+    "CREATE INDEX IF NOT EXISTS sessions_parent ON sessions(parent, session) WHERE parent IS NOT NULL;"
+    "CREATE TABLE IF NOT EXISTS refs("
+    "  name TEXT PRIMARY KEY,"
+    "  session TEXT NOT NULL,"
+    "  created_at INTEGER,"
+    "  updated_at INTEGER) WITHOUT ROWID;";
 
-/* A new file at path with the schema of version 1, 2 or 3 and no rows;
+/* A new file at path with the schema of version 1, 2, 3 or 4 and no rows;
  * extra (SQL) runs in the same transaction (old rows). */
 static void make_old_file(const char *path, int version, const char *extra) {
-  size_t n = sizeof old_schema_v1 + sizeof old_schema_v2 + sizeof old_schema_v3 + 256 +
-             (extra ? strlen(extra) : 0);
+  size_t n = sizeof old_schema_v1 + sizeof old_schema_v2 + sizeof old_schema_v3 +
+             sizeof old_schema_v4 + 256 + (extra ? strlen(extra) : 0);
   char *sql = malloc(n);
   snprintf(sql, n,
-           "BEGIN; %s %s %s PRAGMA user_version = %d; PRAGMA application_id = 1163088962; %s COMMIT",
+           "BEGIN; %s %s %s %s PRAGMA user_version = %d; PRAGMA application_id = 1163088962; %s COMMIT",
            old_schema_v1, version >= 2 ? old_schema_v2 : "", version >= 3 ? old_schema_v3 : "",
-           version, extra ? extra : "");
+           version >= 4 ? old_schema_v4 : "", version, extra ? extra : "");
   raw_exec(path, "PRAGMA journal_mode = WAL");
   if (raw_exec(path, sql) != SQLITE_OK) printf("# make_old_file: the SQL failed\n");
   free(sql);
@@ -462,7 +486,7 @@ static void test_open_fresh(void) {
   }
   struct stat st;
   CHECK(stat(p, &st) == 0, "the file exists after open");
-  CHECK(raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION, "schema version 4 recorded (user_version)");
+  CHECK(raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION, "the current schema version recorded (user_version)");
   CHECK(raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events'") == 1,
         "events table created");
   CHECK(raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name IN ('refs', 'sessions_parent')") == 2,
@@ -962,7 +986,7 @@ static void test_types(void) {
   b = open_ok(p, NULL);
   CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION &&
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1,
-        "a version-2 file is migrated to version 4 (the type index added)");
+        "a version-2 file is migrated to the current version (the type index added)");
   if (b) {
     B->read_begin(b, &t, &err);
     CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0 &&
@@ -1080,6 +1104,7 @@ static void test_sessions(void) {
   full.parent = (char *)"ab";
   full.fork_at = 7;
   full.forked_at = 450;
+  full.first_index = 6;
   sess_rows rows = {0};
   B->write_begin(b, &t, &err);
   CHECK(B->session_put(t, &full, &err) == ES_OK && B->session_get(t, "full", &got, &err) == ES_OK &&
@@ -1098,8 +1123,8 @@ static void test_sessions(void) {
   bare.session = (char *)"full";
   CHECK(B->session_put(t, &bare, &err) == ES_OK && B->session_get(t, "full", &got, &err) == ES_OK &&
             si_eq(&got, &bare) && got.fence == 0 && got.sealed_at == ES_NONE && got.parent == NULL &&
-            got.lease_holder == NULL && got.lease_token == ES_NONE,
-        "session_put replacing: unset fields come back unset (fence 0, ES_NONE, NULL)");
+            got.lease_holder == NULL && got.lease_token == ES_NONE && got.first_index == 1,
+        "session_put replacing: unset fields come back unset (fence 0, ES_NONE, NULL, first_index 1)");
   es_session_info_destroy(&got);
   CHECK(B->session_children(t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0,
         "... and the row is no longer a child");
@@ -1690,8 +1715,10 @@ static void test_errors(void) {
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_session_due'") == 1 &&
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1 &&
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name IN ('refs', 'sessions_parent')") == 2 &&
-            raw_int(p, "SELECT fence FROM sessions WHERE session = 's1'") == 0,
-        "a version-1 file is migrated to version 4 (every step: indexes, columns, refs)");
+            raw_int(p, "SELECT fence FROM sessions WHERE session = 's1'") == 0 &&
+            raw_int(p, "SELECT first_index FROM sessions WHERE session = 's1'") == 1 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'refs_session'") == 1,
+        "a version-1 file is migrated to the current version (every step: indexes, columns, refs)");
   if (b) B->close(b);
   rm_db(p);
   /* a migration that fails is rolled back whole (an eventstore file at
@@ -1997,6 +2024,24 @@ static void test_disk_full(void) {
         "group commit: a failed caller rolls back alone, or the whole commit fails; never half");
   printf("# group commit after a full disk: commit %s, small %s\n", es_strerror(commit_rc),
          small_there ? "stored" : "absent");
+  /* removing rows of a full store succeeds, the file shrinks (a short
+   * pass: the handle is short of space), and there is room again */
+  int64_t full_pages = raw_int(p, "PRAGMA page_count");
+  ok = B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, "f", committed / 2, &err) == ES_OK &&
+       B->write_commit(t, &err) == ES_OK;
+  int64_t now_pages = raw_int(p, "PRAGMA page_count");
+  printf("# removing %d of %d events of the full store: %lld -> %lld pages\n", committed / 2, committed,
+         (long long)full_pages, (long long)now_pages);
+  CHECK(ok && now_pages < full_pages, "removing rows of a full store works, and the file shrinks");
+  int more = 0;
+  for (int i = committed + 1; i <= committed + committed / 4; i++) {
+    es_event e;
+    snprintf(id, sizeof id, "f%d", i);
+    ev_make(&e, "f", i, id, payload);
+    if (put_event(b, &e) < 0) break;
+    more++;
+  }
+  CHECK(more == committed / 4, "... and takes new events again");
   /* still usable */
   ev_make(&small, "g", 1, "g-small2", "1");
   CHECK(B->write_begin(b, &t, &err) == ES_OK, "the store still opens write transactions after a full disk");
@@ -2448,7 +2493,7 @@ static void test_migrate_v3(void) {
   b = open_ok(p, NULL);
   CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION &&
             raw_int(p, "PRAGMA application_id") == 0x45535442,
-        "a version-3 file is migrated to version 4 in place at open");
+        "a version-3 file is migrated to the current version in place at open");
   table_columns(p, "events", cols, sizeof cols);
   CHECK(has(cols, ",returned,origin_session,origin_index,first_claimed_at,last_claimed_at,failed_at,"
                   "processed_by_attempt"),
@@ -2621,6 +2666,745 @@ static void test_migrate_v3(void) {
   CHECK(raw_int(p, "PRAGMA user_version") == 3 && !has(cols, "origin_session") &&
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'refs'") == 0,
         "... and leaves the file at version 3 as it was");
+  rm_db(p);
+  free(p);
+}
+
+/* ---- retention (§3.9) ------------------------------------------------------ */
+
+/* The positions of the rows a callback saw, as "p1,p2,..." (for compact checks). */
+static const char *positions_text(const collect *c, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < c->evs.n; i++) {
+    int k = snprintf(buf + n, cap - n, "%s%s/%lld", i ? "," : "", c->evs.v[i].session,
+                     (long long)c->evs.v[i].index);
+    if (k < 0 || (size_t)k >= cap - n) break;
+    n += (size_t)k;
+  }
+  return buf;
+}
+
+/* Every query that answers from an index, as one line: what the removal
+ * ops must keep right. */
+static const char *queries_text(es_txn *t, char *out, size_t cap) {
+  es_err err;
+  collect c = {0};
+  char buf[256];
+  type_text tt;
+  int64_t lane = -1, due_all = -1, due_s = -1, due_b = -1, last = -1;
+  size_t n = 0;
+#define Q_APPEND(label, value)                                                   \
+  do {                                                                           \
+    int k_ = snprintf(out + n, cap - n, "%s%s=[%s]", n ? " " : "", label, value); \
+    if (k_ > 0 && (size_t)k_ < cap - n) n += (size_t)k_;                         \
+  } while (0)
+  out[0] = '\0';
+  B->queued_due(t, NULL, 1000, ES_NONE, collect_event, &c, &err);
+  Q_APPEND("due", positions_text(&c, buf, sizeof buf));
+  collect_reset(&c);
+  B->queued_due(t, "s", 1000, 1, collect_event, &c, &err);
+  Q_APPEND("due_s1", positions_text(&c, buf, sizeof buf));
+  collect_reset(&c);
+  B->queued_due_type(t, "a", 1000, ES_NONE, collect_event, &c, &err);
+  Q_APPEND("due_a", positions_text(&c, buf, sizeof buf));
+  collect_reset(&c);
+  B->queued_due_type(t, "b", 1000, ES_NONE, collect_event, &c, &err);
+  Q_APPEND("due_b", positions_text(&c, buf, sizeof buf));
+  collect_reset(&c);
+  Q_APPEND("pending", pending_text(t, &tt));
+  B->dead_list(t, NULL, 0, ES_NONE, collect_event, &c, &err);
+  Q_APPEND("dead", positions_text(&c, buf, sizeof buf));
+  collect_reset(&c);
+  B->dead_list(t, "s", 0, ES_NONE, collect_event, &c, &err);
+  Q_APPEND("dead_s", positions_text(&c, buf, sizeof buf));
+  collect_reset(&c);
+  B->event_all(t, 0, ES_NONE, collect_event, &c, &err);
+  Q_APPEND("all", positions_text(&c, buf, sizeof buf));
+  collect_reset(&c);
+  B->lane_next(t, "s", "L", 0, &lane, &err);
+  B->queued_next_due(t, NULL, 0, &due_all, &err);
+  B->queued_next_due(t, "s", 0, &due_s, &err);
+  B->queued_next_due_type(t, "b", 0, &due_b, &err);
+  B->last_position(t, &last, &err);
+  int64_t v[5] = {lane, due_all, due_s, due_b, last};
+  size_t bn = 0;
+  for (int i = 0; i < 5; i++) {
+    int k = v[i] == ES_NONE ? snprintf(buf + bn, sizeof buf - bn, "%snone", i ? " " : "")
+                            : snprintf(buf + bn, sizeof buf - bn, "%s%lld", i ? " " : "", (long long)v[i]);
+    if (k > 0 && (size_t)k < sizeof buf - bn) bn += (size_t)k;
+  }
+  Q_APPEND("lane,next,next_s,next_b,last", buf);
+#undef Q_APPEND
+  return out;
+}
+
+/* Fixture: session s with 1 a processed, 2 a queued (due 100), 3 b queued
+ * in lane L (due 100), 4 a dead in lane L, 5 b pending in lane L (waiting,
+ * not queued), 6 a queued (due 200); session o with 1 a queued (due 150),
+ * 2 b dead; the session rows, a child of s, snapshots of both, refs to
+ * both (and to "s2", whose name starts with "s"). */
+static int retention_fixture(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  es_event e;
+  struct {
+    const char *session, *id, *type, *lane;
+    int64_t index;
+    int status, queued;
+    int64_t due;
+  } R[] = {{"s", "s-1", "a", NULL, 1, ES_STATUS_PROCESSED, 0, ES_NONE},
+           {"s", "s-2", "a", NULL, 2, ES_STATUS_PENDING, 1, 100},
+           {"s", "s-3", "b", "L", 3, ES_STATUS_PENDING, 1, 100},
+           {"s", "s-4", "a", "L", 4, ES_STATUS_DEAD, 0, ES_NONE},
+           {"s", "s-5", "b", "L", 5, ES_STATUS_PENDING, 0, ES_NONE},
+           {"s", "s-6", "a", NULL, 6, ES_STATUS_PENDING, 1, 200},
+           {"o", "o-1", "a", NULL, 1, ES_STATUS_PENDING, 1, 150},
+           {"o", "o-2", "b", NULL, 2, ES_STATUS_DEAD, 0, ES_NONE}};
+  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  for (size_t i = 0; ok && i < sizeof R / sizeof R[0]; i++) {
+    ev_make(&e, R[i].session, R[i].index, R[i].id, "1");
+    e.type = (char *)R[i].type;
+    e.lane = (char *)R[i].lane;
+    e.status = R[i].status;
+    e.queued = R[i].queued;
+    e.due_at = R[i].due;
+    ok &= B->event_insert(t, &e, &err) == ES_OK;
+  }
+  const char *sessions[][2] = {{"s", NULL}, {"o", NULL}, {"s2", NULL}, {"kid", "s"}};
+  for (int i = 0; ok && i < 4; i++) {
+    es_session_info si;
+    es_session_info_init(&si);
+    si.session = (char *)sessions[i][0];
+    si.parent = (char *)sessions[i][1];
+    si.head = i == 0 ? 6 : i == 1 ? 2 : 0;
+    ok &= B->session_put(t, &si, &err) == ES_OK;
+  }
+  const char *snaps[][2] = {{"s", "r1"}, {"s", "r2"}, {"o", "r1"}, {"s2", "r1"}};
+  for (int i = 0; ok && i < 4; i++) {
+    es_snapshot sn;
+    es_snapshot_init(&sn);
+    sn.reducer = (char *)snaps[i][1];
+    sn.index = 1;
+    sn.state = (char *)"x";
+    sn.state_len = 1;
+    ok &= B->snapshot_put(t, snaps[i][0], &sn, &err) == ES_OK;
+  }
+  const char *refs[][2] = {{"main", "s"}, {"alt", "s"}, {"other", "o"}, {"z", "s"}, {"near", "s2"}};
+  for (int i = 0; ok && i < 5; i++) {
+    es_ref r;
+    es_ref_init(&r);
+    r.name = (char *)refs[i][0];
+    r.session = (char *)refs[i][1];
+    ok &= B->ref_put(t, &r, &err) == ES_OK;
+  }
+  if (!ok) {
+    printf("# fixture: %s\n", err.msg);
+    B->write_rollback(t);
+    return 0;
+  }
+  return B->write_commit(t, &err) == ES_OK;
+}
+
+/* What the queries answer on the whole fixture, and once events 1..4 of s
+ * are removed. */
+#define Q_FULL                                                                            \
+  "due=[s/2,s/3,o/1,s/6] due_s1=[s/2] due_a=[s/2,o/1,s/6] due_b=[s/3] pending=[a=3 b=2 ] " \
+  "dead=[s/4,o/2] dead_s=[s/4] all=[s/1,s/2,s/3,s/4,s/5,s/6,o/1,o/2] "                    \
+  "lane,next,next_s,next_b,last=[3 100 100 100 8]"
+#define Q_TRUNCATED                                                                       \
+  "due=[o/1,s/6] due_s1=[s/6] due_a=[o/1,s/6] due_b=[] pending=[a=2 b=1 ] dead=[o/2] "     \
+  "dead_s=[] all=[s/5,s/6,o/1,o/2] lane,next,next_s,next_b,last=[5 150 200 none 8]"
+
+static const char *ref_names(es_txn *t, char *out, size_t cap) {
+  es_err err;
+  collect c = {0};
+  size_t n = 0;
+  out[0] = '\0';
+  B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err);
+  for (int i = 0; i < c.n && i < 32; i++) {
+    int k = snprintf(out + n, cap - n, "%s%s", i ? " " : "", c.names[i]);
+    if (k > 0 && (size_t)k < cap - n) n += (size_t)k;
+  }
+  return out;
+}
+
+static void test_retention_ops(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t, *r;
+  es_err err = {0};
+  es_event got;
+  es_session_info si;
+  es_snapshot sn;
+  es_ref ref;
+  collect c = {0};
+  char q[1024], names[256];
+  if (!b || !retention_fixture(b)) {
+    CHECK(0, "retention fixture");
+    if (b) B->close(b);
+    rm_db(p);
+    free(p);
+    return;
+  }
+  CHECK(B->event_delete_range && B->session_delete && B->snapshot_delete_all &&
+            B->ref_delete_session,
+        "the four retention ops are in the ops table");
+  B->read_begin(b, &r, &err);
+  CHECK(strcmp(queries_text(r, q, sizeof q), Q_FULL) == 0, "the fixture as every index sees it");
+  if (strcmp(q, Q_FULL) != 0) printf("# got %s\n", q);
+  CHECK(B->event_delete_range(r, "s", 2, &err) == ES_STORAGE &&
+            B->session_delete(r, "s", &err) == ES_STORAGE &&
+            B->snapshot_delete_all(r, "s", &err) == ES_STORAGE &&
+            B->ref_delete_session(r, "s", &err) == ES_STORAGE,
+        "the removal ops are refused in a read transaction");
+  /* r stays open: a reader keeps its snapshot across the removal below */
+
+  /* event_delete_range: pending, queued, laned and dead rows alike */
+  B->write_begin(b, &t, &err);
+  CHECK(B->event_delete_range(t, "s", 4, &err) == ES_OK, "event_delete_range(s, 4)");
+  CHECK(strcmp(queries_text(t, q, sizeof q), Q_TRUNCATED) == 0,
+        "inside the transaction every query sees the rows gone (queues, types, pending counts, "
+        "dead letters, lanes, positions)");
+  if (strcmp(q, Q_TRUNCATED) != 0) printf("# got %s\n", q);
+  CHECK(B->write_commit(t, &err) == ES_OK, "commit the removal");
+  CHECK(B->event_get(r, "s", 2, &got, &err) == ES_OK && strcmp(queries_text(r, q, sizeof q), Q_FULL) == 0,
+        "a read transaction begun before still sees every row");
+  es_event_destroy(&got);
+  B->read_end(r);
+  B->read_begin(b, &r, &err);
+  CHECK(strcmp(queries_text(r, q, sizeof q), Q_TRUNCATED) == 0, "after the commit: the same answers");
+  int ok = 1;
+  for (int i = 1; i <= 4; i++) ok &= B->event_get(r, "s", i, &got, &err) == ES_NOT_FOUND;
+  ok &= B->event_get_by_id(r, "s-2", &got, &err) == ES_NOT_FOUND;
+  ok &= B->event_get(r, "s", 5, &got, &err) == ES_OK;
+  es_event_destroy(&got);
+  ok &= B->event_range(r, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+        c.evs.v[0].index == 5 && c.evs.v[1].index == 6;
+  collect_reset(&c);
+  ok &= B->event_range(r, "o", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2;
+  collect_reset(&c);
+  CHECK(ok, "the removed rows are gone by index and by id; the rest of s and all of o stay");
+  B->read_end(r);
+
+  B->write_begin(b, &t, &err);
+  CHECK(B->event_delete_range(t, "s", 4, &err) == ES_OK && B->event_delete_range(t, "s", 0, &err) == ES_OK &&
+            B->event_delete_range(t, "nobody", 10, &err) == ES_OK &&
+            B->event_delete_range(t, "s", ES_NONE, &err) == ES_OK &&
+            B->event_get(t, "s", 5, &got, &err) == ES_OK,
+        "removing nothing (already removed, through 0 or ES_NONE, no such session) is not an error");
+  es_event_destroy(&got);
+  /* ids of removed rows can be stored again, in another session too */
+  es_event e;
+  ev_make(&e, "o", 3, "s-2", "again");
+  ok = B->event_insert(t, &e, &err) == ES_OK;
+  ev_make(&e, "s", 2, "s-4", "again");
+  ok &= B->event_insert(t, &e, &err) == ES_OK;
+  ok &= B->event_get_by_id(t, "s-2", &got, &err) == ES_OK && str_eq(got.session, "o") && got.index == 3;
+  es_event_destroy(&got);
+  CHECK(ok, "a removed id (and a removed index) may be inserted again");
+  B->write_rollback(t);
+
+  /* snapshots, refs, the session row */
+  B->write_begin(b, &t, &err);
+  CHECK(B->snapshot_delete_all(t, "s", &err) == ES_OK &&
+            B->snapshot_get(t, "s", "r1", &sn, &err) == ES_NOT_FOUND &&
+            B->snapshot_list(t, "s", collect_snapshot, &c, &err) == ES_OK && c.n == 0,
+        "snapshot_delete_all removes every snapshot of the session");
+  memset(&c, 0, sizeof c);
+  ok = B->snapshot_get(t, "o", "r1", &sn, &err) == ES_OK;
+  es_snapshot_destroy(&sn);
+  ok &= B->snapshot_get(t, "s2", "r1", &sn, &err) == ES_OK;
+  es_snapshot_destroy(&sn);
+  CHECK(ok && B->snapshot_delete_all(t, "nobody", &err) == ES_OK,
+        "... and no other session's (a name that extends it neither); none is not an error");
+  CHECK(B->ref_delete_session(t, "s", &err) == ES_OK &&
+            strcmp(ref_names(t, names, sizeof names), "near=s2 other=o") == 0 &&
+            B->ref_get(t, "main", &ref, &err) == ES_NOT_FOUND,
+        "ref_delete_session removes exactly the refs naming the session");
+  CHECK(B->ref_delete_session(t, "s", &err) == ES_OK, "... none left is not an error");
+  CHECK(B->session_delete(t, "kid", &err) == ES_OK &&
+            B->session_children(t, "s", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0,
+        "session_delete of a fork: its parent has no child left");
+  memset(&c, 0, sizeof c);
+  CHECK(B->session_delete(t, "s", &err) == ES_OK && B->session_get(t, "s", &si, &err) == ES_NOT_FOUND,
+        "session_delete removes the row");
+  CHECK(B->session_delete(t, "s", &err) == ES_NOT_FOUND && B->session_delete(t, "zz", &err) == ES_NOT_FOUND,
+        "session_delete of an absent session: ES_NOT_FOUND");
+  CHECK(B->session_list(t, "", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2 &&
+            !strcmp(c.names[0], "o") && !strcmp(c.names[1], "s2"),
+        "session_list no longer has it");
+  memset(&c, 0, sizeof c);
+  CHECK(B->write_commit(t, &err) == ES_OK, "commit");
+  B->write_begin(b, &t, &err);
+  es_session_info_init(&si);
+  si.session = (char *)"s";
+  si.head = 0;
+  si.first_index = 7;
+  es_session_info back;
+  CHECK(B->session_put(t, &si, &err) == ES_OK && B->session_get(t, "s", &back, &err) == ES_OK &&
+            si_eq(&back, &si) && B->write_commit(t, &err) == ES_OK,
+        "a deleted session's name can be put again (first_index stored: 7)");
+  es_session_info_destroy(&back);
+
+  /* a savepoint rolled back restores every removed row, in every index */
+  B->read_begin(b, &r, &err);
+  char before[1024], sessions_before[256];
+  queries_text(r, before, sizeof before);
+  snprintf(sessions_before, sizeof sessions_before, "%s", ref_names(r, names, sizeof names));
+  B->read_end(r);
+  B->write_begin(b, &t, &err);
+  ok = B->savepoint(t, &err) == ES_OK && B->event_delete_range(t, "o", 2, &err) == ES_OK &&
+       B->event_delete_range(t, "s", 100, &err) == ES_OK && B->session_delete(t, "o", &err) == ES_OK &&
+       B->snapshot_delete_all(t, "o", &err) == ES_OK && B->ref_delete_session(t, "o", &err) == ES_OK;
+  ok &= strcmp(queries_text(t, q, sizeof q),
+               "due=[] due_s1=[] due_a=[] due_b=[] pending=[] dead=[] dead_s=[] all=[] "
+               "lane,next,next_s,next_b,last=[0 none none none 0]") == 0;
+  CHECK(ok, "inside a savepoint: o and the rest of s removed, every index empty");
+  B->savepoint_rollback(t);
+  ok = strcmp(queries_text(t, q, sizeof q), before) == 0;
+  ok &= B->session_get(t, "o", &si, &err) == ES_OK;
+  es_session_info_destroy(&si);
+  ok &= B->snapshot_get(t, "o", "r1", &sn, &err) == ES_OK;
+  es_snapshot_destroy(&sn);
+  ok &= strcmp(ref_names(t, names, sizeof names), sessions_before) == 0;
+  CHECK(ok, "savepoint_rollback brings back the rows, the session, its snapshots and refs");
+  CHECK(B->write_commit(t, &err) == ES_OK, "commit after the rolled-back savepoint");
+  B->read_begin(b, &r, &err);
+  CHECK(strcmp(queries_text(r, q, sizeof q), before) == 0, "... and nothing was removed");
+  B->read_end(r);
+  /* a whole transaction rolled back */
+  B->write_begin(b, &t, &err);
+  B->event_delete_range(t, "o", 2, &err);
+  B->session_delete(t, "o", &err);
+  B->write_rollback(t);
+  B->read_begin(b, &r, &err);
+  CHECK(strcmp(queries_text(r, q, sizeof q), before) == 0 && B->session_get(r, "o", &si, &err) == ES_OK,
+        "write_rollback undoes removals");
+  es_session_info_destroy(&si);
+  B->read_end(r);
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
+/* Positions are never handed out twice, even when removal takes the
+ * newest rows of the store, in the same handle and after reopening. */
+static void test_retention_positions(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  es_event e;
+  char id[16];
+  if (!b) {
+    CHECK(0, "open for retention positions");
+    return;
+  }
+  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  for (int i = 1; i <= 5; i++) {
+    snprintf(id, sizeof id, "p-%d", i);
+    ev_make(&e, "s", i, id, "1");
+    ok &= B->event_insert(t, &e, &err) == ES_OK && e.position == i;
+  }
+  ok &= B->write_commit(t, &err) == ES_OK;
+  ok &= B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, "s", 5, &err) == ES_OK &&
+        B->write_commit(t, &err) == ES_OK;
+  CHECK(ok, "five rows stored, then all removed (the newest of the store)");
+  ev_make(&e, "s", 6, "p-6", "1");
+  CHECK(put_event(b, &e) == 6, "the next insert takes position 6, not 1");
+  B->write_begin(b, &t, &err);
+  B->event_delete_range(t, "s", 6, &err);
+  B->write_commit(t, &err);
+  B->close(b);
+  b = open_ok(p, NULL);
+  ev_make(&e, "s", 7, "p-7", "1");
+  CHECK(b && put_event(b, &e) == 7, "after removing the only row and reopening: position 7");
+  /* a row inserted and removed in one transaction still uses up its position */
+  ok = b && B->write_begin(b, &t, &err) == ES_OK;
+  ev_make(&e, "s", 8, "p-8", "1");
+  ok = ok && B->event_insert(t, &e, &err) == ES_OK && e.position == 8 &&
+       B->event_delete_range(t, "s", 8, &err) == ES_OK && B->write_commit(t, &err) == ES_OK;
+  CHECK(ok, "insert and remove in one transaction");
+  if (b) B->close(b);
+  b = open_ok(p, NULL);
+  ev_make(&e, "s", 9, "p-9", "1");
+  CHECK(b && put_event(b, &e) == 9, "... its position is not reused after reopening either");
+  CHECK(raw_int(p, "SELECT value FROM meta WHERE key = 'next_position'") == 10,
+        "the high-water mark is in the file");
+  if (b) B->close(b);
+  rm_db(p);
+  free(p);
+}
+
+/* A file of schema version 4 (made with that version's DDL and rows, as the
+ * version-4 code wrote them), migrated in place at open: every row kept,
+ * first_index 1 on every session row, refs found by session, auto_vacuum
+ * left as it was (NONE: switching needs a full VACUUM), freed pages reused. */
+static const char v4_rows[] =
+    "INSERT INTO events(position, session, idx, id, type, payload, lane, created_at, cause_index,"
+    " cause_attempt, not_before, status, attempts, failures, last_error, processed_at, claim_holder,"
+    " claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, origin_session,"
+    " origin_index, first_claimed_at, last_claimed_at, failed_at, processed_by_attempt) VALUES"
+    " (1, 's', 1, 'e1', 'a', '{}', NULL, 100, NULL, NULL, NULL, 1, 1, 0, NULL, 150, NULL, NULL, NULL,"
+    "  0, NULL, NULL, 0, NULL, NULL, 110, 110, NULL, 1),"
+    " (2, 's', 2, 'e2', 'a', '[2]', 'L', 101, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, NULL, NULL,"
+    "  1, 300, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL),"
+    " (4, 'f', 1, 'e3', 'a', '{}', NULL, 100, NULL, NULL, NULL, 1, 0, 0, NULL, 160, NULL, NULL, NULL,"
+    "  0, NULL, NULL, -1, 's', 1, NULL, NULL, NULL, NULL);"
+    "INSERT INTO sessions(session, head, events, pending, dead, attempts, failures, first_at,"
+    " updated_at, fence, sealed_at, seal_reason, lease_holder, lease_token, lease_expires_at, parent,"
+    " fork_at, forked_at) VALUES"
+    " ('s', 2, 2, 1, 0, 1, 0, 100, 101, 4, NULL, NULL, 'w1', 4, 9000, NULL, NULL, NULL),"
+    " ('f', 1, 1, 0, 0, 0, 0, 100, 160, 0, 170, 'done', NULL, NULL, NULL, 's', 1, 160);"
+    "INSERT INTO refs(name, session, created_at, updated_at) VALUES"
+    " ('main', 's', 10, 11), ('try', 'f', 12, 13), ('old', 's', 14, 15);"
+    "INSERT INTO snapshots(session, reducer, idx, state, version, updated_at)"
+    " VALUES ('s', 'count', 1, X'01', 'v1', 77);"
+    "INSERT INTO meta(key, value) VALUES ('next_position', 9);";
+
+static void test_migrate_v4(void) {
+  char *p = tmp_path();
+  es_backend *b;
+  es_txn *t;
+  es_err err = {0};
+  es_session_info si, want;
+  es_ref ref;
+  es_event got;
+  char cols[1024], names[256];
+  make_old_file(p, 4, v4_rows);
+  CHECK(raw_int(p, "PRAGMA user_version") == 4 && raw_int(p, "PRAGMA auto_vacuum") == 0 &&
+            raw_int(p, "SELECT count(*) FROM refs") == 3,
+        "a version-4 file with rows (auto_vacuum NONE, as version 4 made files)");
+  b = open_ok(p, NULL);
+  CHECK(b != NULL && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION,
+        "a version-4 file is migrated to version 5 at open");
+  table_columns(p, "sessions", cols, sizeof cols);
+  CHECK(has(cols, ",fork_at,forked_at,first_index") &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'refs_session'") == 1,
+        "sessions has first_index; refs_session created");
+  CHECK(raw_int(p, "PRAGMA auto_vacuum") == 0, "the file keeps its auto_vacuum mode (NONE)");
+  if (!b) {
+    rm_db(p);
+    free(p);
+    return;
+  }
+  B->read_begin(b, &t, &err);
+  es_session_info_init(&want);
+  want.session = (char *)"s";
+  want.head = 2;
+  want.events = 2;
+  want.pending = 1;
+  want.attempts = 1;
+  want.first_at = 100;
+  want.updated_at = 101;
+  want.fence = 4;
+  want.lease_holder = (char *)"w1";
+  want.lease_token = 4;
+  want.lease_expires_at = 9000;
+  CHECK(B->session_get(t, "s", &si, &err) == ES_OK && si_eq(&si, &want) && si.first_index == 1,
+        "a session row kept, every field; first_index 1 (nothing was dropped)");
+  es_session_info_destroy(&si);
+  sess_rows rows = {0};
+  CHECK(B->session_list(t, "", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 2 && rows.v[0].first_index == 1 && rows.v[1].first_index == 1 &&
+            str_eq(rows.v[0].parent, "s") && str_eq(rows.v[0].seal_reason, "done") &&
+            B->session_children(t, "s", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 3 && rows.v[2].first_index == 1,
+        "session_list and session_children read first_index 1 from the old rows");
+  sess_rows_reset(&rows);
+  CHECK(B->event_get(t, "f", 1, &got, &err) == ES_OK && str_eq(got.origin_session, "s") &&
+            got.returned == -1 && got.position == 4,
+        "events kept");
+  es_event_destroy(&got);
+  CHECK(strcmp(ref_names(t, names, sizeof names), "main=s old=s try=f") == 0, "refs kept");
+  B->read_end(t);
+
+  B->write_begin(b, &t, &err);
+  int ok = B->ref_delete_session(t, "s", &err) == ES_OK &&
+           strcmp(ref_names(t, names, sizeof names), "try=f") == 0;
+  ok &= B->event_delete_range(t, "s", 1, &err) == ES_OK && B->event_get(t, "s", 1, &got, &err) == ES_NOT_FOUND;
+  ok &= B->session_get(t, "s", &si, &err) == ES_OK;
+  si.first_index = 2;
+  ok &= B->session_put(t, &si, &err) == ES_OK;
+  es_session_info_destroy(&si);
+  es_event e;
+  ev_make(&e, "s", 3, "e4", "3");
+  ok &= B->event_insert(t, &e, &err) == ES_OK && e.position == 9;
+  CHECK(ok && B->write_commit(t, &err) == ES_OK,
+        "the migrated rows are removed through the new ops; the high-water mark (9) kept");
+  B->close(b);
+  b = open_ok(p, NULL);
+  CHECK(b && B->read_begin(b, &t, &err) == ES_OK && B->session_get(t, "s", &si, &err) == ES_OK &&
+            si.first_index == 2 && B->ref_get(t, "main", &ref, &err) == ES_NOT_FOUND,
+        "first_index written after the migration is read back after reopening");
+  es_session_info_destroy(&si);
+  if (b) B->read_end(t);
+
+  /* freed pages are reused by later inserts: the file does not grow */
+  char payload[401];
+  memset(payload, 'x', 400);
+  payload[0] = '"';
+  payload[399] = '"';
+  payload[400] = '\0';
+  char id[32];
+  ok = b && B->write_begin(b, &t, &err) == ES_OK;
+  for (int i = 1; ok && i <= 3000; i++) {
+    snprintf(id, sizeof id, "bulk-%d", i);
+    ev_make(&e, "bulk", i, id, payload);
+    ok &= B->event_insert(t, &e, &err) == ES_OK;
+  }
+  ok = ok && B->write_commit(t, &err) == ES_OK;
+  int64_t pages = raw_int(p, "PRAGMA page_count");
+  ok = ok && B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, "bulk", 3000, &err) == ES_OK &&
+       B->write_commit(t, &err) == ES_OK;
+  int64_t freed = raw_int(p, "PRAGMA freelist_count");
+  CHECK(ok && freed > 300 && raw_int(p, "PRAGMA page_count") == pages,
+        "removing 3,000 rows of an old file frees pages but does not shrink it (no incremental vacuum)");
+  printf("# version-4 file: %lld pages, %lld free after removing 3,000 rows\n", (long long)pages,
+         (long long)freed);
+  ok = b && B->write_begin(b, &t, &err) == ES_OK;
+  for (int i = 1; ok && i <= 3000; i++) {
+    snprintf(id, sizeof id, "again-%d", i);
+    ev_make(&e, "again", i, id, payload);
+    ok &= B->event_insert(t, &e, &err) == ES_OK;
+  }
+  ok = ok && B->write_commit(t, &err) == ES_OK;
+  CHECK(ok && raw_int(p, "PRAGMA page_count") <= pages + pages / 20 &&
+            raw_int(p, "PRAGMA freelist_count") < freed,
+        "... 3,000 new rows reuse the freed pages (the file grows by less than 5%)");
+  if (b) B->close(b);
+  rm_db(p);
+
+  /* a failing 4 -> 5 migration is rolled back whole */
+  make_old_file(p, 4, "ALTER TABLE sessions ADD COLUMN first_index INTEGER;");
+  CHECK(open_fail(p, NULL, &err) == ES_STORAGE && has(err.msg, "migrating schema 4 to 5"),
+        "a failing 4 -> 5 migration: ES_STORAGE naming the step");
+  CHECK(raw_int(p, "PRAGMA user_version") == 4 &&
+            raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'refs_session'") == 0,
+        "... and leaves the file at version 4");
+  rm_db(p);
+  free(p);
+}
+
+/* Space: new files are auto_vacuum=INCREMENTAL, and the file shrinks as
+ * rows are removed: each commit that removed rows gives back up to 1024
+ * pages (64 when the disk is short of space: below 64 MiB free), and more
+ * free pages than that are given back over the next commits. */
+static void test_space_reclaim(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  es_event e;
+  char payload[401], id[32], session[16];
+  const int S = 40, N = 500; /* 20,000 events of ~400 bytes: some 3,000 pages */
+  if (!b) {
+    CHECK(0, "open for space reclaim");
+    return;
+  }
+  CHECK(raw_int(p, "PRAGMA auto_vacuum") == 2, "a new file is in auto_vacuum=INCREMENTAL mode");
+  memset(payload, 'y', 400);
+  payload[0] = '"';
+  payload[399] = '"';
+  payload[400] = '\0';
+  int ok = 1;
+  for (int s = 0; ok && s < S; s++) {
+    ok &= B->write_begin(b, &t, &err) == ES_OK;
+    snprintf(session, sizeof session, "s%02d", s);
+    for (int i = 1; ok && i <= N; i++) {
+      snprintf(id, sizeof id, "%s-%d", session, i);
+      ev_make(&e, session, i, id, payload);
+      e.queued = i % 2;
+      e.due_at = i;
+      ok &= B->event_insert(t, &e, &err) == ES_OK;
+    }
+    es_session_info si;
+    es_session_info_init(&si);
+    si.session = session;
+    si.head = N;
+    ok &= B->session_put(t, &si, &err) == ES_OK;
+    ok &= B->write_commit(t, &err) == ES_OK;
+  }
+  int64_t peak = raw_int(p, "PRAGMA page_count");
+  CHECK(ok && peak > 2000 && raw_int(p, "PRAGMA freelist_count") == 0, "20,000 events stored");
+  printf("# %lld pages before removal\n", (long long)peak);
+
+  /* one session per transaction: each commit gives back what it freed */
+  int64_t last = peak;
+  int shrank = 1, empty = 1;
+  for (int s = 0; s < 10; s++) {
+    snprintf(session, sizeof session, "s%02d", s);
+    ok &= B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, session, N, &err) == ES_OK &&
+          B->session_delete(t, session, &err) == ES_OK && B->write_commit(t, &err) == ES_OK;
+    int64_t now = raw_int(p, "PRAGMA page_count");
+    shrank &= now < last;
+    empty &= raw_int(p, "PRAGMA freelist_count") < 64;
+    last = now;
+  }
+  CHECK(ok && shrank, "removing a session per transaction: the file shrinks after each commit");
+  CHECK(empty, "... and keeps (almost) no free page: each pass gave back what the removal freed");
+  printf("# %lld pages after removing 10 sessions in 10 transactions\n", (long long)last);
+
+  /* one big removal frees more than one pass gives back: the rest goes
+   * over the next commits, whatever they write */
+  B->write_begin(b, &t, &err);
+  for (int s = 10; s < S; s++) {
+    snprintf(session, sizeof session, "s%02d", s);
+    ok &= B->event_delete_range(t, session, N, &err) == ES_OK && B->session_delete(t, session, &err) == ES_OK;
+  }
+  double t0 = now_s();
+  ok &= B->write_commit(t, &err) == ES_OK;
+  double commit_s = now_s() - t0;
+  int64_t after_big = raw_int(p, "PRAGMA page_count"), free_big = raw_int(p, "PRAGMA freelist_count");
+  printf("# removing 30 sessions in one transaction: %lld pages, %lld still free (commit + one pass: "
+         "%.3f s)\n",
+         (long long)after_big, (long long)free_big, commit_s);
+  CHECK(ok && last - after_big >= 64 && last - after_big <= 1024 + 8 && free_big > 0,
+        "a removal freeing more than 1024 pages: the commit gives back one pass, the rest stays free");
+  int rounds = 0;
+  int64_t prev_free = free_big;
+  int decreasing = 1;
+  while (rounds < free_big / 64 + 3 && raw_int(p, "PRAGMA freelist_count") > 0) {
+    es_session_info si;
+    es_session_info_init(&si);
+    si.session = (char *)"tick";
+    si.head = rounds;
+    ok &= B->write_begin(b, &t, &err) == ES_OK && B->session_put(t, &si, &err) == ES_OK &&
+          B->write_commit(t, &err) == ES_OK;
+    int64_t f = raw_int(p, "PRAGMA freelist_count");
+    decreasing &= f < prev_free;
+    prev_free = f;
+    rounds++;
+  }
+  int64_t final_pages = raw_int(p, "PRAGMA page_count");
+  printf("# %d later commits gave back the rest: %lld pages (from %lld)\n", rounds,
+         (long long)final_pages, (long long)peak);
+  CHECK(ok && decreasing && raw_int(p, "PRAGMA freelist_count") == 0,
+        "... the next commits (writing anything) give back the rest, a pass each");
+  CHECK(final_pages < peak / 10, "the file is back to a small fraction of its peak");
+  B->close(b);
+  struct stat stb;
+  CHECK(stat(p, &stb) == 0 && stb.st_size == final_pages * 4096 && stb.st_size < peak * 4096 / 10,
+        "after close (WAL checkpointed) the file on disk has shrunk too");
+  rm_db(p);
+  free(p);
+}
+
+/* The plan of a statement as EXPLAIN QUERY PLAN details, joined by "; ". */
+static void query_plan(const char *path, const char *sql, char *out, size_t cap) {
+  sqlite3 *db;
+  sqlite3_stmt *st;
+  char eqp[512];
+  size_t n = 0;
+  out[0] = '\0';
+  snprintf(eqp, sizeof eqp, "EXPLAIN QUERY PLAN %s", sql);
+  if (sqlite3_open(path, &db) != SQLITE_OK) return;
+  if (sqlite3_prepare_v2(db, eqp, -1, &st, NULL) == SQLITE_OK) {
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      int k = snprintf(out + n, cap - n, "%s%s", n ? "; " : "", (const char *)sqlite3_column_text(st, 3));
+      if (k < 0 || (size_t)k >= cap - n) break;
+      n += (size_t)k;
+    }
+    sqlite3_finalize(st);
+  } else {
+    snprintf(out, cap, "prepare failed: %s", sqlite3_errmsg(db));
+  }
+  sqlite3_close(db);
+}
+
+static int count_event(void *ctx, const es_event *row) {
+  (void)row;
+  (*(int64_t *)ctx)++;
+  return 0;
+}
+
+/* O(rows removed): the removal statements are searches of an index, never
+ * scans, and removing 10 rows from a session of 100,000 (or a session of
+ * 10 beside it) takes a small fraction of one walk over the table. */
+static void test_retention_cost(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  es_event e;
+  char id[32], plan[512];
+  const int N = RUNNING_ON_VALGRIND ? 10000 : 100000;
+  if (!b) {
+    CHECK(0, "open for retention cost");
+    return;
+  }
+  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  for (int i = 1; ok && i <= N; i++) {
+    snprintf(id, sizeof id, "big-%d", i);
+    ev_make(&e, "big", i, id, "{\"amount\":1234}");
+    e.status = i % 3 == 0 ? ES_STATUS_PENDING : ES_STATUS_PROCESSED;
+    e.queued = i % 3 == 0;
+    e.due_at = i;
+    e.lane = i % 5 == 0 ? (char *)"L" : NULL;
+    ok &= B->event_insert(t, &e, &err) == ES_OK;
+  }
+  for (int i = 1; ok && i <= 10; i++) {
+    snprintf(id, sizeof id, "small-%d", i);
+    ev_make(&e, "small", i, id, "1");
+    ok &= B->event_insert(t, &e, &err) == ES_OK;
+  }
+  for (int i = 0; ok && i < 1000; i++) {
+    es_ref r;
+    char name[32];
+    es_ref_init(&r);
+    snprintf(name, sizeof name, "ref-%04d", i);
+    r.name = name;
+    r.session = (char *)(i == 500 ? "small" : "big");
+    ok &= B->ref_put(t, &r, &err) == ES_OK;
+  }
+  ok &= B->write_commit(t, &err) == ES_OK;
+  CHECK(ok, "a session of 100,000 events, one of 10, 1,000 refs");
+
+  query_plan(p, "DELETE FROM events WHERE session = ?1 AND idx <= ?2", plan, sizeof plan);
+  printf("# event_delete_range: %s\n", plan);
+  CHECK(has(plan, "SEARCH events USING INDEX sqlite_autoindex_events_2 (session=? AND idx<?)"),
+        "event_delete_range searches UNIQUE(session, idx), no scan");
+  query_plan(p, "DELETE FROM refs INDEXED BY refs_session WHERE session = ?1", plan, sizeof plan);
+  printf("# ref_delete_session: %s\n", plan);
+  CHECK(has(plan, "SEARCH refs USING COVERING INDEX refs_session (session=?)"),
+        "ref_delete_session searches refs_session");
+  query_plan(p, "DELETE FROM snapshots WHERE session = ?1", plan, sizeof plan);
+  CHECK(has(plan, "SEARCH snapshots USING INDEX sqlite_autoindex_snapshots_1 (session=?)"),
+        "snapshot_delete_all searches the primary key");
+  query_plan(p, "DELETE FROM sessions WHERE session = ?1", plan, sizeof plan);
+  CHECK(has(plan, "SEARCH sessions USING PRIMARY KEY (session=?)"), "session_delete searches the primary key");
+
+  /* a yardstick of O(n): one walk over every event */
+  int64_t seen = 0;
+  double t0 = now_s();
+  B->read_begin(b, &t, &err);
+  B->event_all(t, 0, ES_NONE, count_event, &seen, &err);
+  B->read_end(t);
+  double walk_s = now_s() - t0;
+  B->write_begin(b, &t, &err);
+  t0 = now_s();
+  ok = B->event_delete_range(t, "big", 10, &err) == ES_OK;
+  double front_s = now_s() - t0;
+  t0 = now_s();
+  ok &= B->event_delete_range(t, "small", 10, &err) == ES_OK && B->ref_delete_session(t, "small", &err) == ES_OK &&
+        B->snapshot_delete_all(t, "small", &err) == ES_OK;
+  double small_s = now_s() - t0;
+  ok &= B->write_commit(t, &err) == ES_OK;
+  printf("# walking %lld events: %.4f s; removing 10 of them: %.6f s; removing a session of 10 "
+         "(events, refs, snapshots): %.6f s\n",
+         (long long)seen, walk_s, front_s, small_s);
+  CHECK(ok && seen == N + 10, "removals done");
+  CHECK(front_s < walk_s / 20 && small_s < walk_s / 20,
+        "removing 10 rows costs a small fraction of a walk over the table (O(removed), not O(store))");
+  B->read_begin(b, &t, &err);
+  collect c = {0};
+  CHECK(B->event_range(t, "big", 0, 12, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+            c.evs.v[0].index == 11,
+        "exactly the first 10 of the big session are gone");
+  collect_reset(&c);
+  B->read_end(t);
+  B->close(b);
   rm_db(p);
   free(p);
 }
@@ -2806,6 +3590,11 @@ int main(void) {
   test_multi_handle();
   test_errors();
   test_migrate_v3();
+  test_retention_ops();
+  test_retention_positions();
+  test_migrate_v4();
+  test_space_reclaim();
+  test_retention_cost();
   test_foreign_files();
   test_read_only_media();
   test_disk_full();
