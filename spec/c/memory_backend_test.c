@@ -2760,6 +2760,30 @@ static void test_containers(void) {
   CHECK(!bad_map);
   CHECK(!bad_seek);
   es_hmap_destroy(&m);
+
+  /* es_hmap_replace swaps an item for another with the same key, never
+   * allocating; es_hmap_shrink gives a mostly empty table back. */
+  static inode twins[N];
+  es_hmap_init(&m, inode_name);
+  for (int i = 0; i < N; i++) {
+    snprintf(twins[i].name, sizeof twins[i].name, "k%d", i);
+    CHECK(es_hmap_put(&m, &nodes[i]) == 0);
+  }
+  CHECK(es_hmap_replace(&m, &twins[7]) == &nodes[7]);
+  CHECK(es_hmap_get(&m, "k7") == &twins[7] && m.count == N);
+  CHECK(es_hmap_replace(&m, &nodes[7]) == &twins[7]);
+  CHECK(es_hmap_get(&m, "k7") == &nodes[7]);
+  inode stranger;
+  snprintf(stranger.name, sizeof stranger.name, "nope");
+  CHECK(es_hmap_replace(&m, &stranger) == NULL && !es_hmap_get(&m, "nope") && m.count == N);
+  size_t big_cap = m.cap;
+  CHECK(es_hmap_shrink(&m) == 0 && m.cap == big_cap);  /* full: nothing to do */
+  for (int i = 0; i < N; i++)
+    if (i % 50) CHECK(es_hmap_remove(&m, nodes[i].name) == &nodes[i]);
+  CHECK(es_hmap_shrink(&m) == 0 && m.cap < big_cap / 8 && m.count == N / 50 && m.removed == 0);
+  for (int i = 0; i < N; i++)
+    CHECK((es_hmap_get(&m, nodes[i].name) == &nodes[i]) == (i % 50 == 0));
+  es_hmap_destroy(&m);
 }
 
 /* ---- tests: scale -------------------------------------------------------- */
