@@ -8,10 +8,12 @@
  *     origin session names are shared, the dispatch record (attempts,
  *     claim, errors, ...) is a separate block that exists only once it
  *     differs from "never touched" and holds only the fields that differ;
- *   - rows are found by position (a dense array: position p at p - 1), by
- *     (session, index) (a dense array per session) and by id (hmap.h);
+ *   - rows are found by position (a dense array: position p at p - 1 -
+ *     pbase), by (session, index) (a dense array per session: index i at
+ *     i - 1 - base) and by id (hmap.h);
  *   - sessions are found by name (hmap.h, and a tree for listing) and by
- *     (parent, name) (a tree of the forked ones); refs by name (a tree);
+ *     (parent, name) (a tree of the forked ones); refs by name and by
+ *     (session, name) (two trees);
  *   - the dispatch indexes are intrusive AVL trees (tree.h): queued rows by
  *     (due_at, position) store-wide and per type, and by index per session
  *     (each subtree knowing its least due_at), dead rows by position
@@ -28,6 +30,19 @@
  * record, session row, snapshot, presence row, ref) is kept until commit, so
  * savepoint_rollback and write_rollback always restore the exact previous
  * state, even out of memory.
+ *
+ * Removal (retention, backend.h §3.9): a session's rows are removed from
+ * the front (index <= through). They leave every set at once, their slot in
+ * the position array becomes a hole (a bit in a summary tree, so walks skip
+ * a gap of any length in O(log64 n)), and the session's `gone` says which
+ * indexes are no longer there; the rows themselves, their ids in the id map
+ * and the slots stay until commit, so undo puts them back without
+ * allocating. Commit frees them, and gives back the front of the two arrays
+ * once it is mostly holes. Positions are never handed out twice: npos only
+ * grows (but by the undo of an insert). A session with no row, no event and
+ * no snapshot left is detached (found by no lookup, its name free for a new
+ * one) and freed at commit, unless rows of other sessions still name it as
+ * their fork origin.
  */
 #include <assert.h>
 #include <pthread.h>
@@ -141,15 +156,27 @@ struct msess {
   es_tree_node by_name;   /* in es_backend.names while info != NULL */
   es_tree_node by_parent; /* in es_backend.children while info && info->parent */
   /* Owned, one block: its strings point into the block itself and session
-   * is NULL (the name is ours). NULL: never put. */
+   * is NULL (the name is ours). NULL: never put (or deleted). */
   es_session_info *info;
-  mrow **rows;            /* owned array; index i at rows[i - 1] */
-  size_t n, cap;
+  mrow **rows;            /* owned array; index i at rows[i - 1 - base] */
+  size_t n, cap;          /* n: the highest index stored, removed ones included */
+  size_t gone;            /* indexes 1..gone were removed (event_delete_range) */
+  size_t base;            /* indexes 1..base are out of rows[] (<= gone; moved at commit) */
   es_tree queued;         /* SLOT_QS, augmented with mlinks.qmin */
   es_tree dead;           /* SLOT_DS */
   es_hmap *lanes;         /* owned, of owned mlane; NULL until the first laned row */
   msnap **snaps;          /* owned, sorted by reducer */
   size_t nsnaps, capsnaps;
+  size_t origin_refs;     /* rows that name this session as their fork origin */
+  /* A session made while a detached one of the same name waits for commit
+   * takes its slot in es_backend.sessions; undo swaps it back. */
+  struct msess *prev;
+  /* 1: removed (no row, no event, no snapshot left): found by no lookup,
+   * kept in es_backend.sessions for undo until commit frees it. */
+  unsigned char detached;
+  /* 1: detached and committed, kept (as its name only) because rows still
+   * name it as their origin; freed with the last of them. */
+  unsigned char zombie;
   char name[];
 };
 
@@ -171,6 +198,7 @@ typedef struct mns {
 /* A ref: one block, replaced (not changed) by a put. */
 typedef struct mref {
   es_tree_node node;  /* first: in es_backend.refs by name while current */
+  es_tree_node by_sess; /* in es_backend.refs_by_sess by (session, name) while current */
   int64_t created_at, updated_at;
   unsigned char linked;  /* 0: replaced or deleted (kept for undo until commit) */
   char data[];           /* name NUL session NUL */
@@ -178,7 +206,7 @@ typedef struct mref {
 
 /* One undo step. */
 enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL, U_REF_PUT,
-       U_REF_DEL };
+       U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH };
 typedef struct urec {
   unsigned char kind;
   unsigned char created;    /* this op created the session (or namespace): undo frees it */
@@ -187,11 +215,15 @@ typedef struct urec {
   unsigned char disp_kept;  /* U_EV_UPDATE: the dispatch block did not change */
   unsigned char old_status, old_queued, old_flags;
   void *obj;                /* the row, session or namespace */
-  void *old;                /* the replaced block (owned by the log until commit), or NULL */
+  void *old;                /* the replaced block (owned by the log until commit), or NULL;
+                               U_EV_INSERT: the removed row whose id the new row took;
+                               U_SNAP_DEL: the session's snapshot array */
   void *neu;                /* U_SNAP_PUT, U_PRES_PUT, U_REF_PUT: the block put;
                                U_EV_UPDATE: the old links; U_EV_INSERT: the origin session
                                the op created (undo frees it), or NULL */
-  int64_t old_due;
+  int64_t old_due;          /* U_EV_DELETE: the session's gone before; U_SNAP_DEL: its
+                               snapshot count */
+  int64_t aux;              /* U_EV_DELETE: its gone after */
 } urec;
 
 struct es_txn {
@@ -199,11 +231,31 @@ struct es_txn {
   int write;
 };
 
+/* The removed slots of the position array: bit j of level 0 is slot j (1:
+ * its row was removed), and bit w of level k + 1 says that word w of level
+ * k is all ones, so the next or previous slot that still holds a row is
+ * found in O(log64 n) however long the gap. Sized with the array, so that
+ * removing and undoing never allocate; a store that never removes pays a
+ * bit per slot of the array (1/64 of the array) and a compare per insert. */
+#define HMAXLEV 11  /* 64^11 > 2^64 slots */
+typedef struct mholes {
+  uint64_t *w;                       /* owned: the levels one after the other */
+  size_t at[HMAXLEV], nw[HMAXLEV];   /* where each level starts in w, its words */
+  int nlev;
+  size_t cap;                        /* slots covered */
+  size_t count;                      /* bits set at level 0 */
+} mholes;
+
 struct es_backend {
   pthread_rwlock_t lock;
   es_txn wtxn, rtxn;
-  mrow **pos;        /* owned array; position p at pos[p - 1] */
-  size_t npos, cappos;
+  /* Owned array; position p at pos[p - 1 - pbase], NULL once removed.
+   * npos: the highest position handed out, which only an undone insert
+   * takes back; pbase: positions 1..pbase are all removed and out of the
+   * array (a multiple of 64, so that holes moves by whole words). */
+  mrow **pos;
+  size_t npos, cappos, pbase;
+  mholes holes;
   es_hmap ids;       /* rows by id */
   es_hmap sessions;  /* owned msess by name */
   msess *last;       /* the session found last: batches stay in one */
@@ -211,6 +263,7 @@ struct es_backend {
   es_tree names;     /* sessions with a session row, by name */
   es_tree children;  /* sessions whose row has a parent, by (parent, name) */
   es_tree refs;      /* mref by name */
+  es_tree refs_by_sess; /* mref by (session, name): ref_delete_session */
   es_tree queued;    /* SLOT_QG */
   es_tree dead;      /* SLOT_DG */
   es_hmap types;     /* owned mtype by name */
@@ -244,15 +297,125 @@ static int undo_reserve(es_backend *b, size_t n) {
   return 0;
 }
 
+/* ---- removed positions (mholes) ----------------------------------------- */
+
+/* The levels for cap slots: words per level and offsets; the total. */
+static size_t holes_layout(size_t cap, size_t at[HMAXLEV], size_t nw[HMAXLEV], int *nlev) {
+  size_t total = 0, words = (cap + 63) / 64;
+  int k = 0;
+  while (words) {
+    at[k] = total;
+    nw[k] = words;
+    total += words;
+    k++;
+    words = words > 1 ? (words + 63) / 64 : 0;
+  }
+  *nlev = k;
+  return total;
+}
+
+/* Remakes h for cap slots, level 0 starting at its word `shift` (the slots
+ * before it dropped), the levels above recomputed: O(cap / 64). -1 when out
+ * of memory (h unchanged). The caller keeps count right. */
+static int holes_rebuild(mholes *h, size_t cap, size_t shift) {
+  size_t at[HMAXLEV] = {0}, nw[HMAXLEV] = {0};
+  int nlev;
+  size_t total = holes_layout(cap, at, nw, &nlev);
+  uint64_t *w = NULL;
+  if (total && !(w = calloc(total, sizeof *w))) return -1;
+  size_t keep = h->nlev && h->nw[0] > shift ? h->nw[0] - shift : 0;
+  if (keep > nw[0]) keep = nw[0];  /* nw[0] is 0 without levels */
+  if (keep) memcpy(w, h->w + shift, keep * sizeof *w);
+  for (int k = 0; k + 1 < nlev; k++)
+    for (size_t i = 0; i < nw[k]; i++)
+      if (w[at[k] + i] == ~0ull) w[at[k + 1] + (i >> 6)] |= 1ull << (i & 63);
+  free(h->w);
+  h->w = w;
+  memcpy(h->at, at, sizeof at);
+  memcpy(h->nw, nw, sizeof nw);
+  h->nlev = nlev;
+  h->cap = nlev ? nw[0] * 64 : 0;
+  return 0;
+}
+
+static void holes_set(mholes *h, size_t j) {
+  h->count++;
+  for (int k = 0; k < h->nlev; k++, j >>= 6) {
+    uint64_t *x = &h->w[h->at[k] + (j >> 6)];
+    *x |= 1ull << (j & 63);
+    if (*x != ~0ull) return;  /* the word is not full: the levels above stay */
+  }
+}
+
+static void holes_clear(mholes *h, size_t j) {
+  h->count--;
+  for (int k = 0; k < h->nlev; k++, j >>= 6) {
+    uint64_t *x = &h->w[h->at[k] + (j >> 6)];
+    int was_full = *x == ~0ull;
+    *x &= ~(1ull << (j & 63));
+    if (!was_full) return;
+  }
+}
+
+/* The first slot >= j that was not removed (slots past the array's end
+ * count as not removed; SIZE_MAX past what h covers). */
+static size_t holes_next(const mholes *h, size_t j) {
+  if (!h->count) return j;
+  size_t i = j;
+  int k = 0;
+  for (;; k++) {  /* up until a level has a clear bit at or after i */
+    size_t w = i >> 6;
+    if (k == h->nlev || w >= h->nw[k]) return SIZE_MAX;
+    uint64_t bits = ~h->w[h->at[k] + w] & (~0ull << (i & 63));
+    if (bits) {
+      i = (w << 6) + (size_t)__builtin_ctzll(bits);
+      break;
+    }
+    i = w + 1;
+  }
+  while (k-- > 0) {  /* down: the word under a clear bit is not full */
+    if (i >= h->nw[k]) return SIZE_MAX;
+    i = (i << 6) + (size_t)__builtin_ctzll(~h->w[h->at[k] + i]);
+  }
+  return i;
+}
+
+/* The last slot <= j (j < h->cap) that was not removed; SIZE_MAX when none. */
+static size_t holes_prev(const mholes *h, size_t j) {
+  if (!h->count) return j;
+  size_t i = j;
+  int k = 0;
+  for (;; k++) {
+    if (k == h->nlev) return SIZE_MAX;
+    size_t w = i >> 6;
+    uint64_t bits = ~h->w[h->at[k] + w] & (~0ull >> (63 - (i & 63)));
+    if (bits) {
+      i = (w << 6) + 63 - (size_t)__builtin_clzll(bits);
+      break;
+    }
+    if (w == 0) return SIZE_MAX;
+    i = w - 1;
+  }
+  while (k-- > 0) i = (i << 6) + 63 - (size_t)__builtin_clzll(~h->w[h->at[k] + i]);
+  return i;
+}
+
+/* ---- arrays ------------------------------------------------------------- */
+
+static size_t pos_len(const es_backend *b) { return b->npos - b->pbase; }
+
 static int pos_reserve(es_backend *b) {
-  mrow **p = grow(b->pos, &b->cappos, b->npos + 1, sizeof *p);
+  size_t need = pos_len(b) + 1;
+  mrow **p = grow(b->pos, &b->cappos, need, sizeof *p);
   if (!p) return -1;
   b->pos = p;
+  /* Every slot of the array has its bit, so removal never allocates. */
+  if (b->holes.cap < need && holes_rebuild(&b->holes, b->cappos, 0) != 0) return -1;
   return 0;
 }
 
 static int rows_reserve(msess *s) {
-  mrow **p = grow(s->rows, &s->cap, s->n + 1, sizeof *p);
+  mrow **p = grow(s->rows, &s->cap, s->n - s->base + 1, sizeof *p);
   if (!p) return -1;
   s->rows = p;
   return 0;
@@ -292,6 +455,16 @@ static mlane *row_lane(const mrow *r) {
   if (r->flags & RF_LANE) memcpy(&l, &r->tail[0], sizeof l);
   return l;
 }
+
+/* A fork copy's origin session (NULL: none, or an origin_index alone). */
+static msess *row_origin(const mrow *r) {
+  msess *o = NULL;
+  if (r->flags & RF_ORIGIN) memcpy(&o, &r->tail[tail_words(r->flags & ~(unsigned)RF_ORIGIN)], sizeof o);
+  return o;
+}
+
+/* Removed by event_delete_range (kept until commit for undo). */
+static int row_removed(const mrow *r) { return (uint64_t)r->index <= r->sess->gone; }
 
 static const char *row_id(const mrow *r) { return (const char *)(r->tail + tail_words(r->flags)); }
 static const char *row_id_key(const void *item) { return row_id(item); }
@@ -639,28 +812,41 @@ static msess *sess_alloc(const char *name) {
   return s;
 }
 
-static void sess_free(msess *s) {
+/* Everything a session owns but its name (and its counters). */
+static void sess_free_contents(msess *s) {
   if (s->lanes) {
     size_t it = 0;
     mlane *l;
     while ((l = es_hmap_next(s->lanes, &it))) free(l);
     es_hmap_destroy(s->lanes);
     free(s->lanes);
+    s->lanes = NULL;
   }
   for (size_t i = 0; i < s->nsnaps; i++) free(s->snaps[i]);
   free(s->snaps);
+  s->snaps = NULL;
+  s->nsnaps = s->capsnaps = 0;
   free(s->rows);
+  s->rows = NULL;
+  s->cap = 0;
   free(s->info);
+  s->info = NULL;
+}
+
+static void sess_free(msess *s) {
+  sess_free_contents(s);
   free(s);
 }
 
 /* Only a writer moves the cache: readers run concurrently with each other
- * (never with the writer), so they may read it but not write it. */
+ * (never with the writer), so they may read it but not write it. A
+ * detached session is found by no lookup (and never cached). */
 static msess *sess_find(es_txn *t, const char *name) {
   es_backend *b = t->b;
   if (!name) return NULL;
   if (b->last && strcmp(b->last->name, name) == 0) return b->last;
   msess *s = es_hmap_get(&b->sessions, name);
+  if (s && s->detached) return NULL;
   if (s && t->write) b->last = s;
   return s;
 }
@@ -679,15 +865,134 @@ static int sess_prepare(es_txn *t, const char *name, msess **out, int *fresh, es
 }
 
 static void sess_publish(es_backend *b, msess *s, int fresh) {
-  if (fresh) es_hmap_put(&b->sessions, s);  /* reserved: cannot fail */
+  if (!fresh) return;
+  /* A detached session of that name waits for commit in the map: the new
+   * one takes its slot (no allocation) and remembers it for undo. */
+  msess *old = es_hmap_replace(&b->sessions, s);
+  if (old) s->prev = old;
+  else es_hmap_put(&b->sessions, s);  /* reserved: cannot fail */
 }
 
 /* Undo of the op that created s: it holds nothing any more. */
 static void sess_unpublish(es_backend *b, msess *s) {
   if (b->last == s) b->last = NULL;
   if (b->last_origin == s) b->last_origin = NULL;
-  es_hmap_remove(&b->sessions, s->name);
+  if (s->prev) es_hmap_replace(&b->sessions, s->prev);
+  else es_hmap_remove(&b->sessions, s->name);
   sess_free(s);
+}
+
+/* A session with no row, no event and no snapshot left is gone: detached
+ * (found by no lookup, so its name starts afresh), freed at commit. The
+ * caller reserved the undo record. The order in which the core removes a
+ * session's parts does not matter: the last removal detaches it, and
+ * before that it is an ordinary session with less in it. */
+static void sess_gc(es_backend *b, msess *s) {
+  if (s->info || s->gone < s->n || s->nsnaps) return;
+  s->detached = 1;
+  if (b->last == s) b->last = NULL;
+  if (b->last_origin == s) b->last_origin = NULL;
+  undo_push(b, U_SESS_DETACH, s);
+}
+
+/* Commit of a detach: out of the map (unless a new session took its slot),
+ * then freed, or kept as a zombie holding its name while rows name it as
+ * their origin (origin_drop frees it with the last). */
+static void sess_drop(es_backend *b, msess *s) {
+  msess *cur = es_hmap_get(&b->sessions, s->name);
+  if (cur == s) es_hmap_remove(&b->sessions, s->name);
+  else if (cur && cur->prev == s) cur->prev = NULL;
+  sess_free_contents(s);
+  if (s->origin_refs) s->zombie = 1;
+  else free(s);
+}
+
+static void origin_drop(msess *o) {
+  if (--o->origin_refs == 0 && o->zombie) free(o);
+}
+
+/* A lane or a type that no row points to any more is freed. */
+static void lane_drop(msess *s, mlane *l) {
+  if (--l->rows) return;
+  es_hmap_remove(s->lanes, l->name);
+  free(l);
+  if (!s->lanes->count) {
+    es_hmap_destroy(s->lanes);
+    free(s->lanes);
+    s->lanes = NULL;
+  }
+}
+
+static void type_drop(es_backend *b, mtype *ty) {
+  if (--ty->rows) return;
+  es_hmap_remove(&b->types, ty->name);
+  free(ty);
+}
+
+/* ---- removal: commit ---------------------------------------------------- */
+
+/* Frees the rows an event_delete_range removed (u: its step): their ids
+ * leave the map unless a new row took them, their lane, type and origin
+ * lose a row. Then the front of the session's array is given back once it
+ * is at least half removed slots: the move costs no more than the removals
+ * it follows. */
+static void drop_rows(es_backend *b, const urec *u) {
+  msess *s = u->obj;
+  for (size_t i = (size_t)u->old_due + 1; i <= (size_t)u->aux; i++) {
+    mrow **slot = &s->rows[i - 1 - s->base];
+    mrow *r = *slot;
+    const char *id = row_id(r);
+    if (es_hmap_get(&b->ids, id) == r) es_hmap_remove(&b->ids, id);
+    mlane *l = row_lane(r);
+    if (l) lane_drop(s, l);
+    type_drop(b, r->type);
+    msess *o = row_origin(r);
+    if (o) origin_drop(o);
+    row_free(r);
+    *slot = NULL;
+  }
+  /* The last removal of the session in this transaction (gone only grows
+   * within one), and not a session freed further down the log. */
+  size_t dropped = s->gone - s->base, live = s->n - s->gone;
+  if ((size_t)u->aux != s->gone || s->detached || dropped < live) return;
+  memmove(s->rows, s->rows + dropped, live * sizeof *s->rows);
+  s->base = s->gone;
+  if (!live) {
+    free(s->rows);
+    s->rows = NULL;
+    s->cap = 0;
+  } else if (s->cap >= 4 * live) {
+    mrow **p = realloc(s->rows, 2 * live * sizeof *p);
+    if (p) {  /* else the bigger array stays: nothing lost */
+      s->rows = p;
+      s->cap = 2 * live;
+    }
+  }
+}
+
+/* Gives back the front of the position array once at least half of it is
+ * removed slots (in whole words of holes): the move costs no more than the
+ * removals it follows. Out of memory: the array stays as it is. */
+static void pos_compact(es_backend *b) {
+  size_t len = pos_len(b);
+  if (!b->holes.count || !len || b->pos[0]) return;
+  size_t j = holes_next(&b->holes, 0);
+  if (j > len) j = len;
+  size_t d = j & ~(size_t)63, keep = len - d;
+  if (!d || d < keep) return;
+  size_t cap = b->cappos;
+  if (cap >= 4 * keep) cap = keep > 4 ? 2 * keep : 8;
+  if (holes_rebuild(&b->holes, cap, d / 64) != 0) return;
+  memmove(b->pos, b->pos + d, keep * sizeof *b->pos);
+  b->pbase += d;
+  b->holes.count -= d;
+  if (cap < b->cappos) {
+    mrow **p = realloc(b->pos, cap * sizeof *p);
+    if (p) {  /* else the bigger array stays (pos_reserve copes) */
+      b->pos = p;
+      b->cappos = cap;
+    }
+  }
 }
 
 /* ---- transactions ------------------------------------------------------- */
@@ -708,6 +1013,7 @@ static int mem_write_begin(es_backend *b, es_txn **t, es_err *err) {
 
 /* Frees what the log kept for undo and the links blocks no set uses. */
 static void finish_commit(es_backend *b) {
+  int removed = 0;
   for (size_t i = 0; i < b->nundo; i++) {
     urec *u = &b->undo[i];
     switch (u->kind) {
@@ -716,6 +1022,7 @@ static void finish_commit(es_backend *b) {
         if (u->new_links) free(u->neu);
         /* fall through */
       case U_EV_INSERT: {
+        /* (A removed row, freed further down the log, is still here.) */
         mrow *r = u->obj;
         if (r->links && !row_sets(r)) {
           free(r->links);
@@ -724,8 +1031,22 @@ static void finish_commit(es_backend *b) {
         }
         break;
       }
-      default: free(u->old); break;  /* session row, snapshot, presence row */
+      case U_EV_DELETE: drop_rows(b, u); removed = 1; break;
+      case U_SESS_DETACH: sess_drop(b, u->obj); break;
+      case U_SNAP_DEL: {
+        msnap **v = u->old;
+        for (int64_t k = 0; k < u->old_due; k++) free(v[k]);
+        free(v);
+        break;
+      }
+      /* session row (also one session_delete removed), snapshot, presence
+       * row, ref */
+      default: free(u->old); break;
     }
+  }
+  if (removed) {
+    pos_compact(b);
+    es_hmap_shrink(&b->ids);  /* out of memory: the bigger table stays */
   }
   b->nundo = 0;
   b->nmarks = 0;
@@ -789,6 +1110,7 @@ static void mem_read_end(es_txn *t) { pthread_rwlock_unlock(&t->b->lock); }
 static int cmp_pres(const es_tree_node *x, const es_tree_node *y);
 static int cmp_pexp(const es_tree_node *x, const es_tree_node *y);
 static int cmp_ref(const es_tree_node *x, const es_tree_node *y);
+static int cmp_ref_sess(const es_tree_node *x, const es_tree_node *y);
 
 static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
   (void)opts;
@@ -818,6 +1140,7 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_tree_init(&b->names, cmp_name);
   es_tree_init(&b->children, cmp_child);
   es_tree_init(&b->refs, cmp_ref);
+  es_tree_init(&b->refs_by_sess, cmp_ref_sess);
   es_tree_init(&b->queued, cmp_qg);
   es_tree_init(&b->dead, cmp_dg);
   *out = b;
@@ -833,8 +1156,15 @@ static void mem_close(es_backend *b) {
   /* A transaction left open (a caller's bug) is undone so that everything
    * below frees exactly what is committed. */
   undo_to(b, 0);
-  for (size_t i = 0; i < b->npos; i++) row_free(b->pos[i]);
+  for (size_t i = 0; i < pos_len(b); i++) {
+    mrow *r = b->pos[i];
+    if (!r) continue;  /* removed and freed at commit */
+    msess *o = row_origin(r);
+    if (o && o->zombie) origin_drop(o);  /* the others are in the map, freed below */
+    row_free(r);
+  }
   free(b->pos);
+  free(b->holes.w);
   size_t it = 0;
   msess *s;
   while ((s = es_hmap_next(&b->sessions, &it))) sess_free(s);
@@ -918,6 +1248,24 @@ static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   u->created = (unsigned char)fresh;
   u->old = s->info;
   sess_swap_info(b, s, info);
+  return ES_OK;
+}
+
+/* The row goes (listing, children); the rows, snapshots and refs are the
+ * core's to remove first, and the session is detached once nothing is
+ * left (sess_gc), whatever the order. O(log s + log f). */
+static int mem_session_delete(es_txn *t, const char *session, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  msess *s = sess_find(t, session);
+  if (!s || !s->info) return ES_NOT_FOUND;
+  if (undo_reserve(b, 2) != 0) return oom(err);  /* this step and a detach */
+  /* A put of no row: its undo (U_SESS_PUT) puts the old one back. */
+  urec *u = undo_push(b, U_SESS_PUT, s);
+  u->old = s->info;
+  sess_swap_info(b, s, NULL);
+  sess_gc(b, s);
   return ES_OK;
 }
 
@@ -1011,8 +1359,8 @@ static int mem_session_children(es_txn *t, const char *parent, const char *after
 
 static int row_lookup(es_txn *t, const char *session, int64_t index, mrow **out) {
   msess *s = sess_find(t, session);
-  if (!s || index < 1 || (uint64_t)index > s->n) return ES_NOT_FOUND;
-  *out = s->rows[index - 1];
+  if (!s || index < 1 || (uint64_t)index <= s->gone || (uint64_t)index > s->n) return ES_NOT_FOUND;
+  *out = s->rows[index - 1 - s->base];
   return ES_OK;
 }
 
@@ -1030,7 +1378,7 @@ static int mem_event_get(es_txn *t, const char *session, int64_t index, es_event
 
 static int mem_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
   mrow *r = id ? es_hmap_get(&t->b->ids, id) : NULL;
-  if (!r) return ES_NOT_FOUND;
+  if (!r || row_removed(r)) return ES_NOT_FOUND;
   return copy_out(r, out, err);
 }
 
@@ -1058,7 +1406,10 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   if (row->payload && row->payload_len > UINT32_MAX)
     return es_fail(err, ES_TOO_LARGE, "memory backend: payload over 4 GiB");
   uint32_t hid = es_hmap_hash(row->id);
-  if (es_hmap_get_h(&b->ids, row->id, hid))
+  /* A removed row keeps its id in the map until commit: the new row takes
+   * its slot, and undo gives it back. */
+  mrow *was = es_hmap_get_h(&b->ids, row->id, hid);
+  if (was && !row_removed(was))
     return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: id \"%s\" is already stored", row->id);
 
   msess *s;
@@ -1176,13 +1527,18 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   if (new_type) es_hmap_put(&b->types, new_type);  /* reserved: cannot fail */
   type->rows++;
   if (r->status == ES_STATUS_PENDING) type->pending++;
-  b->pos[b->npos++] = r;
-  s->rows[s->n++] = r;
-  es_hmap_put_h(&b->ids, r, hid);
+  if (origin) origin->origin_refs++;
+  b->pos[pos_len(b)] = r;
+  b->npos++;
+  s->rows[s->n - s->base] = r;
+  s->n++;
+  if (was) es_hmap_replace(&b->ids, r);
+  else es_hmap_put_h(&b->ids, r, hid);
   row_link(b, r, sets);
   urec *u = undo_push(b, U_EV_INSERT, r);
   u->created = (unsigned char)fresh;
   u->neu = new_origin;
+  u->old = was;
   row->position = r->position;
   return ES_OK;
 
@@ -1206,25 +1562,16 @@ static void undo_insert(es_backend *b, urec *u) {
   mrow *r = u->obj;
   msess *s = r->sess;
   mlane *lane = row_lane(r);
-  mtype *type = r->type;
+  msess *origin = row_origin(r);
   row_unlink(b, r, row_sets(r));
-  if (r->status == ES_STATUS_PENDING) type->pending--;
-  if (--type->rows == 0) {
-    es_hmap_remove(&b->types, type->name);
-    free(type);
-  }
-  es_hmap_remove(&b->ids, row_id(r));
+  if (r->status == ES_STATUS_PENDING) r->type->pending--;
+  type_drop(b, r->type);
+  if (u->old) es_hmap_replace(&b->ids, u->old);  /* the removed row had the id */
+  else es_hmap_remove(&b->ids, row_id(r));
   b->npos--;  /* undone newest first: r is the last row of both arrays */
   s->n--;
-  if (lane && --lane->rows == 0) {
-    es_hmap_remove(s->lanes, lane->name);
-    free(lane);
-    if (!s->lanes->count) {
-      es_hmap_destroy(s->lanes);
-      free(s->lanes);
-      s->lanes = NULL;
-    }
-  }
+  if (lane) lane_drop(s, lane);
+  if (origin) origin->origin_refs--;  /* not a zombie: those only exist after commit */
   row_free(r);
   if (u->created) sess_unpublish(b, s);
   if (u->neu) sess_unpublish(b, u->neu);
@@ -1278,15 +1625,69 @@ static void undo_update(es_backend *b, urec *u) {
   if (u->new_links) free(cur_links);
 }
 
+/* ---- events: removal ---------------------------------------------------- */
+
+/* Takes r out of every set it is in, its type's pending count, and its
+ * position slot (a hole). Its fields stay as they are, so that row_restore
+ * knows where it was. Cannot fail. */
+static void row_remove(es_backend *b, mrow *r) {
+  row_unlink(b, r, row_sets(r));
+  if (r->status == ES_STATUS_PENDING) r->type->pending--;
+  size_t j = (size_t)r->position - 1 - b->pbase;
+  b->pos[j] = NULL;
+  holes_set(&b->holes, j);
+}
+
+static void row_restore(es_backend *b, mrow *r) {
+  size_t j = (size_t)r->position - 1 - b->pbase;
+  b->pos[j] = r;
+  holes_clear(&b->holes, j);
+  if (r->status == ES_STATUS_PENDING) r->type->pending++;
+  row_link(b, r, row_sets(r));
+}
+
+/* O(k) for k rows removed, + O(log n) for each set a row was in (pending,
+ * dead, laned rows); commit then frees them in O(k). One undo step, however
+ * many rows: they stay in the session's array until commit. */
+static int mem_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  msess *s = sess_find(t, session);
+  if (!s || through <= 0) return ES_OK;
+  size_t to = (uint64_t)through < s->n ? (size_t)through : s->n;
+  if (to <= s->gone) return ES_OK;
+  if (undo_reserve(b, 2) != 0) return oom(err);  /* this step and a detach */
+  for (size_t i = s->gone + 1; i <= to; i++) row_remove(b, s->rows[i - 1 - s->base]);
+  urec *u = undo_push(b, U_EV_DELETE, s);
+  u->old_due = (int64_t)s->gone;
+  u->aux = (int64_t)to;
+  s->gone = to;
+  sess_gc(b, s);
+  return ES_OK;
+}
+
+static void undo_delete(es_backend *b, urec *u) {
+  msess *s = u->obj;
+  for (size_t i = (size_t)u->old_due + 1; i <= (size_t)u->aux; i++)
+    row_restore(b, s->rows[i - 1 - s->base]);
+  s->gone = (size_t)u->old_due;
+}
+
 static int mem_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
                            int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
   msess *s = sess_find(t, session);
   if (!s || (limit != ES_NONE && limit <= 0)) return ES_OK;
-  int64_t i = after < 0 ? 0 : after;
-  for (; (uint64_t)i < s->n && (through == ES_NONE || i < through); i++) {
+  /* i: the index before the next row. gone is read again each turn: a
+   * callback may remove rows. */
+  uint64_t i = after < 0 ? 0 : (uint64_t)after;
+  uint64_t last = through == ES_NONE ? UINT64_MAX : through < 0 ? 0 : (uint64_t)through;
+  for (;; i++) {
+    if (i < s->gone) i = s->gone;
+    if (i >= s->n || i >= last) break;
     es_event v;
-    row_view(s->rows[i], &v);
+    row_view(s->rows[i - s->base], &v);
     if (cb(ctx, &v)) break;
     if (limit != ES_NONE && --limit == 0) break;
   }
@@ -1298,18 +1699,30 @@ static int mem_event_all(es_txn *t, int64_t after, int64_t limit, es_event_cb cb
   (void)err;
   es_backend *b = t->b;
   if (limit != ES_NONE && limit <= 0) return ES_OK;
-  for (int64_t i = after < 0 ? 0 : after; (uint64_t)i < b->npos; i++) {
+  /* j: the slot of the next position; removed slots are skipped in
+   * O(log64 n) per gap. Array and holes are read again each turn: a
+   * callback may insert or remove rows (they move only at commit). */
+  size_t j = after <= (int64_t)b->pbase ? 0 : (size_t)after - b->pbase;
+  for (;; j++) {
+    j = holes_next(&b->holes, j);
+    if (j >= pos_len(b)) break;
     es_event v;
-    row_view(b->pos[i], &v);
+    row_view(b->pos[j], &v);
     if (cb(ctx, &v)) break;
     if (limit != ES_NONE && --limit == 0) break;
   }
   return ES_OK;
 }
 
+/* The highest position of a row still stored, as SQLite's max(position):
+ * after the newest rows are removed it goes down, but event_insert still
+ * hands out npos + 1 (positions are never reused). O(log64 n). */
 static int mem_last_position(es_txn *t, int64_t *position, es_err *err) {
   (void)err;
-  *position = (int64_t)t->b->npos;  /* positions are dense from 1 */
+  es_backend *b = t->b;
+  size_t len = pos_len(b);
+  size_t j = len ? holes_prev(&b->holes, len - 1) : SIZE_MAX;
+  *position = j == SIZE_MAX ? 0 : (int64_t)(b->pbase + j + 1);
   return ES_OK;
 }
 
@@ -1354,7 +1767,9 @@ static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop
     }
     for (int i = 0; i < n; i++) {
       mrow *r = rows[i];
-      if (!(row_sets(r) & (1u << slot)) || tkey_cmp(slot_key(slot, r), keys[i]) != 0) continue;
+      if (row_removed(r) || !(row_sets(r) & (1u << slot)) ||
+          tkey_cmp(slot_key(slot, r), keys[i]) != 0)
+        continue;
       es_event v;
       row_view(r, &v);
       if (cb(ctx, &v)) return ES_OK;
@@ -1411,7 +1826,7 @@ static int mem_queued_due(es_txn *t, const char *session, int64_t now, int64_t l
     for (int i = 0; i < k; i++) {
       mrow *r = rows[i];
       after = r->index;
-      if (!r->queued || r->due_at > now) continue;
+      if (row_removed(r) || !r->queued || r->due_at > now) continue;
       es_event v;
       row_view(r, &v);
       if (cb(ctx, &v)) return ES_OK;
@@ -1601,6 +2016,30 @@ static void undo_snap(es_backend *b, urec *u) {
   }
   free(m);
   if (u->created) sess_unpublish(b, s);
+}
+
+/* O(1): the array moves to the undo log; commit frees it in O(r). */
+static int mem_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  msess *s = sess_find(t, session);
+  if (!s || !s->nsnaps) return ES_OK;
+  if (undo_reserve(b, 2) != 0) return oom(err);  /* this step and a detach */
+  urec *u = undo_push(b, U_SNAP_DEL, s);
+  u->old = s->snaps;
+  u->old_due = (int64_t)s->nsnaps;
+  s->snaps = NULL;
+  s->nsnaps = s->capsnaps = 0;
+  sess_gc(b, s);
+  return ES_OK;
+}
+
+static void undo_snap_del(urec *u) {
+  msess *s = u->obj;
+  free(s->snaps);  /* empty: made by puts undone before this step */
+  s->snaps = u->old;
+  s->nsnaps = s->capsnaps = (size_t)u->old_due;
 }
 
 static int mem_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
@@ -1805,6 +2244,26 @@ static int cmp_ref(const es_tree_node *x, const es_tree_node *y) {
   return strcmp(((const mref *)x)->data, ((const mref *)y)->data);
 }
 
+/* The (session, name) index: ref_delete_session finds the refs naming a
+ * session without visiting the others. */
+typedef struct rkey {
+  const char *session, *name;
+} rkey;
+
+static const mref *sess_mref(const es_tree_node *n) {
+  return (const mref *)((const char *)n - offsetof(mref, by_sess));
+}
+static int rkey_cmp(const rkey *k, const mref *m) {
+  int c = strcmp(k->session, ref_session(m));
+  return c ? c : strcmp(k->name, m->data);
+}
+static int probe_ref_sess(const void *key, const es_tree_node *n) { return rkey_cmp(key, sess_mref(n)); }
+static int cmp_ref_sess(const es_tree_node *x, const es_tree_node *y) {
+  const mref *a = sess_mref(x);
+  rkey k = {ref_session(a), a->data};
+  return rkey_cmp(&k, sess_mref(y));
+}
+
 static mref *ref_find(const es_backend *b, const char *name) {
   es_tree_node *n = es_tree_seek(&b->refs, probe_ref, name, 0);
   return n && probe_ref(name, n) == 0 ? (mref *)n : NULL;
@@ -1820,10 +2279,12 @@ static void ref_view(const mref *m, es_ref *v) {
 
 static void ref_link(es_backend *b, mref *m) {
   es_tree_insert(&b->refs, &m->node);
+  es_tree_insert(&b->refs_by_sess, &m->by_sess);
   m->linked = 1;
 }
 static void ref_unlink(es_backend *b, mref *m) {
   es_tree_remove(&b->refs, &m->node);
+  es_tree_remove(&b->refs_by_sess, &m->by_sess);
   m->linked = 0;
 }
 
@@ -1870,6 +2331,32 @@ static int mem_ref_delete(es_txn *t, const char *name, es_err *err) {
   ref_unlink(b, m);
   urec *u = undo_push(b, U_REF_DEL, NULL);
   u->old = m;
+  return ES_OK;
+}
+
+/* O((k + 1) log R), k = refs naming the session: counted first (one undo
+ * step each, reserved at once), then unlinked one by one. */
+static int mem_ref_delete_session(es_txn *t, const char *session, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  if (!session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no session name");
+  rkey key = {session, ""};
+  es_tree_iter it;
+  size_t k = 0;
+  for (es_tree_node *n = es_tree_iter_seek(&it, &b->refs_by_sess, probe_ref_sess, &key, 0);
+       n && strcmp(ref_session(sess_mref(n)), session) == 0; n = es_tree_iter_next(&it))
+    k++;
+  if (!k) return ES_OK;
+  if (undo_reserve(b, k) != 0) return oom(err);
+  es_tree_node *n;
+  while ((n = es_tree_seek(&b->refs_by_sess, probe_ref_sess, &key, 0)) &&
+         strcmp(ref_session(sess_mref(n)), session) == 0) {
+    mref *m = (mref *)sess_mref(n);
+    ref_unlink(b, m);
+    urec *u = undo_push(b, U_REF_DEL, NULL);
+    u->old = m;
+  }
   return ES_OK;
 }
 
@@ -1929,6 +2416,9 @@ static void undo_one(es_backend *b, urec *u) {
     case U_REF_PUT:
     case U_REF_DEL: undo_ref(b, u); break;
     case U_SNAP_PUT: undo_snap(b, u); break;
+    case U_EV_DELETE: undo_delete(b, u); break;
+    case U_SNAP_DEL: undo_snap_del(u); break;
+    case U_SESS_DETACH: ((msess *)u->obj)->detached = 0; break;
     default: undo_pres(b, u); break;
   }
 }
@@ -1975,5 +2465,9 @@ const es_backend_ops es_backend_memory = {
     .presence_put = mem_presence_put,
     .presence_expire = mem_presence_expire,
     .presence_list = mem_presence_list,
+    .event_delete_range = mem_event_delete_range,
+    .session_delete = mem_session_delete,
+    .snapshot_delete_all = mem_snapshot_delete_all,
+    .ref_delete_session = mem_ref_delete_session,
     .data_version = NULL,
 };

@@ -141,6 +141,45 @@ void *es_hmap_remove(es_hmap *m, const char *key) {
   }
 }
 
+void *es_hmap_replace(es_hmap *m, void *item) {
+  if (!m->count) return NULL;
+  const char *key = m->key(item);
+  uint32_t h = es_hmap_hash(key);
+  size_t i = home(h, m->cap);
+  for (;;) {
+    uint32_t s = m->hashes[i];
+    if (s == EMPTY) return NULL;
+    if (s == h && strcmp(m->key(m->items[i]), key) == 0) {
+      void *old = m->items[i];
+      m->items[i] = item;
+      return old;
+    }
+    if (++i == m->cap) i = 0;
+  }
+}
+
+int es_hmap_shrink(es_hmap *m) {
+  if (m->cap <= 64 || m->count * 8 > m->cap) return 0;
+  size_t cap = 8;
+  while (m->count * 4 > cap * 3) cap += cap / 2;
+  void **items = malloc(cap * sizeof *items);
+  uint32_t *hashes = calloc(cap, sizeof *hashes);
+  if (!items || !hashes) {
+    free(items);
+    free(hashes);
+    return -1;
+  }
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->hashes[i] > REMOVED) place(items, hashes, cap, m->hashes[i], m->items[i]);
+  free(m->items);
+  free(m->hashes);
+  m->items = items;
+  m->hashes = hashes;
+  m->cap = cap;
+  m->removed = 0;
+  return 0;
+}
+
 void *es_hmap_next(const es_hmap *m, size_t *pos) {
   while (*pos < m->cap) {
     size_t i = (*pos)++;

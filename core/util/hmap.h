@@ -53,6 +53,16 @@ int es_hmap_put_h(es_hmap *m, void *item, uint32_t hash);
  * allocates. */
 void *es_hmap_remove(es_hmap *m, const char *key);
 
+/* Puts item in the slot of the item with the same key and returns that one
+ * (NULL when there is none: then nothing changes). Never allocates: a
+ * backend gives a key to a new item while the old one waits for commit, and
+ * its undo swaps the old one back the same way. */
+void *es_hmap_replace(es_hmap *m, void *item);
+/* Rebuilds the table smaller when at most 1/8 of it holds items (after many
+ * removals), to at most 3/4 load: 0 (also when there was nothing to do), or
+ * -1 when out of memory (the map is unchanged and still correct). */
+int es_hmap_shrink(es_hmap *m);
+
 /* Walks the items: start with *pos = 0; returns NULL at the end. Any put or
  * remove invalidates the walk. */
 void *es_hmap_next(const es_hmap *m, size_t *pos);
