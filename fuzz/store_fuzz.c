@@ -11,7 +11,7 @@
  * Each input is read as a small program: a sequence of store calls
  * (append, claim, claim_next, presence_set, presence_read, read, fail,
  * complete, renew, sessions, fork, fence, lease, seal, put_ref, promote,
- * advancing the clock) on one memory: store
+ * truncate, delete, advancing the clock) on one memory: store
  * with a manual clock, whose arguments are Lua values made from the input
  * bytes: names that may hold NUL bytes, invalid UTF-8 or 256 bytes;
  * integers at the int64 edges; floats (3.5, 2^63, NaN, infinities);
@@ -452,7 +452,7 @@ static void check_error(lua_State *L, int status, const char *op, int error_mt) 
   const char *code = lua_tostring(L, -2);
   static const char *const known[] = {"PARTIAL_DUPLICATE_BATCH", "ID_CONFLICT", "SUPERSEDED_ATTEMPT",
                                       "NO_SUCH_EVENT", "WRONG_EXPECTED_HEAD", "INVALID_ARGUMENT",
-                                      "TOO_LARGE", "STALE_FENCE", "SEALED", "REF_CONFLICT",
+                                      "TOO_LARGE", "STALE_FENCE", "SEALED", "REF_CONFLICT", "TRUNCATED",
                                       "NOT_FOUND"};
   int found = 0;
   for (size_t i = 0; i < sizeof known / sizeof *known; i++) found |= strcmp(code, known[i]) == 0;
@@ -486,12 +486,12 @@ static int same_text(lua_State *L, int a, int b) {
 
 enum { OP_APPEND, OP_CLAIM, OP_PRESENCE, OP_CLAIM_NEXT, OP_READ, OP_FAIL, OP_COMPLETE,
        OP_PRESENCE_READ, OP_RENEW, OP_SESSIONS, OP_FORK, OP_FENCE, OP_LEASE, OP_SEAL, OP_PUT_REF,
-       OP_PROMOTE, OP_ADVANCE, N_OPS };
+       OP_PROMOTE, OP_TRUNCATE, OP_DELETE, OP_ADVANCE, N_OPS };
 
 static const char *const op_names[N_OPS] = {"append", "claim", "presence_set", "claim_next", "read",
                                             "fail", "complete", "presence_read", "renew", "sessions",
                                             "fork", "fence", "lease", "seal", "put_ref", "promote",
-                                            "advance"};
+                                            "truncate", "delete", "advance"};
 
 /* Pushes the arguments of one call after the store (at index store);
  * returns their number. */
@@ -626,6 +626,14 @@ static int push_args(lua_State *L, src *s, int op) {
       maybe_field(L, s, "holder", 'n', 7);
       maybe_field(L, s, "ttl_ms", 'i', 7);
       return 2;
+    case OP_TRUNCATE:
+      push_session(L, s);
+      push_index(L, s);
+      return 2;
+    case OP_DELETE:
+      if (pick(s, 4)) return 0; /* rarely: it empties the seeded session */
+      push_session(L, s);
+      return 1;
     case OP_PUT_REF:
       push_session(L, s); /* a ref name: the same kinds of bytes */
       push_session(L, s);

@@ -1,5 +1,6 @@
 -- The `eventstore` commands for branches, refs and seals (issue 9 #5,
--- docs/cli.md): fork, lineage, children, refs, ref, promote, seal; and the
+-- docs/cli.md): fork, lineage, children, refs, ref, promote, seal; truncate
+-- and delete (issue 10 #5); and the
 -- fields issue 9 added to sessions and events as the listing commands print
 -- them.
 --
@@ -13,7 +14,7 @@ local sh_quote, read_file, write_file = helpers.sh_quote, helpers.read_file, hel
 
 local BIN = helpers.BIN
 
-local NEW = { "fork", "lineage", "children", "refs", "ref", "promote", "seal" }
+local NEW = { "fork", "lineage", "children", "refs", "ref", "promote", "seal", "truncate", "delete" }
 
 local work
 
@@ -521,6 +522,57 @@ describe("eventstore branches, refs and seals", function()
       local letters = ndjson(ok(es({ "dead" })))
       assert.are.equal(1, #letters)
       assert.are.equal(dead.failed_at, letters[1].failed_at)
+    end)
+  end)
+
+  ---------------------------------------------------------------------------
+  describe("truncate and delete", function()
+    -- n processed events: appended through the engine, with no handler for
+    -- their type in the (empty) scripts directory.
+    local function settled(session, n)
+      os.execute("mkdir -p " .. sh_quote(work .. "/s/handlers"))
+      for i = 1, n do ok(es({ "append", session, "note", ('{"n":%d}'):format(i), "--scripts", "s" })) end
+    end
+
+    it("truncate drops 1..THROUGH and prints the row; read then starts after it", function()
+      settled("s", 3)
+      local row = json.decode(ok(es({ "truncate", "s", "2" })))
+      assert.are.equal(3, row.first_index)
+      assert.are.equal(1, row.events)
+      fails_one_line(es({ "read", "s" }), 1, "TRUNCATED: ")
+      local rest = ndjson(ok(es({ "read", "s", "--after", "2" })))
+      assert.are.equal(1, #rest)
+      assert.are.equal(3, rest[1].index)
+    end)
+
+    it("truncate refuses a pending event in the range, a bad THROUGH and one past the head", function()
+      events("s", 2) -- no --scripts: stored pending
+      local err = fails_one_line(es({ "truncate", "s", "1" }), 1, "INVALID_ARGUMENT: ")
+      assert.truthy(err:find("pending", 1, true), err)
+      assert.are.equal(2, #ndjson(ok(es({ "read", "s" }))))
+      fails(es({ "truncate", "s", "x" }), 2, "truncate: THROUGH expects a whole number >= 0")
+      fails(es({ "truncate", "s", "-1" }), 2, "truncate: THROUGH expects a whole number >= 0")
+      fails_one_line(es({ "truncate", "s", "9" }), 1, "NO_SUCH_EVENT: ")
+    end)
+
+    it("truncate --scripts snapshots the reducers first, so state stays readable", function()
+      os.execute("mkdir -p " .. sh_quote(work .. "/s/reducers"))
+      write_file(work .. "/s/reducers/count.lua",
+        "return {init = function() return {n = 0} end, note = function(s) s.n = s.n + 1 end}")
+      settled("s", 3)
+      ok(es({ "truncate", "s", "2", "--scripts", "s" }))
+      assert.are.equal(3, json.decode(ok(es({ "state", "s", "count", "--scripts", "s" }))).n)
+    end)
+
+    it("delete needs --yes, removes the session and its refs, and says whether it existed", function()
+      settled("s", 2)
+      with_db(function(st) st:put_ref("main", "s") end)
+      fails(es({ "delete", "s" }), 2, "delete: this removes the session for good; add --yes")
+      assert.are.equal(2, #ndjson(ok(es({ "read", "s" }))))
+      assert.are.same({ deleted = true, session = "s" }, json.decode(ok(es({ "delete", "s", "--yes" }))))
+      assert.are.equal("", ok(es({ "read", "s" })))
+      fails_one_line(es({ "ref", "main" }), 1, "NOT_FOUND: ")
+      assert.are.same({ deleted = false, session = "s" }, json.decode(ok(es({ "delete", "s", "--yes" }))))
     end)
   end)
 end)

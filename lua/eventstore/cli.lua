@@ -486,6 +486,44 @@ the session's row as `sessions` does, with "sealed": true.
   options = { db = "string", reason = "string" },
 })
 
+command("truncate", {
+  synopsis = "truncate SESSION THROUGH [--db URL]",
+  summary = "drop a session's processed events 1..THROUGH",
+  help = [[
+Drops events 1..THROUGH of SESSION from the live store (CONTRACT 3.9):
+indexes and positions never shift, the head stays, reads then start after
+THROUGH. Only processed events may go: a pending or dead event in the range
+fails it (INVALID_ARGUMENT, exit 1) and nothing is dropped. With --scripts,
+every reducer there is first snapshotted at THROUGH (engine:truncate), so
+`state` stays readable; without it, a reducer with no snapshot at or past
+THROUGH is TRUNCATED from then on. THROUGH is a whole number >= 0;
+already dropped: nothing to do. Prints the session's row as `sessions` does
+(its "first_index" is where reads start).
+]],
+  options_help = DB_HELP .. [[
+  --scripts DIR   snapshot the reducers of DIR/reducers at THROUGH first
+]],
+  args = { 2, 2 },
+  options = { db = "string", scripts = "string" },
+})
+
+command("delete", {
+  synopsis = "delete SESSION --yes [--db URL]",
+  summary = "remove a session: events, snapshots, refs naming it",
+  help = [[
+Removes SESSION: its events (pending ones are never dispatched), snapshots,
+the refs naming it, its lineage record, fence, lease and seal. Its name and
+event ids may be used again. There is no undo, so it asks for --yes (exit 2
+without it). Prints {"session", "deleted"}: deleted is false when there was
+no such session.
+]],
+  options_help = DB_HELP .. [[
+  --yes           really delete
+]],
+  args = { 1, 1 },
+  options = { db = "string", yes = "flag" },
+})
+
 command("help", {
   synopsis = "help [COMMAND]",
   summary = "print help (also: COMMAND --help)",
@@ -1052,6 +1090,34 @@ function commands.seal.run(o, args)
   -- (the store lists every session with a row, a sealed one included;
   -- the fallback keeps a command that has written from failing)
   out(row_json(session_row(store, args[1]) or { session = args[1], sealed = true }))
+  return 0
+end
+
+function commands.truncate.check(o, args)
+  o.through = parse_int("truncate", "THROUGH", args[2], 0)
+end
+
+function commands.truncate.run(o, args)
+  local store <close> = open_store(o, false)
+  if o.scripts ~= nil then
+    local engine <close> = new_engine(store, o.scripts)
+    engine:truncate(args[1], o.through)
+  else
+    store:truncate(args[1], o.through)
+  end
+  out(row_json(session_row(store, args[1]) or { session = args[1], first_index = 1 }))
+  return 0
+end
+
+function commands.delete.check(o)
+  if not o.yes then
+    usage_error("delete", true, "delete: this removes the session for good; add --yes to do it")
+  end
+end
+
+function commands.delete.run(o, args)
+  local store <close> = open_store(o, false)
+  out(row_json({ session = args[1], deleted = store:delete(args[1]) }))
   return 0
 end
 
