@@ -647,16 +647,18 @@ describe("eventstore binary", function()
       assert.are.equal("handled 0, failed 0, dead 0, pending 1\n", ok(es({ "run", "--until-idle" })))
     end)
 
-    -- Starts `run` in the background, sends `sig` after `after` seconds;
-    -- returns the exit code (string) and how many ms it took to exit.
     -- Runs `run` in the background, sends it SIG after `after` seconds (and
     -- once more `again` seconds later, if given); returns its exit status
-    -- and the ms from the last signal to its exit, as strings.
-    local function run_and_signal(sig, after, again)
+    -- and the ms from the last signal to its exit, as strings. `ready` (a
+    -- shell command) is waited for first, up to 20 s, so a loaded machine
+    -- that starts the binary slowly does not signal it too early.
+    local function run_and_signal(sig, after, again, ready)
       local script = ([[
 cd %s || exit 99
 timeout --foreground -k 2 30 %s run >run.out 2>run.err &
 pid=$!
+i=0
+while [ $i -lt 200 ] && ! { %s ; } >/dev/null 2>&1; do sleep 0.1; i=$((i + 1)); done
 sleep %s
 kill -%s $pid
 %s
@@ -665,7 +667,7 @@ wait $pid
 rc=$?
 t1=$(date +%%s%%N)
 echo "$rc $(( (t1 - t0) / 1000000 ))"
-]]):format(sh_quote(work), sh_quote(BIN), after, sig,
+]]):format(sh_quote(work), sh_quote(BIN), ready or "true", after, sig,
         again and ("sleep %s; kill -%s $pid"):format(again, sig) or "")
       -- timeout forwards the signal to the binary alone (--foreground: not
       -- to its process group, so a handler's child is not killed with it)
@@ -679,7 +681,8 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
     engine_it("SIGTERM: exits 0 within a few seconds and prints the summary", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "greet", '{"name":"ada"}' }))
-      local rc, ms = run_and_signal("TERM", 1)
+      local handled = sh_quote(BIN) .. " read s | grep -q greeted"
+      local rc, ms = run_and_signal("TERM", 0.2, nil, handled)
       assert.are.equal("0", rc, read_file(work .. "/run.err"))
       assert.is_true(tonumber(ms) < 5000, "took " .. ms .. " ms to stop")
       assert.are.equal("", read_file(work .. "/run.err"))
