@@ -371,6 +371,45 @@ for _, url in ipairs(helpers.urls()) do
     end)
 
     -------------------------------------------------------------------------
+    describe("a clock function that changes the options table", function()
+      -- The clock runs inside the call, after the options were read: a
+      -- string taken from the table must stay alive (it was a
+      -- use-after-free, seen under `make check-sanitize`).
+      local function armed_store()
+        local state = { armed = false, opts = nil }
+        local store = helpers.open(url, { clock = function()
+          if state.armed then
+            for k in pairs(state.opts) do state.opts[k] = nil end
+            collectgarbage()
+            collectgarbage()
+          end
+          return helpers.T0
+        end })
+        return store, state
+      end
+
+      it("promote's expect, lease's holder, claim's holder and children's after stay valid", function()
+        local store, state = armed_store()
+        store:put_ref("a", "s1")
+        store:put_ref("b", "s2")
+        store:append("s", { { type = "t" } })
+        local expect = string.rep("x", 100) .. tostring(os.time())
+        state.opts, state.armed = { expect = expect }, true
+        local err = expect_error("REF_CONFLICT", store.promote, store, "a", "b", state.opts)
+        assert.equal(expect, err.expected)
+        local holder = string.rep("h", 90) .. tostring(os.clock())
+        state.opts = { holder = holder, ttl_ms = 1000 }
+        assert.equal(holder, store:lease("s", state.opts).holder)
+        state.opts = { holder = holder, ttl_ms = 1000 }
+        assert.equal(holder, store:claim("s", state.opts).events[1].claim_holder)
+        state.armed = false
+        store:fork("s", 0, "s/" .. string.rep("c", 80))
+        local after = "s/" .. string.rep("b", 80)
+        state.opts, state.armed = { after = after }, true
+        assert.equal(1, #store:children("s", state.opts))
+      end)
+    end)
+
     describe("a clock function", function()
       -- Runs one call in a child process (spec/support/clock_closes_store.lua)
       -- so that a hang fails this spec instead of stalling the suite.

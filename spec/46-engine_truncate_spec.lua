@@ -70,6 +70,51 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal(4, #t.store:read("s"))
     end)
 
+    it("pending work past the cut still folds ctx.state once the reducer's snapshot moved on", function()
+      local t = eh.setup(url)
+      t.reducer("count", COUNT)
+      t.handler("check", [[
+return function(event, ctx)
+  return { { type = "seen", payload = { n = ctx.state("count").n } } }
+end
+]])
+      local engine = t.engine({ snapshot_every = 1 })
+      ticks(engine, "s", 3)
+      engine:append("s", { { type = "check" } })  -- 4: pending past the cut
+      ticks(engine, "s", 2)                       -- 5, 6
+      engine:truncate("s", 3)
+      assert.same({ n = 5, sum = 9 }, engine:state("s", "count")) -- the snapshot moves to 6
+      assert.same({ handled = 1, failed = 0, dead = 0 }, eh.run(engine))
+      local seen = eh.of_type(t.store:read("s", { after = 3 }), "seen")
+      assert.equal(3, seen[1].payload.n)
+      assert.same({ n = 3, sum = 6 }, engine:state("s", "count", { at = 3 }))
+    end)
+
+    it("a newer snapshot of another reducer version does not hide the cut's state", function()
+      local t = eh.setup(url)
+      t.reducer("count", COUNT)
+      local old = t.engine({ snapshot_every = 1 })
+      ticks(old, "s", 6)
+      old:state("s", "count") -- a snapshot at 6 of this version
+      t.reducer("count", COUNT .. "\n-- version 2\n")
+      local new = t.engine({ snapshot_every = 100 })
+      assert.equal(4, new:truncate("s", 3))
+      assert.same({ n = 6, sum = 21 }, new:state("s", "count"))
+    end)
+
+    it("a refused truncate leaves no snapshot behind", function()
+      local t = eh.setup(url)
+      t.reducer("count", COUNT)
+      t.handler("work", "return function() end")
+      local engine = t.engine({ snapshot_every = 0 })
+      ticks(engine, "s", 2)
+      engine:append("s", { { type = "work" } })
+      ticks(engine, "s", 1)
+      expect_error("INVALID_ARGUMENT", engine.truncate, engine, "s", 4)
+      expect_error("NO_SUCH_EVENT", engine.truncate, engine, "s", 9)
+      assert.same({}, t.store:snapshots("s"))
+    end)
+
     it("pending work in the range: the store's refusal, nothing dropped", function()
       local t = eh.setup(url)
       t.reducer("count", COUNT)

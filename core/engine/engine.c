@@ -456,6 +456,9 @@ static void complete_job(job *j) {
     int rc = es_store_complete(e->s, ev->session, ev->index, ev->attempts, j->evs, j->n, fence,
                                &outcome, &out, &err);
     es_events_destroy(&out);
+    if (rc == ES_STALE_FENCE && fence != ES_NONE && es_engine_fence_of(e, ev->session) != fence &&
+        es_engine_fence_of(e, ev->session) != ES_NONE && tries + 1 < COMPLETE_TRIES)
+      continue; /* the keeper re-took a lapsed lease meanwhile: a new token, still ours */
     if (rc == ES_STALE_FENCE) es_engine_fenced_out(e, ev->session);
     if (rc == ES_OK) {
       if (outcome == ES_SUPERSEDED)
@@ -1237,6 +1240,27 @@ static int reducer_names(es_engine *e, char ***out, size_t *n, es_err *err) {
   return rc;
 }
 
+/* Whether the store would drop 1..through: every live event in the range
+ * processed, through within the head. (An answer of 0 is checked again by
+ * the store itself, which then says why.) */
+static int truncate_allowed(es_engine *e, const char *session, int64_t through) {
+  es_sessions rows;
+  es_err err = {0};
+  if (es_store_sessions(e->s, session, NULL, 1, &rows, &err) != ES_OK) return 0;
+  int known = rows.n == 1 && strcmp(rows.v[0].session, session) == 0;
+  int64_t first = known && rows.v[0].first_index > 1 ? rows.v[0].first_index : 1;
+  int64_t head = known ? rows.v[0].head : 0;
+  es_sessions_destroy(&rows);
+  if (through > head) return 0;
+  if (through < first) return 1;
+  es_events range;
+  if (es_store_read(e->s, session, first - 1, through, ES_NONE, &range, &err) != ES_OK) return 0;
+  int ok = 1;
+  for (size_t i = 0; ok && i < range.n; i++) ok = range.v[i].status == ES_STATUS_PROCESSED;
+  es_events_destroy(&range);
+  return ok;
+}
+
 int es_engine_truncate(es_engine *e, const char *session, int64_t through, int64_t *first_index,
                        es_err *err) {
   char **names;
@@ -1244,8 +1268,12 @@ int es_engine_truncate(es_engine *e, const char *session, int64_t through, int64
   *first_index = 1;
   int rc = es_check_name("session", session, err);
   if (rc == ES_OK && through < 0) rc = es_fail(err, ES_INVALID_ARGUMENT, "through must be >= 0");
-  if (rc == ES_OK) rc = reducer_names(e, &names, &n, err);
   if (rc) return rc;
+  /* A truncate the store would refuse (a pending or dead event in the
+   * range, through past the head) must not leave snapshots behind: let the
+   * store refuse it before anything is folded. */
+  if (!truncate_allowed(e, session, through)) return es_store_truncate(e->s, session, through, first_index, err);
+  if ((rc = reducer_names(e, &names, &n, err))) return rc;
   /* Every reducer's state at `through` is snapshotted first: once the
    * events are gone, that snapshot is where every later fold starts. */
   es_buf state;

@@ -48,6 +48,43 @@ static box *push_box(lua_State *L) {
     atomic_fetch_sub(&(r)->b.trusted, 1);                                                         \
   } while (0)
 
+/* engine:truncate's state of a reducer at the cut, kept under a name of
+ * its own ("<reducer>@truncated"): the reducer's one snapshot moves on
+ * (and a newer one of another version may outrank it), but a fold below
+ * it (ctx.state of a pending event past the cut, engine:state{at}) can
+ * still start there instead of at the dropped events. 0 when the name
+ * would not be a name (a reducer name over 245 bytes). */
+static int floor_name(char *out, size_t cap, const char *reducer) {
+  int n = snprintf(out, cap, "%s@truncated", reducer);
+  return n > 0 && (size_t)n < cap && n <= ES_MAX_ID_BYTES;
+}
+
+/* Starts the fold from the truncation snapshot when it is of this version
+ * and at or below `at`: x->events become the events after it. Returns
+ * whether it did (the state is then on the stack). */
+static int fold_from_floor(lua_State *L, runner *r, const char *session, const char *reducer,
+                           const char *version, int64_t at, box *x, int64_t *from) {
+  char name[ES_MAX_ID_BYTES + 16];
+  if (!floor_name(name, sizeof name, reducer)) return 0;
+  es_snapshot snap;
+  es_events events = {0};
+  es_err err = {0};
+  int found = 0, rc, used = 0;
+  TRUSTED(r, es_store_read_state(r->e->s, session, name, &found, &snap, &events, &err));
+  if (rc == ES_OK && found && snap.index <= at &&
+      strcmp(snap.version ? snap.version : "", version) == 0 &&
+      es_state_decode(L, snap.state, snap.state_len, &err) == ES_OK) {
+    es_events_destroy(&x->events);
+    x->events = events;
+    memset(&events, 0, sizeof events);
+    *from = snap.index;
+    used = 1;
+  }
+  es_snapshot_destroy(&snap);
+  es_events_destroy(&events);
+  return used;
+}
+
 void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
              es_buf *encoded, int64_t *through, int force) {
   es_engine *e = r->e;
@@ -87,6 +124,7 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
       have_state = 1;
     }
   }
+  if (!have_state) have_state = fold_from_floor(L, r, session, reducer, version, at, x, &from);
   if (!have_state) {
     if (found) {
       es_events_destroy(&x->events);
@@ -134,6 +172,10 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     int stored = 0;
     if (rc == ES_OK && (force || folded >= e->o.snapshot_every || stale) && at > 0)
       TRUSTED(r, es_store_put_snapshot(e->s, session, reducer, at, buf->data ? buf->data + mark : "",
+                                       buf->len - mark, lua_tostring(L, ver), &stored, &err));
+    char floor[ES_MAX_ID_BYTES + 16];
+    if (rc == ES_OK && force && at > 0 && floor_name(floor, sizeof floor, reducer))
+      TRUSTED(r, es_store_put_snapshot(e->s, session, floor, at, buf->data ? buf->data + mark : "",
                                        buf->len - mark, lua_tostring(L, ver), &stored, &err));
     es_buf_destroy(&own);
     if (rc) es_lua_raise(L, &err);

@@ -151,6 +151,11 @@ void es_engine_renew_leases(es_engine *e, int64_t now_ms) {
       engine_lease *l = find_lease(e, session);
       if (l) l->token = got.token; /* a new one if it lapsed and was free */
       pthread_mutex_unlock(&e->lease_mu);
+      /* engine:release ran while this renewal was in the store: give back
+       * what the renewal took, or others would see it held until it expires. */
+      int released;
+      es_err ignored = {0};
+      if (!l) es_store_lease_release(e->s, session, e->holder, got.token, &released, &ignored);
     } else if (rc == ES_OK) {
       es_engine_fenced_out(e, session);
     } else {

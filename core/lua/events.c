@@ -101,10 +101,10 @@ int64_t es_lua_opt_int_field(lua_State *L, int arg, const char *field, int64_t d
 }
 
 /* A string field; returns NULL when absent; len (when not NULL) gets its
- * length. The string stays valid while the table at arg is on the stack
- * and unchanged: when the table holds it (a raw field) it is popped; when
- * it came from an __index metamethod nothing else may hold it, so it stays
- * on the stack (one slot more) rather than be collected under the caller. */
+ * length. The string is left on the stack (one slot per field), so it stays
+ * valid for the whole call: the table does not anchor it, since a Lua clock
+ * or id function that runs inside the core call may change the table and
+ * collect garbage before the core reads the string. */
 static const char *str_field(lua_State *L, int arg, const char *field, size_t *len) {
   if (len) *len = 0;
   if (lua_isnoneornil(L, arg)) return NULL;
@@ -118,14 +118,6 @@ static const char *str_field(lua_State *L, int arg, const char *field, size_t *l
   if (lua_type(L, -1) != LUA_TSTRING)
     luaL_argerror(L, arg, lua_pushfstring(L, "field '%s' must be a string", field));
   v = lua_tolstring(L, -1, len);
-  int held = 0;
-  if (lua_type(L, arg) == LUA_TTABLE) {
-    lua_pushstring(L, field);
-    lua_rawget(L, arg);
-    held = lua_rawequal(L, -1, -2);
-    lua_pop(L, 1);
-  }
-  if (held) lua_pop(L, 1);
   return v;
 }
 

@@ -1485,6 +1485,8 @@ static int m_read_states(lua_State *L) {
   luaL_checktype(L, 2, LUA_TTABLE);
   const char *reducer = es_lua_check_name(L, 3, "reducer");
   size_t n = es_lua_check_seq(L, 2, 2, "sessions");
+  if (n > ES_DEFAULT_MAX_BATCH) /* before copying or allocating anything for them */
+    es_lua_raisef(L, ES_TOO_LARGE, "%zu sessions, over the limit of %d", n, ES_DEFAULT_MAX_BATCH);
   /* The names, copied into one userdata (like claim_next's types) so that
    * nothing Lua does during the call (a clock function) can free one. */
   size_t bytes = 0;
@@ -1692,7 +1694,8 @@ static int m_promote(lua_State *L) {
     } else if (!lua_isnil(L, -1)) {
       luaL_argerror(L, 4, "field 'expect' must be a session name or false");
     }
-    lua_pop(L, 1); /* expect stays anchored by the options table */
+    /* expect stays on the stack: the options table does not anchor it
+     * against a clock function that changes the table (str_field's rule) */
   }
   es_ref *out = owned_push(L, sizeof *out, destroy_ref);
   char **actual = owned_push(L, sizeof *actual, destroy_cstr);

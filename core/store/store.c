@@ -2322,9 +2322,9 @@ static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_inf
   es_events first = {0};
   collector c = {&first, 0};
   int rc = collected(s->ops->event_range(t, a->from, 0, a->at, 1, collect_event, &c, err), &c, err);
-  if (rc) return rc;
-  if (first.n) dst->first_at = first.v[0].created_at;
+  if (rc == ES_OK && first.n) dst->first_at = first.v[0].created_at;
   es_events_destroy(&first);
+  if (rc) return rc;
   fork_id_ctx ids = {s, a->now};
   int64_t copied = 0;
   rc = s->ops->event_copy(t, a->from, a->at, dst->session, a->now, fork_id, &ids, &copied, err);
