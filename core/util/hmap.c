@@ -76,12 +76,9 @@ static void place(void **items, uint32_t *hashes, size_t cap, uint32_t h, void *
 
 static int full(size_t used, size_t cap) { return used * 8 > cap * 7; }
 
-static int rebuild(es_hmap *m, size_t need) {
-  /* Sized for the live items only (removed slots are dropped), to at most
-   * 3/4 load, so a rebuild forced by removed slots keeps the capacity and
-   * one forced by growth leaves room for many puts. */
-  size_t cap = m->cap ? m->cap : 8;
-  while ((m->count + need) * 4 > cap * 3) cap += cap / 2;
+/* Moves every live item into fresh arrays of cap slots (removed slots are
+ * dropped). -1 when out of memory (m unchanged). */
+static int rehash(es_hmap *m, size_t cap) {
   if (cap > UINT32_MAX || cap > SIZE_MAX / sizeof(void *)) return -1;
   void **items = malloc(cap * sizeof *items);
   uint32_t *hashes = calloc(cap, sizeof *hashes);
@@ -99,6 +96,15 @@ static int rebuild(es_hmap *m, size_t need) {
   m->cap = cap;
   m->removed = 0;
   return 0;
+}
+
+static int rebuild(es_hmap *m, size_t need) {
+  /* Sized for the live items only (removed slots are dropped), to at most
+   * 3/4 load, so a rebuild forced by removed slots keeps the capacity and
+   * one forced by growth leaves room for many puts. */
+  size_t cap = m->cap ? m->cap : 8;
+  while ((m->count + need) * 4 > cap * 3) cap += cap / 2;
+  return rehash(m, cap);
 }
 
 int es_hmap_reserve(es_hmap *m, size_t n) {
@@ -162,22 +168,7 @@ int es_hmap_shrink(es_hmap *m) {
   if (m->cap <= 64 || m->count * 8 > m->cap) return 0;
   size_t cap = 8;
   while (m->count * 4 > cap * 3) cap += cap / 2;
-  void **items = malloc(cap * sizeof *items);
-  uint32_t *hashes = calloc(cap, sizeof *hashes);
-  if (!items || !hashes) {
-    free(items);
-    free(hashes);
-    return -1;
-  }
-  for (size_t i = 0; i < m->cap; i++)
-    if (m->hashes[i] > REMOVED) place(items, hashes, cap, m->hashes[i], m->items[i]);
-  free(m->items);
-  free(m->hashes);
-  m->items = items;
-  m->hashes = hashes;
-  m->cap = cap;
-  m->removed = 0;
-  return 0;
+  return rehash(m, cap);
 }
 
 void *es_hmap_next(const es_hmap *m, size_t *pos) {
