@@ -24,63 +24,13 @@ local read_file = helpers.read_file
 
 local write_file = helpers.write_file
 
--- A fresh empty directory.
-local function mkdtemp()
-  local p = assert(io.popen("mktemp -d"))
-  local dir = p:read("l")
-  p:close()
-  return dir
-end
+local ch = require("cli_helpers")
+local mkdtemp, lines, ndjson, ok, fails = ch.mkdtemp, ch.lines, ch.ndjson, ch.ok, ch.fails
 
 local work -- the current test's working directory
 
--- Runs the binary in `work` with the given arguments (a list) and stdin
--- text; returns {code, out, err} (code: the exit status).
-local function es(args, stdin)
-  local parts = { "cd", sh_quote(work), "&&", "timeout", "-k", "2", "30", sh_quote(BIN) }
-  for _, a in ipairs(args) do parts[#parts + 1] = sh_quote(a) end
-  local o, e, i = work .. "/.out", work .. "/.err", work .. "/.in"
-  write_file(i, stdin or "")
-  local cmd = table.concat(parts, " ") .. (" <%s >%s 2>%s"):format(sh_quote(i), sh_quote(o), sh_quote(e))
-  local _, how, code = os.execute(cmd)
-  local r = { code = code, how = how, out = read_file(o) or "", err = read_file(e) or "" }
-  os.remove(o)
-  os.remove(e)
-  os.remove(i)
-  return r
-end
-
--- The lines of a text, without their "\n".
-local function lines(text)
-  local t = {}
-  for l in text:gmatch("([^\n]*)\n") do t[#t + 1] = l end
-  return t
-end
-
--- Decodes NDJSON output into a list of values.
-local function ndjson(text)
-  local t = {}
-  for _, l in ipairs(lines(text)) do t[#t + 1] = json.decode(l) end
-  return t
-end
-
--- Asserts a successful run (exit 0, nothing on stderr); returns stdout.
-local function ok(r)
-  assert.are.equal("", r.err, "unexpected stderr")
-  assert.are.equal(0, r.code, "exit code")
-  return r.out
-end
-
--- Asserts a failed run: exit code, nothing on stdout, and stderr whose
--- first line starts with "eventstore: " .. prefix. Returns stderr.
-local function fails(r, code, prefix)
-  assert.are.equal(code, r.code, "exit code; stderr: " .. r.err)
-  assert.are.equal("", r.out, "nothing on stdout")
-  local first = r.err:match("^[^\n]*")
-  local want = "eventstore: " .. prefix
-  assert.are.equal(want, first:sub(1, #want), "stderr: " .. r.err)
-  return r.err
-end
+-- Runs the binary in `work` (cli_helpers.run): {code, how, out, err}.
+local function es(args, stdin) return ch.run(work, args, stdin) end
 
 local function db_path() return work .. "/eventstore.db" end
 

@@ -19,30 +19,11 @@ local read_file = helpers.read_file
 
 local work, db
 
--- Runs the binary in `work`; returns {code, out, err}.
-local function es(args)
-  local parts = { "cd", sh_quote(work), "&&", "timeout", "-k", "2", "30", sh_quote(BIN) }
-  for _, a in ipairs(args) do parts[#parts + 1] = sh_quote(a) end
-  local o, e = work .. "/.out", work .. "/.err"
-  local cmd = table.concat(parts, " ") .. (" </dev/null >%s 2>%s"):format(sh_quote(o), sh_quote(e))
-  local _, _, code = os.execute(cmd)
-  local r = { code = code, out = read_file(o) or "", err = read_file(e) or "" }
-  os.remove(o)
-  os.remove(e)
-  return r
-end
+local ch = require("cli_helpers")
+local ndjson, ok = ch.ndjson, ch.ok
 
-local function ndjson(text)
-  local t = {}
-  for l in text:gmatch("([^\n]*)\n") do t[#t + 1] = json.decode(l) end
-  return t
-end
-
-local function ok(r)
-  assert.are.equal("", r.err, "unexpected stderr")
-  assert.are.equal(0, r.code, "exit code")
-  return r.out
-end
+-- Runs the binary in `work` (cli_helpers.run; stdin empty): {code, out, err}.
+local function es(args) return ch.run(work, args) end
 
 -- Sets last_error of (session, idx) to raw bytes, as an older version could
 -- have stored them.

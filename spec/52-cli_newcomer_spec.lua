@@ -13,28 +13,13 @@ local BIN = helpers.BIN
 local HAS_ENGINE = type(eventstore.engine) == "function"
 local engine_it = HAS_ENGINE and it or function(name) pending(name .. " (needs the engine)") end
 
+local ch = require("cli_helpers")
+local mkdtemp = ch.mkdtemp
+
 local work
 
-local function mkdtemp()
-  local p = assert(io.popen("mktemp -d"))
-  local dir = p:read("l")
-  p:close()
-  return dir
-end
-
--- Runs the binary in `work`; returns {code, out, err, ms} (ms: wall time).
-local function es(args, stdin)
-  local parts = { "cd", sh_quote(work), "&&", "timeout", "-k", "2", "30", sh_quote(BIN) }
-  for _, a in ipairs(args) do parts[#parts + 1] = sh_quote(a) end
-  local o, e, i = work .. "/.out", work .. "/.err", work .. "/.in"
-  write_file(i, stdin or "")
-  local cmd = table.concat(parts, " ") .. (" <%s >%s 2>%s"):format(sh_quote(i), sh_quote(o), sh_quote(e))
-  local t0 = helpers.wall()
-  local _, _, code = os.execute(cmd)
-  local r = { code = code, out = read_file(o) or "", err = read_file(e) or "", ms = (helpers.wall() - t0) * 1000 }
-  os.remove(o) os.remove(e) os.remove(i)
-  return r
-end
+-- Runs the binary in `work` (cli_helpers.run): {code, out, err, ms}.
+local function es(args, stdin) return ch.run(work, args, stdin) end
 
 local function nlines(text) return select(2, text:gsub("\n", "")) end
 

@@ -16,64 +16,14 @@ local BIN = helpers.BIN
 
 local NEW = { "fork", "lineage", "children", "refs", "ref", "promote", "seal", "truncate", "delete" }
 
+local ch = require("cli_helpers")
+local lines, ndjson, ok, fails, fails_one_line = ch.lines, ch.ndjson, ch.ok, ch.fails, ch.fails_one_line
+local mkdtemp = ch.mkdtemp
+
 local work
 
-local function mkdtemp()
-  local p = assert(io.popen("mktemp -d"))
-  local dir = p:read("l")
-  p:close()
-  return dir
-end
-
--- Runs the binary in `work`; returns {code, out, err}.
-local function es(args, stdin)
-  local parts = { "cd", sh_quote(work), "&&", "timeout", "-k", "2", "30", sh_quote(BIN) }
-  for _, a in ipairs(args) do parts[#parts + 1] = sh_quote(a) end
-  local o, e, i = work .. "/.out", work .. "/.err", work .. "/.in"
-  write_file(i, stdin or "")
-  local cmd = table.concat(parts, " ") .. (" <%s >%s 2>%s"):format(sh_quote(i), sh_quote(o), sh_quote(e))
-  local _, _, code = os.execute(cmd)
-  local r = { code = code, out = read_file(o) or "", err = read_file(e) or "" }
-  os.remove(o) os.remove(e) os.remove(i)
-  return r
-end
-
-local function lines(text)
-  local t = {}
-  for l in text:gmatch("([^\n]*)\n") do t[#t + 1] = l end
-  return t
-end
-
-local function ndjson(text)
-  local t = {}
-  for _, l in ipairs(lines(text)) do t[#t + 1] = json.decode(l) end
-  return t
-end
-
--- A successful run: exit 0, nothing on stderr; returns stdout.
-local function ok(r)
-  assert.are.equal("", r.err, "unexpected stderr")
-  assert.are.equal(0, r.code, "exit code")
-  return r.out
-end
-
--- A failed run: exit code, nothing on stdout, stderr's first line starting
--- with "eventstore: " .. prefix. Returns stderr.
-local function fails(r, code, prefix)
-  assert.are.equal(code, r.code, "exit code; stderr: " .. r.err)
-  assert.are.equal("", r.out, "nothing on stdout")
-  local want = "eventstore: " .. prefix
-  assert.are.equal(want, r.err:match("^[^\n]*"):sub(1, #want), "stderr: " .. r.err)
-  return r.err
-end
-
--- A failed run whose error is exactly one line (no synopsis, no traceback).
-local function fails_one_line(r, code, prefix)
-  local err = fails(r, code, prefix)
-  assert.are.equal(1, #lines(err), err)
-  assert.is_nil(err:find("traceback", 1, true), err)
-  return err
-end
+-- Runs the binary in `work` (cli_helpers.run): {code, out, err}.
+local function es(args, stdin) return ch.run(work, args, stdin) end
 
 local function db_path() return work .. "/eventstore.db" end
 local function open_db() return eventstore.open("sqlite:" .. db_path()) end
