@@ -214,20 +214,7 @@ static int l_engine_lease(lua_State *L) {
   es_lease out;
   es_err err = {0};
   if (es_engine_lease(e, session, ttl, &out, &err) != ES_OK) return es_lua_raise(L, &err);
-  /* Everything is copied out before anything that can raise (out of
-   * memory) runs, so the holder string cannot leak. */
-  char holder[ES_MAX_ID_BYTES + 1];
-  snprintf(holder, sizeof holder, "%s", out.holder ? out.holder : "");
-  int acquired = out.acquired;
-  int64_t token = out.token, expires_at = out.expires_at;
-  es_lease_destroy(&out);
-  lua_createtable(L, 0, 4);
-  lua_pushstring(L, acquired ? "acquired" : "held");
-  lua_setfield(L, -2, "outcome");
-  lua_pushstring(L, holder);
-  lua_setfield(L, -2, "holder");
-  if (acquired) es_lua_set_int(L, "token", token);
-  es_lua_set_int(L, "expires_at", expires_at);
+  es_lua_push_lease(L, &out);
   return 1;
 }
 

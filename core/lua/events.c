@@ -199,6 +199,19 @@ void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
   if (claimed) es_lua_set_int(L, "attempt", e->attempts);
 }
 
+void es_lua_push_lease(lua_State *L, es_lease *l) {
+  char holder[ES_MAX_ID_BYTES + 1];
+  snprintf(holder, sizeof holder, "%s", l->holder ? l->holder : "");
+  int acquired = l->acquired;
+  int64_t token = l->token, expires_at = l->expires_at;
+  es_lease_destroy(l);
+  lua_createtable(L, 0, 4);
+  es_lua_set_str(L, "outcome", acquired ? "acquired" : "held");
+  es_lua_set_str(L, "holder", holder);
+  if (acquired) es_lua_set_int(L, "token", token);
+  es_lua_set_int(L, "expires_at", expires_at);
+}
+
 static int events_box_gc(lua_State *L) {
   es_events_destroy(lua_touserdata(L, 1));
   return 0;

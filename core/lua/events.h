@@ -66,6 +66,9 @@ void es_lua_set_str(lua_State *L, const char *k, const char *v);
 void es_lua_push_event(lua_State *L, const es_event *e, int claimed);
 /* Pushes an array of events and destroys the list. */
 void es_lua_push_events(lua_State *L, es_events *list, int claimed);
+/* Pushes a lease answer {outcome = "acquired"|"held", holder, token?,
+ * expires_at} and frees l first (so a Lua error cannot leak it). */
+void es_lua_push_lease(lua_State *L, es_lease *l);
 
 /* Reads the array of events at stack index idx into an es_new_event array
  * held by a userdata, encoding payloads into strings held by a table (which

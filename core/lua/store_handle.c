@@ -1751,11 +1751,7 @@ static int m_lease(lua_State *L) {
   int rc = es_store_lease(st, session, holder, ttl, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  lua_createtable(L, 0, 4);
-  es_lua_set_str(L, "outcome", out->acquired ? "acquired" : "held");
-  es_lua_set_str(L, "holder", out->holder);
-  if (out->acquired) es_lua_set_int(L, "token", out->token);
-  es_lua_set_int(L, "expires_at", out->expires_at);
+  es_lua_push_lease(L, out);
   return done(L, h, 1);
 }
 

@@ -6,6 +6,7 @@
  */
 #include "util/hmap.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,15 +55,22 @@ void *es_hmap_get(const es_hmap *m, const char *key) {
   return m->count ? es_hmap_get_h(m, key, es_hmap_hash(key)) : NULL;
 }
 
-void *es_hmap_get_h(const es_hmap *m, const char *key, uint32_t h) {
-  if (!m->count) return NULL;
+/* The slot holding key (hash h), or -1: the one probe every lookup,
+ * removal and replacement uses. */
+static ptrdiff_t find(const es_hmap *m, const char *key, uint32_t h) {
+  if (!m->count) return -1;
   size_t i = home(h, m->cap);
   for (;;) {
     uint32_t s = m->hashes[i];
-    if (s == EMPTY) return NULL;
-    if (s == h && strcmp(m->key(m->items[i]), key) == 0) return m->items[i];
+    if (s == EMPTY) return -1;
+    if (s == h && strcmp(m->key(m->items[i]), key) == 0) return (ptrdiff_t)i;
     if (++i == m->cap) i = 0;
   }
+}
+
+void *es_hmap_get_h(const es_hmap *m, const char *key, uint32_t h) {
+  ptrdiff_t i = find(m, key, h);
+  return i < 0 ? NULL : m->items[i];
 }
 
 /* Places an item known to be absent, in a table known to have room. */
@@ -129,39 +137,23 @@ int es_hmap_put_h(es_hmap *m, void *item, uint32_t h) {
 }
 
 void *es_hmap_remove(es_hmap *m, const char *key) {
-  if (!m->count) return NULL;
-  uint32_t h = es_hmap_hash(key);
-  size_t i = home(h, m->cap);
-  for (;;) {
-    uint32_t s = m->hashes[i];
-    if (s == EMPTY) return NULL;
-    if (s == h && strcmp(m->key(m->items[i]), key) == 0) {
-      void *item = m->items[i];
-      m->hashes[i] = REMOVED;
-      m->items[i] = NULL;
-      m->count--;
-      m->removed++;
-      return item;
-    }
-    if (++i == m->cap) i = 0;
-  }
+  ptrdiff_t i = find(m, key, es_hmap_hash(key));
+  if (i < 0) return NULL;
+  void *item = m->items[i];
+  m->hashes[i] = REMOVED;
+  m->items[i] = NULL;
+  m->count--;
+  m->removed++;
+  return item;
 }
 
 void *es_hmap_replace(es_hmap *m, void *item) {
-  if (!m->count) return NULL;
   const char *key = m->key(item);
-  uint32_t h = es_hmap_hash(key);
-  size_t i = home(h, m->cap);
-  for (;;) {
-    uint32_t s = m->hashes[i];
-    if (s == EMPTY) return NULL;
-    if (s == h && strcmp(m->key(m->items[i]), key) == 0) {
-      void *old = m->items[i];
-      m->items[i] = item;
-      return old;
-    }
-    if (++i == m->cap) i = 0;
-  }
+  ptrdiff_t i = find(m, key, es_hmap_hash(key));
+  if (i < 0) return NULL;
+  void *old = m->items[i];
+  m->items[i] = item;
+  return old;
 }
 
 int es_hmap_shrink(es_hmap *m) {
