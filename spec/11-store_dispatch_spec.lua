@@ -52,9 +52,7 @@ for _, url in ipairs(helpers.urls()) do
       return store:append(session, batch)
     end
 
-    local function event(store, session, index)
-      return store:read(session, { after = index - 1, limit = 1 })[1]
-    end
+    local event = helpers.event
 
     -- claims event `index` (alone) and fails it with max_failures = 1.
     local function dead_letter(store, session, index, err)

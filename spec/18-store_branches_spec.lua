@@ -72,12 +72,7 @@ for _, url in ipairs(helpers.urls()) do
       })
     end
 
-    local function session_row(store, name)
-      for _, s in ipairs(store:sessions({ limit = 1000 }).sessions) do
-        if s.session == name then return s end
-      end
-      return nil
-    end
+    local session_row = helpers.session_row
 
     -- A source session with a bit of everything: a settled laned event, a
     -- completed event and the event its completion appended (with a

@@ -24,28 +24,11 @@ for _, url in ipairs(helpers.urls()) do
 
     local claim, claimed = helpers.claim, helpers.claimed
 
-    local function session_row(store, name)
-      for _, s in ipairs(store:sessions({ limit = 1000 }).sessions) do
-        if s.session == name then return s end
-      end
-      return nil
-    end
+    local session_row = helpers.session_row
 
-    local function event(store, session, index)
-      return store:read(session, { after = index - 1, limit = 1 })[1]
-    end
+    local event = helpers.event
 
-    -- The whole store as text (log with dispatch records, session rows).
-    local function world(store)
-      return helpers.dump({ log = store:read_all({}), sessions = store:sessions({ limit = 1000 }) })
-    end
-
-    local function refused(store, code, fn)
-      local before = world(store)
-      local err = expect_error(code, fn)
-      assert.equal(before, world(store))
-      return err
-    end
+    local world, refused = helpers.world, helpers.refused
 
     -------------------------------------------------------------------------
     describe("§3.8 fence tokens", function()

@@ -42,24 +42,9 @@ for _, url in ipairs(helpers.urls()) do
 
     local claim, claimed = helpers.claim, helpers.claimed
 
-    local function event(store, session, index)
-      return store:read(session, { after = index - 1, limit = 1 })[1]
-    end
+    local event = helpers.event
 
-    local function world(store)
-      return helpers.dump({
-        log = store:read_all({}),
-        sessions = store:sessions({ limit = 1000 }),
-        refs = store:list_refs({ limit = 1000 }),
-      })
-    end
-
-    local function refused(store, code, fn)
-      local before = world(store)
-      local err = expect_error(code, fn)
-      assert.equal(before, world(store))
-      return err
-    end
+    local world, refused = helpers.world, helpers.refused
 
     -------------------------------------------------------------------------
     describe("open{ids = fn}: where generated ids come from", function()

@@ -13,11 +13,7 @@ local function settled(store, session, n, from)
   return store:append(session, batch)
 end
 
-local function row_of(store, session)
-  for _, r in ipairs(store:sessions({ prefix = session }).sessions) do
-    if r.session == session then return r end
-  end
-end
+local row_of = helpers.session_row
 
 for _, url in ipairs(helpers.urls()) do
   describe(url, function()

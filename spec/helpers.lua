@@ -209,6 +209,37 @@ function helpers.pluck(list, field)
   return out
 end
 
+-- One stored event by index.
+function helpers.event(store, session, index)
+  return store:read(session, { after = index - 1, limit = 1 })[1]
+end
+
+-- A session's row as sessions{} lists it, or nil.
+function helpers.session_row(store, name)
+  for _, s in ipairs(store:sessions({ limit = 1000 }).sessions) do
+    if s.session == name then return s end
+  end
+  return nil
+end
+
+-- The whole store as text (log with dispatch records, session rows, refs):
+-- what a refused call must leave as it was.
+function helpers.world(store)
+  return helpers.dump({
+    log = store:read_all({}),
+    sessions = store:sessions({ limit = 1000 }),
+    refs = store:list_refs({ limit = 1000 }),
+  })
+end
+
+-- fn() must raise `code` and change nothing in the store; returns the error.
+function helpers.refused(store, code, fn)
+  local before = helpers.world(store)
+  local err = helpers.expect_error(code, fn)
+  assert(before == helpers.world(store), "a refused call changed the store")
+  return err
+end
+
 -- claim with the suite's defaults: holder "w1", ttl 1000 ms (unless
 -- expires_at is given).
 function helpers.claim(store, session, opts)
