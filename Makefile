@@ -17,13 +17,13 @@ OPT      ?= -O2 -g
 LUA_INC  ?= /usr/include/lua5.4
 WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Werror
 CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -Icore -MMD -MP $(SAN)
-LDLIBS   += -lsqlite3 -lpthread -lm
+LDLIBS   += -lsqlite3 -lzstd -lsodium -lpthread -lm
 LUA_LIB  ?= -llua5.4
 LUA_CMOD_DIR ?= $(PREFIX)/lib/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
 # Debian packages the build and the tests need (installed by `make deps`).
-DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 pkg-config valgrind
+DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room (docs/layout in README.md): util/ (buffers, trees,
@@ -157,7 +157,7 @@ fuzz:
 	  -o $(BUILD)/fuzz/state_fuzz -llua5.4 -lm
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/store_fuzz.c $(CORE_SRC) -o $(BUILD)/fuzz/store_fuzz -llua5.4 -lsqlite3 -lpthread -lm
+	  fuzz/store_fuzz.c $(CORE_SRC) -o $(BUILD)/fuzz/store_fuzz -llua5.4 $(LDLIBS)
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
 	$(BUILD)/fuzz/state_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \

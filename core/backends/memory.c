@@ -620,6 +620,9 @@ static void row_view(const mrow *r, es_event *e) {
   e->queued = r->queued;
   e->due_at = r->due_at;
   e->packed = 0;
+  e->payload_own = 0;
+  e->key = NULL;        /* §3.10: keyed rows are not stored yet (crypto.c) */
+  e->shredded = 0;
   const mdisp *d = r->disp;
   if (d) {
     int64_t f[NDF];

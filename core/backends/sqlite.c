@@ -57,7 +57,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 5            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 6            /* PRAGMA user_version of the current schema */
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -391,12 +391,52 @@ static const char sq_schema_v5[] =
     "ALTER TABLE sessions ADD COLUMN first_index INTEGER NOT NULL DEFAULT 1;"
     "CREATE INDEX IF NOT EXISTS refs_session ON refs(session, name);";
 
+/* Version 6 (CONTRACT §3.9 archive, §3.10 crypto-shredding):
+ *   sessions.archived_through  events first_index..archived_through live in
+ *                              segment files (archive.c), not rows;
+ *   segments                   one row per segment file of a session, keyed
+ *                              by its first index (the segment list that
+ *                              compact_archive compares and sets);
+ *   events.key                 the data key a sealed payload is under;
+ *   keys                       data keys wrapped by the master key; a
+ *                              shredded key keeps its row with wrapped NULL
+ *                              (the name stays burned: no new data under it);
+ *                              the row named '' is the master key's check;
+ *   key_uses                   which sessions hold events under a key, from
+ *                              which index (shred drops the snapshots that
+ *                              folded them, archived events included). */
+static const char sq_schema_v6[] =
+    "ALTER TABLE sessions ADD COLUMN archived_through INTEGER NOT NULL DEFAULT 0;"
+    "CREATE TABLE IF NOT EXISTS segments("
+    "  session TEXT NOT NULL,"
+    "  first INTEGER NOT NULL,"
+    "  through INTEGER NOT NULL,"
+    "  count INTEGER NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  checksum TEXT NOT NULL,"
+    "  file TEXT NOT NULL,"
+    "  created_at INTEGER,"
+    "  PRIMARY KEY(session, first)) WITHOUT ROWID;"
+    "ALTER TABLE events ADD COLUMN key TEXT;"
+    "CREATE TABLE IF NOT EXISTS keys("
+    "  name TEXT PRIMARY KEY,"
+    "  wrapped BLOB,"
+    "  created_at INTEGER,"
+    "  shredded_at INTEGER) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS key_uses("
+    "  key TEXT NOT NULL,"
+    "  session TEXT NOT NULL,"
+    "  first_index INTEGER NOT NULL,"
+    "  PRIMARY KEY(key, session)) WITHOUT ROWID;"
+    "CREATE INDEX IF NOT EXISTS key_uses_session ON key_uses(session);";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
     sq_schema_v3,
     sq_schema_v4,
     sq_schema_v5,
+    sq_schema_v6,
 };
 
 /* ---- types ------------------------------------------------------------ */

@@ -188,6 +188,11 @@ typedef struct es_backend_ops {
    * index by session). */
   int (*ref_delete_session)(es_txn *t, const char *session, es_err *err);
 
+  /* Archive (§3.9, archive.c): the segment list of a session. */
+
+  /* Crypto-shredding (§3.10, crypto.c): wrapped data keys and where they
+   * are used. */
+
   /* Optional (NULL): a number that changes whenever anyone, in any process,
    * commits to the same storage; es_store_wait polls it to see other
    * processes' writes. */

@@ -50,6 +50,9 @@ void es_event_destroy(es_event *e) {
     free(e->session);
     free(e->lane);
     free(e->origin_session);
+    free(e->key);
+  } else if (e->payload_own) {
+    free(e->payload);
   }
   free(e->id);
   free(e->last_error);
@@ -57,23 +60,23 @@ void es_event_destroy(es_event *e) {
   es_event_init(e);
 }
 
-/* A stored event's id, type, session, lane, origin and payload never
+/* A stored event's id, type, session, lane, origin, key and payload never
  * change, so a copy puts them in one allocation anchored at id: one
- * malloc, not six. (Rows without an id, which no store returns, are copied
+ * malloc, not seven. (Rows without an id, which no store returns, are copied
  * field by field.) */
 int es_event_copy(es_event *dst, const es_event *src) {
   *dst = *src;
   dst->id = dst->type = dst->payload = dst->session = dst->lane = dst->origin_session = NULL;
-  dst->last_error = dst->claim_holder = NULL;
-  dst->packed = 0;
+  dst->key = dst->last_error = dst->claim_holder = NULL;
+  dst->packed = dst->payload_own = 0;
   if (src->id) {
-    const char *strs[5] = {src->id, src->type, src->session, src->lane, src->origin_session};
-    char **outs[5] = {&dst->id, &dst->type, &dst->session, &dst->lane, &dst->origin_session};
-    size_t lens[5], total = src->payload ? src->payload_len + 1 : 0;
-    for (int i = 0; i < 5; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
+    const char *strs[6] = {src->id, src->type, src->session, src->lane, src->origin_session, src->key};
+    char **outs[6] = {&dst->id, &dst->type, &dst->session, &dst->lane, &dst->origin_session, &dst->key};
+    size_t lens[6], total = src->payload ? src->payload_len + 1 : 0;
+    for (int i = 0; i < 6; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
     char *p = malloc(total);
     if (!p) return ES_STORAGE;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
       if (!strs[i]) continue;
       *outs[i] = memcpy(p, strs[i], lens[i]);
       p += lens[i];
@@ -87,7 +90,7 @@ int es_event_copy(es_event *dst, const es_event *src) {
   } else if (dup_str(&dst->type, src->type) ||
              dup_bytes(&dst->payload, src->payload, src->payload_len) ||
              dup_str(&dst->session, src->session) || dup_str(&dst->lane, src->lane) ||
-             dup_str(&dst->origin_session, src->origin_session)) {
+             dup_str(&dst->origin_session, src->origin_session) || dup_str(&dst->key, src->key)) {
     es_event_destroy(dst);
     return ES_STORAGE;
   }

@@ -30,68 +30,11 @@
 #include <time.h>
 
 #include "store/backend.h"
+#include "store/internal.h"
 #include "codec/json.h"
 
 #define GROUP_MAX 1024        /* callers per group commit at most */
 #define WAIT_POLL_MS 50       /* how often es_store_wait looks for other processes' commits */
-
-typedef struct group_waiter {
-  int done;
-  int rc;
-  es_err err;
-  struct group_waiter *next;
-} group_waiter;
-
-typedef struct presence_watch {
-  uint64_t token;
-  char *ns;
-  es_presence_cb cb;
-  void *ctx;
-  struct presence_watch *next;
-} presence_watch;
-
-struct es_store {
-  const es_backend_ops *ops;
-  es_backend *bk;
-  es_clock_fn clock;
-  void *clock_ctx;
-  es_id_fn ids;              /* NULL: UUIDv7 */
-  void *ids_ctx;
-  size_t max_payload;
-  size_t max_batch;
-
-  /* lifecycle */
-  pthread_mutex_t lmu;       /* guards closed, inflight */
-  pthread_cond_t lcond;      /* inflight reached 0 */
-  int closed;
-  int inflight;
-  atomic_int refs;
-
-  /* writes */
-  pthread_mutex_t wmu;       /* one writer in the backend at a time */
-  pthread_cond_t wcond;      /* a group committed */
-  atomic_int arriving;       /* writers waiting for wmu: the group waits for them */
-  es_txn *wtxn;              /* the open group transaction, or NULL */
-  group_waiter *members;     /* callers whose work is in wtxn */
-  int n_members;
-
-  /* change notification (es_store_wait, subscriptions) */
-  pthread_mutex_t vmu;
-  pthread_cond_t vcond;      /* broadcast after every commit */
-  atomic_uint_least64_t version;
-
-  /* UUIDv7 generation: strictly increasing within this handle */
-  pthread_mutex_t umu;
-  int64_t uuid_ms;
-  uint32_t uuid_seq;         /* 12-bit counter within one millisecond */
-  unsigned char rand_pool[4000];
-  size_t rand_used;          /* bytes of rand_pool already handed out */
-
-  /* presence watchers */
-  pthread_mutex_t pmu;
-  presence_watch *watches;
-  uint64_t next_token;
-};
 
 /* ---------------------------------------------------------------------- */
 /* small helpers */
@@ -350,7 +293,7 @@ void es_store_release(es_store *s) {
 }
 
 /* Every call is bracketed by enter/leave so close() can wait for it. */
-static int enter(es_store *s, es_err *err) {
+int es_core_enter(es_store *s, es_err *err) {
   pthread_mutex_lock(&s->lmu);
   if (s->closed) {
     pthread_mutex_unlock(&s->lmu);
@@ -361,7 +304,7 @@ static int enter(es_store *s, es_err *err) {
   return ES_OK;
 }
 
-static void leave(es_store *s) {
+void es_core_leave(es_store *s) {
   pthread_mutex_lock(&s->lmu);
   if (--s->inflight == 0) pthread_cond_broadcast(&s->lcond);
   pthread_mutex_unlock(&s->lmu);
@@ -378,17 +321,15 @@ uint64_t es_store_version(es_store *s) { return atomic_load(&s->version); }
 int es_store_data_version(es_store *s, uint64_t *version, es_err *err) {
   *version = 0;
   if (!s->ops->data_version) return ES_OK;
-  int rc = enter(s, err);
+  int rc = es_core_enter(s, err);
   if (rc) return rc;
   rc = s->ops->data_version(s->bk, version, err);
-  leave(s);
+  es_core_leave(s);
   return rc;
 }
 
 /* ---------------------------------------------------------------------- */
 /* transactions */
-
-typedef int (*txn_fn)(es_store *s, es_txn *t, void *arg, es_err *err);
 
 /* Commits (or, with nobody in it, rolls back) the open group and tells each
  * member how it went. Called with wmu held. */
@@ -447,7 +388,7 @@ static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
   return rc;
 }
 
-static int run_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
+int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
   if (s->ops->group_commit) return run_write_group(s, fn, arg, err);
   es_txn *t = NULL;
   pthread_mutex_lock(&s->wmu);
@@ -465,7 +406,7 @@ static int run_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
   return rc;
 }
 
-static int run_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
+int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
   es_txn *t = NULL;
   int rc = s->ops->read_begin(s->bk, &t, err);
   if (rc != ES_OK) return rc;
@@ -862,7 +803,7 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
   if ((rc = check_nonneg("expected", expected, err))) return rc;
   if ((rc = check_batch(s, evs, n, err))) return rc;
   if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   append_args a = {session, evs, n, expected, fence, 0, out, 0, 1};
   if (n == 0) {
     /* Writes nothing; still answers whether the session has pending work. */
@@ -879,13 +820,13 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
       }
       s->ops->read_end(t);
     }
-    leave(s);
+    es_core_leave(s);
     return rc;
   }
   a.want_out = out != &unused;
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_write(s, do_append, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_append, &a, err);
+  es_core_leave(s);
   es_events_destroy(&unused);
   if (rc) {
     es_events_destroy(out);
@@ -964,9 +905,9 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
     return rc;
   if (a->limit == 0) return ES_OK;
   a->limit = cap_limit(a->limit);
-  if ((rc = enter(s, err))) return rc;
-  rc = run_read(s, do_range, a, err);
-  leave(s);
+  if ((rc = es_core_enter(s, err))) return rc;
+  rc = es_core_read(s, do_range, a, err);
+  es_core_leave(s);
   if (rc) es_events_destroy(a->out);
   return rc;
 }
@@ -1006,10 +947,10 @@ int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) 
   int rc;
   *head = 0;
   if ((rc = es_check_name("session", session, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   head_args a = {session, head};
-  rc = run_read(s, do_head, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_head, &a, err);
+  es_core_leave(s);
   return rc;
 }
 
@@ -1030,10 +971,10 @@ int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out,
   memset(out, 0, sizeof *out);
   if ((rc = check_nonneg("after", after, err)) || (rc = check_nonneg("limit", limit, err))) return rc;
   if (limit == 0) return ES_OK;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), NULL, out};
-  rc = run_read(s, do_read_all, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_read_all, &a, err);
+  es_core_leave(s);
   if (rc) es_events_destroy(out);
   return rc;
 }
@@ -1045,9 +986,9 @@ static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_last_position(es_store *s, int64_t *position, es_err *err) {
   int rc;
   *position = 0;
-  if ((rc = enter(s, err))) return rc;
-  rc = run_read(s, do_last_position, position, err);
-  leave(s);
+  if ((rc = es_core_enter(s, err))) return rc;
+  rc = es_core_read(s, do_last_position, position, err);
+  es_core_leave(s);
   return rc;
 }
 
@@ -1072,10 +1013,10 @@ int es_store_get(es_store *s, const char *session, int64_t index, es_event *out,
   int rc;
   es_event_init(out);
   if ((rc = es_check_name("session", session, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   get_args a = {session, index, out};
-  rc = run_read(s, do_get, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_get, &a, err);
+  es_core_leave(s);
   return rc;
 }
 
@@ -1193,13 +1134,13 @@ int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
   if ((rc = es_check_name("session", session, err)) || (rc = check_claim_opts(o, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   claim_args a = {session, o, 0, o->expires_at, cap_limit(o->limit), 0, out, ES_NONE};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && o->expires_at == ES_NONE && add_time(a.now, o->ttl_ms, &a.expires))
     rc = too_late(err, "ttl_ms");
-  if (rc == ES_OK) rc = run_write(s, do_claim, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_claim, &a, err);
+  es_core_leave(s);
   if (rc) {
     es_events_destroy(out);
     return rc;
@@ -1347,7 +1288,7 @@ int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t
   size_t tn = 0;
   if (types && (rc = claim_types(types, n_types, &tv, &tn, err))) return rc;
   if (limit == ES_NONE) limit = 1;
-  if ((rc = enter(s, err))) {
+  if ((rc = es_core_enter(s, err))) {
     free(tv);
     return rc;
   }
@@ -1356,8 +1297,8 @@ int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   /* An empty list of types (an engine without handlers) claims nothing and
    * waits for nothing. */
-  if (rc == ES_OK && !(types && tn == 0)) rc = run_write(s, do_claim_next, &a, err);
-  leave(s);
+  if (rc == ES_OK && !(types && tn == 0)) rc = es_core_write(s, do_claim_next, &a, err);
+  es_core_leave(s);
   free(tv);
   if (rc) {
     es_events_destroy(out);
@@ -1414,7 +1355,7 @@ int es_store_renew(es_store *s, const char *session, const char *holder, const e
     es_renew_result_destroy(out);
     return nomem(err);
   }
-  if ((rc = enter(s, err))) {
+  if ((rc = es_core_enter(s, err))) {
     es_renew_result_destroy(out);
     return rc;
   }
@@ -1422,8 +1363,8 @@ int es_store_renew(es_store *s, const char *session, const char *holder, const e
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && expires_at == ES_NONE && add_time(a.now, ttl_ms, &a.expires))
     rc = too_late(err, "ttl_ms");
-  if (rc == ES_OK) rc = run_write(s, do_renew, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_renew, &a, err);
+  es_core_leave(s);
   if (rc) es_renew_result_destroy(out);
   return rc;
 }
@@ -1532,11 +1473,11 @@ int es_store_complete(es_store *s, const char *session, int64_t index, int64_t a
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = check_batch(s, evs, n, err))) return rc;
   if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_write(s, do_complete, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_complete, &a, err);
+  es_core_leave(s);
   if (rc || a.outcome != ES_COMPLETED) es_events_destroy(out);
   if (rc) return rc;
   *outcome = a.outcome;
@@ -1623,13 +1564,13 @@ int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attem
   if (!error) return es_fail(err, ES_INVALID_ARGUMENT, "error is required");
   if (max_failures < 1) return es_fail(err, ES_INVALID_ARGUMENT, "max_failures must be >= 1");
   if (retry_after_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "retry_after_ms must be >= 0");
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   fail_args a = {session, index, attempt, error, max_failures, retry_after_ms, 0, 0, 0, ES_NONE};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, retry_after_ms, &a.retry_at))
     rc = too_late(err, "retry_after_ms");
-  if (rc == ES_OK) rc = run_write(s, do_fail, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_fail, &a, err);
+  es_core_leave(s);
   if (rc) return rc;
   *outcome = a.outcome;
   *failures = a.failures;
@@ -1717,10 +1658,10 @@ static int do_dead_change(es_store *s, es_txn *t, void *arg, es_err *err) {
 static int dead_change(es_store *s, dead_args *a, es_err *err) {
   int rc;
   if ((rc = es_check_name("session", a->session, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   rc = es_store_now(s, &a->now, err);
-  if (rc == ES_OK) rc = run_write(s, do_dead_change, a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_dead_change, a, err);
+  es_core_leave(s);
   return rc;
 }
 
@@ -1749,10 +1690,10 @@ int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64
   if (session && (rc = es_check_name("session", session, err))) return rc;
   if ((rc = check_nonneg("after", after, err)) || (rc = check_nonneg("limit", limit, err))) return rc;
   if (limit == 0) return ES_OK;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), session, out};
-  rc = run_read(s, do_dead_list, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_dead_list, &a, err);
+  es_core_leave(s);
   if (rc) es_events_destroy(out);
   return rc;
 }
@@ -1799,10 +1740,10 @@ int es_store_read_state(es_store *s, const char *session, const char *reducer, i
   *found = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("reducer", reducer, err)))
     return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   state_args a = {session, reducer, found, snap, events};
-  rc = run_read(s, do_read_state, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_read_state, &a, err);
+  es_core_leave(s);
   if (rc) {
     es_events_destroy(events);
     es_snapshot_destroy(snap);
@@ -1853,10 +1794,10 @@ int es_store_read_states(es_store *s, const char *const *sessions, size_t n, con
     snprintf(what, sizeof what, "sessions[%zu]", i + 1);
     if ((rc = es_check_name(what, sessions[i], err))) return rc;
   }
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   states_args a = {sessions, n, reducer, out};
-  rc = run_read(s, do_read_states, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_read_states, &a, err);
+  es_core_leave(s);
   if (rc) es_state_reads_destroy(out, n);
   return rc;
 }
@@ -1907,7 +1848,7 @@ int es_store_put_snapshot(es_store *s, const char *session, const char *reducer,
   if (index < 0) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot index must be >= 0");
   if (!state) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot state is required");
   if (!version) version = "";
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   put_snap_args a = {session, {0}, 0};
   a.row.reducer = (char *)reducer;
   a.row.index = index;
@@ -1915,8 +1856,8 @@ int es_store_put_snapshot(es_store *s, const char *session, const char *reducer,
   a.row.state_len = state_len;
   a.row.version = (char *)version;
   rc = es_store_now(s, &a.row.updated_at, err);
-  if (rc == ES_OK) rc = run_write(s, do_put_snapshot, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_put_snapshot, &a, err);
+  es_core_leave(s);
   if (rc == ES_OK) *stored = a.stored;
   return rc;
 }
@@ -1948,10 +1889,10 @@ int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_e
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   snaps_args a = {session, out};
-  rc = run_read(s, do_snapshots, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_snapshots, &a, err);
+  es_core_leave(s);
   if (rc) es_snapshots_destroy(out);
   return rc;
 }
@@ -1996,10 +1937,10 @@ int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_
   int rc;
   memset(out, 0, sizeof *out);
   if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   sessions_args a = {prefix ? prefix : "", after, cap_limit(limit), out};
-  rc = run_read(s, do_sessions, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_sessions, &a, err);
+  es_core_leave(s);
   if (rc) es_sessions_destroy(out);
   return rc;
 }
@@ -2042,10 +1983,10 @@ void es_type_counts_destroy(es_type_counts *list) {
 int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   type_counts_args a = {out, 0, 0};
-  rc = run_read(s, do_pending_types, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_pending_types, &a, err);
+  es_core_leave(s);
   if (rc) es_type_counts_destroy(out);
   return rc;
 }
@@ -2178,13 +2119,13 @@ int es_store_presence_set(es_store *s, const char *ns, const char *participant,
                        jerr.msg);
     }
   }
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   presence_args a = {ns, participant, fields, n, ttl_ms, at, seen, 0, 0, applied};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   if (a.at == ES_NONE) a.at = a.now;
-  if (rc == ES_OK && n > 0) rc = run_write(s, do_presence_set, &a, err);
-  leave(s);
+  if (rc == ES_OK && n > 0) rc = es_core_write(s, do_presence_set, &a, err);
+  es_core_leave(s);
   if (rc) {
     es_presence_rows_destroy(applied);
     return rc;
@@ -2222,11 +2163,11 @@ int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, e
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("namespace", ns, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   presence_read_args a = {ns, 0, out};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_read(s, do_presence_read, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_read(s, do_presence_read, &a, err);
+  es_core_leave(s);
   if (rc) es_presence_rows_destroy(out);
   return rc;
 }
@@ -2475,11 +2416,11 @@ int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_
   if (at < 0) return es_fail(err, ES_INVALID_ARGUMENT, "at must be >= 0");
   if (strcmp(from, to) == 0)
     return es_fail(err, ES_INVALID_ARGUMENT, "cannot fork session '%s' into itself", from);
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   fork_args a = {from, to, at, 0, out};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_write(s, do_fork, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_fork, &a, err);
+  es_core_leave(s);
   if (rc) es_lineage_destroy(out);
   return rc;
 }
@@ -2509,10 +2450,10 @@ int es_store_lineage(es_store *s, const char *session, int *found, es_lineage *o
   *found = 0;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   lineage_args a = {session, found, out};
-  rc = run_read(s, do_lineage, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_lineage, &a, err);
+  es_core_leave(s);
   return rc;
 }
 
@@ -2548,10 +2489,10 @@ int es_store_children(es_store *s, const char *session, const char *after, int64
   if ((rc = es_check_name("session", session, err)) || (rc = check_after(after, err)) ||
       (rc = check_limit(limit, err)))
     return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   children_args a = {session, after, cap_limit(limit), out};
-  rc = run_read(s, do_children, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_children, &a, err);
+  es_core_leave(s);
   if (rc) es_lineages_destroy(out);
   return rc;
 }
@@ -2601,11 +2542,11 @@ int es_store_put_ref(es_store *s, const char *name, const char *session, es_ref 
   es_ref_init(out);
   if ((rc = es_check_name("name", name, err)) || (rc = es_check_name("session", session, err)))
     return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ref_args a = {.name = name, .session = session, .out = out};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_write(s, do_put_ref, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_put_ref, &a, err);
+  es_core_leave(s);
   if (rc) es_ref_destroy(out);
   return rc;
 }
@@ -2626,10 +2567,10 @@ int es_store_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_
   *found = 0;
   es_ref_init(out);
   if ((rc = es_check_name("name", name, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ref_args a = {.name = name, .out = out};
-  rc = run_read(s, do_get_ref, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_get_ref, &a, err);
+  es_core_leave(s);
   if (rc) es_ref_destroy(out);
   else *found = a.found;
   return rc;
@@ -2665,10 +2606,10 @@ int es_store_list_refs(es_store *s, const char *after, int64_t limit, es_refs *o
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = check_after(after, err)) || (rc = check_limit(limit, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   list_refs_args a = {after, cap_limit(limit), out};
-  rc = run_read(s, do_list_refs, &a, err);
-  leave(s);
+  rc = es_core_read(s, do_list_refs, &a, err);
+  es_core_leave(s);
   if (rc) es_refs_destroy(out);
   return rc;
 }
@@ -2684,10 +2625,10 @@ int es_store_delete_ref(es_store *s, const char *name, int *deleted, es_err *err
   int rc;
   *deleted = 0;
   if ((rc = es_check_name("name", name, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ref_args a = {.name = name};
-  rc = run_write(s, do_delete_ref, &a, err);
-  leave(s);
+  rc = es_core_write(s, do_delete_ref, &a, err);
+  es_core_leave(s);
   if (rc == ES_OK) *deleted = a.found;
   return rc;
 }
@@ -2732,11 +2673,11 @@ int es_store_promote(es_store *s, const char *from_ref, const char *to_ref, int 
   if ((rc = es_check_name("from_ref", from_ref, err)) || (rc = es_check_name("to_ref", to_ref, err)))
     return rc;
   if (has_expect && expect && (rc = es_check_name("expect", expect, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ref_args a = {from_ref, to_ref, has_expect ? expect : NULL, has_expect, 0, out, NULL, 0};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_write(s, do_promote, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_promote, &a, err);
+  es_core_leave(s);
   if (rc) es_ref_destroy(out);
   if (rc == ES_REF_CONFLICT) *actual = a.actual;
   else free(a.actual);
@@ -2778,10 +2719,10 @@ int es_store_fence(es_store *s, const char *session, int64_t if_token, int64_t *
   *token = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = check_nonneg("if_token", if_token, err)))
     return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ctl_args a = {.session = session, .token = if_token};
-  rc = run_write(s, do_fence, &a, err);
-  leave(s);
+  rc = es_core_write(s, do_fence, &a, err);
+  es_core_leave(s);
   if (rc == ES_OK) *token = a.token;
   return rc;
 }
@@ -2834,11 +2775,11 @@ int es_store_lease(es_store *s, const char *session, const char *holder, int64_t
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
     return rc;
   if (ttl_ms <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0");
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ctl_args a = {.session = session, .holder = holder, .ttl_ms = ttl_ms, .lease = out};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_write(s, do_lease, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_lease, &a, err);
+  es_core_leave(s);
   if (rc) es_lease_destroy(out);
   return rc;
 }
@@ -2866,10 +2807,10 @@ int es_store_lease_release(es_store *s, const char *session, const char *holder,
   *released = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
     return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ctl_args a = {.session = session, .holder = holder, .token = token};
-  rc = run_write(s, do_lease_release, &a, err);
-  leave(s);
+  rc = es_core_write(s, do_lease_release, &a, err);
+  es_core_leave(s);
   if (rc == ES_OK) *released = a.done;
   return rc;
 }
@@ -2893,11 +2834,11 @@ static int do_seal(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err) {
   int rc;
   if ((rc = es_check_name("session", session, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   ctl_args a = {.session = session, .reason = reason};
   rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = run_write(s, do_seal, &a, err);
-  leave(s);
+  if (rc == ES_OK) rc = es_core_write(s, do_seal, &a, err);
+  es_core_leave(s);
   return rc;
 }
 
@@ -2969,10 +2910,10 @@ int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t
   *first_index = 1;
   if ((rc = es_check_name("session", session, err))) return rc;
   if (through < 0) return es_fail(err, ES_INVALID_ARGUMENT, "through must be >= 0");
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   retention_args a = {.session = session, .through = through};
-  rc = run_write(s, do_truncate, &a, err);
-  leave(s);
+  rc = es_core_write(s, do_truncate, &a, err);
+  es_core_leave(s);
   if (rc == ES_OK) *first_index = a.first_index;
   return rc;
 }
@@ -2997,10 +2938,10 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
   int rc;
   *deleted = 0;
   if ((rc = es_check_name("session", session, err))) return rc;
-  if ((rc = enter(s, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
   retention_args a = {.session = session};
-  rc = run_write(s, do_delete, &a, err);
-  leave(s);
+  rc = es_core_write(s, do_delete, &a, err);
+  es_core_leave(s);
   if (rc == ES_OK) *deleted = a.done;
   return rc;
 }

@@ -52,6 +52,13 @@ typedef struct es_open_opts {
   int durability;            /* backend-specific; 0: the backend's durable default */
   es_id_fn ids;              /* NULL: UUIDv7; else where generated event ids come from */
   void *ids_ctx;             /* borrowed; must outlive the store */
+  const char *archive_dir;   /* §3.9: where segment files go; NULL: no archive (archive()
+                                is INVALID_ARGUMENT). Created (0700) when missing. */
+  const char *keys_path;     /* §3.10: the master key file; NULL: no encryption (an
+                                append with a key is INVALID_ARGUMENT). Created 0600
+                                when missing; a file others may read is refused. */
+  int secure_delete;         /* set by the core when keys_path is given: the backend
+                                overwrites what it deletes (SQLite PRAGMA secure_delete) */
 } es_open_opts;
 
 /* Dispatch status of a stored event. */
@@ -88,6 +95,10 @@ typedef struct es_event {
                                    (pending, dead, settled, a fork's copy) */
   char *origin_session;   /* a fork's copy: the session it was copied from; NULL otherwise */
   int64_t origin_index;   /* its index there (ES_NONE unless origin_session) */
+  char *key;              /* §3.10: the data key the payload is sealed under; NULL: plaintext.
+                             Backends store payload as given (the sealed text for keyed
+                             rows); the core opens it on the way out. */
+  int shredded;           /* 1: the key was shredded; payload is NULL (set by the core) */
   /* Bookkeeping for the rules (written by store.c, stored verbatim by
    * backends, not shown to users): */
   int queued;             /* 1: a dispatch candidate (pending, not dead, head of its lane) */
@@ -95,9 +106,11 @@ typedef struct es_event {
   int64_t last_failed_attempt; /* ES_NONE: no failure; makes fail() idempotent */
   int64_t returned;       /* events appended by the completing attempt; -1 when
                              processed without a completion (settled) */
-  int packed;             /* 1: id, type, payload, session, lane and origin_session share one
-                             allocation starting at id (es_event_copy's); never
-                             replace those fields of a packed event */
+  int packed;             /* 1: id, type, payload, session, lane, origin_session and key share
+                             one allocation starting at id (es_event_copy's); never
+                             replace those fields of a packed event (but see payload_own) */
+  int payload_own;        /* 1: payload is its own allocation even in a packed event (the
+                             core replaced the sealed text with the opened payload) */
 } es_event;
 
 typedef struct es_events {
@@ -354,6 +367,8 @@ typedef struct es_session_info {
   int64_t first_index;      /* the lowest index still in the live store (head + 1 when all
                                were dropped); 1 until a truncate. Backends store it; 0 read
                                back from an old row means 1. */
+  int64_t archived_through; /* §3.9: events first_index..archived_through live in segment
+                               files, not rows; 0: none archived */
 } es_session_info;
 
 typedef struct es_sessions {
@@ -579,6 +594,12 @@ int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t
  * positions do not change. *deleted: whether it existed. Costs O(its
  * events + its snapshots + the refs naming it). */
 int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err);
+
+/* 3.9 Archive (archive.c) ------------------------------------------------ */
+
+/* 3.10 Crypto-shredding (crypto.c) ---------------------------------------- */
+
+/* 3.11 Tenants (tenant.c) -------------------------------------------------- */
 
 /* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
 /* Makes room for `need` elements of `elem` bytes in the array *v of *cap
