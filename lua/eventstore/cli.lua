@@ -170,12 +170,25 @@ end
 -- file is the URL's path without its options (`sqlite:PATH?mode=ro`: the
 -- first `?` starts them, as in docs/sqlite.md); the URL, options and all,
 -- goes to eventstore.open unchanged.
+--
+-- The store options every command with --db takes (STORE_OPTIONS) go to
+-- eventstore.open: --archive DIR (segment files, docs/retention.md), --keys
+-- PATH (the master key file, docs/shredding.md). With --tenant NAME the
+-- command works on that tenant's handle (docs/tenants.md); the store under
+-- it is closed by its finalizer when the command's Lua state closes.
 local function open_store(o, creates)
   local path = o.db:match("^sqlite:([^?]*)")
   if not creates and path and path ~= "" and not file_exists(path) then
     fail("STORAGE: no database at '%s' (--db %s); append or run creates one", path, o.db)
   end
-  return eventstore.open(o.db)
+  local store = eventstore.open(o.db, { archive = o.archive, keys = o.keys })
+  if o.tenant == nil then return store end
+  local ok, handle = pcall(store.tenant, store, o.tenant)
+  if not ok then
+    store:close()
+    error(handle, 0)
+  end
+  return handle
 end
 
 -- The scripts directory, checked: required by run and state; for append,
@@ -203,6 +216,12 @@ end
 -- exit code).
 
 local DB_HELP = "  --db URL        the store (default " .. DEFAULT_DB .. "; memory: or sqlite:PATH)\n"
+-- Options of every command that opens the store (it has --db), listed in
+-- its help after its own.
+local STORE_OPTIONS = { archive = "string", keys = "string", tenant = "string" }
+local STORE_HELP = "  --archive DIR   where archived segments are (sqlite: default PATH.archive)\n"
+  .. "  --keys PATH     the master key file, for sealed payloads (docs/shredding.md)\n"
+  .. "  --tenant NAME   work inside that tenant only (docs/tenants.md)\n"
 local SCRIPTS_HELP = "  --scripts DIR   the scripts directory (default " .. DEFAULT_SCRIPTS .. ")\n"
 local HELP_HELP = "  -h, --help      print this help\n"
 
@@ -550,7 +569,9 @@ local function global_usage()
 end
 
 local function command_help(def)
-  return ("usage: %s %s\n\n%s\noptions:\n%s%s"):format(PROG, def.synopsis, def.help, def.options_help or "", HELP_HELP)
+  local store = def.options.db and STORE_HELP or ""
+  return ("usage: %s %s\n\n%s\noptions:\n%s%s%s"):format(PROG, def.synopsis, def.help,
+    def.options_help or "", store, HELP_HELP)
 end
 
 -- ---- parsing --------------------------------------------------------------
@@ -590,7 +611,7 @@ local function parse(def, argv, i)
     else
       local key, value = a:match("^%-%-([^=]+)=(.*)$")
       key = key or a:match("^%-%-(.+)$")
-      local kind = key and def.options[key]
+      local kind = key and (def.options[key] or (def.options.db and STORE_OPTIONS[key]))
       if kind == nil then
         usage_error(name, true, "%s: unknown option '%s'", name, a)
       end
@@ -1162,15 +1183,16 @@ function M.main(argv)
   -- error comes back as is; anything else is a bug, kept with its
   -- traceback and re-raised as one printable object.
   local ok, def, o, args = xpcall(function()
-    -- --db and --scripts may also come before the command; they are
-    -- parsed as if they came right after it (so a later one wins).
+    -- --db, --scripts and the store options may also come before the
+    -- command; they are parsed as if they came right after it (so a later
+    -- one wins).
     local i, lead = 1, {}
     while argv[i] ~= nil and looks_like_option(argv[i]) do
       local a = argv[i]
       if a == "-h" or a == "--help" then return "help" end
       if a == "--version" then return "version" end
       local key = a:match("^%-%-(%a+)=") or a:match("^%-%-(%a+)$")
-      if key ~= "db" and key ~= "scripts" then
+      if key ~= "db" and key ~= "scripts" and not STORE_OPTIONS[key] then
         usage_error(nil, true, "unknown option '%s'", a)
       end
       lead[#lead + 1] = a
