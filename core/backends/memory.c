@@ -206,7 +206,7 @@ typedef struct mref {
 
 /* One undo step. */
 enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL, U_REF_PUT,
-       U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH };
+       U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH, U_SEG };
 typedef struct urec {
   unsigned char kind;
   unsigned char created;    /* this op created the session (or namespace): undo frees it */
@@ -268,11 +268,22 @@ struct es_backend {
   es_tree dead;      /* SLOT_DG */
   es_hmap types;     /* owned mtype by name */
   es_hmap spaces;    /* owned mns by name */
+  es_hmap segs;      /* §3.9 archive: owned mseglist by session name */
   urec *undo;        /* owned log of the open write transaction */
   size_t nundo, capundo;
   size_t *marks;     /* savepoint stack: undo log lengths */
   size_t nmarks, capmarks;
 };
+
+/* §3.9 archive: a session's segment rows, ascending `from`. Immutable:
+ * a put or delete installs a new list in the map and the undo log keeps
+ * the old one until commit (U_SEG), so undo never allocates. A list left
+ * empty by a commit leaves the map. */
+typedef struct mseglist {
+  size_t n;
+  es_segment *v;   /* owned rows (and their file strings) */
+  char name[];     /* the session */
+} mseglist;
 
 /* ---- small helpers ------------------------------------------------------ */
 
@@ -472,6 +483,7 @@ static const char *sess_key(const void *item) { return ((const msess *)item)->na
 static const char *lane_key(const void *item) { return ((const mlane *)item)->name; }
 static const char *type_key(const void *item) { return ((const mtype *)item)->name; }
 static const char *ns_key(const void *item) { return ((const mns *)item)->name; }
+static const char *seg_key(const void *item) { return ((const mseglist *)item)->name; }
 
 static void disp_fields(const es_event *e, int64_t f[NDF]) {
   f[DF_ATTEMPTS] = e->attempts;
@@ -1001,6 +1013,7 @@ static void pos_compact(es_backend *b) {
 /* ---- transactions ------------------------------------------------------- */
 
 static void undo_one(es_backend *b, urec *u);
+static void commit_seg(es_backend *b, urec *u);
 
 static void undo_to(es_backend *b, size_t mark) {
   while (b->nundo > mark) undo_one(b, &b->undo[--b->nundo]);
@@ -1036,6 +1049,7 @@ static void finish_commit(es_backend *b) {
       }
       case U_EV_DELETE: drop_rows(b, u); removed = 1; break;
       case U_SESS_DETACH: sess_drop(b, u->obj); break;
+      case U_SEG: commit_seg(b, u); break;
       case U_SNAP_DEL: {
         msnap **v = u->old;
         for (int64_t k = 0; k < u->old_due; k++) free(v[k]);
@@ -1108,6 +1122,109 @@ static int mem_read_begin(es_backend *b, es_txn **t, es_err *err) {
 
 static void mem_read_end(es_txn *t) { pthread_rwlock_unlock(&t->b->lock); }
 
+/* ---- archive segments (§3.9) -------------------------------------------- */
+
+static void seglist_free(mseglist *l) {
+  if (!l) return;
+  for (size_t i = 0; i < l->n; i++) es_segment_destroy(&l->v[i]);
+  free(l->v);
+  free(l);
+}
+
+/* A new list: old's rows without the one keyed `drop` (ES_NONE: none),
+ * with `add` (NULL: none) in its place by `from`. NULL when out of memory. */
+static mseglist *seglist_with(const char *name, const mseglist *old, int64_t drop,
+                              const es_segment *add) {
+  size_t len = strlen(name), n = old ? old->n : 0;
+  mseglist *l = calloc(1, sizeof *l + len + 1);
+  if (!l) return NULL;
+  memcpy(l->name, name, len + 1);
+  l->v = calloc(n + 1, sizeof *l->v);
+  if (!l->v) {
+    free(l);
+    return NULL;
+  }
+  int placed = add == NULL;
+  for (size_t i = 0; i < n || !placed; ) {
+    const es_segment *src;
+    if (!placed && (i == n || add->from <= old->v[i].from)) {
+      src = add;
+      placed = 1;
+    } else {
+      src = &old->v[i++];
+      if (src->from == drop || (add && src->from == add->from)) continue; /* replaced or dropped */
+    }
+    if (es_segment_copy(&l->v[l->n++], src) != ES_OK) {
+      seglist_free(l);
+      return NULL;
+    }
+  }
+  return l;
+}
+
+/* Installs `neu` as the session's list (old: the current one or NULL). */
+static int seglist_install(es_backend *b, mseglist *old, mseglist *neu, es_err *err) {
+  if (undo_reserve(b, 1) != 0 || (!old && es_hmap_reserve(&b->segs, 1) != 0)) {
+    seglist_free(neu);
+    return oom(err);
+  }
+  if (old) es_hmap_replace(&b->segs, neu);
+  else es_hmap_put(&b->segs, neu); /* reserved: cannot fail */
+  urec *u = undo_push(b, U_SEG, neu);
+  u->old = old;
+  return ES_OK;
+}
+
+static int mem_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
+                            es_err *err) {
+  (void)err;
+  const mseglist *l = es_hmap_get(&t->b->segs, session);
+  for (size_t i = 0; l && i < l->n; i++)
+    if (cb(ctx, &l->v[i])) break;
+  return ES_OK;
+}
+
+static int mem_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  mseglist *old = es_hmap_get(&t->b->segs, session);
+  mseglist *neu = seglist_with(session, old, ES_NONE, row);
+  if (!neu) return oom(err);
+  return seglist_install(t->b, old, neu, err);
+}
+
+static int mem_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  mseglist *old = es_hmap_get(&t->b->segs, session);
+  size_t i = 0;
+  while (old && i < old->n && old->v[i].from != from) i++;
+  if (!old || i == old->n) return ES_NOT_FOUND;
+  mseglist *neu = seglist_with(session, old, from, NULL);
+  if (!neu) return oom(err);
+  return seglist_install(t->b, old, neu, err);
+}
+
+/* Undo: the old list back in its slot (or the new one out of the map). */
+static void undo_seg(es_backend *b, urec *u) {
+  mseglist *neu = u->obj, *old = u->old;
+  if (old) es_hmap_replace(&b->segs, old);
+  else es_hmap_remove(&b->segs, neu->name);
+  seglist_free(neu);
+}
+
+/* Commit: the replaced list goes; the installed one too when it is empty
+ * and still current (a later step of this transaction replaced it
+ * otherwise, and frees it as its own `old`). */
+static void commit_seg(es_backend *b, urec *u) {
+  mseglist *neu = u->obj;
+  if (neu->n == 0 && es_hmap_get(&b->segs, neu->name) == neu) {
+    es_hmap_remove(&b->segs, neu->name);
+    seglist_free(neu);
+  }
+  seglist_free(u->old);
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static int cmp_pres(const es_tree_node *x, const es_tree_node *y);
@@ -1140,6 +1257,7 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_hmap_init(&b->sessions, sess_key);
   es_hmap_init(&b->types, type_key);
   es_hmap_init(&b->spaces, ns_key);
+  es_hmap_init(&b->segs, seg_key);
   es_tree_init(&b->names, cmp_name);
   es_tree_init(&b->children, cmp_child);
   es_tree_init(&b->refs, cmp_ref);
@@ -1182,6 +1300,10 @@ static void mem_close(es_backend *b) {
     free(ns);
   }
   es_tree_clear(&b->refs, free_node);
+  mseglist *sl;
+  it = 0;
+  while ((sl = es_hmap_next(&b->segs, &it))) seglist_free(sl);
+  es_hmap_destroy(&b->segs);
   es_hmap_destroy(&b->ids);
   es_hmap_destroy(&b->sessions);
   es_hmap_destroy(&b->types);
@@ -2422,6 +2544,7 @@ static void undo_one(es_backend *b, urec *u) {
     case U_EV_DELETE: undo_delete(b, u); break;
     case U_SNAP_DEL: undo_snap_del(u); break;
     case U_SESS_DETACH: ((msess *)u->obj)->detached = 0; break;
+    case U_SEG: undo_seg(b, u); break;
     default: undo_pres(b, u); break;
   }
 }
@@ -2473,4 +2596,7 @@ const es_backend_ops es_backend_memory = {
     .snapshot_delete_all = mem_snapshot_delete_all,
     .ref_delete_session = mem_ref_delete_session,
     .data_version = NULL,
+    .segment_list = mem_segment_list,
+    .segment_put = mem_segment_put,
+    .segment_delete = mem_segment_delete,
 };

@@ -91,11 +91,11 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
   "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
   "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
   "processed_by_attempt"
-/* Column order of every session SELECT; sq_session_put binds it as ?1..?19. */
+/* Column order of every session SELECT; sq_session_put binds it as ?1..?20. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
   "sealed_at, seal_reason, lease_holder, lease_token, lease_expires_at, parent, fork_at, "  \
-  "forked_at, first_index"
+  "forked_at, first_index, archived_through"
 #define REF_COLS "name, session, created_at, updated_at"
 
 enum {
@@ -116,6 +116,7 @@ enum {
   ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
   ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
   ST_DATA_VERSION,
+  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
   ST_COUNT
 };
 
@@ -139,7 +140,7 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = ?1",
     [ST_SESSION_PUT] = "INSERT OR REPLACE INTO sessions(" SESS_COLS
                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
-                       " ?15, ?16, ?17, ?18, ?19)",
+                       " ?15, ?16, ?17, ?18, ?19, ?20)",
     [ST_SESSION_LIST_GE] = "SELECT " SESS_COLS
                            " FROM sessions WHERE session >= ?1 ORDER BY session LIMIT ?3",
     [ST_SESSION_LIST_GE_LT] = "SELECT " SESS_COLS
@@ -262,6 +263,12 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_INCREMENTAL_VACUUM] = "PRAGMA incremental_vacuum(" SQ_STR(SQ_VACUUM_PAGES) ")",
     [ST_INCREMENTAL_VACUUM_LOW] = "PRAGMA incremental_vacuum(" SQ_STR(SQ_VACUUM_PAGES_LOW) ")",
     [ST_DATA_VERSION] = "PRAGMA data_version",
+    /* Archive (§3.9): a prefix range of the primary key (session, first). */
+    [ST_SEGMENT_LIST] = "SELECT first, through, count, bytes, checksum, file, created_at"
+                        " FROM segments WHERE session = ?1 ORDER BY first",
+    [ST_SEGMENT_PUT] = "INSERT OR REPLACE INTO segments(session, first, through, count, bytes,"
+                       " checksum, file, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = ?1 AND first = ?2",
 };
 
 /* The schema, version 1. Byte order everywhere: every text column uses the
@@ -836,6 +843,7 @@ static int sq_decode_session(sqlite3_stmt *st, int copy, es_session_info *si) {
   si->fork_at = sq_col_opt(st, 16);
   si->forked_at = sq_col_opt(st, 17);
   si->first_index = sqlite3_column_int64(st, 18); /* NOT NULL DEFAULT 1: older rows read 1 */
+  si->archived_through = sqlite3_column_int64(st, 19); /* NOT NULL DEFAULT 0 */
   if (sq_col_str(st, 0, copy, &si->session, NULL) || sq_col_str(st, 11, copy, &si->seal_reason, NULL) ||
       sq_col_str(st, 12, copy, &si->lease_holder, NULL) || sq_col_str(st, 15, copy, &si->parent, NULL)) {
     if (copy) es_session_info_destroy(si);
@@ -2005,6 +2013,7 @@ static int sq_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   rc |= sq_bind_opt(st, 17, row->fork_at);
   rc |= sq_bind_opt(st, 18, row->forked_at);
   rc |= sqlite3_bind_int64(st, 19, row->first_index);
+  rc |= sqlite3_bind_int64(st, 20, row->archived_through);
   if (rc) return sq_bind_fail(t, ST_SESSION_PUT, st, temp, err);
   return sq_run(t, ST_SESSION_PUT, st, temp, "write", err);
 }
@@ -2521,6 +2530,73 @@ static int sq_ref_delete_session(es_txn *t, const char *session, es_err *err) {
   return sq_remove(t, ST_REF_DELETE_SESSION, session, 0, &removed, err);
 }
 
+/* ---- archive (§3.9) -------------------------------------------------------- */
+
+/* The rows are copied out and the statement finished before the first
+ * callback (the list is a handful of rows), so a callback may write. */
+static int sq_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
+                           es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  if ((code = sq_op(t, ST_SEGMENT_LIST, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  es_segments rows = {0};
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (es_grow((void **)&rows.v, &rows.cap, rows.n + 1, sizeof *rows.v) != ES_OK) {
+      code = sq_oom(err);
+      break;
+    }
+    es_segment *g = &rows.v[rows.n];
+    es_segment_init(g);
+    g->from = sqlite3_column_int64(st, 0);
+    g->through = sqlite3_column_int64(st, 1);
+    g->count = sqlite3_column_int64(st, 2);
+    g->bytes = sqlite3_column_int64(st, 3);
+    const unsigned char *sum = sqlite3_column_text(st, 4);
+    snprintf(g->checksum, sizeof g->checksum, "%s", sum ? (const char *)sum : "");
+    g->created_at = sq_col_opt(st, 6);
+    if (sq_col_str(st, 5, 1, &g->file, NULL) != ES_OK) {
+      code = sq_oom(err);
+      break;
+    }
+    rows.n++;
+  }
+  if (code == ES_OK && rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, ST_SEGMENT_LIST, st, temp);
+  for (size_t i = 0; code == ES_OK && i < rows.n; i++)
+    if (cb(ctx, &rows.v[i])) break;
+  es_segments_destroy(&rows);
+  return code;
+}
+
+static int sq_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_SEGMENT_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, session);
+  rc |= sqlite3_bind_int64(st, 2, row->from);
+  rc |= sqlite3_bind_int64(st, 3, row->through);
+  rc |= sqlite3_bind_int64(st, 4, row->count);
+  rc |= sqlite3_bind_int64(st, 5, row->bytes);
+  rc |= sq_bind_str(st, 6, row->checksum);
+  rc |= sq_bind_str(st, 7, row->file);
+  rc |= sq_bind_opt(st, 8, row->created_at);
+  if (rc) return sq_bind_fail(t, ST_SEGMENT_PUT, st, temp, err);
+  return sq_run(t, ST_SEGMENT_PUT, st, temp, "write", err);
+}
+
+static int sq_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_SEGMENT_DELETE, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sqlite3_bind_int64(st, 2, from);
+  if ((code = sq_run(t, ST_SEGMENT_DELETE, st, temp, "delete", err)) != ES_OK) return code;
+  return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
 /* ---- data version --------------------------------------------------------- */
 
 static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
@@ -2589,4 +2665,7 @@ const es_backend_ops es_backend_sqlite = {
     .snapshot_delete_all = sq_snapshot_delete_all,
     .ref_delete_session = sq_ref_delete_session,
     .data_version = sq_data_version,
+    .segment_list = sq_segment_list,
+    .segment_put = sq_segment_put,
+    .segment_delete = sq_segment_delete,
 };

@@ -673,6 +673,7 @@ static int l_open(lua_State *L) {
   int64_t maxp = es_lua_opt_int_field(L, 2, "max_payload_bytes", 0);
   if (maxp < 0) es_lua_raisef(L, ES_INVALID_ARGUMENT, "max_payload_bytes must be >= 0");
   o.max_payload_bytes = (size_t)maxp;
+  o.archive_dir = es_lua_opt_str_field(L, 2, "archive"); /* §3.9: a path (NUL refused) */
   /* Created closed before anything is acquired (liolib's pattern). */
   lstore *h = lua_newuserdatauv(L, sizeof *h, 0);
   memset(h, 0, sizeof *h);
@@ -1819,6 +1820,111 @@ static int m_delete(lua_State *L) {
   return done(L, h, 1);
 }
 
+/* ---------------------------------------------------------------------- */
+/* 3.9 archive */
+
+static void destroy_segment(void *p) { es_segment_destroy(p); }
+static void destroy_segments(void *p) { es_segments_destroy(p); }
+static void destroy_report(void *p) { es_archive_report_destroy(p); }
+
+static void push_segment(lua_State *L, const es_segment *g) {
+  lua_createtable(L, 0, 7);
+  es_lua_set_int(L, "from", g->from);
+  es_lua_set_int(L, "through", g->through);
+  es_lua_set_int(L, "count", g->count);
+  es_lua_set_int(L, "bytes", g->bytes);
+  es_lua_set_str(L, "checksum", g->checksum);
+  es_lua_set_str(L, "file", g->file);
+  es_lua_set_int(L, "created_at", g->created_at);
+}
+
+/* store:archive(session, {through = n}) -> the new segment, or nil when
+ * everything through n was archived already. */
+static int m_archive(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  luaL_checktype(L, 3, LUA_TTABLE);
+  lua_getfield(L, 3, "through");
+  if (lua_isnil(L, -1)) luaL_argerror(L, 3, "field 'through' is required");
+  lua_pop(L, 1);
+  int64_t through = es_lua_opt_int_field(L, 3, "through", 0);
+  es_segment *g = owned_push(L, sizeof *g, destroy_segment);
+  int written = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_archive(st, session, through, &written, g, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  if (written) push_segment(L, g);
+  else lua_pushnil(L);
+  es_segment_destroy(g);
+  return done(L, h, 1);
+}
+
+static int m_segments(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  es_segments *list = owned_push(L, sizeof *list, destroy_segments);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_segments(st, session, list, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, (int)list->n, 0);
+  for (size_t i = 0; i < list->n; i++) {
+    push_segment(L, &list->v[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  es_segments_destroy(list);
+  return done(L, h, 1);
+}
+
+static int m_compact_archive(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t before = 0, after = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_compact_archive(st, session, &before, &after, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  es_lua_set_int(L, "before", before);
+  es_lua_set_int(L, "after", after);
+  return done(L, h, 1);
+}
+
+static void push_problems(lua_State *L, const es_archive_problem *v, size_t n) {
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_createtable(L, 0, 3);
+    es_lua_set_str(L, "session", v[i].session);
+    es_lua_set_str(L, "file", v[i].file);
+    es_lua_set_str(L, "problem", v[i].problem);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+}
+
+/* store:verify_archive([session]) -> {problems, orphans, checked} */
+static int m_verify_archive(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_opt_name(L, 2, "session");
+  es_archive_report *r = owned_push(L, sizeof *r, destroy_report);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_verify_archive(st, session, r, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, 3);
+  push_problems(L, r->problems, r->n_problems);
+  lua_setfield(L, -2, "problems");
+  push_problems(L, r->orphans, r->n_orphans);
+  lua_setfield(L, -2, "orphans");
+  es_lua_set_int(L, "checked", r->checked);
+  es_archive_report_destroy(r);
+  return done(L, h, 1);
+}
+
 static const luaL_Reg store_methods[] = {
     {"append", m_append},
     {"read", m_read},
@@ -1859,6 +1965,10 @@ static const luaL_Reg store_methods[] = {
     {"seal", m_seal},
     {"truncate", m_truncate},
     {"delete", m_delete},
+    {"archive", m_archive},
+    {"segments", m_segments},
+    {"compact_archive", m_compact_archive},
+    {"verify_archive", m_verify_archive},
     {"close", m_close},
     {NULL, NULL},
 };

@@ -30,6 +30,7 @@ typedef int (*es_presence_cb_row)(void *ctx, const es_presence_row *row);
 /* One event type and how many of its events are pending. */
 typedef int (*es_type_count_cb)(void *ctx, const char *type, int64_t pending);
 typedef int (*es_ref_cb)(void *ctx, const es_ref *row);
+typedef int (*es_segment_cb)(void *ctx, const es_segment *row);
 
 typedef struct es_backend es_backend;  /* a backend's own state, opaque to the core */
 /* A transaction (read or write) of a backend, opaque to the core. Row
@@ -189,6 +190,12 @@ typedef struct es_backend_ops {
   int (*ref_delete_session)(es_txn *t, const char *session, es_err *err);
 
   /* Archive (§3.9, archive.c): the segment list of a session. */
+  /* Segment rows (es_segment) of the session, ascending `from`. */
+  int (*segment_list)(es_txn *t, const char *session, es_segment_cb cb, void *ctx, es_err *err);
+  /* Inserts or replaces the row keyed (session, row->from). */
+  int (*segment_put)(es_txn *t, const char *session, const es_segment *row, es_err *err);
+  /* Removes the row keyed (session, from); ES_NOT_FOUND when absent. */
+  int (*segment_delete)(es_txn *t, const char *session, int64_t from, es_err *err);
 
   /* Crypto-shredding (§3.10, crypto.c): wrapped data keys and where they
    * are used. */

@@ -71,6 +71,11 @@ struct es_store {
 
   /* §3.9 archive (archive.c): NULL when the store was opened without one */
   char *archive_dir;         /* owned, absolute or as given; created at open */
+  /* Test hook (spec/c/segment_test.c): compact_archive calls it after it
+   * built the merged files and before it installs them, so a test can
+   * change the segment list in between (the compare-and-set must see it). */
+  void (*archive_race)(es_store *s, void *ctx);
+  void *archive_race_ctx;
 
   /* §3.10 crypto-shredding (crypto.c): NULL when opened without keys */
   struct es_crypto *crypto;  /* owned: the master key and its check */
@@ -100,5 +105,44 @@ typedef int (*txn_fn)(es_store *s, es_txn *t, void *arg, es_err *err);
 int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err);
 /* Runs fn in a read transaction (a consistent view of committed data). */
 int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
+
+/* §3.9 archive (archive.c) ------------------------------------------------ */
+
+/* Files to remove once the transaction that stopped naming them has
+ * committed (truncate, delete, compact_archive): removing them before
+ * would lose data if the commit failed. */
+typedef struct es_archive_files {
+  char **v;  /* owned paths */
+  size_t n, cap;
+} es_archive_files;
+
+/* At open: the archive directory (opts->archive_dir, else for sqlite:PATH
+ * the default PATH.archive, created at the first archive). */
+int es_archive_setup(es_store *s, const char *scheme, const char *url_rest,
+                     const es_open_opts *opts, es_err *err);
+void es_archive_teardown(es_store *s);
+/* The archived part of a read of (*after, through] of si's session:
+ * appends the events first_index..archived_through in that range to out
+ * (at most *limit; ES_NONE: no limit), then moves *after past the
+ * archived indexes and lowers *limit by what it appended, so the caller
+ * reads the rest from live rows. Nothing archived there: nothing done. */
+int es_archive_read_part(es_store *s, es_txn *t, const es_session_info *si, int64_t *after,
+                         int64_t through, int64_t *limit, es_events *out, es_err *err);
+/* Hands each archived event of si with after < index <= through to cb, in
+ * index order (views, valid during the call); cb may write to t (no
+ * backend iteration is running). cb returns nonzero to stop. */
+int es_archive_each(es_store *s, es_txn *t, const es_session_info *si, int64_t after,
+                    int64_t through, es_event_cb cb, void *ctx, es_err *err);
+/* Whether a failed read should be retried once with a new transaction: a
+ * segment file it listed was removed meanwhile (compaction, truncate or
+ * delete committed and cleaned up after the read's snapshot). */
+int es_archive_retryable(int rc, const es_err *err);
+/* Removes the session's segment rows with through <= `through` (INT64_MAX:
+ * all) and lists their files in `drop` for es_archive_files_finish. */
+int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through,
+                    es_archive_files *drop, es_err *err);
+/* After the transaction: committed (1) removes the files, else only
+ * forgets them; frees the list either way. */
+void es_archive_files_finish(es_archive_files *f, int committed);
 
 #endif

@@ -245,6 +245,7 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   s->next_token = 1;
   s->rand_used = sizeof s->rand_pool;
   int rc = ops->open(rest, opts, &s->bk, err);
+  if (rc == ES_OK) rc = es_archive_setup(s, ops->scheme, rest, opts, err); /* §3.9 */
   if (rc != ES_OK) {
     s->closed = 1;
     es_store_release(s);
@@ -289,6 +290,7 @@ void es_store_release(es_store *s) {
   pthread_cond_destroy(&s->vcond);
   pthread_mutex_destroy(&s->umu);
   pthread_mutex_destroy(&s->pmu);
+  es_archive_teardown(s); /* §3.9 */
   free(s);
 }
 
@@ -888,11 +890,15 @@ static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
   int64_t through = a->through == ES_NONE ? a->head : a->through;
   if (through > a->head) through = a->head;
   rc = check_live(&si, a->after, through, err);
+  /* §3.9: the archived part first (from segment files), then live rows */
+  int64_t after = a->after, limit = a->limit;
+  if (rc == ES_OK && through > after)
+    rc = es_archive_read_part(s, t, &si, &after, through, &limit, a->out, err);
   es_session_info_destroy(&si);
   if (rc) return rc;
-  if (through <= a->after) return ES_OK;
+  if (through <= after || limit == 0) return ES_OK;
   collector c = {a->out, 0};
-  int rc2 = s->ops->event_range(t, a->session, a->after, through, a->limit, collect_event, &c, err);
+  int rc2 = s->ops->event_range(t, a->session, after, through, limit, collect_event, &c, err);
   return collected(rc2, &c, err);
 }
 
@@ -907,6 +913,10 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
   a->limit = cap_limit(a->limit);
   if ((rc = es_core_enter(s, err))) return rc;
   rc = es_core_read(s, do_range, a, err);
+  if (es_archive_retryable(rc, err)) { /* a segment went after the snapshot: once more */
+    es_events_destroy(a->out);
+    rc = es_core_read(s, do_range, a, err);
+  }
   es_core_leave(s);
   if (rc) es_events_destroy(a->out);
   return rc;
@@ -1005,6 +1015,20 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
   es_session_info si;
   if (s->ops->session_get(t, a->session, &si, err) != ES_OK) return rc;
   if (a->index >= 1 && a->index <= si.head) rc = check_live(&si, a->index - 1, a->index, err);
+  if (rc == ES_NO_SUCH_EVENT && a->index >= 1 && a->index <= si.archived_through) {
+    /* §3.9: an archived event */
+    es_events one = {0};
+    int64_t after = a->index - 1, limit = 1;
+    rc = es_archive_read_part(s, t, &si, &after, a->index, &limit, &one, err);
+    if (rc == ES_OK && one.n == 1) {
+      *a->out = one.v[0];  /* moves the event out of the list */
+      one.n = 0;
+    } else if (rc == ES_OK) {
+      rc = es_fail(err, ES_NO_SUCH_EVENT, "no event at index %lld in session '%s'",
+                   (long long)a->index, a->session);
+    }
+    es_events_destroy(&one);
+  }
   es_session_info_destroy(&si);
   return rc;
 }
@@ -1016,6 +1040,7 @@ int es_store_get(es_store *s, const char *session, int64_t index, es_event *out,
   if ((rc = es_core_enter(s, err))) return rc;
   get_args a = {session, index, out};
   rc = es_core_read(s, do_get, &a, err);
+  if (es_archive_retryable(rc, err)) rc = es_core_read(s, do_get, &a, err);
   es_core_leave(s);
   return rc;
 }
@@ -1718,6 +1743,8 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
   rc = s->ops->session_get(t, a->session, &si, err);
   if (rc == ES_OK) {
     rc = check_live(&si, after, si.head, err); /* the fold from this snapshot needs them */
+    int64_t limit = ES_NONE; /* §3.9: archived events after the snapshot come first */
+    if (rc == ES_OK) rc = es_archive_read_part(s, t, &si, &after, si.head, &limit, a->events, err);
     es_session_info_destroy(&si);
   } else if (rc == ES_NOT_FOUND) {
     rc = ES_OK;
@@ -1743,6 +1770,11 @@ int es_store_read_state(es_store *s, const char *session, const char *reducer, i
   if ((rc = es_core_enter(s, err))) return rc;
   state_args a = {session, reducer, found, snap, events};
   rc = es_core_read(s, do_read_state, &a, err);
+  if (es_archive_retryable(rc, err)) { /* a segment went after the snapshot: once more */
+    es_events_destroy(events);
+    es_snapshot_destroy(snap);
+    rc = es_core_read(s, do_read_state, &a, err);
+  }
   es_core_leave(s);
   if (rc) {
     es_events_destroy(events);
@@ -1797,6 +1829,10 @@ int es_store_read_states(es_store *s, const char *const *sessions, size_t n, con
   if ((rc = es_core_enter(s, err))) return rc;
   states_args a = {sessions, n, reducer, out};
   rc = es_core_read(s, do_read_states, &a, err);
+  if (es_archive_retryable(rc, err)) { /* a segment went after the snapshot: once more */
+    es_state_reads_destroy(out, n);
+    rc = es_core_read(s, do_read_states, &a, err);
+  }
   es_core_leave(s);
   if (rc) es_state_reads_destroy(out, n);
   return rc;
@@ -2276,12 +2312,77 @@ static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_inf
   return rc;
 }
 
+/* Inserts the copy of one source event as a processed row of `to`. */
+static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *dst,
+                         const es_event *src, es_err *err) {
+  char id[ES_MAX_ID_BYTES + 1];
+  int rc;
+  if ((rc = new_event_id(s, t, a->now, id, err))) return rc;
+  es_event row;
+  es_event_init(&row);
+  row.id = id;
+  row.type = src->type;
+  row.payload = src->payload;
+  row.payload_len = src->payload_len;
+  row.session = dst->session;
+  row.lane = src->lane;
+  row.index = src->index;
+  row.created_at = src->created_at;
+  row.cause_index = src->cause_index;
+  row.cause_attempt = src->cause_attempt;
+  row.not_before = src->not_before;
+  row.status = ES_STATUS_PROCESSED;
+  row.processed_at = a->now;
+  row.returned = -1;
+  row.origin_session = (char *)a->from;
+  row.origin_index = src->index;
+  if ((rc = s->ops->event_insert(t, &row, err))) return rc;
+  if (dst->first_at == ES_NONE) dst->first_at = src->created_at;
+  dst->head = dst->events = src->index;
+  return ES_OK;
+}
+
+/* §3.9: archived events of the source are copied from its segments. */
+typedef struct {
+  es_store *s;
+  es_txn *t;
+  fork_args *a;
+  es_session_info *dst;
+  es_err *err;
+  int rc;
+} fork_archived_ctx;
+
+static int fork_archived_row(void *ctx, const es_event *src) {
+  fork_archived_ctx *c = ctx;
+  c->rc = fork_copy_row(c->s, c->t, c->a, c->dst, src, c->err);
+  return c->rc != ES_OK;
+}
+
+/* The source's archived events 1..at (first_index..archived_through of
+ * it), copied row by row; *after: the last index copied. */
+static int fork_archived(es_store *s, es_txn *t, fork_args *a, es_session_info *dst, int64_t *after,
+                         es_err *err) {
+  es_session_info src;
+  int rc = s->ops->session_get(t, a->from, &src, err);
+  if (rc) return rc;
+  if (src.archived_through > 0 && a->at > 0) {
+    fork_archived_ctx c = {s, t, a, dst, err, ES_OK};
+    rc = es_archive_each(s, t, &src, 0, a->at, fork_archived_row, &c, err);
+    if (rc == ES_OK) rc = c.rc;
+    if (rc == ES_OK) *after = src.archived_through < a->at ? src.archived_through : a->at;
+  }
+  es_session_info_destroy(&src);
+  return rc;
+}
+
 /* Copies the source's events 1..at in chunks (a backend iteration must not
  * run while rows are inserted) as processed rows of `to`. */
 static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *dst, es_err *err) {
-  if (s->ops->event_copy && !s->ids && a->at > 0) return fork_events_bulk(s, t, a, dst, err);
-  int rc = ES_OK;
   int64_t after = 0;
+  int rc = fork_archived(s, t, a, dst, &after, err);
+  if (rc) return rc;
+  if (after == 0 && s->ops->event_copy && !s->ids && a->at > 0)
+    return fork_events_bulk(s, t, a, dst, err);
   while (rc == ES_OK && after < a->at) {
     es_events chunk = {0};
     collector c = {&chunk, 0};
@@ -2290,32 +2391,8 @@ static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *ds
     if (rc == ES_OK && chunk.n == 0)
       rc = es_fail(err, ES_STORAGE, "session '%s' has no event after %lld below its head", a->from,
                    (long long)after);
-    for (size_t i = 0; rc == ES_OK && i < chunk.n; i++) {
-      const es_event *src = &chunk.v[i];
-      char id[ES_MAX_ID_BYTES + 1];
-      if ((rc = new_event_id(s, t, a->now, id, err))) break;
-      es_event row;
-      es_event_init(&row);
-      row.id = id;
-      row.type = src->type;
-      row.payload = src->payload;
-      row.payload_len = src->payload_len;
-      row.session = dst->session;
-      row.lane = src->lane;
-      row.index = src->index;
-      row.created_at = src->created_at;
-      row.cause_index = src->cause_index;
-      row.cause_attempt = src->cause_attempt;
-      row.not_before = src->not_before;
-      row.status = ES_STATUS_PROCESSED;
-      row.processed_at = a->now;
-      row.returned = -1;
-      row.origin_session = (char *)a->from;
-      row.origin_index = src->index;
-      if ((rc = s->ops->event_insert(t, &row, err))) break;
-      if (dst->first_at == ES_NONE) dst->first_at = src->created_at;
-      dst->head = dst->events = src->index;
-    }
+    for (size_t i = 0; rc == ES_OK && i < chunk.n; i++)
+      rc = fork_copy_row(s, t, a, dst, &chunk.v[i], err);
     if (chunk.n) after = chunk.v[chunk.n - 1].index;
     es_events_destroy(&chunk);
   }
@@ -2853,6 +2930,7 @@ typedef struct {
   /* the scan of the range to drop */
   int64_t rows, bad_index;
   int bad_status;
+  es_archive_files drop; /* §3.9: segment files to remove once committed */
 } retention_args;
 
 /* Counts the rows to drop and stops at the first one that is not
@@ -2894,6 +2972,13 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
                    a->session, (long long)a->through, (long long)a->bad_index,
                    a->bad_status == ES_STATUS_DEAD ? "a dead letter" : "pending");
     if (rc == ES_OK) rc = s->ops->event_delete_range(t, a->session, a->through, err);
+    /* §3.9: archived events in the range go too (they count in `events`),
+     * and the segments that end at or before through */
+    if (rc == ES_OK && si.archived_through >= first) {
+      int64_t upto = a->through < si.archived_through ? a->through : si.archived_through;
+      si.events -= upto - first + 1;
+      rc = es_archive_drop(s, t, a->session, a->through, &a->drop, err);
+    }
     if (rc == ES_OK) {
       si.events -= a->rows;
       si.first_index = a->first_index = a->through + 1;
@@ -2913,6 +2998,7 @@ int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t
   if ((rc = es_core_enter(s, err))) return rc;
   retention_args a = {.session = session, .through = through};
   rc = es_core_write(s, do_truncate, &a, err);
+  es_archive_files_finish(&a.drop, rc == ES_OK);
   es_core_leave(s);
   if (rc == ES_OK) *first_index = a.first_index;
   return rc;
@@ -2926,6 +3012,7 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc) return rc;
   es_session_info_destroy(&si);
   if ((rc = s->ops->event_delete_range(t, a->session, INT64_MAX, err)) ||
+      (rc = es_archive_drop(s, t, a->session, INT64_MAX, &a->drop, err)) || /* §3.9 */
       (rc = s->ops->snapshot_delete_all(t, a->session, err)) ||
       (rc = s->ops->ref_delete_session(t, a->session, err)))
     return rc;
@@ -2941,6 +3028,7 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
   if ((rc = es_core_enter(s, err))) return rc;
   retention_args a = {.session = session};
   rc = es_core_write(s, do_delete, &a, err);
+  es_archive_files_finish(&a.drop, rc == ES_OK);
   es_core_leave(s);
   if (rc == ES_OK) *deleted = a.done;
   return rc;

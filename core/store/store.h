@@ -597,6 +597,80 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
 
 /* 3.9 Archive (archive.c) ------------------------------------------------ */
 
+/* One segment file of a session: events from..through (all of them, dense)
+ * in an immutable, compressed, checksummed file (docs/retention.md,
+ * "Archive"). The row the store keeps for it; the file's header repeats
+ * from, through, count and the checksum, and a read checks both agree. */
+typedef struct es_segment {
+  int64_t from, through;   /* the index range it holds */
+  int64_t count;           /* events in it (through - from + 1) */
+  int64_t bytes;           /* the file's size */
+  char checksum[65];       /* BLAKE2b-256 of header fields and compressed body, lowercase hex */
+  char *file;              /* owned: its path relative to the archive directory */
+  int64_t created_at;      /* when it was written */
+} es_segment;
+
+typedef struct es_segments {
+  es_segment *v;  /* owned array, ascending from */
+  size_t n;
+  size_t cap;
+} es_segments;
+
+void es_segment_init(es_segment *g);
+void es_segment_destroy(es_segment *g);
+int es_segment_copy(es_segment *dst, const es_segment *src); /* ES_OK or ES_STORAGE */
+void es_segments_destroy(es_segments *list);
+
+/* Moves the session's events first_index..through (those not archived
+ * yet) into a new segment file under the store's archive directory and
+ * drops their rows, in one write step: the file is written under a
+ * temporary name, synced, renamed and its directory synced before the
+ * transaction that records it and drops the rows commits. *written 1 and
+ * *out the new segment; *written 0 (out untouched) when everything through
+ * there is archived already (or dropped by truncate): archiving is
+ * idempotent. Errors: INVALID_ARGUMENT (no archive directory, through < 0,
+ * a pending or dead event in the range: named, nothing changed),
+ * NO_SUCH_EVENT (through > head), STORAGE (the file could not be written:
+ * nothing changed), CLOSED. */
+int es_store_archive(es_store *s, const char *session, int64_t through, int *written,
+                     es_segment *out, es_err *err);
+/* The session's segments, ascending from (empty when none). */
+int es_store_segments(es_store *s, const char *session, es_segments *out, es_err *err);
+/* Merges the session's adjacent segments into as few files as the size
+ * cap allows (ES_ARCHIVE_MERGE_MAX_RAW bytes of decoded events per file),
+ * with compare-and-set on the segment list: the merged files are built
+ * without the write lock, and installed only if the list is still the one
+ * they were built from (else built again, a few times, then STORAGE
+ * saying the list kept changing). *before / *after: segments before and
+ * after. Nothing to merge: *after == *before, nothing written. */
+#define ES_ARCHIVE_MERGE_MAX_RAW ((int64_t)64 << 20)
+int es_store_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
+                             es_err *err);
+
+/* What verify_archive found wrong with one file. */
+typedef struct es_archive_problem {
+  char *session;   /* owned; NULL for an orphan file (its directory names no session) */
+  char *file;      /* owned, relative to the archive directory */
+  char *problem;   /* owned: "missing", "corrupt: ...", "mismatch: ...", or for
+                      orphans "orphan: ..." */
+} es_archive_problem;
+
+typedef struct es_archive_report {
+  es_archive_problem *problems;  /* owned array: recorded segments that do not read back */
+  size_t n_problems, cap_problems;
+  es_archive_problem *orphans;   /* owned array: files in the archive no segment row names */
+  size_t n_orphans, cap_orphans;
+  int64_t checked;               /* segment files re-read */
+} es_archive_report;
+
+void es_archive_report_destroy(es_archive_report *r);
+/* Re-reads every segment file of the session (NULL: of every session),
+ * recomputes its checksum and compares its header with its row. Orphans
+ * (files no row names: left by a crash, or being written right now by
+ * another process) are listed apart and are not problems. */
+int es_store_verify_archive(es_store *s, const char *session, es_archive_report *out,
+                            es_err *err);
+
 /* 3.10 Crypto-shredding (crypto.c) ---------------------------------------- */
 
 /* 3.11 Tenants (tenant.c) -------------------------------------------------- */
