@@ -543,6 +543,78 @@ no such session.
   options = { db = "string", yes = "flag" },
 })
 
+command("archive", {
+  synopsis = "archive SESSION THROUGH [--db URL] [--archive DIR]",
+  summary = "move a session's processed events 1..THROUGH into a segment file",
+  help = [[
+Moves events of SESSION up to THROUGH that are not archived yet out of the
+database into one compressed, checksummed segment file under the archive
+directory (CONTRACT 3.9; docs/retention.md, "Archive"): the file is
+written and synced before the rows are dropped, in one step. Reads stay
+transparent: `read`, `state` and the engine see archived events as before.
+Only processed events may go: a pending or dead event in the range fails it
+(INVALID_ARGUMENT, exit 1) and nothing changes. Archiving is idempotent:
+with nothing new through THROUGH it writes nothing. Prints the new segment
+  {"session", "written": true, "from", "through", "count", "bytes",
+   "checksum", "file", "created_at"}
+or {"session", "written": false} when there was nothing to archive.
+A memory: store needs --archive DIR; sqlite:PATH defaults to PATH.archive.
+]],
+  options_help = DB_HELP,
+  args = { 2, 2 },
+  options = { db = "string" },
+})
+
+command("segments", {
+  synopsis = "segments SESSION [--db URL] [--archive DIR]",
+  summary = "list a session's archive segments as NDJSON",
+  help = [[
+Prints one JSON object per segment file of SESSION, in index order:
+  {"session", "from", "through", "count", "bytes", "checksum", "file",
+   "created_at"}
+("file" is relative to the archive directory). Nothing when none.
+]],
+  options_help = DB_HELP,
+  args = { 1, 1 },
+  options = { db = "string" },
+})
+
+command("verify-archive", {
+  synopsis = "verify-archive [SESSION] [--db URL] [--archive DIR]",
+  summary = "re-read every segment file and check its checksum",
+  help = [[
+Re-reads every segment file (of SESSION, or of every session), recomputes
+its checksum and checks its header against what the store recorded. Each
+file that is missing, damaged or does not match is named on stderr:
+  eventstore: bad segment FILE (session 'S'): PROBLEM
+and the exit status is then 1. Files in the archive directory that no
+segment names (orphans: left by a crash, cleaned by the next archive of
+that session; never read) are printed as notes:
+  eventstore: note: orphan FILE: WHY
+Prints one summary line on stdout either way:
+  {"checked", "problems", "orphans"}
+]],
+  options_help = DB_HELP,
+  args = { 0, 1 },
+  options = { db = "string" },
+})
+
+command("compact-archive", {
+  synopsis = "compact-archive SESSION [--db URL] [--archive DIR]",
+  summary = "merge a session's adjacent segment files",
+  help = [[
+Merges adjacent segment files of SESSION into as few files as the size cap
+allows (64 MiB of decoded events each; docs/retention.md), with
+compare-and-set on the segment list: if an archive, truncate or delete
+changes it meanwhile the merge is built again. Reads give the same events
+before and after. Prints {"session", "before", "after"} (segment counts);
+nothing to merge: before = after and nothing is written.
+]],
+  options_help = DB_HELP,
+  args = { 1, 1 },
+  options = { db = "string" },
+})
+
 command("help", {
   synopsis = "help [COMMAND]",
   summary = "print help (also: COMMAND --help)",
@@ -559,8 +631,10 @@ local function global_usage()
     "",
     "commands:",
   }
+  local width = 10 -- the longest command name sets the column
+  for _, name in ipairs(order) do width = math.max(width, #name) end
   for _, name in ipairs(order) do
-    lines[#lines + 1] = ("  %-10s %s"):format(name, commands[name].summary)
+    lines[#lines + 1] = ("  %-" .. width .. "s %s"):format(name, commands[name].summary)
   end
   lines[#lines + 1] = ""
   lines[#lines + 1] = ("Run '%s COMMAND --help' for a command's options; '%s --version' for the version.")
@@ -1139,6 +1213,56 @@ end
 function commands.delete.run(o, args)
   local store <close> = open_store(o, false)
   out(row_json({ session = args[1], deleted = store:delete(args[1]) }))
+  return 0
+end
+
+function commands.archive.check(o, args)
+  o.through = parse_int("archive", "THROUGH", args[2], 0)
+end
+
+local function segment_row(session, g)
+  local t = { session = session }
+  for k, v in pairs(g) do t[k] = v end
+  return t
+end
+
+function commands.archive.run(o, args)
+  local store <close> = open_store(o, false)
+  local g = store:archive(args[1], { through = o.through })
+  if g == nil then
+    out(row_json({ session = args[1], written = false }))
+  else
+    local row = segment_row(args[1], g)
+    row.written = true
+    out(row_json(row))
+  end
+  return 0
+end
+
+function commands.segments.run(o, args)
+  local store <close> = open_store(o, false)
+  for _, g in ipairs(store:segments(args[1])) do out(row_json(segment_row(args[1], g))) end
+  return 0
+end
+
+commands["verify-archive"].run = function(o, args)
+  local store <close> = open_store(o, false)
+  local r = store:verify_archive(args[1])
+  for _, p in ipairs(r.problems) do
+    io.stderr:write(("%s: bad segment %s (session '%s'): %s\n"):format(PROG, printable(p.file),
+      printable(p.session or ""), printable(p.problem)))
+  end
+  for _, p in ipairs(r.orphans) do
+    io.stderr:write(("%s: note: orphan %s: %s\n"):format(PROG, printable(p.file), printable(p.problem)))
+  end
+  out(row_json({ checked = r.checked, problems = #r.problems, orphans = #r.orphans }))
+  return #r.problems > 0 and 1 or 0
+end
+
+commands["compact-archive"].run = function(o, args)
+  local store <close> = open_store(o, false)
+  local r = store:compact_archive(args[1])
+  out(row_json({ session = args[1], before = r.before, after = r.after }))
   return 0
 end
 
