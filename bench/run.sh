@@ -10,3 +10,4 @@ lua5.4 bench/store_bench.lua memory: 1000000
 lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
 "$BUILD"/bench/sqlite_bench "$dir" 3
 lua5.4 bench/engine_bench.lua "$dir"
+"$BUILD"/bench/archive_bench "$dir" 200000 10000
