@@ -66,12 +66,13 @@ static int name_in(const es_store *s, const char *what, const char *name, tname 
   return ES_OK;
 }
 
-/* An `after` bound of a listing (any string of at most ES_MAX_ID_BYTES),
- * behind the prefix. */
-static int after_in(const es_store *s, const char *after, tname *out, es_err *err) {
+/* A bound of a listing (`after`, `prefix`: any string of at most
+ * ES_MAX_ID_BYTES), behind the prefix. */
+static int bound_in(const es_store *s, const char *what, const char *after, tname *out,
+                    es_err *err) {
   size_t n = strlen(after);
   if (n > ES_MAX_ID_BYTES)
-    return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
+    return es_fail(err, ES_INVALID_ARGUMENT, "%s is longer than %d bytes", what, ES_MAX_ID_BYTES);
   memcpy(out->v, s->tenant_prefix, s->tenant_len);
   memcpy(out->v + s->tenant_len, after, n + 1);
   return ES_OK;
@@ -555,8 +556,8 @@ int es_tenant_sessions(es_store *s, const char *prefix, const char *after, int64
   tname pre, aft;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
-  if (!rc) rc = after_in(s, prefix ? prefix : "", &pre, err);
-  if (!rc && after) rc = after_in(s, after, &aft, err);
+  if (!rc) rc = bound_in(s, "prefix", prefix ? prefix : "", &pre, err);
+  if (!rc && after) rc = bound_in(s, "after", after, &aft, err);
   if (!rc) rc = es_store_sessions(s->base, pre.v, after ? aft.v : NULL, limit, out, err);
   for (size_t i = 0; !rc && i < out->n; i++) {
     strip(s, out->v[i].session);
@@ -696,7 +697,7 @@ int es_tenant_lineage(es_store *s, const char *session, int *found, es_lineage *
  * sorts before every name behind the prefix (and past only names the
  * root handle may have made, like "t\x01x", which page_keep skips). */
 static int page_start(const es_store *s, const char *after, tname *out, es_err *err) {
-  if (after) return after_in(s, after, out, err);
+  if (after) return bound_in(s, "after", after, out, err);
   memcpy(out->v, s->tenant_prefix, s->tenant_len - 1);
   out->v[s->tenant_len - 1] = '\0';
   return ES_OK;
