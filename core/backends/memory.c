@@ -1819,11 +1819,42 @@ static int mem_event_range(es_txn *t, const char *session, int64_t after, int64_
   return ES_OK;
 }
 
-static int mem_event_all(es_txn *t, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
-                         es_err *err) {
+/* §3.11 scoped listings: the rows of the sets walked in their own order,
+ * those of sessions outside the scope passed over (the cost the docs state:
+ * a tenant's listing walks past other tenants' rows). The walk runs
+ * without a limit; the filter counts the caller's. */
+typedef struct {
+  const char *scope;
+  size_t n;
+  int64_t limit;
+  es_event_cb cb;
+  void *ctx;
+} scope_filter;
+
+static int scope_pass(void *ctx, const es_event *row) {
+  scope_filter *f = ctx;
+  if (strncmp(row->session, f->scope, f->n) != 0) return 0;
+  if (f->cb(f->ctx, row)) return 1;
+  return f->limit != ES_NONE && --f->limit == 0;
+}
+
+/* Points *cb / *ctx at f when scope is set; the walk then takes no limit. */
+static void scope_wrap(scope_filter *f, const char *scope, int64_t *limit, es_event_cb *cb,
+                       void **ctx) {
+  if (!scope) return;
+  *f = (scope_filter){scope, strlen(scope), *limit, *cb, *ctx};
+  *limit = ES_NONE;
+  *cb = scope_pass;
+  *ctx = f;
+}
+
+static int mem_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit,
+                         es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
   es_backend *b = t->b;
   if (limit != ES_NONE && limit <= 0) return ES_OK;
+  scope_filter f;
+  scope_wrap(&f, scope, &limit, &cb, &ctx);
   /* j: the slot of the next position; removed slots are skipped in
    * O(log64 n) per gap. Array and holes are read again each turn: a
    * callback may insert or remove rows (they move only at commit). */
@@ -1934,12 +1965,17 @@ static int64_t qs_next_due(const es_tree_node *n, int64_t now, int64_t best) {
   return best;
 }
 
-static int mem_queued_due(es_txn *t, const char *session, int64_t now, int64_t limit,
-                          es_event_cb cb, void *ctx, es_err *err) {
+static int mem_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
+                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
   es_backend *b = t->b;
   tkey from = {INT64_MIN, INT64_MIN};
-  if (!session) return walk_set(&b->queued, SLOT_QG, from, 0, now, limit, cb, ctx);
+  if (!session) {
+    if (limit != ES_NONE && limit <= 0) return ES_OK;
+    scope_filter f;
+    scope_wrap(&f, scope, &limit, &cb, &ctx);
+    return walk_set(&b->queued, SLOT_QG, from, 0, now, limit, cb, ctx);
+  }
   msess *s = sess_find(t, session);
   if (!s || (limit != ES_NONE && limit <= 0)) return ES_OK;
   /* In chunks, re-collected after each (callbacks may write). */
@@ -1961,11 +1997,29 @@ static int mem_queued_due(es_txn *t, const char *session, int64_t now, int64_t l
   }
 }
 
-static int mem_queued_next_due(es_txn *t, const char *session, int64_t now, int64_t *due,
-                               es_err *err) {
+/* The first row of a scoped walk: its due_at. */
+static int first_due(void *ctx, const es_event *row) {
+  *(int64_t *)ctx = row->due_at;
+  return 1;
+}
+
+/* The least due_at > now of scope's queued rows in one (due_at, position)
+ * set: the set's order, other sessions' rows passed over. */
+static void scoped_next_due(es_tree *set, int slot, const char *scope, int64_t now, int64_t *due) {
+  scope_filter f = {scope, strlen(scope), 1, first_due, due};
+  tkey from = {now, INT64_MAX};
+  walk_set(set, slot, from, 1, INT64_MAX, ES_NONE, scope_pass, &f);
+}
+
+static int mem_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
+                               int64_t *due, es_err *err) {
   (void)err;
   es_backend *b = t->b;
   *due = ES_NONE;
+  if (!session && scope) {
+    scoped_next_due(&b->queued, SLOT_QG, scope, now, due);
+    return ES_OK;
+  }
   if (!session) {
     tkey k = {now, INT64_MAX};
     es_tree_node *n = es_tree_seek(&b->queued, probe_qg, &k, 1);
@@ -1978,21 +2032,27 @@ static int mem_queued_next_due(es_txn *t, const char *session, int64_t now, int6
   return ES_OK;
 }
 
-static int mem_queued_due_type(es_txn *t, const char *type, int64_t now, int64_t limit,
-                               es_event_cb cb, void *ctx, es_err *err) {
+static int mem_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
+                               int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
   mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
   tkey from = {INT64_MIN, INT64_MIN};
-  if (!m) return ES_OK;
+  if (!m || (limit != ES_NONE && limit <= 0)) return ES_OK;
+  scope_filter f;
+  scope_wrap(&f, scope, &limit, &cb, &ctx);
   return walk_set(&m->queued, SLOT_QT, from, 0, now, limit, cb, ctx);
 }
 
-static int mem_queued_next_due_type(es_txn *t, const char *type, int64_t now, int64_t *due,
-                                    es_err *err) {
+static int mem_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
+                                    int64_t *due, es_err *err) {
   (void)err;
   mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
   *due = ES_NONE;
   if (!m) return ES_OK;
+  if (scope) {
+    scoped_next_due(&m->queued, SLOT_QT, scope, now, due);
+    return ES_OK;
+  }
   tkey k = {now, INT64_MAX};
   es_tree_node *n = es_tree_seek(&m->queued, probe_qt, &k, 1);
   if (n) *due = node_row(n, SLOT_QT)->due_at;
@@ -2006,7 +2066,47 @@ static int cmp_type_ptr(const void *x, const void *y) {
 /* O(T log T), T = types ever stored: every type keeps its own count, so no
  * row is visited. The types are collected (and sorted) before the first
  * callback, so a callback may write. */
-static int mem_pending_types(es_txn *t, es_type_count_cb cb, void *ctx, es_err *err) {
+/* Scoped (§3.11): the per-type counts are store-wide, so the pending rows
+ * of scope's sessions that have any are counted: O(events of those
+ * sessions + P log P) for P pending rows. Counted before the first
+ * callback (a callback may write). */
+static int mem_pending_types_scoped(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
+                                    es_err *err) {
+  es_backend *b = t->b;
+  size_t plen = strlen(scope), n = 0, cap = 0;
+  mtype **v = NULL;
+  es_tree_iter it;
+  for (es_tree_node *nd = es_tree_iter_seek(&it, &b->names, probe_name, scope, 0); nd;
+       nd = es_tree_iter_next(&it)) {
+    msess *ss = (msess *)nd;
+    if (!starts_with(ss->name, scope, plen)) break;
+    if (!ss->info || ss->info->pending <= 0) continue;
+    for (size_t i = ss->gone; i < ss->n; i++) {
+      mrow *r = ss->rows[i - ss->base];
+      if (!r || r->status != ES_STATUS_PENDING) continue;
+      mtype **g = grow(v, &cap, n + 1, sizeof *v);
+      if (!g) {
+        free(v);
+        return oom(err);
+      }
+      v = g;
+      v[n++] = r->type;
+    }
+  }
+  if (n > 1) qsort(v, n, sizeof *v, cmp_type_ptr);
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    while (j < n && v[j] == v[i]) j++;
+    if (cb(ctx, v[i]->name, (int64_t)(j - i))) break;
+    i = j;
+  }
+  free(v);
+  return ES_OK;
+}
+
+static int mem_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
+                             es_err *err) {
+  if (scope) return mem_pending_types_scoped(t, scope, cb, ctx, err);
   es_backend *b = t->b;
   mtype **v = NULL, *m;
   size_t n = 0, cap = 0, it = 0;
@@ -2027,12 +2127,17 @@ static int mem_pending_types(es_txn *t, es_type_count_cb cb, void *ctx, es_err *
   return ES_OK;
 }
 
-static int mem_dead_list(es_txn *t, const char *session, int64_t after, int64_t limit,
-                         es_event_cb cb, void *ctx, es_err *err) {
+static int mem_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
+                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
   es_backend *b = t->b;
   tkey from = {after, INT64_MAX};
-  if (!session) return walk_set(&b->dead, SLOT_DG, from, 1, INT64_MAX, limit, cb, ctx);
+  if (!session) {
+    if (limit != ES_NONE && limit <= 0) return ES_OK;
+    scope_filter f;
+    scope_wrap(&f, scope, &limit, &cb, &ctx);
+    return walk_set(&b->dead, SLOT_DG, from, 1, INT64_MAX, limit, cb, ctx);
+  }
   msess *s = sess_find(t, session);
   if (!s) return ES_OK;
   return walk_set(&s->dead, SLOT_DS, from, 1, INT64_MAX, limit, cb, ctx);

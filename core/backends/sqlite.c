@@ -117,6 +117,10 @@ enum {
   ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
   ST_DATA_VERSION,
   ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
+  /* §3.11 scoped listings (a tenant's): ?scope <= session < ?scope_end */
+  ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
+  ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
+  ST_DEAD_ALL_SCOPED,
   ST_COUNT
 };
 
@@ -269,7 +273,63 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SEGMENT_PUT] = "INSERT OR REPLACE INTO segments(session, first, through, count, bytes,"
                        " checksum, file, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = ?1 AND first = ?2",
+    /* §3.11: a tenant's rows are one range of session names, but the
+     * listings below are in position or due order across sessions, so
+     * each walks the same index as its unscoped statement and passes over
+     * other tenants' rows (one row lookup each). The unscoped statements
+     * are unchanged: users without tenants pay nothing. `+session` keeps
+     * the planner off UNIQUE(session, idx) (which would sort a tenant's
+     * whole history for every page). */
+    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE position > ?1"
+                            " AND +session >= ?3 AND +session < ?4 ORDER BY position LIMIT ?2",
+    [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_COLS
+                                 " FROM events INDEXED BY events_queued WHERE queued = 1"
+                                 " AND due_at <= ?1 AND session >= ?3 AND session < ?4"
+                                 " ORDER BY due_at, position LIMIT ?2",
+    [ST_QUEUED_NEXT_ALL_SCOPED] = "SELECT due_at FROM events INDEXED BY events_queued"
+                                  " WHERE queued = 1 AND due_at > ?1 AND session >= ?2"
+                                  " AND session < ?3 ORDER BY due_at LIMIT 1",
+    [ST_QUEUED_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
+                                  " FROM events INDEXED BY events_type_pending"
+                                  " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at <= ?2"
+                                  " AND session >= ?4 AND session < ?5"
+                                  " ORDER BY due_at, position LIMIT ?3",
+    [ST_QUEUED_NEXT_TYPE_SCOPED] = "SELECT due_at FROM events INDEXED BY events_type_pending"
+                                   " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at > ?2"
+                                   " AND session >= ?3 AND session < ?4 ORDER BY due_at LIMIT 1",
+    [ST_PENDING_TYPES_SCOPED] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
+                                " WHERE status = 0 AND session >= ?1 AND session < ?2"
+                                " GROUP BY type ORDER BY type",
+    [ST_DEAD_ALL_SCOPED] = "SELECT " EV_COLS
+                           " FROM events INDEXED BY events_dead"
+                           " WHERE status = 2 AND position > ?1 AND session >= ?3 AND session < ?4"
+                           " ORDER BY position LIMIT ?2",
 };
+
+/* Binds a scope (§3.11) as the range [scope, end) at parameters i and
+ * i + 1: end is scope with its last byte + 1 (a tenant prefix ends in
+ * ES_TENANT_SEP, so end ends in a space). end must hold strlen(scope) + 1
+ * bytes and outlive the statement's run. */
+static int sq_bind_scope(sqlite3_stmt *st, int i, const char *scope, char *end) {
+  size_t n = strlen(scope);
+  memcpy(end, scope, n);
+  if (n) end[n - 1] = (char)((unsigned char)end[n - 1] + 1);
+  end[n] = '\0';
+  int rc = sqlite3_bind_text(st, i, scope, (int)n, SQLITE_STATIC);
+  return rc != SQLITE_OK ? rc : sqlite3_bind_text(st, i + 1, end, (int)n, SQLITE_STATIC);
+}
+
+/* The end of a scope range: a tenant prefix is at most this long. */
+typedef struct {
+  char v[ES_MAX_TENANT_BYTES + 2];
+} sq_scope_end;
+
+static int sq_scope_ok(const char *scope, es_err *err) {
+  if (scope && (!*scope || strlen(scope) > ES_MAX_TENANT_BYTES + 1))
+    return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: a scope is 1 to %d bytes",
+                   ES_MAX_TENANT_BYTES + 1);
+  return ES_OK;
+}
 
 /* The schema, version 1. Byte order everywhere: every text column uses the
  * default BINARY collation (memcmp). */
@@ -1087,7 +1147,7 @@ static void sq_fn_copy_id(sqlite3_context *cx, int argc, sqlite3_value **argv) {
   (void)argc;
   (void)argv;
   sq_conn *c = sqlite3_user_data(cx);
-  char id[ES_MAX_ID_BYTES + 1];
+  char id[ES_MAX_NAME_BYTES + 1]; /* a tenant's fork: prefixed ids (§3.11) */
   if (!c->copy_id) {
     sqlite3_result_error(cx, "es_copy_id() runs only inside event_copy", -1);
     return;
@@ -2165,14 +2225,17 @@ static int sq_event_range(es_txn *t, const char *session, int64_t after, int64_t
   return sq_iterate(t, ST_EVENT_RANGE, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
-static int sq_event_all(es_txn *t, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
-                        es_err *err) {
+static int sq_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit,
+                        es_event_cb cb, void *ctx, es_err *err) {
   sqlite3_stmt *st;
-  int temp, code;
-  if ((code = sq_op(t, ST_EVENT_ALL, &st, &temp, err)) != ES_OK) return code;
+  int temp, code, id = scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL;
+  sq_scope_end end;
+  if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   sqlite3_bind_int64(st, 1, after == ES_NONE ? 0 : after);
   sqlite3_bind_int64(st, 2, sq_limit(limit));
-  return sq_iterate(t, ST_EVENT_ALL, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+  if (scope) sq_bind_scope(st, 3, scope, end.v);
+  return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
 static int sq_last_position(es_txn *t, int64_t *position, es_err *err) {
@@ -2220,10 +2283,19 @@ static int sq_count_event(void *ctx, const es_event *row) {
 
 #define SQ_CLAIM_WINDOW 64 /* queued rows a claim looks at past its limit before asking by due time */
 
-static int sq_queued_due(es_txn *t, const char *session, int64_t now, int64_t limit, es_event_cb cb,
-                         void *ctx, es_err *err) {
+static int sq_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
+                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   sqlite3_stmt *st;
   int temp, code;
+  if (!session && scope) {
+    sq_scope_end end;
+    if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
+    if ((code = sq_op(t, ST_QUEUED_DUE_ALL_SCOPED, &st, &temp, err)) != ES_OK) return code;
+    sqlite3_bind_int64(st, 1, now);
+    sqlite3_bind_int64(st, 2, sq_limit(limit));
+    sq_bind_scope(st, 3, scope, end.v);
+    return sq_iterate(t, ST_QUEUED_DUE_ALL_SCOPED, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+  }
   if (!session) {
     if ((code = sq_op(t, ST_QUEUED_DUE_ALL, &st, &temp, err)) != ES_OK) return code;
     sqlite3_bind_int64(st, 1, now);
@@ -2264,15 +2336,21 @@ static int sq_queued_due(es_txn *t, const char *session, int64_t now, int64_t li
                     err);
 }
 
-static int sq_queued_next_due(es_txn *t, const char *session, int64_t now, int64_t *due,
-                              es_err *err) {
+static int sq_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
+                              int64_t *due, es_err *err) {
   sqlite3_stmt *st;
-  int temp, code, rc, id = session ? ST_QUEUED_NEXT_SESSION : ST_QUEUED_NEXT_ALL;
+  int temp, code, rc;
+  int id = session ? ST_QUEUED_NEXT_SESSION : scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL;
+  sq_scope_end end;
   *due = ES_NONE;
+  if (!session && (code = sq_scope_ok(scope, err)) != ES_OK) return code;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   if (session) {
     sq_bind_str(st, 1, session);
     sqlite3_bind_int64(st, 2, now);
+  } else if (scope) {
+    sqlite3_bind_int64(st, 1, now);
+    sq_bind_scope(st, 2, scope, end.v);
   } else {
     sqlite3_bind_int64(st, 1, now);
   }
@@ -2283,28 +2361,34 @@ static int sq_queued_next_due(es_txn *t, const char *session, int64_t now, int64
   return ES_OK;
 }
 
-static int sq_queued_due_type(es_txn *t, const char *type, int64_t now, int64_t limit,
-                              es_event_cb cb, void *ctx, es_err *err) {
+static int sq_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
+                              int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   sqlite3_stmt *st;
-  int temp, code;
-  if ((code = sq_op(t, ST_QUEUED_DUE_TYPE, &st, &temp, err)) != ES_OK) return code;
+  int temp, code, id = scope ? ST_QUEUED_DUE_TYPE_SCOPED : ST_QUEUED_DUE_TYPE;
+  sq_scope_end end;
+  if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   sq_bind_str(st, 1, type);
   sqlite3_bind_int64(st, 2, now);
   sqlite3_bind_int64(st, 3, sq_limit(limit));
-  return sq_iterate(t, ST_QUEUED_DUE_TYPE, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
+  if (scope) sq_bind_scope(st, 4, scope, end.v);
+  return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
-static int sq_queued_next_due_type(es_txn *t, const char *type, int64_t now, int64_t *due,
-                                   es_err *err) {
+static int sq_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
+                                   int64_t *due, es_err *err) {
   sqlite3_stmt *st;
-  int temp, code, rc;
+  int temp, code, rc, id = scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE;
+  sq_scope_end end;
   *due = ES_NONE;
-  if ((code = sq_op(t, ST_QUEUED_NEXT_TYPE, &st, &temp, err)) != ES_OK) return code;
+  if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   sq_bind_str(st, 1, type);
   sqlite3_bind_int64(st, 2, now);
+  if (scope) sq_bind_scope(st, 3, scope, end.v);
   rc = sqlite3_step(st);
   if (rc == SQLITE_ROW) *due = sq_col_opt(st, 0);
-  sq_stmt_done(t->c, ST_QUEUED_NEXT_TYPE, st, temp);
+  sq_stmt_done(t->c, id, st, temp);
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
   return ES_OK;
 }
@@ -2312,10 +2396,14 @@ static int sq_queued_next_due_type(es_txn *t, const char *type, int64_t now, int
 /* A walk of events_type_pending (covering: no table row is read), so
  * O(pending rows), not O(events). Rows are copied out before the first
  * callback, as sq_iterate does in a write transaction. */
-static int sq_pending_types(es_txn *t, es_type_count_cb cb, void *ctx, es_err *err) {
+static int sq_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
+                            es_err *err) {
   sqlite3_stmt *st;
-  int temp, code, rc;
-  if ((code = sq_op(t, ST_PENDING_TYPES, &st, &temp, err)) != ES_OK) return code;
+  int temp, code, rc, id = scope ? ST_PENDING_TYPES_SCOPED : ST_PENDING_TYPES;
+  sq_scope_end end;
+  if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  if (scope) sq_bind_scope(st, 1, scope, end.v);
   es_type_counts got = {NULL, 0};
   size_t cap = 0;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
@@ -2330,17 +2418,19 @@ static int sq_pending_types(es_txn *t, es_type_count_cb cb, void *ctx, es_err *e
     got.v[got.n++].pending = sqlite3_column_int64(st, 1);
   }
   if (code == ES_OK && rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
-  sq_stmt_done(t->c, ST_PENDING_TYPES, st, temp);
+  sq_stmt_done(t->c, id, st, temp);
   for (size_t i = 0; code == ES_OK && i < got.n; i++)
     if (cb(ctx, got.v[i].type, got.v[i].pending)) break;
   es_type_counts_destroy(&got);
   return code;
 }
 
-static int sq_dead_list(es_txn *t, const char *session, int64_t after, int64_t limit, es_event_cb cb,
-                        void *ctx, es_err *err) {
+static int sq_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
+                        int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   sqlite3_stmt *st;
-  int temp, code, id = session ? ST_DEAD_SESSION : ST_DEAD_ALL;
+  int temp, code, id = session ? ST_DEAD_SESSION : scope ? ST_DEAD_ALL_SCOPED : ST_DEAD_ALL;
+  sq_scope_end end;
+  if (!session && (code = sq_scope_ok(scope, err)) != ES_OK) return code;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   if (session) {
     sq_bind_str(st, 1, session);
@@ -2349,6 +2439,7 @@ static int sq_dead_list(es_txn *t, const char *session, int64_t after, int64_t l
   } else {
     sqlite3_bind_int64(st, 1, after == ES_NONE ? 0 : after);
     sqlite3_bind_int64(st, 2, sq_limit(limit));
+    if (scope) sq_bind_scope(st, 3, scope, end.v);
   }
   return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }

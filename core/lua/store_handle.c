@@ -95,6 +95,11 @@ typedef struct lstore {
   int in_core;           /* a call into the core is running (only the clock may run Lua) */
   int close_requested;   /* close() came while in_core: done when that call returns */
   patch *delivering;     /* the patch drain() is converting (freed if that raises) */
+  /* §3.11: a tenant handle's store handle (kept from collection by this
+   * userdata's user value), NULL for a store. The store's Lua clock and id
+   * source run inside the tenant's calls, so those calls enter and leave
+   * the parent too (core_enter). */
+  struct lstore *parent;
 } lstore;
 
 typedef struct lclock {
@@ -112,7 +117,7 @@ static void store_close(lua_State *L, lstore *h);
 
 static lstore *check_store(lua_State *L) {
   lstore *h = luaL_checkudata(L, 1, STORE_MT);
-  if (h->in_core)
+  if (h->in_core || (h->parent && h->parent->in_core))
     es_lua_raisef(L, ES_INVALID_ARGUMENT,
                   "the store cannot be called from inside its own clock function "
                   "(only close() is allowed there)");
@@ -132,8 +137,16 @@ static es_store *core_enter(lua_State *L, lstore *h) {
     es_err e = {ES_CLOSED, "the store is closed"};
     es_lua_raise(L, &e);
   }
+  if (h->parent && !h->parent->s) {
+    es_err e = {ES_CLOSED, "the store of this tenant handle is closed"};
+    es_lua_raise(L, &e);
+  }
   h->L = L;
   h->in_core = 1;
+  if (h->parent) {
+    h->parent->L = L;
+    h->parent->in_core = 1;
+  }
   return h->s;
 }
 
@@ -141,6 +154,7 @@ static es_store *core_enter(lua_State *L, lstore *h) {
 static void core_leave(lua_State *L, lstore *h) {
   h->in_core = 0;
   h->L = NULL;
+  if (h->parent) core_leave(L, h->parent); /* a close the clock asked for */
   if (h->close_requested) {
     h->close_requested = 0;
     store_close(L, h);
@@ -1347,14 +1361,15 @@ static int m_now(lua_State *L) {
 
 es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock) {
   lstore *h = luaL_checkudata(L, idx, STORE_MT);
-  if (h->in_core)
+  if (h->in_core || (h->parent && h->parent->in_core))
     es_lua_raisef(L, ES_INVALID_ARGUMENT,
                   "the store cannot be used from inside its own clock function");
-  if (!h->s) {
+  if (!h->s || (h->parent && !h->parent->s)) {
     es_err e = {ES_CLOSED, "the store is closed"};
     es_lua_raise(L, &e);
   }
-  if (lua_clock) *lua_clock = h->clock_ref != LUA_NOREF || h->ids_ref != LUA_NOREF;
+  lstore *clocked = h->parent ? h->parent : h; /* a tenant runs on its store's clock */
+  if (lua_clock) *lua_clock = clocked->clock_ref != LUA_NOREF || clocked->ids_ref != LUA_NOREF;
   return h->s;
 }
 
@@ -1925,6 +1940,40 @@ static int m_verify_archive(lua_State *L) {
   return done(L, h, 1);
 }
 
+/* ---------------------------------------------------------------------- */
+/* 3.11 tenants */
+
+/* store:tenant(name) -> a store handle scoped to the tenant: the same
+ * methods, the tenant's names in and out. Its user value keeps this
+ * handle (and so the store and its clock) from collection while it
+ * lives; closing it closes only it. */
+static int m_tenant(lua_State *L) {
+  lstore *h = check_store(L);
+  size_t n = 0;
+  if (lua_type(L, 2) != LUA_TSTRING) luaL_typeerror(L, 2, "string");
+  const char *name = lua_tolstring(L, 2, &n);
+  if (memchr(name, '\0', n))
+    es_lua_raisef(L, ES_INVALID_ARGUMENT, "tenant name must not hold a NUL byte");
+  if (h->parent)
+    es_lua_raisef(L, ES_INVALID_ARGUMENT,
+                  "tenant() of a tenant handle: tenants do not nest (make it from the store)");
+  lstore *t = lua_newuserdatauv(L, sizeof *t, 1);
+  memset(t, 0, sizeof *t);
+  t->clock_ref = t->ids_ref = LUA_NOREF;
+  luaL_setmetatable(L, STORE_MT);
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  es_err err = {0};
+  es_store *ts = NULL;
+  es_store *s = core_enter(L, h);
+  int rc = es_store_tenant(s, name, &ts, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  t->s = t->held = ts;
+  t->parent = h;
+  return 1;
+}
+
 static const luaL_Reg store_methods[] = {
     {"append", m_append},
     {"read", m_read},
@@ -1969,6 +2018,7 @@ static const luaL_Reg store_methods[] = {
     {"segments", m_segments},
     {"compact_archive", m_compact_archive},
     {"verify_archive", m_verify_archive},
+    {"tenant", m_tenant},
     {"close", m_close},
     {NULL, NULL},
 };

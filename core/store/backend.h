@@ -104,9 +104,15 @@ typedef struct es_backend_ops {
   /* after < index <= through, ascending, at most limit (ES_NONE: all). */
   int (*event_range)(es_txn *t, const char *session, int64_t after, int64_t through,
                      int64_t limit, es_event_cb cb, void *ctx, es_err *err);
-  /* position > after, ascending, at most limit (ES_NONE: all). */
-  int (*event_all)(es_txn *t, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
-                   es_err *err);
+  /* position > after, ascending, at most limit (ES_NONE: all).
+   * scope (here and in the other listings across sessions): NULL lists
+   * every session's rows; otherwise only rows whose session starts with
+   * scope (a tenant's prefix, §3.11, ending in ES_TENANT_SEP), so the
+   * session lies in [scope, scope with its last byte + 1). The unscoped
+   * form must cost exactly what it did without scopes; a scoped one may
+   * pass over other sessions' rows in the same order (documented cost). */
+  int (*event_all)(es_txn *t, const char *scope, int64_t after, int64_t limit, es_event_cb cb,
+                   void *ctx, es_err *err);
   /* The highest position stored (0 when the store is empty). */
   int (*last_position)(es_txn *t, int64_t *position, es_err *err);
   /* The lowest index > after of an event in (session, lane) whose status is
@@ -114,35 +120,39 @@ typedef struct es_backend_ops {
   int (*lane_next)(es_txn *t, const char *session, const char *lane, int64_t after,
                    int64_t *index, es_err *err);
   /* Queued rows with due_at <= now, at most limit (ES_NONE: all).
-   * session NULL: all sessions, ordered by (due_at, position).
+   * session NULL: all sessions (scope's when scope is set; scope is NULL
+   * whenever session is set), ordered by (due_at, position).
    * session set: that session's, ordered by index (claim() returns index
    * order and applies its limit; a row that is queued but not yet due is
    * skipped, so the cost is O(log n + queued-not-due + limit)). */
-  int (*queued_due)(es_txn *t, const char *session, int64_t now, int64_t limit,
-                    es_event_cb cb, void *ctx, es_err *err);
+  int (*queued_due)(es_txn *t, const char *session, const char *scope, int64_t now,
+                    int64_t limit, es_event_cb cb, void *ctx, es_err *err);
   /* The smallest due_at > now among queued rows (of session, or all when
-   * NULL); ES_NONE when none. */
-  int (*queued_next_due)(es_txn *t, const char *session, int64_t now, int64_t *due,
-                         es_err *err);
+   * NULL, of scope's sessions when scope is set); ES_NONE when none. */
+  int (*queued_next_due)(es_txn *t, const char *session, const char *scope, int64_t now,
+                         int64_t *due, es_err *err);
   /* Queued rows of one type with due_at <= now, ordered by (due_at,
    * position), at most limit (ES_NONE: all). An index by type is expected:
    * the cost is O(log n + rows returned), whatever the number of queued
    * rows of other types (claim_next with types asks once per type and
-   * merges). */
-  int (*queued_due_type)(es_txn *t, const char *type, int64_t now, int64_t limit,
-                         es_event_cb cb, void *ctx, es_err *err);
+   * merges). scope: as event_all's. */
+  int (*queued_due_type)(es_txn *t, const char *scope, const char *type, int64_t now,
+                         int64_t limit, es_event_cb cb, void *ctx, es_err *err);
   /* The smallest due_at > now among queued rows of one type; ES_NONE when
    * none. O(log n). */
-  int (*queued_next_due_type)(es_txn *t, const char *type, int64_t now, int64_t *due,
-                              es_err *err);
+  int (*queued_next_due_type)(es_txn *t, const char *scope, const char *type, int64_t now,
+                              int64_t *due, es_err *err);
   /* Every type with at least one row of status PENDING (claimed or not,
    * queued or waiting in its lane; not dead, not processed) and that count,
-   * ascending byte order of type. */
-  int (*pending_types)(es_txn *t, es_type_count_cb cb, void *ctx, es_err *err);
-  /* Rows with status DEAD (of session, or all when NULL), position > after,
-   * ascending position, at most limit. */
-  int (*dead_list)(es_txn *t, const char *session, int64_t after, int64_t limit,
-                   es_event_cb cb, void *ctx, es_err *err);
+   * ascending byte order of type; with scope, counted over scope's
+   * sessions only. */
+  int (*pending_types)(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
+                       es_err *err);
+  /* Rows with status DEAD (of session, or all when NULL: of scope's
+   * sessions when scope is set), position > after, ascending position, at
+   * most limit. */
+  int (*dead_list)(es_txn *t, const char *session, const char *scope, int64_t after,
+                   int64_t limit, es_event_cb cb, void *ctx, es_err *err);
 
   /* Snapshots, keyed (session, reducer). */
   int (*snapshot_get)(es_txn *t, const char *session, const char *reducer, es_snapshot *out,

@@ -144,5 +144,112 @@ int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through
 /* After the transaction: committed (1) removes the files, else only
  * forgets them; frees the list either way. */
 void es_archive_files_finish(es_archive_files *f, int committed);
+/* §3.11 tenants. The scoped forms of the calls whose answer spans sessions
+ * or generates names (store.c): scope is a tenant's prefix (name +
+ * ES_TENANT_SEP), whose sessions alone are listed and behind which
+ * generated event ids are put; NULL is the store's own call. es_store_X(s)
+ * is es_core_X(s, NULL) for a store, es_tenant_X for a tenant handle. */
+int es_core_append(es_store *s, const char *scope, const char *session, const es_new_event *evs,
+                   size_t n, int64_t expected, int64_t fence, es_events *out, int *pending,
+                   es_err *err);
+int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
+                     es_err *err);
+int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64_t ttl_ms,
+                       int64_t limit, const char *const *types, size_t n_types,
+                       const char *const *skip, size_t n_skip, es_events *out, int64_t *retry_at,
+                       es_err *err);
+int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
+                     int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
+                     int *outcome, es_events *out, es_err *err);
+int es_core_dead_letters(es_store *s, const char *scope, const char *session, int64_t after,
+                         int64_t limit, es_events *out, es_err *err);
+int es_core_pending_types(es_store *s, const char *scope, es_type_counts *out, es_err *err);
+int es_core_wait(es_store *s, const char *scope, const char *session, int64_t after,
+                 int64_t timeout_ms, int64_t limit, es_events *out, es_err *err);
+int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to,
+                 es_lineage *out, es_err *err);
+
+/* tenant.c: every es_store_* call on a tenant handle (s->base set) lands
+ * in its es_tenant_* twin, with the same arguments. */
+void es_tenant_close(es_store *s);
+void es_tenant_free(es_store *s);  /* the last reference went */
+int es_tenant_data_version(es_store *s, uint64_t *version, es_err *err);
+int es_tenant_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
+                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
+int es_tenant_read(es_store *s, const char *session, int64_t after, int64_t through,
+                   int64_t limit, es_events *out, es_err *err);
+int es_tenant_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+                          int64_t limit, es_events *out, int64_t *through_out, es_err *err);
+int es_tenant_head(es_store *s, const char *session, int64_t *head, es_err *err);
+int es_tenant_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err);
+int es_tenant_last_position(es_store *s, int64_t *position, es_err *err);
+int es_tenant_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err);
+int es_tenant_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+                    es_events *out, int64_t *retry_at, es_err *err);
+int es_tenant_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
+                         const char *const *types, size_t n_types, const char *const *skip,
+                         size_t n_skip, es_events *out, int64_t *retry_at, es_err *err);
+int es_tenant_renew(es_store *s, const char *session, const char *holder,
+                    const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
+                    es_renew_result *out, es_err *err);
+int es_tenant_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
+                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
+                       es_events *out, es_err *err);
+int es_tenant_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
+                   int64_t *failures, es_err *err);
+int es_tenant_revive(es_store *s, const char *session, int64_t index, es_err *err);
+int es_tenant_settle(es_store *s, const char *session, int64_t index, const char *reason,
+                     es_err *err);
+int es_tenant_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
+                           es_events *out, es_err *err);
+int es_tenant_read_state(es_store *s, const char *session, const char *reducer, int *found,
+                         es_snapshot *snap, es_events *events, es_err *err);
+int es_tenant_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+                          es_state_read *out, es_err *err);
+int es_tenant_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+                           const char *state, size_t state_len, const char *version, int *stored,
+                           es_err *err);
+int es_tenant_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err);
+int es_tenant_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+                       es_sessions *out, es_err *err);
+int es_tenant_pending_types(es_store *s, es_type_counts *out, es_err *err);
+int es_tenant_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
+                   int64_t limit, es_events *out, es_err *err);
+int es_tenant_presence_set(es_store *s, const char *ns, const char *participant,
+                           const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
+                           int64_t seen, es_presence_rows *applied, es_err *err);
+int es_tenant_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
+uint64_t es_tenant_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
+void es_tenant_presence_unwatch(es_store *s, uint64_t token);
+int es_tenant_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
+                   es_err *err);
+int es_tenant_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err);
+int es_tenant_children(es_store *s, const char *session, const char *after, int64_t limit,
+                       es_lineages *out, es_err *err);
+int es_tenant_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
+                      es_err *err);
+int es_tenant_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err);
+int es_tenant_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err);
+int es_tenant_delete_ref(es_store *s, const char *name, int *deleted, es_err *err);
+int es_tenant_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+                      const char *expect, es_ref *out, char **actual, es_err *err);
+int es_tenant_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
+                    es_err *err);
+int es_tenant_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+                    es_lease *out, es_err *err);
+int es_tenant_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+                            int *released, es_err *err);
+int es_tenant_seal(es_store *s, const char *session, const char *reason, es_err *err);
+int es_tenant_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
+                       es_err *err);
+int es_tenant_delete(es_store *s, const char *session, int *deleted, es_err *err);
+int es_tenant_archive(es_store *s, const char *session, int64_t through, int *written,
+                      es_segment *out, es_err *err);
+int es_tenant_segments(es_store *s, const char *session, es_segments *out, es_err *err);
+int es_tenant_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
+                              es_err *err);
+int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report *out,
+                             es_err *err);
 
 #endif

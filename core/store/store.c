@@ -81,15 +81,25 @@ static int utf8_valid(const unsigned char *s, size_t n) {
   return 1;
 }
 
+/* §3.11: the length of the tenant prefix a stored name starts with (the
+ * bytes up to and including an ES_TENANT_SEP among its first
+ * ES_MAX_TENANT_BYTES + 1 bytes), 0 when it has none. */
+static size_t tenant_prefix_len(const char *v, size_t n) {
+  const char *sep = memchr(v, ES_TENANT_SEP[0], n < ES_MAX_TENANT_BYTES + 1 ? n : ES_MAX_TENANT_BYTES + 1);
+  return sep ? (size_t)(sep - v) + 1 : 0;
+}
+
 /* Names (sessions, ids, types, lanes, holders, reducers, namespaces): a
- * non-empty UTF-8 string of at most 255 bytes. */
+ * non-empty UTF-8 string of at most 255 bytes, not counting a tenant
+ * prefix (§3.11: a tenant's names reach the core as tenant + SEP + name,
+ * and the root handle names them so). */
 int es_check_name(const char *what, const char *v, es_err *err) {
   if (!v) return es_fail(err, ES_INVALID_ARGUMENT, "%s is required", what);
   size_t n = strlen(v);
   if (n == 0) return es_fail(err, ES_INVALID_ARGUMENT, "%s must not be empty", what);
-  if (n > ES_MAX_ID_BYTES)
-    return es_fail(err, ES_INVALID_ARGUMENT, "%s is %zu bytes, at most %d allowed", what, n,
-                   ES_MAX_ID_BYTES);
+  if (n - tenant_prefix_len(v, n) > ES_MAX_ID_BYTES)
+    return es_fail(err, ES_INVALID_ARGUMENT, "%s is %zu bytes, at most %d allowed", what,
+                   n - tenant_prefix_len(v, n), ES_MAX_ID_BYTES);
   if (!utf8_valid((const unsigned char *)v, n))
     return es_fail(err, ES_INVALID_ARGUMENT, "%s is not valid UTF-8", what);
   return ES_OK;
@@ -256,6 +266,10 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
 }
 
 void es_store_close(es_store *s) {
+  if (s->base) {
+    es_tenant_close(s);
+    return;
+  }
   pthread_mutex_lock(&s->lmu);
   if (s->closed) {
     pthread_mutex_unlock(&s->lmu);
@@ -274,6 +288,10 @@ void es_store_retain(es_store *s) { atomic_fetch_add(&s->refs, 1); }
 
 void es_store_release(es_store *s) {
   if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
+  if (s->base) {
+    es_tenant_free(s);
+    return;
+  }
   es_store_close(s);
   presence_watch *w = s->watches;
   while (w) {
@@ -315,12 +333,17 @@ void es_core_leave(es_store *s) {
 size_t es_store_max_payload(const es_store *s) { return s->max_payload; }
 
 int es_store_now(es_store *s, int64_t *now, es_err *err) {
+  if (s->base) s = s->base; /* a tenant shares its store's clock */
   return s->clock(s->clock_ctx, now, err);
 }
 
-uint64_t es_store_version(es_store *s) { return atomic_load(&s->version); }
+uint64_t es_store_version(es_store *s) {
+  if (s->base) s = s->base; /* commits happen in the store a tenant handle is made from */
+  return atomic_load(&s->version);
+}
 
 int es_store_data_version(es_store *s, uint64_t *version, es_err *err) {
+  if (s->base) return es_tenant_data_version(s, version, err);
   *version = 0;
   if (!s->ops->data_version) return ES_OK;
   int rc = es_core_enter(s, err);
@@ -473,6 +496,9 @@ static int source_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
 }
 
 int es_store_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
+  /* A tenant's ids are the store's, prefixed when stored (es_tenant_append
+   * maps a given id in): the caller sees the unprefixed id. */
+  if (s->base) s = s->base;
   if (s->ids) return source_id(s, out, err);
   int64_t now;
   int rc = es_store_now(s, &now, err);
@@ -482,10 +508,14 @@ int es_store_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
 /* A generated event id, from the store's id source when it has one. An
  * injected source is trusted with nothing: its id must be a name and new,
  * or the call fails before writing a row with it. */
-static int new_event_id(es_store *s, es_txn *t, int64_t now, char out[ES_MAX_ID_BYTES + 1],
-                        es_err *err) {
-  if (!s->ids) return uuid7(s, now, out, err);
-  int rc = source_id(s, out, err);
+static int new_event_id(es_store *s, es_txn *t, int64_t now, const char *scope,
+                        char out[ES_MAX_NAME_BYTES + 1], es_err *err) {
+  /* §3.11: a tenant's generated id is the generated id behind its prefix,
+   * so every id in a tenant's sessions is the tenant's own. */
+  size_t p = scope ? strlen(scope) : 0;
+  memcpy(out, scope ? scope : "", p);
+  if (!s->ids) return uuid7(s, now, out + p, err);
+  int rc = source_id(s, out + p, err);
   if (rc) return rc;
   es_event row;
   rc = s->ops->event_get_by_id(t, out, &row, err);
@@ -654,14 +684,14 @@ static int check_replay(es_store *s, es_txn *t, const char *session, const es_ne
  * event's own cause. Updates si's counters; appends copies to out. */
 static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,
                          size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
-                         es_events *out, es_err *err) {
+                         const char *scope, es_events *out, es_err *err) {
   int rc = ES_OK;
   for (size_t i = 0; i < n && rc == ES_OK; i++) {
     const es_new_event *e = &evs[i];
-    char gen[ES_MAX_ID_BYTES + 1];
+    char gen[ES_MAX_NAME_BYTES + 1];
     es_event row;
     es_event_init(&row);
-    if (!e->id && (rc = new_event_id(s, t, now, gen, err))) break;
+    if (!e->id && (rc = new_event_id(s, t, now, scope, gen, err))) break;
     row.id = (char *)(e->id ? e->id : gen);
     row.type = (char *)e->type;
     row.payload = (char *)(e->payload ? e->payload : "null");
@@ -748,6 +778,7 @@ typedef struct {
   es_events *out;
   int pending;
   int want_out;   /* 0: the caller passed no out list; do not copy rows */
+  const char *scope; /* §3.11: the tenant prefix of generated ids, or NULL */
 } append_args;
 
 static int check_causes(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
@@ -786,7 +817,7 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
   }
   if (rc == ES_OK) rc = check_causes(s, t, a->session, a->evs, a->n, err);
   if (rc == ES_OK)
-    rc = insert_events(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now,
+    rc = insert_events(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now, a->scope,
                        a->want_out ? a->out : NULL, err);
   if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
   a->pending = si.pending > 0;
@@ -796,6 +827,13 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err) {
+  if (s->base) return es_tenant_append(s, session, evs, n, expected, fence, out, pending, err);
+  return es_core_append(s, NULL, session, evs, n, expected, fence, out, pending, err);
+}
+
+int es_core_append(es_store *s, const char *scope, const char *session, const es_new_event *evs,
+                   size_t n, int64_t expected, int64_t fence, es_events *out, int *pending,
+                   es_err *err) {
   int rc;
   es_events unused = {0};
   if (!out) out = &unused; /* the caller does not want the stored events back */
@@ -806,7 +844,7 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
   if ((rc = check_batch(s, evs, n, err))) return rc;
   if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
   if ((rc = es_core_enter(s, err))) return rc;
-  append_args a = {session, evs, n, expected, fence, 0, out, 0, 1};
+  append_args a = {session, evs, n, expected, fence, 0, out, 0, 1, scope};
   if (n == 0) {
     /* Writes nothing; still answers whether the session has pending work. */
     es_session_info si;
@@ -924,12 +962,14 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
 
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
                   es_events *out, es_err *err) {
+  if (s->base) return es_tenant_read(s, session, after, through, limit, out, err);
   range_args a = {session, after, through, limit, out, 0};
   return read_range(s, &a, err);
 }
 
 int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                          int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
+  if (s->base) return es_tenant_events_page(s, session, after, through, limit, out, through_out, err);
   range_args a = {session, after, through, limit, out, 0};
   int rc = read_range(s, &a, err);
   if (rc == ES_OK) *through_out = through == ES_NONE ? a.head : (through < a.head ? through : a.head);
@@ -954,6 +994,7 @@ static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) {
+  if (s->base) return es_tenant_head(s, session, head, err);
   int rc;
   *head = 0;
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -968,21 +1009,29 @@ typedef struct {
   int64_t after, limit;
   const char *session; /* dead_letters filter */
   es_events *out;
+  const char *scope;   /* §3.11: a tenant's prefix, or NULL */
 } all_args;
 
 static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
   collector c = {a->out, 0};
-  return collected(s->ops->event_all(t, a->after, a->limit, collect_event, &c, err), &c, err);
+  return collected(s->ops->event_all(t, a->scope, a->after, a->limit, collect_event, &c, err), &c,
+                   err);
 }
 
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
+  if (s->base) return es_tenant_read_all(s, after, limit, out, err);
+  return es_core_read_all(s, NULL, after, limit, out, err);
+}
+
+int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
+                     es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = check_nonneg("after", after, err)) || (rc = check_nonneg("limit", limit, err))) return rc;
   if (limit == 0) return ES_OK;
   if ((rc = es_core_enter(s, err))) return rc;
-  all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), NULL, out};
+  all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), NULL, out, scope};
   rc = es_core_read(s, do_read_all, &a, err);
   es_core_leave(s);
   if (rc) es_events_destroy(out);
@@ -994,6 +1043,7 @@ static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_last_position(es_store *s, int64_t *position, es_err *err) {
+  if (s->base) return es_tenant_last_position(s, position, err);
   int rc;
   *position = 0;
   if ((rc = es_core_enter(s, err))) return rc;
@@ -1034,6 +1084,7 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
+  if (s->base) return es_tenant_get(s, session, index, out, err);
   int rc;
   es_event_init(out);
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -1066,9 +1117,9 @@ static int claim_row(es_store *s, es_txn *t, es_event *row, const char *holder, 
 /* retry_at for claim / claim_next. A due time of INT64_MAX (a not_before or
  * claim end of math.maxinteger) is "never" and reported as none, the same
  * on every backend (the memory backend's search cannot report it). */
-static int next_due(es_store *s, es_txn *t, const char *session, int64_t now, int64_t *due,
-                    es_err *err) {
-  int rc = s->ops->queued_next_due(t, session, now, due, err);
+static int next_due(es_store *s, es_txn *t, const char *session, const char *scope, int64_t now,
+                    int64_t *due, es_err *err) {
+  int rc = s->ops->queued_next_due(t, session, scope, now, due, err);
   if (rc == ES_OK && *due == INT64_MAX) *due = ES_NONE;
   return rc;
 }
@@ -1109,7 +1160,8 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
    * more than the limit. */
   int64_t want = a->limit == ES_NONE ? ES_NONE : cap_limit(a->limit + (int64_t)a->o->n_exclude);
   collector c = {a->out, 0};
-  rc = collected(s->ops->queued_due(t, a->session, a->now, want, collect_event, &c, err), &c, err);
+  rc = collected(s->ops->queued_due(t, a->session, NULL, a->now, want, collect_event, &c, err), &c,
+                 err);
   if (rc == ES_OK) {
     /* Drop exclusions, then index order (backends already give it), then the limit. */
     size_t k = 0;
@@ -1136,7 +1188,7 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = s->ops->session_put(t, &si, err);
   } else if (rc == ES_OK) {
     a->outcome = si.pending > 0 ? ES_BUSY : ES_SETTLED;
-    if (si.pending > 0) rc = next_due(s, t, a->session, a->now, &a->retry_at, err);
+    if (si.pending > 0) rc = next_due(s, t, a->session, NULL, a->now, &a->retry_at, err);
   }
   es_session_info_destroy(&si);
   return rc;
@@ -1155,6 +1207,7 @@ static int check_claim_opts(const es_claim_opts *o, es_err *err) {
 
 int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
                    es_events *out, int64_t *retry_at, es_err *err) {
+  if (s->base) return es_tenant_claim(s, session, o, outcome, out, retry_at, err);
   int rc;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
@@ -1184,6 +1237,7 @@ typedef struct {
   size_t n_skip;
   es_events *out;
   int64_t retry_at;
+  const char *scope;  /* §3.11: a tenant's prefix, or NULL */
 } claim_next_args;
 
 /* With sessions to skip, ready rows are read without a backend limit and
@@ -1210,8 +1264,8 @@ static int ready_rows(es_store *s, es_txn *t, claim_next_args *a, const char *ty
   int64_t limit = a->n_skip ? ES_NONE : a->limit;
   es_event_cb cb = a->n_skip ? collect_unskipped : collect_event;
   void *ctx = a->n_skip ? (void *)&k : (void *)&k.c;
-  int rc = type ? s->ops->queued_due_type(t, type, a->now, limit, cb, ctx, err)
-                : s->ops->queued_due(t, NULL, a->now, limit, cb, ctx, err);
+  int rc = type ? s->ops->queued_due_type(t, a->scope, type, a->now, limit, cb, ctx, err)
+                : s->ops->queued_due(t, NULL, a->scope, a->now, limit, cb, ctx, err);
   return collected(rc, &k.c, err);
 }
 
@@ -1244,7 +1298,7 @@ static int next_due_of_types(es_store *s, es_txn *t, const claim_next_args *a, i
   *due = ES_NONE;
   for (size_t i = 0; i < a->n_types; i++) {
     int64_t d;
-    int rc = s->ops->queued_next_due_type(t, a->types[i], a->now, &d, err);
+    int rc = s->ops->queued_next_due_type(t, a->scope, a->types[i], a->now, &d, err);
     if (rc) return rc;
     if (d != ES_NONE && (*due == ES_NONE || d < *due)) *due = d;
   }
@@ -1268,7 +1322,7 @@ static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
   }
   if (rc == ES_OK)
     rc = a->types ? next_due_of_types(s, t, a, &a->retry_at, err)
-                  : next_due(s, t, NULL, a->now, &a->retry_at, err);
+                  : next_due(s, t, NULL, a->scope, a->now, &a->retry_at, err);
   return rc;
 }
 
@@ -1304,6 +1358,17 @@ static int claim_types(const char *const *types, size_t n, const char ***out, si
 int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
                         const char *const *types, size_t n_types, const char *const *skip,
                         size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
+  if (s->base)
+    return es_tenant_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
+                                retry_at, err);
+  return es_core_claim_next(s, NULL, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
+                            retry_at, err);
+}
+
+int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64_t ttl_ms,
+                       int64_t limit, const char *const *types, size_t n_types,
+                       const char *const *skip, size_t n_skip, es_events *out, int64_t *retry_at,
+                       es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
@@ -1317,7 +1382,8 @@ int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t
     free(tv);
     return rc;
   }
-  claim_next_args a = {holder, 0, cap_limit(limit), 0, tv, tn, skip, skip ? n_skip : 0, out, ES_NONE};
+  claim_next_args a = {holder, 0, cap_limit(limit), 0, tv, tn, skip, skip ? n_skip : 0, out,
+                       ES_NONE, scope};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   /* An empty list of types (an engine without handlers) claims nothing and
@@ -1367,6 +1433,7 @@ static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
                    size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err) {
+  if (s->base) return es_tenant_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
@@ -1405,6 +1472,7 @@ typedef struct {
   int64_t now;
   int outcome;
   es_events *out;
+  const char *scope;  /* §3.11: the tenant prefix of generated ids, or NULL */
 } complete_args;
 
 /* A repeated complete() of the attempt that completed the event: the same
@@ -1465,7 +1533,8 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH, "the returned events' ids are already stored");
   }
   if (rc == ES_OK)
-    rc = insert_events(s, t, &si, a->evs, a->n, a->index, a->attempt, a->now, a->out, err);
+    rc = insert_events(s, t, &si, a->evs, a->n, a->index, a->attempt, a->now, a->scope, a->out,
+                       err);
   if (rc == ES_OK) {
     free(parent.claim_holder);
     parent.claim_holder = NULL;
@@ -1494,12 +1563,19 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                       es_events *out, es_err *err) {
+  if (s->base) return es_tenant_complete(s, session, index, attempt, evs, n, fence, outcome, out, err);
+  return es_core_complete(s, NULL, session, index, attempt, evs, n, fence, outcome, out, err);
+}
+
+int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
+                     int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
+                     int *outcome, es_events *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = check_batch(s, evs, n, err))) return rc;
   if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
   if ((rc = es_core_enter(s, err))) return rc;
-  complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out};
+  complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out, scope};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = es_core_write(s, do_complete, &a, err);
   es_core_leave(s);
@@ -1584,6 +1660,8 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                   int64_t *failures, es_err *err) {
+  if (s->base)
+    return es_tenant_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err);
   int rc;
   if ((rc = es_check_name("session", session, err))) return rc;
   if (!error) return es_fail(err, ES_INVALID_ARGUMENT, "error is required");
@@ -1691,12 +1769,14 @@ static int dead_change(es_store *s, dead_args *a, es_err *err) {
 }
 
 int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err) {
+  if (s->base) return es_tenant_revive(s, session, index, err);
   dead_args a = {session, index, NULL, 1, 0};
   return dead_change(s, &a, err);
 }
 
 int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason,
                     es_err *err) {
+  if (s->base) return es_tenant_settle(s, session, index, reason, err);
   dead_args a = {session, index, reason, 0, 0};
   return dead_change(s, &a, err);
 }
@@ -1704,19 +1784,27 @@ int es_store_settle(es_store *s, const char *session, int64_t index, const char 
 static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
   collector c = {a->out, 0};
-  return collected(s->ops->dead_list(t, a->session, a->after, a->limit, collect_event, &c, err), &c,
-                   err);
+  return collected(
+      s->ops->dead_list(t, a->session, a->scope, a->after, a->limit, collect_event, &c, err), &c,
+      err);
 }
 
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
                           es_events *out, es_err *err) {
+  if (s->base) return es_tenant_dead_letters(s, session, after, limit, out, err);
+  return es_core_dead_letters(s, NULL, session, after, limit, out, err);
+}
+
+int es_core_dead_letters(es_store *s, const char *scope, const char *session, int64_t after,
+                         int64_t limit, es_events *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if (session && (rc = es_check_name("session", session, err))) return rc;
   if ((rc = check_nonneg("after", after, err)) || (rc = check_nonneg("limit", limit, err))) return rc;
   if (limit == 0) return ES_OK;
   if ((rc = es_core_enter(s, err))) return rc;
-  all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), session, out};
+  all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), session, out,
+                session ? NULL : scope};
   rc = es_core_read(s, do_dead_list, &a, err);
   es_core_leave(s);
   if (rc) es_events_destroy(out);
@@ -1761,6 +1849,7 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
                         es_snapshot *snap, es_events *events, es_err *err) {
+  if (s->base) return es_tenant_read_state(s, session, reducer, found, snap, events, err);
   int rc;
   memset(events, 0, sizeof *events);
   es_snapshot_init(snap);
@@ -1813,6 +1902,7 @@ void es_state_reads_destroy(es_state_read *v, size_t n) {
 
 int es_store_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
                          es_state_read *out, es_err *err) {
+  if (s->base) return es_tenant_read_states(s, sessions, n, reducer, out, err);
   int rc;
   for (size_t i = 0; i < n; i++) {
     memset(&out[i], 0, sizeof out[i]);
@@ -1877,6 +1967,8 @@ static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
                           const char *state, size_t state_len, const char *version, int *stored,
                           es_err *err) {
+  if (s->base)
+    return es_tenant_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err);
   int rc;
   *stored = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("reducer", reducer, err)))
@@ -1922,6 +2014,7 @@ static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
+  if (s->base) return es_tenant_snapshots(s, session, out, err);
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -1970,6 +2063,7 @@ static int do_sessions(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
                       es_sessions *out, es_err *err) {
+  if (s->base) return es_tenant_sessions(s, prefix, after, limit, out, err);
   int rc;
   memset(out, 0, sizeof *out);
   if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
@@ -1987,6 +2081,7 @@ typedef struct {
   es_type_counts *out;
   size_t cap;
   int oom;
+  const char *scope;  /* §3.11: a tenant's prefix, or NULL */
 } type_counts_args;
 
 static int collect_type_count(void *ctx, const char *type, int64_t pending) {
@@ -2004,7 +2099,7 @@ static int collect_type_count(void *ctx, const char *type, int64_t pending) {
 
 static int do_pending_types(es_store *s, es_txn *t, void *arg, es_err *err) {
   type_counts_args *a = arg;
-  int rc = s->ops->pending_types(t, collect_type_count, a, err);
+  int rc = s->ops->pending_types(t, a->scope, collect_type_count, a, err);
   return rc == ES_OK && a->oom ? nomem(err) : rc;
 }
 
@@ -2017,10 +2112,15 @@ void es_type_counts_destroy(es_type_counts *list) {
 }
 
 int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err) {
+  if (s->base) return es_tenant_pending_types(s, out, err);
+  return es_core_pending_types(s, NULL, out, err);
+}
+
+int es_core_pending_types(es_store *s, const char *scope, es_type_counts *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_core_enter(s, err))) return rc;
-  type_counts_args a = {out, 0, 0};
+  type_counts_args a = {out, 0, 0, scope};
   rc = es_core_read(s, do_pending_types, &a, err);
   es_core_leave(s);
   if (rc) es_type_counts_destroy(out);
@@ -2031,6 +2131,12 @@ int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err) {
 
 int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
                   int64_t limit, es_events *out, es_err *err) {
+  if (s->base) return es_tenant_wait(s, session, after, timeout_ms, limit, out, err);
+  return es_core_wait(s, NULL, session, after, timeout_ms, limit, out, err);
+}
+
+int es_core_wait(es_store *s, const char *scope, const char *session, int64_t after,
+                 int64_t timeout_ms, int64_t limit, es_events *out, es_err *err) {
   struct timespec deadline;
   memset(out, 0, sizeof *out);
   if (timeout_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "timeout_ms must be >= 0");
@@ -2046,7 +2152,7 @@ int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeo
   for (;;) {
     uint64_t seen = es_store_version(s);
     int rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
-                     : es_store_read_all(s, after, limit, out, err);
+                     : es_core_read_all(s, scope, after, limit, out, err);
     if (rc || out->n > 0) return rc;
     es_events_destroy(out);
     if (s->ops->data_version) {
@@ -2136,6 +2242,8 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_presence_set(es_store *s, const char *ns, const char *participant,
                           const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
                           int64_t seen, es_presence_rows *applied, es_err *err) {
+  if (s->base)
+    return es_tenant_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err);
   int rc;
   memset(applied, 0, sizeof *applied);
   if ((rc = es_check_name("namespace", ns, err)) || (rc = es_check_name("participant", participant, err)))
@@ -2196,6 +2304,7 @@ static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
+  if (s->base) return es_tenant_presence_read(s, ns, out, err);
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("namespace", ns, err))) return rc;
@@ -2209,6 +2318,7 @@ int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, e
 }
 
 uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
+  if (s->base) return es_tenant_presence_watch(s, ns, cb, ctx);
   presence_watch *w = calloc(1, sizeof *w);
   if (!w) return 0;
   w->ns = strdup(ns);
@@ -2227,6 +2337,10 @@ uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb,
 }
 
 void es_store_presence_unwatch(es_store *s, uint64_t token) {
+  if (s->base) {
+    es_tenant_presence_unwatch(s, token);
+    return;
+  }
   pthread_mutex_lock(&s->pmu);
   for (presence_watch **p = &s->watches; *p; p = &(*p)->next) {
     if ((*p)->token == token) {
@@ -2257,7 +2371,7 @@ static int check_limit(int64_t limit, es_err *err) {
 /* `after` bounds of listings may be any string (they need not name a
  * session or ref that exists); only their length is bounded. */
 static int check_after(const char *after, es_err *err) {
-  if (after && strlen(after) > ES_MAX_ID_BYTES)
+  if (after && strlen(after) - tenant_prefix_len(after, strlen(after)) > ES_MAX_ID_BYTES)
     return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
   return ES_OK;
 }
@@ -2277,18 +2391,23 @@ typedef struct {
   const char *from, *to;
   int64_t at, now;
   es_lineage *out;
+  const char *scope;  /* §3.11: the tenant prefix of the copies' ids, or NULL */
 } fork_args;
 
 typedef struct {
   es_store *s;
   int64_t now;
+  const char *scope;
 } fork_id_ctx;
 
-/* The ids of a backend's bulk copy: UUIDv7, unique by construction. */
+/* The ids of a backend's bulk copy: UUIDv7 (behind a tenant's prefix),
+ * unique by construction. */
 static int fork_id(void *ctx, char *out, size_t cap, es_err *err) {
   fork_id_ctx *f = ctx;
-  if (cap < 37) return es_fail(err, ES_STORAGE, "no room for an event id");
-  return uuid7(f->s, f->now, out, err);
+  size_t p = f->scope ? strlen(f->scope) : 0;
+  if (cap < p + 37) return es_fail(err, ES_STORAGE, "no room for an event id");
+  memcpy(out, f->scope ? f->scope : "", p);
+  return uuid7(f->s, f->now, out + p, err);
 }
 
 /* The backend copies the rows itself (event_copy): no row passes through
@@ -2302,7 +2421,7 @@ static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_inf
   if (rc == ES_OK && first.n) dst->first_at = first.v[0].created_at;
   es_events_destroy(&first);
   if (rc) return rc;
-  fork_id_ctx ids = {s, a->now};
+  fork_id_ctx ids = {s, a->now, a->scope};
   int64_t copied = 0;
   rc = s->ops->event_copy(t, a->from, a->at, dst->session, a->now, fork_id, &ids, &copied, err);
   if (rc == ES_OK && copied != a->at)
@@ -2315,9 +2434,9 @@ static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_inf
 /* Inserts the copy of one source event as a processed row of `to`. */
 static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *dst,
                          const es_event *src, es_err *err) {
-  char id[ES_MAX_ID_BYTES + 1];
+  char id[ES_MAX_NAME_BYTES + 1];
   int rc;
-  if ((rc = new_event_id(s, t, a->now, id, err))) return rc;
+  if ((rc = new_event_id(s, t, a->now, a->scope, id, err))) return rc;
   es_event row;
   es_event_init(&row);
   row.id = id;
@@ -2487,6 +2606,12 @@ static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
                   es_err *err) {
+  if (s->base) return es_tenant_fork(s, from, at, to, out, err);
+  return es_core_fork(s, NULL, from, at, to, out, err);
+}
+
+int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to,
+                 es_lineage *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("from", from, err)) || (rc = es_check_name("to", to, err))) return rc;
@@ -2494,7 +2619,7 @@ int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_
   if (strcmp(from, to) == 0)
     return es_fail(err, ES_INVALID_ARGUMENT, "cannot fork session '%s' into itself", from);
   if ((rc = es_core_enter(s, err))) return rc;
-  fork_args a = {from, to, at, 0, out};
+  fork_args a = {from, to, at, 0, out, scope};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = es_core_write(s, do_fork, &a, err);
   es_core_leave(s);
@@ -2523,6 +2648,7 @@ static int do_lineage(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
+  if (s->base) return es_tenant_lineage(s, session, found, out, err);
   int rc;
   *found = 0;
   memset(out, 0, sizeof *out);
@@ -2561,6 +2687,7 @@ static int do_children(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_children(es_store *s, const char *session, const char *after, int64_t limit,
                       es_lineages *out, es_err *err) {
+  if (s->base) return es_tenant_children(s, session, after, limit, out, err);
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = check_after(after, err)) ||
@@ -2615,6 +2742,7 @@ static int do_put_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err) {
+  if (s->base) return es_tenant_put_ref(s, name, session, out, err);
   int rc;
   es_ref_init(out);
   if ((rc = es_check_name("name", name, err)) || (rc = es_check_name("session", session, err)))
@@ -2640,6 +2768,7 @@ static int do_get_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+  if (s->base) return es_tenant_get_ref(s, name, found, out, err);
   int rc;
   *found = 0;
   es_ref_init(out);
@@ -2680,6 +2809,7 @@ static int do_list_refs(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
+  if (s->base) return es_tenant_list_refs(s, after, limit, out, err);
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = check_after(after, err)) || (rc = check_limit(limit, err))) return rc;
@@ -2699,6 +2829,7 @@ static int do_delete_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
+  if (s->base) return es_tenant_delete_ref(s, name, deleted, err);
   int rc;
   *deleted = 0;
   if ((rc = es_check_name("name", name, err))) return rc;
@@ -2744,6 +2875,7 @@ static int do_promote(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
                      const char *expect, es_ref *out, char **actual, es_err *err) {
+  if (s->base) return es_tenant_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err);
   int rc;
   es_ref_init(out);
   *actual = NULL;
@@ -2792,6 +2924,7 @@ static int do_fence(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err) {
+  if (s->base) return es_tenant_fence(s, session, if_token, token, err);
   int rc;
   *token = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = check_nonneg("if_token", if_token, err)))
@@ -2847,6 +2980,7 @@ static int do_lease(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
                    es_lease *out, es_err *err) {
+  if (s->base) return es_tenant_lease(s, session, holder, ttl_ms, out, err);
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
@@ -2880,6 +3014,7 @@ static int do_lease_release(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
                            int *released, es_err *err) {
+  if (s->base) return es_tenant_lease_release(s, session, holder, token, released, err);
   int rc;
   *released = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
@@ -2909,6 +3044,7 @@ static int do_seal(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err) {
+  if (s->base) return es_tenant_seal(s, session, reason, err);
   int rc;
   if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = es_core_enter(s, err))) return rc;
@@ -2991,6 +3127,7 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
                       es_err *err) {
+  if (s->base) return es_tenant_truncate(s, session, through, first_index, err);
   int rc;
   *first_index = 1;
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -3022,6 +3159,7 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err) {
+  if (s->base) return es_tenant_delete(s, session, deleted, err);
   int rc;
   *deleted = 0;
   if ((rc = es_check_name("session", session, err))) return rc;

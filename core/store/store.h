@@ -675,6 +675,30 @@ int es_store_verify_archive(es_store *s, const char *session, es_archive_report 
 
 /* 3.11 Tenants (tenant.c) -------------------------------------------------- */
 
+/* A tenant's names are stored as tenant + ES_TENANT_SEP + name: the unit
+ * separator, a byte no tenant name may hold, so "a" + SEP + "b\x1fc" can
+ * only be tenant "a"'s name "b\x1fc". The root handle (the store as
+ * opened) sees every tenant's data under these stored names. */
+#define ES_TENANT_SEP "\x1f"
+#define ES_MAX_TENANT_BYTES 64
+/* A name as stored: a tenant prefix and a name of ES_MAX_ID_BYTES. Buffers
+ * that may hold a stored name (an id generated inside a tenant's call)
+ * are this long plus the NUL. */
+#define ES_MAX_NAME_BYTES (ES_MAX_TENANT_BYTES + 1 + ES_MAX_ID_BYTES)
+
+/* A handle scoped to tenant `name` (1..ES_MAX_TENANT_BYTES bytes of valid
+ * UTF-8, no byte below 0x20) of the store s, which must not itself be a
+ * tenant handle (no nesting): INVALID_ARGUMENT otherwise. Every es_store_*
+ * call through *out takes and returns the tenant's own names (without the
+ * prefix) and sees only the tenant's sessions, events, refs, dead letters,
+ * presence namespaces and pending types. *out holds a reference to s
+ * (es_store_release(*out) drops it); es_store_close(*out) closes only the
+ * handle, es_store_close(s) makes its tenant handles' calls CLOSED. */
+int es_store_tenant(es_store *s, const char *name, es_store **out, es_err *err);
+/* The tenant's name, or NULL for a store that is not a tenant handle.
+ * Borrowed: valid while the handle lives. */
+const char *es_store_tenant_name(const es_store *s);
+
 /* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
 /* Makes room for `need` elements of `elem` bytes in the array *v of *cap
  * (doubling); ES_OK or ES_STORAGE (then *v and *cap are unchanged). */

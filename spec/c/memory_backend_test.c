@@ -234,42 +234,42 @@ static ints range(es_txn *t, const char *s, int64_t after, int64_t through, int6
 static ints all_pos(es_txn *t, int64_t after, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->event_all(t, after, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->event_all(t, NULL, after, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static ints due_pos(es_txn *t, const char *s, int64_t now, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->queued_due(t, s, now, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(t, s, NULL, now, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static ints dead_pos(es_txn *t, const char *s, int64_t after, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->dead_list(t, s, after, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->dead_list(t, s, NULL, after, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static int64_t next_due(es_txn *t, const char *s, int64_t now) {
   int64_t d = 0;
   es_err err;
-  CHECK_RC(OPS->queued_next_due(t, s, now, &d, &err), ES_OK);
+  CHECK_RC(OPS->queued_next_due(t, s, NULL, now, &d, &err), ES_OK);
   return d;
 }
 
 static ints due_type_pos(es_txn *t, const char *type, int64_t now, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->queued_due_type(t, type, now, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due_type(t, NULL, type, now, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static int64_t next_due_type(es_txn *t, const char *type, int64_t now) {
   int64_t d = 0;
   es_err err;
-  CHECK_RC(OPS->queued_next_due_type(t, type, now, &d, &err), ES_OK);
+  CHECK_RC(OPS->queued_next_due_type(t, NULL, type, now, &d, &err), ES_OK);
   return d;
 }
 
@@ -290,7 +290,7 @@ static const char *pending_text(es_txn *t, type_text *tt) {
   es_err err;
   tt->n = 0;
   tt->s[0] = '\0';
-  CHECK_RC(OPS->pending_types(t, type_text_cb, tt, &err), ES_OK);
+  CHECK_RC(OPS->pending_types(t, NULL, type_text_cb, tt, &err), ES_OK);
   return tt->s;
 }
 
@@ -549,7 +549,7 @@ static char *dump_state(es_txn *t, const char *const *ids) {
   sbuf b = {0};
   es_err err;
   sb_printf(&b, "== all\n");
-  OPS->event_all(t, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  OPS->event_all(t, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
   int64_t last = -1;
   OPS->last_position(t, &last, &err);
   sb_printf(&b, "== last %lld\n", (long long)last);
@@ -557,11 +557,11 @@ static char *dump_state(es_txn *t, const char *const *ids) {
   OPS->session_list(t, "", NULL, ES_NONE, dump_session_cb, &b, &err);
   for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
     sb_printf(&b, "== due %lld\n", (long long)U_NOWS[k]);
-    OPS->queued_due(t, NULL, U_NOWS[k], ES_NONE, dump_event_cb, &b, &err);
+    OPS->queued_due(t, NULL, NULL, U_NOWS[k], ES_NONE, dump_event_cb, &b, &err);
     sb_printf(&b, "next %lld\n", (long long)next_due(t, NULL, U_NOWS[k]));
   }
   sb_printf(&b, "== dead\n");
-  OPS->dead_list(t, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  OPS->dead_list(t, NULL, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
   sb_printf(&b, "== refs\n");
   OPS->ref_list(t, NULL, ES_NONE, dump_ref_cb, &b, &err);
   OPS->ref_list(t, "dev", 1, dump_ref_cb, &b, &err);
@@ -1523,7 +1523,7 @@ static void check_reads(es_txn *t, const es_event *want) {
   CHECK_RC(OPS->event_range(t, want->session, want->index - 1, want->index, ES_NONE, dump_event_cb, &r,
                             &err), ES_OK);
   CHECK(r.p && same_dump(w.p, r.p));
-  CHECK_RC(OPS->event_all(t, want->position - 1, 1, dump_event_cb, &a, &err), ES_OK);
+  CHECK_RC(OPS->event_all(t, NULL, want->position - 1, 1, dump_event_cb, &a, &err), ES_OK);
   CHECK(a.p && same_dump(w.p, a.p));
   free(w.p);
   free(x.p);
@@ -1635,7 +1635,7 @@ static void test_event_fields(void) {
   check_reads(t, &u);
   sbuf w = {0}, d = {0};
   dump_event(&w, &u);
-  CHECK_RC(OPS->dead_list(t, "f", 0, ES_NONE, dump_event_cb, &d, &err), ES_OK);
+  CHECK_RC(OPS->dead_list(t, "f", NULL, 0, ES_NONE, dump_event_cb, &d, &err), ES_OK);
   CHECK(d.p && same_dump(w.p, d.p));
   free(w.p);
   free(d.p);
@@ -2411,7 +2411,7 @@ static void test_callbacks_may_write(void) {
     CHECK_RC(ins(t, e), ES_OK);
   }
   cbctx c = {.t = t};
-  CHECK_RC(OPS->queued_due(t, NULL, 1003, ES_NONE, dequeue_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(t, NULL, NULL, 1003, ES_NONE, dequeue_cb, &c, &err), ES_OK);
   /* a1, b2 at 1001, the 40 at 1002, b1 at 1003; rows queued meanwhile are earlier. */
   CHECK(c.calls == 43);
   ints left = due_pos(t, NULL, 1003, ES_NONE);
@@ -2442,7 +2442,7 @@ static const char *all_ids(es_txn *t, idtext *c) {
   es_err err;
   c->n = 0;
   c->s[0] = '\0';
-  CHECK_RC(OPS->event_all(t, ES_NONE, ES_NONE, idtext_cb, c, &err), ES_OK);
+  CHECK_RC(OPS->event_all(t, NULL, ES_NONE, ES_NONE, idtext_cb, c, &err), ES_OK);
   return c->s;
 }
 
@@ -2686,20 +2686,20 @@ static void test_delete_in_callbacks(void) {
   CHECK(c.calls == 1);
   CHECK_RC(del_range(t, "v", 0), ES_OK);
   c = (rmctx){t, "v", 0};
-  CHECK_RC(OPS->queued_due(t, NULL, INT64_MAX, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(t, NULL, NULL, INT64_MAX, ES_NONE, remove_all_cb, &c, &err), ES_OK);
   CHECK(c.calls == 1);  /* w is gone: v1 comes first and takes v with it */
   OPS->write_rollback(t);
   t = wbegin(b);
   CHECK_RC(OPS->savepoint(t, &err), ES_OK);
   c = (rmctx){t, "v", 0};
-  CHECK_RC(OPS->event_all(t, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->event_all(t, NULL, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
   CHECK(c.calls == 40);  /* w1, then w's 39 others; v's left with the first call */
   OPS->savepoint_rollback(t);
   c = (rmctx){t, "w", 0};
-  CHECK_RC(OPS->dead_list(t, NULL, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->dead_list(t, NULL, NULL, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
   CHECK(c.calls == 14);  /* w3 (position 3), then v's 13 dead */
   c = (rmctx){t, "v", 0};
-  CHECK_RC(OPS->queued_due(t, "v", INT64_MAX, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(t, "v", NULL, INT64_MAX, ES_NONE, remove_all_cb, &c, &err), ES_OK);
   CHECK(c.calls == 1);
   OPS->write_rollback(t);
   OPS->close(b);
@@ -3263,7 +3263,7 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
   int fail = 0;
   /* event_all: the live rows in position order; last_position */
   c->n = 0;
-  OPS->event_all(t, ES_NONE, ES_NONE, rm_collect, c, &err);
+  OPS->event_all(t, NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
   int k = 0;
   int64_t last = 0;
   for (int i = 0; i < m->nrows; i++) {
@@ -3313,7 +3313,7 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
     }
     /* dead rows of the session, by position */
     c->n = 0;
-    OPS->dead_list(t, RM_SESS[s], ES_NONE, ES_NONE, rm_collect, c, &err);
+    OPS->dead_list(t, RM_SESS[s], NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
     k = 0;
     for (int i = 0; i < m->nrows; i++) {
       const rm_row *r = &m->rows[i];
@@ -3346,7 +3346,7 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
   }
   if (strcmp(pending_text(t, &tt), sorted) != 0) fail |= 512;
   c->n = 0;
-  OPS->dead_list(t, NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
+  OPS->dead_list(t, NULL, NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
   k = 0;
   for (int i = 0; i < m->nrows; i++)
     if (m->rows[i].live && m->rows[i].status == ES_STATUS_DEAD) {
@@ -3369,8 +3369,8 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
       }
     }
     c->n = 0;
-    if (ty < 0) OPS->queued_due(t, NULL, INT64_MAX, ES_NONE, rm_collect, c, &err);
-    else OPS->queued_due_type(t, RM_TYPES[ty], INT64_MAX, ES_NONE, rm_collect, c, &err);
+    if (ty < 0) OPS->queued_due(t, NULL, NULL, INT64_MAX, ES_NONE, rm_collect, c, &err);
+    else OPS->queued_due_type(t, NULL, RM_TYPES[ty], INT64_MAX, ES_NONE, rm_collect, c, &err);
     if (c->n != nq) fail |= 2048;
     for (int i = 0; i < nq && i < c->n; i++)
       if (c->pos[i] != q[i]->position) fail |= 2048;
@@ -3684,7 +3684,7 @@ static void *reader(void *arg) {
       break;
     }
     long n = 0;
-    OPS->event_all(t, 0, ES_NONE, count_cb, &n, &err);
+    OPS->event_all(t, NULL, 0, ES_NONE, count_cb, &n, &err);
     if (n % 10) r->bad++;  /* a half-written or rolled-back batch */
     OPS->read_end(t);
     __atomic_add_fetch(&r->reads, 1, __ATOMIC_RELAXED);
@@ -4086,15 +4086,15 @@ static scale_run scale(int64_t n, int settled, int rounds) {
           sink += x > 0;
           break;
         }
-        case 4: OPS->queued_due(t, NULL, INT64_MAX, 10, nop_cb, &sink, &err); break;
-        case 5: OPS->queued_due(t, "big", 1010, ES_NONE, nop_cb, &sink, &err); break;
+        case 4: OPS->queued_due(t, NULL, NULL, INT64_MAX, 10, nop_cb, &sink, &err); break;
+        case 5: OPS->queued_due(t, "big", NULL, 1010, ES_NONE, nop_cb, &sink, &err); break;
         case 6: {
           int64_t x;
-          OPS->queued_next_due(t, NULL, 1000 + idx, &x, &err);
+          OPS->queued_next_due(t, NULL, NULL, 1000 + idx, &x, &err);
           sink += x != ES_NONE;
           break;
         }
-        default: OPS->dead_list(t, NULL, idx - 5000, 1, nop_cb, &sink, &err); break;
+        default: OPS->dead_list(t, NULL, NULL, idx - 5000, 1, nop_cb, &sink, &err); break;
       }
     }
     out.ns[op] = (now_s() - s) * 1e9 / rounds;

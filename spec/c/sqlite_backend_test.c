@@ -600,11 +600,11 @@ static void test_events(void) {
   CHECK(B->event_range(t, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1,
         "event_range: callback returning nonzero stops early");
   collect_reset(&c);
-  CHECK(B->event_all(t, e[0].position, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
+  CHECK(B->event_all(t, NULL, e[0].position, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
             c.evs.v[0].position == e[1].position && c.evs.v[2].position == e[3].position,
         "event_all: position > after, ascending");
   collect_reset(&c);
-  CHECK(B->event_all(t, 0, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2, "event_all: limit");
+  CHECK(B->event_all(t, NULL, 0, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2, "event_all: limit");
   collect_reset(&c);
   int64_t last = -1;
   CHECK(B->last_position(t, &last, &err) == ES_OK && last == e[3].position, "last_position");
@@ -821,46 +821,46 @@ static void test_lanes_queue_dead(void) {
   CHECK(B->lane_next(t, "L", "b", 0, &idx, &err) == ES_OK && idx == 4, "lane_next: other lane");
   CHECK(B->lane_next(t, "L", "zz", 0, &idx, &err) == ES_OK && idx == 0, "lane_next: unknown lane");
 
-  CHECK(B->queued_due(t, NULL, 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
+  CHECK(B->queued_due(t, NULL, NULL, 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
             c.evs.v[0].position == qpos[1] && c.evs.v[1].position == qpos[2] &&
             c.evs.v[2].position == qpos[5],
         "queued_due(all): due_at <= now, by (due_at, position), unqueued rows skipped");
   collect_reset(&c);
-  CHECK(B->queued_due(t, NULL, 1000, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+  CHECK(B->queued_due(t, NULL, NULL, 1000, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
             c.evs.v[0].position == qpos[1],
         "queued_due(all): limit");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q1", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+  CHECK(B->queued_due(t, "q1", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
             str_eq(c.evs.v[0].session, "q1") && str_eq(c.evs.v[1].session, "q1") &&
             c.evs.v[0].index == 1 && c.evs.v[1].index == 2,
         "queued_due(session): only that session, all of them, in index order");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q1", 1000, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+  CHECK(B->queued_due(t, "q1", NULL, 1000, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
             c.evs.v[0].index == 1,
         "queued_due(session): limit takes the lowest indexes (not the earliest due)");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q1", 150, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+  CHECK(B->queued_due(t, "q1", NULL, 150, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
             c.evs.v[0].index == 2,
         "queued_due(session): rows not yet due are skipped");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q2", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1,
+  CHECK(B->queued_due(t, "q2", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1,
         "queued_due(session): unqueued rows skipped");
   collect_reset(&c);
-  CHECK(B->queued_next_due(t, NULL, 100, &due, &err) == ES_OK && due == 200,
+  CHECK(B->queued_next_due(t, NULL, NULL, 100, &due, &err) == ES_OK && due == 200,
         "queued_next_due(all): smallest due_at > now");
-  CHECK(B->queued_next_due(t, "q3", 200, &due, &err) == ES_OK && due == 900, "queued_next_due(session)");
-  CHECK(B->queued_next_due(t, NULL, 900, &due, &err) == ES_OK && due == ES_NONE,
+  CHECK(B->queued_next_due(t, "q3", NULL, 200, &due, &err) == ES_OK && due == 900, "queued_next_due(session)");
+  CHECK(B->queued_next_due(t, NULL, NULL, 900, &due, &err) == ES_OK && due == ES_NONE,
         "queued_next_due: none is ES_NONE");
 
-  CHECK(B->dead_list(t, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 5 &&
+  CHECK(B->dead_list(t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 5 &&
             c.evs.v[1].position == dpos[0] && c.evs.v[4].position == dpos[3],
         "dead_list(all): every dead row by position");
   collect_reset(&c);
-  CHECK(B->dead_list(t, "d1", 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+  CHECK(B->dead_list(t, "d1", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
             c.evs.v[0].position == dpos[1] && c.evs.v[1].position == dpos[3],
         "dead_list(session)");
   collect_reset(&c);
-  CHECK(B->dead_list(t, NULL, dpos[1], 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+  CHECK(B->dead_list(t, NULL, NULL, dpos[1], 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
             c.evs.v[0].position == dpos[2],
         "dead_list: after and limit");
   collect_reset(&c);
@@ -888,7 +888,7 @@ static const char *pending_text(es_txn *t, type_text *tt) {
   es_err err;
   tt->n = 0;
   tt->s[0] = '\0';
-  if (B->pending_types(t, type_text_cb, tt, &err) != ES_OK) snprintf(tt->s, sizeof tt->s, "error");
+  if (B->pending_types(t, NULL, type_text_cb, tt, &err) != ES_OK) snprintf(tt->s, sizeof tt->s, "error");
   return tt->s;
 }
 
@@ -930,30 +930,30 @@ static void test_types(void) {
   CHECK(ok && B->write_commit(t, &err) == ES_OK, "insert typed fixtures");
 
   B->read_begin(b, &t, &err);
-  CHECK(B->queued_due_type(t, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+  CHECK(B->queued_due_type(t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
             c.evs.v[0].position == pos[2] && c.evs.v[1].position == pos[7],
         "queued_due_type: that type's queued rows due by now, by (due_at, position)");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, "a", 1000, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+  CHECK(B->queued_due_type(t, NULL, "a", 1000, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
             c.evs.v[0].position == pos[2],
         "queued_due_type: limit");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
+  CHECK(B->queued_due_type(t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
             c.evs.v[2].position == pos[0],
         "queued_due_type: unqueued, processed rows skipped");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+  CHECK(B->queued_due_type(t, NULL, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
             c.evs.v[0].position == pos[1] && str_eq(c.evs.v[0].type, "b"),
         "queued_due_type: only rows of that type");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
+  CHECK(B->queued_due_type(t, NULL, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
         "queued_due_type: an unknown type has none");
   collect_reset(&c);
-  CHECK(B->queued_next_due_type(t, "a", 100, &due, &err) == ES_OK && due == 300 &&
-            B->queued_next_due_type(t, "b", 100, &due, &err) == ES_OK && due == 900,
+  CHECK(B->queued_next_due_type(t, NULL, "a", 100, &due, &err) == ES_OK && due == 300 &&
+            B->queued_next_due_type(t, NULL, "b", 100, &due, &err) == ES_OK && due == 900,
         "queued_next_due_type: smallest due_at > now of that type");
-  CHECK(B->queued_next_due_type(t, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
-            B->queued_next_due_type(t, "zz", 0, &due, &err) == ES_OK && due == ES_NONE,
+  CHECK(B->queued_next_due_type(t, NULL, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
+            B->queued_next_due_type(t, NULL, "zz", 0, &due, &err) == ES_OK && due == ES_NONE,
         "queued_next_due_type: none is ES_NONE");
   CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0,
         "pending_types: pending rows per type (queued or not), byte order, no dead or processed");
@@ -990,7 +990,7 @@ static void test_types(void) {
   if (b) {
     B->read_begin(b, &t, &err);
     CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0 &&
-              B->queued_due_type(t, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+              B->queued_due_type(t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
               c.evs.n == 2,
           "... and its rows are found by type");
     collect_reset(&c);
@@ -1408,10 +1408,10 @@ static void test_reentrancy(void) {
   memset(&re, 0, sizeof re);
   B->write_begin(b, &t, &err);
   re.t = t;
-  CHECK(B->queued_due(t, NULL, 100, ES_NONE, update_each, &re, &err) == ES_OK && re.updated == 5,
+  CHECK(B->queued_due(t, NULL, NULL, 100, ES_NONE, update_each, &re, &err) == ES_OK && re.updated == 5,
         "a write callback may update the rows it is given");
   collect c = {0};
-  CHECK(B->queued_due(t, NULL, 100, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
+  CHECK(B->queued_due(t, NULL, NULL, 100, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
         "and the updates took effect (each row seen once)");
   collect_reset(&c);
   B->write_commit(t, &err);
@@ -2095,14 +2095,14 @@ static void test_scale(void) {
   for (int i = 0; i < 2000; i++) {
     snprintf(sess, sizeof sess, "sess-%05d", i);
     ok &= B->lane_next(t, sess, "lane", 0, &x, &err) == ES_OK;
-    ok &= B->queued_next_due(t, NULL, 1000 + i * 20, &x, &err) == ES_OK;
-    ok &= B->queued_next_due(t, sess, 0, &x, &err) == ES_OK;
+    ok &= B->queued_next_due(t, NULL, NULL, 1000 + i * 20, &x, &err) == ES_OK;
+    ok &= B->queued_next_due(t, sess, NULL, 0, &x, &err) == ES_OK;
     c.stop_after = 1;
-    ok &= B->queued_due(t, NULL, 1000 + N, 1, collect_event, &c, &err) == ES_OK;
-    ok &= B->queued_due(t, sess, 1000 + N, ES_NONE, collect_event, &c, &err) == ES_OK;
-    ok &= B->dead_list(t, NULL, i * 20, 1, collect_event, &c, &err) == ES_OK;
-    ok &= B->dead_list(t, sess, 0, 1, collect_event, &c, &err) == ES_OK;
-    ok &= B->event_all(t, i * 20, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->queued_due(t, NULL, NULL, 1000 + N, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->queued_due(t, sess, NULL, 1000 + N, ES_NONE, collect_event, &c, &err) == ES_OK;
+    ok &= B->dead_list(t, NULL, NULL, i * 20, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->dead_list(t, sess, NULL, 0, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->event_all(t, NULL, i * 20, 1, collect_event, &c, &err) == ES_OK;
     ok &= B->event_range(t, sess, 5, 6, ES_NONE, collect_event, &c, &err) == ES_OK;
     collect_reset(&c);
     memset(&c, 0, sizeof c);
@@ -2169,13 +2169,13 @@ static void test_event_fields_everywhere(void) {
     collect_reset(&c);                                          \
   } while (0)
     EACH(B->event_range(t, "f", 1, 2, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->event_all(t, q.position, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->queued_due(t, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
-    EACH(B->queued_due(t, "f", 10, 1, collect_event, &c, &err), &q);        /* the index window */
-    EACH(B->queued_due(t, "f", 10, ES_NONE, collect_event, &c, &err), &q);  /* by due time */
-    EACH(B->queued_due_type(t, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
-    EACH(B->dead_list(t, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->dead_list(t, "f", 0, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->event_all(t, NULL, q.position, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->queued_due(t, NULL, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(B->queued_due(t, "f", NULL, 10, 1, collect_event, &c, &err), &q);        /* the index window */
+    EACH(B->queued_due(t, "f", NULL, 10, ES_NONE, collect_event, &c, &err), &q);  /* by due time */
+    EACH(B->queued_due_type(t, NULL, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(B->dead_list(t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->dead_list(t, "f", NULL, 0, ES_NONE, collect_event, &c, &err), &d);
 #undef EACH
     CHECK(ok, pass == 0 ? "every event read returns the dispatch times and the origin (read txn)"
                         : "every event read returns the dispatch times and the origin (write txn)");
@@ -2556,13 +2556,13 @@ static void test_migrate_v3(void) {
     es_event_destroy(&got);
   }
   CHECK(ok, "every event kept, every field; the new ones absent (ES_NONE, no origin)");
-  ok = B->event_all(t, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 4 &&
+  ok = B->event_all(t, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 4 &&
        ev_eq(&c.evs.v[3], &want[3]);
   collect_reset(&c);
-  ok &= B->queued_due(t, NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
+  ok &= B->queued_due(t, NULL, NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
         ev_eq(&c.evs.v[0], &want[3]) && ev_eq(&c.evs.v[1], &want[1]);
   collect_reset(&c);
-  ok &= B->dead_list(t, "s", 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+  ok &= B->dead_list(t, "s", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
         ev_eq(&c.evs.v[0], &want[2]);
   collect_reset(&c);
   int64_t idx = -1, last = -1;
@@ -2700,32 +2700,32 @@ static const char *queries_text(es_txn *t, char *out, size_t cap) {
     if (k_ > 0 && (size_t)k_ < cap - n) n += (size_t)k_;                         \
   } while (0)
   out[0] = '\0';
-  B->queued_due(t, NULL, 1000, ES_NONE, collect_event, &c, &err);
+  B->queued_due(t, NULL, NULL, 1000, ES_NONE, collect_event, &c, &err);
   Q_APPEND("due", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->queued_due(t, "s", 1000, 1, collect_event, &c, &err);
+  B->queued_due(t, "s", NULL, 1000, 1, collect_event, &c, &err);
   Q_APPEND("due_s1", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->queued_due_type(t, "a", 1000, ES_NONE, collect_event, &c, &err);
+  B->queued_due_type(t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err);
   Q_APPEND("due_a", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->queued_due_type(t, "b", 1000, ES_NONE, collect_event, &c, &err);
+  B->queued_due_type(t, NULL, "b", 1000, ES_NONE, collect_event, &c, &err);
   Q_APPEND("due_b", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
   Q_APPEND("pending", pending_text(t, &tt));
-  B->dead_list(t, NULL, 0, ES_NONE, collect_event, &c, &err);
+  B->dead_list(t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err);
   Q_APPEND("dead", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->dead_list(t, "s", 0, ES_NONE, collect_event, &c, &err);
+  B->dead_list(t, "s", NULL, 0, ES_NONE, collect_event, &c, &err);
   Q_APPEND("dead_s", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->event_all(t, 0, ES_NONE, collect_event, &c, &err);
+  B->event_all(t, NULL, 0, ES_NONE, collect_event, &c, &err);
   Q_APPEND("all", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
   B->lane_next(t, "s", "L", 0, &lane, &err);
-  B->queued_next_due(t, NULL, 0, &due_all, &err);
-  B->queued_next_due(t, "s", 0, &due_s, &err);
-  B->queued_next_due_type(t, "b", 0, &due_b, &err);
+  B->queued_next_due(t, NULL, NULL, 0, &due_all, &err);
+  B->queued_next_due(t, "s", NULL, 0, &due_s, &err);
+  B->queued_next_due_type(t, NULL, "b", 0, &due_b, &err);
   B->last_position(t, &last, &err);
   int64_t v[5] = {lane, due_all, due_s, due_b, last};
   size_t bn = 0;
@@ -3379,7 +3379,7 @@ static void test_retention_cost(void) {
   int64_t seen = 0;
   double t0 = now_s();
   B->read_begin(b, &t, &err);
-  B->event_all(t, 0, ES_NONE, count_event, &seen, &err);
+  B->event_all(t, NULL, 0, ES_NONE, count_event, &seen, &err);
   B->read_end(t);
   double walk_s = now_s() - t0;
   B->write_begin(b, &t, &err);
