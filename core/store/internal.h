@@ -100,5 +100,10 @@ typedef int (*txn_fn)(es_store *s, es_txn *t, void *arg, es_err *err);
 int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err);
 /* Runs fn in a read transaction (a consistent view of committed data). */
 int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
+/* Runs fn with the write lock held and no transaction open (an open group
+ * is committed first): for backend work that cannot run inside one, like
+ * SQLite's WAL checkpoint after a shred (§3.10). */
+int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
+                        es_err *err);
 
 #endif
