@@ -2582,6 +2582,13 @@ static int sq_key_put(es_txn *t, const es_key_row *row, es_err *err) {
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
+  /* A shred through a store opened without keys: what it deletes must be
+   * zeroed all the same (the pragma is a flag of the connection, allowed
+   * inside a transaction; it stays on for the connection's life). */
+  if (!row->wrapped && !t->b->secure_delete) {
+    if ((code = sq_conn_exec(t->c, "PRAGMA secure_delete = ON", "write", err)) != ES_OK) return code;
+    t->b->secure_delete = 1;
+  }
   if ((code = sq_op(t, ST_KEY_PUT, &st, &temp, err)) != ES_OK) return code;
   rc |= sq_bind_str(st, 1, row->name);
   rc |= row->wrapped ? sqlite3_bind_blob64(st, 2, row->wrapped, row->wrapped_len, SQLITE_STATIC)

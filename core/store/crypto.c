@@ -508,8 +508,8 @@ int es_crypto_seal(es_store *s, es_txn *t, es_keyring *r, const es_event *row, c
 
 static int locked(const es_event *e, es_err *err) {
   return es_fail(err, ES_INVALID_ARGUMENT,
-                 "event %lld of session '%s' is sealed under key '%s': open the store with "
-                 "{keys = PATH} to read it",
+                 "event %lld of session '%s' is sealed under key '%s': open the store with its "
+                 "master key file ({keys = PATH}, eventstore --keys PATH) to read it",
                  (long long)e->index, e->session ? e->session : "?", e->key);
 }
 
