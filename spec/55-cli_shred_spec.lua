@@ -54,7 +54,7 @@ describe("eventstore with --keys", function()
       '{"type":"a","payload":{"v":1},"key":"k2"}\n{"type":"b","payload":{"v":2}}\n')))
     assert.equal("k2", stored[1].key)
     assert.is_nil(stored[2].key)
-    fails(es({ "append", "c-2", "--key", "k2", "--keys", "master.key" }), 2, "append: --id, --lane and --key need TYPE")
+    fails(es({ "append", "c-2", "--key", "k2", "--keys", "master.key" }), 2, "append: --key needs TYPE")
     fails(es({ "append", "c-2", "--keys", "master.key" }, '{"type":"a","key":7}\n'), 1, 'stdin line 1: "key" must be a string')
   end)
 

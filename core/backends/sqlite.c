@@ -2597,7 +2597,7 @@ static int sq_key_put(es_txn *t, const es_key_row *row, es_err *err) {
   rc |= sq_bind_opt(st, 4, row->shredded_at);
   if (rc) return sq_bind_fail(t, ST_KEY_PUT, st, temp, err);
   if ((code = sq_run(t, ST_KEY_PUT, st, temp, "write", err)) != ES_OK) return code;
-  t->removed = 1; /* a replaced row frees space: the commit gives it back */
+  if (!row->wrapped) t->removed = 1; /* a shred frees space: the commit gives it back */
   return ES_OK;
 }
 

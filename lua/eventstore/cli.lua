@@ -882,8 +882,10 @@ end
 
 function commands.append.check(o, args)
   if #args == 1 then
-    if o.id or o.lane or o.key then
-      usage_error("append", true, "append: --id, --lane and --key need TYPE (stdin lines carry their own)")
+    if o.id or o.lane then
+      usage_error("append", true, "append: --id and --lane need TYPE (stdin lines carry their own)")
+    elseif o.key then
+      usage_error("append", true, "append: --key needs TYPE (stdin lines carry their own \"key\")")
     end
   elseif args[3] ~= nil then
     local ok, v = pcall(json.decode, args[3])
