@@ -287,6 +287,33 @@ return {
       end)
     end)
 
+    describe("the engine", function()
+      it("handlers on several workers see plaintext and seal what they return", function()
+        local store = new()
+        local dir = eh.scripts_dir()
+        eh.handler(dir, "job", [[
+return function(event, ctx)
+  assert(event.key == "k" and type(event.payload.v) == "number", "sealed payload not opened")
+  return { { type = "done", payload = { v = event.payload.v * 2 }, key = "k" } }
+end
+]])
+        local engine = eh.engine({ store = store, scripts = dir, workers = 4 })
+        local batch = {}
+        for i = 1, 200 do batch[i] = { type = "job", payload = { v = i }, key = "k" } end
+        store:append("s", batch)
+        assert.same({ handled = 200, failed = 0, dead = 0 }, eh.run(engine))
+        local sum, sealed = 0, 0
+        for _, e in ipairs(store:read("s")) do
+          if e.type == "done" then sum = sum + e.payload.v end
+        end
+        for _, e in ipairs(store:read_at_rest("s")) do
+          if e.ciphertext then sealed = sealed + 1 end
+        end
+        assert.equal(2 * (200 * 201 // 2), sum)
+        assert.equal(400, sealed)
+      end)
+    end)
+
     describe("read_at_rest", function()
       it("shows keyed events as stored: ciphertext, no payload; unkeyed ones as usual", function()
         local store = new()

@@ -9,8 +9,8 @@
  * no counter has to survive crashes or be shared between processes.
  *   - master key: 32 random bytes in a file (64 hex digits and a newline),
  *     0600, never stored in the database. Kept in sodium_malloc'd memory
- *     (guard pages, not swapped where the OS allows, read-only between
- *     uses, wiped when freed).
+ *     (guard pages, not swapped where the OS allows, read-only once
+ *     loaded, wiped when freed).
  *   - check row: the keys row named "" (no key can have that name: names
  *     are non-empty) holds CHECK_TEXT sealed by the master key, so opening
  *     a store with another key file is refused at once instead of failing
@@ -51,7 +51,7 @@
 #define KEY_FILE_HEX (2 * KEY_BYTES)
 
 struct es_crypto {
-  unsigned char *master;  /* sodium_malloc'd KEY_BYTES; read-only except while loaded */
+  unsigned char *master;  /* sodium_malloc'd KEY_BYTES; read-only once loaded */
   char *path;             /* owned: the key file as given, for messages */
 };
 
@@ -228,12 +228,11 @@ static int load_key_file(const char *path, unsigned char *key, es_err *err) {
   return rc;
 }
 
-/* The master key, made readable for the length of one use. */
-static const unsigned char *master_open(struct es_crypto *c) {
-  sodium_mprotect_readonly(c->master);
-  return c->master;
-}
-static void master_close(struct es_crypto *c) { sodium_mprotect_noaccess(c->master); }
+/* The master key for one use. It stays read-only for the store's life:
+ * toggling it to no-access between uses would race with other threads
+ * (engine workers) using it at the same time. */
+static const unsigned char *master_open(struct es_crypto *c) { return c->master; }
+static void master_close(struct es_crypto *c) { (void)c; }
 
 void es_crypto_free(struct es_crypto *c) {
   if (!c) return;
@@ -300,7 +299,7 @@ int es_crypto_open(es_store *s, const char *path, es_err *err) {
     return nomem(err);
   }
   int rc = load_key_file(path, c->master, err);
-  sodium_mprotect_noaccess(c->master);
+  sodium_mprotect_readonly(c->master); /* nothing writes it again */
   if (rc) {
     es_crypto_free(c);
     return rc;
