@@ -72,6 +72,8 @@ local function populate(h, who)
   d.fence = h:fence("fz")
   h:seal("sealed1", { reason = who })
   h:append("tr", { { type = "t", payload = { who = who }, settled = true } })
+  -- §3.10: a sealed event under a key every tenant names "kb"
+  h:append("k1", { { type = "t", payload = { who = who }, key = "kb" } })
   return d
 end
 
@@ -291,6 +293,14 @@ ATTACKS.verify_archive = function(c)
   assert.equal(#c.A:segments("s2"), all.checked) -- A's segments, not B's or the root's
   assert.same({}, all.problems)
 end
+-- §3.10: key names are per tenant; B's "kb" stays live whatever A shreds.
+ATTACKS.shred = function(c)
+  for _, k in ipairs(b_names("kb")) do c.try("shred", k) end
+  assert.is_true(c.A:read("k1")[1].shredded) -- A's own "kb" went
+end
+ATTACKS.read_at_rest = function(c)
+  for _, s in ipairs(b_names("k1")) do c.try("read_at_rest", s) end
+end
 ATTACKS.tenant = function(c)
   expect_error("INVALID_ARGUMENT", c.A.tenant, c.A, "B") -- no nesting
 end
@@ -310,7 +320,9 @@ for _, url in ipairs(helpers.urls()) do
       local dir = os.tmpname()
       os.remove(dir)
       finally(function() os.execute("rm -rf " .. helpers.sh_quote(dir)) end)
-      local root = new({ archive = dir })
+      local keys = dir .. ".keys"
+      finally(function() os.remove(keys) end)
+      local root = new({ archive = dir, keys = keys })
       populate(root, "root-secret")
       local A, B = root:tenant("A"), root:tenant("B")
       local b = populate(B, "B-secret")
@@ -360,7 +372,7 @@ for _, url in ipairs(helpers.urls()) do
       for _, row in ipairs(root_after) do
         if not row.session:find(SEP, 1, true) then plain[#plain + 1] = row.session end
       end
-      assert.same(sorted({ "c1", "d1", "f1", "fz", "l1", "s1", "s2", "sealed1", "tr" }), sorted(plain))
+      assert.same(sorted({ "c1", "d1", "f1", "fz", "k1", "l1", "s1", "s2", "sealed1", "tr" }), sorted(plain))
       for _, s in ipairs(plain) do assert.equal("root-secret", (root:read(s)[1] or { payload = { who = "root-secret" } }).payload.who) end
 
       -- B writes now: A's subscriptions (every session, B's names, B's

@@ -114,7 +114,10 @@ enum {
    * given an origin_index without origin_session) and origin_index. The
    * session is shared like the row's own, so a fork of k rows pays 16
    * bytes a row, not k copies of the name. */
-  RF_ORIGIN = 64
+  RF_ORIGIN = 64,
+  /* §3.10: the payload is sealed under a data key whose name follows the
+   * payload's NUL (names are short and rare enough not to be shared). */
+  RF_KEY = 128
 };
 
 struct mrow {
@@ -127,7 +130,7 @@ struct mrow {
   unsigned char status, queued, flags;
   unsigned char nslots;  /* nodes in the links block */
   uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before][origin ptr origin_index]
-                      id NUL payload NUL */
+                      id NUL payload NUL [key NUL] */
 };
 
 /* An event type: shared by its rows, with its own ready queue and the count
@@ -206,7 +209,8 @@ typedef struct mref {
 
 /* One undo step. */
 enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL, U_REF_PUT,
-       U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH, U_SEG };
+       U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH, U_SEG /* §3.9 */,
+       U_KEY_PUT, U_USE_PUT, U_USE_DEL, U_SNAP_DEL_FROM /* §3.10 */ };
 typedef struct urec {
   unsigned char kind;
   unsigned char created;    /* this op created the session (or namespace): undo frees it */
@@ -223,7 +227,8 @@ typedef struct urec {
                                the op created (undo frees it), or NULL */
   int64_t old_due;          /* U_EV_DELETE: the session's gone before; U_SNAP_DEL: its
                                snapshot count */
-  int64_t aux;              /* U_EV_DELETE: its gone after */
+  int64_t aux;              /* U_EV_DELETE: its gone after; U_SNAP_DEL_FROM: the index from
+                               which snapshots were removed */
 } urec;
 
 struct es_txn {
@@ -269,6 +274,9 @@ struct es_backend {
   es_hmap types;     /* owned mtype by name */
   es_hmap spaces;    /* owned mns by name */
   es_hmap segs;      /* §3.9 archive: owned mseglist by session name */
+  es_tree keys;      /* §3.10: mkey by name */
+  es_tree uses;      /* §3.10: muse by (key, session) */
+  es_tree uses_by_sess; /* §3.10: muse by (session, key): key_use_delete_session */
   urec *undo;        /* owned log of the open write transaction */
   size_t nundo, capundo;
   size_t *marks;     /* savepoint stack: undo log lengths */
@@ -633,7 +641,7 @@ static void row_view(const mrow *r, es_event *e) {
   e->due_at = r->due_at;
   e->packed = 0;
   e->payload_own = 0;
-  e->key = NULL;        /* §3.10: keyed rows are not stored yet (crypto.c) */
+  e->key = (r->flags & RF_KEY) ? payload + r->payload_len + 1 : NULL; /* §3.10 */
   e->shredded = 0;
   const mdisp *d = r->disp;
   if (d) {
@@ -1014,6 +1022,8 @@ static void pos_compact(es_backend *b) {
 
 static void undo_one(es_backend *b, urec *u);
 static void commit_seg(es_backend *b, urec *u);
+static void snap_del_from_commit(urec *u);
+static void key_block_free(void *m);
 
 static void undo_to(es_backend *b, size_t mark) {
   while (b->nundo > mark) undo_one(b, &b->undo[--b->nundo]);
@@ -1056,6 +1066,8 @@ static void finish_commit(es_backend *b) {
         free(v);
         break;
       }
+      case U_SNAP_DEL_FROM: snap_del_from_commit(u); break;
+      case U_KEY_PUT: key_block_free(u->old); break;
       /* session row (also one session_delete removed), snapshot, presence
        * row, ref */
       default: free(u->old); break;
@@ -1231,6 +1243,9 @@ static int cmp_pres(const es_tree_node *x, const es_tree_node *y);
 static int cmp_pexp(const es_tree_node *x, const es_tree_node *y);
 static int cmp_ref(const es_tree_node *x, const es_tree_node *y);
 static int cmp_ref_sess(const es_tree_node *x, const es_tree_node *y);
+static int cmp_key(const es_tree_node *x, const es_tree_node *y);
+static int cmp_use(const es_tree_node *x, const es_tree_node *y);
+static int cmp_use_sess(const es_tree_node *x, const es_tree_node *y);
 
 static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
   (void)opts;
@@ -1262,6 +1277,9 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_tree_init(&b->children, cmp_child);
   es_tree_init(&b->refs, cmp_ref);
   es_tree_init(&b->refs_by_sess, cmp_ref_sess);
+  es_tree_init(&b->keys, cmp_key);
+  es_tree_init(&b->uses, cmp_use);
+  es_tree_init(&b->uses_by_sess, cmp_use_sess);
   es_tree_init(&b->queued, cmp_qg);
   es_tree_init(&b->dead, cmp_dg);
   *out = b;
@@ -1304,6 +1322,8 @@ static void mem_close(es_backend *b) {
   it = 0;
   while ((sl = es_hmap_next(&b->segs, &it))) seglist_free(sl);
   es_hmap_destroy(&b->segs);
+  es_tree_clear(&b->keys, free_node);
+  es_tree_clear(&b->uses, free_node);
   es_hmap_destroy(&b->ids);
   es_hmap_destroy(&b->sessions);
   es_hmap_destroy(&b->types);
@@ -1557,6 +1577,8 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   if (row->not_before != ES_NONE) flags |= RF_NOT_BEFORE;
   if (row->origin_session || row->origin_index != ES_NONE) flags |= RF_ORIGIN;
   if (!row->payload) flags |= RF_NO_PAYLOAD;
+  if (row->key) flags |= RF_KEY;
+  size_t lkey = row->key ? strlen(row->key) + 1 : 0;
   size_t lid = strlen(row->id) + 1;
   size_t lpay = row->payload ? row->payload_len : 0;
   unsigned sets = sets_of(row->status, row->queued, flags);
@@ -1608,7 +1630,7 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   }
   if (need_disp && !(disp = disp_new(row))) goto fail;
   if (sets && !(links = links_new(NULL, slots_for(sets)))) goto fail;
-  r = malloc(sizeof *r + tail_words(flags) * 8 + lid + lpay + 1);
+  r = malloc(sizeof *r + tail_words(flags) * 8 + lid + lpay + 1 + lkey);
   if (!r) goto fail;
 
   /* Nothing below can fail. */
@@ -1641,6 +1663,7 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   memcpy(p, row->id, lid);
   if (lpay) memcpy(p + lid, row->payload, lpay);
   p[lid + lpay] = '\0';
+  if (lkey) memcpy(p + lid + lpay + 1, row->key, lkey);
 
   sess_publish(b, s, fresh);
   if (new_origin) {
@@ -2629,6 +2652,264 @@ static int mem_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb c
   }
 }
 
+/* ---- crypto-shredding (§3.10) -------------------------------------------- */
+
+/* A key row: one block, replaced (never changed) by a put, like a ref. */
+typedef struct mkey {
+  es_tree_node node;     /* first: in es_backend.keys by name while current */
+  int64_t created_at, shredded_at;
+  size_t wrapped_len;
+  unsigned char has_wrapped;
+  char data[];           /* name NUL [wrapped bytes] */
+} mkey;
+
+/* A key use: (key, session) -> first_index, in two trees. */
+typedef struct muse {
+  es_tree_node by_key;   /* first: in es_backend.uses by (key, session) */
+  es_tree_node by_sess;  /* in es_backend.uses_by_sess by (session, key) */
+  int64_t first_index;
+  char data[];           /* key NUL session NUL */
+} muse;
+
+static int probe_key(const void *key, const es_tree_node *n) { return strcmp(key, ((const mkey *)n)->data); }
+static int cmp_key(const es_tree_node *x, const es_tree_node *y) {
+  return strcmp(((const mkey *)x)->data, ((const mkey *)y)->data);
+}
+
+typedef struct ukey {
+  const char *a, *b;  /* (key, session) in uses; (session, key) in uses_by_sess */
+} ukey;
+static const char *use_session(const muse *m) { return m->data + strlen(m->data) + 1; }
+static const muse *sess_muse(const es_tree_node *n) {
+  return (const muse *)((const char *)n - offsetof(muse, by_sess));
+}
+static int probe_use(const void *key, const es_tree_node *n) {
+  const ukey *k = key;
+  const muse *m = (const muse *)n;
+  int c = strcmp(k->a, m->data);
+  return c ? c : strcmp(k->b, use_session(m));
+}
+static int cmp_use(const es_tree_node *x, const es_tree_node *y) {
+  const muse *m = (const muse *)x;
+  ukey k = {m->data, use_session(m)};
+  return probe_use(&k, y);
+}
+static int probe_use_sess(const void *key, const es_tree_node *n) {
+  const ukey *k = key;
+  const muse *m = sess_muse(n);
+  int c = strcmp(k->a, use_session(m));
+  return c ? c : strcmp(k->b, m->data);
+}
+static int cmp_use_sess(const es_tree_node *x, const es_tree_node *y) {
+  const muse *m = sess_muse(x);
+  ukey k = {use_session(m), m->data};
+  return probe_use_sess(&k, y);
+}
+
+/* Frees a replaced key block, its wrapped key wiped first (the memory
+ * allocator would hand the bytes to the next malloc as they are). */
+static void key_block_free(void *p) {
+  mkey *m = p;
+  if (!m) return;
+  volatile unsigned char *w = (volatile unsigned char *)m->data + strlen(m->data) + 1;
+  for (size_t i = 0; i < m->wrapped_len; i++) w[i] = 0;
+  free(m);
+}
+
+static mkey *key_find(const es_backend *b, const char *name) {
+  es_tree_node *n = es_tree_seek(&b->keys, probe_key, name, 0);
+  return n && probe_key(name, n) == 0 ? (mkey *)n : NULL;
+}
+
+static int mem_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  mkey *m = name ? key_find(t->b, name) : NULL;
+  if (!m) return ES_NOT_FOUND;
+  size_t ln = strlen(m->data) + 1;
+  out->name = strdup(m->data);
+  out->created_at = m->created_at;
+  out->shredded_at = m->shredded_at;
+  if (m->has_wrapped) {
+    out->wrapped = malloc(m->wrapped_len ? m->wrapped_len : 1);
+    if (out->wrapped) memcpy(out->wrapped, m->data + ln, m->wrapped_len);
+    out->wrapped_len = m->wrapped_len;
+  }
+  if (!out->name || (m->has_wrapped && !out->wrapped)) {
+    es_key_row_destroy(out);
+    return oom(err);
+  }
+  return ES_OK;
+}
+
+static int mem_key_put(es_txn *t, const es_key_row *row, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  if (!row->name) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a key needs a name");
+  size_t ln = strlen(row->name) + 1, lw = row->wrapped ? row->wrapped_len : 0;
+  mkey *m = NULL;
+  if (undo_reserve(b, 1) != 0 || !(m = malloc(sizeof *m + ln + lw))) {
+    free(m);
+    return oom(err);
+  }
+  m->created_at = row->created_at;
+  m->shredded_at = row->shredded_at;
+  m->has_wrapped = row->wrapped != NULL;
+  m->wrapped_len = lw;
+  memcpy(m->data, row->name, ln);
+  if (lw) memcpy(m->data + ln, row->wrapped, lw);
+  mkey *old = key_find(b, row->name);
+  if (old) es_tree_remove(&b->keys, &old->node);
+  es_tree_insert(&b->keys, &m->node);
+  urec *u = undo_push(b, U_KEY_PUT, NULL);
+  u->old = old;
+  u->neu = m;
+  return ES_OK;
+}
+
+static muse *use_find(const es_backend *b, const char *key, const char *session) {
+  ukey k = {key, session};
+  es_tree_node *n = es_tree_seek(&b->uses, probe_use, &k, 0);
+  return n && probe_use(&k, n) == 0 ? (muse *)n : NULL;
+}
+static void use_link(es_backend *b, muse *m) {
+  es_tree_insert(&b->uses, &m->by_key);
+  es_tree_insert(&b->uses_by_sess, &m->by_sess);
+}
+static void use_unlink(es_backend *b, muse *m) {
+  es_tree_remove(&b->uses, &m->by_key);
+  es_tree_remove(&b->uses_by_sess, &m->by_sess);
+}
+
+static int mem_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
+                           es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  if (!key || !session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a key use needs a key and a session");
+  muse *old = use_find(b, key, session);
+  if (old && old->first_index <= first_index) return ES_OK;
+  size_t lk = strlen(key) + 1, ls = strlen(session) + 1;
+  muse *m = NULL;
+  if (undo_reserve(b, 1) != 0 || !(m = malloc(sizeof *m + lk + ls))) {
+    free(m);
+    return oom(err);
+  }
+  m->first_index = first_index;
+  memcpy(m->data, key, lk);
+  memcpy(m->data + lk, session, ls);
+  if (old) use_unlink(b, old);
+  use_link(b, m);
+  urec *u = undo_push(b, U_USE_PUT, NULL);
+  u->old = old;
+  u->neu = m;
+  return ES_OK;
+}
+
+/* The rows are gathered before the first callback: a callback may write. */
+static int mem_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
+  es_backend *b = t->b;
+  if (!key) return ES_OK;
+  ukey k = {key, ""};
+  es_tree_iter it;
+  muse **v = NULL;
+  size_t n = 0, cap = 0;
+  for (es_tree_node *nd = es_tree_iter_seek(&it, &b->uses, probe_use, &k, 0);
+       nd && strcmp(((muse *)nd)->data, key) == 0; nd = es_tree_iter_next(&it)) {
+    muse **g = grow(v, &cap, n + 1, sizeof *v);
+    if (!g) {
+      free(v);
+      return oom(err);
+    }
+    v = g;
+    v[n++] = (muse *)nd;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (cb(ctx, use_session(v[i]), v[i]->first_index)) break;
+  free(v);
+  return ES_OK;
+}
+
+static int mem_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  if (!session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no session name");
+  ukey k = {session, ""};
+  es_tree_iter it;
+  size_t n = 0;
+  for (es_tree_node *nd = es_tree_iter_seek(&it, &b->uses_by_sess, probe_use_sess, &k, 0);
+       nd && strcmp(use_session(sess_muse(nd)), session) == 0; nd = es_tree_iter_next(&it))
+    n++;
+  if (!n) return ES_OK;
+  if (undo_reserve(b, n) != 0) return oom(err);
+  es_tree_node *nd;
+  while ((nd = es_tree_seek(&b->uses_by_sess, probe_use_sess, &k, 0)) &&
+         strcmp(use_session(sess_muse(nd)), session) == 0) {
+    muse *m = (muse *)sess_muse(nd);
+    use_unlink(b, m);
+    urec *u = undo_push(b, U_USE_DEL, NULL);
+    u->old = m;
+  }
+  return ES_OK;
+}
+
+static void undo_key_use(es_backend *b, urec *u) {
+  if (u->kind == U_KEY_PUT) {
+    es_tree_remove(&b->keys, &((mkey *)u->neu)->node);
+    key_block_free(u->neu);
+    if (u->old) es_tree_insert(&b->keys, &((mkey *)u->old)->node);
+    return;
+  }
+  if (u->kind == U_USE_PUT) {
+    use_unlink(b, u->neu);
+    free(u->neu);
+  }
+  if (u->old) use_link(b, u->old);
+}
+
+/* The kept snapshots move to a new array (made first: undo must not
+ * allocate); the old array and the removed blocks stay in the log until
+ * commit frees them (snap_del_from_commit), so undo puts the old array
+ * back as it was. */
+static int mem_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
+  es_backend *b = t->b;
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  msess *s = sess_find(t, session);
+  if (!s || !s->nsnaps) return ES_OK;
+  size_t keep = 0;
+  for (size_t i = 0; i < s->nsnaps; i++) keep += s->snaps[i]->index < index;
+  if (keep == s->nsnaps) return ES_OK;
+  msnap **v = NULL;
+  if (undo_reserve(b, 2) != 0 || (keep && !(v = malloc(keep * sizeof *v)))) return oom(err);
+  size_t k = 0;
+  for (size_t i = 0; i < s->nsnaps; i++)
+    if (s->snaps[i]->index < index) v[k++] = s->snaps[i];
+  urec *u = undo_push(b, U_SNAP_DEL_FROM, s);
+  u->old = s->snaps;
+  u->old_due = (int64_t)s->nsnaps;
+  u->aux = index;
+  s->snaps = v;
+  s->nsnaps = s->capsnaps = keep;
+  if (!keep) sess_gc(b, s);
+  return ES_OK;
+}
+
+static void undo_snap_del_from(urec *u) {
+  msess *s = u->obj;
+  free(s->snaps); /* holds only kept blocks (and puts undone before this step) */
+  s->snaps = u->old;
+  s->nsnaps = s->capsnaps = (size_t)u->old_due;
+}
+
+static void snap_del_from_commit(urec *u) {
+  msnap **v = u->old;
+  for (int64_t k = 0; k < u->old_due; k++)
+    if (v[k]->index >= u->aux) free(v[k]);
+  free(v);
+}
+
 /* ---- undo dispatch ------------------------------------------------------ */
 
 static void undo_one(es_backend *b, urec *u) {
@@ -2650,6 +2931,10 @@ static void undo_one(es_backend *b, urec *u) {
     case U_SNAP_DEL: undo_snap_del(u); break;
     case U_SESS_DETACH: ((msess *)u->obj)->detached = 0; break;
     case U_SEG: undo_seg(b, u); break;
+    case U_KEY_PUT:
+    case U_USE_PUT:
+    case U_USE_DEL: undo_key_use(b, u); break;
+    case U_SNAP_DEL_FROM: undo_snap_del_from(u); break;
     default: undo_pres(b, u); break;
   }
 }
@@ -2700,6 +2985,13 @@ const es_backend_ops es_backend_memory = {
     .session_delete = mem_session_delete,
     .snapshot_delete_all = mem_snapshot_delete_all,
     .ref_delete_session = mem_ref_delete_session,
+    .key_get = mem_key_get,
+    .key_put = mem_key_put,
+    .key_use_put = mem_key_use_put,
+    .key_use_list = mem_key_use_list,
+    .key_use_delete_session = mem_key_use_delete_session,
+    .snapshot_delete_from = mem_snapshot_delete_from,
+    .scrub = NULL,
     .data_version = NULL,
     .segment_list = mem_segment_list,
     .segment_put = mem_segment_put,

@@ -80,7 +80,8 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
 /* ---- statements ------------------------------------------------------- */
 
 /* Column order of every event SELECT; bind_event() binds the same order as
- * ?1..?29, so INSERT and UPDATE share one binder. The columns of version 4
+ * ?1..?29, so INSERT and UPDATE share one binder (the insert binds the
+ * immutable `key`, ?30, itself: §3.10). The columns of version 4
  * come last; the immutable origin before the dispatch fields, so that the
  * UPDATE's highest parameter is the last one bound (binding a number above
  * a statement's highest parameter is an error, one below it that the
@@ -90,7 +91,7 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
   "cause_attempt, not_before, status, attempts, failures, last_error, processed_at, "     \
   "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
   "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
-  "processed_by_attempt"
+  "processed_by_attempt, key"
 /* Column order of every session SELECT; sq_session_put binds it as ?1..?20. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
@@ -114,6 +115,8 @@ enum {
   ST_REF_GET, ST_REF_PUT, ST_REF_DELETE, ST_REF_LIST, ST_REF_LIST_GT,
   ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
   ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
+  ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
+  ST_SNAPSHOT_DELETE_FROM,
   ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
   ST_DATA_VERSION,
   ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
@@ -168,7 +171,7 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_EVENT_INSERT] = "INSERT INTO events(" EV_COLS
                         ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
                         " ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
-                        " ?29)",
+                        " ?29, ?30)",
     /* The mutable dispatch record only: the origin (?24, ?25) is bound but
      * not used, a fork's copy keeps it. */
     [ST_EVENT_UPDATE] = "UPDATE events SET status = ?12, attempts = ?13, failures = ?14,"
@@ -190,8 +193,8 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
                       " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type,"
                       " payload, lane, created_at, cause_index, cause_attempt, not_before, 1, 0, 0,"
-                      " NULL, ?3, NULL, NULL, NULL, 0, NULL, NULL, -1, ?4, idx, NULL, NULL, NULL, NULL"
-                      " FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
+                      " NULL, ?3, NULL, NULL, NULL, 0, NULL, NULL, -1, ?4, idx, NULL, NULL, NULL, NULL,"
+                      " key FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
     [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
                      " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
                      " AND lane IS NOT NULL AND status <> 1 ORDER BY idx LIMIT 1",
@@ -262,6 +265,19 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SNAPSHOT_DELETE_ALL] = "DELETE FROM snapshots WHERE session = ?1",
     /* the primary key is the name: without refs_session this would scan */
     [ST_REF_DELETE_SESSION] = "DELETE FROM refs INDEXED BY refs_session WHERE session = ?1",
+    /* Crypto-shredding (§3.10). A shred replaces a key's row (INSERT OR
+     * REPLACE deletes the old cell, which secure_delete zeroes). */
+    [ST_KEY_GET] = "SELECT name, wrapped, created_at, shredded_at FROM keys WHERE name = ?1",
+    [ST_KEY_PUT] = "INSERT OR REPLACE INTO keys(name, wrapped, created_at, shredded_at)"
+                   " VALUES (?1, ?2, ?3, ?4)",
+    [ST_KEY_USE_PUT] = "INSERT INTO key_uses(key, session, first_index) VALUES (?1, ?2, ?3)"
+                       " ON CONFLICT(key, session) DO UPDATE SET"
+                       " first_index = min(first_index, excluded.first_index)",
+    [ST_KEY_USE_LIST] = "SELECT session, first_index FROM key_uses WHERE key = ?1 ORDER BY session",
+    [ST_KEY_USE_DELETE_SESSION] = "DELETE FROM key_uses INDEXED BY key_uses_session"
+                                  " WHERE session = ?1",
+    /* a range of the primary key prefix (session), filtered by idx */
+    [ST_SNAPSHOT_DELETE_FROM] = "DELETE FROM snapshots WHERE session = ?1 AND idx >= ?2",
     [ST_FREELIST_COUNT] = "PRAGMA freelist_count",
     /* one row per page given back; a pragma takes no bound parameter */
     [ST_INCREMENTAL_VACUUM] = "PRAGMA incremental_vacuum(" SQ_STR(SQ_VACUUM_PAGES) ")",
@@ -565,6 +581,7 @@ struct es_backend {
                                       settings of sq_reclaim_wal are applied */
   unsigned space_checks;           /* write path only: counts writes between free-space checks */
   int incremental;                 /* the file is in auto_vacuum=INCREMENTAL mode (read at open) */
+  int secure_delete;               /* §3.10: the write connection zeroes what it deletes */
   int vacuum_due;                  /* write path only: free pages are left to give back (a pass
                                       could not run, or there were more than one pass takes) */
   sq_conn w;                       /* the write connection */
@@ -874,7 +891,8 @@ static int sq_decode_event(sqlite3_stmt *st, int copy, es_event *e) {
   e->last_claimed_at = sq_col_opt(st, 26);
   e->failed_at = sq_col_opt(st, 27);
   e->processed_by_attempt = sq_col_opt(st, 28);
-  if (sq_col_str(st, 1, copy, &e->session, NULL) || sq_col_str(st, 3, copy, &e->id, NULL) ||
+  if (sq_col_str(st, 29, copy, &e->key, NULL) ||
+      sq_col_str(st, 1, copy, &e->session, NULL) || sq_col_str(st, 3, copy, &e->id, NULL) ||
       sq_col_str(st, 4, copy, &e->type, NULL) ||
       sq_col_str(st, 5, copy, &e->payload, &e->payload_len) ||
       sq_col_str(st, 6, copy, &e->lane, NULL) || sq_col_str(st, 14, copy, &e->last_error, NULL) ||
@@ -1222,6 +1240,13 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
              b->sync == SQ_SYNC_FULL ? "FULL" : "NORMAL");
     if ((code = sq_conn_exec(c, sql, "cannot read the file", err)) != ES_OK) goto fail;
   }
+  /* §3.10: deleted rows and freed pages are overwritten with zeros, so a
+   * shredded key or a dropped snapshot is not left in the file's free
+   * space (the WAL's old frames are cleared by sq_scrub). Only the write
+   * connection deletes. */
+  if (primary && b->secure_delete &&
+      (code = sq_conn_exec(c, "PRAGMA secure_delete = ON", "cannot set up the file", err)) != ES_OK)
+    goto fail;
   /* Readers and the watch connection never write: let SQLite enforce it. */
   if (!primary && (code = sq_conn_exec(c, "PRAGMA query_only = 1", "cannot read the file", err)) != ES_OK)
     goto fail;
@@ -1620,6 +1645,7 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
   b->wt.b = b;
   b->wt.c = &b->w;
   b->wt.write = 1;
+  b->secure_delete = opts && opts->secure_delete;
   if ((code = sq_parse_url(b, url_rest, opts, err)) != ES_OK) goto fail;
   if ((code = sq_check_dir(b, err)) != ES_OK) goto fail;
   existed = stat(b->path, &stb) == 0;
@@ -2163,7 +2189,7 @@ static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
   if ((code = sq_op(t, ST_EVENT_INSERT, &st, &temp, err)) != ES_OK) return code;
-  if (sq_bind_event(st, row, t->next_position) != SQLITE_OK)
+  if (sq_bind_event(st, row, t->next_position) != SQLITE_OK || sq_bind_str(st, 30, row->key) != SQLITE_OK)
     return sq_bind_fail(t, ST_EVENT_INSERT, st, temp, err);
   if ((code = sq_run(t, ST_EVENT_INSERT, st, temp, "insert", err)) != ES_OK) return code;
   row->position = t->next_position++;
@@ -2688,6 +2714,148 @@ static int sq_segment_delete(es_txn *t, const char *session, int64_t from, es_er
   return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
+/* ---- crypto-shredding (§3.10) ------------------------------------------- */
+
+static int sq_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  memset(out, 0, sizeof *out);
+  if ((code = sq_op(t, ST_KEY_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, name);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    const void *w = sqlite3_column_blob(st, 1);
+    size_t wn = (size_t)sqlite3_column_bytes(st, 1);
+    out->created_at = sq_col_opt(st, 2);
+    out->shredded_at = sq_col_opt(st, 3);
+    out->name = strdup(name);
+    if (sqlite3_column_type(st, 1) != SQLITE_NULL) {
+      out->wrapped = malloc(wn ? wn : 1);
+      if (out->wrapped && wn) memcpy(out->wrapped, w, wn);
+      out->wrapped_len = wn;
+    }
+    code = !out->name || (sqlite3_column_type(st, 1) != SQLITE_NULL && !out->wrapped) ? sq_oom(err) : ES_OK;
+    if (code) es_key_row_destroy(out);
+  } else if (rc == SQLITE_DONE) {
+    code = ES_NOT_FOUND;
+  } else {
+    code = sq_txn_fail(t, rc, "read", err);
+  }
+  sq_stmt_done(t->c, ST_KEY_GET, st, temp);
+  return code;
+}
+
+static int sq_key_put(es_txn *t, const es_key_row *row, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  /* A shred through a store opened without keys: what it deletes must be
+   * zeroed all the same (the pragma is a flag of the connection, allowed
+   * inside a transaction; it stays on for the connection's life). */
+  if (!row->wrapped && !t->b->secure_delete) {
+    if ((code = sq_conn_exec(t->c, "PRAGMA secure_delete = ON", "write", err)) != ES_OK) return code;
+    t->b->secure_delete = 1;
+  }
+  if ((code = sq_op(t, ST_KEY_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, row->name);
+  rc |= row->wrapped ? sqlite3_bind_blob64(st, 2, row->wrapped, row->wrapped_len, SQLITE_STATIC)
+                     : sqlite3_bind_null(st, 2);
+  rc |= sq_bind_opt(st, 3, row->created_at);
+  rc |= sq_bind_opt(st, 4, row->shredded_at);
+  if (rc) return sq_bind_fail(t, ST_KEY_PUT, st, temp, err);
+  if ((code = sq_run(t, ST_KEY_PUT, st, temp, "write", err)) != ES_OK) return code;
+  if (!row->wrapped) t->removed = 1; /* a shred frees space: the commit gives it back */
+  return ES_OK;
+}
+
+static int sq_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
+                          es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_KEY_USE_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, key);
+  rc |= sq_bind_str(st, 2, session);
+  rc |= sqlite3_bind_int64(st, 3, first_index);
+  if (rc) return sq_bind_fail(t, ST_KEY_USE_PUT, st, temp, err);
+  return sq_run(t, ST_KEY_USE_PUT, st, temp, "write", err);
+}
+
+/* The rows are copied out and the statement reset before the first
+ * callback (as sq_iterate does in the write transaction): shred deletes
+ * snapshots for each of them. */
+static int sq_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  char **names = NULL;
+  int64_t *firsts = NULL;
+  size_t n = 0, cap = 0;
+  if ((code = sq_op(t, ST_KEY_USE_LIST, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, key);
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (n == cap) {
+      size_t ncap = cap ? 2 * cap : 8;
+      char **nn = realloc(names, ncap * sizeof *nn);
+      if (nn) names = nn;
+      int64_t *nf = nn ? realloc(firsts, ncap * sizeof *nf) : NULL;
+      if (nf) firsts = nf;
+      if (!nn || !nf) {
+        code = sq_oom(err);
+        break;
+      }
+      cap = ncap;
+    }
+    char *v = NULL;
+    if (sq_col_str(st, 0, 1, &v, NULL) != ES_OK || !v) {
+      code = sq_oom(err);
+      break;
+    }
+    names[n] = v;
+    firsts[n++] = sqlite3_column_int64(st, 1);
+  }
+  if (code == ES_OK && rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, ST_KEY_USE_LIST, st, temp);
+  for (size_t i = 0; code == ES_OK && i < n; i++)
+    if (cb(ctx, names[i], firsts[i])) break;
+  for (size_t i = 0; i < n; i++) free(names[i]);
+  free(names);
+  free(firsts);
+  return code;
+}
+
+static int sq_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  return sq_remove(t, ST_KEY_USE_DELETE_SESSION, session, 0, &removed, err);
+}
+
+static int sq_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_SNAPSHOT_DELETE_FROM, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sqlite3_bind_int64(st, 2, index);
+  if ((code = sq_run(t, ST_SNAPSHOT_DELETE_FROM, st, temp, "delete", err)) != ES_OK) return code;
+  if (sqlite3_changes64(t->c->db) > 0) t->removed = 1;
+  return ES_OK;
+}
+
+/* After a shred committed (outside any transaction): the deleted cells and
+ * freed pages were zeroed in the pages the commit wrote to the WAL, but
+ * older frames of the WAL still hold those pages as they were. A TRUNCATE
+ * checkpoint copies the WAL into the main file (overwriting the old pages
+ * there) and truncates the WAL to zero bytes. It waits for readers (up to
+ * the busy timeout); when it cannot finish, the caller reports it and a
+ * later shred finishes it. */
+static int sq_scrub(es_backend *b, es_err *err) {
+  int log = -1, done = -1;
+  if (b->mode == SQ_MODE_RO) return ES_OK;
+  int rc = sqlite3_wal_checkpoint_v2(b->w.db, "main", SQLITE_CHECKPOINT_TRUNCATE, &log, &done);
+  if (rc != SQLITE_OK) return sq_fail(err, &b->w, rc, "checkpoint after shred");
+  b->ckpt_due = 0;
+  return ES_OK;
+}
+
 /* ---- data version --------------------------------------------------------- */
 
 static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
@@ -2755,6 +2923,13 @@ const es_backend_ops es_backend_sqlite = {
     .session_delete = sq_session_delete,
     .snapshot_delete_all = sq_snapshot_delete_all,
     .ref_delete_session = sq_ref_delete_session,
+    .key_get = sq_key_get,
+    .key_put = sq_key_put,
+    .key_use_put = sq_key_use_put,
+    .key_use_list = sq_key_use_list,
+    .key_use_delete_session = sq_key_use_delete_session,
+    .snapshot_delete_from = sq_snapshot_delete_from,
+    .scrub = sq_scrub,
     .data_version = sq_data_version,
     .segment_list = sq_segment_list,
     .segment_put = sq_segment_put,

@@ -164,8 +164,17 @@ void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
   es_lua_set_str(L, "id", e->id);
   es_lua_set_str(L, "type", e->type);
   es_err err = {0};
-  if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) es_lua_raise(L, &err);
+  if (!e->payload) {
+    lua_pushnil(L); /* §3.10: a shredded payload */
+  } else if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) {
+    es_lua_raise(L, &err);
+  }
   lua_setfield(L, -2, "payload");
+  es_lua_set_str(L, "key", e->key);
+  if (e->shredded) {
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "shredded");
+  }
   es_lua_set_int(L, "index", e->index);
   es_lua_set_str(L, "session", e->session);
   es_lua_set_int(L, "position", e->position);
@@ -197,6 +206,21 @@ void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
     lua_setfield(L, -2, "origin");
   }
   if (claimed) es_lua_set_int(L, "attempt", e->attempts);
+}
+
+void es_lua_push_event_at_rest(lua_State *L, const es_event *e) {
+  if (!e->key) {
+    es_lua_push_event(L, e, 0);
+    return;
+  }
+  es_event v = *e; /* borrowed fields: the sealed text is not JSON */
+  v.payload = NULL;
+  v.payload_len = 0;
+  es_lua_push_event(L, &v, 0);
+  if (e->payload) {
+    lua_pushlstring(L, e->payload, e->payload_len);
+    lua_setfield(L, -2, "ciphertext");
+  }
 }
 
 void es_lua_push_lease(lua_State *L, es_lease *l) {
@@ -385,6 +409,7 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
     if (!e->type) bad_event(L, arg, "events[%d].type is required", (int)i + 1);
     e->id = event_str(L, t, anchor, arg, i, "id");
     e->lane = event_str(L, t, anchor, arg, i, "lane");
+    e->key = event_str(L, t, anchor, arg, i, "key"); /* §3.10: seal the payload under it */
     lua_getfield(L, t, "settled");
     if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
       bad_event(L, arg, "events[%d].settled must be a boolean", (int)i + 1);

@@ -64,6 +64,9 @@ void es_lua_set_str(lua_State *L, const char *k, const char *v);
 /* Pushes a stored event as a Lua table (payload decoded); `claimed` adds
  * `attempt`. */
 void es_lua_push_event(lua_State *L, const es_event *e, int claimed);
+/* §3.10 read_at_rest: a keyed event with its stored (sealed) text as
+ * `ciphertext` and no payload; others as es_lua_push_event. */
+void es_lua_push_event_at_rest(lua_State *L, const es_event *e);
 /* Pushes an array of events and destroys the list. */
 void es_lua_push_events(lua_State *L, es_events *list, int claimed);
 /* Pushes a lease answer {outcome = "acquired"|"held", holder, token?,

@@ -688,6 +688,8 @@ static int l_open(lua_State *L) {
   if (maxp < 0) es_lua_raisef(L, ES_INVALID_ARGUMENT, "max_payload_bytes must be >= 0");
   o.max_payload_bytes = (size_t)maxp;
   o.archive_dir = es_lua_opt_str_field(L, 2, "archive"); /* §3.9: a path (NUL refused) */
+  /* §3.10: the master key file (its string stays on the stack) */
+  o.keys_path = es_lua_opt_str_field(L, 2, "keys");
   /* Created closed before anything is acquired (liolib's pattern). */
   lstore *h = lua_newuserdatauv(L, sizeof *h, 0);
   memset(h, 0, sizeof *h);
@@ -1974,6 +1976,47 @@ static int m_tenant(lua_State *L) {
   return 1;
 }
 
+/* ---------------------------------------------------------------------- */
+/* 3.10 crypto-shredding */
+
+/* store:shred(name) -> true when a live key was destroyed now. */
+static int m_shred(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *name = es_lua_check_name(L, 2, "name");
+  int was_live = 0;
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_shred(st, name, &was_live, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_pushboolean(L, was_live);
+  return done(L, h, 1);
+}
+
+/* store:read_at_rest(session, {after, through, limit}) -> events as
+ * stored: keyed ones with `ciphertext` instead of `payload`. */
+static int m_read_at_rest(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  check_opt_table(L, 3);
+  int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
+  int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
+  int64_t limit = es_lua_opt_int_field(L, 3, "limit", ES_NONE);
+  es_events *out = owned_push(L, sizeof *out, destroy_events);
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_store_read_at_rest(s, session, after, through, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, (int)(out->n > 1000000 ? 0 : out->n), 0);
+  for (size_t i = 0; i < out->n; i++) {
+    es_lua_push_event_at_rest(L, &out->v[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  es_events_destroy(out); /* now rather than at collection */
+  return done(L, h, 1);
+}
+
 static const luaL_Reg store_methods[] = {
     {"append", m_append},
     {"read", m_read},
@@ -2019,6 +2062,8 @@ static const luaL_Reg store_methods[] = {
     {"compact_archive", m_compact_archive},
     {"verify_archive", m_verify_archive},
     {"tenant", m_tenant},
+    {"shred", m_shred},
+    {"read_at_rest", m_read_at_rest},
     {"close", m_close},
     {NULL, NULL},
 };

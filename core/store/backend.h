@@ -31,6 +31,19 @@ typedef int (*es_presence_cb_row)(void *ctx, const es_presence_row *row);
 typedef int (*es_type_count_cb)(void *ctx, const char *type, int64_t pending);
 typedef int (*es_ref_cb)(void *ctx, const es_ref *row);
 typedef int (*es_segment_cb)(void *ctx, const es_segment *row);
+/* §3.10: one session holding events under a key, from first_index on. */
+typedef int (*es_key_use_cb)(void *ctx, const char *session, int64_t first_index);
+
+/* §3.10: a data key as stored. The row named "" is the master key's check
+ * (crypto.c). Owned strings; es_key_row_destroy frees them. */
+typedef struct es_key_row {
+  char *name;
+  unsigned char *wrapped;  /* the data key sealed by the master key; NULL: shredded */
+  size_t wrapped_len;
+  int64_t created_at;
+  int64_t shredded_at;     /* ES_NONE: live */
+} es_key_row;
+void es_key_row_destroy(es_key_row *k);
 
 typedef struct es_backend es_backend;  /* a backend's own state, opaque to the core */
 /* A transaction (read or write) of a backend, opaque to the core. Row
@@ -208,7 +221,28 @@ typedef struct es_backend_ops {
   int (*segment_delete)(es_txn *t, const char *session, int64_t from, es_err *err);
 
   /* Crypto-shredding (§3.10, crypto.c): wrapped data keys and where they
-   * are used. */
+   * are used. Events store `key` (es_event.key) with the row: event_insert
+   * writes it, every event read returns it, event_copy copies it. */
+  /* The key row of that name (out owned by the caller), ES_NOT_FOUND. */
+  int (*key_get)(es_txn *t, const char *name, es_key_row *out, es_err *err);
+  /* Insert or replace by name. Replacing must not leave the old wrapped
+   * bytes readable where the backend can help it (sqlite: secure_delete). */
+  int (*key_put)(es_txn *t, const es_key_row *row, es_err *err);
+  /* Records that session holds events under key from first_index on:
+   * inserts the (key, session) row, or lowers its first_index. */
+  int (*key_use_put)(es_txn *t, const char *key, const char *session, int64_t first_index,
+                     es_err *err);
+  /* The (session, first_index) rows of key, ascending session. */
+  int (*key_use_list)(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err);
+  /* Removes every key_uses row of the session (delete). */
+  int (*key_use_delete_session)(es_txn *t, const char *session, es_err *err);
+  /* Removes the session's snapshots whose index is >= index. */
+  int (*snapshot_delete_from)(es_txn *t, const char *session, int64_t index, es_err *err);
+  /* Optional (NULL: nothing to do): called outside any transaction, with
+   * the core's write lock held, after a shred committed: make what was
+   * deleted unreadable in the storage files (sqlite: checkpoint the WAL
+   * into the main file and truncate it; secure_delete zeroed the pages). */
+  int (*scrub)(es_backend *b, es_err *err);
 
   /* Optional (NULL): a number that changes whenever anyone, in any process,
    * commits to the same storage; es_store_wait polls it to see other

@@ -105,6 +105,11 @@ typedef int (*txn_fn)(es_store *s, es_txn *t, void *arg, es_err *err);
 int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err);
 /* Runs fn in a read transaction (a consistent view of committed data). */
 int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
+/* Runs fn with the write lock held and no transaction open (an open group
+ * is committed first): for backend work that cannot run inside one, like
+ * SQLite's WAL checkpoint after a shred (§3.10). */
+int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
+                        es_err *err);
 
 /* §3.9 archive (archive.c) ------------------------------------------------ */
 
@@ -244,6 +249,9 @@ int es_tenant_seal(es_store *s, const char *session, const char *reason, es_err 
 int es_tenant_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
                        es_err *err);
 int es_tenant_delete(es_store *s, const char *session, int *deleted, es_err *err);
+int es_tenant_shred(es_store *s, const char *name, int *was_live, es_err *err);
+int es_tenant_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                           int64_t limit, es_events *out, es_err *err);
 int es_tenant_archive(es_store *s, const char *session, int64_t through, int *written,
                       es_segment *out, es_err *err);
 int es_tenant_segments(es_store *s, const char *session, es_segments *out, es_err *err);

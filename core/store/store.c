@@ -31,6 +31,7 @@
 
 #include "store/backend.h"
 #include "store/internal.h"
+#include "store/crypto.h"
 #include "codec/json.h"
 
 #define GROUP_MAX 1024        /* callers per group commit at most */
@@ -254,9 +255,18 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   atomic_init(&s->version, 0);
   s->next_token = 1;
   s->rand_used = sizeof s->rand_pool;
-  int rc = ops->open(rest, opts, &s->bk, err);
+  /* §3.10: a store with keys has the backend overwrite what it deletes, so
+   * a shredded key or a dropped snapshot does not linger in free space. */
+  es_open_opts bo = *opts;
+  if (opts->keys_path) bo.secure_delete = 1;
+  int rc = ops->open(rest, &bo, &s->bk, err);
   if (rc == ES_OK) rc = es_archive_setup(s, ops->scheme, rest, opts, err); /* §3.9 */
+  if (rc == ES_OK && opts->keys_path) rc = es_crypto_open(s, opts->keys_path, err);
   if (rc != ES_OK) {
+    if (s->bk) {
+      s->ops->close(s->bk);
+      s->bk = NULL;
+    }
     s->closed = 1;
     es_store_release(s);
     return rc;
@@ -309,6 +319,7 @@ void es_store_release(es_store *s) {
   pthread_mutex_destroy(&s->umu);
   pthread_mutex_destroy(&s->pmu);
   es_archive_teardown(s); /* §3.9 */
+  es_crypto_free(s->crypto);
   free(s);
 }
 
@@ -437,6 +448,15 @@ int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
   if (rc != ES_OK) return rc;
   rc = fn(s, t, arg, err);
   s->ops->read_end(t);
+  return rc;
+}
+
+int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
+                        es_err *err) {
+  pthread_mutex_lock(&s->wmu);
+  if (s->wtxn) group_finish(s); /* its members are told as if the last of them had committed */
+  int rc = fn(s, arg, err);
+  pthread_mutex_unlock(&s->wmu);
   return rc;
 }
 
@@ -579,6 +599,16 @@ static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err 
     snprintf(what, sizeof what, "events[%zu].lane", i + 1);
     if ((rc = es_check_name(what, e->lane, err))) return rc;
   }
+  if (e->key) {
+    snprintf(what, sizeof what, "events[%zu].key", i + 1);
+    if ((rc = es_check_name(what, e->key, err))) return rc;
+    /* §3.10: never store in plaintext what the caller asked to seal */
+    if (!s->crypto)
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "events[%zu].key: the store was opened without keys, so it cannot seal the "
+                     "payload (open it with {keys = PATH})",
+                     i + 1);
+  }
   if (e->payload) {
     if (e->payload_len > s->max_payload)
       return es_fail(err, ES_TOO_LARGE, "events[%zu].payload is %zu bytes, over the limit of %zu",
@@ -635,6 +665,23 @@ static int payload_equal(const es_new_event *e, const es_event *row) {
   return n == row->payload_len && memcmp(p, row->payload, n) == 0;
 }
 
+/* §3.10: a replay must name the same key as the stored event, and its
+ * payload is compared with the stored one opened (row's payload is
+ * replaced by the plaintext, which the replay then returns). A shredded
+ * original cannot be compared: refused like any new data under that key. */
+static int replay_key_check(es_store *s, es_txn *t, const es_new_event *e, es_event *row,
+                            es_err *err) {
+  if (!e->key && !row->key) return ES_OK;
+  if (!e->key || !row->key || strcmp(e->key, row->key) != 0)
+    return es_fail(err, ES_ID_CONFLICT, "event id '%s' is already stored with a different key",
+                   row->id);
+  int rc = es_crypto_reveal(s, t, NULL, row, 1, err);
+  if (rc == ES_OK && row->shredded)
+    rc = es_fail(err, ES_INVALID_ARGUMENT,
+                 "key '%s' was shredded: nothing can be sealed under that name again", e->key);
+  return rc;
+}
+
 /* Batch idempotency (CONTRACT §3.1). Returns ES_OK with *replayed = 1 and
  * the originals in out when every id is already stored in this session;
  * *replayed = 0 when none is; an error otherwise. `cause` (complete()) also
@@ -658,6 +705,8 @@ static int check_replay(es_store *s, es_txn *t, const char *session, const es_ne
     if (strcmp(row.session, session) != 0) {
       rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
                    "event id '%s' already exists in another session", evs[i].id);
+    } else if ((rc = replay_key_check(s, t, &evs[i], &row, err)) != ES_OK) {
+      /* a different key, or the stored payload cannot be compared */
     } else if (strcmp(row.type, evs[i].type) != 0 || !payload_equal(&evs[i], &row)) {
       rc = es_fail(err, ES_ID_CONFLICT,
                    "event id '%s' is already stored with a different %s", evs[i].id,
@@ -686,6 +735,8 @@ static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_n
                          size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
                          const char *scope, es_events *out, es_err *err) {
   int rc = ES_OK;
+  es_keyring ring; /* §3.10: data keys of this batch */
+  es_keyring_init(&ring);
   for (size_t i = 0; i < n && rc == ES_OK; i++) {
     const es_new_event *e = &evs[i];
     char gen[ES_MAX_NAME_BYTES + 1];
@@ -717,7 +768,19 @@ static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_n
       if (row.queued) row.due_at = due_of(&row, now);
       si->pending++;
     }
-    rc = s->ops->event_insert(t, &row, err);
+    /* §3.10: the row stores the sealed text; the caller gets the plaintext */
+    char *sealed = NULL;
+    const char *plain = row.payload;
+    size_t plain_len = row.payload_len;
+    if (e->key) {
+      row.key = (char *)e->key;
+      rc = es_crypto_seal(s, t, &ring, &row, plain, plain_len, &sealed, &row.payload_len, err);
+      row.payload = sealed;
+    }
+    if (rc == ES_OK) rc = s->ops->event_insert(t, &row, err);
+    row.payload = (char *)plain;
+    row.payload_len = plain_len;
+    free(sealed);
     if (rc == ES_OK) {
       si->head++;
       si->events++;
@@ -725,6 +788,7 @@ static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_n
       if (out && es_events_push_copy(out, &row)) rc = nomem(err);
     }
   }
+  es_keyring_destroy(&ring);
   si->updated_at = now;
   return rc;
 }
@@ -894,6 +958,7 @@ typedef struct {
   int64_t after, through, limit;
   es_events *out;
   int64_t head;
+  int at_rest;   /* §3.10 read_at_rest: payloads as stored */
 } range_args;
 
 /* Backend iterations copy rows into a list through a collector. A
@@ -915,6 +980,12 @@ static int collect_event(void *ctx, const es_event *row) {
   return 1;
 }
 
+/* §3.10: every path that returns events opens sealed payloads (or marks
+ * them shredded) inside its transaction, after collecting them. */
+static int revealed(es_store *s, es_txn *t, int rc, es_events *list, es_err *err) {
+  return rc == ES_OK ? es_crypto_reveal(s, t, NULL, list->v, list->n, err) : rc;
+}
+
 static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
   range_args *a = arg;
   es_session_info si;
@@ -934,10 +1005,14 @@ static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = es_archive_read_part(s, t, &si, &after, through, &limit, a->out, err);
   es_session_info_destroy(&si);
   if (rc) return rc;
-  if (through <= after || limit == 0) return ES_OK;
   collector c = {a->out, 0};
-  int rc2 = s->ops->event_range(t, a->session, after, through, limit, collect_event, &c, err);
-  return collected(rc2, &c, err);
+  int rc2 = ES_OK;
+  if (through > after && limit != 0)
+    rc2 = collected(s->ops->event_range(t, a->session, after, through, limit, collect_event, &c, err),
+                    &c, err);
+  /* §3.10: archived and live rows alike (segments keep payloads as stored) */
+  if (a->at_rest) return rc2 == ES_OK ? es_crypto_mark_at_rest(s, t, a->out->v, a->out->n, err) : rc2;
+  return revealed(s, t, rc2, a->out, err);
 }
 
 static int read_range(es_store *s, range_args *a, es_err *err) {
@@ -963,14 +1038,14 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
                   es_events *out, es_err *err) {
   if (s->base) return es_tenant_read(s, session, after, through, limit, out, err);
-  range_args a = {session, after, through, limit, out, 0};
+  range_args a = {session, after, through, limit, out, 0, 0};
   return read_range(s, &a, err);
 }
 
 int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                          int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
   if (s->base) return es_tenant_events_page(s, session, after, through, limit, out, through_out, err);
-  range_args a = {session, after, through, limit, out, 0};
+  range_args a = {session, after, through, limit, out, 0, 0};
   int rc = read_range(s, &a, err);
   if (rc == ES_OK) *through_out = through == ES_NONE ? a.head : (through < a.head ? through : a.head);
   return rc;
@@ -1015,8 +1090,9 @@ typedef struct {
 static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
   collector c = {a->out, 0};
-  return collected(s->ops->event_all(t, a->scope, a->after, a->limit, collect_event, &c, err), &c,
-                   err);
+  int rc = collected(s->ops->event_all(t, a->scope, a->after, a->limit, collect_event, &c, err), &c,
+                     err);
+  return revealed(s, t, rc, a->out, err);
 }
 
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
@@ -1061,6 +1137,7 @@ typedef struct {
 static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
   get_args *a = arg;
   int rc = get_event(s, t, a->session, a->index, a->out, err);
+  if (rc == ES_OK) rc = es_crypto_reveal(s, t, NULL, a->out, 1, err);
   if (rc != ES_NO_SUCH_EVENT) return rc;
   es_session_info si;
   if (s->ops->session_get(t, a->session, &si, err) != ES_OK) return rc;
@@ -1073,6 +1150,7 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
     if (rc == ES_OK && one.n == 1) {
       *a->out = one.v[0];  /* moves the event out of the list */
       one.n = 0;
+      rc = es_crypto_reveal(s, t, NULL, a->out, 1, err); /* §3.10: segments keep it sealed */
     } else if (rc == ES_OK) {
       rc = es_fail(err, ES_NO_SUCH_EVENT, "no event at index %lld in session '%s'",
                    (long long)a->index, a->session);
@@ -1181,6 +1259,7 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
   }
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++)
     rc = claim_row(s, t, &a->out->v[i], a->o->holder, a->now, a->expires, err);
+  rc = revealed(s, t, rc, a->out, err);
   if (rc == ES_OK && a->out->n > 0) {
     a->outcome = ES_CLAIMED;
     si.attempts += (int64_t)a->out->n;
@@ -1320,6 +1399,7 @@ static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = s->ops->session_put(t, &si, err);
     es_session_info_destroy(&si);
   }
+  rc = revealed(s, t, rc, a->out, err);
   if (rc == ES_OK)
     rc = a->types ? next_due_of_types(s, t, a, &a->retry_at, err)
                   : next_due(s, t, NULL, a->scope, a->now, &a->retry_at, err);
@@ -1784,9 +1864,10 @@ int es_store_settle(es_store *s, const char *session, int64_t index, const char 
 static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
   collector c = {a->out, 0};
-  return collected(
+  int rc = collected(
       s->ops->dead_list(t, a->session, a->scope, a->after, a->limit, collect_event, &c, err), &c,
       err);
+  return revealed(s, t, rc, a->out, err);
 }
 
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
@@ -1843,8 +1924,9 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
     return rc;
   }
   collector c = {a->events, 0};
-  return collected(
+  rc = collected(
       s->ops->event_range(t, a->session, after, INT64_MAX, ES_NONE, collect_event, &c, err), &c, err);
+  return revealed(s, t, rc, a->events, err);
 }
 
 int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
@@ -2392,6 +2474,7 @@ typedef struct {
   int64_t at, now;
   es_lineage *out;
   const char *scope;  /* §3.11: the tenant prefix of the copies' ids, or NULL */
+  es_keyring *ring;   /* §3.10: data keys of the copies sealed again (row by row) */
 } fork_args;
 
 typedef struct {
@@ -2455,7 +2538,15 @@ static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *
   row.returned = -1;
   row.origin_session = (char *)a->from;
   row.origin_index = src->index;
-  if ((rc = s->ops->event_insert(t, &row, err))) return rc;
+  row.key = src->key;
+  char *sealed = NULL;
+  if (src->key)
+    rc = es_crypto_fork_payload(s, t, a->ring, src, &row, &sealed, &row.payload_len, err);
+  if (sealed) row.payload = sealed;
+  else row.payload_len = src->payload_len; /* no key, or shredded: copied as stored */
+  if (rc == ES_OK) rc = s->ops->event_insert(t, &row, err);
+  free(sealed);
+  if (rc) return rc;
   if (dst->first_at == ES_NONE) dst->first_at = src->created_at;
   dst->head = dst->events = src->index;
   return ES_OK;
@@ -2497,11 +2588,24 @@ static int fork_archived(es_store *s, es_txn *t, fork_args *a, es_session_info *
 /* Copies the source's events 1..at in chunks (a backend iteration must not
  * run while rows are inserted) as processed rows of `to`. */
 static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *dst, es_err *err) {
-  int64_t after = 0;
-  int rc = fork_archived(s, t, a, dst, &after, err);
+  /* §3.10: sealed payloads are bound to their event's id, so a store that
+   * has ever sealed one copies row by row (each copy sealed again). */
+  int keyed = 0;
+  int rc = es_crypto_in_use(s, t, &keyed, err);
   if (rc) return rc;
-  if (after == 0 && s->ops->event_copy && !s->ids && a->at > 0)
-    return fork_events_bulk(s, t, a, dst, err);
+  int64_t after = 0;
+  if (!keyed && s->ops->event_copy && !s->ids && a->at > 0) {
+    /* the bulk copy serves a source without archived events */
+    es_session_info src;
+    if ((rc = s->ops->session_get(t, a->from, &src, err))) return rc;
+    int archived = src.archived_through > 0;
+    es_session_info_destroy(&src);
+    if (!archived) return fork_events_bulk(s, t, a, dst, err);
+  }
+  es_keyring ring;
+  es_keyring_init(&ring);
+  a->ring = &ring;
+  rc = fork_archived(s, t, a, dst, &after, err);
   while (rc == ES_OK && after < a->at) {
     es_events chunk = {0};
     collector c = {&chunk, 0};
@@ -2515,6 +2619,7 @@ static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *ds
     if (chunk.n) after = chunk.v[chunk.n - 1].index;
     es_events_destroy(&chunk);
   }
+  es_keyring_destroy(&ring);
   return rc;
 }
 
@@ -2619,7 +2724,7 @@ int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, c
   if (strcmp(from, to) == 0)
     return es_fail(err, ES_INVALID_ARGUMENT, "cannot fork session '%s' into itself", from);
   if ((rc = es_core_enter(s, err))) return rc;
-  fork_args a = {from, to, at, 0, out, scope};
+  fork_args a = {from, to, at, 0, out, scope, NULL};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = es_core_write(s, do_fork, &a, err);
   es_core_leave(s);
@@ -3151,7 +3256,8 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
   if ((rc = s->ops->event_delete_range(t, a->session, INT64_MAX, err)) ||
       (rc = es_archive_drop(s, t, a->session, INT64_MAX, &a->drop, err)) || /* §3.9 */
       (rc = s->ops->snapshot_delete_all(t, a->session, err)) ||
-      (rc = s->ops->ref_delete_session(t, a->session, err)))
+      (rc = s->ops->ref_delete_session(t, a->session, err)) ||
+      (rc = s->ops->key_use_delete_session(t, a->session, err)))
     return rc;
   rc = s->ops->session_delete(t, a->session, err);
   a->done = rc == ES_OK;
@@ -3170,4 +3276,14 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
   es_core_leave(s);
   if (rc == ES_OK) *deleted = a.done;
   return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.10 crypto-shredding: reads as stored (the rest is in crypto.c) */
+
+int es_store_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                          int64_t limit, es_events *out, es_err *err) {
+  if (s->base) return es_tenant_read_at_rest(s, session, after, through, limit, out, err);
+  range_args a = {session, after, through, limit, out, 0, 1};
+  return read_range(s, &a, err);
 }

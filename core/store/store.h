@@ -137,6 +137,8 @@ typedef struct es_new_event {
   int64_t cause_index;     /* ES_NONE: none (complete() sets its own) */
   int64_t cause_attempt;
   int64_t not_before;      /* ES_NONE: none */
+  const char *key;         /* §3.10: the data key to seal the payload under (a name); NULL:
+                              stored as given. Needs a store opened with keys_path. */
 } es_new_event;
 
 void es_new_event_init(es_new_event *e);  /* NULL strings, ES_NONE optionals */
@@ -672,6 +674,39 @@ int es_store_verify_archive(es_store *s, const char *session, es_archive_report 
                             es_err *err);
 
 /* 3.10 Crypto-shredding (crypto.c) ---------------------------------------- */
+
+/* A store opened with es_open_opts.keys_path seals the payload of every
+ * event appended with es_new_event.key (append, complete, fork copies):
+ * XChaCha20-Poly1305 under that key's data key, the event id and key name
+ * bound in as associated data. Backends keep the sealed text ("es1:" +
+ * base64url of nonce || ciphertext) and es_event.key; every call that
+ * returns events opens them again, so callers see the plaintext payload,
+ * or payload NULL with shredded = 1 once the key was shredded. A keyed
+ * event whose key is live, read through a store opened without keys_path,
+ * is INVALID_ARGUMENT (the call names the event and the key); a sealed
+ * payload that fails authentication is STORAGE naming the event, never
+ * other data. docs/shredding.md says what is and is not guaranteed. */
+
+/* Destroys data key `name` (a name, es_check_name) in one write
+ * transaction: its wrapped copy is erased (the row stays as a tombstone
+ * with shredded_at, so the name can never seal new data), and in every
+ * session holding events under it the snapshots at or after the first
+ * such event are dropped (they may have folded the plaintext). Then the
+ * backend scrubs what it freed (sqlite: secure_delete, plus a TRUNCATE
+ * checkpoint so the WAL keeps no old page). *was_live: 1 when a live key
+ * was destroyed by this call; 0 when it was already shredded or never
+ * used (a tombstone is written then too). Irreversible and idempotent;
+ * needs no master key (works on a store opened without keys_path).
+ * Errors: INVALID_ARGUMENT (name), STORAGE (also when the shred committed
+ * but the scrub could not finish: calling shred again finishes it),
+ * CLOSED. */
+int es_store_shred(es_store *s, const char *name, int *was_live, es_err *err);
+
+/* Events as stored, for audits: es_store_read's range rules, but keyed
+ * events keep their sealed text as payload (not JSON), with key set and
+ * shredded = 1 when their key was shredded. Needs no master key. */
+int es_store_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                          int64_t limit, es_events *out, es_err *err);
 
 /* 3.11 Tenants (tenant.c) -------------------------------------------------- */
 

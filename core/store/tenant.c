@@ -117,27 +117,35 @@ static int batch_in(const es_store *s, const es_new_event *evs, size_t n, es_new
   if (n > s->base->max_batch)
     return es_fail(err, ES_TOO_LARGE, "batch of %zu events, over the limit of %zu", n,
                    s->base->max_batch);
+  /* the given ids and (§3.10) key names go behind the prefix: a tenant's
+   * data keys are its own, shredding one never reaches another tenant */
   size_t bytes = n * sizeof **out;
   for (size_t i = 0; i < n; i++) {
-    if (!evs[i].id) continue;
-    char label[48];
-    snprintf(label, sizeof label, "events[%zu].id", i + 1);
-    tname probe;
-    int rc = name_in(s, label, evs[i].id, &probe, err);
-    if (rc) return rc;
-    bytes += s->tenant_len + strlen(evs[i].id) + 1;
+    const char *names[2] = {evs[i].id, evs[i].key};
+    for (int f = 0; f < 2; f++) {
+      if (!names[f]) continue;
+      char label[48];
+      snprintf(label, sizeof label, "events[%zu].%s", i + 1, f ? "key" : "id");
+      tname probe;
+      int rc = name_in(s, label, names[f], &probe, err);
+      if (rc) return rc;
+      bytes += s->tenant_len + strlen(names[f]) + 1;
+    }
   }
   es_new_event *v = malloc(bytes ? bytes : 1);
   if (!v) return nomem(err);
   char *p = (char *)(v + n);
   for (size_t i = 0; i < n; i++) {
     v[i] = evs[i];
-    if (!evs[i].id) continue;
-    size_t k = strlen(evs[i].id);
-    memcpy(p, s->tenant_prefix, s->tenant_len);
-    memcpy(p + s->tenant_len, evs[i].id, k + 1);
-    v[i].id = p;
-    p += s->tenant_len + k + 1;
+    const char **fields[2] = {&v[i].id, &v[i].key};
+    for (int f = 0; f < 2; f++) {
+      if (!*fields[f]) continue;
+      size_t k = strlen(*fields[f]);
+      memcpy(p, s->tenant_prefix, s->tenant_len);
+      memcpy(p + s->tenant_len, *fields[f], k + 1);
+      *fields[f] = p;
+      p += s->tenant_len + k + 1;
+    }
   }
   *out = v;
   return ES_OK;
@@ -156,6 +164,7 @@ static void strip_event(const es_store *s, es_event *e) {
   strip(s, e->id);
   strip(s, e->session);
   strip(s, e->origin_session);
+  strip(s, e->key);
 }
 
 static void strip_events(const es_store *s, es_events *l) {
@@ -981,5 +990,28 @@ int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report
     strip_problems(s, out->problems, out->n_problems);
     strip_problems(s, out->orphans, out->n_orphans);
   }
+  return t_done(s, rc, err);
+}
+
+/* ---- crypto-shredding (§3.10) ------------------------------------------ */
+
+/* A tenant's key names are stored behind its prefix (batch_in). */
+int es_tenant_shred(es_store *s, const char *name, int *was_live, es_err *err) {
+  tname k;
+  *was_live = 0;
+  int rc = t_enter(s, err);
+  if (!rc) rc = name_in(s, "key", name, &k, err);
+  if (!rc) rc = es_store_shred(s->base, k.v, was_live, err);
+  return t_done(s, rc, err);
+}
+
+int es_tenant_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                           int64_t limit, es_events *out, es_err *err) {
+  tname ss;
+  memset(out, 0, sizeof *out);
+  int rc = t_enter(s, err);
+  if (!rc) rc = name_in(s, "session", session, &ss, err);
+  if (!rc) rc = es_store_read_at_rest(s->base, ss.v, after, through, limit, out, err);
+  if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }

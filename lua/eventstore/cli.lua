@@ -266,13 +266,13 @@ terminal a progress line is kept on stderr. At the end prints to stdout:
 })
 
 command("append", {
-  synopsis = "append SESSION TYPE [JSON] [--id ID] [--lane LANE] | append SESSION < NDJSON",
+  synopsis = "append SESSION TYPE [JSON] [--id ID] [--lane LANE] [--key KEY] | append SESSION < NDJSON",
   summary = "append one event, or NDJSON events from stdin",
   help = [[
 With TYPE: appends one event of that type to SESSION, its payload the JSON
 argument (null when omitted).
 Without TYPE: reads events from stdin, one JSON object per line
-  {"type": "...", "payload": ..., "id": "...", "lane": "..."}
+  {"type": "...", "payload": ..., "id": "...", "lane": "...", "key": "..."}
 (only type is required; blank lines are skipped). Every line is checked
 before anything is written; all of them are appended as one batch (at most
 10,000 events), atomically.
@@ -284,26 +284,34 @@ already processed (facts nothing will handle).
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
   --id ID         the event's id (default: generated)
   --lane LANE     the event's lane
+  --key KEY       seal the payload under data key KEY (needs --keys; see
+                  shred and docs/shredding.md)
 ]],
   args = { 1, 3 },
-  options = { db = "string", scripts = "string", id = "string", lane = "string" },
+  options = { db = "string", scripts = "string", id = "string", lane = "string", key = "string" },
 })
 
 command("read", {
-  synopsis = "read SESSION [--after N] [--limit N] [--follow] [--db URL]",
+  synopsis = "read SESSION [--after N] [--limit N] [--follow | --at-rest] [--db URL]",
   summary = "print a session's events as NDJSON",
   help = [[
 Prints the events of SESSION after index N, one JSON object per line, in
 index order. With --follow keeps printing new events as they are appended
 (also by other processes) until interrupted.
+An event sealed under a data key (append --key) carries "key"; its payload
+needs the store's --keys to be read, and once the key was shredded it
+prints as "payload": null, "shredded": true. With --at-rest events are
+printed as stored, for audits: a sealed event's "ciphertext" instead of its
+payload (no --keys needed).
 ]],
   options_help = DB_HELP .. [[
   --after N       start after index N (default 0)
   --limit N       print at most N events
   --follow        wait for new events
+  --at-rest       print sealed payloads as stored (ciphertext)
 ]],
   args = { 1, 1 },
-  options = { db = "string", after = { int = 0 }, limit = { int = 1 }, follow = "flag" },
+  options = { db = "string", after = { int = 0 }, limit = { int = 1 }, follow = "flag", ["at-rest"] = "flag" },
 })
 
 command("state", {
@@ -613,6 +621,25 @@ nothing to merge: before = after and nothing is written.
   options_help = DB_HELP,
   args = { 1, 1 },
   options = { db = "string" },
+command("shred", {
+  synopsis = "shred KEY --yes [--db URL]",
+  summary = "destroy a data key: its sealed payloads become unreadable",
+  help = [[
+Destroys data key KEY (CONTRACT 3.10): every payload sealed under it (append
+--key KEY) reads from then on as "payload": null, "shredded": true, the
+snapshots that folded such events are dropped, and the name can never seal
+new data. The events themselves stay. Needs no master key (--keys). There is
+no undo, so it asks for --yes (exit 2 without it). Shredding twice is
+harmless. Prints {"key", "shredded"}: shredded is true when a live key was
+destroyed now, false when it was already shredded or never used (the name is
+burned either way). docs/shredding.md says what is and is not guaranteed
+(backups made before, copies elsewhere).
+]],
+  options_help = DB_HELP .. [[
+  --yes           really shred
+]],
+  args = { 1, 1 },
+  options = { db = "string", yes = "flag" },
 })
 
 command("help", {
@@ -897,7 +924,7 @@ function commands.run.run(o)
   return 0
 end
 
-local LINE_FIELDS = { type = true, payload = true, id = true, lane = true }
+local LINE_FIELDS = { type = true, payload = true, id = true, lane = true, key = true }
 
 -- Checks one stdin line; returns the event or raises "stdin line N: why".
 local function parse_line(n, text)
@@ -911,24 +938,26 @@ local function parse_line(n, text)
   end
   for k in pairs(v) do
     if not LINE_FIELDS[k] then
-      fail("stdin line %d: unknown field '%s' (expected type, payload, id, lane)", n, tostring(k))
+      fail("stdin line %d: unknown field '%s' (expected type, payload, id, lane, key)", n, tostring(k))
     end
   end
   if type(v.type) ~= "string" or v.type == "" then
     fail("stdin line %d: \"type\" must be a non-empty string", n)
   end
-  for _, f in ipairs({ "id", "lane" }) do
+  for _, f in ipairs({ "id", "lane", "key" }) do
     if v[f] ~= nil and type(v[f]) ~= "string" then
       fail("stdin line %d: \"%s\" must be a string", n, f)
     end
   end
-  return { type = v.type, payload = v.payload, id = v.id, lane = v.lane }
+  return { type = v.type, payload = v.payload, id = v.id, lane = v.lane, key = v.key }
 end
 
 function commands.append.check(o, args)
   if #args == 1 then
     if o.id or o.lane then
       usage_error("append", true, "append: --id and --lane need TYPE (stdin lines carry their own)")
+    elseif o.key then
+      usage_error("append", true, "append: --key needs TYPE (stdin lines carry their own \"key\")")
     end
   elseif args[3] ~= nil then
     local ok, v = pcall(json.decode, args[3])
@@ -958,7 +987,7 @@ function commands.append.run(o, args)
       if line:match("%S") then events[#events + 1] = parse_line(n, line) end
     end
   else
-    events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane } }
+    events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane, key = o.key } }
   end
   -- Only an explicit --scripts: a ./scripts that belongs to another app
   -- must not decide that this app's events need no handling (CONTRACT §4).
@@ -977,9 +1006,16 @@ function commands.append.run(o, args)
   return 0
 end
 
+function commands.read.check(o)
+  if o.follow and o["at-rest"] then
+    usage_error("read", true, "read: --follow and --at-rest exclude each other")
+  end
+end
+
 function commands.read.run(o, args)
   local session = args[1]
   local store <close> = open_store(o, false)
+  local read = o["at-rest"] and store.read_at_rest or store.read
   local left = o.limit
   local after = o.after or 0
   if o.follow then
@@ -996,7 +1032,7 @@ function commands.read.run(o, args)
   while true do
     local n = left ~= nil and math.min(left, READ_PAGE) or READ_PAGE
     if n == 0 then break end
-    local page = store:read(session, { after = after, limit = n })
+    local page = read(store, session, { after = after, limit = n })
     print_events(page)
     if #page > 0 then after = page[#page].index end
     if left ~= nil then left = left - #page end
@@ -1263,6 +1299,15 @@ commands["compact-archive"].run = function(o, args)
   local store <close> = open_store(o, false)
   local r = store:compact_archive(args[1])
   out(row_json({ session = args[1], before = r.before, after = r.after }))
+function commands.shred.check(o)
+  if not o.yes then
+    usage_error("shred", true, "shred: this destroys the key for good; add --yes to do it")
+  end
+end
+
+function commands.shred.run(o, args)
+  local store <close> = open_store(o, false)
+  out(row_json({ key = args[1], shredded = store:shred(args[1]) }))
   return 0
 end
 

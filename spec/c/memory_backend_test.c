@@ -2940,6 +2940,111 @@ static void test_snapshot_delete_all(void) {
   OPS->close(b);
 }
 
+/* §3.10: key rows, key uses, snapshot_delete_from; each undone exactly. */
+typedef struct {
+  char session[16][16];
+  int64_t first[16];
+  int n;
+} uses;
+
+static int collect_use(void *ctx, const char *session, int64_t first_index) {
+  uses *u = ctx;
+  if (u->n < 16) {
+    snprintf(u->session[u->n], 16, "%s", session);
+    u->first[u->n++] = first_index;
+  }
+  return 0;
+}
+
+static uses list_uses(es_txn *t, const char *key) {
+  uses u = {0};
+  es_err err;
+  CHECK_RC(OPS->key_use_list(t, key, collect_use, &u, &err), ES_OK);
+  return u;
+}
+
+static void test_crypto_ops(void) {
+  es_backend *b = open_mem();
+  es_txn *t = wbegin(b);
+  es_err err;
+  unsigned char w1[] = {1, 0, 2, 3}, w2[] = {9, 9};
+  es_key_row k = {"k", w1, sizeof w1, 10, ES_NONE}, got;
+  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->key_put(t, &k, &err), ES_OK);
+  CHECK_RC(OPS->key_use_put(t, "k", "s", 3, &err), ES_OK);
+  CHECK_RC(OPS->key_use_put(t, "k", "s", 5, &err), ES_OK); /* keeps the lower */
+  CHECK_RC(OPS->key_use_put(t, "k", "a", 7, &err), ES_OK);
+  CHECK_RC(OPS->key_use_put(t, "k2", "s", 1, &err), ES_OK);
+  CHECK_RC(snap_put(t, "s", "r1", 2, "S2", "v"), ES_OK);
+  CHECK_RC(snap_put(t, "s", "r2", 3, "S3", "v"), ES_OK);
+  CHECK_RC(snap_put(t, "s", "r3", 4, "S4", "v"), ES_OK);
+  commit(t);
+
+  t = wbegin(b);
+  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  CHECK(got.wrapped_len == 4 && memcmp(got.wrapped, w1, 4) == 0 && got.created_at == 10 &&
+        got.shredded_at == ES_NONE && strcmp(got.name, "k") == 0);
+  es_key_row_destroy(&got);
+  uses u = list_uses(t, "k");
+  CHECK(u.n == 2 && strcmp(u.session[0], "a") == 0 && u.first[0] == 7 &&
+        strcmp(u.session[1], "s") == 0 && u.first[1] == 3);
+  /* replace, lower a use, delete from 3, drop a session's uses: all undone */
+  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  es_key_row tomb = {"k", NULL, 0, 10, 20};
+  CHECK_RC(OPS->key_put(t, &tomb, &err), ES_OK);
+  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  CHECK(got.wrapped == NULL && got.shredded_at == 20);
+  es_key_row_destroy(&got);
+  CHECK_RC(OPS->key_use_put(t, "k", "a", 2, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_delete_from(t, "s", 3, &err), ES_OK);
+  snaps c = {0};
+  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK(c.n == 1 && strcmp(c.reducer[0], "r1") == 0);
+  CHECK_RC(snap_put(t, "s", "r9", 9, "S9", "v"), ES_OK);
+  CHECK_RC(OPS->key_use_delete_session(t, "s", &err), ES_OK);
+  u = list_uses(t, "k");
+  CHECK(u.n == 1 && strcmp(u.session[0], "a") == 0 && u.first[0] == 2);
+  CHECK(list_uses(t, "k2").n == 0);
+  OPS->savepoint_rollback(t);
+  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  CHECK(got.wrapped_len == 4 && memcmp(got.wrapped, w1, 4) == 0);
+  es_key_row_destroy(&got);
+  u = list_uses(t, "k");
+  CHECK(u.n == 2 && u.first[0] == 7 && u.first[1] == 3);
+  CHECK(list_uses(t, "k2").n == 1);
+  c = (snaps){0};
+  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK(c.n == 3 && c.index[0] == 2 && c.index[1] == 3 && c.index[2] == 4);
+  /* committed this time */
+  k.wrapped = w2;
+  k.wrapped_len = sizeof w2;
+  CHECK_RC(OPS->key_put(t, &k, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_delete_from(t, "s", 4, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_delete_from(t, "nobody", 1, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  CHECK(got.wrapped_len == 2 && got.wrapped[0] == 9);
+  es_key_row_destroy(&got);
+  c = (snaps){0};
+  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK(c.n == 2 && c.index[1] == 3);
+  OPS->read_end(t);
+  /* a session that was only snapshots goes with its last one */
+  t = wbegin(b);
+  CHECK_RC(snap_put(t, "only", "r", 5, "x", "v"), ES_OK);
+  commit(t);
+  t = wbegin(b);
+  CHECK_RC(OPS->snapshot_delete_from(t, "only", 1, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  c = (snaps){0};
+  CHECK_RC(OPS->snapshot_list(t, "only", collect_snap, &c, &err), ES_OK);
+  CHECK(c.n == 0);
+  OPS->read_end(t);
+  OPS->close(b);
+}
+
 static void test_ref_delete_session(void) {
   es_backend *b = open_mem();
   es_txn *t = wbegin(b);
@@ -4297,6 +4402,8 @@ int main(int argc, char **argv) {
   run("snapshot_delete_all: that session's only, put again, undo", test_snapshot_delete_all);
   run("ref_delete_session: exactly the refs naming it, following puts, undo",
       test_ref_delete_session);
+  run("crypto-shredding: key rows, key uses, snapshot_delete_from, each undone exactly",
+      test_crypto_ops);
   run("retention: random transactions against a model, rollbacks against dumps",
       test_retention_random);
   run("retention: out of memory in each removal changes nothing", test_out_of_memory_removal);
