@@ -146,7 +146,7 @@ install: all
 # the store's Lua face (hostile Lua values through append, claim, presence);
 # see fuzz/README.md. Bounded: FUZZ_TIME seconds per target (default 60).
 fuzz:
-	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus $(BUILD)/fuzz/segment_corpus
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/json_fuzz.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
@@ -158,12 +158,18 @@ fuzz:
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/store_fuzz.c $(CORE_SRC) -o $(BUILD)/fuzz/store_fuzz -llua5.4 $(LDLIBS)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  fuzz/segment_fuzz.c core/store/segment.c core/store/rows.c core/util/buf.c core/es.c \
+	  -o $(BUILD)/fuzz/segment_fuzz -lzstd -lsodium -lm
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
 	$(BUILD)/fuzz/state_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/state- $(BUILD)/fuzz/state_corpus
 	$(BUILD)/fuzz/store_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/store- $(BUILD)/fuzz/store_corpus
+	$(BUILD)/fuzz/segment_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
+	  -artifact_prefix=$(BUILD)/fuzz/segment- $(BUILD)/fuzz/segment_corpus
 
 clean:
 	rm -rf build build-san
