@@ -529,6 +529,24 @@ end
           expect_error("STORAGE", s4.read, s4, "s", { limit = 1 })
         end)
 
+        it("a ciphertext moved between events whose long ids differ only at their end is STORAGE (the whole id is bound)", function()
+          -- a tenant's stored names reach 64 + 1 + 255 bytes: the
+          -- associated data must hold all of them, not a cut-off start
+          local store, _, concrete, keys = new()
+          local t = store:tenant(string.rep("T", 64))
+          local key, common = string.rep("k", 255), string.rep("x", 140)
+          t:append("s", {
+            { type = "t", id = common .. string.rep("a", 115), payload = { who = "alice" }, key = key },
+            { type = "t", id = common .. string.rep("b", 115), payload = { who = "bob" }, key = key },
+          })
+          store:close()
+          local path = db_path(concrete)
+          sqlite_exec(path, "UPDATE events SET payload = CASE idx WHEN 1 THEN (SELECT payload FROM events WHERE idx = 2)"
+            .. " ELSE (SELECT payload FROM events WHERE idx = 1) END")
+          local again = helpers.open_same(concrete, { keys = keys }):tenant(string.rep("T", 64))
+          expect_error("STORAGE", again.read, again, "s")
+        end)
+
         it("the plaintext grep: sealed events never show the marker; after shred neither the key nor the snapshot is in any file", function()
           local marker = "SECRET-MARKER-7f3a9c"
           local store, _, concrete, keys = new()

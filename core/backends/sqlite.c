@@ -2832,6 +2832,12 @@ static int sq_snapshot_delete_from(es_txn *t, const char *session, int64_t index
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
+  /* §3.10: only shred drops snapshots this way; what it drops held
+   * plaintext, so it is zeroed even on a connection opened without keys */
+  if (!t->b->secure_delete) {
+    if ((code = sq_conn_exec(t->c, "PRAGMA secure_delete = ON", "write", err)) != ES_OK) return code;
+    t->b->secure_delete = 1;
+  }
   if ((code = sq_op(t, ST_SNAPSHOT_DELETE_FROM, &st, &temp, err)) != ES_OK) return code;
   sq_bind_str(st, 1, session);
   sqlite3_bind_int64(st, 2, index);

@@ -139,6 +139,14 @@ static int io_fail(es_err *err, const char *what, const char *path) {
   return es_fail(err, ES_STORAGE, "archive: cannot %s '%s': %s", what, path, strerror(errno));
 }
 
+static int sync_dir(const char *path, es_err *err) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return io_fail(err, "open the directory", path);
+  int rc = fsync(fd) == 0 ? ES_OK : io_fail(err, "sync the directory", path);
+  close(fd);
+  return rc;
+}
+
 /* mkdir -p with 0700 for what it creates. */
 static int make_dirs(const char *path, es_err *err) {
   char *p = strdup(path);
@@ -148,7 +156,18 @@ static int make_dirs(const char *path, es_err *err) {
     if (*q != '/' && *q != '\0') continue;
     char c = *q;
     *q = '\0';
-    if (mkdir(p, 0700) != 0 && errno != EEXIST) rc = io_fail(err, "create the directory", p);
+    if (mkdir(p, 0700) == 0) {
+      /* a new directory's entry must be durable before anything the
+       * database records comes to depend on it */
+      char *slash = strrchr(p, '/');
+      if (slash && slash != p) {
+        *slash = '\0';
+        rc = sync_dir(p, err);
+        *slash = '/';
+      }
+    } else if (errno != EEXIST) {
+      rc = io_fail(err, "create the directory", p);
+    }
     *q = c;
     if (c == '\0') break;
   }
@@ -159,13 +178,6 @@ static int make_dirs(const char *path, es_err *err) {
   return rc;
 }
 
-static int sync_dir(const char *path, es_err *err) {
-  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return io_fail(err, "open the directory", path);
-  int rc = fsync(fd) == 0 ? ES_OK : io_fail(err, "sync the directory", path);
-  close(fd);
-  return rc;
-}
 
 /* Writes data to path via path.tmp: write, fsync, rename. The caller syncs
  * the directory. On failure nothing is left under either name. */
@@ -177,6 +189,25 @@ static int write_file(const char *path, const unsigned char *data, size_t len, e
   memcpy(tmp + pl, ".tmp", 5);
   int rc = ES_OK;
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  for (int tries = 0; fd < 0 && errno == ENOENT && tries < 3; tries++) {
+    /* A truncate or delete of the session that committed meanwhile removed
+     * its emptied directory outside the write lock
+     * (es_archive_files_finish): make it again, durably. Once our file is
+     * in it, rmdir cannot take it. */
+    char *slash = strrchr(tmp, '/');
+    if (!slash || slash == tmp) break;
+    *slash = '\0';
+    int made = mkdir(tmp, 0700) == 0 || errno == EEXIST;
+    char *up = made ? strrchr(tmp, '/') : NULL;
+    if (up && up != tmp) {
+      *up = '\0';
+      made = sync_dir(tmp, err) == ES_OK;
+      *up = '/';
+    }
+    *slash = '/';
+    if (!made) break;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  }
   if (fd < 0) rc = io_fail(err, "create", tmp);
   for (size_t off = 0; rc == ES_OK && off < len;) {
     ssize_t n = write(fd, data + off, len - off);
@@ -192,7 +223,11 @@ static int write_file(const char *path, const unsigned char *data, size_t len, e
   return rc;
 }
 
-static int read_file(const char *path, unsigned char **out, size_t *len, int *missing) {
+/* Reads a whole file. One whose size is not `expect` is not read: *len
+ * says its size and *out stays NULL (a replaced or damaged file is never
+ * loaded whole into memory, however large it is). */
+static int read_file(const char *path, size_t expect, unsigned char **out, size_t *len,
+                     int *missing) {
   *out = NULL;
   *len = 0;
   *missing = 0;
@@ -204,7 +239,12 @@ static int read_file(const char *path, unsigned char **out, size_t *len, int *mi
   struct stat st;
   int rc = -1;
   unsigned char *buf = NULL;
-  if (fstat(fd, &st) == 0 && st.st_size >= 0 && (uint64_t)st.st_size < SIZE_MAX / 2) {
+  if (fstat(fd, &st) != 0 || st.st_size < 0) {
+    /* rc stays -1 */
+  } else if ((uint64_t)st.st_size != (uint64_t)expect || (uint64_t)st.st_size >= SIZE_MAX / 2) {
+    *len = (uint64_t)st.st_size < SIZE_MAX / 2 ? (size_t)st.st_size : SIZE_MAX / 2;
+    rc = 0;
+  } else {
     size_t n = (size_t)st.st_size, off = 0;
     buf = malloc(n ? n : 1);
     while (buf && off < n) {
@@ -300,7 +340,7 @@ static int seg_load(es_store *s, const char *session, const es_segment *row, loa
   memset(l, 0, sizeof *l);
   if (!(l->path = join(s->archive_dir, row->file))) return nomem(err);
   int missing;
-  if (read_file(l->path, &l->file, &l->len, &missing) != 0) {
+  if (read_file(l->path, row->bytes > 0 ? (size_t)row->bytes : 0, &l->file, &l->len, &missing) != 0) {
     int e = errno;
     int rc = missing ? es_fail(err, ES_STORAGE,
                                "archive segment '%s" MISSING_TEXT "%s', events %lld..%lld)",
@@ -312,7 +352,7 @@ static int seg_load(es_store *s, const char *session, const es_segment *row, loa
   }
   const char *why = NULL;
   char sum[2 * ES_SEG_SUM + 1];
-  if ((int64_t)l->len != row->bytes) {
+  if (!l->file || (int64_t)l->len != row->bytes) {
     why = "its size differs from the recorded one";
   } else if (es_seg_parse(l->file, l->len, &l->info, &why) == 0) {
     es_seg_hex(l->info.checksum, ES_SEG_SUM, sum);

@@ -102,19 +102,40 @@ static int open_bytes(const unsigned char *key, const unsigned char *c, size_t n
   return ES_OK;
 }
 
+/* Associated data: a format tag, then NUL-separated names, copied whole.
+ * Every name is checked (es_check_name) and a stored name is at most
+ * ES_MAX_NAME_BYTES (a tenant's prefix included), so AD_CAP always holds
+ * the tag and two names; should one not fit, the answer is 0 and the
+ * caller refuses, because cutting the associated data short would leave
+ * the end of a name unauthenticated (a payload could then be moved
+ * between events whose ids differ only there). */
+#define AD_CAP (16 + 2 * (ES_MAX_NAME_BYTES + 1))
+
+static size_t ad_build(const char *tag, const char *a, const char *b, unsigned char *ad, size_t cap) {
+  const char *parts[3] = {tag, a, b};
+  size_t n = 0;
+  for (int i = 0; i < 3 && parts[i]; i++) {
+    size_t k = strlen(parts[i]) + (i + 1 < 3 && parts[i + 1] ? 1 : 0); /* the NUL between */
+    if (n + k > cap) return 0;
+    memcpy(ad + n, parts[i], k);
+    n += k;
+  }
+  return n;
+}
+
 /* Associated data of a wrapped data key: binds the key to its name. */
 static size_t wrap_ad(const char *name, unsigned char *ad, size_t cap) {
-  int n = snprintf((char *)ad, cap, "es-key%c%s", 0, name);
-  return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+  return ad_build("es-key", name, NULL, ad, cap);
 }
 
 /* Associated data of a sealed payload: the format, the key, the event id. */
 static size_t payload_ad(const char *key, const char *id, unsigned char *ad, size_t cap) {
-  int n = snprintf((char *)ad, cap, "es1%c%s%c%s", 0, key, 0, id);
-  return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+  return ad_build("es1", key, id, ad, cap);
 }
 
-#define AD_CAP (16 + 2 * (ES_MAX_ID_BYTES + 1))
+static int ad_too_long(es_err *err) {
+  return es_fail(err, ES_INVALID_ARGUMENT, "a key name or event id is too long to seal under");
+}
 
 /* ---- the master key file ------------------------------------------------ */
 
@@ -359,6 +380,10 @@ static int ring_get(es_store *s, es_txn *t, es_keyring *r, const char *name, int
   memset(&row, 0, sizeof row);
   unsigned char ad[AD_CAP];
   size_t ad_len = wrap_ad(name, ad, sizeof ad);
+  if (ad_len == 0) {
+    free(e);
+    return ad_too_long(err);
+  }
   int rc = s->ops->key_get(t, name, &row, err);
   if (rc == ES_NOT_FOUND && create) {
     /* First use: a new data key, stored wrapped. */
@@ -427,6 +452,7 @@ static int seal_text(const unsigned char *key, const char *key_name, const char 
                      const char *plain, size_t n, char **out, size_t *out_len, es_err *err) {
   unsigned char ad[AD_CAP];
   size_t ad_len = payload_ad(key_name, id, ad, sizeof ad);
+  if (ad_len == 0) return ad_too_long(err);
   unsigned char *bin = NULL;
   size_t bin_len = 0;
   int rc = seal_bytes(key, (const unsigned char *)plain, n, ad, ad_len, &bin, &bin_len, err);
@@ -450,6 +476,7 @@ static int open_text(const unsigned char *key, const es_event *e, const char *id
                      size_t *out_len, es_err *err) {
   unsigned char ad[AD_CAP];
   size_t ad_len = payload_ad(e->key, id, ad, sizeof ad);
+  if (ad_len == 0) return ad_too_long(err);
   int rc = ES_STORAGE;
   if (e->payload && e->payload_len > SEALED_PREFIX_LEN &&
       memcmp(e->payload, SEALED_PREFIX, SEALED_PREFIX_LEN) == 0) {

@@ -181,15 +181,19 @@ static void strip_ref(const es_store *s, es_ref *r) {
   strip(s, r->session);
 }
 
+/* Drops every copy of the prefix from a text, in place. */
+static void strip_all(const es_store *s, char *m) {
+  for (char *hit; m && (hit = strstr(m, s->tenant_prefix));) {
+    memmove(hit, hit + s->tenant_len, strlen(hit + s->tenant_len) + 1);
+    m = hit;
+  }
+}
+
 /* Every copy of the prefix leaves the message: the base names sessions,
  * ids and refs as stored. */
 static int t_done(const es_store *s, int rc, es_err *err) {
   if (rc == ES_OK || !err) return rc;
-  char *m = err->msg;
-  for (char *hit; (hit = strstr(m, s->tenant_prefix));) {
-    memmove(hit, hit + s->tenant_len, strlen(hit + s->tenant_len) + 1);
-    m = hit;
-  }
+  strip_all(s, err->msg);
   return rc;
 }
 
@@ -929,7 +933,10 @@ int es_tenant_compact_archive(es_store *s, const char *session, int64_t *before,
 }
 
 static void strip_problems(const es_store *s, es_archive_problem *v, size_t n) {
-  for (size_t i = 0; i < n; i++) strip(s, v[i].session);
+  for (size_t i = 0; i < n; i++) {
+    strip(s, v[i].session);
+    strip_all(s, v[i].problem); /* "... (session 'T\x1fname', ...)" */
+  }
 }
 
 /* Moves the entries of one session's report to the end of *dst. */
@@ -969,16 +976,20 @@ int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report
         rc = es_store_verify_archive(s->base, page.v[i].session, &one, err);
         if (rc) break;
         out->checked += one.checked;
+        /* each list moved over belongs to out from then on: one keeps only
+         * what was not moved, so an out-of-memory frees nothing twice */
         if (take_problems(&out->problems, &out->n_problems, &out->cap_problems, one.problems,
-                          one.n_problems) ||
-            take_problems(&out->orphans, &out->n_orphans, &out->cap_orphans, one.orphans,
-                          one.n_orphans)) {
-          es_archive_report_destroy(&one);
+                          one.n_problems) == ES_OK)
+          one.n_problems = 0;
+        if (take_problems(&out->orphans, &out->n_orphans, &out->cap_orphans, one.orphans,
+                          one.n_orphans) == ES_OK)
+          one.n_orphans = 0;
+        int lost = one.n_problems || one.n_orphans;
+        es_archive_report_destroy(&one);
+        if (lost) {
           rc = nomem(err);
           break;
         }
-        free(one.problems);
-        free(one.orphans);
       }
       if (rc == ES_OK && page.cursor && !(after = strdup(page.cursor))) rc = nomem(err);
       es_sessions_destroy(&page);
