@@ -11,8 +11,9 @@
  * Each input is read as a small program: a sequence of store calls
  * (append, claim, claim_next, presence_set, presence_read, read, fail,
  * complete, renew, sessions, fork, fence, lease, seal, put_ref, promote,
- * truncate, delete, advancing the clock) on one memory: store
- * with a manual clock, whose arguments are Lua values made from the input
+ * truncate, delete, archive, shred, read_at_rest, calls through a tenant
+ * handle, advancing the clock) on one memory: store with a manual clock,
+ * a master key file and an archive directory, whose arguments are Lua values made from the input
  * bytes: names that may hold NUL bytes, invalid UTF-8 or 256 bytes;
  * integers at the int64 edges; floats (3.5, 2^63, NaN, infinities);
  * strings where numbers belong; nested and cyclic tables; tables with
@@ -26,8 +27,11 @@
  *     (its metatable, a known code other than STORAGE and CLOSED, a string
  *     message, tostring "CODE: message");
  *   - a call that raised changed nothing (the log, every dispatch record,
- *     every session row with its fence, lease, seal and lineage, the refs,
- *     and the presence of the namespaces used are as before);
+ *     every session row with its fence, lease, seal, lineage, first and
+ *     archived index, the segment lists, which payloads are shredded, the
+ *     refs, and the presence of the namespaces used are as before);
+ *   - an append through a tenant handle stored its events in the session
+ *     it was given, as the tenant names it (no prefix shows);
  *   - an append that returned stored every event in the session it was
  *     given, byte for byte (no name cut at a NUL), one per event;
  *   - a claim that returned claimed events holds them until a time after
@@ -323,6 +327,7 @@ static void push_event(lua_State *L, src *s) {
   maybe_field(L, s, "type", 'n', 7);
   maybe_field(L, s, "id", 'n', 3);
   maybe_field(L, s, "lane", 'n', 2);
+  maybe_field(L, s, "key", 'n', 1);
   maybe_field(L, s, "payload", 'v', 5);
   maybe_field(L, s, "not_before", 'i', 1);
   maybe_field(L, s, "settled", 'v', 1);
@@ -389,6 +394,8 @@ static uint64_t digest(es_store *st) {
     h = mix(h, e->not_before);
     h = mix_str(h, e->claim_holder);
     h = mix_str(h, e->last_error);
+    h = mix_str(h, e->key);
+    h = mix(h, e->shredded);
   }
   es_events_destroy(&all);
   es_sessions ss;
@@ -405,6 +412,16 @@ static uint64_t digest(es_store *st) {
     h = mix(h, si->lease_expires_at);
     h = mix_str(h, si->parent);
     h = mix(h, si->fork_at);
+    h = mix(h, si->first_index);
+    h = mix(h, si->archived_through);
+    es_segments segs;
+    CHECK(es_store_segments(st, si->session, &segs, &err) == ES_OK, "segments: %s", err.msg);
+    for (size_t k = 0; k < segs.n; k++) {
+      h = mix(h, segs.v[k].from);
+      h = mix(h, segs.v[k].through);
+      h = mix_str(h, segs.v[k].checksum);
+    }
+    es_segments_destroy(&segs);
   }
   es_sessions_destroy(&ss);
   es_refs refs;
@@ -486,12 +503,14 @@ static int same_text(lua_State *L, int a, int b) {
 
 enum { OP_APPEND, OP_CLAIM, OP_PRESENCE, OP_CLAIM_NEXT, OP_READ, OP_FAIL, OP_COMPLETE,
        OP_PRESENCE_READ, OP_RENEW, OP_SESSIONS, OP_FORK, OP_FENCE, OP_LEASE, OP_SEAL, OP_PUT_REF,
-       OP_PROMOTE, OP_TRUNCATE, OP_DELETE, OP_ADVANCE, N_OPS };
+       OP_PROMOTE, OP_TRUNCATE, OP_DELETE, OP_ARCHIVE, OP_SHRED, OP_READ_AT_REST, OP_TENANT,
+       OP_ADVANCE, N_OPS };
 
 static const char *const op_names[N_OPS] = {"append", "claim", "presence_set", "claim_next", "read",
                                             "fail", "complete", "presence_read", "renew", "sessions",
                                             "fork", "fence", "lease", "seal", "put_ref", "promote",
-                                            "truncate", "delete", "advance"};
+                                            "truncate", "delete", "archive", "shred",
+                                            "read_at_rest", "tenant", "advance"};
 
 /* Pushes the arguments of one call after the store (at index store);
  * returns their number. */
@@ -630,6 +649,15 @@ static int push_args(lua_State *L, src *s, int op) {
       push_session(L, s);
       push_index(L, s);
       return 2;
+    case OP_ARCHIVE:
+      push_session(L, s);
+      lua_createtable(L, 0, 1);
+      maybe_field(L, s, "through", 'i', 7);
+      return 2;
+    case OP_SHRED:
+    case OP_READ_AT_REST:
+      push_session(L, s); /* a key name or a session: the same kinds of bytes */
+      return 1;
     case OP_DELETE:
       if (pick(s, 4)) return 0; /* rarely: it empties the seeded session */
       push_session(L, s);
@@ -732,6 +760,66 @@ static void seed(es_store *st) {
   es_ref ref;
   CHECK(es_store_put_ref(st, "s", "s", &ref, &err) == ES_OK, "seed: %s", err.msg);
   es_ref_destroy(&ref);
+  /* processed events, some sealed: something to archive and to shred */
+  es_new_event p[3];
+  for (int i = 0; i < 3; i++) {
+    es_new_event_init(&p[i]);
+    p[i].type = "a";
+    p[i].settled = 1;
+    p[i].payload = "{\"x\":1}";
+    p[i].payload_len = 7;
+    if (i != 1) p[i].key = "k";
+  }
+  CHECK(es_store_append(st, "p", p, 3, ES_NONE, ES_NONE, NULL, &pending, &err) == ES_OK, "seed: %s", err.msg);
+}
+
+/* A directory for the whole run: the master key file and the archive. */
+static char run_dir[64];
+
+static const char *fuzz_dir(void) {
+  if (!run_dir[0]) {
+    snprintf(run_dir, sizeof run_dir, "/tmp/es-store-fuzz-XXXXXX");
+    CHECK(mkdtemp(run_dir) != NULL, "mkdtemp");
+  }
+  return run_dir;
+}
+
+/* A call through a tenant handle: tenant(name), then an append of fuzzed
+ * events there. Whatever the bytes, either call returns or raises cleanly,
+ * a raise changes nothing, and stored events carry the session as the
+ * tenant gave it. */
+static void tenant_call(lua_State *L, es_store *st, int store, src *s, int error_mt, stats *st_out) {
+  int top = lua_gettop(L);
+  lua_getfield(L, store, "tenant");
+  lua_pushvalue(L, store);
+  push_session(L, s); /* a tenant name: the same kinds of bytes */
+  int status = lua_pcall(L, 2, 1, 0);
+  if (status != LUA_OK) {
+    check_error(L, status, "tenant", error_mt);
+    if (st_out) st_out->raised[OP_TENANT]++;
+    lua_settop(L, top);
+    return;
+  }
+  int handle = lua_gettop(L);
+  lua_getfield(L, handle, "append");
+  lua_pushvalue(L, handle);
+  int base = lua_gettop(L) + 1;
+  push_session(L, s);
+  push_events(L, s);
+  lua_pushvalue(L, base);
+  lua_pushvalue(L, base + 1);
+  lua_rotate(L, handle + 1, 2); /* copies of the arguments below the call */
+  int copies = handle + 1;
+  uint64_t before = digest(st);
+  status = lua_pcall(L, 3, 1, 0);
+  if (status != LUA_OK) {
+    check_error(L, status, "tenant append", error_mt);
+    CHECK(digest(st) == before, "an append through a tenant raised but changed the store");
+  } else {
+    check_success(L, st, OP_APPEND, copies, copies + 2);
+  }
+  if (st_out) (status == LUA_OK ? st_out->ok : st_out->raised)[OP_TENANT]++;
+  lua_settop(L, top);
 }
 
 static void run_input(const uint8_t *data, size_t size, stats *st_out) {
@@ -756,9 +844,13 @@ static void run_input(const uint8_t *data, size_t size, stats *st_out) {
   int clock = lua_gettop(L);
   lua_getfield(L, mod, "open");
   lua_pushliteral(L, "memory:");
-  lua_createtable(L, 0, 1);
+  lua_createtable(L, 0, 3);
   lua_pushvalue(L, clock);
   lua_setfield(L, -2, "clock");
+  lua_pushfstring(L, "%s/keys", fuzz_dir());
+  lua_setfield(L, -2, "keys");
+  lua_pushfstring(L, "%s/archive", fuzz_dir());
+  lua_setfield(L, -2, "archive");
   lua_call(L, 2, 1);
   int store = lua_gettop(L);
   es_store *st = es_lua_check_store(L, store, NULL);
@@ -768,6 +860,10 @@ static void run_input(const uint8_t *data, size_t size, stats *st_out) {
   for (int ops = 0; ops < MAX_OPS && s.n > 0; ops++) {
     int op = (int)pick(&s, N_OPS);
     int top = lua_gettop(L);
+    if (op == OP_TENANT) {
+      tenant_call(L, st, store, &s, error_mt, st_out);
+      continue;
+    }
     if (op == OP_ADVANCE) {
       lua_getfield(L, clock, "advance");
       lua_pushvalue(L, clock);
@@ -833,8 +929,11 @@ int main(void) {
     }
     run_input(buf, n, &counts);
   }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", fuzz_dir());
+  if (system(cmd) != 0) fprintf(stderr, "store_fuzz: could not remove %s\n", fuzz_dir());
   printf("ok 1 - store_fuzz: %ld pseudo-random inputs through append, claim, presence, fork, "
-         "fences and more\n",
+         "fences, archive, shredding, tenants and more\n",
          iters);
   for (int op = 0; op < N_OPS; op++)
     printf("# %-13s %6lu returned, %6lu raised\n", op_names[op], counts.ok[op], counts.raised[op]);
