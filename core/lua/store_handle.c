@@ -852,7 +852,11 @@ static int m_append(lua_State *L) {
   return done(L, h, 2);
 }
 
-static int m_read(lua_State *L) {
+typedef int (*range_reader)(es_store *s, const char *session, int64_t after, int64_t through,
+                            int64_t limit, es_events *out, es_err *err);
+
+/* store:read and store:read_at_rest: (session, {after, through, limit}). */
+static int read_with(lua_State *L, range_reader fn, int at_rest) {
   lstore *h = check_store(L);
   const char *session = es_lua_check_name(L, 2, "session");
   check_opt_table(L, 3);
@@ -862,12 +866,23 @@ static int m_read(lua_State *L) {
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_read(s, session, after, through, limit, out, &err);
+  int rc = fn(s, session, after, through, limit, out, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, out, 0);
+  if (!at_rest) {
+    es_lua_push_events(L, out, 0);
+    return done(L, h, 1);
+  }
+  lua_createtable(L, (int)(out->n > 1000000 ? 0 : out->n), 0);
+  for (size_t i = 0; i < out->n; i++) {
+    es_lua_push_event_at_rest(L, &out->v[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  es_events_destroy(out); /* now rather than at collection */
   return done(L, h, 1);
 }
+
+static int m_read(lua_State *L) { return read_with(L, es_store_read, 0); }
 
 static int m_head(lua_State *L) {
   lstore *h = check_store(L);
@@ -1995,27 +2010,7 @@ static int m_shred(lua_State *L) {
 
 /* store:read_at_rest(session, {after, through, limit}) -> events as
  * stored: keyed ones with `ciphertext` instead of `payload`. */
-static int m_read_at_rest(lua_State *L) {
-  lstore *h = check_store(L);
-  const char *session = es_lua_check_name(L, 2, "session");
-  check_opt_table(L, 3);
-  int64_t after = es_lua_opt_int_field(L, 3, "after", 0);
-  int64_t through = es_lua_opt_int_field(L, 3, "through", ES_NONE);
-  int64_t limit = es_lua_opt_int_field(L, 3, "limit", ES_NONE);
-  es_events *out = owned_push(L, sizeof *out, destroy_events);
-  es_err err = {0};
-  es_store *s = core_enter(L, h);
-  int rc = es_store_read_at_rest(s, session, after, through, limit, out, &err);
-  core_leave(L, h);
-  if (rc) return raise(L, &err);
-  lua_createtable(L, (int)(out->n > 1000000 ? 0 : out->n), 0);
-  for (size_t i = 0; i < out->n; i++) {
-    es_lua_push_event_at_rest(L, &out->v[i]);
-    lua_rawseti(L, -2, (lua_Integer)i + 1);
-  }
-  es_events_destroy(out); /* now rather than at collection */
-  return done(L, h, 1);
-}
+static int m_read_at_rest(lua_State *L) { return read_with(L, es_store_read_at_rest, 1); }
 
 static const luaL_Reg store_methods[] = {
     {"append", m_append},
