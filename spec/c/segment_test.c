@@ -308,6 +308,9 @@ static void *deleter(void *arg) {
 }
 
 static void dir_races(void) {
+  /* a race needs threads that really run at once: valgrind runs one at a
+   * time, and the spinning archiver would starve the deleter for minutes */
+  if (getenv("ES_UNDER_VALGRIND")) return;
   char dir[] = "/tmp/es-seg-XXXXXX";
   if (!mkdtemp(dir)) return;
   char arch[300];
@@ -322,7 +325,7 @@ static void dir_races(void) {
   }
   pthread_t t;
   pthread_create(&t, NULL, deleter, &r);
-  while (!atomic_load(&r.stop)) {
+  for (int spins = 0; !atomic_load(&r.stop) && spins < 20000; spins++) {
     append_settled(r.s, "a", 1);
     int64_t head = 0;
     if (es_store_head(r.s, "a", &head, &err) != ES_OK) continue;
