@@ -15,15 +15,16 @@ PREFIX   ?= /usr/local
 BUILD    ?= build
 OPT      ?= -O2 -g
 LUA_INC  ?= /usr/include/lua5.4
+PG_INC   ?= $(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Werror
-CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -Icore -MMD -MP $(SAN)
-LDLIBS   += -lsqlite3 -lzstd -lsodium -lpthread -lm
+CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -MMD -MP $(SAN)
+LDLIBS   += -lsqlite3 -lpq -lzstd -lsodium -lpthread -lm
 LUA_LIB  ?= -llua5.4
 LUA_CMOD_DIR ?= $(PREFIX)/lib/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
 # Debian packages the build and the tests need (installed by `make deps`).
-DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind
+DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room (docs/layout in README.md): util/ (buffers, trees,
