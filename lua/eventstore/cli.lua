@@ -621,6 +621,8 @@ nothing to merge: before = after and nothing is written.
   options_help = DB_HELP,
   args = { 1, 1 },
   options = { db = "string" },
+})
+
 command("shred", {
   synopsis = "shred KEY --yes [--db URL]",
   summary = "destroy a data key: its sealed payloads become unreadable",
@@ -1299,6 +1301,9 @@ commands["compact-archive"].run = function(o, args)
   local store <close> = open_store(o, false)
   local r = store:compact_archive(args[1])
   out(row_json({ session = args[1], before = r.before, after = r.after }))
+  return 0
+end
+
 function commands.shred.check(o)
   if not o.yes then
     usage_error("shred", true, "shred: this destroys the key for good; add --yes to do it")
