@@ -96,9 +96,14 @@ $(FUZZ_RUN): fuzz/store_fuzz.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DES_FUZZ_STANDALONE $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
 
-# The README's test command. Last line: "N passed, N failed".
+# The README's test command. Last line: "N passed, N failed". The suite
+# runs on memory:, sqlite: and postgres: (a throwaway PostgreSQL cluster
+# that spec/support/pg_cluster.sh starts for the run and removes after it,
+# whatever happens).
+PG_RUN := sh spec/support/pg_cluster.sh run
+
 test: all
-	@$(LUA_ENV) BUILD=$(BUILD) sh spec/run.sh
+	@$(LUA_ENV) BUILD=$(BUILD) $(PG_RUN) sh spec/run.sh
 
 check: test
 
@@ -124,10 +129,10 @@ check-sanitize:
 	  PATH='$(CURDIR)/spec/sanitize':"$$PATH" ES_SAN_LUA="$$lua" \
 	  ES_SAN_PRELOAD="$$($(CC) -print-file-name=libasan.so):$(CURDIR)/build-san/lib/eventstore/core.so:$(CURDIR)/build-san/sanitize/unpreload.so" \
 	  $(SAN_OPTS) LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build-san/lib/?.so;;' BUILD=build-san \
-	  sh spec/run.sh
+	  $(PG_RUN) sh spec/run.sh
 
 check-valgrind: all
-	@$(LUA_ENV) sh spec/valgrind.sh
+	@$(LUA_ENV) $(PG_RUN) sh spec/valgrind.sh
 
 bench: all $(BENCH_BIN)
 	@$(LUA_ENV) BUILD=$(BUILD) sh bench/run.sh
