@@ -1181,6 +1181,14 @@ static int pg_write_begin(es_backend *b, es_txn **out, es_err *err) {
   /* never build on a transaction a failed call left behind */
   pg_rollback_conn(&b->w);
   PGresult *res = PQexec(b->w.db, b->begin_sql);
+  if (PQstatus(b->w.db) == CONNECTION_BAD) {
+    /* The server dropped the connection while it was idle (a restart, an
+     * idle timeout): nothing of this call was done yet, so it is safe to
+     * reconnect and begin again, once. */
+    PQclear(res);
+    if ((code = pg_conn_connect(b, &b->w, err)) != ES_OK) return code;
+    res = PQexec(b->w.db, b->begin_sql);
+  }
   if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
     code = pg_fail_res(err, &b->w, res, "cannot begin a write transaction");
     PQclear(res);
@@ -1309,9 +1317,15 @@ static int pg_read_begin(es_backend *b, es_txn **out, es_err *err) {
     pthread_mutex_unlock(&b->pool_mu);
   }
   r->t.broken = 0;
-  if ((code = pg_conn_ready(b, &r->c, err)) != ES_OK ||
-      (code = pg_simple(&r->c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-                        "cannot begin a read transaction", err)) != ES_OK) {
+  static const char begin[] = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+  code = pg_conn_ready(b, &r->c, err);
+  if (code == ES_OK) code = pg_simple(&r->c, begin, "cannot begin a read transaction", err);
+  /* dropped while idle: reconnect and begin again, once (as pg_write_begin) */
+  if (code != ES_OK && r->c.db && PQstatus(r->c.db) == CONNECTION_BAD) {
+    code = pg_conn_connect(b, &r->c, err);
+    if (code == ES_OK) code = pg_simple(&r->c, begin, "cannot begin a read transaction", err);
+  }
+  if (code != ES_OK) {
     pg_reader_put_back(b, r);
     return code;
   }
