@@ -94,6 +94,7 @@ enum {
   ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
   ST_SNAPSHOT_DELETE_FROM,
   ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
+  ST_EVENT_COPY,
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
   ST_DEAD_ALL_SCOPED,
@@ -228,6 +229,17 @@ static const char *const pg_sql[ST_COUNT] = {
                        " checksum = excluded.checksum, file = excluded.file,"
                        " created_at = excluded.created_at",
     [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = $1 AND first = $2",
+    /* fork (pg_event_copy): one chunk of the source's indexes $5 ..
+     * $5 + $7 - 1 copied inside the server, each row with the id of the
+     * same rank in $6 (ids from the core's generator); positions $1 + idx
+     * - 1, increasing in index order. The columns follow EV_COLS. */
+    [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
+                      " SELECT $1 + e.idx - 1, $2, e.idx, i.id, e.type, e.payload, e.lane,"
+                      " e.created_at, e.cause_index, e.cause_attempt, e.not_before, 1, 0, 0, NULL,"
+                      " $3, NULL, NULL, NULL, 0, NULL, NULL, -1, $4, e.idx, NULL, NULL, NULL, NULL,"
+                      " e.key FROM events e JOIN unnest($6::text[]) WITH ORDINALITY AS i(id, n)"
+                      " ON e.idx = $5 + i.n - 1"
+                      " WHERE e.session = $4 AND e.idx >= $5 AND e.idx < $5 + $7 ORDER BY e.idx",
     /* §3.11: a tenant's rows are one range of session names; the listings
      * below walk the same order as their unscoped statements and pass over
      * other tenants' rows (docs/postgres.md). */
@@ -1507,6 +1519,67 @@ static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
   return ES_OK;
 }
 
+#define PG_COPY_CHUNK 4096 /* rows per INSERT ... SELECT of a fork */
+
+/* fork's bulk copy: the rows never leave the server; the ids come from
+ * new_id, sent as one text[] per chunk (bounded memory whatever `through`). */
+static int pg_event_copy(es_txn *t, const char *from, int64_t through, const char *to,
+                         int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
+                         es_err *err) {
+  char id[ES_MAX_NAME_BYTES + 1];
+  *copied = 0;
+  if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  int64_t base = t->next_position;
+  char *arr = NULL;
+  size_t cap = 0;
+  int code = ES_OK;
+  for (int64_t lo = 1; code == ES_OK && lo <= through; lo += PG_COPY_CHUNK) {
+    int64_t n = through - lo + 1 < PG_COPY_CHUNK ? through - lo + 1 : PG_COPY_CHUNK;
+    size_t len = 0;
+    /* {"id","id",...}: each id quoted, its '"' and '\' escaped */
+    for (int64_t i = 0; i < n; i++) {
+      if ((code = new_id(id_ctx, id, sizeof id, err)) != ES_OK) break;
+      size_t need = len + 2 * strlen(id) + 4;
+      if (need + 2 > cap) {
+        size_t ncap = cap ? cap * 2 : 64 * 1024;
+        while (ncap < need + 2) ncap *= 2;
+        char *na = realloc(arr, ncap);
+        if (!na) {
+          code = pg_oom(err);
+          break;
+        }
+        arr = na;
+        cap = ncap;
+      }
+      arr[len++] = i == 0 ? '{' : ',';
+      arr[len++] = '"';
+      for (const char *c = id; *c; c++) {
+        if (*c == '"' || *c == '\\') arr[len++] = '\\';
+        arr[len++] = *c;
+      }
+      arr[len++] = '"';
+    }
+    if (code != ES_OK) break;
+    arr[len++] = '}';
+    arr[len] = '\0';
+    pg_params p = {0};
+    int64_t changed = 0;
+    pp_int(&p, base);
+    pp_str(&p, to);
+    pp_int(&p, processed_at);
+    pp_str(&p, from);
+    pp_int(&p, lo);
+    pp_str(&p, arr);
+    pp_int(&p, n);
+    code = pg_write(t, ST_EVENT_COPY, &p, &changed, err);
+    *copied += changed;
+  }
+  free(arr);
+  if (code != ES_OK) return code;
+  t->next_position += through;
+  return ES_OK;
+}
+
 static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   pg_params p = {0};
   int64_t changed = 0;
@@ -2003,7 +2076,7 @@ static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
       .event_get = pg_event_get,                                \
       .event_get_by_id = pg_event_get_by_id,                    \
       .event_insert = pg_event_insert,                          \
-      .event_copy = NULL,                                       \
+      .event_copy = pg_event_copy,                              \
       .event_update = pg_event_update,                          \
       .event_range = pg_event_range,                            \
       .event_all = pg_event_all,                                \
