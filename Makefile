@@ -18,7 +18,9 @@ LUA_INC  ?= /usr/include/lua5.4
 PG_INC   ?= $(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Werror
 CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -MMD -MP $(SAN)
-LDLIBS   += -lsqlite3 -lpq -lzstd -lsodium -lpthread -lm
+# libpq is not linked: backends/postgres.c loads it (dlopen) when a
+# postgres:// store first opens (see there why); its headers are needed.
+LDLIBS   += -lsqlite3 -lzstd -lsodium -ldl -lpthread -lm
 LUA_LIB  ?= -llua5.4
 LUA_CMOD_DIR ?= $(PREFIX)/lib/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4

@@ -40,6 +40,7 @@
  */
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <dlfcn.h>
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -51,6 +52,86 @@
 #include <string.h>
 
 #include "store/backend.h"
+
+/* ---- libpq, loaded when the first postgres:// store opens --------------
+ *
+ * The module does not link libpq: it loads it (dlopen) the first time a
+ * store on PostgreSQL is opened. Users of memory: and sqlite: then need no
+ * libpq at all, and no process loads libpq's own dependencies (LDAP,
+ * GnuTLS, p11-kit) unless it uses PostgreSQL: under AddressSanitizer,
+ * p11-kit's constructor leaves glibc's locale lock in a state where the
+ * next setlocale() (spec/01-json_spec.lua tests locales) and exit() hang.
+ * The table below is the one piece of process-wide state in this file: it
+ * is written once, under pthread_once, and only read afterwards, like the
+ * dynamic linker's own tables. */
+#define PG_LIBPQ "libpq.so.5"
+#define PQ_FUNCS(X)                                                                         \
+  X(PQclear) X(PQcmdStatus) X(PQcmdTuples) X(PQconnectdb) X(PQconninfoFree)                 \
+  X(PQconninfoParse) X(PQconsumeInput) X(PQerrorMessage) X(PQexec) X(PQexecParams)          \
+  X(PQexecPrepared) X(PQfinish) X(PQfreemem) X(PQgetisnull) X(PQgetlength) X(PQgetvalue)    \
+  X(PQisthreadsafe) X(PQnotifies) X(PQntuples) X(PQparameterStatus) X(PQprepare) X(PQreset) \
+  X(PQresultErrorMessage) X(PQresultStatus) X(PQsetNoticeProcessor) X(PQstatus)             \
+  X(PQtransactionStatus)
+
+#define PQ_FIELD(name) __typeof__(&name) name;
+static struct {
+  PQ_FUNCS(PQ_FIELD)
+} pq;
+static pthread_once_t pq_once = PTHREAD_ONCE_INIT;
+static char pq_error[256]; /* why loading failed; "" when it worked */
+
+static void pq_load(void) {
+  void *h = dlopen(PG_LIBPQ, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(pq_error, sizeof pq_error, "%s", dlerror());
+    return;
+  }
+#define PQ_LOAD(name)                                                                  \
+  if (!(*(void **)&pq.name = dlsym(h, #name))) {                                       \
+    snprintf(pq_error, sizeof pq_error, "%s has no %s", PG_LIBPQ, #name);              \
+    return;                                                                            \
+  }
+  PQ_FUNCS(PQ_LOAD)
+#undef PQ_LOAD
+  /* h stays open for the life of the process: the table points into it */
+}
+
+static int pq_ready(es_err *err) {
+  pthread_once(&pq_once, pq_load);
+  if (pq_error[0])
+    return es_fail(err, ES_STORAGE, "postgres: cannot load libpq (%s): %s; install it (Debian: libpq5)",
+                   PG_LIBPQ, pq_error);
+  return ES_OK;
+}
+
+/* From here on every PQxxx call goes through the table. */
+#define PQclear (pq.PQclear)
+#define PQcmdStatus (pq.PQcmdStatus)
+#define PQcmdTuples (pq.PQcmdTuples)
+#define PQconnectdb (pq.PQconnectdb)
+#define PQconninfoFree (pq.PQconninfoFree)
+#define PQconninfoParse (pq.PQconninfoParse)
+#define PQconsumeInput (pq.PQconsumeInput)
+#define PQerrorMessage (pq.PQerrorMessage)
+#define PQexec (pq.PQexec)
+#define PQexecParams (pq.PQexecParams)
+#define PQexecPrepared (pq.PQexecPrepared)
+#define PQfinish (pq.PQfinish)
+#define PQfreemem (pq.PQfreemem)
+#define PQgetisnull (pq.PQgetisnull)
+#define PQgetlength (pq.PQgetlength)
+#define PQgetvalue (pq.PQgetvalue)
+#define PQisthreadsafe (pq.PQisthreadsafe)
+#define PQnotifies (pq.PQnotifies)
+#define PQntuples (pq.PQntuples)
+#define PQparameterStatus (pq.PQparameterStatus)
+#define PQprepare (pq.PQprepare)
+#define PQreset (pq.PQreset)
+#define PQresultErrorMessage (pq.PQresultErrorMessage)
+#define PQresultStatus (pq.PQresultStatus)
+#define PQsetNoticeProcessor (pq.PQsetNoticeProcessor)
+#define PQstatus (pq.PQstatus)
+#define PQtransactionStatus (pq.PQtransactionStatus)
 
 /* ---- settings --------------------------------------------------------- */
 
@@ -1150,6 +1231,7 @@ static int pg_open(const char *url_rest, const es_open_opts *opts, es_backend **
   es_backend *b;
   int code;
   *out = NULL;
+  if ((code = pq_ready(err)) != ES_OK) return code;
   if (!PQisthreadsafe())
     return es_fail(err, ES_STORAGE, "postgres: the libpq library was built without thread support");
   b = calloc(1, sizeof *b);
