@@ -15,15 +15,18 @@ PREFIX   ?= /usr/local
 BUILD    ?= build
 OPT      ?= -O2 -g
 LUA_INC  ?= /usr/include/lua5.4
+PG_INC   ?= $(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Werror
-CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -Icore -MMD -MP $(SAN)
-LDLIBS   += -lsqlite3 -lzstd -lsodium -lpthread -lm
+CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -MMD -MP $(SAN)
+# libpq is not linked: backends/postgres.c loads it (dlopen) when a
+# postgres:// store first opens (see there why); its headers are needed.
+LDLIBS   += -lsqlite3 -lzstd -lsodium -ldl -lpthread -lm
 LUA_LIB  ?= -llua5.4
 LUA_CMOD_DIR ?= $(PREFIX)/lib/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
 # Debian packages the build and the tests need (installed by `make deps`).
-DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind
+DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room (docs/layout in README.md): util/ (buffers, trees,
@@ -95,9 +98,14 @@ $(FUZZ_RUN): fuzz/store_fuzz.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DES_FUZZ_STANDALONE $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
 
-# The README's test command. Last line: "N passed, N failed".
+# The README's test command. Last line: "N passed, N failed". The suite
+# runs on memory:, sqlite: and postgres: (a throwaway PostgreSQL cluster
+# that spec/support/pg_cluster.sh starts for the run and removes after it,
+# whatever happens).
+PG_RUN := sh spec/support/pg_cluster.sh run
+
 test: all
-	@$(LUA_ENV) BUILD=$(BUILD) sh spec/run.sh
+	@$(LUA_ENV) BUILD=$(BUILD) $(PG_RUN) sh spec/run.sh
 
 check: test
 
@@ -123,10 +131,10 @@ check-sanitize:
 	  PATH='$(CURDIR)/spec/sanitize':"$$PATH" ES_SAN_LUA="$$lua" \
 	  ES_SAN_PRELOAD="$$($(CC) -print-file-name=libasan.so):$(CURDIR)/build-san/lib/eventstore/core.so:$(CURDIR)/build-san/sanitize/unpreload.so" \
 	  $(SAN_OPTS) LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build-san/lib/?.so;;' BUILD=build-san \
-	  sh spec/run.sh
+	  $(PG_RUN) sh spec/run.sh
 
 check-valgrind: all
-	@$(LUA_ENV) sh spec/valgrind.sh
+	@$(LUA_ENV) $(PG_RUN) sh spec/valgrind.sh
 
 bench: all $(BENCH_BIN)
 	@$(LUA_ENV) BUILD=$(BUILD) sh bench/run.sh

@@ -10,7 +10,9 @@
 --
 -- And: store:wait in one process sees an append made by another within
 -- about 100 ms.
--- SQLite only: memory stores are per process.
+-- SQLite, and PostgreSQL when ES_TEST_URLS names a postgres:// template
+-- (a fresh schema; docs/postgres.md "Concurrency"): memory stores are per
+-- process.
 local eventstore = require("eventstore")
 
 local LUA = os.getenv("LUA") or "lua5.4"
@@ -31,22 +33,38 @@ local function now_ms()
   return ms
 end
 
-describe("sqlite: several processes on one file", function()
-  local base, db
+-- The shared stores to run on: a SQLite file (db: its path, url: its URL)
+-- and a postgres schema (db = url: the workers take either).
+local targets = { { name = "sqlite: several processes on one file" } }
+for _, u in ipairs(helpers.urls()) do
+  if u:match("^postgres") then
+    targets[#targets + 1] = { name = "postgres: several processes on one schema", template = u }
+  end
+end
+
+for _, target in ipairs(targets) do
+describe(target.name, function()
+  local base, db, url
 
   before_each(function()
     base = os.tmpname()
-    db = base .. ".db"
+    if target.template then
+      url = helpers.pg_fresh_url(target.template)
+      db = url
+    else
+      db = base .. ".db"
+      url = "sqlite:" .. db
+    end
   end)
 
   after_each(function()
-    remove_db(db)
+    if not target.template then remove_db(db) end
     os.remove(base)
   end)
 
   it("two processes complete 2,000 events, each exactly once, losing no completion", function()
     local N, SESSIONS = 2000, 20
-    local store = eventstore.open("sqlite:" .. db)
+    local store = eventstore.open(url)
     for s = 1, SESSIONS do
       local batch = {}
       for i = 1, N // SESSIONS do
@@ -87,7 +105,7 @@ describe("sqlite: several processes on one file", function()
     assert.equal(N, counts.A + counts.B)
     assert.is_true(counts.A > 0 and counts.B > 0, "both processes must have done work")
 
-    store = eventstore.open("sqlite:" .. db)
+    store = eventstore.open(url)
     local completed = 0
     for s = 1, SESSIONS do
       local session = ("mp-%02d"):format(s)
@@ -121,7 +139,7 @@ describe("sqlite: several processes on one file", function()
   end)
 
   it("subscribe(nil) is called for another process's append while the host waits", function()
-    local store = eventstore.open("sqlite:" .. db)
+    local store = eventstore.open(url)
     local seen = {}
     local unsubscribe = store:subscribe(nil, function(e) seen[#seen + 1] = { e = e, at = now_ms() } end)
     local p = assert(io.popen(("%s %s %s %s 150 2>&1"):format(LUA, sh_quote(APPENDER), sh_quote(db),
@@ -142,7 +160,7 @@ describe("sqlite: several processes on one file", function()
   end)
 
   it("store:wait sees another process's append within ~100 ms", function()
-    local store = eventstore.open("sqlite:" .. db)
+    local store = eventstore.open(url)
     local latencies = {}
     for round = 1, 5 do
       local session = "ping-" .. round
@@ -165,3 +183,4 @@ describe("sqlite: several processes on one file", function()
     assert.is_true(latencies[5] <= 250, "worst latency " .. latencies[5] .. " ms")
   end)
 end)
+end

@@ -24,7 +24,9 @@ local files = {}  -- paths created by the current test (removed by cleanup)
 -- The backend URL templates to run the suite on: ES_TEST_URLS
 -- (space-separated, e.g. "memory: sqlite:") or memory: and sqlite:.
 -- "sqlite:" means "a fresh temporary file per test"; "sqlite:DIR/" (ending
--- in a slash) means "a fresh file in DIR per test".
+-- in a slash) means "a fresh file in DIR per test"; "postgres://..." means
+-- "a fresh schema in that database per test" (make test starts a throwaway
+-- cluster and adds its URL: spec/support/pg_cluster.sh).
 function helpers.urls()
   local env = os.getenv("ES_TEST_URLS")
   if env == nil or not env:match("%S") then
@@ -56,8 +58,35 @@ local function fresh_url(template)
     end
     return "sqlite:" .. path
   end
+  if template:match("^postgres://") or template:match("^postgresql://") then
+    return helpers.pg_fresh_url(template)
+  end
   -- memory: every open is a new, empty store. Other URLs are used as given.
   return template
+end
+
+-- postgres: a fresh schema per test (schema=t_<unique>, replacing any
+-- schema= of the template), created by the first open. Nothing drops it:
+-- the test cluster (spec/support/pg_cluster.sh) is thrown away whole after
+-- the run, which costs less than a DROP SCHEMA per test.
+local pg_serial = 0
+local pg_run_id = nil
+function helpers.pg_fresh_url(template)
+  if not pg_run_id then
+    -- unique across the processes of one run: busted's own and its children
+    local reserved = os.tmpname()
+    os.remove(reserved)
+    pg_run_id = reserved:match("([%w]+)$"):lower():gsub("[^%w]", "")
+  end
+  pg_serial = pg_serial + 1
+  local schema = ("t_%s_%d"):format(pg_run_id, pg_serial)
+  local base, query = template:match("^([^?]*)%??(.*)$")
+  local parts = {}
+  for kv in query:gmatch("[^&]+") do
+    if not kv:match("^schema=") then parts[#parts + 1] = kv end
+  end
+  parts[#parts + 1] = "schema=" .. schema
+  return base .. "?" .. table.concat(parts, "&")
 end
 
 local function raw_open(url, opts)
@@ -83,7 +112,8 @@ function helpers.open(template, opts)
 end
 
 -- Opens another handle on the concrete URL returned by helpers.open (only
--- meaningful for sqlite: memory stores are per handle).
+-- meaningful for sqlite: and postgres:, whose URL names the same file or
+-- schema again; memory stores are per handle).
 function helpers.open_same(url, opts)
   return raw_open(url, opts)
 end

@@ -252,5 +252,9 @@ typedef struct es_backend_ops {
 
 extern const es_backend_ops es_backend_memory;
 extern const es_backend_ops es_backend_sqlite;
+/* PostgreSQL (backends/postgres.c): the same backend under both URI schemes
+ * libpq accepts, postgres:// and postgresql://. */
+extern const es_backend_ops es_backend_postgres;
+extern const es_backend_ops es_backend_postgresql;
 
 #endif

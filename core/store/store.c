@@ -211,7 +211,8 @@ static void notify_commit(es_store *s) {
 /* ---------------------------------------------------------------------- */
 /* lifecycle */
 
-static const es_backend_ops *const backends[] = {&es_backend_memory, &es_backend_sqlite};
+static const es_backend_ops *const backends[] = {&es_backend_memory, &es_backend_sqlite,
+                                                 &es_backend_postgres, &es_backend_postgresql};
 
 int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_err *err) {
   static const es_open_opts defaults = {0};
@@ -232,7 +233,7 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   }
   if (!ops)
     return es_fail(err, ES_INVALID_ARGUMENT,
-                   "unknown store url '%s' (expected memory:, sqlite:PATH)", url);
+                   "unknown store url '%s' (expected memory:, sqlite:PATH, postgres://...)", url);
   es_store *s = calloc(1, sizeof *s);
   if (!s) return nomem(err);
   s->ops = ops;

@@ -6,7 +6,7 @@
 local eventstore = require("eventstore")
 
 local db, session, delay = arg[1], arg[2], math.tointeger(tonumber(arg[3])) or 200
-local store = eventstore.open("sqlite:" .. db)
+local store = eventstore.open(db:match("^postgres") and db or "sqlite:" .. db) -- or a postgres:// URL
 store:wait(nil, math.maxinteger, delay) -- sleeps delay ms (nothing can come after maxinteger)
 store:append(session, { { type = "ping" } })
 store:close()

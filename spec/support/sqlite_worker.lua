@@ -3,6 +3,8 @@
 --
 --   lua5.4 spec/support/sqlite_worker.lua DB HOLDER TTL_MS SLOW_EVERY
 --
+-- DB: a SQLite file, or a postgres:// URL.
+--
 -- Claims ready events with claim_next and completes each with one settled
 -- "done" event, until nothing is pending. Every SLOW_EVERY-th claimed event
 -- (0: never) is held past its TTL before completing, so the other process
@@ -18,8 +20,10 @@ local slow_every = math.tointeger(tonumber(arg[4])) or 0
 assert(db and holder, "usage: sqlite_worker.lua DB HOLDER TTL_MS SLOW_EVERY")
 
 -- sync=normal: the locking between processes is the same as with the
--- default sync=full, and the spec's wall time does not depend on fsync speed
-local store = eventstore.open("sqlite:" .. db .. "?sync=normal")
+-- default sync=full, and the spec's wall time does not depend on fsync speed.
+-- A postgres:// URL (the same spec on PostgreSQL) is used as given.
+local url = db:match("^postgres") and db or "sqlite:" .. db .. "?sync=normal"
+local store = eventstore.open(url)
 local out = io.stdout
 local superseded, seen = 0, 0
 local idle = 0

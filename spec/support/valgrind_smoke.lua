@@ -1,12 +1,21 @@
 -- A short run of the Lua module through every kind of call, on memory and
--- sqlite, for valgrind (spec/valgrind.sh): leaks and memory errors fail it.
+-- sqlite (and postgres when ES_PG_URL names a test database: make
+-- check-valgrind starts one), for valgrind (spec/valgrind.sh): leaks and
+-- memory errors fail it.
 package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
 package.cpath = (os.getenv("BUILD") or "build") .. "/lib/?.so;" .. package.cpath
 local eventstore = require("eventstore")
 local json = eventstore.json
 
 local path = os.tmpname()
-for _, url in ipairs({"memory:", "sqlite:" .. path}) do
+local urls = {"memory:", "sqlite:" .. path}
+local pg = os.getenv("ES_PG_URL")
+if pg and pg ~= "" then
+  -- a schema of its own (a fresh one per run of the smoke)
+  urls[#urls + 1] = pg .. (pg:find("?", 1, true) and "&" or "?") .. "schema=valgrind_"
+    .. os.tmpname():match("[%w]+$"):lower()
+end
+for _, url in ipairs(urls) do
   local clock = eventstore.manual_clock(1000)
   local store <close> = eventstore.open(url, {clock = clock})
   local seen = 0
@@ -46,7 +55,7 @@ end
 -- (spec/17-store_reentry_spec.lua): subscriptions cancelled twice and after
 -- close, a subscriber and a clock function that close their store, a
 -- result that no longer decodes.
-for _, url in ipairs({"memory:", "sqlite:" .. path}) do
+for _, url in ipairs(urls) do
   local store = eventstore.open(url, {clock = eventstore.manual_clock(1000)})
   local unsub = store:subscribe("r", function() store:close() end)
   local punsub = store:presence_subscribe("ns", function() end)

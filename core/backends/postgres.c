@@ -1,0 +1,2203 @@
+/*
+ * backends/postgres.c: the PostgreSQL backend (`postgres://...` or
+ * `postgresql://...`, a libpq URI), how many engines on many machines share
+ * one database. It stores and finds rows (backend.h); every rule lives in
+ * store.c. docs/postgres.md describes the URL, the schema, what a write
+ * transaction locks, the connections and what a server restart does.
+ *
+ * A store lives in one schema of the database (`?schema=NAME`, default
+ * `eventstore`), created on first open with its tables; the schema's `meta`
+ * table holds the schema version (migrations as for SQLite; a newer version
+ * is refused). Every text column is COLLATE "C": byte order.
+ *
+ * Concurrency: the core keeps one write transaction open for a group of
+ * callers and does read-modify-write on session rows, lanes and head
+ * indexes, assuming nobody else writes meanwhile. Every write transaction
+ * therefore first takes a transaction-scoped advisory lock named after the
+ * schema (pg_advisory_xact_lock), so writes to one store are serialised
+ * across every process and machine, exactly as SQLite's BEGIN IMMEDIATE
+ * serialises them on one file, and run in READ COMMITTED: each statement
+ * sees everything committed before the lock was granted. Reads run in
+ * REPEATABLE READ READ ONLY transactions on their own connections and never
+ * wait for a writer.
+ *
+ * Connections: one write connection (used by one thread at a time: the core
+ * serialises writes per handle), a pool of read connections grown on demand
+ * up to `readers` (one per concurrent read transaction), and one watch
+ * connection that LISTENs on the store's channel: every write commit sends
+ * a NOTIFY, and data_version counts the notifications received. A
+ * connection that the server dropped (restart, network) fails the call in
+ * progress with STORAGE and is re-established by the next call on it.
+ *
+ * Positions: assigned by this file from a counter loaded when a write
+ * transaction begins (under the lock: max of the stored high-water mark and
+ * max(position)+1) and saved with the commit, as in sqlite.c; writes being
+ * serialised, positions grow in commit order across processes.
+ *
+ * Statements are prepared once per connection (named "s<id>") and run with
+ * text parameters (binary for payloads, states and keys, which carry their
+ * own lengths) and binary results.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dlfcn.h>
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/backend.h"
+
+/* ---- libpq, loaded when the first postgres:// store opens --------------
+ *
+ * The module does not link libpq: it loads it (dlopen) the first time a
+ * store on PostgreSQL is opened. Users of memory: and sqlite: then need no
+ * libpq at all, and no process loads libpq's own dependencies (LDAP,
+ * GnuTLS, p11-kit) unless it uses PostgreSQL: under AddressSanitizer,
+ * p11-kit's constructor leaves glibc's locale lock in a state where the
+ * next setlocale() (spec/01-json_spec.lua tests locales) and exit() hang.
+ * The table below is the one piece of process-wide state in this file: it
+ * is written once, under pthread_once, and only read afterwards, like the
+ * dynamic linker's own tables. */
+#define PG_LIBPQ "libpq.so.5"
+#define PQ_FUNCS(X)                                                                         \
+  X(PQclear) X(PQcmdStatus) X(PQcmdTuples) X(PQconnectdb) X(PQconninfoFree)                 \
+  X(PQconninfoParse) X(PQconsumeInput) X(PQerrorMessage) X(PQexec) X(PQexecParams)          \
+  X(PQexecPrepared) X(PQfinish) X(PQfreemem) X(PQgetisnull) X(PQgetlength) X(PQgetvalue)    \
+  X(PQisthreadsafe) X(PQnotifies) X(PQntuples) X(PQparameterStatus) X(PQprepare) X(PQreset) \
+  X(PQresultErrorMessage) X(PQresultStatus) X(PQsetNoticeProcessor) X(PQstatus)             \
+  X(PQtransactionStatus)
+
+#define PQ_FIELD(name) __typeof__(&name) name;
+static struct {
+  PQ_FUNCS(PQ_FIELD)
+} pq;
+static pthread_once_t pq_once = PTHREAD_ONCE_INIT;
+static char pq_error[256]; /* why loading failed; "" when it worked */
+
+static void pq_load(void) {
+  void *h = dlopen(PG_LIBPQ, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(pq_error, sizeof pq_error, "%s", dlerror());
+    return;
+  }
+#define PQ_LOAD(name)                                                                  \
+  if (!(*(void **)&pq.name = dlsym(h, #name))) {                                       \
+    snprintf(pq_error, sizeof pq_error, "%s has no %s", PG_LIBPQ, #name);              \
+    return;                                                                            \
+  }
+  PQ_FUNCS(PQ_LOAD)
+#undef PQ_LOAD
+  /* h stays open for the life of the process: the table points into it */
+}
+
+static int pq_ready(es_err *err) {
+  pthread_once(&pq_once, pq_load);
+  if (pq_error[0])
+    return es_fail(err, ES_STORAGE, "postgres: cannot load libpq (%s): %s; install it (Debian: libpq5)",
+                   PG_LIBPQ, pq_error);
+  return ES_OK;
+}
+
+/* From here on every PQxxx call goes through the table. */
+#define PQclear (pq.PQclear)
+#define PQcmdStatus (pq.PQcmdStatus)
+#define PQcmdTuples (pq.PQcmdTuples)
+#define PQconnectdb (pq.PQconnectdb)
+#define PQconninfoFree (pq.PQconninfoFree)
+#define PQconninfoParse (pq.PQconninfoParse)
+#define PQconsumeInput (pq.PQconsumeInput)
+#define PQerrorMessage (pq.PQerrorMessage)
+#define PQexec (pq.PQexec)
+#define PQexecParams (pq.PQexecParams)
+#define PQexecPrepared (pq.PQexecPrepared)
+#define PQfinish (pq.PQfinish)
+#define PQfreemem (pq.PQfreemem)
+#define PQgetisnull (pq.PQgetisnull)
+#define PQgetlength (pq.PQgetlength)
+#define PQgetvalue (pq.PQgetvalue)
+#define PQisthreadsafe (pq.PQisthreadsafe)
+#define PQnotifies (pq.PQnotifies)
+#define PQntuples (pq.PQntuples)
+#define PQparameterStatus (pq.PQparameterStatus)
+#define PQprepare (pq.PQprepare)
+#define PQreset (pq.PQreset)
+#define PQresultErrorMessage (pq.PQresultErrorMessage)
+#define PQresultStatus (pq.PQresultStatus)
+#define PQsetNoticeProcessor (pq.PQsetNoticeProcessor)
+#define PQstatus (pq.PQstatus)
+#define PQtransactionStatus (pq.PQtransactionStatus)
+
+/* ---- settings --------------------------------------------------------- */
+
+#define PG_SCHEMA_VERSION 1          /* meta.schema_version of the current schema */
+#define PG_DEFAULT_SCHEMA "eventstore"
+#define PG_DEFAULT_READERS 8         /* read connections at most */
+#define PG_MAX_READERS 64
+#define PG_MAX_SAVEPOINTS 64         /* nesting depth whose positions are given back on rollback */
+#define PG_MAX_SCHEMA 63             /* NAMEDATALEN - 1 */
+#define PG_MAX_PARAMS 32
+
+/* ---- statements ------------------------------------------------------- */
+
+/* Column order of every event SELECT, as in sqlite.c; pg_bind_event binds
+ * the same order as $1..$29 (the insert binds `key` as $30). */
+#define EV_COLS                                                                           \
+  "position, session, idx, id, type, payload, lane, created_at, cause_index, "            \
+  "cause_attempt, not_before, status, attempts, failures, last_error, processed_at, "     \
+  "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
+  "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
+  "processed_by_attempt, key"
+#define SESS_COLS                                                                         \
+  "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
+  "sealed_at, seal_reason, lease_holder, lease_token, lease_expires_at, parent, fork_at, "  \
+  "forked_at, first_index, archived_through"
+#define REF_COLS "name, session, created_at, updated_at"
+
+enum {
+  ST_MAX_POSITION,
+  ST_SESSION_GET, ST_SESSION_PUT,
+  ST_SESSION_LIST_GE, ST_SESSION_LIST_GE_LT, ST_SESSION_LIST_GT, ST_SESSION_LIST_GT_LT,
+  ST_SESSION_CHILDREN, ST_SESSION_CHILDREN_GT,
+  ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_RANGE, ST_EVENT_ALL,
+  ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_NEXT_ALL,
+  ST_QUEUED_NEXT_SESSION, ST_QUEUED_DUE_TYPE, ST_QUEUED_NEXT_TYPE, ST_PENDING_TYPES,
+  ST_DEAD_ALL, ST_DEAD_SESSION,
+  ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
+  ST_REF_GET, ST_REF_PUT, ST_REF_DELETE, ST_REF_LIST, ST_REF_LIST_GT,
+  ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
+  ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
+  ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
+  ST_SNAPSHOT_DELETE_FROM,
+  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
+  ST_EVENT_COPY,
+  ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
+  ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
+  ST_DEAD_ALL_SCOPED,
+  ST_COUNT
+};
+
+/* The WHERE terms `queued = 1`, `status = 2`, `status = 0`, `status <> 1`
+ * and `parent IS NOT NULL` repeat the partial indexes' predicates
+ * literally, so the planner can use those indexes with generic plans.
+ * `LIMIT NULL` is no limit. */
+static const char *const pg_sql[ST_COUNT] = {
+    [ST_MAX_POSITION] = "SELECT coalesce(max(position), 0) FROM events",
+    [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = $1",
+    [ST_SESSION_PUT] = "INSERT INTO sessions(" SESS_COLS
+                       ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
+                       " $15, $16, $17, $18, $19, $20) ON CONFLICT (session) DO UPDATE SET"
+                       " head = excluded.head, events = excluded.events,"
+                       " pending = excluded.pending, dead = excluded.dead,"
+                       " attempts = excluded.attempts, failures = excluded.failures,"
+                       " first_at = excluded.first_at, updated_at = excluded.updated_at,"
+                       " fence = excluded.fence, sealed_at = excluded.sealed_at,"
+                       " seal_reason = excluded.seal_reason, lease_holder = excluded.lease_holder,"
+                       " lease_token = excluded.lease_token,"
+                       " lease_expires_at = excluded.lease_expires_at, parent = excluded.parent,"
+                       " fork_at = excluded.fork_at, forked_at = excluded.forked_at,"
+                       " first_index = excluded.first_index,"
+                       " archived_through = excluded.archived_through",
+    [ST_SESSION_LIST_GE] = "SELECT " SESS_COLS
+                           " FROM sessions WHERE session >= $1 ORDER BY session LIMIT $2",
+    [ST_SESSION_LIST_GE_LT] = "SELECT " SESS_COLS
+                              " FROM sessions WHERE session >= $1 AND session < $2"
+                              " ORDER BY session LIMIT $3",
+    [ST_SESSION_LIST_GT] = "SELECT " SESS_COLS
+                           " FROM sessions WHERE session > $1 ORDER BY session LIMIT $2",
+    [ST_SESSION_LIST_GT_LT] = "SELECT " SESS_COLS
+                              " FROM sessions WHERE session > $1 AND session < $2"
+                              " ORDER BY session LIMIT $3",
+    [ST_SESSION_CHILDREN] = "SELECT " SESS_COLS " FROM sessions"
+                            " WHERE parent IS NOT NULL AND parent = $1"
+                            " ORDER BY session LIMIT $2",
+    [ST_SESSION_CHILDREN_GT] = "SELECT " SESS_COLS " FROM sessions"
+                               " WHERE parent IS NOT NULL AND parent = $1 AND session > $2"
+                               " ORDER BY session LIMIT $3",
+    [ST_EVENT_GET] = "SELECT " EV_COLS " FROM events WHERE session = $1 AND idx = $2",
+    [ST_EVENT_GET_BY_ID] = "SELECT " EV_COLS " FROM events WHERE id = $1",
+    [ST_EVENT_INSERT] = "INSERT INTO events(" EV_COLS
+                        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
+                        " $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,"
+                        " $29, $30)",
+    [ST_EVENT_UPDATE] = "UPDATE events SET status = $3, attempts = $4, failures = $5,"
+                        " last_error = $6, processed_at = $7, claim_holder = $8,"
+                        " claim_expires_at = $9, retry_at = $10, queued = $11, due_at = $12,"
+                        " last_failed_attempt = $13, returned = $14, first_claimed_at = $15,"
+                        " last_claimed_at = $16, failed_at = $17, processed_by_attempt = $18"
+                        " WHERE session = $1 AND idx = $2",
+    [ST_EVENT_RANGE] = "SELECT " EV_COLS
+                       " FROM events WHERE session = $1 AND idx > $2 AND idx <= $3"
+                       " ORDER BY idx LIMIT $4",
+    [ST_EVENT_ALL] = "SELECT " EV_COLS " FROM events WHERE position > $1 ORDER BY position LIMIT $2",
+    [ST_LANE_NEXT] = "SELECT idx FROM events"
+                     " WHERE session = $1 AND lane = $2 AND idx > $3"
+                     " AND lane IS NOT NULL AND status <> 1 ORDER BY idx LIMIT 1",
+    [ST_QUEUED_DUE_ALL] = "SELECT " EV_COLS
+                          " FROM events WHERE queued = 1 AND due_at <= $1"
+                          " ORDER BY due_at, position LIMIT $2",
+    /* events_session_queued is in index order with due_at in its key: the
+     * rows that are not due are skipped inside the index. */
+    [ST_QUEUED_DUE_SESSION] = "SELECT " EV_COLS " FROM events"
+                              " WHERE queued = 1 AND session = $1 AND due_at <= $2"
+                              " ORDER BY idx LIMIT $3",
+    [ST_QUEUED_NEXT_ALL] = "SELECT min(due_at) FROM events WHERE queued = 1 AND due_at > $1",
+    [ST_QUEUED_NEXT_SESSION] = "SELECT min(due_at) FROM events"
+                               " WHERE queued = 1 AND session = $1 AND due_at > $2",
+    [ST_QUEUED_DUE_TYPE] = "SELECT " EV_COLS
+                           " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                           " AND due_at <= $2 ORDER BY due_at, position LIMIT $3",
+    [ST_QUEUED_NEXT_TYPE] = "SELECT min(due_at) FROM events"
+                            " WHERE status = 0 AND type = $1 AND queued = 1 AND due_at > $2",
+    [ST_PENDING_TYPES] = "SELECT type, count(*) FROM events WHERE status = 0"
+                         " GROUP BY type ORDER BY type",
+    [ST_DEAD_ALL] = "SELECT " EV_COLS " FROM events"
+                    " WHERE status = 2 AND position > $1 ORDER BY position LIMIT $2",
+    [ST_DEAD_SESSION] = "SELECT " EV_COLS " FROM events"
+                        " WHERE status = 2 AND session = $1 AND position > $2"
+                        " ORDER BY position LIMIT $3",
+    [ST_SNAPSHOT_GET] = "SELECT reducer, idx, state, version, updated_at FROM snapshots"
+                        " WHERE session = $1 AND reducer = $2",
+    [ST_SNAPSHOT_PUT] = "INSERT INTO snapshots(session, reducer, idx, state, version, updated_at)"
+                        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (session, reducer) DO UPDATE"
+                        " SET idx = excluded.idx, state = excluded.state,"
+                        " version = excluded.version, updated_at = excluded.updated_at",
+    [ST_SNAPSHOT_LIST] = "SELECT reducer, idx, NULL::bytea, version, updated_at FROM snapshots"
+                         " WHERE session = $1 ORDER BY reducer",
+    [ST_REF_GET] = "SELECT " REF_COLS " FROM refs WHERE name = $1",
+    [ST_REF_PUT] = "INSERT INTO refs(" REF_COLS ") VALUES ($1, $2, $3, $4)"
+                   " ON CONFLICT (name) DO UPDATE SET session = excluded.session,"
+                   " created_at = excluded.created_at, updated_at = excluded.updated_at",
+    [ST_REF_DELETE] = "DELETE FROM refs WHERE name = $1",
+    [ST_REF_LIST] = "SELECT " REF_COLS " FROM refs ORDER BY name LIMIT $1",
+    [ST_REF_LIST_GT] = "SELECT " REF_COLS " FROM refs WHERE name > $1 ORDER BY name LIMIT $2",
+    [ST_PRESENCE_GET] = "SELECT participant, field, value, seen, at, expires_at FROM presence"
+                        " WHERE ns = $1 AND participant = $2 AND field = $3",
+    [ST_PRESENCE_PUT] = "INSERT INTO presence(ns, participant, field, value, seen, at, expires_at)"
+                        " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                        " ON CONFLICT (ns, participant, field) DO UPDATE SET"
+                        " value = excluded.value, seen = excluded.seen, at = excluded.at,"
+                        " expires_at = excluded.expires_at",
+    [ST_PRESENCE_EXPIRE] = "DELETE FROM presence WHERE ns = $1 AND expires_at <= $2",
+    [ST_PRESENCE_LIST] = "SELECT participant, field, value, seen, at, expires_at FROM presence"
+                         " WHERE ns = $1 AND expires_at > $2 ORDER BY participant, field",
+    [ST_EVENT_DELETE_RANGE] = "DELETE FROM events WHERE session = $1 AND idx <= $2",
+    [ST_SESSION_DELETE] = "DELETE FROM sessions WHERE session = $1",
+    [ST_SNAPSHOT_DELETE_ALL] = "DELETE FROM snapshots WHERE session = $1",
+    [ST_REF_DELETE_SESSION] = "DELETE FROM refs WHERE session = $1",
+    [ST_KEY_GET] = "SELECT name, wrapped, created_at, shredded_at FROM keys WHERE name = $1",
+    [ST_KEY_PUT] = "INSERT INTO keys(name, wrapped, created_at, shredded_at)"
+                   " VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO UPDATE SET"
+                   " wrapped = excluded.wrapped, created_at = excluded.created_at,"
+                   " shredded_at = excluded.shredded_at",
+    [ST_KEY_USE_PUT] = "INSERT INTO key_uses(key, session, first_index) VALUES ($1, $2, $3)"
+                       " ON CONFLICT (key, session) DO UPDATE SET"
+                       " first_index = least(key_uses.first_index, excluded.first_index)",
+    [ST_KEY_USE_LIST] = "SELECT session, first_index FROM key_uses WHERE key = $1 ORDER BY session",
+    [ST_KEY_USE_DELETE_SESSION] = "DELETE FROM key_uses WHERE session = $1",
+    [ST_SNAPSHOT_DELETE_FROM] = "DELETE FROM snapshots WHERE session = $1 AND idx >= $2",
+    [ST_SEGMENT_LIST] = "SELECT first, through, count, bytes, checksum, file, created_at"
+                        " FROM segments WHERE session = $1 ORDER BY first",
+    [ST_SEGMENT_PUT] = "INSERT INTO segments(session, first, through, count, bytes, checksum,"
+                       " file, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+                       " ON CONFLICT (session, first) DO UPDATE SET through = excluded.through,"
+                       " count = excluded.count, bytes = excluded.bytes,"
+                       " checksum = excluded.checksum, file = excluded.file,"
+                       " created_at = excluded.created_at",
+    [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = $1 AND first = $2",
+    /* fork (pg_event_copy): one chunk of the source's indexes $5 ..
+     * $5 + $7 - 1 copied inside the server, each row with the id of the
+     * same rank in $6 (ids from the core's generator); positions $1 + idx
+     * - 1, increasing in index order. The columns follow EV_COLS. */
+    [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
+                      " SELECT $1 + e.idx - 1, $2, e.idx, i.id, e.type, e.payload, e.lane,"
+                      " e.created_at, e.cause_index, e.cause_attempt, e.not_before, 1, 0, 0, NULL,"
+                      " $3, NULL, NULL, NULL, 0, NULL, NULL, -1, $4, e.idx, NULL, NULL, NULL, NULL,"
+                      " e.key FROM events e JOIN unnest($6::text[]) WITH ORDINALITY AS i(id, n)"
+                      " ON e.idx = $5 + i.n - 1"
+                      " WHERE e.session = $4 AND e.idx >= $5 AND e.idx < $5 + $7 ORDER BY e.idx",
+    /* §3.11: a tenant's rows are one range of session names; the listings
+     * below walk the same order as their unscoped statements and pass over
+     * other tenants' rows (docs/postgres.md). */
+    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE position > $1"
+                            " AND session >= $3 AND session < $4 ORDER BY position LIMIT $2",
+    [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_COLS
+                                 " FROM events WHERE queued = 1 AND due_at <= $1"
+                                 " AND session >= $3 AND session < $4"
+                                 " ORDER BY due_at, position LIMIT $2",
+    [ST_QUEUED_NEXT_ALL_SCOPED] = "SELECT min(due_at) FROM events"
+                                  " WHERE queued = 1 AND due_at > $1 AND session >= $2"
+                                  " AND session < $3",
+    [ST_QUEUED_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
+                                  " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                                  " AND due_at <= $2 AND session >= $4 AND session < $5"
+                                  " ORDER BY due_at, position LIMIT $3",
+    [ST_QUEUED_NEXT_TYPE_SCOPED] = "SELECT min(due_at) FROM events"
+                                   " WHERE status = 0 AND type = $1 AND queued = 1 AND due_at > $2"
+                                   " AND session >= $3 AND session < $4",
+    [ST_PENDING_TYPES_SCOPED] = "SELECT type, count(*) FROM events"
+                                " WHERE status = 0 AND session >= $1 AND session < $2"
+                                " GROUP BY type ORDER BY type",
+    [ST_DEAD_ALL_SCOPED] = "SELECT " EV_COLS " FROM events"
+                           " WHERE status = 2 AND position > $1 AND session >= $3 AND session < $4"
+                           " ORDER BY position LIMIT $2",
+};
+
+/* The schema, version 1 (the tables of SQLite's version 6), created inside
+ * the store's schema (search_path). Integers are BIGINT; payloads and
+ * presence values are TEXT (canonical JSON: valid UTF-8 without NUL, JSON
+ * escapes a NUL inside a string); snapshot states and wrapped keys are
+ * bytes (BYTEA). */
+#define C_TEXT "TEXT COLLATE \"C\""
+static const char pg_schema_v1[] =
+    "CREATE TABLE meta("
+    "  key " C_TEXT " PRIMARY KEY,"
+    "  value BIGINT);"
+    "CREATE TABLE events("
+    "  position BIGINT PRIMARY KEY,"
+    "  session " C_TEXT " NOT NULL,"
+    "  idx BIGINT NOT NULL,"
+    "  id " C_TEXT " NOT NULL UNIQUE,"
+    "  type " C_TEXT ","
+    "  payload TEXT,"
+    "  lane " C_TEXT ","
+    "  created_at BIGINT,"
+    "  cause_index BIGINT,"
+    "  cause_attempt BIGINT,"
+    "  not_before BIGINT,"
+    "  status BIGINT NOT NULL,"
+    "  attempts BIGINT,"
+    "  failures BIGINT,"
+    "  last_error TEXT,"
+    "  processed_at BIGINT,"
+    "  claim_holder " C_TEXT ","
+    "  claim_expires_at BIGINT,"
+    "  retry_at BIGINT,"
+    "  queued BIGINT NOT NULL,"
+    "  due_at BIGINT,"
+    "  last_failed_attempt BIGINT,"
+    "  returned BIGINT,"
+    "  origin_session " C_TEXT ","
+    "  origin_index BIGINT,"
+    "  first_claimed_at BIGINT,"
+    "  last_claimed_at BIGINT,"
+    "  failed_at BIGINT,"
+    "  processed_by_attempt BIGINT,"
+    "  key " C_TEXT ","
+    "  UNIQUE(session, idx));"
+    "CREATE INDEX events_queued ON events(due_at, position) WHERE queued = 1;"
+    "CREATE INDEX events_session_queued ON events(session, idx, due_at) WHERE queued = 1;"
+    "CREATE INDEX events_session_due ON events(session, due_at) WHERE queued = 1;"
+    "CREATE INDEX events_lane ON events(session, lane, idx) WHERE lane IS NOT NULL AND status <> 1;"
+    "CREATE INDEX events_dead ON events(position) WHERE status = 2;"
+    "CREATE INDEX events_session_dead ON events(session, position) WHERE status = 2;"
+    "CREATE INDEX events_type_pending ON events(type, queued, due_at, position) WHERE status = 0;"
+    "CREATE TABLE sessions("
+    "  session " C_TEXT " PRIMARY KEY,"
+    "  head BIGINT NOT NULL,"
+    "  events BIGINT NOT NULL,"
+    "  pending BIGINT NOT NULL,"
+    "  dead BIGINT NOT NULL,"
+    "  attempts BIGINT NOT NULL,"
+    "  failures BIGINT NOT NULL,"
+    "  first_at BIGINT,"
+    "  updated_at BIGINT,"
+    "  fence BIGINT NOT NULL DEFAULT 0,"
+    "  sealed_at BIGINT,"
+    "  seal_reason TEXT,"
+    "  lease_holder " C_TEXT ","
+    "  lease_token BIGINT,"
+    "  lease_expires_at BIGINT,"
+    "  parent " C_TEXT ","
+    "  fork_at BIGINT,"
+    "  forked_at BIGINT,"
+    "  first_index BIGINT NOT NULL DEFAULT 1,"
+    "  archived_through BIGINT NOT NULL DEFAULT 0);"
+    "CREATE INDEX sessions_parent ON sessions(parent, session) WHERE parent IS NOT NULL;"
+    "CREATE TABLE snapshots("
+    "  session " C_TEXT " NOT NULL,"
+    "  reducer " C_TEXT " NOT NULL,"
+    "  idx BIGINT NOT NULL,"
+    "  state BYTEA,"
+    "  version " C_TEXT ","
+    "  updated_at BIGINT,"
+    "  PRIMARY KEY(session, reducer));"
+    "CREATE TABLE presence("
+    "  ns " C_TEXT " NOT NULL,"
+    "  participant " C_TEXT " NOT NULL,"
+    "  field " C_TEXT " NOT NULL,"
+    "  value TEXT,"
+    "  seen BIGINT,"
+    "  at BIGINT,"
+    "  expires_at BIGINT,"
+    "  PRIMARY KEY(ns, participant, field));"
+    "CREATE INDEX presence_expiry ON presence(ns, expires_at);"
+    "CREATE TABLE refs("
+    "  name " C_TEXT " PRIMARY KEY,"
+    "  session " C_TEXT " NOT NULL,"
+    "  created_at BIGINT,"
+    "  updated_at BIGINT);"
+    "CREATE INDEX refs_session ON refs(session, name);"
+    "CREATE TABLE segments("
+    "  session " C_TEXT " NOT NULL,"
+    "  first BIGINT NOT NULL,"
+    "  through BIGINT NOT NULL,"
+    "  count BIGINT NOT NULL,"
+    "  bytes BIGINT NOT NULL,"
+    "  checksum " C_TEXT " NOT NULL,"
+    "  file " C_TEXT " NOT NULL,"
+    "  created_at BIGINT,"
+    "  PRIMARY KEY(session, first));"
+    "CREATE TABLE keys("
+    "  name " C_TEXT " PRIMARY KEY,"
+    "  wrapped BYTEA,"
+    "  created_at BIGINT,"
+    "  shredded_at BIGINT);"
+    "CREATE TABLE key_uses("
+    "  key " C_TEXT " NOT NULL,"
+    "  session " C_TEXT " NOT NULL,"
+    "  first_index BIGINT NOT NULL,"
+    "  PRIMARY KEY(key, session));"
+    "CREATE INDEX key_uses_session ON key_uses(session);";
+
+/* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
+static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1};
+
+/* ---- types ------------------------------------------------------------ */
+
+typedef struct pg_conn {
+  PGconn *db;
+  es_backend *b;                   /* borrowed: the owner */
+  unsigned char prepared[ST_COUNT];
+} pg_conn;
+
+struct es_txn {
+  es_backend *b;
+  pg_conn *c;
+  int write;                       /* 1: the write transaction */
+  int broken;                      /* the connection was lost or the transaction aborted */
+  char broken_msg[ES_ERRMSG_MAX];
+  int depth;                       /* open savepoints */
+  int64_t next_position;           /* write: the position the next insert gets */
+  int64_t saved_next;              /* write: the stored high-water mark when the txn began */
+  int64_t sp_next[PG_MAX_SAVEPOINTS];
+  struct pg_reader *reader;        /* read: the pool entry */
+};
+
+typedef struct pg_reader {
+  pg_conn c;
+  es_txn t;
+  struct pg_reader *next_free;
+  struct pg_reader *next_all;
+} pg_reader;
+
+struct es_backend {
+  char *conninfo;                  /* owned: the URI handed to libpq (without our options) */
+  char *schema;                    /* owned: the schema name (validated: [A-Za-z0-9_]) */
+  char *setup_sql;                 /* owned: run on every new connection */
+  char *begin_sql;                 /* owned: BEGIN + the store's advisory lock + next position */
+  char *notify_sql;                /* owned: NOTIFY on the store's channel */
+  char *listen_sql;                /* owned: LISTEN on it */
+  int max_readers;
+  int async_commit;                /* durability = 1: synchronous_commit off */
+  pg_conn w;                       /* the write connection */
+  es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
+  pthread_mutex_t pool_mu;
+  pthread_cond_t pool_cv;
+  pg_reader *free_readers;
+  pg_reader *all_readers;
+  int n_readers;
+  pthread_mutex_t watch_mu;
+  pg_conn watch;                   /* LISTENs on the store's channel */
+  uint64_t notes;                  /* notifications (and reconnects) seen by watch */
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static int pg_oom(es_err *err) { return es_fail(err, ES_STORAGE, "postgres: out of memory"); }
+
+static char *pg_dup(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (!d) return NULL;
+  if (n) memcpy(d, s, n);
+  d[n] = '\0';
+  return d;
+}
+
+/* A libpq message without its trailing newline, for our messages. */
+static void pg_trim(const char *msg, char *out, size_t cap) {
+  snprintf(out, cap, "%s", msg && *msg ? msg : "unknown error");
+  size_t n = strlen(out);
+  while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' ')) out[--n] = '\0';
+}
+
+/* ES_STORAGE: "postgres SCHEMA: WHAT: server message". */
+static int pg_fail_msg(es_err *err, es_backend *b, const char *what, const char *msg) {
+  char m[ES_ERRMSG_MAX];
+  pg_trim(msg, m, sizeof m);
+  return es_fail(err, ES_STORAGE, "postgres %s: %s: %s", b && b->schema ? b->schema : "", what, m);
+}
+
+static int pg_fail_res(es_err *err, pg_conn *c, PGresult *res, const char *what) {
+  const char *msg = res ? PQresultErrorMessage(res) : NULL;
+  if (!msg || !*msg) msg = PQerrorMessage(c->db);
+  if (PQstatus(c->db) == CONNECTION_BAD) {
+    char m[ES_ERRMSG_MAX];
+    pg_trim(msg, m, sizeof m);
+    return es_fail(err, ES_STORAGE, "postgres %s: %s: connection lost (%s)", c->b->schema, what, m);
+  }
+  return pg_fail_msg(err, c->b, what, msg);
+}
+
+/* 64-bit FNV-1a: the advisory lock key and the channel of a schema. */
+static uint64_t pg_hash(const char *s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    h ^= *p;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+/* ---- parameters ------------------------------------------------------- */
+
+/* Parameters of one statement: integers as text, strings as text (NUL
+ * terminated), byte strings in binary format with their length. */
+typedef struct pg_params {
+  int n;
+  const char *v[PG_MAX_PARAMS];
+  int len[PG_MAX_PARAMS];
+  int fmt[PG_MAX_PARAMS];
+  char num[PG_MAX_PARAMS][24];
+} pg_params;
+
+static void pp_int(pg_params *p, int64_t v) {
+  snprintf(p->num[p->n], sizeof p->num[p->n], "%" PRId64, v);
+  p->v[p->n] = p->num[p->n];
+  p->len[p->n] = 0;
+  p->fmt[p->n++] = 0;
+}
+
+static void pp_null(pg_params *p) {
+  p->v[p->n] = NULL;
+  p->len[p->n] = 0;
+  p->fmt[p->n++] = 0;
+}
+
+/* ES_NONE: NULL. */
+static void pp_opt(pg_params *p, int64_t v) {
+  if (v == ES_NONE) pp_null(p);
+  else pp_int(p, v);
+}
+
+/* A limit: ES_NONE or negative: NULL (no limit). */
+static void pp_limit(pg_params *p, int64_t v) {
+  if (v == ES_NONE || v < 0) pp_null(p);
+  else pp_int(p, v);
+}
+
+static void pp_str(pg_params *p, const char *s) {
+  p->v[p->n] = s;
+  p->len[p->n] = 0;
+  p->fmt[p->n++] = 0;
+}
+
+/* Bytes with a length (binary format: no escaping, no NUL terminator
+ * needed); NULL stays NULL. */
+static int pp_bytes(pg_params *p, const void *s, size_t n) {
+  if (n > INT_MAX) return -1;
+  p->v[p->n] = s;
+  p->len[p->n] = (int)n;
+  p->fmt[p->n++] = s ? 1 : 0;
+  return 0;
+}
+
+/* A scope (§3.11) as the range [scope, end): end is scope with its last
+ * byte + 1. end must hold strlen(scope) + 1 bytes. */
+static void pp_scope(pg_params *p, const char *scope, char *end) {
+  size_t n = strlen(scope);
+  memcpy(end, scope, n);
+  if (n) end[n - 1] = (char)((unsigned char)end[n - 1] + 1);
+  end[n] = '\0';
+  pp_str(p, scope);
+  pp_str(p, end);
+}
+
+typedef struct {
+  char v[ES_MAX_TENANT_BYTES + 2];
+} pg_scope_end;
+
+static int pg_scope_ok(const char *scope, es_err *err) {
+  if (scope && (!*scope || strlen(scope) > ES_MAX_TENANT_BYTES + 1))
+    return es_fail(err, ES_INVALID_ARGUMENT, "postgres: a scope is 1 to %d bytes",
+                   ES_MAX_TENANT_BYTES + 1);
+  return ES_OK;
+}
+
+/* ---- results (binary format) ------------------------------------------ */
+
+static int64_t pg_int(const PGresult *r, int row, int col) {
+  const char *v = PQgetvalue(r, row, col);
+  int n = PQgetlength(r, row, col);
+  if (n == 8) {
+    uint64_t u;
+    memcpy(&u, v, 8);
+    return (int64_t)be64toh(u);
+  }
+  if (n == 4) {
+    uint32_t u;
+    memcpy(&u, v, 4);
+    return (int32_t)ntohl(u);
+  }
+  if (n == 2) {
+    uint16_t u;
+    memcpy(&u, v, 2);
+    return (int16_t)ntohs(u);
+  }
+  return 0;
+}
+
+static int64_t pg_opt(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? ES_NONE : pg_int(r, row, col);
+}
+
+/* A text column: borrowed from the result (copy 0; libpq ends every value
+ * with a NUL) or copied. NULL stays NULL. */
+static int pg_str(const PGresult *r, int row, int col, int copy, char **dst, size_t *len) {
+  if (PQgetisnull(r, row, col)) {
+    *dst = NULL;
+    if (len) *len = 0;
+    return ES_OK;
+  }
+  char *p = PQgetvalue(r, row, col);
+  size_t n = (size_t)PQgetlength(r, row, col);
+  if (len) *len = n;
+  if (!copy) {
+    *dst = p;
+    return ES_OK;
+  }
+  *dst = pg_dup(p, n);
+  return *dst ? ES_OK : ES_STORAGE;
+}
+
+static int pg_decode_event(const PGresult *r, int i, int copy, es_event *e) {
+  es_event_init(e);
+  e->position = pg_int(r, i, 0);
+  e->index = pg_int(r, i, 2);
+  e->created_at = pg_opt(r, i, 7);
+  e->cause_index = pg_opt(r, i, 8);
+  e->cause_attempt = pg_opt(r, i, 9);
+  e->not_before = pg_opt(r, i, 10);
+  e->status = (int)pg_int(r, i, 11);
+  e->attempts = pg_opt(r, i, 12);
+  e->failures = pg_opt(r, i, 13);
+  e->processed_at = pg_opt(r, i, 15);
+  e->claim_expires_at = pg_opt(r, i, 17);
+  e->retry_at = pg_opt(r, i, 18);
+  e->queued = (int)pg_int(r, i, 19);
+  e->due_at = pg_opt(r, i, 20);
+  e->last_failed_attempt = pg_opt(r, i, 21);
+  e->returned = pg_opt(r, i, 22);
+  e->origin_index = pg_opt(r, i, 24);
+  e->first_claimed_at = pg_opt(r, i, 25);
+  e->last_claimed_at = pg_opt(r, i, 26);
+  e->failed_at = pg_opt(r, i, 27);
+  e->processed_by_attempt = pg_opt(r, i, 28);
+  if (pg_str(r, i, 29, copy, &e->key, NULL) || pg_str(r, i, 1, copy, &e->session, NULL) ||
+      pg_str(r, i, 3, copy, &e->id, NULL) || pg_str(r, i, 4, copy, &e->type, NULL) ||
+      pg_str(r, i, 5, copy, &e->payload, &e->payload_len) ||
+      pg_str(r, i, 6, copy, &e->lane, NULL) || pg_str(r, i, 14, copy, &e->last_error, NULL) ||
+      pg_str(r, i, 16, copy, &e->claim_holder, NULL) ||
+      pg_str(r, i, 23, copy, &e->origin_session, NULL)) {
+    if (copy) es_event_destroy(e);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+static int pg_decode_session(const PGresult *r, int i, int copy, es_session_info *si) {
+  es_session_info_init(si);
+  si->head = pg_int(r, i, 1);
+  si->events = pg_int(r, i, 2);
+  si->pending = pg_int(r, i, 3);
+  si->dead = pg_int(r, i, 4);
+  si->attempts = pg_int(r, i, 5);
+  si->failures = pg_int(r, i, 6);
+  si->first_at = pg_opt(r, i, 7);
+  si->updated_at = pg_opt(r, i, 8);
+  si->fence = pg_int(r, i, 9);
+  si->sealed_at = pg_opt(r, i, 10);
+  si->lease_token = pg_opt(r, i, 13);
+  si->lease_expires_at = pg_opt(r, i, 14);
+  si->fork_at = pg_opt(r, i, 16);
+  si->forked_at = pg_opt(r, i, 17);
+  si->first_index = pg_int(r, i, 18);
+  si->archived_through = pg_int(r, i, 19);
+  if (pg_str(r, i, 0, copy, &si->session, NULL) || pg_str(r, i, 11, copy, &si->seal_reason, NULL) ||
+      pg_str(r, i, 12, copy, &si->lease_holder, NULL) || pg_str(r, i, 15, copy, &si->parent, NULL)) {
+    if (copy) es_session_info_destroy(si);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+/* reducer, idx, state (bytea), version, updated_at */
+static int pg_decode_snapshot(const PGresult *r, int i, int copy, es_snapshot *sn) {
+  es_snapshot_init(sn);
+  sn->index = pg_int(r, i, 1);
+  sn->updated_at = pg_opt(r, i, 4);
+  if (pg_str(r, i, 0, copy, &sn->reducer, NULL) || pg_str(r, i, 3, copy, &sn->version, NULL) ||
+      pg_str(r, i, 2, copy, &sn->state, &sn->state_len)) {
+    if (copy) es_snapshot_destroy(sn);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+static int pg_decode_ref(const PGresult *r, int i, int copy, es_ref *rf) {
+  es_ref_init(rf);
+  rf->created_at = pg_opt(r, i, 2);
+  rf->updated_at = pg_opt(r, i, 3);
+  if (pg_str(r, i, 0, copy, &rf->name, NULL) || pg_str(r, i, 1, copy, &rf->session, NULL)) {
+    if (copy) es_ref_destroy(rf);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+/* participant, field, value, seen, at, expires_at */
+static int pg_decode_presence(const PGresult *r, int i, int copy, es_presence_row *p) {
+  es_presence_row_init(p);
+  p->seen = pg_opt(r, i, 3);
+  p->at = pg_opt(r, i, 4);
+  p->expires_at = pg_opt(r, i, 5);
+  if (pg_str(r, i, 0, copy, &p->participant, NULL) || pg_str(r, i, 1, copy, &p->field, NULL) ||
+      pg_str(r, i, 2, copy, &p->value, &p->value_len)) {
+    if (copy) es_presence_row_destroy(p);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
+enum { ROW_EVENT, ROW_SESSION, ROW_SNAPSHOT, ROW_PRESENCE, ROW_REF };
+
+typedef union pg_row {
+  es_event ev;
+  es_session_info se;
+  es_snapshot sn;
+  es_presence_row pr;
+  es_ref rf;
+} pg_row;
+
+static int pg_decode(int kind, const PGresult *r, int i, int copy, void *out) {
+  switch (kind) {
+    case ROW_EVENT: return pg_decode_event(r, i, copy, out);
+    case ROW_SESSION: return pg_decode_session(r, i, copy, out);
+    case ROW_SNAPSHOT: return pg_decode_snapshot(r, i, copy, out);
+    case ROW_REF: return pg_decode_ref(r, i, copy, out);
+    default: return pg_decode_presence(r, i, copy, out);
+  }
+}
+
+typedef void (*pg_fn)(void);
+
+static int pg_call(int kind, pg_fn cb, void *ctx, const pg_row *r) {
+  switch (kind) {
+    case ROW_EVENT: return ((es_event_cb)cb)(ctx, &r->ev);
+    case ROW_SESSION: return ((es_session_cb)cb)(ctx, &r->se);
+    case ROW_SNAPSHOT: return ((es_snapshot_cb)cb)(ctx, &r->sn);
+    case ROW_REF: return ((es_ref_cb)cb)(ctx, &r->rf);
+    default: return ((es_presence_cb_row)cb)(ctx, &r->pr);
+  }
+}
+
+/* ---- connections ------------------------------------------------------ */
+
+/* Server notices (e.g. "schema already exists, skipping") are not ours to
+ * print. */
+static void pg_quiet(void *arg, const char *message) {
+  (void)arg;
+  (void)message;
+}
+
+/* Runs sql (no parameters, possibly several statements) on c; ES_OK when
+ * the last result is a success. */
+static int pg_simple(pg_conn *c, const char *sql, const char *what, es_err *err) {
+  PGresult *res = PQexec(c->db, sql);
+  ExecStatusType st = PQresultStatus(res);
+  int code = ES_OK;
+  if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) code = pg_fail_res(err, c, res, what);
+  PQclear(res);
+  return code;
+}
+
+/* Connects c (or reconnects it after the server dropped it): the session
+ * settings, and no statement prepared yet. */
+static int pg_conn_connect(es_backend *b, pg_conn *c, es_err *err) {
+  memset(c->prepared, 0, sizeof c->prepared);
+  c->b = b;
+  if (c->db) {
+    PQreset(c->db);
+  } else {
+    c->db = PQconnectdb(b->conninfo);
+    if (!c->db) return pg_oom(err);
+    PQsetNoticeProcessor(c->db, pg_quiet, NULL);
+  }
+  if (PQstatus(c->db) != CONNECTION_OK) {
+    char m[ES_ERRMSG_MAX];
+    pg_trim(PQerrorMessage(c->db), m, sizeof m);
+    return es_fail(err, ES_STORAGE, "postgres %s: cannot connect: %s", b->schema, m);
+  }
+  const char *enc = PQparameterStatus(c->db, "server_encoding");
+  if (enc && strcmp(enc, "UTF8") != 0 && strcmp(enc, "SQL_ASCII") != 0)
+    return es_fail(err, ES_STORAGE,
+                   "postgres %s: the database's encoding is %s; eventstore needs UTF8 (or "
+                   "SQL_ASCII) to keep every byte of UTF-8 text",
+                   b->schema, enc);
+  return pg_simple(c, b->setup_sql, "cannot set up the connection", err);
+}
+
+/* Before a transaction on c: reconnects when the server dropped it. */
+static int pg_conn_ready(es_backend *b, pg_conn *c, es_err *err) {
+  if (c->db && PQstatus(c->db) == CONNECTION_OK) return ES_OK;
+  return pg_conn_connect(b, c, err);
+}
+
+static void pg_conn_close(pg_conn *c) {
+  if (c->db) PQfinish(c->db);
+  c->db = NULL;
+}
+
+/* ---- statements ------------------------------------------------------- */
+
+static int pg_txn_check(es_txn *t, es_err *err) {
+  if (t->broken)
+    return es_fail(err, ES_STORAGE, "postgres %s: the transaction was rolled back by an earlier error: %s",
+                   t->b->schema, t->broken_msg);
+  return ES_OK;
+}
+
+static void pg_txn_break(es_txn *t, const char *msg) {
+  size_t n = strnlen(msg, sizeof t->broken_msg - 1);
+  t->broken = 1;
+  memcpy(t->broken_msg, msg, n);
+  t->broken_msg[n] = '\0';
+}
+
+/* Runs statement id with p on t's connection (preparing it first on this
+ * connection); *out: the result (PQclear it) when ES_OK. A lost connection
+ * breaks the transaction. */
+static int pg_run(es_txn *t, int id, const pg_params *p, PGresult **out, es_err *err) {
+  pg_conn *c = t->c;
+  PGresult *res;
+  int code;
+  *out = NULL;
+  if ((code = pg_txn_check(t, err)) != ES_OK) return code;
+  if (!c->prepared[id]) {
+    char name[16];
+    snprintf(name, sizeof name, "s%d", id);
+    res = PQprepare(c->db, name, pg_sql[id], 0, NULL);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+      code = pg_fail_res(err, c, res, "prepare");
+      PQclear(res);
+      if (PQstatus(c->db) == CONNECTION_BAD) pg_txn_break(t, err ? err->msg : "connection lost");
+      return code;
+    }
+    PQclear(res);
+    c->prepared[id] = 1;
+  }
+  char name[16];
+  snprintf(name, sizeof name, "s%d", id);
+  res = PQexecPrepared(c->db, name, p ? p->n : 0, p ? p->v : NULL, p ? p->len : NULL,
+                       p ? p->fmt : NULL, 1);
+  ExecStatusType st = PQresultStatus(res);
+  if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+    code = pg_fail_res(err, c, res, t->write ? "write" : "read");
+    PQclear(res);
+    if (PQstatus(c->db) == CONNECTION_BAD) pg_txn_break(t, err ? err->msg : "connection lost");
+    return code;
+  }
+  *out = res;
+  return ES_OK;
+}
+
+/* Runs a statement and hands each row to cb (rows borrowed from the
+ * result, which is complete before the first callback, so a callback may
+ * call back into the backend, writes included). */
+static int pg_iterate(es_txn *t, int id, const pg_params *p, int kind, pg_fn cb, void *ctx,
+                      es_err *err) {
+  PGresult *res;
+  int code = pg_run(t, id, p, &res, err);
+  if (code != ES_OK) return code;
+  int n = PQntuples(res);
+  for (int i = 0; i < n; i++) {
+    pg_row r;
+    if (pg_decode(kind, res, i, 0, &r) != ES_OK) {
+      code = pg_oom(err);
+      break;
+    }
+    if (pg_call(kind, cb, ctx, &r)) break;
+  }
+  PQclear(res);
+  return code;
+}
+
+/* At most one row into out (owned); ES_NOT_FOUND when none. */
+static int pg_get_one(es_txn *t, int id, const pg_params *p, int kind, void *out, es_err *err) {
+  PGresult *res;
+  int code = pg_run(t, id, p, &res, err);
+  if (code != ES_OK) return code;
+  if (PQntuples(res) == 0) code = ES_NOT_FOUND;
+  else if (pg_decode(kind, res, 0, 1, out) != ES_OK) code = pg_oom(err);
+  PQclear(res);
+  return code;
+}
+
+/* A write statement; *changed: the rows it touched (may be NULL). */
+static int pg_write(es_txn *t, int id, const pg_params *p, int64_t *changed, es_err *err) {
+  PGresult *res;
+  if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  int code = pg_run(t, id, p, &res, err);
+  if (code != ES_OK) return code;
+  if (changed) *changed = strtoll(PQcmdTuples(res), NULL, 10);
+  PQclear(res);
+  return ES_OK;
+}
+
+/* One integer (NULL: ES_NONE; no row: ES_NONE). */
+static int pg_one_int(es_txn *t, int id, const pg_params *p, int64_t *v, es_err *err) {
+  PGresult *res;
+  int code = pg_run(t, id, p, &res, err);
+  *v = ES_NONE;
+  if (code != ES_OK) return code;
+  if (PQntuples(res) > 0) *v = pg_opt(res, 0, 0);
+  PQclear(res);
+  return ES_OK;
+}
+
+/* ---- URL ------------------------------------------------------------- */
+
+static int pg_parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  long long x;
+  errno = 0;
+  x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) return -1;
+  *out = x;
+  return 0;
+}
+
+/* rest: the URL after "postgres:" / "postgresql:" ("//..."). Takes our own
+ * options out of the query (schema=NAME, readers=N) and keeps every other
+ * one for libpq. */
+static int pg_parse_url(es_backend *b, const char *rest, const es_open_opts *opts, es_err *err) {
+  const char *q = strchr(rest, '?');
+  size_t base = q ? (size_t)(q - rest) : strlen(rest);
+  size_t cap = strlen(rest) + sizeof "postgresql:";
+  char *out = malloc(cap), *o = out;
+  b->max_readers = PG_DEFAULT_READERS;
+  if (!out) return pg_oom(err);
+  if (strncmp(rest, "//", 2) != 0) {
+    free(out);
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "postgres: the URL must be a libpq URI, postgres://[user@][host][:port]/[db][?...]");
+  }
+  if (opts && (opts->durability < 0 || opts->durability > 1)) {
+    free(out);
+    return es_fail(err, ES_INVALID_ARGUMENT, "postgres: durability %d unknown (0 full, 1 normal)",
+                   opts->durability);
+  }
+  b->async_commit = opts && opts->durability == 1;
+  o += sprintf(o, "postgresql:");
+  memcpy(o, rest, base);
+  o += base;
+  int first = 1;
+  while (q && *q) {
+    const char *k = q + 1, *amp = strchr(k, '&');
+    size_t n = amp ? (size_t)(amp - k) : strlen(k);
+    q = amp;
+    if (n == 0) continue;
+    if (strncmp(k, "schema=", 7) == 0) {
+      size_t vn = n - 7;
+      if (vn == 0 || vn > PG_MAX_SCHEMA) {
+        free(out);
+        return es_fail(err, ES_INVALID_ARGUMENT, "postgres: schema must be 1 to %d bytes", PG_MAX_SCHEMA);
+      }
+      for (size_t i = 0; i < vn; i++) {
+        unsigned char ch = (unsigned char)k[7 + i];
+        if (!(isalnum(ch) || ch == '_') || (i == 0 && isdigit(ch))) {
+          free(out);
+          return es_fail(err, ES_INVALID_ARGUMENT,
+                         "postgres: schema=%.*s: a schema name is letters, digits and '_' "
+                         "(not starting with a digit)",
+                         (int)vn, k + 7);
+        }
+      }
+      if (vn >= 3 && strncasecmp(k + 7, "pg_", 3) == 0) {
+        free(out);
+        return es_fail(err, ES_INVALID_ARGUMENT, "postgres: schema names starting with pg_ are PostgreSQL's");
+      }
+      free(b->schema);
+      if (!(b->schema = pg_dup(k + 7, vn))) {
+        free(out);
+        return pg_oom(err);
+      }
+      continue;
+    }
+    if (strncmp(k, "readers=", 8) == 0) {
+      char v[32];
+      int64_t x;
+      if (n - 8 >= sizeof v || (memcpy(v, k + 8, n - 8), v[n - 8] = '\0', pg_parse_int(v, 1, PG_MAX_READERS, &x))) {
+        free(out);
+        return es_fail(err, ES_INVALID_ARGUMENT, "postgres: readers must be 1..%d", PG_MAX_READERS);
+      }
+      b->max_readers = (int)x;
+      continue;
+    }
+    *o++ = first ? '?' : '&';
+    first = 0;
+    memcpy(o, k, n);
+    o += n;
+  }
+  *o = '\0';
+  b->conninfo = out;
+  if (!b->schema && !(b->schema = pg_dup(PG_DEFAULT_SCHEMA, strlen(PG_DEFAULT_SCHEMA)))) return pg_oom(err);
+  /* libpq's own judgement of the rest (unknown parameters, bad syntax):
+   * a bad URL, not a storage failure. */
+  char *perr = NULL;
+  PQconninfoOption *info = PQconninfoParse(b->conninfo, &perr);
+  if (!info) {
+    char m[ES_ERRMSG_MAX];
+    pg_trim(perr ? perr : "out of memory", m, sizeof m);
+    if (perr) PQfreemem(perr);
+    return es_fail(err, ES_INVALID_ARGUMENT, "postgres: bad URL: %s", m);
+  }
+  PQconninfoFree(info);
+  return ES_OK;
+}
+
+/* The SQL strings that name the schema, its lock and its channel. */
+static int pg_build_sql(es_backend *b, es_err *err) {
+  uint64_t h = pg_hash(b->schema);
+  int64_t key = (int64_t)h;
+  char buf[512];
+  snprintf(buf, sizeof buf,
+           "SET client_encoding TO 'UTF8'; SET search_path TO \"%s\"; SET client_min_messages TO warning%s",
+           b->schema, b->async_commit ? "; SET synchronous_commit TO off" : "");
+  if (!(b->setup_sql = strdup(buf))) return pg_oom(err);
+  /* READ COMMITTED: each statement sees what was committed before it, so
+   * after the lock every earlier writer's commit is visible. */
+  snprintf(buf, sizeof buf,
+           "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(%" PRId64 ");"
+           " SELECT (SELECT coalesce(max(position), 0) FROM events),"
+           " (SELECT coalesce(max(value), 0) FROM meta WHERE key = 'next_position')",
+           key);
+  if (!(b->begin_sql = strdup(buf))) return pg_oom(err);
+  snprintf(buf, sizeof buf, "NOTIFY es_%016" PRIx64, h);
+  if (!(b->notify_sql = strdup(buf))) return pg_oom(err);
+  snprintf(buf, sizeof buf, "LISTEN es_%016" PRIx64, h);
+  if (!(b->listen_sql = strdup(buf))) return pg_oom(err);
+  return ES_OK;
+}
+
+/* ---- schema ------------------------------------------------------------ */
+
+/* The schema's version: 0 when the schema or its meta table does not
+ * exist; *foreign: the schema holds relations but no meta table. */
+static int pg_schema_read(es_backend *b, pg_conn *c, int64_t *version, int *foreign, es_err *err) {
+  const char *v[1] = {b->schema};
+  *version = 0;
+  *foreign = 0;
+  PGresult *res = PQexecParams(c->db,
+                               "SELECT to_regclass(quote_ident($1) || '.meta') IS NOT NULL,"
+                               " (SELECT count(*) FROM pg_class k JOIN pg_namespace n"
+                               "  ON n.oid = k.relnamespace WHERE n.nspname = $1)",
+                               1, NULL, v, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    int code = pg_fail_res(err, c, res, "cannot read the schema");
+    PQclear(res);
+    return code;
+  }
+  int has_meta = strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+  long long rels = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+  PQclear(res);
+  if (!has_meta) {
+    *foreign = rels > 0;
+    return ES_OK;
+  }
+  char sql[160];
+  snprintf(sql, sizeof sql, "SELECT value FROM \"%s\".meta WHERE key = 'schema_version'", b->schema);
+  res = PQexec(c->db, sql);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    int code = pg_fail_res(err, c, res, "cannot read the schema version");
+    PQclear(res);
+    return code;
+  }
+  if (PQntuples(res) == 0 || PQgetisnull(res, 0, 0)) *foreign = 1;
+  else *version = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+  PQclear(res);
+  return ES_OK;
+}
+
+static int pg_schema_judge(es_backend *b, int64_t version, int foreign, es_err *err) {
+  if (foreign)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "postgres %s: not an eventstore schema: it holds tables but no eventstore "
+                   "schema version; it is left untouched (choose another ?schema=)",
+                   b->schema);
+  if (version > PG_SCHEMA_VERSION)
+    return es_fail(err, ES_STORAGE,
+                   "postgres %s: schema version %lld is newer than this eventstore supports (%d); "
+                   "upgrade eventstore to open it",
+                   b->schema, (long long)version, PG_SCHEMA_VERSION);
+  if (version < 0)
+    return es_fail(err, ES_STORAGE, "postgres %s: bad schema version %lld", b->schema, (long long)version);
+  return ES_OK;
+}
+
+/* Creates or migrates the schema under the store's write lock (another
+ * process may be doing the same: the second one finds it done). The
+ * common case, a current schema, takes no lock. */
+static int pg_setup_schema(es_backend *b, es_err *err) {
+  pg_conn *c = &b->w;
+  int64_t version;
+  int foreign, code;
+  if ((code = pg_schema_read(b, c, &version, &foreign, err)) != ES_OK) return code;
+  if ((code = pg_schema_judge(b, version, foreign, err)) != ES_OK) return code;
+  if (version == PG_SCHEMA_VERSION) return ES_OK;
+  char sql[256];
+  snprintf(sql, sizeof sql,
+           "BEGIN; SELECT pg_advisory_xact_lock(%" PRId64 "); CREATE SCHEMA IF NOT EXISTS \"%s\"",
+           (int64_t)pg_hash(b->schema), b->schema);
+  if ((code = pg_simple(c, sql, "cannot lock the schema to set it up", err)) != ES_OK) goto rollback;
+  if ((code = pg_schema_read(b, c, &version, &foreign, err)) != ES_OK) goto rollback;
+  if ((code = pg_schema_judge(b, version, foreign, err)) != ES_OK) goto rollback;
+  for (int64_t v = version; v < PG_SCHEMA_VERSION; v++) {
+    char what[96];
+    snprintf(what, sizeof what, "migrating schema %lld to %lld failed", (long long)v, (long long)v + 1);
+    if ((code = pg_simple(c, pg_migrations[v], what, err)) != ES_OK) goto rollback;
+  }
+  snprintf(sql, sizeof sql,
+           "INSERT INTO meta(key, value) VALUES ('schema_version', %d) ON CONFLICT (key) DO UPDATE"
+           " SET value = excluded.value; COMMIT",
+           PG_SCHEMA_VERSION);
+  if ((code = pg_simple(c, sql, "recording the schema version", err)) != ES_OK) goto rollback;
+  return ES_OK;
+rollback:
+  if (PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
+    PGresult *res = PQexec(c->db, "ROLLBACK");
+    PQclear(res);
+  }
+  return code;
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+static void pg_close(es_backend *b) {
+  if (!b) return;
+  pg_reader *r = b->all_readers;
+  while (r) {
+    pg_reader *next = r->next_all;
+    pg_conn_close(&r->c);
+    free(r);
+    r = next;
+  }
+  pg_conn_close(&b->watch);
+  pg_conn_close(&b->w);
+  pthread_mutex_destroy(&b->pool_mu);
+  pthread_cond_destroy(&b->pool_cv);
+  pthread_mutex_destroy(&b->watch_mu);
+  free(b->conninfo);
+  free(b->schema);
+  free(b->setup_sql);
+  free(b->begin_sql);
+  free(b->notify_sql);
+  free(b->listen_sql);
+  free(b);
+}
+
+static int pg_watch_connect(es_backend *b, es_err *err) {
+  int code = pg_conn_connect(b, &b->watch, err);
+  if (code == ES_OK) code = pg_simple(&b->watch, b->listen_sql, "cannot listen", err);
+  return code;
+}
+
+static int pg_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
+  es_backend *b;
+  int code;
+  *out = NULL;
+  if ((code = pq_ready(err)) != ES_OK) return code;
+  if (!PQisthreadsafe())
+    return es_fail(err, ES_STORAGE, "postgres: the libpq library was built without thread support");
+  b = calloc(1, sizeof *b);
+  if (!b) return pg_oom(err);
+  pthread_mutex_init(&b->pool_mu, NULL);
+  pthread_cond_init(&b->pool_cv, NULL);
+  pthread_mutex_init(&b->watch_mu, NULL);
+  b->wt.b = b;
+  b->wt.c = &b->w;
+  b->wt.write = 1;
+  if ((code = pg_parse_url(b, url_rest ? url_rest : "", opts, err)) != ES_OK) goto fail;
+  if ((code = pg_build_sql(b, err)) != ES_OK) goto fail;
+  /* The write connection's setup names the schema before it exists: the
+   * search_path is only looked up by statements that use it. */
+  if ((code = pg_conn_connect(b, &b->w, err)) != ES_OK) goto fail;
+  if ((code = pg_setup_schema(b, err)) != ES_OK) goto fail;
+  if ((code = pg_watch_connect(b, err)) != ES_OK) goto fail;
+  *out = b;
+  return ES_OK;
+fail:
+  pg_close(b);
+  return code;
+}
+
+/* ---- transactions ------------------------------------------------------- */
+
+static void pg_rollback_conn(pg_conn *c) {
+  if (c->db && PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
+    PGresult *res = PQexec(c->db, "ROLLBACK");
+    PQclear(res);
+  }
+}
+
+static int pg_write_begin(es_backend *b, es_txn **out, es_err *err) {
+  es_txn *t = &b->wt;
+  int code;
+  *out = NULL;
+  t->broken = 0;
+  t->depth = 0;
+  if ((code = pg_conn_ready(b, &b->w, err)) != ES_OK) return code;
+  /* never build on a transaction a failed call left behind */
+  pg_rollback_conn(&b->w);
+  PGresult *res = PQexec(b->w.db, b->begin_sql);
+  if (PQstatus(b->w.db) == CONNECTION_BAD) {
+    /* The server dropped the connection while it was idle (a restart, an
+     * idle timeout): nothing of this call was done yet, so it is safe to
+     * reconnect and begin again, once. */
+    PQclear(res);
+    if ((code = pg_conn_connect(b, &b->w, err)) != ES_OK) return code;
+    res = PQexec(b->w.db, b->begin_sql);
+  }
+  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+    code = pg_fail_res(err, &b->w, res, "cannot begin a write transaction");
+    PQclear(res);
+    pg_rollback_conn(&b->w);
+    return code;
+  }
+  int64_t max = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+  int64_t saved = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+  PQclear(res);
+  t->saved_next = saved;
+  t->next_position = max + 1 > saved ? max + 1 : saved;
+  *out = t;
+  return ES_OK;
+}
+
+static void pg_write_rollback(es_txn *t) {
+  pg_rollback_conn(t->c);
+  t->depth = 0;
+  t->broken = 0;
+}
+
+static int pg_write_commit(es_txn *t, es_err *err) {
+  int code = pg_txn_check(t, err);
+  if (code != ES_OK) {
+    pg_write_rollback(t);
+    return code;
+  }
+  char sql[256];
+  if (t->next_position > t->saved_next)
+    snprintf(sql, sizeof sql,
+             "INSERT INTO meta(key, value) VALUES ('next_position', %" PRId64 ")"
+             " ON CONFLICT (key) DO UPDATE SET value = excluded.value; %s; COMMIT",
+             t->next_position, t->b->notify_sql);
+  else
+    snprintf(sql, sizeof sql, "%s; COMMIT", t->b->notify_sql);
+  PGresult *res = PQexec(t->c->db, sql);
+  /* COMMIT of a transaction that failed answers "ROLLBACK", without an
+   * error: only "COMMIT" means it is durable. */
+  if (PQresultStatus(res) != PGRES_COMMAND_OK || strcmp(PQcmdStatus(res), "COMMIT") != 0) {
+    if (PQresultStatus(res) == PGRES_COMMAND_OK)
+      code = es_fail(err, ES_STORAGE, "postgres %s: commit: the transaction was rolled back", t->b->schema);
+    else
+      code = pg_fail_res(err, t->c, res, "commit");
+    PQclear(res);
+    pg_write_rollback(t);
+    return code;
+  }
+  PQclear(res);
+  t->depth = 0;
+  return ES_OK;
+}
+
+static int pg_savepoint(es_txn *t, es_err *err) {
+  int code = pg_txn_check(t, err);
+  if (code != ES_OK) return code;
+  if ((code = pg_simple(t->c, "SAVEPOINT es_sp", "savepoint", err)) != ES_OK) {
+    pg_txn_break(t, err ? err->msg : "savepoint failed");
+    return code;
+  }
+  if (t->depth < PG_MAX_SAVEPOINTS) t->sp_next[t->depth] = t->next_position;
+  t->depth++;
+  return ES_OK;
+}
+
+static int pg_savepoint_release(es_txn *t, es_err *err) {
+  int code = pg_txn_check(t, err);
+  if (code != ES_OK) return code;
+  if (t->depth <= 0) return es_fail(err, ES_STORAGE, "postgres: release without a savepoint");
+  if ((code = pg_simple(t->c, "RELEASE SAVEPOINT es_sp", "savepoint", err)) != ES_OK) {
+    pg_txn_break(t, err ? err->msg : "release failed");
+    return code;
+  }
+  t->depth--;
+  return ES_OK;
+}
+
+static void pg_savepoint_rollback(es_txn *t) {
+  if (t->broken || t->depth <= 0) return;
+  es_err e = {0};
+  if (pg_simple(t->c, "ROLLBACK TO SAVEPOINT es_sp; RELEASE SAVEPOINT es_sp", "rollback", &e) != ES_OK) {
+    char msg[ES_ERRMSG_MAX + 40];
+    snprintf(msg, sizeof msg, "rolling back a savepoint failed: %s", e.msg);
+    pg_txn_break(t, msg);
+    return;
+  }
+  t->depth--;
+  if (t->depth < PG_MAX_SAVEPOINTS) t->next_position = t->sp_next[t->depth];
+}
+
+static void pg_reader_put_back(es_backend *b, pg_reader *r) {
+  pthread_mutex_lock(&b->pool_mu);
+  r->next_free = b->free_readers;
+  b->free_readers = r;
+  pthread_cond_signal(&b->pool_cv);
+  pthread_mutex_unlock(&b->pool_mu);
+}
+
+static int pg_read_begin(es_backend *b, es_txn **out, es_err *err) {
+  pg_reader *r = NULL;
+  int code;
+  *out = NULL;
+  pthread_mutex_lock(&b->pool_mu);
+  while (!b->free_readers && b->n_readers >= b->max_readers) pthread_cond_wait(&b->pool_cv, &b->pool_mu);
+  if (b->free_readers) {
+    r = b->free_readers;
+    b->free_readers = r->next_free;
+    pthread_mutex_unlock(&b->pool_mu);
+  } else {
+    b->n_readers++;
+    pthread_mutex_unlock(&b->pool_mu);
+    r = calloc(1, sizeof *r);
+    if (!r) {
+      pthread_mutex_lock(&b->pool_mu);
+      b->n_readers--;
+      pthread_cond_signal(&b->pool_cv);
+      pthread_mutex_unlock(&b->pool_mu);
+      return pg_oom(err);
+    }
+    r->t.b = b;
+    r->t.c = &r->c;
+    r->t.reader = r;
+    r->c.b = b;
+    pthread_mutex_lock(&b->pool_mu);
+    r->next_all = b->all_readers;
+    b->all_readers = r;
+    pthread_mutex_unlock(&b->pool_mu);
+  }
+  r->t.broken = 0;
+  static const char begin[] = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+  code = pg_conn_ready(b, &r->c, err);
+  if (code == ES_OK) code = pg_simple(&r->c, begin, "cannot begin a read transaction", err);
+  /* dropped while idle: reconnect and begin again, once (as pg_write_begin) */
+  if (code != ES_OK && r->c.db && PQstatus(r->c.db) == CONNECTION_BAD) {
+    code = pg_conn_connect(b, &r->c, err);
+    if (code == ES_OK) code = pg_simple(&r->c, begin, "cannot begin a read transaction", err);
+  }
+  if (code != ES_OK) {
+    pg_reader_put_back(b, r);
+    return code;
+  }
+  *out = &r->t;
+  return ES_OK;
+}
+
+static void pg_read_end(es_txn *t) {
+  pg_reader *r = t->reader;
+  if (r->c.db && PQstatus(r->c.db) == CONNECTION_OK && PQtransactionStatus(r->c.db) != PQTRANS_IDLE) {
+    PGresult *res = PQexec(r->c.db, "COMMIT");
+    PQclear(res);
+  }
+  pg_reader_put_back(t->b, r);
+}
+
+/* ---- sessions ------------------------------------------------------------ */
+
+static int pg_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  return pg_get_one(t, ST_SESSION_GET, &p, ROW_SESSION, out, err);
+}
+
+static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, row->session);
+  pp_int(&p, row->head);
+  pp_int(&p, row->events);
+  pp_int(&p, row->pending);
+  pp_int(&p, row->dead);
+  pp_int(&p, row->attempts);
+  pp_int(&p, row->failures);
+  pp_opt(&p, row->first_at);
+  pp_opt(&p, row->updated_at);
+  pp_int(&p, row->fence);
+  pp_opt(&p, row->sealed_at);
+  pp_str(&p, row->seal_reason);
+  pp_str(&p, row->lease_holder);
+  pp_opt(&p, row->lease_token);
+  pp_opt(&p, row->lease_expires_at);
+  pp_str(&p, row->parent);
+  pp_opt(&p, row->fork_at);
+  pp_opt(&p, row->forked_at);
+  pp_int(&p, row->first_index);
+  pp_int(&p, row->archived_through);
+  return pg_write(t, ST_SESSION_PUT, &p, NULL, err);
+}
+
+/* The smallest string greater than every string starting with prefix
+ * (prefix without its trailing 0xFF bytes, last byte + 1); NULL when there
+ * is none (no upper bound). *oom on allocation failure. */
+static char *pg_prefix_successor(const char *prefix, int *oom) {
+  size_t n = strlen(prefix);
+  *oom = 0;
+  while (n > 0 && (unsigned char)prefix[n - 1] == 0xFF) n--;
+  if (n == 0) return NULL;
+  char *s = pg_dup(prefix, n);
+  if (!s) {
+    *oom = 1;
+    return NULL;
+  }
+  s[n - 1] = (char)((unsigned char)s[n - 1] + 1);
+  return s;
+}
+
+typedef struct {
+  es_session_cb cb;
+  void *ctx;
+  const char *prefix;
+  size_t n;
+} pg_prefix_stop;
+
+static int pg_prefix_row(void *ctx, const es_session_info *row) {
+  pg_prefix_stop *s = ctx;
+  if (strncmp(row->session, s->prefix, s->n) != 0) return 1;
+  return s->cb(s->ctx, row);
+}
+
+static int pg_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
+                           es_session_cb cb, void *ctx, es_err *err) {
+  pg_params p = {0};
+  const char *lower;
+  int exclusive, oom, id;
+  if (!prefix) prefix = "";
+  if (after && strcmp(after, prefix) >= 0) {
+    lower = after;
+    exclusive = 1;
+  } else {
+    lower = prefix;
+    exclusive = 0;
+  }
+  char *upper = pg_prefix_successor(prefix, &oom);
+  if (oom) return pg_oom(err);
+  /* The successor of a prefix ending in 0x7F or in the continuation byte
+   * 0xBF ends in 0x80 or 0xC0: not UTF-8, which the server refuses as
+   * text. Then the range has no upper bound and the rows stop at the first
+   * one outside the prefix (they come in order, so the matching ones come
+   * first and the limit still counts them). */
+  pg_prefix_stop stop = {cb, ctx, prefix, strlen(prefix)};
+  int unbounded = upper && (((unsigned char)upper[strlen(upper) - 1]) == 0x80 ||
+                            ((unsigned char)upper[strlen(upper) - 1]) == 0xC0);
+  if (unbounded) {
+    free(upper);
+    upper = NULL;
+  }
+  id = exclusive ? (upper ? ST_SESSION_LIST_GT_LT : ST_SESSION_LIST_GT)
+                 : (upper ? ST_SESSION_LIST_GE_LT : ST_SESSION_LIST_GE);
+  pp_str(&p, lower);
+  if (upper) pp_str(&p, upper);
+  pp_limit(&p, limit);
+  int code = unbounded ? pg_iterate(t, id, &p, ROW_SESSION, (pg_fn)pg_prefix_row, &stop, err)
+                       : pg_iterate(t, id, &p, ROW_SESSION, (pg_fn)cb, ctx, err);
+  free(upper);
+  return code;
+}
+
+static int pg_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
+                               es_session_cb cb, void *ctx, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, parent);
+  if (after) pp_str(&p, after);
+  pp_limit(&p, limit);
+  return pg_iterate(t, after ? ST_SESSION_CHILDREN_GT : ST_SESSION_CHILDREN, &p, ROW_SESSION,
+                    (pg_fn)cb, ctx, err);
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  pp_int(&p, index);
+  return pg_get_one(t, ST_EVENT_GET, &p, ROW_EVENT, out, err);
+}
+
+static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, id);
+  return pg_get_one(t, ST_EVENT_GET_BY_ID, &p, ROW_EVENT, out, err);
+}
+
+static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
+  pg_params p = {0};
+  pp_int(&p, t->next_position);
+  pp_str(&p, row->session);
+  pp_int(&p, row->index);
+  pp_str(&p, row->id);
+  pp_str(&p, row->type);
+  if (pp_bytes(&p, row->payload, row->payload_len))
+    return es_fail(err, ES_TOO_LARGE, "postgres: payload too large");
+  pp_str(&p, row->lane);
+  pp_opt(&p, row->created_at);
+  pp_opt(&p, row->cause_index);
+  pp_opt(&p, row->cause_attempt);
+  pp_opt(&p, row->not_before);
+  pp_int(&p, row->status);
+  pp_opt(&p, row->attempts);
+  pp_opt(&p, row->failures);
+  pp_str(&p, row->last_error);
+  pp_opt(&p, row->processed_at);
+  pp_str(&p, row->claim_holder);
+  pp_opt(&p, row->claim_expires_at);
+  pp_opt(&p, row->retry_at);
+  pp_int(&p, row->queued);
+  pp_opt(&p, row->due_at);
+  pp_opt(&p, row->last_failed_attempt);
+  pp_opt(&p, row->returned);
+  pp_str(&p, row->origin_session);
+  pp_opt(&p, row->origin_index);
+  pp_opt(&p, row->first_claimed_at);
+  pp_opt(&p, row->last_claimed_at);
+  pp_opt(&p, row->failed_at);
+  pp_opt(&p, row->processed_by_attempt);
+  pp_str(&p, row->key);
+  int code = pg_write(t, ST_EVENT_INSERT, &p, NULL, err);
+  if (code != ES_OK) return code;
+  row->position = t->next_position++;
+  return ES_OK;
+}
+
+#define PG_COPY_CHUNK 4096 /* rows per INSERT ... SELECT of a fork */
+
+/* fork's bulk copy: the rows never leave the server; the ids come from
+ * new_id, sent as one text[] per chunk (bounded memory whatever `through`). */
+static int pg_event_copy(es_txn *t, const char *from, int64_t through, const char *to,
+                         int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
+                         es_err *err) {
+  char id[ES_MAX_NAME_BYTES + 1];
+  *copied = 0;
+  if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  int64_t base = t->next_position;
+  char *arr = NULL;
+  size_t cap = 0;
+  int code = ES_OK;
+  for (int64_t lo = 1; code == ES_OK && lo <= through; lo += PG_COPY_CHUNK) {
+    int64_t n = through - lo + 1 < PG_COPY_CHUNK ? through - lo + 1 : PG_COPY_CHUNK;
+    size_t len = 0;
+    /* {"id","id",...}: each id quoted, its '"' and '\' escaped */
+    for (int64_t i = 0; i < n; i++) {
+      if ((code = new_id(id_ctx, id, sizeof id, err)) != ES_OK) break;
+      size_t need = len + 2 * strlen(id) + 4;
+      if (need + 2 > cap) {
+        size_t ncap = cap ? cap * 2 : 64 * 1024;
+        while (ncap < need + 2) ncap *= 2;
+        char *na = realloc(arr, ncap);
+        if (!na) {
+          code = pg_oom(err);
+          break;
+        }
+        arr = na;
+        cap = ncap;
+      }
+      arr[len++] = i == 0 ? '{' : ',';
+      arr[len++] = '"';
+      for (const char *c = id; *c; c++) {
+        if (*c == '"' || *c == '\\') arr[len++] = '\\';
+        arr[len++] = *c;
+      }
+      arr[len++] = '"';
+    }
+    if (code != ES_OK) break;
+    arr[len++] = '}';
+    arr[len] = '\0';
+    pg_params p = {0};
+    int64_t changed = 0;
+    pp_int(&p, base);
+    pp_str(&p, to);
+    pp_int(&p, processed_at);
+    pp_str(&p, from);
+    pp_int(&p, lo);
+    pp_str(&p, arr);
+    pp_int(&p, n);
+    code = pg_write(t, ST_EVENT_COPY, &p, &changed, err);
+    *copied += changed;
+  }
+  free(arr);
+  if (code != ES_OK) return code;
+  t->next_position += through;
+  return ES_OK;
+}
+
+static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
+  pg_params p = {0};
+  int64_t changed = 0;
+  pp_str(&p, row->session);
+  pp_int(&p, row->index);
+  pp_int(&p, row->status);
+  pp_opt(&p, row->attempts);
+  pp_opt(&p, row->failures);
+  pp_str(&p, row->last_error);
+  pp_opt(&p, row->processed_at);
+  pp_str(&p, row->claim_holder);
+  pp_opt(&p, row->claim_expires_at);
+  pp_opt(&p, row->retry_at);
+  pp_int(&p, row->queued);
+  pp_opt(&p, row->due_at);
+  pp_opt(&p, row->last_failed_attempt);
+  pp_opt(&p, row->returned);
+  pp_opt(&p, row->first_claimed_at);
+  pp_opt(&p, row->last_claimed_at);
+  pp_opt(&p, row->failed_at);
+  pp_opt(&p, row->processed_by_attempt);
+  int code = pg_write(t, ST_EVENT_UPDATE, &p, &changed, err);
+  if (code != ES_OK) return code;
+  return changed > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
+static int pg_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
+                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  pp_int(&p, after == ES_NONE ? 0 : after);
+  pp_int(&p, through == ES_NONE ? INT64_MAX : through);
+  pp_limit(&p, limit);
+  return pg_iterate(t, ST_EVENT_RANGE, &p, ROW_EVENT, (pg_fn)cb, ctx, err);
+}
+
+static int pg_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit, es_event_cb cb,
+                        void *ctx, es_err *err) {
+  pg_params p = {0};
+  pg_scope_end end;
+  int code;
+  if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+  pp_int(&p, after == ES_NONE ? 0 : after);
+  pp_limit(&p, limit);
+  if (scope) pp_scope(&p, scope, end.v);
+  return pg_iterate(t, scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL, &p, ROW_EVENT, (pg_fn)cb, ctx,
+                    err);
+}
+
+static int pg_last_position(es_txn *t, int64_t *position, es_err *err) {
+  int64_t v;
+  int code = pg_one_int(t, ST_MAX_POSITION, NULL, &v, err);
+  *position = code == ES_OK && v != ES_NONE ? v : 0;
+  return code;
+}
+
+static int pg_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
+                        int64_t *index, es_err *err) {
+  pg_params p = {0};
+  int64_t v;
+  pp_str(&p, session);
+  pp_str(&p, lane);
+  pp_int(&p, after == ES_NONE ? 0 : after);
+  int code = pg_one_int(t, ST_LANE_NEXT, &p, &v, err);
+  *index = code == ES_OK && v != ES_NONE ? v : 0;
+  return code;
+}
+
+static int pg_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
+                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  pg_params p = {0};
+  int code;
+  if (session) {
+    pp_str(&p, session);
+    pp_int(&p, now);
+    pp_limit(&p, limit);
+    return pg_iterate(t, ST_QUEUED_DUE_SESSION, &p, ROW_EVENT, (pg_fn)cb, ctx, err);
+  }
+  pg_scope_end end;
+  if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+  pp_int(&p, now);
+  pp_limit(&p, limit);
+  if (scope) pp_scope(&p, scope, end.v);
+  return pg_iterate(t, scope ? ST_QUEUED_DUE_ALL_SCOPED : ST_QUEUED_DUE_ALL, &p, ROW_EVENT,
+                    (pg_fn)cb, ctx, err);
+}
+
+static int pg_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
+                              int64_t *due, es_err *err) {
+  pg_params p = {0};
+  pg_scope_end end;
+  int code, id;
+  *due = ES_NONE;
+  if (session) {
+    id = ST_QUEUED_NEXT_SESSION;
+    pp_str(&p, session);
+    pp_int(&p, now);
+  } else {
+    if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+    id = scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL;
+    pp_int(&p, now);
+    if (scope) pp_scope(&p, scope, end.v);
+  }
+  return pg_one_int(t, id, &p, due, err);
+}
+
+static int pg_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
+                              int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  pg_params p = {0};
+  pg_scope_end end;
+  int code;
+  if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+  pp_str(&p, type);
+  pp_int(&p, now);
+  pp_limit(&p, limit);
+  if (scope) pp_scope(&p, scope, end.v);
+  return pg_iterate(t, scope ? ST_QUEUED_DUE_TYPE_SCOPED : ST_QUEUED_DUE_TYPE, &p, ROW_EVENT,
+                    (pg_fn)cb, ctx, err);
+}
+
+static int pg_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
+                                   int64_t *due, es_err *err) {
+  pg_params p = {0};
+  pg_scope_end end;
+  int code;
+  *due = ES_NONE;
+  if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+  pp_str(&p, type);
+  pp_int(&p, now);
+  if (scope) pp_scope(&p, scope, end.v);
+  return pg_one_int(t, scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE, &p, due, err);
+}
+
+static int pg_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
+                            es_err *err) {
+  pg_params p = {0};
+  pg_scope_end end;
+  PGresult *res;
+  int code;
+  if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+  if (scope) pp_scope(&p, scope, end.v);
+  if ((code = pg_run(t, scope ? ST_PENDING_TYPES_SCOPED : ST_PENDING_TYPES, &p, &res, err)) != ES_OK)
+    return code;
+  int n = PQntuples(res);
+  for (int i = 0; i < n; i++)
+    if (cb(ctx, PQgetvalue(res, i, 0), pg_int(res, i, 1))) break;
+  PQclear(res);
+  return ES_OK;
+}
+
+static int pg_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
+                        int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  pg_params p = {0};
+  pg_scope_end end;
+  int code, id;
+  if (session) {
+    id = ST_DEAD_SESSION;
+    pp_str(&p, session);
+    pp_int(&p, after == ES_NONE ? 0 : after);
+    pp_limit(&p, limit);
+  } else {
+    if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+    id = scope ? ST_DEAD_ALL_SCOPED : ST_DEAD_ALL;
+    pp_int(&p, after == ES_NONE ? 0 : after);
+    pp_limit(&p, limit);
+    if (scope) pp_scope(&p, scope, end.v);
+  }
+  return pg_iterate(t, id, &p, ROW_EVENT, (pg_fn)cb, ctx, err);
+}
+
+/* ---- snapshots ------------------------------------------------------------ */
+
+static int pg_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
+                           es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  pp_str(&p, reducer);
+  return pg_get_one(t, ST_SNAPSHOT_GET, &p, ROW_SNAPSHOT, out, err);
+}
+
+static int pg_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  pp_str(&p, row->reducer);
+  pp_int(&p, row->index);
+  if (pp_bytes(&p, row->state, row->state_len))
+    return es_fail(err, ES_TOO_LARGE, "postgres: snapshot state too large");
+  pp_str(&p, row->version);
+  pp_opt(&p, row->updated_at);
+  return pg_write(t, ST_SNAPSHOT_PUT, &p, NULL, err);
+}
+
+static int pg_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
+                            es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  return pg_iterate(t, ST_SNAPSHOT_LIST, &p, ROW_SNAPSHOT, (pg_fn)cb, ctx, err);
+}
+
+/* ---- refs ------------------------------------------------------------------ */
+
+static int pg_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, name);
+  return pg_get_one(t, ST_REF_GET, &p, ROW_REF, out, err);
+}
+
+static int pg_ref_put(es_txn *t, const es_ref *row, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, row->name);
+  pp_str(&p, row->session);
+  pp_opt(&p, row->created_at);
+  pp_opt(&p, row->updated_at);
+  return pg_write(t, ST_REF_PUT, &p, NULL, err);
+}
+
+static int pg_ref_delete(es_txn *t, const char *name, es_err *err) {
+  pg_params p = {0};
+  int64_t changed = 0;
+  pp_str(&p, name);
+  int code = pg_write(t, ST_REF_DELETE, &p, &changed, err);
+  if (code != ES_OK) return code;
+  return changed > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
+static int pg_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
+                       es_err *err) {
+  pg_params p = {0};
+  if (after) pp_str(&p, after);
+  pp_limit(&p, limit);
+  return pg_iterate(t, after ? ST_REF_LIST_GT : ST_REF_LIST, &p, ROW_REF, (pg_fn)cb, ctx, err);
+}
+
+/* ---- presence ------------------------------------------------------------- */
+
+static int pg_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
+                           es_presence_row *out, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, ns);
+  pp_str(&p, participant);
+  pp_str(&p, field);
+  return pg_get_one(t, ST_PRESENCE_GET, &p, ROW_PRESENCE, out, err);
+}
+
+static int pg_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, ns);
+  pp_str(&p, row->participant);
+  pp_str(&p, row->field);
+  if (pp_bytes(&p, row->value, row->value_len))
+    return es_fail(err, ES_TOO_LARGE, "postgres: presence value too large");
+  pp_opt(&p, row->seen);
+  pp_opt(&p, row->at);
+  pp_opt(&p, row->expires_at);
+  return pg_write(t, ST_PRESENCE_PUT, &p, NULL, err);
+}
+
+static int pg_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
+  pg_params p = {0};
+  if (!t->write) return ES_OK; /* allowed no-op: a read transaction never writes */
+  pp_str(&p, ns);
+  pp_int(&p, now);
+  return pg_write(t, ST_PRESENCE_EXPIRE, &p, NULL, err);
+}
+
+static int pg_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
+                            void *ctx, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, ns);
+  pp_int(&p, now);
+  return pg_iterate(t, ST_PRESENCE_LIST, &p, ROW_PRESENCE, (pg_fn)cb, ctx, err);
+}
+
+/* ---- retention (§3.9) -------------------------------------------------------- */
+
+/* Runs a DELETE with session as $1 (and through as $2); *removed. */
+static int pg_remove(es_txn *t, int id, const char *session, int64_t through, int64_t *removed,
+                     es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  if (id == ST_EVENT_DELETE_RANGE || id == ST_SNAPSHOT_DELETE_FROM) pp_int(&p, through);
+  *removed = 0;
+  return pg_write(t, id, &p, removed, err);
+}
+
+/* Positions are not touched: next_position was loaded when the transaction
+ * began, and the commit stores it as the high-water mark (see sqlite.c). */
+static int pg_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
+  int64_t removed;
+  return pg_remove(t, ST_EVENT_DELETE_RANGE, session, through, &removed, err);
+}
+
+static int pg_session_delete(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  int code = pg_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
+  if (code != ES_OK) return code;
+  return removed > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
+static int pg_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  return pg_remove(t, ST_SNAPSHOT_DELETE_ALL, session, 0, &removed, err);
+}
+
+static int pg_ref_delete_session(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  return pg_remove(t, ST_REF_DELETE_SESSION, session, 0, &removed, err);
+}
+
+/* ---- archive (§3.9) -------------------------------------------------------- */
+
+static int pg_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
+                           es_err *err) {
+  pg_params p = {0};
+  PGresult *res;
+  int code;
+  pp_str(&p, session);
+  if ((code = pg_run(t, ST_SEGMENT_LIST, &p, &res, err)) != ES_OK) return code;
+  int n = PQntuples(res);
+  for (int i = 0; i < n; i++) {
+    es_segment g;
+    es_segment_init(&g);
+    g.from = pg_int(res, i, 0);
+    g.through = pg_int(res, i, 1);
+    g.count = pg_int(res, i, 2);
+    g.bytes = pg_int(res, i, 3);
+    snprintf(g.checksum, sizeof g.checksum, "%s", PQgetvalue(res, i, 4));
+    g.file = PQgetvalue(res, i, 5); /* borrowed for the callback */
+    g.created_at = pg_opt(res, i, 6);
+    if (cb(ctx, &g)) break;
+  }
+  PQclear(res);
+  return ES_OK;
+}
+
+static int pg_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, session);
+  pp_int(&p, row->from);
+  pp_int(&p, row->through);
+  pp_int(&p, row->count);
+  pp_int(&p, row->bytes);
+  pp_str(&p, row->checksum);
+  pp_str(&p, row->file);
+  pp_opt(&p, row->created_at);
+  return pg_write(t, ST_SEGMENT_PUT, &p, NULL, err);
+}
+
+static int pg_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+  pg_params p = {0};
+  int64_t changed = 0;
+  pp_str(&p, session);
+  pp_int(&p, from);
+  int code = pg_write(t, ST_SEGMENT_DELETE, &p, &changed, err);
+  if (code != ES_OK) return code;
+  return changed > 0 ? ES_OK : ES_NOT_FOUND;
+}
+
+/* ---- crypto-shredding (§3.10) ------------------------------------------- */
+
+static int pg_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  pg_params p = {0};
+  PGresult *res;
+  int code;
+  memset(out, 0, sizeof *out);
+  pp_str(&p, name);
+  if ((code = pg_run(t, ST_KEY_GET, &p, &res, err)) != ES_OK) return code;
+  if (PQntuples(res) == 0) {
+    PQclear(res);
+    return ES_NOT_FOUND;
+  }
+  out->created_at = pg_opt(res, 0, 2);
+  out->shredded_at = pg_opt(res, 0, 3);
+  out->name = strdup(name);
+  int null = PQgetisnull(res, 0, 1);
+  if (!null) {
+    size_t wn = (size_t)PQgetlength(res, 0, 1);
+    out->wrapped = malloc(wn ? wn : 1);
+    if (out->wrapped && wn) memcpy(out->wrapped, PQgetvalue(res, 0, 1), wn);
+    out->wrapped_len = wn;
+  }
+  PQclear(res);
+  if (!out->name || (!null && !out->wrapped)) {
+    es_key_row_destroy(out);
+    return pg_oom(err);
+  }
+  return ES_OK;
+}
+
+/* A shred replaces the row: the old version is dead, and invisible to
+ * every later transaction; pg_scrub vacuums it away (docs/postgres.md says
+ * what that does and does not erase). */
+static int pg_key_put(es_txn *t, const es_key_row *row, es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, row->name);
+  if (pp_bytes(&p, row->wrapped, row->wrapped_len)) return es_fail(err, ES_TOO_LARGE, "postgres: key too large");
+  pp_opt(&p, row->created_at);
+  pp_opt(&p, row->shredded_at);
+  return pg_write(t, ST_KEY_PUT, &p, NULL, err);
+}
+
+static int pg_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
+                          es_err *err) {
+  pg_params p = {0};
+  pp_str(&p, key);
+  pp_str(&p, session);
+  pp_int(&p, first_index);
+  return pg_write(t, ST_KEY_USE_PUT, &p, NULL, err);
+}
+
+static int pg_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
+  pg_params p = {0};
+  PGresult *res;
+  int code;
+  pp_str(&p, key);
+  if ((code = pg_run(t, ST_KEY_USE_LIST, &p, &res, err)) != ES_OK) return code;
+  int n = PQntuples(res);
+  for (int i = 0; i < n; i++)
+    if (cb(ctx, PQgetvalue(res, i, 0), pg_int(res, i, 1))) break;
+  PQclear(res);
+  return ES_OK;
+}
+
+static int pg_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
+  int64_t removed;
+  return pg_remove(t, ST_KEY_USE_DELETE_SESSION, session, 0, &removed, err);
+}
+
+static int pg_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
+  int64_t removed;
+  return pg_remove(t, ST_SNAPSHOT_DELETE_FROM, session, index, &removed, err);
+}
+
+/* After a shred committed: VACUUM removes the dead versions of the keys
+ * and snapshots rows the shred replaced or deleted (once no transaction
+ * can still see them), so their bytes are no longer reachable through the
+ * table. It cannot reach the server's write-ahead log or base backups
+ * (docs/postgres.md). */
+static int pg_scrub(es_backend *b, es_err *err) {
+  int code = pg_conn_ready(b, &b->w, err);
+  if (code != ES_OK) return code;
+  return pg_simple(&b->w, "VACUUM keys, snapshots", "vacuum after shred", err);
+}
+
+/* ---- data version --------------------------------------------------------- */
+
+/* Counts the NOTIFYs every write commit sends on the store's channel (the
+ * watch connection LISTENs on it); a reconnect counts as a change too, as
+ * commits may have been missed meanwhile. Never blocks. */
+static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
+  int code = ES_OK;
+  pthread_mutex_lock(&b->watch_mu);
+  if (!b->watch.db || PQstatus(b->watch.db) != CONNECTION_OK) {
+    code = pg_watch_connect(b, err);
+    b->notes++;
+  }
+  if (code == ES_OK) {
+    if (!PQconsumeInput(b->watch.db)) {
+      code = pg_fail_msg(err, b, "data_version", PQerrorMessage(b->watch.db));
+      b->notes++;
+    } else {
+      PGnotify *n;
+      while ((n = PQnotifies(b->watch.db)) != NULL) {
+        b->notes++;
+        PQfreemem(n);
+      }
+    }
+  }
+  *version = b->notes;
+  pthread_mutex_unlock(&b->watch_mu);
+  return code;
+}
+
+/* ---- the ops table ---------------------------------------------------------- */
+
+#define PG_OPS(name, scheme_)                                   \
+  const es_backend_ops name = {                                 \
+      .scheme = scheme_,                                        \
+      .group_commit = 1,                                        \
+      .open = pg_open,                                          \
+      .close = pg_close,                                        \
+      .write_begin = pg_write_begin,                            \
+      .write_commit = pg_write_commit,                          \
+      .write_rollback = pg_write_rollback,                      \
+      .savepoint = pg_savepoint,                                \
+      .savepoint_release = pg_savepoint_release,                \
+      .savepoint_rollback = pg_savepoint_rollback,              \
+      .read_begin = pg_read_begin,                              \
+      .read_end = pg_read_end,                                  \
+      .session_get = pg_session_get,                            \
+      .session_put = pg_session_put,                            \
+      .session_list = pg_session_list,                          \
+      .session_children = pg_session_children,                  \
+      .event_get = pg_event_get,                                \
+      .event_get_by_id = pg_event_get_by_id,                    \
+      .event_insert = pg_event_insert,                          \
+      .event_copy = pg_event_copy,                              \
+      .event_update = pg_event_update,                          \
+      .event_range = pg_event_range,                            \
+      .event_all = pg_event_all,                                \
+      .last_position = pg_last_position,                        \
+      .lane_next = pg_lane_next,                                \
+      .queued_due = pg_queued_due,                              \
+      .queued_next_due = pg_queued_next_due,                    \
+      .queued_due_type = pg_queued_due_type,                    \
+      .queued_next_due_type = pg_queued_next_due_type,          \
+      .pending_types = pg_pending_types,                        \
+      .dead_list = pg_dead_list,                                \
+      .snapshot_get = pg_snapshot_get,                          \
+      .snapshot_put = pg_snapshot_put,                          \
+      .snapshot_list = pg_snapshot_list,                        \
+      .ref_get = pg_ref_get,                                    \
+      .ref_put = pg_ref_put,                                    \
+      .ref_delete = pg_ref_delete,                              \
+      .ref_list = pg_ref_list,                                  \
+      .presence_get = pg_presence_get,                          \
+      .presence_put = pg_presence_put,                          \
+      .presence_expire = pg_presence_expire,                    \
+      .presence_list = pg_presence_list,                        \
+      .event_delete_range = pg_event_delete_range,              \
+      .session_delete = pg_session_delete,                      \
+      .snapshot_delete_all = pg_snapshot_delete_all,            \
+      .ref_delete_session = pg_ref_delete_session,              \
+      .segment_list = pg_segment_list,                          \
+      .segment_put = pg_segment_put,                            \
+      .segment_delete = pg_segment_delete,                      \
+      .key_get = pg_key_get,                                    \
+      .key_put = pg_key_put,                                    \
+      .key_use_put = pg_key_use_put,                            \
+      .key_use_list = pg_key_use_list,                          \
+      .key_use_delete_session = pg_key_use_delete_session,      \
+      .snapshot_delete_from = pg_snapshot_delete_from,          \
+      .scrub = pg_scrub,                                        \
+      .data_version = pg_data_version,                          \
+  }
+
+/* Both URI schemes libpq accepts. */
+PG_OPS(es_backend_postgres, "postgres");
+PG_OPS(es_backend_postgresql, "postgresql");
