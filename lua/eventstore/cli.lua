@@ -1242,11 +1242,16 @@ function commands.truncate.run(o, args)
   return 0
 end
 
-function commands.delete.check(o)
-  if not o.yes then
-    usage_error("delete", true, "delete: this removes the session for good; add --yes to do it")
+-- The check of a command that cannot be undone: it runs only with --yes.
+local function needs_yes(name, what)
+  return function(o)
+    if not o.yes then
+      usage_error(name, true, "%s: this %s for good; add --yes to do it", name, what)
+    end
   end
 end
+
+commands.delete.check = needs_yes("delete", "removes the session")
 
 function commands.delete.run(o, args)
   local store <close> = open_store(o, false)
@@ -1304,11 +1309,7 @@ commands["compact-archive"].run = function(o, args)
   return 0
 end
 
-function commands.shred.check(o)
-  if not o.yes then
-    usage_error("shred", true, "shred: this destroys the key for good; add --yes to do it")
-  end
-end
+commands.shred.check = needs_yes("shred", "destroys the key")
 
 function commands.shred.run(o, args)
   local store <close> = open_store(o, false)
