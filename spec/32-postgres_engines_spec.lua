@@ -163,10 +163,10 @@ describe("postgres: three engines on one database", function()
     local half = sessions_before + (sessions_all - sessions_before) // 2
     append_sessions(store, sessions_before + 1, half)
 
-    -- Mid-run (the victim has run a fifth of its share), tell it to hold a
-    -- handler, and kill it once it does.
+    -- Mid-run (the victim has run about a third of its share), tell it to
+    -- hold a handler, and kill it once it does.
     local deadline = helpers.wall() + 120
-    while count_lines(victim.claims) < (EVENTS_BEFORE + EVENTS_DURING) // 15 do
+    while count_lines(victim.claims) < (EVENTS_BEFORE + EVENTS_DURING) // 10 do
       assert.is_nil(ph.status(victim.proc), "the victim ended before the kill:\n" .. logs())
       assert.is_true(helpers.wall() < deadline, "the victim does not get on:\n" .. logs())
       helpers.sleep(0.05)
