@@ -333,9 +333,14 @@ static void store_failed(es_engine *e, int id, store_retry *t, const char *what,
   int64_t now = es_mono_ms();
   if (!t->first_ms) t->first_ms = now;
   long long zero = 0;
-  if (atomic_compare_exchange_strong(&e->outage_since, &zero, now))
-    es_engine_log(e, id, "%s failed: %s: %s; retrying with backoff until the store answers",
-                  what, es_strerror(rc), err->msg);
+  if (!atomic_compare_exchange_strong(&e->outage_since, &zero, now)) return;
+  /* One log line: libpq's messages run over several. */
+  char msg[ES_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", err->msg);
+  for (char *p = msg; *p; p++)
+    if (*p == '\n' || *p == '\t') *p = ' ';
+  es_engine_log(e, id, "%s failed: %s: %s; retrying with backoff until the store answers", what,
+                es_strerror(rc), msg);
 }
 
 /* Whether the failed call of t may be tried again, limit_ms (< 0: no
