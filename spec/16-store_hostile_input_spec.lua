@@ -533,7 +533,7 @@ end }
           { "workers", 0 }, { "workers", 257 }, { "ttl_ms", 0 }, { "max_failures", 0 },
           { "backoff_ms", -1 }, { "backoff_cap_ms", -1 }, { "instruction_budget", -1 },
           { "memory_budget", -1 }, { "snapshot_every", -1 }, { "deadline_ms", 0 },
-          { "ttl_ms", math.maxinteger },
+          { "ttl_ms", math.maxinteger }, { "outage_ms", -1 }, { "outage_ms", math.maxinteger },
         }
         for _, c in ipairs(cases) do
           local e = expect_error("INVALID_ARGUMENT", function() return t.engine({ [c[1]] = c[2] }) end)

@@ -187,6 +187,7 @@ describe("eventstore binary", function()
         { { "settle", "s", "0" }, "settle: INDEX expects a whole number >= 1, got '0'" },
         { { "state", "s", "r", "--at", "1.5" }, "state: --at expects a whole number >= 0, got '1.5'" },
         { { "run", "--workers", "0" }, "run: --workers expects a whole number from 1 to 256, got '0'" },
+        { { "run", "--ttl-ms", "0" }, "run: --ttl-ms expects a whole number from 1 to 3153600000000, got '0'" },
         { { "sessions", "--limit", "many" }, "sessions: --limit expects a whole number >= 1" },
         { { "dead", "--limit", "" }, "dead: --limit expects a whole number >= 1" },
       }
@@ -595,6 +596,27 @@ describe("eventstore binary", function()
       store:close()
       -- nothing ready now: a second run handles nothing
       assert.are.equal("handled 0, failed 0, dead 0, pending 1\n", ok(es({ "run", "--until-idle" })))
+    end)
+
+    engine_it("--holder names the engine's claims, --ttl-ms their TTL; an empty holder is refused", function()
+      local store = open_db()
+      store:append("h", { { type = "greet", payload = { name = "cy" } } })
+      store:close()
+      write_scripts(work .. "/scripts")
+      -- the claim still in force when the handler ran: its holder, its expiry
+      write_file(work .. "/scripts/handlers/greet.lua", [[
+return function(event, ctx)
+  return { { type = "seen", payload = { holder = event.claim_holder, ttl = event.claim_expires_at - ctx.now() } } }
+end
+]])
+      fails(es({ "run", "--until-idle", "--holder", "" }), 1, "INVALID_ARGUMENT: holder must be 1 to 255 bytes")
+      assert.are.equal("handled 1, failed 0, dead 0, pending 0\n",
+        ok(es({ "run", "--until-idle", "--holder", "box-7/1", "--ttl-ms", "4000" })))
+      store = open_db()
+      local seen = store:read("h")[2]
+      store:close()
+      assert.are.equal("box-7/1", seen.payload.holder)
+      assert.is_true(seen.payload.ttl > 0 and seen.payload.ttl <= 4000, tostring(seen.payload.ttl))
     end)
 
     -- Runs `run` in the background, sends it SIG after `after` seconds (and

@@ -51,8 +51,9 @@ extern char **environ;
 #define GRACE_MS 1000        /* a tripped call must unwind within this */
 #define STALL_CPU_NS 1000000000LL /* CPU burnt with no hook: stuck where no hook reaches */
 #define CLOSE_WAIT_MS 1000   /* closing a Lua state (its finalizers) */
-#define COMPLETE_TRIES 3     /* a completion failing with STORAGE is retried (same ids) */
-#define CLAIM_BACKOFF_MAX_MS 5000
+#define FENCE_TRIES 3        /* a completion refused for a lease the keeper re-took meanwhile */
+#define STORE_WAIT_FIRST_MS 10 /* the first wait before retrying a failed write (then doubling) */
+#define STORE_WAIT_MAX_MS 2000 /* the longest wait between two tries of a failing store */
 #define MAX_MS (100LL * 365 * 24 * 3600 * 1000) /* the largest time option: 100 years */
 #define FOLD_SPIN_US 50      /* how long the fold handoff polls before blocking */
 
@@ -287,6 +288,78 @@ static int watch(es_engine *e, runner *r, int64_t now, char *cause, size_t len) 
 }
 
 /* ---------------------------------------------------------------------- */
+/* Riding out a store outage
+ *
+ * A store call that fails with STORAGE (a PostgreSQL server restarting, a
+ * lost connection, cannot connect; a full disk) is tried again, waiting
+ * between half and all of a base that doubles up to STORE_WAIT_MAX_MS (the
+ * jitter keeps workers and engines that failed together from retrying
+ * together), until it succeeds or has failed for outage_ms. The engine
+ * logs when the store begins failing and when it answers again, not every
+ * try. Trying again is safe: a claim that failed claimed nothing, and a
+ * completion or failure is repeated with the same attempt and the same
+ * ids, so one whose commit went through but whose answer was lost comes
+ * back as the result already stored (CONTRACT §3.2), never a second one. */
+
+static void engine_sleep(es_engine *e, int64_t ms);
+
+typedef struct store_retry {
+  int64_t first_ms; /* when the call first failed (monotonic); 0: it has not */
+  int64_t base_ms;  /* the next wait's base */
+} store_retry;
+
+/* Between half and all of base. */
+static int64_t jittered(int64_t base) {
+  uint32_t r = 0;
+  if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)es_mono_ms();
+  int64_t half = base / 2;
+  return half + (int64_t)(r % (uint64_t)(base - half + 1));
+}
+
+/* A store call succeeded: an outage, if one was going on, is over. */
+static void store_answered(es_engine *e, int id) {
+  if (!atomic_load(&e->answered)) atomic_store(&e->answered, 1);
+  if (!atomic_load(&e->outage_since)) return;
+  int64_t since = atomic_exchange(&e->outage_since, 0);
+  if (since)
+    es_engine_log(e, id, "the store answers again (it failed for %lld ms)",
+                  (long long)(es_mono_ms() - since));
+}
+
+/* A store call (what: "claiming", ...) failed with rc: starts the call's
+ * clock, and the outage's (logged by whichever call saw it first). */
+static void store_failed(es_engine *e, int id, store_retry *t, const char *what, int rc,
+                         const es_err *err) {
+  int64_t now = es_mono_ms();
+  if (!t->first_ms) t->first_ms = now;
+  long long zero = 0;
+  if (!atomic_compare_exchange_strong(&e->outage_since, &zero, now)) return;
+  /* One log line: libpq's messages run over several. */
+  char msg[ES_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", err->msg);
+  for (char *p = msg; *p; p++)
+    if (*p == '\n' || *p == '\t') *p = ' ';
+  es_engine_log(e, id, "%s failed: %s: %s; retrying with backoff until the store answers", what,
+                es_strerror(rc), msg);
+}
+
+/* Whether the failed call of t may be tried again, limit_ms (< 0: no
+ * limit) after its first failure at most; waits first. A stop cuts the
+ * wait short and gives the call up. */
+static int store_retry_wait(es_engine *e, store_retry *t, int64_t limit_ms) {
+  int64_t wait = jittered(t->base_ms);
+  t->base_ms = t->base_ms * 2 > STORE_WAIT_MAX_MS ? STORE_WAIT_MAX_MS : t->base_ms * 2;
+  if (limit_ms >= 0) {
+    int64_t left = t->first_ms + limit_ms - es_mono_ms();
+    if (left <= 0) return 0;
+    if (wait > left) wait = left;
+  }
+  if (atomic_load(&e->stopping)) return 0;
+  engine_sleep(e, wait);
+  return !atomic_load(&e->stopping);
+}
+
+/* ---------------------------------------------------------------------- */
 /* dispatch */
 
 /* Attempts of ev that neither completed nor failed (the process died in
@@ -312,9 +385,11 @@ static int64_t backoff_for(const es_engine *e, int64_t n) {
 }
 
 /* Records a failed attempt (from the worker, or from the keeper for an
- * abandoned one). */
+ * abandoned one). patient: ride out a store outage (a worker; the keeper,
+ * the watchdog of every call, must not wait: its attempt's claim expires
+ * and the attempt counts as lost). */
 static void record_failure(es_engine *e, int id, const claim_info *c, const char *error,
-                           int retry_now) {
+                           int retry_now, int patient) {
   int outcome = 0;
   int64_t failures = 0;
   es_err err = {0};
@@ -323,8 +398,15 @@ static void record_failure(es_engine *e, int id, const claim_info *c, const char
   int64_t max = e->o.max_failures - c->lost;
   if (max < c->failures + 1) max = c->failures + 1;
   int64_t wait = retry_now ? 0 : backoff_for(e, c->failures + c->lost + 1);
-  int rc = es_store_fail(e->s, c->session, c->index, c->attempt, error, max, wait, &outcome,
-                         &failures, &err);
+  store_retry retry = {0, STORE_WAIT_FIRST_MS};
+  int rc;
+  /* The same fail again is idempotent (the same outcome, counted once). */
+  while ((rc = es_store_fail(e->s, c->session, c->index, c->attempt, error, max, wait, &outcome,
+                             &failures, &err)) == ES_STORAGE && patient) {
+    store_failed(e, id, &retry, "recording a failure", rc, &err);
+    if (!store_retry_wait(e, &retry, e->o.outage_ms)) break;
+  }
+  if (rc == ES_OK) store_answered(e, id);
   const char *nl = strchr(error, '\n');
   int first = (int)(nl ? nl - error : (ptrdiff_t)strlen(error));
   if (rc) {
@@ -449,7 +531,8 @@ static void complete_job(job *j) {
     }
     j->evs[i].id = ids[i];
   }
-  for (int tries = 0;; tries++) {
+  store_retry retry = {0, STORE_WAIT_FIRST_MS};
+  for (int fence_tries = 1;; fence_tries++) {
     int outcome = 0;
     es_events out;
     int64_t fence = es_engine_fence_of(e, ev->session);
@@ -457,10 +540,11 @@ static void complete_job(job *j) {
                                &outcome, &out, &err);
     es_events_destroy(&out);
     if (rc == ES_STALE_FENCE && fence != ES_NONE && es_engine_fence_of(e, ev->session) != fence &&
-        es_engine_fence_of(e, ev->session) != ES_NONE && tries + 1 < COMPLETE_TRIES)
+        es_engine_fence_of(e, ev->session) != ES_NONE && fence_tries < FENCE_TRIES)
       continue; /* the keeper re-took a lapsed lease meanwhile: a new token, still ours */
     if (rc == ES_STALE_FENCE) es_engine_fenced_out(e, ev->session);
     if (rc == ES_OK) {
+      store_answered(e, j->r->id);
       if (outcome == ES_SUPERSEDED)
         es_engine_log(e, j->r->id, "%s #%lld: attempt %lld was superseded; its result is dropped",
                       ev->session, (long long)ev->index, (long long)ev->attempts);
@@ -468,19 +552,23 @@ static void complete_job(job *j) {
         atomic_fetch_add(&e->handled, 1);
       break;
     }
-    if (rc != ES_STORAGE || tries + 1 >= COMPLETE_TRIES) {
-      char msg[ES_ERRMSG_MAX + 64];
-      snprintf(msg, sizeof msg, "completing failed: %s: %s", es_strerror(rc), err.msg);
-      if (rc == ES_STORAGE) {
-        /* Leave the claim to expire: the event is retried, nothing lost. */
-        es_engine_log(e, j->r->id, "%s #%lld: %s", ev->session, (long long)ev->index, msg);
-        j->result = RUN_SETTLE;
-      } else {
-        job_error(j, msg);
-      }
-      break;
+    if (rc == ES_STORAGE) {
+      /* Again with the same ids: harmless if the failed try committed. */
+      store_failed(e, j->r->id, &retry, "completing", rc, &err);
+      if (store_retry_wait(e, &retry, e->o.outage_ms)) continue;
     }
-    sleep_ms(10 << tries);
+    char msg[ES_ERRMSG_MAX + 64];
+    snprintf(msg, sizeof msg, "completing failed: %s: %s", es_strerror(rc), err.msg);
+    if (rc == ES_STORAGE) {
+      /* Leave the claim to expire: the event is retried, nothing lost. */
+      es_engine_log(e, j->r->id, "%s #%lld: %s (tried for %lld ms); left for its claim to expire",
+                    ev->session, (long long)ev->index, msg,
+                    (long long)(es_mono_ms() - retry.first_ms));
+      j->result = RUN_SETTLE;
+    } else {
+      job_error(j, msg);
+    }
+    break;
   }
   free(ids);
 }
@@ -499,7 +587,7 @@ static int handle(runner *r, const es_event *ev) {
              "%lld earlier attempts never finished (the process running the handler died, was "
              "killed or called os.exit, or its worker was abandoned)",
              (long long)c.lost);
-    record_failure(e, r->id, &c, msg, 1); /* failures + lost >= max: dead-letters it */
+    record_failure(e, r->id, &c, msg, 1, 1); /* failures + lost >= max: dead-letters it */
     return 0;
   }
   pthread_mutex_lock(&r->mu);
@@ -536,7 +624,7 @@ static int handle(runner *r, const es_event *ev) {
   else if (j.result != RUN_FAILED) complete_job(&j);
   if (j.result == RUN_FAILED) {
     int stop = j.error && strstr(j.error, "interrupted: the engine is stopping") != NULL;
-    record_failure(e, r->id, &c, j.error ? j.error : "unknown error", stop);
+    record_failure(e, r->id, &c, j.error ? j.error : "unknown error", stop, 1);
   }
   free(j.error);
   lua_settop(L, 0);
@@ -606,7 +694,7 @@ static void *worker_main(void *arg) {
   pthread_mutex_lock(&r->mu); /* the keeper reads it under r->mu */
   r->has_cpu = pthread_getcpuclockid(pthread_self(), &r->cpu) == 0;
   pthread_mutex_unlock(&r->mu);
-  int64_t claim_wait = IDLE_POLL_MS;
+  store_retry retry = {0, IDLE_POLL_MS};
   while (!atomic_load(&e->stopping)) {
     atomic_fetch_add(&e->busy, 1);
     es_events got;
@@ -624,8 +712,11 @@ static void *worker_main(void *arg) {
                 : es_fail(&err, ES_STORAGE, "out of memory");
     es_engine_skip_free(skip, n_skip);
     es_type_set_release(ts);
+    if (rc == ES_OK) {
+      if (retry.first_ms) retry = (store_retry){0, IDLE_POLL_MS};
+      store_answered(e, r->id);
+    }
     if (rc == ES_OK && got.n > 0) {
-      claim_wait = IDLE_POLL_MS;
       int gone = handle(r, &got.v[0]);
       es_events_destroy(&got);
       atomic_fetch_sub(&e->busy, 1);
@@ -636,18 +727,28 @@ static void *worker_main(void *arg) {
       atomic_fetch_sub(&e->busy, 1);
       char msg[ES_ERRMSG_MAX + 64];
       snprintf(msg, sizeof msg, "claiming failed: %s", err.msg);
-      /* A run that is to end when idle cannot tell idle from broken: it
-       * ends with the error. A store that closed ends any run. Otherwise
-       * (disk full, a lost connection) back off, doubling, and go on. */
-      if (rc == ES_CLOSED || atomic_load(&e->until_idle)) {
+      /* A store that closed ends any run. A run that is to end when idle
+       * cannot tell idle from broken, except in an outage: STORAGE from a
+       * store that has answered this engine's claims before is ridden out
+       * for outage_ms; any other error, or STORAGE from a store that never
+       * answered (opened read-only, no right to write), ends it at once.
+       * Other runs back off and go on, whatever the error. */
+      int idle_run = atomic_load(&e->until_idle);
+      if (rc == ES_CLOSED || (idle_run && (rc != ES_STORAGE || !atomic_load(&e->answered)))) {
         run_error(e, rc, msg);
         begin_stop(e);
         break;
       }
-      es_engine_log(e, r->id, "%s: %s; retrying in %lld ms", es_strerror(rc), msg,
-                    (long long)claim_wait);
-      engine_sleep(e, claim_wait);
-      claim_wait = claim_wait * 2 > CLAIM_BACKOFF_MAX_MS ? CLAIM_BACKOFF_MAX_MS : claim_wait * 2;
+      store_failed(e, r->id, &retry, "claiming", rc, &err);
+      if (!store_retry_wait(e, &retry, idle_run ? e->o.outage_ms : -1)) {
+        if (!atomic_load(&e->stopping)) {
+          snprintf(msg, sizeof msg, "claiming failed for %lld ms (outage_ms): %s",
+                   (long long)(es_mono_ms() - retry.first_ms), err.msg);
+          run_error(e, rc, msg);
+          begin_stop(e);
+        }
+        break;
+      }
       continue;
     }
     /* Nothing ready now. With until_idle, the run is over once no other
@@ -680,7 +781,7 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
   pthread_detach(r->thread);
   es_engine_log(e, r->id, "%s #%lld %s: %s", c.session ? c.session : "?", (long long)c.index,
                 c.type ? c.type : "?", cause);
-  if (c.session && c.type) record_failure(e, r->id, &c, cause, atomic_load(&e->stopping));
+  if (c.session && c.type) record_failure(e, r->id, &c, cause, atomic_load(&e->stopping), 0);
   free((char *)c.session);
   free((char *)c.type);
 
@@ -753,6 +854,7 @@ void es_engine_opts_init(es_engine_opts *o) {
   o->memory_budget = 64 * 1024 * 1024;
   o->deadline_ms = 300000;
   o->snapshot_every = 100;
+  o->outage_ms = 60000;
 }
 
 static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, es_err *err) {
@@ -771,7 +873,8 @@ static int check_opts(const es_engine_opts *o, es_err *err) {
       (rc = check_range("instruction_budget", o->instruction_budget, 0, INT64_MAX / 2, err)) ||
       (rc = check_range("memory_budget", o->memory_budget, 0, INT64_MAX / 2, err)) ||
       (rc = check_range("deadline_ms", o->deadline_ms, 1, MAX_MS, err)) ||
-      (rc = check_range("snapshot_every", o->snapshot_every, 0, INT64_MAX / 2, err)))
+      (rc = check_range("snapshot_every", o->snapshot_every, 0, INT64_MAX / 2, err)) ||
+      (rc = check_range("outage_ms", o->outage_ms, 0, MAX_MS, err)))
     return rc;
   if (!o->scripts || !*o->scripts) return es_fail(err, ES_INVALID_ARGUMENT, "scripts must name a directory");
   struct stat st;

@@ -40,6 +40,9 @@ typedef struct es_engine_opts {
   int64_t memory_budget;      /* bytes one Lua state of the engine may hold; 0: none */
   int64_t deadline_ms;        /* wall-clock time per handler call or fold */
   int64_t snapshot_every;     /* events folded between snapshots; 0: no snapshots */
+  int64_t outage_ms;          /* how long a store call failing with STORAGE (a lost
+                               * connection, a server restarting) is retried, with
+                               * backoff, before it is given up; 0: not retried */
   const char *lua_path;       /* package.path of the engine's states; NULL: Lua's default */
   const char *lua_cpath;      /* package.cpath; NULL: Lua's default */
 } es_engine_opts;
@@ -85,6 +88,9 @@ typedef struct es_run_opts {
 
 /* Runs the workers on the calling thread's behalf until es_engine_stop,
  * the progress callback, a closed store, or (until_idle) no ready event.
+ * Store calls failing with STORAGE are retried with backoff (outage_ms);
+ * an until_idle run ends with a claim's error when it is not STORAGE, when
+ * no claim of this engine ever succeeded, or after outage_ms of STORAGE.
  * *stats: the run's counts. ES_INVALID_ARGUMENT when a run is already in
  * progress; ES_STORAGE when no worker thread could start. */
 int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, es_err *err);

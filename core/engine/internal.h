@@ -112,6 +112,10 @@ struct es_engine {
   atomic_int running;         /* worker threads not finished nor abandoned */
   atomic_llong handled, failed, dead, abandoned;
   es_err run_err;             /* the first error that ended the run */
+
+  /* Store outages (engine.c "Riding out a store outage"): */
+  atomic_llong outage_since;  /* monotonic ms the store began failing; 0: it answers */
+  atomic_int answered;        /* a claim of this engine ever succeeded */
 };
 
 int64_t es_mono_ms(void);

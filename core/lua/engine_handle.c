@@ -70,6 +70,7 @@ static int l_engine_new(lua_State *L) {
   o.memory_budget = es_lua_opt_int_field(L, 2, "memory_budget", o.memory_budget);
   o.deadline_ms = es_lua_opt_int_field(L, 2, "deadline_ms", o.deadline_ms);
   o.snapshot_every = es_lua_opt_int_field(L, 2, "snapshot_every", o.snapshot_every);
+  o.outage_ms = es_lua_opt_int_field(L, 2, "outage_ms", o.outage_ms);
   const char *scripts = opt_name(L, 2, "scripts");
   if (scripts) o.scripts = scripts;
   o.holder = opt_name(L, 2, "holder");

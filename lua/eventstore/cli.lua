@@ -234,7 +234,7 @@ local function command(name, def)
 end
 
 command("run", {
-  synopsis = "run [--db URL] [--scripts DIR] [--workers N] [--until-idle | --until-done [--deadline S]] [--progress]",
+  synopsis = "run [--db URL] [--scripts DIR] [--workers N] [--holder NAME] [--ttl-ms MS] [--until-idle | --until-done [--deadline S]] [--progress]",
   summary = "dispatch pending events to their handlers",
   help = [[
 Dispatches every pending event of the store to its handler in the scripts
@@ -247,6 +247,10 @@ terminal a progress line is kept on stderr. At the end prints to stdout:
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
   --workers N     worker threads, 1 to 256 (default: the engine's, 1)
+  --holder NAME   this engine's claim holder name (default:
+                  engine-<pid>-<random>); one per engine sharing a store
+  --ttl-ms MS     claim TTL in ms (default 30000): how soon another engine
+                  takes over the claims of one that died
   --until-idle    return once no event is ready now (timers and backoffs
                   stay pending)
   --until-done    also wait for events that become ready later (timers,
@@ -260,6 +264,7 @@ terminal a progress line is kept on stderr. At the end prints to stdout:
   args = { 0, 0 },
   options = {
     db = "string", scripts = "string", workers = { int = 1, max = MAX_WORKERS },
+    holder = "string", ["ttl-ms"] = { int = 1, max = 100 * 365 * 24 * 3600 * 1000 },
     ["until-idle"] = "flag", ["until-done"] = "flag", deadline = { int = 1, max = 365 * 24 * 3600 },
     progress = "flag",
   },
@@ -847,7 +852,11 @@ function commands.run.run(o)
     if shown and now - shown < (on_tty and PROGRESS_EVERY_MS or PROGRESS_LOG_EVERY_MS) then return end
     shown = now
     if counted == nil or now - counted >= PENDING_EVERY_MS then
-      pending, unhandled = count_pending(store, engine)
+      -- A store that fails now (a database restarting) keeps the last
+      -- figures: the engine rides the outage out, the progress line must
+      -- not end the run.
+      local ok, p, u = pcall(count_pending, store, engine)
+      if ok then pending, unhandled = p, u end
       counted = now
     end
     local line = ("handled %d, failed %d, dead %d, pending %d"):format(total.handled + (stats.handled or 0),
@@ -862,7 +871,7 @@ function commands.run.run(o)
     io.stderr:flush()
   end
 
-  engine = new_engine(store, dir, { workers = o.workers })
+  engine = new_engine(store, dir, { workers = o.workers, holder = o.holder, ttl_ms = o["ttl-ms"] })
   -- SIGINT/SIGTERM (counted by the binary, which owns signals) stop the
   -- engine: running handlers are interrupted and retried later.
   local stopping = false

@@ -8,9 +8,17 @@
 #   pg_cluster.sh run CMD...    start a cluster in a fresh temporary
 #                               directory, run CMD with ES_TEST_URLS set to
 #                               "memory: sqlite: <postgres URL>" (unless
-#                               ES_TEST_URLS is already set) and ES_PG_URL
-#                               to the URL, stop the cluster whatever CMD
-#                               did, exit with CMD's status
+#                               ES_TEST_URLS is already set), ES_PG_URL to
+#                               the URL and ES_PG_DIR to the directory, stop
+#                               the cluster whatever CMD did, exit with
+#                               CMD's status
+#
+# For fault tests (spec/33-postgres_restart_spec.lua), on a cluster that
+# start (or run) made, keeping its data:
+#   pg_cluster.sh restart DIR       pg_ctl restart (fast: connections are
+#                                   terminated, transactions rolled back)
+#   pg_cluster.sh stop-server DIR   stop the server (fast); the socket goes
+#   pg_cluster.sh start-server DIR  start it again with the same settings
 #
 # The server runs as the user running this script, or as "postgres" when
 # that is root (PostgreSQL refuses to run as root). Settings favour speed
@@ -41,6 +49,11 @@ pg_user() {
   if [ "$(id -u)" = 0 ]; then echo postgres; else id -un; fi
 }
 
+# The server's settings (for start and start-server/restart alike).
+server_opts() {
+  echo "-c listen_addresses='' -k $1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c shared_buffers=32MB -c max_connections=300 -c max_locks_per_transaction=256 -c autovacuum=off"
+}
+
 start() {
   dir=$1
   bin=$(bindir) || exit 1
@@ -52,8 +65,7 @@ start() {
   # the socket directory must be reachable by the clients (tests run as
   # root or as the owner): 755 on DIR is enough, the data stays 700
   chmod 755 "$dir"
-  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-    -o "-c listen_addresses='' -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c shared_buffers=32MB -c max_connections=300 -c max_locks_per_transaction=256 -c autovacuum=off" \
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 -o "$(server_opts "$dir")" \
     start >/dev/null 2>&1 || { cat "$dir/server.log" >&2; exit 1; }
   as_pg "$bin/psql" -h "$dir" -U "$(pg_user)" -d postgres -q -c "CREATE DATABASE estest" >/dev/null ||
     exit 1
@@ -69,9 +81,27 @@ stop() {
   rm -rf "$dir"
 }
 
+# pg_ctl ACTION on the server of DIR (which start made), waiting for it.
+server() {
+  dir=$2
+  bin=$(bindir) || exit 1
+  [ -d "$dir/data" ] || { echo "pg_cluster.sh: no cluster in $dir" >&2; exit 1; }
+  case $1 in
+    restart | start)
+      as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 -m fast -o "$(server_opts "$dir")" \
+        "$1" >/dev/null 2>&1 || { tail -n 20 "$dir/server.log" >&2; exit 1; } ;;
+    stop)
+      as_pg "$bin/pg_ctl" -D "$dir/data" -w -t 60 -m fast stop >/dev/null 2>&1 ||
+        { tail -n 20 "$dir/server.log" >&2; exit 1; } ;;
+  esac
+}
+
 case "${1:-}" in
   start) start "$2" ;;
   stop) stop "$2" ;;
+  restart) server restart "$2" ;;
+  stop-server) server stop "$2" ;;
+  start-server) server start "$2" ;;
   run)
     shift
     dir=$(mktemp -d /tmp/es-pg.XXXXXX) || exit 1
@@ -79,7 +109,8 @@ case "${1:-}" in
     trap 'exit 130' INT TERM
     url=$(start "$dir") || exit 1
     ES_PG_URL=$url
-    export ES_PG_URL
+    ES_PG_DIR=$dir
+    export ES_PG_URL ES_PG_DIR
     if [ -z "${ES_TEST_URLS:-}" ]; then
       ES_TEST_URLS="memory: sqlite: $url"
       export ES_TEST_URLS
@@ -88,7 +119,7 @@ case "${1:-}" in
     exit $?
     ;;
   *)
-    echo "usage: pg_cluster.sh start DIR | stop DIR | run CMD..." >&2
+    echo "usage: pg_cluster.sh start DIR | stop DIR | run CMD... | restart DIR | stop-server DIR | start-server DIR" >&2
     exit 2
     ;;
 esac

@@ -103,6 +103,22 @@ do
   assert(r.handled == 5 and r.dead == 2, "handled " .. r.handled .. ", dead " .. r.dead)
   assert(engine:state("e", "count").n == 5)
 end
+-- The engine riding out a server outage (docs/engine.md "When the store
+-- fails"): the handler stops the test server and starts it again a second
+-- later, so the completion fails with STORAGE, is retried, and reconnects.
+local pg_dir = os.getenv("ES_PG_DIR")
+if pg and pg ~= "" and pg_dir and pg_dir ~= "" then
+  write("handlers/outage.lua", ([[return function()
+  os.execute("sh spec/support/pg_cluster.sh stop-server '%s' >/dev/null 2>&1; " ..
+    "(sleep 1; sh spec/support/pg_cluster.sh start-server '%s' >/dev/null 2>&1) &")
+  return {{type = "after"}}
+end]]):format(pg_dir, pg_dir))
+  local engine <close> = eventstore.engine{store = urls[3], scripts = dir, workers = 2}
+  engine:append("outage", {{type = "outage"}})
+  local r = engine:run{until_idle = true}
+  assert(r.handled == 1, "handled " .. r.handled)
+  assert(#engine.store:read("outage") == 2)
+end
 os.execute("rm -rf " .. dir)
 for _, s in ipairs({"", "-wal", "-shm"}) do os.remove(path .. s) end
 collectgarbage()
