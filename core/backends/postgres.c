@@ -19,13 +19,17 @@
  * serialises them on one file, and run in READ COMMITTED: each statement
  * sees everything committed before the lock was granted. Reads run in
  * REPEATABLE READ READ ONLY transactions on their own connections and never
- * wait for a writer.
+ * wait for a writer. claim_next runs beside them in claim transactions of
+ * its own, without the lock (FOR UPDATE SKIP LOCKED; see "claim
+ * transactions" below), so the reads of a write transaction whose rows the
+ * core rewrites take row locks (FOR UPDATE).
  *
  * Connections: one write connection (used by one thread at a time: the core
  * serialises writes per handle), a pool of read connections grown on demand
  * up to `readers` (one per concurrent read transaction), and one watch
  * connection that LISTENs on the store's channel: every write commit sends
- * a NOTIFY, and data_version counts the notifications received. A
+ * a NOTIFY, and data_version counts the notifications received;
+ * wait_change blocks in poll() on its socket until one comes. A
  * connection that the server dropped (restart, network) fails the call in
  * progress with STORAGE and is re-established by the next call on it.
  *

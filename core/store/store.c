@@ -1460,7 +1460,7 @@ static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_e
   return rc;
 }
 
-#define CLAIM_TRIES 8 /* claim transactions run before giving up on lock contention */
+#define CLAIM_TRIES 20 /* claim transactions run before giving up on lock contention */
 
 /* claim_next on a backend with claim transactions: one of its own,
  * committed before the call returns, outside the group commit. A claim
