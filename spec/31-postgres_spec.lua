@@ -157,3 +157,215 @@ describe("postgres: a connection the server drops", function()
     assert.equal(3, store:append("a", { { type = "t", payload = 3 } })[1].index)
   end)
 end)
+
+-- Claims in parallel (docs/postgres.md "Concurrency"): claim_next runs in a
+-- transaction of its own, outside the store's lock, and skips the rows
+-- another transaction holds (FOR UPDATE SKIP LOCKED); writers lock the rows
+-- they read before rewriting them, so a claim committed meanwhile is never
+-- overwritten.
+
+local LUA = os.getenv("LUA") or "lua5.4"
+local spec_dir = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
+
+-- A libpq URI for psql: the template's host, without our schema= option,
+-- under an application_name we can find in pg_stat_activity.
+local function psql_url(app)
+  local base = template:gsub("[?&]schema=[%w_]*", "")
+  return base .. (base:find("?", 1, true) and "&" or "?") .. "application_name=" .. app
+end
+
+local serial = 0
+local function app_name(what)
+  serial = serial + 1
+  return ("es_%s_%d_%d"):format(what, os.time(), serial) .. tostring(math.random(1, 1e6))
+end
+
+-- Runs sql in a psql of its own that then sleeps in the same transaction
+-- (holding its row locks) for up to `seconds`; returns once the locks are
+-- taken (the sleep has begun). release() ends it.
+local function hold(sql, seconds)
+  local app = app_name("hold")
+  local p = assert(io.popen(("psql %s -v ON_ERROR_STOP=1 -XAtq -c %s 2>&1"):format(
+    helpers.sh_quote(psql_url(app)),
+    helpers.sh_quote(("BEGIN; %s; SELECT pg_sleep(%d); COMMIT"):format(sql, seconds))), "r"))
+  for _ = 1, 500 do
+    local n = psql(template, ("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'"
+      .. " AND query LIKE '%%pg_sleep%%'"):format(app))
+    if n == "1" then
+      return {
+        release = function(commit)
+          -- cancel the sleep: the transaction then commits or, if cancelled
+          -- while sleeping, rolls back; terminating ends it at once
+          psql(template, ("SELECT count(%s(pid)) FROM pg_stat_activity WHERE application_name = '%s'")
+            :format(commit and "pg_cancel_backend" or "pg_terminate_backend", app))
+          return p:read("a"), p:close()
+        end,
+      }
+    end
+    os.execute("sleep 0.02")
+  end
+  local out = p:read("a")
+  p:close()
+  error("the psql holding locks never started its sleep: " .. out)
+end
+
+describe("postgres: claims in parallel", function()
+  after_each(helpers.cleanup)
+
+  it("claim_next passes over a ready row another transaction holds, without waiting for it", function()
+    local store, _, url = helpers.new(template)
+    store:append("a", { { type = "t" } })
+    store:append("b", { { type = "t" } })
+    local schema = schema_of(url)
+    local h = hold(("SELECT 1 FROM %s.events WHERE session = 'a' AND idx = 1 FOR UPDATE"):format(schema), 30)
+    local t0 = os.time()
+    local got = store:claim_next({ holder = "w", ttl_ms = 60000, limit = 10 })
+    local took = os.time() - t0
+    h.release(false)
+    assert.same({ "b" }, helpers.pluck(got, "session"))
+    assert.is_true(took < 10, "claim_next waited " .. took .. " s for the held row")
+    -- once released, the row is ready again for the next claim
+    got = store:claim_next({ holder = "w", ttl_ms = 60000, limit = 10 })
+    assert.same({ "a" }, helpers.pluck(got, "session"))
+    assert.equal(1, got[1].attempt)
+    assert.equal(2, helpers.session_row(store, "a").attempts + helpers.session_row(store, "b").attempts)
+  end)
+
+  it("claim() of one session waits for a concurrent claim and never hands out its row again", function()
+    local store, _, url = helpers.new(template)
+    store:append("s", { { type = "t" }, { type = "t" } })
+    local schema = schema_of(url)
+    -- another engine's claim of event 1, committed after claim() began: its
+    -- row is locked, then changed as a claim changes it
+    local later = helpers.T0 + 600000
+    local h = hold(("UPDATE %s.events SET attempts = 1, claim_holder = 'other', claim_expires_at = %d,"
+      .. " due_at = %d, first_claimed_at = %d, last_claimed_at = %d WHERE session = 's' AND idx = 1")
+      :format(schema, later, later, helpers.T0, helpers.T0), 2)
+    local r = helpers.claim(store, "s", { holder = "me", ttl_ms = 1000 })
+    h.release(true)
+    assert.equal("claimed", r.outcome)
+    assert.same({ 2 }, helpers.indexes(r.events))
+    local e1 = helpers.event(store, "s", 1)
+    assert.equal(1, e1.attempts)
+    assert.equal("other", e1.claim_holder)
+  end)
+
+  it("complete() reads the event after a concurrent claim committed: the old attempt is superseded", function()
+    local clock
+    local store, c, url = helpers.new(template)
+    clock = c
+    store:append("s", { { type = "t" } })
+    local got = store:claim_next({ holder = "first", ttl_ms = 1000, limit = 1 })
+    assert.equal(1, got[1].attempt)
+    clock:advance(5000) -- the claim expired; another engine claims attempt 2
+    local schema = schema_of(url)
+    local later = helpers.T0 + 600000
+    local h = hold(("UPDATE %s.events SET attempts = 2, claim_holder = 'second', claim_expires_at = %d,"
+      .. " due_at = %d WHERE session = 's' AND idx = 1"):format(schema, later, later), 2)
+    local res = store:complete("s", 1, 1, { { type = "late", settled = true } })
+    h.release(true)
+    assert.equal("superseded", res.outcome)
+    local e1 = helpers.event(store, "s", 1)
+    assert.equal("pending", e1.status)
+    assert.equal(2, e1.attempts)
+    assert.equal(1, store:head("s"))
+  end)
+
+  it("several processes claim and complete 1,200 events of few sessions: each claimed once, none lost", function()
+    local N, SESSIONS, WORKERS = 1200, 4, 3
+    local store, url = helpers.open(template)
+    for s = 1, SESSIONS do
+      local batch = {}
+      for i = 1, N // SESSIONS do batch[i] = { type = "work", payload = { i = i } } end
+      store:append("p" .. s, batch)
+    end
+    local go = os.tmpname()
+    os.remove(go)
+    local procs = {}
+    for w = 1, WORKERS do
+      procs[w] = assert(io.popen(("%s %s %s %s %s 2>&1"):format(LUA,
+        helpers.sh_quote(spec_dir .. "support/pg_claim_worker.lua"), helpers.sh_quote(url), "w" .. w,
+        helpers.sh_quote(go)), "r"))
+    end
+    helpers.write_file(go, "go")
+    local claims, by_worker = {}, {}
+    for w = 1, WORKERS do
+      local text = procs[w]:read("a")
+      procs[w]:close()
+      assert.truthy(text:match("done\n$"), ("worker %d did not finish:\n%s"):format(w, text))
+      by_worker[w] = 0
+      for session, index, attempt, outcome in text:gmatch("claimed (%S+) (%d+) (%d+) (%S+)\n") do
+        local key = session .. "/" .. index
+        assert.is_nil(claims[key], key .. " claimed twice")
+        assert.equal("1", attempt, key)
+        assert.equal("completed", outcome, key)
+        claims[key] = "w" .. w
+        by_worker[w] = by_worker[w] + 1
+      end
+    end
+    os.remove(go)
+    local total = 0
+    for s = 1, SESSIONS do
+      local session = "p" .. s
+      local done = {}
+      for _, e in ipairs(store:read(session)) do
+        if e.type == "done" then
+          assert.is_nil(done[e.cause.index], session .. ": two results for " .. e.cause.index)
+          done[e.cause.index] = e.payload.by
+        end
+      end
+      for _, e in ipairs(store:read(session, { through = N // SESSIONS })) do
+        local key = session .. "/" .. e.index
+        assert.equal("processed", e.status, key)
+        assert.equal(1, e.attempts, key)
+        assert.equal(claims[key], done[e.index], key)
+        total = total + 1
+      end
+      -- every claim's attempt counted on the session row, none lost to a
+      -- concurrent rewrite of it
+      assert.equal(N // SESSIONS, helpers.session_row(store, session).attempts, session)
+    end
+    assert.equal(N, total)
+    print(("# claims per process: %s"):format(table.concat(by_worker, " ")))
+  end)
+end)
+
+-- Waits woken by LISTEN/NOTIFY (docs/postgres.md "Connections"): a wait
+-- blocks in poll() on the watch connection's socket, so it sleeps through
+-- its timeout instead of waking every 50 ms to look (each look a read
+-- transaction: several blocking round trips).
+
+-- This process's voluntary context switches so far (each blocking call that
+-- had to wait counts one).
+local function switches()
+  local f = assert(io.open("/proc/self/status", "r"))
+  local text = f:read("a")
+  f:close()
+  return tonumber(text:match("voluntary_ctxt_switches:%s*(%d+)"))
+end
+
+describe("postgres: waits woken by NOTIFY", function()
+  after_each(helpers.cleanup)
+
+  it("sleep without polling, and wake when another process appends", function()
+    local store, url = helpers.open(template)
+    store:append("warm", { { type = "t" } }) -- the connections exist before we count
+    assert.same({}, store:wait("idle", 0, 0))
+    local before = switches()
+    assert.same({}, store:wait("idle", 0, 1500))
+    local idle = switches() - before
+    -- a 50 ms polling loop would have looked ~30 times in 1.5 s
+    assert.is_true(idle <= 20, "an idle 1.5 s wait switched context " .. idle .. " times")
+
+    local p = assert(io.popen(("%s %s %s %s 1000 2>&1"):format(LUA,
+      helpers.sh_quote(spec_dir .. "support/sqlite_append_later.lua"), helpers.sh_quote(url), "later"), "r"))
+    before = switches()
+    local got = store:wait("later", 0, 20000)
+    local used = switches() - before
+    local out = p:read("a")
+    p:close()
+    assert.equal(1, #got, "no event: " .. out)
+    assert.equal("ping", got[1].type)
+    assert.is_true(used <= 25, "a wait of about a second switched context " .. used .. " times")
+  end)
+end)

@@ -19,13 +19,17 @@
  * serialises them on one file, and run in READ COMMITTED: each statement
  * sees everything committed before the lock was granted. Reads run in
  * REPEATABLE READ READ ONLY transactions on their own connections and never
- * wait for a writer.
+ * wait for a writer. claim_next runs beside them in claim transactions of
+ * its own, without the lock (FOR UPDATE SKIP LOCKED; see "claim
+ * transactions" below), so the reads of a write transaction whose rows the
+ * core rewrites take row locks (FOR UPDATE).
  *
  * Connections: one write connection (used by one thread at a time: the core
  * serialises writes per handle), a pool of read connections grown on demand
  * up to `readers` (one per concurrent read transaction), and one watch
  * connection that LISTENs on the store's channel: every write commit sends
- * a NOTIFY, and data_version counts the notifications received. A
+ * a NOTIFY, and data_version counts the notifications received;
+ * wait_change blocks in poll() on its socket until one comes. A
  * connection that the server dropped (restart, network) fails the call in
  * progress with STORAGE and is re-established by the next call on it.
  *
@@ -43,13 +47,17 @@
 #include <dlfcn.h>
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "store/backend.h"
 
@@ -71,7 +79,7 @@
   X(PQexecPrepared) X(PQfinish) X(PQfreemem) X(PQgetisnull) X(PQgetlength) X(PQgetvalue)    \
   X(PQisthreadsafe) X(PQnotifies) X(PQntuples) X(PQparameterStatus) X(PQprepare) X(PQreset) \
   X(PQresultErrorMessage) X(PQresultStatus) X(PQsetNoticeProcessor) X(PQstatus)             \
-  X(PQtransactionStatus)
+  X(PQtransactionStatus) X(PQsocket) X(PQresultErrorField)
 
 #define PQ_FIELD(name) __typeof__(&name) name;
 static struct {
@@ -132,6 +140,8 @@ static int pq_ready(es_err *err) {
 #define PQsetNoticeProcessor (pq.PQsetNoticeProcessor)
 #define PQstatus (pq.PQstatus)
 #define PQtransactionStatus (pq.PQtransactionStatus)
+#define PQsocket (pq.PQsocket)
+#define PQresultErrorField (pq.PQresultErrorField)
 
 /* ---- settings --------------------------------------------------------- */
 
@@ -179,6 +189,9 @@ enum {
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
   ST_DEAD_ALL_SCOPED,
+  /* row locks (docs/postgres.md "Concurrency") */
+  ST_SESSION_GET_LOCK, ST_EVENT_GET_LOCK, ST_QUEUED_DUE_SESSION_LOCK,
+  ST_CLAIM_DUE_ALL, ST_CLAIM_DUE_ALL_SCOPED, ST_CLAIM_DUE_TYPE, ST_CLAIM_DUE_TYPE_SCOPED,
   ST_COUNT
 };
 
@@ -346,6 +359,41 @@ static const char *const pg_sql[ST_COUNT] = {
     [ST_DEAD_ALL_SCOPED] = "SELECT " EV_COLS " FROM events"
                            " WHERE status = 2 AND position > $1 AND session >= $3 AND session < $4"
                            " ORDER BY position LIMIT $2",
+    /* Reads of a write transaction whose rows the core may rewrite lock
+     * them (FOR UPDATE): a claim transaction runs outside the store's
+     * lock, and the row a writer rewrites must be the latest committed
+     * version, never a copy read before a claim committed. READ COMMITTED
+     * re-reads the row (and re-checks the WHERE) after waiting for its
+     * lock. */
+    [ST_SESSION_GET_LOCK] = "SELECT " SESS_COLS " FROM sessions WHERE session = $1 FOR UPDATE",
+    [ST_EVENT_GET_LOCK] = "SELECT " EV_COLS " FROM events WHERE session = $1 AND idx = $2"
+                          " FOR UPDATE",
+    [ST_QUEUED_DUE_SESSION_LOCK] = "SELECT " EV_COLS " FROM events"
+                                   " WHERE queued = 1 AND session = $1 AND due_at <= $2"
+                                   " ORDER BY idx LIMIT $3 FOR UPDATE",
+    /* A claim transaction's scans (claim_next): the ready rows no other
+     * transaction holds, locked; rows of the sessions in the text[] (the
+     * caller's skip list) are passed over without being locked. The row
+     * lock is taken below the LIMIT: a skipped row does not use up the
+     * limit. */
+    [ST_CLAIM_DUE_ALL] = "SELECT " EV_COLS
+                         " FROM events WHERE queued = 1 AND due_at <= $1"
+                         " AND session <> ALL($3::text[])"
+                         " ORDER BY due_at, position LIMIT $2 FOR UPDATE SKIP LOCKED",
+    [ST_CLAIM_DUE_ALL_SCOPED] = "SELECT " EV_COLS
+                                " FROM events WHERE queued = 1 AND due_at <= $1"
+                                " AND session >= $3 AND session < $4"
+                                " AND session <> ALL($5::text[])"
+                                " ORDER BY due_at, position LIMIT $2 FOR UPDATE SKIP LOCKED",
+    [ST_CLAIM_DUE_TYPE] = "SELECT " EV_COLS
+                          " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                          " AND due_at <= $2 AND session <> ALL($4::text[])"
+                          " ORDER BY due_at, position LIMIT $3 FOR UPDATE SKIP LOCKED",
+    [ST_CLAIM_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
+                                 " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                                 " AND due_at <= $2 AND session >= $4 AND session < $5"
+                                 " AND session <> ALL($6::text[])"
+                                 " ORDER BY due_at, position LIMIT $3 FOR UPDATE SKIP LOCKED",
 };
 
 /* The schema, version 1 (the tables of SQLite's version 6), created inside
@@ -479,22 +527,38 @@ typedef struct pg_conn {
 struct es_txn {
   es_backend *b;
   pg_conn *c;
-  int write;                       /* 1: the write transaction */
+  int write;                       /* 1: the write transaction, or a claim transaction */
+  int claim;                       /* 1: a claim transaction (claim_begin), on a pool connection */
+  int retry;                       /* claim: it failed on lock contention only (claim_retry) */
+  int64_t started_ms;              /* claim: when it began (monotonic) */
+  int64_t lock_ms;                 /* claim: its lock_timeout */
+  int64_t budget_ms;               /* claim: its waits must be over this long after it began */
+  char *skip;                      /* claim: owned, the sessions to pass over as a text[] literal */
   int broken;                      /* the connection was lost or the transaction aborted */
   char broken_msg[ES_ERRMSG_MAX];
   int depth;                       /* open savepoints */
   int64_t next_position;           /* write: the position the next insert gets */
   int64_t saved_next;              /* write: the stored high-water mark when the txn began */
   int64_t sp_next[PG_MAX_SAVEPOINTS];
-  struct pg_reader *reader;        /* read: the pool entry */
+  struct pg_reader *reader;        /* read and claim: the pool entry */
 };
 
 typedef struct pg_reader {
   pg_conn c;
   es_txn t;
+  struct pg_pool *pool;            /* borrowed: the pool it belongs to */
   struct pg_reader *next_free;
   struct pg_reader *next_all;
 } pg_reader;
+
+/* Connections opened on demand, one per transaction in progress, at most
+ * max (the `readers` option). */
+typedef struct pg_pool {
+  pg_reader *free;
+  pg_reader *all;
+  int n;
+  int claim;                       /* 1: claim connections, 0: read connections */
+} pg_pool;
 
 struct es_backend {
   char *conninfo;                  /* owned: the URI handed to libpq (without our options) */
@@ -507,14 +571,17 @@ struct es_backend {
   int async_commit;                /* durability = 1: synchronous_commit off */
   pg_conn w;                       /* the write connection */
   es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
-  pthread_mutex_t pool_mu;
+  pthread_mutex_t pool_mu;         /* guards readers and claimers */
   pthread_cond_t pool_cv;
-  pg_reader *free_readers;
-  pg_reader *all_readers;
-  int n_readers;
-  pthread_mutex_t watch_mu;
+  pg_pool readers;                 /* read transactions */
+  pg_pool claimers;                /* claim transactions (claim_begin) */
+  pthread_mutex_t watch_mu;        /* guards watch, notes, polling, closing */
+  pthread_cond_t watch_cv;         /* notes changed, or the thread polling stopped */
   pg_conn watch;                   /* LISTENs on the store's channel */
   uint64_t notes;                  /* notifications (and reconnects) seen by watch */
+  int polling;                     /* a wait_change thread is in poll() on watch's socket */
+  int closing;                     /* wake() was called: every wait_change returns at once */
+  int kick[2];                     /* a pipe: a byte written wakes the thread polling */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -917,7 +984,14 @@ static int pg_run(es_txn *t, int id, const pg_params *p, PGresult **out, es_err 
                        p ? p->fmt : NULL, 1);
   ExecStatusType st = PQresultStatus(res);
   if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-    code = pg_fail_res(err, c, res, t->write ? "write" : "read");
+    code = pg_fail_res(err, c, res, t->claim ? "claim" : t->write ? "write" : "read");
+    /* A claim transaction that lost on a lock (lock_timeout, a deadlock,
+     * a serialization failure) did nothing yet that counts: it may run
+     * again (claim_retry). */
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    if (t->claim && state &&
+        (!strcmp(state, "55P03") || !strcmp(state, "40P01") || !strcmp(state, "40001")))
+      t->retry = 1;
     PQclear(res);
     if (PQstatus(c->db) == CONNECTION_BAD) pg_txn_break(t, err ? err->msg : "connection lost");
     return code;
@@ -1198,20 +1272,29 @@ rollback:
 
 /* ---- open / close ------------------------------------------------------- */
 
-static void pg_close(es_backend *b) {
-  if (!b) return;
-  pg_reader *r = b->all_readers;
+static void pg_pool_close(pg_pool *pool) {
+  pg_reader *r = pool->all;
   while (r) {
     pg_reader *next = r->next_all;
     pg_conn_close(&r->c);
+    free(r->t.skip);
     free(r);
     r = next;
   }
+}
+
+static void pg_close(es_backend *b) {
+  if (!b) return;
+  pg_pool_close(&b->readers);
+  pg_pool_close(&b->claimers);
   pg_conn_close(&b->watch);
   pg_conn_close(&b->w);
+  if (b->kick[0] >= 0) close(b->kick[0]);
+  if (b->kick[1] >= 0) close(b->kick[1]);
   pthread_mutex_destroy(&b->pool_mu);
   pthread_cond_destroy(&b->pool_cv);
   pthread_mutex_destroy(&b->watch_mu);
+  pthread_cond_destroy(&b->watch_cv);
   free(b->conninfo);
   free(b->schema);
   free(b->setup_sql);
@@ -1239,6 +1322,15 @@ static int pg_open(const char *url_rest, const es_open_opts *opts, es_backend **
   pthread_mutex_init(&b->pool_mu, NULL);
   pthread_cond_init(&b->pool_cv, NULL);
   pthread_mutex_init(&b->watch_mu, NULL);
+  pthread_cond_init(&b->watch_cv, NULL);
+  b->claimers.claim = 1;
+  /* wait_change polls this pipe beside the watch connection: wake() and
+   * a notification another thread consumed write a byte to it */
+  if (pipe2(b->kick, O_NONBLOCK | O_CLOEXEC) != 0) {
+    b->kick[0] = b->kick[1] = -1;
+    code = es_fail(err, ES_STORAGE, "postgres: cannot make a pipe: %s", strerror(errno));
+    goto fail;
+  }
   b->wt.b = b;
   b->wt.c = &b->w;
   b->wt.write = 1;
@@ -1298,10 +1390,13 @@ static int pg_write_begin(es_backend *b, es_txn **out, es_err *err) {
   return ES_OK;
 }
 
+static void pg_claim_end(es_txn *t);
+
 static void pg_write_rollback(es_txn *t) {
   pg_rollback_conn(t->c);
   t->depth = 0;
   t->broken = 0;
+  if (t->claim) pg_claim_end(t);
 }
 
 static int pg_write_commit(es_txn *t, es_err *err) {
@@ -1311,7 +1406,13 @@ static int pg_write_commit(es_txn *t, es_err *err) {
     return code;
   }
   char sql[256];
-  if (t->next_position > t->saved_next)
+  /* A claim transaction inserted nothing (no position to save) and sends
+   * no NOTIFY: it adds no event, which is all waiters wait for, and a
+   * NOTIFY would serialise its commit with every other notifying commit
+   * of the database. */
+  if (t->claim)
+    snprintf(sql, sizeof sql, "COMMIT");
+  else if (t->next_position > t->saved_next)
     snprintf(sql, sizeof sql,
              "INSERT INTO meta(key, value) VALUES ('next_position', %" PRId64 ")"
              " ON CONFLICT (key) DO UPDATE SET value = excluded.value; %s; COMMIT",
@@ -1332,6 +1433,7 @@ static int pg_write_commit(es_txn *t, es_err *err) {
   }
   PQclear(res);
   t->depth = 0;
+  if (t->claim) pg_claim_end(t);
   return ES_OK;
 }
 
@@ -1374,42 +1476,57 @@ static void pg_savepoint_rollback(es_txn *t) {
 
 static void pg_reader_put_back(es_backend *b, pg_reader *r) {
   pthread_mutex_lock(&b->pool_mu);
-  r->next_free = b->free_readers;
-  b->free_readers = r;
-  pthread_cond_signal(&b->pool_cv);
+  r->next_free = r->pool->free;
+  r->pool->free = r;
+  /* broadcast: threads waiting for either pool share the condition */
+  pthread_cond_broadcast(&b->pool_cv);
   pthread_mutex_unlock(&b->pool_mu);
+}
+
+/* A free connection of pool (a new one while there are fewer than
+ * max_readers), waiting for one to be put back otherwise. */
+static int pg_pool_take(es_backend *b, pg_pool *pool, pg_reader **out, es_err *err) {
+  pg_reader *r;
+  *out = NULL;
+  pthread_mutex_lock(&b->pool_mu);
+  while (!pool->free && pool->n >= b->max_readers) pthread_cond_wait(&b->pool_cv, &b->pool_mu);
+  if (pool->free) {
+    r = pool->free;
+    pool->free = r->next_free;
+    pthread_mutex_unlock(&b->pool_mu);
+    *out = r;
+    return ES_OK;
+  }
+  pool->n++;
+  pthread_mutex_unlock(&b->pool_mu);
+  r = calloc(1, sizeof *r);
+  if (!r) {
+    pthread_mutex_lock(&b->pool_mu);
+    pool->n--;
+    pthread_cond_broadcast(&b->pool_cv);
+    pthread_mutex_unlock(&b->pool_mu);
+    return pg_oom(err);
+  }
+  r->t.b = b;
+  r->t.c = &r->c;
+  r->t.reader = r;
+  r->t.write = pool->claim;
+  r->t.claim = pool->claim;
+  r->c.b = b;
+  r->pool = pool;
+  pthread_mutex_lock(&b->pool_mu);
+  r->next_all = pool->all;
+  pool->all = r;
+  pthread_mutex_unlock(&b->pool_mu);
+  *out = r;
+  return ES_OK;
 }
 
 static int pg_read_begin(es_backend *b, es_txn **out, es_err *err) {
   pg_reader *r = NULL;
   int code;
   *out = NULL;
-  pthread_mutex_lock(&b->pool_mu);
-  while (!b->free_readers && b->n_readers >= b->max_readers) pthread_cond_wait(&b->pool_cv, &b->pool_mu);
-  if (b->free_readers) {
-    r = b->free_readers;
-    b->free_readers = r->next_free;
-    pthread_mutex_unlock(&b->pool_mu);
-  } else {
-    b->n_readers++;
-    pthread_mutex_unlock(&b->pool_mu);
-    r = calloc(1, sizeof *r);
-    if (!r) {
-      pthread_mutex_lock(&b->pool_mu);
-      b->n_readers--;
-      pthread_cond_signal(&b->pool_cv);
-      pthread_mutex_unlock(&b->pool_mu);
-      return pg_oom(err);
-    }
-    r->t.b = b;
-    r->t.c = &r->c;
-    r->t.reader = r;
-    r->c.b = b;
-    pthread_mutex_lock(&b->pool_mu);
-    r->next_all = b->all_readers;
-    b->all_readers = r;
-    pthread_mutex_unlock(&b->pool_mu);
-  }
+  if ((code = pg_pool_take(b, &b->readers, &r, err)) != ES_OK) return code;
   r->t.broken = 0;
   static const char begin[] = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
   code = pg_conn_ready(b, &r->c, err);
@@ -1436,12 +1553,139 @@ static void pg_read_end(es_txn *t) {
   pg_reader_put_back(t->b, r);
 }
 
+/* ---- claim transactions (docs/postgres.md "Concurrency") -------------------
+ *
+ * claim_next runs in a transaction of its own on a pool connection, without
+ * the store's advisory lock, so engines claim in parallel: its scans lock
+ * the ready rows they return with FOR UPDATE SKIP LOCKED (never waiting for
+ * a row another transaction holds), and it locks the session rows of those
+ * rows (FOR UPDATE, in byte order of the names: the core asks in that
+ * order) to add the attempts. Those session locks are its only waits, and
+ * they can close a cycle with the writer (which holds the advisory lock and
+ * may wait for one of the claim's event rows). PostgreSQL's deadlock
+ * detector would then abort whichever transaction's deadlock_timeout ran
+ * out first, possibly the writer's, and with it a whole group commit. So a
+ * claim transaction (1) waits for a lock at most lock_timeout =
+ * min(200 ms, deadlock_timeout / 4), and (2) never begins a wait that could
+ * last beyond 3/4 of deadlock_timeout after the transaction began. A writer
+ * waits only for locks a claim took after it began, so by the time the
+ * writer's deadlock check runs (deadlock_timeout after its wait began) no
+ * claim transaction it waits for is waiting any more: there is no cycle to
+ * find, and the writer is never the one aborted. The claim transaction
+ * that timed out is rolled back (nothing of it was done) and the core runs
+ * it again (claim_retry). */
+
+static int64_t pg_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Puts the claim transaction's connection back in its pool. */
+static void pg_claim_end(es_txn *t) {
+  free(t->skip);
+  t->skip = NULL;
+  pg_reader_put_back(t->b, t->reader);
+}
+
+/* The sessions to pass over as a text[] literal: {"a","b"}, each name
+ * quoted with its '"' and '\' escaped (names hold no NUL). */
+static char *pg_text_array(const char *const *v, size_t n) {
+  size_t cap = 3;
+  for (size_t i = 0; i < n; i++) cap += 2 * strlen(v[i]) + 3;
+  char *a = malloc(cap), *o = a;
+  if (!a) return NULL;
+  *o++ = '{';
+  for (size_t i = 0; i < n; i++) {
+    if (i) *o++ = ',';
+    *o++ = '"';
+    for (const char *c = v[i]; *c; c++) {
+      if (*c == '"' || *c == '\\') *o++ = '\\';
+      *o++ = *c;
+    }
+    *o++ = '"';
+  }
+  *o++ = '}';
+  *o = '\0';
+  return a;
+}
+
+/* "BEGIN" + lock_timeout (SET LOCAL, through set_config) from the server's
+ * deadlock_timeout, which it answers with (milliseconds). */
+static const char pg_claim_begin_sql[] =
+    "BEGIN ISOLATION LEVEL READ COMMITTED;"
+    " SELECT d, set_config('lock_timeout', greatest(1, least(200, d / 4)) || 'ms', true)"
+    " FROM (SELECT setting::bigint AS d FROM pg_settings WHERE name = 'deadlock_timeout') s";
+
+static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip, es_txn **out,
+                          es_err *err) {
+  pg_reader *r = NULL;
+  int code;
+  *out = NULL;
+  if ((code = pg_pool_take(b, &b->claimers, &r, err)) != ES_OK) return code;
+  es_txn *t = &r->t;
+  t->broken = 0;
+  t->retry = 0;
+  t->depth = 0;
+  t->next_position = t->saved_next = 0;
+  free(t->skip);
+  if (!(t->skip = pg_text_array(skip, skip ? n_skip : 0))) {
+    pg_claim_end(t);
+    return pg_oom(err);
+  }
+  PGresult *res = NULL;
+  code = pg_conn_ready(b, &r->c, err);
+  if (code == ES_OK) {
+    pg_rollback_conn(&r->c);
+    res = PQexec(r->c.db, pg_claim_begin_sql);
+    /* dropped while idle: reconnect and begin again, once (as pg_write_begin) */
+    if (PQstatus(r->c.db) == CONNECTION_BAD) {
+      PQclear(res);
+      res = NULL;
+      if ((code = pg_conn_connect(b, &r->c, err)) == ES_OK) res = PQexec(r->c.db, pg_claim_begin_sql);
+    }
+  }
+  if (code == ES_OK && (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1))
+    code = pg_fail_res(err, &r->c, res, "cannot begin a claim transaction");
+  if (code != ES_OK) {
+    PQclear(res);
+    pg_rollback_conn(&r->c);
+    pg_claim_end(t);
+    return code;
+  }
+  int64_t deadlock_ms = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+  PQclear(res);
+  if (deadlock_ms < 4) deadlock_ms = 4;
+  t->lock_ms = deadlock_ms / 4 < 200 ? deadlock_ms / 4 : 200;
+  t->budget_ms = deadlock_ms * 3 / 4;
+  t->started_ms = pg_now_ms();
+  *out = t;
+  return ES_OK;
+}
+
+static int pg_claim_retry(es_txn *t) { return t->claim && t->retry; }
+
+/* Before a statement of a claim transaction that may wait for a lock: it
+ * may not wait beyond the transaction's budget (see above). */
+static int pg_claim_may_wait(es_txn *t, es_err *err) {
+  if (!t->claim) return ES_OK;
+  if (pg_now_ms() - t->started_ms + t->lock_ms <= t->budget_ms) return ES_OK;
+  t->retry = 1;
+  return es_fail(err, ES_STORAGE,
+                 "postgres %s: claim: the transaction ran out of time to wait for locks",
+                 t->b->schema);
+}
+
 /* ---- sessions ------------------------------------------------------------ */
 
+/* In a write or claim transaction the row is locked (FOR UPDATE): the core
+ * may rewrite it, and a claim transaction may change it meanwhile. */
 static int pg_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
   pg_params p = {0};
+  int code;
+  if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
   pp_str(&p, session);
-  return pg_get_one(t, ST_SESSION_GET, &p, ROW_SESSION, out, err);
+  return pg_get_one(t, t->write ? ST_SESSION_GET_LOCK : ST_SESSION_GET, &p, ROW_SESSION, out, err);
 }
 
 static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
@@ -1549,11 +1793,14 @@ static int pg_session_children(es_txn *t, const char *parent, const char *after,
 
 /* ---- events -------------------------------------------------------------- */
 
+/* Locked in a write transaction, as pg_session_get. */
 static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
   pg_params p = {0};
+  int code;
+  if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
   pp_str(&p, session);
   pp_int(&p, index);
-  return pg_get_one(t, ST_EVENT_GET, &p, ROW_EVENT, out, err);
+  return pg_get_one(t, t->write ? ST_EVENT_GET_LOCK : ST_EVENT_GET, &p, ROW_EVENT, out, err);
 }
 
 static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
@@ -1735,16 +1982,27 @@ static int pg_queued_due(es_txn *t, const char *session, const char *scope, int6
   pg_params p = {0};
   int code;
   if (session) {
+    /* claim() (one session) under the store's lock: FOR UPDATE waits for a
+     * claim transaction holding one of these rows, then re-checks the
+     * WHERE on the committed row, so it never hands out a row claim_next
+     * just claimed. */
+    if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
     pp_str(&p, session);
     pp_int(&p, now);
     pp_limit(&p, limit);
-    return pg_iterate(t, ST_QUEUED_DUE_SESSION, &p, ROW_EVENT, (pg_fn)cb, ctx, err);
+    return pg_iterate(t, t->write ? ST_QUEUED_DUE_SESSION_LOCK : ST_QUEUED_DUE_SESSION, &p,
+                      ROW_EVENT, (pg_fn)cb, ctx, err);
   }
   pg_scope_end end;
   if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
   pp_int(&p, now);
   pp_limit(&p, limit);
   if (scope) pp_scope(&p, scope, end.v);
+  if (t->claim) {
+    pp_str(&p, t->skip);
+    return pg_iterate(t, scope ? ST_CLAIM_DUE_ALL_SCOPED : ST_CLAIM_DUE_ALL, &p, ROW_EVENT,
+                      (pg_fn)cb, ctx, err);
+  }
   return pg_iterate(t, scope ? ST_QUEUED_DUE_ALL_SCOPED : ST_QUEUED_DUE_ALL, &p, ROW_EVENT,
                     (pg_fn)cb, ctx, err);
 }
@@ -1778,6 +2036,11 @@ static int pg_queued_due_type(es_txn *t, const char *scope, const char *type, in
   pp_int(&p, now);
   pp_limit(&p, limit);
   if (scope) pp_scope(&p, scope, end.v);
+  if (t->claim) {
+    pp_str(&p, t->skip);
+    return pg_iterate(t, scope ? ST_CLAIM_DUE_TYPE_SCOPED : ST_CLAIM_DUE_TYPE, &p, ROW_EVENT,
+                      (pg_fn)cb, ctx, err);
+  }
   return pg_iterate(t, scope ? ST_QUEUED_DUE_TYPE_SCOPED : ST_QUEUED_DUE_TYPE, &p, ROW_EVENT,
                     (pg_fn)cb, ctx, err);
 }
@@ -2106,14 +2369,26 @@ static int pg_scrub(es_backend *b, es_err *err) {
   return pg_simple(&b->w, "VACUUM keys, snapshots", "vacuum after shred", err);
 }
 
-/* ---- data version --------------------------------------------------------- */
+/* ---- data version and waits ------------------------------------------------ */
+
+/* Wakes the thread in poll() (if any) and the threads waiting for it. Called
+ * with watch_mu held, after notes or closing changed. */
+static void pg_watch_changed(es_backend *b) {
+  pthread_cond_broadcast(&b->watch_cv);
+  if (b->polling) {
+    char one = 1;
+    ssize_t w = write(b->kick[1], &one, 1); /* a full pipe is a pending wake already */
+    (void)w;
+  }
+}
 
 /* Counts the NOTIFYs every write commit sends on the store's channel (the
  * watch connection LISTENs on it); a reconnect counts as a change too, as
- * commits may have been missed meanwhile. Never blocks. */
-static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
+ * commits may have been missed meanwhile. Never blocks. Called with
+ * watch_mu held. */
+static int pg_watch_consume(es_backend *b, es_err *err) {
   int code = ES_OK;
-  pthread_mutex_lock(&b->watch_mu);
+  uint64_t before = b->notes;
   if (!b->watch.db || PQstatus(b->watch.db) != CONNECTION_OK) {
     code = pg_watch_connect(b, err);
     b->notes++;
@@ -2130,9 +2405,69 @@ static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
       }
     }
   }
+  if (b->notes != before) pg_watch_changed(b);
+  return code;
+}
+
+static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
+  pthread_mutex_lock(&b->watch_mu);
+  int code = pg_watch_consume(b, err);
   *version = b->notes;
   pthread_mutex_unlock(&b->watch_mu);
   return code;
+}
+
+/* Blocks until data_version differs from since, timeout_ms passed, or
+ * wake() was called: one thread at a time poll()s the watch connection's
+ * socket together with the kick pipe (no sleep loop: a NOTIFY wakes it as
+ * it arrives); the others wait on watch_cv for what it finds. */
+static int pg_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_err *err) {
+  int64_t deadline = pg_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+  int code = ES_OK;
+  pthread_mutex_lock(&b->watch_mu);
+  for (;;) {
+    if ((code = pg_watch_consume(b, err)) != ES_OK) break;
+    if (b->notes != since || b->closing) break;
+    int64_t left = deadline - pg_now_ms();
+    if (left <= 0) break;
+    if (!b->polling) {
+      struct pollfd fds[2] = {{PQsocket(b->watch.db), POLLIN, 0}, {b->kick[0], POLLIN, 0}};
+      b->polling = 1;
+      pthread_mutex_unlock(&b->watch_mu);
+      int r = poll(fds, 2, left > INT_MAX ? INT_MAX : (int)left);
+      char buf[64];
+      while (read(b->kick[0], buf, sizeof buf) > 0) {
+      }
+      pthread_mutex_lock(&b->watch_mu);
+      b->polling = 0;
+      pthread_cond_broadcast(&b->watch_cv); /* someone else may poll now */
+      if (r < 0 && errno != EINTR) {
+        code = es_fail(err, ES_STORAGE, "postgres %s: wait: poll: %s", b->schema, strerror(errno));
+        break;
+      }
+    } else {
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      until.tv_sec += left / 1000;
+      until.tv_nsec += (left % 1000) * 1000000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_clockwait(&b->watch_cv, &b->watch_mu, CLOCK_MONOTONIC, &until);
+    }
+  }
+  pthread_mutex_unlock(&b->watch_mu);
+  return code;
+}
+
+/* close() is coming: every wait_change returns now, and at once from now
+ * on. */
+static void pg_wake(es_backend *b) {
+  pthread_mutex_lock(&b->watch_mu);
+  b->closing = 1;
+  pg_watch_changed(b);
+  pthread_mutex_unlock(&b->watch_mu);
 }
 
 /* ---- the ops table ---------------------------------------------------------- */
@@ -2196,6 +2531,10 @@ static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
       .snapshot_delete_from = pg_snapshot_delete_from,          \
       .scrub = pg_scrub,                                        \
       .data_version = pg_data_version,                          \
+      .claim_begin = pg_claim_begin,                            \
+      .claim_retry = pg_claim_retry,                            \
+      .wait_change = pg_wait_change,                            \
+      .wake = pg_wake,                                          \
   }
 
 /* Both URI schemes libpq accepts. */

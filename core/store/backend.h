@@ -248,6 +248,41 @@ typedef struct es_backend_ops {
    * commits to the same storage; es_store_wait polls it to see other
    * processes' writes. */
   int (*data_version)(es_backend *b, uint64_t *version, es_err *err);
+
+  /* Optional (NULL: claim_next runs in the write transaction, as every
+   * other write): claims in parallel across processes
+   * (docs/postgres.md "Concurrency"). Begins a claim transaction: a write
+   * transaction of its own, not part of the group commit and not holding
+   * the store-wide write lock, ended by write_commit or write_rollback (no
+   * savepoints). Several may run at once, beside the write transaction. In
+   * it:
+   * - queued_due (session NULL) and queued_due_type pass over the rows of
+   *   the sessions in skip[0..n_skip) and lock the rows they return; rows
+   *   another transaction holds are skipped, never waited for, so two
+   *   claim transactions never return the same row;
+   * - session_get locks the row (waiting for its holder, briefly);
+   * - the core only rewrites the claim fields of the rows it got
+   *   (event_update) and the attempts / updated_at of their sessions
+   *   (session_put), locking sessions in byte order of their names; it
+   *   inserts and deletes nothing.
+   * The backend's write transactions must then lock (and re-read the
+   * latest version of) the event and session rows they read before the
+   * core rewrites them, so a claim committed meanwhile is never
+   * overwritten. */
+  int (*claim_begin)(es_backend *b, const char *const *skip, size_t n_skip, es_txn **t,
+                     es_err *err);
+  /* After a call in a claim transaction failed: 1 when it failed only on
+   * lock contention (a lock wait timed out, a deadlock), so that running
+   * the whole claim again may succeed; 0 otherwise. Before the rollback. */
+  int (*claim_retry)(es_txn *t);
+  /* Optional (NULL: es_store_wait polls data_version): blocks until
+   * data_version differs from since, timeout_ms passed, or wake() was
+   * called, without a polling loop. Spurious returns are allowed. */
+  int (*wait_change)(es_backend *b, uint64_t since, int64_t timeout_ms, es_err *err);
+  /* Optional, with wait_change: makes every wait_change in progress return
+   * now and every later one return at once; close() calls it before it
+   * waits for the calls in flight. */
+  void (*wake)(es_backend *b);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

@@ -287,6 +287,7 @@ void es_store_close(es_store *s) {
     return;
   }
   s->closed = 1;
+  if (s->ops->wake) s->ops->wake(s->bk); /* a wait blocked in the backend returns now */
   while (s->inflight > 0) pthread_cond_wait(&s->lcond, &s->lmu);
   pthread_mutex_unlock(&s->lmu);
   /* No call is in flight, so no group transaction is open. */
@@ -1318,6 +1319,7 @@ typedef struct {
   es_events *out;
   int64_t retry_at;
   const char *scope;  /* §3.11: a tenant's prefix, or NULL */
+  int claim_txn;      /* running in a claim transaction (ops->claim_begin) */
 } claim_next_args;
 
 /* With sessions to skip, ready rows are read without a backend limit and
@@ -1338,12 +1340,16 @@ static int collect_unskipped(void *ctx, const es_event *row) {
 }
 
 /* Ready rows (of one type, or of every type when type is NULL), earliest
- * first, at most a->limit of sessions not skipped, appended to a->out. */
+ * first, at most a->limit of sessions not skipped, appended to a->out. In
+ * a claim transaction (a->claim_txn) the backend passes over the skipped
+ * sessions itself and locks the rows it returns: asking without a limit
+ * would lock every ready row. */
 static int ready_rows(es_store *s, es_txn *t, claim_next_args *a, const char *type, es_err *err) {
   skip_collector k = {{a->out, 0}, a, a->limit, 0};
-  int64_t limit = a->n_skip ? ES_NONE : a->limit;
-  es_event_cb cb = a->n_skip ? collect_unskipped : collect_event;
-  void *ctx = a->n_skip ? (void *)&k : (void *)&k.c;
+  int filter = a->n_skip && !a->claim_txn;
+  int64_t limit = filter ? ES_NONE : a->limit;
+  es_event_cb cb = filter ? collect_unskipped : collect_event;
+  void *ctx = filter ? (void *)&k : (void *)&k.c;
   int rc = type ? s->ops->queued_due_type(t, a->scope, type, a->now, limit, cb, ctx, err)
                 : s->ops->queued_due(t, NULL, a->scope, a->now, limit, cb, ctx, err);
   return collected(rc, &k.c, err);
@@ -1407,6 +1413,87 @@ static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
+static int cmp_event_ptr_session(const void *x, const void *y) {
+  const es_event *const *a = x, *const *b = y;
+  return strcmp((*a)->session, (*b)->session);
+}
+
+/* do_claim_next in a claim transaction (ops->claim_begin): the ready rows
+ * come locked; their sessions are locked in byte order of the names, the
+ * same order in every claim transaction, so two of them never wait for
+ * each other in a cycle (docs/postgres.md "Concurrency"). Each session row
+ * is read (locked) before its rows are claimed and written once. The rows
+ * are handed out in claim order, as do_claim_next's. */
+static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_err *err) {
+  int rc = a->types ? ready_of_types(s, t, a, err) : ready_rows(s, t, a, NULL, err);
+  size_t n = rc == ES_OK ? a->out->n : 0;
+  es_event **by = n ? malloc(n * sizeof *by) : NULL; /* the rows of out, by session */
+  if (n && !by) rc = nomem(err);
+  if (rc == ES_OK && n) {
+    for (size_t i = 0; i < n; i++) by[i] = &a->out->v[i];
+    qsort(by, n, sizeof *by, cmp_event_ptr_session);
+  }
+  for (size_t i = 0; rc == ES_OK && i < n;) {
+    size_t j = i;
+    while (j < n && strcmp(by[j]->session, by[i]->session) == 0) j++;
+    es_session_info si;
+    rc = s->ops->session_get(t, by[i]->session, &si, err);
+    if (rc == ES_NOT_FOUND)
+      rc = es_fail(err, ES_STORAGE, "claim_next: session '%s' has ready events but no row",
+                   by[i]->session);
+    if (rc) break;
+    for (size_t k = i; rc == ES_OK && k < j; k++)
+      rc = claim_row(s, t, by[k], a->holder, a->now, a->expires, err);
+    if (rc == ES_OK) {
+      si.attempts += (int64_t)(j - i);
+      si.updated_at = a->now;
+      rc = s->ops->session_put(t, &si, err);
+    }
+    es_session_info_destroy(&si);
+    i = j;
+  }
+  free(by);
+  rc = revealed(s, t, rc, a->out, err);
+  if (rc == ES_OK)
+    rc = a->types ? next_due_of_types(s, t, a, &a->retry_at, err)
+                  : next_due(s, t, NULL, a->scope, a->now, &a->retry_at, err);
+  return rc;
+}
+
+#define CLAIM_TRIES 20 /* claim transactions run before giving up on lock contention */
+
+/* claim_next on a backend with claim transactions: one of its own,
+ * committed before the call returns, outside the group commit. A claim
+ * that lost on lock contention did nothing: it runs again after a short,
+ * growing, jittered pause, up to CLAIM_TRIES times. */
+static int claim_next_own_txn(es_store *s, claim_next_args *a, es_err *err) {
+  int rc = ES_OK;
+  a->claim_txn = 1;
+  for (int attempt = 1; attempt <= CLAIM_TRIES; attempt++) {
+    es_txn *t = NULL;
+    if ((rc = s->ops->claim_begin(s->bk, a->skip, a->n_skip, &t, err))) return rc;
+    rc = do_claim_next_locked(s, t, a, err);
+    if (rc == ES_OK) return s->ops->write_commit(t, err);
+    int again = s->ops->claim_retry && s->ops->claim_retry(t);
+    s->ops->write_rollback(t);
+    es_events_destroy(a->out);
+    memset(a->out, 0, sizeof *a->out);
+    a->retry_at = ES_NONE;
+    if (!again) return rc;
+    /* 1..2^attempt ms (at most 128 ms), so the claims that collided do
+     * not collide again in step */
+    unsigned r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = (unsigned)attempt;
+    int64_t ms = 1 + (int64_t)(r % (1u << (attempt < 7 ? attempt : 7)));
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  char last[ES_ERRMSG_MAX];
+  snprintf(last, sizeof last, "%s", err ? err->msg : "");
+  return es_fail(err, ES_STORAGE, "claim_next: gave up after %d tries on lock contention: %s",
+                 CLAIM_TRIES, last);
+}
+
 /* Checks claim_next's types and returns them sorted without duplicates in
  * *out (malloc'd, the strings borrowed; NULL when n is 0), so each type's
  * index is asked once. */
@@ -1464,12 +1551,14 @@ int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64
     return rc;
   }
   claim_next_args a = {holder, 0, cap_limit(limit), 0, tv, tn, skip, skip ? n_skip : 0, out,
-                       ES_NONE, scope};
+                       ES_NONE, scope, 0};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   /* An empty list of types (an engine without handlers) claims nothing and
    * waits for nothing. */
-  if (rc == ES_OK && !(types && tn == 0)) rc = es_core_write(s, do_claim_next, &a, err);
+  if (rc == ES_OK && !(types && tn == 0))
+    rc = s->ops->claim_begin ? claim_next_own_txn(s, &a, err)
+                             : es_core_write(s, do_claim_next, &a, err);
   es_core_leave(s);
   free(tv);
   if (rc) {
@@ -2218,6 +2307,39 @@ int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeo
   return es_core_wait(s, NULL, session, after, timeout_ms, limit, out, err);
 }
 
+/* es_core_wait on a backend that can block until data_version moves
+ * (ops->wait_change, postgres: woken by LISTEN/NOTIFY): no polling loop.
+ * The version is taken before each read, so a commit that the read missed
+ * has moved it and the wait returns at once. Every commit of this process
+ * moves it too (postgres NOTIFYs on each), and close() wakes the wait
+ * (ops->wake), after which the next read says CLOSED. */
+static int wait_notified(es_store *s, const char *scope, const char *session, int64_t after,
+                         const struct timespec *deadline, int64_t limit, es_events *out,
+                         es_err *err) {
+  for (;;) {
+    uint64_t v = 0;
+    int rc = es_store_data_version(s, &v, err);
+    if (rc == ES_OK)
+      rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
+                   : es_core_read_all(s, scope, after, limit, out, err);
+    if (rc || out->n > 0) return rc;
+    es_events_destroy(out);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t left = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000 +
+                   (deadline->tv_nsec - now.tv_nsec) / 1000000;
+    if (left <= 0) {
+      /* less than a millisecond left counts as none */
+      return ES_OK;
+    }
+    /* inside enter/leave: close() waits for this call, after waking it */
+    if ((rc = es_core_enter(s, err))) return rc;
+    rc = s->ops->wait_change(s->bk, v, left, err);
+    es_core_leave(s);
+    if (rc) return rc;
+  }
+}
+
 int es_core_wait(es_store *s, const char *scope, const char *session, int64_t after,
                  int64_t timeout_ms, int64_t limit, es_events *out, es_err *err) {
   struct timespec deadline;
@@ -2230,6 +2352,7 @@ int es_core_wait(es_store *s, const char *scope, const char *session, int64_t af
     deadline.tv_sec++;
     deadline.tv_nsec -= 1000000000;
   }
+  if (s->ops->wait_change) return wait_notified(s, scope, session, after, &deadline, limit, out, err);
   uint64_t ext = 0;
   int have_ext = 0;
   for (;;) {
