@@ -5,6 +5,7 @@
 #   make test       install missing Debian packages, build, run every test
 #   make check-sanitize   the same suite under AddressSanitizer (leaks included) + UBSan
 #   make bench      print benchmark figures (see bench/README.md)
+#   make bench-pg   only the PostgreSQL ones (a throwaway server, as make test)
 #   make install    put the module where the system Lua 5.4 finds it
 #   make demo       the README's first command: a short run on SQLite
 
@@ -51,7 +52,7 @@ FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
-.PHONY: all deps test check check-sanitize check-valgrind bench install clean demo fuzz
+.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg install clean demo fuzz
 
 all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
@@ -89,6 +90,14 @@ $(BIN): $(MAIN_OBJ) $(LIB)
 $(BUILD)/bench/%: bench/%.c $(LIB) $(MODULE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
+
+# pg_bench links libpq itself for its raw reference (the core still loads
+# it with dlopen). An explicit rule, not a target-specific LDLIBS, which
+# make would pass on to the core.so and libeventstore.a it depends on.
+# Benches are never built under ASan (check-sanitize builds `all` only).
+$(BUILD)/bench/pg_bench: bench/pg_bench.c $(LIB) $(MODULE)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS) -lpq
 
 $(BUILD)/ctest/%: spec/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -138,6 +147,11 @@ check-valgrind: all
 
 bench: all $(BENCH_BIN)
 	@$(LUA_ENV) BUILD=$(BUILD) sh bench/run.sh
+
+# Only the PostgreSQL figures (bench/README.md, "PostgreSQL"), on a
+# throwaway server started as for make test; PG_BENCH_SCALE=N scales them.
+bench-pg: all $(BUILD)/bench/pg_bench
+	@$(LUA_ENV) $(PG_RUN) $(BUILD)/bench/pg_bench
 
 demo: all
 	@$(LUA_ENV) $(LUA) examples/demo.lua
