@@ -703,8 +703,10 @@ static int l_open(lua_State *L) {
       es_lua_raisef(L, ES_INVALID_ARGUMENT, "two catalogs: in the url and in opts.catalog");
     if (!catalog) catalog = url[7] ? url + 7 : NULL;
     if (!catalog) es_lua_raisef(L, ES_INVALID_ARGUMENT, "shards: needs opts.catalog (a store url)");
-    lua_getfield(L, 2, "plan");
-    if (!lua_isnil(L, -1)) plan = check_plan(L, -1, 2);
+    if (lua_istable(L, 2)) {
+      lua_getfield(L, 2, "plan");
+      if (!lua_isnil(L, -1)) plan = check_plan(L, -1, 2);
+    }
     /* the plan's box stays on the stack (below the store) until open returns */
   }
   /* Created closed before anything is acquired (liolib's pattern). */

@@ -2724,6 +2724,7 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
   es_session_info dst;
   int rc = ops->session_get(t, f->to, &dst, err);
   if (rc == ES_NOT_FOUND) {
+    rc = ES_OK;
     es_session_info_init(&dst);
     if (!(dst.session = strdup(f->to))) return nomem(err);
   } else if (rc) {
