@@ -1026,12 +1026,14 @@ static int m_shards_crash_after(lua_State *L) {
 typedef struct {
   es_events events;
   char **cursors;
+  size_t n_cursors; /* pushing the events empties `events`: the count is kept here */
 } cursor_page;
 
 static void destroy_cursor_page(void *p) {
   cursor_page *c = p;
-  es_shards_cursors_free(c->cursors, c->events.n);
+  es_shards_cursors_free(c->cursors, c->n_cursors);
   c->cursors = NULL;
+  c->n_cursors = 0;
   es_events_destroy(&c->events);
 }
 
@@ -1055,6 +1057,7 @@ static int read_all_sharded(lua_State *L, lstore *h) {
   int rc = es_shards_read_all_cursor(s, cursor, limit, &page->events, &page->cursors, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
+  page->n_cursors = page->events.n;
   /* the cursors first: pushing the events empties the list */
   lua_createtable(L, (int)page->events.n, 0);
   for (size_t i = 0; i < page->events.n; i++) {

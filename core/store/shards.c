@@ -1493,7 +1493,7 @@ int es_shards_sessions(es_store *s, const char *prefix, const char *after, int64
       rc = nomem(err);
       break;
     }
-    memcpy(out->v + out->n, part.v, part.n * sizeof *part.v);
+    if (part.n) memcpy(out->v + out->n, part.v, part.n * sizeof *part.v);
     out->n += part.n;
     free(part.v);
     free(part.cursor);
@@ -1502,7 +1502,7 @@ int es_shards_sessions(es_store *s, const char *prefix, const char *after, int64
     es_sessions_destroy(out);
     return rc;
   }
-  qsort(out->v, out->n, sizeof *out->v, cmp_session_info);
+  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_session_info);
   /* a session in the middle of a move is listed by both shards: once */
   size_t k = 0;
   for (size_t i = 0; i < out->n; i++) {
@@ -1622,7 +1622,7 @@ int es_shards_dead_letters(es_store *s, const char *session, int64_t after, int6
     es_events_destroy(out);
     return rc;
   }
-  qsort(out->v, out->n, sizeof *out->v, cmp_event_time);
+  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_event_time);
   if (limit != ES_NONE && limit >= 0 && (int64_t)out->n > limit) {
     for (size_t i = (size_t)limit; i < out->n; i++) es_event_destroy(&out->v[i]);
     out->n = (size_t)limit;
@@ -1664,7 +1664,7 @@ int es_shards_pending_types(es_store *s, es_type_counts *out, es_err *err) {
     es_type_counts_destroy(out);
     return rc;
   }
-  qsort(out->v, out->n, sizeof *out->v, cmp_type_count);
+  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_type_count);
   return ES_OK;
 }
 
@@ -1716,7 +1716,7 @@ int es_shards_children(es_store *s, const char *session, const char *after, int6
     es_lineages_destroy(out);
     return rc;
   }
-  qsort(out->v, out->n, sizeof *out->v, cmp_lineage);
+  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_lineage);
   size_t k = 0;
   for (size_t i = 0; i < out->n; i++) {
     if ((k && strcmp(out->v[k - 1].session, out->v[i].session) == 0) ||
@@ -1833,7 +1833,7 @@ int es_shards_list_refs(es_store *s, const char *after, int64_t limit, es_refs *
     es_refs_destroy(out);
     return rc;
   }
-  qsort(out->v, out->n, sizeof *out->v, cmp_ref);
+  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_ref);
   size_t k = 0;
   for (size_t i = 0; i < out->n; i++) {
     if ((k && strcmp(out->v[k - 1].name, out->v[i].name) == 0) || (int64_t)k >= limit) {
@@ -2021,7 +2021,7 @@ static char *cursor_text(const cursor_map *m) {
   size_t k = 0;
   for (size_t i = 0; i < m->n; i++)
     if (m->pos[i] > 0) order[k++] = m->name[i];
-  qsort(order, k, sizeof *order, cmp_cursor_name);
+  if (k > 1) qsort(order, k, sizeof *order, cmp_cursor_name);
   es_buf b;
   es_buf_init(&b);
   int oom = es_buf_adds(&b, "c1") != ES_OK;
