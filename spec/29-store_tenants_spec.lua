@@ -304,6 +304,16 @@ end
 ATTACKS.tenant = function(c)
   expect_error("INVALID_ARGUMENT", c.A.tenant, c.A, "B") -- no nesting
 end
+-- §5: plan changes belong to sharded stores; a tenant handle is not one.
+ATTACKS.plan = function(c)
+  expect_error("INVALID_ARGUMENT", c.A.plan, c.A)
+end
+ATTACKS.set_plan = function(c)
+  expect_error("INVALID_ARGUMENT", c.A.set_plan, c.A, { version = 2, shards = { x = "memory:" } })
+end
+ATTACKS._crash_after = function(c)
+  expect_error("INVALID_ARGUMENT", c.A._crash_after, c.A, 1)
+end
 ATTACKS.close = function(c)
   c.close_last = true -- closing A (last) leaves B open: checked at the end
 end

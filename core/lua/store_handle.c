@@ -45,6 +45,7 @@
 #include "codec/state.h"
 #include "lua/store_handle.h"
 #include "store/store.h"
+#include "store/shards.h"
 
 #define STORE_MT "eventstore.Store"
 #define CLOCK_MT "eventstore.ManualClock"
@@ -111,6 +112,7 @@ typedef struct lids {
 } lids;
 
 static void store_close(lua_State *L, lstore *h);
+static es_shard_plan *check_plan(lua_State *L, int idx, int arg);
 
 /* ---------------------------------------------------------------------- */
 /* helpers */
@@ -690,6 +692,23 @@ static int l_open(lua_State *L) {
   o.archive_dir = es_lua_opt_str_field(L, 2, "archive"); /* §3.9: a path (NUL refused) */
   /* §3.10: the master key file (its string stays on the stack) */
   o.keys_path = es_lua_opt_str_field(L, 2, "keys");
+  /* CONTRACT §5: "shards:" with {catalog = url, plan = ...}, or
+   * "shards:CATALOG_URL" (the catalog's plan) */
+  int sharded = url && strncmp(url, "shards:", 7) == 0;
+  const char *catalog = NULL;
+  es_shard_plan *plan = NULL;
+  if (sharded) {
+    catalog = es_lua_opt_str_field(L, 2, "catalog");
+    if (url[7] && catalog && strcmp(catalog, url + 7) != 0)
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "two catalogs: in the url and in opts.catalog");
+    if (!catalog) catalog = url[7] ? url + 7 : NULL;
+    if (!catalog) es_lua_raisef(L, ES_INVALID_ARGUMENT, "shards: needs opts.catalog (a store url)");
+    if (lua_istable(L, 2)) {
+      lua_getfield(L, 2, "plan");
+      if (!lua_isnil(L, -1)) plan = check_plan(L, -1, 2);
+    }
+    /* the plan's box stays on the stack (below the store) until open returns */
+  }
   /* Created closed before anything is acquired (liolib's pattern). */
   lstore *h = lua_newuserdatauv(L, sizeof *h, 0);
   memset(h, 0, sizeof *h);
@@ -735,7 +754,7 @@ static int l_open(lua_State *L) {
   es_store *s = NULL;
   h->L = L;
   h->in_core = 1; /* as core_enter: should opening ever read the clock */
-  int rc = es_store_open(url, &o, &s, &err);
+  int rc = sharded ? es_shards_open(catalog, plan, &o, &s, &err) : es_store_open(url, &o, &s, &err);
   h->s = h->held = s;
   core_leave(L, h);
   if (rc != ES_OK) {
@@ -897,9 +916,176 @@ static int m_head(lua_State *L) {
   return done(L, h, 1);
 }
 
+/* ---------------------------------------------------------------------- */
+/* sharding (CONTRACT §5, docs/sharding.md) */
+
+static void destroy_plan(void *p) { es_shard_plan_destroy(p); }
+
+/* A Lua string that must hold no NUL byte (a shard name or url). */
+static char *plan_string(lua_State *L, int idx, const char *what) {
+  size_t n;
+  const char *v = lua_tolstring(L, idx, &n);
+  if (strlen(v) != n) es_lua_raisef(L, ES_INVALID_ARGUMENT, "plan: %s holds a NUL byte", what);
+  char *copy = strdup(v);
+  if (!copy) es_lua_raisef(L, ES_STORAGE, "out of memory");
+  return copy;
+}
+
+/* {version = n, shards = {[name] = url}} at idx into a plan kept in an
+ * owned box pushed on the stack (freed at collection if anything raises). */
+static es_shard_plan *check_plan(lua_State *L, int idx, int arg) {
+  idx = lua_absindex(L, idx);
+  if (!lua_istable(L, idx)) luaL_argerror(L, arg, "plan must be a table {version, shards}");
+  es_shard_plan *p = owned_push(L, sizeof *p, destroy_plan);
+  lua_getfield(L, idx, "version");
+  if (!lua_isinteger(L, -1))
+    es_lua_raisef(L, ES_INVALID_ARGUMENT, "plan.version must be an integer");
+  p->version = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  lua_getfield(L, idx, "shards");
+  if (!lua_istable(L, -1))
+    es_lua_raisef(L, ES_INVALID_ARGUMENT, "plan.shards must be a table {[name] = url}");
+  size_t cap = 0;
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "plan.shards maps shard names (strings) to urls (strings)");
+    if (p->n >= ES_MAX_SHARDS)
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "a plan has at most %d shards", ES_MAX_SHARDS);
+    if (es_grow((void **)&p->v, &cap, p->n + 1, sizeof *p->v))
+      es_lua_raisef(L, ES_STORAGE, "out of memory");
+    p->v[p->n].name = NULL;
+    p->v[p->n].url = NULL;
+    p->n++;
+    p->v[p->n - 1].name = plan_string(L, -2, "a shard name");
+    p->v[p->n - 1].url = plan_string(L, -1, "a shard url");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return p;
+}
+
+static void push_plan(lua_State *L, const es_shard_plan *p) {
+  lua_createtable(L, 0, 2);
+  lua_pushinteger(L, p->version);
+  lua_setfield(L, -2, "version");
+  lua_createtable(L, 0, (int)p->n);
+  for (size_t i = 0; i < p->n; i++) {
+    lua_pushstring(L, p->v[i].url);
+    lua_setfield(L, -2, p->v[i].name);
+  }
+  lua_setfield(L, -2, "shards");
+}
+
+static es_store *sharded_store(lua_State *L, lstore *h, const char *what) {
+  if (!es_store_is_sharded(h->s))
+    es_lua_raisef(L, ES_INVALID_ARGUMENT, "%s() needs a sharded store (shards:)", what);
+  return h->s;
+}
+
+/* store:plan() -> {version, shards = {[name] = url}} */
+static int m_plan(lua_State *L) {
+  lstore *h = check_store(L);
+  sharded_store(L, h, "plan");
+  es_shard_plan *p = owned_push(L, sizeof *p, destroy_plan);
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_shards_plan(s, p, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  push_plan(L, p);
+  return done(L, h, 1);
+}
+
+/* store:set_plan(plan) -> {moved = n} */
+static int m_set_plan(lua_State *L) {
+  lstore *h = check_store(L);
+  sharded_store(L, h, "set_plan");
+  es_shard_plan *p = check_plan(L, 2, 2);
+  int64_t moved = 0;
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_shards_set_plan(s, p, &moved, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, 1);
+  lua_pushinteger(L, moved);
+  lua_setfield(L, -2, "moved");
+  return done(L, h, 1);
+}
+
+/* A test hook (spec/34): the plan change stops, as if its process died,
+ * at its n-th step (0: off). */
+static int m_shards_crash_after(lua_State *L) {
+  lstore *h = check_store(L);
+  sharded_store(L, h, "_crash_after");
+  es_shards_set_crash_after(h->s, luaL_checkinteger(L, 2));
+  return 0;
+}
+
+typedef struct {
+  es_events events;
+  char **cursors;
+  size_t n_cursors; /* pushing the events empties `events`: the count is kept here */
+} cursor_page;
+
+static void destroy_cursor_page(void *p) {
+  cursor_page *c = p;
+  es_shards_cursors_free(c->cursors, c->n_cursors);
+  c->cursors = NULL;
+  c->n_cursors = 0;
+  es_events_destroy(&c->events);
+}
+
+/* read_all on a sharded store: `after` is a cursor (or 0/nil) and every
+ * event carries the cursor just after it. */
+static int read_all_sharded(lua_State *L, lstore *h) {
+  const char *cursor = NULL;
+  lua_getfield(L, 2, "after");
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    size_t n;
+    cursor = lua_tolstring(L, -1, &n);
+    if (strlen(cursor) != n) es_lua_raisef(L, ES_INVALID_ARGUMENT, "after holds a NUL byte");
+  } else if (!lua_isnil(L, -1) && !(lua_isinteger(L, -1) && lua_tointeger(L, -1) == 0)) {
+    es_lua_raisef(L, ES_INVALID_ARGUMENT,
+                  "after on a sharded store is a read_all cursor (a string) or 0");
+  }
+  int64_t limit = es_lua_opt_int_field(L, 2, "limit", ES_NONE);
+  cursor_page *page = owned_push(L, sizeof *page, destroy_cursor_page);
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_shards_read_all_cursor(s, cursor, limit, &page->events, &page->cursors, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  page->n_cursors = page->events.n;
+  /* the cursors first: pushing the events empties the list */
+  lua_createtable(L, (int)page->events.n, 0);
+  for (size_t i = 0; i < page->events.n; i++) {
+    lua_pushstring(L, page->cursors[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  int cursors = lua_gettop(L);
+  size_t n = page->events.n;
+  es_lua_push_events(L, &page->events, 0);
+  for (size_t i = 1; i <= n; i++) {
+    lua_rawgeti(L, -1, (lua_Integer)i);
+    lua_rawgeti(L, cursors, (lua_Integer)i);
+    lua_setfield(L, -2, "cursor");
+    lua_pop(L, 1);
+  }
+  return done(L, h, 1);
+}
+
 static int m_read_all(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
+  if (es_store_is_sharded(h->s)) {
+    if (lua_isnoneornil(L, 2)) {
+      lua_settop(L, 1);
+      lua_newtable(L);
+    }
+    return read_all_sharded(L, h);
+  }
   int64_t after = es_lua_opt_int_field(L, 2, "after", 0);
   int64_t limit = es_lua_opt_int_field(L, 2, "limit", ES_NONE);
   es_events *out = owned_push(L, sizeof *out, destroy_events);
@@ -2017,6 +2203,9 @@ static const luaL_Reg store_methods[] = {
     {"read", m_read},
     {"head", m_head},
     {"read_all", m_read_all},
+    {"plan", m_plan},
+    {"set_plan", m_set_plan},
+    {"_crash_after", m_shards_crash_after},
     {"claim", m_claim},
     {"claim_next", m_claim_next},
     {"renew", m_renew},

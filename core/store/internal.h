@@ -88,6 +88,18 @@ struct es_store {
   char *tenant_prefix;       /* owned: tenant name + ES_TENANT_SEP */
   size_t tenant_len;         /* strlen(tenant_prefix) */
   atomic_int t_closed;       /* a tenant handle's own close() */
+
+  /* Sharding (shards.c). A sharded handle is an es_store whose `shards`
+   * is set: every es_store_* call on it routes to the shard owning the
+   * session, or merges the shards. Only shards, the clock, ids, limits,
+   * refs and the UUID state are used in a sharded handle. */
+  struct es_shards *shards;  /* owned; NULL: not a sharded handle */
+  /* Every store opened on one of the known backends checks the markers a
+   * shard move leaves (docs/sharding.md): s->ops points at own_ops, a copy
+   * of real_ops whose session and event lookups answer ES_MOVED for a
+   * session moved away or being moved in. The mover uses real_ops. */
+  const es_backend_ops *real_ops;  /* the backend's own table */
+  es_backend_ops own_ops;
 };
 
 
@@ -259,5 +271,111 @@ int es_tenant_compact_archive(es_store *s, const char *session, int64_t *before,
                               es_err *err);
 int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report *out,
                              es_err *err);
+
+
+/* Sharding (shards.c) ------------------------------------------------------ */
+
+/* An internal result code, never returned by a sharded handle: a shard
+ * answers it for a session that moved to another shard (or is being moved
+ * in). err->msg says so for people; es_shards_moved_target reads the
+ * target shard's name the marker check put after the message. A store
+ * opened directly passes it on (es_strerror names it STORAGE). */
+#define ES_MOVED (ES_NCODES + 1)
+/* The target shard's name carried by an ES_MOVED error, or NULL when the
+ * session is being moved in (wait and retry). */
+const char *es_shards_moved_target(const es_err *err);
+/* At open: s->ops becomes the marker-checking copy of the backend's ops. */
+void es_shards_wrap_ops(es_store *s);
+/* store.c: es_store_open("shards:CATALOG") opens the catalog's plan. */
+int es_shards_open_url(const char *url_rest, const es_open_opts *opts, es_store **out,
+                       es_err *err);
+uint64_t es_shards_version(es_store *s);
+int es_shards_tenant(es_store *s, const char *name, es_store **out, es_err *err);
+/* Every es_store_* call on a sharded handle (s->shards set) lands in its
+ * es_shards_* twin, with the same arguments. */
+void es_shards_close(es_store *s);
+void es_shards_free(es_store *s);  /* the last reference went */
+int es_shards_data_version(es_store *s, uint64_t *version, es_err *err);
+int es_shards_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
+                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
+int es_shards_read(es_store *s, const char *session, int64_t after, int64_t through,
+                   int64_t limit, es_events *out, es_err *err);
+int es_shards_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+                          int64_t limit, es_events *out, int64_t *through_out, es_err *err);
+int es_shards_head(es_store *s, const char *session, int64_t *head, es_err *err);
+int es_shards_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err);
+int es_shards_last_position(es_store *s, int64_t *position, es_err *err);
+int es_shards_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err);
+int es_shards_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+                    es_events *out, int64_t *retry_at, es_err *err);
+int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
+                         const char *const *types, size_t n_types, const char *const *skip,
+                         size_t n_skip, es_events *out, int64_t *retry_at, es_err *err);
+int es_shards_renew(es_store *s, const char *session, const char *holder,
+                    const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
+                    es_renew_result *out, es_err *err);
+int es_shards_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
+                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
+                       es_events *out, es_err *err);
+int es_shards_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
+                   int64_t *failures, es_err *err);
+int es_shards_revive(es_store *s, const char *session, int64_t index, es_err *err);
+int es_shards_settle(es_store *s, const char *session, int64_t index, const char *reason,
+                     es_err *err);
+int es_shards_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
+                           es_events *out, es_err *err);
+int es_shards_read_state(es_store *s, const char *session, const char *reducer, int *found,
+                         es_snapshot *snap, es_events *events, es_err *err);
+int es_shards_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+                          es_state_read *out, es_err *err);
+int es_shards_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+                           const char *state, size_t state_len, const char *version, int *stored,
+                           es_err *err);
+int es_shards_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err);
+int es_shards_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+                       es_sessions *out, es_err *err);
+int es_shards_pending_types(es_store *s, es_type_counts *out, es_err *err);
+int es_shards_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
+                   int64_t limit, es_events *out, es_err *err);
+int es_shards_presence_set(es_store *s, const char *ns, const char *participant,
+                           const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
+                           int64_t seen, es_presence_rows *applied, es_err *err);
+int es_shards_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
+uint64_t es_shards_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
+void es_shards_presence_unwatch(es_store *s, uint64_t token);
+int es_shards_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
+                   es_err *err);
+int es_shards_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err);
+int es_shards_children(es_store *s, const char *session, const char *after, int64_t limit,
+                       es_lineages *out, es_err *err);
+int es_shards_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
+                      es_err *err);
+int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err);
+int es_shards_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err);
+int es_shards_delete_ref(es_store *s, const char *name, int *deleted, es_err *err);
+int es_shards_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+                      const char *expect, es_ref *out, char **actual, es_err *err);
+int es_shards_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
+                    es_err *err);
+int es_shards_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+                    es_lease *out, es_err *err);
+int es_shards_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+                            int *released, es_err *err);
+int es_shards_seal(es_store *s, const char *session, const char *reason, es_err *err);
+int es_shards_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
+                       es_err *err);
+int es_shards_delete(es_store *s, const char *session, int *deleted, es_err *err);
+int es_shards_shred(es_store *s, const char *name, int *was_live, es_err *err);
+int es_shards_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                           int64_t limit, es_events *out, es_err *err);
+int es_shards_archive(es_store *s, const char *session, int64_t through, int *written,
+                      es_segment *out, es_err *err);
+int es_shards_segments(es_store *s, const char *session, es_segments *out, es_err *err);
+int es_shards_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
+                              es_err *err);
+int es_shards_verify_archive(es_store *s, const char *session, es_archive_report *out,
+                             es_err *err);
+
 
 #endif

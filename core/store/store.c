@@ -231,12 +231,17 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
       }
     }
   }
+  /* "shards:CATALOG_URL": the sharded store whose plan that catalog holds
+   * (shards.c; with a plan to install: es_shards_open). */
+  if (!ops && strncmp(url, "shards:", 7) == 0) return es_shards_open_url(url + 7, opts, out, err);
   if (!ops)
     return es_fail(err, ES_INVALID_ARGUMENT,
-                   "unknown store url '%s' (expected memory:, sqlite:PATH, postgres://...)", url);
+                   "unknown store url '%s' (expected memory:, sqlite:PATH, postgres://..., "
+                   "shards:CATALOG_URL)", url);
   es_store *s = calloc(1, sizeof *s);
   if (!s) return nomem(err);
   s->ops = ops;
+  es_shards_wrap_ops(s); /* the shard-move markers (shards.c) */
   s->clock = opts->clock ? opts->clock : es_clock_system;
   s->clock_ctx = opts->clock_ctx;
   s->ids = opts->ids;
@@ -277,6 +282,10 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
 }
 
 void es_store_close(es_store *s) {
+  if (s->shards) {
+    es_shards_close(s);
+    return;
+  }
   if (s->base) {
     es_tenant_close(s);
     return;
@@ -300,6 +309,10 @@ void es_store_retain(es_store *s) { atomic_fetch_add(&s->refs, 1); }
 
 void es_store_release(es_store *s) {
   if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
+  if (s->shards) {
+    es_shards_free(s);
+    return;
+  }
   if (s->base) {
     es_tenant_free(s);
     return;
@@ -351,11 +364,13 @@ int es_store_now(es_store *s, int64_t *now, es_err *err) {
 }
 
 uint64_t es_store_version(es_store *s) {
+  if (s->shards) return es_shards_version(s);
   if (s->base) s = s->base; /* commits happen in the store a tenant handle is made from */
   return atomic_load(&s->version);
 }
 
 int es_store_data_version(es_store *s, uint64_t *version, es_err *err) {
+  if (s->shards) return es_shards_data_version(s, version, err);
   if (s->base) return es_tenant_data_version(s, version, err);
   *version = 0;
   if (!s->ops->data_version) return ES_OK;
@@ -893,6 +908,7 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err) {
+  if (s->shards) return es_shards_append(s, session, evs, n, expected, fence, out, pending, err);
   if (s->base) return es_tenant_append(s, session, evs, n, expected, fence, out, pending, err);
   return es_core_append(s, NULL, session, evs, n, expected, fence, out, pending, err);
 }
@@ -1039,6 +1055,7 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
 
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
                   es_events *out, es_err *err) {
+  if (s->shards) return es_shards_read(s, session, after, through, limit, out, err);
   if (s->base) return es_tenant_read(s, session, after, through, limit, out, err);
   range_args a = {session, after, through, limit, out, 0, 0};
   return read_range(s, &a, err);
@@ -1046,6 +1063,7 @@ int es_store_read(es_store *s, const char *session, int64_t after, int64_t throu
 
 int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                          int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
+  if (s->shards) return es_shards_events_page(s, session, after, through, limit, out, through_out, err);
   if (s->base) return es_tenant_events_page(s, session, after, through, limit, out, through_out, err);
   range_args a = {session, after, through, limit, out, 0, 0};
   int rc = read_range(s, &a, err);
@@ -1071,6 +1089,7 @@ static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) {
+  if (s->shards) return es_shards_head(s, session, head, err);
   if (s->base) return es_tenant_head(s, session, head, err);
   int rc;
   *head = 0;
@@ -1098,6 +1117,7 @@ static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
+  if (s->shards) return es_shards_read_all(s, after, limit, out, err);
   if (s->base) return es_tenant_read_all(s, after, limit, out, err);
   return es_core_read_all(s, NULL, after, limit, out, err);
 }
@@ -1121,6 +1141,7 @@ static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_last_position(es_store *s, int64_t *position, es_err *err) {
+  if (s->shards) return es_shards_last_position(s, position, err);
   if (s->base) return es_tenant_last_position(s, position, err);
   int rc;
   *position = 0;
@@ -1164,6 +1185,7 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
+  if (s->shards) return es_shards_get(s, session, index, out, err);
   if (s->base) return es_tenant_get(s, session, index, out, err);
   int rc;
   es_event_init(out);
@@ -1288,6 +1310,7 @@ static int check_claim_opts(const es_claim_opts *o, es_err *err) {
 
 int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
                    es_events *out, int64_t *retry_at, es_err *err) {
+  if (s->shards) return es_shards_claim(s, session, o, outcome, out, retry_at, err);
   if (s->base) return es_tenant_claim(s, session, o, outcome, out, retry_at, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -1526,6 +1549,9 @@ static int claim_types(const char *const *types, size_t n, const char ***out, si
 int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
                         const char *const *types, size_t n_types, const char *const *skip,
                         size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
+  if (s->shards)
+    return es_shards_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
+                                retry_at, err);
   if (s->base)
     return es_tenant_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
                                 retry_at, err);
@@ -1603,6 +1629,7 @@ static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
                    size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err) {
+  if (s->shards) return es_shards_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
   if (s->base) return es_tenant_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -1733,6 +1760,7 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                       es_events *out, es_err *err) {
+  if (s->shards) return es_shards_complete(s, session, index, attempt, evs, n, fence, outcome, out, err);
   if (s->base) return es_tenant_complete(s, session, index, attempt, evs, n, fence, outcome, out, err);
   return es_core_complete(s, NULL, session, index, attempt, evs, n, fence, outcome, out, err);
 }
@@ -1830,6 +1858,8 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                   int64_t *failures, es_err *err) {
+  if (s->shards)
+    return es_shards_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err);
   if (s->base)
     return es_tenant_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err);
   int rc;
@@ -1939,6 +1969,7 @@ static int dead_change(es_store *s, dead_args *a, es_err *err) {
 }
 
 int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err) {
+  if (s->shards) return es_shards_revive(s, session, index, err);
   if (s->base) return es_tenant_revive(s, session, index, err);
   dead_args a = {session, index, NULL, 1, 0};
   return dead_change(s, &a, err);
@@ -1946,6 +1977,7 @@ int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err
 
 int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason,
                     es_err *err) {
+  if (s->shards) return es_shards_settle(s, session, index, reason, err);
   if (s->base) return es_tenant_settle(s, session, index, reason, err);
   dead_args a = {session, index, reason, 0, 0};
   return dead_change(s, &a, err);
@@ -1962,6 +1994,7 @@ static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
                           es_events *out, es_err *err) {
+  if (s->shards) return es_shards_dead_letters(s, session, after, limit, out, err);
   if (s->base) return es_tenant_dead_letters(s, session, after, limit, out, err);
   return es_core_dead_letters(s, NULL, session, after, limit, out, err);
 }
@@ -2021,6 +2054,7 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
                         es_snapshot *snap, es_events *events, es_err *err) {
+  if (s->shards) return es_shards_read_state(s, session, reducer, found, snap, events, err);
   if (s->base) return es_tenant_read_state(s, session, reducer, found, snap, events, err);
   int rc;
   memset(events, 0, sizeof *events);
@@ -2074,6 +2108,7 @@ void es_state_reads_destroy(es_state_read *v, size_t n) {
 
 int es_store_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
                          es_state_read *out, es_err *err) {
+  if (s->shards) return es_shards_read_states(s, sessions, n, reducer, out, err);
   if (s->base) return es_tenant_read_states(s, sessions, n, reducer, out, err);
   int rc;
   for (size_t i = 0; i < n; i++) {
@@ -2139,6 +2174,8 @@ static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
                           const char *state, size_t state_len, const char *version, int *stored,
                           es_err *err) {
+  if (s->shards)
+    return es_shards_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err);
   if (s->base)
     return es_tenant_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err);
   int rc;
@@ -2186,6 +2223,7 @@ static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
+  if (s->shards) return es_shards_snapshots(s, session, out, err);
   if (s->base) return es_tenant_snapshots(s, session, out, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -2235,6 +2273,7 @@ static int do_sessions(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
                       es_sessions *out, es_err *err) {
+  if (s->shards) return es_shards_sessions(s, prefix, after, limit, out, err);
   if (s->base) return es_tenant_sessions(s, prefix, after, limit, out, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -2284,6 +2323,7 @@ void es_type_counts_destroy(es_type_counts *list) {
 }
 
 int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err) {
+  if (s->shards) return es_shards_pending_types(s, out, err);
   if (s->base) return es_tenant_pending_types(s, out, err);
   return es_core_pending_types(s, NULL, out, err);
 }
@@ -2303,6 +2343,7 @@ int es_core_pending_types(es_store *s, const char *scope, es_type_counts *out, e
 
 int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
                   int64_t limit, es_events *out, es_err *err) {
+  if (s->shards) return es_shards_wait(s, session, after, timeout_ms, limit, out, err);
   if (s->base) return es_tenant_wait(s, session, after, timeout_ms, limit, out, err);
   return es_core_wait(s, NULL, session, after, timeout_ms, limit, out, err);
 }
@@ -2448,6 +2489,8 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_presence_set(es_store *s, const char *ns, const char *participant,
                           const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
                           int64_t seen, es_presence_rows *applied, es_err *err) {
+  if (s->shards)
+    return es_shards_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err);
   if (s->base)
     return es_tenant_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err);
   int rc;
@@ -2510,6 +2553,7 @@ static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
+  if (s->shards) return es_shards_presence_read(s, ns, out, err);
   if (s->base) return es_tenant_presence_read(s, ns, out, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -2524,6 +2568,7 @@ int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, e
 }
 
 uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
+  if (s->shards) return es_shards_presence_watch(s, ns, cb, ctx);
   if (s->base) return es_tenant_presence_watch(s, ns, cb, ctx);
   presence_watch *w = calloc(1, sizeof *w);
   if (!w) return 0;
@@ -2543,6 +2588,10 @@ uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb,
 }
 
 void es_store_presence_unwatch(es_store *s, uint64_t token) {
+  if (s->shards) {
+    es_shards_presence_unwatch(s, token);
+    return;
+  }
   if (s->base) {
     es_tenant_presence_unwatch(s, token);
     return;
@@ -2835,6 +2884,7 @@ static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
                   es_err *err) {
+  if (s->shards) return es_shards_fork(s, from, at, to, out, err);
   if (s->base) return es_tenant_fork(s, from, at, to, out, err);
   return es_core_fork(s, NULL, from, at, to, out, err);
 }
@@ -2877,6 +2927,7 @@ static int do_lineage(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
+  if (s->shards) return es_shards_lineage(s, session, found, out, err);
   if (s->base) return es_tenant_lineage(s, session, found, out, err);
   int rc;
   *found = 0;
@@ -2916,6 +2967,7 @@ static int do_children(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_children(es_store *s, const char *session, const char *after, int64_t limit,
                       es_lineages *out, es_err *err) {
+  if (s->shards) return es_shards_children(s, session, after, limit, out, err);
   if (s->base) return es_tenant_children(s, session, after, limit, out, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -2971,6 +3023,7 @@ static int do_put_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err) {
+  if (s->shards) return es_shards_put_ref(s, name, session, out, err);
   if (s->base) return es_tenant_put_ref(s, name, session, out, err);
   int rc;
   es_ref_init(out);
@@ -2997,6 +3050,7 @@ static int do_get_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+  if (s->shards) return es_shards_get_ref(s, name, found, out, err);
   if (s->base) return es_tenant_get_ref(s, name, found, out, err);
   int rc;
   *found = 0;
@@ -3038,6 +3092,7 @@ static int do_list_refs(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
+  if (s->shards) return es_shards_list_refs(s, after, limit, out, err);
   if (s->base) return es_tenant_list_refs(s, after, limit, out, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -3058,6 +3113,7 @@ static int do_delete_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
+  if (s->shards) return es_shards_delete_ref(s, name, deleted, err);
   if (s->base) return es_tenant_delete_ref(s, name, deleted, err);
   int rc;
   *deleted = 0;
@@ -3104,6 +3160,7 @@ static int do_promote(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
                      const char *expect, es_ref *out, char **actual, es_err *err) {
+  if (s->shards) return es_shards_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err);
   if (s->base) return es_tenant_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err);
   int rc;
   es_ref_init(out);
@@ -3153,6 +3210,7 @@ static int do_fence(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err) {
+  if (s->shards) return es_shards_fence(s, session, if_token, token, err);
   if (s->base) return es_tenant_fence(s, session, if_token, token, err);
   int rc;
   *token = 0;
@@ -3209,6 +3267,7 @@ static int do_lease(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
                    es_lease *out, es_err *err) {
+  if (s->shards) return es_shards_lease(s, session, holder, ttl_ms, out, err);
   if (s->base) return es_tenant_lease(s, session, holder, ttl_ms, out, err);
   int rc;
   memset(out, 0, sizeof *out);
@@ -3243,6 +3302,7 @@ static int do_lease_release(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
                            int *released, es_err *err) {
+  if (s->shards) return es_shards_lease_release(s, session, holder, token, released, err);
   if (s->base) return es_tenant_lease_release(s, session, holder, token, released, err);
   int rc;
   *released = 0;
@@ -3273,6 +3333,7 @@ static int do_seal(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err) {
+  if (s->shards) return es_shards_seal(s, session, reason, err);
   if (s->base) return es_tenant_seal(s, session, reason, err);
   int rc;
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -3356,6 +3417,7 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
                       es_err *err) {
+  if (s->shards) return es_shards_truncate(s, session, through, first_index, err);
   if (s->base) return es_tenant_truncate(s, session, through, first_index, err);
   int rc;
   *first_index = 1;
@@ -3389,6 +3451,7 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err) {
+  if (s->shards) return es_shards_delete(s, session, deleted, err);
   if (s->base) return es_tenant_delete(s, session, deleted, err);
   int rc;
   *deleted = 0;
@@ -3407,6 +3470,7 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
 
 int es_store_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
                           int64_t limit, es_events *out, es_err *err) {
+  if (s->shards) return es_shards_read_at_rest(s, session, after, through, limit, out, err);
   if (s->base) return es_tenant_read_at_rest(s, session, after, through, limit, out, err);
   range_args a = {session, after, through, limit, out, 0, 1};
   return read_range(s, &a, err);

@@ -201,6 +201,7 @@ static int t_done(const es_store *s, int rc, es_err *err) {
 
 int es_store_tenant(es_store *s, const char *name, es_store **out, es_err *err) {
   *out = NULL;
+  if (s->shards) return es_shards_tenant(s, name, out, err);
   if (s->base)
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "tenant() of a tenant handle: tenants do not nest (make it from the store)");

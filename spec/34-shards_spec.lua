@@ -1,0 +1,467 @@
+-- Sharded stores (CONTRACT §5, docs/sharding.md): eventstore.open("shards:",
+-- {catalog = url, plan = {version, shards = {[name] = url}}}).
+--
+-- Run over several SQLite files, and over several PostgreSQL schemas of one
+-- database when ES_TEST_URLS names a postgres:// template. Shards are
+-- opened directly (not through shards:) to see where a session lives.
+local eventstore = require("eventstore")
+local helpers = require("helpers")
+local eh = require("engine_helpers")
+
+local LUA = os.getenv("LUA") or "lua5.4"
+local sh_quote = helpers.sh_quote
+
+local function expect_error(code, fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected " .. code .. ", the call succeeded")
+  assert(eventstore.is_error(err, code), "expected " .. code .. ", got " .. tostring(err))
+  return err
+end
+
+-- The kinds of shard to run on: `url()` makes a fresh one.
+local kinds = {}
+local files = {}
+kinds[1] = {
+  name = "sqlite files",
+  url = function()
+    local base = os.tmpname()
+    files[#files + 1] = base
+    files[#files + 1] = base .. ".db"
+    return "sqlite:" .. base .. ".db"
+  end,
+}
+for _, u in ipairs(helpers.urls()) do
+  if u:match("^postgres") then
+    kinds[#kinds + 1] = { name = "postgres schemas", url = function() return helpers.pg_fresh_url(u) end }
+  end
+end
+
+local opened = {}
+local function track(store)
+  opened[#opened + 1] = store
+  return store
+end
+
+local function cleanup()
+  for i = #opened, 1, -1 do
+    pcall(function() opened[i]:close() end)
+    opened[i] = nil
+  end
+  for i = #files, 1, -1 do
+    helpers.remove_db(files[i])
+    files[i] = nil
+  end
+end
+
+-- The events of every session through the sharded store, by id.
+local function all_ids(store)
+  local ids, cursor = {}, nil
+  repeat
+    local page = store:sessions({ limit = 100, after = cursor })
+    for _, si in ipairs(page.sessions) do
+      for _, e in ipairs(store:read(si.session)) do
+        ids[e.id] = (ids[e.id] or 0) + 1
+      end
+    end
+    cursor = page.cursor
+  until not cursor
+  return ids
+end
+
+-- Which shard (by name) holds each session, opening each shard directly.
+local function where(shards)
+  local at = {}
+  for name, url in pairs(shards) do
+    local st = track(eventstore.open(url))
+    local cursor
+    repeat
+      local page = st:sessions({ limit = 500, after = cursor })
+      for _, si in ipairs(page.sessions) do
+        assert(at[si.session] == nil, "session " .. si.session .. " listed by two shards")
+        at[si.session] = name
+      end
+      cursor = page.cursor
+    until not cursor
+    st:close()
+  end
+  return at
+end
+
+local function count(t)
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n
+end
+
+describe("sharded store: plan hashing", function()
+  after_each(cleanup)
+
+  it("routes fixed names to fixed shards (rendezvous over FNV-1a 64 + splitmix64, docs/sharding.md)", function()
+    local shards = { a = kinds[1].url(), b = kinds[1].url(), c = kinds[1].url() }
+    local s = track(eventstore.open("shards:", { catalog = kinds[1].url(), plan = { version = 1, shards = shards } }))
+    local pinned = { alpha = "a", beta = "b", gamma = "c", ["user-42"] = "b", ["order:1001"] = "b", ["é"] = "a" }
+    for session in pairs(pinned) do s:append(session, { { type = "t" } }) end
+    local at = where(shards)
+    for session, shard in pairs(pinned) do
+      assert.are.equal(shard, at[session], "session " .. session)
+    end
+  end)
+end)
+
+for _, kind in ipairs(kinds) do
+describe("sharded store over " .. kind.name, function()
+  after_each(function()
+    eh.cleanup()
+    cleanup()
+  end)
+
+  local function plan_of(n)
+    local shards = {}
+    for i = 1, n do shards["s" .. i] = kind.url() end
+    return shards
+  end
+
+  local function open(shards, version, catalog)
+    catalog = catalog or kind.url()
+    local s = track(eventstore.open("shards:", { catalog = catalog, plan = { version = version or 1, shards = shards } }))
+    return s, catalog
+  end
+
+  it("keeps each session on one shard and answers per-session calls as one store would", function()
+    local shards = plan_of(3)
+    local s = open(shards)
+    for i = 1, 30 do
+      local evs = s:append("sess-" .. i, { { type = "a", payload = { i = i } }, { type = "b", settled = true } })
+      assert.are.equal(2, #evs)
+      assert.are.equal(2, evs[2].index)
+    end
+    expect_error("WRONG_EXPECTED_HEAD", s.append, s, "sess-1", { { type = "c" } }, { expected = 5 })
+    assert.are.equal(2, s:head("sess-7"))
+    assert.are.same({ i = 7 }, s:read("sess-7")[1].payload)
+    local at = where(shards)
+    assert.are.equal(30, count(at))
+    local used = {}
+    for _, shard in pairs(at) do used[shard] = true end
+    assert.are.equal(3, count(used), "30 sessions spread over all 3 shards")
+    -- listings merge the shards, in name order, with working pages
+    local names, cursor = {}, nil
+    repeat
+      local page = s:sessions({ limit = 7, after = cursor })
+      for _, si in ipairs(page.sessions) do names[#names + 1] = si.session end
+      cursor = page.cursor
+    until not cursor
+    assert.are.equal(30, #names)
+    for i = 2, #names do assert.is_true(names[i - 1] < names[i]) end
+    -- snapshots, fences, seals route too
+    s:put_snapshot("sess-3", "r", 1, "state@1", "v1")
+    assert.are.equal(1, #s:snapshots("sess-3"))
+    local token = s:fence("sess-4")
+    expect_error("STALE_FENCE", s.append, s, "sess-4", { { type = "x" } }, { fence = token + 5 })
+    s:seal("sess-5")
+    expect_error("SEALED", s.append, s, "sess-5", { { type = "x" } })
+  end)
+
+  it("claims, completes, fails and dead-letters across shards", function()
+    local s = open(plan_of(3))
+    for i = 1, 12 do s:append("w-" .. i, { { type = i % 2 == 0 and "even" or "odd", payload = i } }) end
+    assert.are.same({ even = 6, odd = 6 }, s:pending_types())
+    local claimed = s:claim_next({ holder = "h", ttl_ms = 60000, limit = 100 })
+    assert.are.equal(12, #claimed)
+    assert.are.equal(0, #s:claim_next({ holder = "h", ttl_ms = 60000, limit = 100 }))
+    for _, e in ipairs(claimed) do
+      if e.payload % 3 == 0 then
+        s:fail(e.session, e.index, e.attempt, { error = "boom", max_failures = 1 })
+      else
+        s:complete(e.session, e.index, e.attempt, { { type = "done" } })
+      end
+    end
+    local dead = s:dead_letters()
+    assert.are.equal(4, #dead)
+    s:revive(dead[1].session, dead[1].index)
+    assert.are.equal(3, #s:dead_letters())
+    assert.are.equal(1, #s:claim_next({ holder = "h", ttl_ms = 60000, limit = 100, types = { "even", "odd" } }))
+    assert.are.equal(8, #s:claim_next({ holder = "h", ttl_ms = 60000, limit = 100, types = { "done" } }))
+  end)
+
+  it("runs the engine on a sharded store", function()
+    local s = open(plan_of(2))
+    local dir = eh.scripts_dir()
+    eh.handler(dir, "ping", "return function(event, ctx) return {{type = 'pong', payload = event.payload}} end\n")
+    for i = 1, 20 do s:append("e-" .. i, { { type = "ping", payload = i } }) end
+    local engine = eh.engine({ store = s, scripts = dir })
+    local r = eh.run(engine)
+    assert.are.equal(20, r.handled)
+    for i = 1, 20 do
+      local evs = s:read("e-" .. i)
+      assert.are.equal("pong", evs[2].type)
+      assert.are.equal(i, evs[2].payload)
+    end
+  end)
+
+  it("adding a shard moves about 1/(n+1) of the sessions, only those, to the new shard", function()
+    local shards = plan_of(3)
+    local s, catalog = open(shards)
+    local N = 300
+    for i = 1, N do s:append("m-" .. i, { { type = "t", id = "id-" .. i, payload = i }, { type = "u", settled = true } }) end
+    local before = where(shards)
+    local grown = {}
+    for k, v in pairs(shards) do grown[k] = v end
+    grown.s4 = kind.url()
+    local r = s:set_plan({ version = 2, shards = grown })
+    local after = where(grown)
+    local changed = 0
+    for session, shard in pairs(after) do
+      if shard ~= before[session] then
+        changed = changed + 1
+        assert.are.equal("s4", shard, session .. " moved between two old shards")
+      end
+    end
+    assert.are.equal(N, count(after))
+    assert.are.equal(changed, r.moved)
+    -- 1/4 of 300 = 75 expected; the bounds only catch a hash that moves
+    -- nothing or far too much
+    assert.is_true(r.moved > 40 and r.moved < 115, "moved " .. r.moved)
+    assert.are.equal(2, s:plan().version)
+    for i = 1, N do
+      local evs = s:read("m-" .. i)
+      assert.are.equal(2, #evs)
+      assert.are.equal("id-" .. i, evs[1].id)
+      assert.are.equal(i, evs[1].payload)
+    end
+    -- dispatch records moved with the events: each pending event once
+    assert.are.equal(N, #s:claim_next({ holder = "h", ttl_ms = 60000, limit = 1000 }))
+    -- a handle opened on the catalog alone routes by its plan
+    local other = track(eventstore.open("shards:" .. catalog))
+    assert.are.equal(2, other:plan().version)
+    assert.are.equal(2, #other:read("m-17"))
+  end)
+
+  it("finds every acknowledged append exactly once after a move while another process appends", function()
+    local shards = plan_of(2)
+    local s, catalog = open(shards)
+    local SESSIONS = 60
+    for i = 1, SESSIONS do s:append("c-" .. i, { { type = "seed", id = "seed-" .. i, settled = true } }) end
+    local base = os.tmpname()
+    files[#files + 1] = base
+    local script, acks, stop, done = base .. ".lua", base .. ".acks", base .. ".stop", base .. ".done"
+    for _, f in ipairs({ script, acks, stop, done }) do files[#files + 1] = f end
+    eh.write_file(script, [[
+      local eventstore = require("eventstore")
+      local catalog, acks, stop, done, sessions = arg[1], arg[2], arg[3], arg[4], tonumber(arg[5])
+      local s = eventstore.open("shards:" .. catalog)
+      local out = assert(io.open(acks, "w"))
+      local n = 0
+      while true do
+        local f = io.open(stop, "r")
+        if f then f:close() break end
+        n = n + 1
+        local id = "ack-" .. n
+        local session = "c-" .. (n % sessions + 1)
+        local ok, err = pcall(s.append, s, session, {{type = "x", id = id, payload = n}})
+        if ok then out:write(id, " ", session, "\n") out:flush()
+        else io.stderr:write(tostring(err), "\n") end
+      end
+      out:close()
+      s:close()
+      io.open(done, "w"):close()
+    ]])
+    local env = "LUA_PATH=" .. sh_quote(package.path) .. " LUA_CPATH=" .. sh_quote(package.cpath)
+    os.execute(("%s %s %s %s %s %s %s %d >/dev/null 2>%s &"):format(env, LUA, sh_quote(script), sh_quote(catalog),
+      sh_quote(acks), sh_quote(stop), sh_quote(done), SESSIONS, sh_quote(base .. ".err")))
+    files[#files + 1] = base .. ".err"
+    -- wait for the appender to be going
+    local function lines()
+      local f = io.open(acks, "r")
+      if not f then return {} end
+      local t = {}
+      for l in f:lines() do t[#t + 1] = l end
+      f:close()
+      return t
+    end
+    for _ = 1, 200 do
+      if #lines() >= 20 then break end
+      helpers.sleep(0.05)
+    end
+    local grown = {}
+    for k, v in pairs(shards) do grown[k] = v end
+    grown.s3 = kind.url()
+    grown.s4 = kind.url()
+    local r = s:set_plan({ version = 2, shards = grown })
+    assert.is_true(r.moved > 0)
+    local n_at_move = #lines()
+    -- let it append a while more, through handles of the new plan too
+    for _ = 1, 200 do
+      if #lines() >= n_at_move + 20 then break end
+      helpers.sleep(0.05)
+    end
+    io.open(stop, "w"):close()
+    for _ = 1, 400 do
+      local f = io.open(done, "r")
+      if f then f:close() break end
+      helpers.sleep(0.05)
+    end
+    assert.is_truthy(io.open(done, "r"), "the appender did not finish")
+    local acked = lines()
+    assert.is_true(#acked > n_at_move, "appends went on after the move")
+    local ids = all_ids(s)
+    for _, l in ipairs(acked) do
+      local id, session = l:match("^(%S+) (%S+)$")
+      assert.are.equal(1, ids[id], "acknowledged " .. id .. " found " .. tostring(ids[id]) .. " times")
+      local evs = s:read(session)
+      local seen = false
+      for _, e in ipairs(evs) do seen = seen or e.id == id end
+      assert.is_true(seen, id .. " is not in " .. session)
+    end
+    -- nothing else was written: every event is a seed or an ack
+    assert.are.equal(SESSIONS + #acked, count(ids))
+  end)
+
+  it("finishes a move interrupted at any step, without losing or doubling anything", function()
+    for _, crash_at in ipairs({ 1, 2, 4, 7, 15, 40 }) do
+      cleanup()
+      local shards = plan_of(2)
+      local s, catalog = open(shards)
+      for i = 1, 40 do s:append("r-" .. i, { { type = "t", id = "r-id-" .. i, lane = "l" }, { type = "t", id = "r-id2-" .. i, lane = "l" } }) end
+      s:put_ref("ref-1", "r-1")
+      local grown = {}
+      for k, v in pairs(shards) do grown[k] = v end
+      grown.s3 = kind.url()
+      s:_crash_after(crash_at)
+      expect_error("STORAGE", s.set_plan, s, { version = 2, shards = grown })
+      s:close()
+      -- another process would reopen: the catalog keeps the pending plan
+      local again = track(eventstore.open("shards:" .. catalog))
+      -- calls work in the middle of an interrupted move
+      assert.are.equal(2, #again:read("r-2"))
+      local r = again:set_plan({ version = 2, shards = grown })
+      assert.are.equal(2, again:plan().version)
+      assert.is_true(r.moved >= 0)
+      local at = where(grown)
+      assert.are.equal(40, count(at))
+      local ids = all_ids(again)
+      assert.are.equal(80, count(ids))
+      for id, n in pairs(ids) do assert.are.equal(1, n, id) end
+      assert.are.equal("r-1", again:get_ref("ref-1").session)
+      assert.are.equal(40, #again:claim_next({ holder = "h", ttl_ms = 60000, limit = 1000 }),
+        "each lane's head is claimable once (crash at step " .. crash_at .. ")")
+    end
+  end)
+
+  it("resumes read_all from cursors across a move (moved events may come again: ids dedupe)", function()
+    local shards = plan_of(2)
+    local s = open(shards)
+    for i = 1, 50 do s:append("rc-" .. i, { { type = "t", id = "rc-id-" .. i } }) end
+    local first = s:read_all({ limit = 20 })
+    assert.are.equal(20, #first)
+    for _, e in ipairs(first) do assert.is_string(e.cursor) end
+    local grown = {}
+    for k, v in pairs(shards) do grown[k] = v end
+    grown.s3 = kind.url()
+    s:set_plan({ version = 2, shards = grown })
+    for i = 51, 60 do s:append("rc-" .. i, { { type = "t", id = "rc-id-" .. i } }) end
+    local seen = {}
+    for _, e in ipairs(first) do seen[e.id] = true end
+    local cursor = first[#first].cursor
+    while true do
+      local page = s:read_all({ after = cursor, limit = 7 })
+      if #page == 0 then break end
+      for _, e in ipairs(page) do seen[e.id] = true end
+      cursor = page[#page].cursor
+    end
+    assert.are.equal(60, count(seen))
+    -- the cursor of the last event reads nothing more
+    assert.are.equal(0, #s:read_all({ after = cursor }))
+  end)
+
+  it("forks a session into sessions on other shards", function()
+    local shards = plan_of(3)
+    local s = open(shards)
+    s:append("alpha", { { type = "a", payload = 1 }, { type = "b", payload = 2 }, { type = "c" } })
+    s:put_snapshot("alpha", "r", 2, "state@2", "v1")
+    for i = 1, 10 do
+      local target = "fork-" .. i
+      local l = s:fork("alpha", 2, target)
+      assert.are.equal("alpha", l.parent)
+      local evs = s:read(target)
+      assert.are.equal(2, #evs)
+      assert.are.equal(2, evs[2].payload)
+      assert.are.same({ session = "alpha", index = 2 }, evs[2].origin)
+      assert.are_not.equal(s:read("alpha")[2].id, evs[2].id)
+      assert.are.equal("alpha", s:lineage(target).parent)
+      assert.are.equal(1, #s:snapshots(target))
+    end
+    local at = where(shards)
+    local elsewhere = 0
+    for i = 1, 10 do
+      if at["fork-" .. i] ~= at.alpha then elsewhere = elsewhere + 1 end
+    end
+    assert.is_true(elsewhere > 0, "some forks landed on another shard than alpha's")
+    -- lineage stays a tree across shards; a fork of a fork works
+    expect_error("INVALID_ARGUMENT", s.fork, s, "fork-1", 1, "alpha")
+    s:fork("fork-1", 1, "fork-1-1")
+    expect_error("INVALID_ARGUMENT", s.fork, s, "fork-1-1", 0, "alpha")
+    expect_error("NOT_FOUND", s.fork, s, "nobody", 0, "fork-x")
+    expect_error("NO_SUCH_EVENT", s.fork, s, "alpha", 9, "fork-y")
+    local kids = s:children("alpha", { limit = 100 })
+    assert.are.equal(10, #kids)
+  end)
+
+  it("refuses bad plans and cursors, changing nothing", function()
+    local shards = plan_of(2)
+    local s, catalog = open(shards)
+    s:append("x", { { type = "t" } })
+    local bad = {
+      { version = 0, shards = shards },
+      { version = -1, shards = shards },
+      { version = 2.5, shards = shards },
+      { version = "3", shards = shards },
+      { version = 3, shards = {} },
+      { version = 3, shards = { ["a\0b"] = kind.url() } },
+      { version = 3, shards = { a = "shards:x" } },
+      { version = 3, shards = { [""] = kind.url() } },
+      { version = 3, shards = { a = "" } },
+      { version = 3, shards = { [string.rep("n", 65)] = kind.url() } },
+      { version = 3, shards = { a = 5 } },
+      { version = 1, shards = { z = kind.url() } }, -- equal version, other shards
+    }
+    local many = {}
+    for i = 1, 257 do many["m" .. i] = "memory:" end
+    bad[#bad + 1] = { version = 3, shards = many }
+    for i, p in ipairs(bad) do
+      expect_error("INVALID_ARGUMENT", s.set_plan, s, p)
+      assert.are.equal(1, s:plan().version, "bad plan " .. i .. " changed the plan")
+    end
+    expect_error("INVALID_ARGUMENT", eventstore.open, "shards:", { catalog = catalog, plan = { version = 1, shards = { q = kind.url() } } })
+    expect_error("INVALID_ARGUMENT", eventstore.open, "shards:", { plan = { version = 1, shards = shards } })
+    -- an older plan at open is ignored: the catalog's newer one wins
+    local grown = {}
+    for k, v in pairs(shards) do grown[k] = v end
+    grown.s9 = kind.url()
+    s:set_plan({ version = 2, shards = grown })
+    local old = track(eventstore.open("shards:", { catalog = catalog, plan = { version = 1, shards = shards } }))
+    assert.are.equal(2, old:plan().version)
+    expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 1, shards = shards })
+    for _, c in ipairs({ "x", "c1.zz-1", "c1.61-0", "c1.61-abc", "c1.6162", "c2", "c1.62-1.61-1", 7 }) do
+      expect_error("INVALID_ARGUMENT", s.read_all, s, { after = c })
+    end
+    assert.are.equal(1, #s:read_all({ after = 0 }))
+  end)
+
+  it("answers a direct open of a shard about a session moved away with the shard it moved to", function()
+    local shards = plan_of(1)
+    local s = open(shards)
+    for i = 1, 20 do s:append("d-" .. i, { { type = "t" } }) end
+    local grown = { s1 = shards.s1, s2 = kind.url() }
+    s:set_plan({ version = 2, shards = grown })
+    local at = where(grown)
+    local direct = track(eventstore.open(shards.s1))
+    local moved
+    for session, shard in pairs(at) do if shard == "s2" then moved = session end end
+    assert.is_string(moved)
+    local err = expect_error("STORAGE", direct.append, direct, moved, { { type = "t" } })
+    assert.is_truthy(tostring(err):find("shard 's2'", 1, true))
+    -- and the sharded store's listing never shows the tombstone
+    assert.are.equal(20, #s:sessions({ limit = 100 }).sessions)
+  end)
+end)
+end
