@@ -182,5 +182,38 @@ describe(target.name, function()
     assert.is_true(latencies[3] <= 100, "median latency " .. latencies[3] .. " ms")
     assert.is_true(latencies[5] <= 250, "worst latency " .. latencies[5] .. " ms")
   end)
+
+  -- A second handle on the same file in one process used to read the
+  -- file's header with open()/close(), which drops every POSIX lock the
+  -- process holds on the file: another process closing its own handle then
+  -- took itself for the last user and deleted the -wal and -shm under the
+  -- first handle (its next read: "disk I/O error").
+  if not target.template then
+    it("a second handle opened and closed in one process leaves the first handle's file intact", function()
+      local first = eventstore.open(url)
+      first:append("s", { { type = "a", settled = true } })
+      local second = eventstore.open(url)
+      assert.are.equal(1, second:head("s"))
+      second:close()
+      local code = ([[
+        package.path = %q
+        package.cpath = %q
+        local s = require("eventstore").open(%q)
+        s:append("other", { { type = "b", settled = true } })
+        s:close()
+      ]]):format(package.path, package.cpath, url)
+      local script = base .. ".lua"
+      local f = assert(io.open(script, "w"))
+      f:write(code)
+      f:close()
+      assert.is_true(os.execute(LUA .. " " .. sh_quote(script)))
+      os.remove(script)
+      assert.is_truthy(io.open(db .. "-shm", "r"), "the -shm file of an open handle was deleted")
+      first:append("s", { { type = "a", settled = true } })
+      assert.are.equal(2, first:head("s"))
+      assert.are.equal(1, first:head("other"))
+      first:close()
+    end)
+  end
 end)
 end

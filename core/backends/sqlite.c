@@ -1339,17 +1339,29 @@ static int sq_foreign_app(es_backend *b, int64_t app, es_err *err) {
 static int sq_check_header(es_backend *b, es_err *err) {
   static const char magic[16] = "SQLite format 3";   /* with its NUL: 16 bytes */
   unsigned char h[100];
-  size_t got = 0;
-  int fd = open(b->path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ES_OK;
-  while (got < sizeof h) {
-    ssize_t n = read(fd, h + got, sizeof h - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += (size_t)n;
+  /* Read through SQLite's own file layer, never with open()/close(): the
+   * file may already be open in this process (a second handle on it, a
+   * shard opened directly), and closing any descriptor of a file drops
+   * every POSIX lock this process holds on it. Another process could then
+   * think itself the file's last user and delete the -wal and -shm under
+   * the open handle (reads fail with "disk I/O error", commits can be
+   * lost). SQLite's unix layer keeps such a descriptor open until the
+   * process's last connection to the file closes. */
+  sqlite3_vfs *vfs = sqlite3_vfs_find(NULL);
+  sqlite3_file *f = vfs ? calloc(1, (size_t)vfs->szOsFile) : NULL;
+  if (!f) return es_fail(err, ES_STORAGE, "sqlite %s: out of memory", b->path);
+  int out_flags = 0;
+  if (vfs->xOpen(vfs, b->path, f, SQLITE_OPEN_READONLY | SQLITE_OPEN_MAIN_DB, &out_flags) !=
+      SQLITE_OK) {
+    if (f->pMethods) f->pMethods->xClose(f);
+    free(f);
+    return ES_OK; /* left to SQLite, which names the cause */
   }
-  close(fd);
-  if (got < sizeof h || memcmp(h, magic, sizeof magic) != 0)
+  /* a file shorter than the header reads as SQLITE_IOERR_SHORT_READ */
+  int read_rc = f->pMethods->xRead(f, h, (int)sizeof h, 0);
+  f->pMethods->xClose(f);
+  free(f);
+  if (read_rc != SQLITE_OK || memcmp(h, magic, sizeof magic) != 0)
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "sqlite %s: not an eventstore database: not an SQLite file (it does not start "
                    "with the SQLite header); it is left untouched",
