@@ -79,7 +79,9 @@
   X(PQexecPrepared) X(PQfinish) X(PQfreemem) X(PQgetisnull) X(PQgetlength) X(PQgetvalue)    \
   X(PQisthreadsafe) X(PQnotifies) X(PQntuples) X(PQparameterStatus) X(PQprepare) X(PQreset) \
   X(PQresultErrorMessage) X(PQresultStatus) X(PQsetNoticeProcessor) X(PQstatus)             \
-  X(PQtransactionStatus) X(PQsocket) X(PQresultErrorField)
+  X(PQtransactionStatus) X(PQsocket) X(PQresultErrorField) X(PQenterPipelineMode)          \
+  X(PQexitPipelineMode) X(PQpipelineSync) X(PQpipelineStatus) X(PQsendQueryPrepared)        \
+  X(PQsendQueryParams) X(PQsendPrepare) X(PQgetResult)
 
 #define PQ_FIELD(name) __typeof__(&name) name;
 static struct {
@@ -142,6 +144,14 @@ static int pq_ready(es_err *err) {
 #define PQtransactionStatus (pq.PQtransactionStatus)
 #define PQsocket (pq.PQsocket)
 #define PQresultErrorField (pq.PQresultErrorField)
+#define PQenterPipelineMode (pq.PQenterPipelineMode)
+#define PQexitPipelineMode (pq.PQexitPipelineMode)
+#define PQpipelineSync (pq.PQpipelineSync)
+#define PQpipelineStatus (pq.PQpipelineStatus)
+#define PQsendQueryPrepared (pq.PQsendQueryPrepared)
+#define PQsendQueryParams (pq.PQsendQueryParams)
+#define PQsendPrepare (pq.PQsendPrepare)
+#define PQgetResult (pq.PQgetResult)
 
 /* ---- settings --------------------------------------------------------- */
 
@@ -192,6 +202,8 @@ enum {
   /* row locks (docs/postgres.md "Concurrency") */
   ST_SESSION_GET_LOCK, ST_EVENT_GET_LOCK, ST_QUEUED_DUE_SESSION_LOCK,
   ST_CLAIM_DUE_ALL, ST_CLAIM_DUE_ALL_SCOPED, ST_CLAIM_DUE_TYPE, ST_CLAIM_DUE_TYPE_SCOPED,
+  /* transaction control, prepared like the rest (planned once per connection) */
+  ST_BEGIN_LOCK, ST_BEGIN_POSITIONS, ST_META_NEXT, ST_CLAIM_SETUP,
   ST_COUNT
 };
 
@@ -394,6 +406,19 @@ static const char *const pg_sql[ST_COUNT] = {
                                  " AND due_at <= $2 AND session >= $4 AND session < $5"
                                  " AND session <> ALL($6::text[])"
                                  " ORDER BY due_at, position LIMIT $3 FOR UPDATE SKIP LOCKED",
+    /* A write transaction's begin (pg_write_begin): the store's lock, then
+     * the position counter. Two statements: under READ COMMITTED a
+     * statement's snapshot is taken when it starts, so the read must start
+     * after the lock is granted to see the previous holder's commit. */
+    [ST_BEGIN_LOCK] = "SELECT pg_advisory_xact_lock($1)",
+    [ST_BEGIN_POSITIONS] = "SELECT (SELECT coalesce(max(position), 0) FROM events),"
+                           " (SELECT coalesce(max(value), 0) FROM meta WHERE key = 'next_position')",
+    [ST_META_NEXT] = "INSERT INTO meta(key, value) VALUES ('next_position', $1)"
+                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    /* A claim transaction's begin (pg_claim_begin): its lock_timeout (SET
+     * LOCAL), and the server's deadlock_timeout as it is now. */
+    [ST_CLAIM_SETUP] = "SELECT current_setting('deadlock_timeout'),"
+                       " set_config('lock_timeout', $1, true)",
 };
 
 /* The schema, version 1 (the tables of SQLite's version 6), created inside
@@ -518,10 +543,36 @@ static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1};
 
 /* ---- types ------------------------------------------------------------ */
 
+/* What a statement sent in pipeline mode answers, and what to do with it
+ * when its result is read (pg_sync). */
+enum {
+  PEND_ANY,      /* a success of any kind; nothing to keep */
+  PEND_PREPARE,  /* the statement `id` prepared */
+  PEND_CHANGED,  /* an UPDATE that must have changed a row (event_update) */
+  PEND_BEGIN,    /* ST_BEGIN_POSITIONS: the position counter */
+  PEND_CLAIM,    /* ST_CLAIM_SETUP: the server's deadlock_timeout */
+  PEND_COMMIT,   /* COMMIT, which must answer "COMMIT" */
+  PEND_WANT      /* the result the caller waits for (handed back by pg_sync) */
+};
+
+/* Statements in flight at most before pg_send syncs by itself: their
+ * answers (a few dozen bytes each) must fit in the socket buffers, since
+ * libpq sends in blocking mode while the server may block writing
+ * answers nobody reads yet. */
+#define PG_MAX_PEND 128
+
+typedef struct pg_pend {
+  short id;                        /* the statement (ST_*), or -1 */
+  unsigned char kind;              /* PEND_* */
+} pg_pend;
+
 typedef struct pg_conn {
   PGconn *db;
   es_backend *b;                   /* borrowed: the owner */
   unsigned char prepared[ST_COUNT];
+  int64_t deadlock_ms;             /* claim connections: deadlock_timeout as last read; 0: not yet */
+  int n_pend;                      /* statements sent in pipeline mode whose answers are not read */
+  pg_pend pend[PG_MAX_PEND];
 } pg_conn;
 
 struct es_txn {
@@ -537,6 +588,11 @@ struct es_txn {
   int broken;                      /* the connection was lost or the transaction aborted */
   char broken_msg[ES_ERRMSG_MAX];
   int depth;                       /* open savepoints */
+  int virtual_sp;                  /* write: the open savepoint (depth 1) is virtual (pg_savepoint) */
+  int released;                    /* write: callers' work released into the transaction */
+  int need_begin;                  /* write: no transaction open on the server (sent lazily) */
+  int pos_known;                   /* write: the begin's positions were read (next_position) */
+  int lock_fix;                    /* claim: lock_timeout must be set again before a wait */
   int64_t next_position;           /* write: the position the next insert gets */
   int64_t saved_next;              /* write: the stored high-water mark when the txn began */
   int64_t sp_next[PG_MAX_SAVEPOINTS];
@@ -564,7 +620,7 @@ struct es_backend {
   char *conninfo;                  /* owned: the URI handed to libpq (without our options) */
   char *schema;                    /* owned: the schema name (validated: [A-Za-z0-9_]) */
   char *setup_sql;                 /* owned: run on every new connection */
-  char *begin_sql;                 /* owned: BEGIN + the store's advisory lock + next position */
+  int64_t lock_key;                /* the store's advisory lock: a 64-bit hash of the schema */
   char *notify_sql;                /* owned: NOTIFY on the store's channel */
   char *listen_sql;                /* owned: LISTEN on it */
   int max_readers;
@@ -956,6 +1012,236 @@ static void pg_txn_break(es_txn *t, const char *msg) {
   t->broken_msg[n] = '\0';
 }
 
+/* ---- pipeline mode ------------------------------------------------------
+ *
+ * A write or claim transaction does not wait for the answers of the
+ * statements whose results the core does not look at (BEGIN and the
+ * store's lock, SAVEPOINT, and the row writes: inserts, updates, upserts):
+ * they are sent in libpq's pipeline mode (pg_send) and their answers are
+ * read together with the next statement whose answer is needed (a read,
+ * the release of a caller's savepoint, the commit: pg_sync), in one round
+ * trip. An error in one of them aborts the transaction on the server as
+ * it did before; the call that syncs reports it, and since every caller's
+ * savepoint release syncs, in a group commit that is still the caller
+ * whose statement failed (docs/postgres.md "Round trips"). */
+
+static const char *pg_what(const es_txn *t) { return t->claim ? "claim" : t->write ? "write" : "read"; }
+
+/* The server's deadlock_timeout as current_setting() shows it ("1s",
+ * "200ms", "2min"), in milliseconds; 0 when it cannot be read. */
+static int64_t pg_parse_ms(const char *v, size_t n) {
+  char buf[32], *end;
+  if (n == 0 || n >= sizeof buf) return 0;
+  memcpy(buf, v, n);
+  buf[n] = '\0';
+  errno = 0;
+  long long x = strtoll(buf, &end, 10);
+  if (errno || end == buf || x < 0) return 0;
+  static const struct { const char *unit; int64_t us; } units[] = {
+      {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"min", 60000000}, {"h", 3600000000LL},
+      {"d", 86400000000LL}, {"", 1000}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].unit) == 0) {
+      if (x > INT64_MAX / units[i].us) return INT64_MAX / 1000;
+      return x * units[i].us / 1000;
+    }
+  return 0;
+}
+
+/* A claim transaction's lock_timeout and waiting budget from the server's
+ * deadlock_timeout (see "claim transactions" below). */
+static void pg_claim_limits(es_txn *t, int64_t deadlock_ms) {
+  if (deadlock_ms < 4) deadlock_ms = 4;
+  t->lock_ms = deadlock_ms / 4 < 200 ? deadlock_ms / 4 : 200;
+  t->budget_ms = deadlock_ms * 3 / 4;
+}
+
+static int pg_sync(es_txn *t, PGresult **want, es_err *err);
+static int pg_send_begin(es_txn *t, es_err *err);
+
+/* A send that failed: the connection is gone (libpq sends in blocking
+ * mode). */
+static int pg_send_fail(es_txn *t, const char *what, es_err *err) {
+  int code = pg_fail_res(err, t->c, NULL, what);
+  pg_txn_break(t, err ? err->msg : "connection lost");
+  return code;
+}
+
+/* Before sending on t's connection: pipeline mode on, the transaction
+ * begun (a write transaction whose first caller was rolled back begins
+ * again lazily), and room for the answers. */
+static int pg_pipe(es_txn *t, es_err *err) {
+  pg_conn *c = t->c;
+  int code = pg_txn_check(t, err);
+  if (code != ES_OK) return code;
+  if (!c->db || PQstatus(c->db) != CONNECTION_OK) return pg_send_fail(t, pg_what(t), err);
+  if (c->n_pend >= PG_MAX_PEND - 4 && (code = pg_sync(t, NULL, err)) != ES_OK) return code;
+  if (PQpipelineStatus(c->db) == PQ_PIPELINE_OFF && !PQenterPipelineMode(c->db))
+    return pg_send_fail(t, "pipeline mode", err);
+  if (t->need_begin) return pg_send_begin(t, err);
+  return ES_OK;
+}
+
+/* Sends statement id (preparing it on this connection first, in the same
+ * pipeline) without waiting for its answer; kind says what its answer
+ * must be (PEND_*). */
+static int pg_send(es_txn *t, int id, const pg_params *p, int kind, es_err *err) {
+  int code = pg_pipe(t, err);
+  if (code != ES_OK) return code;
+  pg_conn *c = t->c;
+  char name[16];
+  snprintf(name, sizeof name, "s%d", id);
+  if (!c->prepared[id]) {
+    if (!PQsendPrepare(c->db, name, pg_sql[id], 0, NULL)) return pg_send_fail(t, "prepare", err);
+    c->prepared[id] = 1;
+    c->pend[c->n_pend].id = (short)id;
+    c->pend[c->n_pend++].kind = PEND_PREPARE;
+  }
+  if (!PQsendQueryPrepared(c->db, name, p ? p->n : 0, p ? p->v : NULL, p ? p->len : NULL,
+                           p ? p->fmt : NULL, 1))
+    return pg_send_fail(t, pg_what(t), err);
+  c->pend[c->n_pend].id = (short)id;
+  c->pend[c->n_pend++].kind = (unsigned char)kind;
+  return ES_OK;
+}
+
+/* Sends a statement without parameters (BEGIN, SAVEPOINT, NOTIFY, COMMIT:
+ * nothing to plan) without waiting for its answer. */
+static int pg_send_sql(es_txn *t, const char *sql, int kind, es_err *err) {
+  int code = pg_pipe(t, err);
+  if (code != ES_OK) return code;
+  pg_conn *c = t->c;
+  if (!PQsendQueryParams(c->db, sql, 0, NULL, NULL, NULL, NULL, 0))
+    return pg_send_fail(t, pg_what(t), err);
+  c->pend[c->n_pend].id = -1;
+  c->pend[c->n_pend++].kind = (unsigned char)kind;
+  return ES_OK;
+}
+
+/* The answer of one statement sent (pend q), read by pg_sync; code: the
+ * sync's outcome so far (the first error wins). */
+static int pg_answer(es_txn *t, const pg_pend *q, PGresult *res, PGresult **want, int code,
+                     es_err *err) {
+  pg_conn *c = t->c;
+  ExecStatusType st = PQresultStatus(res);
+  if (st == PGRES_PIPELINE_ABORTED || (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)) {
+    /* skipped after an earlier error, or the error itself */
+    if (q->kind == PEND_PREPARE) c->prepared[q->id] = 0;
+    if (st == PGRES_PIPELINE_ABORTED || code != ES_OK) return code;
+    code = pg_fail_res(err, c, res, pg_what(t));
+    /* A claim transaction that lost on a lock (lock_timeout, a deadlock,
+     * a serialization failure) did nothing yet that counts: it may run
+     * again (claim_retry). */
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    if (t->claim && state &&
+        (!strcmp(state, "55P03") || !strcmp(state, "40P01") || !strcmp(state, "40001")))
+      t->retry = 1;
+    return code;
+  }
+  if (code != ES_OK) return code;
+  switch (q->kind) {
+    case PEND_CHANGED:
+      if (strtoll(PQcmdTuples(res), NULL, 10) < 1)
+        return es_fail(err, ES_STORAGE, "postgres %s: %s: the event row to update is gone",
+                       t->b->schema, pg_what(t));
+      break;
+    case PEND_BEGIN:
+      if (PQntuples(res) == 1) {
+        int64_t max = pg_int(res, 0, 0), saved = pg_int(res, 0, 1);
+        t->saved_next = saved;
+        t->next_position = max + 1 > saved ? max + 1 : saved;
+        t->pos_known = 1;
+      }
+      break;
+    case PEND_CLAIM:
+      if (PQntuples(res) == 1) {
+        int64_t d = pg_parse_ms(PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+        if (d > 0) c->deadlock_ms = d;
+        /* deadlock_timeout was lowered since the last claim on this
+         * connection: the lock_timeout just set is too long, set it again
+         * before any wait (pg_claim_may_wait) */
+        int64_t lock = t->lock_ms, budget = t->budget_ms;
+        pg_claim_limits(t, c->deadlock_ms);
+        if (t->lock_ms < lock) t->lock_fix = 1;
+        else t->lock_ms = lock;
+        if (budget < t->budget_ms) t->budget_ms = budget;
+      }
+      break;
+    case PEND_COMMIT:
+      /* COMMIT of a transaction that failed answers "ROLLBACK", without
+       * an error: only "COMMIT" means it is durable. */
+      if (strcmp(PQcmdStatus(res), "COMMIT") != 0)
+        return es_fail(err, ES_STORAGE, "postgres %s: commit: the transaction was rolled back",
+                       t->b->schema);
+      break;
+    case PEND_WANT:
+      if (want) *want = res;
+      break;
+  }
+  return ES_OK;
+}
+
+/* Reads the answers of every statement sent since the last sync (one
+ * round trip) and leaves pipeline mode; *want (want may be NULL): the
+ * answer of the PEND_WANT statement when every statement succeeded
+ * (PQclear it). A lost connection breaks the transaction and is closed
+ * (the next call connects again). */
+static int pg_sync(es_txn *t, PGresult **want, es_err *err) {
+  pg_conn *c = t->c;
+  int code = ES_OK, lost = 0;
+  if (want) *want = NULL;
+  if (c->n_pend == 0) return pg_txn_check(t, err);
+  if (!PQpipelineSync(c->db)) lost = 1;
+  for (int i = 0; !lost && i < c->n_pend; i++) {
+    PGresult *res = PQgetResult(c->db), *mine = NULL;
+    if (!res) {
+      lost = 1;
+      break;
+    }
+    code = pg_answer(t, &c->pend[i], res, want ? &mine : NULL, code, err);
+    if (mine) *want = mine;
+    else PQclear(res);
+    /* each statement's answers end with a NULL */
+    for (int k = 0; k < 8; k++) {
+      PGresult *more = PQgetResult(c->db);
+      if (!more) break;
+      PQclear(more);
+      if (PQstatus(c->db) == CONNECTION_BAD) break;
+    }
+    if (PQstatus(c->db) == CONNECTION_BAD) lost = 1;
+  }
+  if (!lost) {
+    PGresult *res = PQgetResult(c->db);
+    if (!res || PQresultStatus(res) != PGRES_PIPELINE_SYNC) lost = 1;
+    PQclear(res);
+  }
+  c->n_pend = 0;
+  if (!lost && !PQexitPipelineMode(c->db)) lost = 1;
+  if (lost || PQstatus(c->db) == CONNECTION_BAD) {
+    if (want && *want) {
+      PQclear(*want);
+      *want = NULL;
+    }
+    char m[ES_ERRMSG_MAX];
+    pg_trim(PQerrorMessage(c->db), m, sizeof m);
+    if (code == ES_OK) code = es_fail(err, ES_STORAGE, "postgres %s: %s: connection lost (%s)",
+                                      t->b->schema, pg_what(t), m);
+    pg_txn_break(t, err ? err->msg : "connection lost");
+    PQfinish(c->db);
+    c->db = NULL;
+  }
+  return code;
+}
+
+/* Reads and drops whatever answers are still due on c (a call that failed
+ * before its sync), so that the connection can be used again. */
+static void pg_drain(es_txn *t) {
+  if (t->c->db && t->c->n_pend) {
+    es_err e = {0};
+    (void)pg_sync(t, NULL, &e);
+  }
+}
+
 /* Runs statement id with p on t's connection (preparing it first on this
  * connection); *out: the result (PQclear it) when ES_OK. A lost connection
  * breaks the transaction. */
@@ -965,6 +1251,12 @@ static int pg_run(es_txn *t, int id, const pg_params *p, PGresult **out, es_err 
   int code;
   *out = NULL;
   if ((code = pg_txn_check(t, err)) != ES_OK) return code;
+  if (t->write) {
+    /* with whatever was sent before it, in one round trip */
+    if ((code = pg_send(t, id, p, PEND_WANT, err)) != ES_OK) return code;
+    if ((code = pg_sync(t, out, err)) != ES_OK) return code;
+    return *out ? ES_OK : es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
+  }
   if (!c->prepared[id]) {
     char name[16];
     snprintf(name, sizeof name, "s%d", id);
@@ -1032,10 +1324,13 @@ static int pg_get_one(es_txn *t, int id, const pg_params *p, int kind, void *out
   return code;
 }
 
-/* A write statement; *changed: the rows it touched (may be NULL). */
+/* A write statement; *changed: the rows it touched. Without changed
+ * nobody waits for its answer: it is sent now and answered with the next
+ * sync (pg_send). */
 static int pg_write(es_txn *t, int id, const pg_params *p, int64_t *changed, es_err *err) {
   PGresult *res;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  if (!changed) return pg_send(t, id, p, PEND_ANY, err);
   int code = pg_run(t, id, p, &res, err);
   if (code != ES_OK) return code;
   if (changed) *changed = strtoll(PQcmdTuples(res), NULL, 10);
@@ -1164,14 +1459,7 @@ static int pg_build_sql(es_backend *b, es_err *err) {
            "SET client_encoding TO 'UTF8'; SET search_path TO \"%s\"; SET client_min_messages TO warning%s",
            b->schema, b->async_commit ? "; SET synchronous_commit TO off" : "");
   if (!(b->setup_sql = strdup(buf))) return pg_oom(err);
-  /* READ COMMITTED: each statement sees what was committed before it, so
-   * after the lock every earlier writer's commit is visible. */
-  snprintf(buf, sizeof buf,
-           "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(%" PRId64 ");"
-           " SELECT (SELECT coalesce(max(position), 0) FROM events),"
-           " (SELECT coalesce(max(value), 0) FROM meta WHERE key = 'next_position')",
-           key);
-  if (!(b->begin_sql = strdup(buf))) return pg_oom(err);
+  b->lock_key = key;
   snprintf(buf, sizeof buf, "NOTIFY es_%016" PRIx64, h);
   if (!(b->notify_sql = strdup(buf))) return pg_oom(err);
   snprintf(buf, sizeof buf, "LISTEN es_%016" PRIx64, h);
@@ -1298,7 +1586,6 @@ static void pg_close(es_backend *b) {
   free(b->conninfo);
   free(b->schema);
   free(b->setup_sql);
-  free(b->begin_sql);
   free(b->notify_sql);
   free(b->listen_sql);
   free(b);
@@ -1350,100 +1637,133 @@ fail:
 
 /* ---- transactions ------------------------------------------------------- */
 
-static void pg_rollback_conn(pg_conn *c) {
+/* Ends whatever a failed call left on t's connection: answers still due,
+ * an open transaction. */
+static void pg_rollback_txn(es_txn *t) {
+  pg_conn *c = t->c;
+  pg_drain(t);
   if (c->db && PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
     PGresult *res = PQexec(c->db, "ROLLBACK");
     PQclear(res);
   }
 }
 
+/* A connection the server dropped while it was idle (a restart, an idle
+ * timeout, pg_terminate_backend) has said so: its last words (a FATAL
+ * message, the end of the stream) wait in the socket. An idle connection
+ * has nothing else to say (the write and claim connections LISTEN to
+ * nothing; a parameter the server reports after a configuration reload is
+ * the rare exception, and reconnecting for it is harmless), so anything
+ * readable means: connect again. Nothing of the call was sent yet, so it
+ * is safe, and it costs no round trip. */
+static int pg_conn_fresh(es_backend *b, pg_conn *c, es_err *err) {
+  int code = pg_conn_ready(b, c, err);
+  if (code != ES_OK) return code;
+  struct pollfd f = {PQsocket(c->db), POLLIN, 0};
+  if (poll(&f, 1, 0) != 0) return pg_conn_connect(b, c, err);
+  return ES_OK;
+}
+
+/* BEGIN, the store's lock, the position counter: sent, not waited for
+ * (the answers come with the transaction's first read or its first
+ * release; pg_event_insert syncs first when it needs the counter). */
+static int pg_send_begin(es_txn *t, es_err *err) {
+  pg_params p = {0};
+  int code;
+  t->need_begin = 0;
+  t->pos_known = 0;
+  pp_int(&p, t->b->lock_key);
+  /* READ COMMITTED: each statement sees what was committed before it, so
+   * after the lock every earlier writer's commit is visible. */
+  if ((code = pg_send_sql(t, "BEGIN ISOLATION LEVEL READ COMMITTED", PEND_ANY, err)) != ES_OK)
+    return code;
+  if ((code = pg_send(t, ST_BEGIN_LOCK, &p, PEND_ANY, err)) != ES_OK) return code;
+  return pg_send(t, ST_BEGIN_POSITIONS, NULL, PEND_BEGIN, err);
+}
+
 static int pg_write_begin(es_backend *b, es_txn **out, es_err *err) {
   es_txn *t = &b->wt;
   int code;
   *out = NULL;
+  /* never build on a transaction a failed call left behind */
+  pg_rollback_txn(t);
   t->broken = 0;
   t->depth = 0;
-  if ((code = pg_conn_ready(b, &b->w, err)) != ES_OK) return code;
-  /* never build on a transaction a failed call left behind */
-  pg_rollback_conn(&b->w);
-  PGresult *res = PQexec(b->w.db, b->begin_sql);
-  if (PQstatus(b->w.db) == CONNECTION_BAD) {
-    /* The server dropped the connection while it was idle (a restart, an
-     * idle timeout): nothing of this call was done yet, so it is safe to
-     * reconnect and begin again, once. */
-    PQclear(res);
-    if ((code = pg_conn_connect(b, &b->w, err)) != ES_OK) return code;
-    res = PQexec(b->w.db, b->begin_sql);
-  }
-  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-    code = pg_fail_res(err, &b->w, res, "cannot begin a write transaction");
-    PQclear(res);
-    pg_rollback_conn(&b->w);
+  t->virtual_sp = 0;
+  t->released = 0;
+  t->need_begin = 0;
+  t->pos_known = 0;
+  if ((code = pg_conn_fresh(b, &b->w, err)) != ES_OK) return code;
+  if ((code = pg_send_begin(t, err)) != ES_OK) {
+    pg_rollback_txn(t);
     return code;
   }
-  int64_t max = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-  int64_t saved = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
-  PQclear(res);
-  t->saved_next = saved;
-  t->next_position = max + 1 > saved ? max + 1 : saved;
   *out = t;
   return ES_OK;
+}
+
+/* Before the next insert: the position counter read by the begin. */
+static int pg_positions(es_txn *t, es_err *err) {
+  if (t->pos_known) return ES_OK;
+  int code = pg_sync(t, NULL, err);
+  if (code == ES_OK && !t->pos_known)
+    code = es_fail(err, ES_STORAGE, "postgres %s: the position counter was not read", t->b->schema);
+  return code;
 }
 
 static void pg_claim_end(es_txn *t);
 
 static void pg_write_rollback(es_txn *t) {
-  pg_rollback_conn(t->c);
+  pg_rollback_txn(t);
   t->depth = 0;
+  t->virtual_sp = 0;
   t->broken = 0;
   if (t->claim) pg_claim_end(t);
 }
 
+/* The commit, with the statements still unanswered, in one round trip. A
+ * claim transaction inserted nothing (no position to save) and sends no
+ * NOTIFY: it adds no event, which is all waiters wait for, and a NOTIFY
+ * would serialise its commit with every other notifying commit of the
+ * database. */
 static int pg_write_commit(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
+  if (code == ES_OK && !t->claim && t->pos_known && t->next_position > t->saved_next) {
+    pg_params p = {0};
+    pp_int(&p, t->next_position);
+    code = pg_send(t, ST_META_NEXT, &p, PEND_ANY, err);
+  }
+  if (code == ES_OK && !t->claim) code = pg_send_sql(t, t->b->notify_sql, PEND_ANY, err);
+  if (code == ES_OK) code = pg_send_sql(t, "COMMIT", PEND_COMMIT, err);
+  if (code == ES_OK) code = pg_sync(t, NULL, err);
   if (code != ES_OK) {
     pg_write_rollback(t);
     return code;
   }
-  char sql[256];
-  /* A claim transaction inserted nothing (no position to save) and sends
-   * no NOTIFY: it adds no event, which is all waiters wait for, and a
-   * NOTIFY would serialise its commit with every other notifying commit
-   * of the database. */
-  if (t->claim)
-    snprintf(sql, sizeof sql, "COMMIT");
-  else if (t->next_position > t->saved_next)
-    snprintf(sql, sizeof sql,
-             "INSERT INTO meta(key, value) VALUES ('next_position', %" PRId64 ")"
-             " ON CONFLICT (key) DO UPDATE SET value = excluded.value; %s; COMMIT",
-             t->next_position, t->b->notify_sql);
-  else
-    snprintf(sql, sizeof sql, "%s; COMMIT", t->b->notify_sql);
-  PGresult *res = PQexec(t->c->db, sql);
-  /* COMMIT of a transaction that failed answers "ROLLBACK", without an
-   * error: only "COMMIT" means it is durable. */
-  if (PQresultStatus(res) != PGRES_COMMAND_OK || strcmp(PQcmdStatus(res), "COMMIT") != 0) {
-    if (PQresultStatus(res) == PGRES_COMMAND_OK)
-      code = es_fail(err, ES_STORAGE, "postgres %s: commit: the transaction was rolled back", t->b->schema);
-    else
-      code = pg_fail_res(err, t->c, res, "commit");
-    PQclear(res);
-    pg_write_rollback(t);
-    return code;
-  }
-  PQclear(res);
   t->depth = 0;
   if (t->claim) pg_claim_end(t);
   return ES_OK;
 }
 
+/* Savepoints. The first caller of a transaction gets a virtual one: the
+ * transaction holds nobody else's work yet, so rolling back to its
+ * savepoint is rolling the whole transaction back (and beginning again
+ * lazily, pg_pipe, for the next caller of the group): no SAVEPOINT and no
+ * RELEASE statement, which is every transaction of a handle used by one
+ * thread. Later callers get a real SAVEPOINT, sent with their first
+ * statement. A release syncs: the caller's statements are all answered
+ * before the core counts it in the group, so a failure is this caller's,
+ * rolled back to its savepoint only. */
 static int pg_savepoint(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
   if (code != ES_OK) return code;
-  if ((code = pg_simple(t->c, "SAVEPOINT es_sp", "savepoint", err)) != ES_OK) {
-    pg_txn_break(t, err ? err->msg : "savepoint failed");
-    return code;
+  if (t->depth == 0 && t->released == 0) {
+    t->virtual_sp = 1;
+    t->depth = 1;
+    return ES_OK;
   }
+  /* the counter is known: an earlier release synced */
+  if ((code = pg_send_sql(t, "SAVEPOINT es_sp", PEND_ANY, err)) != ES_OK) return code;
   if (t->depth < PG_MAX_SAVEPOINTS) t->sp_next[t->depth] = t->next_position;
   t->depth++;
   return ES_OK;
@@ -1453,16 +1773,29 @@ static int pg_savepoint_release(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "postgres: release without a savepoint");
-  if ((code = pg_simple(t->c, "RELEASE SAVEPOINT es_sp", "savepoint", err)) != ES_OK) {
-    pg_txn_break(t, err ? err->msg : "release failed");
+  int is_virtual = t->virtual_sp && t->depth == 1;
+  if (!is_virtual && (code = pg_send_sql(t, "RELEASE SAVEPOINT es_sp", PEND_ANY, err)) != ES_OK)
     return code;
-  }
+  if ((code = pg_sync(t, NULL, err)) != ES_OK) return code;
   t->depth--;
+  if (is_virtual) t->virtual_sp = 0;
+  if (t->depth == 0) t->released++;
   return ES_OK;
 }
 
 static void pg_savepoint_rollback(es_txn *t) {
   if (t->broken || t->depth <= 0) return;
+  pg_drain(t);
+  if (t->broken) return;
+  if (t->virtual_sp && t->depth == 1) {
+    /* the transaction held only this caller's work */
+    pg_rollback_txn(t);
+    t->depth = 0;
+    t->virtual_sp = 0;
+    t->need_begin = 1;
+    t->pos_known = 0;
+    return;
+  }
   es_err e = {0};
   if (pg_simple(t->c, "ROLLBACK TO SAVEPOINT es_sp; RELEASE SAVEPOINT es_sp", "rollback", &e) != ES_OK) {
     char msg[ES_ERRMSG_MAX + 40];
@@ -1610,13 +1943,12 @@ static char *pg_text_array(const char *const *v, size_t n) {
   return a;
 }
 
-/* "BEGIN" + lock_timeout (SET LOCAL, through set_config) from the server's
- * deadlock_timeout, which it answers with (milliseconds). */
-static const char pg_claim_begin_sql[] =
-    "BEGIN ISOLATION LEVEL READ COMMITTED;"
-    " SELECT d, set_config('lock_timeout', greatest(1, least(200, d / 4)) || 'ms', true)"
-    " FROM (SELECT setting::bigint AS d FROM pg_settings WHERE name = 'deadlock_timeout') s";
-
+/* A claim transaction begins with BEGIN and its lock_timeout (SET LOCAL),
+ * sent without waiting, with its first statement. The lock_timeout comes
+ * from deadlock_timeout as this connection last read it (read once when
+ * it connects); the begin reads it again (current_setting: no catalog
+ * scan), and should it have been lowered meanwhile, lock_timeout is set
+ * again before the transaction's first wait (pg_claim_may_wait). */
 static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip, es_txn **out,
                           es_err *err) {
   pg_reader *r = NULL;
@@ -1624,40 +1956,43 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
   *out = NULL;
   if ((code = pg_pool_take(b, &b->claimers, &r, err)) != ES_OK) return code;
   es_txn *t = &r->t;
+  pg_rollback_txn(t);
   t->broken = 0;
   t->retry = 0;
   t->depth = 0;
+  t->lock_fix = 0;
   t->next_position = t->saved_next = 0;
   free(t->skip);
   if (!(t->skip = pg_text_array(skip, skip ? n_skip : 0))) {
     pg_claim_end(t);
     return pg_oom(err);
   }
-  PGresult *res = NULL;
-  code = pg_conn_ready(b, &r->c, err);
-  if (code == ES_OK) {
-    pg_rollback_conn(&r->c);
-    res = PQexec(r->c.db, pg_claim_begin_sql);
-    /* dropped while idle: reconnect and begin again, once (as pg_write_begin) */
-    if (PQstatus(r->c.db) == CONNECTION_BAD) {
-      PQclear(res);
-      res = NULL;
-      if ((code = pg_conn_connect(b, &r->c, err)) == ES_OK) res = PQexec(r->c.db, pg_claim_begin_sql);
-    }
-  }
-  if (code == ES_OK && (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1))
-    code = pg_fail_res(err, &r->c, res, "cannot begin a claim transaction");
-  if (code != ES_OK) {
+  code = pg_conn_fresh(b, &r->c, err);
+  if (code == ES_OK && (r->c.deadlock_ms == 0 || !r->c.prepared[ST_CLAIM_SETUP])) {
+    /* a new connection: deadlock_timeout as it is now, once */
+    PGresult *res = PQexec(r->c.db, "SELECT current_setting('deadlock_timeout')");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+      code = pg_fail_res(err, &r->c, res, "cannot begin a claim transaction");
+    else
+      r->c.deadlock_ms = pg_parse_ms(PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
     PQclear(res);
-    pg_rollback_conn(&r->c);
+    if (code == ES_OK && r->c.deadlock_ms <= 0)
+      code = es_fail(err, ES_STORAGE, "postgres %s: cannot read deadlock_timeout", b->schema);
+  }
+  if (code == ES_OK) {
+    pg_params p = {0};
+    char lock[32];
+    pg_claim_limits(t, r->c.deadlock_ms);
+    snprintf(lock, sizeof lock, "%" PRId64 "ms", t->lock_ms);
+    pp_str(&p, lock);
+    code = pg_send_sql(t, "BEGIN ISOLATION LEVEL READ COMMITTED", PEND_ANY, err);
+    if (code == ES_OK) code = pg_send(t, ST_CLAIM_SETUP, &p, PEND_CLAIM, err);
+  }
+  if (code != ES_OK) {
+    pg_rollback_txn(t);
     pg_claim_end(t);
     return code;
   }
-  int64_t deadlock_ms = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-  PQclear(res);
-  if (deadlock_ms < 4) deadlock_ms = 4;
-  t->lock_ms = deadlock_ms / 4 < 200 ? deadlock_ms / 4 : 200;
-  t->budget_ms = deadlock_ms * 3 / 4;
   t->started_ms = pg_now_ms();
   *out = t;
   return ES_OK;
@@ -1665,10 +2000,25 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
 
 static int pg_claim_retry(es_txn *t) { return t->claim && t->retry; }
 
-/* Before a statement of a claim transaction that may wait for a lock: it
- * may not wait beyond the transaction's budget (see above). */
+/* Before a statement of a claim transaction that may wait for a lock: the
+ * begin's answers are in (the lock_timeout in force is known), and it may
+ * not wait beyond the transaction's budget (see above). */
 static int pg_claim_may_wait(es_txn *t, es_err *err) {
   if (!t->claim) return ES_OK;
+  int code = ES_OK;
+  for (int i = 0; i < t->c->n_pend; i++)
+    if (t->c->pend[i].kind == PEND_CLAIM) {
+      if ((code = pg_sync(t, NULL, err)) != ES_OK) return code;
+      break;
+    }
+  if (t->lock_fix) {
+    pg_params p = {0};
+    char lock[32];
+    snprintf(lock, sizeof lock, "%" PRId64 "ms", t->lock_ms);
+    pp_str(&p, lock);
+    if ((code = pg_send(t, ST_CLAIM_SETUP, &p, PEND_ANY, err)) != ES_OK) return code;
+    t->lock_fix = 0;
+  }
   if (pg_now_ms() - t->started_ms + t->lock_ms <= t->budget_ms) return ES_OK;
   t->retry = 1;
   return es_fail(err, ES_STORAGE,
@@ -1811,6 +2161,9 @@ static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *
 
 static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
   pg_params p = {0};
+  int code;
+  if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  if ((code = pg_positions(t, err)) != ES_OK) return code;
   pp_int(&p, t->next_position);
   pp_str(&p, row->session);
   pp_int(&p, row->index);
@@ -1842,7 +2195,7 @@ static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
   pp_opt(&p, row->failed_at);
   pp_opt(&p, row->processed_by_attempt);
   pp_str(&p, row->key);
-  int code = pg_write(t, ST_EVENT_INSERT, &p, NULL, err);
+  code = pg_write(t, ST_EVENT_INSERT, &p, NULL, err);
   if (code != ES_OK) return code;
   row->position = t->next_position++;
   return ES_OK;
@@ -1858,10 +2211,11 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
   char id[ES_MAX_NAME_BYTES + 1];
   *copied = 0;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  int code = pg_positions(t, err);
+  if (code != ES_OK) return code;
   int64_t base = t->next_position;
   char *arr = NULL;
   size_t cap = 0;
-  int code = ES_OK;
   for (int64_t lo = 1; code == ES_OK && lo <= through; lo += PG_COPY_CHUNK) {
     int64_t n = through - lo + 1 < PG_COPY_CHUNK ? through - lo + 1 : PG_COPY_CHUNK;
     size_t len = 0;
@@ -1930,6 +2284,10 @@ static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   pp_opt(&p, row->last_claimed_at);
   pp_opt(&p, row->failed_at);
   pp_opt(&p, row->processed_by_attempt);
+  /* In a write or claim transaction the core read the row locked just
+   * before: the update is sent without waiting, and a row that is gone
+   * anyway fails the sync (STORAGE). */
+  if (t->write) return pg_send(t, ST_EVENT_UPDATE, &p, PEND_CHANGED, err);
   int code = pg_write(t, ST_EVENT_UPDATE, &p, &changed, err);
   if (code != ES_OK) return code;
   return changed > 0 ? ES_OK : ES_NOT_FOUND;
