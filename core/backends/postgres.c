@@ -204,6 +204,7 @@ enum {
   ST_CLAIM_DUE_ALL, ST_CLAIM_DUE_ALL_SCOPED, ST_CLAIM_DUE_TYPE, ST_CLAIM_DUE_TYPE_SCOPED,
   /* transaction control, prepared like the rest (planned once per connection) */
   ST_BEGIN_LOCK, ST_BEGIN_POSITIONS, ST_META_NEXT, ST_CLAIM_SETUP,
+  ST_SESSION_CLAIMED,
   ST_COUNT
 };
 
@@ -419,6 +420,9 @@ static const char *const pg_sql[ST_COUNT] = {
      * LOCAL), and the server's deadlock_timeout as it is now. */
     [ST_CLAIM_SETUP] = "SELECT current_setting('deadlock_timeout'),"
                        " set_config('lock_timeout', $1, true)",
+    /* claim_next's count on a session row (pg_session_claimed) */
+    [ST_SESSION_CLAIMED] = "UPDATE sessions SET attempts = attempts + $2, updated_at = $3"
+                           " WHERE session = $1",
 };
 
 /* The schema, version 1 (the tables of SQLite's version 6), created inside
@@ -1057,6 +1061,7 @@ static void pg_claim_limits(es_txn *t, int64_t deadlock_ms) {
 }
 
 static int pg_sync(es_txn *t, PGresult **want, es_err *err);
+static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err);
 static int pg_send_begin(es_txn *t, es_err *err);
 
 /* A send that failed: the connection is gone (libpq sends in blocking
@@ -1142,8 +1147,8 @@ static int pg_answer(es_txn *t, const pg_pend *q, PGresult *res, PGresult **want
   switch (q->kind) {
     case PEND_CHANGED:
       if (strtoll(PQcmdTuples(res), NULL, 10) < 1)
-        return es_fail(err, ES_STORAGE, "postgres %s: %s: the event row to update is gone",
-                       t->b->schema, pg_what(t));
+        return es_fail(err, ES_STORAGE, "postgres %s: %s: the %s row to update is gone",
+                       t->b->schema, pg_what(t), q->id == ST_SESSION_CLAIMED ? "session" : "event");
       break;
     case PEND_BEGIN:
       if (PQntuples(res) == 1) {
@@ -1186,10 +1191,10 @@ static int pg_answer(es_txn *t, const pg_pend *q, PGresult *res, PGresult **want
  * answer of the PEND_WANT statement when every statement succeeded
  * (PQclear it). A lost connection breaks the transaction and is closed
  * (the next call connects again). */
-static int pg_sync(es_txn *t, PGresult **want, es_err *err) {
+static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err) {
   pg_conn *c = t->c;
-  int code = ES_OK, lost = 0;
-  if (want) *want = NULL;
+  int code = ES_OK, lost = 0, k_want = 0;
+  for (int i = 0; i < n_want; i++) want[i] = NULL;
   if (c->n_pend == 0) return pg_txn_check(t, err);
   if (!PQpipelineSync(c->db)) lost = 1;
   for (int i = 0; !lost && i < c->n_pend; i++) {
@@ -1198,8 +1203,8 @@ static int pg_sync(es_txn *t, PGresult **want, es_err *err) {
       lost = 1;
       break;
     }
-    code = pg_answer(t, &c->pend[i], res, want ? &mine : NULL, code, err);
-    if (mine) *want = mine;
+    code = pg_answer(t, &c->pend[i], res, k_want < n_want ? &mine : NULL, code, err);
+    if (mine) want[k_want++] = mine;
     else PQclear(res);
     /* each statement's answers end with a NULL */
     for (int k = 0; k < 8; k++) {
@@ -1217,11 +1222,12 @@ static int pg_sync(es_txn *t, PGresult **want, es_err *err) {
   }
   c->n_pend = 0;
   if (!lost && !PQexitPipelineMode(c->db)) lost = 1;
-  if (lost || PQstatus(c->db) == CONNECTION_BAD) {
-    if (want && *want) {
-      PQclear(*want);
-      *want = NULL;
+  if (code != ES_OK || lost || PQstatus(c->db) == CONNECTION_BAD)
+    for (int i = 0; i < n_want; i++) {
+      PQclear(want[i]);
+      want[i] = NULL;
     }
+  if (lost || PQstatus(c->db) == CONNECTION_BAD) {
     char m[ES_ERRMSG_MAX];
     pg_trim(PQerrorMessage(c->db), m, sizeof m);
     if (code == ES_OK) code = es_fail(err, ES_STORAGE, "postgres %s: %s: connection lost (%s)",
@@ -1231,6 +1237,10 @@ static int pg_sync(es_txn *t, PGresult **want, es_err *err) {
     c->db = NULL;
   }
   return code;
+}
+
+static int pg_sync(es_txn *t, PGresult **want, es_err *err) {
+  return pg_sync_n(t, want, want ? 1 : 0, err);
 }
 
 /* Reads and drops whatever answers are still due on c (a call that failed
@@ -1781,6 +1791,15 @@ static int pg_savepoint_release(es_txn *t, es_err *err) {
   if (is_virtual) t->virtual_sp = 0;
   if (t->depth == 0) t->released++;
   return ES_OK;
+}
+
+/* The only caller's release and the commit, in one round trip: a COMMIT
+ * ends the savepoint with the transaction (virtual or not: it held this
+ * caller's work only). */
+static int pg_release_commit(es_txn *t, es_err *err) {
+  t->depth = 0;
+  t->virtual_sp = 0;
+  return pg_write_commit(t, err);
 }
 
 static void pg_savepoint_rollback(es_txn *t) {
@@ -2416,6 +2435,72 @@ static int pg_queued_next_due_type(es_txn *t, const char *scope, const char *typ
   return pg_one_int(t, scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE, &p, due, err);
 }
 
+/* claim_next's scan and its next due time in one round trip (sent with
+ * the claim transaction's begin): the same statements as queued_due /
+ * queued_due_type and queued_next_due / queued_next_due_type in a claim
+ * transaction. */
+static int pg_claim_ready(es_txn *t, const char *scope, const char *type, int64_t now,
+                          int64_t limit, es_event_cb cb, void *ctx, int64_t *next_due,
+                          es_err *err) {
+  pg_params p = {0}, q = {0};
+  pg_scope_end end, end2;
+  PGresult *res[2];
+  int code;
+  *next_due = ES_NONE;
+  if (!t->claim) return es_fail(err, ES_STORAGE, "postgres: claim_ready outside a claim transaction");
+  if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+  if (type) {
+    pp_str(&p, type);
+    pp_str(&q, type);
+  }
+  pp_int(&p, now);
+  pp_limit(&p, limit);
+  if (scope) pp_scope(&p, scope, end.v);
+  pp_str(&p, t->skip);
+  pp_int(&q, now);
+  if (scope) pp_scope(&q, scope, end2.v);
+  int scan = type ? (scope ? ST_CLAIM_DUE_TYPE_SCOPED : ST_CLAIM_DUE_TYPE)
+                  : (scope ? ST_CLAIM_DUE_ALL_SCOPED : ST_CLAIM_DUE_ALL);
+  int next = type ? (scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE)
+                  : (scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL);
+  if ((code = pg_send(t, scan, &p, PEND_WANT, err)) != ES_OK) return code;
+  if ((code = pg_send(t, next, &q, PEND_WANT, err)) != ES_OK) return code;
+  if ((code = pg_sync_n(t, res, 2, err)) != ES_OK) return code;
+  if (!res[0] || !res[1]) {
+    PQclear(res[0]);
+    PQclear(res[1]);
+    return es_fail(err, ES_STORAGE, "postgres %s: claim: no answer", t->b->schema);
+  }
+  if (PQntuples(res[1]) > 0) *next_due = pg_opt(res[1], 0, 0);
+  PQclear(res[1]);
+  int n = PQntuples(res[0]);
+  for (int i = 0; i < n; i++) {
+    pg_row r;
+    if (pg_decode(ROW_EVENT, res[0], i, 0, &r) != ES_OK) {
+      code = pg_oom(err);
+      break;
+    }
+    if (pg_call(ROW_EVENT, (pg_fn)cb, ctx, &r)) break;
+  }
+  PQclear(res[0]);
+  return code;
+}
+
+/* claim_next's count on a session row: one UPDATE, sent without waiting
+ * (it locks the row, waiting at most lock_timeout: pg_claim_may_wait
+ * first). */
+static int pg_session_claimed(es_txn *t, const char *session, int64_t n, int64_t now,
+                              es_err *err) {
+  pg_params p = {0};
+  int code;
+  if (!t->claim) return es_fail(err, ES_STORAGE, "postgres: session_claimed outside a claim transaction");
+  if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  pp_str(&p, session);
+  pp_int(&p, n);
+  pp_int(&p, now);
+  return pg_send(t, ST_SESSION_CLAIMED, &p, PEND_CHANGED, err);
+}
+
 static int pg_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
                             es_err *err) {
   pg_params p = {0};
@@ -2893,6 +2978,9 @@ static void pg_wake(es_backend *b) {
       .claim_retry = pg_claim_retry,                            \
       .wait_change = pg_wait_change,                            \
       .wake = pg_wake,                                          \
+      .release_commit = pg_release_commit,                      \
+      .claim_ready = pg_claim_ready,                            \
+      .session_claimed = pg_session_claimed,                    \
   }
 
 /* Both URI schemes libpq accepts. */
