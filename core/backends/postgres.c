@@ -204,7 +204,7 @@ enum {
   ST_CLAIM_DUE_ALL, ST_CLAIM_DUE_ALL_SCOPED, ST_CLAIM_DUE_TYPE, ST_CLAIM_DUE_TYPE_SCOPED,
   /* transaction control, prepared like the rest (planned once per connection) */
   ST_BEGIN_LOCK, ST_BEGIN_POSITIONS, ST_META_NEXT, ST_CLAIM_SETUP,
-  ST_SESSION_CLAIMED,
+  ST_SESSION_CLAIMED, ST_EVENT_INSERT_MANY,
   ST_COUNT
 };
 
@@ -423,6 +423,16 @@ static const char *const pg_sql[ST_COUNT] = {
     /* claim_next's count on a session row (pg_session_claimed) */
     [ST_SESSION_CLAIMED] = "UPDATE sessions SET attempts = attempts + $2, updated_at = $3"
                            " WHERE session = $1",
+    /* The rows pg_event_insert buffered, one array per column (EV_COLS's
+     * order), in one statement (pg_ins_flush). */
+    [ST_EVENT_INSERT_MANY] = "INSERT INTO events(" EV_COLS ") SELECT * FROM unnest($1::bigint[],"
+                             " $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],"
+                             " $7::text[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[],"
+                             " $12::bigint[], $13::bigint[], $14::bigint[], $15::text[],"
+                             " $16::bigint[], $17::text[], $18::bigint[], $19::bigint[],"
+                             " $20::bigint[], $21::bigint[], $22::bigint[], $23::bigint[],"
+                             " $24::text[], $25::bigint[], $26::bigint[], $27::bigint[],"
+                             " $28::bigint[], $29::bigint[], $30::text[])",
 };
 
 /* The schema, version 1 (the tables of SQLite's version 6), created inside
@@ -597,6 +607,12 @@ struct es_txn {
   int need_begin;                  /* write: no transaction open on the server (sent lazily) */
   int pos_known;                   /* write: the begin's positions were read (next_position) */
   int lock_fix;                    /* claim: lock_timeout must be set again before a wait */
+  int ins_n;                       /* write: rows pg_event_insert buffered (pg_ins_flush) */
+  size_t ins_bytes;                /* write: the bytes buffered */
+  struct pg_buf *ins;              /* write: owned, PG_INS_COLS column arrays being built */
+  es_event ins_first;              /* write: owned, the first row buffered (sent alone as such) */
+  PGresult *pre_session;           /* write: the row of pre_name, read (locked) with an event */
+  char *pre_name;                  /* write: owned, whose session row pre_session holds */
   int64_t next_position;           /* write: the position the next insert gets */
   int64_t saved_next;              /* write: the stored high-water mark when the txn began */
   int64_t sp_next[PG_MAX_SAVEPOINTS];
@@ -1016,6 +1032,89 @@ static void pg_txn_break(es_txn *t, const char *msg) {
   t->broken_msg[n] = '\0';
 }
 
+/* ---- inserts, buffered -------------------------------------------------
+ *
+ * pg_event_insert does not send a statement per row: it adds the row to one
+ * text[] / bigint[] literal per column, and the rows are sent as one
+ * INSERT ... SELECT FROM unnest(...) (pg_ins_flush) just before whatever
+ * statement is sent next (pg_pipe) or before a sync, so the statements
+ * still reach the server in the order the core made them. A batch of 100
+ * events is one statement instead of 100. */
+
+#define PG_INS_COLS 30
+#define PG_INS_MAX_ROWS 1000             /* rows per INSERT at most */
+#define PG_INS_MAX_BYTES (4u << 20)      /* bytes buffered before a flush */
+
+typedef struct pg_buf {
+  char *p;
+  size_t len, cap;
+} pg_buf;
+
+static int pg_buf_put(pg_buf *b, const char *s, size_t n) {
+  if (b->len + n + 2 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (b->len + n + 2 > cap) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  return 0;
+}
+
+/* One array element: NULL, or a number (quoted: false), or a string
+ * (quoted, its '"' and '\' escaped). */
+static int pg_buf_elem(pg_buf *b, const char *s, size_t n, int quoted) {
+  if (pg_buf_put(b, b->len ? "," : "{", 1)) return -1;
+  if (!s) return pg_buf_put(b, "NULL", 4);
+  if (!quoted) return pg_buf_put(b, s, n);
+  if (pg_buf_put(b, "\"", 1)) return -1;
+  for (size_t i = 0, run = 0; i <= n; i++) {
+    if (i < n && s[i] != '"' && s[i] != '\\') continue;
+    if (pg_buf_put(b, s + run, i - run)) return -1;
+    if (i < n && (pg_buf_put(b, "\\", 1) || pg_buf_put(b, s + i, 1))) return -1;
+    run = i + 1;
+  }
+  return pg_buf_put(b, "\"", 1);
+}
+
+static int pg_buf_int(pg_buf *b, int64_t v) {
+  char num[24];
+  if (v == ES_NONE) return pg_buf_elem(b, NULL, 0, 0);
+  int n = snprintf(num, sizeof num, "%" PRId64, v);
+  return pg_buf_elem(b, num, (size_t)n, 0);
+}
+
+static int pg_buf_str(pg_buf *b, const char *s) { return pg_buf_elem(b, s, s ? strlen(s) : 0, 1); }
+
+/* Drops the rows buffered (their caller's work is being rolled back). */
+static void pg_ins_discard(es_txn *t) {
+  if (t->ins_n > 0) es_event_destroy(&t->ins_first);
+  t->ins_n = 0;
+  t->ins_bytes = 0;
+  if (t->ins)
+    for (int i = 0; i < PG_INS_COLS; i++) t->ins[i].len = 0;
+}
+
+static void pg_ins_free(es_txn *t) {
+  pg_ins_discard(t);
+  if (t->ins)
+    for (int i = 0; i < PG_INS_COLS; i++) free(t->ins[i].p);
+  free(t->ins);
+  t->ins = NULL;
+  t->ins_n = 0;
+}
+
+/* Forgets the session row read ahead by pg_event_get. */
+static void pg_pre_drop(es_txn *t) {
+  if (t->pre_session) PQclear(t->pre_session);
+  free(t->pre_name);
+  t->pre_session = NULL;
+  t->pre_name = NULL;
+}
+
 /* ---- pipeline mode ------------------------------------------------------
  *
  * A write or claim transaction does not wait for the answers of the
@@ -1063,6 +1162,7 @@ static void pg_claim_limits(es_txn *t, int64_t deadlock_ms) {
 static int pg_sync(es_txn *t, PGresult **want, es_err *err);
 static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err);
 static int pg_send_begin(es_txn *t, es_err *err);
+static int pg_ins_flush(es_txn *t, es_err *err);
 
 /* A send that failed: the connection is gone (libpq sends in blocking
  * mode). */
@@ -1079,6 +1179,7 @@ static int pg_pipe(es_txn *t, es_err *err) {
   pg_conn *c = t->c;
   int code = pg_txn_check(t, err);
   if (code != ES_OK) return code;
+  if (t->ins_n && (code = pg_ins_flush(t, err)) != ES_OK) return code;
   if (!c->db || PQstatus(c->db) != CONNECTION_OK) return pg_send_fail(t, pg_what(t), err);
   if (c->n_pend >= PG_MAX_PEND - 4 && (code = pg_sync(t, NULL, err)) != ES_OK) return code;
   if (PQpipelineStatus(c->db) == PQ_PIPELINE_OFF && !PQenterPipelineMode(c->db))
@@ -1121,6 +1222,36 @@ static int pg_send_sql(es_txn *t, const char *sql, int kind, es_err *err) {
   c->pend[c->n_pend].id = -1;
   c->pend[c->n_pend++].kind = (unsigned char)kind;
   return ES_OK;
+}
+
+/* Sends the buffered rows as one INSERT (without waiting). */
+static void pg_insert_params(pg_params *p, const es_event *row);
+
+static int pg_ins_flush(es_txn *t, es_err *err) {
+  pg_params p = {0};
+  if (!t->ins_n) return ES_OK;
+  if (t->ins_n == 1) {
+    pg_insert_params(&p, &t->ins_first);
+    t->ins_n = 0; /* before sending: pg_send flushes first */
+    int code = pg_send(t, ST_EVENT_INSERT, &p, PEND_ANY, err);
+    es_event_destroy(&t->ins_first);
+    pg_ins_discard(t);
+    return code;
+  }
+  for (int i = 0; i < PG_INS_COLS; i++) {
+    if (pg_buf_put(&t->ins[i], "}", 1)) {
+      pg_ins_discard(t);
+      pg_txn_break(t, "out of memory");
+      return pg_oom(err);
+    }
+    t->ins[i].p[t->ins[i].len] = '\0';
+    pp_str(&p, t->ins[i].p);
+  }
+  t->ins_n = 0; /* before sending: pg_send flushes first */
+  int code = pg_send(t, ST_EVENT_INSERT_MANY, &p, PEND_ANY, err);
+  es_event_destroy(&t->ins_first);
+  pg_ins_discard(t);
+  return code;
 }
 
 /* The answer of one statement sent (pend q), read by pg_sync; code: the
@@ -1195,6 +1326,7 @@ static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err) {
   pg_conn *c = t->c;
   int code = ES_OK, lost = 0, k_want = 0;
   for (int i = 0; i < n_want; i++) want[i] = NULL;
+  if (t->ins_n && (code = pg_ins_flush(t, err)) != ES_OK) return code;
   if (c->n_pend == 0) return pg_txn_check(t, err);
   if (!PQpipelineSync(c->db)) lost = 1;
   for (int i = 0; !lost && i < c->n_pend; i++) {
@@ -1583,6 +1715,8 @@ static void pg_pool_close(pg_pool *pool) {
 
 static void pg_close(es_backend *b) {
   if (!b) return;
+  pg_pre_drop(&b->wt);
+  pg_ins_free(&b->wt);
   pg_pool_close(&b->readers);
   pg_pool_close(&b->claimers);
   pg_conn_close(&b->watch);
@@ -1651,6 +1785,8 @@ fail:
  * an open transaction. */
 static void pg_rollback_txn(es_txn *t) {
   pg_conn *c = t->c;
+  pg_pre_drop(t);
+  pg_ins_discard(t);
   pg_drain(t);
   if (c->db && PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
     PGresult *res = PQexec(c->db, "ROLLBACK");
@@ -1738,6 +1874,7 @@ static void pg_write_rollback(es_txn *t) {
  * database. */
 static int pg_write_commit(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
+  pg_pre_drop(t);
   if (code == ES_OK && !t->claim && t->pos_known && t->next_position > t->saved_next) {
     pg_params p = {0};
     pp_int(&p, t->next_position);
@@ -1766,6 +1903,7 @@ static int pg_write_commit(es_txn *t, es_err *err) {
  * rolled back to its savepoint only. */
 static int pg_savepoint(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
+  pg_pre_drop(t);
   if (code != ES_OK) return code;
   if (t->depth == 0 && t->released == 0) {
     t->virtual_sp = 1;
@@ -1781,6 +1919,7 @@ static int pg_savepoint(es_txn *t, es_err *err) {
 
 static int pg_savepoint_release(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
+  pg_pre_drop(t);
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "postgres: release without a savepoint");
   int is_virtual = t->virtual_sp && t->depth == 1;
@@ -1803,6 +1942,8 @@ static int pg_release_commit(es_txn *t, es_err *err) {
 }
 
 static void pg_savepoint_rollback(es_txn *t) {
+  pg_pre_drop(t);
+  pg_ins_discard(t); /* this caller's rows */
   if (t->broken || t->depth <= 0) return;
   pg_drain(t);
   if (t->broken) return;
@@ -2019,6 +2160,23 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
 
 static int pg_claim_retry(es_txn *t) { return t->claim && t->retry; }
 
+/* The updates of a claim transaction are answered with its COMMIT: a
+ * session row's lock wait that ran out (pg_session_claimed) is learnt of
+ * here, and the claim may run again. */
+static int pg_claim_commit(es_txn *t, int *retry, es_err *err) {
+  *retry = 0;
+  int code = pg_txn_check(t, err);
+  if (code == ES_OK) code = pg_send_sql(t, "COMMIT", PEND_COMMIT, err);
+  if (code == ES_OK) code = pg_sync(t, NULL, err);
+  if (code != ES_OK) {
+    *retry = t->retry;
+    pg_write_rollback(t); /* ends t: read retry first */
+    return code;
+  }
+  pg_claim_end(t);
+  return ES_OK;
+}
+
 /* Before a statement of a claim transaction that may wait for a lock: the
  * begin's answers are in (the lock_timeout in force is known), and it may
  * not wait beyond the transaction's budget (see above). */
@@ -2053,12 +2211,20 @@ static int pg_session_get(es_txn *t, const char *session, es_session_info *out, 
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  if (t->pre_name && strcmp(t->pre_name, session) == 0) {
+    /* read (locked) with the event just before, unchanged since */
+    if (PQntuples(t->pre_session) == 0) code = ES_NOT_FOUND;
+    else if (pg_decode_session(t->pre_session, 0, 1, out) != ES_OK) code = pg_oom(err);
+    pg_pre_drop(t);
+    return code;
+  }
   pp_str(&p, session);
   return pg_get_one(t, t->write ? ST_SESSION_GET_LOCK : ST_SESSION_GET, &p, ROW_SESSION, out, err);
 }
 
 static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   pg_params p = {0};
+  pg_pre_drop(t);
   pp_str(&p, row->session);
   pp_int(&p, row->head);
   pp_int(&p, row->events);
@@ -2169,6 +2335,30 @@ static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event 
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
   pp_str(&p, session);
   pp_int(&p, index);
+  if (t->write && !t->claim) {
+    /* The core reads (and locks) an event's session row right after the
+     * event in complete, fail and renew: it is read ahead in the same
+     * round trip (pg_session_get answers from it). Locking it a little
+     * earlier changes nothing: the writer would lock it anyway, and only
+     * claim transactions, which never wait long, contend for it. */
+    PGresult *res[2];
+    pg_params q = {0};
+    pp_str(&q, session);
+    pg_pre_drop(t);
+    if ((code = pg_send(t, ST_EVENT_GET_LOCK, &p, PEND_WANT, err)) != ES_OK) return code;
+    if ((code = pg_send(t, ST_SESSION_GET_LOCK, &q, PEND_WANT, err)) != ES_OK) return code;
+    if ((code = pg_sync_n(t, res, 2, err)) != ES_OK) return code;
+    if (!res[0] || !res[1] || !(t->pre_name = strdup(session))) {
+      PQclear(res[0]);
+      PQclear(res[1]);
+      return res[0] && res[1] ? pg_oom(err) : es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
+    }
+    t->pre_session = res[1];
+    if (PQntuples(res[0]) == 0) code = ES_NOT_FOUND;
+    else if (pg_decode_event(res[0], 0, 1, out) != ES_OK) code = pg_oom(err);
+    PQclear(res[0]);
+    return code;
+  }
   return pg_get_one(t, t->write ? ST_EVENT_GET_LOCK : ST_EVENT_GET, &p, ROW_EVENT, out, err);
 }
 
@@ -2178,45 +2368,91 @@ static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *
   return pg_get_one(t, ST_EVENT_GET_BY_ID, &p, ROW_EVENT, out, err);
 }
 
+/* The single-row INSERT's parameters (EV_COLS's order, key as $30). */
+static void pg_insert_params(pg_params *p, const es_event *row) {
+  pp_int(p, row->position);
+  pp_str(p, row->session);
+  pp_int(p, row->index);
+  pp_str(p, row->id);
+  pp_str(p, row->type);
+  pp_bytes(p, row->payload, row->payload_len); /* checked <= INT_MAX by pg_event_insert */
+  pp_str(p, row->lane);
+  pp_opt(p, row->created_at);
+  pp_opt(p, row->cause_index);
+  pp_opt(p, row->cause_attempt);
+  pp_opt(p, row->not_before);
+  pp_int(p, row->status);
+  pp_opt(p, row->attempts);
+  pp_opt(p, row->failures);
+  pp_str(p, row->last_error);
+  pp_opt(p, row->processed_at);
+  pp_str(p, row->claim_holder);
+  pp_opt(p, row->claim_expires_at);
+  pp_opt(p, row->retry_at);
+  pp_int(p, row->queued);
+  pp_opt(p, row->due_at);
+  pp_opt(p, row->last_failed_attempt);
+  pp_opt(p, row->returned);
+  pp_str(p, row->origin_session);
+  pp_opt(p, row->origin_index);
+  pp_opt(p, row->first_claimed_at);
+  pp_opt(p, row->last_claimed_at);
+  pp_opt(p, row->failed_at);
+  pp_opt(p, row->processed_by_attempt);
+  pp_str(p, row->key);
+}
+
+/* Adds a row (its position set) to the column arrays; -1: out of memory. */
+static int pg_ins_add(es_txn *t, const es_event *row) {
+  pg_buf *c = t->ins;
+  return pg_buf_int(&c[0], row->position) || pg_buf_str(&c[1], row->session) ||
+                 pg_buf_int(&c[2], row->index) || pg_buf_str(&c[3], row->id) ||
+                 pg_buf_str(&c[4], row->type) ||
+                 pg_buf_elem(&c[5], row->payload, row->payload_len, 1) ||
+                 pg_buf_str(&c[6], row->lane) || pg_buf_int(&c[7], row->created_at) ||
+                 pg_buf_int(&c[8], row->cause_index) || pg_buf_int(&c[9], row->cause_attempt) ||
+                 pg_buf_int(&c[10], row->not_before) || pg_buf_int(&c[11], row->status) ||
+                 pg_buf_int(&c[12], row->attempts) || pg_buf_int(&c[13], row->failures) ||
+                 pg_buf_str(&c[14], row->last_error) || pg_buf_int(&c[15], row->processed_at) ||
+                 pg_buf_str(&c[16], row->claim_holder) ||
+                 pg_buf_int(&c[17], row->claim_expires_at) || pg_buf_int(&c[18], row->retry_at) ||
+                 pg_buf_int(&c[19], row->queued) || pg_buf_int(&c[20], row->due_at) ||
+                 pg_buf_int(&c[21], row->last_failed_attempt) ||
+                 pg_buf_int(&c[22], row->returned) || pg_buf_str(&c[23], row->origin_session) ||
+                 pg_buf_int(&c[24], row->origin_index) ||
+                 pg_buf_int(&c[25], row->first_claimed_at) ||
+                 pg_buf_int(&c[26], row->last_claimed_at) || pg_buf_int(&c[27], row->failed_at) ||
+                 pg_buf_int(&c[28], row->processed_by_attempt) || pg_buf_str(&c[29], row->key)
+             ? -1
+             : 0;
+}
+
+/* Buffers the row (pg_ins_flush sends it): the first row is kept as is
+ * (sent alone, it is the single-row INSERT, cheaper for the server than
+ * unnest of one element); from the second on, the rows go into the
+ * column arrays. */
 static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
-  pg_params p = {0};
   int code;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  if (row->payload_len > INT_MAX) return es_fail(err, ES_TOO_LARGE, "postgres: payload too large");
   if ((code = pg_positions(t, err)) != ES_OK) return code;
-  pp_int(&p, t->next_position);
-  pp_str(&p, row->session);
-  pp_int(&p, row->index);
-  pp_str(&p, row->id);
-  pp_str(&p, row->type);
-  if (pp_bytes(&p, row->payload, row->payload_len))
-    return es_fail(err, ES_TOO_LARGE, "postgres: payload too large");
-  pp_str(&p, row->lane);
-  pp_opt(&p, row->created_at);
-  pp_opt(&p, row->cause_index);
-  pp_opt(&p, row->cause_attempt);
-  pp_opt(&p, row->not_before);
-  pp_int(&p, row->status);
-  pp_opt(&p, row->attempts);
-  pp_opt(&p, row->failures);
-  pp_str(&p, row->last_error);
-  pp_opt(&p, row->processed_at);
-  pp_str(&p, row->claim_holder);
-  pp_opt(&p, row->claim_expires_at);
-  pp_opt(&p, row->retry_at);
-  pp_int(&p, row->queued);
-  pp_opt(&p, row->due_at);
-  pp_opt(&p, row->last_failed_attempt);
-  pp_opt(&p, row->returned);
-  pp_str(&p, row->origin_session);
-  pp_opt(&p, row->origin_index);
-  pp_opt(&p, row->first_claimed_at);
-  pp_opt(&p, row->last_claimed_at);
-  pp_opt(&p, row->failed_at);
-  pp_opt(&p, row->processed_by_attempt);
-  pp_str(&p, row->key);
-  code = pg_write(t, ST_EVENT_INSERT, &p, NULL, err);
-  if (code != ES_OK) return code;
-  row->position = t->next_position++;
+  if (!t->ins && !(t->ins = calloc(PG_INS_COLS, sizeof *t->ins))) return pg_oom(err);
+  int64_t position = row->position;
+  row->position = t->next_position;
+  int bad;
+  if (t->ins_n == 0) bad = es_event_copy(&t->ins_first, row) != ES_OK;
+  else bad = (t->ins_n == 1 && pg_ins_add(t, &t->ins_first)) || pg_ins_add(t, row);
+  if (bad) {
+    row->position = position;
+    /* a row half in the arrays cannot be sent: the transaction is lost */
+    pg_ins_discard(t);
+    pg_txn_break(t, "out of memory");
+    return pg_oom(err);
+  }
+  t->ins_n++;
+  t->ins_bytes += row->payload_len + 64;
+  t->next_position++;
+  if (t->ins_n >= PG_INS_MAX_ROWS || t->ins_bytes >= PG_INS_MAX_BYTES) return pg_ins_flush(t, err);
   return ES_OK;
 }
 
@@ -2662,6 +2898,7 @@ static int pg_event_delete_range(es_txn *t, const char *session, int64_t through
 
 static int pg_session_delete(es_txn *t, const char *session, es_err *err) {
   int64_t removed;
+  pg_pre_drop(t);
   int code = pg_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
   if (code != ES_OK) return code;
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
@@ -2981,6 +3218,7 @@ static void pg_wake(es_backend *b) {
       .release_commit = pg_release_commit,                      \
       .claim_ready = pg_claim_ready,                            \
       .session_claimed = pg_session_claimed,                    \
+      .claim_commit = pg_claim_commit,                          \
   }
 
 /* Both URI schemes libpq accepts. */

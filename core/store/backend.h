@@ -304,6 +304,12 @@ typedef struct es_backend_ops {
    * a missing row is an error (STORAGE). The failure may be reported by a
    * later call of the transaction (its commit at the latest). */
   int (*session_claimed)(es_txn *t, const char *session, int64_t n, int64_t now, es_err *err);
+  /* Optional, with claim_begin (NULL: write_commit): commits a claim
+   * transaction as write_commit does, and on failure sets *retry as
+   * claim_retry would have answered (a backend that reports the outcome
+   * of some statements only with the commit, session_claimed's lock wait
+   * among them, learns of a lost lock wait there). */
+  int (*claim_commit)(es_txn *t, int *retry, es_err *err);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

@@ -1524,9 +1524,15 @@ static int claim_next_own_txn(es_store *s, claim_next_args *a, es_err *err) {
     es_txn *t = NULL;
     if ((rc = s->ops->claim_begin(s->bk, a->skip, a->n_skip, &t, err))) return rc;
     rc = do_claim_next_locked(s, t, a, err);
-    if (rc == ES_OK) return s->ops->write_commit(t, err);
-    int again = s->ops->claim_retry && s->ops->claim_retry(t);
-    s->ops->write_rollback(t);
+    int again = 0;
+    if (rc == ES_OK && !s->ops->claim_commit) return s->ops->write_commit(t, err);
+    if (rc == ES_OK) {
+      /* the commit may be where a lost lock wait is learnt of */
+      if ((rc = s->ops->claim_commit(t, &again, err)) == ES_OK) return ES_OK;
+    } else {
+      again = s->ops->claim_retry && s->ops->claim_retry(t);
+      s->ops->write_rollback(t);
+    }
     es_events_destroy(a->out);
     memset(a->out, 0, sizeof *a->out);
     a->retry_at = ES_NONE;
