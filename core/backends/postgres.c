@@ -40,7 +40,11 @@
  *
  * Statements are prepared once per connection (named "s<id>") and run with
  * text parameters (binary for payloads, states and keys, which carry their
- * own lengths) and binary results.
+ * own lengths) and binary results. In write and claim transactions the
+ * statements whose answers nothing waits for are pipelined ("pipeline
+ * mode" below) and inserts are buffered into one statement ("inserts,
+ * buffered"): most calls are two round trips (docs/postgres.md "Round
+ * trips").
  */
 #include <arpa/inet.h>
 #include <ctype.h>
