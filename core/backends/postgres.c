@@ -40,7 +40,11 @@
  *
  * Statements are prepared once per connection (named "s<id>") and run with
  * text parameters (binary for payloads, states and keys, which carry their
- * own lengths) and binary results.
+ * own lengths) and binary results. In write and claim transactions the
+ * statements whose answers nothing waits for are pipelined ("pipeline
+ * mode" below) and inserts are buffered into one statement ("inserts,
+ * buffered"): most calls are two round trips (docs/postgres.md "Round
+ * trips").
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -79,7 +83,9 @@
   X(PQexecPrepared) X(PQfinish) X(PQfreemem) X(PQgetisnull) X(PQgetlength) X(PQgetvalue)    \
   X(PQisthreadsafe) X(PQnotifies) X(PQntuples) X(PQparameterStatus) X(PQprepare) X(PQreset) \
   X(PQresultErrorMessage) X(PQresultStatus) X(PQsetNoticeProcessor) X(PQstatus)             \
-  X(PQtransactionStatus) X(PQsocket) X(PQresultErrorField)
+  X(PQtransactionStatus) X(PQsocket) X(PQresultErrorField) X(PQenterPipelineMode)          \
+  X(PQexitPipelineMode) X(PQpipelineSync) X(PQpipelineStatus) X(PQsendQueryPrepared)        \
+  X(PQsendQueryParams) X(PQsendPrepare) X(PQgetResult)
 
 #define PQ_FIELD(name) __typeof__(&name) name;
 static struct {
@@ -142,6 +148,14 @@ static int pq_ready(es_err *err) {
 #define PQtransactionStatus (pq.PQtransactionStatus)
 #define PQsocket (pq.PQsocket)
 #define PQresultErrorField (pq.PQresultErrorField)
+#define PQenterPipelineMode (pq.PQenterPipelineMode)
+#define PQexitPipelineMode (pq.PQexitPipelineMode)
+#define PQpipelineSync (pq.PQpipelineSync)
+#define PQpipelineStatus (pq.PQpipelineStatus)
+#define PQsendQueryPrepared (pq.PQsendQueryPrepared)
+#define PQsendQueryParams (pq.PQsendQueryParams)
+#define PQsendPrepare (pq.PQsendPrepare)
+#define PQgetResult (pq.PQgetResult)
 
 /* ---- settings --------------------------------------------------------- */
 
@@ -192,6 +206,9 @@ enum {
   /* row locks (docs/postgres.md "Concurrency") */
   ST_SESSION_GET_LOCK, ST_EVENT_GET_LOCK, ST_QUEUED_DUE_SESSION_LOCK,
   ST_CLAIM_DUE_ALL, ST_CLAIM_DUE_ALL_SCOPED, ST_CLAIM_DUE_TYPE, ST_CLAIM_DUE_TYPE_SCOPED,
+  /* transaction control, prepared like the rest (planned once per connection) */
+  ST_BEGIN_LOCK, ST_BEGIN_POSITIONS, ST_META_NEXT, ST_CLAIM_SETUP,
+  ST_SESSION_CLAIMED, ST_EVENT_INSERT_MANY,
   ST_COUNT
 };
 
@@ -394,6 +411,32 @@ static const char *const pg_sql[ST_COUNT] = {
                                  " AND due_at <= $2 AND session >= $4 AND session < $5"
                                  " AND session <> ALL($6::text[])"
                                  " ORDER BY due_at, position LIMIT $3 FOR UPDATE SKIP LOCKED",
+    /* A write transaction's begin (pg_write_begin): the store's lock, then
+     * the position counter. Two statements: under READ COMMITTED a
+     * statement's snapshot is taken when it starts, so the read must start
+     * after the lock is granted to see the previous holder's commit. */
+    [ST_BEGIN_LOCK] = "SELECT pg_advisory_xact_lock($1)",
+    [ST_BEGIN_POSITIONS] = "SELECT (SELECT coalesce(max(position), 0) FROM events),"
+                           " (SELECT coalesce(max(value), 0) FROM meta WHERE key = 'next_position')",
+    [ST_META_NEXT] = "INSERT INTO meta(key, value) VALUES ('next_position', $1)"
+                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    /* A claim transaction's begin (pg_claim_begin): its lock_timeout (SET
+     * LOCAL), and the server's deadlock_timeout as it is now. */
+    [ST_CLAIM_SETUP] = "SELECT current_setting('deadlock_timeout'),"
+                       " set_config('lock_timeout', $1, true)",
+    /* claim_next's count on a session row (pg_session_claimed) */
+    [ST_SESSION_CLAIMED] = "UPDATE sessions SET attempts = attempts + $2, updated_at = $3"
+                           " WHERE session = $1",
+    /* The rows pg_event_insert buffered, one array per column (EV_COLS's
+     * order), in one statement (pg_ins_flush). */
+    [ST_EVENT_INSERT_MANY] = "INSERT INTO events(" EV_COLS ") SELECT * FROM unnest($1::bigint[],"
+                             " $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[],"
+                             " $7::text[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[],"
+                             " $12::bigint[], $13::bigint[], $14::bigint[], $15::text[],"
+                             " $16::bigint[], $17::text[], $18::bigint[], $19::bigint[],"
+                             " $20::bigint[], $21::bigint[], $22::bigint[], $23::bigint[],"
+                             " $24::text[], $25::bigint[], $26::bigint[], $27::bigint[],"
+                             " $28::bigint[], $29::bigint[], $30::text[])",
 };
 
 /* The schema, version 1 (the tables of SQLite's version 6), created inside
@@ -518,10 +561,36 @@ static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1};
 
 /* ---- types ------------------------------------------------------------ */
 
+/* What a statement sent in pipeline mode answers, and what to do with it
+ * when its result is read (pg_sync). */
+enum {
+  PEND_ANY,      /* a success of any kind; nothing to keep */
+  PEND_PREPARE,  /* the statement `id` prepared */
+  PEND_CHANGED,  /* an UPDATE that must have changed a row (event_update) */
+  PEND_BEGIN,    /* ST_BEGIN_POSITIONS: the position counter */
+  PEND_CLAIM,    /* ST_CLAIM_SETUP: the server's deadlock_timeout */
+  PEND_COMMIT,   /* COMMIT, which must answer "COMMIT" */
+  PEND_WANT      /* the result the caller waits for (handed back by pg_sync) */
+};
+
+/* Statements in flight at most before pg_send syncs by itself: their
+ * answers (a few dozen bytes each) must fit in the socket buffers, since
+ * libpq sends in blocking mode while the server may block writing
+ * answers nobody reads yet. */
+#define PG_MAX_PEND 128
+
+typedef struct pg_pend {
+  short id;                        /* the statement (ST_*), or -1 */
+  unsigned char kind;              /* PEND_* */
+} pg_pend;
+
 typedef struct pg_conn {
   PGconn *db;
   es_backend *b;                   /* borrowed: the owner */
   unsigned char prepared[ST_COUNT];
+  int64_t deadlock_ms;             /* claim connections: deadlock_timeout as last read; 0: not yet */
+  int n_pend;                      /* statements sent in pipeline mode whose answers are not read */
+  pg_pend pend[PG_MAX_PEND];
 } pg_conn;
 
 struct es_txn {
@@ -537,6 +606,17 @@ struct es_txn {
   int broken;                      /* the connection was lost or the transaction aborted */
   char broken_msg[ES_ERRMSG_MAX];
   int depth;                       /* open savepoints */
+  int virtual_sp;                  /* write: the open savepoint (depth 1) is virtual (pg_savepoint) */
+  int released;                    /* write: callers' work released into the transaction */
+  int need_begin;                  /* write: no transaction open on the server (sent lazily) */
+  int pos_known;                   /* write: the begin's positions were read (next_position) */
+  int lock_fix;                    /* claim: lock_timeout must be set again before a wait */
+  int ins_n;                       /* write: rows pg_event_insert buffered (pg_ins_flush) */
+  size_t ins_bytes;                /* write: the bytes buffered */
+  struct pg_buf *ins;              /* write: owned, PG_INS_COLS column arrays being built */
+  es_event ins_first;              /* write: owned, the first row buffered (sent alone as such) */
+  PGresult *pre_session;           /* write: the row of pre_name, read (locked) with an event */
+  char *pre_name;                  /* write: owned, whose session row pre_session holds */
   int64_t next_position;           /* write: the position the next insert gets */
   int64_t saved_next;              /* write: the stored high-water mark when the txn began */
   int64_t sp_next[PG_MAX_SAVEPOINTS];
@@ -564,7 +644,7 @@ struct es_backend {
   char *conninfo;                  /* owned: the URI handed to libpq (without our options) */
   char *schema;                    /* owned: the schema name (validated: [A-Za-z0-9_]) */
   char *setup_sql;                 /* owned: run on every new connection */
-  char *begin_sql;                 /* owned: BEGIN + the store's advisory lock + next position */
+  int64_t lock_key;                /* the store's advisory lock: a 64-bit hash of the schema */
   char *notify_sql;                /* owned: NOTIFY on the store's channel */
   char *listen_sql;                /* owned: LISTEN on it */
   int max_readers;
@@ -956,6 +1036,358 @@ static void pg_txn_break(es_txn *t, const char *msg) {
   t->broken_msg[n] = '\0';
 }
 
+/* ---- inserts, buffered -------------------------------------------------
+ *
+ * pg_event_insert does not send a statement per row: it adds the row to one
+ * text[] / bigint[] literal per column, and the rows are sent as one
+ * INSERT ... SELECT FROM unnest(...) (pg_ins_flush) just before whatever
+ * statement is sent next (pg_pipe) or before a sync, so the statements
+ * still reach the server in the order the core made them. A batch of 100
+ * events is one statement instead of 100. */
+
+#define PG_INS_COLS 30
+#define PG_INS_MAX_ROWS 1000             /* rows per INSERT at most */
+#define PG_INS_MAX_BYTES (4u << 20)      /* bytes buffered before a flush */
+
+typedef struct pg_buf {
+  char *p;
+  size_t len, cap;
+} pg_buf;
+
+static int pg_buf_put(pg_buf *b, const char *s, size_t n) {
+  if (b->len + n + 2 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (b->len + n + 2 > cap) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->len, s, n);
+  b->len += n;
+  return 0;
+}
+
+/* One array element: NULL, or a number (quoted: false), or a string
+ * (quoted, its '"' and '\' escaped). */
+static int pg_buf_elem(pg_buf *b, const char *s, size_t n, int quoted) {
+  if (pg_buf_put(b, b->len ? "," : "{", 1)) return -1;
+  if (!s) return pg_buf_put(b, "NULL", 4);
+  if (!quoted) return pg_buf_put(b, s, n);
+  if (pg_buf_put(b, "\"", 1)) return -1;
+  for (size_t i = 0, run = 0; i <= n; i++) {
+    if (i < n && s[i] != '"' && s[i] != '\\') continue;
+    if (pg_buf_put(b, s + run, i - run)) return -1;
+    if (i < n && (pg_buf_put(b, "\\", 1) || pg_buf_put(b, s + i, 1))) return -1;
+    run = i + 1;
+  }
+  return pg_buf_put(b, "\"", 1);
+}
+
+static int pg_buf_int(pg_buf *b, int64_t v) {
+  char num[24];
+  if (v == ES_NONE) return pg_buf_elem(b, NULL, 0, 0);
+  int n = snprintf(num, sizeof num, "%" PRId64, v);
+  return pg_buf_elem(b, num, (size_t)n, 0);
+}
+
+static int pg_buf_str(pg_buf *b, const char *s) { return pg_buf_elem(b, s, s ? strlen(s) : 0, 1); }
+
+/* Drops the rows buffered (their caller's work is being rolled back). */
+static void pg_ins_discard(es_txn *t) {
+  if (t->ins_n > 0) es_event_destroy(&t->ins_first);
+  t->ins_n = 0;
+  t->ins_bytes = 0;
+  if (t->ins)
+    for (int i = 0; i < PG_INS_COLS; i++) t->ins[i].len = 0;
+}
+
+static void pg_ins_free(es_txn *t) {
+  pg_ins_discard(t);
+  if (t->ins)
+    for (int i = 0; i < PG_INS_COLS; i++) free(t->ins[i].p);
+  free(t->ins);
+  t->ins = NULL;
+  t->ins_n = 0;
+}
+
+/* Forgets the session row read ahead by pg_event_get. */
+static void pg_pre_drop(es_txn *t) {
+  if (t->pre_session) PQclear(t->pre_session);
+  free(t->pre_name);
+  t->pre_session = NULL;
+  t->pre_name = NULL;
+}
+
+/* ---- pipeline mode ------------------------------------------------------
+ *
+ * A write or claim transaction does not wait for the answers of the
+ * statements whose results the core does not look at (BEGIN and the
+ * store's lock, SAVEPOINT, and the row writes: inserts, updates, upserts):
+ * they are sent in libpq's pipeline mode (pg_send) and their answers are
+ * read together with the next statement whose answer is needed (a read,
+ * the release of a caller's savepoint, the commit: pg_sync), in one round
+ * trip. An error in one of them aborts the transaction on the server as
+ * it did before; the call that syncs reports it, and since every caller's
+ * savepoint release syncs, in a group commit that is still the caller
+ * whose statement failed (docs/postgres.md "Round trips"). */
+
+static const char *pg_what(const es_txn *t) { return t->claim ? "claim" : t->write ? "write" : "read"; }
+
+/* The server's deadlock_timeout as current_setting() shows it ("1s",
+ * "200ms", "2min"), in milliseconds; 0 when it cannot be read. */
+static int64_t pg_parse_ms(const char *v, size_t n) {
+  char buf[32], *end;
+  if (n == 0 || n >= sizeof buf) return 0;
+  memcpy(buf, v, n);
+  buf[n] = '\0';
+  errno = 0;
+  long long x = strtoll(buf, &end, 10);
+  if (errno || end == buf || x < 0) return 0;
+  static const struct { const char *unit; int64_t us; } units[] = {
+      {"us", 1}, {"ms", 1000}, {"s", 1000000}, {"min", 60000000}, {"h", 3600000000LL},
+      {"d", 86400000000LL}, {"", 1000}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].unit) == 0) {
+      if (x > INT64_MAX / units[i].us) return INT64_MAX / 1000;
+      return x * units[i].us / 1000;
+    }
+  return 0;
+}
+
+/* A claim transaction's lock_timeout and waiting budget from the server's
+ * deadlock_timeout (see "claim transactions" below). */
+static void pg_claim_limits(es_txn *t, int64_t deadlock_ms) {
+  if (deadlock_ms < 4) deadlock_ms = 4;
+  t->lock_ms = deadlock_ms / 4 < 200 ? deadlock_ms / 4 : 200;
+  t->budget_ms = deadlock_ms * 3 / 4;
+}
+
+static int pg_sync(es_txn *t, PGresult **want, es_err *err);
+static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err);
+static int pg_send_begin(es_txn *t, es_err *err);
+static int pg_ins_flush(es_txn *t, es_err *err);
+
+/* A send that failed: the connection is gone (libpq sends in blocking
+ * mode). */
+static int pg_send_fail(es_txn *t, const char *what, es_err *err) {
+  int code = pg_fail_res(err, t->c, NULL, what);
+  pg_txn_break(t, err ? err->msg : "connection lost");
+  return code;
+}
+
+/* Before sending on t's connection: pipeline mode on, the transaction
+ * begun (a write transaction whose first caller was rolled back begins
+ * again lazily), and room for the answers. */
+static int pg_pipe(es_txn *t, es_err *err) {
+  pg_conn *c = t->c;
+  int code = pg_txn_check(t, err);
+  if (code != ES_OK) return code;
+  if (t->ins_n && (code = pg_ins_flush(t, err)) != ES_OK) return code;
+  if (!c->db || PQstatus(c->db) != CONNECTION_OK) return pg_send_fail(t, pg_what(t), err);
+  if (c->n_pend >= PG_MAX_PEND - 4 && (code = pg_sync(t, NULL, err)) != ES_OK) return code;
+  if (PQpipelineStatus(c->db) == PQ_PIPELINE_OFF && !PQenterPipelineMode(c->db))
+    return pg_send_fail(t, "pipeline mode", err);
+  if (t->need_begin) return pg_send_begin(t, err);
+  return ES_OK;
+}
+
+/* Sends statement id (preparing it on this connection first, in the same
+ * pipeline) without waiting for its answer; kind says what its answer
+ * must be (PEND_*). */
+static int pg_send(es_txn *t, int id, const pg_params *p, int kind, es_err *err) {
+  int code = pg_pipe(t, err);
+  if (code != ES_OK) return code;
+  pg_conn *c = t->c;
+  char name[16];
+  snprintf(name, sizeof name, "s%d", id);
+  if (!c->prepared[id]) {
+    if (!PQsendPrepare(c->db, name, pg_sql[id], 0, NULL)) return pg_send_fail(t, "prepare", err);
+    c->prepared[id] = 1;
+    c->pend[c->n_pend].id = (short)id;
+    c->pend[c->n_pend++].kind = PEND_PREPARE;
+  }
+  if (!PQsendQueryPrepared(c->db, name, p ? p->n : 0, p ? p->v : NULL, p ? p->len : NULL,
+                           p ? p->fmt : NULL, 1))
+    return pg_send_fail(t, pg_what(t), err);
+  c->pend[c->n_pend].id = (short)id;
+  c->pend[c->n_pend++].kind = (unsigned char)kind;
+  return ES_OK;
+}
+
+/* Sends a statement without parameters (BEGIN, SAVEPOINT, NOTIFY, COMMIT:
+ * nothing to plan) without waiting for its answer. */
+static int pg_send_sql(es_txn *t, const char *sql, int kind, es_err *err) {
+  int code = pg_pipe(t, err);
+  if (code != ES_OK) return code;
+  pg_conn *c = t->c;
+  if (!PQsendQueryParams(c->db, sql, 0, NULL, NULL, NULL, NULL, 0))
+    return pg_send_fail(t, pg_what(t), err);
+  c->pend[c->n_pend].id = -1;
+  c->pend[c->n_pend++].kind = (unsigned char)kind;
+  return ES_OK;
+}
+
+/* Sends the buffered rows as one INSERT (without waiting). */
+static void pg_insert_params(pg_params *p, const es_event *row);
+
+static int pg_ins_flush(es_txn *t, es_err *err) {
+  pg_params p = {0};
+  if (!t->ins_n) return ES_OK;
+  if (t->ins_n == 1) {
+    pg_insert_params(&p, &t->ins_first);
+    t->ins_n = 0; /* before sending: pg_send flushes first */
+    int code = pg_send(t, ST_EVENT_INSERT, &p, PEND_ANY, err);
+    es_event_destroy(&t->ins_first);
+    pg_ins_discard(t);
+    return code;
+  }
+  for (int i = 0; i < PG_INS_COLS; i++) {
+    if (pg_buf_put(&t->ins[i], "}", 1)) {
+      pg_ins_discard(t);
+      pg_txn_break(t, "out of memory");
+      return pg_oom(err);
+    }
+    t->ins[i].p[t->ins[i].len] = '\0';
+    pp_str(&p, t->ins[i].p);
+  }
+  t->ins_n = 0; /* before sending: pg_send flushes first */
+  int code = pg_send(t, ST_EVENT_INSERT_MANY, &p, PEND_ANY, err);
+  es_event_destroy(&t->ins_first);
+  pg_ins_discard(t);
+  return code;
+}
+
+/* The answer of one statement sent (pend q), read by pg_sync; code: the
+ * sync's outcome so far (the first error wins). */
+static int pg_answer(es_txn *t, const pg_pend *q, PGresult *res, PGresult **want, int code,
+                     es_err *err) {
+  pg_conn *c = t->c;
+  ExecStatusType st = PQresultStatus(res);
+  if (st == PGRES_PIPELINE_ABORTED || (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)) {
+    /* skipped after an earlier error, or the error itself */
+    if (q->kind == PEND_PREPARE) c->prepared[q->id] = 0;
+    if (st == PGRES_PIPELINE_ABORTED || code != ES_OK) return code;
+    code = pg_fail_res(err, c, res, pg_what(t));
+    /* A claim transaction that lost on a lock (lock_timeout, a deadlock,
+     * a serialization failure) did nothing yet that counts: it may run
+     * again (claim_retry). */
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    if (t->claim && state &&
+        (!strcmp(state, "55P03") || !strcmp(state, "40P01") || !strcmp(state, "40001")))
+      t->retry = 1;
+    return code;
+  }
+  if (code != ES_OK) return code;
+  switch (q->kind) {
+    case PEND_CHANGED:
+      if (strtoll(PQcmdTuples(res), NULL, 10) < 1)
+        return es_fail(err, ES_STORAGE, "postgres %s: %s: the %s row to update is gone",
+                       t->b->schema, pg_what(t), q->id == ST_SESSION_CLAIMED ? "session" : "event");
+      break;
+    case PEND_BEGIN:
+      if (PQntuples(res) == 1) {
+        int64_t max = pg_int(res, 0, 0), saved = pg_int(res, 0, 1);
+        t->saved_next = saved;
+        t->next_position = max + 1 > saved ? max + 1 : saved;
+        t->pos_known = 1;
+      }
+      break;
+    case PEND_CLAIM:
+      if (PQntuples(res) == 1) {
+        int64_t d = pg_parse_ms(PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
+        if (d > 0) c->deadlock_ms = d;
+        /* deadlock_timeout was lowered since the last claim on this
+         * connection: the lock_timeout just set is too long, set it again
+         * before any wait (pg_claim_may_wait) */
+        int64_t lock = t->lock_ms, budget = t->budget_ms;
+        pg_claim_limits(t, c->deadlock_ms);
+        if (t->lock_ms < lock) t->lock_fix = 1;
+        else t->lock_ms = lock;
+        if (budget < t->budget_ms) t->budget_ms = budget;
+      }
+      break;
+    case PEND_COMMIT:
+      /* COMMIT of a transaction that failed answers "ROLLBACK", without
+       * an error: only "COMMIT" means it is durable. */
+      if (strcmp(PQcmdStatus(res), "COMMIT") != 0)
+        return es_fail(err, ES_STORAGE, "postgres %s: commit: the transaction was rolled back",
+                       t->b->schema);
+      break;
+    case PEND_WANT:
+      if (want) *want = res;
+      break;
+  }
+  return ES_OK;
+}
+
+/* Reads the answers of every statement sent since the last sync (one
+ * round trip) and leaves pipeline mode; *want (want may be NULL): the
+ * answer of the PEND_WANT statement when every statement succeeded
+ * (PQclear it). A lost connection breaks the transaction and is closed
+ * (the next call connects again). */
+static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err) {
+  pg_conn *c = t->c;
+  int code = ES_OK, lost = 0, k_want = 0;
+  for (int i = 0; i < n_want; i++) want[i] = NULL;
+  if (t->ins_n && (code = pg_ins_flush(t, err)) != ES_OK) return code;
+  if (c->n_pend == 0) return pg_txn_check(t, err);
+  if (!PQpipelineSync(c->db)) lost = 1;
+  for (int i = 0; !lost && i < c->n_pend; i++) {
+    PGresult *res = PQgetResult(c->db), *mine = NULL;
+    if (!res) {
+      lost = 1;
+      break;
+    }
+    code = pg_answer(t, &c->pend[i], res, k_want < n_want ? &mine : NULL, code, err);
+    if (mine) want[k_want++] = mine;
+    else PQclear(res);
+    /* each statement's answers end with a NULL */
+    for (int k = 0; k < 8; k++) {
+      PGresult *more = PQgetResult(c->db);
+      if (!more) break;
+      PQclear(more);
+      if (PQstatus(c->db) == CONNECTION_BAD) break;
+    }
+    if (PQstatus(c->db) == CONNECTION_BAD) lost = 1;
+  }
+  if (!lost) {
+    PGresult *res = PQgetResult(c->db);
+    if (!res || PQresultStatus(res) != PGRES_PIPELINE_SYNC) lost = 1;
+    PQclear(res);
+  }
+  c->n_pend = 0;
+  if (!lost && !PQexitPipelineMode(c->db)) lost = 1;
+  if (code != ES_OK || lost || PQstatus(c->db) == CONNECTION_BAD)
+    for (int i = 0; i < n_want; i++) {
+      PQclear(want[i]);
+      want[i] = NULL;
+    }
+  if (lost || PQstatus(c->db) == CONNECTION_BAD) {
+    char m[ES_ERRMSG_MAX];
+    pg_trim(PQerrorMessage(c->db), m, sizeof m);
+    if (code == ES_OK) code = es_fail(err, ES_STORAGE, "postgres %s: %s: connection lost (%s)",
+                                      t->b->schema, pg_what(t), m);
+    pg_txn_break(t, err ? err->msg : "connection lost");
+    PQfinish(c->db);
+    c->db = NULL;
+  }
+  return code;
+}
+
+static int pg_sync(es_txn *t, PGresult **want, es_err *err) {
+  return pg_sync_n(t, want, want ? 1 : 0, err);
+}
+
+/* Reads and drops whatever answers are still due on c (a call that failed
+ * before its sync), so that the connection can be used again. */
+static void pg_drain(es_txn *t) {
+  if (t->c->db && t->c->n_pend) {
+    es_err e = {0};
+    (void)pg_sync(t, NULL, &e);
+  }
+}
+
 /* Runs statement id with p on t's connection (preparing it first on this
  * connection); *out: the result (PQclear it) when ES_OK. A lost connection
  * breaks the transaction. */
@@ -965,6 +1397,12 @@ static int pg_run(es_txn *t, int id, const pg_params *p, PGresult **out, es_err 
   int code;
   *out = NULL;
   if ((code = pg_txn_check(t, err)) != ES_OK) return code;
+  if (t->write) {
+    /* with whatever was sent before it, in one round trip */
+    if ((code = pg_send(t, id, p, PEND_WANT, err)) != ES_OK) return code;
+    if ((code = pg_sync(t, out, err)) != ES_OK) return code;
+    return *out ? ES_OK : es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
+  }
   if (!c->prepared[id]) {
     char name[16];
     snprintf(name, sizeof name, "s%d", id);
@@ -1032,10 +1470,13 @@ static int pg_get_one(es_txn *t, int id, const pg_params *p, int kind, void *out
   return code;
 }
 
-/* A write statement; *changed: the rows it touched (may be NULL). */
+/* A write statement; *changed: the rows it touched. Without changed
+ * nobody waits for its answer: it is sent now and answered with the next
+ * sync (pg_send). */
 static int pg_write(es_txn *t, int id, const pg_params *p, int64_t *changed, es_err *err) {
   PGresult *res;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  if (!changed) return pg_send(t, id, p, PEND_ANY, err);
   int code = pg_run(t, id, p, &res, err);
   if (code != ES_OK) return code;
   if (changed) *changed = strtoll(PQcmdTuples(res), NULL, 10);
@@ -1164,14 +1605,7 @@ static int pg_build_sql(es_backend *b, es_err *err) {
            "SET client_encoding TO 'UTF8'; SET search_path TO \"%s\"; SET client_min_messages TO warning%s",
            b->schema, b->async_commit ? "; SET synchronous_commit TO off" : "");
   if (!(b->setup_sql = strdup(buf))) return pg_oom(err);
-  /* READ COMMITTED: each statement sees what was committed before it, so
-   * after the lock every earlier writer's commit is visible. */
-  snprintf(buf, sizeof buf,
-           "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(%" PRId64 ");"
-           " SELECT (SELECT coalesce(max(position), 0) FROM events),"
-           " (SELECT coalesce(max(value), 0) FROM meta WHERE key = 'next_position')",
-           key);
-  if (!(b->begin_sql = strdup(buf))) return pg_oom(err);
+  b->lock_key = key;
   snprintf(buf, sizeof buf, "NOTIFY es_%016" PRIx64, h);
   if (!(b->notify_sql = strdup(buf))) return pg_oom(err);
   snprintf(buf, sizeof buf, "LISTEN es_%016" PRIx64, h);
@@ -1285,6 +1719,8 @@ static void pg_pool_close(pg_pool *pool) {
 
 static void pg_close(es_backend *b) {
   if (!b) return;
+  pg_pre_drop(&b->wt);
+  pg_ins_free(&b->wt);
   pg_pool_close(&b->readers);
   pg_pool_close(&b->claimers);
   pg_conn_close(&b->watch);
@@ -1298,7 +1734,6 @@ static void pg_close(es_backend *b) {
   free(b->conninfo);
   free(b->schema);
   free(b->setup_sql);
-  free(b->begin_sql);
   free(b->notify_sql);
   free(b->listen_sql);
   free(b);
@@ -1350,100 +1785,137 @@ fail:
 
 /* ---- transactions ------------------------------------------------------- */
 
-static void pg_rollback_conn(pg_conn *c) {
+/* Ends whatever a failed call left on t's connection: answers still due,
+ * an open transaction. */
+static void pg_rollback_txn(es_txn *t) {
+  pg_conn *c = t->c;
+  pg_pre_drop(t);
+  pg_ins_discard(t);
+  pg_drain(t);
   if (c->db && PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
     PGresult *res = PQexec(c->db, "ROLLBACK");
     PQclear(res);
   }
 }
 
+/* A connection the server dropped while it was idle (a restart, an idle
+ * timeout, pg_terminate_backend) has said so: its last words (a FATAL
+ * message, the end of the stream) wait in the socket. An idle connection
+ * has nothing else to say (the write and claim connections LISTEN to
+ * nothing; a parameter the server reports after a configuration reload is
+ * the rare exception, and reconnecting for it is harmless), so anything
+ * readable means: connect again. Nothing of the call was sent yet, so it
+ * is safe, and it costs no round trip. */
+static int pg_conn_fresh(es_backend *b, pg_conn *c, es_err *err) {
+  int code = pg_conn_ready(b, c, err);
+  if (code != ES_OK) return code;
+  struct pollfd f = {PQsocket(c->db), POLLIN, 0};
+  if (poll(&f, 1, 0) != 0) return pg_conn_connect(b, c, err);
+  return ES_OK;
+}
+
+/* BEGIN, the store's lock, the position counter: sent, not waited for
+ * (the answers come with the transaction's first read or its first
+ * release; pg_event_insert syncs first when it needs the counter). */
+static int pg_send_begin(es_txn *t, es_err *err) {
+  pg_params p = {0};
+  int code;
+  t->need_begin = 0;
+  t->pos_known = 0;
+  pp_int(&p, t->b->lock_key);
+  /* READ COMMITTED: each statement sees what was committed before it, so
+   * after the lock every earlier writer's commit is visible. */
+  if ((code = pg_send_sql(t, "BEGIN ISOLATION LEVEL READ COMMITTED", PEND_ANY, err)) != ES_OK)
+    return code;
+  if ((code = pg_send(t, ST_BEGIN_LOCK, &p, PEND_ANY, err)) != ES_OK) return code;
+  return pg_send(t, ST_BEGIN_POSITIONS, NULL, PEND_BEGIN, err);
+}
+
 static int pg_write_begin(es_backend *b, es_txn **out, es_err *err) {
   es_txn *t = &b->wt;
   int code;
   *out = NULL;
+  /* never build on a transaction a failed call left behind */
+  pg_rollback_txn(t);
   t->broken = 0;
   t->depth = 0;
-  if ((code = pg_conn_ready(b, &b->w, err)) != ES_OK) return code;
-  /* never build on a transaction a failed call left behind */
-  pg_rollback_conn(&b->w);
-  PGresult *res = PQexec(b->w.db, b->begin_sql);
-  if (PQstatus(b->w.db) == CONNECTION_BAD) {
-    /* The server dropped the connection while it was idle (a restart, an
-     * idle timeout): nothing of this call was done yet, so it is safe to
-     * reconnect and begin again, once. */
-    PQclear(res);
-    if ((code = pg_conn_connect(b, &b->w, err)) != ES_OK) return code;
-    res = PQexec(b->w.db, b->begin_sql);
-  }
-  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-    code = pg_fail_res(err, &b->w, res, "cannot begin a write transaction");
-    PQclear(res);
-    pg_rollback_conn(&b->w);
+  t->virtual_sp = 0;
+  t->released = 0;
+  t->need_begin = 0;
+  t->pos_known = 0;
+  if ((code = pg_conn_fresh(b, &b->w, err)) != ES_OK) return code;
+  if ((code = pg_send_begin(t, err)) != ES_OK) {
+    pg_rollback_txn(t);
     return code;
   }
-  int64_t max = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-  int64_t saved = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
-  PQclear(res);
-  t->saved_next = saved;
-  t->next_position = max + 1 > saved ? max + 1 : saved;
   *out = t;
   return ES_OK;
+}
+
+/* Before the next insert: the position counter read by the begin. */
+static int pg_positions(es_txn *t, es_err *err) {
+  if (t->pos_known) return ES_OK;
+  int code = pg_sync(t, NULL, err);
+  if (code == ES_OK && !t->pos_known)
+    code = es_fail(err, ES_STORAGE, "postgres %s: the position counter was not read", t->b->schema);
+  return code;
 }
 
 static void pg_claim_end(es_txn *t);
 
 static void pg_write_rollback(es_txn *t) {
-  pg_rollback_conn(t->c);
+  pg_rollback_txn(t);
   t->depth = 0;
+  t->virtual_sp = 0;
   t->broken = 0;
   if (t->claim) pg_claim_end(t);
 }
 
+/* The commit, with the statements still unanswered, in one round trip. A
+ * claim transaction inserted nothing (no position to save) and sends no
+ * NOTIFY: it adds no event, which is all waiters wait for, and a NOTIFY
+ * would serialise its commit with every other notifying commit of the
+ * database. */
 static int pg_write_commit(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
+  pg_pre_drop(t);
+  if (code == ES_OK && !t->claim && t->pos_known && t->next_position > t->saved_next) {
+    pg_params p = {0};
+    pp_int(&p, t->next_position);
+    code = pg_send(t, ST_META_NEXT, &p, PEND_ANY, err);
+  }
+  if (code == ES_OK && !t->claim) code = pg_send_sql(t, t->b->notify_sql, PEND_ANY, err);
+  if (code == ES_OK) code = pg_send_sql(t, "COMMIT", PEND_COMMIT, err);
+  if (code == ES_OK) code = pg_sync(t, NULL, err);
   if (code != ES_OK) {
     pg_write_rollback(t);
     return code;
   }
-  char sql[256];
-  /* A claim transaction inserted nothing (no position to save) and sends
-   * no NOTIFY: it adds no event, which is all waiters wait for, and a
-   * NOTIFY would serialise its commit with every other notifying commit
-   * of the database. */
-  if (t->claim)
-    snprintf(sql, sizeof sql, "COMMIT");
-  else if (t->next_position > t->saved_next)
-    snprintf(sql, sizeof sql,
-             "INSERT INTO meta(key, value) VALUES ('next_position', %" PRId64 ")"
-             " ON CONFLICT (key) DO UPDATE SET value = excluded.value; %s; COMMIT",
-             t->next_position, t->b->notify_sql);
-  else
-    snprintf(sql, sizeof sql, "%s; COMMIT", t->b->notify_sql);
-  PGresult *res = PQexec(t->c->db, sql);
-  /* COMMIT of a transaction that failed answers "ROLLBACK", without an
-   * error: only "COMMIT" means it is durable. */
-  if (PQresultStatus(res) != PGRES_COMMAND_OK || strcmp(PQcmdStatus(res), "COMMIT") != 0) {
-    if (PQresultStatus(res) == PGRES_COMMAND_OK)
-      code = es_fail(err, ES_STORAGE, "postgres %s: commit: the transaction was rolled back", t->b->schema);
-    else
-      code = pg_fail_res(err, t->c, res, "commit");
-    PQclear(res);
-    pg_write_rollback(t);
-    return code;
-  }
-  PQclear(res);
   t->depth = 0;
   if (t->claim) pg_claim_end(t);
   return ES_OK;
 }
 
+/* Savepoints. The first caller of a transaction gets a virtual one: the
+ * transaction holds nobody else's work yet, so rolling back to its
+ * savepoint is rolling the whole transaction back (and beginning again
+ * lazily, pg_pipe, for the next caller of the group): no SAVEPOINT and no
+ * RELEASE statement, which is every transaction of a handle used by one
+ * thread. Later callers get a real SAVEPOINT, sent with their first
+ * statement. A release syncs: the caller's statements are all answered
+ * before the core counts it in the group, so a failure is this caller's,
+ * rolled back to its savepoint only. */
 static int pg_savepoint(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
+  pg_pre_drop(t);
   if (code != ES_OK) return code;
-  if ((code = pg_simple(t->c, "SAVEPOINT es_sp", "savepoint", err)) != ES_OK) {
-    pg_txn_break(t, err ? err->msg : "savepoint failed");
-    return code;
+  if (t->depth == 0 && t->released == 0) {
+    t->virtual_sp = 1;
+    t->depth = 1;
+    return ES_OK;
   }
+  /* the counter is known: an earlier release synced */
+  if ((code = pg_send_sql(t, "SAVEPOINT es_sp", PEND_ANY, err)) != ES_OK) return code;
   if (t->depth < PG_MAX_SAVEPOINTS) t->sp_next[t->depth] = t->next_position;
   t->depth++;
   return ES_OK;
@@ -1451,18 +1923,43 @@ static int pg_savepoint(es_txn *t, es_err *err) {
 
 static int pg_savepoint_release(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
+  pg_pre_drop(t);
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "postgres: release without a savepoint");
-  if ((code = pg_simple(t->c, "RELEASE SAVEPOINT es_sp", "savepoint", err)) != ES_OK) {
-    pg_txn_break(t, err ? err->msg : "release failed");
+  int is_virtual = t->virtual_sp && t->depth == 1;
+  if (!is_virtual && (code = pg_send_sql(t, "RELEASE SAVEPOINT es_sp", PEND_ANY, err)) != ES_OK)
     return code;
-  }
+  if ((code = pg_sync(t, NULL, err)) != ES_OK) return code;
   t->depth--;
+  if (is_virtual) t->virtual_sp = 0;
+  if (t->depth == 0) t->released++;
   return ES_OK;
 }
 
+/* The only caller's release and the commit, in one round trip: a COMMIT
+ * ends the savepoint with the transaction (virtual or not: it held this
+ * caller's work only). */
+static int pg_release_commit(es_txn *t, es_err *err) {
+  t->depth = 0;
+  t->virtual_sp = 0;
+  return pg_write_commit(t, err);
+}
+
 static void pg_savepoint_rollback(es_txn *t) {
+  pg_pre_drop(t);
+  pg_ins_discard(t); /* this caller's rows */
   if (t->broken || t->depth <= 0) return;
+  pg_drain(t);
+  if (t->broken) return;
+  if (t->virtual_sp && t->depth == 1) {
+    /* the transaction held only this caller's work */
+    pg_rollback_txn(t);
+    t->depth = 0;
+    t->virtual_sp = 0;
+    t->need_begin = 1;
+    t->pos_known = 0;
+    return;
+  }
   es_err e = {0};
   if (pg_simple(t->c, "ROLLBACK TO SAVEPOINT es_sp; RELEASE SAVEPOINT es_sp", "rollback", &e) != ES_OK) {
     char msg[ES_ERRMSG_MAX + 40];
@@ -1610,13 +2107,12 @@ static char *pg_text_array(const char *const *v, size_t n) {
   return a;
 }
 
-/* "BEGIN" + lock_timeout (SET LOCAL, through set_config) from the server's
- * deadlock_timeout, which it answers with (milliseconds). */
-static const char pg_claim_begin_sql[] =
-    "BEGIN ISOLATION LEVEL READ COMMITTED;"
-    " SELECT d, set_config('lock_timeout', greatest(1, least(200, d / 4)) || 'ms', true)"
-    " FROM (SELECT setting::bigint AS d FROM pg_settings WHERE name = 'deadlock_timeout') s";
-
+/* A claim transaction begins with BEGIN and its lock_timeout (SET LOCAL),
+ * sent without waiting, with its first statement. The lock_timeout comes
+ * from deadlock_timeout as this connection last read it (read once when
+ * it connects); the begin reads it again (current_setting: no catalog
+ * scan), and should it have been lowered meanwhile, lock_timeout is set
+ * again before the transaction's first wait (pg_claim_may_wait). */
 static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip, es_txn **out,
                           es_err *err) {
   pg_reader *r = NULL;
@@ -1624,40 +2120,43 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
   *out = NULL;
   if ((code = pg_pool_take(b, &b->claimers, &r, err)) != ES_OK) return code;
   es_txn *t = &r->t;
+  pg_rollback_txn(t);
   t->broken = 0;
   t->retry = 0;
   t->depth = 0;
+  t->lock_fix = 0;
   t->next_position = t->saved_next = 0;
   free(t->skip);
   if (!(t->skip = pg_text_array(skip, skip ? n_skip : 0))) {
     pg_claim_end(t);
     return pg_oom(err);
   }
-  PGresult *res = NULL;
-  code = pg_conn_ready(b, &r->c, err);
-  if (code == ES_OK) {
-    pg_rollback_conn(&r->c);
-    res = PQexec(r->c.db, pg_claim_begin_sql);
-    /* dropped while idle: reconnect and begin again, once (as pg_write_begin) */
-    if (PQstatus(r->c.db) == CONNECTION_BAD) {
-      PQclear(res);
-      res = NULL;
-      if ((code = pg_conn_connect(b, &r->c, err)) == ES_OK) res = PQexec(r->c.db, pg_claim_begin_sql);
-    }
-  }
-  if (code == ES_OK && (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1))
-    code = pg_fail_res(err, &r->c, res, "cannot begin a claim transaction");
-  if (code != ES_OK) {
+  code = pg_conn_fresh(b, &r->c, err);
+  if (code == ES_OK && (r->c.deadlock_ms == 0 || !r->c.prepared[ST_CLAIM_SETUP])) {
+    /* a new connection: deadlock_timeout as it is now, once */
+    PGresult *res = PQexec(r->c.db, "SELECT current_setting('deadlock_timeout')");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
+      code = pg_fail_res(err, &r->c, res, "cannot begin a claim transaction");
+    else
+      r->c.deadlock_ms = pg_parse_ms(PQgetvalue(res, 0, 0), (size_t)PQgetlength(res, 0, 0));
     PQclear(res);
-    pg_rollback_conn(&r->c);
+    if (code == ES_OK && r->c.deadlock_ms <= 0)
+      code = es_fail(err, ES_STORAGE, "postgres %s: cannot read deadlock_timeout", b->schema);
+  }
+  if (code == ES_OK) {
+    pg_params p = {0};
+    char lock[32];
+    pg_claim_limits(t, r->c.deadlock_ms);
+    snprintf(lock, sizeof lock, "%" PRId64 "ms", t->lock_ms);
+    pp_str(&p, lock);
+    code = pg_send_sql(t, "BEGIN ISOLATION LEVEL READ COMMITTED", PEND_ANY, err);
+    if (code == ES_OK) code = pg_send(t, ST_CLAIM_SETUP, &p, PEND_CLAIM, err);
+  }
+  if (code != ES_OK) {
+    pg_rollback_txn(t);
     pg_claim_end(t);
     return code;
   }
-  int64_t deadlock_ms = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-  PQclear(res);
-  if (deadlock_ms < 4) deadlock_ms = 4;
-  t->lock_ms = deadlock_ms / 4 < 200 ? deadlock_ms / 4 : 200;
-  t->budget_ms = deadlock_ms * 3 / 4;
   t->started_ms = pg_now_ms();
   *out = t;
   return ES_OK;
@@ -1665,10 +2164,42 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
 
 static int pg_claim_retry(es_txn *t) { return t->claim && t->retry; }
 
-/* Before a statement of a claim transaction that may wait for a lock: it
- * may not wait beyond the transaction's budget (see above). */
+/* The updates of a claim transaction are answered with its COMMIT: a
+ * session row's lock wait that ran out (pg_session_claimed) is learnt of
+ * here, and the claim may run again. */
+static int pg_claim_commit(es_txn *t, int *retry, es_err *err) {
+  *retry = 0;
+  int code = pg_txn_check(t, err);
+  if (code == ES_OK) code = pg_send_sql(t, "COMMIT", PEND_COMMIT, err);
+  if (code == ES_OK) code = pg_sync(t, NULL, err);
+  if (code != ES_OK) {
+    *retry = t->retry;
+    pg_write_rollback(t); /* ends t: read retry first */
+    return code;
+  }
+  pg_claim_end(t);
+  return ES_OK;
+}
+
+/* Before a statement of a claim transaction that may wait for a lock: the
+ * begin's answers are in (the lock_timeout in force is known), and it may
+ * not wait beyond the transaction's budget (see above). */
 static int pg_claim_may_wait(es_txn *t, es_err *err) {
   if (!t->claim) return ES_OK;
+  int code = ES_OK;
+  for (int i = 0; i < t->c->n_pend; i++)
+    if (t->c->pend[i].kind == PEND_CLAIM) {
+      if ((code = pg_sync(t, NULL, err)) != ES_OK) return code;
+      break;
+    }
+  if (t->lock_fix) {
+    pg_params p = {0};
+    char lock[32];
+    snprintf(lock, sizeof lock, "%" PRId64 "ms", t->lock_ms);
+    pp_str(&p, lock);
+    if ((code = pg_send(t, ST_CLAIM_SETUP, &p, PEND_ANY, err)) != ES_OK) return code;
+    t->lock_fix = 0;
+  }
   if (pg_now_ms() - t->started_ms + t->lock_ms <= t->budget_ms) return ES_OK;
   t->retry = 1;
   return es_fail(err, ES_STORAGE,
@@ -1684,12 +2215,20 @@ static int pg_session_get(es_txn *t, const char *session, es_session_info *out, 
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  if (t->pre_name && strcmp(t->pre_name, session) == 0) {
+    /* read (locked) with the event just before, unchanged since */
+    if (PQntuples(t->pre_session) == 0) code = ES_NOT_FOUND;
+    else if (pg_decode_session(t->pre_session, 0, 1, out) != ES_OK) code = pg_oom(err);
+    pg_pre_drop(t);
+    return code;
+  }
   pp_str(&p, session);
   return pg_get_one(t, t->write ? ST_SESSION_GET_LOCK : ST_SESSION_GET, &p, ROW_SESSION, out, err);
 }
 
 static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   pg_params p = {0};
+  pg_pre_drop(t);
   pp_str(&p, row->session);
   pp_int(&p, row->head);
   pp_int(&p, row->events);
@@ -1800,6 +2339,30 @@ static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event 
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
   pp_str(&p, session);
   pp_int(&p, index);
+  if (t->write && !t->claim) {
+    /* The core reads (and locks) an event's session row right after the
+     * event in complete, fail and renew: it is read ahead in the same
+     * round trip (pg_session_get answers from it). Locking it a little
+     * earlier changes nothing: the writer would lock it anyway, and only
+     * claim transactions, which never wait long, contend for it. */
+    PGresult *res[2];
+    pg_params q = {0};
+    pp_str(&q, session);
+    pg_pre_drop(t);
+    if ((code = pg_send(t, ST_EVENT_GET_LOCK, &p, PEND_WANT, err)) != ES_OK) return code;
+    if ((code = pg_send(t, ST_SESSION_GET_LOCK, &q, PEND_WANT, err)) != ES_OK) return code;
+    if ((code = pg_sync_n(t, res, 2, err)) != ES_OK) return code;
+    if (!res[0] || !res[1] || !(t->pre_name = strdup(session))) {
+      PQclear(res[0]);
+      PQclear(res[1]);
+      return res[0] && res[1] ? pg_oom(err) : es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
+    }
+    t->pre_session = res[1];
+    if (PQntuples(res[0]) == 0) code = ES_NOT_FOUND;
+    else if (pg_decode_event(res[0], 0, 1, out) != ES_OK) code = pg_oom(err);
+    PQclear(res[0]);
+    return code;
+  }
   return pg_get_one(t, t->write ? ST_EVENT_GET_LOCK : ST_EVENT_GET, &p, ROW_EVENT, out, err);
 }
 
@@ -1809,42 +2372,91 @@ static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *
   return pg_get_one(t, ST_EVENT_GET_BY_ID, &p, ROW_EVENT, out, err);
 }
 
+/* The single-row INSERT's parameters (EV_COLS's order, key as $30). */
+static void pg_insert_params(pg_params *p, const es_event *row) {
+  pp_int(p, row->position);
+  pp_str(p, row->session);
+  pp_int(p, row->index);
+  pp_str(p, row->id);
+  pp_str(p, row->type);
+  pp_bytes(p, row->payload, row->payload_len); /* checked <= INT_MAX by pg_event_insert */
+  pp_str(p, row->lane);
+  pp_opt(p, row->created_at);
+  pp_opt(p, row->cause_index);
+  pp_opt(p, row->cause_attempt);
+  pp_opt(p, row->not_before);
+  pp_int(p, row->status);
+  pp_opt(p, row->attempts);
+  pp_opt(p, row->failures);
+  pp_str(p, row->last_error);
+  pp_opt(p, row->processed_at);
+  pp_str(p, row->claim_holder);
+  pp_opt(p, row->claim_expires_at);
+  pp_opt(p, row->retry_at);
+  pp_int(p, row->queued);
+  pp_opt(p, row->due_at);
+  pp_opt(p, row->last_failed_attempt);
+  pp_opt(p, row->returned);
+  pp_str(p, row->origin_session);
+  pp_opt(p, row->origin_index);
+  pp_opt(p, row->first_claimed_at);
+  pp_opt(p, row->last_claimed_at);
+  pp_opt(p, row->failed_at);
+  pp_opt(p, row->processed_by_attempt);
+  pp_str(p, row->key);
+}
+
+/* Adds a row (its position set) to the column arrays; -1: out of memory. */
+static int pg_ins_add(es_txn *t, const es_event *row) {
+  pg_buf *c = t->ins;
+  return pg_buf_int(&c[0], row->position) || pg_buf_str(&c[1], row->session) ||
+                 pg_buf_int(&c[2], row->index) || pg_buf_str(&c[3], row->id) ||
+                 pg_buf_str(&c[4], row->type) ||
+                 pg_buf_elem(&c[5], row->payload, row->payload_len, 1) ||
+                 pg_buf_str(&c[6], row->lane) || pg_buf_int(&c[7], row->created_at) ||
+                 pg_buf_int(&c[8], row->cause_index) || pg_buf_int(&c[9], row->cause_attempt) ||
+                 pg_buf_int(&c[10], row->not_before) || pg_buf_int(&c[11], row->status) ||
+                 pg_buf_int(&c[12], row->attempts) || pg_buf_int(&c[13], row->failures) ||
+                 pg_buf_str(&c[14], row->last_error) || pg_buf_int(&c[15], row->processed_at) ||
+                 pg_buf_str(&c[16], row->claim_holder) ||
+                 pg_buf_int(&c[17], row->claim_expires_at) || pg_buf_int(&c[18], row->retry_at) ||
+                 pg_buf_int(&c[19], row->queued) || pg_buf_int(&c[20], row->due_at) ||
+                 pg_buf_int(&c[21], row->last_failed_attempt) ||
+                 pg_buf_int(&c[22], row->returned) || pg_buf_str(&c[23], row->origin_session) ||
+                 pg_buf_int(&c[24], row->origin_index) ||
+                 pg_buf_int(&c[25], row->first_claimed_at) ||
+                 pg_buf_int(&c[26], row->last_claimed_at) || pg_buf_int(&c[27], row->failed_at) ||
+                 pg_buf_int(&c[28], row->processed_by_attempt) || pg_buf_str(&c[29], row->key)
+             ? -1
+             : 0;
+}
+
+/* Buffers the row (pg_ins_flush sends it): the first row is kept as is
+ * (sent alone, it is the single-row INSERT, cheaper for the server than
+ * unnest of one element); from the second on, the rows go into the
+ * column arrays. */
 static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
-  pg_params p = {0};
-  pp_int(&p, t->next_position);
-  pp_str(&p, row->session);
-  pp_int(&p, row->index);
-  pp_str(&p, row->id);
-  pp_str(&p, row->type);
-  if (pp_bytes(&p, row->payload, row->payload_len))
-    return es_fail(err, ES_TOO_LARGE, "postgres: payload too large");
-  pp_str(&p, row->lane);
-  pp_opt(&p, row->created_at);
-  pp_opt(&p, row->cause_index);
-  pp_opt(&p, row->cause_attempt);
-  pp_opt(&p, row->not_before);
-  pp_int(&p, row->status);
-  pp_opt(&p, row->attempts);
-  pp_opt(&p, row->failures);
-  pp_str(&p, row->last_error);
-  pp_opt(&p, row->processed_at);
-  pp_str(&p, row->claim_holder);
-  pp_opt(&p, row->claim_expires_at);
-  pp_opt(&p, row->retry_at);
-  pp_int(&p, row->queued);
-  pp_opt(&p, row->due_at);
-  pp_opt(&p, row->last_failed_attempt);
-  pp_opt(&p, row->returned);
-  pp_str(&p, row->origin_session);
-  pp_opt(&p, row->origin_index);
-  pp_opt(&p, row->first_claimed_at);
-  pp_opt(&p, row->last_claimed_at);
-  pp_opt(&p, row->failed_at);
-  pp_opt(&p, row->processed_by_attempt);
-  pp_str(&p, row->key);
-  int code = pg_write(t, ST_EVENT_INSERT, &p, NULL, err);
-  if (code != ES_OK) return code;
-  row->position = t->next_position++;
+  int code;
+  if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  if (row->payload_len > INT_MAX) return es_fail(err, ES_TOO_LARGE, "postgres: payload too large");
+  if ((code = pg_positions(t, err)) != ES_OK) return code;
+  if (!t->ins && !(t->ins = calloc(PG_INS_COLS, sizeof *t->ins))) return pg_oom(err);
+  int64_t position = row->position;
+  row->position = t->next_position;
+  int bad;
+  if (t->ins_n == 0) bad = es_event_copy(&t->ins_first, row) != ES_OK;
+  else bad = (t->ins_n == 1 && pg_ins_add(t, &t->ins_first)) || pg_ins_add(t, row);
+  if (bad) {
+    row->position = position;
+    /* a row half in the arrays cannot be sent: the transaction is lost */
+    pg_ins_discard(t);
+    pg_txn_break(t, "out of memory");
+    return pg_oom(err);
+  }
+  t->ins_n++;
+  t->ins_bytes += row->payload_len + 64;
+  t->next_position++;
+  if (t->ins_n >= PG_INS_MAX_ROWS || t->ins_bytes >= PG_INS_MAX_BYTES) return pg_ins_flush(t, err);
   return ES_OK;
 }
 
@@ -1858,10 +2470,11 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
   char id[ES_MAX_NAME_BYTES + 1];
   *copied = 0;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  int code = pg_positions(t, err);
+  if (code != ES_OK) return code;
   int64_t base = t->next_position;
   char *arr = NULL;
   size_t cap = 0;
-  int code = ES_OK;
   for (int64_t lo = 1; code == ES_OK && lo <= through; lo += PG_COPY_CHUNK) {
     int64_t n = through - lo + 1 < PG_COPY_CHUNK ? through - lo + 1 : PG_COPY_CHUNK;
     size_t len = 0;
@@ -1930,6 +2543,10 @@ static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   pp_opt(&p, row->last_claimed_at);
   pp_opt(&p, row->failed_at);
   pp_opt(&p, row->processed_by_attempt);
+  /* In a write or claim transaction the core read the row locked just
+   * before: the update is sent without waiting, and a row that is gone
+   * anyway fails the sync (STORAGE). */
+  if (t->write) return pg_send(t, ST_EVENT_UPDATE, &p, PEND_CHANGED, err);
   int code = pg_write(t, ST_EVENT_UPDATE, &p, &changed, err);
   if (code != ES_OK) return code;
   return changed > 0 ? ES_OK : ES_NOT_FOUND;
@@ -2056,6 +2673,72 @@ static int pg_queued_next_due_type(es_txn *t, const char *scope, const char *typ
   pp_int(&p, now);
   if (scope) pp_scope(&p, scope, end.v);
   return pg_one_int(t, scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE, &p, due, err);
+}
+
+/* claim_next's scan and its next due time in one round trip (sent with
+ * the claim transaction's begin): the same statements as queued_due /
+ * queued_due_type and queued_next_due / queued_next_due_type in a claim
+ * transaction. */
+static int pg_claim_ready(es_txn *t, const char *scope, const char *type, int64_t now,
+                          int64_t limit, es_event_cb cb, void *ctx, int64_t *next_due,
+                          es_err *err) {
+  pg_params p = {0}, q = {0};
+  pg_scope_end end, end2;
+  PGresult *res[2];
+  int code;
+  *next_due = ES_NONE;
+  if (!t->claim) return es_fail(err, ES_STORAGE, "postgres: claim_ready outside a claim transaction");
+  if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
+  if (type) {
+    pp_str(&p, type);
+    pp_str(&q, type);
+  }
+  pp_int(&p, now);
+  pp_limit(&p, limit);
+  if (scope) pp_scope(&p, scope, end.v);
+  pp_str(&p, t->skip);
+  pp_int(&q, now);
+  if (scope) pp_scope(&q, scope, end2.v);
+  int scan = type ? (scope ? ST_CLAIM_DUE_TYPE_SCOPED : ST_CLAIM_DUE_TYPE)
+                  : (scope ? ST_CLAIM_DUE_ALL_SCOPED : ST_CLAIM_DUE_ALL);
+  int next = type ? (scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE)
+                  : (scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL);
+  if ((code = pg_send(t, scan, &p, PEND_WANT, err)) != ES_OK) return code;
+  if ((code = pg_send(t, next, &q, PEND_WANT, err)) != ES_OK) return code;
+  if ((code = pg_sync_n(t, res, 2, err)) != ES_OK) return code;
+  if (!res[0] || !res[1]) {
+    PQclear(res[0]);
+    PQclear(res[1]);
+    return es_fail(err, ES_STORAGE, "postgres %s: claim: no answer", t->b->schema);
+  }
+  if (PQntuples(res[1]) > 0) *next_due = pg_opt(res[1], 0, 0);
+  PQclear(res[1]);
+  int n = PQntuples(res[0]);
+  for (int i = 0; i < n; i++) {
+    pg_row r;
+    if (pg_decode(ROW_EVENT, res[0], i, 0, &r) != ES_OK) {
+      code = pg_oom(err);
+      break;
+    }
+    if (pg_call(ROW_EVENT, (pg_fn)cb, ctx, &r)) break;
+  }
+  PQclear(res[0]);
+  return code;
+}
+
+/* claim_next's count on a session row: one UPDATE, sent without waiting
+ * (it locks the row, waiting at most lock_timeout: pg_claim_may_wait
+ * first). */
+static int pg_session_claimed(es_txn *t, const char *session, int64_t n, int64_t now,
+                              es_err *err) {
+  pg_params p = {0};
+  int code;
+  if (!t->claim) return es_fail(err, ES_STORAGE, "postgres: session_claimed outside a claim transaction");
+  if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  pp_str(&p, session);
+  pp_int(&p, n);
+  pp_int(&p, now);
+  return pg_send(t, ST_SESSION_CLAIMED, &p, PEND_CHANGED, err);
 }
 
 static int pg_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
@@ -2219,6 +2902,7 @@ static int pg_event_delete_range(es_txn *t, const char *session, int64_t through
 
 static int pg_session_delete(es_txn *t, const char *session, es_err *err) {
   int64_t removed;
+  pg_pre_drop(t);
   int code = pg_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
   if (code != ES_OK) return code;
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
@@ -2535,6 +3219,10 @@ static void pg_wake(es_backend *b) {
       .claim_retry = pg_claim_retry,                            \
       .wait_change = pg_wait_change,                            \
       .wake = pg_wake,                                          \
+      .release_commit = pg_release_commit,                      \
+      .claim_ready = pg_claim_ready,                            \
+      .session_claimed = pg_session_claimed,                    \
+      .claim_commit = pg_claim_commit,                          \
   }
 
 /* Both URI schemes libpq accepts. */

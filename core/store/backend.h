@@ -283,6 +283,33 @@ typedef struct es_backend_ops {
    * now and every later one return at once; close() calls it before it
    * waits for the calls in flight. */
   void (*wake)(es_backend *b);
+  /* Optional (NULL: savepoint_release, then write_commit): releases the
+   * savepoint of a write transaction's only caller and commits, in one
+   * step (a backend whose statements are round trips sends both at once).
+   * The core calls it only when the transaction holds no other caller's
+   * work and nobody is queued to join it. Ends t, committed (ES_OK) or
+   * rolled back. */
+  int (*release_commit)(es_txn *t, es_err *err);
+  /* Optional, with claim_begin (NULL: queued_due / queued_due_type, then
+   * queued_next_due / queued_next_due_type): in a claim transaction, the
+   * ready rows queued_due (session NULL) or queued_due_type (type set)
+   * returns there (locked, the skip list passed over), and in *next_due
+   * what queued_next_due / queued_next_due_type answers before any of them
+   * is claimed, in one step. */
+  int (*claim_ready)(es_txn *t, const char *scope, const char *type, int64_t now, int64_t limit,
+                     es_event_cb cb, void *ctx, int64_t *next_due, es_err *err);
+  /* Optional, with claim_begin (NULL: session_get, then session_put): in a
+   * claim transaction, adds n to the attempts of the session's row and
+   * sets its updated_at to now, locking the row as session_get does there;
+   * a missing row is an error (STORAGE). The failure may be reported by a
+   * later call of the transaction (its commit at the latest). */
+  int (*session_claimed)(es_txn *t, const char *session, int64_t n, int64_t now, es_err *err);
+  /* Optional, with claim_begin (NULL: write_commit): commits a claim
+   * transaction as write_commit does, and on failure sets *retry as
+   * claim_retry would have answered (a backend that reports the outcome
+   * of some statements only with the commit, session_claimed's lock wait
+   * among them, learns of a lost lock wait there). */
+  int (*claim_commit)(es_txn *t, int *retry, es_err *err);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

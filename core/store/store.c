@@ -418,6 +418,18 @@ static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
     rc = s->ops->savepoint(s->wtxn, err);
     if (rc == ES_OK) {
       rc = fn(s, s->wtxn, arg, err);
+      if (rc == ES_OK && s->ops->release_commit && s->n_members == 0 &&
+          atomic_load(&s->arriving) == 0) {
+        /* Alone in the transaction, nobody queued to join: release and
+         * commit in one step (one round trip on PostgreSQL). The
+         * transaction holds this caller's work only, so a failure is this
+         * caller's alone, as a failed release would be. */
+        rc = s->ops->release_commit(s->wtxn, err);
+        s->wtxn = NULL;
+        if (rc == ES_OK) notify_commit(s);
+        pthread_mutex_unlock(&s->wmu);
+        return rc;
+      }
       if (rc == ES_OK) rc = s->ops->savepoint_release(s->wtxn, err);
       if (rc != ES_OK) s->ops->savepoint_rollback(s->wtxn);
     }
@@ -1447,8 +1459,39 @@ static int cmp_event_ptr_session(const void *x, const void *y) {
  * each other in a cycle (docs/postgres.md "Concurrency"). Each session row
  * is read (locked) before its rows are claimed and written once. The rows
  * are handed out in claim order, as do_claim_next's. */
+/* The ready rows and retry_at with ops->claim_ready: each type's rows and
+ * next due time in one step. retry_at is then asked before the rows are
+ * claimed, so the claims' end (the due time claim_row gives them) is
+ * added to it here: the same answer as asking afterwards. */
+static int claim_ready_rows(es_store *s, es_txn *t, claim_next_args *a, int64_t *next,
+                            es_err *err) {
+  int rc = ES_OK;
+  *next = ES_NONE;
+  for (size_t i = 0; rc == ES_OK && i < (a->types ? a->n_types : 1); i++) {
+    collector c = {a->out, 0};
+    int64_t d = ES_NONE;
+    rc = collected(s->ops->claim_ready(t, a->scope, a->types ? a->types[i] : NULL, a->now,
+                                       a->limit, collect_event, &c, &d, err),
+                   &c, err);
+    if (rc == ES_OK && d != ES_NONE && (*next == ES_NONE || d < *next)) *next = d;
+  }
+  if (rc) return rc;
+  if (a->types && a->out->n > 1) qsort(a->out->v, a->out->n, sizeof *a->out->v, cmp_event_ready);
+  if (a->limit != ES_NONE && (int64_t)a->out->n > a->limit) {
+    for (size_t i = (size_t)a->limit; i < a->out->n; i++) es_event_destroy(&a->out->v[i]);
+    a->out->n = (size_t)a->limit;
+  }
+  if (a->out->n > 0 && (*next == ES_NONE || a->expires < *next)) *next = a->expires;
+  if (*next == INT64_MAX) *next = ES_NONE;  /* "never", as next_due says */
+  return ES_OK;
+}
+
 static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_err *err) {
-  int rc = a->types ? ready_of_types(s, t, a, err) : ready_rows(s, t, a, NULL, err);
+  int64_t early_next = ES_NONE;
+  int early = s->ops->claim_ready != NULL;
+  int rc = early     ? claim_ready_rows(s, t, a, &early_next, err)
+           : a->types ? ready_of_types(s, t, a, err)
+                      : ready_rows(s, t, a, NULL, err);
   size_t n = rc == ES_OK ? a->out->n : 0;
   es_event **by = n ? malloc(n * sizeof *by) : NULL; /* the rows of out, by session */
   if (n && !by) rc = nomem(err);
@@ -1459,6 +1502,13 @@ static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_e
   for (size_t i = 0; rc == ES_OK && i < n;) {
     size_t j = i;
     while (j < n && strcmp(by[j]->session, by[i]->session) == 0) j++;
+    if (s->ops->session_claimed) {
+      rc = s->ops->session_claimed(t, by[i]->session, (int64_t)(j - i), a->now, err);
+      for (size_t k = i; rc == ES_OK && k < j; k++)
+        rc = claim_row(s, t, by[k], a->holder, a->now, a->expires, err);
+      i = j;
+      continue;
+    }
     es_session_info si;
     rc = s->ops->session_get(t, by[i]->session, &si, err);
     if (rc == ES_NOT_FOUND)
@@ -1477,7 +1527,8 @@ static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_e
   }
   free(by);
   rc = revealed(s, t, rc, a->out, err);
-  if (rc == ES_OK)
+  if (rc == ES_OK && early) a->retry_at = early_next;
+  else if (rc == ES_OK)
     rc = a->types ? next_due_of_types(s, t, a, &a->retry_at, err)
                   : next_due(s, t, NULL, a->scope, a->now, &a->retry_at, err);
   return rc;
@@ -1496,9 +1547,15 @@ static int claim_next_own_txn(es_store *s, claim_next_args *a, es_err *err) {
     es_txn *t = NULL;
     if ((rc = s->ops->claim_begin(s->bk, a->skip, a->n_skip, &t, err))) return rc;
     rc = do_claim_next_locked(s, t, a, err);
-    if (rc == ES_OK) return s->ops->write_commit(t, err);
-    int again = s->ops->claim_retry && s->ops->claim_retry(t);
-    s->ops->write_rollback(t);
+    int again = 0;
+    if (rc == ES_OK && !s->ops->claim_commit) return s->ops->write_commit(t, err);
+    if (rc == ES_OK) {
+      /* the commit may be where a lost lock wait is learnt of */
+      if ((rc = s->ops->claim_commit(t, &again, err)) == ES_OK) return ES_OK;
+    } else {
+      again = s->ops->claim_retry && s->ops->claim_retry(t);
+      s->ops->write_rollback(t);
+    }
     es_events_destroy(a->out);
     memset(a->out, 0, sizeof *a->out);
     a->retry_at = ES_NONE;
