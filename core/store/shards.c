@@ -1434,9 +1434,29 @@ int es_shards_truncate(es_store *s, const char *session, int64_t through, int64_
   ROUTED("session", session, es_store_truncate(st, session, through, first_index, err));
 }
 
+typedef struct {
+  const char *session;
+  int *deleted;
+} delete_args;
+
+static int delete_routed(es_store *st, void *arg, es_err *err) {
+  delete_args *a = arg;
+  return es_store_delete(st, a->session, a->deleted, err);
+}
+
+typedef int (*routed_fn)(es_store *st, void *arg, es_err *err);
+static int routed(es_store *s, const char *what, const char *key, routed_fn fn, void *arg,
+                  es_err *err);
+static int delete_refs_of(es_store *s, const char *session, es_err *err);
+
 int es_shards_delete(es_store *s, const char *session, int *deleted, es_err *err) {
   *deleted = 0;
-  ROUTED("session", session, es_store_delete(st, session, deleted, err));
+  delete_args a = {session, deleted};
+  int rc = routed(s, "session", session, delete_routed, &a, err);
+  /* the refs naming it are in the catalog: they go too (a put_ref racing
+   * the delete can leave one naming a session with no events: head 0) */
+  if (rc == ES_OK && *deleted) rc = delete_refs_of(s, session, err);
+  return rc;
 }
 
 int es_shards_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
@@ -1818,127 +1838,69 @@ int es_shards_children(es_store *s, const char *session, const char *after, int6
   return ES_OK;
 }
 
-/* Refs live on the shard of the session they name (they move with it). */
+/* Refs live in the catalog (docs/sharding.md): one store, so put_ref,
+ * delete_ref and promote keep their atomic compare-and-set there
+ * (CONTRACT §3.7: of two promotes with the same expect exactly one wins),
+ * and a plan change never moves them. The catalog's own rows know no
+ * session's head: it is read from the session's shard. */
 
-typedef struct {
-  const char *name;
-  int *found;
-  es_ref *out;
-  es_store *where; /* the shard it was found on */
-} find_ref;
-
-static int ref_lookup(es_store *s, find_ref *f, es_err *err) {
-  shard_set set;
-  int64_t started = 0;
-  int rc;
-  do {
-    *f->found = 0;
-    f->where = NULL;
-    rc = sh_enter(s, err);
-    if (rc == ES_OK) rc = all_shards(s, &set, err);
-    for (size_t i = 0; rc == ES_OK && i < set.n && !*f->found; i++) {
-      rc = es_store_get_ref(set.st[i], f->name, f->found, f->out, err);
-      if (rc == ES_OK && *f->found) f->where = set.st[i];
-    }
-  } while (merged_again(&started, &rc, err));
-  return rc;
-}
-
-int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
-  es_ref_init(out);
-  find_ref f = {name, found, out, NULL};
-  return ref_lookup(s, &f, err);
-}
-
-/* Removes ref `name` from every shard but `keep`. */
-static int ref_drop_elsewhere(es_store *s, const char *name, es_store *keep, int *deleted,
-                              es_err *err) {
-  shard_set set;
-  int rc = all_shards(s, &set, err);
-  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
-    if (set.st[i] == keep) continue;
-    int d = 0;
-    rc = es_store_delete_ref(set.st[i], name, &d, err);
-    if (deleted) *deleted |= d;
+/* ref->head from the shard of the session it names (0 when none). */
+static int ref_head(es_store *s, es_ref *ref, es_err *err) {
+  ref->head = 0;
+  if (!ref->session || strcmp(ref->session, CATALOG_SESSION) == 0) return ES_OK;
+  int rc = es_shards_head(s, ref->session, &ref->head, err);
+  if (rc == ES_NOT_FOUND) {
+    ref->head = 0;
+    rc = ES_OK;
   }
   return rc;
 }
 
-typedef struct {
-  const char *name, *session;
-  es_ref *out;
-  es_store *where;
-} put_ref_args;
-
-static int put_ref_on(es_store *st, void *arg, es_err *err) {
-  put_ref_args *a = arg;
-  a->where = st;
-  return es_store_put_ref(st, a->name, a->session, a->out, err);
+int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+  *found = 0;
+  es_ref_init(out);
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_store_get_ref(s->shards->catalog, name, found, out, err);
+  if (rc == ES_OK && *found) rc = ref_head(s, out, err);
+  if (rc) {
+    *found = 0;
+    es_ref_destroy(out);
+  }
+  return rc;
 }
 
 int es_shards_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
                       es_err *err) {
   es_ref_init(out);
-  int rc = es_check_name("ref name", name, err);
+  int rc = sh_enter(s, err);
   if (rc) return rc;
-  put_ref_args a = {name, session, out, NULL};
-  rc = routed(s, "session", session, put_ref_on, &a, err);
-  /* the ref may have named a session of another shard: it moves here */
-  if (rc == ES_OK) rc = ref_drop_elsewhere(s, name, a.where, NULL, err);
+  if ((rc = es_check_name("name", name, err)) || (rc = es_check_name("session", session, err)))
+    return rc;
+  if (strcmp(session, CATALOG_SESSION) == 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "session name '%s' is reserved on a sharded store (the catalog's plans)",
+                   session);
+  rc = es_store_put_ref(s->shards->catalog, name, session, out, err);
+  if (rc == ES_OK) rc = ref_head(s, out, err);
+  if (rc) es_ref_destroy(out);
   return rc;
-}
-
-static int cmp_ref(const void *a, const void *b) {
-  return strcmp(((const es_ref *)a)->name, ((const es_ref *)b)->name);
 }
 
 int es_shards_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out,
                         es_err *err) {
   memset(out, 0, sizeof *out);
-  if (limit < 1) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  shard_set set;
-  int64_t started = 0;
-  int rc;
-  do {
-    es_refs_destroy(out);
-    rc = sh_enter(s, err);
-    if (rc == ES_OK) rc = all_shards(s, &set, err);
-    for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
-      es_refs part;
-      rc = es_store_list_refs(set.st[i], after, limit, &part, err);
-      if (rc) break;
-      if (part.n && es_grow((void **)&out->v, &out->cap, out->n + part.n, sizeof *out->v)) {
-        es_refs_destroy(&part);
-        rc = nomem(err);
-        break;
-      }
-      if (part.n) memcpy(out->v + out->n, part.v, part.n * sizeof *part.v);
-      out->n += part.n;
-      free(part.v);
-    }
-  } while (merged_again(&started, &rc, err));
-  if (rc) {
-    es_refs_destroy(out);
-    return rc;
-  }
-  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_ref);
-  size_t k = 0;
-  for (size_t i = 0; i < out->n; i++) {
-    if ((k && strcmp(out->v[k - 1].name, out->v[i].name) == 0) || (int64_t)k >= limit) {
-      es_ref_destroy(&out->v[i]);
-      continue;
-    }
-    out->v[k++] = out->v[i];
-  }
-  out->n = k;
-  return ES_OK;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_store_list_refs(s->shards->catalog, after, limit, out, err);
+  /* one routed head per ref: a page of refs costs a read per ref */
+  for (size_t i = 0; rc == ES_OK && i < out->n; i++) rc = ref_head(s, &out->v[i], err);
+  if (rc) es_refs_destroy(out);
+  return rc;
 }
 
 int es_shards_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
   *deleted = 0;
   int rc = sh_enter(s, err);
-  if (rc == ES_OK) rc = es_check_name("ref name", name, err);
-  if (rc == ES_OK) rc = ref_drop_elsewhere(s, name, NULL, deleted, err);
+  if (rc == ES_OK) rc = es_store_delete_ref(s->shards->catalog, name, deleted, err);
   return rc;
 }
 
@@ -1946,40 +1908,34 @@ int es_shards_promote(es_store *s, const char *from_ref, const char *to_ref, int
                       const char *expect, es_ref *out, char **actual, es_err *err) {
   es_ref_init(out);
   if (actual) *actual = NULL;
-  int rc;
-  if ((rc = es_check_name("from ref", from_ref, err)) || (rc = es_check_name("to ref", to_ref, err)))
-    return rc;
-  int found = 0, to_found = 0;
-  es_ref from, to;
-  es_ref_init(&from);
-  es_ref_init(&to);
-  find_ref f = {from_ref, &found, &from, NULL};
-  find_ref t = {to_ref, &to_found, &to, NULL};
-  rc = ref_lookup(s, &f, err);
-  if (rc == ES_OK && !found) rc = es_fail(err, ES_NOT_FOUND, "no ref '%s'", from_ref);
-  if (rc == ES_OK) rc = ref_lookup(s, &t, err);
-  if (rc == ES_OK && has_expect) {
-    int ok = expect ? (to_found && strcmp(to.session, expect) == 0) : !to_found;
-    if (!ok) {
-      if (actual && to_found && !(*actual = strdup(to.session))) rc = nomem(err);
-      if (rc == ES_OK)
-        rc = es_fail(err, ES_REF_CONFLICT, "ref '%s' names %s%s%s, not the expected %s%s%s",
-                     to_ref, to_found ? "'" : "", to_found ? to.session : "nothing",
-                     to_found ? "'" : "", expect ? "'" : "", expect ? expect : "nothing",
-                     expect ? "'" : "");
-    }
-  }
-  if (rc == ES_OK) {
-    /* the compare-and-set is atomic when both refs are on one shard; across
-     * shards it is checked just before (docs/sharding.md) */
-    int same = !to_found || t.where == f.where;
-    rc = es_store_promote(f.where, from_ref, to_ref, same ? has_expect : 0, expect, out, actual,
-                          err);
-    if (rc == ES_OK && !same) rc = ref_drop_elsewhere(s, to_ref, f.where, NULL, err);
-  }
-  es_ref_destroy(&from);
-  es_ref_destroy(&to);
-  if (rc == ES_MOVED) rc = es_fail(err, ES_STORAGE, "a ref's session is being moved: retry");
+  char *ignored = NULL;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK)
+    rc = es_store_promote(s->shards->catalog, from_ref, to_ref, has_expect, expect, out,
+                          actual ? actual : &ignored, err);
+  free(ignored);
+  if (rc == ES_OK) rc = ref_head(s, out, err);
+  if (rc) es_ref_destroy(out);
+  return rc;
+}
+
+/* The refs naming a deleted session go with it (as on one store). */
+typedef struct {
+  const char *session;
+} refs_of_args;
+
+static int do_delete_refs_of(es_store *st, es_txn *t, void *arg, es_err *err) {
+  refs_of_args *a = arg;
+  return st->ops->ref_delete_session(t, a->session, err);
+}
+
+static int delete_refs_of(es_store *s, const char *session, es_err *err) {
+  es_store *cat = s->shards->catalog;
+  int rc = es_core_enter(cat, err);
+  if (rc) return rc;
+  refs_of_args a = {session};
+  rc = es_core_write(cat, do_delete_refs_of, &a, err);
+  es_core_leave(cat);
   return rc;
 }
 
