@@ -463,5 +463,193 @@ describe("sharded store over " .. kind.name, function()
     -- and the sharded store's listing never shows the tombstone
     assert.are.equal(20, #s:sessions({ limit = 100 }).sessions)
   end)
+
+  -- Runs `body` (Lua source using arg[1] = the catalog url, arg[2..]) in
+  -- another process; returns a function that waits for it and gives its
+  -- stdout.
+  local function spawn(body, ...)
+    local base = os.tmpname()
+    files[#files + 1] = base
+    local script, out, done = base .. ".lua", base .. ".out", base .. ".done"
+    for _, f in ipairs({ script, out, done, base .. ".err" }) do files[#files + 1] = f end
+    eh.write_file(script, body)
+    local args = {}
+    for _, a in ipairs({ ... }) do args[#args + 1] = sh_quote(tostring(a)) end
+    local env = "LUA_PATH=" .. sh_quote(package.path) .. " LUA_CPATH=" .. sh_quote(package.cpath)
+    os.execute(("(%s %s %s %s >%s 2>%s; touch %s) &"):format(env, LUA, sh_quote(script), table.concat(args, " "),
+      sh_quote(out), sh_quote(base .. ".err"), sh_quote(done)))
+    return function()
+      for _ = 1, 1200 do
+        local f = io.open(done, "r")
+        if f then f:close() break end
+        helpers.sleep(0.05)
+      end
+      assert.is_truthy(io.open(done, "r"), "the other process did not finish")
+      local f = io.open(out, "r")
+      local text = f and f:read("a") or ""
+      if f then f:close() end
+      local ef = io.open(base .. ".err", "r")
+      local etext = ef and ef:read("a") or ""
+      if ef then ef:close() end
+      return text, etext
+    end
+  end
+
+  local function wait_file(path)
+    for _ = 1, 1200 do
+      local f = io.open(path, "r")
+      if f then f:close() return true end
+      helpers.sleep(0.05)
+    end
+    return false
+  end
+
+  it("never lets a slow mover of an older plan move a session after a newer plan (review bug 1)", function()
+    local s1, s2 = kind.url(), kind.url()
+    local s, catalog = open({ s1 = s1 })
+    for i = 1, 40 do s:append("m-" .. i, { { type = "t", id = "m-id-" .. i } }) end
+    local gate = os.tmpname()
+    files[#files + 1] = gate
+    files[#files + 1] = gate .. ".paused"
+    os.remove(gate)
+    -- the other process moves {s1} -> {s1, s2} and pauses before its 12th
+    -- step: the plan is pending, records are written, a few sessions moved,
+    -- the rest of its listing of s1 held in memory
+    local wait = spawn([[
+      local eventstore = require("eventstore")
+      local s = eventstore.open("shards:" .. arg[1])
+      s:_pause_after(12, arg[2])
+      local ok, r = pcall(s.set_plan, s, { version = 2, shards = { s1 = arg[3], s2 = arg[4] } })
+      print(ok and "ok" or tostring(r))
+      s:close()
+    ]], catalog, gate, s1, s2)
+    assert.is_true(wait_file(gate .. ".paused"), "the mover did not pause")
+    -- meanwhile this process finishes plan 2 and installs plan 3 = {s1}
+    s:set_plan({ version = 3, shards = { s1 = s1 } })
+    assert.are.equal(3, s:plan().version)
+    io.open(gate, "w"):close()
+    local out, errtext = wait()
+    assert.is_truthy(out:match("^ok") or out:find("plan", 1, true), "mover said: " .. out .. errtext)
+    -- every session on s1 (the only shard of plan 3), reachable, each event once
+    local at = where({ s1 = s1, s2 = s2 })
+    assert.are.equal(40, count(at))
+    for session, shard in pairs(at) do assert.are.equal("s1", shard, session .. " is on " .. shard) end
+    local fresh = track(eventstore.open("shards:" .. catalog))
+    assert.are.equal(3, fresh:plan().version)
+    local ids = all_ids(fresh)
+    assert.are.equal(40, count(ids))
+    for id, n in pairs(ids) do assert.are.equal(1, n, id) end
+    for i = 1, 40 do assert.are.equal(1, fresh:head("m-" .. i)) end
+    assert.are.equal(40, #fresh:claim_next({ holder = "h", ttl_ms = 60000, limit = 1000 }))
+  end)
+
+  it("refuses a catalog that is one of the shards, and the catalog's session name (review bug 2)", function()
+    local a, b = kind.url(), kind.url()
+    expect_error("INVALID_ARGUMENT", eventstore.open, "shards:", { catalog = a, plan = { version = 1, shards = { a = a, b = b } } })
+    local s, catalog = open({ a = a })
+    s:append("x", { { type = "t" } })
+    expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = { a = a, c = catalog } })
+    if catalog:match("^sqlite:/") then
+      -- the same file by another spelling is the same store
+      local respelled = catalog:gsub("^sqlite:/", "sqlite://")
+      expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = { a = a, c = respelled } })
+    end
+    assert.are.equal(1, s:plan().version)
+    -- the plan session's name is reserved on a sharded store
+    expect_error("INVALID_ARGUMENT", s.append, s, "eventstore.shard_plan", { { type = "plan", payload = { version = 99 } } })
+    expect_error("INVALID_ARGUMENT", s.read, s, "eventstore.shard_plan")
+    local other = track(eventstore.open("shards:" .. catalog))
+    assert.are.equal(1, other:plan().version)
+    local r = s:set_plan({ version = 2, shards = { a = a, b = b } })
+    assert.is_true(r.moved >= 0)
+    assert.are.equal(1, #s:read("x"))
+  end)
+
+  it("refuses two shard names on one store, then accepts a good plan (review bug 3)", function()
+    local a, b = kind.url(), kind.url()
+    local s = open({ a = a })
+    for i = 1, 30 do s:append("k" .. i, { { type = "t", settled = true } }) end
+    expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = { a = a, b = b, c = b } })
+    if b:match("^sqlite:/") then
+      local respelled = b:gsub("^sqlite:/", "sqlite://")
+      expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = { a = a, b = b, c = respelled } })
+    end
+    assert.are.equal(1, s:plan().version)
+    local r = s:set_plan({ version = 2, shards = { a = a, b = b } })
+    assert.is_true(r.moved > 0)
+    for i = 1, 30 do assert.are.equal(1, s:head("k" .. i)) end
+  end)
+
+  it("makes a deleted session usable again on a shard it once moved away from (review bug 4)", function()
+    local a, b = kind.url(), kind.url()
+    local s = open({ a = a })
+    for i = 1, 40 do s:append("x" .. i, { { type = "t" } }) end
+    s:set_plan({ version = 2, shards = { a = a, b = b } })
+    local at = where({ a = a, b = b })
+    local victim
+    for session, shard in pairs(at) do if shard == "b" then victim = session end end
+    assert.is_string(victim)
+    s:delete(victim)
+    s:set_plan({ version = 3, shards = { a = a } })
+    assert.are.equal(0, s:head(victim))
+    s:append(victim, { { type = "again" } })
+    assert.are.equal(1, s:head(victim))
+    assert.are.equal("again", s:read(victim)[1].type)
+  end)
+
+  it("keeps refs atomic across shards: racing put_refs and promotes (review bug 6)", function()
+    local shards = plan_of(2)
+    local s, catalog = open(shards)
+    -- two sessions on different shards
+    for i = 1, 40 do s:append("t" .. i, { { type = "t", settled = true } }) end
+    local on = {}
+    for _, name in ipairs({ "s1", "s2" }) do
+      local direct = track(eventstore.open(shards[name]))
+      on[name] = direct:sessions({ limit = 1 }).sessions[1].session
+    end
+    assert.is_string(on.s1)
+    assert.is_string(on.s2)
+    local N = 300
+    local body = [[
+      local eventstore = require("eventstore")
+      local s = eventstore.open("shards:" .. arg[1])
+      local target, n = arg[2], tonumber(arg[3])
+      s:put_ref("src-" .. target, target)
+      local won = {}
+      for i = 1, n do
+        s:put_ref("r" .. i, target)
+        local ok = pcall(s.promote, s, "src-" .. target, "p" .. i, { expect = false })
+        if ok then won[#won + 1] = i end
+      end
+      print(table.concat(won, " "))
+      s:close()
+    ]]
+    local w1 = spawn(body, catalog, on.s1, N)
+    local w2 = spawn(body, catalog, on.s2, N)
+    local out1, e1 = w1()
+    local out2, e2 = w2()
+    assert.are.equal("", e1 .. e2)
+    local wins = {}
+    for _, out in ipairs({ out1, out2 }) do
+      for i in out:gmatch("%d+") do wins[tonumber(i)] = (wins[tonumber(i)] or 0) + 1 end
+    end
+    for i = 1, N do
+      local r = s:get_ref("r" .. i)
+      assert.is_truthy(r, "ref r" .. i .. " was lost")
+      assert.is_truthy(r.session == on.s1 or r.session == on.s2)
+      assert.are.equal(1, r.head)
+      assert.are.equal(1, wins[i] or 0, "promote onto p" .. i .. " won " .. tostring(wins[i] or 0) .. " times")
+    end
+    -- every ref listed once, with its session's head
+    local listed = s:list_refs({ limit = 1000 })
+    assert.are.equal(2 * N + 2, #listed)
+    for _, r in ipairs(listed) do assert.are.equal(1, r.head, r.name) end
+    -- deleting a session removes the refs naming it; a plan change keeps refs
+    s:set_plan({ version = 2, shards = { s1 = shards.s1, s2 = shards.s2, s3 = kind.url() } })
+    assert.are.equal(2 * N + 2, #s:list_refs({ limit = 1000 }))
+    s:delete(on.s1)
+    assert.is_nil(s:get_ref("src-" .. on.s1))
+    assert.are.equal(on.s2, s:get_ref("src-" .. on.s2).session)
+  end)
 end)
 end

@@ -1023,6 +1023,19 @@ static int m_shards_crash_after(lua_State *L) {
   return 0;
 }
 
+/* store:_pause_after(n, gate): test hook (spec/34), a mover that pauses
+ * before its nth step until the file `gate` exists. */
+static int m_shards_pause_after(lua_State *L) {
+  lstore *h = check_store(L);
+  sharded_store(L, h, "_pause_after");
+  lua_Integer n = luaL_checkinteger(L, 2);
+  size_t len;
+  const char *gate = luaL_checklstring(L, 3, &len);
+  if (strlen(gate) != len) luaL_argerror(L, 3, "a path holds no NUL byte");
+  es_shards_set_pause_after(h->s, n, gate);
+  return 0;
+}
+
 typedef struct {
   es_events events;
   char **cursors;
@@ -2206,6 +2219,7 @@ static const luaL_Reg store_methods[] = {
     {"plan", m_plan},
     {"set_plan", m_set_plan},
     {"_crash_after", m_shards_crash_after},
+    {"_pause_after", m_shards_pause_after},
     {"claim", m_claim},
     {"claim_next", m_claim_next},
     {"renew", m_renew},

@@ -192,6 +192,15 @@ int es_shard_plan_check(es_shard_plan *p, es_err *err) {
   for (size_t i = 1; i < p->n; i++)
     if (strcmp(p->v[i - 1].name, p->v[i].name) == 0)
       return es_fail(err, ES_INVALID_ARGUMENT, "shard name '%s' appears twice", p->v[i].name);
+  /* one store under two names would hold one session twice over (the
+   * same url is caught here; other spellings of one store by its
+   * identity when the plan is installed). "memory:" opens a new store
+   * each time. */
+  for (size_t i = 0; i < p->n; i++)
+    for (size_t j = i + 1; j < p->n; j++)
+      if (strcmp(p->v[i].url, p->v[j].url) == 0 && strcmp(p->v[i].url, "memory:") != 0)
+        return es_fail(err, ES_INVALID_ARGUMENT, "shards '%s' and '%s' have the same url",
+                       p->v[i].name, p->v[j].name);
   return ES_OK;
 }
 
@@ -291,6 +300,12 @@ static int marked(const es_backend_ops *ops, es_txn *t, const char *session, int
   int rc = record_get(ops, t, &r, err);
   if (rc) return rc;
   const char *target = r.n > 1 ? owner_of_names(r.names + 1, r.n - 1, session) : NULL;
+  /* A tombstone on the shard the plan now gives the session to: the
+   * session may still be on the shard it once moved to, waiting to move
+   * back (the caller waits, as for an incoming row); the plan change
+   * clears such tombstones once every session is home (clear_tombstones),
+   * and then the session is simply absent here. */
+  if (fence == FENCE_TOMBSTONE && target && strcmp(target, r.names[0]) == 0) target = NULL;
   rc = moved(err, session, target, r.version);
   record_destroy(&r);
   return rc;
@@ -785,6 +800,8 @@ struct es_shards {
   atomic_uint rr;            /* claim_next's first shard, rotating */
   atomic_int closed;
   atomic_llong crash_after;  /* test hook: steps left before a simulated crash; 0: off */
+  atomic_llong pause_after;  /* test hook: steps left before a pause; 0: off */
+  char *pause_path;          /* owned; the pause hook's gate file */
 };
 
 static int sh_enter(es_store *s, es_err *err) {
@@ -798,8 +815,47 @@ void es_shards_set_crash_after(es_store *s, int64_t steps) {
   if (s->shards) atomic_store(&s->shards->crash_after, steps);
 }
 
-/* The test hook: counts a step of a plan change. */
+void es_shards_set_pause_after(es_store *s, int64_t steps, const char *gate) {
+  if (!s->shards) return;
+  pthread_mutex_lock(&s->shards->mu);
+  free(s->shards->pause_path);
+  s->shards->pause_path = gate ? strdup(gate) : NULL;
+  atomic_store(&s->shards->pause_after, s->shards->pause_path ? steps : 0);
+  pthread_mutex_unlock(&s->shards->mu);
+}
+
+static int file_exists(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (f) fclose(f);
+  return f != NULL;
+}
+
+/* The pause hook: before its nth step the mover creates GATE.paused and
+ * waits (at most 120 s) until GATE exists, as a slow process would. */
+static void maybe_pause(es_store *s) {
+  struct es_shards *sh = s->shards;
+  long long left = atomic_load(&sh->pause_after);
+  if (left <= 0) return;
+  atomic_store(&sh->pause_after, left - 1);
+  if (left != 1) return;
+  pthread_mutex_lock(&sh->mu);
+  char *gate = sh->pause_path ? strdup(sh->pause_path) : NULL;
+  pthread_mutex_unlock(&sh->mu);
+  if (!gate) return;
+  es_buf b;
+  es_buf_init(&b);
+  if (es_buf_addf(&b, "%s.paused", gate) == ES_OK && es_buf_addc(&b, '\0') == ES_OK) {
+    FILE *f = fopen(b.data, "w");
+    if (f) fclose(f);
+  }
+  es_buf_destroy(&b);
+  for (int i = 0; i < 12000 && !file_exists(gate); i++) sleep_ms(10);
+  free(gate);
+}
+
+/* The test hooks: count a step of a plan change. */
 static int step(es_store *s, es_err *err) {
+  maybe_pause(s);
   long long left = atomic_load(&s->shards->crash_after);
   if (left <= 0) return ES_OK;
   if (left == 1) {
@@ -821,6 +877,12 @@ static int shard_store(es_store *s, const char *name, const char *url, es_store 
                        es_err *err) {
   struct es_shards *sh = s->shards;
   pthread_mutex_lock(&sh->mu);
+  /* close() closes the stores it finds under mu: a store opened after
+   * that would never be closed */
+  if (atomic_load(&sh->closed)) {
+    pthread_mutex_unlock(&sh->mu);
+    return es_fail(err, ES_CLOSED, "the store is closed");
+  }
   for (conn *c = sh->conns; c; c = c->next)
     if (strcmp(c->name, name) == 0 && strcmp(c->url, url) == 0) {
       *out = c->st;
@@ -959,6 +1021,9 @@ static int route_store(es_store *s, const char *what, const char *key, route *r,
   if (rc) return rc;
   if (!key) return es_fail(err, ES_INVALID_ARGUMENT, "%s is required", what);
   if ((rc = es_check_name(what, key, err))) return rc;
+  if (strcmp(what, "namespace") != 0 && strcmp(key, CATALOG_SESSION) == 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "%s name '%s' is reserved on a sharded store (the catalog's plans)", what, key);
   const es_shard_plan *cur, *pend;
   plans_now(s, &cur, &pend);
   const es_shard_def *d = NULL;
@@ -1053,6 +1118,7 @@ static int merged_again(int64_t *started, int *rc, es_err *err) {
 /* ---- lifecycle ------------------------------------------------------------ */
 
 static int set_plan_locked(es_store *s, const es_shard_plan *plan, int64_t *moved_n, es_err *err);
+static int check_identities(es_store *s, const es_shard_plan *p, es_err *err);
 
 int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open_opts *opts,
                    es_store **out, es_err *err) {
@@ -1116,7 +1182,8 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
     catalog_view v;
     if ((rc = catalog_load(sh->catalog, &v, err))) break;
     if (plan && v.cur.version == 0) {
-      rc = catalog_put(sh->catalog, &want, "current", v.head, err);
+      rc = check_identities(s, &want, err);
+      if (rc == ES_OK) rc = catalog_put(sh->catalog, &want, "current", v.head, err);
       view_destroy(&v);
       if (rc == ES_WRONG_EXPECTED_HEAD && tries < 100) rc = ES_OK; /* another opener won: look again */
       else if (rc == ES_OK) continue;
@@ -1159,8 +1226,11 @@ int es_shards_open_url(const char *url_rest, const es_open_opts *opts, es_store 
 
 void es_shards_close(es_store *s) {
   struct es_shards *sh = s->shards;
-  if (atomic_exchange(&sh->closed, 1)) return;
   pthread_mutex_lock(&sh->mu);
+  if (atomic_exchange(&sh->closed, 1)) {
+    pthread_mutex_unlock(&sh->mu);
+    return;
+  }
   for (conn *c = sh->conns; c; c = c->next) es_store_close(c->st);
   pthread_mutex_unlock(&sh->mu);
   if (sh->catalog) es_store_close(sh->catalog);
@@ -1186,6 +1256,7 @@ void es_shards_free(es_store *s) {
     free(p);
   }
   if (sh->catalog) es_store_release(sh->catalog);
+  free(sh->pause_path);
   pthread_mutex_destroy(&sh->mu);
   free(sh);
   pthread_mutex_destroy(&s->lmu);
@@ -1363,9 +1434,29 @@ int es_shards_truncate(es_store *s, const char *session, int64_t through, int64_
   ROUTED("session", session, es_store_truncate(st, session, through, first_index, err));
 }
 
+typedef struct {
+  const char *session;
+  int *deleted;
+} delete_args;
+
+static int delete_routed(es_store *st, void *arg, es_err *err) {
+  delete_args *a = arg;
+  return es_store_delete(st, a->session, a->deleted, err);
+}
+
+typedef int (*routed_fn)(es_store *st, void *arg, es_err *err);
+static int routed(es_store *s, const char *what, const char *key, routed_fn fn, void *arg,
+                  es_err *err);
+static int delete_refs_of(es_store *s, const char *session, es_err *err);
+
 int es_shards_delete(es_store *s, const char *session, int *deleted, es_err *err) {
   *deleted = 0;
-  ROUTED("session", session, es_store_delete(st, session, deleted, err));
+  delete_args a = {session, deleted};
+  int rc = routed(s, "session", session, delete_routed, &a, err);
+  /* the refs naming it are in the catalog: they go too (a put_ref racing
+   * the delete can leave one naming a session with no events: head 0) */
+  if (rc == ES_OK && *deleted) rc = delete_refs_of(s, session, err);
+  return rc;
 }
 
 int es_shards_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
@@ -1574,16 +1665,31 @@ int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_
     if (rc) return rc;
     /* each call starts at the next shard, so none starves behind a busy one */
     size_t first = atomic_fetch_add(&s->shards->rr, 1) % set.n;
-    for (size_t k = 0; rc == ES_OK && k < set.n && (int64_t)out->n < want; k++) {
+    /* a shard that fails (down, or a session in a move) is skipped: the
+     * others are still asked; its error is the answer only when no shard
+     * answered */
+    int answered = 0, failed = ES_OK;
+    es_err first_err = {0};
+    for (size_t k = 0; k < set.n && (int64_t)out->n < want; k++) {
       es_events part;
       int64_t ra = ES_NONE;
-      rc = es_store_claim_next(set.st[(first + k) % set.n], holder, ttl_ms,
-                               limit == ES_NONE ? ES_NONE : want - (int64_t)out->n, types, n_types,
-                               skip, n_skip, &part, &ra, err);
-      if (rc == ES_OK) rc = move_events(out, &part, err);
-      if (rc == ES_OK && ra != ES_NONE && (*retry_at == ES_NONE || ra < *retry_at))
-        *retry_at = ra;
+      es_err e = {0};
+      int r = es_store_claim_next(set.st[(first + k) % set.n], holder, ttl_ms,
+                                  limit == ES_NONE ? ES_NONE : want - (int64_t)out->n, types,
+                                  n_types, skip, n_skip, &part, &ra, &e);
+      if (r == ES_OK) r = move_events(out, &part, &e);
+      if (r) {
+        if (failed == ES_OK || (failed == ES_MOVED && r != ES_MOVED)) {
+          failed = r;
+          first_err = e;
+        }
+        continue;
+      }
+      answered = 1;
+      if (ra != ES_NONE && (*retry_at == ES_NONE || ra < *retry_at)) *retry_at = ra;
     }
+    rc = answered && failed != ES_MOVED ? ES_OK : failed;
+    if (rc && err) *err = first_err;
     /* what was claimed before a failure stays claimed (and expires) */
   } while (out->n == 0 && merged_again(&started, &rc, err));
   if (rc && out->n == 0) es_events_destroy(out);
@@ -1593,7 +1699,9 @@ int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_
 static int cmp_event_time(const void *a, const void *b) {
   const es_event *x = a, *y = b;
   if (x->created_at != y->created_at) return x->created_at < y->created_at ? -1 : 1;
-  return strcmp(x->session, y->session) < 0 ? -1 : (x->position < y->position ? -1 : 1);
+  int c = strcmp(x->session, y->session);
+  if (c) return c < 0 ? -1 : 1;
+  return x->position < y->position ? -1 : x->position > y->position;
 }
 
 int es_shards_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
@@ -1730,127 +1838,69 @@ int es_shards_children(es_store *s, const char *session, const char *after, int6
   return ES_OK;
 }
 
-/* Refs live on the shard of the session they name (they move with it). */
+/* Refs live in the catalog (docs/sharding.md): one store, so put_ref,
+ * delete_ref and promote keep their atomic compare-and-set there
+ * (CONTRACT §3.7: of two promotes with the same expect exactly one wins),
+ * and a plan change never moves them. The catalog's own rows know no
+ * session's head: it is read from the session's shard. */
 
-typedef struct {
-  const char *name;
-  int *found;
-  es_ref *out;
-  es_store *where; /* the shard it was found on */
-} find_ref;
-
-static int ref_lookup(es_store *s, find_ref *f, es_err *err) {
-  shard_set set;
-  int64_t started = 0;
-  int rc;
-  do {
-    *f->found = 0;
-    f->where = NULL;
-    rc = sh_enter(s, err);
-    if (rc == ES_OK) rc = all_shards(s, &set, err);
-    for (size_t i = 0; rc == ES_OK && i < set.n && !*f->found; i++) {
-      rc = es_store_get_ref(set.st[i], f->name, f->found, f->out, err);
-      if (rc == ES_OK && *f->found) f->where = set.st[i];
-    }
-  } while (merged_again(&started, &rc, err));
-  return rc;
-}
-
-int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
-  es_ref_init(out);
-  find_ref f = {name, found, out, NULL};
-  return ref_lookup(s, &f, err);
-}
-
-/* Removes ref `name` from every shard but `keep`. */
-static int ref_drop_elsewhere(es_store *s, const char *name, es_store *keep, int *deleted,
-                              es_err *err) {
-  shard_set set;
-  int rc = all_shards(s, &set, err);
-  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
-    if (set.st[i] == keep) continue;
-    int d = 0;
-    rc = es_store_delete_ref(set.st[i], name, &d, err);
-    if (deleted) *deleted |= d;
+/* ref->head from the shard of the session it names (0 when none). */
+static int ref_head(es_store *s, es_ref *ref, es_err *err) {
+  ref->head = 0;
+  if (!ref->session || strcmp(ref->session, CATALOG_SESSION) == 0) return ES_OK;
+  int rc = es_shards_head(s, ref->session, &ref->head, err);
+  if (rc == ES_NOT_FOUND) {
+    ref->head = 0;
+    rc = ES_OK;
   }
   return rc;
 }
 
-typedef struct {
-  const char *name, *session;
-  es_ref *out;
-  es_store *where;
-} put_ref_args;
-
-static int put_ref_on(es_store *st, void *arg, es_err *err) {
-  put_ref_args *a = arg;
-  a->where = st;
-  return es_store_put_ref(st, a->name, a->session, a->out, err);
+int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+  *found = 0;
+  es_ref_init(out);
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_store_get_ref(s->shards->catalog, name, found, out, err);
+  if (rc == ES_OK && *found) rc = ref_head(s, out, err);
+  if (rc) {
+    *found = 0;
+    es_ref_destroy(out);
+  }
+  return rc;
 }
 
 int es_shards_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
                       es_err *err) {
   es_ref_init(out);
-  int rc = es_check_name("ref name", name, err);
+  int rc = sh_enter(s, err);
   if (rc) return rc;
-  put_ref_args a = {name, session, out, NULL};
-  rc = routed(s, "session", session, put_ref_on, &a, err);
-  /* the ref may have named a session of another shard: it moves here */
-  if (rc == ES_OK) rc = ref_drop_elsewhere(s, name, a.where, NULL, err);
+  if ((rc = es_check_name("name", name, err)) || (rc = es_check_name("session", session, err)))
+    return rc;
+  if (strcmp(session, CATALOG_SESSION) == 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "session name '%s' is reserved on a sharded store (the catalog's plans)",
+                   session);
+  rc = es_store_put_ref(s->shards->catalog, name, session, out, err);
+  if (rc == ES_OK) rc = ref_head(s, out, err);
+  if (rc) es_ref_destroy(out);
   return rc;
-}
-
-static int cmp_ref(const void *a, const void *b) {
-  return strcmp(((const es_ref *)a)->name, ((const es_ref *)b)->name);
 }
 
 int es_shards_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out,
                         es_err *err) {
   memset(out, 0, sizeof *out);
-  if (limit < 1) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  shard_set set;
-  int64_t started = 0;
-  int rc;
-  do {
-    es_refs_destroy(out);
-    rc = sh_enter(s, err);
-    if (rc == ES_OK) rc = all_shards(s, &set, err);
-    for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
-      es_refs part;
-      rc = es_store_list_refs(set.st[i], after, limit, &part, err);
-      if (rc) break;
-      if (part.n && es_grow((void **)&out->v, &out->cap, out->n + part.n, sizeof *out->v)) {
-        es_refs_destroy(&part);
-        rc = nomem(err);
-        break;
-      }
-      if (part.n) memcpy(out->v + out->n, part.v, part.n * sizeof *part.v);
-      out->n += part.n;
-      free(part.v);
-    }
-  } while (merged_again(&started, &rc, err));
-  if (rc) {
-    es_refs_destroy(out);
-    return rc;
-  }
-  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_ref);
-  size_t k = 0;
-  for (size_t i = 0; i < out->n; i++) {
-    if ((k && strcmp(out->v[k - 1].name, out->v[i].name) == 0) || (int64_t)k >= limit) {
-      es_ref_destroy(&out->v[i]);
-      continue;
-    }
-    out->v[k++] = out->v[i];
-  }
-  out->n = k;
-  return ES_OK;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_store_list_refs(s->shards->catalog, after, limit, out, err);
+  /* one routed head per ref: a page of refs costs a read per ref */
+  for (size_t i = 0; rc == ES_OK && i < out->n; i++) rc = ref_head(s, &out->v[i], err);
+  if (rc) es_refs_destroy(out);
+  return rc;
 }
 
 int es_shards_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
   *deleted = 0;
   int rc = sh_enter(s, err);
-  if (rc == ES_OK) rc = es_check_name("ref name", name, err);
-  if (rc == ES_OK) rc = ref_drop_elsewhere(s, name, NULL, deleted, err);
+  if (rc == ES_OK) rc = es_store_delete_ref(s->shards->catalog, name, deleted, err);
   return rc;
 }
 
@@ -1858,40 +1908,34 @@ int es_shards_promote(es_store *s, const char *from_ref, const char *to_ref, int
                       const char *expect, es_ref *out, char **actual, es_err *err) {
   es_ref_init(out);
   if (actual) *actual = NULL;
-  int rc;
-  if ((rc = es_check_name("from ref", from_ref, err)) || (rc = es_check_name("to ref", to_ref, err)))
-    return rc;
-  int found = 0, to_found = 0;
-  es_ref from, to;
-  es_ref_init(&from);
-  es_ref_init(&to);
-  find_ref f = {from_ref, &found, &from, NULL};
-  find_ref t = {to_ref, &to_found, &to, NULL};
-  rc = ref_lookup(s, &f, err);
-  if (rc == ES_OK && !found) rc = es_fail(err, ES_NOT_FOUND, "no ref '%s'", from_ref);
-  if (rc == ES_OK) rc = ref_lookup(s, &t, err);
-  if (rc == ES_OK && has_expect) {
-    int ok = expect ? (to_found && strcmp(to.session, expect) == 0) : !to_found;
-    if (!ok) {
-      if (actual && to_found && !(*actual = strdup(to.session))) rc = nomem(err);
-      if (rc == ES_OK)
-        rc = es_fail(err, ES_REF_CONFLICT, "ref '%s' names %s%s%s, not the expected %s%s%s",
-                     to_ref, to_found ? "'" : "", to_found ? to.session : "nothing",
-                     to_found ? "'" : "", expect ? "'" : "", expect ? expect : "nothing",
-                     expect ? "'" : "");
-    }
-  }
-  if (rc == ES_OK) {
-    /* the compare-and-set is atomic when both refs are on one shard; across
-     * shards it is checked just before (docs/sharding.md) */
-    int same = !to_found || t.where == f.where;
-    rc = es_store_promote(f.where, from_ref, to_ref, same ? has_expect : 0, expect, out, actual,
-                          err);
-    if (rc == ES_OK && !same) rc = ref_drop_elsewhere(s, to_ref, f.where, NULL, err);
-  }
-  es_ref_destroy(&from);
-  es_ref_destroy(&to);
-  if (rc == ES_MOVED) rc = es_fail(err, ES_STORAGE, "a ref's session is being moved: retry");
+  char *ignored = NULL;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK)
+    rc = es_store_promote(s->shards->catalog, from_ref, to_ref, has_expect, expect, out,
+                          actual ? actual : &ignored, err);
+  free(ignored);
+  if (rc == ES_OK) rc = ref_head(s, out, err);
+  if (rc) es_ref_destroy(out);
+  return rc;
+}
+
+/* The refs naming a deleted session go with it (as on one store). */
+typedef struct {
+  const char *session;
+} refs_of_args;
+
+static int do_delete_refs_of(es_store *st, es_txn *t, void *arg, es_err *err) {
+  refs_of_args *a = arg;
+  return st->ops->ref_delete_session(t, a->session, err);
+}
+
+static int delete_refs_of(es_store *s, const char *session, es_err *err) {
+  es_store *cat = s->shards->catalog;
+  int rc = es_core_enter(cat, err);
+  if (rc) return rc;
+  refs_of_args a = {session};
+  rc = es_core_write(cat, do_delete_refs_of, &a, err);
+  es_core_leave(cat);
   return rc;
 }
 
@@ -2062,16 +2106,22 @@ int es_shards_read_all_cursor(es_store *s, const char *cursor, int64_t limit, es
   size_t fetched = 0;
   rc = sh_enter(s, err);
   if (rc == ES_OK) rc = all_shards(s, &set, err);
+  /* The cursor goes on with exactly the shards read now: a name no plan
+   * holds any more (or a crafted one) is dropped, so the map never holds
+   * more than set.n <= 2 * ES_MAX_SHARDS names. */
+  cursor_map given = m;
+  m.n = 0;
   for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
-    slot[i] = cursor_slot(&m, set.name[i]);
-    if (!slot[i]) {
-      if (!(m.name[m.n] = strdup(set.name[i]))) {
-        rc = nomem(err);
-        break;
-      }
-      m.pos[m.n] = 0;
-      slot[i] = &m.pos[m.n++];
+    int64_t *had = cursor_slot(&given, set.name[i]);
+    if (!(m.name[m.n] = strdup(set.name[i]))) {
+      rc = nomem(err);
+      break;
     }
+    m.pos[m.n] = had ? *had : 0;
+    slot[i] = &m.pos[m.n++];
+  }
+  cursor_map_destroy(&given);
+  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
     head[i] = 0;
     rc = es_store_read_all(set.st[i], *slot[i], limit, &lists[i], err);
     if (rc == ES_OK) fetched++;
@@ -2135,11 +2185,17 @@ typedef struct {
 static int do_record(es_store *st, es_txn *t, void *arg, es_err *err) {
   record_args *a = arg;
   es_session_info si;
+  char *identity = NULL; /* kept across records (store_identity) */
   int rc = real(st)->session_get(t, "", &si, err);
   if (rc == ES_OK) {
     int64_t have = si.fence;
+    identity = si.lease_holder;
+    si.lease_holder = NULL;
     es_session_info_destroy(&si);
-    if (have >= a->version) return ES_OK;
+    if (have >= a->version) {
+      free(identity);
+      return ES_OK;
+    }
   } else if (rc != ES_NOT_FOUND) {
     return rc;
   }
@@ -2151,14 +2207,99 @@ static int do_record(es_store *st, es_txn *t, void *arg, es_err *err) {
   oom |= es_buf_addc(&b, '\0') != ES_OK;
   if (oom) {
     es_buf_destroy(&b);
+    free(identity);
     return nomem(err);
   }
   es_session_info_init(&si);
   si.session = "";
   si.fence = a->version;
   si.seal_reason = b.data;
+  si.lease_holder = identity;
   rc = real(st)->session_put(t, &si, err);
   es_buf_destroy(&b);
+  free(identity);
+  return rc;
+}
+
+/* A store's identity: an id kept in its "" row's lease_holder, written at
+ * first asked. Two urls reaching one store (another spelling of a path,
+ * another host name) give one identity, which is how a plan naming one
+ * store twice, or the catalog as a shard, is caught. */
+typedef struct {
+  char fresh[ES_MAX_ID_BYTES + 1];
+  char *out; /* owned */
+} identity_args;
+
+static int do_identity(es_store *st, es_txn *t, void *arg, es_err *err) {
+  identity_args *a = arg;
+  es_session_info si;
+  int rc = real(st)->session_get(t, "", &si, err);
+  if (rc == ES_OK && si.lease_holder) {
+    a->out = si.lease_holder;
+    si.lease_holder = NULL;
+    es_session_info_destroy(&si);
+    return ES_OK;
+  }
+  if (rc == ES_NOT_FOUND) {
+    es_session_info_init(&si);
+    if (!(si.session = strdup(""))) return nomem(err);
+    si.fence = 0; /* plan version 0: routes nothing (record_get) */
+  } else if (rc) {
+    return rc;
+  }
+  if (!(si.lease_holder = strdup(a->fresh)) || !(a->out = strdup(a->fresh))) {
+    es_session_info_destroy(&si);
+    return nomem(err);
+  }
+  rc = real(st)->session_put(t, &si, err);
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+static int store_identity(es_store *s, es_store *st, char **out, es_err *err) {
+  identity_args a;
+  memset(&a, 0, sizeof a);
+  int rc = es_store_new_id(s, a.fresh, err);
+  if (rc == ES_OK) rc = es_core_enter(st, err);
+  if (rc) return rc;
+  rc = es_core_write(st, do_identity, &a, err);
+  es_core_leave(st);
+  if (rc) free(a.out);
+  else *out = a.out;
+  return rc;
+}
+
+/* Refuses a plan whose shards are not distinct stores, or one of which is
+ * the catalog: INVALID_ARGUMENT naming them. Opens every shard. */
+static int check_identities(es_store *s, const es_shard_plan *p, es_err *err) {
+  char *cat = NULL, *ids[ES_MAX_SHARDS] = {0};
+  int rc = store_identity(s, s->shards->catalog, &cat, err);
+  size_t n = 0;
+  for (; rc == ES_OK && n < p->n; n++) {
+    es_store *st;
+    rc = shard_store(s, p->v[n].name, p->v[n].url, &st, err);
+    if (rc == ES_OK) rc = store_identity(s, st, &ids[n], err);
+    if (rc) break;
+    if (strcmp(ids[n], cat) == 0) {
+      rc = es_fail(err, ES_INVALID_ARGUMENT,
+                   "shard '%s' is the catalog's store: the catalog cannot be a shard",
+                   p->v[n].name);
+      n++;
+      break;
+    }
+    for (size_t j = 0; j < n; j++)
+      if (strcmp(ids[j], ids[n]) == 0) {
+        rc = es_fail(err, ES_INVALID_ARGUMENT, "shards '%s' and '%s' are one store",
+                     p->v[j].name, p->v[n].name);
+        break;
+      }
+    if (rc) {
+      n++;
+      break;
+    }
+  }
+  for (size_t i = 0; i < n && i < p->n; i++) free(ids[i]);
+  free(cat);
   return rc;
 }
 
@@ -2195,7 +2336,29 @@ typedef struct {
   const char *session;
   const char *source;  /* incoming: the shard it comes from */
   int state;           /* out: the state found before the step */
+  int64_t version;     /* the plan the move is for (0: no guard) */
 } session_step;
+
+/* Every move step checks, in its own transaction, that the shard does not
+ * already follow a newer plan: a mover of an older plan (slow, paused)
+ * must never move a session after a newer plan's mover ran, or sessions
+ * would land on shards the newer plan does not route to. The newer plan's
+ * record is written on every shard before its moves start, so from then
+ * on an older mover's every step fails here. */
+static int plan_guard(es_store *st, es_txn *t, int64_t version, es_err *err) {
+  if (version <= 0) return ES_OK;
+  es_session_info si;
+  int rc = real(st)->session_get(t, "", &si, err);
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc) return rc;
+  int64_t have = si.fence;
+  es_session_info_destroy(&si);
+  if (have > version)
+    return es_fail(err, ES_STORAGE,
+                   "a shard already follows shard plan %lld: the move for plan %lld stops",
+                   (long long)have, (long long)version);
+  return ES_OK;
+}
 
 static int do_state(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
@@ -2210,7 +2373,8 @@ static int do_state(es_store *st, es_txn *t, void *arg, es_err *err) {
 /* (a) on the target: the incoming row. */
 static int do_incoming(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
-  int rc = do_state(st, t, arg, err);
+  int rc = plan_guard(st, t, a->version, err);
+  if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || (a->state != ST_ABSENT && a->state != ST_TOMBSTONE)) return rc;
   es_session_info si;
   es_session_info_init(&si);
@@ -2223,7 +2387,8 @@ static int do_incoming(es_store *st, es_txn *t, void *arg, es_err *err) {
 /* Undoes (a) when (b) refused. */
 static int do_unincoming(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
-  int rc = do_state(st, t, arg, err);
+  int rc = plan_guard(st, t, a->version, err);
+  if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || a->state != ST_INCOMING) return rc;
   return real(st)->session_delete(t, a->session, err);
 }
@@ -2238,7 +2403,9 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
   const es_backend_ops *ops = real(st);
   es_session_info si;
-  int rc = ops->session_get(t, a->session, &si, err);
+  int rc = plan_guard(st, t, a->version, err);
+  if (rc) return rc;
+  rc = ops->session_get(t, a->session, &si, err);
   if (rc && rc != ES_NOT_FOUND) return rc;
   a->state = state_of(rc, &si);
   if (a->state != ST_LIVE) {
@@ -2306,18 +2473,6 @@ static int collect_snap_name(void *ctx, const es_snapshot *row) {
   return 0;
 }
 
-static int collect_ref_of(void *ctx, const es_ref *row) {
-  session_copy *c = ctx;
-  if (strcmp(row->session, c->session) != 0) return 0;
-  if (es_grow((void **)&c->refs.v, &c->refs_cap, c->refs.n + 1, sizeof *c->refs.v) ||
-      es_ref_copy(&c->refs.v[c->refs.n], row)) {
-    c->oom = 1;
-    return 1;
-  }
-  c->refs.n++;
-  return 0;
-}
-
 static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_copy *c = arg;
   const es_backend_ops *ops = real(st);
@@ -2336,9 +2491,7 @@ static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
       c->snaps.v[i] = full;
     }
   }
-  /* refs have no index by session for listing: a pass over them all (a
-   * move costs O(refs) per session, docs/sharding.md) */
-  if (rc == ES_OK && !c->oom) rc = ops->ref_list(t, NULL, ES_NONE, collect_ref_of, c, err);
+  /* refs live in the catalog (docs/sharding.md): none to copy */
   if (rc == ES_OK && c->oom) rc = nomem(err);
   return rc;
 }
@@ -2346,7 +2499,10 @@ static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
 typedef struct {
   session_copy *c;
   const char *shard;
-  int copied; /* out: 1 when this step inserted the rows */
+  const char *source; /* the shard the rows come from */
+  int64_t version;
+  int copied;  /* out: 1 when this step inserted the rows */
+  int present; /* out: 1 when the session is live here (copied by now) */
 } copy_in_args;
 
 /* (c) on the target: the rows, in one write, if still incoming. */
@@ -2354,9 +2510,18 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   copy_in_args *a = arg;
   session_copy *c = a->c;
   const es_backend_ops *ops = real(st);
-  session_step probe = {c->session, NULL, 0};
-  int rc = do_state(st, t, &probe, err);
-  if (rc || probe.state != ST_INCOMING) return rc;
+  int rc = plan_guard(st, t, a->version, err);
+  if (rc) return rc;
+  es_session_info in;
+  rc = ops->session_get(t, c->session, &in, err);
+  if (rc && rc != ES_NOT_FOUND) return rc;
+  int state = state_of(rc, &in);
+  /* only the move the incoming row was made for copies in: its source */
+  int ours = state == ST_INCOMING && in.seal_reason && strcmp(in.seal_reason, a->source) == 0;
+  if (rc == ES_OK) es_session_info_destroy(&in);
+  a->present = state == ST_LIVE;
+  if (!ours) return ES_OK;
+  rc = ES_OK;
   for (size_t i = 0; rc == ES_OK && i < c->events.n; i++) {
     es_event *e = &c->events.v[i];
     es_event other;
@@ -2379,13 +2544,12 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   }
   for (size_t i = 0; rc == ES_OK && i < c->snaps.n; i++)
     rc = ops->snapshot_put(t, c->session, &c->snaps.v[i], err);
-  for (size_t i = 0; rc == ES_OK && i < c->refs.n; i++) rc = ops->ref_put(t, &c->refs.v[i], err);
   if (rc == ES_OK) {
     es_session_info si = c->si;
     si.fence = FENCE_FROZEN_BASE - c->si.fence;
     rc = ops->session_put(t, &si, err);
   }
-  if (rc == ES_OK) a->copied = 1;
+  if (rc == ES_OK) a->copied = a->present = 1;
   return rc;
 }
 
@@ -2393,11 +2557,11 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
 static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
   const es_backend_ops *ops = real(st);
-  int rc = do_state(st, t, arg, err);
+  int rc = plan_guard(st, t, a->version, err);
+  if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || a->state != ST_FROZEN) return rc;
   rc = ops->event_delete_range(t, a->session, INT64_MAX, err);
   if (rc == ES_OK) rc = ops->snapshot_delete_all(t, a->session, err);
-  if (rc == ES_OK) rc = ops->ref_delete_session(t, a->session, err);
   if (rc == ES_OK) rc = ops->key_use_delete_session(t, a->session, err);
   if (rc == ES_OK) {
     es_session_info si;
@@ -2409,13 +2573,14 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-/* Moves one session from shard `from` (store a) to shard `to` (store b),
- * from whatever step an earlier, interrupted move reached. *copied: 1
- * when this call put the rows on the target. */
-static int move_one(es_store *s, const char *session, const char *from, es_store *a,
-                    const char *to, es_store *b, int *copied, es_err *err) {
+/* Moves one session from shard `from` (store a) to shard `to` (store b)
+ * for plan `version`, from whatever step an earlier, interrupted move of
+ * that plan reached. *copied: 1 when this call put the rows on the
+ * target. */
+static int move_one(es_store *s, int64_t version, const char *session, const char *from,
+                    es_store *a, const char *to, es_store *b, int *copied, es_err *err) {
   *copied = 0;
-  session_step sa = {session, from, 0}, sb = {session, from, 0};
+  session_step sa = {session, from, 0, version}, sb = {session, from, 0, version};
   int rc = shard_read(a, do_state, &sa, err);
   if (rc == ES_OK) rc = shard_read(b, do_state, &sb, err);
   if (rc) return rc;
@@ -2424,6 +2589,7 @@ static int move_one(es_store *s, const char *session, const char *from, es_store
       return es_fail(err, ES_STORAGE, "session '%s' is on both shard '%s' and shard '%s'", session,
                      from, to);
     if ((rc = shard_write(s, b, do_incoming, &sb, err))) return rc;
+    int wrote_incoming = sb.state == ST_ABSENT || sb.state == ST_TOMBSTONE;
     rc = shard_write(s, a, do_freeze, &sa, err);
     if (rc) {
       es_err ignored = {0};
@@ -2431,6 +2597,12 @@ static int move_one(es_store *s, const char *session, const char *from, es_store
         /* refused: the session stays where it is, usable */
         shard_write(s, b, do_unincoming, &sb, &ignored);
       }
+      return rc;
+    }
+    if (sa.state != ST_LIVE && sa.state != ST_FROZEN) {
+      /* another mover took it between our read and the freeze: the
+       * incoming row this call made waits for nothing */
+      if (wrote_incoming) rc = shard_write(s, b, do_unincoming, &sb, err);
       return rc;
     }
   } else if (sa.state != ST_FROZEN) {
@@ -2441,10 +2613,15 @@ static int move_one(es_store *s, const char *session, const char *from, es_store
   c.session = session;
   if ((rc = crashed(s, err)) == ES_OK) rc = shard_read(a, do_read_frozen, &c, err);
   if (rc == ES_NOT_FOUND) rc = ES_OK; /* moved meanwhile by another mover */
-  copy_in_args ca = {&c, to, 0};
+  copy_in_args ca = {&c, to, from, version, 0, 0};
   if (rc == ES_OK && c.have_si && c.si.fence <= FENCE_FROZEN_BASE) {
     rc = shard_write(s, b, do_copy_in, &ca, err);
-    if (rc == ES_OK) rc = shard_write(s, a, do_drop, &sa, err);
+    /* the source's rows go only once the target holds the session */
+    if (rc == ES_OK && ca.present) rc = shard_write(s, a, do_drop, &sa, err);
+    else if (rc == ES_OK)
+      rc = es_fail(err, ES_STORAGE,
+                   "session '%s' is frozen on shard '%s' but shard '%s' does not wait for it",
+                   session, from, to);
   }
   copy_destroy(&c);
   *copied = ca.copied;
@@ -2517,6 +2694,45 @@ static es_store *store_named(const named_store *v, size_t n, const char *name) {
   return NULL;
 }
 
+typedef struct {
+  int64_t version;
+  const char *session;
+} tomb_args;
+
+static int do_clear_tomb(es_store *st, es_txn *t, void *arg, es_err *err) {
+  tomb_args *a = arg;
+  int rc = plan_guard(st, t, a->version, err);
+  session_step probe = {a->session, NULL, 0, 0};
+  if (rc == ES_OK) rc = do_state(st, t, &probe, err);
+  if (rc || probe.state != ST_TOMBSTONE) return rc;
+  return real(st)->session_delete(t, a->session, err);
+}
+
+/* Drops the tombstones on shard `me` of sessions `to` gives to `me`. */
+static int clear_tombstones(es_store *s, const es_shard_plan *to, const char *me, es_store *st,
+                            es_err *err) {
+  char *after = NULL;
+  int rc = ES_OK;
+  for (;;) {
+    listing l = {0};
+    list_args la = {after, &l};
+    rc = shard_read(st, do_list_all, &la, err);
+    for (size_t j = 0; rc == ES_OK && j < l.n; j++) {
+      if (l.v[j].fence != FENCE_TOMBSTONE || !l.v[j].name[0]) continue;
+      if (strcmp(to->v[es_shard_owner(to, l.v[j].name)].name, me) != 0) continue;
+      tomb_args ta = {to->version, l.v[j].name};
+      rc = shard_write(s, st, do_clear_tomb, &ta, err);
+    }
+    free(after);
+    after = NULL;
+    if (rc == ES_OK && l.n == MOVE_PAGE && !(after = strdup(l.v[l.n - 1].name))) rc = nomem(err);
+    listing_destroy(&l);
+    if (rc || !after) break;
+  }
+  free(after);
+  return rc;
+}
+
 /* Moves every session whose owner under `to` is not where it is. */
 static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan *to,
                      int64_t *moved_n, es_err *err) {
@@ -2547,20 +2763,35 @@ static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan
       for (size_t j = 0; rc == ES_OK && j < l.n; j++) {
         listed *x = &l.v[j];
         if (!x->name[0] || x->fence == FENCE_TOMBSTONE) continue;
+        if (strcmp(x->name, CATALOG_SESSION) == 0) continue; /* never a user's (route_store) */
         const char *owner = to->v[es_shard_owner(to, x->name)].name;
         int copied = 0;
         if (x->fence == FENCE_INCOMING) {
-          /* a move into this shard that stopped half-way */
+          /* a move into this shard that stopped half-way: finished when
+           * its source froze the session, else the incoming row goes */
           es_store *src = x->source ? store_named(all, n, x->source) : NULL;
-          if (src && src != all[i].st)
-            rc = move_one(s, x->name, x->source, src, all[i].name, all[i].st, &copied, err);
+          session_step st = {x->name, NULL, 0, 0};
+          if (src && src != all[i].st) rc = shard_read(src, do_state, &st, err);
+          if (rc == ES_OK && st.state == ST_FROZEN)
+            rc = move_one(s, to->version, x->name, x->source, src, all[i].name, all[i].st,
+                          &copied, err);
           if (rc == ES_OK) {
-            session_step sb = {x->name, NULL, 0};
+            session_step sb = {x->name, NULL, 0, to->version};
             rc = shard_write(s, all[i].st, do_unincoming, &sb, err); /* nothing came */
           }
+          /* and if it landed off its owner under this plan, on it goes */
+          session_step here = {x->name, NULL, 0, 0};
+          if (rc == ES_OK && strcmp(owner, all[i].name) != 0)
+            rc = shard_read(all[i].st, do_state, &here, err);
+          if (rc == ES_OK && here.state == ST_LIVE) {
+            int again = 0;
+            rc = move_one(s, to->version, x->name, all[i].name, all[i].st, owner,
+                          store_named(all, n, owner), &again, err);
+            copied |= again;
+          }
         } else if (strcmp(owner, all[i].name) != 0) {
-          rc = move_one(s, x->name, all[i].name, all[i].st, owner, store_named(all, n, owner),
-                        &copied, err);
+          rc = move_one(s, to->version, x->name, all[i].name, all[i].st, owner,
+                        store_named(all, n, owner), &copied, err);
         }
         *moved_n += copied;
       }
@@ -2572,6 +2803,10 @@ static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan
     }
     free(after);
   }
+  /* 3. every session is home: a tombstone on the shard that owns its
+   *    session under this plan no longer stands for anything to wait for */
+  for (size_t i = 0; rc == ES_OK && i < to->n; i++)
+    rc = clear_tombstones(s, to, to->v[i].name, store_named(all, n, to->v[i].name), err);
   return rc;
 }
 
@@ -2587,6 +2822,16 @@ static int finish_pending(es_store *s, int64_t *moved_n, es_err *err) {
     }
     rc = adopt(s, &v, err); /* the handle follows redirects to the new shards */
     if (rc == ES_OK) rc = run_moves(s, &from, &to, moved_n, err);
+    if (rc && rc != ES_CLOSED) {
+      /* another mover may have finished this plan (and installed a newer
+       * one, whose records stop this mover's steps): then it is done */
+      catalog_view w;
+      es_err ignored = {0};
+      if (!crashed(s, &ignored) && catalog_load(s->shards->catalog, &w, &ignored) == ES_OK) {
+        if (w.cur.version >= to.version) rc = ES_OK;
+        view_destroy(&w);
+      }
+    }
     for (int tries = 0; rc == ES_OK; tries++) {
       catalog_view w;
       if ((rc = catalog_load(s->shards->catalog, &w, err))) break;
@@ -2642,7 +2887,8 @@ static int set_plan_locked(es_store *s, const es_shard_plan *plan, int64_t *move
                          : "plan version %lld is not newer than the catalog's",
                      (long long)plan->version);
     }
-    rc = step(s, err);
+    rc = check_identities(s, plan, err);
+    if (rc == ES_OK) rc = step(s, err);
     if (rc == ES_OK) rc = catalog_put(s->shards->catalog, plan, "pending", v.head, err);
     view_destroy(&v);
     if (rc && rc != ES_WRONG_EXPECTED_HEAD) return rc;

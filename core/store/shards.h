@@ -75,5 +75,9 @@ void es_shards_cursors_free(char **cursors, size_t n);
 /* Test hook (spec/34): the number of plan-change steps a set_plan may run
  * before it stops as if its process had died (0: no limit). */
 void es_shards_set_crash_after(es_store *s, int64_t steps);
+/* Test hook (spec/34): before its `steps`th plan-change step the mover
+ * creates the file GATE.paused and waits until GATE exists (a slow
+ * process, paused between two transactions). */
+void es_shards_set_pause_after(es_store *s, int64_t steps, const char *gate);
 
 #endif

@@ -6,7 +6,10 @@
  * any failure.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "util/buf.h"
 
 #include "store/shards.h"
 
@@ -16,6 +19,53 @@ static void check(int ok, const char *name) {
   test_no++;
   if (!ok) failures++;
   printf("%sok %d - %s\n", ok ? "" : "not ok ", test_no, name);
+}
+
+/* A read_all cursor may name at most as many shards as the plans hold:
+ * a crafted one naming 512 others must neither overrun the cursor's
+ * arrays nor hide the shards it does not name (their events come from
+ * the start), nor carry the unknown names forward. */
+static void check_cursor_overflow(void) {
+  es_err err = {0};
+  es_shard_def d[1] = {{"a", "memory:"}};
+  es_shard_plan p = {1, d, 1};
+  es_store *s = NULL;
+  int rc = es_shards_open("memory:", &p, NULL, &s, &err);
+  check(rc == ES_OK, "open a sharded store on memory:");
+  if (rc) return;
+  es_new_event ev;
+  es_new_event_init(&ev);
+  ev.type = "t";
+  ev.payload = "{}";
+  ev.payload_len = 2;
+  int pending = 0;
+  for (int i = 0; i < 5 && rc == ES_OK; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "s%d", i);
+    rc = es_store_append(s, name, &ev, 1, ES_NONE, ES_NONE, NULL, &pending, &err);
+  }
+  check(rc == ES_OK, "append 5 events");
+  for (int names = 511; names <= 512; names++) {
+    es_buf b;
+    es_buf_init(&b);
+    es_buf_adds(&b, "c1");
+    for (int i = 0; i < names; i++) es_buf_addf(&b, ".%02x%02x-1", 1 + i / 255, 1 + i % 255);
+    es_buf_addc(&b, '\0');
+    es_events out;
+    char **cursors = NULL;
+    rc = es_shards_read_all_cursor(s, b.data, ES_NONE, &out, &cursors, &err);
+    char name[96];
+    snprintf(name, sizeof name, "a cursor naming %d other shards reads shard a from the start", names);
+    check(rc == ES_OK && out.n == 5, name);
+    snprintf(name, sizeof name, "the next cursor (after %d foreign names) names shard a only", names);
+    check(rc == ES_OK && out.n > 0 && strcmp(cursors[out.n - 1], "c1.61-5") == 0, name);
+    if (rc == ES_OK) {
+      es_shards_cursors_free(cursors, out.n);
+      es_events_destroy(&out);
+    }
+    es_buf_destroy(&b);
+  }
+  es_store_release(s);
 }
 
 int main(void) {
@@ -52,5 +102,9 @@ int main(void) {
   es_shard_def bad[2] = {{"a", "memory:"}, {"a", "memory:"}};
   es_shard_plan pb = {1, bad, 2};
   check(es_shard_plan_check(&pb, &err) == ES_INVALID_ARGUMENT, "a name twice is refused");
+  es_shard_def dup[2] = {{"a", "sqlite:x.db"}, {"b", "sqlite:x.db"}};
+  es_shard_plan pd = {1, dup, 2};
+  check(es_shard_plan_check(&pd, &err) == ES_INVALID_ARGUMENT, "one url under two names is refused");
+  check_cursor_overflow();
   return failures ? 1 : 0;
 }
