@@ -314,6 +314,9 @@ end
 ATTACKS._crash_after = function(c)
   expect_error("INVALID_ARGUMENT", c.A._crash_after, c.A, 1)
 end
+ATTACKS._pause_after = function(c)
+  expect_error("INVALID_ARGUMENT", c.A._pause_after, c.A, 1, "gate")
+end
 ATTACKS.close = function(c)
   c.close_last = true -- closing A (last) leaves B open: checked at the end
 end
