@@ -155,6 +155,16 @@ describe("postgres: a connection the server drops", function()
     psql(template, ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '%s'"):format(app))
     assert.same({}, store:wait("a", 2, 0))
     assert.equal(3, store:append("a", { { type = "t", payload = 3 } })[1].index)
+    -- a wait that finds its idle watch connection dropped reconnects it
+    -- rather than fail (the drop reaches the client a moment later)
+    psql(template, ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '%s'"):format(app))
+    helpers.sleep(0.3)
+    assert.same({}, store:wait("a", 3, 200))
+    -- and claim_next's pooled connection too
+    store:append("b", { { type = "t", payload = 4 } })
+    psql(template, ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '%s'"):format(app))
+    helpers.sleep(0.3)
+    assert.equal(1, #store:claim_next({ holder = "h", ttl_ms = 1000 }))
   end)
 end)
 

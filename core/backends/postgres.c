@@ -3079,8 +3079,15 @@ static int pg_watch_consume(es_backend *b, es_err *err) {
   }
   if (code == ES_OK) {
     if (!PQconsumeInput(b->watch.db)) {
-      code = pg_fail_msg(err, b, "data_version", PQerrorMessage(b->watch.db));
+      /* Notifications may have been lost with the connection: a change.
+       * An idle watch connection the server dropped (a restart,
+       * pg_terminate_backend) is found here, not by a call that failed:
+       * reconnect now, as the other connections do before a call, rather
+       * than fail a wait that has done nothing yet. */
       b->notes++;
+      code = PQstatus(b->watch.db) == CONNECTION_BAD
+                 ? pg_watch_connect(b, err)
+                 : pg_fail_msg(err, b, "data_version", PQerrorMessage(b->watch.db));
     } else {
       PGnotify *n;
       while ((n = PQnotifies(b->watch.db)) != NULL) {
