@@ -1355,6 +1355,7 @@ typedef struct {
   int64_t retry_at;
   const char *scope;  /* §3.11: a tenant's prefix, or NULL */
   int claim_txn;      /* running in a claim transaction (ops->claim_begin) */
+  int64_t ttl_ms;     /* a retried claim transaction takes now and expires again */
 } claim_next_args;
 
 /* With sessions to skip, ready rows are read without a backend limit and
@@ -1567,6 +1568,10 @@ static int claim_next_own_txn(es_store *s, claim_next_args *a, es_err *err) {
     int64_t ms = 1 + (int64_t)(r % (1u << (attempt < 7 ? attempt : 7)));
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+    /* The claims of the next try start now: after many tries, the time of
+     * the first would hand out claims already near their end. */
+    if ((rc = es_store_now(s, &a->now, err))) return rc;
+    if (add_time(a->now, a->ttl_ms, &a->expires)) return too_late(err, "ttl_ms");
   }
   char last[ES_ERRMSG_MAX];
   snprintf(last, sizeof last, "%s", err ? err->msg : "");
@@ -1634,7 +1639,7 @@ int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64
     return rc;
   }
   claim_next_args a = {holder, 0, cap_limit(limit), 0, tv, tn, skip, skip ? n_skip : 0, out,
-                       ES_NONE, scope, 0};
+                       ES_NONE, scope, 0, ttl_ms};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK && add_time(a.now, ttl_ms, &a.expires)) rc = too_late(err, "ttl_ms");
   /* An empty list of types (an engine without handlers) claims nothing and
