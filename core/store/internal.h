@@ -105,6 +105,10 @@ struct es_store {
 
 /* Every call is bracketed by enter/leave so close() can wait for it.
  * enter: ES_OK or ES_CLOSED. */
+/* Sets the fields and locks every handle has from the open options (a
+ * calloc'd s); es_core_handle_destroy destroys those locks. */
+void es_core_handle_init(es_store *s, const es_open_opts *opts);
+void es_core_handle_destroy(es_store *s);
 int es_core_enter(es_store *s, es_err *err);
 void es_core_leave(es_store *s);
 

@@ -1150,23 +1150,7 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
     return nomem(err);
   }
   s->shards = sh;
-  s->clock = opts->clock ? opts->clock : es_clock_system;
-  s->clock_ctx = opts->clock_ctx;
-  s->ids = opts->ids;
-  s->ids_ctx = opts->ids_ctx;
-  s->max_payload = opts->max_payload_bytes ? opts->max_payload_bytes : ES_DEFAULT_MAX_PAYLOAD;
-  s->max_batch = opts->max_batch_events ? opts->max_batch_events : ES_DEFAULT_MAX_BATCH;
-  pthread_mutex_init(&s->lmu, NULL);
-  pthread_cond_init(&s->lcond, NULL);
-  pthread_mutex_init(&s->wmu, NULL);
-  pthread_cond_init(&s->wcond, NULL);
-  pthread_mutex_init(&s->vmu, NULL);
-  pthread_cond_init(&s->vcond, NULL);
-  pthread_mutex_init(&s->umu, NULL);
-  pthread_mutex_init(&s->pmu, NULL);
-  atomic_init(&s->refs, 1);
-  s->rand_used = sizeof s->rand_pool;
-  s->next_token = 1;
+  es_core_handle_init(s, opts);
   pthread_mutex_init(&sh->mu, NULL);
   sh->opts.clock = opts->clock;
   sh->opts.clock_ctx = opts->clock_ctx;
@@ -1259,14 +1243,7 @@ void es_shards_free(es_store *s) {
   free(sh->pause_path);
   pthread_mutex_destroy(&sh->mu);
   free(sh);
-  pthread_mutex_destroy(&s->lmu);
-  pthread_cond_destroy(&s->lcond);
-  pthread_mutex_destroy(&s->wmu);
-  pthread_cond_destroy(&s->wcond);
-  pthread_mutex_destroy(&s->vmu);
-  pthread_cond_destroy(&s->vcond);
-  pthread_mutex_destroy(&s->umu);
-  pthread_mutex_destroy(&s->pmu);
+  es_core_handle_destroy(s);
   free(s);
 }
 

@@ -214,6 +214,41 @@ static void notify_commit(es_store *s) {
 static const es_backend_ops *const backends[] = {&es_backend_memory, &es_backend_sqlite,
                                                  &es_backend_postgres, &es_backend_postgresql};
 
+/* The fields and locks every handle has (a store, a sharded store),
+ * from the open options; es_core_handle_destroy undoes the locks. */
+void es_core_handle_init(es_store *s, const es_open_opts *opts) {
+  s->clock = opts->clock ? opts->clock : es_clock_system;
+  s->clock_ctx = opts->clock_ctx;
+  s->ids = opts->ids;
+  s->ids_ctx = opts->ids_ctx;
+  s->max_payload = opts->max_payload_bytes ? opts->max_payload_bytes : ES_DEFAULT_MAX_PAYLOAD;
+  s->max_batch = opts->max_batch_events ? opts->max_batch_events : ES_DEFAULT_MAX_BATCH;
+  pthread_mutex_init(&s->lmu, NULL);
+  pthread_cond_init(&s->lcond, NULL);
+  pthread_mutex_init(&s->wmu, NULL);
+  pthread_cond_init(&s->wcond, NULL);
+  pthread_mutex_init(&s->vmu, NULL);
+  pthread_cond_init(&s->vcond, NULL);
+  pthread_mutex_init(&s->umu, NULL);
+  pthread_mutex_init(&s->pmu, NULL);
+  atomic_init(&s->refs, 1);
+  atomic_init(&s->arriving, 0);
+  atomic_init(&s->version, 0);
+  s->next_token = 1;
+  s->rand_used = sizeof s->rand_pool;
+}
+
+void es_core_handle_destroy(es_store *s) {
+  pthread_mutex_destroy(&s->lmu);
+  pthread_cond_destroy(&s->lcond);
+  pthread_mutex_destroy(&s->wmu);
+  pthread_cond_destroy(&s->wcond);
+  pthread_mutex_destroy(&s->vmu);
+  pthread_cond_destroy(&s->vcond);
+  pthread_mutex_destroy(&s->umu);
+  pthread_mutex_destroy(&s->pmu);
+}
+
 int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_err *err) {
   static const es_open_opts defaults = {0};
   const es_backend_ops *ops = NULL;
@@ -242,25 +277,7 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   if (!s) return nomem(err);
   s->ops = ops;
   es_shards_wrap_ops(s); /* the shard-move markers (shards.c) */
-  s->clock = opts->clock ? opts->clock : es_clock_system;
-  s->clock_ctx = opts->clock_ctx;
-  s->ids = opts->ids;
-  s->ids_ctx = opts->ids_ctx;
-  s->max_payload = opts->max_payload_bytes ? opts->max_payload_bytes : ES_DEFAULT_MAX_PAYLOAD;
-  s->max_batch = opts->max_batch_events ? opts->max_batch_events : ES_DEFAULT_MAX_BATCH;
-  pthread_mutex_init(&s->lmu, NULL);
-  pthread_cond_init(&s->lcond, NULL);
-  pthread_mutex_init(&s->wmu, NULL);
-  pthread_cond_init(&s->wcond, NULL);
-  pthread_mutex_init(&s->vmu, NULL);
-  pthread_cond_init(&s->vcond, NULL);
-  pthread_mutex_init(&s->umu, NULL);
-  pthread_mutex_init(&s->pmu, NULL);
-  atomic_init(&s->refs, 1);
-  atomic_init(&s->arriving, 0);
-  atomic_init(&s->version, 0);
-  s->next_token = 1;
-  s->rand_used = sizeof s->rand_pool;
+  es_core_handle_init(s, opts);
   /* §3.10: a store with keys has the backend overwrite what it deletes, so
    * a shredded key or a dropped snapshot does not linger in free space. */
   es_open_opts bo = *opts;
@@ -325,14 +342,7 @@ void es_store_release(es_store *s) {
     free(w);
     w = next;
   }
-  pthread_mutex_destroy(&s->lmu);
-  pthread_cond_destroy(&s->lcond);
-  pthread_mutex_destroy(&s->wmu);
-  pthread_cond_destroy(&s->wcond);
-  pthread_mutex_destroy(&s->vmu);
-  pthread_cond_destroy(&s->vcond);
-  pthread_mutex_destroy(&s->umu);
-  pthread_mutex_destroy(&s->pmu);
+  es_core_handle_destroy(s);
   es_archive_teardown(s); /* §3.9 */
   es_crypto_free(s->crypto);
   free(s);
