@@ -651,5 +651,77 @@ describe("sharded store over " .. kind.name, function()
     assert.is_nil(s:get_ref("src-" .. on.s1))
     assert.are.equal(on.s2, s:get_ref("src-" .. on.s2).session)
   end)
+
+  it("a retried delete removes the refs its first try left in the catalog (second review 1)", function()
+    local a, b = kind.url(), kind.url()
+    local s = open({ a = a, b = b })
+    s:append("gone", { { type = "t" } })
+    s:put_ref("r-gone", "gone")
+    s:put_ref("r-kept", "kept")
+    -- what a delete whose catalog write failed leaves: the session gone
+    -- from its shard, its ref still in the catalog
+    local at = where({ a = a, b = b })
+    local direct = track(eventstore.open(at.gone == "a" and a or b))
+    direct:delete("gone")
+    direct:close()
+    assert.are.equal("gone", s:get_ref("r-gone").session)
+    s:delete("gone") -- the retry: nothing left to delete on the shard
+    assert.is_nil(s:get_ref("r-gone"))
+    assert.are.equal("kept", s:get_ref("r-kept").session)
+  end)
+
+  it("tells stores apart whatever the ids option gives (second review 2)", function()
+    -- a deterministic id source (as one restarted in each process) gives
+    -- every store the same ids: the stores' identities must not come from it
+    local ids = function() return "fixed-id" end
+    local shards = { a = kind.url(), b = kind.url() }
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), ids = ids, plan = { version = 1, shards = shards } }))
+    assert.are.equal(1, s:plan().version)
+    local other = track(eventstore.open("shards:", { catalog = kind.url(), ids = ids, plan = { version = 1, shards = shards } }))
+    assert.are.equal(1, other:plan().version)
+  end)
+
+  -- Breaks a shard's store under an open handle: its tables are dropped.
+  local function break_store(url)
+    local path = url:match("^sqlite:(.*)$")
+    local cmd
+    if path then
+      cmd = "sqlite3 " .. sh_quote(path) .. " 'DROP TABLE events; DROP TABLE sessions'"
+    else
+      local schema = url:match("[?&]schema=([%w_]+)")
+      local conninfo = url:gsub("[?&]schema=[%w_]+", "")
+      cmd = "psql -q " .. sh_quote(conninfo) .. " -c " .. sh_quote("DROP SCHEMA " .. schema .. " CASCADE")
+    end
+    assert(os.execute(cmd .. " >/dev/null 2>&1"), "could not break the store: " .. cmd)
+  end
+
+  it("claim_next that skipped a failing shard asks the caller back soon (second review 3)", function()
+    local clock = eventstore.manual_clock(1000000)
+    local shards = plan_of(2)
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), clock = clock, plan = { version = 1, shards = shards } }))
+    -- a session on each shard, its events handled: nothing is ready
+    for i = 1, 20 do s:append("d" .. i, { { type = "t", settled = true } }) end
+    local at = where(shards)
+    local on = {}
+    for session, name in pairs(at) do on[name] = session end
+    assert.is_string(on.s1)
+    assert.is_string(on.s2)
+    local events, retry_at = s:claim_next({ holder = "h", ttl_ms = 60000 })
+    assert.are.equal(0, #events)
+    assert.is_nil(retry_at)
+    break_store(shards.s1)
+    -- s1 fails and is skipped; s2 answers with nothing: the caller must
+    -- not sleep indefinitely past work that may wait on s1
+    for _ = 1, 2 do -- every shard first once (the turn rotates)
+      events, retry_at = s:claim_next({ holder = "h", ttl_ms = 60000 })
+      assert.are.equal(0, #events)
+      assert.are.equal(1000000 + 1000, retry_at)
+    end
+    -- an event on s2 due later than that still gives the short retry_at
+    s:append(on.s2, { { type = "t", not_before = 1000000 + 60000 } })
+    events, retry_at = s:claim_next({ holder = "h", ttl_ms = 60000 })
+    assert.are.equal(0, #events)
+    assert.are.equal(1000000 + 1000, retry_at)
+  end)
 end)
 end

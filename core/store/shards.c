@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "codec/json.h"
@@ -1431,8 +1432,11 @@ int es_shards_delete(es_store *s, const char *session, int *deleted, es_err *err
   delete_args a = {session, deleted};
   int rc = routed(s, "session", session, delete_routed, &a, err);
   /* the refs naming it are in the catalog: they go too (a put_ref racing
-   * the delete can leave one naming a session with no events: head 0) */
-  if (rc == ES_OK && *deleted) rc = delete_refs_of(s, session, err);
+   * the delete can leave one naming a session with no events: head 0).
+   * Also when nothing was deleted: the shard's delete and this write are
+   * two stores' transactions, so a call whose catalog write failed left
+   * its refs behind, and its retry (deleted 0) is what removes them. */
+  if (rc == ES_OK) rc = delete_refs_of(s, session, err);
   return rc;
 }
 
@@ -1627,6 +1631,12 @@ static int move_events(es_events *dst, es_events *src, es_err *err) {
   return ES_OK;
 }
 
+/* How soon claim_next asks a caller to come back when it skipped a
+ * failing shard and claimed nothing (docs/sharding.md): short, since the
+ * shard may hold ready work; not zero, so a shard that stays down is not
+ * asked in a busy loop. */
+#define SKIPPED_RETRY_MS 1000
+
 int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
                          const char *const *types, size_t n_types, const char *const *skip,
                          size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
@@ -1667,6 +1677,18 @@ int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_
     }
     rc = answered && failed != ES_MOVED ? ES_OK : failed;
     if (rc && err) *err = first_err;
+    /* A skipped shard may hold ready work, or work ready sooner than the
+     * others' retry_at: the answer says so by a retry_at SKIPPED_RETRY_MS
+     * away (or sooner), so a caller sleeping until retry_at comes back to
+     * ask it again. */
+    if (rc == ES_OK && failed != ES_OK) {
+      int64_t now;
+      es_err e = {0};
+      if (es_store_now(s, &now, &e) == ES_OK) {
+        int64_t soon = now > INT64_MAX - SKIPPED_RETRY_MS ? INT64_MAX : now + SKIPPED_RETRY_MS;
+        if (*retry_at == ES_NONE || soon < *retry_at) *retry_at = soon;
+      }
+    }
     /* what was claimed before a failure stays claimed (and expires) */
   } while (out->n == 0 && merged_again(&started, &rc, err));
   if (rc && out->n == 0) es_events_destroy(out);
@@ -2233,10 +2255,33 @@ static int do_identity(es_store *st, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-static int store_identity(es_store *s, es_store *st, char **out, es_err *err) {
+/* A new identity: 128 bits from the kernel, as 32 hex digits. Never from
+ * the handle's id source (`ids`): an injected source is often
+ * deterministic (a counter restarting in each process), and two stores
+ * given one identity would make a valid plan be refused as naming one
+ * store twice. */
+static int random_identity(char out[ES_MAX_ID_BYTES + 1], es_err *err) {
+  unsigned char r[16];
+  size_t got = 0;
+  while (got < sizeof r) {
+    ssize_t n = getrandom(r + got, sizeof r - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return es_fail(err, ES_STORAGE, "no randomness for a store identity");
+    got += (size_t)n;
+  }
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < sizeof r; i++) {
+    out[2 * i] = hex[r[i] >> 4];
+    out[2 * i + 1] = hex[r[i] & 15];
+  }
+  out[2 * sizeof r] = '\0';
+  return ES_OK;
+}
+
+static int store_identity(es_store *st, char **out, es_err *err) {
   identity_args a;
   memset(&a, 0, sizeof a);
-  int rc = es_store_new_id(s, a.fresh, err);
+  int rc = random_identity(a.fresh, err);
   if (rc == ES_OK) rc = es_core_enter(st, err);
   if (rc) return rc;
   rc = es_core_write(st, do_identity, &a, err);
@@ -2250,12 +2295,12 @@ static int store_identity(es_store *s, es_store *st, char **out, es_err *err) {
  * the catalog: INVALID_ARGUMENT naming them. Opens every shard. */
 static int check_identities(es_store *s, const es_shard_plan *p, es_err *err) {
   char *cat = NULL, *ids[ES_MAX_SHARDS] = {0};
-  int rc = store_identity(s, s->shards->catalog, &cat, err);
+  int rc = store_identity(s->shards->catalog, &cat, err);
   size_t n = 0;
   for (; rc == ES_OK && n < p->n; n++) {
     es_store *st;
     rc = shard_store(s, p->v[n].name, p->v[n].url, &st, err);
-    if (rc == ES_OK) rc = store_identity(s, st, &ids[n], err);
+    if (rc == ES_OK) rc = store_identity(st, &ids[n], err);
     if (rc) break;
     if (strcmp(ids[n], cat) == 0) {
       rc = es_fail(err, ES_INVALID_ARGUMENT,
