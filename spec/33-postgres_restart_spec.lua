@@ -131,7 +131,7 @@ describe("postgres: a server restart mid-run", function()
     local engine_log, appender_log, stop_file = base .. ".engine", base .. ".appender", base .. ".stop"
     files = { base, engine_log, appender_log, stop_file }
 
-    local engine = ph.spawn({ helpers.BIN, "run", "--db", url, "--scripts", dir, "--workers", "2", "--until-idle" },
+    local engine = ph.spawn({ helpers.BIN, "run", "--db", url, "--scripts", dir, "--workers", "2", "--ttl-ms", "3000", "--until-idle" },
       {}, engine_log)
     local appender = ph.spawn({ LUA, APPENDER, url, "notes", "20", "10", stop_file }, {}, appender_log)
     procs = { engine, appender }
@@ -231,7 +231,7 @@ end
 ]]):format(q(CLUSTER), q(PG_DIR), q(CLUSTER), q(PG_DIR)))
     local store = helpers.open_same(url)
     store:append("c", { { type = "job" } })
-    local engine = eh.engine({ store = url, scripts = dir, ttl_ms = 30000 })
+    local engine = eh.engine({ store = url, scripts = dir, ttl_ms = 8000 })
     local r = engine:run({ until_idle = true })
     assert.equal(1, r.handled)
     assert.equal(0, r.failed)

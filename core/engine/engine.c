@@ -688,6 +688,16 @@ static void worker_exit(runner *r) {
   es_engine_unref(e);
 }
 
+/* internal.h orphans_until: a claim that failed with STORAGE may have been
+ * committed; its claim ends within ttl_ms from now (the claim's own start
+ * was earlier), and an expired claim is ready again. */
+static void note_orphaned_claim(es_engine *e) {
+  int64_t until = es_mono_ms() + e->o.ttl_ms + IDLE_POLL_MS;
+  int64_t was = atomic_load(&e->orphans_until);
+  while (was < until && !atomic_compare_exchange_weak(&e->orphans_until, &was, until)) {
+  }
+}
+
 static void *worker_main(void *arg) {
   runner *r = arg;
   es_engine *e = r->e;
@@ -739,6 +749,7 @@ static void *worker_main(void *arg) {
         begin_stop(e);
         break;
       }
+      if (rc == ES_STORAGE) note_orphaned_claim(e);
       store_failed(e, r->id, &retry, "claiming", rc, &err);
       if (!store_retry_wait(e, &retry, idle_run ? e->o.outage_ms : -1)) {
         if (!atomic_load(&e->stopping)) {
@@ -752,8 +763,10 @@ static void *worker_main(void *arg) {
       continue;
     }
     /* Nothing ready now. With until_idle, the run is over once no other
-     * worker is busy either (a busy one may still produce events). */
-    if (atomic_fetch_sub(&e->busy, 1) == 1 && atomic_load(&e->until_idle)) {
+     * worker is busy either (a busy one may still produce events), and no
+     * claim lost in an outage is still to expire and be taken again. */
+    if (atomic_fetch_sub(&e->busy, 1) == 1 && atomic_load(&e->until_idle) &&
+        es_mono_ms() >= atomic_load(&e->orphans_until)) {
       begin_stop(e);
       break;
     }
@@ -1035,6 +1048,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   atomic_store(&e->stopping, 0);
   atomic_store(&e->keeper_quit, 0);
   atomic_store(&e->until_idle, ro->until_idle);
+  atomic_store(&e->orphans_until, 0); /* a new run waits only for the claims it lost itself */
   atomic_store(&e->busy, 0);
   atomic_store(&e->handled, 0);
   atomic_store(&e->failed, 0);

@@ -116,6 +116,11 @@ struct es_engine {
   /* Store outages (engine.c "Riding out a store outage"): */
   atomic_llong outage_since;  /* monotonic ms the store began failing; 0: it answers */
   atomic_int answered;        /* a claim of this engine ever succeeded */
+  /* A claim that failed with STORAGE may have committed all the same (its
+   * answer lost with the connection): the event is then claimed by this
+   * holder with no worker on it, and ready again when the claim expires.
+   * An until-idle run does not end before then (monotonic ms; 0: none). */
+  atomic_llong orphans_until;
 };
 
 int64_t es_mono_ms(void);
