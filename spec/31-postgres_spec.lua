@@ -379,3 +379,91 @@ describe("postgres: waits woken by NOTIFY", function()
     assert.is_true(used <= 25, "a wait of about a second switched context " .. used .. " times")
   end)
 end)
+
+-- Updates sent without waiting (docs/postgres.md "Round trips"): an UPDATE
+-- that must change its row and changes none is an error the server must
+-- see, or the COMMIT (or a group commit's RELEASE) queued behind it runs
+-- anyway. A trigger returning NULL makes the server skip the row, as if it
+-- were gone.
+describe("postgres: an update that changes no row", function()
+  after_each(helpers.cleanup)
+
+  -- A BEFORE UPDATE trigger on SCHEMA.tbl that skips the rows where cond.
+  local function skip_rows(url, tbl, cond)
+    local schema = schema_of(url)
+    psql(url, ("CREATE FUNCTION %s.skip_%s() RETURNS trigger AS $$ BEGIN IF %s THEN RETURN NULL;"
+      .. " END IF; RETURN NEW; END $$ LANGUAGE plpgsql; CREATE TRIGGER skip BEFORE UPDATE ON %s.%s"
+      .. " FOR EACH ROW EXECUTE FUNCTION %s.skip_%s()"):format(schema, tbl, cond, schema, tbl, schema, tbl))
+  end
+  local function unskip(url, tbl)
+    psql(url, ("DROP TRIGGER skip ON %s.%s"):format(schema_of(url), tbl))
+  end
+
+  it("fails the call and commits nothing of it (a caller alone in its transaction)", function()
+    local store, _, url = helpers.new(template)
+    store:append("k", { { type = "job" } })
+    local e = store:claim_next({ holder = "h", ttl_ms = 60000 })[1]
+    skip_rows(url, "events", "NEW.last_error = 'skipme'")
+    local err = helpers.expect_error("STORAGE", function()
+      return store:fail("k", e.index, e.attempt, { error = "skipme", max_failures = 5 })
+    end)
+    assert.truthy(err.message:find("row to update is gone", 1, true), err.message)
+    -- the session row's failure count was written before the event: not kept
+    assert.equal(0, helpers.session_row(store, "k").failures)
+    assert.equal(0, helpers.event(store, "k", 1).failures)
+    unskip(url, "events")
+    assert.equal("failed", store:fail("k", e.index, e.attempt, { error = "other", max_failures = 5 }).outcome)
+    assert.equal(1, helpers.session_row(store, "k").failures)
+  end)
+
+  it("fails claim_next and claims nothing when a session row is not updated", function()
+    local store, _, url = helpers.new(template)
+    store:append("skipme", { { type = "job" } })
+    store:append("fine", { { type = "job" } })
+    skip_rows(url, "sessions", "OLD.session = 'skipme'")
+    local err = helpers.expect_error("STORAGE", function()
+      return store:claim_next({ holder = "h", ttl_ms = 60000, limit = 2 })
+    end)
+    assert.truthy(err.message:find("session row to update is gone", 1, true), err.message)
+    unskip(url, "sessions")
+    -- neither event was claimed, neither session counted a claim
+    local got = store:claim_next({ holder = "h", ttl_ms = 60000, limit = 2 })
+    assert.same({ 1, 1 }, helpers.pluck(got, "attempt"))
+    assert.equal(1, helpers.session_row(store, "skipme").attempts)
+    assert.equal(1, helpers.session_row(store, "fine").attempts)
+  end)
+end)
+
+-- A claim transaction's lock waits (docs/postgres.md "Deadlocks"): its
+-- session updates are sent without waiting, and each may wait up to
+-- lock_timeout; together they must still end within the budget
+-- (3/4 · deadlock_timeout after the transaction began). Each update sleeps
+-- in a trigger (a wait shorter than lock_timeout, as for a row a writer
+-- holds briefly), and records, outside the transaction (a sequence), how
+-- long after the transaction's start it ended.
+describe("postgres: a claim transaction's lock-wait budget", function()
+  after_each(helpers.cleanup)
+
+  it("holds for session updates sent without waiting", function()
+    -- deadlock_timeout 200 ms for this store's connections: lock_timeout
+    -- 50 ms, budget 150 ms
+    local url = helpers.pg_fresh_url(template) .. "&options=-c%20deadlock_timeout%3D200ms"
+    local store = helpers.open_same(url, { clock = helpers.manual_clock(helpers.T0) })
+    local n = 12
+    for i = 1, n do store:append(("s%02d"):format(i), { { type = "job" } }) end
+    local schema = schema_of(url)
+    psql(url, ("CREATE SEQUENCE %s.waited MINVALUE 0 START 0;"
+      .. " CREATE FUNCTION %s.slow() RETURNS trigger AS $$ BEGIN PERFORM pg_sleep(0.02);"
+      .. " PERFORM setval('%s.waited', greatest((SELECT last_value FROM %s.waited),"
+      .. " (extract(epoch FROM clock_timestamp() - now()) * 1000)::bigint)); RETURN NEW; END $$"
+      .. " LANGUAGE plpgsql; CREATE TRIGGER slow BEFORE UPDATE ON %s.sessions FOR EACH ROW"
+      .. " EXECUTE FUNCTION %s.slow()"):format(schema, schema, schema, schema, schema, schema))
+    -- n updates of 20 ms each cannot all fit: the claim gives up (and
+    -- runs again) rather than wait beyond its budget
+    local ok, got = pcall(store.claim_next, store, { holder = "h", ttl_ms = 60000, limit = n })
+    local waited = tonumber(psql(url, ("SELECT last_value FROM %s.waited"):format(schema)))
+    assert.is_true(waited > 0, "no session update ran")
+    assert.is_true(waited <= 150, ("a session update ended %d ms into its claim transaction"
+      .. " (budget 150 ms); claim_next: %s"):format(waited, ok and (#got .. " claimed") or tostring(got)))
+  end)
+end)

@@ -255,12 +255,17 @@ static const char *const pg_sql[ST_COUNT] = {
                         ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
                         " $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,"
                         " $29, $30)",
-    [ST_EVENT_UPDATE] = "UPDATE events SET status = $3, attempts = $4, failures = $5,"
+    /* It must change its row, and is sent without waiting (pipelined):
+     * when it changes none the server itself must fail (1/0, division
+     * by zero: PEND_CHANGED), so that the statements queued after it
+     * (RELEASE SAVEPOINT, COMMIT) do not run. An UPDATE 0 is no error to
+     * the server. */
+    [ST_EVENT_UPDATE] = "WITH u AS (UPDATE events SET status = $3, attempts = $4, failures = $5,"
                         " last_error = $6, processed_at = $7, claim_holder = $8,"
                         " claim_expires_at = $9, retry_at = $10, queued = $11, due_at = $12,"
                         " last_failed_attempt = $13, returned = $14, first_claimed_at = $15,"
                         " last_claimed_at = $16, failed_at = $17, processed_by_attempt = $18"
-                        " WHERE session = $1 AND idx = $2",
+                        " WHERE session = $1 AND idx = $2 RETURNING 1) SELECT 1 / count(*) FROM u",
     [ST_EVENT_RANGE] = "SELECT " EV_COLS
                        " FROM events WHERE session = $1 AND idx > $2 AND idx <= $3"
                        " ORDER BY idx LIMIT $4",
@@ -424,9 +429,10 @@ static const char *const pg_sql[ST_COUNT] = {
      * LOCAL), and the server's deadlock_timeout as it is now. */
     [ST_CLAIM_SETUP] = "SELECT current_setting('deadlock_timeout'),"
                        " set_config('lock_timeout', $1, true)",
-    /* claim_next's count on a session row (pg_session_claimed) */
-    [ST_SESSION_CLAIMED] = "UPDATE sessions SET attempts = attempts + $2, updated_at = $3"
-                           " WHERE session = $1",
+    /* claim_next's count on a session row (pg_session_claimed); like
+     * ST_EVENT_UPDATE, it fails on the server when it changes no row */
+    [ST_SESSION_CLAIMED] = "WITH u AS (UPDATE sessions SET attempts = attempts + $2, updated_at = $3"
+                           " WHERE session = $1 RETURNING 1) SELECT 1 / count(*) FROM u",
     /* The rows pg_event_insert buffered, one array per column (EV_COLS's
      * order), in one statement (pg_ins_flush). */
     [ST_EVENT_INSERT_MANY] = "INSERT INTO events(" EV_COLS ") SELECT * FROM unnest($1::bigint[],"
@@ -566,7 +572,8 @@ static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1};
 enum {
   PEND_ANY,      /* a success of any kind; nothing to keep */
   PEND_PREPARE,  /* the statement `id` prepared */
-  PEND_CHANGED,  /* an UPDATE that must have changed a row (event_update) */
+  PEND_CHANGED,  /* an UPDATE that must have changed a row (event_update), and fails
+                  * on the server when it did not (its SQL divides by its count) */
   PEND_BEGIN,    /* ST_BEGIN_POSITIONS: the position counter */
   PEND_CLAIM,    /* ST_CLAIM_SETUP: the server's deadlock_timeout */
   PEND_COMMIT,   /* COMMIT, which must answer "COMMIT" */
@@ -1173,6 +1180,11 @@ static int pg_ins_flush(es_txn *t, es_err *err);
 static int pg_send_fail(es_txn *t, const char *what, es_err *err) {
   int code = pg_fail_res(err, t->c, NULL, what);
   pg_txn_break(t, err ? err->msg : "connection lost");
+  /* Closed: what reached the server is unknown, and the connection is
+   * still in pipeline mode, where a rollback's PQexec is refused (the
+   * server rolls the transaction back; the next call connects again). */
+  pg_conn_close(t->c);
+  t->c->n_pend = 0;
   return code;
 }
 
@@ -1258,6 +1270,11 @@ static int pg_ins_flush(es_txn *t, es_err *err) {
   return code;
 }
 
+static int pg_gone(es_txn *t, const pg_pend *q, es_err *err) {
+  return es_fail(err, ES_STORAGE, "postgres %s: %s: the %s row to update is gone", t->b->schema,
+                 pg_what(t), q->id == ST_SESSION_CLAIMED ? "session" : "event");
+}
+
 /* The answer of one statement sent (pend q), read by pg_sync; code: the
  * sync's outcome so far (the first error wins). */
 static int pg_answer(es_txn *t, const pg_pend *q, PGresult *res, PGresult **want, int code,
@@ -1268,11 +1285,13 @@ static int pg_answer(es_txn *t, const pg_pend *q, PGresult *res, PGresult **want
     /* skipped after an earlier error, or the error itself */
     if (q->kind == PEND_PREPARE) c->prepared[q->id] = 0;
     if (st == PGRES_PIPELINE_ABORTED || code != ES_OK) return code;
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    if (q->kind == PEND_CHANGED && state && !strcmp(state, "22012"))
+      return pg_gone(t, q, err); /* its own 1 / count(*) */
     code = pg_fail_res(err, c, res, pg_what(t));
     /* A claim transaction that lost on a lock (lock_timeout, a deadlock,
      * a serialization failure) did nothing yet that counts: it may run
      * again (claim_retry). */
-    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
     if (t->claim && state &&
         (!strcmp(state, "55P03") || !strcmp(state, "40P01") || !strcmp(state, "40001")))
       t->retry = 1;
@@ -1281,9 +1300,8 @@ static int pg_answer(es_txn *t, const pg_pend *q, PGresult *res, PGresult **want
   if (code != ES_OK) return code;
   switch (q->kind) {
     case PEND_CHANGED:
-      if (strtoll(PQcmdTuples(res), NULL, 10) < 1)
-        return es_fail(err, ES_STORAGE, "postgres %s: %s: the %s row to update is gone",
-                       t->b->schema, pg_what(t), q->id == ST_SESSION_CLAIMED ? "session" : "event");
+      /* the server failed already when it was 0 (above): a check only */
+      if (strtoll(PQcmdTuples(res), NULL, 10) < 1) return pg_gone(t, q, err);
       break;
     case PEND_BEGIN:
       if (PQntuples(res) == 1) {
@@ -1792,6 +1810,10 @@ static void pg_rollback_txn(es_txn *t) {
   pg_pre_drop(t);
   pg_ins_discard(t);
   pg_drain(t);
+  /* still in pipeline mode with nothing to read (a send that failed):
+   * PQexec would be refused */
+  if (c->db && PQpipelineStatus(c->db) != PQ_PIPELINE_OFF && !PQexitPipelineMode(c->db))
+    pg_conn_close(c);
   if (c->db && PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
     PGresult *res = PQexec(c->db, "ROLLBACK");
     PQclear(res);
@@ -1855,7 +1877,11 @@ static int pg_write_begin(es_backend *b, es_txn **out, es_err *err) {
 /* Before the next insert: the position counter read by the begin. */
 static int pg_positions(es_txn *t, es_err *err) {
   if (t->pos_known) return ES_OK;
-  int code = pg_sync(t, NULL, err);
+  int code = ES_OK;
+  /* a first caller rolled back (pg_savepoint_rollback) left nothing in
+   * flight: the begin is sent now, with nothing else to answer */
+  if (t->need_begin && (code = pg_pipe(t, err)) != ES_OK) return code;
+  code = pg_sync(t, NULL, err);
   if (code == ES_OK && !t->pos_known)
     code = es_fail(err, ES_STORAGE, "postgres %s: the position counter was not read", t->b->schema);
   return code;
@@ -2181,9 +2207,22 @@ static int pg_claim_commit(es_txn *t, int *retry, es_err *err) {
   return ES_OK;
 }
 
+/* Statements sent on c and not answered yet that may wait for a lock
+ * (pg_session_claimed's, sent without a sync). */
+static int pg_pend_waits(const pg_conn *c) {
+  int n = 0;
+  for (int i = 0; i < c->n_pend; i++)
+    if (c->pend[i].id == ST_SESSION_CLAIMED && c->pend[i].kind != PEND_PREPARE) n++;
+  return n;
+}
+
 /* Before a statement of a claim transaction that may wait for a lock: the
  * begin's answers are in (the lock_timeout in force is known), and it may
- * not wait beyond the transaction's budget (see above). */
+ * not wait beyond the transaction's budget (see above). The statements
+ * still unanswered may each wait lock_ms too, and time does not pass for
+ * them while they are only sent: they count, and when they and this one
+ * could end beyond the budget, they are answered first (a sync) and the
+ * time is taken again. */
 static int pg_claim_may_wait(es_txn *t, es_err *err) {
   if (!t->claim) return ES_OK;
   int code = ES_OK;
@@ -2200,7 +2239,12 @@ static int pg_claim_may_wait(es_txn *t, es_err *err) {
     if ((code = pg_send(t, ST_CLAIM_SETUP, &p, PEND_ANY, err)) != ES_OK) return code;
     t->lock_fix = 0;
   }
-  if (pg_now_ms() - t->started_ms + t->lock_ms <= t->budget_ms) return ES_OK;
+  int64_t waits = pg_pend_waits(t->c);
+  if (waits > 0 && pg_now_ms() - t->started_ms + (waits + 1) * t->lock_ms > t->budget_ms) {
+    if ((code = pg_sync(t, NULL, err)) != ES_OK) return code;
+    waits = 0;
+  }
+  if (pg_now_ms() - t->started_ms + (waits + 1) * t->lock_ms <= t->budget_ms) return ES_OK;
   t->retry = 1;
   return es_fail(err, ES_STORAGE,
                  "postgres %s: claim: the transaction ran out of time to wait for locks",

@@ -14,6 +14,11 @@
  * - A wait blocked in the backend returns promptly when another thread
  *   closes the store.
  * - A wait is woken by a commit of another thread of the same process.
+ * - A caller of a group commit whose event update changes no row (a
+ *   trigger skips it, as if the row were gone) fails alone: the other
+ *   callers of its group commit, appending meanwhile, all succeed, and
+ *   nothing of the failed calls is committed (docs/postgres.md "Round
+ *   trips"). Needs psql on PATH to create the trigger.
  * TAP-style output; non-zero exit on failure.
  */
 #include <pthread.h>
@@ -269,6 +274,150 @@ static void commit_wakes_waiter(const char *base) {
   es_store_release(s);
 }
 
+/* --- an update that changes no row, in a group commit -------------------- */
+
+#define GC_APPENDERS 5
+#define GC_PER_APPENDER 300
+#define GC_JOBS 50
+
+typedef struct {
+  es_store *s;
+  long id;
+  atomic_int *ok_n, *failed;
+  char *first_error; /* 256 bytes, written by the first failure */
+} gc_appender;
+
+static void *gc_append(void *arg) {
+  gc_appender *a = arg;
+  char sess[32];
+  snprintf(sess, sizeof sess, "a%ld", a->id);
+  for (int i = 0; i < GC_PER_APPENDER; i++) {
+    es_new_event e;
+    es_new_event_init(&e);
+    e.type = "ok";
+    e.settled = 1;
+    int pending;
+    es_err err = {0};
+    if (es_store_append(a->s, sess, &e, 1, ES_NONE, ES_NONE, NULL, &pending, &err) != ES_OK) {
+      if (atomic_fetch_add(a->failed, 1) == 0) snprintf(a->first_error, 256, "%.200s", err.msg);
+    } else {
+      atomic_fetch_add(a->ok_n, 1);
+    }
+  }
+  return NULL;
+}
+
+typedef struct {
+  es_store *s;
+  atomic_int *stop;
+  int calls, refused, other;
+} gc_failer;
+
+/* Claims the jobs and fails each with "skipme", which the trigger makes
+ * an update of no row: every such call must fail (STORAGE). */
+static void *gc_fail(void *arg) {
+  gc_failer *f = arg;
+  while (!atomic_load(f->stop)) {
+    es_events got;
+    int64_t retry_at;
+    es_err err = {0};
+    if (es_store_claim_next(f->s, "h", 600000, 1, NULL, 0, NULL, 0, &got, &retry_at, &err) != ES_OK) {
+      f->other++;
+      break;
+    }
+    for (size_t i = 0; i < got.n; i++) {
+      int outcome;
+      int64_t failed;
+      es_err e2 = {0};
+      int rc = es_store_fail(f->s, got.v[i].session, got.v[i].index, got.v[i].attempts, "skipme",
+                             100, 0, &outcome, &failed, &e2);
+      f->calls++;
+      if (rc == ES_STORAGE && strstr(e2.msg, "row to update is gone")) f->refused++;
+      else f->other++;
+    }
+    es_events_destroy(&got);
+    if (got.n == 0) usleep(1000);
+  }
+  return NULL;
+}
+
+static void group_commit_unchanged_row(const char *base) {
+  char url[1024], schema[96], cmd[4096];
+  snprintf(schema, sizeof schema, "c_gc_%ld_%ld", (long)getpid(), (long)time(NULL));
+  snprintf(url, sizeof url, "%s%sschema=%s", base, strchr(base, '?') ? "&" : "?", schema);
+  if (strchr(base, '\'') || strlen(base) > 1024) {
+    printf("ok %d # skip ES_PG_URL holds a quote\n", ++test_no);
+    return;
+  }
+  es_store *s = open_or_die(url);
+  if (!s) {
+    ok(0, "group commit with an update of no row: open");
+    return;
+  }
+  for (int i = 0; i < GC_JOBS; i++) {
+    es_new_event e;
+    es_new_event_init(&e);
+    e.type = "job";
+    int pending;
+    es_err err = {0};
+    if (es_store_append(s, "jobs", &e, 1, ES_NONE, ES_NONE, NULL, &pending, &err) != ES_OK) {
+      printf("# append: %s\n", err.msg);
+      ok(0, "group commit with an update of no row: setup");
+      es_store_release(s);
+      return;
+    }
+  }
+  snprintf(cmd, sizeof cmd,
+           "psql '%s' -v ON_ERROR_STOP=1 -Xqc \"CREATE FUNCTION %s.skip() RETURNS trigger AS \\$\\$"
+           " BEGIN IF NEW.last_error = 'skipme' THEN RETURN NULL; END IF; RETURN NEW; END"
+           " \\$\\$ LANGUAGE plpgsql; CREATE TRIGGER skip BEFORE UPDATE ON %s.events FOR EACH ROW"
+           " EXECUTE FUNCTION %s.skip()\"",
+           base, schema, schema, schema);
+  if (system(cmd) != 0) {
+    ok(0, "group commit with an update of no row: psql created the trigger");
+    es_store_release(s);
+    return;
+  }
+  atomic_int ok_n = 0, failed = 0, stop = 0;
+  char first_error[256] = "";
+  gc_appender apps[GC_APPENDERS];
+  gc_failer f = {s, &stop, 0, 0, 0};
+  pthread_t th[GC_APPENDERS], ft;
+  for (long i = 0; i < GC_APPENDERS; i++) {
+    apps[i] = (gc_appender){s, i, &ok_n, &failed, first_error};
+    pthread_create(&th[i], NULL, gc_append, &apps[i]);
+  }
+  pthread_create(&ft, NULL, gc_fail, &f);
+  for (int i = 0; i < GC_APPENDERS; i++) pthread_join(th[i], NULL);
+  atomic_store(&stop, 1);
+  pthread_join(ft, NULL);
+  printf("# appends: %d ok, %d failed (%s); fail calls: %d refused, %d otherwise\n",
+         atomic_load(&ok_n), atomic_load(&failed), first_error, f.refused, f.calls - f.refused);
+  ok(atomic_load(&failed) == 0 && atomic_load(&ok_n) == GC_APPENDERS * GC_PER_APPENDER,
+     "a caller whose update changes no row does not fail the others of its group commit");
+  ok(f.calls > 0 && f.refused == f.calls && f.other == 0,
+     "every fail() whose event update changed no row failed (STORAGE)");
+  int64_t head = 0, total = 0;
+  for (long i = 0; i < GC_APPENDERS; i++) {
+    char sess[32];
+    es_err err = {0};
+    snprintf(sess, sizeof sess, "a%ld", i);
+    if (es_store_head(s, sess, &head, &err) == ES_OK) total += head;
+  }
+  /* the refused fail()s wrote their session row first: none was kept */
+  es_sessions list;
+  es_err err = {0};
+  int64_t jobs_failures = -1;
+  if (es_store_sessions(s, "jobs", NULL, 10, &list, &err) == ES_OK) {
+    for (size_t i = 0; i < list.n; i++)
+      if (!strcmp(list.v[i].session, "jobs")) jobs_failures = list.v[i].failures;
+    es_sessions_destroy(&list);
+  }
+  ok(total == GC_APPENDERS * GC_PER_APPENDER && jobs_failures == 0,
+     "every append is kept, and nothing of the refused fail() calls");
+  es_store_release(s);
+}
+
 int main(void) {
   const char *base = getenv("ES_PG_URL");
   printf("# pg_claims_test: claim transactions and waits on PostgreSQL\n");
@@ -279,6 +428,7 @@ int main(void) {
   several_handles(base);
   close_wakes_waiter(base);
   commit_wakes_waiter(base);
+  group_commit_unchanged_row(base);
   printf("# %d tests, %d failed\n", test_no, failures);
   return failures ? 1 : 0;
 }
