@@ -1003,7 +1003,19 @@ static void fill_stats(es_engine *e, es_engine_stats *st) {
   st->failed = atomic_load(&e->failed);
   st->dead = atomic_load(&e->dead);
   st->abandoned = atomic_load(&e->abandoned);
-  st->busy = atomic_load(&e->busy);
+  /* handlers running: e->busy also counts workers that are only claiming,
+   * which a "stopping: interrupting N running handlers" must not count */
+  int64_t running = 0;
+  pthread_mutex_lock(&e->mu);
+  for (int i = 0; i < e->n; i++) {
+    runner *r = e->slots[i];
+    if (!r) continue;
+    pthread_mutex_lock(&r->mu);
+    running += r->busy && !r->finishing;
+    pthread_mutex_unlock(&r->mu);
+  }
+  pthread_mutex_unlock(&e->mu);
+  st->busy = running;
 }
 
 /* Counts the pending events this engine has no handler for, and says so
