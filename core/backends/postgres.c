@@ -64,6 +64,7 @@
 #include <unistd.h>
 
 #include "store/backend.h"
+#include "util/parse.h"
 
 /* ---- libpq, loaded when the first postgres:// store opens --------------
  *
@@ -1515,16 +1516,6 @@ static int pg_one_int(es_txn *t, int id, const pg_params *p, int64_t *v, es_err 
 
 /* ---- URL ------------------------------------------------------------- */
 
-static int pg_parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-  char *end;
-  long long x;
-  errno = 0;
-  x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi) return -1;
-  *out = x;
-  return 0;
-}
-
 /* rest: the URL after "postgres:" / "postgresql:" ("//..."). Takes our own
  * options out of the query (schema=NAME, readers=N) and keeps every other
  * one for libpq. */
@@ -1585,7 +1576,7 @@ static int pg_parse_url(es_backend *b, const char *rest, const es_open_opts *opt
     if (strncmp(k, "readers=", 8) == 0) {
       char v[32];
       int64_t x;
-      if (n - 8 >= sizeof v || (memcpy(v, k + 8, n - 8), v[n - 8] = '\0', pg_parse_int(v, 1, PG_MAX_READERS, &x))) {
+      if (n - 8 >= sizeof v || (memcpy(v, k + 8, n - 8), v[n - 8] = '\0', es_parse_int(v, 1, PG_MAX_READERS, &x))) {
         free(out);
         return es_fail(err, ES_INVALID_ARGUMENT, "postgres: readers must be 1..%d", PG_MAX_READERS);
       }

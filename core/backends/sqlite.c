@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "store/backend.h"
+#include "util/parse.h"
 
 /* ---- settings --------------------------------------------------------- */
 
@@ -1468,16 +1469,6 @@ rollback:
 
 /* ---- URL ---------------------------------------------------------------- */
 
-static int sq_parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-  char *end;
-  long long x;
-  errno = 0;
-  x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi) return -1;
-  *out = x;
-  return 0;
-}
-
 /* "PATH[?key=value&...]": sync=full|normal, mode=rwc|rw|ro,
  * busy_timeout=ms, readers=n, max_pages=n. */
 static int sq_parse_url(es_backend *b, const char *rest, const es_open_opts *opts, es_err *err) {
@@ -1521,15 +1512,15 @@ static int sq_parse_url(es_backend *b, const char *rest, const es_open_opts *opt
       else if (strcmp(v, "ro") == 0) b->mode = SQ_MODE_RO;
       else return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: mode=%s unknown (rwc, rw or ro)", v);
     } else if (strcmp(kv, "busy_timeout") == 0) {
-      if (sq_parse_int(v, 0, INT_MAX, &x))
+      if (es_parse_int(v, 0, INT_MAX, &x))
         return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: busy_timeout=%s is not a number of ms", v);
       b->busy_ms = (int)x;
     } else if (strcmp(kv, "readers") == 0) {
-      if (sq_parse_int(v, 1, SQ_MAX_READERS, &x))
+      if (es_parse_int(v, 1, SQ_MAX_READERS, &x))
         return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: readers=%s not in 1..%d", v, SQ_MAX_READERS);
       b->max_readers = (int)x;
     } else if (strcmp(kv, "max_pages") == 0) {
-      if (sq_parse_int(v, 1, INT64_MAX, &x))
+      if (es_parse_int(v, 1, INT64_MAX, &x))
         return es_fail(err, ES_INVALID_ARGUMENT, "sqlite: max_pages=%s is not a positive number", v);
       b->max_pages = x;
     } else {
