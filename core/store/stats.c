@@ -68,7 +68,8 @@ static es_stats_stripe *stripe_get(es_stats_hist *h, int i) {
 void es_stats_hist_add(es_stats_hist *h, uint64_t ns, int failed) {
   es_stats_stripe *p = stripe_get(h, my_stripe());
   if (!p) return;
-  atomic_fetch_add_explicit(&p->count, 1, memory_order_relaxed);
+  /* no count of its own: the buckets' sum is the count (one atomic add
+   * fewer per call) */
   if (failed) atomic_fetch_add_explicit(&p->errors, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&p->b[es_stats_bucket(ns)], 1, memory_order_relaxed);
   uint64_t m = atomic_load_explicit(&p->max_ns, memory_order_relaxed);
@@ -101,7 +102,6 @@ void es_stats_hist_read(es_stats_hist *h, es_stats_summary *out) {
   for (int i = 0; i < ES_STATS_STRIPES; i++) {
     es_stats_stripe *p = atomic_load_explicit(&h->stripe[i], memory_order_acquire);
     if (!p) continue;
-    out->count += atomic_load_explicit(&p->count, memory_order_relaxed);
     out->errors += atomic_load_explicit(&p->errors, memory_order_relaxed);
     uint64_t m = atomic_load_explicit(&p->max_ns, memory_order_relaxed);
     if (m > out->max_ns) out->max_ns = m;
@@ -111,8 +111,7 @@ void es_stats_hist_read(es_stats_hist *h, es_stats_summary *out) {
       total += v;
     }
   }
-  /* Percentiles from the buckets' own total: a sample being added while
-   * we read may be in count and not yet in its bucket, or the reverse. */
+  out->count = total;
   out->p50_ns = percentile(b, total, 0.50, out->max_ns);
   out->p99_ns = percentile(b, total, 0.99, out->max_ns);
 }

@@ -60,8 +60,7 @@ enum { ES_STATS_OPS(ES_STATS_ENUM_) ES_OP_COUNT };
 
 /* One thread stripe of one histogram: written with relaxed atomic adds. */
 typedef struct es_stats_stripe {
-  _Atomic uint64_t count;
-  _Atomic uint64_t errors;
+  _Atomic uint64_t errors;    /* the count is the buckets' sum */
   _Atomic uint64_t max_ns;
   _Atomic uint64_t b[ES_STATS_BUCKETS];
 } es_stats_stripe;
