@@ -12,6 +12,8 @@ lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
 "$BUILD"/bench/sqlite_bench "$dir" 3
 lua5.4 bench/engine_bench.lua "$dir"
 "$BUILD"/bench/archive_bench "$dir" 200000 10000
+# Stats cost (bench/README.md "Stats cost"): counting on and off in one run.
+"$BUILD"/bench/stats_bench "$dir" 5
 # PostgreSQL: a throwaway server for this step only, started and removed by
 # the same script as make test's (bench/README.md, "PostgreSQL").
 sh spec/support/pg_cluster.sh run "$BUILD"/bench/pg_bench

@@ -317,6 +317,16 @@ end
 ATTACKS._pause_after = function(c)
   expect_error("INVALID_ARGUMENT", c.A._pause_after, c.A, 1, "gate")
 end
+-- §3.12: a tenant's stats count its own sessions and calls only.
+ATTACKS.stats = function(c)
+  local st = c.A:stats()
+  local n = 0
+  for _ in ipairs(sessions_of(c.A)) do n = n + 1 end
+  assert.equal(n, st.sessions)
+end
+ATTACKS._stats_enabled = function(c)
+  c.A:_stats_enabled(true)
+end
 ATTACKS.close = function(c)
   c.close_last = true -- closing A (last) leaves B open: checked at the end
 end

@@ -281,6 +281,10 @@ struct es_backend {
   size_t nundo, capundo;
   size_t *marks;     /* savepoint stack: undo log lengths */
   size_t nmarks, capmarks;
+  /* §3.12 counts ("counts" below): the sums over the counted session rows,
+   * of the store and per tenant scope */
+  es_counts counts;
+  es_hmap scopes;    /* owned mscope by scope */
 };
 
 /* §3.9 archive: a session's segment rows, ascending `from`. Immutable:
@@ -1237,6 +1241,90 @@ static void commit_seg(es_backend *b, urec *u) {
   seglist_free(u->old);
 }
 
+/* ---- §3.12 counts --------------------------------------------------------- */
+
+/* The store's and each tenant scope's sums over the counted session rows
+ * (backend.h counts): sess_swap_info, the one place a session row changes
+ * (put, delete and their undo), moves them by the difference, so undo
+ * restores them too. A scope is a session name's start through its first
+ * ES_TENANT_SEP when that is a tenant's prefix (2 to ES_MAX_TENANT_BYTES + 1
+ * bytes). Rows with a negative fence (shard-move markers, shards.c) and the
+ * row named "" (a shard's plan record) are not sessions and do not count.
+ * A scope's entry is made by session_put before anything changes (a swap
+ * cannot allocate) and kept until close. */
+typedef struct mscope {
+  es_counts c;
+  char name[];
+} mscope;
+
+static const char *scope_key(const void *item) { return ((const mscope *)item)->name; }
+
+/* The scope of a session name into buf (ES_MAX_TENANT_BYTES + 2 bytes);
+ * 0 when it has none. */
+static int scope_of(const char *name, char *buf) {
+  const char *sep = strchr(name, ES_TENANT_SEP[0]);
+  size_t n = sep ? (size_t)(sep - name) + 1 : 0;
+  if (n < 2 || n > ES_MAX_TENANT_BYTES + 1) return 0;
+  memcpy(buf, name, n);
+  buf[n] = '\0';
+  return 1;
+}
+
+static int scope_prepare(es_backend *b, const char *name) {
+  char sc[ES_MAX_TENANT_BYTES + 2];
+  if (!scope_of(name, sc) || es_hmap_get(&b->scopes, sc)) return 0;
+  size_t n = strlen(sc) + 1;
+  mscope *m = calloc(1, sizeof *m + n);
+  if (!m) return -1;
+  memcpy(m->name, sc, n);
+  if (es_hmap_put(&b->scopes, m) != 0) {
+    free(m);
+    return -1;
+  }
+  return 0;
+}
+
+static void scopes_free(es_backend *b) {
+  size_t it = 0;
+  mscope *m;
+  while ((m = es_hmap_next(&b->scopes, &it))) free(m);
+  es_hmap_destroy(&b->scopes);
+}
+
+static void counts_add(es_counts *c, const es_session_info *row, int64_t sign) {
+  c->sessions += sign;
+  c->events += sign * row->events;
+  c->pending += sign * row->pending;
+  c->dead += sign * row->dead;
+}
+
+static void counts_swap(es_backend *b, const char *name, const es_session_info *from,
+                        const es_session_info *to) {
+  if (!*name) return;
+  if (from && from->fence < 0) from = NULL;
+  if (to && to->fence < 0) to = NULL;
+  if (!from && !to) return;
+  char sc[ES_MAX_TENANT_BYTES + 2];
+  mscope *m = scope_of(name, sc) ? es_hmap_get(&b->scopes, sc) : NULL;
+  es_counts *cs[2] = {&b->counts, m ? &m->c : NULL};
+  for (int i = 0; i < 2 && cs[i]; i++) {
+    if (from) counts_add(cs[i], from, -1);
+    if (to) counts_add(cs[i], to, 1);
+  }
+}
+
+static int mem_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  (void)err;
+  memset(out, 0, sizeof *out);
+  if (!scope) {
+    *out = t->b->counts;
+    return ES_OK;
+  }
+  const mscope *m = es_hmap_get(&t->b->scopes, scope);
+  if (m) *out = m->c;
+  return ES_OK;
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static int cmp_pres(const es_tree_node *x, const es_tree_node *y);
@@ -1282,6 +1370,7 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_tree_init(&b->uses_by_sess, cmp_use_sess);
   es_tree_init(&b->queued, cmp_qg);
   es_tree_init(&b->dead, cmp_dg);
+  es_hmap_init(&b->scopes, scope_key); /* §3.12 */
   *out = b;
   return ES_OK;
 }
@@ -1328,6 +1417,7 @@ static void mem_close(es_backend *b) {
   es_hmap_destroy(&b->sessions);
   es_hmap_destroy(&b->types);
   es_hmap_destroy(&b->spaces);
+  scopes_free(b); /* §3.12 */
   free(b->undo);
   free(b->marks);
   pthread_rwlock_destroy(&b->lock);
@@ -1362,10 +1452,14 @@ static es_session_info *info_new(const es_session_info *row) {
   return info;
 }
 
+static void counts_swap(es_backend *b, const char *name, const es_session_info *from,
+                        const es_session_info *to);
+
 /* Makes `to` s's session row in place of `from` (s->info), keeping the
  * by-name and children indexes right. Cannot fail; used by put and undo. */
 static void sess_swap_info(es_backend *b, msess *s, es_session_info *to) {
   es_session_info *from = s->info;
+  counts_swap(b, s->name, from, to); /* §3.12 */
   const char *pf = from ? from->parent : NULL, *pt = to ? to->parent : NULL;
   /* The tree reads the parent through s->info: unlink under the old key,
    * link under the new one; an unchanged parent keeps its node. */
@@ -1382,6 +1476,10 @@ static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   msess *s;
   int fresh, rc;
   if ((rc = check_write(t, err)) || (rc = sess_prepare(t, row->session, &s, &fresh, err))) return rc;
+  if (scope_prepare(b, row->session) != 0) { /* §3.12: counts_swap cannot allocate */
+    if (fresh) sess_free(s);
+    return oom(err);
+  }
   es_session_info *info = info_new(row);
   if (!info || undo_reserve(b, 1) != 0) {
     free(info);
@@ -2996,4 +3094,5 @@ const es_backend_ops es_backend_memory = {
     .segment_list = mem_segment_list,
     .segment_put = mem_segment_put,
     .segment_delete = mem_segment_delete,
+    .counts = mem_counts,
 };

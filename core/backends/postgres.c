@@ -160,7 +160,7 @@ static int pq_ready(es_err *err) {
 
 /* ---- settings --------------------------------------------------------- */
 
-#define PG_SCHEMA_VERSION 1          /* meta.schema_version of the current schema */
+#define PG_SCHEMA_VERSION 2          /* meta.schema_version of the current schema */
 #define PG_DEFAULT_SCHEMA "eventstore"
 #define PG_DEFAULT_READERS 8         /* read connections at most */
 #define PG_MAX_READERS 64
@@ -210,6 +210,7 @@ enum {
   /* transaction control, prepared like the rest (planned once per connection) */
   ST_BEGIN_LOCK, ST_BEGIN_POSITIONS, ST_META_NEXT, ST_CLAIM_SETUP,
   ST_SESSION_CLAIMED, ST_EVENT_INSERT_MANY,
+  ST_COUNTS, /* §3.12 */
   ST_COUNT
 };
 
@@ -218,6 +219,7 @@ enum {
  * literally, so the planner can use those indexes with generic plans.
  * `LIMIT NULL` is no limit. */
 static const char *const pg_sql[ST_COUNT] = {
+    [ST_COUNTS] = "SELECT sessions, events, pending, dead FROM counts WHERE scope = $1",
     [ST_MAX_POSITION] = "SELECT coalesce(max(position), 0) FROM events",
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = $1",
     [ST_SESSION_PUT] = "INSERT INTO sessions(" SESS_COLS
@@ -563,8 +565,61 @@ static const char pg_schema_v1[] =
     "  PRIMARY KEY(key, session));"
     "CREATE INDEX key_uses_session ON key_uses(session);";
 
+/* Version 2 (CONTRACT §3.12 stats): SQLite's version 7. `counts` holds the
+ * sums over the session rows (how many, their events, pending and dead) of
+ * the store (scope '') and of each tenant scope (a name's start through its
+ * first \x1f, 2 to 65 characters), kept by a trigger on `sessions` in the
+ * writing transaction, so stats read one row. Rows with a negative fence
+ * (shard-move markers) and the row named '' do not count. Contention: the
+ * store's row is updated by every write that changes a count, and writes
+ * already queue for the store's advisory lock, so it adds no wait; a
+ * claim transaction (which runs beside them) changes only attempts and
+ * updated_at, and the update trigger's WHEN skips those without running
+ * the function, so claims never touch the row. The migration computes the
+ * rows once from the sessions as they are. */
+static const char pg_schema_v2[] =
+    "CREATE TABLE counts("
+    "  scope " C_TEXT " PRIMARY KEY,"
+    "  sessions BIGINT NOT NULL,"
+    "  events BIGINT NOT NULL,"
+    "  pending BIGINT NOT NULL,"
+    "  dead BIGINT NOT NULL);"
+    "INSERT INTO counts SELECT '', count(*), coalesce(sum(events), 0), coalesce(sum(pending), 0),"
+    "  coalesce(sum(dead), 0) FROM sessions WHERE fence >= 0 AND session <> '';"
+    "INSERT INTO counts SELECT substr(session, 1, strpos(session, chr(31))), count(*), sum(events),"
+    "  sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND"
+    "  strpos(session, chr(31)) BETWEEN 2 AND 65 GROUP BY 1;"
+    "CREATE FUNCTION counts_apply() RETURNS trigger LANGUAGE plpgsql AS $f$"
+    " DECLARE ds bigint := 0; de bigint := 0; dp bigint := 0; dd bigint := 0;"
+    "   name text; k int;"
+    " BEGIN"
+    "   IF TG_OP <> 'INSERT' AND OLD.fence >= 0 AND OLD.session <> '' THEN"
+    "     ds := -1; de := -OLD.events; dp := -OLD.pending; dd := -OLD.dead; name := OLD.session;"
+    "   END IF;"
+    "   IF TG_OP <> 'DELETE' AND NEW.fence >= 0 AND NEW.session <> '' THEN"
+    "     ds := ds + 1; de := de + NEW.events; dp := dp + NEW.pending; dd := dd + NEW.dead;"
+    "     name := NEW.session;"
+    "   END IF;"
+    "   IF name IS NULL OR (ds = 0 AND de = 0 AND dp = 0 AND dd = 0) THEN RETURN NULL; END IF;"
+    "   UPDATE counts SET sessions = sessions + ds, events = events + de,"
+    "     pending = pending + dp, dead = dead + dd WHERE scope = '';"
+    "   k := strpos(name, chr(31));"
+    "   IF k BETWEEN 2 AND 65 THEN"
+    "     INSERT INTO counts VALUES (substr(name, 1, k), ds, de, dp, dd) ON CONFLICT (scope) DO"
+    "     UPDATE SET sessions = counts.sessions + ds, events = counts.events + de,"
+    "       pending = counts.pending + dp, dead = counts.dead + dd;"
+    "   END IF;"
+    "   RETURN NULL;"
+    " END $f$;"
+    "CREATE TRIGGER counts_insert_delete AFTER INSERT OR DELETE ON sessions"
+    "  FOR EACH ROW EXECUTE FUNCTION counts_apply();"
+    "CREATE TRIGGER counts_update AFTER UPDATE ON sessions FOR EACH ROW WHEN ("
+    "  OLD.events IS DISTINCT FROM NEW.events OR OLD.pending IS DISTINCT FROM NEW.pending"
+    "  OR OLD.dead IS DISTINCT FROM NEW.dead OR (OLD.fence >= 0) IS DISTINCT FROM (NEW.fence >= 0))"
+    "  EXECUTE FUNCTION counts_apply();";
+
 /* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
-static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1};
+static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1, pg_schema_v2};
 
 /* ---- types ------------------------------------------------------------ */
 
@@ -2610,6 +2665,24 @@ static int pg_event_all(es_txn *t, const char *scope, int64_t after, int64_t lim
                     err);
 }
 
+/* §3.12: one row of `counts` (schema version 2); no row: all zero. */
+static int pg_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  pg_params p = {0};
+  PGresult *res;
+  memset(out, 0, sizeof *out);
+  pp_str(&p, scope ? scope : "");
+  int code = pg_run(t, ST_COUNTS, &p, &res, err);
+  if (code != ES_OK) return code;
+  if (PQntuples(res) > 0) {
+    out->sessions = pg_int(res, 0, 0);
+    out->events = pg_int(res, 0, 1);
+    out->pending = pg_int(res, 0, 2);
+    out->dead = pg_int(res, 0, 3);
+  }
+  PQclear(res);
+  return ES_OK;
+}
+
 static int pg_last_position(es_txn *t, int64_t *position, es_err *err) {
   int64_t v;
   int code = pg_one_int(t, ST_MAX_POSITION, NULL, &v, err);
@@ -3265,6 +3338,7 @@ static void pg_wake(es_backend *b) {
       .claim_ready = pg_claim_ready,                            \
       .session_claimed = pg_session_claimed,                    \
       .claim_commit = pg_claim_commit,                          \
+      .counts = pg_counts,                                      \
   }
 
 /* Both URI schemes libpq accepts. */

@@ -58,7 +58,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 6            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 7            /* PRAGMA user_version of the current schema */
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -125,6 +125,7 @@ enum {
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
   ST_DEAD_ALL_SCOPED,
+  ST_COUNTS, /* §3.12 */
   ST_COUNT
 };
 
@@ -135,6 +136,7 @@ enum {
  * walk every event of a session (INDEXED BY fails loudly at prepare, that
  * is at open, if an index ever stops being usable). */
 static const char *const sq_sql[ST_COUNT] = {
+    [ST_COUNTS] = "SELECT sessions, events, pending, dead FROM counts WHERE scope = ?1",
     [ST_BEGIN_WRITE] = "BEGIN IMMEDIATE",
     [ST_BEGIN_READ] = "BEGIN",
     [ST_COMMIT] = "COMMIT",
@@ -146,9 +148,23 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_META_GET] = "SELECT value FROM meta WHERE key = ?1",
     [ST_META_PUT] = "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = ?1",
-    [ST_SESSION_PUT] = "INSERT OR REPLACE INTO sessions(" SESS_COLS
+    /* An upsert, not INSERT OR REPLACE: a replace deletes the old row
+     * without firing the delete trigger, and the counts triggers (§3.12,
+     * schema version 7) need the old row's values. */
+    [ST_SESSION_PUT] = "INSERT INTO sessions(" SESS_COLS
                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
-                       " ?15, ?16, ?17, ?18, ?19, ?20)",
+                       " ?15, ?16, ?17, ?18, ?19, ?20) ON CONFLICT(session) DO UPDATE SET"
+                       " head = excluded.head, events = excluded.events,"
+                       " pending = excluded.pending, dead = excluded.dead,"
+                       " attempts = excluded.attempts, failures = excluded.failures,"
+                       " first_at = excluded.first_at, updated_at = excluded.updated_at,"
+                       " fence = excluded.fence, sealed_at = excluded.sealed_at,"
+                       " seal_reason = excluded.seal_reason, lease_holder = excluded.lease_holder,"
+                       " lease_token = excluded.lease_token,"
+                       " lease_expires_at = excluded.lease_expires_at, parent = excluded.parent,"
+                       " fork_at = excluded.fork_at, forked_at = excluded.forked_at,"
+                       " first_index = excluded.first_index,"
+                       " archived_through = excluded.archived_through",
     [ST_SESSION_LIST_GE] = "SELECT " SESS_COLS
                            " FROM sessions WHERE session >= ?1 ORDER BY session LIMIT ?3",
     [ST_SESSION_LIST_GE_LT] = "SELECT " SESS_COLS
@@ -514,6 +530,55 @@ static const char sq_schema_v6[] =
     "  PRIMARY KEY(key, session)) WITHOUT ROWID;"
     "CREATE INDEX IF NOT EXISTS key_uses_session ON key_uses(session);";
 
+/* Version 7 (CONTRACT §3.12 stats): `counts` holds the sums over the
+ * session rows (how many, and their events, pending and dead), of the
+ * store (scope '') and of each tenant scope (a name's start through its
+ * first \x1f, 2 to 65 characters), kept by triggers on `sessions` in the
+ * writing transaction itself, so store:stats() reads one row instead of
+ * walking the sessions, whoever wrote (every process runs the same
+ * triggers). Rows with a negative fence (shard-move markers) and the row
+ * named '' (a shard's plan record) do not count. Each trigger moves the
+ * store's row by the difference and upserts the scope's; the update
+ * trigger fires only when a counted value changes (a claim, which changes
+ * attempts, costs nothing more). The migration computes the rows once
+ * from the sessions as they are. */
+#define SQ_COUNTED(r) "(" r ".fence >= 0 AND " r ".session <> '')"
+#define SQ_SCOPE(r) "substr(" r ".session, 1, instr(" r ".session, char(31)))"
+#define SQ_HAS_SCOPE(r) "instr(" r ".session, char(31)) BETWEEN 2 AND 65"
+/* The statements of a trigger body moving the counts by (ds, de, dp, dd)
+ * for the session row r. */
+#define SQ_COUNTS_MOVE(r, ds, de, dp, dd)                                                        \
+  "UPDATE counts SET sessions = sessions + " ds ", events = events + " de                       \
+  ", pending = pending + " dp ", dead = dead + " dd " WHERE scope = '';"                          \
+  "INSERT INTO counts(scope, sessions, events, pending, dead) SELECT " SQ_SCOPE(r) ", " ds ", " de \
+  ", " dp ", " dd " WHERE " SQ_HAS_SCOPE(r) " ON CONFLICT(scope) DO UPDATE SET"                    \
+  " sessions = sessions + excluded.sessions, events = events + excluded.events,"                \
+  " pending = pending + excluded.pending, dead = dead + excluded.dead;"
+static const char sq_schema_v7[] =
+    "CREATE TABLE IF NOT EXISTS counts("
+    "  scope TEXT PRIMARY KEY,"
+    "  sessions INTEGER NOT NULL,"
+    "  events INTEGER NOT NULL,"
+    "  pending INTEGER NOT NULL,"
+    "  dead INTEGER NOT NULL) WITHOUT ROWID;"
+    "DELETE FROM counts;"
+    "INSERT INTO counts SELECT '', count(*), coalesce(sum(events), 0), coalesce(sum(pending), 0),"
+    "  coalesce(sum(dead), 0) FROM sessions WHERE fence >= 0 AND session <> '';"
+    "INSERT INTO counts SELECT substr(session, 1, instr(session, char(31))), count(*), sum(events),"
+    "  sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND"
+    "  instr(session, char(31)) BETWEEN 2 AND 65 GROUP BY 1;"
+    "CREATE TRIGGER IF NOT EXISTS counts_insert AFTER INSERT ON sessions WHEN " SQ_COUNTED("NEW")
+    " BEGIN " SQ_COUNTS_MOVE("NEW", "1", "NEW.events", "NEW.pending", "NEW.dead") " END;"
+    "CREATE TRIGGER IF NOT EXISTS counts_delete AFTER DELETE ON sessions WHEN " SQ_COUNTED("OLD")
+    " BEGIN " SQ_COUNTS_MOVE("OLD", "-1", "-OLD.events", "-OLD.pending", "-OLD.dead") " END;"
+    "CREATE TRIGGER IF NOT EXISTS counts_update AFTER UPDATE OF events, pending, dead, fence"
+    " ON sessions WHEN NEW.session <> '' AND (OLD.events <> NEW.events OR OLD.pending <> NEW.pending"
+    " OR OLD.dead <> NEW.dead OR (OLD.fence >= 0) <> (NEW.fence >= 0)) BEGIN "
+    SQ_COUNTS_MOVE("NEW", "((NEW.fence >= 0) - (OLD.fence >= 0))",
+                   "((NEW.fence >= 0) * NEW.events - (OLD.fence >= 0) * OLD.events)",
+                   "((NEW.fence >= 0) * NEW.pending - (OLD.fence >= 0) * OLD.pending)",
+                   "((NEW.fence >= 0) * NEW.dead - (OLD.fence >= 0) * OLD.dead)") " END;";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -521,6 +586,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v4,
     sq_schema_v5,
     sq_schema_v6,
+    sq_schema_v7,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -2267,6 +2333,25 @@ static int sq_event_all(es_txn *t, const char *scope, int64_t after, int64_t lim
   return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
+/* §3.12: one row of `counts` (schema version 7); no row: all zero. */
+static int sq_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  memset(out, 0, sizeof *out);
+  if ((code = sq_op(t, ST_COUNTS, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, scope ? scope : "");
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    out->sessions = sqlite3_column_int64(st, 0);
+    out->events = sqlite3_column_int64(st, 1);
+    out->pending = sqlite3_column_int64(st, 2);
+    out->dead = sqlite3_column_int64(st, 3);
+  }
+  sq_stmt_done(t->c, ST_COUNTS, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  return ES_OK;
+}
+
 static int sq_last_position(es_txn *t, int64_t *position, es_err *err) {
   sqlite3_stmt *st;
   int temp, code, rc;
@@ -2943,4 +3028,5 @@ const es_backend_ops es_backend_sqlite = {
     .segment_list = sq_segment_list,
     .segment_put = sq_segment_put,
     .segment_delete = sq_segment_delete,
+    .counts = sq_counts,
 };

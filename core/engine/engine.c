@@ -414,10 +414,12 @@ static void record_failure(es_engine *e, int id, const claim_info *c, const char
                   (long long)c->index, es_strerror(rc), err.msg);
   } else if (outcome == ES_DEAD_LETTERED) {
     atomic_fetch_add(&e->dead, 1);
+    es_type_stats_count(&e->tstats, c->type, ES_TYPE_DEAD); /* §3.12 */
     es_engine_log(e, id, "%s #%lld %s dead-lettered after %lld failures: %.*s", c->session,
                   (long long)c->index, c->type, (long long)(failures + c->lost), first, error);
   } else if (outcome == ES_FAILED) {
     atomic_fetch_add(&e->failed, 1);
+    es_type_stats_count(&e->tstats, c->type, ES_TYPE_FAILED); /* §3.12 */
     /* One line per failed attempt (the traceback stays in last_error). */
     es_engine_log(e, id, "%s #%lld %s attempt %lld failed, retry in %lld ms: %.*s", c->session,
                   (long long)c->index, c->type, (long long)c->attempt, (long long)wait, first,
@@ -548,8 +550,10 @@ static void complete_job(job *j) {
       if (outcome == ES_SUPERSEDED)
         es_engine_log(e, j->r->id, "%s #%lld: attempt %lld was superseded; its result is dropped",
                       ev->session, (long long)ev->index, (long long)ev->attempts);
-      else if (j->result == RUN_HANDLED)
+      else if (j->result == RUN_HANDLED) {
         atomic_fetch_add(&e->handled, 1);
+        es_type_stats_count(&e->tstats, ev->type, ES_TYPE_HANDLED); /* §3.12 */
+      }
       break;
     }
     if (rc == ES_STORAGE) {
@@ -603,7 +607,9 @@ static int handle(runner *r, const es_event *ev) {
   lua_settop(L, 0);
   lua_pushcfunction(L, run_job);
   lua_pushlightuserdata(L, &j);
+  uint64_t run_t0 = es_type_stats_begin(&e->tstats); /* §3.12 */
   int rc = es_budget_pcall(L, 1, 3);
+  uint64_t run_ns = es_type_stats_end(&e->tstats, run_t0);
   if (rc != LUA_OK) job_error(&j, lua_tostring(L, -1));
   /* Garbage of this call is collected now, within the watched window (a
    * finalizer may run), and a collector a handler stopped runs again. */
@@ -626,6 +632,8 @@ static int handle(runner *r, const es_event *ev) {
     int stop = j.error && strstr(j.error, "interrupted: the engine is stopping") != NULL;
     record_failure(e, r->id, &c, j.error ? j.error : "unknown error", stop, 1);
   }
+  if (run_t0 && j.result != RUN_RELEASE)
+    es_type_stats_run(&e->tstats, ev->type, run_ns, j.result == RUN_FAILED);
   free(j.error);
   lua_settop(L, 0);
   pthread_mutex_lock(&r->mu);
@@ -930,6 +938,7 @@ static void engine_free(es_engine *e) {
   pthread_mutex_destroy(&e->lease_mu);
   es_type_set_release(e->types);
   pthread_cond_destroy(&e->fold_cond);
+  es_type_stats_destroy(&e->tstats); /* §3.12 */
   free(e);
 }
 
@@ -1454,6 +1463,8 @@ int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_
   if (rc == ES_STALE_FENCE) es_engine_fenced_out(e, session);
   return rc;
 }
+
+struct es_type_stats *es_engine_type_stats(es_engine *e) { return &e->tstats; }
 
 void es_engine_close(es_engine *e) {
   if (!e) return;

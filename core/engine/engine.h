@@ -140,4 +140,8 @@ int es_engine_release(es_engine *e, const char *session, int *released, es_err *
  * within a second (a finalizer that never returns) is left to its thread. */
 void es_engine_close(es_engine *e);
 
+/* §3.12: the engine's per-event-type figures since it opened
+ * (engine/type_stats.h); borrowed, valid while the engine lives. */
+struct es_type_stats *es_engine_type_stats(es_engine *e);
+
 #endif

@@ -13,6 +13,7 @@
 
 #include "engine/budget.h"
 #include "engine/engine.h"
+#include "engine/type_stats.h"
 
 /* The event types with a handler file (handlers.c), sorted; shared and
  * replaced whole, so refcounted. */
@@ -111,6 +112,7 @@ struct es_engine {
   atomic_int busy;            /* workers claiming or handling */
   atomic_int running;         /* worker threads not finished nor abandoned */
   atomic_llong handled, failed, dead, abandoned;
+  es_type_stats tstats;       /* §3.12 per event type, since the engine opened (type_stats.h) */
   es_err run_err;             /* the first error that ended the run */
 
   /* Store outages (engine.c "Riding out a store outage"): */

@@ -16,6 +16,7 @@
 
 #include "codec/state.h"
 #include "engine/engine.h"
+#include "engine/type_stats.h"
 #include "lua/common.h"
 #include "lua/engine_handle.h"
 #include "lua/events.h"
@@ -250,6 +251,67 @@ static int l_engine_has_handler(lua_State *L) {
   return 1;
 }
 
+/* §3.12 stats() -> {types = {[type] = {handled, failed, dead, runs, p50_us,
+ * p99_us, max_us}}, handled, failed, dead, store = store:stats()}: since
+ * the engine opened, across runs (docs/stats.md). Takes no argument. */
+typedef struct {
+  lua_State *L;
+  int64_t handled, failed, dead;
+} type_push;
+
+static void push_type(void *ctx, const es_type_stat *st) {
+  type_push *p = ctx;
+  lua_State *L = p->L;
+  es_stats_summary sum;
+  es_stats_hist_read((es_stats_hist *)&st->runs, &sum);
+  int64_t handled = (int64_t)atomic_load(&st->handled), failed = (int64_t)atomic_load(&st->failed),
+          dead = (int64_t)atomic_load(&st->dead);
+  p->handled += handled;
+  p->failed += failed;
+  p->dead += dead;
+  lua_createtable(L, 0, 7);
+  es_lua_set_int(L, "handled", handled);
+  es_lua_set_int(L, "failed", failed);
+  es_lua_set_int(L, "dead", dead);
+  es_lua_set_int(L, "runs", (int64_t)sum.count);
+  lua_pushnumber(L, (lua_Number)sum.p50_ns / 1000.0);
+  lua_setfield(L, -2, "p50_us");
+  lua_pushnumber(L, (lua_Number)sum.p99_ns / 1000.0);
+  lua_setfield(L, -2, "p99_us");
+  lua_pushnumber(L, (lua_Number)sum.max_ns / 1000.0);
+  lua_setfield(L, -2, "max_us");
+  lua_setfield(L, -2, st->type);
+}
+
+static int l_engine_stats(lua_State *L) {
+  es_engine *e = check_engine(L);
+  if (lua_gettop(L) > 1) return luaL_argerror(L, 2, "stats takes no arguments");
+  es_err err = {0};
+  if (es_lua_push_stats(L, es_engine_store(e), &err) != ES_OK) return es_lua_raise(L, &err);
+  int store = lua_gettop(L);
+  lua_createtable(L, 0, 5);
+  type_push p = {L, 0, 0, 0};
+  lua_newtable(L);
+  es_type_stats_each(es_engine_type_stats(e), push_type, &p);
+  lua_setfield(L, -2, "types");
+  es_lua_set_int(L, "handled", p.handled);
+  es_lua_set_int(L, "failed", p.failed);
+  es_lua_set_int(L, "dead", p.dead);
+  lua_pushvalue(L, store);
+  lua_setfield(L, -2, "store");
+  return 1;
+}
+
+/* _stats_enabled(on): bench only (bench/README.md "Stats cost"): stops or
+ * restarts counting, for the engine's types and its store's calls. */
+static int l_engine_stats_enabled(lua_State *L) {
+  es_engine *e = check_engine(L);
+  luaL_checktype(L, 2, LUA_TBOOLEAN);
+  es_type_stats_enable(es_engine_type_stats(e), lua_toboolean(L, 2));
+  es_store_stats_enable(es_engine_store(e), lua_toboolean(L, 2));
+  return 0;
+}
+
 static int l_engine_close(lua_State *L) {
   lengine *h = luaL_checkudata(L, 1, ENGINE_MT);
   if (h->running) /* from the progress function: the run ends first */
@@ -279,6 +341,8 @@ static const luaL_Reg engine_methods[] = {
     {"lease", l_engine_lease},
     {"truncate", l_engine_truncate},
     {"release", l_engine_release},
+    {"stats", l_engine_stats},
+    {"_stats_enabled", l_engine_stats_enabled},
     {"close", l_engine_close},
     {NULL, NULL},
 };

@@ -917,6 +917,77 @@ static int m_head(lua_State *L) {
 }
 
 /* ---------------------------------------------------------------------- */
+/* §3.12 stats (docs/stats.md) */
+
+/* What stats() reports, read from the core (no Lua call in between). */
+typedef struct {
+  es_call_stats calls[ES_STATS_MAX_OPS];
+  size_t n;
+  es_counts c;
+} stats_snap;
+
+static int stats_read(es_store *s, stats_snap *o, es_err *err) {
+  /* the calls before the counts: this stats call is in neither */
+  es_store_call_stats(s, o->calls, ES_STATS_MAX_OPS, &o->n);
+  return es_store_counts(s, &o->c, err);
+}
+
+static void stats_push(lua_State *L, const stats_snap *o) {
+  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, (int)o->n);
+  for (size_t i = 0; i < o->n; i++) {
+    const es_call_stats *c = &o->calls[i];
+    lua_createtable(L, 0, 5);
+    es_lua_set_int(L, "count", (int64_t)c->count);
+    es_lua_set_int(L, "errors", (int64_t)c->errors);
+    /* microseconds, the nanoseconds as a fraction: calls on memory: take
+     * well under one */
+    lua_pushnumber(L, (lua_Number)c->p50_ns / 1000.0);
+    lua_setfield(L, -2, "p50_us");
+    lua_pushnumber(L, (lua_Number)c->p99_ns / 1000.0);
+    lua_setfield(L, -2, "p99_us");
+    lua_pushnumber(L, (lua_Number)c->max_ns / 1000.0);
+    lua_setfield(L, -2, "max_us");
+    lua_setfield(L, -2, c->op);
+  }
+  lua_setfield(L, -2, "calls");
+  es_lua_set_int(L, "sessions", o->c.sessions);
+  es_lua_set_int(L, "events", o->c.events);
+  es_lua_set_int(L, "pending", o->c.pending);
+  es_lua_set_int(L, "dead", o->c.dead);
+}
+
+int es_lua_push_stats(lua_State *L, es_store *s, es_err *err) {
+  stats_snap o;
+  int rc = stats_read(s, &o, err);
+  if (rc == ES_OK) stats_push(L, &o);
+  return rc;
+}
+
+/* stats() -> {calls, sessions, events, pending, dead}; takes no argument. */
+static int m_stats(lua_State *L) {
+  lstore *h = check_store(L);
+  if (lua_gettop(L) > 1) return luaL_argerror(L, 2, "stats takes no arguments");
+  es_err err = {0};
+  stats_snap o;
+  es_store *s = core_enter(L, h);
+  int rc = stats_read(s, &o, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  stats_push(L, &o);
+  return done(L, h, 1);
+}
+
+/* _stats_enabled(on): bench only (bench/README.md "Stats cost"): stops or
+ * restarts counting this handle's calls. */
+static int m_stats_enabled(lua_State *L) {
+  lstore *h = check_store(L);
+  luaL_checktype(L, 2, LUA_TBOOLEAN);
+  es_store_stats_enable(h->s, lua_toboolean(L, 2));
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
 /* sharding (CONTRACT §5, docs/sharding.md) */
 
 static void destroy_plan(void *p) { es_shard_plan_destroy(p); }
@@ -2262,6 +2333,8 @@ static const luaL_Reg store_methods[] = {
     {"tenant", m_tenant},
     {"shred", m_shred},
     {"read_at_rest", m_read_at_rest},
+    {"stats", m_stats},
+    {"_stats_enabled", m_stats_enabled},
     {"close", m_close},
     {NULL, NULL},
 };

@@ -23,4 +23,9 @@ es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock);
  * luaopen_eventstore_core adds the engine. */
 int es_lua_open_store(lua_State *L);
 
+/* §3.12: pushes store:stats()'s table for s ({calls = {[op] = {count,
+ * errors, p50_us, p99_us, max_us}}, sessions, events, pending, dead}), or
+ * returns the error of reading the counts (nothing pushed). */
+int es_lua_push_stats(lua_State *L, es_store *s, es_err *err);
+
 #endif

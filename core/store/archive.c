@@ -652,6 +652,7 @@ static int need_archive(es_store *s, es_err *err) {
 
 int es_store_archive(es_store *s, const char *session, int64_t through, int *written,
                      es_segment *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_ARCHIVE, es_store_archive(s, session, through, written, out, err));
   int rc;
   if (s->shards) return es_shards_archive(s, session, through, written, out, err);
   if (s->base) return es_tenant_archive(s, session, through, written, out, err);
@@ -683,6 +684,7 @@ static int do_segments(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_SEGMENTS, es_store_segments(s, session, out, err));
   int rc;
   if (s->shards) return es_shards_segments(s, session, out, err);
   if (s->base) return es_tenant_segments(s, session, out, err);
@@ -851,6 +853,7 @@ static int build_merges(es_store *s, const char *session, const es_segments *lis
 
 int es_store_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
                              es_err *err) {
+  ES_STATS_CALL(s, ES_OP_COMPACT_ARCHIVE, es_store_compact_archive(s, session, before, after, err));
   int rc;
   if (s->shards) return es_shards_compact_archive(s, session, before, after, err);
   if (s->base) return es_tenant_compact_archive(s, session, before, after, err);
@@ -1013,6 +1016,7 @@ static int find_orphans(es_store *s, const char *hash, const checked *c, es_arch
 }
 
 int es_store_verify_archive(es_store *s, const char *session, es_archive_report *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_VERIFY_ARCHIVE, es_store_verify_archive(s, session, out, err));
   int rc;
   if (s->shards) return es_shards_verify_archive(s, session, out, err);
   if (s->base) return es_tenant_verify_archive(s, session, out, err);

@@ -310,6 +310,13 @@ typedef struct es_backend_ops {
    * of some statements only with the commit, session_claimed's lock wait
    * among them, learns of a lost lock wait there). */
   int (*claim_commit)(es_txn *t, int *retry, es_err *err);
+
+  /* §3.12 stats: the sums over the session rows (count of rows, and their
+   * events, pending and dead) of every session (scope NULL) or of scope's
+   * sessions (a tenant's prefix, as event_all's). Kept up to date as
+   * session rows are put and deleted, in the same transaction, so the
+   * answer costs O(1) (O(log n) for a scope), never a walk. */
+  int (*counts)(es_txn *t, const char *scope, es_counts *out, es_err *err);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

@@ -693,6 +693,7 @@ static int scrub(es_store *s, void *arg, es_err *err) {
 }
 
 int es_store_shred(es_store *s, const char *name, int *was_live, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_SHRED, es_store_shred(s, name, was_live, err));
   int rc;
   if (s->shards) return es_shards_shred(s, name, was_live, err);
   if (s->base) return es_tenant_shred(s, name, was_live, err);

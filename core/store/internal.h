@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 
 #include "store/backend.h"
+#include "store/stats.h"
 
 typedef struct group_waiter {
   int done;
@@ -100,6 +101,10 @@ struct es_store {
    * session moved away or being moved in. The mover uses real_ops. */
   const es_backend_ops *real_ops;  /* the backend's own table */
   es_backend_ops own_ops;
+
+  /* §3.12 (stats.h): this handle's calls. Zeroed at calloc, freed with
+   * the handle (es_stats_destroy). */
+  es_stats stats;
 };
 
 
@@ -190,6 +195,9 @@ int es_core_wait(es_store *s, const char *scope, const char *session, int64_t af
 int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to,
                  es_lineage *out, es_err *err);
 
+/* §3.12 (stats.c): the counts of scope's sessions (NULL: every session). */
+int es_core_counts(es_store *s, const char *scope, es_counts *out, es_err *err);
+
 /* tenant.c: every es_store_* call on a tenant handle (s->base set) lands
  * in its es_tenant_* twin, with the same arguments. */
 void es_tenant_close(es_store *s);
@@ -266,6 +274,7 @@ int es_tenant_truncate(es_store *s, const char *session, int64_t through, int64_
                        es_err *err);
 int es_tenant_delete(es_store *s, const char *session, int *deleted, es_err *err);
 int es_tenant_shred(es_store *s, const char *name, int *was_live, es_err *err);
+int es_tenant_counts(es_store *s, es_counts *out, es_err *err); /* §3.12 */
 int es_tenant_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
                            int64_t limit, es_events *out, es_err *err);
 int es_tenant_archive(es_store *s, const char *session, int64_t through, int *written,

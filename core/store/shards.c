@@ -1245,6 +1245,7 @@ void es_shards_free(es_store *s) {
   pthread_mutex_destroy(&sh->mu);
   free(sh);
   es_core_handle_destroy(s);
+  es_stats_destroy(&s->stats); /* §3.12 */
   free(s);
 }
 
@@ -1773,6 +1774,26 @@ int es_shards_pending_types(es_store *s, es_type_counts *out, es_err *err) {
   }
   if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_type_count);
   return ES_OK;
+}
+
+/* §3.12: each shard's counts, summed. Move markers are not counted by the
+ * shards (backend.h counts), so a moved session counts once, where it
+ * lives (between a move's freeze and its copy, for a moment, nowhere). */
+int es_shards_counts(es_store *s, es_counts *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  shard_set set;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = all_shards(s, &set, err);
+  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
+    es_counts part;
+    rc = es_store_counts(set.st[i], &part, err);
+    out->sessions += part.sessions;
+    out->events += part.events;
+    out->pending += part.pending;
+    out->dead += part.dead;
+  }
+  if (rc) memset(out, 0, sizeof *out);
+  return rc;
 }
 
 int es_shards_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,

@@ -343,6 +343,7 @@ void es_store_release(es_store *s) {
     w = next;
   }
   es_core_handle_destroy(s);
+  es_stats_destroy(&s->stats); /* §3.12 */
   es_archive_teardown(s); /* §3.9 */
   es_crypto_free(s->crypto);
   free(s);
@@ -930,6 +931,8 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_APPEND,
+                es_store_append(s, session, evs, n, expected, fence, out, pending, err));
   if (s->shards) return es_shards_append(s, session, evs, n, expected, fence, out, pending, err);
   if (s->base) return es_tenant_append(s, session, evs, n, expected, fence, out, pending, err);
   return es_core_append(s, NULL, session, evs, n, expected, fence, out, pending, err);
@@ -1077,6 +1080,7 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
 
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
                   es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_READ, es_store_read(s, session, after, through, limit, out, err));
   if (s->shards) return es_shards_read(s, session, after, through, limit, out, err);
   if (s->base) return es_tenant_read(s, session, after, through, limit, out, err);
   range_args a = {session, after, through, limit, out, 0, 0};
@@ -1085,6 +1089,8 @@ int es_store_read(es_store *s, const char *session, int64_t after, int64_t throu
 
 int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                          int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_EVENTS_PAGE,
+                es_store_events_page(s, session, after, through, limit, out, through_out, err));
   if (s->shards) return es_shards_events_page(s, session, after, through, limit, out, through_out, err);
   if (s->base) return es_tenant_events_page(s, session, after, through, limit, out, through_out, err);
   range_args a = {session, after, through, limit, out, 0, 0};
@@ -1111,6 +1117,7 @@ static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_HEAD, es_store_head(s, session, head, err));
   if (s->shards) return es_shards_head(s, session, head, err);
   if (s->base) return es_tenant_head(s, session, head, err);
   int rc;
@@ -1139,6 +1146,7 @@ static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_READ_ALL, es_store_read_all(s, after, limit, out, err));
   if (s->shards) return es_shards_read_all(s, after, limit, out, err);
   if (s->base) return es_tenant_read_all(s, after, limit, out, err);
   return es_core_read_all(s, NULL, after, limit, out, err);
@@ -1163,6 +1171,7 @@ static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_last_position(es_store *s, int64_t *position, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_LAST_POSITION, es_store_last_position(s, position, err));
   if (s->shards) return es_shards_last_position(s, position, err);
   if (s->base) return es_tenant_last_position(s, position, err);
   int rc;
@@ -1207,6 +1216,7 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_GET, es_store_get(s, session, index, out, err));
   if (s->shards) return es_shards_get(s, session, index, out, err);
   if (s->base) return es_tenant_get(s, session, index, out, err);
   int rc;
@@ -1332,6 +1342,7 @@ static int check_claim_opts(const es_claim_opts *o, es_err *err) {
 
 int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
                    es_events *out, int64_t *retry_at, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_CLAIM, es_store_claim(s, session, o, outcome, out, retry_at, err));
   if (s->shards) return es_shards_claim(s, session, o, outcome, out, retry_at, err);
   if (s->base) return es_tenant_claim(s, session, o, outcome, out, retry_at, err);
   int rc;
@@ -1621,6 +1632,8 @@ static int claim_types(const char *const *types, size_t n, const char ***out, si
 int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
                         const char *const *types, size_t n_types, const char *const *skip,
                         size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_CLAIM_NEXT,
+                es_store_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out, retry_at, err));
   if (s->shards)
     return es_shards_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
                                 retry_at, err);
@@ -1701,6 +1714,8 @@ static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
                    size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_RENEW,
+                es_store_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err));
   if (s->shards) return es_shards_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
   if (s->base) return es_tenant_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
   int rc;
@@ -1832,6 +1847,8 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                       es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_COMPLETE,
+                es_store_complete(s, session, index, attempt, evs, n, fence, outcome, out, err));
   if (s->shards) return es_shards_complete(s, session, index, attempt, evs, n, fence, outcome, out, err);
   if (s->base) return es_tenant_complete(s, session, index, attempt, evs, n, fence, outcome, out, err);
   return es_core_complete(s, NULL, session, index, attempt, evs, n, fence, outcome, out, err);
@@ -1930,6 +1947,8 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                   int64_t *failures, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_FAIL,
+                es_store_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err));
   if (s->shards)
     return es_shards_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err);
   if (s->base)
@@ -2041,6 +2060,7 @@ static int dead_change(es_store *s, dead_args *a, es_err *err) {
 }
 
 int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_REVIVE, es_store_revive(s, session, index, err));
   if (s->shards) return es_shards_revive(s, session, index, err);
   if (s->base) return es_tenant_revive(s, session, index, err);
   dead_args a = {session, index, NULL, 1, 0};
@@ -2049,6 +2069,7 @@ int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err
 
 int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason,
                     es_err *err) {
+  ES_STATS_CALL(s, ES_OP_SETTLE, es_store_settle(s, session, index, reason, err));
   if (s->shards) return es_shards_settle(s, session, index, reason, err);
   if (s->base) return es_tenant_settle(s, session, index, reason, err);
   dead_args a = {session, index, reason, 0, 0};
@@ -2066,6 +2087,7 @@ static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
                           es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_DEAD_LETTERS, es_store_dead_letters(s, session, after, limit, out, err));
   if (s->shards) return es_shards_dead_letters(s, session, after, limit, out, err);
   if (s->base) return es_tenant_dead_letters(s, session, after, limit, out, err);
   return es_core_dead_letters(s, NULL, session, after, limit, out, err);
@@ -2126,6 +2148,8 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
                         es_snapshot *snap, es_events *events, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_READ_STATE,
+                es_store_read_state(s, session, reducer, found, snap, events, err));
   if (s->shards) return es_shards_read_state(s, session, reducer, found, snap, events, err);
   if (s->base) return es_tenant_read_state(s, session, reducer, found, snap, events, err);
   int rc;
@@ -2180,6 +2204,7 @@ void es_state_reads_destroy(es_state_read *v, size_t n) {
 
 int es_store_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
                          es_state_read *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_READ_STATES, es_store_read_states(s, sessions, n, reducer, out, err));
   if (s->shards) return es_shards_read_states(s, sessions, n, reducer, out, err);
   if (s->base) return es_tenant_read_states(s, sessions, n, reducer, out, err);
   int rc;
@@ -2246,6 +2271,8 @@ static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
                           const char *state, size_t state_len, const char *version, int *stored,
                           es_err *err) {
+  ES_STATS_CALL(s, ES_OP_PUT_SNAPSHOT,
+                es_store_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err));
   if (s->shards)
     return es_shards_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err);
   if (s->base)
@@ -2295,6 +2322,7 @@ static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_SNAPSHOTS, es_store_snapshots(s, session, out, err));
   if (s->shards) return es_shards_snapshots(s, session, out, err);
   if (s->base) return es_tenant_snapshots(s, session, out, err);
   int rc;
@@ -2345,6 +2373,7 @@ static int do_sessions(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
                       es_sessions *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_SESSIONS, es_store_sessions(s, prefix, after, limit, out, err));
   if (s->shards) return es_shards_sessions(s, prefix, after, limit, out, err);
   if (s->base) return es_tenant_sessions(s, prefix, after, limit, out, err);
   int rc;
@@ -2395,6 +2424,7 @@ void es_type_counts_destroy(es_type_counts *list) {
 }
 
 int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_PENDING_TYPES, es_store_pending_types(s, out, err));
   if (s->shards) return es_shards_pending_types(s, out, err);
   if (s->base) return es_tenant_pending_types(s, out, err);
   return es_core_pending_types(s, NULL, out, err);
@@ -2415,6 +2445,7 @@ int es_core_pending_types(es_store *s, const char *scope, es_type_counts *out, e
 
 int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
                   int64_t limit, es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_WAIT, es_store_wait(s, session, after, timeout_ms, limit, out, err));
   if (s->shards) return es_shards_wait(s, session, after, timeout_ms, limit, out, err);
   if (s->base) return es_tenant_wait(s, session, after, timeout_ms, limit, out, err);
   return es_core_wait(s, NULL, session, after, timeout_ms, limit, out, err);
@@ -2561,6 +2592,8 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
 int es_store_presence_set(es_store *s, const char *ns, const char *participant,
                           const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
                           int64_t seen, es_presence_rows *applied, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_PRESENCE_SET,
+                es_store_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err));
   if (s->shards)
     return es_shards_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err);
   if (s->base)
@@ -2625,6 +2658,7 @@ static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_PRESENCE_READ, es_store_presence_read(s, ns, out, err));
   if (s->shards) return es_shards_presence_read(s, ns, out, err);
   if (s->base) return es_tenant_presence_read(s, ns, out, err);
   int rc;
@@ -2956,6 +2990,7 @@ static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
                   es_err *err) {
+  ES_STATS_CALL(s, ES_OP_FORK, es_store_fork(s, from, at, to, out, err));
   if (s->shards) return es_shards_fork(s, from, at, to, out, err);
   if (s->base) return es_tenant_fork(s, from, at, to, out, err);
   return es_core_fork(s, NULL, from, at, to, out, err);
@@ -2999,6 +3034,7 @@ static int do_lineage(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_LINEAGE, es_store_lineage(s, session, found, out, err));
   if (s->shards) return es_shards_lineage(s, session, found, out, err);
   if (s->base) return es_tenant_lineage(s, session, found, out, err);
   int rc;
@@ -3039,6 +3075,7 @@ static int do_children(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_children(es_store *s, const char *session, const char *after, int64_t limit,
                       es_lineages *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_CHILDREN, es_store_children(s, session, after, limit, out, err));
   if (s->shards) return es_shards_children(s, session, after, limit, out, err);
   if (s->base) return es_tenant_children(s, session, after, limit, out, err);
   int rc;
@@ -3095,6 +3132,7 @@ static int do_put_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_PUT_REF, es_store_put_ref(s, name, session, out, err));
   if (s->shards) return es_shards_put_ref(s, name, session, out, err);
   if (s->base) return es_tenant_put_ref(s, name, session, out, err);
   int rc;
@@ -3122,6 +3160,7 @@ static int do_get_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_GET_REF, es_store_get_ref(s, name, found, out, err));
   if (s->shards) return es_shards_get_ref(s, name, found, out, err);
   if (s->base) return es_tenant_get_ref(s, name, found, out, err);
   int rc;
@@ -3164,6 +3203,7 @@ static int do_list_refs(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_LIST_REFS, es_store_list_refs(s, after, limit, out, err));
   if (s->shards) return es_shards_list_refs(s, after, limit, out, err);
   if (s->base) return es_tenant_list_refs(s, after, limit, out, err);
   int rc;
@@ -3185,6 +3225,7 @@ static int do_delete_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_DELETE_REF, es_store_delete_ref(s, name, deleted, err));
   if (s->shards) return es_shards_delete_ref(s, name, deleted, err);
   if (s->base) return es_tenant_delete_ref(s, name, deleted, err);
   int rc;
@@ -3232,6 +3273,8 @@ static int do_promote(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
                      const char *expect, es_ref *out, char **actual, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_PROMOTE,
+                es_store_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err));
   if (s->shards) return es_shards_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err);
   if (s->base) return es_tenant_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err);
   int rc;
@@ -3282,6 +3325,7 @@ static int do_fence(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_FENCE, es_store_fence(s, session, if_token, token, err));
   if (s->shards) return es_shards_fence(s, session, if_token, token, err);
   if (s->base) return es_tenant_fence(s, session, if_token, token, err);
   int rc;
@@ -3339,6 +3383,7 @@ static int do_lease(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
                    es_lease *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_LEASE, es_store_lease(s, session, holder, ttl_ms, out, err));
   if (s->shards) return es_shards_lease(s, session, holder, ttl_ms, out, err);
   if (s->base) return es_tenant_lease(s, session, holder, ttl_ms, out, err);
   int rc;
@@ -3374,6 +3419,7 @@ static int do_lease_release(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
                            int *released, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_RELEASE, es_store_lease_release(s, session, holder, token, released, err));
   if (s->shards) return es_shards_lease_release(s, session, holder, token, released, err);
   if (s->base) return es_tenant_lease_release(s, session, holder, token, released, err);
   int rc;
@@ -3405,6 +3451,7 @@ static int do_seal(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_SEAL, es_store_seal(s, session, reason, err));
   if (s->shards) return es_shards_seal(s, session, reason, err);
   if (s->base) return es_tenant_seal(s, session, reason, err);
   int rc;
@@ -3489,6 +3536,7 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
 
 int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
                       es_err *err) {
+  ES_STATS_CALL(s, ES_OP_TRUNCATE, es_store_truncate(s, session, through, first_index, err));
   if (s->shards) return es_shards_truncate(s, session, through, first_index, err);
   if (s->base) return es_tenant_truncate(s, session, through, first_index, err);
   int rc;
@@ -3523,6 +3571,7 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_DELETE, es_store_delete(s, session, deleted, err));
   if (s->shards) return es_shards_delete(s, session, deleted, err);
   if (s->base) return es_tenant_delete(s, session, deleted, err);
   int rc;
@@ -3542,6 +3591,8 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
 
 int es_store_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
                           int64_t limit, es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_READ_AT_REST,
+                es_store_read_at_rest(s, session, after, through, limit, out, err));
   if (s->shards) return es_shards_read_at_rest(s, session, after, through, limit, out, err);
   if (s->base) return es_tenant_read_at_rest(s, session, after, through, limit, out, err);
   range_args a = {session, after, through, limit, out, 0, 1};

@@ -746,4 +746,37 @@ void es_presence_row_init(es_presence_row *r);
 void es_presence_row_destroy(es_presence_row *r);
 int es_presence_row_copy(es_presence_row *dst, const es_presence_row *src);
 
+/* 3.12 Stats (stats.c, docs/stats.md) -------------------------------------- */
+
+/* Store-wide counts, kept by the backend as rows change (never a walk):
+ * sessions (with a session row, as es_store_sessions lists them), events
+ * (readable: live rows and archived ones, not truncated or deleted),
+ * pending (stored, not processed, not dead) and dead (dead letters). */
+typedef struct es_counts {
+  int64_t sessions, events, pending, dead;
+} es_counts;
+
+/* The counts of the store (a tenant handle: of its tenant's sessions; a
+ * sharded handle: summed over its shards). O(1) (a sharded handle: one
+ * read per shard). Errors: STORAGE, CLOSED. */
+int es_store_counts(es_store *s, es_counts *out, es_err *err);
+
+/* One op's figures since the handle was opened (latencies in ns: a
+ * percentile is the upper bound of its histogram bucket, at most 12.5%
+ * above the true value and never above max_ns). */
+typedef struct es_call_stats {
+  const char *op;            /* static: the Lua method's name, e.g. "append" */
+  uint64_t count, errors;    /* calls, and those that returned an error */
+  uint64_t p50_ns, p99_ns, max_ns;
+} es_call_stats;
+
+/* Fills out[0..n) with the ops called at least once on this handle (a
+ * store's include its tenant handles' calls), in a fixed order; *n <= cap.
+ * ES_STATS_MAX_OPS is always enough. Never fails, takes no lock. */
+#define ES_STATS_MAX_OPS 64
+void es_store_call_stats(es_store *s, es_call_stats *out, size_t cap, size_t *n);
+/* Bench only (bench/README.md "Stats cost"): on 0 this handle stops
+ * counting its calls, on 1 starts again. Stats are otherwise always on. */
+void es_store_stats_enable(es_store *s, int on);
+
 #endif

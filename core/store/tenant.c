@@ -270,6 +270,7 @@ void es_tenant_free(es_store *s) {
   pthread_mutex_destroy(&s->pmu);
   es_store_release(s->base);
   free(s->tenant_prefix);
+  es_stats_destroy(&s->stats); /* §3.12 */
   free(s);
 }
 
@@ -585,6 +586,14 @@ int es_tenant_pending_types(es_store *s, es_type_counts *out, es_err *err) {
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = es_core_pending_types(s->base, s->tenant_prefix, out, err);
+  return t_done(s, rc, err);
+}
+
+/* §3.12: the tenant's counts, kept by the backend per scope (O(1)). */
+int es_tenant_counts(es_store *s, es_counts *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  int rc = t_enter(s, err);
+  if (!rc) rc = es_core_counts(s->base, s->tenant_prefix, out, err);
   return t_done(s, rc, err);
 }
 

@@ -27,7 +27,8 @@ local PAGE = 100             -- rows per store call when listing
 local READ_PAGE = 1000       -- events per store:read page
 local PROGRESS_EVERY_MS = 500  -- the progress line's redraw period
 local SIGNAL_POLL_MS = 100     -- how often run looks for SIGINT/SIGTERM
-local PENDING_EVERY_MS = 2000  -- how often the progress line recounts pending
+local PENDING_EVERY_MS = 2000  -- how often the progress line rereads pending (store:stats(): O(1))
+local UNHANDLED_EVERY_MS = 30000 -- how often it recounts pending by type (pending_types: a count per type)
 local PROGRESS_LOG_EVERY_MS = 5000 -- run --progress off a terminal: one log line this often
 local MAX_WORKERS = 256        -- the engine's limit (docs/engine.md)
 local DEFAULT_DEADLINE_S = 300 -- run --until-done gives up after this long
@@ -649,6 +650,28 @@ burned either way). docs/shredding.md says what is and is not guaranteed
   options = { db = "string", yes = "flag" },
 })
 
+command("stats", {
+  synopsis = "stats [--json] [--db URL]",
+  summary = "print the store's counts and call statistics",
+  help = [[
+Prints the store's counts (docs/stats.md): sessions, events (readable ones:
+live and archived), pending (not processed, not dead) and dead (dead
+letters), read from counters the store keeps (no walk over the sessions),
+then the calls this process made on the store, one line per call name with
+count, errors and latency percentiles in microseconds (p50, p99, max). A
+fresh process has made none: the call figures are a live process's (a
+program's store:stats(), an engine's engine:stats()). With --tenant, the
+tenant's counts. With --json, one JSON object:
+  {"sessions", "events", "pending", "dead",
+   "calls": {"<call>": {"count", "errors", "p50_us", "p99_us", "max_us"}}}
+]],
+  options_help = DB_HELP .. [[
+  --json          print one JSON object
+]],
+  args = { 0, 0 },
+  options = { db = "string", json = "flag" },
+})
+
 command("help", {
   synopsis = "help [COMMAND]",
   summary = "print help (also: COMMAND --help)",
@@ -837,14 +860,14 @@ function commands.run.run(o)
 
   -- The progress line: engine:run calls `progress` on this thread every
   -- SIGNAL_POLL_MS with {handled, failed, dead, busy} of that run; pending
-  -- is counted here (a walk over the sessions), at most every
-  -- PENDING_EVERY_MS. On a terminal the line is redrawn in place with \r
+  -- is the store's own count (store:stats(), O(1), never a walk), reread
+  -- at most every PENDING_EVERY_MS. On a terminal the line is redrawn in place with \r
   -- every PROGRESS_EVERY_MS and cleared before the summary; otherwise, with
   -- --progress, it is logged as a plain line every PROGRESS_LOG_EVERY_MS.
   local on_tty = tty ~= nil and tty.isatty(2)
   local draw = on_tty or o.progress == true
   local drawn = false
-  local pending, unhandled, counted, shown = 0, 0, nil, nil
+  local pending, unhandled, counted, typed, shown = 0, 0, nil, nil, nil
   local engine
   local function show(stats)
     if not draw then return end
@@ -855,9 +878,16 @@ function commands.run.run(o)
       -- A store that fails now (a database restarting) keeps the last
       -- figures: the engine rides the outage out, the progress line must
       -- not end the run.
-      local ok, p, u = pcall(count_pending, store, engine)
-      if ok then pending, unhandled = p, u end
+      local ok, st = pcall(store.stats, store)
+      if ok then pending = st.pending end
       counted = now
+    end
+    -- "N without a handler here" needs the pending counts by type, which
+    -- the store counts from its index by type: less often.
+    if typed == nil or now - typed >= UNHANDLED_EVERY_MS then
+      local ok, _, u = pcall(count_pending, store, engine)
+      if ok then unhandled = u end
+      typed = now
     end
     local line = ("handled %d, failed %d, dead %d, pending %d"):format(total.handled + (stats.handled or 0),
       total.failed + (stats.failed or 0), total.dead + (stats.dead or 0), pending)
@@ -924,7 +954,7 @@ function commands.run.run(o)
   engine:close()
   if drawn then io.stderr:write("\r\27[K") io.stderr:flush() end
   out(("handled %d, failed %d, dead %d, pending %d"):format(
-    total.handled, total.failed, total.dead, count_pending(store)))
+    total.handled, total.failed, total.dead, store:stats().pending))
   if overdue then
     local e = overdue.first
     fail("run --until-done: %d pending event%s will not be ready before the deadline (--deadline %d s); "
@@ -1066,6 +1096,28 @@ function commands.state.run(o, args)
       type(text) == "table" and tostring(text.message) or tostring(text))
   end
   out(text)
+  return 0
+end
+
+function commands.stats.run(o)
+  local store <close> = open_store(o, false)
+  local st = store:stats()
+  if o.json then
+    out(json.encode({ sessions = st.sessions, events = st.events, pending = st.pending, dead = st.dead,
+      calls = st.calls }))
+    return 0
+  end
+  out(("sessions %d\nevents %d\npending %d\ndead %d"):format(st.sessions, st.events, st.pending, st.dead))
+  local names = {}
+  for name in pairs(st.calls) do names[#names + 1] = name end
+  table.sort(names)
+  if #names > 0 then
+    out(("%-16s %10s %8s %10s %10s %10s"):format("call", "count", "errors", "p50_us", "p99_us", "max_us"))
+    for _, name in ipairs(names) do
+      local c = st.calls[name]
+      out(("%-16s %10d %8d %10.1f %10.1f %10.1f"):format(name, c.count, c.errors, c.p50_us, c.p99_us, c.max_us))
+    end
+  end
   return 0
 end
 

@@ -56,6 +56,14 @@ function Engine:state(session, reducer, opts)
   return self._handle:state(session, reducer, opts and opts.at)
 end
 
+-- stats() -> {types = {[type] = {handled, failed, dead, runs, p50_us,
+-- p99_us, max_us}}, handled, failed, dead, store = store:stats()}
+-- (docs/stats.md)
+function Engine:stats(...) return self._handle:stats(...) end
+
+-- Bench only (bench/README.md "Stats cost"): stop or restart counting.
+function Engine:_stats_enabled(on) return self._handle:_stats_enabled(on) end
+
 function Engine:close()
   if self._handle then
     self._handle:close()
