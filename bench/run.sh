@@ -7,6 +7,8 @@ trap 'rm -rf "$dir"' EXIT
 set -e
 "$BUILD"/bench/store_bench memory: 1000000
 lua5.4 bench/store_bench.lua memory: 1000000
+# The Lua path beside the C API in one process (bench/README.md, "The Lua path").
+"$BUILD"/bench/lua_path_bench 100000
 "$BUILD"/bench/store_bench "sqlite:$dir/store_bench.db" 1000000
 lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
 "$BUILD"/bench/sqlite_bench "$dir" 3

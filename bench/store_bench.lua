@@ -4,6 +4,7 @@
 -- of a 100,000-event session beside copying it the way a user would
 -- without fork (read it, append its events in batches of 1,000).
 --   lua5.4 bench/store_bench.lua [URL] [BIG] [fork]    ("fork": only the fork figures)
+--   lua5.4 bench/store_bench.lua memory: FILL lua ...  (only the Lua path figures: below)
 local eventstore = require("eventstore")
 local url = arg[1] or "memory:"
 local big = tonumber(arg[2] or "1000000")
@@ -76,6 +77,119 @@ local function bench_fork()
     if w < #ways then line = line .. string.format(" %8.2f", spent[w] / fork_s) end
     print(line)
   end
+end
+
+-- The Lua path (issue 12, item 3; bench/README.md, "The Lua path"):
+-- store:read of 100 events and store:append of 100 events on memory:,
+-- each beside same-run anchors, in ROUNDS rounds whose order rotates:
+--   C API: the same calls on a store of the same shape from C, when run
+--     by build/bench/lua_path_bench (which sets the global c_anchor);
+--   plain-Lua tables: the same event tables (same fields, payload tables
+--     with the same shape and array marks) built by Lua table constructors
+--     from strings already in hand: what the tables alone cost;
+--   json.decode / json.encode + json.decode of each payload: the payload
+--     codec's share (core/codec/json_lua.c).
+-- CPU time of the process (os.clock): memory: does no I/O and starts no
+-- thread, and CPU time leaves out the time the shared machine's other work
+-- takes the processor. "Lua / this" = the Lua call's rate / this row's.
+--   lua5.4 bench/store_bench.lua memory: FILL lua [ROUNDS] [CALLS] [WAY]
+-- WAY (e.g. "read-lua") runs that one way only, CALLS calls, once: a fixed
+-- workload for instruction counts (valgrind --tool=callgrind).
+local function bench_lua_path(fill, rounds, calls, only)
+  local json = eventstore.json
+  local c = rawget(_G, "c_anchor")
+  local s = eventstore.open("memory:")
+  local b100 = {}
+  for i = 1, 100 do b100[i] = {type = "order.placed", payload = payload, settled = true} end
+  for _ = 1, fill // 100 do s:append("big", b100) end
+  if c then c.open(fill) end
+  local text = json.encode(payload)
+
+  -- The plain-Lua anchor builds, from strings in hand, exactly the fields a
+  -- read returns for these events; checked here so that it stays honest.
+  local sample = s:read("big", {limit = 100})
+  local ids = {}
+  for i, e in ipairs(sample) do ids[i] = e.id end
+  local e1 = sample[1]
+  local fields = {}
+  for k in pairs(e1) do fields[#fields + 1] = k end
+  table.sort(fields)
+  local expect = "attempts created_at failures id index payload position processed_at session status type"
+  assert(table.concat(fields, " ") == expect, "the plain-Lua anchor needs updating: fields are " .. table.concat(fields, " "))
+  local ty, sess, st, at = e1.type, e1.session, e1.status, e1.created_at
+  local arr = getmetatable(e1.payload.items)
+  local cust, sku, note = e1.payload.customer, e1.payload.items[1].sku, e1.payload.note
+  local function plain_page(after)
+    local out = {}
+    for i = 1, 100 do
+      local k = after + i
+      out[i] = {id = ids[i], type = ty, index = k, session = sess, position = k, created_at = at,
+        status = st, attempts = 0, failures = 0, processed_at = at,
+        payload = {customer = cust, items = setmetatable({{qty = 2, sku = sku}}, arr), note = note}}
+    end
+    return out
+  end
+
+  local size = fill
+  local ways = {
+    {"read-lua", "read: store:read (Lua)", function(n)
+      for i = 1, n do s:read("big", {after = (i * 7919) % (size - 100), limit = 100}) end
+    end},
+    c and {"read-c", "read: es_store_read (C API)", function(n) c.read(n, size) end} or false,
+    {"read-plain", "read: plain-Lua tables, same fields", function(n)
+      for i = 1, n do plain_page((i * 7919) % (size - 100)) end
+    end},
+    {"read-decode", "read: json.decode of each payload", function(n)
+      for _ = 1, n do
+        local out = {}
+        for k = 1, 100 do out[k] = json.decode(text) end
+      end
+    end},
+    {"append-lua", "append: store:append (Lua)", function(n)
+      for i = 1, n do s:append("a" .. i % 10, b100) end
+    end},
+    c and {"append-c", "append: es_store_append (C API)", function(n) c.append(n) end} or false,
+    {"append-codec", "append: json.encode + json.decode", function(n)
+      for _ = 1, n do
+        local out = {}
+        for k = 1, 100 do out[k] = json.decode(json.encode(b100[k].payload)) end
+      end
+    end},
+  }
+  local list = {}
+  for _, w in ipairs(ways) do if w then list[#list + 1] = w end end
+  if only then
+    for _, w in ipairs(list) do if w[1] == only then w[3](calls) return end end
+    error("no way named " .. only)
+  end
+  local spent = {}
+  for round = 1, rounds do
+    for k = 0, #list - 1 do
+      local w = (round + k - 1) % #list + 1
+      collectgarbage("collect") -- each way starts from the same heap, not the last one's garbage
+      local t0 = os.clock()
+      list[w][3](calls)
+      spent[w] = (spent[w] or 0) + (os.clock() - t0)
+    end
+  end
+  print(string.format("# store_bench.lua memory: the Lua path: reads of 100 events from a %d-event session, appends of 100;", fill))
+  print(string.format("# %d rounds of %d calls per way, order rotating; CPU time; Lua / this = the Lua call's rate / this row's%s",
+    rounds, calls, c and "" or " (no C API rows: run build/bench/lua_path_bench for them)"))
+  print(string.format("%-40s %12s %12s", "# what", "events/s", "Lua / this"))
+  local lua_rate = {}
+  for w, way in ipairs(list) do
+    local rate = rounds * calls * 100 / math.max(spent[w], 1e-6)
+    local kind = way[1]:match("^(%a+)")
+    if way[1]:match("%-lua$") then lua_rate[kind] = rate end
+    local ratio = lua_rate[kind] and not way[1]:match("%-lua$") and string.format("%12.2f", lua_rate[kind] / rate) or ""
+    print(string.format("%-40s %12.0f %s", way[2], rate, ratio))
+  end
+  s:close()
+end
+
+if arg[3] == "lua" then
+  bench_lua_path(big > 100 and big or 100000, tonumber(arg[4] or "5"), tonumber(arg[5] or "300"), arg[6])
+  return
 end
 
 if only_fork then

@@ -30,6 +30,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -151,61 +152,223 @@ void es_lua_set_str(lua_State *L, const char *k, const char *v) {
   lua_setfield(L, -2, k);
 }
 
-static const char *status_name(int status) {
-  switch (status) {
-    case ES_STATUS_PROCESSED: return "processed";
-    case ES_STATUS_DEAD: return "dead";
-    default: return "pending";
+/* ---------------------------------------------------------------------- */
+/* field names, interned once per lua_State
+ *
+ * Building an event table with lua_setfield(L, -2, "created_at") costs a
+ * lookup of the C string in Lua's string cache (a strcmp) and, for a new
+ * key, the slow path of a metamethod-aware set, for each of about 15
+ * fields of every event; a read of 100 events does that 1,500 times. The
+ * names below are made into Lua strings once per lua_State and kept in an
+ * array in the registry, so a field is set with lua_rawgeti (the name) and
+ * lua_rawset (no metamethods: the table is ours and new), and read from an
+ * events argument with lua_rawgeti + lua_gettable (metamethods honoured, as
+ * lua_getfield did). The status strings are values, kept the same way. */
+
+enum {
+  N_ID = 1, N_TYPE, N_PAYLOAD, N_KEY, N_SHREDDED, N_INDEX, N_SESSION, N_POSITION, N_CREATED_AT,
+  N_CAUSE, N_LANE, N_NOT_BEFORE, N_STATUS, N_ATTEMPTS, N_FAILURES, N_LAST_ERROR, N_PROCESSED_AT,
+  N_CLAIM_HOLDER, N_CLAIM_EXPIRES_AT, N_RETRY_AT, N_FIRST_CLAIMED_AT, N_LAST_CLAIMED_AT,
+  N_FAILED_AT, N_PROCESSED_BY_ATTEMPT, N_ORIGIN, N_ATTEMPT, N_SETTLED, N_AT, N_DELAY_MS,
+  N_PENDING, N_PROCESSED, N_DEAD, N_COUNT_PLUS_ONE
+};
+
+static const char *const names_text[N_COUNT_PLUS_ONE] = {
+    NULL, "id", "type", "payload", "key", "shredded", "index", "session", "position", "created_at",
+    "cause", "lane", "not_before", "status", "attempts", "failures", "last_error", "processed_at",
+    "claim_holder", "claim_expires_at", "retry_at", "first_claimed_at", "last_claimed_at",
+    "failed_at", "processed_by_attempt", "origin", "attempt", "settled", "at", "delay_ms",
+    "pending", "processed", "dead"};
+
+/* Its address is the registry key of the names array. */
+static const char names_key = 'n';
+
+/* Pushes the names array, making it on first use in this lua_State (may
+ * raise: out of memory). */
+static void push_names(lua_State *L) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &names_key) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_createtable(L, N_COUNT_PLUS_ONE - 1, 0);
+  for (int i = 1; i < N_COUNT_PLUS_ONE; i++) {
+    lua_pushstring(L, names_text[i]);
+    lua_rawseti(L, -2, i);
   }
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &names_key);
+}
+
+/* Strings that repeat from one event to the next of a list (the session of
+ * a read, the type and lane of a batch, a claim's holder): the Lua string
+ * made for the previous event is reused when the text is the same, which
+ * costs a strcmp instead of hashing and interning the text again. */
+enum { C_SESSION, C_TYPE, C_LANE, C_HOLDER, C_COUNT };
+
+/* What building event tables needs, found once per call. */
+typedef struct pusher {
+  lua_State *L;
+  int names; /* stack index of the names array */
+  int slots; /* stack index of the first of C_COUNT cache slots; 0: no cache */
+  int keys;  /* with a cache: the names are also on the stack, name k at keys + k */
+  /* the text each slot holds, borrowed from the event list being pushed
+   * (alive until the pushing ends); NULL: the slot is empty */
+  const char *text[C_COUNT];
+} pusher;
+
+/* Starts a pusher: the names array and, for a list (`cache`), the cache
+ * slots and a copy of the names on the stack (lua_pushvalue is cheaper
+ * than lua_rawgeti, 15 times per event); popped by pusher_end. */
+static void pusher_begin(lua_State *L, pusher *p, int cache) {
+  luaL_checkstack(L, 1 + C_COUNT + N_COUNT_PLUS_ONE + 8, "event tables");
+  p->L = L;
+  push_names(L);
+  p->names = lua_gettop(L);
+  p->slots = 0;
+  p->keys = 0;
+  if (cache) {
+    for (int i = 0; i < C_COUNT; i++) lua_pushnil(L);
+    p->slots = p->names + 1;
+    p->keys = lua_gettop(L);
+    for (int k = 1; k < N_COUNT_PLUS_ONE; k++) lua_rawgeti(L, p->names, k);
+  }
+  memset(p->text, 0, sizeof p->text);
+}
+
+/* Pushes the names entry k. */
+static void push_name(pusher *p, int k) {
+  if (p->keys) lua_pushvalue(p->L, p->keys + k);
+  else lua_rawgeti(p->L, p->names, k);
+}
+
+static void pusher_end(pusher *p) { lua_settop(p->L, p->names - 1); }
+
+/* t[name] = v for a string v (nothing when NULL), through the cache slot
+ * `slot` (-1: none). t is an absolute index. */
+static void put_str(pusher *p, int t, int name, const char *v, int slot) {
+  lua_State *L = p->L;
+  if (!v) return;
+  push_name(p, name);
+  if (slot < 0 || !p->slots) {
+    lua_pushstring(L, v);
+  } else if (p->text[slot] && strcmp(p->text[slot], v) == 0) {
+    lua_pushvalue(L, p->slots + slot);
+  } else {
+    lua_pushstring(L, v);
+    lua_pushvalue(L, -1);
+    lua_replace(L, p->slots + slot);
+    p->text[slot] = v;
+  }
+  lua_rawset(L, t);
+}
+
+/* t[name] = v, nothing when v is ES_NONE. */
+static void put_int(pusher *p, int t, int name, int64_t v) {
+  if (v == ES_NONE) return;
+  push_name(p, name);
+  lua_pushinteger(p->L, (lua_Integer)v);
+  lua_rawset(p->L, t);
+}
+
+/* t[name] = the names entry `value` (a constant string). */
+static void put_name(pusher *p, int t, int name, int value) {
+  push_name(p, name);
+  push_name(p, value);
+  lua_rawset(p->L, t);
+}
+
+/* How many fields push_one sets: the event table is made with exactly
+ * that many hash slots, so it is never resized while it is filled (Lua
+ * rounds the size up to a power of two; 26, the count of every possible
+ * field, would allocate 32 slots for the ~14 a typical event has). */
+static int field_count(const es_event *e, int claimed, int has_payload) {
+  int n = 2 + has_payload + 4; /* status, attempts; index, position, created_at, failures */
+  n += e->id != NULL;
+  n += e->type != NULL;
+  n += e->key != NULL;
+  n += e->shredded != 0;
+  n += e->session != NULL;
+  n += e->cause_index != ES_NONE;
+  n += e->lane != NULL;
+  n += e->not_before != ES_NONE;
+  n += e->last_error != NULL;
+  n += e->processed_at != ES_NONE;
+  n += e->claim_holder != NULL;
+  n += e->claim_expires_at != ES_NONE;
+  n += e->retry_at != ES_NONE;
+  n += e->first_claimed_at != ES_NONE;
+  n += e->last_claimed_at != ES_NONE;
+  n += e->failed_at != ES_NONE;
+  n += e->processed_by_attempt != ES_NONE;
+  n += e->origin_session != NULL;
+  n += claimed && e->attempts != ES_NONE;
+  return n;
+}
+
+/* Pushes one event table (see es_lua_push_event); `extra` more hash slots
+ * are reserved for fields the caller adds. */
+static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
+  lua_State *L = p->L;
+  /* index, position, created_at, attempts and failures are always set in a
+   * stored row; they are still skipped when ES_NONE, as before, and counted
+   * as present (one slot too many at worst). */
+  lua_createtable(L, 0, field_count(e, claimed, e->payload != NULL) + extra);
+  int t = lua_gettop(L);
+  put_str(p, t, N_ID, e->id, -1);
+  put_str(p, t, N_TYPE, e->type, C_TYPE);
+  if (e->payload) { /* NULL: a shredded payload (§3.10), absent */
+    es_err err = {0};
+    push_name(p, N_PAYLOAD);
+    if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) es_lua_raise(L, &err);
+    lua_rawset(L, t);
+  }
+  put_str(p, t, N_KEY, e->key, -1);
+  if (e->shredded) {
+    push_name(p, N_SHREDDED);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, t);
+  }
+  put_int(p, t, N_INDEX, e->index);
+  put_str(p, t, N_SESSION, e->session, C_SESSION);
+  put_int(p, t, N_POSITION, e->position);
+  put_int(p, t, N_CREATED_AT, e->created_at);
+  if (e->cause_index != ES_NONE) {
+    push_name(p, N_CAUSE);
+    lua_createtable(L, 0, 2);
+    put_int(p, t + 2, N_INDEX, e->cause_index);
+    put_int(p, t + 2, N_ATTEMPT, e->cause_attempt);
+    lua_rawset(L, t);
+  }
+  put_str(p, t, N_LANE, e->lane, C_LANE);
+  put_int(p, t, N_NOT_BEFORE, e->not_before);
+  put_name(p, t, N_STATUS,
+           e->status == ES_STATUS_PROCESSED ? N_PROCESSED
+           : e->status == ES_STATUS_DEAD    ? N_DEAD
+                                            : N_PENDING);
+  put_int(p, t, N_ATTEMPTS, e->attempts);
+  put_int(p, t, N_FAILURES, e->failures);
+  put_str(p, t, N_LAST_ERROR, e->last_error, -1);
+  put_int(p, t, N_PROCESSED_AT, e->processed_at);
+  put_str(p, t, N_CLAIM_HOLDER, e->claim_holder, C_HOLDER);
+  put_int(p, t, N_CLAIM_EXPIRES_AT, e->claim_expires_at);
+  put_int(p, t, N_RETRY_AT, e->retry_at);
+  put_int(p, t, N_FIRST_CLAIMED_AT, e->first_claimed_at);
+  put_int(p, t, N_LAST_CLAIMED_AT, e->last_claimed_at);
+  put_int(p, t, N_FAILED_AT, e->failed_at);
+  put_int(p, t, N_PROCESSED_BY_ATTEMPT, e->processed_by_attempt);
+  if (e->origin_session) {
+    push_name(p, N_ORIGIN);
+    lua_createtable(L, 0, 2);
+    put_str(p, t + 2, N_SESSION, e->origin_session, -1);
+    put_int(p, t + 2, N_INDEX, e->origin_index);
+    lua_rawset(L, t);
+  }
+  if (claimed) put_int(p, t, N_ATTEMPT, e->attempts);
 }
 
 void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
-  lua_createtable(L, 0, 26);
-  es_lua_set_str(L, "id", e->id);
-  es_lua_set_str(L, "type", e->type);
-  es_err err = {0};
-  if (!e->payload) {
-    lua_pushnil(L); /* §3.10: a shredded payload */
-  } else if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) {
-    es_lua_raise(L, &err);
-  }
-  lua_setfield(L, -2, "payload");
-  es_lua_set_str(L, "key", e->key);
-  if (e->shredded) {
-    lua_pushboolean(L, 1);
-    lua_setfield(L, -2, "shredded");
-  }
-  es_lua_set_int(L, "index", e->index);
-  es_lua_set_str(L, "session", e->session);
-  es_lua_set_int(L, "position", e->position);
-  es_lua_set_int(L, "created_at", e->created_at);
-  if (e->cause_index != ES_NONE) {
-    lua_createtable(L, 0, 2);
-    es_lua_set_int(L, "index", e->cause_index);
-    es_lua_set_int(L, "attempt", e->cause_attempt);
-    lua_setfield(L, -2, "cause");
-  }
-  es_lua_set_str(L, "lane", e->lane);
-  es_lua_set_int(L, "not_before", e->not_before);
-  es_lua_set_str(L, "status", status_name(e->status));
-  es_lua_set_int(L, "attempts", e->attempts);
-  es_lua_set_int(L, "failures", e->failures);
-  es_lua_set_str(L, "last_error", e->last_error);
-  es_lua_set_int(L, "processed_at", e->processed_at);
-  es_lua_set_str(L, "claim_holder", e->claim_holder);
-  es_lua_set_int(L, "claim_expires_at", e->claim_expires_at);
-  es_lua_set_int(L, "retry_at", e->retry_at);
-  es_lua_set_int(L, "first_claimed_at", e->first_claimed_at);
-  es_lua_set_int(L, "last_claimed_at", e->last_claimed_at);
-  es_lua_set_int(L, "failed_at", e->failed_at);
-  es_lua_set_int(L, "processed_by_attempt", e->processed_by_attempt);
-  if (e->origin_session) {
-    lua_createtable(L, 0, 2);
-    es_lua_set_str(L, "session", e->origin_session);
-    es_lua_set_int(L, "index", e->origin_index);
-    lua_setfield(L, -2, "origin");
-  }
-  if (claimed) es_lua_set_int(L, "attempt", e->attempts);
+  pusher p;
+  pusher_begin(L, &p, 0);
+  push_one(&p, e, claimed, 0);
+  lua_replace(L, p.names); /* the event takes the names array's slot */
 }
 
 void es_lua_push_event_at_rest(lua_State *L, const es_event *e) {
@@ -216,7 +379,10 @@ void es_lua_push_event_at_rest(lua_State *L, const es_event *e) {
   es_event v = *e; /* borrowed fields: the sealed text is not JSON */
   v.payload = NULL;
   v.payload_len = 0;
-  es_lua_push_event(L, &v, 0);
+  pusher p;
+  pusher_begin(L, &p, 0);
+  push_one(&p, &v, 0, e->payload != NULL);
+  lua_replace(L, p.names);
   if (e->payload) {
     lua_pushlstring(L, e->payload, e->payload_len);
     lua_setfield(L, -2, "ciphertext");
@@ -254,10 +420,14 @@ void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
   }
   lua_setmetatable(L, -2);
   lua_createtable(L, (int)(box->n > 1000000 ? 0 : box->n), 0);
+  int arr = lua_gettop(L);
+  pusher p;
+  pusher_begin(L, &p, 1);
   for (size_t i = 0; i < box->n; i++) {
-    es_lua_push_event(L, &box->v[i], claimed);
-    lua_rawseti(L, -2, (lua_Integer)i + 1);
+    push_one(&p, &box->v[i], claimed, 0);
+    lua_rawseti(L, arr, (lua_Integer)i + 1);
   }
+  pusher_end(&p);
   es_events_destroy(box);
   lua_remove(L, -2);
 }
@@ -273,18 +443,60 @@ static int bad_event(lua_State *L, int arg, const char *fmt, ...) {
   return luaL_error(L, "returned %s", msg);
 }
 
+/* Reading an events argument: the stack slots the conversion uses, and the
+ * strings it has anchored so far. */
+typedef struct conv {
+  lua_State *L;
+  int arg;         /* as es_lua_check_events' arg */
+  int names;       /* stack index of the names array */
+  int anchor;      /* stack index of the anchor table (the second result) */
+  lua_Integer anchored; /* how many values the anchor table holds */
+  /* The last string anchored for each name field: a batch of events of one
+   * type holds the same Lua string in every event, anchored once. */
+  const char *last[4];
+} conv;
+
+/* Pushes t[name] (metamethods honoured, as lua_getfield) and returns its
+ * type. */
+static int get_field(conv *c, int t, int name) {
+  lua_rawgeti(c->L, c->names, name);
+  return lua_gettable(c->L, t);
+}
+
+/* "events[i + 1]<suffix>" into out (at least 48 bytes), for the codec's and
+ * the timer rule's messages: built by hand, since snprintf for every event
+ * of a batch was a visible share of an append. */
+static const char *event_what(char *out, size_t i, const char *suffix) {
+  char digits[24];
+  int n = 0;
+  size_t v = i + 1;
+  do {
+    digits[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v);
+  char *p = out;
+  memcpy(p, "events[", 7);
+  p += 7;
+  while (n) *p++ = digits[--n];
+  *p++ = ']';
+  size_t sl = strlen(suffix);
+  memcpy(p, suffix, sl + 1);
+  return out;
+}
+
 /* An optional integer field of the event table at t (`sub`: "" or "cause."
  * for messages); *has (may be NULL) tells whether it was given.
  * math.mininteger is refused: it is ES_NONE. */
-static int64_t event_int(lua_State *L, int t, int arg, size_t i, const char *sub, const char *field,
-                         int *has) {
+static int64_t event_int(conv *c, int t, size_t i, const char *sub, int name, int *has) {
+  lua_State *L = c->L;
   int64_t v = ES_NONE;
-  lua_getfield(L, t, field);
-  if (has) *has = !lua_isnil(L, -1);
-  if (!lua_isnil(L, -1)) {
+  int type = get_field(c, t, name);
+  if (has) *has = type != LUA_TNIL;
+  if (type != LUA_TNIL) {
     int ok = 0;
-    if (lua_type(L, -1) == LUA_TNUMBER) v = lua_tointegerx(L, -1, &ok);
-    if (!ok) bad_event(L, arg, "events[%d].%s%s must be an integer", (int)i + 1, sub, field);
+    const char *field = names_text[name];
+    if (type == LUA_TNUMBER) v = lua_tointegerx(L, -1, &ok);
+    if (!ok) bad_event(L, c->arg, "events[%d].%s%s must be an integer", (int)i + 1, sub, field);
     if (v == ES_NONE)
       es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d].%s%s is out of range (math.mininteger)",
                     (int)i + 1, sub, field);
@@ -293,28 +505,36 @@ static int64_t event_int(lua_State *L, int t, int arg, size_t i, const char *sub
   return v;
 }
 
-/* Keeps the value at the top alive as long as the anchor table at anchor
- * (the conversion's second result) and pops it. */
-static void anchor_top(lua_State *L, int anchor) {
-  lua_rawseti(L, anchor, (lua_Integer)lua_rawlen(L, anchor) + 1);
-}
+/* Keeps the value at the top alive as long as the anchor table (the
+ * conversion's second result) and pops it. */
+static void anchor_top(conv *c) { lua_rawseti(c->L, c->anchor, ++c->anchored); }
 
 /* An optional name field of the event table at t (NUL refused). The string
  * is anchored: an __index metamethod may have made it, or may replace the
- * field of an event read before. */
-static const char *event_str(lua_State *L, int t, int anchor, int arg, size_t i,
-                             const char *field) {
+ * field of an event read before; and a Lua clock or id function that runs
+ * inside the core call may change the events' tables. `last` (0..3) is the
+ * field's slot in c->last. */
+static const char *event_str(conv *c, int t, size_t i, int name, int last) {
+  lua_State *L = c->L;
   const char *v = NULL;
-  lua_getfield(L, t, field);
-  if (!lua_isnil(L, -1)) {
+  int type = get_field(c, t, name);
+  if (type != LUA_TNIL) {
     size_t n;
-    if (lua_type(L, -1) != LUA_TSTRING)
-      bad_event(L, arg, "events[%d].%s must be a string", (int)i + 1, field);
+    if (type != LUA_TSTRING)
+      bad_event(L, c->arg, "events[%d].%s must be a string", (int)i + 1, names_text[name]);
     v = lua_tolstring(L, -1, &n);
     if (memchr(v, '\0', n))
       es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d].%s must not contain a NUL byte", (int)i + 1,
-                    field);
-    anchor_top(L, anchor);
+                    names_text[name]);
+    /* The same address as the string anchored last for this field is the
+     * same Lua string (that one is alive, so no other string can have its
+     * address): already anchored. */
+    if (v == c->last[last]) {
+      lua_pop(L, 1);
+    } else {
+      anchor_top(c);
+      c->last[last] = v;
+    }
     return v;
   }
   lua_pop(L, 1);
@@ -393,71 +613,90 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
     lua_pop(L, 1);
     if (type != LUA_TTABLE) bad_event(L, arg, "events[%d] must be a table", (int)i + 1);
   }
-  es_new_event *evs = lua_newuserdatauv(L, (n ? n : 1) * sizeof *evs, 0);
-  lua_createtable(L, (int)(n > 25000 ? 0 : 4 * n), 0); /* anchors payload texts and names */
-  int anchor = lua_gettop(L);
-  /* The encoder's buffer lives in a box collected with the stack: an error
-   * raised half-way through the batch (the third event lacks `type`) must
-   * not leak what the payloads before it grew. */
+  /* The events, then where each payload starts in the shared buffer
+   * (SIZE_MAX: none): the texts are placed only when the buffer has
+   * stopped growing. */
+  es_new_event *evs = lua_newuserdatauv(L, (n ? n : 1) * (sizeof *evs + sizeof(size_t)), 0);
+  size_t *payload_at = (size_t *)(void *)(evs + (n ? n : 1));
+  lua_createtable(L, (int)(n > 25000 ? 0 : 2 * n + 1), 0); /* anchors names and the buffer */
+  conv c = {L, arg, 0, lua_gettop(L), 0, {NULL, NULL, NULL, NULL}};
+  /* Every payload is encoded into one buffer held by a box in the anchor
+   * table: no Lua string and no allocation per payload, and an error raised
+   * half-way through the batch (the third event lacks `type`) leaks nothing
+   * (the box is freed with the anchor table). */
   es_buf *buf = es_lua_push_buf_box(L);
+  anchor_top(&c);
+  push_names(L);
+  c.names = lua_gettop(L);
   for (size_t i = 0; i < n; i++) {
     es_new_event *e = &evs[i];
     es_new_event_init(e);
+    payload_at[i] = SIZE_MAX;
     lua_rawgeti(L, idx, (lua_Integer)i + 1);
     int t = lua_gettop(L);
-    e->type = event_str(L, t, anchor, arg, i, "type");
+    e->type = event_str(&c, t, i, N_TYPE, 0);
     if (!e->type) bad_event(L, arg, "events[%d].type is required", (int)i + 1);
-    e->id = event_str(L, t, anchor, arg, i, "id");
-    e->lane = event_str(L, t, anchor, arg, i, "lane");
-    e->key = event_str(L, t, anchor, arg, i, "key"); /* §3.10: seal the payload under it */
-    lua_getfield(L, t, "settled");
-    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+    e->id = event_str(&c, t, i, N_ID, 1);
+    e->lane = event_str(&c, t, i, N_LANE, 2);
+    e->key = event_str(&c, t, i, N_KEY, 3); /* §3.10: seal the payload under it */
+    int st = get_field(&c, t, N_SETTLED);
+    if (st != LUA_TNIL && st != LUA_TBOOLEAN)
       bad_event(L, arg, "events[%d].settled must be a boolean", (int)i + 1);
     e->settled = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    e->not_before = event_int(L, t, arg, i, "", "not_before", NULL);
+    e->not_before = event_int(&c, t, i, "", N_NOT_BEFORE, NULL);
     if (timer_now != ES_NONE) {
       /* Timers (engine): the rule is the store's (es_timer_not_before). */
       int has_at, has_delay;
-      int64_t at = event_int(L, t, arg, i, "", "at", &has_at);
-      int64_t delay = event_int(L, t, arg, i, "", "delay_ms", &has_delay);
-      if ((has_at || has_delay) && e->not_before != ES_NONE)
-        es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d] has both not_before and %s", (int)i + 1,
-                      has_at ? "at" : "delay_ms");
-      char what[32];
-      int64_t nb;
-      es_err err = {0};
-      snprintf(what, sizeof what, "events[%d]", (int)i + 1);
-      if (es_timer_not_before(what, timer_now, has_delay, delay, has_at, at, &nb, &err) != ES_OK)
-        es_lua_raise(L, &err);
-      if (has_at || has_delay) e->not_before = nb;
+      int64_t at = event_int(&c, t, i, "", N_AT, &has_at);
+      int64_t delay = event_int(&c, t, i, "", N_DELAY_MS, &has_delay);
+      if (has_at || has_delay) {
+        if (e->not_before != ES_NONE)
+          es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d] has both not_before and %s", (int)i + 1,
+                        has_at ? "at" : "delay_ms");
+        char what[48];
+        int64_t nb;
+        es_err err = {0};
+        event_what(what, i, "");
+        if (es_timer_not_before(what, timer_now, has_delay, delay, has_at, at, &nb, &err) != ES_OK)
+          es_lua_raise(L, &err);
+        e->not_before = nb;
+      }
     }
-    lua_getfield(L, t, "cause");
-    if (!lua_isnil(L, -1)) {
-      if (!lua_istable(L, -1)) bad_event(L, arg, "events[%d].cause must be a table", (int)i + 1);
-      int c = lua_gettop(L);
-      e->cause_index = event_int(L, c, arg, i, "cause.", "index", NULL);
-      e->cause_attempt = event_int(L, c, arg, i, "cause.", "attempt", NULL);
+    int ct = get_field(&c, t, N_CAUSE);
+    if (ct != LUA_TNIL) {
+      if (ct != LUA_TTABLE) bad_event(L, arg, "events[%d].cause must be a table", (int)i + 1);
+      int ci = lua_gettop(L);
+      e->cause_index = event_int(&c, ci, i, "cause.", N_INDEX, NULL);
+      e->cause_attempt = event_int(&c, ci, i, "cause.", N_ATTEMPT, NULL);
       if (e->cause_index == ES_NONE || e->cause_attempt == ES_NONE)
         bad_event(L, arg, "events[%d].cause needs integer index and attempt", (int)i + 1);
     }
     lua_pop(L, 1);
-    lua_getfield(L, t, "payload");
-    if (!lua_isnil(L, -1)) {
-      char what[32];
+    if (get_field(&c, t, N_PAYLOAD) != LUA_TNIL) {
+      char what[48];
       es_err err = {0};
-      snprintf(what, sizeof what, "events[%d].payload", (int)i + 1);
-      buf->len = 0;
-      buf->max = max_payload;
+      size_t mark = buf->len;
+      event_what(what, i, ".payload");
+      buf->max = max_payload && max_payload < SIZE_MAX - mark ? mark + max_payload : 0;
       if (es_json_encode_lua(L, -1, what, buf, &err) != ES_OK) es_lua_raise(L, &err);
-      es_lua_push_buf(L, buf);
-      e->payload = lua_tolstring(L, -1, &e->payload_len);
-      anchor_top(L, anchor);
+      buf->max = 0;
+      /* The encoder checks the limit where it grows the buffer; a buffer
+       * shared by the batch may already have the room, so the limit is
+       * checked here too, with the encoder's message. */
+      if (max_payload && buf->len - mark > max_payload)
+        es_lua_raisef(L, ES_TOO_LARGE, "%s is over the limit of %zu bytes", what, max_payload);
+      e->payload_len = buf->len - mark;
+      payload_at[i] = mark;
+      /* NUL-terminated, as a Lua string was: C readers may rely on it. */
+      if (es_buf_addc(buf, '\0') != ES_OK)
+        es_lua_raisef(L, ES_STORAGE, "out of memory while encoding JSON");
     }
     lua_pop(L, 2); /* payload, event table */
   }
-  es_buf_destroy(buf); /* now rather than at collection */
-  lua_pop(L, 1);       /* the box: callers get exactly the two slots documented */
+  for (size_t i = 0; i < n; i++)
+    if (payload_at[i] != SIZE_MAX) evs[i].payload = buf->data + payload_at[i];
+  lua_settop(L, c.anchor); /* the names: callers get exactly the two slots documented */
   *n_out = n;
   return evs;
 }
