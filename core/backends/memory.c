@@ -231,13 +231,14 @@ enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL,
        U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH, U_SEG /* §3.9 */,
        U_KEY_PUT, U_USE_PUT, U_USE_DEL, U_SNAP_DEL_FROM /* §3.10 */ };
 typedef struct urec {
-  unsigned char kind;
-  unsigned char created;    /* this op created the session (or namespace): undo frees it */
-  unsigned char new_links;  /* U_EV_UPDATE: the op installed a bigger links block */
-  unsigned char old_nslots;
-  unsigned char disp_kept;  /* U_EV_UPDATE: the dispatch block did not change */
-  unsigned char old_status, old_queued;
-  uint16_t old_flags;
+  /* Bit fields, so that a step stays 48 bytes (a big transaction's log). */
+  unsigned kind : 5;
+  unsigned created : 1;     /* this op created the session (or namespace): undo frees it */
+  unsigned new_links : 1;   /* U_EV_UPDATE: the op installed a bigger links block */
+  unsigned disp_kept : 1;   /* U_EV_UPDATE: the dispatch block did not change */
+  unsigned old_nslots : 3;
+  unsigned old_status : 2, old_queued : 1;
+  unsigned old_flags : 9;
   void *obj;                /* the row, session or namespace */
   void *old;                /* the replaced block (owned by the log until commit), or NULL;
                                U_EV_INSERT: the removed row whose id the new row took;
@@ -250,6 +251,7 @@ typedef struct urec {
   int64_t aux;              /* U_EV_DELETE: its gone after; U_SNAP_DEL_FROM: the index from
                                which snapshots were removed */
 } urec;
+_Static_assert(sizeof(urec) <= 48, "an undo step fits in 48 bytes");
 
 struct es_txn {
   es_backend *b;
@@ -519,45 +521,92 @@ static const unsigned char *row_idp(const mrow *r) {
   return (const unsigned char *)(r->tail + tail_words(r->flags));
 }
 
-static int hex_nibble(unsigned char c) {
-  if ((unsigned)(c - '0') < 10u) return c - '0';
-  if ((unsigned)(c - 'a') < 6u) return c - 'a' + 10;
-  return -1;
+/* 8 lowercase hex digits (w: the 8 characters, the first in the lowest
+ * byte) as 4 bytes in *out, in order; 0 when one is not a digit. SWAR: a
+ * byte b < 0x80 plus 0x50 has bit 7 set when b >= 0x30, plus 0x46 when
+ * b >= 0x3A (so '0'..'9'), plus 0x1F and 0x19 likewise for 'a'..'f'; no
+ * sum carries into the next byte. */
+static inline int hex8(uint64_t w, unsigned char out[4]) {
+  const uint64_t ones = 0x0101010101010101ull, high = 0x80 * ones;
+  uint64_t digit = (w + 0x50 * ones) & ~(w + 0x46 * ones);
+  uint64_t af = (w + 0x1F * ones) & ~(w + 0x19 * ones);
+  if ((w & high) || ((digit | af) & high) != high) return 0;
+  uint64_t v = (w & 0x0F * ones) + ((af & high) >> 7) * 9;  /* a nibble a byte */
+  v = ((v & 0x000F000F000F000Full) << 4) | ((v >> 8) & 0x000F000F000F000Full);
+  v = (v | (v >> 8)) & 0x0000FFFF0000FFFFull;
+  uint32_t x = (uint32_t)(v | (v >> 16));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  x = __builtin_bswap32(x);
+#endif
+  memcpy(out, &x, 4);
+  return 1;
+}
+
+static uint64_t load8(const unsigned char *p) {
+  uint64_t w;
+  memcpy(&w, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  w = __builtin_bswap64(w);
+#endif
+  return w;
 }
 
 /* Whether id is a UUID in canonical text form (8-4-4-4-12 lowercase hex
- * digits, nothing after), its 16 bytes in out. Reads no byte past id's NUL. */
+ * digits, nothing after), its 16 bytes in out. Every insert and lookup by
+ * id asks: the length first (no byte past the NUL is read), then the
+ * digits 8 at a time. */
 static int uuid_parse(const char *id, unsigned char out[16]) {
   const unsigned char *s = (const unsigned char *)id;
-  int j = 0;
-  for (int i = 0; i < 36;) {
-    if (i == 8 || i == 13 || i == 18 || i == 23) {
-      if (s[i++] != '-') return 0;
-      continue;
-    }
-    int hi = hex_nibble(s[i]);
-    if (hi < 0) return 0;
-    int lo = hex_nibble(s[i + 1]);
-    if (lo < 0) return 0;
-    out[j++] = (unsigned char)(hi << 4 | lo);
-    i += 2;
-  }
-  return s[36] == '\0';
+  if (strnlen(id, 37) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-')
+    return 0;
+  unsigned char mid[8];  /* the 4-4-4 groups without their dashes */
+  memcpy(mid, s + 9, 4);
+  memcpy(mid + 4, s + 14, 4);
+  unsigned char last[8];
+  memcpy(last, s + 19, 4);
+  memcpy(last + 4, s + 24, 4);
+  return hex8(load8(s), out) && hex8(load8(mid), out + 4) && hex8(load8(last), out + 8) &&
+         hex8(load8(s + 28), out + 12);
 }
 
 #define ID_TEXT 37  /* a formatted UUID and its NUL */
 
-static void uuid_format(const unsigned char u[16], char out[ID_TEXT]) {
-  static const char hex[] = "0123456789abcdef";
-  char *o = out;
-  for (int i = 0; i < 16; i++) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) *o++ = '-';
-    *o++ = hex[u[i] >> 4];
-    *o++ = hex[u[i] & 15];
-  }
-  *o = '\0';
+/* 4 bytes (p) as 8 lowercase hex digits at out, SWAR: each nibble spread
+ * to a byte, then '0' + nibble, + 39 more for 10..15 ('a' - '0' - 10). */
+static inline void hex4_put(const unsigned char *p, char *out) {
+  const uint64_t ones = 0x0101010101010101ull;
+  uint32_t x;
+  memcpy(&x, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  x = __builtin_bswap32(x);
+#endif
+  uint64_t y = x;                                       /* byte k: input byte k */
+  y = (y | (y << 16)) & 0x0000FFFF0000FFFFull;
+  y = (y | (y << 8)) & 0x00FF00FF00FF00FFull;           /* byte 2k: input byte k */
+  uint64_t v = ((y >> 4) & 0x000F000F000F000Full) | ((y & 0x000F000F000F000Full) << 8);
+  uint64_t letter = ((v + 6 * ones) >> 4) & ones;       /* 1 where the nibble is >= 10 */
+  v += 0x30 * ones + letter * 39;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  memcpy(out, &v, 8);
 }
 
+/* Every row read with a UUID id formats it: without a loop per digit. */
+static void uuid_format(const unsigned char u[16], char out[ID_TEXT]) {
+  char h[32];
+  for (int i = 0; i < 4; i++) hex4_put(u + 4 * i, h + 8 * i);
+  memcpy(out, h, 8);
+  out[8] = '-';
+  memcpy(out + 9, h + 8, 4);
+  out[13] = '-';
+  memcpy(out + 14, h + 12, 4);
+  out[18] = '-';
+  memcpy(out + 19, h + 16, 4);
+  out[23] = '-';
+  memcpy(out + 24, h + 20, 12);
+  out[36] = '\0';
+}
 
 /* An id as the index looks it up: its stored representation and hash. */
 typedef struct idkey {
