@@ -2,15 +2,17 @@
  * backends/memory.c: the "memory:" backend (backend.h), everything in RAM.
  *
  * Layout (docs/memory-backend.md has the picture and the cost of each op):
- *   - a row is one allocation: a 72-byte header, the optional immutable
+ *   - a row is one allocation: a 64-byte header, the optional immutable
  *     values (cause, not_before, the lane, a fork copy's origin) only when
- *     present, then id and payload bytes; the session, type, lane and
- *     origin session names are shared, the dispatch record (attempts,
- *     claim, errors, ...) is a separate block that exists only once it
- *     differs from "never touched" and holds only the fields that differ;
+ *     present, then the id (16 bytes when it is a canonical UUID, else
+ *     text) and payload bytes; a queued row's due_at is in its links
+ *     block; the session, type, lane and origin session names are shared,
+ *     the dispatch record (attempts, claim, errors, ...) is a separate
+ *     block that exists only once it differs from "never touched" and
+ *     holds only the fields that differ;
  *   - rows are found by position (a dense array: position p at p - 1 -
  *     pbase), by (session, index) (a dense array per session: index i at
- *     i - 1 - base) and by id (hmap.h);
+ *     i - 1 - base) and by id (an open-addressing index of its own);
  *   - sessions are found by name (hmap.h, and a tree for listing) and by
  *     (parent, name) (a tree of the forked ones); refs by name and by
  *     (session, name) (two trees);
