@@ -2,15 +2,17 @@
  * backends/memory.c: the "memory:" backend (backend.h), everything in RAM.
  *
  * Layout (docs/memory-backend.md has the picture and the cost of each op):
- *   - a row is one allocation: a 72-byte header, the optional immutable
+ *   - a row is one allocation: a 64-byte header, the optional immutable
  *     values (cause, not_before, the lane, a fork copy's origin) only when
- *     present, then id and payload bytes; the session, type, lane and
- *     origin session names are shared, the dispatch record (attempts,
- *     claim, errors, ...) is a separate block that exists only once it
- *     differs from "never touched" and holds only the fields that differ;
+ *     present, then the id (16 bytes when it is a canonical UUID, else
+ *     text) and payload bytes; a queued row's due_at is in its links
+ *     block; the session, type, lane and origin session names are shared,
+ *     the dispatch record (attempts, claim, errors, ...) is a separate
+ *     block that exists only once it differs from "never touched" and
+ *     holds only the fields that differ;
  *   - rows are found by position (a dense array: position p at p - 1 -
  *     pbase), by (session, index) (a dense array per session: index i at
- *     i - 1 - base) and by id (hmap.h);
+ *     i - 1 - base) and by id (an open-addressing index of its own);
  *   - sessions are found by name (hmap.h, and a tree for listing) and by
  *     (parent, name) (a tree of the forked ones); refs by name and by
  *     (session, name) (two trees);
@@ -46,6 +48,7 @@
  */
 #include <assert.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +79,10 @@ enum { SLOT_QG, SLOT_QS, SLOT_QT, SLOT_LANE, SLOT_DG, SLOT_DS, NSLOTS };
 typedef struct mlinks {
   mrow *row;             /* back pointer: a node leads to its row */
   int64_t qmin;          /* least due_at in this row's QS subtree */
+  /* The row's due_at while it is queued (it is in QG, QS and QT then, so it
+   * has this block): the key of those sets lives beside their nodes, and a
+   * row that is not queued pays nothing for it (row_due). */
+  int64_t due;
   es_tree_node node[];   /* indexed by SLOT_*, as many as mrow.nslots */
 } mlinks;
 
@@ -84,10 +91,14 @@ typedef struct mlinks {
 enum {
   DF_ATTEMPTS, DF_FAILURES, DF_RETURNED, DF_PROCESSED_AT, DF_CLAIM_EXPIRES_AT, DF_RETRY_AT,
   DF_LAST_FAILED_ATTEMPT, DF_FIRST_CLAIMED_AT, DF_LAST_CLAIMED_AT, DF_FAILED_AT,
-  DF_PROCESSED_BY_ATTEMPT, NDF
+  DF_PROCESSED_BY_ATTEMPT,
+  /* due_at of a row that is not queued (a queued row's is in its links
+   * block): the core sets it to ES_NONE when it unqueues a row, so this is
+   * almost never stored, but whatever it writes reads back. */
+  DF_DUE_AT, NDF
 };
 static const int64_t DF_DEFAULT[NDF] = {0, 0, 0, ES_NONE, ES_NONE, ES_NONE,
-                                        ES_NONE, ES_NONE, ES_NONE, ES_NONE, ES_NONE};
+                                        ES_NONE, ES_NONE, ES_NONE, ES_NONE, ES_NONE, ES_NONE};
 
 /* The dispatch record beyond status/queued/due_at. Sparse: each state an
  * event goes through (claimed, failed, completed) sets a few of the eleven
@@ -117,20 +128,30 @@ enum {
   RF_ORIGIN = 64,
   /* §3.10: the payload is sealed under a data key whose name follows the
    * payload's NUL (names are short and rare enough not to be shared). */
-  RF_KEY = 128
+  RF_KEY = 128,
+  /* The id is a UUID in its canonical text form (36 characters, lowercase
+   * hex): stored as its 16 bytes, written back as text by row_view. Other
+   * ids are stored as text, NUL-terminated. A canonical UUID text is always
+   * stored binary, so each id has one representation (the id index relies
+   * on it). */
+  RF_BINID = 256
 };
 
+/* A row: a 64-byte header, then only what the event has. Its due_at is
+ * not here (row_due): a queued row keeps it in its links block, any other
+ * row has ES_NONE unless its dispatch block says otherwise. */
 struct mrow {
   msess *sess;     /* shared: the session name lives there */
   mtype *type;     /* shared: the type name lives there */
   mdisp *disp;     /* NULL: the untouched dispatch record */
-  mlinks *links;   /* NULL: in no ordered set */
-  int64_t index, position, created_at, due_at;
+  mlinks *links;   /* NULL: in no ordered set; never NULL while queued */
+  int64_t index, position, created_at;
   uint32_t payload_len;
-  unsigned char status, queued, flags;
-  unsigned char nslots;  /* nodes in the links block */
+  unsigned status : 2, queued : 1;
+  unsigned nslots : 3;   /* nodes in the links block */
+  unsigned flags : 9;    /* RF_* */
   uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before][origin ptr origin_index]
-                      id NUL payload NUL [key NUL] */
+                      id (16 bytes, or text NUL) payload NUL [key NUL] */
 };
 
 /* An event type: shared by its rows, with its own ready queue and the count
@@ -212,12 +233,14 @@ enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL,
        U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH, U_SEG /* §3.9 */,
        U_KEY_PUT, U_USE_PUT, U_USE_DEL, U_SNAP_DEL_FROM /* §3.10 */ };
 typedef struct urec {
-  unsigned char kind;
-  unsigned char created;    /* this op created the session (or namespace): undo frees it */
-  unsigned char new_links;  /* U_EV_UPDATE: the op installed a bigger links block */
-  unsigned char old_nslots;
-  unsigned char disp_kept;  /* U_EV_UPDATE: the dispatch block did not change */
-  unsigned char old_status, old_queued, old_flags;
+  /* Bit fields, so that a step stays 48 bytes (a big transaction's log). */
+  unsigned kind : 5;
+  unsigned created : 1;     /* this op created the session (or namespace): undo frees it */
+  unsigned new_links : 1;   /* U_EV_UPDATE: the op installed a bigger links block */
+  unsigned disp_kept : 1;   /* U_EV_UPDATE: the dispatch block did not change */
+  unsigned old_nslots : 3;
+  unsigned old_status : 2, old_queued : 1;
+  unsigned old_flags : 9;
   void *obj;                /* the row, session or namespace */
   void *old;                /* the replaced block (owned by the log until commit), or NULL;
                                U_EV_INSERT: the removed row whose id the new row took;
@@ -230,11 +253,19 @@ typedef struct urec {
   int64_t aux;              /* U_EV_DELETE: its gone after; U_SNAP_DEL_FROM: the index from
                                which snapshots were removed */
 } urec;
+_Static_assert(sizeof(urec) <= 48, "an undo step fits in 48 bytes");
 
 struct es_txn {
   es_backend *b;
   int write;
 };
+
+/* The id index (below, "ids"): rows by id. */
+typedef struct mids {
+  mrow **rows;       /* owned array of cap borrowed rows */
+  uint32_t *hashes;  /* owned; 0 empty, 1 removed, else the id's hash */
+  size_t cap, count, removed;
+} mids;
 
 /* The removed slots of the position array: bit j of level 0 is slot j (1:
  * its row was removed), and bit w of level k + 1 says that word w of level
@@ -261,7 +292,7 @@ struct es_backend {
   mrow **pos;
   size_t npos, cappos, pbase;
   mholes holes;
-  es_hmap ids;       /* rows by id */
+  mids ids;          /* rows by id */
   es_hmap sessions;  /* owned msess by name */
   msess *last;       /* the session found last: batches stay in one */
   msess *last_origin; /* the origin session found last: a fork copies from one */
@@ -489,8 +520,270 @@ static msess *row_origin(const mrow *r) {
 /* Removed by event_delete_range (kept until commit for undo). */
 static int row_removed(const mrow *r) { return (uint64_t)r->index <= r->sess->gone; }
 
-static const char *row_id(const mrow *r) { return (const char *)(r->tail + tail_words(r->flags)); }
-static const char *row_id_key(const void *item) { return row_id(item); }
+/* ---- ids ---------------------------------------------------------------- */
+
+/* The stored id: 16 bytes (RF_BINID) or text and its NUL. */
+static const unsigned char *row_idp(const mrow *r) {
+  return (const unsigned char *)(r->tail + tail_words(r->flags));
+}
+
+/* 8 lowercase hex digits (w: the 8 characters, the first in the lowest
+ * byte) as 4 bytes in *out, in order; 0 when one is not a digit. SWAR: a
+ * byte b < 0x80 plus 0x50 has bit 7 set when b >= 0x30, plus 0x46 when
+ * b >= 0x3A (so '0'..'9'), plus 0x1F and 0x19 likewise for 'a'..'f'; no
+ * sum carries into the next byte. */
+static inline int hex8(uint64_t w, unsigned char out[4]) {
+  const uint64_t ones = 0x0101010101010101ull, high = 0x80 * ones;
+  uint64_t digit = (w + 0x50 * ones) & ~(w + 0x46 * ones);
+  uint64_t af = (w + 0x1F * ones) & ~(w + 0x19 * ones);
+  if ((w & high) || ((digit | af) & high) != high) return 0;
+  uint64_t v = (w & 0x0F * ones) + ((af & high) >> 7) * 9;  /* a nibble a byte */
+  v = ((v & 0x000F000F000F000Full) << 4) | ((v >> 8) & 0x000F000F000F000Full);
+  v = (v | (v >> 8)) & 0x0000FFFF0000FFFFull;
+  uint32_t x = (uint32_t)(v | (v >> 16));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  x = __builtin_bswap32(x);
+#endif
+  memcpy(out, &x, 4);
+  return 1;
+}
+
+static uint64_t load8(const unsigned char *p) {
+  uint64_t w;
+  memcpy(&w, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  w = __builtin_bswap64(w);
+#endif
+  return w;
+}
+
+/* Whether id is a UUID in canonical text form (8-4-4-4-12 lowercase hex
+ * digits, nothing after), its 16 bytes in out. Every insert and lookup by
+ * id asks: the length first (no byte past the NUL is read), then the
+ * digits 8 at a time. */
+static int uuid_parse(const char *id, unsigned char out[16]) {
+  const unsigned char *s = (const unsigned char *)id;
+  if (strnlen(id, 37) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-')
+    return 0;
+  unsigned char mid[8];  /* the 4-4-4 groups without their dashes */
+  memcpy(mid, s + 9, 4);
+  memcpy(mid + 4, s + 14, 4);
+  unsigned char last[8];
+  memcpy(last, s + 19, 4);
+  memcpy(last + 4, s + 24, 4);
+  return hex8(load8(s), out) && hex8(load8(mid), out + 4) && hex8(load8(last), out + 8) &&
+         hex8(load8(s + 28), out + 12);
+}
+
+#define ID_TEXT 37  /* a formatted UUID and its NUL */
+
+/* 4 bytes (p) as 8 lowercase hex digits at out, SWAR: each nibble spread
+ * to a byte, then '0' + nibble, + 39 more for 10..15 ('a' - '0' - 10). */
+static inline void hex4_put(const unsigned char *p, char *out) {
+  const uint64_t ones = 0x0101010101010101ull;
+  uint32_t x;
+  memcpy(&x, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  x = __builtin_bswap32(x);
+#endif
+  uint64_t y = x;                                       /* byte k: input byte k */
+  y = (y | (y << 16)) & 0x0000FFFF0000FFFFull;
+  y = (y | (y << 8)) & 0x00FF00FF00FF00FFull;           /* byte 2k: input byte k */
+  uint64_t v = ((y >> 4) & 0x000F000F000F000Full) | ((y & 0x000F000F000F000Full) << 8);
+  uint64_t letter = ((v + 6 * ones) >> 4) & ones;       /* 1 where the nibble is >= 10 */
+  v += 0x30 * ones + letter * 39;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
+  memcpy(out, &v, 8);
+}
+
+/* Every row read with a UUID id formats it: without a loop per digit. */
+static void uuid_format(const unsigned char u[16], char out[ID_TEXT]) {
+  char h[32];
+  for (int i = 0; i < 4; i++) hex4_put(u + 4 * i, h + 8 * i);
+  memcpy(out, h, 8);
+  out[8] = '-';
+  memcpy(out + 9, h + 8, 4);
+  out[13] = '-';
+  memcpy(out + 14, h + 12, 4);
+  out[18] = '-';
+  memcpy(out + 19, h + 16, 4);
+  out[23] = '-';
+  memcpy(out + 24, h + 20, 12);
+  out[36] = '\0';
+}
+
+/* An id as the index looks it up: its stored representation and hash. */
+typedef struct idkey {
+  const char *text;       /* NULL: a UUID, in u */
+  unsigned char u[16];
+  uint32_t h;             /* never 0 or 1 (they mark empty and removed slots) */
+} idkey;
+
+/* 64-bit multiply-xorshift over 8-byte words (as hmap.c's), folded. */
+static uint32_t id_hash(const unsigned char *p, size_t len) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ (len * 0xC2B2AE3D27D4EB4Full);
+  while (len >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+    h ^= h >> 29;
+    p += 8;
+    len -= 8;
+  }
+  if (len) {
+    uint64_t w = 0;
+    memcpy(&w, p, len);
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+  }
+  h ^= h >> 33;
+  h *= 0xC4CEB9FE1A85EC53ull;
+  h ^= h >> 33;
+  uint32_t r = (uint32_t)(h ^ (h >> 32));
+  return r < 2 ? r + 2 : r;
+}
+
+static void idkey_of_text(idkey *k, const char *id) {
+  if (uuid_parse(id, k->u)) {
+    k->text = NULL;
+    k->h = id_hash(k->u, 16);
+  } else {
+    k->text = id;
+    k->h = id_hash((const unsigned char *)id, strlen(id));
+  }
+}
+
+static void idkey_of_row(idkey *k, const mrow *r) {
+  const unsigned char *p = row_idp(r);
+  if (r->flags & RF_BINID) {
+    memcpy(k->u, p, 16);
+    k->text = NULL;
+    k->h = id_hash(p, 16);
+  } else {
+    k->text = (const char *)p;
+    k->h = id_hash(p, strlen(k->text));
+  }
+}
+
+static int id_match(const mrow *r, const idkey *k) {
+  const unsigned char *p = row_idp(r);
+  if (!k->text) return (r->flags & RF_BINID) && memcmp(p, k->u, 16) == 0;
+  return !(r->flags & RF_BINID) && strcmp((const char *)p, k->text) == 0;
+}
+
+/* The id index: hmap.h's open addressing (linear probing, a 32-bit hash
+ * per slot compared before any row, growth by 1.5x at 7/8 load that never
+ * touches the rows), keyed by an idkey: a UUID id is compared as its 16
+ * bytes. 12 bytes a slot. */
+#define ID_EMPTY 0u
+#define ID_REMOVED 1u
+
+static size_t ids_home(uint32_t h, size_t cap) { return (size_t)(((uint64_t)h * cap) >> 32); }
+
+static ptrdiff_t ids_find(const mids *m, const idkey *k) {
+  if (!m->count) return -1;
+  size_t i = ids_home(k->h, m->cap);
+  for (;;) {
+    uint32_t h = m->hashes[i];
+    if (h == ID_EMPTY) return -1;
+    if (h == k->h && id_match(m->rows[i], k)) return (ptrdiff_t)i;
+    if (++i == m->cap) i = 0;
+  }
+}
+
+static mrow *ids_get(const mids *m, const idkey *k) {
+  ptrdiff_t i = ids_find(m, k);
+  return i < 0 ? NULL : m->rows[i];
+}
+
+static void ids_place(mrow **rows, uint32_t *hashes, size_t cap, uint32_t h, mrow *r) {
+  size_t i = ids_home(h, cap);
+  while (hashes[i] > ID_REMOVED)
+    if (++i == cap) i = 0;
+  hashes[i] = h;
+  rows[i] = r;
+}
+
+/* Moves every row into fresh arrays of cap slots (removed slots dropped).
+ * -1 when out of memory (m unchanged). */
+static int ids_rehash(mids *m, size_t cap) {
+  if (cap > UINT32_MAX || cap > SIZE_MAX / sizeof(mrow *)) return -1;
+  mrow **rows = malloc(cap * sizeof *rows);
+  uint32_t *hashes = calloc(cap, sizeof *hashes);
+  if (!rows || !hashes) {
+    free(rows);
+    free(hashes);
+    return -1;
+  }
+  for (size_t i = 0; i < m->cap; i++)
+    if (m->hashes[i] > ID_REMOVED) ids_place(rows, hashes, cap, m->hashes[i], m->rows[i]);
+  free(m->rows);
+  free(m->hashes);
+  m->rows = rows;
+  m->hashes = hashes;
+  m->cap = cap;
+  m->removed = 0;
+  return 0;
+}
+
+/* Room for n more puts (0), or -1 when out of memory (m unchanged). A
+ * rebuild sizes for the live rows to at most 3/4 load. */
+static int ids_reserve(mids *m, size_t n) {
+  if (m->cap && (m->count + m->removed + n) * 8 <= m->cap * 7) return 0;
+  size_t cap = m->cap ? m->cap : 8;
+  while ((m->count + n) * 4 > cap * 3) cap += cap / 2;
+  return ids_rehash(m, cap);
+}
+
+/* Adds r, whose id is not present (room reserved). */
+static void ids_put(mids *m, const idkey *k, mrow *r) {
+  size_t i = ids_home(k->h, m->cap);
+  while (m->hashes[i] > ID_REMOVED)
+    if (++i == m->cap) i = 0;
+  if (m->hashes[i] == ID_REMOVED) m->removed--;
+  m->hashes[i] = k->h;
+  m->rows[i] = r;
+  m->count++;
+}
+
+/* r takes the slot of the row with its id, which is returned (NULL: none,
+ * nothing changes). Never allocates. */
+static mrow *ids_replace(mids *m, mrow *r) {
+  idkey k;
+  idkey_of_row(&k, r);
+  ptrdiff_t i = ids_find(m, &k);
+  if (i < 0) return NULL;
+  mrow *old = m->rows[i];
+  m->rows[i] = r;
+  return old;
+}
+
+/* Removes r if the slot of its id holds r (a new row may have taken it). */
+static void ids_remove_row(mids *m, mrow *r) {
+  idkey k;
+  idkey_of_row(&k, r);
+  ptrdiff_t i = ids_find(m, &k);
+  if (i < 0 || m->rows[i] != r) return;
+  m->hashes[i] = ID_REMOVED;
+  m->rows[i] = NULL;
+  m->count--;
+  m->removed++;
+}
+
+/* Smaller once at most 1/8 is in use; out of memory: the table stays. */
+static void ids_shrink(mids *m) {
+  if (m->cap <= 64 || m->count * 8 > m->cap) return;
+  size_t cap = 8;
+  while (m->count * 4 > cap * 3) cap += cap / 2;
+  (void)ids_rehash(m, cap);
+}
+
+static void ids_destroy(mids *m) {
+  free(m->rows);
+  free(m->hashes);
+  memset(m, 0, sizeof *m);
+}
 static const char *sess_key(const void *item) { return ((const msess *)item)->name; }
 static const char *lane_key(const void *item) { return ((const mlane *)item)->name; }
 static const char *type_key(const void *item) { return ((const mtype *)item)->name; }
@@ -509,6 +802,7 @@ static void disp_fields(const es_event *e, int64_t f[NDF]) {
   f[DF_LAST_CLAIMED_AT] = e->last_claimed_at;
   f[DF_FAILED_AT] = e->failed_at;
   f[DF_PROCESSED_BY_ATTEMPT] = e->processed_by_attempt;
+  f[DF_DUE_AT] = e->queued ? ES_NONE : e->due_at;  /* a queued row's is in its links */
 }
 
 static void disp_set_fields(es_event *e, const int64_t f[NDF]) {
@@ -523,6 +817,7 @@ static void disp_set_fields(es_event *e, const int64_t f[NDF]) {
   e->last_claimed_at = f[DF_LAST_CLAIMED_AT];
   e->failed_at = f[DF_FAILED_AT];
   e->processed_by_attempt = f[DF_PROCESSED_BY_ATTEMPT];
+  e->due_at = f[DF_DUE_AT];
 }
 
 /* The mask of the fields of f that differ from a fresh event's. */
@@ -608,7 +903,7 @@ static mdisp *disp_new(const es_event *e) {
 }
 
 /* A borrowed es_event over the row (valid while the row is unchanged). */
-static void row_view(const mrow *r, es_event *e) {
+static void row_view(const mrow *r, es_event *e, char idbuf[ID_TEXT]) {
   size_t w = 0;
   mlane *lane = row_lane(r);
   if (r->flags & RF_LANE) w++;
@@ -630,8 +925,15 @@ static void row_view(const mrow *r, es_event *e) {
     w += 2;
   }
   char *id = (char *)(r->tail + w);
-  char *payload = id + strlen(id) + 1;
-  e->id = id;
+  char *payload;
+  if (r->flags & RF_BINID) {
+    uuid_format((const unsigned char *)id, idbuf);
+    e->id = idbuf;
+    payload = id + 16;
+  } else {
+    e->id = id;
+    payload = id + strlen(id) + 1;
+  }
   e->type = r->type->name;
   e->payload = (r->flags & RF_NO_PAYLOAD) ? NULL : payload;
   e->payload_len = r->payload_len;
@@ -642,7 +944,6 @@ static void row_view(const mrow *r, es_event *e) {
   e->created_at = r->created_at;
   e->status = r->status;
   e->queued = r->queued;
-  e->due_at = r->due_at;
   e->packed = 0;
   e->payload_own = 0;
   e->key = (r->flags & RF_KEY) ? payload + r->payload_len + 1 : NULL; /* §3.10 */
@@ -660,6 +961,7 @@ static void row_view(const mrow *r, es_event *e) {
     if (r->flags & RF_PROC_AT_CREATED) e->processed_at = r->created_at;
     e->last_error = e->claim_holder = NULL;
   }
+  if (r->queued) e->due_at = r->links->due;  /* else the dispatch block's (ES_NONE) */
 }
 
 static void row_free(mrow *r) {
@@ -700,11 +1002,20 @@ typedef struct tkey {
   int64_t a, b;
 } tkey;
 
+/* The row's due_at (row_view's): its links block's while it is queued,
+ * else its dispatch block's or ES_NONE. */
+static int64_t row_due(const mrow *r) {
+  if (r->queued) return r->links->due;
+  const mdisp *d = r->disp;
+  if (!d || !(d->mask & (1u << DF_DUE_AT))) return ES_NONE;
+  return d->v[__builtin_popcount(d->mask) - 1];  /* the last field of DF_ order */
+}
+
 static tkey slot_key(int slot, const mrow *r) {
   tkey k = {0, 0};
   switch (slot) {
     case SLOT_QG:
-    case SLOT_QT: k.a = r->due_at; k.b = r->position; break;
+    case SLOT_QT: k.a = r->links->due; k.b = r->position; break;
     case SLOT_QS: k.a = r->index; break;
     case SLOT_DG:
     case SLOT_DS: k.a = r->position; break;
@@ -759,7 +1070,7 @@ static int64_t qs_min(const es_tree_node *n) { return n ? node_links(n, SLOT_QS)
 
 static int qs_update(es_tree_node *n) {
   mlinks *l = node_links(n, SLOT_QS);
-  int64_t m = l->row->due_at, c;
+  int64_t m = l->due, c;
   if ((c = qs_min(es_tree_left(n))) < m) m = c;
   if ((c = qs_min(n->right)) < m) m = c;
   if (l->qmin == m) return 0;
@@ -786,17 +1097,21 @@ static void row_set_state(es_backend *b, mrow *r, int status, int queued, int64_
   unsigned before = row_sets(r), after = sets_of(status, queued, flags);
   unsigned moved = 0;
   /* QS is keyed by index but summarises due_at: relinking refreshes it. */
-  if (r->due_at != due_at) moved = before & after & SETS_QUEUED;
+  if (row_due(r) != due_at) moved = before & after & SETS_QUEUED;
   if (links != r->links) moved = before & after;
+  /* Unlinked under the old keys: the old links block and its due. */
   row_unlink(b, r, (before & ~after) | moved);
   r->type->pending += (status == ES_STATUS_PENDING) - (r->status == ES_STATUS_PENDING);
-  r->status = (unsigned char)status;
-  r->queued = (unsigned char)(queued != 0);
-  r->due_at = due_at;
-  r->flags = (unsigned char)flags;
+  r->status = (unsigned)status & 3u;
+  r->queued = queued != 0;
+  r->flags = flags;
   r->disp = disp;
   r->links = links;
-  r->nslots = (unsigned char)nslots;
+  r->nslots = nslots;
+  /* A queued row's due_at lives in its links block (there is one: the
+   * queued sets are in it); any other row's is in disp (the caller made it
+   * from the same event, so they agree). */
+  if (queued) links->due = due_at;
   row_link(b, r, (after & ~before) | moved);
 }
 
@@ -968,8 +1283,7 @@ static void drop_rows(es_backend *b, const urec *u) {
   for (size_t i = (size_t)u->old_due + 1; i <= (size_t)u->aux; i++) {
     mrow **slot = &s->rows[i - 1 - s->base];
     mrow *r = *slot;
-    const char *id = row_id(r);
-    if (es_hmap_get(&b->ids, id) == r) es_hmap_remove(&b->ids, id);
+    ids_remove_row(&b->ids, r);
     mlane *l = row_lane(r);
     if (l) lane_drop(s, l);
     type_drop(b, r->type);
@@ -1079,7 +1393,7 @@ static void finish_commit(es_backend *b) {
   }
   if (removed) {
     pos_compact(b);
-    es_hmap_shrink(&b->ids);  /* out of memory: the bigger table stays */
+    ids_shrink(&b->ids);  /* out of memory: the bigger table stays */
   }
   b->nundo = 0;
   b->nmarks = 0;
@@ -1356,7 +1670,6 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   }
   b->wtxn.b = b->rtxn.b = b;
   b->wtxn.write = 1;
-  es_hmap_init(&b->ids, row_id_key);
   es_hmap_init(&b->sessions, sess_key);
   es_hmap_init(&b->types, type_key);
   es_hmap_init(&b->spaces, ns_key);
@@ -1413,7 +1726,7 @@ static void mem_close(es_backend *b) {
   es_hmap_destroy(&b->segs);
   es_tree_clear(&b->keys, free_node);
   es_tree_clear(&b->uses, free_node);
-  es_hmap_destroy(&b->ids);
+  ids_destroy(&b->ids);
   es_hmap_destroy(&b->sessions);
   es_hmap_destroy(&b->types);
   es_hmap_destroy(&b->spaces);
@@ -1609,7 +1922,8 @@ static int row_lookup(es_txn *t, const char *session, int64_t index, mrow **out)
 
 static int copy_out(const mrow *r, es_event *out, es_err *err) {
   es_event v;
-  row_view(r, &v);
+  char idb[ID_TEXT];
+  row_view(r, &v, idb);
   return es_event_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
@@ -1620,7 +1934,9 @@ static int mem_event_get(es_txn *t, const char *session, int64_t index, es_event
 }
 
 static int mem_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
-  mrow *r = id ? es_hmap_get(&t->b->ids, id) : NULL;
+  idkey key;
+  if (id) idkey_of_text(&key, id);
+  mrow *r = id ? ids_get(&t->b->ids, &key) : NULL;
   if (!r || row_removed(r)) return ES_NOT_FOUND;
   return copy_out(r, out, err);
 }
@@ -1648,10 +1964,11 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
     return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: an event needs an id and a type");
   if (row->payload && row->payload_len > UINT32_MAX)
     return es_fail(err, ES_TOO_LARGE, "memory backend: payload over 4 GiB");
-  uint32_t hid = es_hmap_hash(row->id);
+  idkey key;
+  idkey_of_text(&key, row->id);
   /* A removed row keeps its id in the map until commit: the new row takes
    * its slot, and undo gives it back. */
-  mrow *was = es_hmap_get_h(&b->ids, row->id, hid);
+  mrow *was = ids_get(&b->ids, &key);
   if (was && !row_removed(was))
     return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: id \"%s\" is already stored", row->id);
 
@@ -1676,8 +1993,9 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   if (row->origin_session || row->origin_index != ES_NONE) flags |= RF_ORIGIN;
   if (!row->payload) flags |= RF_NO_PAYLOAD;
   if (row->key) flags |= RF_KEY;
+  if (!key.text) flags |= RF_BINID;
   size_t lkey = row->key ? strlen(row->key) + 1 : 0;
-  size_t lid = strlen(row->id) + 1;
+  size_t lid = key.text ? strlen(row->id) + 1 : 16;
   size_t lpay = row->payload ? row->payload_len : 0;
   unsigned sets = sets_of(row->status, row->queued, flags);
 
@@ -1688,7 +2006,7 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   mdisp *disp = NULL;
   mlinks *links = NULL;
   mrow *r = NULL;
-  if (undo_reserve(b, 1) || pos_reserve(b) || es_hmap_reserve(&b->ids, 1) || rows_reserve(s))
+  if (undo_reserve(b, 1) || pos_reserve(b) || ids_reserve(&b->ids, 1) || rows_reserve(s))
     goto fail;
   if (!type) {
     size_t lt = strlen(row->type) + 1;
@@ -1740,12 +2058,12 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   r->index = row->index;
   r->position = (int64_t)b->npos + 1;
   r->created_at = row->created_at;
-  r->due_at = row->due_at;
   r->payload_len = (uint32_t)lpay;
-  r->status = (unsigned char)row->status;
-  r->queued = (unsigned char)(row->queued != 0);
-  r->flags = (unsigned char)flags;
-  r->nslots = (unsigned char)slots_for(sets);
+  r->status = (unsigned)row->status & 3u;
+  r->queued = row->queued != 0;
+  r->flags = flags;
+  r->nslots = slots_for(sets);
+  if (r->queued) links->due = row->due_at;  /* else disp has it, unless ES_NONE */
   size_t w = 0;
   if (flags & RF_LANE) memcpy(&r->tail[w++], &lane, sizeof lane);
   if (flags & RF_CAUSE) {
@@ -1758,7 +2076,7 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
     r->tail[w++] = (uint64_t)row->origin_index;
   }
   char *p = (char *)(r->tail + w);
-  memcpy(p, row->id, lid);
+  memcpy(p, key.text ? (const void *)row->id : key.u, lid);
   if (lpay) memcpy(p + lid, row->payload, lpay);
   p[lid + lpay] = '\0';
   if (lkey) memcpy(p + lid + lpay + 1, row->key, lkey);
@@ -1778,8 +2096,8 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   b->npos++;
   s->rows[s->n - s->base] = r;
   s->n++;
-  if (was) es_hmap_replace(&b->ids, r);
-  else es_hmap_put_h(&b->ids, r, hid);
+  if (was) ids_replace(&b->ids, r);
+  else ids_put(&b->ids, &key, r);
   row_link(b, r, sets);
   urec *u = undo_push(b, U_EV_INSERT, r);
   u->created = (unsigned char)fresh;
@@ -1812,8 +2130,8 @@ static void undo_insert(es_backend *b, urec *u) {
   row_unlink(b, r, row_sets(r));
   if (r->status == ES_STATUS_PENDING) r->type->pending--;
   type_drop(b, r->type);
-  if (u->old) es_hmap_replace(&b->ids, u->old);  /* the removed row had the id */
-  else es_hmap_remove(&b->ids, row_id(r));
+  if (u->old) ids_replace(&b->ids, u->old);  /* the removed row had the id */
+  else ids_remove_row(&b->ids, r);
   b->npos--;  /* undone newest first: r is the last row of both arrays */
   s->n--;
   if (lane) lane_drop(s, lane);
@@ -1855,7 +2173,7 @@ static int mem_event_update(es_txn *t, const es_event *row, es_err *err) {
   u->old_status = r->status;
   u->old_queued = r->queued;
   u->old_flags = r->flags;
-  u->old_due = r->due_at;
+  u->old_due = row_due(r);
   u->old = r->disp;
   row_set_state(b, r, row->status, row->queued, row->due_at, flags, disp, links, nslots);
   return ES_OK;
@@ -1933,7 +2251,8 @@ static int mem_event_range(es_txn *t, const char *session, int64_t after, int64_
     if (i < s->gone) i = s->gone;
     if (i >= s->n || i >= last) break;
     es_event v;
-    row_view(s->rows[i - s->base], &v);
+    char idb[ID_TEXT];
+    row_view(s->rows[i - s->base], &v, idb);
     if (cb(ctx, &v)) break;
     if (limit != ES_NONE && --limit == 0) break;
   }
@@ -1984,7 +2303,8 @@ static int mem_event_all(es_txn *t, const char *scope, int64_t after, int64_t li
     j = holes_next(&b->holes, j);
     if (j >= pos_len(b)) break;
     es_event v;
-    row_view(b->pos[j], &v);
+    char idb[ID_TEXT];
+    row_view(b->pos[j], &v, idb);
     if (cb(ctx, &v)) break;
     if (limit != ES_NONE && --limit == 0) break;
   }
@@ -2048,7 +2368,8 @@ static int walk_set(es_tree *tree, int slot, tkey from, int strict, int64_t stop
           tkey_cmp(slot_key(slot, r), keys[i]) != 0)
         continue;
       es_event v;
-      row_view(r, &v);
+      char idb[ID_TEXT];
+      row_view(r, &v, idb);
       if (cb(ctx, &v)) return ES_OK;
       if (limit != ES_NONE && --limit == 0) return ES_OK;
     }
@@ -2065,7 +2386,7 @@ static void qs_collect(const es_tree_node *n, int64_t after, int64_t now, mrow *
     mrow *r = node_row(n, SLOT_QS);
     if (r->index > after) {
       qs_collect(es_tree_left(n), after, now, out, k, cap);
-      if (*k < cap && r->index > after && r->due_at <= now) out[(*k)++] = r;
+      if (*k < cap && r->index > after && r->links->due <= now) out[(*k)++] = r;
     }
     n = n->right;  /* the loop is the tail call */
   }
@@ -2079,7 +2400,7 @@ static int64_t qs_next_due(const es_tree_node *n, int64_t now, int64_t best) {
     if (m >= best) break;
     if (m > now) return m;
     best = qs_next_due(es_tree_left(n), now, best);
-    int64_t d = node_row(n, SLOT_QS)->due_at;
+    int64_t d = node_links(n, SLOT_QS)->due;
     if (d > now && d < best) best = d;
     n = n->right;
   }
@@ -2108,9 +2429,10 @@ static int mem_queued_due(es_txn *t, const char *session, const char *scope, int
     for (int i = 0; i < k; i++) {
       mrow *r = rows[i];
       after = r->index;
-      if (row_removed(r) || !r->queued || r->due_at > now) continue;
+      if (row_removed(r) || !r->queued || r->links->due > now) continue;
       es_event v;
-      row_view(r, &v);
+      char idb[ID_TEXT];
+      row_view(r, &v, idb);
       if (cb(ctx, &v)) return ES_OK;
       if (limit != ES_NONE && --limit == 0) return ES_OK;
     }
@@ -2144,7 +2466,7 @@ static int mem_queued_next_due(es_txn *t, const char *session, const char *scope
   if (!session) {
     tkey k = {now, INT64_MAX};
     es_tree_node *n = es_tree_seek(&b->queued, probe_qg, &k, 1);
-    if (n) *due = node_row(n, SLOT_QG)->due_at;
+    if (n) *due = node_links(n, SLOT_QG)->due;
     return ES_OK;
   }
   msess *s = sess_find(t, session);
@@ -2176,7 +2498,7 @@ static int mem_queued_next_due_type(es_txn *t, const char *scope, const char *ty
   }
   tkey k = {now, INT64_MAX};
   es_tree_node *n = es_tree_seek(&m->queued, probe_qt, &k, 1);
-  if (n) *due = node_row(n, SLOT_QT)->due_at;
+  if (n) *due = node_links(n, SLOT_QT)->due;
   return ES_OK;
 }
 
