@@ -304,13 +304,17 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
   }
   int st = lua_gettop(L);
   evb b;
-  evb_init(L, &b, session);
+  int have_b = 0; /* the builder is set up at the first event to fold: a call at the head needs none */
   int64_t folded = 0;
   for (size_t i = 0; i < x->events.n; i++) {
     const es_event *ev = &x->events.v[i];
     if (ev->index <= from) continue;
     if (ev->index > at) break;
     folded++;
+    if (!have_b) {
+      evb_init(L, &b, session);
+      have_b = 1;
+    }
     evb_push_type(L, &b, ev);
     lua_gettable(L, mod);
     if (!lua_isfunction(L, -1)) {
