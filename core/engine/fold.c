@@ -101,7 +101,7 @@ static int fold_from_floor(lua_State *L, runner *r, const char *session, const c
  *
  * A reducer step gets the stored event exactly as es_lua_push_event
  * (lua/events.c) builds it for store:read: the same fields, values and
- * subtypes (spec/41 compares the two). The fold builds them itself because
+ * subtypes (spec/48 compares the two). The fold builds them itself because
  * it builds one per event of a long history, in a row: the field names are
  * pushed once per fold and copied from the stack (no string lookup per
  * field), the session and the event type are pushed once and reused while
@@ -135,9 +135,12 @@ typedef struct evb {
   es_json_decoder *jd;  /* its userdata sits at names - 1 */
 } evb;
 
-/* Pushes what the builder keeps on the stack (F_COUNT + 3 slots). */
+/* Pushes what the builder keeps on the stack (F_COUNT + 3 slots), and
+ * makes sure of room for a step above them: its function, the state, the
+ * event table and, while it is built, a nested table with a key and a
+ * value (the payload decoder checks its own). */
 static void evb_init(lua_State *L, evb *b, const char *session) {
-  luaL_checkstack(L, F_COUNT + 8, "fold");
+  luaL_checkstack(L, F_COUNT + 3 + 16, "fold");
   b->jd = es_json_decoder_push(L);
   b->names = lua_gettop(L) + 1;
   for (int i = 0; i < F_COUNT; i++) lua_pushstring(L, field_names[i]);
