@@ -26,8 +26,9 @@ LUA_LIB  ?= -llua5.4
 LUA_CMOD_DIR ?= $(PREFIX)/lib/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
-# Debian packages the build and the tests need (installed by `make deps`).
-DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql
+# Debian packages the build and the tests need (installed by `make deps`);
+# lua-cjson only as the benches' reference decoder (bench/fold_bench.lua).
+DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql lua-cjson
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room (docs/layout in README.md): util/ (buffers, trees,

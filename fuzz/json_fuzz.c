@@ -10,6 +10,11 @@
  *   - the Lua face agrees with the C face: es_json_decode_lua accepts
  *     exactly what canonicalize accepts (same message), and re-encoding the
  *     decoded value gives exactly the canonical text;
+ *   - the raising decoder (es_json_decoder_decode, the engine fold's: no
+ *     pcall, scratch reused from one input to the next) agrees with
+ *     es_json_decode_lua: the same value (types, integer vs float subtype,
+ *     float bits, string bytes, keys, array marks, json.null) or the same
+ *     error message;
  *   - the first 8 bytes, read as a double, format to text that reads back
  *     bit for bit (or are NaN/inf and are refused).
  * A broken invariant aborts, which libFuzzer reports with the input.
@@ -32,6 +37,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * the time. It is reset (stack emptied, garbage collected) between inputs. */
 static lua_State *L;
 static unsigned long runs;
+/* The raising decoder, one for the whole run (its userdata is anchored in
+ * the registry), so that scratch reuse across inputs is exercised. */
+static es_json_decoder *jd;
+static const char jd_key = 'd';
 
 #define CHECK(cond, ...)                                 \
   do {                                                   \
@@ -51,7 +60,70 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   /* Registers the array metatable, as require("eventstore") would. */
   es_json_push_module(L);
   lua_pop(L, 1);
+  jd = es_json_decoder_push(L);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &jd_key);
   return 0;
+}
+
+/* Whether the values at a and b are the same decoded JSON: same types,
+ * integer vs float, float bits, string bytes, the same keys with the same
+ * values, the same metatable (the array mark). */
+static int same_value(int a, int b, int depth) {
+  int t = lua_type(L, a);
+  if (t != lua_type(L, b)) return 0;
+  switch (t) {
+    case LUA_TNIL: return 1;
+    case LUA_TBOOLEAN: return lua_toboolean(L, a) == lua_toboolean(L, b);
+    case LUA_TLIGHTUSERDATA: return lua_touserdata(L, a) == lua_touserdata(L, b);
+    case LUA_TNUMBER: {
+      if (lua_isinteger(L, a) != lua_isinteger(L, b)) return 0;
+      if (lua_isinteger(L, a)) return lua_tointeger(L, a) == lua_tointeger(L, b);
+      lua_Number x = lua_tonumber(L, a), y = lua_tonumber(L, b);
+      return memcmp(&x, &y, sizeof x) == 0;
+    }
+    case LUA_TSTRING: {
+      size_t n, m;
+      const char *x = lua_tolstring(L, a, &n), *y = lua_tolstring(L, b, &m);
+      return n == m && memcmp(x, y, n) == 0;
+    }
+    case LUA_TTABLE: {
+      int ok = 1;
+      size_t na = 0, nb = 0;
+      if (depth > ES_JSON_MAX_DEPTH + 1 || !lua_checkstack(L, 6)) abort();
+      int ma = lua_getmetatable(L, a), mb = lua_getmetatable(L, b);
+      if (ma != mb || (ma && !lua_rawequal(L, -1, -2))) ok = 0;
+      lua_pop(L, ma + mb);
+      lua_pushnil(L);
+      while (ok && lua_next(L, a)) {
+        na++;
+        lua_pushvalue(L, -2);
+        lua_rawget(L, b);
+        ok = same_value(lua_gettop(L) - 1, lua_gettop(L), depth + 1);
+        lua_pop(L, 2);
+      }
+      if (!ok) {
+        lua_pop(L, 1); /* the key left by the interrupted traversal */
+        return 0;
+      }
+      lua_pushnil(L);
+      while (lua_next(L, b)) {
+        nb++;
+        lua_pop(L, 1);
+      }
+      return na == nb;
+    }
+    default: return 0;
+  }
+}
+
+/* lua_pcall'd: es_json_decoder_decode of (text, size) given as light
+ * userdata and integer. */
+static int raising_decode(lua_State *S) {
+  const char *text = lua_touserdata(S, 1);
+  size_t size = (size_t)lua_tointeger(S, 2);
+  lua_settop(S, 0);
+  es_json_decoder_decode(S, jd, text, size);
+  return 1;
 }
 
 static void check_double(const uint8_t *data, size_t size) {
@@ -118,6 +190,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else {
     CHECK(drc == crc && strcmp(derr.msg, cerr.msg) == 0, "decode_lua %d '%s' vs canonicalize '%s'", drc, derr.msg,
           cerr.msg);
+  }
+  /* The raising decoder against es_json_decode_lua (whose value, if
+   * any, is still at -1). */
+  {
+    int base = lua_gettop(L), status;
+    lua_pushcfunction(L, raising_decode);
+    lua_pushlightuserdata(L, (void *)text);
+    lua_pushinteger(L, (lua_Integer)size);
+    status = lua_pcall(L, 2, 1, 0);
+    if (drc == ES_OK) {
+      CHECK(status == LUA_OK, "the raising decoder refused what decode_lua took: %s", lua_tostring(L, -1));
+      CHECK(same_value(base, base + 1, 0), "the raising decoder's value differs from decode_lua's");
+    } else {
+      const char *code = NULL, *msg = NULL;
+      CHECK(status == LUA_ERRRUN && lua_type(L, -1) == LUA_TTABLE, "the raising decoder took what decode_lua refused");
+      lua_getfield(L, -1, "code");
+      code = lua_tostring(L, -1);
+      lua_getfield(L, -2, "message");
+      msg = lua_tostring(L, -1);
+      CHECK(code && strcmp(code, "INVALID_ARGUMENT") == 0 && msg && strcmp(msg, derr.msg) == 0,
+            "raising decoder '%s: %s' vs decode_lua '%s'", code ? code : "?", msg ? msg : "?", derr.msg);
+    }
   }
   lua_settop(L, 0);
   if (++runs % 1024 == 0) lua_gc(L, LUA_GCCOLLECT, 0);

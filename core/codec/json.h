@@ -73,6 +73,20 @@ int es_json_encode_lua(lua_State *L, int idx, const char *what, es_buf *out, es_
  * (Lua ran out of memory). Never raises: the work runs under lua_pcall. */
 int es_json_decode_lua(lua_State *L, const char *text, size_t len, es_err *err);
 
+/* The same decoder for callers that already run inside a protected call
+ * and decode many texts in a row (the engine's fold): no lua_pcall per
+ * text, and scratch buffers reused from one text to the next.
+ * es_json_decoder_push pushes a userdata (one slot) that owns the scratch
+ * space; the collector frees it, so an error in the middle of a decode
+ * leaks nothing. Keep it on the stack while decoding with it.
+ * es_json_decoder_decode pushes the value of text[0..len) exactly as
+ * es_json_decode_lua would (same values, subtypes and array marks) or
+ * raises: an eventstore error object (INVALID_ARGUMENT, the same message)
+ * for bad text; Lua's own memory error when out of memory. */
+typedef struct es_json_decoder es_json_decoder;
+es_json_decoder *es_json_decoder_push(lua_State *L);
+void es_json_decoder_decode(lua_State *L, es_json_decoder *jd, const char *text, size_t len);
+
 /* Pushes the json.null sentinel (a light userdata, the same in every
  * lua_State of the process). */
 void es_json_push_null(lua_State *L);

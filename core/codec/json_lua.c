@@ -399,6 +399,19 @@ int es_json_encode_lua(lua_State *L, int idx, const char *what, es_buf *out, es_
 
 /* Decoder ------------------------------------------------------------------ */
 
+/* Straight from text to Lua values (no intermediate tree), recursive
+ * descent. Tables are made once their size is known: the members (key,
+ * value pairs) of an object or the elements of an array are pushed on the
+ * Lua stack first, up to DEC_BATCH of them, and the table is then created
+ * with room for all of them and filled. A table grown one key at a time is
+ * rehashed at every power of two (1, 2, 4, ... slots): for a typical
+ * payload of small objects that cost more than the parsing. Longer objects
+ * and arrays go into their table every DEC_BATCH members (it then grows as
+ * Lua tables do). Stack use per nesting level is bounded (DEC_SLOTS), so
+ * ES_JSON_MAX_DEPTH levels stay far below Lua's stack limit. */
+#define DEC_BATCH 16
+#define DEC_SLOTS (2 * DEC_BATCH + 4)
+
 typedef struct dec {
   esj_parser P;
   es_buf str;   /* owned: decoded strings that had escapes */
@@ -408,19 +421,29 @@ typedef struct dec {
 
 static int dec_value(lua_State *L, dec *d, int depth);
 
-/* Like the C face, a duplicate key is reported when the object closes, at
- * the first repeat in input order, so both faces give the same message
- * for the same text (an earlier syntax error wins in both). */
+/* Duplicate keys. Canonical text (every stored payload) has its keys in
+ * strictly increasing byte order, which proves them distinct, so each key
+ * is only compared with the one before it. At the first key out of order
+ * the members so far go into the table and every later key is looked up
+ * there before it is set. Like the C face, a duplicate key is reported
+ * when the object closes, at the first repeat in input order, so both
+ * faces give the same message for the same text (an earlier syntax error
+ * wins in both). */
 static int dec_object(lua_State *L, dec *d, int depth) {
   esj_parser *P = &d->P;
   const unsigned char *dup_at = NULL;
   char dup_key[ESJ_KEY_DESC];
-  int rc;
+  const char *prev = NULL; /* the previous key (a Lua string on the stack or in the table) */
+  size_t prevn = 0;
+  int t, pending = 0, made = 0, probing = 0, rc, more;
   P->p++; /* '{' */
-  lua_createtable(L, 0, 0);
+  lua_pushnil(L); /* the table's slot */
+  t = lua_gettop(L);
   esj_skip_ws(P);
   if (P->p < P->end && *P->p == '}') {
     P->p++;
+    lua_createtable(L, 0, 0);
+    lua_replace(L, t);
     return ES_OK;
   }
   for (;;) {
@@ -430,52 +453,98 @@ static int dec_object(lua_State *L, dec *d, int depth) {
     const unsigned char *at = P->p;
     if (P->p >= P->end || *P->p != '"') return esj_fail_unexpected(P, "a string key");
     if ((rc = esj_parse_string(P, &d->str, &k, &kn, &copied)) != ES_OK) return rc;
+    if (!probing && prev && esj_keycmp(prev, prevn, k, kn) >= 0) {
+      if (!made) {
+        lua_createtable(L, 0, pending + 1);
+        lua_replace(L, t);
+        made = 1;
+      }
+      for (; pending > 0; pending--) lua_rawset(L, t);
+      probing = 1;
+    }
     lua_pushlstring(L, k, kn);
-    if (!dup_at) {
+    d->str.len = 0;
+    if (!probing) {
+      prev = lua_tolstring(L, -1, &prevn);
+    } else if (!dup_at) {
       lua_pushvalue(L, -1);
-      if (lua_rawget(L, -3) != LUA_TNIL) {
+      if (lua_rawget(L, t) != LUA_TNIL) {
+        size_t dn;
+        const char *dk = lua_tolstring(L, -2, &dn);
         dup_at = at;
-        esj_describe_key(dup_key, sizeof dup_key, k, kn);
+        esj_describe_key(dup_key, sizeof dup_key, dk, dn);
       }
       lua_pop(L, 1);
     }
-    d->str.len = 0;
     esj_skip_ws(P);
     if (P->p >= P->end || *P->p != ':') return esj_fail_unexpected(P, "':'");
     P->p++;
     if ((rc = dec_value(L, d, depth)) != ES_OK) return rc;
-    lua_rawset(L, -3);
-    int more;
+    if (probing) {
+      lua_rawset(L, t);
+    } else if (++pending == DEC_BATCH) {
+      if (!made) {
+        lua_createtable(L, 0, DEC_BATCH);
+        lua_replace(L, t);
+        made = 1;
+      }
+      for (; pending > 0; pending--) lua_rawset(L, t);
+    }
     if ((rc = esj_next_element(P, '}', &more)) != ES_OK) return rc;
     if (!more) break;
   }
+  if (!made) {
+    lua_createtable(L, 0, pending);
+    lua_replace(L, t);
+  }
+  for (; pending > 0; pending--) lua_rawset(L, t);
   if (dup_at) return esj_fail(P, dup_at, "duplicate object key \"%s\"", dup_key);
   return ES_OK;
 }
 
+/* Moves the pending elements on top of the stack into the array at t
+ * (made here, sized for them, when it does not exist yet), after the n
+ * already there. */
+static void dec_flush_elements(lua_State *L, dec *d, int t, int *made, lua_Integer *n, int pending) {
+  if (!*made) {
+    lua_createtable(L, pending, 0);
+    lua_pushvalue(L, d->array_mt);
+    lua_setmetatable(L, -2);
+    lua_replace(L, t);
+    *made = 1;
+  }
+  for (int i = pending; i > 0; i--) lua_rawseti(L, t, *n + i);
+  *n += pending;
+}
+
 static int dec_array(lua_State *L, dec *d, int depth) {
   esj_parser *P = &d->P;
-  lua_Integer i = 0;
-  int rc;
+  lua_Integer n = 0;
+  int t, pending = 0, made = 0, rc, more;
   P->p++; /* '[' */
-  lua_createtable(L, 0, 0);
-  lua_pushvalue(L, d->array_mt);
-  lua_setmetatable(L, -2);
+  lua_pushnil(L); /* the table's slot */
+  t = lua_gettop(L);
   esj_skip_ws(P);
   if (P->p < P->end && *P->p == ']') {
     P->p++;
+    dec_flush_elements(L, d, t, &made, &n, 0);
     return ES_OK;
   }
   for (;;) {
     if ((rc = dec_value(L, d, depth)) != ES_OK) return rc;
-    lua_rawseti(L, -2, ++i);
-    int more;
+    if (++pending == DEC_BATCH) {
+      dec_flush_elements(L, d, t, &made, &n, pending);
+      pending = 0;
+    }
     if ((rc = esj_next_element(P, ']', &more)) != ES_OK) return rc;
-    if (!more) return ES_OK;
+    if (!more) break;
   }
+  dec_flush_elements(L, d, t, &made, &n, pending);
+  return ES_OK;
 }
 
-/* Pushes one value (exactly one slot on success). */
+/* Pushes one value (exactly one slot on success; on failure the stack
+ * holds whatever the caller discards). */
 static int dec_value(lua_State *L, dec *d, int depth) {
   esj_parser *P = &d->P;
   int rc;
@@ -485,8 +554,9 @@ static int dec_value(lua_State *L, dec *d, int depth) {
     case '{':
     case '[':
       if (depth >= ES_JSON_MAX_DEPTH) return esj_fail(P, P->p, "nesting deeper than %d", ES_JSON_MAX_DEPTH);
-      /* table, key, value, and a spare for the duplicate-key probe */
-      luaL_checkstack(L, 4, "JSON nesting");
+      /* the table's slot, the pending members, a key and a value, and a
+       * spare for the duplicate-key probe */
+      luaL_checkstack(L, DEC_SLOTS, "JSON nesting");
       return *P->p == '{' ? dec_object(L, d, depth + 1) : dec_array(L, d, depth + 1);
     case '"': {
       const char *s;
@@ -519,6 +589,17 @@ static int dec_value(lua_State *L, dec *d, int depth) {
   }
 }
 
+/* The whole text: one value, then nothing but white space. Pushes the
+ * value above the array metatable, which the caller pushed at d->array_mt. */
+static int dec_text(lua_State *L, dec *d) {
+  int rc = dec_value(L, d, 0);
+  if (rc == ES_OK) {
+    esj_skip_ws(&d->P);
+    if (d->P.p < d->P.end) rc = esj_fail(&d->P, d->P.p, "trailing characters after the JSON value");
+  }
+  return rc;
+}
+
 /* Runs under lua_pcall so that Lua's memory errors unwind to
  * es_json_decode_lua instead of past C code holding buffers. */
 static int dec_protected(lua_State *L) {
@@ -526,11 +607,7 @@ static int dec_protected(lua_State *L) {
   lua_settop(L, 0);
   push_array_mt(L);
   d->array_mt = 1;
-  d->rc = dec_value(L, d, 0);
-  if (d->rc == ES_OK) {
-    esj_skip_ws(&d->P);
-    if (d->P.p < d->P.end) d->rc = esj_fail(&d->P, d->P.p, "trailing characters after the JSON value");
-  }
+  d->rc = dec_text(L, d);
   return d->rc == ES_OK ? 1 : 0;
 }
 
@@ -555,6 +632,60 @@ int es_json_decode_lua(lua_State *L, const char *text, size_t len, es_err *err) 
   esj_parser_destroy(&d.P);
   es_buf_destroy(&d.str);
   return d.rc;
+}
+
+/* The raising decoder (json.h): the parser and its scratch buffers live in
+ * a userdata, so that a Lua error anywhere in a decode (out of memory, a
+ * budget) leaves them owned by something the collector frees. */
+struct es_json_decoder {
+  dec d;
+};
+
+#define DECODER_MT_NAME "eventstore.json.Decoder"
+
+static int decoder_gc(lua_State *L) {
+  es_json_decoder *jd = lua_touserdata(L, 1);
+  /* Idempotent: debug.getmetatable can reach this function. */
+  esj_parser_destroy(&jd->d.P);
+  es_buf_destroy(&jd->d.str);
+  return 0;
+}
+
+es_json_decoder *es_json_decoder_push(lua_State *L) {
+  es_json_decoder *jd = lua_newuserdatauv(L, sizeof *jd, 0);
+  memset(jd, 0, sizeof *jd);
+  esj_parser_init(&jd->d.P, "", 0, NULL);
+  es_buf_init(&jd->d.str);
+  if (luaL_newmetatable(L, DECODER_MT_NAME)) {
+    lua_pushcfunction(L, decoder_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  return jd;
+}
+
+void es_json_decoder_decode(lua_State *L, es_json_decoder *jd, const char *text, size_t len) {
+  dec *d = &jd->d;
+  es_err err;
+  int rc;
+  /* The scratch buffers are kept between calls; a sticky out-of-memory
+   * mark of an earlier call must not fail this one. */
+  if (d->str.oom) es_buf_destroy(&d->str);
+  if (d->P.num.oom) es_buf_destroy(&d->P.num);
+  d->str.len = 0;
+  d->P.start = d->P.p = (const unsigned char *)(text ? text : "");
+  d->P.end = d->P.start + (text ? len : 0);
+  d->P.err = &err;
+  luaL_checkstack(L, 3, "JSON decode");
+  push_array_mt(L);
+  d->array_mt = lua_gettop(L);
+  rc = dec_text(L, d);
+  d->P.err = NULL;
+  if (rc != ES_OK) {
+    lua_settop(L, d->array_mt - 1);
+    es_lua_raise(L, &err);
+  }
+  lua_replace(L, -2); /* the value where the metatable was */
 }
 
 /* The module -------------------------------------------------------------- */

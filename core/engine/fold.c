@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "codec/json.h"
 #include "codec/state.h"
 #include "engine/internal.h"
 #include "lua/common.h"
@@ -70,6 +71,17 @@ static int fold_from_floor(lua_State *L, runner *r, const char *session, const c
   es_events events = {0};
   es_err err = {0};
   int found = 0, rc, used = 0;
+  /* Most sessions were never truncated: look for the floor in the list of
+   * snapshots (names, indexes and versions only) before reading it, as
+   * reading a snapshot that does not exist returns the whole history. */
+  es_snapshots list = {0};
+  TRUSTED(r, es_store_snapshots(r->e->s, session, &list, &err));
+  for (size_t i = 0; rc == ES_OK && i < list.n; i++)
+    if (list.v[i].reducer && strcmp(list.v[i].reducer, name) == 0 && list.v[i].index <= at &&
+        strcmp(list.v[i].version ? list.v[i].version : "", version) == 0)
+      found = 1;
+  es_snapshots_destroy(&list);
+  if (!found) return 0;
   TRUSTED(r, es_store_read_state(r->e->s, session, name, &found, &snap, &events, &err));
   if (rc == ES_OK && found && snap.index <= at &&
       strcmp(snap.version ? snap.version : "", version) == 0 &&
@@ -83,6 +95,159 @@ static int fold_from_floor(lua_State *L, runner *r, const char *session, const c
   es_snapshot_destroy(&snap);
   es_events_destroy(&events);
   return used;
+}
+
+/* The event tables of a fold ------------------------------------------------
+ *
+ * A reducer step gets the stored event exactly as es_lua_push_event
+ * (lua/events.c) builds it for store:read: the same fields, values and
+ * subtypes (spec/48 compares the two). The fold builds them itself because
+ * it builds one per event of a long history, in a row: the field names are
+ * pushed once per fold and copied from the stack (no string lookup per
+ * field), the session and the event type are pushed once and reused while
+ * they repeat, the table is created with exactly the room its fields take,
+ * and payloads are decoded by one es_json_decoder (no lua_pcall and no
+ * scratch allocation per event). */
+
+enum {
+  F_ID, F_TYPE, F_PAYLOAD, F_KEY, F_SHREDDED, F_INDEX, F_SESSION, F_POSITION, F_CREATED_AT,
+  F_CAUSE, F_ATTEMPT, F_LANE, F_NOT_BEFORE, F_STATUS, F_ATTEMPTS, F_FAILURES, F_LAST_ERROR,
+  F_PROCESSED_AT, F_CLAIM_HOLDER, F_CLAIM_EXPIRES_AT, F_RETRY_AT, F_FIRST_CLAIMED_AT,
+  F_LAST_CLAIMED_AT, F_FAILED_AT, F_PROCESSED_BY_ATTEMPT, F_ORIGIN,
+  V_PENDING, V_PROCESSED, V_DEAD, /* status values */
+  F_COUNT
+};
+
+static const char *const field_names[F_COUNT] = {
+    "id", "type", "payload", "key", "shredded", "index", "session", "position", "created_at",
+    "cause", "attempt", "lane", "not_before", "status", "attempts", "failures", "last_error",
+    "processed_at", "claim_holder", "claim_expires_at", "retry_at", "first_claimed_at",
+    "last_claimed_at", "failed_at", "processed_by_attempt", "origin",
+    "pending", "processed", "dead",
+};
+
+typedef struct evb {
+  int names;            /* stack index of field_names[0]; the others follow */
+  int session_slot;     /* the fold's session as a Lua string */
+  const char *session;
+  int type_slot;        /* the last event type pushed, as a Lua string ... */
+  const char *type;     /* ... and as C text (borrowed from an event of the fold's list) */
+  es_json_decoder *jd;  /* its userdata sits at names - 1 */
+} evb;
+
+/* Pushes what the builder keeps on the stack (F_COUNT + 3 slots), and
+ * makes sure of room for a step above them: its function, the state, the
+ * event table and, while it is built, a nested table with a key and a
+ * value (the payload decoder checks its own). */
+static void evb_init(lua_State *L, evb *b, const char *session) {
+  luaL_checkstack(L, F_COUNT + 3 + 16, "fold");
+  b->jd = es_json_decoder_push(L);
+  b->names = lua_gettop(L) + 1;
+  for (int i = 0; i < F_COUNT; i++) lua_pushstring(L, field_names[i]);
+  lua_pushstring(L, session);
+  b->session_slot = lua_gettop(L);
+  b->session = lua_tostring(L, -1);
+  lua_pushnil(L);
+  b->type_slot = lua_gettop(L);
+  b->type = NULL;
+}
+
+/* Pushes ev's type as a Lua string, the one already pushed while it
+ * repeats. */
+static void evb_push_type(lua_State *L, evb *b, const es_event *ev) {
+  if (!b->type || strcmp(b->type, ev->type) != 0) {
+    lua_pushstring(L, ev->type);
+    lua_replace(L, b->type_slot);
+    b->type = ev->type;
+  }
+  lua_pushvalue(L, b->type_slot);
+}
+
+static inline void evb_set_int(lua_State *L, const evb *b, int f, int64_t v) {
+  if (v == ES_NONE) return;
+  lua_pushvalue(L, b->names + f);
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_rawset(L, -3);
+}
+
+static inline void evb_set_str(lua_State *L, const evb *b, int f, const char *v) {
+  if (!v) return;
+  lua_pushvalue(L, b->names + f);
+  lua_pushstring(L, v);
+  lua_rawset(L, -3);
+}
+
+static inline int has_int(int64_t v) { return v != ES_NONE; }
+
+/* Pushes ev as es_lua_push_event(L, ev, 0) does (same fields, in the same
+ * cases). */
+static void evb_push(lua_State *L, evb *b, const es_event *ev) {
+  int n = 3 /* type, payload, status */ + (ev->id != NULL) + (ev->key != NULL) + (ev->shredded != 0) +
+          has_int(ev->index) + (ev->session != NULL) + has_int(ev->position) +
+          has_int(ev->created_at) + has_int(ev->cause_index) + (ev->lane != NULL) +
+          has_int(ev->not_before) + has_int(ev->attempts) + has_int(ev->failures) +
+          (ev->last_error != NULL) + has_int(ev->processed_at) + (ev->claim_holder != NULL) +
+          has_int(ev->claim_expires_at) + has_int(ev->retry_at) + has_int(ev->first_claimed_at) +
+          has_int(ev->last_claimed_at) + has_int(ev->failed_at) +
+          has_int(ev->processed_by_attempt) + (ev->origin_session != NULL);
+  lua_createtable(L, 0, n);
+  evb_set_str(L, b, F_ID, ev->id);
+  if (ev->type) {
+    lua_pushvalue(L, b->names + F_TYPE);
+    evb_push_type(L, b, ev);
+    lua_rawset(L, -3);
+  }
+  lua_pushvalue(L, b->names + F_PAYLOAD);
+  if (!ev->payload) lua_pushnil(L); /* §3.10: a shredded payload */
+  else es_json_decoder_decode(L, b->jd, ev->payload, ev->payload_len);
+  lua_rawset(L, -3);
+  evb_set_str(L, b, F_KEY, ev->key);
+  if (ev->shredded) {
+    lua_pushvalue(L, b->names + F_SHREDDED);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+  }
+  evb_set_int(L, b, F_INDEX, ev->index);
+  if (ev->session) {
+    lua_pushvalue(L, b->names + F_SESSION);
+    if (strcmp(ev->session, b->session) == 0) lua_pushvalue(L, b->session_slot);
+    else lua_pushstring(L, ev->session);
+    lua_rawset(L, -3);
+  }
+  evb_set_int(L, b, F_POSITION, ev->position);
+  evb_set_int(L, b, F_CREATED_AT, ev->created_at);
+  if (ev->cause_index != ES_NONE) {
+    lua_pushvalue(L, b->names + F_CAUSE);
+    lua_createtable(L, 0, 2);
+    evb_set_int(L, b, F_INDEX, ev->cause_index);
+    evb_set_int(L, b, F_ATTEMPT, ev->cause_attempt);
+    lua_rawset(L, -3);
+  }
+  evb_set_str(L, b, F_LANE, ev->lane);
+  evb_set_int(L, b, F_NOT_BEFORE, ev->not_before);
+  lua_pushvalue(L, b->names + F_STATUS);
+  lua_pushvalue(L, b->names + (ev->status == ES_STATUS_PROCESSED ? V_PROCESSED
+                               : ev->status == ES_STATUS_DEAD    ? V_DEAD
+                                                                 : V_PENDING));
+  lua_rawset(L, -3);
+  evb_set_int(L, b, F_ATTEMPTS, ev->attempts);
+  evb_set_int(L, b, F_FAILURES, ev->failures);
+  evb_set_str(L, b, F_LAST_ERROR, ev->last_error);
+  evb_set_int(L, b, F_PROCESSED_AT, ev->processed_at);
+  evb_set_str(L, b, F_CLAIM_HOLDER, ev->claim_holder);
+  evb_set_int(L, b, F_CLAIM_EXPIRES_AT, ev->claim_expires_at);
+  evb_set_int(L, b, F_RETRY_AT, ev->retry_at);
+  evb_set_int(L, b, F_FIRST_CLAIMED_AT, ev->first_claimed_at);
+  evb_set_int(L, b, F_LAST_CLAIMED_AT, ev->last_claimed_at);
+  evb_set_int(L, b, F_FAILED_AT, ev->failed_at);
+  evb_set_int(L, b, F_PROCESSED_BY_ATTEMPT, ev->processed_by_attempt);
+  if (ev->origin_session) {
+    lua_pushvalue(L, b->names + F_ORIGIN);
+    lua_createtable(L, 0, 2);
+    evb_set_str(L, b, F_SESSION, ev->origin_session);
+    evb_set_int(L, b, F_INDEX, ev->origin_index);
+    lua_rawset(L, -3);
+  }
 }
 
 void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
@@ -141,25 +306,33 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     }
   }
   int st = lua_gettop(L);
+  evb b;
+  int have_b = 0; /* the builder is set up at the first event to fold: a call at the head needs none */
   int64_t folded = 0;
   for (size_t i = 0; i < x->events.n; i++) {
     const es_event *ev = &x->events.v[i];
     if (ev->index <= from) continue;
     if (ev->index > at) break;
     folded++;
-    lua_getfield(L, mod, ev->type);
+    if (!have_b) {
+      evb_init(L, &b, session);
+      have_b = 1;
+    }
+    evb_push_type(L, &b, ev);
+    lua_gettable(L, mod);
     if (!lua_isfunction(L, -1)) {
       lua_pop(L, 1);
       continue;
     }
     lua_pushvalue(L, st);
-    es_lua_push_event(L, ev, 0);
+    evb_push(L, &b, ev);
     if (es_budget_pcall(L, 2, 1) != LUA_OK)
       es_lua_raisef(L, ES_INVALID_ARGUMENT, "reducer '%s' at %s #%lld (%s): %s", reducer, session,
                     (long long)ev->index, ev->type, lua_tostring(L, -1));
     if (lua_isnil(L, -1)) lua_pop(L, 1); /* changed in place */
     else lua_replace(L, st);
   }
+  lua_settop(L, st); /* the builder's slots */
   if (e->o.snapshot_every > 0 || force) {
     /* With snapshots on, an unserialisable state is an error even before
      * the first snapshot is due, so it shows up on the first fold. */
