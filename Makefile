@@ -170,15 +170,15 @@ install: all
 # see fuzz/README.md. Bounded: FUZZ_TIME seconds per target (default 60).
 fuzz:
 	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus $(BUILD)/fuzz/segment_corpus
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/json_fuzz.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
 	  -o $(BUILD)/fuzz/json_fuzz -llua5.4 -lm
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/state_fuzz.c core/codec/state.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
 	  -o $(BUILD)/fuzz/state_fuzz -llua5.4 -lm
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore -DES_JSON_WITH_LUA \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/store_fuzz.c $(CORE_SRC) -o $(BUILD)/fuzz/store_fuzz -llua5.4 $(LDLIBS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore \

@@ -122,7 +122,7 @@ struct es_engine {
    * answer lost with the connection): the event is then claimed by this
    * holder with no worker on it, and ready again when the claim expires.
    * An until-idle run does not end before then (monotonic ms; 0: none). */
-  atomic_llong orphans_until;
+  _Atomic int64_t orphans_until;
 };
 
 int64_t es_mono_ms(void);
