@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,6 +23,14 @@
 
 static const char PAYLOAD[] =
     "{\"customer\":\"c-000123\",\"items\":[{\"qty\":2,\"sku\":\"SKU-42\"}],\"note\":\"leave at the door\"}";
+
+/* CPU seconds (user + system) of the whole process so far. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         (double)ru.ru_stime.tv_usec / 1e6;
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -113,9 +122,18 @@ static void *write_loop(void *arg) {
   return NULL;
 }
 
+/* URL options of the store under test: "" (durable) except in the
+ * one-figure mode, where a fifth argument may give e.g. "?sync=normal"
+ * (profiling the CPU side without the fsync). */
+static const char *url_options = "";
+/* Of the last store_appends run: commits through the handle and events
+ * appended (events per commit: how large the groups were). */
+static uint64_t last_commits;
+static long last_events;
+
 static double store_appends(const char *path, int threads, int batch, double seconds) {
-  char url[1100];
-  snprintf(url, sizeof url, "sqlite:%s", path);
+  char url[1200];
+  snprintf(url, sizeof url, "sqlite:%s%s", path, url_options);
   remove_db(path);
   es_store *s;
   es_err err = {0};
@@ -130,6 +148,8 @@ static double store_appends(const char *path, int threads, int batch, double sec
   }
   for (int i = 0; i < threads; i++) pthread_join(tid[i], NULL);
   double rate = (double)atomic_load(&events) / (now_s() - t0);
+  last_commits = es_store_version(s);
+  last_events = atomic_load(&events);
   es_store_release(s);
   remove_db(path);
   return rate;
@@ -183,6 +203,19 @@ int main(int argc, char **argv) {
   double seconds = argc > 2 ? atof(argv[2]) : 3.0;
   char path[1024];
   snprintf(path, sizeof path, "%s/sqlite_bench.db", dir);
+  if (argc > 4) {
+    /* One figure only (profiling): sqlite_bench DIR SECONDS THREADS BATCH [?OPTIONS] */
+    if (argc > 5) url_options = argv[5];
+    int nt = atoi(argv[3]), nb = atoi(argv[4]);
+    if (nt < 1 || nt > 64 || nb < 1) die("usage", "sqlite_bench DIR SECONDS THREADS(1..64) BATCH");
+    double c0 = cpu_s();
+    double r = store_appends(path, nt, nb, seconds);
+    double cpu = cpu_s() - c0;
+    printf("append, %d threads, batch of %d: %.0f events/s, %.1f events per commit, %.2f us CPU per event\n",
+           nt, nb, r, last_commits ? (double)last_events / (double)last_commits : 0.0,
+           last_events ? cpu / (double)last_events * 1e6 : 0.0);
+    return 0;
+  }
   double raw = raw_sqlite(path, 200000);
   printf("# sqlite_bench (durable: WAL, synchronous=FULL; %.0f s per figure)\n", seconds);
   printf("%-44s %12s %8s\n", "# what", "events/s", "vs raw");

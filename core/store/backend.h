@@ -310,6 +310,11 @@ typedef struct es_backend_ops {
    * of some statements only with the commit, session_claimed's lock wait
    * among them, learns of a lost lock wait there). */
   int (*claim_commit)(es_txn *t, int *retry, es_err *err);
+  /* Optional (NULL: event_insert for each row): inserts rows[0..n) in
+   * order, exactly as n event_insert calls would (positions, what each
+   * row stores), in fewer statements. On failure some of the rows may be
+   * in: the core rolls its savepoint back. */
+  int (*event_insert_many)(es_txn *t, es_event *rows, size_t n, es_err *err);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

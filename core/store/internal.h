@@ -12,12 +12,8 @@
 
 #include "store/backend.h"
 
-typedef struct group_waiter {
-  int done;
-  int rc;
-  es_err err;
-  struct group_waiter *next;
-} group_waiter;
+/* A caller of es_core_write queued for a group commit (store.c). */
+typedef struct group_waiter group_waiter;
 
 typedef struct presence_watch {
   uint64_t token;
@@ -44,13 +40,19 @@ struct es_store {
   int inflight;
   atomic_int refs;
 
-  /* writes */
-  pthread_mutex_t wmu;       /* one writer in the backend at a time */
-  pthread_cond_t wcond;      /* a group committed */
-  atomic_int arriving;       /* writers waiting for wmu: the group waits for them */
-  es_txn *wtxn;              /* the open group transaction, or NULL */
-  group_waiter *members;     /* callers whose work is in wtxn */
-  int n_members;
+  /* writes (store.c, "group commit") */
+  pthread_mutex_t wmu;       /* one writer in the backend at a time: a group's leader
+                                while it runs and commits the group */
+  es_txn *wtxn;              /* the open group transaction (only while its leader holds wmu) */
+  pthread_mutex_t qmu;       /* guards the fields below */
+  pthread_cond_t qcond;      /* a leader waiting for the last group's callers to return */
+  group_waiter *queue;       /* callers waiting for a group, in arrival order */
+  group_waiter **queue_tail;
+  int queued;                /* length of queue */
+  int leading;               /* a leader is running a group, or was handed the next one */
+  int want;                  /* > 0: the leader waits until queued reaches this */
+  int last_group;            /* callers in the last group */
+  int64_t commit_ns;         /* how long the last group's commit took */
 
   /* change notification (es_store_wait, subscriptions) */
   pthread_mutex_t vmu;
