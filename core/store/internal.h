@@ -49,6 +49,7 @@ struct es_store {
   group_waiter *queue;       /* callers waiting for a group, in arrival order */
   group_waiter **queue_tail;
   int queued;                /* length of queue */
+  int taken;                 /* callers taken into the running group */
   int leading;               /* a leader is running a group, or was handed the next one */
   int want;                  /* > 0: the leader waits until queued reaches this */
   int last_group;            /* callers in the last group */

@@ -483,6 +483,7 @@ static group_waiter *group_take(es_store *s, int max) {
   s->queue = last->next;
   if (!s->queue) s->queue_tail = &s->queue;
   s->queued -= n;
+  s->taken += n;
   last->next = NULL;
   return first;
 }
@@ -601,6 +602,7 @@ static void group_lead(es_store *s, group_waiter *me) {
   pthread_mutex_unlock(&s->wmu);
   if (committed) notify_commit(s);
   pthread_mutex_lock(&s->qmu);
+  s->taken = 0;
   if (brc == ES_OK) {
     s->last_group = n;
     if (commit_ns > 0) s->commit_ns = commit_ns;

@@ -413,9 +413,10 @@ static long rows_of(es_store *s, const char *session) {
   return n;
 }
 
+/* Callers queued for a group or taken into the running one. */
 static int queued_callers(es_store *s) {
   pthread_mutex_lock(&s->qmu);
-  int n = s->queued;
+  int n = s->queued + s->taken;
   pthread_mutex_unlock(&s->qmu);
   return n;
 }
@@ -463,8 +464,11 @@ static void run_shared(const char *url, const char *keys, const char *label, int
     uint64_t before = es_store_version(s);
     for (int i = 0; i < 3; i++) pthread_create(&t[i], NULL, sh_writer, &c[i]);
     if (h2) {
-      /* All three queued: the leader among them waits for the write lock
-       * (which h2 holds) before it takes them. */
+      /* All three in the group: queued, or taken into the transaction
+       * that waits for the write lock h2 holds (on SQLite in BEGIN
+       * IMMEDIATE, before the leader takes anyone; on PostgreSQL the begin
+       * and the lock travel with the first statement, so the leader may
+       * have taken some and waits in their work). */
       int waited = 0;
       while (queued_callers(s) < 3 && waited++ < 30000) usleep(1000);
       held = held && queued_callers(s) == 3;
