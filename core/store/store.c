@@ -14,10 +14,11 @@
  *           is ready exactly when queued and due_at <= now, so "claim" and
  *           "claim_next" are index lookups, never scans.
  *
- * Group commit (backends with group_commit = 1): a write transaction stays
- * open while other writers are queued for it; each caller's work runs in a
- * savepoint, and the last caller in commits (one sync) for everyone, who all
- * return only after that commit; a failed commit fails them all.
+ * Group commit (backends with group_commit = 1; run_write_group): writers
+ * queue their work, and one of them, the leader, runs every queued
+ * caller's work in one transaction, each in its own savepoint, and commits
+ * once (one sync) for all, who return only after that commit; a failed
+ * commit fails them all.
  */
 #include "store/store.h"
 
