@@ -120,12 +120,17 @@ typedef int (*txn_fn)(es_store *s, es_txn *t, void *arg, es_err *err);
 /* Runs fn in a write transaction (a savepoint of the open group on
  * group-commit backends) and returns once it is committed (durable), or
  * failed with nothing written. fn runs with the write lock held: one write
- * at a time per store (and, on SQLite, per file across processes). */
+ * at a time per store (and, on SQLite, per file across processes). On
+ * group-commit backends fn may run on another writer's thread (the
+ * group's leader, store.c "Group commit") while the caller sleeps: it must
+ * not depend on the calling thread (thread-locals, a thread's Lua state);
+ * in a store with an id source each fn runs on its caller's thread. */
 int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err);
 /* Runs fn in a read transaction (a consistent view of committed data). */
 int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
-/* Runs fn with the write lock held and no transaction open (an open group
- * is committed first): for backend work that cannot run inside one, like
+/* Runs fn with the write lock held and no transaction open (a group's
+ * transaction is open only while its leader holds the lock): for backend
+ * work that cannot run inside one, like
  * SQLite's WAL checkpoint after a shred (§3.10). */
 int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
                         es_err *err);
