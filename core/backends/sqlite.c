@@ -27,8 +27,9 @@
  *
  * Positions: assigned by this file from a counter loaded when a write
  * transaction begins (max of the stored high-water mark and max(position)+1)
- * and saved with the commit, so a position is never handed out twice even if
- * the newest rows are deleted one day (retention); rows of a rolled-back
+ * and saved with the commit of a transaction that removed rows, so a
+ * position is never handed out twice even if the newest rows are deleted
+ * one day (retention); rows of a rolled-back
  * savepoint give their positions back (they were never visible). SQLite
  * serialises writers (one write lock per file), so positions grow in commit
  * order across threads and processes.
@@ -126,8 +127,18 @@ enum {
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
   ST_DEAD_ALL_SCOPED,
   ST_COUNTS, /* §3.12 */
+  /* several rows per INSERT (sq_event_insert_many) */
+  ST_EVENT_INSERT_4, ST_EVENT_INSERT_16, ST_EVENT_INSERT_64,
   ST_COUNT
 };
+
+/* One row of an INSERT's VALUES in EV_COLS order (anonymous parameters:
+ * row r's column c is parameter 30 * r + c + 1), and 4, 16 and 64 of them. */
+#define EV_ROW "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+#define EV_ROWS4 EV_ROW "," EV_ROW "," EV_ROW "," EV_ROW
+#define EV_ROWS16 EV_ROWS4 "," EV_ROWS4 "," EV_ROWS4 "," EV_ROWS4
+#define EV_ROWS64 EV_ROWS16 "," EV_ROWS16 "," EV_ROWS16 "," EV_ROWS16
+#define EV_NCOLS 30
 
 /* The WHERE terms `queued = 1`, `status = 2`, `status <> 1` and
  * `lane IS NOT NULL` repeat the partial indexes' terms literally: that is
@@ -337,6 +348,13 @@ static const char *const sq_sql[ST_COUNT] = {
                            " FROM events INDEXED BY events_dead"
                            " WHERE status = 2 AND position > ?1 AND session >= ?3 AND session < ?4"
                            " ORDER BY position LIMIT ?2",
+    /* An INSERT's fixed cost (opening a cursor on the table and each of
+     * its nine indexes, closing them, the statement's journal) is larger
+     * than a row's: several rows per statement make a batch's insert
+     * about twice as fast (sq_event_insert_many). */
+    [ST_EVENT_INSERT_4] = "INSERT INTO events(" EV_COLS ") VALUES " EV_ROWS4,
+    [ST_EVENT_INSERT_16] = "INSERT INTO events(" EV_COLS ") VALUES " EV_ROWS16,
+    [ST_EVENT_INSERT_64] = "INSERT INTO events(" EV_COLS ") VALUES " EV_ROWS64,
 };
 
 /* Binds a scope (§3.11) as the range [scope, end) at parameters i and
@@ -899,37 +917,45 @@ static int sq_col_str(sqlite3_stmt *st, int i, int copy, char **dst, size_t *len
   return *dst ? ES_OK : ES_STORAGE;
 }
 
+static int sq_bind_event_at(sqlite3_stmt *st, int o, const es_event *e, int64_t position);
+
 static int sq_bind_event(sqlite3_stmt *st, const es_event *e, int64_t position) {
+  return sq_bind_event_at(st, 0, e, position);
+}
+
+/* Binds e at parameters o + 1 .. o + 29 (o: 0, or a later row's offset in
+ * a several-row INSERT). */
+static int sq_bind_event_at(sqlite3_stmt *st, int o, const es_event *e, int64_t position) {
   int rc = SQLITE_OK;
-  rc |= sq_bind_opt(st, 1, position);
-  rc |= sq_bind_str(st, 2, e->session);
-  rc |= sqlite3_bind_int64(st, 3, e->index);
-  rc |= sq_bind_str(st, 4, e->id);
-  rc |= sq_bind_str(st, 5, e->type);
-  rc |= sq_bind_bytes_text(st, 6, e->payload, e->payload_len);
-  rc |= sq_bind_str(st, 7, e->lane);
-  rc |= sq_bind_opt(st, 8, e->created_at);
-  rc |= sq_bind_opt(st, 9, e->cause_index);
-  rc |= sq_bind_opt(st, 10, e->cause_attempt);
-  rc |= sq_bind_opt(st, 11, e->not_before);
-  rc |= sqlite3_bind_int(st, 12, e->status);
-  rc |= sq_bind_opt(st, 13, e->attempts);
-  rc |= sq_bind_opt(st, 14, e->failures);
-  rc |= sq_bind_str(st, 15, e->last_error);
-  rc |= sq_bind_opt(st, 16, e->processed_at);
-  rc |= sq_bind_str(st, 17, e->claim_holder);
-  rc |= sq_bind_opt(st, 18, e->claim_expires_at);
-  rc |= sq_bind_opt(st, 19, e->retry_at);
-  rc |= sqlite3_bind_int(st, 20, e->queued);
-  rc |= sq_bind_opt(st, 21, e->due_at);
-  rc |= sq_bind_opt(st, 22, e->last_failed_attempt);
-  rc |= sq_bind_opt(st, 23, e->returned);
-  rc |= sq_bind_str(st, 24, e->origin_session);
-  rc |= sq_bind_opt(st, 25, e->origin_index);
-  rc |= sq_bind_opt(st, 26, e->first_claimed_at);
-  rc |= sq_bind_opt(st, 27, e->last_claimed_at);
-  rc |= sq_bind_opt(st, 28, e->failed_at);
-  rc |= sq_bind_opt(st, 29, e->processed_by_attempt);
+  rc |= sq_bind_opt(st, o + 1, position);
+  rc |= sq_bind_str(st, o + 2, e->session);
+  rc |= sqlite3_bind_int64(st, o + 3, e->index);
+  rc |= sq_bind_str(st, o + 4, e->id);
+  rc |= sq_bind_str(st, o + 5, e->type);
+  rc |= sq_bind_bytes_text(st, o + 6, e->payload, e->payload_len);
+  rc |= sq_bind_str(st, o + 7, e->lane);
+  rc |= sq_bind_opt(st, o + 8, e->created_at);
+  rc |= sq_bind_opt(st, o + 9, e->cause_index);
+  rc |= sq_bind_opt(st, o + 10, e->cause_attempt);
+  rc |= sq_bind_opt(st, o + 11, e->not_before);
+  rc |= sqlite3_bind_int(st, o + 12, e->status);
+  rc |= sq_bind_opt(st, o + 13, e->attempts);
+  rc |= sq_bind_opt(st, o + 14, e->failures);
+  rc |= sq_bind_str(st, o + 15, e->last_error);
+  rc |= sq_bind_opt(st, o + 16, e->processed_at);
+  rc |= sq_bind_str(st, o + 17, e->claim_holder);
+  rc |= sq_bind_opt(st, o + 18, e->claim_expires_at);
+  rc |= sq_bind_opt(st, o + 19, e->retry_at);
+  rc |= sqlite3_bind_int(st, o + 20, e->queued);
+  rc |= sq_bind_opt(st, o + 21, e->due_at);
+  rc |= sq_bind_opt(st, o + 22, e->last_failed_attempt);
+  rc |= sq_bind_opt(st, o + 23, e->returned);
+  rc |= sq_bind_str(st, o + 24, e->origin_session);
+  rc |= sq_bind_opt(st, o + 25, e->origin_index);
+  rc |= sq_bind_opt(st, o + 26, e->first_claimed_at);
+  rc |= sq_bind_opt(st, o + 27, e->last_claimed_at);
+  rc |= sq_bind_opt(st, o + 28, e->failed_at);
+  rc |= sq_bind_opt(st, o + 29, e->processed_by_attempt);
   return rc;
 }
 
@@ -1313,6 +1339,16 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
    * connection deletes. */
   if (primary && b->secure_delete &&
       (code = sq_conn_exec(c, "PRAGMA secure_delete = ON", "cannot set up the file", err)) != ES_OK)
+    goto fail;
+  /* The write connection's statement and savepoint journals (the undo
+   * of one caller's work inside a group commit, or of a statement that
+   * fails halfway) stay in memory: past 64 KiB SQLite would otherwise
+   * create, write and delete a temporary file for them in every write
+   * transaction (an open, an unlink and dozens of writes per commit of a
+   * batch of 100 events). They hold the pages one caller's call changed,
+   * and are dropped when its savepoint is released. */
+  if (primary && b->mode != SQ_MODE_RO &&
+      (code = sq_conn_exec(c, "PRAGMA temp_store = MEMORY", "cannot set up the file", err)) != ES_OK)
     goto fail;
   /* Readers and the watch connection never write: let SQLite enforce it. */
   if (!primary && (code = sq_conn_exec(c, "PRAGMA query_only = 1", "cannot read the file", err)) != ES_OK)
@@ -1989,7 +2025,12 @@ static int sq_write_commit(es_txn *t, es_err *err) {
     sq_write_rollback(t);
     return code;
   }
-  if (t->next_position > t->saved_next) {
+  /* The high-water mark matters only once the newest rows are gone: a
+   * transaction that inserted and removed nothing leaves max(position) + 1
+   * at its own next_position, which the next one loads anyway; one that
+   * removed rows (possibly the newest) stores it. So an append's commit
+   * does not rewrite the meta page (a WAL frame per commit). */
+  if (t->removed && t->next_position > t->saved_next) {
     sqlite3_stmt *st;
     int temp;
     if ((code = sq_stmt(t->c, ST_META_PUT, &st, &temp, err)) != ES_OK) goto fail;
@@ -2262,6 +2303,41 @@ static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
     return sq_bind_fail(t, ST_EVENT_INSERT, st, temp, err);
   if ((code = sq_run(t, ST_EVENT_INSERT, st, temp, "insert", err)) != ES_OK) return code;
   row->position = t->next_position++;
+  return ES_OK;
+}
+
+/* rows[0..n) in order, as n sq_event_insert calls would, in statements of
+ * 64, 16, 4 and 1 rows. On failure some rows may be in: the core's
+ * savepoint rollback takes them (and their positions) back. */
+static int sq_event_insert_many(es_txn *t, es_event *rows, size_t n, es_err *err) {
+  if (!t->write) return sq_read_only_txn(err);
+  size_t i = 0;
+  while (i < n) {
+    size_t left = n - i, k;
+    int id;
+    if (left >= 64) k = 64, id = ST_EVENT_INSERT_64;
+    else if (left >= 16) k = 16, id = ST_EVENT_INSERT_16;
+    else if (left >= 4) k = 4, id = ST_EVENT_INSERT_4;
+    else k = 1, id = ST_EVENT_INSERT;
+    if (k == 1) {
+      int code = sq_event_insert(t, &rows[i], err);
+      if (code != ES_OK) return code;
+      i++;
+      continue;
+    }
+    sqlite3_stmt *st;
+    int temp, code, bad = 0;
+    if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+    for (size_t r = 0; r < k; r++) {
+      int o = (int)r * EV_NCOLS;
+      bad |= sq_bind_event_at(st, o, &rows[i + r], t->next_position + (int64_t)r) != SQLITE_OK ||
+             sq_bind_str(st, o + EV_NCOLS, rows[i + r].key) != SQLITE_OK;
+    }
+    if (bad) return sq_bind_fail(t, id, st, temp, err);
+    if ((code = sq_run(t, id, st, temp, "insert", err)) != ES_OK) return code;
+    for (size_t r = 0; r < k; r++) rows[i + r].position = t->next_position++;
+    i += k;
+  }
   return ES_OK;
 }
 
@@ -2990,6 +3066,7 @@ const es_backend_ops es_backend_sqlite = {
     .event_get = sq_event_get,
     .event_get_by_id = sq_event_get_by_id,
     .event_insert = sq_event_insert,
+    .event_insert_many = sq_event_insert_many,
     .event_copy = sq_event_copy,
     .event_update = sq_event_update,
     .event_range = sq_event_range,

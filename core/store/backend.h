@@ -317,6 +317,11 @@ typedef struct es_backend_ops {
    * session rows are put and deleted, in the same transaction, so the
    * answer costs O(1) (O(log n) for a scope), never a walk. */
   int (*counts)(es_txn *t, const char *scope, es_counts *out, es_err *err);
+  /* Optional (NULL: event_insert for each row): inserts rows[0..n) in
+   * order, exactly as n event_insert calls would (positions, what each
+   * row stores), in fewer statements. On failure some of the rows may be
+   * in: the core rolls its savepoint back. */
+  int (*event_insert_many)(es_txn *t, es_event *rows, size_t n, es_err *err);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

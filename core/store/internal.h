@@ -13,12 +13,8 @@
 #include "store/backend.h"
 #include "store/stats.h"
 
-typedef struct group_waiter {
-  int done;
-  int rc;
-  es_err err;
-  struct group_waiter *next;
-} group_waiter;
+/* A caller of es_core_write queued for a group commit (store.c). */
+typedef struct group_waiter group_waiter;
 
 typedef struct presence_watch {
   uint64_t token;
@@ -45,13 +41,20 @@ struct es_store {
   int inflight;
   atomic_int refs;
 
-  /* writes */
-  pthread_mutex_t wmu;       /* one writer in the backend at a time */
-  pthread_cond_t wcond;      /* a group committed */
-  atomic_int arriving;       /* writers waiting for wmu: the group waits for them */
-  es_txn *wtxn;              /* the open group transaction, or NULL */
-  group_waiter *members;     /* callers whose work is in wtxn */
-  int n_members;
+  /* writes (store.c, "group commit") */
+  pthread_mutex_t wmu;       /* one writer in the backend at a time: a group's leader
+                                while it runs and commits the group */
+  es_txn *wtxn;              /* the open group transaction (only while its leader holds wmu) */
+  pthread_mutex_t qmu;       /* guards the fields below */
+  pthread_cond_t qcond;      /* a leader waiting for the last group's callers to return */
+  group_waiter *queue;       /* callers waiting for a group, in arrival order */
+  group_waiter **queue_tail;
+  int queued;                /* length of queue */
+  int taken;                 /* callers taken into the running group */
+  int leading;               /* a leader is running a group, or was handed the next one */
+  int want;                  /* > 0: the leader waits until queued reaches this */
+  int last_group;            /* callers in the last group */
+  int64_t commit_ns;         /* how long the last group's commit took */
 
   /* change notification (es_store_wait, subscriptions) */
   pthread_mutex_t vmu;
@@ -122,12 +125,17 @@ typedef int (*txn_fn)(es_store *s, es_txn *t, void *arg, es_err *err);
 /* Runs fn in a write transaction (a savepoint of the open group on
  * group-commit backends) and returns once it is committed (durable), or
  * failed with nothing written. fn runs with the write lock held: one write
- * at a time per store (and, on SQLite, per file across processes). */
+ * at a time per store (and, on SQLite, per file across processes). On
+ * group-commit backends fn may run on another writer's thread (the
+ * group's leader, store.c "Group commit") while the caller sleeps: it must
+ * not depend on the calling thread (thread-locals, a thread's Lua state);
+ * in a store with an id source each fn runs on its caller's thread. */
 int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err);
 /* Runs fn in a read transaction (a consistent view of committed data). */
 int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
-/* Runs fn with the write lock held and no transaction open (an open group
- * is committed first): for backend work that cannot run inside one, like
+/* Runs fn with the write lock held and no transaction open (a group's
+ * transaction is open only while its leader holds the lock): for backend
+ * work that cannot run inside one, like
  * SQLite's WAL checkpoint after a shred (§3.10). */
 int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
                         es_err *err);

@@ -14,14 +14,16 @@
  *           is ready exactly when queued and due_at <= now, so "claim" and
  *           "claim_next" are index lookups, never scans.
  *
- * Group commit (backends with group_commit = 1): a write transaction stays
- * open while other writers are queued for it; each caller's work runs in a
- * savepoint, and the last caller in commits (one sync) for everyone, who all
- * return only after that commit; a failed commit fails them all.
+ * Group commit (backends with group_commit = 1; run_write_group): writers
+ * queue their work, and one of them, the leader, runs every queued
+ * caller's work in one transaction, each in its own savepoint, and commits
+ * once (one sync) for all, who return only after that commit; a failed
+ * commit fails them all.
  */
 #include "store/store.h"
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,6 +210,8 @@ static void notify_commit(es_store *s) {
   pthread_mutex_unlock(&s->vmu);
 }
 
+static void group_init(es_store *s);
+
 /* ---------------------------------------------------------------------- */
 /* lifecycle */
 
@@ -226,13 +230,12 @@ void es_core_handle_init(es_store *s, const es_open_opts *opts) {
   pthread_mutex_init(&s->lmu, NULL);
   pthread_cond_init(&s->lcond, NULL);
   pthread_mutex_init(&s->wmu, NULL);
-  pthread_cond_init(&s->wcond, NULL);
+  group_init(s);
   pthread_mutex_init(&s->vmu, NULL);
   pthread_cond_init(&s->vcond, NULL);
   pthread_mutex_init(&s->umu, NULL);
   pthread_mutex_init(&s->pmu, NULL);
   atomic_init(&s->refs, 1);
-  atomic_init(&s->arriving, 0);
   atomic_init(&s->version, 0);
   s->next_token = 1;
   s->rand_used = sizeof s->rand_pool;
@@ -242,7 +245,8 @@ void es_core_handle_destroy(es_store *s) {
   pthread_mutex_destroy(&s->lmu);
   pthread_cond_destroy(&s->lcond);
   pthread_mutex_destroy(&s->wmu);
-  pthread_cond_destroy(&s->wcond);
+  pthread_mutex_destroy(&s->qmu);
+  pthread_cond_destroy(&s->qcond);
   pthread_mutex_destroy(&s->vmu);
   pthread_cond_destroy(&s->vcond);
   pthread_mutex_destroy(&s->umu);
@@ -395,73 +399,268 @@ int es_store_data_version(es_store *s, uint64_t *version, es_err *err) {
 /* ---------------------------------------------------------------------- */
 /* transactions */
 
-/* Commits (or, with nobody in it, rolls back) the open group and tells each
- * member how it went. Called with wmu held. */
-static void group_finish(es_store *s) {
-  es_err cerr = {0};
-  int rc = ES_OK;
-  if (s->n_members > 0) {
-    rc = s->ops->write_commit(s->wtxn, &cerr);
-  } else {
-    s->ops->write_rollback(s->wtxn);
+/* Group commit (backends with group_commit = 1; docs/store.md
+ * "Transactions, threads and group commit").
+ *
+ * A writer queues its work (fn, arg) and sleeps on its own semaphore. The
+ * first writer to find nobody leading becomes the group's leader: it takes
+ * wmu, begins the transaction and runs every queued caller's fn, each in
+ * its own savepoint, in one pass on its own thread; then it takes the
+ * callers who queued meanwhile, and so on until nobody is left; then it
+ * commits once (one sync), hands the lead to the first caller queued
+ * during the commit, and wakes each member with its own result.
+ *
+ * Why the leader runs the others' work: a group used to hand wmu from
+ * caller to caller (a context switch per member to get the lock, another
+ * to go back to sleep, and a broadcast that woke every member to fight for
+ * wmu again); on a two-core machine those switches cost more than the
+ * rows. Now a member sleeps once and is woken once, by the leader, after
+ * the sync of the commit that holds its rows.
+ *
+ * Why the leader may wait: right after a commit the last group's members
+ * are only waking up. The first to come back would lead a group of one
+ * and commit it alone while the others queue behind it (groups of 1, 15,
+ * 1, 15... with 16 writers: half the commits wasted). So when the queue
+ * is empty before the group is as large as the last one, the leader waits
+ * for the missing callers, at most one commit's time (what committing
+ * without them would cost them anyway), and learns the new size from the
+ * group it commits: writers that stopped writing cost one such wait.
+ *
+ * A store with an id source (es_open_opts.ids) promises to call it on the
+ * calling thread (store.h), and the source is called inside fn: there the
+ * leader hands the transaction to each member's thread in turn (the
+ * member runs its fn and posts the leader back), which costs the context
+ * switches again, for stores whose ids are made by the application.
+ *
+ * A member whose fn fails has its savepoint rolled back and gets its own
+ * error; the others are not touched. A failed begin fails the callers
+ * taken for that transaction (they ran nothing); a failed commit fails
+ * every member whose fn succeeded. */
+/* A member's turn to run its own fn (a store with an id source). */
+typedef struct group_turn {
+  int alone;        /* group_run's argument */
+  int *committed;
+  sem_t back;       /* posted by the member when its fn ran */
+} group_turn;
+
+struct group_waiter {
+  txn_fn fn;        /* the caller's work, run by the leader */
+  void *arg;
+  int rc;           /* set by the leader before it posts wake */
+  es_err err;
+  int lead;         /* woken to lead the next group, not done */
+  group_turn *turn; /* woken to run fn on its own thread, not done */
+  sem_t wake;
+  struct group_waiter *next;
+};
+
+#define GROUP_WAIT_MAX_NS 10000000 /* a leader waits at most 10 ms for late members */
+
+static void group_init(es_store *s) {
+  pthread_condattr_t ca;
+  pthread_mutex_init(&s->qmu, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->qcond, &ca);
+  pthread_condattr_destroy(&ca);
+  s->queue = NULL;
+  s->queue_tail = &s->queue;
+}
+
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Takes up to max callers off the queue (qmu held); returns them linked. */
+static group_waiter *group_take(es_store *s, int max) {
+  group_waiter *first = s->queue, *last = NULL;
+  int n = 0;
+  for (group_waiter *w = first; w && n < max; w = w->next) {
+    last = w;
+    n++;
   }
-  s->wtxn = NULL;
-  for (group_waiter *w = s->members; w; w = w->next) {
-    w->rc = rc;
-    if (rc != ES_OK) w->err = cerr;
-    w->done = 1;
+  if (!last) return NULL;
+  s->queue = last->next;
+  if (!s->queue) s->queue_tail = &s->queue;
+  s->queued -= n;
+  s->taken += n;
+  last->next = NULL;
+  return first;
+}
+
+/* With the queue empty and the group smaller than the last one: waits
+ * (qmu held) until enough callers queued or *deadline (set at the first
+ * wait of the group) passed. */
+static void group_wait_late(es_store *s, int n, int64_t *deadline) {
+  if (*deadline == 0) {
+    int64_t budget = s->commit_ns < GROUP_WAIT_MAX_NS ? s->commit_ns : GROUP_WAIT_MAX_NS;
+    *deadline = mono_ns() + budget;
   }
-  int committed = s->n_members > 0 && rc == ES_OK;
-  s->members = NULL;
-  s->n_members = 0;
-  pthread_cond_broadcast(&s->wcond);
+  struct timespec ts = {(time_t)(*deadline / 1000000000), (long)(*deadline % 1000000000)};
+  s->want = s->last_group - n;
+  while (s->queued < s->want) {
+    if (pthread_cond_timedwait(&s->qcond, &s->qmu, &ts) != 0 && mono_ns() >= *deadline) break;
+  }
+  s->want = 0;
+}
+
+/* Runs one member's work in its own savepoint of the group transaction.
+ * *committed is set when the member was alone and took the backend's
+ * release_commit (release and commit in one step): the transaction is
+ * then over. */
+static int group_run(es_store *s, group_waiter *m, int alone, int *committed) {
+  es_txn *t = s->wtxn;
+  int rc = s->ops->savepoint(t, &m->err);
+  if (rc != ES_OK) return rc;
+  rc = m->fn(s, t, m->arg, &m->err);
+  if (rc == ES_OK && alone && s->ops->release_commit) {
+    pthread_mutex_lock(&s->qmu);
+    alone = s->queued == 0;
+    pthread_mutex_unlock(&s->qmu);
+    if (alone) {
+      /* Alone in the transaction, nobody queued to join: release and
+       * commit in one step (one round trip on PostgreSQL). The
+       * transaction holds this caller's work only, so a failure is this
+       * caller's alone, as a failed release would be. */
+      *committed = 1;
+      s->wtxn = NULL;
+      return s->ops->release_commit(t, &m->err);
+    }
+  }
+  if (rc == ES_OK) rc = s->ops->savepoint_release(t, &m->err);
+  if (rc != ES_OK) s->ops->savepoint_rollback(t);
+  return rc;
+}
+
+/* The leader's part: runs and commits one group, then passes the lead on
+ * and wakes the members (me, the leader's own entry, is not posted). */
+static void group_lead(es_store *s, group_waiter *me) {
+  group_waiter *group = NULL, **tail = &group;
+  int n = 0, n_ok = 0, committed = 0;
+  int64_t deadline = 0;
+  es_err berr = {0};
+  pthread_mutex_lock(&s->wmu);
+  int brc = s->ops->write_begin(s->bk, &s->wtxn, &berr);
+  for (;;) {
+    pthread_mutex_lock(&s->qmu);
+    if (!s->queue && brc == ES_OK && !committed && n_ok > 0 && n < s->last_group)
+      group_wait_late(s, n, &deadline);
+    group_waiter *batch = group_take(s, GROUP_MAX - n);
+    pthread_mutex_unlock(&s->qmu);
+    if (!batch) break;
+    for (group_waiter *m = batch; m; m = m->next) {
+      n++;
+      if (brc != ES_OK) {
+        m->rc = brc;
+        m->err = berr;
+      } else if (committed) {
+        /* cannot happen: release_commit is taken with nobody queued, and
+         * only this leader takes callers off the queue */
+        m->rc = es_fail(&m->err, ES_STORAGE, "group commit: transaction already committed");
+      } else {
+        int alone = n == 1 && !m->next && s->last_group <= 1;
+        if (m == me || !s->ids) {
+          m->rc = group_run(s, m, alone, &committed);
+        } else {
+          group_turn turn = {alone, &committed, {{0}}};
+          sem_init(&turn.back, 0, 0);
+          m->turn = &turn;
+          sem_post(&m->wake);
+          while (sem_wait(&turn.back) != 0) {
+          }
+          sem_destroy(&turn.back);
+        }
+        if (m->rc == ES_OK) n_ok++;
+      }
+    }
+    *tail = batch;
+    while (*tail) tail = &(*tail)->next;
+    if (brc != ES_OK || committed || n >= GROUP_MAX) break;
+  }
+  int64_t commit_ns = 0;
+  if (brc == ES_OK && !committed) {
+    es_err cerr = {0};
+    int crc = ES_OK;
+    if (n_ok > 0) {
+      int64_t t0 = mono_ns();
+      crc = s->ops->write_commit(s->wtxn, &cerr);
+      commit_ns = mono_ns() - t0;
+    } else {
+      s->ops->write_rollback(s->wtxn);
+    }
+    s->wtxn = NULL;
+    for (group_waiter *m = group; m; m = m->next) {
+      if (m->rc == ES_OK && crc != ES_OK) {
+        m->rc = crc;
+        m->err = cerr;
+      }
+    }
+    committed = n_ok > 0 && crc == ES_OK;
+  } else if (committed) {
+    committed = group->rc == ES_OK;
+  }
+  pthread_mutex_unlock(&s->wmu);
   if (committed) notify_commit(s);
+  pthread_mutex_lock(&s->qmu);
+  s->taken = 0;
+  if (brc == ES_OK) {
+    s->last_group = n;
+    if (commit_ns > 0) s->commit_ns = commit_ns;
+  }
+  if (s->queue) {
+    s->queue->lead = 1;
+    sem_post(&s->queue->wake);
+  } else {
+    s->leading = 0;
+  }
+  pthread_mutex_unlock(&s->qmu);
+  /* A member returns as soon as it is posted (its entry is on its stack):
+   * read next first, touch nothing after. */
+  for (group_waiter *m = group, *next; m; m = next) {
+    next = m->next;
+    if (m != me) sem_post(&m->wake);
+  }
 }
 
 static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
-  group_waiter me = {0};
-  atomic_fetch_add(&s->arriving, 1);
-  pthread_mutex_lock(&s->wmu);
-  atomic_fetch_sub(&s->arriving, 1);
-  int rc = ES_OK;
-  if (!s->wtxn) rc = s->ops->write_begin(s->bk, &s->wtxn, err);
-  if (rc == ES_OK) {
-    rc = s->ops->savepoint(s->wtxn, err);
-    if (rc == ES_OK) {
-      rc = fn(s, s->wtxn, arg, err);
-      if (rc == ES_OK && s->ops->release_commit && s->n_members == 0 &&
-          atomic_load(&s->arriving) == 0) {
-        /* Alone in the transaction, nobody queued to join: release and
-         * commit in one step (one round trip on PostgreSQL). The
-         * transaction holds this caller's work only, so a failure is this
-         * caller's alone, as a failed release would be. */
-        rc = s->ops->release_commit(s->wtxn, err);
-        s->wtxn = NULL;
-        if (rc == ES_OK) notify_commit(s);
-        pthread_mutex_unlock(&s->wmu);
-        return rc;
-      }
-      if (rc == ES_OK) rc = s->ops->savepoint_release(s->wtxn, err);
-      if (rc != ES_OK) s->ops->savepoint_rollback(s->wtxn);
+  group_waiter me;
+  memset(&me, 0, sizeof me);
+  me.fn = fn;
+  me.arg = arg;
+  sem_init(&me.wake, 0, 0);
+  pthread_mutex_lock(&s->qmu);
+  *s->queue_tail = &me;
+  s->queue_tail = &me.next;
+  s->queued++;
+  int lead = !s->leading;
+  if (lead) s->leading = 1;
+  if (s->want > 0 && s->queued >= s->want) pthread_cond_signal(&s->qcond);
+  pthread_mutex_unlock(&s->qmu);
+  for (;;) {
+    if (lead) {
+      /* me is run by this group (it is queued, and nobody else takes
+       * callers off the queue while this thread leads) */
+      group_lead(s, &me);
+      break;
     }
-    if (rc == ES_OK) {
-      me.next = s->members;
-      s->members = &me;
-      s->n_members++;
+    while (sem_wait(&me.wake) != 0) {
     }
-    /* The last writer in commits for the group; the others wait for it. */
-    if (atomic_load(&s->arriving) == 0 || s->n_members >= GROUP_MAX) {
-      group_finish(s);
-    } else {
-      while (rc == ES_OK && !me.done) pthread_cond_wait(&s->wcond, &s->wmu);
+    if (me.turn) {
+      group_turn *turn = me.turn;
+      me.turn = NULL;
+      me.rc = group_run(s, &me, turn->alone, turn->committed);
+      sem_post(&turn->back); /* the leader reads me.rc; turn is on its stack */
+      continue;
     }
+    if (!me.lead) break;
+    me.lead = 0;
+    lead = 1;
   }
-  pthread_mutex_unlock(&s->wmu);
-  if (rc == ES_OK && me.rc != ES_OK) {
-    if (err) *err = me.err;
-    rc = me.rc;
-  }
-  return rc;
+  sem_destroy(&me.wake);
+  if (me.rc != ES_OK && err) *err = me.err;
+  return me.rc;
 }
 
 int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
@@ -493,8 +692,8 @@ int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
 
 int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
                         es_err *err) {
+  /* A group transaction is open only while its leader holds wmu. */
   pthread_mutex_lock(&s->wmu);
-  if (s->wtxn) group_finish(s); /* its members are told as if the last of them had committed */
   int rc = fn(s, arg, err);
   pthread_mutex_unlock(&s->wmu);
   return rc;
@@ -769,68 +968,137 @@ static int check_replay(es_store *s, es_txn *t, const char *session, const es_ne
   return ES_OK;
 }
 
-/* Inserts events after the session's head; cause_* (complete) overrides each
- * event's own cause. Updates si's counters; appends copies to out. */
-static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,
-                         size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
-                         const char *scope, es_events *out, es_err *err) {
+/* Rows built by insert_rows and not yet inserted: inserted together
+ * (event_insert_many), since on SQLite a statement's fixed cost is larger
+ * than a row's. */
+#define INSERT_CHUNK 64
+
+typedef struct {
+  es_event *rows;    /* [cap] */
+  char **sealed;     /* [cap] §3.10: the stored text of a keyed row, else NULL */
+  const char **plain; /* [cap] the payload the caller gets back */
+  size_t *plain_len;
+  char *gen;         /* [cap][ES_MAX_NAME_BYTES + 1] ids generated in the transaction */
+  size_t n, cap;
+} insert_chunk;
+
+static void chunk_clear(insert_chunk *c) {
+  for (size_t k = 0; k < c->n; k++) {
+    free(c->sealed[k]);
+    c->sealed[k] = NULL;
+  }
+  c->n = 0;
+}
+
+/* Inserts the built rows; on success counts them into si and copies them
+ * (with the plaintext payload) to out. */
+static int chunk_flush(es_store *s, es_txn *t, insert_chunk *c, es_session_info *si, int64_t now,
+                       es_events *out, es_err *err) {
   int rc = ES_OK;
+  if (c->n == 0) return ES_OK;
+  if (s->ops->event_insert_many) {
+    rc = s->ops->event_insert_many(t, c->rows, c->n, err);
+  } else {
+    for (size_t k = 0; k < c->n && rc == ES_OK; k++) rc = s->ops->event_insert(t, &c->rows[k], err);
+  }
+  for (size_t k = 0; k < c->n && rc == ES_OK; k++) {
+    es_event *row = &c->rows[k];
+    row->payload = (char *)c->plain[k];
+    row->payload_len = c->plain_len[k];
+    si->head++;
+    si->events++;
+    if (si->first_at == ES_NONE) si->first_at = now;
+    if (out && es_events_push_copy(out, row)) rc = nomem(err);
+  }
+  chunk_clear(c);
+  return rc;
+}
+
+/* Inserts events after the session's head; cause_* (complete) overrides each
+ * event's own cause. Updates si's counters; appends copies to out. ids:
+ * NULL, or the ids of the events without one, generated before the
+ * transaction (es_core_append): event i's at ids + i * ids_stride. */
+static int insert_rows(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,
+                       size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
+                       const char *scope, const char *ids, size_t ids_stride, es_events *out,
+                       es_err *err) {
+  int rc = ES_OK;
+  insert_chunk c = {0};
+  c.cap = n < INSERT_CHUNK ? n : INSERT_CHUNK;
+  if (c.cap == 0) c.cap = 1;
+  size_t gen_size = ids ? 0 : c.cap * (ES_MAX_NAME_BYTES + 1);
+  /* one allocation for the chunk's arrays */
+  size_t size = c.cap * (sizeof *c.rows + sizeof *c.sealed + sizeof *c.plain + sizeof *c.plain_len) + gen_size;
+  char *mem = calloc(1, size);
+  if (!mem) return nomem(err);
+  c.rows = (es_event *)mem;
+  c.sealed = (char **)(c.rows + c.cap);
+  c.plain = (const char **)(c.sealed + c.cap);
+  c.plain_len = (size_t *)(c.plain + c.cap);
+  c.gen = gen_size ? (char *)(c.plain_len + c.cap) : NULL;
   es_keyring ring; /* §3.10: data keys of this batch */
   es_keyring_init(&ring);
   for (size_t i = 0; i < n && rc == ES_OK; i++) {
     const es_new_event *e = &evs[i];
-    char gen[ES_MAX_NAME_BYTES + 1];
-    es_event row;
-    es_event_init(&row);
-    if (!e->id && (rc = new_event_id(s, t, now, scope, gen, err))) break;
-    row.id = (char *)(e->id ? e->id : gen);
-    row.type = (char *)e->type;
-    row.payload = (char *)(e->payload ? e->payload : "null");
-    row.payload_len = e->payload ? e->payload_len : 4;
-    row.session = si->session;
-    row.lane = (char *)e->lane;
-    row.index = si->head + 1;
-    row.created_at = now;
-    row.cause_index = cause_index != ES_NONE ? cause_index : e->cause_index;
-    row.cause_attempt = cause_index != ES_NONE ? cause_attempt : e->cause_attempt;
-    row.not_before = e->not_before;
-    row.returned = 0;
+    /* What looks at the rows already built must find them inserted: a
+     * lane's earlier event (lane_next), an id source's repeated id
+     * (new_event_id's lookup). */
+    if ((e->lane && !e->settled) || (!e->id && !ids && s->ids))
+      if ((rc = chunk_flush(s, t, &c, si, now, out, err))) break;
+    es_event *row = &c.rows[c.n];
+    char *gen = c.gen ? c.gen + c.n * (ES_MAX_NAME_BYTES + 1) : NULL;
+    es_event_init(row);
+    if (!e->id && !ids && (rc = new_event_id(s, t, now, scope, gen, err))) break;
+    row->id = (char *)(e->id ? e->id : ids ? ids + i * ids_stride : gen);
+    row->type = (char *)e->type;
+    row->payload = (char *)(e->payload ? e->payload : "null");
+    row->payload_len = e->payload ? e->payload_len : 4;
+    row->session = si->session;
+    row->lane = (char *)e->lane;
+    row->index = si->head + 1 + (int64_t)c.n;
+    row->created_at = now;
+    row->cause_index = cause_index != ES_NONE ? cause_index : e->cause_index;
+    row->cause_attempt = cause_index != ES_NONE ? cause_attempt : e->cause_attempt;
+    row->not_before = e->not_before;
+    row->returned = 0;
     if (e->settled) {
-      row.status = ES_STATUS_PROCESSED;
-      row.processed_at = now;
-      row.returned = -1;
+      row->status = ES_STATUS_PROCESSED;
+      row->processed_at = now;
+      row->returned = -1;
     } else {
-      row.status = ES_STATUS_PENDING;
+      row->status = ES_STATUS_PENDING;
       int64_t blocker = 0;
       if (e->lane) rc = s->ops->lane_next(t, si->session, e->lane, 0, &blocker, err);
       if (rc) break;
-      row.queued = blocker == 0;
-      if (row.queued) row.due_at = due_of(&row, now);
+      row->queued = blocker == 0;
+      if (row->queued) row->due_at = due_of(row, now);
       si->pending++;
     }
     /* §3.10: the row stores the sealed text; the caller gets the plaintext */
-    char *sealed = NULL;
-    const char *plain = row.payload;
-    size_t plain_len = row.payload_len;
+    c.plain[c.n] = row->payload;
+    c.plain_len[c.n] = row->payload_len;
+    c.sealed[c.n] = NULL;
     if (e->key) {
-      row.key = (char *)e->key;
-      rc = es_crypto_seal(s, t, &ring, &row, plain, plain_len, &sealed, &row.payload_len, err);
-      row.payload = sealed;
+      row->key = (char *)e->key;
+      rc = es_crypto_seal(s, t, &ring, row, c.plain[c.n], c.plain_len[c.n], &c.sealed[c.n],
+                          &row->payload_len, err);
+      row->payload = c.sealed[c.n];
     }
-    if (rc == ES_OK) rc = s->ops->event_insert(t, &row, err);
-    row.payload = (char *)plain;
-    row.payload_len = plain_len;
-    free(sealed);
-    if (rc == ES_OK) {
-      si->head++;
-      si->events++;
-      if (si->first_at == ES_NONE) si->first_at = now;
-      if (out && es_events_push_copy(out, &row)) rc = nomem(err);
-    }
+    c.n++;
+    if (rc == ES_OK && c.n == c.cap) rc = chunk_flush(s, t, &c, si, now, out, err);
   }
+  if (rc == ES_OK) rc = chunk_flush(s, t, &c, si, now, out, err);
+  chunk_clear(&c);
+  free(mem);
   es_keyring_destroy(&ring);
   si->updated_at = now;
   return rc;
+}
+
+static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,
+                         size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
+                         const char *scope, es_events *out, es_err *err) {
+  return insert_rows(s, t, si, evs, n, cause_index, cause_attempt, now, scope, NULL, 0, out, err);
 }
 
 /* After the head of a lane was processed: the next unprocessed event of
@@ -883,6 +1151,8 @@ typedef struct {
   int pending;
   int want_out;   /* 0: the caller passed no out list; do not copy rows */
   const char *scope; /* §3.11: the tenant prefix of generated ids, or NULL */
+  const char *ids;   /* NULL, or ids generated before the write (insert_rows) */
+  size_t ids_stride;
 } append_args;
 
 static int check_causes(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
@@ -921,12 +1191,42 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
   }
   if (rc == ES_OK) rc = check_causes(s, t, a->session, a->evs, a->n, err);
   if (rc == ES_OK)
-    rc = insert_events(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now, a->scope,
-                       a->want_out ? a->out : NULL, err);
+    rc = insert_rows(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now, a->scope, a->ids,
+                     a->ids_stride, a->want_out ? a->out : NULL, err);
   if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
   a->pending = si.pending > 0;
   es_session_info_destroy(&si);
   return rc;
+}
+
+/* The UUIDv7 ids of the events without one, made before the write so
+ * that the group's serial part does not make them (a store with an id
+ * source calls it inside the transaction, as before: its ids are used
+ * only by a call that gets as far as inserting). *ids: NULL when no event
+ * needs one, else owned by the caller. */
+static int pregenerate_ids(es_store *s, append_args *a, char **ids, es_err *err) {
+  *ids = NULL;
+  if (s->ids) return ES_OK;
+  size_t missing = 0;
+  for (size_t i = 0; i < a->n; i++) missing += !a->evs[i].id;
+  if (missing == 0) return ES_OK;
+  size_t p = a->scope ? strlen(a->scope) : 0;
+  size_t stride = p + 37;
+  char *v = malloc(a->n * stride);
+  if (!v) return nomem(err);
+  for (size_t i = 0; i < a->n; i++) {
+    if (a->evs[i].id) continue;
+    memcpy(v + i * stride, a->scope ? a->scope : "", p);
+    int rc = uuid7(s, a->now, v + i * stride + p, err);
+    if (rc) {
+      free(v);
+      return rc;
+    }
+  }
+  *ids = v;
+  a->ids = v;
+  a->ids_stride = stride;
+  return ES_OK;
 }
 
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
@@ -951,7 +1251,7 @@ int es_core_append(es_store *s, const char *scope, const char *session, const es
   if ((rc = check_batch(s, evs, n, err))) return rc;
   if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
   if ((rc = es_core_enter(s, err))) return rc;
-  append_args a = {session, evs, n, expected, fence, 0, out, 0, 1, scope};
+  append_args a = {session, evs, n, expected, fence, 0, out, 0, 1, scope, NULL, 0};
   if (n == 0) {
     /* Writes nothing; still answers whether the session has pending work. */
     es_session_info si;
@@ -972,7 +1272,10 @@ int es_core_append(es_store *s, const char *scope, const char *session, const es
   }
   a.want_out = out != &unused;
   rc = es_store_now(s, &a.now, err);
+  char *ids = NULL;
+  if (rc == ES_OK) rc = pregenerate_ids(s, &a, &ids, err);
   if (rc == ES_OK) rc = es_core_write(s, do_append, &a, err);
+  free(ids);
   es_core_leave(s);
   es_events_destroy(&unused);
   if (rc) {

@@ -11,7 +11,18 @@
  * row (its id source returns an id already stored for its second event);
  * the other two must be committed, with one commit for the group, and the
  * failed one must have left nothing. On memory: the same calls, one
- * transaction each.
+ * transaction each. That store has an id source, so each member runs its
+ * own work on its own thread (store.h promises the source is called on
+ * the calling thread); without one (run_shared) the group's leader runs
+ * every member's work: the same checks there, with a member that fails
+ * after its first rows went in (sealing under a shredded key), the
+ * group held together by a second handle holding the file's (or the
+ * PostgreSQL store's) write lock until all three are queued.
+ * And many writers with failing calls among them (run_mixed): every
+ * acknowledged batch stored whole, every failed one absent.
+ *
+ * sqlite: always; postgres: when ES_PG_URL is set (make test), each run
+ * in a fresh schema.
  * TAP-style output; non-zero exit on failure.
  */
 #include <pthread.h>
@@ -19,8 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "store/internal.h" /* run_shared: how many callers are queued */
 #include "store/store.h"
 
 #define WRITERS 6
@@ -339,6 +352,280 @@ static void run_group(const char *url, const char *path, const char *label, int 
   }
 }
 
+/* ---------------------------------------------------------------------- */
+/* Group commit without an id source: the leader runs everyone's work. */
+
+static atomic_int hold_inside, hold_release;
+
+/* The second handle's id source: the first call blocks (inside that
+ * handle's write transaction, holding the write lock) until released. */
+static int hold_ids(void *unused, char *out, size_t cap, es_err *err) {
+  (void)unused;
+  (void)err;
+  if (!atomic_exchange(&hold_inside, 1))
+    while (!atomic_load(&hold_release)) usleep(1000);
+  static atomic_long n;
+  snprintf(out, cap, "hold-%ld", atomic_fetch_add(&n, 1) + 1);
+  return ES_OK;
+}
+
+typedef struct {
+  es_store *s;
+  int role; /* 0: A, 1: B (fails after its first row is in), 2: C, 3: the holder */
+  const char *session;
+  int rc;
+  es_events out;
+} sh_ctx;
+
+static void *sh_writer(void *arg) {
+  sh_ctx *c = arg;
+  es_new_event e[3];
+  for (int i = 0; i < 3; i++) {
+    es_new_event_init(&e[i]);
+    e[i].type = "job";
+    e[i].payload = "{\"n\":1}";
+    e[i].payload_len = 7;
+  }
+  size_t n = c->role == 3 ? 1 : 2;
+  if (c->role == 1) {
+    /* e[0] is inserted before e[1] (a laned pending event: the rows
+     * before it go in first, so that its lane lookup sees them); e[2]
+     * fails: its key was shredded. */
+    e[1].lane = "l";
+    e[2].key = "burned";
+    n = 3;
+  }
+  int pending;
+  es_err err = {0};
+  c->rc = es_store_append(c->s, c->session, e, n, ES_NONE, ES_NONE, &c->out, &pending, &err);
+  return NULL;
+}
+
+/* Rows of session in the whole log (read_all), whatever its session row
+ * says: a failed member's rows would be there without one. */
+static long rows_of(es_store *s, const char *session) {
+  es_events all;
+  es_err err = {0};
+  if (es_store_read_all(s, 0, ES_NONE, &all, &err)) return -1;
+  long n = 0;
+  for (size_t i = 0; i < all.n; i++) n += strcmp(all.v[i].session, session) == 0;
+  es_events_destroy(&all);
+  return n;
+}
+
+/* Callers queued for a group or taken into the running one. */
+static int queued_callers(es_store *s) {
+  pthread_mutex_lock(&s->qmu);
+  int n = s->queued + s->taken;
+  pthread_mutex_unlock(&s->qmu);
+  return n;
+}
+
+static void run_shared(const char *url, const char *keys, const char *label, int grouped) {
+  char name[200];
+  es_open_opts o = {0};
+  o.keys_path = keys;
+  es_store *s = NULL, *h2 = NULL;
+  es_err err = {0};
+  if (es_store_open(url, &o, &s, &err)) {
+    printf("# open %s: %s\n", url, err.msg);
+    snprintf(name, sizeof name, "%s: shared group: open", label);
+    ok(0, name);
+    return;
+  }
+  es_open_opts o2 = {0};
+  o2.ids = hold_ids;
+  o2.keys_path = keys;
+  if (grouped && es_store_open(url, &o2, &h2, &err)) {
+    printf("# open %s: %s\n", url, err.msg);
+    h2 = NULL;
+  }
+  int was_live;
+  snprintf(name, sizeof name, "%s: shared group: the key 'burned' is shredded", label);
+  ok(es_store_shred(s, "burned", &was_live, &err) == ES_OK, name);
+  int outcomes = 1, kept = 1, nothing = 1, one_commit = 1, seen = 1, held = 1;
+  for (int r = 0; r < 4; r++) {
+    char sess[4][48];
+    sh_ctx c[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+      snprintf(sess[i], sizeof sess[i], "sh-%c-%d", "abch"[i], r);
+      memset(&c[i], 0, sizeof c[i]);
+      c[i].s = i == 3 ? h2 : s;
+      c[i].role = i;
+      c[i].session = sess[i];
+    }
+    atomic_store(&hold_inside, 0);
+    atomic_store(&hold_release, 0);
+    if (h2) {
+      pthread_create(&t[3], NULL, sh_writer, &c[3]);
+      while (!atomic_load(&hold_inside)) usleep(1000);
+    }
+    uint64_t before = es_store_version(s);
+    for (int i = 0; i < 3; i++) pthread_create(&t[i], NULL, sh_writer, &c[i]);
+    if (h2) {
+      /* All three in the group: queued, or taken into the transaction
+       * that waits for the write lock h2 holds (on SQLite in BEGIN
+       * IMMEDIATE, before the leader takes anyone; on PostgreSQL the begin
+       * and the lock travel with the first statement, so the leader may
+       * have taken some and waits in their work). */
+      int waited = 0;
+      while (queued_callers(s) < 3 && waited++ < 30000) usleep(1000);
+      held = held && queued_callers(s) == 3;
+      atomic_store(&hold_release, 1);
+      pthread_join(t[3], NULL);
+      held = held && c[3].rc == ES_OK;
+    }
+    for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+    uint64_t commits = es_store_version(s) - before;
+    if (c[0].rc != ES_OK || c[2].rc != ES_OK || c[1].rc != ES_INVALID_ARGUMENT) {
+      printf("# round %d: rc A %d, B %d, C %d\n", r, c[0].rc, c[1].rc, c[2].rc);
+      outcomes = 0;
+    }
+    if (!holds_exactly(s, sess[0], &c[0].out) || !holds_exactly(s, sess[2], &c[2].out) || c[0].out.n != 2 ||
+        c[2].out.n != 2)
+      kept = 0;
+    /* Acknowledged means committed: another handle reads them at once. */
+    if (h2 && (!holds_exactly(h2, sess[0], &c[0].out) || !holds_exactly(h2, sess[2], &c[2].out))) seen = 0;
+    int64_t head = -1;
+    es_events none = {0};
+    if (es_store_head(s, sess[1], &head, &err) || head != 0 || !holds_exactly(s, sess[1], &none) ||
+        rows_of(s, sess[1]) != 0)
+      nothing = 0;
+    if (grouped && commits != 1) {
+      printf("# round %d: %llu commits for the group (expected 1)\n", r, (unsigned long long)commits);
+      one_commit = 0;
+    }
+    for (int i = 0; i < 4; i++) es_events_destroy(&c[i].out);
+  }
+  snprintf(name, sizeof name, "%s: shared group: A and C succeed, B is INVALID_ARGUMENT (shredded key)", label);
+  ok(outcomes, name);
+  snprintf(name, sizeof name, "%s: shared group: A's and C's events are stored", label);
+  ok(kept, name);
+  snprintf(name, sizeof name, "%s: shared group: B left nothing, not even the row inserted before its failure",
+           label);
+  ok(nothing, name);
+  if (grouped) {
+    snprintf(name, sizeof name, "%s: shared group: the three queued behind another handle's write lock", label);
+    ok(held && h2, name);
+    snprintf(name, sizeof name, "%s: shared group: A, B and C in one transaction (one commit)", label);
+    ok(one_commit, name);
+    snprintf(name, sizeof name, "%s: shared group: another handle reads A's and C's events when they return",
+             label);
+    ok(seen, name);
+  }
+  if (h2) es_store_release(h2);
+  es_store_release(s);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Many writers, some calls failing: each acknowledged batch whole, each
+ * failed one absent. */
+
+#define MX_WRITERS 16
+#define MX_CALLS 60
+
+typedef struct {
+  es_store *s;
+  int id;
+  long acked[2];  /* events acknowledged: own session, shared session */
+  int bad;        /* a call answered other than expected */
+} mx_ctx;
+
+static void *mx_writer(void *arg) {
+  mx_ctx *c = arg;
+  char own[32];
+  snprintf(own, sizeof own, "mx-%d", c->id);
+  int64_t head = 0; /* of own: only this thread writes it */
+  for (int i = 0; i < MX_CALLS; i++) {
+    es_new_event e[3];
+    size_t n = (size_t)(i % 3) + 1;
+    for (size_t k = 0; k < n; k++) {
+      es_new_event_init(&e[k]);
+      e[k].type = "t";
+      e[k].payload = "{\"k\":1}";
+      e[k].payload_len = 7;
+      e[k].settled = (i + (int)k) % 2;
+    }
+    int shared = i % 4 == 3, fail = i % 5 == 4;
+    int pending;
+    es_err err = {0};
+    /* A failing call: a wrong expected head (checked inside the group's
+     * transaction, after other members' work). */
+    int64_t expected = shared ? ES_NONE : fail ? head + 7 : head;
+    int rc = es_store_append(c->s, shared ? "mx-shared" : own, e, n, expected, ES_NONE, NULL, &pending, &err);
+    if (rc == ES_OK && !(fail && !shared)) {
+      c->acked[shared] += (long)n;
+      if (!shared) head += (int64_t)n;
+    } else if (!(rc == ES_WRONG_EXPECTED_HEAD && fail && !shared)) {
+      printf("# writer %d call %d: rc %d %s\n", c->id, i, rc, err.msg);
+      c->bad = 1;
+    }
+  }
+  return NULL;
+}
+
+static void run_mixed(const char *url, const char *label) {
+  char name[200];
+  es_store *s;
+  es_err err = {0};
+  if (es_store_open(url, NULL, &s, &err)) {
+    printf("# open %s: %s\n", url, err.msg);
+    snprintf(name, sizeof name, "%s: mixed writers: open", label);
+    ok(0, name);
+    return;
+  }
+  mx_ctx c[MX_WRITERS];
+  pthread_t t[MX_WRITERS];
+  for (int i = 0; i < MX_WRITERS; i++) {
+    memset(&c[i], 0, sizeof c[i]);
+    c[i].s = s;
+    c[i].id = i;
+    pthread_create(&t[i], NULL, mx_writer, &c[i]);
+  }
+  int bad = 0;
+  long shared = 0;
+  for (int i = 0; i < MX_WRITERS; i++) {
+    pthread_join(t[i], NULL);
+    bad |= c[i].bad;
+    shared += c[i].acked[1];
+  }
+  snprintf(name, sizeof name, "%s: mixed writers: each call answered as expected", label);
+  ok(!bad, name);
+  int whole = 1;
+  for (int i = 0; i <= MX_WRITERS && whole; i++) {
+    char sess[32];
+    long want = i < MX_WRITERS ? c[i].acked[0] : shared;
+    if (i < MX_WRITERS) snprintf(sess, sizeof sess, "mx-%d", i);
+    else snprintf(sess, sizeof sess, "mx-shared");
+    es_events all;
+    if (es_store_read(s, sess, 0, ES_NONE, ES_NONE, &all, &err)) {
+      whole = 0;
+      break;
+    }
+    whole = (long)all.n == want;
+    for (size_t k = 0; whole && k < all.n; k++) whole = all.v[k].index == (int64_t)k + 1;
+    if (!whole) printf("# %s: %zu events, %ld acknowledged\n", sess, all.n, want);
+    es_events_destroy(&all);
+  }
+  snprintf(name, sizeof name, "%s: mixed writers: sessions hold exactly the acknowledged events, dense", label);
+  ok(whole, name);
+  es_events all;
+  int increasing = es_store_read_all(s, 0, ES_NONE, &all, &err) == ES_OK;
+  for (size_t i = 1; increasing && i < all.n; i++)
+    if (all.v[i].position <= all.v[i - 1].position) increasing = 0;
+  if (increasing) es_events_destroy(&all);
+  snprintf(name, sizeof name, "%s: mixed writers: positions strictly increasing", label);
+  ok(increasing, name);
+  es_store_release(s);
+}
+
+/* ES_PG_URL with a fresh schema (each run its own store). */
+static void pg_url(const char *base, const char *what, char *out, size_t cap) {
+  snprintf(out, cap, "%s%sschema=c_thr_%s_%ld_%ld", base, strchr(base, '?') ? "&" : "?", what,
+           (long)getpid(), (long)time(NULL));
+}
+
 int main(void) {
   printf("# store_threads_test: one handle, %d writers and %d workers\n", WRITERS, WORKERS);
   run("memory:", "memory");
@@ -353,6 +640,30 @@ int main(void) {
   snprintf(gpath, sizeof gpath, "%s/g.db", dir);
   snprintf(gurl, sizeof gurl, "sqlite:%s", gpath);
   run_group(gurl, gpath, "sqlite", 1);
+  char keys[200], spath[64], surl[200];
+  snprintf(keys, sizeof keys, "%s/master.key", dir);
+  snprintf(spath, sizeof spath, "%s/s.db", dir);
+  snprintf(surl, sizeof surl, "sqlite:%s", spath);
+  run_shared("memory:", keys, "memory", 0);
+  run_shared(surl, keys, "sqlite", 1);
+  char mpath[64], murl[200];
+  snprintf(mpath, sizeof mpath, "%s/m.db", dir);
+  snprintf(murl, sizeof murl, "sqlite:%s", mpath);
+  run_mixed(murl, "sqlite");
+  const char *pg = getenv("ES_PG_URL");
+  if (pg && *pg) {
+    char u[1024];
+    pg_url(pg, "run", u, sizeof u);
+    run(u, "postgres");
+    pg_url(pg, "group", u, sizeof u);
+    run_group(u, NULL, "postgres", 1);
+    pg_url(pg, "shared", u, sizeof u);
+    run_shared(u, keys, "postgres", 1);
+    pg_url(pg, "mixed", u, sizeof u);
+    run_mixed(u, "postgres");
+  } else {
+    printf("# postgres: skipped (ES_PG_URL is not set; make test sets it)\n");
+  }
   char p[200];
   static const char *const suffixes[] = {"", "-wal", "-shm"};
   for (int i = 0; i < 3; i++) {
@@ -360,7 +671,12 @@ int main(void) {
     unlink(p);
     snprintf(p, sizeof p, "%s%s", gpath, suffixes[i]);
     unlink(p);
+    snprintf(p, sizeof p, "%s%s", spath, suffixes[i]);
+    unlink(p);
+    snprintf(p, sizeof p, "%s%s", mpath, suffixes[i]);
+    unlink(p);
   }
+  unlink(keys);
   rmdir(dir);
   printf("# %d tests, %d failed\n", test_no, failures);
   return failures ? 1 : 0;
