@@ -623,7 +623,29 @@ static void complete_batch(es_engine *e, completion **items, es_completion *v, s
                            .evs = p->evs, .n = p->n};
   }
   while (n > 0) {
-    for (size_t i = 0; i < n; i++) v[i].fence = es_engine_fence_of(e, v[i].session);
+    /* Fenced out (the keeper found another holder, or another completion
+     * was refused), the engine holds no token any more: an unfenced
+     * completion now would land in a session another holder owns. */
+    size_t live = 0;
+    for (size_t i = 0; i < n; i++) {
+      completion *p = items[i];
+      v[i].fence = es_engine_fence_of(e, v[i].session);
+      if (v[i].fence != ES_NONE || !es_engine_is_fenced(e, v[i].session)) {
+        items[live] = p;
+        v[live] = v[i];
+        fence_tries[live] = fence_tries[i];
+        live++;
+        continue;
+      }
+      char msg[ES_ERRMSG_MAX + 64];
+      snprintf(msg, sizeof msg,
+               "completing failed: STALE_FENCE: this engine was fenced out of session '%s' "
+               "(another holder took its lease)", p->c.session);
+      record_failure(e, p->worker, &p->c, msg, 0, 1);
+      free(p);
+    }
+    n = live;
+    if (n == 0) break;
     es_err err = {0};
     es_store_complete_many(e->s, v, n, &err);
     size_t keep = 0;

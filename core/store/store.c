@@ -1771,16 +1771,29 @@ static int do_release(es_store *s, es_txn *t, void *arg, es_err *err) {
     if (!owns(&row, a->claims[i].attempt)) {
       a->out->superseded[a->out->n_superseded++] = row.index;
     } else if (strcmp(row.claim_holder, a->holder) == 0) {
-      /* The attempt ends as a failure would end it (claim gone, ready at
-       * once), minus the failure: last_failed_attempt marks it ended, so
-       * it never counts as an attempt that never finished, and a late
-       * complete of it is superseded (it no longer owns the event). */
+      /* As if the claim had never been made: the attempt number goes back
+       * (the next claim takes it again: the attempts of an event stay the
+       * ones that ran or may have run), so it counts neither as a failure
+       * nor as an attempt that never finished. */
+      es_session_info si;
+      rc = load_session(s, t, a->session, &si, err);
+      if (rc) {
+        es_event_destroy(&row);
+        break;
+      }
       free(row.claim_holder);
       row.claim_holder = NULL;
       row.claim_expires_at = ES_NONE;
-      row.last_failed_attempt = row.attempts;
+      row.attempts--;
+      if (row.attempts == 0) row.first_claimed_at = ES_NONE;
       row.due_at = due_of(&row, a->now);
       rc = s->ops->event_update(t, &row, err);
+      if (rc == ES_OK) {
+        si.attempts--;
+        si.updated_at = a->now;
+        rc = s->ops->session_put(t, &si, err);
+      }
+      es_session_info_destroy(&si);
       if (rc == ES_OK) a->out->renewed[a->out->n_renewed++] = row.index;
     }
     es_event_destroy(&row);

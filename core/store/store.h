@@ -298,12 +298,15 @@ int es_store_complete(es_store *s, const char *session, int64_t index, int64_t a
 
 /* Gives back claims holder took and never started (an engine's prefetched
  * events at a stop, or waiting behind slow handlers): each listed attempt
- * that still owns its event under holder ends without a failure (it counts
- * neither as a failure nor, later, as an attempt that never finished) and
- * the event is ready again at once (or at its not_before). A late complete
- * of a released attempt is superseded. out: the indexes released (in
- * renewed) and those whose attempt no longer owned the event (superseded);
- * others (another holder's) are in neither list. */
+ * that still owns its event under holder is undone, as if that claim had
+ * never been made (the event's attempts go back to attempt - 1, and the
+ * next claim makes that attempt number again), and the event is ready
+ * again at once (or at its not_before). So the attempt counts neither as a
+ * failure nor, later, as an attempt that never finished. The caller must
+ * never complete, fail or renew a released attempt: another holder may
+ * hold its number by then. out: the indexes released (in renewed) and
+ * those whose attempt no longer owned the event (superseded); others
+ * (another holder's) are in neither list. */
 int es_store_release_claims(es_store *s, const char *session, const char *holder,
                             const es_claim_ref *claims, size_t n, es_renew_result *out,
                             es_err *err);
