@@ -1128,7 +1128,10 @@ static void *worker_main(void *arg) {
     if (queue_pop(e, &q)) {
       int gone = handle(r, &q.ev);
       es_event_destroy(&q.ev);
-      if (gone) break;
+      if (gone) {
+        active = 0; /* abandon() took it out of e->busy: this run may be long over */
+        break;
+      }
       continue;
     }
     /* Read before the claim: completions answered after it may have made
@@ -1212,6 +1215,9 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
   if (!ok) return;
   atomic_fetch_add(&e->refs, 1); /* the thread's, until it comes back */
   atomic_fetch_add(&e->abandoned, 1);
+  /* It was busy (in a handler); its thread, whenever it comes back, must
+   * not count itself out of a later run's e->busy. */
+  atomic_fetch_sub(&e->busy, 1);
   pthread_detach(r->thread);
   es_engine_log(e, r->id, "%s #%lld %s: %s", c.session ? c.session : "?", (long long)c.index,
                 c.type ? c.type : "?", cause);
