@@ -11,6 +11,8 @@ lua5.4 bench/store_bench.lua memory: 1000000
 lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
 "$BUILD"/bench/sqlite_bench "$dir" 3
 lua5.4 bench/engine_bench.lua "$dir"
+# dispatch beside raw SQLite and the C API in the same run (bench/README.md "Dispatch")
+"$BUILD"/bench/dispatch_bench "$dir"
 "$BUILD"/bench/archive_bench "$dir" 200000 10000
 # PostgreSQL: a throwaway server for this step only, started and removed by
 # the same script as make test's (bench/README.md, "PostgreSQL").
