@@ -15,6 +15,8 @@ lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
 lua5.4 bench/engine_bench.lua "$dir"
 # Folds and engine:state() beside lua-cjson in the same run (bench/README.md, "Folds").
 lua5.4 bench/fold_bench.lua "$dir"
+# dispatch beside raw SQLite and the C API in the same run (bench/README.md "Dispatch")
+"$BUILD"/bench/dispatch_bench "$dir"
 "$BUILD"/bench/archive_bench "$dir" 200000 10000
 # Stats cost (bench/README.md "Stats cost"): counting on and off in one run.
 "$BUILD"/bench/stats_bench "$dir" 5

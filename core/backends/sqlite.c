@@ -651,6 +651,7 @@ struct es_backend {
                                       (the process may change directory meanwhile) */
   int mode;                        /* SQ_MODE_* */
   int sync;                        /* SQ_SYNC_* */
+  int lazy;                        /* SQ_LAZY_*: a claim's transaction without sync (sq_lazy_begin) */
   int busy_ms;
   int max_readers;
   int64_t max_pages;               /* 0: no cap */
@@ -1938,12 +1939,48 @@ static void sq_reclaim_wal(es_backend *b) {
   }
 }
 
+/* Claims and power loss (docs/sqlite.md): with sync=full, a claim_next
+ * alone in its transaction commits with synchronous=NORMAL: in WAL mode
+ * the commit is in the WAL (safe from a process crash) without an fsync,
+ * and the next FULL commit's fsync of the WAL makes it durable with
+ * everything before it. SQLite refuses to change synchronous inside a
+ * transaction, so it is set before BEGIN and back after the end; a
+ * restore that failed is done again (or the write refused) by the next
+ * sq_write_begin, so no other transaction ever commits without its sync. */
+enum { SQ_LAZY_OFF = 0, SQ_LAZY_ON, SQ_LAZY_STUCK };
+
+static int sq_lazy_begin(es_backend *b) {
+  if (b->sync != SQ_SYNC_FULL || b->mode == SQ_MODE_RO || b->lazy != SQ_LAZY_OFF) return ES_STORAGE;
+  if (sqlite3_exec(b->w.db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL) != SQLITE_OK)
+    return ES_STORAGE;
+  b->lazy = SQ_LAZY_ON;
+  return ES_OK;
+}
+
+static int sq_lazy_restore(es_backend *b) {
+  if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
+  if (sqlite3_exec(b->w.db, "PRAGMA synchronous = FULL", NULL, NULL, NULL) != SQLITE_OK) {
+    b->lazy = SQ_LAZY_STUCK;
+    return ES_STORAGE;
+  }
+  b->lazy = SQ_LAZY_OFF;
+  return ES_OK;
+}
+
+static void sq_lazy_end(es_backend *b) {
+  if (b->lazy != SQ_LAZY_OFF) sq_lazy_restore(b);
+}
+
 static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   es_txn *t = &b->wt;
   int code;
   *out = NULL;
   if (b->mode == SQ_MODE_RO)
     return es_fail(err, ES_STORAGE, "sqlite %s: opened read-only (mode=ro): cannot write", b->path);
+  /* a lazy claim's synchronous=NORMAL never outlives it (sq_lazy_begin) */
+  if (b->lazy == SQ_LAZY_STUCK && sq_lazy_restore(b) != ES_OK)
+    return es_fail(err, ES_STORAGE, "sqlite %s: cannot restore synchronous=FULL: %s", b->path,
+                   sqlite3_errmsg(b->w.db));
   t->broken = 0;
   t->depth = 0;
   t->removed = 0;
@@ -3102,6 +3139,8 @@ const es_backend_ops es_backend_sqlite = {
     .snapshot_delete_from = sq_snapshot_delete_from,
     .scrub = sq_scrub,
     .data_version = sq_data_version,
+    .lazy_begin = sq_lazy_begin,
+    .lazy_end = sq_lazy_end,
     .segment_list = sq_segment_list,
     .segment_put = sq_segment_put,
     .segment_delete = sq_segment_delete,

@@ -450,7 +450,7 @@ static void types_refresh(es_engine *e) {
 }
 
 /* What handling one event came to. */
-enum { RUN_HANDLED, RUN_SETTLE, RUN_FAILED, RUN_RELEASE };
+enum { RUN_HANDLED, RUN_FAILED, RUN_RELEASE };
 
 typedef struct job {
   runner *r;
@@ -491,90 +491,494 @@ static int run_job(lua_State *L) {
   es_lua_push_event(L, ev, 1);
   es_push_ctx(L, j->r, ev);
   lua_call(L, 2, 1);
+  j->result = RUN_HANDLED;
+  if (lua_isnil(L, -1)) return 0; /* nothing to append: no clock, no conversion */
   int64_t now;
   es_err err = {0};
   atomic_fetch_add(&j->r->b.trusted, 1);
   int rc = es_store_now(e->s, &now, &err);
   atomic_fetch_sub(&j->r->b.trusted, 1);
   if (rc) return es_lua_raise(L, &err);
-  if (lua_isnil(L, -1)) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-  }
   j->evs = es_lua_check_events(L, -1, 0, now, es_store_max_payload(e->s), &j->n);
-  j->result = RUN_HANDLED;
   return 3; /* the returned table (it holds the events' strings), the events, their payloads */
 }
 
-/* Completes the attempt with the returned events (ids fixed first, so a
- * retried completion is idempotent). */
-static void complete_job(job *j) {
+/* ---------------------------------------------------------------------- */
+/* Completions
+ *
+ * A worker does not wait for its completion's commit before it runs the
+ * next handler: it fixes the ids of the returned events (so a completion
+ * tried again is idempotent), copies them, and hands the completion to the
+ * completer thread, which commits every completion waiting at that moment
+ * in one transaction (es_store_complete_many; on SQLite one sync for all
+ * of them, from every worker). An event counts as handled only once its
+ * completion is answered. A completion that fails is handled as a worker
+ * handled it before: STORAGE is tried again with the same attempt and ids
+ * (outage_ms), a lease re-taken meanwhile is tried with its new token,
+ * STALE_FENCE fences the session out, any other error fails the attempt.
+ * The list is bounded (COMPLETE_BACKLOG): workers wait when the store
+ * falls that far behind. */
+
+#define COMPLETE_MAX 256      /* completions per transaction at most */
+#define COMPLETE_BACKLOG 1024 /* completions waiting before workers wait too */
+
+static size_t str_room(const char *s) { return s ? strlen(s) + 1 : 0; }
+
+static const char *str_put(char **at, const char *s) {
+  if (!s) return NULL;
+  size_t n = strlen(s) + 1;
+  memcpy(*at, s, n);
+  const char *out = *at;
+  *at += n;
+  return out;
+}
+
+/* A completion owning copies of the claim's names and of the n returned
+ * events (NULL: out of memory). */
+static completion *completion_new(int worker, const claim_info *c, const es_new_event *evs,
+                                  size_t n) {
+  size_t room = sizeof(completion) + n * sizeof(es_new_event) + str_room(c->session) +
+                str_room(c->type);
+  for (size_t i = 0; i < n; i++)
+    room += str_room(evs[i].id) + str_room(evs[i].type) + str_room(evs[i].lane) +
+            str_room(evs[i].key) + (evs[i].payload ? evs[i].payload_len + 1 : 0);
+  completion *p = malloc(room);
+  if (!p) return NULL;
+  memset(p, 0, sizeof *p);
+  p->worker = worker;
+  p->c = *c;
+  p->n = n;
+  p->evs = n ? (es_new_event *)(p + 1) : NULL;
+  char *at = (char *)(p + 1) + n * sizeof(es_new_event);
+  p->c.session = str_put(&at, c->session);
+  p->c.type = str_put(&at, c->type);
+  for (size_t i = 0; i < n; i++) {
+    es_new_event *d = &p->evs[i];
+    *d = evs[i];
+    d->id = str_put(&at, evs[i].id);
+    d->type = str_put(&at, evs[i].type);
+    d->lane = str_put(&at, evs[i].lane);
+    d->key = str_put(&at, evs[i].key);
+    if (evs[i].payload) {
+      memcpy(at, evs[i].payload, evs[i].payload_len);
+      at[evs[i].payload_len] = '\0';
+      d->payload = at;
+      at += evs[i].payload_len + 1;
+    }
+  }
+  return p;
+}
+
+/* Hands the completion of a handled job to the completer: types the
+ * engine has no handler for are stored processed (CONTRACT §4: facts
+ * nobody here handles must not sit pending; the set is at most a second
+ * old, as the loader's view), ids are fixed, the events copied. A failure
+ * here fails the job. */
+static void hand_over(job *j, const claim_info *c) {
   es_engine *e = j->r->e;
-  const es_event *ev = j->ev;
-  char (*ids)[ES_MAX_ID_BYTES + 1] = j->n ? calloc(j->n, sizeof *ids) : NULL;
   es_err err = {0};
-  if (j->n && !ids) {
+  char (*ids)[ES_MAX_ID_BYTES + 1] = NULL;
+  if (j->n) {
+    if (!(ids = calloc(j->n, sizeof *ids))) {
+      job_error(j, "out of memory");
+      return;
+    }
+    es_type_set *ts = types_get(e);
+    for (size_t i = 0; i < j->n; i++)
+      if (!j->evs[i].settled && !es_type_set_has(ts, j->evs[i].type)) j->evs[i].settled = 1;
+    es_type_set_release(ts);
+    for (size_t i = 0; i < j->n; i++) {
+      if (j->evs[i].id) continue;
+      if (es_store_new_id(e->s, ids[i], &err)) {
+        job_error(j, err.msg);
+        free(ids);
+        return;
+      }
+      j->evs[i].id = ids[i];
+    }
+  }
+  completion *p = completion_new(j->r->id, c, j->evs, j->n);
+  free(ids);
+  if (!p) {
     job_error(j, "out of memory");
     return;
   }
-  /* Events this engine writes for types it has no handler for are stored
-   * processed (CONTRACT §4): facts nobody here handles must not sit
-   * pending. The set is at most a second old, as the loader's view. */
-  es_type_set *ts = types_get(e);
-  for (size_t i = 0; i < j->n; i++)
-    if (!j->evs[i].settled && !es_type_set_has(ts, j->evs[i].type)) j->evs[i].settled = 1;
-  es_type_set_release(ts);
-  for (size_t i = 0; i < j->n; i++) {
-    if (j->evs[i].id) continue;
-    if (es_store_new_id(e->s, ids[i], &err)) {
-      job_error(j, err.msg);
-      free(ids);
-      return;
-    }
-    j->evs[i].id = ids[i];
-  }
+  pthread_mutex_lock(&e->c_mu);
+  while (e->c_n >= COMPLETE_BACKLOG && !e->c_quit) pthread_cond_wait(&e->c_done, &e->c_mu);
+  atomic_fetch_add(&e->unacked, 1);
+  if (e->c_tail) e->c_tail->next = p;
+  else e->c_head = p;
+  e->c_tail = p;
+  /* the completer waits only on an empty list */
+  if (e->c_n++ == 0) pthread_cond_signal(&e->c_cond);
+  pthread_mutex_unlock(&e->c_mu);
+}
+
+/* Completes items[0..n) (their ids fixed), trying again as the section
+ * comment says; frees each item once it is answered or given up. */
+static void complete_batch(es_engine *e, completion **items, es_completion *v, size_t n) {
   store_retry retry = {0, STORE_WAIT_FIRST_MS};
-  for (int fence_tries = 1;; fence_tries++) {
-    int outcome = 0;
-    es_events out;
-    int64_t fence = es_engine_fence_of(e, ev->session);
-    int rc = es_store_complete(e->s, ev->session, ev->index, ev->attempts, j->evs, j->n, fence,
-                               &outcome, &out, &err);
-    es_events_destroy(&out);
-    if (rc == ES_STALE_FENCE && fence != ES_NONE && es_engine_fence_of(e, ev->session) != fence &&
-        es_engine_fence_of(e, ev->session) != ES_NONE && fence_tries < FENCE_TRIES)
-      continue; /* the keeper re-took a lapsed lease meanwhile: a new token, still ours */
-    if (rc == ES_STALE_FENCE) es_engine_fenced_out(e, ev->session);
-    if (rc == ES_OK) {
-      store_answered(e, j->r->id);
-      if (outcome == ES_SUPERSEDED)
-        es_engine_log(e, j->r->id, "%s #%lld: attempt %lld was superseded; its result is dropped",
-                      ev->session, (long long)ev->index, (long long)ev->attempts);
-      else if (j->result == RUN_HANDLED) {
-        atomic_fetch_add(&e->handled, 1);
-        es_type_stats_count(&e->tstats, ev->type, ES_TYPE_HANDLED); /* §3.12 */
-      }
-      break;
-    }
-    if (rc == ES_STORAGE) {
-      /* Again with the same ids: harmless if the failed try committed. */
-      store_failed(e, j->r->id, &retry, "completing", rc, &err);
-      if (store_retry_wait(e, &retry, e->o.outage_ms)) continue;
-    }
-    char msg[ES_ERRMSG_MAX + 64];
-    snprintf(msg, sizeof msg, "completing failed: %s: %s", es_strerror(rc), err.msg);
-    if (rc == ES_STORAGE) {
-      /* Leave the claim to expire: the event is retried, nothing lost. */
-      es_engine_log(e, j->r->id, "%s #%lld: %s (tried for %lld ms); left for its claim to expire",
-                    ev->session, (long long)ev->index, msg,
-                    (long long)(es_mono_ms() - retry.first_ms));
-      j->result = RUN_SETTLE;
-    } else {
-      job_error(j, msg);
-    }
-    break;
+  int fence_tries[COMPLETE_MAX] = {0};
+  for (size_t i = 0; i < n; i++) {
+    completion *p = items[i];
+    v[i] = (es_completion){.session = p->c.session, .index = p->c.index, .attempt = p->c.attempt,
+                           .evs = p->evs, .n = p->n};
   }
-  free(ids);
+  while (n > 0) {
+    /* Fenced out (the keeper found another holder, or another completion
+     * was refused), the engine holds no token any more: an unfenced
+     * completion now would land in a session another holder owns. */
+    size_t live = 0;
+    for (size_t i = 0; i < n; i++) {
+      completion *p = items[i];
+      v[i].fence = es_engine_fence_of(e, v[i].session);
+      if (v[i].fence != ES_NONE || !es_engine_is_fenced(e, v[i].session)) {
+        items[live] = p;
+        v[live] = v[i];
+        fence_tries[live] = fence_tries[i];
+        live++;
+        continue;
+      }
+      char msg[ES_ERRMSG_MAX + 64];
+      snprintf(msg, sizeof msg,
+               "completing failed: STALE_FENCE: this engine was fenced out of session '%s' "
+               "(another holder took its lease)", p->c.session);
+      record_failure(e, p->worker, &p->c, msg, 0, 1);
+      free(p);
+    }
+    n = live;
+    if (n == 0) break;
+    es_err err = {0};
+    es_store_complete_many(e->s, v, n, &err);
+    size_t keep = 0;
+    int storage = 0;
+    es_err storage_err = {0};
+    for (size_t i = 0; i < n; i++) {
+      completion *p = items[i];
+      int rc = v[i].rc;
+      int again = 0;
+      if (rc == ES_STALE_FENCE && v[i].fence != ES_NONE) {
+        int64_t now_fence = es_engine_fence_of(e, p->c.session);
+        /* the keeper re-took a lapsed lease meanwhile: a new token, still ours */
+        again = now_fence != v[i].fence && now_fence != ES_NONE && ++fence_tries[i] < FENCE_TRIES;
+      }
+      if (!again && rc == ES_STALE_FENCE) es_engine_fenced_out(e, p->c.session);
+      if (rc == ES_STORAGE) {
+        /* again with the same ids: harmless if the failed try committed */
+        again = 1;
+        storage = 1;
+        storage_err = v[i].err;
+      }
+      if (again) {
+        items[keep] = p;
+        v[keep] = v[i];
+        fence_tries[keep] = fence_tries[i];
+        keep++;
+        continue;
+      }
+      if (rc == ES_OK) {
+        store_answered(e, p->worker);
+        if (v[i].outcome == ES_SUPERSEDED)
+          es_engine_log(e, p->worker, "%s #%lld: attempt %lld was superseded; its result is dropped",
+                        p->c.session, (long long)p->c.index, (long long)p->c.attempt);
+        else {
+          atomic_fetch_add(&e->handled, 1);
+          es_type_stats_count(&e->tstats, p->c.type, ES_TYPE_HANDLED); /* §3.12 */
+        }
+      } else {
+        char msg[ES_ERRMSG_MAX + 64];
+        snprintf(msg, sizeof msg, "completing failed: %s: %s", es_strerror(rc), v[i].err.msg);
+        record_failure(e, p->worker, &p->c, msg, 0, 1);
+      }
+      free(p);
+    }
+    n = keep;
+    if (n == 0 || !storage) continue;
+    store_failed(e, items[0]->worker, &retry, "completing", ES_STORAGE, &storage_err);
+    if (store_retry_wait(e, &retry, e->o.outage_ms)) continue;
+    /* Given up: the claims expire and the events are retried, nothing lost. */
+    for (size_t i = 0; i < n; i++) {
+      completion *p = items[i];
+      es_engine_log(e, p->worker,
+                    "%s #%lld: completing failed: %s: %s (tried for %lld ms); left for its claim "
+                    "to expire",
+                    p->c.session, (long long)p->c.index, es_strerror(v[i].rc), v[i].err.msg,
+                    (long long)(es_mono_ms() - retry.first_ms));
+      free(p);
+    }
+    n = 0;
+  }
+}
+
+/* The completer: takes every completion waiting (up to COMPLETE_MAX) and
+ * commits them together, until the run's end has drained the list. */
+static void *completer_main(void *arg) {
+  es_engine *e = arg;
+  completion *items[COMPLETE_MAX];
+  es_completion *v = malloc(COMPLETE_MAX * sizeof *v);
+  pthread_mutex_lock(&e->c_mu);
+  for (;;) {
+    while (!e->c_head && !e->c_quit) pthread_cond_wait(&e->c_cond, &e->c_mu);
+    if (!e->c_head) break;
+    size_t n = 0;
+    /* out of memory for v: one at a time through the stack */
+    es_completion one;
+    size_t max = v ? COMPLETE_MAX : 1;
+    while (e->c_head && n < max) {
+      items[n++] = e->c_head;
+      e->c_head = e->c_head->next;
+    }
+    if (!e->c_head) e->c_tail = NULL;
+    e->c_n -= n;
+    pthread_cond_broadcast(&e->c_done); /* room for workers waiting to hand over */
+    pthread_mutex_unlock(&e->c_mu);
+    complete_batch(e, items, v ? v : &one, n);
+    pthread_mutex_lock(&e->c_mu);
+    atomic_fetch_sub(&e->unacked, (long long)n);
+    pthread_cond_broadcast(&e->c_done);
+  }
+  pthread_mutex_unlock(&e->c_mu);
+  free(v);
+  return NULL;
+}
+
+/* Waits until the completer answered something or ms passed. */
+static void wait_acked(es_engine *e, int64_t ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_nsec += (long)(ms % 1000) * 1000000L;
+  until.tv_sec += ms / 1000 + until.tv_nsec / 1000000000L;
+  until.tv_nsec %= 1000000000L;
+  pthread_mutex_lock(&e->c_mu);
+  if (atomic_load(&e->unacked) > 0 && !atomic_load(&e->stopping))
+    pthread_cond_timedwait(&e->c_done, &e->c_mu, &until);
+  pthread_mutex_unlock(&e->c_mu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Prefetch
+ *
+ * One claim_next takes several ready events (up to claim_limit) into the
+ * engine's queue, which every worker takes from, oldest first: a round
+ * trip and a transaction for several events, and no worker hoards events
+ * another one could run. Laned events stay in order without anything
+ * here: only the oldest unprocessed event of a lane is ever ready, so two
+ * of one lane are never claimed together; the next becomes ready when the
+ * completion of the one before it is committed.
+ *
+ * No event waits long behind slow handlers: claim_limit sizes the batch
+ * to what the workers get through in a small window (from the measured
+ * handler time), and the keeper releases (es_store_release_claims) what
+ * waited in the queue hold_ms (ttl_ms / 3, at most HOLD_MAX_MS), long
+ * before its claim could expire, so another engine, or this one's next
+ * free worker, takes it at once. A stop releases what is left. A released
+ * attempt does not count as a failure nor as an attempt that never ended.
+ *
+ * A process that dies (kill -9, a handler crashing it) leaves its queued
+ * events claimed until they expire, and each then counts as an attempt
+ * that never finished (lost_attempts). So that a handler that kills its
+ * process cannot drag the events it was claimed with to the dead-letter
+ * queue, a claim that returns such an event keeps only the first of them
+ * and releases the rest: an attempt after a lost one runs alone. */
+
+#define BATCH_MAX 64           /* events per claim at most */
+#define BATCH_WINDOW_US 20000  /* a claim takes what the handlers get through in this */
+#define HOLD_MAX_MS 1000       /* queued longer than this (or ttl_ms / 3): released */
+#define GC_EVERY 64            /* handled events between explicit collector steps */
+
+static int64_t hold_ms(const es_engine *e) {
+  int64_t h = e->o.ttl_ms / 3;
+  if (h > HOLD_MAX_MS) h = HOLD_MAX_MS;
+  return h > 0 ? h : 1;
+}
+
+static int64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* How many events to claim at once: as many as the workers handle in
+ * BATCH_WINDOW_US (a quarter of hold_ms when that is shorter), from the
+ * running mean of a handler call; 1 while nothing is known. */
+static int64_t claim_limit(es_engine *e) {
+  int64_t us = atomic_load(&e->handler_us);
+  if (us <= 0) return 1;
+  int64_t window = hold_ms(e) * 1000 / 4;
+  if (window > BATCH_WINDOW_US) window = BATCH_WINDOW_US;
+  int64_t k = window * e->n / us;
+  return k < 1 ? 1 : k > BATCH_MAX ? BATCH_MAX : k;
+}
+
+static void note_handler_time(es_engine *e, int64_t us) {
+  if (us < 1) us = 1;
+  int64_t old = atomic_load(&e->handler_us);
+  atomic_store(&e->handler_us, old <= 0 ? us : old + (us - old) / 8);
+}
+
+/* Releases the claims of evs[0..n) (not patient: a release that fails
+ * leaves the claims to expire, as a crash would). */
+static void release_events(es_engine *e, es_event **evs, size_t n) {
+  es_claim_ref *refs = n ? malloc(n * sizeof *refs) : NULL;
+  if (!refs) return;
+  for (size_t i = 0; i < n; i++) {
+    if (!evs[i]) continue;
+    const char *session = evs[i]->session;
+    size_t k = 0;
+    for (size_t j = i; j < n; j++) {
+      if (!evs[j] || strcmp(evs[j]->session, session) != 0) continue;
+      refs[k++] = (es_claim_ref){evs[j]->index, evs[j]->attempts};
+      if (j > i) evs[j] = NULL; /* done with it */
+    }
+    es_renew_result rr;
+    es_err err = {0};
+    if (es_store_release_claims(e->s, session, e->holder, refs, k, &rr, &err) == ES_OK)
+      es_renew_result_destroy(&rr);
+    else
+      es_engine_log(e, 0, "releasing %zu prefetched event%s of %s failed: %s (left for their "
+                    "claims to expire)", k, k == 1 ? "" : "s", session, err.msg);
+  }
+  free(refs);
+}
+
+/* Takes the oldest queued event into *out; 0 when the queue is empty. */
+static int queue_pop(es_engine *e, queued_event *out) {
+  pthread_mutex_lock(&e->q_mu);
+  int got = e->q_n > 0;
+  if (got) {
+    *out = e->q[e->q_head];
+    e->q_head = (e->q_head + 1) % e->q_cap;
+    e->q_n--;
+  }
+  pthread_mutex_unlock(&e->q_mu);
+  return got;
+}
+
+/* Appends ev (moved in) to the queue, under q_mu. ES_STORAGE when out of memory. */
+static int queue_push_locked(es_engine *e, es_event *ev, int64_t now) {
+  if (e->q_n == e->q_cap) {
+    size_t cap = e->q_cap ? e->q_cap * 2 : BATCH_MAX;
+    queued_event *q = malloc(cap * sizeof *q);
+    if (!q) return ES_STORAGE;
+    for (size_t i = 0; i < e->q_n; i++) q[i] = e->q[(e->q_head + i) % e->q_cap];
+    free(e->q);
+    e->q = q;
+    e->q_cap = cap;
+    e->q_head = 0;
+  }
+  queued_event *slot = &e->q[(e->q_head + e->q_n) % e->q_cap];
+  slot->ev = *ev;
+  slot->claimed_ms = now;
+  e->q_n++;
+  return ES_OK;
+}
+
+/* Takes out of the queue (under q_mu) and releases every event claimed
+ * before cutoff (INT64_MAX: all of them). */
+static void queue_release_before(es_engine *e, int64_t cutoff) {
+  es_event *evs = NULL;
+  size_t n = 0;
+  pthread_mutex_lock(&e->q_mu);
+  /* oldest first: the ones to release are at the head */
+  while (n < e->q_n && e->q[(e->q_head + n) % e->q_cap].claimed_ms < cutoff) n++;
+  if (n && (evs = malloc(n * sizeof *evs))) {
+    for (size_t i = 0; i < n; i++) evs[i] = e->q[(e->q_head + i) % e->q_cap].ev;
+    e->q_head = (e->q_head + n) % e->q_cap;
+    e->q_n -= n;
+  } else {
+    n = 0;
+  }
+  pthread_mutex_unlock(&e->q_mu);
+  if (!n) return;
+  es_event **ptrs = malloc(n * sizeof *ptrs);
+  for (size_t i = 0; ptrs && i < n; i++) ptrs[i] = &evs[i];
+  if (ptrs) release_events(e, ptrs, n);
+  free(ptrs);
+  for (size_t i = 0; i < n; i++) es_event_destroy(&evs[i]);
+  free(evs);
+}
+
+/* Claims ready events into the queue. ES_OK with *claimed the number
+ * claimed; *claimed = -1 when there was no need (the queue has events) or
+ * another worker was claiming (then after it ended, or IDLE_POLL_MS):
+ * the caller looks at the queue again. Otherwise the claim's error. */
+static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
+  *claimed = -1;
+  pthread_mutex_lock(&e->q_mu);
+  if (e->q_n > 0) {
+    pthread_mutex_unlock(&e->q_mu);
+    return ES_OK;
+  }
+  if (e->claiming) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += IDLE_POLL_MS * 1000000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    while (e->claiming && !atomic_load(&e->stopping) &&
+           pthread_cond_timedwait(&e->q_cond, &e->q_mu, &until) == 0) {
+    }
+    pthread_mutex_unlock(&e->q_mu);
+    return ES_OK;
+  }
+  e->claiming = 1;
+  pthread_mutex_unlock(&e->q_mu);
+
+  es_events got;
+  int64_t retry_at = ES_NONE;
+  /* Only the types this engine has handlers for: others stay pending for
+   * an engine that has theirs (CONTRACT §4). */
+  static const char *const no_types[1] = {NULL}; /* types != NULL, n 0: claim nothing */
+  es_type_set *ts = types_get(e);
+  size_t n_skip;
+  char **skip = es_engine_skip_list(e, &n_skip); /* sessions another holder owns */
+  int rc = ts ? es_store_claim_next(e->s, e->holder, e->o.ttl_ms, claim_limit(e),
+                                    ts->n ? (const char *const *)ts->v : no_types, ts->n,
+                                    (const char *const *)skip, n_skip, &got, &retry_at, err)
+              : es_fail(err, ES_STORAGE, "out of memory");
+  es_engine_skip_free(skip, n_skip);
+  es_type_set_release(ts);
+  size_t keep = rc == ES_OK ? got.n : 0;
+  if (keep > 1) {
+    /* An attempt after a lost one runs alone (the section comment). */
+    size_t first = got.n;
+    for (size_t i = 0; i < got.n && first == got.n; i++)
+      if (lost_attempts(&got.v[i]) > 0) first = i;
+    es_event **others = first < got.n ? malloc(got.n * sizeof *others) : NULL;
+    if (others) {
+      size_t k = 0;
+      for (size_t i = 0; i < got.n; i++)
+        if (i != first) others[k++] = &got.v[i];
+      release_events(e, others, k);
+      free(others);
+      for (size_t i = 0; i < got.n; i++)
+        if (i != first) es_event_destroy(&got.v[i]);
+      got.v[0] = got.v[first];
+      keep = 1;
+    }
+  }
+  pthread_mutex_lock(&e->q_mu);
+  int64_t now = es_mono_ms();
+  size_t pushed = 0;
+  for (; pushed < keep; pushed++)
+    if (queue_push_locked(e, &got.v[pushed], now) != ES_OK) break;
+  e->claiming = 0;
+  pthread_cond_broadcast(&e->q_cond);
+  pthread_mutex_unlock(&e->q_mu);
+  /* What did not fit (out of memory) is released, not held. */
+  for (size_t i = pushed; i < keep; i++) {
+    es_event *ev = &got.v[i];
+    release_events(e, &ev, 1);
+    es_event_destroy(ev);
+  }
+  if (rc == ES_OK) free(got.v); /* the events themselves moved into the queue */
+  if (rc == ES_OK && pushed > 1 && atomic_load(&e->sleeping) > 0) {
+    pthread_mutex_lock(&e->mu); /* idle workers: work is here */
+    pthread_cond_broadcast(&e->cond);
+    pthread_mutex_unlock(&e->mu);
+  }
+  if (rc == ES_OK) *claimed = (int64_t)pushed;
+  return rc;
 }
 
 /* Handles one claimed event. Returns 0, or 1 when the runner was
@@ -604,6 +1008,7 @@ static int handle(runner *r, const es_event *ev) {
   watch_start(r);
   pthread_mutex_unlock(&r->mu);
 
+  int64_t t0 = mono_us();
   lua_settop(L, 0);
   lua_pushcfunction(L, run_job);
   lua_pushlightuserdata(L, &j);
@@ -611,10 +1016,16 @@ static int handle(runner *r, const es_event *ev) {
   int rc = es_budget_pcall(L, 1, 3);
   uint64_t run_ns = es_type_stats_end(&e->tstats, run_t0);
   if (rc != LUA_OK) job_error(&j, lua_tostring(L, -1));
-  /* Garbage of this call is collected now, within the watched window (a
-   * finalizer may run), and a collector a handler stopped runs again. */
-  lua_gc(L, LUA_GCRESTART);
-  lua_gc(L, LUA_GCSTEP, 0);
+  /* A collector a handler stopped runs again; and every GC_EVERY events
+   * a step collects garbage within a watched window (a finalizer may
+   * run). A step after every call cost more than the trivial handler's
+   * whole dispatch, and the collector steps with allocations anyway. */
+  if (!lua_gc(L, LUA_GCISRUNNING)) lua_gc(L, LUA_GCRESTART);
+  if (++r->gc_due >= GC_EVERY) {
+    r->gc_due = 0;
+    lua_gc(L, LUA_GCSTEP, 0);
+  }
+  note_handler_time(e, mono_us() - t0);
 
   pthread_mutex_lock(&r->mu);
   int abandoned = r->abandoned;
@@ -627,7 +1038,7 @@ static int handle(runner *r, const es_event *ev) {
   if (j.result == RUN_RELEASE)
     es_engine_log(e, r->id, "%s #%lld %s: its handler file is gone; left for its claim to expire",
                   ev->session, (long long)ev->index, ev->type);
-  else if (j.result != RUN_FAILED) complete_job(&j);
+  else if (j.result == RUN_HANDLED) hand_over(&j, &c);
   if (j.result == RUN_FAILED) {
     int stop = j.error && strstr(j.error, "interrupted: the engine is stopping") != NULL;
     record_failure(e, r->id, &c, j.error ? j.error : "unknown error", stop, 1);
@@ -713,35 +1124,37 @@ static void *worker_main(void *arg) {
   r->has_cpu = pthread_getcpuclockid(pthread_self(), &r->cpu) == 0;
   pthread_mutex_unlock(&r->mu);
   store_retry retry = {0, IDLE_POLL_MS};
+  /* Counted in e->busy from the moment it looks for work until it finds
+   * none: between two events of a streak it is never seen idle. */
+  int active = 0;
   while (!atomic_load(&e->stopping)) {
-    atomic_fetch_add(&e->busy, 1);
-    es_events got;
-    int64_t retry_at = ES_NONE;
+    if (!active) {
+      atomic_fetch_add(&e->busy, 1);
+      active = 1;
+    }
+    queued_event q;
+    if (queue_pop(e, &q)) {
+      int gone = handle(r, &q.ev);
+      es_event_destroy(&q.ev);
+      if (gone) {
+        active = 0; /* abandon() took it out of e->busy: this run may be long over */
+        break;
+      }
+      continue;
+    }
+    /* Read before the claim: completions answered after it may have made
+     * events ready (the next of a lane) that the claim did not see. */
+    int64_t unacked = atomic_load(&e->unacked);
+    int64_t claimed;
     es_err err = {0};
-    /* Only the types this engine has handlers for: others stay pending for
-     * an engine that has theirs (CONTRACT §4). */
-    static const char *const no_types[1] = {NULL}; /* types != NULL, n 0: claim nothing */
-    es_type_set *ts = types_get(e);
-    size_t n_skip;
-    char **skip = es_engine_skip_list(e, &n_skip); /* sessions another holder owns */
-    int rc = ts ? es_store_claim_next(e->s, e->holder, e->o.ttl_ms, 1,
-                                      ts->n ? (const char *const *)ts->v : no_types, ts->n,
-                                      (const char *const *)skip, n_skip, &got, &retry_at, &err)
-                : es_fail(&err, ES_STORAGE, "out of memory");
-    es_engine_skip_free(skip, n_skip);
-    es_type_set_release(ts);
-    if (rc == ES_OK) {
+    int rc = claim_into_queue(e, &claimed, &err);
+    if (rc == ES_OK && claimed >= 0) {
       if (retry.first_ms) retry = (store_retry){0, IDLE_POLL_MS};
       store_answered(e, r->id);
     }
-    if (rc == ES_OK && got.n > 0) {
-      int gone = handle(r, &got.v[0]);
-      es_events_destroy(&got);
-      atomic_fetch_sub(&e->busy, 1);
-      if (gone) break;
-      continue;
-    }
+    if (rc == ES_OK && claimed != 0) continue; /* events queued, or another worker claimed */
     if (rc != ES_OK) {
+      active = 0;
       atomic_fetch_sub(&e->busy, 1);
       char msg[ES_ERRMSG_MAX + 64];
       snprintf(msg, sizeof msg, "claiming failed: %s", err.msg);
@@ -770,16 +1183,27 @@ static void *worker_main(void *arg) {
       }
       continue;
     }
-    /* Nothing ready now. With until_idle, the run is over once no other
-     * worker is busy either (a busy one may still produce events), and no
-     * claim lost in an outage is still to expire and be taken again. */
+    /* Nothing ready now. Completions still on their way to the store may
+     * make events ready, and must be stored before an until_idle run
+     * ends: wait for them (still busy). */
+    if (unacked > 0) {
+      wait_acked(e, IDLE_POLL_MS);
+      continue;
+    }
+    /* With until_idle, the run is over once no other worker is busy either
+     * (a busy one may still produce events), and no claim lost in an
+     * outage is still to expire and be taken again. */
+    active = 0;
     if (atomic_fetch_sub(&e->busy, 1) == 1 && atomic_load(&e->until_idle) &&
         es_mono_ms() >= atomic_load(&e->orphans_until)) {
       begin_stop(e);
       break;
     }
+    atomic_fetch_add(&e->sleeping, 1);
     engine_sleep(e, IDLE_POLL_MS);
+    atomic_fetch_sub(&e->sleeping, 1);
   }
+  if (active) atomic_fetch_sub(&e->busy, 1);
   worker_exit(r);
   return NULL;
 }
@@ -799,6 +1223,9 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
   if (!ok) return;
   atomic_fetch_add(&e->refs, 1); /* the thread's, until it comes back */
   atomic_fetch_add(&e->abandoned, 1);
+  /* It was busy (in a handler); its thread, whenever it comes back, must
+   * not count itself out of a later run's e->busy. */
+  atomic_fetch_sub(&e->busy, 1);
   pthread_detach(r->thread);
   es_engine_log(e, r->id, "%s #%lld %s: %s", c.session ? c.session : "?", (long long)c.index,
                 c.type ? c.type : "?", cause);
@@ -833,6 +1260,7 @@ static void *keeper_main(void *arg) {
     int64_t now = es_mono_ms();
     if (now - e->types_at >= 1000) types_refresh(e);
     es_engine_renew_leases(e, now);
+    queue_release_before(e, now - hold_ms(e)); /* Prefetch: nothing waits behind slow handlers */
     for (int i = 0; i < e->n; i++) {
       pthread_mutex_lock(&e->mu);
       runner *r = e->slots[i];
@@ -936,6 +1364,19 @@ static void engine_free(es_engine *e) {
   pthread_mutex_destroy(&e->types_mu);
   es_engine_leases_free(e);
   pthread_mutex_destroy(&e->lease_mu);
+  /* a run releases its queue and drains its completions before it returns */
+  for (size_t i = 0; i < e->q_n; i++) es_event_destroy(&e->q[(e->q_head + i) % e->q_cap].ev);
+  free(e->q);
+  while (e->c_head) {
+    completion *p = e->c_head;
+    e->c_head = p->next;
+    free(p);
+  }
+  pthread_mutex_destroy(&e->q_mu);
+  pthread_cond_destroy(&e->q_cond);
+  pthread_mutex_destroy(&e->c_mu);
+  pthread_cond_destroy(&e->c_cond);
+  pthread_cond_destroy(&e->c_done);
   es_type_set_release(e->types);
   pthread_cond_destroy(&e->fold_cond);
   es_type_stats_destroy(&e->tstats); /* §3.12 */
@@ -966,6 +1407,11 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_mutex_init(&e->state_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
   pthread_mutex_init(&e->lease_mu, NULL);
+  pthread_mutex_init(&e->q_mu, NULL);
+  pthread_cond_init(&e->q_cond, NULL);
+  pthread_mutex_init(&e->c_mu, NULL);
+  pthread_cond_init(&e->c_cond, NULL);
+  pthread_cond_init(&e->c_done, NULL);
   atomic_init(&e->any_fenced, 0);
   pthread_cond_init(&e->fold_cond, NULL);
   es_store_retain(s);
@@ -1057,6 +1503,16 @@ static void report_unhandled(es_engine *e, es_engine_stats *st) {
                   st->unhandled == 1 ? "has" : "have", e->scripts);
 }
 
+/* Lets the completer drain the list, and joins it. */
+static void end_completer(es_engine *e, pthread_t completer) {
+  pthread_mutex_lock(&e->c_mu);
+  e->c_quit = 1;
+  pthread_cond_broadcast(&e->c_cond);
+  pthread_cond_broadcast(&e->c_done);
+  pthread_mutex_unlock(&e->c_mu);
+  pthread_join(completer, NULL);
+}
+
 int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, es_err *err) {
   memset(stats, 0, sizeof *stats);
   if (e->in_run) return es_fail(err, ES_INVALID_ARGUMENT, "the engine is already running");
@@ -1076,6 +1532,12 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   atomic_store(&e->dead, 0);
   atomic_store(&e->abandoned, 0);
   types_refresh(e);
+  e->c_quit = 0;
+  pthread_t completer;
+  if (pthread_create(&completer, NULL, completer_main, e) != 0) {
+    e->in_run = 0;
+    return es_fail(err, ES_STORAGE, "cannot start the completer thread");
+  }
   int started = 0;
   for (int i = 0; i < e->n; i++) {
     runner *r = e->slots[i];
@@ -1100,6 +1562,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
     started++;
   }
   if (started == 0) {
+    end_completer(e, completer);
     e->in_run = 0;
     return es_fail(err, ES_STORAGE, "cannot start worker threads");
   }
@@ -1123,6 +1586,10 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
    * abandoned ones were detached and left their slots. */
   for (int i = 0; i < e->n; i++)
     if (e->slots[i]) pthread_join(e->slots[i]->thread, NULL);
+  /* Every handed-over completion is stored (or given up) before the run
+   * returns; prefetched events nobody started are given back. */
+  end_completer(e, completer);
+  queue_release_before(e, INT64_MAX);
   fill_stats(e, stats);
   stats->busy = 0;
   report_unhandled(e, stats);

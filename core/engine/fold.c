@@ -378,12 +378,17 @@ static int ctx_state(lua_State *L) {
   return 1;
 }
 
-/* ctx.log(...): one line on stderr naming the event. */
+/* ctx.log(...): one line on stderr naming the event (session, index and
+ * type are upvalues: the prefix is formatted only when something is
+ * logged, not for every ctx). */
 static int ctx_log(lua_State *L) {
   int n = lua_gettop(L);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
-  luaL_addstring(&b, lua_tostring(L, lua_upvalueindex(1)));
+  lua_pushfstring(L, "[%s #%I %s]", lua_tostring(L, lua_upvalueindex(1)),
+                  (lua_Integer)lua_tointeger(L, lua_upvalueindex(2)),
+                  lua_tostring(L, lua_upvalueindex(3)));
+  luaL_addvalue(&b);
   for (int i = 1; i <= n; i++) {
     luaL_addchar(&b, i == 1 ? ' ' : '\t');
     luaL_tolstring(L, i, NULL);
@@ -394,20 +399,37 @@ static int ctx_log(lua_State *L) {
   return 0;
 }
 
+static const char ctx_now_key = 'n'; /* registry: this state's ctx.now (its runner's) */
+
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
   lua_createtable(L, 0, 6);
-  es_lua_set_str(L, "session", ev->session);
-  es_lua_set_int(L, "attempt", ev->attempts);
-  es_lua_set_int(L, "index", ev->index);
+  int ctx = lua_gettop(L);
+  lua_pushstring(L, ev->session); /* interned once, shared by the fields below */
+  int session = lua_gettop(L);
+  lua_pushvalue(L, session);
+  lua_setfield(L, ctx, "session");
+  lua_pushinteger(L, ev->attempts);
+  lua_setfield(L, ctx, "attempt");
+  lua_pushinteger(L, ev->index);
+  lua_setfield(L, ctx, "index");
+  /* A state belongs to one runner: its now() is made once. */
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ctx_now_key) != LUA_TFUNCTION) {
+    lua_pop(L, 1);
+    lua_pushlightuserdata(L, r);
+    lua_pushcclosure(L, ctx_now, 1);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &ctx_now_key);
+  }
+  lua_setfield(L, ctx, "now");
   lua_pushlightuserdata(L, r);
-  lua_pushcclosure(L, ctx_now, 1);
-  lua_setfield(L, -2, "now");
-  lua_pushlightuserdata(L, r);
-  lua_pushstring(L, ev->session);
+  lua_pushvalue(L, session);
   lua_pushinteger(L, ev->index);
   lua_pushcclosure(L, ctx_state, 3);
-  lua_setfield(L, -2, "state");
-  lua_pushfstring(L, "[%s #%I %s]", ev->session, (lua_Integer)ev->index, ev->type);
-  lua_pushcclosure(L, ctx_log, 1);
-  lua_setfield(L, -2, "log");
+  lua_setfield(L, ctx, "state");
+  lua_pushvalue(L, session);
+  lua_pushinteger(L, ev->index);
+  lua_pushstring(L, ev->type);
+  lua_pushcclosure(L, ctx_log, 3);
+  lua_setfield(L, ctx, "log");
+  lua_settop(L, ctx); /* the session string goes */
 }

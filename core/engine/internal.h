@@ -55,6 +55,7 @@ typedef struct runner {
   int64_t renewed_ms;      /* last claim renewal */
   unsigned last_ticks;     /* hook ticks at the last look ... */
   int64_t last_cpu_ns;     /* ... and the thread's CPU time then */
+  unsigned gc_due;         /* handled events since the last explicit collector step */
   const char *session, *type; /* of the claim in flight: borrowed from its event */
   claim_info claim;
 
@@ -68,6 +69,23 @@ typedef struct runner {
   es_err fold_err;
   es_buf fold_out;
 } runner;
+
+/* A claimed event waiting in the engine's queue for a worker (engine.c
+ * "Prefetch"): owned. */
+typedef struct queued_event {
+  es_event ev;
+  int64_t claimed_ms;  /* monotonic: when it was claimed */
+} queued_event;
+
+/* A handled event's completion, waiting for the completer (engine.c
+ * "Completions"): one allocation with the strings and returned events. */
+typedef struct completion {
+  struct completion *next;
+  int worker;               /* the runner's id, for its log lines */
+  claim_info c;             /* session and type point into this allocation */
+  es_new_event *evs;        /* what the handler returned, ids fixed; in this allocation */
+  size_t n;
+} completion;
 
 /* A session lease this engine holds (engine:lease): its writes to the
  * session carry the token; the keeper renews it every ttl_ms/3. */
@@ -114,6 +132,26 @@ struct es_engine {
   atomic_llong handled, failed, dead, abandoned;
   es_type_stats tstats;       /* §3.12 per event type, since the engine opened (type_stats.h) */
   es_err run_err;             /* the first error that ended the run */
+
+  /* Prefetch (engine.c): claimed events not started yet, shared by the
+   * workers, oldest first (a ring: q[(q_head + i) % q_cap]). */
+  pthread_mutex_t q_mu;
+  pthread_cond_t q_cond;      /* a claim for the queue ended */
+  queued_event *q;
+  size_t q_head, q_n, q_cap;
+  int claiming;               /* a worker is claiming for the queue (under q_mu) */
+  atomic_llong handler_us;    /* running mean of a handler call's wall time (0: none yet) */
+  atomic_int sleeping;        /* workers in the idle wait (woken when the queue fills) */
+
+  /* Completions (engine.c): handed over by the workers, committed by the
+   * completer thread, many per transaction. */
+  pthread_mutex_t c_mu;
+  pthread_cond_t c_cond;      /* work for the completer, or quit */
+  pthread_cond_t c_done;      /* the completer finished some */
+  completion *c_head, *c_tail;
+  size_t c_n;                 /* waiting in the list */
+  int c_quit;
+  atomic_llong unacked;       /* handed over and not yet answered by the store */
 
   /* Store outages (engine.c "Riding out a store outage"): */
   atomic_llong outage_since;  /* monotonic ms the store began failing; 0: it answers */

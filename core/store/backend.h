@@ -322,6 +322,19 @@ typedef struct es_backend_ops {
    * row stores), in fewer statements. On failure some of the rows may be
    * in: the core rolls its savepoint back. */
   int (*event_insert_many)(es_txn *t, es_event *rows, size_t n, es_err *err);
+  /* Optional (NULL: none; both or neither): lazy_begin() before
+   * write_begin and lazy_end() after write_commit / write_rollback bracket
+   * one write transaction whose commit need not be durable when
+   * write_commit returns: it must be visible and survive a crash of the
+   * process, and become durable with the next commit that is (which every
+   * other write transaction's is). The core uses it for a claim_next alone
+   * in its transaction, never for a group (docs/sqlite.md "Claims and
+   * power loss"). lazy_begin returns ES_OK when the next transaction is
+   * lazy; otherwise it changed nothing (and lazy_end is not called).
+   * lazy_end must leave later transactions durable: when it cannot, the
+   * next write_begin restores durability or fails. */
+  int (*lazy_begin)(es_backend *b);
+  void (*lazy_end)(es_backend *b);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

@@ -229,6 +229,9 @@ int es_tenant_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_
 int es_tenant_renew(es_store *s, const char *session, const char *holder,
                     const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
                     es_renew_result *out, es_err *err);
+int es_tenant_release_claims(es_store *s, const char *session, const char *holder,
+                             const es_claim_ref *claims, size_t n, es_renew_result *out,
+                             es_err *err);
 int es_tenant_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
                        const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                        es_events *out, es_err *err);
@@ -335,6 +338,9 @@ int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_
 int es_shards_renew(es_store *s, const char *session, const char *holder,
                     const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
                     es_renew_result *out, es_err *err);
+int es_shards_release_claims(es_store *s, const char *session, const char *holder,
+                             const es_claim_ref *claims, size_t n, es_renew_result *out,
+                             es_err *err);
 int es_shards_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
                        const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                        es_events *out, es_err *err);

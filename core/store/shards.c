@@ -1335,6 +1335,13 @@ int es_shards_renew(es_store *s, const char *session, const char *holder,
          es_store_renew(st, session, holder, claims, n, ttl_ms, expires_at, out, err));
 }
 
+int es_shards_release_claims(es_store *s, const char *session, const char *holder,
+                             const es_claim_ref *claims, size_t n, es_renew_result *out,
+                             es_err *err) {
+  memset(out, 0, sizeof *out);
+  ROUTED("session", session, es_store_release_claims(st, session, holder, claims, n, out, err));
+}
+
 int es_shards_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
                        const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                        es_events *out, es_err *err) {

@@ -1752,27 +1752,6 @@ static int next_due_of_types(es_store *s, es_txn *t, const claim_next_args *a, i
   return ES_OK;
 }
 
-static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
-  claim_next_args *a = arg;
-  int rc = a->types ? ready_of_types(s, t, a, err) : ready_rows(s, t, a, NULL, err);
-  for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) {
-    es_event *row = &a->out->v[i];
-    rc = claim_row(s, t, row, a->holder, a->now, a->expires, err);
-    if (rc) break;
-    es_session_info si;
-    if ((rc = s->ops->session_get(t, row->session, &si, err))) break;
-    si.attempts++;
-    si.updated_at = a->now;
-    rc = s->ops->session_put(t, &si, err);
-    es_session_info_destroy(&si);
-  }
-  rc = revealed(s, t, rc, a->out, err);
-  if (rc == ES_OK)
-    rc = a->types ? next_due_of_types(s, t, a, &a->retry_at, err)
-                  : next_due(s, t, NULL, a->scope, a->now, &a->retry_at, err);
-  return rc;
-}
-
 static int cmp_event_ptr_session(const void *x, const void *y) {
   const es_event *const *a = x, *const *b = y;
   return strcmp((*a)->session, (*b)->session);
@@ -1856,6 +1835,44 @@ static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_e
   else if (rc == ES_OK)
     rc = a->types ? next_due_of_types(s, t, a, &a->retry_at, err)
                   : next_due(s, t, NULL, a->scope, a->now, &a->retry_at, err);
+  return rc;
+}
+
+/* claim_next in the write transaction: do_claim_next_locked serves both
+ * kinds (without a claim transaction its ready rows come from
+ * ready_rows's filtering path), so a batch of claims reads and writes each
+ * session row once, not once per claimed event. */
+static int do_claim_next(es_store *s, es_txn *t, void *arg, es_err *err) {
+  return do_claim_next_locked(s, t, arg, err);
+}
+
+/* claim_next on a backend that can commit lazily (ops->lazy_begin: SQLite;
+ * docs/sqlite.md "Claims and power loss"): a claim that finds no group
+ * transaction open runs in one of its own whose commit is not synced, and
+ * nobody joins it (the write lock is held throughout), so no other
+ * caller's work is ever committed unsynced. The next synced commit (a
+ * completion, a failure, any write) makes it durable with everything
+ * before it. When a group is open the claim joins it as every write does:
+ * that commit is synced anyway. */
+static int claim_write(es_store *s, claim_next_args *a, es_err *err) {
+  if (!s->ops->lazy_begin) return es_core_write(s, do_claim_next, a, err);
+  pthread_mutex_lock(&s->wmu);
+  if (s->wtxn) {
+    pthread_mutex_unlock(&s->wmu);
+    return es_core_write(s, do_claim_next, a, err);
+  }
+  /* A backend that cannot go lazy now commits durably, which is safe. */
+  int lazy = s->ops->lazy_begin(s->bk) == ES_OK;
+  es_txn *t = NULL;
+  int rc = s->ops->write_begin(s->bk, &t, err);
+  if (rc == ES_OK) {
+    rc = do_claim_next(s, t, a, err);
+    if (rc == ES_OK) rc = s->ops->write_commit(t, err);
+    else s->ops->write_rollback(t);
+  }
+  if (lazy) s->ops->lazy_end(s->bk);
+  pthread_mutex_unlock(&s->wmu);
+  if (rc == ES_OK) notify_commit(s);
   return rc;
 }
 
@@ -1971,8 +1988,7 @@ int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64
   /* An empty list of types (an engine without handlers) claims nothing and
    * waits for nothing. */
   if (rc == ES_OK && !(types && tn == 0))
-    rc = s->ops->claim_begin ? claim_next_own_txn(s, &a, err)
-                             : es_core_write(s, do_claim_next, &a, err);
+    rc = s->ops->claim_begin ? claim_next_own_txn(s, &a, err) : claim_write(s, &a, err);
   es_core_leave(s);
   free(tv);
   if (rc) {
@@ -2043,6 +2059,90 @@ int es_store_renew(es_store *s, const char *session, const char *holder, const e
   if (rc == ES_OK && expires_at == ES_NONE && add_time(a.now, ttl_ms, &a.expires))
     rc = too_late(err, "ttl_ms");
   if (rc == ES_OK) rc = es_core_write(s, do_renew, &a, err);
+  es_core_leave(s);
+  if (rc) es_renew_result_destroy(out);
+  return rc;
+}
+
+/* --- release (claims taken and never started) --- */
+
+typedef struct {
+  const char *session, *holder;
+  const es_claim_ref *claims;
+  size_t n;
+  int64_t now;
+  es_renew_result *out;
+} release_args;
+
+static int do_release(es_store *s, es_txn *t, void *arg, es_err *err) {
+  release_args *a = arg;
+  int rc = ES_OK;
+  a->out->n_renewed = a->out->n_superseded = 0;
+  for (size_t i = 0; i < a->n && rc == ES_OK; i++) {
+    es_event row;
+    rc = s->ops->event_get(t, a->session, a->claims[i].index, &row, err);
+    if (rc == ES_NOT_FOUND) {
+      rc = ES_OK;
+      continue;
+    }
+    if (rc) break;
+    if (!owns(&row, a->claims[i].attempt)) {
+      a->out->superseded[a->out->n_superseded++] = row.index;
+    } else if (strcmp(row.claim_holder, a->holder) == 0) {
+      /* As if the claim had never been made: the attempt number goes back
+       * (the next claim takes it again: the attempts of an event stay the
+       * ones that ran or may have run), so it counts neither as a failure
+       * nor as an attempt that never finished. */
+      es_session_info si;
+      rc = load_session(s, t, a->session, &si, err);
+      if (rc) {
+        es_event_destroy(&row);
+        break;
+      }
+      free(row.claim_holder);
+      row.claim_holder = NULL;
+      row.claim_expires_at = ES_NONE;
+      row.attempts--;
+      if (row.attempts == 0) row.first_claimed_at = ES_NONE;
+      row.due_at = due_of(&row, a->now);
+      rc = s->ops->event_update(t, &row, err);
+      if (rc == ES_OK) {
+        si.attempts--;
+        si.updated_at = a->now;
+        rc = s->ops->session_put(t, &si, err);
+      }
+      es_session_info_destroy(&si);
+      if (rc == ES_OK) a->out->renewed[a->out->n_renewed++] = row.index;
+    }
+    es_event_destroy(&row);
+  }
+  return rc;
+}
+
+int es_store_release_claims(es_store *s, const char *session, const char *holder,
+                            const es_claim_ref *claims, size_t n, es_renew_result *out,
+                            es_err *err) {
+  ES_STATS_CALL(s, ES_OP_RELEASE_CLAIMS,
+                es_store_release_claims(s, session, holder, claims, n, out, err));
+  if (s->shards) return es_shards_release_claims(s, session, holder, claims, n, out, err);
+  if (s->base) return es_tenant_release_claims(s, session, holder, claims, n, out, err);
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
+    return rc;
+  out->renewed = malloc((n ? n : 1) * sizeof *out->renewed);
+  out->superseded = malloc((n ? n : 1) * sizeof *out->superseded);
+  if (!out->renewed || !out->superseded) {
+    es_renew_result_destroy(out);
+    return nomem(err);
+  }
+  if ((rc = es_core_enter(s, err))) {
+    es_renew_result_destroy(out);
+    return rc;
+  }
+  release_args a = {session, holder, claims, n, 0, out};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = es_core_write(s, do_release, &a, err);
   es_core_leave(s);
   if (rc) es_renew_result_destroy(out);
   return rc;
@@ -2173,6 +2273,101 @@ int es_core_complete(es_store *s, const char *scope, const char *session, int64_
   if (rc) return rc;
   *outcome = a.outcome;
   return ES_OK;
+}
+
+/* --- complete_many: several completions, one transaction --- */
+
+typedef struct {
+  es_completion *v;
+  size_t n;
+  int64_t now;
+} complete_many_args;
+
+/* Each completion as do_complete; an item's own error (NO_SUCH_EVENT,
+ * STALE_FENCE, SEALED, PARTIAL_DUPLICATE_BATCH, ...) is its answer alone.
+ * An item that appends events runs in a savepoint of its own, so one that
+ * fails halfway leaves nothing. One without events needs none: every
+ * error do_complete can meet before its first write is an answer, and
+ * after it only STORAGE, which fails the whole call (the transaction is
+ * rolled back: every item is then STORAGE, to be tried again). */
+static int do_complete_many(es_store *s, es_txn *t, void *arg, es_err *err) {
+  complete_many_args *m = arg;
+  for (size_t i = 0; i < m->n; i++) {
+    es_completion *c = &m->v[i];
+    es_events out;
+    memset(&out, 0, sizeof out);
+    complete_args a = {c->session, c->index, c->attempt, c->evs, c->n, c->fence, m->now, 0, &out,
+                       NULL};
+    memset(&c->err, 0, sizeof c->err);
+    int rc = c->n ? s->ops->savepoint(t, &c->err) : ES_OK;
+    if (rc == ES_OK) {
+      rc = do_complete(s, t, &a, &c->err);
+      if (c->n) {
+        if (rc == ES_OK) rc = s->ops->savepoint_release(t, &c->err);
+        if (rc != ES_OK) s->ops->savepoint_rollback(t);
+      }
+    }
+    es_events_destroy(&out);
+    c->rc = rc;
+    c->outcome = rc == ES_OK ? a.outcome : 0;
+    if (rc == ES_STORAGE) {
+      *err = c->err;
+      return rc;
+    }
+  }
+  return ES_OK;
+}
+
+int es_store_complete_many(es_store *s, es_completion *v, size_t n, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_COMPLETE_MANY, es_store_complete_many(s, v, n, err));
+  for (size_t i = 0; i < n; i++) {
+    v[i].rc = ES_OK;
+    v[i].outcome = 0;
+    memset(&v[i].err, 0, sizeof v[i].err);
+  }
+  if (s->shards || s->base) {
+    /* a tenant's or a shard's completions go one by one through its own rules */
+    for (size_t i = 0; i < n; i++) {
+      es_events out;
+      v[i].rc = es_store_complete(s, v[i].session, v[i].index, v[i].attempt, v[i].evs, v[i].n,
+                                  v[i].fence, &v[i].outcome, &out, &v[i].err);
+      if (v[i].rc == ES_OK) es_events_destroy(&out);
+      if (v[i].rc == ES_CLOSED) return es_fail(err, ES_CLOSED, "%s", v[i].err.msg);
+    }
+    return ES_OK;
+  }
+  int rc;
+  for (size_t i = 0; i < n; i++) {
+    es_completion *c = &v[i];
+    if ((c->rc = es_check_name("session", c->session, &c->err)) ||
+        (c->rc = check_batch(s, c->evs, c->n, &c->err)))
+      continue;
+    if (c->fence != ES_NONE && c->fence < 1)
+      c->rc = es_fail(&c->err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  }
+  /* the items that passed the checks, in order */
+  es_completion *ok = n ? malloc(n * sizeof *ok) : NULL;
+  size_t k = 0;
+  if (n && !ok) return nomem(err);
+  for (size_t i = 0; i < n; i++)
+    if (v[i].rc == ES_OK) ok[k++] = v[i];
+  if ((rc = es_core_enter(s, err))) {
+    free(ok);
+    return rc;
+  }
+  complete_many_args m = {ok, k, 0};
+  rc = k ? es_store_now(s, &m.now, err) : ES_OK;
+  if (rc == ES_OK && k) rc = es_core_write(s, do_complete_many, &m, err);
+  es_core_leave(s);
+  for (size_t i = 0, j = 0; i < n && j < k; i++) {
+    if (v[i].rc != ES_OK) continue;
+    v[i].rc = rc ? rc : ok[j].rc;
+    v[i].outcome = rc ? 0 : ok[j].outcome;
+    v[i].err = rc ? *err : ok[j].err;
+    j++;
+  }
+  free(ok);
+  return rc;
 }
 
 /* --- fail, revive, settle --- */

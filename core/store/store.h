@@ -296,6 +296,42 @@ int es_store_complete(es_store *s, const char *session, int64_t index, int64_t a
                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                       es_events *out, es_err *err);
 
+/* Gives back claims holder took and never started (an engine's prefetched
+ * events at a stop, or waiting behind slow handlers): each listed attempt
+ * that still owns its event under holder is undone, as if that claim had
+ * never been made (the event's attempts go back to attempt - 1, and the
+ * next claim makes that attempt number again), and the event is ready
+ * again at once (or at its not_before). So the attempt counts neither as a
+ * failure nor, later, as an attempt that never finished. The caller must
+ * never complete, fail or renew a released attempt: another holder may
+ * hold its number by then. out: the indexes released (in renewed) and
+ * those whose attempt no longer owned the event (superseded); others
+ * (another holder's) are in neither list. */
+int es_store_release_claims(es_store *s, const char *session, const char *holder,
+                            const es_claim_ref *claims, size_t n, es_renew_result *out,
+                            es_err *err);
+
+/* One completion of es_store_complete_many: the arguments of
+ * es_store_complete (borrowed), and its answer. */
+typedef struct es_completion {
+  const char *session;
+  int64_t index, attempt;
+  const es_new_event *evs;
+  size_t n;
+  int64_t fence;
+  int rc;        /* out: what es_store_complete would have returned */
+  int outcome;   /* out: ES_COMPLETED or ES_SUPERSEDED when rc is ES_OK */
+  es_err err;    /* out: when rc is not ES_OK */
+} es_completion;
+
+/* The n completions in one transaction (one commit, one sync), each with
+ * es_store_complete's rules and its own answer in v[i] (the appended events
+ * are not returned). Returns ES_OK when every item has its own answer; a
+ * failure of the whole call (STORAGE: the transaction did not commit,
+ * CLOSED) is returned and also set on every item that passed the argument
+ * checks. A tenant or sharded store completes the items one by one. */
+int es_store_complete_many(es_store *s, es_completion *v, size_t n, es_err *err);
+
 /* *outcome: ES_FAILED, ES_DEAD_LETTERED or ES_SUPERSEDED; *failures the
  * count after the call. max_failures >= 1; retry_after_ms >= 0. */
 int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attempt,

@@ -450,6 +450,17 @@ int es_tenant_renew(es_store *s, const char *session, const char *holder,
   return t_done(s, rc, err);
 }
 
+int es_tenant_release_claims(es_store *s, const char *session, const char *holder,
+                             const es_claim_ref *claims, size_t n, es_renew_result *out,
+                             es_err *err) {
+  tname ss;
+  memset(out, 0, sizeof *out);
+  int rc = t_enter(s, err);
+  if (!rc) rc = name_in(s, "session", session, &ss, err);
+  if (!rc) rc = es_store_release_claims(s->base, ss.v, holder, claims, n, out, err);
+  return t_done(s, rc, err);
+}
+
 int es_tenant_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
                        const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                        es_events *out, es_err *err) {

@@ -1,0 +1,341 @@
+/*
+ * dispatch_bench.c: the engine's dispatch (claim, a trivial Lua handler,
+ * complete) on memory: and durable sqlite:, beside raw loops doing the
+ * same bookkeeping in the same run (bench/README.md "Dispatch").
+ *
+ *   dispatch_bench DIR [SCALE] [ROUNDS]   DIR: where the database files go
+ *
+ * Needs lua/eventstore/loader.lua on LUA_PATH (make bench sets it).
+ *
+ * Figures (events/s; each the median of ROUNDS rounds, the rounds
+ * alternating between every figure so that a busy moment of this shared
+ * machine hits all of them alike):
+ *
+ * - raw SQLite, one event per commit: a jobs table with a partial index
+ *   on its ready rows; claim one row (an UPDATE ... RETURNING in its own
+ *   synced commit), then mark it done (another synced commit). What a
+ *   hand-written loop without batching does: two fsyncs per event.
+ * - raw SQLite, batched: claim up to 64 rows in one commit with
+ *   synchronous=NORMAL, then mark them done in one synced commit: the
+ *   loop with the durability rule the engine uses (docs/sqlite.md "Claims
+ *   and power loss"): the anchor of the sqlite: engine figures.
+ * - C API, memory: claim_next (limit 64) + one complete per event: what
+ *   the store itself costs, no Lua: the anchor of the memory: figures.
+ * - the engine (es_engine_run, until idle) with 1..8 workers, the handler
+ *   `return function(e) return nil end`.
+ */
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine.h"
+#include "store/store.h"
+
+static const char PAYLOAD[] =
+    "{\"customer\":\"c-000123\",\"items\":[{\"qty\":2,\"sku\":\"SKU-42\"}],\"note\":\"leave at the door\"}";
+
+#define RAW_BATCH 64
+#define MAX_ROUNDS 9
+
+static const char *dir;
+static char scripts[1100];
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what, const char *msg) {
+  fprintf(stderr, "dispatch_bench: %s: %s\n", what, msg);
+  exit(1);
+}
+
+static void db_path(char *out, size_t cap, const char *name) {
+  snprintf(out, cap, "%s/%s", dir, name);
+  static const char *const suffixes[] = {"", "-wal", "-shm"};
+  for (int i = 0; i < 3; i++) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s%s", out, suffixes[i]);
+    unlink(p);
+  }
+}
+
+/* --- raw SQLite ------------------------------------------------------- */
+
+static void sq(sqlite3 *db, const char *sql) {
+  char *msg = NULL;
+  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) die(sql, msg ? msg : "?");
+}
+
+static sqlite3 *raw_open(const char *path, long n) {
+  sqlite3 *db;
+  if (sqlite3_open(path, &db) != SQLITE_OK) die("raw open", sqlite3_errmsg(db));
+  sq(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
+         "CREATE TABLE jobs(id INTEGER PRIMARY KEY, session TEXT NOT NULL, idx INTEGER NOT NULL,"
+         " type TEXT NOT NULL, payload BLOB NOT NULL, state INTEGER NOT NULL DEFAULT 0,"
+         " holder TEXT, expires INTEGER, attempts INTEGER NOT NULL DEFAULT 0,"
+         " done_at INTEGER, UNIQUE(session, idx));"
+         "CREATE INDEX jobs_ready ON jobs(id) WHERE state = 0;");
+  sqlite3_stmt *st;
+  sq(db, "BEGIN");
+  if (sqlite3_prepare_v2(db, "INSERT INTO jobs(session, idx, type, payload) VALUES('d', ?, 'job', ?)",
+                         -1, &st, NULL) != SQLITE_OK)
+    die("raw prepare", sqlite3_errmsg(db));
+  for (long i = 1; i <= n; i++) {
+    sqlite3_bind_int64(st, 1, i);
+    sqlite3_bind_blob(st, 2, PAYLOAD, (int)sizeof PAYLOAD - 1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_DONE) die("raw fill", sqlite3_errmsg(db));
+    sqlite3_reset(st);
+  }
+  sqlite3_finalize(st);
+  sq(db, "COMMIT");
+  return db;
+}
+
+static size_t payload_bytes; /* read, so the payloads are fetched as a handler's would be */
+
+/* Claims up to limit ready rows (the statement's own transaction unless
+ * one is open) and touches each one's payload as a handler would get it;
+ * returns how many, their ids and attempts in ids/att. */
+static int raw_claim(sqlite3 *db, sqlite3_stmt *claim, int limit, int64_t *ids, int64_t *att) {
+  int n = 0;
+  size_t bytes = 0;
+  sqlite3_bind_int64(claim, 1, (int64_t)(now_s() * 1000) + 30000);
+  sqlite3_bind_int(claim, 2, limit);
+  int rc;
+  while ((rc = sqlite3_step(claim)) == SQLITE_ROW) {
+    ids[n] = sqlite3_column_int64(claim, 0);
+    att[n] = sqlite3_column_int64(claim, 1);
+    bytes += (size_t)sqlite3_column_bytes(claim, 2);
+    n++;
+  }
+  if (rc != SQLITE_DONE) die("raw claim", sqlite3_errmsg(db));
+  sqlite3_reset(claim);
+  payload_bytes += bytes;
+  return n;
+}
+
+static void raw_done(sqlite3 *db, sqlite3_stmt *done, int64_t id, int64_t attempt) {
+  sqlite3_bind_int64(done, 1, (int64_t)(now_s() * 1000));
+  sqlite3_bind_int64(done, 2, id);
+  sqlite3_bind_int64(done, 3, attempt);
+  if (sqlite3_step(done) != SQLITE_DONE || sqlite3_changes(db) != 1) die("raw done", sqlite3_errmsg(db));
+  sqlite3_reset(done);
+}
+
+/* batch 1: every claim and every completion its own synced commit.
+ * batch > 1: claims committed with synchronous=NORMAL, completions of a
+ * batch in one synced commit. */
+static double raw_sqlite(long n, int batch) {
+  char path[1100];
+  db_path(path, sizeof path, "dispatch_raw.db");
+  sqlite3 *db = raw_open(path, n);
+  sqlite3_stmt *claim, *done;
+  if (sqlite3_prepare_v2(db,
+                         "UPDATE jobs SET state = 1, holder = 'bench', expires = ?1,"
+                         " attempts = attempts + 1 WHERE id IN (SELECT id FROM jobs WHERE state = 0"
+                         " ORDER BY id LIMIT ?2) RETURNING id, attempts, payload",
+                         -1, &claim, NULL) != SQLITE_OK ||
+      sqlite3_prepare_v2(db,
+                         "UPDATE jobs SET state = 2, holder = NULL, done_at = ?1"
+                         " WHERE id = ?2 AND attempts = ?3 AND state = 1",
+                         -1, &done, NULL) != SQLITE_OK)
+    die("raw prepare", sqlite3_errmsg(db));
+  int64_t ids[RAW_BATCH], att[RAW_BATCH];
+  long handled = 0;
+  double t0 = now_s();
+  for (;;) {
+    int got;
+    if (batch == 1) {
+      got = raw_claim(db, claim, 1, ids, att);
+      if (!got) break;
+      raw_done(db, done, ids[0], att[0]);
+    } else {
+      /* synchronous can change only between transactions */
+      sq(db, "PRAGMA synchronous=NORMAL");
+      got = raw_claim(db, claim, batch, ids, att);
+      sq(db, "PRAGMA synchronous=FULL");
+      if (!got) break;
+      sq(db, "BEGIN IMMEDIATE");
+      for (int i = 0; i < got; i++) raw_done(db, done, ids[i], att[i]);
+      sq(db, "COMMIT");
+    }
+    handled += got;
+  }
+  double rate = (double)handled / (now_s() - t0);
+  if (handled != n) die("raw", "not every job was done");
+  sqlite3_finalize(claim);
+  sqlite3_finalize(done);
+  sqlite3_close(db);
+  db_path(path, sizeof path, "dispatch_raw.db");
+  return rate;
+}
+
+/* --- the store -------------------------------------------------------- */
+
+static es_store *filled_store(const char *url, long n) {
+  es_store *s;
+  es_err err = {0};
+  if (es_store_open(url, NULL, &s, &err)) die("open", err.msg);
+  es_new_event b[100];
+  for (int k = 0; k < 100; k++) {
+    es_new_event_init(&b[k]);
+    b[k].type = "job";
+    b[k].payload = PAYLOAD;
+    b[k].payload_len = sizeof PAYLOAD - 1;
+  }
+  for (long i = 0; i < n; i += 100) {
+    int pending;
+    size_t m = n - i < 100 ? (size_t)(n - i) : 100;
+    if (es_store_append(s, "d", b, m, ES_NONE, ES_NONE, NULL, &pending, &err)) die("append", err.msg);
+  }
+  return s;
+}
+
+/* claim_next (limit 64) + complete per event, no Lua: the store's cost. */
+static double c_api(const char *url, long n) {
+  es_store *s = filled_store(url, n);
+  es_err err = {0};
+  long handled = 0;
+  double t0 = now_s();
+  for (;;) {
+    es_events got, out;
+    int64_t retry;
+    int outcome;
+    if (es_store_claim_next(s, "bench", 30000, RAW_BATCH, NULL, 0, NULL, 0, &got, &retry, &err))
+      die("claim_next", err.msg);
+    if (got.n == 0) break;
+    for (size_t i = 0; i < got.n; i++) {
+      if (es_store_complete(s, got.v[i].session, got.v[i].index, got.v[i].attempts, NULL, 0,
+                            ES_NONE, &outcome, &out, &err))
+        die("complete", err.msg);
+      es_events_destroy(&out);
+    }
+    handled += (long)got.n;
+    es_events_destroy(&got);
+  }
+  double rate = (double)handled / (now_s() - t0);
+  if (handled != n) die("c api", "not every event was handled");
+  es_store_release(s);
+  return rate;
+}
+
+static double engine(const char *url, long n, int workers) {
+  es_store *s = filled_store(url, n);
+  es_engine_opts o;
+  es_engine_opts_init(&o);
+  o.scripts = scripts;
+  o.workers = workers;
+  es_engine *e;
+  es_err err = {0};
+  if (es_engine_open(s, &o, &e, &err)) die("engine", err.msg);
+  es_run_opts ro = {0};
+  ro.until_idle = 1;
+  es_engine_stats st;
+  double t0 = now_s();
+  if (es_engine_run(e, &ro, &st, &err)) die("run", err.msg);
+  double rate = (double)n / (now_s() - t0);
+  if (st.handled != n) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "handled %lld of %ld", (long long)st.handled, n);
+    die("engine", msg);
+  }
+  es_engine_close(e);
+  es_store_release(s);
+  return rate;
+}
+
+/* --- rounds ----------------------------------------------------------- */
+
+enum { RAW1, RAWB, SQ1, SQ2, SQ4, SQ8, CAPI, MEM1, MEM2, NFIG };
+
+static const char *const what[NFIG] = {
+    "raw SQLite, claim + done, 2 synced commits each",
+    "raw SQLite, claim 64 (NORMAL) + done 64 (synced)",
+    "engine, sqlite:, 1 worker",
+    "engine, sqlite:, 2 workers",
+    "engine, sqlite:, 4 workers",
+    "engine, sqlite:, 8 workers",
+    "C API claim_next(64) + complete, memory:",
+    "engine, memory:, 1 worker",
+    "engine, memory:, 2 workers",
+};
+static const int anchor_of[NFIG] = {-1, -1, RAWB, RAWB, RAWB, RAWB, -1, CAPI, CAPI};
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+  dir = argc > 1 ? argv[1] : ".";
+  double scale = argc > 2 ? atof(argv[2]) : 1.0;
+  int rounds = argc > 3 ? atoi(argv[3]) : 3;
+  if (scale <= 0) scale = 1;
+  if (rounds < 1) rounds = 1;
+  if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
+  long n_raw1 = (long)(1000 * scale), n_sq = (long)(20000 * scale), n_mem = (long)(200000 * scale);
+
+  snprintf(scripts, sizeof scripts, "%s/dispatch_scripts", dir);
+  char sub[1200];
+  snprintf(sub, sizeof sub, "%s/handlers", scripts);
+  mkdir(scripts, 0755);
+  mkdir(sub, 0755);
+  snprintf(sub, sizeof sub, "%s/handlers/job.lua", scripts);
+  FILE *f = fopen(sub, "w");
+  if (!f) die("scripts", sub);
+  fputs("return function(e) return nil end\n", f);
+  fclose(f);
+
+  char url[1200], path[1100];
+  /* DISPATCH_ONLY=k runs figure k alone (profiling) */
+  const char *only = getenv("DISPATCH_ONLY");
+  double fig[NFIG][MAX_ROUNDS] = {{0}};
+  for (int r = 0; r < rounds; r++) {
+    for (int k = 0; k < NFIG; k++) {
+      int i = (k + r) % NFIG; /* a different order each round */
+      if (only && *only && atoi(only) != i) continue;
+      switch (i) {
+        case RAW1: fig[i][r] = raw_sqlite(n_raw1, 1); break;
+        case RAWB: fig[i][r] = raw_sqlite(n_sq, RAW_BATCH); break;
+        case CAPI: fig[i][r] = c_api("memory:", n_mem); break;
+        case MEM1: fig[i][r] = engine("memory:", n_mem, 1); break;
+        case MEM2: fig[i][r] = engine("memory:", n_mem, 2); break;
+        default: {
+          int workers = i == SQ1 ? 1 : i == SQ2 ? 2 : i == SQ4 ? 4 : 8;
+          db_path(path, sizeof path, "dispatch_store.db");
+          snprintf(url, sizeof url, "sqlite:%s", path);
+          fig[i][r] = engine(url, n_sq, workers);
+          db_path(path, sizeof path, "dispatch_store.db");
+        }
+      }
+    }
+  }
+  printf("# dispatch_bench (sqlite: durable, WAL + synchronous=FULL; median of %d rounds)\n", rounds);
+  printf("%-52s %10s %8s   %s\n", "# what", "events/s", "vs", "per round (events/s)");
+  double med[NFIG];
+  for (int i = 0; i < NFIG; i++) {
+    double v[MAX_ROUNDS];
+    memcpy(v, fig[i], sizeof(double) * (size_t)rounds);
+    qsort(v, (size_t)rounds, sizeof *v, cmp_double);
+    med[i] = v[rounds / 2];
+  }
+  for (int i = 0; i < NFIG; i++) {
+    char ratio[32] = "";
+    if (anchor_of[i] >= 0) snprintf(ratio, sizeof ratio, "%.2f", med[i] / med[anchor_of[i]]);
+    printf("%-52s %10.0f %8s  ", what[i], med[i], ratio);
+    for (int r = 0; r < rounds; r++) printf(" %.0f", fig[i][r]);
+    printf("\n");
+  }
+  snprintf(sub, sizeof sub, "%s/handlers/job.lua", scripts);
+  unlink(sub);
+  snprintf(sub, sizeof sub, "%s/handlers", scripts);
+  rmdir(sub);
+  rmdir(scripts);
+  return 0;
+}
