@@ -272,7 +272,8 @@ describe("engine:stats()", function()
     -- the store's figures: the results of type 'done' have no handler, stored processed
     assert.same({ sessions = 1, events = 5, pending = 0, dead = 1 },
       { sessions = st.store.sessions, events = st.store.events, pending = st.store.pending, dead = st.store.dead })
-    assert.equal(2, st.store.calls.complete.count)
+    -- the engine commits its completions in batches (docs/engine.md): two events, one or two batches
+    assert.is_true(st.store.calls.complete_many.count >= 1 and st.store.calls.complete_many.count <= 2)
     local ok_, err = pcall(function() return engine:stats(1) end)
     assert.is_false(ok_)
     assert.matches("stats takes no arguments", tostring(err))

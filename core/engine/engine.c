@@ -519,7 +519,10 @@ static int run_job(lua_State *L) {
  * The list is bounded (COMPLETE_BACKLOG): workers wait when the store
  * falls that far behind. */
 
-#define COMPLETE_MAX 256      /* completions per transaction at most */
+/* Completions per transaction at most: enough to share one sync among
+ * many, few enough that one commit stays short beside a claim's TTL (on
+ * a busy PostgreSQL a completion costs a millisecond or two). */
+#define COMPLETE_MAX 64
 #define COMPLETE_BACKLOG 1024 /* completions waiting before workers wait too */
 
 static size_t str_room(const char *s) { return s ? strlen(s) + 1 : 0; }
@@ -603,6 +606,10 @@ static void hand_over(job *j, const claim_info *c) {
     job_error(j, "out of memory");
     return;
   }
+  pthread_mutex_lock(&j->r->mu);
+  p->renewed_ms = j->r->renewed_ms; /* the keeper renews it while it waits (renew_waiting) */
+  pthread_mutex_unlock(&j->r->mu);
+  p->handed_ms = es_mono_ms();
   pthread_mutex_lock(&e->c_mu);
   while (e->c_n >= COMPLETE_BACKLOG && !e->c_quit) pthread_cond_wait(&e->c_done, &e->c_mu);
   atomic_fetch_add(&e->unacked, 1);
@@ -712,6 +719,45 @@ static void complete_batch(es_engine *e, completion **items, es_completion *v, s
 
 /* The completer: takes every completion waiting (up to COMPLETE_MAX) and
  * commits them together, until the run's end has drained the list. */
+/* How often a claim is renewed while its event is worked on (ttl/3). */
+static int64_t renew_every(const es_engine *e) {
+  return e->o.ttl_ms / 3 > 10 ? e->o.ttl_ms / 3 : 10;
+}
+
+/* The keeper renews the claims of completions still waiting in the list
+ * that were not renewed for renew_every: a handled event's claim must
+ * outlast the wait for its completion's turn (a busy store), or another
+ * engine takes the event again and this result is dropped as superseded.
+ * (A completion whose claim ran out still lands while nobody has taken
+ * the event since, so the completer itself does not renew.) What to renew
+ * is copied under c_mu (the completer frees items once answered); the
+ * renewals are made after, one call per run of one session's items. */
+static void renew_waiting(es_engine *e, int64_t now) {
+  enum { MAX = 256 }; /* per keeper tick; the rest on the next one, 50 ms later */
+  es_claim_ref refs[MAX];
+  char *sessions[MAX];
+  size_t n = 0;
+  pthread_mutex_lock(&e->c_mu);
+  for (completion *p = e->c_head; p && n < MAX; p = p->next) {
+    if (now - p->renewed_ms < renew_every(e)) continue;
+    if (!(sessions[n] = strdup(p->c.session))) break;
+    refs[n++] = (es_claim_ref){p->c.index, p->c.attempt};
+    p->renewed_ms = now;
+  }
+  pthread_mutex_unlock(&e->c_mu);
+  for (size_t i = 0; i < n;) {
+    size_t k = 1;
+    while (i + k < n && strcmp(sessions[i + k], sessions[i]) == 0) k++;
+    es_renew_result rr;
+    es_err err = {0};
+    if (es_store_renew(e->s, sessions[i], e->holder, refs + i, k, e->o.ttl_ms, ES_NONE, &rr,
+                       &err) == ES_OK)
+      es_renew_result_destroy(&rr);
+    i += k;
+  }
+  for (size_t i = 0; i < n; i++) free(sessions[i]);
+}
+
 static void *completer_main(void *arg) {
   es_engine *e = arg;
   completion *items[COMPLETE_MAX];
@@ -731,15 +777,35 @@ static void *completer_main(void *arg) {
     if (!e->c_head) e->c_tail = NULL;
     e->c_n -= n;
     pthread_cond_broadcast(&e->c_done); /* room for workers waiting to hand over */
+    e->c_busy_since = items[0]->handed_ms;
     pthread_mutex_unlock(&e->c_mu);
     complete_batch(e, items, v ? v : &one, n);
     pthread_mutex_lock(&e->c_mu);
+    e->c_busy_since = 0;
     atomic_fetch_sub(&e->unacked, (long long)n);
     pthread_cond_broadcast(&e->c_done);
   }
   pthread_mutex_unlock(&e->c_mu);
   free(v);
   return NULL;
+}
+
+/* Whether the completions are falling behind: the oldest one not yet
+ * answered was handed over more than LAG_MS (or hold_ms / 2) ago. Workers
+ * then run what they have queued but claim nothing more until the store
+ * catches up: a handled event's claim must not run out while its
+ * completion waits its turn, or another engine runs it again and this
+ * result is dropped as superseded (a cascade once it starts: the re-run
+ * adds to the very backlog that made the first one late). */
+#define LAG_MS 250
+static int64_t hold_ms(const es_engine *e);
+static int completions_lag(es_engine *e) {
+  int64_t limit = hold_ms(e) / 2 < LAG_MS ? hold_ms(e) / 2 : LAG_MS;
+  pthread_mutex_lock(&e->c_mu);
+  int64_t oldest = e->c_busy_since;
+  if (e->c_head && (!oldest || e->c_head->handed_ms < oldest)) oldest = e->c_head->handed_ms;
+  pthread_mutex_unlock(&e->c_mu);
+  return oldest && es_mono_ms() - oldest > limit;
 }
 
 /* Waits until the completer answered something or ms passed. */
@@ -807,7 +873,11 @@ static int64_t claim_limit(es_engine *e) {
   int64_t window = hold_ms(e) * 1000 / 4;
   if (window > BATCH_WINDOW_US) window = BATCH_WINDOW_US;
   int64_t k = window * e->n / us;
-  return k < 1 ? 1 : k > BATCH_MAX ? BATCH_MAX : k;
+  /* what the handlers alone would allow; the store's pace sets the cap */
+  int64_t cap = atomic_load(&e->claim_cap);
+  if (cap < 1 || cap > BATCH_MAX) cap = BATCH_MAX;
+  if (k > cap) k = cap;
+  return k < 1 ? 1 : k;
 }
 
 static void note_handler_time(es_engine *e, int64_t us) {
@@ -890,6 +960,12 @@ static void queue_release_before(es_engine *e, int64_t cutoff) {
   }
   pthread_mutex_unlock(&e->q_mu);
   if (!n) return;
+  /* Claimed more than got run in time (the handlers or the completions
+   * are slower than the claim size assumed): claim less. Each release is
+   * a write, and a churn of claims and releases is all cost. */
+  int64_t cap = atomic_load(&e->claim_cap);
+  if (cap < 1 || cap > BATCH_MAX) cap = BATCH_MAX; /* 0: never set */
+  atomic_store(&e->claim_cap, cap > 1 ? cap / 2 : 1);
   es_event **ptrs = malloc(n * sizeof *ptrs);
   for (size_t i = 0; ptrs && i < n; i++) ptrs[i] = &evs[i];
   if (ptrs) release_events(e, ptrs, n);
@@ -923,6 +999,9 @@ static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
   }
   e->claiming = 1;
   pthread_mutex_unlock(&e->q_mu);
+  /* The queue was used up: claims may grow again (by a quarter). */
+  int64_t cap = atomic_load(&e->claim_cap);
+  if (cap >= 1 && cap < BATCH_MAX) atomic_store(&e->claim_cap, cap + cap / 4 + 1);
 
   es_events got;
   int64_t retry_at = ES_NONE;
@@ -983,7 +1062,7 @@ static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
 
 /* Handles one claimed event. Returns 0, or 1 when the runner was
  * abandoned meanwhile (its thread must then only clean up). */
-static int handle(runner *r, const es_event *ev) {
+static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   es_engine *e = r->e;
   lua_State *L = r->L;
   job j = {r, ev, RUN_FAILED, NULL, NULL, 0};
@@ -1004,7 +1083,9 @@ static int handle(runner *r, const es_event *ev) {
   r->session = ev->session;
   r->type = ev->type;
   r->claim = c;
-  r->renewed_ms = es_mono_ms();
+  /* The claim's age counts from when it was made, not from when this
+   * worker took it off the queue: it may have waited there. */
+  r->renewed_ms = claimed_ms;
   watch_start(r);
   pthread_mutex_unlock(&r->mu);
 
@@ -1134,7 +1215,7 @@ static void *worker_main(void *arg) {
     }
     queued_event q;
     if (queue_pop(e, &q)) {
-      int gone = handle(r, &q.ev);
+      int gone = handle(r, &q.ev, q.claimed_ms);
       es_event_destroy(&q.ev);
       if (gone) {
         active = 0; /* abandon() took it out of e->busy: this run may be long over */
@@ -1147,6 +1228,10 @@ static void *worker_main(void *arg) {
     int64_t unacked = atomic_load(&e->unacked);
     int64_t claimed;
     es_err err = {0};
+    if (completions_lag(e)) {
+      wait_acked(e, IDLE_POLL_MS);
+      continue;
+    }
     int rc = claim_into_queue(e, &claimed, &err);
     if (rc == ES_OK && claimed >= 0) {
       if (retry.first_ms) retry = (store_retry){0, IDLE_POLL_MS};
@@ -1254,13 +1339,14 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
  * so handlers finishing during a stop keep their claims. */
 static void *keeper_main(void *arg) {
   es_engine *e = arg;
-  int64_t every = e->o.ttl_ms / 3 > 10 ? e->o.ttl_ms / 3 : 10;
+  int64_t every = renew_every(e);
   while (!atomic_load(&e->keeper_quit)) {
     sleep_ms(WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every);
     int64_t now = es_mono_ms();
     if (now - e->types_at >= 1000) types_refresh(e);
     es_engine_renew_leases(e, now);
     queue_release_before(e, now - hold_ms(e)); /* Prefetch: nothing waits behind slow handlers */
+    renew_waiting(e, now);
     for (int i = 0; i < e->n; i++) {
       pthread_mutex_lock(&e->mu);
       runner *r = e->slots[i];

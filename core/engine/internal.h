@@ -85,6 +85,8 @@ typedef struct completion {
   claim_info c;             /* session and type point into this allocation */
   es_new_event *evs;        /* what the handler returned, ids fixed; in this allocation */
   size_t n;
+  int64_t renewed_ms;       /* monotonic: when its claim was made or last renewed */
+  int64_t handed_ms;        /* monotonic: when the worker handed it over */
 } completion;
 
 /* A session lease this engine holds (engine:lease): its writes to the
@@ -141,6 +143,8 @@ struct es_engine {
   size_t q_head, q_n, q_cap;
   int claiming;               /* a worker is claiming for the queue (under q_mu) */
   atomic_llong handler_us;    /* running mean of a handler call's wall time (0: none yet) */
+  atomic_llong claim_cap;     /* events per claim at most now: halved when queued events had
+                               * to be released, grown back while claims are used up */
   atomic_int sleeping;        /* workers in the idle wait (woken when the queue fills) */
 
   /* Completions (engine.c): handed over by the workers, committed by the
@@ -150,6 +154,7 @@ struct es_engine {
   pthread_cond_t c_done;      /* the completer finished some */
   completion *c_head, *c_tail;
   size_t c_n;                 /* waiting in the list */
+  int64_t c_busy_since;       /* handed_ms of the oldest completion being committed (0: none) */
   int c_quit;
   atomic_llong unacked;       /* handed over and not yet answered by the store */
 
