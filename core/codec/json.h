@@ -87,8 +87,8 @@ int es_json_decode_lua(lua_State *L, const char *text, size_t len, es_err *err);
  * lua_State), it also reuses the Lua strings of recent short keys and
  * values (a cache held by the userdata): the same values, without hashing
  * and interning each one again; elsewhere on the stack it decodes the
- * same, without the cache. Uses 2 stack slots above the value at most per
- * nesting level more than es_json_decode_lua (checked, may raise). */
+ * same, without the cache. It checks the stack room it needs (raising
+ * Lua's stack error when there is none). */
 typedef struct es_json_decoder es_json_decoder;
 es_json_decoder *es_json_decoder_push(lua_State *L);
 void es_json_decoder_decode(lua_State *L, es_json_decoder *jd, const char *text, size_t len);
