@@ -14,7 +14,11 @@
  *     pcall, scratch reused from one input to the next) agrees with
  *     es_json_decode_lua: the same value (types, integer vs float subtype,
  *     float bits, string bytes, keys, array marks, json.null) or the same
- *     error message;
+ *     error message; with its string cache (the decoder at the stack index
+ *     it was pushed at; the cache keeps strings from earlier inputs, so its
+ *     slots are hit, missed and replaced) and without it (another index),
+ *     alternately, and twice in a row (the second decode hits the strings
+ *     the first one left);
  *   - the first 8 bytes, read as a double, format to text that reads back
  *     bit for bit (or are NaN/inf and are refused).
  * A broken invariant aborts, which libFuzzer reports with the input.
@@ -117,11 +121,14 @@ static int same_value(int a, int b, int depth) {
 }
 
 /* lua_pcall'd: es_json_decoder_decode of (text, size) given as light
- * userdata and integer. */
+ * userdata and integer. The decoder was pushed at index 1: put at index 1
+ * again, it decodes with its string cache; at index 2, without. */
 static int raising_decode(lua_State *S) {
   const char *text = lua_touserdata(S, 1);
   size_t size = (size_t)lua_tointeger(S, 2);
   lua_settop(S, 0);
+  if (runs & 1) lua_pushnil(S);
+  lua_rawgetp(S, LUA_REGISTRYINDEX, &jd_key);
   es_json_decoder_decode(S, jd, text, size);
   return 1;
 }
@@ -193,7 +200,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   /* The raising decoder against es_json_decode_lua (whose value, if
    * any, is still at -1). */
-  {
+  for (int twice = 0; twice < 2; twice++) {
     int base = lua_gettop(L), status;
     lua_pushcfunction(L, raising_decode);
     lua_pushlightuserdata(L, (void *)text);
@@ -212,6 +219,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       CHECK(code && strcmp(code, "INVALID_ARGUMENT") == 0 && msg && strcmp(msg, derr.msg) == 0,
             "raising decoder '%s: %s' vs decode_lua '%s'", code ? code : "?", msg ? msg : "?", derr.msg);
     }
+    lua_settop(L, base);
   }
   lua_settop(L, 0);
   if (++runs % 1024 == 0) lua_gc(L, LUA_GCCOLLECT, 0);

@@ -205,5 +205,65 @@ for _, url in ipairs(helpers.urls()) do
       end
       assert.equal(0, store:head("p"))
     end)
+
+    -- The payloads of a list are decoded with a cache of recent short
+    -- strings (core/codec/json_lua.c): strings that share their length and
+    -- first, middle and last bytes share a slot, so these keep evicting
+    -- each other, and a hit must still be the exact string.
+    it("decodes the payloads of a list exactly when short strings repeat, collide and change", function()
+      local store = new()
+      local function word(n, i) -- n bytes, same first, middle and last byte for every i
+        local mid = string.format("%0" .. math.max(n - 2, 0) .. "d", i):sub(1, math.max(n - 2, 0))
+        local s = "k" .. mid .. "z"
+        return s:sub(1, n)
+      end
+      local payloads = {}
+      for i = 1, 150 do
+        local p = { common = "same", ["k" .. (i % 7)] = word(8, i), [word(12, i % 90)] = i,
+          list = json.array({ word(40, i), word(41, i), "\u{e9}t\u{e9}", "" }), esc = "a\"b\\c\n" .. (i % 3) }
+        payloads[i] = p
+      end
+      local batch = {}
+      for i, p in ipairs(payloads) do batch[i] = { type = "t", payload = p } end
+      local stored = store:append("c", batch)
+      local read, all = store:read("c"), store:read_all({})
+      for i = 1, 150 do
+        assert.same(payloads[i], stored[i].payload)
+        assert.same(payloads[i], read[i].payload)
+        assert.same(payloads[i], all[i].payload)
+        assert.is_true(json.is_array(read[i].payload.list))
+      end
+    end)
   end)
 end
+
+-- A stored payload that is not JSON (written behind the store's back) fails
+-- a read of the list that holds it with the codec's error, as json.decode
+-- of that text; the events before it and the store stay usable.
+describe("sqlite: a stored payload that is not JSON", function()
+  it("fails the read of a list with the decoder's INVALID_ARGUMENT", function()
+    local reserved = os.tmpname()
+    local path = reserved .. ".db"
+    finally(function()
+      for _, f in ipairs({ reserved, path, path .. "-wal", path .. "-shm" }) do os.remove(f) end
+    end)
+    local store = eventstore.open("sqlite:" .. path)
+    local batch = {}
+    for i = 1, 5 do batch[i] = { type = "t", payload = { customer = "c-1", n = i } } end
+    store:append("s", batch)
+    store:close()
+    local bad = '{"customer":"c-1","n":3,}'
+    local sql = "UPDATE events SET payload = '" .. bad .. "' WHERE session = 's' AND idx = 3"
+    assert(os.execute("sqlite3 " .. helpers.sh_quote(path) .. " " .. helpers.sh_quote(sql) .. " >/dev/null") == true,
+      "the sqlite3 shell is needed (make deps installs it)")
+    store = eventstore.open("sqlite:" .. path)
+    local want = expect_error("INVALID_ARGUMENT", function() return json.decode(bad) end)
+    for _ = 1, 3 do
+      local err = expect_error("INVALID_ARGUMENT", function() return store:read("s") end)
+      assert.equal(want.message, err.message)
+    end
+    assert.same({ customer = "c-1", n = 2 }, store:read("s", { limit = 2 })[2].payload)
+    assert.same({ customer = "c-1", n = 5 }, store:read("s", { after = 3 })[2].payload)
+    store:close()
+  end)
+end)

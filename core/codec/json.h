@@ -82,7 +82,13 @@ int es_json_decode_lua(lua_State *L, const char *text, size_t len, es_err *err);
  * es_json_decoder_decode pushes the value of text[0..len) exactly as
  * es_json_decode_lua would (same values, subtypes and array marks) or
  * raises: an eventstore error object (INVALID_ARGUMENT, the same message)
- * for bad text; Lua's own memory error when out of memory. */
+ * for bad text; Lua's own memory error when out of memory. While the
+ * decoder is still at the stack index where it was pushed (in the same
+ * lua_State), it also reuses the Lua strings of recent short keys and
+ * values (a cache held by the userdata): the same values, without hashing
+ * and interning each one again; elsewhere on the stack it decodes the
+ * same, without the cache. It checks the stack room it needs (raising
+ * Lua's stack error when there is none). */
 typedef struct es_json_decoder es_json_decoder;
 es_json_decoder *es_json_decoder_push(lua_State *L);
 void es_json_decoder_decode(lua_State *L, es_json_decoder *jd, const char *text, size_t len);

@@ -209,26 +209,38 @@ typedef struct pusher {
   int names; /* stack index of the names array */
   int slots; /* stack index of the first of C_COUNT cache slots; 0: no cache */
   int keys;  /* with a cache: the names are also on the stack, name k at keys + k */
+  /* With a cache: the payload decoder of the list (its userdata is on the
+   * stack, above the names), which decodes without a lua_pcall per payload
+   * and keeps its scratch buffers from one payload to the next; NULL: each
+   * payload is decoded by es_json_decode_lua. */
+  es_json_decoder *jd;
   /* the text each slot holds, borrowed from the event list being pushed
    * (alive until the pushing ends); NULL: the slot is empty */
   const char *text[C_COUNT];
 } pusher;
 
 /* Starts a pusher: the names array and, for a list (`cache`), the cache
- * slots and a copy of the names on the stack (lua_pushvalue is cheaper
- * than lua_rawgeti, 15 times per event); popped by pusher_end. */
+ * slots, a copy of the names on the stack (lua_pushvalue is cheaper than
+ * lua_rawgeti, 15 times per event) and the list's payload decoder; popped
+ * by pusher_end. */
 static void pusher_begin(lua_State *L, pusher *p, int cache) {
-  luaL_checkstack(L, 1 + C_COUNT + N_COUNT_PLUS_ONE + 8, "event tables");
+  luaL_checkstack(L, 2 + C_COUNT + N_COUNT_PLUS_ONE + 8, "event tables");
   p->L = L;
   push_names(L);
   p->names = lua_gettop(L);
   p->slots = 0;
   p->keys = 0;
+  p->jd = NULL;
   if (cache) {
     for (int i = 0; i < C_COUNT; i++) lua_pushnil(L);
     p->slots = p->names + 1;
     p->keys = lua_gettop(L);
     for (int k = 1; k < N_COUNT_PLUS_ONE; k++) lua_rawgeti(L, p->names, k);
+    /* One per list, never one per lua_State: a decode allocates, an
+     * allocation can run a finalizer, and a finalizer may read events
+     * (and so decode) in the middle of this decode. The collector frees it
+     * (and its scratch) whether the list is built or an error unwinds. */
+    p->jd = es_json_decoder_push(L);
   }
   memset(p->text, 0, sizeof p->text);
 }
@@ -315,9 +327,16 @@ static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
   put_str(p, t, N_ID, e->id, -1);
   put_str(p, t, N_TYPE, e->type, C_TYPE);
   if (e->payload) { /* NULL: a shredded payload (§3.10), absent */
-    es_err err = {0};
     push_name(p, N_PAYLOAD);
-    if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) es_lua_raise(L, &err);
+    if (p->jd) {
+      /* Raises the same INVALID_ARGUMENT error object for bad text; holds
+       * no C memory of its own (the list is in its box), so unwinding
+       * leaks nothing. */
+      es_json_decoder_decode(L, p->jd, e->payload, e->payload_len);
+    } else {
+      es_err err = {0};
+      if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) es_lua_raise(L, &err);
+    }
     lua_rawset(L, t);
   }
   put_str(p, t, N_KEY, e->key, -1);
