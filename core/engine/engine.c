@@ -717,8 +717,6 @@ static void complete_batch(es_engine *e, completion **items, es_completion *v, s
   }
 }
 
-/* The completer: takes every completion waiting (up to COMPLETE_MAX) and
- * commits them together, until the run's end has drained the list. */
 /* How often a claim is renewed while its event is worked on (ttl/3). */
 static int64_t renew_every(const es_engine *e) {
   return e->o.ttl_ms / 3 > 10 ? e->o.ttl_ms / 3 : 10;
@@ -758,6 +756,8 @@ static void renew_waiting(es_engine *e, int64_t now) {
   for (size_t i = 0; i < n; i++) free(sessions[i]);
 }
 
+/* The completer: takes every completion waiting (up to COMPLETE_MAX) and
+ * commits them together, until the run's end has drained the list. */
 static void *completer_main(void *arg) {
   es_engine *e = arg;
   completion *items[COMPLETE_MAX];
