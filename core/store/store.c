@@ -1999,16 +1999,45 @@ int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64
   return ES_OK;
 }
 
+/* renew and release (claims taken and never started) share one walk over
+ * the caller's claims: a claim the holder no longer owns is reported
+ * superseded, one of another holder is left alone, and each of the
+ * holder's own is renewed (release 0) or undone (release 1). */
 typedef struct {
   const char *session, *holder;
   const es_claim_ref *claims;
   size_t n;
   int64_t expires, now;
+  int release;
   es_renew_result *out;
-} renew_args;
+} claims_args;
 
-static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
-  renew_args *a = arg;
+/* As if the claim had never been made: the attempt number goes back (the
+ * next claim takes it again: the attempts of an event stay the ones that
+ * ran or may have run), so it counts neither as a failure nor as an
+ * attempt that never finished. */
+static int release_row(es_store *s, es_txn *t, claims_args *a, es_event *row, es_err *err) {
+  es_session_info si;
+  int rc = load_session(s, t, a->session, &si, err);
+  if (rc) return rc;
+  free(row->claim_holder);
+  row->claim_holder = NULL;
+  row->claim_expires_at = ES_NONE;
+  row->attempts--;
+  if (row->attempts == 0) row->first_claimed_at = ES_NONE;
+  row->due_at = due_of(row, a->now);
+  rc = s->ops->event_update(t, row, err);
+  if (rc == ES_OK) {
+    si.attempts--;
+    si.updated_at = a->now;
+    rc = s->ops->session_put(t, &si, err);
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+static int do_claims(es_store *s, es_txn *t, void *arg, es_err *err) {
+  claims_args *a = arg;
   int rc = ES_OK;
   a->out->n_renewed = a->out->n_superseded = 0;
   for (size_t i = 0; i < a->n && rc == ES_OK; i++) {
@@ -2022,12 +2051,50 @@ static int do_renew(es_store *s, es_txn *t, void *arg, es_err *err) {
     if (!owns(&row, a->claims[i].attempt)) {
       a->out->superseded[a->out->n_superseded++] = row.index;
     } else if (strcmp(row.claim_holder, a->holder) == 0) {
-      row.claim_expires_at = row.due_at = a->expires;
-      rc = s->ops->event_update(t, &row, err);
+      if (a->release) {
+        rc = release_row(s, t, a, &row, err);
+      } else {
+        row.claim_expires_at = row.due_at = a->expires;
+        rc = s->ops->event_update(t, &row, err);
+      }
       if (rc == ES_OK) a->out->renewed[a->out->n_renewed++] = row.index;
     }
     es_event_destroy(&row);
   }
+  return rc;
+}
+
+/* The checks and the transaction of renew and release_claims (a->out set,
+ * the rest of a filled in by the caller except now and, for renew with
+ * expires_at ES_NONE, expires). */
+static int claims_call(es_store *s, claims_args *a, int64_t ttl_ms, es_err *err) {
+  int rc;
+  memset(a->out, 0, sizeof *a->out);
+  if ((rc = es_check_name("session", a->session, err)) ||
+      (rc = es_check_name("holder", a->holder, err)))
+    return rc;
+  if (!a->release) {
+    if (a->expires == ES_NONE && ttl_ms <= 0)
+      return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0 (or give expires_at)");
+    if ((rc = check_nonneg("expires_at", a->expires, err))) return rc;
+  }
+  size_t room = a->n ? a->n : 1;
+  a->out->renewed = malloc(room * sizeof *a->out->renewed);
+  a->out->superseded = malloc(room * sizeof *a->out->superseded);
+  if (!a->out->renewed || !a->out->superseded) {
+    es_renew_result_destroy(a->out);
+    return nomem(err);
+  }
+  if ((rc = es_core_enter(s, err))) {
+    es_renew_result_destroy(a->out);
+    return rc;
+  }
+  rc = es_store_now(s, &a->now, err);
+  if (rc == ES_OK && !a->release && a->expires == ES_NONE && add_time(a->now, ttl_ms, &a->expires))
+    rc = too_late(err, "ttl_ms");
+  if (rc == ES_OK) rc = es_core_write(s, do_claims, a, err);
+  es_core_leave(s);
+  if (rc) es_renew_result_destroy(a->out);
   return rc;
 }
 
@@ -2037,86 +2104,8 @@ int es_store_renew(es_store *s, const char *session, const char *holder, const e
                 es_store_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err));
   if (s->shards) return es_shards_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
   if (s->base) return es_tenant_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
-  int rc;
-  memset(out, 0, sizeof *out);
-  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
-    return rc;
-  if (expires_at == ES_NONE && ttl_ms <= 0)
-    return es_fail(err, ES_INVALID_ARGUMENT, "ttl_ms must be > 0 (or give expires_at)");
-  if ((rc = check_nonneg("expires_at", expires_at, err))) return rc;
-  out->renewed = malloc((n ? n : 1) * sizeof *out->renewed);
-  out->superseded = malloc((n ? n : 1) * sizeof *out->superseded);
-  if (!out->renewed || !out->superseded) {
-    es_renew_result_destroy(out);
-    return nomem(err);
-  }
-  if ((rc = es_core_enter(s, err))) {
-    es_renew_result_destroy(out);
-    return rc;
-  }
-  renew_args a = {session, holder, claims, n, expires_at, 0, out};
-  rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK && expires_at == ES_NONE && add_time(a.now, ttl_ms, &a.expires))
-    rc = too_late(err, "ttl_ms");
-  if (rc == ES_OK) rc = es_core_write(s, do_renew, &a, err);
-  es_core_leave(s);
-  if (rc) es_renew_result_destroy(out);
-  return rc;
-}
-
-/* --- release (claims taken and never started) --- */
-
-typedef struct {
-  const char *session, *holder;
-  const es_claim_ref *claims;
-  size_t n;
-  int64_t now;
-  es_renew_result *out;
-} release_args;
-
-static int do_release(es_store *s, es_txn *t, void *arg, es_err *err) {
-  release_args *a = arg;
-  int rc = ES_OK;
-  a->out->n_renewed = a->out->n_superseded = 0;
-  for (size_t i = 0; i < a->n && rc == ES_OK; i++) {
-    es_event row;
-    rc = s->ops->event_get(t, a->session, a->claims[i].index, &row, err);
-    if (rc == ES_NOT_FOUND) {
-      rc = ES_OK;
-      continue;
-    }
-    if (rc) break;
-    if (!owns(&row, a->claims[i].attempt)) {
-      a->out->superseded[a->out->n_superseded++] = row.index;
-    } else if (strcmp(row.claim_holder, a->holder) == 0) {
-      /* As if the claim had never been made: the attempt number goes back
-       * (the next claim takes it again: the attempts of an event stay the
-       * ones that ran or may have run), so it counts neither as a failure
-       * nor as an attempt that never finished. */
-      es_session_info si;
-      rc = load_session(s, t, a->session, &si, err);
-      if (rc) {
-        es_event_destroy(&row);
-        break;
-      }
-      free(row.claim_holder);
-      row.claim_holder = NULL;
-      row.claim_expires_at = ES_NONE;
-      row.attempts--;
-      if (row.attempts == 0) row.first_claimed_at = ES_NONE;
-      row.due_at = due_of(&row, a->now);
-      rc = s->ops->event_update(t, &row, err);
-      if (rc == ES_OK) {
-        si.attempts--;
-        si.updated_at = a->now;
-        rc = s->ops->session_put(t, &si, err);
-      }
-      es_session_info_destroy(&si);
-      if (rc == ES_OK) a->out->renewed[a->out->n_renewed++] = row.index;
-    }
-    es_event_destroy(&row);
-  }
-  return rc;
+  claims_args a = {session, holder, claims, n, expires_at, 0, 0, out};
+  return claims_call(s, &a, ttl_ms, err);
 }
 
 int es_store_release_claims(es_store *s, const char *session, const char *holder,
@@ -2126,26 +2115,8 @@ int es_store_release_claims(es_store *s, const char *session, const char *holder
                 es_store_release_claims(s, session, holder, claims, n, out, err));
   if (s->shards) return es_shards_release_claims(s, session, holder, claims, n, out, err);
   if (s->base) return es_tenant_release_claims(s, session, holder, claims, n, out, err);
-  int rc;
-  memset(out, 0, sizeof *out);
-  if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
-    return rc;
-  out->renewed = malloc((n ? n : 1) * sizeof *out->renewed);
-  out->superseded = malloc((n ? n : 1) * sizeof *out->superseded);
-  if (!out->renewed || !out->superseded) {
-    es_renew_result_destroy(out);
-    return nomem(err);
-  }
-  if ((rc = es_core_enter(s, err))) {
-    es_renew_result_destroy(out);
-    return rc;
-  }
-  release_args a = {session, holder, claims, n, 0, out};
-  rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = es_core_write(s, do_release, &a, err);
-  es_core_leave(s);
-  if (rc) es_renew_result_destroy(out);
-  return rc;
+  claims_args a = {session, holder, claims, n, ES_NONE, 0, 1, out};
+  return claims_call(s, &a, 0, err);
 }
 
 /* --- complete --- */
