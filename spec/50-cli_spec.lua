@@ -667,7 +667,9 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
     engine_it("SIGTERM while a handler runs: the handler is interrupted, its attempt retried later, exit 0 within 3 s", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "slow", '{"seconds":19.7}' }))
-      local rc, ms = run_and_signal("TERM", 0.5)
+      -- signalled once the handler's command runs (a loaded machine may take
+      -- longer than the pause alone to claim the event and start it)
+      local rc, ms = run_and_signal("TERM", 0.5, nil, "pgrep -f 'sleep 19.7'")
       assert.are.equal("0", rc, read_file(work .. "/run.err"))
       assert.is_true(tonumber(ms) < 3000, "took " .. ms .. " ms to stop")
       assert.are.equal("handled 0, failed 1, dead 0, pending 1\n", read_file(work .. "/run.out"))
@@ -686,7 +688,9 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
     engine_it("SIGINT while a handler is in os.execute is not lost: the run stops within 3 s", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "slow", '{"seconds":19.3}' }))
-      local rc, ms = run_and_signal("INT", 0.5)
+      -- signalled once the handler's command runs (a loaded machine may take
+      -- longer than the pause alone to claim the event and start it)
+      local rc, ms = run_and_signal("INT", 0.5, nil, "pgrep -f 'sleep 19.3'")
       assert.are.equal("0", rc, read_file(work .. "/run.err"))
       assert.is_true(tonumber(ms) < 3000, "took " .. ms .. " ms to stop")
       assert.are.equal("handled 0, failed 1, dead 0, pending 1\n", read_file(work .. "/run.out"))
