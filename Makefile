@@ -28,7 +28,8 @@ LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
 # Debian packages the build and the tests need (installed by `make deps`);
 # lua-cjson only as the benches' reference decoder (bench/fold_bench.lua).
-DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql lua-cjson
+DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql lua-cjson \
+  libmicrohttpd-dev lua-socket
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room (docs/layout in README.md): util/ (buffers, trees,
@@ -42,6 +43,11 @@ CORE_OBJ := $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 MODULE   := $(BUILD)/lib/eventstore/core.so
 LIB      := $(BUILD)/libeventstore.a
 MAIN_OBJ := $(BUILD)/obj/main.o
+# The HTTP room (core/http/, docs/http.md) is linked into the binary and its
+# C tests only: the Lua module and libeventstore.a never load libmicrohttpd.
+HTTP_SRC := $(wildcard core/http/*.c)
+HTTP_OBJ := $(HTTP_SRC:core/%.c=$(BUILD)/obj/%.o)
+HTTP_LIBS := -lmicrohttpd
 BIN      := $(BUILD)/bin/eventstore
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
@@ -72,7 +78,7 @@ $(BUILD)/obj/%.o: core/%.c | deps
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # Only the Lua-facing files see the Lua half of json.h.
-$(filter $(BUILD)/obj/lua/% $(BUILD)/obj/engine/% $(BUILD)/obj/codec/json_lua.o $(BUILD)/obj/codec/state.o,$(CORE_OBJ)): CFLAGS += -DES_JSON_WITH_LUA
+$(filter $(BUILD)/obj/lua/% $(BUILD)/obj/engine/% $(BUILD)/obj/http/% $(BUILD)/obj/codec/json_lua.o $(BUILD)/obj/codec/state.o,$(CORE_OBJ) $(HTTP_OBJ)): CFLAGS += -DES_JSON_WITH_LUA
 
 $(MODULE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -84,9 +90,9 @@ $(LIB): $(CORE_OBJ)
 
 # The binary links the core statically (no core.so needed at run time); it
 # finds the Lua files as docs/cli.md says.
-$(BIN): $(MAIN_OBJ) $(LIB)
+$(BIN): $(MAIN_OBJ) $(HTTP_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) -o $@ $(MAIN_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
+	$(CC) $(SAN) -o $@ $(MAIN_OBJ) $(HTTP_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS) $(HTTP_LIBS)
 
 $(BUILD)/bench/%: bench/%.c $(LIB) $(MODULE)
 	@mkdir -p $(dir $@)
@@ -103,6 +109,11 @@ $(BUILD)/bench/pg_bench: bench/pg_bench.c $(LIB) $(MODULE)
 $(BUILD)/ctest/%: spec/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
+
+# C tests of the HTTP room (spec/c/http_*_test.c) link it too.
+$(BUILD)/ctest/http_%: spec/c/http_%.c $(HTTP_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(HTTP_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS) $(HTTP_LIBS)
 
 $(FUZZ_RUN): fuzz/store_fuzz.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -197,4 +208,4 @@ fuzz:
 clean:
 	rm -rf build build-san
 
--include $(CORE_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)
+-include $(CORE_OBJ:.o=.d) $(MAIN_OBJ:.o=.d) $(HTTP_OBJ:.o=.d)

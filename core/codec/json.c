@@ -863,3 +863,41 @@ int es_json_canonicalize(const char *text, size_t len, es_buf *out, es_err *err)
   if (!text && len) return es_fail(err, ES_INVALID_ARGUMENT, "invalid JSON: NULL text");
   return canon_run(text ? text : "", len, out, err);
 }
+
+void es_json_write_int(es_buf *out, int64_t v) { esj_write_int(out, v); }
+
+void es_json_write_text(es_buf *out, const char *s, size_t n) {
+  size_t bad;
+  if (esj_write_string(out, s, n, &bad) == ES_OK) return;
+  /* Not UTF-8: the valid runs as they are, each stray byte as the four
+   * characters \xHH (a backslash escaped as JSON wants: "\\x"). */
+  const unsigned char *p = (const unsigned char *)s, *end = p + n;
+  esj_putc(out, '"');
+  while (p < end) {
+    const unsigned char *run = p;
+    while (p < end) {
+      if (*p < 0x80) p++;
+      else {
+        size_t k = esj_utf8_seq(p, end);
+        if (k == 0) break;
+        p += k;
+      }
+    }
+    if (p > run) {
+      size_t before = out->len;
+      esj_write_string(out, (const char *)run, (size_t)(p - run), NULL);
+      /* drop the quotes esj_write_string put around the run */
+      if (!out->oom && out->len >= before + 2) {
+        memmove(out->data + before, out->data + before + 1, out->len - before - 2);
+        out->len -= 2;
+      }
+    }
+    if (p < end) {
+      char hex[8];
+      snprintf(hex, sizeof hex, "\\\\x%02X", *p);
+      esj_put(out, hex, strlen(hex));
+      p++;
+    }
+  }
+  esj_putc(out, '"');
+}

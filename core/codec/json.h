@@ -43,6 +43,16 @@ int es_json_canonicalize(const char *text, size_t len, es_buf *out, es_err *err)
  * out runs out of memory. */
 int es_json_format_double(double d, es_buf *out, es_err *err);
 
+/* Appends the decimal text of v (all of int64). Memory errors only
+ * through out->oom. */
+void es_json_write_int(es_buf *out, int64_t v);
+
+/* Appends s[0..n) as a JSON string (quotes included). Bytes that are not
+ * valid UTF-8 cannot be in a JSON string: each is written as the four
+ * characters \xHH (so text the store did not clean is shown, never
+ * refused; docs/cli.md). Memory errors only through out->oom. */
+void es_json_write_text(es_buf *out, const char *s, size_t n);
+
 /* Lua face ---------------------------------------------------------------- */
 #ifdef ES_JSON_WITH_LUA
 #include <lua.h>

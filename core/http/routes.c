@@ -1,0 +1,39 @@
+/*
+ * routes.c: every path the server answers (docs/http.md has the same
+ * table for users). server.c matches the method and the segments in
+ * order; "*" matches one segment. A path that matches a pattern with
+ * another method is 405 with Allow; no pattern at all is 404.
+ */
+#include "http/internal.h"
+
+const es_http_route es_http_routes[] = {
+    {"POST", "v1/sessions/*/events", ES_RIGHT_APPEND, es_api_append},
+    {"GET", "v1/sessions/*/events", ES_RIGHT_READ, es_api_read},
+    {"GET", "v1/sessions/*/head", ES_RIGHT_READ, es_api_head},
+    {"GET", "v1/sessions/*/state/*", ES_RIGHT_READ, es_api_state},
+    {"GET", "v1/sessions/*/stream", ES_RIGHT_READ, es_sse_session},
+    {"GET", "v1/sessions/*/lineage", ES_RIGHT_READ, es_api_lineage},
+    {"GET", "v1/sessions/*/children", ES_RIGHT_READ, es_api_children},
+    {"POST", "v1/sessions/*/events/*/revive", ES_RIGHT_ADMIN, es_api_revive},
+    {"POST", "v1/sessions/*/events/*/settle", ES_RIGHT_ADMIN, es_api_settle},
+    {"POST", "v1/sessions/*/events/*/complete", ES_RIGHT_WORK, es_api_complete},
+    {"POST", "v1/sessions/*/events/*/fail", ES_RIGHT_WORK, es_api_fail},
+    {"POST", "v1/sessions/*/events/*/renew", ES_RIGHT_WORK, es_api_renew},
+    {"GET", "v1/sessions", ES_RIGHT_READ, es_api_sessions},
+    {"GET", "v1/events", ES_RIGHT_READ, es_api_read_all},
+    {"GET", "v1/stream", ES_RIGHT_READ, es_sse_all},
+    {"GET", "v1/dead-letters", ES_RIGHT_READ, es_api_dead_letters},
+    {"POST", "v1/claims", ES_RIGHT_WORK, es_api_claims},
+    {"GET", "v1/refs", ES_RIGHT_READ, es_api_list_refs},
+    {"GET", "v1/refs/*", ES_RIGHT_READ, es_api_get_ref},
+    {"PUT", "v1/refs/*", ES_RIGHT_ADMIN, es_api_put_ref},
+    {"DELETE", "v1/refs/*", ES_RIGHT_ADMIN, es_api_delete_ref},
+    {"POST", "v1/refs/*/promote", ES_RIGHT_ADMIN, es_api_promote},
+    {"GET", "v1/presence/*", ES_RIGHT_READ, es_api_presence_read},
+    {"GET", "v1/presence/*/stream", ES_RIGHT_READ, es_sse_presence},
+    {"PUT", "v1/presence/*/*", ES_RIGHT_APPEND, es_api_presence_set},
+    {"GET", "v1/stats", ES_RIGHT_READ, es_api_stats},
+    {"GET", "metrics", ES_RIGHT_READ, es_metrics},
+    {"GET", "healthz", ES_RIGHT_NONE, es_healthz},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,285 @@
+-- spec/http_helpers.lua: the HTTP specs' server and client (spec/8N-http_*).
+--
+-- hh.serve starts `eventstore serve` (the built binary) on a free loopback
+-- port with a tokens file written for the test, and returns a server
+-- record; hh.request sends one HTTP/1.1 request over a fresh connection
+-- (LuaSocket, Debian lua-socket) and returns status, decoded body and
+-- headers; hh.sse opens a Server-Sent Events stream and reads it event by
+-- event. Raw sockets, not curl, so a spec can also send what no client
+-- library would (a malformed request line, a body that never ends).
+local socket = require("socket")
+local eventstore = require("eventstore")
+local helpers = require("helpers")
+local ph = require("proc_helpers")
+
+local json = eventstore.json
+local hh = {}
+
+local BUILD = os.getenv("BUILD") or "build"
+hh.BIN = BUILD .. "/bin/eventstore"
+
+-- Tokens every test server accepts unless a spec passes its own list:
+-- {token, tenant, rights}.
+hh.TOKENS = {
+  { "admin-token", "*", "read,append,work,admin" },
+  { "acme-rw", "acme", "read,append,work" },
+  { "acme-read", "acme", "read" },
+  { "acme-admin", "acme", "admin" },
+  { "globex-rw", "globex", "read,append,work" },
+}
+
+-- Starts a server. opts: db (a store URL; default a fresh sqlite file in
+-- the server's directory), scripts (a directory; default none: an empty
+-- one), tokens (as hh.TOKENS; written in plain text unless hashed = true:
+-- then through `eventstore token hash`), args (more command line words),
+-- no_engine (adds --no-engine). Returns {url, host, port, proc, log, dir,
+-- db, tokens_file}. Raises, with the server's log, when it does not start.
+function hh.serve(opts)
+  opts = opts or {}
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. helpers.sh_quote(dir .. "/scripts/handlers") ..
+    " " .. helpers.sh_quote(dir .. "/scripts/reducers")))
+  local srv = { dir = dir, log = dir .. "/serve.log", tokens_file = dir .. "/tokens" }
+  srv.db = opts.db or ("sqlite:" .. dir .. "/es.db")
+  local lines = {}
+  for _, t in ipairs(opts.tokens or hh.TOKENS) do
+    local tok = t[1]
+    if opts.hashed then
+      local p = assert(io.popen(helpers.sh_quote(hh.BIN) .. " token hash " .. helpers.sh_quote(tok)))
+      tok = p:read("l")
+      p:close()
+    end
+    lines[#lines + 1] = ("%s %s %s"):format(tok, t[2], t[3])
+  end
+  helpers.write_file(srv.tokens_file, table.concat(lines, "\n") .. "\n")
+  local argv = { hh.BIN, "serve", "--db", srv.db, "--scripts", opts.scripts or (dir .. "/scripts"),
+    "--listen", "127.0.0.1:0", "--tokens", srv.tokens_file }
+  if opts.no_engine then argv[#argv + 1] = "--no-engine" end
+  for _, a in ipairs(opts.args or {}) do argv[#argv + 1] = a end
+  srv.proc = ph.spawn(argv, opts.env, srv.log)
+  local deadline = helpers.wall() + 20
+  repeat
+    local text = helpers.read_file(srv.log) or ""
+    local host, port = text:match("listening on http://([%d%.]+):(%d+)")
+    if port then
+      srv.host, srv.port = host, math.tointeger(tonumber(port))
+      srv.url = ("http://%s:%d"):format(host, srv.port)
+      return srv
+    end
+    if ph.status(srv.proc) then break end
+    helpers.sleep(0.02)
+  until helpers.wall() > deadline
+  local log = ph.tail(srv.log, 30)
+  ph.reap(srv.proc)
+  error("eventstore serve did not start:\n" .. log, 2)
+end
+
+-- Stops a server with SIGTERM (kill -9 when `sig` says so) and waits for
+-- it; returns its exit status. Removes its directory unless keep is set.
+function hh.stop(srv, sig, keep)
+  if not srv or srv.stopped then return srv and srv.rc end
+  ph.signal(srv.proc, sig or "TERM")
+  srv.rc = ph.wait(srv.proc, 20)
+  ph.reap(srv.proc)
+  srv.stopped = true
+  if not keep then os.execute("rm -rf " .. helpers.sh_quote(srv.dir)) end
+  return srv.rc
+end
+
+-- Starts the same server again (same db, scripts, tokens), e.g. after a
+-- kill -9; the port is a new one.
+function hh.restart(srv, opts)
+  opts = opts or {}
+  local again = hh.serve({ db = srv.db, tokens = opts.tokens, args = opts.args,
+    no_engine = opts.no_engine, scripts = opts.scripts or (srv.dir .. "/scripts") })
+  return again
+end
+
+local function connect(srv, timeout)
+  local c = assert(socket.tcp())
+  c:settimeout(timeout or 10)
+  assert(c:connect(srv.host, srv.port))
+  return c
+end
+
+-- Percent-encodes one path segment or query value (every byte but
+-- unreserved ones).
+function hh.enc(s)
+  return (tostring(s):gsub("[^%w%-%._~]", function(ch) return ("%%%02X"):format(ch:byte()) end))
+end
+
+-- The raw request text.
+local function request_text(srv, method, path, o)
+  local body = o.body
+  if type(body) == "table" then body = json.encode(body) end
+  local head = { ("%s %s HTTP/1.1"):format(method, path), ("Host: %s:%d"):format(srv.host, srv.port),
+    "Connection: close" }
+  if o.token then head[#head + 1] = "Authorization: Bearer " .. o.token end
+  for k, v in pairs(o.headers or {}) do head[#head + 1] = k .. ": " .. v end
+  if body then
+    head[#head + 1] = "Content-Type: application/json"
+    head[#head + 1] = "Content-Length: " .. #body
+  end
+  return table.concat(head, "\r\n") .. "\r\n\r\n" .. (body or "")
+end
+
+-- Reads the status line and headers; returns status, headers (lower-case
+-- names), or nil and an error.
+local function read_head(c)
+  local line, err = c:receive("*l")
+  if not line then return nil, err end
+  local status = math.tointeger(tonumber(line:match("^HTTP/1%.%d (%d%d%d)")))
+  if not status then return nil, "bad status line: " .. line end
+  local headers = {}
+  while true do
+    local h = assert(c:receive("*l"))
+    if h == "" then break end
+    local k, v = h:match("^([^:]+):%s*(.-)%s*$")
+    if k then headers[k:lower()] = v end
+  end
+  return status, headers
+end
+
+-- Reads a whole body (Content-Length, chunked, or until close).
+local function read_body(c, headers)
+  if headers["content-length"] then
+    local n = math.tointeger(tonumber(headers["content-length"]))
+    if n == 0 then return "" end
+    return assert(c:receive(n))
+  end
+  if (headers["transfer-encoding"] or ""):lower():find("chunked") then
+    local parts = {}
+    while true do
+      local size = tonumber(assert(c:receive("*l")):match("^(%x+)"), 16)
+      if size == 0 then
+        repeat local l = c:receive("*l") until l == nil or l == ""
+        break
+      end
+      parts[#parts + 1] = assert(c:receive(size))
+      c:receive("*l")
+    end
+    return table.concat(parts)
+  end
+  local all, _, partial = c:receive("*a")
+  return all or partial
+end
+
+-- One request. o: token, body (a string, or a table sent as JSON),
+-- headers, timeout (seconds, default 10). Returns status, body (decoded
+-- JSON when the answer is JSON, else the text), headers. A request the
+-- server closed without an answer returns nil and the error.
+function hh.request(srv, method, path, o)
+  o = o or {}
+  local c = connect(srv, o.timeout)
+  assert(c:send(request_text(srv, method, path, o)))
+  local status, headers = read_head(c)
+  if not status then
+    c:close()
+    return nil, headers
+  end
+  local text = read_body(c, headers)
+  c:close()
+  local body = text
+  if (headers["content-type"] or ""):find("json", 1, true) and text ~= "" then
+    body = json.decode(text)
+  end
+  return status, body, headers, text
+end
+
+-- Shorthands with a token: hh.get(srv, token, path), hh.post(srv, token,
+-- path, body), hh.put, hh.delete.
+function hh.get(srv, token, path) return hh.request(srv, "GET", path, { token = token }) end
+function hh.post(srv, token, path, body) return hh.request(srv, "POST", path, { token = token, body = body or {} }) end
+function hh.put(srv, token, path, body) return hh.request(srv, "PUT", path, { token = token, body = body or {} }) end
+function hh.delete(srv, token, path) return hh.request(srv, "DELETE", path, { token = token }) end
+
+-- Sends raw bytes and returns whatever comes back before the server closes
+-- the connection or `timeout` seconds pass (for malformed requests).
+function hh.raw(srv, bytes, timeout)
+  local c = connect(srv, timeout or 5)
+  c:send(bytes)
+  local all, _, partial = c:receive("*a")
+  c:close()
+  return all or partial or ""
+end
+
+-- An SSE stream: hh.sse(srv, path, {token, last_event_id, timeout}) ->
+-- stream with :next(timeout) -> {id, event, data (decoded JSON or text)}
+-- or nil, "timeout"/"closed"; :close(). Comments (": ...") are skipped.
+-- Returns nil, status, body when the server answers with an error.
+function hh.sse(srv, path, o)
+  o = o or {}
+  local headers = { Accept = "text/event-stream" }
+  if o.last_event_id then headers["Last-Event-ID"] = tostring(o.last_event_id) end
+  local c = connect(srv, o.timeout)
+  assert(c:send(request_text(srv, "GET", path, { token = o.token, headers = headers })))
+  local status, h = read_head(c)
+  if status ~= 200 then
+    local text = status and read_body(c, h) or ""
+    c:close()
+    local ok, decoded = pcall(json.decode, text)
+    return nil, status, ok and decoded or text
+  end
+  local chunked = (h["transfer-encoding"] or ""):lower():find("chunked")
+  local s = { c = c, headers = h, buf = "", left = 0 }
+  -- The next raw bytes of the body (chunked framing taken off).
+  local function more(timeout)
+    c:settimeout(timeout)
+    if not chunked then
+      local data, err, partial = c:receive(4096)
+      data = data or partial
+      if data and data ~= "" then return data end
+      return nil, err
+    end
+    if s.left == 0 then
+      local line, err = c:receive("*l")
+      if line == "" then line, err = c:receive("*l") end
+      if not line then return nil, err end
+      s.left = tonumber(line:match("^(%x+)"), 16) or 0
+      if s.left == 0 then return nil, "closed" end
+    end
+    local data, err, partial = c:receive(s.left)
+    data = data or partial
+    if not data or data == "" then return nil, err end
+    s.left = s.left - #data
+    return data
+  end
+  function s:next(timeout)
+    local deadline = helpers.wall() + (timeout or 10)
+    while true do
+      local block, rest = self.buf:match("^(.-)\n\n(.*)$")
+      if block then
+        self.buf = rest
+        local ev = {}
+        local data = {}
+        for line in (block .. "\n"):gmatch("([^\n]*)\n") do
+          local k, v = line:match("^([^:]*):?%s?(.*)$")
+          if k == "id" then ev.id = v
+          elseif k == "event" then ev.event = v
+          elseif k == "data" then data[#data + 1] = v
+          end
+        end
+        if #data > 0 then
+          local text = table.concat(data, "\n")
+          local ok, decoded = pcall(json.decode, text)
+          ev.data = ok and decoded or text
+        end
+        if ev.id or ev.event or ev.data ~= nil then return ev end
+      else
+        local left = deadline - helpers.wall()
+        if left <= 0 then return nil, "timeout" end
+        local data, err = more(math.min(left, 1))
+        if data then
+          self.buf = self.buf .. data:gsub("\r\n", "\n")
+        elseif err ~= "timeout" then
+          return nil, "closed"
+        end
+      end
+    end
+  end
+  function s:close() self.c:close() end
+  return s
+end
+
+return hh
