@@ -27,6 +27,15 @@ enum {
   ES_RIGHT_NONE = 0 /* a route anyone may call (healthz, the inspector's files) */
 };
 
+/* The server's own figures, for /metrics (relaxed atomics: counts only). */
+typedef struct es_http_counters {
+  atomic_uint_fast64_t by_class[6];    /* answers by status class: [2] 2xx ... [5] 5xx */
+  atomic_uint_fast64_t by_route[64];   /* answers by es_http_routes index (first 64 routes) */
+  atomic_uint_fast64_t streams_opened; /* SSE streams started */
+  atomic_uint_fast64_t streams_dropped;/* SSE clients dropped as too slow or gone */
+  atomic_uint_fast64_t refused;        /* connections refused over max_connections */
+} es_http_counters;
+
 /* What a handler needs of the server; owned by server.c. */
 typedef struct es_http_ctx {
   es_store *root;              /* borrowed from the server */
@@ -34,6 +43,8 @@ typedef struct es_http_ctx {
   const es_http_limits *limits;
   atomic_int *stopping;        /* 1 once es_http_stop began: streams end */
   atomic_int *streams;         /* SSE streams open now (sse.c counts) */
+  es_http_counters *counters;  /* server.c counts answers; sse.c counts streams */
+  const char *tenant_sep;      /* "\x1f": how a tenant's names are stored on the root */
 } es_http_ctx;
 
 #define ES_HTTP_MAX_SEGS 8
