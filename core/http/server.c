@@ -39,6 +39,7 @@
 
 #define STREAM_BLOCK (16 * 1024)          /* bytes MHD asks a stream for at once */
 #define MAX_STATIC_FILE (16 * 1024 * 1024) /* the inspector's files are small */
+#define DROP_SLACK (1024 * 1024)          /* bytes of an oversized chunked body read to answer 413 */
 #define TOKENS_CHECK_MS 1000               /* how often the tokens file's mtime is looked at */
 
 typedef struct tenant_entry {
@@ -733,9 +734,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (r->too_large) {
       /* libmicrohttpd cannot answer in the middle of a body: the rest is
        * read and dropped, and the 413 comes at its end; a body that goes
-       * on past another max_body is cut by closing the connection. */
+       * on for another max_body (at least DROP_SLACK) past the limit is
+       * cut by closing the connection, without an answer. */
+      size_t slack = h->limits.max_body > DROP_SLACK ? h->limits.max_body : DROP_SLACK;
       r->dropped += n;
-      return r->dropped > h->limits.max_body ? MHD_NO : MHD_YES;
+      return r->dropped - h->limits.max_body > slack ? MHD_NO : MHD_YES;
     }
     if (r->body.len + n > h->limits.max_body) {
       r->too_large = 1;
