@@ -945,13 +945,13 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
   if (v6) flags |= MHD_USE_IPv6;
   errno = 0;
   h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
+                          MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: it says so otherwise */
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                           MHD_OPTION_CONNECTION_LIMIT, h->limits.max_connections + slack,
                           MHD_OPTION_CONNECTION_TIMEOUT, h->limits.request_timeout_s,
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                           MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, h,
-                          MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
                           MHD_OPTION_END);
   if (!h->d) {
     int e = errno;
