@@ -825,6 +825,22 @@ static void test_state(es_store *root) {
                "INVALID_ARGUMENT", "'at'", "state: a bad at is 400");
   expect_error(es_api_state, root, "GET", "/v1/sessions/cart/state/nope", NULL, 404, "NOT_FOUND", "nope",
                "state: an unknown reducer is 404 NOT_FOUND");
+  {
+    /* a decoded segment may hold '/': no path out of scripts/reducers */
+    es_http_req r;
+    es_http_resp out;
+    memset(&r, 0, sizeof r);
+    memset(&out, 0, sizeof out);
+    const char *segs[] = {"v1", "sessions", "cart", "state", "../reducers/count"};
+    memcpy(r.seg, segs, sizeof segs);
+    r.nseg = 5;
+    r.store = root;
+    r.ctx = &ctx;
+    es_api_state(&r, &out);
+    ok(out.status == 404 && out.body.data && strstr(out.body.data, "NOT_FOUND"),
+       "state: a reducer name with '..' finds no file outside reducers/");
+    es_buf_destroy(&out.body);
+  }
   expect_error(es_api_state, root, "GET", "/v1/sessions/cart/state/floaty", NULL, 422, "INVALID_ARGUMENT",
                "cannot be written as JSON", "state: a state JSON cannot carry is 422");
   expect_error(es_api_state, root, "GET", "/v1/sessions/cart/state/broken", NULL, 400, "INVALID_ARGUMENT",
