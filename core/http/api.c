@@ -114,9 +114,20 @@ static const char *query_str(const es_http_req *r, const char *name) {
   return v && *v ? v : NULL;
 }
 
+/* An integer query parameter (es_http_query_int); empty counts as absent,
+ * as for string parameters (a form that leaves a field blank). */
+static int query_int(const es_http_req *r, const char *name, int64_t lo, int64_t hi, int64_t dflt,
+                     int64_t *v, es_http_resp *out) {
+  if (!query_str(r, name)) {
+    *v = dflt;
+    return 0;
+  }
+  return es_http_query_int(r, name, lo, hi, dflt, v, out);
+}
+
 static int query_limit(const es_http_req *r, int64_t dflt, int64_t *v, es_http_resp *out) {
   int64_t hi = max_limit(r);
-  return es_http_query_int(r, "limit", 1, hi, dflt < hi ? dflt : hi, v, out);
+  return query_int(r, "limit", 1, hi, dflt < hi ? dflt : hi, v, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -448,8 +459,8 @@ int es_api_append(const es_http_req *r, es_http_resp *out) {
 
 int es_api_read(const es_http_req *r, es_http_resp *out) {
   int64_t after, through, limit;
-  if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
-      es_http_query_int(r, "through", 0, INT64_MAX, ES_NONE, &through, out) ||
+  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+      query_int(r, "through", 0, INT64_MAX, ES_NONE, &through, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
   es_events list = {0};
@@ -468,7 +479,7 @@ int es_api_read(const es_http_req *r, es_http_resp *out) {
 
 int es_api_read_all(const es_http_req *r, es_http_resp *out) {
   int64_t after, limit;
-  if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
   es_events list = {0};
@@ -503,7 +514,7 @@ int es_api_state(const es_http_req *r, es_http_resp *out) {
   const char *session = r->seg[2], *reducer = r->seg[4];
   es_engine *engine = r->ctx ? r->ctx->engine : NULL;
   int64_t at;
-  if (es_http_query_int(r, "at", 0, INT64_MAX, ES_NONE, &at, out)) return 0;
+  if (query_int(r, "at", 0, INT64_MAX, ES_NONE, &at, out)) return 0;
   if (!engine)
     return es_http_fail(out, 404, "NOT_FOUND",
                         "no reducers: the server runs without an engine (no scripts directory)");
@@ -664,7 +675,7 @@ int es_api_children(const es_http_req *r, es_http_resp *out) {
 
 int es_api_dead_letters(const es_http_req *r, es_http_resp *out) {
   int64_t after, limit;
-  if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
   es_events list = {0};

@@ -348,6 +348,9 @@ static void test_append_read(es_store *s) {
   ok(c.resp.status == 200 && len_at(&c, "events") == 2 && int_at(&c, "through") == 2,
      "read: through bounds the page");
   call_done(&c);
+  run(&c, es_api_read, s, NULL, "GET", "/v1/sessions/bad/events?after=&limit=&through=", NULL);
+  ok(c.resp.status == 200 && len_at(&c, "events") == 3, "read: empty query parameters count as absent");
+  call_done(&c);
   run(&c, es_api_read, s, NULL, "GET", "/v1/sessions/nobody/events", NULL);
   ok(c.resp.status == 200 && len_at(&c, "events") == 0 && int_at(&c, "through") == 0,
      "read: a session that does not exist has no events");
