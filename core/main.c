@@ -188,8 +188,21 @@ static int tty_now_ms(lua_State *L) {
   return 1;
 }
 
+/* tty.sleep_ms(ms): sleeps up to ms milliseconds; a signal ends it early
+ * (nanosleep returns EINTR whatever SA_RESTART says), so a loop polling
+ * tty.signals() answers at once. */
+static int tty_sleep_ms(lua_State *L) {
+  lua_Integer ms = luaL_checkinteger(L, 1);
+  if (ms < 0) ms = 0;
+  if (ms > 60000) ms = 60000;
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  return 0;
+}
+
 static const luaL_Reg tty_fns[] = {
     {"isatty", tty_isatty},
+    {"sleep_ms", tty_sleep_ms},
     {"now_ms", tty_now_ms},
     {"watch_signals", tty_watch_signals},
     {"signals", tty_signals},

@@ -3234,14 +3234,17 @@ static int pg_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_
       b->polling = 1;
       pthread_mutex_unlock(&b->watch_mu);
       int r = poll(fds, 2, left > INT_MAX ? INT_MAX : (int)left);
+      /* kept before the drain below: its read ends with EAGAIN, which
+       * would turn a signal's EINTR into a failed wait */
+      int poll_errno = errno;
       char buf[64];
       while (read(b->kick[0], buf, sizeof buf) > 0) {
       }
       pthread_mutex_lock(&b->watch_mu);
       b->polling = 0;
       pthread_cond_broadcast(&b->watch_cv); /* someone else may poll now */
-      if (r < 0 && errno != EINTR) {
-        code = es_fail(err, ES_STORAGE, "postgres %s: wait: poll: %s", b->schema, strerror(errno));
+      if (r < 0 && poll_errno != EINTR) {
+        code = es_fail(err, ES_STORAGE, "postgres %s: wait: poll: %s", b->schema, strerror(poll_errno));
         break;
       }
     } else {

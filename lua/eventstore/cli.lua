@@ -1515,8 +1515,10 @@ function commands.serve.run(o)
         progress_ms = SIGNAL_POLL_MS,
       })
     else
-      -- A plain sleep on the store (as run --until-done waits), polling signals.
-      while not signalled() do store:wait(nil, math.maxinteger, SIGNAL_POLL_MS) end
+      -- Nothing to do but answer requests: sleep until a signal. Not a
+      -- wait on the store, whose failure (a PostgreSQL restart) would end
+      -- a server that rides it out (its requests get 503 meanwhile).
+      while not signalled() do tty.sleep_ms(SIGNAL_POLL_MS) end
     end
   end)
   server:stop()
