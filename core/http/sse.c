@@ -92,9 +92,11 @@ static int parse_whole(const char *s, int64_t *v) {
 }
 
 /* Where the stream starts: Last-Event-ID (what a reconnecting browser
- * sends), else ?after, else 0. A bad value is a 400 naming it. */
+ * sends), else ?after, else 0. A bad value is a 400 naming it. An empty
+ * one is absent: an EventSource whose last event id is the empty string
+ * has none, and the API reads `?after=` as no `after` (docs/http-api.md). */
 static int resume_point(const es_http_req *r, int64_t *after, es_http_resp *out) {
-  if (r->last_event_id) {
+  if (r->last_event_id && *r->last_event_id) {
     if (parse_whole(r->last_event_id, after)) {
       es_http_fail(out, 400, "INVALID_ARGUMENT",
                    "Last-Event-ID expects a whole number >= 0 (the id of the last event seen)");
@@ -103,7 +105,7 @@ static int resume_point(const es_http_req *r, int64_t *after, es_http_resp *out)
     return 0;
   }
   const char *q = es_http_query(r, "after");
-  if (!q) {
+  if (!q || !*q) {
     *after = 0;
     return 0;
   }
