@@ -24,7 +24,7 @@ describe("http live: /metrics", function()
     srv = hh.serve({ scripts = scripts })
   end)
   teardown(function()
-    hh.stop(srv)
+    assert.equals(0, hh.stop(srv))
     os.execute("rm -rf " .. helpers.sh_quote(scripts))
   end)
 
@@ -121,7 +121,7 @@ describe("http live: /healthz", function()
     assert.equals(200, status)
     assert.same({ ok = true }, body)
     assert.matches("application/json", headers["content-type"], 1, true)
-    hh.stop(srv)
+    assert.equals(0, hh.stop(srv))
   end)
 
   if PG and PG ~= "" and PG_DIR and PG_DIR ~= "" then
@@ -149,8 +149,9 @@ describe("http live: /healthz", function()
       end)
       -- the cluster must be up for whatever runs next
       os.execute(("sh %s start-server %s >/dev/null 2>&1"):format(q(cluster), q(PG_DIR)))
-      hh.stop(srv)
+      local rc = hh.stop(srv)
       assert(ok, err)
+      assert.equals(0, rc)
     end)
   else
     pending("healthz while PostgreSQL is down: needs ES_PG_URL and ES_PG_DIR (make test sets them)")

@@ -160,9 +160,10 @@ for _, target in ipairs(targets) do
         for i, ev in ipairs(rest) do assert.equals(stored[last_seen + i].id, ev.data.id) end
         s:close()
       end)
-      hh.stop(again)
+      local rc = hh.stop(again)
       os.execute("rm -rf " .. helpers.sh_quote(olddir))
       assert(ok, err)
+      assert.equals(0, rc)
     end)
   end)
 end
