@@ -160,10 +160,11 @@ for _, target in ipairs(targets) do
         for i, ev in ipairs(rest) do assert.equals(stored[last_seen + i].id, ev.data.id) end
         s:close()
       end)
-      local rc = hh.stop(again)
-      os.execute("rm -rf " .. helpers.sh_quote(olddir))
+      local rc = hh.stop(again, nil, true)
+      local log = helpers.read_file(again.log) or ""
+      os.execute("rm -rf " .. helpers.sh_quote(olddir) .. " " .. helpers.sh_quote(again.dir))
       assert(ok, err)
-      assert.equals(0, rc)
+      assert(rc == 0, "the restarted server exited " .. tostring(rc) .. ":\n" .. log)
     end)
   end)
 end
