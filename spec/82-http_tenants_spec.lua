@@ -264,7 +264,7 @@ for _, template in ipairs(helpers.urls()) do
         st, b = gx("globex-rw", "POST", "/v1/sessions/orders/events", { events = { { type = "x" } }, expected = acme_head })
         hh.check_error(409, "WRONG_EXPECTED_HEAD", st, b, "globex append expecting acme's head")
       end
-      st, b = gx("globex-rw", "POST", "/v1/sessions/orders/events", { events = { { type = "x", settled = true } }, expected = own_head })
+      st, b = gx("globex-rw", "POST", "/v1/sessions/orders/events", { events = { { type = "x", settled = true }, { type = "y", settled = true } }, expected = own_head })
       hh.check_ok(st, b, "globex append at its own head")
       -- a cause naming acme's claimed event: not acme's event (NO_SUCH_EVENT, or superseded)
       st, b = gx("globex-rw", "POST", "/v1/sessions/work/events",
@@ -338,9 +338,11 @@ for _, template in ipairs(helpers.urls()) do
       st, b = gx("globex-rw", "GET", "/v1/refs/main")
       hh.check_ok(st, b, "globex get_ref")
       assert.equal("orders", b.session)
-      assert.equal(hh.head(srv, "globex-rw", "orders"), b.head) -- globex's orders, not acme's
+      assert.equal(3, hh.head(srv, "globex-rw", "orders"))
+      assert.equal(3, b.head) -- globex's orders (3 events), not acme's (2)
       st, b = gx("globex-admin", "POST", "/v1/refs/main/promote", { from = "main", expect = "ledger" })
-      hh.check_error(409, "REF_CONFLICT", st, b, "globex promote expecting acme's target")
+      hh.check_error(409, "REF_CONFLICT", st, b, "globex promote expecting acme's target", { "expected", "actual" })
+      assert.equal("orders", b.actual) -- globex's own ref, its name unprefixed
       st, b = gx("globex-admin", "POST", "/v1/refs/acme-only/promote", { from = "main", expect = false })
       hh.check_ok(st, b, "globex promote to its own acme-only")
       st, b = gx("globex-admin", "DELETE", "/v1/refs/acme-only")

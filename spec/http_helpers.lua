@@ -397,4 +397,30 @@ function hh.head(srv, token, session)
   return b.head
 end
 
+-- Sends a request whose body may be refused before it is all sent (over
+-- the body limit): the body goes in 64 KiB pieces and a send error stops
+-- sending (the server may answer and close early); then the answer is
+-- read. Returns status (nil when the server closed without one), decoded
+-- body, and the raw answer text.
+function hh.send_large(srv, method, path, token, body)
+  local c = connect(srv, 20)
+  local head = { ("%s %s HTTP/1.1"):format(method, path), ("Host: %s:%d"):format(srv.host, srv.port),
+    "Connection: close", "Content-Type: application/json", "Content-Length: " .. #body }
+  if token then head[#head + 1] = "Authorization: Bearer " .. token end
+  c:send(table.concat(head, "\r\n") .. "\r\n\r\n")
+  local i = 1
+  while i <= #body do
+    local ok = c:send(body, i, math.min(#body, i + 65535))
+    if not ok then break end
+    i = i + 65536
+  end
+  local all, _, partial = c:receive("*a")
+  c:close()
+  local text = all or partial or ""
+  local status = math.tointeger(tonumber(text:match("^HTTP/1%.%d (%d%d%d)")))
+  local payload = text:match("\r\n\r\n(.*)$") or ""
+  local ok, decoded = pcall(json.decode, payload)
+  return status, ok and decoded or payload, text
+end
+
 return hh
