@@ -41,6 +41,15 @@ return {
 }
 ]]
 
+-- A reducer whose state JSON cannot carry (a float key), and one that
+-- raises.
+local REDUCER_FLOAT_KEY = [[
+return {init = function() return {} end, add = function(state, event) state[1.5] = 1 return state end}
+]]
+local REDUCER_RAISES = [[
+return {init = function() return {} end, add = function(state, event) error("no adding here") end}
+]]
+
 -- Every exactness case of CONTRACT §1 in one payload, as raw JSON text.
 local EXACT = [==[{"big":9007199254740993,"min":-9223372036854775808,"f":0.1,"e":1e300,]==] ..
   [==["s":"a\u0000b","ea":[],"eo":{},"nest":[[],[{}],{"a":[]}],"t":true,"z":null}]==]
@@ -65,7 +74,8 @@ for _, template in ipairs(helpers.urls()) do
     end
 
     setup(function()
-      scripts = hh.scripts({ ["reducers/count.lua"] = REDUCER })
+      scripts = hh.scripts({ ["reducers/count.lua"] = REDUCER, ["reducers/floatkey.lua"] = REDUCER_FLOAT_KEY,
+        ["reducers/raises.lua"] = REDUCER_RAISES })
       srv = hh.serve_on(template, { scripts = scripts, tokens = TOKENS,
         args = { "--max-batch", tostring(MAX_BATCH), "--max-body", tostring(MAX_BODY) } })
     end)
@@ -285,6 +295,7 @@ for _, template in ipairs(helpers.urls()) do
           '{"events":[{"type":"x\\u0000y"}]}',                -- NUL in a name
           '{"events":[{"type":"x","id":"a\\u0000b"}]}',
           '{"events":[{"type":"x","lane":"a\\u0000b"}]}',
+          '{"events":[{"type":"x","payload":' .. ("["):rep(600) .. ("]"):rep(600) .. '}]}', -- nesting over 512
         }
         for _, body in ipairs(bodies) do
           local st, b = hh.request(srv, "POST", hh.spath(s, "events"), { token = ADMIN, body = body })
@@ -390,6 +401,8 @@ for _, template in ipairs(helpers.urls()) do
         local next_page, _, second = hh.events(srv, ADMIN, s, "?after=4&limit=2&through=" .. first.through)
         assert.same({ 5 }, helpers.indexes(next_page))
         assert.equal(5, second.through)
+        -- an empty query value is the same as none (docs/http-api.md)
+        assert.same({ 1, 2, 3, 4, 5, 6 }, helpers.indexes((hh.events(srv, ADMIN, s, "?after=&limit="))))
         -- a session without events reads as empty
         local none, text = hh.events(srv, ADMIN, name("nothing"))
         assert.equal(0, #none)
@@ -463,6 +476,14 @@ for _, template in ipairs(helpers.urls()) do
         end
         st, b = hh.get(srv, ADMIN, hh.spath(s, "state") .. "/co%00unt")
         hh.check_error(400, "INVALID_ARGUMENT", st, b, "reducer with NUL")
+        st, b = hh.get(srv, ADMIN, hh.spath(s, "state", "../reducers/count"))
+        assert.is_true(st == 400 or st == 404, shown(b)) -- a name, never a path
+        -- a reducer that raises: 400 naming it; a state JSON cannot carry: 422
+        st, b = hh.get(srv, ADMIN, hh.spath(s, "state", "raises"))
+        hh.check_error(400, "INVALID_ARGUMENT", st, b, "state of a raising reducer")
+        assert.truthy(b.message:find("raises", 1, true), b.message)
+        st, b = hh.get(srv, ADMIN, hh.spath(s, "state", "floatkey"))
+        hh.check_error(422, "INVALID_ARGUMENT", st, b, "state with a float key")
       end)
     end)
 
@@ -554,7 +575,7 @@ for _, template in ipairs(helpers.urls()) do
         hh.append(srv, w, s, { { type = "other" } })
         local _, b5 = hh.post(srv, w, "/v1/claims", { holder = "remote-1", ttl_ms = 60000, limit = 10,
           types = { "other" } })
-        assert.same({ 6 }, helpers.indexes(b5.events))
+        assert.same({ 5 }, helpers.indexes(b5.events)) -- not job 4, still ready
         local _, b6 = hh.post(srv, w, "/v1/claims", { holder = "remote-1", ttl_ms = 60000, limit = 10,
           types = array({}) })
         assert.equal(0, #b6.events)
@@ -590,6 +611,28 @@ for _, template in ipairs(helpers.urls()) do
           { attempt = 1, events = { { type = "done", id = "d-2" } } })
         hh.check_error(409, "PARTIAL_DUPLICATE_BATCH", st3, e3, "complete with other ids")
         nothing_appended_since(p, "complete with other ids")
+        -- a retried complete whose events carry no ids: refused, nothing written twice
+        hh.append(srv, w, s, { { type = "job" } })
+        local _, c2 = hh.post(srv, w, "/v1/claims", { holder = "h", ttl_ms = 60000 })
+        local idx = c2.events[1].index
+        local noids = { attempt = 1, events = { { type = "done" } } }
+        local _, first = hh.post(srv, w, hh.spath(s, "events", idx, "complete"), noids)
+        assert.equal("completed", first.outcome)
+        p = last_position()
+        local st4, e4 = hh.post(srv, w, hh.spath(s, "events", idx, "complete"), noids)
+        hh.check_error(409, "PARTIAL_DUPLICATE_BATCH", st4, e4, "complete retried without ids")
+        nothing_appended_since(p, "complete retried without ids")
+        -- a completion batch over --max-batch: 413, nothing written
+        hh.append(srv, w, s, { { type = "job" } })
+        local _, c3 = hh.post(srv, w, "/v1/claims", { holder = "h", ttl_ms = 60000 })
+        local many = {}
+        for i = 1, MAX_BATCH + 1 do many[i] = { type = "done", id = "m-" .. i } end
+        local before = raw_events(w, s)
+        p = last_position()
+        local st5, e5 = hh.post(srv, w, hh.spath(s, "events", c3.events[1].index, "complete"), { attempt = 1, events = many })
+        hh.check_error(413, "TOO_LARGE", st5, e5, "complete with max+1 events")
+        nothing_appended_since(p, "complete over the batch limit")
+        assert.equal(before, raw_events(w, s))
       end)
 
       it("complete by a superseded attempt answers outcome superseded and writes nothing", function()
@@ -645,6 +688,14 @@ for _, template in ipairs(helpers.urls()) do
         assert.equal("dead_lettered", dead.outcome)
         assert.equal(2, dead.failures)
         assert.equal("dead", hh.events(srv, w, s)[1].status)
+        -- (event 1 is dead now) free text keeps what the store keeps: a NUL becomes U+FFFD (docs/http-api.md)
+        hh.append(srv, w, s, { { type = "job" } })
+        local _, c2 = hh.post(srv, w, "/v1/claims", { holder = "h", ttl_ms = 60000 })
+        assert.equal(2, c2.events[1].index)
+        local stn, fn = hh.request(srv, "POST", hh.spath(s, "events", 2, "fail"),
+          { token = w, body = '{"attempt":1,"error":"a\\u0000b","max_failures":5}' })
+        hh.check_ok(stn, fn, "fail with a NUL in its error")
+        assert.equal("a\u{FFFD}b", hh.events(srv, w, s)[2].last_error)
       end)
 
       it("renew extends a live claim of the holder; a superseded attempt is listed as superseded", function()
@@ -732,8 +783,9 @@ for _, template in ipairs(helpers.urls()) do
           { "1", "fail", '{"attempt":1,"retry_after_ms":-1}', 400, "INVALID_ARGUMENT" },
           { "1", "fail", '{"attempt":1,"retry_after_ms":1.5}', 400, "INVALID_ARGUMENT" },
           { "1", "fail", '{"attempt":1,"error":7}', 400, "INVALID_ARGUMENT" },
-          { "abc", "fail", '{"attempt":1}', 400, "INVALID_ARGUMENT" },
-          { "99", "fail", '{"attempt":1}', 404, "NO_SUCH_EVENT" },
+          { "abc", "fail", '{"attempt":1,"error":"e"}', 400, "INVALID_ARGUMENT" },
+          { "99", "fail", '{"attempt":1,"error":"e"}', 404, "NO_SUCH_EVENT" },
+          { "1", "fail", '{"attempt":1}', 400, "INVALID_ARGUMENT" }, -- error is required (docs/http-api.md)
           { "1", "renew", '{"holder":"h","attempt":1,"ttl_ms":-1}', 400, "INVALID_ARGUMENT" },
           { "1", "renew", '{"holder":"h","attempt":1,"ttl_ms":2.5}', 400, "INVALID_ARGUMENT" },
           { "1", "renew", '{"attempt":1,"ttl_ms":1000}', 400, "INVALID_ARGUMENT" },
@@ -990,8 +1042,10 @@ for _, template in ipairs(helpers.urls()) do
         end
       end)
 
-      it("lineage and children of a fork made beside the server (not on memory:)", function()
-        if not hh.shared_db(srv) then return end -- fork is not an HTTP endpoint; memory: is the server's own
+      -- fork is not an HTTP endpoint: the fork is made beside the server,
+      -- which memory: cannot share
+      local it_shared = template:match("^memory:") and pending or it
+      it_shared("lineage and children of a fork made beside the server", function()
         local s = name("parent")
         hh.append(srv, ADMIN, s, { { type = "x", settled = true }, { type = "y", settled = true } })
         local store = eventstore.open(srv.db)
@@ -1104,6 +1158,79 @@ for _, template in ipairs(helpers.urls()) do
         assert.equal("integer", math.type(append.errors))
         local _, root = hh.get(srv, ADMIN, "/v1/stats")
         assert.is_true(root.events >= 2)
+      end)
+    end)
+
+    -- ---------------------------------------------------------------
+    describe("the store's other errors over HTTP", function()
+      it("STALE_FENCE (409): an append carrying a fence token never issued writes nothing", function()
+        local s = name("fence")
+        hh.append(srv, ADMIN, s, { { type = "x", settled = true } })
+        local p = last_position()
+        local st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { events = { { type = "y" } }, fence = 7 })
+        hh.check_error(409, "STALE_FENCE", st, b, "append with an unknown fence")
+        nothing_appended_since(p)
+      end)
+
+      -- seal and truncate are not HTTP calls: they are made beside the server,
+      -- which memory: cannot share
+      local it_shared = template:match("^memory:") and pending or it
+      it_shared("SEALED (409) and TRUNCATED (410), with the session sealed/truncated beside the server", function()
+        local sealed, cut = name("sealed"), name("cut")
+        hh.append(srv, ADMIN, sealed, { { type = "x", settled = true } })
+        hh.append(srv, ADMIN, cut, { { type = "x", settled = true }, { type = "x", settled = true }, { type = "x", settled = true } })
+        local store = eventstore.open(srv.db)
+        local ok, err = pcall(function()
+          store:seal(sealed, { reason = "done" })
+          store:truncate(cut, 2)
+        end)
+        store:close()
+        assert(ok, tostring(err))
+        local p = last_position()
+        local st, b = hh.post(srv, ADMIN, hh.spath(sealed, "events"), { events = { { type = "y" } } })
+        hh.check_error(409, "SEALED", st, b, "append to a sealed session")
+        nothing_appended_since(p)
+        local _, rows = hh.get(srv, ADMIN, "/v1/sessions?prefix=" .. hh.enc(sealed))
+        assert.is_true(rows.sessions[1].sealed)
+        st, b = hh.get(srv, ADMIN, hh.spath(cut, "events"))
+        hh.check_error(410, "TRUNCATED", st, b, "read below a truncation")
+        local rest = hh.events(srv, ADMIN, cut, "?after=2")
+        assert.same({ 3 }, helpers.indexes(rest))
+      end)
+    end)
+
+    -- ---------------------------------------------------------------
+    describe("names in paths", function()
+      it("every route refuses a name that decodes to NUL or invalid UTF-8 with 400, changing nothing", function()
+        local p = last_position()
+        for _, bad in ipairs({ "a%00b", "%FF", "a%C3" }) do
+          local paths = {
+            { "POST", "/v1/sessions/" .. bad .. "/events", { events = { { type = "x" } } } },
+            { "GET", "/v1/sessions/" .. bad .. "/events" },
+            { "GET", "/v1/sessions/" .. bad .. "/head" },
+            { "GET", "/v1/sessions/" .. bad .. "/state/count" },
+            { "GET", "/v1/sessions/x/state/" .. bad },
+            { "GET", "/v1/sessions/" .. bad .. "/lineage" },
+            { "GET", "/v1/sessions/" .. bad .. "/children" },
+            { "POST", "/v1/sessions/" .. bad .. "/events/1/revive", {} },
+            { "POST", "/v1/sessions/" .. bad .. "/events/1/settle", {} },
+            { "POST", "/v1/sessions/" .. bad .. "/events/1/complete", { attempt = 1 } },
+            { "POST", "/v1/sessions/" .. bad .. "/events/1/fail", { attempt = 1, error = "e" } },
+            { "POST", "/v1/sessions/" .. bad .. "/events/1/renew", { holder = "h", attempt = 1, ttl_ms = 1000 } },
+            { "GET", "/v1/refs/" .. bad },
+            { "PUT", "/v1/refs/" .. bad, { session = "x" } },
+            { "DELETE", "/v1/refs/" .. bad },
+            { "POST", "/v1/refs/" .. bad .. "/promote", { from = "x" } },
+            { "GET", "/v1/presence/" .. bad },
+            { "PUT", "/v1/presence/" .. bad .. "/p", { values = { a = 1 }, ttl_ms = 1000 } },
+            { "PUT", "/v1/presence/ns/" .. bad, { values = { a = 1 }, ttl_ms = 1000 } },
+          }
+          for _, r in ipairs(paths) do
+            local st, b = hh.request(srv, r[1], r[2], { token = ADMIN, body = r[3] })
+            hh.check_error(400, "INVALID_ARGUMENT", st, b, r[1] .. " " .. r[2])
+          end
+        end
+        nothing_appended_since(p)
       end)
     end)
 
