@@ -81,8 +81,8 @@ for _, template in ipairs(helpers.urls()) do
     end)
 
     teardown(function()
-      hh.stop(srv)
       hh.rm(scripts)
+      hh.stop_clean(srv)
     end)
 
     -- The position after which no event exists now (the root's last),
@@ -146,6 +146,25 @@ for _, template in ipairs(helpers.urls()) do
         -- read back: the same events
         local got = hh.events(srv, ADMIN, s)
         assert.same(b.events, got)
+      end)
+
+      it("names round-trip: UTF-8, '/', spaces and '%' in a percent-encoded session name", function()
+        local s = name("ünï/cödé x%y")
+        local b = hh.append(srv, ADMIN, s, { { type = "t", settled = true } })
+        assert.equal(s, b.events[1].session)
+        assert.equal(s, hh.events(srv, ADMIN, s)[1].session)
+        local _, rows = hh.get(srv, ADMIN, "/v1/sessions?prefix=" .. hh.enc(s))
+        assert.same({ s }, helpers.pluck(rows.sessions, "session"))
+      end)
+
+      it("a field given as null is the same as one left out (expected)", function()
+        local s = name("null-expected")
+        hh.append(srv, ADMIN, s, { { type = "t", settled = true } })
+        local st, b = hh.request(srv, "POST", hh.spath(s, "events"),
+          { token = ADMIN, body = '{"events":[{"type":"t","settled":true,"lane":null}],"expected":null}' })
+        hh.check_ok(st, b, "append with null fields")
+        assert.equal(2, b.events[1].index)
+        assert.is_nil(b.events[1].lane)
       end)
 
       it("answers pending = false when nothing of the session is pending", function()

@@ -142,8 +142,8 @@ for _, template in ipairs(helpers.urls()) do
     end)
 
     teardown(function()
-      hh.stop(srv)
       hh.rm(scripts)
+      hh.stop_clean(srv)
     end)
 
     it("acme sees its own data with unprefixed names", function()

@@ -423,4 +423,15 @@ function hh.send_large(srv, method, path, token, body)
   return status, ok and decoded or payload, text
 end
 
+-- Stops a server (SIGTERM), removes its directory and asserts it exited 0:
+-- under AddressSanitizer (make check-sanitize) a leak or a memory error
+-- in the server shows as a non-zero exit, with its log's tail.
+function hh.stop_clean(srv)
+  if not srv or srv.stopped then return end
+  local rc = hh.stop(srv, nil, true)
+  local log = ph.tail(srv.log, 40)
+  hh.rm(srv.dir)
+  assert(rc == 0, ("the server exited %s:\n%s"):format(tostring(rc), log))
+end
+
 return hh
