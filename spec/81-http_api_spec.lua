@@ -116,12 +116,13 @@ for _, template in ipairs(helpers.urls()) do
     describe("POST /v1/sessions/{s}/events", function()
       it("appends and answers {events, pending} with stored events", function()
         local s = name("append")
-        local st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { events = {
+        local st, b, h = hh.post(srv, ADMIN, hh.spath(s, "events"), { events = {
           { type = "placed", payload = { sku = "A1", qty = 2 } },
           { type = "noted", id = "n-1", payload = "hello", lane = "l1" },
           { type = "fact", settled = true },
         } })
         assert.equal(200, st, shown(b)) -- docs/http-api.md: 200, never 201 (a retry gets the same answer)
+        assert.truthy((h["content-type"] or ""):find("application/json", 1, true), shown(h))
         assert.equal(3, #b.events)
         assert.is_true(b.pending)
         local prev = 0
@@ -1256,8 +1257,9 @@ for _, template in ipairs(helpers.urls()) do
     -- ---------------------------------------------------------------
     describe("routing", function()
       it("an unknown path is 404 NOT_FOUND; a known path with another method is 405 with Allow", function()
-        local st, b = hh.get(srv, ADMIN, "/v1/nope")
+        local st, b, h = hh.get(srv, ADMIN, "/v1/nope")
         hh.check_error(404, "NOT_FOUND", st, b, "GET /v1/nope")
+        assert.truthy((h["content-type"] or ""):find("application/json", 1, true), shown(h))
         local st2, b2, h2 = hh.delete(srv, ADMIN, hh.spath("x", "events"))
         hh.check_error(405, "METHOD_NOT_ALLOWED", st2, b2, "DELETE events")
         assert.truthy((h2.allow or ""):find("GET", 1, true), shown(h2))

@@ -178,6 +178,12 @@ for _, template in ipairs(helpers.urls()) do
       assert.same({ n = 2, sum = 7 }, state.state)
       local _, stats = hh.get(srv, "acme-read", "/v1/stats")
       assert.equal(#evs, stats.events)
+      -- error messages name acme's names without the prefix too
+      local st, err = hh.post(srv, "acme-admin", "/v1/sessions/work/events/99/revive", {})
+      hh.check_error(404, "NO_SUCH_EVENT", st, err, "acme revive of a missing index")
+      assert.truthy(err.message:find("'work'", 1, true), err.message)
+      assert.is_nil(err.message:find(SEP, 1, true), err.message)
+      assert.is_nil(err.message:find("acme", 1, true), err.message)
       if acme_forked then
         local _, lin = hh.get(srv, "acme-read", "/v1/sessions/ledger-fork/lineage")
         local rec = lin.lineage
