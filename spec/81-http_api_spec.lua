@@ -4,6 +4,14 @@
 -- input (a {code, message} answer and nothing changed), the store's
 -- errors mapped to statuses, and each route's right (401/403).
 --
+-- Where CONTRACT §6 is silent these specs follow docs/http-api.md: every
+-- success is 200 (never 201), GET .../events answers {events, through},
+-- unknown body fields are 400, presence answers {rows} and {applied},
+-- DELETE of a ref {deleted}, a state JSON cannot carry is 422, and
+-- REF_CONFLICT's body carries `expected` and `actual` beside §6's {code,
+-- message} (the fields §3.7 gives the Lua error). Nothing in the docs was
+-- found to contradict the contract.
+--
 -- SSE streams, /metrics and /healthz have their own specs. One server per
 -- backend (helpers.urls()); tests use sessions of their own, and a test
 -- that claims work uses a tenant of its own (claims span the token's
