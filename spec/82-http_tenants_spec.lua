@@ -375,6 +375,16 @@ for _, template in ipairs(helpers.urls()) do
       local st, b = gx("globex-rw", "GET", "/v1/sessions/" .. aw .. "/events")
       hh.check_ok(st, b, "globex read acme%1Fwork")
       assert.equal(0, #b.events)
+      -- state is folded on the root store under the stored name: acme's ledger must stay out of reach
+      st, b = gx("globex-rw", "GET", "/v1/sessions/" .. hh.enc("acme" .. SEP .. "ledger") .. "/state/count")
+      if st == 200 then
+        assert.equal(0, b.index)
+        assert.same({ n = 0, sum = 0 }, b.state)
+      else
+        assert.equal(404, st, shown(b))
+      end
+      st, b = gx("globex-rw", "GET", "/v1/sessions/" .. hh.enc("acme" .. SEP .. "ledger") .. "/state/count?at=2")
+      hh.check_error(404, "NO_SUCH_EVENT", st, b, "globex state of acme%1Fledger at 2")
       st, b = gx("globex-admin", "POST", "/v1/sessions/" .. aw .. "/events/1/revive", {})
       not_found_event(st, b, "globex revive acme%1Fwork/1")
       st, b = gx("globex-rw", "POST", "/v1/sessions/" .. aw .. "/events", { events = { { type = "x", settled = true } } })
