@@ -474,6 +474,156 @@ function hh.sse_take(s, n, timeout, kind)
     if ev.event == (kind or "event") then got[#got + 1] = ev end
   end
   return got
+-- ---------------------------------------------------------------------
+-- Conformance helpers (spec/81-http_api_spec.lua, spec/82-http_tenants_spec.lua)
+
+-- The --db URL for one server from a backend URL template of
+-- helpers.urls(): "memory:" as is (the server's own memory store), nil for
+-- any sqlite: template (hh.serve then makes a fresh file in its own
+-- directory), a fresh schema for postgres.
+function hh.backend_db(template)
+  if template:match("^memory:") then return "memory:" end
+  if template:match("^sqlite:") then return nil end
+  if template:match("^postgres") then return helpers.pg_fresh_url(template) end
+  return template
+end
+
+-- Whether the test process can open the server's database beside it
+-- (SQLite file, PostgreSQL schema; not memory:), e.g. to make a fork,
+-- which HTTP does not offer.
+function hh.shared_db(srv)
+  return not srv.db:match("^memory:")
+end
+
+-- A scripts directory made for a server before it starts: files maps a
+-- path under the directory ("reducers/count.lua") to its text. Returns
+-- the directory (remove it with hh.rm).
+function hh.scripts(files)
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. helpers.sh_quote(dir .. "/handlers") .. " " ..
+    helpers.sh_quote(dir .. "/reducers")))
+  for rel, text in pairs(files or {}) do helpers.write_file(dir .. "/" .. rel, text) end
+  return dir
+end
+
+function hh.rm(dir)
+  if dir and dir ~= "" and dir ~= "/" then os.execute("rm -rf " .. helpers.sh_quote(dir)) end
+end
+
+-- A server on one backend template (hh.backend_db), otherwise as hh.serve.
+function hh.serve_on(template, opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.db = hh.backend_db(template)
+  return hh.serve(o)
+end
+
+-- "/v1/sessions/<s>" plus more segments, each percent-encoded (numbers
+-- as they are).
+function hh.spath(session, ...)
+  local parts = { "/v1/sessions/" .. hh.enc(session) }
+  for _, seg in ipairs({ ... }) do parts[#parts + 1] = hh.enc(seg) end
+  return table.concat(parts, "/")
+end
+
+-- Builds a query string from an array of {name, value} pairs (values
+-- percent-encoded); "" when empty.
+function hh.query(pairs_)
+  local out = {}
+  for _, kv in ipairs(pairs_) do out[#out + 1] = hh.enc(kv[1]) .. "=" .. hh.enc(kv[2]) end
+  return #out > 0 and ("?" .. table.concat(out, "&")) or ""
+end
+
+-- Asserts an error answer: the status, the body {code, message} with
+-- `code` (when given) and a non-empty message, and nothing else than
+-- those two fields. `what` names the request in the failure message.
+-- `extra` lists further fields the body may carry (REF_CONFLICT's
+-- expected and actual).
+function hh.check_error(status, code, st, body, what, extra)
+  what = what or "request"
+  local shown = type(body) == "table" and json.encode(body) or tostring(body)
+  assert(st == status, ("%s: expected status %d, got %s: %s"):format(what, status, tostring(st), shown))
+  assert(type(body) == "table", ("%s: error body is not JSON: %s"):format(what, shown))
+  if code then
+    assert(body.code == code, ("%s: expected code %s, got %s"):format(what, code, shown))
+  end
+  assert(type(body.code) == "string" and body.code ~= "", what .. ": no code: " .. shown)
+  assert(type(body.message) == "string" and body.message ~= "", what .. ": no message: " .. shown)
+  for k in pairs(body) do
+    local allowed = k == "code" or k == "message"
+    for _, x in ipairs(extra or {}) do allowed = allowed or k == x end
+    assert(allowed, ("%s: unexpected error field %s: %s"):format(what, k, shown))
+  end
+end
+
+-- Asserts a 2xx answer and returns the body; `what` names the request.
+function hh.check_ok(st, body, what)
+  local shown = type(body) == "table" and json.encode(body) or tostring(body)
+  assert(type(st) == "number" and st >= 200 and st < 300,
+    ("%s: expected success, got %s: %s"):format(what or "request", tostring(st), shown))
+  return body
+end
+
+-- Appends through HTTP and returns the decoded answer (asserting success).
+function hh.append_ok(srv, token, session, events, extra)
+  local body = { events = events }
+  for k, v in pairs(extra or {}) do body[k] = v end
+  local st, b = hh.post(srv, token, hh.spath(session, "events"), body)
+  return hh.check_ok(st, b, "append to " .. session)
+end
+
+-- A session's events through HTTP (GET .../events, one page: the
+-- server's default limit unless query says) and the raw answer text, and
+-- the whole answer ({events, through}).
+function hh.events(srv, token, session, query)
+  local st, b, _, text = hh.get(srv, token, hh.spath(session, "events") .. (query or ""))
+  hh.check_ok(st, b, "read " .. session)
+  return b.events, text, b
+end
+
+-- A session's head through HTTP.
+function hh.head(srv, token, session)
+  local st, b = hh.get(srv, token, hh.spath(session, "head"))
+  hh.check_ok(st, b, "head of " .. session)
+  return b.head
+end
+
+-- Sends a request whose body may be refused before it is all sent (over
+-- the body limit): the body goes in 64 KiB pieces and a send error stops
+-- sending (the server may answer and close early); then the answer is
+-- read. Returns status (nil when the server closed without one), decoded
+-- body, and the raw answer text.
+function hh.send_large(srv, method, path, token, body)
+  local c = connect(srv, 20)
+  local head = { ("%s %s HTTP/1.1"):format(method, path), ("Host: %s:%d"):format(srv.host, srv.port),
+    "Connection: close", "Content-Type: application/json", "Content-Length: " .. #body }
+  if token then head[#head + 1] = "Authorization: Bearer " .. token end
+  c:send(table.concat(head, "\r\n") .. "\r\n\r\n")
+  local i = 1
+  while i <= #body do
+    local ok = c:send(body, i, math.min(#body, i + 65535))
+    if not ok then break end
+    i = i + 65536
+  end
+  local all, _, partial = c:receive("*a")
+  c:close()
+  local text = all or partial or ""
+  local status = math.tointeger(tonumber(text:match("^HTTP/1%.%d (%d%d%d)")))
+  local payload = text:match("\r\n\r\n(.*)$") or ""
+  local ok, decoded = pcall(json.decode, payload)
+  return status, ok and decoded or payload, text
+end
+
+-- Stops a server (SIGTERM), removes its directory and asserts it exited 0:
+-- under AddressSanitizer (make check-sanitize) a leak or a memory error
+-- in the server shows as a non-zero exit, with its log's tail.
+function hh.stop_clean(srv)
+  if not srv or srv.stopped then return end
+  local rc = hh.stop(srv, nil, true)
+  local log = ph.tail(srv.log, 40)
+  hh.rm(srv.dir)
+  assert(rc == 0, ("the server exited %s:\n%s"):format(tostring(rc), log))
 end
 
 return hh
