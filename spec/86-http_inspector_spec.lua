@@ -26,7 +26,7 @@ return {
 ]]
 
 local XSS_NAME = [[<img src=x onerror="window.__xss='name'">]]
-local XSS_PAYLOAD = [[<img src=x onerror="window.__xss='payload'">]]
+local XSS_PAYLOAD = [[<img src=x onerror=window.__xss='payload'>]]
 local XSS_SCRIPT = [[<script>window.__xss='script'</script>]]
 
 describe("the inspector in a headless browser", function()
@@ -275,6 +275,39 @@ describe("the inspector in a headless browser", function()
     end)
   end)
 
+  it("shows lineage, and origin links of a fork's copies lead to the originals", function()
+    -- fork is not an HTTP call: the CLI forks in the same database
+    local cmd = ("%s fork order-1 2 %s --db %s >/dev/null"):format(helpers.sh_quote(hh.BIN),
+      helpers.sh_quote("order-1/alt"), helpers.sh_quote(srv.db))
+    assert.is_true(os.execute(cmd) == true, cmd)
+    d:check(function()
+      d:click("#nav-sessions")
+      -- a name with '/' is one path segment
+      d:type("#session-open-input", "order-1/alt")
+      d:click('#session-open button[type="submit"]')
+      d:wait_until("the fork's events", function() return row_text(1) and row_text(2) end)
+      local parent = d:wait_until("its parent", function()
+        local e = d:find_all('#lineage [data-test="lineage-parent"]')
+        return e[1] and d:text(e[1])
+      end)
+      assert.truthy(parent:find("order-1", 1, true) and parent:find("#2", 1, true), parent)
+      assert.is_nil(row_text(3))
+      local link = d:find(row_sel(2) .. ' a[data-test="origin-link"]')
+      assert.are.equal("order-1", d:attr(link, "data-origin-session"))
+      d:click(link)
+      d:wait_until("order-1 #2 highlighted", function()
+        return d:text("#session-title") == "order-1" and
+          js("(function(e){return e !== null && e.classList.contains('highlight');})(document.querySelector(arguments[0]))",
+            row_sel(2))
+      end)
+      local kids = d:wait_until("order-1's forks", function()
+        local e = d:find_all('#lineage [data-test="lineage-children"]')
+        return e[1] and d:text(e[1])
+      end)
+      assert.truthy(kids:find("order-1/alt", 1, true), kids)
+    end)
+  end)
+
   it("shows a presence namespace, and its changes live", function()
     local function put(who, values)
       local status, body = hh.put(srv, ADMIN, "/v1/presence/lobby/" .. hh.enc(who), { values = values, ttl_ms = 600000 })
@@ -295,6 +328,27 @@ describe("the inspector in a headless browser", function()
         return js("(function(e){return e ? e.textContent : null;})(document.querySelector(arguments[0]))", prow:format("bob"))
       end)
       assert.truthy(text:find("away", 1, true), text)
+    end)
+  end)
+
+  it("follows every session in the live feed, from now on", function()
+    d:check(function()
+      d:click("#nav-feed")
+      d:wait_until("the feed connected", function() return d:text("#feed-status") == "live" end)
+      -- it starts after the newest event: nothing older shows
+      local _, all = hh.get(srv, ADMIN, "/v1/events?limit=1000")
+      local last = all.events[#all.events].position
+      assert.are.equal("from position " .. last, d:text("#feed-from"))
+      assert.are.equal(0, #d:find_all("#feed li"))
+      append("feed-a", { { type = "a.one", settled = true } })
+      append("feed-b", { { type = "b.one", settled = true } })
+      local rows = d:wait_until("both new events", function()
+        local r = d:find_all('#feed li[data-test="feed-row"]')
+        return #r == 2 and r
+      end)
+      assert.are.equal("feed-a", d:attr(rows[1], "data-session"))
+      assert.are.equal(tostring(last + 1), d:attr(rows[1], "data-position"))
+      assert.are.equal("feed-b", d:attr(rows[2], "data-session"))
     end)
   end)
 

@@ -163,7 +163,7 @@
     const n = Number(String(ms));
     if (!Number.isFinite(n)) return String(ms);
     const d = new Date(n);
-    return isNaN(d.getTime()) ? String(ms) : d.toISOString().replace('T', ' ').replace('Z', '');
+    return isNaN(d.getTime()) ? String(ms) : d.toISOString().replace('T', ' ').replace('Z', ' UTC');
   }
 
   // A path segment: every name the user or the store gives goes through
