@@ -7,6 +7,7 @@ local socket = require("socket")
 local helpers = require("helpers")
 local hh = require("http_helpers")
 local ch = require("cli_helpers")
+local ph = require("proc_helpers")
 
 local sh_quote = helpers.sh_quote
 
@@ -16,6 +17,16 @@ local sh_quote = helpers.sh_quote
 local function got_through(status)
   return status ~= nil and status ~= 400 and status ~= 401 and status ~= 403 and status ~= 404
     and status ~= 405 and status ~= 413
+end
+
+-- Stops srv and re-raises the test's error, else checks the server exited
+-- 0 (under AddressSanitizer a leak or a memory error makes it fail).
+local function finish(srv, ok, err)
+  local rc = hh.stop(srv, nil, true)
+  local log = ph.tail(srv.log, 40)
+  os.execute("rm -rf " .. sh_quote(srv.dir))
+  if not ok then error(err, 0) end
+  assert(rc == 0, ("the server exited %s:\n%s"):format(tostring(rc), log))
 end
 
 -- Connects and returns the socket (no request sent).
@@ -29,7 +40,7 @@ end
 describe("eventstore serve", function()
   local srv
   setup(function() srv = hh.serve({ no_engine = true }) end)
-  teardown(function() hh.stop(srv) end)
+  teardown(function() finish(srv, true) end)
 
   it("prints the listening line with the port it picked", function()
     assert.is_true(srv.port > 0)
@@ -76,7 +87,7 @@ describe("eventstore serve", function()
   it("lets admin do what every other right allows", function()
     local status = hh.post(srv, "acme-admin", "/v1/sessions/s/events", { events = { { type = "t" } } })
     assert.is_true(got_through(status), "status " .. tostring(status))
-    status = hh.post(srv, "acme-admin", "/v1/claims", { holder = "h", limit = 1 })
+    status = hh.post(srv, "acme-admin", "/v1/claims", { holder = "h", ttl_ms = 1000, limit = 1 })
     assert.is_true(got_through(status), "status " .. tostring(status))
     status = hh.get(srv, "acme-admin", "/v1/sessions")
     assert.is_true(got_through(status), "status " .. tostring(status))
@@ -122,6 +133,17 @@ describe("eventstore serve", function()
     end
   end)
 
+  it("answers HEAD as GET without a body", function()
+    local c = connect(srv)
+    assert(c:send("HEAD /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    local text = c:receive("*a")
+    c:close()
+    assert.matches("^HTTP/1%.1 401", text)
+    assert.matches("\r\n\r\n$", text) -- headers only
+    local _, _, headers = hh.delete(srv, "admin-token", "/v1/sessions/s/head")
+    assert.matches("HEAD", headers.allow)
+  end)
+
   it("answers 413 TOO_LARGE for a Content-Length over --max-body before reading it", function()
     local limited = hh.serve({ no_engine = true, args = { "--max-body", "1000" } })
     local ok, err = pcall(function()
@@ -141,8 +163,7 @@ describe("eventstore serve", function()
       status = hh.post(limited, "admin-token", "/v1/sessions/s/events", { events = { { type = "t" } } })
       assert.is_true(got_through(status), "status " .. tostring(status))
     end)
-    hh.stop(limited)
-    assert(ok, err)
+    finish(limited, ok, err)
   end)
 
   it("answers a malformed request with a 4xx and keeps serving", function()
@@ -170,8 +191,36 @@ describe("eventstore serve tokens", function()
       assert.equal(401, (hh.get(srv, hashed, "/v1/sessions")))
       assert.not_matches("plain text", helpers.read_file(srv.log))
     end)
-    hh.stop(srv)
-    assert(ok, err)
+    finish(srv, ok, err)
+  end)
+
+  it("rereads the tokens file when it changes, and keeps the old tokens when the new file is bad", function()
+    local srv = hh.serve({ no_engine = true })
+    local ok, err = pcall(function()
+      assert.equal(401, (hh.get(srv, "late-token", "/v1/sessions")))
+      local hashed = ch.run(srv.dir, { "token", "hash", "late-token" }).out:gsub("\n$", "")
+      helpers.write_file(srv.tokens_file, "admin-token * admin\n" .. hashed .. " acme read\n")
+      -- the file is looked at once a second at most, when a request comes
+      local status, deadline = nil, helpers.wall() + 10
+      repeat
+        status = hh.get(srv, "late-token", "/v1/sessions")
+        if status == 401 then helpers.sleep(0.1) end
+      until status ~= 401 or helpers.wall() > deadline
+      assert.is_true(got_through(status), "status " .. tostring(status))
+      -- a token that left the file stops working
+      assert.equal(401, (hh.get(srv, "acme-rw", "/v1/sessions")))
+      -- a bad file is not used: the tokens read before stay
+      helpers.write_file(srv.tokens_file, "late-token acme read,fly\n")
+      deadline = helpers.wall() + 10
+      repeat
+        hh.get(srv, "late-token", "/v1/sessions")
+        helpers.sleep(0.1)
+      until (helpers.read_file(srv.log) or ""):find("not usable", 1, true) or helpers.wall() > deadline
+      assert.matches("tokens:1: unknown right 'fly'", helpers.read_file(srv.log), 1, true)
+      assert.is_true(got_through((hh.get(srv, "late-token", "/v1/sessions"))))
+      assert.equal(403, (hh.post(srv, "late-token", "/v1/sessions/s/events", { events = { { type = "t" } } })))
+    end)
+    finish(srv, ok, err)
   end)
 
   it("refuses to start on a bad tokens file, naming the file and line", function()
@@ -249,9 +298,8 @@ describe("eventstore serve static files", function()
         assert.equal("NOT_FOUND", body.code, path)
       end
     end)
-    hh.stop(srv)
     os.execute("rm -rf " .. sh_quote(dir))
-    assert(ok, err)
+    finish(srv, ok, err)
   end)
 
   it("answers / with 404 saying why when there are no inspector files; the API still works", function()
@@ -262,8 +310,7 @@ describe("eventstore serve static files", function()
       assert.matches("index.html", body.message)
       assert.equal(401, (hh.get(srv, nil, "/v1/sessions")))
     end)
-    hh.stop(srv)
-    assert(ok, err)
+    finish(srv, ok, err)
   end)
 end)
 
@@ -286,8 +333,7 @@ describe("eventstore serve limits and stopping", function()
       idle[2]:close()
       idle[3]:close()
     end)
-    hh.stop(srv)
-    assert(ok, err)
+    finish(srv, ok, err)
   end)
 
   it("cuts a client that sends half a request after --request-timeout", function()
@@ -305,8 +351,7 @@ describe("eventstore serve limits and stopping", function()
       -- and a whole request still gets its answer
       assert.equal(401, (hh.get(srv, nil, "/v1/sessions")))
     end)
-    hh.stop(srv)
-    assert(ok, err)
+    finish(srv, ok, err)
   end)
 
   it("stops on SIGTERM with exit 0 and frees the port", function()

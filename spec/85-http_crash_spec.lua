@@ -114,6 +114,11 @@ for _, target in ipairs(targets) do
       for i, ev in ipairs(seen) do assert.equals(tostring(i), ev.id) end
       local last_seen = #seen
 
+      if os.getenv("ES_SPEC_VERBOSE") then
+        local un = 0
+        for _, c in ipairs(clients) do un = un + (c.n - c.nacked) end
+        print(("# %d acknowledged, %d unanswered at the kill, SSE saw %d"):format(total, un, last_seen))
+      end
       local again = hh.restart(srv, { no_engine = true })
       local ok, err = pcall(function()
         -- every acknowledged append is there, once
@@ -155,9 +160,10 @@ for _, target in ipairs(targets) do
         for i, ev in ipairs(rest) do assert.equals(stored[last_seen + i].id, ev.data.id) end
         s:close()
       end)
-      hh.stop(again)
+      local rc = hh.stop(again)
       os.execute("rm -rf " .. helpers.sh_quote(olddir))
       assert(ok, err)
+      assert.equals(0, rc)
     end)
   end)
 end

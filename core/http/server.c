@@ -789,6 +789,18 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
   else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) atomic_fetch_sub(&h->conns, 1);
 }
 
+/* libmicrohttpd's own messages (a client gone mid-answer, a request it
+ * could not parse), on stderr like the server's other lines. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  size_t n = strlen(msg);
+  while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
+  fprintf(stderr, "eventstore serve: %s\n", msg);
+  fflush(stderr);
+}
+
 /* Keeps the path and the query as sent: this file decodes them itself
  * (see the header comment). */
 static size_t keep_escapes(void *cls, struct MHD_Connection *c, char *s) {
@@ -933,6 +945,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
   if (v6) flags |= MHD_USE_IPv6;
   errno = 0;
   h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
+                          MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: it says so otherwise */
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                           MHD_OPTION_CONNECTION_LIMIT, h->limits.max_connections + slack,
                           MHD_OPTION_CONNECTION_TIMEOUT, h->limits.request_timeout_s,

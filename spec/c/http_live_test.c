@@ -50,7 +50,7 @@ static void resp_done(es_http_resp *o) {
 
 /* Pulls the stream until `want` appears in what it sent (or n calls). */
 static int pull_until(es_http_resp *o, es_buf *got, const char *want, int calls) {
-  char buf[512];
+  static char buf[16 * 1024]; /* what the server asks for at once */
   for (int i = 0; i < calls; i++) {
     es_buf_cstr(got);
     if (got->data && strstr(got->data, want)) return 1;
@@ -425,6 +425,101 @@ static void test_truncated(es_store *root) {
   resp_done(&o);
 }
 
+
+/* Presence patches pile up for a client that does not read: past
+ * stream_buffer bytes the stream ends with an error event (a fresh
+ * snapshot on reconnecting is the only way not to miss any). */
+static void test_presence_overflow(es_store *root) {
+  size_t old = limits.stream_buffer;
+  limits.stream_buffer = 300;
+  es_http_req r;
+  es_http_resp o;
+  req_init(&r, root, NULL);
+  r.seg[2] = "busy";
+  resp_init(&o);
+  es_sse_presence(&r, &o);
+  es_buf got;
+  es_buf_init(&got);
+  ok(o.status == 200 && pull_until(&o, &got, "event: snapshot\n", 5), "overflow: the snapshot");
+  for (int i = 0; i < 10; i++) {
+    char v[16];
+    snprintf(v, sizeof v, "%d", i);
+    es_presence_field f = {"n", v, strlen(v)};
+    es_presence_rows applied;
+    es_err err;
+    es_store_presence_set(root, "busy", "p", &f, 1, 60000, ES_NONE, 0, &applied, &err);
+    es_presence_rows_destroy(&applied);
+  }
+  ok(pull_until(&o, &got, "event: error\n", 5) && strstr(got.data, "UNAVAILABLE"),
+     "overflow: an error event once patches pass stream_buffer");
+  char buf[64];
+  ok(o.stream(o.stream_state, buf, sizeof buf) == -1, "overflow: then the stream ends");
+  uint64_t dropped = atomic_load(&counters.streams_dropped);
+  resp_done(&o);
+  ok(atomic_load(&counters.streams_dropped) == dropped, "overflow: an end of its own is not a drop");
+  es_buf_destroy(&got);
+  limits.stream_buffer = old;
+}
+
+/* The store fails under an open stream: an error event, then the end. */
+static void test_store_error(void) {
+  es_store *s = NULL;
+  es_err err;
+  if (es_store_open("memory:", NULL, &s, &err)) exit(2);
+  append1(s, "x", "a", NULL);
+  es_http_req r;
+  es_http_resp o;
+  req_init(&r, s, NULL);
+  r.seg[2] = "x";
+  resp_init(&o);
+  es_sse_session(&r, &o);
+  es_buf got;
+  es_buf_init(&got);
+  ok(o.status == 200 && pull_until(&o, &got, "id: 1\n", 5), "store error: the stream runs");
+  es_store_close(s);
+  ok(pull_until(&o, &got, "event: error\ndata: {\"code\":\"CLOSED\"", 5),
+     "store error: an error event with the code");
+  char buf[64];
+  ok(o.stream(o.stream_state, buf, sizeof buf) == -1, "store error: then the stream ends");
+  es_buf_destroy(&got);
+  resp_done(&o);
+  es_store_release(s);
+}
+
+/* Events bigger than the read size: pages shrink to the buffer, every
+ * event still arrives whole and in order. */
+static void test_big_events(es_store *root) {
+  size_t big = 300 * 1024;
+  char *payload = malloc(big + 3);
+  payload[0] = '"';
+  memset(payload + 1, 'y', big);
+  payload[big + 1] = '"';
+  payload[big + 2] = 0;
+  for (int i = 0; i < 6; i++) append1(root, "big", "b", payload);
+  free(payload);
+  es_http_req r;
+  es_http_resp o;
+  req_init(&r, root, NULL);
+  r.seg[2] = "big";
+  resp_init(&o);
+  es_sse_session(&r, &o);
+  es_buf got;
+  es_buf_init(&got);
+  int whole = o.status == 200 && pull_until(&o, &got, "\"index\":6,", 1000);
+  /* then until id 6's event is complete (its blank line) */
+  while (whole && !strstr(strstr(got.data, "\"index\":6,"), "\n\n")) {
+    static char buf[16 * 1024];
+    ssize_t n = o.stream(o.stream_state, buf, sizeof buf);
+    if (n < 0) whole = 0;
+    else es_buf_add(&got, buf, (size_t)n), es_buf_cstr(&got);
+  }
+  size_t n_events = 0;
+  for (const char *p = got.data; (p = strstr(p, "\nevent: event\n")); p++) n_events++;
+  ok(whole && n_events == 6 && got.len > 6 * big, "big events: all six, whole");
+  es_buf_destroy(&got);
+  resp_done(&o);
+}
+
 int main(void) {
   /* http.h's defaults (es_http_opts_init is server.c's) */
   limits.max_streams = 128;
@@ -450,6 +545,9 @@ int main(void) {
   test_presence(root);
   test_keepalive(root);
   test_truncated(root);
+  test_presence_overflow(root);
+  test_store_error();
+  test_big_events(root);
 
   /* healthz once the store is gone */
   es_store_close(root);
