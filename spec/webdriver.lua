@@ -171,7 +171,9 @@ end
 -- A PNG of the page, written to a fresh temporary file; returns its path.
 function Driver:screenshot()
   local b64 = self:cmd("GET", "screenshot")
-  local path = os.tmpname() .. ".png"
+  local base = os.tmpname()
+  os.remove(base)
+  local path = base .. ".png"
   helpers.write_file(path, (mime.unb64(b64)))
   return path
 end
