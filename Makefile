@@ -30,6 +30,7 @@ LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 # lua-cjson only as the benches' reference decoder (bench/fold_bench.lua).
 DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql lua-cjson \
   libmicrohttpd-dev lua-socket
+DEB_PKGS += chromium chromium-driver
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room (docs/layout in README.md): util/ (buffers, trees,

@@ -1,0 +1,386 @@
+-- spec/86-http_inspector_spec.lua: the browser inspector (web/inspector,
+-- docs/inspector.md) in a real headless Chromium, driven over WebDriver
+-- (spec/webdriver.lua): the page as a user sees it, against a real
+-- `eventstore serve`. One browser and one server for the whole file; the
+-- tests run in order and build on each other's data.
+--
+-- Never skipped: without chromium or chromedriver the file fails, naming
+-- the package to install (make deps installs both).
+local eventstore = require("eventstore")
+local helpers = require("helpers")
+local hh = require("http_helpers")
+local wd = require("webdriver")
+
+local json = eventstore.json
+local ADMIN = "admin-token"
+
+-- A reducer for the state view: counts the order's events and keeps the
+-- last value of each.
+local SUMMARY = [[
+return {
+  init = function() return {count = 0} end,
+  ["order.placed"] = function(s, e) s.count = s.count + 1; s.item = e.payload.item end,
+  ["order.shipped"] = function(s, e) s.count = s.count + 1; s.carrier = e.payload.carrier end,
+  ["order.note"] = function(s, e) s.count = s.count + 1; s.note = e.payload.text end,
+}
+]]
+
+local XSS_NAME = [[<img src=x onerror="window.__xss='name'">]]
+local XSS_PAYLOAD = [[<img src=x onerror=window.__xss='payload'>]]
+local XSS_SCRIPT = [[<script>window.__xss='script'</script>]]
+
+describe("the inspector in a headless browser", function()
+  local srv, d, scripts
+
+  local function path_of(session, rest)
+    return "/v1/sessions/" .. hh.enc(session) .. (rest or "")
+  end
+
+  local function append(session, events)
+    local status, body = hh.post(srv, ADMIN, path_of(session, "/events"), { events = json.array(events) })
+    assert.are.equal(200, status, json.encode(body))
+    return body.events
+  end
+
+  local function event_of(session, index)
+    local status, body = hh.get(srv, ADMIN, path_of(session, "/events?after=" .. (index - 1) .. "&limit=1"))
+    assert.are.equal(200, status, json.encode(body))
+    return body.events[1]
+  end
+
+  -- Claims every ready event for `holder` and returns the one of session.
+  local function claim(session, holder)
+    local status, body = hh.post(srv, ADMIN, "/v1/claims", { holder = holder, ttl_ms = 60000, limit = 100 })
+    assert.are.equal(200, status, json.encode(body))
+    for _, e in ipairs(body.events) do
+      if e.session == session then return e end
+    end
+    error("no claimable event of " .. session .. " in " .. json.encode(body))
+  end
+
+  local function dead_letter(session, holder, message)
+    local e = claim(session, holder)
+    local status, body = hh.post(srv, ADMIN, path_of(session, "/events/" .. e.index .. "/fail"),
+      { attempt = e.attempt, error = message, max_failures = 1 })
+    assert.are.equal(200, status, json.encode(body))
+    assert.are.equal("dead_lettered", body.outcome)
+    return e
+  end
+
+  -- Evaluates a JS expression in the page.
+  local function js(expr, ...)
+    return d:execute("return (" .. expr .. ");", { ... })
+  end
+
+  local function row_sel(index)
+    return ('#events li[data-test="event-row"][data-index="%d"]'):format(index)
+  end
+
+  local function row_text(index)
+    return js("(function(s){var e=document.querySelector(s);return e?e.textContent:null;})(arguments[0])",
+      row_sel(index))
+  end
+
+  local function banner()
+    return js("document.getElementById('error').hidden ? null : document.getElementById('error-text').textContent")
+  end
+
+  lazy_setup(function()
+    scripts = os.tmpname()
+    os.remove(scripts)
+    assert(os.execute("mkdir -p " .. helpers.sh_quote(scripts .. "/handlers") .. " " ..
+      helpers.sh_quote(scripts .. "/reducers")))
+    helpers.write_file(scripts .. "/reducers/summary.lua", SUMMARY)
+    -- No engine dispatching: the test is the only worker (through
+    -- /v1/claims), so which event is claimed when is the test's choice.
+    srv = hh.serve({ scripts = scripts, no_engine = true })
+    d = wd.start()
+  end)
+
+  lazy_teardown(function()
+    if d then d:quit() end
+    if srv then hh.stop(srv) end
+    if scripts then os.execute("rm -rf " .. helpers.sh_quote(scripts)) end
+  end)
+
+  it("serves the page and its files, with nothing from elsewhere", function()
+    local status, body, headers = hh.request(srv, "GET", "/")
+    assert.are.equal(200, status)
+    assert.truthy((headers["content-type"] or ""):find("text/html", 1, true), headers["content-type"])
+    assert.truthy(body:find('src="/app.js"', 1, true))
+    assert.truthy(body:find('href="/style.css"', 1, true))
+    local files = { ["/"] = body }
+    for path, ctype in pairs({ ["/app.js"] = "javascript", ["/style.css"] = "text/css" }) do
+      local st, text, h = hh.request(srv, "GET", path)
+      assert.are.equal(200, st, path)
+      assert.truthy((h["content-type"] or ""):find(ctype, 1, true), path .. ": " .. tostring(h["content-type"]))
+      files[path] = text
+    end
+    for path, text in pairs(files) do
+      assert.is_nil(text:find("https?://"), path .. " names an outside URL")
+      assert.is_nil(text:find("@import", 1, true), path .. " imports a stylesheet")
+      -- data reaches the page as text only (docs/inspector.md)
+      assert.is_nil(text:find("innerHTML%s*%+?="), path .. " assigns innerHTML")
+      assert.is_nil(text:find("outerHTML%s*=") or text:find("insertAdjacentHTML", 1, true)
+        or text:find("document.write", 1, true), path .. " writes HTML")
+    end
+  end)
+
+  it("asks for a token, shows a 401 for a wrong one, and lists sessions with the right one", function()
+    -- order-1: #1 placed (claimed, completed by attempt 1), #2 shipped
+    -- (its consequence: cause = {index 1, attempt 1}).
+    append("order-1", { { type = "order.placed", id = "o-1", payload = { item = "book", n = 9007199254740993 } } })
+    local e = claim("order-1", "worker-1")
+    local status, body = hh.post(srv, ADMIN, path_of("order-1", "/events/1/complete"),
+      { attempt = e.attempt, events = json.array({ { type = "order.shipped", payload = { carrier = "post" } } }) })
+    assert.are.equal(200, status, json.encode(body))
+    assert.are.equal("completed", body.outcome)
+    d:check(function()
+      d:navigate(srv.url .. "/")
+      d:wait_until("the token form", function()
+        return js("!document.getElementById('login').hidden")
+      end)
+      d:type("#token-input", "not-a-token")
+      d:click("#token-submit")
+      local text = d:wait_until("the 401 banner", function() return banner() end)
+      assert.truthy(text:find("401", 1, true), text)
+      assert.truthy(text:find("UNAUTHORIZED", 1, true), text)
+      d:wait_until("the token form again", function()
+        return js("!document.getElementById('login').hidden")
+      end)
+      d:type("#token-input", ADMIN)
+      d:click("#token-submit")
+      d:wait_until("order-1 in the sessions list", function()
+        return js([[document.querySelector('#sessions li[data-test="session-row"][data-session="order-1"]') !== null]])
+      end)
+      assert.is_nil(banner())
+      -- kept for the tab, never in localStorage
+      assert.are.equal(ADMIN, js("sessionStorage.getItem('eventstore.inspector.token')"))
+      assert.are.equal(0, js("localStorage.length"))
+    end)
+  end)
+
+  it("opens a session: its events with exact payloads, and a cause link that jumps to its event", function()
+    d:check(function()
+      d:click('#sessions li[data-session="order-1"] a')
+      d:wait_until("events #1 and #2", function() return row_text(1) and row_text(2) end)
+      assert.are.equal("order-1", d:text("#session-title"))
+      local first = row_text(1)
+      -- int64 beyond 2^53 exactly as stored (JSON.parse would round it)
+      assert.truthy(first:find("9007199254740993", 1, true), first)
+      assert.truthy(first:find("order.placed", 1, true), first)
+      assert.truthy(first:find("processed", 1, true), first)
+      assert.truthy(first:find("attempts 1", 1, true), first)
+      d:execute("window.__page = 'same'; return null;")
+      local link = d:find(row_sel(2) .. ' a[data-test="cause-link"]')
+      assert.are.equal("1", d:attr(link, "data-cause-index"))
+      d:click(link)
+      d:wait_until("event #1 highlighted", function()
+        return js("document.querySelector(arguments[0]).classList.contains('highlight')", row_sel(1))
+      end)
+      -- scrolled into view, and no page load
+      assert.is_true(js([[(function(r){var b=r.getBoundingClientRect();
+        return b.bottom > 0 && b.top < window.innerHeight;})(document.querySelector(arguments[0]))]], row_sel(1)))
+      assert.are.equal("same", js("window.__page"))
+    end)
+  end)
+
+  it("shows an event appended through the API live, without a reload", function()
+    d:check(function()
+      d:wait_until("the live tail connected", function()
+        return js("document.getElementById('live-status').textContent") == "live"
+      end)
+      assert.is_nil(row_text(3))
+      append("order-1", { { type = "order.note", payload = { text = "hello live" }, settled = true } })
+      local text = d:wait_until("event #3 live", function() return row_text(3) end)
+      assert.truthy(text:find("hello live", 1, true), text)
+      assert.truthy(text:find("order.note", 1, true), text)
+      assert.are.equal("same", js("window.__page"))
+      -- in index order
+      assert.are.same({ "1", "2", "3" }, js([[Array.prototype.map.call(
+        document.querySelectorAll('#events li[data-test="event-row"]'), function(e){return e.dataset.index;})]]))
+    end)
+  end)
+
+  it("shows a reducer's state", function()
+    d:check(function()
+      d:type("#reducer-input", "summary")
+      d:click("#state-button")
+      local text = d:wait_until("the state", function()
+        return js("document.getElementById('state-output').hidden ? null : document.getElementById('state-json').textContent")
+      end)
+      assert.truthy(text:find('"count": 3', 1, true), text)
+      assert.truthy(text:find('"note": "hello live"', 1, true), text)
+      assert.truthy(d:text("#state-meta"):find("index 3", 1, true))
+      -- an unknown reducer: the API's 404, as text
+      d:type("#reducer-input", "nope")
+      d:click("#state-button")
+      local err = d:wait_until("the 404 banner", function() return banner() end)
+      assert.truthy(err:find("404", 1, true), err)
+      d:click("#error-close")
+    end)
+  end)
+
+  it("revives and settles a dead letter from the dead letters view", function()
+    append("job-1", { { type = "job.run", payload = { n = 1 } } })
+    dead_letter("job-1", "worker-2", "boom: disk on fire")
+    assert.are.equal("dead", event_of("job-1", 1).status)
+    d:check(function()
+      d:click("#nav-dead")
+      local row = '#dead-letters li[data-test="dead-row"][data-session="job-1"][data-index="1"]'
+      local text = d:wait_until("job-1 #1 among the dead letters", function()
+        return js("(function(e){return e ? e.textContent : null;})(document.querySelector(arguments[0]))", row)
+      end)
+      assert.truthy(text:find("boom: disk on fire", 1, true), text)
+      d:click(row .. ' button[data-test="revive"]')
+      d:wait_until("the list refreshed without it", function()
+        return js("document.querySelector(arguments[0]) === null", row)
+      end)
+      local e = event_of("job-1", 1)
+      assert.are.equal("pending", e.status)
+      assert.are.equal(0, e.failures)
+      assert.is_nil(banner())
+
+      -- dead again; then settled with a reason
+      dead_letter("job-1", "worker-3", "boom again")
+      d:click("#dead-refresh")
+      d:wait_until("job-1 #1 dead again", function()
+        return js("document.querySelector(arguments[0]) !== null", row)
+      end)
+      d:type("#settle-reason", "handled by hand")
+      d:click(row .. ' button[data-test="settle"]')
+      d:wait_until("the list refreshed without it", function()
+        return js("document.querySelector(arguments[0]) === null", row)
+      end)
+      assert.are.equal("processed", event_of("job-1", 1).status)
+    end)
+  end)
+
+  it("lists refs and shows one", function()
+    local status = hh.put(srv, ADMIN, "/v1/refs/" .. hh.enc("release/v1"), { session = "order-1" })
+    assert.are.equal(200, status)
+    d:check(function()
+      d:click("#nav-refs")
+      local sel = '#refs li[data-test="ref-row"][data-ref="release/v1"] a'
+      d:wait_until("ref release/v1", function() return js("document.querySelector(arguments[0]) !== null", sel) end)
+      d:click(sel)
+      local text = d:wait_until("the ref's detail", function()
+        local t = d:text("#ref-detail")
+        return t:find("order-1", 1, true) and t
+      end)
+      assert.truthy(text:find("#3", 1, true), text)
+      -- its session link opens the session
+      d:click('#ref-detail a[data-test="session-link"]')
+      d:wait_until("order-1 open", function() return row_text(3) end)
+    end)
+  end)
+
+  it("shows lineage, and origin links of a fork's copies lead to the originals", function()
+    -- fork is not an HTTP call: the CLI forks in the same database
+    local cmd = ("%s fork order-1 2 %s --db %s >/dev/null"):format(helpers.sh_quote(hh.BIN),
+      helpers.sh_quote("order-1/alt"), helpers.sh_quote(srv.db))
+    assert.is_true(os.execute(cmd) == true, cmd)
+    d:check(function()
+      d:click("#nav-sessions")
+      -- a name with '/' is one path segment
+      d:type("#session-open-input", "order-1/alt")
+      d:click('#session-open button[type="submit"]')
+      d:wait_until("the fork's events", function() return row_text(1) and row_text(2) end)
+      local parent = d:wait_until("its parent", function()
+        local e = d:find_all('#lineage [data-test="lineage-parent"]')
+        return e[1] and d:text(e[1])
+      end)
+      assert.truthy(parent:find("order-1", 1, true) and parent:find("#2", 1, true), parent)
+      assert.is_nil(row_text(3))
+      local link = d:find(row_sel(2) .. ' a[data-test="origin-link"]')
+      assert.are.equal("order-1", d:attr(link, "data-origin-session"))
+      d:click(link)
+      d:wait_until("order-1 #2 highlighted", function()
+        return d:text("#session-title") == "order-1" and
+          js("(function(e){return e !== null && e.classList.contains('highlight');})(document.querySelector(arguments[0]))",
+            row_sel(2))
+      end)
+      local kids = d:wait_until("order-1's forks", function()
+        local e = d:find_all('#lineage [data-test="lineage-children"]')
+        return e[1] and d:text(e[1])
+      end)
+      assert.truthy(kids:find("order-1/alt", 1, true), kids)
+    end)
+  end)
+
+  it("shows a presence namespace, and its changes live", function()
+    local function put(who, values)
+      local status, body = hh.put(srv, ADMIN, "/v1/presence/lobby/" .. hh.enc(who), { values = values, ttl_ms = 600000 })
+      assert.are.equal(200, status, json.encode(body))
+    end
+    put("alice", { status = "online" })
+    d:check(function()
+      d:click("#nav-presence")
+      d:type("#presence-ns", "lobby")
+      d:click("#presence-button")
+      local prow = 'tr[data-test="presence-row"][data-participant="%s"]'
+      d:wait_until("alice present", function() return js("document.querySelector(arguments[0]) !== null", prow:format("alice")) end)
+      d:wait_until("the presence stream connected", function()
+        return js("document.getElementById('presence-live').textContent") == "live"
+      end)
+      put("bob", { status = "away" })
+      local text = d:wait_until("bob present, live", function()
+        return js("(function(e){return e ? e.textContent : null;})(document.querySelector(arguments[0]))", prow:format("bob"))
+      end)
+      assert.truthy(text:find("away", 1, true), text)
+    end)
+  end)
+
+  it("follows every session in the live feed, from now on", function()
+    d:check(function()
+      d:click("#nav-feed")
+      d:wait_until("the feed connected", function() return d:text("#feed-status") == "live" end)
+      -- it starts after the newest event: nothing older shows
+      local _, all = hh.get(srv, ADMIN, "/v1/events?limit=1000")
+      local last = all.events[#all.events].position
+      assert.are.equal("from position " .. last, d:text("#feed-from"))
+      assert.are.equal(0, #d:find_all("#feed li"))
+      append("feed-a", { { type = "a.one", settled = true } })
+      append("feed-b", { { type = "b.one", settled = true } })
+      local rows = d:wait_until("both new events", function()
+        local r = d:find_all('#feed li[data-test="feed-row"]')
+        return #r == 2 and r
+      end)
+      assert.are.equal("feed-a", d:attr(rows[1], "data-session"))
+      assert.are.equal(tostring(last + 1), d:attr(rows[1], "data-position"))
+      assert.are.equal("feed-b", d:attr(rows[2], "data-session"))
+    end)
+  end)
+
+  it("shows markup in names, payloads and errors as text, never running it", function()
+    append(XSS_NAME, { { type = "<b>bold</b>", payload = { html = XSS_PAYLOAD, s = XSS_SCRIPT } } })
+    d:check(function()
+      d:click("#nav-sessions")
+      d:type("#session-prefix", "<img")
+      d:click("#session-search-button")
+      local row = d:wait_until("the session with markup in its name", function()
+        local rows = d:find_all('#sessions li[data-test="session-row"]')
+        return #rows == 1 and rows[1]
+      end)
+      assert.are.equal(XSS_NAME, d:attr(row, "data-session"))
+      d:click(d:find("a", row))
+      local text = d:wait_until("its event", function() return row_text(1) end)
+      assert.are.equal(XSS_NAME, d:text("#session-title"))
+      assert.truthy(text:find(XSS_PAYLOAD, 1, true), text)
+      assert.truthy(text:find(XSS_SCRIPT, 1, true), text)
+      assert.truthy(text:find("<b>bold</b>", 1, true), text)
+      -- an error message that quotes the name (a reducer named with markup)
+      d:type("#reducer-input", XSS_PAYLOAD)
+      d:click("#state-button")
+      d:wait_until("the error banner", function() return banner() end)
+      assert.are.equal(0, js("document.querySelectorAll('main img, main b, main script, #error img').length"))
+      assert.is_nil(js("window.__xss"))
+    end)
+  end)
+
+  it("leaves a server that stops cleanly with the page's live streams still open", function()
+    -- the page holds streams open (the session's tail, the feed): SIGTERM
+    -- must still end the server with status 0 (under ASan: no leak)
+    assert.are.equal(0, hh.stop(srv))
+  end)
+end)
