@@ -474,6 +474,8 @@ function hh.sse_take(s, n, timeout, kind)
     if ev.event == (kind or "event") then got[#got + 1] = ev end
   end
   return got
+end
+
 -- ---------------------------------------------------------------------
 -- Conformance helpers (spec/81-http_api_spec.lua, spec/82-http_tenants_spec.lua)
 
