@@ -1540,6 +1540,8 @@ void es_engine_stop(es_engine *e) { atomic_store(&e->stop_req, 1); }
 
 es_store *es_engine_store(es_engine *e) { return e->s; }
 
+const char *es_engine_scripts(es_engine *e) { return e->scripts; }
+
 static void fill_stats(es_engine *e, es_engine_stats *st) {
   st->handled = atomic_load(&e->handled);
   st->failed = atomic_load(&e->failed);

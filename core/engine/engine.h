@@ -55,6 +55,9 @@ void es_engine_opts_init(es_engine_opts *o);
  * lua/eventstore/loader.lua on lua_path). *out: es_engine_close it. */
 int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err *err);
 
+/* The scripts directory as given (borrowed: valid while the engine is). */
+const char *es_engine_scripts(es_engine *e);
+
 /* The store the engine works on (borrowed: valid while the engine is). */
 es_store *es_engine_store(es_engine *e);
 

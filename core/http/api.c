@@ -500,6 +500,29 @@ int es_api_head(const es_http_req *r, es_http_resp *out) {
   return answer(out);
 }
 
+/* Replaces every occurrence of dir (the server's scripts directory, which
+ * the engine's messages name: "no reducer 'x' in DIR/reducers", a
+ * reducer's traceback) with "scripts": a remote client learns nothing of
+ * the server's file system. */
+static void hide_dir(char *msg, const char *dir) {
+  size_t dn = dir ? strlen(dir) : 0;
+  if (dn == 0 || !strstr(msg, dir)) return;
+  char tmp[ES_ERRMSG_MAX];
+  size_t n = 0;
+  for (const char *p = msg; *p && n + 1 < sizeof tmp;) {
+    if (strncmp(p, dir, dn) == 0) {
+      size_t k = 7 < sizeof tmp - 1 - n ? 7 : sizeof tmp - 1 - n;
+      memcpy(tmp + n, "scripts", k);
+      n += k;
+      p += dn;
+    } else {
+      tmp[n++] = *p++;
+    }
+  }
+  tmp[n] = '\0';
+  memcpy(msg, tmp, n + 1);
+}
+
 /* Removes every "tenant" + ES_TENANT_SEP from msg (the engine names the
  * session as stored on the root; the tenant knows it without the prefix). */
 static void unprefix(char *msg, const char *tenant) {
@@ -538,6 +561,7 @@ int es_api_state(const es_http_req *r, es_http_resp *out) {
   if (rc != ES_OK) {
     es_buf_destroy(&state);
     if (r->tenant) unprefix(err.msg, r->tenant);
+    hide_dir(err.msg, es_engine_scripts(engine));
     /* The reducer ran; only its JSON view fails: 422, not the 400 of a
      * reducer that raised. */
     if (not_json) return es_http_fail(out, 422, es_strerror(err.code), "%s", err.msg);

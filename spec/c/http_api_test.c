@@ -829,6 +829,16 @@ static void test_state(es_store *root) {
   expect_error(es_api_state, root, "GET", "/v1/sessions/cart/state/nope", NULL, 404, "NOT_FOUND", "nope",
                "state: an unknown reducer is 404 NOT_FOUND");
   {
+    /* the server's file system stays its own: the engine's message names
+     * the scripts directory, the answer says "scripts" */
+    call c2;
+    run(&c2, es_api_state, root, NULL, "GET", "/v1/sessions/cart/state/nope", NULL);
+    ok(c2.resp.status == 404 && c2.resp.body.data && !strstr(c2.resp.body.data, dir) &&
+           strstr(c2.resp.body.data, "scripts/reducers"),
+       "state: an unknown reducer's message does not show the server's scripts path");
+    call_done(&c2);
+  }
+  {
     /* a decoded segment may hold '/': no path out of scripts/reducers */
     es_http_req r;
     es_http_resp out;
