@@ -56,7 +56,7 @@ CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_BIN := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%)
 # The store fuzz target built as a plain program that runs a fixed sequence
 # of inputs: make test runs it with the C tests (fuzz/README.md).
-FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run
+FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run $(BUILD)/ctest/http_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
@@ -116,9 +116,13 @@ $(BUILD)/ctest/http_%: spec/c/http_%.c $(HTTP_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(HTTP_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS) $(HTTP_LIBS)
 
-$(FUZZ_RUN): fuzz/store_fuzz.c $(LIB)
+$(BUILD)/ctest/store_fuzz_run: fuzz/store_fuzz.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DES_FUZZ_STANDALONE $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS)
+
+$(BUILD)/ctest/http_fuzz_run: fuzz/http_fuzz.c $(HTTP_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DES_FUZZ_STANDALONE $< -o $@ $(HTTP_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS) $(HTTP_LIBS)
 
 # The README's test command. Last line: "N passed, N failed". The suite
 # runs on memory:, sqlite: and postgres: (a throwaway PostgreSQL cluster
@@ -181,7 +185,7 @@ install: all
 # the store's Lua face (hostile Lua values through append, claim, presence);
 # see fuzz/README.md. Bounded: FUZZ_TIME seconds per target (default 60).
 fuzz:
-	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus $(BUILD)/fuzz/segment_corpus
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus $(BUILD)/fuzz/segment_corpus $(BUILD)/fuzz/http_corpus
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/json_fuzz.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
@@ -197,6 +201,9 @@ fuzz:
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/segment_fuzz.c core/store/segment.c core/store/rows.c core/util/buf.c core/es.c \
 	  -o $(BUILD)/fuzz/segment_fuzz -lzstd -lsodium -lm
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
+	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  fuzz/http_fuzz.c $(CORE_SRC) $(HTTP_SRC) -o $(BUILD)/fuzz/http_fuzz -llua5.4 $(LDLIBS) $(HTTP_LIBS)
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
 	$(BUILD)/fuzz/state_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
@@ -205,6 +212,8 @@ fuzz:
 	  -artifact_prefix=$(BUILD)/fuzz/store- $(BUILD)/fuzz/store_corpus
 	$(BUILD)/fuzz/segment_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/segment- $(BUILD)/fuzz/segment_corpus
+	$(BUILD)/fuzz/http_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
+	  -artifact_prefix=$(BUILD)/fuzz/http- $(BUILD)/fuzz/http_corpus
 
 clean:
 	rm -rf build build-san
