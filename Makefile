@@ -6,6 +6,7 @@
 #   make check-sanitize   the same suite under AddressSanitizer (leaks included) + UBSan
 #   make bench      print benchmark figures (see bench/README.md)
 #   make bench-pg   only the PostgreSQL ones (a throwaway server, as make test)
+#   make bench-http only the HTTP ones (eventstore serve under wrk, SSE clients)
 #   make install    put the module where the system Lua 5.4 finds it, the binary,
 #                   its man page and the inspector's files (make uninstall: remove them;
 #                   eventstore-*.rockspec runs the same target for luarocks make)
@@ -62,7 +63,7 @@ FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
-.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg install uninstall programs clean demo fuzz
+.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http install uninstall programs clean demo fuzz
 
 all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
@@ -167,6 +168,11 @@ bench: all $(BENCH_BIN)
 # throwaway server started as for make test; PG_BENCH_SCALE=N scales them.
 bench-pg: all $(BUILD)/bench/pg_bench
 	@$(LUA_ENV) $(PG_RUN) $(BUILD)/bench/pg_bench
+
+# The HTTP figures (bench/README.md, "HTTP (issue 13)"): eventstore serve
+# under wrk on loopback beside the Lua API, and many SSE clients.
+bench-http: programs $(BUILD)/bench/sse_fanout
+	@$(LUA_ENV) BUILD=$(BUILD) sh bench/http_bench.sh
 
 demo: all
 	@$(LUA_ENV) $(LUA) examples/demo.lua
