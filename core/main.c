@@ -32,6 +32,7 @@
 #define PROGNAME "eventstore"
 
 #include "lua/module.h" /* the module, linked statically: registered in package.preload */
+#include "http/lua_http.h" /* eventstore.http: `serve` and `token` (the binary only) */
 
 /* Prints "eventstore: msg" on stderr (lua.c's l_message). */
 static void l_message(const char *msg) {
@@ -209,6 +210,8 @@ static void preload(lua_State *L) {
   lua_setfield(L, -2, "eventstore.core");
   lua_pushcfunction(L, luaopen_eventstore_tty);
   lua_setfield(L, -2, "eventstore.tty");
+  lua_pushcfunction(L, luaopen_eventstore_http);
+  lua_setfield(L, -2, "eventstore.http");
   lua_pop(L, 1);
 }
 

@@ -37,6 +37,12 @@ static lengine *check_handle(lua_State *L) {
 
 static es_engine *check_engine(lua_State *L) { return check_handle(L)->e; }
 
+es_engine *es_lua_check_engine(lua_State *L, int idx) {
+  lengine *h = luaL_checkudata(L, idx, ENGINE_MT);
+  if (!h->e) es_lua_raisef(L, ES_CLOSED, "the engine is closed");
+  return h->e;
+}
+
 /* A string option without NUL bytes (a C string would silently cut it). */
 static const char *opt_name(lua_State *L, int arg, const char *field) {
   lua_getfield(L, arg, field);

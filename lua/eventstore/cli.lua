@@ -672,6 +672,72 @@ tenant's counts. With --json, one JSON object:
   options = { db = "string", json = "flag" },
 })
 
+-- ---- serve and token (docs/http.md) --------------------------------------
+
+local DEFAULT_LISTEN = "127.0.0.1:8080"
+
+command("serve", {
+  synopsis = "serve --tokens FILE [--db URL] [--scripts DIR] [--listen ADDR] [--no-engine] [--static DIR] [limits]",
+  summary = "serve the store over HTTP (JSON API, live tails, metrics, inspector)",
+  help = [[
+Serves the store over HTTP/1.1 (docs/http.md): the JSON API, Server-Sent
+Events live tails, /metrics, /healthz and the browser inspector at /.
+Requests need a bearer token from the tokens file, one token a line:
+  TOKEN TENANT RIGHTS
+TOKEN is sha256:<hex> (what `eventstore token hash TOKEN` prints; `token new`
+makes a token and its line) or the token in plain text (warned about);
+TENANT a tenant name or * (every tenant); RIGHTS a comma list of read,
+append, work, admin (admin implies the others).
+The engine runs beside the server (handlers of the scripts directory), until
+SIGINT or SIGTERM (exit 0); with --no-engine it does not, but the scripts
+directory's reducers still answer state requests when it exists. Once the
+socket listens, prints one line to stdout:
+  listening on http://HOST:PORT
+]],
+  options_help = DB_HELP .. SCRIPTS_HELP .. [[
+  --listen ADDR   HOST:PORT, [IPV6]:PORT or :PORT (every IPv4 address);
+                  port 0 picks a free one (default ]] .. DEFAULT_LISTEN .. [[)
+  --tokens FILE   the tokens file (required)
+  --no-engine     do not run handlers here (remote workers claim through
+                  the API); the scripts directory may then be missing
+  --static DIR    the inspector's files (default: the ones installed with
+                  the binary)
+  --workers N     engine worker threads, 1 to 256 (default 1)
+  --max-body BYTES        largest request body (default 16777216)
+  --max-batch N           most events in one append or complete (default 1000)
+  --max-connections N     open connections at once (default 256)
+  --request-timeout S     close a connection idle this long, mid-request
+                          or between requests (default 30)
+  --max-streams N         open live tails at once (default 128)
+]],
+  args = { 0, 0 },
+  options = {
+    db = "string", scripts = "string", listen = "string", tokens = "string",
+    ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
+    ["max-body"] = { int = 1, max = 1 << 40 }, ["max-batch"] = { int = 1, max = 1000000 },
+    ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
+    ["max-streams"] = { int = 1, max = 100000 },
+  },
+})
+
+command("token", {
+  synopsis = "token hash TOKEN | token new TENANT RIGHTS",
+  summary = "make bearer tokens for serve's tokens file",
+  help = [[
+token hash TOKEN: prints the tokens-file form of TOKEN, sha256:<64 hex>
+(its SHA-256), for a line `sha256:... TENANT RIGHTS`: the file then holds no
+usable secret.
+token new TENANT RIGHTS: prints a fresh random token (32 random bytes as 64
+hex digits) on the first line, for the client, and on the second the line
+to add to the tokens file:
+  sha256:<hex> TENANT RIGHTS
+TENANT is a tenant name or * (every tenant), RIGHTS a comma list of read,
+append, work, admin. The token itself is printed once and kept nowhere.
+]],
+  args = { 0, 3 },
+  options = {},
+})
+
 command("help", {
   synopsis = "help [COMMAND]",
   summary = "print help (also: COMMAND --help)",
@@ -1375,6 +1441,122 @@ commands.shred.check = needs_yes("shred", "destroys the key")
 function commands.shred.run(o, args)
   local store <close> = open_store(o, false)
   out(row_json({ key = args[1], shredded = store:shred(args[1]) }))
+  return 0
+end
+
+-- ---- serve and token -------------------------------------------------------
+
+-- The binary's HTTP module (core/http/lua_http.c); a plain lua5.4 has none.
+local function http_module()
+  local ok, m = pcall(require, "eventstore.http")
+  if not ok or type(m) ~= "table" then
+    fail("serve and token need the eventstore binary (its HTTP server is not in the Lua module)")
+  end
+  return m
+end
+
+-- HOST is a numeric address or localhost (the server resolves no names).
+local LISTEN_SHAPES = { "^%[([%x:%.]+)%]:(%d+)$", "^([%d%.]*):(%d+)$", "^(localhost):(%d+)$" }
+
+function commands.serve.check(o)
+  if o.tokens == nil then
+    usage_error("serve", true, "serve: --tokens FILE is required (one token a line: TOKEN TENANT RIGHTS; "
+      .. "'%s token new TENANT RIGHTS' makes one)", PROG)
+  end
+  if o.tenant ~= nil then
+    usage_error("serve", false, "serve: --tenant does not apply: each token names its tenant")
+  end
+  local listen = o.listen or DEFAULT_LISTEN
+  local port
+  for _, shape in ipairs(LISTEN_SHAPES) do
+    local _, p = listen:match(shape)
+    port = port or p
+  end
+  if port == nil or #port > 5 or tonumber(port) > 65535 then
+    usage_error("serve", false, "serve: --listen expects HOST:PORT, [IPV6]:PORT or :PORT (port 0 to 65535), got '%s'",
+      listen)
+  end
+end
+
+function commands.serve.run(o)
+  local http = http_module()
+  -- The engine needs the scripts directory; with --no-engine it is
+  -- optional (its reducers answer state requests when it is there).
+  local dir = scripts_dir(o, false)
+  if dir == nil and not o["no-engine"] then
+    fail("scripts directory '%s' does not exist (--scripts DIR; or --no-engine to serve without handlers)",
+      o.scripts or DEFAULT_SCRIPTS)
+  end
+  local store <close> = open_store(o, true)
+  local engine
+  if dir ~= nil then engine = new_engine(store, dir, { workers = o.workers }) end
+  -- Signals are counted from before the line below, so a SIGTERM sent as
+  -- soon as it is read stops the server cleanly.
+  if tty and tty.watch_signals then tty.watch_signals() end
+  local ok, server = pcall(http.start, {
+    store = store, engine = engine, listen = o.listen or DEFAULT_LISTEN, tokens = o.tokens,
+    static = o.static or http.default_static(),
+    max_body = o["max-body"], max_batch = o["max-batch"], max_connections = o["max-connections"],
+    request_timeout = o["request-timeout"], max_streams = o["max-streams"],
+  })
+  if not ok then
+    if engine then engine:close() end
+    error(server, 0)
+  end
+  local host = (o.listen or DEFAULT_LISTEN):match("^(.*):%d+$")
+  if host == "" then host = "0.0.0.0" end
+  out(("listening on http://%s:%d"):format(host, server:port()))
+  io.stdout:flush()
+  local function signalled() return tty ~= nil and tty.signals ~= nil and tty.signals() ~= 0 end
+  local ran, err = pcall(function()
+    if engine and not o["no-engine"] then
+      engine:run({
+        progress = function() if signalled() then engine:stop() end end,
+        progress_ms = SIGNAL_POLL_MS,
+      })
+    else
+      -- A plain sleep on the store (as run --until-done waits), polling signals.
+      while not signalled() do store:wait(nil, math.maxinteger, SIGNAL_POLL_MS) end
+    end
+  end)
+  server:stop()
+  if engine then engine:close() end
+  if not ran then error(err, 0) end
+  return 0
+end
+
+function commands.token.check(_, args)
+  local sub = args[1]
+  if sub == "hash" then
+    if #args ~= 2 then usage_error("token", true, "token hash: expects one TOKEN") end
+  elseif sub == "new" then
+    if #args ~= 3 then usage_error("token", true, "token new: expects TENANT and RIGHTS") end
+    for right in (args[3] .. ","):gmatch("([^,]*),") do
+      if right ~= "read" and right ~= "append" and right ~= "work" and right ~= "admin" then
+        usage_error("token", false, "token new: unknown right '%s' (rights are a comma list of read, append, work, admin)",
+          right)
+      end
+    end
+    if args[2] ~= "*" and (args[2] == "" or args[2]:find("[%s%c]")) then
+      usage_error("token", false, "token new: a tenant name has no spaces or control characters, got '%s'",
+        printable(args[2]))
+    end
+  elseif sub == nil then
+    usage_error("token", true, "token: expected 'hash TOKEN' or 'new TENANT RIGHTS'")
+  else
+    usage_error("token", true, "token: expected 'hash' or 'new', got '%s'", printable(sub))
+  end
+end
+
+function commands.token.run(_, args)
+  local http = http_module()
+  if args[1] == "hash" then
+    out(http.hash_token(args[2]))
+  else
+    local tok = http.new_token()
+    out(tok)
+    out(("%s %s %s"):format(http.hash_token(tok), args[2], args[3]))
+  end
   return 0
 end
 
