@@ -41,6 +41,7 @@
 extern char **environ;
 
 #include "engine/internal.h"
+#include "codec/json.h"
 #include "codec/state.h"
 #include "lua/common.h"
 #include "lua/events.h"
@@ -1691,7 +1692,8 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
 /* es_engine_state: folds on the fold runner, watched by the caller */
 
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
-                        int force, es_buf *out, int64_t *index, es_err *err);
+                        int force, int json, int *not_json, es_buf *out, int64_t *index,
+                        es_err *err);
 
 /* The error at idx as an es_err: an eventstore error object keeps its
  * code; anything else (a reducer's own error) is INVALID_ARGUMENT. */
@@ -1727,7 +1729,19 @@ static int fold_job_inner(lua_State *L) {
   lua_settop(L, 0);
   es_fold(L, r, r->fold_session, r->fold_reducer, r->fold_at, &r->fold_out, &r->fold_index,
           r->fold_force);
-  if (r->e->o.snapshot_every == 0 && !r->fold_force) { /* fold did not encode it */
+  if (r->fold_json) {
+    /* The fold may have left the state codec's bytes (for its snapshot):
+     * the caller wants the JSON view instead. */
+    es_err err = {0};
+    r->fold_out.len = 0;
+    int rc = es_json_encode_lua(L, -1, "state", &r->fold_out, &err);
+    if (rc == ES_INVALID_ARGUMENT) {
+      r->fold_not_json = 1;
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "the state of reducer '%s' cannot be written as JSON: %s",
+                    r->fold_reducer, err.msg);
+    }
+    if (rc != ES_OK) es_lua_raise(L, &err);
+  } else if (r->e->o.snapshot_every == 0 && !r->fold_force) { /* fold did not encode it */
     es_err err = {0};
     char what[300];
     snprintf(what, sizeof what, "state of reducer '%s'", r->fold_reducer);
@@ -1826,13 +1840,23 @@ static void *fold_main(void *arg) {
 int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                     es_buf *out, int64_t *index, es_err *err) {
   pthread_mutex_lock(&e->state_mu);
-  int rc = engine_state(e, session, reducer, at, 0, out, index, err);
+  int rc = engine_state(e, session, reducer, at, 0, 0, NULL, out, index, err);
+  pthread_mutex_unlock(&e->state_mu);
+  return rc;
+}
+
+int es_engine_state_json(es_engine *e, const char *session, const char *reducer, int64_t at,
+                         es_buf *out, int64_t *index, int *not_json, es_err *err) {
+  pthread_mutex_lock(&e->state_mu);
+  int rc = engine_state(e, session, reducer, at, 0, 1, not_json, out, index, err);
   pthread_mutex_unlock(&e->state_mu);
   return rc;
 }
 
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
-                        int force, es_buf *out, int64_t *index, es_err *err) {
+                        int force, int json, int *not_json, es_buf *out, int64_t *index,
+                        es_err *err) {
+  if (not_json) *not_json = 0;
   pthread_mutex_lock(&e->fold_mu);
   runner *r = e->folder;
   if (!r) {
@@ -1858,6 +1882,8 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
   }
   r->fold_at = at;
   r->fold_force = force;
+  r->fold_json = json;
+  r->fold_not_json = 0;
   r->fold_rc = ES_OK;
   memset(&r->fold_err, 0, sizeof r->fold_err);
   r->fold_out.len = 0;
@@ -1892,6 +1918,7 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
     }
   }
   int rc = r->fold_rc;
+  if (rc && not_json) *not_json = r->fold_not_json;
   if (rc) *err = r->fold_err;
   else if (es_buf_add(out, r->fold_out.data ? r->fold_out.data : "", r->fold_out.len) != ES_OK)
     rc = es_fail(err, ES_STORAGE, "out of memory");
@@ -1972,7 +1999,7 @@ int es_engine_truncate(es_engine *e, const char *session, int64_t through, int64
   pthread_mutex_lock(&e->state_mu);
   for (size_t i = 0; rc == ES_OK && through > 0 && i < n; i++) {
     state.len = 0;
-    rc = engine_state(e, session, names[i], through, 1, &state, NULL, err);
+    rc = engine_state(e, session, names[i], through, 1, 0, NULL, &state, NULL, err);
   }
   pthread_mutex_unlock(&e->state_mu);
   es_buf_destroy(&state);

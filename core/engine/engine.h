@@ -105,6 +105,16 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
 int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                     es_buf *out, int64_t *index, es_err *err);
 
+/* es_engine_state, but out gets the state as JSON text (the payload
+ * codec's canonical text, es_json_encode_lua's rules), for callers that
+ * hand it to programs in other languages (the HTTP API). A state that
+ * JSON cannot carry (float or mixed keys, NaN, text that is not UTF-8, a
+ * function...) is INVALID_ARGUMENT "the state of reducer 'r' cannot be
+ * written as JSON: <path>: ..." with *not_json = 1 (0 for every other
+ * error), so the caller can tell it from a reducer that failed. */
+int es_engine_state_json(es_engine *e, const char *session, const char *reducer, int64_t at,
+                         es_buf *out, int64_t *index, int *not_json, es_err *err);
+
 /* §3.9 with state kept readable: snapshots every reducer of
  * scripts/reducers at `through` (whatever snapshot_every says), then
  * es_store_truncate. A reducer that fails to fold (or needs events already

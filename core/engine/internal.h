@@ -65,6 +65,8 @@ typedef struct runner {
   char *fold_session, *fold_reducer;
   int64_t fold_at, fold_index;
   int fold_force;          /* snapshot at fold_at whatever snapshot_every says (truncate) */
+  int fold_json;           /* fold_out gets the state as JSON (es_engine_state_json) */
+  int fold_not_json;       /* set by the job: the state folded, but JSON cannot carry it */
   int fold_rc;
   es_err fold_err;
   es_buf fold_out;

@@ -1,119 +1,1259 @@
 /*
- * api.c: PLACEHOLDER until its helper lands: every handler answers 501.
+ * api.c: the JSON endpoints (docs/http-api.md). Each handler reads the
+ * whole request (path segments, query, body) before its one store call, so
+ * a bad request is answered 4xx having changed nothing, and answers with
+ * the Lua face's names and shapes (lua/store_handle.c), as JSON.
+ *
+ * Bodies are read by codec/json_doc.c: strict JSON (es_json_validate's
+ * acceptance), every value with its raw text, so a payload reaches the
+ * store as es_json_canonicalize(raw): integers exact over all of int64,
+ * floats never through a double and back. Unknown fields are refused by
+ * name, so a typo ("expeted") is a 400, never a silently ignored option.
+ *
+ * Names arrive as JSON strings with their length: a NUL byte inside one is
+ * refused here (the store's C API takes NUL-terminated strings and would
+ * silently cut "a\u0000b" to "a"); the store applies every other name rule.
+ *
+ * Tenancy is the token's handle (r->store). The one exception is state:
+ * the engine folds on the root store, so a tenant's session is named there
+ * as stored, tenant + ES_TENANT_SEP + session, and the prefix is taken out
+ * of the engine's messages again.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec/json.h"
+#include "codec/json_doc.h"
+#include "engine/type_stats.h"
 #include "http/internal.h"
 
+#define DEFAULT_LIMIT 100
+#define DEFAULT_MAX_BATCH 1000
+#define DEFAULT_MAX_LIMIT 1000
+/* fail's max_failures when the body leaves it out: the engine's default
+ * (docs/engine.md, es_engine_opts_init), so a remote worker and a local
+ * handler dead-letter after the same number of failures. */
+#define DEFAULT_MAX_FAILURES 5
+
+/* ------------------------------------------------------------------------ */
+/* limits, answers */
+
+static size_t max_batch(const es_http_req *r) {
+  size_t m = r->ctx && r->ctx->limits ? r->ctx->limits->max_batch : 0;
+  return m ? m : DEFAULT_MAX_BATCH;
+}
+
+static int64_t max_limit(const es_http_req *r) {
+  int64_t m = r->ctx && r->ctx->limits ? r->ctx->limits->max_limit : 0;
+  return m > 0 ? m : DEFAULT_MAX_LIMIT;
+}
+
+/* Ends a successful answer: 200, or 503 when writing it ran out of memory
+ * (the call itself succeeded; the client must read again to see it). */
+static int answer(es_http_resp *out) {
+  if (out->body.oom) {
+    es_buf_destroy(&out->body);
+    return es_http_fail(out, 503, "STORAGE", "out of memory while writing the answer");
+  }
+  out->status = 200;
+  out->content_type = NULL;
+  return 0;
+}
+
+static void put_bool(es_buf *b, int v) { es_buf_adds(b, v ? "true" : "false"); }
+
+/* ,"name": (first: no comma) */
+static void put_key(es_buf *b, const char *name, int first) {
+  if (!first) es_buf_addc(b, ',');
+  es_wire_cstr(b, name);
+  es_buf_addc(b, ':');
+}
+
+static void put_events_array(es_buf *b, const es_events *list, int claimed) {
+  es_buf_addc(b, '[');
+  for (size_t i = 0; i < list->n; i++) {
+    if (i) es_buf_addc(b, ',');
+    es_wire_event(b, &list->v[i], claimed);
+  }
+  es_buf_addc(b, ']');
+}
+
+/* A latency in microseconds, with the nanoseconds as a fraction (as
+ * store:stats() gives it). */
+static void put_us(es_buf *b, uint64_t ns) {
+  es_err err = {0};
+  if (es_json_format_double((double)ns / 1000.0, b, &err) != ES_OK) es_buf_adds(b, "null");
+}
+
+/* ------------------------------------------------------------------------ */
+/* path and query */
+
+/* Path segment i as an event index: decimal digits only, 1..INT64_MAX. */
+static int seg_index(const es_http_req *r, size_t i, int64_t *v, es_http_resp *out) {
+  const char *s = i < r->nseg ? r->seg[i] : NULL;
+  int64_t x = 0;
+  int ok = s && *s;
+  for (const char *p = s; ok && *p; p++) {
+    if (*p < '0' || *p > '9' || x > (INT64_MAX - (*p - '0')) / 10) ok = 0;
+    else x = x * 10 + (*p - '0');
+  }
+  if (!ok || x < 1) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT",
+                 "the event index in the path must be a whole number from 1 to %lld, got '%.40s'",
+                 (long long)INT64_MAX, s ? s : "");
+    return -1;
+  }
+  *v = x;
+  return 0;
+}
+
+/* A string query parameter; empty counts as absent. */
+static const char *query_str(const es_http_req *r, const char *name) {
+  const char *v = es_http_query(r, name);
+  return v && *v ? v : NULL;
+}
+
+/* An integer query parameter (es_http_query_int); empty counts as absent,
+ * as for string parameters (a form that leaves a field blank). */
+static int query_int(const es_http_req *r, const char *name, int64_t lo, int64_t hi, int64_t dflt,
+                     int64_t *v, es_http_resp *out) {
+  if (!query_str(r, name)) {
+    *v = dflt;
+    return 0;
+  }
+  return es_http_query_int(r, name, lo, hi, dflt, v, out);
+}
+
+static int query_limit(const es_http_req *r, int64_t dflt, int64_t *v, es_http_resp *out) {
+  int64_t hi = max_limit(r);
+  return query_int(r, "limit", 1, hi, dflt < hi ? dflt : hi, v, out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* bodies */
+
+typedef struct body {
+  es_json_doc *doc;    /* NULL when there was no body */
+  const es_jval *root; /* an object, or NULL (no body: every field absent) */
+} body;
+
+static void body_free(body *b) {
+  es_json_doc_free(b->doc);
+  b->doc = NULL;
+  b->root = NULL;
+}
+
+/* Reads the request body as a JSON object. required: an absent or empty
+ * body is 400 (else it reads as {}). -1 with out made on failure. */
+static int read_body(const es_http_req *r, es_http_resp *out, int required, body *b) {
+  b->doc = NULL;
+  b->root = NULL;
+  if (!r->body || r->body_len == 0) {
+    if (!required) return 0;
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "this request needs a JSON object as its body");
+    return -1;
+  }
+  es_err err = {0};
+  if (es_json_doc_parse(r->body, r->body_len, &b->doc, &err) != ES_OK) {
+    es_http_fail_err(out, &err);
+    return -1;
+  }
+  const es_jval *root = es_json_doc_root(b->doc);
+  if (root->type != ES_JOBJECT) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "the body must be a JSON object, got %s",
+                 es_jtype_name(root->type));
+    body_free(b);
+    return -1;
+  }
+  b->root = root;
+  return 0;
+}
+
+/* Refuses a member of obj not in `allowed` (NULL-terminated). ctx prefixes
+ * the message ("events[2]: "). */
+static int check_fields(es_http_resp *out, const es_jval *obj, const char *ctx,
+                        const char *const *allowed) {
+  if (!obj) return 0;
+  for (size_t k = 0; k < obj->n; k++) {
+    int known = 0;
+    for (const char *const *a = allowed; *a && !known; a++)
+      known = obj->key_lens[k] == strlen(*a) && memcmp(obj->keys[k], *a, obj->key_lens[k]) == 0;
+    if (!known) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "%sunknown field '%.64s'", ctx, obj->keys[k]);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* The member name of obj, NULL when absent or null. */
+static const es_jval *member(const es_jval *obj, const char *name) {
+  const es_jval *v = obj ? es_jval_get(obj, name) : NULL;
+  return v && v->type != ES_JNULL ? v : NULL;
+}
+
+/* An integer member (ctx: the message's prefix for the field, "" or
+ * "events[2]."). Absent or null: *v = dflt (and *has = 0), or 400 when
+ * required. A float, a string, an integer beyond int64 or INT64_MIN (the
+ * C API's "absent") is 400 naming the field. */
+static int get_int(es_http_resp *out, const es_jval *obj, const char *ctx, const char *name,
+                   int required, int64_t dflt, int64_t *v, int *has) {
+  const es_jval *x = member(obj, name);
+  if (has) *has = x != NULL;
+  if (!x) {
+    if (required) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s%s' is required", ctx, name);
+      return -1;
+    }
+    *v = dflt;
+    return 0;
+  }
+  if (x->type != ES_JINT) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT",
+                 "field '%s%s' must be a whole number (a JSON integer within int64), got %s", ctx,
+                 name, es_jtype_name(x->type));
+    return -1;
+  }
+  if (x->i == ES_NONE) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s%s' is out of range (%lld)", ctx, name,
+                 (long long)x->i);
+    return -1;
+  }
+  *v = x->i;
+  return 0;
+}
+
+/* A name member: a string without NUL bytes (arena text, NUL-terminated).
+ * Absent or null: *v = NULL, or 400 when required. */
+static int get_name(es_http_resp *out, const es_jval *obj, const char *ctx, const char *name,
+                    int required, const char **v) {
+  const es_jval *x = member(obj, name);
+  *v = NULL;
+  if (!x) {
+    if (!required) return 0;
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s%s' is required", ctx, name);
+    return -1;
+  }
+  if (x->type != ES_JSTRING) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s%s' must be a string, got %s", ctx, name,
+                 es_jtype_name(x->type));
+    return -1;
+  }
+  if (memchr(x->str, '\0', x->len)) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s%s' must not contain a NUL byte", ctx, name);
+    return -1;
+  }
+  *v = x->str;
+  return 0;
+}
+
+/* Free text (fail's error, settle's reason): any string, kept as the store
+ * keeps free text (es_text_clean: NUL and bad bytes become U+FFFD, cut at
+ * ES_MAX_TEXT_BYTES). *text is malloc'd (NULL when absent). */
+static int get_text(es_http_resp *out, const es_jval *obj, const char *name, int required,
+                    char **text) {
+  const es_jval *x = member(obj, name);
+  *text = NULL;
+  if (!x) {
+    if (!required) return 0;
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s' is required", name);
+    return -1;
+  }
+  if (x->type != ES_JSTRING) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s' must be a string, got %s", name,
+                 es_jtype_name(x->type));
+    return -1;
+  }
+  if (es_text_clean(x->str, x->len, ES_MAX_TEXT_BYTES, text, NULL) != ES_OK) {
+    es_http_fail(out, 503, "STORAGE", "out of memory");
+    return -1;
+  }
+  return 0;
+}
+
+static int get_bool(es_http_resp *out, const es_jval *obj, const char *ctx, const char *name,
+                    int *v) {
+  const es_jval *x = member(obj, name);
+  *v = 0;
+  if (!x) return 0;
+  if (x->type != ES_JBOOL) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s%s' must be true or false, got %s", ctx,
+                 name, es_jtype_name(x->type));
+    return -1;
+  }
+  *v = x->boolean;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* events in a body (append, complete): the Lua event table's shape */
+
+static const char *const event_fields[] = {"type", "payload", "id", "lane", "key", "settled",
+                                           "not_before", "at", "delay_ms", "cause", NULL};
+static const char *const cause_fields[] = {"index", "attempt", NULL};
+
+typedef struct batch {
+  es_new_event *v;   /* owned array of n; strings borrowed from the document */
+  size_t n;
+  es_buf payloads;   /* every payload's canonical text, NUL after each */
+} batch;
+
+static void batch_free(batch *b) {
+  free(b->v);
+  es_buf_destroy(&b->payloads);
+  memset(b, 0, sizeof *b);
+}
+
+/* Reads the member `field` of obj (an array of events; absent or null: an
+ * empty batch unless required) into b. -1 with out made on failure. */
+static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *obj,
+                       const char *field, int required, batch *b) {
+  memset(b, 0, sizeof *b);
+  es_buf_init(&b->payloads);
+  const es_jval *arr = member(obj, field);
+  if (!arr) {
+    if (!required) return 0;
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s' is required (an array of events)", field);
+    return -1;
+  }
+  if (arr->type != ES_JARRAY) {
+    /* One event without its list must not read as an empty batch. */
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%s' must be an array of events, got %s%s",
+                 field, es_jtype_name(arr->type),
+                 arr->type == ES_JOBJECT ? " (wrap one event in a list: [event])" : "");
+    return -1;
+  }
+  if (arr->n > max_batch(r)) {
+    es_http_fail(out, 413, "TOO_LARGE", "%zu events in '%s', over the limit of %zu", arr->n, field,
+                 max_batch(r));
+    return -1;
+  }
+  size_t n = arr->n;
+  b->v = calloc(n ? n : 1, sizeof *b->v + sizeof(size_t));
+  if (!b->v) {
+    es_http_fail(out, 503, "STORAGE", "out of memory");
+    return -1;
+  }
+  /* where each payload starts in b->payloads (SIZE_MAX: none); pointers
+   * are set once the buffer stops growing */
+  size_t *at = (size_t *)(void *)(b->v + (n ? n : 1));
+  int64_t now = ES_NONE;
+  for (size_t i = 0; i < n; i++) {
+    const es_jval *ev = &arr->items[i];
+    es_new_event *e = &b->v[i];
+    char ctx[64], cctx[80];
+    es_new_event_init(e);
+    at[i] = SIZE_MAX;
+    snprintf(ctx, sizeof ctx, "%s[%zu].", field, i + 1);
+    if (ev->type != ES_JOBJECT) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "%s[%zu] must be an object (an event), got %s",
+                   field, i + 1, es_jtype_name(ev->type));
+      goto fail;
+    }
+    char uctx[64];
+    snprintf(uctx, sizeof uctx, "%s[%zu]: ", field, i + 1);
+    if (check_fields(out, ev, uctx, event_fields)) goto fail;
+    if (get_name(out, ev, ctx, "type", 1, &e->type) || get_name(out, ev, ctx, "id", 0, &e->id) ||
+        get_name(out, ev, ctx, "lane", 0, &e->lane) || get_name(out, ev, ctx, "key", 0, &e->key) ||
+        get_bool(out, ev, ctx, "settled", &e->settled) ||
+        get_int(out, ev, ctx, "not_before", 0, ES_NONE, &e->not_before, NULL))
+      goto fail;
+    int has_at, has_delay;
+    int64_t t_at, delay;
+    if (get_int(out, ev, ctx, "at", 0, ES_NONE, &t_at, &has_at) ||
+        get_int(out, ev, ctx, "delay_ms", 0, ES_NONE, &delay, &has_delay))
+      goto fail;
+    if (has_at || has_delay) {
+      es_err err = {0};
+      if (e->not_before != ES_NONE) {
+        es_http_fail(out, 400, "INVALID_ARGUMENT", "%s[%zu] has both not_before and %s", field,
+                     i + 1, has_at ? "at" : "delay_ms");
+        goto fail;
+      }
+      if (has_delay && now == ES_NONE && es_store_now(r->store, &now, &err) != ES_OK) {
+        es_http_fail_err(out, &err);
+        goto fail;
+      }
+      char what[48];
+      snprintf(what, sizeof what, "%s[%zu]", field, i + 1);
+      if (es_timer_not_before(what, now == ES_NONE ? 0 : now, has_delay, delay, has_at, t_at,
+                              &e->not_before, &err) != ES_OK) {
+        es_http_fail_err(out, &err);
+        goto fail;
+      }
+    }
+    const es_jval *cause = member(ev, "cause");
+    if (cause) {
+      snprintf(cctx, sizeof cctx, "%scause.", ctx);
+      if (cause->type != ES_JOBJECT) {
+        es_http_fail(out, 400, "INVALID_ARGUMENT",
+                     "field '%scause' must be an object {index, attempt}, got %s", ctx,
+                     es_jtype_name(cause->type));
+        goto fail;
+      }
+      char cu[96];
+      snprintf(cu, sizeof cu, "%s[%zu].cause: ", field, i + 1);
+      if (check_fields(out, cause, cu, cause_fields) ||
+          get_int(out, cause, cctx, "index", 1, ES_NONE, &e->cause_index, NULL) ||
+          get_int(out, cause, cctx, "attempt", 1, ES_NONE, &e->cause_attempt, NULL))
+        goto fail;
+    }
+    const es_jval *payload = es_jval_get(ev, "payload");
+    if (payload) {
+      es_err err = {0};
+      at[i] = b->payloads.len;
+      if (es_json_canonicalize(payload->raw, payload->raw_len, &b->payloads, &err) != ES_OK) {
+        es_http_fail_err(out, &err);
+        goto fail;
+      }
+      e->payload_len = b->payloads.len - at[i];
+      if (es_buf_addc(&b->payloads, '\0') != ES_OK) {
+        es_http_fail(out, 503, "STORAGE", "out of memory");
+        goto fail;
+      }
+    }
+  }
+  for (size_t i = 0; i < n; i++)
+    if (at[i] != SIZE_MAX) b->v[i].payload = b->payloads.data + at[i];
+  b->n = n;
+  return 0;
+fail:
+  batch_free(b);
+  return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* append and read */
+
+static const char *const append_fields[] = {"events", "expected", "fence", NULL};
+
 int es_api_append(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_append: not built yet");
+  const char *session = r->seg[2];
+  body bd;
+  batch b;
+  int64_t expected, fence;
+  if (read_body(r, out, 1, &bd)) return 0;
+  if (check_fields(out, bd.root, "", append_fields) ||
+      get_int(out, bd.root, "", "expected", 0, ES_NONE, &expected, NULL) ||
+      get_int(out, bd.root, "", "fence", 0, ES_NONE, &fence, NULL) ||
+      read_events(r, out, bd.root, "events", 1, &b)) {
+    body_free(&bd);
+    return 0;
+  }
+  es_events stored = {0};
+  int pending = 0;
+  es_err err = {0};
+  int rc = es_store_append(r->store, session, b.v, b.n, expected, fence, &stored, &pending, &err);
+  batch_free(&b);
+  body_free(&bd);
+  if (rc != ES_OK) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"events\":");
+  put_events_array(&out->body, &stored, 0);
+  es_buf_adds(&out->body, ",\"pending\":");
+  put_bool(&out->body, pending);
+  es_buf_addc(&out->body, '}');
+  es_events_destroy(&stored);
+  return answer(out);
 }
 
 int es_api_read(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_read: not built yet");
+  int64_t after, through, limit;
+  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+      query_int(r, "through", 0, INT64_MAX, ES_NONE, &through, out) ||
+      query_limit(r, DEFAULT_LIMIT, &limit, out))
+    return 0;
+  es_events list = {0};
+  int64_t through_out = 0;
+  es_err err = {0};
+  if (es_store_events_page(r->store, r->seg[2], after, through, limit, &list, &through_out, &err))
+    return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"events\":");
+  put_events_array(&out->body, &list, 0);
+  es_buf_adds(&out->body, ",\"through\":");
+  es_wire_int(&out->body, through_out);
+  es_buf_addc(&out->body, '}');
+  es_events_destroy(&list);
+  return answer(out);
 }
 
 int es_api_read_all(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_read_all: not built yet");
+  int64_t after, limit;
+  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+      query_limit(r, DEFAULT_LIMIT, &limit, out))
+    return 0;
+  es_events list = {0};
+  es_err err = {0};
+  if (es_store_read_all(r->store, after, limit, &list, &err)) return es_http_fail_err(out, &err);
+  es_wire_events(&out->body, &list, 0);
+  es_events_destroy(&list);
+  return answer(out);
 }
 
 int es_api_head(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_head: not built yet");
+  int64_t head = 0;
+  es_err err = {0};
+  if (es_store_head(r->store, r->seg[2], &head, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"head\":");
+  es_wire_int(&out->body, head);
+  es_buf_addc(&out->body, '}');
+  return answer(out);
+}
+
+/* Removes every "tenant" + ES_TENANT_SEP from msg (the engine names the
+ * session as stored on the root; the tenant knows it without the prefix). */
+static void unprefix(char *msg, const char *tenant) {
+  char pre[ES_MAX_TENANT_BYTES + 2];
+  int pn = snprintf(pre, sizeof pre, "%s%s", tenant, ES_TENANT_SEP);
+  if (pn <= 0 || (size_t)pn >= sizeof pre) return;
+  char *p;
+  while ((p = strstr(msg, pre))) memmove(p, p + pn, strlen(p + pn) + 1);
 }
 
 int es_api_state(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_state: not built yet");
+  const char *session = r->seg[2], *reducer = r->seg[4];
+  es_engine *engine = r->ctx ? r->ctx->engine : NULL;
+  int64_t at;
+  if (query_int(r, "at", 0, INT64_MAX, ES_NONE, &at, out)) return 0;
+  if (!engine)
+    return es_http_fail(out, 404, "NOT_FOUND",
+                        "no reducers: the server runs without an engine (no scripts directory)");
+  es_err err = {0};
+  if (es_check_name("session", session, &err) || es_check_name("reducer", reducer, &err))
+    return es_http_fail_err(out, &err);
+  /* The engine folds on the root store: a tenant's session by its stored
+   * name (docs/tenants.md). */
+  char stored[ES_MAX_NAME_BYTES + 1];
+  if (r->tenant) {
+    int n = snprintf(stored, sizeof stored, "%s%s%s", r->tenant, ES_TENANT_SEP, session);
+    if (n < 0 || (size_t)n >= sizeof stored)
+      return es_http_fail(out, 400, "INVALID_ARGUMENT", "session name too long");
+    session = stored;
+  }
+  es_buf state;
+  es_buf_init(&state);
+  int64_t index = 0;
+  int not_json = 0;
+  int rc = es_engine_state_json(engine, session, reducer, at, &state, &index, &not_json, &err);
+  if (rc != ES_OK) {
+    es_buf_destroy(&state);
+    if (r->tenant) unprefix(err.msg, r->tenant);
+    /* The reducer ran; only its JSON view fails: 422, not the 400 of a
+     * reducer that raised. */
+    if (not_json) return es_http_fail(out, 422, es_strerror(err.code), "%s", err.msg);
+    return es_http_fail_err(out, &err);
+  }
+  es_buf_adds(&out->body, "{\"state\":");
+  es_buf_add(&out->body, state.data ? state.data : "null", state.data ? state.len : 4);
+  es_buf_adds(&out->body, ",\"index\":");
+  es_wire_int(&out->body, index);
+  es_buf_addc(&out->body, '}');
+  es_buf_destroy(&state);
+  return answer(out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* inspection */
+
+static void put_session_row(es_buf *b, const es_session_info *si) {
+  es_buf_adds(b, "{\"session\":");
+  es_wire_cstr(b, si->session);
+  put_key(b, "events", 0);
+  es_wire_int(b, si->events);
+  put_key(b, "pending", 0);
+  es_wire_int(b, si->pending);
+  put_key(b, "dead", 0);
+  es_wire_int(b, si->dead);
+  put_key(b, "attempts", 0);
+  es_wire_int(b, si->attempts);
+  put_key(b, "failures", 0);
+  es_wire_int(b, si->failures);
+  put_key(b, "first_at", 0);
+  es_wire_int(b, si->first_at);
+  put_key(b, "updated_at", 0);
+  es_wire_int(b, si->updated_at);
+  /* §3.7/§3.8 controls, as push_session_controls: sealed always, the
+   * rest when set */
+  put_key(b, "sealed", 0);
+  put_bool(b, si->sealed_at != ES_NONE);
+  if (si->sealed_at != ES_NONE) {
+    put_key(b, "sealed_at", 0);
+    es_wire_int(b, si->sealed_at);
+  }
+  if (si->seal_reason) {
+    put_key(b, "seal_reason", 0);
+    es_wire_cstr(b, si->seal_reason);
+  }
+  if (si->fence > 0) {
+    put_key(b, "fence", 0);
+    es_wire_int(b, si->fence);
+  }
+  if (si->lease_holder) {
+    put_key(b, "lease", 0);
+    es_buf_adds(b, "{\"holder\":");
+    es_wire_cstr(b, si->lease_holder);
+    es_buf_adds(b, ",\"token\":");
+    es_wire_int(b, si->lease_token);
+    es_buf_adds(b, ",\"expires_at\":");
+    es_wire_int(b, si->lease_expires_at);
+    es_buf_addc(b, '}');
+  }
+  if (si->parent) {
+    put_key(b, "parent", 0);
+    es_wire_cstr(b, si->parent);
+  }
+  put_key(b, "first_index", 0);
+  es_wire_int(b, si->first_index > 1 ? si->first_index : 1);
+  es_buf_addc(b, '}');
 }
 
 int es_api_sessions(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_sessions: not built yet");
+  int64_t limit;
+  if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
+  es_sessions list = {0};
+  es_err err = {0};
+  if (es_store_sessions(r->store, query_str(r, "prefix"), query_str(r, "after"), limit, &list, &err))
+    return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"sessions\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    if (i) es_buf_addc(&out->body, ',');
+    put_session_row(&out->body, &list.v[i]);
+  }
+  es_buf_adds(&out->body, "],\"cursor\":");
+  es_wire_cstr(&out->body, list.cursor);
+  es_buf_addc(&out->body, '}');
+  es_sessions_destroy(&list);
+  return answer(out);
+}
+
+static void put_lineage(es_buf *b, const es_lineage *l) {
+  es_buf_adds(b, "{\"session\":");
+  es_wire_cstr(b, l->session);
+  es_buf_adds(b, ",\"parent\":");
+  es_wire_cstr(b, l->parent);
+  es_buf_adds(b, ",\"at\":");
+  es_wire_int(b, l->at);
+  es_buf_adds(b, ",\"created_at\":");
+  es_wire_int(b, l->created_at);
+  es_buf_addc(b, '}');
 }
 
 int es_api_lineage(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_lineage: not built yet");
+  es_lineage l;
+  memset(&l, 0, sizeof l);
+  int found = 0;
+  es_err err = {0};
+  if (es_store_lineage(r->store, r->seg[2], &found, &l, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"lineage\":");
+  if (found) put_lineage(&out->body, &l);
+  else es_buf_adds(&out->body, "null");
+  es_buf_addc(&out->body, '}');
+  if (found) es_lineage_destroy(&l);
+  return answer(out);
 }
 
 int es_api_children(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_children: not built yet");
+  int64_t limit;
+  if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
+  es_lineages list = {0};
+  es_err err = {0};
+  if (es_store_children(r->store, r->seg[2], query_str(r, "after"), limit, &list, &err))
+    return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"children\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    if (i) es_buf_addc(&out->body, ',');
+    put_lineage(&out->body, &list.v[i]);
+  }
+  /* A full page may have more after it: its last name is the next page's
+   * `after` (that page may be empty). */
+  es_buf_adds(&out->body, "],\"cursor\":");
+  es_wire_cstr(&out->body, list.n > 0 && (int64_t)list.n == limit ? list.v[list.n - 1].session : NULL);
+  es_buf_addc(&out->body, '}');
+  es_lineages_destroy(&list);
+  return answer(out);
 }
 
 int es_api_dead_letters(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_dead_letters: not built yet");
+  int64_t after, limit;
+  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+      query_limit(r, DEFAULT_LIMIT, &limit, out))
+    return 0;
+  es_events list = {0};
+  es_err err = {0};
+  if (es_store_dead_letters(r->store, query_str(r, "session"), after, limit, &list, &err))
+    return es_http_fail_err(out, &err);
+  es_wire_events(&out->body, &list, 0);
+  es_events_destroy(&list);
+  return answer(out);
 }
 
+/* ------------------------------------------------------------------------ */
+/* dead letters: revive, settle */
+
+/* {"event": the event after the change} */
+static int answer_event(const es_http_req *r, es_http_resp *out, const char *session, int64_t index) {
+  es_event e;
+  es_event_init(&e);
+  es_err err = {0};
+  if (es_store_get(r->store, session, index, &e, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"event\":");
+  es_wire_event(&out->body, &e, 0);
+  es_buf_addc(&out->body, '}');
+  es_event_destroy(&e);
+  return answer(out);
+}
+
+static const char *const no_fields[] = {NULL};
+static const char *const settle_fields[] = {"reason", NULL};
+
 int es_api_revive(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_revive: not built yet");
+  int64_t index;
+  body bd;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 0, &bd)) return 0;
+  int bad = check_fields(out, bd.root, "", no_fields);
+  body_free(&bd);
+  if (bad) return 0;
+  es_err err = {0};
+  if (es_store_revive(r->store, r->seg[2], index, &err)) return es_http_fail_err(out, &err);
+  return answer_event(r, out, r->seg[2], index);
 }
 
 int es_api_settle(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_settle: not built yet");
+  int64_t index;
+  body bd;
+  char *reason = NULL;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 0, &bd)) return 0;
+  int bad = check_fields(out, bd.root, "", settle_fields) || get_text(out, bd.root, "reason", 0, &reason);
+  body_free(&bd);
+  if (bad) return 0;
+  es_err err = {0};
+  int rc = es_store_settle(r->store, r->seg[2], index, reason, &err);
+  free(reason);
+  if (rc) return es_http_fail_err(out, &err);
+  return answer_event(r, out, r->seg[2], index);
 }
+
+/* ------------------------------------------------------------------------ */
+/* remote workers: claims, complete, fail, renew */
+
+static const char *const claim_fields[] = {"holder", "ttl_ms", "limit", "types", NULL};
 
 int es_api_claims(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_claims: not built yet");
+  body bd;
+  const char *holder;
+  int64_t ttl, limit;
+  const char **types = NULL;
+  size_t n_types = 0;
+  if (read_body(r, out, 1, &bd)) return 0;
+  if (check_fields(out, bd.root, "", claim_fields) || get_name(out, bd.root, "", "holder", 1, &holder) ||
+      get_int(out, bd.root, "", "ttl_ms", 1, ES_NONE, &ttl, NULL) ||
+      get_int(out, bd.root, "", "limit", 0, 1, &limit, NULL))
+    goto done;
+  if (limit < 1 || limit > max_limit(r)) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'limit' must be from 1 to %lld",
+                 (long long)max_limit(r));
+    goto done;
+  }
+  const es_jval *tv = member(bd.root, "types");
+  if (tv) {
+    if (tv->type != ES_JARRAY) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'types' must be an array of type names, got %s",
+                   es_jtype_name(tv->type));
+      goto done;
+    }
+    if (tv->n > ES_MAX_CLAIM_TYPES) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'types' holds %zu names, over the limit of %d",
+                   tv->n, ES_MAX_CLAIM_TYPES);
+      goto done;
+    }
+    types = calloc(tv->n ? tv->n : 1, sizeof *types);
+    if (!types) {
+      es_http_fail(out, 503, "STORAGE", "out of memory");
+      goto done;
+    }
+    for (size_t i = 0; i < tv->n; i++) {
+      const es_jval *t = &tv->items[i];
+      if (t->type != ES_JSTRING || memchr(t->str, '\0', t->len)) {
+        es_http_fail(out, 400, "INVALID_ARGUMENT", "types[%zu] must be a type name (%s)", i + 1,
+                     t->type != ES_JSTRING ? "a string" : "no NUL byte");
+        goto done;
+      }
+      types[i] = t->str;
+    }
+    n_types = tv->n;
+  }
+  es_events list = {0};
+  int64_t retry_at = ES_NONE;
+  es_err err = {0};
+  if (es_store_claim_next(r->store, holder, ttl, limit, types, n_types, NULL, 0, &list, &retry_at,
+                          &err)) {
+    es_http_fail_err(out, &err);
+    goto done;
+  }
+  es_buf_adds(&out->body, "{\"events\":");
+  put_events_array(&out->body, &list, 1);
+  es_buf_adds(&out->body, ",\"retry_at\":");
+  es_wire_int(&out->body, retry_at);
+  es_buf_addc(&out->body, '}');
+  es_events_destroy(&list);
+  answer(out);
+done:
+  free(types);
+  body_free(&bd);
+  return 0;
 }
+
+static const char *const complete_fields[] = {"attempt", "events", "fence", NULL};
 
 int es_api_complete(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_complete: not built yet");
+  int64_t index, attempt, fence;
+  body bd;
+  batch b;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 1, &bd)) return 0;
+  if (check_fields(out, bd.root, "", complete_fields) ||
+      get_int(out, bd.root, "", "attempt", 1, ES_NONE, &attempt, NULL) ||
+      get_int(out, bd.root, "", "fence", 0, ES_NONE, &fence, NULL) ||
+      read_events(r, out, bd.root, "events", 0, &b)) {
+    body_free(&bd);
+    return 0;
+  }
+  es_events list = {0};
+  int outcome = 0;
+  es_err err = {0};
+  int rc = es_store_complete(r->store, r->seg[2], index, attempt, b.v, b.n, fence, &outcome, &list,
+                             &err);
+  batch_free(&b);
+  body_free(&bd);
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"outcome\":");
+  es_buf_adds(&out->body, outcome == ES_COMPLETED ? "\"completed\"" : "\"superseded\"");
+  es_buf_adds(&out->body, ",\"events\":");
+  put_events_array(&out->body, &list, 0);
+  es_buf_addc(&out->body, '}');
+  es_events_destroy(&list);
+  return answer(out);
 }
+
+static const char *const fail_fields[] = {"attempt", "error", "max_failures", "retry_after_ms", NULL};
 
 int es_api_fail(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_fail: not built yet");
+  int64_t index, attempt, max_failures, retry_after;
+  body bd;
+  char *error = NULL;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 1, &bd)) return 0;
+  int bad = check_fields(out, bd.root, "", fail_fields) ||
+            get_int(out, bd.root, "", "attempt", 1, ES_NONE, &attempt, NULL) ||
+            get_int(out, bd.root, "", "max_failures", 0, DEFAULT_MAX_FAILURES, &max_failures, NULL) ||
+            get_int(out, bd.root, "", "retry_after_ms", 0, 0, &retry_after, NULL) ||
+            get_text(out, bd.root, "error", 1, &error);
+  body_free(&bd);
+  if (bad) {
+    free(error);
+    return 0;
+  }
+  int outcome = 0;
+  int64_t failures = 0;
+  es_err err = {0};
+  int rc = es_store_fail(r->store, r->seg[2], index, attempt, error, max_failures, retry_after,
+                         &outcome, &failures, &err);
+  free(error);
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"outcome\":");
+  es_buf_adds(&out->body, outcome == ES_FAILED          ? "\"failed\""
+                          : outcome == ES_DEAD_LETTERED ? "\"dead_lettered\""
+                                                        : "\"superseded\"");
+  es_buf_adds(&out->body, ",\"failures\":");
+  es_wire_int(&out->body, failures);
+  es_buf_addc(&out->body, '}');
+  return answer(out);
 }
 
+static void put_int_array(es_buf *b, const int64_t *v, size_t n) {
+  es_buf_addc(b, '[');
+  for (size_t i = 0; i < n; i++) {
+    if (i) es_buf_addc(b, ',');
+    es_wire_int(b, v[i]);
+  }
+  es_buf_addc(b, ']');
+}
+
+static const char *const renew_fields[] = {"holder", "attempt", "ttl_ms", NULL};
+
 int es_api_renew(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_renew: not built yet");
+  int64_t index, ttl;
+  es_claim_ref claim;
+  const char *holder;
+  body bd;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 1, &bd)) return 0;
+  if (check_fields(out, bd.root, "", renew_fields) || get_name(out, bd.root, "", "holder", 1, &holder) ||
+      get_int(out, bd.root, "", "attempt", 1, ES_NONE, &claim.attempt, NULL) ||
+      get_int(out, bd.root, "", "ttl_ms", 1, ES_NONE, &ttl, NULL)) {
+    body_free(&bd);
+    return 0;
+  }
+  claim.index = index;
+  es_renew_result res;
+  memset(&res, 0, sizeof res);
+  es_err err = {0};
+  int rc = es_store_renew(r->store, r->seg[2], holder, &claim, 1, ttl, ES_NONE, &res, &err);
+  body_free(&bd); /* holder lives in the document */
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"renewed\":");
+  put_int_array(&out->body, res.renewed, res.n_renewed);
+  es_buf_adds(&out->body, ",\"superseded\":");
+  put_int_array(&out->body, res.superseded, res.n_superseded);
+  es_buf_addc(&out->body, '}');
+  es_renew_result_destroy(&res);
+  return answer(out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* refs */
+
+static void put_ref(es_buf *b, const es_ref *ref) {
+  es_buf_adds(b, "{\"name\":");
+  es_wire_cstr(b, ref->name);
+  es_buf_adds(b, ",\"session\":");
+  es_wire_cstr(b, ref->session);
+  es_buf_adds(b, ",\"head\":");
+  es_wire_int(b, ref->head);
+  es_buf_adds(b, ",\"created_at\":");
+  es_wire_int(b, ref->created_at);
+  es_buf_adds(b, ",\"updated_at\":");
+  es_wire_int(b, ref->updated_at);
+  es_buf_addc(b, '}');
+}
+
+static int answer_ref(es_http_resp *out, es_ref *ref) {
+  put_ref(&out->body, ref);
+  es_ref_destroy(ref);
+  return answer(out);
 }
 
 int es_api_list_refs(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_list_refs: not built yet");
+  int64_t limit;
+  if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
+  es_refs list = {0};
+  es_err err = {0};
+  if (es_store_list_refs(r->store, query_str(r, "after"), limit, &list, &err))
+    return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"refs\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    if (i) es_buf_addc(&out->body, ',');
+    put_ref(&out->body, &list.v[i]);
+  }
+  es_buf_adds(&out->body, "],\"cursor\":");
+  es_wire_cstr(&out->body, list.n > 0 && (int64_t)list.n == limit ? list.v[list.n - 1].name : NULL);
+  es_buf_addc(&out->body, '}');
+  es_refs_destroy(&list);
+  return answer(out);
 }
 
 int es_api_get_ref(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_get_ref: not built yet");
+  es_ref ref;
+  es_ref_init(&ref);
+  int found = 0;
+  es_err err = {0};
+  if (es_store_get_ref(r->store, r->seg[2], &found, &ref, &err)) return es_http_fail_err(out, &err);
+  if (!found) return es_http_fail(out, 404, "NOT_FOUND", "no ref '%s'", r->seg[2]);
+  return answer_ref(out, &ref);
 }
 
+static const char *const put_ref_fields[] = {"session", NULL};
+
 int es_api_put_ref(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_put_ref: not built yet");
+  body bd;
+  const char *session;
+  if (read_body(r, out, 1, &bd)) return 0;
+  if (check_fields(out, bd.root, "", put_ref_fields) ||
+      get_name(out, bd.root, "", "session", 1, &session)) {
+    body_free(&bd);
+    return 0;
+  }
+  es_ref ref;
+  es_ref_init(&ref);
+  es_err err = {0};
+  int rc = es_store_put_ref(r->store, r->seg[2], session, &ref, &err);
+  body_free(&bd);
+  if (rc) return es_http_fail_err(out, &err);
+  return answer_ref(out, &ref);
 }
 
 int es_api_delete_ref(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_delete_ref: not built yet");
+  int deleted = 0;
+  es_err err = {0};
+  if (es_store_delete_ref(r->store, r->seg[2], &deleted, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"deleted\":");
+  put_bool(&out->body, deleted);
+  es_buf_addc(&out->body, '}');
+  return answer(out);
 }
+
+static const char *const promote_fields[] = {"from", "expect", NULL};
 
 int es_api_promote(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_promote: not built yet");
+  body bd;
+  const char *from, *expect = NULL;
+  int has_expect = 0;
+  if (read_body(r, out, 1, &bd)) return 0;
+  if (check_fields(out, bd.root, "", promote_fields) || get_name(out, bd.root, "", "from", 1, &from))
+    goto bad;
+  const es_jval *ev = es_jval_get(bd.root, "expect");
+  if (ev) {
+    /* false: the ref must not exist. null is refused: a client that
+     * writes an unset option as null would otherwise ask for "must not
+     * exist" when it meant "no compare-and-set", or the reverse. */
+    if (ev->type == ES_JBOOL && !ev->boolean) {
+      has_expect = 1;
+    } else if (ev->type == ES_JSTRING) {
+      if (get_name(out, bd.root, "", "expect", 1, &expect)) goto bad;
+      has_expect = 1;
+    } else {
+      es_http_fail(out, 400, "INVALID_ARGUMENT",
+                   "field 'expect' must be a session name or false (leave it out for last writer "
+                   "wins), got %s",
+                   es_jtype_name(ev->type));
+      goto bad;
+    }
+  }
+  es_ref ref;
+  es_ref_init(&ref);
+  char *actual = NULL;
+  es_err err = {0};
+  int rc = es_store_promote(r->store, from, r->seg[2], has_expect, expect, &ref, &actual, &err);
+  if (rc == ES_REF_CONFLICT) {
+    /* As the Lua face's error: what the caller expected and what it found
+     * (false: no ref), so a loser can retry against `actual`. */
+    es_http_fail_err(out, &err);
+    if (!out->body.oom && out->body.len > 0) {
+      out->body.len--; /* the closing brace */
+      es_buf_adds(&out->body, ",\"expected\":");
+      if (expect) es_wire_cstr(&out->body, expect);
+      else es_buf_adds(&out->body, "false");
+      es_buf_adds(&out->body, ",\"actual\":");
+      if (actual) es_wire_cstr(&out->body, actual);
+      else es_buf_adds(&out->body, "false");
+      es_buf_addc(&out->body, '}');
+    }
+    free(actual);
+    body_free(&bd);
+    return 0;
+  }
+  free(actual);
+  body_free(&bd);
+  if (rc) return es_http_fail_err(out, &err);
+  return answer_ref(out, &ref);
+bad:
+  body_free(&bd);
+  return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* presence */
+
 int es_api_presence_read(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_presence_read: not built yet");
+  es_presence_rows rows = {0};
+  es_err err = {0};
+  if (es_store_presence_read(r->store, r->seg[2], &rows, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"rows\":[");
+  for (size_t i = 0; i < rows.n; i++) {
+    const es_presence_row *row = &rows.v[i];
+    if (i) es_buf_addc(&out->body, ',');
+    es_buf_adds(&out->body, "{\"participant\":");
+    es_wire_cstr(&out->body, row->participant);
+    es_buf_adds(&out->body, ",\"field\":");
+    es_wire_cstr(&out->body, row->field);
+    es_buf_adds(&out->body, ",\"value\":");
+    if (row->value) es_buf_add(&out->body, row->value, row->value_len);
+    else es_buf_adds(&out->body, "null");
+    es_buf_adds(&out->body, ",\"seen\":");
+    es_wire_int(&out->body, row->seen);
+    es_buf_adds(&out->body, ",\"at\":");
+    es_wire_int(&out->body, row->at);
+    es_buf_adds(&out->body, ",\"expires_at\":");
+    es_wire_int(&out->body, row->expires_at);
+    es_buf_addc(&out->body, '}');
+  }
+  es_buf_adds(&out->body, "]}");
+  es_presence_rows_destroy(&rows);
+  return answer(out);
+}
+
+static const char *const presence_fields[] = {"values", "ttl_ms", "at", "seen", NULL};
+
+/* qsort over presence fields by name bytes: the write is the same
+ * whatever order the client's JSON object had. */
+static int field_cmp(const void *a, const void *b) {
+  return strcmp(((const es_presence_field *)a)->field, ((const es_presence_field *)b)->field);
 }
 
 int es_api_presence_set(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_presence_set: not built yet");
+  body bd;
+  int64_t ttl, at, seen;
+  es_presence_field *fields = NULL;
+  es_buf vals;
+  es_buf_init(&vals);
+  if (read_body(r, out, 1, &bd)) return 0;
+  if (check_fields(out, bd.root, "", presence_fields) ||
+      get_int(out, bd.root, "", "ttl_ms", 1, ES_NONE, &ttl, NULL) ||
+      get_int(out, bd.root, "", "at", 0, ES_NONE, &at, NULL) ||
+      get_int(out, bd.root, "", "seen", 0, 0, &seen, NULL))
+    goto done;
+  const es_jval *values = member(bd.root, "values");
+  if (!values) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'values' is required (an object {field: value})");
+    goto done;
+  }
+  if (values->type != ES_JOBJECT) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'values' must be an object {field: value}, got %s",
+                 es_jtype_name(values->type));
+    goto done;
+  }
+  size_t n = values->n;
+  fields = calloc(n ? n : 1, sizeof *fields + sizeof(size_t));
+  if (!fields) {
+    es_http_fail(out, 503, "STORAGE", "out of memory");
+    goto done;
+  }
+  size_t *off = (size_t *)(void *)(fields + (n ? n : 1));
+  for (size_t i = 0; i < n; i++) {
+    const char *name = values->keys[i];
+    if (memchr(name, '\0', values->key_lens[i])) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "values: a field name must not contain a NUL byte");
+      goto done;
+    }
+    es_err err = {0};
+    if (es_check_name("presence field", name, &err)) {
+      es_http_fail_err(out, &err);
+      goto done;
+    }
+    fields[i].field = name;
+    off[i] = SIZE_MAX;
+    const es_jval *v = &values->items[i];
+    if (v->type == ES_JNULL) continue; /* deletes the field */
+    off[i] = vals.len;
+    if (es_json_canonicalize(v->raw, v->raw_len, &vals, &err) != ES_OK) {
+      es_http_fail_err(out, &err);
+      goto done;
+    }
+    fields[i].value_len = vals.len - off[i];
+    if (es_buf_addc(&vals, '\0') != ES_OK) {
+      es_http_fail(out, 503, "STORAGE", "out of memory");
+      goto done;
+    }
+  }
+  for (size_t i = 0; i < n; i++) fields[i].value = off[i] == SIZE_MAX ? NULL : vals.data + off[i];
+  qsort(fields, n, sizeof *fields, field_cmp);
+  es_presence_rows applied = {0};
+  es_err err = {0};
+  if (es_store_presence_set(r->store, r->seg[2], r->seg[3], fields, n, ttl, at, seen, &applied,
+                            &err)) {
+    es_http_fail_err(out, &err);
+    goto done;
+  }
+  es_buf_adds(&out->body, "{\"applied\":{");
+  for (size_t i = 0; i < applied.n; i++) {
+    const es_presence_row *row = &applied.v[i];
+    if (i) es_buf_addc(&out->body, ',');
+    es_wire_cstr(&out->body, row->field);
+    es_buf_addc(&out->body, ':');
+    if (row->value) es_buf_add(&out->body, row->value, row->value_len);
+    else es_buf_adds(&out->body, "null");
+  }
+  es_buf_adds(&out->body, "}}");
+  es_presence_rows_destroy(&applied);
+  answer(out);
+done:
+  free(fields);
+  es_buf_destroy(&vals);
+  body_free(&bd);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* stats */
+
+typedef struct type_sums {
+  es_buf *b;
+  size_t n;
+  int64_t handled, failed, dead;
+} type_sums;
+
+static void put_type_stat(void *ctx, const es_type_stat *st) {
+  type_sums *t = ctx;
+  es_stats_summary sum;
+  es_stats_hist_read((es_stats_hist *)&st->runs, &sum);
+  int64_t handled = (int64_t)atomic_load(&st->handled), failed = (int64_t)atomic_load(&st->failed),
+          dead = (int64_t)atomic_load(&st->dead);
+  t->handled += handled;
+  t->failed += failed;
+  t->dead += dead;
+  if (t->n++) es_buf_addc(t->b, ',');
+  es_wire_cstr(t->b, st->type);
+  es_buf_adds(t->b, ":{\"handled\":");
+  es_wire_int(t->b, handled);
+  es_buf_adds(t->b, ",\"failed\":");
+  es_wire_int(t->b, failed);
+  es_buf_adds(t->b, ",\"dead\":");
+  es_wire_int(t->b, dead);
+  es_buf_adds(t->b, ",\"runs\":");
+  es_wire_int(t->b, (int64_t)sum.count);
+  es_buf_adds(t->b, ",\"p50_us\":");
+  put_us(t->b, sum.p50_ns);
+  es_buf_adds(t->b, ",\"p99_us\":");
+  put_us(t->b, sum.p99_ns);
+  es_buf_adds(t->b, ",\"max_us\":");
+  put_us(t->b, sum.max_ns);
+  es_buf_addc(t->b, '}');
 }
 
 int es_api_stats(const es_http_req *r, es_http_resp *out) {
-  (void)r;
-  return es_http_fail(out, 501, "NOT_IMPLEMENTED", "es_api_stats: not built yet");
+  es_call_stats calls[ES_STATS_MAX_OPS];
+  size_t n = 0;
+  es_counts c;
+  es_err err = {0};
+  /* the calls before the counts: this request is in neither (as stats()) */
+  es_store_call_stats(r->store, calls, ES_STATS_MAX_OPS, &n);
+  if (es_store_counts(r->store, &c, &err)) return es_http_fail_err(out, &err);
+  es_buf *b = &out->body;
+  es_buf_adds(b, "{\"calls\":{");
+  for (size_t i = 0; i < n; i++) {
+    if (i) es_buf_addc(b, ',');
+    es_wire_cstr(b, calls[i].op);
+    es_buf_adds(b, ":{\"count\":");
+    es_wire_int(b, (int64_t)calls[i].count);
+    es_buf_adds(b, ",\"errors\":");
+    es_wire_int(b, (int64_t)calls[i].errors);
+    es_buf_adds(b, ",\"p50_us\":");
+    put_us(b, calls[i].p50_ns);
+    es_buf_adds(b, ",\"p99_us\":");
+    put_us(b, calls[i].p99_ns);
+    es_buf_adds(b, ",\"max_us\":");
+    put_us(b, calls[i].max_ns);
+    es_buf_addc(b, '}');
+  }
+  es_buf_adds(b, "},\"sessions\":");
+  es_wire_int(b, c.sessions);
+  es_buf_adds(b, ",\"events\":");
+  es_wire_int(b, c.events);
+  es_buf_adds(b, ",\"pending\":");
+  es_wire_int(b, c.pending);
+  es_buf_adds(b, ",\"dead\":");
+  es_wire_int(b, c.dead);
+  /* The engine's figures are every tenant's: only for a '*' token. */
+  es_engine *engine = r->ctx ? r->ctx->engine : NULL;
+  if (engine && !r->tenant) {
+    type_sums t = {b, 0, 0, 0, 0};
+    es_buf_adds(b, ",\"engine\":{\"types\":{");
+    es_type_stats_each(es_engine_type_stats(engine), put_type_stat, &t);
+    es_buf_adds(b, "},\"handled\":");
+    es_wire_int(b, t.handled);
+    es_buf_adds(b, ",\"failed\":");
+    es_wire_int(b, t.failed);
+    es_buf_adds(b, ",\"dead\":");
+    es_wire_int(b, t.dead);
+    es_buf_addc(b, '}');
+  }
+  es_buf_addc(b, '}');
+  return answer(out);
 }
