@@ -163,6 +163,37 @@ describe("the rockspec", function()
     assert.are.equal(("%s\t1\t%s/lib/lua/5.4/eventstore/core.so\n"):format(eventstore._VERSION, tree), out)
   end)
 
+  it("installs a binary whose serve finds the installed inspector", function()
+    local hh = require("http_helpers")
+    local tree = luarocks_tree()
+    local elsewhere = mkdtemp()
+    trees[#trees + 1] = elsewhere
+    local dir = tree .. "/share/lua/5.4/eventstore/inspector"
+    local expected = read_file("web/inspector/index.html")
+    if expected == nil then
+      -- no inspector in this tree yet: the lookup is what is tested here
+      expected = "<!doctype html><title>installed inspector</title>\n"
+      must("mkdir -p " .. sh_quote(dir))
+      write_file(dir .. "/index.html", expected)
+    end
+    assert.are.equal(expected, read_file(dir .. "/index.html"))
+    -- started from another directory, without a Lua path into this checkout
+    local wrapper = elsewhere .. "/eventstore"
+    write_file(wrapper, ("#!/bin/sh\ncd %s && exec %s%s \"$@\"\n"):format(sh_quote(elsewhere), CLEAN_ENV,
+      sh_quote(tree .. "/bin/eventstore")))
+    must("chmod +x " .. sh_quote(wrapper))
+    local bin = hh.BIN
+    hh.BIN = wrapper
+    local ok, srv = pcall(hh.serve, { no_engine = true })
+    hh.BIN = bin
+    assert(ok, srv)
+    finally(function() hh.stop(srv) end)
+    local status, body = hh.request(srv, "GET", "/")
+    assert.are.equal(200, status)
+    assert.are.equal(expected, body)
+    assert.are.equal(0, hh.stop(srv))
+  end)
+
   it("installs a binary that runs from another directory on its installed Lua files", function()
     local tree = luarocks_tree()
     local elsewhere = mkdtemp()
@@ -176,7 +207,10 @@ describe("the rockspec", function()
     must(run .. bin .. " append s t '{\"n\": 1}' --db memory:")
     -- it ran the tree's Lua files: without them it cannot start
     must("rm " .. sh_quote(tree .. "/share/lua/5.4/eventstore/cli.lua"))
-    finally(function() trees.rocks = nil end) -- the next test builds a whole tree again
+    finally(function() -- the next test builds a whole tree again
+      trees[#trees + 1] = trees.rocks
+      trees.rocks = nil
+    end)
     local rc = sh(run .. bin .. " --version")
     assert.are_not.equal(0, rc)
   end)
