@@ -282,4 +282,198 @@ function hh.sse(srv, path, o)
   return s
 end
 
+-- ---- live tails and metrics (spec/83-85, docs/http-live.md) ----------------
+
+-- Parses a Prometheus text exposition (format 0.0.4) and checks its rules,
+-- raising with the line at fault: every line is a comment (`# HELP name
+-- text`, `# TYPE name type`, other `#` text) or a sample `name{labels}
+-- value [timestamp]`; names and label names are well formed; label values
+-- use only the escapes \\ \" \n; a family's TYPE comes once and before its
+-- samples, and its samples are not interleaved with another family's;
+-- counters are >= 0; each histogram series has buckets with increasing
+-- `le`, cumulative (non-decreasing) counts, a last bucket `+Inf` equal to
+-- its `_count`. Returns {families = {name = {type, help, samples}},
+-- value = function(name, labels) -> number or nil}; a sample is {name,
+-- labels (table), value}.
+function hh.parse_metrics(text)
+  assert(text:sub(-1) == "\n", "the exposition must end with a line feed")
+  local families, order = {}, {}
+  local current -- the family whose samples are being read
+  local closed = {} -- families another family followed
+  local samples = {}
+  local function family_of(name)
+    if families[name] then return families[name], name end
+    for _, suffix in ipairs({ "_bucket", "_count", "_sum" }) do
+      local base = name:sub(1, -#suffix - 1)
+      if name:sub(-#suffix) == suffix and families[base] and
+          (families[base].type == "histogram" or families[base].type == "summary") then
+        return families[base], base
+      end
+    end
+    return nil, name
+  end
+  local n = 0
+  for line in text:gmatch("([^\n]*)\n") do
+    n = n + 1
+    local where = ("line %d: %q"):format(n, line)
+    if line:sub(1, 1) == "#" then
+      local kind, name, rest = line:match("^# (%u+) ([^ ]+) ?(.*)$")
+      if kind == "TYPE" or kind == "HELP" then
+        assert(name:match("^[%a_:][%w_:]*$"), "bad metric name in " .. where)
+        local f = families[name]
+        if not f then
+          f = { name = name, samples = {} }
+          families[name] = f
+          order[#order + 1] = name
+        end
+        assert(not closed[name], "family comments after its samples ended: " .. where)
+        if kind == "TYPE" then
+          assert(not f.type, "a second TYPE for " .. name)
+          assert(#f.samples == 0, "TYPE after samples: " .. where)
+          assert(({ counter = 1, gauge = 1, histogram = 1, summary = 1, untyped = 1 })[rest],
+            "unknown type in " .. where)
+          f.type = rest
+        else
+          assert(not f.help, "a second HELP for " .. name)
+          assert(not rest:find("\\[^\\n]"), "bad escape in HELP: " .. where)
+          f.help = rest
+        end
+        if current and current ~= name then closed[current] = true end
+        current = name
+      end
+    elseif line ~= "" then
+      local name, rest = line:match("^([%a_:][%w_:]*)(.*)$")
+      assert(name, "bad sample in " .. where)
+      local labels = {}
+      if rest:sub(1, 1) == "{" then
+        local i = 2
+        while rest:sub(i, i) ~= "}" do
+          local lname, j = rest:match("^([%a_][%w_]*)=\"()", i)
+          assert(lname, "bad label in " .. where)
+          local value, k = {}, j
+          while true do
+            local c = rest:sub(k, k)
+            assert(c ~= "", "unterminated label value in " .. where)
+            if c == "\\" then
+              local e = rest:sub(k + 1, k + 1)
+              local map = { ["\\"] = "\\", ['"'] = '"', n = "\n" }
+              assert(map[e], "bad escape in label value: " .. where)
+              value[#value + 1] = map[e]
+              k = k + 2
+            elseif c == '"' then
+              k = k + 1
+              break
+            else
+              value[#value + 1] = c
+              k = k + 1
+            end
+          end
+          assert(labels[lname] == nil, "label given twice in " .. where)
+          labels[lname] = table.concat(value)
+          i = k
+          if rest:sub(i, i) == "," then i = i + 1 end
+        end
+        rest = rest:sub(i + 1)
+      end
+      local v, ts = rest:match("^ ([^ ]+) ?(%-?%d*)$")
+      assert(v, "bad value part in " .. where)
+      local value = ({ ["+Inf"] = math.huge, ["-Inf"] = -math.huge, NaN = 0 / 0 })[v] or tonumber(v)
+      assert(value, "bad value in " .. where)
+      local f, base = family_of(name)
+      assert(f and f.type, "sample before its family's TYPE: " .. where)
+      assert(not closed[base], "samples of " .. base .. " are not together: " .. where)
+      if current and current ~= base then closed[current] = true end
+      current = base
+      if f.type == "counter" then assert(value >= 0, "a negative counter: " .. where) end
+      local sample = { name = name, labels = labels, value = value }
+      f.samples[#f.samples + 1] = sample
+      samples[#samples + 1] = sample
+    end
+  end
+  -- histograms: per series (labels but le), cumulative buckets ending +Inf = _count
+  for _, name in ipairs(order) do
+    local f = families[name]
+    if f.type == "histogram" then
+      local series = {}
+      local function key(labels)
+        local parts = {}
+        for k, v in pairs(labels) do if k ~= "le" then parts[#parts + 1] = k .. "=" .. v end end
+        table.sort(parts)
+        return table.concat(parts, ",")
+      end
+      for _, s in ipairs(f.samples) do
+        local k = key(s.labels)
+        series[k] = series[k] or { buckets = {} }
+        if s.name == name .. "_bucket" then
+          local le = s.labels.le
+          assert(le, "a bucket without le in " .. name)
+          local b = series[k].buckets
+          local lev = le == "+Inf" and math.huge or assert(tonumber(le), "bad le " .. le)
+          if #b > 0 then
+            assert(lev > b[#b].le, name .. "{" .. k .. "}: le not increasing at " .. le)
+            assert(s.value >= b[#b].value, name .. "{" .. k .. "}: buckets not cumulative at " .. le)
+          end
+          b[#b + 1] = { le = lev, value = s.value }
+        elseif s.name == name .. "_count" then
+          series[k].count = s.value
+        end
+      end
+      for k, sr in pairs(series) do
+        local b = sr.buckets
+        assert(#b > 0 and b[#b].le == math.huge, name .. "{" .. k .. "}: no +Inf bucket")
+        assert(sr.count == b[#b].value, name .. "{" .. k .. "}: +Inf bucket ~= _count")
+      end
+    end
+  end
+  local m = { families = families, samples = samples }
+  -- The value of the sample `name` whose labels include all of `labels`.
+  function m.value(sample_name, want)
+    for _, s in ipairs(samples) do
+      if s.name == sample_name then
+        local match = true
+        for k, v in pairs(want or {}) do if s.labels[k] ~= v then match = false end end
+        if match then return s.value end
+      end
+    end
+    return nil
+  end
+  return m
+end
+
+-- GET /metrics with token; returns the parsed exposition (hh.parse_metrics),
+-- or raises with the status and body.
+function hh.metrics(srv, token)
+  local status, body, headers = hh.request(srv, "GET", "/metrics", { token = token })
+  assert(status == 200, "GET /metrics: " .. tostring(status) .. " " .. tostring(body))
+  assert((headers["content-type"] or ""):find("text/plain; version=0.0.4", 1, true),
+    "content type " .. tostring(headers["content-type"]))
+  return hh.parse_metrics(body), body
+end
+
+-- Appends events to a session through the API: returns status, body.
+-- events: a list of event tables ({type, payload, id, ...}).
+function hh.append(srv, token, session, events, expected)
+  return hh.request(srv, "POST", "/v1/sessions/" .. hh.enc(session) .. "/events",
+    { token = token, body = { events = events, expected = expected } })
+end
+
+-- Reads SSE events from stream s until `n` events (event lines of type
+-- `kind`, default "event") arrived or timeout seconds passed; returns the
+-- list (possibly shorter).
+function hh.sse_take(s, n, timeout, kind)
+  local got = {}
+  local deadline = helpers.wall() + (timeout or 10)
+  while #got < n do
+    local left = deadline - helpers.wall()
+    if left <= 0 then break end
+    local ev = s:next(left)
+    if not ev then break end
+    if ev.event == "error" and kind ~= "error" then
+      error("the stream sent an error: " .. json.encode(ev.data), 2)
+    end
+    if ev.event == (kind or "event") then got[#got + 1] = ev end
+  end
+  return got
+end
+
 return hh

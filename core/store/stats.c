@@ -96,9 +96,10 @@ static uint64_t percentile(const uint64_t *b, uint64_t total, double p, uint64_t
   return max;
 }
 
-void es_stats_hist_read(es_stats_hist *h, es_stats_summary *out) {
+void es_stats_hist_buckets(es_stats_hist *h, uint64_t b[ES_STATS_BUCKETS], es_stats_summary *out) {
   memset(out, 0, sizeof *out);
-  uint64_t b[ES_STATS_BUCKETS] = {0}, total = 0;
+  memset(b, 0, ES_STATS_BUCKETS * sizeof *b);
+  uint64_t total = 0;
   for (int i = 0; i < ES_STATS_STRIPES; i++) {
     es_stats_stripe *p = atomic_load_explicit(&h->stripe[i], memory_order_acquire);
     if (!p) continue;
@@ -114,6 +115,11 @@ void es_stats_hist_read(es_stats_hist *h, es_stats_summary *out) {
   out->count = total;
   out->p50_ns = percentile(b, total, 0.50, out->max_ns);
   out->p99_ns = percentile(b, total, 0.99, out->max_ns);
+}
+
+void es_stats_hist_read(es_stats_hist *h, es_stats_summary *out) {
+  uint64_t b[ES_STATS_BUCKETS];
+  es_stats_hist_buckets(h, b, out);
 }
 
 void es_stats_hist_destroy(es_stats_hist *h) {
@@ -172,6 +178,10 @@ void es_store_call_stats(es_store *s, es_call_stats *out, size_t cap, size_t *n)
     c->p99_ns = sum.p99_ns;
     c->max_ns = sum.max_ns;
   }
+}
+
+void es_store_call_hist(es_store *s, int op, uint64_t b[ES_STATS_BUCKETS], es_stats_summary *out) {
+  es_stats_hist_buckets(&s->stats.op[op], b, out);
 }
 
 void es_store_stats_enable(es_store *s, int on) { es_stats_set_enabled(&s->stats, on); }

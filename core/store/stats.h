@@ -93,6 +93,14 @@ uint64_t es_stats_bucket_upper(int bucket);
 void es_stats_hist_add(es_stats_hist *h, uint64_t ns, int failed);
 /* Sums the stripes and computes the percentiles. */
 void es_stats_hist_read(es_stats_hist *h, es_stats_summary *out);
+/* The same, and the summed count of each bucket into b (not cumulative),
+ * for exporters that show the whole distribution (/metrics, http/metrics.c). */
+void es_stats_hist_buckets(es_stats_hist *h, uint64_t b[ES_STATS_BUCKETS], es_stats_summary *out);
+/* The buckets and summary of op (ES_OP_*) on store handle s (store.h's
+ * es_store_call_stats gives only the percentiles). Never fails, no lock. */
+struct es_store;
+void es_store_call_hist(struct es_store *s, int op, uint64_t b[ES_STATS_BUCKETS],
+                        es_stats_summary *out);
 void es_stats_hist_destroy(es_stats_hist *h);
 
 void es_stats_destroy(es_stats *st);
