@@ -11,14 +11,15 @@
 #
 # Settings (environment):
 #   HTTP_BENCH_SECONDS   seconds per wrk run and per Lua API loop (5)
-#   HTTP_BENCH_CONNS     wrk connection counts (16 64); always 2 threads
+#   HTTP_BENCH_CONNS     wrk connection counts (1 16 64); 2 wrk threads (1 for
+#                        one connection: the per-request cost beside one Lua call)
 #   HTTP_BENCH_SSE       SSE client counts (100 500)
 #   HTTP_BENCH_SSE_EVENTS  events appended for the fan-out (1000, batches of 100)
 BUILD=${BUILD:-build}
 BIN=$BUILD/bin/eventstore
 FANOUT=$BUILD/bench/sse_fanout
 SECS=${HTTP_BENCH_SECONDS:-5}
-CONNS=${HTTP_BENCH_CONNS:-16 64}
+CONNS=${HTTP_BENCH_CONNS:-1 16 64}
 SSE=${HTTP_BENCH_SSE:-100 500}
 SSE_EVENTS=${HTTP_BENCH_SSE_EVENTS:-1000}
 LUA=${LUA:-lua5.4}
@@ -39,9 +40,12 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # The SSE clients need as many streams and connections as they are, plus
-# wrk's; the server's defaults are lower (docs/http.md, "Limits").
+# wrk's; the server's defaults are lower (docs/http.md, "Limits"). The sum
+# of every run's clients: a closed stream's slot is freed when the server
+# next writes to it (an event, or the keep-alive comment every 15 s), so
+# one run's streams may still count when the next one opens its own.
 max_sse=0
-for n in $SSE; do [ "$n" -gt "$max_sse" ] && max_sse=$n; done
+for n in $SSE; do max_sse=$((max_sse + n)); done
 max_conns=0
 for c in $CONNS; do [ "$c" -gt "$max_conns" ] && max_conns=$c; done
 
@@ -81,7 +85,7 @@ for b in 0 1 2 3 4 5 6 7 8 9; do
     "$url/v1/sessions/read-1000/events" || { echo "http_bench: filling read-1000 failed" >&2; exit 1; }
 done
 
-echo "HTTP bench: sqlite: on loopback, wrk 2 threads, ${SECS} s a run; $(nproc) cores shared by wrk and the server"
+echo "HTTP bench: sqlite: on loopback, wrk 2 threads (1 for 1 connection), ${SECS} s a run; $(nproc) cores shared by wrk and the server"
 
 # The Lua API, same kind of store, one thread (a fresh file of its own).
 "$LUA" bench/http_lua_api.lua "sqlite:$dir/lua.db" "$SECS" >"$dir/lua.txt"
@@ -91,7 +95,9 @@ echo "HTTP bench: sqlite: on loopback, wrk 2 threads, ${SECS} s a run; $(nproc) 
 run() { # op conns label args...
   op=$1 c=$2 label=$3
   shift 3
-  wrk -t2 -c"$c" -d"${SECS}s" -s bench/http_wrk.lua "$url" -- "$op" "$token" "$label" "$@" \
+  t=2
+  [ "$c" -lt 2 ] && t=1
+  wrk -t$t -c"$c" -d"${SECS}s" -s bench/http_wrk.lua "$url" -- "$op" "$token" "$label" "$@" \
     >"$dir/wrk.out" 2>&1 || true
   if ! grep -q '^RESULT ' "$dir/wrk.out"; then
     echo "http_bench: wrk $op -c$c gave no result:" >&2
