@@ -185,7 +185,8 @@ demo: all
 # beside the Lua files (not to PREFIX/share/eventstore): luarocks deploys a
 # rock's Lua directory into its tree but leaves any other share/ inside the
 # rock's own directory, where the binary could not find it; beside the Lua
-# files the binary finds them as it finds cli.lua (docs/cli.md).
+# files the binary finds them as it finds cli.lua (core/http/lua_http.c,
+# docs/http.md "--static").
 BINDIR    ?= $(PREFIX)/bin
 MANDIR    ?= $(PREFIX)/share/man
 INSPECTOR_DIR = $(LUA_LMOD_DIR)/eventstore/inspector
