@@ -6,7 +6,10 @@
 #   make check-sanitize   the same suite under AddressSanitizer (leaks included) + UBSan
 #   make bench      print benchmark figures (see bench/README.md)
 #   make bench-pg   only the PostgreSQL ones (a throwaway server, as make test)
-#   make install    put the module where the system Lua 5.4 finds it
+#   make bench-http only the HTTP ones (eventstore serve under wrk, SSE clients)
+#   make install    put the module where the system Lua 5.4 finds it, the binary,
+#                   its man page and the inspector's files (make uninstall: remove them;
+#                   eventstore-*.rockspec runs the same target for luarocks make)
 #   make demo       the README's first command: a short run on SQLite
 
 # ---- settings --------------------------------------------------------------
@@ -31,6 +34,7 @@ LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql lua-cjson \
   libmicrohttpd-dev lua-socket
 DEB_PKGS += chromium chromium-driver
+DEB_PKGS += wrk luarocks
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room (docs/layout in README.md): util/ (buffers, trees,
@@ -60,7 +64,7 @@ FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run $(BUILD)/ctest/http_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
-.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg install clean demo fuzz
+.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http install uninstall programs clean demo fuzz
 
 all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
@@ -170,15 +174,56 @@ bench: all $(BENCH_BIN)
 bench-pg: all $(BUILD)/bench/pg_bench
 	@$(LUA_ENV) $(PG_RUN) $(BUILD)/bench/pg_bench
 
+# The HTTP figures (bench/README.md, "HTTP (issue 13)"): eventstore serve
+# under wrk on loopback beside the Lua API, and many SSE clients.
+bench-http: programs $(BUILD)/bench/sse_fanout
+	@$(LUA_ENV) BUILD=$(BUILD) sh bench/http_bench.sh
+
 demo: all
 	@$(LUA_ENV) $(LUA) examples/demo.lua
 
-install: all
+# ---- install ---------------------------------------------------------------
+# The one list of what is installed where (DESTDIR in front of each). The
+# rockspec (eventstore-*.rockspec) runs `make programs` and `make install`
+# with luarocks' directories in these variables, so `luarocks make` and
+# `make install` cannot install different files. The inspector's files go
+# beside the Lua files (not to PREFIX/share/eventstore): luarocks deploys a
+# rock's Lua directory into its tree but leaves any other share/ inside the
+# rock's own directory, where the binary could not find it; beside the Lua
+# files the binary finds them as it finds cli.lua (core/http/lua_http.c,
+# docs/http.md "--static").
+BINDIR    ?= $(PREFIX)/bin
+MANDIR    ?= $(PREFIX)/share/man
+INSPECTOR_DIR = $(LUA_LMOD_DIR)/eventstore/inspector
+LUA_FILES := $(sort $(wildcard lua/eventstore/*.lua))
+INSPECTOR_FILES := $(shell find web/inspector -type f ! -name '.*' 2>/dev/null | LC_ALL=C sort)
+
+# What install needs built (the rockspec's build step): not the tests.
+programs: $(MODULE) $(BIN)
+
+install: programs
 	install -d $(DESTDIR)$(LUA_CMOD_DIR)/eventstore $(DESTDIR)$(LUA_LMOD_DIR)/eventstore
 	install -m 755 $(MODULE) $(DESTDIR)$(LUA_CMOD_DIR)/eventstore/core.so
-	install -m 644 lua/eventstore/*.lua $(DESTDIR)$(LUA_LMOD_DIR)/eventstore/
-	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/eventstore
+	install -m 644 $(LUA_FILES) $(DESTDIR)$(LUA_LMOD_DIR)/eventstore/
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1
+	install -m 755 $(BIN) $(DESTDIR)$(BINDIR)/eventstore
+	install -m 644 docs/eventstore.1 $(DESTDIR)$(MANDIR)/man1/eventstore.1
+	@set -e; for f in $(INSPECTOR_FILES); do \
+	  d='$(DESTDIR)$(INSPECTOR_DIR)'/$$(dirname "$${f#web/inspector/}"); \
+	  echo "install -m 644 $$f $$d/"; install -d "$$d"; install -m 644 "$$f" "$$d/"; \
+	done
+
+# Removes exactly the files install puts there (as the current tree lists
+# them), then the directories that are the package's own when empty; the
+# shared ones (bin, man1, lib/lua/5.4, ...) stay.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/eventstore $(DESTDIR)$(MANDIR)/man1/eventstore.1 \
+	  $(DESTDIR)$(LUA_CMOD_DIR)/eventstore/core.so \
+	  $(addprefix $(DESTDIR)$(LUA_LMOD_DIR)/eventstore/,$(notdir $(LUA_FILES))) \
+	  $(patsubst web/inspector/%,$(DESTDIR)$(INSPECTOR_DIR)/%,$(INSPECTOR_FILES))
+	@for d in '$(DESTDIR)$(INSPECTOR_DIR)' '$(DESTDIR)$(LUA_LMOD_DIR)/eventstore' '$(DESTDIR)$(LUA_CMOD_DIR)/eventstore'; do \
+	  [ ! -d "$$d" ] || find "$$d" -depth -type d -empty -delete; \
+	done
 
 # libFuzzer over the JSON codec (C face, and the Lua face against it), over
 # the reducer-state codec (decode, and re-encode against the input) and over

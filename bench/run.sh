@@ -23,3 +23,6 @@ lua5.4 bench/fold_bench.lua "$dir"
 # PostgreSQL: a throwaway server for this step only, started and removed by
 # the same script as make test's (bench/README.md, "PostgreSQL").
 sh spec/support/pg_cluster.sh run "$BUILD"/bench/pg_bench
+# HTTP: eventstore serve under wrk beside the Lua API, and many SSE clients
+# (bench/README.md, "HTTP (issue 13)"); about 90 s.
+BUILD="$BUILD" sh bench/http_bench.sh

@@ -140,10 +140,13 @@ static int l_new_token(lua_State *L) {
 }
 
 /* Where the inspector's files are, found like core/main.c finds the Lua
- * files: next to the binary, in the build tree (build/bin -> web/inspector)
- * or installed (PREFIX/bin -> PREFIX/share/eventstore/inspector). */
+ * files: next to the binary, installed (PREFIX/bin ->
+ * PREFIX/share/lua/5.4/eventstore/inspector, beside the Lua files: where
+ * both make install and luarocks put them, luarocks deploying a rock's Lua
+ * directory but no other share/ directory; see the Makefile's install) or
+ * in the build tree (build/bin -> web/inspector). */
 static int l_default_static(lua_State *L) {
-  static const char *const rel[] = {"/../share/eventstore/inspector", "/../../web/inspector"};
+  static const char *const rel[] = {"/../share/lua/5.4/eventstore/inspector", "/../../web/inspector"};
   char exe[PATH_MAX], probe[PATH_MAX + 64];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {
