@@ -30,7 +30,10 @@ LUA_CMOD_DIR ?= $(PREFIX)/lib/lua/5.4
 LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
 # Debian packages the build and the tests need (installed by `make deps`);
-# lua-cjson only as the benches' reference decoder (bench/fold_bench.lua).
+# lua-cjson only as the benches' reference decoder (bench/fold_bench.lua);
+# libmicrohttpd for `eventstore serve`; lua-socket as the HTTP specs'
+# client; chromium and its driver for the inspector's browser spec; wrk
+# for the HTTP bench and luarocks for the packaging spec.
 DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql lua-cjson \
   libmicrohttpd-dev lua-socket
 DEB_PKGS += chromium chromium-driver
