@@ -24,6 +24,14 @@ end)()
 -- check-sanitize `lua5.4` on PATH preloads the ASan runtime, which luarocks
 -- does not need).
 local PLAIN_LUA = os.getenv("ES_SAN_LUA") or "lua5.4"
+-- luarocks finds Lua's headers from the `lua5.4` it finds on PATH; under
+-- check-sanitize that is spec/sanitize's wrapper, whose directory has no
+-- include/: name the real interpreter's prefix (/usr/bin/lua5.4 -> /usr).
+local LUA_DIR_OPT = ""
+if os.getenv("ES_SAN_LUA") then
+  local prefix = os.getenv("ES_SAN_LUA"):match("^(.*)/bin/[^/]+$")
+  if prefix then LUA_DIR_OPT = "--lua-dir=" .. sh_quote(prefix) end
+end
 
 local function sh(cmd)
   local p = assert(io.popen("(" .. cmd .. ") 2>&1; echo \"rc=$?\""))
@@ -74,8 +82,8 @@ local function luarocks_tree()
   if trees.rocks then return trees.rocks end
   local t = mkdtemp()
   trees.rocks = t
-  must(("BUILD=%s %s %s --lua-version 5.4 make --tree %s %s"):format(sh_quote(BUILD), PLAIN_LUA,
-    sh_quote(must("command -v luarocks"):gsub("%s+$", "")), sh_quote(t), sh_quote(ROCKSPEC)))
+  must(("BUILD=%s %s %s --lua-version 5.4 %s make --tree %s %s"):format(sh_quote(BUILD), PLAIN_LUA,
+    sh_quote(must("command -v luarocks"):gsub("%s+$", "")), LUA_DIR_OPT, sh_quote(t), sh_quote(ROCKSPEC)))
   return t
 end
 
@@ -153,8 +161,19 @@ describe("the rockspec", function()
     trees[#trees + 1] = elsewhere
     local lpath = tree .. "/share/lua/5.4/?.lua;" .. tree .. "/share/lua/5.4/?/init.lua"
     local cpath = tree .. "/lib/lua/5.4/?.so"
-    local out = must(("cd %s && LUA_PATH=%s LUA_CPATH=%s lua5.4 -e %s"):format(sh_quote(elsewhere),
-      sh_quote(lpath), sh_quote(cpath), sh_quote([[
+    -- Under check-sanitize lua5.4 preloads the build tree's core.so (see the
+    -- Makefile): loading the installed copy beside it would be two copies
+    -- of one module (ASan: odr-violation). Keep the ASan runtime only.
+    local preload = ""
+    if os.getenv("ES_SAN_PRELOAD") then
+      local keep = {}
+      for p in os.getenv("ES_SAN_PRELOAD"):gmatch("[^:]+") do
+        if not p:match("/eventstore/core%.so$") then keep[#keep + 1] = p end
+      end
+      preload = "ES_SAN_PRELOAD=" .. sh_quote(table.concat(keep, ":")) .. " "
+    end
+    local out = must(("cd %s && %sLUA_PATH=%s LUA_CPATH=%s lua5.4 -e %s"):format(sh_quote(elsewhere),
+      preload, sh_quote(lpath), sh_quote(cpath), sh_quote([[
         local es = require("eventstore")
         local s = es.open("memory:")
         s:append("a", {{type = "t", payload = {n = 1}}})

@@ -70,13 +70,13 @@ static void put_key(es_buf *b, const char *name, int first) {
   es_buf_addc(b, ':');
 }
 
-static void put_events_array(es_buf *b, const es_events *list, int claimed) {
-  es_buf_addc(b, '[');
-  for (size_t i = 0; i < list->n; i++) {
-    if (i) es_buf_addc(b, ',');
-    es_wire_event(b, &list->v[i], claimed);
-  }
-  es_buf_addc(b, ']');
+/* Ends a listing's array and its answer: `],"cursor":...}`. A full page
+ * may have more after it: its last name (`last`) is the next page's
+ * `after` (that page may be empty); a shorter page has none (null). */
+static void end_page(es_buf *b, size_t n, int64_t limit, const char *last) {
+  es_buf_adds(b, "],\"cursor\":");
+  es_wire_cstr(b, n > 0 && (int64_t)n == limit ? last : NULL);
+  es_buf_addc(b, '}');
 }
 
 /* A latency in microseconds, with the nanoseconds as a fraction (as
@@ -114,20 +114,9 @@ static const char *query_str(const es_http_req *r, const char *name) {
   return v && *v ? v : NULL;
 }
 
-/* An integer query parameter (es_http_query_int); empty counts as absent,
- * as for string parameters (a form that leaves a field blank). */
-static int query_int(const es_http_req *r, const char *name, int64_t lo, int64_t hi, int64_t dflt,
-                     int64_t *v, es_http_resp *out) {
-  if (!query_str(r, name)) {
-    *v = dflt;
-    return 0;
-  }
-  return es_http_query_int(r, name, lo, hi, dflt, v, out);
-}
-
 static int query_limit(const es_http_req *r, int64_t dflt, int64_t *v, es_http_resp *out) {
   int64_t hi = max_limit(r);
-  return query_int(r, "limit", 1, hi, dflt < hi ? dflt : hi, v, out);
+  return es_http_query_int(r, "limit", 1, hi, dflt < hi ? dflt : hi, v, out);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -449,7 +438,7 @@ int es_api_append(const es_http_req *r, es_http_resp *out) {
   body_free(&bd);
   if (rc != ES_OK) return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"events\":");
-  put_events_array(&out->body, &stored, 0);
+  es_wire_events_array(&out->body, &stored, 0);
   es_buf_adds(&out->body, ",\"pending\":");
   put_bool(&out->body, pending);
   es_buf_addc(&out->body, '}');
@@ -459,8 +448,8 @@ int es_api_append(const es_http_req *r, es_http_resp *out) {
 
 int es_api_read(const es_http_req *r, es_http_resp *out) {
   int64_t after, through, limit;
-  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
-      query_int(r, "through", 0, INT64_MAX, ES_NONE, &through, out) ||
+  if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+      es_http_query_int(r, "through", 0, INT64_MAX, ES_NONE, &through, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
   es_events list = {0};
@@ -469,7 +458,7 @@ int es_api_read(const es_http_req *r, es_http_resp *out) {
   if (es_store_events_page(r->store, r->seg[2], after, through, limit, &list, &through_out, &err))
     return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"events\":");
-  put_events_array(&out->body, &list, 0);
+  es_wire_events_array(&out->body, &list, 0);
   es_buf_adds(&out->body, ",\"through\":");
   es_wire_int(&out->body, through_out);
   es_buf_addc(&out->body, '}');
@@ -479,7 +468,7 @@ int es_api_read(const es_http_req *r, es_http_resp *out) {
 
 int es_api_read_all(const es_http_req *r, es_http_resp *out) {
   int64_t after, limit;
-  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+  if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
   es_events list = {0};
@@ -537,7 +526,7 @@ int es_api_state(const es_http_req *r, es_http_resp *out) {
   const char *session = r->seg[2], *reducer = r->seg[4];
   es_engine *engine = r->ctx ? r->ctx->engine : NULL;
   int64_t at;
-  if (query_int(r, "at", 0, INT64_MAX, ES_NONE, &at, out)) return 0;
+  if (es_http_query_int(r, "at", 0, INT64_MAX, ES_NONE, &at, out)) return 0;
   if (!engine)
     return es_http_fail(out, 404, "NOT_FOUND",
                         "no reducers: the server runs without an engine (no scripts directory)");
@@ -688,18 +677,14 @@ int es_api_children(const es_http_req *r, es_http_resp *out) {
     if (i) es_buf_addc(&out->body, ',');
     put_lineage(&out->body, &list.v[i]);
   }
-  /* A full page may have more after it: its last name is the next page's
-   * `after` (that page may be empty). */
-  es_buf_adds(&out->body, "],\"cursor\":");
-  es_wire_cstr(&out->body, list.n > 0 && (int64_t)list.n == limit ? list.v[list.n - 1].session : NULL);
-  es_buf_addc(&out->body, '}');
+  end_page(&out->body, list.n, limit, list.n ? list.v[list.n - 1].session : NULL);
   es_lineages_destroy(&list);
   return answer(out);
 }
 
 int es_api_dead_letters(const es_http_req *r, es_http_resp *out) {
   int64_t after, limit;
-  if (query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
+  if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
   es_events list = {0};
@@ -815,7 +800,7 @@ int es_api_claims(const es_http_req *r, es_http_resp *out) {
     goto done;
   }
   es_buf_adds(&out->body, "{\"events\":");
-  put_events_array(&out->body, &list, 1);
+  es_wire_events_array(&out->body, &list, 1);
   es_buf_adds(&out->body, ",\"retry_at\":");
   es_wire_int(&out->body, retry_at);
   es_buf_addc(&out->body, '}');
@@ -852,7 +837,7 @@ int es_api_complete(const es_http_req *r, es_http_resp *out) {
   es_buf_adds(&out->body, "{\"outcome\":");
   es_buf_adds(&out->body, outcome == ES_COMPLETED ? "\"completed\"" : "\"superseded\"");
   es_buf_adds(&out->body, ",\"events\":");
-  put_events_array(&out->body, &list, 0);
+  es_wire_events_array(&out->body, &list, 0);
   es_buf_addc(&out->body, '}');
   es_events_destroy(&list);
   return answer(out);
@@ -966,9 +951,7 @@ int es_api_list_refs(const es_http_req *r, es_http_resp *out) {
     if (i) es_buf_addc(&out->body, ',');
     put_ref(&out->body, &list.v[i]);
   }
-  es_buf_adds(&out->body, "],\"cursor\":");
-  es_wire_cstr(&out->body, list.n > 0 && (int64_t)list.n == limit ? list.v[list.n - 1].name : NULL);
-  es_buf_addc(&out->body, '}');
+  end_page(&out->body, list.n, limit, list.n ? list.v[list.n - 1].name : NULL);
   es_refs_destroy(&list);
   return answer(out);
 }

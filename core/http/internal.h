@@ -159,7 +159,7 @@ int es_http_fail_err(es_http_resp *out, const es_err *err);
 
 /* The query parameter `name`, or NULL. */
 const char *es_http_query(const es_http_req *r, const char *name);
-/* An integer query parameter in [lo, hi]; absent: *v = dflt. A bad value
+/* An integer query parameter in [lo, hi]; absent or empty: *v = dflt. A bad value
  * makes out a 400 INVALID_ARGUMENT naming it and returns -1; else 0. */
 int es_http_query_int(const es_http_req *r, const char *name, int64_t lo, int64_t hi,
                       int64_t dflt, int64_t *v, es_http_resp *out);
@@ -174,5 +174,6 @@ void es_wire_int(es_buf *b, int64_t v);                /* ES_NONE writes null */
 void es_wire_event(es_buf *b, const es_event *e, int claimed);
 /* {"events":[...]} and the same array alone. */
 void es_wire_events(es_buf *b, const es_events *list, int claimed);
+void es_wire_events_array(es_buf *b, const es_events *list, int claimed);
 
 #endif

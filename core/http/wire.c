@@ -99,7 +99,7 @@ void es_wire_event(es_buf *b, const es_event *e, int claimed) {
   es_buf_addc(b, '}');
 }
 
-static void events_array(es_buf *b, const es_events *list, int claimed) {
+void es_wire_events_array(es_buf *b, const es_events *list, int claimed) {
   es_buf_addc(b, '[');
   for (size_t i = 0; i < list->n; i++) {
     if (i) es_buf_addc(b, ',');
@@ -110,7 +110,7 @@ static void events_array(es_buf *b, const es_events *list, int claimed) {
 
 void es_wire_events(es_buf *b, const es_events *list, int claimed) {
   es_buf_adds(b, "{\"events\":");
-  events_array(b, list, claimed);
+  es_wire_events_array(b, list, claimed);
   es_buf_addc(b, '}');
 }
 
@@ -168,7 +168,7 @@ const char *es_http_query(const es_http_req *r, const char *name) {
 int es_http_query_int(const es_http_req *r, const char *name, int64_t lo, int64_t hi,
                       int64_t dflt, int64_t *v, es_http_resp *out) {
   const char *s = es_http_query(r, name);
-  if (!s) {
+  if (!s || !*s) { /* empty counts as absent, as a form's blank field */
     *v = dflt;
     return 0;
   }

@@ -628,6 +628,7 @@ static void test_refs(es_store *s) {
   r.store = s;
   r.ctx = &ctx;
   es_api_lineage(&r, &out);
+  es_buf_cstr(&out.body);
   ok(out.status == 200 && out.body.data &&
          strstr(out.body.data, "{\"lineage\":{\"session\":\"rep/fork\",\"parent\":\"rep\",\"at\":1,"),
      "lineage: the fork's record");
@@ -833,8 +834,8 @@ static void test_state(es_store *root) {
      * the scripts directory, the answer says "scripts" */
     call c2;
     run(&c2, es_api_state, root, NULL, "GET", "/v1/sessions/cart/state/nope", NULL);
-    ok(c2.resp.status == 404 && c2.resp.body.data && !strstr(c2.resp.body.data, dir) &&
-           strstr(c2.resp.body.data, "scripts/reducers"),
+    const char *text = es_buf_cstr(&c2.resp.body); /* a buffer is not NUL-terminated until asked */
+    ok(c2.resp.status == 404 && text && !strstr(text, dir) && strstr(text, "scripts/reducers"),
        "state: an unknown reducer's message does not show the server's scripts path");
     call_done(&c2);
   }
@@ -850,7 +851,8 @@ static void test_state(es_store *root) {
     r.store = root;
     r.ctx = &ctx;
     es_api_state(&r, &out);
-    ok(out.status == 404 && out.body.data && strstr(out.body.data, "NOT_FOUND"),
+    const char *text = es_buf_cstr(&out.body);
+    ok(out.status == 404 && text && strstr(text, "NOT_FOUND"),
        "state: a reducer name with '..' finds no file outside reducers/");
     es_buf_destroy(&out.body);
   }
