@@ -50,9 +50,13 @@ for _, url in ipairs(helpers.urls()) do
     it("a fenced-out engine fails the attempt with STALE_FENCE and leaves the session to the new holder", function()
       local t = setup()
       local a = t.engine({ holder = "A", backoff_ms = 0 })
-      assert.are.equal(1, a:lease("s", { ttl_ms = 1000 }).token)
+      -- A long ttl, lapsed by the manual clock: A's keeper renews a lease
+      -- every ttl/3 of real time, and a renewal before the run would tell
+      -- A about B (then it never runs the event), which a loaded machine
+      -- reached with ttl 1000.
+      assert.are.equal(1, a:lease("s", { ttl_ms = 600000 }).token)
       -- A's lease expires (A paused) and B takes it over: a new token
-      t.clock:advance(5000)
+      t.clock:advance(700000)
       local b_lease = t.store:lease("s", { holder = "B", ttl_ms = 600000 })
       assert.are.equal("acquired", b_lease.outcome)
       assert.are.equal(2, b_lease.token)
@@ -88,8 +92,8 @@ for _, url in ipairs(helpers.urls()) do
     it("an engine that leases the session again after the other lease ends handles it again", function()
       local t = setup()
       local a = t.engine({ holder = "A", backoff_ms = 0 })
-      a:lease("s", { ttl_ms = 1000 })
-      t.clock:advance(5000)
+      a:lease("s", { ttl_ms = 600000 }) -- lapsed by the clock, not renewed first (above)
+      t.clock:advance(700000)
       local b = t.store:lease("s", { holder = "B", ttl_ms = 1000 })
       t.store:append("s", { { type = "ping" } })
       assert.are.equal(1, eh.run(a).failed)
@@ -101,6 +105,33 @@ for _, url in ipairs(helpers.urls()) do
       assert.are.equal(3, again.token)
       assert.are.equal(1, eh.run(a).handled)
       assert.are.equal(1, pongs(t.store, "s"))
+    end)
+
+    -- Regression: the completer records the fence (es_engine_fenced_out)
+    -- before the failure that makes the event ready again (backoff 0), but
+    -- a claim already in flight took its skip list earlier and claimed the
+    -- event a second time: a second handler run and a second STALE_FENCE
+    -- failure (failed = 2, attempts = 2), seen on a loaded machine. Many
+    -- sessions fenced out at once and several workers claiming while the
+    -- completer works make that window likely; no event may be run twice.
+    it("a claim in flight while the engine is fenced out does not run the session's event again", function()
+      local t = setup()
+      local a = t.engine({ holder = "A", backoff_ms = 0, workers = 4 })
+      local n = 24
+      for i = 1, n do assert.are.equal(1, a:lease("s" .. i, { ttl_ms = 600000 }).token) end
+      t.clock:advance(700000) -- A's leases lapse; the keeper would renew them only after 200 s
+      for i = 1, n do
+        assert.are.equal(2, t.store:lease("s" .. i, { holder = "B", ttl_ms = 6000000 }).token)
+        t.store:append("s" .. i, { { type = "ping" } })
+      end
+      assert.are.same({ handled = 0, failed = n, dead = 0 }, eh.run(a))
+      for i = 1, n do
+        local ev = eh.event(t.store, "s" .. i, 1)
+        assert.are.equal("pending", ev.status)
+        assert.are.equal(1, ev.attempts, "s" .. i)
+        assert.are.equal(1, ev.failures, "s" .. i)
+      end
+      assert.are.same({ handled = 0, failed = 0, dead = 0 }, eh.run(a))
     end)
 
     it("engine:release ends the engine's lease; without a lease its writes are unfenced", function()

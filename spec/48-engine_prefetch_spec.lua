@@ -53,8 +53,12 @@ for _, url in ipairs(helpers.urls()) do
       local r = a:run({
         until_idle = true,
         progress_ms = 20,
-        progress = function()
-          -- "another engine": a plain claim under another holder name
+        progress = function(now)
+          -- "another engine": a plain claim under another holder name,
+          -- once A runs the slow handler (A claimed by then). Claiming from
+          -- the first tick, 20 ms in, B could beat a slow-starting worker
+          -- of A on a loaded machine and take all six, the slow one too.
+          if now.busy == 0 then return end
           for _, e in ipairs(t.store:claim_next({ holder = "B", ttl_ms = 60000, limit = 10 })) do
             taken[#taken + 1] = e
             local done = t.store:complete(e.session, e.index, e.attempt,

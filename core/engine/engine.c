@@ -1216,6 +1216,19 @@ static void *worker_main(void *arg) {
     }
     queued_event q;
     if (queue_pop(e, &q)) {
+      /* Fenced out of its session since the claim: give the event back to
+       * the lease's holder, unrun (the release undoes the attempt). This is
+       * also what closes the race with a claim in flight: the completer
+       * records the fence before the failure that makes the event ready
+       * again, but a claim_next that took its skip list before the fence
+       * can still claim it after that failure; such a claim ends after the
+       * fence was recorded, so the event is caught here. */
+      if (es_engine_is_fenced(e, q.ev.session)) {
+        es_event *ev = &q.ev;
+        release_events(e, &ev, 1);
+        es_event_destroy(&q.ev);
+        continue;
+      }
       int gone = handle(r, &q.ev, q.claimed_ms);
       es_event_destroy(&q.ev);
       if (gone) {

@@ -264,19 +264,26 @@ static int read_file(const char *path, size_t expect, unsigned char **out, size_
   return rc;
 }
 
-void es_archive_files_finish(es_archive_files *f, int committed) {
-  for (size_t i = 0; i < f->n; i++) {
-    if (committed) {
-      unlink(f->v[i]);  /* already gone (another cleanup got there): fine */
-      /* the session's directory, once its last file went (fails otherwise) */
-      char *slash = strrchr(f->v[i], '/');
-      if (slash) {
-        *slash = '\0';
-        rmdir(f->v[i]);
-      }
-    }
-    free(f->v[i]);
+void es_archive_files_finish(es_store *s, es_archive_files *f, int committed) {
+  for (size_t i = 0; committed && i < f->n; i++)
+    unlink(f->v[i]); /* already gone (another cleanup got there): fine */
+  /* Then each session directory, once, if that emptied it (rmdir fails
+   * otherwise), under dmu: an archive of the session in this process
+   * holds it from making the directory until its file is in there. The
+   * directory was once removed after each file: an archive that made it
+   * again meanwhile (its sweep had taken the other files) lost it again,
+   * once per file left on the list, more often than write_file tries. */
+  if (committed && f->n) pthread_mutex_lock(&s->dmu);
+  for (size_t i = 0; committed && i < f->n; i++) {
+    char *slash = strrchr(f->v[i], '/');
+    if (!slash) continue;
+    *slash = '\0';
+    int seen = 0;
+    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(f->v[j], f->v[i]) == 0;
+    if (!seen) rmdir(f->v[i]);
   }
+  if (committed && f->n) pthread_mutex_unlock(&s->dmu);
+  for (size_t i = 0; i < f->n; i++) free(f->v[i]);
   free(f->v);
   memset(f, 0, sizeof *f);
 }
@@ -618,11 +625,15 @@ static int do_archive(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc) goto out;
   if ((rc = es_seg_build(a->session, from, a->through, a->through - from + 1,
                          (const unsigned char *)c.raw.data, c.raw.len, ZSTD_LEVEL, &img, &len, &info,
-                         err)) ||
-      (rc = session_dir(s, a->session, &dir, hash, err)) ||
-      (rc = sweep_orphans(s, t, a->session, dir, err)) ||
-      (rc = put_file(dir, hash, img, len, &info, &row, err)) || (rc = sync_dir(dir, err)))
+                         err)))
     goto out;
+  /* dmu: no emptied-directory removal between making it and our file */
+  pthread_mutex_lock(&s->dmu);
+  if ((rc = session_dir(s, a->session, &dir, hash, err)) == ES_OK &&
+      (rc = sweep_orphans(s, t, a->session, dir, err)) == ES_OK)
+    rc = put_file(dir, hash, img, len, &info, &row, err);
+  pthread_mutex_unlock(&s->dmu);
+  if (rc || (rc = sync_dir(dir, err))) goto out;
   row.created_at = a->now;
   /* From here a failure (or a failed commit) leaves the file as an orphan. */
   if ((rc = s->ops->segment_put(t, a->session, &row, err)) ||
@@ -752,9 +763,13 @@ static int do_compact(es_store *s, es_txn *t, void *arg, es_err *err) {
   es_segments_destroy(&now);
   if (a->changed) return ES_OK;
   char *dir = NULL, hash[33];
+  /* dmu: no emptied-directory removal between making it and the files */
+  pthread_mutex_lock(&s->dmu);
   if ((rc = session_dir(s, a->session, &dir, hash, err)) ||
-      (rc = sweep_orphans(s, t, a->session, dir, err)))
+      (rc = sweep_orphans(s, t, a->session, dir, err))) {
+    pthread_mutex_unlock(&s->dmu);
     goto out;
+  }
   int64_t removed = 0;
   for (size_t k = 0; rc == ES_OK && k < a->nm; k++) {
     merge *m = &a->m[k];
@@ -772,6 +787,7 @@ static int do_compact(es_store *s, es_txn *t, void *arg, es_err *err) {
     removed--;
     es_segment_destroy(&row);
   }
+  pthread_mutex_unlock(&s->dmu);
   if (rc == ES_OK) rc = sync_dir(dir, err);
   a->after = (int64_t)a->seen->n - removed;
 out:
@@ -881,7 +897,7 @@ int es_store_compact_archive(es_store *s, const char *session, int64_t *before, 
       compact_args a = {session, &list, m, nm, 0, 0, 0, {0}};
       rc = es_store_now(s, &a.now, err);
       if (rc == ES_OK) rc = es_core_write(s, do_compact, &a, err);
-      es_archive_files_finish(&a.drop, rc == ES_OK && !a.changed);
+      es_archive_files_finish(s, &a.drop, rc == ES_OK && !a.changed);
       if (rc == ES_OK && !a.changed) {
         *after = a.after;
         done = 1;

@@ -75,6 +75,11 @@ struct es_store {
 
   /* §3.9 archive (archive.c): NULL when the store was opened without one */
   char *archive_dir;         /* owned, absolute or as given; created at open */
+  pthread_mutex_t dmu;       /* a session's archive directory: held by an archive or a
+                                compaction from making it until its file is in it, and by
+                                es_archive_files_finish removing an emptied one, so that
+                                within this process the directory is never removed
+                                between the two (archive.c write_file: across processes) */
   /* Test hook (spec/c/segment_test.c): compact_archive calls it after it
    * built the merged files and before it installs them, so a test can
    * change the segment list in between (the compare-and-set must see it). */
@@ -175,9 +180,10 @@ int es_archive_retryable(int rc, const es_err *err);
  * all) and lists their files in `drop` for es_archive_files_finish. */
 int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through,
                     es_archive_files *drop, es_err *err);
-/* After the transaction: committed (1) removes the files, else only
- * forgets them; frees the list either way. */
-void es_archive_files_finish(es_archive_files *f, int committed);
+/* After the transaction: committed (1) removes the files, then each
+ * directory they emptied, else only forgets them; frees the list either
+ * way. */
+void es_archive_files_finish(es_store *s, es_archive_files *f, int committed);
 /* §3.11 tenants. The scoped forms of the calls whose answer spans sessions
  * or generates names (store.c): scope is a tenant's prefix (name +
  * ES_TENANT_SEP), whose sessions alone are listed and behind which

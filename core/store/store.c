@@ -230,6 +230,7 @@ void es_core_handle_init(es_store *s, const es_open_opts *opts) {
   pthread_mutex_init(&s->lmu, NULL);
   pthread_cond_init(&s->lcond, NULL);
   pthread_mutex_init(&s->wmu, NULL);
+  pthread_mutex_init(&s->dmu, NULL);
   group_init(s);
   pthread_mutex_init(&s->vmu, NULL);
   pthread_cond_init(&s->vcond, NULL);
@@ -245,6 +246,7 @@ void es_core_handle_destroy(es_store *s) {
   pthread_mutex_destroy(&s->lmu);
   pthread_cond_destroy(&s->lcond);
   pthread_mutex_destroy(&s->wmu);
+  pthread_mutex_destroy(&s->dmu);
   pthread_mutex_destroy(&s->qmu);
   pthread_cond_destroy(&s->qcond);
   pthread_mutex_destroy(&s->vmu);
@@ -4015,7 +4017,7 @@ int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t
   if ((rc = es_core_enter(s, err))) return rc;
   retention_args a = {.session = session, .through = through};
   rc = es_core_write(s, do_truncate, &a, err);
-  es_archive_files_finish(&a.drop, rc == ES_OK);
+  es_archive_files_finish(s, &a.drop, rc == ES_OK);
   es_core_leave(s);
   if (rc == ES_OK) *first_index = a.first_index;
   return rc;
@@ -4049,7 +4051,7 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
   if ((rc = es_core_enter(s, err))) return rc;
   retention_args a = {.session = session};
   rc = es_core_write(s, do_delete, &a, err);
-  es_archive_files_finish(&a.drop, rc == ES_OK);
+  es_archive_files_finish(s, &a.drop, rc == ES_OK);
   es_core_leave(s);
   if (rc == ES_OK) *deleted = a.done;
   return rc;

@@ -293,14 +293,23 @@ typedef struct {
 
 static void *deleter(void *arg) {
   dir_race *r = arg;
-  for (int i = 0; i < 500; i++) {
-    append_settled(r->s, "a", 1);
-    int64_t head = 0;
+  for (int i = 0; i < 200; i++) {
+    /* Several segments, so each delete removes several files: its cleanup
+     * removed the directory after each file, and so could take it away
+     * again each time an archive had made it again, more often than the
+     * archive tried (seen on a loaded machine). Now one removal per
+     * directory, never between an archive's making it and its file. */
+    for (int k = 0; k < 3; k++) {
+      append_settled(r->s, "a", 1);
+      int64_t head = 0;
+      es_err err = {0};
+      es_store_head(r->s, "a", &head, &err);
+      int written;
+      es_segment g;
+      if (es_store_archive(r->s, "a", head, &written, &g, &err) == ES_OK) es_segment_destroy(&g);
+    }
+    int deleted;
     es_err err = {0};
-    es_store_head(r->s, "a", &head, &err);
-    int written, deleted;
-    es_segment g;
-    if (es_store_archive(r->s, "a", head, &written, &g, &err) == ES_OK) es_segment_destroy(&g);
     es_store_delete(r->s, "a", &deleted, &err);
   }
   atomic_store(&r->stop, 1);
