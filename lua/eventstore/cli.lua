@@ -220,8 +220,9 @@ local DB_HELP = "  --db URL        the store (default " .. DEFAULT_DB .. "; memo
 -- Options of every command that opens the store (it has --db), listed in
 -- its help after its own.
 local STORE_OPTIONS = { archive = "string", keys = "string", tenant = "string" }
-local STORE_HELP = "  --archive DIR   where archived segments are (sqlite: default PATH.archive)\n"
+local STORE_HELP_COMMON = "  --archive DIR   where archived segments are (sqlite: default PATH.archive)\n"
   .. "  --keys PATH     the master key file, for sealed payloads (docs/shredding.md)\n"
+local STORE_HELP = STORE_HELP_COMMON
   .. "  --tenant NAME   work inside that tenant only (docs/tenants.md)\n"
 local SCRIPTS_HELP = "  --scripts DIR   the scripts directory (default " .. DEFAULT_SCRIPTS .. ")\n"
 local HELP_HELP = "  -h, --help      print this help\n"
@@ -678,6 +679,8 @@ local DEFAULT_LISTEN = "127.0.0.1:8080"
 
 command("serve", {
   synopsis = "serve --tokens FILE [--db URL] [--scripts DIR] [--listen ADDR] [--no-engine] [--static DIR] [limits]",
+  store_help = STORE_HELP_COMMON
+    .. "  --tenant NAME   not taken: each token names its tenant (a usage error)\n",
   summary = "serve the store over HTTP (JSON API, live tails, metrics, inspector)",
   help = [[
 Serves the store over HTTP/1.1 (docs/http.md): the JSON API, Server-Sent
@@ -766,7 +769,7 @@ local function global_usage()
 end
 
 local function command_help(def)
-  local store = def.options.db and STORE_HELP or ""
+  local store = def.options.db and (def.store_help or STORE_HELP) or ""
   return ("usage: %s %s\n\n%s\noptions:\n%s%s%s"):format(PROG, def.synopsis, def.help,
     def.options_help or "", store, HELP_HELP)
 end
