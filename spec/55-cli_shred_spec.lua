@@ -84,7 +84,10 @@ describe("eventstore with --keys", function()
     local rest = ndjson(ok(es({ "read", "c-1", "--at-rest" })))[1]
     assert.equal("es1:", rest.ciphertext:sub(1, 4))
     assert.equal(eventstore.json.null, rest.payload)
-    assert.falsy(rest.ciphertext:find("ann", 1, true))
+    -- the whole address, not "ann": three letters turn up in random base64
+    -- about once in 7,000 runs (a CI run met it)
+    assert.falsy(rest.ciphertext:find("ann@example.com", 1, true))
+    assert.falsy(rest.ciphertext:find("example", 1, true))
     ok(es({ "shred", "c-1", "--yes" }))
     local after = ndjson(ok(es({ "read", "c-1", "--at-rest" })))[1]
     assert.equal(rest.ciphertext, after.ciphertext)
