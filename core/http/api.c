@@ -63,13 +63,6 @@ static int answer(es_http_resp *out) {
 
 static void put_bool(es_buf *b, int v) { es_buf_adds(b, v ? "true" : "false"); }
 
-/* ,"name": (first: no comma) */
-static void put_key(es_buf *b, const char *name, int first) {
-  if (!first) es_buf_addc(b, ',');
-  es_wire_cstr(b, name);
-  es_buf_addc(b, ':');
-}
-
 /* Ends a listing's array and its answer: `],"cursor":...}`. A full page
  * may have more after it: its last name (`last`) is the next page's
  * `after` (that page may be empty); a shorter page has none (null). */
@@ -84,6 +77,16 @@ static void end_page(es_buf *b, size_t n, int64_t limit, const char *last) {
 static void put_us(es_buf *b, uint64_t ns) {
   es_err err = {0};
   if (es_json_format_double((double)ns / 1000.0, b, &err) != ES_OK) es_buf_adds(b, "null");
+}
+
+/* ,"p50_us":..,"p99_us":..,"max_us":.. (store:stats()'s names). */
+static void put_percentiles(es_buf *b, uint64_t p50_ns, uint64_t p99_ns, uint64_t max_ns) {
+  es_buf_adds(b, ",\"p50_us\":");
+  put_us(b, p50_ns);
+  es_buf_adds(b, ",\"p99_us\":");
+  put_us(b, p99_ns);
+  es_buf_adds(b, ",\"max_us\":");
+  put_us(b, max_ns);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -459,8 +462,7 @@ int es_api_read(const es_http_req *r, es_http_resp *out) {
     return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"events\":");
   es_wire_events_array(&out->body, &list, 0);
-  es_buf_adds(&out->body, ",\"through\":");
-  es_wire_int(&out->body, through_out);
+  es_wire_int_field(&out->body, "through", through_out);
   es_buf_addc(&out->body, '}');
   es_events_destroy(&list);
   return answer(out);
@@ -558,8 +560,7 @@ int es_api_state(const es_http_req *r, es_http_resp *out) {
   }
   es_buf_adds(&out->body, "{\"state\":");
   es_buf_add(&out->body, state.data ? state.data : "null", state.data ? state.len : 4);
-  es_buf_adds(&out->body, ",\"index\":");
-  es_wire_int(&out->body, index);
+  es_wire_int_field(&out->body, "index", index);
   es_buf_addc(&out->body, '}');
   es_buf_destroy(&state);
   return answer(out);
@@ -571,52 +572,38 @@ int es_api_state(const es_http_req *r, es_http_resp *out) {
 static void put_session_row(es_buf *b, const es_session_info *si) {
   es_buf_adds(b, "{\"session\":");
   es_wire_cstr(b, si->session);
-  put_key(b, "events", 0);
-  es_wire_int(b, si->events);
-  put_key(b, "pending", 0);
-  es_wire_int(b, si->pending);
-  put_key(b, "dead", 0);
-  es_wire_int(b, si->dead);
-  put_key(b, "attempts", 0);
-  es_wire_int(b, si->attempts);
-  put_key(b, "failures", 0);
-  es_wire_int(b, si->failures);
-  put_key(b, "first_at", 0);
-  es_wire_int(b, si->first_at);
-  put_key(b, "updated_at", 0);
-  es_wire_int(b, si->updated_at);
+  es_wire_int_field(b, "events", si->events);
+  es_wire_int_field(b, "pending", si->pending);
+  es_wire_int_field(b, "dead", si->dead);
+  es_wire_int_field(b, "attempts", si->attempts);
+  es_wire_int_field(b, "failures", si->failures);
+  es_wire_int_field(b, "first_at", si->first_at);
+  es_wire_int_field(b, "updated_at", si->updated_at);
   /* §3.7/§3.8 controls, as push_session_controls: sealed always, the
    * rest when set */
-  put_key(b, "sealed", 0);
+  es_wire_key(b, "sealed", 0);
   put_bool(b, si->sealed_at != ES_NONE);
   if (si->sealed_at != ES_NONE) {
-    put_key(b, "sealed_at", 0);
-    es_wire_int(b, si->sealed_at);
+    es_wire_int_field(b, "sealed_at", si->sealed_at);
   }
   if (si->seal_reason) {
-    put_key(b, "seal_reason", 0);
-    es_wire_cstr(b, si->seal_reason);
+    es_wire_str_field(b, "seal_reason", si->seal_reason);
   }
   if (si->fence > 0) {
-    put_key(b, "fence", 0);
-    es_wire_int(b, si->fence);
+    es_wire_int_field(b, "fence", si->fence);
   }
   if (si->lease_holder) {
-    put_key(b, "lease", 0);
+    es_wire_key(b, "lease", 0);
     es_buf_adds(b, "{\"holder\":");
     es_wire_cstr(b, si->lease_holder);
-    es_buf_adds(b, ",\"token\":");
-    es_wire_int(b, si->lease_token);
-    es_buf_adds(b, ",\"expires_at\":");
-    es_wire_int(b, si->lease_expires_at);
+    es_wire_int_field(b, "token", si->lease_token);
+    es_wire_int_field(b, "expires_at", si->lease_expires_at);
     es_buf_addc(b, '}');
   }
   if (si->parent) {
-    put_key(b, "parent", 0);
-    es_wire_cstr(b, si->parent);
+    es_wire_str_field(b, "parent", si->parent);
   }
-  put_key(b, "first_index", 0);
-  es_wire_int(b, si->first_index > 1 ? si->first_index : 1);
+  es_wire_int_field(b, "first_index", si->first_index > 1 ? si->first_index : 1);
   es_buf_addc(b, '}');
 }
 
@@ -642,12 +629,9 @@ int es_api_sessions(const es_http_req *r, es_http_resp *out) {
 static void put_lineage(es_buf *b, const es_lineage *l) {
   es_buf_adds(b, "{\"session\":");
   es_wire_cstr(b, l->session);
-  es_buf_adds(b, ",\"parent\":");
-  es_wire_cstr(b, l->parent);
-  es_buf_adds(b, ",\"at\":");
-  es_wire_int(b, l->at);
-  es_buf_adds(b, ",\"created_at\":");
-  es_wire_int(b, l->created_at);
+  es_wire_str_field(b, "parent", l->parent);
+  es_wire_int_field(b, "at", l->at);
+  es_wire_int_field(b, "created_at", l->created_at);
   es_buf_addc(b, '}');
 }
 
@@ -801,8 +785,7 @@ int es_api_claims(const es_http_req *r, es_http_resp *out) {
   }
   es_buf_adds(&out->body, "{\"events\":");
   es_wire_events_array(&out->body, &list, 1);
-  es_buf_adds(&out->body, ",\"retry_at\":");
-  es_wire_int(&out->body, retry_at);
+  es_wire_int_field(&out->body, "retry_at", retry_at);
   es_buf_addc(&out->body, '}');
   es_events_destroy(&list);
   answer(out);
@@ -871,8 +854,7 @@ int es_api_fail(const es_http_req *r, es_http_resp *out) {
   es_buf_adds(&out->body, outcome == ES_FAILED          ? "\"failed\""
                           : outcome == ES_DEAD_LETTERED ? "\"dead_lettered\""
                                                         : "\"superseded\"");
-  es_buf_adds(&out->body, ",\"failures\":");
-  es_wire_int(&out->body, failures);
+  es_wire_int_field(&out->body, "failures", failures);
   es_buf_addc(&out->body, '}');
   return answer(out);
 }
@@ -922,14 +904,10 @@ int es_api_renew(const es_http_req *r, es_http_resp *out) {
 static void put_ref(es_buf *b, const es_ref *ref) {
   es_buf_adds(b, "{\"name\":");
   es_wire_cstr(b, ref->name);
-  es_buf_adds(b, ",\"session\":");
-  es_wire_cstr(b, ref->session);
-  es_buf_adds(b, ",\"head\":");
-  es_wire_int(b, ref->head);
-  es_buf_adds(b, ",\"created_at\":");
-  es_wire_int(b, ref->created_at);
-  es_buf_adds(b, ",\"updated_at\":");
-  es_wire_int(b, ref->updated_at);
+  es_wire_str_field(b, "session", ref->session);
+  es_wire_int_field(b, "head", ref->head);
+  es_wire_int_field(b, "created_at", ref->created_at);
+  es_wire_int_field(b, "updated_at", ref->updated_at);
   es_buf_addc(b, '}');
 }
 
@@ -1062,26 +1040,7 @@ int es_api_presence_read(const es_http_req *r, es_http_resp *out) {
   es_presence_rows rows = {0};
   es_err err = {0};
   if (es_store_presence_read(r->store, r->seg[2], &rows, &err)) return es_http_fail_err(out, &err);
-  es_buf_adds(&out->body, "{\"rows\":[");
-  for (size_t i = 0; i < rows.n; i++) {
-    const es_presence_row *row = &rows.v[i];
-    if (i) es_buf_addc(&out->body, ',');
-    es_buf_adds(&out->body, "{\"participant\":");
-    es_wire_cstr(&out->body, row->participant);
-    es_buf_adds(&out->body, ",\"field\":");
-    es_wire_cstr(&out->body, row->field);
-    es_buf_adds(&out->body, ",\"value\":");
-    if (row->value) es_buf_add(&out->body, row->value, row->value_len);
-    else es_buf_adds(&out->body, "null");
-    es_buf_adds(&out->body, ",\"seen\":");
-    es_wire_int(&out->body, row->seen);
-    es_buf_adds(&out->body, ",\"at\":");
-    es_wire_int(&out->body, row->at);
-    es_buf_adds(&out->body, ",\"expires_at\":");
-    es_wire_int(&out->body, row->expires_at);
-    es_buf_addc(&out->body, '}');
-  }
-  es_buf_adds(&out->body, "]}");
+  es_wire_presence_rows(&out->body, &rows);
   es_presence_rows_destroy(&rows);
   return answer(out);
 }
@@ -1199,18 +1158,10 @@ static void put_type_stat(void *ctx, const es_type_stat *st) {
   es_wire_cstr(t->b, st->type);
   es_buf_adds(t->b, ":{\"handled\":");
   es_wire_int(t->b, handled);
-  es_buf_adds(t->b, ",\"failed\":");
-  es_wire_int(t->b, failed);
-  es_buf_adds(t->b, ",\"dead\":");
-  es_wire_int(t->b, dead);
-  es_buf_adds(t->b, ",\"runs\":");
-  es_wire_int(t->b, (int64_t)sum.count);
-  es_buf_adds(t->b, ",\"p50_us\":");
-  put_us(t->b, sum.p50_ns);
-  es_buf_adds(t->b, ",\"p99_us\":");
-  put_us(t->b, sum.p99_ns);
-  es_buf_adds(t->b, ",\"max_us\":");
-  put_us(t->b, sum.max_ns);
+  es_wire_int_field(t->b, "failed", failed);
+  es_wire_int_field(t->b, "dead", dead);
+  es_wire_int_field(t->b, "runs", (int64_t)sum.count);
+  put_percentiles(t->b, sum.p50_ns, sum.p99_ns, sum.max_ns);
   es_buf_addc(t->b, '}');
 }
 
@@ -1229,24 +1180,15 @@ int es_api_stats(const es_http_req *r, es_http_resp *out) {
     es_wire_cstr(b, calls[i].op);
     es_buf_adds(b, ":{\"count\":");
     es_wire_int(b, (int64_t)calls[i].count);
-    es_buf_adds(b, ",\"errors\":");
-    es_wire_int(b, (int64_t)calls[i].errors);
-    es_buf_adds(b, ",\"p50_us\":");
-    put_us(b, calls[i].p50_ns);
-    es_buf_adds(b, ",\"p99_us\":");
-    put_us(b, calls[i].p99_ns);
-    es_buf_adds(b, ",\"max_us\":");
-    put_us(b, calls[i].max_ns);
+    es_wire_int_field(b, "errors", (int64_t)calls[i].errors);
+    put_percentiles(b, calls[i].p50_ns, calls[i].p99_ns, calls[i].max_ns);
     es_buf_addc(b, '}');
   }
   es_buf_adds(b, "},\"sessions\":");
   es_wire_int(b, c.sessions);
-  es_buf_adds(b, ",\"events\":");
-  es_wire_int(b, c.events);
-  es_buf_adds(b, ",\"pending\":");
-  es_wire_int(b, c.pending);
-  es_buf_adds(b, ",\"dead\":");
-  es_wire_int(b, c.dead);
+  es_wire_int_field(b, "events", c.events);
+  es_wire_int_field(b, "pending", c.pending);
+  es_wire_int_field(b, "dead", c.dead);
   /* The engine's figures are every tenant's: only for a '*' token. */
   es_engine *engine = r->ctx ? r->ctx->engine : NULL;
   if (engine && !r->tenant) {
@@ -1255,10 +1197,8 @@ int es_api_stats(const es_http_req *r, es_http_resp *out) {
     es_type_stats_each(es_engine_type_stats(engine), put_type_stat, &t);
     es_buf_adds(b, "},\"handled\":");
     es_wire_int(b, t.handled);
-    es_buf_adds(b, ",\"failed\":");
-    es_wire_int(b, t.failed);
-    es_buf_adds(b, ",\"dead\":");
-    es_wire_int(b, t.dead);
+    es_wire_int_field(b, "failed", t.failed);
+    es_wire_int_field(b, "dead", t.dead);
     es_buf_addc(b, '}');
   }
   es_buf_addc(b, '}');

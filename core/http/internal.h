@@ -168,6 +168,15 @@ int es_http_query_int(const es_http_req *r, const char *name, int64_t lo, int64_
 void es_wire_str(es_buf *b, const char *s, size_t n);  /* a JSON string; invalid UTF-8 bytes as \xHH text */
 void es_wire_cstr(es_buf *b, const char *s);           /* the same; NULL writes null */
 void es_wire_int(es_buf *b, int64_t v);                /* ES_NONE writes null */
+void es_wire_key(es_buf *b, const char *name, int first);  /* "name": after a ',' unless first */
+void es_wire_int_field(es_buf *b, const char *name, int64_t v);     /* ,"name":v */
+void es_wire_str_field(es_buf *b, const char *name, const char *s); /* ,"name":"s" (NULL: null) */
+/* {"code":..,"message":..}: every error the API writes, answers and streams alike. */
+void es_wire_error(es_buf *b, const char *code, const char *message);
+/* {"rows":[{participant, field, value, seen, at, expires_at}]}: presence as
+ * presence_read gives it (GET /v1/presence/{ns} and a presence stream's
+ * snapshot). */
+void es_wire_presence_rows(es_buf *b, const es_presence_rows *rows);
 /* A stored event as the Lua face shows it (CONTRACT §3.1): every field
  * that is set, "payload" always (null when absent or shredded), "cause"
  * and "origin" as objects, "status" as text; `claimed` adds "attempt". */

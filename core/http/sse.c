@@ -234,11 +234,7 @@ static void put_event(sse *st, const es_event *e) {
 static void put_error(sse *st, const char *code, const char *msg) {
   es_buf json;
   es_buf_init(&json);
-  es_buf_adds(&json, "{\"code\":");
-  es_wire_cstr(&json, code);
-  es_buf_adds(&json, ",\"message\":");
-  es_wire_cstr(&json, msg);
-  es_buf_addc(&json, '}');
+  es_wire_error(&json, code, msg);
   es_buf_adds(&st->out, "event: error\n");
   if (!json.oom) put_data(&st->out, json.data, json.len);
   es_buf_destroy(&json);
@@ -286,24 +282,30 @@ static ssize_t hand_out(sse *st, char *buf, size_t max) {
 
 static int stopping(const sse *st) { return atomic_load(st->ctx->stopping) != 0; }
 
+/* What both callbacks do first, in this order: end once the server stops;
+ * close on out of memory rather than send a torn event; hand out what is
+ * formatted; end after an error event went out. 1 with *ret when the
+ * callback returns now, 0 when it should fetch or wait for more. */
+static int answer_now(sse *st, char *buf, size_t max, ssize_t *ret) {
+  if (stopping(st) || st->out.oom || (st->out.len <= st->off && st->ending)) {
+    *ret = st->out.oom && !stopping(st) ? -2 : -1;
+    st->ended = 1;
+    return 1;
+  }
+  if (st->out.len > st->off) {
+    *ret = hand_out(st, buf, max);
+    return 1;
+  }
+  return 0;
+}
+
 /* ---- the events' callback (session and all) --------------------------------------- */
 
 static ssize_t events_cb(void *state, char *buf, size_t max) {
   sse *st = state;
   for (;;) {
-    if (stopping(st)) {
-      st->ended = 1;
-      return -1;
-    }
-    if (st->out.oom) {
-      st->ended = 1;
-      return -2; /* out of memory: close rather than send a torn event */
-    }
-    if (st->out.len > st->off) return hand_out(st, buf, max);
-    if (st->ending) {
-      st->ended = 1;
-      return -1;
-    }
+    ssize_t now;
+    if (answer_now(st, buf, max, &now)) return now;
     if (st->next < st->page.n) {
       format_page(st);
       continue;
@@ -439,19 +441,8 @@ static void deadline_after_ms(struct timespec *t, long ms) {
 static ssize_t presence_cb(void *state, char *buf, size_t max) {
   sse *st = state;
   for (;;) {
-    if (stopping(st)) {
-      st->ended = 1;
-      return -1;
-    }
-    if (st->out.oom) {
-      st->ended = 1;
-      return -2;
-    }
-    if (st->out.len > st->off) return hand_out(st, buf, max);
-    if (st->ending) {
-      st->ended = 1;
-      return -1;
-    }
+    ssize_t now;
+    if (answer_now(st, buf, max, &now)) return now;
     struct timespec until;
     deadline_after_ms(&until, SLICE_MS);
     pthread_mutex_lock(&st->mu);
@@ -482,25 +473,7 @@ static ssize_t presence_cb(void *state, char *buf, size_t max) {
 static void put_snapshot(es_buf *b, const es_presence_rows *rows) {
   es_buf json;
   es_buf_init(&json);
-  es_buf_adds(&json, "{\"rows\":[");
-  for (size_t i = 0; i < rows->n; i++) {
-    const es_presence_row *row = &rows->v[i];
-    if (i) es_buf_addc(&json, ',');
-    es_buf_adds(&json, "{\"participant\":");
-    es_wire_cstr(&json, row->participant);
-    es_buf_adds(&json, ",\"field\":");
-    es_wire_cstr(&json, row->field);
-    es_buf_adds(&json, ",\"value\":");
-    put_value(&json, row);
-    es_buf_adds(&json, ",\"seen\":");
-    es_wire_int(&json, row->seen);
-    es_buf_adds(&json, ",\"at\":");
-    es_wire_int(&json, row->at);
-    es_buf_adds(&json, ",\"expires_at\":");
-    es_wire_int(&json, row->expires_at);
-    es_buf_addc(&json, '}');
-  }
-  es_buf_adds(&json, "]}");
+  es_wire_presence_rows(&json, rows);
   es_buf_adds(b, "event: snapshot\n");
   if (json.oom) b->oom = 1;
   else put_data(b, json.data, json.len);

@@ -26,12 +26,49 @@ void es_wire_int(es_buf *b, int64_t v) {
   else es_json_write_int(b, v);
 }
 
-/* ,"name": */
-static void key(es_buf *b, const char *name) {
-  es_buf_addc(b, ',');
+void es_wire_key(es_buf *b, const char *name, int first) {
+  if (!first) es_buf_addc(b, ',');
   es_buf_addc(b, '"');
   es_buf_adds(b, name);
   es_buf_adds(b, "\":");
+}
+
+static void key(es_buf *b, const char *name) { es_wire_key(b, name, 0); }
+
+void es_wire_int_field(es_buf *b, const char *name, int64_t v) {
+  key(b, name);
+  es_wire_int(b, v);
+}
+
+void es_wire_str_field(es_buf *b, const char *name, const char *s) {
+  key(b, name);
+  es_wire_cstr(b, s);
+}
+
+void es_wire_error(es_buf *b, const char *code, const char *message) {
+  es_buf_adds(b, "{\"code\":");
+  es_wire_cstr(b, code);
+  es_wire_str_field(b, "message", message);
+  es_buf_addc(b, '}');
+}
+
+void es_wire_presence_rows(es_buf *b, const es_presence_rows *rows) {
+  es_buf_adds(b, "{\"rows\":[");
+  for (size_t i = 0; i < rows->n; i++) {
+    const es_presence_row *row = &rows->v[i];
+    if (i) es_buf_addc(b, ',');
+    es_buf_adds(b, "{\"participant\":");
+    es_wire_cstr(b, row->participant);
+    es_wire_str_field(b, "field", row->field);
+    key(b, "value");
+    if (row->value) es_buf_add(b, row->value, row->value_len);
+    else es_buf_adds(b, "null");
+    es_wire_int_field(b, "seen", row->seen);
+    es_wire_int_field(b, "at", row->at);
+    es_wire_int_field(b, "expires_at", row->expires_at);
+    es_buf_addc(b, '}');
+  }
+  es_buf_adds(b, "]}");
 }
 
 static void opt_int(es_buf *b, const char *name, int64_t v) {
@@ -139,11 +176,7 @@ static int fail_v(es_http_resp *out, int status, const char *code, const char *f
   out->content_type = NULL;
   out->body.len = 0;
   out->body.oom = 0;
-  es_buf_adds(&out->body, "{\"code\":");
-  es_wire_cstr(&out->body, code);
-  es_buf_adds(&out->body, ",\"message\":");
-  es_wire_cstr(&out->body, msg);
-  es_buf_addc(&out->body, '}');
+  es_wire_error(&out->body, code, msg);
   return 0;
 }
 
