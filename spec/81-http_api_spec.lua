@@ -37,17 +37,7 @@ TOKENS[#TOKENS + 1] = { "acme-append", "acme", "append" }
 TOKENS[#TOKENS + 1] = { "acme-work", "acme", "work" }
 for i = 1, 40 do TOKENS[#TOKENS + 1] = { "w" .. i, "w" .. i, "read,append,work,admin" } end
 
--- A reducer: counts `add` events and sums their payload's v.
-local REDUCER = [[
-return {
-  init = function() return {n = 0, sum = 0} end,
-  add = function(state, event)
-    state.n = state.n + 1
-    state.sum = state.sum + event.payload.v
-    return state
-  end,
-}
-]]
+local REDUCER = hh.SUM_REDUCER
 
 -- A reducer whose state JSON cannot carry (a float key), and one that
 -- raises.

@@ -24,16 +24,7 @@ local TOKENS = {}
 for _, t in ipairs(hh.TOKENS) do TOKENS[#TOKENS + 1] = t end
 TOKENS[#TOKENS + 1] = { "globex-admin", "globex", "admin" }
 
-local REDUCER = [[
-return {
-  init = function() return {n = 0, sum = 0} end,
-  add = function(state, event)
-    state.n = state.n + 1
-    state.sum = state.sum + event.payload.v
-    return state
-  end,
-}
-]]
+local REDUCER = hh.SUM_REDUCER
 
 local function shown(v) return type(v) == "table" and json.encode(v) or tostring(v) end
 

@@ -28,6 +28,19 @@ hh.TOKENS = {
   { "globex-rw", "globex", "read,append,work" },
 }
 
+-- A reducer the API specs install (scripts/reducers/<name>.lua): counts
+-- `add` events and sums their payload's v.
+hh.SUM_REDUCER = [[
+return {
+  init = function() return {n = 0, sum = 0} end,
+  add = function(state, event)
+    state.n = state.n + 1
+    state.sum = state.sum + event.payload.v
+    return state
+  end,
+}
+]]
+
 -- Starts a server. opts: db (a store URL; default a fresh sqlite file in
 -- the server's directory), scripts (a directory; default none: an empty
 -- one), tokens (as hh.TOKENS; written in plain text unless hashed = true:
