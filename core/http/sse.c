@@ -299,6 +299,18 @@ static int answer_now(sse *st, char *buf, size_t max, ssize_t *ret) {
   return 0;
 }
 
+/* Makes out the 200 answer that streams st through cb (st is then the
+ * server's: freed by stream_free when the stream ends). */
+static int open_stream(const es_http_req *r, es_http_resp *out, sse *st, es_http_stream_fn cb) {
+  atomic_fetch_add_explicit(&r->ctx->counters->streams_opened, 1, memory_order_relaxed);
+  out->status = 200;
+  out->content_type = "text/event-stream";
+  out->stream = cb;
+  out->stream_state = st;
+  out->stream_free = stream_free;
+  return 0;
+}
+
 /* ---- the events' callback (session and all) --------------------------------------- */
 
 static ssize_t events_cb(void *state, char *buf, size_t max) {
@@ -350,13 +362,7 @@ static int events_stream(const es_http_req *r, es_http_resp *out, int kind, cons
   /* A comment first, so the client sees at once that the stream is open
    * even when nothing happens for a while. */
   put_keepalive(st);
-  atomic_fetch_add_explicit(&r->ctx->counters->streams_opened, 1, memory_order_relaxed);
-  out->status = 200;
-  out->content_type = "text/event-stream";
-  out->stream = events_cb;
-  out->stream_state = st;
-  out->stream_free = stream_free;
-  return 0;
+  return open_stream(r, out, st, events_cb);
 }
 
 int es_sse_session(const es_http_req *r, es_http_resp *out) {
@@ -528,11 +534,5 @@ int es_sse_presence(const es_http_req *r, es_http_resp *out) {
   put_keepalive(st);
   put_snapshot(&st->out, &rows);
   es_presence_rows_destroy(&rows);
-  atomic_fetch_add_explicit(&r->ctx->counters->streams_opened, 1, memory_order_relaxed);
-  out->status = 200;
-  out->content_type = "text/event-stream";
-  out->stream = presence_cb;
-  out->stream_state = st;
-  out->stream_free = stream_free;
-  return 0;
+  return open_stream(r, out, st, presence_cb);
 }
