@@ -780,6 +780,12 @@ int main(int argc, char **argv) {
   double seconds = 0.6 * scale; /* per round of an append figure */
   long n = (long)(1000 * scale); /* events per round of a dispatch figure */
   if (n < 100) n = 100;
+  /* PG_BENCH_ONLY=appends|dispatch runs one part (to rerun one table) */
+  const char *only = getenv("PG_BENCH_ONLY");
+  if (only && *only && strcmp(only, "appends") && strcmp(only, "dispatch"))
+    die("PG_BENCH_ONLY must be appends or dispatch: %s", only);
+  int do_appends = !only || !*only || !strcmp(only, "appends");
+  int do_dispatch = !only || !*only || !strcmp(only, "dispatch");
 
   PGconn *c = raw_connect();
   PGresult *r = PQexec(c, "SELECT current_setting('server_version'), current_setting('fsync'),"
@@ -801,9 +807,9 @@ int main(int argc, char **argv) {
   char title[200], what[100];
   snprintf(title, sizeof title,
            "appends: T threads sharing one store handle, each to its own session, %.1f s per round", seconds);
-  section(title);
+  if (do_appends) section(title);
   static const int threads[] = {1, 4, 16};
-  for (int b = 0; b < 2; b++) {
+  for (int b = 0; b < 2 && do_appends; b++) {
     int batch = b ? 100 : 1;
     for (int t = 0; t < 3; t++) {
       int th = threads[t];
@@ -822,6 +828,7 @@ int main(int argc, char **argv) {
     }
   }
 
+  if (!do_dispatch) return 0;
   printf("\n# dispatch: %ld pending events (over %d sessions) per round; each engine claims one,\n"
          "# runs a trivial handler and completes it (\"+1 result\": appending one pending event,\n"
          "# raw: inserting one row), until none is ready. Every event handled exactly once.\n",
