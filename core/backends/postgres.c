@@ -211,6 +211,7 @@ enum {
   ST_BEGIN_LOCK, ST_BEGIN_POSITIONS, ST_META_NEXT, ST_CLAIM_SETUP,
   ST_SESSION_CLAIMED, ST_EVENT_INSERT_MANY,
   ST_COUNTS, /* §3.12 */
+  ST_AHEAD_EVENTS, ST_AHEAD_SESSIONS, ST_AHEAD_IDS, /* pg_read_ahead */
   ST_COUNT
 };
 
@@ -220,6 +221,14 @@ enum {
  * `LIMIT NULL` is no limit. */
 static const char *const pg_sql[ST_COUNT] = {
     [ST_COUNTS] = "SELECT sessions, events, pending, dead FROM counts WHERE scope = $1",
+    /* pg_read_ahead: what complete_many's completions will read, locked as
+     * ST_EVENT_GET_LOCK and ST_SESSION_GET_LOCK lock it */
+    [ST_AHEAD_EVENTS] = "SELECT " EV_COLS " FROM events"
+                        " WHERE (session, idx) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))"
+                        " FOR UPDATE",
+    [ST_AHEAD_SESSIONS] = "SELECT " SESS_COLS " FROM sessions WHERE session = ANY($1::text[])"
+                          " FOR UPDATE",
+    [ST_AHEAD_IDS] = "SELECT id FROM events WHERE id = ANY($1::text[])",
     [ST_MAX_POSITION] = "SELECT coalesce(max(position), 0) FROM events",
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = $1",
     [ST_SESSION_PUT] = "INSERT INTO sessions(" SESS_COLS
@@ -680,6 +689,7 @@ struct es_txn {
   es_event ins_first;              /* write: owned, the first row buffered (sent alone as such) */
   PGresult *pre_session;           /* write: the row of pre_name, read (locked) with an event */
   char *pre_name;                  /* write: owned, whose session row pre_session holds */
+  struct pg_ahead *ahead;          /* write: owned, rows read ahead (pg_read_ahead), or NULL */
   int64_t next_position;           /* write: the position the next insert gets */
   int64_t saved_next;              /* write: the stored high-water mark when the txn began */
   int64_t sp_next[PG_MAX_SAVEPOINTS];
@@ -1180,6 +1190,75 @@ static void pg_pre_drop(es_txn *t) {
   free(t->pre_name);
   t->pre_session = NULL;
   t->pre_name = NULL;
+}
+
+/* ---- rows read ahead (pg_read_ahead) -----------------------------------
+ *
+ * complete_many hands the backend, before its completions run, the events
+ * they complete and the ids of the events they return. They are read in
+ * one round trip (locked, as event_get and session_get lock them in a
+ * write transaction), so that a batch of completions holds the store's
+ * lock for a few round trips instead of one or more per completion. What
+ * was read stays right: an event row answers one event_get and is
+ * forgotten once read or rewritten; a session row is rewritten with every
+ * session_put of the transaction; an id is known absent until a row with
+ * it is inserted. Anything else that writes rows (deletes, copies), a
+ * savepoint's rollback and the end of the transaction forget it all. */
+
+typedef struct pg_ahead {
+  es_event *ev;                    /* [n_ev] events read, each answers one event_get */
+  unsigned char *ev_live;          /* [n_ev] 1 until read or rewritten */
+  size_t n_ev;
+  es_session_info *si;             /* [n_si] their sessions' rows, as the transaction left them */
+  size_t n_si;
+  char **absent;                   /* [n_absent] ids not stored; NULL once inserted */
+  size_t n_absent;
+} pg_ahead;
+
+static void pg_ahead_drop(es_txn *t) {
+  pg_ahead *a = t->ahead;
+  if (!a) return;
+  for (size_t i = 0; i < a->n_ev; i++)
+    if (a->ev_live[i]) es_event_destroy(&a->ev[i]);
+  for (size_t i = 0; i < a->n_si; i++) es_session_info_destroy(&a->si[i]);
+  for (size_t i = 0; i < a->n_absent; i++) free(a->absent[i]);
+  free(a->ev);
+  free(a->ev_live);
+  free(a->si);
+  free(a->absent);
+  free(a);
+  t->ahead = NULL;
+}
+
+/* Forgets the rows read ahead for (session, index) (rewritten); with out,
+ * the first of them moves there instead: 1 when one did. */
+static int pg_ahead_event(es_txn *t, const char *session, int64_t index, es_event *out) {
+  pg_ahead *a = t->ahead;
+  int found = 0;
+  for (size_t i = 0; a && i < a->n_ev; i++) {
+    if (!a->ev_live[i] || a->ev[i].index != index || strcmp(a->ev[i].session, session) != 0)
+      continue;
+    a->ev_live[i] = 0;
+    if (out && !found) *out = a->ev[i];
+    else es_event_destroy(&a->ev[i]);
+    found = 1;
+  }
+  return found;
+}
+
+static es_session_info *pg_ahead_session(es_txn *t, const char *session) {
+  pg_ahead *a = t->ahead;
+  for (size_t i = 0; a && i < a->n_si; i++)
+    if (strcmp(a->si[i].session, session) == 0) return &a->si[i];
+  return NULL;
+}
+
+/* The entry of id among the ids known absent, or NULL. */
+static char **pg_ahead_absent(es_txn *t, const char *id) {
+  pg_ahead *a = t->ahead;
+  for (size_t i = 0; a && i < a->n_absent; i++)
+    if (a->absent[i] && strcmp(a->absent[i], id) == 0) return &a->absent[i];
+  return NULL;
 }
 
 /* ---- pipeline mode ------------------------------------------------------
@@ -1784,6 +1863,7 @@ static void pg_pool_close(pg_pool *pool) {
 static void pg_close(es_backend *b) {
   if (!b) return;
   pg_pre_drop(&b->wt);
+  pg_ahead_drop(&b->wt);
   pg_ins_free(&b->wt);
   pg_pool_close(&b->readers);
   pg_pool_close(&b->claimers);
@@ -1854,6 +1934,7 @@ fail:
 static void pg_rollback_txn(es_txn *t) {
   pg_conn *c = t->c;
   pg_pre_drop(t);
+  pg_ahead_drop(t);
   pg_ins_discard(t);
   pg_drain(t);
   /* still in pipeline mode with nothing to read (a send that failed):
@@ -1951,6 +2032,7 @@ static void pg_write_rollback(es_txn *t) {
 static int pg_write_commit(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
   pg_pre_drop(t);
+  pg_ahead_drop(t);
   if (code == ES_OK && !t->claim && t->pos_known && t->next_position > t->saved_next) {
     pg_params p = {0};
     pp_int(&p, t->next_position);
@@ -2019,6 +2101,7 @@ static int pg_release_commit(es_txn *t, es_err *err) {
 
 static void pg_savepoint_rollback(es_txn *t) {
   pg_pre_drop(t);
+  pg_ahead_drop(t);
   pg_ins_discard(t); /* this caller's rows */
   if (t->broken || t->depth <= 0) return;
   pg_drain(t);
@@ -2305,6 +2388,8 @@ static int pg_session_get(es_txn *t, const char *session, es_session_info *out, 
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  es_session_info *ahead = pg_ahead_session(t, session);
+  if (ahead) return es_session_info_copy(out, ahead) == ES_OK ? ES_OK : pg_oom(err);
   if (t->pre_name && strcmp(t->pre_name, session) == 0) {
     /* read (locked) with the event just before, unchanged since */
     if (PQntuples(t->pre_session) == 0) code = ES_NOT_FOUND;
@@ -2319,6 +2404,16 @@ static int pg_session_get(es_txn *t, const char *session, es_session_info *out, 
 static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
   pg_params p = {0};
   pg_pre_drop(t);
+  es_session_info *ahead = pg_ahead_session(t, row->session);
+  if (ahead) { /* as this put leaves it */
+    es_session_info copy;
+    if (es_session_info_copy(&copy, row) == ES_OK) {
+      es_session_info_destroy(ahead);
+      *ahead = copy;
+    } else {
+      pg_ahead_drop(t);
+    }
+  }
   pp_str(&p, row->session);
   pp_int(&p, row->head);
   pp_int(&p, row->events);
@@ -2427,6 +2522,7 @@ static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event 
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  if (t->write && !t->claim && pg_ahead_event(t, session, index, out)) return ES_OK;
   pp_str(&p, session);
   pp_int(&p, index);
   if (t->write && !t->claim) {
@@ -2458,8 +2554,71 @@ static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event 
 
 static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
   pg_params p = {0};
+  if (pg_ahead_absent(t, id)) return ES_NOT_FOUND;
   pp_str(&p, id);
   return pg_get_one(t, ST_EVENT_GET_BY_ID, &p, ROW_EVENT, out, err);
+}
+
+/* The reads complete_many's completions will make, in one round trip
+ * (the rows read ahead, above). Only a hint: anything it cannot do leaves
+ * the calls to read for themselves, except a failed statement, which has
+ * aborted the transaction (STORAGE). */
+static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *indexes, size_t n,
+                         const char *const *ids, size_t n_ids, es_err *err) {
+  pg_ahead_drop(t);
+  if (!t->write || t->claim || n == 0) return ES_OK;
+  pg_pre_drop(t);
+  char *s_arr = pg_text_array(sessions, n), *id_arr = n_ids ? pg_text_array(ids, n_ids) : NULL;
+  char *i_arr = malloc(n * 21 + 3);
+  pg_ahead *a = calloc(1, sizeof *a);
+  int code = ES_OK;
+  if (!s_arr || !i_arr || !a || (n_ids && !id_arr)) code = pg_oom(err);
+  if (code == ES_OK) {
+    size_t len = 0;
+    i_arr[len++] = '{';
+    for (size_t i = 0; i < n; i++)
+      len += (size_t)sprintf(i_arr + len, "%s%" PRId64, i ? "," : "", indexes[i]);
+    i_arr[len++] = '}';
+    i_arr[len] = '\0';
+    pg_params pe = {0}, ps = {0}, pi = {0};
+    pp_str(&pe, s_arr);
+    pp_str(&pe, i_arr);
+    pp_str(&ps, s_arr);
+    pp_str(&pi, id_arr);
+    code = pg_send(t, ST_AHEAD_EVENTS, &pe, PEND_WANT, err);
+    if (code == ES_OK) code = pg_send(t, ST_AHEAD_SESSIONS, &ps, PEND_WANT, err);
+    if (code == ES_OK && n_ids) code = pg_send(t, ST_AHEAD_IDS, &pi, PEND_WANT, err);
+  }
+  PGresult *res[3] = {NULL, NULL, NULL};
+  if (code == ES_OK) code = pg_sync_n(t, res, n_ids ? 3 : 2, err);
+  if (code == ES_OK && (!res[0] || !res[1] || (n_ids && !res[2])))
+    code = es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
+  size_t ne = code == ES_OK ? (size_t)PQntuples(res[0]) : 0;
+  size_t ns = code == ES_OK ? (size_t)PQntuples(res[1]) : 0;
+  if (code == ES_OK && ((ne && (!(a->ev = calloc(ne, sizeof *a->ev)) ||
+                                !(a->ev_live = calloc(ne, 1)))) ||
+                        (ns && !(a->si = calloc(ns, sizeof *a->si))) ||
+                        (n_ids && !(a->absent = calloc(n_ids, sizeof *a->absent)))))
+    code = pg_oom(err);
+  for (size_t i = 0; code == ES_OK && i < ne; i++, a->n_ev++) {
+    if (pg_decode_event(res[0], (int)i, 1, &a->ev[i]) != ES_OK) code = pg_oom(err);
+    else a->ev_live[i] = 1;
+  }
+  for (size_t i = 0; code == ES_OK && i < ns; i++, a->n_si++)
+    if (pg_decode_session(res[1], (int)i, 1, &a->si[i]) != ES_OK) code = pg_oom(err);
+  /* the ids no row has (a few: n_ids x the rows found) */
+  for (size_t i = 0; code == ES_OK && i < n_ids; i++) {
+    int stored = 0;
+    for (int r = 0; !stored && r < PQntuples(res[2]); r++) stored = !strcmp(PQgetvalue(res[2], r, 0), ids[i]);
+    if (!stored && !(a->absent[a->n_absent++] = strdup(ids[i]))) code = pg_oom(err);
+  }
+  for (int i = 0; i < 3; i++) PQclear(res[i]);
+  free(s_arr);
+  free(i_arr);
+  free(id_arr);
+  t->ahead = a;
+  if (code != ES_OK) pg_ahead_drop(t);
+  return code;
 }
 
 /* The single-row INSERT's parameters (EV_COLS's order, key as $30). */
@@ -2543,6 +2702,11 @@ static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
     pg_txn_break(t, "out of memory");
     return pg_oom(err);
   }
+  char **absent = row->id ? pg_ahead_absent(t, row->id) : NULL;
+  if (absent) { /* stored now */
+    free(*absent);
+    *absent = NULL;
+  }
   t->ins_n++;
   t->ins_bytes += row->payload_len + 64;
   t->next_position++;
@@ -2560,6 +2724,7 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
   char id[ES_MAX_NAME_BYTES + 1];
   *copied = 0;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
+  pg_ahead_drop(t); /* ids are stored without pg_event_insert */
   int code = pg_positions(t, err);
   if (code != ES_OK) return code;
   int64_t base = t->next_position;
@@ -2615,6 +2780,7 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
 static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   pg_params p = {0};
   int64_t changed = 0;
+  pg_ahead_event(t, row->session, row->index, NULL); /* read again from now on */
   pp_str(&p, row->session);
   pp_int(&p, row->index);
   pp_int(&p, row->status);
@@ -2995,6 +3161,7 @@ static int pg_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_
 static int pg_remove(es_txn *t, int id, const char *session, int64_t through, int64_t *removed,
                      es_err *err) {
   pg_params p = {0};
+  pg_ahead_drop(t); /* rows go */
   pp_str(&p, session);
   if (id == ST_EVENT_DELETE_RANGE || id == ST_SNAPSHOT_DELETE_FROM) pp_int(&p, through);
   *removed = 0;
@@ -3341,6 +3508,7 @@ static void pg_wake(es_backend *b) {
       .claim_ready = pg_claim_ready,                            \
       .session_claimed = pg_session_claimed,                    \
       .claim_commit = pg_claim_commit,                          \
+      .read_ahead = pg_read_ahead,                              \
       .counts = pg_counts,                                      \
   }
 
