@@ -2573,6 +2573,7 @@ static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *
   pg_ahead *a = calloc(1, sizeof *a);
   int code = ES_OK;
   if (!s_arr || !i_arr || !a || (n_ids && !id_arr)) code = pg_oom(err);
+  t->ahead = a;
   if (code == ES_OK) {
     size_t len = 0;
     i_arr[len++] = '{';
@@ -2610,13 +2611,14 @@ static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *
   for (size_t i = 0; code == ES_OK && i < n_ids; i++) {
     int stored = 0;
     for (int r = 0; !stored && r < PQntuples(res[2]); r++) stored = !strcmp(PQgetvalue(res[2], r, 0), ids[i]);
-    if (!stored && !(a->absent[a->n_absent++] = strdup(ids[i]))) code = pg_oom(err);
+    /* once, however many completions name it: the insert forgets it */
+    if (!stored && !pg_ahead_absent(t, ids[i]) && !(a->absent[a->n_absent++] = strdup(ids[i])))
+      code = pg_oom(err);
   }
   for (int i = 0; i < 3; i++) PQclear(res[i]);
   free(s_arr);
   free(i_arr);
   free(id_arr);
-  t->ahead = a;
   if (code != ES_OK) pg_ahead_drop(t);
   return code;
 }
@@ -2703,7 +2705,7 @@ static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
     return pg_oom(err);
   }
   char **absent = row->id ? pg_ahead_absent(t, row->id) : NULL;
-  if (absent) { /* stored now */
+  if (absent) { /* stored now (listed once: pg_read_ahead) */
     free(*absent);
     *absent = NULL;
   }
