@@ -1203,14 +1203,25 @@ static void pg_pre_drop(es_txn *t) {
  * forgotten once read or rewritten; a session row is rewritten with every
  * session_put of the transaction; an id is known absent until a row with
  * it is inserted. Anything else that writes rows (deletes, copies), a
- * savepoint's rollback and the end of the transaction forget it all. */
+ * savepoint's rollback and the end of the transaction forget it all.
+ *
+ * The session rows are also written behind: a put of a row read ahead
+ * only changes the copy here, and the row is sent once (pg_ahead_flush)
+ * before any statement other than an event row's insert or update, that
+ * is before anything that could read it on the server, before a
+ * savepoint, a release and the commit. Completions of one session's
+ * events (a claim batch often holds many) then rewrite its row once per
+ * batch instead of once each: every rewrite of one row in one
+ * transaction leaves a version the next one steps over, and fires the
+ * counts trigger. */
 
 typedef struct pg_ahead {
   es_event *ev;                    /* [n_ev] events read, each answers one event_get */
   unsigned char *ev_live;          /* [n_ev] 1 until read or rewritten */
   size_t n_ev;
   es_session_info *si;             /* [n_si] their sessions' rows, as the transaction left them */
-  size_t n_si;
+  unsigned char *si_dirty;         /* [n_si] 1: put since, not yet sent (pg_ahead_flush) */
+  size_t n_si, n_dirty;
   char **absent;                   /* [n_absent] ids not stored; NULL once inserted */
   size_t n_absent;
 } pg_ahead;
@@ -1225,6 +1236,7 @@ static void pg_ahead_drop(es_txn *t) {
   free(a->ev);
   free(a->ev_live);
   free(a->si);
+  free(a->si_dirty);
   free(a->absent);
   free(a);
   t->ahead = NULL;
@@ -1259,6 +1271,33 @@ static char **pg_ahead_absent(es_txn *t, const char *id) {
   for (size_t i = 0; a && i < a->n_absent; i++)
     if (a->absent[i] && strcmp(a->absent[i], id) == 0) return &a->absent[i];
   return NULL;
+}
+
+static int pg_send(es_txn *t, int id, const struct pg_params *p, int kind, es_err *err);
+static void pg_session_params(struct pg_params *p, const es_session_info *row);
+
+/* Sends the session rows put since they were read ahead (without waiting
+ * for the answers, as pg_session_put would have). */
+static int pg_ahead_flush(es_txn *t, es_err *err) {
+  pg_ahead *a = t->ahead;
+  int code = ES_OK;
+  for (size_t i = 0; a && a->n_dirty && i < a->n_si && code == ES_OK; i++) {
+    if (!a->si_dirty[i]) continue;
+    a->si_dirty[i] = 0; /* before sending: pg_send flushes first */
+    a->n_dirty--;
+    struct pg_params p;
+    pg_session_params(&p, &a->si[i]);
+    code = pg_send(t, ST_SESSION_PUT, &p, PEND_ANY, err);
+  }
+  return code;
+}
+
+/* The end of what was read ahead when the transaction goes on (or
+ * commits): the rows written behind are sent, then it is forgotten. */
+static int pg_ahead_end(es_txn *t, es_err *err) {
+  int code = pg_ahead_flush(t, err);
+  pg_ahead_drop(t);
+  return code;
 }
 
 /* ---- pipeline mode ------------------------------------------------------
@@ -1343,7 +1382,12 @@ static int pg_pipe(es_txn *t, es_err *err) {
  * pipeline) without waiting for its answer; kind says what its answer
  * must be (PEND_*). */
 static int pg_send(es_txn *t, int id, const pg_params *p, int kind, es_err *err) {
-  int code = pg_pipe(t, err);
+  int code;
+  /* rows written behind go first, except past an event row's own write */
+  if (t->ahead && t->ahead->n_dirty && id != ST_SESSION_PUT && id != ST_EVENT_UPDATE &&
+      id != ST_EVENT_INSERT && id != ST_EVENT_INSERT_MANY && (code = pg_ahead_flush(t, err)) != ES_OK)
+    return code;
+  code = pg_pipe(t, err);
   if (code != ES_OK) return code;
   pg_conn *c = t->c;
   char name[16];
@@ -1365,7 +1409,8 @@ static int pg_send(es_txn *t, int id, const pg_params *p, int kind, es_err *err)
 /* Sends a statement without parameters (BEGIN, SAVEPOINT, NOTIFY, COMMIT:
  * nothing to plan) without waiting for its answer. */
 static int pg_send_sql(es_txn *t, const char *sql, int kind, es_err *err) {
-  int code = pg_pipe(t, err);
+  int code = t->ahead && t->ahead->n_dirty ? pg_ahead_flush(t, err) : ES_OK;
+  if (code == ES_OK) code = pg_pipe(t, err);
   if (code != ES_OK) return code;
   pg_conn *c = t->c;
   if (!PQsendQueryParams(c->db, sql, 0, NULL, NULL, NULL, NULL, 0))
@@ -2032,6 +2077,7 @@ static void pg_write_rollback(es_txn *t) {
 static int pg_write_commit(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
   pg_pre_drop(t);
+  if (code == ES_OK) code = pg_ahead_end(t, err);
   pg_ahead_drop(t);
   if (code == ES_OK && !t->claim && t->pos_known && t->next_position > t->saved_next) {
     pg_params p = {0};
@@ -2081,6 +2127,8 @@ static int pg_savepoint_release(es_txn *t, es_err *err) {
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "postgres: release without a savepoint");
   int is_virtual = t->virtual_sp && t->depth == 1;
+  /* the caller's rows written behind are answered with its release too */
+  if (is_virtual && (code = pg_ahead_flush(t, err)) != ES_OK) return code;
   if (!is_virtual && (code = pg_send_sql(t, "RELEASE SAVEPOINT es_sp", PEND_ANY, err)) != ES_OK)
     return code;
   if ((code = pg_sync(t, NULL, err)) != ES_OK) return code;
@@ -2401,39 +2449,49 @@ static int pg_session_get(es_txn *t, const char *session, es_session_info *out, 
   return pg_get_one(t, t->write ? ST_SESSION_GET_LOCK : ST_SESSION_GET, &p, ROW_SESSION, out, err);
 }
 
+/* ST_SESSION_PUT's parameters. */
+static void pg_session_params(pg_params *p, const es_session_info *row) {
+  memset(p, 0, sizeof *p);
+  pp_str(p, row->session);
+  pp_int(p, row->head);
+  pp_int(p, row->events);
+  pp_int(p, row->pending);
+  pp_int(p, row->dead);
+  pp_int(p, row->attempts);
+  pp_int(p, row->failures);
+  pp_opt(p, row->first_at);
+  pp_opt(p, row->updated_at);
+  pp_int(p, row->fence);
+  pp_opt(p, row->sealed_at);
+  pp_str(p, row->seal_reason);
+  pp_str(p, row->lease_holder);
+  pp_opt(p, row->lease_token);
+  pp_opt(p, row->lease_expires_at);
+  pp_str(p, row->parent);
+  pp_opt(p, row->fork_at);
+  pp_opt(p, row->forked_at);
+  pp_int(p, row->first_index);
+  pp_int(p, row->archived_through);
+}
+
 static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
-  pg_params p = {0};
+  pg_params p;
   pg_pre_drop(t);
   es_session_info *ahead = pg_ahead_session(t, row->session);
-  if (ahead) { /* as this put leaves it */
+  if (ahead) { /* written behind (pg_ahead_flush) */
     es_session_info copy;
     if (es_session_info_copy(&copy, row) == ES_OK) {
       es_session_info_destroy(ahead);
       *ahead = copy;
-    } else {
-      pg_ahead_drop(t);
+      size_t i = (size_t)(ahead - t->ahead->si);
+      if (!t->ahead->si_dirty[i]) t->ahead->n_dirty++;
+      t->ahead->si_dirty[i] = 1;
+      return ES_OK;
     }
+    int code = pg_ahead_end(t, err); /* the others go now; this one below */
+    if (code != ES_OK) return code;
   }
-  pp_str(&p, row->session);
-  pp_int(&p, row->head);
-  pp_int(&p, row->events);
-  pp_int(&p, row->pending);
-  pp_int(&p, row->dead);
-  pp_int(&p, row->attempts);
-  pp_int(&p, row->failures);
-  pp_opt(&p, row->first_at);
-  pp_opt(&p, row->updated_at);
-  pp_int(&p, row->fence);
-  pp_opt(&p, row->sealed_at);
-  pp_str(&p, row->seal_reason);
-  pp_str(&p, row->lease_holder);
-  pp_opt(&p, row->lease_token);
-  pp_opt(&p, row->lease_expires_at);
-  pp_str(&p, row->parent);
-  pp_opt(&p, row->fork_at);
-  pp_opt(&p, row->forked_at);
-  pp_int(&p, row->first_index);
-  pp_int(&p, row->archived_through);
+  pg_session_params(&p, row);
   return pg_write(t, ST_SESSION_PUT, &p, NULL, err);
 }
 
@@ -2565,13 +2623,12 @@ static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *
  * aborted the transaction (STORAGE). */
 static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *indexes, size_t n,
                          const char *const *ids, size_t n_ids, es_err *err) {
-  pg_ahead_drop(t);
-  if (!t->write || t->claim || n == 0) return ES_OK;
+  int code = pg_ahead_end(t, err);
+  if (code != ES_OK || !t->write || t->claim || n == 0) return code;
   pg_pre_drop(t);
   char *s_arr = pg_text_array(sessions, n), *id_arr = n_ids ? pg_text_array(ids, n_ids) : NULL;
   char *i_arr = malloc(n * 21 + 3);
   pg_ahead *a = calloc(1, sizeof *a);
-  int code = ES_OK;
   if (!s_arr || !i_arr || !a || (n_ids && !id_arr)) code = pg_oom(err);
   t->ahead = a;
   if (code == ES_OK) {
@@ -2598,7 +2655,8 @@ static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *
   size_t ns = code == ES_OK ? (size_t)PQntuples(res[1]) : 0;
   if (code == ES_OK && ((ne && (!(a->ev = calloc(ne, sizeof *a->ev)) ||
                                 !(a->ev_live = calloc(ne, 1)))) ||
-                        (ns && !(a->si = calloc(ns, sizeof *a->si))) ||
+                        (ns && (!(a->si = calloc(ns, sizeof *a->si)) ||
+                                !(a->si_dirty = calloc(ns, 1)))) ||
                         (n_ids && !(a->absent = calloc(n_ids, sizeof *a->absent)))))
     code = pg_oom(err);
   for (size_t i = 0; code == ES_OK && i < ne; i++, a->n_ev++) {
@@ -2726,8 +2784,8 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
   char id[ES_MAX_NAME_BYTES + 1];
   *copied = 0;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
-  pg_ahead_drop(t); /* ids are stored without pg_event_insert */
-  int code = pg_positions(t, err);
+  int code = pg_ahead_end(t, err); /* ids are stored without pg_event_insert */
+  if (code == ES_OK) code = pg_positions(t, err);
   if (code != ES_OK) return code;
   int64_t base = t->next_position;
   char *arr = NULL;
@@ -3163,7 +3221,8 @@ static int pg_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_
 static int pg_remove(es_txn *t, int id, const char *session, int64_t through, int64_t *removed,
                      es_err *err) {
   pg_params p = {0};
-  pg_ahead_drop(t); /* rows go */
+  int code = pg_ahead_end(t, err); /* rows go */
+  if (code != ES_OK) return code;
   pp_str(&p, session);
   if (id == ST_EVENT_DELETE_RANGE || id == ST_SNAPSHOT_DELETE_FROM) pp_int(&p, through);
   *removed = 0;
