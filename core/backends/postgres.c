@@ -1365,11 +1365,11 @@ static int pg_send_fail(es_txn *t, const char *what, es_err *err) {
 /* Before sending on t's connection: pipeline mode on, the transaction
  * begun (a write transaction whose first caller was rolled back begins
  * again lazily), and room for the answers. */
-static int pg_pipe(es_txn *t, es_err *err) {
+static int pg_pipe_keep(es_txn *t, int keep_ins, es_err *err) {
   pg_conn *c = t->c;
   int code = pg_txn_check(t, err);
   if (code != ES_OK) return code;
-  if (t->ins_n && (code = pg_ins_flush(t, err)) != ES_OK) return code;
+  if (t->ins_n && !keep_ins && (code = pg_ins_flush(t, err)) != ES_OK) return code;
   if (!c->db || PQstatus(c->db) != CONNECTION_OK) return pg_send_fail(t, pg_what(t), err);
   if (c->n_pend >= PG_MAX_PEND - 4 && (code = pg_sync(t, NULL, err)) != ES_OK) return code;
   if (PQpipelineStatus(c->db) == PQ_PIPELINE_OFF && !PQenterPipelineMode(c->db))
@@ -1378,16 +1378,27 @@ static int pg_pipe(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
+static int pg_pipe(es_txn *t, es_err *err) { return pg_pipe_keep(t, 0, err); }
+
+static int pg_send_keep(es_txn *t, int id, const pg_params *p, int kind, int keep_ins, es_err *err);
+
 /* Sends statement id (preparing it on this connection first, in the same
  * pipeline) without waiting for its answer; kind says what its answer
  * must be (PEND_*). */
 static int pg_send(es_txn *t, int id, const pg_params *p, int kind, es_err *err) {
+  return pg_send_keep(t, id, p, kind, 0, err);
+}
+
+/* pg_send; keep_ins: the rows buffered for insertion may wait (the
+ * statement does not touch them), so that a batch's inserts go in one
+ * statement. */
+static int pg_send_keep(es_txn *t, int id, const pg_params *p, int kind, int keep_ins, es_err *err) {
   int code;
   /* rows written behind go first, except past an event row's own write */
   if (t->ahead && t->ahead->n_dirty && id != ST_SESSION_PUT && id != ST_EVENT_UPDATE &&
       id != ST_EVENT_INSERT && id != ST_EVENT_INSERT_MANY && (code = pg_ahead_flush(t, err)) != ES_OK)
     return code;
-  code = pg_pipe(t, err);
+  code = pg_pipe_keep(t, keep_ins, err);
   if (code != ES_OK) return code;
   pg_conn *c = t->c;
   char name[16];
@@ -2862,7 +2873,13 @@ static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   /* In a write or claim transaction the core read the row locked just
    * before: the update is sent without waiting, and a row that is gone
    * anyway fails the sync (STORAGE). */
-  if (t->write) return pg_send(t, ST_EVENT_UPDATE, &p, PEND_CHANGED, err);
+  if (t->write) {
+    /* A row older than every row buffered for insertion (positions are
+     * handed out in order) is not among them: its update need not wait
+     * for them, and a batch of completions inserts its results at once. */
+    int older = row->position > 0 && row->position < t->next_position - t->ins_n;
+    return pg_send_keep(t, ST_EVENT_UPDATE, &p, PEND_CHANGED, t->ins_n && older, err);
+  }
   int code = pg_write(t, ST_EVENT_UPDATE, &p, &changed, err);
   if (code != ES_OK) return code;
   return changed > 0 ? ES_OK : ES_NOT_FOUND;
