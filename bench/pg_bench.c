@@ -36,8 +36,10 @@
  * Every figure is the median of 3 rounds, each measuring the raw
  * reference and the store one after the other (order alternating), with
  * each round's own ratio printed beside it so the noise shows. Per round:
- * PG_BENCH_SCALE x 0.6 s for an append figure, PG_BENCH_SCALE x 1,000
- * events for a dispatch figure (about 80 s in all at scale 1 on 2 cores).
+ * PG_BENCH_SCALE x 0.6 s for an append figure, PG_BENCH_SCALE x 4,000
+ * events for a dispatch figure (enough that the binary's process start,
+ * ~80 ms, is a few percent of its time; about 3 minutes in all at scale 1
+ * on 2 cores). PG_BENCH_ONLY=appends or =dispatch runs one of the two.
  *
  * Every schema it makes is named pgb_<pid>_<n> (refused if it exists) and
  * dropped at the end of its round.
@@ -778,7 +780,7 @@ int main(int argc, char **argv) {
     if (*end || !(scale > 0 && scale <= 100)) die("PG_BENCH_SCALE must be a number in (0, 100]: %s", sc);
   }
   double seconds = 0.6 * scale; /* per round of an append figure */
-  long n = (long)(1000 * scale); /* events per round of a dispatch figure */
+  long n = (long)(4000 * scale); /* events per round of a dispatch figure */
   if (n < 100) n = 100;
   /* PG_BENCH_ONLY=appends|dispatch runs one part (to rerun one table) */
   const char *only = getenv("PG_BENCH_ONLY");

@@ -211,6 +211,7 @@ enum {
   ST_BEGIN_LOCK, ST_BEGIN_POSITIONS, ST_META_NEXT, ST_CLAIM_SETUP,
   ST_SESSION_CLAIMED, ST_EVENT_INSERT_MANY,
   ST_COUNTS, /* §3.12 */
+  ST_AHEAD_EVENTS, ST_AHEAD_SESSIONS, ST_AHEAD_IDS, /* pg_read_ahead */
   ST_COUNT
 };
 
@@ -220,6 +221,14 @@ enum {
  * `LIMIT NULL` is no limit. */
 static const char *const pg_sql[ST_COUNT] = {
     [ST_COUNTS] = "SELECT sessions, events, pending, dead FROM counts WHERE scope = $1",
+    /* pg_read_ahead: what complete_many's completions will read, locked as
+     * ST_EVENT_GET_LOCK and ST_SESSION_GET_LOCK lock it */
+    [ST_AHEAD_EVENTS] = "SELECT " EV_COLS " FROM events"
+                        " WHERE (session, idx) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))"
+                        " FOR UPDATE",
+    [ST_AHEAD_SESSIONS] = "SELECT " SESS_COLS " FROM sessions WHERE session = ANY($1::text[])"
+                          " FOR UPDATE",
+    [ST_AHEAD_IDS] = "SELECT id FROM events WHERE id = ANY($1::text[])",
     [ST_MAX_POSITION] = "SELECT coalesce(max(position), 0) FROM events",
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = $1",
     [ST_SESSION_PUT] = "INSERT INTO sessions(" SESS_COLS
@@ -680,6 +689,7 @@ struct es_txn {
   es_event ins_first;              /* write: owned, the first row buffered (sent alone as such) */
   PGresult *pre_session;           /* write: the row of pre_name, read (locked) with an event */
   char *pre_name;                  /* write: owned, whose session row pre_session holds */
+  struct pg_ahead *ahead;          /* write: owned, rows read ahead (pg_read_ahead), or NULL */
   int64_t next_position;           /* write: the position the next insert gets */
   int64_t saved_next;              /* write: the stored high-water mark when the txn began */
   int64_t sp_next[PG_MAX_SAVEPOINTS];
@@ -1182,6 +1192,114 @@ static void pg_pre_drop(es_txn *t) {
   t->pre_name = NULL;
 }
 
+/* ---- rows read ahead (pg_read_ahead) -----------------------------------
+ *
+ * complete_many hands the backend, before its completions run, the events
+ * they complete and the ids of the events they return. They are read in
+ * one round trip (locked, as event_get and session_get lock them in a
+ * write transaction), so that a batch of completions holds the store's
+ * lock for a few round trips instead of one or more per completion. What
+ * was read stays right: an event row answers one event_get and is
+ * forgotten once read or rewritten; a session row is rewritten with every
+ * session_put of the transaction; an id is known absent until a row with
+ * it is inserted. Anything else that writes rows (deletes, copies), a
+ * savepoint's rollback and the end of the transaction forget it all.
+ *
+ * The session rows are also written behind: a put of a row read ahead
+ * only changes the copy here, and the row is sent once (pg_ahead_flush)
+ * before any statement other than an event row's insert or update, that
+ * is before anything that could read it on the server, before a
+ * savepoint, a release and the commit. Completions of one session's
+ * events (a claim batch often holds many) then rewrite its row once per
+ * batch instead of once each: every rewrite of one row in one
+ * transaction leaves a version the next one steps over, and fires the
+ * counts trigger. */
+
+typedef struct pg_ahead {
+  es_event *ev;                    /* [n_ev] events read, each answers one event_get */
+  unsigned char *ev_live;          /* [n_ev] 1 until read or rewritten */
+  size_t n_ev;
+  es_session_info *si;             /* [n_si] their sessions' rows, as the transaction left them */
+  unsigned char *si_dirty;         /* [n_si] 1: put since, not yet sent (pg_ahead_flush) */
+  size_t n_si, n_dirty;
+  char **absent;                   /* [n_absent] ids not stored; NULL once inserted */
+  size_t n_absent;
+} pg_ahead;
+
+static void pg_ahead_drop(es_txn *t) {
+  pg_ahead *a = t->ahead;
+  if (!a) return;
+  for (size_t i = 0; i < a->n_ev; i++)
+    if (a->ev_live[i]) es_event_destroy(&a->ev[i]);
+  for (size_t i = 0; i < a->n_si; i++) es_session_info_destroy(&a->si[i]);
+  for (size_t i = 0; i < a->n_absent; i++) free(a->absent[i]);
+  free(a->ev);
+  free(a->ev_live);
+  free(a->si);
+  free(a->si_dirty);
+  free(a->absent);
+  free(a);
+  t->ahead = NULL;
+}
+
+/* Forgets the rows read ahead for (session, index) (rewritten); with out,
+ * the first of them moves there instead: 1 when one did. */
+static int pg_ahead_event(es_txn *t, const char *session, int64_t index, es_event *out) {
+  pg_ahead *a = t->ahead;
+  int found = 0;
+  for (size_t i = 0; a && i < a->n_ev; i++) {
+    if (!a->ev_live[i] || a->ev[i].index != index || strcmp(a->ev[i].session, session) != 0)
+      continue;
+    a->ev_live[i] = 0;
+    if (out && !found) *out = a->ev[i];
+    else es_event_destroy(&a->ev[i]);
+    found = 1;
+  }
+  return found;
+}
+
+static es_session_info *pg_ahead_session(es_txn *t, const char *session) {
+  pg_ahead *a = t->ahead;
+  for (size_t i = 0; a && i < a->n_si; i++)
+    if (strcmp(a->si[i].session, session) == 0) return &a->si[i];
+  return NULL;
+}
+
+/* The entry of id among the ids known absent, or NULL. */
+static char **pg_ahead_absent(es_txn *t, const char *id) {
+  pg_ahead *a = t->ahead;
+  for (size_t i = 0; a && i < a->n_absent; i++)
+    if (a->absent[i] && strcmp(a->absent[i], id) == 0) return &a->absent[i];
+  return NULL;
+}
+
+static int pg_send(es_txn *t, int id, const struct pg_params *p, int kind, es_err *err);
+static void pg_session_params(struct pg_params *p, const es_session_info *row);
+
+/* Sends the session rows put since they were read ahead (without waiting
+ * for the answers, as pg_session_put would have). */
+static int pg_ahead_flush(es_txn *t, es_err *err) {
+  pg_ahead *a = t->ahead;
+  int code = ES_OK;
+  for (size_t i = 0; a && a->n_dirty && i < a->n_si && code == ES_OK; i++) {
+    if (!a->si_dirty[i]) continue;
+    a->si_dirty[i] = 0; /* before sending: pg_send flushes first */
+    a->n_dirty--;
+    struct pg_params p;
+    pg_session_params(&p, &a->si[i]);
+    code = pg_send(t, ST_SESSION_PUT, &p, PEND_ANY, err);
+  }
+  return code;
+}
+
+/* The end of what was read ahead when the transaction goes on (or
+ * commits): the rows written behind are sent, then it is forgotten. */
+static int pg_ahead_end(es_txn *t, es_err *err) {
+  int code = pg_ahead_flush(t, err);
+  pg_ahead_drop(t);
+  return code;
+}
+
 /* ---- pipeline mode ------------------------------------------------------
  *
  * A write or claim transaction does not wait for the answers of the
@@ -1247,11 +1365,11 @@ static int pg_send_fail(es_txn *t, const char *what, es_err *err) {
 /* Before sending on t's connection: pipeline mode on, the transaction
  * begun (a write transaction whose first caller was rolled back begins
  * again lazily), and room for the answers. */
-static int pg_pipe(es_txn *t, es_err *err) {
+static int pg_pipe_keep(es_txn *t, int keep_ins, es_err *err) {
   pg_conn *c = t->c;
   int code = pg_txn_check(t, err);
   if (code != ES_OK) return code;
-  if (t->ins_n && (code = pg_ins_flush(t, err)) != ES_OK) return code;
+  if (t->ins_n && !keep_ins && (code = pg_ins_flush(t, err)) != ES_OK) return code;
   if (!c->db || PQstatus(c->db) != CONNECTION_OK) return pg_send_fail(t, pg_what(t), err);
   if (c->n_pend >= PG_MAX_PEND - 4 && (code = pg_sync(t, NULL, err)) != ES_OK) return code;
   if (PQpipelineStatus(c->db) == PQ_PIPELINE_OFF && !PQenterPipelineMode(c->db))
@@ -1260,11 +1378,27 @@ static int pg_pipe(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
+static int pg_pipe(es_txn *t, es_err *err) { return pg_pipe_keep(t, 0, err); }
+
+static int pg_send_keep(es_txn *t, int id, const pg_params *p, int kind, int keep_ins, es_err *err);
+
 /* Sends statement id (preparing it on this connection first, in the same
  * pipeline) without waiting for its answer; kind says what its answer
  * must be (PEND_*). */
 static int pg_send(es_txn *t, int id, const pg_params *p, int kind, es_err *err) {
-  int code = pg_pipe(t, err);
+  return pg_send_keep(t, id, p, kind, 0, err);
+}
+
+/* pg_send; keep_ins: the rows buffered for insertion may wait (the
+ * statement does not touch them), so that a batch's inserts go in one
+ * statement. */
+static int pg_send_keep(es_txn *t, int id, const pg_params *p, int kind, int keep_ins, es_err *err) {
+  int code;
+  /* rows written behind go first, except past an event row's own write */
+  if (t->ahead && t->ahead->n_dirty && id != ST_SESSION_PUT && id != ST_EVENT_UPDATE &&
+      id != ST_EVENT_INSERT && id != ST_EVENT_INSERT_MANY && (code = pg_ahead_flush(t, err)) != ES_OK)
+    return code;
+  code = pg_pipe_keep(t, keep_ins, err);
   if (code != ES_OK) return code;
   pg_conn *c = t->c;
   char name[16];
@@ -1286,7 +1420,8 @@ static int pg_send(es_txn *t, int id, const pg_params *p, int kind, es_err *err)
 /* Sends a statement without parameters (BEGIN, SAVEPOINT, NOTIFY, COMMIT:
  * nothing to plan) without waiting for its answer. */
 static int pg_send_sql(es_txn *t, const char *sql, int kind, es_err *err) {
-  int code = pg_pipe(t, err);
+  int code = t->ahead && t->ahead->n_dirty ? pg_ahead_flush(t, err) : ES_OK;
+  if (code == ES_OK) code = pg_pipe(t, err);
   if (code != ES_OK) return code;
   pg_conn *c = t->c;
   if (!PQsendQueryParams(c->db, sql, 0, NULL, NULL, NULL, NULL, 0))
@@ -1784,6 +1919,7 @@ static void pg_pool_close(pg_pool *pool) {
 static void pg_close(es_backend *b) {
   if (!b) return;
   pg_pre_drop(&b->wt);
+  pg_ahead_drop(&b->wt);
   pg_ins_free(&b->wt);
   pg_pool_close(&b->readers);
   pg_pool_close(&b->claimers);
@@ -1854,6 +1990,7 @@ fail:
 static void pg_rollback_txn(es_txn *t) {
   pg_conn *c = t->c;
   pg_pre_drop(t);
+  pg_ahead_drop(t);
   pg_ins_discard(t);
   pg_drain(t);
   /* still in pipeline mode with nothing to read (a send that failed):
@@ -1951,6 +2088,8 @@ static void pg_write_rollback(es_txn *t) {
 static int pg_write_commit(es_txn *t, es_err *err) {
   int code = pg_txn_check(t, err);
   pg_pre_drop(t);
+  if (code == ES_OK) code = pg_ahead_end(t, err);
+  pg_ahead_drop(t);
   if (code == ES_OK && !t->claim && t->pos_known && t->next_position > t->saved_next) {
     pg_params p = {0};
     pp_int(&p, t->next_position);
@@ -1999,6 +2138,8 @@ static int pg_savepoint_release(es_txn *t, es_err *err) {
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "postgres: release without a savepoint");
   int is_virtual = t->virtual_sp && t->depth == 1;
+  /* the caller's rows written behind are answered with its release too */
+  if (is_virtual && (code = pg_ahead_flush(t, err)) != ES_OK) return code;
   if (!is_virtual && (code = pg_send_sql(t, "RELEASE SAVEPOINT es_sp", PEND_ANY, err)) != ES_OK)
     return code;
   if ((code = pg_sync(t, NULL, err)) != ES_OK) return code;
@@ -2019,6 +2160,7 @@ static int pg_release_commit(es_txn *t, es_err *err) {
 
 static void pg_savepoint_rollback(es_txn *t) {
   pg_pre_drop(t);
+  pg_ahead_drop(t);
   pg_ins_discard(t); /* this caller's rows */
   if (t->broken || t->depth <= 0) return;
   pg_drain(t);
@@ -2305,6 +2447,8 @@ static int pg_session_get(es_txn *t, const char *session, es_session_info *out, 
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  es_session_info *ahead = pg_ahead_session(t, session);
+  if (ahead) return es_session_info_copy(out, ahead) == ES_OK ? ES_OK : pg_oom(err);
   if (t->pre_name && strcmp(t->pre_name, session) == 0) {
     /* read (locked) with the event just before, unchanged since */
     if (PQntuples(t->pre_session) == 0) code = ES_NOT_FOUND;
@@ -2316,29 +2460,49 @@ static int pg_session_get(es_txn *t, const char *session, es_session_info *out, 
   return pg_get_one(t, t->write ? ST_SESSION_GET_LOCK : ST_SESSION_GET, &p, ROW_SESSION, out, err);
 }
 
+/* ST_SESSION_PUT's parameters. */
+static void pg_session_params(pg_params *p, const es_session_info *row) {
+  memset(p, 0, sizeof *p);
+  pp_str(p, row->session);
+  pp_int(p, row->head);
+  pp_int(p, row->events);
+  pp_int(p, row->pending);
+  pp_int(p, row->dead);
+  pp_int(p, row->attempts);
+  pp_int(p, row->failures);
+  pp_opt(p, row->first_at);
+  pp_opt(p, row->updated_at);
+  pp_int(p, row->fence);
+  pp_opt(p, row->sealed_at);
+  pp_str(p, row->seal_reason);
+  pp_str(p, row->lease_holder);
+  pp_opt(p, row->lease_token);
+  pp_opt(p, row->lease_expires_at);
+  pp_str(p, row->parent);
+  pp_opt(p, row->fork_at);
+  pp_opt(p, row->forked_at);
+  pp_int(p, row->first_index);
+  pp_int(p, row->archived_through);
+}
+
 static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
-  pg_params p = {0};
+  pg_params p;
   pg_pre_drop(t);
-  pp_str(&p, row->session);
-  pp_int(&p, row->head);
-  pp_int(&p, row->events);
-  pp_int(&p, row->pending);
-  pp_int(&p, row->dead);
-  pp_int(&p, row->attempts);
-  pp_int(&p, row->failures);
-  pp_opt(&p, row->first_at);
-  pp_opt(&p, row->updated_at);
-  pp_int(&p, row->fence);
-  pp_opt(&p, row->sealed_at);
-  pp_str(&p, row->seal_reason);
-  pp_str(&p, row->lease_holder);
-  pp_opt(&p, row->lease_token);
-  pp_opt(&p, row->lease_expires_at);
-  pp_str(&p, row->parent);
-  pp_opt(&p, row->fork_at);
-  pp_opt(&p, row->forked_at);
-  pp_int(&p, row->first_index);
-  pp_int(&p, row->archived_through);
+  es_session_info *ahead = pg_ahead_session(t, row->session);
+  if (ahead) { /* written behind (pg_ahead_flush) */
+    es_session_info copy;
+    if (es_session_info_copy(&copy, row) == ES_OK) {
+      es_session_info_destroy(ahead);
+      *ahead = copy;
+      size_t i = (size_t)(ahead - t->ahead->si);
+      if (!t->ahead->si_dirty[i]) t->ahead->n_dirty++;
+      t->ahead->si_dirty[i] = 1;
+      return ES_OK;
+    }
+    int code = pg_ahead_end(t, err); /* the others go now; this one below */
+    if (code != ES_OK) return code;
+  }
+  pg_session_params(&p, row);
   return pg_write(t, ST_SESSION_PUT, &p, NULL, err);
 }
 
@@ -2427,6 +2591,7 @@ static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event 
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
+  if (t->write && !t->claim && pg_ahead_event(t, session, index, out)) return ES_OK;
   pp_str(&p, session);
   pp_int(&p, index);
   if (t->write && !t->claim) {
@@ -2458,8 +2623,73 @@ static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event 
 
 static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
   pg_params p = {0};
+  if (pg_ahead_absent(t, id)) return ES_NOT_FOUND;
   pp_str(&p, id);
   return pg_get_one(t, ST_EVENT_GET_BY_ID, &p, ROW_EVENT, out, err);
+}
+
+/* The reads complete_many's completions will make, in one round trip
+ * (the rows read ahead, above). Only a hint: anything it cannot do leaves
+ * the calls to read for themselves, except a failed statement, which has
+ * aborted the transaction (STORAGE). */
+static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *indexes, size_t n,
+                         const char *const *ids, size_t n_ids, es_err *err) {
+  int code = pg_ahead_end(t, err);
+  if (code != ES_OK || !t->write || t->claim || n == 0) return code;
+  pg_pre_drop(t);
+  char *s_arr = pg_text_array(sessions, n), *id_arr = n_ids ? pg_text_array(ids, n_ids) : NULL;
+  char *i_arr = malloc(n * 21 + 3);
+  pg_ahead *a = calloc(1, sizeof *a);
+  if (!s_arr || !i_arr || !a || (n_ids && !id_arr)) code = pg_oom(err);
+  t->ahead = a;
+  if (code == ES_OK) {
+    size_t len = 0;
+    i_arr[len++] = '{';
+    for (size_t i = 0; i < n; i++)
+      len += (size_t)sprintf(i_arr + len, "%s%" PRId64, i ? "," : "", indexes[i]);
+    i_arr[len++] = '}';
+    i_arr[len] = '\0';
+    pg_params pe = {0}, ps = {0}, pi = {0};
+    pp_str(&pe, s_arr);
+    pp_str(&pe, i_arr);
+    pp_str(&ps, s_arr);
+    pp_str(&pi, id_arr);
+    code = pg_send(t, ST_AHEAD_EVENTS, &pe, PEND_WANT, err);
+    if (code == ES_OK) code = pg_send(t, ST_AHEAD_SESSIONS, &ps, PEND_WANT, err);
+    if (code == ES_OK && n_ids) code = pg_send(t, ST_AHEAD_IDS, &pi, PEND_WANT, err);
+  }
+  PGresult *res[3] = {NULL, NULL, NULL};
+  if (code == ES_OK) code = pg_sync_n(t, res, n_ids ? 3 : 2, err);
+  if (code == ES_OK && (!res[0] || !res[1] || (n_ids && !res[2])))
+    code = es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
+  size_t ne = code == ES_OK ? (size_t)PQntuples(res[0]) : 0;
+  size_t ns = code == ES_OK ? (size_t)PQntuples(res[1]) : 0;
+  if (code == ES_OK && ((ne && (!(a->ev = calloc(ne, sizeof *a->ev)) ||
+                                !(a->ev_live = calloc(ne, 1)))) ||
+                        (ns && (!(a->si = calloc(ns, sizeof *a->si)) ||
+                                !(a->si_dirty = calloc(ns, 1)))) ||
+                        (n_ids && !(a->absent = calloc(n_ids, sizeof *a->absent)))))
+    code = pg_oom(err);
+  for (size_t i = 0; code == ES_OK && i < ne; i++, a->n_ev++) {
+    if (pg_decode_event(res[0], (int)i, 1, &a->ev[i]) != ES_OK) code = pg_oom(err);
+    else a->ev_live[i] = 1;
+  }
+  for (size_t i = 0; code == ES_OK && i < ns; i++, a->n_si++)
+    if (pg_decode_session(res[1], (int)i, 1, &a->si[i]) != ES_OK) code = pg_oom(err);
+  /* the ids no row has (a few: n_ids x the rows found) */
+  for (size_t i = 0; code == ES_OK && i < n_ids; i++) {
+    int stored = 0;
+    for (int r = 0; !stored && r < PQntuples(res[2]); r++) stored = !strcmp(PQgetvalue(res[2], r, 0), ids[i]);
+    /* once, however many completions name it: the insert forgets it */
+    if (!stored && !pg_ahead_absent(t, ids[i]) && !(a->absent[a->n_absent++] = strdup(ids[i])))
+      code = pg_oom(err);
+  }
+  for (int i = 0; i < 3; i++) PQclear(res[i]);
+  free(s_arr);
+  free(i_arr);
+  free(id_arr);
+  if (code != ES_OK) pg_ahead_drop(t);
+  return code;
 }
 
 /* The single-row INSERT's parameters (EV_COLS's order, key as $30). */
@@ -2543,6 +2773,11 @@ static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
     pg_txn_break(t, "out of memory");
     return pg_oom(err);
   }
+  char **absent = row->id ? pg_ahead_absent(t, row->id) : NULL;
+  if (absent) { /* stored now (listed once: pg_read_ahead) */
+    free(*absent);
+    *absent = NULL;
+  }
   t->ins_n++;
   t->ins_bytes += row->payload_len + 64;
   t->next_position++;
@@ -2560,7 +2795,8 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
   char id[ES_MAX_NAME_BYTES + 1];
   *copied = 0;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
-  int code = pg_positions(t, err);
+  int code = pg_ahead_end(t, err); /* ids are stored without pg_event_insert */
+  if (code == ES_OK) code = pg_positions(t, err);
   if (code != ES_OK) return code;
   int64_t base = t->next_position;
   char *arr = NULL;
@@ -2615,6 +2851,7 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
 static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   pg_params p = {0};
   int64_t changed = 0;
+  pg_ahead_event(t, row->session, row->index, NULL); /* read again from now on */
   pp_str(&p, row->session);
   pp_int(&p, row->index);
   pp_int(&p, row->status);
@@ -2636,7 +2873,13 @@ static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   /* In a write or claim transaction the core read the row locked just
    * before: the update is sent without waiting, and a row that is gone
    * anyway fails the sync (STORAGE). */
-  if (t->write) return pg_send(t, ST_EVENT_UPDATE, &p, PEND_CHANGED, err);
+  if (t->write) {
+    /* A row older than every row buffered for insertion (positions are
+     * handed out in order) is not among them: its update need not wait
+     * for them, and a batch of completions inserts its results at once. */
+    int older = row->position > 0 && row->position < t->next_position - t->ins_n;
+    return pg_send_keep(t, ST_EVENT_UPDATE, &p, PEND_CHANGED, t->ins_n && older, err);
+  }
   int code = pg_write(t, ST_EVENT_UPDATE, &p, &changed, err);
   if (code != ES_OK) return code;
   return changed > 0 ? ES_OK : ES_NOT_FOUND;
@@ -2995,6 +3238,8 @@ static int pg_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_
 static int pg_remove(es_txn *t, int id, const char *session, int64_t through, int64_t *removed,
                      es_err *err) {
   pg_params p = {0};
+  int code = pg_ahead_end(t, err); /* rows go */
+  if (code != ES_OK) return code;
   pp_str(&p, session);
   if (id == ST_EVENT_DELETE_RANGE || id == ST_SNAPSHOT_DELETE_FROM) pp_int(&p, through);
   *removed = 0;
@@ -3341,6 +3586,7 @@ static void pg_wake(es_backend *b) {
       .claim_ready = pg_claim_ready,                            \
       .session_claimed = pg_session_claimed,                    \
       .claim_commit = pg_claim_commit,                          \
+      .read_ahead = pg_read_ahead,                              \
       .counts = pg_counts,                                      \
   }
 

@@ -322,6 +322,18 @@ typedef struct es_backend_ops {
    * row stores), in fewer statements. On failure some of the rows may be
    * in: the core rolls its savepoint back. */
   int (*event_insert_many)(es_txn *t, es_event *rows, size_t n, es_err *err);
+  /* Optional (NULL: none): a hint that the calls to come in this write
+   * transaction will read the events at (sessions[i], indexes[i]) for i <
+   * n (event_get), their sessions' rows (session_get) and look up the ids
+   * ids[0..n_ids) (event_get_by_id), as complete_many does. A backend whose
+   * reads are round trips reads them all now, in one step, locked as
+   * event_get and session_get lock them, and answers those calls from what
+   * it read. The answers must be exactly those the calls would give
+   * without the hint: what was read ahead follows the transaction's own
+   * writes (or is forgotten by them), and is forgotten at a savepoint's
+   * rollback, at the end of the transaction and at the next read_ahead. */
+  int (*read_ahead)(es_txn *t, const char *const *sessions, const int64_t *indexes, size_t n,
+                    const char *const *ids, size_t n_ids, es_err *err);
   /* Optional (NULL: none; both or neither): lazy_begin() before
    * write_begin and lazy_end() after write_commit / write_rollback bracket
    * one write transaction whose commit need not be durable when

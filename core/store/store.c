@@ -2256,26 +2256,71 @@ typedef struct {
   int64_t now;
 } complete_many_args;
 
-/* Each completion as do_complete; an item's own error (NO_SUCH_EVENT,
- * STALE_FENCE, SEALED, PARTIAL_DUPLICATE_BATCH, ...) is its answer alone.
- * An item that appends events runs in a savepoint of its own, so one that
- * fails halfway leaves nothing. One without events needs none: every
+/* Does completion c need a savepoint of its own in complete_many? Every
  * error do_complete can meet before its first write is an answer, and
  * after it only STORAGE, which fails the whole call (the transaction is
- * rolled back: every item is then STORAGE, to be tried again). */
+ * rolled back: every item is then STORAGE, to be tried again), as long as
+ * its events are inserted without a step that can refuse one of them
+ * halfway: an event with a key is sealed (the key may be refused), one
+ * without an id may be given one by the store's id source (which may
+ * fail). Only such items need a savepoint, so that one failing halfway
+ * leaves nothing. */
+static int completion_needs_savepoint(const es_completion *c) {
+  for (size_t i = 0; i < c->n; i++)
+    if (!c->evs[i].id || c->evs[i].key) return 1;
+  return 0;
+}
+
+/* The most completions whose reads go ahead together (read_ahead). */
+#define READ_AHEAD_MAX 64
+
+/* Tells the backend what completions v[0..n) will read (read_ahead). */
+static int complete_read_ahead(es_store *s, es_txn *t, const es_completion *v, size_t n,
+                               es_err *err) {
+  const char *sessions[READ_AHEAD_MAX];
+  int64_t indexes[READ_AHEAD_MAX];
+  size_t n_ids = 0;
+  for (size_t i = 0; i < n; i++) {
+    sessions[i] = v[i].session;
+    indexes[i] = v[i].index;
+    n_ids += v[i].n;
+  }
+  const char **ids = n_ids ? malloc(n_ids * sizeof *ids) : NULL;
+  if (n_ids && !ids) return nomem(err);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < v[i].n; j++)
+      if (v[i].evs[j].id) ids[k++] = v[i].evs[j].id;
+  int rc = s->ops->read_ahead(t, sessions, indexes, n, ids, k, err);
+  free(ids);
+  return rc;
+}
+
+/* Each completion as do_complete; an item's own error (NO_SUCH_EVENT,
+ * STALE_FENCE, SEALED, PARTIAL_DUPLICATE_BATCH, ...) is its answer alone.
+ * The reads of up to READ_AHEAD_MAX items go ahead together. */
 static int do_complete_many(es_store *s, es_txn *t, void *arg, es_err *err) {
   complete_many_args *m = arg;
   for (size_t i = 0; i < m->n; i++) {
     es_completion *c = &m->v[i];
+    if (s->ops->read_ahead && i % READ_AHEAD_MAX == 0) {
+      size_t n = m->n - i < READ_AHEAD_MAX ? m->n - i : READ_AHEAD_MAX;
+      int rc = complete_read_ahead(s, t, c, n, err);
+      if (rc) {
+        for (size_t j = i; j < m->n; j++) m->v[j].rc = rc, m->v[j].err = *err;
+        return rc;
+      }
+    }
     es_events out;
     memset(&out, 0, sizeof out);
     complete_args a = {c->session, c->index, c->attempt, c->evs, c->n, c->fence, m->now, 0, &out,
                        NULL};
     memset(&c->err, 0, sizeof c->err);
-    int rc = c->n ? s->ops->savepoint(t, &c->err) : ES_OK;
+    int own_sp = completion_needs_savepoint(c);
+    int rc = own_sp ? s->ops->savepoint(t, &c->err) : ES_OK;
     if (rc == ES_OK) {
       rc = do_complete(s, t, &a, &c->err);
-      if (c->n) {
+      if (own_sp) {
         if (rc == ES_OK) rc = s->ops->savepoint_release(t, &c->err);
         if (rc != ES_OK) s->ops->savepoint_rollback(t);
       }
