@@ -38,8 +38,8 @@
  * each round's own ratio printed beside it so the noise shows. Per round:
  * PG_BENCH_SCALE x 0.6 s for an append figure, PG_BENCH_SCALE x 4,000
  * events for a dispatch figure (enough that the binary's process start,
- * ~80 ms, is a few percent of its time; about 3 minutes in all at scale 1
- * on 2 cores). PG_BENCH_ONLY=appends or =dispatch runs one of the two.
+ * ~80 ms, is a few percent of its time; about 90 s in all at scale 1 on
+ * 2 cores). PG_BENCH_ONLY=appends or =dispatch runs one of the two.
  *
  * Every schema it makes is named pgb_<pid>_<n> (refused if it exists) and
  * dropped at the end of its round.
