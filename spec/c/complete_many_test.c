@@ -33,13 +33,7 @@
 
 #include "store/store.h"
 
-static int test_no, failures;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) failures++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
+#include "tap.h"
 
 /* One clock for every store: the time only moves between scenarios, so
  * both stores of a pair see the same times. */
@@ -908,12 +902,6 @@ static void run(const char *label, const char *url_a, const char *url_b, const c
   close_pair(&p);
 }
 
-/* ES_PG_URL with a fresh schema (each run its own store). */
-static void pg_url(const char *base, const char *what, char *out, size_t cap) {
-  snprintf(out, cap, "%s%sschema=c_cm_%s_%ld_%ld", base, strchr(base, '?') ? "&" : "?", what,
-           (long)getpid(), (long)time(NULL));
-}
-
 int main(void) {
   printf("# complete_many_test: complete_many against sequential complete\n");
   char dir[] = "/tmp/es-cm-XXXXXX";
@@ -930,23 +918,16 @@ int main(void) {
   const char *pg = getenv("ES_PG_URL");
   if (pg && *pg) {
     char u1[1024], u2[1024];
-    pg_url(pg, "a", u1, sizeof u1);
-    pg_url(pg, "b", u2, sizeof u2);
+    pg_url(pg, "cm_a", u1, sizeof u1);
+    pg_url(pg, "cm_b", u2, sizeof u2);
     run("postgres", u1, u2, ka, kb);
   } else {
     printf("# postgres: skipped (ES_PG_URL is not set; make test sets it)\n");
   }
-  char path[200];
-  static const char *const suffixes[] = {"", "-wal", "-shm"};
-  for (int i = 0; i < 3; i++) {
-    snprintf(path, sizeof path, "%s%s", pa, suffixes[i]);
-    unlink(path);
-    snprintf(path, sizeof path, "%s%s", pb, suffixes[i]);
-    unlink(path);
-  }
+  unlink_sqlite(pa);
+  unlink_sqlite(pb);
   unlink(ka);
   unlink(kb);
   rmdir(dir);
-  printf("# %d tests, %d failed\n", test_no, failures);
-  return failures ? 1 : 0;
+  return tap_done();
 }

@@ -16,13 +16,7 @@
 
 #include "engine/engine.h"
 
-static int test_no, failures;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) failures++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
+#include "tap.h"
 
 static char dir[64];
 
@@ -192,6 +186,5 @@ int main(void) {
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-  printf("# %d tests, %d failed\n", test_no, failures);
-  return failures ? 1 : 0;
+  return tap_done();
 }

@@ -19,13 +19,7 @@
 #include "codec/json_doc.h"
 #include "http/internal.h"
 
-static int test_no, failures;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) failures++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
+#include "tap.h"
 
 /* ------------------------------------------------------------------------ */
 /* a request, its answer and the answer read back as JSON */
@@ -933,6 +927,5 @@ int main(void) {
   test_state(s);
   es_store_release(s);
 
-  printf("# %d tests, %d failed\n", test_no, failures);
-  return failures ? 1 : 0;
+  return tap_done();
 }

@@ -15,13 +15,7 @@
 
 #include "http/internal.h"
 
-static int test_no, failures;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) failures++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
+#include "tap.h"
 
 static es_http_limits limits;
 static atomic_int stopping_flag, streams_open;

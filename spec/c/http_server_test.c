@@ -19,13 +19,7 @@
 #include "http/tokens.h"
 #include "store/store.h"
 
-static int test_no, n_failed;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) n_failed++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
+#include "tap.h"
 
 static int says(const es_err *err, const char *part) { return strstr(err->msg, part) != NULL; }
 
@@ -179,5 +173,5 @@ int main(void) {
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) printf("# could not remove %s\n", dir);
   printf("1..%d\n", test_no);
-  return n_failed ? 1 : 0;
+  return failures ? 1 : 0;
 }

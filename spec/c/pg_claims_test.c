@@ -31,29 +31,17 @@
 
 #include "store/store.h"
 
+#include "tap.h"
+
 #define HANDLES 3
 #define WORKERS_PER 2
 #define SESSIONS 3
 #define PER_WRITER 150
 
-static int test_no, failures;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) failures++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
-
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* ES_PG_URL with a fresh schema. */
-static void fresh_url(const char *base, const char *what, char *out, size_t cap) {
-  snprintf(out, cap, "%s%sschema=c_%s_%ld_%ld", base, strchr(base, '?') ? "&" : "?", what,
-           (long)getpid(), (long)time(NULL));
 }
 
 static es_store *open_or_die(const char *url) {
@@ -146,7 +134,7 @@ static void *worker(void *arg) {
 
 static void several_handles(const char *base) {
   char url[1024];
-  fresh_url(base, "par", url, sizeof url);
+  pg_url(base, "par", url, sizeof url);
   es_store *h[HANDLES] = {0};
   for (int i = 0; i < HANDLES; i++)
     if (!(h[i] = open_or_die(url))) {
@@ -227,7 +215,7 @@ static void *waiter(void *arg) {
 
 static void close_wakes_waiter(const char *base) {
   char url[1024];
-  fresh_url(base, "close", url, sizeof url);
+  pg_url(base, "close", url, sizeof url);
   es_store *s = open_or_die(url);
   if (!s) {
     ok(0, "close wakes a wait: open");
@@ -251,7 +239,7 @@ static void close_wakes_waiter(const char *base) {
 
 static void commit_wakes_waiter(const char *base) {
   char url[1024];
-  fresh_url(base, "inproc", url, sizeof url);
+  pg_url(base, "inproc", url, sizeof url);
   es_store *s = open_or_die(url);
   if (!s) {
     ok(0, "an in-process commit wakes a wait: open");
@@ -429,6 +417,5 @@ int main(void) {
   close_wakes_waiter(base);
   commit_wakes_waiter(base);
   group_commit_unchanged_row(base);
-  printf("# %d tests, %d failed\n", test_no, failures);
-  return failures ? 1 : 0;
+  return tap_done();
 }

@@ -23,13 +23,7 @@
 #include "store/segment.h"
 #include "store/store.h"
 
-static int test_no, n_failed;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) n_failed++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
+#include "tap.h"
 
 #define N_EV 5
 
@@ -359,5 +353,5 @@ int main(void) {
   cas("memory:", "memory:%.0s");
   cas("sqlite:", "sqlite:%s/db");
   printf("1..%d\n", test_no);
-  return n_failed ? 1 : 0;
+  return failures ? 1 : 0;
 }

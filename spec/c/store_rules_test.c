@@ -15,13 +15,7 @@
 
 #include "store/store.h"
 
-static int test_no, n_failed;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) n_failed++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
+#include "tap.h"
 
 /* Whether err's message contains part. */
 static int says(const es_err *err, const char *part) { return strstr(err->msg, part) != NULL; }
@@ -164,8 +158,8 @@ static void overflowing_times(void) {
   ok(es_store_renew(s, "s", "w", &ref, 1, 11, ES_NONE, &rr, &err) == ES_INVALID_ARGUMENT &&
          says(&err, "ttl_ms is too large"),
      "edge clock: renew past INT64_MAX is refused");
-  int64_t failures = 0;
-  ok(es_store_fail(s, "s", 1, attempt, "e", 5, 11, &outcome, &failures, &err) ==
+  int64_t fails = 0;
+  ok(es_store_fail(s, "s", 1, attempt, "e", 5, 11, &outcome, &fails, &err) ==
              ES_INVALID_ARGUMENT &&
          says(&err, "retry_after_ms is too large"),
      "edge clock: fail with retry_after_ms past INT64_MAX is refused");
@@ -242,6 +236,5 @@ int main(void) {
   text_clean();
   names();
   overflowing_times();
-  printf("# %d tests, %d failed\n", test_no, n_failed);
-  return n_failed ? 1 : 0;
+  return tap_done();
 }

@@ -36,17 +36,11 @@
 #include "store/internal.h" /* run_shared: how many callers are queued */
 #include "store/store.h"
 
+#include "tap.h"
+
 #define WRITERS 6
 #define WORKERS 4
 #define PER_WRITER 300
-
-static int test_no, failures;
-
-static void ok(int cond, const char *name) {
-  test_no++;
-  if (!cond) failures++;
-  printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
-}
 
 typedef struct {
   es_store *s;
@@ -620,12 +614,6 @@ static void run_mixed(const char *url, const char *label) {
   es_store_release(s);
 }
 
-/* ES_PG_URL with a fresh schema (each run its own store). */
-static void pg_url(const char *base, const char *what, char *out, size_t cap) {
-  snprintf(out, cap, "%s%sschema=c_thr_%s_%ld_%ld", base, strchr(base, '?') ? "&" : "?", what,
-           (long)getpid(), (long)time(NULL));
-}
-
 int main(void) {
   printf("# store_threads_test: one handle, %d writers and %d workers\n", WRITERS, WORKERS);
   run("memory:", "memory");
@@ -653,31 +641,22 @@ int main(void) {
   const char *pg = getenv("ES_PG_URL");
   if (pg && *pg) {
     char u[1024];
-    pg_url(pg, "run", u, sizeof u);
+    pg_url(pg, "thr_run", u, sizeof u);
     run(u, "postgres");
-    pg_url(pg, "group", u, sizeof u);
+    pg_url(pg, "thr_group", u, sizeof u);
     run_group(u, NULL, "postgres", 1);
-    pg_url(pg, "shared", u, sizeof u);
+    pg_url(pg, "thr_shared", u, sizeof u);
     run_shared(u, keys, "postgres", 1);
-    pg_url(pg, "mixed", u, sizeof u);
+    pg_url(pg, "thr_mixed", u, sizeof u);
     run_mixed(u, "postgres");
   } else {
     printf("# postgres: skipped (ES_PG_URL is not set; make test sets it)\n");
   }
-  char p[200];
-  static const char *const suffixes[] = {"", "-wal", "-shm"};
-  for (int i = 0; i < 3; i++) {
-    snprintf(p, sizeof p, "%s%s", path, suffixes[i]);
-    unlink(p);
-    snprintf(p, sizeof p, "%s%s", gpath, suffixes[i]);
-    unlink(p);
-    snprintf(p, sizeof p, "%s%s", spath, suffixes[i]);
-    unlink(p);
-    snprintf(p, sizeof p, "%s%s", mpath, suffixes[i]);
-    unlink(p);
-  }
+  unlink_sqlite(path);
+  unlink_sqlite(gpath);
+  unlink_sqlite(spath);
+  unlink_sqlite(mpath);
   unlink(keys);
   rmdir(dir);
-  printf("# %d tests, %d failed\n", test_no, failures);
-  return failures ? 1 : 0;
+  return tap_done();
 }
