@@ -1166,6 +1166,14 @@ static int pg_buf_int(pg_buf *b, int64_t v) {
 
 static int pg_buf_str(pg_buf *b, const char *s) { return pg_buf_elem(b, s, s ? strlen(s) : 0, 1); }
 
+/* Ends the array literal ("{}" when it has no element) and terminates it
+ * with a NUL (pg_buf_put always leaves room for one). */
+static int pg_buf_end(pg_buf *b) {
+  if ((!b->len && pg_buf_put(b, "{", 1)) || pg_buf_put(b, "}", 1)) return -1;
+  b->p[b->len] = '\0';
+  return 0;
+}
+
 /* Drops the rows buffered (their caller's work is being rolled back). */
 static void pg_ins_discard(es_txn *t) {
   if (t->ins_n > 0) es_event_destroy(&t->ins_first);
@@ -1446,12 +1454,11 @@ static int pg_ins_flush(es_txn *t, es_err *err) {
     return code;
   }
   for (int i = 0; i < PG_INS_COLS; i++) {
-    if (pg_buf_put(&t->ins[i], "}", 1)) {
+    if (pg_buf_end(&t->ins[i])) {
       pg_ins_discard(t);
       pg_txn_break(t, "out of memory");
       return pg_oom(err);
     }
-    t->ins[i].p[t->ins[i].len] = '\0';
     pp_str(&p, t->ins[i].p);
   }
   t->ins_n = 0; /* before sending: pg_send flushes first */
@@ -2299,26 +2306,17 @@ static void pg_claim_end(es_txn *t) {
   pg_reader_put_back(t->b, t->reader);
 }
 
-/* The sessions to pass over as a text[] literal: {"a","b"}, each name
+/* Names as a text[] literal: {"a","b"}, each name
  * quoted with its '"' and '\' escaped (names hold no NUL). */
 static char *pg_text_array(const char *const *v, size_t n) {
-  size_t cap = 3;
-  for (size_t i = 0; i < n; i++) cap += 2 * strlen(v[i]) + 3;
-  char *a = malloc(cap), *o = a;
-  if (!a) return NULL;
-  *o++ = '{';
-  for (size_t i = 0; i < n; i++) {
-    if (i) *o++ = ',';
-    *o++ = '"';
-    for (const char *c = v[i]; *c; c++) {
-      if (*c == '"' || *c == '\\') *o++ = '\\';
-      *o++ = *c;
-    }
-    *o++ = '"';
+  pg_buf b = {0};
+  int bad = 0;
+  for (size_t i = 0; i < n && !bad; i++) bad = pg_buf_str(&b, v[i]);
+  if (bad || pg_buf_end(&b)) {
+    free(b.p);
+    return NULL;
   }
-  *o++ = '}';
-  *o = '\0';
-  return a;
+  return b.p;
 }
 
 /* A claim transaction begins with BEGIN and its lock_timeout (SET LOCAL),
@@ -2638,20 +2636,16 @@ static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *
   if (code != ES_OK || !t->write || t->claim || n == 0) return code;
   pg_pre_drop(t);
   char *s_arr = pg_text_array(sessions, n), *id_arr = n_ids ? pg_text_array(ids, n_ids) : NULL;
-  char *i_arr = malloc(n * 21 + 3);
+  pg_buf i_arr = {0};
+  int bad = 0;
+  for (size_t i = 0; i < n && !bad; i++) bad = pg_buf_int(&i_arr, indexes[i]);
   pg_ahead *a = calloc(1, sizeof *a);
-  if (!s_arr || !i_arr || !a || (n_ids && !id_arr)) code = pg_oom(err);
+  if (!s_arr || bad || pg_buf_end(&i_arr) || !a || (n_ids && !id_arr)) code = pg_oom(err);
   t->ahead = a;
   if (code == ES_OK) {
-    size_t len = 0;
-    i_arr[len++] = '{';
-    for (size_t i = 0; i < n; i++)
-      len += (size_t)sprintf(i_arr + len, "%s%" PRId64, i ? "," : "", indexes[i]);
-    i_arr[len++] = '}';
-    i_arr[len] = '\0';
     pg_params pe = {0}, ps = {0}, pi = {0};
     pp_str(&pe, s_arr);
-    pp_str(&pe, i_arr);
+    pp_str(&pe, i_arr.p);
     pp_str(&ps, s_arr);
     pp_str(&pi, id_arr);
     code = pg_send(t, ST_AHEAD_EVENTS, &pe, PEND_WANT, err);
@@ -2686,7 +2680,7 @@ static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *
   }
   for (int i = 0; i < 3; i++) PQclear(res[i]);
   free(s_arr);
-  free(i_arr);
+  free(i_arr.p);
   free(id_arr);
   if (code != ES_OK) pg_ahead_drop(t);
   return code;
