@@ -40,17 +40,20 @@ DEB_PKGS += chromium chromium-driver
 DEB_PKGS += wrk luarocks
 
 # ---- sources ---------------------------------------------------------------
-# One folder per room (docs/layout in README.md): util/ (buffers, trees,
-# clock), store/ (the front door and its rules), backends/ (memory, sqlite),
-# codec/ (payload JSON, reducer state), engine/ (dispatch, budgets, fold),
-# lua/ (the Lua binding). core/main.c is the binary's entry point: in
-# neither the library nor the module.
-ROOMS    := util store backends codec engine lua
+# One folder per room, each using only the rooms below it
+# (docs/architecture.md; `make check-layers` holds the includes to it):
+# util/ (buffers, trees, clock), codec/ (payload JSON in plain C), store/
+# (the front door and its rules), backends/ (memory, sqlite, postgres),
+# bridge/ (Lua values <-> events, payloads, reducer state), engine/
+# (dispatch, budgets, fold), module/ (the Lua handles). Two rooms are the
+# binary's only: http/ (below) and main/ (the entry point and its
+# eventstore.http module): in neither the library nor the module.
+ROOMS    := util codec store backends bridge engine module
 CORE_SRC := core/es.c $(foreach r,$(ROOMS),$(wildcard core/$(r)/*.c))
 CORE_OBJ := $(CORE_SRC:core/%.c=$(BUILD)/obj/%.o)
 MODULE   := $(BUILD)/lib/eventstore/core.so
 LIB      := $(BUILD)/libeventstore.a
-MAIN_OBJ := $(BUILD)/obj/main.o
+MAIN_OBJ := $(patsubst core/%.c,$(BUILD)/obj/%.o,$(wildcard core/main/*.c))
 # The HTTP room (core/http/, docs/http.md) is linked into the binary and its
 # C tests only: the Lua module and libeventstore.a never load libmicrohttpd.
 HTTP_SRC := $(wildcard core/http/*.c)
@@ -84,9 +87,6 @@ deps:
 $(BUILD)/obj/%.o: core/%.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
-
-# Only the Lua-facing files see the Lua half of json.h.
-$(filter $(BUILD)/obj/lua/% $(BUILD)/obj/engine/% $(BUILD)/obj/http/% $(BUILD)/obj/codec/json_lua.o $(BUILD)/obj/codec/state.o,$(CORE_OBJ) $(HTTP_OBJ)): CFLAGS += -DES_JSON_WITH_LUA
 
 $(MODULE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -193,7 +193,7 @@ demo: all
 # beside the Lua files (not to PREFIX/share/eventstore): luarocks deploys a
 # rock's Lua directory into its tree but leaves any other share/ inside the
 # rock's own directory, where the binary could not find it; beside the Lua
-# files the binary finds them as it finds cli.lua (core/http/lua_http.c,
+# files the binary finds them as it finds cli.lua (core/main/lua_http.c,
 # docs/http.md "--static").
 BINDIR    ?= $(PREFIX)/bin
 MANDIR    ?= $(PREFIX)/share/man
@@ -234,22 +234,22 @@ uninstall:
 # see fuzz/README.md. Bounded: FUZZ_TIME seconds per target (default 60).
 fuzz:
 	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus $(BUILD)/fuzz/segment_corpus $(BUILD)/fuzz/http_corpus
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/json_fuzz.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
+	  fuzz/json_fuzz.c core/codec/json.c core/util/buf.c core/es.c core/bridge/json_lua.c core/bridge/common.c \
 	  -o $(BUILD)/fuzz/json_fuzz -llua5.4 -lm
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/state_fuzz.c core/codec/state.c core/codec/json.c core/util/buf.c core/es.c core/codec/json_lua.c core/lua/common.c \
+	  fuzz/state_fuzz.c core/bridge/state.c core/codec/json.c core/util/buf.c core/es.c core/bridge/json_lua.c core/bridge/common.c \
 	  -o $(BUILD)/fuzz/state_fuzz -llua5.4 -lm
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/store_fuzz.c $(CORE_SRC) -o $(BUILD)/fuzz/store_fuzz -llua5.4 $(LDLIBS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -Icore \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/segment_fuzz.c core/store/segment.c core/store/rows.c core/util/buf.c core/es.c \
 	  -o $(BUILD)/fuzz/segment_fuzz -lzstd -lsodium -lm
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -DES_JSON_WITH_LUA \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  fuzz/http_fuzz.c $(CORE_SRC) $(HTTP_SRC) -o $(BUILD)/fuzz/http_fuzz -llua5.4 $(LDLIBS) $(HTTP_LIBS)
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \

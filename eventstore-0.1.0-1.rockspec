@@ -4,7 +4,7 @@
 -- `make programs` builds, `make install` installs with luarocks'
 -- directories in its layout variables, so this rockspec and `make install`
 -- install the same files (spec/71-packaging_spec.lua compares the trees).
--- The version follows the module's _VERSION (core/lua/store_handle.c).
+-- The version follows the module's _VERSION (core/module/store_handle.c).
 rockspec_format = "3.0"
 package = "eventstore"
 version = "0.1.0-1"

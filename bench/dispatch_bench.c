@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "module/module.h" /* open_core: the engine's states preload this library's module */
 #include "store/store.h"
 
 static const char PAYLOAD[] =
@@ -230,6 +231,7 @@ static double engine(const char *url, long n, int workers) {
   es_engine_opts o;
   es_engine_opts_init(&o);
   o.scripts = scripts;
+  o.open_core = luaopen_eventstore_core;
   o.workers = workers;
   es_engine *e;
   es_err err = {0};

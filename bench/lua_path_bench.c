@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lua/module.h"
+#include "module/module.h"
 #include "store/store.h"
 
 /* The ~95-byte payload of the other benches, in canonical form (what the

@@ -88,7 +88,7 @@ end
 --     with the same shape and array marks) built by Lua table constructors
 --     from strings already in hand: what the tables alone cost;
 --   json.decode / json.encode + json.decode of each payload: the payload
---     codec's share (core/codec/json_lua.c).
+--     codec's share (core/bridge/json_lua.c).
 -- CPU time of the process (os.clock): memory: does no I/O and starts no
 -- thread, and CPU time leaves out the time the shared machine's other work
 -- takes the processor. "Lua / this" = the Lua call's rate / this row's.

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "codec/json.h"
+#include "bridge/json_lua.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,6 +1,6 @@
 /*
  * state_fuzz.c: a libFuzzer target for the reducer-state codec
- * (codec/state.h, docs/state-codec.md). Built and run by `make fuzz`
+ * (bridge/state.h, docs/state-codec.md). Built and run by `make fuzz`
  * (clang -fsanitize=fuzzer,address,undefined); see fuzz/README.md.
  *
  * For every input it checks what must hold whatever the bytes are:
@@ -28,7 +28,8 @@
 #include <string.h>
 
 #include "codec/json.h"
-#include "codec/state.h"
+#include "bridge/json_lua.h"
+#include "bridge/state.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

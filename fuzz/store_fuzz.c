@@ -1,7 +1,7 @@
 /*
  * store_fuzz.c: a libFuzzer target for the store's Lua face: the
  * conversion of Lua values into events, claims and presence writes
- * (lua/events.c, lua/store_handle.c) and the store core's argument rules
+ * (bridge/events.c, module/store_handle.c) and the store core's argument rules
  * behind it (store/store.c). Built and run by `make fuzz` (clang
  * -fsanitize=fuzzer,address,undefined); built with -DES_FUZZ_STANDALONE
  * it is also a plain program that feeds itself a fixed sequence of
@@ -49,8 +49,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lua/module.h"
-#include "lua/store_handle.h"
+#include "module/module.h"
+#include "module/store_handle.h"
 #include "store/store.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

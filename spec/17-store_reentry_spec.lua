@@ -3,7 +3,7 @@
 -- clock function, metamethods of argument tables) and cancels
 -- subscriptions, closes the store or calls it again; results that fail to
 -- convert; a failed open. Each case here was a use-after-free, a NULL
--- dereference, a hang or a leak in core/lua/store_handle.c; under
+-- dereference, a hang or a leak in core/module/store_handle.c; under
 -- `make check-sanitize` (leak detection on) the memory errors and leaks
 -- fail the run. Runs once per backend URL (helpers.urls()); docs/store.md
 -- ("Callbacks and closing") states the rules tested here.

@@ -1,4 +1,4 @@
--- 30-state_codec_spec.lua: the exact reducer-state codec (core/codec/state.h,
+-- 30-state_codec_spec.lua: the exact reducer-state codec (core/bridge/state.h,
 -- docs/state-codec.md; CONTRACT.md §4 "reducer state round-trips exactly").
 --
 -- Round trips of every kind of value the codec keeps (checking number

@@ -1,4 +1,4 @@
--- The Lua binding's event tables and event arguments (core/lua/events.c):
+-- The Lua binding's event tables and event arguments (core/bridge/events.c):
 -- every returned event holds exactly the fields that are set, under their
 -- documented names (README "An event as every call returns it"), with
 -- integers as integers; strings that repeat across the events of one
@@ -207,7 +207,7 @@ for _, url in ipairs(helpers.urls()) do
     end)
 
     -- The payloads of a list are decoded with a cache of recent short
-    -- strings (core/codec/json_lua.c): strings that share their length and
+    -- strings (core/bridge/json_lua.c): strings that share their length and
     -- first, middle and last bytes share a slot, so these keep evicting
     -- each other, and a hit must still be the exact string.
     it("decodes the payloads of a list exactly when short strings repeat, collide and change", function()

@@ -1,8 +1,9 @@
 /*
  * json.c: the C face of the exact payload codec (json.h) and the scanner,
- * writers and member sort that the Lua face (codec/json_lua.c) shares through
- * json_internal.h. No Lua here: this file goes into libeventstore.a, which
- * pure C programs link.
+ * writers and member sort (json_scan.h) that its other faces share: the
+ * document reader (json_doc.c) and the bridge's Lua face
+ * (bridge/json_lua.c). No Lua here, nor anywhere in codec/: pure C
+ * programs link it (docs/architecture.md).
  *
  * Numbers are read and written independently of the process locale: a
  * library must not misbehave because its host called setlocale().
@@ -21,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec/json_internal.h"
+#include "codec/json_scan.h"
 
 /* The "C" locale ---------------------------------------------------------- */
 

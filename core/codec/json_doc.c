@@ -1,6 +1,6 @@
 /*
  * json_doc.c: strict JSON read into a tree (json_doc.h), on the codec's
- * own scanner (json_internal.h), so strings and numbers are read exactly
+ * own scanner (json_scan.h), so strings and numbers are read exactly
  * as every other face of the codec reads them.
  *
  * The text is first checked by es_json_validate: acceptance and error
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec/json_internal.h"
+#include "codec/json_scan.h"
 
 /* The arena ---------------------------------------------------------------- */
 

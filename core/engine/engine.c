@@ -42,10 +42,10 @@ extern char **environ;
 
 #include "engine/internal.h"
 #include "codec/json.h"
-#include "codec/state.h"
-#include "lua/common.h"
-#include "lua/events.h"
-#include "lua/module.h"
+#include "bridge/json_lua.h"
+#include "bridge/state.h"
+#include "bridge/common.h"
+#include "bridge/events.h"
 
 #define IDLE_POLL_MS 50      /* how often an idle worker looks for ready events */
 #define WATCH_EVERY_MS 50    /* the keeper's period */
@@ -142,8 +142,9 @@ static int l_execute(lua_State *L) {
 }
 
 /* Sets up a runner's state: package paths, eventstore preloaded (the
- * module is linked into this very library, so handlers' require needs no
- * .so search), and the loader (lua/eventstore/loader.lua). */
+ * caller's open_core: the module is linked into this very library, so
+ * handlers' require needs no .so search), and the loader
+ * (lua/eventstore/loader.lua). */
 static int setup_state(lua_State *L) {
   es_engine *e = lua_touserdata(L, 1);
   lua_getglobal(L, "package");
@@ -155,10 +156,13 @@ static int setup_state(lua_State *L) {
     lua_pushstring(L, e->lua_cpath);
     lua_setfield(L, -2, "cpath");
   }
-  lua_getfield(L, -1, "preload");
-  lua_pushcfunction(L, luaopen_eventstore_core);
-  lua_setfield(L, -2, "eventstore.core");
-  lua_pop(L, 2);
+  if (e->o.open_core) {
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, e->o.open_core);
+    lua_setfield(L, -2, "eventstore.core");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
   lua_getglobal(L, "os");
   lua_pushcfunction(L, l_execute);
   lua_setfield(L, -2, "execute");

@@ -24,6 +24,7 @@
 #include "util/buf.h"
 
 typedef struct es_engine es_engine;
+struct lua_State; /* lua.h's, not included: C callers of the engine need no Lua headers */
 
 #define ES_ENGINE_MAX_WORKERS 256
 
@@ -45,6 +46,19 @@ typedef struct es_engine_opts {
                                * backoff, before it is given up; 0: not retried */
   const char *lua_path;       /* package.path of the engine's states; NULL: Lua's default */
   const char *lua_cpath;      /* package.cpath; NULL: Lua's default */
+  int (*open_core)(struct lua_State *L);
+                              /* the eventstore.core module's luaopen
+                               * (luaopen_eventstore_core, module/module.h),
+                               * put in package.preload of the engine's
+                               * states, so that a script's require finds the
+                               * module linked into this very library rather
+                               * than a second copy of it on lua_cpath. The
+                               * module sits above the engine (docs/
+                               * architecture.md), hence a hook set by the
+                               * caller: the Lua handle sets it, and so must
+                               * a C program that links libeventstore.a and
+                               * whose scripts require "eventstore". NULL:
+                               * nothing preloaded. */
 } es_engine_opts;
 
 void es_engine_opts_init(es_engine_opts *o);
@@ -100,7 +114,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
 
 /* Folds reducer over session through at (ES_NONE: the head) from the
  * newest usable snapshot, snapshotting as configured, and writes the state
- * encoded by the reducer-state codec (codec/state.h) into out (appended).
+ * encoded by the reducer-state codec (bridge/state.h) into out (appended).
  * *index: the index folded through. Errors: NOT_FOUND (no such reducer),
  * NO_SUCH_EVENT (at beyond the head), INVALID_ARGUMENT (the reducer failed,
  * went over a budget or its state cannot be serialised: the message names

@@ -10,10 +10,11 @@
 #include <string.h>
 
 #include "codec/json.h"
-#include "codec/state.h"
+#include "bridge/json_lua.h"
+#include "bridge/state.h"
 #include "engine/internal.h"
-#include "lua/common.h"
-#include "lua/events.h"
+#include "bridge/common.h"
+#include "bridge/events.h"
 
 /* C-owned event lists held by a userdata, so a Lua error in a reducer
  * step never leaks them. */
@@ -100,7 +101,7 @@ static int fold_from_floor(lua_State *L, runner *r, const char *session, const c
 /* The event tables of a fold ------------------------------------------------
  *
  * A reducer step gets the stored event exactly as es_lua_push_event
- * (lua/events.c) builds it for store:read: the same fields, values and
+ * (bridge/events.c) builds it for store:read: the same fields, values and
  * subtypes (spec/48 compares the two). The fold builds them itself because
  * it builds one per event of a long history, in a row: the field names are
  * pushed once per fold and copied from the stack (no string lookup per

@@ -2,7 +2,7 @@
  * api.c: the JSON endpoints (docs/http-api.md). Each handler reads the
  * whole request (path segments, query, body) before its one store call, so
  * a bad request is answered 4xx having changed nothing, and answers with
- * the Lua face's names and shapes (lua/store_handle.c), as JSON.
+ * the Lua face's names and shapes (module/store_handle.c), as JSON.
  *
  * Bodies are read by codec/json_doc.c: strict JSON (es_json_validate's
  * acceptance), every value with its raw text, so a payload reaches the

@@ -7,8 +7,8 @@
  * The room is linked into the binary only (not into the Lua module or
  * libeventstore.a): embedders who never serve HTTP never load
  * libmicrohttpd. The binary's `serve` command (lua/eventstore/cli.lua)
- * reaches it through the Lua module `eventstore.http` (http/lua_http.c),
- * which core/main.c registers in package.preload.
+ * reaches it through the Lua module `eventstore.http` (main/lua_http.c),
+ * which core/main/main.c registers in package.preload.
  */
 #ifndef ES_HTTP_H
 #define ES_HTTP_H

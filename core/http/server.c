@@ -33,7 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "codec/json_internal.h" /* esj_utf8_seq: the one UTF-8 rule */
+#include "codec/json_scan.h" /* esj_utf8_seq: the one UTF-8 rule */
 #include "http/internal.h"
 #include "http/tokens.h"
 

@@ -1,7 +1,7 @@
 /*
  * wire.c: the JSON the HTTP API writes (docs/http.md "Wire format"), and
  * its error answers. An event is written with the Lua face's field names
- * and shapes (lua/events.c push_one), so a remote client reads what
+ * and shapes (bridge/events.c push_one), so a remote client reads what
  * store:read returns in Lua: payloads are the stored canonical text,
  * copied, so int64 and floats stay exact.
  */

@@ -3,7 +3,7 @@
 --   require("eventstore.cli").main(argv) --> exit code
 --
 -- argv[1..] are the command line arguments (argv[0] the program name), as
--- core/main.c passes them. main parses and checks the whole command line
+-- core/main/main.c passes them. main parses and checks the whole command line
 -- first: a usage error (unknown command or option, a missing or extra
 -- argument, a bad number, an invalid JSON argument) prints one line
 -- "eventstore: ..." on stderr (plus the synopsis when the shape of the line
@@ -33,7 +33,7 @@ local PROGRESS_LOG_EVERY_MS = 5000 -- run --progress off a terminal: one log lin
 local MAX_WORKERS = 256        -- the engine's limit (docs/engine.md)
 local DEFAULT_DEADLINE_S = 300 -- run --until-done gives up after this long
 
--- The terminal helpers only the binary has (core/main.c); a plain lua5.4
+-- The terminal helpers only the binary has (core/main/main.c); a plain lua5.4
 -- running this module sees "not a terminal" and no progress line.
 local tty do
   local ok, m = pcall(require, "eventstore.tty")
@@ -1449,7 +1449,7 @@ end
 
 -- ---- serve and token -------------------------------------------------------
 
--- The binary's HTTP module (core/http/lua_http.c); a plain lua5.4 has none.
+-- The binary's HTTP module (core/main/lua_http.c); a plain lua5.4 has none.
 local function http_module()
   local ok, m = pcall(require, "eventstore.http")
   if not ok or type(m) ~= "table" then
@@ -1599,7 +1599,7 @@ end
 local M = {}
 
 -- Runs one command line; returns the exit code (0 ok, 2 usage error).
--- Runtime failures are raised (core/main.c reports them and exits 1).
+-- Runtime failures are raised (core/main/main.c reports them and exits 1).
 function M.main(argv)
   argv = argv or {}
   -- Phase 1, protected: parse and check. Nothing is opened yet. A usage
@@ -1642,7 +1642,7 @@ function M.main(argv)
     if getmetatable(def) == Usage then return report_usage(def) end
     error(def, 0)
   end
-  -- Phase 2: failures reach core/main.c (exit 1). An expected failure (an
+  -- Phase 2: failures reach core/main/main.c (exit 1). An expected failure (an
   -- error object with __tostring: the store's, the engine's, this file's)
   -- is re-raised as one line: the engine appends a reducer's traceback to
   -- its message, which belongs in a log, not in a command's error line. A

@@ -1,5 +1,5 @@
 -- eventstore.engine: the engine's Lua face (docs/engine.md). The engine is
--- C (core/engine/, its handle core/lua/engine_handle.c); this file only
+-- C (core/engine/, its handle core/module/engine_handle.c); this file only
 -- opens a store from a URL (and closes it with the engine).
 local core = require("eventstore.core")
 

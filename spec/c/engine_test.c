@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "module/module.h" /* open_core: the engine's states preload this library's module */
 
 #include "tap.h"
 
@@ -97,6 +98,7 @@ int main(void) {
 
   es_engine_opts_init(&o);
   o.scripts = dir;
+  o.open_core = luaopen_eventstore_core;
   o.max_failures = 1;
   o.backoff_ms = 0;
   o.instruction_budget = 1000000;
@@ -166,6 +168,7 @@ int main(void) {
 
   es_engine_opts_init(&o);
   o.scripts = dir;
+  o.open_core = luaopen_eventstore_core;
   o.instruction_budget = 0; /* only the stop can end it */
   o.backoff_ms = 0;
   rc = es_engine_open(s, &o, &e, &err);

@@ -18,6 +18,7 @@
 #include "codec/json.h"
 #include "codec/json_doc.h"
 #include "http/internal.h"
+#include "module/module.h" /* open_core: the engine's states preload this library's module */
 
 #include "tap.h"
 
@@ -790,6 +791,7 @@ static void test_state(es_store *root) {
   es_err err = {0};
   es_engine_opts_init(&o);
   o.scripts = dir;
+  o.open_core = luaopen_eventstore_core;
   o.workers = 1;
   if (es_engine_open(root, &o, &e, &err) != ES_OK) {
     printf("# %s\n", err.msg);

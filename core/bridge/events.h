@@ -1,6 +1,6 @@
 /*
- * lua/events.h: Lua <-> C conversions shared by the store handle and the
- * engine (lua/events.c). Functions that read Lua arguments raise standard
+ * bridge/events.h: Lua <-> C conversions shared by the module's handles and
+ * the engine (bridge/events.c). Functions that read Lua arguments raise standard
  * Lua argument errors for misuse, like luaL_check*.
  */
 #ifndef ES_LUA_EVENTS_H

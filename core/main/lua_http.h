@@ -1,6 +1,6 @@
 /*
- * http/lua_http.h: the Lua module `eventstore.http` (lua_http.c), which
- * core/main.c registers in package.preload; only the binary links it.
+ * main/lua_http.h: the Lua module `eventstore.http` (lua_http.c), which
+ * core/main/main.c registers in package.preload; only the binary links it.
  */
 #ifndef ES_HTTP_LUA_HTTP_H
 #define ES_HTTP_LUA_HTTP_H

@@ -1,5 +1,5 @@
 /*
- * lua/store_handle.h: what other Lua-facing C files need of the store handle.
+ * module/store_handle.h: what other Lua-facing C files need of the store handle.
  */
 #ifndef ES_LUA_STORE_H
 #define ES_LUA_STORE_H
@@ -19,7 +19,7 @@
 es_store *es_lua_check_store(lua_State *L, int idx, int *lua_clock);
 
 /* Pushes the module table of the store's Lua face (open, manual_clock,
- * json, state, store_methods, error_mt, _VERSION); lua/module.c's
+ * json, state, store_methods, error_mt, _VERSION); module/module.c's
  * luaopen_eventstore_core adds the engine. */
 int es_lua_open_store(lua_State *L);
 

@@ -1,6 +1,7 @@
 /*
- * lua/common.h: helpers shared by the Lua-facing C files (store handle,
- * json module, clock): the eventstore error object.
+ * bridge/common.h: helpers shared by every Lua-facing C file (the bridge
+ * itself, the engine, the module's handles, the binary's eventstore.http):
+ * the eventstore error object, and pushing a buffer safely.
  *
  * An error object is a table {code = "CODE", message = "..."} whose
  * metatable ("eventstore.Error" in the registry) gives

@@ -1,10 +1,10 @@
 /*
- * lua/store_handle.c: the Lua face of the store: the module table
- * (es_lua_open_store; lua/module.c adds the engine), the "eventstore.Store" handle (shaped like liolib's file handles), the
+ * module/store_handle.c: the Lua face of the store: the module table
+ * (es_lua_open_store; module/module.c adds the engine), the "eventstore.Store" handle (shaped like liolib's file handles), the
  * manual clock, and in-process subscriptions.
  *
  * Argument misuse raises standard Lua argument errors; everything the core
- * rejects is raised as an eventstore error object (lua/common.h).
+ * rejects is raised as an eventstore error object (bridge/common.h).
  *
  * Subscriptions are delivered on the subscribing Lua state only: at the end
  * of every call made through the handle (so a write from this state has
@@ -40,10 +40,11 @@
 #include "util/clock.h"
 #include "util/ids.h"
 #include "codec/json.h"
-#include "lua/common.h"
-#include "lua/events.h"
-#include "codec/state.h"
-#include "lua/store_handle.h"
+#include "bridge/json_lua.h"
+#include "bridge/common.h"
+#include "bridge/events.h"
+#include "bridge/state.h"
+#include "module/store_handle.h"
 #include "store/store.h"
 #include "store/shards.h"
 

@@ -1,6 +1,6 @@
 /*
- * http/lua_http.c: the Lua module `eventstore.http`, the binary's way to
- * the HTTP server (http.h); core/main.c registers it in package.preload,
+ * main/lua_http.c: the Lua module `eventstore.http`, the binary's way to
+ * the HTTP server (http.h); core/main/main.c registers it in package.preload,
  * so only the binary has it (the Lua module core.so never links
  * libmicrohttpd). lua/eventstore/cli.lua's `serve` and `token` use it.
  *
@@ -29,12 +29,12 @@
 #include <unistd.h>
 
 #include "http/http.h"
-#include "http/lua_http.h"
+#include "main/lua_http.h"
 #include "http/tokens.h"
-#include "lua/common.h"
-#include "lua/engine_handle.h"
-#include "lua/events.h"
-#include "lua/store_handle.h"
+#include "bridge/common.h"
+#include "module/engine_handle.h"
+#include "bridge/events.h"
+#include "module/store_handle.h"
 
 #define SERVER_MT "eventstore.HttpServer"
 
@@ -139,7 +139,7 @@ static int l_new_token(lua_State *L) {
   return 1;
 }
 
-/* Where the inspector's files are, found like core/main.c finds the Lua
+/* Where the inspector's files are, found like core/main/main.c finds the Lua
  * files: next to the binary, installed (PREFIX/bin ->
  * PREFIX/share/lua/5.4/eventstore/inspector, beside the Lua files: where
  * both make install and luarocks put them, luarocks deploying a rock's Lua

@@ -1,10 +1,11 @@
 /*
- * codec/json_lua.c: the Lua face of the exact payload codec (json.h): Lua value
- * <-> canonical JSON text, and the eventstore.json module table.
+ * bridge/json_lua.c: the Lua face (bridge/json_lua.h) of the exact payload
+ * codec (codec/json.h): Lua value <-> canonical JSON text, and the
+ * eventstore.json module table.
  *
  * The text rules (scanner, number and string writers, key order) live in
- * json.c and are shared through json_internal.h, so the Lua face and the C
- * face cannot drift apart.
+ * codec/json.c and are shared through codec/json_scan.h, so the Lua face
+ * and the C face cannot drift apart.
  *
  * Neither es_json_encode_lua nor es_json_decode_lua raises: the store calls
  * them with C memory in flight. The encoder calls only Lua API functions
@@ -18,8 +19,9 @@
 #include <string.h>
 
 #include "codec/json.h"
-#include "codec/json_internal.h"
-#include "lua/common.h"
+#include "bridge/json_lua.h"
+#include "codec/json_scan.h"
+#include "bridge/common.h"
 
 /* Its address is json.null (a light userdata: no allocation, the same in
  * every lua_State of the process) ... */

@@ -1,5 +1,5 @@
 /*
- * codec/state.c: the exact reducer-state codec of codec/state.h (Lua value <->
+ * bridge/state.c: the exact reducer-state codec of bridge/state.h (Lua value <->
  * canonical bytes) and its test-facing module table {encode, decode}.
  *
  * Format (docs/state-codec.md): a version byte, then one value. A value is
@@ -30,8 +30,9 @@
 #include <string.h>
 
 #include "codec/json.h"
-#include "lua/common.h"
-#include "codec/state.h"
+#include "bridge/json_lua.h"
+#include "bridge/common.h"
+#include "bridge/state.h"
 
 /* The format stores 8-byte integers and IEEE-754 doubles: a Lua built with
  * other number types would need another format version. */
@@ -59,7 +60,7 @@ enum {
 #define VARINT_MAX 10
 
 /* Pushes L's json array metatable (creating it if needed). json.h offers
- * no accessor (its registry key is private to codec/json_lua.c), but every
+ * no accessor (its registry key is private to bridge/json_lua.c), but every
  * decoded JSON array carries it, so decoding "[]" reaches it through the
  * public API. es_json_decode_lua runs protected: this never raises. Needs
  * two free stack slots. */

@@ -1,5 +1,5 @@
 /*
- * lua/engine_handle.h: the engine's Lua handle (engine_handle.c); the Lua
+ * module/engine_handle.h: the engine's Lua handle (engine_handle.c); the Lua
  * face around it is lua/eventstore/engine.lua.
  */
 #ifndef ES_LUA_ENGINE_HANDLE_H

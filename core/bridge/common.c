@@ -1,10 +1,10 @@
 /*
- * lua/common.c: the eventstore error object shared by every Lua-facing C
- * file (lua/common.h, CONTRACT.md §2): a table {code = "CODE", message =
+ * bridge/common.c: the eventstore error object shared by every Lua-facing C
+ * file (bridge/common.h, CONTRACT.md §2): a table {code = "CODE", message =
  * "..."} whose metatable, registered as "eventstore.Error", makes
  * tostring(e) read "CODE: message".
  */
-#include "lua/common.h"
+#include "bridge/common.h"
 
 #include <lauxlib.h>
 #include <stdarg.h>

@@ -31,8 +31,8 @@
 
 #define PROGNAME "eventstore"
 
-#include "lua/module.h" /* the module, linked statically: registered in package.preload */
-#include "http/lua_http.h" /* eventstore.http: `serve` and `token` (the binary only) */
+#include "module/module.h" /* the module, linked statically: registered in package.preload */
+#include "main/lua_http.h" /* eventstore.http: `serve` and `token` (the binary only) */
 
 /* Prints "eventstore: msg" on stderr (lua.c's l_message). */
 static void l_message(const char *msg) {

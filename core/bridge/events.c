@@ -1,6 +1,7 @@
 /*
- * lua/events.c: converting between Lua values and the store's C structs,
- * shared by the store handle (lua/store_handle.c) and the engine (lua/engine_handle.c):
+ * bridge/events.c: converting between Lua values and the store's C structs,
+ * shared by the module's handles (module/store_handle.c,
+ * module/engine_handle.c) and the engine (engine/engine.c, fold.c):
  * names, free text and integers read from Lua, option-table fields, stored
  * events to Lua tables, Lua event arrays to es_new_event arrays.
  *
@@ -35,8 +36,9 @@
 #include <string.h>
 
 #include "codec/json.h"
-#include "lua/common.h"
-#include "lua/events.h"
+#include "bridge/json_lua.h"
+#include "bridge/common.h"
+#include "bridge/events.h"
 
 /* ---------------------------------------------------------------------- */
 /* names, text, integers */

@@ -1,12 +1,12 @@
 /*
- * module.c: luaopen_eventstore_core, the module table: the store's face
+ * module/module.c: luaopen_eventstore_core, the module table: the store's face
  * (store_handle.c) and the engine's constructor (engine_handle.c). Kept
  * apart so neither handle includes the other.
  */
-#include "lua/module.h"
+#include "module/module.h"
 
-#include "lua/engine_handle.h"
-#include "lua/store_handle.h"
+#include "module/engine_handle.h"
+#include "module/store_handle.h"
 
 int luaopen_eventstore_core(lua_State *L) {
   es_lua_open_store(L);

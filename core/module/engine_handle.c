@@ -1,5 +1,5 @@
 /*
- * lua/engine_handle.c: the "eventstore.Engine" handle, a thin Lua face of
+ * module/engine_handle.c: the "eventstore.Engine" handle, a thin Lua face of
  * the C engine (engine/engine.h), shaped like liolib's file handles: the
  * handle is created closed before the engine is acquired, one close
  * function sits behind close(), __gc and __close, closing twice is
@@ -14,13 +14,14 @@
 #include <lua.h>
 #include <string.h>
 
-#include "codec/state.h"
+#include "bridge/state.h"
 #include "engine/engine.h"
 #include "engine/type_stats.h"
-#include "lua/common.h"
-#include "lua/engine_handle.h"
-#include "lua/events.h"
-#include "lua/store_handle.h"
+#include "bridge/common.h"
+#include "module/engine_handle.h"
+#include "module/module.h"
+#include "bridge/events.h"
+#include "module/store_handle.h"
 
 #define ENGINE_MT "eventstore.Engine"
 
@@ -81,6 +82,7 @@ static int l_engine_new(lua_State *L) {
   const char *scripts = opt_name(L, 2, "scripts");
   if (scripts) o.scripts = scripts;
   o.holder = opt_name(L, 2, "holder");
+  o.open_core = luaopen_eventstore_core;
   /* The engine's states find lua/eventstore/loader.lua (and handlers find
    * their modules) where this state finds its own. */
   lua_getglobal(L, "package");

@@ -1,13 +1,15 @@
 /*
- * json_internal.h: the pieces of the JSON codec shared by its C face
- * (json.c) and its Lua face (codec/json_lua.c), so both read and write exactly
- * the same text: the strict scanner (strings, numbers, literals, errors
- * with byte offsets), the canonical writers (integers, doubles, strings)
- * and the object-member sort. Private to the codec: nothing outside
- * json.c and codec/json_lua.c includes it.
+ * codec/json_scan.h: the text primitives of the JSON codec, shared by its
+ * faces so that all read and write exactly the same text: the strict
+ * scanner (strings, numbers, literals, errors with byte offsets), the
+ * canonical writers (integers, doubles, strings), the UTF-8 rule and the
+ * object-member sort. Public on purpose, though low-level: the C face
+ * (json.c, json_doc.c) and the Lua face (bridge/json_lua.c) are built on
+ * it, and the HTTP room checks header text with esj_utf8_seq (the one
+ * UTF-8 rule). Callers that only want JSON text use codec/json.h.
  */
-#ifndef ES_JSON_INTERNAL_H
-#define ES_JSON_INTERNAL_H
+#ifndef ES_JSON_SCAN_H
+#define ES_JSON_SCAN_H
 
 #include <stddef.h>
 #include <stdint.h>
