@@ -137,10 +137,16 @@ $(BUILD)/ctest/http_fuzz_run: fuzz/http_fuzz.c $(HTTP_OBJ) $(LIB)
 # whatever happens).
 PG_RUN := sh spec/support/pg_cluster.sh run
 
-test: all
+test: all check-layers
 	@$(LUA_ENV) BUILD=$(BUILD) $(PG_RUN) sh spec/run.sh
 
 check: test
+
+# Holds core/'s includes to the rooms and layers of docs/architecture.md,
+# whose table it reads (tools/check_layers.lua; spec/72-layers_spec.lua).
+.PHONY: check-layers
+check-layers:
+	@$(LUA) tools/check_layers.lua core docs/architecture.md
 
 # The same suite with the module built under ASan + UBSan, leaks included.
 # The system lua5.4 is not instrumented, so the ASan runtime is preloaded,
