@@ -51,6 +51,29 @@ int es_lua_raise(lua_State *L, const es_err *err) {
   return lua_error(L);
 }
 
+int es_lua_encode_arg(lua_State *L, es_lua_encoder enc, const char *what) {
+  es_buf b;
+  es_err err;
+  es_buf_init(&b);
+  if (enc(L, 1, what, &b, &err) != ES_OK) {
+    es_buf_destroy(&b);
+    return es_lua_raise(L, &err);
+  }
+  es_lua_push_buf(L, &b);
+  es_buf_destroy(&b);
+  return 1;
+}
+
+int es_lua_decode_arg(lua_State *L, es_lua_decoder dec) {
+  size_t len;
+  const char *s;
+  es_err err;
+  luaL_checktype(L, 1, LUA_TSTRING);
+  s = lua_tolstring(L, 1, &len);
+  if (dec(L, s, len, &err) != ES_OK) return es_lua_raise(L, &err);
+  return 1;
+}
+
 int es_lua_raisef(lua_State *L, int code, const char *fmt, ...) {
   char small[ES_ERRMSG_MAX];
   va_list ap, ap2;

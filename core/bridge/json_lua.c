@@ -770,30 +770,12 @@ void es_json_decoder_decode(lua_State *L, es_json_decoder *jd, const char *text,
 /* The module -------------------------------------------------------------- */
 
 static int l_encode(lua_State *L) {
-  es_buf b;
-  es_err err;
   luaL_checkany(L, 1);
   lua_settop(L, 1);
-  es_buf_init(&b);
-  if (es_json_encode_lua(L, 1, "value", &b, &err) != ES_OK) {
-    es_buf_destroy(&b);
-    return es_lua_raise(L, &err);
-  }
-  es_lua_push_buf(L, &b);
-  es_buf_destroy(&b);
-  return 1;
+  return es_lua_encode_arg(L, es_json_encode_lua, "value");
 }
 
-static int l_decode(lua_State *L) {
-  size_t len;
-  const char *s;
-  es_err err;
-  /* Strict: a number is not JSON text, even though Lua could coerce it. */
-  luaL_checktype(L, 1, LUA_TSTRING);
-  s = lua_tolstring(L, 1, &len);
-  if (es_json_decode_lua(L, s, len, &err) != ES_OK) return es_lua_raise(L, &err);
-  return 1;
-}
+static int l_decode(lua_State *L) { return es_lua_decode_arg(L, es_json_decode_lua); }
 
 static int l_array(lua_State *L) {
   if (lua_isnoneornil(L, 1)) {

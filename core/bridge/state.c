@@ -849,32 +849,13 @@ int es_state_decode(lua_State *L, const char *data, size_t len, es_err *err) {
 /* The module -------------------------------------------------------------- */
 
 static int l_encode(lua_State *L) {
-  es_buf b;
-  es_err err;
-  const char *what;
   luaL_checkany(L, 1);
-  what = luaL_optstring(L, 2, "state");
+  const char *what = luaL_optstring(L, 2, "state");
   lua_settop(L, 2); /* keeps `what` alive (slot 2) while it is used */
-  es_buf_init(&b);
-  if (es_state_encode(L, 1, what, &b, &err) != ES_OK) {
-    es_buf_destroy(&b);
-    return es_lua_raise(L, &err);
-  }
-  es_lua_push_buf(L, &b);
-  es_buf_destroy(&b);
-  return 1;
+  return es_lua_encode_arg(L, es_state_encode, what);
 }
 
-static int l_decode(lua_State *L) {
-  size_t len;
-  const char *s;
-  es_err err;
-  /* Strict: a number is not an encoding, even though Lua could coerce it. */
-  luaL_checktype(L, 1, LUA_TSTRING);
-  s = lua_tolstring(L, 1, &len);
-  if (es_state_decode(L, s, len, &err) != ES_OK) return es_lua_raise(L, &err);
-  return 1;
-}
+static int l_decode(lua_State *L) { return es_lua_decode_arg(L, es_state_decode); }
 
 void es_state_push_module(lua_State *L) {
   static const luaL_Reg funcs[] = {
