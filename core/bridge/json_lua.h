@@ -1,6 +1,6 @@
 /*
  * bridge/json_lua.h: the Lua face of the exact payload codec (codec/json.h,
- * CONTRACT.md §1): Lua values <-> the canonical text of the C face, and the
+ * docs/contract.md §1): Lua values <-> the canonical text of the C face, and the
  * eventstore.json module table. The text rules are the codec's
  * (codec/json_scan.h); this face only maps Lua values onto them.
  */

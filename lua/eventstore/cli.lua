@@ -524,7 +524,7 @@ command("truncate", {
   synopsis = "truncate SESSION THROUGH [--db URL]",
   summary = "drop a session's processed events 1..THROUGH",
   help = [[
-Drops events 1..THROUGH of SESSION from the live store (CONTRACT 3.9):
+Drops events 1..THROUGH of SESSION from the live store (docs/contract.md §3.9):
 indexes and positions never shift, the head stays, reads then start after
 THROUGH. Only processed events may go: a pending or dead event in the range
 fails it (INVALID_ARGUMENT, exit 1) and nothing is dropped. With --scripts,
@@ -564,7 +564,7 @@ command("archive", {
   help = [[
 Moves events of SESSION up to THROUGH that are not archived yet out of the
 database into one compressed, checksummed segment file under the archive
-directory (CONTRACT 3.9; docs/retention.md, "Archive"): the file is
+directory (docs/contract.md §3.9; docs/retention.md, "Archive"): the file is
 written and synced before the rows are dropped, in one step. Reads stay
 transparent: `read`, `state` and the engine see archived events as before.
 Only processed events may go: a pending or dead event in the range fails it
@@ -634,7 +634,7 @@ command("shred", {
   synopsis = "shred KEY --yes [--db URL]",
   summary = "destroy a data key: its sealed payloads become unreadable",
   help = [[
-Destroys data key KEY (CONTRACT 3.10): every payload sealed under it (append
+Destroys data key KEY (docs/contract.md §3.10): every payload sealed under it (append
 --key KEY) reads from then on as "payload": null, "shredded": true, the
 snapshots that folded such events are dropped, and the name can never seal
 new data. The events themselves stay. Needs no master key (--keys). There is
@@ -1100,7 +1100,7 @@ function commands.append.run(o, args)
     events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane, key = o.key } }
   end
   -- Only an explicit --scripts: a ./scripts that belongs to another app
-  -- must not decide that this app's events need no handling (CONTRACT §4).
+  -- must not decide that this app's events need no handling (docs/contract.md §4).
   local dir = o.scripts ~= nil and scripts_dir(o, true) or nil
   local store <close> = open_store(o, true)
   local stored
