@@ -92,8 +92,11 @@ $(MODULE): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) -shared $(SAN) -o $@ $^ $(LDLIBS)
 
+# Made afresh: `ar r` keeps members whose source is gone (a file moved to
+# another room or split), which would then clash with their new homes.
 $(LIB): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
+	@rm -f $@
 	$(AR) rcs $@ $^
 
 # The binary links the core statically (no core.so needed at run time); it
