@@ -58,6 +58,10 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
 /* The scripts directory as given (borrowed: valid while the engine is). */
 const char *es_engine_scripts(es_engine *e);
 
+/* Script reloads that failed since the engine opened (the last good
+ * version ran on; CONTRACT §4). */
+int64_t es_engine_reload_failures(es_engine *e);
+
 /* The store the engine works on (borrowed: valid while the engine is). */
 es_store *es_engine_store(es_engine *e);
 
