@@ -364,6 +364,22 @@ end
         assert.is_true(contains(err.message, "(and 1 more script that do not load)"), err.message)
       end)
 
+      it("a script whose path is over 4 KiB is an error naming it, never cut short to another name", function()
+        local t = setup()
+        local part = ("n"):rep(240)
+        local long = t.dir .. ("/" .. part):rep(16) -- under PATH_MAX itself ...
+        local q = eh.sh_quote
+        assert(os.execute("mkdir -p " .. q(long .. "/handlers")))
+        -- ... but not with handlers/<part>/job.lua below it: moved there
+        -- from handlers/ (a path that long cannot be opened whole)
+        local src = os.tmpname()
+        eh.write_file(src, "return function() end\n")
+        assert(os.execute("cd " .. q(long .. "/handlers") .. " && mkdir " .. part .. " && mv " .. q(src)
+          .. " " .. part .. "/job.lua"))
+        local err = expect_error("INVALID_ARGUMENT", t.engine, { scripts = long })
+        assert.is_true(contains(err.message, "script path too long (over 4095 bytes)"), err.message)
+      end)
+
       it("a reload that fails keeps the last good version running, charges no attempt, and is counted once", function()
         local t = setup()
         t.handler("job", version_handler(1))
