@@ -248,8 +248,10 @@ Dispatches every pending event of the store to its handler in the scripts
 directory (handlers/<type>.lua), until SIGINT or SIGTERM (handler calls in
 flight are interrupted and retried later, exit 0); with --until-idle until
 no event is ready now; with --until-done until no pending event will ever
-become ready by time alone (it also waits for backoffs and timers). On a
-terminal a progress line is kept on stderr. At the end prints to stdout:
+become ready by time alone (it also waits for backoffs and timers). Every
+handler and reducer is loaded first: one that does not load stops it, naming
+the file and line (exit 1). On a terminal a progress line is kept on stderr.
+At the end prints to stdout:
   handled N, failed N, dead N, pending N
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
