@@ -806,7 +806,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
   size_t n = strlen(msg);
   while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
   if (atomic_load(&h->starting)) { /* the first says why; es_http_start reports it */
-    if (!h->start_msg[0]) snprintf(h->start_msg, sizeof h->start_msg, "%s", msg);
+    if (!h->start_msg[0])
+      snprintf(h->start_msg, sizeof h->start_msg, "%.*s", (int)sizeof h->start_msg - 1, msg);
     return;
   }
   fprintf(stderr, "eventstore serve: %s\n", msg);
