@@ -1051,7 +1051,7 @@ function commands.run.run(o)
       o.deadline or DEFAULT_DEADLINE_S, printable(e.session), e.index, printable(e.type),
       (overdue.wake - overdue.now + 999) // 1000)
   end
-  -- CONTRACT §4: a script running --until-done can tell that work was
+  -- docs/contract.md §4: a script running --until-done can tell that work was
   -- dead-lettered (the summary line says how much).
   if until_done and total.dead > 0 then return 3 end
   return 0

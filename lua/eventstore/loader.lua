@@ -17,7 +17,7 @@
 -- share: shared.put(path, src) keeps the last source that loaded,
 -- shared.get(path) gives it back, shared.failed(path, sig, why) logs and
 -- counts a failed reload. A reload that fails keeps the last good version
--- (CONTRACT §4): this state's own, or, in a state that never ran the file
+-- (docs/contract.md §4): this state's own, or, in a state that never ran the file
 -- (a fresh worker), the shared source. Only a file that never loaded
 -- anywhere is an error for the events that need it.
 return function(dir, stat, hash, shared)
