@@ -91,6 +91,13 @@ for _, url in ipairs(helpers.urls()) do
         err.message)
     end)
 
+    it("with no instruction budget, a loop at the top level of a script is stopped at its deadline", function()
+      local t = setup()
+      t.handler("x", TOP_LOOP)
+      local err = helpers.expect_error("INVALID_ARGUMENT", t.engine, { instruction_budget = 0, deadline_ms = 200 })
+      assert.is_true(contains(err.message, "handlers/x.lua: deadline exceeded (200 ms)"), err.message)
+    end)
+
     it("a loop at the top level of a handler added after the start fails its attempt on the budget", function()
       local t = setup()
       local engine = t.engine({ max_failures = 1, backoff_ms = 0, instruction_budget = 1000000 })

@@ -12,11 +12,14 @@
  *   so a typo is an error at eventstore.engine naming the file and line,
  *   never work dead-lettered later.
  */
+#include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/internal.h"
 
@@ -135,15 +138,64 @@ static int load_one(lua_State *L) {
   return 1;
 }
 
+/* The load's watchdog: no keeper runs yet, so a top level that loops with
+ * no instruction budget (0: none) is stopped by deadline_ms here, as a
+ * handler call would be, instead of hanging eventstore.engine. */
+typedef struct load_watch {
+  es_budget *b;
+  int64_t ms;
+  pthread_mutex_t mu;
+  pthread_cond_t cond;
+  int done;
+} load_watch;
+
+static void *load_watch_main(void *arg) {
+  load_watch *w = arg;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)(w->ms / 1000);
+  until.tv_nsec += (long)(w->ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&w->mu);
+  int rc = 0;
+  while (!w->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->cond, &w->mu, &until);
+  if (!w->done) es_budget_trip(w->b, ES_TRIP_DEADLINE);
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+static int load_all(runner *r, es_err *err);
+
 int es_scripts_load_all(runner *r, es_err *err) {
+  load_watch w = {&r->b, r->e->o.deadline_ms, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+  pthread_t t;
+  int watched = pthread_create(&t, NULL, load_watch_main, &w) == 0;
+  int rc = load_all(r, err);
+  if (watched) {
+    pthread_mutex_lock(&w.mu);
+    w.done = 1;
+    pthread_cond_signal(&w.cond);
+    pthread_mutex_unlock(&w.mu);
+    pthread_join(t, NULL);
+  }
+  /* a trip that came after the last script loaded is nobody's */
+  atomic_store(&r->b.trip, ES_TRIP_NONE);
+  return rc;
+}
+
+static int load_all(runner *r, es_err *err) {
   static const char *const kinds[] = {"handlers", "reducers"};
   static const char *const fns[] = {"handler", "reducer"};
   lua_State *L = r->L;
   size_t bad = 0;
-  for (int k = 0; k < 2; k++) {
+  int late = 0; /* past the deadline: the watchdog is spent, load no more */
+  for (int k = 0; k < 2 && !late; k++) {
     es_type_set *names = es_script_scan(r->e->scripts, kinds[k], err);
     if (!names) return err->code;
-    for (size_t i = 0; i < names->n; i++) {
+    for (size_t i = 0; i < names->n && !late; i++) {
       lua_settop(L, 0);
       lua_pushcfunction(L, load_one);
       lua_pushstring(L, fns[k]);
@@ -151,8 +203,9 @@ int es_scripts_load_all(runner *r, es_err *err) {
       /* budgeted: a top level that loops or allocates without end fails */
       int st = es_budget_pcall(L, 2, 1);
       if (st == LUA_OK && lua_isnil(L, -1)) continue;
-      if (bad++) continue; /* the first names the file and line; the rest are counted */
       const char *why = lua_tostring(L, -1);
+      late = st != LUA_OK && why && strncmp(why, "deadline exceeded", 17) == 0;
+      if (bad++) continue; /* the first names the file and line; the rest are counted */
       if (st == LUA_OK) {
         es_fail(err, ES_INVALID_ARGUMENT, "%s", why ? why : "?");
       } else { /* a budget's message, then a traceback: the first line */
