@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "store/backend.h"
+#include "store/counts.h"
 #include "util/hmap.h"
 #include "util/tree.h"
 
@@ -1444,14 +1445,11 @@ static void commit_seg(es_backend *b, urec *u) {
 /* ---- §3.12 counts --------------------------------------------------------- */
 
 /* The store's and each tenant scope's sums over the counted session rows
- * (backend.h counts): sess_swap_info, the one place a session row changes
+ * (backend.h counts; the rule, which rows count and a name's scope, is
+ * store/counts.h's): sess_swap_info, the one place a session row changes
  * (put, delete and their undo), moves them by the difference, so undo
- * restores them too. A scope is a session name's start through its first
- * ES_TENANT_SEP when that is a tenant's prefix (2 to ES_MAX_TENANT_BYTES + 1
- * bytes). Rows with a negative fence (shard-move markers, shards.c) and the
- * row named "" (a shard's plan record) are not sessions and do not count.
- * A scope's entry is made by session_put before anything changes (a swap
- * cannot allocate) and kept until close. */
+ * restores them too. A scope's entry is made by session_put before
+ * anything changes (a swap cannot allocate) and kept until close. */
 typedef struct mscope {
   es_counts c;
   char name[];
@@ -1459,19 +1457,17 @@ typedef struct mscope {
 
 static const char *scope_key(const void *item) { return ((const mscope *)item)->name; }
 
-/* The scope of a session name into buf (ES_MAX_TENANT_BYTES + 2 bytes);
+/* The scope of a session name into buf (ES_SCOPE_MAX_BYTES + 1 bytes);
  * 0 when it has none. */
 static int scope_of(const char *name, char *buf) {
-  const char *sep = strchr(name, ES_TENANT_SEP[0]);
-  size_t n = sep ? (size_t)(sep - name) + 1 : 0;
-  if (n < 2 || n > ES_MAX_TENANT_BYTES + 1) return 0;
+  size_t n = es_scope_len(name);
   memcpy(buf, name, n);
   buf[n] = '\0';
-  return 1;
+  return n > 0;
 }
 
 static int scope_prepare(es_backend *b, const char *name) {
-  char sc[ES_MAX_TENANT_BYTES + 2];
+  char sc[ES_SCOPE_MAX_BYTES + 1];
   if (!scope_of(name, sc) || es_hmap_get(&b->scopes, sc)) return 0;
   size_t n = strlen(sc) + 1;
   mscope *m = calloc(1, sizeof *m + n);
@@ -1491,26 +1487,13 @@ static void scopes_free(es_backend *b) {
   es_hmap_destroy(&b->scopes);
 }
 
-static void counts_add(es_counts *c, const es_session_info *row, int64_t sign) {
-  c->sessions += sign;
-  c->events += sign * row->events;
-  c->pending += sign * row->pending;
-  c->dead += sign * row->dead;
-}
-
 static void counts_swap(es_backend *b, const char *name, const es_session_info *from,
                         const es_session_info *to) {
-  if (!*name) return;
-  if (from && from->fence < 0) from = NULL;
-  if (to && to->fence < 0) to = NULL;
-  if (!from && !to) return;
-  char sc[ES_MAX_TENANT_BYTES + 2];
+  if (!es_counted(name, from) && !es_counted(name, to)) return;
+  es_counts_move(&b->counts, name, from, to);
+  char sc[ES_SCOPE_MAX_BYTES + 1];
   mscope *m = scope_of(name, sc) ? es_hmap_get(&b->scopes, sc) : NULL;
-  es_counts *cs[2] = {&b->counts, m ? &m->c : NULL};
-  for (int i = 0; i < 2 && cs[i]; i++) {
-    if (from) counts_add(cs[i], from, -1);
-    if (to) counts_add(cs[i], to, 1);
-  }
+  if (m) es_counts_move(&m->c, name, from, to);
 }
 
 static int mem_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
