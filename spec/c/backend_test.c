@@ -9,7 +9,8 @@
  *
  * Cases:
  * - snapshots: put, replace, get, list by reducer (moved from
- *   memory_backend_test.c, every assertion kept);
+ *   memory_backend_test.c), binary and empty states (moved from
+ *   sqlite_backend_test.c), every assertion kept;
  * - counts: the sums a backend keeps (backend.h counts) follow the core's
  *   rule (store/counts.h, es_counts_move) through puts, replacements,
  *   markers, deletes and a rolled-back savepoint; for the SQL backends this
@@ -145,6 +146,62 @@ static void case_snapshots(es_backend *b) {
   names sl = list_sessions(t, "", NULL, ES_NONE);
   CHECK(sl.n == 0);
   OPS->read_end(BK(t), t);
+}
+
+/* Moved from sqlite_backend_test.c: binary and empty states, another
+ * session's snapshots apart, listing without states, replacing. */
+static void case_snapshots_binary(es_backend *b) {
+  static const char state[] = "\x00\x01\xff state \x00";
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_snapshot sn;
+  es_snapshot_init(&sn);
+  sn.reducer = (char *)"zeta";
+  sn.index = 3;
+  sn.state = (char *)state;
+  sn.state_len = sizeof state - 1;
+  sn.version = (char *)"v1";
+  sn.updated_at = 77;
+  int ok = OPS->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
+  sn.reducer = (char *)"alpha";
+  sn.state = (char *)"";
+  sn.state_len = 0;
+  ok &= OPS->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
+  sn.reducer = (char *)"other-session";
+  ok &= OPS->snapshot_put(BK(t), t, "s2", &sn, &err) == ES_OK;
+  CHECK(ok); /* snapshot_put */
+  commit(t);
+  t = rbegin(b);
+  es_snapshot got;
+  /* binary state round-trips */
+  CHECK(OPS->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 3 &&
+        got.state_len == sizeof state - 1 && memcmp(got.state, state, got.state_len) == 0 &&
+        got.version && strcmp(got.version, "v1") == 0 && got.updated_at == 77 &&
+        strcmp(got.reducer, "zeta") == 0);
+  es_snapshot_destroy(&got);
+  /* an empty state stays empty (not NULL) */
+  CHECK(OPS->snapshot_get(BK(t), t, "s", "alpha", &got, &err) == ES_OK && got.state != NULL &&
+        got.state_len == 0);
+  es_snapshot_destroy(&got);
+  CHECK(OPS->snapshot_get(BK(t), t, "s", "nope", &got, &err) == ES_NOT_FOUND);
+  /* listed by reducer, without state, the other session's apart */
+  snaps c = {.n = 0};
+  CHECK(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err) == ES_OK && c.n == 2 &&
+        strcmp(c.reducer[0], "alpha") == 0 && strcmp(c.reducer[1], "zeta") == 0 &&
+        c.index[0] == 3 && c.index[1] == 3 && c.state_null[0] && c.state_null[1]);
+  OPS->read_end(BK(t), t);
+  t = wbegin(b);
+  sn.reducer = (char *)"zeta";
+  sn.index = 9;
+  sn.state = (char *)"new";
+  sn.state_len = 3;
+  sn.version = (char *)"v2";
+  /* snapshot_put replaces */
+  CHECK(OPS->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK &&
+        OPS->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 9 &&
+        got.state_len == 3 && got.version && strcmp(got.version, "v2") == 0);
+  es_snapshot_destroy(&got);
+  commit(t);
 }
 
 /* ---- counts: the backend's sums follow the core's rule --------------------- */
@@ -398,6 +455,8 @@ int main(void) {
   };
   static const bcase cases[] = {
       {"snapshots: put, replace, get, list by reducer", case_snapshots, 0},
+      {"snapshots: binary and empty states, listing without states, replacing",
+       case_snapshots_binary, 0},
       {"counts follow the core's rule (es_counts_move): puts, markers, deletes, savepoints",
        case_counts, 0},
       {"event_copy writes es_event_settle_copy's dispatch record and the origin", case_event_copy,

@@ -1175,64 +1175,18 @@ static void test_sessions(void) {
 }
 
 static void test_snapshots_presence(void) {
+  /* snapshots: backend_test.c (every backend) */
   char *p = tmp_path();
   es_backend *b = open_ok(p, NULL);
   es_txn *t;
   es_err err = {0};
   collect c = {0};
-  static const char state[] = "\x00\x01\xff state \x00";
+  int ok;
   if (!b) {
-    CHECK(0, "open for snapshot tests");
+    CHECK(0, "open for presence tests");
     return;
   }
   tx_write_begin(B, b, &t, &err);
-  es_snapshot sn;
-  es_snapshot_init(&sn);
-  sn.reducer = (char *)"zeta";
-  sn.index = 3;
-  sn.state = (char *)state;
-  sn.state_len = sizeof state - 1;
-  sn.version = (char *)"v1";
-  sn.updated_at = 77;
-  int ok = B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
-  sn.reducer = (char *)"alpha";
-  sn.state = (char *)"";
-  sn.state_len = 0;
-  ok &= B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
-  sn.reducer = (char *)"other-session";
-  ok &= B->snapshot_put(BK(t), t, "s2", &sn, &err) == ES_OK;
-  CHECK(ok, "snapshot_put");
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit snapshots");
-  tx_read_begin(B, b, &t, &err);
-  es_snapshot got;
-  CHECK(B->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 3 &&
-            got.state_len == sizeof state - 1 && memcmp(got.state, state, got.state_len) == 0 &&
-            str_eq(got.version, "v1") && got.updated_at == 77 && str_eq(got.reducer, "zeta"),
-        "snapshot_get: binary state round-trips");
-  es_snapshot_destroy(&got);
-  CHECK(B->snapshot_get(BK(t), t, "s", "alpha", &got, &err) == ES_OK && got.state != NULL &&
-            got.state_len == 0,
-        "snapshot_get: empty state stays empty (not NULL)");
-  es_snapshot_destroy(&got);
-  CHECK(B->snapshot_get(BK(t), t, "s", "nope", &got, &err) == ES_NOT_FOUND,
-        "snapshot_get: missing");
-  CHECK(B->snapshot_list(BK(t), t, "s", collect_snapshot, &c, &err) == ES_OK && c.n == 2 &&
-            !strcmp(c.names[0], "alpha") && !strcmp(c.names[1], "zeta") && c.ints[0] == 3 &&
-            c.ints[1] == 3,
-        "snapshot_list: by reducer, without state");
-  memset(&c, 0, sizeof c);
-  B->read_end(BK(t), t);
-  tx_write_begin(B, b, &t, &err);
-  sn.reducer = (char *)"zeta";
-  sn.index = 9;
-  sn.state = (char *)"new";
-  sn.state_len = 3;
-  sn.version = (char *)"v2";
-  CHECK(B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK &&
-            B->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 9 &&
-            got.state_len == 3 && str_eq(got.version, "v2"),
-        "snapshot_put replaces");
-  es_snapshot_destroy(&got);
 
   /* presence */
   es_presence_row r;
@@ -3751,7 +3705,7 @@ int main(void) {
   test_sessions();
   test_session_children();
   test_refs();
-  test_snapshots_presence();
+  test_snapshots_presence(); /* presence; snapshots in backend_test.c */
   test_savepoints();
   test_reentrancy();
   test_concurrency();
