@@ -57,6 +57,7 @@
 #include "store/backend.h"
 #include "store/backend_sql.h"
 #include "store/counts.h"
+#include "util/dirsync.h"
 #include "util/parse.h"
 
 /* ---- settings --------------------------------------------------------- */
@@ -1656,20 +1657,6 @@ static int sq_check_dir(es_backend *b, es_err *err) {
   return code;
 }
 
-/* Makes a newly created file's directory entry durable (SQLite syncs the
- * directory for its WAL, not for the main file it creates). */
-static void sq_sync_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = slash ? sq_dup(path, slash == path ? 1 : (size_t)(slash - path)) : sq_dup(".", 1);
-  if (!dir) return;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
-  free(dir);
-}
-
 /* Judges an existing file that has neither a -wal nor a -journal next to it
  * (sq_schema_read) through a temporary immutable, read-only connection: with
  * no -wal the main file holds every commit, and an immutable connection
@@ -1880,7 +1867,13 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
     if ((code = sq_conn_exec(&b->w, "PRAGMA journal_size_limit = 67108864", NULL, err)) != ES_OK) goto fail;
   }
   if ((code = sq_conn_open(b, &b->watch, 0, err)) != ES_OK) goto fail;
-  if (!existed) sq_sync_dir(b->full_path ? b->full_path : b->path);
+  /* A new file's directory entry must be durable (SQLite syncs the
+   * directory for its WAL, not for the main file it creates): the commits
+   * to come would otherwise be lost with the file's name. */
+  if (!existed && es_sync_parent_dir(b->full_path ? b->full_path : b->path) != 0) {
+    code = es_fail(err, ES_STORAGE, "sqlite %s: cannot sync its directory: %s", b->path, strerror(errno));
+    goto fail;
+  }
   *out = b;
   return ES_OK;
 fail:
