@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "store/backend.h"
+#include "store/counts.h"
 #include "util/hmap.h"
 #include "util/tree.h"
 
@@ -260,12 +261,6 @@ struct es_txn {
   int write;
 };
 
-/* The id index (below, "ids"): rows by id. */
-typedef struct mids {
-  mrow **rows;       /* owned array of cap borrowed rows */
-  uint32_t *hashes;  /* owned; 0 empty, 1 removed, else the id's hash */
-  size_t cap, count, removed;
-} mids;
 
 /* The removed slots of the position array: bit j of level 0 is slot j (1:
  * its row was removed), and bit w of level k + 1 says that word w of level
@@ -292,7 +287,7 @@ struct es_backend {
   mrow **pos;
   size_t npos, cappos, pbase;
   mholes holes;
-  mids ids;          /* rows by id */
+  es_hmap ids;       /* rows by id: an idkey's hash, matched by id_match (below) */
   es_hmap sessions;  /* owned msess by name */
   msess *last;       /* the session found last: batches stay in one */
   msess *last_origin; /* the origin session found last: a fork copies from one */
@@ -621,36 +616,13 @@ typedef struct idkey {
   uint32_t h;             /* never 0 or 1 (they mark empty and removed slots) */
 } idkey;
 
-/* 64-bit multiply-xorshift over 8-byte words (as hmap.c's), folded. */
-static uint32_t id_hash(const unsigned char *p, size_t len) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ (len * 0xC2B2AE3D27D4EB4Full);
-  while (len >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
-    h ^= h >> 29;
-    p += 8;
-    len -= 8;
-  }
-  if (len) {
-    uint64_t w = 0;
-    memcpy(&w, p, len);
-    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
-  }
-  h ^= h >> 33;
-  h *= 0xC4CEB9FE1A85EC53ull;
-  h ^= h >> 33;
-  uint32_t r = (uint32_t)(h ^ (h >> 32));
-  return r < 2 ? r + 2 : r;
-}
-
 static void idkey_of_text(idkey *k, const char *id) {
   if (uuid_parse(id, k->u)) {
     k->text = NULL;
-    k->h = id_hash(k->u, 16);
+    k->h = es_hmap_hash_bytes(k->u, 16);
   } else {
     k->text = id;
-    k->h = id_hash((const unsigned char *)id, strlen(id));
+    k->h = es_hmap_hash_bytes(id, strlen(id));
   }
 }
 
@@ -659,130 +631,38 @@ static void idkey_of_row(idkey *k, const mrow *r) {
   if (r->flags & RF_BINID) {
     memcpy(k->u, p, 16);
     k->text = NULL;
-    k->h = id_hash(p, 16);
+    k->h = es_hmap_hash_bytes(p, 16);
   } else {
     k->text = (const char *)p;
-    k->h = id_hash(p, strlen(k->text));
+    k->h = es_hmap_hash_bytes(p, strlen(k->text));
   }
 }
 
-static int id_match(const mrow *r, const idkey *k) {
+/* The id index (b->ids): util/hmap.h's table keyed by an idkey, so a
+ * UUID id is compared as its 16 bytes. */
+static int id_match(const void *item, const void *key) {
+  const mrow *r = item;
+  const idkey *k = key;
   const unsigned char *p = row_idp(r);
   if (!k->text) return (r->flags & RF_BINID) && memcmp(p, k->u, 16) == 0;
   return !(r->flags & RF_BINID) && strcmp((const char *)p, k->text) == 0;
 }
 
-/* The id index: hmap.h's open addressing (linear probing, a 32-bit hash
- * per slot compared before any row, growth by 1.5x at 7/8 load that never
- * touches the rows), keyed by an idkey: a UUID id is compared as its 16
- * bytes. 12 bytes a slot. */
-#define ID_EMPTY 0u
-#define ID_REMOVED 1u
-
-static size_t ids_home(uint32_t h, size_t cap) { return (size_t)(((uint64_t)h * cap) >> 32); }
-
-static ptrdiff_t ids_find(const mids *m, const idkey *k) {
-  if (!m->count) return -1;
-  size_t i = ids_home(k->h, m->cap);
-  for (;;) {
-    uint32_t h = m->hashes[i];
-    if (h == ID_EMPTY) return -1;
-    if (h == k->h && id_match(m->rows[i], k)) return (ptrdiff_t)i;
-    if (++i == m->cap) i = 0;
-  }
-}
-
-static mrow *ids_get(const mids *m, const idkey *k) {
-  ptrdiff_t i = ids_find(m, k);
-  return i < 0 ? NULL : m->rows[i];
-}
-
-static void ids_place(mrow **rows, uint32_t *hashes, size_t cap, uint32_t h, mrow *r) {
-  size_t i = ids_home(h, cap);
-  while (hashes[i] > ID_REMOVED)
-    if (++i == cap) i = 0;
-  hashes[i] = h;
-  rows[i] = r;
-}
-
-/* Moves every row into fresh arrays of cap slots (removed slots dropped).
- * -1 when out of memory (m unchanged). */
-static int ids_rehash(mids *m, size_t cap) {
-  if (cap > UINT32_MAX || cap > SIZE_MAX / sizeof(mrow *)) return -1;
-  mrow **rows = malloc(cap * sizeof *rows);
-  uint32_t *hashes = calloc(cap, sizeof *hashes);
-  if (!rows || !hashes) {
-    free(rows);
-    free(hashes);
-    return -1;
-  }
-  for (size_t i = 0; i < m->cap; i++)
-    if (m->hashes[i] > ID_REMOVED) ids_place(rows, hashes, cap, m->hashes[i], m->rows[i]);
-  free(m->rows);
-  free(m->hashes);
-  m->rows = rows;
-  m->hashes = hashes;
-  m->cap = cap;
-  m->removed = 0;
-  return 0;
-}
-
-/* Room for n more puts (0), or -1 when out of memory (m unchanged). A
- * rebuild sizes for the live rows to at most 3/4 load. */
-static int ids_reserve(mids *m, size_t n) {
-  if (m->cap && (m->count + m->removed + n) * 8 <= m->cap * 7) return 0;
-  size_t cap = m->cap ? m->cap : 8;
-  while ((m->count + n) * 4 > cap * 3) cap += cap / 2;
-  return ids_rehash(m, cap);
-}
-
-/* Adds r, whose id is not present (room reserved). */
-static void ids_put(mids *m, const idkey *k, mrow *r) {
-  size_t i = ids_home(k->h, m->cap);
-  while (m->hashes[i] > ID_REMOVED)
-    if (++i == m->cap) i = 0;
-  if (m->hashes[i] == ID_REMOVED) m->removed--;
-  m->hashes[i] = k->h;
-  m->rows[i] = r;
-  m->count++;
-}
+static mrow *ids_get(const es_hmap *m, const idkey *k) { return es_hmap_find(m, k->h, id_match, k); }
 
 /* r takes the slot of the row with its id, which is returned (NULL: none,
  * nothing changes). Never allocates. */
-static mrow *ids_replace(mids *m, mrow *r) {
+static mrow *ids_replace(es_hmap *m, mrow *r) {
   idkey k;
   idkey_of_row(&k, r);
-  ptrdiff_t i = ids_find(m, &k);
-  if (i < 0) return NULL;
-  mrow *old = m->rows[i];
-  m->rows[i] = r;
-  return old;
+  return es_hmap_replace_by(m, r, k.h, id_match, &k);
 }
 
 /* Removes r if the slot of its id holds r (a new row may have taken it). */
-static void ids_remove_row(mids *m, mrow *r) {
+static void ids_remove_row(es_hmap *m, mrow *r) {
   idkey k;
   idkey_of_row(&k, r);
-  ptrdiff_t i = ids_find(m, &k);
-  if (i < 0 || m->rows[i] != r) return;
-  m->hashes[i] = ID_REMOVED;
-  m->rows[i] = NULL;
-  m->count--;
-  m->removed++;
-}
-
-/* Smaller once at most 1/8 is in use; out of memory: the table stays. */
-static void ids_shrink(mids *m) {
-  if (m->cap <= 64 || m->count * 8 > m->cap) return;
-  size_t cap = 8;
-  while (m->count * 4 > cap * 3) cap += cap / 2;
-  (void)ids_rehash(m, cap);
-}
-
-static void ids_destroy(mids *m) {
-  free(m->rows);
-  free(m->hashes);
-  memset(m, 0, sizeof *m);
+  es_hmap_remove_item(m, r, k.h);
 }
 static const char *sess_key(const void *item) { return ((const msess *)item)->name; }
 static const char *lane_key(const void *item) { return ((const mlane *)item)->name; }
@@ -1393,7 +1273,7 @@ static void finish_commit(es_backend *b) {
   }
   if (removed) {
     pos_compact(b);
-    ids_shrink(&b->ids);  /* out of memory: the bigger table stays */
+    (void)es_hmap_shrink(&b->ids);  /* out of memory: the bigger table stays */
   }
   b->nundo = 0;
   b->nmarks = 0;
@@ -1405,23 +1285,22 @@ static void finish_commit(es_backend *b) {
   }
 }
 
-static int mem_write_commit(es_txn *t, es_err *err) {
+static int mem_write_commit(es_backend *b, es_txn *t, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   finish_commit(b);
   pthread_rwlock_unlock(&b->lock);
   return ES_OK;
 }
 
-static void mem_write_rollback(es_txn *t) {
-  es_backend *b = t->b;
+static void mem_write_rollback(es_backend *b, es_txn *t) {
+  (void)t; /* the backend (b) is all it needs */
   undo_to(b, 0);
   b->nmarks = 0;
   pthread_rwlock_unlock(&b->lock);
 }
 
-static int mem_savepoint(es_txn *t, es_err *err) {
-  es_backend *b = t->b;
+static int mem_savepoint(es_backend *b, es_txn *t, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   size_t *marks = grow(b->marks, &b->capmarks, b->nmarks + 1, sizeof *marks);
@@ -1431,15 +1310,15 @@ static int mem_savepoint(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
-static int mem_savepoint_release(es_txn *t, es_err *err) {
-  es_backend *b = t->b;
+static int mem_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   if (!b->nmarks) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no savepoint to release");
   b->nmarks--;  /* its steps stay in the log for an outer rollback */
   return ES_OK;
 }
 
-static void mem_savepoint_rollback(es_txn *t) {
-  es_backend *b = t->b;
+static void mem_savepoint_rollback(es_backend *b, es_txn *t) {
+  (void)t; /* the backend (b) is all it needs */
   if (!b->nmarks) return;
   undo_to(b, b->marks[--b->nmarks]);
 }
@@ -1450,7 +1329,10 @@ static int mem_read_begin(es_backend *b, es_txn **t, es_err *err) {
   return ES_OK;
 }
 
-static void mem_read_end(es_txn *t) { pthread_rwlock_unlock(&t->b->lock); }
+static void mem_read_end(es_backend *b, es_txn *t) {
+  (void)t; /* readers share b->rtxn */
+  pthread_rwlock_unlock(&b->lock);
+}
 
 /* ---- archive segments (§3.9) -------------------------------------------- */
 
@@ -1505,8 +1387,9 @@ static int seglist_install(es_backend *b, mseglist *old, mseglist *neu, es_err *
   return ES_OK;
 }
 
-static int mem_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
-                            es_err *err) {
+static int mem_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   const mseglist *l = es_hmap_get(&t->b->segs, session);
   for (size_t i = 0; l && i < l->n; i++)
@@ -1514,7 +1397,9 @@ static int mem_segment_list(es_txn *t, const char *session, es_segment_cb cb, vo
   return ES_OK;
 }
 
-static int mem_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+static int mem_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mseglist *old = es_hmap_get(&t->b->segs, session);
@@ -1523,7 +1408,9 @@ static int mem_segment_put(es_txn *t, const char *session, const es_segment *row
   return seglist_install(t->b, old, neu, err);
 }
 
-static int mem_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+static int mem_segment_delete(es_backend *b, es_txn *t, const char *session, int64_t from,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mseglist *old = es_hmap_get(&t->b->segs, session);
@@ -1558,14 +1445,11 @@ static void commit_seg(es_backend *b, urec *u) {
 /* ---- §3.12 counts --------------------------------------------------------- */
 
 /* The store's and each tenant scope's sums over the counted session rows
- * (backend.h counts): sess_swap_info, the one place a session row changes
+ * (backend.h counts; the rule, which rows count and a name's scope, is
+ * store/counts.h's): sess_swap_info, the one place a session row changes
  * (put, delete and their undo), moves them by the difference, so undo
- * restores them too. A scope is a session name's start through its first
- * ES_TENANT_SEP when that is a tenant's prefix (2 to ES_MAX_TENANT_BYTES + 1
- * bytes). Rows with a negative fence (shard-move markers, shards.c) and the
- * row named "" (a shard's plan record) are not sessions and do not count.
- * A scope's entry is made by session_put before anything changes (a swap
- * cannot allocate) and kept until close. */
+ * restores them too. A scope's entry is made by session_put before
+ * anything changes (a swap cannot allocate) and kept until close. */
 typedef struct mscope {
   es_counts c;
   char name[];
@@ -1573,19 +1457,17 @@ typedef struct mscope {
 
 static const char *scope_key(const void *item) { return ((const mscope *)item)->name; }
 
-/* The scope of a session name into buf (ES_MAX_TENANT_BYTES + 2 bytes);
+/* The scope of a session name into buf (ES_SCOPE_MAX_BYTES + 1 bytes);
  * 0 when it has none. */
 static int scope_of(const char *name, char *buf) {
-  const char *sep = strchr(name, ES_TENANT_SEP[0]);
-  size_t n = sep ? (size_t)(sep - name) + 1 : 0;
-  if (n < 2 || n > ES_MAX_TENANT_BYTES + 1) return 0;
+  size_t n = es_scope_len(name);
   memcpy(buf, name, n);
   buf[n] = '\0';
-  return 1;
+  return n > 0;
 }
 
 static int scope_prepare(es_backend *b, const char *name) {
-  char sc[ES_MAX_TENANT_BYTES + 2];
+  char sc[ES_SCOPE_MAX_BYTES + 1];
   if (!scope_of(name, sc) || es_hmap_get(&b->scopes, sc)) return 0;
   size_t n = strlen(sc) + 1;
   mscope *m = calloc(1, sizeof *m + n);
@@ -1605,29 +1487,17 @@ static void scopes_free(es_backend *b) {
   es_hmap_destroy(&b->scopes);
 }
 
-static void counts_add(es_counts *c, const es_session_info *row, int64_t sign) {
-  c->sessions += sign;
-  c->events += sign * row->events;
-  c->pending += sign * row->pending;
-  c->dead += sign * row->dead;
-}
-
 static void counts_swap(es_backend *b, const char *name, const es_session_info *from,
                         const es_session_info *to) {
-  if (!*name) return;
-  if (from && from->fence < 0) from = NULL;
-  if (to && to->fence < 0) to = NULL;
-  if (!from && !to) return;
-  char sc[ES_MAX_TENANT_BYTES + 2];
+  if (!es_counted(name, from) && !es_counted(name, to)) return;
+  es_counts_move(&b->counts, name, from, to);
+  char sc[ES_SCOPE_MAX_BYTES + 1];
   mscope *m = scope_of(name, sc) ? es_hmap_get(&b->scopes, sc) : NULL;
-  es_counts *cs[2] = {&b->counts, m ? &m->c : NULL};
-  for (int i = 0; i < 2 && cs[i]; i++) {
-    if (from) counts_add(cs[i], from, -1);
-    if (to) counts_add(cs[i], to, 1);
-  }
+  if (m) es_counts_move(&m->c, name, from, to);
 }
 
-static int mem_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+static int mem_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   memset(out, 0, sizeof *out);
   if (!scope) {
@@ -1674,6 +1544,7 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_hmap_init(&b->types, type_key);
   es_hmap_init(&b->spaces, ns_key);
   es_hmap_init(&b->segs, seg_key);
+  es_hmap_init(&b->ids, NULL); /* keyed by idkey: es_hmap_find with id_match */
   es_tree_init(&b->names, cmp_name);
   es_tree_init(&b->children, cmp_child);
   es_tree_init(&b->refs, cmp_ref);
@@ -1726,7 +1597,7 @@ static void mem_close(es_backend *b) {
   es_hmap_destroy(&b->segs);
   es_tree_clear(&b->keys, free_node);
   es_tree_clear(&b->uses, free_node);
-  ids_destroy(&b->ids);
+  es_hmap_destroy(&b->ids);
   es_hmap_destroy(&b->sessions);
   es_hmap_destroy(&b->types);
   es_hmap_destroy(&b->spaces);
@@ -1739,7 +1610,9 @@ static void mem_close(es_backend *b) {
 
 /* ---- sessions: ops ------------------------------------------------------ */
 
-static int mem_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+static int mem_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   msess *s = sess_find(t, session);
   if (!s || !s->info) return ES_NOT_FOUND;
   es_session_info v = *s->info;
@@ -1784,8 +1657,7 @@ static void sess_swap_info(es_backend *b, msess *s, es_session_info *to) {
   if (pt && moved) es_tree_insert(&b->children, &s->by_parent);
 }
 
-static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
   msess *s;
   int fresh, rc;
   if ((rc = check_write(t, err)) || (rc = sess_prepare(t, row->session, &s, &fresh, err))) return rc;
@@ -1810,8 +1682,7 @@ static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
 /* The row goes (listing, children); the rows, snapshots and refs are the
  * core's to remove first, and the session is detached once nothing is
  * left (sess_gc), whatever the order. O(log s + log f). */
-static int mem_session_delete(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);
@@ -1833,10 +1704,10 @@ static int starts_with(const char *s, const char *prefix, size_t plen) {
 
 /* Walks in chunks and re-seeks after each, so a callback may write to the
  * store without invalidating the walk. */
-static int mem_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
-                            es_session_cb cb, void *ctx, es_err *err) {
+static int mem_session_list(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                            int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   const char *pre = prefix ? prefix : "";
   size_t plen = strlen(pre);
   if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -1879,9 +1750,9 @@ static int mem_session_list(es_txn *t, const char *prefix, const char *after, in
 /* O(log f + k), f = sessions with a parent: a seek in the children tree.
  * Chunked like mem_session_list; a session whose parent a callback changed
  * is checked again before its turn. */
-static int mem_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
-                                es_session_cb cb, void *ctx, es_err *err) {
-  es_backend *b = t->b;
+static int mem_session_children(es_backend *b, es_txn *t, const char *parent, const char *after,
+                                int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   if (!parent)
     return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: session_children needs a parent");
   if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -1927,13 +1798,17 @@ static int copy_out(const mrow *r, es_event *out, es_err *err) {
   return es_event_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+static int mem_event_get(es_backend *b, es_txn *t, const char *session, int64_t index,
+                         es_event *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   mrow *r;
   if (row_lookup(t, session, index, &r) != ES_OK) return ES_NOT_FOUND;
   return copy_out(r, out, err);
 }
 
-static int mem_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+static int mem_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event *out,
+                               es_err *err) {
+  (void)b; /* t carries it (t->b) */
   idkey key;
   if (id) idkey_of_text(&key, id);
   mrow *r = id ? ids_get(&t->b->ids, &key) : NULL;
@@ -1956,8 +1831,7 @@ static msess *origin_find(es_backend *b, const char *name) {
   return s;
 }
 
-static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
   if (!row->id || !*row->id || !row->type)
@@ -2006,7 +1880,7 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   mdisp *disp = NULL;
   mlinks *links = NULL;
   mrow *r = NULL;
-  if (undo_reserve(b, 1) || pos_reserve(b) || ids_reserve(&b->ids, 1) || rows_reserve(s))
+  if (undo_reserve(b, 1) || pos_reserve(b) || es_hmap_reserve(&b->ids, 1) || rows_reserve(s))
     goto fail;
   if (!type) {
     size_t lt = strlen(row->type) + 1;
@@ -2097,7 +1971,7 @@ static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
   s->rows[s->n - s->base] = r;
   s->n++;
   if (was) ids_replace(&b->ids, r);
-  else ids_put(&b->ids, &key, r);
+  else (void)es_hmap_put_h(&b->ids, r, key.h); /* room reserved: cannot fail */
   row_link(b, r, sets);
   urec *u = undo_push(b, U_EV_INSERT, r);
   u->created = (unsigned char)fresh;
@@ -2141,8 +2015,7 @@ static void undo_insert(es_backend *b, urec *u) {
   if (u->neu) sess_unpublish(b, u->neu);
 }
 
-static int mem_event_update(es_txn *t, const es_event *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
   mrow *r;
   int rc;
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
@@ -2213,8 +2086,8 @@ static void row_restore(es_backend *b, mrow *r) {
 /* O(k) for k rows removed, + O(log n) for each set a row was in (pending,
  * dead, laned rows); commit then frees them in O(k). One undo step, however
  * many rows: they stay in the session's array until commit. */
-static int mem_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
-  es_backend *b = t->b;
+static int mem_event_delete_range(es_backend *b, es_txn *t, const char *session, int64_t through,
+                                  es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);
@@ -2238,8 +2111,9 @@ static void undo_delete(es_backend *b, urec *u) {
   s->gone = (size_t)u->old_due;
 }
 
-static int mem_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
-                           int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
+                           int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   msess *s = sess_find(t, session);
   if (!s || (limit != ES_NONE && limit <= 0)) return ES_OK;
@@ -2288,10 +2162,10 @@ static void scope_wrap(scope_filter *f, const char *scope, int64_t *limit, es_ev
   *ctx = f;
 }
 
-static int mem_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit,
+static int mem_event_all(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
                          es_event_cb cb, void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   if (limit != ES_NONE && limit <= 0) return ES_OK;
   scope_filter f;
   scope_wrap(&f, scope, &limit, &cb, &ctx);
@@ -2314,17 +2188,18 @@ static int mem_event_all(es_txn *t, const char *scope, int64_t after, int64_t li
 /* The highest position of a row still stored, as SQLite's max(position):
  * after the newest rows are removed it goes down, but event_insert still
  * hands out npos + 1 (positions are never reused). O(log64 n). */
-static int mem_last_position(es_txn *t, int64_t *position, es_err *err) {
+static int mem_last_position(es_backend *b, es_txn *t, int64_t *position, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   size_t len = pos_len(b);
   size_t j = len ? holes_prev(&b->holes, len - 1) : SIZE_MAX;
   *position = j == SIZE_MAX ? 0 : (int64_t)(b->pbase + j + 1);
   return ES_OK;
 }
 
-static int mem_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
-                         int64_t *index, es_err *err) {
+static int mem_lane_next(es_backend *b, es_txn *t, const char *session, const char *lane,
+                         int64_t after, int64_t *index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   *index = 0;
   if (!lane) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: lane_next needs a lane");
   msess *s = sess_find(t, session);
@@ -2407,10 +2282,9 @@ static int64_t qs_next_due(const es_tree_node *n, int64_t now, int64_t best) {
   return best;
 }
 
-static int mem_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_queued_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                          int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
-  es_backend *b = t->b;
   tkey from = {INT64_MIN, INT64_MIN};
   if (!session) {
     if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -2454,10 +2328,9 @@ static void scoped_next_due(es_tree *set, int slot, const char *scope, int64_t n
   walk_set(set, slot, from, 1, INT64_MAX, ES_NONE, scope_pass, &f);
 }
 
-static int mem_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                               int64_t *due, es_err *err) {
+static int mem_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                               int64_t now, int64_t *due, es_err *err) {
   (void)err;
-  es_backend *b = t->b;
   *due = ES_NONE;
   if (!session && scope) {
     scoped_next_due(&b->queued, SLOT_QG, scope, now, due);
@@ -2475,8 +2348,9 @@ static int mem_queued_next_due(es_txn *t, const char *session, const char *scope
   return ES_OK;
 }
 
-static int mem_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                               int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_queued_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                               int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
   tkey from = {INT64_MIN, INT64_MIN};
@@ -2486,8 +2360,9 @@ static int mem_queued_due_type(es_txn *t, const char *scope, const char *type, i
   return walk_set(&m->queued, SLOT_QT, from, 0, now, limit, cb, ctx);
 }
 
-static int mem_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                                    int64_t *due, es_err *err) {
+static int mem_queued_next_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                                    int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
   *due = ES_NONE;
@@ -2547,10 +2422,9 @@ static int mem_pending_types_scoped(es_txn *t, const char *scope, es_type_count_
   return ES_OK;
 }
 
-static int mem_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
-                             es_err *err) {
+static int mem_pending_types(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb,
+                             void *ctx, es_err *err) {
   if (scope) return mem_pending_types_scoped(t, scope, cb, ctx, err);
-  es_backend *b = t->b;
   mtype **v = NULL, *m;
   size_t n = 0, cap = 0, it = 0;
   while ((m = es_hmap_next(&b->types, &it))) {
@@ -2570,10 +2444,9 @@ static int mem_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, 
   return ES_OK;
 }
 
-static int mem_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
-                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_dead_list(es_backend *b, es_txn *t, const char *session, const char *scope,
+                         int64_t after, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
-  es_backend *b = t->b;
   tkey from = {after, INT64_MAX};
   if (!session) {
     if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -2623,8 +2496,9 @@ static size_t snap_find(const msess *s, const char *reducer, int *found) {
   return lo;
 }
 
-static int mem_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
-                            es_err *err) {
+static int mem_snapshot_get(es_backend *b, es_txn *t, const char *session, const char *reducer,
+                            es_snapshot *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   msess *s = sess_find(t, session);
   int found = 0;
   size_t i = s && reducer ? snap_find(s, reducer, &found) : 0;
@@ -2634,8 +2508,8 @@ static int mem_snapshot_get(es_txn *t, const char *session, const char *reducer,
   return es_snapshot_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_snapshot_put(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
+                            es_err *err) {
   int rc, fresh, found;
   msess *s;
   if ((rc = check_write(t, err))) return rc;
@@ -2692,8 +2566,7 @@ static void undo_snap(es_backend *b, urec *u) {
 }
 
 /* O(1): the array moves to the undo log; commit frees it in O(r). */
-static int mem_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);
@@ -2715,8 +2588,9 @@ static void undo_snap_del(urec *u) {
   s->nsnaps = s->capsnaps = (size_t)u->old_due;
 }
 
-static int mem_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
-                             es_err *err) {
+static int mem_snapshot_list(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb,
+                             void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   msess *s = sess_find(t, session);
   /* By position in the sorted array, re-read each turn: a callback that
@@ -2789,8 +2663,9 @@ static void prow_unlink(mns *ns, prow *p) {
   ns->count--;
 }
 
-static int mem_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
-                            es_presence_row *out, es_err *err) {
+static int mem_presence_get(es_backend *b, es_txn *t, const char *ns, const char *participant,
+                            const char *field, es_presence_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   mns *n = ns ? es_hmap_get(&t->b->spaces, ns) : NULL;
   prow *p = n && participant && field ? prow_find(n, participant, field) : NULL;
   if (!p) return ES_NOT_FOUND;
@@ -2799,8 +2674,8 @@ static int mem_presence_get(es_txn *t, const char *ns, const char *participant, 
   return es_presence_row_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_presence_put(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
+                            es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!ns || !row->participant || !row->field)
@@ -2846,8 +2721,7 @@ static int mem_presence_put(es_txn *t, const char *ns, const es_presence_row *ro
   return ES_OK;
 }
 
-static int mem_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
-  es_backend *b = t->b;
+static int mem_presence_expire(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mns *n = ns ? es_hmap_get(&b->spaces, ns) : NULL;
@@ -2864,8 +2738,9 @@ static int mem_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *e
   return ES_OK;
 }
 
-static int mem_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
-                             void *ctx, es_err *err) {
+static int mem_presence_list(es_backend *b, es_txn *t, const char *ns, int64_t now,
+                             es_presence_cb_row cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   mns *n = ns ? es_hmap_get(&t->b->spaces, ns) : NULL;
   if (!n) return ES_OK;
@@ -2961,7 +2836,8 @@ static void ref_unlink(es_backend *b, mref *m) {
   m->linked = 0;
 }
 
-static int mem_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+static int mem_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   mref *m = name ? ref_find(t->b, name) : NULL;
   if (!m) return ES_NOT_FOUND;
   es_ref v;
@@ -2969,8 +2845,7 @@ static int mem_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
   return es_ref_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_ref_put(es_txn *t, const es_ref *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_ref_put(es_backend *b, es_txn *t, const es_ref *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!row->name || !row->session)
@@ -2994,8 +2869,7 @@ static int mem_ref_put(es_txn *t, const es_ref *row, es_err *err) {
   return ES_OK;
 }
 
-static int mem_ref_delete(es_txn *t, const char *name, es_err *err) {
-  es_backend *b = t->b;
+static int mem_ref_delete(es_backend *b, es_txn *t, const char *name, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mref *m = name ? ref_find(b, name) : NULL;
@@ -3009,8 +2883,7 @@ static int mem_ref_delete(es_txn *t, const char *name, es_err *err) {
 
 /* O((k + 1) log R), k = refs naming the session: counted first (one undo
  * step each, reserved at once), then unlinked one by one. */
-static int mem_ref_delete_session(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_ref_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no session name");
@@ -3044,10 +2917,10 @@ static void undo_ref(es_backend *b, urec *u) {
 /* O(log r + k). Chunked like mem_session_list; a ref a callback replaced is
  * read again by name before its turn (its old block lives until commit), a
  * ref it deleted is skipped. */
-static int mem_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
-                        es_err *err) {
+static int mem_ref_list(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
+                        void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   if (limit != ES_NONE && limit <= 0) return ES_OK;
   const char *key = after ? after : "";
   int strict = after != NULL;
@@ -3141,7 +3014,8 @@ static mkey *key_find(const es_backend *b, const char *name) {
   return n && probe_key(name, n) == 0 ? (mkey *)n : NULL;
 }
 
-static int mem_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+static int mem_key_get(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   memset(out, 0, sizeof *out);
   mkey *m = name ? key_find(t->b, name) : NULL;
   if (!m) return ES_NOT_FOUND;
@@ -3161,8 +3035,7 @@ static int mem_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err
   return ES_OK;
 }
 
-static int mem_key_put(es_txn *t, const es_key_row *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_put(es_backend *b, es_txn *t, const es_key_row *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!row->name) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a key needs a name");
@@ -3201,9 +3074,8 @@ static void use_unlink(es_backend *b, muse *m) {
   es_tree_remove(&b->uses_by_sess, &m->by_sess);
 }
 
-static int mem_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
-                           es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_use_put(es_backend *b, es_txn *t, const char *key, const char *session,
+                           int64_t first_index, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!key || !session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a key use needs a key and a session");
@@ -3227,8 +3099,9 @@ static int mem_key_use_put(es_txn *t, const char *key, const char *session, int6
 }
 
 /* The rows are gathered before the first callback: a callback may write. */
-static int mem_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_use_list(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
+                            es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   if (!key) return ES_OK;
   ukey k = {key, ""};
   es_tree_iter it;
@@ -3250,8 +3123,7 @@ static int mem_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *
   return ES_OK;
 }
 
-static int mem_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_use_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no session name");
@@ -3292,8 +3164,8 @@ static void undo_key_use(es_backend *b, urec *u) {
  * allocate); the old array and the removed blocks stay in the log until
  * commit frees them (snap_del_from_commit), so undo puts the old array
  * back as it was. */
-static int mem_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
-  es_backend *b = t->b;
+static int mem_snapshot_delete_from(es_backend *b, es_txn *t, const char *session, int64_t index,
+                                    es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);

@@ -55,6 +55,8 @@
 #include <unistd.h>
 
 #include "store/backend.h"
+#include "store/backend_sql.h"
+#include "store/counts.h"
 #include "util/dirsync.h"
 #include "util/parse.h"
 
@@ -89,12 +91,7 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
  * UPDATE's highest parameter is the last one bound (binding a number above
  * a statement's highest parameter is an error, one below it that the
  * statement does not use is not). */
-#define EV_COLS                                                                           \
-  "position, session, idx, id, type, payload, lane, created_at, cause_index, "            \
-  "cause_attempt, not_before, status, attempts, failures, last_error, processed_at, "     \
-  "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
-  "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
-  "processed_by_attempt, key"
+#define EV_COLS ES_SQL_EV_COLS
 /* Column order of every session SELECT; sq_session_put binds it as ?1..?20. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
@@ -215,18 +212,20 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_EVENT_ALL] = "SELECT " EV_COLS " FROM events WHERE position > ?1 ORDER BY position LIMIT ?2",
     /* fork: one statement copies the prefix inside SQLite (no row goes
      * through C); es_copy_id() is the core's id generator (sq_fn_copy_id).
-     * The columns follow EV_COLS. Positions ?1 + idx - 1: increasing in
+     * The columns follow EV_COLS; the dispatch record is the core's
+     * (backend_sql.h). Positions ?1 + idx - 1: increasing in
      * index order without a window function (a quarter of the time),
      * leaving a gap if the source lacks an index (allowed: positions need
      * only increase; the core refuses such a copy anyway). */
     [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
                       " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type,"
-                      " payload, lane, created_at, cause_index, cause_attempt, not_before, 1, 0, 0,"
-                      " NULL, ?3, NULL, NULL, NULL, 0, NULL, NULL, -1, ?4, idx, NULL, NULL, NULL, NULL,"
+                      " payload, lane, created_at, cause_index, cause_attempt, not_before, "
+                      ES_SQL_COPY_DISPATCH("?3") ", ?4, idx, " ES_SQL_COPY_CLAIMS ","
                       " key FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
     [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
                      " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
-                     " AND lane IS NOT NULL AND status <> 1 ORDER BY idx LIMIT 1",
+                     " AND lane IS NOT NULL AND status <> " ES_SQL_PROCESSED
+                     " ORDER BY idx LIMIT 1",
     [ST_QUEUED_DUE_ALL] = "SELECT " EV_COLS
                           " FROM events INDEXED BY events_queued WHERE queued = 1 AND due_at <= ?1"
                           " ORDER BY due_at, position LIMIT ?2",
@@ -253,18 +252,20 @@ static const char *const sq_sql[ST_COUNT] = {
      * rows are all pending, so it filters nothing else. */
     [ST_QUEUED_DUE_TYPE] = "SELECT " EV_COLS
                            " FROM events INDEXED BY events_type_pending"
-                           " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at <= ?2"
+                           " WHERE status = " ES_SQL_PENDING
+                           " AND type = ?1 AND queued = 1 AND due_at <= ?2"
                            " ORDER BY due_at, position LIMIT ?3",
     [ST_QUEUED_NEXT_TYPE] = "SELECT min(due_at) FROM events INDEXED BY events_type_pending"
-                            " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at > ?2",
+                            " WHERE status = " ES_SQL_PENDING
+                            " AND type = ?1 AND queued = 1 AND due_at > ?2",
     [ST_PENDING_TYPES] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
-                         " WHERE status = 0 GROUP BY type ORDER BY type",
+                         " WHERE status = " ES_SQL_PENDING " GROUP BY type ORDER BY type",
     [ST_DEAD_ALL] = "SELECT " EV_COLS
                     " FROM events INDEXED BY events_dead"
-                    " WHERE status = 2 AND position > ?1 ORDER BY position LIMIT ?2",
+                    " WHERE status = " ES_SQL_DEAD " AND position > ?1 ORDER BY position LIMIT ?2",
     [ST_DEAD_SESSION] = "SELECT " EV_COLS
                         " FROM events INDEXED BY events_session_dead"
-                        " WHERE status = 2 AND session = ?1 AND position > ?2"
+                        " WHERE status = " ES_SQL_DEAD " AND session = ?1 AND position > ?2"
                         " ORDER BY position LIMIT ?3",
     [ST_SNAPSHOT_GET] = "SELECT reducer, idx, state, version, updated_at FROM snapshots"
                         " WHERE session = ?1 AND reducer = ?2",
@@ -336,18 +337,22 @@ static const char *const sq_sql[ST_COUNT] = {
                                   " AND session < ?3 ORDER BY due_at LIMIT 1",
     [ST_QUEUED_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
                                   " FROM events INDEXED BY events_type_pending"
-                                  " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at <= ?2"
+                                  " WHERE status = " ES_SQL_PENDING
+                                  " AND type = ?1 AND queued = 1 AND due_at <= ?2"
                                   " AND session >= ?4 AND session < ?5"
                                   " ORDER BY due_at, position LIMIT ?3",
     [ST_QUEUED_NEXT_TYPE_SCOPED] = "SELECT due_at FROM events INDEXED BY events_type_pending"
-                                   " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at > ?2"
+                                   " WHERE status = " ES_SQL_PENDING
+                                   " AND type = ?1 AND queued = 1 AND due_at > ?2"
                                    " AND session >= ?3 AND session < ?4 ORDER BY due_at LIMIT 1",
     [ST_PENDING_TYPES_SCOPED] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
-                                " WHERE status = 0 AND session >= ?1 AND session < ?2"
+                                " WHERE status = " ES_SQL_PENDING
+                                " AND session >= ?1 AND session < ?2"
                                 " GROUP BY type ORDER BY type",
     [ST_DEAD_ALL_SCOPED] = "SELECT " EV_COLS
                            " FROM events INDEXED BY events_dead"
-                           " WHERE status = 2 AND position > ?1 AND session >= ?3 AND session < ?4"
+                           " WHERE status = " ES_SQL_DEAD
+                           " AND position > ?1 AND session >= ?3 AND session < ?4"
                            " ORDER BY position LIMIT ?2",
     /* An INSERT's fixed cost (opening a cursor on the table and each of
      * its nine indexes, closing them, the statement's journal) is larger
@@ -418,9 +423,9 @@ static const char sq_schema_v1[] =
     /* by index (claim order); due_at in the key filters without a row lookup */
     "CREATE INDEX IF NOT EXISTS events_session_queued ON events(session, idx, due_at) WHERE queued = 1;"
     "CREATE INDEX IF NOT EXISTS events_lane ON events(session, lane, idx)"
-    "  WHERE lane IS NOT NULL AND status <> 1;"
-    "CREATE INDEX IF NOT EXISTS events_dead ON events(position) WHERE status = 2;"
-    "CREATE INDEX IF NOT EXISTS events_session_dead ON events(session, position) WHERE status = 2;"
+    "  WHERE lane IS NOT NULL AND status <> " ES_SQL_PROCESSED ";"
+    "CREATE INDEX IF NOT EXISTS events_dead ON events(position) WHERE status = " ES_SQL_DEAD ";"
+    "CREATE INDEX IF NOT EXISTS events_session_dead ON events(session, position) WHERE status = " ES_SQL_DEAD ";"
     "CREATE TABLE IF NOT EXISTS sessions("
     "  session TEXT PRIMARY KEY,"
     "  head INTEGER NOT NULL,"
@@ -464,7 +469,7 @@ static const char sq_schema_v2[] =
  * so the ready rows of a type are one range of it. */
 static const char sq_schema_v3[] =
     "CREATE INDEX IF NOT EXISTS events_type_pending ON events(type, queued, due_at, position)"
-    "  WHERE status = 0;";
+    "  WHERE status = " ES_SQL_PENDING ";";
 
 /* Version 4 (CONTRACT §3.7, §3.8): the full dispatch record and a fork
  * copy's origin on events; fences, leases, seals and lineage on sessions
@@ -549,21 +554,20 @@ static const char sq_schema_v6[] =
     "  PRIMARY KEY(key, session)) WITHOUT ROWID;"
     "CREATE INDEX IF NOT EXISTS key_uses_session ON key_uses(session);";
 
-/* Version 7 (CONTRACT §3.12 stats): `counts` holds the sums over the
+/* Version 7 (§3.12 stats): `counts` holds the sums over the counted
  * session rows (how many, and their events, pending and dead), of the
- * store (scope '') and of each tenant scope (a name's start through its
- * first \x1f, 2 to 65 characters), kept by triggers on `sessions` in the
- * writing transaction itself, so store:stats() reads one row instead of
- * walking the sessions, whoever wrote (every process runs the same
- * triggers). Rows with a negative fence (shard-move markers) and the row
- * named '' (a shard's plan record) do not count. Each trigger moves the
+ * store (scope '') and of each tenant scope, kept by triggers on
+ * `sessions` in the writing transaction itself, so store:stats() reads one
+ * row instead of walking the sessions, whoever wrote (every process runs
+ * the same triggers). Which rows count and what a scope is are the core's
+ * rule (store/counts.h), spelled here with its ES_SQL_* fragments. Each trigger moves the
  * store's row by the difference and upserts the scope's; the update
  * trigger fires only when a counted value changes (a claim, which changes
  * attempts, costs nothing more). The migration computes the rows once
  * from the sessions as they are. */
-#define SQ_COUNTED(r) "(" r ".fence >= 0 AND " r ".session <> '')"
-#define SQ_SCOPE(r) "substr(" r ".session, 1, instr(" r ".session, char(31)))"
-#define SQ_HAS_SCOPE(r) "instr(" r ".session, char(31)) BETWEEN 2 AND 65"
+#define SQ_COUNTED(r) ES_SQL_COUNTED(r)
+#define SQ_SCOPE(r) "substr(" r ".session, 1, instr(" r ".session, " ES_SQL_SEP "))"
+#define SQ_HAS_SCOPE(r) "instr(" r ".session, " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
 /* The statements of a trigger body moving the counts by (ds, de, dp, dd)
  * for the session row r. */
 #define SQ_COUNTS_MOVE(r, ds, de, dp, dd)                                                        \
@@ -582,21 +586,22 @@ static const char sq_schema_v7[] =
     "  dead INTEGER NOT NULL) WITHOUT ROWID;"
     "DELETE FROM counts;"
     "INSERT INTO counts SELECT '', count(*), coalesce(sum(events), 0), coalesce(sum(pending), 0),"
-    "  coalesce(sum(dead), 0) FROM sessions WHERE fence >= 0 AND session <> '';"
-    "INSERT INTO counts SELECT substr(session, 1, instr(session, char(31))), count(*), sum(events),"
-    "  sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND"
-    "  instr(session, char(31)) BETWEEN 2 AND 65 GROUP BY 1;"
+    "  coalesce(sum(dead), 0) FROM sessions WHERE " SQ_COUNTED("sessions") ";"
+    "INSERT INTO counts SELECT " SQ_SCOPE("sessions") ", count(*), sum(events),"
+    "  sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND " SQ_HAS_SCOPE("sessions")
+    " GROUP BY 1;"
     "CREATE TRIGGER IF NOT EXISTS counts_insert AFTER INSERT ON sessions WHEN " SQ_COUNTED("NEW")
     " BEGIN " SQ_COUNTS_MOVE("NEW", "1", "NEW.events", "NEW.pending", "NEW.dead") " END;"
     "CREATE TRIGGER IF NOT EXISTS counts_delete AFTER DELETE ON sessions WHEN " SQ_COUNTED("OLD")
     " BEGIN " SQ_COUNTS_MOVE("OLD", "-1", "-OLD.events", "-OLD.pending", "-OLD.dead") " END;"
     "CREATE TRIGGER IF NOT EXISTS counts_update AFTER UPDATE OF events, pending, dead, fence"
     " ON sessions WHEN NEW.session <> '' AND (OLD.events <> NEW.events OR OLD.pending <> NEW.pending"
-    " OR OLD.dead <> NEW.dead OR (OLD.fence >= 0) <> (NEW.fence >= 0)) BEGIN "
-    SQ_COUNTS_MOVE("NEW", "((NEW.fence >= 0) - (OLD.fence >= 0))",
-                   "((NEW.fence >= 0) * NEW.events - (OLD.fence >= 0) * OLD.events)",
-                   "((NEW.fence >= 0) * NEW.pending - (OLD.fence >= 0) * OLD.pending)",
-                   "((NEW.fence >= 0) * NEW.dead - (OLD.fence >= 0) * OLD.dead)") " END;";
+    " OR OLD.dead <> NEW.dead OR " ES_SQL_LIVE("OLD") " <> " ES_SQL_LIVE("NEW") ") BEGIN "
+    SQ_COUNTS_MOVE("NEW", "(" ES_SQL_LIVE("NEW") " - " ES_SQL_LIVE("OLD") ")",
+                   "(" ES_SQL_LIVE("NEW") " * NEW.events - " ES_SQL_LIVE("OLD") " * OLD.events)",
+                   "(" ES_SQL_LIVE("NEW") " * NEW.pending - " ES_SQL_LIVE("OLD") " * OLD.pending)",
+                   "(" ES_SQL_LIVE("NEW") " * NEW.dead - " ES_SQL_LIVE("OLD")
+                   " * OLD.dead)") " END;";
 
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
@@ -1991,7 +1996,8 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   return ES_OK;
 }
 
-static void sq_write_rollback(es_txn *t) {
+static void sq_write_rollback(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
   if (!sqlite3_get_autocommit(t->c->db)) {
     if (sq_exec_id(t->c, ST_ROLLBACK, NULL) != ES_OK)
       sqlite3_exec(t->c->db, "ROLLBACK", NULL, NULL, NULL);
@@ -2049,10 +2055,11 @@ static void sq_vacuum_pass(es_backend *b) {
   b->vacuum_due = free_pages > pass;
 }
 
-static int sq_write_commit(es_txn *t, es_err *err) {
+static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code != ES_OK) {
-    sq_write_rollback(t);
+    sq_write_rollback(t->b, t);
     return code;
   }
   /* The high-water mark matters only once the newest rows are gone: a
@@ -2084,11 +2091,12 @@ static int sq_write_commit(es_txn *t, es_err *err) {
   t->removed = 0;
   return ES_OK;
 fail:
-  sq_write_rollback(t);
+  sq_write_rollback(t->b, t);
   return code;
 }
 
-static int sq_savepoint(es_txn *t, es_err *err) {
+static int sq_savepoint(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code != ES_OK) return code;
   if ((code = sq_exec_id(t->c, ST_SAVEPOINT, err)) != ES_OK) return code;
@@ -2097,7 +2105,8 @@ static int sq_savepoint(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
-static int sq_savepoint_release(es_txn *t, es_err *err) {
+static int sq_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "sqlite: release without a savepoint");
@@ -2109,7 +2118,8 @@ static int sq_savepoint_release(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
-static void sq_savepoint_rollback(es_txn *t) {
+static void sq_savepoint_rollback(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
   if (t->broken || t->depth <= 0) return;
   if (sq_exec_id(t->c, ST_ROLLBACK_TO, NULL) != ES_OK || sq_exec_id(t->c, ST_RELEASE, NULL) != ES_OK) {
     /* cannot undo only this caller's work: fail the whole transaction */
@@ -2193,9 +2203,8 @@ static int sq_read_begin(es_backend *b, es_txn **out, es_err *err) {
   return ES_OK;
 }
 
-static void sq_read_end(es_txn *t) {
+static void sq_read_end(es_backend *b, es_txn *t) {
   sq_reader *r = t->reader;
-  es_backend *b = t->b;
   if (!sqlite3_get_autocommit(r->c.db) && sq_exec_id(&r->c, ST_COMMIT, NULL) != ES_OK)
     sqlite3_exec(r->c.db, "ROLLBACK", NULL, NULL, NULL);
   pthread_mutex_lock(&b->pool_mu);
@@ -2207,7 +2216,9 @@ static void sq_read_end(es_txn *t) {
 
 /* ---- sessions ------------------------------------------------------------ */
 
-static int sq_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+static int sq_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
+                          es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_SESSION_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2215,7 +2226,8 @@ static int sq_session_get(es_txn *t, const char *session, es_session_info *out, 
   return sq_get_one(t, ST_SESSION_GET, st, temp, ROW_SESSION, out, err);
 }
 
-static int sq_session_put(es_txn *t, const es_session_info *row, es_err *err) {
+static int sq_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2261,8 +2273,9 @@ static char *sq_prefix_successor(const char *prefix, int *oom) {
   return s;
 }
 
-static int sq_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
-                           es_session_cb cb, void *ctx, es_err *err) {
+static int sq_session_list(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                           int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, oom, id;
   const char *lower;
@@ -2294,8 +2307,9 @@ static int sq_session_list(es_txn *t, const char *prefix, const char *after, int
   return code;
 }
 
-static int sq_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
-                               es_session_cb cb, void *ctx, es_err *err) {
+static int sq_session_children(es_backend *b, es_txn *t, const char *parent, const char *after,
+                               int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = after ? ST_SESSION_CHILDREN_GT : ST_SESSION_CHILDREN;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
@@ -2307,7 +2321,9 @@ static int sq_session_children(es_txn *t, const char *parent, const char *after,
 
 /* ---- events -------------------------------------------------------------- */
 
-static int sq_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+static int sq_event_get(es_backend *b, es_txn *t, const char *session, int64_t index, es_event *out,
+                        es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_EVENT_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2316,7 +2332,9 @@ static int sq_event_get(es_txn *t, const char *session, int64_t index, es_event 
   return sq_get_one(t, ST_EVENT_GET, st, temp, ROW_EVENT, out, err);
 }
 
-static int sq_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+static int sq_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event *out,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_EVENT_GET_BY_ID, &st, &temp, err)) != ES_OK) return code;
@@ -2324,7 +2342,8 @@ static int sq_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *
   return sq_get_one(t, ST_EVENT_GET_BY_ID, st, temp, ROW_EVENT, out, err);
 }
 
-static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
+static int sq_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2339,7 +2358,8 @@ static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
 /* rows[0..n) in order, as n sq_event_insert calls would, in statements of
  * 64, 16, 4 and 1 rows. On failure some rows may be in: the core's
  * savepoint rollback takes them (and their positions) back. */
-static int sq_event_insert_many(es_txn *t, es_event *rows, size_t n, es_err *err) {
+static int sq_event_insert_many(es_backend *b, es_txn *t, es_event *rows, size_t n, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   if (!t->write) return sq_read_only_txn(err);
   size_t i = 0;
   while (i < n) {
@@ -2350,7 +2370,7 @@ static int sq_event_insert_many(es_txn *t, es_event *rows, size_t n, es_err *err
     else if (left >= 4) k = 4, id = ST_EVENT_INSERT_4;
     else k = 1, id = ST_EVENT_INSERT;
     if (k == 1) {
-      int code = sq_event_insert(t, &rows[i], err);
+      int code = sq_event_insert(t->b, t, &rows[i], err);
       if (code != ES_OK) return code;
       i++;
       continue;
@@ -2371,9 +2391,10 @@ static int sq_event_insert_many(es_txn *t, es_event *rows, size_t n, es_err *err
   return ES_OK;
 }
 
-static int sq_event_copy(es_txn *t, const char *from, int64_t through, const char *to,
-                         int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
-                         es_err *err) {
+static int sq_event_copy(es_backend *b, es_txn *t, const char *from, int64_t through,
+                         const char *to, int64_t processed_at, es_id_fn new_id, void *id_ctx,
+                         int64_t *copied, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   *copied = 0;
@@ -2403,7 +2424,8 @@ static int sq_event_copy(es_txn *t, const char *from, int64_t through, const cha
   return ES_OK;
 }
 
-static int sq_event_update(es_txn *t, const es_event *row, es_err *err) {
+static int sq_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2414,8 +2436,9 @@ static int sq_event_update(es_txn *t, const es_event *row, es_err *err) {
   return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int sq_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
-                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
+                          int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_EVENT_RANGE, &st, &temp, err)) != ES_OK) return code;
@@ -2426,8 +2449,9 @@ static int sq_event_range(es_txn *t, const char *session, int64_t after, int64_t
   return sq_iterate(t, ST_EVENT_RANGE, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
-static int sq_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit,
+static int sq_event_all(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
                         es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL;
   sq_scope_end end;
@@ -2440,7 +2464,8 @@ static int sq_event_all(es_txn *t, const char *scope, int64_t after, int64_t lim
 }
 
 /* §3.12: one row of `counts` (schema version 7); no row: all zero. */
-static int sq_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+static int sq_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   memset(out, 0, sizeof *out);
@@ -2458,7 +2483,8 @@ static int sq_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) 
   return ES_OK;
 }
 
-static int sq_last_position(es_txn *t, int64_t *position, es_err *err) {
+static int sq_last_position(es_backend *b, es_txn *t, int64_t *position, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   *position = 0;
@@ -2470,8 +2496,9 @@ static int sq_last_position(es_txn *t, int64_t *position, es_err *err) {
   return ES_OK;
 }
 
-static int sq_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
-                        int64_t *index, es_err *err) {
+static int sq_lane_next(es_backend *b, es_txn *t, const char *session, const char *lane,
+                        int64_t after, int64_t *index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   *index = 0;
@@ -2503,8 +2530,9 @@ static int sq_count_event(void *ctx, const es_event *row) {
 
 #define SQ_CLAIM_WINDOW 64 /* queued rows a claim looks at past its limit before asking by due time */
 
-static int sq_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_queued_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                         int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!session && scope) {
@@ -2556,8 +2584,9 @@ static int sq_queued_due(es_txn *t, const char *session, const char *scope, int6
                     err);
 }
 
-static int sq_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                              int64_t *due, es_err *err) {
+static int sq_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                              int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   int id = session ? ST_QUEUED_NEXT_SESSION : scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL;
@@ -2581,8 +2610,9 @@ static int sq_queued_next_due(es_txn *t, const char *session, const char *scope,
   return ES_OK;
 }
 
-static int sq_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                              int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_queued_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                              int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = scope ? ST_QUEUED_DUE_TYPE_SCOPED : ST_QUEUED_DUE_TYPE;
   sq_scope_end end;
@@ -2595,8 +2625,9 @@ static int sq_queued_due_type(es_txn *t, const char *scope, const char *type, in
   return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
-static int sq_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                                   int64_t *due, es_err *err) {
+static int sq_queued_next_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                                   int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc, id = scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE;
   sq_scope_end end;
@@ -2616,8 +2647,9 @@ static int sq_queued_next_due_type(es_txn *t, const char *scope, const char *typ
 /* A walk of events_type_pending (covering: no table row is read), so
  * O(pending rows), not O(events). Rows are copied out before the first
  * callback, as sq_iterate does in a write transaction. */
-static int sq_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
-                            es_err *err) {
+static int sq_pending_types(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc, id = scope ? ST_PENDING_TYPES_SCOPED : ST_PENDING_TYPES;
   sq_scope_end end;
@@ -2645,8 +2677,9 @@ static int sq_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, v
   return code;
 }
 
-static int sq_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
-                        int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_dead_list(es_backend *b, es_txn *t, const char *session, const char *scope,
+                        int64_t after, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = session ? ST_DEAD_SESSION : scope ? ST_DEAD_ALL_SCOPED : ST_DEAD_ALL;
   sq_scope_end end;
@@ -2666,8 +2699,9 @@ static int sq_dead_list(es_txn *t, const char *session, const char *scope, int64
 
 /* ---- snapshots ------------------------------------------------------------ */
 
-static int sq_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
-                           es_err *err) {
+static int sq_snapshot_get(es_backend *b, es_txn *t, const char *session, const char *reducer,
+                           es_snapshot *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_SNAPSHOT_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2676,7 +2710,9 @@ static int sq_snapshot_get(es_txn *t, const char *session, const char *reducer, 
   return sq_get_one(t, ST_SNAPSHOT_GET, st, temp, ROW_SNAPSHOT, out, err);
 }
 
-static int sq_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
+static int sq_snapshot_put(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2692,8 +2728,9 @@ static int sq_snapshot_put(es_txn *t, const char *session, const es_snapshot *ro
   return sq_run(t, ST_SNAPSHOT_PUT, st, temp, "write", err);
 }
 
-static int sq_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
-                            es_err *err) {
+static int sq_snapshot_list(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_SNAPSHOT_LIST, &st, &temp, err)) != ES_OK) return code;
@@ -2703,7 +2740,8 @@ static int sq_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, v
 
 /* ---- refs ------------------------------------------------------------------ */
 
-static int sq_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+static int sq_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_REF_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2711,7 +2749,8 @@ static int sq_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
   return sq_get_one(t, ST_REF_GET, st, temp, ROW_REF, out, err);
 }
 
-static int sq_ref_put(es_txn *t, const es_ref *row, es_err *err) {
+static int sq_ref_put(es_backend *b, es_txn *t, const es_ref *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2724,7 +2763,8 @@ static int sq_ref_put(es_txn *t, const es_ref *row, es_err *err) {
   return sq_run(t, ST_REF_PUT, st, temp, "write", err);
 }
 
-static int sq_ref_delete(es_txn *t, const char *name, es_err *err) {
+static int sq_ref_delete(es_backend *b, es_txn *t, const char *name, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2734,8 +2774,9 @@ static int sq_ref_delete(es_txn *t, const char *name, es_err *err) {
   return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int sq_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
-                       es_err *err) {
+static int sq_ref_list(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
+                       void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = after ? ST_REF_LIST_GT : ST_REF_LIST;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
@@ -2746,8 +2787,9 @@ static int sq_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb
 
 /* ---- presence ------------------------------------------------------------- */
 
-static int sq_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
-                           es_presence_row *out, es_err *err) {
+static int sq_presence_get(es_backend *b, es_txn *t, const char *ns, const char *participant,
+                           const char *field, es_presence_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_PRESENCE_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2757,7 +2799,9 @@ static int sq_presence_get(es_txn *t, const char *ns, const char *participant, c
   return sq_get_one(t, ST_PRESENCE_GET, st, temp, ROW_PRESENCE, out, err);
 }
 
-static int sq_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
+static int sq_presence_put(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2773,7 +2817,8 @@ static int sq_presence_put(es_txn *t, const char *ns, const es_presence_row *row
   return sq_run(t, ST_PRESENCE_PUT, st, temp, "write", err);
 }
 
-static int sq_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
+static int sq_presence_expire(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return ES_OK; /* allowed no-op: a read transaction never writes */
@@ -2783,8 +2828,9 @@ static int sq_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *er
   return sq_run(t, ST_PRESENCE_EXPIRE, st, temp, "write", err);
 }
 
-static int sq_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb, void *ctx,
-                            es_err *err) {
+static int sq_presence_list(es_backend *b, es_txn *t, const char *ns, int64_t now,
+                            es_presence_cb_row cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_PRESENCE_LIST, &st, &temp, err)) != ES_OK) return code;
@@ -2819,24 +2865,29 @@ static int sq_remove(es_txn *t, int id, const char *session, int64_t through, in
  * the newest rows never lets a later insert reuse their positions, in this
  * process or after a reopen. A through below 1 (ES_NONE included) removes
  * nothing: never everything by mistake. */
-static int sq_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
+static int sq_event_delete_range(es_backend *b, es_txn *t, const char *session, int64_t through,
+                                 es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_EVENT_DELETE_RANGE, session, through, &removed, err);
 }
 
-static int sq_session_delete(es_txn *t, const char *session, es_err *err) {
+static int sq_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   int code = sq_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
   if (code != ES_OK) return code;
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int sq_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
+static int sq_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_SNAPSHOT_DELETE_ALL, session, 0, &removed, err);
 }
 
-static int sq_ref_delete_session(es_txn *t, const char *session, es_err *err) {
+static int sq_ref_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_REF_DELETE_SESSION, session, 0, &removed, err);
 }
@@ -2845,8 +2896,9 @@ static int sq_ref_delete_session(es_txn *t, const char *session, es_err *err) {
 
 /* The rows are copied out and the statement finished before the first
  * callback (the list is a handful of rows), so a callback may write. */
-static int sq_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
-                           es_err *err) {
+static int sq_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
+                           void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   if ((code = sq_op(t, ST_SEGMENT_LIST, &st, &temp, err)) != ES_OK) return code;
@@ -2880,7 +2932,9 @@ static int sq_segment_list(es_txn *t, const char *session, es_segment_cb cb, voi
   return code;
 }
 
-static int sq_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+static int sq_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
+                          es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2897,7 +2951,9 @@ static int sq_segment_put(es_txn *t, const char *session, const es_segment *row,
   return sq_run(t, ST_SEGMENT_PUT, st, temp, "write", err);
 }
 
-static int sq_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+static int sq_segment_delete(es_backend *b, es_txn *t, const char *session, int64_t from,
+                             es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2910,7 +2966,8 @@ static int sq_segment_delete(es_txn *t, const char *session, int64_t from, es_er
 
 /* ---- crypto-shredding (§3.10) ------------------------------------------- */
 
-static int sq_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+static int sq_key_get(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   memset(out, 0, sizeof *out);
@@ -2939,7 +2996,8 @@ static int sq_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err)
   return code;
 }
 
-static int sq_key_put(es_txn *t, const es_key_row *row, es_err *err) {
+static int sq_key_put(es_backend *b, es_txn *t, const es_key_row *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2962,8 +3020,9 @@ static int sq_key_put(es_txn *t, const es_key_row *row, es_err *err) {
   return ES_OK;
 }
 
-static int sq_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
-                          es_err *err) {
+static int sq_key_use_put(es_backend *b, es_txn *t, const char *key, const char *session,
+                          int64_t first_index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2978,7 +3037,9 @@ static int sq_key_use_put(es_txn *t, const char *key, const char *session, int64
 /* The rows are copied out and the statement reset before the first
  * callback (as sq_iterate does in the write transaction): shred deletes
  * snapshots for each of them. */
-static int sq_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
+static int sq_key_use_list(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   char **names = NULL;
@@ -3017,12 +3078,15 @@ static int sq_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *c
   return code;
 }
 
-static int sq_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
+static int sq_key_use_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_KEY_USE_DELETE_SESSION, session, 0, &removed, err);
 }
 
-static int sq_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
+static int sq_snapshot_delete_from(es_backend *b, es_txn *t, const char *session, int64_t index,
+                                   es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);

@@ -366,13 +366,14 @@ static int collect_name(void *ctx, const es_session_info *row) {
 
 static int do_last_position(es_store *b, es_txn *tx, void *arg, es_err *err) {
   last_args *a = arg;
-  int rc = b->ops->session_list(tx, a->t->tenant_prefix, NULL, ES_NONE, collect_name, a, err);
+  int rc =
+      b->ops->session_list(b->bk, tx, a->t->tenant_prefix, NULL, ES_NONE, collect_name, a, err);
   if (rc == ES_OK && a->oom) rc = nomem(err);
   for (size_t i = 0; rc == ES_OK && i < a->n; i++) {
     es_session_info si;
-    if ((rc = b->ops->session_get(tx, a->names[i], &si, err))) break;
+    if ((rc = b->ops->session_get(b->bk, tx, a->names[i], &si, err))) break;
     es_event e;
-    rc = b->ops->event_get(tx, a->names[i], si.head, &e, err);
+    rc = b->ops->event_get(b->bk, tx, a->names[i], si.head, &e, err);
     es_session_info_destroy(&si);
     if (rc == ES_NOT_FOUND) { /* every event dropped (truncate through the head) */
       rc = ES_OK;
