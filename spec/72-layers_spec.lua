@@ -72,7 +72,7 @@ describe("make check-layers", function()
       never = "against the layering",
     },
     {
-      what = "a store header other than backend.h in a backend",
+      what = "a store header not written for backends in a backend",
       file = "backends/memory.c", line = '#include "store/shards.h"',
       says = "backends -> store (store/shards.h): against the layering",
     },
