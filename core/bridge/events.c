@@ -1,7 +1,7 @@
 /*
  * bridge/events.c: converting between Lua values and the store's C structs,
  * shared by the module's handles (module/store_handle.c,
- * module/engine_handle.c) and the engine (engine/engine.c, fold.c):
+ * module/engine_handle.c) and the engine (engine/dispatch.c, fold.c, fold_runner.c):
  * names, free text and integers read from Lua, option-table fields, stored
  * events to Lua tables, Lua event arrays to es_new_event arrays.
  *

@@ -1,7 +1,9 @@
 /*
- * internal.h: what engine.c and fold.c share: the engine's struct, the
- * runner (a thread with a budgeted Lua state), and the fold. Not part of
- * the engine's API (engine.h).
+ * internal.h: what the engine's files share (engine.c, dispatch.c,
+ * completions.c, fold_runner.c, fold.c, ...): the engine's struct, the
+ * runner (a thread with a budgeted Lua state), the fold, and the
+ * functions one file calls in another. Not part of the engine's API
+ * (engine.h).
  */
 #ifndef ES_ENGINE_INTERNAL_H
 #define ES_ENGINE_INTERNAL_H
@@ -75,14 +77,14 @@ typedef struct runner {
   es_buf fold_out;
 } runner;
 
-/* A claimed event waiting in the engine's queue for a worker (engine.c
+/* A claimed event waiting in the engine's queue for a worker (dispatch.c
  * "Prefetch"): owned. */
 typedef struct queued_event {
   es_event ev;
   int64_t claimed_ms;  /* monotonic: when it was claimed */
 } queued_event;
 
-/* A handled event's completion, waiting for the completer (engine.c
+/* A handled event's completion, waiting for the completer (completions.c
  * "Completions"): one allocation with the strings and returned events. */
 typedef struct completion {
   struct completion *next;
@@ -147,7 +149,7 @@ struct es_engine {
   es_type_stats tstats;       /* §3.12 per event type, since the engine opened (type_stats.h) */
   es_err run_err;             /* the first error that ended the run */
 
-  /* Prefetch (engine.c): claimed events not started yet, shared by the
+  /* Prefetch (dispatch.c): claimed events not started yet, shared by the
    * workers, oldest first (a ring: q[(q_head + i) % q_cap]). */
   pthread_mutex_t q_mu;
   pthread_cond_t q_cond;      /* a claim for the queue ended */
@@ -159,7 +161,7 @@ struct es_engine {
                                * to be released, grown back while claims are used up */
   atomic_int sleeping;        /* workers in the idle wait (woken when the queue fills) */
 
-  /* Completions (engine.c): handed over by the workers, committed by the
+  /* Completions (completions.c): handed over by the workers, committed by the
    * completer thread, many per transaction. */
   pthread_mutex_t c_mu;
   pthread_cond_t c_cond;      /* work for the completer, or quit */
@@ -190,10 +192,10 @@ void es_scripts_free(es_engine *e);
 
 int64_t es_mono_ms(void);
 void es_engine_log(es_engine *e, int id, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+                   #if defined(__GNUC__)
+                   __attribute__((format(printf, 3, 4)))
+                   #endif
+                   ;
 void es_engine_unref(es_engine *e);
 
 /* Pushes loader[fn](name, now) of L's loader: value, err, extra. Raises. */
@@ -227,5 +229,70 @@ void es_engine_leases_free(es_engine *e);
 
 /* Pushes the ctx table for a handler of ev (fold.c). */
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
+
+/* The engine's timings (engine.c, dispatch.c, completions.c, fold_runner.c). */
+#define IDLE_POLL_MS 50      /* how often an idle worker looks for ready events */
+#define WATCH_EVERY_MS 50    /* the keeper's period */
+#define GRACE_MS 1000        /* a tripped call must unwind within this */
+#define STALL_CPU_NS 1000000000LL /* CPU burnt with no hook: stuck where no hook reaches */
+#define CLOSE_WAIT_MS 1000   /* closing a Lua state (its finalizers) */
+#define FENCE_TRIES 3        /* a completion refused for a lease the keeper re-took meanwhile */
+#define STORE_WAIT_FIRST_MS 10 /* the first wait before retrying a failed write (then doubling) */
+#define STORE_WAIT_MAX_MS 2000 /* the longest wait between two tries of a failing store */
+#define MAX_MS (100LL * 365 * 24 * 3600 * 1000) /* the largest time option: 100 years */
+#define FOLD_SPIN_US 50      /* how long the fold handoff polls before blocking */
+
+/* Registry key of a runner state's loader (lua/eventstore/loader.lua). */
+extern const char es_loader_key;
+
+typedef struct store_retry {
+  int64_t first_ms; /* when the call first failed (monotonic); 0: it has not */
+  int64_t base_ms;  /* the next wait's base */
+} store_retry;
+
+/* What handling one event came to. */
+enum { RUN_HANDLED, RUN_FAILED, RUN_RELEASE };
+
+typedef struct job {
+  runner *r;
+  const es_event *ev;
+  int result;
+  char *error;       /* malloc'd, for RUN_FAILED */
+  es_new_event *evs; /* what the handler returned (anchored on the stack) */
+  size_t n;
+} job;
+
+/* engine.c (each commented where it is defined) */
+void es_sleep_ms(int64_t ms);
+void es_runner_free_now(runner *r);
+runner *es_runner_new(es_engine *e, int id, es_err *err);
+void es_watch_start(runner *r);
+int es_watch(es_engine *e, runner *r, int64_t now, char *cause, size_t len);
+void es_store_answered(es_engine *e, int id);
+void es_store_failed(es_engine *e, int id, store_retry *t, const char *what, int rc,
+                     const es_err *err);
+int es_store_retry_wait(es_engine *e, store_retry *t, int64_t limit_ms);
+
+/* dispatch.c (each commented where it is defined) */
+void es_engine_sleep(es_engine *e, int64_t ms);
+int64_t es_lost_attempts(const es_event *ev);
+void es_record_failure(es_engine *e, int id, const claim_info *c, const char *error,
+                       int retry_now, int patient);
+es_type_set *es_types_get(es_engine *e);
+void es_types_refresh(es_engine *e);
+void es_job_error(job *j, const char *msg);
+int64_t es_hold_ms(const es_engine *e);
+void es_queue_release_before(es_engine *e, int64_t cutoff);
+void es_begin_stop(es_engine *e);
+void *es_worker_main(void *arg);
+void *es_keeper_main(void *arg);
+
+/* completions.c (each commented where it is defined) */
+void es_hand_over(job *j, const claim_info *c);
+int64_t es_renew_every(const es_engine *e);
+void es_renew_waiting(es_engine *e, int64_t now);
+void *es_completer_main(void *arg);
+int es_completions_lag(es_engine *e);
+void es_wait_acked(es_engine *e, int64_t ms);
 
 #endif
