@@ -1,9 +1,9 @@
 /*
  * shards.c: sharded stores (CONTRACT §5, docs/sharding.md).
  *
- * A sharded handle is an es_store whose `shards` is set (as a tenant
- * handle is one whose `base` is): every es_store_* call on it lands here
- * (store.c, archive.c, crypto.c and tenant.c dispatch on s->shards) and
+ * A sharded handle is the router, one of the three implementations of
+ * the store interface (store_impl.h: its table is shards_ops): every
+ * es_store_* call on it lands here and
  *   - a call about one session goes to the shard that owns the session
  *     (rendezvous hashing of its name over the plan's shard names), and is
  *     retried on another shard when that shard answers ES_MOVED;
@@ -787,7 +787,11 @@ typedef struct swatch {
   struct swatch *next;
 } swatch;
 
+/* The router: an es_store (its impl is shards_ops) and its own state. Of
+ * the es_store only impl, refs, the clock, the ids and their state, the
+ * limits and the stats are used. */
 struct es_shards {
+  es_store h;                /* first: a router's es_store * is its struct es_shards * */
   pthread_mutex_t mu;        /* guards every field below but the atomics */
   es_store *catalog;         /* owned reference */
   es_open_opts opts;         /* for the shards' opens (clock, limits, ids; borrowed ctxs) */
@@ -805,24 +809,28 @@ struct es_shards {
   char *pause_path;          /* owned; the pause hook's gate file */
 };
 
+static const es_store_ops shards_ops;
+
+static struct es_shards *SH(const es_store *s) { return (struct es_shards *)s; }
+
 static int sh_enter(es_store *s, es_err *err) {
-  if (atomic_load(&s->shards->closed)) return es_fail(err, ES_CLOSED, "the store is closed");
+  if (atomic_load(&SH(s)->closed)) return es_fail(err, ES_CLOSED, "the store is closed");
   return ES_OK;
 }
 
-int es_store_is_sharded(const es_store *s) { return s && s->shards != NULL; }
+int es_store_is_sharded(const es_store *s) { return s && s->impl == &shards_ops; }
 
 void es_shards_set_crash_after(es_store *s, int64_t steps) {
-  if (s->shards) atomic_store(&s->shards->crash_after, steps);
+  if (es_store_is_sharded(s)) atomic_store(&SH(s)->crash_after, steps);
 }
 
 void es_shards_set_pause_after(es_store *s, int64_t steps, const char *gate) {
-  if (!s->shards) return;
-  pthread_mutex_lock(&s->shards->mu);
-  free(s->shards->pause_path);
-  s->shards->pause_path = gate ? strdup(gate) : NULL;
-  atomic_store(&s->shards->pause_after, s->shards->pause_path ? steps : 0);
-  pthread_mutex_unlock(&s->shards->mu);
+  if (!es_store_is_sharded(s)) return;
+  pthread_mutex_lock(&SH(s)->mu);
+  free(SH(s)->pause_path);
+  SH(s)->pause_path = gate ? strdup(gate) : NULL;
+  atomic_store(&SH(s)->pause_after, SH(s)->pause_path ? steps : 0);
+  pthread_mutex_unlock(&SH(s)->mu);
 }
 
 static int file_exists(const char *path) {
@@ -834,7 +842,7 @@ static int file_exists(const char *path) {
 /* The pause hook: before its nth step the mover creates GATE.paused and
  * waits (at most 120 s) until GATE exists, as a slow process would. */
 static void maybe_pause(es_store *s) {
-  struct es_shards *sh = s->shards;
+  struct es_shards *sh = SH(s);
   long long left = atomic_load(&sh->pause_after);
   if (left <= 0) return;
   atomic_store(&sh->pause_after, left - 1);
@@ -857,18 +865,18 @@ static void maybe_pause(es_store *s) {
 /* The test hooks: count a step of a plan change. */
 static int step(es_store *s, es_err *err) {
   maybe_pause(s);
-  long long left = atomic_load(&s->shards->crash_after);
+  long long left = atomic_load(&SH(s)->crash_after);
   if (left <= 0) return ES_OK;
   if (left == 1) {
-    atomic_store(&s->shards->crash_after, -1); /* stays "crashed" until reset */
+    atomic_store(&SH(s)->crash_after, -1); /* stays "crashed" until reset */
     return es_fail(err, ES_STORAGE, "simulated crash in the middle of a shard move");
   }
-  atomic_store(&s->shards->crash_after, left - 1);
+  atomic_store(&SH(s)->crash_after, left - 1);
   return ES_OK;
 }
 
 static int crashed(es_store *s, es_err *err) {
-  if (atomic_load(&s->shards->crash_after) < 0)
+  if (atomic_load(&SH(s)->crash_after) < 0)
     return es_fail(err, ES_STORAGE, "simulated crash in the middle of a shard move");
   return ES_OK;
 }
@@ -876,7 +884,7 @@ static int crashed(es_store *s, es_err *err) {
 /* The store of shard `name` at `url`, opened at first use. */
 static int shard_store(es_store *s, const char *name, const char *url, es_store **out,
                        es_err *err) {
-  struct es_shards *sh = s->shards;
+  struct es_shards *sh = SH(s);
   pthread_mutex_lock(&sh->mu);
   /* close() closes the stores it finds under mu: a store opened after
    * that would never be closed */
@@ -920,7 +928,7 @@ static int shard_store(es_store *s, const char *name, const char *url, es_store 
 
 /* Adopts the catalog's plans (a copy kept until the handle goes). */
 static int adopt(es_store *s, catalog_view *v, es_err *err) {
-  struct es_shards *sh = s->shards;
+  struct es_shards *sh = SH(s);
   pthread_mutex_lock(&sh->mu);
   int rc = ES_OK;
   es_shard_plan *src[2] = {&v->cur, &v->pend};
@@ -953,7 +961,7 @@ static int adopt(es_store *s, catalog_view *v, es_err *err) {
 /* Reads the catalog and adopts what it says. */
 static int reload(es_store *s, es_err *err) {
   catalog_view v;
-  int rc = catalog_load(s->shards->catalog, &v, err);
+  int rc = catalog_load(SH(s)->catalog, &v, err);
   if (rc == ES_OK && v.cur.version == 0)
     rc = es_fail(err, ES_NOT_FOUND, "the shard catalog holds no plan");
   if (rc == ES_OK) rc = adopt(s, &v, err);
@@ -964,7 +972,7 @@ static int reload(es_store *s, es_err *err) {
 /* For calls that span sessions: the catalog is read again when it was
  * not for a while (another process may have changed the plan). */
 static int refresh(es_store *s, es_err *err) {
-  struct es_shards *sh = s->shards;
+  struct es_shards *sh = SH(s);
   pthread_mutex_lock(&sh->mu);
   int stale = mono_ms() - sh->refreshed_ms >= PLAN_REFRESH_MS;
   pthread_mutex_unlock(&sh->mu);
@@ -972,10 +980,10 @@ static int refresh(es_store *s, es_err *err) {
 }
 
 static void plans_now(es_store *s, const es_shard_plan **cur, const es_shard_plan **pend) {
-  pthread_mutex_lock(&s->shards->mu);
-  *cur = s->shards->cur;
-  if (pend) *pend = s->shards->pend;
-  pthread_mutex_unlock(&s->shards->mu);
+  pthread_mutex_lock(&SH(s)->mu);
+  *cur = SH(s)->cur;
+  if (pend) *pend = SH(s)->pend;
+  pthread_mutex_unlock(&SH(s)->mu);
 }
 
 /* Every shard a cross-session call must look at: the current plan's and
@@ -1142,15 +1150,13 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
       return rc;
     }
   }
-  es_store *s = calloc(1, sizeof *s);
   struct es_shards *sh = calloc(1, sizeof *sh);
-  if (!s || !sh) {
-    free(s);
-    free(sh);
+  if (!sh) {
     es_shard_plan_destroy(&want);
     return nomem(err);
   }
-  s->shards = sh;
+  es_store *s = &sh->h;
+  s->impl = &shards_ops;
   es_core_handle_init(s, opts);
   pthread_mutex_init(&sh->mu, NULL);
   sh->opts.clock = opts->clock;
@@ -1209,8 +1215,8 @@ int es_shards_open_url(const char *url_rest, const es_open_opts *opts, es_store 
   return es_shards_open(url_rest, NULL, opts, out, err);
 }
 
-void es_shards_close(es_store *s) {
-  struct es_shards *sh = s->shards;
+static void shards_close(es_store *s) {
+  struct es_shards *sh = SH(s);
   pthread_mutex_lock(&sh->mu);
   if (atomic_exchange(&sh->closed, 1)) {
     pthread_mutex_unlock(&sh->mu);
@@ -1221,8 +1227,8 @@ void es_shards_close(es_store *s) {
   if (sh->catalog) es_store_close(sh->catalog);
 }
 
-void es_shards_free(es_store *s) {
-  struct es_shards *sh = s->shards;
+static void shards_free(es_store *s) {
+  struct es_shards *sh = SH(s);
   for (swatch *w = sh->watches, *next; w; w = next) {
     next = w->next;
     es_store_presence_unwatch(w->st, w->inner);
@@ -1243,21 +1249,20 @@ void es_shards_free(es_store *s) {
   if (sh->catalog) es_store_release(sh->catalog);
   free(sh->pause_path);
   pthread_mutex_destroy(&sh->mu);
-  free(sh);
   es_core_handle_destroy(s);
   es_stats_destroy(&s->stats); /* §3.12 */
-  free(s);
+  free(sh);
 }
 
-uint64_t es_shards_version(es_store *s) {
+static uint64_t shards_version(es_store *s) {
   uint64_t v = 0;
-  pthread_mutex_lock(&s->shards->mu);
-  for (conn *c = s->shards->conns; c; c = c->next) v += es_store_version(c->st);
-  pthread_mutex_unlock(&s->shards->mu);
+  pthread_mutex_lock(&SH(s)->mu);
+  for (conn *c = SH(s)->conns; c; c = c->next) v += es_store_version(c->st);
+  pthread_mutex_unlock(&SH(s)->mu);
   return v;
 }
 
-int es_shards_data_version(es_store *s, uint64_t *version, es_err *err) {
+static int shards_data_version(es_store *s, uint64_t *version, es_err *err) {
   *version = 0;
   shard_set set;
   int rc = sh_enter(s, err);
@@ -1270,13 +1275,6 @@ int es_shards_data_version(es_store *s, uint64_t *version, es_err *err) {
   return rc;
 }
 
-int es_shards_tenant(es_store *s, const char *name, es_store **out, es_err *err) {
-  (void)s;
-  (void)name;
-  *out = NULL;
-  return es_fail(err, ES_INVALID_ARGUMENT,
-                 "tenant() of a sharded store is not supported: shard each tenant's store instead");
-}
 
 int es_shards_plan(es_store *s, es_shard_plan *out, es_err *err) {
   memset(out, 0, sizeof *out);
@@ -1290,44 +1288,44 @@ int es_shards_plan(es_store *s, es_shard_plan *out, es_err *err) {
 
 /* ---- calls about one session ------------------------------------------------ */
 
-int es_shards_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
+static int shards_append(es_store *s, const char *scope, const char *session, const es_new_event *evs, size_t n,
                      int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err) {
   if (out) memset(out, 0, sizeof *out);
   *pending = 0;
   ROUTED("session", session,
-         es_store_append(st, session, evs, n, expected, fence, out, pending, err));
+         st->impl->append(st, scope, session, evs, n, expected, fence, out, pending, err));
 }
 
-int es_shards_read(es_store *s, const char *session, int64_t after, int64_t through,
+static int shards_read(es_store *s, const char *session, int64_t after, int64_t through,
                    int64_t limit, es_events *out, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session, es_store_read(st, session, after, through, limit, out, err));
 }
 
-int es_shards_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+static int shards_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                           int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session,
          es_store_events_page(st, session, after, through, limit, out, through_out, err));
 }
 
-int es_shards_head(es_store *s, const char *session, int64_t *head, es_err *err) {
+static int shards_head(es_store *s, const char *session, int64_t *head, es_err *err) {
   *head = 0;
   ROUTED("session", session, es_store_head(st, session, head, err));
 }
 
-int es_shards_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
+static int shards_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
   es_event_init(out);
   ROUTED("session", session, es_store_get(st, session, index, out, err));
 }
 
-int es_shards_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+static int shards_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
                     es_events *out, int64_t *retry_at, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session, es_store_claim(st, session, o, outcome, out, retry_at, err));
 }
 
-int es_shards_renew(es_store *s, const char *session, const char *holder,
+static int shards_renew(es_store *s, const char *session, const char *holder,
                     const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
                     es_renew_result *out, es_err *err) {
   memset(out, 0, sizeof *out);
@@ -1335,22 +1333,22 @@ int es_shards_renew(es_store *s, const char *session, const char *holder,
          es_store_renew(st, session, holder, claims, n, ttl_ms, expires_at, out, err));
 }
 
-int es_shards_release_claims(es_store *s, const char *session, const char *holder,
+static int shards_release_claims(es_store *s, const char *session, const char *holder,
                              const es_claim_ref *claims, size_t n, es_renew_result *out,
                              es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session, es_store_release_claims(st, session, holder, claims, n, out, err));
 }
 
-int es_shards_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
+static int shards_complete(es_store *s, const char *scope, const char *session, int64_t index, int64_t attempt,
                        const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                        es_events *out, es_err *err) {
   if (out) memset(out, 0, sizeof *out);
   ROUTED("session", session,
-         es_store_complete(st, session, index, attempt, evs, n, fence, outcome, out, err));
+         st->impl->complete(st, scope, session, index, attempt, evs, n, fence, outcome, out, err));
 }
 
-int es_shards_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+static int shards_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                    const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                    int64_t *failures, es_err *err) {
   ROUTED("session", session,
@@ -1358,23 +1356,23 @@ int es_shards_fail(es_store *s, const char *session, int64_t index, int64_t atte
                        failures, err));
 }
 
-int es_shards_revive(es_store *s, const char *session, int64_t index, es_err *err) {
+static int shards_revive(es_store *s, const char *session, int64_t index, es_err *err) {
   ROUTED("session", session, es_store_revive(st, session, index, err));
 }
 
-int es_shards_settle(es_store *s, const char *session, int64_t index, const char *reason,
+static int shards_settle(es_store *s, const char *session, int64_t index, const char *reason,
                      es_err *err) {
   ROUTED("session", session, es_store_settle(st, session, index, reason, err));
 }
 
-int es_shards_read_state(es_store *s, const char *session, const char *reducer, int *found,
+static int shards_read_state(es_store *s, const char *session, const char *reducer, int *found,
                          es_snapshot *snap, es_events *events, es_err *err) {
   memset(events, 0, sizeof *events);
   ROUTED("session", session,
          es_store_read_state(st, session, reducer, found, snap, events, err));
 }
 
-int es_shards_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+static int shards_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
                            const char *state, size_t state_len, const char *version, int *stored,
                            es_err *err) {
   ROUTED("session", session,
@@ -1382,40 +1380,40 @@ int es_shards_put_snapshot(es_store *s, const char *session, const char *reducer
                                err));
 }
 
-int es_shards_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
+static int shards_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session, es_store_snapshots(st, session, out, err));
 }
 
-int es_shards_lineage(es_store *s, const char *session, int *found, es_lineage *out,
+static int shards_lineage(es_store *s, const char *session, int *found, es_lineage *out,
                       es_err *err) {
   *found = 0;
   memset(out, 0, sizeof *out);
   ROUTED("session", session, es_store_lineage(st, session, found, out, err));
 }
 
-int es_shards_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
+static int shards_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
                     es_err *err) {
   ROUTED("session", session, es_store_fence(st, session, if_token, token, err));
 }
 
-int es_shards_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+static int shards_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
                     es_lease *out, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session, es_store_lease(st, session, holder, ttl_ms, out, err));
 }
 
-int es_shards_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+static int shards_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
                             int *released, es_err *err) {
   *released = 0;
   ROUTED("session", session, es_store_lease_release(st, session, holder, token, released, err));
 }
 
-int es_shards_seal(es_store *s, const char *session, const char *reason, es_err *err) {
+static int shards_seal(es_store *s, const char *session, const char *reason, es_err *err) {
   ROUTED("session", session, es_store_seal(st, session, reason, err));
 }
 
-int es_shards_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
+static int shards_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
                        es_err *err) {
   ROUTED("session", session, es_store_truncate(st, session, through, first_index, err));
 }
@@ -1435,7 +1433,7 @@ static int routed(es_store *s, const char *what, const char *key, routed_fn fn, 
                   es_err *err);
 static int delete_refs_of(es_store *s, const char *session, es_err *err);
 
-int es_shards_delete(es_store *s, const char *session, int *deleted, es_err *err) {
+static int shards_delete(es_store *s, const char *session, int *deleted, es_err *err) {
   *deleted = 0;
   delete_args a = {session, deleted};
   int rc = routed(s, "session", session, delete_routed, &a, err);
@@ -1448,42 +1446,42 @@ int es_shards_delete(es_store *s, const char *session, int *deleted, es_err *err
   return rc;
 }
 
-int es_shards_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+static int shards_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
                            int64_t limit, es_events *out, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session,
          es_store_read_at_rest(st, session, after, through, limit, out, err));
 }
 
-int es_shards_archive(es_store *s, const char *session, int64_t through, int *written,
+static int shards_archive(es_store *s, const char *session, int64_t through, int *written,
                       es_segment *out, es_err *err) {
   *written = 0;
   ROUTED("session", session, es_store_archive(st, session, through, written, out, err));
 }
 
-int es_shards_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
+static int shards_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("session", session, es_store_segments(st, session, out, err));
 }
 
-int es_shards_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
+static int shards_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
                               es_err *err) {
   ROUTED("session", session, es_store_compact_archive(st, session, before, after, err));
 }
 
-int es_shards_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
+static int shards_wait(es_store *s, const char *scope, const char *session, int64_t after, int64_t timeout_ms,
                    int64_t limit, es_events *out, es_err *err) {
   memset(out, 0, sizeof *out);
   if (!session)
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "wait across sessions on a sharded store: use read_all cursors "
                    "(positions are per shard)");
-  ROUTED("session", session, es_store_wait(st, session, after, timeout_ms, limit, out, err));
+  ROUTED("session", session, st->impl->wait(st, scope, session, after, timeout_ms, limit, out, err));
 }
 
 /* Presence lives on the shard its namespace hashes to (not moved by a
  * plan change: it is ephemeral, docs/sharding.md). */
-int es_shards_presence_set(es_store *s, const char *ns, const char *participant,
+static int shards_presence_set(es_store *s, const char *ns, const char *participant,
                            const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
                            int64_t seen, es_presence_rows *applied, es_err *err) {
   memset(applied, 0, sizeof *applied);
@@ -1491,12 +1489,12 @@ int es_shards_presence_set(es_store *s, const char *ns, const char *participant,
          es_store_presence_set(st, ns, participant, fields, n, ttl_ms, at, seen, applied, err));
 }
 
-int es_shards_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
+static int shards_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
   memset(out, 0, sizeof *out);
   ROUTED("namespace", ns, es_store_presence_read(st, ns, out, err));
 }
 
-uint64_t es_shards_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
+static uint64_t shards_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
   route r = {0};
   es_store *st;
   es_err err = {0};
@@ -1509,24 +1507,24 @@ uint64_t es_shards_presence_watch(es_store *s, const char *ns, es_presence_cb cb
     free(w);
     return 0;
   }
-  pthread_mutex_lock(&s->shards->mu);
-  w->token = s->shards->next_token++;
-  w->next = s->shards->watches;
-  s->shards->watches = w;
-  pthread_mutex_unlock(&s->shards->mu);
+  pthread_mutex_lock(&SH(s)->mu);
+  w->token = SH(s)->next_token++;
+  w->next = SH(s)->watches;
+  SH(s)->watches = w;
+  pthread_mutex_unlock(&SH(s)->mu);
   return w->token;
 }
 
-void es_shards_presence_unwatch(es_store *s, uint64_t token) {
+static void shards_presence_unwatch(es_store *s, uint64_t token) {
   swatch *found = NULL;
-  pthread_mutex_lock(&s->shards->mu);
-  for (swatch **p = &s->shards->watches; *p; p = &(*p)->next)
+  pthread_mutex_lock(&SH(s)->mu);
+  for (swatch **p = &SH(s)->watches; *p; p = &(*p)->next)
     if ((*p)->token == token) {
       found = *p;
       *p = found->next;
       break;
     }
-  pthread_mutex_unlock(&s->shards->mu);
+  pthread_mutex_unlock(&SH(s)->mu);
   if (!found) return;
   es_store_presence_unwatch(found->st, found->inner);
   free(found);
@@ -1555,7 +1553,7 @@ static int cmp_session_info(const void *a, const void *b) {
   return strcmp(((const es_session_info *)a)->session, ((const es_session_info *)b)->session);
 }
 
-int es_shards_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+static int shards_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
                        es_sessions *out, es_err *err) {
   memset(out, 0, sizeof *out);
   if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
@@ -1608,20 +1606,24 @@ int es_shards_sessions(es_store *s, const char *prefix, const char *after, int64
   return ES_OK;
 }
 
-int es_shards_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
+static int read_all_cursor(es_store *s, const char *scope, const char *cursor, int64_t limit,
+                           es_events *out, char ***cursors, es_err *err);
+
+static int shards_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out, es_err *err) {
   memset(out, 0, sizeof *out);
   if (after != 0 && after != ES_NONE)
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "read_all on a sharded store resumes from a cursor (an event's `cursor`), "
                    "not a position");
   char **cursors = NULL;
-  int rc = es_shards_read_all_cursor(s, NULL, limit, out, &cursors, err);
+  int rc = read_all_cursor(s, scope, NULL, limit, out, &cursors, err);
   if (rc == ES_OK) es_shards_cursors_free(cursors, out->n);
   return rc;
 }
 
-int es_shards_last_position(es_store *s, int64_t *position, es_err *err) {
+static int shards_last_position(es_store *s, const char *scope, int64_t *position, es_err *err) {
   (void)s;
+  (void)scope;
   *position = 0;
   return es_fail(err, ES_INVALID_ARGUMENT,
                  "a sharded store has no store-wide position: read_all returns cursors");
@@ -1645,7 +1647,7 @@ static int move_events(es_events *dst, es_events *src, es_err *err) {
  * asked in a busy loop. */
 #define SKIPPED_RETRY_MS 1000
 
-int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
+static int shards_claim_next(es_store *s, const char *scope, const char *holder, int64_t ttl_ms, int64_t limit,
                          const char *const *types, size_t n_types, const char *const *skip,
                          size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
   memset(out, 0, sizeof *out);
@@ -1659,7 +1661,7 @@ int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_
     if (rc == ES_OK) rc = all_shards(s, &set, err);
     if (rc) return rc;
     /* each call starts at the next shard, so none starves behind a busy one */
-    size_t first = atomic_fetch_add(&s->shards->rr, 1) % set.n;
+    size_t first = atomic_fetch_add(&SH(s)->rr, 1) % set.n;
     /* a shard that fails (down, or a session in a move) is skipped: the
      * others are still asked; its error is the answer only when no shard
      * answered */
@@ -1669,7 +1671,8 @@ int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_
       es_events part;
       int64_t ra = ES_NONE;
       es_err e = {0};
-      int r = es_store_claim_next(set.st[(first + k) % set.n], holder, ttl_ms,
+      es_store *st = set.st[(first + k) % set.n];
+      int r = st->impl->claim_next(st, scope, holder, ttl_ms,
                                   limit == ES_NONE ? ES_NONE : want - (int64_t)out->n, types,
                                   n_types, skip, n_skip, &part, &ra, &e);
       if (r == ES_OK) r = move_events(out, &part, &e);
@@ -1711,11 +1714,11 @@ static int cmp_event_time(const void *a, const void *b) {
   return x->position < y->position ? -1 : x->position > y->position;
 }
 
-int es_shards_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
+static int shards_dead_letters(es_store *s, const char *scope, const char *session, int64_t after, int64_t limit,
                            es_events *out, es_err *err) {
   memset(out, 0, sizeof *out);
   if (session)
-    ROUTED("session", session, es_store_dead_letters(st, session, after, limit, out, err));
+    ROUTED("session", session, st->impl->dead_letters(st, scope, session, after, limit, out, err));
   if (after != 0 && after != ES_NONE)
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "dead_letters of every session on a sharded store takes no `after` "
@@ -1729,7 +1732,7 @@ int es_shards_dead_letters(es_store *s, const char *session, int64_t after, int6
     if (rc == ES_OK) rc = all_shards(s, &set, err);
     for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
       es_events part;
-      rc = es_store_dead_letters(set.st[i], NULL, after, limit, &part, err);
+      rc = set.st[i]->impl->dead_letters(set.st[i], scope, NULL, after, limit, &part, err);
       if (rc == ES_OK) rc = move_events(out, &part, err);
     }
   } while (merged_again(&started, &rc, err));
@@ -1749,7 +1752,7 @@ static int cmp_type_count(const void *a, const void *b) {
   return strcmp(((const es_type_count *)a)->type, ((const es_type_count *)b)->type);
 }
 
-int es_shards_pending_types(es_store *s, es_type_counts *out, es_err *err) {
+static int shards_pending_types(es_store *s, const char *scope, es_type_counts *out, es_err *err) {
   memset(out, 0, sizeof *out);
   shard_set set;
   int rc = sh_enter(s, err);
@@ -1757,7 +1760,7 @@ int es_shards_pending_types(es_store *s, es_type_counts *out, es_err *err) {
   size_t cap = 0;
   for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
     es_type_counts part;
-    rc = es_store_pending_types(set.st[i], &part, err);
+    rc = set.st[i]->impl->pending_types(set.st[i], scope, &part, err);
     for (size_t j = 0; rc == ES_OK && j < part.n; j++) {
       size_t k = 0;
       while (k < out->n && strcmp(out->v[k].type, part.v[j].type)) k++;
@@ -1786,14 +1789,14 @@ int es_shards_pending_types(es_store *s, es_type_counts *out, es_err *err) {
 /* §3.12: each shard's counts, summed. Move markers are not counted by the
  * shards (backend.h counts), so a moved session counts once, where it
  * lives (between a move's freeze and its copy, for a moment, nowhere). */
-int es_shards_counts(es_store *s, es_counts *out, es_err *err) {
+static int shards_counts(es_store *s, const char *scope, es_counts *out, es_err *err) {
   memset(out, 0, sizeof *out);
   shard_set set;
   int rc = sh_enter(s, err);
   if (rc == ES_OK) rc = all_shards(s, &set, err);
   for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
     es_counts part;
-    rc = es_store_counts(set.st[i], &part, err);
+    rc = set.st[i]->impl->counts(set.st[i], scope, &part, err);
     out->sessions += part.sessions;
     out->events += part.events;
     out->pending += part.pending;
@@ -1803,7 +1806,7 @@ int es_shards_counts(es_store *s, es_counts *out, es_err *err) {
   return rc;
 }
 
-int es_shards_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+static int shards_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
                           es_state_read *out, es_err *err) {
   if (n > ES_DEFAULT_MAX_BATCH)
     return es_fail(err, ES_TOO_LARGE, "%zu sessions, at most %d in one read_states", n,
@@ -1814,7 +1817,7 @@ int es_shards_read_states(es_store *s, const char *const *sessions, size_t n, co
    * shards (docs/sharding.md) */
   for (size_t i = 0; rc == ES_OK && i < n; i++) {
     es_snapshot_init(&out[i].snap);
-    rc = es_shards_read_state(s, sessions[i], reducer, &out[i].found, &out[i].snap,
+    rc = shards_read_state(s, sessions[i], reducer, &out[i].found, &out[i].snap,
                               &out[i].events, err);
     if (rc) {
       es_state_reads_destroy(out, i + 1);
@@ -1828,7 +1831,7 @@ static int cmp_lineage(const void *a, const void *b) {
   return strcmp(((const es_lineage *)a)->session, ((const es_lineage *)b)->session);
 }
 
-int es_shards_children(es_store *s, const char *session, const char *after, int64_t limit,
+static int shards_children(es_store *s, const char *session, const char *after, int64_t limit,
                        es_lineages *out, es_err *err) {
   memset(out, 0, sizeof *out);
   shard_set set;
@@ -1875,7 +1878,7 @@ int es_shards_children(es_store *s, const char *session, const char *after, int6
 static int ref_head(es_store *s, es_ref *ref, es_err *err) {
   ref->head = 0;
   if (!ref->session || strcmp(ref->session, CATALOG_SESSION) == 0) return ES_OK;
-  int rc = es_shards_head(s, ref->session, &ref->head, err);
+  int rc = shards_head(s, ref->session, &ref->head, err);
   if (rc == ES_NOT_FOUND) {
     ref->head = 0;
     rc = ES_OK;
@@ -1883,11 +1886,11 @@ static int ref_head(es_store *s, es_ref *ref, es_err *err) {
   return rc;
 }
 
-int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+static int shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
   *found = 0;
   es_ref_init(out);
   int rc = sh_enter(s, err);
-  if (rc == ES_OK) rc = es_store_get_ref(s->shards->catalog, name, found, out, err);
+  if (rc == ES_OK) rc = es_store_get_ref(SH(s)->catalog, name, found, out, err);
   if (rc == ES_OK && *found) rc = ref_head(s, out, err);
   if (rc) {
     *found = 0;
@@ -1896,7 +1899,7 @@ int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es
   return rc;
 }
 
-int es_shards_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
+static int shards_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
                       es_err *err) {
   es_ref_init(out);
   int rc = sh_enter(s, err);
@@ -1907,38 +1910,38 @@ int es_shards_put_ref(es_store *s, const char *name, const char *session, es_ref
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "session name '%s' is reserved on a sharded store (the catalog's plans)",
                    session);
-  rc = es_store_put_ref(s->shards->catalog, name, session, out, err);
+  rc = es_store_put_ref(SH(s)->catalog, name, session, out, err);
   if (rc == ES_OK) rc = ref_head(s, out, err);
   if (rc) es_ref_destroy(out);
   return rc;
 }
 
-int es_shards_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out,
+static int shards_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out,
                         es_err *err) {
   memset(out, 0, sizeof *out);
   int rc = sh_enter(s, err);
-  if (rc == ES_OK) rc = es_store_list_refs(s->shards->catalog, after, limit, out, err);
+  if (rc == ES_OK) rc = es_store_list_refs(SH(s)->catalog, after, limit, out, err);
   /* one routed head per ref: a page of refs costs a read per ref */
   for (size_t i = 0; rc == ES_OK && i < out->n; i++) rc = ref_head(s, &out->v[i], err);
   if (rc) es_refs_destroy(out);
   return rc;
 }
 
-int es_shards_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
+static int shards_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
   *deleted = 0;
   int rc = sh_enter(s, err);
-  if (rc == ES_OK) rc = es_store_delete_ref(s->shards->catalog, name, deleted, err);
+  if (rc == ES_OK) rc = es_store_delete_ref(SH(s)->catalog, name, deleted, err);
   return rc;
 }
 
-int es_shards_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+static int shards_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
                       const char *expect, es_ref *out, char **actual, es_err *err) {
   es_ref_init(out);
   if (actual) *actual = NULL;
   char *ignored = NULL;
   int rc = sh_enter(s, err);
   if (rc == ES_OK)
-    rc = es_store_promote(s->shards->catalog, from_ref, to_ref, has_expect, expect, out,
+    rc = es_store_promote(SH(s)->catalog, from_ref, to_ref, has_expect, expect, out,
                           actual ? actual : &ignored, err);
   free(ignored);
   if (rc == ES_OK) rc = ref_head(s, out, err);
@@ -1957,7 +1960,7 @@ static int do_delete_refs_of(es_store *st, es_txn *t, void *arg, es_err *err) {
 }
 
 static int delete_refs_of(es_store *s, const char *session, es_err *err) {
-  es_store *cat = s->shards->catalog;
+  es_store *cat = SH(s)->catalog;
   int rc = es_core_enter(cat, err);
   if (rc) return rc;
   refs_of_args a = {session};
@@ -1966,7 +1969,7 @@ static int delete_refs_of(es_store *s, const char *session, es_err *err) {
   return rc;
 }
 
-int es_shards_shred(es_store *s, const char *name, int *was_live, es_err *err) {
+static int shards_shred(es_store *s, const char *name, int *was_live, es_err *err) {
   *was_live = 0;
   shard_set set;
   int rc = sh_enter(s, err);
@@ -1979,7 +1982,7 @@ int es_shards_shred(es_store *s, const char *name, int *was_live, es_err *err) {
   return rc;
 }
 
-int es_shards_verify_archive(es_store *s, const char *session, es_archive_report *out,
+static int shards_verify_archive(es_store *s, const char *session, es_archive_report *out,
                              es_err *err) {
   memset(out, 0, sizeof *out);
   if (session) ROUTED("session", session, es_store_verify_archive(st, session, out, err));
@@ -2118,8 +2121,9 @@ void es_shards_cursors_free(char **cursors, size_t n) {
   free(cursors);
 }
 
-int es_shards_read_all_cursor(es_store *s, const char *cursor, int64_t limit, es_events *out,
-                              char ***cursors, es_err *err) {
+/* read_all with a cursor over scope's sessions (NULL: all). */
+static int read_all_cursor(es_store *s, const char *scope, const char *cursor, int64_t limit,
+                           es_events *out, char ***cursors, es_err *err) {
   memset(out, 0, sizeof *out);
   *cursors = NULL;
   if (limit != ES_NONE && limit < 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be >= 0");
@@ -2150,7 +2154,7 @@ int es_shards_read_all_cursor(es_store *s, const char *cursor, int64_t limit, es
   cursor_map_destroy(&given);
   for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
     head[i] = 0;
-    rc = es_store_read_all(set.st[i], *slot[i], limit, &lists[i], err);
+    rc = set.st[i]->impl->read_all(set.st[i], scope, *slot[i], limit, &lists[i], err);
     if (rc == ES_OK) fetched++;
   }
   size_t cap = 0;
@@ -2323,7 +2327,7 @@ static int store_identity(es_store *st, char **out, es_err *err) {
  * the catalog: INVALID_ARGUMENT naming them. Opens every shard. */
 static int check_identities(es_store *s, const es_shard_plan *p, es_err *err) {
   char *cat = NULL, *ids[ES_MAX_SHARDS] = {0};
-  int rc = store_identity(s->shards->catalog, &cat, err);
+  int rc = store_identity(SH(s)->catalog, &cat, err);
   size_t n = 0;
   for (; rc == ES_OK && n < p->n; n++) {
     es_store *st;
@@ -2863,7 +2867,7 @@ static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan
 /* Finishes the catalog's pending plan: moves, then marks it current. */
 static int finish_pending(es_store *s, int64_t *moved_n, es_err *err) {
   catalog_view v;
-  int rc = catalog_load(s->shards->catalog, &v, err);
+  int rc = catalog_load(SH(s)->catalog, &v, err);
   if (rc == ES_OK && v.pend.version) {
     es_shard_plan to, from;
     if (plan_copy(&to, &v.pend) || plan_copy(&from, &v.cur)) {
@@ -2877,17 +2881,17 @@ static int finish_pending(es_store *s, int64_t *moved_n, es_err *err) {
        * one, whose records stop this mover's steps): then it is done */
       catalog_view w;
       es_err ignored = {0};
-      if (!crashed(s, &ignored) && catalog_load(s->shards->catalog, &w, &ignored) == ES_OK) {
+      if (!crashed(s, &ignored) && catalog_load(SH(s)->catalog, &w, &ignored) == ES_OK) {
         if (w.cur.version >= to.version) rc = ES_OK;
         view_destroy(&w);
       }
     }
     for (int tries = 0; rc == ES_OK; tries++) {
       catalog_view w;
-      if ((rc = catalog_load(s->shards->catalog, &w, err))) break;
+      if ((rc = catalog_load(SH(s)->catalog, &w, err))) break;
       if (w.cur.version < to.version) {
         rc = step(s, err);
-        if (rc == ES_OK) rc = catalog_put(s->shards->catalog, &to, "current", w.head, err);
+        if (rc == ES_OK) rc = catalog_put(SH(s)->catalog, &to, "current", w.head, err);
         if (rc == ES_WRONG_EXPECTED_HEAD && tries < 100) rc = ES_OK;
         else if (rc == ES_OK) {
           view_destroy(&w);
@@ -2909,7 +2913,7 @@ static int set_plan_locked(es_store *s, const es_shard_plan *plan, int64_t *move
   for (int tries = 0;; tries++) {
     if (tries > 100) return es_fail(err, ES_STORAGE, "the shard catalog kept changing");
     catalog_view v;
-    int rc = catalog_load(s->shards->catalog, &v, err);
+    int rc = catalog_load(SH(s)->catalog, &v, err);
     if (rc) return rc;
     if (v.pend.version) {
       int same = v.pend.version == plan->version;
@@ -2939,7 +2943,7 @@ static int set_plan_locked(es_store *s, const es_shard_plan *plan, int64_t *move
     }
     rc = check_identities(s, plan, err);
     if (rc == ES_OK) rc = step(s, err);
-    if (rc == ES_OK) rc = catalog_put(s->shards->catalog, plan, "pending", v.head, err);
+    if (rc == ES_OK) rc = catalog_put(SH(s)->catalog, plan, "pending", v.head, err);
     view_destroy(&v);
     if (rc && rc != ES_WRONG_EXPECTED_HEAD) return rc;
   }
@@ -2964,7 +2968,7 @@ typedef struct {
   int64_t at, now;
   es_events src;       /* from's events 1..at */
   es_snapshots snaps;  /* from's snapshots at or below at, with state */
-  char (*ids)[ES_MAX_ID_BYTES + 1];
+  char (*ids)[ES_MAX_NAME_BYTES + 1]; /* generated ids, behind the scope */
   es_lineage *out;
   int64_t head;
 } xfork;
@@ -3101,7 +3105,7 @@ static int fork_target(es_store *st, void *arg, es_err *err) {
   return rc;
 }
 
-int es_shards_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
+static int shards_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to, es_lineage *out,
                    es_err *err) {
   memset(out, 0, sizeof *out);
   int rc;
@@ -3114,7 +3118,7 @@ int es_shards_fork(es_store *s, const char *from, int64_t at, const char *to, es
   for (int depth = 0; cur && rc == ES_OK && depth < 100000; depth++) {
     int found = 0;
     es_lineage l;
-    rc = es_shards_lineage(s, cur, &found, &l, err);
+    rc = shards_lineage(s, cur, &found, &l, err);
     free(cur);
     cur = NULL;
     if (rc || !found) break;
@@ -3136,7 +3140,12 @@ int es_shards_fork(es_store *s, const char *from, int64_t at, const char *to, es
   f.out = out;
   rc = routed(s, "from", from, fork_source, &f, err);
   if (rc == ES_OK && f.src.n && !(f.ids = calloc(f.src.n, sizeof *f.ids))) rc = nomem(err);
-  for (size_t i = 0; rc == ES_OK && i < f.src.n; i++) rc = es_store_new_id(s, f.ids[i], err);
+  size_t sl = scope ? strlen(scope) : 0;
+  if (sl > ES_MAX_TENANT_BYTES + 1) rc = es_fail(err, ES_INVALID_ARGUMENT, "scope is too long");
+  for (size_t i = 0; rc == ES_OK && i < f.src.n; i++) {
+    memcpy(f.ids[i], scope ? scope : "", sl);
+    rc = es_store_new_id(s, f.ids[i] + sl, err);
+  }
   if (rc == ES_OK) rc = es_store_now(s, &f.now, err);
   if (rc == ES_OK) rc = routed(s, "to", to, fork_target, &f, err);
   es_events_destroy(&f.src);
@@ -3145,3 +3154,72 @@ int es_shards_fork(es_store *s, const char *from, int64_t at, const char *to, es
   if (rc) es_lineage_destroy(out);
   return rc;
 }
+
+int es_shards_read_all_cursor(es_store *s, const char *cursor, int64_t limit, es_events *out,
+                              char ***cursors, es_err *err) {
+  return read_all_cursor(s, NULL, cursor, limit, out, cursors, err);
+}
+
+/* ---- the table (store_impl.h) --------------------------------------------- */
+
+static int shards_check_open(es_store *s, es_err *err) { return sh_enter(s, err); }
+
+static const es_store_ops shards_ops = {
+    .close = shards_close,
+    .free = shards_free,
+    .check_open = shards_check_open,
+    .version = shards_version,
+    .data_version = shards_data_version,
+    .new_id = es_core_new_id,
+    .tenant = es_tenant_open,
+    .tenant_name = NULL,
+    .append = shards_append,
+    .read = shards_read,
+    .events_page = shards_events_page,
+    .head = shards_head,
+    .read_all = shards_read_all,
+    .last_position = shards_last_position,
+    .get = shards_get,
+    .claim = shards_claim,
+    .claim_next = shards_claim_next,
+    .renew = shards_renew,
+    .release_claims = shards_release_claims,
+    .complete = shards_complete,
+    .complete_many = es_complete_many_each,
+    .fail = shards_fail,
+    .revive = shards_revive,
+    .settle = shards_settle,
+    .dead_letters = shards_dead_letters,
+    .read_state = shards_read_state,
+    .read_states = shards_read_states,
+    .put_snapshot = shards_put_snapshot,
+    .snapshots = shards_snapshots,
+    .sessions = shards_sessions,
+    .pending_types = shards_pending_types,
+    .wait = shards_wait,
+    .presence_set = shards_presence_set,
+    .presence_read = shards_presence_read,
+    .presence_watch = shards_presence_watch,
+    .presence_unwatch = shards_presence_unwatch,
+    .fork = shards_fork,
+    .lineage = shards_lineage,
+    .children = shards_children,
+    .put_ref = shards_put_ref,
+    .get_ref = shards_get_ref,
+    .list_refs = shards_list_refs,
+    .delete_ref = shards_delete_ref,
+    .promote = shards_promote,
+    .fence = shards_fence,
+    .lease = shards_lease,
+    .lease_release = shards_lease_release,
+    .seal = shards_seal,
+    .truncate = shards_truncate,
+    .delete = shards_delete,
+    .archive = shards_archive,
+    .segments = shards_segments,
+    .compact_archive = shards_compact_archive,
+    .verify_archive = shards_verify_archive,
+    .shred = shards_shred,
+    .read_at_rest = shards_read_at_rest,
+    .counts = shards_counts,
+};

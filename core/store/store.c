@@ -215,9 +215,6 @@ static void group_init(es_store *s);
 /* ---------------------------------------------------------------------- */
 /* lifecycle */
 
-static const es_backend_ops *const backends[] = {&es_backend_memory, &es_backend_sqlite,
-                                                 &es_backend_postgres, &es_backend_postgresql};
-
 /* The fields and locks every handle has (a store, a sharded store),
  * from the open options; es_core_handle_destroy undoes the locks. */
 void es_core_handle_init(es_store *s, const es_open_opts *opts) {
@@ -255,32 +252,13 @@ void es_core_handle_destroy(es_store *s) {
   pthread_mutex_destroy(&s->pmu);
 }
 
-int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_err *err) {
-  static const es_open_opts defaults = {0};
-  const es_backend_ops *ops = NULL;
-  const char *rest = "";
-  *out = NULL;
-  if (!opts) opts = &defaults;
-  if (!url) url = "memory:";
-  const char *colon = strchr(url, ':');
-  if (colon) {
-    size_t n = (size_t)(colon - url);
-    for (size_t i = 0; i < sizeof backends / sizeof *backends; i++) {
-      if (strlen(backends[i]->scheme) == n && memcmp(backends[i]->scheme, url, n) == 0) {
-        ops = backends[i];
-        rest = colon + 1;
-      }
-    }
-  }
-  /* "shards:CATALOG_URL": the sharded store whose plan that catalog holds
-   * (shards.c; with a plan to install: es_shards_open). */
-  if (!ops && strncmp(url, "shards:", 7) == 0) return es_shards_open_url(url + 7, opts, out, err);
-  if (!ops)
-    return es_fail(err, ES_INVALID_ARGUMENT,
-                   "unknown store url '%s' (expected memory:, sqlite:PATH, postgres://..., "
-                   "shards:CATALOG_URL)", url);
+/* The core store over `ops` (front.c's table of schemes: memory:,
+ * sqlite:, postgres://); rest is the URL after "scheme:". */
+int es_core_open(const es_backend_ops *ops, const char *rest, const es_open_opts *opts,
+                 es_store **out, es_err *err) {
   es_store *s = calloc(1, sizeof *s);
   if (!s) return nomem(err);
+  s->impl = &es_core_ops;
   s->ops = ops;
   es_shards_wrap_ops(s); /* the shard-move markers (shards.c) */
   es_core_handle_init(s, opts);
@@ -297,22 +275,14 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
       s->bk = NULL;
     }
     s->closed = 1;
-    es_store_release(s);
+    es_core_free(s);
     return rc;
   }
   *out = s;
   return ES_OK;
 }
 
-void es_store_close(es_store *s) {
-  if (s->shards) {
-    es_shards_close(s);
-    return;
-  }
-  if (s->base) {
-    es_tenant_close(s);
-    return;
-  }
+void es_core_close(es_store *s) {
   pthread_mutex_lock(&s->lmu);
   if (s->closed) {
     pthread_mutex_unlock(&s->lmu);
@@ -328,19 +298,9 @@ void es_store_close(es_store *s) {
   notify_commit(s); /* wake waiters so they see CLOSED */
 }
 
-void es_store_retain(es_store *s) { atomic_fetch_add(&s->refs, 1); }
-
-void es_store_release(es_store *s) {
-  if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
-  if (s->shards) {
-    es_shards_free(s);
-    return;
-  }
-  if (s->base) {
-    es_tenant_free(s);
-    return;
-  }
-  es_store_close(s);
+/* The last reference went (es_store_release). */
+void es_core_free(es_store *s) {
+  es_core_close(s);
   presence_watch *w = s->watches;
   while (w) {
     presence_watch *next = w->next;
@@ -373,22 +333,15 @@ void es_core_leave(es_store *s) {
   pthread_mutex_unlock(&s->lmu);
 }
 
-size_t es_store_max_payload(const es_store *s) { return s->max_payload; }
-
-int es_store_now(es_store *s, int64_t *now, es_err *err) {
-  if (s->base) s = s->base; /* a tenant shares its store's clock */
-  return s->clock(s->clock_ctx, now, err);
+int es_core_check_open(es_store *s, es_err *err) {
+  int rc = es_core_enter(s, err);
+  if (rc == ES_OK) es_core_leave(s);
+  return rc;
 }
 
-uint64_t es_store_version(es_store *s) {
-  if (s->shards) return es_shards_version(s);
-  if (s->base) s = s->base; /* commits happen in the store a tenant handle is made from */
-  return atomic_load(&s->version);
-}
+uint64_t es_core_version(es_store *s) { return atomic_load(&s->version); }
 
-int es_store_data_version(es_store *s, uint64_t *version, es_err *err) {
-  if (s->shards) return es_shards_data_version(s, version, err);
-  if (s->base) return es_tenant_data_version(s, version, err);
+int es_core_data_version(es_store *s, uint64_t *version, es_err *err) {
   *version = 0;
   if (!s->ops->data_version) return ES_OK;
   int rc = es_core_enter(s, err);
@@ -756,10 +709,9 @@ static int source_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
   return es_check_name("the id source's id", out, err);
 }
 
-int es_store_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
-  /* A tenant's ids are the store's, prefixed when stored (es_tenant_append
-   * maps a given id in): the caller sees the unprefixed id. */
-  if (s->base) s = s->base;
+/* A handle's own new id (the core store's, and the shard router's: it
+ * has the same id state). */
+int es_core_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
   if (s->ids) return source_id(s, out, err);
   int64_t now;
   int rc = es_store_now(s, &now, err);
@@ -1231,15 +1183,6 @@ static int pregenerate_ids(es_store *s, append_args *a, char **ids, es_err *err)
   return ES_OK;
 }
 
-int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
-                    int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_APPEND,
-                es_store_append(s, session, evs, n, expected, fence, out, pending, err));
-  if (s->shards) return es_shards_append(s, session, evs, n, expected, fence, out, pending, err);
-  if (s->base) return es_tenant_append(s, session, evs, n, expected, fence, out, pending, err);
-  return es_core_append(s, NULL, session, evs, n, expected, fence, out, pending, err);
-}
-
 int es_core_append(es_store *s, const char *scope, const char *session, const es_new_event *evs,
                    size_t n, int64_t expected, int64_t fence, es_events *out, int *pending,
                    es_err *err) {
@@ -1383,21 +1326,14 @@ static int read_range(es_store *s, range_args *a, es_err *err) {
   return rc;
 }
 
-int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
-                  es_events *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_READ, es_store_read(s, session, after, through, limit, out, err));
-  if (s->shards) return es_shards_read(s, session, after, through, limit, out, err);
-  if (s->base) return es_tenant_read(s, session, after, through, limit, out, err);
+int es_core_read_events(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
+                        es_events *out, es_err *err) {
   range_args a = {session, after, through, limit, out, 0, 0};
   return read_range(s, &a, err);
 }
 
-int es_store_events_page(es_store *s, const char *session, int64_t after, int64_t through,
-                         int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_EVENTS_PAGE,
-                es_store_events_page(s, session, after, through, limit, out, through_out, err));
-  if (s->shards) return es_shards_events_page(s, session, after, through, limit, out, through_out, err);
-  if (s->base) return es_tenant_events_page(s, session, after, through, limit, out, through_out, err);
+int es_core_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+                        int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
   range_args a = {session, after, through, limit, out, 0, 0};
   int rc = read_range(s, &a, err);
   if (rc == ES_OK) *through_out = through == ES_NONE ? a.head : (through < a.head ? through : a.head);
@@ -1421,10 +1357,7 @@ static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
   return ES_OK;
 }
 
-int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_HEAD, es_store_head(s, session, head, err));
-  if (s->shards) return es_shards_head(s, session, head, err);
-  if (s->base) return es_tenant_head(s, session, head, err);
+int es_core_head(es_store *s, const char *session, int64_t *head, es_err *err) {
   int rc;
   *head = 0;
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -1450,13 +1383,6 @@ static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
   return revealed(s, t, rc, a->out, err);
 }
 
-int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_READ_ALL, es_store_read_all(s, after, limit, out, err));
-  if (s->shards) return es_shards_read_all(s, after, limit, out, err);
-  if (s->base) return es_tenant_read_all(s, after, limit, out, err);
-  return es_core_read_all(s, NULL, after, limit, out, err);
-}
-
 int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
                      es_err *err) {
   int rc;
@@ -1471,19 +1397,64 @@ int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limi
   return rc;
 }
 
-static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
-  return s->ops->last_position(t, arg, err);
+/* last_position with a scope (a tenant's): the highest position among
+ * the scope's own events (a tenant does not see how far other tenants
+ * have written). Each session's newest event holds its highest position,
+ * so it is the largest of those: O(the scope's sessions), one read
+ * transaction. */
+typedef struct {
+  const char *scope;
+  char **names;
+  size_t n, cap;
+  int oom;
+  int64_t *position;
+} last_args;
+
+static int collect_name(void *ctx, const es_session_info *row) {
+  last_args *a = ctx;
+  if (row->events <= 0) return 0;
+  char *copy = strdup(row->session);
+  if (!copy || es_grow((void **)&a->names, &a->cap, a->n + 1, sizeof *a->names)) {
+    free(copy);
+    a->oom = 1;
+    return 1;
+  }
+  a->names[a->n++] = copy;
+  return 0;
 }
 
-int es_store_last_position(es_store *s, int64_t *position, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_LAST_POSITION, es_store_last_position(s, position, err));
-  if (s->shards) return es_shards_last_position(s, position, err);
-  if (s->base) return es_tenant_last_position(s, position, err);
+static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
+  last_args *a = arg;
+  if (!a->scope) return s->ops->last_position(t, a->position, err);
+  int rc = s->ops->session_list(t, a->scope, NULL, ES_NONE, collect_name, a, err);
+  if (rc == ES_OK && a->oom) rc = nomem(err);
+  for (size_t i = 0; rc == ES_OK && i < a->n; i++) {
+    es_session_info si;
+    if ((rc = s->ops->session_get(t, a->names[i], &si, err))) break;
+    es_event e;
+    rc = s->ops->event_get(t, a->names[i], si.head, &e, err);
+    es_session_info_destroy(&si);
+    if (rc == ES_NOT_FOUND) { /* every event dropped (truncate through the head) */
+      rc = ES_OK;
+      continue;
+    }
+    if (rc) break;
+    if (e.position > *a->position) *a->position = e.position;
+    es_event_destroy(&e);
+  }
+  return rc;
+}
+
+int es_core_last_position(es_store *s, const char *scope, int64_t *position, es_err *err) {
   int rc;
   *position = 0;
   if ((rc = es_core_enter(s, err))) return rc;
-  rc = es_core_read(s, do_last_position, position, err);
+  last_args a = {scope, NULL, 0, 0, 0, position};
+  rc = es_core_read(s, do_last_position, &a, err);
   es_core_leave(s);
+  for (size_t i = 0; i < a.n; i++) free(a.names[i]);
+  free(a.names);
+  if (rc) *position = 0;
   return rc;
 }
 
@@ -1520,10 +1491,7 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_GET, es_store_get(s, session, index, out, err));
-  if (s->shards) return es_shards_get(s, session, index, out, err);
-  if (s->base) return es_tenant_get(s, session, index, out, err);
+int es_core_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
   int rc;
   es_event_init(out);
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -1645,11 +1613,8 @@ static int check_claim_opts(const es_claim_opts *o, es_err *err) {
   return ES_OK;
 }
 
-int es_store_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
-                   es_events *out, int64_t *retry_at, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_CLAIM, es_store_claim(s, session, o, outcome, out, retry_at, err));
-  if (s->shards) return es_shards_claim(s, session, o, outcome, out, retry_at, err);
-  if (s->base) return es_tenant_claim(s, session, o, outcome, out, retry_at, err);
+int es_core_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+                  es_events *out, int64_t *retry_at, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
@@ -1951,21 +1916,6 @@ static int claim_types(const char *const *types, size_t n, const char ***out, si
   return ES_OK;
 }
 
-int es_store_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
-                        const char *const *types, size_t n_types, const char *const *skip,
-                        size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_CLAIM_NEXT,
-                es_store_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out, retry_at, err));
-  if (s->shards)
-    return es_shards_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
-                                retry_at, err);
-  if (s->base)
-    return es_tenant_claim_next(s, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
-                                retry_at, err);
-  return es_core_claim_next(s, NULL, holder, ttl_ms, limit, types, n_types, skip, n_skip, out,
-                            retry_at, err);
-}
-
 int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64_t ttl_ms,
                        int64_t limit, const char *const *types, size_t n_types,
                        const char *const *skip, size_t n_skip, es_events *out, int64_t *retry_at,
@@ -2100,23 +2050,15 @@ static int claims_call(es_store *s, claims_args *a, int64_t ttl_ms, es_err *err)
   return rc;
 }
 
-int es_store_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
-                   size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_RENEW,
-                es_store_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err));
-  if (s->shards) return es_shards_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
-  if (s->base) return es_tenant_renew(s, session, holder, claims, n, ttl_ms, expires_at, out, err);
+int es_core_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
+                  size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err) {
   claims_args a = {session, holder, claims, n, expires_at, 0, 0, out};
   return claims_call(s, &a, ttl_ms, err);
 }
 
-int es_store_release_claims(es_store *s, const char *session, const char *holder,
-                            const es_claim_ref *claims, size_t n, es_renew_result *out,
-                            es_err *err) {
-  ES_STATS_CALL(s, ES_OP_RELEASE_CLAIMS,
-                es_store_release_claims(s, session, holder, claims, n, out, err));
-  if (s->shards) return es_shards_release_claims(s, session, holder, claims, n, out, err);
-  if (s->base) return es_tenant_release_claims(s, session, holder, claims, n, out, err);
+int es_core_release_claims(es_store *s, const char *session, const char *holder,
+                           const es_claim_ref *claims, size_t n, es_renew_result *out,
+                           es_err *err) {
   claims_args a = {session, holder, claims, n, ES_NONE, 0, 1, out};
   return claims_call(s, &a, 0, err);
 }
@@ -2218,16 +2160,6 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
   es_session_info_destroy(&si);
   es_event_destroy(&parent);
   return rc;
-}
-
-int es_store_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
-                      const es_new_event *evs, size_t n, int64_t fence, int *outcome,
-                      es_events *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_COMPLETE,
-                es_store_complete(s, session, index, attempt, evs, n, fence, outcome, out, err));
-  if (s->shards) return es_shards_complete(s, session, index, attempt, evs, n, fence, outcome, out, err);
-  if (s->base) return es_tenant_complete(s, session, index, attempt, evs, n, fence, outcome, out, err);
-  return es_core_complete(s, NULL, session, index, attempt, evs, n, fence, outcome, out, err);
 }
 
 int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
@@ -2336,24 +2268,7 @@ static int do_complete_many(es_store *s, es_txn *t, void *arg, es_err *err) {
   return ES_OK;
 }
 
-int es_store_complete_many(es_store *s, es_completion *v, size_t n, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_COMPLETE_MANY, es_store_complete_many(s, v, n, err));
-  for (size_t i = 0; i < n; i++) {
-    v[i].rc = ES_OK;
-    v[i].outcome = 0;
-    memset(&v[i].err, 0, sizeof v[i].err);
-  }
-  if (s->shards || s->base) {
-    /* a tenant's or a shard's completions go one by one through its own rules */
-    for (size_t i = 0; i < n; i++) {
-      es_events out;
-      v[i].rc = es_store_complete(s, v[i].session, v[i].index, v[i].attempt, v[i].evs, v[i].n,
-                                  v[i].fence, &v[i].outcome, &out, &v[i].err);
-      if (v[i].rc == ES_OK) es_events_destroy(&out);
-      if (v[i].rc == ES_CLOSED) return es_fail(err, ES_CLOSED, "%s", v[i].err.msg);
-    }
-    return ES_OK;
-  }
+int es_core_complete_many(es_store *s, es_completion *v, size_t n, es_err *err) {
   int rc;
   for (size_t i = 0; i < n; i++) {
     es_completion *c = &v[i];
@@ -2460,15 +2375,9 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
-                  const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
-                  int64_t *failures, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_FAIL,
-                es_store_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err));
-  if (s->shards)
-    return es_shards_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err);
-  if (s->base)
-    return es_tenant_fail(s, session, index, attempt, error, max_failures, retry_after_ms, outcome, failures, err);
+int es_core_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+                 const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
+                 int64_t *failures, es_err *err) {
   int rc;
   if ((rc = es_check_name("session", session, err))) return rc;
   if (!error) return es_fail(err, ES_INVALID_ARGUMENT, "error is required");
@@ -2575,19 +2484,13 @@ static int dead_change(es_store *s, dead_args *a, es_err *err) {
   return rc;
 }
 
-int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_REVIVE, es_store_revive(s, session, index, err));
-  if (s->shards) return es_shards_revive(s, session, index, err);
-  if (s->base) return es_tenant_revive(s, session, index, err);
+int es_core_revive(es_store *s, const char *session, int64_t index, es_err *err) {
   dead_args a = {session, index, NULL, 1, 0};
   return dead_change(s, &a, err);
 }
 
-int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason,
-                    es_err *err) {
-  ES_STATS_CALL(s, ES_OP_SETTLE, es_store_settle(s, session, index, reason, err));
-  if (s->shards) return es_shards_settle(s, session, index, reason, err);
-  if (s->base) return es_tenant_settle(s, session, index, reason, err);
+int es_core_settle(es_store *s, const char *session, int64_t index, const char *reason,
+                   es_err *err) {
   dead_args a = {session, index, reason, 0, 0};
   return dead_change(s, &a, err);
 }
@@ -2599,14 +2502,6 @@ static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
       s->ops->dead_list(t, a->session, a->scope, a->after, a->limit, collect_event, &c, err), &c,
       err);
   return revealed(s, t, rc, a->out, err);
-}
-
-int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
-                          es_events *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_DEAD_LETTERS, es_store_dead_letters(s, session, after, limit, out, err));
-  if (s->shards) return es_shards_dead_letters(s, session, after, limit, out, err);
-  if (s->base) return es_tenant_dead_letters(s, session, after, limit, out, err);
-  return es_core_dead_letters(s, NULL, session, after, limit, out, err);
 }
 
 int es_core_dead_letters(es_store *s, const char *scope, const char *session, int64_t after,
@@ -2662,12 +2557,8 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
   return revealed(s, t, rc, a->events, err);
 }
 
-int es_store_read_state(es_store *s, const char *session, const char *reducer, int *found,
-                        es_snapshot *snap, es_events *events, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_READ_STATE,
-                es_store_read_state(s, session, reducer, found, snap, events, err));
-  if (s->shards) return es_shards_read_state(s, session, reducer, found, snap, events, err);
-  if (s->base) return es_tenant_read_state(s, session, reducer, found, snap, events, err);
+int es_core_read_state(es_store *s, const char *session, const char *reducer, int *found,
+                       es_snapshot *snap, es_events *events, es_err *err) {
   int rc;
   memset(events, 0, sizeof *events);
   es_snapshot_init(snap);
@@ -2718,11 +2609,8 @@ void es_state_reads_destroy(es_state_read *v, size_t n) {
   }
 }
 
-int es_store_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
-                         es_state_read *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_READ_STATES, es_store_read_states(s, sessions, n, reducer, out, err));
-  if (s->shards) return es_shards_read_states(s, sessions, n, reducer, out, err);
-  if (s->base) return es_tenant_read_states(s, sessions, n, reducer, out, err);
+int es_core_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+                        es_state_read *out, es_err *err) {
   int rc;
   for (size_t i = 0; i < n; i++) {
     memset(&out[i], 0, sizeof out[i]);
@@ -2784,15 +2672,9 @@ static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
-                          const char *state, size_t state_len, const char *version, int *stored,
-                          es_err *err) {
-  ES_STATS_CALL(s, ES_OP_PUT_SNAPSHOT,
-                es_store_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err));
-  if (s->shards)
-    return es_shards_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err);
-  if (s->base)
-    return es_tenant_put_snapshot(s, session, reducer, index, state, state_len, version, stored, err);
+int es_core_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+                         const char *state, size_t state_len, const char *version, int *stored,
+                         es_err *err) {
   int rc;
   *stored = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("reducer", reducer, err)))
@@ -2837,10 +2719,7 @@ static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
   return collected(s->ops->snapshot_list(t, a->session, collect_snapshot, &c, err), &c, err);
 }
 
-int es_store_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_SNAPSHOTS, es_store_snapshots(s, session, out, err));
-  if (s->shards) return es_shards_snapshots(s, session, out, err);
-  if (s->base) return es_tenant_snapshots(s, session, out, err);
+int es_core_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -2887,11 +2766,8 @@ static int do_sessions(es_store *s, es_txn *t, void *arg, es_err *err) {
   return ES_OK;
 }
 
-int es_store_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
-                      es_sessions *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_SESSIONS, es_store_sessions(s, prefix, after, limit, out, err));
-  if (s->shards) return es_shards_sessions(s, prefix, after, limit, out, err);
-  if (s->base) return es_tenant_sessions(s, prefix, after, limit, out, err);
+int es_core_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+                     es_sessions *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
@@ -2939,13 +2815,6 @@ void es_type_counts_destroy(es_type_counts *list) {
   list->n = 0;
 }
 
-int es_store_pending_types(es_store *s, es_type_counts *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_PENDING_TYPES, es_store_pending_types(s, out, err));
-  if (s->shards) return es_shards_pending_types(s, out, err);
-  if (s->base) return es_tenant_pending_types(s, out, err);
-  return es_core_pending_types(s, NULL, out, err);
-}
-
 int es_core_pending_types(es_store *s, const char *scope, es_type_counts *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
@@ -2958,14 +2827,6 @@ int es_core_pending_types(es_store *s, const char *scope, es_type_counts *out, e
 }
 
 /* --- waiting --- */
-
-int es_store_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
-                  int64_t limit, es_events *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_WAIT, es_store_wait(s, session, after, timeout_ms, limit, out, err));
-  if (s->shards) return es_shards_wait(s, session, after, timeout_ms, limit, out, err);
-  if (s->base) return es_tenant_wait(s, session, after, timeout_ms, limit, out, err);
-  return es_core_wait(s, NULL, session, after, timeout_ms, limit, out, err);
-}
 
 /* es_core_wait on a backend that can block until data_version moves
  * (ops->wait_change, postgres: woken by LISTEN/NOTIFY): no polling loop.
@@ -3105,15 +2966,9 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_presence_set(es_store *s, const char *ns, const char *participant,
-                          const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
-                          int64_t seen, es_presence_rows *applied, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_PRESENCE_SET,
-                es_store_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err));
-  if (s->shards)
-    return es_shards_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err);
-  if (s->base)
-    return es_tenant_presence_set(s, ns, participant, fields, n, ttl_ms, at, seen, applied, err);
+int es_core_presence_set(es_store *s, const char *ns, const char *participant,
+                         const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
+                         int64_t seen, es_presence_rows *applied, es_err *err) {
   int rc;
   memset(applied, 0, sizeof *applied);
   if ((rc = es_check_name("namespace", ns, err)) || (rc = es_check_name("participant", participant, err)))
@@ -3173,10 +3028,7 @@ static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
   return collected(s->ops->presence_list(t, a->ns, a->now, collect_presence, &c, err), &c, err);
 }
 
-int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_PRESENCE_READ, es_store_presence_read(s, ns, out, err));
-  if (s->shards) return es_shards_presence_read(s, ns, out, err);
-  if (s->base) return es_tenant_presence_read(s, ns, out, err);
+int es_core_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("namespace", ns, err))) return rc;
@@ -3189,9 +3041,7 @@ int es_store_presence_read(es_store *s, const char *ns, es_presence_rows *out, e
   return rc;
 }
 
-uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
-  if (s->shards) return es_shards_presence_watch(s, ns, cb, ctx);
-  if (s->base) return es_tenant_presence_watch(s, ns, cb, ctx);
+uint64_t es_core_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
   presence_watch *w = calloc(1, sizeof *w);
   if (!w) return 0;
   w->ns = strdup(ns);
@@ -3209,15 +3059,7 @@ uint64_t es_store_presence_watch(es_store *s, const char *ns, es_presence_cb cb,
   return w->token;
 }
 
-void es_store_presence_unwatch(es_store *s, uint64_t token) {
-  if (s->shards) {
-    es_shards_presence_unwatch(s, token);
-    return;
-  }
-  if (s->base) {
-    es_tenant_presence_unwatch(s, token);
-    return;
-  }
+void es_core_presence_unwatch(es_store *s, uint64_t token) {
   pthread_mutex_lock(&s->pmu);
   for (presence_watch **p = &s->watches; *p; p = &(*p)->next) {
     if ((*p)->token == token) {
@@ -3504,14 +3346,6 @@ static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
-                  es_err *err) {
-  ES_STATS_CALL(s, ES_OP_FORK, es_store_fork(s, from, at, to, out, err));
-  if (s->shards) return es_shards_fork(s, from, at, to, out, err);
-  if (s->base) return es_tenant_fork(s, from, at, to, out, err);
-  return es_core_fork(s, NULL, from, at, to, out, err);
-}
-
 int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to,
                  es_lineage *out, es_err *err) {
   int rc;
@@ -3549,10 +3383,7 @@ static int do_lineage(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_LINEAGE, es_store_lineage(s, session, found, out, err));
-  if (s->shards) return es_shards_lineage(s, session, found, out, err);
-  if (s->base) return es_tenant_lineage(s, session, found, out, err);
+int es_core_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
   int rc;
   *found = 0;
   memset(out, 0, sizeof *out);
@@ -3589,11 +3420,8 @@ static int do_children(es_store *s, es_txn *t, void *arg, es_err *err) {
       s->ops->session_children(t, a->session, a->after, a->limit, collect_child, &c, err), &c, err);
 }
 
-int es_store_children(es_store *s, const char *session, const char *after, int64_t limit,
-                      es_lineages *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_CHILDREN, es_store_children(s, session, after, limit, out, err));
-  if (s->shards) return es_shards_children(s, session, after, limit, out, err);
-  if (s->base) return es_tenant_children(s, session, after, limit, out, err);
+int es_core_children(es_store *s, const char *session, const char *after, int64_t limit,
+                     es_lineages *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = check_after(after, err)) ||
@@ -3647,10 +3475,7 @@ static int do_put_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
   return ref_point(s, t, a->name, a->session, a->now, a->out, err);
 }
 
-int es_store_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_PUT_REF, es_store_put_ref(s, name, session, out, err));
-  if (s->shards) return es_shards_put_ref(s, name, session, out, err);
-  if (s->base) return es_tenant_put_ref(s, name, session, out, err);
+int es_core_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err) {
   int rc;
   es_ref_init(out);
   if ((rc = es_check_name("name", name, err)) || (rc = es_check_name("session", session, err)))
@@ -3675,10 +3500,7 @@ static int do_get_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_GET_REF, es_store_get_ref(s, name, found, out, err));
-  if (s->shards) return es_shards_get_ref(s, name, found, out, err);
-  if (s->base) return es_tenant_get_ref(s, name, found, out, err);
+int es_core_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
   int rc;
   *found = 0;
   es_ref_init(out);
@@ -3718,10 +3540,7 @@ static int do_list_refs(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_LIST_REFS, es_store_list_refs(s, after, limit, out, err));
-  if (s->shards) return es_shards_list_refs(s, after, limit, out, err);
-  if (s->base) return es_tenant_list_refs(s, after, limit, out, err);
+int es_core_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = check_after(after, err)) || (rc = check_limit(limit, err))) return rc;
@@ -3740,10 +3559,7 @@ static int do_delete_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc == ES_NOT_FOUND ? ES_OK : rc;
 }
 
-int es_store_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_DELETE_REF, es_store_delete_ref(s, name, deleted, err));
-  if (s->shards) return es_shards_delete_ref(s, name, deleted, err);
-  if (s->base) return es_tenant_delete_ref(s, name, deleted, err);
+int es_core_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
   int rc;
   *deleted = 0;
   if ((rc = es_check_name("name", name, err))) return rc;
@@ -3787,12 +3603,8 @@ static int do_promote(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
-                     const char *expect, es_ref *out, char **actual, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_PROMOTE,
-                es_store_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err));
-  if (s->shards) return es_shards_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err);
-  if (s->base) return es_tenant_promote(s, from_ref, to_ref, has_expect, expect, out, actual, err);
+int es_core_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+                    const char *expect, es_ref *out, char **actual, es_err *err) {
   int rc;
   es_ref_init(out);
   *actual = NULL;
@@ -3840,10 +3652,7 @@ static int do_fence(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_FENCE, es_store_fence(s, session, if_token, token, err));
-  if (s->shards) return es_shards_fence(s, session, if_token, token, err);
-  if (s->base) return es_tenant_fence(s, session, if_token, token, err);
+int es_core_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err) {
   int rc;
   *token = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = check_nonneg("if_token", if_token, err)))
@@ -3897,11 +3706,8 @@ static int do_lease(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
-                   es_lease *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_LEASE, es_store_lease(s, session, holder, ttl_ms, out, err));
-  if (s->shards) return es_shards_lease(s, session, holder, ttl_ms, out, err);
-  if (s->base) return es_tenant_lease(s, session, holder, ttl_ms, out, err);
+int es_core_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+                  es_lease *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
@@ -3933,11 +3739,8 @@ static int do_lease_release(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
-                           int *released, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_RELEASE, es_store_lease_release(s, session, holder, token, released, err));
-  if (s->shards) return es_shards_lease_release(s, session, holder, token, released, err);
-  if (s->base) return es_tenant_lease_release(s, session, holder, token, released, err);
+int es_core_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+                          int *released, es_err *err) {
   int rc;
   *released = 0;
   if ((rc = es_check_name("session", session, err)) || (rc = es_check_name("holder", holder, err)))
@@ -3966,10 +3769,7 @@ static int do_seal(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_seal(es_store *s, const char *session, const char *reason, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_SEAL, es_store_seal(s, session, reason, err));
-  if (s->shards) return es_shards_seal(s, session, reason, err);
-  if (s->base) return es_tenant_seal(s, session, reason, err);
+int es_core_seal(es_store *s, const char *session, const char *reason, es_err *err) {
   int rc;
   if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = es_core_enter(s, err))) return rc;
@@ -4050,11 +3850,8 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
-                      es_err *err) {
-  ES_STATS_CALL(s, ES_OP_TRUNCATE, es_store_truncate(s, session, through, first_index, err));
-  if (s->shards) return es_shards_truncate(s, session, through, first_index, err);
-  if (s->base) return es_tenant_truncate(s, session, through, first_index, err);
+int es_core_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
+                     es_err *err) {
   int rc;
   *first_index = 1;
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -4086,10 +3883,7 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_DELETE, es_store_delete(s, session, deleted, err));
-  if (s->shards) return es_shards_delete(s, session, deleted, err);
-  if (s->base) return es_tenant_delete(s, session, deleted, err);
+int es_core_delete(es_store *s, const char *session, int *deleted, es_err *err) {
   int rc;
   *deleted = 0;
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -4105,12 +3899,71 @@ int es_store_delete(es_store *s, const char *session, int *deleted, es_err *err)
 /* ---------------------------------------------------------------------- */
 /* 3.10 crypto-shredding: reads as stored (the rest is in crypto.c) */
 
-int es_store_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
-                          int64_t limit, es_events *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_READ_AT_REST,
-                es_store_read_at_rest(s, session, after, through, limit, out, err));
-  if (s->shards) return es_shards_read_at_rest(s, session, after, through, limit, out, err);
-  if (s->base) return es_tenant_read_at_rest(s, session, after, through, limit, out, err);
+int es_core_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                         int64_t limit, es_events *out, es_err *err) {
   range_args a = {session, after, through, limit, out, 0, 1};
   return read_range(s, &a, err);
 }
+
+/* ---------------------------------------------------------------------- */
+/* the core store's table of operations (store_impl.h) */
+
+const es_store_ops es_core_ops = {
+    .close = es_core_close,
+    .free = es_core_free,
+    .check_open = es_core_check_open,
+    .version = es_core_version,
+    .data_version = es_core_data_version,
+    .new_id = es_core_new_id,
+    .tenant = es_tenant_open,
+    .tenant_name = NULL,
+    .append = es_core_append,
+    .read = es_core_read_events,
+    .events_page = es_core_events_page,
+    .head = es_core_head,
+    .read_all = es_core_read_all,
+    .last_position = es_core_last_position,
+    .get = es_core_get,
+    .claim = es_core_claim,
+    .claim_next = es_core_claim_next,
+    .renew = es_core_renew,
+    .release_claims = es_core_release_claims,
+    .complete = es_core_complete,
+    .complete_many = es_core_complete_many,
+    .fail = es_core_fail,
+    .revive = es_core_revive,
+    .settle = es_core_settle,
+    .dead_letters = es_core_dead_letters,
+    .read_state = es_core_read_state,
+    .read_states = es_core_read_states,
+    .put_snapshot = es_core_put_snapshot,
+    .snapshots = es_core_snapshots,
+    .sessions = es_core_sessions,
+    .pending_types = es_core_pending_types,
+    .wait = es_core_wait,
+    .presence_set = es_core_presence_set,
+    .presence_read = es_core_presence_read,
+    .presence_watch = es_core_presence_watch,
+    .presence_unwatch = es_core_presence_unwatch,
+    .fork = es_core_fork,
+    .lineage = es_core_lineage,
+    .children = es_core_children,
+    .put_ref = es_core_put_ref,
+    .get_ref = es_core_get_ref,
+    .list_refs = es_core_list_refs,
+    .delete_ref = es_core_delete_ref,
+    .promote = es_core_promote,
+    .fence = es_core_fence,
+    .lease = es_core_lease,
+    .lease_release = es_core_lease_release,
+    .seal = es_core_seal,
+    .truncate = es_core_truncate,
+    .delete = es_core_delete,
+    .archive = es_core_archive,
+    .segments = es_core_segments,
+    .compact_archive = es_core_compact_archive,
+    .verify_archive = es_core_verify_archive,
+    .shred = es_core_shred,
+    .read_at_rest = es_core_read_at_rest,
+    .counts = es_core_counts,
+};
