@@ -140,6 +140,24 @@ int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
 int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
                         es_err *err);
 
+/* names.c (§3.11): the length of the tenant prefix a stored name starts
+ * with (through its ES_TENANT_SEP), 0 when it has none. */
+size_t es_name_prefix_len(const char *v, size_t n);
+
+/* group.c: sets up a handle's group-commit queue (es_core_handle_init). */
+void es_core_group_init(es_store *s);
+/* group.c: bumps the handle's version and wakes its waiters (after every
+ * commit). */
+void es_core_notify_commit(es_store *s);
+
+/* ids.c: a UUIDv7 of the handle, strictly increasing within it. */
+int es_core_uuid7(es_store *s, int64_t now, char out[37], es_err *err);
+/* ids.c: a generated event id behind scope (NULL: none), from the store's
+ * id source when it has one: an injected source's id must be a name and
+ * new (not stored yet), or the call fails before writing a row with it. */
+int es_core_new_event_id(es_store *s, es_txn *t, int64_t now, const char *scope,
+                         char out[ES_MAX_NAME_BYTES + 1], es_err *err);
+
 /* §3.9 archive (archive.c) ------------------------------------------------ */
 
 /* Files to remove once the transaction that stopped naming them has

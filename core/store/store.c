@@ -14,7 +14,10 @@
  *           is ready exactly when queued and due_at <= now, so "claim" and
  *           "claim_next" are index lookups, never scans.
  *
- * Group commit (backends with group_commit = 1; run_write_group): writers
+ * Names and text are checked in names.c, transactions and the group
+ * commit run in group.c, event ids are made in ids.c.
+ *
+ * Group commit (backends with group_commit = 1; group.c): writers
  * queue their work, and one of them, the leader, runs every queued
  * caller's work in one transaction, each in its own savepoint, and commits
  * once (one sync) for all, who return only after that commit; a failed
@@ -36,120 +39,12 @@
 #include "store/crypto.h"
 #include "codec/json.h"
 
-#define GROUP_MAX 1024        /* callers per group commit at most */
 #define WAIT_POLL_MS 50       /* how often es_store_wait looks for other processes' commits */
 
 /* ---------------------------------------------------------------------- */
 /* small helpers */
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-/* The length (1-4) of the valid UTF-8 sequence at s (n bytes left), or 0
- * when s does not start one (a stray continuation byte, an overlong form,
- * a surrogate, a code point above U+10FFFF, a sequence cut short). */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-  unsigned c = s[0];
-  if (c < 0x80) return 1;
-  size_t len;
-  uint32_t cp;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-    cp = c & 0x1F;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    cp = c & 0x0F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (len > n) return 0;
-  for (size_t k = 1; k < len; k++) {
-    if ((s[k] & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (s[k] & 0x3F);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-      (cp >= 0xD800 && cp <= 0xDFFF))
-    return 0;
-  return len;
-}
-
-static int utf8_valid(const unsigned char *s, size_t n) {
-  for (size_t i = 0; i < n;) {
-    size_t len = utf8_seq(s + i, n - i);
-    if (len == 0) return 0;
-    i += len;
-  }
-  return 1;
-}
-
-/* §3.11: the length of the tenant prefix a stored name starts with (the
- * bytes up to and including an ES_TENANT_SEP among its first
- * ES_MAX_TENANT_BYTES + 1 bytes), 0 when it has none. */
-static size_t tenant_prefix_len(const char *v, size_t n) {
-  const char *sep = memchr(v, ES_TENANT_SEP[0], n < ES_MAX_TENANT_BYTES + 1 ? n : ES_MAX_TENANT_BYTES + 1);
-  return sep ? (size_t)(sep - v) + 1 : 0;
-}
-
-/* Names (sessions, ids, types, lanes, holders, reducers, namespaces): a
- * non-empty UTF-8 string of at most 255 bytes, not counting a tenant
- * prefix (§3.11: a tenant's names reach the core as tenant + SEP + name,
- * and the root handle names them so). */
-int es_check_name(const char *what, const char *v, es_err *err) {
-  if (!v) return es_fail(err, ES_INVALID_ARGUMENT, "%s is required", what);
-  size_t n = strlen(v);
-  if (n == 0) return es_fail(err, ES_INVALID_ARGUMENT, "%s must not be empty", what);
-  if (n - tenant_prefix_len(v, n) > ES_MAX_ID_BYTES)
-    return es_fail(err, ES_INVALID_ARGUMENT, "%s is %zu bytes, at most %d allowed", what,
-                   n - tenant_prefix_len(v, n), ES_MAX_ID_BYTES);
-  if (!utf8_valid((const unsigned char *)v, n))
-    return es_fail(err, ES_INVALID_ARGUMENT, "%s is not valid UTF-8", what);
-  return ES_OK;
-}
-
-/* U+FFFD REPLACEMENT CHARACTER and U+2026 HORIZONTAL ELLIPSIS in UTF-8. */
-#define REPLACEMENT "\xEF\xBF\xBD"
-#define ELLIPSIS "\xE2\x80\xA6"
-
-int es_text_clean(const char *s, size_t n, size_t max, char **out, size_t *out_len) {
-  const unsigned char *p = (const unsigned char *)s;
-  /* Each input byte gives at most 3 output bytes (one U+FFFD). */
-  size_t cap = n > max / 3 ? max : n * 3;
-  char *o = malloc(cap + 1);
-  *out = NULL;
-  if (out_len) *out_len = 0;
-  if (!o) return ES_STORAGE;
-  size_t k = 0, i = 0;
-  int cut = 0;
-  while (i < n) {
-    size_t len = p[i] == 0 ? 0 : utf8_seq(p + i, n - i);
-    const char *piece = len ? s + i : REPLACEMENT;
-    size_t plen = len ? len : 3;
-    if (k + plen > max) {
-      cut = 1;
-      break;
-    }
-    memcpy(o + k, piece, plen);
-    k += plen;
-    i += len ? len : 1;
-  }
-  if (cut) {
-    /* Make room for the ellipsis, backing off whole characters only. */
-    while (k > 0 && k + 3 > max) {
-      do k--;
-      while (k > 0 && ((unsigned char)o[k] & 0xC0) == 0x80);
-    }
-    if (k + 3 <= max) {
-      memcpy(o + k, ELLIPSIS, 3);
-      k += 3;
-    }
-  }
-  o[k] = '\0';
-  *out = o;
-  if (out_len) *out_len = k;
-  return ES_OK;
-}
 
 /* now + d for a duration d >= 0; 1 when the sum would pass INT64_MAX (the
  * largest time there is: refused, never wrapped to a time in the past). */
@@ -203,14 +98,6 @@ static int check_nonneg(const char *what, int64_t v, es_err *err) {
 
 static int nomem(es_err *err) { return es_fail(err, ES_STORAGE, "out of memory"); }
 
-static void notify_commit(es_store *s) {
-  pthread_mutex_lock(&s->vmu);
-  atomic_fetch_add(&s->version, 1);
-  pthread_cond_broadcast(&s->vcond);
-  pthread_mutex_unlock(&s->vmu);
-}
-
-static void group_init(es_store *s);
 
 /* ---------------------------------------------------------------------- */
 /* lifecycle */
@@ -228,7 +115,7 @@ void es_core_handle_init(es_store *s, const es_open_opts *opts) {
   pthread_cond_init(&s->lcond, NULL);
   pthread_mutex_init(&s->wmu, NULL);
   pthread_mutex_init(&s->dmu, NULL);
-  group_init(s);
+  es_core_group_init(s);
   pthread_mutex_init(&s->vmu, NULL);
   pthread_cond_init(&s->vcond, NULL);
   pthread_mutex_init(&s->umu, NULL);
@@ -295,7 +182,7 @@ void es_core_close(es_store *s) {
   /* No call is in flight, so no group transaction is open. */
   s->ops->close(s->bk);
   s->bk = NULL;
-  notify_commit(s); /* wake waiters so they see CLOSED */
+  es_core_notify_commit(s); /* wake waiters so they see CLOSED */
 }
 
 /* The last reference went (es_store_release). */
@@ -353,392 +240,6 @@ int es_core_data_version(es_store *s, uint64_t *version, es_err *err) {
 
 /* ---------------------------------------------------------------------- */
 /* transactions */
-
-/* Group commit (backends with group_commit = 1; docs/store.md
- * "Transactions, threads and group commit").
- *
- * A writer queues its work (fn, arg) and sleeps on its own semaphore. The
- * first writer to find nobody leading becomes the group's leader: it takes
- * wmu, begins the transaction and runs every queued caller's fn, each in
- * its own savepoint, in one pass on its own thread; then it takes the
- * callers who queued meanwhile, and so on until nobody is left; then it
- * commits once (one sync), hands the lead to the first caller queued
- * during the commit, and wakes each member with its own result.
- *
- * Why the leader runs the others' work: a group used to hand wmu from
- * caller to caller (a context switch per member to get the lock, another
- * to go back to sleep, and a broadcast that woke every member to fight for
- * wmu again); on a two-core machine those switches cost more than the
- * rows. Now a member sleeps once and is woken once, by the leader, after
- * the sync of the commit that holds its rows.
- *
- * Why the leader may wait: right after a commit the last group's members
- * are only waking up. The first to come back would lead a group of one
- * and commit it alone while the others queue behind it (groups of 1, 15,
- * 1, 15... with 16 writers: half the commits wasted). So when the queue
- * is empty before the group is as large as the last one, the leader waits
- * for the missing callers, at most one commit's time (what committing
- * without them would cost them anyway), and learns the new size from the
- * group it commits: writers that stopped writing cost one such wait.
- *
- * A store with an id source (es_open_opts.ids) promises to call it on the
- * calling thread (store.h), and the source is called inside fn: there the
- * leader hands the transaction to each member's thread in turn (the
- * member runs its fn and posts the leader back), which costs the context
- * switches again, for stores whose ids are made by the application.
- *
- * A member whose fn fails has its savepoint rolled back and gets its own
- * error; the others are not touched. A failed begin fails the callers
- * taken for that transaction (they ran nothing); a failed commit fails
- * every member whose fn succeeded. */
-/* A member's turn to run its own fn (a store with an id source). */
-typedef struct group_turn {
-  int alone;        /* group_run's argument */
-  int *committed;
-  sem_t back;       /* posted by the member when its fn ran */
-} group_turn;
-
-struct group_waiter {
-  txn_fn fn;        /* the caller's work, run by the leader */
-  void *arg;
-  int rc;           /* set by the leader before it posts wake */
-  es_err err;
-  int lead;         /* woken to lead the next group, not done */
-  group_turn *turn; /* woken to run fn on its own thread, not done */
-  sem_t wake;
-  struct group_waiter *next;
-};
-
-#define GROUP_WAIT_MAX_NS 10000000 /* a leader waits at most 10 ms for late members */
-
-static void group_init(es_store *s) {
-  pthread_condattr_t ca;
-  pthread_mutex_init(&s->qmu, NULL);
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&s->qcond, &ca);
-  pthread_condattr_destroy(&ca);
-  s->queue = NULL;
-  s->queue_tail = &s->queue;
-}
-
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* Takes up to max callers off the queue (qmu held); returns them linked. */
-static group_waiter *group_take(es_store *s, int max) {
-  group_waiter *first = s->queue, *last = NULL;
-  int n = 0;
-  for (group_waiter *w = first; w && n < max; w = w->next) {
-    last = w;
-    n++;
-  }
-  if (!last) return NULL;
-  s->queue = last->next;
-  if (!s->queue) s->queue_tail = &s->queue;
-  s->queued -= n;
-  s->taken += n;
-  last->next = NULL;
-  return first;
-}
-
-/* With the queue empty and the group smaller than the last one: waits
- * (qmu held) until enough callers queued or *deadline (set at the first
- * wait of the group) passed. */
-static void group_wait_late(es_store *s, int n, int64_t *deadline) {
-  if (*deadline == 0) {
-    int64_t budget = s->commit_ns < GROUP_WAIT_MAX_NS ? s->commit_ns : GROUP_WAIT_MAX_NS;
-    *deadline = mono_ns() + budget;
-  }
-  struct timespec ts = {(time_t)(*deadline / 1000000000), (long)(*deadline % 1000000000)};
-  s->want = s->last_group - n;
-  while (s->queued < s->want) {
-    if (pthread_cond_timedwait(&s->qcond, &s->qmu, &ts) != 0 && mono_ns() >= *deadline) break;
-  }
-  s->want = 0;
-}
-
-/* Runs one member's work in its own savepoint of the group transaction.
- * *committed is set when the member was alone and took the backend's
- * release_commit (release and commit in one step): the transaction is
- * then over. */
-static int group_run(es_store *s, group_waiter *m, int alone, int *committed) {
-  es_txn *t = s->wtxn;
-  int rc = s->ops->savepoint(t, &m->err);
-  if (rc != ES_OK) return rc;
-  rc = m->fn(s, t, m->arg, &m->err);
-  if (rc == ES_OK && alone && s->ops->release_commit) {
-    pthread_mutex_lock(&s->qmu);
-    alone = s->queued == 0;
-    pthread_mutex_unlock(&s->qmu);
-    if (alone) {
-      /* Alone in the transaction, nobody queued to join: release and
-       * commit in one step (one round trip on PostgreSQL). The
-       * transaction holds this caller's work only, so a failure is this
-       * caller's alone, as a failed release would be. */
-      *committed = 1;
-      s->wtxn = NULL;
-      return s->ops->release_commit(t, &m->err);
-    }
-  }
-  if (rc == ES_OK) rc = s->ops->savepoint_release(t, &m->err);
-  if (rc != ES_OK) s->ops->savepoint_rollback(t);
-  return rc;
-}
-
-/* The leader's part: runs and commits one group, then passes the lead on
- * and wakes the members (me, the leader's own entry, is not posted). */
-static void group_lead(es_store *s, group_waiter *me) {
-  group_waiter *group = NULL, **tail = &group;
-  int n = 0, n_ok = 0, committed = 0;
-  int64_t deadline = 0;
-  es_err berr = {0};
-  pthread_mutex_lock(&s->wmu);
-  int brc = s->ops->write_begin(s->bk, &s->wtxn, &berr);
-  for (;;) {
-    pthread_mutex_lock(&s->qmu);
-    if (!s->queue && brc == ES_OK && !committed && n_ok > 0 && n < s->last_group)
-      group_wait_late(s, n, &deadline);
-    group_waiter *batch = group_take(s, GROUP_MAX - n);
-    pthread_mutex_unlock(&s->qmu);
-    if (!batch) break;
-    for (group_waiter *m = batch; m; m = m->next) {
-      n++;
-      if (brc != ES_OK) {
-        m->rc = brc;
-        m->err = berr;
-      } else if (committed) {
-        /* cannot happen: release_commit is taken with nobody queued, and
-         * only this leader takes callers off the queue */
-        m->rc = es_fail(&m->err, ES_STORAGE, "group commit: transaction already committed");
-      } else {
-        int alone = n == 1 && !m->next && s->last_group <= 1;
-        if (m == me || !s->ids) {
-          m->rc = group_run(s, m, alone, &committed);
-        } else {
-          group_turn turn = {alone, &committed, {{0}}};
-          sem_init(&turn.back, 0, 0);
-          m->turn = &turn;
-          sem_post(&m->wake);
-          while (sem_wait(&turn.back) != 0) {
-          }
-          sem_destroy(&turn.back);
-        }
-        if (m->rc == ES_OK) n_ok++;
-      }
-    }
-    *tail = batch;
-    while (*tail) tail = &(*tail)->next;
-    if (brc != ES_OK || committed || n >= GROUP_MAX) break;
-  }
-  int64_t commit_ns = 0;
-  if (brc == ES_OK && !committed) {
-    es_err cerr = {0};
-    int crc = ES_OK;
-    if (n_ok > 0) {
-      int64_t t0 = mono_ns();
-      crc = s->ops->write_commit(s->wtxn, &cerr);
-      commit_ns = mono_ns() - t0;
-    } else {
-      s->ops->write_rollback(s->wtxn);
-    }
-    s->wtxn = NULL;
-    for (group_waiter *m = group; m; m = m->next) {
-      if (m->rc == ES_OK && crc != ES_OK) {
-        m->rc = crc;
-        m->err = cerr;
-      }
-    }
-    committed = n_ok > 0 && crc == ES_OK;
-  } else if (committed) {
-    committed = group->rc == ES_OK;
-  }
-  pthread_mutex_unlock(&s->wmu);
-  if (committed) notify_commit(s);
-  pthread_mutex_lock(&s->qmu);
-  s->taken = 0;
-  if (brc == ES_OK) {
-    s->last_group = n;
-    if (commit_ns > 0) s->commit_ns = commit_ns;
-  }
-  if (s->queue) {
-    s->queue->lead = 1;
-    sem_post(&s->queue->wake);
-  } else {
-    s->leading = 0;
-  }
-  pthread_mutex_unlock(&s->qmu);
-  /* A member returns as soon as it is posted (its entry is on its stack):
-   * read next first, touch nothing after. */
-  for (group_waiter *m = group, *next; m; m = next) {
-    next = m->next;
-    if (m != me) sem_post(&m->wake);
-  }
-}
-
-static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
-  group_waiter me;
-  memset(&me, 0, sizeof me);
-  me.fn = fn;
-  me.arg = arg;
-  sem_init(&me.wake, 0, 0);
-  pthread_mutex_lock(&s->qmu);
-  *s->queue_tail = &me;
-  s->queue_tail = &me.next;
-  s->queued++;
-  int lead = !s->leading;
-  if (lead) s->leading = 1;
-  if (s->want > 0 && s->queued >= s->want) pthread_cond_signal(&s->qcond);
-  pthread_mutex_unlock(&s->qmu);
-  for (;;) {
-    if (lead) {
-      /* me is run by this group (it is queued, and nobody else takes
-       * callers off the queue while this thread leads) */
-      group_lead(s, &me);
-      break;
-    }
-    while (sem_wait(&me.wake) != 0) {
-    }
-    if (me.turn) {
-      group_turn *turn = me.turn;
-      me.turn = NULL;
-      me.rc = group_run(s, &me, turn->alone, turn->committed);
-      sem_post(&turn->back); /* the leader reads me.rc; turn is on its stack */
-      continue;
-    }
-    if (!me.lead) break;
-    me.lead = 0;
-    lead = 1;
-  }
-  sem_destroy(&me.wake);
-  if (me.rc != ES_OK && err) *err = me.err;
-  return me.rc;
-}
-
-int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
-  if (s->ops->group_commit) return run_write_group(s, fn, arg, err);
-  es_txn *t = NULL;
-  pthread_mutex_lock(&s->wmu);
-  int rc = s->ops->write_begin(s->bk, &t, err);
-  if (rc == ES_OK) {
-    rc = fn(s, t, arg, err);
-    if (rc == ES_OK) {
-      rc = s->ops->write_commit(t, err);
-    } else {
-      s->ops->write_rollback(t);
-    }
-  }
-  pthread_mutex_unlock(&s->wmu);
-  if (rc == ES_OK) notify_commit(s);
-  return rc;
-}
-
-int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
-  es_txn *t = NULL;
-  int rc = s->ops->read_begin(s->bk, &t, err);
-  if (rc != ES_OK) return rc;
-  rc = fn(s, t, arg, err);
-  s->ops->read_end(t);
-  return rc;
-}
-
-int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
-                        es_err *err) {
-  /* A group transaction is open only while its leader holds wmu. */
-  pthread_mutex_lock(&s->wmu);
-  int rc = fn(s, arg, err);
-  pthread_mutex_unlock(&s->wmu);
-  return rc;
-}
-
-/* ---------------------------------------------------------------------- */
-/* event ids: UUIDv7 (RFC 9562), strictly increasing per handle */
-
-static int uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
-  unsigned char r[10];
-  pthread_mutex_lock(&s->umu);
-  /* One getrandom() per few hundred ids: a syscall per id cost more than
-   * the rest of an append. */
-  if (s->rand_used + sizeof r > sizeof s->rand_pool) {
-    if (getrandom(s->rand_pool, sizeof s->rand_pool, 0) != (ssize_t)sizeof s->rand_pool) {
-      pthread_mutex_unlock(&s->umu);
-      return es_fail(err, ES_STORAGE, "no randomness for an event id");
-    }
-    s->rand_used = 0;
-  }
-  memcpy(r, s->rand_pool + s->rand_used, sizeof r);
-  s->rand_used += sizeof r;
-  if (now > s->uuid_ms) {
-    s->uuid_ms = now;
-    s->uuid_seq = ((uint32_t)r[8] << 8 | r[9]) & 0x3FF; /* random start, room to count */
-  } else if (++s->uuid_seq > 0xFFF) {
-    /* Borrow the next millisecond rather than repeat (a clock stuck at the
-     * largest time keeps it; the 62 random bits still tell ids apart). */
-    if (s->uuid_ms < INT64_MAX) s->uuid_ms++;
-    s->uuid_seq = 0;
-  }
-  uint64_t ms = (uint64_t)s->uuid_ms;
-  uint32_t seq = s->uuid_seq;
-  pthread_mutex_unlock(&s->umu);
-  unsigned char b[16];
-  for (int i = 0; i < 6; i++) b[i] = (unsigned char)(ms >> (40 - 8 * i));
-  b[6] = (unsigned char)(0x70 | (seq >> 8));
-  b[7] = (unsigned char)(seq & 0xFF);
-  b[8] = (unsigned char)(0x80 | (r[0] & 0x3F));
-  memcpy(b + 9, r + 1, 7);
-  static const char hex[] = "0123456789abcdef";
-  int o = 0;
-  for (int i = 0; i < 16; i++) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out[o++] = '-';
-    out[o++] = hex[b[i] >> 4];
-    out[o++] = hex[b[i] & 15];
-  }
-  out[o] = '\0';
-  return ES_OK;
-}
-
-/* An id from the injected source, checked to be a name. */
-static int source_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
-  out[0] = '\0';
-  int rc = s->ids(s->ids_ctx, out, ES_MAX_ID_BYTES + 1, err);
-  if (rc) return rc;
-  out[ES_MAX_ID_BYTES] = '\0';
-  return es_check_name("the id source's id", out, err);
-}
-
-/* A handle's own new id (the core store's, and the shard router's: it
- * has the same id state). */
-int es_core_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
-  if (s->ids) return source_id(s, out, err);
-  int64_t now;
-  int rc = es_store_now(s, &now, err);
-  return rc ? rc : uuid7(s, now, out, err);
-}
-
-/* A generated event id, from the store's id source when it has one. An
- * injected source is trusted with nothing: its id must be a name and new,
- * or the call fails before writing a row with it. */
-static int new_event_id(es_store *s, es_txn *t, int64_t now, const char *scope,
-                        char out[ES_MAX_NAME_BYTES + 1], es_err *err) {
-  /* §3.11: a tenant's generated id is the generated id behind its prefix,
-   * so every id in a tenant's sessions is the tenant's own. */
-  size_t p = scope ? strlen(scope) : 0;
-  memcpy(out, scope ? scope : "", p);
-  if (!s->ids) return uuid7(s, now, out + p, err);
-  int rc = source_id(s, out + p, err);
-  if (rc) return rc;
-  es_event row;
-  rc = s->ops->event_get_by_id(t, out, &row, err);
-  if (rc == ES_NOT_FOUND) return ES_OK;
-  if (rc == ES_OK) {
-    es_event_destroy(&row);
-    rc = es_fail(err, ES_INVALID_ARGUMENT, "the id source returned '%s', an id already stored", out);
-  }
-  return rc;
-}
 
 /* ---------------------------------------------------------------------- */
 /* the rules */
@@ -996,13 +497,13 @@ static int insert_rows(es_store *s, es_txn *t, es_session_info *si, const es_new
     const es_new_event *e = &evs[i];
     /* What looks at the rows already built must find them inserted: a
      * lane's earlier event (lane_next), an id source's repeated id
-     * (new_event_id's lookup). */
+     * (es_core_new_event_id's lookup). */
     if ((e->lane && !e->settled) || (!e->id && !ids && s->ids))
       if ((rc = chunk_flush(s, t, &c, si, now, out, err))) break;
     es_event *row = &c.rows[c.n];
     char *gen = c.gen ? c.gen + c.n * (ES_MAX_NAME_BYTES + 1) : NULL;
     es_event_init(row);
-    if (!e->id && !ids && (rc = new_event_id(s, t, now, scope, gen, err))) break;
+    if (!e->id && !ids && (rc = es_core_new_event_id(s, t, now, scope, gen, err))) break;
     row->id = (char *)(e->id ? e->id : ids ? ids + i * ids_stride : gen);
     row->type = (char *)e->type;
     row->payload = (char *)(e->payload ? e->payload : "null");
@@ -1171,7 +672,7 @@ static int pregenerate_ids(es_store *s, append_args *a, char **ids, es_err *err)
   for (size_t i = 0; i < a->n; i++) {
     if (a->evs[i].id) continue;
     memcpy(v + i * stride, a->scope ? a->scope : "", p);
-    int rc = uuid7(s, a->now, v + i * stride + p, err);
+    int rc = es_core_uuid7(s, a->now, v + i * stride + p, err);
     if (rc) {
       free(v);
       return rc;
@@ -1839,7 +1340,7 @@ static int claim_write(es_store *s, claim_next_args *a, es_err *err) {
   }
   if (lazy) s->ops->lazy_end(s->bk);
   pthread_mutex_unlock(&s->wmu);
-  if (rc == ES_OK) notify_commit(s);
+  if (rc == ES_OK) es_core_notify_commit(s);
   return rc;
 }
 
@@ -3090,7 +2591,7 @@ static int check_limit(int64_t limit, es_err *err) {
 /* `after` bounds of listings may be any string (they need not name a
  * session or ref that exists); only their length is bounded. */
 static int check_after(const char *after, es_err *err) {
-  if (after && strlen(after) - tenant_prefix_len(after, strlen(after)) > ES_MAX_ID_BYTES)
+  if (after && strlen(after) - es_name_prefix_len(after, strlen(after)) > ES_MAX_ID_BYTES)
     return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
   return ES_OK;
 }
@@ -3127,7 +2628,7 @@ static int fork_id(void *ctx, char *out, size_t cap, es_err *err) {
   size_t p = f->scope ? strlen(f->scope) : 0;
   if (cap < p + 37) return es_fail(err, ES_STORAGE, "no room for an event id");
   memcpy(out, f->scope ? f->scope : "", p);
-  return uuid7(f->s, f->now, out + p, err);
+  return es_core_uuid7(f->s, f->now, out + p, err);
 }
 
 /* The backend copies the rows itself (event_copy): no row passes through
@@ -3156,7 +2657,7 @@ static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *
                          const es_event *src, es_err *err) {
   char id[ES_MAX_NAME_BYTES + 1];
   int rc;
-  if ((rc = new_event_id(s, t, a->now, a->scope, id, err))) return rc;
+  if ((rc = es_core_new_event_id(s, t, a->now, a->scope, id, err))) return rc;
   es_event row;
   es_event_init(&row);
   row.id = id;
