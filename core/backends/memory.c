@@ -1405,23 +1405,22 @@ static void finish_commit(es_backend *b) {
   }
 }
 
-static int mem_write_commit(es_txn *t, es_err *err) {
+static int mem_write_commit(es_backend *b, es_txn *t, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   finish_commit(b);
   pthread_rwlock_unlock(&b->lock);
   return ES_OK;
 }
 
-static void mem_write_rollback(es_txn *t) {
-  es_backend *b = t->b;
+static void mem_write_rollback(es_backend *b, es_txn *t) {
+  (void)t; /* the backend (b) is all it needs */
   undo_to(b, 0);
   b->nmarks = 0;
   pthread_rwlock_unlock(&b->lock);
 }
 
-static int mem_savepoint(es_txn *t, es_err *err) {
-  es_backend *b = t->b;
+static int mem_savepoint(es_backend *b, es_txn *t, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   size_t *marks = grow(b->marks, &b->capmarks, b->nmarks + 1, sizeof *marks);
@@ -1431,15 +1430,15 @@ static int mem_savepoint(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
-static int mem_savepoint_release(es_txn *t, es_err *err) {
-  es_backend *b = t->b;
+static int mem_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   if (!b->nmarks) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no savepoint to release");
   b->nmarks--;  /* its steps stay in the log for an outer rollback */
   return ES_OK;
 }
 
-static void mem_savepoint_rollback(es_txn *t) {
-  es_backend *b = t->b;
+static void mem_savepoint_rollback(es_backend *b, es_txn *t) {
+  (void)t; /* the backend (b) is all it needs */
   if (!b->nmarks) return;
   undo_to(b, b->marks[--b->nmarks]);
 }
@@ -1450,7 +1449,10 @@ static int mem_read_begin(es_backend *b, es_txn **t, es_err *err) {
   return ES_OK;
 }
 
-static void mem_read_end(es_txn *t) { pthread_rwlock_unlock(&t->b->lock); }
+static void mem_read_end(es_backend *b, es_txn *t) {
+  (void)t; /* readers share b->rtxn */
+  pthread_rwlock_unlock(&b->lock);
+}
 
 /* ---- archive segments (§3.9) -------------------------------------------- */
 
@@ -1505,8 +1507,9 @@ static int seglist_install(es_backend *b, mseglist *old, mseglist *neu, es_err *
   return ES_OK;
 }
 
-static int mem_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
-                            es_err *err) {
+static int mem_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   const mseglist *l = es_hmap_get(&t->b->segs, session);
   for (size_t i = 0; l && i < l->n; i++)
@@ -1514,7 +1517,9 @@ static int mem_segment_list(es_txn *t, const char *session, es_segment_cb cb, vo
   return ES_OK;
 }
 
-static int mem_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+static int mem_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mseglist *old = es_hmap_get(&t->b->segs, session);
@@ -1523,7 +1528,9 @@ static int mem_segment_put(es_txn *t, const char *session, const es_segment *row
   return seglist_install(t->b, old, neu, err);
 }
 
-static int mem_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+static int mem_segment_delete(es_backend *b, es_txn *t, const char *session, int64_t from,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mseglist *old = es_hmap_get(&t->b->segs, session);
@@ -1627,7 +1634,8 @@ static void counts_swap(es_backend *b, const char *name, const es_session_info *
   }
 }
 
-static int mem_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+static int mem_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   memset(out, 0, sizeof *out);
   if (!scope) {
@@ -1739,7 +1747,9 @@ static void mem_close(es_backend *b) {
 
 /* ---- sessions: ops ------------------------------------------------------ */
 
-static int mem_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+static int mem_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   msess *s = sess_find(t, session);
   if (!s || !s->info) return ES_NOT_FOUND;
   es_session_info v = *s->info;
@@ -1784,8 +1794,7 @@ static void sess_swap_info(es_backend *b, msess *s, es_session_info *to) {
   if (pt && moved) es_tree_insert(&b->children, &s->by_parent);
 }
 
-static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
   msess *s;
   int fresh, rc;
   if ((rc = check_write(t, err)) || (rc = sess_prepare(t, row->session, &s, &fresh, err))) return rc;
@@ -1810,8 +1819,7 @@ static int mem_session_put(es_txn *t, const es_session_info *row, es_err *err) {
 /* The row goes (listing, children); the rows, snapshots and refs are the
  * core's to remove first, and the session is detached once nothing is
  * left (sess_gc), whatever the order. O(log s + log f). */
-static int mem_session_delete(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);
@@ -1833,10 +1841,10 @@ static int starts_with(const char *s, const char *prefix, size_t plen) {
 
 /* Walks in chunks and re-seeks after each, so a callback may write to the
  * store without invalidating the walk. */
-static int mem_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
-                            es_session_cb cb, void *ctx, es_err *err) {
+static int mem_session_list(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                            int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   const char *pre = prefix ? prefix : "";
   size_t plen = strlen(pre);
   if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -1879,9 +1887,9 @@ static int mem_session_list(es_txn *t, const char *prefix, const char *after, in
 /* O(log f + k), f = sessions with a parent: a seek in the children tree.
  * Chunked like mem_session_list; a session whose parent a callback changed
  * is checked again before its turn. */
-static int mem_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
-                                es_session_cb cb, void *ctx, es_err *err) {
-  es_backend *b = t->b;
+static int mem_session_children(es_backend *b, es_txn *t, const char *parent, const char *after,
+                                int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   if (!parent)
     return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: session_children needs a parent");
   if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -1927,13 +1935,17 @@ static int copy_out(const mrow *r, es_event *out, es_err *err) {
   return es_event_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+static int mem_event_get(es_backend *b, es_txn *t, const char *session, int64_t index,
+                         es_event *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   mrow *r;
   if (row_lookup(t, session, index, &r) != ES_OK) return ES_NOT_FOUND;
   return copy_out(r, out, err);
 }
 
-static int mem_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+static int mem_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event *out,
+                               es_err *err) {
+  (void)b; /* t carries it (t->b) */
   idkey key;
   if (id) idkey_of_text(&key, id);
   mrow *r = id ? ids_get(&t->b->ids, &key) : NULL;
@@ -1956,8 +1968,7 @@ static msess *origin_find(es_backend *b, const char *name) {
   return s;
 }
 
-static int mem_event_insert(es_txn *t, es_event *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
   if (!row->id || !*row->id || !row->type)
@@ -2141,8 +2152,7 @@ static void undo_insert(es_backend *b, urec *u) {
   if (u->neu) sess_unpublish(b, u->neu);
 }
 
-static int mem_event_update(es_txn *t, const es_event *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
   mrow *r;
   int rc;
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
@@ -2213,8 +2223,8 @@ static void row_restore(es_backend *b, mrow *r) {
 /* O(k) for k rows removed, + O(log n) for each set a row was in (pending,
  * dead, laned rows); commit then frees them in O(k). One undo step, however
  * many rows: they stay in the session's array until commit. */
-static int mem_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
-  es_backend *b = t->b;
+static int mem_event_delete_range(es_backend *b, es_txn *t, const char *session, int64_t through,
+                                  es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);
@@ -2238,8 +2248,9 @@ static void undo_delete(es_backend *b, urec *u) {
   s->gone = (size_t)u->old_due;
 }
 
-static int mem_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
-                           int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
+                           int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   msess *s = sess_find(t, session);
   if (!s || (limit != ES_NONE && limit <= 0)) return ES_OK;
@@ -2288,10 +2299,10 @@ static void scope_wrap(scope_filter *f, const char *scope, int64_t *limit, es_ev
   *ctx = f;
 }
 
-static int mem_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit,
+static int mem_event_all(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
                          es_event_cb cb, void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   if (limit != ES_NONE && limit <= 0) return ES_OK;
   scope_filter f;
   scope_wrap(&f, scope, &limit, &cb, &ctx);
@@ -2314,17 +2325,18 @@ static int mem_event_all(es_txn *t, const char *scope, int64_t after, int64_t li
 /* The highest position of a row still stored, as SQLite's max(position):
  * after the newest rows are removed it goes down, but event_insert still
  * hands out npos + 1 (positions are never reused). O(log64 n). */
-static int mem_last_position(es_txn *t, int64_t *position, es_err *err) {
+static int mem_last_position(es_backend *b, es_txn *t, int64_t *position, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   size_t len = pos_len(b);
   size_t j = len ? holes_prev(&b->holes, len - 1) : SIZE_MAX;
   *position = j == SIZE_MAX ? 0 : (int64_t)(b->pbase + j + 1);
   return ES_OK;
 }
 
-static int mem_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
-                         int64_t *index, es_err *err) {
+static int mem_lane_next(es_backend *b, es_txn *t, const char *session, const char *lane,
+                         int64_t after, int64_t *index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   *index = 0;
   if (!lane) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: lane_next needs a lane");
   msess *s = sess_find(t, session);
@@ -2407,10 +2419,9 @@ static int64_t qs_next_due(const es_tree_node *n, int64_t now, int64_t best) {
   return best;
 }
 
-static int mem_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_queued_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                          int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
-  es_backend *b = t->b;
   tkey from = {INT64_MIN, INT64_MIN};
   if (!session) {
     if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -2454,10 +2465,9 @@ static void scoped_next_due(es_tree *set, int slot, const char *scope, int64_t n
   walk_set(set, slot, from, 1, INT64_MAX, ES_NONE, scope_pass, &f);
 }
 
-static int mem_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                               int64_t *due, es_err *err) {
+static int mem_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                               int64_t now, int64_t *due, es_err *err) {
   (void)err;
-  es_backend *b = t->b;
   *due = ES_NONE;
   if (!session && scope) {
     scoped_next_due(&b->queued, SLOT_QG, scope, now, due);
@@ -2475,8 +2485,9 @@ static int mem_queued_next_due(es_txn *t, const char *session, const char *scope
   return ES_OK;
 }
 
-static int mem_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                               int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_queued_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                               int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
   tkey from = {INT64_MIN, INT64_MIN};
@@ -2486,8 +2497,9 @@ static int mem_queued_due_type(es_txn *t, const char *scope, const char *type, i
   return walk_set(&m->queued, SLOT_QT, from, 0, now, limit, cb, ctx);
 }
 
-static int mem_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                                    int64_t *due, es_err *err) {
+static int mem_queued_next_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                                    int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   mtype *m = type ? es_hmap_get(&t->b->types, type) : NULL;
   *due = ES_NONE;
@@ -2547,10 +2559,9 @@ static int mem_pending_types_scoped(es_txn *t, const char *scope, es_type_count_
   return ES_OK;
 }
 
-static int mem_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
-                             es_err *err) {
+static int mem_pending_types(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb,
+                             void *ctx, es_err *err) {
   if (scope) return mem_pending_types_scoped(t, scope, cb, ctx, err);
-  es_backend *b = t->b;
   mtype **v = NULL, *m;
   size_t n = 0, cap = 0, it = 0;
   while ((m = es_hmap_next(&b->types, &it))) {
@@ -2570,10 +2581,9 @@ static int mem_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, 
   return ES_OK;
 }
 
-static int mem_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
-                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int mem_dead_list(es_backend *b, es_txn *t, const char *session, const char *scope,
+                         int64_t after, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)err;
-  es_backend *b = t->b;
   tkey from = {after, INT64_MAX};
   if (!session) {
     if (limit != ES_NONE && limit <= 0) return ES_OK;
@@ -2623,8 +2633,9 @@ static size_t snap_find(const msess *s, const char *reducer, int *found) {
   return lo;
 }
 
-static int mem_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
-                            es_err *err) {
+static int mem_snapshot_get(es_backend *b, es_txn *t, const char *session, const char *reducer,
+                            es_snapshot *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   msess *s = sess_find(t, session);
   int found = 0;
   size_t i = s && reducer ? snap_find(s, reducer, &found) : 0;
@@ -2634,8 +2645,8 @@ static int mem_snapshot_get(es_txn *t, const char *session, const char *reducer,
   return es_snapshot_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_snapshot_put(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
+                            es_err *err) {
   int rc, fresh, found;
   msess *s;
   if ((rc = check_write(t, err))) return rc;
@@ -2692,8 +2703,7 @@ static void undo_snap(es_backend *b, urec *u) {
 }
 
 /* O(1): the array moves to the undo log; commit frees it in O(r). */
-static int mem_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);
@@ -2715,8 +2725,9 @@ static void undo_snap_del(urec *u) {
   s->nsnaps = s->capsnaps = (size_t)u->old_due;
 }
 
-static int mem_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
-                             es_err *err) {
+static int mem_snapshot_list(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb,
+                             void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   msess *s = sess_find(t, session);
   /* By position in the sorted array, re-read each turn: a callback that
@@ -2789,8 +2800,9 @@ static void prow_unlink(mns *ns, prow *p) {
   ns->count--;
 }
 
-static int mem_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
-                            es_presence_row *out, es_err *err) {
+static int mem_presence_get(es_backend *b, es_txn *t, const char *ns, const char *participant,
+                            const char *field, es_presence_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   mns *n = ns ? es_hmap_get(&t->b->spaces, ns) : NULL;
   prow *p = n && participant && field ? prow_find(n, participant, field) : NULL;
   if (!p) return ES_NOT_FOUND;
@@ -2799,8 +2811,8 @@ static int mem_presence_get(es_txn *t, const char *ns, const char *participant, 
   return es_presence_row_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_presence_put(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
+                            es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!ns || !row->participant || !row->field)
@@ -2846,8 +2858,7 @@ static int mem_presence_put(es_txn *t, const char *ns, const es_presence_row *ro
   return ES_OK;
 }
 
-static int mem_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
-  es_backend *b = t->b;
+static int mem_presence_expire(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mns *n = ns ? es_hmap_get(&b->spaces, ns) : NULL;
@@ -2864,8 +2875,9 @@ static int mem_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *e
   return ES_OK;
 }
 
-static int mem_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
-                             void *ctx, es_err *err) {
+static int mem_presence_list(es_backend *b, es_txn *t, const char *ns, int64_t now,
+                             es_presence_cb_row cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   (void)err;
   mns *n = ns ? es_hmap_get(&t->b->spaces, ns) : NULL;
   if (!n) return ES_OK;
@@ -2961,7 +2973,8 @@ static void ref_unlink(es_backend *b, mref *m) {
   m->linked = 0;
 }
 
-static int mem_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+static int mem_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   mref *m = name ? ref_find(t->b, name) : NULL;
   if (!m) return ES_NOT_FOUND;
   es_ref v;
@@ -2969,8 +2982,7 @@ static int mem_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
   return es_ref_copy(out, &v) == ES_OK ? ES_OK : oom(err);
 }
 
-static int mem_ref_put(es_txn *t, const es_ref *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_ref_put(es_backend *b, es_txn *t, const es_ref *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!row->name || !row->session)
@@ -2994,8 +3006,7 @@ static int mem_ref_put(es_txn *t, const es_ref *row, es_err *err) {
   return ES_OK;
 }
 
-static int mem_ref_delete(es_txn *t, const char *name, es_err *err) {
-  es_backend *b = t->b;
+static int mem_ref_delete(es_backend *b, es_txn *t, const char *name, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   mref *m = name ? ref_find(b, name) : NULL;
@@ -3009,8 +3020,7 @@ static int mem_ref_delete(es_txn *t, const char *name, es_err *err) {
 
 /* O((k + 1) log R), k = refs naming the session: counted first (one undo
  * step each, reserved at once), then unlinked one by one. */
-static int mem_ref_delete_session(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_ref_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no session name");
@@ -3044,10 +3054,10 @@ static void undo_ref(es_backend *b, urec *u) {
 /* O(log r + k). Chunked like mem_session_list; a ref a callback replaced is
  * read again by name before its turn (its old block lives until commit), a
  * ref it deleted is skipped. */
-static int mem_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
-                        es_err *err) {
+static int mem_ref_list(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
+                        void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   (void)err;
-  es_backend *b = t->b;
   if (limit != ES_NONE && limit <= 0) return ES_OK;
   const char *key = after ? after : "";
   int strict = after != NULL;
@@ -3141,7 +3151,8 @@ static mkey *key_find(const es_backend *b, const char *name) {
   return n && probe_key(name, n) == 0 ? (mkey *)n : NULL;
 }
 
-static int mem_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+static int mem_key_get(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   memset(out, 0, sizeof *out);
   mkey *m = name ? key_find(t->b, name) : NULL;
   if (!m) return ES_NOT_FOUND;
@@ -3161,8 +3172,7 @@ static int mem_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err
   return ES_OK;
 }
 
-static int mem_key_put(es_txn *t, const es_key_row *row, es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_put(es_backend *b, es_txn *t, const es_key_row *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!row->name) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a key needs a name");
@@ -3201,9 +3211,8 @@ static void use_unlink(es_backend *b, muse *m) {
   es_tree_remove(&b->uses_by_sess, &m->by_sess);
 }
 
-static int mem_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
-                           es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_use_put(es_backend *b, es_txn *t, const char *key, const char *session,
+                           int64_t first_index, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!key || !session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: a key use needs a key and a session");
@@ -3227,8 +3236,9 @@ static int mem_key_use_put(es_txn *t, const char *key, const char *session, int6
 }
 
 /* The rows are gathered before the first callback: a callback may write. */
-static int mem_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_use_list(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
+                            es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
   if (!key) return ES_OK;
   ukey k = {key, ""};
   es_tree_iter it;
@@ -3250,8 +3260,7 @@ static int mem_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *
   return ES_OK;
 }
 
-static int mem_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
-  es_backend *b = t->b;
+static int mem_key_use_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   if (!session) return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: no session name");
@@ -3292,8 +3301,8 @@ static void undo_key_use(es_backend *b, urec *u) {
  * allocate); the old array and the removed blocks stay in the log until
  * commit frees them (snap_del_from_commit), so undo puts the old array
  * back as it was. */
-static int mem_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
-  es_backend *b = t->b;
+static int mem_snapshot_delete_from(es_backend *b, es_txn *t, const char *session, int64_t index,
+                                    es_err *err) {
   int rc;
   if ((rc = check_write(t, err))) return rc;
   msess *s = sess_find(t, session);

@@ -2079,7 +2079,8 @@ static int pg_positions(es_txn *t, es_err *err) {
 
 static void pg_claim_end(es_txn *t);
 
-static void pg_write_rollback(es_txn *t) {
+static void pg_write_rollback(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
   pg_rollback_txn(t);
   t->depth = 0;
   t->virtual_sp = 0;
@@ -2092,7 +2093,8 @@ static void pg_write_rollback(es_txn *t) {
  * NOTIFY: it adds no event, which is all waiters wait for, and a NOTIFY
  * would serialise its commit with every other notifying commit of the
  * database. */
-static int pg_write_commit(es_txn *t, es_err *err) {
+static int pg_write_commit(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = pg_txn_check(t, err);
   pg_pre_drop(t);
   if (code == ES_OK) code = pg_ahead_end(t, err);
@@ -2106,7 +2108,7 @@ static int pg_write_commit(es_txn *t, es_err *err) {
   if (code == ES_OK) code = pg_send_sql(t, "COMMIT", PEND_COMMIT, err);
   if (code == ES_OK) code = pg_sync(t, NULL, err);
   if (code != ES_OK) {
-    pg_write_rollback(t);
+    pg_write_rollback(t->b, t);
     return code;
   }
   t->depth = 0;
@@ -2123,7 +2125,8 @@ static int pg_write_commit(es_txn *t, es_err *err) {
  * statement. A release syncs: the caller's statements are all answered
  * before the core counts it in the group, so a failure is this caller's,
  * rolled back to its savepoint only. */
-static int pg_savepoint(es_txn *t, es_err *err) {
+static int pg_savepoint(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = pg_txn_check(t, err);
   pg_pre_drop(t);
   if (code != ES_OK) return code;
@@ -2139,7 +2142,8 @@ static int pg_savepoint(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
-static int pg_savepoint_release(es_txn *t, es_err *err) {
+static int pg_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = pg_txn_check(t, err);
   pg_pre_drop(t);
   if (code != ES_OK) return code;
@@ -2159,13 +2163,15 @@ static int pg_savepoint_release(es_txn *t, es_err *err) {
 /* The only caller's release and the commit, in one round trip: a COMMIT
  * ends the savepoint with the transaction (virtual or not: it held this
  * caller's work only). */
-static int pg_release_commit(es_txn *t, es_err *err) {
+static int pg_release_commit(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   t->depth = 0;
   t->virtual_sp = 0;
-  return pg_write_commit(t, err);
+  return pg_write_commit(t->b, t, err);
 }
 
-static void pg_savepoint_rollback(es_txn *t) {
+static void pg_savepoint_rollback(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
   pg_pre_drop(t);
   pg_ahead_drop(t);
   pg_ins_discard(t); /* this caller's rows */
@@ -2262,7 +2268,8 @@ static int pg_read_begin(es_backend *b, es_txn **out, es_err *err) {
   return ES_OK;
 }
 
-static void pg_read_end(es_txn *t) {
+static void pg_read_end(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
   pg_reader *r = t->reader;
   if (r->c.db && PQstatus(r->c.db) == CONNECTION_OK && PQtransactionStatus(r->c.db) != PQTRANS_IDLE) {
     PGresult *res = PQexec(r->c.db, "COMMIT");
@@ -2374,19 +2381,23 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
   return ES_OK;
 }
 
-static int pg_claim_retry(es_txn *t) { return t->claim && t->retry; }
+static int pg_claim_retry(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
+  return t->claim && t->retry;
+}
 
 /* The updates of a claim transaction are answered with its COMMIT: a
  * session row's lock wait that ran out (pg_session_claimed) is learnt of
  * here, and the claim may run again. */
-static int pg_claim_commit(es_txn *t, int *retry, es_err *err) {
+static int pg_claim_commit(es_backend *b, es_txn *t, int *retry, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   *retry = 0;
   int code = pg_txn_check(t, err);
   if (code == ES_OK) code = pg_send_sql(t, "COMMIT", PEND_COMMIT, err);
   if (code == ES_OK) code = pg_sync(t, NULL, err);
   if (code != ES_OK) {
     *retry = t->retry;
-    pg_write_rollback(t); /* ends t: read retry first */
+    pg_write_rollback(t->b, t); /* ends t: read retry first */
     return code;
   }
   pg_claim_end(t);
@@ -2441,7 +2452,9 @@ static int pg_claim_may_wait(es_txn *t, es_err *err) {
 
 /* In a write or claim transaction the row is locked (FOR UPDATE): the core
  * may rewrite it, and a claim transaction may change it meanwhile. */
-static int pg_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+static int pg_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
+                          es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
@@ -2483,7 +2496,8 @@ static void pg_session_params(pg_params *p, const es_session_info *row) {
   pp_int(p, row->archived_through);
 }
 
-static int pg_session_put(es_txn *t, const es_session_info *row, es_err *err) {
+static int pg_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p;
   pg_pre_drop(t);
   es_session_info *ahead = pg_ahead_session(t, row->session);
@@ -2534,8 +2548,9 @@ static int pg_prefix_row(void *ctx, const es_session_info *row) {
   return s->cb(s->ctx, row);
 }
 
-static int pg_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
-                           es_session_cb cb, void *ctx, es_err *err) {
+static int pg_session_list(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                           int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   const char *lower;
   int exclusive, oom, id;
@@ -2572,8 +2587,9 @@ static int pg_session_list(es_txn *t, const char *prefix, const char *after, int
   return code;
 }
 
-static int pg_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
-                               es_session_cb cb, void *ctx, es_err *err) {
+static int pg_session_children(es_backend *b, es_txn *t, const char *parent, const char *after,
+                               int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, parent);
   if (after) pp_str(&p, after);
@@ -2585,7 +2601,9 @@ static int pg_session_children(es_txn *t, const char *parent, const char *after,
 /* ---- events -------------------------------------------------------------- */
 
 /* Locked in a write transaction, as pg_session_get. */
-static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+static int pg_event_get(es_backend *b, es_txn *t, const char *session, int64_t index, es_event *out,
+                        es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
@@ -2619,7 +2637,9 @@ static int pg_event_get(es_txn *t, const char *session, int64_t index, es_event 
   return pg_get_one(t, t->write ? ST_EVENT_GET_LOCK : ST_EVENT_GET, &p, ROW_EVENT, out, err);
 }
 
-static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+static int pg_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event *out,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   if (pg_ahead_absent(t, id)) return ES_NOT_FOUND;
   pp_str(&p, id);
@@ -2630,8 +2650,10 @@ static int pg_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *
  * (the rows read ahead, above). Only a hint: anything it cannot do leaves
  * the calls to read for themselves, except a failed statement, which has
  * aborted the transaction (STORAGE). */
-static int pg_read_ahead(es_txn *t, const char *const *sessions, const int64_t *indexes, size_t n,
-                         const char *const *ids, size_t n_ids, es_err *err) {
+static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
+                         const int64_t *indexes, size_t n, const char *const *ids, size_t n_ids,
+                         es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = pg_ahead_end(t, err);
   if (code != ES_OK || !t->write || t->claim || n == 0) return code;
   pg_pre_drop(t);
@@ -2749,7 +2771,8 @@ static int pg_ins_add(es_txn *t, const es_event *row) {
  * (sent alone, it is the single-row INSERT, cheaper for the server than
  * unnest of one element); from the second on, the rows go into the
  * column arrays. */
-static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
+static int pg_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
   if (row->payload_len > INT_MAX) return es_fail(err, ES_TOO_LARGE, "postgres: payload too large");
@@ -2783,9 +2806,10 @@ static int pg_event_insert(es_txn *t, es_event *row, es_err *err) {
 
 /* fork's bulk copy: the rows never leave the server; the ids come from
  * new_id, sent as one text[] per chunk (bounded memory whatever `through`). */
-static int pg_event_copy(es_txn *t, const char *from, int64_t through, const char *to,
-                         int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
-                         es_err *err) {
+static int pg_event_copy(es_backend *b, es_txn *t, const char *from, int64_t through,
+                         const char *to, int64_t processed_at, es_id_fn new_id, void *id_ctx,
+                         int64_t *copied, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   char id[ES_MAX_NAME_BYTES + 1];
   *copied = 0;
   if (!t->write) return es_fail(err, ES_STORAGE, "postgres: a write inside a read transaction");
@@ -2842,7 +2866,8 @@ static int pg_event_copy(es_txn *t, const char *from, int64_t through, const cha
   return ES_OK;
 }
 
-static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
+static int pg_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int64_t changed = 0;
   pg_ahead_event(t, row->session, row->index, NULL); /* read again from now on */
@@ -2879,8 +2904,9 @@ static int pg_event_update(es_txn *t, const es_event *row, es_err *err) {
   return changed > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int pg_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
-                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int pg_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
+                          int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, session);
   pp_int(&p, after == ES_NONE ? 0 : after);
@@ -2889,8 +2915,9 @@ static int pg_event_range(es_txn *t, const char *session, int64_t after, int64_t
   return pg_iterate(t, ST_EVENT_RANGE, &p, ROW_EVENT, (pg_fn)cb, ctx, err);
 }
 
-static int pg_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit, es_event_cb cb,
-                        void *ctx, es_err *err) {
+static int pg_event_all(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
+                        es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pg_scope_end end;
   int code;
@@ -2903,7 +2930,8 @@ static int pg_event_all(es_txn *t, const char *scope, int64_t after, int64_t lim
 }
 
 /* §3.12: one row of `counts` (schema version 2); no row: all zero. */
-static int pg_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+static int pg_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   PGresult *res;
   memset(out, 0, sizeof *out);
@@ -2920,15 +2948,17 @@ static int pg_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) 
   return ES_OK;
 }
 
-static int pg_last_position(es_txn *t, int64_t *position, es_err *err) {
+static int pg_last_position(es_backend *b, es_txn *t, int64_t *position, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t v;
   int code = pg_one_int(t, ST_MAX_POSITION, NULL, &v, err);
   *position = code == ES_OK && v != ES_NONE ? v : 0;
   return code;
 }
 
-static int pg_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
-                        int64_t *index, es_err *err) {
+static int pg_lane_next(es_backend *b, es_txn *t, const char *session, const char *lane,
+                        int64_t after, int64_t *index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int64_t v;
   pp_str(&p, session);
@@ -2939,8 +2969,9 @@ static int pg_lane_next(es_txn *t, const char *session, const char *lane, int64_
   return code;
 }
 
-static int pg_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int pg_queued_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                         int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int code;
   if (session) {
@@ -2969,8 +3000,9 @@ static int pg_queued_due(es_txn *t, const char *session, const char *scope, int6
                     (pg_fn)cb, ctx, err);
 }
 
-static int pg_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                              int64_t *due, es_err *err) {
+static int pg_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                              int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pg_scope_end end;
   int code, id;
@@ -2988,8 +3020,9 @@ static int pg_queued_next_due(es_txn *t, const char *session, const char *scope,
   return pg_one_int(t, id, &p, due, err);
 }
 
-static int pg_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                              int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int pg_queued_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                              int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pg_scope_end end;
   int code;
@@ -3007,8 +3040,9 @@ static int pg_queued_due_type(es_txn *t, const char *scope, const char *type, in
                     (pg_fn)cb, ctx, err);
 }
 
-static int pg_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                                   int64_t *due, es_err *err) {
+static int pg_queued_next_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                                   int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pg_scope_end end;
   int code;
@@ -3024,9 +3058,10 @@ static int pg_queued_next_due_type(es_txn *t, const char *scope, const char *typ
  * the claim transaction's begin): the same statements as queued_due /
  * queued_due_type and queued_next_due / queued_next_due_type in a claim
  * transaction. */
-static int pg_claim_ready(es_txn *t, const char *scope, const char *type, int64_t now,
-                          int64_t limit, es_event_cb cb, void *ctx, int64_t *next_due,
+static int pg_claim_ready(es_backend *b, es_txn *t, const char *scope, const char *type,
+                          int64_t now, int64_t limit, es_event_cb cb, void *ctx, int64_t *next_due,
                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0}, q = {0};
   pg_scope_end end, end2;
   PGresult *res[2];
@@ -3074,8 +3109,9 @@ static int pg_claim_ready(es_txn *t, const char *scope, const char *type, int64_
 /* claim_next's count on a session row: one UPDATE, sent without waiting
  * (it locks the row, waiting at most lock_timeout: pg_claim_may_wait
  * first). */
-static int pg_session_claimed(es_txn *t, const char *session, int64_t n, int64_t now,
+static int pg_session_claimed(es_backend *b, es_txn *t, const char *session, int64_t n, int64_t now,
                               es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int code;
   if (!t->claim) return es_fail(err, ES_STORAGE, "postgres: session_claimed outside a claim transaction");
@@ -3086,8 +3122,9 @@ static int pg_session_claimed(es_txn *t, const char *session, int64_t n, int64_t
   return pg_send(t, ST_SESSION_CLAIMED, &p, PEND_CHANGED, err);
 }
 
-static int pg_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
-                            es_err *err) {
+static int pg_pending_types(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pg_scope_end end;
   PGresult *res;
@@ -3103,8 +3140,9 @@ static int pg_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, v
   return ES_OK;
 }
 
-static int pg_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
-                        int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int pg_dead_list(es_backend *b, es_txn *t, const char *session, const char *scope,
+                        int64_t after, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pg_scope_end end;
   int code, id;
@@ -3125,15 +3163,18 @@ static int pg_dead_list(es_txn *t, const char *session, const char *scope, int64
 
 /* ---- snapshots ------------------------------------------------------------ */
 
-static int pg_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
-                           es_err *err) {
+static int pg_snapshot_get(es_backend *b, es_txn *t, const char *session, const char *reducer,
+                           es_snapshot *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, session);
   pp_str(&p, reducer);
   return pg_get_one(t, ST_SNAPSHOT_GET, &p, ROW_SNAPSHOT, out, err);
 }
 
-static int pg_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
+static int pg_snapshot_put(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, session);
   pp_str(&p, row->reducer);
@@ -3145,8 +3186,9 @@ static int pg_snapshot_put(es_txn *t, const char *session, const es_snapshot *ro
   return pg_write(t, ST_SNAPSHOT_PUT, &p, NULL, err);
 }
 
-static int pg_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
-                            es_err *err) {
+static int pg_snapshot_list(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, session);
   return pg_iterate(t, ST_SNAPSHOT_LIST, &p, ROW_SNAPSHOT, (pg_fn)cb, ctx, err);
@@ -3154,13 +3196,15 @@ static int pg_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, v
 
 /* ---- refs ------------------------------------------------------------------ */
 
-static int pg_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+static int pg_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, name);
   return pg_get_one(t, ST_REF_GET, &p, ROW_REF, out, err);
 }
 
-static int pg_ref_put(es_txn *t, const es_ref *row, es_err *err) {
+static int pg_ref_put(es_backend *b, es_txn *t, const es_ref *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, row->name);
   pp_str(&p, row->session);
@@ -3169,7 +3213,8 @@ static int pg_ref_put(es_txn *t, const es_ref *row, es_err *err) {
   return pg_write(t, ST_REF_PUT, &p, NULL, err);
 }
 
-static int pg_ref_delete(es_txn *t, const char *name, es_err *err) {
+static int pg_ref_delete(es_backend *b, es_txn *t, const char *name, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int64_t changed = 0;
   pp_str(&p, name);
@@ -3178,8 +3223,9 @@ static int pg_ref_delete(es_txn *t, const char *name, es_err *err) {
   return changed > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int pg_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
-                       es_err *err) {
+static int pg_ref_list(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
+                       void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   if (after) pp_str(&p, after);
   pp_limit(&p, limit);
@@ -3188,8 +3234,9 @@ static int pg_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb
 
 /* ---- presence ------------------------------------------------------------- */
 
-static int pg_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
-                           es_presence_row *out, es_err *err) {
+static int pg_presence_get(es_backend *b, es_txn *t, const char *ns, const char *participant,
+                           const char *field, es_presence_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, ns);
   pp_str(&p, participant);
@@ -3197,7 +3244,9 @@ static int pg_presence_get(es_txn *t, const char *ns, const char *participant, c
   return pg_get_one(t, ST_PRESENCE_GET, &p, ROW_PRESENCE, out, err);
 }
 
-static int pg_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
+static int pg_presence_put(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, ns);
   pp_str(&p, row->participant);
@@ -3210,7 +3259,8 @@ static int pg_presence_put(es_txn *t, const char *ns, const es_presence_row *row
   return pg_write(t, ST_PRESENCE_PUT, &p, NULL, err);
 }
 
-static int pg_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
+static int pg_presence_expire(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   if (!t->write) return ES_OK; /* allowed no-op: a read transaction never writes */
   pp_str(&p, ns);
@@ -3218,8 +3268,9 @@ static int pg_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *er
   return pg_write(t, ST_PRESENCE_EXPIRE, &p, NULL, err);
 }
 
-static int pg_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
-                            void *ctx, es_err *err) {
+static int pg_presence_list(es_backend *b, es_txn *t, const char *ns, int64_t now,
+                            es_presence_cb_row cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, ns);
   pp_int(&p, now);
@@ -3242,12 +3293,15 @@ static int pg_remove(es_txn *t, int id, const char *session, int64_t through, in
 
 /* Positions are not touched: next_position was loaded when the transaction
  * began, and the commit stores it as the high-water mark (see sqlite.c). */
-static int pg_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
+static int pg_event_delete_range(es_backend *b, es_txn *t, const char *session, int64_t through,
+                                 es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return pg_remove(t, ST_EVENT_DELETE_RANGE, session, through, &removed, err);
 }
 
-static int pg_session_delete(es_txn *t, const char *session, es_err *err) {
+static int pg_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   pg_pre_drop(t);
   int code = pg_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
@@ -3255,20 +3309,23 @@ static int pg_session_delete(es_txn *t, const char *session, es_err *err) {
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int pg_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
+static int pg_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return pg_remove(t, ST_SNAPSHOT_DELETE_ALL, session, 0, &removed, err);
 }
 
-static int pg_ref_delete_session(es_txn *t, const char *session, es_err *err) {
+static int pg_ref_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return pg_remove(t, ST_REF_DELETE_SESSION, session, 0, &removed, err);
 }
 
 /* ---- archive (§3.9) -------------------------------------------------------- */
 
-static int pg_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
-                           es_err *err) {
+static int pg_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
+                           void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   PGresult *res;
   int code;
@@ -3291,7 +3348,9 @@ static int pg_segment_list(es_txn *t, const char *session, es_segment_cb cb, voi
   return ES_OK;
 }
 
-static int pg_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+static int pg_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
+                          es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, session);
   pp_int(&p, row->from);
@@ -3304,7 +3363,9 @@ static int pg_segment_put(es_txn *t, const char *session, const es_segment *row,
   return pg_write(t, ST_SEGMENT_PUT, &p, NULL, err);
 }
 
-static int pg_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+static int pg_segment_delete(es_backend *b, es_txn *t, const char *session, int64_t from,
+                             es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   int64_t changed = 0;
   pp_str(&p, session);
@@ -3316,7 +3377,8 @@ static int pg_segment_delete(es_txn *t, const char *session, int64_t from, es_er
 
 /* ---- crypto-shredding (§3.10) ------------------------------------------- */
 
-static int pg_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+static int pg_key_get(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   PGresult *res;
   int code;
@@ -3348,7 +3410,8 @@ static int pg_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err)
 /* A shred replaces the row: the old version is dead, and invisible to
  * every later transaction; pg_scrub vacuums it away (docs/postgres.md says
  * what that does and does not erase). */
-static int pg_key_put(es_txn *t, const es_key_row *row, es_err *err) {
+static int pg_key_put(es_backend *b, es_txn *t, const es_key_row *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, row->name);
   if (pp_bytes(&p, row->wrapped, row->wrapped_len)) return es_fail(err, ES_TOO_LARGE, "postgres: key too large");
@@ -3357,8 +3420,9 @@ static int pg_key_put(es_txn *t, const es_key_row *row, es_err *err) {
   return pg_write(t, ST_KEY_PUT, &p, NULL, err);
 }
 
-static int pg_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
-                          es_err *err) {
+static int pg_key_use_put(es_backend *b, es_txn *t, const char *key, const char *session,
+                          int64_t first_index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   pp_str(&p, key);
   pp_str(&p, session);
@@ -3366,7 +3430,9 @@ static int pg_key_use_put(es_txn *t, const char *key, const char *session, int64
   return pg_write(t, ST_KEY_USE_PUT, &p, NULL, err);
 }
 
-static int pg_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
+static int pg_key_use_list(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   pg_params p = {0};
   PGresult *res;
   int code;
@@ -3379,12 +3445,15 @@ static int pg_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *c
   return ES_OK;
 }
 
-static int pg_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
+static int pg_key_use_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return pg_remove(t, ST_KEY_USE_DELETE_SESSION, session, 0, &removed, err);
 }
 
-static int pg_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
+static int pg_snapshot_delete_from(es_backend *b, es_txn *t, const char *session, int64_t index,
+                                   es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return pg_remove(t, ST_SNAPSHOT_DELETE_FROM, session, index, &removed, err);
 }

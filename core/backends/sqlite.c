@@ -1998,7 +1998,8 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   return ES_OK;
 }
 
-static void sq_write_rollback(es_txn *t) {
+static void sq_write_rollback(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
   if (!sqlite3_get_autocommit(t->c->db)) {
     if (sq_exec_id(t->c, ST_ROLLBACK, NULL) != ES_OK)
       sqlite3_exec(t->c->db, "ROLLBACK", NULL, NULL, NULL);
@@ -2056,10 +2057,11 @@ static void sq_vacuum_pass(es_backend *b) {
   b->vacuum_due = free_pages > pass;
 }
 
-static int sq_write_commit(es_txn *t, es_err *err) {
+static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code != ES_OK) {
-    sq_write_rollback(t);
+    sq_write_rollback(t->b, t);
     return code;
   }
   /* The high-water mark matters only once the newest rows are gone: a
@@ -2091,11 +2093,12 @@ static int sq_write_commit(es_txn *t, es_err *err) {
   t->removed = 0;
   return ES_OK;
 fail:
-  sq_write_rollback(t);
+  sq_write_rollback(t->b, t);
   return code;
 }
 
-static int sq_savepoint(es_txn *t, es_err *err) {
+static int sq_savepoint(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code != ES_OK) return code;
   if ((code = sq_exec_id(t->c, ST_SAVEPOINT, err)) != ES_OK) return code;
@@ -2104,7 +2107,8 @@ static int sq_savepoint(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
-static int sq_savepoint_release(es_txn *t, es_err *err) {
+static int sq_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "sqlite: release without a savepoint");
@@ -2116,7 +2120,8 @@ static int sq_savepoint_release(es_txn *t, es_err *err) {
   return ES_OK;
 }
 
-static void sq_savepoint_rollback(es_txn *t) {
+static void sq_savepoint_rollback(es_backend *b, es_txn *t) {
+  (void)b; /* t carries it (t->b) */
   if (t->broken || t->depth <= 0) return;
   if (sq_exec_id(t->c, ST_ROLLBACK_TO, NULL) != ES_OK || sq_exec_id(t->c, ST_RELEASE, NULL) != ES_OK) {
     /* cannot undo only this caller's work: fail the whole transaction */
@@ -2200,9 +2205,8 @@ static int sq_read_begin(es_backend *b, es_txn **out, es_err *err) {
   return ES_OK;
 }
 
-static void sq_read_end(es_txn *t) {
+static void sq_read_end(es_backend *b, es_txn *t) {
   sq_reader *r = t->reader;
-  es_backend *b = t->b;
   if (!sqlite3_get_autocommit(r->c.db) && sq_exec_id(&r->c, ST_COMMIT, NULL) != ES_OK)
     sqlite3_exec(r->c.db, "ROLLBACK", NULL, NULL, NULL);
   pthread_mutex_lock(&b->pool_mu);
@@ -2214,7 +2218,9 @@ static void sq_read_end(es_txn *t) {
 
 /* ---- sessions ------------------------------------------------------------ */
 
-static int sq_session_get(es_txn *t, const char *session, es_session_info *out, es_err *err) {
+static int sq_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
+                          es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_SESSION_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2222,7 +2228,8 @@ static int sq_session_get(es_txn *t, const char *session, es_session_info *out, 
   return sq_get_one(t, ST_SESSION_GET, st, temp, ROW_SESSION, out, err);
 }
 
-static int sq_session_put(es_txn *t, const es_session_info *row, es_err *err) {
+static int sq_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2268,8 +2275,9 @@ static char *sq_prefix_successor(const char *prefix, int *oom) {
   return s;
 }
 
-static int sq_session_list(es_txn *t, const char *prefix, const char *after, int64_t limit,
-                           es_session_cb cb, void *ctx, es_err *err) {
+static int sq_session_list(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                           int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, oom, id;
   const char *lower;
@@ -2301,8 +2309,9 @@ static int sq_session_list(es_txn *t, const char *prefix, const char *after, int
   return code;
 }
 
-static int sq_session_children(es_txn *t, const char *parent, const char *after, int64_t limit,
-                               es_session_cb cb, void *ctx, es_err *err) {
+static int sq_session_children(es_backend *b, es_txn *t, const char *parent, const char *after,
+                               int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = after ? ST_SESSION_CHILDREN_GT : ST_SESSION_CHILDREN;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
@@ -2314,7 +2323,9 @@ static int sq_session_children(es_txn *t, const char *parent, const char *after,
 
 /* ---- events -------------------------------------------------------------- */
 
-static int sq_event_get(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err) {
+static int sq_event_get(es_backend *b, es_txn *t, const char *session, int64_t index, es_event *out,
+                        es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_EVENT_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2323,7 +2334,9 @@ static int sq_event_get(es_txn *t, const char *session, int64_t index, es_event 
   return sq_get_one(t, ST_EVENT_GET, st, temp, ROW_EVENT, out, err);
 }
 
-static int sq_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *err) {
+static int sq_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event *out,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_EVENT_GET_BY_ID, &st, &temp, err)) != ES_OK) return code;
@@ -2331,7 +2344,8 @@ static int sq_event_get_by_id(es_txn *t, const char *id, es_event *out, es_err *
   return sq_get_one(t, ST_EVENT_GET_BY_ID, st, temp, ROW_EVENT, out, err);
 }
 
-static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
+static int sq_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2346,7 +2360,8 @@ static int sq_event_insert(es_txn *t, es_event *row, es_err *err) {
 /* rows[0..n) in order, as n sq_event_insert calls would, in statements of
  * 64, 16, 4 and 1 rows. On failure some rows may be in: the core's
  * savepoint rollback takes them (and their positions) back. */
-static int sq_event_insert_many(es_txn *t, es_event *rows, size_t n, es_err *err) {
+static int sq_event_insert_many(es_backend *b, es_txn *t, es_event *rows, size_t n, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   if (!t->write) return sq_read_only_txn(err);
   size_t i = 0;
   while (i < n) {
@@ -2357,7 +2372,7 @@ static int sq_event_insert_many(es_txn *t, es_event *rows, size_t n, es_err *err
     else if (left >= 4) k = 4, id = ST_EVENT_INSERT_4;
     else k = 1, id = ST_EVENT_INSERT;
     if (k == 1) {
-      int code = sq_event_insert(t, &rows[i], err);
+      int code = sq_event_insert(t->b, t, &rows[i], err);
       if (code != ES_OK) return code;
       i++;
       continue;
@@ -2378,9 +2393,10 @@ static int sq_event_insert_many(es_txn *t, es_event *rows, size_t n, es_err *err
   return ES_OK;
 }
 
-static int sq_event_copy(es_txn *t, const char *from, int64_t through, const char *to,
-                         int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
-                         es_err *err) {
+static int sq_event_copy(es_backend *b, es_txn *t, const char *from, int64_t through,
+                         const char *to, int64_t processed_at, es_id_fn new_id, void *id_ctx,
+                         int64_t *copied, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   *copied = 0;
@@ -2410,7 +2426,8 @@ static int sq_event_copy(es_txn *t, const char *from, int64_t through, const cha
   return ES_OK;
 }
 
-static int sq_event_update(es_txn *t, const es_event *row, es_err *err) {
+static int sq_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2421,8 +2438,9 @@ static int sq_event_update(es_txn *t, const es_event *row, es_err *err) {
   return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int sq_event_range(es_txn *t, const char *session, int64_t after, int64_t through,
-                          int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
+                          int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_EVENT_RANGE, &st, &temp, err)) != ES_OK) return code;
@@ -2433,8 +2451,9 @@ static int sq_event_range(es_txn *t, const char *session, int64_t after, int64_t
   return sq_iterate(t, ST_EVENT_RANGE, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
-static int sq_event_all(es_txn *t, const char *scope, int64_t after, int64_t limit,
+static int sq_event_all(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
                         es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL;
   sq_scope_end end;
@@ -2447,7 +2466,8 @@ static int sq_event_all(es_txn *t, const char *scope, int64_t after, int64_t lim
 }
 
 /* §3.12: one row of `counts` (schema version 7); no row: all zero. */
-static int sq_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) {
+static int sq_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   memset(out, 0, sizeof *out);
@@ -2465,7 +2485,8 @@ static int sq_counts(es_txn *t, const char *scope, es_counts *out, es_err *err) 
   return ES_OK;
 }
 
-static int sq_last_position(es_txn *t, int64_t *position, es_err *err) {
+static int sq_last_position(es_backend *b, es_txn *t, int64_t *position, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   *position = 0;
@@ -2477,8 +2498,9 @@ static int sq_last_position(es_txn *t, int64_t *position, es_err *err) {
   return ES_OK;
 }
 
-static int sq_lane_next(es_txn *t, const char *session, const char *lane, int64_t after,
-                        int64_t *index, es_err *err) {
+static int sq_lane_next(es_backend *b, es_txn *t, const char *session, const char *lane,
+                        int64_t after, int64_t *index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   *index = 0;
@@ -2510,8 +2532,9 @@ static int sq_count_event(void *ctx, const es_event *row) {
 
 #define SQ_CLAIM_WINDOW 64 /* queued rows a claim looks at past its limit before asking by due time */
 
-static int sq_queued_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                         int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_queued_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                         int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!session && scope) {
@@ -2563,8 +2586,9 @@ static int sq_queued_due(es_txn *t, const char *session, const char *scope, int6
                     err);
 }
 
-static int sq_queued_next_due(es_txn *t, const char *session, const char *scope, int64_t now,
-                              int64_t *due, es_err *err) {
+static int sq_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                              int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   int id = session ? ST_QUEUED_NEXT_SESSION : scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL;
@@ -2588,8 +2612,9 @@ static int sq_queued_next_due(es_txn *t, const char *session, const char *scope,
   return ES_OK;
 }
 
-static int sq_queued_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                              int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_queued_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                              int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = scope ? ST_QUEUED_DUE_TYPE_SCOPED : ST_QUEUED_DUE_TYPE;
   sq_scope_end end;
@@ -2602,8 +2627,9 @@ static int sq_queued_due_type(es_txn *t, const char *scope, const char *type, in
   return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
-static int sq_queued_next_due_type(es_txn *t, const char *scope, const char *type, int64_t now,
-                                   int64_t *due, es_err *err) {
+static int sq_queued_next_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                                   int64_t now, int64_t *due, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc, id = scope ? ST_QUEUED_NEXT_TYPE_SCOPED : ST_QUEUED_NEXT_TYPE;
   sq_scope_end end;
@@ -2623,8 +2649,9 @@ static int sq_queued_next_due_type(es_txn *t, const char *scope, const char *typ
 /* A walk of events_type_pending (covering: no table row is read), so
  * O(pending rows), not O(events). Rows are copied out before the first
  * callback, as sq_iterate does in a write transaction. */
-static int sq_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
-                            es_err *err) {
+static int sq_pending_types(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc, id = scope ? ST_PENDING_TYPES_SCOPED : ST_PENDING_TYPES;
   sq_scope_end end;
@@ -2652,8 +2679,9 @@ static int sq_pending_types(es_txn *t, const char *scope, es_type_count_cb cb, v
   return code;
 }
 
-static int sq_dead_list(es_txn *t, const char *session, const char *scope, int64_t after,
-                        int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+static int sq_dead_list(es_backend *b, es_txn *t, const char *session, const char *scope,
+                        int64_t after, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = session ? ST_DEAD_SESSION : scope ? ST_DEAD_ALL_SCOPED : ST_DEAD_ALL;
   sq_scope_end end;
@@ -2673,8 +2701,9 @@ static int sq_dead_list(es_txn *t, const char *session, const char *scope, int64
 
 /* ---- snapshots ------------------------------------------------------------ */
 
-static int sq_snapshot_get(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
-                           es_err *err) {
+static int sq_snapshot_get(es_backend *b, es_txn *t, const char *session, const char *reducer,
+                           es_snapshot *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_SNAPSHOT_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2683,7 +2712,9 @@ static int sq_snapshot_get(es_txn *t, const char *session, const char *reducer, 
   return sq_get_one(t, ST_SNAPSHOT_GET, st, temp, ROW_SNAPSHOT, out, err);
 }
 
-static int sq_snapshot_put(es_txn *t, const char *session, const es_snapshot *row, es_err *err) {
+static int sq_snapshot_put(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2699,8 +2730,9 @@ static int sq_snapshot_put(es_txn *t, const char *session, const es_snapshot *ro
   return sq_run(t, ST_SNAPSHOT_PUT, st, temp, "write", err);
 }
 
-static int sq_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
-                            es_err *err) {
+static int sq_snapshot_list(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb,
+                            void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_SNAPSHOT_LIST, &st, &temp, err)) != ES_OK) return code;
@@ -2710,7 +2742,8 @@ static int sq_snapshot_list(es_txn *t, const char *session, es_snapshot_cb cb, v
 
 /* ---- refs ------------------------------------------------------------------ */
 
-static int sq_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
+static int sq_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_REF_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2718,7 +2751,8 @@ static int sq_ref_get(es_txn *t, const char *name, es_ref *out, es_err *err) {
   return sq_get_one(t, ST_REF_GET, st, temp, ROW_REF, out, err);
 }
 
-static int sq_ref_put(es_txn *t, const es_ref *row, es_err *err) {
+static int sq_ref_put(es_backend *b, es_txn *t, const es_ref *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2731,7 +2765,8 @@ static int sq_ref_put(es_txn *t, const es_ref *row, es_err *err) {
   return sq_run(t, ST_REF_PUT, st, temp, "write", err);
 }
 
-static int sq_ref_delete(es_txn *t, const char *name, es_err *err) {
+static int sq_ref_delete(es_backend *b, es_txn *t, const char *name, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2741,8 +2776,9 @@ static int sq_ref_delete(es_txn *t, const char *name, es_err *err) {
   return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int sq_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
-                       es_err *err) {
+static int sq_ref_list(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
+                       void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = after ? ST_REF_LIST_GT : ST_REF_LIST;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
@@ -2753,8 +2789,9 @@ static int sq_ref_list(es_txn *t, const char *after, int64_t limit, es_ref_cb cb
 
 /* ---- presence ------------------------------------------------------------- */
 
-static int sq_presence_get(es_txn *t, const char *ns, const char *participant, const char *field,
-                           es_presence_row *out, es_err *err) {
+static int sq_presence_get(es_backend *b, es_txn *t, const char *ns, const char *participant,
+                           const char *field, es_presence_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_PRESENCE_GET, &st, &temp, err)) != ES_OK) return code;
@@ -2764,7 +2801,9 @@ static int sq_presence_get(es_txn *t, const char *ns, const char *participant, c
   return sq_get_one(t, ST_PRESENCE_GET, st, temp, ROW_PRESENCE, out, err);
 }
 
-static int sq_presence_put(es_txn *t, const char *ns, const es_presence_row *row, es_err *err) {
+static int sq_presence_put(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2780,7 +2819,8 @@ static int sq_presence_put(es_txn *t, const char *ns, const es_presence_row *row
   return sq_run(t, ST_PRESENCE_PUT, st, temp, "write", err);
 }
 
-static int sq_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *err) {
+static int sq_presence_expire(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return ES_OK; /* allowed no-op: a read transaction never writes */
@@ -2790,8 +2830,9 @@ static int sq_presence_expire(es_txn *t, const char *ns, int64_t now, es_err *er
   return sq_run(t, ST_PRESENCE_EXPIRE, st, temp, "write", err);
 }
 
-static int sq_presence_list(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb, void *ctx,
-                            es_err *err) {
+static int sq_presence_list(es_backend *b, es_txn *t, const char *ns, int64_t now,
+                            es_presence_cb_row cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if ((code = sq_op(t, ST_PRESENCE_LIST, &st, &temp, err)) != ES_OK) return code;
@@ -2826,24 +2867,29 @@ static int sq_remove(es_txn *t, int id, const char *session, int64_t through, in
  * the newest rows never lets a later insert reuse their positions, in this
  * process or after a reopen. A through below 1 (ES_NONE included) removes
  * nothing: never everything by mistake. */
-static int sq_event_delete_range(es_txn *t, const char *session, int64_t through, es_err *err) {
+static int sq_event_delete_range(es_backend *b, es_txn *t, const char *session, int64_t through,
+                                 es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_EVENT_DELETE_RANGE, session, through, &removed, err);
 }
 
-static int sq_session_delete(es_txn *t, const char *session, es_err *err) {
+static int sq_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   int code = sq_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
   if (code != ES_OK) return code;
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-static int sq_snapshot_delete_all(es_txn *t, const char *session, es_err *err) {
+static int sq_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_SNAPSHOT_DELETE_ALL, session, 0, &removed, err);
 }
 
-static int sq_ref_delete_session(es_txn *t, const char *session, es_err *err) {
+static int sq_ref_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_REF_DELETE_SESSION, session, 0, &removed, err);
 }
@@ -2852,8 +2898,9 @@ static int sq_ref_delete_session(es_txn *t, const char *session, es_err *err) {
 
 /* The rows are copied out and the statement finished before the first
  * callback (the list is a handful of rows), so a callback may write. */
-static int sq_segment_list(es_txn *t, const char *session, es_segment_cb cb, void *ctx,
-                           es_err *err) {
+static int sq_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
+                           void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   if ((code = sq_op(t, ST_SEGMENT_LIST, &st, &temp, err)) != ES_OK) return code;
@@ -2887,7 +2934,9 @@ static int sq_segment_list(es_txn *t, const char *session, es_segment_cb cb, voi
   return code;
 }
 
-static int sq_segment_put(es_txn *t, const char *session, const es_segment *row, es_err *err) {
+static int sq_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
+                          es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2904,7 +2953,9 @@ static int sq_segment_put(es_txn *t, const char *session, const es_segment *row,
   return sq_run(t, ST_SEGMENT_PUT, st, temp, "write", err);
 }
 
-static int sq_segment_delete(es_txn *t, const char *session, int64_t from, es_err *err) {
+static int sq_segment_delete(es_backend *b, es_txn *t, const char *session, int64_t from,
+                             es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
@@ -2917,7 +2968,8 @@ static int sq_segment_delete(es_txn *t, const char *session, int64_t from, es_er
 
 /* ---- crypto-shredding (§3.10) ------------------------------------------- */
 
-static int sq_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err) {
+static int sq_key_get(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   memset(out, 0, sizeof *out);
@@ -2946,7 +2998,8 @@ static int sq_key_get(es_txn *t, const char *name, es_key_row *out, es_err *err)
   return code;
 }
 
-static int sq_key_put(es_txn *t, const es_key_row *row, es_err *err) {
+static int sq_key_put(es_backend *b, es_txn *t, const es_key_row *row, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2969,8 +3022,9 @@ static int sq_key_put(es_txn *t, const es_key_row *row, es_err *err) {
   return ES_OK;
 }
 
-static int sq_key_use_put(es_txn *t, const char *key, const char *session, int64_t first_index,
-                          es_err *err) {
+static int sq_key_use_put(es_backend *b, es_txn *t, const char *key, const char *session,
+                          int64_t first_index, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc = 0;
   if (!t->write) return sq_read_only_txn(err);
@@ -2985,7 +3039,9 @@ static int sq_key_use_put(es_txn *t, const char *key, const char *session, int64
 /* The rows are copied out and the statement reset before the first
  * callback (as sq_iterate does in the write transaction): shred deletes
  * snapshots for each of them. */
-static int sq_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err) {
+static int sq_key_use_list(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
+                           es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
   char **names = NULL;
@@ -3024,12 +3080,15 @@ static int sq_key_use_list(es_txn *t, const char *key, es_key_use_cb cb, void *c
   return code;
 }
 
-static int sq_key_use_delete_session(es_txn *t, const char *session, es_err *err) {
+static int sq_key_use_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  (void)b; /* t carries it (t->b) */
   int64_t removed;
   return sq_remove(t, ST_KEY_USE_DELETE_SESSION, session, 0, &removed, err);
 }
 
-static int sq_snapshot_delete_from(es_txn *t, const char *session, int64_t index, es_err *err) {
+static int sq_snapshot_delete_from(es_backend *b, es_txn *t, const char *session, int64_t index,
+                                   es_err *err) {
+  (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);

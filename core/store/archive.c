@@ -110,7 +110,7 @@ static int collect_segment(void *ctx, const es_segment *row) {
 static int list_segments(es_store *s, es_txn *t, const char *session, es_segments *out, es_err *err) {
   memset(out, 0, sizeof *out);
   seg_collector c = {out, 0};
-  int rc = s->ops->segment_list(t, session, collect_segment, &c, err);
+  int rc = s->ops->segment_list(s->bk, t, session, collect_segment, &c, err);
   if (rc == ES_OK && c.oom) rc = nomem(err);
   if (rc) es_segments_destroy(out);
   return rc;
@@ -476,7 +476,7 @@ static int sweep_orphans(es_store *s, es_txn *t, const char *session, const char
     rc = s->ops->read_begin(s->bk, &r, err);
     if (rc == ES_OK) {
       rc = list_segments(s, r, session, &committed, err);
-      s->ops->read_end(r);
+      s->ops->read_end(s->bk, r);
     }
   }
   DIR *d = rc == ES_OK ? opendir(dir) : NULL;
@@ -585,7 +585,7 @@ static int encode_row(void *ctx, const es_event *row) {
 static int do_archive(es_store *s, es_txn *t, void *arg, es_err *err) {
   archive_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_NOT_FOUND) {
     if (a->through == 0) return ES_OK;
     return es_fail(err, ES_NO_SUCH_EVENT, "cannot archive session '%s' through %lld: it has no events",
@@ -608,7 +608,8 @@ static int do_archive(es_store *s, es_txn *t, void *arg, es_err *err) {
     goto out;
   }
   if (a->through < from) goto out; /* archived (or truncated) through there already */
-  rc = s->ops->event_range(t, a->session, from - 1, a->through, ES_NONE, encode_row, &c, err);
+  rc =
+      s->ops->event_range(s->bk, t, a->session, from - 1, a->through, ES_NONE, encode_row, &c, err);
   if (rc) goto out;
   if (c.oom) {
     rc = nomem(err);
@@ -636,11 +637,11 @@ static int do_archive(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc || (rc = sync_dir(dir, err))) goto out;
   row.created_at = a->now;
   /* From here a failure (or a failed commit) leaves the file as an orphan. */
-  if ((rc = s->ops->segment_put(t, a->session, &row, err)) ||
-      (rc = s->ops->event_delete_range(t, a->session, a->through, err)))
+  if ((rc = s->ops->segment_put(s->bk, t, a->session, &row, err)) ||
+      (rc = s->ops->event_delete_range(s->bk, t, a->session, a->through, err)))
     goto out;
   si.archived_through = a->through;
-  if ((rc = s->ops->session_put(t, &si, err))) goto out;
+  if ((rc = s->ops->session_put(s->bk, t, &si, err))) goto out;
   if (es_segment_copy(a->out, &row) != ES_OK) {
     rc = nomem(err);
     goto out;
@@ -711,7 +712,7 @@ int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through
   for (size_t i = 0; rc == ES_OK && i < list.n; i++) {
     const es_segment *g = &list.v[i];
     if (g->through > through) break;
-    rc = s->ops->segment_delete(t, session, g->from, err);
+    rc = s->ops->segment_delete(s->bk, t, session, g->from, err);
     if (rc == ES_OK && s->archive_dir) rc = files_add(drop, join(s->archive_dir, g->file), err);
   }
   es_segments_destroy(&list);
@@ -773,11 +774,11 @@ static int do_compact(es_store *s, es_txn *t, void *arg, es_err *err) {
     row.created_at = a->now;
     for (size_t i = m->first; rc == ES_OK && i < m->last; i++) {
       const es_segment *g = &a->seen->v[i];
-      rc = s->ops->segment_delete(t, a->session, g->from, err);
+      rc = s->ops->segment_delete(s->bk, t, a->session, g->from, err);
       if (rc == ES_OK) rc = files_add(&a->drop, join(s->archive_dir, g->file), err);
       removed++;
     }
-    if (rc == ES_OK) rc = s->ops->segment_put(t, a->session, &row, err);
+    if (rc == ES_OK) rc = s->ops->segment_put(s->bk, t, a->session, &row, err);
     removed--;
     es_segment_destroy(&row);
   }
@@ -980,7 +981,7 @@ static int do_verify_list(es_store *s, es_txn *t, void *arg, es_err *err) {
     vs->seen = 0;
     char *after = vs->cursor ? strdup(vs->cursor) : NULL;
     if (vs->cursor && !after) return nomem(err);
-    rc = s->ops->session_list(t, "", after, LIST_PAGE, collect_archived, vs, err);
+    rc = s->ops->session_list(s->bk, t, "", after, LIST_PAGE, collect_archived, vs, err);
     free(after);
     if (rc == ES_OK && vs->oom) rc = nomem(err);
     if (rc) return rc;

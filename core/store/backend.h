@@ -66,42 +66,47 @@ typedef struct es_backend_ops {
    * each caller's work in savepoint/release so that one caller's failure
    * rolls back only its own rows while the batch goes on. */
   int (*write_begin)(es_backend *b, es_txn **t, es_err *err);
-  int (*write_commit)(es_txn *t, es_err *err);   /* durable when it returns ES_OK; ends t */
-  void (*write_rollback)(es_txn *t);             /* ends t */
-  int (*savepoint)(es_txn *t, es_err *err);
-  int (*savepoint_release)(es_txn *t, es_err *err);
-  void (*savepoint_rollback)(es_txn *t);         /* undoes since savepoint, then releases it */
+  int (*write_commit)(es_backend *b, es_txn *t,
+                      es_err *err);                 /* durable when it returns ES_OK; ends t */
+  void (*write_rollback)(es_backend *b, es_txn *t); /* ends t */
+  int (*savepoint)(es_backend *b, es_txn *t, es_err *err);
+  int (*savepoint_release)(es_backend *b, es_txn *t, es_err *err);
+  void (*savepoint_rollback)(es_backend *b,
+                             es_txn *t); /* undoes since savepoint, then releases it */
   int (*read_begin)(es_backend *b, es_txn **t, es_err *err);
-  void (*read_end)(es_txn *t);
+  void (*read_end)(es_backend *b, es_txn *t);
 
   /* Sessions: one row per session with its counters (store.h
    * es_session_info), kept by the core. */
-  int (*session_get)(es_txn *t, const char *session, es_session_info *out, es_err *err);
-  int (*session_put)(es_txn *t, const es_session_info *row, es_err *err); /* insert or replace */
+  int (*session_get)(es_backend *b, es_txn *t, const char *session, es_session_info *out,
+                     es_err *err);
+  int (*session_put)(es_backend *b, es_txn *t, const es_session_info *row,
+                     es_err *err); /* insert or replace */
   /* Sessions with name starting with prefix and > after (NULL: no bound),
    * ascending byte order, at most limit. */
-  int (*session_list)(es_txn *t, const char *prefix, const char *after, int64_t limit,
-                      es_session_cb cb, void *ctx, es_err *err);
+  int (*session_list)(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                      int64_t limit, es_session_cb cb, void *ctx, es_err *err);
   /* Sessions whose row has parent == parent (made by fork from it), name >
    * after (NULL: no bound), ascending byte order, at most limit. An index
    * by (parent, session) is expected: O(log n + rows returned). */
-  int (*session_children)(es_txn *t, const char *parent, const char *after, int64_t limit,
-                          es_session_cb cb, void *ctx, es_err *err);
+  int (*session_children)(es_backend *b, es_txn *t, const char *parent, const char *after,
+                          int64_t limit, es_session_cb cb, void *ctx, es_err *err);
 
   /* Events. */
-  int (*event_get)(es_txn *t, const char *session, int64_t index, es_event *out, es_err *err);
+  int (*event_get)(es_backend *b, es_txn *t, const char *session, int64_t index, es_event *out,
+                   es_err *err);
   /* Finds an event by id in any session (ES_NOT_FOUND when none). */
-  int (*event_get_by_id)(es_txn *t, const char *id, es_event *out, es_err *err);
+  int (*event_get_by_id)(es_backend *b, es_txn *t, const char *id, es_event *out, es_err *err);
   /* Inserts a new row; assigns row->position (greater than every position
    * committed before). The core guarantees (session,index) and id are new. */
-  int (*event_insert)(es_txn *t, es_event *row, es_err *err);
+  int (*event_insert)(es_backend *b, es_txn *t, es_event *row, es_err *err);
   /* Rewrites the mutable dispatch fields of the row at (session, index):
    * status, attempts, failures, last_error, processed_at, claim_holder,
    * claim_expires_at, retry_at, queued, due_at, last_failed_attempt,
    * returned, first_claimed_at, last_claimed_at, failed_at,
    * processed_by_attempt. (origin_session / origin_index are immutable,
    * written by event_insert.) */
-  int (*event_update)(es_txn *t, const es_event *row, es_err *err);
+  int (*event_update)(es_backend *b, es_txn *t, const es_event *row, es_err *err);
   /* Optional (NULL: the core copies row by row with event_range and
    * event_insert). For fork: for each row of session `from` with index <=
    * through, in index order, inserts a row of session `to` with the same
@@ -111,11 +116,11 @@ typedef struct es_backend_ops {
    * other dispatch field empty, not queued); positions increase in index
    * order. *copied: the rows inserted. Ids from new_id are new (the core
    * passes a generator of unique ids only). */
-  int (*event_copy)(es_txn *t, const char *from, int64_t through, const char *to,
+  int (*event_copy)(es_backend *b, es_txn *t, const char *from, int64_t through, const char *to,
                     int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
                     es_err *err);
   /* after < index <= through, ascending, at most limit (ES_NONE: all). */
-  int (*event_range)(es_txn *t, const char *session, int64_t after, int64_t through,
+  int (*event_range)(es_backend *b, es_txn *t, const char *session, int64_t after, int64_t through,
                      int64_t limit, es_event_cb cb, void *ctx, es_err *err);
   /* position > after, ascending, at most limit (ES_NONE: all).
    * scope (here and in the other listings across sessions): NULL lists
@@ -124,13 +129,13 @@ typedef struct es_backend_ops {
    * session lies in [scope, scope with its last byte + 1). The unscoped
    * form must cost exactly what it did without scopes; a scoped one may
    * pass over other sessions' rows in the same order (documented cost). */
-  int (*event_all)(es_txn *t, const char *scope, int64_t after, int64_t limit, es_event_cb cb,
-                   void *ctx, es_err *err);
+  int (*event_all)(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
+                   es_event_cb cb, void *ctx, es_err *err);
   /* The highest position stored (0 when the store is empty). */
-  int (*last_position)(es_txn *t, int64_t *position, es_err *err);
+  int (*last_position)(es_backend *b, es_txn *t, int64_t *position, es_err *err);
   /* The lowest index > after of an event in (session, lane) whose status is
    * not PROCESSED (dead letters count); *index = 0 when none. */
-  int (*lane_next)(es_txn *t, const char *session, const char *lane, int64_t after,
+  int (*lane_next)(es_backend *b, es_txn *t, const char *session, const char *lane, int64_t after,
                    int64_t *index, es_err *err);
   /* Queued rows with due_at <= now, at most limit (ES_NONE: all).
    * session NULL: all sessions (scope's when scope is set; scope is NULL
@@ -138,62 +143,65 @@ typedef struct es_backend_ops {
    * session set: that session's, ordered by index (claim() returns index
    * order and applies its limit; a row that is queued but not yet due is
    * skipped, so the cost is O(log n + queued-not-due + limit)). */
-  int (*queued_due)(es_txn *t, const char *session, const char *scope, int64_t now,
+  int (*queued_due)(es_backend *b, es_txn *t, const char *session, const char *scope, int64_t now,
                     int64_t limit, es_event_cb cb, void *ctx, es_err *err);
   /* The smallest due_at > now among queued rows (of session, or all when
    * NULL, of scope's sessions when scope is set); ES_NONE when none. */
-  int (*queued_next_due)(es_txn *t, const char *session, const char *scope, int64_t now,
-                         int64_t *due, es_err *err);
+  int (*queued_next_due)(es_backend *b, es_txn *t, const char *session, const char *scope,
+                         int64_t now, int64_t *due, es_err *err);
   /* Queued rows of one type with due_at <= now, ordered by (due_at,
    * position), at most limit (ES_NONE: all). An index by type is expected:
    * the cost is O(log n + rows returned), whatever the number of queued
    * rows of other types (claim_next with types asks once per type and
    * merges). scope: as event_all's. */
-  int (*queued_due_type)(es_txn *t, const char *scope, const char *type, int64_t now,
+  int (*queued_due_type)(es_backend *b, es_txn *t, const char *scope, const char *type, int64_t now,
                          int64_t limit, es_event_cb cb, void *ctx, es_err *err);
   /* The smallest due_at > now among queued rows of one type; ES_NONE when
    * none. O(log n). */
-  int (*queued_next_due_type)(es_txn *t, const char *scope, const char *type, int64_t now,
-                              int64_t *due, es_err *err);
+  int (*queued_next_due_type)(es_backend *b, es_txn *t, const char *scope, const char *type,
+                              int64_t now, int64_t *due, es_err *err);
   /* Every type with at least one row of status PENDING (claimed or not,
    * queued or waiting in its lane; not dead, not processed) and that count,
    * ascending byte order of type; with scope, counted over scope's
    * sessions only. */
-  int (*pending_types)(es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
+  int (*pending_types)(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb, void *ctx,
                        es_err *err);
   /* Rows with status DEAD (of session, or all when NULL: of scope's
    * sessions when scope is set), position > after, ascending position, at
    * most limit. */
-  int (*dead_list)(es_txn *t, const char *session, const char *scope, int64_t after,
+  int (*dead_list)(es_backend *b, es_txn *t, const char *session, const char *scope, int64_t after,
                    int64_t limit, es_event_cb cb, void *ctx, es_err *err);
 
   /* Snapshots, keyed (session, reducer). */
-  int (*snapshot_get)(es_txn *t, const char *session, const char *reducer, es_snapshot *out,
+  int (*snapshot_get)(es_backend *b, es_txn *t, const char *session, const char *reducer,
+                      es_snapshot *out, es_err *err);
+  int (*snapshot_put)(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
                       es_err *err);
-  int (*snapshot_put)(es_txn *t, const char *session, const es_snapshot *row, es_err *err);
   /* Ascending reducer name; rows passed without state (state NULL). */
-  int (*snapshot_list)(es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
+  int (*snapshot_list)(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb, void *ctx,
                        es_err *err);
 
   /* Refs (§3.7), keyed by name; row->head is neither stored nor returned
    * (the core fills it from the session row). */
-  int (*ref_get)(es_txn *t, const char *name, es_ref *out, es_err *err);
-  int (*ref_put)(es_txn *t, const es_ref *row, es_err *err); /* insert or replace */
-  int (*ref_delete)(es_txn *t, const char *name, es_err *err); /* ES_NOT_FOUND when absent */
+  int (*ref_get)(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err);
+  int (*ref_put)(es_backend *b, es_txn *t, const es_ref *row, es_err *err); /* insert or replace */
+  int (*ref_delete)(es_backend *b, es_txn *t, const char *name,
+                    es_err *err); /* ES_NOT_FOUND when absent */
   /* Refs with name > after (NULL: no bound), ascending byte order, at most
    * limit. */
-  int (*ref_list)(es_txn *t, const char *after, int64_t limit, es_ref_cb cb, void *ctx,
-                  es_err *err);
+  int (*ref_list)(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
+                  void *ctx, es_err *err);
 
   /* Presence, keyed (ns, participant, field). value NULL: tombstone. */
-  int (*presence_get)(es_txn *t, const char *ns, const char *participant, const char *field,
-                      es_presence_row *out, es_err *err);
-  int (*presence_put)(es_txn *t, const char *ns, const es_presence_row *row, es_err *err);
+  int (*presence_get)(es_backend *b, es_txn *t, const char *ns, const char *participant,
+                      const char *field, es_presence_row *out, es_err *err);
+  int (*presence_put)(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
+                      es_err *err);
   /* Drops rows of ns with expires_at <= now (may be a no-op). */
-  int (*presence_expire)(es_txn *t, const char *ns, int64_t now, es_err *err);
+  int (*presence_expire)(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err);
   /* Rows of ns with expires_at > now, tombstones included, ordered by
    * (participant, field). */
-  int (*presence_list)(es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
+  int (*presence_list)(es_backend *b, es_txn *t, const char *ns, int64_t now, es_presence_cb_row cb,
                        void *ctx, es_err *err);
 
   /* Retention (§3.9). */
@@ -202,42 +210,47 @@ typedef struct es_backend_ops {
    * count of the backend consistent (dispatch sets, per-type pending
    * counts, lanes, ids: a removed id may be inserted again). O(rows
    * removed), not O(store). */
-  int (*event_delete_range)(es_txn *t, const char *session, int64_t through, es_err *err);
+  int (*event_delete_range)(es_backend *b, es_txn *t, const char *session, int64_t through,
+                            es_err *err);
   /* Removes the session's row (ES_NOT_FOUND when absent); its name may be
    * put again. */
-  int (*session_delete)(es_txn *t, const char *session, es_err *err);
+  int (*session_delete)(es_backend *b, es_txn *t, const char *session, es_err *err);
   /* Removes every snapshot of the session. */
-  int (*snapshot_delete_all)(es_txn *t, const char *session, es_err *err);
+  int (*snapshot_delete_all)(es_backend *b, es_txn *t, const char *session, es_err *err);
   /* Removes every ref whose session is `session`; O(log n + removed) (an
    * index by session). */
-  int (*ref_delete_session)(es_txn *t, const char *session, es_err *err);
+  int (*ref_delete_session)(es_backend *b, es_txn *t, const char *session, es_err *err);
 
   /* Archive (§3.9, archive.c): the segment list of a session. */
   /* Segment rows (es_segment) of the session, ascending `from`. */
-  int (*segment_list)(es_txn *t, const char *session, es_segment_cb cb, void *ctx, es_err *err);
+  int (*segment_list)(es_backend *b, es_txn *t, const char *session, es_segment_cb cb, void *ctx,
+                      es_err *err);
   /* Inserts or replaces the row keyed (session, row->from). */
-  int (*segment_put)(es_txn *t, const char *session, const es_segment *row, es_err *err);
+  int (*segment_put)(es_backend *b, es_txn *t, const char *session, const es_segment *row,
+                     es_err *err);
   /* Removes the row keyed (session, from); ES_NOT_FOUND when absent. */
-  int (*segment_delete)(es_txn *t, const char *session, int64_t from, es_err *err);
+  int (*segment_delete)(es_backend *b, es_txn *t, const char *session, int64_t from, es_err *err);
 
   /* Crypto-shredding (§3.10, crypto.c): wrapped data keys and where they
    * are used. Events store `key` (es_event.key) with the row: event_insert
    * writes it, every event read returns it, event_copy copies it. */
   /* The key row of that name (out owned by the caller), ES_NOT_FOUND. */
-  int (*key_get)(es_txn *t, const char *name, es_key_row *out, es_err *err);
+  int (*key_get)(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err);
   /* Insert or replace by name. Replacing must not leave the old wrapped
    * bytes readable where the backend can help it (sqlite: secure_delete). */
-  int (*key_put)(es_txn *t, const es_key_row *row, es_err *err);
+  int (*key_put)(es_backend *b, es_txn *t, const es_key_row *row, es_err *err);
   /* Records that session holds events under key from first_index on:
    * inserts the (key, session) row, or lowers its first_index. */
-  int (*key_use_put)(es_txn *t, const char *key, const char *session, int64_t first_index,
-                     es_err *err);
+  int (*key_use_put)(es_backend *b, es_txn *t, const char *key, const char *session,
+                     int64_t first_index, es_err *err);
   /* The (session, first_index) rows of key, ascending session. */
-  int (*key_use_list)(es_txn *t, const char *key, es_key_use_cb cb, void *ctx, es_err *err);
+  int (*key_use_list)(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
+                      es_err *err);
   /* Removes every key_uses row of the session (delete). */
-  int (*key_use_delete_session)(es_txn *t, const char *session, es_err *err);
+  int (*key_use_delete_session)(es_backend *b, es_txn *t, const char *session, es_err *err);
   /* Removes the session's snapshots whose index is >= index. */
-  int (*snapshot_delete_from)(es_txn *t, const char *session, int64_t index, es_err *err);
+  int (*snapshot_delete_from)(es_backend *b, es_txn *t, const char *session, int64_t index,
+                              es_err *err);
   /* Optional (NULL: nothing to do): called outside any transaction, with
    * the core's write lock held, after a shred committed: make what was
    * deleted unreadable in the storage files (sqlite: checkpoint the WAL
@@ -274,7 +287,7 @@ typedef struct es_backend_ops {
   /* After a call in a claim transaction failed: 1 when it failed only on
    * lock contention (a lock wait timed out, a deadlock), so that running
    * the whole claim again may succeed; 0 otherwise. Before the rollback. */
-  int (*claim_retry)(es_txn *t);
+  int (*claim_retry)(es_backend *b, es_txn *t);
   /* Optional (NULL: es_store_wait polls data_version): blocks until
    * data_version differs from since, timeout_ms passed, or wake() was
    * called, without a polling loop. Spurious returns are allowed. */
@@ -289,39 +302,40 @@ typedef struct es_backend_ops {
    * The core calls it only when the transaction holds no other caller's
    * work and nobody is queued to join it. Ends t, committed (ES_OK) or
    * rolled back. */
-  int (*release_commit)(es_txn *t, es_err *err);
+  int (*release_commit)(es_backend *b, es_txn *t, es_err *err);
   /* Optional, with claim_begin (NULL: queued_due / queued_due_type, then
    * queued_next_due / queued_next_due_type): in a claim transaction, the
    * ready rows queued_due (session NULL) or queued_due_type (type set)
    * returns there (locked, the skip list passed over), and in *next_due
    * what queued_next_due / queued_next_due_type answers before any of them
    * is claimed, in one step. */
-  int (*claim_ready)(es_txn *t, const char *scope, const char *type, int64_t now, int64_t limit,
-                     es_event_cb cb, void *ctx, int64_t *next_due, es_err *err);
+  int (*claim_ready)(es_backend *b, es_txn *t, const char *scope, const char *type, int64_t now,
+                     int64_t limit, es_event_cb cb, void *ctx, int64_t *next_due, es_err *err);
   /* Optional, with claim_begin (NULL: session_get, then session_put): in a
    * claim transaction, adds n to the attempts of the session's row and
    * sets its updated_at to now, locking the row as session_get does there;
    * a missing row is an error (STORAGE). The failure may be reported by a
    * later call of the transaction (its commit at the latest). */
-  int (*session_claimed)(es_txn *t, const char *session, int64_t n, int64_t now, es_err *err);
+  int (*session_claimed)(es_backend *b, es_txn *t, const char *session, int64_t n, int64_t now,
+                         es_err *err);
   /* Optional, with claim_begin (NULL: write_commit): commits a claim
    * transaction as write_commit does, and on failure sets *retry as
    * claim_retry would have answered (a backend that reports the outcome
    * of some statements only with the commit, session_claimed's lock wait
    * among them, learns of a lost lock wait there). */
-  int (*claim_commit)(es_txn *t, int *retry, es_err *err);
+  int (*claim_commit)(es_backend *b, es_txn *t, int *retry, es_err *err);
 
   /* §3.12 stats: the sums over the session rows (count of rows, and their
    * events, pending and dead) of every session (scope NULL) or of scope's
    * sessions (a tenant's prefix, as event_all's). Kept up to date as
    * session rows are put and deleted, in the same transaction, so the
    * answer costs O(1) (O(log n) for a scope), never a walk. */
-  int (*counts)(es_txn *t, const char *scope, es_counts *out, es_err *err);
+  int (*counts)(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err);
   /* Optional (NULL: event_insert for each row): inserts rows[0..n) in
    * order, exactly as n event_insert calls would (positions, what each
    * row stores), in fewer statements. On failure some of the rows may be
    * in: the core rolls its savepoint back. */
-  int (*event_insert_many)(es_txn *t, es_event *rows, size_t n, es_err *err);
+  int (*event_insert_many)(es_backend *b, es_txn *t, es_event *rows, size_t n, es_err *err);
   /* Optional (NULL: none): a hint that the calls to come in this write
    * transaction will read the events at (sessions[i], indexes[i]) for i <
    * n (event_get), their sessions' rows (session_get) and look up the ids
@@ -332,8 +346,8 @@ typedef struct es_backend_ops {
    * without the hint: what was read ahead follows the transaction's own
    * writes (or is forgotten by them), and is forgotten at a savepoint's
    * rollback, at the end of the transaction and at the next read_ahead. */
-  int (*read_ahead)(es_txn *t, const char *const *sessions, const int64_t *indexes, size_t n,
-                    const char *const *ids, size_t n_ids, es_err *err);
+  int (*read_ahead)(es_backend *b, es_txn *t, const char *const *sessions, const int64_t *indexes,
+                    size_t n, const char *const *ids, size_t n_ids, es_err *err);
   /* Optional (NULL: none; both or neither): lazy_begin() before
    * write_begin and lazy_end() after write_commit / write_rollback bracket
    * one write transaction whose commit need not be durable when

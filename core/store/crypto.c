@@ -267,7 +267,7 @@ void es_crypto_free(struct es_crypto *c) {
 static int check_row(es_store *s, es_txn *t, int *found, es_err *err) {
   es_key_row row;
   memset(&row, 0, sizeof row);
-  int rc = s->ops->key_get(t, CHECK_NAME, &row, err);
+  int rc = s->ops->key_get(s->bk, t, CHECK_NAME, &row, err);
   *found = rc == ES_OK;
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
@@ -300,7 +300,7 @@ static int ensure_check_row(es_store *s, es_txn *t, int64_t now, es_err *err) {
   rc = seal_bytes(master_open(s->crypto), (const unsigned char *)CHECK_TEXT, strlen(CHECK_TEXT), ad,
                   sizeof ad - 1, &row.wrapped, &row.wrapped_len, err);
   master_close(s->crypto);
-  if (rc == ES_OK) rc = s->ops->key_put(t, &row, err);
+  if (rc == ES_OK) rc = s->ops->key_put(s->bk, t, &row, err);
   free(row.wrapped);
   return rc;
 }
@@ -384,7 +384,7 @@ static int ring_get(es_store *s, es_txn *t, es_keyring *r, const char *name, int
     free(e);
     return ad_too_long(err);
   }
-  int rc = s->ops->key_get(t, name, &row, err);
+  int rc = s->ops->key_get(s->bk, t, name, &row, err);
   if (rc == ES_NOT_FOUND && create) {
     /* First use: a new data key, stored wrapped. */
     if (!s->crypto) {
@@ -398,7 +398,7 @@ static int ring_get(es_store *s, es_txn *t, es_keyring *r, const char *name, int
       rc = seal_bytes(master_open(s->crypto), e->key, sizeof e->key, ad, ad_len, &neu.wrapped,
                       &neu.wrapped_len, err);
       master_close(s->crypto);
-      if (rc == ES_OK) rc = s->ops->key_put(t, &neu, err);
+      if (rc == ES_OK) rc = s->ops->key_put(s->bk, t, &neu, err);
       free(neu.wrapped);
       e->state = KEY_LIVE;
     }
@@ -505,7 +505,7 @@ static int record_use(es_store *s, es_txn *t, ring_entry *k, const char *session
   if (k->use_session && strcmp(k->use_session, session) == 0) return ES_OK;
   char *copy = strdup(session);
   if (!copy) return nomem(err);
-  int rc = s->ops->key_use_put(t, k->name, session, index, err);
+  int rc = s->ops->key_use_put(s->bk, t, k->name, session, index, err);
   if (rc) {
     free(copy);
     return rc;
@@ -607,7 +607,7 @@ int es_crypto_in_use(es_store *s, es_txn *t, int *yes, es_err *err) {
   if (*yes) return ES_OK;
   es_key_row row;
   memset(&row, 0, sizeof row);
-  int rc = s->ops->key_get(t, CHECK_NAME, &row, err);
+  int rc = s->ops->key_get(s->bk, t, CHECK_NAME, &row, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   es_key_row_destroy(&row);
   *yes = rc == ES_OK;
@@ -663,7 +663,7 @@ static int do_shred(es_store *s, es_txn *t, void *arg, es_err *err) {
   es_key_row row;
   memset(&row, 0, sizeof row);
   a->was_live = 0;
-  int rc = s->ops->key_get(t, a->name, &row, err);
+  int rc = s->ops->key_get(s->bk, t, a->name, &row, err);
   if (rc != ES_OK && rc != ES_NOT_FOUND) return rc;
   int found = rc == ES_OK;
   rc = ES_OK;
@@ -674,16 +674,16 @@ static int do_shred(es_store *s, es_txn *t, void *arg, es_err *err) {
     tomb.created_at = found ? row.created_at : a->now;
     tomb.shredded_at = a->now;
     a->was_live = found;
-    rc = s->ops->key_put(t, &tomb, err);
+    rc = s->ops->key_put(s->bk, t, &tomb, err);
   }
   if (row.wrapped) sodium_memzero(row.wrapped, row.wrapped_len);
   es_key_row_destroy(&row);
   /* Dropped again on every shred, even of a shredded key: a fold that read
    * the plaintext before the first shred may have put its snapshot after. */
-  if (rc == ES_OK) rc = s->ops->key_use_list(t, a->name, collect_use, a, err);
+  if (rc == ES_OK) rc = s->ops->key_use_list(s->bk, t, a->name, collect_use, a, err);
   if (rc == ES_OK && a->oom) rc = nomem(err);
   for (size_t i = 0; rc == ES_OK && i < a->n; i++)
-    rc = s->ops->snapshot_delete_from(t, a->sessions[i], a->firsts[i], err);
+    rc = s->ops->snapshot_delete_from(s->bk, t, a->sessions[i], a->firsts[i], err);
   return rc;
 }
 

@@ -139,7 +139,7 @@ static void group_wait_late(es_store *s, int n, int64_t *deadline) {
  * then over. */
 static int group_run(es_store *s, group_waiter *m, int alone, int *committed) {
   es_txn *t = s->wtxn;
-  int rc = s->ops->savepoint(t, &m->err);
+  int rc = s->ops->savepoint(s->bk, t, &m->err);
   if (rc != ES_OK) return rc;
   rc = m->fn(s, t, m->arg, &m->err);
   if (rc == ES_OK && alone && s->ops->release_commit) {
@@ -153,11 +153,11 @@ static int group_run(es_store *s, group_waiter *m, int alone, int *committed) {
        * caller's alone, as a failed release would be. */
       *committed = 1;
       s->wtxn = NULL;
-      return s->ops->release_commit(t, &m->err);
+      return s->ops->release_commit(s->bk, t, &m->err);
     }
   }
-  if (rc == ES_OK) rc = s->ops->savepoint_release(t, &m->err);
-  if (rc != ES_OK) s->ops->savepoint_rollback(t);
+  if (rc == ES_OK) rc = s->ops->savepoint_release(s->bk, t, &m->err);
+  if (rc != ES_OK) s->ops->savepoint_rollback(s->bk, t);
   return rc;
 }
 
@@ -212,10 +212,10 @@ static void group_lead(es_store *s, group_waiter *me) {
     int crc = ES_OK;
     if (n_ok > 0) {
       int64_t t0 = mono_ns();
-      crc = s->ops->write_commit(s->wtxn, &cerr);
+      crc = s->ops->write_commit(s->bk, s->wtxn, &cerr);
       commit_ns = mono_ns() - t0;
     } else {
-      s->ops->write_rollback(s->wtxn);
+      s->ops->write_rollback(s->bk, s->wtxn);
     }
     s->wtxn = NULL;
     for (group_waiter *m = group; m; m = m->next) {
@@ -298,9 +298,9 @@ int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
   if (rc == ES_OK) {
     rc = fn(s, t, arg, err);
     if (rc == ES_OK) {
-      rc = s->ops->write_commit(t, err);
+      rc = s->ops->write_commit(s->bk, t, err);
     } else {
-      s->ops->write_rollback(t);
+      s->ops->write_rollback(s->bk, t);
     }
   }
   pthread_mutex_unlock(&s->wmu);
@@ -313,7 +313,7 @@ int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
   int rc = s->ops->read_begin(s->bk, &t, err);
   if (rc != ES_OK) return rc;
   rc = fn(s, t, arg, err);
-  s->ops->read_end(t);
+  s->ops->read_end(s->bk, t);
   return rc;
 }
 

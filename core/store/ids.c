@@ -93,7 +93,7 @@ int es_core_new_event_id(es_store *s, es_txn *t, int64_t now, const char *scope,
   int rc = source_id(s, out + p, err);
   if (rc) return rc;
   es_event row;
-  rc = s->ops->event_get_by_id(t, out, &row, err);
+  rc = s->ops->event_get_by_id(s->bk, t, out, &row, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc == ES_OK) {
     es_event_destroy(&row);

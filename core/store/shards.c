@@ -238,10 +238,11 @@ static void record_destroy(plan_record *r) {
 }
 
 /* ES_OK with r->n == 0 when the shard has no record (a plain store). */
-static int record_get(const es_backend_ops *ops, es_txn *t, plan_record *r, es_err *err) {
+static int record_get(const es_backend_ops *ops, es_backend *bk, es_txn *t, plan_record *r,
+                      es_err *err) {
   memset(r, 0, sizeof *r);
   es_session_info si;
-  int rc = ops->session_get(t, "", &si, err);
+  int rc = ops->session_get(bk, t, "", &si, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   r->version = si.fence;
@@ -294,11 +295,11 @@ const char *es_shards_moved_target(const es_err *err) {
 }
 
 /* A session row with a marker: ES_MOVED (to the owner by the record). */
-static int marked(const es_backend_ops *ops, es_txn *t, const char *session, int64_t fence,
-                  es_err *err) {
+static int marked(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
+                  int64_t fence, es_err *err) {
   if (fence == FENCE_INCOMING) return moved(err, session, NULL, 0);
   plan_record r;
-  int rc = record_get(ops, t, &r, err);
+  int rc = record_get(ops, bk, t, &r, err);
   if (rc) return rc;
   const char *target = r.n > 1 ? owner_of_names(r.names + 1, r.n - 1, session) : NULL;
   /* A tombstone on the shard the plan now gives the session to: the
@@ -314,10 +315,11 @@ static int marked(const es_backend_ops *ops, es_txn *t, const char *session, int
 
 /* A session with no row here: ES_MOVED when this shard's plan record says
  * another shard owns it, else ES_OK. */
-static int owner_check(const es_backend_ops *ops, es_txn *t, const char *session, es_err *err) {
+static int owner_check(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
+                       es_err *err) {
   if (!session || !*session) return ES_OK;
   plan_record r;
-  int rc = record_get(ops, t, &r, err);
+  int rc = record_get(ops, bk, t, &r, err);
   if (rc || r.n < 2) {
     record_destroy(&r);
     return rc;
@@ -329,27 +331,28 @@ static int owner_check(const es_backend_ops *ops, es_txn *t, const char *session
 }
 
 /* Whether calls about `session` may run here: ES_OK, ES_MOVED or an error. */
-static int session_here(const es_backend_ops *ops, es_txn *t, const char *session, es_err *err) {
+static int session_here(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
+                        es_err *err) {
   es_session_info si;
-  int rc = ops->session_get(t, session, &si, err);
-  if (rc == ES_NOT_FOUND) return owner_check(ops, t, session, err);
+  int rc = ops->session_get(bk, t, session, &si, err);
+  if (rc == ES_NOT_FOUND) return owner_check(ops, bk, t, session, err);
   if (rc) return rc;
   int64_t fence = si.fence;
   es_session_info_destroy(&si);
-  return fence < 0 ? marked(ops, t, session, fence, err) : ES_OK;
+  return fence < 0 ? marked(ops, bk, t, session, fence, err) : ES_OK;
 }
 
-static int w_session_get(const es_backend_ops *ops, es_txn *t, const char *session,
+static int w_session_get(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
                          es_session_info *out, es_err *err) {
-  int rc = ops->session_get(t, session, out, err);
+  int rc = ops->session_get(bk, t, session, out, err);
   if (rc == ES_NOT_FOUND) {
-    int r2 = owner_check(ops, t, session, err);
+    int r2 = owner_check(ops, bk, t, session, err);
     return r2 ? r2 : ES_NOT_FOUND;
   }
   if (rc == ES_OK && out->fence < 0) {
     int64_t fence = out->fence;
     es_session_info_destroy(out);
-    return marked(ops, t, session, fence, err);
+    return marked(ops, bk, t, session, fence, err);
   }
   return rc;
 }
@@ -366,12 +369,12 @@ static void decode_frozen(es_event *row) {
   row->returned = (x >> 1) - 1;
 }
 
-static int w_event_get(const es_backend_ops *ops, es_txn *t, const char *session, int64_t index,
-                       es_event *out, es_err *err) {
-  int rc = ops->event_get(t, session, index, out, err);
+static int w_event_get(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
+                       int64_t index, es_event *out, es_err *err) {
+  int rc = ops->event_get(bk, t, session, index, out, err);
   if (rc == ES_OK && out->returned > -2) return ES_OK;
   if (rc != ES_OK && rc != ES_NOT_FOUND) return rc;
-  int r2 = session_here(ops, t, session, err);
+  int r2 = session_here(ops, bk, t, session, err);
   if (r2 == ES_OK) return rc;
   if (rc == ES_OK) es_event_destroy(out);
   return r2;
@@ -413,8 +416,9 @@ static int filter_row(void *ctx, const es_session_info *row) {
 
 /* A listing without the marker rows, still `limit` rows long when more
  * exist: pages past the hidden ones. */
-static int w_list(const es_backend_ops *ops, int children, es_txn *t, const char *key,
-                  const char *after, int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+static int w_list(const es_backend_ops *ops, es_backend *bk, int children, es_txn *t,
+                  const char *key, const char *after, int64_t limit, es_session_cb cb, void *ctx,
+                  es_err *err) {
   list_filter f = {cb, ctx, 0, 0, 0, NULL};
   char *bound = after ? strdup(after) : NULL;
   if (after && !bound) return nomem(err);
@@ -423,8 +427,8 @@ static int w_list(const es_backend_ops *ops, int children, es_txn *t, const char
     int64_t want = limit == ES_NONE ? ES_NONE : limit - f.passed;
     if (want != ES_NONE && want <= 0) break;
     f.seen = 0;
-    rc = children ? ops->session_children(t, key, bound, want, filter_row, &f, err)
-                  : ops->session_list(t, key, bound, want, filter_row, &f, err);
+    rc = children ? ops->session_children(bk, t, key, bound, want, filter_row, &f, err)
+                  : ops->session_list(bk, t, key, bound, want, filter_row, &f, err);
     if (rc || f.stopped || want == ES_NONE || f.seen < want || !f.last) break;
     free(bound);
     bound = f.last;
@@ -436,60 +440,63 @@ static int w_list(const es_backend_ops *ops, int children, es_txn *t, const char
   return rc;
 }
 
-static int w_snapshot_list(const es_backend_ops *ops, es_txn *t, const char *session,
-                           es_snapshot_cb cb, void *ctx, es_err *err) {
-  int rc = session_here(ops, t, session, err);
-  return rc ? rc : ops->snapshot_list(t, session, cb, ctx, err);
+static int w_snapshot_list(const es_backend_ops *ops, es_backend *bk, es_txn *t,
+                           const char *session, es_snapshot_cb cb, void *ctx, es_err *err) {
+  int rc = session_here(ops, bk, t, session, err);
+  return rc ? rc : ops->snapshot_list(bk, t, session, cb, ctx, err);
 }
 
-static int w_dead_list(const es_backend_ops *ops, es_txn *t, const char *session,
+static int w_dead_list(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
                        const char *scope, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
                        es_err *err) {
-  int rc = session ? session_here(ops, t, session, err) : ES_OK;
-  return rc ? rc : ops->dead_list(t, session, scope, after, limit, cb, ctx, err);
+  int rc = session ? session_here(ops, bk, t, session, err) : ES_OK;
+  return rc ? rc : ops->dead_list(bk, t, session, scope, after, limit, cb, ctx, err);
 }
 
-static int w_segment_list(const es_backend_ops *ops, es_txn *t, const char *session,
+static int w_segment_list(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
                           es_segment_cb cb, void *ctx, es_err *err) {
-  int rc = session_here(ops, t, session, err);
-  return rc ? rc : ops->segment_list(t, session, cb, ctx, err);
+  int rc = session_here(ops, bk, t, session, err);
+  return rc ? rc : ops->segment_list(bk, t, session, cb, ctx, err);
 }
 
 /* One set of wrappers per backend: a backend function gets only its
  * transaction, so each wrapper names the table it wraps. */
-#define WRAP_BACKEND(tag, real)                                                                   \
-  static int sg_##tag(es_txn *t, const char *x, es_session_info *o, es_err *e) {                  \
-    return w_session_get(&(real), t, x, o, e);                                                    \
-  }                                                                                               \
-  static int eg_##tag(es_txn *t, const char *x, int64_t i, es_event *o, es_err *e) {              \
-    return w_event_get(&(real), t, x, i, o, e);                                                   \
-  }                                                                                               \
-  static int sl_##tag(es_txn *t, const char *p, const char *a, int64_t l, es_session_cb cb,       \
-                      void *c, es_err *e) {                                                       \
-    return w_list(&(real), 0, t, p, a, l, cb, c, e);                                              \
-  }                                                                                               \
-  static int sc_##tag(es_txn *t, const char *p, const char *a, int64_t l, es_session_cb cb,       \
-                      void *c, es_err *e) {                                                       \
-    return w_list(&(real), 1, t, p, a, l, cb, c, e);                                              \
-  }                                                                                               \
-  static int nl_##tag(es_txn *t, const char *x, es_snapshot_cb cb, void *c, es_err *e) {          \
-    return w_snapshot_list(&(real), t, x, cb, c, e);                                              \
-  }                                                                                               \
-  static int dl_##tag(es_txn *t, const char *x, const char *sc, int64_t a, int64_t l,             \
-                      es_event_cb cb, void *c, es_err *e) {                                       \
-    return w_dead_list(&(real), t, x, sc, a, l, cb, c, e);                                        \
-  }                                                                                               \
-  static int gl_##tag(es_txn *t, const char *x, es_segment_cb cb, void *c, es_err *e) {           \
-    return w_segment_list(&(real), t, x, cb, c, e);                                               \
-  }                                                                                               \
-  static void wrap_##tag(es_backend_ops *o) {                                                     \
-    o->session_get = sg_##tag;                                                                    \
-    o->event_get = eg_##tag;                                                                      \
-    o->session_list = sl_##tag;                                                                   \
-    o->session_children = sc_##tag;                                                               \
-    o->snapshot_list = nl_##tag;                                                                  \
-    o->dead_list = dl_##tag;                                                                      \
-    o->segment_list = gl_##tag;                                                                   \
+#define WRAP_BACKEND(tag, real)                                                                 \
+  static int sg_##tag(es_backend *b, es_txn *t, const char *x, es_session_info *o, es_err *e) { \
+    return w_session_get(&(real), b, t, x, o, e);                                               \
+  }                                                                                             \
+  static int eg_##tag(es_backend *b, es_txn *t, const char *x, int64_t i, es_event *o,          \
+                      es_err *e) {                                                              \
+    return w_event_get(&(real), b, t, x, i, o, e);                                              \
+  }                                                                                             \
+  static int sl_##tag(es_backend *b, es_txn *t, const char *p, const char *a, int64_t l,        \
+                      es_session_cb cb, void *c, es_err *e) {                                   \
+    return w_list(&(real), b, 0, t, p, a, l, cb, c, e);                                         \
+  }                                                                                             \
+  static int sc_##tag(es_backend *b, es_txn *t, const char *p, const char *a, int64_t l,        \
+                      es_session_cb cb, void *c, es_err *e) {                                   \
+    return w_list(&(real), b, 1, t, p, a, l, cb, c, e);                                         \
+  }                                                                                             \
+  static int nl_##tag(es_backend *b, es_txn *t, const char *x, es_snapshot_cb cb, void *c,      \
+                      es_err *e) {                                                              \
+    return w_snapshot_list(&(real), b, t, x, cb, c, e);                                         \
+  }                                                                                             \
+  static int dl_##tag(es_backend *b, es_txn *t, const char *x, const char *sc, int64_t a,       \
+                      int64_t l, es_event_cb cb, void *c, es_err *e) {                          \
+    return w_dead_list(&(real), b, t, x, sc, a, l, cb, c, e);                                   \
+  }                                                                                             \
+  static int gl_##tag(es_backend *b, es_txn *t, const char *x, es_segment_cb cb, void *c,       \
+                      es_err *e) {                                                              \
+    return w_segment_list(&(real), b, t, x, cb, c, e);                                          \
+  }                                                                                             \
+  static void wrap_##tag(es_backend_ops *o) {                                                   \
+    o->session_get = sg_##tag;                                                                  \
+    o->event_get = eg_##tag;                                                                    \
+    o->session_list = sl_##tag;                                                                 \
+    o->session_children = sc_##tag;                                                             \
+    o->snapshot_list = nl_##tag;                                                                \
+    o->dead_list = dl_##tag;                                                                    \
+    o->segment_list = gl_##tag;                                                                 \
   }
 
 WRAP_BACKEND(memory, es_backend_memory)
@@ -1956,7 +1963,7 @@ typedef struct {
 
 static int do_delete_refs_of(es_store *st, es_txn *t, void *arg, es_err *err) {
   refs_of_args *a = arg;
-  return st->ops->ref_delete_session(t, a->session, err);
+  return st->ops->ref_delete_session(st->bk, t, a->session, err);
 }
 
 static int delete_refs_of(es_store *s, const char *session, es_err *err) {
@@ -2217,7 +2224,7 @@ static int do_record(es_store *st, es_txn *t, void *arg, es_err *err) {
   record_args *a = arg;
   es_session_info si;
   char *identity = NULL; /* kept across records (store_identity) */
-  int rc = real(st)->session_get(t, "", &si, err);
+  int rc = real(st)->session_get(st->bk, t, "", &si, err);
   if (rc == ES_OK) {
     int64_t have = si.fence;
     identity = si.lease_holder;
@@ -2246,7 +2253,7 @@ static int do_record(es_store *st, es_txn *t, void *arg, es_err *err) {
   si.fence = a->version;
   si.seal_reason = b.data;
   si.lease_holder = identity;
-  rc = real(st)->session_put(t, &si, err);
+  rc = real(st)->session_put(st->bk, t, &si, err);
   es_buf_destroy(&b);
   free(identity);
   return rc;
@@ -2264,7 +2271,7 @@ typedef struct {
 static int do_identity(es_store *st, es_txn *t, void *arg, es_err *err) {
   identity_args *a = arg;
   es_session_info si;
-  int rc = real(st)->session_get(t, "", &si, err);
+  int rc = real(st)->session_get(st->bk, t, "", &si, err);
   if (rc == ES_OK && si.lease_holder) {
     a->out = si.lease_holder;
     si.lease_holder = NULL;
@@ -2282,7 +2289,7 @@ static int do_identity(es_store *st, es_txn *t, void *arg, es_err *err) {
     es_session_info_destroy(&si);
     return nomem(err);
   }
-  rc = real(st)->session_put(t, &si, err);
+  rc = real(st)->session_put(st->bk, t, &si, err);
   es_session_info_destroy(&si);
   return rc;
 }
@@ -2402,7 +2409,7 @@ typedef struct {
 static int plan_guard(es_store *st, es_txn *t, int64_t version, es_err *err) {
   if (version <= 0) return ES_OK;
   es_session_info si;
-  int rc = real(st)->session_get(t, "", &si, err);
+  int rc = real(st)->session_get(st->bk, t, "", &si, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   int64_t have = si.fence;
@@ -2417,7 +2424,7 @@ static int plan_guard(es_store *st, es_txn *t, int64_t version, es_err *err) {
 static int do_state(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
   es_session_info si;
-  int rc = real(st)->session_get(t, a->session, &si, err);
+  int rc = real(st)->session_get(st->bk, t, a->session, &si, err);
   if (rc && rc != ES_NOT_FOUND) return rc;
   a->state = state_of(rc, &si);
   if (rc == ES_OK) es_session_info_destroy(&si);
@@ -2435,7 +2442,7 @@ static int do_incoming(es_store *st, es_txn *t, void *arg, es_err *err) {
   si.session = (char *)a->session;
   si.fence = FENCE_INCOMING;
   si.seal_reason = (char *)a->source;
-  return real(st)->session_put(t, &si, err);
+  return real(st)->session_put(st->bk, t, &si, err);
 }
 
 /* Undoes (a) when (b) refused. */
@@ -2444,7 +2451,7 @@ static int do_unincoming(es_store *st, es_txn *t, void *arg, es_err *err) {
   int rc = plan_guard(st, t, a->version, err);
   if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || a->state != ST_INCOMING) return rc;
-  return real(st)->session_delete(t, a->session, err);
+  return real(st)->session_delete(st->bk, t, a->session, err);
 }
 
 static int collect_row(void *ctx, const es_event *row) {
@@ -2459,7 +2466,7 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
   es_session_info si;
   int rc = plan_guard(st, t, a->version, err);
   if (rc) return rc;
-  rc = ops->session_get(t, a->session, &si, err);
+  rc = ops->session_get(st->bk, t, a->session, &si, err);
   if (rc && rc != ES_NOT_FOUND) return rc;
   a->state = state_of(rc, &si);
   if (a->state != ST_LIVE) {
@@ -2472,7 +2479,8 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
                  "cannot move session '%s' to another shard: it has archived segments "
                  "(docs/sharding.md)",
                  a->session);
-  if (rc == ES_OK) rc = ops->event_range(t, a->session, 0, INT64_MAX, ES_NONE, collect_row, &rows, err);
+  if (rc == ES_OK)
+    rc = ops->event_range(st->bk, t, a->session, 0, INT64_MAX, ES_NONE, collect_row, &rows, err);
   for (size_t i = 0; rc == ES_OK && i < rows.n; i++) {
     es_event *e = &rows.v[i];
     if (e->key) {
@@ -2485,12 +2493,12 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
     if (e->status == ES_STATUS_PROCESSED) continue;
     e->returned = encode_frozen(e);
     e->queued = 0;
-    rc = ops->event_update(t, e, err);
+    rc = ops->event_update(st->bk, t, e, err);
   }
   es_events_destroy(&rows);
   if (rc == ES_OK) {
     si.fence = FENCE_FROZEN_BASE - si.fence;
-    rc = ops->session_put(t, &si, err);
+    rc = ops->session_put(st->bk, t, &si, err);
   }
   es_session_info_destroy(&si);
   return rc;
@@ -2530,16 +2538,16 @@ static int collect_snap_name(void *ctx, const es_snapshot *row) {
 static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_copy *c = arg;
   const es_backend_ops *ops = real(st);
-  int rc = ops->session_get(t, c->session, &c->si, err);
+  int rc = ops->session_get(st->bk, t, c->session, &c->si, err);
   if (rc) return rc;
   c->have_si = 1;
   if (c->si.fence > FENCE_FROZEN_BASE) return ES_OK; /* not frozen: nothing to copy */
-  rc = ops->event_range(t, c->session, 0, INT64_MAX, ES_NONE, collect_row, &c->events, err);
-  if (rc == ES_OK) rc = ops->snapshot_list(t, c->session, collect_snap_name, c, err);
+  rc = ops->event_range(st->bk, t, c->session, 0, INT64_MAX, ES_NONE, collect_row, &c->events, err);
+  if (rc == ES_OK) rc = ops->snapshot_list(st->bk, t, c->session, collect_snap_name, c, err);
   for (size_t i = 0; rc == ES_OK && !c->oom && i < c->snaps.n; i++) {
     es_snapshot full;
     es_snapshot_init(&full);
-    rc = ops->snapshot_get(t, c->session, c->snaps.v[i].reducer, &full, err);
+    rc = ops->snapshot_get(st->bk, t, c->session, c->snaps.v[i].reducer, &full, err);
     if (rc == ES_OK) {
       es_snapshot_destroy(&c->snaps.v[i]);
       c->snaps.v[i] = full;
@@ -2567,7 +2575,7 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   int rc = plan_guard(st, t, a->version, err);
   if (rc) return rc;
   es_session_info in;
-  rc = ops->session_get(t, c->session, &in, err);
+  rc = ops->session_get(st->bk, t, c->session, &in, err);
   if (rc && rc != ES_NOT_FOUND) return rc;
   int state = state_of(rc, &in);
   /* only the move the incoming row was made for copies in: its source */
@@ -2580,7 +2588,7 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
     es_event *e = &c->events.v[i];
     es_event other;
     es_event_init(&other);
-    int r2 = ops->event_get_by_id(t, e->id, &other, err);
+    int r2 = ops->event_get_by_id(st->bk, t, e->id, &other, err);
     if (r2 == ES_OK) {
       rc = es_fail(err, ES_INVALID_ARGUMENT,
                    "cannot move session '%s' to shard '%s': event id '%s' is already used there "
@@ -2594,14 +2602,14 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
       break;
     }
     decode_frozen(e);
-    rc = ops->event_insert(t, e, err);
+    rc = ops->event_insert(st->bk, t, e, err);
   }
   for (size_t i = 0; rc == ES_OK && i < c->snaps.n; i++)
-    rc = ops->snapshot_put(t, c->session, &c->snaps.v[i], err);
+    rc = ops->snapshot_put(st->bk, t, c->session, &c->snaps.v[i], err);
   if (rc == ES_OK) {
     es_session_info si = c->si;
     si.fence = FENCE_FROZEN_BASE - c->si.fence;
-    rc = ops->session_put(t, &si, err);
+    rc = ops->session_put(st->bk, t, &si, err);
   }
   if (rc == ES_OK) a->copied = a->present = 1;
   return rc;
@@ -2614,15 +2622,15 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
   int rc = plan_guard(st, t, a->version, err);
   if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || a->state != ST_FROZEN) return rc;
-  rc = ops->event_delete_range(t, a->session, INT64_MAX, err);
-  if (rc == ES_OK) rc = ops->snapshot_delete_all(t, a->session, err);
-  if (rc == ES_OK) rc = ops->key_use_delete_session(t, a->session, err);
+  rc = ops->event_delete_range(st->bk, t, a->session, INT64_MAX, err);
+  if (rc == ES_OK) rc = ops->snapshot_delete_all(st->bk, t, a->session, err);
+  if (rc == ES_OK) rc = ops->key_use_delete_session(st->bk, t, a->session, err);
   if (rc == ES_OK) {
     es_session_info si;
     es_session_info_init(&si);
     si.session = (char *)a->session;
     si.fence = FENCE_TOMBSTONE;
-    rc = ops->session_put(t, &si, err);
+    rc = ops->session_put(st->bk, t, &si, err);
   }
   return rc;
 }
@@ -2732,7 +2740,7 @@ typedef struct {
 
 static int do_list_all(es_store *st, es_txn *t, void *arg, es_err *err) {
   list_args *a = arg;
-  int rc = real(st)->session_list(t, "", a->after, MOVE_PAGE, collect_listed, a->out, err);
+  int rc = real(st)->session_list(st->bk, t, "", a->after, MOVE_PAGE, collect_listed, a->out, err);
   if (rc == ES_OK && a->out->oom) rc = nomem(err);
   return rc;
 }
@@ -2759,7 +2767,7 @@ static int do_clear_tomb(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step probe = {a->session, NULL, 0, 0};
   if (rc == ES_OK) rc = do_state(st, t, &probe, err);
   if (rc || probe.state != ST_TOMBSTONE) return rc;
-  return real(st)->session_delete(t, a->session, err);
+  return real(st)->session_delete(st->bk, t, a->session, err);
 }
 
 /* Drops the tombstones on shard `me` of sessions `to` gives to `me`. */
@@ -2977,13 +2985,13 @@ static int do_fork_source(es_store *st, es_txn *t, void *arg, es_err *err) {
   xfork *f = arg;
   session_copy c;
   memset(&c, 0, sizeof c);
-  int rc = st->ops->snapshot_list(t, f->from, collect_snap_name, &c, err);
+  int rc = st->ops->snapshot_list(st->bk, t, f->from, collect_snap_name, &c, err);
   if (rc == ES_OK && c.oom) rc = nomem(err);
   for (size_t i = 0; rc == ES_OK && i < c.snaps.n; i++) {
     if (c.snaps.v[i].index > f->at) continue;
     es_snapshot full;
     es_snapshot_init(&full);
-    rc = st->ops->snapshot_get(t, f->from, c.snaps.v[i].reducer, &full, err);
+    rc = st->ops->snapshot_get(st->bk, t, f->from, c.snaps.v[i].reducer, &full, err);
     if (rc == ES_OK &&
         (es_grow((void **)&f->snaps.v, &f->snaps.cap, f->snaps.n + 1, sizeof *f->snaps.v))) {
       es_snapshot_destroy(&full);
@@ -3022,7 +3030,7 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
   xfork *f = arg;
   const es_backend_ops *ops = st->ops; /* the marker-checking table: `to` may have moved */
   es_session_info dst;
-  int rc = ops->session_get(t, f->to, &dst, err);
+  int rc = ops->session_get(st->bk, t, f->to, &dst, err);
   if (rc == ES_NOT_FOUND) {
     rc = ES_OK;
     es_session_info_init(&dst);
@@ -3047,7 +3055,7 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
     }
     es_event other;
     es_event_init(&other);
-    if (ops->event_get_by_id(t, f->ids[i], &other, err) == ES_OK) {
+    if (ops->event_get_by_id(st->bk, t, f->ids[i], &other, err) == ES_OK) {
       es_event_destroy(&other);
       rc = es_fail(err, ES_INVALID_ARGUMENT, "the id source returned '%s', an id already stored",
                    f->ids[i]);
@@ -3071,17 +3079,17 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
     row.returned = -1;
     row.origin_session = (char *)f->from;
     row.origin_index = e->index;
-    rc = ops->event_insert(t, &row, err);
+    rc = ops->event_insert(st->bk, t, &row, err);
   }
   for (size_t i = 0; rc == ES_OK && i < f->snaps.n; i++)
-    rc = ops->snapshot_put(t, f->to, &f->snaps.v[i], err);
+    rc = ops->snapshot_put(st->bk, t, f->to, &f->snaps.v[i], err);
   if (rc == ES_OK) {
     dst.head = dst.events = f->at;
     if (f->src.n) dst.first_at = f->src.v[0].created_at;
     dst.parent = strdup(f->from);
     dst.fork_at = f->at;
     dst.forked_at = dst.updated_at = f->now;
-    rc = dst.parent ? ops->session_put(t, &dst, err) : nomem(err);
+    rc = dst.parent ? ops->session_put(st->bk, t, &dst, err) : nomem(err);
   }
   if (rc == ES_OK) {
     f->out->session = strdup(f->to);

@@ -193,7 +193,7 @@ typedef struct {
 
 static int do_counts(es_store *s, es_txn *t, void *arg, es_err *err) {
   counts_args *a = arg;
-  return s->ops->counts(t, a->scope, a->out, err);
+  return s->ops->counts(s->bk, t, a->scope, a->out, err);
 }
 
 int es_core_counts(es_store *s, const char *scope, es_counts *out, es_err *err) {

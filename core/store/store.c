@@ -260,7 +260,7 @@ static int64_t due_of(const es_event *row, int64_t now) {
 
 static int load_session(es_store *s, es_txn *t, const char *session, es_session_info *si,
                         es_err *err) {
-  int rc = s->ops->session_get(t, session, si, err);
+  int rc = s->ops->session_get(s->bk, t, session, si, err);
   if (rc == ES_NOT_FOUND) {
     es_session_info_init(si);
     si->session = strdup(session);
@@ -271,7 +271,7 @@ static int load_session(es_store *s, es_txn *t, const char *session, es_session_
 
 static int get_event(es_store *s, es_txn *t, const char *session, int64_t index, es_event *row,
                      es_err *err) {
-  int rc = s->ops->event_get(t, session, index, row, err);
+  int rc = s->ops->event_get(s->bk, t, session, index, row, err);
   if (rc == ES_NOT_FOUND)
     return es_fail(err, ES_NO_SUCH_EVENT, "no event at index %lld in session '%s'", (long long)index,
                    session);
@@ -390,7 +390,7 @@ static int check_replay(es_store *s, es_txn *t, const char *session, const es_ne
   es_event_init(&row);
   for (size_t i = 0; i < n && rc == ES_OK; i++) {
     if (!evs[i].id) continue;
-    rc = s->ops->event_get_by_id(t, evs[i].id, &row, err);
+    rc = s->ops->event_get_by_id(s->bk, t, evs[i].id, &row, err);
     if (rc == ES_NOT_FOUND) {
       rc = ES_OK;
       continue;
@@ -452,9 +452,10 @@ static int chunk_flush(es_store *s, es_txn *t, insert_chunk *c, es_session_info 
   int rc = ES_OK;
   if (c->n == 0) return ES_OK;
   if (s->ops->event_insert_many) {
-    rc = s->ops->event_insert_many(t, c->rows, c->n, err);
+    rc = s->ops->event_insert_many(s->bk, t, c->rows, c->n, err);
   } else {
-    for (size_t k = 0; k < c->n && rc == ES_OK; k++) rc = s->ops->event_insert(t, &c->rows[k], err);
+    for (size_t k = 0; k < c->n && rc == ES_OK; k++)
+      rc = s->ops->event_insert(s->bk, t, &c->rows[k], err);
   }
   for (size_t k = 0; k < c->n && rc == ES_OK; k++) {
     es_event *row = &c->rows[k];
@@ -523,7 +524,7 @@ static int insert_rows(es_store *s, es_txn *t, es_session_info *si, const es_new
     } else {
       row->status = ES_STATUS_PENDING;
       int64_t blocker = 0;
-      if (e->lane) rc = s->ops->lane_next(t, si->session, e->lane, 0, &blocker, err);
+      if (e->lane) rc = s->ops->lane_next(s->bk, t, si->session, e->lane, 0, &blocker, err);
       if (rc) break;
       row->queued = blocker == 0;
       if (row->queued) row->due_at = due_of(row, now);
@@ -561,14 +562,14 @@ static int insert_events(es_store *s, es_txn *t, es_session_info *si, const es_n
 static int advance_lane(es_store *s, es_txn *t, const es_event *done, int64_t now, es_err *err) {
   if (!done->lane) return ES_OK;
   int64_t next = 0;
-  int rc = s->ops->lane_next(t, done->session, done->lane, done->index, &next, err);
+  int rc = s->ops->lane_next(s->bk, t, done->session, done->lane, done->index, &next, err);
   if (rc || next == 0) return rc;
   es_event row;
   if ((rc = get_event(s, t, done->session, next, &row, err))) return rc;
   if (row.status == ES_STATUS_PENDING && !row.queued) {
     row.queued = 1;
     row.due_at = due_of(&row, now);
-    rc = s->ops->event_update(t, &row, err);
+    rc = s->ops->event_update(s->bk, t, &row, err);
   }
   es_event_destroy(&row);
   return rc;
@@ -648,7 +649,7 @@ static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc == ES_OK)
     rc = insert_rows(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now, a->scope, a->ids,
                      a->ids_stride, a->want_out ? a->out : NULL, err);
-  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  if (rc == ES_OK) rc = s->ops->session_put(s->bk, t, &si, err);
   a->pending = si.pending > 0;
   es_session_info_destroy(&si);
   return rc;
@@ -704,14 +705,14 @@ int es_core_append(es_store *s, const char *scope, const char *session, const es
     es_txn *t = NULL;
     rc = s->ops->read_begin(s->bk, &t, err);
     if (rc == ES_OK) {
-      rc = s->ops->session_get(t, session, &si, err);
+      rc = s->ops->session_get(s->bk, t, session, &si, err);
       if (rc == ES_OK) {
         *pending = si.pending > 0;
         es_session_info_destroy(&si);
       } else if (rc == ES_NOT_FOUND) {
         rc = ES_OK;
       }
-      s->ops->read_end(t);
+      s->ops->read_end(s->bk, t);
     }
     es_core_leave(s);
     return rc;
@@ -781,7 +782,7 @@ static int revealed(es_store *s, es_txn *t, int rc, es_events *list, es_err *err
 static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
   range_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_NOT_FOUND) {
     a->head = 0;
     return ES_OK;
@@ -800,8 +801,9 @@ static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
   collector c = {a->out, 0};
   int rc2 = ES_OK;
   if (through > after && limit != 0)
-    rc2 = collected(s->ops->event_range(t, a->session, after, through, limit, collect_event, &c, err),
-                    &c, err);
+    rc2 = collected(
+        s->ops->event_range(s->bk, t, a->session, after, through, limit, collect_event, &c, err),
+        &c, err);
   /* §3.10: archived and live rows alike (segments keep payloads as stored) */
   if (a->at_rest) return rc2 == ES_OK ? es_crypto_mark_at_rest(s, t, a->out->v, a->out->n, err) : rc2;
   return revealed(s, t, rc2, a->out, err);
@@ -849,7 +851,7 @@ typedef struct {
 static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
   head_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   *a->head = 0;
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
@@ -879,8 +881,8 @@ typedef struct {
 static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
   collector c = {a->out, 0};
-  int rc = collected(s->ops->event_all(t, a->scope, a->after, a->limit, collect_event, &c, err), &c,
-                     err);
+  int rc = collected(
+      s->ops->event_all(s->bk, t, a->scope, a->after, a->limit, collect_event, &c, err), &c, err);
   return revealed(s, t, rc, a->out, err);
 }
 
@@ -926,14 +928,14 @@ static int collect_name(void *ctx, const es_session_info *row) {
 
 static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
   last_args *a = arg;
-  if (!a->scope) return s->ops->last_position(t, a->position, err);
-  int rc = s->ops->session_list(t, a->scope, NULL, ES_NONE, collect_name, a, err);
+  if (!a->scope) return s->ops->last_position(s->bk, t, a->position, err);
+  int rc = s->ops->session_list(s->bk, t, a->scope, NULL, ES_NONE, collect_name, a, err);
   if (rc == ES_OK && a->oom) rc = nomem(err);
   for (size_t i = 0; rc == ES_OK && i < a->n; i++) {
     es_session_info si;
-    if ((rc = s->ops->session_get(t, a->names[i], &si, err))) break;
+    if ((rc = s->ops->session_get(s->bk, t, a->names[i], &si, err))) break;
     es_event e;
-    rc = s->ops->event_get(t, a->names[i], si.head, &e, err);
+    rc = s->ops->event_get(s->bk, t, a->names[i], si.head, &e, err);
     es_session_info_destroy(&si);
     if (rc == ES_NOT_FOUND) { /* every event dropped (truncate through the head) */
       rc = ES_OK;
@@ -971,7 +973,7 @@ static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc == ES_OK) rc = es_crypto_reveal(s, t, NULL, a->out, 1, err);
   if (rc != ES_NO_SUCH_EVENT) return rc;
   es_session_info si;
-  if (s->ops->session_get(t, a->session, &si, err) != ES_OK) return rc;
+  if (s->ops->session_get(s->bk, t, a->session, &si, err) != ES_OK) return rc;
   if (a->index >= 1 && a->index <= si.head) rc = check_live(&si, a->index - 1, a->index, err);
   if (rc == ES_NO_SUCH_EVENT && a->index >= 1 && a->index <= si.archived_through) {
     /* §3.9: an archived event */
@@ -1019,7 +1021,7 @@ static int claim_row(es_store *s, es_txn *t, es_event *row, const char *holder, 
   row->claim_expires_at = expires;
   row->retry_at = ES_NONE;
   row->due_at = expires; /* a live claim is ready again only when it expires */
-  return s->ops->event_update(t, row, err);
+  return s->ops->event_update(s->bk, t, row, err);
 }
 
 /* retry_at for claim / claim_next. A due time of INT64_MAX (a not_before or
@@ -1027,7 +1029,7 @@ static int claim_row(es_store *s, es_txn *t, es_event *row, const char *holder, 
  * on every backend (the memory backend's search cannot report it). */
 static int next_due(es_store *s, es_txn *t, const char *session, const char *scope, int64_t now,
                     int64_t *due, es_err *err) {
-  int rc = s->ops->queued_next_due(t, session, scope, now, due, err);
+  int rc = s->ops->queued_next_due(s->bk, t, session, scope, now, due, err);
   if (rc == ES_OK && *due == INT64_MAX) *due = ES_NONE;
   return rc;
 }
@@ -1057,7 +1059,7 @@ static int excluded(const es_claim_opts *o, int64_t index) {
 static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
   claim_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   a->retry_at = ES_NONE;
   if (rc == ES_NOT_FOUND) {
     a->outcome = ES_SETTLED;
@@ -1068,8 +1070,9 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
    * more than the limit. */
   int64_t want = a->limit == ES_NONE ? ES_NONE : cap_limit(a->limit + (int64_t)a->o->n_exclude);
   collector c = {a->out, 0};
-  rc = collected(s->ops->queued_due(t, a->session, NULL, a->now, want, collect_event, &c, err), &c,
-                 err);
+  rc = collected(
+      s->ops->queued_due(s->bk, t, a->session, NULL, a->now, want, collect_event, &c, err), &c,
+      err);
   if (rc == ES_OK) {
     /* Drop exclusions, then index order (backends already give it), then the limit. */
     size_t k = 0;
@@ -1094,7 +1097,7 @@ static int do_claim(es_store *s, es_txn *t, void *arg, es_err *err) {
     a->outcome = ES_CLAIMED;
     si.attempts += (int64_t)a->out->n;
     si.updated_at = a->now;
-    rc = s->ops->session_put(t, &si, err);
+    rc = s->ops->session_put(s->bk, t, &si, err);
   } else if (rc == ES_OK) {
     a->outcome = si.pending > 0 ? ES_BUSY : ES_SETTLED;
     if (si.pending > 0) rc = next_due(s, t, a->session, NULL, a->now, &a->retry_at, err);
@@ -1178,8 +1181,8 @@ static int ready_rows(es_store *s, es_txn *t, claim_next_args *a, const char *ty
   int64_t limit = filter ? ES_NONE : a->limit;
   es_event_cb cb = filter ? collect_unskipped : collect_event;
   void *ctx = filter ? (void *)&k : (void *)&k.c;
-  int rc = type ? s->ops->queued_due_type(t, a->scope, type, a->now, limit, cb, ctx, err)
-                : s->ops->queued_due(t, NULL, a->scope, a->now, limit, cb, ctx, err);
+  int rc = type ? s->ops->queued_due_type(s->bk, t, a->scope, type, a->now, limit, cb, ctx, err)
+                : s->ops->queued_due(s->bk, t, NULL, a->scope, a->now, limit, cb, ctx, err);
   return collected(rc, &k.c, err);
 }
 
@@ -1212,7 +1215,7 @@ static int next_due_of_types(es_store *s, es_txn *t, const claim_next_args *a, i
   *due = ES_NONE;
   for (size_t i = 0; i < a->n_types; i++) {
     int64_t d;
-    int rc = s->ops->queued_next_due_type(t, a->scope, a->types[i], a->now, &d, err);
+    int rc = s->ops->queued_next_due_type(s->bk, t, a->scope, a->types[i], a->now, &d, err);
     if (rc) return rc;
     if (d != ES_NONE && (*due == ES_NONE || d < *due)) *due = d;
   }
@@ -1242,7 +1245,7 @@ static int claim_ready_rows(es_store *s, es_txn *t, claim_next_args *a, int64_t 
   for (size_t i = 0; rc == ES_OK && i < (a->types ? a->n_types : 1); i++) {
     collector c = {a->out, 0};
     int64_t d = ES_NONE;
-    rc = collected(s->ops->claim_ready(t, a->scope, a->types ? a->types[i] : NULL, a->now,
+    rc = collected(s->ops->claim_ready(s->bk, t, a->scope, a->types ? a->types[i] : NULL, a->now,
                                        a->limit, collect_event, &c, &d, err),
                    &c, err);
     if (rc == ES_OK && d != ES_NONE && (*next == ES_NONE || d < *next)) *next = d;
@@ -1275,14 +1278,14 @@ static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_e
     size_t j = i;
     while (j < n && strcmp(by[j]->session, by[i]->session) == 0) j++;
     if (s->ops->session_claimed) {
-      rc = s->ops->session_claimed(t, by[i]->session, (int64_t)(j - i), a->now, err);
+      rc = s->ops->session_claimed(s->bk, t, by[i]->session, (int64_t)(j - i), a->now, err);
       for (size_t k = i; rc == ES_OK && k < j; k++)
         rc = claim_row(s, t, by[k], a->holder, a->now, a->expires, err);
       i = j;
       continue;
     }
     es_session_info si;
-    rc = s->ops->session_get(t, by[i]->session, &si, err);
+    rc = s->ops->session_get(s->bk, t, by[i]->session, &si, err);
     if (rc == ES_NOT_FOUND)
       rc = es_fail(err, ES_STORAGE, "claim_next: session '%s' has ready events but no row",
                    by[i]->session);
@@ -1292,7 +1295,7 @@ static int do_claim_next_locked(es_store *s, es_txn *t, claim_next_args *a, es_e
     if (rc == ES_OK) {
       si.attempts += (int64_t)(j - i);
       si.updated_at = a->now;
-      rc = s->ops->session_put(t, &si, err);
+      rc = s->ops->session_put(s->bk, t, &si, err);
     }
     es_session_info_destroy(&si);
     i = j;
@@ -1335,8 +1338,10 @@ static int claim_write(es_store *s, claim_next_args *a, es_err *err) {
   int rc = s->ops->write_begin(s->bk, &t, err);
   if (rc == ES_OK) {
     rc = do_claim_next(s, t, a, err);
-    if (rc == ES_OK) rc = s->ops->write_commit(t, err);
-    else s->ops->write_rollback(t);
+    if (rc == ES_OK)
+      rc = s->ops->write_commit(s->bk, t, err);
+    else
+      s->ops->write_rollback(s->bk, t);
   }
   if (lazy) s->ops->lazy_end(s->bk);
   pthread_mutex_unlock(&s->wmu);
@@ -1358,13 +1363,13 @@ static int claim_next_own_txn(es_store *s, claim_next_args *a, es_err *err) {
     if ((rc = s->ops->claim_begin(s->bk, a->skip, a->n_skip, &t, err))) return rc;
     rc = do_claim_next_locked(s, t, a, err);
     int again = 0;
-    if (rc == ES_OK && !s->ops->claim_commit) return s->ops->write_commit(t, err);
+    if (rc == ES_OK && !s->ops->claim_commit) return s->ops->write_commit(s->bk, t, err);
     if (rc == ES_OK) {
       /* the commit may be where a lost lock wait is learnt of */
-      if ((rc = s->ops->claim_commit(t, &again, err)) == ES_OK) return ES_OK;
+      if ((rc = s->ops->claim_commit(s->bk, t, &again, err)) == ES_OK) return ES_OK;
     } else {
-      again = s->ops->claim_retry && s->ops->claim_retry(t);
-      s->ops->write_rollback(t);
+      again = s->ops->claim_retry && s->ops->claim_retry(s->bk, t);
+      s->ops->write_rollback(s->bk, t);
     }
     es_events_destroy(a->out);
     memset(a->out, 0, sizeof *a->out);
@@ -1479,11 +1484,11 @@ static int release_row(es_store *s, es_txn *t, claims_args *a, es_event *row, es
   row->attempts--;
   if (row->attempts == 0) row->first_claimed_at = ES_NONE;
   row->due_at = due_of(row, a->now);
-  rc = s->ops->event_update(t, row, err);
+  rc = s->ops->event_update(s->bk, t, row, err);
   if (rc == ES_OK) {
     si.attempts--;
     si.updated_at = a->now;
-    rc = s->ops->session_put(t, &si, err);
+    rc = s->ops->session_put(s->bk, t, &si, err);
   }
   es_session_info_destroy(&si);
   return rc;
@@ -1495,7 +1500,7 @@ static int do_claims(es_store *s, es_txn *t, void *arg, es_err *err) {
   a->out->n_renewed = a->out->n_superseded = 0;
   for (size_t i = 0; i < a->n && rc == ES_OK; i++) {
     es_event row;
-    rc = s->ops->event_get(t, a->session, a->claims[i].index, &row, err);
+    rc = s->ops->event_get(s->bk, t, a->session, a->claims[i].index, &row, err);
     if (rc == ES_NOT_FOUND) {
       rc = ES_OK;
       continue;
@@ -1508,7 +1513,7 @@ static int do_claims(es_store *s, es_txn *t, void *arg, es_err *err) {
         rc = release_row(s, t, a, &row, err);
       } else {
         row.claim_expires_at = row.due_at = a->expires;
-        rc = s->ops->event_update(t, &row, err);
+        rc = s->ops->event_update(s->bk, t, &row, err);
       }
       if (rc == ES_OK) a->out->renewed[a->out->n_renewed++] = row.index;
     }
@@ -1649,13 +1654,13 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
     parent.due_at = ES_NONE;
     parent.returned = (int64_t)a->n;
     parent.processed_by_attempt = a->attempt;
-    rc = s->ops->event_update(t, &parent, err);
+    rc = s->ops->event_update(s->bk, t, &parent, err);
   }
   if (rc == ES_OK) rc = advance_lane(s, t, &parent, a->now, err);
   if (rc == ES_OK) {
     si.pending--;
     si.updated_at = a->now;
-    rc = s->ops->session_put(t, &si, err);
+    rc = s->ops->session_put(s->bk, t, &si, err);
   }
   if (rc == ES_OK) a->outcome = ES_COMPLETED;
   es_session_info_destroy(&si);
@@ -1724,7 +1729,7 @@ static int complete_read_ahead(es_store *s, es_txn *t, const es_completion *v, s
   for (size_t i = 0; i < n; i++)
     for (size_t j = 0; j < v[i].n; j++)
       if (v[i].evs[j].id) ids[k++] = v[i].evs[j].id;
-  int rc = s->ops->read_ahead(t, sessions, indexes, n, ids, k, err);
+  int rc = s->ops->read_ahead(s->bk, t, sessions, indexes, n, ids, k, err);
   free(ids);
   return rc;
 }
@@ -1750,12 +1755,12 @@ static int do_complete_many(es_store *s, es_txn *t, void *arg, es_err *err) {
                        NULL};
     memset(&c->err, 0, sizeof c->err);
     int own_sp = completion_needs_savepoint(c);
-    int rc = own_sp ? s->ops->savepoint(t, &c->err) : ES_OK;
+    int rc = own_sp ? s->ops->savepoint(s->bk, t, &c->err) : ES_OK;
     if (rc == ES_OK) {
       rc = do_complete(s, t, &a, &c->err);
       if (own_sp) {
-        if (rc == ES_OK) rc = s->ops->savepoint_release(t, &c->err);
-        if (rc != ES_OK) s->ops->savepoint_rollback(t);
+        if (rc == ES_OK) rc = s->ops->savepoint_release(s->bk, t, &c->err);
+        if (rc != ES_OK) s->ops->savepoint_rollback(s->bk, t);
       }
     }
     es_events_destroy(&out);
@@ -1868,9 +1873,9 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
     }
     a->failures = row.failures;
     si.updated_at = a->now;
-    rc = s->ops->event_update(t, &row, err);
+    rc = s->ops->event_update(s->bk, t, &row, err);
   }
-  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  if (rc == ES_OK) rc = s->ops->session_put(s->bk, t, &si, err);
   es_session_info_destroy(&si);
   es_event_destroy(&row);
   return rc;
@@ -1967,9 +1972,9 @@ static int do_dead_change(es_store *s, es_txn *t, void *arg, es_err *err) {
       }
     }
   }
-  if (rc == ES_OK) rc = s->ops->event_update(t, &row, err);
+  if (rc == ES_OK) rc = s->ops->event_update(s->bk, t, &row, err);
   if (rc == ES_OK && !a->revive) rc = advance_lane(s, t, &row, a->now, err);
-  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  if (rc == ES_OK) rc = s->ops->session_put(s->bk, t, &si, err);
   es_session_info_destroy(&si);
   es_event_destroy(&row);
   return rc;
@@ -2000,8 +2005,8 @@ static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
   collector c = {a->out, 0};
   int rc = collected(
-      s->ops->dead_list(t, a->session, a->scope, a->after, a->limit, collect_event, &c, err), &c,
-      err);
+      s->ops->dead_list(s->bk, t, a->session, a->scope, a->after, a->limit, collect_event, &c, err),
+      &c, err);
   return revealed(s, t, rc, a->out, err);
 }
 
@@ -2032,13 +2037,13 @@ typedef struct {
 
 static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
   state_args *a = arg;
-  int rc = s->ops->snapshot_get(t, a->session, a->reducer, a->snap, err);
+  int rc = s->ops->snapshot_get(s->bk, t, a->session, a->reducer, a->snap, err);
   *a->found = rc == ES_OK;
   if (rc == ES_NOT_FOUND) rc = ES_OK;
   if (rc) return rc;
   int64_t after = *a->found ? a->snap->index : 0;
   es_session_info si;
-  rc = s->ops->session_get(t, a->session, &si, err);
+  rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_OK) {
     rc = check_live(&si, after, si.head, err); /* the fold from this snapshot needs them */
     int64_t limit = ES_NONE; /* §3.9: archived events after the snapshot come first */
@@ -2054,7 +2059,8 @@ static int do_read_state(es_store *s, es_txn *t, void *arg, es_err *err) {
   }
   collector c = {a->events, 0};
   rc = collected(
-      s->ops->event_range(t, a->session, after, INT64_MAX, ES_NONE, collect_event, &c, err), &c, err);
+      s->ops->event_range(s->bk, t, a->session, after, INT64_MAX, ES_NONE, collect_event, &c, err),
+      &c, err);
   return revealed(s, t, rc, a->events, err);
 }
 
@@ -2147,7 +2153,7 @@ static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
   put_snap_args *a = arg;
   es_session_info si;
   int64_t head = 0;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_OK) {
     head = si.head;
     es_session_info_destroy(&si);
@@ -2158,7 +2164,7 @@ static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
     return es_fail(err, ES_NO_SUCH_EVENT, "snapshot index %lld is beyond the head %lld of '%s'",
                    (long long)a->row.index, (long long)head, a->session);
   es_snapshot old;
-  rc = s->ops->snapshot_get(t, a->session, a->row.reducer, &old, err);
+  rc = s->ops->snapshot_get(s->bk, t, a->session, a->row.reducer, &old, err);
   if (rc == ES_OK) {
     int newer = old.index > a->row.index;
     es_snapshot_destroy(&old);
@@ -2168,7 +2174,7 @@ static int do_put_snapshot(es_store *s, es_txn *t, void *arg, es_err *err) {
   } else if (rc != ES_NOT_FOUND) {
     return rc;
   }
-  rc = s->ops->snapshot_put(t, a->session, &a->row, err);
+  rc = s->ops->snapshot_put(s->bk, t, a->session, &a->row, err);
   if (rc == ES_OK) a->stored = 1;
   return rc;
 }
@@ -2217,7 +2223,7 @@ typedef struct {
 static int do_snapshots(es_store *s, es_txn *t, void *arg, es_err *err) {
   snaps_args *a = arg;
   collector c = {a->out, 0};
-  return collected(s->ops->snapshot_list(t, a->session, collect_snapshot, &c, err), &c, err);
+  return collected(s->ops->snapshot_list(s->bk, t, a->session, collect_snapshot, &c, err), &c, err);
 }
 
 int es_core_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
@@ -2257,7 +2263,8 @@ static int do_sessions(es_store *s, es_txn *t, void *arg, es_err *err) {
   /* One more than asked tells whether another page follows. */
   collector c = {a->out, 0};
   int rc = collected(
-      s->ops->session_list(t, a->prefix, a->after, a->limit + 1, collect_session, &c, err), &c, err);
+      s->ops->session_list(s->bk, t, a->prefix, a->after, a->limit + 1, collect_session, &c, err),
+      &c, err);
   if (rc) return rc;
   if ((int64_t)a->out->n > a->limit) {
     es_session_info_destroy(&a->out->v[--a->out->n]);
@@ -2304,7 +2311,7 @@ static int collect_type_count(void *ctx, const char *type, int64_t pending) {
 
 static int do_pending_types(es_store *s, es_txn *t, void *arg, es_err *err) {
   type_counts_args *a = arg;
-  int rc = s->ops->pending_types(t, a->scope, collect_type_count, a, err);
+  int rc = s->ops->pending_types(s->bk, t, a->scope, collect_type_count, a, err);
   return rc == ES_OK && a->oom ? nomem(err) : rc;
 }
 
@@ -2437,10 +2444,10 @@ static int push_presence(es_presence_rows *rows, const es_presence_row *row) {
 
 static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
   presence_args *a = arg;
-  int rc = s->ops->presence_expire(t, a->ns, a->now, err);
+  int rc = s->ops->presence_expire(s->bk, t, a->ns, a->now, err);
   for (size_t i = 0; rc == ES_OK && i < a->n; i++) {
     es_presence_row old;
-    rc = s->ops->presence_get(t, a->ns, a->participant, a->fields[i].field, &old, err);
+    rc = s->ops->presence_get(s->bk, t, a->ns, a->participant, a->fields[i].field, &old, err);
     if (rc == ES_OK) {
       /* Last writer wins by `at`; a tie goes to the incoming write. An
        * expired row (or tombstone) no longer guards its field. */
@@ -2461,7 +2468,7 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
         .at = a->at,
         .expires_at = a->expires,
     };
-    rc = s->ops->presence_put(t, a->ns, &row, err);
+    rc = s->ops->presence_put(s->bk, t, a->ns, &row, err);
     if (rc == ES_OK && push_presence(a->applied, &row)) rc = nomem(err);
   }
   return rc;
@@ -2526,7 +2533,8 @@ static int collect_presence(void *ctx, const es_presence_row *row) {
 static int do_presence_read(es_store *s, es_txn *t, void *arg, es_err *err) {
   presence_read_args *a = arg;
   collector c = {a->out, 0};
-  return collected(s->ops->presence_list(t, a->ns, a->now, collect_presence, &c, err), &c, err);
+  return collected(s->ops->presence_list(s->bk, t, a->ns, a->now, collect_presence, &c, err), &c,
+                   err);
 }
 
 int es_core_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
@@ -2638,13 +2646,15 @@ static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_inf
                             es_err *err) {
   es_events first = {0};
   collector c = {&first, 0};
-  int rc = collected(s->ops->event_range(t, a->from, 0, a->at, 1, collect_event, &c, err), &c, err);
+  int rc = collected(s->ops->event_range(s->bk, t, a->from, 0, a->at, 1, collect_event, &c, err),
+                     &c, err);
   if (rc == ES_OK && first.n) dst->first_at = first.v[0].created_at;
   es_events_destroy(&first);
   if (rc) return rc;
   fork_id_ctx ids = {s, a->now, a->scope};
   int64_t copied = 0;
-  rc = s->ops->event_copy(t, a->from, a->at, dst->session, a->now, fork_id, &ids, &copied, err);
+  rc = s->ops->event_copy(s->bk, t, a->from, a->at, dst->session, a->now, fork_id, &ids, &copied,
+                          err);
   if (rc == ES_OK && copied != a->at)
     rc = es_fail(err, ES_STORAGE, "session '%s' has %lld events through %lld, not %lld", a->from,
                  (long long)copied, (long long)a->at, (long long)a->at);
@@ -2682,7 +2692,7 @@ static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *
     rc = es_crypto_fork_payload(s, t, a->ring, src, &row, &sealed, &row.payload_len, err);
   if (sealed) row.payload = sealed;
   else row.payload_len = src->payload_len; /* no key, or shredded: copied as stored */
-  if (rc == ES_OK) rc = s->ops->event_insert(t, &row, err);
+  if (rc == ES_OK) rc = s->ops->event_insert(s->bk, t, &row, err);
   free(sealed);
   if (rc) return rc;
   if (dst->first_at == ES_NONE) dst->first_at = src->created_at;
@@ -2711,7 +2721,7 @@ static int fork_archived_row(void *ctx, const es_event *src) {
 static int fork_archived(es_store *s, es_txn *t, fork_args *a, es_session_info *dst, int64_t *after,
                          es_err *err) {
   es_session_info src;
-  int rc = s->ops->session_get(t, a->from, &src, err);
+  int rc = s->ops->session_get(s->bk, t, a->from, &src, err);
   if (rc) return rc;
   if (src.archived_through > 0 && a->at > 0) {
     fork_archived_ctx c = {s, t, a, dst, err, ES_OK};
@@ -2735,7 +2745,7 @@ static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *ds
   if (!keyed && s->ops->event_copy && !s->ids && a->at > 0) {
     /* the bulk copy serves a source without archived events */
     es_session_info src;
-    if ((rc = s->ops->session_get(t, a->from, &src, err))) return rc;
+    if ((rc = s->ops->session_get(s->bk, t, a->from, &src, err))) return rc;
     int archived = src.archived_through > 0;
     es_session_info_destroy(&src);
     if (!archived) return fork_events_bulk(s, t, a, dst, err);
@@ -2747,8 +2757,9 @@ static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *ds
   while (rc == ES_OK && after < a->at) {
     es_events chunk = {0};
     collector c = {&chunk, 0};
-    rc = collected(s->ops->event_range(t, a->from, after, a->at, FORK_CHUNK, collect_event, &c, err),
-                   &c, err);
+    rc = collected(
+        s->ops->event_range(s->bk, t, a->from, after, a->at, FORK_CHUNK, collect_event, &c, err),
+        &c, err);
     if (rc == ES_OK && chunk.n == 0)
       rc = es_fail(err, ES_STORAGE, "session '%s' has no event after %lld below its head", a->from,
                    (long long)after);
@@ -2766,13 +2777,13 @@ static int fork_events(es_store *s, es_txn *t, fork_args *a, es_session_info *ds
 static int fork_snapshots(es_store *s, es_txn *t, fork_args *a, es_err *err) {
   es_snapshots list = {0};
   collector c = {&list, 0};
-  int rc = collected(s->ops->snapshot_list(t, a->from, collect_snapshot, &c, err), &c, err);
+  int rc = collected(s->ops->snapshot_list(s->bk, t, a->from, collect_snapshot, &c, err), &c, err);
   for (size_t i = 0; rc == ES_OK && i < list.n; i++) {
     if (list.v[i].index > a->at) continue;
     es_snapshot snap;
     es_snapshot_init(&snap);
-    rc = s->ops->snapshot_get(t, a->from, list.v[i].reducer, &snap, err);
-    if (rc == ES_OK) rc = s->ops->snapshot_put(t, a->to, &snap, err);
+    rc = s->ops->snapshot_get(s->bk, t, a->from, list.v[i].reducer, &snap, err);
+    if (rc == ES_OK) rc = s->ops->snapshot_put(s->bk, t, a->to, &snap, err);
     es_snapshot_destroy(&snap);
   }
   es_snapshots_destroy(&list);
@@ -2789,7 +2800,7 @@ static int check_not_ancestor(es_store *s, es_txn *t, const char *from, const ch
   int rc = cur ? ES_OK : nomem(err);
   while (rc == ES_OK && cur) {
     es_session_info si;
-    rc = s->ops->session_get(t, cur, &si, err);
+    rc = s->ops->session_get(s->bk, t, cur, &si, err);
     free(cur);
     cur = NULL;
     if (rc == ES_NOT_FOUND) {
@@ -2812,7 +2823,7 @@ static int check_not_ancestor(es_store *s, es_txn *t, const char *from, const ch
 static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
   fork_args *a = arg;
   es_session_info src, dst;
-  int rc = s->ops->session_get(t, a->from, &src, err);
+  int rc = s->ops->session_get(s->bk, t, a->from, &src, err);
   if (rc == ES_NOT_FOUND) return no_session(err, a->from);
   if (rc) return rc;
   int64_t head = src.head;
@@ -2840,7 +2851,7 @@ static int do_fork(es_store *s, es_txn *t, void *arg, es_err *err) {
     dst.parent = strdup(a->from);
     dst.fork_at = a->at;
     dst.forked_at = dst.updated_at = a->now;
-    rc = dst.parent ? s->ops->session_put(t, &dst, err) : nomem(err);
+    rc = dst.parent ? s->ops->session_put(s->bk, t, &dst, err) : nomem(err);
   }
   if (rc == ES_OK && lineage_of(&dst, a->out)) rc = nomem(err);
   es_session_info_destroy(&dst);
@@ -2873,7 +2884,7 @@ typedef struct {
 static int do_lineage(es_store *s, es_txn *t, void *arg, es_err *err) {
   lineage_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   if (si.parent) {
@@ -2918,7 +2929,8 @@ static int do_children(es_store *s, es_txn *t, void *arg, es_err *err) {
   children_args *a = arg;
   collector c = {a->out, 0};
   return collected(
-      s->ops->session_children(t, a->session, a->after, a->limit, collect_child, &c, err), &c, err);
+      s->ops->session_children(s->bk, t, a->session, a->after, a->limit, collect_child, &c, err),
+      &c, err);
 }
 
 int es_core_children(es_store *s, const char *session, const char *after, int64_t limit,
@@ -2939,7 +2951,7 @@ int es_core_children(es_store *s, const char *session, const char *after, int64_
 /* A ref as shown: with the head its session has now. */
 static int ref_with_head(es_store *s, es_txn *t, es_ref *ref, es_err *err) {
   es_session_info si;
-  int rc = s->ops->session_get(t, ref->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, ref->session, &si, err);
   ref->head = 0;
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
@@ -2953,11 +2965,11 @@ static int ref_point(es_store *s, es_txn *t, const char *name, const char *sessi
                      es_ref *out, es_err *err) {
   es_ref old;
   es_ref_init(&old);
-  int rc = s->ops->ref_get(t, name, &old, err);
+  int rc = s->ops->ref_get(s->bk, t, name, &old, err);
   if (rc != ES_OK && rc != ES_NOT_FOUND) return rc;
   es_ref row = {(char *)name, (char *)session, ES_NONE, rc == ES_OK ? old.created_at : now, now};
   es_ref_destroy(&old);
-  if ((rc = s->ops->ref_put(t, &row, err))) return rc;
+  if ((rc = s->ops->ref_put(s->bk, t, &row, err))) return rc;
   if (es_ref_copy(out, &row)) return nomem(err);
   return ref_with_head(s, t, out, err);
 }
@@ -2992,7 +3004,7 @@ int es_core_put_ref(es_store *s, const char *name, const char *session, es_ref *
 
 static int do_get_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
   ref_args *a = arg;
-  int rc = s->ops->ref_get(t, a->name, a->out, err);
+  int rc = s->ops->ref_get(s->bk, t, a->name, a->out, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc == ES_OK) {
     a->found = 1;
@@ -3036,7 +3048,7 @@ typedef struct {
 static int do_list_refs(es_store *s, es_txn *t, void *arg, es_err *err) {
   list_refs_args *a = arg;
   collector c = {a->out, 0};
-  int rc = collected(s->ops->ref_list(t, a->after, a->limit, collect_ref, &c, err), &c, err);
+  int rc = collected(s->ops->ref_list(s->bk, t, a->after, a->limit, collect_ref, &c, err), &c, err);
   for (size_t i = 0; rc == ES_OK && i < a->out->n; i++) rc = ref_with_head(s, t, &a->out->v[i], err);
   return rc;
 }
@@ -3055,7 +3067,7 @@ int es_core_list_refs(es_store *s, const char *after, int64_t limit, es_refs *ou
 
 static int do_delete_ref(es_store *s, es_txn *t, void *arg, es_err *err) {
   ref_args *a = arg;
-  int rc = s->ops->ref_delete(t, a->name, err);
+  int rc = s->ops->ref_delete(s->bk, t, a->name, err);
   a->found = rc == ES_OK;
   return rc == ES_NOT_FOUND ? ES_OK : rc;
 }
@@ -3081,10 +3093,10 @@ static int do_promote(es_store *s, es_txn *t, void *arg, es_err *err) {
   es_ref from, to;
   es_ref_init(&from);
   es_ref_init(&to);
-  int rc = s->ops->ref_get(t, a->name, &from, err);
+  int rc = s->ops->ref_get(s->bk, t, a->name, &from, err);
   if (rc == ES_NOT_FOUND) return es_fail(err, ES_NOT_FOUND, "no ref '%s'", a->name);
   if (rc) return rc;
-  rc = s->ops->ref_get(t, a->session, &to, err);
+  rc = s->ops->ref_get(s->bk, t, a->session, &to, err);
   int exists = rc == ES_OK;
   if (rc == ES_NOT_FOUND) rc = ES_OK;
   if (rc == ES_OK && a->has_expect &&
@@ -3147,7 +3159,7 @@ static int do_fence(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = es_fail(err, ES_INVALID_ARGUMENT, "session '%s' has used up its fence tokens", a->session);
   } else {
     a->token = ++si.fence;
-    rc = s->ops->session_put(t, &si, err);
+    rc = s->ops->session_put(s->bk, t, &si, err);
   }
   es_session_info_destroy(&si);
   return rc;
@@ -3196,7 +3208,7 @@ static int do_lease(es_store *s, es_txn *t, void *arg, es_err *err) {
     if (!(si.lease_holder = strdup(a->holder))) rc = nomem(err);
   }
   if (rc == ES_OK && add_time(a->now, a->ttl_ms, &si.lease_expires_at)) rc = too_late(err, "ttl_ms");
-  if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+  if (rc == ES_OK) rc = s->ops->session_put(s->bk, t, &si, err);
   if (rc == ES_OK) {
     out->acquired = 1;
     out->token = si.lease_token;
@@ -3226,14 +3238,14 @@ int es_core_lease(es_store *s, const char *session, const char *holder, int64_t 
 static int do_lease_release(es_store *s, es_txn *t, void *arg, es_err *err) {
   ctl_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   if (si.lease_holder && strcmp(si.lease_holder, a->holder) == 0 && si.lease_token == a->token) {
     free(si.lease_holder);
     si.lease_holder = NULL;
     si.lease_token = si.lease_expires_at = ES_NONE;
-    rc = s->ops->session_put(t, &si, err);
+    rc = s->ops->session_put(s->bk, t, &si, err);
     a->done = rc == ES_OK;
   }
   es_session_info_destroy(&si);
@@ -3264,7 +3276,7 @@ static int do_seal(es_store *s, es_txn *t, void *arg, es_err *err) {
     if (a->reason && es_text_clean(a->reason, strlen(a->reason), ES_MAX_TEXT_BYTES, &si.seal_reason,
                                    NULL))
       rc = nomem(err);
-    if (rc == ES_OK) rc = s->ops->session_put(t, &si, err);
+    if (rc == ES_OK) rc = s->ops->session_put(s->bk, t, &si, err);
   }
   es_session_info_destroy(&si);
   return rc;
@@ -3311,7 +3323,7 @@ static int scan_droppable(void *ctx, const es_event *row) {
 static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
   retention_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_NOT_FOUND) {
     a->first_index = 1;
     if (a->through == 0) return ES_OK;
@@ -3326,14 +3338,15 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
                  a->session, (long long)a->through, (long long)si.head);
   } else if (a->through >= first) {
     a->bad_index = 0;
-    rc = s->ops->event_range(t, a->session, first - 1, a->through, ES_NONE, scan_droppable, a, err);
+    rc = s->ops->event_range(s->bk, t, a->session, first - 1, a->through, ES_NONE, scan_droppable,
+                             a, err);
     if (rc == ES_OK && a->bad_index)
       rc = es_fail(err, ES_INVALID_ARGUMENT,
                    "cannot truncate session '%s' through %lld: event %lld is %s (only processed events "
                    "can be dropped: let it complete, or settle it)",
                    a->session, (long long)a->through, (long long)a->bad_index,
                    a->bad_status == ES_STATUS_DEAD ? "a dead letter" : "pending");
-    if (rc == ES_OK) rc = s->ops->event_delete_range(t, a->session, a->through, err);
+    if (rc == ES_OK) rc = s->ops->event_delete_range(s->bk, t, a->session, a->through, err);
     /* §3.9: archived events in the range go too (they count in `events`),
      * and the segments that end at or before through */
     if (rc == ES_OK && si.archived_through >= first) {
@@ -3344,7 +3357,7 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
     if (rc == ES_OK) {
       si.events -= a->rows;
       si.first_index = a->first_index = a->through + 1;
-      rc = s->ops->session_put(t, &si, err);
+      rc = s->ops->session_put(s->bk, t, &si, err);
     }
   }
   es_session_info_destroy(&si);
@@ -3369,17 +3382,17 @@ int es_core_truncate(es_store *s, const char *session, int64_t through, int64_t 
 static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
   retention_args *a = arg;
   es_session_info si;
-  int rc = s->ops->session_get(t, a->session, &si, err);
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   es_session_info_destroy(&si);
-  if ((rc = s->ops->event_delete_range(t, a->session, INT64_MAX, err)) ||
+  if ((rc = s->ops->event_delete_range(s->bk, t, a->session, INT64_MAX, err)) ||
       (rc = es_archive_drop(s, t, a->session, INT64_MAX, &a->drop, err)) || /* §3.9 */
-      (rc = s->ops->snapshot_delete_all(t, a->session, err)) ||
-      (rc = s->ops->ref_delete_session(t, a->session, err)) ||
-      (rc = s->ops->key_use_delete_session(t, a->session, err)))
+      (rc = s->ops->snapshot_delete_all(s->bk, t, a->session, err)) ||
+      (rc = s->ops->ref_delete_session(s->bk, t, a->session, err)) ||
+      (rc = s->ops->key_use_delete_session(s->bk, t, a->session, err)))
     return rc;
-  rc = s->ops->session_delete(t, a->session, err);
+  rc = s->ops->session_delete(s->bk, t, a->session, err);
   a->done = rc == ES_OK;
   return rc;
 }

@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "store/backend.h"
+#include "backend_txn.h"
 #include "util/hmap.h"
 #include "util/tree.h"
 
@@ -117,7 +118,7 @@ static es_backend *open_mem(void) {
 static es_txn *wbegin(es_backend *b) {
   es_txn *t = NULL;
   es_err err;
-  if (OPS->write_begin(b, &t, &err) != ES_OK) {
+  if (tx_write_begin(OPS, b, &t, &err) != ES_OK) {
     printf("# write_begin failed\n");
     exit(2);
   }
@@ -126,13 +127,13 @@ static es_txn *wbegin(es_backend *b) {
 
 static void commit(es_txn *t) {
   es_err err;
-  CHECK_RC(OPS->write_commit(t, &err), ES_OK);
+  CHECK_RC(OPS->write_commit(BK(t), t, &err), ES_OK);
 }
 
 static es_txn *rbegin(es_backend *b) {
   es_txn *t = NULL;
   es_err err;
-  if (OPS->read_begin(b, &t, &err) != ES_OK) {
+  if (tx_read_begin(OPS, b, &t, &err) != ES_OK) {
     printf("# read_begin failed\n");
     exit(2);
   }
@@ -158,19 +159,19 @@ static es_event mkrow(const char *session, int64_t index, const char *id, const 
 
 static int ins(es_txn *t, es_event e) {
   es_err err;
-  return OPS->event_insert(t, &e, &err);
+  return OPS->event_insert(BK(t), t, &e, &err);
 }
 
 /* Inserts and returns the position (0 on failure). */
 static int64_t ins_pos(es_txn *t, es_event e) {
   es_err err;
-  if (OPS->event_insert(t, &e, &err) != ES_OK) return 0;
+  if (OPS->event_insert(BK(t), t, &e, &err) != ES_OK) return 0;
   return e.position;
 }
 
 static int upd(es_txn *t, const es_event *e) {
   es_err err;
-  return OPS->event_update(t, e, &err);
+  return OPS->event_update(BK(t), t, e, &err);
 }
 
 /* Reads a row back, changes it with fn's arguments and updates it. */
@@ -179,7 +180,7 @@ static int set_state(es_txn *t, const char *session, int64_t index, int status, 
   es_event e;
   es_err err;
   es_event_init(&e);
-  int rc = OPS->event_get(t, session, index, &e, &err);
+  int rc = OPS->event_get(BK(t), t, session, index, &e, &err);
   if (rc != ES_OK) return rc;
   e.status = status;
   e.queued = queued;
@@ -227,49 +228,49 @@ static int same_ints(const ints *c, const int64_t *want, size_t n) {
 static ints range(es_txn *t, const char *s, int64_t after, int64_t through, int64_t limit) {
   ints c = {.which = 0};
   es_err err;
-  CHECK_RC(OPS->event_range(t, s, after, through, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->event_range(BK(t), t, s, after, through, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static ints all_pos(es_txn *t, int64_t after, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->event_all(t, NULL, after, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->event_all(BK(t), t, NULL, after, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static ints due_pos(es_txn *t, const char *s, int64_t now, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->queued_due(t, s, NULL, now, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(BK(t), t, s, NULL, now, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static ints dead_pos(es_txn *t, const char *s, int64_t after, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->dead_list(t, s, NULL, after, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->dead_list(BK(t), t, s, NULL, after, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static int64_t next_due(es_txn *t, const char *s, int64_t now) {
   int64_t d = 0;
   es_err err;
-  CHECK_RC(OPS->queued_next_due(t, s, NULL, now, &d, &err), ES_OK);
+  CHECK_RC(OPS->queued_next_due(BK(t), t, s, NULL, now, &d, &err), ES_OK);
   return d;
 }
 
 static ints due_type_pos(es_txn *t, const char *type, int64_t now, int64_t limit) {
   ints c = {.which = 1};
   es_err err;
-  CHECK_RC(OPS->queued_due_type(t, NULL, type, now, limit, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due_type(BK(t), t, NULL, type, now, limit, collect_int, &c, &err), ES_OK);
   return c;
 }
 
 static int64_t next_due_type(es_txn *t, const char *type, int64_t now) {
   int64_t d = 0;
   es_err err;
-  CHECK_RC(OPS->queued_next_due_type(t, NULL, type, now, &d, &err), ES_OK);
+  CHECK_RC(OPS->queued_next_due_type(BK(t), t, NULL, type, now, &d, &err), ES_OK);
   return d;
 }
 
@@ -290,14 +291,14 @@ static const char *pending_text(es_txn *t, type_text *tt) {
   es_err err;
   tt->n = 0;
   tt->s[0] = '\0';
-  CHECK_RC(OPS->pending_types(t, NULL, type_text_cb, tt, &err), ES_OK);
+  CHECK_RC(OPS->pending_types(BK(t), t, NULL, type_text_cb, tt, &err), ES_OK);
   return tt->s;
 }
 
 static int64_t lane_next(es_txn *t, const char *s, const char *lane, int64_t after) {
   int64_t i = -1;
   es_err err;
-  CHECK_RC(OPS->lane_next(t, s, lane, after, &i, &err), ES_OK);
+  CHECK_RC(OPS->lane_next(BK(t), t, s, lane, after, &i, &err), ES_OK);
   return i;
 }
 
@@ -313,7 +314,7 @@ static int sess_put(es_txn *t, const char *name, int64_t head) {
   si.failures = 4;
   si.first_at = 5;
   si.updated_at = 6 + head;
-  return OPS->session_put(t, &si, &err);
+  return OPS->session_put(BK(t), t, &si, &err);
 }
 
 /* A session row with every field set: lineage when parent is given, a
@@ -342,7 +343,7 @@ static int sess_put_full(es_txn *t, const char *name, int64_t head, const char *
     si.fork_at = head;
     si.forked_at = 800 + head;
   }
-  return OPS->session_put(t, &si, &err);
+  return OPS->session_put(BK(t), t, &si, &err);
 }
 
 static int ref_put(es_txn *t, const char *name, const char *session, int64_t created,
@@ -355,12 +356,12 @@ static int ref_put(es_txn *t, const char *name, const char *session, int64_t cre
   r.head = 12345;  /* not stored */
   r.created_at = created;
   r.updated_at = updated;
-  return OPS->ref_put(t, &r, &err);
+  return OPS->ref_put(BK(t), t, &r, &err);
 }
 
 static int ref_del(es_txn *t, const char *name) {
   es_err err;
-  return OPS->ref_delete(t, name, &err);
+  return OPS->ref_delete(BK(t), t, name, &err);
 }
 
 static int snap_put(es_txn *t, const char *s, const char *reducer, int64_t index, const char *state,
@@ -374,27 +375,27 @@ static int snap_put(es_txn *t, const char *s, const char *reducer, int64_t index
   sn.state_len = state ? strlen(state) : 0;
   sn.version = (char *)version;
   sn.updated_at = 70 + index;
-  return OPS->snapshot_put(t, s, &sn, &err);
+  return OPS->snapshot_put(BK(t), t, s, &sn, &err);
 }
 
 static int del_range(es_txn *t, const char *session, int64_t through) {
   es_err err;
-  return OPS->event_delete_range(t, session, through, &err);
+  return OPS->event_delete_range(BK(t), t, session, through, &err);
 }
 
 static int sess_del(es_txn *t, const char *session) {
   es_err err;
-  return OPS->session_delete(t, session, &err);
+  return OPS->session_delete(BK(t), t, session, &err);
 }
 
 static int snaps_del(es_txn *t, const char *session) {
   es_err err;
-  return OPS->snapshot_delete_all(t, session, &err);
+  return OPS->snapshot_delete_all(BK(t), t, session, &err);
 }
 
 static int refs_del(es_txn *t, const char *session) {
   es_err err;
-  return OPS->ref_delete_session(t, session, &err);
+  return OPS->ref_delete_session(BK(t), t, session, &err);
 }
 
 static int pres_put(es_txn *t, const char *ns, const char *p, const char *f, const char *value,
@@ -409,7 +410,7 @@ static int pres_put(es_txn *t, const char *ns, const char *p, const char *f, con
   r.seen = at * 2;
   r.at = at;
   r.expires_at = expires_at;
-  return OPS->presence_put(t, ns, &r, &err);
+  return OPS->presence_put(BK(t), t, ns, &r, &err);
 }
 
 /* ---- a text dump of the whole observable state --------------------------- */
@@ -549,26 +550,26 @@ static char *dump_state(es_txn *t, const char *const *ids) {
   sbuf b = {0};
   es_err err;
   sb_printf(&b, "== all\n");
-  OPS->event_all(t, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  OPS->event_all(BK(t), t, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
   int64_t last = -1;
-  OPS->last_position(t, &last, &err);
+  OPS->last_position(BK(t), t, &last, &err);
   sb_printf(&b, "== last %lld\n", (long long)last);
   sb_printf(&b, "== sessions\n");
-  OPS->session_list(t, "", NULL, ES_NONE, dump_session_cb, &b, &err);
+  OPS->session_list(BK(t), t, "", NULL, ES_NONE, dump_session_cb, &b, &err);
   for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
     sb_printf(&b, "== due %lld\n", (long long)U_NOWS[k]);
-    OPS->queued_due(t, NULL, NULL, U_NOWS[k], ES_NONE, dump_event_cb, &b, &err);
+    OPS->queued_due(BK(t), t, NULL, NULL, U_NOWS[k], ES_NONE, dump_event_cb, &b, &err);
     sb_printf(&b, "next %lld\n", (long long)next_due(t, NULL, U_NOWS[k]));
   }
   sb_printf(&b, "== dead\n");
-  OPS->dead_list(t, NULL, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+  OPS->dead_list(BK(t), t, NULL, NULL, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
   sb_printf(&b, "== refs\n");
-  OPS->ref_list(t, NULL, ES_NONE, dump_ref_cb, &b, &err);
-  OPS->ref_list(t, "dev", 1, dump_ref_cb, &b, &err);
+  OPS->ref_list(BK(t), t, NULL, ES_NONE, dump_ref_cb, &b, &err);
+  OPS->ref_list(BK(t), t, "dev", 1, dump_ref_cb, &b, &err);
   for (const char *const *r = U_REFS; *r; r++) {
     es_ref ref;
     es_ref_init(&ref);
-    if (OPS->ref_get(t, *r, &ref, &err) == ES_OK) dump_ref_cb(&b, &ref);
+    if (OPS->ref_get(BK(t), t, *r, &ref, &err) == ES_OK) dump_ref_cb(&b, &ref);
     es_ref_destroy(&ref);
   }
   for (const char *const *ty = U_TYPES; *ty; ty++)
@@ -584,13 +585,13 @@ static char *dump_state(es_txn *t, const char *const *ids) {
     es_session_info si;
     es_session_info_init(&si);
     sb_printf(&b, "== session %s\n", *s);
-    if (OPS->session_get(t, *s, &si, &err) == ES_OK) dump_session_cb(&b, &si);
+    if (OPS->session_get(BK(t), t, *s, &si, &err) == ES_OK) dump_session_cb(&b, &si);
     es_session_info_destroy(&si);
     sb_printf(&b, "children:\n");
-    OPS->session_children(t, *s, NULL, ES_NONE, dump_session_cb, &b, &err);
+    OPS->session_children(BK(t), t, *s, NULL, ES_NONE, dump_session_cb, &b, &err);
     sb_printf(&b, "children after fa, 1:\n");
-    OPS->session_children(t, *s, "fa", 1, dump_session_cb, &b, &err);
-    OPS->event_range(t, *s, 0, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
+    OPS->session_children(BK(t), t, *s, "fa", 1, dump_session_cb, &b, &err);
+    OPS->event_range(BK(t), t, *s, 0, ES_NONE, ES_NONE, dump_event_cb, &b, &err);
     for (size_t k = 0; k < sizeof U_NOWS / sizeof U_NOWS[0]; k++) {
       ints c = due_pos(t, *s, U_NOWS[k], ES_NONE);
       /* Per-session order is free: sort before printing. */
@@ -614,11 +615,11 @@ static char *dump_state(es_txn *t, const char *const *ids) {
         sb_printf(&b, " %lld", (long long)lane_next(t, *s, *l, after));
       sb_printf(&b, "\n");
     }
-    OPS->snapshot_list(t, *s, dump_snap_cb, &b, &err);
+    OPS->snapshot_list(BK(t), t, *s, dump_snap_cb, &b, &err);
     for (const char *const *r = U_REDUCERS; *r; r++) {
       es_snapshot sn;
       es_snapshot_init(&sn);
-      if (OPS->snapshot_get(t, *s, *r, &sn, &err) == ES_OK) {
+      if (OPS->snapshot_get(BK(t), t, *s, *r, &sn, &err) == ES_OK) {
         sb_printf(&b, "snapget ");
         sb_bytes(&b, sn.state, sn.state_len);
         dump_snap_cb(&b, &sn);
@@ -628,19 +629,19 @@ static char *dump_state(es_txn *t, const char *const *ids) {
   }
   for (const char *const *ns = U_NS; *ns; ns++) {
     sb_printf(&b, "== ns %s\n", *ns);
-    OPS->presence_list(t, *ns, INT64_MIN, dump_pres_cb, &b, &err);
+    OPS->presence_list(BK(t), t, *ns, INT64_MIN, dump_pres_cb, &b, &err);
     for (const char *const *p = U_PARTS; *p; p++)
       for (const char *const *f = U_FIELDS; *f; f++) {
         es_presence_row r;
         es_presence_row_init(&r);
-        if (OPS->presence_get(t, *ns, *p, *f, &r, &err) == ES_OK) dump_pres_cb(&b, &r);
+        if (OPS->presence_get(BK(t), t, *ns, *p, *f, &r, &err) == ES_OK) dump_pres_cb(&b, &r);
         es_presence_row_destroy(&r);
       }
   }
   for (size_t i = 0; ids && ids[i]; i++) {
     es_event e;
     es_event_init(&e);
-    if (OPS->event_get_by_id(t, ids[i], &e, &err) == ES_OK) {
+    if (OPS->event_get_by_id(BK(t), t, ids[i], &e, &err) == ES_OK) {
       sb_printf(&b, "id %s -> %lld\n", ids[i], (long long)e.position);
     } else {
       sb_printf(&b, "id %s -> none\n", ids[i]);
@@ -773,7 +774,7 @@ static int step_claim_b2(es_txn *t) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  int rc = OPS->event_get(t, "b", 2, &e, &err);
+  int rc = OPS->event_get(BK(t), t, "b", 2, &e, &err);
   if (rc) return rc;
   free(e.claim_holder);
   e.claim_holder = strdup("worker-2");
@@ -788,7 +789,7 @@ static int step_clear_c1(es_txn *t) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  int rc = OPS->event_get(t, "c", 1, &e, &err);
+  int rc = OPS->event_get(BK(t), t, "c", 1, &e, &err);
   if (rc) return rc;
   e.attempts = e.returned = 0;
   e.processed_at = e.created_at;  /* back to the compact "settled" form */
@@ -827,7 +828,7 @@ static int step_complete_a6(es_txn *t) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  int rc = OPS->event_get(t, "a", 6, &e, &err);
+  int rc = OPS->event_get(BK(t), t, "a", 6, &e, &err);
   if (rc) return rc;
   e.status = ES_STATUS_PROCESSED;
   e.queued = 0;
@@ -846,7 +847,7 @@ static int step_fail_b1(es_txn *t) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  int rc = OPS->event_get(t, "b", 1, &e, &err);
+  int rc = OPS->event_get(BK(t), t, "b", 1, &e, &err);
   if (rc) return rc;
   e.attempts = e.failures = 1;
   e.first_claimed_at = e.last_claimed_at = 1003;
@@ -878,7 +879,7 @@ static int step_pres_add(es_txn *t) { return pres_put(t, "ns1", "p3", "f2", NULL
 static int step_pres_new_ns(es_txn *t) { return pres_put(t, "newns", "p1", "f1", "{}", 22, 2500); }
 static int step_pres_expire(es_txn *t) {
   es_err err;
-  return OPS->presence_expire(t, "ns1", 2000, &err);
+  return OPS->presence_expire(BK(t), t, "ns1", 2000, &err);
 }
 /* Retention, after the steps above: rows leave every set (a1 processed,
  * a2 queued in l1; b's claimed, failed, laned, settled rows), refs by
@@ -1000,7 +1001,7 @@ static void test_insert_get(void) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  CHECK_RC(OPS->event_get(t, "a", 6, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
   CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.type, "t") == 0 && strcmp(e.session, "a") == 0);
   CHECK(e.payload_len == strlen("[1,\"\\u0000\"]") && memcmp(e.payload, "[1,\"\\u0000\"]", e.payload_len) == 0);
   CHECK(e.payload[e.payload_len] == '\0');
@@ -1014,33 +1015,33 @@ static void test_insert_get(void) {
   e.id[0] = 'Z';
   e.session[0] = 'Z';
   es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(t, "a", 6, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
   CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.session, "a") == 0);
   es_event_destroy(&e);
 
-  CHECK_RC(OPS->event_get(t, "a", 4, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 4, &e, &err), ES_OK);
   CHECK(strcmp(e.lane, "l2") == 0 && e.status == ES_STATUS_DEAD && e.failures == 3);
   CHECK(strcmp(e.last_error, "boom") == 0 && e.last_failed_attempt == 3 && e.attempts == 3);
   CHECK(e.cause_index == ES_NONE && e.not_before == ES_NONE);
   es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(t, "a", 3, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 3, &e, &err), ES_OK);
   CHECK(e.status == ES_STATUS_PROCESSED && e.processed_at == e.created_at && e.returned == -1);
   CHECK(e.attempts == 0 && e.claim_holder == NULL && e.retry_at == ES_NONE);
   es_event_destroy(&e);
-  CHECK_RC(OPS->event_get_by_id(t, "c1", &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "c1", &e, &err), ES_OK);
   CHECK(strcmp(e.session, "c") == 0 && e.index == 1 && e.position == 10);
   CHECK(strcmp(e.claim_holder, "w1") == 0 && e.claim_expires_at == 1600 && e.processed_at == 1500);
   CHECK(e.returned == 2 && e.attempts == 1);
   es_event_destroy(&e);
-  CHECK_RC(OPS->event_get_by_id(t, "b3", &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "b3", &e, &err), ES_OK);
   CHECK(strcmp(e.lane, "l1") == 0 && strcmp(e.session, "b") == 0 && e.position == 9);
   es_event_destroy(&e);
 
-  CHECK_RC(OPS->event_get(t, "a", 0, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get(t, "a", 7, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get(t, "zz", 1, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get_by_id(t, "nope", &e, &err), ES_NOT_FOUND);
-  OPS->read_end(t);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 0, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 7, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get(BK(t), t, "zz", 1, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "nope", &e, &err), ES_NOT_FOUND);
+  OPS->read_end(BK(t), t);
 
   /* Positions keep increasing across sessions and transactions; a NULL
    * payload and empty strings survive. */
@@ -1052,10 +1053,10 @@ static void test_insert_get(void) {
   CHECK(ins_pos(t, r) == 11);
   commit(t);
   t = rbegin(b);
-  CHECK_RC(OPS->event_get(t, "d", 1, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "d", 1, &e, &err), ES_OK);
   CHECK(e.payload == NULL && e.payload_len == 0 && strcmp(e.type, "") == 0 && strcmp(e.lane, "") == 0);
   es_event_destroy(&e);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -1066,9 +1067,9 @@ static void test_insert_rejects(void) {
   char *before = dump_state(t, BASE_IDS);
   es_err err;
   es_event e = mkrow("a", 7, "q", NULL);
-  CHECK_RC(OPS->event_insert(t, &e, &err), ES_INVALID_ARGUMENT);  /* read transaction */
+  CHECK_RC(OPS->event_insert(BK(t), t, &e, &err), ES_INVALID_ARGUMENT); /* read transaction */
   CHECK_RC(sess_put(t, "a", 1), ES_INVALID_ARGUMENT);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   t = wbegin(b);
   CHECK_RC(ins(t, mkrow("a", 8, "q", NULL)), ES_INVALID_ARGUMENT);   /* gap */
   CHECK_RC(ins(t, mkrow("a", 6, "q", NULL)), ES_INVALID_ARGUMENT);   /* taken */
@@ -1115,7 +1116,7 @@ static void test_range_all(void) {
   WANT_NONE(c);
   c = (ints){.which = 0, .stop_at = 2};
   es_err err;
-  CHECK_RC(OPS->event_range(t, "a", 0, ES_NONE, ES_NONE, collect_int, &c, &err), ES_OK);
+  CHECK_RC(OPS->event_range(BK(t), t, "a", 0, ES_NONE, ES_NONE, collect_int, &c, &err), ES_OK);
   WANT(c, 1, 2);
   c = all_pos(t, 0, ES_NONE);
   WANT(c, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10);
@@ -1127,7 +1128,7 @@ static void test_range_all(void) {
   WANT_NONE(c);
   c = all_pos(t, ES_NONE, 1);
   WANT(c, 1);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -1138,7 +1139,7 @@ static void test_update(void) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  CHECK_RC(OPS->event_get(t, "a", 1, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &e, &err), ES_OK);
   es_event u = e;
   u.status = ES_STATUS_PENDING;
   u.attempts = 4;
@@ -1160,7 +1161,7 @@ static void test_update(void) {
   CHECK_RC(upd(t, &u), ES_OK);
   es_event g;
   es_event_init(&g);
-  CHECK_RC(OPS->event_get(t, "a", 1, &g, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
   CHECK(g.attempts == 4 && g.failures == 2 && strcmp(g.last_error, "e2") == 0);
   CHECK(g.processed_at == 77 && strcmp(g.claim_holder, "h") == 0 && g.claim_expires_at == 88);
   CHECK(g.retry_at == 99 && g.queued == 1 && g.due_at == 1234 && g.last_failed_attempt == 3);
@@ -1177,13 +1178,13 @@ static void test_update(void) {
     f.returned = forms[i].returned;
     f.attempts = forms[i].attempts;
     CHECK_RC(upd(t, &f), ES_OK);
-    CHECK_RC(OPS->event_get(t, "a", 1, &g, &err), ES_OK);
+    CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
     CHECK(g.processed_at == f.processed_at && g.returned == f.returned && g.attempts == f.attempts);
     es_event_destroy(&g);
   }
   /* Back to the untouched record: the row reads back exactly that. */
   CHECK_RC(upd(t, &e), ES_OK);
-  CHECK_RC(OPS->event_get(t, "a", 1, &g, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
   sbuf x = {0}, y = {0};
   dump_event(&x, &e);
   dump_event(&y, &g);
@@ -1199,7 +1200,7 @@ static void test_update(void) {
 static int64_t last_pos(es_txn *t) {
   int64_t p = -1;
   es_err err;
-  CHECK_RC(OPS->last_position(t, &p, &err), ES_OK);
+  CHECK_RC(OPS->last_position(BK(t), t, &p, &err), ES_OK);
   return p;
 }
 
@@ -1207,16 +1208,16 @@ static void test_last_position(void) {
   es_backend *b = open_mem();
   es_txn *t = rbegin(b);
   CHECK(last_pos(t) == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   populate(b);
   t = wbegin(b);
   CHECK(last_pos(t) == 10);
   CHECK_RC(ins(t, mkrow("a", 7, "a7", NULL)), ES_OK);
   CHECK(last_pos(t) == 11);  /* the writer sees its own rows */
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   t = rbegin(b);
   CHECK(last_pos(t) == 10);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -1235,7 +1236,7 @@ static void test_lane_next(void) {
   CHECK(lane_next(t, "a", "nolane", 0) == 0);
   CHECK(lane_next(t, "nobody", "l1", 0) == 0);
   CHECK(lane_next(t, "a", "l1", ES_NONE) == 1);
-  CHECK_RC(OPS->lane_next(t, "a", NULL, 0, &i, &err), ES_INVALID_ARGUMENT);
+  CHECK_RC(OPS->lane_next(BK(t), t, "a", NULL, 0, &i, &err), ES_INVALID_ARGUMENT);
   /* Out of order processing: the set does not assume the core's order. */
   CHECK_RC(ins(t, mkrow("a", 7, "a7", "l1")), ES_OK);
   CHECK_RC(set_state(t, "a", 2, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
@@ -1370,14 +1371,14 @@ static void test_types(void) {
   /* The store-wide queue still holds every type. */
   c = due_pos(t, NULL, INT64_MAX, ES_NONE);
   WANT(c, 8, 4, 11, 6);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   t = rbegin(b);
   CHECK(strcmp(pending_text(t, &tt), "t=4 u=3 ") == 0);
   c = due_type_pos(t, "T", INT64_MAX, ES_NONE);
   WANT_NONE(c);
   c = due_type_pos(t, "t", INT64_MAX, ES_NONE);
   WANT(c, 1, 8, 6);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -1437,7 +1438,7 @@ static int collect_name(void *ctx, const es_session_info *si) {
 static names list_sessions(es_txn *t, const char *prefix, const char *after, int64_t limit) {
   names c = {.n = 0};
   es_err err;
-  CHECK_RC(OPS->session_list(t, prefix, after, limit, collect_name, &c, &err), ES_OK);
+  CHECK_RC(OPS->session_list(BK(t), t, prefix, after, limit, collect_name, &c, &err), ES_OK);
   return c;
 }
 
@@ -1447,17 +1448,17 @@ static void test_sessions(void) {
   es_err err;
   es_session_info si;
   es_session_info_init(&si);
-  CHECK_RC(OPS->session_get(t, "a", &si, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->session_get(BK(t), t, "a", &si, &err), ES_NOT_FOUND);
   const char *all[] = {"b", "a", "ab", "a\xc3\xa9", "az", "a/1", "c", "\xff", "ba"};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CHECK_RC(sess_put(t, all[i], (int64_t)i), ES_OK);
   CHECK_RC(ins(t, mkrow("events-only", 1, "e1", NULL)), ES_OK);  /* no session row: not listed */
-  CHECK_RC(OPS->session_get(t, "events-only", &si, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->session_get(t, "az", &si, &err), ES_OK);
+  CHECK_RC(OPS->session_get(BK(t), t, "events-only", &si, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->session_get(BK(t), t, "az", &si, &err), ES_OK);
   CHECK(strcmp(si.session, "az") == 0 && si.head == 4 && si.events == 4 && si.pending == 1);
   CHECK(si.dead == 2 && si.attempts == 3 && si.failures == 4 && si.first_at == 5 && si.updated_at == 10);
   es_session_info_destroy(&si);
   CHECK_RC(sess_put(t, "az", 40), ES_OK);
-  CHECK_RC(OPS->session_get(t, "az", &si, &err), ES_OK);
+  CHECK_RC(OPS->session_get(BK(t), t, "az", &si, &err), ES_OK);
   CHECK(si.head == 40);
   es_session_info_destroy(&si);
   commit(t);
@@ -1480,7 +1481,7 @@ static void test_sessions(void) {
   CHECK(c.n == 0);
   c = list_sessions(t, "", NULL, 0);
   CHECK(c.n == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* Beyond one walk chunk. */
   t = wbegin(b);
   for (int i = 0; i < 100; i++) {
@@ -1494,7 +1495,7 @@ static void test_sessions(void) {
   CHECK(c.n == 89 && strcmp(c.v[0], "s011") == 0 && strcmp(c.v[88], "s099") == 0);
   c = list_sessions(t, "s0", NULL, 70);
   CHECK(c.n == 70 && strcmp(c.v[69], "s069") == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -1507,23 +1508,24 @@ static void check_reads(es_txn *t, const es_event *want) {
   dump_event(&w, want);
   es_event g;
   es_event_init(&g);
-  CHECK_RC(OPS->event_get(t, want->session, want->index, &g, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, want->session, want->index, &g, &err), ES_OK);
   sbuf x = {0};
   dump_event(&x, &g);
   CHECK(same_dump(w.p, x.p));
   CHECK(g.packed == 1);
   es_event_destroy(&g);
-  CHECK_RC(OPS->event_get_by_id(t, want->id, &g, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, want->id, &g, &err), ES_OK);
   sbuf y = {0};
   dump_event(&y, &g);
   CHECK(same_dump(w.p, y.p));
   es_event_destroy(&g);
   /* The borrowed views of the walks. */
   sbuf r = {0}, a = {0};
-  CHECK_RC(OPS->event_range(t, want->session, want->index - 1, want->index, ES_NONE, dump_event_cb, &r,
-                            &err), ES_OK);
+  CHECK_RC(OPS->event_range(BK(t), t, want->session, want->index - 1, want->index, ES_NONE,
+                            dump_event_cb, &r, &err),
+           ES_OK);
   CHECK(r.p && same_dump(w.p, r.p));
-  CHECK_RC(OPS->event_all(t, NULL, want->position - 1, 1, dump_event_cb, &a, &err), ES_OK);
+  CHECK_RC(OPS->event_all(BK(t), t, NULL, want->position - 1, 1, dump_event_cb, &a, &err), ES_OK);
   CHECK(a.p && same_dump(w.p, a.p));
   free(w.p);
   free(x.p);
@@ -1534,7 +1536,7 @@ static void check_reads(es_txn *t, const es_event *want) {
 
 static int64_t ins_row(es_txn *t, es_event *e) {
   es_err err;
-  CHECK_RC(OPS->event_insert(t, e, &err), ES_OK);
+  CHECK_RC(OPS->event_insert(BK(t), t, e, &err), ES_OK);
   return e->position;
 }
 
@@ -1593,12 +1595,12 @@ static void test_event_fields(void) {
   /* An origin name is stored, not made a session. */
   es_session_info si;
   es_session_info_init(&si);
-  CHECK_RC(OPS->session_get(t, "ghost", &si, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->session_get(BK(t), t, "ghost", &si, &err), ES_NOT_FOUND);
   names sl = list_sessions(t, "", NULL, ES_NONE);
   CHECK(sl.n == 0);
   ints c = range(t, "ghost", 0, ES_NONE, ES_NONE);
   WANT_NONE(c);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   /* The dispatch fields through claims, a failure, a completion; each new
    * field alone; back to untouched. Origins do not change. */
@@ -1635,7 +1637,7 @@ static void test_event_fields(void) {
   check_reads(t, &u);
   sbuf w = {0}, d = {0};
   dump_event(&w, &u);
-  CHECK_RC(OPS->dead_list(t, "f", NULL, 0, ES_NONE, dump_event_cb, &d, &err), ES_OK);
+  CHECK_RC(OPS->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, dump_event_cb, &d, &err), ES_OK);
   CHECK(d.p && same_dump(w.p, d.p));
   free(w.p);
   free(d.p);
@@ -1673,7 +1675,7 @@ static void test_event_fields(void) {
   t = rbegin(b);
   check_reads(t, &u);
   check_reads(t, &base);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   /* Undone, the rows and the origin names they brought go; done again,
    * they read back the same. */
@@ -1690,7 +1692,7 @@ static void test_event_fields(void) {
   z.origin_index = 5;
   CHECK(ins_row(t, &x) == n + 1 && ins_row(t, &y) == n + 2 && ins_row(t, &z) == n + 3);
   check_reads(t, &y);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   char *after = dump_now(b);
   CHECK(same_dump(before, after));
   t = wbegin(b);
@@ -1699,7 +1701,7 @@ static void test_event_fields(void) {
   t = rbegin(b);
   check_reads(t, &x);
   check_reads(t, &z);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   free(before);
   free(after);
   OPS->close(b);
@@ -1709,7 +1711,7 @@ static void check_session(es_txn *t, const char *name, const char *want) {
   es_session_info si;
   es_err err;
   es_session_info_init(&si);
-  CHECK_RC(OPS->session_get(t, name, &si, &err), ES_OK);
+  CHECK_RC(OPS->session_get(BK(t), t, name, &si, &err), ES_OK);
   sbuf x = {0};
   dump_session_cb(&x, &si);
   CHECK(x.p && same_dump(want, x.p));
@@ -1739,7 +1741,7 @@ static void test_session_fields(void) {
   si.fork_at = 12;
   si.forked_at = 13;
   si.first_index = 14;  /* stored like the others (§3.9) */
-  CHECK_RC(OPS->session_put(t, &si, &err), ES_OK);
+  CHECK_RC(OPS->session_put(BK(t), t, &si, &err), ES_OK);
   sbuf want = {0};
   dump_session_cb(&want, &si);
   /* The row was copied: the caller's strings are its own. */
@@ -1747,16 +1749,16 @@ static void test_session_fields(void) {
   check_session(t, "s", want.p);
   es_session_info got;
   es_session_info_init(&got);
-  CHECK_RC(OPS->session_get(t, "s", &got, &err), ES_OK);
+  CHECK_RC(OPS->session_get(BK(t), t, "s", &got, &err), ES_OK);
   CHECK(strlen(got.seal_reason) == ES_MAX_TEXT_BYTES && got.seal_reason[0] == 'r');
   got.lease_holder[0] = 'Z';  /* owned by the caller */
   es_session_info_destroy(&got);
   check_session(t, "s", want.p);
   /* Every field through session_list and session_children too. */
   sbuf l = {0}, c = {0};
-  CHECK_RC(OPS->session_list(t, "s", NULL, ES_NONE, dump_session_cb, &l, &err), ES_OK);
+  CHECK_RC(OPS->session_list(BK(t), t, "s", NULL, ES_NONE, dump_session_cb, &l, &err), ES_OK);
   CHECK(l.p && same_dump(want.p, l.p));
-  CHECK_RC(OPS->session_children(t, "p", NULL, ES_NONE, dump_session_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->session_children(BK(t), t, "p", NULL, ES_NONE, dump_session_cb, &c, &err), ES_OK);
   CHECK(c.p && same_dump(want.p, c.p));
   free(l.p);
   free(c.p);
@@ -1765,28 +1767,28 @@ static void test_session_fields(void) {
   es_session_info_init(&plain);
   plain.session = "s";
   plain.head = 2;
-  CHECK_RC(OPS->session_put(t, &plain, &err), ES_OK);
+  CHECK_RC(OPS->session_put(BK(t), t, &plain, &err), ES_OK);
   sbuf want2 = {0};
   dump_session_cb(&want2, &plain);
   check_session(t, "s", want2.p);
   plain.seal_reason = plain.lease_holder = plain.parent = "";
-  CHECK_RC(OPS->session_put(t, &plain, &err), ES_OK);
+  CHECK_RC(OPS->session_put(BK(t), t, &plain, &err), ES_OK);
   sbuf want3 = {0};
   dump_session_cb(&want3, &plain);
   check_session(t, "s", want3.p);
   commit(t);
   t = rbegin(b);
   check_session(t, "s", want3.p);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* Rolled back to the long row and forth again. */
   t = wbegin(b);
   reason[0] = 'r';
-  CHECK_RC(OPS->session_put(t, &si, &err), ES_OK);
+  CHECK_RC(OPS->session_put(BK(t), t, &si, &err), ES_OK);
   check_session(t, "s", want.p);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   t = rbegin(b);
   check_session(t, "s", want3.p);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   free(want.p);
   free(want2.p);
   free(want3.p);
@@ -1830,7 +1832,7 @@ static const char *children(es_txn *t, const char *parent, const char *after, in
   c->n = 0;
   c->s[0] = '\0';
   c->calls = 0;
-  CHECK_RC(OPS->session_children(t, parent, after, limit, ntext_cb, c, &err), ES_OK);
+  CHECK_RC(OPS->session_children(BK(t), t, parent, after, limit, ntext_cb, c, &err), ES_OK);
   return c->s;
 }
 
@@ -1874,14 +1876,15 @@ static void test_children(void) {
   c.stop_at = 2;  /* the callback stops the walk */
   CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 ") == 0);
   c.stop_at = 0;
-  CHECK_RC(OPS->session_children(t, NULL, NULL, ES_NONE, ntext_cb, &c, &err), ES_INVALID_ARGUMENT);
-  OPS->read_end(t);
+  CHECK_RC(OPS->session_children(BK(t), t, NULL, NULL, ES_NONE, ntext_cb, &c, &err),
+           ES_INVALID_ARGUMENT);
+  OPS->read_end(BK(t), t);
 
   /* A put that changes the parent moves the child; one that keeps it
    * keeps one entry; one without a parent removes it. Undone exactly. */
   char *before = dump_now(b);
   t = wbegin(b);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(sess_put_full(t, "p/b", 9, "q", NULL, NULL), ES_OK);
   CHECK_RC(sess_put_full(t, "p/a", 9, NULL, "sealed", NULL), ES_OK);
   CHECK_RC(sess_put_full(t, "q", 9, "p", "sealed", "h"), ES_OK);
@@ -1890,22 +1893,23 @@ static void test_children(void) {
   CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a/1 p/\xc3\xa9 p/\xff q ") == 0);
   CHECK(strcmp(children(t, "q", NULL, ES_NONE, &c), "new p/b q/1 ") == 0);
   sbuf one = {0};
-  CHECK_RC(OPS->session_children(t, "p", "p/\xff", ES_NONE, dump_session_cb, &one, &err), ES_OK);
+  CHECK_RC(OPS->session_children(BK(t), t, "p", "p/\xff", ES_NONE, dump_session_cb, &one, &err),
+           ES_OK);
   CHECK(one.p && strstr(one.p, " 10 10 ") != NULL);  /* the latest row of q */
   free(one.p);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
   CHECK(strcmp(children(t, "q", NULL, ES_NONE, &c), "q/1 ") == 0);
   CHECK_RC(sess_put_full(t, "p/b", 9, "q", NULL, NULL), ES_OK);
   CHECK_RC(sess_put_full(t, "new", 0, "p", NULL, NULL), ES_OK);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   char *after = dump_now(b);
   CHECK(same_dump(before, after));
   free(before);
   free(after);
   t = rbegin(b);
   CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 p/b p/\xc3\xa9 p/\xff q ") == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   /* Beyond one walk chunk, with a callback that moves each child away and
    * adds new ones behind the walk: each child is seen once. */
@@ -1975,7 +1979,7 @@ static const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
   c->n = 0;
   c->s[0] = '\0';
   c->calls = 0;
-  CHECK_RC(OPS->ref_list(t, after, limit, rtext_cb, c, &err), ES_OK);
+  CHECK_RC(OPS->ref_list(BK(t), t, after, limit, rtext_cb, c, &err), ES_OK);
   return c->s;
 }
 
@@ -1986,12 +1990,12 @@ static void test_refs(void) {
   es_ref_init(&r);
   es_txn *t = rbegin(b);
   rtext c = {.n = 0};
-  CHECK_RC(OPS->ref_get(t, "main", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(BK(t), t, "main", &r, &err), ES_NOT_FOUND);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "") == 0);
   /* Writes need a write transaction. */
   CHECK_RC(ref_put(t, "main", "s", 1, 1), ES_INVALID_ARGUMENT);
   CHECK_RC(ref_del(t, "main"), ES_INVALID_ARGUMENT);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   t = wbegin(b);
   CHECK_RC(ref_put(t, "b", "s1", 1, 2), ES_OK);
   CHECK_RC(ref_put(t, "a", "s2", 3, 4), ES_OK);
@@ -2000,7 +2004,7 @@ static void test_refs(void) {
   CHECK_RC(ref_put(t, "ab", "", 9, 10), ES_OK);
   CHECK_RC(ref_put(t, NULL, "s", 1, 1), ES_INVALID_ARGUMENT);
   CHECK_RC(ref_put(t, "x", NULL, 1, 1), ES_INVALID_ARGUMENT);
-  CHECK_RC(OPS->ref_get(t, "a", &r, &err), ES_OK);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
   CHECK(strcmp(r.name, "a") == 0 && strcmp(r.session, "s2") == 0 && r.head == ES_NONE);
   CHECK(r.created_at == 3 && r.updated_at == 4);
   es_ref_destroy(&r);
@@ -2008,18 +2012,18 @@ static void test_refs(void) {
   CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
   commit(t);
   t = rbegin(b);
-  CHECK_RC(OPS->ref_get(t, "a", &r, &err), ES_OK);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
   CHECK(strcmp(r.session, "s5") == 0 && r.created_at == 3 && r.updated_at == 11);
   r.name[0] = 'Z';  /* owned by the caller */
   es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(t, "a", &r, &err), ES_OK);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
   CHECK(strcmp(r.name, "a") == 0);
   es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(t, "ab", &r, &err), ES_OK);
+  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_OK);
   CHECK(strcmp(r.session, "") == 0);
   es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(t, "a/", &r, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->ref_get(t, NULL, &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a/", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(BK(t), t, NULL, &r, &err), ES_NOT_FOUND);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= b=s1 \xff=s3 ") == 0);
   CHECK(strcmp(refs(t, "a", ES_NONE, &c), "a/1=s4 ab= b=s1 \xff=s3 ") == 0);
   CHECK(strcmp(refs(t, "a0", 2, &c), "ab= b=s1 ") == 0);
@@ -2031,40 +2035,40 @@ static void test_refs(void) {
   c.stop_at = 3;
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= ") == 0);
   c.stop_at = 0;
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   t = wbegin(b);
   CHECK_RC(ref_del(t, "ab"), ES_OK);
   CHECK_RC(ref_del(t, "ab"), ES_NOT_FOUND);
   CHECK_RC(ref_del(t, "nope"), ES_NOT_FOUND);
   CHECK_RC(ref_del(t, NULL), ES_NOT_FOUND);
-  CHECK_RC(OPS->ref_get(t, "ab", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_NOT_FOUND);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
   commit(t);
 
   /* Undo: every kind of ref write, nested, restores the exact list. */
   char *before = dump_now(b);
   t = wbegin(b);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(ref_put(t, "a", "s6", 3, 12), ES_OK);
   CHECK_RC(ref_del(t, "b"), ES_OK);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(ref_put(t, "b", "s7", 13, 13), ES_OK);
   CHECK_RC(ref_put(t, "b", "s8", 13, 14), ES_OK);
   CHECK_RC(ref_del(t, "a/1"), ES_OK);
   CHECK_RC(ref_put(t, "c", "s9", 15, 15), ES_OK);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 b=s8 c=s9 \xff=s3 ") == 0);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 a/1=s4 \xff=s3 ") == 0);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
   CHECK_RC(ref_del(t, "a"), ES_OK);
   CHECK_RC(ref_put(t, "a", "s10", 16, 16), ES_OK);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   char *after = dump_now(b);
   CHECK(same_dump(before, after));
   t = rbegin(b);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   free(before);
   free(after);
 
@@ -2126,7 +2130,7 @@ static void test_snapshots(void) {
   es_err err;
   es_snapshot sn;
   es_snapshot_init(&sn);
-  CHECK_RC(OPS->snapshot_get(t, "s", "r", &sn, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "r", &sn, &err), ES_NOT_FOUND);
   CHECK_RC(snap_put(t, "s", "rb", 3, "B", "v1"), ES_OK);
   CHECK_RC(snap_put(t, "s", "ra", 5, "A", NULL), ES_OK);
   CHECK_RC(snap_put(t, "s", "rc", 1, NULL, "v3"), ES_OK);
@@ -2138,36 +2142,36 @@ static void test_snapshots(void) {
   bin.state_len = 3;
   bin.version = "v";
   bin.updated_at = 42;
-  CHECK_RC(OPS->snapshot_put(t, "s", &bin, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_put(BK(t), t, "s", &bin, &err), ES_OK);
   CHECK_RC(snap_put(t, "s", "rb", 2, "B2", "v2"), ES_OK);  /* the core guards; the backend replaces */
   commit(t);
   t = rbegin(b);
-  CHECK_RC(OPS->snapshot_get(t, "s", "rb", &sn, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "rb", &sn, &err), ES_OK);
   CHECK(sn.index == 2 && sn.state_len == 2 && memcmp(sn.state, "B2", 3) == 0);
   CHECK(strcmp(sn.version, "v2") == 0 && sn.updated_at == 72 && strcmp(sn.reducer, "rb") == 0);
   es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(t, "s", "rd", &sn, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "rd", &sn, &err), ES_OK);
   CHECK(sn.state_len == 3 && memcmp(sn.state, "x\0y", 3) == 0 && sn.updated_at == 42);
   es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(t, "s", "ra", &sn, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "ra", &sn, &err), ES_OK);
   CHECK(sn.version == NULL && sn.state_len == 1);
   es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(t, "s", "rc", &sn, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "rc", &sn, &err), ES_OK);
   CHECK(sn.state == NULL && sn.state_len == 0);
   es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(t, "other", "ra", &sn, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "other", "ra", &sn, &err), ES_NOT_FOUND);
   snaps c = {.n = 0};
-  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 4 && strcmp(c.reducer[0], "ra") == 0 && strcmp(c.reducer[1], "rb") == 0);
   CHECK(strcmp(c.reducer[2], "rc") == 0 && strcmp(c.reducer[3], "rd") == 0);
   CHECK(c.index[1] == 2 && c.state_null[0] && c.state_null[3]);
   c.n = 0;
-  CHECK_RC(OPS->snapshot_list(t, "none", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "none", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 0);
   /* A snapshot alone does not make a listed session. */
   names sl = list_sessions(t, "", NULL, ES_NONE);
   CHECK(sl.n == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -2189,7 +2193,7 @@ static int collect_pres(void *ctx, const es_presence_row *r) {
 static prows list_pres(es_txn *t, const char *ns, int64_t now) {
   prows c = {.n = 0};
   es_err err;
-  CHECK_RC(OPS->presence_list(t, ns, now, collect_pres, &c, &err), ES_OK);
+  CHECK_RC(OPS->presence_list(BK(t), t, ns, now, collect_pres, &c, &err), ES_OK);
   return c;
 }
 
@@ -2213,25 +2217,26 @@ static void test_presence(void) {
   CHECK(c.n == 2);
   c = list_pres(t, "nons", 0);
   CHECK(c.n == 0);
-  CHECK_RC(OPS->presence_get(t, "ns1", "p1", "f1", &r, &err), ES_OK);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f1", &r, &err), ES_OK);
   CHECK(strcmp(r.value, "1") == 0 && r.value_len == 1 && r.seen == 20 && r.at == 10 && r.expires_at == 2000);
   es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_get(t, "ns1", "p1", "f2", &r, &err), ES_OK);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f2", &r, &err), ES_OK);
   CHECK(r.value == NULL && r.at == 11);
   es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_get(t, "ns1", "p2", "f1", &r, &err), ES_OK);  /* get does not filter */
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p2", "f1", &r, &err),
+           ES_OK); /* get does not filter */
   es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_get(t, "ns1", "p9", "f1", &r, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->presence_get(t, "nons", "p1", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p9", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->presence_get(BK(t), t, "nons", "p1", "f1", &r, &err), ES_NOT_FOUND);
   CHECK_RC(pres_put(t, "ns1", "p1", "f1", NULL, 30, 2100), ES_OK);  /* replace with a tombstone */
-  CHECK_RC(OPS->presence_get(t, "ns1", "p1", "f1", &r, &err), ES_OK);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f1", &r, &err), ES_OK);
   CHECK(r.value == NULL && r.at == 30 && r.expires_at == 2100);
   es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_expire(t, "ns1", 2000, &err), ES_OK);
+  CHECK_RC(OPS->presence_expire(BK(t), t, "ns1", 2000, &err), ES_OK);
   c = list_pres(t, "ns1", INT64_MIN);
   CHECK(c.n == 3 && strcmp(c.key[2], "p1.f1") == 0);
-  CHECK_RC(OPS->presence_get(t, "ns1", "p2", "f1", &r, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->presence_expire(t, "nons", 2000, &err), ES_OK);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p2", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->presence_expire(BK(t), t, "nons", 2000, &err), ES_OK);
   c = list_pres(t, "ns2", 0);
   CHECK(c.n == 1);
   /* Beyond one walk chunk. */
@@ -2244,7 +2249,7 @@ static void test_presence(void) {
   CHECK(c.n == 50);
   prows only = list_pres(t, "big", 40);
   CHECK(only.n == 19 && strcmp(only.key[0], "p.g31") == 0);
-  CHECK_RC(OPS->presence_expire(t, "big", 29, &err), ES_OK);
+  CHECK_RC(OPS->presence_expire(BK(t), t, "big", 29, &err), ES_OK);
   only = list_pres(t, "big", INT64_MIN);
   CHECK(only.n == 30 && strcmp(only.key[0], "p.g20") == 0);
   commit(t);
@@ -2256,7 +2261,7 @@ static void test_presence(void) {
 static char *dump_now(es_backend *b) {
   es_txn *t = rbegin(b);
   char *d = dump_state(t, BASE_IDS);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   return d;
 }
 
@@ -2266,18 +2271,18 @@ static void test_savepoint_rollback(void) {
   char *base = dump_now(b);
   es_txn *t = wbegin(b);
   es_err err;
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   run_steps(t, 0, NSTEPS);
   char *changed = dump_state(t, BASE_IDS);
   CHECK(strcmp(changed, base) != 0);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   char *d = dump_state(t, BASE_IDS);
   CHECK(same_dump(base, d));
   free(d);
   /* Again, then keep it: the same state as doing it once. */
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   run_steps(t, 0, NSTEPS);
-  CHECK_RC(OPS->savepoint_release(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
   d = dump_state(t, BASE_IDS);
   CHECK(same_dump(changed, d));
   free(d);
@@ -2296,14 +2301,14 @@ static void test_write_rollback(void) {
   char *base = dump_now(b);
   es_txn *t = wbegin(b);
   run_steps(t, 0, NSTEPS);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   char *d = dump_now(b);
   CHECK(same_dump(base, d));
   free(d);
   /* Positions of rolled-back rows are given again: none was committed. */
   t = wbegin(b);
   CHECK(ins_pos(t, mkrow("a", 7, "a7", NULL)) == 11);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   /* Rolled back then redone equals done once, on another store. */
   t = wbegin(b);
   run_steps(t, 0, NSTEPS);
@@ -2330,33 +2335,33 @@ static void test_nested_savepoints(void) {
   es_err err;
   run_steps(t, 0, 6);
   char *d1 = dump_state(t, BASE_IDS);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   run_steps(t, 6, 13);
   char *d2 = dump_state(t, BASE_IDS);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   run_steps(t, 13, NSTEPS);
-  OPS->savepoint_rollback(t);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
+  OPS->savepoint_rollback(BK(t), t);
   char *d = dump_state(t, BASE_IDS);
   CHECK(same_dump(d2, d));
   free(d);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   d = dump_state(t, BASE_IDS);
   CHECK(same_dump(d1, d));
   free(d);
-  OPS->savepoint_rollback(t);  /* none left: harmless */
-  CHECK_RC(OPS->savepoint_release(t, &err), ES_INVALID_ARGUMENT);
+  OPS->savepoint_rollback(BK(t), t); /* none left: harmless */
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_INVALID_ARGUMENT);
   /* The same row moved in and out of sets across savepoints. */
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(set_state(t, "a", 3, ES_STATUS_PENDING, 1, 7), ES_OK);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(set_state(t, "a", 3, ES_STATUS_DEAD, 0, 7), ES_OK);
   CHECK_RC(set_state(t, "a", 3, ES_STATUS_PROCESSED, 0, 7), ES_OK);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   CHECK(next_due(t, "a", 0) == 7);
-  CHECK_RC(OPS->savepoint_release(t, &err), ES_OK);
-  OPS->write_rollback(t);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  OPS->write_rollback(BK(t), t);
   d = dump_now(b);
   CHECK(same_dump(base, d));
   free(d);
@@ -2411,13 +2416,13 @@ static void test_callbacks_may_write(void) {
     CHECK_RC(ins(t, e), ES_OK);
   }
   cbctx c = {.t = t};
-  CHECK_RC(OPS->queued_due(t, NULL, NULL, 1003, ES_NONE, dequeue_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(BK(t), t, NULL, NULL, 1003, ES_NONE, dequeue_cb, &c, &err), ES_OK);
   /* a1, b2 at 1001, the 40 at 1002, b1 at 1003; rows queued meanwhile are earlier. */
   CHECK(c.calls == 43);
   ints left = due_pos(t, NULL, 1003, ES_NONE);
   CHECK(left.n == 43);  /* only the rows the callback added */
   c.calls = 0;
-  CHECK_RC(OPS->session_list(t, "", NULL, ES_NONE, put_session_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->session_list(BK(t), t, "", NULL, ES_NONE, put_session_cb, &c, &err), ES_OK);
   CHECK(c.calls >= 2);
   commit(t);
   OPS->close(b);
@@ -2442,7 +2447,7 @@ static const char *all_ids(es_txn *t, idtext *c) {
   es_err err;
   c->n = 0;
   c->s[0] = '\0';
-  CHECK_RC(OPS->event_all(t, NULL, ES_NONE, ES_NONE, idtext_cb, c, &err), ES_OK);
+  CHECK_RC(OPS->event_all(BK(t), t, NULL, ES_NONE, ES_NONE, idtext_cb, c, &err), ES_OK);
   return c->s;
 }
 
@@ -2450,7 +2455,7 @@ static int has_id(es_txn *t, const char *id, int64_t *position) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  int rc = OPS->event_get_by_id(t, id, &e, &err);
+  int rc = OPS->event_get_by_id(BK(t), t, id, &e, &err);
   if (rc == ES_OK && position) *position = e.position;
   es_event_destroy(&e);
   return rc == ES_OK;
@@ -2460,7 +2465,7 @@ static int get_rc(es_txn *t, const char *session, int64_t index) {
   es_event e;
   es_err err;
   es_event_init(&e);
-  int rc = OPS->event_get(t, session, index, &e, &err);
+  int rc = OPS->event_get(BK(t), t, session, index, &e, &err);
   es_event_destroy(&e);
   return rc;
 }
@@ -2551,7 +2556,7 @@ static void check_truncated(es_txn *t) {
   es_session_info si;
   es_err err;
   es_session_info_init(&si);
-  CHECK_RC(OPS->session_get(t, "s", &si, &err), ES_OK);
+  CHECK_RC(OPS->session_get(BK(t), t, "s", &si, &err), ES_OK);
   es_session_info_destroy(&si);
 }
 
@@ -2562,11 +2567,11 @@ static void test_delete_range(void) {
   es_err err;
   es_txn *t = wbegin(b);
   /* Undone by a savepoint rollback: every set and count as it was. */
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(del_range(t, "s", 4), ES_OK);
   check_truncated(t);
   CHECK_RC(set_state(t, "s", 3, ES_STATUS_PROCESSED, 0, ES_NONE), ES_NOT_FOUND);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   char *d = dump_state(t, BASE_IDS);
   CHECK(same_dump(base, d));
   free(d);
@@ -2577,7 +2582,7 @@ static void test_delete_range(void) {
   commit(t);
   t = rbegin(b);
   check_truncated(t);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* Nothing to do: not a session, nothing at or below through. */
   char *trunc = dump_now(b);
   t = wbegin(b);
@@ -2600,7 +2605,7 @@ static void test_delete_range(void) {
   CHECK(has_id(t, "s6", &p) && p == 10);
   CHECK_RC(ins(t, mkrow("s", 1, "s1b", NULL)), ES_INVALID_ARGUMENT);  /* indexes never shift */
   CHECK(ins_pos(t, mkrow("s", 7, "s7", NULL)) == 11);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   d = dump_now(b);
   CHECK(same_dump(trunc, d));
   free(d);
@@ -2611,7 +2616,7 @@ static void test_delete_range(void) {
   commit(t);
   t = rbegin(b);
   CHECK(has_id(t, "s1", &p) && p == 9);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* The newest rows removed: last_position goes down (SQLite's
    * max(position) does too), the next row still gets a new position. */
   t = wbegin(b);
@@ -2682,26 +2687,28 @@ static void test_delete_in_callbacks(void) {
   commit(t);
   t = wbegin(b);
   rmctx c = {t, "w", 0};
-  CHECK_RC(OPS->event_range(t, "w", 0, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->event_range(BK(t), t, "w", 0, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
   CHECK(c.calls == 1);
   CHECK_RC(del_range(t, "v", 0), ES_OK);
   c = (rmctx){t, "v", 0};
-  CHECK_RC(OPS->queued_due(t, NULL, NULL, INT64_MAX, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(BK(t), t, NULL, NULL, INT64_MAX, ES_NONE, remove_all_cb, &c, &err),
+           ES_OK);
   CHECK(c.calls == 1);  /* w is gone: v1 comes first and takes v with it */
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   t = wbegin(b);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   c = (rmctx){t, "v", 0};
-  CHECK_RC(OPS->event_all(t, NULL, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->event_all(BK(t), t, NULL, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
   CHECK(c.calls == 40);  /* w1, then w's 39 others; v's left with the first call */
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   c = (rmctx){t, "w", 0};
-  CHECK_RC(OPS->dead_list(t, NULL, NULL, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->dead_list(BK(t), t, NULL, NULL, ES_NONE, ES_NONE, remove_all_cb, &c, &err), ES_OK);
   CHECK(c.calls == 14);  /* w3 (position 3), then v's 13 dead */
   c = (rmctx){t, "v", 0};
-  CHECK_RC(OPS->queued_due(t, "v", NULL, INT64_MAX, ES_NONE, remove_all_cb, &c, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(BK(t), t, "v", NULL, INT64_MAX, ES_NONE, remove_all_cb, &c, &err),
+           ES_OK);
   CHECK(c.calls == 1);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   OPS->close(b);
 }
 
@@ -2710,7 +2717,7 @@ static const char *session_names(es_txn *t, ntext *c) {
   c->n = 0;
   c->s[0] = '\0';
   c->calls = 0;
-  CHECK_RC(OPS->session_list(t, "", NULL, ES_NONE, ntext_cb, c, &err), ES_OK);
+  CHECK_RC(OPS->session_list(BK(t), t, "", NULL, ES_NONE, ntext_cb, c, &err), ES_OK);
   return c->s;
 }
 
@@ -2719,7 +2726,7 @@ static const char *origin_of(es_txn *t, const char *session, int64_t index, char
   es_err err;
   es_event_init(&e);
   snprintf(buf, n, "?");
-  if (OPS->event_get(t, session, index, &e, &err) == ES_OK)
+  if (OPS->event_get(BK(t), t, session, index, &e, &err) == ES_OK)
     snprintf(buf, n, "%s/%lld", e.origin_session ? e.origin_session : "NULL", (long long)e.origin_index);
   es_event_destroy(&e);
   return buf;
@@ -2730,7 +2737,7 @@ static int64_t first_index_of(es_txn *t, const char *session) {
   es_err err;
   es_session_info_init(&si);
   int64_t v = -1;
-  if (OPS->session_get(t, session, &si, &err) == ES_OK) v = si.first_index;
+  if (OPS->session_get(BK(t), t, session, &si, &err) == ES_OK) v = si.first_index;
   es_session_info_destroy(&si);
   return v;
 }
@@ -2751,13 +2758,13 @@ static void test_session_delete(void) {
   si.session = "f";
   si.head = 9;
   si.first_index = 7;
-  CHECK_RC(OPS->session_put(t, &si, &err), ES_OK);
+  CHECK_RC(OPS->session_put(BK(t), t, &si, &err), ES_OK);
   commit(t);
   char *base = dump_now(b);
   t = rbegin(b);
   CHECK(first_index_of(t, "f") == 7);
   CHECK(first_index_of(t, "p") == 1);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   t = wbegin(b);
   CHECK_RC(sess_del(t, "nobody"), ES_NOT_FOUND);
@@ -2769,7 +2776,7 @@ static void test_session_delete(void) {
   CHECK(strcmp(session_names(t, &nt), "c2 f p ") == 0);
   CHECK(strcmp(children(t, "p", NULL, ES_NONE, &nt), "c2 ") == 0);
   es_session_info_init(&si);
-  CHECK_RC(OPS->session_get(t, "c1", &si, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->session_get(BK(t), t, "c1", &si, &err), ES_NOT_FOUND);
   /* Its name again, in the same transaction, under another parent. */
   CHECK_RC(sess_put_full(t, "c1", 3, "q", NULL, NULL), ES_OK);
   CHECK(strcmp(children(t, "q", NULL, ES_NONE, &nt), "c1 ") == 0);
@@ -2780,13 +2787,13 @@ static void test_session_delete(void) {
   CHECK(strcmp(children(t, "q", NULL, ES_NONE, &nt), "") == 0);
   CHECK_RC(sess_put_full(t, "c2", 1, "p", NULL, NULL), ES_OK);
   CHECK(strcmp(children(t, "p", NULL, ES_NONE, &nt), "c2 ") == 0);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   char *d = dump_now(b);
   CHECK(same_dump(base, d));
   free(d);
   t = rbegin(b);
   CHECK(strcmp(children(t, "p", NULL, ES_NONE, &nt), "c1 c2 ") == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   /* A whole session: rows, snapshots, refs, row; then its name and ids
    * again from index 1, in the same transaction. */
@@ -2816,7 +2823,7 @@ static void test_session_delete(void) {
   int64_t p = 0;
   CHECK(has_id(t, "s2", &p) && p == 4 && !has_id(t, "s1", NULL));
   CHECK(lane_next(t, "s", "L", 1) == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   /* The core's order does not matter: the row first, rows left. The
    * session stays as it is (rows readable, indexes going on) until its
@@ -2870,7 +2877,7 @@ static void test_session_delete(void) {
   commit(t);
   t = rbegin(b);
   CHECK(strcmp(origin_of(t, "fk2", 1, buf, sizeof buf), "src/1") == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* Closing with copies of a deleted origin left: nothing leaks (the
    * sanitizer and valgrind runs see it). */
   t = wbegin(b);
@@ -2896,15 +2903,15 @@ static void test_snapshot_delete_all(void) {
   t = wbegin(b);
   CHECK_RC(snaps_del(t, "nobody"), ES_OK);
   CHECK_RC(snaps_del(t, NULL), ES_OK);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(snaps_del(t, "s"), ES_OK);
   snaps c = {0};
-  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 0);
   es_snapshot sn;
   es_snapshot_init(&sn);
-  CHECK_RC(OPS->snapshot_get(t, "s", "r1", &sn, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->snapshot_get(t, "o", "r1", &sn, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "r1", &sn, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->snapshot_get(BK(t), t, "o", "r1", &sn, &err), ES_OK);
   CHECK(sn.index == 4);
   es_snapshot_destroy(&sn);
   CHECK_RC(snaps_del(t, "s"), ES_OK);  /* none left: nothing to do */
@@ -2912,9 +2919,9 @@ static void test_snapshot_delete_all(void) {
   CHECK_RC(snap_put(t, "s", "r2", 9, "new", "v"), ES_OK);
   CHECK_RC(snap_put(t, "s", "r0", 9, "new", "v"), ES_OK);
   c = (snaps){0};
-  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 2 && strcmp(c.reducer[0], "r0") == 0 && c.index[1] == 9);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   char *d = dump_state(t, BASE_IDS);
   CHECK(same_dump(base, d));
   free(d);
@@ -2923,9 +2930,9 @@ static void test_snapshot_delete_all(void) {
   commit(t);
   t = rbegin(b);
   c = (snaps){0};
-  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 1 && strcmp(c.reducer[0], "r1") == 0 && c.index[0] == 5);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* A session that was only snapshots is gone with them. */
   t = wbegin(b);
   CHECK_RC(snaps_del(t, "o"), ES_OK);
@@ -2933,9 +2940,9 @@ static void test_snapshot_delete_all(void) {
   commit(t);
   t = rbegin(b);
   c = (snaps){0};
-  CHECK_RC(OPS->snapshot_list(t, "o", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "o", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 1 && strcmp(c.reducer[0], "r9") == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   free(base);
   OPS->close(b);
 }
@@ -2959,7 +2966,7 @@ static int collect_use(void *ctx, const char *session, int64_t first_index) {
 static uses list_uses(es_txn *t, const char *key) {
   uses u = {0};
   es_err err;
-  CHECK_RC(OPS->key_use_list(t, key, collect_use, &u, &err), ES_OK);
+  CHECK_RC(OPS->key_use_list(BK(t), t, key, collect_use, &u, &err), ES_OK);
   return u;
 }
 
@@ -2969,19 +2976,19 @@ static void test_crypto_ops(void) {
   es_err err;
   unsigned char w1[] = {1, 0, 2, 3}, w2[] = {9, 9};
   es_key_row k = {"k", w1, sizeof w1, 10, ES_NONE}, got;
-  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->key_put(t, &k, &err), ES_OK);
-  CHECK_RC(OPS->key_use_put(t, "k", "s", 3, &err), ES_OK);
-  CHECK_RC(OPS->key_use_put(t, "k", "s", 5, &err), ES_OK); /* keeps the lower */
-  CHECK_RC(OPS->key_use_put(t, "k", "a", 7, &err), ES_OK);
-  CHECK_RC(OPS->key_use_put(t, "k2", "s", 1, &err), ES_OK);
+  CHECK_RC(OPS->key_get(BK(t), t, "k", &got, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->key_put(BK(t), t, &k, &err), ES_OK);
+  CHECK_RC(OPS->key_use_put(BK(t), t, "k", "s", 3, &err), ES_OK);
+  CHECK_RC(OPS->key_use_put(BK(t), t, "k", "s", 5, &err), ES_OK); /* keeps the lower */
+  CHECK_RC(OPS->key_use_put(BK(t), t, "k", "a", 7, &err), ES_OK);
+  CHECK_RC(OPS->key_use_put(BK(t), t, "k2", "s", 1, &err), ES_OK);
   CHECK_RC(snap_put(t, "s", "r1", 2, "S2", "v"), ES_OK);
   CHECK_RC(snap_put(t, "s", "r2", 3, "S3", "v"), ES_OK);
   CHECK_RC(snap_put(t, "s", "r3", 4, "S4", "v"), ES_OK);
   commit(t);
 
   t = wbegin(b);
-  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  CHECK_RC(OPS->key_get(BK(t), t, "k", &got, &err), ES_OK);
   CHECK(got.wrapped_len == 4 && memcmp(got.wrapped, w1, 4) == 0 && got.created_at == 10 &&
         got.shredded_at == ES_NONE && strcmp(got.name, "k") == 0);
   es_key_row_destroy(&got);
@@ -2989,59 +2996,59 @@ static void test_crypto_ops(void) {
   CHECK(u.n == 2 && strcmp(u.session[0], "a") == 0 && u.first[0] == 7 &&
         strcmp(u.session[1], "s") == 0 && u.first[1] == 3);
   /* replace, lower a use, delete from 3, drop a session's uses: all undone */
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   es_key_row tomb = {"k", NULL, 0, 10, 20};
-  CHECK_RC(OPS->key_put(t, &tomb, &err), ES_OK);
-  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  CHECK_RC(OPS->key_put(BK(t), t, &tomb, &err), ES_OK);
+  CHECK_RC(OPS->key_get(BK(t), t, "k", &got, &err), ES_OK);
   CHECK(got.wrapped == NULL && got.shredded_at == 20);
   es_key_row_destroy(&got);
-  CHECK_RC(OPS->key_use_put(t, "k", "a", 2, &err), ES_OK);
-  CHECK_RC(OPS->snapshot_delete_from(t, "s", 3, &err), ES_OK);
+  CHECK_RC(OPS->key_use_put(BK(t), t, "k", "a", 2, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_delete_from(BK(t), t, "s", 3, &err), ES_OK);
   snaps c = {0};
-  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 1 && strcmp(c.reducer[0], "r1") == 0);
   CHECK_RC(snap_put(t, "s", "r9", 9, "S9", "v"), ES_OK);
-  CHECK_RC(OPS->key_use_delete_session(t, "s", &err), ES_OK);
+  CHECK_RC(OPS->key_use_delete_session(BK(t), t, "s", &err), ES_OK);
   u = list_uses(t, "k");
   CHECK(u.n == 1 && strcmp(u.session[0], "a") == 0 && u.first[0] == 2);
   CHECK(list_uses(t, "k2").n == 0);
-  OPS->savepoint_rollback(t);
-  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  OPS->savepoint_rollback(BK(t), t);
+  CHECK_RC(OPS->key_get(BK(t), t, "k", &got, &err), ES_OK);
   CHECK(got.wrapped_len == 4 && memcmp(got.wrapped, w1, 4) == 0);
   es_key_row_destroy(&got);
   u = list_uses(t, "k");
   CHECK(u.n == 2 && u.first[0] == 7 && u.first[1] == 3);
   CHECK(list_uses(t, "k2").n == 1);
   c = (snaps){0};
-  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 3 && c.index[0] == 2 && c.index[1] == 3 && c.index[2] == 4);
   /* committed this time */
   k.wrapped = w2;
   k.wrapped_len = sizeof w2;
-  CHECK_RC(OPS->key_put(t, &k, &err), ES_OK);
-  CHECK_RC(OPS->snapshot_delete_from(t, "s", 4, &err), ES_OK);
-  CHECK_RC(OPS->snapshot_delete_from(t, "nobody", 1, &err), ES_OK);
+  CHECK_RC(OPS->key_put(BK(t), t, &k, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_delete_from(BK(t), t, "s", 4, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_delete_from(BK(t), t, "nobody", 1, &err), ES_OK);
   commit(t);
   t = rbegin(b);
-  CHECK_RC(OPS->key_get(t, "k", &got, &err), ES_OK);
+  CHECK_RC(OPS->key_get(BK(t), t, "k", &got, &err), ES_OK);
   CHECK(got.wrapped_len == 2 && got.wrapped[0] == 9);
   es_key_row_destroy(&got);
   c = (snaps){0};
-  CHECK_RC(OPS->snapshot_list(t, "s", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 2 && c.index[1] == 3);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* a session that was only snapshots goes with its last one */
   t = wbegin(b);
   CHECK_RC(snap_put(t, "only", "r", 5, "x", "v"), ES_OK);
   commit(t);
   t = wbegin(b);
-  CHECK_RC(OPS->snapshot_delete_from(t, "only", 1, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_delete_from(BK(t), t, "only", 1, &err), ES_OK);
   commit(t);
   t = rbegin(b);
   c = (snaps){0};
-  CHECK_RC(OPS->snapshot_list(t, "only", collect_snap, &c, &err), ES_OK);
+  CHECK_RC(OPS->snapshot_list(BK(t), t, "only", collect_snap, &c, &err), ES_OK);
   CHECK(c.n == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -3063,12 +3070,12 @@ static void test_ref_delete_session(void) {
   CHECK(strcmp(refs(t, NULL, ES_NONE, &rt), all) == 0);
   CHECK_RC(refs_del(t, "nobody"), ES_OK);
   CHECK_RC(refs_del(t, NULL), ES_INVALID_ARGUMENT);
-  CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
   CHECK_RC(refs_del(t, "s"), ES_OK);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &rt), "x2=sa x4=s2 x5=r ") == 0);
   es_ref r;
   es_ref_init(&r);
-  CHECK_RC(OPS->ref_get(t, "x1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(BK(t), t, "x1", &r, &err), ES_NOT_FOUND);
   CHECK_RC(ref_del(t, "z"), ES_NOT_FOUND);
   /* The index follows puts: a ref moved to s goes with it, one moved
    * away stays. */
@@ -3077,19 +3084,19 @@ static void test_ref_delete_session(void) {
   CHECK_RC(ref_put(t, "x1", "t", 2, 3), ES_OK);
   CHECK_RC(refs_del(t, "s"), ES_OK);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &rt), "x1=t x4=s2 x5=r ") == 0);
-  OPS->savepoint_rollback(t);
+  OPS->savepoint_rollback(BK(t), t);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &rt), all) == 0);
   CHECK_RC(refs_del(t, "sa"), ES_OK);
   CHECK_RC(refs_del(t, "s2"), ES_OK);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &rt), "=s x1=s x3=s x5=r z=s ") == 0);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   t = wbegin(b);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &rt), all) == 0);
   CHECK_RC(refs_del(t, "s"), ES_OK);
   commit(t);
   t = rbegin(b);
   CHECK(strcmp(refs(t, NULL, ES_NONE, &rt), "x2=sa x4=s2 x5=r ") == 0);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -3141,7 +3148,7 @@ static void test_out_of_memory(void) {
         }
       }
       free(pre);
-      OPS->write_rollback(t);
+      OPS->write_rollback(BK(t), t);
       char *d = dump_now(b);
       if (!same_dump(base, d)) {
         printf("#   step %s, allocation %ld: rollback differs\n", STEPS[i].name, k);
@@ -3182,12 +3189,12 @@ static void test_out_of_memory(void) {
     }
     es_err e2;
     fail_countdown = 0;  /* the undo log has room for 64 steps: the 65th fails */
-    int rc = OPS->presence_expire(t, "ns1", 1000, &e2);
+    int rc = OPS->presence_expire(BK(t), t, "ns1", 1000, &e2);
     fail_countdown = -1;
     CHECK_RC(rc, ES_STORAGE);
     prows half = list_pres(t, "ns1", INT64_MIN);
     CHECK(half.n > 0 && half.n < 40);
-    OPS->write_rollback(t);
+    OPS->write_rollback(BK(t), t);
     char *after = dump_now(p);
     CHECK(same_dump(before, after));
     free(before);
@@ -3203,21 +3210,21 @@ static void test_out_of_memory(void) {
       es_txn *t = wbegin(b);
       for (int i = 0; i < k; i++) CHECK_RC(ref_put(t, "main", "a", 1, i), ES_OK);
       fail_countdown = 0;
-      int rc = OPS->ref_delete(t, "dev", &e2);
+      int rc = OPS->ref_delete(BK(t), t, "dev", &e2);
       fail_countdown = -1;
       if (rc != ES_OK) {
         hit = 1;
         CHECK_RC(rc, ES_STORAGE);
         es_ref r;
         es_ref_init(&r);
-        CHECK_RC(OPS->ref_get(t, "dev", &r, &e2), ES_OK);
+        CHECK_RC(OPS->ref_get(BK(t), t, "dev", &r, &e2), ES_OK);
         CHECK(r.session && strcmp(r.session, "fa") == 0);
         es_ref_destroy(&r);
         /* and the next try, with memory, goes through */
-        CHECK_RC(OPS->ref_delete(t, "dev", &e2), ES_OK);
+        CHECK_RC(OPS->ref_delete(BK(t), t, "dev", &e2), ES_OK);
         failures_seen++;
       }
-      OPS->write_rollback(t);
+      OPS->write_rollback(BK(t), t);
     }
     CHECK(hit);
     char *d = dump_now(b);
@@ -3243,34 +3250,34 @@ static void test_out_of_memory(void) {
     es_ref_init(&rf);
     int rc[9];
     fail_countdown = k;
-    rc[0] = OPS->event_get(t, "c", 1, &e, &err);
+    rc[0] = OPS->event_get(BK(t), t, "c", 1, &e, &err);
     es_event_destroy(&e);
     fail_countdown = k;
-    rc[1] = OPS->event_get_by_id(t, "a6", &e, &err);
+    rc[1] = OPS->event_get_by_id(BK(t), t, "a6", &e, &err);
     es_event_destroy(&e);
     fail_countdown = k;
-    rc[2] = OPS->session_get(t, "a", &si, &err);
+    rc[2] = OPS->session_get(BK(t), t, "a", &si, &err);
     es_session_info_destroy(&si);
     fail_countdown = k;
-    rc[3] = OPS->snapshot_get(t, "a", "r2", &sn, &err);
+    rc[3] = OPS->snapshot_get(BK(t), t, "a", "r2", &sn, &err);
     es_snapshot_destroy(&sn);
     fail_countdown = k;
-    rc[4] = OPS->presence_get(t, "ns1", "p1", "f1", &pr, &err);
+    rc[4] = OPS->presence_get(BK(t), t, "ns1", "p1", "f1", &pr, &err);
     es_presence_row_destroy(&pr);
     fail_countdown = k;
-    rc[5] = OPS->savepoint(t, &err);
+    rc[5] = OPS->savepoint(BK(t), t, &err);
     fail_countdown = k;
-    rc[6] = OPS->ref_get(t, "main", &rf, &err);
+    rc[6] = OPS->ref_get(BK(t), t, "main", &rf, &err);
     es_ref_destroy(&rf);
     fail_countdown = k;
-    rc[7] = OPS->session_get(t, "fb", &si, &err);  /* a row with every string */
+    rc[7] = OPS->session_get(BK(t), t, "fb", &si, &err); /* a row with every string */
     es_session_info_destroy(&si);
     fail_countdown = k;
-    rc[8] = OPS->event_get(t, "a", 4, &e, &err);  /* a dispatch block with an error */
+    rc[8] = OPS->event_get(BK(t), t, "a", 4, &e, &err); /* a dispatch block with an error */
     es_event_destroy(&e);
     fail_countdown = -1;
     for (int j = 0; j < 9; j++) CHECK(rc[j] == ES_OK || rc[j] == ES_STORAGE);
-    OPS->write_rollback(t);
+    OPS->write_rollback(BK(t), t);
   }
   for (long k = 0; k < 4; k++) {
     es_backend *x = NULL;
@@ -3368,7 +3375,7 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
   int fail = 0;
   /* event_all: the live rows in position order; last_position */
   c->n = 0;
-  OPS->event_all(t, NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
+  OPS->event_all(BK(t), t, NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
   int k = 0;
   int64_t last = 0;
   for (int i = 0; i < m->nrows; i++) {
@@ -3382,12 +3389,12 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
   }
   if (k != c->n) fail |= 1;
   int64_t lp = -1;
-  OPS->last_position(t, &lp, &err);
+  OPS->last_position(BK(t), t, &lp, &err);
   if (lp != last) fail |= 2;
   /* per session: range, head row, gets around the removed front */
   for (int s = 0; s < RM_NS; s++) {
     c->n = 0;
-    OPS->event_range(t, RM_SESS[s], 0, ES_NONE, ES_NONE, rm_collect, c, &err);
+    OPS->event_range(BK(t), t, RM_SESS[s], 0, ES_NONE, ES_NONE, rm_collect, c, &err);
     k = 0;
     for (int i = 0; i < m->nrows; i++) {
       const rm_row *r = &m->rows[i];
@@ -3401,10 +3408,10 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
     if (m->s[s].gone < m->s[s].n && get_rc(t, RM_SESS[s], m->s[s].gone + 1) != ES_OK) fail |= 8;
     es_session_info si;
     es_session_info_init(&si);
-    if ((OPS->session_get(t, RM_SESS[s], &si, &err) == ES_OK) != m->s[s].info) fail |= 16;
+    if ((OPS->session_get(BK(t), t, RM_SESS[s], &si, &err) == ES_OK) != m->s[s].info) fail |= 16;
     es_session_info_destroy(&si);
     snaps sn = {0};
-    OPS->snapshot_list(t, RM_SESS[s], collect_snap, &sn, &err);
+    OPS->snapshot_list(BK(t), t, RM_SESS[s], collect_snap, &sn, &err);
     int want = 0;
     for (int r = 0; r < 3; r++) want += (m->s[s].snaps >> r) & 1;
     if ((int)sn.n != want) fail |= 32;
@@ -3418,7 +3425,7 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
     }
     /* dead rows of the session, by position */
     c->n = 0;
-    OPS->dead_list(t, RM_SESS[s], NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
+    OPS->dead_list(BK(t), t, RM_SESS[s], NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
     k = 0;
     for (int i = 0; i < m->nrows; i++) {
       const rm_row *r = &m->rows[i];
@@ -3451,7 +3458,7 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
   }
   if (strcmp(pending_text(t, &tt), sorted) != 0) fail |= 512;
   c->n = 0;
-  OPS->dead_list(t, NULL, NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
+  OPS->dead_list(BK(t), t, NULL, NULL, ES_NONE, ES_NONE, rm_collect, c, &err);
   k = 0;
   for (int i = 0; i < m->nrows; i++)
     if (m->rows[i].live && m->rows[i].status == ES_STATUS_DEAD) {
@@ -3474,8 +3481,10 @@ static void rm_verify(es_txn *t, const rm_model *m, rm_seen *c, int *bad) {
       }
     }
     c->n = 0;
-    if (ty < 0) OPS->queued_due(t, NULL, NULL, INT64_MAX, ES_NONE, rm_collect, c, &err);
-    else OPS->queued_due_type(t, NULL, RM_TYPES[ty], INT64_MAX, ES_NONE, rm_collect, c, &err);
+    if (ty < 0)
+      OPS->queued_due(BK(t), t, NULL, NULL, INT64_MAX, ES_NONE, rm_collect, c, &err);
+    else
+      OPS->queued_due_type(BK(t), t, NULL, RM_TYPES[ty], INT64_MAX, ES_NONE, rm_collect, c, &err);
     if (c->n != nq) fail |= 2048;
     for (int i = 0; i < nq && i < c->n; i++)
       if (c->pos[i] != q[i]->position) fail |= 2048;
@@ -3645,20 +3654,20 @@ static void test_retention_random(void) {
     for (int k = 0; k < nops && !bad; k++) {
       unsigned what = (unsigned)(rnd(&seed) % 100);
       if (what < 6 && depth < 4) {
-        CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+        CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
         saved_sp[depth] = m;
         sp_dump[depth++] = dump_state(t, rm_ids(&m));
       } else if (what < 10 && depth) {
         depth--;
         if (rnd(&seed) % 2) {
-          OPS->savepoint_rollback(t);
+          OPS->savepoint_rollback(BK(t), t);
           m = saved_sp[depth];
           char *d = dump_state(t, rm_ids(&m));
           if (!same_dump(sp_dump[depth], d)) bad |= 1 << 18;
           free(d);
           sp_rollbacks++;
         } else {
-          CHECK_RC(OPS->savepoint_release(t, &err), ES_OK);
+          CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
         }
         free(sp_dump[depth]);
         sp_dump[depth] = NULL;
@@ -3670,11 +3679,11 @@ static void test_retention_random(void) {
     }
     while (depth) free(sp_dump[--depth]);
     if (rnd(&seed) % 4 == 0) {
-      OPS->write_rollback(t);
+      OPS->write_rollback(BK(t), t);
       m = saved_txn;
       es_txn *r = rbegin(b);
       char *d = dump_state(r, rm_ids(&m));
-      OPS->read_end(r);
+      OPS->read_end(BK(r), r);
       if (!same_dump(before, d)) bad |= 1 << 19;
       free(d);
       rollbacks++;
@@ -3685,7 +3694,7 @@ static void test_retention_random(void) {
     free(before);
     es_txn *r = rbegin(b);
     rm_verify(r, &m, &seen, &bad);
-    OPS->read_end(r);
+    OPS->read_end(BK(r), r);
   }
   int live = 0;
   for (int i = 0; i < m.nrows; i++) live += m.rows[i].live;
@@ -3745,7 +3754,7 @@ static void test_out_of_memory_removal(void) {
         run_steps(t, i + 1, NSTEPS);  /* and what follows still works */
       }
       free(pre);
-      OPS->write_rollback(t);
+      OPS->write_rollback(BK(t), t);
       char *d = dump_now(b);
       if (!same_dump(base, d)) {
         printf("#   step %s: rollback differs\n", STEPS[i].name);
@@ -3784,14 +3793,14 @@ static void *reader(void *arg) {
   while (!__atomic_load_n(r->stop, __ATOMIC_ACQUIRE)) {
     es_txn *t = NULL;
     es_err err;
-    if (OPS->read_begin(r->b, &t, &err) != ES_OK) {
+    if (tx_read_begin(OPS, r->b, &t, &err) != ES_OK) {
       r->bad++;
       break;
     }
     long n = 0;
-    OPS->event_all(t, NULL, 0, ES_NONE, count_cb, &n, &err);
+    OPS->event_all(BK(t), t, NULL, 0, ES_NONE, count_cb, &n, &err);
     if (n % 10) r->bad++;  /* a half-written or rolled-back batch */
-    OPS->read_end(t);
+    OPS->read_end(BK(t), t);
     __atomic_add_fetch(&r->reads, 1, __ATOMIC_RELAXED);
   }
   return NULL;
@@ -3828,7 +3837,7 @@ static void test_concurrent_readers(void) {
       commit(t);
       head += 10;
     } else {
-      OPS->write_rollback(t);
+      OPS->write_rollback(BK(t), t);
     }
   }
   __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
@@ -3842,7 +3851,7 @@ static void test_concurrent_readers(void) {
   es_txn *t = rbegin(b);
   ints c = range(t, "s", head - 1, ES_NONE, ES_NONE);
   CHECK(c.n == 1 && c.v[0] == head);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   CHECK(reads >= 400);
   printf("#   %ld consistent reads during %d write transactions\n", reads, batch);
   OPS->close(b);
@@ -4085,7 +4094,7 @@ static scale_run scale(int64_t n, int settled, int rounds) {
   double t0 = now_s();
   for (int64_t i = 1; i <= n;) {
     es_txn *t = wbegin(b);
-    CHECK_RC(OPS->savepoint(t, &err), ES_OK);
+    CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
     for (int k = 0; k < 100 && i <= n; k++, i++) {
       es_event e;
       es_event_init(&e);
@@ -4113,21 +4122,21 @@ static scale_run scale(int64_t n, int settled, int rounds) {
         e.queued = !e.lane || i <= 400;  /* one head per lane */
         e.due_at = e.queued ? e.created_at : ES_NONE;
       }
-      if (OPS->event_insert(t, &e, &err) != ES_OK || e.position != i) {
+      if (OPS->event_insert(BK(t), t, &e, &err) != ES_OK || e.position != i) {
         cur_failed = 1;
         printf("#   insert %lld failed\n", (long long)i);
         i = n + 1;
         break;
       }
     }
-    CHECK_RC(OPS->savepoint_release(t, &err), ES_OK);
+    CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
     es_session_info si;
     es_session_info_init(&si);
-    OPS->session_get(t, "big", &si, &err);
+    OPS->session_get(BK(t), t, "big", &si, &err);
     es_session_info_destroy(&si);
     si.session = "big";
     si.head = si.events = i - 1;
-    CHECK_RC(OPS->session_put(t, &si, &err), ES_OK);
+    CHECK_RC(OPS->session_put(BK(t), t, &si, &err), ES_OK);
     commit(t);
   }
   out.insert_s = now_s() - t0;
@@ -4138,11 +4147,11 @@ static scale_run scale(int64_t n, int settled, int rounds) {
   es_txn *t = rbegin(b);
   es_event e;
   es_event_init(&e);
-  CHECK_RC(OPS->event_get(t, "big", n, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "big", n, &e, &err), ES_OK);
   CHECK(e.position == n && e.created_at == 1000 + n);
   es_event_destroy(&e);
   make_id(id, (uint64_t)(n / 2));
-  CHECK_RC(OPS->event_get_by_id(t, id, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, id, &e, &err), ES_OK);
   CHECK(e.index == n / 2);
   es_event_destroy(&e);
   ints c = range(t, "big", n - 10, ES_NONE, 5);
@@ -4176,35 +4185,43 @@ static scale_run scale(int64_t n, int settled, int rounds) {
       int64_t idx = n - (r * 7919) % (n < 1000 ? n : 1000);
       switch (op) {
         case 0:
-          OPS->event_get(t, "big", idx, &e, &err);
+          OPS->event_get(BK(t), t, "big", idx, &e, &err);
           es_event_destroy(&e);
           break;
         case 1:
           make_id(id, (uint64_t)idx);
-          OPS->event_get_by_id(t, id, &e, &err);
+          OPS->event_get_by_id(BK(t), t, id, &e, &err);
           es_event_destroy(&e);
           break;
-        case 2: OPS->event_range(t, "big", idx - 10, idx, 10, nop_cb, &sink, &err); break;
+        case 2:
+          OPS->event_range(BK(t), t, "big", idx - 10, idx, 10, nop_cb, &sink, &err);
+          break;
         case 3: {
           int64_t x;
-          OPS->lane_next(t, "big", "lane7", idx, &x, &err);
+          OPS->lane_next(BK(t), t, "big", "lane7", idx, &x, &err);
           sink += x > 0;
           break;
         }
-        case 4: OPS->queued_due(t, NULL, NULL, INT64_MAX, 10, nop_cb, &sink, &err); break;
-        case 5: OPS->queued_due(t, "big", NULL, 1010, ES_NONE, nop_cb, &sink, &err); break;
+        case 4:
+          OPS->queued_due(BK(t), t, NULL, NULL, INT64_MAX, 10, nop_cb, &sink, &err);
+          break;
+        case 5:
+          OPS->queued_due(BK(t), t, "big", NULL, 1010, ES_NONE, nop_cb, &sink, &err);
+          break;
         case 6: {
           int64_t x;
-          OPS->queued_next_due(t, NULL, NULL, 1000 + idx, &x, &err);
+          OPS->queued_next_due(BK(t), t, NULL, NULL, 1000 + idx, &x, &err);
           sink += x != ES_NONE;
           break;
         }
-        default: OPS->dead_list(t, NULL, NULL, idx - 5000, 1, nop_cb, &sink, &err); break;
+        default:
+          OPS->dead_list(BK(t), t, NULL, NULL, idx - 5000, 1, nop_cb, &sink, &err);
+          break;
       }
     }
     out.ns[op] = (now_s() - s) * 1e9 / rounds;
   }
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
   return out;
 }
@@ -4278,7 +4295,7 @@ static rm_cost retention_cost(int64_t n, int rounds) {
   c = due_pos(t, "big", INT64_MAX, 1);
   WANT(c, 10 * rounds + 1);
   CHECK(last_pos(t) == n + 10 * rounds);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   t0 = now_s();
   for (int s = rounds - 1; s >= 0; s--) {  /* newest first: last_position goes down */
@@ -4293,7 +4310,7 @@ static rm_cost retention_cost(int64_t n, int rounds) {
   CHECK(last_pos(t) == n);
   make_id(id, 1);
   CHECK(ins_pos(t, mkrow("big", n + 1, id, NULL)) == n + 10 * rounds + 1);  /* never reused */
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
 
   t0 = now_s();
   t = wbegin(b);
@@ -4304,7 +4321,7 @@ static rm_cost retention_cost(int64_t n, int rounds) {
   CHECK(last_pos(t) == 0);
   c = all_pos(t, ES_NONE, ES_NONE);
   WANT_NONE(c);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   out.heap_left = (double)(heap_used() - heap0);
   OPS->close(b);
   return out;
@@ -4396,83 +4413,85 @@ static void test_uuid_ids(void) {
   for (int i = 0; i < N; i++) {
     es_event e;
     es_event_init(&e);
-    CHECK_RC(OPS->event_get_by_id(t, ids[i], &e, &err), ES_OK);
+    CHECK_RC(OPS->event_get_by_id(BK(t), t, ids[i], &e, &err), ES_OK);
     CHECK(e.index == i + 1 && strcmp(e.id, ids[i]) == 0);
     CHECK(e.payload_len == 2 && memcmp(e.payload, "{}", 3) == 0);
     int64_t want_due = i % 2 == 0 ? 1000 + i + 1 : i == 1 ? ES_NONE : 4242 + i;
     CHECK(e.due_at == want_due && e.queued == (i % 2 == 0));
     es_event_destroy(&e);
-    CHECK_RC(OPS->event_get(t, "u", i + 1, &e, &err), ES_OK);
+    CHECK_RC(OPS->event_get(BK(t), t, "u", i + 1, &e, &err), ES_OK);
     CHECK(strcmp(e.id, ids[i]) == 0 && e.due_at == want_due);
     es_event_destroy(&e);
   }
   char got[N][48];
   memset(got, 0, sizeof got);
-  CHECK_RC(OPS->event_range(t, "u", 0, ES_NONE, ES_NONE, collect_id, got, &err), ES_OK);
+  CHECK_RC(OPS->event_range(BK(t), t, "u", 0, ES_NONE, ES_NONE, collect_id, got, &err), ES_OK);
   for (int i = 0; i < N; i++) CHECK(strcmp(got[i], ids[i]) == 0);
   memset(got, 0, sizeof got);
-  CHECK_RC(OPS->event_all(t, NULL, 0, ES_NONE, collect_id, got, &err), ES_OK);
+  CHECK_RC(OPS->event_all(BK(t), t, NULL, 0, ES_NONE, collect_id, got, &err), ES_OK);
   for (int i = 0; i < N; i++) CHECK(strcmp(got[i], ids[i]) == 0);
   memset(got, 0, sizeof got);
-  CHECK_RC(OPS->queued_due(t, NULL, NULL, INT64_MAX, ES_NONE, collect_id, got, &err), ES_OK);
+  CHECK_RC(OPS->queued_due(BK(t), t, NULL, NULL, INT64_MAX, ES_NONE, collect_id, got, &err), ES_OK);
   for (int i = 0; i < N; i += 2) CHECK(strcmp(got[i], ids[i]) == 0);
   es_event e;
   es_event_init(&e);
-  CHECK_RC(OPS->event_get_by_id(t, "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c", &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get_by_id(t, "0190a1b2-C3d4-7e5f-8a9b-0c1d2e3f4a5b", &e, &err), ES_NOT_FOUND);
-  OPS->read_end(t);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c", &e, &err),
+           ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "0190a1b2-C3d4-7e5f-8a9b-0c1d2e3f4a5b", &e, &err),
+           ES_NOT_FOUND);
+  OPS->read_end(BK(t), t);
 
   /* Unqueue a queued row with some due_at, queue a row that was not: each
    * reads back what was written, and rollback restores both. */
   t = wbegin(b);
   CHECK_RC(set_state(t, "u", 1, ES_STATUS_PENDING, 0, 777), ES_OK);
   CHECK_RC(set_state(t, "u", 2, ES_STATUS_PENDING, 1, 888), ES_OK);
-  CHECK_RC(OPS->event_get(t, "u", 1, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "u", 1, &e, &err), ES_OK);
   CHECK(e.queued == 0 && e.due_at == 777);
   es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(t, "u", 2, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "u", 2, &e, &err), ES_OK);
   CHECK(e.queued == 1 && e.due_at == 888);
   es_event_destroy(&e);
   int64_t due = 0;
-  CHECK_RC(OPS->queued_next_due(t, NULL, NULL, 887, &due, &err), ES_OK);
+  CHECK_RC(OPS->queued_next_due(BK(t), t, NULL, NULL, 887, &due, &err), ES_OK);
   CHECK(due == 888);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   t = rbegin(b);
-  CHECK_RC(OPS->event_get(t, "u", 1, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "u", 1, &e, &err), ES_OK);
   CHECK(e.queued == 1 && e.due_at == 1001);
   es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(t, "u", 2, &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "u", 2, &e, &err), ES_OK);
   CHECK(e.queued == 0 && e.due_at == ES_NONE);
   es_event_destroy(&e);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
 
   /* Removed, the ids are free in the same transaction; undo gives them
    * back to the old rows. */
   t = wbegin(b);
-  CHECK_RC(OPS->event_delete_range(t, "u", N, &err), ES_OK);
-  CHECK_RC(OPS->event_get_by_id(t, ids[0], &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_delete_range(BK(t), t, "u", N, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, ids[0], &e, &err), ES_NOT_FOUND);
   CHECK_RC(ins(t, mkrow("v", 1, ids[0], NULL)), ES_OK);
   CHECK_RC(ins(t, mkrow("v", 2, ids[1], NULL)), ES_OK);
-  CHECK_RC(OPS->event_get_by_id(t, ids[0], &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, ids[0], &e, &err), ES_OK);
   CHECK(strcmp(e.session, "v") == 0 && e.index == 1);
   es_event_destroy(&e);
-  OPS->write_rollback(t);
+  OPS->write_rollback(BK(t), t);
   t = rbegin(b);
-  CHECK_RC(OPS->event_get_by_id(t, ids[0], &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, ids[0], &e, &err), ES_OK);
   CHECK(strcmp(e.session, "u") == 0 && e.index == 1 && strcmp(e.id, ids[0]) == 0);
   es_event_destroy(&e);
-  OPS->read_end(t);
+  OPS->read_end(BK(t), t);
   /* Committed: the new rows keep them. */
   t = wbegin(b);
-  CHECK_RC(OPS->event_delete_range(t, "u", N, &err), ES_OK);
+  CHECK_RC(OPS->event_delete_range(BK(t), t, "u", N, &err), ES_OK);
   CHECK_RC(ins(t, mkrow("v", 1, ids[0], NULL)), ES_OK);
   commit(t);
   t = rbegin(b);
-  CHECK_RC(OPS->event_get_by_id(t, ids[0], &e, &err), ES_OK);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, ids[0], &e, &err), ES_OK);
   CHECK(strcmp(e.session, "v") == 0 && strcmp(e.id, ids[0]) == 0);
   es_event_destroy(&e);
-  CHECK_RC(OPS->event_get_by_id(t, ids[1], &e, &err), ES_NOT_FOUND);
-  OPS->read_end(t);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, ids[1], &e, &err), ES_NOT_FOUND);
+  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "store/backend.h"
+#include "backend_txn.h"
 
 /* Under valgrind (make check-valgrind) everything runs ~50x slower: the
  * timing checks scale their limits and the throughput figures are skipped. */
@@ -329,13 +330,13 @@ static int has(const char *msg, const char *needle) {
 static int64_t put_event(es_backend *b, es_event *e) {
   es_txn *t;
   es_err err = {0};
-  if (B->write_begin(b, &t, &err) != ES_OK) return -1;
-  if (B->event_insert(t, e, &err) != ES_OK) {
+  if (tx_write_begin(B, b, &t, &err) != ES_OK) return -1;
+  if (B->event_insert(BK(t), t, e, &err) != ES_OK) {
     printf("# insert: %s\n", err.msg);
-    B->write_rollback(t);
+    B->write_rollback(BK(t), t);
     return -1;
   }
-  if (B->write_commit(t, &err) != ES_OK) return -1;
+  if (B->write_commit(BK(t), t, &err) != ES_OK) return -1;
   return e->position;
 }
 
@@ -480,9 +481,10 @@ static void test_open_fresh(void) {
     es_txn *t;
     es_err err;
     int64_t last = -1;
-    CHECK(B->read_begin(b, &t, &err) == ES_OK && B->last_position(t, &last, &err) == ES_OK && last == 0,
+    CHECK(tx_read_begin(B, b, &t, &err) == ES_OK &&
+              B->last_position(BK(t), t, &last, &err) == ES_OK && last == 0,
           "last_position of an empty store is 0");
-    B->read_end(t);
+    B->read_end(BK(t), t);
   }
   struct stat st;
   CHECK(stat(p, &st) == 0, "the file exists after open");
@@ -555,63 +557,72 @@ static void test_events(void) {
   e[2].returned = ES_NONE;
   ev_make(&e[3], "other", 1, "id-4", "[]");
 
-  CHECK(B->write_begin(b, &t, &err) == ES_OK, "write_begin");
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK, "write_begin");
   int ok = 1;
-  for (int i = 0; i < 4; i++) ok &= B->event_insert(t, &e[i], &err) == ES_OK;
+  for (int i = 0; i < 4; i++) ok &= B->event_insert(BK(t), t, &e[i], &err) == ES_OK;
   CHECK(ok, "event_insert x4");
   CHECK(e[0].position > 0 && e[1].position > e[0].position && e[2].position > e[1].position &&
             e[3].position > e[2].position,
         "event_insert assigns increasing positions");
-  CHECK(B->write_commit(t, &err) == ES_OK, "write_commit");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "write_commit");
 
-  CHECK(B->read_begin(b, &t, &err) == ES_OK, "read_begin");
+  CHECK(tx_read_begin(B, b, &t, &err) == ES_OK, "read_begin");
   ok = 1;
   for (int i = 0; i < 4; i++) {
     es_event_init(&got);
-    ok &= B->event_get(t, e[i].session, e[i].index, &got, &err) == ES_OK && ev_eq(&got, &e[i]);
+    ok &=
+        B->event_get(BK(t), t, e[i].session, e[i].index, &got, &err) == ES_OK && ev_eq(&got, &e[i]);
     es_event_destroy(&got);
   }
   CHECK(ok, "event_get returns every field as written (ES_NONE as NULL, NUL bytes kept; "
             "the dispatch record's times and the origin, set and unset)");
   es_event_init(&got);
-  CHECK(B->event_get(t, "s", 2, &got, &err) == ES_OK && got.payload_len == 5 &&
+  CHECK(B->event_get(BK(t), t, "s", 2, &got, &err) == ES_OK && got.payload_len == 5 &&
             memcmp(got.payload, "\"a\0b\"", 5) == 0 && got.payload[5] == '\0',
         "payload with an embedded NUL round-trips, NUL-terminated");
   es_event_destroy(&got);
-  CHECK(B->event_get(t, "s", 9, &got, &err) == ES_NOT_FOUND, "event_get: missing index is ES_NOT_FOUND");
-  CHECK(B->event_get(t, "nope", 1, &got, &err) == ES_NOT_FOUND, "event_get: missing session is ES_NOT_FOUND");
-  CHECK(B->event_get_by_id(t, "id-4", &got, &err) == ES_OK && ev_eq(&got, &e[3]),
+  CHECK(B->event_get(BK(t), t, "s", 9, &got, &err) == ES_NOT_FOUND,
+        "event_get: missing index is ES_NOT_FOUND");
+  CHECK(B->event_get(BK(t), t, "nope", 1, &got, &err) == ES_NOT_FOUND,
+        "event_get: missing session is ES_NOT_FOUND");
+  CHECK(B->event_get_by_id(BK(t), t, "id-4", &got, &err) == ES_OK && ev_eq(&got, &e[3]),
         "event_get_by_id finds an event of any session");
   es_event_destroy(&got);
-  CHECK(B->event_get_by_id(t, "id-x", &got, &err) == ES_NOT_FOUND, "event_get_by_id: unknown id");
+  CHECK(B->event_get_by_id(BK(t), t, "id-x", &got, &err) == ES_NOT_FOUND,
+        "event_get_by_id: unknown id");
 
-  CHECK(B->event_range(t, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
-            c.evs.v[0].index == 1 && c.evs.v[2].index == 3 && ev_eq(&c.evs.v[1], &e[1]),
+  CHECK(B->event_range(BK(t), t, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 3 && c.evs.v[0].index == 1 && c.evs.v[2].index == 3 &&
+            ev_eq(&c.evs.v[1], &e[1]),
         "event_range: whole session in index order");
   collect_reset(&c);
-  CHECK(B->event_range(t, "s", 1, 3, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
+  CHECK(B->event_range(BK(t), t, "s", 1, 3, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
             c.evs.v[0].index == 2,
         "event_range: after/through/limit");
   collect_reset(&c);
-  CHECK(B->event_range(t, "s", 0, 2, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2,
+  CHECK(B->event_range(BK(t), t, "s", 0, 2, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2,
         "event_range: through bounds inclusive");
   collect_reset(&c);
   c.stop_after = 1;
-  CHECK(B->event_range(t, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1,
+  CHECK(B->event_range(BK(t), t, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1,
         "event_range: callback returning nonzero stops early");
   collect_reset(&c);
-  CHECK(B->event_all(t, NULL, e[0].position, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
-            c.evs.v[0].position == e[1].position && c.evs.v[2].position == e[3].position,
+  CHECK(B->event_all(BK(t), t, NULL, e[0].position, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 3 && c.evs.v[0].position == e[1].position &&
+            c.evs.v[2].position == e[3].position,
         "event_all: position > after, ascending");
   collect_reset(&c);
-  CHECK(B->event_all(t, NULL, 0, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2, "event_all: limit");
+  CHECK(B->event_all(BK(t), t, NULL, 0, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2,
+        "event_all: limit");
   collect_reset(&c);
   int64_t last = -1;
-  CHECK(B->last_position(t, &last, &err) == ES_OK && last == e[3].position, "last_position");
-  B->read_end(t);
+  CHECK(B->last_position(BK(t), t, &last, &err) == ES_OK && last == e[3].position, "last_position");
+  B->read_end(BK(t), t);
 
   /* event_update rewrites the dispatch fields only */
-  CHECK(B->write_begin(b, &t, &err) == ES_OK, "write_begin for update");
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK, "write_begin for update");
   es_event u = e[0];
   u.status = ES_STATUS_DEAD;
   u.attempts = 7;
@@ -632,16 +643,17 @@ static void test_events(void) {
   u.type = (char *)"changed-type-ignored";
   u.origin_session = (char *)"origin-ignored"; /* immutable: written by insert only */
   u.origin_index = 22;
-  CHECK(B->event_update(t, &u, &err) == ES_OK, "event_update");
+  CHECK(B->event_update(BK(t), t, &u, &err) == ES_OK, "event_update");
   es_event_init(&got);
-  CHECK(B->event_get(t, "s", 1, &got, &err) == ES_OK && got.status == ES_STATUS_DEAD &&
-            got.attempts == 7 && got.failures == 3 && str_eq(got.last_error, "err\ntrace") &&
-            got.processed_at == 12 && str_eq(got.claim_holder, "h") && got.claim_expires_at == 13 &&
-            got.retry_at == 14 && got.queued == 1 && got.due_at == 15 &&
-            got.last_failed_attempt == 16 && got.returned == 17 && got.first_claimed_at == 18 &&
-            got.last_claimed_at == 19 && got.failed_at == 20 && got.processed_by_attempt == 21 &&
-            str_eq(got.type, "t") && got.position == e[0].position,
-        "event_update: dispatch fields rewritten, the rest kept; the write txn sees its own writes");
+  CHECK(
+      B->event_get(BK(t), t, "s", 1, &got, &err) == ES_OK && got.status == ES_STATUS_DEAD &&
+          got.attempts == 7 && got.failures == 3 && str_eq(got.last_error, "err\ntrace") &&
+          got.processed_at == 12 && str_eq(got.claim_holder, "h") && got.claim_expires_at == 13 &&
+          got.retry_at == 14 && got.queued == 1 && got.due_at == 15 &&
+          got.last_failed_attempt == 16 && got.returned == 17 && got.first_claimed_at == 18 &&
+          got.last_claimed_at == 19 && got.failed_at == 20 && got.processed_by_attempt == 21 &&
+          str_eq(got.type, "t") && got.position == e[0].position,
+      "event_update: dispatch fields rewritten, the rest kept; the write txn sees its own writes");
   CHECK(got.origin_session == NULL && got.origin_index == ES_NONE,
         "event_update: the origin is not written (none stays none)");
   es_event_destroy(&got);
@@ -649,7 +661,8 @@ static void test_events(void) {
   u.origin_session = (char *)"origin-ignored";
   u.origin_index = ES_NONE;
   u.first_claimed_at = ES_NONE;
-  CHECK(B->event_update(t, &u, &err) == ES_OK && B->event_get(t, "s", 2, &got, &err) == ES_OK &&
+  CHECK(B->event_update(BK(t), t, &u, &err) == ES_OK &&
+            B->event_get(BK(t), t, "s", 2, &got, &err) == ES_OK &&
             str_eq(got.origin_session, "parent-\xff") && got.origin_index == 12 &&
             got.first_claimed_at == ES_NONE && got.last_claimed_at == 4100,
         "event_update: a fork's copy keeps its origin");
@@ -659,16 +672,18 @@ static void test_events(void) {
   u.claim_holder = NULL;
   u.claim_expires_at = ES_NONE;
   u.last_error = NULL;
-  CHECK(B->event_update(t, &u, &err) == ES_OK && B->event_get(t, "s", 1, &got, &err) == ES_OK &&
-            got.claim_holder == NULL && got.claim_expires_at == ES_NONE && got.last_error == NULL &&
+  CHECK(B->event_update(BK(t), t, &u, &err) == ES_OK &&
+            B->event_get(BK(t), t, "s", 1, &got, &err) == ES_OK && got.claim_holder == NULL &&
+            got.claim_expires_at == ES_NONE && got.last_error == NULL &&
             got.first_claimed_at == ES_NONE && got.last_claimed_at == ES_NONE &&
             got.failed_at == ES_NONE && got.processed_by_attempt == ES_NONE,
         "event_update: NULL / ES_NONE clear fields");
   es_event_destroy(&got);
   es_event missing = e[0];
   missing.index = 99;
-  CHECK(B->event_update(t, &missing, &err) == ES_NOT_FOUND, "event_update: missing row is ES_NOT_FOUND");
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit update");
+  CHECK(B->event_update(BK(t), t, &missing, &err) == ES_NOT_FOUND,
+        "event_update: missing row is ES_NOT_FOUND");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit update");
   B->close(b);
   rm_db(p);
   free(p);
@@ -711,14 +726,15 @@ static void test_event_copy(void) {
   e[1].attempts = 2;
   e[1].claim_holder = (char *)"w";
   ev_make(&e[2], "src", 3, "s-3", "null");
-  CHECK(B->write_begin(b, &t, &err) == ES_OK, "event_copy: write_begin");
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK, "event_copy: write_begin");
   int ok = 1;
-  for (int i = 0; i < 3; i++) ok &= B->event_insert(t, &e[i], &err) == ES_OK;
+  for (int i = 0; i < 3; i++) ok &= B->event_insert(BK(t), t, &e[i], &err) == ES_OK;
   copy_ids ids = {0, 0};
   int64_t copied = 0;
-  ok &= B->event_copy(t, "src", 2, "dst", 5000, copy_id, &ids, &copied, &err) == ES_OK;
+  ok &= B->event_copy(BK(t), t, "src", 2, "dst", 5000, copy_id, &ids, &copied, &err) == ES_OK;
   CHECK(ok && copied == 2, "event_copy copies the rows through `through`");
-  CHECK(B->event_range(t, "dst", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2,
+  CHECK(B->event_range(BK(t), t, "dst", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2,
         "event_copy: the copies are in the new session");
   if (c.evs.n == 2) {
     const es_event *x = &c.evs.v[1];
@@ -739,20 +755,21 @@ static void test_event_copy(void) {
           "event_copy: positions after every existing one, increasing");
     es_event next;
     ev_make(&next, "src", 4, "s-4", "1");
-    CHECK(B->event_insert(t, &next, &err) == ES_OK && next.position > x->position,
+    CHECK(B->event_insert(BK(t), t, &next, &err) == ES_OK && next.position > x->position,
           "event_copy: the next insert gets a later position");
   }
   collect_reset(&c);
-  CHECK(B->savepoint(t, &err) == ES_OK, "event_copy: savepoint");
+  CHECK(B->savepoint(BK(t), t, &err) == ES_OK, "event_copy: savepoint");
   copy_ids failing = {0, 2};
-  int rc = B->event_copy(t, "src", 3, "dst2", 5000, copy_id, &failing, &copied, &err);
+  int rc = B->event_copy(BK(t), t, "src", 3, "dst2", 5000, copy_id, &failing, &copied, &err);
   CHECK(rc == ES_INVALID_ARGUMENT && strstr(err.msg, "no id 2") != NULL,
         "event_copy: a failing id generator fails the call with its own error");
-  B->savepoint_rollback(t);
-  CHECK(B->event_range(t, "dst2", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
+  B->savepoint_rollback(BK(t), t);
+  CHECK(B->event_range(BK(t), t, "dst2", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 0,
         "event_copy: nothing of the failed copy is left after the savepoint rollback");
   collect_reset(&c);
-  CHECK(B->write_commit(t, &err) == ES_OK, "event_copy: commit");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "event_copy: commit");
   B->close(b);
   rm_db(p);
   free(p);
@@ -771,7 +788,7 @@ static void test_lanes_queue_dead(void) {
     CHECK(0, "open for lane tests");
     return;
   }
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   /* session L: 1 a processed, 2 a dead, 3 a pending, 4 b pending, 5 unlaned */
   struct {
     const char *lane;
@@ -784,7 +801,7 @@ static void test_lanes_queue_dead(void) {
     ev_make(&e, "L", i + 1, ids[n], "1");
     e.lane = (char *)L[i].lane;
     e.status = L[i].status;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
   }
   /* queue: (session, idx, due_at); q1 and q2 share a due time */
   struct {
@@ -798,7 +815,7 @@ static void test_lanes_queue_dead(void) {
     ev_make(&e, Q[i].s, i + 1, ids[n], "2");
     e.queued = Q[i].queued;
     e.due_at = Q[i].due;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
     qpos[i] = e.position;
   }
   /* dead letters in two sessions */
@@ -807,64 +824,70 @@ static void test_lanes_queue_dead(void) {
     snprintf(ids[n], sizeof ids[n], "D%d", i);
     ev_make(&e, i % 2 ? "d1" : "d2", i + 1, ids[n], "3");
     e.status = ES_STATUS_DEAD;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
     dpos[i] = e.position;
   }
   CHECK(ok, "insert lane/queue/dead fixtures");
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit fixtures");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit fixtures");
 
-  B->read_begin(b, &t, &err);
-  CHECK(B->lane_next(t, "L", "a", 0, &idx, &err) == ES_OK && idx == 2,
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->lane_next(BK(t), t, "L", "a", 0, &idx, &err) == ES_OK && idx == 2,
         "lane_next skips processed, counts dead letters");
-  CHECK(B->lane_next(t, "L", "a", 2, &idx, &err) == ES_OK && idx == 3, "lane_next after an index");
-  CHECK(B->lane_next(t, "L", "a", 3, &idx, &err) == ES_OK && idx == 0, "lane_next: none is 0");
-  CHECK(B->lane_next(t, "L", "b", 0, &idx, &err) == ES_OK && idx == 4, "lane_next: other lane");
-  CHECK(B->lane_next(t, "L", "zz", 0, &idx, &err) == ES_OK && idx == 0, "lane_next: unknown lane");
+  CHECK(B->lane_next(BK(t), t, "L", "a", 2, &idx, &err) == ES_OK && idx == 3,
+        "lane_next after an index");
+  CHECK(B->lane_next(BK(t), t, "L", "a", 3, &idx, &err) == ES_OK && idx == 0,
+        "lane_next: none is 0");
+  CHECK(B->lane_next(BK(t), t, "L", "b", 0, &idx, &err) == ES_OK && idx == 4,
+        "lane_next: other lane");
+  CHECK(B->lane_next(BK(t), t, "L", "zz", 0, &idx, &err) == ES_OK && idx == 0,
+        "lane_next: unknown lane");
 
-  CHECK(B->queued_due(t, NULL, NULL, 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
-            c.evs.v[0].position == qpos[1] && c.evs.v[1].position == qpos[2] &&
+  CHECK(B->queued_due(BK(t), t, NULL, NULL, 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 3 && c.evs.v[0].position == qpos[1] && c.evs.v[1].position == qpos[2] &&
             c.evs.v[2].position == qpos[5],
         "queued_due(all): due_at <= now, by (due_at, position), unqueued rows skipped");
   collect_reset(&c);
-  CHECK(B->queued_due(t, NULL, NULL, 1000, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
-            c.evs.v[0].position == qpos[1],
+  CHECK(B->queued_due(BK(t), t, NULL, NULL, 1000, 2, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && c.evs.v[0].position == qpos[1],
         "queued_due(all): limit");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q1", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
-            str_eq(c.evs.v[0].session, "q1") && str_eq(c.evs.v[1].session, "q1") &&
+  CHECK(B->queued_due(BK(t), t, "q1", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && str_eq(c.evs.v[0].session, "q1") && str_eq(c.evs.v[1].session, "q1") &&
             c.evs.v[0].index == 1 && c.evs.v[1].index == 2,
         "queued_due(session): only that session, all of them, in index order");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q1", NULL, 1000, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
-            c.evs.v[0].index == 1,
+  CHECK(B->queued_due(BK(t), t, "q1", NULL, 1000, 1, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].index == 1,
         "queued_due(session): limit takes the lowest indexes (not the earliest due)");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q1", NULL, 150, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
-            c.evs.v[0].index == 2,
+  CHECK(B->queued_due(BK(t), t, "q1", NULL, 150, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].index == 2,
         "queued_due(session): rows not yet due are skipped");
   collect_reset(&c);
-  CHECK(B->queued_due(t, "q2", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1,
+  CHECK(B->queued_due(BK(t), t, "q2", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1,
         "queued_due(session): unqueued rows skipped");
   collect_reset(&c);
-  CHECK(B->queued_next_due(t, NULL, NULL, 100, &due, &err) == ES_OK && due == 200,
+  CHECK(B->queued_next_due(BK(t), t, NULL, NULL, 100, &due, &err) == ES_OK && due == 200,
         "queued_next_due(all): smallest due_at > now");
-  CHECK(B->queued_next_due(t, "q3", NULL, 200, &due, &err) == ES_OK && due == 900, "queued_next_due(session)");
-  CHECK(B->queued_next_due(t, NULL, NULL, 900, &due, &err) == ES_OK && due == ES_NONE,
+  CHECK(B->queued_next_due(BK(t), t, "q3", NULL, 200, &due, &err) == ES_OK && due == 900,
+        "queued_next_due(session)");
+  CHECK(B->queued_next_due(BK(t), t, NULL, NULL, 900, &due, &err) == ES_OK && due == ES_NONE,
         "queued_next_due: none is ES_NONE");
 
-  CHECK(B->dead_list(t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 5 &&
-            c.evs.v[1].position == dpos[0] && c.evs.v[4].position == dpos[3],
+  CHECK(B->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 5 && c.evs.v[1].position == dpos[0] && c.evs.v[4].position == dpos[3],
         "dead_list(all): every dead row by position");
   collect_reset(&c);
-  CHECK(B->dead_list(t, "d1", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
-            c.evs.v[0].position == dpos[1] && c.evs.v[1].position == dpos[3],
+  CHECK(B->dead_list(BK(t), t, "d1", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && c.evs.v[0].position == dpos[1] && c.evs.v[1].position == dpos[3],
         "dead_list(session)");
   collect_reset(&c);
-  CHECK(B->dead_list(t, NULL, NULL, dpos[1], 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
-            c.evs.v[0].position == dpos[2],
+  CHECK(B->dead_list(BK(t), t, NULL, NULL, dpos[1], 1, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].position == dpos[2],
         "dead_list: after and limit");
   collect_reset(&c);
-  B->read_end(t);
+  B->read_end(BK(t), t);
   B->close(b);
   rm_db(p);
   free(p);
@@ -888,7 +911,8 @@ static const char *pending_text(es_txn *t, type_text *tt) {
   es_err err;
   tt->n = 0;
   tt->s[0] = '\0';
-  if (B->pending_types(t, NULL, type_text_cb, tt, &err) != ES_OK) snprintf(tt->s, sizeof tt->s, "error");
+  if (B->pending_types(BK(t), t, NULL, type_text_cb, tt, &err) != ES_OK)
+    snprintf(tt->s, sizeof tt->s, "error");
   return tt->s;
 }
 
@@ -916,7 +940,7 @@ static void test_types(void) {
            {"b", ES_STATUS_PENDING, 1, 900}, {"a", ES_STATUS_PENDING, 1, 100}};
   char ids[8][16];
   int ok = 1;
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   for (int i = 0; i < 8; i++) {
     snprintf(ids[i], sizeof ids[i], "T%d", i);
     ev_make(&e, "s", i + 1, ids[i], "1");
@@ -924,53 +948,55 @@ static void test_types(void) {
     e.status = R[i].status;
     e.queued = R[i].queued;
     e.due_at = R[i].due;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
     pos[i] = e.position;
   }
-  CHECK(ok && B->write_commit(t, &err) == ES_OK, "insert typed fixtures");
+  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "insert typed fixtures");
 
-  B->read_begin(b, &t, &err);
-  CHECK(B->queued_due_type(t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
-            c.evs.v[0].position == pos[2] && c.evs.v[1].position == pos[7],
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && c.evs.v[0].position == pos[2] && c.evs.v[1].position == pos[7],
         "queued_due_type: that type's queued rows due by now, by (due_at, position)");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, NULL, "a", 1000, 1, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
-            c.evs.v[0].position == pos[2],
+  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 1000, 1, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].position == pos[2],
         "queued_due_type: limit");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 3 &&
-            c.evs.v[2].position == pos[0],
+  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 3 && c.evs.v[2].position == pos[0],
         "queued_due_type: unqueued, processed rows skipped");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, NULL, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
-            c.evs.v[0].position == pos[1] && str_eq(c.evs.v[0].type, "b"),
+  CHECK(B->queued_due_type(BK(t), t, NULL, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].position == pos[1] && str_eq(c.evs.v[0].type, "b"),
         "queued_due_type: only rows of that type");
   collect_reset(&c);
-  CHECK(B->queued_due_type(t, NULL, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
+  CHECK(B->queued_due_type(BK(t), t, NULL, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 0,
         "queued_due_type: an unknown type has none");
   collect_reset(&c);
-  CHECK(B->queued_next_due_type(t, NULL, "a", 100, &due, &err) == ES_OK && due == 300 &&
-            B->queued_next_due_type(t, NULL, "b", 100, &due, &err) == ES_OK && due == 900,
+  CHECK(B->queued_next_due_type(BK(t), t, NULL, "a", 100, &due, &err) == ES_OK && due == 300 &&
+            B->queued_next_due_type(BK(t), t, NULL, "b", 100, &due, &err) == ES_OK && due == 900,
         "queued_next_due_type: smallest due_at > now of that type");
-  CHECK(B->queued_next_due_type(t, NULL, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
-            B->queued_next_due_type(t, NULL, "zz", 0, &due, &err) == ES_OK && due == ES_NONE,
+  CHECK(B->queued_next_due_type(BK(t), t, NULL, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
+            B->queued_next_due_type(BK(t), t, NULL, "zz", 0, &due, &err) == ES_OK && due == ES_NONE,
         "queued_next_due_type: none is ES_NONE");
   CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0,
         "pending_types: pending rows per type (queued or not), byte order, no dead or processed");
-  B->read_end(t);
+  B->read_end(BK(t), t);
 
   /* an update moves rows out of (and back into) the counts and queues */
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   ev_make(&e, "s", 3, ids[2], "1");
   e.type = "a";
   e.status = ES_STATUS_PROCESSED;
   e.queued = 0;
-  CHECK(B->event_update(t, &e, &err) == ES_OK && strcmp(pending_text(t, &tt), "a=3 b=2 ") == 0,
-        "pending_types inside the write transaction sees its update");
-  B->write_rollback(t);
-  B->read_begin(b, &t, &err);
+  CHECK(
+      B->event_update(BK(t), t, &e, &err) == ES_OK && strcmp(pending_text(t, &tt), "a=3 b=2 ") == 0,
+      "pending_types inside the write transaction sees its update");
+  B->write_rollback(BK(t), t);
+  tx_read_begin(B, b, &t, &err);
   CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0, "... and not after a rollback");
-  B->read_end(t);
+  B->read_end(BK(t), t);
   B->close(b);
   rm_db(p);
 
@@ -988,13 +1014,14 @@ static void test_types(void) {
             raw_int(p, "SELECT count(*) FROM sqlite_master WHERE name = 'events_type_pending'") == 1,
         "a version-2 file is migrated to the current version (the type index added)");
   if (b) {
-    B->read_begin(b, &t, &err);
+    tx_read_begin(B, b, &t, &err);
     CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0 &&
-              B->queued_due_type(t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+              B->queued_due_type(BK(t), t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) ==
+                  ES_OK &&
               c.evs.n == 2,
           "... and its rows are found by type");
     collect_reset(&c);
-    B->read_end(t);
+    B->read_end(BK(t), t);
     B->close(b);
   }
   rm_db(p);
@@ -1016,7 +1043,7 @@ static void test_sessions(void) {
     CHECK(0, "open for session tests");
     return;
   }
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   int ok = 1;
   /* insert in reverse to show the order comes from the index */
   for (int i = nn - 1; i >= 0; i--) {
@@ -1026,7 +1053,7 @@ static void test_sessions(void) {
     si.head = i + 1;
     si.events = 10 + i;
     si.first_at = i == 0 ? ES_NONE : 100;
-    ok &= B->session_put(t, &si, &err) == ES_OK;
+    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
   }
   es_session_info si;
   es_session_info_init(&si);
@@ -1038,57 +1065,59 @@ static void test_sessions(void) {
   si.failures = 4;
   si.first_at = 5;
   si.updated_at = 6;
-  ok &= B->session_put(t, &si, &err) == ES_OK; /* replace */
+  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK; /* replace */
   CHECK(ok, "session_put (insert and replace)");
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit sessions");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit sessions");
 
-  B->read_begin(b, &t, &err);
+  tx_read_begin(B, b, &t, &err);
   es_session_info got;
-  CHECK(B->session_get(t, "ab", &got, &err) == ES_OK && got.head == 42 && got.events == 0 &&
+  CHECK(B->session_get(BK(t), t, "ab", &got, &err) == ES_OK && got.head == 42 && got.events == 0 &&
             got.pending == 1 && got.dead == 2 && got.attempts == 3 && got.failures == 4 &&
             got.first_at == 5 && got.updated_at == 6 && str_eq(got.session, "ab"),
         "session_get after replace");
   es_session_info_destroy(&got);
-  CHECK(B->session_get(t, "a", &got, &err) == ES_OK && got.first_at == ES_NONE &&
+  CHECK(B->session_get(BK(t), t, "a", &got, &err) == ES_OK && got.first_at == ES_NONE &&
             got.updated_at == ES_NONE,
         "session_get: ES_NONE kept");
   es_session_info_destroy(&got);
-  CHECK(B->session_get(t, "zz", &got, &err) == ES_NOT_FOUND, "session_get: unknown is ES_NOT_FOUND");
+  CHECK(B->session_get(BK(t), t, "zz", &got, &err) == ES_NOT_FOUND,
+        "session_get: unknown is ES_NOT_FOUND");
 
-  CHECK(B->session_list(t, "", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == nn,
+  CHECK(B->session_list(BK(t), t, "", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == nn,
         "session_list: all");
   ok = c.n == nn;
   for (int i = 0; ok && i < nn; i++) ok = strcmp(c.names[i], names[i]) == 0;
   CHECK(ok, "session_list: byte order (0xFF sorts last)");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "a%", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 2 &&
-            !strcmp(c.names[0], "a%") && !strcmp(c.names[1], "a%b"),
+  CHECK(B->session_list(BK(t), t, "a%", NULL, 100, collect_session, &c, &err) == ES_OK &&
+            c.n == 2 && !strcmp(c.names[0], "a%") && !strcmp(c.names[1], "a%b"),
         "session_list: '%' in a prefix is literal");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "a_", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 1 &&
-            !strcmp(c.names[0], "a_"),
+  CHECK(B->session_list(BK(t), t, "a_", NULL, 100, collect_session, &c, &err) == ES_OK &&
+            c.n == 1 && !strcmp(c.names[0], "a_"),
         "session_list: '_' in a prefix is literal");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "a\xff", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 3 &&
-            !strcmp(c.names[0], "a\xff") && !strcmp(c.names[2], "a\xff\xff"),
+  CHECK(B->session_list(BK(t), t, "a\xff", NULL, 100, collect_session, &c, &err) == ES_OK &&
+            c.n == 3 && !strcmp(c.names[0], "a\xff") && !strcmp(c.names[2], "a\xff\xff"),
         "session_list: prefix ending in 0xFF");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "\xff", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 2,
-        "session_list: all-0xFF prefix (no upper bound)");
+  CHECK(
+      B->session_list(BK(t), t, "\xff", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 2,
+      "session_list: all-0xFF prefix (no upper bound)");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "a", "a%b", 2, collect_session, &c, &err) == ES_OK && c.n == 2 &&
+  CHECK(B->session_list(BK(t), t, "a", "a%b", 2, collect_session, &c, &err) == ES_OK && c.n == 2 &&
             !strcmp(c.names[0], "a_") && !strcmp(c.names[1], "ab"),
         "session_list: prefix + after + limit");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "a%", "0", 100, collect_session, &c, &err) == ES_OK && c.n == 2,
+  CHECK(B->session_list(BK(t), t, "a%", "0", 100, collect_session, &c, &err) == ES_OK && c.n == 2,
         "session_list: after before the prefix is ignored");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "a%", "b", 100, collect_session, &c, &err) == ES_OK && c.n == 0,
+  CHECK(B->session_list(BK(t), t, "a%", "b", 100, collect_session, &c, &err) == ES_OK && c.n == 0,
         "session_list: after past the prefix range gives nothing");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_list(t, "zzz", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 0,
+  CHECK(B->session_list(BK(t), t, "zzz", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 0,
         "session_list: no match");
-  B->read_end(t);
+  B->read_end(BK(t), t);
 
   /* the fence, seal, lease and lineage fields (§3.7, §3.8) */
   es_session_info full;
@@ -1106,30 +1135,34 @@ static void test_sessions(void) {
   full.forked_at = 450;
   full.first_index = 6;
   sess_rows rows = {0};
-  B->write_begin(b, &t, &err);
-  CHECK(B->session_put(t, &full, &err) == ES_OK && B->session_get(t, "full", &got, &err) == ES_OK &&
-            si_eq(&got, &full),
+  tx_write_begin(B, b, &t, &err);
+  CHECK(B->session_put(BK(t), t, &full, &err) == ES_OK &&
+            B->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &full),
         "session_put / session_get: every field of the row, set");
   es_session_info_destroy(&got);
-  CHECK(B->session_list(t, "full", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
-            rows.n == 1 && si_eq(&rows.v[0], &full) &&
-            B->session_children(t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 1 && !strcmp(c.names[0], "full"),
-        "session_list and session_children return them too");
+  CHECK(
+      B->session_list(BK(t), t, "full", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+          rows.n == 1 && si_eq(&rows.v[0], &full) &&
+          B->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+          c.n == 1 && !strcmp(c.names[0], "full"),
+      "session_list and session_children return them too");
   sess_rows_reset(&rows);
   memset(&c, 0, sizeof c);
   es_session_info bare;
   es_session_info_init(&bare);
   bare.session = (char *)"full";
-  CHECK(B->session_put(t, &bare, &err) == ES_OK && B->session_get(t, "full", &got, &err) == ES_OK &&
-            si_eq(&got, &bare) && got.fence == 0 && got.sealed_at == ES_NONE && got.parent == NULL &&
+  CHECK(B->session_put(BK(t), t, &bare, &err) == ES_OK &&
+            B->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &bare) &&
+            got.fence == 0 && got.sealed_at == ES_NONE && got.parent == NULL &&
             got.lease_holder == NULL && got.lease_token == ES_NONE && got.first_index == 1,
-        "session_put replacing: unset fields come back unset (fence 0, ES_NONE, NULL, first_index 1)");
+        "session_put replacing: unset fields come back unset (fence 0, ES_NONE, NULL, first_index "
+        "1)");
   es_session_info_destroy(&got);
-  CHECK(B->session_children(t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0,
+  CHECK(B->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 0,
         "... and the row is no longer a child");
   memset(&c, 0, sizeof c);
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit");
   B->close(b);
   rm_db(p);
   free(p);
@@ -1146,7 +1179,7 @@ static void test_snapshots_presence(void) {
     CHECK(0, "open for snapshot tests");
     return;
   }
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   es_snapshot sn;
   es_snapshot_init(&sn);
   sn.reducer = (char *)"zeta";
@@ -1155,40 +1188,43 @@ static void test_snapshots_presence(void) {
   sn.state_len = sizeof state - 1;
   sn.version = (char *)"v1";
   sn.updated_at = 77;
-  int ok = B->snapshot_put(t, "s", &sn, &err) == ES_OK;
+  int ok = B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
   sn.reducer = (char *)"alpha";
   sn.state = (char *)"";
   sn.state_len = 0;
-  ok &= B->snapshot_put(t, "s", &sn, &err) == ES_OK;
+  ok &= B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
   sn.reducer = (char *)"other-session";
-  ok &= B->snapshot_put(t, "s2", &sn, &err) == ES_OK;
+  ok &= B->snapshot_put(BK(t), t, "s2", &sn, &err) == ES_OK;
   CHECK(ok, "snapshot_put");
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit snapshots");
-  B->read_begin(b, &t, &err);
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit snapshots");
+  tx_read_begin(B, b, &t, &err);
   es_snapshot got;
-  CHECK(B->snapshot_get(t, "s", "zeta", &got, &err) == ES_OK && got.index == 3 &&
+  CHECK(B->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 3 &&
             got.state_len == sizeof state - 1 && memcmp(got.state, state, got.state_len) == 0 &&
             str_eq(got.version, "v1") && got.updated_at == 77 && str_eq(got.reducer, "zeta"),
         "snapshot_get: binary state round-trips");
   es_snapshot_destroy(&got);
-  CHECK(B->snapshot_get(t, "s", "alpha", &got, &err) == ES_OK && got.state != NULL && got.state_len == 0,
+  CHECK(B->snapshot_get(BK(t), t, "s", "alpha", &got, &err) == ES_OK && got.state != NULL &&
+            got.state_len == 0,
         "snapshot_get: empty state stays empty (not NULL)");
   es_snapshot_destroy(&got);
-  CHECK(B->snapshot_get(t, "s", "nope", &got, &err) == ES_NOT_FOUND, "snapshot_get: missing");
-  CHECK(B->snapshot_list(t, "s", collect_snapshot, &c, &err) == ES_OK && c.n == 2 &&
+  CHECK(B->snapshot_get(BK(t), t, "s", "nope", &got, &err) == ES_NOT_FOUND,
+        "snapshot_get: missing");
+  CHECK(B->snapshot_list(BK(t), t, "s", collect_snapshot, &c, &err) == ES_OK && c.n == 2 &&
             !strcmp(c.names[0], "alpha") && !strcmp(c.names[1], "zeta") && c.ints[0] == 3 &&
             c.ints[1] == 3,
         "snapshot_list: by reducer, without state");
   memset(&c, 0, sizeof c);
-  B->read_end(t);
-  B->write_begin(b, &t, &err);
+  B->read_end(BK(t), t);
+  tx_write_begin(B, b, &t, &err);
   sn.reducer = (char *)"zeta";
   sn.index = 9;
   sn.state = (char *)"new";
   sn.state_len = 3;
   sn.version = (char *)"v2";
-  CHECK(B->snapshot_put(t, "s", &sn, &err) == ES_OK && B->snapshot_get(t, "s", "zeta", &got, &err) == ES_OK &&
-            got.index == 9 && got.state_len == 3 && str_eq(got.version, "v2"),
+  CHECK(B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK &&
+            B->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 9 &&
+            got.state_len == 3 && str_eq(got.version, "v2"),
         "snapshot_put replaces");
   es_snapshot_destroy(&got);
 
@@ -1209,37 +1245,38 @@ static void test_snapshots_presence(void) {
     r.seen = i;
     r.at = 10 + i;
     r.expires_at = P[i].exp;
-    ok &= B->presence_put(t, "ns", &r, &err) == ES_OK;
+    ok &= B->presence_put(BK(t), t, "ns", &r, &err) == ES_OK;
   }
   r.participant = (char *)"zed";
   r.value = (char *)"\"other ns\"";
   r.value_len = strlen(r.value);
-  ok &= B->presence_put(t, "ns2", &r, &err) == ES_OK;
+  ok &= B->presence_put(BK(t), t, "ns2", &r, &err) == ES_OK;
   CHECK(ok, "presence_put");
   es_presence_row pg;
-  CHECK(B->presence_get(t, "ns", "alice", "cursor", &pg, &err) == ES_OK && pg.value == NULL &&
-            pg.at == 12 && pg.seen == 2 && pg.expires_at == 500,
+  CHECK(B->presence_get(BK(t), t, "ns", "alice", "cursor", &pg, &err) == ES_OK &&
+            pg.value == NULL && pg.at == 12 && pg.seen == 2 && pg.expires_at == 500,
         "presence_get: tombstone has NULL value");
   es_presence_row_destroy(&pg);
-  CHECK(B->presence_get(t, "ns", "bob", "typing", &pg, &err) == ES_OK && str_eq(pg.value, "true") &&
-            pg.value_len == 4,
+  CHECK(B->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK &&
+            str_eq(pg.value, "true") && pg.value_len == 4,
         "presence_get: value");
   es_presence_row_destroy(&pg);
-  CHECK(B->presence_get(t, "ns", "bob", "none", &pg, &err) == ES_NOT_FOUND, "presence_get: missing");
-  CHECK(B->presence_list(t, "ns", 200, collect_presence, &c, &err) == ES_OK && c.n == 4 &&
+  CHECK(B->presence_get(BK(t), t, "ns", "bob", "none", &pg, &err) == ES_NOT_FOUND,
+        "presence_get: missing");
+  CHECK(B->presence_list(BK(t), t, "ns", 200, collect_presence, &c, &err) == ES_OK && c.n == 4 &&
             !strcmp(c.names[0], "alice/a=[]") && !strcmp(c.names[1], "alice/cursor=(tomb)") &&
             !strcmp(c.names[2], "alice/status=\"away\"") && !strcmp(c.names[3], "bob/typing=true"),
         "presence_list: live rows by (participant, field), tombstones included, expired skipped");
   memset(&c, 0, sizeof c);
-  CHECK(B->presence_expire(t, "ns", 100, &err) == ES_OK &&
-            B->presence_get(t, "ns", "carol", "x", &pg, &err) == ES_NOT_FOUND &&
-            B->presence_get(t, "ns", "bob", "typing", &pg, &err) == ES_OK,
+  CHECK(B->presence_expire(BK(t), t, "ns", 100, &err) == ES_OK &&
+            B->presence_get(BK(t), t, "ns", "carol", "x", &pg, &err) == ES_NOT_FOUND &&
+            B->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK,
         "presence_expire drops rows with expires_at <= now only");
   es_presence_row_destroy(&pg);
-  CHECK(B->presence_list(t, "ns2", 0, collect_presence, &c, &err) == ES_OK && c.n == 1,
+  CHECK(B->presence_list(BK(t), t, "ns2", 0, collect_presence, &c, &err) == ES_OK && c.n == 1,
         "presence: namespaces are separate");
   memset(&c, 0, sizeof c);
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit presence");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit presence");
   B->close(b);
   rm_db(p);
   free(p);
@@ -1259,62 +1296,70 @@ static void test_savepoints(void) {
   ev_make(&e2, "s", 2, "sp-2", "2");
   ev_make(&e3, "s", 2, "sp-3", "3");
   ev_make(&e4, "s", 3, "sp-4", "4");
-  CHECK(B->write_begin(b, &t, &err) == ES_OK && B->savepoint(t, &err) == ES_OK &&
-            B->event_insert(t, &e1, &err) == ES_OK && B->savepoint_release(t, &err) == ES_OK,
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK && B->savepoint(BK(t), t, &err) == ES_OK &&
+            B->event_insert(BK(t), t, &e1, &err) == ES_OK &&
+            B->savepoint_release(BK(t), t, &err) == ES_OK,
         "savepoint + insert + release");
-  CHECK(B->savepoint(t, &err) == ES_OK && B->event_insert(t, &e2, &err) == ES_OK, "second savepoint + insert");
-  B->savepoint_rollback(t);
+  CHECK(B->savepoint(BK(t), t, &err) == ES_OK && B->event_insert(BK(t), t, &e2, &err) == ES_OK,
+        "second savepoint + insert");
+  B->savepoint_rollback(BK(t), t);
   es_event_init(&got);
-  CHECK(B->event_get(t, "s", 2, &got, &err) == ES_NOT_FOUND, "savepoint_rollback undoes only its rows");
-  CHECK(B->event_get(t, "s", 1, &got, &err) == ES_OK, "rows of a released savepoint stay");
+  CHECK(B->event_get(BK(t), t, "s", 2, &got, &err) == ES_NOT_FOUND,
+        "savepoint_rollback undoes only its rows");
+  CHECK(B->event_get(BK(t), t, "s", 1, &got, &err) == ES_OK, "rows of a released savepoint stay");
   es_event_destroy(&got);
-  CHECK(B->savepoint(t, &err) == ES_OK && B->event_insert(t, &e3, &err) == ES_OK &&
-            B->savepoint_release(t, &err) == ES_OK,
+  CHECK(B->savepoint(BK(t), t, &err) == ES_OK && B->event_insert(BK(t), t, &e3, &err) == ES_OK &&
+            B->savepoint_release(BK(t), t, &err) == ES_OK,
         "a caller after a rolled-back one goes on in the same transaction");
   CHECK(e3.position == e1.position + 1, "positions of rolled-back rows are given back (no gap)");
   /* nested savepoints */
-  CHECK(B->savepoint(t, &err) == ES_OK && B->savepoint(t, &err) == ES_OK &&
-            B->event_insert(t, &e4, &err) == ES_OK,
+  CHECK(B->savepoint(BK(t), t, &err) == ES_OK && B->savepoint(BK(t), t, &err) == ES_OK &&
+            B->event_insert(BK(t), t, &e4, &err) == ES_OK,
         "nested savepoints");
-  B->savepoint_rollback(t);
-  CHECK(B->event_get(t, "s", 3, &got, &err) == ES_NOT_FOUND && B->savepoint_release(t, &err) == ES_OK,
+  B->savepoint_rollback(BK(t), t);
+  CHECK(B->event_get(BK(t), t, "s", 3, &got, &err) == ES_NOT_FOUND &&
+            B->savepoint_release(BK(t), t, &err) == ES_OK,
         "inner rollback leaves the outer savepoint open");
   /* uncommitted rows are invisible to readers meanwhile */
-  CHECK(B->read_begin(b, &r, &err) == ES_OK, "read_begin while a write transaction is open");
-  CHECK(B->event_get(r, "s", 1, &got, &err) == ES_NOT_FOUND, "a reader does not see uncommitted rows");
+  CHECK(tx_read_begin(B, b, &r, &err) == ES_OK, "read_begin while a write transaction is open");
+  CHECK(B->event_get(BK(r), r, "s", 1, &got, &err) == ES_NOT_FOUND,
+        "a reader does not see uncommitted rows");
   {
     es_event w;
     es_session_info si;
     ev_make(&w, "s", 9, "sp-w", "1");
     es_session_info_init(&si);
     si.session = (char *)"s";
-    CHECK(B->event_insert(r, &w, &err) == ES_STORAGE && B->event_update(r, &e1, &err) == ES_STORAGE &&
-              B->session_put(r, &si, &err) == ES_STORAGE,
+    CHECK(B->event_insert(BK(r), r, &w, &err) == ES_STORAGE &&
+              B->event_update(BK(r), r, &e1, &err) == ES_STORAGE &&
+              B->session_put(BK(r), r, &si, &err) == ES_STORAGE,
           "writes inside a read transaction are refused (ES_STORAGE)");
   }
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit");
-  CHECK(B->event_get(r, "s", 1, &got, &err) == ES_NOT_FOUND,
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit");
+  CHECK(B->event_get(BK(r), r, "s", 1, &got, &err) == ES_NOT_FOUND,
         "a read transaction keeps its snapshot across another commit");
-  B->read_end(r);
-  B->read_begin(b, &r, &err);
+  B->read_end(BK(r), r);
+  tx_read_begin(B, b, &r, &err);
   {
     es_event g2;
-    int seen1 = B->event_get(r, "s", 1, &got, &err) == ES_OK;
-    int seen2 = B->event_get(r, "s", 2, &g2, &err) == ES_OK;
+    int seen1 = B->event_get(BK(r), r, "s", 1, &got, &err) == ES_OK;
+    int seen2 = B->event_get(BK(r), r, "s", 2, &g2, &err) == ES_OK;
     CHECK(seen1 && seen2, "a new read transaction sees the commit");
     if (seen1) es_event_destroy(&got);
     if (seen2) es_event_destroy(&g2);
   }
-  B->read_end(r);
+  B->read_end(BK(r), r);
 
   /* whole-transaction rollback */
   ev_make(&e4, "s", 3, "sp-4", "4");
-  CHECK(B->write_begin(b, &t, &err) == ES_OK && B->event_insert(t, &e4, &err) == ES_OK, "insert then");
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK && B->event_insert(BK(t), t, &e4, &err) == ES_OK,
+        "insert then");
   int64_t rolled = e4.position;
-  B->write_rollback(t);
-  B->read_begin(b, &r, &err);
-  CHECK(B->event_get(r, "s", 3, &got, &err) == ES_NOT_FOUND, "write_rollback discards everything");
-  B->read_end(r);
+  B->write_rollback(BK(t), t);
+  tx_read_begin(B, b, &r, &err);
+  CHECK(B->event_get(BK(r), r, "s", 3, &got, &err) == ES_NOT_FOUND,
+        "write_rollback discards everything");
+  B->read_end(BK(r), r);
   ev_make(&e4, "s", 3, "sp-4", "4");
   CHECK(put_event(b, &e4) > e3.position, "position after a rollback still above every committed one");
   (void)rolled;
@@ -1331,8 +1376,9 @@ static void test_savepoints(void) {
    * removing transaction stores it; rows deleted behind the store's back
    * are not covered) */
   b = open_ok(p, NULL);
-  int ok = b && B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, "s", 1000, &err) == ES_OK &&
-       B->write_commit(t, &err) == ES_OK;
+  int ok = b && tx_write_begin(B, b, &t, &err) == ES_OK &&
+           B->event_delete_range(BK(t), t, "s", 1000, &err) == ES_OK &&
+           B->write_commit(BK(t), t, &err) == ES_OK;
   CHECK(ok, "the session's events removed, the newest of the store among them");
   if (b) B->close(b);
   b = open_ok(p, NULL);
@@ -1365,8 +1411,9 @@ static int reenter_outer(void *ctx, const es_event *row) {
   es_err err;
   es_event got;
   /* the same statement again, while the outer scan is live */
-  if (B->event_range(re->t, "s", 0, ES_NONE, ES_NONE, reenter_inner, re, &err) != ES_OK) re->fail++;
-  if (B->event_get(re->t, row->session, row->index, &got, &err) == ES_OK) {
+  if (B->event_range(BK(re->t), re->t, "s", 0, ES_NONE, ES_NONE, reenter_inner, re, &err) != ES_OK)
+    re->fail++;
+  if (B->event_get(BK(re->t), re->t, row->session, row->index, &got, &err) == ES_OK) {
     re->got++;
     es_event_destroy(&got);
   }
@@ -1380,7 +1427,7 @@ static int update_each(void *ctx, const es_event *row) {
   u.queued = 0;
   u.due_at = ES_NONE;
   u.status = ES_STATUS_PROCESSED;
-  if (B->event_update(re->t, &u, &err) == ES_OK) re->updated++;
+  if (B->event_update(BK(re->t), re->t, &u, &err) == ES_OK) re->updated++;
   return 0;
 }
 
@@ -1396,31 +1443,33 @@ static void test_reentrancy(void) {
     CHECK(0, "open for reentrancy tests");
     return;
   }
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   for (int i = 1; i <= 5; i++) {
     snprintf(id, sizeof id, "r%d", i);
     ev_make(&e, "s", i, id, "0");
     e.queued = 1;
     e.due_at = 10;
-    B->event_insert(t, &e, &err);
+    B->event_insert(BK(t), t, &e, &err);
   }
-  B->write_commit(t, &err);
-  B->read_begin(b, &t, &err);
+  B->write_commit(BK(t), t, &err);
+  tx_read_begin(B, b, &t, &err);
   re.t = t;
-  CHECK(B->event_range(t, "s", 0, ES_NONE, ES_NONE, reenter_outer, &re, &err) == ES_OK && re.nested == 25 &&
-            re.got == 5 && re.fail == 0,
+  CHECK(B->event_range(BK(t), t, "s", 0, ES_NONE, ES_NONE, reenter_outer, &re, &err) == ES_OK &&
+            re.nested == 25 && re.got == 5 && re.fail == 0,
         "a read callback may call the same op again (nested scans)");
-  B->read_end(t);
+  B->read_end(BK(t), t);
   memset(&re, 0, sizeof re);
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   re.t = t;
-  CHECK(B->queued_due(t, NULL, NULL, 100, ES_NONE, update_each, &re, &err) == ES_OK && re.updated == 5,
+  CHECK(B->queued_due(BK(t), t, NULL, NULL, 100, ES_NONE, update_each, &re, &err) == ES_OK &&
+            re.updated == 5,
         "a write callback may update the rows it is given");
   collect c = {0};
-  CHECK(B->queued_due(t, NULL, NULL, 100, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 0,
+  CHECK(B->queued_due(BK(t), t, NULL, NULL, 100, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 0,
         "and the updates took effect (each row seen once)");
   collect_reset(&c);
-  B->write_commit(t, &err);
+  B->write_commit(BK(t), t, &err);
   B->close(b);
   rm_db(p);
   free(p);
@@ -1438,9 +1487,9 @@ static void *pool_thread(void *arg) {
   es_txn *t;
   es_err err;
   double t0 = now_s();
-  a->rc = B->read_begin(a->b, &t, &err);
+  a->rc = tx_read_begin(B, a->b, &t, &err);
   a->waited = now_s() - t0;
-  if (a->rc == ES_OK) B->read_end(t);
+  if (a->rc == ES_OK) B->read_end(BK(t), t);
   return NULL;
 }
 
@@ -1461,12 +1510,12 @@ static void *writer_thread(void *arg) {
     es_event e;
     snprintf(id, sizeof id, "w%d", i);
     ev_make(&e, "w", i, id, "{}");
-    if ((w->rc = B->write_begin(w->b, &t, &err)) != ES_OK) break;
-    if ((w->rc = B->event_insert(t, &e, &err)) != ES_OK) {
-      B->write_rollback(t);
+    if ((w->rc = tx_write_begin(B, w->b, &t, &err)) != ES_OK) break;
+    if ((w->rc = B->event_insert(BK(t), t, &e, &err)) != ES_OK) {
+      B->write_rollback(BK(t), t);
       break;
     }
-    w->rc = B->write_commit(t, &err);
+    w->rc = B->write_commit(BK(t), t, &err);
   }
   return NULL;
 }
@@ -1480,13 +1529,13 @@ static void test_concurrency(void) {
     CHECK(0, "open for pool tests");
     return;
   }
-  CHECK(B->read_begin(b, &t, &err) == ES_OK, "read_begin (pool of 1)");
+  CHECK(tx_read_begin(B, b, &t, &err) == ES_OK, "read_begin (pool of 1)");
   pool_arg a = {b, 0, -1};
   pthread_t th;
   pthread_create(&th, NULL, pool_thread, &a);
   struct timespec ts = {0, 150 * 1000000L};
   nanosleep(&ts, NULL);
-  B->read_end(t);
+  B->read_end(BK(t), t);
   pthread_join(th, NULL);
   CHECK(a.rc == ES_OK && a.waited >= 0.1, "a second read_begin waits for a free connection");
   B->close(b);
@@ -1500,12 +1549,12 @@ static void test_concurrency(void) {
   int64_t last = 0;
   while (ok) {
     collect c = {0};
-    if (B->read_begin(b, &t, &err) != ES_OK) {
+    if (tx_read_begin(B, b, &t, &err) != ES_OK) {
       ok = 0;
       break;
     }
-    ok = B->event_range(t, "w", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK;
-    B->read_end(t);
+    ok = B->event_range(BK(t), t, "w", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK;
+    B->read_end(BK(t), t);
     for (size_t i = 0; ok && i < c.evs.n; i++) ok = c.evs.v[i].index == (int64_t)i + 1;
     ok = ok && (int64_t)c.evs.n >= last;
     last = (int64_t)c.evs.n;
@@ -1544,10 +1593,11 @@ static void test_relative_path(void) {
   if (chdir("/") != 0) rc = -1;
   ev_make(&e, "r", 1, "rel-1", "1");
   CHECK(rc == ES_OK && put_event(b, &e) > 0, "write after a chdir");
-  CHECK(rc == ES_OK && B->read_begin(b, &t, &err) == ES_OK && B->event_get(t, "r", 1, &got, &err) == ES_OK,
+  CHECK(rc == ES_OK && tx_read_begin(B, b, &t, &err) == ES_OK &&
+            B->event_get(BK(t), t, "r", 1, &got, &err) == ES_OK,
         "a read connection opened after a chdir reads the same file");
   if (got.id) es_event_destroy(&got);
-  if (rc == ES_OK) B->read_end(t);
+  if (rc == ES_OK) B->read_end(BK(t), t);
   if (b) B->close(b);
   char path[4200];
   snprintf(path, sizeof path, "%s/rel.db", dir);
@@ -1569,23 +1619,27 @@ static void test_multi_handle(void) {
     return;
   }
   CHECK(B->data_version(b, &v0, &err) == ES_OK, "data_version");
-  CHECK(B->write_begin(a, &ta, &err) == ES_OK, "handle A takes the write lock");
+  CHECK(tx_write_begin(B, a, &ta, &err) == ES_OK, "handle A takes the write lock");
   double t0 = now_s();
-  int rc = B->write_begin(b, &tb, &err);
+  int rc = tx_write_begin(B, b, &tb, &err);
   double waited = now_s() - t0;
   CHECK(rc == ES_STORAGE && has(err.msg, "locked") && waited >= 0.25,
         "handle B waits busy_timeout, then ES_STORAGE naming the lock");
   printf("# %s (waited %.3f s)\n", err.msg, waited);
   ev_make(&e, "m", 1, "m1", "1");
-  CHECK(B->event_insert(ta, &e, &err) == ES_OK && B->write_commit(ta, &err) == ES_OK, "A commits");
+  CHECK(
+      B->event_insert(BK(ta), ta, &e, &err) == ES_OK && B->write_commit(BK(ta), ta, &err) == ES_OK,
+      "A commits");
   CHECK(B->data_version(b, &v1, &err) == ES_OK && v1 != v0, "B's data_version changes on A's commit");
   CHECK(B->data_version(b, &v2, &err) == ES_OK && v2 == v1, "data_version stable without commits");
-  CHECK(B->write_begin(b, &tb, &err) == ES_OK, "B can write once A committed");
+  CHECK(tx_write_begin(B, b, &tb, &err) == ES_OK, "B can write once A committed");
   es_event got;
-  CHECK(B->event_get(tb, "m", 1, &got, &err) == ES_OK, "B's write transaction sees A's commit");
+  CHECK(B->event_get(BK(tb), tb, "m", 1, &got, &err) == ES_OK,
+        "B's write transaction sees A's commit");
   es_event_destroy(&got);
   ev_make(&e, "m", 2, "m2", "2");
-  CHECK(B->event_insert(tb, &e, &err) == ES_OK && e.position > 1 && B->write_commit(tb, &err) == ES_OK,
+  CHECK(B->event_insert(BK(tb), tb, &e, &err) == ES_OK && e.position > 1 &&
+            B->write_commit(BK(tb), tb, &err) == ES_OK,
         "B's position continues after A's");
   CHECK(B->data_version(a, &v2, &err) == ES_OK, "data_version on A");
   CHECK(put_event(a, (ev_make(&e, "m", 3, "m3", "3"), &e)) > 0 && B->data_version(a, &v0, &err) == ES_OK &&
@@ -1656,14 +1710,14 @@ static void test_errors(void) {
     payload[0] = '"';
     payload[sizeof payload - 3] = '"';
     payload[sizeof payload - 2] = '\0';
-    B->write_begin(d, &t, &err);
+    tx_write_begin(B, d, &t, &err);
     for (int i = 1; i <= 200; i++) {
       es_event e;
       snprintf(id, sizeof id, "c%d", i);
       ev_make(&e, "c", i, id, payload);
-      B->event_insert(t, &e, &err);
+      B->event_insert(BK(t), t, &e, &err);
     }
-    B->write_commit(t, &err);
+    B->write_commit(BK(t), t, &err);
     B->close(d); /* checkpoints into the main file */
     int fd = open(p, O_WRONLY);
     char junk[4096];
@@ -1675,10 +1729,10 @@ static void test_errors(void) {
     int rc = B->open(p, NULL, &d, &err);
     if (rc == ES_OK) {
       collect c = {0};
-      rc = B->read_begin(d, &t, &err);
+      rc = tx_read_begin(B, d, &t, &err);
       if (rc == ES_OK) {
-        rc = B->event_range(t, "c", 0, ES_NONE, ES_NONE, collect_event, &c, &err);
-        B->read_end(t);
+        rc = B->event_range(BK(t), t, "c", 0, ES_NONE, ES_NONE, collect_event, &c, &err);
+        B->read_end(BK(t), t);
       }
       collect_reset(&c);
       B->close(d);
@@ -1748,13 +1802,14 @@ static void test_errors(void) {
   if (b) {
     es_txn *t;
     es_event got;
-    CHECK(B->read_begin(b, &t, &err) == ES_OK && B->event_get(t, "ro", 1, &got, &err) == ES_OK,
+    CHECK(tx_read_begin(B, b, &t, &err) == ES_OK &&
+              B->event_get(BK(t), t, "ro", 1, &got, &err) == ES_OK,
           "mode=ro reads");
     es_event_destroy(&got);
-    B->read_end(t);
+    B->read_end(BK(t), t);
     uint64_t v;
     CHECK(B->data_version(b, &v, &err) == ES_OK, "mode=ro data_version");
-    CHECK(B->write_begin(b, &t, &err) == ES_STORAGE && has(err.msg, "read-only"),
+    CHECK(tx_write_begin(B, b, &t, &err) == ES_STORAGE && has(err.msg, "read-only"),
           "mode=ro: write_begin is ES_STORAGE 'read-only'");
     B->close(b);
   }
@@ -1928,14 +1983,15 @@ static void test_read_only_media(void) {
       es_txn *t;
       collect c = {0};
       uint64_t v;
-      CHECK(B->read_begin(b, &t, &err) == ES_OK &&
-                B->event_range(t, "ro", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+      CHECK(tx_read_begin(B, b, &t, &err) == ES_OK &&
+                B->event_range(BK(t), t, "ro", 0, ES_NONE, ES_NONE, collect_event, &c, &err) ==
+                    ES_OK &&
                 c.evs.n == 1,
             "read-only media: mode=ro reads");
-      if (t) B->read_end(t);
+      if (t) B->read_end(BK(t), t);
       collect_reset(&c);
       CHECK(B->data_version(b, &v, &err) == ES_OK, "read-only media: data_version");
-      CHECK(B->write_begin(b, &t, &err) == ES_STORAGE && has(err.msg, "read-only"),
+      CHECK(tx_write_begin(B, b, &t, &err) == ES_STORAGE && has(err.msg, "read-only"),
             "read-only media: writes are ES_STORAGE 'read-only'");
       if (mounted) {
         /* written through the writable path: the immutable handle must
@@ -1943,7 +1999,7 @@ static void test_read_only_media(void) {
         es_backend *w = open_ok(srcdb, NULL);
         ev_make(&e, "ro", 2, "ro-2", "2");
         CHECK(w && put_event(w, &e) > 0, "a write through the writable path");
-        CHECK(B->read_begin(b, &t, &err) == ES_STORAGE && has(err.msg, "changed"),
+        CHECK(tx_read_begin(B, b, &t, &err) == ES_STORAGE && has(err.msg, "changed"),
               "read-only media: the immutable handle refuses to read a file written since");
         if (w) B->close(w);
       }
@@ -1980,23 +2036,23 @@ static void test_disk_full(void) {
     es_event e;
     snprintf(id, sizeof id, "f%d", i);
     ev_make(&e, "f", i, id, payload);
-    if ((rc = B->write_begin(b, &t, &err)) != ES_OK) break;
-    if ((rc = B->event_insert(t, &e, &err)) != ES_OK) {
-      B->write_rollback(t);
+    if ((rc = tx_write_begin(B, b, &t, &err)) != ES_OK) break;
+    if ((rc = B->event_insert(BK(t), t, &e, &err)) != ES_OK) {
+      B->write_rollback(BK(t), t);
       break;
     }
-    if ((rc = B->write_commit(t, &err)) != ES_OK) break;
+    if ((rc = B->write_commit(BK(t), t, &err)) != ES_OK) break;
     committed = i;
   }
   printf("# after %d commits: %s %s\n", committed, es_strerror(rc), err.msg);
   CHECK(rc == ES_STORAGE && has(err.msg, "disk full"), "a full disk: ES_STORAGE 'disk full'");
   /* everything acknowledged is there, nothing else */
   collect c = {0};
-  B->read_begin(b, &t, &err);
-  CHECK(B->event_range(t, "f", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->event_range(BK(t), t, "f", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
             (int)c.evs.n == committed,
         "after the full disk exactly the acknowledged events are stored");
-  B->read_end(t);
+  B->read_end(BK(t), t);
   collect_reset(&c);
 
   /* group commit after a failure inside one caller's savepoint: either the
@@ -2004,27 +2060,28 @@ static void test_disk_full(void) {
   es_event small, big;
   ev_make(&small, "g", 1, "g-small", "1");
   ev_make(&big, "g", 2, "g-big", payload);
-  int ok = B->write_begin(b, &t, &err) == ES_OK;
-  ok = ok && B->savepoint(t, &err) == ES_OK && B->event_insert(t, &small, &err) == ES_OK &&
-       B->savepoint_release(t, &err) == ES_OK;
+  int ok = tx_write_begin(B, b, &t, &err) == ES_OK;
+  ok = ok && B->savepoint(BK(t), t, &err) == ES_OK &&
+       B->event_insert(BK(t), t, &small, &err) == ES_OK &&
+       B->savepoint_release(BK(t), t, &err) == ES_OK;
   int big_rc = ES_OK;
-  if (ok && B->savepoint(t, &err) == ES_OK) {
+  if (ok && B->savepoint(BK(t), t, &err) == ES_OK) {
     for (int i = 0; i < 50 && big_rc == ES_OK; i++) {
       snprintf(id, sizeof id, "g-big-%d", i);
       ev_make(&big, "g", 2 + i, id, payload);
-      big_rc = B->event_insert(t, &big, &err);
+      big_rc = B->event_insert(BK(t), t, &big, &err);
     }
-    B->savepoint_rollback(t);
+    B->savepoint_rollback(BK(t), t);
   }
-  int commit_rc = ok ? B->write_commit(t, &err) : ES_STORAGE;
+  int commit_rc = ok ? B->write_commit(BK(t), t, &err) : ES_STORAGE;
   printf("# commit: %s\n", err.msg);
   es_event got;
-  B->read_begin(b, &t, &err);
-  int small_there = B->event_get(t, "g", 1, &got, &err) == ES_OK;
+  tx_read_begin(B, b, &t, &err);
+  int small_there = B->event_get(BK(t), t, "g", 1, &got, &err) == ES_OK;
   if (small_there) es_event_destroy(&got);
-  int big_there = B->event_get(t, "g", 2, &got, &err) == ES_OK;
+  int big_there = B->event_get(BK(t), t, "g", 2, &got, &err) == ES_OK;
   if (big_there) es_event_destroy(&got);
-  B->read_end(t);
+  B->read_end(BK(t), t);
   CHECK(big_rc == ES_STORAGE, "the oversized caller fails with ES_STORAGE");
   CHECK(!big_there && (commit_rc == ES_OK) == small_there,
         "group commit: a failed caller rolls back alone, or the whole commit fails; never half");
@@ -2033,8 +2090,9 @@ static void test_disk_full(void) {
   /* removing rows of a full store succeeds, the file shrinks (a short
    * pass: the handle is short of space), and there is room again */
   int64_t full_pages = raw_int(p, "PRAGMA page_count");
-  ok = B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, "f", committed / 2, &err) == ES_OK &&
-       B->write_commit(t, &err) == ES_OK;
+  ok = tx_write_begin(B, b, &t, &err) == ES_OK &&
+       B->event_delete_range(BK(t), t, "f", committed / 2, &err) == ES_OK &&
+       B->write_commit(BK(t), t, &err) == ES_OK;
   int64_t now_pages = raw_int(p, "PRAGMA page_count");
   printf("# removing %d of %d events of the full store: %lld -> %lld pages\n", committed / 2, committed,
          (long long)full_pages, (long long)now_pages);
@@ -2050,8 +2108,9 @@ static void test_disk_full(void) {
   CHECK(more == committed / 4, "... and takes new events again");
   /* still usable */
   ev_make(&small, "g", 1, "g-small2", "1");
-  CHECK(B->write_begin(b, &t, &err) == ES_OK, "the store still opens write transactions after a full disk");
-  B->write_rollback(t);
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK,
+        "the store still opens write transactions after a full disk");
+  B->write_rollback(BK(t), t);
   B->close(b);
   rm_db(p);
   free(p);
@@ -2069,7 +2128,7 @@ static void test_scale(void) {
     CHECK(0, "open for scale test");
     return;
   }
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   int ok = 1;
   for (int i = 1; i <= N; i++) {
     es_event e;
@@ -2081,7 +2140,7 @@ static void test_scale(void) {
     e.status = i % 1000 == 0 ? ES_STATUS_DEAD : i % 997 == 0 ? ES_STATUS_PENDING : ES_STATUS_PROCESSED;
     e.queued = i % 997 == 0;
     e.due_at = e.queued ? 1000 + i : ES_NONE;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
     if (i % 2000 == 0) {
       es_session_info si;
       for (int s = 0; s < 2000 && i == N; s++) {
@@ -2089,33 +2148,33 @@ static void test_scale(void) {
         snprintf(sess, sizeof sess, "sess-%05d", s);
         si.session = sess;
         si.head = N / 2000;
-        ok &= B->session_put(t, &si, &err) == ES_OK;
+        ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
       }
     }
   }
-  CHECK(ok && B->write_commit(t, &err) == ES_OK, "insert 40000 events");
-  B->read_begin(b, &t, &err);
+  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "insert 40000 events");
+  tx_read_begin(B, b, &t, &err);
   double t0 = now_s();
   int64_t x;
   collect c = {0};
   for (int i = 0; i < 2000; i++) {
     snprintf(sess, sizeof sess, "sess-%05d", i);
-    ok &= B->lane_next(t, sess, "lane", 0, &x, &err) == ES_OK;
-    ok &= B->queued_next_due(t, NULL, NULL, 1000 + i * 20, &x, &err) == ES_OK;
-    ok &= B->queued_next_due(t, sess, NULL, 0, &x, &err) == ES_OK;
+    ok &= B->lane_next(BK(t), t, sess, "lane", 0, &x, &err) == ES_OK;
+    ok &= B->queued_next_due(BK(t), t, NULL, NULL, 1000 + i * 20, &x, &err) == ES_OK;
+    ok &= B->queued_next_due(BK(t), t, sess, NULL, 0, &x, &err) == ES_OK;
     c.stop_after = 1;
-    ok &= B->queued_due(t, NULL, NULL, 1000 + N, 1, collect_event, &c, &err) == ES_OK;
-    ok &= B->queued_due(t, sess, NULL, 1000 + N, ES_NONE, collect_event, &c, &err) == ES_OK;
-    ok &= B->dead_list(t, NULL, NULL, i * 20, 1, collect_event, &c, &err) == ES_OK;
-    ok &= B->dead_list(t, sess, NULL, 0, 1, collect_event, &c, &err) == ES_OK;
-    ok &= B->event_all(t, NULL, i * 20, 1, collect_event, &c, &err) == ES_OK;
-    ok &= B->event_range(t, sess, 5, 6, ES_NONE, collect_event, &c, &err) == ES_OK;
+    ok &= B->queued_due(BK(t), t, NULL, NULL, 1000 + N, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->queued_due(BK(t), t, sess, NULL, 1000 + N, ES_NONE, collect_event, &c, &err) == ES_OK;
+    ok &= B->dead_list(BK(t), t, NULL, NULL, i * 20, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->dead_list(BK(t), t, sess, NULL, 0, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->event_all(BK(t), t, NULL, i * 20, 1, collect_event, &c, &err) == ES_OK;
+    ok &= B->event_range(BK(t), t, sess, 5, 6, ES_NONE, collect_event, &c, &err) == ES_OK;
     collect_reset(&c);
     memset(&c, 0, sizeof c);
-    ok &= B->session_list(t, "sess-019", NULL, 3, collect_session, &c, &err) == ES_OK;
+    ok &= B->session_list(BK(t), t, "sess-019", NULL, 3, collect_session, &c, &err) == ES_OK;
   }
   double dt = now_s() - t0;
-  B->read_end(t);
+  B->read_end(BK(t), t);
   printf("# 2000 rounds of 10 indexed ops over %d rows: %.3f s\n", N, dt);
   /* a full scan per op would be 20000 scans of 40000 rows: many seconds */
   CHECK(ok && dt < (RUNNING_ON_VALGRIND ? 60.0 : 1.5), "indexed ops stay fast on 40000 rows (no full scans)");
@@ -2157,36 +2216,43 @@ static void test_event_fields_everywhere(void) {
     both[i]->origin_session = (char *)"from";
     both[i]->origin_index = 7 + i;
   }
-  B->write_begin(b, &t, &err);
-  CHECK(B->event_insert(t, &q, &err) == ES_OK && B->event_insert(t, &d, &err) == ES_OK &&
-            B->write_commit(t, &err) == ES_OK,
+  tx_write_begin(B, b, &t, &err);
+  CHECK(B->event_insert(BK(t), t, &q, &err) == ES_OK &&
+            B->event_insert(BK(t), t, &d, &err) == ES_OK &&
+            B->write_commit(BK(t), t, &err) == ES_OK,
         "insert rows with every version-4 field set");
   for (int pass = 0; pass < 2; pass++) {
     int ok = 1;
-    if (pass == 0) B->read_begin(b, &t, &err);
-    else B->write_begin(b, &t, &err);
-    ok &= B->event_get(t, "f", 1, &got, &err) == ES_OK && ev_eq(&got, &q);
+    if (pass == 0)
+      tx_read_begin(B, b, &t, &err);
+    else
+      tx_write_begin(B, b, &t, &err);
+    ok &= B->event_get(BK(t), t, "f", 1, &got, &err) == ES_OK && ev_eq(&got, &q);
     es_event_destroy(&got);
-    ok &= B->event_get_by_id(t, "f-2", &got, &err) == ES_OK && ev_eq(&got, &d);
+    ok &= B->event_get_by_id(BK(t), t, "f-2", &got, &err) == ES_OK && ev_eq(&got, &d);
     es_event_destroy(&got);
 #define EACH(call, want)                                        \
   do {                                                          \
     ok &= (call) == ES_OK && fields_match(&c.evs, (want));      \
     collect_reset(&c);                                          \
   } while (0)
-    EACH(B->event_range(t, "f", 1, 2, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->event_all(t, NULL, q.position, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->queued_due(t, NULL, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
-    EACH(B->queued_due(t, "f", NULL, 10, 1, collect_event, &c, &err), &q);        /* the index window */
-    EACH(B->queued_due(t, "f", NULL, 10, ES_NONE, collect_event, &c, &err), &q);  /* by due time */
-    EACH(B->queued_due_type(t, NULL, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
-    EACH(B->dead_list(t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->dead_list(t, "f", NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->event_range(BK(t), t, "f", 1, 2, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->event_all(BK(t), t, NULL, q.position, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->queued_due(BK(t), t, NULL, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(B->queued_due(BK(t), t, "f", NULL, 10, 1, collect_event, &c, &err),
+         &q); /* the index window */
+    EACH(B->queued_due(BK(t), t, "f", NULL, 10, ES_NONE, collect_event, &c, &err),
+         &q); /* by due time */
+    EACH(B->queued_due_type(BK(t), t, NULL, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(B->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+    EACH(B->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, collect_event, &c, &err), &d);
 #undef EACH
     CHECK(ok, pass == 0 ? "every event read returns the dispatch times and the origin (read txn)"
                         : "every event read returns the dispatch times and the origin (write txn)");
-    if (pass == 0) B->read_end(t);
-    else B->write_rollback(t);
+    if (pass == 0)
+      B->read_end(BK(t), t);
+    else
+      B->write_rollback(BK(t), t);
   }
   B->close(b);
   rm_db(p);
@@ -2208,7 +2274,7 @@ static void test_session_children(void) {
     CHECK(0, "open for children tests");
     return;
   }
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   int ok = 1;
   es_session_info si;
   for (int i = nk - 1; i >= 0; i--) {
@@ -2219,7 +2285,7 @@ static void test_session_children(void) {
     si.parent = (char *)"P";
     si.fork_at = i;
     si.forked_at = 1000 + i;
-    ok &= B->session_put(t, &si, &err) == ES_OK;
+    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
   }
   /* noise: the parent itself, a sibling tree, sessions without a parent */
   static const char *other[][2] = {{"P", NULL}, {"Q", NULL}, {"c1", "Q"}, {"P0", "PP"},
@@ -2228,88 +2294,98 @@ static void test_session_children(void) {
     es_session_info_init(&si);
     si.session = (char *)other[i][0];
     si.parent = (char *)other[i][1];
-    ok &= B->session_put(t, &si, &err) == ES_OK;
+    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
   }
-  CHECK(ok && B->write_commit(t, &err) == ES_OK, "sessions with and without a parent");
+  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "sessions with and without a parent");
 
-  B->read_begin(b, &t, &err);
-  CHECK(B->session_children(t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == nk,
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == nk,
         "session_children: every child of the parent (ES_NONE: no limit)");
   ok = c.n == nk;
   for (int i = 0; ok && i < nk; i++) ok = strcmp(c.names[i], kids[i]) == 0;
   CHECK(ok, "session_children: ascending byte order (0xFF last), whatever the insertion order");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "P", NULL, ES_MAX_LIMIT, collect_session, &c, &err) == ES_OK &&
-            c.n == nk,
-        "session_children: a limit of 2^62 is no limit");
+  CHECK(
+      B->session_children(BK(t), t, "P", NULL, ES_MAX_LIMIT, collect_session, &c, &err) == ES_OK &&
+          c.n == nk,
+      "session_children: a limit of 2^62 is no limit");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "P", "P_", 3, collect_session, &c, &err) == ES_OK && c.n == 3 &&
-            !strcmp(c.names[0], "a") && !strcmp(c.names[1], "a\xff") && !strcmp(c.names[2], "b"),
+  CHECK(B->session_children(BK(t), t, "P", "P_", 3, collect_session, &c, &err) == ES_OK &&
+            c.n == 3 && !strcmp(c.names[0], "a") && !strcmp(c.names[1], "a\xff") &&
+            !strcmp(c.names[2], "b"),
         "session_children: name > after, at most limit");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "P", "b", ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2 &&
-            !strcmp(c.names[0], "\xff"),
+  CHECK(B->session_children(BK(t), t, "P", "b", ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 2 && !strcmp(c.names[0], "\xff"),
         "session_children: after a name that is a child excludes it");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "P", "\xff\xff", ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 0,
-        "session_children: after the last child gives nothing");
+  CHECK(
+      B->session_children(BK(t), t, "P", "\xff\xff", ES_NONE, collect_session, &c, &err) == ES_OK &&
+          c.n == 0,
+      "session_children: after the last child gives nothing");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "P", "", 1, collect_session, &c, &err) == ES_OK && c.n == 1 &&
+  CHECK(B->session_children(BK(t), t, "P", "", 1, collect_session, &c, &err) == ES_OK && c.n == 1 &&
             !strcmp(c.names[0], "A"),
         "session_children: after \"\" is a bound like any other");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "P", NULL, 0, collect_session, &c, &err) == ES_OK && c.n == 0,
+  CHECK(B->session_children(BK(t), t, "P", NULL, 0, collect_session, &c, &err) == ES_OK && c.n == 0,
         "session_children: limit 0 gives nothing");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "Q", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+  CHECK(B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session_row, &rows, &err) ==
+                ES_OK &&
             rows.n == 1 && str_eq(rows.v[0].session, "c1") && str_eq(rows.v[0].parent, "Q"),
         "session_children: only that parent's children, whole rows");
   sess_rows_reset(&rows);
-  CHECK(B->session_children(t, "P ", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+  CHECK(B->session_children(BK(t), t, "P ", NULL, ES_NONE, collect_session_row, &rows, &err) ==
+                ES_OK &&
             rows.n == 1 && str_eq(rows.v[0].session, "") &&
-            B->session_children(t, "z", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0 &&
-            B->session_children(t, "PP", NULL, 5, collect_session, &c, &err) == ES_OK && c.n == 1,
+            B->session_children(BK(t), t, "z", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 0 &&
+            B->session_children(BK(t), t, "PP", NULL, 5, collect_session, &c, &err) == ES_OK &&
+            c.n == 1,
         "session_children: other parents, a parent without children");
   sess_rows_reset(&rows);
   memset(&c, 0, sizeof c);
-  CHECK(B->session_children(t, "P", NULL, 2, collect_session_row, &rows, &err) == ES_OK &&
+  CHECK(B->session_children(BK(t), t, "P", NULL, 2, collect_session_row, &rows, &err) == ES_OK &&
             rows.n == 2 && rows.v[1].fork_at == 1 && rows.v[1].forked_at == 1001,
         "session_children: the lineage fields come with the rows");
   sess_rows_reset(&rows);
-  B->read_end(t);
+  B->read_end(BK(t), t);
 
   /* a replaced row leaves its old parent's children (the index follows) */
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   es_session_info_init(&si);
   si.session = (char *)"a";
   si.parent = (char *)"Q";
-  ok = B->session_put(t, &si, &err) == ES_OK;
+  ok = B->session_put(BK(t), t, &si, &err) == ES_OK;
   si.session = (char *)"b";
   si.parent = NULL;
-  ok &= B->session_put(t, &si, &err) == ES_OK;
-  ok &= B->session_children(t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
+  ok &= B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
         c.n == nk - 2;
   memset(&c, 0, sizeof c);
-  ok &= B->session_children(t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2 &&
-        !strcmp(c.names[0], "a") && !strcmp(c.names[1], "c1");
+  ok &= B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+        c.n == 2 && !strcmp(c.names[0], "a") && !strcmp(c.names[1], "c1");
   memset(&c, 0, sizeof c);
   CHECK(ok, "session_put replacing a row moves it between parents (seen inside the write txn)");
   /* savepoint rollback undoes a new child */
-  ok = B->savepoint(t, &err) == ES_OK;
+  ok = B->savepoint(BK(t), t, &err) == ES_OK;
   si.session = (char *)"new-kid";
   si.parent = (char *)"Q";
-  ok &= B->session_put(t, &si, &err) == ES_OK;
-  B->savepoint_rollback(t);
-  ok &= B->session_children(t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2;
+  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
+  B->savepoint_rollback(BK(t), t);
+  ok &= B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+        c.n == 2;
   memset(&c, 0, sizeof c);
   CHECK(ok, "savepoint_rollback undoes a child added in it");
-  B->write_rollback(t);
-  B->read_begin(b, &t, &err);
-  CHECK(B->session_children(t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == nk,
+  B->write_rollback(BK(t), t);
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == nk,
         "... and write_rollback the moves");
   memset(&c, 0, sizeof c);
-  B->read_end(t);
+  B->read_end(BK(t), t);
   B->close(b);
   rm_db(p);
   free(p);
@@ -2330,7 +2406,7 @@ static void test_refs(void) {
     CHECK(0, "open for ref tests");
     return;
   }
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   int ok = 1;
   for (int i = nn - 1; i >= 0; i--) {
     char sess[16];
@@ -2341,25 +2417,27 @@ static void test_refs(void) {
     ref.head = 999; /* never stored */
     ref.created_at = 10 + i;
     ref.updated_at = 20 + i;
-    ok &= B->ref_put(t, &ref, &err) == ES_OK;
+    ok &= B->ref_put(BK(t), t, &ref, &err) == ES_OK;
   }
   CHECK(ok, "ref_put (insert)");
   es_ref_init(&got);
-  CHECK(B->ref_get(t, "main/x", &got, &err) == ES_OK && str_eq(got.name, "main/x") &&
+  CHECK(B->ref_get(BK(t), t, "main/x", &got, &err) == ES_OK && str_eq(got.name, "main/x") &&
             str_eq(got.session, "s2") && got.created_at == 12 && got.updated_at == 22 &&
             got.head == ES_NONE,
         "ref_get inside the write transaction; head is not stored (ES_NONE)");
   es_ref_destroy(&got);
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit refs");
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit refs");
 
-  B->read_begin(b, &t, &err);
-  CHECK(B->ref_get(t, "prod\xff", &got, &err) == ES_OK && str_eq(got.session, "s5") &&
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->ref_get(BK(t), t, "prod\xff", &got, &err) == ES_OK && str_eq(got.session, "s5") &&
             got.head == ES_NONE,
         "ref_get");
   es_ref_destroy(&got);
-  CHECK(B->ref_get(t, "nope", &got, &err) == ES_NOT_FOUND && B->ref_get(t, "mai", &got, &err) == ES_NOT_FOUND,
+  CHECK(B->ref_get(BK(t), t, "nope", &got, &err) == ES_NOT_FOUND &&
+            B->ref_get(BK(t), t, "mai", &got, &err) == ES_NOT_FOUND,
         "ref_get: unknown is ES_NOT_FOUND (no prefix match)");
-  CHECK(B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == nn, "ref_list: all");
+  CHECK(B->ref_list(BK(t), t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == nn,
+        "ref_list: all");
   ok = c.n == nn;
   for (int i = 0; ok && i < nn; i++) {
     char want[64];
@@ -2368,84 +2446,88 @@ static void test_refs(void) {
   }
   CHECK(ok, "ref_list: ascending byte order (0xFF last), head ES_NONE");
   memset(&c, 0, sizeof c);
-  CHECK(B->ref_list(t, NULL, ES_MAX_LIMIT, collect_ref, &c, &err) == ES_OK && c.n == nn,
+  CHECK(B->ref_list(BK(t), t, NULL, ES_MAX_LIMIT, collect_ref, &c, &err) == ES_OK && c.n == nn,
         "ref_list: a limit of 2^62 is no limit");
   memset(&c, 0, sizeof c);
-  CHECK(B->ref_list(t, "main%", 2, collect_ref, &c, &err) == ES_OK && c.n == 2 &&
+  CHECK(B->ref_list(BK(t), t, "main%", 2, collect_ref, &c, &err) == ES_OK && c.n == 2 &&
             !strcmp(c.names[0], "main/x=s2") && !strcmp(c.names[1], "main_=s3"),
         "ref_list: name > after, at most limit");
   memset(&c, 0, sizeof c);
-  CHECK(B->ref_list(t, "n", ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 3 &&
+  CHECK(B->ref_list(BK(t), t, "n", ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 3 &&
             !strcmp(c.names[0], "prod=s4"),
         "ref_list: after need not be a ref");
   memset(&c, 0, sizeof c);
-  CHECK(B->ref_list(t, "\xff", ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 0 &&
-            B->ref_list(t, NULL, 0, collect_ref, &c, &err) == ES_OK && c.n == 0,
+  CHECK(B->ref_list(BK(t), t, "\xff", ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 0 &&
+            B->ref_list(BK(t), t, NULL, 0, collect_ref, &c, &err) == ES_OK && c.n == 0,
         "ref_list: after the last, limit 0: nothing");
   memset(&c, 0, sizeof c);
   c.stop_after = 2;
-  CHECK(B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 2,
+  CHECK(B->ref_list(BK(t), t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 2,
         "ref_list: a callback returning nonzero stops early");
   memset(&c, 0, sizeof c);
   es_ref_init(&ref);
   ref.name = (char *)"x";
   ref.session = (char *)"s";
-  CHECK(B->ref_put(t, &ref, &err) == ES_STORAGE && B->ref_delete(t, "main", &err) == ES_STORAGE,
+  CHECK(B->ref_put(BK(t), t, &ref, &err) == ES_STORAGE &&
+            B->ref_delete(BK(t), t, "main", &err) == ES_STORAGE,
         "ref writes inside a read transaction are refused (ES_STORAGE)");
-  B->read_end(t);
+  B->read_end(BK(t), t);
 
   /* replace, delete, savepoints, isolation */
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   es_ref_init(&ref);
   ref.name = (char *)"main";
   ref.session = (char *)"moved";
   ref.created_at = 10;
   ref.updated_at = ES_NONE;
-  CHECK(B->ref_put(t, &ref, &err) == ES_OK && B->ref_get(t, "main", &got, &err) == ES_OK &&
-            str_eq(got.session, "moved") && got.created_at == 10 && got.updated_at == ES_NONE,
+  CHECK(B->ref_put(BK(t), t, &ref, &err) == ES_OK &&
+            B->ref_get(BK(t), t, "main", &got, &err) == ES_OK && str_eq(got.session, "moved") &&
+            got.created_at == 10 && got.updated_at == ES_NONE,
         "ref_put replaces (ES_NONE times kept)");
   es_ref_destroy(&got);
-  CHECK(B->ref_delete(t, "prod", &err) == ES_OK && B->ref_get(t, "prod", &got, &err) == ES_NOT_FOUND,
+  CHECK(B->ref_delete(BK(t), t, "prod", &err) == ES_OK &&
+            B->ref_get(BK(t), t, "prod", &got, &err) == ES_NOT_FOUND,
         "ref_delete");
-  CHECK(B->ref_delete(t, "prod", &err) == ES_NOT_FOUND && B->ref_delete(t, "nope", &err) == ES_NOT_FOUND,
+  CHECK(B->ref_delete(BK(t), t, "prod", &err) == ES_NOT_FOUND &&
+            B->ref_delete(BK(t), t, "nope", &err) == ES_NOT_FOUND,
         "ref_delete: absent is ES_NOT_FOUND");
-  CHECK(B->read_begin(b, &r, &err) == ES_OK && B->ref_get(r, "prod", &got, &err) == ES_OK &&
-            str_eq(got.session, "s4"),
+  CHECK(tx_read_begin(B, b, &r, &err) == ES_OK &&
+            B->ref_get(BK(r), r, "prod", &got, &err) == ES_OK && str_eq(got.session, "s4"),
         "a reader does not see an uncommitted delete");
   es_ref_destroy(&got);
-  B->read_end(r);
-  ok = B->savepoint(t, &err) == ES_OK;
+  B->read_end(BK(r), r);
+  ok = B->savepoint(BK(t), t, &err) == ES_OK;
   ref.name = (char *)"main_";
   ref.session = (char *)"sp";
-  ok &= B->ref_put(t, &ref, &err) == ES_OK;
-  ok &= B->ref_delete(t, "main%", &err) == ES_OK;
+  ok &= B->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  ok &= B->ref_delete(BK(t), t, "main%", &err) == ES_OK;
   ref.name = (char *)"new";
-  ok &= B->ref_put(t, &ref, &err) == ES_OK;
-  B->savepoint_rollback(t);
-  ok &= B->ref_get(t, "main_", &got, &err) == ES_OK && str_eq(got.session, "s3");
+  ok &= B->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  B->savepoint_rollback(BK(t), t);
+  ok &= B->ref_get(BK(t), t, "main_", &got, &err) == ES_OK && str_eq(got.session, "s3");
   es_ref_destroy(&got);
-  ok &= B->ref_get(t, "main%", &got, &err) == ES_OK;
+  ok &= B->ref_get(BK(t), t, "main%", &got, &err) == ES_OK;
   es_ref_destroy(&got);
-  ok &= B->ref_get(t, "new", &got, &err) == ES_NOT_FOUND;
+  ok &= B->ref_get(BK(t), t, "new", &got, &err) == ES_NOT_FOUND;
   CHECK(ok, "savepoint_rollback undoes ref puts, replaces and deletes made in it");
-  ok = B->savepoint(t, &err) == ES_OK;
-  ok &= B->ref_delete(t, "\xff", &err) == ES_OK;
-  ok &= B->savepoint_release(t, &err) == ES_OK;
-  CHECK(ok && B->write_commit(t, &err) == ES_OK, "a released savepoint's delete commits");
-  B->read_begin(b, &t, &err);
-  CHECK(B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == nn - 2 &&
+  ok = B->savepoint(BK(t), t, &err) == ES_OK;
+  ok &= B->ref_delete(BK(t), t, "\xff", &err) == ES_OK;
+  ok &= B->savepoint_release(BK(t), t, &err) == ES_OK;
+  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "a released savepoint's delete commits");
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->ref_list(BK(t), t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == nn - 2 &&
             !strcmp(c.names[0], "main=moved") && !strcmp(c.names[c.n - 1], "prod\xff=s5"),
         "after commit: the replace and both deletes, nothing of the rolled-back savepoint");
   memset(&c, 0, sizeof c);
-  B->read_end(t);
+  B->read_end(BK(t), t);
   B->close(b);
   b = open_ok(p, NULL);
-  CHECK(b && B->read_begin(b, &t, &err) == ES_OK && B->ref_get(t, "main", &got, &err) == ES_OK &&
-            str_eq(got.session, "moved"),
+  CHECK(b && tx_read_begin(B, b, &t, &err) == ES_OK &&
+            B->ref_get(BK(t), t, "main", &got, &err) == ES_OK && str_eq(got.session, "moved"),
         "refs survive reopening");
   es_ref_destroy(&got);
   if (b) {
-    B->read_end(t);
+    B->read_end(BK(t), t);
     B->close(b);
   }
   rm_db(p);
@@ -2555,27 +2637,28 @@ static void test_migrate_v3(void) {
   int64_t wpos[4] = {1, 2, 3, 5};
   for (int i = 0; i < 4; i++) want[i].position = wpos[i];
 
-  B->read_begin(b, &t, &err);
+  tx_read_begin(B, b, &t, &err);
   int ok = 1;
   for (int i = 0; i < 4; i++) {
-    ok &= B->event_get(t, want[i].session, want[i].index, &got, &err) == ES_OK && ev_eq(&got, &want[i]);
+    ok &= B->event_get(BK(t), t, want[i].session, want[i].index, &got, &err) == ES_OK &&
+          ev_eq(&got, &want[i]);
     es_event_destroy(&got);
   }
   CHECK(ok, "every event kept, every field; the new ones absent (ES_NONE, no origin)");
-  ok = B->event_all(t, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 4 &&
+  ok = B->event_all(BK(t), t, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 4 &&
        ev_eq(&c.evs.v[3], &want[3]);
   collect_reset(&c);
-  ok &= B->queued_due(t, NULL, NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
-        ev_eq(&c.evs.v[0], &want[3]) && ev_eq(&c.evs.v[1], &want[1]);
+  ok &= B->queued_due(BK(t), t, NULL, NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 2 && ev_eq(&c.evs.v[0], &want[3]) && ev_eq(&c.evs.v[1], &want[1]);
   collect_reset(&c);
-  ok &= B->dead_list(t, "s", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 1 &&
-        ev_eq(&c.evs.v[0], &want[2]);
+  ok &= B->dead_list(BK(t), t, "s", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 1 && ev_eq(&c.evs.v[0], &want[2]);
   collect_reset(&c);
   int64_t idx = -1, last = -1;
   type_text tt;
-  ok &= B->lane_next(t, "s", "L", 0, &idx, &err) == ES_OK && idx == 2;
+  ok &= B->lane_next(BK(t), t, "s", "L", 0, &idx, &err) == ES_OK && idx == 2;
   ok &= strcmp(pending_text(t, &tt), "a=2 ") == 0;
-  ok &= B->last_position(t, &last, &err) == ES_OK && last == 5;
+  ok &= B->last_position(BK(t), t, &last, &err) == ES_OK && last == 5;
   CHECK(ok, "the old rows are found through every index (queue, dead, lane, type)");
 
   es_session_info si, wsi;
@@ -2589,75 +2672,77 @@ static void test_migrate_v3(void) {
   wsi.failures = 4;
   wsi.first_at = 100;
   wsi.updated_at = 102;
-  CHECK(B->session_get(t, "s", &si, &err) == ES_OK && si_eq(&si, &wsi),
+  CHECK(B->session_get(BK(t), t, "s", &si, &err) == ES_OK && si_eq(&si, &wsi),
         "session rows kept; fence 0, no seal, lease or lineage");
   es_session_info_destroy(&si);
   sess_rows rows = {0};
-  CHECK(B->session_list(t, "", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+  CHECK(B->session_list(BK(t), t, "", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
             rows.n == 2 && str_eq(rows.v[1].session, "t") && rows.v[1].updated_at == ES_NONE &&
             rows.v[1].fence == 0 && rows.v[1].parent == NULL && rows.v[1].sealed_at == ES_NONE,
         "session_list reads the migrated rows");
   sess_rows_reset(&rows);
-  CHECK(B->session_children(t, "s", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0 &&
-            B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK && c.n == 0,
+  CHECK(B->session_children(BK(t), t, "s", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 0 && B->ref_list(BK(t), t, NULL, ES_NONE, collect_ref, &c, &err) == ES_OK &&
+            c.n == 0,
         "no children, no refs yet");
   memset(&c, 0, sizeof c);
   es_snapshot sn;
   es_presence_row pr;
-  CHECK(B->snapshot_get(t, "s", "count", &sn, &err) == ES_OK && sn.index == 2 && sn.state_len == 3 &&
-            memcmp(sn.state, "\x00\xff\x01", 3) == 0 && str_eq(sn.version, "v1") &&
-            sn.updated_at == 77,
+  CHECK(B->snapshot_get(BK(t), t, "s", "count", &sn, &err) == ES_OK && sn.index == 2 &&
+            sn.state_len == 3 && memcmp(sn.state, "\x00\xff\x01", 3) == 0 &&
+            str_eq(sn.version, "v1") && sn.updated_at == 77,
         "snapshots kept");
   es_snapshot_destroy(&sn);
-  CHECK(B->presence_get(t, "ns", "alice", "status", &pr, &err) == ES_OK &&
+  CHECK(B->presence_get(BK(t), t, "ns", "alice", "status", &pr, &err) == ES_OK &&
             str_eq(pr.value, "\"here\"") && pr.expires_at == 99999,
         "presence kept");
   es_presence_row_destroy(&pr);
-  B->read_end(t);
+  B->read_end(BK(t), t);
 
   /* written to as a version-4 file */
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   es_event e;
   ev_make(&e, "s", 4, "e5", "4");
   e.origin_session = (char *)"t";
   e.origin_index = 1;
-  ok = B->event_insert(t, &e, &err) == ES_OK && e.position == 7;
+  ok = B->event_insert(BK(t), t, &e, &err) == ES_OK && e.position == 7;
   es_event u = want[1];
   u.first_claimed_at = 400;
   u.last_claimed_at = 450;
   u.failed_at = 460;
-  ok &= B->event_update(t, &u, &err) == ES_OK;
+  ok &= B->event_update(BK(t), t, &u, &err) == ES_OK;
   es_session_info_init(&si);
   si.session = (char *)"fork";
   si.parent = (char *)"s";
   si.fork_at = 2;
   si.fence = 3;
-  ok &= B->session_put(t, &si, &err) == ES_OK;
+  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
   es_ref ref;
   es_ref_init(&ref);
   ref.name = (char *)"main";
   ref.session = (char *)"fork";
-  ok &= B->ref_put(t, &ref, &err) == ES_OK;
-  CHECK(ok && B->write_commit(t, &err) == ES_OK,
+  ok &= B->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK,
         "then written as version 4 (the position high-water mark kept: 7)");
   B->close(b);
   b = open_ok(p, NULL);
   CHECK(b && raw_int(p, "PRAGMA user_version") == SCHEMA_VERSION, "reopening a migrated file");
   if (b) {
-    B->read_begin(b, &t, &err);
-    ok = B->event_get(t, "s", 4, &got, &err) == ES_OK && str_eq(got.origin_session, "t") &&
+    tx_read_begin(B, b, &t, &err);
+    ok = B->event_get(BK(t), t, "s", 4, &got, &err) == ES_OK && str_eq(got.origin_session, "t") &&
          got.origin_index == 1;
     es_event_destroy(&got);
-    ok &= B->event_get(t, "s", 2, &got, &err) == ES_OK && got.first_claimed_at == 400 &&
+    ok &= B->event_get(BK(t), t, "s", 2, &got, &err) == ES_OK && got.first_claimed_at == 400 &&
           got.failed_at == 460 && got.processed_by_attempt == ES_NONE;
     es_event_destroy(&got);
-    ok &= B->session_children(t, "s", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+    ok &= B->session_children(BK(t), t, "s", NULL, ES_NONE, collect_session_row, &rows, &err) ==
+              ES_OK &&
           rows.n == 1 && rows.v[0].fence == 3 && rows.v[0].fork_at == 2;
     sess_rows_reset(&rows);
-    ok &= B->ref_get(t, "main", &ref, &err) == ES_OK && str_eq(ref.session, "fork");
+    ok &= B->ref_get(BK(t), t, "main", &ref, &err) == ES_OK && str_eq(ref.session, "fork");
     es_ref_destroy(&ref);
     CHECK(ok, "... keeps what was written after the migration");
-    B->read_end(t);
+    B->read_end(BK(t), t);
     B->close(b);
   }
   rm_db(p);
@@ -2706,33 +2791,33 @@ static const char *queries_text(es_txn *t, char *out, size_t cap) {
     if (k_ > 0 && (size_t)k_ < cap - n) n += (size_t)k_;                         \
   } while (0)
   out[0] = '\0';
-  B->queued_due(t, NULL, NULL, 1000, ES_NONE, collect_event, &c, &err);
+  B->queued_due(BK(t), t, NULL, NULL, 1000, ES_NONE, collect_event, &c, &err);
   Q_APPEND("due", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->queued_due(t, "s", NULL, 1000, 1, collect_event, &c, &err);
+  B->queued_due(BK(t), t, "s", NULL, 1000, 1, collect_event, &c, &err);
   Q_APPEND("due_s1", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->queued_due_type(t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err);
+  B->queued_due_type(BK(t), t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err);
   Q_APPEND("due_a", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->queued_due_type(t, NULL, "b", 1000, ES_NONE, collect_event, &c, &err);
+  B->queued_due_type(BK(t), t, NULL, "b", 1000, ES_NONE, collect_event, &c, &err);
   Q_APPEND("due_b", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
   Q_APPEND("pending", pending_text(t, &tt));
-  B->dead_list(t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err);
+  B->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err);
   Q_APPEND("dead", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->dead_list(t, "s", NULL, 0, ES_NONE, collect_event, &c, &err);
+  B->dead_list(BK(t), t, "s", NULL, 0, ES_NONE, collect_event, &c, &err);
   Q_APPEND("dead_s", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->event_all(t, NULL, 0, ES_NONE, collect_event, &c, &err);
+  B->event_all(BK(t), t, NULL, 0, ES_NONE, collect_event, &c, &err);
   Q_APPEND("all", positions_text(&c, buf, sizeof buf));
   collect_reset(&c);
-  B->lane_next(t, "s", "L", 0, &lane, &err);
-  B->queued_next_due(t, NULL, NULL, 0, &due_all, &err);
-  B->queued_next_due(t, "s", NULL, 0, &due_s, &err);
-  B->queued_next_due_type(t, NULL, "b", 0, &due_b, &err);
-  B->last_position(t, &last, &err);
+  B->lane_next(BK(t), t, "s", "L", 0, &lane, &err);
+  B->queued_next_due(BK(t), t, NULL, NULL, 0, &due_all, &err);
+  B->queued_next_due(BK(t), t, "s", NULL, 0, &due_s, &err);
+  B->queued_next_due_type(BK(t), t, NULL, "b", 0, &due_b, &err);
+  B->last_position(BK(t), t, &last, &err);
   int64_t v[5] = {lane, due_all, due_s, due_b, last};
   size_t bn = 0;
   for (int i = 0; i < 5; i++) {
@@ -2767,7 +2852,7 @@ static int retention_fixture(es_backend *b) {
            {"s", "s-6", "a", NULL, 6, ES_STATUS_PENDING, 1, 200},
            {"o", "o-1", "a", NULL, 1, ES_STATUS_PENDING, 1, 150},
            {"o", "o-2", "b", NULL, 2, ES_STATUS_DEAD, 0, ES_NONE}};
-  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  int ok = tx_write_begin(B, b, &t, &err) == ES_OK;
   for (size_t i = 0; ok && i < sizeof R / sizeof R[0]; i++) {
     ev_make(&e, R[i].session, R[i].index, R[i].id, "1");
     e.type = (char *)R[i].type;
@@ -2775,7 +2860,7 @@ static int retention_fixture(es_backend *b) {
     e.status = R[i].status;
     e.queued = R[i].queued;
     e.due_at = R[i].due;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
   }
   const char *sessions[][2] = {{"s", NULL}, {"o", NULL}, {"s2", NULL}, {"kid", "s"}};
   for (int i = 0; ok && i < 4; i++) {
@@ -2784,7 +2869,7 @@ static int retention_fixture(es_backend *b) {
     si.session = (char *)sessions[i][0];
     si.parent = (char *)sessions[i][1];
     si.head = i == 0 ? 6 : i == 1 ? 2 : 0;
-    ok &= B->session_put(t, &si, &err) == ES_OK;
+    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
   }
   const char *snaps[][2] = {{"s", "r1"}, {"s", "r2"}, {"o", "r1"}, {"s2", "r1"}};
   for (int i = 0; ok && i < 4; i++) {
@@ -2794,7 +2879,7 @@ static int retention_fixture(es_backend *b) {
     sn.index = 1;
     sn.state = (char *)"x";
     sn.state_len = 1;
-    ok &= B->snapshot_put(t, snaps[i][0], &sn, &err) == ES_OK;
+    ok &= B->snapshot_put(BK(t), t, snaps[i][0], &sn, &err) == ES_OK;
   }
   const char *refs[][2] = {{"main", "s"}, {"alt", "s"}, {"other", "o"}, {"z", "s"}, {"near", "s2"}};
   for (int i = 0; ok && i < 5; i++) {
@@ -2802,14 +2887,14 @@ static int retention_fixture(es_backend *b) {
     es_ref_init(&r);
     r.name = (char *)refs[i][0];
     r.session = (char *)refs[i][1];
-    ok &= B->ref_put(t, &r, &err) == ES_OK;
+    ok &= B->ref_put(BK(t), t, &r, &err) == ES_OK;
   }
   if (!ok) {
     printf("# fixture: %s\n", err.msg);
-    B->write_rollback(t);
+    B->write_rollback(BK(t), t);
     return 0;
   }
-  return B->write_commit(t, &err) == ES_OK;
+  return B->write_commit(BK(t), t, &err) == ES_OK;
 }
 
 /* What the queries answer on the whole fixture, and once events 1..4 of s
@@ -2827,7 +2912,7 @@ static const char *ref_names(es_txn *t, char *out, size_t cap) {
   collect c = {0};
   size_t n = 0;
   out[0] = '\0';
-  B->ref_list(t, NULL, ES_NONE, collect_ref, &c, &err);
+  B->ref_list(BK(t), t, NULL, ES_NONE, collect_ref, &c, &err);
   for (int i = 0; i < c.n && i < 32; i++) {
     int k = snprintf(out + n, cap - n, "%s%s", i ? " " : "", c.names[i]);
     if (k > 0 && (size_t)k < cap - n) n += (size_t)k;
@@ -2856,139 +2941,152 @@ static void test_retention_ops(void) {
   CHECK(B->event_delete_range && B->session_delete && B->snapshot_delete_all &&
             B->ref_delete_session,
         "the four retention ops are in the ops table");
-  B->read_begin(b, &r, &err);
+  tx_read_begin(B, b, &r, &err);
   CHECK(strcmp(queries_text(r, q, sizeof q), Q_FULL) == 0, "the fixture as every index sees it");
   if (strcmp(q, Q_FULL) != 0) printf("# got %s\n", q);
-  CHECK(B->event_delete_range(r, "s", 2, &err) == ES_STORAGE &&
-            B->session_delete(r, "s", &err) == ES_STORAGE &&
-            B->snapshot_delete_all(r, "s", &err) == ES_STORAGE &&
-            B->ref_delete_session(r, "s", &err) == ES_STORAGE,
+  CHECK(B->event_delete_range(BK(r), r, "s", 2, &err) == ES_STORAGE &&
+            B->session_delete(BK(r), r, "s", &err) == ES_STORAGE &&
+            B->snapshot_delete_all(BK(r), r, "s", &err) == ES_STORAGE &&
+            B->ref_delete_session(BK(r), r, "s", &err) == ES_STORAGE,
         "the removal ops are refused in a read transaction");
   /* r stays open: a reader keeps its snapshot across the removal below */
 
   /* event_delete_range: pending, queued, laned and dead rows alike */
-  B->write_begin(b, &t, &err);
-  CHECK(B->event_delete_range(t, "s", 4, &err) == ES_OK, "event_delete_range(s, 4)");
+  tx_write_begin(B, b, &t, &err);
+  CHECK(B->event_delete_range(BK(t), t, "s", 4, &err) == ES_OK, "event_delete_range(s, 4)");
   CHECK(strcmp(queries_text(t, q, sizeof q), Q_TRUNCATED) == 0,
         "inside the transaction every query sees the rows gone (queues, types, pending counts, "
         "dead letters, lanes, positions)");
   if (strcmp(q, Q_TRUNCATED) != 0) printf("# got %s\n", q);
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit the removal");
-  CHECK(B->event_get(r, "s", 2, &got, &err) == ES_OK && strcmp(queries_text(r, q, sizeof q), Q_FULL) == 0,
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit the removal");
+  CHECK(B->event_get(BK(r), r, "s", 2, &got, &err) == ES_OK &&
+            strcmp(queries_text(r, q, sizeof q), Q_FULL) == 0,
         "a read transaction begun before still sees every row");
   es_event_destroy(&got);
-  B->read_end(r);
-  B->read_begin(b, &r, &err);
+  B->read_end(BK(r), r);
+  tx_read_begin(B, b, &r, &err);
   CHECK(strcmp(queries_text(r, q, sizeof q), Q_TRUNCATED) == 0, "after the commit: the same answers");
   int ok = 1;
-  for (int i = 1; i <= 4; i++) ok &= B->event_get(r, "s", i, &got, &err) == ES_NOT_FOUND;
-  ok &= B->event_get_by_id(r, "s-2", &got, &err) == ES_NOT_FOUND;
-  ok &= B->event_get(r, "s", 5, &got, &err) == ES_OK;
+  for (int i = 1; i <= 4; i++) ok &= B->event_get(BK(r), r, "s", i, &got, &err) == ES_NOT_FOUND;
+  ok &= B->event_get_by_id(BK(r), r, "s-2", &got, &err) == ES_NOT_FOUND;
+  ok &= B->event_get(BK(r), r, "s", 5, &got, &err) == ES_OK;
   es_event_destroy(&got);
-  ok &= B->event_range(r, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
-        c.evs.v[0].index == 5 && c.evs.v[1].index == 6;
+  ok &= B->event_range(BK(r), r, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 2 && c.evs.v[0].index == 5 && c.evs.v[1].index == 6;
   collect_reset(&c);
-  ok &= B->event_range(r, "o", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2;
+  ok &= B->event_range(BK(r), r, "o", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 2;
   collect_reset(&c);
   CHECK(ok, "the removed rows are gone by index and by id; the rest of s and all of o stay");
-  B->read_end(r);
+  B->read_end(BK(r), r);
 
-  B->write_begin(b, &t, &err);
-  CHECK(B->event_delete_range(t, "s", 4, &err) == ES_OK && B->event_delete_range(t, "s", 0, &err) == ES_OK &&
-            B->event_delete_range(t, "nobody", 10, &err) == ES_OK &&
-            B->event_delete_range(t, "s", ES_NONE, &err) == ES_OK &&
-            B->event_get(t, "s", 5, &got, &err) == ES_OK,
-        "removing nothing (already removed, through 0 or ES_NONE, no such session) is not an error");
+  tx_write_begin(B, b, &t, &err);
+  CHECK(
+      B->event_delete_range(BK(t), t, "s", 4, &err) == ES_OK &&
+          B->event_delete_range(BK(t), t, "s", 0, &err) == ES_OK &&
+          B->event_delete_range(BK(t), t, "nobody", 10, &err) == ES_OK &&
+          B->event_delete_range(BK(t), t, "s", ES_NONE, &err) == ES_OK &&
+          B->event_get(BK(t), t, "s", 5, &got, &err) == ES_OK,
+      "removing nothing (already removed, through 0 or ES_NONE, no such session) is not an error");
   es_event_destroy(&got);
   /* ids of removed rows can be stored again, in another session too */
   es_event e;
   ev_make(&e, "o", 3, "s-2", "again");
-  ok = B->event_insert(t, &e, &err) == ES_OK;
+  ok = B->event_insert(BK(t), t, &e, &err) == ES_OK;
   ev_make(&e, "s", 2, "s-4", "again");
-  ok &= B->event_insert(t, &e, &err) == ES_OK;
-  ok &= B->event_get_by_id(t, "s-2", &got, &err) == ES_OK && str_eq(got.session, "o") && got.index == 3;
+  ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
+  ok &= B->event_get_by_id(BK(t), t, "s-2", &got, &err) == ES_OK && str_eq(got.session, "o") &&
+        got.index == 3;
   es_event_destroy(&got);
   CHECK(ok, "a removed id (and a removed index) may be inserted again");
-  B->write_rollback(t);
+  B->write_rollback(BK(t), t);
 
   /* snapshots, refs, the session row */
-  B->write_begin(b, &t, &err);
-  CHECK(B->snapshot_delete_all(t, "s", &err) == ES_OK &&
-            B->snapshot_get(t, "s", "r1", &sn, &err) == ES_NOT_FOUND &&
-            B->snapshot_list(t, "s", collect_snapshot, &c, &err) == ES_OK && c.n == 0,
+  tx_write_begin(B, b, &t, &err);
+  CHECK(B->snapshot_delete_all(BK(t), t, "s", &err) == ES_OK &&
+            B->snapshot_get(BK(t), t, "s", "r1", &sn, &err) == ES_NOT_FOUND &&
+            B->snapshot_list(BK(t), t, "s", collect_snapshot, &c, &err) == ES_OK && c.n == 0,
         "snapshot_delete_all removes every snapshot of the session");
   memset(&c, 0, sizeof c);
-  ok = B->snapshot_get(t, "o", "r1", &sn, &err) == ES_OK;
+  ok = B->snapshot_get(BK(t), t, "o", "r1", &sn, &err) == ES_OK;
   es_snapshot_destroy(&sn);
-  ok &= B->snapshot_get(t, "s2", "r1", &sn, &err) == ES_OK;
+  ok &= B->snapshot_get(BK(t), t, "s2", "r1", &sn, &err) == ES_OK;
   es_snapshot_destroy(&sn);
-  CHECK(ok && B->snapshot_delete_all(t, "nobody", &err) == ES_OK,
+  CHECK(ok && B->snapshot_delete_all(BK(t), t, "nobody", &err) == ES_OK,
         "... and no other session's (a name that extends it neither); none is not an error");
-  CHECK(B->ref_delete_session(t, "s", &err) == ES_OK &&
+  CHECK(B->ref_delete_session(BK(t), t, "s", &err) == ES_OK &&
             strcmp(ref_names(t, names, sizeof names), "near=s2 other=o") == 0 &&
-            B->ref_get(t, "main", &ref, &err) == ES_NOT_FOUND,
+            B->ref_get(BK(t), t, "main", &ref, &err) == ES_NOT_FOUND,
         "ref_delete_session removes exactly the refs naming the session");
-  CHECK(B->ref_delete_session(t, "s", &err) == ES_OK, "... none left is not an error");
-  CHECK(B->session_delete(t, "kid", &err) == ES_OK &&
-            B->session_children(t, "s", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 0,
+  CHECK(B->ref_delete_session(BK(t), t, "s", &err) == ES_OK, "... none left is not an error");
+  CHECK(B->session_delete(BK(t), t, "kid", &err) == ES_OK &&
+            B->session_children(BK(t), t, "s", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 0,
         "session_delete of a fork: its parent has no child left");
   memset(&c, 0, sizeof c);
-  CHECK(B->session_delete(t, "s", &err) == ES_OK && B->session_get(t, "s", &si, &err) == ES_NOT_FOUND,
+  CHECK(B->session_delete(BK(t), t, "s", &err) == ES_OK &&
+            B->session_get(BK(t), t, "s", &si, &err) == ES_NOT_FOUND,
         "session_delete removes the row");
-  CHECK(B->session_delete(t, "s", &err) == ES_NOT_FOUND && B->session_delete(t, "zz", &err) == ES_NOT_FOUND,
+  CHECK(B->session_delete(BK(t), t, "s", &err) == ES_NOT_FOUND &&
+            B->session_delete(BK(t), t, "zz", &err) == ES_NOT_FOUND,
         "session_delete of an absent session: ES_NOT_FOUND");
-  CHECK(B->session_list(t, "", NULL, ES_NONE, collect_session, &c, &err) == ES_OK && c.n == 2 &&
-            !strcmp(c.names[0], "o") && !strcmp(c.names[1], "s2"),
+  CHECK(B->session_list(BK(t), t, "", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
+            c.n == 2 && !strcmp(c.names[0], "o") && !strcmp(c.names[1], "s2"),
         "session_list no longer has it");
   memset(&c, 0, sizeof c);
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit");
-  B->write_begin(b, &t, &err);
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit");
+  tx_write_begin(B, b, &t, &err);
   es_session_info_init(&si);
   si.session = (char *)"s";
   si.head = 0;
   si.first_index = 7;
   es_session_info back;
-  CHECK(B->session_put(t, &si, &err) == ES_OK && B->session_get(t, "s", &back, &err) == ES_OK &&
-            si_eq(&back, &si) && B->write_commit(t, &err) == ES_OK,
+  CHECK(B->session_put(BK(t), t, &si, &err) == ES_OK &&
+            B->session_get(BK(t), t, "s", &back, &err) == ES_OK && si_eq(&back, &si) &&
+            B->write_commit(BK(t), t, &err) == ES_OK,
         "a deleted session's name can be put again (first_index stored: 7)");
   es_session_info_destroy(&back);
 
   /* a savepoint rolled back restores every removed row, in every index */
-  B->read_begin(b, &r, &err);
+  tx_read_begin(B, b, &r, &err);
   char before[1024], sessions_before[256];
   queries_text(r, before, sizeof before);
   snprintf(sessions_before, sizeof sessions_before, "%s", ref_names(r, names, sizeof names));
-  B->read_end(r);
-  B->write_begin(b, &t, &err);
-  ok = B->savepoint(t, &err) == ES_OK && B->event_delete_range(t, "o", 2, &err) == ES_OK &&
-       B->event_delete_range(t, "s", 100, &err) == ES_OK && B->session_delete(t, "o", &err) == ES_OK &&
-       B->snapshot_delete_all(t, "o", &err) == ES_OK && B->ref_delete_session(t, "o", &err) == ES_OK;
+  B->read_end(BK(r), r);
+  tx_write_begin(B, b, &t, &err);
+  ok = B->savepoint(BK(t), t, &err) == ES_OK &&
+       B->event_delete_range(BK(t), t, "o", 2, &err) == ES_OK &&
+       B->event_delete_range(BK(t), t, "s", 100, &err) == ES_OK &&
+       B->session_delete(BK(t), t, "o", &err) == ES_OK &&
+       B->snapshot_delete_all(BK(t), t, "o", &err) == ES_OK &&
+       B->ref_delete_session(BK(t), t, "o", &err) == ES_OK;
   ok &= strcmp(queries_text(t, q, sizeof q),
                "due=[] due_s1=[] due_a=[] due_b=[] pending=[] dead=[] dead_s=[] all=[] "
                "lane,next,next_s,next_b,last=[0 none none none 0]") == 0;
   CHECK(ok, "inside a savepoint: o and the rest of s removed, every index empty");
-  B->savepoint_rollback(t);
+  B->savepoint_rollback(BK(t), t);
   ok = strcmp(queries_text(t, q, sizeof q), before) == 0;
-  ok &= B->session_get(t, "o", &si, &err) == ES_OK;
+  ok &= B->session_get(BK(t), t, "o", &si, &err) == ES_OK;
   es_session_info_destroy(&si);
-  ok &= B->snapshot_get(t, "o", "r1", &sn, &err) == ES_OK;
+  ok &= B->snapshot_get(BK(t), t, "o", "r1", &sn, &err) == ES_OK;
   es_snapshot_destroy(&sn);
   ok &= strcmp(ref_names(t, names, sizeof names), sessions_before) == 0;
   CHECK(ok, "savepoint_rollback brings back the rows, the session, its snapshots and refs");
-  CHECK(B->write_commit(t, &err) == ES_OK, "commit after the rolled-back savepoint");
-  B->read_begin(b, &r, &err);
+  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit after the rolled-back savepoint");
+  tx_read_begin(B, b, &r, &err);
   CHECK(strcmp(queries_text(r, q, sizeof q), before) == 0, "... and nothing was removed");
-  B->read_end(r);
+  B->read_end(BK(r), r);
   /* a whole transaction rolled back */
-  B->write_begin(b, &t, &err);
-  B->event_delete_range(t, "o", 2, &err);
-  B->session_delete(t, "o", &err);
-  B->write_rollback(t);
-  B->read_begin(b, &r, &err);
-  CHECK(strcmp(queries_text(r, q, sizeof q), before) == 0 && B->session_get(r, "o", &si, &err) == ES_OK,
+  tx_write_begin(B, b, &t, &err);
+  B->event_delete_range(BK(t), t, "o", 2, &err);
+  B->session_delete(BK(t), t, "o", &err);
+  B->write_rollback(BK(t), t);
+  tx_read_begin(B, b, &r, &err);
+  CHECK(strcmp(queries_text(r, q, sizeof q), before) == 0 &&
+            B->session_get(BK(r), r, "o", &si, &err) == ES_OK,
         "write_rollback undoes removals");
   es_session_info_destroy(&si);
-  B->read_end(r);
+  B->read_end(BK(r), r);
   B->close(b);
   rm_db(p);
   free(p);
@@ -3007,30 +3105,32 @@ static void test_retention_positions(void) {
     CHECK(0, "open for retention positions");
     return;
   }
-  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  int ok = tx_write_begin(B, b, &t, &err) == ES_OK;
   for (int i = 1; i <= 5; i++) {
     snprintf(id, sizeof id, "p-%d", i);
     ev_make(&e, "s", i, id, "1");
-    ok &= B->event_insert(t, &e, &err) == ES_OK && e.position == i;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK && e.position == i;
   }
-  ok &= B->write_commit(t, &err) == ES_OK;
-  ok &= B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, "s", 5, &err) == ES_OK &&
-        B->write_commit(t, &err) == ES_OK;
+  ok &= B->write_commit(BK(t), t, &err) == ES_OK;
+  ok &= tx_write_begin(B, b, &t, &err) == ES_OK &&
+        B->event_delete_range(BK(t), t, "s", 5, &err) == ES_OK &&
+        B->write_commit(BK(t), t, &err) == ES_OK;
   CHECK(ok, "five rows stored, then all removed (the newest of the store)");
   ev_make(&e, "s", 6, "p-6", "1");
   CHECK(put_event(b, &e) == 6, "the next insert takes position 6, not 1");
-  B->write_begin(b, &t, &err);
-  B->event_delete_range(t, "s", 6, &err);
-  B->write_commit(t, &err);
+  tx_write_begin(B, b, &t, &err);
+  B->event_delete_range(BK(t), t, "s", 6, &err);
+  B->write_commit(BK(t), t, &err);
   B->close(b);
   b = open_ok(p, NULL);
   ev_make(&e, "s", 7, "p-7", "1");
   CHECK(b && put_event(b, &e) == 7, "after removing the only row and reopening: position 7");
   /* a row inserted and removed in one transaction still uses up its position */
-  ok = b && B->write_begin(b, &t, &err) == ES_OK;
+  ok = b && tx_write_begin(B, b, &t, &err) == ES_OK;
   ev_make(&e, "s", 8, "p-8", "1");
-  ok = ok && B->event_insert(t, &e, &err) == ES_OK && e.position == 8 &&
-       B->event_delete_range(t, "s", 8, &err) == ES_OK && B->write_commit(t, &err) == ES_OK;
+  ok = ok && B->event_insert(BK(t), t, &e, &err) == ES_OK && e.position == 8 &&
+       B->event_delete_range(BK(t), t, "s", 8, &err) == ES_OK &&
+       B->write_commit(BK(t), t, &err) == ES_OK;
   CHECK(ok, "insert and remove in one transaction");
   if (b) B->close(b);
   b = open_ok(p, NULL);
@@ -3097,7 +3197,7 @@ static void test_migrate_v4(void) {
     free(p);
     return;
   }
-  B->read_begin(b, &t, &err);
+  tx_read_begin(B, b, &t, &err);
   es_session_info_init(&want);
   want.session = (char *)"s";
   want.head = 2;
@@ -3110,44 +3210,48 @@ static void test_migrate_v4(void) {
   want.lease_holder = (char *)"w1";
   want.lease_token = 4;
   want.lease_expires_at = 9000;
-  CHECK(B->session_get(t, "s", &si, &err) == ES_OK && si_eq(&si, &want) && si.first_index == 1,
-        "a session row kept, every field; first_index 1 (nothing was dropped)");
+  CHECK(
+      B->session_get(BK(t), t, "s", &si, &err) == ES_OK && si_eq(&si, &want) && si.first_index == 1,
+      "a session row kept, every field; first_index 1 (nothing was dropped)");
   es_session_info_destroy(&si);
   sess_rows rows = {0};
-  CHECK(B->session_list(t, "", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+  CHECK(B->session_list(BK(t), t, "", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
             rows.n == 2 && rows.v[0].first_index == 1 && rows.v[1].first_index == 1 &&
             str_eq(rows.v[0].parent, "s") && str_eq(rows.v[0].seal_reason, "done") &&
-            B->session_children(t, "s", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
+            B->session_children(BK(t), t, "s", NULL, ES_NONE, collect_session_row, &rows, &err) ==
+                ES_OK &&
             rows.n == 3 && rows.v[2].first_index == 1,
         "session_list and session_children read first_index 1 from the old rows");
   sess_rows_reset(&rows);
-  CHECK(B->event_get(t, "f", 1, &got, &err) == ES_OK && str_eq(got.origin_session, "s") &&
+  CHECK(B->event_get(BK(t), t, "f", 1, &got, &err) == ES_OK && str_eq(got.origin_session, "s") &&
             got.returned == -1 && got.position == 4,
         "events kept");
   es_event_destroy(&got);
   CHECK(strcmp(ref_names(t, names, sizeof names), "main=s old=s try=f") == 0, "refs kept");
-  B->read_end(t);
+  B->read_end(BK(t), t);
 
-  B->write_begin(b, &t, &err);
-  int ok = B->ref_delete_session(t, "s", &err) == ES_OK &&
+  tx_write_begin(B, b, &t, &err);
+  int ok = B->ref_delete_session(BK(t), t, "s", &err) == ES_OK &&
            strcmp(ref_names(t, names, sizeof names), "try=f") == 0;
-  ok &= B->event_delete_range(t, "s", 1, &err) == ES_OK && B->event_get(t, "s", 1, &got, &err) == ES_NOT_FOUND;
-  ok &= B->session_get(t, "s", &si, &err) == ES_OK;
+  ok &= B->event_delete_range(BK(t), t, "s", 1, &err) == ES_OK &&
+        B->event_get(BK(t), t, "s", 1, &got, &err) == ES_NOT_FOUND;
+  ok &= B->session_get(BK(t), t, "s", &si, &err) == ES_OK;
   si.first_index = 2;
-  ok &= B->session_put(t, &si, &err) == ES_OK;
+  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
   es_session_info_destroy(&si);
   es_event e;
   ev_make(&e, "s", 3, "e4", "3");
-  ok &= B->event_insert(t, &e, &err) == ES_OK && e.position == 9;
-  CHECK(ok && B->write_commit(t, &err) == ES_OK,
+  ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK && e.position == 9;
+  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK,
         "the migrated rows are removed through the new ops; the high-water mark (9) kept");
   B->close(b);
   b = open_ok(p, NULL);
-  CHECK(b && B->read_begin(b, &t, &err) == ES_OK && B->session_get(t, "s", &si, &err) == ES_OK &&
-            si.first_index == 2 && B->ref_get(t, "main", &ref, &err) == ES_NOT_FOUND,
+  CHECK(b && tx_read_begin(B, b, &t, &err) == ES_OK &&
+            B->session_get(BK(t), t, "s", &si, &err) == ES_OK && si.first_index == 2 &&
+            B->ref_get(BK(t), t, "main", &ref, &err) == ES_NOT_FOUND,
         "first_index written after the migration is read back after reopening");
   es_session_info_destroy(&si);
-  if (b) B->read_end(t);
+  if (b) B->read_end(BK(t), t);
 
   /* freed pages are reused by later inserts: the file does not grow */
   char payload[401];
@@ -3156,28 +3260,29 @@ static void test_migrate_v4(void) {
   payload[399] = '"';
   payload[400] = '\0';
   char id[32];
-  ok = b && B->write_begin(b, &t, &err) == ES_OK;
+  ok = b && tx_write_begin(B, b, &t, &err) == ES_OK;
   for (int i = 1; ok && i <= 3000; i++) {
     snprintf(id, sizeof id, "bulk-%d", i);
     ev_make(&e, "bulk", i, id, payload);
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
   }
-  ok = ok && B->write_commit(t, &err) == ES_OK;
+  ok = ok && B->write_commit(BK(t), t, &err) == ES_OK;
   int64_t pages = raw_int(p, "PRAGMA page_count");
-  ok = ok && B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, "bulk", 3000, &err) == ES_OK &&
-       B->write_commit(t, &err) == ES_OK;
+  ok = ok && tx_write_begin(B, b, &t, &err) == ES_OK &&
+       B->event_delete_range(BK(t), t, "bulk", 3000, &err) == ES_OK &&
+       B->write_commit(BK(t), t, &err) == ES_OK;
   int64_t freed = raw_int(p, "PRAGMA freelist_count");
   CHECK(ok && freed > 300 && raw_int(p, "PRAGMA page_count") == pages,
         "removing 3,000 rows of an old file frees pages but does not shrink it (no incremental vacuum)");
   printf("# version-4 file: %lld pages, %lld free after removing 3,000 rows\n", (long long)pages,
          (long long)freed);
-  ok = b && B->write_begin(b, &t, &err) == ES_OK;
+  ok = b && tx_write_begin(B, b, &t, &err) == ES_OK;
   for (int i = 1; ok && i <= 3000; i++) {
     snprintf(id, sizeof id, "again-%d", i);
     ev_make(&e, "again", i, id, payload);
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
   }
-  ok = ok && B->write_commit(t, &err) == ES_OK;
+  ok = ok && B->write_commit(BK(t), t, &err) == ES_OK;
   CHECK(ok && raw_int(p, "PRAGMA page_count") <= pages + pages / 20 &&
             raw_int(p, "PRAGMA freelist_count") < freed,
         "... 3,000 new rows reuse the freed pages (the file grows by less than 5%)");
@@ -3218,21 +3323,21 @@ static void test_space_reclaim(void) {
   payload[400] = '\0';
   int ok = 1;
   for (int s = 0; ok && s < S; s++) {
-    ok &= B->write_begin(b, &t, &err) == ES_OK;
+    ok &= tx_write_begin(B, b, &t, &err) == ES_OK;
     snprintf(session, sizeof session, "s%02d", s);
     for (int i = 1; ok && i <= N; i++) {
       snprintf(id, sizeof id, "%s-%d", session, i);
       ev_make(&e, session, i, id, payload);
       e.queued = i % 2;
       e.due_at = i;
-      ok &= B->event_insert(t, &e, &err) == ES_OK;
+      ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
     }
     es_session_info si;
     es_session_info_init(&si);
     si.session = session;
     si.head = N;
-    ok &= B->session_put(t, &si, &err) == ES_OK;
-    ok &= B->write_commit(t, &err) == ES_OK;
+    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
+    ok &= B->write_commit(BK(t), t, &err) == ES_OK;
   }
   int64_t peak = raw_int(p, "PRAGMA page_count");
   CHECK(ok && peak > 2000 && raw_int(p, "PRAGMA freelist_count") == 0, "20,000 events stored");
@@ -3243,8 +3348,10 @@ static void test_space_reclaim(void) {
   int shrank = 1, empty = 1;
   for (int s = 0; s < 10; s++) {
     snprintf(session, sizeof session, "s%02d", s);
-    ok &= B->write_begin(b, &t, &err) == ES_OK && B->event_delete_range(t, session, N, &err) == ES_OK &&
-          B->session_delete(t, session, &err) == ES_OK && B->write_commit(t, &err) == ES_OK;
+    ok &= tx_write_begin(B, b, &t, &err) == ES_OK &&
+          B->event_delete_range(BK(t), t, session, N, &err) == ES_OK &&
+          B->session_delete(BK(t), t, session, &err) == ES_OK &&
+          B->write_commit(BK(t), t, &err) == ES_OK;
     int64_t now = raw_int(p, "PRAGMA page_count");
     shrank &= now < last;
     empty &= raw_int(p, "PRAGMA freelist_count") < 64;
@@ -3256,13 +3363,14 @@ static void test_space_reclaim(void) {
 
   /* one big removal frees more than one pass gives back: the rest goes
    * over the next commits, whatever they write */
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   for (int s = 10; s < S; s++) {
     snprintf(session, sizeof session, "s%02d", s);
-    ok &= B->event_delete_range(t, session, N, &err) == ES_OK && B->session_delete(t, session, &err) == ES_OK;
+    ok &= B->event_delete_range(BK(t), t, session, N, &err) == ES_OK &&
+          B->session_delete(BK(t), t, session, &err) == ES_OK;
   }
   double t0 = now_s();
-  ok &= B->write_commit(t, &err) == ES_OK;
+  ok &= B->write_commit(BK(t), t, &err) == ES_OK;
   double commit_s = now_s() - t0;
   int64_t after_big = raw_int(p, "PRAGMA page_count"), free_big = raw_int(p, "PRAGMA freelist_count");
   printf("# removing 30 sessions in one transaction: %lld pages, %lld still free (commit + one pass: "
@@ -3278,8 +3386,8 @@ static void test_space_reclaim(void) {
     es_session_info_init(&si);
     si.session = (char *)"tick";
     si.head = rounds;
-    ok &= B->write_begin(b, &t, &err) == ES_OK && B->session_put(t, &si, &err) == ES_OK &&
-          B->write_commit(t, &err) == ES_OK;
+    ok &= tx_write_begin(B, b, &t, &err) == ES_OK && B->session_put(BK(t), t, &si, &err) == ES_OK &&
+          B->write_commit(BK(t), t, &err) == ES_OK;
     int64_t f = raw_int(p, "PRAGMA freelist_count");
     decreasing &= f < prev_free;
     prev_free = f;
@@ -3342,7 +3450,7 @@ static void test_retention_cost(void) {
     CHECK(0, "open for retention cost");
     return;
   }
-  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  int ok = tx_write_begin(B, b, &t, &err) == ES_OK;
   for (int i = 1; ok && i <= N; i++) {
     snprintf(id, sizeof id, "big-%d", i);
     ev_make(&e, "big", i, id, "{\"amount\":1234}");
@@ -3350,12 +3458,12 @@ static void test_retention_cost(void) {
     e.queued = i % 3 == 0;
     e.due_at = i;
     e.lane = i % 5 == 0 ? (char *)"L" : NULL;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
   }
   for (int i = 1; ok && i <= 10; i++) {
     snprintf(id, sizeof id, "small-%d", i);
     ev_make(&e, "small", i, id, "1");
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
   }
   for (int i = 0; ok && i < 1000; i++) {
     es_ref r;
@@ -3364,9 +3472,9 @@ static void test_retention_cost(void) {
     snprintf(name, sizeof name, "ref-%04d", i);
     r.name = name;
     r.session = (char *)(i == 500 ? "small" : "big");
-    ok &= B->ref_put(t, &r, &err) == ES_OK;
+    ok &= B->ref_put(BK(t), t, &r, &err) == ES_OK;
   }
-  ok &= B->write_commit(t, &err) == ES_OK;
+  ok &= B->write_commit(BK(t), t, &err) == ES_OK;
   CHECK(ok, "a session of 100,000 events, one of 10, 1,000 refs");
 
   query_plan(p, "DELETE FROM events WHERE session = ?1 AND idx <= ?2", plan, sizeof plan);
@@ -3386,32 +3494,33 @@ static void test_retention_cost(void) {
   /* a yardstick of O(n): one walk over every event */
   int64_t seen = 0;
   double t0 = now_s();
-  B->read_begin(b, &t, &err);
-  B->event_all(t, NULL, 0, ES_NONE, count_event, &seen, &err);
-  B->read_end(t);
+  tx_read_begin(B, b, &t, &err);
+  B->event_all(BK(t), t, NULL, 0, ES_NONE, count_event, &seen, &err);
+  B->read_end(BK(t), t);
   double walk_s = now_s() - t0;
-  B->write_begin(b, &t, &err);
+  tx_write_begin(B, b, &t, &err);
   t0 = now_s();
-  ok = B->event_delete_range(t, "big", 10, &err) == ES_OK;
+  ok = B->event_delete_range(BK(t), t, "big", 10, &err) == ES_OK;
   double front_s = now_s() - t0;
   t0 = now_s();
-  ok &= B->event_delete_range(t, "small", 10, &err) == ES_OK && B->ref_delete_session(t, "small", &err) == ES_OK &&
-        B->snapshot_delete_all(t, "small", &err) == ES_OK;
+  ok &= B->event_delete_range(BK(t), t, "small", 10, &err) == ES_OK &&
+        B->ref_delete_session(BK(t), t, "small", &err) == ES_OK &&
+        B->snapshot_delete_all(BK(t), t, "small", &err) == ES_OK;
   double small_s = now_s() - t0;
-  ok &= B->write_commit(t, &err) == ES_OK;
+  ok &= B->write_commit(BK(t), t, &err) == ES_OK;
   printf("# walking %lld events: %.4f s; removing 10 of them: %.6f s; removing a session of 10 "
          "(events, refs, snapshots): %.6f s\n",
          (long long)seen, walk_s, front_s, small_s);
   CHECK(ok && seen == N + 10, "removals done");
   CHECK(front_s < walk_s / 20 && small_s < walk_s / 20,
         "removing 10 rows costs a small fraction of a walk over the table (O(removed), not O(store))");
-  B->read_begin(b, &t, &err);
+  tx_read_begin(B, b, &t, &err);
   collect c = {0};
-  CHECK(B->event_range(t, "big", 0, 12, ES_NONE, collect_event, &c, &err) == ES_OK && c.evs.n == 2 &&
-            c.evs.v[0].index == 11,
+  CHECK(B->event_range(BK(t), t, "big", 0, 12, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && c.evs.v[0].index == 11,
         "exactly the first 10 of the big session are gone");
   collect_reset(&c);
-  B->read_end(t);
+  B->read_end(BK(t), t);
   B->close(b);
   rm_db(p);
   free(p);
@@ -3433,26 +3542,26 @@ static void test_fork_copy(void) {
     return;
   }
   double t0 = now_s();
-  int ok = B->write_begin(b, &t, &err) == ES_OK;
+  int ok = tx_write_begin(B, b, &t, &err) == ES_OK;
   for (int i = 1; ok && i <= N; i++) {
     es_event e;
     snprintf(id, sizeof id, "src-%08d", i);
     ev_make(&e, "src", i, id, "{\"amount\":1234,\"sku\":\"ABC-123\"}");
     e.status = ES_STATUS_PROCESSED;
     e.processed_at = 5;
-    ok &= B->event_insert(t, &e, &err) == ES_OK;
+    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
   }
-  ok &= B->write_commit(t, &err) == ES_OK;
+  ok &= B->write_commit(BK(t), t, &err) == ES_OK;
   double insert_s = now_s() - t0;
   CHECK(ok, "insert the source session");
 
   t0 = now_s();
-  ok = B->write_begin(b, &t, &err) == ES_OK;
+  ok = tx_write_begin(B, b, &t, &err) == ES_OK;
   int64_t after = 0, copied = 0;
   const int64_t page = 1000;
   while (ok) {
     collect c = {0};
-    ok &= B->event_range(t, "src", after, ES_NONE, page, collect_event, &c, &err) == ES_OK;
+    ok &= B->event_range(BK(t), t, "src", after, ES_NONE, page, collect_event, &c, &err) == ES_OK;
     for (size_t i = 0; ok && i < c.evs.n; i++) {
       es_event e = c.evs.v[i];
       snprintf(id, sizeof id, "dst-%08lld", (long long)e.index);
@@ -3460,7 +3569,7 @@ static void test_fork_copy(void) {
       e.session = (char *)"dst";
       e.origin_session = (char *)"src";
       e.origin_index = e.index;
-      ok &= B->event_insert(t, &e, &err) == ES_OK;
+      ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
       copied++;
     }
     size_t n = c.evs.n;
@@ -3474,8 +3583,8 @@ static void test_fork_copy(void) {
   si.head = copied;
   si.parent = (char *)"src";
   si.fork_at = copied;
-  ok &= B->session_put(t, &si, &err) == ES_OK;
-  ok &= B->write_commit(t, &err) == ES_OK;
+  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
+  ok &= B->write_commit(BK(t), t, &err) == ES_OK;
   double copy_s = now_s() - t0;
   printf("# %d events: inserted in %.3f s, copied (event_range + event_insert, one transaction) in "
          "%.3f s (%.0f events/s)\n",
@@ -3484,12 +3593,13 @@ static void test_fork_copy(void) {
   /* a per-row query or statement preparation would at least double it */
   CHECK(RUNNING_ON_VALGRIND || copy_s < 2.5 * insert_s + 0.5, "copying costs about what inserting costs");
   es_event got;
-  B->read_begin(b, &t, &err);
-  CHECK(B->event_get(t, "dst", N, &got, &err) == ES_OK && str_eq(got.origin_session, "src") &&
-            got.origin_index == N && got.status == ES_STATUS_PROCESSED && got.processed_at == 5,
+  tx_read_begin(B, b, &t, &err);
+  CHECK(B->event_get(BK(t), t, "dst", N, &got, &err) == ES_OK &&
+            str_eq(got.origin_session, "src") && got.origin_index == N &&
+            got.status == ES_STATUS_PROCESSED && got.processed_at == 5,
         "the copies carry their origin");
   es_event_destroy(&got);
-  B->read_end(t);
+  B->read_end(BK(t), t);
   B->close(b);
   rm_db(p);
   free(p);
@@ -3521,29 +3631,29 @@ static void test_throughput(void) {
   int ok = 1, n = 0;
   for (int k = 0; k < batches; k++) {
     es_txn *t;
-    ok &= B->write_begin(b, &t, &err) == ES_OK;
+    ok &= tx_write_begin(B, b, &t, &err) == ES_OK;
     es_session_info si;
     es_session_info_init(&si);
-    ok &= B->session_get(t, "bench", &si, &err) != ES_STORAGE;
+    ok &= B->session_get(BK(t), t, "bench", &si, &err) != ES_STORAGE;
     es_session_info_destroy(&si);
-    ok &= B->savepoint(t, &err) == ES_OK;
+    ok &= B->savepoint(BK(t), t, &err) == ES_OK;
     for (int i = 0; i < per; i++) {
       es_event e, got;
       n++;
       snprintf(id, sizeof id, "0190-%012d", n);
-      ok &= B->event_get_by_id(t, id, &got, &err) == ES_NOT_FOUND;
+      ok &= B->event_get_by_id(BK(t), t, id, &got, &err) == ES_NOT_FOUND;
       ev_make(&e, "bench", n, id, payload);
       e.queued = 1;
       e.due_at = n;
-      ok &= B->event_insert(t, &e, &err) == ES_OK;
+      ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
     }
     es_session_info_init(&si);
     si.session = (char *)"bench";
     si.head = n;
     si.events = n;
-    ok &= B->session_put(t, &si, &err) == ES_OK;
-    ok &= B->savepoint_release(t, &err) == ES_OK;
-    ok &= B->write_commit(t, &err) == ES_OK;
+    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
+    ok &= B->savepoint_release(BK(t), t, &err) == ES_OK;
+    ok &= B->write_commit(BK(t), t, &err) == ES_OK;
   }
   double ours = n / (now_s() - t0);
   B->close(b);
