@@ -20,6 +20,14 @@
 
 /* ---- opening: the table of schemes ------------------------------------- */
 
+/* A core store over backend b. Every store opened on a known backend
+ * checks the markers a shard move leaves in it (shards.c
+ * es_shards_wrap_ops), whether or not it is opened as a shard. */
+static int open_backend(const es_backend_ops *b, const char *rest, const es_open_opts *opts,
+                        es_store **out, es_err *err) {
+  return es_core_open(b, es_shards_wrap_ops, rest, opts, out, err);
+}
+
 static int open_shards(const es_backend_ops *b, const char *rest, const es_open_opts *opts,
                        es_store **out, es_err *err) {
   (void)b;
@@ -32,12 +40,12 @@ static const struct scheme {
   const char *name;  /* without the ':' */
   int (*open)(const es_backend_ops *b, const char *rest, const es_open_opts *opts,
               es_store **out, es_err *err);
-  const es_backend_ops *backend;  /* for es_core_open; NULL for shards: */
+  const es_backend_ops *backend;  /* for open_backend; NULL for shards: */
 } schemes[] = {
-    {"memory", es_core_open, &es_backend_memory},         /* memory: */
-    {"sqlite", es_core_open, &es_backend_sqlite},         /* sqlite:PATH */
-    {"postgres", es_core_open, &es_backend_postgres},     /* postgres://... (libpq) */
-    {"postgresql", es_core_open, &es_backend_postgresql}, /* postgresql://... */
+    {"memory", open_backend, &es_backend_memory},         /* memory: */
+    {"sqlite", open_backend, &es_backend_sqlite},         /* sqlite:PATH */
+    {"postgres", open_backend, &es_backend_postgres},     /* postgres://... (libpq) */
+    {"postgresql", open_backend, &es_backend_postgresql}, /* postgresql://... */
     /* shards:CATALOG_URL: the sharded store whose plan that catalog holds
      * (shards.c; with a plan to install: es_shards_open). */
     {"shards", open_shards, NULL},

@@ -201,8 +201,8 @@ void es_archive_files_finish(es_store *s, es_archive_files *f, int committed);
  * of each op of the store interface, collected in es_core_ops (store_impl.h
  * says what each takes; scope: NULL, or the prefix of the sessions the
  * call may see and of the ids it generates). */
-int es_core_open(const es_backend_ops *ops, const char *rest, const es_open_opts *opts,
-                 es_store **out, es_err *err);
+int es_core_open(const es_backend_ops *ops, void (*wrap)(es_store *s), const char *rest,
+                 const es_open_opts *opts, es_store **out, es_err *err);
 void es_core_close(es_store *s);
 void es_core_free(es_store *s);
 int es_core_check_open(es_store *s, es_err *err);

@@ -140,14 +140,16 @@ void es_core_handle_destroy(es_store *s) {
 }
 
 /* The core store over `ops` (front.c's table of schemes: memory:,
- * sqlite:, postgres://); rest is the URL after "scheme:". */
-int es_core_open(const es_backend_ops *ops, const char *rest, const es_open_opts *opts,
-                 es_store **out, es_err *err) {
+ * sqlite:, postgres://); rest is the URL after "scheme:". wrap, when
+ * given, may replace s->ops before the backend opens (front.c: the shard
+ * router's move markers, docs/sharding.md). */
+int es_core_open(const es_backend_ops *ops, void (*wrap)(es_store *s), const char *rest,
+                 const es_open_opts *opts, es_store **out, es_err *err) {
   es_store *s = calloc(1, sizeof *s);
   if (!s) return nomem(err);
   s->impl = &es_core_ops;
   s->ops = ops;
-  es_shards_wrap_ops(s); /* the shard-move markers (shards.c) */
+  if (wrap) wrap(s);
   es_core_handle_init(s, opts);
   /* §3.10: a store with keys has the backend overwrite what it deletes, so
    * a shredded key or a dropped snapshot does not linger in free space. */
