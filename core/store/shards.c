@@ -520,35 +520,20 @@ void es_shards_wrap_ops(es_store *s) {
 
 /* ---- the catalog: plans as JSON events ---------------------------------- */
 
-static void json_str(es_buf *b, const char *s, int *oom) {
-  *oom |= es_buf_addc(b, '"') != ES_OK;
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') {
-      *oom |= es_buf_addc(b, '\\') != ES_OK;
-      *oom |= es_buf_addc(b, (char)*p) != ES_OK;
-    } else if (*p < 0x20) {
-      *oom |= es_buf_addf(b, "\\u%04x", *p) != ES_OK;
-    } else {
-      *oom |= es_buf_addc(b, (char)*p) != ES_OK;
-    }
-  }
-  *oom |= es_buf_addc(b, '"') != ES_OK;
-}
-
-/* {"shards":{name:url,...},"state":state,"version":n}, canonical. */
+/* {"shards":{name:url,...},"state":state,"version":n}, canonical. The
+ * strings are written by the codec's writer. */
 static int plan_json(const es_shard_plan *p, const char *state, es_buf *out, es_err *err) {
   es_buf b;
   es_buf_init(&b);
-  int oom = es_buf_adds(&b, "{\"shards\":{") != ES_OK;
+  es_buf_adds(&b, "{\"shards\":{");
   for (size_t i = 0; i < p->n; i++) {
-    if (i) oom |= es_buf_addc(&b, ',') != ES_OK;
-    json_str(&b, p->v[i].name, &oom);
-    oom |= es_buf_addc(&b, ':') != ES_OK;
-    json_str(&b, p->v[i].url, &oom);
+    if (i) es_buf_addc(&b, ',');
+    es_json_write_text(&b, p->v[i].name, strlen(p->v[i].name));
+    es_buf_addc(&b, ':');
+    es_json_write_text(&b, p->v[i].url, strlen(p->v[i].url));
   }
-  oom |= es_buf_addf(&b, "},\"state\":\"%s\",\"version\":%lld}", state, (long long)p->version) !=
-         ES_OK;
-  int rc = oom ? nomem(err) : es_json_canonicalize(b.data, b.len, out, err);
+  es_buf_addf(&b, "},\"state\":\"%s\",\"version\":%lld}", state, (long long)p->version);
+  int rc = b.oom ? nomem(err) : es_json_canonicalize(b.data, b.len, out, err);
   es_buf_destroy(&b);
   return rc;
 }

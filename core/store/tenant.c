@@ -27,6 +27,7 @@
  * base, strip_* its answer, t_done its error.
  */
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -756,37 +757,74 @@ static int page_keep(const es_store *s, const char *name) {
   return strcmp(name, T(s)->prefix) < 0 ? 0 : -1;
 }
 
-static int tenant_children(es_store *s, const char *session, const char *after, int64_t limit,
-                       es_lineages *out, es_err *err) {
-  tname ss, from;
-  memset(out, 0, sizeof *out);
-  int rc = t_enter(s, err);
-  if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = page_start(s, after, &from, err);
+/* Any of the store's lists: {v, n, cap} of elements of one type. */
+typedef struct {
+  void *v;
+  size_t n, cap;
+} any_list;
+
+/* One page of a base listing by name (children of key, refs) after
+ * `after`, at most limit elements, into *page (a list). */
+typedef int (*page_fn)(es_store *base, const char *key, const char *after, int64_t limit,
+                       void *page, es_err *err);
+
+/* The one paging loop of the listings the base cannot scope (children,
+ * refs): reads the base page by page from where the tenant's names start
+ * (or the caller's `after`), keeps the tenant's names, stops at the first
+ * name past them or at limit. Elements are elem bytes with their name (a
+ * char *) at name_off; each kept one moves into out (its slot in the page
+ * zeroed, so destroy frees only the rest). */
+static int page_through(es_store *s, const char *key, const char *after, int64_t limit,
+                        size_t elem, size_t name_off, page_fn fetch, void (*destroy)(void *list),
+                        any_list *out, es_err *err) {
+  tname from;
+  int rc = page_start(s, after, &from, err);
   if (!rc && limit < 1) rc = es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
   char *cur = NULL; /* the last name of the previous page */
   for (int more = 1; !rc && more && (int64_t)out->n < limit;) {
-    es_lineages page = {0};
-    rc = es_store_children(B(s), ss.v, cur ? cur : from.v, limit - (int64_t)out->n, &page, err);
+    any_list page = {0};
+    rc = fetch(B(s), key, cur ? cur : from.v, limit - (int64_t)out->n, &page, err);
     more = !rc && (int64_t)page.n == limit - (int64_t)out->n;
     free(cur);
     cur = NULL;
-    if (!rc && more && page.n && !(cur = strdup(page.v[page.n - 1].session))) rc = nomem(err);
+    char *const *last = page.n ? (char *const *)((char *)page.v + (page.n - 1) * elem + name_off)
+                               : NULL;
+    if (!rc && more && last && !(cur = strdup(*last))) rc = nomem(err);
     for (size_t i = 0; !rc && i < page.n; i++) {
-      int keep = page_keep(s, page.v[i].session);
+      char *e = (char *)page.v + i * elem;
+      int keep = page_keep(s, *(char **)(e + name_off));
       if (keep < 0) more = 0;
       if (keep <= 0) continue;
-      if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v)) {
+      if (es_grow(&out->v, &out->cap, out->n + 1, elem)) {
         rc = nomem(err);
         break;
       }
-      out->v[out->n++] = page.v[i];
-      memset(&page.v[i], 0, sizeof page.v[i]);
+      memcpy((char *)out->v + out->n++ * elem, e, elem);
+      memset(e, 0, elem);
     }
-    es_lineages_destroy(&page);
+    destroy(&page);
   }
   free(cur);
-  if (rc) es_lineages_destroy(out);
+  if (rc) destroy(out);
+  return rc;
+}
+
+static int children_page(es_store *base, const char *key, const char *after, int64_t limit,
+                         void *page, es_err *err) {
+  return es_store_children(base, key, after, limit, page, err);
+}
+
+static void lineages_destroy(void *list) { es_lineages_destroy(list); }
+
+static int tenant_children(es_store *s, const char *session, const char *after, int64_t limit,
+                           es_lineages *out, es_err *err) {
+  tname ss;
+  memset(out, 0, sizeof *out);
+  int rc = t_enter(s, err);
+  if (!rc) rc = name_in(s, "session", session, &ss, err);
+  if (!rc)
+    rc = page_through(s, ss.v, after, limit, sizeof *out->v, offsetof(es_lineage, session),
+                      children_page, lineages_destroy, (any_list *)out, err);
   for (size_t i = 0; !rc && i < out->n; i++) strip_lineage(s, &out->v[i]);
   return t_done(s, rc, err);
 }
@@ -814,35 +852,21 @@ static int tenant_get_ref(es_store *s, const char *name, int *found, es_ref *out
   return t_done(s, rc, err);
 }
 
-static int tenant_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
-  tname from;
+static int refs_page(es_store *base, const char *key, const char *after, int64_t limit,
+                     void *page, es_err *err) {
+  (void)key;
+  return es_store_list_refs(base, after, limit, page, err);
+}
+
+static void refs_destroy(void *list) { es_refs_destroy(list); }
+
+static int tenant_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out,
+                            es_err *err) {
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
-  if (!rc) rc = page_start(s, after, &from, err);
-  if (!rc && limit < 1) rc = es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  char *cur = NULL;
-  for (int more = 1; !rc && more && (int64_t)out->n < limit;) {
-    es_refs page = {0};
-    rc = es_store_list_refs(B(s), cur ? cur : from.v, limit - (int64_t)out->n, &page, err);
-    more = !rc && (int64_t)page.n == limit - (int64_t)out->n;
-    free(cur);
-    cur = NULL;
-    if (!rc && more && page.n && !(cur = strdup(page.v[page.n - 1].name))) rc = nomem(err);
-    for (size_t i = 0; !rc && i < page.n; i++) {
-      int keep = page_keep(s, page.v[i].name);
-      if (keep < 0) more = 0;
-      if (keep <= 0) continue;
-      if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v)) {
-        rc = nomem(err);
-        break;
-      }
-      out->v[out->n++] = page.v[i];
-      es_ref_init(&page.v[i]);
-    }
-    es_refs_destroy(&page);
-  }
-  free(cur);
-  if (rc) es_refs_destroy(out);
+  if (!rc)
+    rc = page_through(s, NULL, after, limit, sizeof *out->v, offsetof(es_ref, name), refs_page,
+                      refs_destroy, (any_list *)out, err);
   for (size_t i = 0; !rc && i < out->n; i++) strip_ref(s, &out->v[i]);
   return t_done(s, rc, err);
 }
