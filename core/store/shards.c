@@ -33,6 +33,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,7 @@
 
 #include "codec/json.h"
 #include "store/internal.h"
+#include "store/listing.h"
 #include "store/shards.h"
 #include "store/store.h"
 #include "util/buf.h"
@@ -1541,12 +1543,12 @@ static int routed(es_store *s, const char *what, const char *key, routed_fn fn, 
   return rc;
 }
 
-static int cmp_session_info(const void *a, const void *b) {
-  return strcmp(((const es_session_info *)a)->session, ((const es_session_info *)b)->session);
-}
+static void session_free(void *e) { es_session_info_destroy(e); }
+static const es_list_kind session_kind = {sizeof(es_session_info),
+                                          offsetof(es_session_info, session), session_free};
 
 static int shards_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
-                       es_sessions *out, es_err *err) {
+                           es_sessions *out, es_err *err) {
   memset(out, 0, sizeof *out);
   if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
   shard_set set;
@@ -1558,36 +1560,15 @@ static int shards_sessions(es_store *s, const char *prefix, const char *after, i
     rc = es_store_sessions(set.st[i], prefix, after, limit, &part, err);
     if (rc) break;
     more |= part.cursor != NULL;
-    if (es_grow((void **)&out->v, &out->cap, out->n + part.n, sizeof *out->v)) {
-      es_sessions_destroy(&part);
-      rc = nomem(err);
-      break;
-    }
-    if (part.n) memcpy(out->v + out->n, part.v, part.n * sizeof *part.v);
-    out->n += part.n;
-    free(part.v);
     free(part.cursor);
+    rc = es_list_take(&session_kind, (es_list *)out, (es_list *)&part, err);
   }
   if (rc) {
     es_sessions_destroy(out);
     return rc;
   }
-  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_session_info);
   /* a session in the middle of a move is listed by both shards: once */
-  size_t k = 0;
-  for (size_t i = 0; i < out->n; i++) {
-    if (k && strcmp(out->v[k - 1].session, out->v[i].session) == 0) {
-      es_session_info_destroy(&out->v[i]);
-      continue;
-    }
-    out->v[k++] = out->v[i];
-  }
-  out->n = k;
-  if ((int64_t)out->n > limit) {
-    for (size_t i = (size_t)limit; i < out->n; i++) es_session_info_destroy(&out->v[i]);
-    out->n = (size_t)limit;
-    more = 1;
-  }
+  more |= es_list_sort_unique(&session_kind, (es_list *)out, limit);
   if (more && out->n) {
     out->cursor = strdup(out->v[out->n - 1].session);
     if (!out->cursor) {
@@ -1819,12 +1800,12 @@ static int shards_read_states(es_store *s, const char *const *sessions, size_t n
   return rc;
 }
 
-static int cmp_lineage(const void *a, const void *b) {
-  return strcmp(((const es_lineage *)a)->session, ((const es_lineage *)b)->session);
-}
+static void lineage_free(void *e) { es_lineage_destroy(e); }
+static const es_list_kind lineage_kind = {sizeof(es_lineage), offsetof(es_lineage, session),
+                                          lineage_free};
 
 static int shards_children(es_store *s, const char *session, const char *after, int64_t limit,
-                       es_lineages *out, es_err *err) {
+                           es_lineages *out, es_err *err) {
   memset(out, 0, sizeof *out);
   shard_set set;
   int rc = sh_enter(s, err);
@@ -1832,31 +1813,13 @@ static int shards_children(es_store *s, const char *session, const char *after, 
   for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
     es_lineages part;
     rc = es_store_children(set.st[i], session, after, limit, &part, err);
-    if (rc) break;
-    if (part.n && es_grow((void **)&out->v, &out->cap, out->n + part.n, sizeof *out->v)) {
-      es_lineages_destroy(&part);
-      rc = nomem(err);
-      break;
-    }
-    if (part.n) memcpy(out->v + out->n, part.v, part.n * sizeof *part.v);
-    out->n += part.n;
-    free(part.v);
+    if (rc == ES_OK) rc = es_list_take(&lineage_kind, (es_list *)out, (es_list *)&part, err);
   }
   if (rc) {
     es_lineages_destroy(out);
     return rc;
   }
-  if (out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_lineage);
-  size_t k = 0;
-  for (size_t i = 0; i < out->n; i++) {
-    if ((k && strcmp(out->v[k - 1].session, out->v[i].session) == 0) ||
-        (int64_t)k >= limit) {
-      es_lineage_destroy(&out->v[i]);
-      continue;
-    }
-    out->v[k++] = out->v[i];
-  }
-  out->n = k;
+  es_list_sort_unique(&lineage_kind, (es_list *)out, limit);
   return ES_OK;
 }
 

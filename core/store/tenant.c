@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "store/internal.h"
+#include "store/listing.h"
 #include "store/store.h"
 
 /* A tenant view: an es_store (its impl is tenant_ops) and the store it
@@ -757,64 +758,37 @@ static int page_keep(const es_store *s, const char *name) {
   return strcmp(name, T(s)->prefix) < 0 ? 0 : -1;
 }
 
-/* Any of the store's lists: {v, n, cap} of elements of one type. */
+/* The listings the base cannot scope (children, refs) are read from the
+ * base page by page from where the tenant's names start (or the caller's
+ * `after`), keeping the tenant's names and stopping at the first name
+ * past them (listing.h es_list_page_through). */
 typedef struct {
-  void *v;
-  size_t n, cap;
-} any_list;
+  es_store *s;
+  const char *key; /* children: the session */
+} page_ctx;
 
-/* One page of a base listing by name (children of key, refs) after
- * `after`, at most limit elements, into *page (a list). */
-typedef int (*page_fn)(es_store *base, const char *key, const char *after, int64_t limit,
-                       void *page, es_err *err);
+static int keep_name(void *ctx, const char *name) { return page_keep(((page_ctx *)ctx)->s, name); }
 
-/* The one paging loop of the listings the base cannot scope (children,
- * refs): reads the base page by page from where the tenant's names start
- * (or the caller's `after`), keeps the tenant's names, stops at the first
- * name past them or at limit. Elements are elem bytes with their name (a
- * char *) at name_off; each kept one moves into out (its slot in the page
- * zeroed, so destroy frees only the rest). */
 static int page_through(es_store *s, const char *key, const char *after, int64_t limit,
-                        size_t elem, size_t name_off, page_fn fetch, void (*destroy)(void *list),
-                        any_list *out, es_err *err) {
+                        const es_list_kind *kind, es_list_page_fn fetch, es_list *out,
+                        es_err *err) {
   tname from;
   int rc = page_start(s, after, &from, err);
   if (!rc && limit < 1) rc = es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  char *cur = NULL; /* the last name of the previous page */
-  for (int more = 1; !rc && more && (int64_t)out->n < limit;) {
-    any_list page = {0};
-    rc = fetch(B(s), key, cur ? cur : from.v, limit - (int64_t)out->n, &page, err);
-    more = !rc && (int64_t)page.n == limit - (int64_t)out->n;
-    free(cur);
-    cur = NULL;
-    char *const *last = page.n ? (char *const *)((char *)page.v + (page.n - 1) * elem + name_off)
-                               : NULL;
-    if (!rc && more && last && !(cur = strdup(*last))) rc = nomem(err);
-    for (size_t i = 0; !rc && i < page.n; i++) {
-      char *e = (char *)page.v + i * elem;
-      int keep = page_keep(s, *(char **)(e + name_off));
-      if (keep < 0) more = 0;
-      if (keep <= 0) continue;
-      if (es_grow(&out->v, &out->cap, out->n + 1, elem)) {
-        rc = nomem(err);
-        break;
-      }
-      memcpy((char *)out->v + out->n++ * elem, e, elem);
-      memset(e, 0, elem);
-    }
-    destroy(&page);
-  }
-  free(cur);
-  if (rc) destroy(out);
+  page_ctx c = {s, key};
+  if (!rc) rc = es_list_page_through(kind, fetch, keep_name, &c, from.v, limit, out, err);
   return rc;
 }
 
-static int children_page(es_store *base, const char *key, const char *after, int64_t limit,
-                         void *page, es_err *err) {
-  return es_store_children(base, key, after, limit, page, err);
-}
+static void lineage_free(void *e) { es_lineage_destroy(e); }
+static const es_list_kind lineage_kind = {sizeof(es_lineage), offsetof(es_lineage, session),
+                                          lineage_free};
 
-static void lineages_destroy(void *list) { es_lineages_destroy(list); }
+static int children_page(void *ctx, const char *after, int64_t limit, es_list *page,
+                         es_err *err) {
+  page_ctx *c = ctx;
+  return es_store_children(B(c->s), c->key, after, limit, (es_lineages *)page, err);
+}
 
 static int tenant_children(es_store *s, const char *session, const char *after, int64_t limit,
                            es_lineages *out, es_err *err) {
@@ -823,8 +797,7 @@ static int tenant_children(es_store *s, const char *session, const char *after, 
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
   if (!rc)
-    rc = page_through(s, ss.v, after, limit, sizeof *out->v, offsetof(es_lineage, session),
-                      children_page, lineages_destroy, (any_list *)out, err);
+    rc = page_through(s, ss.v, after, limit, &lineage_kind, children_page, (es_list *)out, err);
   for (size_t i = 0; !rc && i < out->n; i++) strip_lineage(s, &out->v[i]);
   return t_done(s, rc, err);
 }
@@ -852,21 +825,20 @@ static int tenant_get_ref(es_store *s, const char *name, int *found, es_ref *out
   return t_done(s, rc, err);
 }
 
-static int refs_page(es_store *base, const char *key, const char *after, int64_t limit,
-                     void *page, es_err *err) {
-  (void)key;
-  return es_store_list_refs(base, after, limit, page, err);
-}
+static void ref_free(void *e) { es_ref_destroy(e); }
+static const es_list_kind ref_kind = {sizeof(es_ref), offsetof(es_ref, name), ref_free};
 
-static void refs_destroy(void *list) { es_refs_destroy(list); }
+static int refs_page(void *ctx, const char *after, int64_t limit, es_list *page, es_err *err) {
+  page_ctx *c = ctx;
+  return es_store_list_refs(B(c->s), after, limit, (es_refs *)page, err);
+}
 
 static int tenant_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out,
                             es_err *err) {
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc)
-    rc = page_through(s, NULL, after, limit, sizeof *out->v, offsetof(es_ref, name), refs_page,
-                      refs_destroy, (any_list *)out, err);
+    rc = page_through(s, NULL, after, limit, &ref_kind, refs_page, (es_list *)out, err);
   for (size_t i = 0; !rc && i < out->n; i++) strip_ref(s, &out->v[i]);
   return t_done(s, rc, err);
 }
