@@ -99,10 +99,12 @@ struct es_store {
   struct es_crypto *crypto;  /* owned: the master key and its check */
 
   /* Every store opened on one of the known backends checks the markers a
-   * shard move leaves (docs/sharding.md): s->ops points at own_ops, a copy
-   * of real_ops whose session and event lookups answer ES_MOVED for a
-   * session moved away or being moved in. The mover uses real_ops. */
+   * shard move leaves (docs/sharding.md): s->bk is the marker-checking
+   * backend wrapping real_bk, and s->ops (own_ops) its table, whose
+   * session and event lookups answer ES_MOVED for a session moved away or
+   * being moved in. The mover uses real_ops on real_bk. */
   const es_backend_ops *real_ops;  /* the backend's own table */
+  es_backend *real_bk;             /* the backend itself (owned by the wrapper) */
   es_backend_ops own_ops;
 
   /* §3.12 (stats.h): this handle's calls. Zeroed at calloc, freed with
@@ -201,8 +203,8 @@ void es_archive_files_finish(es_store *s, es_archive_files *f, int committed);
  * of each op of the store interface, collected in es_core_ops (store_impl.h
  * says what each takes; scope: NULL, or the prefix of the sessions the
  * call may see and of the ids it generates). */
-int es_core_open(const es_backend_ops *ops, void (*wrap)(es_store *s), const char *rest,
-                 const es_open_opts *opts, es_store **out, es_err *err);
+int es_core_open(const es_backend_ops *ops, int (*wrap)(es_store *s, es_err *err),
+                 const char *rest, const es_open_opts *opts, es_store **out, es_err *err);
 void es_core_close(es_store *s);
 void es_core_free(es_store *s);
 int es_core_check_open(es_store *s, es_err *err);
@@ -305,8 +307,9 @@ int es_core_counts(es_store *s, const char *scope, es_counts *out, es_err *err);
 /* The target shard's name carried by an ES_MOVED error, or NULL when the
  * session is being moved in (wait and retry). */
 const char *es_shards_moved_target(const es_err *err);
-/* At open: s->ops becomes the marker-checking copy of the backend's ops. */
-void es_shards_wrap_ops(es_store *s);
+/* At open, once the backend is open: s->bk becomes the marker-checking
+ * backend wrapping it, and s->ops its table. ES_STORAGE: nothing changed. */
+int es_shards_wrap_ops(es_store *s, es_err *err);
 /* front.c's table of schemes: "shards:CATALOG" opens the catalog's plan. */
 int es_shards_open_url(const char *url_rest, const es_open_opts *opts, es_store **out,
                        es_err *err);

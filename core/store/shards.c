@@ -12,7 +12,8 @@
  * Plan changes move sessions online. The markers a move leaves live in the
  * shards themselves (session rows no user can write: a negative fence, and
  * a row named "", a name es_check_name refuses), and every store checks
- * them in its backend lookups (es_shards_wrap_ops): a session moved away,
+ * them in its backend lookups (es_shards_wrap_ops: the marker-checking
+ * backend every store's own backend is wrapped in): a session moved away,
  * being moved in, or that a shard's plan record says belongs elsewhere
  * answers ES_MOVED inside the very transaction of the call, so a handle
  * holding an old plan can never write to a session's old home.
@@ -463,61 +464,410 @@ static int w_segment_list(const es_backend_ops *ops, es_backend *bk, es_txn *t, 
 
 /* One set of wrappers per backend: a backend function gets only its
  * transaction, so each wrapper names the table it wraps. */
-#define WRAP_BACKEND(tag, real)                                                                 \
-  static int sg_##tag(es_backend *b, es_txn *t, const char *x, es_session_info *o, es_err *e) { \
-    return w_session_get(&(real), b, t, x, o, e);                                               \
-  }                                                                                             \
-  static int eg_##tag(es_backend *b, es_txn *t, const char *x, int64_t i, es_event *o,          \
-                      es_err *e) {                                                              \
-    return w_event_get(&(real), b, t, x, i, o, e);                                              \
-  }                                                                                             \
-  static int sl_##tag(es_backend *b, es_txn *t, const char *p, const char *a, int64_t l,        \
-                      es_session_cb cb, void *c, es_err *e) {                                   \
-    return w_list(&(real), b, 0, t, p, a, l, cb, c, e);                                         \
-  }                                                                                             \
-  static int sc_##tag(es_backend *b, es_txn *t, const char *p, const char *a, int64_t l,        \
-                      es_session_cb cb, void *c, es_err *e) {                                   \
-    return w_list(&(real), b, 1, t, p, a, l, cb, c, e);                                         \
-  }                                                                                             \
-  static int nl_##tag(es_backend *b, es_txn *t, const char *x, es_snapshot_cb cb, void *c,      \
-                      es_err *e) {                                                              \
-    return w_snapshot_list(&(real), b, t, x, cb, c, e);                                         \
-  }                                                                                             \
-  static int dl_##tag(es_backend *b, es_txn *t, const char *x, const char *sc, int64_t a,       \
-                      int64_t l, es_event_cb cb, void *c, es_err *e) {                          \
-    return w_dead_list(&(real), b, t, x, sc, a, l, cb, c, e);                                   \
-  }                                                                                             \
-  static int gl_##tag(es_backend *b, es_txn *t, const char *x, es_segment_cb cb, void *c,       \
-                      es_err *e) {                                                              \
-    return w_segment_list(&(real), b, t, x, cb, c, e);                                          \
-  }                                                                                             \
-  static void wrap_##tag(es_backend_ops *o) {                                                   \
-    o->session_get = sg_##tag;                                                                  \
-    o->event_get = eg_##tag;                                                                    \
-    o->session_list = sl_##tag;                                                                 \
-    o->session_children = sc_##tag;                                                             \
-    o->snapshot_list = nl_##tag;                                                                \
-    o->dead_list = dl_##tag;                                                                    \
-    o->segment_list = gl_##tag;                                                                 \
-  }
+/* The marker-checking backend (docs/sharding.md): one generic wrapper for
+ * every backend. Its es_backend holds the wrapped backend and its ops; each
+ * op forwards to them, and the session and event lookups and listings
+ * check the move markers on the way (w_*). A new backend is wrapped like
+ * the others; a new backend op needs its forwarder here (the static
+ * assertion below fails until it has one). */
+struct es_backend {
+  const es_backend_ops *real; /* the wrapped backend's own table */
+  es_backend *inner;          /* the wrapped backend (owned: m_close closes it) */
+};
 
-WRAP_BACKEND(memory, es_backend_memory)
-WRAP_BACKEND(sqlite, es_backend_sqlite)
-WRAP_BACKEND(postgres, es_backend_postgres)
-WRAP_BACKEND(postgresql, es_backend_postgresql)
+_Static_assert(sizeof(es_backend_ops) ==
+                   offsetof(es_backend_ops, lazy_end) + sizeof(void (*)(void)),
+               "es_backend_ops has an op after lazy_end: give it a forwarder in marked_ops");
 
-void es_shards_wrap_ops(es_store *s) {
-  const es_backend_ops *real = s->ops;
-  void (*wrap)(es_backend_ops *) = NULL;
-  if (real == &es_backend_memory) wrap = wrap_memory;
-  else if (real == &es_backend_sqlite) wrap = wrap_sqlite;
-  else if (real == &es_backend_postgres) wrap = wrap_postgres;
-  else if (real == &es_backend_postgresql) wrap = wrap_postgresql;
-  s->real_ops = real;
-  if (!wrap) return; /* a backend of a test: no markers */
-  s->own_ops = *real;
-  wrap(&s->own_ops);
+static int m_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
+                         es_err *err) {
+  return w_session_get(b->real, b->inner, t, session, out, err);
+}
+
+static int m_event_get(es_backend *b, es_txn *t, const char *session, int64_t index, es_event *out,
+                       es_err *err) {
+  return w_event_get(b->real, b->inner, t, session, index, out, err);
+}
+
+static int m_session_list(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                          int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  return w_list(b->real, b->inner, 0, t, prefix, after, limit, cb, ctx, err);
+}
+
+static int m_session_children(es_backend *b, es_txn *t, const char *parent, const char *after,
+                              int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
+  return w_list(b->real, b->inner, 1, t, parent, after, limit, cb, ctx, err);
+}
+
+static int m_snapshot_list(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb,
+                           void *ctx, es_err *err) {
+  return w_snapshot_list(b->real, b->inner, t, session, cb, ctx, err);
+}
+
+static int m_dead_list(es_backend *b, es_txn *t, const char *session, const char *scope,
+                       int64_t after, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  return w_dead_list(b->real, b->inner, t, session, scope, after, limit, cb, ctx, err);
+}
+
+static int m_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
+                          void *ctx, es_err *err) {
+  return w_segment_list(b->real, b->inner, t, session, cb, ctx, err);
+}
+
+static void m_close(es_backend *b) {
+  b->real->close(b->inner);
+  free(b);
+}
+
+static int m_write_begin(es_backend *b, es_txn **t, es_err *err) {
+  return b->real->write_begin(b->inner, t, err);
+}
+
+static int m_write_commit(es_backend *b, es_txn *t, es_err *err) {
+  return b->real->write_commit(b->inner, t, err);
+}
+
+static void m_write_rollback(es_backend *b, es_txn *t) {
+  b->real->write_rollback(b->inner, t);
+}
+
+static int m_savepoint(es_backend *b, es_txn *t, es_err *err) {
+  return b->real->savepoint(b->inner, t, err);
+}
+
+static int m_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
+  return b->real->savepoint_release(b->inner, t, err);
+}
+
+static void m_savepoint_rollback(es_backend *b, es_txn *t) {
+  b->real->savepoint_rollback(b->inner, t);
+}
+
+static int m_read_begin(es_backend *b, es_txn **t, es_err *err) {
+  return b->real->read_begin(b->inner, t, err);
+}
+
+static void m_read_end(es_backend *b, es_txn *t) {
+  b->real->read_end(b->inner, t);
+}
+
+static int m_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
+  return b->real->session_put(b->inner, t, row, err);
+}
+
+static int m_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event *out, es_err *err) {
+  return b->real->event_get_by_id(b->inner, t, id, out, err);
+}
+
+static int m_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
+  return b->real->event_insert(b->inner, t, row, err);
+}
+
+static int m_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
+  return b->real->event_update(b->inner, t, row, err);
+}
+
+static int m_event_copy(es_backend *b, es_txn *t, const char *from, int64_t through, const char *to,
+                        int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
+                        es_err *err) {
+  return b->real->event_copy(b->inner, t, from, through, to, processed_at, new_id, id_ctx, copied,
+      err);
+}
+
+static int m_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
+                         int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  return b->real->event_range(b->inner, t, session, after, through, limit, cb, ctx, err);
+}
+
+static int m_event_all(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
+                       es_event_cb cb, void *ctx, es_err *err) {
+  return b->real->event_all(b->inner, t, scope, after, limit, cb, ctx, err);
+}
+
+static int m_last_position(es_backend *b, es_txn *t, int64_t *position, es_err *err) {
+  return b->real->last_position(b->inner, t, position, err);
+}
+
+static int m_lane_next(es_backend *b, es_txn *t, const char *session, const char *lane,
+                       int64_t after, int64_t *index, es_err *err) {
+  return b->real->lane_next(b->inner, t, session, lane, after, index, err);
+}
+
+static int m_queued_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                        int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  return b->real->queued_due(b->inner, t, session, scope, now, limit, cb, ctx, err);
+}
+
+static int m_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
+                             int64_t now, int64_t *due, es_err *err) {
+  return b->real->queued_next_due(b->inner, t, session, scope, now, due, err);
+}
+
+static int m_queued_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                             int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
+  return b->real->queued_due_type(b->inner, t, scope, type, now, limit, cb, ctx, err);
+}
+
+static int m_queued_next_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
+                                  int64_t now, int64_t *due, es_err *err) {
+  return b->real->queued_next_due_type(b->inner, t, scope, type, now, due, err);
+}
+
+static int m_pending_types(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb,
+                           void *ctx, es_err *err) {
+  return b->real->pending_types(b->inner, t, scope, cb, ctx, err);
+}
+
+static int m_snapshot_get(es_backend *b, es_txn *t, const char *session, const char *reducer,
+                          es_snapshot *out, es_err *err) {
+  return b->real->snapshot_get(b->inner, t, session, reducer, out, err);
+}
+
+static int m_snapshot_put(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
+                          es_err *err) {
+  return b->real->snapshot_put(b->inner, t, session, row, err);
+}
+
+static int m_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
+  return b->real->ref_get(b->inner, t, name, out, err);
+}
+
+static int m_ref_put(es_backend *b, es_txn *t, const es_ref *row, es_err *err) {
+  return b->real->ref_put(b->inner, t, row, err);
+}
+
+static int m_ref_delete(es_backend *b, es_txn *t, const char *name, es_err *err) {
+  return b->real->ref_delete(b->inner, t, name, err);
+}
+
+static int m_ref_list(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
+                      void *ctx, es_err *err) {
+  return b->real->ref_list(b->inner, t, after, limit, cb, ctx, err);
+}
+
+static int m_presence_get(es_backend *b, es_txn *t, const char *ns, const char *participant,
+                          const char *field, es_presence_row *out, es_err *err) {
+  return b->real->presence_get(b->inner, t, ns, participant, field, out, err);
+}
+
+static int m_presence_put(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
+                          es_err *err) {
+  return b->real->presence_put(b->inner, t, ns, row, err);
+}
+
+static int m_presence_expire(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err) {
+  return b->real->presence_expire(b->inner, t, ns, now, err);
+}
+
+static int m_presence_list(es_backend *b, es_txn *t, const char *ns, int64_t now,
+                           es_presence_cb_row cb, void *ctx, es_err *err) {
+  return b->real->presence_list(b->inner, t, ns, now, cb, ctx, err);
+}
+
+static int m_event_delete_range(es_backend *b, es_txn *t, const char *session, int64_t through,
+                                es_err *err) {
+  return b->real->event_delete_range(b->inner, t, session, through, err);
+}
+
+static int m_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  return b->real->session_delete(b->inner, t, session, err);
+}
+
+static int m_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  return b->real->snapshot_delete_all(b->inner, t, session, err);
+}
+
+static int m_ref_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  return b->real->ref_delete_session(b->inner, t, session, err);
+}
+
+static int m_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
+                         es_err *err) {
+  return b->real->segment_put(b->inner, t, session, row, err);
+}
+
+static int m_segment_delete(es_backend *b, es_txn *t, const char *session, int64_t from,
+                            es_err *err) {
+  return b->real->segment_delete(b->inner, t, session, from, err);
+}
+
+static int m_key_get(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err) {
+  return b->real->key_get(b->inner, t, name, out, err);
+}
+
+static int m_key_put(es_backend *b, es_txn *t, const es_key_row *row, es_err *err) {
+  return b->real->key_put(b->inner, t, row, err);
+}
+
+static int m_key_use_put(es_backend *b, es_txn *t, const char *key, const char *session,
+                         int64_t first_index, es_err *err) {
+  return b->real->key_use_put(b->inner, t, key, session, first_index, err);
+}
+
+static int m_key_use_list(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
+                          es_err *err) {
+  return b->real->key_use_list(b->inner, t, key, cb, ctx, err);
+}
+
+static int m_key_use_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
+  return b->real->key_use_delete_session(b->inner, t, session, err);
+}
+
+static int m_snapshot_delete_from(es_backend *b, es_txn *t, const char *session, int64_t index,
+                                  es_err *err) {
+  return b->real->snapshot_delete_from(b->inner, t, session, index, err);
+}
+
+static int m_scrub(es_backend *b, es_err *err) {
+  return b->real->scrub(b->inner, err);
+}
+
+static int m_data_version(es_backend *b, uint64_t *version, es_err *err) {
+  return b->real->data_version(b->inner, version, err);
+}
+
+static int m_claim_begin(es_backend *b, const char *const *skip, size_t n_skip, es_txn **t,
+                         es_err *err) {
+  return b->real->claim_begin(b->inner, skip, n_skip, t, err);
+}
+
+static int m_claim_retry(es_backend *b, es_txn *t) {
+  return b->real->claim_retry(b->inner, t);
+}
+
+static int m_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_err *err) {
+  return b->real->wait_change(b->inner, since, timeout_ms, err);
+}
+
+static void m_wake(es_backend *b) {
+  b->real->wake(b->inner);
+}
+
+static int m_release_commit(es_backend *b, es_txn *t, es_err *err) {
+  return b->real->release_commit(b->inner, t, err);
+}
+
+static int m_claim_ready(es_backend *b, es_txn *t, const char *scope, const char *type, int64_t now,
+                         int64_t limit, es_event_cb cb, void *ctx, int64_t *next_due, es_err *err) {
+  return b->real->claim_ready(b->inner, t, scope, type, now, limit, cb, ctx, next_due, err);
+}
+
+static int m_session_claimed(es_backend *b, es_txn *t, const char *session, int64_t n, int64_t now,
+                             es_err *err) {
+  return b->real->session_claimed(b->inner, t, session, n, now, err);
+}
+
+static int m_claim_commit(es_backend *b, es_txn *t, int *retry, es_err *err) {
+  return b->real->claim_commit(b->inner, t, retry, err);
+}
+
+static int m_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
+  return b->real->counts(b->inner, t, scope, out, err);
+}
+
+static int m_event_insert_many(es_backend *b, es_txn *t, es_event *rows, size_t n, es_err *err) {
+  return b->real->event_insert_many(b->inner, t, rows, n, err);
+}
+
+static int m_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
+                        const int64_t *indexes, size_t n, const char *const *ids, size_t n_ids,
+                        es_err *err) {
+  return b->real->read_ahead(b->inner, t, sessions, indexes, n, ids, n_ids, err);
+}
+
+static int m_lazy_begin(es_backend *b) {
+  return b->real->lazy_begin(b->inner);
+}
+
+static void m_lazy_end(es_backend *b) {
+  b->real->lazy_end(b->inner);
+}
+
+/* Fills o (a copy of the wrapped backend's table: its scheme, flags and
+ * the ops it lacks stay) with the forwarders. */
+static void marked_ops(es_backend_ops *o) {
+  o->open = NULL; /* the wrapper is made around an opened backend */
+  if (o->close) o->close = m_close;
+  if (o->write_begin) o->write_begin = m_write_begin;
+  if (o->write_commit) o->write_commit = m_write_commit;
+  if (o->write_rollback) o->write_rollback = m_write_rollback;
+  if (o->savepoint) o->savepoint = m_savepoint;
+  if (o->savepoint_release) o->savepoint_release = m_savepoint_release;
+  if (o->savepoint_rollback) o->savepoint_rollback = m_savepoint_rollback;
+  if (o->read_begin) o->read_begin = m_read_begin;
+  if (o->read_end) o->read_end = m_read_end;
+  if (o->session_get) o->session_get = m_session_get;
+  if (o->session_put) o->session_put = m_session_put;
+  if (o->session_list) o->session_list = m_session_list;
+  if (o->session_children) o->session_children = m_session_children;
+  if (o->event_get) o->event_get = m_event_get;
+  if (o->event_get_by_id) o->event_get_by_id = m_event_get_by_id;
+  if (o->event_insert) o->event_insert = m_event_insert;
+  if (o->event_update) o->event_update = m_event_update;
+  if (o->event_copy) o->event_copy = m_event_copy;
+  if (o->event_range) o->event_range = m_event_range;
+  if (o->event_all) o->event_all = m_event_all;
+  if (o->last_position) o->last_position = m_last_position;
+  if (o->lane_next) o->lane_next = m_lane_next;
+  if (o->queued_due) o->queued_due = m_queued_due;
+  if (o->queued_next_due) o->queued_next_due = m_queued_next_due;
+  if (o->queued_due_type) o->queued_due_type = m_queued_due_type;
+  if (o->queued_next_due_type) o->queued_next_due_type = m_queued_next_due_type;
+  if (o->pending_types) o->pending_types = m_pending_types;
+  if (o->dead_list) o->dead_list = m_dead_list;
+  if (o->snapshot_get) o->snapshot_get = m_snapshot_get;
+  if (o->snapshot_put) o->snapshot_put = m_snapshot_put;
+  if (o->snapshot_list) o->snapshot_list = m_snapshot_list;
+  if (o->ref_get) o->ref_get = m_ref_get;
+  if (o->ref_put) o->ref_put = m_ref_put;
+  if (o->ref_delete) o->ref_delete = m_ref_delete;
+  if (o->ref_list) o->ref_list = m_ref_list;
+  if (o->presence_get) o->presence_get = m_presence_get;
+  if (o->presence_put) o->presence_put = m_presence_put;
+  if (o->presence_expire) o->presence_expire = m_presence_expire;
+  if (o->presence_list) o->presence_list = m_presence_list;
+  if (o->event_delete_range) o->event_delete_range = m_event_delete_range;
+  if (o->session_delete) o->session_delete = m_session_delete;
+  if (o->snapshot_delete_all) o->snapshot_delete_all = m_snapshot_delete_all;
+  if (o->ref_delete_session) o->ref_delete_session = m_ref_delete_session;
+  if (o->segment_list) o->segment_list = m_segment_list;
+  if (o->segment_put) o->segment_put = m_segment_put;
+  if (o->segment_delete) o->segment_delete = m_segment_delete;
+  if (o->key_get) o->key_get = m_key_get;
+  if (o->key_put) o->key_put = m_key_put;
+  if (o->key_use_put) o->key_use_put = m_key_use_put;
+  if (o->key_use_list) o->key_use_list = m_key_use_list;
+  if (o->key_use_delete_session) o->key_use_delete_session = m_key_use_delete_session;
+  if (o->snapshot_delete_from) o->snapshot_delete_from = m_snapshot_delete_from;
+  if (o->scrub) o->scrub = m_scrub;
+  if (o->data_version) o->data_version = m_data_version;
+  if (o->claim_begin) o->claim_begin = m_claim_begin;
+  if (o->claim_retry) o->claim_retry = m_claim_retry;
+  if (o->wait_change) o->wait_change = m_wait_change;
+  if (o->wake) o->wake = m_wake;
+  if (o->release_commit) o->release_commit = m_release_commit;
+  if (o->claim_ready) o->claim_ready = m_claim_ready;
+  if (o->session_claimed) o->session_claimed = m_session_claimed;
+  if (o->claim_commit) o->claim_commit = m_claim_commit;
+  if (o->counts) o->counts = m_counts;
+  if (o->event_insert_many) o->event_insert_many = m_event_insert_many;
+  if (o->read_ahead) o->read_ahead = m_read_ahead;
+  if (o->lazy_begin) o->lazy_begin = m_lazy_begin;
+  if (o->lazy_end) o->lazy_end = m_lazy_end;
+}
+
+int es_shards_wrap_ops(es_store *s, es_err *err) {
+  es_backend *m = malloc(sizeof *m);
+  if (!m) return nomem(err);
+  m->real = s->ops;
+  m->inner = s->bk;
+  s->real_ops = s->ops;
+  s->real_bk = s->bk;
+  s->own_ops = *s->ops;
+  marked_ops(&s->own_ops);
   s->ops = &s->own_ops;
+  s->bk = m;
+  return ES_OK;
 }
 
 /* ---- the catalog: plans as JSON events ---------------------------------- */
@@ -2161,6 +2511,7 @@ static int read_all_cursor(es_store *s, const char *scope, const char *cursor, i
 /* ---- moving sessions -------------------------------------------------------- */
 
 static const es_backend_ops *real(es_store *st) { return st->real_ops ? st->real_ops : st->ops; }
+static es_backend *real_bk(es_store *st) { return st->real_ops ? st->real_bk : st->bk; }
 
 typedef struct {
   int64_t version;
@@ -2172,7 +2523,7 @@ static int do_record(es_store *st, es_txn *t, void *arg, es_err *err) {
   record_args *a = arg;
   es_session_info si;
   char *identity = NULL; /* kept across records (store_identity) */
-  int rc = real(st)->session_get(st->bk, t, "", &si, err);
+  int rc = real(st)->session_get(real_bk(st), t, "", &si, err);
   if (rc == ES_OK) {
     int64_t have = si.fence;
     identity = si.lease_holder;
@@ -2201,7 +2552,7 @@ static int do_record(es_store *st, es_txn *t, void *arg, es_err *err) {
   si.fence = a->version;
   si.seal_reason = b.data;
   si.lease_holder = identity;
-  rc = real(st)->session_put(st->bk, t, &si, err);
+  rc = real(st)->session_put(real_bk(st), t, &si, err);
   es_buf_destroy(&b);
   free(identity);
   return rc;
@@ -2219,7 +2570,7 @@ typedef struct {
 static int do_identity(es_store *st, es_txn *t, void *arg, es_err *err) {
   identity_args *a = arg;
   es_session_info si;
-  int rc = real(st)->session_get(st->bk, t, "", &si, err);
+  int rc = real(st)->session_get(real_bk(st), t, "", &si, err);
   if (rc == ES_OK && si.lease_holder) {
     a->out = si.lease_holder;
     si.lease_holder = NULL;
@@ -2237,7 +2588,7 @@ static int do_identity(es_store *st, es_txn *t, void *arg, es_err *err) {
     es_session_info_destroy(&si);
     return nomem(err);
   }
-  rc = real(st)->session_put(st->bk, t, &si, err);
+  rc = real(st)->session_put(real_bk(st), t, &si, err);
   es_session_info_destroy(&si);
   return rc;
 }
@@ -2357,7 +2708,7 @@ typedef struct {
 static int plan_guard(es_store *st, es_txn *t, int64_t version, es_err *err) {
   if (version <= 0) return ES_OK;
   es_session_info si;
-  int rc = real(st)->session_get(st->bk, t, "", &si, err);
+  int rc = real(st)->session_get(real_bk(st), t, "", &si, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   int64_t have = si.fence;
@@ -2372,7 +2723,7 @@ static int plan_guard(es_store *st, es_txn *t, int64_t version, es_err *err) {
 static int do_state(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
   es_session_info si;
-  int rc = real(st)->session_get(st->bk, t, a->session, &si, err);
+  int rc = real(st)->session_get(real_bk(st), t, a->session, &si, err);
   if (rc && rc != ES_NOT_FOUND) return rc;
   a->state = state_of(rc, &si);
   if (rc == ES_OK) es_session_info_destroy(&si);
@@ -2390,7 +2741,7 @@ static int do_incoming(es_store *st, es_txn *t, void *arg, es_err *err) {
   si.session = (char *)a->session;
   si.fence = FENCE_INCOMING;
   si.seal_reason = (char *)a->source;
-  return real(st)->session_put(st->bk, t, &si, err);
+  return real(st)->session_put(real_bk(st), t, &si, err);
 }
 
 /* Undoes (a) when (b) refused. */
@@ -2399,7 +2750,7 @@ static int do_unincoming(es_store *st, es_txn *t, void *arg, es_err *err) {
   int rc = plan_guard(st, t, a->version, err);
   if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || a->state != ST_INCOMING) return rc;
-  return real(st)->session_delete(st->bk, t, a->session, err);
+  return real(st)->session_delete(real_bk(st), t, a->session, err);
 }
 
 static int collect_row(void *ctx, const es_event *row) {
@@ -2414,7 +2765,7 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
   es_session_info si;
   int rc = plan_guard(st, t, a->version, err);
   if (rc) return rc;
-  rc = ops->session_get(st->bk, t, a->session, &si, err);
+  rc = ops->session_get(real_bk(st), t, a->session, &si, err);
   if (rc && rc != ES_NOT_FOUND) return rc;
   a->state = state_of(rc, &si);
   if (a->state != ST_LIVE) {
@@ -2428,7 +2779,7 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
                  "(docs/sharding.md)",
                  a->session);
   if (rc == ES_OK)
-    rc = ops->event_range(st->bk, t, a->session, 0, INT64_MAX, ES_NONE, collect_row, &rows, err);
+    rc = ops->event_range(real_bk(st), t, a->session, 0, INT64_MAX, ES_NONE, collect_row, &rows, err);
   for (size_t i = 0; rc == ES_OK && i < rows.n; i++) {
     es_event *e = &rows.v[i];
     if (e->key) {
@@ -2441,12 +2792,12 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
     if (e->status == ES_STATUS_PROCESSED) continue;
     e->returned = encode_frozen(e);
     e->queued = 0;
-    rc = ops->event_update(st->bk, t, e, err);
+    rc = ops->event_update(real_bk(st), t, e, err);
   }
   es_events_destroy(&rows);
   if (rc == ES_OK) {
     si.fence = FENCE_FROZEN_BASE - si.fence;
-    rc = ops->session_put(st->bk, t, &si, err);
+    rc = ops->session_put(real_bk(st), t, &si, err);
   }
   es_session_info_destroy(&si);
   return rc;
@@ -2486,16 +2837,16 @@ static int collect_snap_name(void *ctx, const es_snapshot *row) {
 static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_copy *c = arg;
   const es_backend_ops *ops = real(st);
-  int rc = ops->session_get(st->bk, t, c->session, &c->si, err);
+  int rc = ops->session_get(real_bk(st), t, c->session, &c->si, err);
   if (rc) return rc;
   c->have_si = 1;
   if (c->si.fence > FENCE_FROZEN_BASE) return ES_OK; /* not frozen: nothing to copy */
-  rc = ops->event_range(st->bk, t, c->session, 0, INT64_MAX, ES_NONE, collect_row, &c->events, err);
-  if (rc == ES_OK) rc = ops->snapshot_list(st->bk, t, c->session, collect_snap_name, c, err);
+  rc = ops->event_range(real_bk(st), t, c->session, 0, INT64_MAX, ES_NONE, collect_row, &c->events, err);
+  if (rc == ES_OK) rc = ops->snapshot_list(real_bk(st), t, c->session, collect_snap_name, c, err);
   for (size_t i = 0; rc == ES_OK && !c->oom && i < c->snaps.n; i++) {
     es_snapshot full;
     es_snapshot_init(&full);
-    rc = ops->snapshot_get(st->bk, t, c->session, c->snaps.v[i].reducer, &full, err);
+    rc = ops->snapshot_get(real_bk(st), t, c->session, c->snaps.v[i].reducer, &full, err);
     if (rc == ES_OK) {
       es_snapshot_destroy(&c->snaps.v[i]);
       c->snaps.v[i] = full;
@@ -2523,7 +2874,7 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   int rc = plan_guard(st, t, a->version, err);
   if (rc) return rc;
   es_session_info in;
-  rc = ops->session_get(st->bk, t, c->session, &in, err);
+  rc = ops->session_get(real_bk(st), t, c->session, &in, err);
   if (rc && rc != ES_NOT_FOUND) return rc;
   int state = state_of(rc, &in);
   /* only the move the incoming row was made for copies in: its source */
@@ -2536,7 +2887,7 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
     es_event *e = &c->events.v[i];
     es_event other;
     es_event_init(&other);
-    int r2 = ops->event_get_by_id(st->bk, t, e->id, &other, err);
+    int r2 = ops->event_get_by_id(real_bk(st), t, e->id, &other, err);
     if (r2 == ES_OK) {
       rc = es_fail(err, ES_INVALID_ARGUMENT,
                    "cannot move session '%s' to shard '%s': event id '%s' is already used there "
@@ -2550,14 +2901,14 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
       break;
     }
     decode_frozen(e);
-    rc = ops->event_insert(st->bk, t, e, err);
+    rc = ops->event_insert(real_bk(st), t, e, err);
   }
   for (size_t i = 0; rc == ES_OK && i < c->snaps.n; i++)
-    rc = ops->snapshot_put(st->bk, t, c->session, &c->snaps.v[i], err);
+    rc = ops->snapshot_put(real_bk(st), t, c->session, &c->snaps.v[i], err);
   if (rc == ES_OK) {
     es_session_info si = c->si;
     si.fence = FENCE_FROZEN_BASE - c->si.fence;
-    rc = ops->session_put(st->bk, t, &si, err);
+    rc = ops->session_put(real_bk(st), t, &si, err);
   }
   if (rc == ES_OK) a->copied = a->present = 1;
   return rc;
@@ -2570,15 +2921,15 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
   int rc = plan_guard(st, t, a->version, err);
   if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || a->state != ST_FROZEN) return rc;
-  rc = ops->event_delete_range(st->bk, t, a->session, INT64_MAX, err);
-  if (rc == ES_OK) rc = ops->snapshot_delete_all(st->bk, t, a->session, err);
-  if (rc == ES_OK) rc = ops->key_use_delete_session(st->bk, t, a->session, err);
+  rc = ops->event_delete_range(real_bk(st), t, a->session, INT64_MAX, err);
+  if (rc == ES_OK) rc = ops->snapshot_delete_all(real_bk(st), t, a->session, err);
+  if (rc == ES_OK) rc = ops->key_use_delete_session(real_bk(st), t, a->session, err);
   if (rc == ES_OK) {
     es_session_info si;
     es_session_info_init(&si);
     si.session = (char *)a->session;
     si.fence = FENCE_TOMBSTONE;
-    rc = ops->session_put(st->bk, t, &si, err);
+    rc = ops->session_put(real_bk(st), t, &si, err);
   }
   return rc;
 }
@@ -2688,7 +3039,7 @@ typedef struct {
 
 static int do_list_all(es_store *st, es_txn *t, void *arg, es_err *err) {
   list_args *a = arg;
-  int rc = real(st)->session_list(st->bk, t, "", a->after, MOVE_PAGE, collect_listed, a->out, err);
+  int rc = real(st)->session_list(real_bk(st), t, "", a->after, MOVE_PAGE, collect_listed, a->out, err);
   if (rc == ES_OK && a->out->oom) rc = nomem(err);
   return rc;
 }
@@ -2715,7 +3066,7 @@ static int do_clear_tomb(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step probe = {a->session, NULL, 0, 0};
   if (rc == ES_OK) rc = do_state(st, t, &probe, err);
   if (rc || probe.state != ST_TOMBSTONE) return rc;
-  return real(st)->session_delete(st->bk, t, a->session, err);
+  return real(st)->session_delete(real_bk(st), t, a->session, err);
 }
 
 /* Drops the tombstones on shard `me` of sessions `to` gives to `me`. */

@@ -115,21 +115,21 @@ void es_core_handle_destroy(es_store *s) {
 
 /* The core store over `ops` (front.c's table of schemes: memory:,
  * sqlite:, postgres://); rest is the URL after "scheme:". wrap, when
- * given, may replace s->ops before the backend opens (front.c: the shard
- * router's move markers, docs/sharding.md). */
-int es_core_open(const es_backend_ops *ops, void (*wrap)(es_store *s), const char *rest,
-                 const es_open_opts *opts, es_store **out, es_err *err) {
+ * given, may wrap the backend once it is open, before anything uses it
+ * (front.c: the shard router's move markers, docs/sharding.md). */
+int es_core_open(const es_backend_ops *ops, int (*wrap)(es_store *s, es_err *err),
+                 const char *rest, const es_open_opts *opts, es_store **out, es_err *err) {
   es_store *s = calloc(1, sizeof *s);
   if (!s) return nomem(err);
   s->impl = &es_core_ops;
   s->ops = ops;
-  if (wrap) wrap(s);
   es_core_handle_init(s, opts);
   /* §3.10: a store with keys has the backend overwrite what it deletes, so
    * a shredded key or a dropped snapshot does not linger in free space. */
   es_open_opts bo = *opts;
   if (opts->keys_path) bo.secure_delete = 1;
   int rc = ops->open(rest, &bo, &s->bk, err);
+  if (rc == ES_OK && wrap) rc = wrap(s, err);
   if (rc == ES_OK) rc = es_archive_setup(s, ops->scheme, rest, opts, err); /* §3.9 */
   if (rc == ES_OK && opts->keys_path) rc = es_crypto_open(s, opts->keys_path, err);
   if (rc != ES_OK) {
