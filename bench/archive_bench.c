@@ -1,5 +1,5 @@
 /*
- * archive_bench.c: what archive segments cost (CONTRACT §3.9, issue 10 #6).
+ * archive_bench.c: what archive segments cost (docs/contract.md §3.9, issue 10 #6).
  *
  *   build/bench/archive_bench DIR [EVENTS] [SEGMENT]
  *

@@ -1,5 +1,5 @@
 /*
- * stats_bench.c: what the always-on stats (CONTRACT §3.12, docs/stats.md)
+ * stats_bench.c: what the always-on stats (docs/contract.md §3.12, docs/stats.md)
  * cost, measured in one process: the same loop on the same store with the
  * counting on and off (es_store_stats_enable, a bench-only switch that
  * skips the whole ES_STATS_CALL span: the thread-local check, both clock

@@ -335,11 +335,99 @@ end
         end
       end)
 
-      it("a handler file with a syntax error fails its events naming the file; other events go on", function()
+      it("a handler file with a syntax error is an error at eventstore.engine naming the file and line (§4)", function()
         local t = setup()
         t.handler("broken", "return function(event, ctx)\n  return { { type = \n")
         t.handler("fine", returns("fine.done"))
+        t.store:append("a", { { type = "broken" } })
+        local err = expect_error("INVALID_ARGUMENT", t.engine)
+        assert.is_true(contains(err.message, "handlers/broken.lua:3:"), "the file and line: " .. err.message)
+        -- nothing was claimed: no attempt charged for a typo
+        local e = event(t.store, "a", 1)
+        assert.equal("pending", e.status)
+        assert.equal(0, e.attempts)
+      end)
+
+      it("a reducer whose top level raises, and a handler that returns no function, are errors at eventstore.engine", function()
+        local t = setup()
+        t.reducer("count", "local x = nil\nreturn { init = x.y }\n")
+        local err = expect_error("INVALID_ARGUMENT", t.engine)
+        assert.is_true(contains(err.message, "reducers/count.lua:2:"), "the file and line: " .. err.message)
+        t.reducer("count", "return { init = function() return {} end }\n")
+        t.handler("notfn", "return 42\n")
+        err = expect_error("INVALID_ARGUMENT", t.engine)
+        assert.is_true(contains(err.message, "handlers/notfn.lua: must return a function, not number"), err.message)
+        -- two broken scripts: the first is named, the other counted
+        t.handler("also", "return function(\n")
+        err = expect_error("INVALID_ARGUMENT", t.engine)
+        assert.is_true(contains(err.message, "handlers/also.lua:"), err.message)
+        assert.is_true(contains(err.message, "(and 1 more script that do not load)"), err.message)
+      end)
+
+      it("a script whose path is over 4 KiB is an error naming it, never cut short to another name", function()
+        local t = setup()
+        local part = ("n"):rep(240)
+        local long = t.dir .. ("/" .. part):rep(16) -- under PATH_MAX itself ...
+        local q = eh.sh_quote
+        assert(os.execute("mkdir -p " .. q(long .. "/handlers")))
+        -- ... but not with handlers/<part>/job.lua below it: moved there
+        -- from handlers/ (a path that long cannot be opened whole)
+        local src = os.tmpname()
+        eh.write_file(src, "return function() end\n")
+        assert(os.execute("cd " .. q(long .. "/handlers") .. " && mkdir " .. part .. " && mv " .. q(src)
+          .. " " .. part .. "/job.lua"))
+        local err = expect_error("INVALID_ARGUMENT", t.engine, { scripts = long })
+        assert.is_true(contains(err.message, "script path too long (over 4095 bytes)"), err.message)
+      end)
+
+      it("a reload that fails keeps the last good version running, charges no attempt, and is counted once", function()
+        local t = setup()
+        t.handler("job", version_handler(1))
+        local engine = t.engine({ workers = 2 })
+        append_pending(engine, "s", { { type = "job" } })
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        t.handler("job", "return function(event, ctx)\n  return { { type = \n")
+        append_pending(engine, "s", { { type = "job" }, { type = "job" }, { type = "job" } })
+        -- a run looks at every file again when it starts: the edit is seen
+        assert.same({ handled = 3, failed = 0, dead = 0 }, run(engine))
+        for _, e in ipairs(eh.of_type(t.store:read("s"), "out")) do assert.equal(1, e.payload.version) end
+        for i = 3, 5 do
+          local e = event(t.store, "s", i)
+          assert.equal("processed", e.status)
+          assert.equal(1, e.attempts)
+          assert.equal(0, e.failures)
+        end
+        -- both workers may have seen the broken file: one change, one count
+        assert.equal(1, engine:stats().reload_failures)
+        -- fixed, the new version runs
+        t.handler("job", version_handler(7))
+        append_pending(engine, "s", { { type = "job" } })
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        local last = t.store:read("s")
+        assert.equal(7, last[#last].payload.version)
+        assert.equal(1, engine:stats().reload_failures)
+      end)
+
+      it("a reducer that fails to reload folds with its last good version, also in a state that never ran it", function()
+        local t = setup()
+        t.reducer("count", [[
+return { init = function() return { n = 0 } end, job = function(s) s.n = s.n + 1 end }
+]])
+        local engine = t.engine()
+        t.store:append("s", { { type = "job" }, { type = "job" } })
+        -- engine:state folds in the engine's fold state, which has not
+        -- loaded the reducer yet: it gets the source that loaded at start
+        t.reducer("count", "return { init = \n")
+        assert.same({ n = 2 }, engine:state("s", "count"))
+        assert.equal(1, engine:stats().reload_failures)
+      end)
+
+      it("a handler file added after the start that does not load fails its events naming the file; other events go on", function()
+        local t = setup()
+        t.handler("fine", returns("fine.done"))
         local engine = t.engine({ max_failures = 5, backoff_ms = 1000 })
+        -- no version of it ever loaded: there is nothing to keep running
+        t.handler("broken", "return function(event, ctx)\n  return { { type = \n")
         t.store:append("a", { { type = "broken" } })
         t.store:append("b", { { type = "fine" }, { type = "fine" } })
         assert.same({ handled = 2, failed = 1, dead = 0 }, run(engine))
@@ -348,7 +436,7 @@ end
         assert.equal("pending", e.status)
         assert.equal(1, e.failures)
         assert.is_string(e.last_error)
-        assert.is_true(contains(e.last_error, "broken.lua"), "last_error must name the file: " .. tostring(e.last_error))
+        assert.is_true(contains(e.last_error, "broken.lua:3:"), "last_error must name the file and line: " .. tostring(e.last_error))
         assert.equal("processed", event(t.store, "b", 1).status)
         assert.equal("processed", event(t.store, "b", 2).status)
 
@@ -359,19 +447,6 @@ end
         local repaired = event(t.store, "a", 2)
         assert.equal("repaired", repaired.type)
         assert.same({ index = 1, attempt = 2 }, repaired.cause)
-      end)
-
-      it("a handler file that does not return a function fails its events naming the file", function()
-        local t = setup()
-        t.handler("notfn", "return 42\n")
-        t.handler("fine", returns("fine.done"))
-        local engine = t.engine()
-        t.store:append("a", { { type = "notfn" } })
-        t.store:append("b", { { type = "fine" } })
-        assert.same({ handled = 1, failed = 1, dead = 0 }, run(engine))
-        local e = event(t.store, "a", 1)
-        assert.equal(1, e.failures)
-        assert.is_true(contains(e.last_error, "notfn.lua"), "last_error must name the file: " .. tostring(e.last_error))
       end)
     end)
 

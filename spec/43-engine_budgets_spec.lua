@@ -32,7 +32,6 @@ return function()
   while true do pcall(coroutine.wrap(function() while true do end end)) end
 end]],
   ["debug.sethook() first"] = "return function() pcall(debug.sethook) while true do end end",
-  ["a loop at the top level of the file"] = "while true do end\nreturn function() end",
   ["a coroutine created at load time"] = [[
 local co = coroutine.wrap(function() while true do end end)
 return function() while true do pcall(co) end end]],
@@ -80,6 +79,36 @@ for _, url in ipairs(helpers.urls()) do
         assert.is_true(ms < 5000, "took " .. ms .. " ms")
       end)
     end
+
+    -- A script's top level runs when the engine opens (§4), budgeted too.
+    local TOP_LOOP = "while true do end\nreturn function() end"
+
+    it("a loop at the top level of a script is stopped by the budget: eventstore.engine refuses it", function()
+      local t = setup()
+      t.handler("x", TOP_LOOP)
+      local err = helpers.expect_error("INVALID_ARGUMENT", t.engine, { instruction_budget = 1000000 })
+      assert.is_true(contains(err.message, "handlers/x.lua: instruction budget exceeded (1000000 instructions)"),
+        err.message)
+    end)
+
+    it("with no instruction budget, a loop at the top level of a script is stopped at its deadline", function()
+      local t = setup()
+      t.handler("x", TOP_LOOP)
+      local err = helpers.expect_error("INVALID_ARGUMENT", t.engine, { instruction_budget = 0, deadline_ms = 200 })
+      assert.is_true(contains(err.message, "handlers/x.lua: deadline exceeded (200 ms)"), err.message)
+    end)
+
+    it("a loop at the top level of a handler added after the start fails its attempt on the budget", function()
+      local t = setup()
+      local engine = t.engine({ max_failures = 1, backoff_ms = 0, instruction_budget = 1000000 })
+      t.handler("x", TOP_LOOP)
+      t.store:append("s", { { type = "x" } })
+      local r = engine:run({ until_idle = true })
+      local ev = eh.event(t.store, "s", 1)
+      assert.equal("dead", ev.status)
+      assert.is_true(contains(ev.last_error, "instruction budget exceeded (1000000 instructions)"), ev.last_error)
+      assert.equal(1, r.dead)
+    end)
 
     it("engine scripts load text chunks only (no bytecode: Lua has no verifier)", function()
       local t = setup()

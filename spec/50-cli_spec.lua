@@ -18,7 +18,6 @@ local helpers = require("helpers")
 local sh_quote = helpers.sh_quote
 
 local BIN = helpers.BIN
-local HAS_ENGINE = type(eventstore.engine) == "function"
 
 local read_file = helpers.read_file
 
@@ -43,11 +42,6 @@ local function exists(path)
   local f = io.open(path, "r")
   if f then f:close() return true end
   return false
-end
-
--- Engine tests are visibly pending until the engine exists.
-local engine_it = HAS_ENGINE and it or function(name)
-  pending(name .. " (needs the engine)")
 end
 
 -- The scripts directory the engine tests use.
@@ -321,7 +315,7 @@ describe("eventstore binary", function()
       assert.is_false(exists(db_path()))
     end)
 
-    engine_it("goes through the engine only with --scripts: no handler there means stored processed", function()
+    it("goes through the engine only with --scripts: no handler there means stored processed", function()
       write_scripts(work .. "/scripts")
       -- ./scripts exists, but without --scripts every event is stored pending
       local plain = ndjson(ok(es({ "append", "s", "note", '{"x":1}' })))[1]
@@ -551,7 +545,7 @@ describe("eventstore binary", function()
       end)
     end
 
-    engine_it("run and state: STORAGE, exit 1", function()
+    it("run and state: STORAGE, exit 1", function()
       write_scripts(work .. "/scripts")
       fails(es({ "run", "--until-idle", "--db", BAD }), 1, "STORAGE: ")
       fails(es({ "state", "s", "count", "--db", BAD }), 1, "STORAGE: ")
@@ -567,9 +561,55 @@ describe("eventstore binary", function()
     it("without a scripts directory is an error (nothing is settled by accident)", function()
       fails(es({ "run", "--until-idle" }), 1, "scripts directory './scripts' does not exist")
       fails(es({ "run", "--scripts", "nope" }), 1, "scripts directory 'nope' does not exist")
+      -- a file is not a missing directory: say which it is
+      write_file(work .. "/README.md", "# not scripts\n")
+      for _, cmd in ipairs({ { "run", "--until-idle" }, { "state", "s", "count" }, { "append", "s", "t" } }) do
+        local a = { table.unpack(cmd) }
+        a[#a + 1] = "--scripts"
+        a[#a + 1] = "README.md"
+        fails(es(a), 1, "scripts directory 'README.md' is not a directory (--scripts DIR)")
+      end
+      fails(es({ "serve", "--tokens", "README.md", "--scripts", "README.md" }), 1,
+        "scripts directory 'README.md' is not a directory (--scripts DIR; or --no-engine")
     end)
 
-    engine_it("--until-idle handles every ready event and prints the summary", function()
+    it("a handler with a syntax error stops it at start, naming the file and line; nothing is claimed (§4)", function()
+      local store = open_db()
+      store:append("s", { { type = "greet", payload = { name = "ada" } } })
+      store:close()
+      write_scripts(work .. "/scripts")
+      write_file(work .. "/scripts/handlers/greet.lua", "return function(event, ctx)\n  return { { type = = 'x' } }\nend\n")
+      local err = fails(es({ "run", "--until-done" }), 1, "INVALID_ARGUMENT: cannot load ./scripts/handlers/greet.lua:2: ")
+      assert.are.equal(1, #lines(err), err)
+      store = open_db()
+      local e = store:read("s")[1]
+      store:close()
+      assert.are.equal("pending", e.status)
+      assert.are.equal(0, e.attempts)
+    end)
+
+    it("--until-done exits 3 when it dead-lettered events, after the summary (§4)", function()
+      local store = open_db()
+      store:append("s", { { type = "boom" }, { type = "greet", payload = { name = "ada" } } })
+      -- four failures already: the run's attempt is the fifth, the engine's
+      -- max_failures (without waiting for four backoffs)
+      for _ = 1, 4 do
+        local c = store:claim("s", { holder = "earlier", ttl_ms = 60000, limit = 1 })
+        store:fail("s", 1, c.events[1].attempt, { error = "earlier boom", retry_after_ms = 0 })
+      end
+      store:close()
+      write_scripts(work .. "/scripts")
+      local r = es({ "run", "--until-done" })
+      assert.are.equal(3, r.code, "exit code; stderr: " .. r.err)
+      assert.are.equal("handled 1, failed 0, dead 1, pending 0\n", r.out)
+      store = open_db()
+      assert.are.equal("dead", store:read("s")[1].status)
+      store:close()
+      -- nothing dead-lettered by this run: 0 again
+      assert.are.equal("handled 0, failed 0, dead 0, pending 0\n", ok(es({ "run", "--until-done" })))
+    end)
+
+    it("--until-idle handles every ready event and prints the summary", function()
       local store = open_db()
       store:append("s-1", { { type = "greet", payload = { name = "ada" } }, { type = "boom" } })
       store:append("s-2", { { type = "greet", payload = { name = "bo" } } })
@@ -598,7 +638,7 @@ describe("eventstore binary", function()
       assert.are.equal("handled 0, failed 0, dead 0, pending 1\n", ok(es({ "run", "--until-idle" })))
     end)
 
-    engine_it("--holder names the engine's claims, --ttl-ms their TTL; an empty holder is refused", function()
+    it("--holder names the engine's claims, --ttl-ms their TTL; an empty holder is refused", function()
       local store = open_db()
       store:append("h", { { type = "greet", payload = { name = "cy" } } })
       store:close()
@@ -650,7 +690,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       return line:match("^(%d+) (%d+)$")
     end
 
-    engine_it("SIGTERM: exits 0 within a few seconds and prints the summary", function()
+    it("SIGTERM: exits 0 within a few seconds and prints the summary", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "greet", '{"name":"ada"}' }))
       local handled = sh_quote(BIN) .. " read s | grep -q greeted"
@@ -664,7 +704,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       store:close()
     end)
 
-    engine_it("SIGTERM while a handler runs: the handler is interrupted, its attempt retried later, exit 0 within 3 s", function()
+    it("SIGTERM while a handler runs: the handler is interrupted, its attempt retried later, exit 0 within 3 s", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "slow", '{"seconds":19.7}' }))
       -- signalled once the handler's command runs (a loaded machine may take
@@ -685,7 +725,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       os.execute("pkill -f 'sleep 19.7' >/dev/null 2>&1")
     end)
 
-    engine_it("SIGINT while a handler is in os.execute is not lost: the run stops within 3 s", function()
+    it("SIGINT while a handler is in os.execute is not lost: the run stops within 3 s", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "slow", '{"seconds":19.3}' }))
       -- signalled once the handler's command runs (a loaded machine may take
@@ -697,7 +737,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       os.execute("pkill -f 'sleep 19.3' >/dev/null 2>&1")
     end)
 
-    engine_it("a second signal quits at once, saying so", function()
+    it("a second signal quits at once, saying so", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "slow", '{"seconds":19.1}' }))
       local rc, ms = run_and_signal("TERM", 0.5, 0.4)
@@ -709,7 +749,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       assert.truthy(err:find("quitting at once", 1, true), err)
     end)
 
-    engine_it("SIGINT: exits 0 and prints the summary", function()
+    it("SIGINT: exits 0 and prints the summary", function()
       write_scripts(work .. "/scripts")
       -- not in the background: a non-interactive shell's background jobs
       -- ignore SIGINT; --preserve-status makes timeout exit with run's status
@@ -719,7 +759,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       assert.are.equal("handled 0, failed 0, dead 0, pending 0\n", read_file(work .. "/run.out"))
     end)
 
-    engine_it("keeps a progress line on stderr when it is a terminal", function()
+    it("keeps a progress line on stderr when it is a terminal", function()
       if not os.execute("command -v script >/dev/null 2>&1") then
         pending("needs script(1) for a pseudo-terminal")
         return
@@ -753,7 +793,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       fails(es({ "state", "s", "count" }), 1, "STORAGE: no database at")
     end)
 
-    engine_it("prints the folded state as JSON, --at N", function()
+    it("prints the folded state as JSON, --at N", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s" }, '{"type":"greet","payload":{"name":"ada"}}\n{"type":"note"}\n'
         .. '{"type":"greet","payload":{"name":"bo"}}\n'))
@@ -763,7 +803,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       assert.are.equal('{"n":0,"names":{}}\n', ok(es({ "state", "nobody", "count" })))
     end)
 
-    engine_it("errors: unknown reducer, --at beyond the head, a state JSON cannot carry", function()
+    it("errors: unknown reducer, --at beyond the head, a state JSON cannot carry", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "greet", '{"name":"ada"}' }))
       fails(es({ "state", "s", "nope" }), 1, "NOT_FOUND: ")

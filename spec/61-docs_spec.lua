@@ -176,3 +176,33 @@ describe("code blocks in the docs", function()
     end
   end
 end)
+
+describe("the README's HTTP steps", function()
+  it("write the token and the tokens file under build/, never in the directory they run in", function()
+    local body
+    for _, b in ipairs(blocks(assert(read_file("README.md")))) do
+      if b.tag == "sh" and b.body:find("token new", 1, true) then body = b.body end
+    end
+    assert.truthy(body, "README.md has an sh block making a token")
+    local dir = mkdtemp()
+    finally(function() os.execute("rm -rf " .. sh_quote(dir)) end)
+    runners.sh(dir, body)
+    local p = assert(io.popen("ls -A " .. sh_quote(dir)))
+    local top = {}
+    for name in p:lines() do top[#top + 1] = name end
+    p:close()
+    table.sort(top)
+    -- scripts/ is the copy every block gets
+    assert.are.same({ "build", "scripts" }, top)
+    local token = read_file(dir .. "/build/http-demo/new-token") or ""
+    assert.truthy(token:match("^%x+\n"), "build/http-demo/new-token starts with the token: " .. token)
+  end)
+
+  it(".gitignore keeps a token written by older steps out of the repository", function()
+    -- read, not asked of git: a tarball of the sources has no repository
+    local ignored = {}
+    for line in (assert(read_file(".gitignore")) .. "\n"):gmatch("([^\n]*)\n") do ignored[line] = true end
+    assert.is_true(ignored["/new-token"], ".gitignore: /new-token")
+    assert.is_true(ignored["/tokens"], ".gitignore: /tokens")
+  end)
+end)

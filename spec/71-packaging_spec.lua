@@ -375,6 +375,11 @@ describe("help coverage", function()
         assert.is_true(listed[opt], ("%s: --%s is in its help"):format(name, opt))
       end
       if def.options.db then
+        -- --db names every scheme the store opens, not two of four
+        local db = assert(text:match("\n  %-%-db URL (.-)\n  %-%-[%w]"), name .. ": --db in its help")
+        for _, scheme in ipairs({ "sqlite:PATH", "memory:", "postgres://", "shards:" }) do
+          assert.truthy(db:find(scheme, 1, true), ("%s: --db lists %s: %s"):format(name, scheme, db))
+        end
         for opt in pairs(store_options) do
           assert.is_true(listed[opt], ("%s: store option --%s is in its help"):format(name, opt))
         end
@@ -431,6 +436,24 @@ describe("help coverage", function()
     for _, s in ipairs({ "NAME", "SYNOPSIS", "DESCRIPTION", "COMMANDS", "EXIT STATUS", "FILES" }) do
       assert.is_true(man.sh[s], ".SH " .. s)
     end
+  end)
+
+  it("eventstore help, the man page and docs/cli.md list the same exit codes", function()
+    local function codes(text, pattern)
+      local list = {}
+      for c in text:gmatch(pattern) do list[#list + 1] = tonumber(c) end
+      table.sort(list)
+      return list
+    end
+    local help = codes(assert(help_of():match("\nexit status:\n(.-)\n\n"), "help lists exit codes"), "\n?  (%d+): ")
+    local man_text = assert(read_file("docs/eventstore.1"))
+    local man_exit = assert(man_text:match("\n%.SH EXIT STATUS\n(.-)\n%.SH"), "man: EXIT STATUS")
+    local in_man = codes(man_exit, "%.TP\n%.B (%d+)\n")
+    local table_md = assert(cli_md:match("\n## Exit codes and errors\n(.-)\n\n[^|]"), "cli.md: exit codes")
+    local in_md = codes(table_md, "\n| (%d+) |")
+    assert.are.same({ 0, 1, 2, 3 }, help) -- §4 defines 3 for run --until-done
+    assert.are.same(help, in_man)
+    assert.are.same(help, in_md)
   end)
 
   it("the man page names the module's version", function()

@@ -223,6 +223,20 @@ describe("eventstore serve tokens", function()
     finish(srv, ok, err)
   end)
 
+  it("a port in use is one error line naming the address and port, exit 1", function()
+    local work = ch.mkdtemp()
+    -- a hashed token: no plain-text warning beside the error
+    helpers.write_file(work .. "/tokens", "sha256:" .. ("ab"):rep(32) .. " * read\n")
+    local srv = hh.serve({ no_engine = true })
+    local busy = "127.0.0.1:" .. srv.port
+    local r = ch.run(work, { "serve", "--db", "memory:", "--no-engine", "--tokens", "tokens", "--listen", busy })
+    os.execute("rm -rf " .. sh_quote(work))
+    finish(srv, true)
+    assert.equal(1, r.code, r.err)
+    assert.equal("", r.out)
+    assert.equal("eventstore: STORAGE: cannot listen on " .. busy .. ": Address already in use\n", r.err)
+  end)
+
   it("refuses to start on a bad tokens file, naming the file and line", function()
     local work = ch.mkdtemp()
     local cases = {

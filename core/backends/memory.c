@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "store/backend.h"
+#include "store/counts.h"
 #include "util/hmap.h"
 #include "util/tree.h"
 
@@ -260,12 +261,6 @@ struct es_txn {
   int write;
 };
 
-/* The id index (below, "ids"): rows by id. */
-typedef struct mids {
-  mrow **rows;       /* owned array of cap borrowed rows */
-  uint32_t *hashes;  /* owned; 0 empty, 1 removed, else the id's hash */
-  size_t cap, count, removed;
-} mids;
 
 /* The removed slots of the position array: bit j of level 0 is slot j (1:
  * its row was removed), and bit w of level k + 1 says that word w of level
@@ -292,7 +287,7 @@ struct es_backend {
   mrow **pos;
   size_t npos, cappos, pbase;
   mholes holes;
-  mids ids;          /* rows by id */
+  es_hmap ids;       /* rows by id: an idkey's hash, matched by id_match (below) */
   es_hmap sessions;  /* owned msess by name */
   msess *last;       /* the session found last: batches stay in one */
   msess *last_origin; /* the origin session found last: a fork copies from one */
@@ -621,36 +616,13 @@ typedef struct idkey {
   uint32_t h;             /* never 0 or 1 (they mark empty and removed slots) */
 } idkey;
 
-/* 64-bit multiply-xorshift over 8-byte words (as hmap.c's), folded. */
-static uint32_t id_hash(const unsigned char *p, size_t len) {
-  uint64_t h = 0x9E3779B97F4A7C15ull ^ (len * 0xC2B2AE3D27D4EB4Full);
-  while (len >= 8) {
-    uint64_t w;
-    memcpy(&w, p, 8);
-    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
-    h ^= h >> 29;
-    p += 8;
-    len -= 8;
-  }
-  if (len) {
-    uint64_t w = 0;
-    memcpy(&w, p, len);
-    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
-  }
-  h ^= h >> 33;
-  h *= 0xC4CEB9FE1A85EC53ull;
-  h ^= h >> 33;
-  uint32_t r = (uint32_t)(h ^ (h >> 32));
-  return r < 2 ? r + 2 : r;
-}
-
 static void idkey_of_text(idkey *k, const char *id) {
   if (uuid_parse(id, k->u)) {
     k->text = NULL;
-    k->h = id_hash(k->u, 16);
+    k->h = es_hmap_hash_bytes(k->u, 16);
   } else {
     k->text = id;
-    k->h = id_hash((const unsigned char *)id, strlen(id));
+    k->h = es_hmap_hash_bytes(id, strlen(id));
   }
 }
 
@@ -659,130 +631,38 @@ static void idkey_of_row(idkey *k, const mrow *r) {
   if (r->flags & RF_BINID) {
     memcpy(k->u, p, 16);
     k->text = NULL;
-    k->h = id_hash(p, 16);
+    k->h = es_hmap_hash_bytes(p, 16);
   } else {
     k->text = (const char *)p;
-    k->h = id_hash(p, strlen(k->text));
+    k->h = es_hmap_hash_bytes(p, strlen(k->text));
   }
 }
 
-static int id_match(const mrow *r, const idkey *k) {
+/* The id index (b->ids): util/hmap.h's table keyed by an idkey, so a
+ * UUID id is compared as its 16 bytes. */
+static int id_match(const void *item, const void *key) {
+  const mrow *r = item;
+  const idkey *k = key;
   const unsigned char *p = row_idp(r);
   if (!k->text) return (r->flags & RF_BINID) && memcmp(p, k->u, 16) == 0;
   return !(r->flags & RF_BINID) && strcmp((const char *)p, k->text) == 0;
 }
 
-/* The id index: hmap.h's open addressing (linear probing, a 32-bit hash
- * per slot compared before any row, growth by 1.5x at 7/8 load that never
- * touches the rows), keyed by an idkey: a UUID id is compared as its 16
- * bytes. 12 bytes a slot. */
-#define ID_EMPTY 0u
-#define ID_REMOVED 1u
-
-static size_t ids_home(uint32_t h, size_t cap) { return (size_t)(((uint64_t)h * cap) >> 32); }
-
-static ptrdiff_t ids_find(const mids *m, const idkey *k) {
-  if (!m->count) return -1;
-  size_t i = ids_home(k->h, m->cap);
-  for (;;) {
-    uint32_t h = m->hashes[i];
-    if (h == ID_EMPTY) return -1;
-    if (h == k->h && id_match(m->rows[i], k)) return (ptrdiff_t)i;
-    if (++i == m->cap) i = 0;
-  }
-}
-
-static mrow *ids_get(const mids *m, const idkey *k) {
-  ptrdiff_t i = ids_find(m, k);
-  return i < 0 ? NULL : m->rows[i];
-}
-
-static void ids_place(mrow **rows, uint32_t *hashes, size_t cap, uint32_t h, mrow *r) {
-  size_t i = ids_home(h, cap);
-  while (hashes[i] > ID_REMOVED)
-    if (++i == cap) i = 0;
-  hashes[i] = h;
-  rows[i] = r;
-}
-
-/* Moves every row into fresh arrays of cap slots (removed slots dropped).
- * -1 when out of memory (m unchanged). */
-static int ids_rehash(mids *m, size_t cap) {
-  if (cap > UINT32_MAX || cap > SIZE_MAX / sizeof(mrow *)) return -1;
-  mrow **rows = malloc(cap * sizeof *rows);
-  uint32_t *hashes = calloc(cap, sizeof *hashes);
-  if (!rows || !hashes) {
-    free(rows);
-    free(hashes);
-    return -1;
-  }
-  for (size_t i = 0; i < m->cap; i++)
-    if (m->hashes[i] > ID_REMOVED) ids_place(rows, hashes, cap, m->hashes[i], m->rows[i]);
-  free(m->rows);
-  free(m->hashes);
-  m->rows = rows;
-  m->hashes = hashes;
-  m->cap = cap;
-  m->removed = 0;
-  return 0;
-}
-
-/* Room for n more puts (0), or -1 when out of memory (m unchanged). A
- * rebuild sizes for the live rows to at most 3/4 load. */
-static int ids_reserve(mids *m, size_t n) {
-  if (m->cap && (m->count + m->removed + n) * 8 <= m->cap * 7) return 0;
-  size_t cap = m->cap ? m->cap : 8;
-  while ((m->count + n) * 4 > cap * 3) cap += cap / 2;
-  return ids_rehash(m, cap);
-}
-
-/* Adds r, whose id is not present (room reserved). */
-static void ids_put(mids *m, const idkey *k, mrow *r) {
-  size_t i = ids_home(k->h, m->cap);
-  while (m->hashes[i] > ID_REMOVED)
-    if (++i == m->cap) i = 0;
-  if (m->hashes[i] == ID_REMOVED) m->removed--;
-  m->hashes[i] = k->h;
-  m->rows[i] = r;
-  m->count++;
-}
+static mrow *ids_get(const es_hmap *m, const idkey *k) { return es_hmap_find(m, k->h, id_match, k); }
 
 /* r takes the slot of the row with its id, which is returned (NULL: none,
  * nothing changes). Never allocates. */
-static mrow *ids_replace(mids *m, mrow *r) {
+static mrow *ids_replace(es_hmap *m, mrow *r) {
   idkey k;
   idkey_of_row(&k, r);
-  ptrdiff_t i = ids_find(m, &k);
-  if (i < 0) return NULL;
-  mrow *old = m->rows[i];
-  m->rows[i] = r;
-  return old;
+  return es_hmap_replace_by(m, r, k.h, id_match, &k);
 }
 
 /* Removes r if the slot of its id holds r (a new row may have taken it). */
-static void ids_remove_row(mids *m, mrow *r) {
+static void ids_remove_row(es_hmap *m, mrow *r) {
   idkey k;
   idkey_of_row(&k, r);
-  ptrdiff_t i = ids_find(m, &k);
-  if (i < 0 || m->rows[i] != r) return;
-  m->hashes[i] = ID_REMOVED;
-  m->rows[i] = NULL;
-  m->count--;
-  m->removed++;
-}
-
-/* Smaller once at most 1/8 is in use; out of memory: the table stays. */
-static void ids_shrink(mids *m) {
-  if (m->cap <= 64 || m->count * 8 > m->cap) return;
-  size_t cap = 8;
-  while (m->count * 4 > cap * 3) cap += cap / 2;
-  (void)ids_rehash(m, cap);
-}
-
-static void ids_destroy(mids *m) {
-  free(m->rows);
-  free(m->hashes);
-  memset(m, 0, sizeof *m);
+  es_hmap_remove_item(m, r, k.h);
 }
 static const char *sess_key(const void *item) { return ((const msess *)item)->name; }
 static const char *lane_key(const void *item) { return ((const mlane *)item)->name; }
@@ -1393,7 +1273,7 @@ static void finish_commit(es_backend *b) {
   }
   if (removed) {
     pos_compact(b);
-    ids_shrink(&b->ids);  /* out of memory: the bigger table stays */
+    (void)es_hmap_shrink(&b->ids);  /* out of memory: the bigger table stays */
   }
   b->nundo = 0;
   b->nmarks = 0;
@@ -1565,14 +1445,11 @@ static void commit_seg(es_backend *b, urec *u) {
 /* ---- §3.12 counts --------------------------------------------------------- */
 
 /* The store's and each tenant scope's sums over the counted session rows
- * (backend.h counts): sess_swap_info, the one place a session row changes
+ * (backend.h counts; the rule, which rows count and a name's scope, is
+ * store/counts.h's): sess_swap_info, the one place a session row changes
  * (put, delete and their undo), moves them by the difference, so undo
- * restores them too. A scope is a session name's start through its first
- * ES_TENANT_SEP when that is a tenant's prefix (2 to ES_MAX_TENANT_BYTES + 1
- * bytes). Rows with a negative fence (shard-move markers, shards.c) and the
- * row named "" (a shard's plan record) are not sessions and do not count.
- * A scope's entry is made by session_put before anything changes (a swap
- * cannot allocate) and kept until close. */
+ * restores them too. A scope's entry is made by session_put before
+ * anything changes (a swap cannot allocate) and kept until close. */
 typedef struct mscope {
   es_counts c;
   char name[];
@@ -1580,19 +1457,17 @@ typedef struct mscope {
 
 static const char *scope_key(const void *item) { return ((const mscope *)item)->name; }
 
-/* The scope of a session name into buf (ES_MAX_TENANT_BYTES + 2 bytes);
+/* The scope of a session name into buf (ES_SCOPE_MAX_BYTES + 1 bytes);
  * 0 when it has none. */
 static int scope_of(const char *name, char *buf) {
-  const char *sep = strchr(name, ES_TENANT_SEP[0]);
-  size_t n = sep ? (size_t)(sep - name) + 1 : 0;
-  if (n < 2 || n > ES_MAX_TENANT_BYTES + 1) return 0;
+  size_t n = es_scope_len(name);
   memcpy(buf, name, n);
   buf[n] = '\0';
-  return 1;
+  return n > 0;
 }
 
 static int scope_prepare(es_backend *b, const char *name) {
-  char sc[ES_MAX_TENANT_BYTES + 2];
+  char sc[ES_SCOPE_MAX_BYTES + 1];
   if (!scope_of(name, sc) || es_hmap_get(&b->scopes, sc)) return 0;
   size_t n = strlen(sc) + 1;
   mscope *m = calloc(1, sizeof *m + n);
@@ -1612,26 +1487,13 @@ static void scopes_free(es_backend *b) {
   es_hmap_destroy(&b->scopes);
 }
 
-static void counts_add(es_counts *c, const es_session_info *row, int64_t sign) {
-  c->sessions += sign;
-  c->events += sign * row->events;
-  c->pending += sign * row->pending;
-  c->dead += sign * row->dead;
-}
-
 static void counts_swap(es_backend *b, const char *name, const es_session_info *from,
                         const es_session_info *to) {
-  if (!*name) return;
-  if (from && from->fence < 0) from = NULL;
-  if (to && to->fence < 0) to = NULL;
-  if (!from && !to) return;
-  char sc[ES_MAX_TENANT_BYTES + 2];
+  if (!es_counted(name, from) && !es_counted(name, to)) return;
+  es_counts_move(&b->counts, name, from, to);
+  char sc[ES_SCOPE_MAX_BYTES + 1];
   mscope *m = scope_of(name, sc) ? es_hmap_get(&b->scopes, sc) : NULL;
-  es_counts *cs[2] = {&b->counts, m ? &m->c : NULL};
-  for (int i = 0; i < 2 && cs[i]; i++) {
-    if (from) counts_add(cs[i], from, -1);
-    if (to) counts_add(cs[i], to, 1);
-  }
+  if (m) es_counts_move(&m->c, name, from, to);
 }
 
 static int mem_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
@@ -1682,6 +1544,7 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_hmap_init(&b->types, type_key);
   es_hmap_init(&b->spaces, ns_key);
   es_hmap_init(&b->segs, seg_key);
+  es_hmap_init(&b->ids, NULL); /* keyed by idkey: es_hmap_find with id_match */
   es_tree_init(&b->names, cmp_name);
   es_tree_init(&b->children, cmp_child);
   es_tree_init(&b->refs, cmp_ref);
@@ -1734,7 +1597,7 @@ static void mem_close(es_backend *b) {
   es_hmap_destroy(&b->segs);
   es_tree_clear(&b->keys, free_node);
   es_tree_clear(&b->uses, free_node);
-  ids_destroy(&b->ids);
+  es_hmap_destroy(&b->ids);
   es_hmap_destroy(&b->sessions);
   es_hmap_destroy(&b->types);
   es_hmap_destroy(&b->spaces);
@@ -2017,7 +1880,7 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
   mdisp *disp = NULL;
   mlinks *links = NULL;
   mrow *r = NULL;
-  if (undo_reserve(b, 1) || pos_reserve(b) || ids_reserve(&b->ids, 1) || rows_reserve(s))
+  if (undo_reserve(b, 1) || pos_reserve(b) || es_hmap_reserve(&b->ids, 1) || rows_reserve(s))
     goto fail;
   if (!type) {
     size_t lt = strlen(row->type) + 1;
@@ -2108,7 +1971,7 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
   s->rows[s->n - s->base] = r;
   s->n++;
   if (was) ids_replace(&b->ids, r);
-  else ids_put(&b->ids, &key, r);
+  else (void)es_hmap_put_h(&b->ids, r, key.h); /* room reserved: cannot fail */
   row_link(b, r, sets);
   urec *u = undo_push(b, U_EV_INSERT, r);
   u->created = (unsigned char)fresh;

@@ -64,6 +64,8 @@
 #include <unistd.h>
 
 #include "store/backend.h"
+#include "store/backend_sql.h"
+#include "store/counts.h"
 #include "util/parse.h"
 
 /* ---- libpq, loaded when the first postgres:// store opens --------------
@@ -172,12 +174,7 @@ static int pq_ready(es_err *err) {
 
 /* Column order of every event SELECT, as in sqlite.c; pg_bind_event binds
  * the same order as $1..$29 (the insert binds `key` as $30). */
-#define EV_COLS                                                                           \
-  "position, session, idx, id, type, payload, lane, created_at, cause_index, "            \
-  "cause_attempt, not_before, status, attempts, failures, last_error, processed_at, "     \
-  "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
-  "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
-  "processed_by_attempt, key"
+#define EV_COLS ES_SQL_EV_COLS
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
   "sealed_at, seal_reason, lease_holder, lease_token, lease_expires_at, parent, fork_at, "  \
@@ -284,7 +281,8 @@ static const char *const pg_sql[ST_COUNT] = {
     [ST_EVENT_ALL] = "SELECT " EV_COLS " FROM events WHERE position > $1 ORDER BY position LIMIT $2",
     [ST_LANE_NEXT] = "SELECT idx FROM events"
                      " WHERE session = $1 AND lane = $2 AND idx > $3"
-                     " AND lane IS NOT NULL AND status <> 1 ORDER BY idx LIMIT 1",
+                     " AND lane IS NOT NULL AND status <> " ES_SQL_PROCESSED
+                     " ORDER BY idx LIMIT 1",
     [ST_QUEUED_DUE_ALL] = "SELECT " EV_COLS
                           " FROM events WHERE queued = 1 AND due_at <= $1"
                           " ORDER BY due_at, position LIMIT $2",
@@ -297,16 +295,18 @@ static const char *const pg_sql[ST_COUNT] = {
     [ST_QUEUED_NEXT_SESSION] = "SELECT min(due_at) FROM events"
                                " WHERE queued = 1 AND session = $1 AND due_at > $2",
     [ST_QUEUED_DUE_TYPE] = "SELECT " EV_COLS
-                           " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                           " FROM events WHERE status = " ES_SQL_PENDING
+                           " AND type = $1 AND queued = 1"
                            " AND due_at <= $2 ORDER BY due_at, position LIMIT $3",
     [ST_QUEUED_NEXT_TYPE] = "SELECT min(due_at) FROM events"
-                            " WHERE status = 0 AND type = $1 AND queued = 1 AND due_at > $2",
-    [ST_PENDING_TYPES] = "SELECT type, count(*) FROM events WHERE status = 0"
+                            " WHERE status = " ES_SQL_PENDING
+                            " AND type = $1 AND queued = 1 AND due_at > $2",
+    [ST_PENDING_TYPES] = "SELECT type, count(*) FROM events WHERE status = " ES_SQL_PENDING
                          " GROUP BY type ORDER BY type",
     [ST_DEAD_ALL] = "SELECT " EV_COLS " FROM events"
-                    " WHERE status = 2 AND position > $1 ORDER BY position LIMIT $2",
+                    " WHERE status = " ES_SQL_DEAD " AND position > $1 ORDER BY position LIMIT $2",
     [ST_DEAD_SESSION] = "SELECT " EV_COLS " FROM events"
-                        " WHERE status = 2 AND session = $1 AND position > $2"
+                        " WHERE status = " ES_SQL_DEAD " AND session = $1 AND position > $2"
                         " ORDER BY position LIMIT $3",
     [ST_SNAPSHOT_GET] = "SELECT reducer, idx, state, version, updated_at FROM snapshots"
                         " WHERE session = $1 AND reducer = $2",
@@ -363,8 +363,8 @@ static const char *const pg_sql[ST_COUNT] = {
      * - 1, increasing in index order. The columns follow EV_COLS. */
     [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
                       " SELECT $1 + e.idx - 1, $2, e.idx, i.id, e.type, e.payload, e.lane,"
-                      " e.created_at, e.cause_index, e.cause_attempt, e.not_before, 1, 0, 0, NULL,"
-                      " $3, NULL, NULL, NULL, 0, NULL, NULL, -1, $4, e.idx, NULL, NULL, NULL, NULL,"
+                      " e.created_at, e.cause_index, e.cause_attempt, e.not_before, "
+                      ES_SQL_COPY_DISPATCH("$3") ", $4, e.idx, " ES_SQL_COPY_CLAIMS ","
                       " e.key FROM events e JOIN unnest($6::text[]) WITH ORDINALITY AS i(id, n)"
                       " ON e.idx = $5 + i.n - 1"
                       " WHERE e.session = $4 AND e.idx >= $5 AND e.idx < $5 + $7 ORDER BY e.idx",
@@ -381,17 +381,21 @@ static const char *const pg_sql[ST_COUNT] = {
                                   " WHERE queued = 1 AND due_at > $1 AND session >= $2"
                                   " AND session < $3",
     [ST_QUEUED_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
-                                  " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                                  " FROM events WHERE status = " ES_SQL_PENDING
+                                  " AND type = $1 AND queued = 1"
                                   " AND due_at <= $2 AND session >= $4 AND session < $5"
                                   " ORDER BY due_at, position LIMIT $3",
     [ST_QUEUED_NEXT_TYPE_SCOPED] = "SELECT min(due_at) FROM events"
-                                   " WHERE status = 0 AND type = $1 AND queued = 1 AND due_at > $2"
+                                   " WHERE status = " ES_SQL_PENDING
+                                   " AND type = $1 AND queued = 1 AND due_at > $2"
                                    " AND session >= $3 AND session < $4",
     [ST_PENDING_TYPES_SCOPED] = "SELECT type, count(*) FROM events"
-                                " WHERE status = 0 AND session >= $1 AND session < $2"
+                                " WHERE status = " ES_SQL_PENDING
+                                " AND session >= $1 AND session < $2"
                                 " GROUP BY type ORDER BY type",
     [ST_DEAD_ALL_SCOPED] = "SELECT " EV_COLS " FROM events"
-                           " WHERE status = 2 AND position > $1 AND session >= $3 AND session < $4"
+                           " WHERE status = " ES_SQL_DEAD
+                           " AND position > $1 AND session >= $3 AND session < $4"
                            " ORDER BY position LIMIT $2",
     /* Reads of a write transaction whose rows the core may rewrite lock
      * them (FOR UPDATE): a claim transaction runs outside the store's
@@ -420,11 +424,13 @@ static const char *const pg_sql[ST_COUNT] = {
                                 " AND session <> ALL($5::text[])"
                                 " ORDER BY due_at, position LIMIT $2 FOR UPDATE SKIP LOCKED",
     [ST_CLAIM_DUE_TYPE] = "SELECT " EV_COLS
-                          " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                          " FROM events WHERE status = " ES_SQL_PENDING
+                          " AND type = $1 AND queued = 1"
                           " AND due_at <= $2 AND session <> ALL($4::text[])"
                           " ORDER BY due_at, position LIMIT $3 FOR UPDATE SKIP LOCKED",
     [ST_CLAIM_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
-                                 " FROM events WHERE status = 0 AND type = $1 AND queued = 1"
+                                 " FROM events WHERE status = " ES_SQL_PENDING
+                                 " AND type = $1 AND queued = 1"
                                  " AND due_at <= $2 AND session >= $4 AND session < $5"
                                  " AND session <> ALL($6::text[])"
                                  " ORDER BY due_at, position LIMIT $3 FOR UPDATE SKIP LOCKED",
@@ -502,10 +508,10 @@ static const char pg_schema_v1[] =
     "CREATE INDEX events_queued ON events(due_at, position) WHERE queued = 1;"
     "CREATE INDEX events_session_queued ON events(session, idx, due_at) WHERE queued = 1;"
     "CREATE INDEX events_session_due ON events(session, due_at) WHERE queued = 1;"
-    "CREATE INDEX events_lane ON events(session, lane, idx) WHERE lane IS NOT NULL AND status <> 1;"
-    "CREATE INDEX events_dead ON events(position) WHERE status = 2;"
-    "CREATE INDEX events_session_dead ON events(session, position) WHERE status = 2;"
-    "CREATE INDEX events_type_pending ON events(type, queued, due_at, position) WHERE status = 0;"
+    "CREATE INDEX events_lane ON events(session, lane, idx) WHERE lane IS NOT NULL AND status <> " ES_SQL_PROCESSED ";"
+    "CREATE INDEX events_dead ON events(position) WHERE status = " ES_SQL_DEAD ";"
+    "CREATE INDEX events_session_dead ON events(session, position) WHERE status = " ES_SQL_DEAD ";"
+    "CREATE INDEX events_type_pending ON events(type, queued, due_at, position) WHERE status = " ES_SQL_PENDING ";"
     "CREATE TABLE sessions("
     "  session " C_TEXT " PRIMARY KEY,"
     "  head BIGINT NOT NULL,"
@@ -574,12 +580,12 @@ static const char pg_schema_v1[] =
     "  PRIMARY KEY(key, session));"
     "CREATE INDEX key_uses_session ON key_uses(session);";
 
-/* Version 2 (CONTRACT §3.12 stats): SQLite's version 7. `counts` holds the
- * sums over the session rows (how many, their events, pending and dead) of
- * the store (scope '') and of each tenant scope (a name's start through its
- * first \x1f, 2 to 65 characters), kept by a trigger on `sessions` in the
- * writing transaction, so stats read one row. Rows with a negative fence
- * (shard-move markers) and the row named '' do not count. Contention: the
+/* Version 2 (§3.12 stats): SQLite's version 7. `counts` holds the sums
+ * over the counted session rows (how many, their events, pending and dead)
+ * of the store (scope '') and of each tenant scope, kept by a trigger on
+ * `sessions` in the writing transaction, so stats read one row. Which rows
+ * count and what a scope is are the core's rule (store/counts.h), spelled
+ * here with its ES_SQL_* fragments. Contention: the
  * store's row is updated by every write that changes a count, and writes
  * already queue for the store's advisory lock, so it adds no wait; a
  * claim transaction (which runs beside them) changes only attempts and
@@ -594,26 +600,26 @@ static const char pg_schema_v2[] =
     "  pending BIGINT NOT NULL,"
     "  dead BIGINT NOT NULL);"
     "INSERT INTO counts SELECT '', count(*), coalesce(sum(events), 0), coalesce(sum(pending), 0),"
-    "  coalesce(sum(dead), 0) FROM sessions WHERE fence >= 0 AND session <> '';"
-    "INSERT INTO counts SELECT substr(session, 1, strpos(session, chr(31))), count(*), sum(events),"
-    "  sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND"
-    "  strpos(session, chr(31)) BETWEEN 2 AND 65 GROUP BY 1;"
+    "  coalesce(sum(dead), 0) FROM sessions WHERE " ES_SQL_COUNTED("sessions") ";"
+    "INSERT INTO counts SELECT substr(session, 1, strpos(session, " ES_SQL_SEP ")), count(*),"
+    "  sum(events), sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND"
+    "  strpos(session, " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS " GROUP BY 1;"
     "CREATE FUNCTION counts_apply() RETURNS trigger LANGUAGE plpgsql AS $f$"
     " DECLARE ds bigint := 0; de bigint := 0; dp bigint := 0; dd bigint := 0;"
     "   name text; k int;"
     " BEGIN"
-    "   IF TG_OP <> 'INSERT' AND OLD.fence >= 0 AND OLD.session <> '' THEN"
+    "   IF TG_OP <> 'INSERT' AND " ES_SQL_COUNTED("OLD") " THEN"
     "     ds := -1; de := -OLD.events; dp := -OLD.pending; dd := -OLD.dead; name := OLD.session;"
     "   END IF;"
-    "   IF TG_OP <> 'DELETE' AND NEW.fence >= 0 AND NEW.session <> '' THEN"
+    "   IF TG_OP <> 'DELETE' AND " ES_SQL_COUNTED("NEW") " THEN"
     "     ds := ds + 1; de := de + NEW.events; dp := dp + NEW.pending; dd := dd + NEW.dead;"
     "     name := NEW.session;"
     "   END IF;"
     "   IF name IS NULL OR (ds = 0 AND de = 0 AND dp = 0 AND dd = 0) THEN RETURN NULL; END IF;"
     "   UPDATE counts SET sessions = sessions + ds, events = events + de,"
     "     pending = pending + dp, dead = dead + dd WHERE scope = '';"
-    "   k := strpos(name, chr(31));"
-    "   IF k BETWEEN 2 AND 65 THEN"
+    "   k := strpos(name, " ES_SQL_SEP ");"
+    "   IF k" ES_SQL_SCOPE_BOUNDS " THEN"
     "     INSERT INTO counts VALUES (substr(name, 1, k), ds, de, dp, dd) ON CONFLICT (scope) DO"
     "     UPDATE SET sessions = counts.sessions + ds, events = counts.events + de,"
     "       pending = counts.pending + dp, dead = counts.dead + dd;"
@@ -624,7 +630,8 @@ static const char pg_schema_v2[] =
     "  FOR EACH ROW EXECUTE FUNCTION counts_apply();"
     "CREATE TRIGGER counts_update AFTER UPDATE ON sessions FOR EACH ROW WHEN ("
     "  OLD.events IS DISTINCT FROM NEW.events OR OLD.pending IS DISTINCT FROM NEW.pending"
-    "  OR OLD.dead IS DISTINCT FROM NEW.dead OR (OLD.fence >= 0) IS DISTINCT FROM (NEW.fence >= 0))"
+    "  OR OLD.dead IS DISTINCT FROM NEW.dead OR " ES_SQL_LIVE("OLD")
+    " IS DISTINCT FROM " ES_SQL_LIVE("NEW") ")"
     "  EXECUTE FUNCTION counts_apply();";
 
 /* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */

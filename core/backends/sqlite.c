@@ -55,6 +55,9 @@
 #include <unistd.h>
 
 #include "store/backend.h"
+#include "store/backend_sql.h"
+#include "store/counts.h"
+#include "util/dirsync.h"
 #include "util/parse.h"
 
 /* ---- settings --------------------------------------------------------- */
@@ -88,12 +91,7 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
  * UPDATE's highest parameter is the last one bound (binding a number above
  * a statement's highest parameter is an error, one below it that the
  * statement does not use is not). */
-#define EV_COLS                                                                           \
-  "position, session, idx, id, type, payload, lane, created_at, cause_index, "            \
-  "cause_attempt, not_before, status, attempts, failures, last_error, processed_at, "     \
-  "claim_holder, claim_expires_at, retry_at, queued, due_at, last_failed_attempt, returned, " \
-  "origin_session, origin_index, first_claimed_at, last_claimed_at, failed_at, "          \
-  "processed_by_attempt, key"
+#define EV_COLS ES_SQL_EV_COLS
 /* Column order of every session SELECT; sq_session_put binds it as ?1..?20. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
@@ -214,18 +212,20 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_EVENT_ALL] = "SELECT " EV_COLS " FROM events WHERE position > ?1 ORDER BY position LIMIT ?2",
     /* fork: one statement copies the prefix inside SQLite (no row goes
      * through C); es_copy_id() is the core's id generator (sq_fn_copy_id).
-     * The columns follow EV_COLS. Positions ?1 + idx - 1: increasing in
+     * The columns follow EV_COLS; the dispatch record is the core's
+     * (backend_sql.h). Positions ?1 + idx - 1: increasing in
      * index order without a window function (a quarter of the time),
      * leaving a gap if the source lacks an index (allowed: positions need
      * only increase; the core refuses such a copy anyway). */
     [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
                       " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type,"
-                      " payload, lane, created_at, cause_index, cause_attempt, not_before, 1, 0, 0,"
-                      " NULL, ?3, NULL, NULL, NULL, 0, NULL, NULL, -1, ?4, idx, NULL, NULL, NULL, NULL,"
+                      " payload, lane, created_at, cause_index, cause_attempt, not_before, "
+                      ES_SQL_COPY_DISPATCH("?3") ", ?4, idx, " ES_SQL_COPY_CLAIMS ","
                       " key FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
     [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
                      " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
-                     " AND lane IS NOT NULL AND status <> 1 ORDER BY idx LIMIT 1",
+                     " AND lane IS NOT NULL AND status <> " ES_SQL_PROCESSED
+                     " ORDER BY idx LIMIT 1",
     [ST_QUEUED_DUE_ALL] = "SELECT " EV_COLS
                           " FROM events INDEXED BY events_queued WHERE queued = 1 AND due_at <= ?1"
                           " ORDER BY due_at, position LIMIT ?2",
@@ -252,18 +252,20 @@ static const char *const sq_sql[ST_COUNT] = {
      * rows are all pending, so it filters nothing else. */
     [ST_QUEUED_DUE_TYPE] = "SELECT " EV_COLS
                            " FROM events INDEXED BY events_type_pending"
-                           " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at <= ?2"
+                           " WHERE status = " ES_SQL_PENDING
+                           " AND type = ?1 AND queued = 1 AND due_at <= ?2"
                            " ORDER BY due_at, position LIMIT ?3",
     [ST_QUEUED_NEXT_TYPE] = "SELECT min(due_at) FROM events INDEXED BY events_type_pending"
-                            " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at > ?2",
+                            " WHERE status = " ES_SQL_PENDING
+                            " AND type = ?1 AND queued = 1 AND due_at > ?2",
     [ST_PENDING_TYPES] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
-                         " WHERE status = 0 GROUP BY type ORDER BY type",
+                         " WHERE status = " ES_SQL_PENDING " GROUP BY type ORDER BY type",
     [ST_DEAD_ALL] = "SELECT " EV_COLS
                     " FROM events INDEXED BY events_dead"
-                    " WHERE status = 2 AND position > ?1 ORDER BY position LIMIT ?2",
+                    " WHERE status = " ES_SQL_DEAD " AND position > ?1 ORDER BY position LIMIT ?2",
     [ST_DEAD_SESSION] = "SELECT " EV_COLS
                         " FROM events INDEXED BY events_session_dead"
-                        " WHERE status = 2 AND session = ?1 AND position > ?2"
+                        " WHERE status = " ES_SQL_DEAD " AND session = ?1 AND position > ?2"
                         " ORDER BY position LIMIT ?3",
     [ST_SNAPSHOT_GET] = "SELECT reducer, idx, state, version, updated_at FROM snapshots"
                         " WHERE session = ?1 AND reducer = ?2",
@@ -335,18 +337,22 @@ static const char *const sq_sql[ST_COUNT] = {
                                   " AND session < ?3 ORDER BY due_at LIMIT 1",
     [ST_QUEUED_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
                                   " FROM events INDEXED BY events_type_pending"
-                                  " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at <= ?2"
+                                  " WHERE status = " ES_SQL_PENDING
+                                  " AND type = ?1 AND queued = 1 AND due_at <= ?2"
                                   " AND session >= ?4 AND session < ?5"
                                   " ORDER BY due_at, position LIMIT ?3",
     [ST_QUEUED_NEXT_TYPE_SCOPED] = "SELECT due_at FROM events INDEXED BY events_type_pending"
-                                   " WHERE status = 0 AND type = ?1 AND queued = 1 AND due_at > ?2"
+                                   " WHERE status = " ES_SQL_PENDING
+                                   " AND type = ?1 AND queued = 1 AND due_at > ?2"
                                    " AND session >= ?3 AND session < ?4 ORDER BY due_at LIMIT 1",
     [ST_PENDING_TYPES_SCOPED] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
-                                " WHERE status = 0 AND session >= ?1 AND session < ?2"
+                                " WHERE status = " ES_SQL_PENDING
+                                " AND session >= ?1 AND session < ?2"
                                 " GROUP BY type ORDER BY type",
     [ST_DEAD_ALL_SCOPED] = "SELECT " EV_COLS
                            " FROM events INDEXED BY events_dead"
-                           " WHERE status = 2 AND position > ?1 AND session >= ?3 AND session < ?4"
+                           " WHERE status = " ES_SQL_DEAD
+                           " AND position > ?1 AND session >= ?3 AND session < ?4"
                            " ORDER BY position LIMIT ?2",
     /* An INSERT's fixed cost (opening a cursor on the table and each of
      * its nine indexes, closing them, the statement's journal) is larger
@@ -417,9 +423,9 @@ static const char sq_schema_v1[] =
     /* by index (claim order); due_at in the key filters without a row lookup */
     "CREATE INDEX IF NOT EXISTS events_session_queued ON events(session, idx, due_at) WHERE queued = 1;"
     "CREATE INDEX IF NOT EXISTS events_lane ON events(session, lane, idx)"
-    "  WHERE lane IS NOT NULL AND status <> 1;"
-    "CREATE INDEX IF NOT EXISTS events_dead ON events(position) WHERE status = 2;"
-    "CREATE INDEX IF NOT EXISTS events_session_dead ON events(session, position) WHERE status = 2;"
+    "  WHERE lane IS NOT NULL AND status <> " ES_SQL_PROCESSED ";"
+    "CREATE INDEX IF NOT EXISTS events_dead ON events(position) WHERE status = " ES_SQL_DEAD ";"
+    "CREATE INDEX IF NOT EXISTS events_session_dead ON events(session, position) WHERE status = " ES_SQL_DEAD ";"
     "CREATE TABLE IF NOT EXISTS sessions("
     "  session TEXT PRIMARY KEY,"
     "  head INTEGER NOT NULL,"
@@ -463,7 +469,7 @@ static const char sq_schema_v2[] =
  * so the ready rows of a type are one range of it. */
 static const char sq_schema_v3[] =
     "CREATE INDEX IF NOT EXISTS events_type_pending ON events(type, queued, due_at, position)"
-    "  WHERE status = 0;";
+    "  WHERE status = " ES_SQL_PENDING ";";
 
 /* Version 4 (CONTRACT §3.7, §3.8): the full dispatch record and a fork
  * copy's origin on events; fences, leases, seals and lineage on sessions
@@ -548,21 +554,20 @@ static const char sq_schema_v6[] =
     "  PRIMARY KEY(key, session)) WITHOUT ROWID;"
     "CREATE INDEX IF NOT EXISTS key_uses_session ON key_uses(session);";
 
-/* Version 7 (CONTRACT §3.12 stats): `counts` holds the sums over the
+/* Version 7 (§3.12 stats): `counts` holds the sums over the counted
  * session rows (how many, and their events, pending and dead), of the
- * store (scope '') and of each tenant scope (a name's start through its
- * first \x1f, 2 to 65 characters), kept by triggers on `sessions` in the
- * writing transaction itself, so store:stats() reads one row instead of
- * walking the sessions, whoever wrote (every process runs the same
- * triggers). Rows with a negative fence (shard-move markers) and the row
- * named '' (a shard's plan record) do not count. Each trigger moves the
+ * store (scope '') and of each tenant scope, kept by triggers on
+ * `sessions` in the writing transaction itself, so store:stats() reads one
+ * row instead of walking the sessions, whoever wrote (every process runs
+ * the same triggers). Which rows count and what a scope is are the core's
+ * rule (store/counts.h), spelled here with its ES_SQL_* fragments. Each trigger moves the
  * store's row by the difference and upserts the scope's; the update
  * trigger fires only when a counted value changes (a claim, which changes
  * attempts, costs nothing more). The migration computes the rows once
  * from the sessions as they are. */
-#define SQ_COUNTED(r) "(" r ".fence >= 0 AND " r ".session <> '')"
-#define SQ_SCOPE(r) "substr(" r ".session, 1, instr(" r ".session, char(31)))"
-#define SQ_HAS_SCOPE(r) "instr(" r ".session, char(31)) BETWEEN 2 AND 65"
+#define SQ_COUNTED(r) ES_SQL_COUNTED(r)
+#define SQ_SCOPE(r) "substr(" r ".session, 1, instr(" r ".session, " ES_SQL_SEP "))"
+#define SQ_HAS_SCOPE(r) "instr(" r ".session, " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
 /* The statements of a trigger body moving the counts by (ds, de, dp, dd)
  * for the session row r. */
 #define SQ_COUNTS_MOVE(r, ds, de, dp, dd)                                                        \
@@ -581,21 +586,22 @@ static const char sq_schema_v7[] =
     "  dead INTEGER NOT NULL) WITHOUT ROWID;"
     "DELETE FROM counts;"
     "INSERT INTO counts SELECT '', count(*), coalesce(sum(events), 0), coalesce(sum(pending), 0),"
-    "  coalesce(sum(dead), 0) FROM sessions WHERE fence >= 0 AND session <> '';"
-    "INSERT INTO counts SELECT substr(session, 1, instr(session, char(31))), count(*), sum(events),"
-    "  sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND"
-    "  instr(session, char(31)) BETWEEN 2 AND 65 GROUP BY 1;"
+    "  coalesce(sum(dead), 0) FROM sessions WHERE " SQ_COUNTED("sessions") ";"
+    "INSERT INTO counts SELECT " SQ_SCOPE("sessions") ", count(*), sum(events),"
+    "  sum(pending), sum(dead) FROM sessions WHERE fence >= 0 AND " SQ_HAS_SCOPE("sessions")
+    " GROUP BY 1;"
     "CREATE TRIGGER IF NOT EXISTS counts_insert AFTER INSERT ON sessions WHEN " SQ_COUNTED("NEW")
     " BEGIN " SQ_COUNTS_MOVE("NEW", "1", "NEW.events", "NEW.pending", "NEW.dead") " END;"
     "CREATE TRIGGER IF NOT EXISTS counts_delete AFTER DELETE ON sessions WHEN " SQ_COUNTED("OLD")
     " BEGIN " SQ_COUNTS_MOVE("OLD", "-1", "-OLD.events", "-OLD.pending", "-OLD.dead") " END;"
     "CREATE TRIGGER IF NOT EXISTS counts_update AFTER UPDATE OF events, pending, dead, fence"
     " ON sessions WHEN NEW.session <> '' AND (OLD.events <> NEW.events OR OLD.pending <> NEW.pending"
-    " OR OLD.dead <> NEW.dead OR (OLD.fence >= 0) <> (NEW.fence >= 0)) BEGIN "
-    SQ_COUNTS_MOVE("NEW", "((NEW.fence >= 0) - (OLD.fence >= 0))",
-                   "((NEW.fence >= 0) * NEW.events - (OLD.fence >= 0) * OLD.events)",
-                   "((NEW.fence >= 0) * NEW.pending - (OLD.fence >= 0) * OLD.pending)",
-                   "((NEW.fence >= 0) * NEW.dead - (OLD.fence >= 0) * OLD.dead)") " END;";
+    " OR OLD.dead <> NEW.dead OR " ES_SQL_LIVE("OLD") " <> " ES_SQL_LIVE("NEW") ") BEGIN "
+    SQ_COUNTS_MOVE("NEW", "(" ES_SQL_LIVE("NEW") " - " ES_SQL_LIVE("OLD") ")",
+                   "(" ES_SQL_LIVE("NEW") " * NEW.events - " ES_SQL_LIVE("OLD") " * OLD.events)",
+                   "(" ES_SQL_LIVE("NEW") " * NEW.pending - " ES_SQL_LIVE("OLD") " * OLD.pending)",
+                   "(" ES_SQL_LIVE("NEW") " * NEW.dead - " ES_SQL_LIVE("OLD")
+                   " * OLD.dead)") " END;";
 
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
@@ -1651,20 +1657,6 @@ static int sq_check_dir(es_backend *b, es_err *err) {
   return code;
 }
 
-/* Makes a newly created file's directory entry durable (SQLite syncs the
- * directory for its WAL, not for the main file it creates). */
-static void sq_sync_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = slash ? sq_dup(path, slash == path ? 1 : (size_t)(slash - path)) : sq_dup(".", 1);
-  if (!dir) return;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
-  free(dir);
-}
-
 /* Judges an existing file that has neither a -wal nor a -journal next to it
  * (sq_schema_read) through a temporary immutable, read-only connection: with
  * no -wal the main file holds every commit, and an immutable connection
@@ -1875,7 +1867,13 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
     if ((code = sq_conn_exec(&b->w, "PRAGMA journal_size_limit = 67108864", NULL, err)) != ES_OK) goto fail;
   }
   if ((code = sq_conn_open(b, &b->watch, 0, err)) != ES_OK) goto fail;
-  if (!existed) sq_sync_dir(b->full_path ? b->full_path : b->path);
+  /* A new file's directory entry must be durable (SQLite syncs the
+   * directory for its WAL, not for the main file it creates): the commits
+   * to come would otherwise be lost with the file's name. */
+  if (!existed && es_sync_parent_dir(b->full_path ? b->full_path : b->path) != 0) {
+    code = es_fail(err, ES_STORAGE, "sqlite %s: cannot sync its directory: %s", b->path, strerror(errno));
+    goto fail;
+  }
   *out = b;
   return ES_OK;
 fail:

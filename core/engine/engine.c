@@ -169,7 +169,8 @@ static int setup_state(lua_State *L) {
   lua_pushstring(L, e->scripts);
   lua_pushcfunction(L, l_stat);
   lua_pushcfunction(L, l_hash);
-  lua_call(L, 3, 1);
+  es_scripts_push_shared(L, e);
+  lua_call(L, 4, 1);
   lua_rawsetp(L, LUA_REGISTRYINDEX, &loader_key);
   return 0;
 }
@@ -440,8 +441,14 @@ static es_type_set *types_get(es_engine *e) {
 /* Rescans scripts/handlers (at a run's start, then every second by the
  * keeper), so a handler file added while the engine runs is picked up. */
 static void types_refresh(es_engine *e) {
-  es_type_set *fresh = es_type_set_scan(e->scripts);
-  if (!fresh) return; /* out of memory: keep the old set */
+  es_err err = {0};
+  es_type_set *fresh = es_type_set_scan(e->scripts, &err);
+  if (!fresh) { /* keep the old set; say why once, not every second */
+    if (!e->types_failing) es_engine_log(e, 0, "cannot rescan the handlers: %s", err.msg);
+    e->types_failing = 1;
+    return;
+  }
+  e->types_failing = 0;
   pthread_mutex_lock(&e->types_mu);
   es_type_set *old = e->types;
   e->types = fresh;
@@ -1310,13 +1317,19 @@ static void *worker_main(void *arg) {
 /* Takes r (busy, not finishing) out of its slot: fails its attempt, lets
  * its thread go, and (unless the run is stopping) starts a replacement. */
 static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
+  /* r's strings are borrowed from its event, which its thread frees
+   * whenever it comes back: copied here, into buffers that cannot fail to
+   * be had (a failed strdup would lose the attempt's failure). */
+  char session[ES_MAX_NAME_BYTES + 1], type[ES_MAX_NAME_BYTES + 1];
   pthread_mutex_lock(&r->mu);
   int ok = r->busy && !r->finishing && !r->abandoned;
   claim_info c = r->claim;
   if (ok) {
     r->abandoned = 1;
-    c.session = strdup(r->claim.session ? r->claim.session : ""); /* r's are borrowed */
-    c.type = strdup(r->claim.type ? r->claim.type : "");
+    snprintf(session, sizeof session, "%s", r->claim.session ? r->claim.session : "?");
+    snprintf(type, sizeof type, "%s", r->claim.type ? r->claim.type : "?");
+    c.session = session;
+    c.type = type;
   }
   pthread_mutex_unlock(&r->mu);
   if (!ok) return;
@@ -1326,11 +1339,8 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
    * not count itself out of a later run's e->busy. */
   atomic_fetch_sub(&e->busy, 1);
   pthread_detach(r->thread);
-  es_engine_log(e, r->id, "%s #%lld %s: %s", c.session ? c.session : "?", (long long)c.index,
-                c.type ? c.type : "?", cause);
-  if (c.session && c.type) record_failure(e, r->id, &c, cause, atomic_load(&e->stopping), 0);
-  free((char *)c.session);
-  free((char *)c.type);
+  es_engine_log(e, r->id, "%s #%lld %s: %s", c.session, (long long)c.index, c.type, cause);
+  record_failure(e, r->id, &c, cause, atomic_load(&e->stopping), 0);
 
   runner *fresh = NULL;
   if (!atomic_load(&e->stopping)) {
@@ -1480,6 +1490,8 @@ static void engine_free(es_engine *e) {
   es_type_set_release(e->types);
   pthread_cond_destroy(&e->fold_cond);
   es_type_stats_destroy(&e->tstats); /* §3.12 */
+  es_scripts_free(e);
+  pthread_mutex_destroy(&e->good_mu);
   free(e);
 }
 
@@ -1506,6 +1518,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_mutex_init(&e->fold_mu, NULL);
   pthread_mutex_init(&e->state_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
+  pthread_mutex_init(&e->good_mu, NULL);
   pthread_mutex_init(&e->lease_mu, NULL);
   pthread_mutex_init(&e->q_mu, NULL);
   pthread_cond_init(&e->q_cond, NULL);
@@ -1545,6 +1558,11 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
       return err->code;
     }
   }
+  /* CONTRACT §4: every script loads now, or the engine is not made. */
+  if ((rc = es_scripts_load_all(e->slots[0], err)) != ES_OK) {
+    es_engine_unref(e);
+    return rc;
+  }
   *out = e;
   return ES_OK;
 }
@@ -1554,6 +1572,8 @@ void es_engine_stop(es_engine *e) { atomic_store(&e->stop_req, 1); }
 es_store *es_engine_store(es_engine *e) { return e->s; }
 
 const char *es_engine_scripts(es_engine *e) { return e->scripts; }
+
+int64_t es_engine_reload_failures(es_engine *e) { return atomic_load(&e->reload_failures); }
 
 static void fill_stats(es_engine *e, es_engine_stats *st) {
   st->handled = atomic_load(&e->handled);
@@ -1951,7 +1971,10 @@ static int reducer_names(es_engine *e, char ***out, size_t *n, es_err *err) {
   char path[4096];
   *out = NULL;
   *n = 0;
-  snprintf(path, sizeof path, "%s/reducers", e->scripts);
+  int plen = snprintf(path, sizeof path, "%s/reducers", e->scripts);
+  if (plen < 0 || (size_t)plen >= sizeof path) /* never cut short: another directory */
+    return es_fail(err, ES_INVALID_ARGUMENT, "scripts directory path too long (over %zu bytes)",
+                   sizeof path - 1);
   DIR *d = opendir(path);
   if (!d) return errno == ENOENT ? ES_OK : es_fail(err, ES_STORAGE, "cannot read %s: %s", path, strerror(errno));
   size_t cap = 0;

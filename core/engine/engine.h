@@ -51,12 +51,18 @@ void es_engine_opts_init(es_engine_opts *o);
 
 /* Creates an engine on s (retained until the engine is gone). Checks the
  * options (INVALID_ARGUMENT naming the option), that the scripts
- * directory exists, and creates the workers' Lua states (which need
- * lua/eventstore/loader.lua on lua_path). *out: es_engine_close it. */
+ * directory exists, creates the workers' Lua states (which need
+ * lua/eventstore/loader.lua on lua_path) and loads every handler and
+ * reducer once (CONTRACT §4): one that does not load is INVALID_ARGUMENT
+ * naming its file and line. *out: es_engine_close it. */
 int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err *err);
 
 /* The scripts directory as given (borrowed: valid while the engine is). */
 const char *es_engine_scripts(es_engine *e);
+
+/* Script reloads that failed since the engine opened (the last good
+ * version ran on; CONTRACT §4). */
+int64_t es_engine_reload_failures(es_engine *e);
 
 /* The store the engine works on (borrowed: valid while the engine is). */
 es_store *es_engine_store(es_engine *e);

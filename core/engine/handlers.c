@@ -7,6 +7,10 @@
  * ("order.placed", "billing/refund"), as the loader maps them. The set is
  * shared by the workers and replaced whole when the keeper rescans it
  * (refcounted, so a worker claiming with the old set never sees it freed).
+ * The same scan lists the reducers, for loading every script at start.
+ *
+ * A path that does not fit PATH_BYTES is an error, never cut short: a
+ * truncated name would be another type (or another file).
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -17,6 +21,7 @@
 #include "engine/internal.h"
 
 #define MAX_DEPTH 8 /* nested folders of handlers followed */
+#define PATH_BYTES 4096 /* PATH_MAX: the longest path a script may have */
 
 static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
@@ -35,48 +40,71 @@ static int add(es_type_set *t, size_t *cap, const char *name) {
   return 0;
 }
 
+static int too_long(es_err *err, const char *a, const char *b) {
+  return es_fail(err, ES_INVALID_ARGUMENT, "script path too long (over %d bytes): %.200s/%.200s...",
+                 PATH_BYTES - 1, a, b);
+}
+
 /* Adds the .lua files below dir/rel (rel "" at the top). */
-static int scan(es_type_set *t, size_t *cap, const char *dir, const char *rel, int depth) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s%s%s", dir, *rel ? "/" : "", rel);
+static int scan(es_type_set *t, size_t *cap, const char *dir, const char *rel, int depth,
+                es_err *err) {
+  char path[PATH_BYTES];
+  int n = snprintf(path, sizeof path, "%s%s%s", dir, *rel ? "/" : "", rel);
+  if (n < 0 || (size_t)n >= sizeof path) return too_long(err, dir, rel);
   DIR *d = opendir(path);
-  if (!d) return 0; /* no handlers/ yet: no types */
+  if (!d) return ES_OK; /* no such folder yet: no scripts */
   struct dirent *de;
-  int rc = 0;
-  while (rc == 0 && (de = readdir(d)) != NULL) {
+  int rc = ES_OK;
+  while (rc == ES_OK && (de = readdir(d)) != NULL) {
     const char *nm = de->d_name;
     if (nm[0] == '.') continue; /* ., .., hidden files: never a type */
-    char sub[4096], full[8192];
-    int n = snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", nm);
-    if (n < 0 || (size_t)n >= sizeof sub) continue;
-    snprintf(full, sizeof full, "%s/%s", dir, sub);
+    char sub[PATH_BYTES], full[PATH_BYTES];
+    n = snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", nm);
+    if (n < 0 || (size_t)n >= sizeof sub) {
+      rc = too_long(err, path, nm);
+      break;
+    }
+    n = snprintf(full, sizeof full, "%s/%s", dir, sub);
+    if (n < 0 || (size_t)n >= sizeof full) {
+      rc = too_long(err, path, nm);
+      break;
+    }
     struct stat st;
     if (stat(full, &st) != 0) continue;
     size_t len = strlen(sub);
     if (S_ISDIR(st.st_mode)) {
-      if (depth < MAX_DEPTH) rc = scan(t, cap, dir, sub, depth + 1);
+      if (depth < MAX_DEPTH) rc = scan(t, cap, dir, sub, depth + 1, err);
     } else if (S_ISREG(st.st_mode) && len > 4 && strcmp(sub + len - 4, ".lua") == 0) {
       sub[len - 4] = '\0';
-      rc = add(t, cap, sub);
+      if (add(t, cap, sub)) rc = es_fail(err, ES_STORAGE, "out of memory");
     }
   }
   closedir(d);
   return rc;
 }
 
-es_type_set *es_type_set_scan(const char *scripts) {
+es_type_set *es_script_scan(const char *scripts, const char *kind, es_err *err) {
   es_type_set *t = calloc(1, sizeof *t);
-  if (!t) return NULL;
+  if (!t) {
+    es_fail(err, ES_STORAGE, "out of memory");
+    return NULL;
+  }
   atomic_init(&t->refs, 1);
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s/handlers", scripts);
+  char dir[PATH_BYTES];
+  int n = snprintf(dir, sizeof dir, "%s/%s", scripts, kind);
   size_t cap = 0;
-  if (scan(t, &cap, dir, "", 0) != 0) {
+  int rc = n < 0 || (size_t)n >= sizeof dir ? too_long(err, scripts, kind)
+                                             : scan(t, &cap, dir, "", 0, err);
+  if (rc != ES_OK) {
     es_type_set_release(t);
     return NULL;
   }
   if (t->n) qsort(t->v, t->n, sizeof *t->v, cmp_str);
   return t;
+}
+
+es_type_set *es_type_set_scan(const char *scripts, es_err *err) {
+  return es_script_scan(scripts, "handlers", err);
 }
 
 int es_type_set_has(const es_type_set *t, const char *type) {

@@ -23,8 +23,11 @@ typedef struct es_type_set {
   size_t n;
 } es_type_set;
 
-/* Scans scripts/handlers (NULL when out of memory); one reference. */
-es_type_set *es_type_set_scan(const char *scripts);
+/* Scans scripts/handlers; one reference. NULL with *err when out of
+ * memory or a path is too long. */
+es_type_set *es_type_set_scan(const char *scripts, es_err *err);
+/* The same for scripts/<kind> ("handlers", "reducers"): the script names. */
+es_type_set *es_script_scan(const char *scripts, const char *kind, es_err *err);
 int es_type_set_has(const es_type_set *t, const char *type);
 void es_type_set_release(es_type_set *t);
 
@@ -112,6 +115,13 @@ struct es_engine {
   es_type_set *types;         /* what workers claim (under types_mu); the keeper rescans it */
   pthread_mutex_t types_mu;
   int64_t types_at;           /* when it was scanned (monotonic ms) */
+  int types_failing;          /* the last rescan failed (logged once); the keeper's */
+
+  /* scripts.c: the last source of each script that loaded, and failed reloads */
+  pthread_mutex_t good_mu;
+  struct es_good_script *good;
+  size_t n_good, cap_good;
+  atomic_llong reload_failures; /* reloads that failed (the last good version ran on) */
 
   pthread_mutex_t lease_mu;   /* the two lists below */
   engine_lease *leases;       /* held leases */
@@ -169,6 +179,14 @@ struct es_engine {
    * An until-idle run does not end before then (monotonic ms; 0: none). */
   _Atomic int64_t orphans_until;
 };
+
+/* scripts.c: pushes the table the loader shares with the other states
+ * ({get, put, failed}, see loader.lua); loads every script in r's state
+ * (INVALID_ARGUMENT naming the first that does not load); frees the
+ * sources kept. */
+void es_scripts_push_shared(lua_State *L, es_engine *e);
+int es_scripts_load_all(runner *r, es_err *err);
+void es_scripts_free(es_engine *e);
 
 int64_t es_mono_ms(void);
 void es_engine_log(es_engine *e, int id, const char *fmt, ...)

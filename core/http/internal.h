@@ -165,7 +165,6 @@ int es_http_query_int(const es_http_req *r, const char *name, int64_t lo, int64_
                       int64_t dflt, int64_t *v, es_http_resp *out);
 
 /* JSON writing: appends to b; out-of-memory shows as b->oom. */
-void es_wire_str(es_buf *b, const char *s, size_t n);  /* a JSON string; invalid UTF-8 bytes as \xHH text */
 void es_wire_cstr(es_buf *b, const char *s);           /* the same; NULL writes null */
 void es_wire_int(es_buf *b, int64_t v);                /* ES_NONE writes null */
 void es_wire_key(es_buf *b, const char *name, int first);  /* "name": after a ',' unless first */

@@ -66,6 +66,11 @@ struct es_http {
   int64_t tokens_checked_ms;
   tenant_entry *tenants;
   int port;
+  /* While MHD_start_daemon runs, its log lines are kept here instead of
+   * printed: they say "Failed to bind to port 0" (it does not know the
+   * address we gave it), and the start's own error says it better. */
+  atomic_int starting;
+  char start_msg[256];
 };
 
 /* One request: MHD's *con_cls. Reference-counted: the request's end
@@ -698,7 +703,10 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
   }
   const char *lei = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
   if (lei) {
-    r->last_event_id = strdup(lei);
+    /* Dropping it would resume the stream from the start (or the live
+     * end) as if the client had not said where it was. */
+    if (!(r->last_event_id = strdup(lei)))
+      return refuse(c, r, 503, "STORAGE", NULL, 1, "out of memory reading Last-Event-ID");
     r->req.last_event_id = r->last_event_id;
   }
   return MHD_YES;
@@ -792,11 +800,16 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 /* libmicrohttpd's own messages (a client gone mid-answer, a request it
  * could not parse), on stderr like the server's other lines. */
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
-  (void)cls;
+  es_http *h = cls;
   char msg[512];
   vsnprintf(msg, sizeof msg, fmt, ap);
   size_t n = strlen(msg);
   while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' ')) msg[--n] = '\0';
+  if (atomic_load(&h->starting)) { /* the first says why; es_http_start reports it */
+    if (!h->start_msg[0])
+      snprintf(h->start_msg, sizeof h->start_msg, "%.*s", (int)sizeof h->start_msg - 1, msg);
+    return;
+  }
   fprintf(stderr, "eventstore serve: %s\n", msg);
   fflush(stderr);
 }
@@ -944,6 +957,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
   if (v6) flags |= MHD_USE_IPv6;
   errno = 0;
+  atomic_store(&h->starting, 1);
   h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
                           MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: it says so otherwise */
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
@@ -953,11 +967,15 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                           MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, h,
                           MHD_OPTION_END);
+  int e = errno;
+  atomic_store(&h->starting, 0);
   if (!h->d) {
-    int e = errno;
+    /* One line naming the address and port as given (":PORT" is every
+     * address); the OS's reason when there is one, else MHD's. */
+    int rc = es_fail(err, ES_STORAGE, "cannot listen on %s%s: %s", o->listen[0] == ':' ? "0.0.0.0" : "",
+                     o->listen, e ? strerror(e) : h->start_msg[0] ? h->start_msg : "unknown error");
     http_free(h);
-    return es_fail(err, ES_STORAGE, "cannot listen on %s%s%s", o->listen, e ? ": " : "",
-                   e ? strerror(e) : "");
+    return rc;
   }
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info ? info->port : 0;

@@ -14,8 +14,6 @@
 #include "codec/json.h"
 #include "http/internal.h"
 
-void es_wire_str(es_buf *b, const char *s, size_t n) { es_json_write_text(b, s, n); }
-
 void es_wire_cstr(es_buf *b, const char *s) {
   if (s) es_json_write_text(b, s, strlen(s));
   else es_buf_adds(b, "null");

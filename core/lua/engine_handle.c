@@ -258,7 +258,7 @@ static int l_engine_has_handler(lua_State *L) {
 }
 
 /* §3.12 stats() -> {types = {[type] = {handled, failed, dead, runs, p50_us,
- * p99_us, max_us}}, handled, failed, dead, store = store:stats()}: since
+ * p99_us, max_us}}, handled, failed, dead, reload_failures, store = store:stats()}: since
  * the engine opened, across runs (docs/stats.md). Takes no argument. */
 typedef struct {
   lua_State *L;
@@ -303,6 +303,7 @@ static int l_engine_stats(lua_State *L) {
   es_lua_set_int(L, "handled", p.handled);
   es_lua_set_int(L, "failed", p.failed);
   es_lua_set_int(L, "dead", p.dead);
+  es_lua_set_int(L, "reload_failures", es_engine_reload_failures(e));
   lua_pushvalue(L, store);
   lua_setfield(L, -2, "store");
   return 1;

@@ -4,7 +4,12 @@
  * A backend stores and finds rows; it knows no rule of the contract. The
  * core (store.c) decides every value it writes (indexes, statuses, the
  * `queued`/`due_at` dispatch bookkeeping) and calls these functions inside
- * a transaction it opened. Where a database can do something faster (an
+ * a transaction it opened. Where a backend keeps an answer derived from
+ * rows (the counts, a copied event's dispatch record), the rule is the
+ * core's, written once (store/counts.h, es_event_settle_copy, the SQL
+ * fragments of store/backend_sql.h) and only applied here. Every op takes
+ * its backend first (b), so a wrapper of a backend can pass its inner one
+ * on; row ops then take the transaction they run in. Where a database can do something faster (an
  * index, a partial index) the backend may, as long as the answers are the
  * ones specified here.
  *
@@ -44,6 +49,13 @@ typedef struct es_key_row {
   int64_t shredded_at;     /* ES_NONE: live */
 } es_key_row;
 void es_key_row_destroy(es_key_row *k);
+
+/* The dispatch record of a copied event (fork: settled at processed_at,
+ * status PROCESSED, returned -1, every other dispatch field empty, not
+ * queued), written over e's; the one definition event_copy follows. e's
+ * last_error and claim_holder become NULL, not freed: e is a row being
+ * built (es_event_init) or borrowing its strings. */
+void es_event_settle_copy(es_event *e, int64_t processed_at);
 
 typedef struct es_backend es_backend;  /* a backend's own state, opaque to the core */
 /* A transaction (read or write) of a backend, opaque to the core. Row
@@ -113,7 +125,8 @@ typedef struct es_backend_ops {
    * index, type, payload, lane, created_at, cause and not_before, an id
    * from new_id(id_ctx), origin (from, index), and the dispatch record of
    * an event settled at processed_at (status PROCESSED, returned -1, every
-   * other dispatch field empty, not queued); positions increase in index
+   * other dispatch field empty, not queued: es_event_settle_copy's, which
+   * an SQL backend spells with backend_sql.h); positions increase in index
    * order. *copied: the rows inserted. Ids from new_id are new (the core
    * passes a generator of unique ids only). */
   int (*event_copy)(es_backend *b, es_txn *t, const char *from, int64_t through, const char *to,
@@ -325,11 +338,15 @@ typedef struct es_backend_ops {
    * among them, learns of a lost lock wait there). */
   int (*claim_commit)(es_backend *b, es_txn *t, int *retry, es_err *err);
 
-  /* §3.12 stats: the sums over the session rows (count of rows, and their
-   * events, pending and dead) of every session (scope NULL) or of scope's
-   * sessions (a tenant's prefix, as event_all's). Kept up to date as
-   * session rows are put and deleted, in the same transaction, so the
-   * answer costs O(1) (O(log n) for a scope), never a walk. */
+  /* §3.12 stats: the sums over the counted session rows (count of rows,
+   * and their events, pending and dead) of every session (scope NULL) or
+   * of scope's sessions (a tenant's prefix, as event_all's). Kept up to
+   * date as session rows are put and deleted, in the same transaction, so
+   * the answer costs O(1) (O(log n) for a scope), never a walk. Which rows
+   * count and a name's scope are the core's rule (store/counts.h): the
+   * backend stores the sums and applies that rule (es_counts_move, or SQL
+   * built from its ES_SQL_* fragments where the database must keep them
+   * itself). */
   int (*counts)(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err);
   /* Optional (NULL: event_insert for each row): inserts rows[0..n) in
    * order, exactly as n event_insert calls would (positions, what each

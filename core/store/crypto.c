@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "store/crypto.h"
+#include "util/dirsync.h"
 
 #define KEY_BYTES crypto_aead_xchacha20poly1305_ietf_KEYBYTES
 #define NONCE_BYTES crypto_aead_xchacha20poly1305_ietf_NPUBBYTES
@@ -174,20 +175,11 @@ static int create_key_file(const char *path, es_err *err) {
     rc = es_fail(err, ES_STORAGE, "keys file %s: cannot create it: %s", path, strerror(errno));
   unlink(tmp);
   free(tmp);
-  if (rc == ES_OK) {
-    /* the new name must survive a crash as well as the data under it */
-    char *dir = strdup(path);
-    if (dir) {
-      char *slash = strrchr(dir, '/');
-      const char *d = slash ? (slash == dir ? "/" : (*slash = '\0', dir)) : ".";
-      int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-      }
-      free(dir);
-    }
-  }
+  /* the new name must survive a crash as well as the data under it: a key
+   * lost with its name would make every payload sealed under it unreadable */
+  if (rc == ES_OK && es_sync_parent_dir(path) != 0)
+    rc = es_fail(err, ES_STORAGE, "keys file %s: cannot sync its directory: %s", path,
+                 strerror(errno));
   return rc;
 }
 

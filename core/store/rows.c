@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "store/backend.h"
+#include "store/backend_sql.h"
 
 static int dup_str(char **dst, const char *src) {
   if (!src) {
@@ -40,6 +41,18 @@ void es_event_init(es_event *e) {
   e->first_claimed_at = e->last_claimed_at = e->failed_at = ES_NONE;
   e->processed_by_attempt = ES_NONE;
   e->origin_index = ES_NONE;
+}
+
+void es_event_settle_copy(es_event *e, int64_t processed_at) {
+  e->status = ES_STATUS_PROCESSED;
+  e->attempts = e->failures = 0;
+  e->last_error = e->claim_holder = NULL;
+  e->processed_at = processed_at;
+  e->claim_expires_at = e->retry_at = e->due_at = e->last_failed_attempt = ES_NONE;
+  e->queued = 0;
+  e->returned = ES_COPY_RETURNED;
+  e->first_claimed_at = e->last_claimed_at = e->failed_at = ES_NONE;
+  e->processed_by_attempt = ES_NONE;
 }
 
 void es_event_destroy(es_event *e) {

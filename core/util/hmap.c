@@ -15,8 +15,10 @@
 
 /* 64-bit multiply-xorshift over 8-byte words, folded to 32 bits; never 0 or
  * 1 (those mark empty and removed slots). */
-uint32_t es_hmap_hash(const char *s) {
-  size_t len = strlen(s);
+uint32_t es_hmap_hash(const char *s) { return es_hmap_hash_bytes(s, strlen(s)); }
+
+uint32_t es_hmap_hash_bytes(const void *p, size_t len) {
+  const unsigned char *s = p;
   uint64_t h = 0x9E3779B97F4A7C15ull ^ (len * 0xC2B2AE3D27D4EB4Full);
   while (len >= 8) {
     uint64_t w;
@@ -56,20 +58,34 @@ void *es_hmap_get(const es_hmap *m, const char *key) {
 }
 
 /* The slot holding key (hash h), or -1: the one probe every lookup,
- * removal and replacement uses. */
-static ptrdiff_t find(const es_hmap *m, const char *key, uint32_t h) {
+ * removal and replacement uses. match NULL: key is a string, compared
+ * with the items' keys (m->key); else match says which item is key's. */
+static ptrdiff_t find_by(const es_hmap *m, uint32_t h, es_hmap_match_fn match, const void *key) {
   if (!m->count) return -1;
   size_t i = home(h, m->cap);
   for (;;) {
     uint32_t s = m->hashes[i];
     if (s == EMPTY) return -1;
-    if (s == h && strcmp(m->key(m->items[i]), key) == 0) return (ptrdiff_t)i;
+    if (s == h && (match ? match(m->items[i], key) : strcmp(m->key(m->items[i]), key) == 0))
+      return (ptrdiff_t)i;
     if (++i == m->cap) i = 0;
   }
 }
 
+static ptrdiff_t find(const es_hmap *m, const char *key, uint32_t h) {
+  return find_by(m, h, NULL, key);
+}
+
+/* es_hmap_remove_item's match: the very item. */
+static int same_item(const void *item, const void *key) { return item == key; }
+
 void *es_hmap_get_h(const es_hmap *m, const char *key, uint32_t h) {
   ptrdiff_t i = find(m, key, h);
+  return i < 0 ? NULL : m->items[i];
+}
+
+void *es_hmap_find(const es_hmap *m, uint32_t h, es_hmap_match_fn match, const void *key) {
+  ptrdiff_t i = find_by(m, h, match, key);
   return i < 0 ? NULL : m->items[i];
 }
 
@@ -136,8 +152,8 @@ int es_hmap_put_h(es_hmap *m, void *item, uint32_t h) {
   return 0;
 }
 
-void *es_hmap_remove(es_hmap *m, const char *key) {
-  ptrdiff_t i = find(m, key, es_hmap_hash(key));
+/* Empties slot i, returning its item (i < 0: NULL). */
+static void *take(es_hmap *m, ptrdiff_t i) {
   if (i < 0) return NULL;
   void *item = m->items[i];
   m->hashes[i] = REMOVED;
@@ -147,13 +163,30 @@ void *es_hmap_remove(es_hmap *m, const char *key) {
   return item;
 }
 
-void *es_hmap_replace(es_hmap *m, void *item) {
-  const char *key = m->key(item);
-  ptrdiff_t i = find(m, key, es_hmap_hash(key));
+/* Puts item in slot i, returning the one it held (i < 0: NULL). */
+static void *swap(es_hmap *m, ptrdiff_t i, void *item) {
   if (i < 0) return NULL;
   void *old = m->items[i];
   m->items[i] = item;
   return old;
+}
+
+void *es_hmap_remove(es_hmap *m, const char *key) {
+  return take(m, find(m, key, es_hmap_hash(key)));
+}
+
+int es_hmap_remove_item(es_hmap *m, const void *item, uint32_t h) {
+  return take(m, find_by(m, h, same_item, item)) != NULL;
+}
+
+void *es_hmap_replace(es_hmap *m, void *item) {
+  const char *key = m->key(item);
+  return swap(m, find(m, key, es_hmap_hash(key)), item);
+}
+
+void *es_hmap_replace_by(es_hmap *m, void *item, uint32_t h, es_hmap_match_fn match,
+                         const void *key) {
+  return swap(m, find_by(m, h, match, key), item);
 }
 
 int es_hmap_shrink(es_hmap *m) {

@@ -63,6 +63,25 @@ void *es_hmap_replace(es_hmap *m, void *item);
  * -1 when out of memory (the map is unchanged and still correct). */
 int es_hmap_shrink(es_hmap *m);
 
+/* Items whose key is not a string (memory.c's event ids, a UUID kept as
+ * its 16 bytes): the caller hashes the key (es_hmap_hash_bytes) and says
+ * which item matches it; the map is then used only through the calls
+ * below, es_hmap_reserve, es_hmap_put_h, es_hmap_shrink and es_hmap_next
+ * (es_hmap_init with key NULL). One table, one probing and growth policy
+ * for both kinds. */
+typedef int (*es_hmap_match_fn)(const void *item, const void *key);
+/* es_hmap_hash of len bytes (es_hmap_hash(s) is that of strlen(s) bytes). */
+uint32_t es_hmap_hash_bytes(const void *p, size_t len);
+/* The item with hash h that match says is key's, or NULL. */
+void *es_hmap_find(const es_hmap *m, uint32_t h, es_hmap_match_fn match, const void *key);
+/* es_hmap_replace by a caller's key: item takes the slot of the item that
+ * matches key (hash h), which is returned (NULL: none, nothing changes). */
+void *es_hmap_replace_by(es_hmap *m, void *item, uint32_t h, es_hmap_match_fn match,
+                         const void *key);
+/* Removes this very item (put with hash h); 0 when it is not in the map
+ * (another item may hold its key). Never allocates. */
+int es_hmap_remove_item(es_hmap *m, const void *item, uint32_t h);
+
 /* Walks the items: start with *pos = 0; returns NULL at the end. Any put or
  * remove invalidates the walk. */
 void *es_hmap_next(const es_hmap *m, size_t *pos);

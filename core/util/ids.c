@@ -34,10 +34,6 @@ void es_counter_ids_release(es_counter_ids *c) {
   if (c && atomic_fetch_sub(&c->refs, 1) == 1) free(c);
 }
 
-int64_t es_counter_ids_peek(const es_counter_ids *c) {
-  return atomic_load(&((es_counter_ids *)c)->next);
-}
-
 int es_counter_ids_next(void *ctx, char *out, size_t cap, es_err *err) {
   es_counter_ids *c = ctx;
   int64_t v = atomic_fetch_add(&c->next, 1);

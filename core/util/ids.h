@@ -17,8 +17,6 @@ typedef struct es_counter_ids es_counter_ids;
 es_counter_ids *es_counter_ids_new(const char *prefix, int64_t start);
 void es_counter_ids_retain(es_counter_ids *c);
 void es_counter_ids_release(es_counter_ids *c); /* frees at the last reference */
-/* The number the next id will carry. */
-int64_t es_counter_ids_peek(const es_counter_ids *c);
 /* An es_id_fn over the es_counter_ids passed as ctx. */
 int es_counter_ids_next(void *ctx, char *out, size_t cap, es_err *err);
 

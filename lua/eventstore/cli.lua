@@ -194,11 +194,14 @@ end
 
 -- The scripts directory, checked: required by run and state; for append,
 -- only when --scripts was given (the default ./scripts is optional there).
-local function scripts_dir(o, required)
+-- The error says which it is: missing, or a file (`--scripts README.md`);
+-- hint adds to "(--scripts DIR".
+local function scripts_dir(o, required, hint)
   local dir = o.scripts or DEFAULT_SCRIPTS
   if is_dir(dir) then return dir end
   if required or o.scripts ~= nil then
-    fail("scripts directory '%s' does not exist (--scripts DIR)", dir)
+    fail("scripts directory '%s' %s (--scripts DIR%s)", dir,
+      file_exists(dir) and "is not a directory" or "does not exist", hint or "")
   end
   return nil
 end
@@ -216,7 +219,9 @@ end
 -- (more usage checks, still before anything is opened) and run (returns the
 -- exit code).
 
-local DB_HELP = "  --db URL        the store (default " .. DEFAULT_DB .. "; memory: or sqlite:PATH)\n"
+-- Every URL scheme eventstore.open takes (docs/cli.md "Common rules").
+local DB_HELP = "  --db URL        the store (default " .. DEFAULT_DB .. "): sqlite:PATH,\n"
+  .. "                  memory:, postgres://..., or shards:CATALOG_URL\n"
 -- Options of every command that opens the store (it has --db), listed in
 -- its help after its own.
 local STORE_OPTIONS = { archive = "string", keys = "string", tenant = "string" }
@@ -243,8 +248,10 @@ Dispatches every pending event of the store to its handler in the scripts
 directory (handlers/<type>.lua), until SIGINT or SIGTERM (handler calls in
 flight are interrupted and retried later, exit 0); with --until-idle until
 no event is ready now; with --until-done until no pending event will ever
-become ready by time alone (it also waits for backoffs and timers). On a
-terminal a progress line is kept on stderr. At the end prints to stdout:
+become ready by time alone (it also waits for backoffs and timers). Every
+handler and reducer is loaded first: one that does not load stops it, naming
+the file and line (exit 1). On a terminal a progress line is kept on stderr.
+At the end prints to stdout:
   handled N, failed N, dead N, pending N
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
@@ -257,7 +264,8 @@ terminal a progress line is kept on stderr. At the end prints to stdout:
                   stay pending)
   --until-done    also wait for events that become ready later (timers,
                   backoffs); exit 1 naming what is still pending if that
-                  would take past the deadline
+                  would take past the deadline, exit 3 when the run
+                  dead-lettered events
   --deadline S    with --until-done: give up after S seconds, 1 to 31536000
                   (default 300)
   --progress      when stderr is not a terminal, log a progress line to it
@@ -524,7 +532,7 @@ command("truncate", {
   synopsis = "truncate SESSION THROUGH [--db URL]",
   summary = "drop a session's processed events 1..THROUGH",
   help = [[
-Drops events 1..THROUGH of SESSION from the live store (CONTRACT 3.9):
+Drops events 1..THROUGH of SESSION from the live store (docs/contract.md §3.9):
 indexes and positions never shift, the head stays, reads then start after
 THROUGH. Only processed events may go: a pending or dead event in the range
 fails it (INVALID_ARGUMENT, exit 1) and nothing is dropped. With --scripts,
@@ -564,7 +572,7 @@ command("archive", {
   help = [[
 Moves events of SESSION up to THROUGH that are not archived yet out of the
 database into one compressed, checksummed segment file under the archive
-directory (CONTRACT 3.9; docs/retention.md, "Archive"): the file is
+directory (docs/contract.md §3.9; docs/retention.md, "Archive"): the file is
 written and synced before the rows are dropped, in one step. Reads stay
 transparent: `read`, `state` and the engine see archived events as before.
 Only processed events may go: a pending or dead event in the range fails it
@@ -634,7 +642,7 @@ command("shred", {
   synopsis = "shred KEY --yes [--db URL]",
   summary = "destroy a data key: its sealed payloads become unreadable",
   help = [[
-Destroys data key KEY (CONTRACT 3.10): every payload sealed under it (append
+Destroys data key KEY (docs/contract.md §3.10): every payload sealed under it (append
 --key KEY) reads from then on as "payload": null, "shredded": true, the
 snapshots that folded such events are dropped, and the name can never seal
 new data. The events themselves stay. Needs no master key (--keys). There is
@@ -751,6 +759,15 @@ command("help", {
 
 -- ---- help -----------------------------------------------------------------
 
+-- The exit codes (docs/cli.md "Exit codes and errors" and the man page's
+-- EXIT STATUS say the same; spec/71 compares them).
+local EXIT_STATUS = {
+  { 0, "done (also run or serve stopped by SIGINT or SIGTERM, and --help)" },
+  { 1, "a runtime error: the store failed or refused, a script does not load, ..." },
+  { 2, "a usage error: unknown command or option, a bad argument" },
+  { 3, "run --until-done dead-lettered events (the summary says how many)" },
+}
+
 local function global_usage()
   local lines = {
     ("usage: %s COMMAND [ARGS] [OPTIONS]"):format(PROG),
@@ -762,6 +779,9 @@ local function global_usage()
   for _, name in ipairs(order) do
     lines[#lines + 1] = ("  %-" .. width .. "s %s"):format(name, commands[name].summary)
   end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = "exit status:"
+  for _, e in ipairs(EXIT_STATUS) do lines[#lines + 1] = ("  %d: %s"):format(e[1], e[2]) end
   lines[#lines + 1] = ""
   lines[#lines + 1] = ("Run '%s COMMAND --help' for a command's options; '%s --version' for the version.")
     :format(PROG, PROG)
@@ -1031,6 +1051,9 @@ function commands.run.run(o)
       o.deadline or DEFAULT_DEADLINE_S, printable(e.session), e.index, printable(e.type),
       (overdue.wake - overdue.now + 999) // 1000)
   end
+  -- docs/contract.md §4: a script running --until-done can tell that work was
+  -- dead-lettered (the summary line says how much).
+  if until_done and total.dead > 0 then return 3 end
   return 0
 end
 
@@ -1100,7 +1123,7 @@ function commands.append.run(o, args)
     events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane, key = o.key } }
   end
   -- Only an explicit --scripts: a ./scripts that belongs to another app
-  -- must not decide that this app's events need no handling (CONTRACT §4).
+  -- must not decide that this app's events need no handling (docs/contract.md §4).
   local dir = o.scripts ~= nil and scripts_dir(o, true) or nil
   local store <close> = open_store(o, true)
   local stored
@@ -1485,11 +1508,7 @@ function commands.serve.run(o)
   local http = http_module()
   -- The engine needs the scripts directory; with --no-engine it is
   -- optional (its reducers answer state requests when it is there).
-  local dir = scripts_dir(o, false)
-  if dir == nil and not o["no-engine"] then
-    fail("scripts directory '%s' does not exist (--scripts DIR; or --no-engine to serve without handlers)",
-      o.scripts or DEFAULT_SCRIPTS)
-  end
+  local dir = scripts_dir(o, not o["no-engine"], "; or --no-engine to serve without handlers")
   local store <close> = open_store(o, true)
   local engine
   if dir ~= nil then engine = new_engine(store, dir, { workers = o.workers }) end

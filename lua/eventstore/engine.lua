@@ -42,7 +42,7 @@ function Engine:append(session, events, opts) return self._handle:append(session
 function Engine:lease(session, opts) return self._handle:lease(session, opts) end
 
 -- truncate(session, through) -> first_index: every reducer's state is
--- snapshotted at `through` first, so it stays readable (CONTRACT §3.9).
+-- snapshotted at `through` first, so it stays readable (docs/contract.md §3.9).
 function Engine:truncate(session, through) return self._handle:truncate(session, through) end
 
 -- release(session) -> whether the engine's lease was ended

@@ -4,7 +4,7 @@
 -- engine calls it inside a budgeted call, so a script whose top level
 -- loops or allocates without end fails the attempt that loads it.
 --
---   local loader = require("eventstore.loader")(dir, stat, hash)
+--   local loader = require("eventstore.loader")(dir, stat, hash, shared)
 --   loader.handler(type, now_ms)  --> fn | nil, err | nil, exists
 --   loader.reducer(name, now_ms)  --> tbl | nil, err | nil, version
 --   loader.new_run()              -- look at every file again
@@ -12,7 +12,15 @@
 -- stat(path) gives a file's signature (mtime, size, inode) or nil; hash(src)
 -- a reducer's version. A file is looked at again when a run starts and at
 -- most once a second while it runs.
-return function(dir, stat, hash)
+--
+-- shared (optional; core/engine/scripts.c) is what the engine's states
+-- share: shared.put(path, src) keeps the last source that loaded,
+-- shared.get(path) gives it back, shared.failed(path, sig, why) logs and
+-- counts a failed reload. A reload that fails keeps the last good version
+-- (docs/contract.md §4): this state's own, or, in a state that never ran the file
+-- (a fresh worker), the shared source. Only a file that never loaded
+-- anywhere is an error for the events that need it.
+return function(dir, stat, hash, shared)
   local handlers, reducers, gen = {}, {}, 0
   local M = {}
 
@@ -26,6 +34,24 @@ return function(dir, stat, hash)
       if part == "" or part == "." or part == ".." then return false end
     end
     return true
+  end
+
+  -- Compiles and runs a script's source: its value, or nil and why.
+  local function compile(path, src, want)
+    local chunk, err = load(src, "@" .. path, "t")
+    if not chunk then return nil, err end
+    local ok, res = pcall(chunk)
+    if not ok then return nil, tostring(res) end
+    if type(res) ~= want then return nil, "must return a " .. want .. ", not " .. type(res) end
+    return res
+  end
+
+  -- "cannot load PATH:LINE: why" (Lua's messages lead with the path and
+  -- line already) or "cannot load PATH: why".
+  local function cannot(path, why)
+    why = tostring(why)
+    if why:sub(1, #path + 1) == path .. ":" then return "cannot load " .. why end
+    return "cannot load " .. path .. ": " .. why
   end
 
   local function lookup(cache, kind, name, now, want)
@@ -44,19 +70,26 @@ return function(dir, stat, hash)
       local f, err = io.open(path, "rb")
       local src = f and f:read("a")
       if f then f:close() end
-      local chunk
-      if src then chunk, err = load(src, "@" .. path, "t") end
-      if chunk then
-        local ok, res = pcall(chunk)
-        if not ok then
-          err = tostring(res)
-        elseif type(res) ~= want then
-          err = path .. " must return a " .. want .. ", not " .. type(res)
-        else
-          new.value, new.version = res, hash(src)
+      local value
+      if src then value, err = compile(path, src, want) end
+      if value ~= nil then
+        new.value, new.version = value, hash(src)
+        if shared then shared.put(path, src) end
+      else
+        err = cannot(path, err)
+        if c and c.value ~= nil then
+          new.value, new.version = c.value, c.version
+        elseif shared then
+          local good = shared.get(path)
+          local v = good and compile(path, good, want)
+          if v ~= nil then new.value, new.version = v, hash(good) end
+        end
+        if new.value == nil then
+          new.err = err
+        elseif shared then
+          shared.failed(path, sig, err)
         end
       end
-      if err then new.err = "cannot load " .. path .. ": " .. tostring(err) end
     end
     cache[name] = new
     return new

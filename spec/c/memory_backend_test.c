@@ -21,8 +21,11 @@
  *   MBT_SCALE_N environment variable also sets it)
  *
  * Out-of-memory tests replace malloc/calloc/realloc/free with wrappers that
- * fail on demand; under AddressSanitizer and valgrind, which own malloc, that
- * test says it is skipped.
+ * fail on demand; under AddressSanitizer and valgrind, which own malloc, those
+ * tests print a SKIP line (never ok).
+ *
+ * Cases every backend shares are written once in backend_test.c, which runs
+ * them against memory, sqlite and postgres (snapshots moved there).
  */
 #include <malloc.h>
 #include <pthread.h>
@@ -34,7 +37,6 @@
 #include <time.h>
 
 #include "store/backend.h"
-#include "backend_txn.h"
 #include "util/hmap.h"
 #include "util/tree.h"
 
@@ -73,29 +75,27 @@ void free(void *p) { __libc_free(p); }
 
 /* ---- TAP ---------------------------------------------------------------- */
 
-static int test_no, failed_tests, cur_failed;
+static const es_backend_ops *OPS = &es_backend_memory;
+#include "backend_check.h"
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      printf("#   %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);    \
-      cur_failed = 1;                                                        \
-    }                                                                        \
-  } while (0)
-#define CHECK_RC(call, want)                                                 \
-  do {                                                                       \
-    int rc_ = (call);                                                        \
-    if (rc_ != (want)) {                                                     \
-      printf("#   %s:%d: %s returned %s, wanted %s\n", __FILE__, __LINE__, #call, \
-             es_strerror(rc_), es_strerror(want));                           \
-      cur_failed = 1;                                                        \
-    }                                                                        \
-  } while (0)
+static int test_no, failed_tests;
+static const char *cur_skip; /* set by skip_case: this run cannot test the case */
+
+/* A case this run cannot test (a sanitizer or valgrind owns malloc): run()
+ * prints TAP's "ok N - # SKIP why" (spec/c/tap.h's skip form), which
+ * spec/run.sh counts apart from passes. */
+static void skip_case(const char *why) { cur_skip = why; }
 
 static void run(const char *name, void (*fn)(void)) {
   cur_failed = 0;
+  cur_skip = NULL;
   fn();
   test_no++;
+  if (cur_skip && !cur_failed) {
+    printf("ok %d - # SKIP %s: %s\n", test_no, name, cur_skip);
+    fflush(stdout);
+    return;
+  }
   printf("%sok %d - %s\n", cur_failed ? "not " : "", test_no, name);
   fflush(stdout);
   if (cur_failed) failed_tests++;
@@ -103,7 +103,6 @@ static void run(const char *name, void (*fn)(void)) {
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static const es_backend_ops *OPS = &es_backend_memory;
 
 static es_backend *open_mem(void) {
   es_backend *b = NULL;
@@ -362,20 +361,6 @@ static int ref_put(es_txn *t, const char *name, const char *session, int64_t cre
 static int ref_del(es_txn *t, const char *name) {
   es_err err;
   return OPS->ref_delete(BK(t), t, name, &err);
-}
-
-static int snap_put(es_txn *t, const char *s, const char *reducer, int64_t index, const char *state,
-                    const char *version) {
-  es_snapshot sn;
-  es_err err;
-  es_snapshot_init(&sn);
-  sn.reducer = (char *)reducer;
-  sn.index = index;
-  sn.state = (char *)state;
-  sn.state_len = state ? strlen(state) : 0;
-  sn.version = (char *)version;
-  sn.updated_at = 70 + index;
-  return OPS->snapshot_put(BK(t), t, s, &sn, &err);
 }
 
 static int del_range(es_txn *t, const char *session, int64_t through) {
@@ -1424,24 +1409,6 @@ static void test_dead(void) {
   OPS->close(b);
 }
 
-typedef struct names {
-  char v[200][16];
-  size_t n;
-} names;
-
-static int collect_name(void *ctx, const es_session_info *si) {
-  names *c = ctx;
-  if (c->n < 200) snprintf(c->v[c->n++], 16, "%s", si->session);
-  return 0;
-}
-
-static names list_sessions(es_txn *t, const char *prefix, const char *after, int64_t limit) {
-  names c = {.n = 0};
-  es_err err;
-  CHECK_RC(OPS->session_list(BK(t), t, prefix, after, limit, collect_name, &c, &err), ES_OK);
-  return c;
-}
-
 static void test_sessions(void) {
   es_backend *b = open_mem();
   es_txn *t = wbegin(b);
@@ -2104,74 +2071,6 @@ static void test_refs(void) {
   CHECK_RC(ref_put(t, "r000", "x", 0, 0), ES_OK);
   CHECK_RC(ref_del(t, "r001"), ES_OK);
   CHECK_RC(ref_put(t, "zz", "x", 0, 0), ES_OK);
-  OPS->close(b);
-}
-
-typedef struct snaps {
-  char reducer[8][8];
-  int64_t index[8];
-  int state_null[8];
-  size_t n;
-} snaps;
-
-static int collect_snap(void *ctx, const es_snapshot *sn) {
-  snaps *c = ctx;
-  if (c->n < 8) {
-    snprintf(c->reducer[c->n], 8, "%s", sn->reducer);
-    c->index[c->n] = sn->index;
-    c->state_null[c->n++] = sn->state == NULL;
-  }
-  return 0;
-}
-
-static void test_snapshots(void) {
-  es_backend *b = open_mem();
-  es_txn *t = wbegin(b);
-  es_err err;
-  es_snapshot sn;
-  es_snapshot_init(&sn);
-  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "r", &sn, &err), ES_NOT_FOUND);
-  CHECK_RC(snap_put(t, "s", "rb", 3, "B", "v1"), ES_OK);
-  CHECK_RC(snap_put(t, "s", "ra", 5, "A", NULL), ES_OK);
-  CHECK_RC(snap_put(t, "s", "rc", 1, NULL, "v3"), ES_OK);
-  es_snapshot bin;
-  es_snapshot_init(&bin);
-  bin.reducer = "rd";
-  bin.index = 9;
-  bin.state = "x\0y";
-  bin.state_len = 3;
-  bin.version = "v";
-  bin.updated_at = 42;
-  CHECK_RC(OPS->snapshot_put(BK(t), t, "s", &bin, &err), ES_OK);
-  CHECK_RC(snap_put(t, "s", "rb", 2, "B2", "v2"), ES_OK);  /* the core guards; the backend replaces */
-  commit(t);
-  t = rbegin(b);
-  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "rb", &sn, &err), ES_OK);
-  CHECK(sn.index == 2 && sn.state_len == 2 && memcmp(sn.state, "B2", 3) == 0);
-  CHECK(strcmp(sn.version, "v2") == 0 && sn.updated_at == 72 && strcmp(sn.reducer, "rb") == 0);
-  es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "rd", &sn, &err), ES_OK);
-  CHECK(sn.state_len == 3 && memcmp(sn.state, "x\0y", 3) == 0 && sn.updated_at == 42);
-  es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "ra", &sn, &err), ES_OK);
-  CHECK(sn.version == NULL && sn.state_len == 1);
-  es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(BK(t), t, "s", "rc", &sn, &err), ES_OK);
-  CHECK(sn.state == NULL && sn.state_len == 0);
-  es_snapshot_destroy(&sn);
-  CHECK_RC(OPS->snapshot_get(BK(t), t, "other", "ra", &sn, &err), ES_NOT_FOUND);
-  snaps c = {.n = 0};
-  CHECK_RC(OPS->snapshot_list(BK(t), t, "s", collect_snap, &c, &err), ES_OK);
-  CHECK(c.n == 4 && strcmp(c.reducer[0], "ra") == 0 && strcmp(c.reducer[1], "rb") == 0);
-  CHECK(strcmp(c.reducer[2], "rc") == 0 && strcmp(c.reducer[3], "rd") == 0);
-  CHECK(c.index[1] == 2 && c.state_null[0] && c.state_null[3]);
-  c.n = 0;
-  CHECK_RC(OPS->snapshot_list(BK(t), t, "none", collect_snap, &c, &err), ES_OK);
-  CHECK(c.n == 0);
-  /* A snapshot alone does not make a listed session. */
-  names sl = list_sessions(t, "", NULL, ES_NONE);
-  CHECK(sl.n == 0);
-  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -3114,7 +3013,7 @@ static void test_out_of_memory(void) {
   fail_countdown = -1;
   if (probe) {
     free(probe);
-    printf("#   skipped: allocation failures cannot be injected here (valgrind, ASan)\n");
+    skip_case("allocation failures cannot be injected here (valgrind, ASan own malloc)");
     return;
   }
   es_backend *b = open_mem();
@@ -3717,7 +3616,7 @@ static void test_out_of_memory_removal(void) {
   fail_countdown = -1;
   if (probe) {
     free(probe);
-    printf("#   skipped: allocation failures cannot be injected here (valgrind, ASan)\n");
+    skip_case("allocation failures cannot be injected here (valgrind, ASan own malloc)");
     return;
   }
   int tested = 0;
@@ -4337,10 +4236,13 @@ static void test_retention_scale(void) {
   printf("#   removing %lld rows at once: %.0f rows/s; heap in use %.0f MB before, %.0f kB after\n",
          (long long)scale_n, big.whole_per_s, big.heap_full / 1e6, big.heap_left / 1e3);
   /* O(removed), not O(store): the store 500x bigger, the same cost within
-   * noise and cache misses (an O(n) step at 1M rows would be 100x). */
+   * noise and cache misses (about 2x, printed above); an O(n) step at 1M
+   * rows would be 500x. CPU time (now_s), so another process's load does
+   * not count; the bound is 10x any figure seen here (a generous ceiling
+   * that catches O(n), not a latency target: those are in bench/). */
   if (scale_n >= 200000) {
-    CHECK(big.trunc_ns < 20 * small.trunc_ns + 20000);
-    CHECK(big.delete_ns < 20 * small.delete_ns + 20000);
+    CHECK(big.trunc_ns < 50 * small.trunc_ns + 50000);
+    CHECK(big.delete_ns < 50 * small.delete_ns + 50000);
   }
   /* Removed rows give their memory back: rows, ids, both arrays. (Under
    * AddressSanitizer mallinfo2 sees nothing: no figure to check.) */
@@ -4532,7 +4434,6 @@ int main(int argc, char **argv) {
   run("session_children: byte order, after, limit, moves with the parent, undo, callbacks",
       test_children);
   run("refs: put, replace, get, delete, list in byte order, undo, callbacks", test_refs);
-  run("snapshots: put, replace, get, list by reducer", test_snapshots);
   run("presence: put, get, list by (participant, field), expire", test_presence);
   run("savepoint_rollback restores the exact state, indexes included", test_savepoint_rollback);
   run("write_rollback restores the exact state and reuses positions", test_write_rollback);

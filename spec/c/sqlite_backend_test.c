@@ -6,6 +6,11 @@
  * failures that must be ES_STORAGE with a message naming the cause (newer
  * schema, corrupt file, read-only, missing directory, full disk).
  *
+ * Cases every backend shares are written once in backend_test.c (memory,
+ * sqlite and postgres). No check here asserts a duration but for ceilings
+ * that only catch a hang (10x the expected time or more); the figures are
+ * printed, and waits are checked by the order of events.
+ *
  * Prints TAP-style "ok N - name" / "not ok N - name" lines and exits
  * non-zero when any check failed. Temporary files live under /tmp and are
  * removed at the end.
@@ -18,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1169,64 +1175,18 @@ static void test_sessions(void) {
 }
 
 static void test_snapshots_presence(void) {
+  /* snapshots: backend_test.c (every backend) */
   char *p = tmp_path();
   es_backend *b = open_ok(p, NULL);
   es_txn *t;
   es_err err = {0};
   collect c = {0};
-  static const char state[] = "\x00\x01\xff state \x00";
+  int ok;
   if (!b) {
-    CHECK(0, "open for snapshot tests");
+    CHECK(0, "open for presence tests");
     return;
   }
   tx_write_begin(B, b, &t, &err);
-  es_snapshot sn;
-  es_snapshot_init(&sn);
-  sn.reducer = (char *)"zeta";
-  sn.index = 3;
-  sn.state = (char *)state;
-  sn.state_len = sizeof state - 1;
-  sn.version = (char *)"v1";
-  sn.updated_at = 77;
-  int ok = B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
-  sn.reducer = (char *)"alpha";
-  sn.state = (char *)"";
-  sn.state_len = 0;
-  ok &= B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK;
-  sn.reducer = (char *)"other-session";
-  ok &= B->snapshot_put(BK(t), t, "s2", &sn, &err) == ES_OK;
-  CHECK(ok, "snapshot_put");
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit snapshots");
-  tx_read_begin(B, b, &t, &err);
-  es_snapshot got;
-  CHECK(B->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 3 &&
-            got.state_len == sizeof state - 1 && memcmp(got.state, state, got.state_len) == 0 &&
-            str_eq(got.version, "v1") && got.updated_at == 77 && str_eq(got.reducer, "zeta"),
-        "snapshot_get: binary state round-trips");
-  es_snapshot_destroy(&got);
-  CHECK(B->snapshot_get(BK(t), t, "s", "alpha", &got, &err) == ES_OK && got.state != NULL &&
-            got.state_len == 0,
-        "snapshot_get: empty state stays empty (not NULL)");
-  es_snapshot_destroy(&got);
-  CHECK(B->snapshot_get(BK(t), t, "s", "nope", &got, &err) == ES_NOT_FOUND,
-        "snapshot_get: missing");
-  CHECK(B->snapshot_list(BK(t), t, "s", collect_snapshot, &c, &err) == ES_OK && c.n == 2 &&
-            !strcmp(c.names[0], "alpha") && !strcmp(c.names[1], "zeta") && c.ints[0] == 3 &&
-            c.ints[1] == 3,
-        "snapshot_list: by reducer, without state");
-  memset(&c, 0, sizeof c);
-  B->read_end(BK(t), t);
-  tx_write_begin(B, b, &t, &err);
-  sn.reducer = (char *)"zeta";
-  sn.index = 9;
-  sn.state = (char *)"new";
-  sn.state_len = 3;
-  sn.version = (char *)"v2";
-  CHECK(B->snapshot_put(BK(t), t, "s", &sn, &err) == ES_OK &&
-            B->snapshot_get(BK(t), t, "s", "zeta", &got, &err) == ES_OK && got.index == 9 &&
-            got.state_len == 3 && str_eq(got.version, "v2"),
-        "snapshot_put replaces");
-  es_snapshot_destroy(&got);
 
   /* presence */
   es_presence_row r;
@@ -1476,9 +1436,15 @@ static void test_reentrancy(void) {
 }
 
 /* read pool: readers=1 makes a second read transaction wait for the first */
+/* A begin on another thread while this one holds what it needs: whether
+ * it returned only after `released` was set (the order of events, not a
+ * duration, says it waited). */
 typedef struct pool_arg {
   es_backend *b;
-  double waited;
+  int write;                 /* 1: write_begin, else read_begin */
+  volatile int started;      /* set just before the begin */
+  volatile int *released;    /* set by the holder just before it lets go */
+  int after_release;         /* *released was set when the begin returned */
   int rc;
 } pool_arg;
 
@@ -1486,11 +1452,21 @@ static void *pool_thread(void *arg) {
   pool_arg *a = arg;
   es_txn *t;
   es_err err;
-  double t0 = now_s();
-  a->rc = tx_read_begin(B, a->b, &t, &err);
-  a->waited = now_s() - t0;
-  if (a->rc == ES_OK) B->read_end(BK(t), t);
+  __atomic_store_n(&a->started, 1, __ATOMIC_SEQ_CST);
+  a->rc = a->write ? tx_write_begin(B, a->b, &t, &err) : tx_read_begin(B, a->b, &t, &err);
+  a->after_release = __atomic_load_n(a->released, __ATOMIC_SEQ_CST);
+  if (a->rc == ES_OK && a->write) B->write_rollback(BK(t), t);
+  else if (a->rc == ES_OK) B->read_end(BK(t), t);
   return NULL;
+}
+
+/* Until the thread is about to begin, then a moment more so that a begin
+ * that does not wait would return first (a slow thread only makes the
+ * check weaker, never wrong). */
+static void pool_settle(pool_arg *a) {
+  while (!__atomic_load_n(&a->started, __ATOMIC_SEQ_CST)) sched_yield();
+  struct timespec ts = {0, 100 * 1000000L};
+  nanosleep(&ts, NULL);
 }
 
 /* a writer thread holding the write transaction while the main thread reads */
@@ -1530,14 +1506,16 @@ static void test_concurrency(void) {
     return;
   }
   CHECK(tx_read_begin(B, b, &t, &err) == ES_OK, "read_begin (pool of 1)");
-  pool_arg a = {b, 0, -1};
+  volatile int released = 0;
+  pool_arg a = {b, 0, 0, &released, 0, -1};
   pthread_t th;
   pthread_create(&th, NULL, pool_thread, &a);
-  struct timespec ts = {0, 150 * 1000000L};
-  nanosleep(&ts, NULL);
+  pool_settle(&a);
+  __atomic_store_n(&released, 1, __ATOMIC_SEQ_CST);
   B->read_end(BK(t), t);
   pthread_join(th, NULL);
-  CHECK(a.rc == ES_OK && a.waited >= 0.1, "a second read_begin waits for a free connection");
+  CHECK(a.rc == ES_OK && a.after_release,
+        "a second read_begin waits for a free connection (returns only after it is released)");
   B->close(b);
 
   /* reads on this thread while another thread commits: each read sees a
@@ -1620,10 +1598,27 @@ static void test_multi_handle(void) {
   }
   CHECK(B->data_version(b, &v0, &err) == ES_OK, "data_version");
   CHECK(tx_write_begin(B, a, &ta, &err) == ES_OK, "handle A takes the write lock");
+  /* B waits for the lock (a handle whose busy_timeout outlasts A's hold
+   * gets it once A lets go), then, when busy_timeout runs out first, fails
+   * naming the lock. */
+  es_backend *c = open_ok(p, "busy_timeout=600000");
+  volatile int released = 0;
+  pool_arg w = {c, 1, 0, &released, 0, -1};
+  pthread_t th;
+  if (c) pthread_create(&th, NULL, pool_thread, &w);
+  if (c) pool_settle(&w);
+  __atomic_store_n(&released, 1, __ATOMIC_SEQ_CST);
+  B->write_rollback(BK(ta), ta);
+  if (c) pthread_join(th, NULL);
+  CHECK(c && w.rc == ES_OK && w.after_release,
+        "a handle waiting for the write lock gets it once the holder lets go");
+  if (c) B->close(c);
+  CHECK(tx_write_begin(B, a, &ta, &err) == ES_OK, "handle A takes the write lock again");
   double t0 = now_s();
   int rc = tx_write_begin(B, b, &tb, &err);
   double waited = now_s() - t0;
-  CHECK(rc == ES_STORAGE && has(err.msg, "locked") && waited >= 0.25,
+  /* 300 ms expected: the ceiling only catches a hang */
+  CHECK(rc == ES_STORAGE && has(err.msg, "locked") && waited < 30.0,
         "handle B waits busy_timeout, then ES_STORAGE naming the lock");
   printf("# %s (waited %.3f s)\n", err.msg, waited);
   ev_make(&e, "m", 1, "m1", "1");
@@ -2176,8 +2171,12 @@ static void test_scale(void) {
   double dt = now_s() - t0;
   B->read_end(BK(t), t);
   printf("# 2000 rounds of 10 indexed ops over %d rows: %.3f s\n", N, dt);
-  /* a full scan per op would be 20000 scans of 40000 rows: many seconds */
-  CHECK(ok && dt < (RUNNING_ON_VALGRIND ? 60.0 : 1.5), "indexed ops stay fast on 40000 rows (no full scans)");
+  /* a full scan per op would be 20000 scans of 40000 rows: a minute or
+   * more. Indexed, well under 1.5 s; the ceiling (10x that) only catches a
+   * hang or a scan, never a busy machine (the plans themselves are checked
+   * by test_retention_cost's query_plan). */
+  CHECK(ok && dt < (RUNNING_ON_VALGRIND ? 600.0 : 15.0),
+        "indexed ops stay fast on 40000 rows (no full scans)");
   B->close(b);
   rm_db(p);
   free(p);
@@ -3512,8 +3511,11 @@ static void test_retention_cost(void) {
          "(events, refs, snapshots): %.6f s\n",
          (long long)seen, walk_s, front_s, small_s);
   CHECK(ok && seen == N + 10, "removals done");
-  CHECK(front_s < walk_s / 20 && small_s < walk_s / 20,
-        "removing 10 rows costs a small fraction of a walk over the table (O(removed), not O(store))");
+  /* O(removed), not O(store), is what the query plans below prove (no
+   * scan); the figures above are for people. Expected: well under a
+   * millisecond each; the ceiling only catches a hang. */
+  CHECK(front_s < 10.0 && small_s < 10.0,
+        "removing 10 rows, or a session of 10, finishes (figures above; the plans below: no scan)");
   tx_read_begin(B, b, &t, &err);
   collect c = {0};
   CHECK(B->event_range(BK(t), t, "big", 0, 12, ES_NONE, collect_event, &c, &err) == ES_OK &&
@@ -3590,8 +3592,11 @@ static void test_fork_copy(void) {
          "%.3f s (%.0f events/s)\n",
          N, insert_s, copy_s, copy_s > 0 ? N / copy_s : 0.0);
   CHECK(ok && copied == N, "a whole session copied in one write transaction");
-  /* a per-row query or statement preparation would at least double it */
-  CHECK(RUNNING_ON_VALGRIND || copy_s < 2.5 * insert_s + 0.5, "copying costs about what inserting costs");
+  /* Expected about insert_s (a per-row query or statement preparation would
+   * at least double it: the figure above shows it); the ceiling, 10x the
+   * bound this once asserted, only catches a hang. */
+  CHECK(RUNNING_ON_VALGRIND || copy_s < 10 * (2.5 * insert_s + 0.5),
+        "copying finishes in about what inserting costs (no hang)");
   es_event got;
   tx_read_begin(B, b, &t, &err);
   CHECK(B->event_get(BK(t), t, "dst", N, &got, &err) == ES_OK &&
@@ -3700,7 +3705,7 @@ int main(void) {
   test_sessions();
   test_session_children();
   test_refs();
-  test_snapshots_presence();
+  test_snapshots_presence(); /* presence; snapshots in backend_test.c */
   test_savepoints();
   test_reentrancy();
   test_concurrency();

@@ -813,7 +813,25 @@
   // ---- routing -------------------------------------------------------------------
   // #/sessions[/NAME[/INDEX]], #/dead, #/refs[/NAME], #/presence[/NS], #/feed
 
+  // #token=TOKEN opens the inspector signed in (a link a script prints, a
+  // headless browser's screenshot): a URL fragment never reaches the server,
+  // so no access log keeps it. It is taken out of the address bar and the
+  // history at once, and kept like a typed token (sessionStorage).
+  function tokenFromHash() {
+    const m = /^#token=([^&]*)/.exec(location.hash);
+    if (!m) return false;
+    let t = '';
+    try { t = decodeURIComponent(m[1]).trim(); } catch (_) { t = ''; }
+    history.replaceState(null, '', location.pathname + location.search);
+    if (!t) return false;
+    clearError();
+    setToken(t);
+    clear($('sessions'));
+    return true;
+  }
+
   function route() {
+    tokenFromHash();
     if (!token) { askToken(); return; }
     const parts = location.hash.replace(/^#\/?/, '').split('/');
     const dec = (s) => { try { return decodeURIComponent(s); } catch (_) { return null; } };
