@@ -31,6 +31,11 @@
  *   (d) on A, drop X's rows and keep a tombstone row (fence -1).
  * Each step checks the state it expects, so a move interrupted anywhere is
  * finished by running it again (and two movers at once do it once).
+ *
+ * Where the parts live: shard_plan.c (hashing, plans, the catalog),
+ * shard_marks.c (the markers and the marker-checking backend), this file
+ * (the handle, routing, the calls, moves); shards_internal.h is what they
+ * share.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -46,26 +51,9 @@
 #include "store/internal.h"
 #include "store/listing.h"
 #include "store/shards.h"
+#include "store/shards_internal.h"
 #include "store/store.h"
 #include "util/buf.h"
-
-static int nomem(es_err *err) { return es_fail(err, ES_STORAGE, "out of memory"); }
-
-/* The catalog session holding the plans (one event per plan change). */
-#define CATALOG_SESSION "eventstore.shard_plan"
-/* Markers in a shard's session rows (fence values no user can make:
- * es_store_fence only counts up from 0). */
-#define FENCE_TOMBSTONE (-1)
-#define FENCE_INCOMING (-2)
-#define FENCE_FROZEN_BASE (-1000) /* frozen: FENCE_FROZEN_BASE - the real fence */
-/* How long a call waits for a session being moved in, and how many
- * redirects it follows, before it gives up with STORAGE. */
-#define MOVE_WAIT_MS 10000
-#define MAX_REDIRECTS 64
-/* Cross-session calls look at the catalog for a newer plan this often. */
-#define PLAN_REFRESH_MS 500
-/* Where ES_MOVED's target shard name sits in err->msg, after the text. */
-#define MOVED_TAIL (ES_ERRMSG_MAX - ES_MAX_SHARD_NAME_BYTES - 3)
 
 static int64_t mono_ms(void) {
   struct timespec ts;
@@ -77,1034 +65,6 @@ static void sleep_ms(int64_t ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
   }
-}
-
-/* ---- hashing ------------------------------------------------------------ */
-
-uint64_t es_shard_score(const char *key, const char *shard) {
-  uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64 */
-  for (const unsigned char *p = (const unsigned char *)key; *p; p++) h = (h ^ *p) * 0x100000001b3ULL;
-  h = (h ^ 0) * 0x100000001b3ULL;
-  for (const unsigned char *p = (const unsigned char *)shard; *p; p++)
-    h = (h ^ *p) * 0x100000001b3ULL;
-  /* splitmix64's finaliser: FNV's low bits mix poorly for similar keys */
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ULL;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebULL;
-  h ^= h >> 31;
-  return h;
-}
-
-size_t es_shard_owner(const es_shard_plan *p, const char *key) {
-  size_t best = 0;
-  uint64_t top = 0;
-  for (size_t i = 0; i < p->n; i++) {
-    uint64_t sc = es_shard_score(key, p->v[i].name);
-    /* names are sorted: on a tie the earlier (smaller) name stays */
-    if (i == 0 || sc > top) {
-      best = i;
-      top = sc;
-    }
-  }
-  return best;
-}
-
-/* The owner among a list of names (a shard's plan record). */
-static const char *owner_of_names(char *const *names, size_t n, const char *key) {
-  const char *best = NULL;
-  uint64_t top = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t sc = es_shard_score(key, names[i]);
-    if (!best || sc > top || (sc == top && strcmp(names[i], best) < 0)) {
-      best = names[i];
-      top = sc;
-    }
-  }
-  return best;
-}
-
-/* ---- plans -------------------------------------------------------------- */
-
-void es_shard_plan_destroy(es_shard_plan *p) {
-  if (!p) return;
-  for (size_t i = 0; i < p->n; i++) {
-    free(p->v[i].name);
-    free(p->v[i].url);
-  }
-  free(p->v);
-  memset(p, 0, sizeof *p);
-}
-
-static int plan_copy(es_shard_plan *dst, const es_shard_plan *src) {
-  memset(dst, 0, sizeof *dst);
-  dst->version = src->version;
-  dst->v = calloc(src->n ? src->n : 1, sizeof *dst->v);
-  if (!dst->v) return ES_STORAGE;
-  for (size_t i = 0; i < src->n; i++) {
-    dst->v[i].name = strdup(src->v[i].name);
-    dst->v[i].url = strdup(src->v[i].url);
-    dst->n++;
-    if (!dst->v[i].name || !dst->v[i].url) {
-      es_shard_plan_destroy(dst);
-      return ES_STORAGE;
-    }
-  }
-  return ES_OK;
-}
-
-static int cmp_def(const void *a, const void *b) {
-  return strcmp(((const es_shard_def *)a)->name, ((const es_shard_def *)b)->name);
-}
-
-static int check_shard_name(const char *name, es_err *err) {
-  if (!name) return es_fail(err, ES_INVALID_ARGUMENT, "a shard name is missing");
-  int rc = es_check_name("shard name", name, err);
-  if (rc) return rc;
-  size_t n = strlen(name);
-  if (n > ES_MAX_SHARD_NAME_BYTES)
-    return es_fail(err, ES_INVALID_ARGUMENT, "shard name '%s' is %zu bytes, at most %d allowed",
-                   name, n, ES_MAX_SHARD_NAME_BYTES);
-  for (size_t i = 0; i < n; i++)
-    if ((unsigned char)name[i] < 0x20)
-      return es_fail(err, ES_INVALID_ARGUMENT, "shard name holds the control byte 0x%02x",
-                     (unsigned)(unsigned char)name[i]);
-  return ES_OK;
-}
-
-int es_shard_plan_check(es_shard_plan *p, es_err *err) {
-  if (p->version < 1)
-    return es_fail(err, ES_INVALID_ARGUMENT, "plan version must be a positive integer (got %lld)",
-                   (long long)p->version);
-  if (p->n < 1 || p->n > ES_MAX_SHARDS)
-    return es_fail(err, ES_INVALID_ARGUMENT, "a plan has 1 to %d shards (got %zu)", ES_MAX_SHARDS,
-                   p->n);
-  for (size_t i = 0; i < p->n; i++) {
-    int rc = check_shard_name(p->v[i].name, err);
-    if (rc) return rc;
-    const char *u = p->v[i].url;
-    if (!u || !*u)
-      return es_fail(err, ES_INVALID_ARGUMENT, "shard '%s' has no url", p->v[i].name);
-    if (strncmp(u, "shards:", 7) == 0)
-      return es_fail(err, ES_INVALID_ARGUMENT, "shard '%s': a shard cannot itself be shards:",
-                     p->v[i].name);
-    if (strlen(u) > 4096)
-      return es_fail(err, ES_INVALID_ARGUMENT, "shard '%s': url longer than 4096 bytes",
-                     p->v[i].name);
-  }
-  qsort(p->v, p->n, sizeof *p->v, cmp_def);
-  for (size_t i = 1; i < p->n; i++)
-    if (strcmp(p->v[i - 1].name, p->v[i].name) == 0)
-      return es_fail(err, ES_INVALID_ARGUMENT, "shard name '%s' appears twice", p->v[i].name);
-  /* one store under two names would hold one session twice over (the
-   * same url is caught here; other spellings of one store by its
-   * identity when the plan is installed). "memory:" opens a new store
-   * each time. */
-  for (size_t i = 0; i < p->n; i++)
-    for (size_t j = i + 1; j < p->n; j++)
-      if (strcmp(p->v[i].url, p->v[j].url) == 0 && strcmp(p->v[i].url, "memory:") != 0)
-        return es_fail(err, ES_INVALID_ARGUMENT, "shards '%s' and '%s' have the same url",
-                       p->v[i].name, p->v[j].name);
-  return ES_OK;
-}
-
-static int plan_same_shards(const es_shard_plan *a, const es_shard_plan *b) {
-  if (a->n != b->n) return 0;
-  for (size_t i = 0; i < a->n; i++)
-    if (strcmp(a->v[i].name, b->v[i].name) || strcmp(a->v[i].url, b->v[i].url)) return 0;
-  return 1;
-}
-
-static const es_shard_def *plan_find(const es_shard_plan *p, const char *name) {
-  for (size_t i = 0; p && i < p->n; i++)
-    if (strcmp(p->v[i].name, name) == 0) return &p->v[i];
-  return NULL;
-}
-
-/* ---- the markers in a shard (every store's backend lookups) ------------- */
-
-/* A shard's plan record: the session row named "" whose fence is the plan
- * version and whose seal_reason lists this shard's name, then every shard
- * name of the plan, one a line. Parsed into names[0] (this shard) and
- * names[1..n]. */
-typedef struct {
-  int64_t version;
-  char *text;   /* owned; names point into it */
-  char **names; /* owned array */
-  size_t n;     /* names, this shard's included */
-} plan_record;
-
-static void record_destroy(plan_record *r) {
-  free(r->text);
-  free(r->names);
-  memset(r, 0, sizeof *r);
-}
-
-/* ES_OK with r->n == 0 when the shard has no record (a plain store). */
-static int record_get(const es_backend_ops *ops, es_backend *bk, es_txn *t, plan_record *r,
-                      es_err *err) {
-  memset(r, 0, sizeof *r);
-  es_session_info si;
-  int rc = ops->session_get(bk, t, "", &si, err);
-  if (rc == ES_NOT_FOUND) return ES_OK;
-  if (rc) return rc;
-  r->version = si.fence;
-  r->text = si.seal_reason;
-  si.seal_reason = NULL;
-  es_session_info_destroy(&si);
-  if (!r->text) return ES_OK;
-  size_t lines = 1;
-  for (char *p = r->text; *p; p++) lines += *p == '\n';
-  r->names = malloc(lines * sizeof *r->names);
-  if (!r->names) {
-    record_destroy(r);
-    return nomem(err);
-  }
-  for (char *p = r->text, *q; p; p = q) {
-    q = strchr(p, '\n');
-    if (q) *q++ = '\0';
-    r->names[r->n++] = p;
-  }
-  return ES_OK;
-}
-
-/* Fills err with ES_MOVED: the text for people, the target after it. */
-static int moved(es_err *err, const char *session, const char *target, int64_t version) {
-  if (!err) return ES_MOVED;
-  if (target)
-    es_fail(err, ES_MOVED,
-            "session '%s' moved to shard '%s' (shard plan %lld): open the store through shards: "
-            "to reach it",
-            session, target, (long long)version);
-  else
-    es_fail(err, ES_MOVED, "session '%s' is being moved into this shard: retry shortly", session);
-  if (strlen(err->msg) >= MOVED_TAIL - 1) {
-    /* keep the text valid UTF-8 where it is cut */
-    size_t cut = MOVED_TAIL - 5;
-    while (cut > 0 && ((unsigned char)err->msg[cut] & 0xC0) == 0x80) cut--;
-    memcpy(err->msg + cut, "...", 4);
-  }
-  memset(err->msg + MOVED_TAIL, 0, ES_ERRMSG_MAX - MOVED_TAIL);
-  if (target) {
-    err->msg[MOVED_TAIL] = '\x01';
-    snprintf(err->msg + MOVED_TAIL + 1, ES_MAX_SHARD_NAME_BYTES + 1, "%s", target);
-  }
-  return ES_MOVED;
-}
-
-const char *es_shards_moved_target(const es_err *err) {
-  if (!err || err->code != ES_MOVED || err->msg[MOVED_TAIL] != '\x01') return NULL;
-  return err->msg + MOVED_TAIL + 1;
-}
-
-/* A session row with a marker: ES_MOVED (to the owner by the record). */
-static int marked(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
-                  int64_t fence, es_err *err) {
-  if (fence == FENCE_INCOMING) return moved(err, session, NULL, 0);
-  plan_record r;
-  int rc = record_get(ops, bk, t, &r, err);
-  if (rc) return rc;
-  const char *target = r.n > 1 ? owner_of_names(r.names + 1, r.n - 1, session) : NULL;
-  /* A tombstone on the shard the plan now gives the session to: the
-   * session may still be on the shard it once moved to, waiting to move
-   * back (the caller waits, as for an incoming row); the plan change
-   * clears such tombstones once every session is home (clear_tombstones),
-   * and then the session is simply absent here. */
-  if (fence == FENCE_TOMBSTONE && target && strcmp(target, r.names[0]) == 0) target = NULL;
-  rc = moved(err, session, target, r.version);
-  record_destroy(&r);
-  return rc;
-}
-
-/* A session with no row here: ES_MOVED when this shard's plan record says
- * another shard owns it, else ES_OK. */
-static int owner_check(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
-                       es_err *err) {
-  if (!session || !*session) return ES_OK;
-  plan_record r;
-  int rc = record_get(ops, bk, t, &r, err);
-  if (rc || r.n < 2) {
-    record_destroy(&r);
-    return rc;
-  }
-  const char *owner = owner_of_names(r.names + 1, r.n - 1, session);
-  if (owner && strcmp(owner, r.names[0]) != 0) rc = moved(err, session, owner, r.version);
-  record_destroy(&r);
-  return rc;
-}
-
-/* Whether calls about `session` may run here: ES_OK, ES_MOVED or an error. */
-static int session_here(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
-                        es_err *err) {
-  es_session_info si;
-  int rc = ops->session_get(bk, t, session, &si, err);
-  if (rc == ES_NOT_FOUND) return owner_check(ops, bk, t, session, err);
-  if (rc) return rc;
-  int64_t fence = si.fence;
-  es_session_info_destroy(&si);
-  return fence < 0 ? marked(ops, bk, t, session, fence, err) : ES_OK;
-}
-
-static int w_session_get(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
-                         es_session_info *out, es_err *err) {
-  int rc = ops->session_get(bk, t, session, out, err);
-  if (rc == ES_NOT_FOUND) {
-    int r2 = owner_check(ops, bk, t, session, err);
-    return r2 ? r2 : ES_NOT_FOUND;
-  }
-  if (rc == ES_OK && out->fence < 0) {
-    int64_t fence = out->fence;
-    es_session_info_destroy(out);
-    return marked(ops, bk, t, session, fence, err);
-  }
-  return rc;
-}
-
-/* A frozen event keeps its queue state in `returned` (<= -2). */
-static int64_t encode_frozen(const es_event *row) {
-  return -2 - (row->queued ? 1 : 0) - 2 * (row->returned + 1);
-}
-
-static void decode_frozen(es_event *row) {
-  if (row->returned > -2) return;
-  int64_t x = -2 - row->returned;
-  row->queued = (int)(x & 1);
-  row->returned = (x >> 1) - 1;
-}
-
-static int w_event_get(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
-                       int64_t index, es_event *out, es_err *err) {
-  int rc = ops->event_get(bk, t, session, index, out, err);
-  if (rc == ES_OK && out->returned > -2) return ES_OK;
-  if (rc != ES_OK && rc != ES_NOT_FOUND) return rc;
-  int r2 = session_here(ops, bk, t, session, err);
-  if (r2 == ES_OK) return rc;
-  if (rc == ES_OK) es_event_destroy(out);
-  return r2;
-}
-
-typedef struct {
-  es_session_cb cb;
-  void *ctx;
-  int64_t seen, passed;
-  int stopped;
-  char *last; /* owned: the last row's name */
-} list_filter;
-
-static int filter_row(void *ctx, const es_session_info *row) {
-  list_filter *f = ctx;
-  f->seen++;
-  free(f->last);
-  f->last = strdup(row->session);
-  if (!f->last) {
-    f->stopped = 1;
-    return 1;
-  }
-  if (row->session[0] == '\0') return 0; /* a shard's plan record is not a session */
-  es_session_info shown = *row;
-  if (row->fence <= FENCE_FROZEN_BASE) {
-    /* being copied away: still listed here (with its own fence) until the
-     * copy is in; a merged listing keeps one of the two */
-    shown.fence = FENCE_FROZEN_BASE - row->fence;
-  } else if (row->fence < 0) {
-    return 0; /* a tombstone, or a session being moved in */
-  }
-  f->passed++;
-  if (f->cb(f->ctx, &shown)) {
-    f->stopped = 1;
-    return 1;
-  }
-  return 0;
-}
-
-/* A listing without the marker rows, still `limit` rows long when more
- * exist: pages past the hidden ones. */
-static int w_list(const es_backend_ops *ops, es_backend *bk, int children, es_txn *t,
-                  const char *key, const char *after, int64_t limit, es_session_cb cb, void *ctx,
-                  es_err *err) {
-  list_filter f = {cb, ctx, 0, 0, 0, NULL};
-  char *bound = after ? strdup(after) : NULL;
-  if (after && !bound) return nomem(err);
-  int rc = ES_OK;
-  for (;;) {
-    int64_t want = limit == ES_NONE ? ES_NONE : limit - f.passed;
-    if (want != ES_NONE && want <= 0) break;
-    f.seen = 0;
-    rc = children ? ops->session_children(bk, t, key, bound, want, filter_row, &f, err)
-                  : ops->session_list(bk, t, key, bound, want, filter_row, &f, err);
-    if (rc || f.stopped || want == ES_NONE || f.seen < want || !f.last) break;
-    free(bound);
-    bound = f.last;
-    f.last = NULL;
-  }
-  if (rc == ES_OK && f.stopped && !f.last) rc = nomem(err);
-  free(bound);
-  free(f.last);
-  return rc;
-}
-
-static int w_snapshot_list(const es_backend_ops *ops, es_backend *bk, es_txn *t,
-                           const char *session, es_snapshot_cb cb, void *ctx, es_err *err) {
-  int rc = session_here(ops, bk, t, session, err);
-  return rc ? rc : ops->snapshot_list(bk, t, session, cb, ctx, err);
-}
-
-static int w_dead_list(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
-                       const char *scope, int64_t after, int64_t limit, es_event_cb cb, void *ctx,
-                       es_err *err) {
-  int rc = session ? session_here(ops, bk, t, session, err) : ES_OK;
-  return rc ? rc : ops->dead_list(bk, t, session, scope, after, limit, cb, ctx, err);
-}
-
-static int w_segment_list(const es_backend_ops *ops, es_backend *bk, es_txn *t, const char *session,
-                          es_segment_cb cb, void *ctx, es_err *err) {
-  int rc = session_here(ops, bk, t, session, err);
-  return rc ? rc : ops->segment_list(bk, t, session, cb, ctx, err);
-}
-
-/* One set of wrappers per backend: a backend function gets only its
- * transaction, so each wrapper names the table it wraps. */
-/* The marker-checking backend (docs/sharding.md): one generic wrapper for
- * every backend. Its es_backend holds the wrapped backend and its ops; each
- * op forwards to them, and the session and event lookups and listings
- * check the move markers on the way (w_*). A new backend is wrapped like
- * the others; a new backend op needs its forwarder here (the static
- * assertion below fails until it has one). */
-struct es_backend {
-  const es_backend_ops *real; /* the wrapped backend's own table */
-  es_backend *inner;          /* the wrapped backend (owned: m_close closes it) */
-};
-
-_Static_assert(sizeof(es_backend_ops) ==
-                   offsetof(es_backend_ops, lazy_end) + sizeof(void (*)(void)),
-               "es_backend_ops has an op after lazy_end: give it a forwarder in marked_ops");
-
-static int m_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
-                         es_err *err) {
-  return w_session_get(b->real, b->inner, t, session, out, err);
-}
-
-static int m_event_get(es_backend *b, es_txn *t, const char *session, int64_t index, es_event *out,
-                       es_err *err) {
-  return w_event_get(b->real, b->inner, t, session, index, out, err);
-}
-
-static int m_session_list(es_backend *b, es_txn *t, const char *prefix, const char *after,
-                          int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
-  return w_list(b->real, b->inner, 0, t, prefix, after, limit, cb, ctx, err);
-}
-
-static int m_session_children(es_backend *b, es_txn *t, const char *parent, const char *after,
-                              int64_t limit, es_session_cb cb, void *ctx, es_err *err) {
-  return w_list(b->real, b->inner, 1, t, parent, after, limit, cb, ctx, err);
-}
-
-static int m_snapshot_list(es_backend *b, es_txn *t, const char *session, es_snapshot_cb cb,
-                           void *ctx, es_err *err) {
-  return w_snapshot_list(b->real, b->inner, t, session, cb, ctx, err);
-}
-
-static int m_dead_list(es_backend *b, es_txn *t, const char *session, const char *scope,
-                       int64_t after, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
-  return w_dead_list(b->real, b->inner, t, session, scope, after, limit, cb, ctx, err);
-}
-
-static int m_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
-                          void *ctx, es_err *err) {
-  return w_segment_list(b->real, b->inner, t, session, cb, ctx, err);
-}
-
-static void m_close(es_backend *b) {
-  b->real->close(b->inner);
-  free(b);
-}
-
-static int m_write_begin(es_backend *b, es_txn **t, es_err *err) {
-  return b->real->write_begin(b->inner, t, err);
-}
-
-static int m_write_commit(es_backend *b, es_txn *t, es_err *err) {
-  return b->real->write_commit(b->inner, t, err);
-}
-
-static void m_write_rollback(es_backend *b, es_txn *t) {
-  b->real->write_rollback(b->inner, t);
-}
-
-static int m_savepoint(es_backend *b, es_txn *t, es_err *err) {
-  return b->real->savepoint(b->inner, t, err);
-}
-
-static int m_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
-  return b->real->savepoint_release(b->inner, t, err);
-}
-
-static void m_savepoint_rollback(es_backend *b, es_txn *t) {
-  b->real->savepoint_rollback(b->inner, t);
-}
-
-static int m_read_begin(es_backend *b, es_txn **t, es_err *err) {
-  return b->real->read_begin(b->inner, t, err);
-}
-
-static void m_read_end(es_backend *b, es_txn *t) {
-  b->real->read_end(b->inner, t);
-}
-
-static int m_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
-  return b->real->session_put(b->inner, t, row, err);
-}
-
-static int m_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event *out, es_err *err) {
-  return b->real->event_get_by_id(b->inner, t, id, out, err);
-}
-
-static int m_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
-  return b->real->event_insert(b->inner, t, row, err);
-}
-
-static int m_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
-  return b->real->event_update(b->inner, t, row, err);
-}
-
-static int m_event_copy(es_backend *b, es_txn *t, const char *from, int64_t through, const char *to,
-                        int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
-                        es_err *err) {
-  return b->real->event_copy(b->inner, t, from, through, to, processed_at, new_id, id_ctx, copied,
-      err);
-}
-
-static int m_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
-                         int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
-  return b->real->event_range(b->inner, t, session, after, through, limit, cb, ctx, err);
-}
-
-static int m_event_all(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
-                       es_event_cb cb, void *ctx, es_err *err) {
-  return b->real->event_all(b->inner, t, scope, after, limit, cb, ctx, err);
-}
-
-static int m_last_position(es_backend *b, es_txn *t, int64_t *position, es_err *err) {
-  return b->real->last_position(b->inner, t, position, err);
-}
-
-static int m_lane_next(es_backend *b, es_txn *t, const char *session, const char *lane,
-                       int64_t after, int64_t *index, es_err *err) {
-  return b->real->lane_next(b->inner, t, session, lane, after, index, err);
-}
-
-static int m_queued_due(es_backend *b, es_txn *t, const char *session, const char *scope,
-                        int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
-  return b->real->queued_due(b->inner, t, session, scope, now, limit, cb, ctx, err);
-}
-
-static int m_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
-                             int64_t now, int64_t *due, es_err *err) {
-  return b->real->queued_next_due(b->inner, t, session, scope, now, due, err);
-}
-
-static int m_queued_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
-                             int64_t now, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
-  return b->real->queued_due_type(b->inner, t, scope, type, now, limit, cb, ctx, err);
-}
-
-static int m_queued_next_due_type(es_backend *b, es_txn *t, const char *scope, const char *type,
-                                  int64_t now, int64_t *due, es_err *err) {
-  return b->real->queued_next_due_type(b->inner, t, scope, type, now, due, err);
-}
-
-static int m_pending_types(es_backend *b, es_txn *t, const char *scope, es_type_count_cb cb,
-                           void *ctx, es_err *err) {
-  return b->real->pending_types(b->inner, t, scope, cb, ctx, err);
-}
-
-static int m_snapshot_get(es_backend *b, es_txn *t, const char *session, const char *reducer,
-                          es_snapshot *out, es_err *err) {
-  return b->real->snapshot_get(b->inner, t, session, reducer, out, err);
-}
-
-static int m_snapshot_put(es_backend *b, es_txn *t, const char *session, const es_snapshot *row,
-                          es_err *err) {
-  return b->real->snapshot_put(b->inner, t, session, row, err);
-}
-
-static int m_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
-  return b->real->ref_get(b->inner, t, name, out, err);
-}
-
-static int m_ref_put(es_backend *b, es_txn *t, const es_ref *row, es_err *err) {
-  return b->real->ref_put(b->inner, t, row, err);
-}
-
-static int m_ref_delete(es_backend *b, es_txn *t, const char *name, es_err *err) {
-  return b->real->ref_delete(b->inner, t, name, err);
-}
-
-static int m_ref_list(es_backend *b, es_txn *t, const char *after, int64_t limit, es_ref_cb cb,
-                      void *ctx, es_err *err) {
-  return b->real->ref_list(b->inner, t, after, limit, cb, ctx, err);
-}
-
-static int m_presence_get(es_backend *b, es_txn *t, const char *ns, const char *participant,
-                          const char *field, es_presence_row *out, es_err *err) {
-  return b->real->presence_get(b->inner, t, ns, participant, field, out, err);
-}
-
-static int m_presence_put(es_backend *b, es_txn *t, const char *ns, const es_presence_row *row,
-                          es_err *err) {
-  return b->real->presence_put(b->inner, t, ns, row, err);
-}
-
-static int m_presence_expire(es_backend *b, es_txn *t, const char *ns, int64_t now, es_err *err) {
-  return b->real->presence_expire(b->inner, t, ns, now, err);
-}
-
-static int m_presence_list(es_backend *b, es_txn *t, const char *ns, int64_t now,
-                           es_presence_cb_row cb, void *ctx, es_err *err) {
-  return b->real->presence_list(b->inner, t, ns, now, cb, ctx, err);
-}
-
-static int m_event_delete_range(es_backend *b, es_txn *t, const char *session, int64_t through,
-                                es_err *err) {
-  return b->real->event_delete_range(b->inner, t, session, through, err);
-}
-
-static int m_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
-  return b->real->session_delete(b->inner, t, session, err);
-}
-
-static int m_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
-  return b->real->snapshot_delete_all(b->inner, t, session, err);
-}
-
-static int m_ref_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
-  return b->real->ref_delete_session(b->inner, t, session, err);
-}
-
-static int m_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
-                         es_err *err) {
-  return b->real->segment_put(b->inner, t, session, row, err);
-}
-
-static int m_segment_delete(es_backend *b, es_txn *t, const char *session, int64_t from,
-                            es_err *err) {
-  return b->real->segment_delete(b->inner, t, session, from, err);
-}
-
-static int m_key_get(es_backend *b, es_txn *t, const char *name, es_key_row *out, es_err *err) {
-  return b->real->key_get(b->inner, t, name, out, err);
-}
-
-static int m_key_put(es_backend *b, es_txn *t, const es_key_row *row, es_err *err) {
-  return b->real->key_put(b->inner, t, row, err);
-}
-
-static int m_key_use_put(es_backend *b, es_txn *t, const char *key, const char *session,
-                         int64_t first_index, es_err *err) {
-  return b->real->key_use_put(b->inner, t, key, session, first_index, err);
-}
-
-static int m_key_use_list(es_backend *b, es_txn *t, const char *key, es_key_use_cb cb, void *ctx,
-                          es_err *err) {
-  return b->real->key_use_list(b->inner, t, key, cb, ctx, err);
-}
-
-static int m_key_use_delete_session(es_backend *b, es_txn *t, const char *session, es_err *err) {
-  return b->real->key_use_delete_session(b->inner, t, session, err);
-}
-
-static int m_snapshot_delete_from(es_backend *b, es_txn *t, const char *session, int64_t index,
-                                  es_err *err) {
-  return b->real->snapshot_delete_from(b->inner, t, session, index, err);
-}
-
-static int m_scrub(es_backend *b, es_err *err) {
-  return b->real->scrub(b->inner, err);
-}
-
-static int m_data_version(es_backend *b, uint64_t *version, es_err *err) {
-  return b->real->data_version(b->inner, version, err);
-}
-
-static int m_claim_begin(es_backend *b, const char *const *skip, size_t n_skip, es_txn **t,
-                         es_err *err) {
-  return b->real->claim_begin(b->inner, skip, n_skip, t, err);
-}
-
-static int m_claim_retry(es_backend *b, es_txn *t) {
-  return b->real->claim_retry(b->inner, t);
-}
-
-static int m_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_err *err) {
-  return b->real->wait_change(b->inner, since, timeout_ms, err);
-}
-
-static void m_wake(es_backend *b) {
-  b->real->wake(b->inner);
-}
-
-static int m_release_commit(es_backend *b, es_txn *t, es_err *err) {
-  return b->real->release_commit(b->inner, t, err);
-}
-
-static int m_claim_ready(es_backend *b, es_txn *t, const char *scope, const char *type, int64_t now,
-                         int64_t limit, es_event_cb cb, void *ctx, int64_t *next_due, es_err *err) {
-  return b->real->claim_ready(b->inner, t, scope, type, now, limit, cb, ctx, next_due, err);
-}
-
-static int m_session_claimed(es_backend *b, es_txn *t, const char *session, int64_t n, int64_t now,
-                             es_err *err) {
-  return b->real->session_claimed(b->inner, t, session, n, now, err);
-}
-
-static int m_claim_commit(es_backend *b, es_txn *t, int *retry, es_err *err) {
-  return b->real->claim_commit(b->inner, t, retry, err);
-}
-
-static int m_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out, es_err *err) {
-  return b->real->counts(b->inner, t, scope, out, err);
-}
-
-static int m_event_insert_many(es_backend *b, es_txn *t, es_event *rows, size_t n, es_err *err) {
-  return b->real->event_insert_many(b->inner, t, rows, n, err);
-}
-
-static int m_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
-                        const int64_t *indexes, size_t n, const char *const *ids, size_t n_ids,
-                        es_err *err) {
-  return b->real->read_ahead(b->inner, t, sessions, indexes, n, ids, n_ids, err);
-}
-
-static int m_lazy_begin(es_backend *b) {
-  return b->real->lazy_begin(b->inner);
-}
-
-static void m_lazy_end(es_backend *b) {
-  b->real->lazy_end(b->inner);
-}
-
-/* Fills o (a copy of the wrapped backend's table: its scheme, flags and
- * the ops it lacks stay) with the forwarders. */
-static void marked_ops(es_backend_ops *o) {
-  o->open = NULL; /* the wrapper is made around an opened backend */
-  if (o->close) o->close = m_close;
-  if (o->write_begin) o->write_begin = m_write_begin;
-  if (o->write_commit) o->write_commit = m_write_commit;
-  if (o->write_rollback) o->write_rollback = m_write_rollback;
-  if (o->savepoint) o->savepoint = m_savepoint;
-  if (o->savepoint_release) o->savepoint_release = m_savepoint_release;
-  if (o->savepoint_rollback) o->savepoint_rollback = m_savepoint_rollback;
-  if (o->read_begin) o->read_begin = m_read_begin;
-  if (o->read_end) o->read_end = m_read_end;
-  if (o->session_get) o->session_get = m_session_get;
-  if (o->session_put) o->session_put = m_session_put;
-  if (o->session_list) o->session_list = m_session_list;
-  if (o->session_children) o->session_children = m_session_children;
-  if (o->event_get) o->event_get = m_event_get;
-  if (o->event_get_by_id) o->event_get_by_id = m_event_get_by_id;
-  if (o->event_insert) o->event_insert = m_event_insert;
-  if (o->event_update) o->event_update = m_event_update;
-  if (o->event_copy) o->event_copy = m_event_copy;
-  if (o->event_range) o->event_range = m_event_range;
-  if (o->event_all) o->event_all = m_event_all;
-  if (o->last_position) o->last_position = m_last_position;
-  if (o->lane_next) o->lane_next = m_lane_next;
-  if (o->queued_due) o->queued_due = m_queued_due;
-  if (o->queued_next_due) o->queued_next_due = m_queued_next_due;
-  if (o->queued_due_type) o->queued_due_type = m_queued_due_type;
-  if (o->queued_next_due_type) o->queued_next_due_type = m_queued_next_due_type;
-  if (o->pending_types) o->pending_types = m_pending_types;
-  if (o->dead_list) o->dead_list = m_dead_list;
-  if (o->snapshot_get) o->snapshot_get = m_snapshot_get;
-  if (o->snapshot_put) o->snapshot_put = m_snapshot_put;
-  if (o->snapshot_list) o->snapshot_list = m_snapshot_list;
-  if (o->ref_get) o->ref_get = m_ref_get;
-  if (o->ref_put) o->ref_put = m_ref_put;
-  if (o->ref_delete) o->ref_delete = m_ref_delete;
-  if (o->ref_list) o->ref_list = m_ref_list;
-  if (o->presence_get) o->presence_get = m_presence_get;
-  if (o->presence_put) o->presence_put = m_presence_put;
-  if (o->presence_expire) o->presence_expire = m_presence_expire;
-  if (o->presence_list) o->presence_list = m_presence_list;
-  if (o->event_delete_range) o->event_delete_range = m_event_delete_range;
-  if (o->session_delete) o->session_delete = m_session_delete;
-  if (o->snapshot_delete_all) o->snapshot_delete_all = m_snapshot_delete_all;
-  if (o->ref_delete_session) o->ref_delete_session = m_ref_delete_session;
-  if (o->segment_list) o->segment_list = m_segment_list;
-  if (o->segment_put) o->segment_put = m_segment_put;
-  if (o->segment_delete) o->segment_delete = m_segment_delete;
-  if (o->key_get) o->key_get = m_key_get;
-  if (o->key_put) o->key_put = m_key_put;
-  if (o->key_use_put) o->key_use_put = m_key_use_put;
-  if (o->key_use_list) o->key_use_list = m_key_use_list;
-  if (o->key_use_delete_session) o->key_use_delete_session = m_key_use_delete_session;
-  if (o->snapshot_delete_from) o->snapshot_delete_from = m_snapshot_delete_from;
-  if (o->scrub) o->scrub = m_scrub;
-  if (o->data_version) o->data_version = m_data_version;
-  if (o->claim_begin) o->claim_begin = m_claim_begin;
-  if (o->claim_retry) o->claim_retry = m_claim_retry;
-  if (o->wait_change) o->wait_change = m_wait_change;
-  if (o->wake) o->wake = m_wake;
-  if (o->release_commit) o->release_commit = m_release_commit;
-  if (o->claim_ready) o->claim_ready = m_claim_ready;
-  if (o->session_claimed) o->session_claimed = m_session_claimed;
-  if (o->claim_commit) o->claim_commit = m_claim_commit;
-  if (o->counts) o->counts = m_counts;
-  if (o->event_insert_many) o->event_insert_many = m_event_insert_many;
-  if (o->read_ahead) o->read_ahead = m_read_ahead;
-  if (o->lazy_begin) o->lazy_begin = m_lazy_begin;
-  if (o->lazy_end) o->lazy_end = m_lazy_end;
-}
-
-int es_shards_wrap_ops(es_store *s, es_err *err) {
-  es_backend *m = malloc(sizeof *m);
-  if (!m) return nomem(err);
-  m->real = s->ops;
-  m->inner = s->bk;
-  s->real_ops = s->ops;
-  s->real_bk = s->bk;
-  s->own_ops = *s->ops;
-  marked_ops(&s->own_ops);
-  s->ops = &s->own_ops;
-  s->bk = m;
-  return ES_OK;
-}
-
-/* ---- the catalog: plans as JSON events ---------------------------------- */
-
-/* {"shards":{name:url,...},"state":state,"version":n}, canonical. The
- * strings are written by the codec's writer. */
-static int plan_json(const es_shard_plan *p, const char *state, es_buf *out, es_err *err) {
-  es_buf b;
-  es_buf_init(&b);
-  es_buf_adds(&b, "{\"shards\":{");
-  for (size_t i = 0; i < p->n; i++) {
-    if (i) es_buf_addc(&b, ',');
-    es_json_write_text(&b, p->v[i].name, strlen(p->v[i].name));
-    es_buf_addc(&b, ':');
-    es_json_write_text(&b, p->v[i].url, strlen(p->v[i].url));
-  }
-  es_buf_addf(&b, "},\"state\":\"%s\",\"version\":%lld}", state, (long long)p->version);
-  int rc = b.oom ? nomem(err) : es_json_canonicalize(b.data, b.len, out, err);
-  es_buf_destroy(&b);
-  return rc;
-}
-
-typedef struct {
-  const char *p, *end;
-} jcur;
-
-static void jws(jcur *c) {
-  while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\t' || *c->p == '\r')) c->p++;
-}
-
-static int jlit(jcur *c, char ch) {
-  jws(c);
-  if (c->p < c->end && *c->p == ch) {
-    c->p++;
-    return 1;
-  }
-  return 0;
-}
-
-static int hex4(const char *p, unsigned *v) {
-  *v = 0;
-  for (int i = 0; i < 4; i++) {
-    char ch = p[i];
-    unsigned d = ch >= '0' && ch <= '9' ? (unsigned)(ch - '0')
-                 : ch >= 'a' && ch <= 'f' ? (unsigned)(ch - 'a' + 10)
-                 : ch >= 'A' && ch <= 'F' ? (unsigned)(ch - 'A' + 10)
-                                          : 16u;
-    if (d > 15) return 0;
-    *v = *v * 16 + d;
-  }
-  return 1;
-}
-
-/* A JSON string (the catalog's own canonical text; its escapes). NULL on
- * a malformed one or no memory. */
-static char *jstring(jcur *c) {
-  if (!jlit(c, '"')) return NULL;
-  es_buf b;
-  es_buf_init(&b);
-  int bad = 0;
-  while (!bad && c->p < c->end && *c->p != '"') {
-    char ch = *c->p++;
-    if (ch != '\\') {
-      bad |= es_buf_addc(&b, ch) != ES_OK;
-      continue;
-    }
-    if (c->p >= c->end) break;
-    char e = *c->p++;
-    const char *simple = strchr("\"\\/bfnrt", e);
-    if (e && simple) {
-      static const char map[] = "\"\\/\b\f\n\r\t";
-      bad |= es_buf_addc(&b, map[simple - "\"\\/bfnrt"]) != ES_OK;
-    } else if (e == 'u' && c->end - c->p >= 4) {
-      unsigned u;
-      if (!hex4(c->p, &u)) {
-        bad = 1;
-        break;
-      }
-      c->p += 4;
-      if (u >= 0xD800 && u < 0xDC00 && c->end - c->p >= 6 && c->p[0] == '\\' && c->p[1] == 'u') {
-        unsigned lo;
-        if (!hex4(c->p + 2, &lo)) {
-          bad = 1;
-          break;
-        }
-        c->p += 6;
-        u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-      }
-      char enc[4];
-      size_t k;
-      if (u < 0x80) {
-        enc[0] = (char)u, k = 1;
-      } else if (u < 0x800) {
-        enc[0] = (char)(0xC0 | (u >> 6)), enc[1] = (char)(0x80 | (u & 63)), k = 2;
-      } else if (u < 0x10000) {
-        enc[0] = (char)(0xE0 | (u >> 12)), enc[1] = (char)(0x80 | ((u >> 6) & 63));
-        enc[2] = (char)(0x80 | (u & 63)), k = 3;
-      } else {
-        enc[0] = (char)(0xF0 | (u >> 18)), enc[1] = (char)(0x80 | ((u >> 12) & 63));
-        enc[2] = (char)(0x80 | ((u >> 6) & 63)), enc[3] = (char)(0x80 | (u & 63)), k = 4;
-      }
-      bad |= es_buf_add(&b, enc, k) != ES_OK;
-    } else {
-      bad = 1;
-    }
-  }
-  if (bad || c->p >= c->end) {
-    es_buf_destroy(&b);
-    return NULL;
-  }
-  c->p++; /* the closing quote */
-  if (es_buf_addc(&b, '\0') != ES_OK) {
-    es_buf_destroy(&b);
-    return NULL;
-  }
-  return es_buf_take(&b, NULL);
-}
-
-/* Reads a catalog event's payload into *p and its state. */
-static int plan_parse(const char *text, size_t len, es_shard_plan *p, int *pending, es_err *err) {
-  memset(p, 0, sizeof *p);
-  *pending = 0;
-  jcur c = {text, text + len};
-  int ok = jlit(&c, '{'), have_v = 0;
-  size_t cap = 0;
-  while (ok && !jlit(&c, '}')) {
-    char *key = jstring(&c);
-    ok = key && jlit(&c, ':');
-    if (ok && strcmp(key, "shards") == 0) {
-      ok = jlit(&c, '{');
-      while (ok && !jlit(&c, '}')) {
-        if (p->n && !jlit(&c, ',')) {
-          ok = 0;
-          break;
-        }
-        char *name = jstring(&c);
-        char *url = name && jlit(&c, ':') ? jstring(&c) : NULL;
-        if (!url || es_grow((void **)&p->v, &cap, p->n + 1, sizeof *p->v)) {
-          free(name);
-          free(url);
-          ok = 0;
-          break;
-        }
-        p->v[p->n].name = name;
-        p->v[p->n].url = url;
-        p->n++;
-      }
-    } else if (ok && strcmp(key, "state") == 0) {
-      char *st = jstring(&c);
-      ok = st != NULL;
-      if (ok) *pending = strcmp(st, "pending") == 0;
-      free(st);
-    } else if (ok && strcmp(key, "version") == 0) {
-      jws(&c);
-      char *end = NULL;
-      errno = 0;
-      long long v = strtoll(c.p, &end, 10);
-      ok = end && end > c.p && end <= c.end && errno == 0;
-      if (ok) {
-        p->version = v;
-        c.p = end;
-        have_v = 1;
-      }
-    } else {
-      ok = 0;
-    }
-    free(key);
-    if (ok && !jlit(&c, ',')) {
-      ok = jlit(&c, '}');
-      break;
-    }
-  }
-  if (ok && have_v && es_shard_plan_check(p, err) == ES_OK) return ES_OK;
-  es_shard_plan_destroy(p);
-  return es_fail(err, ES_STORAGE, "the shard catalog holds a plan that does not read back");
-}
-
-/* The catalog's plans: the newest current one and a newer pending one
- * (version 0: none); *head: the catalog session's head, for the next
- * install's compare-and-set. */
-typedef struct {
-  es_shard_plan cur, pend;
-  int64_t head;
-} catalog_view;
-
-static void view_destroy(catalog_view *v) {
-  es_shard_plan_destroy(&v->cur);
-  es_shard_plan_destroy(&v->pend);
-}
-
-static int catalog_load(es_store *cat, catalog_view *v, es_err *err) {
-  memset(v, 0, sizeof *v);
-  es_events evs = {0};
-  /* a plan change is rare: reading every plan event stays cheap */
-  int rc = es_store_read(cat, CATALOG_SESSION, 0, ES_NONE, ES_NONE, &evs, err);
-  for (size_t i = evs.n; rc == ES_OK && i-- > 0;) {
-    es_shard_plan p;
-    int pending;
-    rc = plan_parse(evs.v[i].payload, evs.v[i].payload_len, &p, &pending, err);
-    if (rc) break;
-    if (i + 1 == evs.n) v->head = evs.v[i].index;
-    if (pending && i + 1 == evs.n) {
-      v->pend = p;
-    } else if (!pending) {
-      v->cur = p;
-      break;
-    } else {
-      es_shard_plan_destroy(&p);
-    }
-  }
-  es_events_destroy(&evs);
-  if (rc) view_destroy(v);
-  /* a pending plan no newer than the current one is history */
-  if (rc == ES_OK && v->pend.version && v->pend.version <= v->cur.version)
-    es_shard_plan_destroy(&v->pend);
-  return rc;
-}
-
-/* Appends a plan event with compare-and-set on the head: ES_OK, or
- * WRONG_EXPECTED_HEAD when another process installed one first. */
-static int catalog_put(es_store *cat, const es_shard_plan *p, const char *state, int64_t head,
-                       es_err *err) {
-  es_buf text;
-  es_buf_init(&text);
-  int rc = plan_json(p, state, &text, err);
-  if (rc == ES_OK) {
-    es_new_event ev;
-    es_new_event_init(&ev);
-    ev.type = strcmp(state, "pending") == 0 ? "plan_pending" : "plan";
-    ev.payload = es_buf_cstr(&text);
-    ev.payload_len = text.len;
-    ev.settled = 1; /* nothing to dispatch */
-    int pending = 0;
-    rc = es_store_append(cat, CATALOG_SESSION, &ev, 1, head, ES_NONE, NULL, &pending, err);
-  }
-  es_buf_destroy(&text);
-  return rc;
 }
 
 /* ---- the handle --------------------------------------------------------- */
@@ -1305,11 +265,11 @@ static int adopt(es_store *s, catalog_view *v, es_err *err) {
 /* Reads the catalog and adopts what it says. */
 static int reload(es_store *s, es_err *err) {
   catalog_view v;
-  int rc = catalog_load(SH(s)->catalog, &v, err);
+  int rc = es_sh_catalog_load(SH(s)->catalog, &v, err);
   if (rc == ES_OK && v.cur.version == 0)
     rc = es_fail(err, ES_NOT_FOUND, "the shard catalog holds no plan");
   if (rc == ES_OK) rc = adopt(s, &v, err);
-  view_destroy(&v);
+  es_sh_view_destroy(&v);
   return rc;
 }
 
@@ -1381,12 +341,12 @@ static int route_store(es_store *s, const char *what, const char *key, route *r,
   plans_now(s, &cur, &pend);
   const es_shard_def *d = NULL;
   if (r->has_target) {
-    d = plan_find(pend, r->target);
-    if (!d) d = plan_find(cur, r->target);
+    d = es_sh_plan_find(pend, r->target);
+    if (!d) d = es_sh_plan_find(cur, r->target);
     if (!d && (rc = reload(s, err)) == ES_OK) {
       plans_now(s, &cur, &pend);
-      d = plan_find(pend, r->target);
-      if (!d) d = plan_find(cur, r->target);
+      d = es_sh_plan_find(pend, r->target);
+      if (!d) d = es_sh_plan_find(cur, r->target);
     }
     if (rc) return rc;
     if (!d)
@@ -1488,7 +448,7 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
   es_shard_plan want = {0};
   int rc = ES_OK;
   if (plan) {
-    if (plan_copy(&want, plan)) return nomem(err);
+    if (es_sh_plan_copy(&want, plan)) return nomem(err);
     if ((rc = es_shard_plan_check(&want, err))) {
       es_shard_plan_destroy(&want);
       return rc;
@@ -1515,11 +475,11 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
   int needs_move = 0;
   for (int tries = 0; rc == ES_OK; tries++) {
     catalog_view v;
-    if ((rc = catalog_load(sh->catalog, &v, err))) break;
+    if ((rc = es_sh_catalog_load(sh->catalog, &v, err))) break;
     if (plan && v.cur.version == 0) {
       rc = check_identities(s, &want, err);
-      if (rc == ES_OK) rc = catalog_put(sh->catalog, &want, "current", v.head, err);
-      view_destroy(&v);
+      if (rc == ES_OK) rc = es_sh_catalog_put(sh->catalog, &want, "current", v.head, err);
+      es_sh_view_destroy(&v);
       if (rc == ES_WRONG_EXPECTED_HEAD && tries < 100) rc = ES_OK; /* another opener won: look again */
       else if (rc == ES_OK) continue;
       if (rc) break;
@@ -1528,7 +488,7 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
     if (v.cur.version == 0) {
       rc = es_fail(err, ES_NOT_FOUND,
                    "the shard catalog '%s' holds no plan: open it once with a plan", catalog);
-    } else if (plan && want.version == v.cur.version && !plan_same_shards(&want, &v.cur)) {
+    } else if (plan && want.version == v.cur.version && !es_sh_plan_same_shards(&want, &v.cur)) {
       rc = es_fail(err, ES_INVALID_ARGUMENT,
                    "plan version %lld is in the catalog with other shards: a changed plan needs "
                    "a new version",
@@ -1538,7 +498,7 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
                             (v.pend.version && want.version >= v.pend.version));
       rc = adopt(s, &v, err);
     }
-    view_destroy(&v);
+    es_sh_view_destroy(&v);
     break;
   }
   if (rc == ES_OK && needs_move) {
@@ -1627,7 +587,7 @@ int es_shards_plan(es_store *s, es_shard_plan *out, es_err *err) {
   if (rc) return rc;
   const es_shard_plan *cur;
   plans_now(s, &cur, NULL);
-  return plan_copy(out, cur) ? nomem(err) : ES_OK;
+  return es_sh_plan_copy(out, cur) ? nomem(err) : ES_OK;
 }
 
 /* ---- calls about one session ------------------------------------------------ */
@@ -2363,7 +1323,7 @@ static int cursor_parse(const char *c, cursor_map *m, es_err *err) {
     for (size_t i = 0; i < hn / 2; i++) {
       unsigned v;
       char two[5] = {'0', '0', p[2 * i], p[2 * i + 1], 0};
-      ok &= hex4(two, &v) && v != 0;
+      ok &= es_sh_hex4(two, &v) && v != 0;
       name[i] = (char)v;
     }
     name[hn / 2] = '\0';
@@ -2790,7 +1750,7 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
       break;
     }
     if (e->status == ES_STATUS_PROCESSED) continue;
-    e->returned = encode_frozen(e);
+    e->returned = es_sh_encode_frozen(e);
     e->queued = 0;
     rc = ops->event_update(real_bk(st), t, e, err);
   }
@@ -2900,7 +1860,7 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
       rc = r2;
       break;
     }
-    decode_frozen(e);
+    es_sh_decode_frozen(e);
     rc = ops->event_insert(real_bk(st), t, e, err);
   }
   for (size_t i = 0; rc == ES_OK && i < c->snaps.n; i++)
@@ -3174,11 +2134,11 @@ static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan
 /* Finishes the catalog's pending plan: moves, then marks it current. */
 static int finish_pending(es_store *s, int64_t *moved_n, es_err *err) {
   catalog_view v;
-  int rc = catalog_load(SH(s)->catalog, &v, err);
+  int rc = es_sh_catalog_load(SH(s)->catalog, &v, err);
   if (rc == ES_OK && v.pend.version) {
     es_shard_plan to, from;
-    if (plan_copy(&to, &v.pend) || plan_copy(&from, &v.cur)) {
-      view_destroy(&v);
+    if (es_sh_plan_copy(&to, &v.pend) || es_sh_plan_copy(&from, &v.cur)) {
+      es_sh_view_destroy(&v);
       return nomem(err);
     }
     rc = adopt(s, &v, err); /* the handle follows redirects to the new shards */
@@ -3188,30 +2148,30 @@ static int finish_pending(es_store *s, int64_t *moved_n, es_err *err) {
        * one, whose records stop this mover's steps): then it is done */
       catalog_view w;
       es_err ignored = {0};
-      if (!crashed(s, &ignored) && catalog_load(SH(s)->catalog, &w, &ignored) == ES_OK) {
+      if (!crashed(s, &ignored) && es_sh_catalog_load(SH(s)->catalog, &w, &ignored) == ES_OK) {
         if (w.cur.version >= to.version) rc = ES_OK;
-        view_destroy(&w);
+        es_sh_view_destroy(&w);
       }
     }
     for (int tries = 0; rc == ES_OK; tries++) {
       catalog_view w;
-      if ((rc = catalog_load(SH(s)->catalog, &w, err))) break;
+      if ((rc = es_sh_catalog_load(SH(s)->catalog, &w, err))) break;
       if (w.cur.version < to.version) {
         rc = step(s, err);
-        if (rc == ES_OK) rc = catalog_put(SH(s)->catalog, &to, "current", w.head, err);
+        if (rc == ES_OK) rc = es_sh_catalog_put(SH(s)->catalog, &to, "current", w.head, err);
         if (rc == ES_WRONG_EXPECTED_HEAD && tries < 100) rc = ES_OK;
         else if (rc == ES_OK) {
-          view_destroy(&w);
+          es_sh_view_destroy(&w);
           continue;
         }
       }
-      view_destroy(&w);
+      es_sh_view_destroy(&w);
       break;
     }
     es_shard_plan_destroy(&to);
     es_shard_plan_destroy(&from);
   }
-  view_destroy(&v);
+  es_sh_view_destroy(&v);
   if (rc == ES_OK) rc = reload(s, err);
   return rc;
 }
@@ -3220,26 +2180,26 @@ static int set_plan_locked(es_store *s, const es_shard_plan *plan, int64_t *move
   for (int tries = 0;; tries++) {
     if (tries > 100) return es_fail(err, ES_STORAGE, "the shard catalog kept changing");
     catalog_view v;
-    int rc = catalog_load(SH(s)->catalog, &v, err);
+    int rc = es_sh_catalog_load(SH(s)->catalog, &v, err);
     if (rc) return rc;
     if (v.pend.version) {
       int same = v.pend.version == plan->version;
-      if (same && !plan_same_shards(&v.pend, plan)) {
-        view_destroy(&v);
+      if (same && !es_sh_plan_same_shards(&v.pend, plan)) {
+        es_sh_view_destroy(&v);
         return es_fail(err, ES_INVALID_ARGUMENT,
                        "plan version %lld is in the catalog with other shards: a changed plan "
                        "needs a new version",
                        (long long)plan->version);
       }
-      view_destroy(&v);
+      es_sh_view_destroy(&v);
       /* an interrupted change is finished first (this one, or an older one) */
       if ((rc = finish_pending(s, moved_n, err)) || same) return rc;
       continue;
     }
     if (plan->version <= v.cur.version) {
-      int same = plan->version == v.cur.version && plan_same_shards(plan, &v.cur);
+      int same = plan->version == v.cur.version && es_sh_plan_same_shards(plan, &v.cur);
       int64_t have = v.cur.version;
-      view_destroy(&v);
+      es_sh_view_destroy(&v);
       if (same) return reload(s, err);
       return es_fail(err, ES_INVALID_ARGUMENT,
                      plan->version == have
@@ -3250,8 +2210,8 @@ static int set_plan_locked(es_store *s, const es_shard_plan *plan, int64_t *move
     }
     rc = check_identities(s, plan, err);
     if (rc == ES_OK) rc = step(s, err);
-    if (rc == ES_OK) rc = catalog_put(SH(s)->catalog, plan, "pending", v.head, err);
-    view_destroy(&v);
+    if (rc == ES_OK) rc = es_sh_catalog_put(SH(s)->catalog, plan, "pending", v.head, err);
+    es_sh_view_destroy(&v);
     if (rc && rc != ES_WRONG_EXPECTED_HEAD) return rc;
   }
 }
@@ -3261,7 +2221,7 @@ int es_shards_set_plan(es_store *s, const es_shard_plan *plan, int64_t *moved_n,
   int rc = sh_enter(s, err);
   if (rc) return rc;
   es_shard_plan want;
-  if (plan_copy(&want, plan)) return nomem(err);
+  if (es_sh_plan_copy(&want, plan)) return nomem(err);
   rc = es_shard_plan_check(&want, err);
   if (rc == ES_OK) rc = set_plan_locked(s, &want, moved_n, err);
   es_shard_plan_destroy(&want);
