@@ -1,9 +1,10 @@
 /*
  * internal.h: the store's insides, shared by the files of core/store/
- * (front.c: the front door; store.c: the rules; archive.c: segment files,
- * §3.9; crypto.c: sealed payloads and shredding, §3.10; tenant.c: tenant
- * views, §3.11; shards.c: the router). Not a
- * public header: bindings and the engine use store.h only.
+ * (front.c: the front door; store.c and the rule files of rules.h: the
+ * core store; archive.c: segment files, §3.9; crypto.c: sealed payloads
+ * and shredding, §3.10; tenant.c: tenant views, §3.11; shards.c and
+ * shard_*.c: the router; docs/store.md lists every file). Not a public
+ * header: bindings and the engine use store.h only.
  */
 #ifndef ES_STORE_INTERNAL_H
 #define ES_STORE_INTERNAL_H
