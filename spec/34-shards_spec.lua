@@ -198,6 +198,68 @@ describe("sharded store over " .. kind.name, function()
     end
   end)
 
+  it("makes tenant views of a sharded store that see only their own tenant (a view over the router)", function()
+    local SEP = "\31"
+    local shards = plan_of(3)
+    local s = open(shards)
+    local A, B = s:tenant("acme"), s:tenant("globex")
+    for i = 1, 12 do
+      A:append("w-" .. i, { { type = "a", payload = i } })
+      B:append("w-" .. i, { { type = "b", payload = i } })
+    end
+    local function names(h)
+      local out, cursor = {}, nil
+      repeat
+        local page = h:sessions({ limit = 5, after = cursor })
+        for _, si in ipairs(page.sessions) do out[#out + 1] = si.session end
+        cursor = page.cursor
+      until not cursor
+      return out
+    end
+    local an = names(A)
+    assert.are.equal(12, #an)
+    for _, n in ipairs(an) do assert.is_nil(n:find(SEP, 1, true), n) end
+    assert.are.equal(24, #names(s))
+    local used = {}
+    for session, shard in pairs(where(shards)) do
+      if session:find("acme" .. SEP, 1, true) == 1 then used[shard] = true end
+    end
+    assert.is_true(count(used) > 1, "the tenant's sessions spread over the shards")
+    -- cross-session calls see the tenant's own sessions only
+    assert.are.same({ a = 12 }, A:pending_types())
+    assert.are.same({ b = 12 }, B:pending_types())
+    local claimed = A:claim_next({ holder = "h", ttl_ms = 60000, limit = 100 })
+    assert.are.equal(12, #claimed)
+    for _, e in ipairs(claimed) do
+      assert.are.equal("a", e.type)
+      assert.is_nil(e.session:find(SEP, 1, true))
+    end
+    -- generated ids are stored behind the tenant's prefix, and given back without it
+    local raw = s:read("acme" .. SEP .. "w-1")[1]
+    assert.are.equal(1, raw.id:find("acme" .. SEP, 1, true))
+    assert.are.equal(raw.id:sub(#"acme" + 2), A:read("w-1")[1].id)
+    for _, e in ipairs(claimed) do
+      if e.payload % 4 == 0 then
+        A:fail(e.session, e.index, e.attempt, { error = "boom", max_failures = 1 })
+      else
+        A:complete(e.session, e.index, e.attempt, { { type = "done" } })
+      end
+    end
+    assert.are.equal(3, #A:dead_letters())
+    assert.are.equal(0, #B:dead_letters())
+    local all = A:read_all()
+    assert.are.equal(12 + 9, #all)
+    for _, e in ipairs(all) do assert.is_nil(e.session:find(SEP, 1, true)) end
+    assert.are.equal(12, #B:read_all())
+    assert.are.equal(12, #B:claim_next({ holder = "h", ttl_ms = 60000, limit = 100 }))
+    -- a fork inside the tenant stays in it
+    A:fork("w-1", 1, "f-1")
+    assert.are.equal("w-1", A:lineage("f-1").parent)
+    assert.is_nil(B:lineage("f-1"))
+    assert.are.equal(13, #names(A))
+    expect_error("INVALID_ARGUMENT", A.tenant, A, "nested")
+  end)
+
   it("adding a shard moves about 1/(n+1) of the sessions, only those, to the new shard", function()
     local shards = plan_of(3)
     local s, catalog = open(shards)

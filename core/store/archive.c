@@ -662,12 +662,9 @@ static int need_archive(es_store *s, es_err *err) {
                  "this store has no archive directory: open the store with {archive = DIR}");
 }
 
-int es_store_archive(es_store *s, const char *session, int64_t through, int *written,
-                     es_segment *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_ARCHIVE, es_store_archive(s, session, through, written, out, err));
+int es_core_archive(es_store *s, const char *session, int64_t through, int *written,
+                    es_segment *out, es_err *err) {
   int rc;
-  if (s->shards) return es_shards_archive(s, session, through, written, out, err);
-  if (s->base) return es_tenant_archive(s, session, through, written, out, err);
   *written = 0;
   es_segment_init(out);
   if ((rc = es_check_name("session", session, err))) return rc;
@@ -695,11 +692,8 @@ static int do_segments(es_store *s, es_txn *t, void *arg, es_err *err) {
   return list_segments(s, t, a->session, a->out, err);
 }
 
-int es_store_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_SEGMENTS, es_store_segments(s, session, out, err));
+int es_core_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
   int rc;
-  if (s->shards) return es_shards_segments(s, session, out, err);
-  if (s->base) return es_tenant_segments(s, session, out, err);
   memset(out, 0, sizeof *out);
   if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = es_core_enter(s, err))) return rc;
@@ -868,12 +862,9 @@ static int build_merges(es_store *s, const char *session, const es_segments *lis
   return rc;
 }
 
-int es_store_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
-                             es_err *err) {
-  ES_STATS_CALL(s, ES_OP_COMPACT_ARCHIVE, es_store_compact_archive(s, session, before, after, err));
+int es_core_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
+                            es_err *err) {
   int rc;
-  if (s->shards) return es_shards_compact_archive(s, session, before, after, err);
-  if (s->base) return es_tenant_compact_archive(s, session, before, after, err);
   *before = *after = 0;
   if ((rc = es_check_name("session", session, err))) return rc;
   if ((rc = need_archive(s, err))) return rc;
@@ -1032,11 +1023,8 @@ static int find_orphans(es_store *s, const char *hash, const checked *c, es_arch
   return rc;
 }
 
-int es_store_verify_archive(es_store *s, const char *session, es_archive_report *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_VERIFY_ARCHIVE, es_store_verify_archive(s, session, out, err));
+int es_core_verify_archive(es_store *s, const char *session, es_archive_report *out, es_err *err) {
   int rc;
-  if (s->shards) return es_shards_verify_archive(s, session, out, err);
-  if (s->base) return es_tenant_verify_archive(s, session, out, err);
   memset(out, 0, sizeof *out);
   if (session && (rc = es_check_name("session", session, err))) return rc;
   if ((rc = need_archive(s, err))) return rc;

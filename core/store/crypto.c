@@ -684,11 +684,8 @@ static int scrub(es_store *s, void *arg, es_err *err) {
   return s->ops->scrub ? s->ops->scrub(s->bk, err) : ES_OK;
 }
 
-int es_store_shred(es_store *s, const char *name, int *was_live, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_SHRED, es_store_shred(s, name, was_live, err));
+int es_core_shred(es_store *s, const char *name, int *was_live, es_err *err) {
   int rc;
-  if (s->shards) return es_shards_shred(s, name, was_live, err);
-  if (s->base) return es_tenant_shred(s, name, was_live, err);
   *was_live = 0;
   if ((rc = es_check_name("key", name, err))) return rc;
   if ((rc = es_core_enter(s, err))) return rc;

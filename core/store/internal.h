@@ -1,8 +1,10 @@
 /*
  * internal.h: the store's insides, shared by the files of core/store/
- * (store.c: the rules; archive.c: segment files, §3.9; crypto.c: sealed
- * payloads and shredding, §3.10; tenant.c: tenant handles, §3.11). Not a
- * public header: bindings and the engine use store.h only.
+ * (front.c: the front door; store.c and the rule files of rules.h: the
+ * core store; archive.c: segment files, §3.9; crypto.c: sealed payloads
+ * and shredding, §3.10; tenant.c: tenant views, §3.11; shards.c and
+ * shard_*.c: the router; docs/store.md lists every file). Not a public
+ * header: bindings and the engine use store.h only.
  */
 #ifndef ES_STORE_INTERNAL_H
 #define ES_STORE_INTERNAL_H
@@ -12,6 +14,7 @@
 
 #include "store/backend.h"
 #include "store/stats.h"
+#include "store/store_impl.h"
 
 /* A caller of es_core_write queued for a group commit (store.c). */
 typedef struct group_waiter group_waiter;
@@ -24,7 +27,14 @@ typedef struct presence_watch {
   struct presence_watch *next;
 } presence_watch;
 
+/* A store handle. Every implementation of the store interface
+ * (store_impl.h) starts with one: impl, refs, the clock, the limits, the
+ * stats, and (the core store and the router) the id state are used by all;
+ * the rest is the core store's. A tenant view and the shard router embed
+ * it as the first member of their own struct (tenant.c, shards.c). */
 struct es_store {
+  const es_store_ops *impl;  /* the implementation's table: every es_store_* call goes there */
+  es_stats *stats_also;      /* a tenant view's: its store's stats, where its calls count too */
   const es_backend_ops *ops;
   es_backend *bk;
   es_clock_fn clock;
@@ -89,25 +99,13 @@ struct es_store {
   /* §3.10 crypto-shredding (crypto.c): NULL when opened without keys */
   struct es_crypto *crypto;  /* owned: the master key and its check */
 
-  /* §3.11 tenants (tenant.c). A tenant handle is an es_store whose base is
-   * the store it was made from: every es_store_* call on it maps names
-   * (tenant_prefix + name) and calls the base. Only base, tenant_*, refs
-   * and the t_closed flag are used in a tenant handle. */
-  es_store *base;            /* retained; NULL: a store, not a tenant handle */
-  char *tenant_prefix;       /* owned: tenant name + ES_TENANT_SEP */
-  size_t tenant_len;         /* strlen(tenant_prefix) */
-  atomic_int t_closed;       /* a tenant handle's own close() */
-
-  /* Sharding (shards.c). A sharded handle is an es_store whose `shards`
-   * is set: every es_store_* call on it routes to the shard owning the
-   * session, or merges the shards. Only shards, the clock, ids, limits,
-   * refs and the UUID state are used in a sharded handle. */
-  struct es_shards *shards;  /* owned; NULL: not a sharded handle */
   /* Every store opened on one of the known backends checks the markers a
-   * shard move leaves (docs/sharding.md): s->ops points at own_ops, a copy
-   * of real_ops whose session and event lookups answer ES_MOVED for a
-   * session moved away or being moved in. The mover uses real_ops. */
+   * shard move leaves (docs/sharding.md): s->bk is the marker-checking
+   * backend wrapping real_bk, and s->ops (own_ops) its table, whose
+   * session and event lookups answer ES_MOVED for a session moved away or
+   * being moved in. The mover uses real_ops on real_bk. */
   const es_backend_ops *real_ops;  /* the backend's own table */
+  es_backend *real_bk;             /* the backend itself (owned by the wrapper) */
   es_backend_ops own_ops;
 
   /* §3.12 (stats.h): this handle's calls. Zeroed at calloc, freed with
@@ -144,6 +142,24 @@ int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
  * SQLite's WAL checkpoint after a shred (§3.10). */
 int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
                         es_err *err);
+
+/* names.c (§3.11): the length of the tenant prefix a stored name starts
+ * with (through its ES_TENANT_SEP), 0 when it has none. */
+size_t es_name_prefix_len(const char *v, size_t n);
+
+/* group.c: sets up a handle's group-commit queue (es_core_handle_init). */
+void es_core_group_init(es_store *s);
+/* group.c: bumps the handle's version and wakes its waiters (after every
+ * commit). */
+void es_core_notify_commit(es_store *s);
+
+/* ids.c: a UUIDv7 of the handle, strictly increasing within it. */
+int es_core_uuid7(es_store *s, int64_t now, char out[37], es_err *err);
+/* ids.c: a generated event id behind scope (NULL: none), from the store's
+ * id source when it has one: an injected source's id must be a name and
+ * new (not stored yet), or the call fails before writing a row with it. */
+int es_core_new_event_id(es_store *s, es_txn *t, int64_t now, const char *scope,
+                         char out[ES_MAX_NAME_BYTES + 1], es_err *err);
 
 /* §3.9 archive (archive.c) ------------------------------------------------ */
 
@@ -184,124 +200,102 @@ int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through
  * directory they emptied, else only forgets them; frees the list either
  * way. */
 void es_archive_files_finish(es_store *s, es_archive_files *f, int committed);
-/* §3.11 tenants. The scoped forms of the calls whose answer spans sessions
- * or generates names (store.c): scope is a tenant's prefix (name +
- * ES_TENANT_SEP), whose sessions alone are listed and behind which
- * generated event ids are put; NULL is the store's own call. es_store_X(s)
- * is es_core_X(s, NULL) for a store, es_tenant_X for a tenant handle. */
+/* The core store (store.c, archive.c, crypto.c, stats.c): its implementation
+ * of each op of the store interface, collected in es_core_ops (store_impl.h
+ * says what each takes; scope: NULL, or the prefix of the sessions the
+ * call may see and of the ids it generates). */
+int es_core_open(const es_backend_ops *ops, int (*wrap)(es_store *s, es_err *err),
+                 const char *rest, const es_open_opts *opts, es_store **out, es_err *err);
+void es_core_close(es_store *s);
+void es_core_free(es_store *s);
+int es_core_check_open(es_store *s, es_err *err);
+uint64_t es_core_version(es_store *s);
+int es_core_data_version(es_store *s, uint64_t *version, es_err *err);
+int es_core_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err);
 int es_core_append(es_store *s, const char *scope, const char *session, const es_new_event *evs,
                    size_t n, int64_t expected, int64_t fence, es_events *out, int *pending,
                    es_err *err);
+int es_core_read_events(es_store *s, const char *session, int64_t after, int64_t through,
+                        int64_t limit, es_events *out, es_err *err);
+int es_core_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+                        int64_t limit, es_events *out, int64_t *through_out, es_err *err);
+int es_core_head(es_store *s, const char *session, int64_t *head, es_err *err);
 int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
                      es_err *err);
+int es_core_last_position(es_store *s, const char *scope, int64_t *position, es_err *err);
+int es_core_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err);
+int es_core_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+                  es_events *out, int64_t *retry_at, es_err *err);
 int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64_t ttl_ms,
                        int64_t limit, const char *const *types, size_t n_types,
                        const char *const *skip, size_t n_skip, es_events *out, int64_t *retry_at,
                        es_err *err);
+int es_core_renew(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
+                  size_t n, int64_t ttl_ms, int64_t expires_at, es_renew_result *out, es_err *err);
+int es_core_release_claims(es_store *s, const char *session, const char *holder,
+                           const es_claim_ref *claims, size_t n, es_renew_result *out,
+                           es_err *err);
 int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
                      int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
                      int *outcome, es_events *out, es_err *err);
+int es_core_complete_many(es_store *s, es_completion *v, size_t n, es_err *err);
+int es_core_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+                 const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
+                 int64_t *failures, es_err *err);
+int es_core_revive(es_store *s, const char *session, int64_t index, es_err *err);
+int es_core_settle(es_store *s, const char *session, int64_t index, const char *reason,
+                   es_err *err);
 int es_core_dead_letters(es_store *s, const char *scope, const char *session, int64_t after,
                          int64_t limit, es_events *out, es_err *err);
+int es_core_read_state(es_store *s, const char *session, const char *reducer, int *found,
+                       es_snapshot *snap, es_events *events, es_err *err);
+int es_core_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+                        es_state_read *out, es_err *err);
+int es_core_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+                         const char *state, size_t state_len, const char *version, int *stored,
+                         es_err *err);
+int es_core_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err);
+int es_core_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+                     es_sessions *out, es_err *err);
 int es_core_pending_types(es_store *s, const char *scope, es_type_counts *out, es_err *err);
 int es_core_wait(es_store *s, const char *scope, const char *session, int64_t after,
                  int64_t timeout_ms, int64_t limit, es_events *out, es_err *err);
+int es_core_presence_set(es_store *s, const char *ns, const char *participant,
+                         const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
+                         int64_t seen, es_presence_rows *applied, es_err *err);
+int es_core_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
+uint64_t es_core_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
+void es_core_presence_unwatch(es_store *s, uint64_t token);
 int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to,
                  es_lineage *out, es_err *err);
-
-/* §3.12 (stats.c): the counts of scope's sessions (NULL: every session). */
-int es_core_counts(es_store *s, const char *scope, es_counts *out, es_err *err);
-
-/* tenant.c: every es_store_* call on a tenant handle (s->base set) lands
- * in its es_tenant_* twin, with the same arguments. */
-void es_tenant_close(es_store *s);
-void es_tenant_free(es_store *s);  /* the last reference went */
-int es_tenant_data_version(es_store *s, uint64_t *version, es_err *err);
-int es_tenant_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
-                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
-int es_tenant_read(es_store *s, const char *session, int64_t after, int64_t through,
-                   int64_t limit, es_events *out, es_err *err);
-int es_tenant_events_page(es_store *s, const char *session, int64_t after, int64_t through,
-                          int64_t limit, es_events *out, int64_t *through_out, es_err *err);
-int es_tenant_head(es_store *s, const char *session, int64_t *head, es_err *err);
-int es_tenant_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err);
-int es_tenant_last_position(es_store *s, int64_t *position, es_err *err);
-int es_tenant_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err);
-int es_tenant_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
-                    es_events *out, int64_t *retry_at, es_err *err);
-int es_tenant_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
-                         const char *const *types, size_t n_types, const char *const *skip,
-                         size_t n_skip, es_events *out, int64_t *retry_at, es_err *err);
-int es_tenant_renew(es_store *s, const char *session, const char *holder,
-                    const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
-                    es_renew_result *out, es_err *err);
-int es_tenant_release_claims(es_store *s, const char *session, const char *holder,
-                             const es_claim_ref *claims, size_t n, es_renew_result *out,
-                             es_err *err);
-int es_tenant_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
-                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
-                       es_events *out, es_err *err);
-int es_tenant_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
-                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
-                   int64_t *failures, es_err *err);
-int es_tenant_revive(es_store *s, const char *session, int64_t index, es_err *err);
-int es_tenant_settle(es_store *s, const char *session, int64_t index, const char *reason,
+int es_core_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err);
+int es_core_children(es_store *s, const char *session, const char *after, int64_t limit,
+                     es_lineages *out, es_err *err);
+int es_core_put_ref(es_store *s, const char *name, const char *session, es_ref *out, es_err *err);
+int es_core_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err);
+int es_core_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err);
+int es_core_delete_ref(es_store *s, const char *name, int *deleted, es_err *err);
+int es_core_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+                    const char *expect, es_ref *out, char **actual, es_err *err);
+int es_core_fence(es_store *s, const char *session, int64_t if_token, int64_t *token, es_err *err);
+int es_core_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+                  es_lease *out, es_err *err);
+int es_core_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+                          int *released, es_err *err);
+int es_core_seal(es_store *s, const char *session, const char *reason, es_err *err);
+int es_core_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
                      es_err *err);
-int es_tenant_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
-                           es_events *out, es_err *err);
-int es_tenant_read_state(es_store *s, const char *session, const char *reducer, int *found,
-                         es_snapshot *snap, es_events *events, es_err *err);
-int es_tenant_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
-                          es_state_read *out, es_err *err);
-int es_tenant_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
-                           const char *state, size_t state_len, const char *version, int *stored,
-                           es_err *err);
-int es_tenant_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err);
-int es_tenant_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
-                       es_sessions *out, es_err *err);
-int es_tenant_pending_types(es_store *s, es_type_counts *out, es_err *err);
-int es_tenant_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
-                   int64_t limit, es_events *out, es_err *err);
-int es_tenant_presence_set(es_store *s, const char *ns, const char *participant,
-                           const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
-                           int64_t seen, es_presence_rows *applied, es_err *err);
-int es_tenant_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
-uint64_t es_tenant_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
-void es_tenant_presence_unwatch(es_store *s, uint64_t token);
-int es_tenant_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
-                   es_err *err);
-int es_tenant_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err);
-int es_tenant_children(es_store *s, const char *session, const char *after, int64_t limit,
-                       es_lineages *out, es_err *err);
-int es_tenant_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
-                      es_err *err);
-int es_tenant_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err);
-int es_tenant_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err);
-int es_tenant_delete_ref(es_store *s, const char *name, int *deleted, es_err *err);
-int es_tenant_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
-                      const char *expect, es_ref *out, char **actual, es_err *err);
-int es_tenant_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
-                    es_err *err);
-int es_tenant_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
-                    es_lease *out, es_err *err);
-int es_tenant_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
-                            int *released, es_err *err);
-int es_tenant_seal(es_store *s, const char *session, const char *reason, es_err *err);
-int es_tenant_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
-                       es_err *err);
-int es_tenant_delete(es_store *s, const char *session, int *deleted, es_err *err);
-int es_tenant_shred(es_store *s, const char *name, int *was_live, es_err *err);
-int es_tenant_counts(es_store *s, es_counts *out, es_err *err); /* §3.12 */
-int es_tenant_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
-                           int64_t limit, es_events *out, es_err *err);
-int es_tenant_archive(es_store *s, const char *session, int64_t through, int *written,
-                      es_segment *out, es_err *err);
-int es_tenant_segments(es_store *s, const char *session, es_segments *out, es_err *err);
-int es_tenant_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
-                              es_err *err);
-int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report *out,
-                             es_err *err);
-
+int es_core_delete(es_store *s, const char *session, int *deleted, es_err *err);
+int es_core_archive(es_store *s, const char *session, int64_t through, int *written,
+                    es_segment *out, es_err *err);
+int es_core_segments(es_store *s, const char *session, es_segments *out, es_err *err);
+int es_core_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
+                            es_err *err);
+int es_core_verify_archive(es_store *s, const char *session, es_archive_report *out, es_err *err);
+int es_core_shred(es_store *s, const char *name, int *was_live, es_err *err);
+int es_core_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                         int64_t limit, es_events *out, es_err *err);
+int es_core_counts(es_store *s, const char *scope, es_counts *out, es_err *err);
 
 /* Sharding (shards.c) ------------------------------------------------------ */
 
@@ -314,101 +308,11 @@ int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report
 /* The target shard's name carried by an ES_MOVED error, or NULL when the
  * session is being moved in (wait and retry). */
 const char *es_shards_moved_target(const es_err *err);
-/* At open: s->ops becomes the marker-checking copy of the backend's ops. */
-void es_shards_wrap_ops(es_store *s);
-/* store.c: es_store_open("shards:CATALOG") opens the catalog's plan. */
+/* At open, once the backend is open: s->bk becomes the marker-checking
+ * backend wrapping it, and s->ops its table. ES_STORAGE: nothing changed. */
+int es_shards_wrap_ops(es_store *s, es_err *err);
+/* front.c's table of schemes: "shards:CATALOG" opens the catalog's plan. */
 int es_shards_open_url(const char *url_rest, const es_open_opts *opts, es_store **out,
                        es_err *err);
-uint64_t es_shards_version(es_store *s);
-int es_shards_tenant(es_store *s, const char *name, es_store **out, es_err *err);
-/* Every es_store_* call on a sharded handle (s->shards set) lands in its
- * es_shards_* twin, with the same arguments. */
-void es_shards_close(es_store *s);
-void es_shards_free(es_store *s);  /* the last reference went */
-int es_shards_data_version(es_store *s, uint64_t *version, es_err *err);
-int es_shards_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
-                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
-int es_shards_read(es_store *s, const char *session, int64_t after, int64_t through,
-                   int64_t limit, es_events *out, es_err *err);
-int es_shards_events_page(es_store *s, const char *session, int64_t after, int64_t through,
-                          int64_t limit, es_events *out, int64_t *through_out, es_err *err);
-int es_shards_head(es_store *s, const char *session, int64_t *head, es_err *err);
-int es_shards_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err);
-int es_shards_last_position(es_store *s, int64_t *position, es_err *err);
-int es_shards_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err);
-int es_shards_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
-                    es_events *out, int64_t *retry_at, es_err *err);
-int es_shards_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
-                         const char *const *types, size_t n_types, const char *const *skip,
-                         size_t n_skip, es_events *out, int64_t *retry_at, es_err *err);
-int es_shards_renew(es_store *s, const char *session, const char *holder,
-                    const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
-                    es_renew_result *out, es_err *err);
-int es_shards_release_claims(es_store *s, const char *session, const char *holder,
-                             const es_claim_ref *claims, size_t n, es_renew_result *out,
-                             es_err *err);
-int es_shards_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
-                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
-                       es_events *out, es_err *err);
-int es_shards_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
-                   const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
-                   int64_t *failures, es_err *err);
-int es_shards_revive(es_store *s, const char *session, int64_t index, es_err *err);
-int es_shards_settle(es_store *s, const char *session, int64_t index, const char *reason,
-                     es_err *err);
-int es_shards_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
-                           es_events *out, es_err *err);
-int es_shards_read_state(es_store *s, const char *session, const char *reducer, int *found,
-                         es_snapshot *snap, es_events *events, es_err *err);
-int es_shards_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
-                          es_state_read *out, es_err *err);
-int es_shards_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
-                           const char *state, size_t state_len, const char *version, int *stored,
-                           es_err *err);
-int es_shards_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err);
-int es_shards_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
-                       es_sessions *out, es_err *err);
-int es_shards_pending_types(es_store *s, es_type_counts *out, es_err *err);
-int es_shards_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
-                   int64_t limit, es_events *out, es_err *err);
-int es_shards_presence_set(es_store *s, const char *ns, const char *participant,
-                           const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
-                           int64_t seen, es_presence_rows *applied, es_err *err);
-int es_shards_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
-uint64_t es_shards_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
-void es_shards_presence_unwatch(es_store *s, uint64_t token);
-int es_shards_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
-                   es_err *err);
-int es_shards_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err);
-int es_shards_children(es_store *s, const char *session, const char *after, int64_t limit,
-                       es_lineages *out, es_err *err);
-int es_shards_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
-                      es_err *err);
-int es_shards_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err);
-int es_shards_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err);
-int es_shards_delete_ref(es_store *s, const char *name, int *deleted, es_err *err);
-int es_shards_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
-                      const char *expect, es_ref *out, char **actual, es_err *err);
-int es_shards_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
-                    es_err *err);
-int es_shards_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
-                    es_lease *out, es_err *err);
-int es_shards_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
-                            int *released, es_err *err);
-int es_shards_seal(es_store *s, const char *session, const char *reason, es_err *err);
-int es_shards_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
-                       es_err *err);
-int es_shards_delete(es_store *s, const char *session, int *deleted, es_err *err);
-int es_shards_shred(es_store *s, const char *name, int *was_live, es_err *err);
-int es_shards_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
-                           int64_t limit, es_events *out, es_err *err);
-int es_shards_archive(es_store *s, const char *session, int64_t through, int *written,
-                      es_segment *out, es_err *err);
-int es_shards_segments(es_store *s, const char *session, es_segments *out, es_err *err);
-int es_shards_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
-                              es_err *err);
-int es_shards_verify_archive(es_store *s, const char *session, es_archive_report *out,
-                             es_err *err);
-
 
 #endif

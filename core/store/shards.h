@@ -71,8 +71,6 @@ int es_shards_set_plan(es_store *s, const es_shard_plan *plan, int64_t *moved, e
 int es_shards_read_all_cursor(es_store *s, const char *cursor, int64_t limit, es_events *out,
                               char ***cursors, es_err *err);
 void es_shards_cursors_free(char **cursors, size_t n);
-/* §3.12: the counts summed over the shards of the current plan. */
-int es_shards_counts(es_store *s, es_counts *out, es_err *err);
 
 /* Test hook (spec/34): the number of plan-change steps a set_plan may run
  * before it stops as if its process had died (0: no limit). */

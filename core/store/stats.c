@@ -207,9 +207,3 @@ int es_core_counts(es_store *s, const char *scope, es_counts *out, es_err *err) 
   return rc;
 }
 
-int es_store_counts(es_store *s, es_counts *out, es_err *err) {
-  ES_STATS_CALL(s, ES_OP_COUNTS, es_store_counts(s, out, err));
-  if (s->shards) return es_shards_counts(s, out, err);
-  if (s->base) return es_tenant_counts(s, out, err);
-  return es_core_counts(s, NULL, out, err);
-}

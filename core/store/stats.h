@@ -135,7 +135,7 @@ void es_stats_span_end(es_stats_span *sp, int rc);
 #define ES_STATS_CALL(s, op, call)                                                         \
   do {                                                                                     \
     es_stats_span es_sp_;                                                                  \
-    if (es_stats_span_begin(&es_sp_, &(s)->stats, (s)->base ? &(s)->base->stats : 0, op)) { \
+    if (es_stats_span_begin(&es_sp_, &(s)->stats, (s)->stats_also, op)) { \
       int es_rc_ = (call);                                                                 \
       es_stats_span_end(&es_sp_, es_rc_);                                                  \
       return es_rc_;                                                                       \

@@ -3,17 +3,18 @@
  *
  * A tenant is a name prefix: tenant T's session, event id, ref or presence
  * namespace N is stored as T + ES_TENANT_SEP + N ("\x1f", a byte no tenant
- * name may hold). A tenant handle is a small es_store whose `base` is the
- * store it was made from; every es_store_* call on it comes here (store.c
- * dispatches on s->base), which
+ * name may hold). A tenant handle is a view, one of the three
+ * implementations of the store interface (store_impl.h: its table is
+ * tenant_ops), over the store it was made from (`base`: a core store or a
+ * sharded one; it uses only the base's ops). Every call on it
  *   1. checks the caller's names as the store would (every byte counts:
  *      the 255-byte limit is the tenant's, not the prefix's),
  *   2. puts every name it is given behind the prefix (name_in), so nothing
  *      it can name lies outside the tenant,
- *   3. calls the base (the scoped es_core_* forms where an answer spans
- *      sessions or the core makes names: read_all, claim_next,
- *      dead_letters, pending_types, wait, and the generated ids of append,
- *      complete and fork),
+ *   3. calls the base (with the prefix as the op's scope where an answer
+ *      spans sessions or the store makes names: read_all, last_position,
+ *      claim_next, dead_letters, pending_types, wait, counts, and the
+ *      generated ids of append, complete and fork),
  *   4. strips the prefix from every name on the way out (events, sessions,
  *      refs, lineage, cursors, error messages), in place: es_event strings
  *      are each NUL-terminated (packed or not, rows.c), so shrinking one
@@ -22,16 +23,32 @@
  * children) are read from the base page by page from where the tenant's
  * names start, stopping at the first name past them (page_*).
  *
- * A new store call needs one wrapper here: name_in its names, call the
+ * A new store call needs one op here: name_in its names, call the
  * base, strip_* its answer, t_done its error.
  */
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "store/internal.h"
+#include "store/listing.h"
 #include "store/store.h"
+
+/* A tenant view: an es_store (its impl is tenant_ops) and the store it
+ * wraps. Of the es_store only impl, refs, the limits, the clock, the stats
+ * and the presence watch list (pmu, watches) are used. */
+typedef struct tenant {
+  es_store h;        /* first: a tenant's es_store * is its tenant * */
+  es_store *base;    /* retained: the store the view was made from */
+  char *prefix;      /* owned: tenant name + ES_TENANT_SEP, then NUL and the name */
+  size_t len;        /* strlen(prefix) */
+  atomic_int closed; /* the view's own close() */
+} tenant;
+
+static tenant *T(const es_store *s) { return (tenant *)s; }
+static es_store *B(const es_store *s) { return T(s)->base; }
 
 /* A stored (prefixed) name: the tenant's prefix and a name of at most
  * ES_MAX_ID_BYTES. */
@@ -42,12 +59,12 @@ typedef struct {
 static int nomem(es_err *err) { return es_fail(err, ES_STORAGE, "out of memory"); }
 
 static int t_enter(es_store *s, es_err *err) {
-  if (atomic_load(&s->t_closed)) return es_fail(err, ES_CLOSED, "the tenant handle is closed");
+  if (atomic_load(&T(s)->closed)) return es_fail(err, ES_CLOSED, "the tenant handle is closed");
   return ES_OK;
 }
 
 static int has_prefix(const es_store *s, const char *v) {
-  return v && strncmp(v, s->tenant_prefix, s->tenant_len) == 0;
+  return v && strncmp(v, T(s)->prefix, T(s)->len) == 0;
 }
 
 /* Checks a name given to the tenant handle (`what` names it in an error)
@@ -61,8 +78,8 @@ static int name_in(const es_store *s, const char *what, const char *name, tname 
   if (n > ES_MAX_ID_BYTES)
     return es_fail(err, ES_INVALID_ARGUMENT, "%s is %zu bytes, at most %d allowed", what, n,
                    ES_MAX_ID_BYTES);
-  memcpy(out->v, s->tenant_prefix, s->tenant_len);
-  memcpy(out->v + s->tenant_len, name, n + 1);
+  memcpy(out->v, T(s)->prefix, T(s)->len);
+  memcpy(out->v + T(s)->len, name, n + 1);
   return ES_OK;
 }
 
@@ -73,9 +90,15 @@ static int bound_in(const es_store *s, const char *what, const char *after, tnam
   size_t n = strlen(after);
   if (n > ES_MAX_ID_BYTES)
     return es_fail(err, ES_INVALID_ARGUMENT, "%s is longer than %d bytes", what, ES_MAX_ID_BYTES);
-  memcpy(out->v, s->tenant_prefix, s->tenant_len);
-  memcpy(out->v + s->tenant_len, after, n + 1);
+  memcpy(out->v, T(s)->prefix, T(s)->len);
+  memcpy(out->v + T(s)->len, after, n + 1);
   return ES_OK;
+}
+
+/* The scope of a cross-session call on the base: the prefix, then the
+ * scope the call was given within the tenant (NULL: all of the tenant). */
+static int scope_in(const es_store *s, const char *scope, tname *out, es_err *err) {
+  return bound_in(s, "scope", scope ? scope : "", out, err);
 }
 
 /* Several names (read_states' sessions, claim_next's skip) behind the
@@ -91,7 +114,7 @@ static int names_in(const es_store *s, const char *what, const char *const *name
     tname probe;
     int rc = name_in(s, label, names[i], &probe, err);
     if (rc) return rc;
-    bytes += s->tenant_len + strlen(names[i]) + 1;
+    bytes += T(s)->len + strlen(names[i]) + 1;
   }
   char **v = malloc(bytes ? bytes : 1);
   if (!v) return nomem(err);
@@ -99,24 +122,24 @@ static int names_in(const es_store *s, const char *what, const char *const *name
   for (size_t i = 0; i < n; i++) {
     size_t k = strlen(names[i]);
     v[i] = p;
-    memcpy(p, s->tenant_prefix, s->tenant_len);
-    memcpy(p + s->tenant_len, names[i], k + 1);
-    p += s->tenant_len + k + 1;
+    memcpy(p, T(s)->prefix, T(s)->len);
+    memcpy(p + T(s)->len, names[i], k + 1);
+    p += T(s)->len + k + 1;
   }
   *out = v;
   return ES_OK;
 }
 
 /* A batch to append (or complete with) whose given ids are put behind the
- * prefix; ids left out are generated by the core behind it (es_core_*
- * with scope). *out is one block (the caller frees it) holding the copies
+ * prefix; ids left out are generated by the base behind it (the op's
+ * scope). *out is one block (the caller frees it) holding the copies
  * and then the ids. */
 static int batch_in(const es_store *s, const es_new_event *evs, size_t n, es_new_event **out,
                     es_err *err) {
   *out = NULL;
-  if (n > s->base->max_batch)
+  if (n > B(s)->max_batch)
     return es_fail(err, ES_TOO_LARGE, "batch of %zu events, over the limit of %zu", n,
-                   s->base->max_batch);
+                   B(s)->max_batch);
   /* the given ids and (§3.10) key names go behind the prefix: a tenant's
    * data keys are its own, shredding one never reaches another tenant */
   size_t bytes = n * sizeof **out;
@@ -129,7 +152,7 @@ static int batch_in(const es_store *s, const es_new_event *evs, size_t n, es_new
       tname probe;
       int rc = name_in(s, label, names[f], &probe, err);
       if (rc) return rc;
-      bytes += s->tenant_len + strlen(names[f]) + 1;
+      bytes += T(s)->len + strlen(names[f]) + 1;
     }
   }
   es_new_event *v = malloc(bytes ? bytes : 1);
@@ -141,10 +164,10 @@ static int batch_in(const es_store *s, const es_new_event *evs, size_t n, es_new
     for (int f = 0; f < 2; f++) {
       if (!*fields[f]) continue;
       size_t k = strlen(*fields[f]);
-      memcpy(p, s->tenant_prefix, s->tenant_len);
-      memcpy(p + s->tenant_len, *fields[f], k + 1);
+      memcpy(p, T(s)->prefix, T(s)->len);
+      memcpy(p + T(s)->len, *fields[f], k + 1);
       *fields[f] = p;
-      p += s->tenant_len + k + 1;
+      p += T(s)->len + k + 1;
     }
   }
   *out = v;
@@ -157,7 +180,7 @@ static int batch_in(const es_store *s, const es_new_event *evs, size_t n, es_new
  * handle can make one: e.g. a ref of this tenant pointing at a session of
  * another) is left whole. */
 static void strip(const es_store *s, char *v) {
-  if (has_prefix(s, v)) memmove(v, v + s->tenant_len, strlen(v + s->tenant_len) + 1);
+  if (has_prefix(s, v)) memmove(v, v + T(s)->len, strlen(v + T(s)->len) + 1);
 }
 
 static void strip_event(const es_store *s, es_event *e) {
@@ -183,8 +206,8 @@ static void strip_ref(const es_store *s, es_ref *r) {
 
 /* Drops every copy of the prefix from a text, in place. */
 static void strip_all(const es_store *s, char *m) {
-  for (char *hit; m && (hit = strstr(m, s->tenant_prefix));) {
-    memmove(hit, hit + s->tenant_len, strlen(hit + s->tenant_len) + 1);
+  for (char *hit; m && (hit = strstr(m, T(s)->prefix));) {
+    memmove(hit, hit + T(s)->len, strlen(hit + T(s)->len) + 1);
     m = hit;
   }
 }
@@ -199,12 +222,10 @@ static int t_done(const es_store *s, int rc, es_err *err) {
 
 /* ---- lifecycle -------------------------------------------------------- */
 
-int es_store_tenant(es_store *s, const char *name, es_store **out, es_err *err) {
+static const es_store_ops tenant_ops;
+
+int es_tenant_open(es_store *s, const char *name, es_store **out, es_err *err) {
   *out = NULL;
-  if (s->shards) return es_shards_tenant(s, name, out, err);
-  if (s->base)
-    return es_fail(err, ES_INVALID_ARGUMENT,
-                   "tenant() of a tenant handle: tenants do not nest (make it from the store)");
   if (!name) return es_fail(err, ES_INVALID_ARGUMENT, "tenant name is required");
   size_t n = strlen(name);
   if (n == 0 || n > ES_MAX_TENANT_BYTES)
@@ -217,9 +238,8 @@ int es_store_tenant(es_store *s, const char *name, es_store **out, es_err *err) 
                      (unsigned)(unsigned char)name[i], i + 1);
   int rc = es_check_name("tenant name", name, err); /* valid UTF-8 */
   if (rc) return rc;
-  if ((rc = es_core_enter(s, err))) return rc; /* a closed store makes no tenant handles */
-  es_core_leave(s);
-  es_store *t = calloc(1, sizeof *t);
+  if ((rc = s->impl->check_open(s, err))) return rc; /* a closed store makes no tenant handles */
+  tenant *t = calloc(1, sizeof *t);
   /* One block: the prefix "name\x1f", its NUL, then the name (for
    * es_store_tenant_name). */
   char *p = malloc(2 * n + 3);
@@ -232,290 +252,275 @@ int es_store_tenant(es_store *s, const char *name, es_store **out, es_err *err) 
   p[n] = ES_TENANT_SEP[0];
   p[n + 1] = '\0';
   memcpy(p + n + 2, name, n + 1);
-  t->tenant_prefix = p;
-  t->tenant_len = n + 1;
-  t->max_payload = s->max_payload;
-  t->max_batch = s->max_batch;
-  t->clock = s->clock; /* unused (es_store_now asks the base); never NULL */
-  t->clock_ctx = s->clock_ctx;
-  atomic_init(&t->refs, 1);
-  atomic_init(&t->t_closed, 0);
-  pthread_mutex_init(&t->pmu, NULL);
-  t->next_token = 1;
+  t->prefix = p;
+  t->len = n + 1;
+  es_store *h = &t->h;
+  h->impl = &tenant_ops;
+  h->stats_also = &s->stats; /* a tenant's calls count in its store's stats too */
+  h->max_payload = s->max_payload;
+  h->max_batch = s->max_batch;
+  h->clock = s->clock; /* es_store_now: the store's clock */
+  h->clock_ctx = s->clock_ctx;
+  atomic_init(&h->refs, 1);
+  atomic_init(&t->closed, 0);
+  pthread_mutex_init(&h->pmu, NULL);
+  h->next_token = 1;
   es_store_retain(s);
   t->base = s;
-  *out = t;
+  *out = h;
   return ES_OK;
 }
 
-const char *es_store_tenant_name(const es_store *s) {
-  return s->base ? s->tenant_prefix + s->tenant_len + 1 : NULL;
+/* Tenants do not nest: a view's names are already behind one prefix. */
+static int tenant_tenant(es_store *s, const char *name, es_store **out, es_err *err) {
+  (void)s;
+  (void)name;
+  *out = NULL;
+  return es_fail(err, ES_INVALID_ARGUMENT,
+                 "tenant() of a tenant handle: tenants do not nest (make it from the store)");
+}
+
+static const char *tenant_tenant_name(const es_store *s) { return T(s)->prefix + T(s)->len + 1; }
+
+static int tenant_check_open(es_store *s, es_err *err) {
+  int rc = t_enter(s, err);
+  return rc ? rc : B(s)->impl->check_open(B(s), err);
 }
 
 /* Closing a tenant handle closes the handle only: the store and other
  * tenant handles go on. Calls in flight finish (they hold the base). */
-void es_tenant_close(es_store *s) { atomic_store(&s->t_closed, 1); }
+static void tenant_close(es_store *s) { atomic_store(&T(s)->closed, 1); }
 
-void es_tenant_free(es_store *s) {
+static void tenant_free(es_store *s) {
   /* Watches still registered (a caller that never unwatched) leave the
    * base before their records go. */
   presence_watch *w = s->watches;
   while (w) {
     presence_watch *next = w->next;
-    es_store_presence_unwatch(s->base, w->token);
+    es_store_presence_unwatch(B(s), w->token);
     free(w->ns);
     free(w);
     w = next;
   }
   pthread_mutex_destroy(&s->pmu);
-  es_store_release(s->base);
-  free(s->tenant_prefix);
+  es_store_release(B(s));
+  free(T(s)->prefix);
   es_stats_destroy(&s->stats); /* §3.12 */
-  free(s);
+  free(T(s));
 }
 
-int es_tenant_data_version(es_store *s, uint64_t *version, es_err *err) {
+/* The tenant's commits are its store's. */
+static uint64_t tenant_version(es_store *s) { return es_store_version(B(s)); }
+
+/* A tenant's ids are the store's, prefixed when stored (tenant_append
+ * maps a given id in): the caller sees the unprefixed id. */
+static int tenant_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
+  return es_store_new_id(B(s), out, err);
+}
+
+static int tenant_data_version(es_store *s, uint64_t *version, es_err *err) {
   *version = 0;
   int rc = t_enter(s, err);
-  if (!rc) rc = es_store_data_version(s->base, version, err);
+  if (!rc) rc = es_store_data_version(B(s), version, err);
   return t_done(s, rc, err);
 }
 
 /* ---- 3.1 append and read ---------------------------------------------- */
 
-int es_tenant_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
+static int tenant_append(es_store *s, const char *scope, const char *session, const es_new_event *evs, size_t n,
                      int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err) {
+  tname sc;
   tname ss;
   es_new_event *mine = NULL;
   if (out) memset(out, 0, sizeof *out);
   *pending = 0;
   int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
   if (!rc) rc = batch_in(s, evs, n, &mine, err);
   if (!rc)
-    rc = es_core_append(s->base, s->tenant_prefix, ss.v, mine, n, expected, fence, out, pending,
+    rc = B(s)->impl->append(B(s), sc.v, ss.v, mine, n, expected, fence, out, pending,
                         err);
   free(mine);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_read(es_store *s, const char *session, int64_t after, int64_t through,
+static int tenant_read(es_store *s, const char *session, int64_t after, int64_t through,
                    int64_t limit, es_events *out, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_read(s->base, ss.v, after, through, limit, out, err);
+  if (!rc) rc = es_store_read(B(s), ss.v, after, through, limit, out, err);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+static int tenant_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                           int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_events_page(s->base, ss.v, after, through, limit, out, through_out, err);
+  if (!rc) rc = es_store_events_page(B(s), ss.v, after, through, limit, out, through_out, err);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_head(es_store *s, const char *session, int64_t *head, es_err *err) {
+static int tenant_head(es_store *s, const char *session, int64_t *head, es_err *err) {
   tname ss;
   *head = 0;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_head(s->base, ss.v, head, err);
+  if (!rc) rc = es_store_head(B(s), ss.v, head, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
+static int tenant_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out, es_err *err) {
+  tname sc;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
-  if (!rc) rc = es_core_read_all(s->base, s->tenant_prefix, after, limit, out, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  if (!rc) rc = B(s)->impl->read_all(B(s), sc.v, after, limit, out, err);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
 
 /* last_position: the highest position among the tenant's own events (a
- * tenant does not see how far other tenants have written). Each session's
- * newest event holds its highest position, so it is the largest of those:
- * O(the tenant's sessions), one read transaction. */
-typedef struct {
-  const es_store *t;
-  char **names;
-  size_t n, cap;
-  int oom;
-  int64_t *position;
-} last_args;
-
-static int collect_name(void *ctx, const es_session_info *row) {
-  last_args *a = ctx;
-  if (row->events <= 0) return 0;
-  char *copy = strdup(row->session);
-  if (!copy || es_grow((void **)&a->names, &a->cap, a->n + 1, sizeof *a->names)) {
-    free(copy);
-    a->oom = 1;
-    return 1;
-  }
-  a->names[a->n++] = copy;
-  return 0;
-}
-
-static int do_last_position(es_store *b, es_txn *tx, void *arg, es_err *err) {
-  last_args *a = arg;
-  int rc =
-      b->ops->session_list(b->bk, tx, a->t->tenant_prefix, NULL, ES_NONE, collect_name, a, err);
-  if (rc == ES_OK && a->oom) rc = nomem(err);
-  for (size_t i = 0; rc == ES_OK && i < a->n; i++) {
-    es_session_info si;
-    if ((rc = b->ops->session_get(b->bk, tx, a->names[i], &si, err))) break;
-    es_event e;
-    rc = b->ops->event_get(b->bk, tx, a->names[i], si.head, &e, err);
-    es_session_info_destroy(&si);
-    if (rc == ES_NOT_FOUND) { /* every event dropped (truncate through the head) */
-      rc = ES_OK;
-      continue;
-    }
-    if (rc) break;
-    if (e.position > *a->position) *a->position = e.position;
-    es_event_destroy(&e);
-  }
-  return rc;
-}
-
-int es_tenant_last_position(es_store *s, int64_t *position, es_err *err) {
+ * tenant does not see how far other tenants have written): the base's,
+ * scoped to the prefix. */
+static int tenant_last_position(es_store *s, const char *scope, int64_t *position, es_err *err) {
+  tname sc;
   *position = 0;
   int rc = t_enter(s, err);
-  if (rc) return rc;
-  if ((rc = es_core_enter(s->base, err))) return rc;
-  last_args a = {s, NULL, 0, 0, 0, position};
-  rc = es_core_read(s->base, do_last_position, &a, err);
-  es_core_leave(s->base);
-  for (size_t i = 0; i < a.n; i++) free(a.names[i]);
-  free(a.names);
-  if (rc) *position = 0;
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  if (!rc) rc = B(s)->impl->last_position(B(s), sc.v, position, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
+static int tenant_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
   tname ss;
   es_event_init(out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_get(s->base, ss.v, index, out, err);
+  if (!rc) rc = es_store_get(B(s), ss.v, index, out, err);
   if (!rc) strip_event(s, out);
   return t_done(s, rc, err);
 }
 
 /* ---- 3.2 dispatch ----------------------------------------------------- */
 
-int es_tenant_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
+static int tenant_claim(es_store *s, const char *session, const es_claim_opts *o, int *outcome,
                     es_events *out, int64_t *retry_at, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_claim(s->base, ss.v, o, outcome, out, retry_at, err);
+  if (!rc) rc = es_store_claim(B(s), ss.v, o, outcome, out, retry_at, err);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_claim_next(es_store *s, const char *holder, int64_t ttl_ms, int64_t limit,
+static int tenant_claim_next(es_store *s, const char *scope, const char *holder, int64_t ttl_ms, int64_t limit,
                          const char *const *types, size_t n_types, const char *const *skip,
                          size_t n_skip, es_events *out, int64_t *retry_at, es_err *err) {
+  tname sc;
   char **sk = NULL;
   memset(out, 0, sizeof *out);
   *retry_at = ES_NONE;
   int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
   if (!rc && skip) rc = names_in(s, "skip[%zu]", skip, n_skip, &sk, err);
   if (!rc)
-    rc = es_core_claim_next(s->base, s->tenant_prefix, holder, ttl_ms, limit, types, n_types,
+    rc = B(s)->impl->claim_next(B(s), sc.v, holder, ttl_ms, limit, types, n_types,
                             (const char *const *)sk, skip ? n_skip : 0, out, retry_at, err);
   free(sk);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_renew(es_store *s, const char *session, const char *holder,
+static int tenant_renew(es_store *s, const char *session, const char *holder,
                     const es_claim_ref *claims, size_t n, int64_t ttl_ms, int64_t expires_at,
                     es_renew_result *out, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_renew(s->base, ss.v, holder, claims, n, ttl_ms, expires_at, out, err);
+  if (!rc) rc = es_store_renew(B(s), ss.v, holder, claims, n, ttl_ms, expires_at, out, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_release_claims(es_store *s, const char *session, const char *holder,
+static int tenant_release_claims(es_store *s, const char *session, const char *holder,
                              const es_claim_ref *claims, size_t n, es_renew_result *out,
                              es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_release_claims(s->base, ss.v, holder, claims, n, out, err);
+  if (!rc) rc = es_store_release_claims(B(s), ss.v, holder, claims, n, out, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_complete(es_store *s, const char *session, int64_t index, int64_t attempt,
+static int tenant_complete(es_store *s, const char *scope, const char *session, int64_t index, int64_t attempt,
                        const es_new_event *evs, size_t n, int64_t fence, int *outcome,
                        es_events *out, es_err *err) {
+  tname sc;
   tname ss;
   es_new_event *mine = NULL;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
   if (!rc) rc = batch_in(s, evs, n, &mine, err);
   if (!rc)
-    rc = es_core_complete(s->base, s->tenant_prefix, ss.v, index, attempt, mine, n, fence,
+    rc = B(s)->impl->complete(B(s), sc.v, ss.v, index, attempt, mine, n, fence,
                           outcome, out, err);
   free(mine);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
+static int tenant_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                    const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                    int64_t *failures, es_err *err) {
   tname ss;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
   if (!rc)
-    rc = es_store_fail(s->base, ss.v, index, attempt, error, max_failures, retry_after_ms, outcome,
+    rc = es_store_fail(B(s), ss.v, index, attempt, error, max_failures, retry_after_ms, outcome,
                        failures, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_revive(es_store *s, const char *session, int64_t index, es_err *err) {
+static int tenant_revive(es_store *s, const char *session, int64_t index, es_err *err) {
   tname ss;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_revive(s->base, ss.v, index, err);
+  if (!rc) rc = es_store_revive(B(s), ss.v, index, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_settle(es_store *s, const char *session, int64_t index, const char *reason,
+static int tenant_settle(es_store *s, const char *session, int64_t index, const char *reason,
                      es_err *err) {
   tname ss;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_settle(s->base, ss.v, index, reason, err);
+  if (!rc) rc = es_store_settle(B(s), ss.v, index, reason, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
+static int tenant_dead_letters(es_store *s, const char *scope, const char *session, int64_t after, int64_t limit,
                            es_events *out, es_err *err) {
+  tname sc;
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
   if (!rc && session) rc = name_in(s, "session", session, &ss, err);
   if (!rc)
-    rc = es_core_dead_letters(s->base, s->tenant_prefix, session ? ss.v : NULL, after, limit, out,
+    rc = B(s)->impl->dead_letters(B(s), sc.v, session ? ss.v : NULL, after, limit, out,
                               err);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
@@ -523,7 +528,7 @@ int es_tenant_dead_letters(es_store *s, const char *session, int64_t after, int6
 
 /* ---- 3.3 snapshots ---------------------------------------------------- */
 
-int es_tenant_read_state(es_store *s, const char *session, const char *reducer, int *found,
+static int tenant_read_state(es_store *s, const char *session, const char *reducer, int *found,
                          es_snapshot *snap, es_events *events, es_err *err) {
   tname ss;
   *found = 0;
@@ -531,12 +536,12 @@ int es_tenant_read_state(es_store *s, const char *session, const char *reducer, 
   memset(events, 0, sizeof *events);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_read_state(s->base, ss.v, reducer, found, snap, events, err);
+  if (!rc) rc = es_store_read_state(B(s), ss.v, reducer, found, snap, events, err);
   if (!rc) strip_events(s, events);
   return t_done(s, rc, err);
 }
 
-int es_tenant_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
+static int tenant_read_states(es_store *s, const char *const *sessions, size_t n, const char *reducer,
                           es_state_read *out, es_err *err) {
   char **mine = NULL;
   for (size_t i = 0; i < n; i++) {
@@ -549,43 +554,43 @@ int es_tenant_read_states(es_store *s, const char *const *sessions, size_t n, co
   if (!rc && n > ES_DEFAULT_MAX_BATCH)
     rc = es_fail(err, ES_TOO_LARGE, "%zu sessions, over the limit of %d", n, ES_DEFAULT_MAX_BATCH);
   if (!rc) rc = names_in(s, "sessions[%zu]", sessions, n, &mine, err);
-  if (!rc) rc = es_store_read_states(s->base, (const char *const *)mine, n, reducer, out, err);
+  if (!rc) rc = es_store_read_states(B(s), (const char *const *)mine, n, reducer, out, err);
   free(mine);
   for (size_t i = 0; !rc && i < n; i++) strip_events(s, &out[i].events);
   return t_done(s, rc, err);
 }
 
-int es_tenant_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
+static int tenant_put_snapshot(es_store *s, const char *session, const char *reducer, int64_t index,
                            const char *state, size_t state_len, const char *version, int *stored,
                            es_err *err) {
   tname ss;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
   if (!rc)
-    rc = es_store_put_snapshot(s->base, ss.v, reducer, index, state, state_len, version, stored,
+    rc = es_store_put_snapshot(B(s), ss.v, reducer, index, state, state_len, version, stored,
                                err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
+static int tenant_snapshots(es_store *s, const char *session, es_snapshots *out, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_snapshots(s->base, ss.v, out, err);
+  if (!rc) rc = es_store_snapshots(B(s), ss.v, out, err);
   return t_done(s, rc, err);
 }
 
 /* ---- 3.4 inspection --------------------------------------------------- */
 
-int es_tenant_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
+static int tenant_sessions(es_store *s, const char *prefix, const char *after, int64_t limit,
                        es_sessions *out, es_err *err) {
   tname pre, aft;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = bound_in(s, "prefix", prefix ? prefix : "", &pre, err);
   if (!rc && after) rc = bound_in(s, "after", after, &aft, err);
-  if (!rc) rc = es_store_sessions(s->base, pre.v, after ? aft.v : NULL, limit, out, err);
+  if (!rc) rc = es_store_sessions(B(s), pre.v, after ? aft.v : NULL, limit, out, err);
   for (size_t i = 0; !rc && i < out->n; i++) {
     strip(s, out->v[i].session);
     strip(s, out->v[i].parent);
@@ -594,31 +599,37 @@ int es_tenant_sessions(es_store *s, const char *prefix, const char *after, int64
   return t_done(s, rc, err);
 }
 
-int es_tenant_pending_types(es_store *s, es_type_counts *out, es_err *err) {
+static int tenant_pending_types(es_store *s, const char *scope, es_type_counts *out, es_err *err) {
+  tname sc;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
-  if (!rc) rc = es_core_pending_types(s->base, s->tenant_prefix, out, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  if (!rc) rc = B(s)->impl->pending_types(B(s), sc.v, out, err);
   return t_done(s, rc, err);
 }
 
 /* §3.12: the tenant's counts, kept by the backend per scope (O(1)). */
-int es_tenant_counts(es_store *s, es_counts *out, es_err *err) {
+static int tenant_counts(es_store *s, const char *scope, es_counts *out, es_err *err) {
+  tname sc;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
-  if (!rc) rc = es_core_counts(s->base, s->tenant_prefix, out, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  if (!rc) rc = B(s)->impl->counts(B(s), sc.v, out, err);
   return t_done(s, rc, err);
 }
 
 /* ---- 3.5 waiting ------------------------------------------------------ */
 
-int es_tenant_wait(es_store *s, const char *session, int64_t after, int64_t timeout_ms,
+static int tenant_wait(es_store *s, const char *scope, const char *session, int64_t after, int64_t timeout_ms,
                    int64_t limit, es_events *out, es_err *err) {
+  tname sc;
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
   if (!rc && session) rc = name_in(s, "session", session, &ss, err);
   if (!rc)
-    rc = es_core_wait(s->base, s->tenant_prefix, session ? ss.v : NULL, after, timeout_ms, limit,
+    rc = B(s)->impl->wait(B(s), sc.v, session ? ss.v : NULL, after, timeout_ms, limit,
                       out, err);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
@@ -626,7 +637,7 @@ int es_tenant_wait(es_store *s, const char *session, int64_t after, int64_t time
 
 /* ---- 3.6 presence ----------------------------------------------------- */
 
-int es_tenant_presence_set(es_store *s, const char *ns, const char *participant,
+static int tenant_presence_set(es_store *s, const char *ns, const char *participant,
                            const es_presence_field *fields, size_t n, int64_t ttl_ms, int64_t at,
                            int64_t seen, es_presence_rows *applied, es_err *err) {
   tname nn;
@@ -634,32 +645,32 @@ int es_tenant_presence_set(es_store *s, const char *ns, const char *participant,
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "namespace", ns, &nn, err);
   if (!rc)
-    rc = es_store_presence_set(s->base, nn.v, participant, fields, n, ttl_ms, at, seen, applied,
+    rc = es_store_presence_set(B(s), nn.v, participant, fields, n, ttl_ms, at, seen, applied,
                                err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
+static int tenant_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err) {
   tname nn;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "namespace", ns, &nn, err);
-  if (!rc) rc = es_store_presence_read(s->base, nn.v, out, err);
+  if (!rc) rc = es_store_presence_read(B(s), nn.v, out, err);
   return t_done(s, rc, err);
 }
 
 /* The base calls this (under its watch lock) with the stored namespace;
  * the tenant's watcher gets its own name. w lives until the base's watch
- * is gone (es_tenant_presence_unwatch removes that first). */
+ * is gone (tenant_presence_unwatch removes that first). */
 static void on_tenant_presence(void *ctx, const char *ns, const es_presence_rows *applied) {
   presence_watch *w = ctx;
   (void)ns;
   w->cb(w->ctx, w->ns, applied);
 }
 
-uint64_t es_tenant_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
+static uint64_t tenant_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx) {
   tname nn;
-  if (atomic_load(&s->t_closed) || name_in(s, "namespace", ns, &nn, NULL)) return 0;
+  if (atomic_load(&T(s)->closed) || name_in(s, "namespace", ns, &nn, NULL)) return 0;
   presence_watch *w = calloc(1, sizeof *w);
   if (!w || !(w->ns = strdup(ns))) {
     free(w);
@@ -671,7 +682,7 @@ uint64_t es_tenant_presence_watch(es_store *s, const char *ns, es_presence_cb cb
    * base, and only the ones in this handle's list can be removed through
    * it. */
   pthread_mutex_lock(&s->pmu);
-  w->token = es_store_presence_watch(s->base, nn.v, on_tenant_presence, w);
+  w->token = es_store_presence_watch(B(s), nn.v, on_tenant_presence, w);
   if (w->token) {
     w->next = s->watches;
     s->watches = w;
@@ -685,7 +696,7 @@ uint64_t es_tenant_presence_watch(es_store *s, const char *ns, es_presence_cb cb
   return token;
 }
 
-void es_tenant_presence_unwatch(es_store *s, uint64_t token) {
+static void tenant_presence_unwatch(es_store *s, uint64_t token) {
   presence_watch *w = NULL;
   pthread_mutex_lock(&s->pmu);
   for (presence_watch **p = &s->watches; *p; p = &(*p)->next) {
@@ -697,32 +708,34 @@ void es_tenant_presence_unwatch(es_store *s, uint64_t token) {
   }
   pthread_mutex_unlock(&s->pmu);
   if (!w) return; /* not this handle's watch: another tenant's token does nothing */
-  es_store_presence_unwatch(s->base, token); /* no callback with w runs after it */
+  es_store_presence_unwatch(B(s), token); /* no callback with w runs after it */
   free(w->ns);
   free(w);
 }
 
 /* ---- 3.7 branches ----------------------------------------------------- */
 
-int es_tenant_fork(es_store *s, const char *from, int64_t at, const char *to, es_lineage *out,
+static int tenant_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to, es_lineage *out,
                    es_err *err) {
+  tname sc;
   tname f, t;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
   if (!rc) rc = name_in(s, "from", from, &f, err);
   if (!rc) rc = name_in(s, "to", to, &t, err);
-  if (!rc) rc = es_core_fork(s->base, s->tenant_prefix, f.v, at, t.v, out, err);
+  if (!rc) rc = B(s)->impl->fork(B(s), sc.v, f.v, at, t.v, out, err);
   if (!rc) strip_lineage(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
+static int tenant_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err) {
   tname ss;
   *found = 0;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_lineage(s->base, ss.v, found, out, err);
+  if (!rc) rc = es_store_lineage(B(s), ss.v, found, out, err);
   if (!rc && *found) strip_lineage(s, out);
   return t_done(s, rc, err);
 }
@@ -733,8 +746,8 @@ int es_tenant_lineage(es_store *s, const char *session, int *found, es_lineage *
  * root handle may have made, like "t\x01x", which page_keep skips). */
 static int page_start(const es_store *s, const char *after, tname *out, es_err *err) {
   if (after) return bound_in(s, "after", after, out, err);
-  memcpy(out->v, s->tenant_prefix, s->tenant_len - 1);
-  out->v[s->tenant_len - 1] = '\0';
+  memcpy(out->v, T(s)->prefix, T(s)->len - 1);
+  out->v[T(s)->len - 1] = '\0';
   return ES_OK;
 }
 
@@ -742,110 +755,104 @@ static int page_start(const es_store *s, const char *after, tname *out, es_err *
  * skip it (before the tenant's names), -1 stop (past them). */
 static int page_keep(const es_store *s, const char *name) {
   if (has_prefix(s, name)) return 1;
-  return strcmp(name, s->tenant_prefix) < 0 ? 0 : -1;
+  return strcmp(name, T(s)->prefix) < 0 ? 0 : -1;
 }
 
-int es_tenant_children(es_store *s, const char *session, const char *after, int64_t limit,
-                       es_lineages *out, es_err *err) {
-  tname ss, from;
+/* The listings the base cannot scope (children, refs) are read from the
+ * base page by page from where the tenant's names start (or the caller's
+ * `after`), keeping the tenant's names and stopping at the first name
+ * past them (listing.h es_list_page_through). */
+typedef struct {
+  es_store *s;
+  const char *key; /* children: the session */
+} page_ctx;
+
+static int keep_name(void *ctx, const char *name) { return page_keep(((page_ctx *)ctx)->s, name); }
+
+static int page_through(es_store *s, const char *key, const char *after, int64_t limit,
+                        const es_list_kind *kind, es_list_page_fn fetch, es_list *out,
+                        es_err *err) {
+  tname from;
+  int rc = page_start(s, after, &from, err);
+  if (!rc && limit < 1) rc = es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
+  page_ctx c = {s, key};
+  if (!rc) rc = es_list_page_through(kind, fetch, keep_name, &c, from.v, limit, out, err);
+  return rc;
+}
+
+static void lineage_free(void *e) { es_lineage_destroy(e); }
+static const es_list_kind lineage_kind = {sizeof(es_lineage), offsetof(es_lineage, session),
+                                          lineage_free};
+
+static int children_page(void *ctx, const char *after, int64_t limit, es_list *page,
+                         es_err *err) {
+  page_ctx *c = ctx;
+  return es_store_children(B(c->s), c->key, after, limit, (es_lineages *)page, err);
+}
+
+static int tenant_children(es_store *s, const char *session, const char *after, int64_t limit,
+                           es_lineages *out, es_err *err) {
+  tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = page_start(s, after, &from, err);
-  if (!rc && limit < 1) rc = es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  char *cur = NULL; /* the last name of the previous page */
-  for (int more = 1; !rc && more && (int64_t)out->n < limit;) {
-    es_lineages page = {0};
-    rc = es_store_children(s->base, ss.v, cur ? cur : from.v, limit - (int64_t)out->n, &page, err);
-    more = !rc && (int64_t)page.n == limit - (int64_t)out->n;
-    free(cur);
-    cur = NULL;
-    if (!rc && more && page.n && !(cur = strdup(page.v[page.n - 1].session))) rc = nomem(err);
-    for (size_t i = 0; !rc && i < page.n; i++) {
-      int keep = page_keep(s, page.v[i].session);
-      if (keep < 0) more = 0;
-      if (keep <= 0) continue;
-      if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v)) {
-        rc = nomem(err);
-        break;
-      }
-      out->v[out->n++] = page.v[i];
-      memset(&page.v[i], 0, sizeof page.v[i]);
-    }
-    es_lineages_destroy(&page);
-  }
-  free(cur);
-  if (rc) es_lineages_destroy(out);
+  if (!rc)
+    rc = page_through(s, ss.v, after, limit, &lineage_kind, children_page, (es_list *)out, err);
   for (size_t i = 0; !rc && i < out->n; i++) strip_lineage(s, &out->v[i]);
   return t_done(s, rc, err);
 }
 
-int es_tenant_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
+static int tenant_put_ref(es_store *s, const char *name, const char *session, es_ref *out,
                       es_err *err) {
   tname nn, ss;
   es_ref_init(out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "name", name, &nn, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_put_ref(s->base, nn.v, ss.v, out, err);
+  if (!rc) rc = es_store_put_ref(B(s), nn.v, ss.v, out, err);
   if (!rc) strip_ref(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
+static int tenant_get_ref(es_store *s, const char *name, int *found, es_ref *out, es_err *err) {
   tname nn;
   *found = 0;
   es_ref_init(out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "name", name, &nn, err);
-  if (!rc) rc = es_store_get_ref(s->base, nn.v, found, out, err);
+  if (!rc) rc = es_store_get_ref(B(s), nn.v, found, out, err);
   if (!rc && *found) strip_ref(s, out);
   return t_done(s, rc, err);
 }
 
-int es_tenant_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out, es_err *err) {
-  tname from;
+static void ref_free(void *e) { es_ref_destroy(e); }
+static const es_list_kind ref_kind = {sizeof(es_ref), offsetof(es_ref, name), ref_free};
+
+static int refs_page(void *ctx, const char *after, int64_t limit, es_list *page, es_err *err) {
+  page_ctx *c = ctx;
+  return es_store_list_refs(B(c->s), after, limit, (es_refs *)page, err);
+}
+
+static int tenant_list_refs(es_store *s, const char *after, int64_t limit, es_refs *out,
+                            es_err *err) {
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
-  if (!rc) rc = page_start(s, after, &from, err);
-  if (!rc && limit < 1) rc = es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  char *cur = NULL;
-  for (int more = 1; !rc && more && (int64_t)out->n < limit;) {
-    es_refs page = {0};
-    rc = es_store_list_refs(s->base, cur ? cur : from.v, limit - (int64_t)out->n, &page, err);
-    more = !rc && (int64_t)page.n == limit - (int64_t)out->n;
-    free(cur);
-    cur = NULL;
-    if (!rc && more && page.n && !(cur = strdup(page.v[page.n - 1].name))) rc = nomem(err);
-    for (size_t i = 0; !rc && i < page.n; i++) {
-      int keep = page_keep(s, page.v[i].name);
-      if (keep < 0) more = 0;
-      if (keep <= 0) continue;
-      if (es_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v)) {
-        rc = nomem(err);
-        break;
-      }
-      out->v[out->n++] = page.v[i];
-      es_ref_init(&page.v[i]);
-    }
-    es_refs_destroy(&page);
-  }
-  free(cur);
-  if (rc) es_refs_destroy(out);
+  if (!rc)
+    rc = page_through(s, NULL, after, limit, &ref_kind, refs_page, (es_list *)out, err);
   for (size_t i = 0; !rc && i < out->n; i++) strip_ref(s, &out->v[i]);
   return t_done(s, rc, err);
 }
 
-int es_tenant_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
+static int tenant_delete_ref(es_store *s, const char *name, int *deleted, es_err *err) {
   tname nn;
   *deleted = 0;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "name", name, &nn, err);
-  if (!rc) rc = es_store_delete_ref(s->base, nn.v, deleted, err);
+  if (!rc) rc = es_store_delete_ref(B(s), nn.v, deleted, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
+static int tenant_promote(es_store *s, const char *from_ref, const char *to_ref, int has_expect,
                       const char *expect, es_ref *out, char **actual, es_err *err) {
   tname f, t, e;
   es_ref_init(out);
@@ -855,7 +862,7 @@ int es_tenant_promote(es_store *s, const char *from_ref, const char *to_ref, int
   if (!rc) rc = name_in(s, "to_ref", to_ref, &t, err);
   if (!rc && has_expect && expect) rc = name_in(s, "expect", expect, &e, err);
   if (!rc)
-    rc = es_store_promote(s->base, f.v, t.v, has_expect, has_expect && expect ? e.v : NULL, out,
+    rc = es_store_promote(B(s), f.v, t.v, has_expect, has_expect && expect ? e.v : NULL, out,
                           actual, err);
   if (!rc) strip_ref(s, out);
   if (actual) strip(s, *actual); /* REF_CONFLICT's actual, also when rc says so */
@@ -864,58 +871,58 @@ int es_tenant_promote(es_store *s, const char *from_ref, const char *to_ref, int
 
 /* ---- 3.8 fences, leases, seals; 3.9 retention ------------------------- */
 
-int es_tenant_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
+static int tenant_fence(es_store *s, const char *session, int64_t if_token, int64_t *token,
                     es_err *err) {
   tname ss;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_fence(s->base, ss.v, if_token, token, err);
+  if (!rc) rc = es_store_fence(B(s), ss.v, if_token, token, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
+static int tenant_lease(es_store *s, const char *session, const char *holder, int64_t ttl_ms,
                     es_lease *out, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_lease(s->base, ss.v, holder, ttl_ms, out, err);
+  if (!rc) rc = es_store_lease(B(s), ss.v, holder, ttl_ms, out, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
+static int tenant_lease_release(es_store *s, const char *session, const char *holder, int64_t token,
                             int *released, es_err *err) {
   tname ss;
   *released = 0;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_lease_release(s->base, ss.v, holder, token, released, err);
+  if (!rc) rc = es_store_lease_release(B(s), ss.v, holder, token, released, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_seal(es_store *s, const char *session, const char *reason, es_err *err) {
+static int tenant_seal(es_store *s, const char *session, const char *reason, es_err *err) {
   tname ss;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_seal(s->base, ss.v, reason, err);
+  if (!rc) rc = es_store_seal(B(s), ss.v, reason, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
+static int tenant_truncate(es_store *s, const char *session, int64_t through, int64_t *first_index,
                        es_err *err) {
   tname ss;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_truncate(s->base, ss.v, through, first_index, err);
+  if (!rc) rc = es_store_truncate(B(s), ss.v, through, first_index, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_delete(es_store *s, const char *session, int *deleted, es_err *err) {
+static int tenant_delete(es_store *s, const char *session, int *deleted, es_err *err) {
   tname ss;
   *deleted = 0;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_delete(s->base, ss.v, deleted, err);
+  if (!rc) rc = es_store_delete(B(s), ss.v, deleted, err);
   return t_done(s, rc, err);
 }
 
@@ -924,33 +931,33 @@ int es_tenant_delete(es_store *s, const char *session, int *deleted, es_err *err
 /* Segment rows and files name no session (files are under a hash of the
  * stored name), so only the session goes in. */
 
-int es_tenant_archive(es_store *s, const char *session, int64_t through, int *written,
+static int tenant_archive(es_store *s, const char *session, int64_t through, int *written,
                       es_segment *out, es_err *err) {
   tname ss;
   *written = 0;
   es_segment_init(out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_archive(s->base, ss.v, through, written, out, err);
+  if (!rc) rc = es_store_archive(B(s), ss.v, through, written, out, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
+static int tenant_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_segments(s->base, ss.v, out, err);
+  if (!rc) rc = es_store_segments(B(s), ss.v, out, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
+static int tenant_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
                               es_err *err) {
   tname ss;
   *before = *after = 0;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_compact_archive(s->base, ss.v, before, after, err);
+  if (!rc) rc = es_store_compact_archive(B(s), ss.v, before, after, err);
   return t_done(s, rc, err);
 }
 
@@ -975,7 +982,7 @@ static int take_problems(es_archive_problem **dst, size_t *n, size_t *cap, es_ar
  * one by one (the base's all-sessions form would look at other tenants'
  * files). Orphan directories that no session owns are the operator's to
  * see, from the root handle. */
-int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report *out,
+static int tenant_verify_archive(es_store *s, const char *session, es_archive_report *out,
                              es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
@@ -983,19 +990,19 @@ int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report
   if (rc) return rc;
   if (session) {
     if (!(rc = name_in(s, "session", session, &ss, err)))
-      rc = es_store_verify_archive(s->base, ss.v, out, err);
+      rc = es_store_verify_archive(B(s), ss.v, out, err);
   } else {
     char *after = NULL;
     do {
       es_sessions page;
-      rc = es_store_sessions(s->base, s->tenant_prefix, after, 100, &page, err);
+      rc = es_store_sessions(B(s), T(s)->prefix, after, 100, &page, err);
       free(after);
       after = NULL;
       if (rc) break;
       for (size_t i = 0; rc == ES_OK && i < page.n; i++) {
         if (page.v[i].archived_through <= 0) continue;
         es_archive_report one;
-        rc = es_store_verify_archive(s->base, page.v[i].session, &one, err);
+        rc = es_store_verify_archive(B(s), page.v[i].session, &one, err);
         if (rc) break;
         out->checked += one.checked;
         /* each list moved over belongs to out from then on: one keeps only
@@ -1029,22 +1036,84 @@ int es_tenant_verify_archive(es_store *s, const char *session, es_archive_report
 /* ---- crypto-shredding (§3.10) ------------------------------------------ */
 
 /* A tenant's key names are stored behind its prefix (batch_in). */
-int es_tenant_shred(es_store *s, const char *name, int *was_live, es_err *err) {
+static int tenant_shred(es_store *s, const char *name, int *was_live, es_err *err) {
   tname k;
   *was_live = 0;
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "key", name, &k, err);
-  if (!rc) rc = es_store_shred(s->base, k.v, was_live, err);
+  if (!rc) rc = es_store_shred(B(s), k.v, was_live, err);
   return t_done(s, rc, err);
 }
 
-int es_tenant_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+static int tenant_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
                            int64_t limit, es_events *out, es_err *err) {
   tname ss;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = es_store_read_at_rest(s->base, ss.v, after, through, limit, out, err);
+  if (!rc) rc = es_store_read_at_rest(B(s), ss.v, after, through, limit, out, err);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
 }
+
+/* ---- the table (store_impl.h) ----------------------------------------- */
+
+static const es_store_ops tenant_ops = {
+    .close = tenant_close,
+    .free = tenant_free,
+    .check_open = tenant_check_open,
+    .version = tenant_version,
+    .data_version = tenant_data_version,
+    .new_id = tenant_new_id,
+    .tenant = tenant_tenant,
+    .tenant_name = tenant_tenant_name,
+    .append = tenant_append,
+    .read = tenant_read,
+    .events_page = tenant_events_page,
+    .head = tenant_head,
+    .read_all = tenant_read_all,
+    .last_position = tenant_last_position,
+    .get = tenant_get,
+    .claim = tenant_claim,
+    .claim_next = tenant_claim_next,
+    .renew = tenant_renew,
+    .release_claims = tenant_release_claims,
+    .complete = tenant_complete,
+    .complete_many = es_complete_many_each,
+    .fail = tenant_fail,
+    .revive = tenant_revive,
+    .settle = tenant_settle,
+    .dead_letters = tenant_dead_letters,
+    .read_state = tenant_read_state,
+    .read_states = tenant_read_states,
+    .put_snapshot = tenant_put_snapshot,
+    .snapshots = tenant_snapshots,
+    .sessions = tenant_sessions,
+    .pending_types = tenant_pending_types,
+    .wait = tenant_wait,
+    .presence_set = tenant_presence_set,
+    .presence_read = tenant_presence_read,
+    .presence_watch = tenant_presence_watch,
+    .presence_unwatch = tenant_presence_unwatch,
+    .fork = tenant_fork,
+    .lineage = tenant_lineage,
+    .children = tenant_children,
+    .put_ref = tenant_put_ref,
+    .get_ref = tenant_get_ref,
+    .list_refs = tenant_list_refs,
+    .delete_ref = tenant_delete_ref,
+    .promote = tenant_promote,
+    .fence = tenant_fence,
+    .lease = tenant_lease,
+    .lease_release = tenant_lease_release,
+    .seal = tenant_seal,
+    .truncate = tenant_truncate,
+    .delete = tenant_delete,
+    .archive = tenant_archive,
+    .segments = tenant_segments,
+    .compact_archive = tenant_compact_archive,
+    .verify_archive = tenant_verify_archive,
+    .shred = tenant_shred,
+    .read_at_rest = tenant_read_at_rest,
+    .counts = tenant_counts,
+};

@@ -1,0 +1,869 @@
+/*
+ * append.c: the rules of §3.1 append and read: the checks and row
+ * writes every write shares (batches, replays, lanes, inserts), append,
+ * the reads, read_all, last_position, waiting, and §3.10 reads as stored.
+ * Moved out of store.c as they were (store.c's top comment says how a
+ * call runs).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "codec/json.h"
+#include "store/backend.h"
+#include "store/crypto.h"
+#include "store/internal.h"
+#include "store/rules.h"
+#include "store/store.h"
+
+/* ---------------------------------------------------------------------- */
+/* the rules */
+
+/* Attempt `attempt` es_rule_owns the event from the claim that started it until it
+ * completes or fails, or a later claim starts attempt + 1 (CONTRACT §3.1). */
+int es_rule_owns(const es_event *row, int64_t attempt) {
+  return row->status == ES_STATUS_PENDING && row->attempts == attempt && row->claim_holder != NULL;
+}
+
+/* The time a queued, unclaimed event becomes ready. */
+int64_t es_rule_due_of(const es_event *row, int64_t now) {
+  int64_t due = now;
+  if (row->not_before != ES_NONE) due = max64(due, row->not_before);
+  if (row->retry_at != ES_NONE) due = max64(due, row->retry_at);
+  return due;
+}
+
+int es_rule_load_session(es_store *s, es_txn *t, const char *session, es_session_info *si,
+                         es_err *err) {
+  int rc = s->ops->session_get(s->bk, t, session, si, err);
+  if (rc == ES_NOT_FOUND) {
+    es_session_info_init(si);
+    si->session = strdup(session);
+    return si->session ? ES_OK : nomem(err);
+  }
+  return rc;
+}
+
+int es_rule_get_event(es_store *s, es_txn *t, const char *session, int64_t index, es_event *row,
+                      es_err *err) {
+  int rc = s->ops->event_get(s->bk, t, session, index, row, err);
+  if (rc == ES_NOT_FOUND)
+    return es_fail(err, ES_NO_SUCH_EVENT, "no event at index %lld in session '%s'", (long long)index,
+                   session);
+  return rc;
+}
+
+/* Checks one event to append (everything that needs no transaction). */
+static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err *err) {
+  char what[64];
+  int rc;
+  if (!e->type) return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].type is required", i + 1);
+  snprintf(what, sizeof what, "events[%zu].type", i + 1);
+  if ((rc = es_check_name(what, e->type, err))) return rc;
+  if (e->id) {
+    snprintf(what, sizeof what, "events[%zu].id", i + 1);
+    if ((rc = es_check_name(what, e->id, err))) return rc;
+  }
+  if (e->lane) {
+    snprintf(what, sizeof what, "events[%zu].lane", i + 1);
+    if ((rc = es_check_name(what, e->lane, err))) return rc;
+  }
+  if (e->key) {
+    snprintf(what, sizeof what, "events[%zu].key", i + 1);
+    if ((rc = es_check_name(what, e->key, err))) return rc;
+    /* §3.10: never store in plaintext what the caller asked to seal */
+    if (!s->crypto)
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "events[%zu].key: the store was opened without keys, so it cannot seal the "
+                     "payload (open it with {keys = PATH})",
+                     i + 1);
+  }
+  if (e->payload) {
+    if (e->payload_len > s->max_payload)
+      return es_fail(err, ES_TOO_LARGE, "events[%zu].payload is %zu bytes, over the limit of %zu",
+                     i + 1, e->payload_len, s->max_payload);
+    es_err jerr = {0};
+    if (es_json_validate(e->payload, e->payload_len, &jerr) != ES_OK)
+      return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].payload: %s", i + 1, jerr.msg);
+  }
+  if ((e->cause_index == ES_NONE) != (e->cause_attempt == ES_NONE))
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].cause needs both index and attempt", i + 1);
+  if (e->cause_index != ES_NONE && (e->cause_index < 1 || e->cause_attempt < 1))
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].cause index and attempt must be >= 1",
+                   i + 1);
+  if (e->not_before != ES_NONE && e->not_before < 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].not_before must be >= 0", i + 1);
+  return ES_OK;
+}
+
+int es_rule_cmp_str_ptr(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int es_rule_check_batch(es_store *s, const es_new_event *evs, size_t n, es_err *err) {
+  if (n > s->max_batch)
+    return es_fail(err, ES_TOO_LARGE, "batch of %zu events, over the limit of %zu", n, s->max_batch);
+  size_t n_ids = 0;
+  for (size_t i = 0; i < n; i++) {
+    int rc = check_new_event(s, &evs[i], i, err);
+    if (rc) return rc;
+    if (evs[i].id) n_ids++;
+  }
+  if (n_ids < 2) return ES_OK;
+  /* Distinct ids: sort pointers rather than compare all pairs. */
+  const char **ids = malloc(n_ids * sizeof *ids);
+  if (!ids) return nomem(err);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (evs[i].id) ids[k++] = evs[i].id;
+  qsort(ids, k, sizeof *ids, es_rule_cmp_str_ptr);
+  int rc = ES_OK;
+  for (size_t i = 1; i < k; i++) {
+    if (strcmp(ids[i - 1], ids[i]) == 0) {
+      rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH, "the batch repeats event id '%s'", ids[i]);
+      break;
+    }
+  }
+  free(ids);
+  return rc;
+}
+
+static int payload_equal(const es_new_event *e, const es_event *row) {
+  const char *p = e->payload ? e->payload : "null";
+  size_t n = e->payload ? e->payload_len : 4;
+  return n == row->payload_len && memcmp(p, row->payload, n) == 0;
+}
+
+/* §3.10: a replay must name the same key as the stored event, and its
+ * payload is compared with the stored one opened (row's payload is
+ * replaced by the plaintext, which the replay then returns). A shredded
+ * original cannot be compared: refused like any new data under that key. */
+static int replay_key_check(es_store *s, es_txn *t, const es_new_event *e, es_event *row,
+                            es_err *err) {
+  if (!e->key && !row->key) return ES_OK;
+  if (!e->key || !row->key || strcmp(e->key, row->key) != 0)
+    return es_fail(err, ES_ID_CONFLICT, "event id '%s' is already stored with a different key",
+                   row->id);
+  int rc = es_crypto_reveal(s, t, NULL, row, 1, err);
+  if (rc == ES_OK && row->shredded)
+    rc = es_fail(err, ES_INVALID_ARGUMENT,
+                 "key '%s' was shredded: nothing can be sealed under that name again", e->key);
+  return rc;
+}
+
+/* Batch idempotency (CONTRACT §3.1). Returns ES_OK with *replayed = 1 and
+ * the originals in out when every id is already stored in this session;
+ * *replayed = 0 when none is; an error otherwise. `cause` (complete()) also
+ * requires the stored events to carry that cause. */
+int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
+                         size_t n, int *replayed, es_events *out, es_err *err) {
+  size_t found = 0;
+  int rc = ES_OK;
+  *replayed = 0;
+  if (n == 0) return ES_OK;
+  es_event row;
+  es_event_init(&row);
+  for (size_t i = 0; i < n && rc == ES_OK; i++) {
+    if (!evs[i].id) continue;
+    rc = s->ops->event_get_by_id(s->bk, t, evs[i].id, &row, err);
+    if (rc == ES_NOT_FOUND) {
+      rc = ES_OK;
+      continue;
+    }
+    if (rc != ES_OK) break;
+    if (strcmp(row.session, session) != 0) {
+      rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
+                   "event id '%s' already exists in another session", evs[i].id);
+    } else if ((rc = replay_key_check(s, t, &evs[i], &row, err)) != ES_OK) {
+      /* a different key, or the stored payload cannot be compared */
+    } else if (strcmp(row.type, evs[i].type) != 0 || !payload_equal(&evs[i], &row)) {
+      rc = es_fail(err, ES_ID_CONFLICT,
+                   "event id '%s' is already stored with a different %s", evs[i].id,
+                   strcmp(row.type, evs[i].type) != 0 ? "type" : "payload");
+    } else {
+      found++;
+      rc = es_events_push_copy(out, &row);
+      if (rc) nomem(err);
+    }
+    es_event_destroy(&row);
+  }
+  if (rc == ES_OK && found > 0 && found < n)
+    rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
+                 "the batch mixes %zu already-stored and %zu new events", found, n - found);
+  if (rc != ES_OK || found < n) {
+    es_events_destroy(out);
+    return rc;
+  }
+  *replayed = 1;
+  return ES_OK;
+}
+
+/* Rows built by insert_rows and not yet inserted: inserted together
+ * (event_insert_many), since on SQLite a statement's fixed cost is larger
+ * than a row's. */
+#define INSERT_CHUNK 64
+
+typedef struct {
+  es_event *rows;    /* [cap] */
+  char **sealed;     /* [cap] §3.10: the stored text of a keyed row, else NULL */
+  const char **plain; /* [cap] the payload the caller gets back */
+  size_t *plain_len;
+  char *gen;         /* [cap][ES_MAX_NAME_BYTES + 1] ids generated in the transaction */
+  size_t n, cap;
+} insert_chunk;
+
+static void chunk_clear(insert_chunk *c) {
+  for (size_t k = 0; k < c->n; k++) {
+    free(c->sealed[k]);
+    c->sealed[k] = NULL;
+  }
+  c->n = 0;
+}
+
+/* Inserts the built rows; on success counts them into si and copies them
+ * (with the plaintext payload) to out. */
+static int chunk_flush(es_store *s, es_txn *t, insert_chunk *c, es_session_info *si, int64_t now,
+                       es_events *out, es_err *err) {
+  int rc = ES_OK;
+  if (c->n == 0) return ES_OK;
+  if (s->ops->event_insert_many) {
+    rc = s->ops->event_insert_many(s->bk, t, c->rows, c->n, err);
+  } else {
+    for (size_t k = 0; k < c->n && rc == ES_OK; k++)
+      rc = s->ops->event_insert(s->bk, t, &c->rows[k], err);
+  }
+  for (size_t k = 0; k < c->n && rc == ES_OK; k++) {
+    es_event *row = &c->rows[k];
+    row->payload = (char *)c->plain[k];
+    row->payload_len = c->plain_len[k];
+    si->head++;
+    si->events++;
+    if (si->first_at == ES_NONE) si->first_at = now;
+    if (out && es_events_push_copy(out, row)) rc = nomem(err);
+  }
+  chunk_clear(c);
+  return rc;
+}
+
+/* Inserts events after the session's head; cause_* (complete) overrides each
+ * event's own cause. Updates si's counters; appends copies to out. ids:
+ * NULL, or the ids of the events without one, generated before the
+ * transaction (es_core_append): event i's at ids + i * ids_stride. */
+static int insert_rows(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,
+                       size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
+                       const char *scope, const char *ids, size_t ids_stride, es_events *out,
+                       es_err *err) {
+  int rc = ES_OK;
+  insert_chunk c = {0};
+  c.cap = n < INSERT_CHUNK ? n : INSERT_CHUNK;
+  if (c.cap == 0) c.cap = 1;
+  size_t gen_size = ids ? 0 : c.cap * (ES_MAX_NAME_BYTES + 1);
+  /* one allocation for the chunk's arrays */
+  size_t size = c.cap * (sizeof *c.rows + sizeof *c.sealed + sizeof *c.plain + sizeof *c.plain_len) + gen_size;
+  char *mem = calloc(1, size);
+  if (!mem) return nomem(err);
+  c.rows = (es_event *)mem;
+  c.sealed = (char **)(c.rows + c.cap);
+  c.plain = (const char **)(c.sealed + c.cap);
+  c.plain_len = (size_t *)(c.plain + c.cap);
+  c.gen = gen_size ? (char *)(c.plain_len + c.cap) : NULL;
+  es_keyring ring; /* §3.10: data keys of this batch */
+  es_keyring_init(&ring);
+  for (size_t i = 0; i < n && rc == ES_OK; i++) {
+    const es_new_event *e = &evs[i];
+    /* What looks at the rows already built must find them inserted: a
+     * lane's earlier event (lane_next), an id source's repeated id
+     * (es_core_new_event_id's lookup). */
+    if ((e->lane && !e->settled) || (!e->id && !ids && s->ids))
+      if ((rc = chunk_flush(s, t, &c, si, now, out, err))) break;
+    es_event *row = &c.rows[c.n];
+    char *gen = c.gen ? c.gen + c.n * (ES_MAX_NAME_BYTES + 1) : NULL;
+    es_event_init(row);
+    if (!e->id && !ids && (rc = es_core_new_event_id(s, t, now, scope, gen, err))) break;
+    row->id = (char *)(e->id ? e->id : ids ? ids + i * ids_stride : gen);
+    row->type = (char *)e->type;
+    row->payload = (char *)(e->payload ? e->payload : "null");
+    row->payload_len = e->payload ? e->payload_len : 4;
+    row->session = si->session;
+    row->lane = (char *)e->lane;
+    row->index = si->head + 1 + (int64_t)c.n;
+    row->created_at = now;
+    row->cause_index = cause_index != ES_NONE ? cause_index : e->cause_index;
+    row->cause_attempt = cause_index != ES_NONE ? cause_attempt : e->cause_attempt;
+    row->not_before = e->not_before;
+    row->returned = 0;
+    if (e->settled) {
+      row->status = ES_STATUS_PROCESSED;
+      row->processed_at = now;
+      row->returned = -1;
+    } else {
+      row->status = ES_STATUS_PENDING;
+      int64_t blocker = 0;
+      if (e->lane) rc = s->ops->lane_next(s->bk, t, si->session, e->lane, 0, &blocker, err);
+      if (rc) break;
+      row->queued = blocker == 0;
+      if (row->queued) row->due_at = es_rule_due_of(row, now);
+      si->pending++;
+    }
+    /* §3.10: the row stores the sealed text; the caller gets the plaintext */
+    c.plain[c.n] = row->payload;
+    c.plain_len[c.n] = row->payload_len;
+    c.sealed[c.n] = NULL;
+    if (e->key) {
+      row->key = (char *)e->key;
+      rc = es_crypto_seal(s, t, &ring, row, c.plain[c.n], c.plain_len[c.n], &c.sealed[c.n],
+                          &row->payload_len, err);
+      row->payload = c.sealed[c.n];
+    }
+    c.n++;
+    if (rc == ES_OK && c.n == c.cap) rc = chunk_flush(s, t, &c, si, now, out, err);
+  }
+  if (rc == ES_OK) rc = chunk_flush(s, t, &c, si, now, out, err);
+  chunk_clear(&c);
+  free(mem);
+  es_keyring_destroy(&ring);
+  si->updated_at = now;
+  return rc;
+}
+
+int es_rule_insert_events(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,
+                          size_t n, int64_t cause_index, int64_t cause_attempt, int64_t now,
+                          const char *scope, es_events *out, es_err *err) {
+  return insert_rows(s, t, si, evs, n, cause_index, cause_attempt, now, scope, NULL, 0, out, err);
+}
+
+/* After the head of a lane was processed: the next unprocessed event of
+ * the lane becomes a dispatch candidate. */
+int es_rule_advance_lane(es_store *s, es_txn *t, const es_event *done, int64_t now, es_err *err) {
+  if (!done->lane) return ES_OK;
+  int64_t next = 0;
+  int rc = s->ops->lane_next(s->bk, t, done->session, done->lane, done->index, &next, err);
+  if (rc || next == 0) return rc;
+  es_event row;
+  if ((rc = es_rule_get_event(s, t, done->session, next, &row, err))) return rc;
+  if (row.status == ES_STATUS_PENDING && !row.queued) {
+    row.queued = 1;
+    row.due_at = es_rule_due_of(&row, now);
+    rc = s->ops->event_update(s->bk, t, &row, err);
+  }
+  es_event_destroy(&row);
+  return rc;
+}
+
+/* §3.8: a write that carries a fence token must carry the session's current
+ * one (a token never issued is as stale as an old one: either way another
+ * writer es_rule_owns the session or the writer is confused); a sealed session takes
+ * no more events. Checked after the replay check, so a lost-acknowledgement
+ * retry, which writes nothing, still gets its answer. */
+int es_rule_check_writable(const es_session_info *si, int64_t fence, size_t n, es_err *err) {
+  if (fence != ES_NONE && fence != si->fence) {
+    if (fence < si->fence)
+      return es_fail(err, ES_STALE_FENCE, "fence token %lld of session '%s' is stale (current: %lld)",
+                     (long long)fence, si->session, (long long)si->fence);
+    return es_fail(err, ES_STALE_FENCE, "fence token %lld was never issued for session '%s' (current: %lld)",
+                   (long long)fence, si->session, (long long)si->fence);
+  }
+  if (n > 0 && si->sealed_at != ES_NONE)
+    return es_fail(err, ES_SEALED, "session '%s' is sealed%s%s", si->session,
+                   si->seal_reason ? ": " : "", si->seal_reason ? si->seal_reason : "");
+  return ES_OK;
+}
+
+/* --- append --- */
+
+typedef struct {
+  const char *session;
+  const es_new_event *evs;
+  size_t n;
+  int64_t expected;
+  int64_t fence;
+  int64_t now;
+  es_events *out;
+  int pending;
+  int want_out;   /* 0: the caller passed no out list; do not copy rows */
+  const char *scope; /* §3.11: the tenant prefix of generated ids, or NULL */
+  const char *ids;   /* NULL, or ids generated before the write (insert_rows) */
+  size_t ids_stride;
+} append_args;
+
+static int check_causes(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
+                        size_t n, es_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    if (evs[i].cause_index == ES_NONE) continue;
+    es_event parent;
+    int rc = es_rule_get_event(s, t, session, evs[i].cause_index, &parent, err);
+    if (rc) return rc;
+    int ok = es_rule_owns(&parent, evs[i].cause_attempt);
+    es_event_destroy(&parent);
+    if (!ok)
+      return es_fail(err, ES_SUPERSEDED_ATTEMPT,
+                     "attempt %lld no longer es_rule_owns event %lld in session '%s'",
+                     (long long)evs[i].cause_attempt, (long long)evs[i].cause_index, session);
+  }
+  return ES_OK;
+}
+
+static int do_append(es_store *s, es_txn *t, void *arg, es_err *err) {
+  append_args *a = arg;
+  int replayed = 0;
+  es_session_info si;
+  int rc = es_rule_check_replay(s, t, a->session, a->evs, a->n, &replayed, a->out, err);
+  if (rc) return rc;
+  if ((rc = es_rule_load_session(s, t, a->session, &si, err))) return rc;
+  if (replayed) {
+    a->pending = si.pending > 0;
+    es_session_info_destroy(&si);
+    return ES_OK;
+  }
+  rc = es_rule_check_writable(&si, a->fence, a->n, err);
+  if (rc == ES_OK && a->expected != ES_NONE && si.head != a->expected) {
+    rc = es_fail(err, ES_WRONG_EXPECTED_HEAD, "session '%s' is at %lld, expected %lld", a->session,
+                 (long long)si.head, (long long)a->expected);
+  }
+  if (rc == ES_OK) rc = check_causes(s, t, a->session, a->evs, a->n, err);
+  if (rc == ES_OK)
+    rc = insert_rows(s, t, &si, a->evs, a->n, ES_NONE, ES_NONE, a->now, a->scope, a->ids,
+                     a->ids_stride, a->want_out ? a->out : NULL, err);
+  if (rc == ES_OK) rc = s->ops->session_put(s->bk, t, &si, err);
+  a->pending = si.pending > 0;
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+/* The UUIDv7 ids of the events without one, made before the write so
+ * that the group's serial part does not make them (a store with an id
+ * source calls it inside the transaction, as before: its ids are used
+ * only by a call that gets as far as inserting). *ids: NULL when no event
+ * needs one, else owned by the caller. */
+static int pregenerate_ids(es_store *s, append_args *a, char **ids, es_err *err) {
+  *ids = NULL;
+  if (s->ids) return ES_OK;
+  size_t missing = 0;
+  for (size_t i = 0; i < a->n; i++) missing += !a->evs[i].id;
+  if (missing == 0) return ES_OK;
+  size_t p = a->scope ? strlen(a->scope) : 0;
+  size_t stride = p + 37;
+  char *v = malloc(a->n * stride);
+  if (!v) return nomem(err);
+  for (size_t i = 0; i < a->n; i++) {
+    if (a->evs[i].id) continue;
+    memcpy(v + i * stride, a->scope ? a->scope : "", p);
+    int rc = es_core_uuid7(s, a->now, v + i * stride + p, err);
+    if (rc) {
+      free(v);
+      return rc;
+    }
+  }
+  *ids = v;
+  a->ids = v;
+  a->ids_stride = stride;
+  return ES_OK;
+}
+
+int es_core_append(es_store *s, const char *scope, const char *session, const es_new_event *evs,
+                   size_t n, int64_t expected, int64_t fence, es_events *out, int *pending,
+                   es_err *err) {
+  int rc;
+  es_events unused = {0};
+  if (!out) out = &unused; /* the caller does not want the stored events back */
+  memset(out, 0, sizeof *out);
+  *pending = 0;
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if ((rc = check_nonneg("expected", expected, err))) return rc;
+  if ((rc = es_rule_check_batch(s, evs, n, err))) return rc;
+  if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  if ((rc = es_core_enter(s, err))) return rc;
+  append_args a = {session, evs, n, expected, fence, 0, out, 0, 1, scope, NULL, 0};
+  if (n == 0) {
+    /* Writes nothing; still answers whether the session has pending work. */
+    es_session_info si;
+    es_txn *t = NULL;
+    rc = s->ops->read_begin(s->bk, &t, err);
+    if (rc == ES_OK) {
+      rc = s->ops->session_get(s->bk, t, session, &si, err);
+      if (rc == ES_OK) {
+        *pending = si.pending > 0;
+        es_session_info_destroy(&si);
+      } else if (rc == ES_NOT_FOUND) {
+        rc = ES_OK;
+      }
+      s->ops->read_end(s->bk, t);
+    }
+    es_core_leave(s);
+    return rc;
+  }
+  a.want_out = out != &unused;
+  rc = es_store_now(s, &a.now, err);
+  char *ids = NULL;
+  if (rc == ES_OK) rc = pregenerate_ids(s, &a, &ids, err);
+  if (rc == ES_OK) rc = es_core_write(s, do_append, &a, err);
+  free(ids);
+  es_core_leave(s);
+  es_events_destroy(&unused);
+  if (rc) {
+    es_events_destroy(out);
+    return rc;
+  }
+  *pending = a.pending;
+  return ES_OK;
+}
+
+/* --- reads --- */
+
+/* §3.9: a read of (after, through] needs no event below the session's
+ * first_index (the truncated prefix), else TRUNCATED. */
+int es_rule_check_live(const es_session_info *si, int64_t after, int64_t through, es_err *err) {
+  int64_t first = si->first_index > 1 ? si->first_index : 1;
+  if (through > after && after + 1 < first)
+    return es_fail(err, ES_TRUNCATED,
+                   "events 1..%lld of session '%s' were truncated: read from after = %lld on",
+                   (long long)(first - 1), si->session, (long long)(first - 1));
+  return ES_OK;
+}
+
+typedef struct {
+  const char *session;
+  int64_t after, through, limit;
+  es_events *out;
+  int64_t head;
+  int at_rest;   /* §3.10 read_at_rest: payloads as stored */
+} range_args;
+
+int es_rule_collected(int rc, const collector *c, es_err *err) {
+  return rc == ES_OK && c->oom ? nomem(err) : rc;
+}
+
+int es_rule_collect_event(void *ctx, const es_event *row) {
+  collector *c = ctx;
+  if (es_events_push_copy(c->list, row) == ES_OK) return 0;
+  c->oom = 1;
+  return 1;
+}
+
+/* §3.10: every path that returns events opens sealed payloads (or marks
+ * them shredded) inside its transaction, after collecting them. */
+int es_rule_revealed(es_store *s, es_txn *t, int rc, es_events *list, es_err *err) {
+  return rc == ES_OK ? es_crypto_reveal(s, t, NULL, list->v, list->n, err) : rc;
+}
+
+static int do_range(es_store *s, es_txn *t, void *arg, es_err *err) {
+  range_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
+  if (rc == ES_NOT_FOUND) {
+    a->head = 0;
+    return ES_OK;
+  }
+  if (rc) return rc;
+  a->head = si.head;
+  int64_t through = a->through == ES_NONE ? a->head : a->through;
+  if (through > a->head) through = a->head;
+  rc = es_rule_check_live(&si, a->after, through, err);
+  /* §3.9: the archived part first (from segment files), then live rows */
+  int64_t after = a->after, limit = a->limit;
+  if (rc == ES_OK && through > after)
+    rc = es_archive_read_part(s, t, &si, &after, through, &limit, a->out, err);
+  es_session_info_destroy(&si);
+  if (rc) return rc;
+  collector c = {a->out, 0};
+  int rc2 = ES_OK;
+  if (through > after && limit != 0)
+    rc2 = es_rule_collected(
+        s->ops->event_range(s->bk, t, a->session, after, through, limit, es_rule_collect_event, &c, err),
+        &c, err);
+  /* §3.10: archived and live rows alike (segments keep payloads as stored) */
+  if (a->at_rest) return rc2 == ES_OK ? es_crypto_mark_at_rest(s, t, a->out->v, a->out->n, err) : rc2;
+  return es_rule_revealed(s, t, rc2, a->out, err);
+}
+
+static int read_range(es_store *s, range_args *a, es_err *err) {
+  int rc;
+  memset(a->out, 0, sizeof *a->out);
+  if ((rc = es_check_name("session", a->session, err)) ||
+      (rc = check_nonneg("after", a->after, err)) ||
+      (rc = check_nonneg("through", a->through, err)) || (rc = check_nonneg("limit", a->limit, err)))
+    return rc;
+  if (a->limit == 0) return ES_OK;
+  a->limit = cap_limit(a->limit);
+  if ((rc = es_core_enter(s, err))) return rc;
+  rc = es_core_read(s, do_range, a, err);
+  if (es_archive_retryable(rc, err)) { /* a segment went after the snapshot: once more */
+    es_events_destroy(a->out);
+    rc = es_core_read(s, do_range, a, err);
+  }
+  es_core_leave(s);
+  if (rc) es_events_destroy(a->out);
+  return rc;
+}
+
+int es_core_read_events(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
+                        es_events *out, es_err *err) {
+  range_args a = {session, after, through, limit, out, 0, 0};
+  return read_range(s, &a, err);
+}
+
+int es_core_events_page(es_store *s, const char *session, int64_t after, int64_t through,
+                        int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
+  range_args a = {session, after, through, limit, out, 0, 0};
+  int rc = read_range(s, &a, err);
+  if (rc == ES_OK) *through_out = through == ES_NONE ? a.head : (through < a.head ? through : a.head);
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  int64_t *head;
+} head_args;
+
+static int do_head(es_store *s, es_txn *t, void *arg, es_err *err) {
+  head_args *a = arg;
+  es_session_info si;
+  int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
+  *a->head = 0;
+  if (rc == ES_NOT_FOUND) return ES_OK;
+  if (rc) return rc;
+  *a->head = si.head;
+  es_session_info_destroy(&si);
+  return ES_OK;
+}
+
+int es_core_head(es_store *s, const char *session, int64_t *head, es_err *err) {
+  int rc;
+  *head = 0;
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
+  head_args a = {session, head};
+  rc = es_core_read(s, do_head, &a, err);
+  es_core_leave(s);
+  return rc;
+}
+
+static int do_read_all(es_store *s, es_txn *t, void *arg, es_err *err) {
+  all_args *a = arg;
+  collector c = {a->out, 0};
+  int rc = es_rule_collected(
+      s->ops->event_all(s->bk, t, a->scope, a->after, a->limit, es_rule_collect_event, &c, err), &c, err);
+  return es_rule_revealed(s, t, rc, a->out, err);
+}
+
+int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
+                     es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = check_nonneg("after", after, err)) || (rc = check_nonneg("limit", limit, err))) return rc;
+  if (limit == 0) return ES_OK;
+  if ((rc = es_core_enter(s, err))) return rc;
+  all_args a = {after == ES_NONE ? 0 : after, cap_limit(limit), NULL, out, scope};
+  rc = es_core_read(s, do_read_all, &a, err);
+  es_core_leave(s);
+  if (rc) es_events_destroy(out);
+  return rc;
+}
+
+/* last_position with a scope (a tenant's): the highest position among
+ * the scope's own events (a tenant does not see how far other tenants
+ * have written). Each session's newest event holds its highest position,
+ * so it is the largest of those: O(the scope's sessions), one read
+ * transaction. */
+typedef struct {
+  const char *scope;
+  char **names;
+  size_t n, cap;
+  int oom;
+  int64_t *position;
+} last_args;
+
+static int collect_name(void *ctx, const es_session_info *row) {
+  last_args *a = ctx;
+  if (row->events <= 0) return 0;
+  char *copy = strdup(row->session);
+  if (!copy || es_grow((void **)&a->names, &a->cap, a->n + 1, sizeof *a->names)) {
+    free(copy);
+    a->oom = 1;
+    return 1;
+  }
+  a->names[a->n++] = copy;
+  return 0;
+}
+
+static int do_last_position(es_store *s, es_txn *t, void *arg, es_err *err) {
+  last_args *a = arg;
+  if (!a->scope) return s->ops->last_position(s->bk, t, a->position, err);
+  int rc = s->ops->session_list(s->bk, t, a->scope, NULL, ES_NONE, collect_name, a, err);
+  if (rc == ES_OK && a->oom) rc = nomem(err);
+  for (size_t i = 0; rc == ES_OK && i < a->n; i++) {
+    es_session_info si;
+    if ((rc = s->ops->session_get(s->bk, t, a->names[i], &si, err))) break;
+    es_event e;
+    rc = s->ops->event_get(s->bk, t, a->names[i], si.head, &e, err);
+    es_session_info_destroy(&si);
+    if (rc == ES_NOT_FOUND) { /* every event dropped (truncate through the head) */
+      rc = ES_OK;
+      continue;
+    }
+    if (rc) break;
+    if (e.position > *a->position) *a->position = e.position;
+    es_event_destroy(&e);
+  }
+  return rc;
+}
+
+int es_core_last_position(es_store *s, const char *scope, int64_t *position, es_err *err) {
+  int rc;
+  *position = 0;
+  if ((rc = es_core_enter(s, err))) return rc;
+  last_args a = {scope, NULL, 0, 0, 0, position};
+  rc = es_core_read(s, do_last_position, &a, err);
+  es_core_leave(s);
+  for (size_t i = 0; i < a.n; i++) free(a.names[i]);
+  free(a.names);
+  if (rc) *position = 0;
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  int64_t index;
+  es_event *out;
+} get_args;
+
+static int do_get(es_store *s, es_txn *t, void *arg, es_err *err) {
+  get_args *a = arg;
+  int rc = es_rule_get_event(s, t, a->session, a->index, a->out, err);
+  if (rc == ES_OK) rc = es_crypto_reveal(s, t, NULL, a->out, 1, err);
+  if (rc != ES_NO_SUCH_EVENT) return rc;
+  es_session_info si;
+  if (s->ops->session_get(s->bk, t, a->session, &si, err) != ES_OK) return rc;
+  if (a->index >= 1 && a->index <= si.head) rc = es_rule_check_live(&si, a->index - 1, a->index, err);
+  if (rc == ES_NO_SUCH_EVENT && a->index >= 1 && a->index <= si.archived_through) {
+    /* §3.9: an archived event */
+    es_events one = {0};
+    int64_t after = a->index - 1, limit = 1;
+    rc = es_archive_read_part(s, t, &si, &after, a->index, &limit, &one, err);
+    if (rc == ES_OK && one.n == 1) {
+      *a->out = one.v[0];  /* moves the event out of the list */
+      one.n = 0;
+      rc = es_crypto_reveal(s, t, NULL, a->out, 1, err); /* §3.10: segments keep it sealed */
+    } else if (rc == ES_OK) {
+      rc = es_fail(err, ES_NO_SUCH_EVENT, "no event at index %lld in session '%s'",
+                   (long long)a->index, a->session);
+    }
+    es_events_destroy(&one);
+  }
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_core_get(es_store *s, const char *session, int64_t index, es_event *out, es_err *err) {
+  int rc;
+  es_event_init(out);
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
+  get_args a = {session, index, out};
+  rc = es_core_read(s, do_get, &a, err);
+  if (es_archive_retryable(rc, err)) rc = es_core_read(s, do_get, &a, err);
+  es_core_leave(s);
+  return rc;
+}
+
+/* --- waiting --- */
+
+/* es_core_wait on a backend that can block until data_version moves
+ * (ops->wait_change, postgres: woken by LISTEN/NOTIFY): no polling loop.
+ * The version is taken before each read, so a commit that the read missed
+ * has moved it and the wait returns at once. Every commit of this process
+ * moves it too (postgres NOTIFYs on each), and close() wakes the wait
+ * (ops->wake), after which the next read says CLOSED. */
+static int wait_notified(es_store *s, const char *scope, const char *session, int64_t after,
+                         const struct timespec *deadline, int64_t limit, es_events *out,
+                         es_err *err) {
+  for (;;) {
+    uint64_t v = 0;
+    int rc = es_store_data_version(s, &v, err);
+    if (rc == ES_OK)
+      rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
+                   : es_core_read_all(s, scope, after, limit, out, err);
+    if (rc || out->n > 0) return rc;
+    es_events_destroy(out);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    int64_t left = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000 +
+                   (deadline->tv_nsec - now.tv_nsec) / 1000000;
+    if (left <= 0) {
+      /* less than a millisecond left counts as none */
+      return ES_OK;
+    }
+    /* inside enter/leave: close() waits for this call, after waking it */
+    if ((rc = es_core_enter(s, err))) return rc;
+    rc = s->ops->wait_change(s->bk, v, left, err);
+    es_core_leave(s);
+    if (rc) return rc;
+  }
+}
+
+int es_core_wait(es_store *s, const char *scope, const char *session, int64_t after,
+                 int64_t timeout_ms, int64_t limit, es_events *out, es_err *err) {
+  struct timespec deadline;
+  memset(out, 0, sizeof *out);
+  if (timeout_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "timeout_ms must be >= 0");
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += timeout_ms / 1000;
+  deadline.tv_nsec += (timeout_ms % 1000) * 1000000;
+  if (deadline.tv_nsec >= 1000000000) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000;
+  }
+  if (s->ops->wait_change) return wait_notified(s, scope, session, after, &deadline, limit, out, err);
+  uint64_t ext = 0;
+  int have_ext = 0;
+  for (;;) {
+    uint64_t seen = es_store_version(s);
+    int rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
+                     : es_core_read_all(s, scope, after, limit, out, err);
+    if (rc || out->n > 0) return rc;
+    es_events_destroy(out);
+    if (s->ops->data_version) {
+      uint64_t v = 0;
+      if ((rc = es_store_data_version(s, &v, err))) return rc;
+      if (have_ext && v != ext) {
+        ext = v;
+        continue; /* another process committed: read again */
+      }
+      ext = v;
+      have_ext = 1;
+    }
+    struct timespec now, until;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec > deadline.tv_sec ||
+        (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec))
+      return ES_OK;
+    /* Sleep until a commit here, the deadline, or the next external poll. */
+    until = now;
+    until.tv_nsec += WAIT_POLL_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000;
+    }
+    if (until.tv_sec > deadline.tv_sec ||
+        (until.tv_sec == deadline.tv_sec && until.tv_nsec > deadline.tv_nsec))
+      until = deadline;
+    pthread_mutex_lock(&s->vmu);
+    while (es_store_version(s) == seen) {
+      if (pthread_cond_clockwait(&s->vcond, &s->vmu, CLOCK_MONOTONIC, &until) != 0) break;
+    }
+    pthread_mutex_unlock(&s->vmu);
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* 3.10 crypto-shredding: reads as stored (the rest is in crypto.c) */
+
+int es_core_read_at_rest(es_store *s, const char *session, int64_t after, int64_t through,
+                         int64_t limit, es_events *out, es_err *err) {
+  range_args a = {session, after, through, limit, out, 0, 1};
+  return read_range(s, &a, err);
+}

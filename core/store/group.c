@@ -1,0 +1,327 @@
+/*
+ * group.c: the core store's transactions (internal.h es_core_write,
+ * es_core_read, es_core_outside_txn) and the threaded group-commit
+ * scheduler behind es_core_write. Moved out of store.c as it was.
+ */
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "store/backend.h"
+#include "store/internal.h"
+#include "store/store.h"
+
+#define GROUP_MAX 1024        /* callers per group commit at most */
+
+/* Every commit bumps the handle's version and wakes its waiters. */
+void es_core_notify_commit(es_store *s) {
+  pthread_mutex_lock(&s->vmu);
+  atomic_fetch_add(&s->version, 1);
+  pthread_cond_broadcast(&s->vcond);
+  pthread_mutex_unlock(&s->vmu);
+}
+
+/* Group commit (backends with group_commit = 1; docs/store.md
+ * "Transactions, threads and group commit").
+ *
+ * A writer queues its work (fn, arg) and sleeps on its own semaphore. The
+ * first writer to find nobody leading becomes the group's leader: it takes
+ * wmu, begins the transaction and runs every queued caller's fn, each in
+ * its own savepoint, in one pass on its own thread; then it takes the
+ * callers who queued meanwhile, and so on until nobody is left; then it
+ * commits once (one sync), hands the lead to the first caller queued
+ * during the commit, and wakes each member with its own result.
+ *
+ * Why the leader runs the others' work: a group used to hand wmu from
+ * caller to caller (a context switch per member to get the lock, another
+ * to go back to sleep, and a broadcast that woke every member to fight for
+ * wmu again); on a two-core machine those switches cost more than the
+ * rows. Now a member sleeps once and is woken once, by the leader, after
+ * the sync of the commit that holds its rows.
+ *
+ * Why the leader may wait: right after a commit the last group's members
+ * are only waking up. The first to come back would lead a group of one
+ * and commit it alone while the others queue behind it (groups of 1, 15,
+ * 1, 15... with 16 writers: half the commits wasted). So when the queue
+ * is empty before the group is as large as the last one, the leader waits
+ * for the missing callers, at most one commit's time (what committing
+ * without them would cost them anyway), and learns the new size from the
+ * group it commits: writers that stopped writing cost one such wait.
+ *
+ * A store with an id source (es_open_opts.ids) promises to call it on the
+ * calling thread (store.h), and the source is called inside fn: there the
+ * leader hands the transaction to each member's thread in turn (the
+ * member runs its fn and posts the leader back), which costs the context
+ * switches again, for stores whose ids are made by the application.
+ *
+ * A member whose fn fails has its savepoint rolled back and gets its own
+ * error; the others are not touched. A failed begin fails the callers
+ * taken for that transaction (they ran nothing); a failed commit fails
+ * every member whose fn succeeded. */
+/* A member's turn to run its own fn (a store with an id source). */
+typedef struct group_turn {
+  int alone;        /* group_run's argument */
+  int *committed;
+  sem_t back;       /* posted by the member when its fn ran */
+} group_turn;
+
+struct group_waiter {
+  txn_fn fn;        /* the caller's work, run by the leader */
+  void *arg;
+  int rc;           /* set by the leader before it posts wake */
+  es_err err;
+  int lead;         /* woken to lead the next group, not done */
+  group_turn *turn; /* woken to run fn on its own thread, not done */
+  sem_t wake;
+  struct group_waiter *next;
+};
+
+#define GROUP_WAIT_MAX_NS 10000000 /* a leader waits at most 10 ms for late members */
+
+void es_core_group_init(es_store *s) {
+  pthread_condattr_t ca;
+  pthread_mutex_init(&s->qmu, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->qcond, &ca);
+  pthread_condattr_destroy(&ca);
+  s->queue = NULL;
+  s->queue_tail = &s->queue;
+}
+
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Takes up to max callers off the queue (qmu held); returns them linked. */
+static group_waiter *group_take(es_store *s, int max) {
+  group_waiter *first = s->queue, *last = NULL;
+  int n = 0;
+  for (group_waiter *w = first; w && n < max; w = w->next) {
+    last = w;
+    n++;
+  }
+  if (!last) return NULL;
+  s->queue = last->next;
+  if (!s->queue) s->queue_tail = &s->queue;
+  s->queued -= n;
+  s->taken += n;
+  last->next = NULL;
+  return first;
+}
+
+/* With the queue empty and the group smaller than the last one: waits
+ * (qmu held) until enough callers queued or *deadline (set at the first
+ * wait of the group) passed. */
+static void group_wait_late(es_store *s, int n, int64_t *deadline) {
+  if (*deadline == 0) {
+    int64_t budget = s->commit_ns < GROUP_WAIT_MAX_NS ? s->commit_ns : GROUP_WAIT_MAX_NS;
+    *deadline = mono_ns() + budget;
+  }
+  struct timespec ts = {(time_t)(*deadline / 1000000000), (long)(*deadline % 1000000000)};
+  s->want = s->last_group - n;
+  while (s->queued < s->want) {
+    if (pthread_cond_timedwait(&s->qcond, &s->qmu, &ts) != 0 && mono_ns() >= *deadline) break;
+  }
+  s->want = 0;
+}
+
+/* Runs one member's work in its own savepoint of the group transaction.
+ * *committed is set when the member was alone and took the backend's
+ * release_commit (release and commit in one step): the transaction is
+ * then over. */
+static int group_run(es_store *s, group_waiter *m, int alone, int *committed) {
+  es_txn *t = s->wtxn;
+  int rc = s->ops->savepoint(s->bk, t, &m->err);
+  if (rc != ES_OK) return rc;
+  rc = m->fn(s, t, m->arg, &m->err);
+  if (rc == ES_OK && alone && s->ops->release_commit) {
+    pthread_mutex_lock(&s->qmu);
+    alone = s->queued == 0;
+    pthread_mutex_unlock(&s->qmu);
+    if (alone) {
+      /* Alone in the transaction, nobody queued to join: release and
+       * commit in one step (one round trip on PostgreSQL). The
+       * transaction holds this caller's work only, so a failure is this
+       * caller's alone, as a failed release would be. */
+      *committed = 1;
+      s->wtxn = NULL;
+      return s->ops->release_commit(s->bk, t, &m->err);
+    }
+  }
+  if (rc == ES_OK) rc = s->ops->savepoint_release(s->bk, t, &m->err);
+  if (rc != ES_OK) s->ops->savepoint_rollback(s->bk, t);
+  return rc;
+}
+
+/* The leader's part: runs and commits one group, then passes the lead on
+ * and wakes the members (me, the leader's own entry, is not posted). */
+static void group_lead(es_store *s, group_waiter *me) {
+  group_waiter *group = NULL, **tail = &group;
+  int n = 0, n_ok = 0, committed = 0;
+  int64_t deadline = 0;
+  es_err berr = {0};
+  pthread_mutex_lock(&s->wmu);
+  int brc = s->ops->write_begin(s->bk, &s->wtxn, &berr);
+  for (;;) {
+    pthread_mutex_lock(&s->qmu);
+    if (!s->queue && brc == ES_OK && !committed && n_ok > 0 && n < s->last_group)
+      group_wait_late(s, n, &deadline);
+    group_waiter *batch = group_take(s, GROUP_MAX - n);
+    pthread_mutex_unlock(&s->qmu);
+    if (!batch) break;
+    for (group_waiter *m = batch; m; m = m->next) {
+      n++;
+      if (brc != ES_OK) {
+        m->rc = brc;
+        m->err = berr;
+      } else if (committed) {
+        /* cannot happen: release_commit is taken with nobody queued, and
+         * only this leader takes callers off the queue */
+        m->rc = es_fail(&m->err, ES_STORAGE, "group commit: transaction already committed");
+      } else {
+        int alone = n == 1 && !m->next && s->last_group <= 1;
+        if (m == me || !s->ids) {
+          m->rc = group_run(s, m, alone, &committed);
+        } else {
+          group_turn turn = {alone, &committed, {{0}}};
+          sem_init(&turn.back, 0, 0);
+          m->turn = &turn;
+          sem_post(&m->wake);
+          while (sem_wait(&turn.back) != 0) {
+          }
+          sem_destroy(&turn.back);
+        }
+        if (m->rc == ES_OK) n_ok++;
+      }
+    }
+    *tail = batch;
+    while (*tail) tail = &(*tail)->next;
+    if (brc != ES_OK || committed || n >= GROUP_MAX) break;
+  }
+  int64_t commit_ns = 0;
+  if (brc == ES_OK && !committed) {
+    es_err cerr = {0};
+    int crc = ES_OK;
+    if (n_ok > 0) {
+      int64_t t0 = mono_ns();
+      crc = s->ops->write_commit(s->bk, s->wtxn, &cerr);
+      commit_ns = mono_ns() - t0;
+    } else {
+      s->ops->write_rollback(s->bk, s->wtxn);
+    }
+    s->wtxn = NULL;
+    for (group_waiter *m = group; m; m = m->next) {
+      if (m->rc == ES_OK && crc != ES_OK) {
+        m->rc = crc;
+        m->err = cerr;
+      }
+    }
+    committed = n_ok > 0 && crc == ES_OK;
+  } else if (committed) {
+    committed = group->rc == ES_OK;
+  }
+  pthread_mutex_unlock(&s->wmu);
+  if (committed) es_core_notify_commit(s);
+  pthread_mutex_lock(&s->qmu);
+  s->taken = 0;
+  if (brc == ES_OK) {
+    s->last_group = n;
+    if (commit_ns > 0) s->commit_ns = commit_ns;
+  }
+  if (s->queue) {
+    s->queue->lead = 1;
+    sem_post(&s->queue->wake);
+  } else {
+    s->leading = 0;
+  }
+  pthread_mutex_unlock(&s->qmu);
+  /* A member returns as soon as it is posted (its entry is on its stack):
+   * read next first, touch nothing after. */
+  for (group_waiter *m = group, *next; m; m = next) {
+    next = m->next;
+    if (m != me) sem_post(&m->wake);
+  }
+}
+
+static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
+  group_waiter me;
+  memset(&me, 0, sizeof me);
+  me.fn = fn;
+  me.arg = arg;
+  sem_init(&me.wake, 0, 0);
+  pthread_mutex_lock(&s->qmu);
+  *s->queue_tail = &me;
+  s->queue_tail = &me.next;
+  s->queued++;
+  int lead = !s->leading;
+  if (lead) s->leading = 1;
+  if (s->want > 0 && s->queued >= s->want) pthread_cond_signal(&s->qcond);
+  pthread_mutex_unlock(&s->qmu);
+  for (;;) {
+    if (lead) {
+      /* me is run by this group (it is queued, and nobody else takes
+       * callers off the queue while this thread leads) */
+      group_lead(s, &me);
+      break;
+    }
+    while (sem_wait(&me.wake) != 0) {
+    }
+    if (me.turn) {
+      group_turn *turn = me.turn;
+      me.turn = NULL;
+      me.rc = group_run(s, &me, turn->alone, turn->committed);
+      sem_post(&turn->back); /* the leader reads me.rc; turn is on its stack */
+      continue;
+    }
+    if (!me.lead) break;
+    me.lead = 0;
+    lead = 1;
+  }
+  sem_destroy(&me.wake);
+  if (me.rc != ES_OK && err) *err = me.err;
+  return me.rc;
+}
+
+int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
+  if (s->ops->group_commit) return run_write_group(s, fn, arg, err);
+  es_txn *t = NULL;
+  pthread_mutex_lock(&s->wmu);
+  int rc = s->ops->write_begin(s->bk, &t, err);
+  if (rc == ES_OK) {
+    rc = fn(s, t, arg, err);
+    if (rc == ES_OK) {
+      rc = s->ops->write_commit(s->bk, t, err);
+    } else {
+      s->ops->write_rollback(s->bk, t);
+    }
+  }
+  pthread_mutex_unlock(&s->wmu);
+  if (rc == ES_OK) es_core_notify_commit(s);
+  return rc;
+}
+
+int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err) {
+  es_txn *t = NULL;
+  int rc = s->ops->read_begin(s->bk, &t, err);
+  if (rc != ES_OK) return rc;
+  rc = fn(s, t, arg, err);
+  s->ops->read_end(s->bk, t);
+  return rc;
+}
+
+int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
+                        es_err *err) {
+  /* A group transaction is open only while its leader holds wmu. */
+  pthread_mutex_lock(&s->wmu);
+  int rc = fn(s, arg, err);
+  pthread_mutex_unlock(&s->wmu);
+  return rc;
+}
