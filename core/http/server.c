@@ -581,6 +581,37 @@ static void allow_add(char *allow, size_t cap, const char *m) {
   strncat(allow, m, cap - strlen(allow) - 1);
 }
 
+/* What the headers say of the request's body (RFC 9112 §6): its
+ * Content-Length headers and whether a Transfer-Encoding header came. */
+typedef struct framing {
+  int n_cl;                /* Content-Length headers seen */
+  unsigned long long cl;   /* the first one's value */
+  int te;                  /* a Transfer-Encoding header came */
+} framing;
+
+static enum MHD_Result framing_one(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   size_t key_size, const char *value, size_t value_size) {
+  framing *f = cls;
+  (void)kind;
+  (void)key_size;
+  if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+    f->te = 1;
+  } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+    unsigned long long n = 0;
+    for (size_t i = 0; value && i < value_size; i++)
+      if (value[i] >= '0' && value[i] <= '9' && n < 1000000000000000ULL) n = n * 10 + (unsigned)(value[i] - '0');
+    if (!f->n_cl++) f->cl = n;
+  }
+  return MHD_YES;
+}
+
+/* Whether a request with this method may carry a body: GET, HEAD and
+ * DELETE take none on any route (static files and /healthz included). */
+static int method_takes_body(const char *method) {
+  return strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 &&
+         strcmp(method, "DELETE") != 0;
+}
+
 /* The first look at a request (headers only). Decides everything that
  * needs no body: a refusal is answered at once, before the body is read
  * (libmicrohttpd then closes the connection instead of reading it).
@@ -606,6 +637,19 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
   r->req.method = r->method;
   r->req.path = r->path;
   r->req.ctx = &h->ctx;
+
+  /* A body where the method takes none is refused before a byte of it is
+   * read, token or not: otherwise anyone could make the server hold
+   * max_body per connection on /healthz or the inspector's files. */
+  framing f = {0, 0, 0};
+  MHD_get_connection_values_n(c, MHD_HEADER_KIND, framing_one, &f);
+  if (!method_takes_body(method) && (f.te || f.cl > 0)) {
+    if (f.te)
+      return refuse(c, r, 413, "TOO_LARGE", NULL, 1, "%s takes no body (this request sends a chunked one)",
+                    method);
+    return refuse(c, r, 413, "TOO_LARGE", NULL, 1, "%s takes no body (this request announces %llu bytes)",
+                  method, f.cl);
+  }
 
   int st = split_path(r, url, &o);
   if (st) return answer(c, r, &o, NULL, 1);
