@@ -104,6 +104,67 @@ for _, template in ipairs(helpers.urls()) do
           end)
         hh.rm(static)
       end)
+
+      it("answers HEAD with headers only on every route, so a keep-alive connection goes on", function()
+        with_server({ db = hh.backend_db(template), no_engine = true }, function(srv)
+          hh.append_ok(srv, "admin-token", "s", { { type = "t" } })
+          local m0 = hh.metrics(srv, "admin-token")
+          local c = connect(srv)
+          for _, path in ipairs({ "/v1/stream", "/v1/sessions/s/stream", "/v1/presence/p/stream",
+            "/v1/sessions", "/v1/sessions/s/events", "/healthz", "/v1/sessions/nope%00/stream" }) do
+            assert(c:send(("HEAD %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n\r\n"):format(path)))
+            local status, headers = read_head(c)
+            assert.is_number(status, path)
+            assert.is_nil(headers["transfer-encoding"], path)
+            if path:find("%%00") then
+              assert.equal(400, status, path)
+              break -- a refusal closes the connection
+            end
+            assert.equal(200, status, path)
+            -- The next request on the same connection gets its own answer
+            -- first: no body (not even a chunked end) came before it.
+            assert(c:send("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+            local next_status, next_headers = read_head(c)
+            assert.equal(200, next_status, "the answer after HEAD " .. path)
+            assert(c:receive(math.tointeger(tonumber(next_headers["content-length"]))))
+          end
+          c:close()
+          -- No stream was opened, so none was dropped.
+          local m1 = hh.metrics(srv, "admin-token")
+          assert.equal(m0.value("eventstore_http_streams_opened_total"), m1.value("eventstore_http_streams_opened_total"))
+          assert.equal(m0.value("eventstore_http_streams_dropped_total"), m1.value("eventstore_http_streams_dropped_total"))
+        end)
+      end)
+
+      it("refuses conflicting Content-Length headers, and Content-Length with Transfer-Encoding, with 400", function()
+        with_server({ db = hh.backend_db(template), no_engine = true }, function(srv)
+          local body = '{"events":[{"type":"t"}]}'
+          local function post(framing, payload)
+            return hh.raw(srv, "POST /v1/sessions/s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n"
+              .. "Connection: close\r\nContent-Type: application/json\r\n" .. framing .. "\r\n" .. payload, 10)
+          end
+          -- {framing, whether the answer is the server's JSON error (a value
+          -- that is not a number at all is libmicrohttpd's own 400)}
+          for _, case in ipairs({
+            { ("Content-Length: %d\r\nContent-Length: %d\r\n"):format(#body, #body + 1), true },
+            { ("Content-Length: %d\r\nContent-Length: 0\r\n"):format(#body), true },
+            { ("Content-Length: %d\r\nTransfer-Encoding: chunked\r\n"):format(#body), true },
+            { ("Transfer-Encoding: chunked\r\nContent-Length: %d\r\n"):format(#body), true },
+            { ("Content-Length: %d, %d\r\n"):format(#body, #body), false },
+            { ("Content-Length: +%d\r\n"):format(#body), false },
+          }) do
+            local answer = post(case[1], body)
+            assert.matches("^HTTP/1%.1 400", answer, 1, false, case[1])
+            if case[2] then assert.matches("INVALID_ARGUMENT", answer, 1, true) end
+          end
+          -- nothing was appended by any of them
+          assert.equal(0, hh.head(srv, "admin-token", "s"))
+          -- the same length twice is one length (RFC 9112 §6.3)
+          local answer = post(("Content-Length: %d\r\nContent-Length: %d\r\n"):format(#body, #body), body)
+          assert.matches("^HTTP/1%.1 200", answer)
+          assert.equal(1, hh.head(srv, "admin-token", "s"))
+        end)
+      end)
     end)
   end
 end

@@ -586,6 +586,7 @@ static void allow_add(char *allow, size_t cap, const char *m) {
 typedef struct framing {
   int n_cl;                /* Content-Length headers seen */
   unsigned long long cl;   /* the first one's value */
+  int cl_bad;              /* one is not a plain number, or two disagree */
   int te;                  /* a Transfer-Encoding header came */
 } framing;
 
@@ -598,9 +599,17 @@ static enum MHD_Result framing_one(void *cls, enum MHD_ValueKind kind, const cha
     f->te = 1;
   } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
     unsigned long long n = 0;
-    for (size_t i = 0; value && i < value_size; i++)
-      if (value[i] >= '0' && value[i] <= '9' && n < 1000000000000000ULL) n = n * 10 + (unsigned)(value[i] - '0');
-    if (!f->n_cl++) f->cl = n;
+    size_t digits = 0;
+    for (size_t i = 0; value && i < value_size; i++) {
+      if (value[i] < '0' || value[i] > '9' || ++digits > 18) {
+        f->cl_bad = 1;
+        break;
+      }
+      n = n * 10 + (unsigned)(value[i] - '0');
+    }
+    if (!digits) f->cl_bad = 1;
+    if (f->n_cl++ && n != f->cl) f->cl_bad = 1;
+    if (f->n_cl == 1) f->cl = n;
   }
   return MHD_YES;
 }
@@ -635,14 +644,23 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
   r->path = strdup(url);
   if (!r->method || !r->path) return MHD_NO;
   r->req.method = r->method;
+  r->req.head = r->head;
   r->req.path = r->path;
   r->req.ctx = &h->ctx;
 
   /* A body where the method takes none is refused before a byte of it is
    * read, token or not: otherwise anyone could make the server hold
    * max_body per connection on /healthz or the inspector's files. */
-  framing f = {0, 0, 0};
+  framing f = {0, 0, 0, 0};
   MHD_get_connection_values_n(c, MHD_HEADER_KIND, framing_one, &f);
+  /* Two framings that disagree are how a request is smuggled past a proxy
+   * that reads the other one (RFC 9112 §6.3): 400, nothing read. */
+  if (f.cl_bad)
+    return refuse(c, r, 400, "INVALID_ARGUMENT", NULL, 1,
+                  "Content-Length must be one decimal number (headers that disagree or a list are refused)");
+  if (f.te && f.n_cl)
+    return refuse(c, r, 400, "INVALID_ARGUMENT", NULL, 1,
+                  "a request may not send both Content-Length and Transfer-Encoding");
   if (!method_takes_body(method) && (f.te || f.cl > 0)) {
     if (f.te)
       return refuse(c, r, 413, "TOO_LARGE", NULL, 1, "%s takes no body (this request sends a chunked one)",
