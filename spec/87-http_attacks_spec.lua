@@ -6,6 +6,7 @@
 local socket = require("socket")
 local helpers = require("helpers")
 local hh = require("http_helpers")
+local ch = require("cli_helpers")
 
 -- The server's resident set in KiB (VmRSS).
 local function rss_kib(srv)
@@ -47,6 +48,101 @@ local function with_server(opts, fn)
   end
   hh.stop_clean(srv)
 end
+
+-- Asks with token until the answer's status is want (the tokens file is
+-- looked at once a second at most, when a request comes); returns the
+-- last status.
+local function await_status(srv, token, want)
+  local status, deadline = nil, helpers.wall() + 10
+  repeat
+    status = hh.get(srv, token, "/v1/sessions")
+    if status ~= want then helpers.sleep(0.1) end
+  until status == want or helpers.wall() > deadline
+  return status
+end
+
+-- How many times text occurs in the server's log.
+local function log_count(srv, text)
+  local n, from = 0, 1
+  local log = helpers.read_file(srv.log) or ""
+  while true do
+    local i = log:find(text, from, true)
+    if not i then return n end
+    n, from = n + 1, i + 1
+  end
+end
+
+describe("eventstore serve tokens fail closed", function()
+  it("an emptied, removed or unusable tokens file refuses every token, logged until it is back", function()
+    with_server({ db = "memory:", no_engine = true }, function(srv)
+      local good = helpers.read_file(srv.tokens_file)
+      assert.equal(200, await_status(srv, "admin-token", 200))
+      local refused = "every token is refused until it is: "
+      local cases = {
+        { function() helpers.write_file(srv.tokens_file, "") end, "holds no token" },
+        { function() helpers.write_file(srv.tokens_file, "# all revoked\n") end, "holds no token" },
+        { function() os.remove(srv.tokens_file) end, "No such file or directory" },
+        { function()
+          os.remove(srv.tokens_file)
+          assert(os.execute("mkdir " .. helpers.sh_quote(srv.tokens_file)))
+        end, "not a regular file" },
+        { function() helpers.write_file(srv.tokens_file, good .. "#" .. ("x"):rep(5000) .. "\n") end,
+          "is over 4096 bytes" },
+        { function() helpers.write_file(srv.tokens_file, good .. ("#\n"):rep(600 * 1024)) end,
+          "is over 1048576 bytes" },
+      }
+      for _, case in ipairs(cases) do
+        case[1]()
+        assert.equal(401, await_status(srv, "admin-token", 401), case[2])
+        assert.equal(401, (hh.get(srv, "acme-rw", "/v1/sessions")), case[2])
+        assert.matches(refused .. "[^\n]*" .. case[2]:gsub("%p", "%%%0"), helpers.read_file(srv.log))
+        -- said again at the next look, for as long as it lasts
+        local n, deadline = log_count(srv, case[2]), helpers.wall() + 10
+        repeat
+          assert.equal(401, (hh.get(srv, "admin-token", "/v1/sessions")))
+          helpers.sleep(0.1)
+        until log_count(srv, case[2]) > n or helpers.wall() > deadline
+        assert.is_true(log_count(srv, case[2]) > n, case[2] .. " was said once only")
+        os.execute("rm -rf " .. helpers.sh_quote(srv.tokens_file))
+        helpers.write_file(srv.tokens_file, good)
+        assert.equal(200, await_status(srv, "admin-token", 200), "back after " .. case[2])
+      end
+    end)
+  end)
+
+  it("warns about a tokens file others may read, at start and on reload", function()
+    with_server({ db = "memory:", no_engine = true, hashed = true }, function(srv)
+      assert(os.execute("chmod 600 " .. helpers.sh_quote(srv.tokens_file)))
+      assert.equal(200, await_status(srv, "admin-token", 200))
+      local before = log_count(srv, "has mode")
+      -- chmod makes another version of the file: it is read again
+      local deadline = helpers.wall() + 10
+      assert(os.execute("chmod 644 " .. helpers.sh_quote(srv.tokens_file)))
+      repeat
+        hh.get(srv, "admin-token", "/v1/sessions")
+        helpers.sleep(0.1)
+      until log_count(srv, "has mode") > before or helpers.wall() > deadline
+      assert.matches("the tokens file " .. srv.tokens_file:gsub("%p", "%%%0") .. " has mode 0644: others than its owner may read",
+        helpers.read_file(srv.log))
+      -- still served: a warning, not a refusal
+      assert.equal(200, (hh.get(srv, "admin-token", "/v1/sessions")))
+    end)
+  end)
+
+  it("refuses to start on a tokens file that is not a regular file or is over its limits", function()
+    local work = ch.mkdtemp()
+    helpers.write_file(work .. "/long", "#" .. ("x"):rep(5000) .. "\n")
+    helpers.write_file(work .. "/big", ("#\n"):rep(600 * 1024))
+    for _, case in ipairs({ { "/dev/zero", "not a regular file" }, { work, "not a regular file" },
+      { "long", "long:1: the line is over 4096 bytes" }, { "big", "is over 1048576 bytes" } }) do
+      local r = ch.run(work, { "serve", "--db", "memory:", "--no-engine", "--tokens", case[1],
+        "--listen", "127.0.0.1:0" })
+      assert.equal(1, r.code, case[1] .. ": " .. r.err)
+      assert.matches(case[2], r.err, 1, true)
+    end
+    os.execute("rm -rf " .. helpers.sh_quote(work))
+  end)
+end)
 
 for _, template in ipairs(helpers.urls()) do
   if template:match("^memory:") or template:match("^sqlite:") then

@@ -62,7 +62,7 @@ struct es_http {
   char *tokens_path;       /* owned */
   pthread_mutex_t mu;      /* guards tokens, tokens_*, tenants */
   es_tokens *tokens;       /* one reference; replaced when the file changes */
-  struct timespec tokens_mtime;
+  struct stat tokens_st;    /* the version of the file h->tokens was read from */
   int64_t tokens_checked_ms;
   tenant_entry *tenants;
   int port;
@@ -345,40 +345,73 @@ static es_store *tenant_store(es_http *h, const char *name, es_err *err) {
   return s;
 }
 
-/* Warns on stderr about each plain-text token of a freshly read file. */
-static void warn_plain(const char *path, const int *lines) {
+/* Warns on stderr about a freshly read file: each plain-text token, and
+ * a file others than its owner may read or write (a plain token there is
+ * anyone's; a writer adds tokens). A warning, not a refusal: a file of
+ * hashed tokens holds no secret, and who may write it is the directory's
+ * business too (docs/http.md "Tokens"). */
+static void warn_loaded(const char *path, const int *lines) {
   for (size_t i = 0; lines && lines[i]; i++)
     fprintf(stderr,
             "eventstore serve: warning: %s:%d: the token is in plain text; put its hash there "
             "instead (eventstore token hash TOKEN prints it)\n", path, lines[i]);
+  struct stat st;
+  if (stat(path, &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)))
+    fprintf(stderr,
+            "eventstore serve: warning: the tokens file %s has mode %04o: others than its owner "
+            "may read or change it (chmod 600 it)\n", path, (unsigned)(st.st_mode & 07777));
   fflush(stderr);
 }
 
-/* The current token set (retained for the caller). Rereads the file when
- * its mtime changed, at most once every TOKENS_CHECK_MS; a file that no
- * longer reads well keeps the old set (said on stderr). */
+/* Says on stderr that every token is refused now, and why. Said at every
+ * look at the file (at most once every TOKENS_CHECK_MS, when a request
+ * comes) until the file is usable again, so the log shows the cause for
+ * as long as it lasts. */
+static void revoke_all(es_http *h, const char *why) {
+  if (h->tokens) es_tokens_release(h->tokens);
+  h->tokens = NULL;
+  fprintf(stderr, "eventstore serve: the tokens file is not usable, so every token is refused until "
+                  "it is: %s\n", why);
+  fflush(stderr);
+}
+
+/* Whether two stats are the same version of the file: a rewrite, a rename
+ * over it, a truncation or a chmod changes one of these. */
+static int same_version(const struct stat *a, const struct stat *b) {
+  return a->st_ino == b->st_ino && a->st_dev == b->st_dev && a->st_size == b->st_size &&
+         a->st_mode == b->st_mode && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+         a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+         a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* The current token set (retained for the caller; NULL: none is valid).
+ * Looks at the file at most once every TOKENS_CHECK_MS and rereads it when
+ * it is another version, or at every look while it is not usable. Fails
+ * closed: a file that is missing, unreadable, empty or bad revokes every
+ * token until it is usable again. */
 static es_tokens *current_tokens(es_http *h) {
   pthread_mutex_lock(&h->mu);
   int64_t now = mono_ms();
   if (now - h->tokens_checked_ms >= TOKENS_CHECK_MS) {
     h->tokens_checked_ms = now;
     struct stat st;
-    if (stat(h->tokens_path, &st) == 0 &&
-        (st.st_mtim.tv_sec != h->tokens_mtime.tv_sec || st.st_mtim.tv_nsec != h->tokens_mtime.tv_nsec)) {
+    if (stat(h->tokens_path, &st) != 0) {
+      char why[ES_ERRMSG_MAX];
+      snprintf(why, sizeof why, "tokens file '%s': %s", h->tokens_path, strerror(errno));
+      revoke_all(h, why);
+    } else if (!h->tokens || !same_version(&st, &h->tokens_st)) {
       es_tokens *fresh = NULL;
       int *plain = NULL;
       es_err err = {0};
-      h->tokens_mtime = st.st_mtim;
+      h->tokens_st = st;
       if (es_tokens_load(h->tokens_path, h->root, &fresh, &plain, &err) == ES_OK) {
-        es_tokens_release(h->tokens);
+        if (h->tokens) es_tokens_release(h->tokens);
         h->tokens = fresh;
         fprintf(stderr, "eventstore serve: reloaded the tokens file %s\n", h->tokens_path);
-        warn_plain(h->tokens_path, plain);
+        warn_loaded(h->tokens_path, plain);
         free(plain);
       } else {
-        fprintf(stderr, "eventstore serve: the tokens file changed but is not usable, keeping the "
-                        "tokens read before: %s: %s\n", es_strerror(err.code), err.msg);
-        fflush(stderr);
+        revoke_all(h, err.msg);
       }
     }
   }
@@ -1002,15 +1035,14 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
     http_free(h);
     return es_fail(err, ES_STORAGE, "out of memory");
   }
-  struct stat st;
-  if (stat(h->tokens_path, &st) == 0) h->tokens_mtime = st.st_mtim;
+  stat(h->tokens_path, &h->tokens_st); /* a failure reads the file again at the first look */
   h->tokens_checked_ms = mono_ms();
   int *plain = NULL;
   if (es_tokens_load(h->tokens_path, root, &h->tokens, &plain, err) != ES_OK) {
     http_free(h);
     return err->code;
   }
-  warn_plain(h->tokens_path, plain);
+  warn_loaded(h->tokens_path, plain);
   free(plain);
 
   /* MHD's own cap sits a little above ours so that the connections past
