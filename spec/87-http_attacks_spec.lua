@@ -14,28 +14,7 @@ local function rss_kib(srv)
   return assert(math.tointeger(tonumber(text:match("VmRSS:%s*(%d+)"))))
 end
 
-local function connect(srv)
-  local c = assert(socket.tcp())
-  c:settimeout(10)
-  assert(c:connect(srv.host, srv.port))
-  return c
-end
-
--- Reads one answer's status line and headers from c; returns status and
--- the headers (lower-case names), or nil and the error.
-local function read_head(c)
-  local line, err = c:receive("*l")
-  if not line then return nil, err end
-  local status = math.tointeger(tonumber(line:match("^HTTP/1%.%d (%d%d%d)")))
-  local headers = {}
-  while true do
-    local h = c:receive("*l")
-    if not h or h == "" then break end
-    local k, v = h:match("^([^:]+):%s*(.-)%s*$")
-    if k then headers[k:lower()] = v end
-  end
-  return status, headers
-end
+local connect, read_head = hh.connect, hh.read_head
 
 -- Runs fn(srv) on a fresh server (opts as hh.serve), then stops it and
 -- asserts it exited 0.
@@ -141,6 +120,95 @@ describe("eventstore serve tokens fail closed", function()
       assert.matches(case[2], r.err, 1, true)
     end
     os.execute("rm -rf " .. helpers.sh_quote(work))
+  end)
+end)
+
+-- Opens a connection from source address `from` (any 127.x.y.z: a
+-- separate client to the server) and sends `bytes`; nil when refused.
+local function open_from(srv, from, bytes)
+  local c = assert(socket.tcp())
+  c:settimeout(5)
+  assert(c:bind(from, 0))
+  if not c:connect(srv.host, srv.port) then
+    c:close()
+    return nil
+  end
+  if bytes then c:send(bytes) end
+  return c
+end
+
+describe("eventstore serve against slow and greedy clients", function()
+  it("closes a connection whose headers trickle past --header-timeout-ms, and counts it", function()
+    with_server({ db = "memory:", no_engine = true, args = { "--header-timeout-ms", "1500" } }, function(srv)
+      local c = open_from(srv, "127.0.0.2", "GET /healthz HTTP/1.1\r\nX")
+      c:settimeout(1)
+      local t0, closed = helpers.wall(), false
+      -- a byte a second: never idle long enough for the idle timeout
+      while helpers.wall() - t0 < 10 do
+        c:send("a")
+        local _, err = c:receive(1)
+        if err == "closed" then
+          closed = true
+          break
+        end
+      end
+      c:close()
+      assert.is_true(closed, "the trickling connection stayed open")
+      local waited = helpers.wall() - t0
+      assert.is_true(waited < 1.5 + 1.5, ("closed after %.1f s"):format(waited))
+      local m = hh.metrics(srv, "admin-token")
+      assert.equal(1, m.value("eventstore_http_header_timeouts_total"))
+    end)
+  end)
+
+  it("answers a normal client within header_timeout_ms + 1 s while trickling clients hold every connection", function()
+    local timeout_ms = 1500
+    with_server({ db = "memory:", no_engine = true, args = { "--header-timeout-ms", tostring(timeout_ms),
+      "--max-connections", "16", "--request-timeout", "30" } }, function(srv)
+      for round = 1, 3 do
+        -- 6 addresses x 8 (the per-client cap: half of 16) = 48 attempts,
+        -- more than the 16 connections and the 503 slack together
+        local attackers = {}
+        for a = 2, 7 do
+          for _ = 1, 8 do
+            local c = open_from(srv, "127.0.0." .. a, "GET /v1/sessions HTTP/1.1\r\nX")
+            if c then attackers[#attackers + 1] = c end
+          end
+        end
+        -- trickle a byte a second for a second or two
+        for _ = 1, round do
+          for _, c in ipairs(attackers) do c:send("a") end
+          helpers.sleep(1)
+        end
+        local t0 = helpers.wall()
+        local c = open_from(srv, "127.0.0.99")
+        assert(c, "the normal client could not connect")
+        c:settimeout(timeout_ms / 1000 + 1, "t")
+        c:send("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        local status = read_head(c)
+        local took = helpers.wall() - t0
+        c:close()
+        for _, k in ipairs(attackers) do k:close() end
+        assert.is_true(status == 200 or status == 503, "round " .. round .. ": no answer: " .. tostring(status))
+        assert.is_true(took <= timeout_ms / 1000 + 1, ("round %d: answered after %.2f s"):format(round, took))
+      end
+    end)
+  end)
+
+  it("closes connections past --max-per-client from one address at once; other addresses are served", function()
+    with_server({ db = "memory:", no_engine = true, args = { "--max-per-client", "3" } }, function(srv)
+      local held = {}
+      for _ = 1, 3 do held[#held + 1] = assert(open_from(srv, "127.0.0.3", "GET /healthz HTTP/1.1\r\nX")) end
+      local extra = open_from(srv, "127.0.0.3", "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+      local got, err = extra:receive("*l")
+      extra:close()
+      assert.is_nil(got)
+      assert.equal("closed", err)
+      local other = assert(open_from(srv, "127.0.0.4", "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+      assert.equal(200, (read_head(other)))
+      other:close()
+      for _, c in ipairs(held) do c:close() end
+    end)
   end)
 end)
 

@@ -34,6 +34,7 @@ typedef struct es_http_counters {
   atomic_uint_fast64_t streams_opened; /* SSE streams started */
   atomic_uint_fast64_t streams_dropped;/* SSE clients dropped as too slow or gone */
   atomic_uint_fast64_t refused;        /* connections refused over max_connections */
+  atomic_uint_fast64_t header_timeouts; /* connections closed: headers late (header_timeout_ms) */
 } es_http_counters;
 
 /* What a handler needs of the server; owned by server.c. */

@@ -9,7 +9,9 @@
  *
  * One thread per connection (MHD_USE_THREAD_PER_CONNECTION): handlers make
  * blocking store calls and SSE streams block in es_store_wait, so a slow
- * client or a slow call holds its own thread only.
+ * client or a slow call holds its own thread only. A reaper thread closes
+ * connections whose request headers are late (header_timeout_ms), which
+ * MHD's idle timeout alone cannot do against a client trickling bytes.
  *
  * libmicrohttpd would percent-decode the path before we see it, which
  * makes "a%2Fb" indistinguishable from two segments and cuts a "%00" short;
@@ -42,6 +44,17 @@
 #define DROP_SLACK (1024 * 1024)          /* bytes of an oversized chunked body read to answer 413 */
 #define TOKENS_CHECK_MS 1000               /* how often the tokens file's mtime is looked at */
 
+#define REAP_TICK_MS 100                  /* how often header deadlines are looked at */
+#define SLACK_HEADER_MS 1000               /* a connection past max_connections: its headers' deadline */
+
+/* One open connection (MHD's socket context), on es_http's list while it
+ * is open, so the reaper can close one whose headers are late. */
+typedef struct conn_slot {
+  int fd;
+  int64_t deadline_ms;     /* its request headers must be in by then; 0: they are */
+  struct conn_slot *prev, *next;
+} conn_slot;
+
 typedef struct tenant_entry {
   char *name;   /* owned */
   es_store *s;  /* owned: one reference */
@@ -56,6 +69,10 @@ struct es_http {
   atomic_int stopping;
   atomic_int streams;
   atomic_int conns;        /* connections open now (MHD's notify callback counts) */
+  pthread_mutex_t conns_mu; /* guards conn_list and each slot's deadline */
+  conn_slot *conn_list;
+  pthread_t reaper;        /* closes connections whose headers are late */
+  int reaper_started;
   es_http_counters counters;
   es_http_ctx ctx;
   char *static_dir;        /* owned; NULL: no static files */
@@ -807,6 +824,8 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
   return MHD_YES;
 }
 
+static void set_header_deadline(es_http *h, struct MHD_Connection *c, int64_t deadline_ms);
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
@@ -814,6 +833,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   rec *r = *con_cls;
   (void)version;
   if (!r) {
+    set_header_deadline(h, c, 0); /* the headers are in */
     r = calloc(1, sizeof *r);
     if (!r) return MHD_NO;
     r->h = h;
@@ -876,20 +896,85 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-  (void)cls;
-  (void)c;
+  es_http *h = cls;
   (void)toe;
   rec_release(*con_cls);
   *con_cls = NULL;
+  /* A keep-alive connection's next request has the same time for its
+   * headers, counted from this answer. */
+  set_header_deadline(h, c, mono_ms() + h->limits.header_timeout_ms);
 }
 
+/* Sets the header deadline of c's slot (0: none), under conns_mu. */
+static void set_header_deadline(es_http *h, struct MHD_Connection *c, int64_t deadline_ms) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  conn_slot *slot = ci ? ci->socket_context : NULL;
+  if (!slot) return;
+  pthread_mutex_lock(&h->conns_mu);
+  slot->deadline_ms = deadline_ms;
+  pthread_mutex_unlock(&h->conns_mu);
+}
+
+/* Keeps the list of open connections. A connection has header_timeout_ms
+ * from its accept for its request headers, so a client trickling a byte
+ * at a time cannot hold it (MHD's own timeout is per idle gap only); one
+ * past max_connections, which is only there to be told 503, has at most
+ * SLACK_HEADER_MS, so trickling clients cannot keep that slack either. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe) {
   es_http *h = cls;
-  (void)c;
-  (void)socket_context;
-  if (toe == MHD_CONNECTION_NOTIFY_STARTED) atomic_fetch_add(&h->conns, 1);
-  else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) atomic_fetch_sub(&h->conns, 1);
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    unsigned n = (unsigned)atomic_fetch_add(&h->conns, 1) + 1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    conn_slot *slot = ci ? calloc(1, sizeof *slot) : NULL;
+    if (!slot) return; /* not watched: MHD's idle timeout still applies */
+    unsigned ms = h->limits.header_timeout_ms;
+    if (n > h->limits.max_connections && ms > SLACK_HEADER_MS) ms = SLACK_HEADER_MS;
+    slot->fd = ci->connect_fd;
+    slot->deadline_ms = mono_ms() + ms;
+    pthread_mutex_lock(&h->conns_mu);
+    slot->next = h->conn_list;
+    if (h->conn_list) h->conn_list->prev = slot;
+    h->conn_list = slot;
+    pthread_mutex_unlock(&h->conns_mu);
+    *socket_context = slot;
+  } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+    atomic_fetch_sub(&h->conns, 1);
+    conn_slot *slot = *socket_context;
+    if (!slot) return;
+    /* MHD closes the socket after this: while the slot is listed, the
+     * reaper's fd is this connection's. */
+    pthread_mutex_lock(&h->conns_mu);
+    if (slot->prev) slot->prev->next = slot->next;
+    else h->conn_list = slot->next;
+    if (slot->next) slot->next->prev = slot->prev;
+    pthread_mutex_unlock(&h->conns_mu);
+    free(slot);
+    *socket_context = NULL;
+  }
+}
+
+/* The reaper: every REAP_TICK_MS, shuts down the socket of each connection
+ * whose headers are past their deadline; its MHD thread then sees the
+ * connection end and closes it, without an answer (a client that sends
+ * headers this slowly is not one to answer). */
+static void *reaper_main(void *arg) {
+  es_http *h = arg;
+  while (!atomic_load(&h->stopping)) {
+    struct timespec ts = {0, REAP_TICK_MS * 1000000L};
+    nanosleep(&ts, NULL);
+    int64_t now = mono_ms();
+    pthread_mutex_lock(&h->conns_mu);
+    for (conn_slot *s = h->conn_list; s; s = s->next) {
+      if (s->deadline_ms && now >= s->deadline_ms) {
+        s->deadline_ms = 0;
+        shutdown(s->fd, SHUT_RDWR);
+        atomic_fetch_add_explicit(&h->counters.header_timeouts, 1, memory_order_relaxed);
+      }
+    }
+    pthread_mutex_unlock(&h->conns_mu);
+  }
+  return NULL;
 }
 
 /* libmicrohttpd's own messages (a client gone mid-answer, a request it
@@ -927,6 +1012,8 @@ static void apply_defaults(es_http_limits *l) {
   if (!l->max_connections) l->max_connections = 256;
   if (!l->request_timeout_s) l->request_timeout_s = 30;
   if (!l->max_streams) l->max_streams = 128;
+  if (!l->header_timeout_ms) l->header_timeout_ms = 10000;
+  if (!l->max_per_client) l->max_per_client = l->max_connections / 2 ? l->max_connections / 2 : 1;
   if (!l->stream_buffer) l->stream_buffer = 1024 * 1024;
   if (!l->max_limit) l->max_limit = 1000;
 }
@@ -996,6 +1083,7 @@ static void http_free(es_http *h) {
   free(h->static_dir);
   free(h->tokens_path);
   pthread_mutex_destroy(&h->mu);
+  pthread_mutex_destroy(&h->conns_mu);
   free(h);
 }
 
@@ -1015,6 +1103,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
   es_http *h = calloc(1, sizeof *h);
   if (!h) return es_fail(err, ES_STORAGE, "out of memory");
   pthread_mutex_init(&h->mu, NULL);
+  pthread_mutex_init(&h->conns_mu, NULL);
   es_store_retain(root);
   h->root = root;
   h->engine = engine;
@@ -1056,6 +1145,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
                           MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: it says so otherwise */
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                           MHD_OPTION_CONNECTION_LIMIT, h->limits.max_connections + slack,
+                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, h->limits.max_per_client,
                           MHD_OPTION_CONNECTION_TIMEOUT, h->limits.request_timeout_s,
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
@@ -1071,6 +1161,13 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
     http_free(h);
     return rc;
   }
+  if (pthread_create(&h->reaper, NULL, reaper_main, h) != 0) {
+    atomic_store(&h->stopping, 1);
+    MHD_stop_daemon(h->d);
+    http_free(h);
+    return es_fail(err, ES_STORAGE, "cannot start the server's reaper thread");
+  }
+  h->reaper_started = 1;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info ? info->port : 0;
   (void)sslen;
@@ -1085,6 +1182,7 @@ void es_http_stop(es_http *h) {
   /* Streams see `stopping` within about a second and end; requests in
    * flight finish their one store call; then MHD joins every thread. */
   atomic_store(&h->stopping, 1);
+  if (h->reaper_started) pthread_join(h->reaper, NULL);
   if (h->d) MHD_stop_daemon(h->d);
   h->d = NULL;
   http_free(h);

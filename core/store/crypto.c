@@ -303,16 +303,10 @@ static int do_check(es_store *s, es_txn *t, void *arg, es_err *err) {
   return check_row(s, t, &found, err);
 }
 
-/* Whether the store has its check row, i.e. data keys wrapped by some
- * master key (*(int *)arg). Needs no master key. */
+/* Whether the store has data keys wrapped by some master key (*(int *)arg;
+ * s->crypto is not set yet, so es_crypto_in_use looks at the check row). */
 static int do_has_check(es_store *s, es_txn *t, void *arg, es_err *err) {
-  es_key_row row;
-  memset(&row, 0, sizeof row);
-  int rc = s->ops->key_get(t, CHECK_NAME, &row, err);
-  *(int *)arg = rc == ES_OK;
-  if (rc == ES_NOT_FOUND) return ES_OK;
-  es_key_row_destroy(&row);
-  return rc;
+  return es_crypto_in_use(s, t, arg, err);
 }
 
 int es_crypto_open(es_store *s, const char *path, es_err *err) {
