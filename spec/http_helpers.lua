@@ -116,6 +116,8 @@ local function connect(srv, timeout)
   return c
 end
 
+hh.connect = connect
+
 -- Percent-encodes one path segment or query value (every byte but
 -- unreserved ones).
 function hh.enc(s)
@@ -153,6 +155,8 @@ local function read_head(c)
   end
   return status, headers
 end
+
+hh.read_head = read_head
 
 -- Reads a whole body (Content-Length, chunked, or until close).
 local function read_body(c, headers)
