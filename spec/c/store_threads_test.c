@@ -650,7 +650,7 @@ int main(void) {
     pg_url(pg, "thr_mixed", u, sizeof u);
     run_mixed(u, "postgres");
   } else {
-    printf("# postgres: skipped (ES_PG_URL is not set; make test sets it)\n");
+    skip("postgres: ES_PG_URL is not set (make test sets it)");
   }
   unlink_sqlite(path);
   unlink_sqlite(gpath);
