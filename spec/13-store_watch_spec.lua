@@ -81,8 +81,8 @@ for _, url in ipairs(helpers.urls()) do
         local store = new()
         local got = {}
         store:subscribe(nil, collect_into(got))
-        pcall(store.append, store, "s", { { type = "ok" }, { type = "bad", payload = function() end } })
-        pcall(store.append, store, "s", { { type = "ok" } }, { expected = 5 })
+        assert.is_false((pcall(store.append, store, "s", { { type = "ok" }, { type = "bad", payload = function() end } })))
+        assert.is_false((pcall(store.append, store, "s", { { type = "ok" } }, { expected = 5 })))
         assert.same({}, got)
       end)
 

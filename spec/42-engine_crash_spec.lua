@@ -105,7 +105,7 @@ describe("sqlite: engine under kill -9", function()
 
   it("handles every event, and appends every handler's result exactly once", function()
     assert.is_function(eventstore.engine, "eventstore.engine does not exist")
-    math.randomseed(os.time())
+    helpers.seed("engine crash: kill moments")
     local root = repo_root()
     eh.write_file(script, CHILD)
     eh.handler(dir, "job", HANDLER)

@@ -333,6 +333,22 @@ function helpers.sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
+-- Seeds math.random for a randomised test: from ES_SEED when it is set (to
+-- replay a failure), from the clock otherwise. Prints the seed as a TAP
+-- comment, which spec/run.sh shows with the test's failure.
+function helpers.seed(what)
+  local given = os.getenv("ES_SEED")
+  local seed = math.tointeger(tonumber(given or ""))
+  if given and given ~= "" and not seed then error("ES_SEED must be a whole number, got " .. given, 2) end
+  if not seed then
+    seed = math.floor(helpers.wall() * 1000)
+  end
+  math.randomseed(seed)
+  print(("# %s: seed %d (ES_SEED=%d replays it)"):format(what, seed, seed))
+  io.stdout:flush()
+  return seed
+end
+
 function helpers.sleep(seconds)
   os.execute(("sleep %.3f"):format(seconds))
 end
