@@ -67,8 +67,9 @@ run_one() {
     if [ -n "${ES_VERBOSE:-}" ]; then
       sed 's/^/    /' "$out"
     elif [ "$f" -gt 0 ]; then
-      # the failures with what explains them (every line but the passes)
-      grep -v '^ok ' "$out" | sed 's/^/    /'
+      # the failures with what explains them (every line but the passes),
+      # not indented: CI looks for lines that begin "not ok"
+      grep -v '^ok ' "$out"
     elif [ "$s" -gt 0 ]; then
       grep -iE "$SKIP_RE" "$out" | sed 's/^/    /'
     fi
