@@ -12,21 +12,13 @@ local db = dir .. "/wait_latency.db"
 
 local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
--- Wall-clock milliseconds (the clock the store uses for created_at).
-local function now_ms()
-  local p = assert(io.popen("date +%s%3N", "r"))
-  local ms = math.tointeger(tonumber(p:read("l")))
-  p:close()
-  return ms
-end
-
 local store = eventstore.open("sqlite:" .. db)
 local latencies = {}
 for round = 1, rounds do
   local session = "ping-" .. round
   local p = assert(io.popen(("%s spec/support/sqlite_append_later.lua %s %s 150 2>&1"):format(LUA, q(db), session), "r"))
   local got = store:wait(session, 0, 60000)
-  local seen_at = now_ms()
+  local seen_at = store:now() -- the clock created_at is taken from
   local out = p:read("a")
   p:close()
   assert(#got == 1, "wait returned no event: " .. out)
