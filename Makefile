@@ -142,7 +142,7 @@ $(BUILD)/ctest/http_fuzz_run: fuzz/http_fuzz.c $(HTTP_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DES_FUZZ_STANDALONE $< -o $@ $(HTTP_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS) $(HTTP_LIBS)
 
-# The README's test command. Last line: "N passed, N failed". The suite
+# The README's test command. Last line: "N passed, N failed, N skipped". The suite
 # runs on memory:, sqlite: and postgres: (a throwaway PostgreSQL cluster
 # that spec/support/pg_cluster.sh starts for the run and removes after it,
 # whatever happens).
