@@ -24,8 +24,9 @@ NEEDS="postgres chromium"
 # after the others, which would fail meanwhile.
 ALONE="spec/33-postgres_restart_spec.lua spec/84-http_metrics_spec.lua"
 # The longest files start first (longest first, as measured), so that the
-# last ones to finish are short.
-FIRST="spec/43-engine_budgets_spec.lua spec/16-store_hostile_input_spec.lua spec/34-shards_spec.lua
+# last ones to finish are short; but a short one third, so that the first
+# progress line comes within seconds, not minutes.
+FIRST="spec/43-engine_budgets_spec.lua spec/16-store_hostile_input_spec.lua spec/01-json_spec.lua spec/34-shards_spec.lua
   spec/32-postgres_engines_spec.lua spec/42-engine_crash_spec.lua spec/49-engine_ack_crash_spec.lua
   spec/10-store_append_spec.lua spec/40-engine_spec.lua spec/50-cli_spec.lua spec/11-store_dispatch_spec.lua
   spec/31-postgres_spec.lua $BUILD/ctest/memory_backend_test spec/15-store_errors_spec.lua
@@ -79,65 +80,69 @@ run_one() {
   ) 9>>"$ES_RUN_DIR/lock"
 }
 
-if [ "${1:-}" = "--one" ]; then
-  run_one "$2"
-  exit 0
-fi
-
-ES_RUN_DIR=$(mktemp -d) || exit 1
-trap 'rm -rf "$ES_RUN_DIR"' EXIT
-export ES_RUN_DIR BUILD LUA
-
 is_in() { case " $(echo $2) " in *" $1 "*) return 0 ;; esac; return 1; }
-# the pool: FIRST, then the other spec files, then the C tests (or the
-# files named on the command line)
-if [ $# -gt 0 ]; then
-  all=$(printf '%s\n' "$@")
-else
-  all=$(
-    for t in $FIRST; do [ -f "$t" ] && echo "$t"; done
-    for t in spec/*_spec.lua; do is_in "$t" "$FIRST" || echo "$t"; done
-    for t in "$BUILD"/ctest/*; do [ -f "$t" ] && [ -x "$t" ] && ! is_in "$t" "$FIRST" && echo "$t"; done
-  )
-fi
-pool=$(for t in $all; do is_in "$t" "$ALONE" || echo "$t"; done)
-alone=$(for t in $all; do is_in "$t" "$ALONE" && echo "$t"; done)
-ES_RUN_TOTAL=$(printf '%s\n' $all | grep -c .)
-export ES_RUN_TOTAL
-echo "# $ES_RUN_TOTAL test files, $JOBS at a time (ES_JOBS); backends: ${ES_TEST_URLS:-memory: sqlite:}"
 
-started=$(date +%s)
-[ -z "$pool" ] || printf '%s\n' $pool | xargs -P "$JOBS" -n 1 sh "$0" --one
-for t in $alone; do sh "$0" --one "$t"; done
+# The whole run, in a function: sh reads a function whole before running
+# it, so that editing this file while it runs cannot break the run (the
+# files it runs read it again, as they start).
+main() {
+  ES_RUN_DIR=$(mktemp -d) || exit 1
+  trap 'rm -rf "$ES_RUN_DIR"' EXIT
+  export ES_RUN_DIR BUILD LUA
 
-passed=0
-failed=0
-skipped=0
-for r in "$ES_RUN_DIR"/*.res; do
-  read -r p f s <"$r"
-  passed=$((passed + p))
-  failed=$((failed + f))
-  skipped=$((skipped + s))
-done
-reported=$(ls "$ES_RUN_DIR" | grep -c '\.res$')
-if [ "$reported" -ne "$ES_RUN_TOTAL" ]; then
-  echo "not ok - $((ES_RUN_TOTAL - reported)) of $ES_RUN_TOTAL test files did not report (the runner itself failed)"
-  failed=$((failed + 1))
-fi
-
-# Skips for want of what `make deps` installs fail the run unless asked for.
-allowed=$(echo "${ES_ALLOW_SKIP:-}" | tr ',' ' ')
-for need in $NEEDS; do
-  n=$(cat "$ES_RUN_DIR"/*.out | grep -ciE "$SKIP_RE (.* )?$need: ")
-  [ "$n" -gt 0 ] || continue
-  if is_in "$need" "$allowed"; then
-    echo "# $n tests skipped for want of $need (allowed: ES_ALLOW_SKIP names it)"
+  # the pool: FIRST, then the other spec files, then the C tests (or the
+  # files named on the command line)
+  if [ $# -gt 0 ]; then
+    all=$(printf '%s\n' "$@")
   else
-    echo "not ok - $n tests skipped for want of $need: \`make deps\` installs it; set ES_ALLOW_SKIP=$need to skip them on purpose"
+    all=$(
+      for t in $FIRST; do [ -f "$t" ] && echo "$t"; done
+      for t in spec/*_spec.lua; do is_in "$t" "$FIRST" || echo "$t"; done
+      for t in "$BUILD"/ctest/*; do [ -f "$t" ] && [ -x "$t" ] && ! is_in "$t" "$FIRST" && echo "$t"; done
+    )
+  fi
+  pool=$(for t in $all; do is_in "$t" "$ALONE" || echo "$t"; done)
+  alone=$(for t in $all; do is_in "$t" "$ALONE" && echo "$t"; done)
+  ES_RUN_TOTAL=$(printf '%s\n' $all | grep -c .)
+  export ES_RUN_TOTAL
+  echo "# $ES_RUN_TOTAL test files, $JOBS at a time (ES_JOBS); backends: ${ES_TEST_URLS:-memory: sqlite:}"
+
+  started=$(date +%s)
+  [ -z "$pool" ] || printf '%s\n' $pool | xargs -P "$JOBS" -n 1 sh "$0" --one
+  for t in $alone; do sh "$0" --one "$t"; done
+
+  passed=0
+  failed=0
+  skipped=0
+  for r in "$ES_RUN_DIR"/*.res; do
+    read -r p f s <"$r"
+    passed=$((passed + p))
+    failed=$((failed + f))
+    skipped=$((skipped + s))
+  done
+  reported=$(ls "$ES_RUN_DIR" | grep -c '\.res$')
+  if [ "$reported" -ne "$ES_RUN_TOTAL" ]; then
+    echo "not ok - $((ES_RUN_TOTAL - reported)) of $ES_RUN_TOTAL test files did not report (the runner itself failed)"
     failed=$((failed + 1))
   fi
-done
 
-echo "# $((ES_RUN_TOTAL)) test files in $(($(date +%s) - started)) s"
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ]
+  # Skips for want of what `make deps` installs fail the run unless asked for.
+  allowed=$(echo "${ES_ALLOW_SKIP:-}" | tr ',' ' ')
+  for need in $NEEDS; do
+    n=$(cat "$ES_RUN_DIR"/*.out | grep -ciE "$SKIP_RE (.* )?$need: ")
+    [ "$n" -gt 0 ] || continue
+    if is_in "$need" "$allowed"; then
+      echo "# $n tests skipped for want of $need (allowed: ES_ALLOW_SKIP names it)"
+    else
+      echo "not ok - $n tests skipped for want of $need: \`make deps\` installs it; set ES_ALLOW_SKIP=$need to skip them on purpose"
+      failed=$((failed + 1))
+    fi
+  done
+
+  echo "# $((ES_RUN_TOTAL)) test files in $(($(date +%s) - started)) s"
+  echo "$passed passed, $failed failed, $skipped skipped"
+  [ "$failed" -eq 0 ]
+}
+
+if [ "${1:-}" = "--one" ]; then run_one "$2"; exit 0; fi
+main "$@"; exit $?
