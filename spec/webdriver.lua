@@ -29,7 +29,7 @@ wd.CHROMIUM = os.getenv("ES_CHROMIUM") or "/usr/bin/chromium"
 wd.CHROMEDRIVER = os.getenv("ES_CHROMEDRIVER") or "chromedriver"
 -- How long wait_until waits unless told: generous, since it returns as
 -- soon as the condition holds.
-wd.WAIT = 20
+wd.WAIT = 60
 
 -- The W3C element reference key.
 local ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
@@ -261,7 +261,7 @@ function wd.start(opts)
     local d = setmetatable({ srv = { host = "127.0.0.1", port = port }, log = log }, Driver)
     d.proc = ph.spawn({ wd.CHROMEDRIVER, "--port=" .. port }, nil, log)
     local ready = false
-    local deadline = helpers.wall() + 20
+    local deadline = helpers.wall() + 60 -- ends when it is ready; only a hang runs out
     repeat
       local ok, status, body = pcall(hh.request, d.srv, "GET", "/status", { timeout = 2 })
       if ok and status == 200 and type(body) == "table" and type(body.value) == "table" and body.value.ready then
