@@ -278,10 +278,7 @@ describe("sharded store over " .. kind.name, function()
       f:close()
       return t
     end
-    for _ = 1, 200 do
-      if #lines() >= 20 then break end
-      helpers.sleep(0.05)
-    end
+    helpers.wait_until(function() return #lines() >= 20 end, "20 appends before the move", nil, 0.05)
     local grown = {}
     for k, v in pairs(shards) do grown[k] = v end
     grown.s3 = kind.url()
@@ -290,17 +287,9 @@ describe("sharded store over " .. kind.name, function()
     assert.is_true(r.moved > 0)
     local n_at_move = #lines()
     -- let it append a while more, through handles of the new plan too
-    for _ = 1, 200 do
-      if #lines() >= n_at_move + 20 then break end
-      helpers.sleep(0.05)
-    end
+    helpers.wait_until(function() return #lines() >= n_at_move + 20 end, "20 appends after the move", nil, 0.05)
     io.open(stop, "w"):close()
-    for _ = 1, 400 do
-      local f = io.open(done, "r")
-      if f then f:close() break end
-      helpers.sleep(0.05)
-    end
-    assert.is_truthy(io.open(done, "r"), "the appender did not finish")
+    helpers.wait_until(function() return helpers.read_file(done) end, "the appender to finish", nil, 0.05)
     local acked = lines()
     assert.is_true(#acked > n_at_move, "appends went on after the move")
     local ids = all_ids(s)

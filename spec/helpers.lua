@@ -349,6 +349,22 @@ function helpers.seed(what)
   return seed
 end
 
+-- Polls cond() every `every` seconds (default 0.02) until it returns a true
+-- value, and returns that value. Raises "timed out waiting for WHAT" after
+-- `seconds` (default 120): a deadline that only a hang reaches, never a
+-- loaded machine (a count of polls would be, as each poll forks a sleep).
+function helpers.wait_until(cond, what, seconds, every)
+  local deadline = helpers.wall() + (seconds or 120)
+  repeat
+    local v = cond()
+    if v then return v end
+    helpers.sleep(every or 0.02)
+  until helpers.wall() > deadline
+  local v = cond()
+  if v then return v end
+  error("timed out waiting for " .. what, 2)
+end
+
 function helpers.sleep(seconds)
   os.execute(("sleep %.3f"):format(seconds))
 end
