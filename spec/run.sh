@@ -1,7 +1,9 @@
 #!/bin/sh
 # Runs every test: each busted spec file (the conformance suite runs once per
 # backend URL in ES_TEST_URLS) and each C test in $BUILD/ctest, each as a
-# process of its own, ES_JOBS of them at a time (default 3). Prints one line
+# process of its own, ES_JOBS of them at a time (default: one more than the
+# cores, 3 on 2 cores: many files spend much of their time waiting on
+# children, servers and timers). Prints one line
 # per file as it finishes (its counts and time; with its failures and skips
 # under it), and a closing line "N passed, N failed, N skipped" summing all
 # of them (CI reads its "N passed, N failed" prefix). Exits non-zero when
@@ -18,7 +20,7 @@
 # `sh spec/run.sh FILE...` runs only those files (spec files or C tests).
 BUILD=${BUILD:-build}
 LUA=${LUA:-lua5.4}
-JOBS=${ES_JOBS:-3}
+JOBS=${ES_JOBS:-$(($(nproc 2>/dev/null || echo 2) + 1))}
 NEEDS="postgres chromium"
 # Files that stop or restart the run's one PostgreSQL server: they run alone,
 # after the others, which would fail meanwhile.
