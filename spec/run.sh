@@ -7,7 +7,8 @@
 # per file as it finishes (its counts and time; with its failures and skips
 # under it), and a closing line "N passed, N failed, N skipped" summing all
 # of them (CI reads its "N passed, N failed" prefix). Exits non-zero when
-# anything failed.
+# anything failed. A file still running after ES_FILE_TIMEOUT seconds
+# (default 1800, ten times the longest) is a hang: it is killed and fails.
 #
 # A skipped test ("ok N - # SKIP why", busted's pending or tap.h's skip())
 # is counted apart, never as passed. A skip whose reason names a requirement
@@ -44,9 +45,10 @@ run_one() {
   out="$ES_RUN_DIR/$name.out"
   started=$(date +%s.%N)
   case $t in
-    *.lua) $LUA /usr/bin/busted --config-file=spec/.busted --output=TAP "$t" >"$out" 2>&1 ;;
-    *) "$t" >"$out" 2>&1 ;;
+    *.lua) set -- $LUA /usr/bin/busted --config-file=spec/.busted --output=TAP "$t" ;;
+    *) set -- "$t" ;;
   esac
+  timeout -k 10 "${ES_FILE_TIMEOUT:-1800}" "$@" >"$out" 2>&1 </dev/null
   status=$?
   secs=$(echo "$started $(date +%s.%N)" | awk '{ printf "%.1f", $2 - $1 }')
   # Died (a crash in the module kills the whole file) after some results:
@@ -54,7 +56,9 @@ run_one() {
   # tests failed, so the summary cannot look nearly green. busted ends
   # with "1..N" unless it died (its exit status is its failure count); a C
   # test exits 0 or 1 unless it died.
-  if case $t in *.lua) ! grep -q '^1\.\.[0-9]' "$out" ;; *) [ "$status" -gt 128 ] ;; esac; then
+  if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+    echo "not ok - $t timed out (ES_FILE_TIMEOUT=${ES_FILE_TIMEOUT:-1800} s): killed as hung" >>"$out"
+  elif case $t in *.lua) ! grep -q '^1\.\.[0-9]' "$out" ;; *) [ "$status" -gt 128 ] ;; esac; then
     echo "not ok - $t died (exit status $status): the tests after the last result above did not run" >>"$out"
   elif [ "$status" -ne 0 ] && ! grep -q '^not ok ' "$out"; then
     # failed without a failed test (a C test that exits early): count it
