@@ -48,7 +48,8 @@ run_one() {
     *.lua) set -- $LUA /usr/bin/busted --config-file=spec/.busted --output=TAP "$t" ;;
     *) set -- "$t" ;;
   esac
-  timeout -k 10 "${ES_FILE_TIMEOUT:-1800}" "$@" >"$out" 2>&1 </dev/null
+  # --foreground: in the run's process group, so that Ctrl-C reaches the test
+  timeout --foreground -k 10 "${ES_FILE_TIMEOUT:-1800}" "$@" >"$out" 2>&1 </dev/null
   status=$?
   secs=$(echo "$started $(date +%s.%N)" | awk '{ printf "%.1f", $2 - $1 }')
   # Died (a crash in the module kills the whole file) after some results:
