@@ -381,9 +381,15 @@ describe("eventstore binary", function()
     it("--follow prints history, then events appended by another process", function()
       local out = work .. "/follow.out"
       -- --limit ends the follow after the 4th event; timeout guards the test
-      local p = assert(io.popen(("cd %s && timeout 20 %s read s --follow --limit 4 >%s 2>&1; echo $?"):format(
+      local p = assert(io.popen(("cd %s && timeout 120 %s read s --follow --limit 4 >%s 2>&1; echo $?"):format(
         sh_quote(work), sh_quote(BIN), sh_quote(out))))
-      os.execute("sleep 0.3")
+      -- append only once the follower has printed the history (3 events):
+      -- from then on, only following can show the 4th, however late the
+      -- follower started
+      local deadline = helpers.wall() + 60
+      local function printed() return select(2, (read_file(out) or ""):gsub("\n", "")) end
+      while printed() < 3 and helpers.wall() < deadline do helpers.sleep(0.02) end
+      assert.are.equal(3, printed(), "the follower never printed the history: " .. (read_file(out) or ""))
       ok(es({ "append", "s", "late", '{"n":4}' }))
       local code = p:read("l")
       p:close()

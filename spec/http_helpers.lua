@@ -71,7 +71,7 @@ function hh.serve(opts)
   if opts.no_engine then argv[#argv + 1] = "--no-engine" end
   for _, a in ipairs(opts.args or {}) do argv[#argv + 1] = a end
   srv.proc = ph.spawn(argv, opts.env, srv.log)
-  local deadline = helpers.wall() + 20
+  local deadline = helpers.wall() + 60 -- ends when it listens; only a hang runs out
   repeat
     local text = helpers.read_file(srv.log) or ""
     local host, port = text:match("listening on http://([%d%.]+):(%d+)")
