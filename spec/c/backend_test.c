@@ -11,6 +11,10 @@
  * - snapshots: put, replace, get, list by reducer (moved from
  *   memory_backend_test.c), binary and empty states (moved from
  *   sqlite_backend_test.c), every assertion kept;
+ * - sessions: get, put, replace, listing by prefix, after and limit
+ *   (memory's), byte order, '%' and '_' literal in a prefix, every field of
+ *   the row set and unset, children of a row (sqlite's); a 0xFF byte in
+ *   names on memory and sqlite only (see HI);
  * - counts: the sums a backend keeps (backend.h counts) follow the core's
  *   rule (store/counts.h, es_counts_move) through puts, replacements,
  *   markers, deletes and a rolled-back savepoint; for the SQL backends this
@@ -38,6 +42,7 @@ typedef struct target {
 
 static const es_backend_ops *OPS; /* the case's backend (helpers use it) */
 #include "backend_check.h"
+#include "backend_rows.h"
 static char sqlite_path[256];
 static int case_no;               /* a fresh store (file, schema) per case */
 
@@ -202,6 +207,254 @@ static void case_snapshots_binary(es_backend *b) {
         got.state_len == 3 && got.version && strcmp(got.version, "v2") == 0);
   es_snapshot_destroy(&got);
   commit(t);
+}
+
+/* ---- sessions: get, put, list (moved from both old files) ------------------ */
+
+/* The highest bytes a name may hold. Names the core passes are valid UTF-8
+ * (store.h), so it is U+10FFFF (0xF4 first) on every backend; memory and
+ * sqlite also take a 0xFF byte, which is how the old tests sorted a name
+ * last and bounded a prefix that cannot be incremented: they run the same
+ * session cases once more with it. PostgreSQL's text refuses invalid
+ * UTF-8 (STORAGE), which the interface allows, as no name reaches it. */
+static const char *HI;
+static char hi_buf[8][32];
+
+/* "a" HI "z" and so on: pre, HI n times, post (in one of 8 buffers). */
+static const char *hi(int k, const char *pre, int n, const char *post) {
+  char *o = hi_buf[k];
+  snprintf(o, sizeof hi_buf[k], "%s%s%s%s", pre, n > 0 ? HI : "", n > 1 ? HI : "", post);
+  return o;
+}
+#define MAXCP "\xf4\x8f\xbf\xbf"
+
+/* Moved from memory_backend_test.c: get, replace, listing by prefix, after
+ * and limit, beyond one walk chunk. */
+static void sessions_listing(es_backend *b) {
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_session_info si;
+  es_session_info_init(&si);
+  CHECK_RC(OPS->session_get(BK(t), t, "a", &si, &err), ES_NOT_FOUND);
+  const char *all[] = {"b", "a", "ab", "a\xc3\xa9", "az", "a/1", "c", HI, "ba"};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CHECK_RC(sess_put(t, all[i], (int64_t)i), ES_OK);
+  CHECK_RC(ins(t, mkrow("events-only", 1, "e1", NULL)), ES_OK);  /* no session row: not listed */
+  CHECK_RC(OPS->session_get(BK(t), t, "events-only", &si, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->session_get(BK(t), t, "az", &si, &err), ES_OK);
+  CHECK(si.session && strcmp(si.session, "az") == 0 && si.head == 4 && si.events == 4 &&
+        si.pending == 1);
+  CHECK(si.dead == 2 && si.attempts == 3 && si.failures == 4 && si.first_at == 5 && si.updated_at == 10);
+  es_session_info_destroy(&si);
+  CHECK_RC(sess_put(t, "az", 40), ES_OK);
+  CHECK_RC(OPS->session_get(BK(t), t, "az", &si, &err), ES_OK);
+  CHECK(si.head == 40);
+  es_session_info_destroy(&si);
+  commit(t);
+  t = rbegin(b);
+  names c = list_sessions(t, "", NULL, ES_NONE);
+  const char *want[] = {"a", "a/1", "ab", "az", "a\xc3\xa9", "b", "ba", "c", HI};
+  CHECK(c.n == 9);
+  for (size_t i = 0; i < c.n && i < 9; i++) CHECK(strcmp(c.v[i], want[i]) == 0);
+  c = list_sessions(t, "a", NULL, ES_NONE);
+  CHECK(c.n == 5 && strcmp(c.v[4], "a\xc3\xa9") == 0);
+  c = list_sessions(t, "a", "a/1", 2);
+  CHECK(c.n == 2 && strcmp(c.v[0], "ab") == 0 && strcmp(c.v[1], "az") == 0);
+  c = list_sessions(t, "a", "0", ES_NONE);  /* after sorts before the prefix */
+  CHECK(c.n == 5);
+  c = list_sessions(t, "a", "b", ES_NONE);  /* after sorts after every match */
+  CHECK(c.n == 0);
+  c = list_sessions(t, NULL, "b", ES_NONE);
+  CHECK(c.n == 3 && strcmp(c.v[0], "ba") == 0);
+  c = list_sessions(t, "q", NULL, ES_NONE);
+  CHECK(c.n == 0);
+  c = list_sessions(t, "", NULL, 0);
+  CHECK(c.n == 0);
+  OPS->read_end(BK(t), t);
+  /* Beyond one walk chunk. */
+  t = wbegin(b);
+  for (int i = 0; i < 100; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "s%03d", i);
+    CHECK_RC(sess_put(t, name, i), ES_OK);
+  }
+  commit(t);
+  t = rbegin(b);
+  c = list_sessions(t, "s", "s010", ES_NONE);
+  CHECK(c.n == 89 && strcmp(c.v[0], "s011") == 0 && strcmp(c.v[88], "s099") == 0);
+  c = list_sessions(t, "s0", NULL, 70);
+  CHECK(c.n == 70 && strcmp(c.v[69], "s069") == 0);
+  OPS->read_end(BK(t), t);
+}
+
+static int str_eq(const char *a, const char *b) {
+  if (!a || !b) return a == b;
+  return strcmp(a, b) == 0;
+}
+
+/* Every field of two session rows. */
+static int si_eq(const es_session_info *a, const es_session_info *b) {
+  return str_eq(a->session, b->session) && a->head == b->head && a->events == b->events &&
+         a->pending == b->pending && a->dead == b->dead && a->attempts == b->attempts &&
+         a->failures == b->failures && a->first_at == b->first_at && a->updated_at == b->updated_at &&
+         a->fence == b->fence && a->sealed_at == b->sealed_at &&
+         str_eq(a->seal_reason, b->seal_reason) && str_eq(a->lease_holder, b->lease_holder) &&
+         a->lease_token == b->lease_token && a->lease_expires_at == b->lease_expires_at &&
+         str_eq(a->parent, b->parent) && a->fork_at == b->fork_at && a->forked_at == b->forked_at &&
+         a->first_index == b->first_index;
+}
+
+/* Session rows, every field (deep copies). */
+typedef struct {
+  es_session_info v[32];
+  int n;
+} sess_rows;
+
+static int collect_session_row(void *ctx, const es_session_info *row) {
+  sess_rows *r = ctx;
+  if (r->n < 32 && es_session_info_copy(&r->v[r->n], row) == ES_OK) r->n++;
+  return 0;
+}
+
+static void sess_rows_reset(sess_rows *r) {
+  for (int i = 0; i < r->n; i++) es_session_info_destroy(&r->v[i]);
+  r->n = 0;
+}
+
+/* Moved from sqlite_backend_test.c: byte order with HI last, '%' and '_' in a
+ * prefix taken literally (an SQL backend must not LIKE), ES_NONE kept,
+ * every field of the row (fence, seal, lease, lineage) set and unset. */
+static void sessions_fields(es_backend *b) {
+  es_err err = {0};
+  names c = {.n = 0};
+  /* in byte order */
+  const char *sn[] = {"a",  "a%",          "a%b",           "a_",          "ab",
+                      hi(0, "a", 1, ""), hi(1, "a", 1, "z"), hi(2, "a", 2, ""), "b",
+                      hi(3, "", 1, ""),  hi(4, "", 2, "")};
+  const size_t nn = sizeof sn / sizeof sn[0];
+  es_txn *t = wbegin(b);
+  /* insert in reverse to show the order comes from the index */
+  for (size_t i = nn; i-- > 0;) {
+    es_session_info si;
+    es_session_info_init(&si);
+    si.session = (char *)sn[i];
+    si.head = (int64_t)i + 1;
+    si.events = 10 + (int64_t)i;
+    si.first_at = i == 0 ? ES_NONE : 100;
+    CHECK_RC(OPS->session_put(BK(t), t, &si, &err), ES_OK);
+  }
+  es_session_info si;
+  es_session_info_init(&si);
+  si.session = (char *)"ab";
+  si.head = 42;
+  si.pending = 1;
+  si.dead = 2;
+  si.attempts = 3;
+  si.failures = 4;
+  si.first_at = 5;
+  si.updated_at = 6;
+  CHECK_RC(OPS->session_put(BK(t), t, &si, &err), ES_OK); /* replace */
+  commit(t);
+
+  t = rbegin(b);
+  es_session_info got;
+  /* session_get after replace */
+  CHECK(OPS->session_get(BK(t), t, "ab", &got, &err) == ES_OK && got.head == 42 && got.events == 0 &&
+        got.pending == 1 && got.dead == 2 && got.attempts == 3 && got.failures == 4 &&
+        got.first_at == 5 && got.updated_at == 6 && str_eq(got.session, "ab"));
+  es_session_info_destroy(&got);
+  /* ES_NONE kept */
+  CHECK(OPS->session_get(BK(t), t, "a", &got, &err) == ES_OK && got.first_at == ES_NONE &&
+        got.updated_at == ES_NONE);
+  es_session_info_destroy(&got);
+  CHECK(OPS->session_get(BK(t), t, "zz", &got, &err) == ES_NOT_FOUND);
+  /* all, in byte order (U+10FFFF sorts last) */
+  c = list_sessions(t, "", NULL, 100);
+  CHECK(c.n == nn);
+  int same = c.n == nn;
+  for (size_t i = 0; same && i < nn; i++) same = strcmp(c.v[i], sn[i]) == 0;
+  CHECK(same);
+  c = list_sessions(t, "a%", NULL, 100); /* '%' in a prefix is literal */
+  CHECK(c.n == 2 && !strcmp(c.v[0], "a%") && !strcmp(c.v[1], "a%b"));
+  c = list_sessions(t, "a_", NULL, 100); /* '_' in a prefix is literal */
+  CHECK(c.n == 1 && !strcmp(c.v[0], "a_"));
+  c = list_sessions(t, sn[5], NULL, 100); /* a prefix ending in HI */
+  CHECK(c.n == 3 && !strcmp(c.v[0], sn[5]) && !strcmp(c.v[2], sn[7]));
+  c = list_sessions(t, sn[9], NULL, 100); /* a prefix of only HI (0xFF: no upper bound) */
+  CHECK(c.n == 2);
+  c = list_sessions(t, "a", "a%b", 2); /* prefix + after + limit */
+  CHECK(c.n == 2 && !strcmp(c.v[0], "a_") && !strcmp(c.v[1], "ab"));
+  c = list_sessions(t, "a%", "0", 100); /* after before the prefix is ignored */
+  CHECK(c.n == 2);
+  c = list_sessions(t, "a%", "b", 100); /* after past the prefix range gives nothing */
+  CHECK(c.n == 0);
+  c = list_sessions(t, "zzz", NULL, 100);
+  CHECK(c.n == 0);
+  OPS->read_end(BK(t), t);
+
+  /* the fence, seal, lease and lineage fields (§3.7, §3.8) */
+  es_session_info full;
+  es_session_info_init(&full);
+  full.session = (char *)"full";
+  full.head = 9;
+  full.fence = 41;
+  full.sealed_at = 500;
+  full.seal_reason = (char *)"done \xe2\x80\xa6";
+  full.lease_holder = (char *)"worker-1";
+  full.lease_token = 41;
+  full.lease_expires_at = 600;
+  full.parent = (char *)"ab";
+  full.fork_at = 7;
+  full.forked_at = 450;
+  full.first_index = 6;
+  sess_rows rows = {0};
+  t = wbegin(b);
+  /* session_put / session_get: every field of the row, set */
+  CHECK(OPS->session_put(BK(t), t, &full, &err) == ES_OK &&
+        OPS->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &full));
+  es_session_info_destroy(&got);
+  /* session_list and session_children return them too */
+  CHECK(OPS->session_list(BK(t), t, "full", NULL, ES_NONE, collect_session_row, &rows, &err) ==
+            ES_OK &&
+        rows.n == 1 && si_eq(&rows.v[0], &full));
+  sess_rows_reset(&rows);
+  c.n = 0;
+  CHECK(OPS->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+        c.n == 1 && !strcmp(c.v[0], "full"));
+  es_session_info bare;
+  es_session_info_init(&bare);
+  bare.session = (char *)"full";
+  /* replacing: unset fields come back unset (fence 0, ES_NONE, NULL, first_index 1) */
+  CHECK(OPS->session_put(BK(t), t, &bare, &err) == ES_OK &&
+        OPS->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &bare) &&
+        got.fence == 0 && got.sealed_at == ES_NONE && got.parent == NULL &&
+        got.lease_holder == NULL && got.lease_token == ES_NONE && got.first_index == 1);
+  es_session_info_destroy(&got);
+  /* ... and the row is no longer a child */
+  c.n = 0;
+  CHECK(OPS->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+        c.n == 0);
+  commit(t);
+}
+
+static void case_sessions(es_backend *b) {
+  HI = MAXCP;
+  sessions_listing(b);
+}
+
+static void case_sessions_fields(es_backend *b) {
+  HI = MAXCP;
+  sessions_fields(b);
+}
+
+/* The 0xFF runs: a fresh store each (sessions_listing's names are fixed). */
+static void case_sessions_ff(es_backend *b) {
+  HI = "\xff";
+  sessions_listing(b);
+}
+
+static void case_sessions_fields_ff(es_backend *b) {
+  HI = "\xff";
+  sessions_fields(b);
 }
 
 /* ---- counts: the backend's sums follow the core's rule --------------------- */
@@ -440,6 +693,7 @@ typedef struct bcase {
   const char *name;
   void (*fn)(es_backend *b);
   int needs_copy; /* 1: only where the backend has the optional event_copy */
+  int bytes;      /* 1: names that are not UTF-8 (see HI): not on postgres */
 } bcase;
 
 int main(void) {
@@ -454,13 +708,19 @@ int main(void) {
        pg ? "ES_PG_URL is not a postgres:// URL" : "ES_PG_URL is not set (make test sets it)"},
   };
   static const bcase cases[] = {
-      {"snapshots: put, replace, get, list by reducer", case_snapshots, 0},
+      {"snapshots: put, replace, get, list by reducer", case_snapshots, 0, 0},
       {"snapshots: binary and empty states, listing without states, replacing",
-       case_snapshots_binary, 0},
+       case_snapshots_binary, 0, 0},
+      {"sessions: get, replace, listing by prefix, after and limit", case_sessions, 0, 0},
+      {"sessions: byte order to U+10FFFF, literal '%' and '_', every field set and unset",
+       case_sessions_fields, 0, 0},
+      {"sessions: the same listing with a 0xFF byte sorting last", case_sessions_ff, 0, 1},
+      {"sessions: the same byte order, prefix ending in 0xFF and all-0xFF prefix",
+       case_sessions_fields_ff, 0, 1},
       {"counts follow the core's rule (es_counts_move): puts, markers, deletes, savepoints",
-       case_counts, 0},
+       case_counts, 0, 0},
       {"event_copy writes es_event_settle_copy's dispatch record and the origin", case_event_copy,
-       1},
+       1, 0},
   };
   for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
     const target *x = &targets[i];
@@ -476,6 +736,10 @@ int main(void) {
       if (cases[k].needs_copy && !x->ops->event_copy) {
         /* optional: the core then copies row by row with es_event_settle_copy */
         printf("# %s: no event_copy (optional), nothing to test\n", name);
+        continue;
+      }
+      if (cases[k].bytes && x->ops != &es_backend_memory && x->ops != &es_backend_sqlite) {
+        printf("# %s: names that are not UTF-8 are outside the interface here\n", name);
         continue;
       }
       OPS = x->ops;

@@ -7,8 +7,8 @@
  * schema, corrupt file, read-only, missing directory, full disk).
  *
  * Cases every backend shares are written once in backend_test.c (memory,
- * sqlite and postgres). No check here asserts a duration but for ceilings
- * that only catch a hang (10x the expected time or more); the figures are
+ * sqlite and postgres): snapshots and sessions moved there. No check here
+ * asserts a duration but for ceilings that only catch a hang (10x the expected time or more); the figures are
  * printed, and waits are checked by the order of events.
  *
  * Prints TAP-style "ok N - name" / "not ok N - name" lines and exits
@@ -1030,146 +1030,6 @@ static void test_types(void) {
     B->read_end(BK(t), t);
     B->close(b);
   }
-  rm_db(p);
-  free(p);
-}
-
-static void test_sessions(void) {
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  collect c = {0};
-  /* in byte order */
-  static const char *names[] = {"a",   "a%",      "a%b",         "a_",  "ab",
-                                "a\xff", "a\xffz", "a\xff\xff", "b",   "\xff",
-                                "\xff\xff"};
-  const int nn = (int)(sizeof names / sizeof names[0]);
-  if (!b) {
-    CHECK(0, "open for session tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-  int ok = 1;
-  /* insert in reverse to show the order comes from the index */
-  for (int i = nn - 1; i >= 0; i--) {
-    es_session_info si;
-    es_session_info_init(&si);
-    si.session = (char *)names[i];
-    si.head = i + 1;
-    si.events = 10 + i;
-    si.first_at = i == 0 ? ES_NONE : 100;
-    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  }
-  es_session_info si;
-  es_session_info_init(&si);
-  si.session = (char *)"ab";
-  si.head = 42;
-  si.pending = 1;
-  si.dead = 2;
-  si.attempts = 3;
-  si.failures = 4;
-  si.first_at = 5;
-  si.updated_at = 6;
-  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK; /* replace */
-  CHECK(ok, "session_put (insert and replace)");
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit sessions");
-
-  tx_read_begin(B, b, &t, &err);
-  es_session_info got;
-  CHECK(B->session_get(BK(t), t, "ab", &got, &err) == ES_OK && got.head == 42 && got.events == 0 &&
-            got.pending == 1 && got.dead == 2 && got.attempts == 3 && got.failures == 4 &&
-            got.first_at == 5 && got.updated_at == 6 && str_eq(got.session, "ab"),
-        "session_get after replace");
-  es_session_info_destroy(&got);
-  CHECK(B->session_get(BK(t), t, "a", &got, &err) == ES_OK && got.first_at == ES_NONE &&
-            got.updated_at == ES_NONE,
-        "session_get: ES_NONE kept");
-  es_session_info_destroy(&got);
-  CHECK(B->session_get(BK(t), t, "zz", &got, &err) == ES_NOT_FOUND,
-        "session_get: unknown is ES_NOT_FOUND");
-
-  CHECK(B->session_list(BK(t), t, "", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == nn,
-        "session_list: all");
-  ok = c.n == nn;
-  for (int i = 0; ok && i < nn; i++) ok = strcmp(c.names[i], names[i]) == 0;
-  CHECK(ok, "session_list: byte order (0xFF sorts last)");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a%", NULL, 100, collect_session, &c, &err) == ES_OK &&
-            c.n == 2 && !strcmp(c.names[0], "a%") && !strcmp(c.names[1], "a%b"),
-        "session_list: '%' in a prefix is literal");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a_", NULL, 100, collect_session, &c, &err) == ES_OK &&
-            c.n == 1 && !strcmp(c.names[0], "a_"),
-        "session_list: '_' in a prefix is literal");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a\xff", NULL, 100, collect_session, &c, &err) == ES_OK &&
-            c.n == 3 && !strcmp(c.names[0], "a\xff") && !strcmp(c.names[2], "a\xff\xff"),
-        "session_list: prefix ending in 0xFF");
-  memset(&c, 0, sizeof c);
-  CHECK(
-      B->session_list(BK(t), t, "\xff", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 2,
-      "session_list: all-0xFF prefix (no upper bound)");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a", "a%b", 2, collect_session, &c, &err) == ES_OK && c.n == 2 &&
-            !strcmp(c.names[0], "a_") && !strcmp(c.names[1], "ab"),
-        "session_list: prefix + after + limit");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a%", "0", 100, collect_session, &c, &err) == ES_OK && c.n == 2,
-        "session_list: after before the prefix is ignored");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a%", "b", 100, collect_session, &c, &err) == ES_OK && c.n == 0,
-        "session_list: after past the prefix range gives nothing");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "zzz", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 0,
-        "session_list: no match");
-  B->read_end(BK(t), t);
-
-  /* the fence, seal, lease and lineage fields (§3.7, §3.8) */
-  es_session_info full;
-  es_session_info_init(&full);
-  full.session = (char *)"full";
-  full.head = 9;
-  full.fence = 41;
-  full.sealed_at = 500;
-  full.seal_reason = (char *)"done \xe2\x80\xa6";
-  full.lease_holder = (char *)"worker-1";
-  full.lease_token = 41;
-  full.lease_expires_at = 600;
-  full.parent = (char *)"ab";
-  full.fork_at = 7;
-  full.forked_at = 450;
-  full.first_index = 6;
-  sess_rows rows = {0};
-  tx_write_begin(B, b, &t, &err);
-  CHECK(B->session_put(BK(t), t, &full, &err) == ES_OK &&
-            B->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &full),
-        "session_put / session_get: every field of the row, set");
-  es_session_info_destroy(&got);
-  CHECK(
-      B->session_list(BK(t), t, "full", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
-          rows.n == 1 && si_eq(&rows.v[0], &full) &&
-          B->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-          c.n == 1 && !strcmp(c.names[0], "full"),
-      "session_list and session_children return them too");
-  sess_rows_reset(&rows);
-  memset(&c, 0, sizeof c);
-  es_session_info bare;
-  es_session_info_init(&bare);
-  bare.session = (char *)"full";
-  CHECK(B->session_put(BK(t), t, &bare, &err) == ES_OK &&
-            B->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &bare) &&
-            got.fence == 0 && got.sealed_at == ES_NONE && got.parent == NULL &&
-            got.lease_holder == NULL && got.lease_token == ES_NONE && got.first_index == 1,
-        "session_put replacing: unset fields come back unset (fence 0, ES_NONE, NULL, first_index "
-        "1)");
-  es_session_info_destroy(&got);
-  CHECK(B->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 0,
-        "... and the row is no longer a child");
-  memset(&c, 0, sizeof c);
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit");
-  B->close(b);
   rm_db(p);
   free(p);
 }
@@ -3702,7 +3562,6 @@ int main(void) {
   test_event_copy();
   test_lanes_queue_dead();
   test_types();
-  test_sessions();
   test_session_children();
   test_refs();
   test_snapshots_presence(); /* presence; snapshots in backend_test.c */
