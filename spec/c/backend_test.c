@@ -15,6 +15,11 @@
  *   (memory's), byte order, '%' and '_' literal in a prefix, every field of
  *   the row set and unset, children of a row (sqlite's); a 0xFF byte in
  *   names on memory and sqlite only (see HI);
+ * - lanes, queues, types, dead letters: lane_next, queued_due,
+ *   queued_next_due, queued_due_type, queued_next_due_type, pending_types,
+ *   dead_list over populate()'s store (memory's) and over a small fixture
+ *   (sqlite's), every assertion kept but memory's NULL lane (refused by
+ *   memory only; memory_backend_test.c keeps it);
  * - counts: the sums a backend keeps (backend.h counts) follow the core's
  *   rule (store/counts.h, es_counts_move) through puts, replacements,
  *   markers, deletes and a rolled-back savepoint; for the SQL backends this
@@ -457,6 +462,425 @@ static void case_sessions_fields_ff(es_backend *b) {
   sessions_fields(b);
 }
 
+/* ---- lanes, queues, types, dead letters (moved from both old files) -------- */
+
+/* Collects callback rows (deep copies), as sqlite_backend_test.c did. */
+typedef struct collect {
+  es_events evs;
+} collect;
+
+static int collect_event(void *ctx, const es_event *row) {
+  collect *c = ctx;
+  es_events_push_copy(&c->evs, row);
+  return 0;
+}
+
+static void collect_reset(collect *c) {
+  es_events_destroy(&c->evs);
+  memset(c, 0, sizeof *c);
+}
+
+/* Fills a new pending, unqueued event row with borrowed strings. */
+static void ev_make(es_event *e, const char *session, int64_t idx, const char *id, const char *payload) {
+  es_event_init(e);
+  e->session = (char *)session;
+  e->index = idx;
+  e->id = (char *)id;
+  e->type = (char *)"t";
+  e->payload = (char *)payload;
+  e->payload_len = payload ? strlen(payload) : 0;
+  e->created_at = 1000 + idx;
+}
+
+/* Moved from memory_backend_test.c: over populate()'s store. */
+static void case_lane_next(es_backend *b) {
+  populate(b);
+  es_txn *t = wbegin(b);
+  CHECK(lane_next(t, "a", "l1", 0) == 1);
+  CHECK(lane_next(t, "a", "l1", 1) == 2);
+  CHECK(lane_next(t, "a", "l1", 2) == 0);
+  CHECK(lane_next(t, "a", "l2", 0) == 4);  /* a dead letter counts */
+  CHECK(lane_next(t, "a", "l2", 4) == 5);
+  CHECK(lane_next(t, "b", "l1", 0) == 3);  /* lanes are per session */
+  CHECK(lane_next(t, "a", "nolane", 0) == 0);
+  CHECK(lane_next(t, "nobody", "l1", 0) == 0);
+  CHECK(lane_next(t, "a", "l1", ES_NONE) == 1);
+  /* a NULL lane: memory's own case (memory_backend_test.c) */
+  /* Out of order processing: the set does not assume the core's order. */
+  CHECK_RC(ins(t, mkrow("a", 7, "a7", "l1")), ES_OK);
+  CHECK_RC(set_state(t, "a", 2, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK(lane_next(t, "a", "l1", 1) == 7);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK(lane_next(t, "a", "l1", 0) == 7);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);  /* settled dead letter */
+  CHECK(lane_next(t, "a", "l2", 0) == 5);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PENDING, 0, ES_NONE), ES_OK);  /* un-processed again */
+  CHECK(lane_next(t, "a", "l2", 0) == 4);
+  commit(t);
+}
+
+static void case_queued(es_backend *b) {
+  populate(b);
+  es_txn *t = wbegin(b);
+  /* queued: a1 1001 (pos 1), a6 1010 (6), b1 1003 (7), b2 1001 (8), b3 5000 (9) */
+  ints c = due_pos(t, NULL, INT64_MAX, ES_NONE);
+  WANT(c, 1, 8, 7, 6, 9);
+  c = due_pos(t, NULL, 1003, ES_NONE);
+  WANT(c, 1, 8, 7);
+  c = due_pos(t, NULL, 1003, 2);
+  WANT(c, 1, 8);
+  c = due_pos(t, NULL, 1000, ES_NONE);
+  WANT_NONE(c);
+  c = due_pos(t, "b", 1003, ES_NONE);  /* a session's: by index */
+  WANT(c, 7, 8);
+  c = due_pos(t, "b", 1003, 1);
+  WANT(c, 7);
+  c = due_pos(t, "b", 1002, 1);  /* b1 is not due yet: passed over */
+  WANT(c, 8);
+  c = due_pos(t, "a", INT64_MAX, ES_NONE);
+  CHECK(c.n == 2);
+  c = due_pos(t, "nobody", INT64_MAX, ES_NONE);
+  WANT_NONE(c);
+  CHECK(next_due(t, NULL, 0) == 1001);
+  CHECK(next_due(t, NULL, 1001) == 1003);
+  CHECK(next_due(t, NULL, 1010) == 5000);
+  CHECK(next_due(t, NULL, 5000) == ES_NONE);
+  CHECK(next_due(t, "a", 1001) == 1010);
+  CHECK(next_due(t, "a", 1010) == ES_NONE);
+  CHECK(next_due(t, "nobody", 0) == ES_NONE);
+  /* Moving due_at, dequeuing, re-queuing keep both sets right. */
+  CHECK_RC(set_state(t, "b", 3, ES_STATUS_PENDING, 1, 900), ES_OK);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PENDING, 0, 1001), ES_OK);
+  c = due_pos(t, NULL, INT64_MAX, ES_NONE);
+  WANT(c, 9, 8, 7, 6);
+  CHECK(next_due(t, "b", 900) == 1001);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PENDING, 1, 1001), ES_OK);
+  c = due_pos(t, NULL, 1001, ES_NONE);
+  WANT(c, 9, 1, 8);
+  /* More rows than a walk chunk, with equal due_at. */
+  for (int64_t i = 2; i <= 100; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "m%lld", (long long)i);
+    es_event e = mkrow("m", i - 1, id, NULL);
+    e.due_at = 2000 + (i % 3);
+    CHECK_RC(ins(t, e), ES_OK);
+  }
+  c = due_pos(t, "m", INT64_MAX, ES_NONE);
+  CHECK(c.n == 99);
+  /* index j is due at 2000 + (j + 1) % 3; position 10 + j */
+  c = due_pos(t, "m", 2001, 10);
+  WANT(c, 12, 13, 15, 16, 18, 19, 21, 22, 24, 25);
+  c = due_pos(t, "m", 2000, ES_NONE);
+  CHECK(c.n == 33 && c.v[0] == 12 && c.v[32] == 108);
+  c = due_pos(t, NULL, 2002, ES_NONE);
+  CHECK(c.n == 5 + 99);
+  int sorted = 1;
+  /* (due_at, position) order: 33 rows at 2000, 33 at 2001, 33 at 2002. */
+  for (size_t i = 6; i < c.n; i++) {
+    int64_t pa = c.v[i - 1], pb = c.v[i];
+    int64_t da = 2000 + ((pa - 10 + 1) % 3), db = 2000 + ((pb - 10 + 1) % 3);
+    if (da > db || (da == db && pa >= pb)) sorted = 0;
+  }
+  CHECK(sorted);
+  c = due_pos(t, NULL, 2002, 40);
+  CHECK(c.n == 40);
+  commit(t);
+}
+
+/* The per-type queues and counts (claim_next with types, pending_types).
+ * populate's types: t = a1 a2 a3 a4 a6 b2 c1, u = a5 b1 b3. */
+static void case_types(es_backend *b) {
+  populate(b);
+  es_txn *t = wbegin(b);
+  type_text tt;
+  /* queued t: a1 1001 (pos 1), b2 1001 (8), a6 1010 (6); u: b1 1003 (7), b3 5000 (9) */
+  ints c = due_type_pos(t, "t", INT64_MAX, ES_NONE);
+  WANT(c, 1, 8, 6);
+  c = due_type_pos(t, "t", 1003, ES_NONE);
+  WANT(c, 1, 8);
+  c = due_type_pos(t, "t", 1003, 1);
+  WANT(c, 1);
+  c = due_type_pos(t, "u", INT64_MAX, ES_NONE);
+  WANT(c, 7, 9);
+  c = due_type_pos(t, "u", 1002, ES_NONE);
+  WANT_NONE(c);
+  c = due_type_pos(t, "none", INT64_MAX, ES_NONE);
+  WANT_NONE(c);
+  CHECK(next_due_type(t, "t", 0) == 1001);
+  CHECK(next_due_type(t, "t", 1001) == 1010);
+  CHECK(next_due_type(t, "u", 1003) == 5000);
+  CHECK(next_due_type(t, "u", 5000) == ES_NONE);
+  CHECK(next_due_type(t, "none", 0) == ES_NONE);
+  /* pending: t a1 a2 a6 b2 (a3, c1 processed, a4 dead); u a5 b1 b3 */
+  CHECK(strcmp(pending_text(t, &tt), "t=4 u=3 ") == 0);
+  /* Processing, reviving, moving and killing keep queues and counts. */
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PENDING, 1, 1004), ES_OK);
+  CHECK_RC(set_state(t, "b", 3, ES_STATUS_PENDING, 1, 900), ES_OK);
+  CHECK_RC(set_state(t, "b", 1, ES_STATUS_DEAD, 0, ES_NONE), ES_OK);
+  c = due_type_pos(t, "t", INT64_MAX, ES_NONE);
+  WANT(c, 8, 4, 6);
+  c = due_type_pos(t, "u", INT64_MAX, ES_NONE);
+  WANT(c, 9);
+  CHECK(strcmp(pending_text(t, &tt), "t=4 u=2 ") == 0);
+  /* A new type, in byte order among the others; types with none pending
+   * are left out. */
+  es_event e = mkrow("b", 4, "b4", NULL);
+  e.type = "T";
+  CHECK_RC(ins(t, e), ES_OK);
+  CHECK_RC(set_state(t, "b", 3, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK_RC(set_state(t, "a", 5, ES_STATUS_PROCESSED, 0, ES_NONE), ES_OK);
+  CHECK(strcmp(pending_text(t, &tt), "T=1 t=4 ") == 0);
+  c = due_type_pos(t, "T", INT64_MAX, ES_NONE);
+  WANT(c, 11);
+  /* The store-wide queue still holds every type. */
+  c = due_pos(t, NULL, INT64_MAX, ES_NONE);
+  WANT(c, 8, 4, 11, 6);
+  OPS->write_rollback(BK(t), t);
+  t = rbegin(b);
+  CHECK(strcmp(pending_text(t, &tt), "t=4 u=3 ") == 0);
+  c = due_type_pos(t, "T", INT64_MAX, ES_NONE);
+  WANT_NONE(c);
+  c = due_type_pos(t, "t", INT64_MAX, ES_NONE);
+  WANT(c, 1, 8, 6);
+  OPS->read_end(BK(t), t);
+}
+
+static void case_dead(es_backend *b) {
+  populate(b);
+  es_txn *t = wbegin(b);
+  ints c = dead_pos(t, NULL, 0, ES_NONE);
+  WANT(c, 4);
+  CHECK_RC(set_state(t, "b", 2, ES_STATUS_DEAD, 0, ES_NONE), ES_OK);
+  CHECK_RC(set_state(t, "a", 1, ES_STATUS_DEAD, 0, ES_NONE), ES_OK);
+  c = dead_pos(t, NULL, 0, ES_NONE);
+  WANT(c, 1, 4, 8);
+  c = dead_pos(t, NULL, 1, ES_NONE);
+  WANT(c, 4, 8);
+  c = dead_pos(t, NULL, ES_NONE, 2);
+  WANT(c, 1, 4);
+  c = dead_pos(t, "a", 0, ES_NONE);
+  WANT(c, 1, 4);
+  c = dead_pos(t, "a", 1, 1);
+  WANT(c, 4);
+  c = dead_pos(t, "b", 0, ES_NONE);
+  WANT(c, 8);
+  c = dead_pos(t, "c", 0, ES_NONE);
+  WANT_NONE(c);
+  CHECK_RC(set_state(t, "a", 4, ES_STATUS_PENDING, 1, 1), ES_OK);  /* revived */
+  c = dead_pos(t, NULL, 0, ES_NONE);
+  WANT(c, 1, 8);
+  /* Beyond one walk chunk. */
+  for (int64_t i = 1; i <= 70; i++) {
+    char id[32];
+    snprintf(id, sizeof id, "d%lld", (long long)i);
+    es_event e = mkrow("dd", i, id, NULL);
+    e.status = ES_STATUS_DEAD;
+    e.queued = 0;
+    CHECK_RC(ins(t, e), ES_OK);
+  }
+  c = dead_pos(t, NULL, 0, ES_NONE);
+  CHECK(c.n == 72 && c.v[2] == 11 && c.v[71] == 80);
+  c = dead_pos(t, "dd", 40, ES_NONE);
+  CHECK(c.n == 40 && c.v[0] == 41);
+  commit(t);
+}
+
+/* Moved from sqlite_backend_test.c (test_lanes_queue_dead). */
+static void case_lanes_queue_dead(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  es_event e;
+  char ids[64][16];
+  collect c = {0};
+  int64_t idx, due;
+  t = wbegin(b);
+  /* session L: 1 a processed, 2 a dead, 3 a pending, 4 b pending, 5 unlaned */
+  struct {
+    const char *lane;
+    int status;
+  } L[] = {{"a", ES_STATUS_PROCESSED}, {"a", ES_STATUS_DEAD}, {"a", ES_STATUS_PENDING},
+           {"b", ES_STATUS_PENDING}, {NULL, ES_STATUS_PENDING}};
+  int n = 0, ok = 1;
+  for (int i = 0; i < 5; i++, n++) {
+    snprintf(ids[n], sizeof ids[n], "L%d", i + 1);
+    ev_make(&e, "L", i + 1, ids[n], "1");
+    e.lane = (char *)L[i].lane;
+    e.status = L[i].status;
+    ok &= OPS->event_insert(BK(t), t, &e, &err) == ES_OK;
+  }
+  /* queue: (session, idx, due_at); q1 and q2 share a due time */
+  struct {
+    const char *s;
+    int64_t due;
+    int queued;
+  } Q[] = {{"q1", 300, 1}, {"q1", 100, 1}, {"q2", 100, 1}, {"q2", 50, 0}, {"q3", 900, 1}, {"q3", 200, 1}};
+  int64_t qpos[6];
+  for (int i = 0; i < 6; i++, n++) {
+    snprintf(ids[n], sizeof ids[n], "Q%d", i);
+    /* indexes dense per session, as the core appends (memory insists) */
+    ev_make(&e, Q[i].s, i % 2 + 1, ids[n], "2");
+    e.queued = Q[i].queued;
+    e.due_at = Q[i].due;
+    ok &= OPS->event_insert(BK(t), t, &e, &err) == ES_OK;
+    qpos[i] = e.position;
+  }
+  /* dead letters in two sessions */
+  int64_t dpos[4];
+  for (int i = 0; i < 4; i++, n++) {
+    snprintf(ids[n], sizeof ids[n], "D%d", i);
+    ev_make(&e, i % 2 ? "d1" : "d2", i / 2 + 1, ids[n], "3");
+    e.status = ES_STATUS_DEAD;
+    ok &= OPS->event_insert(BK(t), t, &e, &err) == ES_OK;
+    dpos[i] = e.position;
+  }
+  /* insert lane/queue/dead fixtures */
+  CHECK(ok);
+  /* commit fixtures */
+  CHECK(OPS->write_commit(BK(t), t, &err) == ES_OK);
+
+  t = rbegin(b);
+  /* lane_next skips processed, counts dead letters */
+  CHECK(OPS->lane_next(BK(t), t, "L", "a", 0, &idx, &err) == ES_OK && idx == 2);
+  /* lane_next after an index */
+  CHECK(OPS->lane_next(BK(t), t, "L", "a", 2, &idx, &err) == ES_OK && idx == 3);
+  /* lane_next: none is 0 */
+  CHECK(OPS->lane_next(BK(t), t, "L", "a", 3, &idx, &err) == ES_OK && idx == 0);
+  /* lane_next: other lane */
+  CHECK(OPS->lane_next(BK(t), t, "L", "b", 0, &idx, &err) == ES_OK && idx == 4);
+  /* lane_next: unknown lane */
+  CHECK(OPS->lane_next(BK(t), t, "L", "zz", 0, &idx, &err) == ES_OK && idx == 0);
+
+  /* queued_due(all): due_at <= now, by (due_at, position), unqueued rows skipped */
+  CHECK(OPS->queued_due(BK(t), t, NULL, NULL, 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 3 && c.evs.v[0].position == qpos[1] && c.evs.v[1].position == qpos[2] &&
+            c.evs.v[2].position == qpos[5]);
+  collect_reset(&c);
+  /* queued_due(all): limit */
+  CHECK(OPS->queued_due(BK(t), t, NULL, NULL, 1000, 2, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && c.evs.v[0].position == qpos[1]);
+  collect_reset(&c);
+  /* queued_due(session): only that session, all of them, in index order */
+  CHECK(OPS->queued_due(BK(t), t, "q1", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && str_eq(c.evs.v[0].session, "q1") && str_eq(c.evs.v[1].session, "q1") &&
+            c.evs.v[0].index == 1 && c.evs.v[1].index == 2);
+  collect_reset(&c);
+  /* queued_due(session): limit takes the lowest indexes (not the earliest due) */
+  CHECK(OPS->queued_due(BK(t), t, "q1", NULL, 1000, 1, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].index == 1);
+  collect_reset(&c);
+  /* queued_due(session): rows not yet due are skipped */
+  CHECK(OPS->queued_due(BK(t), t, "q1", NULL, 150, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].index == 2);
+  collect_reset(&c);
+  /* queued_due(session): unqueued rows skipped */
+  CHECK(OPS->queued_due(BK(t), t, "q2", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1);
+  collect_reset(&c);
+  /* queued_next_due(all): smallest due_at > now */
+  CHECK(OPS->queued_next_due(BK(t), t, NULL, NULL, 100, &due, &err) == ES_OK && due == 200);
+  /* queued_next_due(session) */
+  CHECK(OPS->queued_next_due(BK(t), t, "q3", NULL, 200, &due, &err) == ES_OK && due == 900);
+  /* queued_next_due: none is ES_NONE */
+  CHECK(OPS->queued_next_due(BK(t), t, NULL, NULL, 900, &due, &err) == ES_OK && due == ES_NONE);
+
+  /* dead_list(all): every dead row by position */
+  CHECK(OPS->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 5 && c.evs.v[1].position == dpos[0] && c.evs.v[4].position == dpos[3]);
+  collect_reset(&c);
+  /* dead_list(session) */
+  CHECK(OPS->dead_list(BK(t), t, "d1", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && c.evs.v[0].position == dpos[1] && c.evs.v[1].position == dpos[3]);
+  collect_reset(&c);
+  /* dead_list: after and limit */
+  CHECK(OPS->dead_list(BK(t), t, NULL, NULL, dpos[1], 1, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].position == dpos[2]);
+  collect_reset(&c);
+  OPS->read_end(BK(t), t);
+}
+
+
+/* Moved from sqlite_backend_test.c (test_types; its migration from
+ * version 2 stays there). */
+static void case_types_fixture(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  es_event e;
+  collect c = {0};
+  type_text tt;
+  int64_t due, pos[8];
+  /* (type, status, queued, due_at) */
+  struct {
+    const char *type;
+    int status, queued;
+    int64_t due;
+  } R[] = {{"a", ES_STATUS_PENDING, 1, 300}, {"b", ES_STATUS_PENDING, 1, 100},
+           {"a", ES_STATUS_PENDING, 1, 100}, {"a", ES_STATUS_PENDING, 0, 50},
+           {"a", ES_STATUS_PROCESSED, 0, 10}, {"c", ES_STATUS_DEAD, 0, 10},
+           {"b", ES_STATUS_PENDING, 1, 900}, {"a", ES_STATUS_PENDING, 1, 100}};
+  char ids[8][16];
+  int ok = 1;
+  t = wbegin(b);
+  for (int i = 0; i < 8; i++) {
+    snprintf(ids[i], sizeof ids[i], "T%d", i);
+    ev_make(&e, "s", i + 1, ids[i], "1");
+    e.type = (char *)R[i].type;
+    e.status = R[i].status;
+    e.queued = R[i].queued;
+    e.due_at = R[i].due;
+    ok &= OPS->event_insert(BK(t), t, &e, &err) == ES_OK;
+    pos[i] = e.position;
+  }
+  /* insert typed fixtures */
+  CHECK(ok && OPS->write_commit(BK(t), t, &err) == ES_OK);
+
+  t = rbegin(b);
+  /* queued_due_type: that type's queued rows due by now, by (due_at, position) */
+  CHECK(OPS->queued_due_type(BK(t), t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 2 && c.evs.v[0].position == pos[2] && c.evs.v[1].position == pos[7]);
+  collect_reset(&c);
+  /* queued_due_type: limit */
+  CHECK(OPS->queued_due_type(BK(t), t, NULL, "a", 1000, 1, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].position == pos[2]);
+  collect_reset(&c);
+  /* queued_due_type: unqueued, processed rows skipped */
+  CHECK(OPS->queued_due_type(BK(t), t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 3 && c.evs.v[2].position == pos[0]);
+  collect_reset(&c);
+  /* queued_due_type: only rows of that type */
+  CHECK(OPS->queued_due_type(BK(t), t, NULL, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 1 && c.evs.v[0].position == pos[1] && str_eq(c.evs.v[0].type, "b"));
+  collect_reset(&c);
+  /* queued_due_type: an unknown type has none */
+  CHECK(OPS->queued_due_type(BK(t), t, NULL, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
+            c.evs.n == 0);
+  collect_reset(&c);
+  /* queued_next_due_type: smallest due_at > now of that type */
+  CHECK(OPS->queued_next_due_type(BK(t), t, NULL, "a", 100, &due, &err) == ES_OK && due == 300 &&
+            OPS->queued_next_due_type(BK(t), t, NULL, "b", 100, &due, &err) == ES_OK && due == 900);
+  /* queued_next_due_type: none is ES_NONE */
+  CHECK(OPS->queued_next_due_type(BK(t), t, NULL, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
+            OPS->queued_next_due_type(BK(t), t, NULL, "zz", 0, &due, &err) == ES_OK && due == ES_NONE);
+  /* pending_types: pending rows per type (queued or not), byte order, no dead or processed */
+  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0);
+  OPS->read_end(BK(t), t);
+
+  /* an update moves rows out of (and back into) the counts and queues */
+  t = wbegin(b);
+  ev_make(&e, "s", 3, ids[2], "1");
+  e.type = "a";
+  e.status = ES_STATUS_PROCESSED;
+  e.queued = 0;
+  /* pending_types inside the write transaction sees its update */
+  CHECK(
+      OPS->event_update(BK(t), t, &e, &err) == ES_OK && strcmp(pending_text(t, &tt), "a=3 b=2 ") == 0);
+  OPS->write_rollback(BK(t), t);
+  t = rbegin(b);
+  /* ... and not after a rollback */
+  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0);
+  OPS->read_end(BK(t), t);
+}
+
 /* ---- counts: the backend's sums follow the core's rule --------------------- */
 
 /* The model: the store's sums and those of up to 8 scopes, moved by
@@ -717,6 +1141,16 @@ int main(void) {
       {"sessions: the same listing with a 0xFF byte sorting last", case_sessions_ff, 0, 1},
       {"sessions: the same byte order, prefix ending in 0xFF and all-0xFF prefix",
        case_sessions_fields_ff, 0, 1},
+      {"lane_next: lowest unprocessed index per (session, lane)", case_lane_next, 0, 0},
+      {"queued_due / queued_next_due: store by (due_at, position), session by index", case_queued,
+       0, 0},
+      {"queued_due_type / queued_next_due_type / pending_types: per-type queues and counts",
+       case_types, 0, 0},
+      {"dead_list: position order, per session, limits", case_dead, 0, 0},
+      {"lane_next, queued_due, queued_next_due, dead_list over a small fixture",
+       case_lanes_queue_dead, 0, 0},
+      {"queued_due_type, queued_next_due_type, pending_types; an update, a rollback",
+       case_types_fixture, 0, 0},
       {"counts follow the core's rule (es_counts_move): puts, markers, deletes, savepoints",
        case_counts, 0, 0},
       {"event_copy writes es_event_settle_copy's dispatch record and the origin", case_event_copy,

@@ -7,8 +7,9 @@
  * schema, corrupt file, read-only, missing directory, full disk).
  *
  * Cases every backend shares are written once in backend_test.c (memory,
- * sqlite and postgres): snapshots and sessions moved there. No check here
- * asserts a duration but for ceilings that only catch a hang (10x the expected time or more); the figures are
+ * sqlite and postgres): snapshots, sessions, lanes, queues, types and dead
+ * letters moved there. No check here asserts a duration but for ceilings
+ * that only catch a hang (10x the expected time or more); the figures are
  * printed, and waits are checked by the order of events.
  *
  * Prints TAP-style "ok N - name" / "not ok N - name" lines and exits
@@ -781,126 +782,8 @@ static void test_event_copy(void) {
   free(p);
 }
 
-static void test_lanes_queue_dead(void) {
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  es_event e;
-  char ids[64][16];
-  collect c = {0};
-  int64_t idx, due;
-  if (!b) {
-    CHECK(0, "open for lane tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-  /* session L: 1 a processed, 2 a dead, 3 a pending, 4 b pending, 5 unlaned */
-  struct {
-    const char *lane;
-    int status;
-  } L[] = {{"a", ES_STATUS_PROCESSED}, {"a", ES_STATUS_DEAD}, {"a", ES_STATUS_PENDING},
-           {"b", ES_STATUS_PENDING}, {NULL, ES_STATUS_PENDING}};
-  int n = 0, ok = 1;
-  for (int i = 0; i < 5; i++, n++) {
-    snprintf(ids[n], sizeof ids[n], "L%d", i + 1);
-    ev_make(&e, "L", i + 1, ids[n], "1");
-    e.lane = (char *)L[i].lane;
-    e.status = L[i].status;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-  }
-  /* queue: (session, idx, due_at); q1 and q2 share a due time */
-  struct {
-    const char *s;
-    int64_t due;
-    int queued;
-  } Q[] = {{"q1", 300, 1}, {"q1", 100, 1}, {"q2", 100, 1}, {"q2", 50, 0}, {"q3", 900, 1}, {"q3", 200, 1}};
-  int64_t qpos[6];
-  for (int i = 0; i < 6; i++, n++) {
-    snprintf(ids[n], sizeof ids[n], "Q%d", i);
-    ev_make(&e, Q[i].s, i + 1, ids[n], "2");
-    e.queued = Q[i].queued;
-    e.due_at = Q[i].due;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-    qpos[i] = e.position;
-  }
-  /* dead letters in two sessions */
-  int64_t dpos[4];
-  for (int i = 0; i < 4; i++, n++) {
-    snprintf(ids[n], sizeof ids[n], "D%d", i);
-    ev_make(&e, i % 2 ? "d1" : "d2", i + 1, ids[n], "3");
-    e.status = ES_STATUS_DEAD;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-    dpos[i] = e.position;
-  }
-  CHECK(ok, "insert lane/queue/dead fixtures");
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit fixtures");
-
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->lane_next(BK(t), t, "L", "a", 0, &idx, &err) == ES_OK && idx == 2,
-        "lane_next skips processed, counts dead letters");
-  CHECK(B->lane_next(BK(t), t, "L", "a", 2, &idx, &err) == ES_OK && idx == 3,
-        "lane_next after an index");
-  CHECK(B->lane_next(BK(t), t, "L", "a", 3, &idx, &err) == ES_OK && idx == 0,
-        "lane_next: none is 0");
-  CHECK(B->lane_next(BK(t), t, "L", "b", 0, &idx, &err) == ES_OK && idx == 4,
-        "lane_next: other lane");
-  CHECK(B->lane_next(BK(t), t, "L", "zz", 0, &idx, &err) == ES_OK && idx == 0,
-        "lane_next: unknown lane");
-
-  CHECK(B->queued_due(BK(t), t, NULL, NULL, 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 3 && c.evs.v[0].position == qpos[1] && c.evs.v[1].position == qpos[2] &&
-            c.evs.v[2].position == qpos[5],
-        "queued_due(all): due_at <= now, by (due_at, position), unqueued rows skipped");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, NULL, NULL, 1000, 2, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && c.evs.v[0].position == qpos[1],
-        "queued_due(all): limit");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q1", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && str_eq(c.evs.v[0].session, "q1") && str_eq(c.evs.v[1].session, "q1") &&
-            c.evs.v[0].index == 1 && c.evs.v[1].index == 2,
-        "queued_due(session): only that session, all of them, in index order");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q1", NULL, 1000, 1, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].index == 1,
-        "queued_due(session): limit takes the lowest indexes (not the earliest due)");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q1", NULL, 150, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].index == 2,
-        "queued_due(session): rows not yet due are skipped");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q2", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1,
-        "queued_due(session): unqueued rows skipped");
-  collect_reset(&c);
-  CHECK(B->queued_next_due(BK(t), t, NULL, NULL, 100, &due, &err) == ES_OK && due == 200,
-        "queued_next_due(all): smallest due_at > now");
-  CHECK(B->queued_next_due(BK(t), t, "q3", NULL, 200, &due, &err) == ES_OK && due == 900,
-        "queued_next_due(session)");
-  CHECK(B->queued_next_due(BK(t), t, NULL, NULL, 900, &due, &err) == ES_OK && due == ES_NONE,
-        "queued_next_due: none is ES_NONE");
-
-  CHECK(B->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 5 && c.evs.v[1].position == dpos[0] && c.evs.v[4].position == dpos[3],
-        "dead_list(all): every dead row by position");
-  collect_reset(&c);
-  CHECK(B->dead_list(BK(t), t, "d1", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && c.evs.v[0].position == dpos[1] && c.evs.v[1].position == dpos[3],
-        "dead_list(session)");
-  collect_reset(&c);
-  CHECK(B->dead_list(BK(t), t, NULL, NULL, dpos[1], 1, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].position == dpos[2],
-        "dead_list: after and limit");
-  collect_reset(&c);
-  B->read_end(BK(t), t);
-  B->close(b);
-  rm_db(p);
-  free(p);
-}
-
-/* The per-type ops: queued_due_type, queued_next_due_type, pending_types,
- * and the migration from version 2 (no type index) keeping its rows. */
+/* The migration from version 2 (no type index) keeping its rows; the
+ * per-type ops themselves are a case of backend_test.c (every backend). */
 typedef struct {
   char s[256];
   size_t n;
@@ -924,18 +807,12 @@ static const char *pending_text(es_txn *t, type_text *tt) {
 
 static void test_types(void) {
   char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
+  es_backend *b;
   es_txn *t;
   es_err err = {0};
-  es_event e;
   collect c = {0};
   type_text tt;
-  int64_t due, pos[8];
-  if (!b) {
-    CHECK(0, "open for type tests");
-    return;
-  }
-  /* (type, status, queued, due_at) */
+  /* (type, status, queued, due_at): backend_test.c's case_types_fixture */
   struct {
     const char *type;
     int status, queued;
@@ -944,68 +821,6 @@ static void test_types(void) {
            {"a", ES_STATUS_PENDING, 1, 100}, {"a", ES_STATUS_PENDING, 0, 50},
            {"a", ES_STATUS_PROCESSED, 0, 10}, {"c", ES_STATUS_DEAD, 0, 10},
            {"b", ES_STATUS_PENDING, 1, 900}, {"a", ES_STATUS_PENDING, 1, 100}};
-  char ids[8][16];
-  int ok = 1;
-  tx_write_begin(B, b, &t, &err);
-  for (int i = 0; i < 8; i++) {
-    snprintf(ids[i], sizeof ids[i], "T%d", i);
-    ev_make(&e, "s", i + 1, ids[i], "1");
-    e.type = (char *)R[i].type;
-    e.status = R[i].status;
-    e.queued = R[i].queued;
-    e.due_at = R[i].due;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-    pos[i] = e.position;
-  }
-  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "insert typed fixtures");
-
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && c.evs.v[0].position == pos[2] && c.evs.v[1].position == pos[7],
-        "queued_due_type: that type's queued rows due by now, by (due_at, position)");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 1000, 1, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].position == pos[2],
-        "queued_due_type: limit");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 3 && c.evs.v[2].position == pos[0],
-        "queued_due_type: unqueued, processed rows skipped");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].position == pos[1] && str_eq(c.evs.v[0].type, "b"),
-        "queued_due_type: only rows of that type");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 0,
-        "queued_due_type: an unknown type has none");
-  collect_reset(&c);
-  CHECK(B->queued_next_due_type(BK(t), t, NULL, "a", 100, &due, &err) == ES_OK && due == 300 &&
-            B->queued_next_due_type(BK(t), t, NULL, "b", 100, &due, &err) == ES_OK && due == 900,
-        "queued_next_due_type: smallest due_at > now of that type");
-  CHECK(B->queued_next_due_type(BK(t), t, NULL, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
-            B->queued_next_due_type(BK(t), t, NULL, "zz", 0, &due, &err) == ES_OK && due == ES_NONE,
-        "queued_next_due_type: none is ES_NONE");
-  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0,
-        "pending_types: pending rows per type (queued or not), byte order, no dead or processed");
-  B->read_end(BK(t), t);
-
-  /* an update moves rows out of (and back into) the counts and queues */
-  tx_write_begin(B, b, &t, &err);
-  ev_make(&e, "s", 3, ids[2], "1");
-  e.type = "a";
-  e.status = ES_STATUS_PROCESSED;
-  e.queued = 0;
-  CHECK(
-      B->event_update(BK(t), t, &e, &err) == ES_OK && strcmp(pending_text(t, &tt), "a=3 b=2 ") == 0,
-      "pending_types inside the write transaction sees its update");
-  B->write_rollback(BK(t), t);
-  tx_read_begin(B, b, &t, &err);
-  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0, "... and not after a rollback");
-  B->read_end(BK(t), t);
-  B->close(b);
-  rm_db(p);
-
   /* migration from version 2: the index is built over the rows there */
   char rows[2048];
   size_t rn = 0;
@@ -3560,7 +3375,6 @@ int main(void) {
   test_events();
   test_event_fields_everywhere();
   test_event_copy();
-  test_lanes_queue_dead();
   test_types();
   test_session_children();
   test_refs();
