@@ -276,6 +276,46 @@ static inline int pres_put(es_txn *t, const char *ns, const char *p, const char 
   return OPS->presence_put(BK(t), t, ns, &r, &err);
 }
 
+/* session_children's names as one string: "a b c ". */
+typedef struct ntext {
+  char s[4096];
+  size_t n;
+  size_t stop_at;
+  int calls;
+  es_txn *t;
+  int mode;  /* 1: each call moves its child to parent "elsewhere" and, the first 40,
+                add a child "zz<k>" of "big"; the first also moves c001, c003, ...
+                c099 away */
+} ntext;
+
+static inline int ntext_cb(void *ctx, const es_session_info *si) {
+  ntext *c = ctx;
+  c->calls++;
+  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s ", si->session);
+  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
+  if (c->mode == 1) {
+    char name[32];
+    CHECK_RC(sess_put_full(c->t, si->session, 0, "elsewhere", NULL, NULL), ES_OK);
+    snprintf(name, sizeof name, "zz%d", c->calls);
+    if (c->calls <= 40) CHECK_RC(sess_put_full(c->t, name, 0, "big", NULL, NULL), ES_OK);
+    for (int i = 1; c->calls == 1 && i < 100; i += 2) {
+      snprintf(name, sizeof name, "c%03d", i);
+      CHECK_RC(sess_put_full(c->t, name, 0, "elsewhere", NULL, NULL), ES_OK);
+    }
+  }
+  return c->stop_at && (size_t)c->calls >= c->stop_at;
+}
+
+static inline const char *children(es_txn *t, const char *parent, const char *after, int64_t limit,
+                            ntext *c) {
+  es_err err;
+  c->n = 0;
+  c->s[0] = '\0';
+  c->calls = 0;
+  CHECK_RC(OPS->session_children(BK(t), t, parent, after, limit, ntext_cb, c, &err), ES_OK);
+  return c->s;
+}
+
 /* Sessions a, b, c with laned, queued, processed, dead rows, session rows,
  * snapshots and presence: every index has members. */
 static inline void populate(es_backend *b) {

@@ -15,6 +15,13 @@
  *   (memory's), byte order, '%' and '_' literal in a prefix, every field of
  *   the row set and unset, children of a row (sqlite's); a 0xFF byte in
  *   names on memory and sqlite only (see HI);
+ * - session_children: byte order, after, limits, a stopping callback,
+ *   parents next to each other apart, moves between parents (memory's
+ *   listing; its NULL parent, negative limit, whole-state undo and walks
+ *   that write stay in memory_backend_test.c), whole rows with lineage,
+ *   replaced rows, savepoint and write rollback (sqlite's); the rollback of
+ *   a savepoint opened after writes is skipped on postgres (a bug there,
+ *   see case_children_savepoint);
  * - lanes, queues, types, dead letters: lane_next, queued_due,
  *   queued_next_due, queued_due_type, queued_next_due_type, pending_types,
  *   dead_list over populate()'s store (memory's) and over a small fixture
@@ -223,7 +230,7 @@ static void case_snapshots_binary(es_backend *b) {
  * session cases once more with it. PostgreSQL's text refuses invalid
  * UTF-8 (STORAGE), which the interface allows, as no name reaches it. */
 static const char *HI;
-static char hi_buf[8][32];
+static char hi_buf[8][64];
 
 /* "a" HI "z" and so on: pre, HI n times, post (in one of 8 buffers). */
 static const char *hi(int k, const char *pre, int n, const char *post) {
@@ -441,6 +448,185 @@ static void sessions_fields(es_backend *b) {
   commit(t);
 }
 
+/* ---- session_children (moved from both old files) ---------------------- */
+
+/* Moved from memory_backend_test.c (test_children's listing). */
+static void children_listing(es_backend *b) {
+  es_txn *t = wbegin(b);
+  ntext c = {.n = 0};
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "") == 0);
+  const char *kids[] = {"p/b", "p/a", hi(7, "p/", 1, ""), "p/\xc3\xa9", "q", "p/a/1"};
+  for (size_t i = 0; i < sizeof kids / sizeof kids[0]; i++)
+    CHECK_RC(sess_put_full(t, kids[i], (int64_t)i, "p", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "p", 0, NULL, NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "q/1", 0, "q", NULL, NULL), ES_OK);
+  /* Parents that sort next to "p" share no children with it. */
+  CHECK_RC(sess_put_full(t, "o/1", 0, "o", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "p!", 0, "p/", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "p0", 0, "p\x01", NULL, NULL), ES_OK);
+  CHECK_RC(sess_put_full(t, "pp", 0, "", NULL, NULL), ES_OK);  /* the empty name, stored */
+  CHECK_RC(ins(t, mkrow("r", 1, "r1", NULL)), ES_OK);  /* events only: no row, no parent */
+  commit(t);
+  t = rbegin(b);
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), hi(0, "p/a p/a/1 p/b p/\xc3\xa9 p/", 1, " q ")) == 0);
+  CHECK(strcmp(children(t, "p", "p/a", ES_NONE, &c), hi(1, "p/a/1 p/b p/\xc3\xa9 p/", 1, " q ")) == 0);
+  CHECK(strcmp(children(t, "p", "p/a/0", ES_NONE, &c), hi(1, "p/a/1 p/b p/\xc3\xa9 p/", 1, " q ")) == 0);
+  CHECK(strcmp(children(t, "p", "", ES_NONE, &c), hi(0, "p/a p/a/1 p/b p/\xc3\xa9 p/", 1, " q ")) == 0);
+  CHECK(strcmp(children(t, "p", "p/b", 2, &c), hi(2, "p/\xc3\xa9 p/", 1, " ")) == 0);
+  CHECK(strcmp(children(t, "p", NULL, 1, &c), "p/a ") == 0);
+  CHECK(strcmp(children(t, "p", "q", ES_NONE, &c), "") == 0);
+  CHECK(strcmp(children(t, "p", HI, ES_NONE, &c), "") == 0);
+  CHECK(strcmp(children(t, "p", NULL, ES_MAX_LIMIT, &c), hi(0, "p/a p/a/1 p/b p/\xc3\xa9 p/", 1, " q ")) == 0);
+  CHECK(strcmp(children(t, "p", NULL, INT64_MAX, &c), hi(0, "p/a p/a/1 p/b p/\xc3\xa9 p/", 1, " q ")) == 0);
+  CHECK(strcmp(children(t, "p", NULL, 0, &c), "") == 0);
+  /* a negative limit: memory's own case (memory_backend_test.c) */
+  CHECK(strcmp(children(t, "q", NULL, ES_NONE, &c), "q/1 ") == 0);
+  CHECK(strcmp(children(t, "p/", NULL, ES_NONE, &c), "p! ") == 0);
+  CHECK(strcmp(children(t, "", NULL, ES_NONE, &c), "pp ") == 0);
+  CHECK(strcmp(children(t, "o", NULL, ES_NONE, &c), "o/1 ") == 0);
+  CHECK(strcmp(children(t, "nobody", NULL, ES_NONE, &c), "") == 0);
+  CHECK(strcmp(children(t, "r", NULL, ES_NONE, &c), "") == 0);
+  c.stop_at = 2;  /* the callback stops the walk */
+  CHECK(strcmp(children(t, "p", NULL, ES_NONE, &c), "p/a p/a/1 ") == 0);
+  c.stop_at = 0;
+  /* a NULL parent: memory's own case (memory_backend_test.c) */
+  OPS->read_end(BK(t), t);
+}
+
+/* Moved from sqlite_backend_test.c (test_session_children): one range of
+ * the (parent, session) index, in byte order. */
+static int sp_after_writes; /* 1: children_fixture's savepoint after writes too */
+
+static void children_fixture(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  names c = {.n = 0};
+  sess_rows rows = {0};
+  /* children of "P" in byte order; inserted in reverse */
+  const char *kids[] = {"A", "P%", "P/a", "P_", "a", hi(0, "a", 1, ""), "b", hi(1, "", 1, ""),
+                        hi(2, "", 2, "")};
+  const int nk = (int)(sizeof kids / sizeof kids[0]);
+  t = wbegin(b);
+  int ok = 1;
+  es_session_info si;
+  for (int i = nk - 1; i >= 0; i--) {
+    char name[16];
+    es_session_info_init(&si);
+    snprintf(name, sizeof name, "%s", kids[i]);
+    si.session = name;
+    si.parent = (char *)"P";
+    si.fork_at = i;
+    si.forked_at = 1000 + i;
+    ok &= OPS->session_put(BK(t), t, &si, &err) == ES_OK;
+  }
+  /* noise: the parent itself, a sibling tree, sessions without a parent */
+  static const char *other[][2] = {{"P", NULL}, {"Q", NULL}, {"c1", "Q"}, {"P0", "PP"},
+                                   {"z", NULL}, {"", "P "}};
+  for (int i = 0; i < 6; i++) {
+    es_session_info_init(&si);
+    si.session = (char *)other[i][0];
+    si.parent = (char *)other[i][1];
+    ok &= OPS->session_put(BK(t), t, &si, &err) == ES_OK;
+  }
+  /* sessions with and without a parent */
+  CHECK(ok && OPS->write_commit(BK(t), t, &err) == ES_OK);
+
+  t = rbegin(b);
+  /* session_children: every child of the parent (ES_NONE: no limit) */
+  CHECK(OPS->session_children(BK(t), t, "P", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+            c.n == (size_t)nk);
+  ok = c.n == (size_t)nk;
+  for (int i = 0; ok && i < nk; i++) ok = strcmp(c.v[i], kids[i]) == 0;
+  /* session_children: ascending byte order (HI last), whatever the insertion order */
+  CHECK(ok);
+  c.n = 0;
+  /* session_children: a limit of 2^62 is no limit */
+  CHECK(
+      OPS->session_children(BK(t), t, "P", NULL, ES_MAX_LIMIT, collect_name, &c, &err) == ES_OK &&
+          c.n == (size_t)nk);
+  c.n = 0;
+  /* session_children: name > after, at most limit */
+  CHECK(OPS->session_children(BK(t), t, "P", "P_", 3, collect_name, &c, &err) == ES_OK &&
+            c.n == 3 && !strcmp(c.v[0], "a") && !strcmp(c.v[1], kids[5]) &&
+            !strcmp(c.v[2], "b"));
+  c.n = 0;
+  /* session_children: after a name that is a child excludes it */
+  CHECK(OPS->session_children(BK(t), t, "P", "b", ES_NONE, collect_name, &c, &err) == ES_OK &&
+            c.n == 2 && !strcmp(c.v[0], kids[7]));
+  c.n = 0;
+  /* session_children: after the last child gives nothing */
+  CHECK(
+      OPS->session_children(BK(t), t, "P", kids[8], ES_NONE, collect_name, &c, &err) == ES_OK &&
+          c.n == 0);
+  c.n = 0;
+  /* session_children: after "" is a bound like any other */
+  CHECK(OPS->session_children(BK(t), t, "P", "", 1, collect_name, &c, &err) == ES_OK && c.n == 1 &&
+            !strcmp(c.v[0], "A"));
+  c.n = 0;
+  /* session_children: limit 0 gives nothing */
+  CHECK(OPS->session_children(BK(t), t, "P", NULL, 0, collect_name, &c, &err) == ES_OK && c.n == 0);
+  c.n = 0;
+  /* session_children: only that parent's children, whole rows */
+  CHECK(OPS->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session_row, &rows, &err) ==
+                ES_OK &&
+            rows.n == 1 && str_eq(rows.v[0].session, "c1") && str_eq(rows.v[0].parent, "Q"));
+  sess_rows_reset(&rows);
+  /* session_children: other parents, a parent without children */
+  CHECK(OPS->session_children(BK(t), t, "P ", NULL, ES_NONE, collect_session_row, &rows, &err) ==
+                ES_OK &&
+            rows.n == 1 && str_eq(rows.v[0].session, "") &&
+            OPS->session_children(BK(t), t, "z", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+            c.n == 0 &&
+            OPS->session_children(BK(t), t, "PP", NULL, 5, collect_name, &c, &err) == ES_OK &&
+            c.n == 1);
+  sess_rows_reset(&rows);
+  c.n = 0;
+  /* session_children: the lineage fields come with the rows */
+  CHECK(OPS->session_children(BK(t), t, "P", NULL, 2, collect_session_row, &rows, &err) == ES_OK &&
+            rows.n == 2 && rows.v[1].fork_at == 1 && rows.v[1].forked_at == 1001);
+  sess_rows_reset(&rows);
+  OPS->read_end(BK(t), t);
+
+  /* a replaced row leaves its old parent's children (the index follows) */
+  t = wbegin(b);
+  es_session_info_init(&si);
+  si.session = (char *)"a";
+  si.parent = (char *)"Q";
+  ok = OPS->session_put(BK(t), t, &si, &err) == ES_OK;
+  si.session = (char *)"b";
+  si.parent = NULL;
+  ok &= OPS->session_put(BK(t), t, &si, &err) == ES_OK;
+  ok &= OPS->session_children(BK(t), t, "P", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+        c.n == (size_t)nk - 2;
+  c.n = 0;
+  ok &= OPS->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+        c.n == 2 && !strcmp(c.v[0], "a") && !strcmp(c.v[1], "c1");
+  c.n = 0;
+  /* session_put replacing a row moves it between parents (seen inside the write txn) */
+  CHECK(ok);
+  /* savepoint rollback undoes a new child (after writes outside any
+   * savepoint: see case_children_savepoint) */
+  if (sp_after_writes) {
+  ok = OPS->savepoint(BK(t), t, &err) == ES_OK;
+  si.session = (char *)"new-kid";
+  si.parent = (char *)"Q";
+  ok &= OPS->session_put(BK(t), t, &si, &err) == ES_OK;
+  OPS->savepoint_rollback(BK(t), t);
+  ok &= OPS->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+        c.n == 2;
+  c.n = 0;
+  /* savepoint_rollback undoes a child added in it */
+  CHECK(ok);
+  }
+  OPS->write_rollback(BK(t), t);
+  t = rbegin(b);
+  /* ... and write_rollback the moves */
+  CHECK(OPS->session_children(BK(t), t, "P", NULL, ES_NONE, collect_name, &c, &err) == ES_OK &&
+            c.n == (size_t)nk);
+  c.n = 0;
+  OPS->read_end(BK(t), t);
+}
+
 static void case_sessions(es_backend *b) {
   HI = MAXCP;
   sessions_listing(b);
@@ -449,6 +635,40 @@ static void case_sessions(es_backend *b) {
 static void case_sessions_fields(es_backend *b) {
   HI = MAXCP;
   sessions_fields(b);
+}
+
+static void case_children(es_backend *b) {
+  HI = MAXCP;
+  children_listing(b);
+}
+
+static void case_children_fixture(es_backend *b) {
+  HI = MAXCP;
+  sp_after_writes = 0;
+  children_fixture(b);
+}
+
+/* The same with its savepoint opened after writes made outside any
+ * savepoint (backend.h: savepoint_rollback "undoes since savepoint").
+ * PostgreSQL's first savepoint of a transaction is virtual (pg_savepoint):
+ * rolling it back rolls back the whole transaction, those earlier writes
+ * too. The core never writes outside a savepoint, so no store call meets
+ * it, but the op disagrees with its comment: skipped there, reported. */
+static void case_children_savepoint(es_backend *b) {
+  HI = MAXCP;
+  sp_after_writes = 1;
+  children_fixture(b);
+}
+
+static void case_children_ff(es_backend *b) {
+  HI = "\xff";
+  children_listing(b);
+}
+
+static void case_children_fixture_ff(es_backend *b) {
+  HI = "\xff";
+  sp_after_writes = 1;
+  children_fixture(b);
 }
 
 /* The 0xFF runs: a fresh store each (sessions_listing's names are fixed). */
@@ -1118,6 +1338,7 @@ typedef struct bcase {
   void (*fn)(es_backend *b);
   int needs_copy; /* 1: only where the backend has the optional event_copy */
   int bytes;      /* 1: names that are not UTF-8 (see HI): not on postgres */
+  const char *pg_bug; /* set: postgres disagrees with backend.h (skipped there, reported) */
 } bcase;
 
 int main(void) {
@@ -1132,29 +1353,39 @@ int main(void) {
        pg ? "ES_PG_URL is not a postgres:// URL" : "ES_PG_URL is not set (make test sets it)"},
   };
   static const bcase cases[] = {
-      {"snapshots: put, replace, get, list by reducer", case_snapshots, 0, 0},
+      {"snapshots: put, replace, get, list by reducer", case_snapshots, 0, 0, NULL},
       {"snapshots: binary and empty states, listing without states, replacing",
-       case_snapshots_binary, 0, 0},
-      {"sessions: get, replace, listing by prefix, after and limit", case_sessions, 0, 0},
+       case_snapshots_binary, 0, 0, NULL},
+      {"sessions: get, replace, listing by prefix, after and limit", case_sessions, 0, 0, NULL},
       {"sessions: byte order to U+10FFFF, literal '%' and '_', every field set and unset",
-       case_sessions_fields, 0, 0},
-      {"sessions: the same listing with a 0xFF byte sorting last", case_sessions_ff, 0, 1},
+       case_sessions_fields, 0, 0, NULL},
+      {"sessions: the same listing with a 0xFF byte sorting last", case_sessions_ff, 0, 1, NULL},
       {"sessions: the same byte order, prefix ending in 0xFF and all-0xFF prefix",
-       case_sessions_fields_ff, 0, 1},
-      {"lane_next: lowest unprocessed index per (session, lane)", case_lane_next, 0, 0},
+       case_sessions_fields_ff, 0, 1, NULL},
+      {"session_children: byte order, after, limits, parents apart, a put that moves a child",
+       case_children, 0, 0, NULL},
+      {"session_children: whole rows, lineage fields, replaced rows, savepoint and write rollback",
+       case_children_fixture, 0, 0, NULL},
+      {"session_children: a savepoint after writes outside any, rolled back, keeps them",
+       case_children_savepoint, 0, 0,
+       "postgres bug: savepoint_rollback of a transaction's first savepoint also undoes the "
+       "writes made before it (pg_savepoint's virtual savepoint), against backend.h"},
+      {"session_children: the same with a 0xFF byte sorting last", case_children_ff, 0, 1, NULL},
+      {"session_children: the same rows with 0xFF names", case_children_fixture_ff, 0, 1, NULL},
+      {"lane_next: lowest unprocessed index per (session, lane)", case_lane_next, 0, 0, NULL},
       {"queued_due / queued_next_due: store by (due_at, position), session by index", case_queued,
-       0, 0},
+       0, 0, NULL},
       {"queued_due_type / queued_next_due_type / pending_types: per-type queues and counts",
-       case_types, 0, 0},
-      {"dead_list: position order, per session, limits", case_dead, 0, 0},
+       case_types, 0, 0, NULL},
+      {"dead_list: position order, per session, limits", case_dead, 0, 0, NULL},
       {"lane_next, queued_due, queued_next_due, dead_list over a small fixture",
-       case_lanes_queue_dead, 0, 0},
+       case_lanes_queue_dead, 0, 0, NULL},
       {"queued_due_type, queued_next_due_type, pending_types; an update, a rollback",
-       case_types_fixture, 0, 0},
+       case_types_fixture, 0, 0, NULL},
       {"counts follow the core's rule (es_counts_move): puts, markers, deletes, savepoints",
-       case_counts, 0, 0},
+       case_counts, 0, 0, NULL},
       {"event_copy writes es_event_settle_copy's dispatch record and the origin", case_event_copy,
-       1, 0},
+       1, 0, NULL},
   };
   for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
     const target *x = &targets[i];
@@ -1170,6 +1401,12 @@ int main(void) {
       if (cases[k].needs_copy && !x->ops->event_copy) {
         /* optional: the core then copies row by row with es_event_settle_copy */
         printf("# %s: no event_copy (optional), nothing to test\n", name);
+        continue;
+      }
+      if (cases[k].pg_bug && x->ops != &es_backend_memory && x->ops != &es_backend_sqlite) {
+        char why[512];
+        snprintf(why, sizeof why, "%s: %s", name, cases[k].pg_bug);
+        skip(why);
         continue;
       }
       if (cases[k].bytes && x->ops != &es_backend_memory && x->ops != &es_backend_sqlite) {

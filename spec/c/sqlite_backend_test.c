@@ -7,8 +7,8 @@
  * schema, corrupt file, read-only, missing directory, full disk).
  *
  * Cases every backend shares are written once in backend_test.c (memory,
- * sqlite and postgres): snapshots, sessions, lanes, queues, types and dead
- * letters moved there. No check here asserts a duration but for ceilings
+ * sqlite and postgres): snapshots, sessions, session_children, lanes,
+ * queues, types and dead letters moved there. No check here asserts a duration but for ceilings
  * that only catch a hang (10x the expected time or more); the figures are
  * printed, and waits are checked by the order of events.
  *
@@ -1933,138 +1933,6 @@ static void test_event_fields_everywhere(void) {
   free(p);
 }
 
-/* session_children: one range of sessions_parent, in byte order. */
-static void test_session_children(void) {
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  collect c = {0};
-  sess_rows rows = {0};
-  /* children of "P" in byte order; inserted in reverse */
-  static const char *kids[] = {"A", "P%", "P/a", "P_", "a", "a\xff", "b", "\xff", "\xff\xff"};
-  const int nk = (int)(sizeof kids / sizeof kids[0]);
-  if (!b) {
-    CHECK(0, "open for children tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-  int ok = 1;
-  es_session_info si;
-  for (int i = nk - 1; i >= 0; i--) {
-    char name[16];
-    es_session_info_init(&si);
-    snprintf(name, sizeof name, "%s", kids[i]);
-    si.session = name;
-    si.parent = (char *)"P";
-    si.fork_at = i;
-    si.forked_at = 1000 + i;
-    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  }
-  /* noise: the parent itself, a sibling tree, sessions without a parent */
-  static const char *other[][2] = {{"P", NULL}, {"Q", NULL}, {"c1", "Q"}, {"P0", "PP"},
-                                   {"z", NULL}, {"", "P "}};
-  for (int i = 0; i < 6; i++) {
-    es_session_info_init(&si);
-    si.session = (char *)other[i][0];
-    si.parent = (char *)other[i][1];
-    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  }
-  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "sessions with and without a parent");
-
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == nk,
-        "session_children: every child of the parent (ES_NONE: no limit)");
-  ok = c.n == nk;
-  for (int i = 0; ok && i < nk; i++) ok = strcmp(c.names[i], kids[i]) == 0;
-  CHECK(ok, "session_children: ascending byte order (0xFF last), whatever the insertion order");
-  memset(&c, 0, sizeof c);
-  CHECK(
-      B->session_children(BK(t), t, "P", NULL, ES_MAX_LIMIT, collect_session, &c, &err) == ES_OK &&
-          c.n == nk,
-      "session_children: a limit of 2^62 is no limit");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", "P_", 3, collect_session, &c, &err) == ES_OK &&
-            c.n == 3 && !strcmp(c.names[0], "a") && !strcmp(c.names[1], "a\xff") &&
-            !strcmp(c.names[2], "b"),
-        "session_children: name > after, at most limit");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", "b", ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 2 && !strcmp(c.names[0], "\xff"),
-        "session_children: after a name that is a child excludes it");
-  memset(&c, 0, sizeof c);
-  CHECK(
-      B->session_children(BK(t), t, "P", "\xff\xff", ES_NONE, collect_session, &c, &err) == ES_OK &&
-          c.n == 0,
-      "session_children: after the last child gives nothing");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", "", 1, collect_session, &c, &err) == ES_OK && c.n == 1 &&
-            !strcmp(c.names[0], "A"),
-        "session_children: after \"\" is a bound like any other");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", NULL, 0, collect_session, &c, &err) == ES_OK && c.n == 0,
-        "session_children: limit 0 gives nothing");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session_row, &rows, &err) ==
-                ES_OK &&
-            rows.n == 1 && str_eq(rows.v[0].session, "c1") && str_eq(rows.v[0].parent, "Q"),
-        "session_children: only that parent's children, whole rows");
-  sess_rows_reset(&rows);
-  CHECK(B->session_children(BK(t), t, "P ", NULL, ES_NONE, collect_session_row, &rows, &err) ==
-                ES_OK &&
-            rows.n == 1 && str_eq(rows.v[0].session, "") &&
-            B->session_children(BK(t), t, "z", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 0 &&
-            B->session_children(BK(t), t, "PP", NULL, 5, collect_session, &c, &err) == ES_OK &&
-            c.n == 1,
-        "session_children: other parents, a parent without children");
-  sess_rows_reset(&rows);
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", NULL, 2, collect_session_row, &rows, &err) == ES_OK &&
-            rows.n == 2 && rows.v[1].fork_at == 1 && rows.v[1].forked_at == 1001,
-        "session_children: the lineage fields come with the rows");
-  sess_rows_reset(&rows);
-  B->read_end(BK(t), t);
-
-  /* a replaced row leaves its old parent's children (the index follows) */
-  tx_write_begin(B, b, &t, &err);
-  es_session_info_init(&si);
-  si.session = (char *)"a";
-  si.parent = (char *)"Q";
-  ok = B->session_put(BK(t), t, &si, &err) == ES_OK;
-  si.session = (char *)"b";
-  si.parent = NULL;
-  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  ok &= B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-        c.n == nk - 2;
-  memset(&c, 0, sizeof c);
-  ok &= B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-        c.n == 2 && !strcmp(c.names[0], "a") && !strcmp(c.names[1], "c1");
-  memset(&c, 0, sizeof c);
-  CHECK(ok, "session_put replacing a row moves it between parents (seen inside the write txn)");
-  /* savepoint rollback undoes a new child */
-  ok = B->savepoint(BK(t), t, &err) == ES_OK;
-  si.session = (char *)"new-kid";
-  si.parent = (char *)"Q";
-  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  B->savepoint_rollback(BK(t), t);
-  ok &= B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-        c.n == 2;
-  memset(&c, 0, sizeof c);
-  CHECK(ok, "savepoint_rollback undoes a child added in it");
-  B->write_rollback(BK(t), t);
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == nk,
-        "... and write_rollback the moves");
-  memset(&c, 0, sizeof c);
-  B->read_end(BK(t), t);
-  B->close(b);
-  rm_db(p);
-  free(p);
-}
-
 /* refs: get, put (insert or replace), delete, list. */
 static void test_refs(void) {
   char *p = tmp_path();
@@ -3376,7 +3244,6 @@ int main(void) {
   test_event_fields_everywhere();
   test_event_copy();
   test_types();
-  test_session_children();
   test_refs();
   test_snapshots_presence(); /* presence; snapshots in backend_test.c */
   test_savepoints();
