@@ -227,8 +227,9 @@ static void case_snapshots_binary(es_backend *b) {
  * (store.h), so it is U+10FFFF (0xF4 first) on every backend; memory and
  * sqlite also take a 0xFF byte, which is how the old tests sorted a name
  * last and bounded a prefix that cannot be incremented: they run the same
- * session cases once more with it. PostgreSQL's text refuses invalid
- * UTF-8 (STORAGE), which the interface allows, as no name reaches it. */
+ * session cases once more with it (bcase.bytes; main sets HI).
+ * PostgreSQL's text refuses invalid UTF-8 (STORAGE), which the interface
+ * allows, as no name reaches it. */
 static const char *HI;
 static char hi_buf[8][64];
 
@@ -627,23 +628,7 @@ static void children_fixture(es_backend *b) {
   OPS->read_end(BK(t), t);
 }
 
-static void case_sessions(es_backend *b) {
-  HI = MAXCP;
-  sessions_listing(b);
-}
-
-static void case_sessions_fields(es_backend *b) {
-  HI = MAXCP;
-  sessions_fields(b);
-}
-
-static void case_children(es_backend *b) {
-  HI = MAXCP;
-  children_listing(b);
-}
-
 static void case_children_fixture(es_backend *b) {
-  HI = MAXCP;
   sp_after_writes = 0;
   children_fixture(b);
 }
@@ -655,31 +640,8 @@ static void case_children_fixture(es_backend *b) {
  * too. The core never writes outside a savepoint, so no store call meets
  * it, but the op disagrees with its comment: skipped there, reported. */
 static void case_children_savepoint(es_backend *b) {
-  HI = MAXCP;
   sp_after_writes = 1;
   children_fixture(b);
-}
-
-static void case_children_ff(es_backend *b) {
-  HI = "\xff";
-  children_listing(b);
-}
-
-static void case_children_fixture_ff(es_backend *b) {
-  HI = "\xff";
-  sp_after_writes = 1;
-  children_fixture(b);
-}
-
-/* The 0xFF runs: a fresh store each (sessions_listing's names are fixed). */
-static void case_sessions_ff(es_backend *b) {
-  HI = "\xff";
-  sessions_listing(b);
-}
-
-static void case_sessions_fields_ff(es_backend *b) {
-  HI = "\xff";
-  sessions_fields(b);
 }
 
 /* ---- lanes, queues, types, dead letters (moved from both old files) -------- */
@@ -1019,7 +981,6 @@ static void case_lanes_queue_dead(es_backend *b) {
   OPS->read_end(BK(t), t);
 }
 
-
 /* Moved from sqlite_backend_test.c (test_types; its migration from
  * version 2 stays there). */
 static void case_types_fixture(es_backend *b) {
@@ -1337,7 +1298,7 @@ typedef struct bcase {
   const char *name;
   void (*fn)(es_backend *b);
   int needs_copy; /* 1: only where the backend has the optional event_copy */
-  int bytes;      /* 1: names that are not UTF-8 (see HI): not on postgres */
+  int bytes;      /* 1: HI is 0xFF, not UTF-8: memory and sqlite only; 0: HI is U+10FFFF */
   const char *pg_bug; /* set: postgres disagrees with backend.h (skipped there, reported) */
 } bcase;
 
@@ -1356,22 +1317,22 @@ int main(void) {
       {"snapshots: put, replace, get, list by reducer", case_snapshots, 0, 0, NULL},
       {"snapshots: binary and empty states, listing without states, replacing",
        case_snapshots_binary, 0, 0, NULL},
-      {"sessions: get, replace, listing by prefix, after and limit", case_sessions, 0, 0, NULL},
+      {"sessions: get, replace, listing by prefix, after and limit", sessions_listing, 0, 0, NULL},
       {"sessions: byte order to U+10FFFF, literal '%' and '_', every field set and unset",
-       case_sessions_fields, 0, 0, NULL},
-      {"sessions: the same listing with a 0xFF byte sorting last", case_sessions_ff, 0, 1, NULL},
+       sessions_fields, 0, 0, NULL},
+      {"sessions: the same listing with a 0xFF byte sorting last", sessions_listing, 0, 1, NULL},
       {"sessions: the same byte order, prefix ending in 0xFF and all-0xFF prefix",
-       case_sessions_fields_ff, 0, 1, NULL},
+       sessions_fields, 0, 1, NULL},
       {"session_children: byte order, after, limits, parents apart, a put that moves a child",
-       case_children, 0, 0, NULL},
+       children_listing, 0, 0, NULL},
       {"session_children: whole rows, lineage fields, replaced rows, savepoint and write rollback",
        case_children_fixture, 0, 0, NULL},
       {"session_children: a savepoint after writes outside any, rolled back, keeps them",
        case_children_savepoint, 0, 0,
        "postgres bug: savepoint_rollback of a transaction's first savepoint also undoes the "
        "writes made before it (pg_savepoint's virtual savepoint), against backend.h"},
-      {"session_children: the same with a 0xFF byte sorting last", case_children_ff, 0, 1, NULL},
-      {"session_children: the same rows with 0xFF names", case_children_fixture_ff, 0, 1, NULL},
+      {"session_children: the same with a 0xFF byte sorting last", children_listing, 0, 1, NULL},
+      {"session_children: the same rows with 0xFF names", case_children_savepoint, 0, 1, NULL},
       {"lane_next: lowest unprocessed index per (session, lane)", case_lane_next, 0, 0, NULL},
       {"queued_due / queued_next_due: store by (due_at, position), session by index", case_queued,
        0, 0, NULL},
@@ -1414,6 +1375,7 @@ int main(void) {
         continue;
       }
       OPS = x->ops;
+      HI = cases[k].bytes ? "\xff" : MAXCP;
       cur_failed = 0;
       es_backend *b = open_fresh(x, "case");
       if (b) cases[k].fn(b);
