@@ -316,6 +316,29 @@ static inline const char *children(es_txn *t, const char *parent, const char *af
   return c->s;
 }
 
+/* presence rows of ns live at now, as "participant.field" keys */
+typedef struct prows {
+  char key[64][16];
+  int tomb[64];
+  size_t n;
+} prows;
+
+static inline int collect_pres(void *ctx, const es_presence_row *r) {
+  prows *c = ctx;
+  if (c->n < 64) {
+    snprintf(c->key[c->n], 16, "%s.%s", r->participant, r->field);
+    c->tomb[c->n++] = r->value == NULL;
+  }
+  return 0;
+}
+
+static inline prows list_pres(es_txn *t, const char *ns, int64_t now) {
+  prows c = {.n = 0};
+  es_err err;
+  CHECK_RC(OPS->presence_list(BK(t), t, ns, now, collect_pres, &c, &err), ES_OK);
+  return c;
+}
+
 /* Sessions a, b, c with laned, queued, processed, dead rows, session rows,
  * snapshots and presence: every index has members. */
 static inline void populate(es_backend *b) {

@@ -22,6 +22,9 @@
  *   replaced rows, savepoint and write rollback (sqlite's); the rollback of
  *   a savepoint opened after writes is skipped on postgres (a bug there,
  *   see case_children_savepoint);
+ * - presence: put, get, list by (participant, field) at now, tombstones,
+ *   replace, expire, namespaces apart, past one walk chunk (memory's, over
+ *   populate()'s store; sqlite's fixture);
  * - lanes, queues, types, dead letters: lane_next, queued_due,
  *   queued_next_due, queued_due_type, queued_next_due_type, pending_types,
  *   dead_list over populate()'s store (memory's) and over a small fixture
@@ -1062,6 +1065,144 @@ static void case_types_fixture(es_backend *b) {
   OPS->read_end(BK(t), t);
 }
 
+/* ---- presence (moved from both old files) -------------------------------- */
+
+/* Moved from memory_backend_test.c (test_presence), over populate()'s store. */
+static void case_presence(es_backend *b) {
+  populate(b);
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_presence_row r;
+  es_presence_row_init(&r);
+  CHECK_RC(pres_put(t, "ns1", "p0", "f9", "9", 1, 5000), ES_OK);
+  CHECK_RC(pres_put(t, "ns1", "p1", "f0", "0", 1, 5000), ES_OK);
+  prows c = list_pres(t, "ns1", 0);
+  CHECK(c.n == 5);
+  const char *want[] = {"p0.f9", "p1.f0", "p1.f1", "p1.f2", "p2.f1"};
+  for (size_t i = 0; i < c.n && i < 5; i++) CHECK(strcmp(c.key[i], want[i]) == 0);
+  CHECK(c.tomb[3] && !c.tomb[2]);
+  c = list_pres(t, "ns1", 900);  /* expires_at <= now is gone */
+  CHECK(c.n == 4 && strcmp(c.key[3], "p1.f2") == 0);
+  c = list_pres(t, "ns1", 2000);
+  CHECK(c.n == 2);
+  c = list_pres(t, "nons", 0);
+  CHECK(c.n == 0);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f1", &r, &err), ES_OK);
+  CHECK(strcmp(r.value, "1") == 0 && r.value_len == 1 && r.seen == 20 && r.at == 10 && r.expires_at == 2000);
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f2", &r, &err), ES_OK);
+  CHECK(r.value == NULL && r.at == 11);
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p2", "f1", &r, &err),
+           ES_OK); /* get does not filter */
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p9", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->presence_get(BK(t), t, "nons", "p1", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(pres_put(t, "ns1", "p1", "f1", NULL, 30, 2100), ES_OK);  /* replace with a tombstone */
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f1", &r, &err), ES_OK);
+  CHECK(r.value == NULL && r.at == 30 && r.expires_at == 2100);
+  es_presence_row_destroy(&r);
+  CHECK_RC(OPS->presence_expire(BK(t), t, "ns1", 2000, &err), ES_OK);
+  c = list_pres(t, "ns1", INT64_MIN);
+  CHECK(c.n == 3 && strcmp(c.key[2], "p1.f1") == 0);
+  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p2", "f1", &r, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->presence_expire(BK(t), t, "nons", 2000, &err), ES_OK);
+  c = list_pres(t, "ns2", 0);
+  CHECK(c.n == 1);
+  /* Beyond one walk chunk. */
+  for (int i = 0; i < 50; i++) {
+    char f[16];
+    snprintf(f, sizeof f, "g%02d", i);
+    CHECK_RC(pres_put(t, "big", "p", f, "1", i, 10 + i), ES_OK);
+  }
+  c = list_pres(t, "big", 0);
+  CHECK(c.n == 50);
+  prows only = list_pres(t, "big", 40);
+  CHECK(only.n == 19 && strcmp(only.key[0], "p.g31") == 0);
+  CHECK_RC(OPS->presence_expire(BK(t), t, "big", 29, &err), ES_OK);
+  only = list_pres(t, "big", INT64_MIN);
+  CHECK(only.n == 30 && strcmp(only.key[0], "p.g20") == 0);
+  commit(t);
+}
+
+
+/* presence rows as "participant/field=value" ("(tomb)": a tombstone) */
+typedef struct pnames {
+  char v[32][64];
+  size_t n;
+} pnames;
+
+static int collect_pname(void *ctx, const es_presence_row *row) {
+  pnames *c = ctx;
+  if (c->n < 32) {
+    snprintf(c->v[c->n], sizeof c->v[0], "%s/%s=%s", row->participant, row->field,
+             row->value ? row->value : "(tomb)");
+  }
+  c->n++;
+  return 0;
+}
+
+/* Moved from sqlite_backend_test.c (test_snapshots_presence's presence). */
+static void case_presence_fixture(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  pnames c = {.n = 0};
+  int ok;
+  t = wbegin(b);
+
+  /* presence */
+  es_presence_row r;
+  es_presence_row_init(&r);
+  ok = 1;
+  struct {
+    const char *part, *field, *value;
+    int64_t exp;
+  } P[] = {{"bob", "typing", "true", 500}, {"alice", "status", "\"away\"", 500},
+           {"alice", "cursor", NULL, 500},  {"carol", "x", "1", 100}, {"alice", "a", "[]", 500}};
+  for (int i = 0; i < 5; i++) {
+    r.participant = (char *)P[i].part;
+    r.field = (char *)P[i].field;
+    r.value = (char *)P[i].value;
+    r.value_len = P[i].value ? strlen(P[i].value) : 0;
+    r.seen = i;
+    r.at = 10 + i;
+    r.expires_at = P[i].exp;
+    ok &= OPS->presence_put(BK(t), t, "ns", &r, &err) == ES_OK;
+  }
+  r.participant = (char *)"zed";
+  r.value = (char *)"\"other ns\"";
+  r.value_len = strlen(r.value);
+  ok &= OPS->presence_put(BK(t), t, "ns2", &r, &err) == ES_OK;
+  /* presence_put */
+  CHECK(ok);
+  es_presence_row pg;
+  /* presence_get: tombstone has NULL value */
+  CHECK(OPS->presence_get(BK(t), t, "ns", "alice", "cursor", &pg, &err) == ES_OK &&
+            pg.value == NULL && pg.at == 12 && pg.seen == 2 && pg.expires_at == 500);
+  es_presence_row_destroy(&pg);
+  /* presence_get: value */
+  CHECK(OPS->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK &&
+            str_eq(pg.value, "true") && pg.value_len == 4);
+  es_presence_row_destroy(&pg);
+  /* presence_get: missing */
+  CHECK(OPS->presence_get(BK(t), t, "ns", "bob", "none", &pg, &err) == ES_NOT_FOUND);
+  /* presence_list: live rows by (participant, field), tombstones included, expired skipped */
+  CHECK(OPS->presence_list(BK(t), t, "ns", 200, collect_pname, &c, &err) == ES_OK && c.n == 4 &&
+            !strcmp(c.v[0], "alice/a=[]") && !strcmp(c.v[1], "alice/cursor=(tomb)") &&
+            !strcmp(c.v[2], "alice/status=\"away\"") && !strcmp(c.v[3], "bob/typing=true"));
+  c.n = 0;
+  /* presence_expire drops rows with expires_at <= now only */
+  CHECK(OPS->presence_expire(BK(t), t, "ns", 100, &err) == ES_OK &&
+            OPS->presence_get(BK(t), t, "ns", "carol", "x", &pg, &err) == ES_NOT_FOUND &&
+            OPS->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK);
+  es_presence_row_destroy(&pg);
+  /* presence: namespaces are separate */
+  CHECK(OPS->presence_list(BK(t), t, "ns2", 0, collect_pname, &c, &err) == ES_OK && c.n == 1);
+  c.n = 0;
+  /* commit presence */
+  CHECK(OPS->write_commit(BK(t), t, &err) == ES_OK);
+}
+
 /* ---- counts: the backend's sums follow the core's rule --------------------- */
 
 /* The model: the store's sums and those of up to 8 scopes, moved by
@@ -1343,6 +1484,9 @@ int main(void) {
        case_lanes_queue_dead, 0, 0, NULL},
       {"queued_due_type, queued_next_due_type, pending_types; an update, a rollback",
        case_types_fixture, 0, 0, NULL},
+      {"presence: put, get, list by (participant, field), expire", case_presence, 0, 0, NULL},
+      {"presence: tombstones, missing rows, expired rows skipped, namespaces apart",
+       case_presence_fixture, 0, 0, NULL},
       {"counts follow the core's rule (es_counts_move): puts, markers, deletes, savepoints",
        case_counts, 0, 0, NULL},
       {"event_copy writes es_event_settle_copy's dispatch record and the origin", case_event_copy,

@@ -26,8 +26,9 @@
  *
  * Cases every backend shares are written once in backend_test.c, which runs
  * them against memory, sqlite and postgres (snapshots, sessions,
- * session_children's listing, lanes, queues, types and dead letters moved
- * there); the rows and the populated store both use are in backend_rows.h.
+ * session_children's listing, lanes, queues, types, dead letters and
+ * presence moved there); the rows and the populated store both use are in
+ * backend_rows.h.
  */
 #include <malloc.h>
 #include <pthread.h>
@@ -1433,87 +1434,6 @@ static void test_refs(void) {
   CHECK_RC(ref_put(t, "r000", "x", 0, 0), ES_OK);
   CHECK_RC(ref_del(t, "r001"), ES_OK);
   CHECK_RC(ref_put(t, "zz", "x", 0, 0), ES_OK);
-  OPS->close(b);
-}
-
-typedef struct prows {
-  char key[64][16];
-  int tomb[64];
-  size_t n;
-} prows;
-
-static int collect_pres(void *ctx, const es_presence_row *r) {
-  prows *c = ctx;
-  if (c->n < 64) {
-    snprintf(c->key[c->n], 16, "%s.%s", r->participant, r->field);
-    c->tomb[c->n++] = r->value == NULL;
-  }
-  return 0;
-}
-
-static prows list_pres(es_txn *t, const char *ns, int64_t now) {
-  prows c = {.n = 0};
-  es_err err;
-  CHECK_RC(OPS->presence_list(BK(t), t, ns, now, collect_pres, &c, &err), ES_OK);
-  return c;
-}
-
-static void test_presence(void) {
-  es_backend *b = open_mem();
-  populate(b);
-  es_txn *t = wbegin(b);
-  es_err err;
-  es_presence_row r;
-  es_presence_row_init(&r);
-  CHECK_RC(pres_put(t, "ns1", "p0", "f9", "9", 1, 5000), ES_OK);
-  CHECK_RC(pres_put(t, "ns1", "p1", "f0", "0", 1, 5000), ES_OK);
-  prows c = list_pres(t, "ns1", 0);
-  CHECK(c.n == 5);
-  const char *want[] = {"p0.f9", "p1.f0", "p1.f1", "p1.f2", "p2.f1"};
-  for (size_t i = 0; i < c.n && i < 5; i++) CHECK(strcmp(c.key[i], want[i]) == 0);
-  CHECK(c.tomb[3] && !c.tomb[2]);
-  c = list_pres(t, "ns1", 900);  /* expires_at <= now is gone */
-  CHECK(c.n == 4 && strcmp(c.key[3], "p1.f2") == 0);
-  c = list_pres(t, "ns1", 2000);
-  CHECK(c.n == 2);
-  c = list_pres(t, "nons", 0);
-  CHECK(c.n == 0);
-  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f1", &r, &err), ES_OK);
-  CHECK(strcmp(r.value, "1") == 0 && r.value_len == 1 && r.seen == 20 && r.at == 10 && r.expires_at == 2000);
-  es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f2", &r, &err), ES_OK);
-  CHECK(r.value == NULL && r.at == 11);
-  es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p2", "f1", &r, &err),
-           ES_OK); /* get does not filter */
-  es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p9", "f1", &r, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->presence_get(BK(t), t, "nons", "p1", "f1", &r, &err), ES_NOT_FOUND);
-  CHECK_RC(pres_put(t, "ns1", "p1", "f1", NULL, 30, 2100), ES_OK);  /* replace with a tombstone */
-  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p1", "f1", &r, &err), ES_OK);
-  CHECK(r.value == NULL && r.at == 30 && r.expires_at == 2100);
-  es_presence_row_destroy(&r);
-  CHECK_RC(OPS->presence_expire(BK(t), t, "ns1", 2000, &err), ES_OK);
-  c = list_pres(t, "ns1", INT64_MIN);
-  CHECK(c.n == 3 && strcmp(c.key[2], "p1.f1") == 0);
-  CHECK_RC(OPS->presence_get(BK(t), t, "ns1", "p2", "f1", &r, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->presence_expire(BK(t), t, "nons", 2000, &err), ES_OK);
-  c = list_pres(t, "ns2", 0);
-  CHECK(c.n == 1);
-  /* Beyond one walk chunk. */
-  for (int i = 0; i < 50; i++) {
-    char f[16];
-    snprintf(f, sizeof f, "g%02d", i);
-    CHECK_RC(pres_put(t, "big", "p", f, "1", i, 10 + i), ES_OK);
-  }
-  c = list_pres(t, "big", 0);
-  CHECK(c.n == 50);
-  prows only = list_pres(t, "big", 40);
-  CHECK(only.n == 19 && strcmp(only.key[0], "p.g31") == 0);
-  CHECK_RC(OPS->presence_expire(BK(t), t, "big", 29, &err), ES_OK);
-  only = list_pres(t, "big", INT64_MIN);
-  CHECK(only.n == 30 && strcmp(only.key[0], "p.g20") == 0);
-  commit(t);
   OPS->close(b);
 }
 
@@ -3791,7 +3711,6 @@ int main(int argc, char **argv) {
   run("session_children: byte order, after, limit, moves with the parent, undo, callbacks",
       test_children);
   run("refs: put, replace, get, delete, list in byte order, undo, callbacks", test_refs);
-  run("presence: put, get, list by (participant, field), expire", test_presence);
   run("savepoint_rollback restores the exact state, indexes included", test_savepoint_rollback);
   run("write_rollback restores the exact state and reuses positions", test_write_rollback);
   run("nested savepoints", test_nested_savepoints);

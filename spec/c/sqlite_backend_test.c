@@ -8,9 +8,10 @@
  *
  * Cases every backend shares are written once in backend_test.c (memory,
  * sqlite and postgres): snapshots, sessions, session_children, lanes,
- * queues, types and dead letters moved there. No check here asserts a duration but for ceilings
- * that only catch a hang (10x the expected time or more); the figures are
- * printed, and waits are checked by the order of events.
+ * queues, types, dead letters and presence moved there. No check here
+ * asserts a duration but for ceilings that only catch a hang (10x the
+ * expected time or more); the figures are printed, and waits are checked
+ * by the order of events.
  *
  * Prints TAP-style "ok N - name" / "not ok N - name" lines and exits
  * non-zero when any check failed. Temporary files live under /tmp and are
@@ -280,17 +281,6 @@ static int collect_snapshot(void *ctx, const es_snapshot *row) {
   if (c->n < 32) {
     snprintf(c->names[c->n], sizeof c->names[0], "%s", row->reducer);
     c->ints[c->n] = row->state == NULL ? row->index : -1; /* state must be NULL in a list */
-  }
-  c->n++;
-  return 0;
-}
-
-static int collect_presence(void *ctx, const es_presence_row *row) {
-  collect *c = ctx;
-  if (c->n < 32) {
-    snprintf(c->names[c->n], sizeof c->names[0], "%s/%s=%s", row->participant, row->field,
-             row->value ? row->value : "(tomb)");
-    c->ints[c->n] = row->expires_at;
   }
   c->n++;
   return 0;
@@ -845,74 +835,6 @@ static void test_types(void) {
     B->read_end(BK(t), t);
     B->close(b);
   }
-  rm_db(p);
-  free(p);
-}
-
-static void test_snapshots_presence(void) {
-  /* snapshots: backend_test.c (every backend) */
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  collect c = {0};
-  int ok;
-  if (!b) {
-    CHECK(0, "open for presence tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-
-  /* presence */
-  es_presence_row r;
-  es_presence_row_init(&r);
-  ok = 1;
-  struct {
-    const char *part, *field, *value;
-    int64_t exp;
-  } P[] = {{"bob", "typing", "true", 500}, {"alice", "status", "\"away\"", 500},
-           {"alice", "cursor", NULL, 500},  {"carol", "x", "1", 100}, {"alice", "a", "[]", 500}};
-  for (int i = 0; i < 5; i++) {
-    r.participant = (char *)P[i].part;
-    r.field = (char *)P[i].field;
-    r.value = (char *)P[i].value;
-    r.value_len = P[i].value ? strlen(P[i].value) : 0;
-    r.seen = i;
-    r.at = 10 + i;
-    r.expires_at = P[i].exp;
-    ok &= B->presence_put(BK(t), t, "ns", &r, &err) == ES_OK;
-  }
-  r.participant = (char *)"zed";
-  r.value = (char *)"\"other ns\"";
-  r.value_len = strlen(r.value);
-  ok &= B->presence_put(BK(t), t, "ns2", &r, &err) == ES_OK;
-  CHECK(ok, "presence_put");
-  es_presence_row pg;
-  CHECK(B->presence_get(BK(t), t, "ns", "alice", "cursor", &pg, &err) == ES_OK &&
-            pg.value == NULL && pg.at == 12 && pg.seen == 2 && pg.expires_at == 500,
-        "presence_get: tombstone has NULL value");
-  es_presence_row_destroy(&pg);
-  CHECK(B->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK &&
-            str_eq(pg.value, "true") && pg.value_len == 4,
-        "presence_get: value");
-  es_presence_row_destroy(&pg);
-  CHECK(B->presence_get(BK(t), t, "ns", "bob", "none", &pg, &err) == ES_NOT_FOUND,
-        "presence_get: missing");
-  CHECK(B->presence_list(BK(t), t, "ns", 200, collect_presence, &c, &err) == ES_OK && c.n == 4 &&
-            !strcmp(c.names[0], "alice/a=[]") && !strcmp(c.names[1], "alice/cursor=(tomb)") &&
-            !strcmp(c.names[2], "alice/status=\"away\"") && !strcmp(c.names[3], "bob/typing=true"),
-        "presence_list: live rows by (participant, field), tombstones included, expired skipped");
-  memset(&c, 0, sizeof c);
-  CHECK(B->presence_expire(BK(t), t, "ns", 100, &err) == ES_OK &&
-            B->presence_get(BK(t), t, "ns", "carol", "x", &pg, &err) == ES_NOT_FOUND &&
-            B->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK,
-        "presence_expire drops rows with expires_at <= now only");
-  es_presence_row_destroy(&pg);
-  CHECK(B->presence_list(BK(t), t, "ns2", 0, collect_presence, &c, &err) == ES_OK && c.n == 1,
-        "presence: namespaces are separate");
-  memset(&c, 0, sizeof c);
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit presence");
-  B->close(b);
   rm_db(p);
   free(p);
 }
@@ -3245,7 +3167,6 @@ int main(void) {
   test_event_copy();
   test_types();
   test_refs();
-  test_snapshots_presence(); /* presence; snapshots in backend_test.c */
   test_savepoints();
   test_reentrancy();
   test_concurrency();
