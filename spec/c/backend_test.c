@@ -1358,7 +1358,7 @@ static void case_event_copy(es_backend *b) {
     /* a source row with every dispatch field set, none of which a copy keeps */
     es_event e;
     es_event_init(&e);
-    char id[16];
+    char id[24];
     snprintf(id, sizeof id, "src-%d", i);
     e.session = "src";
     e.index = i;
@@ -1424,7 +1424,7 @@ static void case_event_copy(es_backend *b) {
           got.cause_attempt == src.cause_attempt && got.not_before == src.not_before &&
           str_same(got.key, src.key));
     CHECK(str_same(got.origin_session, "src") && got.origin_index == i && got.position > 0);
-    char id[16];
+    char id[24];
     snprintf(id, sizeof id, "copy-%d", i);
     CHECK(str_same(got.id, id));
     es_event_destroy(&got);
