@@ -1,8 +1,9 @@
 # eventstore: build, test, bench, install.
 #
 #   make            build the Lua module (build/lib/eventstore/core.so), libeventstore.a
-#                   and the binary (build/bin/eventstore, docs/cli.md)
-#   make test       install missing Debian packages, build, run every test
+#                   and the binary (build/bin/eventstore, docs/cli.md); no apt, no root
+#   make deps       install the missing Debian packages (apt-get: root)
+#   make test       make deps, build, run every test (spec/README.md)
 #   make check-sanitize   the same suite under AddressSanitizer (leaks included) + UBSan
 #   make bench      print benchmark figures (see bench/README.md)
 #   make bench-pg   only the PostgreSQL ones (a throwaway server, as make test)
@@ -21,7 +22,8 @@ OPT      ?= -O2 -g
 LUA_INC  ?= /usr/include/lua5.4
 PG_INC   ?= $(shell pg_config --includedir 2>/dev/null || echo /usr/include/postgresql)
 WARN     := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wstrict-prototypes -Wpointer-arith -Werror
-CFLAGS   += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -MMD -MP $(SAN)
+# override: `make CFLAGS=...` adds to these flags instead of replacing them.
+override CFLAGS += -std=c11 -D_GNU_SOURCE -fPIC $(OPT) $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore -MMD -MP $(SAN)
 # libpq is not linked: backends/postgres.c loads it (dlopen) when a
 # postgres:// store first opens (see there why); its headers are needed.
 LDLIBS   += -lsqlite3 -lzstd -lsodium -ldl -lpthread -lm
@@ -75,6 +77,8 @@ LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
 # Installs what is missing; a no-op (no apt) when everything is there.
+# Only the targets that run things call it (DEPS_FIRST): a plain `make` or
+# `make install` builds with what is installed, without apt or root.
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -84,7 +88,14 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(BUILD)/obj/%.o: core/%.c | deps
+# The targets that call `make deps` first (the README's `make demo` and
+# `make test` stay one command each). Every object waits for deps when one of
+# them is asked for, so that -j never compiles beside a running apt-get.
+DEPS_GOALS := test check check-sanitize check-valgrind bench bench-pg bench-http demo
+DEPS_FIRST := $(if $(filter $(DEPS_GOALS),$(MAKECMDGOALS)),deps)
+$(DEPS_GOALS): deps
+
+$(BUILD)/obj/%.o: core/%.c | $(DEPS_FIRST)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -134,7 +145,7 @@ $(BUILD)/ctest/http_fuzz_run: fuzz/http_fuzz.c $(HTTP_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DES_FUZZ_STANDALONE $< -o $@ $(HTTP_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS) $(HTTP_LIBS)
 
-# The README's test command. Last line: "N passed, N failed". The suite
+# The README's test command. Last line: "N passed, N failed, N skipped". The suite
 # runs on memory:, sqlite: and postgres: (a throwaway PostgreSQL cluster
 # that spec/support/pg_cluster.sh starts for the run and removes after it,
 # whatever happens).

@@ -12,6 +12,8 @@ lua5.4 bench/store_bench.lua memory: 1000000
 "$BUILD"/bench/store_bench "sqlite:$dir/store_bench.db" 1000000
 lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
 "$BUILD"/bench/sqlite_bench "$dir" 3
+# How soon a wait sees another process's append (bench/README.md, "Waits across processes").
+lua5.4 bench/wait_latency.lua "$dir"
 lua5.4 bench/engine_bench.lua "$dir"
 # Folds and engine:state() beside lua-cjson in the same run (bench/README.md, "Folds").
 lua5.4 bench/fold_bench.lua "$dir"

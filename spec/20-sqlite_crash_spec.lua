@@ -62,7 +62,7 @@ describe("sqlite: kill -9", function()
   end)
 
   it("loses nothing acknowledged and never half a batch", function()
-    math.randomseed(os.time())
+    helpers.seed("sqlite crash: kill moments")
     -- create the file first so every child only opens it
     eventstore.open("sqlite:" .. db):close()
 

@@ -146,11 +146,9 @@ describe("postgres: a connection the server drops", function()
   local function drop_connections(app)
     local q = "FROM pg_stat_activity WHERE application_name = '" .. app .. "'"
     local killed = tonumber(psql(template, "SELECT count(pg_terminate_backend(pid)) " .. q))
-    for _ = 1, 200 do
-      if psql(template, "SELECT count(*) " .. q) == "0" then return killed end
-      helpers.sleep(0.02)
-    end
-    error("the terminated connections of " .. app .. " are still there")
+    helpers.wait_until(function() return psql(template, "SELECT count(*) " .. q) == "0" end,
+      "the terminated connections of " .. app .. " to go")
+    return killed
   end
 
   it("is re-established by the next call; nothing committed is lost, nothing half-written", function()
@@ -210,7 +208,8 @@ local function hold(sql, seconds)
   local p = assert(io.popen(("psql %s -v ON_ERROR_STOP=1 -XAtq -c %s 2>&1"):format(
     helpers.sh_quote(psql_url(app)),
     helpers.sh_quote(("BEGIN; %s; SELECT pg_sleep(%d); COMMIT"):format(sql, seconds))), "r"))
-  for _ = 1, 500 do
+  local deadline = helpers.wall() + 120 -- ends when the sleep began; only a hang runs out
+  repeat
     local n = psql(template, ("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'"
       .. " AND query LIKE '%%pg_sleep%%'"):format(app))
     if n == "1" then
@@ -225,7 +224,7 @@ local function hold(sql, seconds)
       }
     end
     os.execute("sleep 0.02")
-  end
+  until helpers.wall() > deadline
   local out = p:read("a")
   p:close()
   error("the psql holding locks never started its sleep: " .. out)
@@ -239,13 +238,14 @@ describe("postgres: claims in parallel", function()
     store:append("a", { { type = "t" } })
     store:append("b", { { type = "t" } })
     local schema = schema_of(url)
-    local h = hold(("SELECT 1 FROM %s.events WHERE session = 'a' AND idx = 1 FOR UPDATE"):format(schema), 30)
+    local h = hold(("SELECT 1 FROM %s.events WHERE session = 'a' AND idx = 1 FOR UPDATE"):format(schema), 120)
     local t0 = os.time()
     local got = store:claim_next({ holder = "w", ttl_ms = 60000, limit = 10 })
     local took = os.time() - t0
     h.release(false)
     assert.same({ "b" }, helpers.pluck(got, "session"))
-    assert.is_true(took < 10, "claim_next waited " .. took .. " s for the held row")
+    -- a hang ceiling: waiting for the row would take the hold's 120 s
+    assert.is_true(took < 60, "claim_next waited " .. took .. " s for the held row")
     -- once released, the row is ready again for the next claim
     got = store:claim_next({ holder = "w", ttl_ms = 60000, limit = 10 })
     assert.same({ "a" }, helpers.pluck(got, "session"))

@@ -90,7 +90,9 @@ local function check_jobs(store, prefix, n)
   return total
 end
 
--- fn() must fail with STORAGE, within `seconds`.
+-- fn() must fail with STORAGE, within `seconds`: a hang ceiling (a call on
+-- a stopped server fails in milliseconds; one that waited for the server to
+-- come back would take the whole outage and more).
 local function fails_storage(what, seconds, fn)
   local t0 = helpers.wall()
   local ok, err = pcall(fn)
@@ -139,13 +141,18 @@ describe("postgres: a server restart mid-run", function()
       return ("--- engine (exit %s):\n%s\n--- appender (exit %s):\n%s"):format(tostring(ph.status(engine)),
         ph.tail(engine_log, 20), tostring(ph.status(appender)), ph.tail(appender_log, 10))
     end
-    local deadline = helpers.wall() + 150
     local function processed() return JOBS - pending_jobs(store) end
+    -- Waits until n jobs are processed; fails only when none was for
+    -- STALL_S (a hang), however slowly a loaded machine gets there.
+    local STALL_S = 120
     local function wait_processed(n)
-      while processed() < n do
+      local last, since = processed(), helpers.wall()
+      while last < n do
         assert.is_nil(ph.status(engine), "the engine ended early:\n" .. logs())
-        assert.is_true(helpers.wall() < deadline, "the engine does not get on:\n" .. logs())
+        assert.is_true(helpers.wall() - since < STALL_S, "the engine does not get on:\n" .. logs())
         helpers.sleep(0.05)
+        local now = processed()
+        if now ~= last then last, since = now, helpers.wall() end
       end
     end
 
@@ -162,10 +169,10 @@ describe("postgres: a server restart mid-run", function()
     local down_at = helpers.wall()
     -- Direct calls fail at once with STORAGE; the append writes nothing.
     local lost = { { type = "note", id = "down-1" }, { type = "note", id = "down-2" } }
-    fails_storage("append", 10, function() store:append("down", lost) end)
-    fails_storage("read", 10, function() store:read("rs-001") end)
-    fails_storage("claim_next", 10, function() store:claim_next({ holder = "spec", ttl_ms = 1000 }) end)
-    fails_storage("complete", 10, function() store:complete("rs-001", 1, 1, {}) end)
+    fails_storage("append", 30, function() store:append("down", lost) end)
+    fails_storage("read", 30, function() store:read("rs-001") end)
+    fails_storage("claim_next", 30, function() store:claim_next({ holder = "spec", ttl_ms = 1000 }) end)
+    fails_storage("complete", 30, function() store:complete("rs-001", 1, 1, {}) end)
     helpers.sleep(math.max(0, 2 - (helpers.wall() - down_at)))
     cluster("start-server")
 
@@ -177,7 +184,7 @@ describe("postgres: a server restart mid-run", function()
     assert.same({ "down-1", "down-2" }, helpers.pluck(store:read("down"), "id"))
 
     -- 4. The engine finishes on its own (until idle) and exits 0.
-    local rc = ph.wait(engine, math.max(1, deadline - helpers.wall()))
+    local rc = ph.wait(engine, 900) -- a hang ceiling: it ends when idle
     assert.equal(0, rc, "the engine did not finish cleanly:\n" .. logs())
     helpers.write_file(stop_file, "stop\n")
     assert.equal(0, ph.wait(appender, 60), "the appender failed:\n" .. logs())
@@ -258,7 +265,7 @@ end
     assert.is_true(eventstore.is_error(err, "STORAGE"), tostring(err))
     assert.truthy(tostring(err):find("outage_ms", 1, true), tostring(err))
     assert.is_true(took >= 1.4, ("gave up after %.2f s, before outage_ms"):format(took))
-    assert.is_true(took < 30, ("gave up after %.1f s"):format(took))
+    assert.is_true(took < 30, ("gave up after %.1f s"):format(took)) -- a hang ceiling (20 x outage_ms)
     -- and once the server is back, the same engine runs again
     store:append("u", { { type = "job" } })
     assert.equal(1, engine:run({ until_idle = true }).handled)

@@ -791,14 +791,17 @@ end
         local store = helpers.open(url)
         local dir = eh.scripts_dir()
         eh.handler(dir, "slow", [[return function(e)
-          os.execute("sleep 0.8") -- four TTLs; the keeper renews every ttl/3
+          os.execute("sleep 2.5") -- 2.5 TTLs; the keeper renews every ttl/3
           return {{type = "slow.done"}}
         end]])
-        local engine = eh.engine({ store = store, scripts = dir, workers = 2, ttl_ms = 200 })
+        -- A TTL long enough that a loaded machine's scheduling delays (a
+        -- renewal must be more than 600 ms late to lose the claim) cannot
+        -- fail the test; short enough that the handler outlives it.
+        local engine = eh.engine({ store = store, scripts = dir, workers = 2, ttl_ms = 1000 })
         append_pending(engine, "s", { { type = "slow" } })
         -- Without renewal the workers would retake each other's claims for
         -- ever: bound the run so a broken keeper fails instead of hanging.
-        local deadline = os.time() + 10
+        local deadline = os.time() + 60
         local r = eh.counts(engine:run({ until_idle = true, progress_ms = 100, progress = function()
           if os.time() > deadline then engine:stop() end
         end }))

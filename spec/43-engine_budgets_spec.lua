@@ -13,6 +13,12 @@ local function contains(haystack, needle)
   return type(haystack) == "string" and haystack:find(needle, 1, true) ~= nil
 end
 
+-- The only limit on elapsed time these tests assert: a ceiling that catches
+-- a hang (a budget, a stop or a deadline not enforced runs on for ever),
+-- far above what each takes (milliseconds to a second), so that a loaded
+-- machine never fails them. What proves the budget is the error it names.
+local HANG_MS = 60000
+
 local function wall()
   local p = io.popen("date +%s%N")
   local ns = tonumber(p:read("l"))
@@ -76,7 +82,7 @@ for _, url in ipairs(helpers.urls()) do
         assert.equal("dead", ev.status)
         assert.is_true(contains(ev.last_error, "instruction budget exceeded (1000000 instructions)"), ev.last_error)
         assert.equal(1, r.dead)
-        assert.is_true(ms < 5000, "took " .. ms .. " ms")
+        assert.is_true(ms < HANG_MS, "took " .. ms .. " ms")
       end)
     end
 
@@ -155,7 +161,7 @@ end]])
         assert.equal("dead", ev.status)
         assert.is_true(contains(ev.last_error, "TOO_LARGE"), ev.last_error)
         assert.is_true(contains(ev.last_error, "over the limit of 1048576 bytes"), ev.last_error)
-        assert.is_true(ms < 5000, "took " .. ms .. " ms")
+        assert.is_true(ms < HANG_MS, "took " .. ms .. " ms")
       end)
     end
 
@@ -262,7 +268,7 @@ end]])
         if st.busy > 0 and not asked then asked = true; engine:stop() end
       end })
       local ms = wall() - started
-      assert.is_true(ms < 3000, "took " .. ms .. " ms")
+      assert.is_true(ms < HANG_MS, "took " .. ms .. " ms")
       local ev = eh.event(t.store, "s", 1)
       assert.equal("pending", ev.status)
       assert.is_true(contains(ev.last_error, "interrupted: the engine is stopping"), ev.last_error)
@@ -291,7 +297,7 @@ return { a = function(s) while true do pcall(function() while true do end end) e
       t.store:append("s", { { type = "a" } })
       local started = wall()
       local err = expect_error("INVALID_ARGUMENT", function() engine:state("s", "r") end)
-      assert.is_true(wall() - started < 4000)
+      assert.is_true(wall() - started < HANG_MS)
       assert.is_true(contains(err.message, "reducer 'r'"), err.message)
       assert.same({ n = 1 }, engine:state("s", "ok"))
       os.execute("sleep 3")
@@ -392,7 +398,7 @@ describe("engine: a store it cannot write", function()
     local ok, err = pcall(engine.run, engine, { until_idle = true })
     assert.is_false(ok)
     assert.is_true(eventstore.is_error(err, "STORAGE"), tostring(err))
-    assert.is_true(wall() - started < 2000)
+    assert.is_true(wall() - started < HANG_MS)
     engine:close()
     ro:close()
     for _, s in ipairs({ "", "-wal", "-shm" }) do os.remove(db .. s) end

@@ -154,6 +154,6 @@ describe("http live: /healthz", function()
       assert.equals(0, rc)
     end)
   else
-    pending("healthz while PostgreSQL is down: needs ES_PG_URL and ES_PG_DIR (make test sets them)")
+    pending("postgres: healthz while PostgreSQL is down: needs ES_PG_URL and ES_PG_DIR (make test sets them)")
   end
 end)

@@ -94,6 +94,7 @@ for _, target in ipairs(targets) do
           end
         end
         take_sse(0.001)
+        -- a hang ceiling (the loop takes a second or two)
         assert(helpers.wall() - t0 < 120, "the clients made no progress")
       end
       -- every client has a request out now: kill the server under them

@@ -333,6 +333,38 @@ function helpers.sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
+-- Seeds math.random for a randomised test: from ES_SEED when it is set (to
+-- replay a failure), from the clock otherwise. Prints the seed as a TAP
+-- comment, which spec/run.sh shows with the test's failure.
+function helpers.seed(what)
+  local given = os.getenv("ES_SEED")
+  local seed = math.tointeger(tonumber(given or ""))
+  if given and given ~= "" and not seed then error("ES_SEED must be a whole number, got " .. given, 2) end
+  if not seed then
+    seed = math.floor(helpers.wall() * 1000)
+  end
+  math.randomseed(seed)
+  print(("# %s: seed %d (ES_SEED=%d replays it)"):format(what, seed, seed))
+  io.stdout:flush()
+  return seed
+end
+
+-- Polls cond() every `every` seconds (default 0.02) until it returns a true
+-- value, and returns that value. Raises "timed out waiting for WHAT" after
+-- `seconds` (default 120): a deadline that only a hang reaches, never a
+-- loaded machine (a count of polls would be, as each poll forks a sleep).
+function helpers.wait_until(cond, what, seconds, every)
+  local deadline = helpers.wall() + (seconds or 120)
+  repeat
+    local v = cond()
+    if v then return v end
+    helpers.sleep(every or 0.02)
+  until helpers.wall() > deadline
+  local v = cond()
+  if v then return v end
+  error("timed out waiting for " .. what, 2)
+end
+
 function helpers.sleep(seconds)
   os.execute(("sleep %.3f"):format(seconds))
 end

@@ -71,7 +71,7 @@ function hh.serve(opts)
   if opts.no_engine then argv[#argv + 1] = "--no-engine" end
   for _, a in ipairs(opts.args or {}) do argv[#argv + 1] = a end
   srv.proc = ph.spawn(argv, opts.env, srv.log)
-  local deadline = helpers.wall() + 20
+  local deadline = helpers.wall() + 60 -- ends when it listens; only a hang runs out
   repeat
     local text = helpers.read_file(srv.log) or ""
     local host, port = text:match("listening on http://([%d%.]+):(%d+)")
@@ -116,6 +116,8 @@ local function connect(srv, timeout)
   return c
 end
 
+hh.connect = connect
+
 -- Percent-encodes one path segment or query value (every byte but
 -- unreserved ones).
 function hh.enc(s)
@@ -153,6 +155,8 @@ local function read_head(c)
   end
   return status, headers
 end
+
+hh.read_head = read_head
 
 -- Reads a whole body (Content-Length, chunked, or until close).
 local function read_body(c, headers)

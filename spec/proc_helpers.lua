@@ -22,13 +22,10 @@ function ph.spawn(argv, env, log)
   local script = ("%s </dev/null >>%s 2>&1 & echo $! >%s; wait $!; echo $? >%s.tmp; mv %s.tmp %s")
     :format(table.concat(words, " "), q(log), q(p.pid_file), q(p.rc_file), q(p.rc_file), q(p.rc_file))
   assert(os.execute("sh -c " .. q(script) .. " >/dev/null 2>&1 &"))
-  for _ = 1, 500 do
+  p.pid = helpers.wait_until(function()
     local text = helpers.read_file(p.pid_file)
-    p.pid = text and math.tointeger(tonumber(text:match("^(%d+)\n")))
-    if p.pid then break end
-    helpers.sleep(0.01)
-  end
-  assert(p.pid, "could not start " .. table.concat(argv, " "))
+    return text and math.tointeger(tonumber(text:match("^(%d+)\n")))
+  end, "the pid of " .. table.concat(argv, " "), 60, 0.01)
   return p
 end
 

@@ -29,6 +29,11 @@ typedef struct es_http_limits {
   unsigned max_connections;    /* open connections at once; default 256 */
   unsigned request_timeout_s;  /* a request (headers and body) must arrive within it; an
                                   idle keep-alive connection is closed after it; default 30 */
+  unsigned header_timeout_ms;  /* a request's headers must all arrive within it of the
+                                  connection's accept (or of the previous answer on a
+                                  keep-alive connection), else it is closed; default 10000 */
+  unsigned max_per_client;     /* open connections from one client address; default
+                                  max_connections / 2 (at least 1) */
   unsigned max_streams;        /* open SSE streams at once (503 past it); default 128 */
   size_t stream_buffer;        /* bytes an SSE client may leave unread before it is dropped;
                                   default 1 MiB */

@@ -34,6 +34,7 @@ typedef struct es_http_counters {
   atomic_uint_fast64_t streams_opened; /* SSE streams started */
   atomic_uint_fast64_t streams_dropped;/* SSE clients dropped as too slow or gone */
   atomic_uint_fast64_t refused;        /* connections refused over max_connections */
+  atomic_uint_fast64_t header_timeouts; /* connections closed: headers late (header_timeout_ms) */
 } es_http_counters;
 
 /* What a handler needs of the server; owned by server.c. */
@@ -54,7 +55,9 @@ typedef struct es_http_ctx {
  * the handler's call (and a stream's life: server.c keeps the request
  * until the stream ends). */
 typedef struct es_http_req {
-  const char *method;                 /* "GET", "POST", "PUT", "DELETE" */
+  const char *method;                 /* "GET", "POST", "PUT", "DELETE" (HEAD comes as "GET") */
+  int head;                           /* a HEAD: answer as GET would, but a stream route opens
+                                         no stream (headers only) */
   const char *path;                   /* the raw path, without the query */
   const char *seg[ES_HTTP_MAX_SEGS];  /* the path's segments, percent-decoded; a segment
                                          that decodes to a NUL byte or invalid UTF-8 is

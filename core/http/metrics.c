@@ -259,6 +259,9 @@ static void server_figures(es_buf *b, const es_http_ctx *ctx) {
   family(b, "eventstore_http_connections_refused_total", "counter",
          "Connections refused over the connection limit.");
   sample_u(b, "eventstore_http_connections_refused_total", NULL, NULL, ld(&c->refused));
+  family(b, "eventstore_http_header_timeouts_total", "counter",
+         "Connections closed because their request headers did not all come in time.");
+  sample_u(b, "eventstore_http_header_timeouts_total", NULL, NULL, ld(&c->header_timeouts));
 }
 
 /* ---- the handlers ------------------------------------------------------------------------- */

@@ -9,7 +9,9 @@
  *
  * One thread per connection (MHD_USE_THREAD_PER_CONNECTION): handlers make
  * blocking store calls and SSE streams block in es_store_wait, so a slow
- * client or a slow call holds its own thread only.
+ * client or a slow call holds its own thread only. A reaper thread closes
+ * connections whose request headers are late (header_timeout_ms), which
+ * MHD's idle timeout alone cannot do against a client trickling bytes.
  *
  * libmicrohttpd would percent-decode the path before we see it, which
  * makes "a%2Fb" indistinguishable from two segments and cuts a "%00" short;
@@ -42,6 +44,17 @@
 #define DROP_SLACK (1024 * 1024)          /* bytes of an oversized chunked body read to answer 413 */
 #define TOKENS_CHECK_MS 1000               /* how often the tokens file's mtime is looked at */
 
+#define REAP_TICK_MS 100                  /* how often header deadlines are looked at */
+#define SLACK_HEADER_MS 1000               /* a connection past max_connections: its headers' deadline */
+
+/* One open connection (MHD's socket context), on es_http's list while it
+ * is open, so the reaper can close one whose headers are late. */
+typedef struct conn_slot {
+  int fd;
+  int64_t deadline_ms;     /* its request headers must be in by then; 0: they are */
+  struct conn_slot *prev, *next;
+} conn_slot;
+
 typedef struct tenant_entry {
   char *name;   /* owned */
   es_store *s;  /* owned: one reference */
@@ -56,13 +69,17 @@ struct es_http {
   atomic_int stopping;
   atomic_int streams;
   atomic_int conns;        /* connections open now (MHD's notify callback counts) */
+  pthread_mutex_t conns_mu; /* guards conn_list and each slot's deadline */
+  conn_slot *conn_list;
+  pthread_t reaper;        /* closes connections whose headers are late */
+  int reaper_started;
   es_http_counters counters;
   es_http_ctx ctx;
   char *static_dir;        /* owned; NULL: no static files */
   char *tokens_path;       /* owned */
   pthread_mutex_t mu;      /* guards tokens, tokens_*, tenants */
   es_tokens *tokens;       /* one reference; replaced when the file changes */
-  struct timespec tokens_mtime;
+  struct stat tokens_st;    /* the version of the file h->tokens was read from */
   int64_t tokens_checked_ms;
   tenant_entry *tenants;
   int port;
@@ -345,40 +362,73 @@ static es_store *tenant_store(es_http *h, const char *name, es_err *err) {
   return s;
 }
 
-/* Warns on stderr about each plain-text token of a freshly read file. */
-static void warn_plain(const char *path, const int *lines) {
+/* Warns on stderr about a freshly read file: each plain-text token, and
+ * a file others than its owner may read or write (a plain token there is
+ * anyone's; a writer adds tokens). A warning, not a refusal: a file of
+ * hashed tokens holds no secret, and who may write it is the directory's
+ * business too (docs/http.md "Tokens"). */
+static void warn_loaded(const char *path, const int *lines) {
   for (size_t i = 0; lines && lines[i]; i++)
     fprintf(stderr,
             "eventstore serve: warning: %s:%d: the token is in plain text; put its hash there "
             "instead (eventstore token hash TOKEN prints it)\n", path, lines[i]);
+  struct stat st;
+  if (stat(path, &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)))
+    fprintf(stderr,
+            "eventstore serve: warning: the tokens file %s has mode %04o: others than its owner "
+            "may read or change it (chmod 600 it)\n", path, (unsigned)(st.st_mode & 07777));
   fflush(stderr);
 }
 
-/* The current token set (retained for the caller). Rereads the file when
- * its mtime changed, at most once every TOKENS_CHECK_MS; a file that no
- * longer reads well keeps the old set (said on stderr). */
+/* Says on stderr that every token is refused now, and why. Said at every
+ * look at the file (at most once every TOKENS_CHECK_MS, when a request
+ * comes) until the file is usable again, so the log shows the cause for
+ * as long as it lasts. */
+static void revoke_all(es_http *h, const char *why) {
+  if (h->tokens) es_tokens_release(h->tokens);
+  h->tokens = NULL;
+  fprintf(stderr, "eventstore serve: the tokens file is not usable, so every token is refused until "
+                  "it is: %s\n", why);
+  fflush(stderr);
+}
+
+/* Whether two stats are the same version of the file: a rewrite, a rename
+ * over it, a truncation or a chmod changes one of these. */
+static int same_version(const struct stat *a, const struct stat *b) {
+  return a->st_ino == b->st_ino && a->st_dev == b->st_dev && a->st_size == b->st_size &&
+         a->st_mode == b->st_mode && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+         a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+         a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* The current token set (retained for the caller; NULL: none is valid).
+ * Looks at the file at most once every TOKENS_CHECK_MS and rereads it when
+ * it is another version, or at every look while it is not usable. Fails
+ * closed: a file that is missing, unreadable, empty or bad revokes every
+ * token until it is usable again. */
 static es_tokens *current_tokens(es_http *h) {
   pthread_mutex_lock(&h->mu);
   int64_t now = mono_ms();
   if (now - h->tokens_checked_ms >= TOKENS_CHECK_MS) {
     h->tokens_checked_ms = now;
     struct stat st;
-    if (stat(h->tokens_path, &st) == 0 &&
-        (st.st_mtim.tv_sec != h->tokens_mtime.tv_sec || st.st_mtim.tv_nsec != h->tokens_mtime.tv_nsec)) {
+    if (stat(h->tokens_path, &st) != 0) {
+      char why[ES_ERRMSG_MAX];
+      snprintf(why, sizeof why, "tokens file '%s': %s", h->tokens_path, strerror(errno));
+      revoke_all(h, why);
+    } else if (!h->tokens || !same_version(&st, &h->tokens_st)) {
       es_tokens *fresh = NULL;
       int *plain = NULL;
       es_err err = {0};
-      h->tokens_mtime = st.st_mtim;
+      h->tokens_st = st;
       if (es_tokens_load(h->tokens_path, h->root, &fresh, &plain, &err) == ES_OK) {
-        es_tokens_release(h->tokens);
+        if (h->tokens) es_tokens_release(h->tokens);
         h->tokens = fresh;
         fprintf(stderr, "eventstore serve: reloaded the tokens file %s\n", h->tokens_path);
-        warn_plain(h->tokens_path, plain);
+        warn_loaded(h->tokens_path, plain);
         free(plain);
       } else {
-        fprintf(stderr, "eventstore serve: the tokens file changed but is not usable, keeping the "
-                        "tokens read before: %s: %s\n", es_strerror(err.code), err.msg);
-        fflush(stderr);
+        revoke_all(h, err.msg);
       }
     }
   }
@@ -581,6 +631,46 @@ static void allow_add(char *allow, size_t cap, const char *m) {
   strncat(allow, m, cap - strlen(allow) - 1);
 }
 
+/* What the headers say of the request's body (RFC 9112 §6): its
+ * Content-Length headers and whether a Transfer-Encoding header came. */
+typedef struct framing {
+  int n_cl;                /* Content-Length headers seen */
+  unsigned long long cl;   /* the first one's value */
+  int cl_bad;              /* one is not a plain number, or two disagree */
+  int te;                  /* a Transfer-Encoding header came */
+} framing;
+
+static enum MHD_Result framing_one(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   size_t key_size, const char *value, size_t value_size) {
+  framing *f = cls;
+  (void)kind;
+  (void)key_size;
+  if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+    f->te = 1;
+  } else if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+    unsigned long long n = 0;
+    size_t digits = 0;
+    for (size_t i = 0; value && i < value_size; i++) {
+      if (value[i] < '0' || value[i] > '9' || ++digits > 18) {
+        f->cl_bad = 1;
+        break;
+      }
+      n = n * 10 + (unsigned)(value[i] - '0');
+    }
+    if (!digits) f->cl_bad = 1;
+    if (f->n_cl++ && n != f->cl) f->cl_bad = 1;
+    if (f->n_cl == 1) f->cl = n;
+  }
+  return MHD_YES;
+}
+
+/* Whether a request with this method may carry a body: GET, HEAD and
+ * DELETE take none on any route (static files and /healthz included). */
+static int method_takes_body(const char *method) {
+  return strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0 &&
+         strcmp(method, "DELETE") != 0;
+}
+
 /* The first look at a request (headers only). Decides everything that
  * needs no body: a refusal is answered at once, before the body is read
  * (libmicrohttpd then closes the connection instead of reading it).
@@ -604,8 +694,30 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
   r->path = strdup(url);
   if (!r->method || !r->path) return MHD_NO;
   r->req.method = r->method;
+  r->req.head = r->head;
   r->req.path = r->path;
   r->req.ctx = &h->ctx;
+
+  /* A body where the method takes none is refused before a byte of it is
+   * read, token or not: otherwise anyone could make the server hold
+   * max_body per connection on /healthz or the inspector's files. */
+  framing f = {0, 0, 0, 0};
+  MHD_get_connection_values_n(c, MHD_HEADER_KIND, framing_one, &f);
+  /* Two framings that disagree are how a request is smuggled past a proxy
+   * that reads the other one (RFC 9112 §6.3): 400, nothing read. */
+  if (f.cl_bad)
+    return refuse(c, r, 400, "INVALID_ARGUMENT", NULL, 1,
+                  "Content-Length must be one decimal number (headers that disagree or a list are refused)");
+  if (f.te && f.n_cl)
+    return refuse(c, r, 400, "INVALID_ARGUMENT", NULL, 1,
+                  "a request may not send both Content-Length and Transfer-Encoding");
+  if (!method_takes_body(method) && (f.te || f.cl > 0)) {
+    if (f.te)
+      return refuse(c, r, 413, "TOO_LARGE", NULL, 1, "%s takes no body (this request sends a chunked one)",
+                    method);
+    return refuse(c, r, 413, "TOO_LARGE", NULL, 1, "%s takes no body (this request announces %llu bytes)",
+                  method, f.cl);
+  }
 
   int st = split_path(r, url, &o);
   if (st) return answer(c, r, &o, NULL, 1);
@@ -712,6 +824,8 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
   return MHD_YES;
 }
 
+static void set_header_deadline(es_http *h, struct MHD_Connection *c, int64_t deadline_ms);
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
@@ -719,6 +833,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   rec *r = *con_cls;
   (void)version;
   if (!r) {
+    set_header_deadline(h, c, 0); /* the headers are in */
     r = calloc(1, sizeof *r);
     if (!r) return MHD_NO;
     r->h = h;
@@ -781,20 +896,85 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-  (void)cls;
-  (void)c;
+  es_http *h = cls;
   (void)toe;
   rec_release(*con_cls);
   *con_cls = NULL;
+  /* A keep-alive connection's next request has the same time for its
+   * headers, counted from this answer. */
+  set_header_deadline(h, c, mono_ms() + h->limits.header_timeout_ms);
 }
 
+/* Sets the header deadline of c's slot (0: none), under conns_mu. */
+static void set_header_deadline(es_http *h, struct MHD_Connection *c, int64_t deadline_ms) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  conn_slot *slot = ci ? ci->socket_context : NULL;
+  if (!slot) return;
+  pthread_mutex_lock(&h->conns_mu);
+  slot->deadline_ms = deadline_ms;
+  pthread_mutex_unlock(&h->conns_mu);
+}
+
+/* Keeps the list of open connections. A connection has header_timeout_ms
+ * from its accept for its request headers, so a client trickling a byte
+ * at a time cannot hold it (MHD's own timeout is per idle gap only); one
+ * past max_connections, which is only there to be told 503, has at most
+ * SLACK_HEADER_MS, so trickling clients cannot keep that slack either. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe) {
   es_http *h = cls;
-  (void)c;
-  (void)socket_context;
-  if (toe == MHD_CONNECTION_NOTIFY_STARTED) atomic_fetch_add(&h->conns, 1);
-  else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) atomic_fetch_sub(&h->conns, 1);
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    unsigned n = (unsigned)atomic_fetch_add(&h->conns, 1) + 1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    conn_slot *slot = ci ? calloc(1, sizeof *slot) : NULL;
+    if (!slot) return; /* not watched: MHD's idle timeout still applies */
+    unsigned ms = h->limits.header_timeout_ms;
+    if (n > h->limits.max_connections && ms > SLACK_HEADER_MS) ms = SLACK_HEADER_MS;
+    slot->fd = ci->connect_fd;
+    slot->deadline_ms = mono_ms() + ms;
+    pthread_mutex_lock(&h->conns_mu);
+    slot->next = h->conn_list;
+    if (h->conn_list) h->conn_list->prev = slot;
+    h->conn_list = slot;
+    pthread_mutex_unlock(&h->conns_mu);
+    *socket_context = slot;
+  } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+    atomic_fetch_sub(&h->conns, 1);
+    conn_slot *slot = *socket_context;
+    if (!slot) return;
+    /* MHD closes the socket after this: while the slot is listed, the
+     * reaper's fd is this connection's. */
+    pthread_mutex_lock(&h->conns_mu);
+    if (slot->prev) slot->prev->next = slot->next;
+    else h->conn_list = slot->next;
+    if (slot->next) slot->next->prev = slot->prev;
+    pthread_mutex_unlock(&h->conns_mu);
+    free(slot);
+    *socket_context = NULL;
+  }
+}
+
+/* The reaper: every REAP_TICK_MS, shuts down the socket of each connection
+ * whose headers are past their deadline; its MHD thread then sees the
+ * connection end and closes it, without an answer (a client that sends
+ * headers this slowly is not one to answer). */
+static void *reaper_main(void *arg) {
+  es_http *h = arg;
+  while (!atomic_load(&h->stopping)) {
+    struct timespec ts = {0, REAP_TICK_MS * 1000000L};
+    nanosleep(&ts, NULL);
+    int64_t now = mono_ms();
+    pthread_mutex_lock(&h->conns_mu);
+    for (conn_slot *s = h->conn_list; s; s = s->next) {
+      if (s->deadline_ms && now >= s->deadline_ms) {
+        s->deadline_ms = 0;
+        shutdown(s->fd, SHUT_RDWR);
+        atomic_fetch_add_explicit(&h->counters.header_timeouts, 1, memory_order_relaxed);
+      }
+    }
+    pthread_mutex_unlock(&h->conns_mu);
+  }
+  return NULL;
 }
 
 /* libmicrohttpd's own messages (a client gone mid-answer, a request it
@@ -832,6 +1012,8 @@ static void apply_defaults(es_http_limits *l) {
   if (!l->max_connections) l->max_connections = 256;
   if (!l->request_timeout_s) l->request_timeout_s = 30;
   if (!l->max_streams) l->max_streams = 128;
+  if (!l->header_timeout_ms) l->header_timeout_ms = 10000;
+  if (!l->max_per_client) l->max_per_client = l->max_connections / 2 ? l->max_connections / 2 : 1;
   if (!l->stream_buffer) l->stream_buffer = 1024 * 1024;
   if (!l->max_limit) l->max_limit = 1000;
 }
@@ -901,6 +1083,7 @@ static void http_free(es_http *h) {
   free(h->static_dir);
   free(h->tokens_path);
   pthread_mutex_destroy(&h->mu);
+  pthread_mutex_destroy(&h->conns_mu);
   free(h);
 }
 
@@ -920,6 +1103,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
   es_http *h = calloc(1, sizeof *h);
   if (!h) return es_fail(err, ES_STORAGE, "out of memory");
   pthread_mutex_init(&h->mu, NULL);
+  pthread_mutex_init(&h->conns_mu, NULL);
   es_store_retain(root);
   h->root = root;
   h->engine = engine;
@@ -940,15 +1124,14 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
     http_free(h);
     return es_fail(err, ES_STORAGE, "out of memory");
   }
-  struct stat st;
-  if (stat(h->tokens_path, &st) == 0) h->tokens_mtime = st.st_mtim;
+  stat(h->tokens_path, &h->tokens_st); /* a failure reads the file again at the first look */
   h->tokens_checked_ms = mono_ms();
   int *plain = NULL;
   if (es_tokens_load(h->tokens_path, root, &h->tokens, &plain, err) != ES_OK) {
     http_free(h);
     return err->code;
   }
-  warn_plain(h->tokens_path, plain);
+  warn_loaded(h->tokens_path, plain);
   free(plain);
 
   /* MHD's own cap sits a little above ours so that the connections past
@@ -962,6 +1145,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
                           MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* first: it says so otherwise */
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                           MHD_OPTION_CONNECTION_LIMIT, h->limits.max_connections + slack,
+                          MHD_OPTION_PER_IP_CONNECTION_LIMIT, h->limits.max_per_client,
                           MHD_OPTION_CONNECTION_TIMEOUT, h->limits.request_timeout_s,
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
@@ -977,6 +1161,13 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
     http_free(h);
     return rc;
   }
+  if (pthread_create(&h->reaper, NULL, reaper_main, h) != 0) {
+    atomic_store(&h->stopping, 1);
+    MHD_stop_daemon(h->d);
+    http_free(h);
+    return es_fail(err, ES_STORAGE, "cannot start the server's reaper thread");
+  }
+  h->reaper_started = 1;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info ? info->port : 0;
   (void)sslen;
@@ -991,6 +1182,7 @@ void es_http_stop(es_http *h) {
   /* Streams see `stopping` within about a second and end; requests in
    * flight finish their one store call; then MHD joins every thread. */
   atomic_store(&h->stopping, 1);
+  if (h->reaper_started) pthread_join(h->reaper, NULL);
   if (h->d) MHD_stop_daemon(h->d);
   h->d = NULL;
   http_free(h);

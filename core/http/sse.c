@@ -302,9 +302,17 @@ static int answer_now(sse *st, char *buf, size_t max, ssize_t *ret) {
 /* Makes out the 200 answer that streams st through cb (st is then the
  * server's: freed by stream_free when the stream ends). */
 static int open_stream(const es_http_req *r, es_http_resp *out, sse *st, es_http_stream_fn cb) {
-  atomic_fetch_add_explicit(&r->ctx->counters->streams_opened, 1, memory_order_relaxed);
   out->status = 200;
   out->content_type = "text/event-stream";
+  if (r->head) {
+    /* HEAD: the checks and the headers a GET gets, and no stream: a body
+     * (even chunked framing) would corrupt the next answer on a
+     * keep-alive connection. Not opened, so not counted as dropped. */
+    st->ended = 1;
+    stream_free(st);
+    return 0;
+  }
+  atomic_fetch_add_explicit(&r->ctx->counters->streams_opened, 1, memory_order_relaxed);
   out->stream = cb;
   out->stream_state = st;
   out->stream_free = stream_free;

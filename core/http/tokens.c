@@ -5,11 +5,14 @@
  * says nothing about which entry, or how much of one, matched.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "http/internal.h"
 #include "http/tokens.h"
@@ -41,7 +44,9 @@ static void tokens_free(es_tokens *t) {
   free(t);
 }
 
-void es_tokens_retain(es_tokens *t) { atomic_fetch_add(&t->refs, 1); }
+void es_tokens_retain(es_tokens *t) {
+  if (t) atomic_fetch_add(&t->refs, 1);
+}
 
 void es_tokens_release(es_tokens *t) {
   if (t && atomic_fetch_sub(&t->refs, 1) == 1) tokens_free(t);
@@ -163,29 +168,62 @@ int es_tokens_load(const char *path, es_store *root, es_tokens **out, int **plai
   *out = NULL;
   if (plain_lines) *plain_lines = NULL;
   if (sodium_ready(err)) return err->code;
-  FILE *f = fopen(path, "r");
-  if (!f)
+  /* O_NONBLOCK: a FIFO would block the open itself; it is refused below
+   * as not a regular file, like a device (/dev/zero never ends). */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  struct stat st;
+  if (fd < 0)
     return es_fail(err, errno == ENOENT ? ES_INVALID_ARGUMENT : ES_STORAGE,
                    "tokens file '%s': %s", path, strerror(errno));
+  int e = fstat(fd, &st) != 0 ? errno : 0;
+  if (e || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return es_fail(err, ES_INVALID_ARGUMENT, "tokens file '%s': %s", path,
+                   e ? strerror(e) : "not a regular file");
+  }
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return es_fail(err, ES_STORAGE, "tokens file '%s': %s", path, strerror(errno));
+  }
   es_tokens *t = calloc(1, sizeof *t);
   int *plain = NULL;
   size_t nplain = 0, plain_cap = 0;
-  char *line = NULL;
-  size_t line_cap = 0;
+  char line[ES_TOKENS_MAX_LINE + 1];
+  size_t total = 0;
   int lineno = 0, rc = ES_OK;
   if (!t) {
     rc = es_fail(err, ES_STORAGE, "out of memory");
     goto done;
   }
   atomic_init(&t->refs, 1);
-  ssize_t len;
-  while ((len = getline(&line, &line_cap, f)) >= 0) {
-    lineno++;
-    if ((size_t)len != strlen(line)) {
-      rc = es_fail(err, ES_INVALID_ARGUMENT, "%s:%d: the line holds a NUL byte", path, lineno);
-      goto done;
+  /* Read by hand, with both limits checked as bytes arrive: the file may
+   * grow while it is read, so neither its size at open nor getline's
+   * unbounded line would do. */
+  for (;;) {
+    size_t len = 0;
+    int ch = EOF;
+    while ((ch = getc(f)) != EOF) {
+      if (++total > ES_TOKENS_MAX_BYTES) {
+        rc = es_fail(err, ES_INVALID_ARGUMENT, "tokens file '%s' is over %d bytes", path,
+                     ES_TOKENS_MAX_BYTES);
+        goto done;
+      }
+      if (ch == '\n') break;
+      if (ch == '\0') {
+        rc = es_fail(err, ES_INVALID_ARGUMENT, "%s:%d: the line holds a NUL byte", path, lineno + 1);
+        goto done;
+      }
+      if (len == ES_TOKENS_MAX_LINE) {
+        rc = es_fail(err, ES_INVALID_ARGUMENT, "%s:%d: the line is over %d bytes", path, lineno + 1,
+                     ES_TOKENS_MAX_LINE);
+        goto done;
+      }
+      line[len++] = (char)ch;
     }
-    if (len > 0 && line[len - 1] == '\n') line[--len] = '\0';
+    line[len] = '\0';
+    if (ch == EOF && len == 0) break;
+    lineno++;
     const char *p = line;
     while (*p == ' ' || *p == '\t' || *p == '\r') p++;
     if (*p == '\0' || *p == '#') continue;
@@ -200,6 +238,7 @@ int es_tokens_load(const char *path, es_store *root, es_tokens **out, int **plai
       plain[nplain++] = lineno;
       plain[nplain] = 0;
     }
+    if (ch == EOF) break;
   }
   if (ferror(f)) {
     rc = es_fail(err, ES_STORAGE, "tokens file '%s': %s", path, strerror(errno));
@@ -212,7 +251,6 @@ int es_tokens_load(const char *path, es_store *root, es_tokens **out, int **plai
     goto done;
   }
 done:
-  free(line);
   fclose(f);
   if (rc) {
     tokens_free(t);
@@ -227,6 +265,7 @@ done:
 
 int es_tokens_find(const es_tokens *t, const char *token, size_t n, const char **tenant,
                    int *rights) {
+  if (!t) return 0; /* no usable tokens file: every token is revoked */
   unsigned char d[crypto_hash_sha256_BYTES];
   crypto_hash_sha256(d, (const unsigned char *)token, n);
   /* Every entry is compared (no early exit), each in constant time. */

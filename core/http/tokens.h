@@ -27,7 +27,15 @@ typedef struct es_tokens es_tokens;
 /* The random tokens es_token_new makes: 32 bytes as 64 hex digits + NUL. */
 #define ES_TOKEN_NEW_CHARS (64 + 1)
 
-/* Reads the tokens file at path. Tenant names are checked with the store's
+/* Bounds on the file, so that a wrong path (a device, a log) cannot make
+ * the server read without end: a longer line or a larger file is refused
+ * (INVALID_ARGUMENT). A line holds a 71-byte hash, a tenant name and the
+ * rights; 1 MiB is some 8000 such lines. */
+#define ES_TOKENS_MAX_LINE 4096
+#define ES_TOKENS_MAX_BYTES (1024 * 1024)
+
+/* Reads the tokens file at path (a regular file: a device or a FIFO is
+ * refused). Tenant names are checked with the store's
  * rules (es_store_tenant on root, borrowed, which must not be a tenant
  * handle). *plain_lines (may be NULL) receives a malloc'd array of the line
  * numbers holding plain-text tokens, ending with 0 (the caller frees it), so
@@ -40,10 +48,11 @@ int es_tokens_load(const char *path, es_store *root, es_tokens **out, int **plai
 
 /* Reference counting: a request keeps the set it was authenticated with
  * while the set may be replaced (the file reloaded). Thread-safe. */
-void es_tokens_retain(es_tokens *t);
+void es_tokens_retain(es_tokens *t); /* t may be NULL */
 void es_tokens_release(es_tokens *t);
 
-/* Looks up the presented token (n bytes). Returns 1 with *tenant (borrowed
+/* Looks up the presented token (n bytes) in t (NULL: no usable file, so
+ * no token is valid). Returns 1 with *tenant (borrowed
  * from t: NULL for `*`) and *rights (ES_RIGHT_* bits) set, 0 when it is
  * not in the set. Every entry is compared, in constant time. */
 int es_tokens_find(const es_tokens *t, const char *token, size_t n, const char **tenant,

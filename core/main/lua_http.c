@@ -6,7 +6,8 @@
  *
  *   http.start{store = Store, engine = Engine|nil, listen = "HOST:PORT",
  *              tokens = PATH, static = DIR|nil, max_body = N, max_batch = N,
- *              max_connections = N, request_timeout = S, max_streams = N,
+ *              max_connections = N, request_timeout = S, header_timeout_ms = MS,
+ *              max_per_client = N, max_streams = N,
  *              stream_buffer = N, max_limit = N} -> server
  *   server:port() -> the TCP port;  server:stop() (also __close, __gc)
  *   http.hash_token(token) -> "sha256:<hex>"
@@ -83,6 +84,8 @@ static int l_start(lua_State *L) {
   o.limits.max_batch = (size_t)opt_limit(L, 1, "max_batch", 1000000);
   o.limits.max_connections = (unsigned)opt_limit(L, 1, "max_connections", 100000);
   o.limits.request_timeout_s = (unsigned)opt_limit(L, 1, "request_timeout", 86400);
+  o.limits.header_timeout_ms = (unsigned)opt_limit(L, 1, "header_timeout_ms", 86400000);
+  o.limits.max_per_client = (unsigned)opt_limit(L, 1, "max_per_client", 100000);
   o.limits.max_streams = (unsigned)opt_limit(L, 1, "max_streams", 100000);
   o.limits.stream_buffer = (size_t)opt_limit(L, 1, "stream_buffer", (int64_t)1 << 34);
   o.limits.max_limit = opt_limit(L, 1, "max_limit", 1000000);

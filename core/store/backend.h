@@ -76,7 +76,11 @@ typedef struct es_backend_ops {
 
   /* Transactions. A write transaction contains savepoints: the core wraps
    * each caller's work in savepoint/release so that one caller's failure
-   * rolls back only its own rows while the batch goes on. */
+   * rolls back only its own rows while the batch goes on. The core writes
+   * nothing in a write transaction before its first savepoint, and a
+   * backend may rely on that: PostgreSQL's first savepoint of a transaction
+   * is virtual (rolling it back rolls back the transaction, which holds
+   * nothing else then). */
   int (*write_begin)(es_backend *b, es_txn **t, es_err *err);
   int (*write_commit)(es_backend *b, es_txn *t,
                       es_err *err);                 /* durable when it returns ES_OK; ends t */

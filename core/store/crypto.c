@@ -303,9 +303,28 @@ static int do_check(es_store *s, es_txn *t, void *arg, es_err *err) {
   return check_row(s, t, &found, err);
 }
 
+/* Whether the store has data keys wrapped by some master key (*(int *)arg;
+ * s->crypto is not set yet, so es_crypto_in_use looks at the check row). */
+static int do_has_check(es_store *s, es_txn *t, void *arg, es_err *err) {
+  return es_crypto_in_use(s, t, arg, err);
+}
+
 int es_crypto_open(es_store *s, const char *path, es_err *err) {
   if (sodium_init() < 0) return es_fail(err, ES_STORAGE, "libsodium cannot be initialised");
   if (!*path) return es_fail(err, ES_INVALID_ARGUMENT, "keys: the key file path is empty");
+  /* §3.10: a missing file is made only for a store with no wrapped keys.
+   * For one that has them a new key could never open them, and the stray
+   * file would have to be overwritten when the real one is restored. */
+  struct stat st;
+  if (stat(path, &st) != 0 && errno == ENOENT) {
+    int has = 0;
+    int rc = es_core_read(s, do_has_check, &has, err);
+    if (rc) return rc;
+    if (has)
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "keys file %s is missing, and this store has data keys wrapped by its master "
+                     "key: restore that file (no new one was made)", path);
+  }
   struct es_crypto *c = calloc(1, sizeof *c);
   if (!c || !(c->path = strdup(path)) || !(c->master = sodium_malloc(KEY_BYTES))) {
     es_crypto_free(c);

@@ -719,6 +719,10 @@ socket listens, prints one line to stdout:
   --max-connections N     open connections at once (default 256)
   --request-timeout S     close a connection idle this long, mid-request
                           or between requests (default 30)
+  --header-timeout-ms MS  close a connection whose request headers have not
+                          all come this long after its accept (default 10000)
+  --max-per-client N      open connections from one address (default half
+                          of --max-connections)
   --max-streams N         open live tails at once (default 128)
 ]],
   args = { 0, 0 },
@@ -728,6 +732,7 @@ socket listens, prints one line to stdout:
     ["max-body"] = { int = 1, max = 1 << 40 }, ["max-batch"] = { int = 1, max = 1000000 },
     ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
     ["max-streams"] = { int = 1, max = 100000 },
+    ["header-timeout-ms"] = { int = 1, max = 86400000 }, ["max-per-client"] = { int = 1, max = 100000 },
   },
 })
 
@@ -1520,6 +1525,7 @@ function commands.serve.run(o)
     static = o.static or http.default_static(),
     max_body = o["max-body"], max_batch = o["max-batch"], max_connections = o["max-connections"],
     request_timeout = o["request-timeout"], max_streams = o["max-streams"],
+    header_timeout_ms = o["header-timeout-ms"], max_per_client = o["max-per-client"],
   })
   if not ok then
     if engine then engine:close() end

@@ -11,7 +11,8 @@
 --
 -- stat(path) gives a file's signature (mtime, size, inode) or nil; hash(src)
 -- a reducer's version. A file is looked at again when a run starts and at
--- most once a second while it runs.
+-- most once a second while it runs; a name with no file is looked at each
+-- time it is asked for (it is not cached: docs/limits.md).
 --
 -- shared (optional; core/engine/scripts.c) is what the engine's states
 -- share: shared.put(path, src) keeps the last source that loaded,
@@ -91,7 +92,11 @@ return function(dir, stat, hash, shared)
         end
       end
     end
-    cache[name] = new
+    -- Only names that have a file are kept: those are bounded by the
+    -- directory, while the names asked for are anyone's (a state request's
+    -- reducer, an event's type) and would grow the cache without end.
+    -- Asking again for a name with no file costs one stat.
+    cache[name] = sig and new or nil
     return new
   end
 

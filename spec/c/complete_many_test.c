@@ -922,7 +922,7 @@ int main(void) {
     pg_url(pg, "cm_b", u2, sizeof u2);
     run("postgres", u1, u2, ka, kb);
   } else {
-    printf("# postgres: skipped (ES_PG_URL is not set; make test sets it)\n");
+    skip("postgres: ES_PG_URL is not set (make test sets it)");
   }
   unlink_sqlite(pa);
   unlink_sqlite(pb);

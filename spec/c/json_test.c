@@ -46,6 +46,17 @@ extern void __libc_free(void *p);
 static long live_blocks;
 static long fail_countdown = -1; /* >= 0: that many more allocations succeed, then they fail */
 
+/* Whether this program's malloc is the counting one: valgrind puts its own
+ * in front of ours, and then nothing is counted nor injected. */
+static int allocs_counted(void) {
+  void *(*volatile alloc)(size_t) = malloc;
+  fail_countdown = 0;
+  void *probe = alloc(1);
+  fail_countdown = -1;
+  free(probe);
+  return probe == NULL;
+}
+
 static int inject_failure(void) {
   if (fail_countdown < 0) return 0;
   if (fail_countdown == 0) return 1;
@@ -108,6 +119,11 @@ static void ok(int cond, const char *fmt, ...) {
   va_end(ap);
   printf("\n");
   if (!cond) failures++;
+}
+
+/* A case this build cannot check: TAP's SKIP, counted apart (spec/run.sh). */
+static void skip_case(const char *why) {
+  printf("ok %d - # SKIP %s\n", ++test_no, why);
 }
 
 /* Canonicalizes text[0..len) from an exact-size heap copy (so reading past
@@ -313,15 +329,8 @@ static void test_out_of_memory(void) {
   };
   size_t t;
   int bad_n = 0, hits = 0;
-  /* valgrind puts its own malloc in front of ours: nothing can be injected. */
-  void *(*volatile alloc)(size_t) = malloc;
-  fail_countdown = 0;
-  void *probe = alloc(1);
-  fail_countdown = -1;
-  if (probe) {
-    free(probe);
-    test_no++;
-    printf("ok %d - # SKIP allocation failures cannot be injected here (valgrind)\n", test_no);
+  if (!allocs_counted()) {
+    skip_case("allocation failures cannot be injected here (valgrind)");
     return;
   }
   for (t = 0; t < sizeof texts / sizeof texts[0]; t++) {
@@ -661,9 +670,12 @@ static void fuzz(long iters, uint64_t seed) {
   ok(other == 0, "fuzz: no result other than OK or INVALID_ARGUMENT");
   ok(accepted > iters / 50, "fuzz: mutants are accepted often enough to be meaningful (%ld)", accepted);
 #if defined(COUNT_ALLOCS)
-  ok(after == before, "fuzz: no leaked allocation (%ld live blocks before, %ld after)", before, after);
+  if (allocs_counted())
+    ok(after == before, "fuzz: no leaked allocation (%ld live blocks before, %ld after)", before, after);
+  else
+    skip_case("fuzz: no leak count here (valgrind's malloc replaces the counting one; valgrind checks leaks)");
 #else
-  ok(1, "fuzz: leaks are left to LeakSanitizer (at exit)");
+  skip_case("fuzz: no leak count under ASan (LeakSanitizer checks leaks at exit)");
 #endif
 }
 

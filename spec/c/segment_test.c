@@ -313,7 +313,10 @@ static void *deleter(void *arg) {
 static void dir_races(void) {
   /* a race needs threads that really run at once: valgrind runs one at a
    * time, and the spinning archiver would starve the deleter for minutes */
-  if (getenv("ES_UNDER_VALGRIND")) return;
+  if (getenv("ES_UNDER_VALGRIND")) {
+    skip("valgrind: an archive racing deletes of its session (needs threads that run at once)");
+    return;
+  }
   char dir[] = "/tmp/es-seg-XXXXXX";
   if (!mkdtemp(dir)) return;
   char arch[300];

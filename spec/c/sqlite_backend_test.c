@@ -7,9 +7,11 @@
  * schema, corrupt file, read-only, missing directory, full disk).
  *
  * Cases every backend shares are written once in backend_test.c (memory,
- * sqlite and postgres). No check here asserts a duration but for ceilings
- * that only catch a hang (10x the expected time or more); the figures are
- * printed, and waits are checked by the order of events.
+ * sqlite and postgres): snapshots, sessions, session_children, lanes,
+ * queues, types, dead letters and presence moved there. No check here
+ * asserts a duration but for ceilings that only catch a hang (10x the
+ * expected time or more); the figures are printed, and waits are checked
+ * by the order of events.
  *
  * Prints TAP-style "ok N - name" / "not ok N - name" lines and exits
  * non-zero when any check failed. Temporary files live under /tmp and are
@@ -279,17 +281,6 @@ static int collect_snapshot(void *ctx, const es_snapshot *row) {
   if (c->n < 32) {
     snprintf(c->names[c->n], sizeof c->names[0], "%s", row->reducer);
     c->ints[c->n] = row->state == NULL ? row->index : -1; /* state must be NULL in a list */
-  }
-  c->n++;
-  return 0;
-}
-
-static int collect_presence(void *ctx, const es_presence_row *row) {
-  collect *c = ctx;
-  if (c->n < 32) {
-    snprintf(c->names[c->n], sizeof c->names[0], "%s/%s=%s", row->participant, row->field,
-             row->value ? row->value : "(tomb)");
-    c->ints[c->n] = row->expires_at;
   }
   c->n++;
   return 0;
@@ -781,126 +772,8 @@ static void test_event_copy(void) {
   free(p);
 }
 
-static void test_lanes_queue_dead(void) {
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  es_event e;
-  char ids[64][16];
-  collect c = {0};
-  int64_t idx, due;
-  if (!b) {
-    CHECK(0, "open for lane tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-  /* session L: 1 a processed, 2 a dead, 3 a pending, 4 b pending, 5 unlaned */
-  struct {
-    const char *lane;
-    int status;
-  } L[] = {{"a", ES_STATUS_PROCESSED}, {"a", ES_STATUS_DEAD}, {"a", ES_STATUS_PENDING},
-           {"b", ES_STATUS_PENDING}, {NULL, ES_STATUS_PENDING}};
-  int n = 0, ok = 1;
-  for (int i = 0; i < 5; i++, n++) {
-    snprintf(ids[n], sizeof ids[n], "L%d", i + 1);
-    ev_make(&e, "L", i + 1, ids[n], "1");
-    e.lane = (char *)L[i].lane;
-    e.status = L[i].status;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-  }
-  /* queue: (session, idx, due_at); q1 and q2 share a due time */
-  struct {
-    const char *s;
-    int64_t due;
-    int queued;
-  } Q[] = {{"q1", 300, 1}, {"q1", 100, 1}, {"q2", 100, 1}, {"q2", 50, 0}, {"q3", 900, 1}, {"q3", 200, 1}};
-  int64_t qpos[6];
-  for (int i = 0; i < 6; i++, n++) {
-    snprintf(ids[n], sizeof ids[n], "Q%d", i);
-    ev_make(&e, Q[i].s, i + 1, ids[n], "2");
-    e.queued = Q[i].queued;
-    e.due_at = Q[i].due;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-    qpos[i] = e.position;
-  }
-  /* dead letters in two sessions */
-  int64_t dpos[4];
-  for (int i = 0; i < 4; i++, n++) {
-    snprintf(ids[n], sizeof ids[n], "D%d", i);
-    ev_make(&e, i % 2 ? "d1" : "d2", i + 1, ids[n], "3");
-    e.status = ES_STATUS_DEAD;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-    dpos[i] = e.position;
-  }
-  CHECK(ok, "insert lane/queue/dead fixtures");
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit fixtures");
-
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->lane_next(BK(t), t, "L", "a", 0, &idx, &err) == ES_OK && idx == 2,
-        "lane_next skips processed, counts dead letters");
-  CHECK(B->lane_next(BK(t), t, "L", "a", 2, &idx, &err) == ES_OK && idx == 3,
-        "lane_next after an index");
-  CHECK(B->lane_next(BK(t), t, "L", "a", 3, &idx, &err) == ES_OK && idx == 0,
-        "lane_next: none is 0");
-  CHECK(B->lane_next(BK(t), t, "L", "b", 0, &idx, &err) == ES_OK && idx == 4,
-        "lane_next: other lane");
-  CHECK(B->lane_next(BK(t), t, "L", "zz", 0, &idx, &err) == ES_OK && idx == 0,
-        "lane_next: unknown lane");
-
-  CHECK(B->queued_due(BK(t), t, NULL, NULL, 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 3 && c.evs.v[0].position == qpos[1] && c.evs.v[1].position == qpos[2] &&
-            c.evs.v[2].position == qpos[5],
-        "queued_due(all): due_at <= now, by (due_at, position), unqueued rows skipped");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, NULL, NULL, 1000, 2, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && c.evs.v[0].position == qpos[1],
-        "queued_due(all): limit");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q1", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && str_eq(c.evs.v[0].session, "q1") && str_eq(c.evs.v[1].session, "q1") &&
-            c.evs.v[0].index == 1 && c.evs.v[1].index == 2,
-        "queued_due(session): only that session, all of them, in index order");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q1", NULL, 1000, 1, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].index == 1,
-        "queued_due(session): limit takes the lowest indexes (not the earliest due)");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q1", NULL, 150, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].index == 2,
-        "queued_due(session): rows not yet due are skipped");
-  collect_reset(&c);
-  CHECK(B->queued_due(BK(t), t, "q2", NULL, 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1,
-        "queued_due(session): unqueued rows skipped");
-  collect_reset(&c);
-  CHECK(B->queued_next_due(BK(t), t, NULL, NULL, 100, &due, &err) == ES_OK && due == 200,
-        "queued_next_due(all): smallest due_at > now");
-  CHECK(B->queued_next_due(BK(t), t, "q3", NULL, 200, &due, &err) == ES_OK && due == 900,
-        "queued_next_due(session)");
-  CHECK(B->queued_next_due(BK(t), t, NULL, NULL, 900, &due, &err) == ES_OK && due == ES_NONE,
-        "queued_next_due: none is ES_NONE");
-
-  CHECK(B->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 5 && c.evs.v[1].position == dpos[0] && c.evs.v[4].position == dpos[3],
-        "dead_list(all): every dead row by position");
-  collect_reset(&c);
-  CHECK(B->dead_list(BK(t), t, "d1", NULL, 0, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && c.evs.v[0].position == dpos[1] && c.evs.v[1].position == dpos[3],
-        "dead_list(session)");
-  collect_reset(&c);
-  CHECK(B->dead_list(BK(t), t, NULL, NULL, dpos[1], 1, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].position == dpos[2],
-        "dead_list: after and limit");
-  collect_reset(&c);
-  B->read_end(BK(t), t);
-  B->close(b);
-  rm_db(p);
-  free(p);
-}
-
-/* The per-type ops: queued_due_type, queued_next_due_type, pending_types,
- * and the migration from version 2 (no type index) keeping its rows. */
+/* The migration from version 2 (no type index) keeping its rows; the
+ * per-type ops themselves are a case of backend_test.c (every backend). */
 typedef struct {
   char s[256];
   size_t n;
@@ -924,18 +797,12 @@ static const char *pending_text(es_txn *t, type_text *tt) {
 
 static void test_types(void) {
   char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
+  es_backend *b;
   es_txn *t;
   es_err err = {0};
-  es_event e;
   collect c = {0};
   type_text tt;
-  int64_t due, pos[8];
-  if (!b) {
-    CHECK(0, "open for type tests");
-    return;
-  }
-  /* (type, status, queued, due_at) */
+  /* (type, status, queued, due_at): backend_test.c's case_types_fixture */
   struct {
     const char *type;
     int status, queued;
@@ -944,68 +811,6 @@ static void test_types(void) {
            {"a", ES_STATUS_PENDING, 1, 100}, {"a", ES_STATUS_PENDING, 0, 50},
            {"a", ES_STATUS_PROCESSED, 0, 10}, {"c", ES_STATUS_DEAD, 0, 10},
            {"b", ES_STATUS_PENDING, 1, 900}, {"a", ES_STATUS_PENDING, 1, 100}};
-  char ids[8][16];
-  int ok = 1;
-  tx_write_begin(B, b, &t, &err);
-  for (int i = 0; i < 8; i++) {
-    snprintf(ids[i], sizeof ids[i], "T%d", i);
-    ev_make(&e, "s", i + 1, ids[i], "1");
-    e.type = (char *)R[i].type;
-    e.status = R[i].status;
-    e.queued = R[i].queued;
-    e.due_at = R[i].due;
-    ok &= B->event_insert(BK(t), t, &e, &err) == ES_OK;
-    pos[i] = e.position;
-  }
-  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "insert typed fixtures");
-
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 2 && c.evs.v[0].position == pos[2] && c.evs.v[1].position == pos[7],
-        "queued_due_type: that type's queued rows due by now, by (due_at, position)");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 1000, 1, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].position == pos[2],
-        "queued_due_type: limit");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "a", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 3 && c.evs.v[2].position == pos[0],
-        "queued_due_type: unqueued, processed rows skipped");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "b", 250, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 1 && c.evs.v[0].position == pos[1] && str_eq(c.evs.v[0].type, "b"),
-        "queued_due_type: only rows of that type");
-  collect_reset(&c);
-  CHECK(B->queued_due_type(BK(t), t, NULL, "zz", 1000, ES_NONE, collect_event, &c, &err) == ES_OK &&
-            c.evs.n == 0,
-        "queued_due_type: an unknown type has none");
-  collect_reset(&c);
-  CHECK(B->queued_next_due_type(BK(t), t, NULL, "a", 100, &due, &err) == ES_OK && due == 300 &&
-            B->queued_next_due_type(BK(t), t, NULL, "b", 100, &due, &err) == ES_OK && due == 900,
-        "queued_next_due_type: smallest due_at > now of that type");
-  CHECK(B->queued_next_due_type(BK(t), t, NULL, "a", 300, &due, &err) == ES_OK && due == ES_NONE &&
-            B->queued_next_due_type(BK(t), t, NULL, "zz", 0, &due, &err) == ES_OK && due == ES_NONE,
-        "queued_next_due_type: none is ES_NONE");
-  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0,
-        "pending_types: pending rows per type (queued or not), byte order, no dead or processed");
-  B->read_end(BK(t), t);
-
-  /* an update moves rows out of (and back into) the counts and queues */
-  tx_write_begin(B, b, &t, &err);
-  ev_make(&e, "s", 3, ids[2], "1");
-  e.type = "a";
-  e.status = ES_STATUS_PROCESSED;
-  e.queued = 0;
-  CHECK(
-      B->event_update(BK(t), t, &e, &err) == ES_OK && strcmp(pending_text(t, &tt), "a=3 b=2 ") == 0,
-      "pending_types inside the write transaction sees its update");
-  B->write_rollback(BK(t), t);
-  tx_read_begin(B, b, &t, &err);
-  CHECK(strcmp(pending_text(t, &tt), "a=4 b=2 ") == 0, "... and not after a rollback");
-  B->read_end(BK(t), t);
-  B->close(b);
-  rm_db(p);
-
   /* migration from version 2: the index is built over the rows there */
   char rows[2048];
   size_t rn = 0;
@@ -1030,214 +835,6 @@ static void test_types(void) {
     B->read_end(BK(t), t);
     B->close(b);
   }
-  rm_db(p);
-  free(p);
-}
-
-static void test_sessions(void) {
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  collect c = {0};
-  /* in byte order */
-  static const char *names[] = {"a",   "a%",      "a%b",         "a_",  "ab",
-                                "a\xff", "a\xffz", "a\xff\xff", "b",   "\xff",
-                                "\xff\xff"};
-  const int nn = (int)(sizeof names / sizeof names[0]);
-  if (!b) {
-    CHECK(0, "open for session tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-  int ok = 1;
-  /* insert in reverse to show the order comes from the index */
-  for (int i = nn - 1; i >= 0; i--) {
-    es_session_info si;
-    es_session_info_init(&si);
-    si.session = (char *)names[i];
-    si.head = i + 1;
-    si.events = 10 + i;
-    si.first_at = i == 0 ? ES_NONE : 100;
-    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  }
-  es_session_info si;
-  es_session_info_init(&si);
-  si.session = (char *)"ab";
-  si.head = 42;
-  si.pending = 1;
-  si.dead = 2;
-  si.attempts = 3;
-  si.failures = 4;
-  si.first_at = 5;
-  si.updated_at = 6;
-  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK; /* replace */
-  CHECK(ok, "session_put (insert and replace)");
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit sessions");
-
-  tx_read_begin(B, b, &t, &err);
-  es_session_info got;
-  CHECK(B->session_get(BK(t), t, "ab", &got, &err) == ES_OK && got.head == 42 && got.events == 0 &&
-            got.pending == 1 && got.dead == 2 && got.attempts == 3 && got.failures == 4 &&
-            got.first_at == 5 && got.updated_at == 6 && str_eq(got.session, "ab"),
-        "session_get after replace");
-  es_session_info_destroy(&got);
-  CHECK(B->session_get(BK(t), t, "a", &got, &err) == ES_OK && got.first_at == ES_NONE &&
-            got.updated_at == ES_NONE,
-        "session_get: ES_NONE kept");
-  es_session_info_destroy(&got);
-  CHECK(B->session_get(BK(t), t, "zz", &got, &err) == ES_NOT_FOUND,
-        "session_get: unknown is ES_NOT_FOUND");
-
-  CHECK(B->session_list(BK(t), t, "", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == nn,
-        "session_list: all");
-  ok = c.n == nn;
-  for (int i = 0; ok && i < nn; i++) ok = strcmp(c.names[i], names[i]) == 0;
-  CHECK(ok, "session_list: byte order (0xFF sorts last)");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a%", NULL, 100, collect_session, &c, &err) == ES_OK &&
-            c.n == 2 && !strcmp(c.names[0], "a%") && !strcmp(c.names[1], "a%b"),
-        "session_list: '%' in a prefix is literal");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a_", NULL, 100, collect_session, &c, &err) == ES_OK &&
-            c.n == 1 && !strcmp(c.names[0], "a_"),
-        "session_list: '_' in a prefix is literal");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a\xff", NULL, 100, collect_session, &c, &err) == ES_OK &&
-            c.n == 3 && !strcmp(c.names[0], "a\xff") && !strcmp(c.names[2], "a\xff\xff"),
-        "session_list: prefix ending in 0xFF");
-  memset(&c, 0, sizeof c);
-  CHECK(
-      B->session_list(BK(t), t, "\xff", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 2,
-      "session_list: all-0xFF prefix (no upper bound)");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a", "a%b", 2, collect_session, &c, &err) == ES_OK && c.n == 2 &&
-            !strcmp(c.names[0], "a_") && !strcmp(c.names[1], "ab"),
-        "session_list: prefix + after + limit");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a%", "0", 100, collect_session, &c, &err) == ES_OK && c.n == 2,
-        "session_list: after before the prefix is ignored");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "a%", "b", 100, collect_session, &c, &err) == ES_OK && c.n == 0,
-        "session_list: after past the prefix range gives nothing");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_list(BK(t), t, "zzz", NULL, 100, collect_session, &c, &err) == ES_OK && c.n == 0,
-        "session_list: no match");
-  B->read_end(BK(t), t);
-
-  /* the fence, seal, lease and lineage fields (§3.7, §3.8) */
-  es_session_info full;
-  es_session_info_init(&full);
-  full.session = (char *)"full";
-  full.head = 9;
-  full.fence = 41;
-  full.sealed_at = 500;
-  full.seal_reason = (char *)"done \xe2\x80\xa6";
-  full.lease_holder = (char *)"worker-1";
-  full.lease_token = 41;
-  full.lease_expires_at = 600;
-  full.parent = (char *)"ab";
-  full.fork_at = 7;
-  full.forked_at = 450;
-  full.first_index = 6;
-  sess_rows rows = {0};
-  tx_write_begin(B, b, &t, &err);
-  CHECK(B->session_put(BK(t), t, &full, &err) == ES_OK &&
-            B->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &full),
-        "session_put / session_get: every field of the row, set");
-  es_session_info_destroy(&got);
-  CHECK(
-      B->session_list(BK(t), t, "full", NULL, ES_NONE, collect_session_row, &rows, &err) == ES_OK &&
-          rows.n == 1 && si_eq(&rows.v[0], &full) &&
-          B->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-          c.n == 1 && !strcmp(c.names[0], "full"),
-      "session_list and session_children return them too");
-  sess_rows_reset(&rows);
-  memset(&c, 0, sizeof c);
-  es_session_info bare;
-  es_session_info_init(&bare);
-  bare.session = (char *)"full";
-  CHECK(B->session_put(BK(t), t, &bare, &err) == ES_OK &&
-            B->session_get(BK(t), t, "full", &got, &err) == ES_OK && si_eq(&got, &bare) &&
-            got.fence == 0 && got.sealed_at == ES_NONE && got.parent == NULL &&
-            got.lease_holder == NULL && got.lease_token == ES_NONE && got.first_index == 1,
-        "session_put replacing: unset fields come back unset (fence 0, ES_NONE, NULL, first_index "
-        "1)");
-  es_session_info_destroy(&got);
-  CHECK(B->session_children(BK(t), t, "ab", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 0,
-        "... and the row is no longer a child");
-  memset(&c, 0, sizeof c);
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit");
-  B->close(b);
-  rm_db(p);
-  free(p);
-}
-
-static void test_snapshots_presence(void) {
-  /* snapshots: backend_test.c (every backend) */
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  collect c = {0};
-  int ok;
-  if (!b) {
-    CHECK(0, "open for presence tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-
-  /* presence */
-  es_presence_row r;
-  es_presence_row_init(&r);
-  ok = 1;
-  struct {
-    const char *part, *field, *value;
-    int64_t exp;
-  } P[] = {{"bob", "typing", "true", 500}, {"alice", "status", "\"away\"", 500},
-           {"alice", "cursor", NULL, 500},  {"carol", "x", "1", 100}, {"alice", "a", "[]", 500}};
-  for (int i = 0; i < 5; i++) {
-    r.participant = (char *)P[i].part;
-    r.field = (char *)P[i].field;
-    r.value = (char *)P[i].value;
-    r.value_len = P[i].value ? strlen(P[i].value) : 0;
-    r.seen = i;
-    r.at = 10 + i;
-    r.expires_at = P[i].exp;
-    ok &= B->presence_put(BK(t), t, "ns", &r, &err) == ES_OK;
-  }
-  r.participant = (char *)"zed";
-  r.value = (char *)"\"other ns\"";
-  r.value_len = strlen(r.value);
-  ok &= B->presence_put(BK(t), t, "ns2", &r, &err) == ES_OK;
-  CHECK(ok, "presence_put");
-  es_presence_row pg;
-  CHECK(B->presence_get(BK(t), t, "ns", "alice", "cursor", &pg, &err) == ES_OK &&
-            pg.value == NULL && pg.at == 12 && pg.seen == 2 && pg.expires_at == 500,
-        "presence_get: tombstone has NULL value");
-  es_presence_row_destroy(&pg);
-  CHECK(B->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK &&
-            str_eq(pg.value, "true") && pg.value_len == 4,
-        "presence_get: value");
-  es_presence_row_destroy(&pg);
-  CHECK(B->presence_get(BK(t), t, "ns", "bob", "none", &pg, &err) == ES_NOT_FOUND,
-        "presence_get: missing");
-  CHECK(B->presence_list(BK(t), t, "ns", 200, collect_presence, &c, &err) == ES_OK && c.n == 4 &&
-            !strcmp(c.names[0], "alice/a=[]") && !strcmp(c.names[1], "alice/cursor=(tomb)") &&
-            !strcmp(c.names[2], "alice/status=\"away\"") && !strcmp(c.names[3], "bob/typing=true"),
-        "presence_list: live rows by (participant, field), tombstones included, expired skipped");
-  memset(&c, 0, sizeof c);
-  CHECK(B->presence_expire(BK(t), t, "ns", 100, &err) == ES_OK &&
-            B->presence_get(BK(t), t, "ns", "carol", "x", &pg, &err) == ES_NOT_FOUND &&
-            B->presence_get(BK(t), t, "ns", "bob", "typing", &pg, &err) == ES_OK,
-        "presence_expire drops rows with expires_at <= now only");
-  es_presence_row_destroy(&pg);
-  CHECK(B->presence_list(BK(t), t, "ns2", 0, collect_presence, &c, &err) == ES_OK && c.n == 1,
-        "presence: namespaces are separate");
-  memset(&c, 0, sizeof c);
-  CHECK(B->write_commit(BK(t), t, &err) == ES_OK, "commit presence");
-  B->close(b);
   rm_db(p);
   free(p);
 }
@@ -2253,138 +1850,6 @@ static void test_event_fields_everywhere(void) {
     else
       B->write_rollback(BK(t), t);
   }
-  B->close(b);
-  rm_db(p);
-  free(p);
-}
-
-/* session_children: one range of sessions_parent, in byte order. */
-static void test_session_children(void) {
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  collect c = {0};
-  sess_rows rows = {0};
-  /* children of "P" in byte order; inserted in reverse */
-  static const char *kids[] = {"A", "P%", "P/a", "P_", "a", "a\xff", "b", "\xff", "\xff\xff"};
-  const int nk = (int)(sizeof kids / sizeof kids[0]);
-  if (!b) {
-    CHECK(0, "open for children tests");
-    return;
-  }
-  tx_write_begin(B, b, &t, &err);
-  int ok = 1;
-  es_session_info si;
-  for (int i = nk - 1; i >= 0; i--) {
-    char name[16];
-    es_session_info_init(&si);
-    snprintf(name, sizeof name, "%s", kids[i]);
-    si.session = name;
-    si.parent = (char *)"P";
-    si.fork_at = i;
-    si.forked_at = 1000 + i;
-    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  }
-  /* noise: the parent itself, a sibling tree, sessions without a parent */
-  static const char *other[][2] = {{"P", NULL}, {"Q", NULL}, {"c1", "Q"}, {"P0", "PP"},
-                                   {"z", NULL}, {"", "P "}};
-  for (int i = 0; i < 6; i++) {
-    es_session_info_init(&si);
-    si.session = (char *)other[i][0];
-    si.parent = (char *)other[i][1];
-    ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  }
-  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "sessions with and without a parent");
-
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == nk,
-        "session_children: every child of the parent (ES_NONE: no limit)");
-  ok = c.n == nk;
-  for (int i = 0; ok && i < nk; i++) ok = strcmp(c.names[i], kids[i]) == 0;
-  CHECK(ok, "session_children: ascending byte order (0xFF last), whatever the insertion order");
-  memset(&c, 0, sizeof c);
-  CHECK(
-      B->session_children(BK(t), t, "P", NULL, ES_MAX_LIMIT, collect_session, &c, &err) == ES_OK &&
-          c.n == nk,
-      "session_children: a limit of 2^62 is no limit");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", "P_", 3, collect_session, &c, &err) == ES_OK &&
-            c.n == 3 && !strcmp(c.names[0], "a") && !strcmp(c.names[1], "a\xff") &&
-            !strcmp(c.names[2], "b"),
-        "session_children: name > after, at most limit");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", "b", ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 2 && !strcmp(c.names[0], "\xff"),
-        "session_children: after a name that is a child excludes it");
-  memset(&c, 0, sizeof c);
-  CHECK(
-      B->session_children(BK(t), t, "P", "\xff\xff", ES_NONE, collect_session, &c, &err) == ES_OK &&
-          c.n == 0,
-      "session_children: after the last child gives nothing");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", "", 1, collect_session, &c, &err) == ES_OK && c.n == 1 &&
-            !strcmp(c.names[0], "A"),
-        "session_children: after \"\" is a bound like any other");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", NULL, 0, collect_session, &c, &err) == ES_OK && c.n == 0,
-        "session_children: limit 0 gives nothing");
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session_row, &rows, &err) ==
-                ES_OK &&
-            rows.n == 1 && str_eq(rows.v[0].session, "c1") && str_eq(rows.v[0].parent, "Q"),
-        "session_children: only that parent's children, whole rows");
-  sess_rows_reset(&rows);
-  CHECK(B->session_children(BK(t), t, "P ", NULL, ES_NONE, collect_session_row, &rows, &err) ==
-                ES_OK &&
-            rows.n == 1 && str_eq(rows.v[0].session, "") &&
-            B->session_children(BK(t), t, "z", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == 0 &&
-            B->session_children(BK(t), t, "PP", NULL, 5, collect_session, &c, &err) == ES_OK &&
-            c.n == 1,
-        "session_children: other parents, a parent without children");
-  sess_rows_reset(&rows);
-  memset(&c, 0, sizeof c);
-  CHECK(B->session_children(BK(t), t, "P", NULL, 2, collect_session_row, &rows, &err) == ES_OK &&
-            rows.n == 2 && rows.v[1].fork_at == 1 && rows.v[1].forked_at == 1001,
-        "session_children: the lineage fields come with the rows");
-  sess_rows_reset(&rows);
-  B->read_end(BK(t), t);
-
-  /* a replaced row leaves its old parent's children (the index follows) */
-  tx_write_begin(B, b, &t, &err);
-  es_session_info_init(&si);
-  si.session = (char *)"a";
-  si.parent = (char *)"Q";
-  ok = B->session_put(BK(t), t, &si, &err) == ES_OK;
-  si.session = (char *)"b";
-  si.parent = NULL;
-  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  ok &= B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-        c.n == nk - 2;
-  memset(&c, 0, sizeof c);
-  ok &= B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-        c.n == 2 && !strcmp(c.names[0], "a") && !strcmp(c.names[1], "c1");
-  memset(&c, 0, sizeof c);
-  CHECK(ok, "session_put replacing a row moves it between parents (seen inside the write txn)");
-  /* savepoint rollback undoes a new child */
-  ok = B->savepoint(BK(t), t, &err) == ES_OK;
-  si.session = (char *)"new-kid";
-  si.parent = (char *)"Q";
-  ok &= B->session_put(BK(t), t, &si, &err) == ES_OK;
-  B->savepoint_rollback(BK(t), t);
-  ok &= B->session_children(BK(t), t, "Q", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-        c.n == 2;
-  memset(&c, 0, sizeof c);
-  CHECK(ok, "savepoint_rollback undoes a child added in it");
-  B->write_rollback(BK(t), t);
-  tx_read_begin(B, b, &t, &err);
-  CHECK(B->session_children(BK(t), t, "P", NULL, ES_NONE, collect_session, &c, &err) == ES_OK &&
-            c.n == nk,
-        "... and write_rollback the moves");
-  memset(&c, 0, sizeof c);
-  B->read_end(BK(t), t);
   B->close(b);
   rm_db(p);
   free(p);
@@ -3700,12 +3165,8 @@ int main(void) {
   test_events();
   test_event_fields_everywhere();
   test_event_copy();
-  test_lanes_queue_dead();
   test_types();
-  test_sessions();
-  test_session_children();
   test_refs();
-  test_snapshots_presence(); /* presence; snapshots in backend_test.c */
   test_savepoints();
   test_reentrancy();
   test_concurrency();
