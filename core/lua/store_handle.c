@@ -117,16 +117,27 @@ static es_shard_plan *check_plan(lua_State *L, int idx, int arg);
 /* ---------------------------------------------------------------------- */
 /* helpers */
 
+/* Whether the handle, or the store a tenant handle is made from, is
+ * closed; e says which. */
+static int closed(const lstore *h, es_err *e) {
+  if (!h->s) *e = (es_err){ES_CLOSED, "the store is closed"};
+  else if (h->parent && !h->parent->s) *e = (es_err){ES_CLOSED, "the store of this tenant handle is closed"};
+  else return 0;
+  return 1;
+}
+
+/* The handle of a call, checked before its arguments are read: a call on a
+ * tenant handle whose store is closed is CLOSED here, before it allocates
+ * anything (presence_subscribe would otherwise take a callback's registry
+ * reference and then raise). */
 static lstore *check_store(lua_State *L) {
   lstore *h = luaL_checkudata(L, 1, STORE_MT);
   if (h->in_core || (h->parent && h->parent->in_core))
     es_lua_raisef(L, ES_INVALID_ARGUMENT,
                   "the store cannot be called from inside its own clock function "
                   "(only close() is allowed there)");
-  if (!h->s) {
-    es_err e = {ES_CLOSED, "the store is closed"};
-    es_lua_raise(L, &e);
-  }
+  es_err e;
+  if (closed(h, &e)) es_lua_raise(L, &e);
   return h;
 }
 
@@ -135,14 +146,8 @@ static lstore *check_store(lua_State *L) {
  * handle (CLOSED then). Every core_enter is followed by core_leave before
  * anything can raise. */
 static es_store *core_enter(lua_State *L, lstore *h) {
-  if (!h->s) {
-    es_err e = {ES_CLOSED, "the store is closed"};
-    es_lua_raise(L, &e);
-  }
-  if (h->parent && !h->parent->s) {
-    es_err e = {ES_CLOSED, "the store of this tenant handle is closed"};
-    es_lua_raise(L, &e);
-  }
+  es_err e;
+  if (closed(h, &e)) es_lua_raise(L, &e);
   h->L = L;
   h->in_core = 1;
   if (h->parent) {
@@ -527,6 +532,12 @@ static int m_presence_subscribe(lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
     return luaL_error(L, "out of memory");
   }
+  es_err cerr;
+  if (closed(h, &cerr)) { /* a finalizer run by luaL_ref may have closed it */
+    free(x);
+    luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
+    return raise(L, &cerr);
+  }
   pthread_mutex_init(&x->mu, NULL);
   es_store *s = core_enter(L, h);
   x->token = es_store_presence_watch(s, ns, on_presence, x);
@@ -797,8 +808,19 @@ static int ids_call(lua_State *L) {
   return 1;
 }
 
+/* A manual clock's time must be in the store clock's range (es_store_now,
+ * docs/limits.md "The clock"): refused when it is set, not later at every
+ * call of every store that reads it. */
+static int64_t check_clock_ms(lua_State *L, int64_t ms, const char *what) {
+  if (ms < 0)
+    es_lua_raisef(L, ES_INVALID_ARGUMENT,
+                  "%s: %lld is outside the clock's range 0..math.maxinteger (ms since the epoch)", what,
+                  (long long)ms);
+  return ms;
+}
+
 static int l_manual_clock(lua_State *L) {
-  int64_t ms = lua_isnoneornil(L, 1) ? 0 : es_lua_check_int(L, 1, "ms");
+  int64_t ms = lua_isnoneornil(L, 1) ? 0 : check_clock_ms(L, es_lua_check_int(L, 1, "ms"), "manual_clock");
   lclock *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->c = NULL;
   luaL_setmetatable(L, CLOCK_MT);
@@ -819,7 +841,7 @@ static int c_now(lua_State *L) {
 
 static int c_set(lua_State *L) {
   es_manual_clock *c = check_clock(L);
-  es_manual_clock_set(c, es_lua_check_int(L, 2, "ms"));
+  es_manual_clock_set(c, check_clock_ms(L, es_lua_check_int(L, 2, "ms"), "set"));
   lua_pushinteger(L, es_manual_clock_get(c));
   return 1;
 }
@@ -827,10 +849,11 @@ static int c_set(lua_State *L) {
 static int c_advance(lua_State *L) {
   es_manual_clock *c = check_clock(L);
   int64_t ms = es_lua_check_int(L, 2, "ms"), now = es_manual_clock_get(c);
-  /* Moving the clock past the int64 range would wrap it into the past. */
-  if ((ms > 0 && now > INT64_MAX - ms) || (ms < 0 && now < INT64_MIN + 1 - ms))
+  /* Moving the clock past the int64 range would wrap it into the past;
+   * below 0 it leaves the clock's range. */
+  if ((ms > 0 && now > INT64_MAX - ms) || (ms < 0 && now + ms < 0))
     return es_lua_raisef(L, ES_INVALID_ARGUMENT,
-                         "advance(%lld) would move the clock (at %lld) out of the int64 range",
+                         "advance(%lld) would move the clock (at %lld) out of its range 0..math.maxinteger",
                          (long long)ms, (long long)now);
   lua_pushinteger(L, es_manual_clock_advance(c, ms));
   return 1;

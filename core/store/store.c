@@ -375,9 +375,19 @@ void es_core_leave(es_store *s) {
 
 size_t es_store_max_payload(const es_store *s) { return s->max_payload; }
 
+/* Every reading of a store's clock passes here, so the clock's range
+ * (docs/limits.md "The clock") is one check: a time before the epoch is
+ * refused, and with it math.mininteger, which is ES_NONE ("absent") to
+ * the rest of the API (an event stamped with it would read back without
+ * created_at). */
 int es_store_now(es_store *s, int64_t *now, es_err *err) {
   if (s->base) s = s->base; /* a tenant shares its store's clock */
-  return s->clock(s->clock_ctx, now, err);
+  int rc = s->clock(s->clock_ctx, now, err);
+  if (rc == ES_OK && *now < 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "the store's clock read %lld, outside its range 0..math.maxinteger (ms since the epoch)",
+                   (long long)*now);
+  return rc;
 }
 
 uint64_t es_store_version(es_store *s) {
