@@ -444,6 +444,22 @@ function M.run(o)
     end
   end
 
+  local function engine_call(method, argsf)
+    return function()
+      local e = an_engine()
+      if not e then return nil end
+      return e[method], table.pack(e, argsf())
+    end
+  end
+
+  -- A session name for a call that may drop events (truncate, delete):
+  -- its head may then differ from its count.
+  local function touched_session()
+    local name = session()
+    if type(name) == "string" then W.touched[name] = true end
+    return name
+  end
+
   op(12, "append", store_call("append", function()
     return session(), events(), opts_table({ expected = small_int, fence = small_int })
   end))
@@ -565,19 +581,11 @@ function M.run(o)
   op(1, "seal", store_call("seal", function()
     return R.pick({ "s3", "f1", session() }), opts_table({ reason = function() return "done" end })
   end))
-  op(1, "truncate", function()
-    local s = a_store()
-    if not s then return nil end
-    local name = session()
-    if type(name) == "string" then W.touched[name] = true end
-    return methods.truncate, table.pack(s, name, small_int())
-  end)
+  op(1, "truncate", store_call("truncate", function() return touched_session(), small_int() end))
   op(1, "delete", function()
     local s = a_store()
     if not s or R.chance(0.5) then return nil end
-    local name = session()
-    if type(name) == "string" then W.touched[name] = true end
-    return methods.delete, table.pack(s, name)
+    return methods.delete, table.pack(s, touched_session())
   end)
   op(1, "shred", store_call("shred", function() return name_of({ "k1" }) end))
   op(1, "stats", store_call("stats", function() if R.chance(0.1) then return hostile() end end))
@@ -675,33 +683,15 @@ function M.run(o)
     end
     return e.run, table.pack(e, o)
   end)
-  op(2, "engine:append", function()
-    local e = an_engine()
-    if not e then return nil end
-    return e.append, table.pack(e, session(), events(), opts_table({ expected = small_int }))
-  end)
-  op(1, "engine:state", function()
-    local e = an_engine()
-    if not e then return nil end
-    return e.state, table.pack(e, session(), name_of({ "count", "nope" }), opts_table({ at = small_int }))
-  end)
-  op(1, "engine:lease", function()
-    local e = an_engine()
-    if not e then return nil end
-    return e.lease, table.pack(e, session(), opts_table({ ttl_ms = ttl }))
-  end)
-  op(1, "engine:release", function()
-    local e = an_engine()
-    if not e then return nil end
-    return e.release, table.pack(e, session())
-  end)
-  op(1, "engine:truncate", function()
-    local e = an_engine()
-    if not e then return nil end
-    local name = session()
-    if type(name) == "string" then W.touched[name] = true end
-    return e.truncate, table.pack(e, name, small_int())
-  end)
+  op(2, "engine:append", engine_call("append", function()
+    return session(), events(), opts_table({ expected = small_int })
+  end))
+  op(1, "engine:state", engine_call("state", function()
+    return session(), name_of({ "count", "nope" }), opts_table({ at = small_int })
+  end))
+  op(1, "engine:lease", engine_call("lease", function() return session(), opts_table({ ttl_ms = ttl }) end))
+  op(1, "engine:release", engine_call("release", function() return session() end))
+  op(1, "engine:truncate", engine_call("truncate", function() return touched_session(), small_int() end))
   op(1, "engine:misc", function()
     local e = an_engine()
     if not e then return nil end

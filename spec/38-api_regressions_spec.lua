@@ -13,13 +13,7 @@ local expect_error = helpers.expect_error
 local expect_arg_error = helpers.expect_arg_error
 local T0 = helpers.T0
 
--- Whether the value in a weak table was collected: nothing may keep a
--- callback of a refused call reachable (a leaked registry reference).
-local function collected(weak)
-  collectgarbage("collect")
-  collectgarbage("collect")
-  return next(weak) == nil
-end
+local collected = helpers.collected
 
 for _, url in ipairs(helpers.urls()) do
   describe(url, function()
