@@ -31,6 +31,11 @@ local core = require("eventstore.core")
 
 local M = {}
 
+-- per call name: {returned, raised}, summed over every run of this process
+-- (printed by the program with FUZZ_STATS=1: is the grammar reaching past
+-- the argument checks?)
+M.tally = {}
+
 local HOSTILE = "fuzz: hostile raise" -- what the fuzzer's own callbacks raise
 local CODES = {}
 for _, c in ipairs({ "PARTIAL_DUPLICATE_BATCH", "ID_CONFLICT", "SUPERSEDED_ATTEMPT", "NO_SUCH_EVENT",
@@ -39,6 +44,9 @@ for _, c in ipairs({ "PARTIAL_DUPLICATE_BATCH", "ID_CONFLICT", "SUPERSEDED_ATTEM
   CODES[c] = true
 end
 local STATUSES = { pending = true, processed = true, dead = true }
+-- option fields some call needs (claim's holder and ttl_ms, fail's error,
+-- ...): always given in a clean call
+local REQUIRED = { holder = true, ttl_ms = true, error = true, token = true, claims = true }
 local T0 = 1000000
 
 -- Whether err is an error the contract allows a call to raise (§2), or the
@@ -58,11 +66,12 @@ local function generator(seed)
   local s = (seed * 0x9E3779B97F4A7C15) ~ 0x2545F4914F6CDD1D
   if s == 0 then s = 1 end
   local r = {}
-  function r.int(n) -- 1..n
+  function r.int(a, b) -- 1..a, or a..b
     s = s ~ (s >> 12)
     s = s ~ (s << 25)
     s = s ~ (s >> 27)
-    return ((s * 0x2545F4914F6CDD1D) >> 1) % n + 1
+    local lo, hi = b and a or 1, b or a
+    return ((s * 0x2545F4914F6CDD1D) >> 1) % (hi - lo + 1) + lo
   end
   function r.chance(p) return r.int(1000) <= p * 1000 end
   function r.pick(list) return list[r.int(#list)] end
@@ -206,6 +215,10 @@ function M.run(o)
     sessions = { "s1", "s2", "s3" },
     touched = {},  -- sessions a truncate/delete/fork/promote may have changed: head ~= count allowed
     depth = 0,     -- re-entrant calls in progress
+    clean = false, -- the current call draws valid values only (see call_random)
+    closed = setmetatable({}, { __mode = "k" }), -- handles closed by the fuzzer's calls
+    root = setmetatable({}, { __mode = "k" }),   -- tenant handle or engine -> the store it was made on
+    claims = {},   -- {store, session, index, attempt} of recent claims, for complete/fail/renew
   }
 
   local function record(text)
@@ -217,7 +230,7 @@ function M.run(o)
   -- the grammar
 
   local function session()
-    if R.chance(0.9) then return R.pick(W.sessions) end
+    if W.clean or R.chance(0.9) then return R.pick(W.sessions) end
     return R.pick({ "", ("x"):rep(256), "a\0b", "\xff\xfe", "s\xc3", "tenant/\0evil", "é", " " })
   end
 
@@ -261,9 +274,9 @@ function M.run(o)
 
   local function hostile() return R.pick(hostile_values)() end
 
-  -- v with probability p, else a hostile value
+  -- v with probability p (always in a clean call), else a hostile value
   local function maybe(p, v)
-    if R.chance(p) then return v end
+    if W.clean or R.chance(p) then return v end
     return hostile()
   end
 
@@ -276,7 +289,7 @@ function M.run(o)
   end
 
   local function payload()
-    local choice = R.int(12)
+    local choice = W.clean and R.pick({ 2, 5, 6, 8 }) or R.int(12)
     if choice == 1 then return hostile() end
     if choice == 2 then return { nested = { 1, 2.5, "x", eventstore.json.null } } end
     if choice == 3 then return named({ f = function() end }, "{f = <function>}") end
@@ -296,18 +309,18 @@ function M.run(o)
   -- An event table, sometimes with a metamethod that changes the list it
   -- is in (events) while it is read.
   local function event(events)
-    if R.chance(0.04) then return hostile() end
+    if not W.clean and R.chance(0.04) then return hostile() end
     local e = { type = name_of(TYPES) }
     if R.chance(0.7) then e.payload = payload() end
     if R.chance(0.15) then e.id = maybe(0.7, "id" .. R.int(30)) end
     if R.chance(0.1) then e.lane = maybe(0.8, "lane" .. R.int(3)) end
     if R.chance(0.05) then e.settled = maybe(0.8, true) end
     if R.chance(0.05) then e.not_before = maybe(0.6, T0 + R.int(100)) end
-    if R.chance(0.05) then e.cause = maybe(0.6, { index = small_int(), attempt = small_int() }) end
+    if not W.clean and R.chance(0.05) then e.cause = maybe(0.6, { index = small_int(), attempt = small_int() }) end
     if R.chance(0.05) then e.revision = maybe(0.6, R.int(3)) end
     if R.chance(0.05) then e.meta = maybe(0.6, { trace = "t" }) end
-    if R.chance(0.04) then e.key = hostile() end
-    if events and R.chance(0.04) then
+    if not W.clean and R.chance(0.04) then e.key = hostile() end
+    if events and not W.clean and R.chance(0.04) then
       local later = R.int(4)
       local replacement = R.pick({ false, 5, "x", {} })
       local fields = e
@@ -321,7 +334,7 @@ function M.run(o)
   end
 
   local function events()
-    local c = R.int(20)
+    local c = W.clean and R.int(4, 20) or R.int(20)
     if c == 1 then return hostile() end
     if c == 2 then return event() end -- one event without its list
     if c == 3 then return {} end
@@ -332,14 +345,18 @@ function M.run(o)
   end
 
   local function opts_table(fields)
-    if R.chance(0.08) then return hostile() end
+    if not W.clean and R.chance(0.08) then return hostile() end
     local t, keys = {}, {}
     for k in pairs(fields) do keys[#keys + 1] = k end
     table.sort(keys) -- pairs' order may differ between runs: a seed must replay
     for _, k in ipairs(keys) do
-      if R.chance(0.6) then t[k] = fields[k]() end
+      -- a clean call gives few options: an `expected` or `fence` drawn at
+      -- random refuses nearly every write
+      local p = W.clean and 0.15 or 0.6
+      if REQUIRED[k] then p = W.clean and 1 or 0.9 end
+      if R.chance(p) then t[k] = fields[k]() end
     end
-    if R.chance(0.05) then
+    if not W.clean and R.chance(0.05) then
       -- a field whose read runs a finalizer or a collection mid-call
       setmetatable(t, { __index = function(_, k)
         if k ~= nil then collectgarbage("step") end
@@ -361,29 +378,53 @@ function M.run(o)
   -- value that makes a run wait for ever (no instruction budget, no
   -- backoff under a handler that always fails).
   local function engine_opt(v)
-    if R.chance(0.93) then return v end
+    if W.clean or R.chance(0.93) then return v end
     return R.pick({ "x", 1.5, -1, 0 / 0, math.huge, {} })
   end
 
   ------------------------------------------------------------------------
   -- picking handles
 
-  local function live(list)
-    local out = {}
-    for _, x in ipairs(list) do out[#out + 1] = x end
-    return out
+  local function is_open(h)
+    if W.closed[h] then return false end
+    return W.root[h] == nil or is_open(W.root[h])
+  end
+
+  -- The handles of list that are open (as far as the fuzzer closed them);
+  -- all of them in a hostile call now and then.
+  local function pick_handle(list)
+    local open = {}
+    for _, h in ipairs(list) do
+      if is_open(h) then open[#open + 1] = h end
+    end
+    if #open > 0 and (W.clean or R.chance(0.9)) then
+      if R.chance(0.7) then return open[#open] end
+      return R.pick(open)
+    end
+    if #list == 0 or W.clean then return nil end -- a clean call then picks another call
+    return R.pick(list)
   end
 
   local function a_store()
-    if #W.tenants > 0 and R.chance(0.2) then return R.pick(W.tenants) end
-    if #W.stores == 0 then return nil end
-    if R.chance(0.8) then return W.stores[#W.stores] end
-    return R.pick(W.stores)
+    if #W.tenants > 0 and R.chance(0.2) then return pick_handle(W.tenants) end
+    return pick_handle(W.stores)
   end
 
-  local function an_engine()
-    if #W.engines == 0 then return nil end
-    return W.engines[#W.engines]
+  local function an_engine() return pick_handle(W.engines) end
+
+  -- A claim made earlier (for complete, fail, renew), or nil.
+  local function a_claim()
+    if #W.claims == 0 or not (W.clean or R.chance(0.5)) then return nil end
+    local c = R.pick(W.claims)
+    if is_open(c.store) or R.chance(0.1) then return c end
+  end
+
+  -- Keeps the events a claim returned (at most the last 20).
+  local function remember_claims(store, list)
+    for _, e in ipairs(type(list) == "table" and list or {}) do
+      W.claims[#W.claims + 1] = { store = store, session = e.session, index = e.index, attempt = e.attempt }
+      if #W.claims > 20 then table.remove(W.claims, 1) end
+    end
   end
 
   ------------------------------------------------------------------------
@@ -418,7 +459,12 @@ function M.run(o)
       if c == 2 then return R.pick({ math.mininteger, -1, 1.5, "x", 0 / 0, nil }) end
       if c == 3 and store_ref and store_ref[1] then
         -- a store call from its own clock: INVALID_ARGUMENT, or close()
-        if R.chance(0.5) then pcall(store_ref[1].head, store_ref[1], "s1") else store_ref[1]:close() end
+        if R.chance(0.5) then
+          pcall(store_ref[1].head, store_ref[1], "s1")
+        else
+          W.closed[store_ref[1]] = true
+          store_ref[1]:close()
+        end
       end
       return W.clock:now()
     end
@@ -468,28 +514,56 @@ function M.run(o)
   end))
   op(2, "head", store_call("head", function() return session() end))
   op(2, "read_all", store_call("read_all", function() return opts_table({ after = small_int, limit = small_int }) end))
-  op(4, "claim", store_call("claim", function()
-    return session(), opts_table({ holder = holder, ttl_ms = ttl, limit = small_int,
+  op(4, "claim", function()
+    local s = a_store()
+    if not s then return nil end
+    return function(st, ...)
+      local r = methods.claim(st, ...)
+      if type(r) == "table" then remember_claims(st, r.events) end
+      return r
+    end, table.pack(s, session(), opts_table({ holder = holder, ttl_ms = ttl, limit = small_int,
       exclude = function() return maybe(0.8, { 1, 2 }) end,
-      expires_at = function() return maybe(0.7, T0 + 100) end })
-  end))
-  op(3, "claim_next", store_call("claim_next", function()
-    return opts_table({ holder = holder, ttl_ms = ttl, limit = small_int,
-      types = function() return maybe(0.8, { R.pick(TYPES) }) end })
-  end))
-  op(2, "renew", store_call("renew", function()
-    return session(), opts_table({ holder = holder, ttl_ms = ttl,
-      claims = function() return maybe(0.8, { { small_int(), small_int() } }) end })
-  end))
-  op(3, "complete", store_call("complete", function()
-    return session(), small_int(), small_int(), maybe(0.8, events()),
-      opts_table({ fence = small_int, cancel = function() return maybe(0.7, { 2 }) end })
-  end))
-  op(3, "fail", store_call("fail", function()
-    return session(), small_int(), small_int(), opts_table({
+      expires_at = function() return maybe(0.7, T0 + 100) end }))
+  end)
+  op(3, "claim_next", function()
+    local s = a_store()
+    if not s then return nil end
+    return function(st, ...)
+      local list = methods.claim_next(st, ...)
+      remember_claims(st, list)
+      return list
+    end, table.pack(s, opts_table({ holder = holder, ttl_ms = ttl, limit = small_int,
+      types = function() return maybe(0.8, { R.pick(TYPES) }) end }))
+  end)
+
+  -- session, index, attempt of a remembered claim (on its store), or drawn
+  local function claimed()
+    local c = a_claim()
+    if c then return c.store, c.session, c.index, c.attempt end
+    return a_store(), session(), small_int(), small_int()
+  end
+
+  op(2, "renew", function()
+    local s, name, index, attempt = claimed()
+    if not s then return nil end
+    return methods.renew, table.pack(s, name, opts_table({ holder = holder, ttl_ms = ttl,
+      claims = function() return maybe(0.8, { { index, attempt } }) end }))
+  end)
+  op(3, "complete", function()
+    local s, name, index, attempt = claimed()
+    if not s then return nil end
+    return methods.complete, table.pack(s, name, index, attempt, maybe(0.8, events()),
+      opts_table({ fence = small_int, cancel = function()
+        return maybe(0.7, { math.type(index) == "integer" and index + 1 or 2 })
+      end }))
+  end)
+  op(3, "fail", function()
+    local s, name, index, attempt = claimed()
+    if not s then return nil end
+    return methods.fail, table.pack(s, name, index, attempt, opts_table({
       error = function() return maybe(0.8, R.pick({ "boom", "a\0b", "\xff", ("e"):rep(70000) })) end,
-      max_failures = small_int, retry_after_ms = small_int })
-  end))
+      max_failures = small_int, retry_after_ms = small_int }))
+  end)
   op(1, "revive", store_call("revive", function() return session(), small_int() end))
   op(1, "settle", store_call("settle", function() return session(), small_int(), maybe(0.8, "why") end))
   op(1, "dead_letters", store_call("dead_letters", function()
@@ -579,7 +653,7 @@ function M.run(o)
   op(1, "lease", store_call("lease", function() return session(), opts_table({ holder = holder, ttl_ms = ttl }) end))
   op(1, "release", store_call("release", function() return session(), opts_table({ holder = holder, token = small_int }) end))
   op(1, "seal", store_call("seal", function()
-    return R.pick({ "s3", "f1", session() }), opts_table({ reason = function() return "done" end })
+    return W.clean and R.pick({ "s3", "f1" }) or session(), opts_table({ reason = function() return "done" end })
   end))
   op(1, "truncate", store_call("truncate", function() return touched_session(), small_int() end))
   op(1, "delete", function()
@@ -595,6 +669,7 @@ function M.run(o)
     return function(st, name)
       local t = methods.tenant(st, name)
       W.tenants[#W.tenants + 1] = named(t, ("<tenant %s of %s>"):format(name, describe(st)))
+      W.root[t] = st
       return t
     end, table.pack(s, name_of({ "acme", "beta" }))
   end)
@@ -611,10 +686,12 @@ function M.run(o)
   op(1, "close store", function()
     local s = a_store()
     if not s or not R.chance(0.3) then return nil end
-    return methods.close, table.pack(s)
+    return function(st)
+      W.closed[st] = true
+      return methods.close(st)
+    end, table.pack(s)
   end)
-  op(1, "reopen", function()
-    if R.chance(0.5) then return nil end
+  local function reopen()
     return function(clock_kind)
       local opts = { clock = W.clock, max_payload_bytes = R.pick({ 0, 1000, 100000 }) }
       local ref
@@ -624,6 +701,10 @@ function M.run(o)
       W.stores[#W.stores + 1] = named(s, "<store " .. #W.stores + 1 .. ">")
       return s
     end, table.pack(R.chance(0.3) and "function" or "manual")
+  end
+  op(1, "reopen", function()
+    if R.chance(0.5) then return nil end
+    return reopen()
   end)
   op(1, "open hostile", function()
     return eventstore.open, table.pack(maybe(0.5, url), opts_table({
@@ -647,12 +728,13 @@ function M.run(o)
   end)
 
   -- the engine
-  op(1, "engine", function()
+  op(2, "engine", function()
     local s = a_store()
-    if not s or #W.engines >= 6 then return nil end
+    if not s or #W.engines >= 12 then return nil end
     return function(o)
       local e = eventstore.engine(o)
       W.engines[#W.engines + 1] = named(e, "<engine " .. #W.engines + 1 .. ">")
+      W.root[e] = o.store
       return e
     end, table.pack(R.chance(0.03) and hostile() or {
       store = s, scripts = engine_opt(dir), workers = engine_opt(R.int(2)),
@@ -701,7 +783,10 @@ function M.run(o)
   op(1, "engine:close", function()
     local e = an_engine()
     if not e or not R.chance(0.3) then return nil end
-    return e.close, table.pack(e)
+    return function(en)
+      en:close()
+      W.closed[en] = true
+    end, table.pack(e)
   end)
 
   ------------------------------------------------------------------------
@@ -773,10 +858,21 @@ function M.run(o)
   local n_call = 0
   call_random = function(where)
     local fn, args, o
+    local outer_clean = W.clean
+    -- Most calls draw valid values only, so the run gets past the argument
+    -- checks to claimed, completed, failed and dead events; the others mix
+    -- hostile values into any argument.
+    W.clean = R.chance(0.6)
+    local any_open = false
+    for _, h in ipairs(W.stores) do any_open = any_open or is_open(h) end
+    if not any_open and R.chance(0.8) then
+      o = { name = "reopen", make = reopen } -- every store closed: mostly open one again
+      fn, args = o.make()
+    end
     for _ = 1, 20 do
+      if fn then break end
       o = R.pick(ops)
       fn, args = o.make()
-      if fn then break end
     end
     if not fn then return end
     n_call = n_call + 1
@@ -784,6 +880,16 @@ function M.run(o)
       described[fn] and (" " .. described[fn]) or "", describe_args(args))
     record(text)
     local ok, err = pcall(fn, table.unpack(args, 1, args.n))
+    W.clean = outer_clean
+    local tally = M.tally[o.name] or { returned = 0, raised = 0, codes = {} }
+    M.tally[o.name] = tally
+    if ok then
+      tally.returned = tally.returned + 1
+    else
+      tally.raised = tally.raised + 1
+      local code = eventstore.is_error(err) and err.code or "argument/hostile"
+      tally.codes[code] = (tally.codes[code] or 0) + 1
+    end
     if not ok and not M.acceptable(err) then
       local what = type(err) == "string" and err:sub(1, 500) or describe(err)
       failure = failure or ("call %s raised a %s that is neither an argument error nor an error object: %s")
@@ -862,6 +968,17 @@ if not pcall(debug.getlocal, 4, 1) then
       print((ok and "ok " or "FAILED ") .. report)
       io.stdout:flush()
       if not ok then failed = failed + 1 end
+    end
+  end
+  if os.getenv("FUZZ_STATS") then
+    local names = {}
+    for name in pairs(M.tally) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do
+      local t, codes = M.tally[name], {}
+      for code, n in pairs(t.codes) do codes[#codes + 1] = ("%s %d"):format(code, n) end
+      table.sort(codes)
+      print(("  %-20s returned %6d  raised %6d  %s"):format(name, t.returned, t.raised, table.concat(codes, ", ")))
     end
   end
   print(("api fuzz: %d seeds x %d urls, %d failed"):format(seeds, #M.urls(), failed))
