@@ -740,6 +740,19 @@ function M.run(o)
       store = s, scripts = engine_opt(dir), workers = engine_opt(R.int(2)),
       instruction_budget = engine_opt(200000), ttl_ms = engine_opt(1000),
       max_failures = engine_opt(2), backoff_ms = engine_opt(1), snapshot_every = engine_opt(R.pick({ 0, 2 })),
+      holder = engine_opt(R.pick({ nil, "h1", "h2" })),
+    })
+  end)
+  -- an engine that opens its own store from the URL (and closes it)
+  op(1, "engine from url", function()
+    if #W.engines >= 12 then return nil end
+    return function(o)
+      local e = eventstore.engine(o)
+      W.engines[#W.engines + 1] = named(e, "<engine " .. #W.engines + 1 .. " on its own store>")
+      return e
+    end, table.pack({
+      store = url, clock = engine_opt(W.clock), scripts = dir, workers = engine_opt(R.int(2)),
+      instruction_budget = 200000, max_failures = 2, backoff_ms = 1,
     })
   end)
   op(1, "engine:run", function()

@@ -9,10 +9,12 @@ package.path = "fuzz/?.lua;" .. package.path
 local fuzz = require("api_fuzz")
 local helpers = require("helpers")
 
--- Seed 2: against the code before issue 31's fixes it fails at its call
--- 20 (close() from a progress function raised a plain string), so this
--- pass is known to be able to fail.
-local SEED = tonumber(os.getenv("FUZZ_SEED") or "2")
+-- Seed 1: against the code before issue 31's fixes it fails at its call
+-- 124 on memory: and sqlite: (an engine method called on a number raised
+-- the VM's "attempt to index a number value"), so this pass is known to be
+-- able to fail. A change to the grammar changes what a seed draws: check
+-- again.
+local SEED = tonumber(os.getenv("FUZZ_SEED") or "1")
 local CALLS = tonumber(os.getenv("FUZZ_CALLS") or "500")
 
 for _, url in ipairs(helpers.urls()) do
