@@ -25,7 +25,9 @@
 -- "sqlite:", "postgres://..."), or FUZZ_SEED / FUZZ_SEEDS / FUZZ_CALLS in
 -- the environment. A failure prints the seed, the URL, the call that
 -- failed and the calls before it; the same seed, URL and call count
--- replays the same calls.
+-- replays the same calls as long as the store answers alike (the calls
+-- drawn depend on earlier answers, e.g. which events a claim returned, and
+-- an engine with two workers may order its work differently).
 local eventstore = require("eventstore")
 local core = require("eventstore.core")
 
