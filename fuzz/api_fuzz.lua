@@ -7,7 +7,7 @@
 -- metamethods raise or change the call's other arguments, re-entrant calls
 -- from callbacks (subscribers, presence subscribers, clock functions, the
 -- engine's progress function), closing and reopening, collections at
--- random. The rule checked after every call (CONTRACT §2): a call either
+-- random. The rule checked after every call (docs/contract.md §2): a call either
 -- returns or raises a standard Lua argument error ("bad argument #n to
 -- 'f'") or an eventstore error object; the fuzzer's own hostile raise
 -- passing through is allowed. Every few hundred calls the stores'

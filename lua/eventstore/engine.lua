@@ -24,7 +24,7 @@ local function new(opts)
 end
 
 -- The C handle behind self, which stays after close (a closed handle
--- raises CLOSED, CONTRACT §2); anything but an engine is an argument error
+-- raises CLOSED, docs/contract.md §2); anything but an engine is an argument error
 -- naming the method, as the C handles' own checks are.
 local function handle(self, method)
   if getmetatable(self) ~= Engine or self._handle == nil then
@@ -53,7 +53,7 @@ function Engine:append(session, events, opts) return handle(self, "append"):appe
 function Engine:lease(session, opts) return handle(self, "lease"):lease(session, opts) end
 
 -- truncate(session, through) -> first_index: every reducer's state is
--- snapshotted at `through` first, so it stays readable (CONTRACT §3.9).
+-- snapshotted at `through` first, so it stays readable (docs/contract.md §3.9).
 function Engine:truncate(session, through) return handle(self, "truncate"):truncate(session, through) end
 
 -- release(session) -> whether the engine's lease was ended
