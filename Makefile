@@ -5,6 +5,7 @@
 #   make deps       install the missing Debian packages (apt-get: root)
 #   make test       make deps, build, run every test (spec/README.md)
 #   make check-sanitize   the same suite under AddressSanitizer (leaks included) + UBSan
+#   make fuzz-api   random calls through the Lua API under ASan (SEEDS=, CALLS=; fuzz/README.md)
 #   make bench      print benchmark figures (see bench/README.md)
 #   make bench-pg   only the PostgreSQL ones (a throwaway server, as make test)
 #   make bench-http only the HTTP ones (eventstore serve under wrk, SSE clients)
@@ -72,7 +73,7 @@ FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run $(BUILD)/ctest/http_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
-.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http install uninstall programs clean demo fuzz
+.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http install uninstall programs clean demo fuzz fuzz-api
 
 all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
@@ -282,6 +283,26 @@ fuzz:
 	  -artifact_prefix=$(BUILD)/fuzz/segment- $(BUILD)/fuzz/segment_corpus
 	$(BUILD)/fuzz/http_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/http- $(BUILD)/fuzz/http_corpus
+
+# The random-call fuzzer of the Lua API and the engine handle
+# (fuzz/api_fuzz.lua; make test runs one short fixed seed of it, spec/36):
+# SEEDS seeds from FIRST_SEED, CALLS calls each, on memory:, sqlite: and
+# postgres: (a throwaway cluster, as make test; ES_TEST_URLS=... picks
+# others), under check-sanitize's ASan + UBSan build with leak detection.
+# A failure prints its seed, URL and calls; FIRST_SEED=n SEEDS=1 replays it.
+FIRST_SEED ?= 1
+SEEDS ?= 20
+CALLS ?= 2000
+fuzz-api:
+	@$(MAKE) --no-print-directory BUILD=build-san OPT='-O1 -g -fno-omit-frame-pointer' \
+	  SAN='-fsanitize=address,undefined -fno-sanitize-recover=all' all
+	@mkdir -p build-san/sanitize
+	@$(CC) -std=c11 -shared -fPIC -O2 $(WARN) -o build-san/sanitize/unpreload.so spec/sanitize/unpreload.c
+	@lua=$$(command -v $(LUA)) && \
+	  PATH='$(CURDIR)/spec/sanitize':"$$PATH" ES_SAN_LUA="$$lua" \
+	  ES_SAN_PRELOAD="$$($(CC) -print-file-name=libasan.so):$(CURDIR)/build-san/lib/eventstore/core.so:$(CURDIR)/build-san/sanitize/unpreload.so" \
+	  $(SAN_OPTS) LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build-san/lib/?.so;;' \
+	  $(PG_RUN) lua5.4 fuzz/api_fuzz.lua $(FIRST_SEED) $(SEEDS) $(CALLS)
 
 clean:
 	rm -rf build build-san

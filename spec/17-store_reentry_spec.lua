@@ -13,13 +13,7 @@ local helpers = require("helpers")
 local expect_error = helpers.expect_error
 local pluck = helpers.pluck
 
--- Whether the value in a weak table was collected: the store must not keep
--- a subscriber reachable (a registry ref) once its subscription ended.
-local function collected(weak)
-  collectgarbage("collect")
-  collectgarbage("collect")
-  return next(weak) == nil
-end
+local collected = helpers.collected
 
 local LUA = os.getenv("LUA") or "lua5.4"
 

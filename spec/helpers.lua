@@ -190,6 +190,15 @@ function helpers.expect_arg_error(fn, ...)
   return err
 end
 
+-- Whether the value held in a weak table was collected: a store or engine
+-- must not keep a callback reachable (a registry reference) once its
+-- subscription ended or the call that took it was refused.
+function helpers.collected(weak)
+  collectgarbage("collect")
+  collectgarbage("collect")
+  return next(weak) == nil
+end
+
 -- A deterministic text form of any Lua value (sorted keys, integer vs
 -- float kept apart), to compare whole store states before/after a call.
 local function dump(v, seen)

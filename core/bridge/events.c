@@ -653,7 +653,11 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
     es_new_event *e = &evs[i];
     es_new_event_init(e);
     payload_at[i] = SIZE_MAX;
-    lua_rawgeti(L, idx, (lua_Integer)i + 1);
+    /* Checked again: an __index metamethod or a finalizer that ran while
+     * an earlier event was read may have replaced this one. */
+    if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TTABLE)
+      bad_event(L, arg, "events[%d] must be a table (it was replaced while the events were read)",
+                (int)i + 1);
     int t = lua_gettop(L);
     e->type = event_str(&c, t, i, N_TYPE, 0);
     if (!e->type) bad_event(L, arg, "events[%d].type is required", (int)i + 1);

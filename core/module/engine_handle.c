@@ -147,9 +147,13 @@ static int l_engine_run(lua_State *L) {
   ro.progress_ctx = &p;
   es_engine_stats st;
   es_err err = {0};
+  /* A nested run from the progress function is refused by the engine;
+   * its return must not clear the outer run's guard (close() would then
+   * free the engine under the outer run's workers). */
+  int outer = h->running;
   h->running = 1;
   int rc = es_engine_run(h->e, &ro, &st, &err);
-  h->running = 0;
+  h->running = outer;
   if (p.failed) return lua_error(L); /* the progress function's error */
   if (rc) return es_lua_raise(L, &err);
   lua_createtable(L, 0, 4);
@@ -324,7 +328,7 @@ static int l_engine_stats_enabled(lua_State *L) {
 static int l_engine_close(lua_State *L) {
   lengine *h = luaL_checkudata(L, 1, ENGINE_MT);
   if (h->running) /* from the progress function: the run ends first */
-    return luaL_error(L, "cannot close the engine while it runs (stop it first)");
+    return es_lua_raisef(L, ES_INVALID_ARGUMENT, "cannot close the engine while it runs (stop it first)");
   if (h->e) {
     es_engine_close(h->e);
     h->e = NULL;

@@ -309,8 +309,19 @@ static int ids_call(lua_State *L) {
   return 1;
 }
 
+/* A manual clock's time must be in the store clock's range (es_store_now,
+ * docs/limits.md "The clock"): refused when it is set, not later at every
+ * call of every store that reads it. */
+static int64_t check_clock_ms(lua_State *L, int64_t ms, const char *what) {
+  if (ms < 0)
+    es_lua_raisef(L, ES_INVALID_ARGUMENT,
+                  "%s: %lld is outside the clock's range 0..math.maxinteger (ms since the epoch)", what,
+                  (long long)ms);
+  return ms;
+}
+
 static int l_manual_clock(lua_State *L) {
-  int64_t ms = lua_isnoneornil(L, 1) ? 0 : es_lua_check_int(L, 1, "ms");
+  int64_t ms = lua_isnoneornil(L, 1) ? 0 : check_clock_ms(L, es_lua_check_int(L, 1, "ms"), "manual_clock");
   lclock *c = lua_newuserdatauv(L, sizeof *c, 0);
   c->c = NULL;
   luaL_setmetatable(L, CLOCK_MT);
@@ -331,7 +342,7 @@ static int c_now(lua_State *L) {
 
 static int c_set(lua_State *L) {
   es_manual_clock *c = check_clock(L);
-  es_manual_clock_set(c, es_lua_check_int(L, 2, "ms"));
+  es_manual_clock_set(c, check_clock_ms(L, es_lua_check_int(L, 2, "ms"), "set"));
   lua_pushinteger(L, es_manual_clock_get(c));
   return 1;
 }
@@ -339,10 +350,11 @@ static int c_set(lua_State *L) {
 static int c_advance(lua_State *L) {
   es_manual_clock *c = check_clock(L);
   int64_t ms = es_lua_check_int(L, 2, "ms"), now = es_manual_clock_get(c);
-  /* Moving the clock past the int64 range would wrap it into the past. */
-  if ((ms > 0 && now > INT64_MAX - ms) || (ms < 0 && now < INT64_MIN + 1 - ms))
+  /* Moving the clock past the int64 range would wrap it into the past;
+   * below 0 it leaves the clock's range. */
+  if ((ms > 0 && now > INT64_MAX - ms) || (ms < 0 && now + ms < 0))
     return es_lua_raisef(L, ES_INVALID_ARGUMENT,
-                         "advance(%lld) would move the clock (at %lld) out of the int64 range",
+                         "advance(%lld) would move the clock (at %lld) out of its range 0..math.maxinteger",
                          (long long)ms, (long long)now);
   lua_pushinteger(L, es_manual_clock_advance(c, ms));
   return 1;

@@ -102,16 +102,27 @@ extern const luaL_Reg es_lstore_history_methods[];
 /* ---------------------------------------------------------------------- */
 /* helpers */
 
+/* Whether the handle, or the store a tenant handle is made from, is
+ * closed; e says which. */
+static inline int closed(const lstore *h, es_err *e) {
+  if (!h->s) *e = (es_err){ES_CLOSED, "the store is closed"};
+  else if (h->parent && !h->parent->s) *e = (es_err){ES_CLOSED, "the store of this tenant handle is closed"};
+  else return 0;
+  return 1;
+}
+
+/* The handle of a call, checked before its arguments are read: a call on a
+ * tenant handle whose store is closed is CLOSED here, before it allocates
+ * anything (presence_subscribe would otherwise take a callback's registry
+ * reference and then raise). */
 static inline lstore *check_store(lua_State *L) {
   lstore *h = luaL_checkudata(L, 1, STORE_MT);
   if (h->in_core || (h->parent && h->parent->in_core))
     es_lua_raisef(L, ES_INVALID_ARGUMENT,
                   "the store cannot be called from inside its own clock function "
                   "(only close() is allowed there)");
-  if (!h->s) {
-    es_err e = {ES_CLOSED, "the store is closed"};
-    es_lua_raise(L, &e);
-  }
+  es_err e;
+  if (closed(h, &e)) es_lua_raise(L, &e);
   return h;
 }
 
@@ -120,14 +131,8 @@ static inline lstore *check_store(lua_State *L) {
  * handle (CLOSED then). Every core_enter is followed by core_leave before
  * anything can raise. */
 static inline es_store *core_enter(lua_State *L, lstore *h) {
-  if (!h->s) {
-    es_err e = {ES_CLOSED, "the store is closed"};
-    es_lua_raise(L, &e);
-  }
-  if (h->parent && !h->parent->s) {
-    es_err e = {ES_CLOSED, "the store of this tenant handle is closed"};
-    es_lua_raise(L, &e);
-  }
+  es_err e;
+  if (closed(h, &e)) es_lua_raise(L, &e);
   h->L = L;
   h->in_core = 1;
   if (h->parent) {

@@ -325,6 +325,12 @@ static int m_presence_subscribe(lua_State *L) {
     luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
     return luaL_error(L, "out of memory");
   }
+  es_err cerr;
+  if (closed(h, &cerr)) { /* a finalizer run by luaL_ref may have closed it */
+    free(x);
+    luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
+    return raise(L, &cerr);
+  }
   pthread_mutex_init(&x->mu, NULL);
   es_store *s = core_enter(L, h);
   x->token = es_store_presence_watch(s, ns, on_presence, x);

@@ -81,7 +81,19 @@ size_t es_store_max_payload(const es_store *s) { return s->max_payload; }
 
 /* Every handle has a clock: a view's or a router's is the one of the
  * store it was made from or opened with. */
-int es_store_now(es_store *s, int64_t *now, es_err *err) { return s->clock(s->clock_ctx, now, err); }
+/* Every reading of a store's clock passes here, so the clock's range
+ * (docs/limits.md "The clock") is one check: a time before the epoch is
+ * refused, and with it math.mininteger, which is ES_NONE ("absent") to
+ * the rest of the API (an event stamped with it would read back without
+ * created_at). A tenant view shares its store's clock. */
+int es_store_now(es_store *s, int64_t *now, es_err *err) {
+  int rc = s->clock(s->clock_ctx, now, err);
+  if (rc == ES_OK && *now < 0)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "the store's clock read %lld, outside its range 0..math.maxinteger (ms since the epoch)",
+                   (long long)*now);
+  return rc;
+}
 
 int es_store_new_id(es_store *s, char out[ES_MAX_ID_BYTES + 1], es_err *err) {
   return s->impl->new_id(s, out, err);

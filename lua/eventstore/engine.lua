@@ -23,51 +23,67 @@ local function new(opts)
   return setmetatable({store = store, _handle = handle, _owned = owned}, Engine)
 end
 
--- run{until_idle = true} -> {handled, failed, dead, abandoned}
-function Engine:run(opts) return self._handle:run(opts) end
+-- The C handle behind self, which stays after close (a closed handle
+-- raises CLOSED, docs/contract.md §2); anything but an engine is an argument error
+-- naming the method, as the C handles' own checks are.
+local function handle(self, method)
+  if getmetatable(self) ~= Engine or self._handle == nil then
+    local got = type(self) == "table" and "table" or type(self)
+    error(("bad argument #1 to '%s' (eventstore engine expected, got %s)"):format(method, got), 3)
+  end
+  return self._handle
+end
 
-function Engine:stop() self._handle:stop() end
+-- run{until_idle = true} -> {handled, failed, dead, abandoned}
+function Engine:run(opts) return handle(self, "run"):run(opts) end
+
+function Engine:stop() handle(self, "stop"):stop() end
 
 -- Whether scripts/handlers/<type>.lua exists (loadable or not).
-function Engine:has_handler(event_type) return self._handle:has_handler(event_type) end
+function Engine:has_handler(event_type) return handle(self, "has_handler"):has_handler(event_type) end
 
 -- Like store:append; events of a type with no handler are stored
 -- processed (they would never wait for a worker), and `delay_ms` / `at`
 -- become `not_before` (a timer).
-function Engine:append(session, events, opts) return self._handle:append(session, events, opts) end
+function Engine:append(session, events, opts) return handle(self, "append"):append(session, events, opts) end
 
 -- lease(session, {ttl_ms = 30000}) -> as store:lease, for this engine's
 -- holder: while it holds the lease its writes there carry the token
 -- (docs/branches.md).
-function Engine:lease(session, opts) return self._handle:lease(session, opts) end
+function Engine:lease(session, opts) return handle(self, "lease"):lease(session, opts) end
 
 -- truncate(session, through) -> first_index: every reducer's state is
 -- snapshotted at `through` first, so it stays readable (docs/contract.md §3.9).
-function Engine:truncate(session, through) return self._handle:truncate(session, through) end
+function Engine:truncate(session, through) return handle(self, "truncate"):truncate(session, through) end
 
 -- release(session) -> whether the engine's lease was ended
-function Engine:release(session) return self._handle:release(session) end
+function Engine:release(session) return handle(self, "release"):release(session) end
 
 -- state(session, reducer, {at = index}) -> the folded state
 function Engine:state(session, reducer, opts)
+  local h = handle(self, "state")
   if opts ~= nil and type(opts) ~= "table" then
     error("bad argument #3 to 'state' (table expected, got " .. type(opts) .. ")", 2)
   end
-  return self._handle:state(session, reducer, opts and opts.at)
+  return h:state(session, reducer, opts and opts.at)
 end
 
 -- stats() -> {types = {[type] = {handled, failed, dead, runs, p50_us,
 -- p99_us, max_us}}, handled, failed, dead, store = store:stats()}
 -- (docs/stats.md)
-function Engine:stats(...) return self._handle:stats(...) end
+function Engine:stats(...) return handle(self, "stats"):stats(...) end
 
 -- Bench only (bench/README.md "Stats cost"): stop or restart counting.
-function Engine:_stats_enabled(on) return self._handle:_stats_enabled(on) end
+function Engine:_stats_enabled(on) return handle(self, "_stats_enabled"):_stats_enabled(on) end
 
+-- Harmless twice. The closed handle stays, so later calls raise CLOSED;
+-- refused (INVALID_ARGUMENT) from the run's own progress function, and
+-- then nothing is closed.
 function Engine:close()
-  if self._handle then
-    self._handle:close()
-    self._handle = nil
+  local h = handle(self, "close")
+  if not self._closed then
+    h:close()
+    self._closed = true
     if self._owned then self.store:close() end
   end
 end

@@ -29,6 +29,11 @@ local methods = core.store_methods
 -- live events, no gaps, no duplicates; ends once no new event has come for
 -- timeout_ms (nil: never ends).
 function methods.stream(self, session, opts)
+  -- Checked here, not at the iterator's first call (where a number would
+  -- raise the VM's "attempt to index"): as the C methods' own check.
+  if type(self) ~= "userdata" or (getmetatable(self) or {}).__index ~= methods then
+    error("bad argument #1 to 'stream' (eventstore.Store expected, got " .. type(self) .. ")", 2)
+  end
   if type(session) ~= "string" then
     error("bad argument #1 to 'stream' (string expected, got " .. type(session) .. ")", 2)
   end
