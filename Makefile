@@ -92,7 +92,7 @@ deps:
 # The targets that call `make deps` first (the README's `make demo` and
 # `make test` stay one command each). Every object waits for deps when one of
 # them is asked for, so that -j never compiles beside a running apt-get.
-DEPS_GOALS := test check check-sanitize check-valgrind bench bench-pg bench-http demo
+DEPS_GOALS := test check check-sanitize check-valgrind fuzz-api bench bench-pg bench-http demo
 DEPS_FIRST := $(if $(filter $(DEPS_GOALS),$(MAKECMDGOALS)),deps)
 $(DEPS_GOALS): deps
 

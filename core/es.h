@@ -3,7 +3,7 @@
  * out-parameter, the "no value" marker for optional integers, and the
  * clock hook.
  *
- * Convention (DESIGN.md): every function returns int, ES_OK (0) on success,
+ * Convention (docs/architecture.md "Conventions" 4): every function returns int, ES_OK (0) on success,
  * otherwise one of the codes below; a human-readable message goes into the
  * caller's es_err (never a global, never errno).
  */
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Result codes. The first block is the public contract (CONTRACT.md §2): each
+/* Result codes. The first block is the public contract (docs/contract.md §2): each
  * maps 1:1 to the Lua error code of the same name. */
 enum {
   ES_OK = 0,

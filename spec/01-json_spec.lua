@@ -1,4 +1,4 @@
--- 01-json_spec.lua: eventstore.json, the exact payload codec (CONTRACT.md §1,
+-- 01-json_spec.lua: eventstore.json, the exact payload codec (docs/contract.md §1,
 -- docs/json.md). Every rule of the canonical form and of strict decoding has
 -- an assert here that fails if the rule is broken.
 

@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §1 (payloads through the store) and §3.1 (append
+-- Conformance: docs/contract.md §1 (payloads through the store) and §3.1 (append
 -- and read: indexes, positions, ids, batch idempotency, expected head, the
 -- attempt fence). Runs once per backend URL (helpers.urls()).
 local eventstore = require("eventstore")

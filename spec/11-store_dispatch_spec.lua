@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.2 (dispatch: ready rules, lanes, claim,
+-- Conformance: docs/contract.md §3.2 (dispatch: ready rules, lanes, claim,
 -- claim_next, renew, complete, fail, revive, settle, dead_letters). Runs
 -- once per backend URL (helpers.urls()).
 local eventstore = require("eventstore")

@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.3 (snapshots) and §3.4 (inspection: sessions,
+-- Conformance: docs/contract.md §3.3 (snapshots) and §3.4 (inspection: sessions,
 -- events_page). Runs once per backend URL (helpers.urls()).
 local eventstore = require("eventstore")
 local helpers = require("helpers")

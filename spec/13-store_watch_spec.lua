@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.5 (watching: subscribe, wait, stream). Runs
+-- Conformance: docs/contract.md §3.5 (watching: subscribe, wait, stream). Runs
 -- once per backend URL (helpers.urls()). The only tests here that block do
 -- so for a short real time (timeouts of at most 250 ms).
 local eventstore = require("eventstore")

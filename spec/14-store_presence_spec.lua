@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.6 (presence: per-field last-writer-wins by `at`,
+-- Conformance: docs/contract.md §3.6 (presence: per-field last-writer-wins by `at`,
 -- tombstones, TTL by the store's clock, patches). Runs once per backend URL
 -- (helpers.urls()).
 local eventstore = require("eventstore")

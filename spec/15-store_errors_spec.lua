@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §2 (errors: the error object, argument errors,
+-- Conformance: docs/contract.md §2 (errors: the error object, argument errors,
 -- INVALID_ARGUMENT, TOO_LARGE, STORAGE, CLOSED, atomicity) and §3 opening
 -- and closing a store. Runs once per backend URL (helpers.urls()).
 --

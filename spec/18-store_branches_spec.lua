@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.7 (branches: fork, lineage, children, refs,
+-- Conformance: docs/contract.md §3.7 (branches: fork, lineage, children, refs,
 -- promote), with the decisions of docs where the contract is silent (fork's
 -- copies are processed with processed_at = the fork's time and attempts 0;
 -- NOT_FOUND for a `from` without a row; a second fork into the same `to`

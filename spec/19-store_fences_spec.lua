@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.8 (fences, leases, seals), with the decisions
+-- Conformance: docs/contract.md §3.8 (fences, leases, seals), with the decisions
 -- of docs where the contract is silent: a fence token never issued is as
 -- stale as an old one; a fence < 1 is INVALID_ARGUMENT; a full idempotent
 -- replay is answered before the fence and seal checks; `held` answers

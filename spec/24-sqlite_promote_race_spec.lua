@@ -1,4 +1,4 @@
--- CONTRACT §3.7: "Two concurrent promotes with the same expect: exactly one
+-- docs/contract.md §3.7: "Two concurrent promotes with the same expect: exactly one
 -- wins, on every backend and across processes." SQLite only (memory stores
 -- are per process): four real processes (spec/support/sqlite_promote_worker.lua)
 -- on one file, released together by a start barrier (a file they spin on),

@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.9, truncate and delete (archive is not built
+-- Conformance: docs/contract.md §3.9, truncate and delete (archive is not built
 -- yet). Runs once per backend URL (helpers.urls()).
 local helpers = require("helpers")
 

@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.9 archive segments (docs/retention.md,
+-- Conformance: docs/contract.md §3.9 archive segments (docs/retention.md,
 -- "Archive"). Runs once per backend URL (helpers.urls()); every store gets
 -- an archive directory of its own in a temporary directory.
 local helpers = require("helpers")

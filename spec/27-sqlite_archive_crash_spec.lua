@@ -1,4 +1,4 @@
--- Archive segments under kill -9 (CONTRACT §3.9, docs/retention.md
+-- Archive segments under kill -9 (docs/contract.md §3.9, docs/retention.md
 -- "Archive: crash safety").
 --
 -- A child process (spec/support/sqlite_archive_crash_child.lua) appends

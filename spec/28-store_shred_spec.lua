@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.10, crypto-shredding. Payloads appended with
+-- Conformance: docs/contract.md §3.10, crypto-shredding. Payloads appended with
 -- `key = NAME` are sealed under that key's data key (the store was opened
 -- with {keys = PATH}); every read path opens them, and after
 -- store:shred(NAME) shows `payload = nil, shredded = true`; snapshots that

@@ -1,4 +1,4 @@
--- Conformance: CONTRACT §3.11, tenants (store:tenant(name)). Runs once per
+-- Conformance: docs/contract.md §3.11, tenants (store:tenant(name)). Runs once per
 -- backend URL (helpers.urls()).
 --
 -- The isolation test tries every method of the store handle through tenant

@@ -1,5 +1,5 @@
 -- 30-state_codec_spec.lua: the exact reducer-state codec (core/bridge/state.h,
--- docs/state-codec.md; CONTRACT.md §4 "reducer state round-trips exactly").
+-- docs/state-codec.md; docs/contract.md §4 "reducer state round-trips exactly").
 --
 -- Round trips of every kind of value the codec keeps (checking number
 -- subtypes, bit patterns of floats, every string byte, key types, the

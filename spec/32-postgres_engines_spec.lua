@@ -1,4 +1,4 @@
--- Many engines on one PostgreSQL database (issue 11 item 3, CONTRACT §5,
+-- Many engines on one PostgreSQL database (issue 11 item 3, docs/contract.md §5,
 -- docs/postgres.md "How many engines").
 --
 -- Three `eventstore run` processes (two workers each, their own --holder,

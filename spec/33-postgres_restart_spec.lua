@@ -1,5 +1,5 @@
 -- The PostgreSQL server restarted and stopped mid-run (issue 11 item 4,
--- CONTRACT §5, docs/postgres.md "What a server restart (or a dropped
+-- docs/contract.md §5, docs/postgres.md "What a server restart (or a dropped
 -- connection) does", docs/engine.md "When the store fails").
 --
 -- - An `eventstore run --until-idle` engine works through 4,000 events

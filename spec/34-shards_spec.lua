@@ -1,4 +1,4 @@
--- Sharded stores (CONTRACT §5, docs/sharding.md): eventstore.open("shards:",
+-- Sharded stores (docs/contract.md §5, docs/sharding.md): eventstore.open("shards:",
 -- {catalog = url, plan = {version, shards = {[name] = url}}}).
 --
 -- Run over several SQLite files, and over several PostgreSQL schemas of one

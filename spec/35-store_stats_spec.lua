@@ -1,4 +1,4 @@
--- CONTRACT §3.12: store:stats() (docs/stats.md). Runs once per backend URL
+-- docs/contract.md §3.12: store:stats() (docs/stats.md). Runs once per backend URL
 -- (helpers.urls()): the counts the store keeps (sessions, events, pending,
 -- dead) follow every call that changes them, and the call figures count
 -- calls, errors and latency percentiles. Also: the counts of a reopened

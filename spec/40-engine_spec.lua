@@ -1,4 +1,4 @@
--- Engine: CONTRACT §4 and docs/engine.md -- handlers, events without a
+-- Engine: docs/contract.md §4 and docs/engine.md -- handlers, events without a
 -- handler, hot reload, retries with backoff, dead letters, lanes under two
 -- workers, timers, the instruction and memory budgets, ctx, close.
 -- Reducers and snapshots are in 41-engine_state_spec.lua, kill -9 in

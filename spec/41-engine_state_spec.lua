@@ -1,4 +1,4 @@
--- Engine: CONTRACT §4 reducers and snapshots -- engine:state folds, {at},
+-- Engine: docs/contract.md §4 reducers and snapshots -- engine:state folds, {at},
 -- NOT_FOUND / NO_SUCH_EVENT, the instruction budget in a reducer,
 -- ctx.state in a handler, snapshot_every, snapshots as a pure cache,
 -- reducer versions (editing never serves stale state), exact round-trip of

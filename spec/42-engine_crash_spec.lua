@@ -1,4 +1,4 @@
--- Engine under kill -9 (CONTRACT §4: "a worker that dies or is killed loses
+-- Engine under kill -9 (docs/contract.md §4: "a worker that dies or is killed loses
 -- nothing"; every handler's returned events are appended exactly once).
 --
 -- The parent appends 300 events over a few sessions (some laned) to a

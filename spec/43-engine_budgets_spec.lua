@@ -1,4 +1,4 @@
--- Engine budgets that hold (CONTRACT §4, docs/engine.md "Budgets"): every
+-- Engine budgets that hold (docs/contract.md §4, docs/engine.md "Budgets"): every
 -- way a handler or reducer was seen to escape its instruction or memory
 -- budget, the watchdog for code no hook reaches, stop interrupting running
 -- handlers, attempts that never ended counting toward max_failures, true

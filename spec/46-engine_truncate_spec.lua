@@ -1,4 +1,4 @@
--- engine:truncate (CONTRACT §3.9): every reducer is snapshotted at
+-- engine:truncate (docs/contract.md §3.9): every reducer is snapshotted at
 -- `through` before the events go, so state stays readable; a fold that
 -- needs a dropped event is TRUNCATED. Runs once per backend URL.
 local helpers = require("helpers")

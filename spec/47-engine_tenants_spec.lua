@@ -1,4 +1,4 @@
--- Engine and tenants (CONTRACT §3.11): an engine given a tenant handle
+-- Engine and tenants (docs/contract.md §3.11): an engine given a tenant handle
 -- dispatches that tenant's events only, writes into that tenant, and folds
 -- that tenant's state. Runs once per backend URL (on sqlite both engines
 -- share one file through one store, as `eventstore run --tenant` would).

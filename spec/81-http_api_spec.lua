@@ -1,10 +1,10 @@
 -- spec/81-http_api_spec.lua: every JSON endpoint of core/http/routes.c
--- (CONTRACT §6; the store rules of §3), over real HTTP, as a remote user
+-- (docs/contract.md §6; the store rules of §3), over real HTTP, as a remote user
 -- of the API sees it: success (status and shape), exact payloads, bad
 -- input (a {code, message} answer and nothing changed), the store's
 -- errors mapped to statuses, and each route's right (401/403).
 --
--- Where CONTRACT §6 is silent these specs follow docs/http-api.md: every
+-- Where docs/contract.md §6 is silent these specs follow docs/http-api.md: every
 -- success is 200 (never 201), GET .../events answers {events, through},
 -- unknown body fields are 400, presence answers {rows} and {applied},
 -- DELETE of a ref {deleted}, a state JSON cannot carry is 422, and
@@ -48,7 +48,7 @@ local REDUCER_RAISES = [[
 return {init = function() return {} end, add = function(state, event) error("no adding here") end}
 ]]
 
--- Every exactness case of CONTRACT §1 in one payload, as raw JSON text.
+-- Every exactness case of docs/contract.md §1 in one payload, as raw JSON text.
 local EXACT = [==[{"big":9007199254740993,"min":-9223372036854775808,"f":0.1,"e":1e300,]==] ..
   [==["s":"a\u0000b","ea":[],"eo":{},"nest":[[],[{}],{"a":[]}],"t":true,"z":null}]==]
 

@@ -1,4 +1,4 @@
--- spec/82-http_tenants_spec.lua: tenant isolation over HTTP (CONTRACT §3.11,
+-- spec/82-http_tenants_spec.lua: tenant isolation over HTTP (docs/contract.md §3.11,
 -- §6; docs/tenants.md). Tenant acme's data is made through acme's tokens;
 -- then every JSON route is tried with tenant globex's tokens (globex-rw:
 -- read, append, work; globex-admin: admin): nothing of acme's is readable

@@ -1,4 +1,4 @@
--- Live tails over HTTP (CONTRACT §6, docs/http-live.md): Server-Sent Events
+-- Live tails over HTTP (docs/contract.md §6, docs/http-live.md): Server-Sent Events
 -- for one session (id = index), for every session of the token's store
 -- (id = position) and for presence; resuming with Last-Event-ID or ?after
 -- without gaps or duplicates; auth and tenant isolation on streams; the

@@ -1,4 +1,4 @@
--- /metrics and /healthz (CONTRACT §6, docs/http-live.md): the Prometheus
+-- /metrics and /healthz (docs/contract.md §6, docs/http-live.md): the Prometheus
 -- text format 0.0.4 checked line by line by a strict parser
 -- (hh.parse_metrics: every line a comment or a sample, TYPE before
 -- samples, families together, label escapes, histograms cumulative with

@@ -471,7 +471,7 @@ static const char sq_schema_v3[] =
     "CREATE INDEX IF NOT EXISTS events_type_pending ON events(type, queued, due_at, position)"
     "  WHERE status = " ES_SQL_PENDING ";";
 
-/* Version 4 (CONTRACT §3.7, §3.8): the full dispatch record and a fork
+/* Version 4 (docs/contract.md §3.7, §3.8): the full dispatch record and a fork
  * copy's origin on events; fences, leases, seals and lineage on sessions
  * (kept on the session row so every write reads them with the row it
  * reads anyway); children by parent; refs. ADD COLUMN only rewrites the
@@ -504,7 +504,7 @@ static const char sq_schema_v4[] =
     "  created_at INTEGER,"
     "  updated_at INTEGER) WITHOUT ROWID;";
 
-/* Version 5 (CONTRACT §3.9): the session's first live index (a truncate
+/* Version 5 (docs/contract.md §3.9): the session's first live index (a truncate
  * drops events below it; rows written before read 1: nothing was dropped
  * from them), and refs by the session they name, so deleting a session
  * removes its refs in O(log n + removed) instead of scanning every ref.
@@ -515,7 +515,7 @@ static const char sq_schema_v5[] =
     "ALTER TABLE sessions ADD COLUMN first_index INTEGER NOT NULL DEFAULT 1;"
     "CREATE INDEX IF NOT EXISTS refs_session ON refs(session, name);";
 
-/* Version 6 (CONTRACT §3.9 archive, §3.10 crypto-shredding):
+/* Version 6 (docs/contract.md §3.9 archive, §3.10 crypto-shredding):
  *   sessions.archived_through  events first_index..archived_through live in
  *                              segment files (archive.c), not rows;
  *   segments                   one row per segment file of a session, keyed

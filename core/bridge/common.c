@@ -1,6 +1,6 @@
 /*
  * bridge/common.c: the eventstore error object shared by every Lua-facing C
- * file (bridge/common.h, CONTRACT.md §2): a table {code = "CODE", message =
+ * file (bridge/common.h, docs/contract.md §2): a table {code = "CODE", message =
  * "..."} whose metatable, registered as "eventstore.Error", makes
  * tostring(e) read "CODE: message".
  */

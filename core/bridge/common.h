@@ -5,7 +5,7 @@
  *
  * An error object is a table {code = "CODE", message = "..."} whose
  * metatable ("eventstore.Error" in the registry) gives
- * tostring(e) == "CODE: message" (CONTRACT.md §2).
+ * tostring(e) == "CODE: message" (docs/contract.md §2).
  */
 #ifndef ES_LUA_COMMON_H
 #define ES_LUA_COMMON_H

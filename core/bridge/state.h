@@ -1,5 +1,5 @@
 /*
- * bridge/state.h: the exact reducer-state codec (CONTRACT.md §4, docs/state-codec.md).
+ * bridge/state.h: the exact reducer-state codec (docs/contract.md §4, docs/state-codec.md).
  *
  * A reducer builds its state as an arbitrary Lua value; snapshots cache it
  * as bytes and the engine restores it later, possibly into another

@@ -1,5 +1,5 @@
 /*
- * json.h: the exact payload codec (CONTRACT.md §1).
+ * json.h: the exact payload codec (docs/contract.md §1).
  *
  * Canonical text: object keys in byte order, no spaces, integers as integers
  * (all of int64), floats in the shortest form that reads back exactly and

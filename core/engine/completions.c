@@ -85,7 +85,7 @@ static completion *completion_new(int worker, const claim_info *c, const es_new_
 }
 
 /* Hands the completion of a handled job to the completer: types the
- * engine has no handler for are stored processed (CONTRACT §4: facts
+ * engine has no handler for are stored processed (docs/contract.md §4: facts
  * nobody here handles must not sit pending; the set is at most a second
  * old, as the loader's view), ids are fixed, the events copied. A failure
  * here fails the job. */

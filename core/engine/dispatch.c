@@ -342,7 +342,7 @@ static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
   es_events got;
   int64_t retry_at = ES_NONE;
   /* Only the types this engine has handlers for: others stay pending for
-   * an engine that has theirs (CONTRACT §4). */
+   * an engine that has theirs (docs/contract.md §4). */
   static const char *const no_types[1] = {NULL}; /* types != NULL, n 0: claim nothing */
   es_type_set *ts = es_types_get(e);
   size_t n_skip;

@@ -291,7 +291,7 @@ int es_watch(es_engine *e, runner *r, int64_t now, char *cause, size_t len) {
  * try. Trying again is safe: a claim that failed claimed nothing, and a
  * completion or failure is repeated with the same attempt and the same
  * ids, so one whose commit went through but whose answer was lost comes
- * back as the result already stored (CONTRACT §3.2), never a second one. */
+ * back as the result already stored (docs/contract.md §3.2), never a second one. */
 
 /* Between half and all of base. */
 static int64_t jittered(int64_t base) {
@@ -504,7 +504,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
       return err->code;
     }
   }
-  /* CONTRACT §4: every script loads now, or the engine is not made. */
+  /* docs/contract.md §4: every script loads now, or the engine is not made. */
   if ((rc = es_scripts_load_all(e->slots[0], err)) != ES_OK) {
     es_engine_unref(e);
     return rc;
@@ -543,7 +543,7 @@ void es_engine_stop(es_engine *e) { atomic_store(&e->stop_req, 1); }
 
 /* Counts the pending events this engine has no handler for, and says so
  * once per run: a wrong scripts directory shows up as work left pending,
- * never as work silently done (CONTRACT §4). */
+ * never as work silently done (docs/contract.md §4). */
 static void report_unhandled(es_engine *e, es_engine_stats *st) {
   es_type_counts tc;
   es_err err = {0};

@@ -1,5 +1,5 @@
 /*
- * engine.h: the engine (CONTRACT.md §4, docs/engine.md) as a C subsystem.
+ * engine.h: the engine (docs/contract.md §4, docs/engine.md) as a C subsystem.
  *
  * An engine dispatches a store's pending events to Lua handlers loaded
  * from a scripts directory: worker threads, each with its own Lua state,
@@ -67,7 +67,7 @@ void es_engine_opts_init(es_engine_opts *o);
  * options (INVALID_ARGUMENT naming the option), that the scripts
  * directory exists, creates the workers' Lua states (which need
  * lua/eventstore/loader.lua on lua_path) and loads every handler and
- * reducer once (CONTRACT §4): one that does not load is INVALID_ARGUMENT
+ * reducer once (docs/contract.md §4): one that does not load is INVALID_ARGUMENT
  * naming its file and line. *out: es_engine_close it. */
 int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err *err);
 
@@ -75,7 +75,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
 const char *es_engine_scripts(es_engine *e);
 
 /* Script reloads that failed since the engine opened (the last good
- * version ran on; CONTRACT §4). */
+ * version ran on; docs/contract.md §4). */
 int64_t es_engine_reload_failures(es_engine *e);
 
 /* The store the engine works on (borrowed: valid while the engine is). */

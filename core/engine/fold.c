@@ -1,5 +1,5 @@
 /*
- * fold.c: the reducer fold with snapshots (CONTRACT.md §4, docs/engine.md)
+ * fold.c: the reducer fold with snapshots (docs/contract.md §4, docs/engine.md)
  * and a handler's ctx. Both run in one of the engine's own Lua states,
  * inside a budgeted call; each reducer step is a budgeted call of its own.
  */

@@ -1,6 +1,6 @@
 /*
  * handlers.c: the set of event types an engine has handlers for, read from
- * scripts/handlers (CONTRACT §4: an engine claims only those types, so a
+ * scripts/handlers (docs/contract.md §4: an engine claims only those types, so a
  * wrong scripts directory leaves work pending instead of settling it).
  *
  * A type is the path of a .lua file below handlers/ without the suffix

@@ -1,6 +1,6 @@
 /*
  * scripts.c: what the engine's Lua states share about the script files
- * (CONTRACT §4, docs/engine.md "Scripts directory").
+ * (docs/contract.md §4, docs/engine.md "Scripts directory").
  *
  * - The last source of every script that loaded. Each state (worker, fold
  *   runner, a worker replacing an abandoned one) loads scripts on its own;

@@ -1,6 +1,6 @@
 /*
  * type_stats.h: the engine's per-event-type counts and handler latencies
- * (CONTRACT §3.12 engine:stats(), docs/stats.md).
+ * (docs/contract.md §3.12 engine:stats(), docs/stats.md).
  *
  * Workers note each handler run and each outcome; nothing on that path
  * takes a lock: the table of types is an array replaced whole (copy on

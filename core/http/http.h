@@ -1,5 +1,5 @@
 /*
- * http.h: `eventstore serve` (CONTRACT.md §6, docs/http.md): the store, and
+ * http.h: `eventstore serve` (docs/contract.md §6, docs/http.md): the store, and
  * the engine's reducers, over HTTP/1.1 on libmicrohttpd. A JSON API for
  * every store call a remote client needs, Server-Sent Events for live
  * tails, Prometheus metrics and the browser inspector's static files.

@@ -179,7 +179,7 @@ void es_wire_error(es_buf *b, const char *code, const char *message);
  * presence_read gives it (GET /v1/presence/{ns} and a presence stream's
  * snapshot). */
 void es_wire_presence_rows(es_buf *b, const es_presence_rows *rows);
-/* A stored event as the Lua face shows it (CONTRACT §3.1): every field
+/* A stored event as the Lua face shows it (docs/contract.md §3.1): every field
  * that is set, "payload" always (null when absent or shredded), "cause"
  * and "origin" as objects, "status" as text; `claimed` adds "attempt". */
 void es_wire_event(es_buf *b, const es_event *e, int claimed);

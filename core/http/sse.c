@@ -1,5 +1,5 @@
 /*
- * sse.c: the live tails (CONTRACT §6, docs/http-live.md): Server-Sent
+ * sse.c: the live tails (docs/contract.md §6, docs/http-live.md): Server-Sent
  * Events for one session (`id:` is the index), for every session of the
  * token's store (`id:` is the position) and for a presence namespace.
  *

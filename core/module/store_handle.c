@@ -139,7 +139,7 @@ static int lua_fn_ids(void *ctx, char *out, size_t cap, es_err *err) {
   return rc;
 }
 
-/* The one close function behind close(), __close and __gc (DESIGN.md
+/* The one close function behind close(), __close and __gc (docs/architecture.md
  * convention 7). Harmless twice. Releases a Lua clock even for a handle
  * whose open failed (h->s never set). */
 void es_lstore_close(lua_State *L, lstore *h) {
@@ -204,7 +204,7 @@ static int l_open(lua_State *L) {
   o.archive_dir = es_lua_opt_str_field(L, 2, "archive"); /* §3.9: a path (NUL refused) */
   /* §3.10: the master key file (its string stays on the stack) */
   o.keys_path = es_lua_opt_str_field(L, 2, "keys");
-  /* CONTRACT §5: "shards:" with {catalog = url, plan = ...}, or
+  /* docs/contract.md §5: "shards:" with {catalog = url, plan = ...}, or
    * "shards:CATALOG_URL" (the catalog's plan) */
   int sharded = url && strncmp(url, "shards:", 7) == 0;
   const char *catalog = NULL;
@@ -373,7 +373,7 @@ static int c_gc(lua_State *L) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* sharding (CONTRACT §5, docs/sharding.md) */
+/* sharding (docs/contract.md §5, docs/sharding.md) */
 
 static void destroy_plan(void *p) { es_shard_plan_destroy(p); }
 

@@ -55,7 +55,7 @@ static void free_patches(patch *x) {
   }
 }
 
-/* Ends a subscription: the callback's registry ref goes at once (DESIGN.md
+/* Ends a subscription: the callback's registry ref goes at once (docs/architecture.md
  * convention 8), the struct stays until es_lstore_reap(). */
 void es_lstore_sub_end(lua_State *L, sub *x) {
   if (!x->active) return;

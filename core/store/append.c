@@ -24,7 +24,7 @@
 /* the rules */
 
 /* Attempt `attempt` es_rule_owns the event from the claim that started it until it
- * completes or fails, or a later claim starts attempt + 1 (CONTRACT §3.1). */
+ * completes or fails, or a later claim starts attempt + 1 (docs/contract.md §3.1). */
 int es_rule_owns(const es_event *row, int64_t attempt) {
   return row->status == ES_STATUS_PENDING && row->attempts == attempt && row->claim_holder != NULL;
 }
@@ -155,7 +155,7 @@ static int replay_key_check(es_store *s, es_txn *t, const es_new_event *e, es_ev
   return rc;
 }
 
-/* Batch idempotency (CONTRACT §3.1). Returns ES_OK with *replayed = 1 and
+/* Batch idempotency (docs/contract.md §3.1). Returns ES_OK with *replayed = 1 and
  * the originals in out when every id is already stored in this session;
  * *replayed = 0 when none is; an error otherwise. `cause` (complete()) also
  * requires the stored events to carry that cause. */

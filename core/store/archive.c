@@ -1,5 +1,5 @@
 /*
- * archive.c: archive segments (CONTRACT §3.9, docs/retention.md "Archive").
+ * archive.c: archive segments (docs/contract.md §3.9, docs/retention.md "Archive").
  *
  * A store with an archive directory moves a session's settled history out
  * of the database into immutable segment files (segment.h: the format):

@@ -1,5 +1,5 @@
 /*
- * store/crypto.c: crypto-shredding (CONTRACT §3.10): the master key file,
+ * store/crypto.c: crypto-shredding (docs/contract.md §3.10): the master key file,
  * data keys wrapped by it, payloads sealed under data keys, opening them on
  * the way out, and shred. docs/shredding.md is the user's side: what is
  * guaranteed and what is not.

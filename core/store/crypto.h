@@ -1,5 +1,5 @@
 /*
- * store/crypto.h: sealed payloads and shredding (CONTRACT §3.10), the part
+ * store/crypto.h: sealed payloads and shredding (docs/contract.md §3.10), the part
  * of the store's insides that store.c calls (crypto.c). Not a public
  * header: store.h has the public calls (es_store_shred,
  * es_store_read_at_rest) and docs/shredding.md the guarantees.

@@ -319,7 +319,7 @@ int es_sh_children(es_store *s, const char *session, const char *after, int64_t 
 
 /* Refs live in the catalog (docs/sharding.md): one store, so put_ref,
  * delete_ref and promote keep their atomic compare-and-set there
- * (CONTRACT §3.7: of two promotes with the same expect exactly one wins),
+ * (docs/contract.md §3.7: of two promotes with the same expect exactly one wins),
  * and a plan change never moves them. The catalog's own rows know no
  * session's head: it is read from the session's shard. */
 

@@ -1,5 +1,5 @@
 /*
- * shard_plan.c: the shard router's plans (CONTRACT §5, docs/sharding.md):
+ * shard_plan.c: the shard router's plans (docs/contract.md §5, docs/sharding.md):
  * rendezvous hashing of a session over the plan's shards, checking and
  * copying plans, and the catalog that holds them as JSON events. Moved
  * out of shards.c as it was.

@@ -1,5 +1,5 @@
 /*
- * shards.c: sharded stores (CONTRACT §5, docs/sharding.md).
+ * shards.c: sharded stores (docs/contract.md §5, docs/sharding.md).
  *
  * A sharded handle is the router, one of the three implementations of
  * the store interface (store_impl.h: its table is shards_ops): every

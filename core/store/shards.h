@@ -1,5 +1,5 @@
 /*
- * shards.h: a sharded store (CONTRACT §5, docs/sharding.md).
+ * shards.h: a sharded store (docs/contract.md §5, docs/sharding.md).
  *
  * A sharded handle is an es_store: every es_store_* call works on it and
  * routes each session to the shard its name hashes to (rendezvous hashing

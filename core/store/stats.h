@@ -1,6 +1,6 @@
 /*
  * stats.h: per-call counters and latency histograms of a store handle
- * (CONTRACT §3.12, docs/stats.md), and the histogram the engine reuses for
+ * (docs/contract.md §3.12, docs/stats.md), and the histogram the engine reuses for
  * its handler runs.
  *
  * Always on, so they must cost next to nothing on the hot path:

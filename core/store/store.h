@@ -1,5 +1,5 @@
 /*
- * store.h: the eventstore C API (CONTRACT.md §3): open a backend by URL,
+ * store.h: the eventstore C API (docs/contract.md §3): open a backend by URL,
  * append and read events, claim / renew / complete / fail them, dead
  * letters, snapshots, inspection, waiting, presence, branches (fork,
  * lineage, refs, promote) and fences, leases and seals.
@@ -165,7 +165,7 @@ int es_check_name(const char *what, const char *v, es_err *err);
  * valid and short enough comes back unchanged. */
 int es_text_clean(const char *s, size_t n, size_t max, char **out, size_t *out_len);
 
-/* The one timer rule (CONTRACT §4: a handler's returned events and
+/* The one timer rule (docs/contract.md §4: a handler's returned events and
  * engine:append): `delay_ms` counts from now, `at` is absolute; either
  * becomes the event's not_before. has_delay / has_at say whether each was
  * given. Both given, a negative value, or now + delay_ms beyond the largest

@@ -1,5 +1,5 @@
 /*
- * tenant.c: tenant handles (CONTRACT §3.11).
+ * tenant.c: tenant handles (docs/contract.md §3.11).
  *
  * A tenant is a name prefix: tenant T's session, event id, ref or presence
  * namespace N is stored as T + ES_TENANT_SEP + N ("\x1f", a byte no tenant

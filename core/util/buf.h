@@ -1,6 +1,6 @@
 /*
  * buf.h: a growable byte buffer (the encoders' output). Out of memory is
- * reported as ES_STORAGE through es_err, never by exiting (DESIGN.md: not
+ * reported as ES_STORAGE through es_err, never by exiting (docs/architecture.md "Conventions" 6: not
  * lua-cjson's strbuf).
  */
 #ifndef ES_BUF_H

@@ -6,7 +6,7 @@
  * every event completed exactly once with exactly one result, nothing lost.
  *
  * And group commit (docs/store.md "Transactions, threads and group commit";
- * CONTRACT §2 "A failed call changes nothing"): three writers share one
+ * docs/contract.md §2 "A failed call changes nothing"): three writers share one
  * SQLite write transaction, the middle one fails after it has inserted a
  * row (its id source returns an id already stored for its second event);
  * the other two must be committed, with one commit for the group, and the
