@@ -1,5 +1,7 @@
 /*
  * backends/memory.c: the "memory:" backend (backend.h), everything in RAM.
+ * One file, though long: every op writes through the one undo log and the
+ * intrusive indexes below, all static; its sections follow backend.h.
  *
  * Layout (docs/memory-backend.md has the picture and the cost of each op):
  *   - a row is one allocation: a 64-byte header, the optional immutable

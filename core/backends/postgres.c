@@ -2,8 +2,13 @@
  * backends/postgres.c: the PostgreSQL backend (`postgres://...` or
  * `postgresql://...`, a libpq URI), how many engines on many machines share
  * one database. It stores and finds rows (backend.h); every rule lives in
- * store.c. docs/postgres.md describes the URL, the schema, what a write
+ * the core store (core/store/). docs/postgres.md describes the URL, the schema, what a write
  * transaction locks, the connections and what a server restart does.
+ *
+ * One file, though long: every op shares this file's pipeline (statements
+ * sent ahead, answered at the next sync), its read-ahead and write-behind
+ * caches and the connection pools, all static; its sections follow
+ * backend.h's order.
  *
  * A store lives in one schema of the database (`?schema=NAME`, default
  * `eventstore`), created on first open with its tables; the schema's `meta`

@@ -1,9 +1,13 @@
 /*
  * backends/sqlite.c: the SQLite backend (`sqlite:PATH[?options]`), the durable
  * embedded default. It stores and finds rows (backend.h); every rule lives in
- * store.c. docs/sqlite.md describes the schema, the durability modes and what
+ * the core store (core/store/). docs/sqlite.md describes the schema, the durability modes and what
  * each can lose, multi-process use, versioning and the error mapping, files
  * that are not ours, read-only media and full disks.
+ *
+ * One file, though long: every op shares this file's connection pools,
+ * prepared-statement cache and row codec, all static; its sections follow
+ * backend.h's order, so an op is found where the interface declares it.
  *
  * Open never writes a file before judging it an eventstore database
  * (sq_check_header, sq_prejudge, sq_schema_read): another application's

@@ -26,7 +26,7 @@
  * present option equal to math.mininteger is refused (INVALID_ARGUMENT):
  * that value is the C API's "absent" marker (ES_NONE), so passing it on
  * would silently turn `limit = math.mininteger` into "no limit". Ranges are
- * the core's rules (store.c).
+ * the core's rules (core/store/).
  */
 #include <lauxlib.h>
 #include <lua.h>

@@ -2,7 +2,7 @@
  * backend.h: the row-level interface a storage backend implements.
  *
  * A backend stores and finds rows; it knows no rule of the contract. The
- * core (store.c) decides every value it writes (indexes, statuses, the
+ * core (core/store/) decides every value it writes (indexes, statuses, the
  * `queued`/`due_at` dispatch bookkeeping) and calls these functions inside
  * a transaction it opened. Where a backend keeps an answer derived from
  * rows (the counts, a copied event's dispatch record), the rule is the

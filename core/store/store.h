@@ -4,8 +4,11 @@
  * letters, snapshots, inspection, waiting, presence, branches (fork,
  * lineage, refs, promote) and fences, leases and seals.
  *
- * Every rule of the contract lives once, in store.c; backends (backend.h)
- * only store and find rows inside transactions.
+ * The functions below are the front door (front.c): each forwards to its
+ * store's table of operations (store_impl.h), which the core store (the
+ * rules, once, in core/store/'s rule files), a tenant view and the shard
+ * router implement. Backends (backend.h) only store and find rows inside
+ * transactions.
  *
  * Threads: one es_store may be used from any number of threads at once.
  * Every call is atomic: on failure nothing was written.
