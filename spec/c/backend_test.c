@@ -30,6 +30,14 @@
  *   dead_list over populate()'s store (memory's) and over a small fixture
  *   (sqlite's), every assertion kept but memory's NULL lane (refused by
  *   memory only; memory_backend_test.c keeps it);
+ * - refs: get, put, replace, delete, listing in byte order with after,
+ *   limits and a stopping callback, nested savepoints undoing every kind of
+ *   ref write, one walk chunk (memory's), reverse inserts, no prefix match,
+ *   ES_NONE times kept, a released savepoint's delete committed (sqlite's);
+ *   a 0xFF byte in names on memory and sqlite only. Memory keeps its
+ *   read-transaction error, NULL names, negative limit, whole-state undo and
+ *   walks that write; sqlite its read-transaction error, a reader beside
+ *   the write and reopening;
  * - counts: the sums a backend keeps (backend.h counts) follow the core's
  *   rule (store/counts.h, es_counts_move) through puts, replacements,
  *   markers, deletes and a rolled-back savepoint; for the SQL backends this
@@ -1337,6 +1345,256 @@ static void case_counts(es_backend *b) {
   OPS->read_end(BK(t), t);
 }
 
+/* ---- refs: get, put, delete, list (moved from both old files) -------------- */
+
+/* ref_list's rows as one string: "name=session ". */
+typedef struct rtext {
+  char s[4096];
+  size_t n;
+  int calls;
+  size_t stop_at;
+} rtext;
+
+static int rtext_cb(void *ctx, const es_ref *r) {
+  rtext *c = ctx;
+  c->calls++;
+  CHECK(r->head == ES_NONE); /* never stored */
+  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s=%s ", r->name, r->session);
+  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
+  return c->stop_at && (size_t)c->calls >= c->stop_at;
+}
+
+static const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
+  es_err err;
+  c->n = 0;
+  c->s[0] = '\0';
+  c->calls = 0;
+  CHECK_RC(OPS->ref_list(BK(t), t, after, limit, rtext_cb, c, &err), ES_OK);
+  return c->s;
+}
+
+/* s with every '~' replaced by HI (in one of 4 buffers). */
+static const char *hs(int k, const char *s) {
+  static char buf[4][512];
+  char *o = buf[k];
+  size_t n = 0;
+  for (; *s && n + 8 < sizeof buf[k]; s++) {
+    if (*s == '~') n += (size_t)snprintf(o + n, sizeof buf[k] - n, "%s", HI);
+    else o[n++] = *s;
+  }
+  o[n] = '\0';
+  return o;
+}
+
+/* Moved from memory_backend_test.c: put, replace, get (the row owned by the
+ * caller), byte order with HI last, after and limit, a stopping callback,
+ * delete, nested savepoints that undo every kind of ref write, beyond one
+ * walk chunk. Its read-transaction writes, NULL names, negative limit,
+ * whole-state undo and walks that write stay in memory_backend_test.c. */
+static void case_refs(es_backend *b) {
+  es_err err;
+  es_ref r;
+  es_ref_init(&r);
+  es_txn *t = rbegin(b);
+  rtext c = {.n = 0};
+  CHECK_RC(OPS->ref_get(BK(t), t, "main", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "") == 0);
+  OPS->read_end(BK(t), t);
+  t = wbegin(b);
+  CHECK_RC(ref_put(t, "b", "s1", 1, 2), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s2", 3, 4), ES_OK);
+  CHECK_RC(ref_put(t, HI, "s3", 5, 6), ES_OK);
+  CHECK_RC(ref_put(t, "a/1", "s4", 7, 8), ES_OK);
+  CHECK_RC(ref_put(t, "ab", "", 9, 10), ES_OK);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.name, "a") == 0 && strcmp(r.session, "s2") == 0 && r.head == ES_NONE);
+  CHECK(r.created_at == 3 && r.updated_at == 4);
+  es_ref_destroy(&r);
+  /* Replaced in place of the old one (insert or replace). */
+  CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.session, "s5") == 0 && r.created_at == 3 && r.updated_at == 11);
+  r.name[0] = 'Z'; /* owned by the caller */
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.name, "a") == 0);
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_OK);
+  CHECK(strcmp(r.session, "") == 0);
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a/", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 ab= b=s1 ~=s3 ")) == 0);
+  CHECK(strcmp(refs(t, "a", ES_NONE, &c), hs(0, "a/1=s4 ab= b=s1 ~=s3 ")) == 0);
+  CHECK(strcmp(refs(t, "a0", 2, &c), "ab= b=s1 ") == 0);
+  CHECK(strcmp(refs(t, "", 1, &c), "a=s5 ") == 0);
+  CHECK(strcmp(refs(t, NULL, ES_MAX_LIMIT, &c), hs(0, "a=s5 a/1=s4 ab= b=s1 ~=s3 ")) == 0);
+  CHECK(strcmp(refs(t, NULL, 0, &c), "") == 0);
+  CHECK(strcmp(refs(t, HI, ES_NONE, &c), "") == 0);
+  c.stop_at = 3;
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= ") == 0);
+  c.stop_at = 0;
+  OPS->read_end(BK(t), t);
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK); /* the core writes nothing before one */
+  CHECK_RC(ref_del(t, "ab"), ES_OK);
+  CHECK_RC(ref_del(t, "ab"), ES_NOT_FOUND);
+  CHECK_RC(ref_del(t, "nope"), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 b=s1 ~=s3 ")) == 0);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+
+  /* Undo: every kind of ref write, nested, restores the exact list (an
+   * outer savepoint first: the core writes nothing outside one). */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s6", 3, 12), ES_OK);
+  CHECK_RC(ref_del(t, "b"), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(ref_put(t, "b", "s7", 13, 13), ES_OK);
+  CHECK_RC(ref_put(t, "b", "s8", 13, 14), ES_OK);
+  CHECK_RC(ref_del(t, "a/1"), ES_OK);
+  CHECK_RC(ref_put(t, "c", "s9", 15, 15), ES_OK);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s6 b=s8 c=s9 ~=s3 ")) == 0);
+  OPS->savepoint_rollback(BK(t), t);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s6 a/1=s4 ~=s3 ")) == 0);
+  OPS->savepoint_rollback(BK(t), t);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 b=s1 ~=s3 ")) == 0);
+  CHECK_RC(ref_del(t, "a"), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s10", 16, 16), ES_OK);
+  OPS->write_rollback(BK(t), t);
+  t = rbegin(b);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 b=s1 ~=s3 ")) == 0);
+  OPS->read_end(BK(t), t);
+
+  /* Beyond one walk chunk. */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(ref_del(t, HI), ES_OK); /* the only name after "r" */
+  for (int i = 0; i < 100; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "r%03d", i);
+    CHECK_RC(ref_put(t, name, "s", i, i), ES_OK);
+  }
+  refs(t, "r", ES_NONE, &c);
+  CHECK(c.calls == 100 && strncmp(c.s, "r000=s r001=s ", 14) == 0);
+  refs(t, "r049", 60, &c);
+  CHECK(c.calls == 50 && strncmp(c.s, "r050=s ", 7) == 0);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+}
+
+/* Moved from sqlite_backend_test.c: inserted in reverse, listed in byte
+ * order; head never stored; no prefix match; after need not be a ref; a
+ * replace keeping ES_NONE times, deletes, a savepoint undoing puts,
+ * replaces and deletes, a released one's delete committed. Its
+ * read-transaction writes, a reader beside the write and reopening the file
+ * stay in sqlite_backend_test.c. */
+static void case_refs_fixture(es_backend *b) {
+  es_err err = {0};
+  rtext c = {.n = 0};
+  es_ref ref, got;
+  /* in byte order; inserted in reverse ('~' is HI) */
+  static const char *const rnames[] = {"main", "main%", "main/x", "main_", "prod", "prod~", "~"};
+  const int nn = (int)(sizeof rnames / sizeof rnames[0]);
+  es_txn *t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  int ok = 1;
+  for (int i = nn - 1; i >= 0; i--) {
+    char sess[16];
+    es_ref_init(&ref);
+    snprintf(sess, sizeof sess, "s%d", i);
+    ref.name = (char *)hs(0, rnames[i]);
+    ref.session = sess;
+    ref.head = 999; /* never stored */
+    ref.created_at = 10 + i;
+    ref.updated_at = 20 + i;
+    ok &= OPS->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  }
+  CHECK(ok); /* ref_put (insert) */
+  es_ref_init(&got);
+  /* ref_get inside the write transaction; head is not stored (ES_NONE) */
+  CHECK(OPS->ref_get(BK(t), t, "main/x", &got, &err) == ES_OK && str_eq(got.name, "main/x") &&
+        str_eq(got.session, "s2") && got.created_at == 12 && got.updated_at == 22 &&
+        got.head == ES_NONE);
+  es_ref_destroy(&got);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+
+  t = rbegin(b);
+  CHECK(OPS->ref_get(BK(t), t, hs(0, "prod~"), &got, &err) == ES_OK && str_eq(got.session, "s5") &&
+        got.head == ES_NONE);
+  es_ref_destroy(&got);
+  /* unknown is ES_NOT_FOUND (no prefix match) */
+  CHECK(OPS->ref_get(BK(t), t, "nope", &got, &err) == ES_NOT_FOUND &&
+        OPS->ref_get(BK(t), t, "mai", &got, &err) == ES_NOT_FOUND);
+  /* all, in ascending byte order (HI last), head ES_NONE (rtext_cb) */
+  refs(t, NULL, ES_NONE, &c);
+  CHECK(c.calls == nn);
+  CHECK(strcmp(c.s, hs(1, "main=s0 main%=s1 main/x=s2 main_=s3 prod=s4 prod~=s5 ~=s6 ")) == 0);
+  refs(t, NULL, ES_MAX_LIMIT, &c); /* a limit of 2^62 is no limit */
+  CHECK(c.calls == nn);
+  /* name > after, at most limit */
+  CHECK(strcmp(refs(t, "main%", 2, &c), "main/x=s2 main_=s3 ") == 0);
+  /* after need not be a ref */
+  refs(t, "n", ES_NONE, &c);
+  CHECK(c.calls == 3 && strncmp(c.s, "prod=s4 ", 8) == 0);
+  /* after the last, limit 0: nothing */
+  CHECK(strcmp(refs(t, HI, ES_NONE, &c), "") == 0 && strcmp(refs(t, NULL, 0, &c), "") == 0);
+  c.stop_at = 2; /* a callback returning nonzero stops early */
+  refs(t, NULL, ES_NONE, &c);
+  CHECK(c.calls == 2);
+  c.stop_at = 0;
+  OPS->read_end(BK(t), t);
+
+  /* replace, delete, savepoints */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  es_ref_init(&ref);
+  ref.name = (char *)"main";
+  ref.session = (char *)"moved";
+  ref.created_at = 10;
+  ref.updated_at = ES_NONE;
+  /* ref_put replaces (ES_NONE times kept) */
+  CHECK(OPS->ref_put(BK(t), t, &ref, &err) == ES_OK &&
+        OPS->ref_get(BK(t), t, "main", &got, &err) == ES_OK && str_eq(got.session, "moved") &&
+        got.created_at == 10 && got.updated_at == ES_NONE);
+  es_ref_destroy(&got);
+  CHECK(OPS->ref_delete(BK(t), t, "prod", &err) == ES_OK &&
+        OPS->ref_get(BK(t), t, "prod", &got, &err) == ES_NOT_FOUND);
+  /* absent is ES_NOT_FOUND */
+  CHECK(OPS->ref_delete(BK(t), t, "prod", &err) == ES_NOT_FOUND &&
+        OPS->ref_delete(BK(t), t, "nope", &err) == ES_NOT_FOUND);
+  ok = OPS->savepoint(BK(t), t, &err) == ES_OK;
+  ref.name = (char *)"main_";
+  ref.session = (char *)"sp";
+  ok &= OPS->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  ok &= OPS->ref_delete(BK(t), t, "main%", &err) == ES_OK;
+  ref.name = (char *)"new";
+  ok &= OPS->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  OPS->savepoint_rollback(BK(t), t);
+  ok &= OPS->ref_get(BK(t), t, "main_", &got, &err) == ES_OK && str_eq(got.session, "s3");
+  es_ref_destroy(&got);
+  ok &= OPS->ref_get(BK(t), t, "main%", &got, &err) == ES_OK;
+  es_ref_destroy(&got);
+  ok &= OPS->ref_get(BK(t), t, "new", &got, &err) == ES_NOT_FOUND;
+  CHECK(ok); /* savepoint_rollback undoes ref puts, replaces and deletes made in it */
+  ok = OPS->savepoint(BK(t), t, &err) == ES_OK;
+  ok &= OPS->ref_delete(BK(t), t, HI, &err) == ES_OK;
+  ok &= OPS->savepoint_release(BK(t), t, &err) == ES_OK;
+  ok &= OPS->savepoint_release(BK(t), t, &err) == ES_OK;
+  CHECK(ok && OPS->write_commit(BK(t), t, &err) == ES_OK); /* a released savepoint's delete commits */
+  t = rbegin(b);
+  /* after commit: the replace and both deletes, nothing of the rolled-back savepoint */
+  refs(t, NULL, ES_NONE, &c);
+  CHECK(c.calls == nn - 2 && strncmp(c.s, "main=moved ", 11) == 0 &&
+        strcmp(c.s + c.n - strlen(hs(0, "prod~=s5 ")), hs(0, "prod~=s5 ")) == 0);
+  OPS->read_end(BK(t), t);
+}
+
 /* ---- event_copy: the dispatch record is es_event_settle_copy's ------------- */
 
 static int next_id(void *ctx, char *out, size_t cap, es_err *err) {
@@ -1485,6 +1743,12 @@ int main(void) {
       {"presence: put, get, list by (participant, field), expire", case_presence, 0, 0, NULL},
       {"presence: tombstones, missing rows, expired rows skipped, namespaces apart",
        case_presence_fixture, 0, 0, NULL},
+      {"refs: put, replace, get, delete, list in byte order, nested savepoints, one walk chunk",
+       case_refs, 0, 0, NULL},
+      {"refs: the same with a 0xFF byte sorting last", case_refs, 0, 1, NULL},
+      {"refs: reverse inserts in byte order, after, limits, replace, delete, savepoints",
+       case_refs_fixture, 0, 0, NULL},
+      {"refs: the same fixture with 0xFF names", case_refs_fixture, 0, 1, NULL},
       {"counts follow the core's rule (es_counts_move): puts, markers, deletes, savepoints",
        case_counts, 0, 0, NULL},
       {"event_copy writes es_event_settle_copy's dispatch record and the origin", case_event_copy,

@@ -1313,6 +1313,11 @@ static const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
   return c->s;
 }
 
+/* The ref cases every backend shares are in backend_test.c (case_refs);
+ * what stays here is memory's own: which error a write in a read
+ * transaction gets and NULL names and a negative limit (outside backend.h's
+ * promises), the undo compared over the whole state (dump_state), walks
+ * whose callback writes, and closing with ref writes open. */
 static void test_refs(void) {
   es_backend *b = open_mem();
   es_err err;
@@ -1320,62 +1325,25 @@ static void test_refs(void) {
   es_ref_init(&r);
   es_txn *t = rbegin(b);
   rtext c = {.n = 0};
-  CHECK_RC(OPS->ref_get(BK(t), t, "main", &r, &err), ES_NOT_FOUND);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "") == 0);
-  /* Writes need a write transaction. */
+  /* Writes need a write transaction (memory's error: ES_INVALID_ARGUMENT). */
   CHECK_RC(ref_put(t, "main", "s", 1, 1), ES_INVALID_ARGUMENT);
   CHECK_RC(ref_del(t, "main"), ES_INVALID_ARGUMENT);
   OPS->read_end(BK(t), t);
   t = wbegin(b);
   CHECK_RC(ref_put(t, "b", "s1", 1, 2), ES_OK);
-  CHECK_RC(ref_put(t, "a", "s2", 3, 4), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
   CHECK_RC(ref_put(t, "\xff", "s3", 5, 6), ES_OK);
   CHECK_RC(ref_put(t, "a/1", "s4", 7, 8), ES_OK);
-  CHECK_RC(ref_put(t, "ab", "", 9, 10), ES_OK);
   CHECK_RC(ref_put(t, NULL, "s", 1, 1), ES_INVALID_ARGUMENT);
   CHECK_RC(ref_put(t, "x", NULL, 1, 1), ES_INVALID_ARGUMENT);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
-  CHECK(strcmp(r.name, "a") == 0 && strcmp(r.session, "s2") == 0 && r.head == ES_NONE);
-  CHECK(r.created_at == 3 && r.updated_at == 4);
-  es_ref_destroy(&r);
-  /* Replaced in place of the old one (insert or replace). */
-  CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
+  CHECK_RC(ref_del(t, NULL), ES_NOT_FOUND);
   commit(t);
   t = rbegin(b);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
-  CHECK(strcmp(r.session, "s5") == 0 && r.created_at == 3 && r.updated_at == 11);
-  r.name[0] = 'Z';  /* owned by the caller */
-  es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
-  CHECK(strcmp(r.name, "a") == 0);
-  es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_OK);
-  CHECK(strcmp(r.session, "") == 0);
-  es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a/", &r, &err), ES_NOT_FOUND);
   CHECK_RC(OPS->ref_get(BK(t), t, NULL, &r, &err), ES_NOT_FOUND);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= b=s1 \xff=s3 ") == 0);
-  CHECK(strcmp(refs(t, "a", ES_NONE, &c), "a/1=s4 ab= b=s1 \xff=s3 ") == 0);
-  CHECK(strcmp(refs(t, "a0", 2, &c), "ab= b=s1 ") == 0);
-  CHECK(strcmp(refs(t, "", 1, &c), "a=s5 ") == 0);
-  CHECK(strcmp(refs(t, NULL, ES_MAX_LIMIT, &c), "a=s5 a/1=s4 ab= b=s1 \xff=s3 ") == 0);
-  CHECK(strcmp(refs(t, NULL, 0, &c), "") == 0);
   CHECK(strcmp(refs(t, NULL, -1, &c), "") == 0);
-  CHECK(strcmp(refs(t, "\xff", ES_NONE, &c), "") == 0);
-  c.stop_at = 3;
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= ") == 0);
-  c.stop_at = 0;
   OPS->read_end(BK(t), t);
-  t = wbegin(b);
-  CHECK_RC(ref_del(t, "ab"), ES_OK);
-  CHECK_RC(ref_del(t, "ab"), ES_NOT_FOUND);
-  CHECK_RC(ref_del(t, "nope"), ES_NOT_FOUND);
-  CHECK_RC(ref_del(t, NULL), ES_NOT_FOUND);
-  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_NOT_FOUND);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
-  commit(t);
 
-  /* Undo: every kind of ref write, nested, restores the exact list. */
+  /* Undo: every kind of ref write, nested, restores the exact state. */
   char *before = dump_now(b);
   t = wbegin(b);
   CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
@@ -1386,19 +1354,13 @@ static void test_refs(void) {
   CHECK_RC(ref_put(t, "b", "s8", 13, 14), ES_OK);
   CHECK_RC(ref_del(t, "a/1"), ES_OK);
   CHECK_RC(ref_put(t, "c", "s9", 15, 15), ES_OK);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 b=s8 c=s9 \xff=s3 ") == 0);
   OPS->savepoint_rollback(BK(t), t);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 a/1=s4 \xff=s3 ") == 0);
   OPS->savepoint_rollback(BK(t), t);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
   CHECK_RC(ref_del(t, "a"), ES_OK);
   CHECK_RC(ref_put(t, "a", "s10", 16, 16), ES_OK);
   OPS->write_rollback(BK(t), t);
   char *after = dump_now(b);
   CHECK(same_dump(before, after));
-  t = rbegin(b);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
-  OPS->read_end(BK(t), t);
   free(before);
   free(after);
 
@@ -1412,10 +1374,6 @@ static void test_refs(void) {
     snprintf(name, sizeof name, "r%03d", i);
     CHECK_RC(ref_put(t, name, "s", i, i), ES_OK);
   }
-  refs(t, "r", ES_NONE, &c);
-  CHECK(c.calls == 100 && strncmp(c.s, "r000=s r001=s ", 14) == 0);
-  refs(t, "r049", 60, &c);
-  CHECK(c.calls == 50 && strncmp(c.s, "r050=s ", 7) == 0);
   c.t = t;
   c.mode = 1;
   refs(t, "r", ES_NONE, &c);
@@ -3710,7 +3668,8 @@ int main(int argc, char **argv) {
       test_session_fields);
   run("session_children: byte order, after, limit, moves with the parent, undo, callbacks",
       test_children);
-  run("refs: put, replace, get, delete, list in byte order, undo, callbacks", test_refs);
+  run("refs: read-transaction writes, NULL names, negative limit, whole-state undo, walks that write",
+      test_refs);
   run("savepoint_rollback restores the exact state, indexes included", test_savepoint_rollback);
   run("write_rollback restores the exact state and reuses positions", test_write_rollback);
   run("nested savepoints", test_nested_savepoints);
