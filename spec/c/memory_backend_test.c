@@ -647,72 +647,19 @@ static void test_open(void) {
   OPS->close(NULL);
 }
 
-static void test_insert_get(void) {
-  es_backend *b = open_mem();
-  populate(b);
-  es_txn *t = rbegin(b);
-  es_event e;
+static int64_t last_pos(es_txn *t) {
+  int64_t p = -1;
   es_err err;
-  es_event_init(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
-  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.type, "t") == 0 && strcmp(e.session, "a") == 0);
-  CHECK(e.payload_len == strlen("[1,\"\\u0000\"]") && memcmp(e.payload, "[1,\"\\u0000\"]", e.payload_len) == 0);
-  CHECK(e.payload[e.payload_len] == '\0');
-  CHECK(e.lane == NULL && e.index == 6 && e.position == 6 && e.created_at == 1006);
-  CHECK(e.cause_index == 3 && e.cause_attempt == 1 && e.not_before == 1010);
-  CHECK(e.status == ES_STATUS_PENDING && e.queued == 1 && e.due_at == 1010);
-  CHECK(e.attempts == 0 && e.failures == 0 && e.last_error == NULL && e.claim_holder == NULL);
-  CHECK(e.processed_at == ES_NONE && e.claim_expires_at == ES_NONE && e.retry_at == ES_NONE);
-  CHECK(e.last_failed_attempt == ES_NONE && e.returned == 0);
-  /* Owned: the caller may scribble on it and frees it. */
-  e.id[0] = 'Z';
-  e.session[0] = 'Z';
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
-  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.session, "a") == 0);
-  es_event_destroy(&e);
-
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 4, &e, &err), ES_OK);
-  CHECK(strcmp(e.lane, "l2") == 0 && e.status == ES_STATUS_DEAD && e.failures == 3);
-  CHECK(strcmp(e.last_error, "boom") == 0 && e.last_failed_attempt == 3 && e.attempts == 3);
-  CHECK(e.cause_index == ES_NONE && e.not_before == ES_NONE);
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 3, &e, &err), ES_OK);
-  CHECK(e.status == ES_STATUS_PROCESSED && e.processed_at == e.created_at && e.returned == -1);
-  CHECK(e.attempts == 0 && e.claim_holder == NULL && e.retry_at == ES_NONE);
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get_by_id(BK(t), t, "c1", &e, &err), ES_OK);
-  CHECK(strcmp(e.session, "c") == 0 && e.index == 1 && e.position == 10);
-  CHECK(strcmp(e.claim_holder, "w1") == 0 && e.claim_expires_at == 1600 && e.processed_at == 1500);
-  CHECK(e.returned == 2 && e.attempts == 1);
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get_by_id(BK(t), t, "b3", &e, &err), ES_OK);
-  CHECK(strcmp(e.lane, "l1") == 0 && strcmp(e.session, "b") == 0 && e.position == 9);
-  es_event_destroy(&e);
-
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 0, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 7, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get(BK(t), t, "zz", 1, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get_by_id(BK(t), t, "nope", &e, &err), ES_NOT_FOUND);
-  OPS->read_end(BK(t), t);
-
-  /* Positions keep increasing across sessions and transactions; a NULL
-   * payload and empty strings survive. */
-  t = wbegin(b);
-  es_event r = mkrow("d", 1, "d1", "");
-  r.payload = NULL;
-  r.payload_len = 0;
-  r.type = "";
-  CHECK(ins_pos(t, r) == 11);
-  commit(t);
-  t = rbegin(b);
-  CHECK_RC(OPS->event_get(BK(t), t, "d", 1, &e, &err), ES_OK);
-  CHECK(e.payload == NULL && e.payload_len == 0 && strcmp(e.type, "") == 0 && strcmp(e.lane, "") == 0);
-  es_event_destroy(&e);
-  OPS->read_end(BK(t), t);
-  OPS->close(b);
+  CHECK_RC(OPS->last_position(BK(t), t, &p, &err), ES_OK);
+  return p;
 }
 
+/* event_insert, event_get, event_get_by_id, event_range, event_all,
+ * event_update and last_position are cases of backend_test.c (run on every
+ * backend). This one is memory's own: which error a write in a read
+ * transaction gets and the rows memory refuses itself (a gap, a taken index,
+ * an id of another row, an unknown status; the core never passes them), with
+ * the state compared whole (dump_state). */
 static void test_insert_rejects(void) {
   es_backend *b = open_mem();
   populate(b);
@@ -744,133 +691,6 @@ static void test_insert_rejects(void) {
   commit(t);
   free(before);
   free(after);
-  OPS->close(b);
-}
-
-static void test_range_all(void) {
-  es_backend *b = open_mem();
-  populate(b);
-  es_txn *t = rbegin(b);
-  ints c = range(t, "a", 0, ES_NONE, ES_NONE);
-  WANT(c, 1, 2, 3, 4, 5, 6);
-  c = range(t, "a", ES_NONE, ES_NONE, ES_NONE);
-  WANT(c, 1, 2, 3, 4, 5, 6);
-  c = range(t, "a", 2, 5, ES_NONE);
-  WANT(c, 3, 4, 5);
-  c = range(t, "a", 2, 5, 2);
-  WANT(c, 3, 4);
-  c = range(t, "a", 2, 100, ES_NONE);
-  WANT(c, 3, 4, 5, 6);
-  c = range(t, "a", 5, 5, ES_NONE);
-  WANT_NONE(c);
-  c = range(t, "a", 0, ES_NONE, 0);
-  WANT_NONE(c);
-  c = range(t, "nobody", 0, ES_NONE, ES_NONE);
-  WANT_NONE(c);
-  c = (ints){.which = 0, .stop_at = 2};
-  es_err err;
-  CHECK_RC(OPS->event_range(BK(t), t, "a", 0, ES_NONE, ES_NONE, collect_int, &c, &err), ES_OK);
-  WANT(c, 1, 2);
-  c = all_pos(t, 0, ES_NONE);
-  WANT(c, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10);
-  c = all_pos(t, 7, ES_NONE);
-  WANT(c, 8, 9, 10);
-  c = all_pos(t, 3, 2);
-  WANT(c, 4, 5);
-  c = all_pos(t, 10, ES_NONE);
-  WANT_NONE(c);
-  c = all_pos(t, ES_NONE, 1);
-  WANT(c, 1);
-  OPS->read_end(BK(t), t);
-  OPS->close(b);
-}
-
-static void test_update(void) {
-  es_backend *b = open_mem();
-  populate(b);
-  es_txn *t = wbegin(b);
-  es_event e;
-  es_err err;
-  es_event_init(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &e, &err), ES_OK);
-  es_event u = e;
-  u.status = ES_STATUS_PENDING;
-  u.attempts = 4;
-  u.failures = 2;
-  u.last_error = "e2";
-  u.processed_at = 77;
-  u.claim_holder = "h";
-  u.claim_expires_at = 88;
-  u.retry_at = 99;
-  u.queued = 1;
-  u.due_at = 1234;
-  u.last_failed_attempt = 3;
-  u.returned = 5;
-  /* Immutable fields are not the update's business. */
-  u.type = "changed";
-  u.payload = "1";
-  u.payload_len = 1;
-  u.created_at = 1;
-  CHECK_RC(upd(t, &u), ES_OK);
-  es_event g;
-  es_event_init(&g);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
-  CHECK(g.attempts == 4 && g.failures == 2 && strcmp(g.last_error, "e2") == 0);
-  CHECK(g.processed_at == 77 && strcmp(g.claim_holder, "h") == 0 && g.claim_expires_at == 88);
-  CHECK(g.retry_at == 99 && g.queued == 1 && g.due_at == 1234 && g.last_failed_attempt == 3);
-  CHECK(g.returned == 5 && strcmp(g.type, "t") == 0 && strcmp(g.payload, "{}") == 0);
-  CHECK(g.created_at == 1001 && g.position == 1 && strcmp(g.lane, "l1") == 0);
-  es_event_destroy(&g);
-  /* Forms a backend may store compactly read back exactly too. */
-  const struct {
-    int64_t processed_at, returned, attempts;
-  } forms[] = {{1001, -1, 0}, {1001, 0, 0}, {ES_NONE, -1, 0}, {1001, -1, 1}, {1002, -1, 0}, {0, 0, 0}};
-  for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
-    es_event f = e;
-    f.processed_at = forms[i].processed_at;
-    f.returned = forms[i].returned;
-    f.attempts = forms[i].attempts;
-    CHECK_RC(upd(t, &f), ES_OK);
-    CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
-    CHECK(g.processed_at == f.processed_at && g.returned == f.returned && g.attempts == f.attempts);
-    es_event_destroy(&g);
-  }
-  /* Back to the untouched record: the row reads back exactly that. */
-  CHECK_RC(upd(t, &e), ES_OK);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
-  sbuf x = {0}, y = {0};
-  dump_event(&x, &e);
-  dump_event(&y, &g);
-  CHECK(same_dump(x.p, y.p));
-  free(x.p);
-  free(y.p);
-  es_event_destroy(&g);
-  es_event_destroy(&e);
-  commit(t);
-  OPS->close(b);
-}
-
-static int64_t last_pos(es_txn *t) {
-  int64_t p = -1;
-  es_err err;
-  CHECK_RC(OPS->last_position(BK(t), t, &p, &err), ES_OK);
-  return p;
-}
-
-static void test_last_position(void) {
-  es_backend *b = open_mem();
-  es_txn *t = rbegin(b);
-  CHECK(last_pos(t) == 0);
-  OPS->read_end(BK(t), t);
-  populate(b);
-  t = wbegin(b);
-  CHECK(last_pos(t) == 10);
-  CHECK_RC(ins(t, mkrow("a", 7, "a7", NULL)), ES_OK);
-  CHECK(last_pos(t) == 11);  /* the writer sees its own rows */
-  OPS->write_rollback(BK(t), t);
-  t = rbegin(b);
-  CHECK(last_pos(t) == 10);
-  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -3656,11 +3476,7 @@ int main(int argc, char **argv) {
   if (scale_n < 1000) scale_n = 1000;
 
   run("open: only \"memory:\"", test_open);
-  run("event_insert / event_get / event_get_by_id round-trip every field", test_insert_get);
   run("event_insert / event_update reject bad rows and change nothing", test_insert_rejects);
-  run("event_range and event_all: order, bounds, limits", test_range_all);
-  run("event_update rewrites exactly the dispatch fields", test_update);
-  run("last_position: the highest position stored", test_last_position);
   run("lane_next: a NULL lane is refused (memory only)", test_lane_next_null);
   run("event fields: origin (immutable, only on forked rows) and the dispatch record round-trip",
       test_event_fields);
