@@ -38,7 +38,9 @@
  *   and a NUL byte in a payload on memory and sqlite only (canonical JSON
  *   has none). Memory keeps its own refusals (read transaction, gaps, taken
  *   indexes and ids, bad status) and test_event_fields; sqlite an update of
- *   a missing row and test_event_fields_everywhere;
+ *   a missing row; every read of events (event_get, event_get_by_id,
+ *   event_range, event_all, queued_due, queued_due_type, dead_list) returns
+ *   the dispatch times and the origin, read and write transaction (sqlite's);
  * - refs: get, put, replace, delete, listing in byte order with after,
  *   limits and a stopping callback, nested savepoints undoing every kind of
  *   ref write, one walk chunk (memory's), reverse inserts, no prefix match,
@@ -1747,6 +1749,71 @@ static void case_events_fixture(es_backend *b) {
   commit(t);
 }
 
+/* Moved from sqlite_backend_test.c: every read of events returns the
+ * dispatch times and the origin (an SQL backend: one column list, one
+ * decoder; checked anyway, in a read and in the write transaction, which
+ * may copy rows differently). */
+static int fields_match(const es_events *got, const es_event *want) {
+  return got->n == 1 && ev_eq(&got->v[0], want);
+}
+
+static void case_event_fields_everywhere(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  es_event q, d, got;
+  collect c = {0};
+  ev_make(&q, "f", 1, "f-1", "1");
+  q.type = (char *)"ft";
+  q.queued = 1;
+  q.due_at = 10;
+  ev_make(&d, "f", 2, "f-2", "2");
+  d.status = ES_STATUS_DEAD;
+  es_event *both[2] = {&q, &d};
+  for (int i = 0; i < 2; i++) {
+    both[i]->first_claimed_at = 100 + i;
+    both[i]->last_claimed_at = 200 + i;
+    both[i]->failed_at = 300 + i;
+    both[i]->processed_by_attempt = 4 + i;
+    both[i]->origin_session = (char *)"from";
+    both[i]->origin_index = 7 + i;
+  }
+  t = wbegin(b);
+  /* insert rows with every dispatch time and the origin set */
+  CHECK(OPS->savepoint(BK(t), t, &err) == ES_OK && OPS->event_insert(BK(t), t, &q, &err) == ES_OK &&
+        OPS->event_insert(BK(t), t, &d, &err) == ES_OK &&
+        OPS->savepoint_release(BK(t), t, &err) == ES_OK);
+  commit(t);
+  for (int pass = 0; pass < 2; pass++) {
+    int ok = 1;
+    t = pass == 0 ? rbegin(b) : wbegin(b);
+    ok &= OPS->event_get(BK(t), t, "f", 1, &got, &err) == ES_OK && ev_eq(&got, &q);
+    es_event_destroy(&got);
+    ok &= OPS->event_get_by_id(BK(t), t, "f-2", &got, &err) == ES_OK && ev_eq(&got, &d);
+    es_event_destroy(&got);
+#define EACH(call, want)                                        \
+  do {                                                          \
+    ok &= (call) == ES_OK && fields_match(&c.evs, (want));      \
+    collect_reset(&c);                                          \
+  } while (0)
+    EACH(OPS->event_range(BK(t), t, "f", 1, 2, ES_NONE, collect_event, &c, &err), &d);
+    EACH(OPS->event_all(BK(t), t, NULL, q.position, ES_NONE, collect_event, &c, &err), &d);
+    EACH(OPS->queued_due(BK(t), t, NULL, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(OPS->queued_due(BK(t), t, "f", NULL, 10, 1, collect_event, &c, &err),
+         &q); /* the index window */
+    EACH(OPS->queued_due(BK(t), t, "f", NULL, 10, ES_NONE, collect_event, &c, &err),
+         &q); /* by due time */
+    EACH(OPS->queued_due_type(BK(t), t, NULL, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(OPS->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+    EACH(OPS->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+#undef EACH
+    CHECK(ok); /* in the read (pass 0) and the write transaction (pass 1) */
+    if (pass == 0)
+      OPS->read_end(BK(t), t);
+    else
+      OPS->write_rollback(BK(t), t);
+  }
+}
+
 /* ---- refs: get, put, delete, list (moved from both old files) -------------- */
 
 /* ref_list's rows as one string: "name=session ". */
@@ -2153,6 +2220,8 @@ int main(void) {
       {"events: every field as written, bounds, last_position, event_update's rules",
        case_events_fixture, 0, 0, NULL},
       {"events: the same with a 0xFF byte in an origin and a NUL byte in a payload", case_events_fixture, 0, 1, NULL},
+      {"every event read returns the dispatch times and the origin, in read and write transactions",
+       case_event_fields_everywhere, 0, 0, NULL},
       {"refs: put, replace, get, delete, list in byte order, nested savepoints, one walk chunk",
        case_refs, 0, 0, NULL},
       {"refs: the same with a 0xFF byte sorting last", case_refs, 0, 1, NULL},

@@ -1632,82 +1632,6 @@ static void test_scale(void) {
   free(p);
 }
 
-/* Every SELECT of events returns the version-4 fields (one column list,
- * one decoder; checked anyway, in a read and in the write transaction,
- * which copy rows differently). */
-static int fields_match(const es_events *got, const es_event *want) {
-  return got->n == 1 && ev_eq(&got->v[0], want);
-}
-
-static void test_event_fields_everywhere(void) {
-  char *p = tmp_path();
-  es_backend *b = open_ok(p, NULL);
-  es_txn *t;
-  es_err err = {0};
-  es_event q, d, got;
-  collect c = {0};
-  if (!b) {
-    CHECK(0, "open for event field tests");
-    return;
-  }
-  ev_make(&q, "f", 1, "f-1", "1");
-  q.type = (char *)"ft";
-  q.queued = 1;
-  q.due_at = 10;
-  ev_make(&d, "f", 2, "f-2", "2");
-  d.status = ES_STATUS_DEAD;
-  es_event *both[2] = {&q, &d};
-  for (int i = 0; i < 2; i++) {
-    both[i]->first_claimed_at = 100 + i;
-    both[i]->last_claimed_at = 200 + i;
-    both[i]->failed_at = 300 + i;
-    both[i]->processed_by_attempt = 4 + i;
-    both[i]->origin_session = (char *)"from";
-    both[i]->origin_index = 7 + i;
-  }
-  tx_write_begin(B, b, &t, &err);
-  CHECK(B->event_insert(BK(t), t, &q, &err) == ES_OK &&
-            B->event_insert(BK(t), t, &d, &err) == ES_OK &&
-            B->write_commit(BK(t), t, &err) == ES_OK,
-        "insert rows with every version-4 field set");
-  for (int pass = 0; pass < 2; pass++) {
-    int ok = 1;
-    if (pass == 0)
-      tx_read_begin(B, b, &t, &err);
-    else
-      tx_write_begin(B, b, &t, &err);
-    ok &= B->event_get(BK(t), t, "f", 1, &got, &err) == ES_OK && ev_eq(&got, &q);
-    es_event_destroy(&got);
-    ok &= B->event_get_by_id(BK(t), t, "f-2", &got, &err) == ES_OK && ev_eq(&got, &d);
-    es_event_destroy(&got);
-#define EACH(call, want)                                        \
-  do {                                                          \
-    ok &= (call) == ES_OK && fields_match(&c.evs, (want));      \
-    collect_reset(&c);                                          \
-  } while (0)
-    EACH(B->event_range(BK(t), t, "f", 1, 2, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->event_all(BK(t), t, NULL, q.position, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->queued_due(BK(t), t, NULL, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
-    EACH(B->queued_due(BK(t), t, "f", NULL, 10, 1, collect_event, &c, &err),
-         &q); /* the index window */
-    EACH(B->queued_due(BK(t), t, "f", NULL, 10, ES_NONE, collect_event, &c, &err),
-         &q); /* by due time */
-    EACH(B->queued_due_type(BK(t), t, NULL, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
-    EACH(B->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
-    EACH(B->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, collect_event, &c, &err), &d);
-#undef EACH
-    CHECK(ok, pass == 0 ? "every event read returns the dispatch times and the origin (read txn)"
-                        : "every event read returns the dispatch times and the origin (write txn)");
-    if (pass == 0)
-      B->read_end(BK(t), t);
-    else
-      B->write_rollback(BK(t), t);
-  }
-  B->close(b);
-  rm_db(p);
-  free(p);
-}
-
 /* The ref cases every backend shares are in backend_test.c (case_refs,
  * case_refs_fixture); what stays here is sqlite's own: which error a write
  * in a read transaction gets (outside backend.h's promises), a reader
@@ -2938,7 +2862,6 @@ static void test_throughput(void) {
 int main(void) {
   test_open_fresh();
   test_events();
-  test_event_fields_everywhere();
   test_event_copy();
   test_types();
   test_refs();
