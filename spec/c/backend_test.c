@@ -36,8 +36,10 @@
  *   writer's own rows (memory's); every field as written with ES_NONE,
  *   origins set and unset, event_update's rules (sqlite's); a 0xFF origin
  *   and a NUL byte in a payload on memory and sqlite only (canonical JSON
- *   has none). Memory keeps its own refusals (read transaction, gaps, taken
- *   indexes and ids, bad status) and test_event_fields; sqlite an update of
+ *   has none); origins and the new dispatch fields through inserts,
+ *   updates and every read (memory's). Memory keeps its own refusals (read
+ *   transaction, gaps, taken indexes and ids, bad status) and an undo
+ *   compared over the whole state; sqlite an update of
  *   a missing row; every read of events (event_get, event_get_by_id,
  *   event_range, event_all, queued_due, queued_due_type, dead_list) returns
  *   the dispatch times and the origin, read and write transaction (sqlite's);
@@ -1749,6 +1751,182 @@ static void case_events_fixture(es_backend *b) {
   commit(t);
 }
 
+/* Moved from memory_backend_test.c: e read back through every read op
+ * that returns it equals want. */
+static void check_reads(es_txn *t, const es_event *want) {
+  es_err err;
+  es_event g;
+  es_event_init(&g);
+  CHECK_RC(OPS->event_get(BK(t), t, want->session, want->index, &g, &err), ES_OK);
+  CHECK(ev_eq(want, &g));
+  /* memory hands out a row in one allocation (store.h: packed) */
+  CHECK(OPS != &es_backend_memory || g.packed == 1);
+  es_event_destroy(&g);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, want->id, &g, &err), ES_OK);
+  CHECK(ev_eq(want, &g));
+  es_event_destroy(&g);
+  /* The borrowed views of the walks. */
+  collect r = {0}, a = {0};
+  CHECK_RC(OPS->event_range(BK(t), t, want->session, want->index - 1, want->index, ES_NONE,
+                            collect_event, &r, &err),
+           ES_OK);
+  CHECK(r.evs.n == 1 && ev_eq(want, &r.evs.v[0]));
+  CHECK_RC(OPS->event_all(BK(t), t, NULL, want->position - 1, 1, collect_event, &a, &err), ES_OK);
+  CHECK(a.evs.n == 1 && ev_eq(want, &a.evs.v[0]));
+  collect_reset(&r);
+  collect_reset(&a);
+}
+
+static int64_t ins_row(es_txn *t, es_event *e) {
+  es_err err;
+  CHECK_RC(OPS->event_insert(BK(t), t, e, &err), ES_OK);
+  return e->position;
+}
+
+/* Moved from memory_backend_test.c: origins (none, the own session, a name
+ * that is no session, half an origin, new sessions) and the new dispatch
+ * fields, through inserts, claims, a failure, a completion, each field
+ * alone at the int64 edges, back to untouched, in the write and a read
+ * transaction. Its undo compared over the whole state stays there. */
+static void case_event_fields(es_backend *b) {
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_event rows[8];
+  int n = 0;
+  rows[n++] = mkrow("o", 1, "o1", NULL);  /* ordinary: no origin */
+  es_event e = mkrow("f", 1, "f1", "l1");  /* a fork's copy, as fork writes them */
+  e.origin_session = "o";
+  e.origin_index = 1;
+  e.status = ES_STATUS_PROCESSED;
+  e.processed_at = 7;
+  e.returned = -1;
+  e.queued = 0;
+  e.due_at = ES_NONE;
+  e.cause_index = 3;
+  e.cause_attempt = 2;
+  e.not_before = 44;
+  e.payload = NULL;
+  e.payload_len = 0;
+  rows[n++] = e;
+  e = mkrow("f", 2, "f2", NULL);  /* origin: the row's own session */
+  e.origin_session = "f";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("f", 3, "f3", "l1");  /* origin: a name that is no session here */
+  e.origin_session = "ghost";
+  e.origin_index = 9;
+  rows[n++] = e;
+  e = mkrow("f", 4, "f4", NULL);  /* stored verbatim, even half an origin */
+  e.origin_index = 4;
+  rows[n++] = e;
+  e = mkrow("g", 1, "g1", NULL);  /* a new session copied from a new name */
+  e.origin_session = "ghost2";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("h", 1, "h1", NULL);  /* a new session copied from itself */
+  e.origin_session = "h";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("f", 5, "f5", NULL);  /* a fresh row given every new dispatch field */
+  e.attempts = 2;
+  e.first_claimed_at = 1;
+  e.last_claimed_at = 2;
+  e.failed_at = 3;
+  e.processed_by_attempt = 4;
+  rows[n++] = e;
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  for (int i = 0; i < n; i++) CHECK(ins_row(t, &rows[i]) == i + 1);
+  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
+  /* An origin name is stored, not made a session. */
+  es_session_info si;
+  es_session_info_init(&si);
+  CHECK_RC(OPS->session_get(BK(t), t, "ghost", &si, &err), ES_NOT_FOUND);
+  names sl = list_sessions(t, "", NULL, ES_NONE);
+  CHECK(sl.n == 0);
+  ints c = range(t, "ghost", 0, ES_NONE, ES_NONE);
+  WANT_NONE(c);
+  OPS->read_end(BK(t), t);
+
+  /* The dispatch fields through claims, a failure, a completion; each new
+   * field alone; back to untouched. Origins do not change. */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  es_event u = rows[1];
+  u.status = ES_STATUS_PENDING;
+  u.queued = 1;
+  u.due_at = 50;
+  u.attempts = 1;
+  u.claim_holder = "w";
+  u.claim_expires_at = 60;
+  u.first_claimed_at = u.last_claimed_at = 50;
+  u.processed_at = ES_NONE;
+  u.returned = 0;
+  u.origin_session = "changed";  /* immutable: ignored */
+  u.origin_index = 77;
+  CHECK_RC(upd(t, &u), ES_OK);
+  u.origin_session = rows[1].origin_session;
+  u.origin_index = rows[1].origin_index;
+  check_reads(t, &u);
+  ints q = due_pos(t, NULL, 50, ES_NONE);
+  WANT(q, 2);
+  CHECK_RC(upd(t, &u), ES_OK);  /* the same record again */
+  check_reads(t, &u);
+  u.status = ES_STATUS_DEAD;
+  u.queued = 0;
+  u.due_at = ES_NONE;
+  u.failures = 1;
+  u.failed_at = 61;
+  u.last_failed_attempt = 1;
+  u.last_error = "bad";
+  u.claim_holder = NULL;
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  collect d = {0};
+  CHECK_RC(OPS->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, collect_event, &d, &err), ES_OK);
+  CHECK(d.evs.n == 1 && ev_eq(&u, &d.evs.v[0]));
+  collect_reset(&d);
+  u.status = ES_STATUS_PENDING;
+  u.queued = 1;
+  u.due_at = 70;
+  u.attempts = 2;
+  u.last_claimed_at = 70;
+  u.claim_holder = "w2";
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  u.status = ES_STATUS_PROCESSED;
+  u.queued = 0;
+  u.due_at = ES_NONE;
+  u.processed_at = 80;
+  u.processed_by_attempt = 2;
+  u.returned = 3;
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  es_event base = rows[3];
+  for (int f = 0; f < 4; f++) {
+    es_event one = base;
+    int64_t *field[] = {&one.first_claimed_at, &one.last_claimed_at, &one.failed_at,
+                        &one.processed_by_attempt};
+    *field[f] = INT64_MAX - f;
+    CHECK_RC(upd(t, &one), ES_OK);
+    check_reads(t, &one);
+    *field[f] = INT64_MIN + 1;  /* anything but ES_NONE is stored */
+    CHECK_RC(upd(t, &one), ES_OK);
+    check_reads(t, &one);
+  }
+  CHECK_RC(upd(t, &base), ES_OK);
+  check_reads(t, &base);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  check_reads(t, &u);
+  check_reads(t, &base);
+  OPS->read_end(BK(t), t);
+}
+
 /* Moved from sqlite_backend_test.c: every read of events returns the
  * dispatch times and the origin (an SQL backend: one column list, one
  * decoder; checked anyway, in a read and in the write transaction, which
@@ -2220,6 +2398,8 @@ int main(void) {
       {"events: every field as written, bounds, last_position, event_update's rules",
        case_events_fixture, 0, 0, NULL},
       {"events: the same with a 0xFF byte in an origin and a NUL byte in a payload", case_events_fixture, 0, 1, NULL},
+      {"event origins and the new dispatch fields through inserts, updates and every read",
+       case_event_fields, 0, 0, NULL},
       {"every event read returns the dispatch times and the origin, in read and write transactions",
        case_event_fields_everywhere, 0, 0, NULL},
       {"refs: put, replace, get, delete, list in byte order, nested savepoints, one walk chunk",
