@@ -759,48 +759,7 @@ static void test_event_fields(void) {
   es_backend *b = open_mem();
   es_txn *t = wbegin(b);
   es_event rows[8];
-  int n = 0;
-  rows[n++] = mkrow("o", 1, "o1", NULL);  /* ordinary: no origin */
-  es_event e = mkrow("f", 1, "f1", "l1");  /* a fork's copy, as fork writes them */
-  e.origin_session = "o";
-  e.origin_index = 1;
-  e.status = ES_STATUS_PROCESSED;
-  e.processed_at = 7;
-  e.returned = -1;
-  e.queued = 0;
-  e.due_at = ES_NONE;
-  e.cause_index = 3;
-  e.cause_attempt = 2;
-  e.not_before = 44;
-  e.payload = NULL;
-  e.payload_len = 0;
-  rows[n++] = e;
-  e = mkrow("f", 2, "f2", NULL);  /* origin: the row's own session */
-  e.origin_session = "f";
-  e.origin_index = 1;
-  rows[n++] = e;
-  e = mkrow("f", 3, "f3", "l1");  /* origin: a name that is no session here */
-  e.origin_session = "ghost";
-  e.origin_index = 9;
-  rows[n++] = e;
-  e = mkrow("f", 4, "f4", NULL);  /* stored verbatim, even half an origin */
-  e.origin_index = 4;
-  rows[n++] = e;
-  e = mkrow("g", 1, "g1", NULL);  /* a new session copied from a new name */
-  e.origin_session = "ghost2";
-  e.origin_index = 1;
-  rows[n++] = e;
-  e = mkrow("h", 1, "h1", NULL);  /* a new session copied from itself */
-  e.origin_session = "h";
-  e.origin_index = 1;
-  rows[n++] = e;
-  e = mkrow("f", 5, "f5", NULL);  /* a fresh row given every new dispatch field */
-  e.attempts = 2;
-  e.first_claimed_at = 1;
-  e.last_claimed_at = 2;
-  e.failed_at = 3;
-  e.processed_by_attempt = 4;
-  rows[n++] = e;
+  int n = origin_rows(rows);
   for (int i = 0; i < n; i++) CHECK(ins_row(t, &rows[i]) == i + 1);
   commit(t);
 
