@@ -1918,32 +1918,6 @@ static void case_event_fields_everywhere(es_backend *b) {
 
 /* ---- refs: get, put, delete, list (moved from both old files) -------------- */
 
-/* ref_list's rows as one string: "name=session ". */
-typedef struct rtext {
-  char s[4096];
-  size_t n;
-  int calls;
-  size_t stop_at;
-} rtext;
-
-static int rtext_cb(void *ctx, const es_ref *r) {
-  rtext *c = ctx;
-  c->calls++;
-  CHECK(r->head == ES_NONE); /* never stored */
-  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s=%s ", r->name, r->session);
-  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
-  return c->stop_at && (size_t)c->calls >= c->stop_at;
-}
-
-static const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
-  es_err err;
-  c->n = 0;
-  c->s[0] = '\0';
-  c->calls = 0;
-  CHECK_RC(OPS->ref_list(BK(t), t, after, limit, rtext_cb, c, &err), ES_OK);
-  return c->s;
-}
-
 /* s with every '~' replaced by HI (in one of 4 buffers). */
 static const char *hs(int k, const char *s) {
   static char buf[4][512];
@@ -2321,7 +2295,8 @@ int main(void) {
       {"last_position: the highest position stored", case_last_position, 0, 0, NULL},
       {"events: every field as written, bounds, last_position, event_update's rules",
        case_events_fixture, 0, 0, NULL},
-      {"events: the same with a 0xFF byte in an origin and a NUL byte in a payload", case_events_fixture, 0, 1, NULL},
+      {"events: the same with a 0xFF byte in an origin and a NUL byte in a payload",
+       case_events_fixture, 0, 1, NULL},
       {"event origins and the new dispatch fields through inserts, updates and every read",
        case_event_fields, 0, 0, NULL},
       {"every event read returns the dispatch times and the origin, in read and write transactions",

@@ -972,43 +972,6 @@ static void test_children(void) {
   OPS->close(b);
 }
 
-/* ref_list's names as one string. */
-typedef struct rtext {
-  char s[4096];
-  size_t n;
-  int calls;
-  size_t stop_at;
-  es_txn *t;
-  int mode;  /* 1: the first call replaces each odd ref r001..r099 and deletes r010,
-                r020, ..., r090 */
-} rtext;
-
-static int rtext_cb(void *ctx, const es_ref *r) {
-  rtext *c = ctx;
-  c->calls++;
-  CHECK(r->head == ES_NONE);
-  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s=%s ", r->name, r->session);
-  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
-  if (c->mode == 1 && c->calls == 1) {
-    for (int i = 1; i < 100; i++) {
-      char name[16];
-      snprintf(name, sizeof name, "r%03d", i);
-      if (i % 10 == 0) CHECK_RC(ref_del(c->t, name), ES_OK);
-      else if (i % 2) CHECK_RC(ref_put(c->t, name, "moved", 0, 1), ES_OK);
-    }
-  }
-  return c->stop_at && (size_t)c->calls >= c->stop_at;
-}
-
-static const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
-  es_err err;
-  c->n = 0;
-  c->s[0] = '\0';
-  c->calls = 0;
-  CHECK_RC(OPS->ref_list(BK(t), t, after, limit, rtext_cb, c, &err), ES_OK);
-  return c->s;
-}
-
 /* The ref cases every backend shares are in backend_test.c (case_refs);
  * what stays here is memory's own: which error a write in a read
  * transaction gets and NULL names and a negative limit (outside backend.h's
