@@ -43,7 +43,7 @@ static int collect_name(void *ctx, const es_session_info *si) {
   return 0;
 }
 
-static names list_sessions(es_txn *t, const char *prefix, const char *after, int64_t limit) {
+static inline names list_sessions(es_txn *t, const char *prefix, const char *after, int64_t limit) {
   names c = {.n = 0};
   es_err err;
   CHECK_RC(OPS->session_list(BK(t), t, prefix, after, limit, collect_name, &c, &err), ES_OK);

@@ -3,7 +3,8 @@
  * backend ops (backend_test.c, memory_backend_test.c): a row as the core
  * inserts it, updates of its dispatch state, listings collected as
  * integers (WANT compares them), session, ref and presence rows with every
- * field set, and populate(), a store whose every index has members. The
+ * field set, ref and child listings as text, rows with origins of every
+ * kind (origin_rows), and populate(), a store whose every index has members. The
  * including file defines OPS and includes backend_check.h first. The
  * functions are static inline so that a test need not use every one.
  */
@@ -274,6 +275,93 @@ static inline int pres_put(es_txn *t, const char *ns, const char *p, const char 
   r.at = at;
   r.expires_at = expires_at;
   return OPS->presence_put(BK(t), t, ns, &r, &err);
+}
+
+/* Eight rows with origins of every kind (none, a fork's copy, the own
+ * session, a name that is no session, half an origin, new sessions) and a
+ * fresh row given every new dispatch field, for sessions o, f, g, h; their
+ * positions are 1..8 in a fresh store. Returns 8. */
+static inline int origin_rows(es_event rows[8]) {
+  int n = 0;
+  rows[n++] = mkrow("o", 1, "o1", NULL);  /* ordinary: no origin */
+  es_event e = mkrow("f", 1, "f1", "l1");  /* a fork's copy, as fork writes them */
+  e.origin_session = "o";
+  e.origin_index = 1;
+  e.status = ES_STATUS_PROCESSED;
+  e.processed_at = 7;
+  e.returned = -1;
+  e.queued = 0;
+  e.due_at = ES_NONE;
+  e.cause_index = 3;
+  e.cause_attempt = 2;
+  e.not_before = 44;
+  e.payload = NULL;
+  e.payload_len = 0;
+  rows[n++] = e;
+  e = mkrow("f", 2, "f2", NULL);  /* origin: the row's own session */
+  e.origin_session = "f";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("f", 3, "f3", "l1");  /* origin: a name that is no session here */
+  e.origin_session = "ghost";
+  e.origin_index = 9;
+  rows[n++] = e;
+  e = mkrow("f", 4, "f4", NULL);  /* stored verbatim, even half an origin */
+  e.origin_index = 4;
+  rows[n++] = e;
+  e = mkrow("g", 1, "g1", NULL);  /* a new session copied from a new name */
+  e.origin_session = "ghost2";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("h", 1, "h1", NULL);  /* a new session copied from itself */
+  e.origin_session = "h";
+  e.origin_index = 1;
+  rows[n++] = e;
+  e = mkrow("f", 5, "f5", NULL);  /* a fresh row given every new dispatch field */
+  e.attempts = 2;
+  e.first_claimed_at = 1;
+  e.last_claimed_at = 2;
+  e.failed_at = 3;
+  e.processed_by_attempt = 4;
+  rows[n++] = e;
+  return n;
+}
+
+/* ref_list's rows as one string: "name=session "; head is never stored. */
+typedef struct rtext {
+  char s[4096];
+  size_t n;
+  int calls;
+  size_t stop_at;
+  es_txn *t;
+  int mode;  /* 1: the first call replaces each odd ref r001..r099 and deletes r010,
+                r020, ..., r090 */
+} rtext;
+
+static inline int rtext_cb(void *ctx, const es_ref *r) {
+  rtext *c = ctx;
+  c->calls++;
+  CHECK(r->head == ES_NONE); /* never stored */
+  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s=%s ", r->name, r->session);
+  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
+  if (c->mode == 1 && c->calls == 1) {
+    for (int i = 1; i < 100; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "r%03d", i);
+      if (i % 10 == 0) CHECK_RC(ref_del(c->t, name), ES_OK);
+      else if (i % 2) CHECK_RC(ref_put(c->t, name, "moved", 0, 1), ES_OK);
+    }
+  }
+  return c->stop_at && (size_t)c->calls >= c->stop_at;
+}
+
+static inline const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
+  es_err err;
+  c->n = 0;
+  c->s[0] = '\0';
+  c->calls = 0;
+  CHECK_RC(OPS->ref_list(BK(t), t, after, limit, rtext_cb, c, &err), ES_OK);
+  return c->s;
 }
 
 /* session_children's names as one string: "a b c ". */

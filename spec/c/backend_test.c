@@ -30,6 +30,27 @@
  *   dead_list over populate()'s store (memory's) and over a small fixture
  *   (sqlite's), every assertion kept but memory's NULL lane (refused by
  *   memory only; memory_backend_test.c keeps it);
+ * - events: event_insert, event_get, event_get_by_id, event_range,
+ *   event_all, event_update, last_position over populate()'s store: every
+ *   field, owned rows, missing rows, bounds, limits, compact forms, the
+ *   writer's own rows (memory's); every field as written with ES_NONE,
+ *   origins set and unset, event_update's rules (sqlite's); a 0xFF origin
+ *   and a NUL byte in a payload on memory and sqlite only (canonical JSON
+ *   has none); origins and the new dispatch fields through inserts,
+ *   updates and every read (memory's). Memory keeps its own refusals (read
+ *   transaction, gaps, taken indexes and ids, bad status) and an undo
+ *   compared over the whole state; sqlite an update of
+ *   a missing row; every read of events (event_get, event_get_by_id,
+ *   event_range, event_all, queued_due, queued_due_type, dead_list) returns
+ *   the dispatch times and the origin, read and write transaction (sqlite's);
+ * - refs: get, put, replace, delete, listing in byte order with after,
+ *   limits and a stopping callback, nested savepoints undoing every kind of
+ *   ref write, one walk chunk (memory's), reverse inserts, no prefix match,
+ *   ES_NONE times kept, a released savepoint's delete committed (sqlite's);
+ *   a 0xFF byte in names on memory and sqlite only. Memory keeps its
+ *   read-transaction error, NULL names, negative limit, whole-state undo and
+ *   walks that write; sqlite its read-transaction error, a reader beside
+ *   the write and reopening;
  * - counts: the sums a backend keeps (backend.h counts) follow the core's
  *   rule (store/counts.h, es_counts_move) through puts, replacements,
  *   markers, deletes and a rolled-back savepoint; for the SQL backends this
@@ -45,6 +66,7 @@
 #include "store/backend.h"
 #include "store/backend_sql.h"
 #include "store/counts.h"
+#include "row_eq.h"
 #include "tap.h"
 
 /* ---- the backends --------------------------------------------------------- */
@@ -113,8 +135,9 @@ static es_txn *rbegin(es_backend *b) {
 }
 
 static void commit(es_txn *t) {
-  es_err err;
+  es_err err = {0};
   CHECK_RC(OPS->write_commit(BK(t), t, &err), ES_OK);
+  if (err.msg[0]) printf("#   write_commit: %s\n", err.msg);
 }
 
 /* ---- snapshots (moved from memory_backend_test.c) -------------------------- */
@@ -300,23 +323,6 @@ static void sessions_listing(es_backend *b) {
   c = list_sessions(t, "s0", NULL, 70);
   CHECK(c.n == 70 && strcmp(c.v[69], "s069") == 0);
   OPS->read_end(BK(t), t);
-}
-
-static int str_eq(const char *a, const char *b) {
-  if (!a || !b) return a == b;
-  return strcmp(a, b) == 0;
-}
-
-/* Every field of two session rows. */
-static int si_eq(const es_session_info *a, const es_session_info *b) {
-  return str_eq(a->session, b->session) && a->head == b->head && a->events == b->events &&
-         a->pending == b->pending && a->dead == b->dead && a->attempts == b->attempts &&
-         a->failures == b->failures && a->first_at == b->first_at && a->updated_at == b->updated_at &&
-         a->fence == b->fence && a->sealed_at == b->sealed_at &&
-         str_eq(a->seal_reason, b->seal_reason) && str_eq(a->lease_holder, b->lease_holder) &&
-         a->lease_token == b->lease_token && a->lease_expires_at == b->lease_expires_at &&
-         str_eq(a->parent, b->parent) && a->fork_at == b->fork_at && a->forked_at == b->forked_at &&
-         a->first_index == b->first_index;
 }
 
 /* Session rows, every field (deep copies). */
@@ -1337,6 +1343,803 @@ static void case_counts(es_backend *b) {
   OPS->read_end(BK(t), t);
 }
 
+/* ---- events: insert, get, get_by_id, range, all, update, last_position ----- */
+
+/* Moved from memory_backend_test.c (over populate()'s store): every field
+ * read back, owned by the caller, missing rows, positions increasing
+ * across transactions, a NULL payload and empty strings. */
+static void case_insert_get(es_backend *b) {
+  populate(b);
+  es_txn *t = rbegin(b);
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
+  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.type, "t") == 0 && strcmp(e.session, "a") == 0);
+  CHECK(e.payload_len == strlen("[1,\"\\u0000\"]") && memcmp(e.payload, "[1,\"\\u0000\"]", e.payload_len) == 0);
+  CHECK(e.payload[e.payload_len] == '\0');
+  CHECK(e.lane == NULL && e.index == 6 && e.position == 6 && e.created_at == 1006);
+  CHECK(e.cause_index == 3 && e.cause_attempt == 1 && e.not_before == 1010);
+  CHECK(e.status == ES_STATUS_PENDING && e.queued == 1 && e.due_at == 1010);
+  CHECK(e.attempts == 0 && e.failures == 0 && e.last_error == NULL && e.claim_holder == NULL);
+  CHECK(e.processed_at == ES_NONE && e.claim_expires_at == ES_NONE && e.retry_at == ES_NONE);
+  CHECK(e.last_failed_attempt == ES_NONE && e.returned == 0);
+  /* Owned: the caller may scribble on it and frees it. */
+  e.id[0] = 'Z';
+  e.session[0] = 'Z';
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
+  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.session, "a") == 0);
+  es_event_destroy(&e);
+
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 4, &e, &err), ES_OK);
+  CHECK(strcmp(e.lane, "l2") == 0 && e.status == ES_STATUS_DEAD && e.failures == 3);
+  CHECK(strcmp(e.last_error, "boom") == 0 && e.last_failed_attempt == 3 && e.attempts == 3);
+  CHECK(e.cause_index == ES_NONE && e.not_before == ES_NONE);
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 3, &e, &err), ES_OK);
+  CHECK(e.status == ES_STATUS_PROCESSED && e.processed_at == e.created_at && e.returned == -1);
+  CHECK(e.attempts == 0 && e.claim_holder == NULL && e.retry_at == ES_NONE);
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "c1", &e, &err), ES_OK);
+  CHECK(strcmp(e.session, "c") == 0 && e.index == 1 && e.position == 10);
+  CHECK(strcmp(e.claim_holder, "w1") == 0 && e.claim_expires_at == 1600 && e.processed_at == 1500);
+  CHECK(e.returned == 2 && e.attempts == 1);
+  es_event_destroy(&e);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "b3", &e, &err), ES_OK);
+  CHECK(strcmp(e.lane, "l1") == 0 && strcmp(e.session, "b") == 0 && e.position == 9);
+  es_event_destroy(&e);
+
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 0, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 7, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get(BK(t), t, "zz", 1, &e, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, "nope", &e, &err), ES_NOT_FOUND);
+  OPS->read_end(BK(t), t);
+
+  /* Positions keep increasing across sessions and transactions; a NULL
+   * payload and empty strings survive. */
+  t = wbegin(b);
+  es_event r = mkrow("d", 1, "d1", "");
+  r.payload = NULL;
+  r.payload_len = 0;
+  r.type = "";
+  CHECK(ins_pos(t, r) == 11);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->event_get(BK(t), t, "d", 1, &e, &err), ES_OK);
+  CHECK(e.payload == NULL && e.payload_len == 0 && strcmp(e.type, "") == 0 && strcmp(e.lane, "") == 0);
+  es_event_destroy(&e);
+  OPS->read_end(BK(t), t);
+}
+
+/* Moved from memory_backend_test.c: order, bounds, limits, a stopping
+ * callback. */
+static void case_range_all(es_backend *b) {
+  populate(b);
+  es_txn *t = rbegin(b);
+  ints c = range(t, "a", 0, ES_NONE, ES_NONE);
+  WANT(c, 1, 2, 3, 4, 5, 6);
+  c = range(t, "a", ES_NONE, ES_NONE, ES_NONE);
+  WANT(c, 1, 2, 3, 4, 5, 6);
+  c = range(t, "a", 2, 5, ES_NONE);
+  WANT(c, 3, 4, 5);
+  c = range(t, "a", 2, 5, 2);
+  WANT(c, 3, 4);
+  c = range(t, "a", 2, 100, ES_NONE);
+  WANT(c, 3, 4, 5, 6);
+  c = range(t, "a", 5, 5, ES_NONE);
+  WANT_NONE(c);
+  c = range(t, "a", 0, ES_NONE, 0);
+  WANT_NONE(c);
+  c = range(t, "nobody", 0, ES_NONE, ES_NONE);
+  WANT_NONE(c);
+  c = (ints){.which = 0, .stop_at = 2};
+  es_err err;
+  CHECK_RC(OPS->event_range(BK(t), t, "a", 0, ES_NONE, ES_NONE, collect_int, &c, &err), ES_OK);
+  WANT(c, 1, 2);
+  c = all_pos(t, 0, ES_NONE);
+  WANT(c, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10);
+  c = all_pos(t, 7, ES_NONE);
+  WANT(c, 8, 9, 10);
+  c = all_pos(t, 3, 2);
+  WANT(c, 4, 5);
+  c = all_pos(t, 10, ES_NONE);
+  WANT_NONE(c);
+  c = all_pos(t, ES_NONE, 1);
+  WANT(c, 1);
+  OPS->read_end(BK(t), t);
+}
+
+/* Moved from memory_backend_test.c: exactly the dispatch fields rewritten,
+ * compact forms read back exactly, back to the untouched record. */
+static void case_update(es_backend *b) {
+  populate(b);
+  es_txn *t = wbegin(b);
+  es_event e;
+  es_err err;
+  es_event_init(&e);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &e, &err), ES_OK);
+  es_event u = e;
+  u.status = ES_STATUS_PENDING;
+  u.attempts = 4;
+  u.failures = 2;
+  u.last_error = "e2";
+  u.processed_at = 77;
+  u.claim_holder = "h";
+  u.claim_expires_at = 88;
+  u.retry_at = 99;
+  u.queued = 1;
+  u.due_at = 1234;
+  u.last_failed_attempt = 3;
+  u.returned = 5;
+  /* Immutable fields are not the update's business. */
+  u.type = "changed";
+  u.payload = "1";
+  u.payload_len = 1;
+  u.created_at = 1;
+  CHECK_RC(upd(t, &u), ES_OK);
+  es_event g;
+  es_event_init(&g);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
+  CHECK(g.attempts == 4 && g.failures == 2 && strcmp(g.last_error, "e2") == 0);
+  CHECK(g.processed_at == 77 && strcmp(g.claim_holder, "h") == 0 && g.claim_expires_at == 88);
+  CHECK(g.retry_at == 99 && g.queued == 1 && g.due_at == 1234 && g.last_failed_attempt == 3);
+  CHECK(g.returned == 5 && strcmp(g.type, "t") == 0 && strcmp(g.payload, "{}") == 0);
+  CHECK(g.created_at == 1001 && g.position == 1 && strcmp(g.lane, "l1") == 0);
+  es_event_destroy(&g);
+  /* Forms a backend may store compactly read back exactly too. */
+  const struct {
+    int64_t processed_at, returned, attempts;
+  } forms[] = {{1001, -1, 0}, {1001, 0, 0}, {ES_NONE, -1, 0}, {1001, -1, 1}, {1002, -1, 0}, {0, 0, 0}};
+  for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+    es_event f = e;
+    f.processed_at = forms[i].processed_at;
+    f.returned = forms[i].returned;
+    f.attempts = forms[i].attempts;
+    CHECK_RC(upd(t, &f), ES_OK);
+    CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
+    CHECK(g.processed_at == f.processed_at && g.returned == f.returned && g.attempts == f.attempts);
+    es_event_destroy(&g);
+  }
+  /* Back to the untouched record: the row reads back exactly that. */
+  CHECK_RC(upd(t, &e), ES_OK);
+  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
+  CHECK(ev_eq(&e, &g));
+  es_event_destroy(&g);
+  es_event_destroy(&e);
+  commit(t);
+}
+
+static int64_t last_pos(es_txn *t) {
+  int64_t p = -1;
+  es_err err;
+  CHECK_RC(OPS->last_position(BK(t), t, &p, &err), ES_OK);
+  return p;
+}
+
+/* Moved from memory_backend_test.c: the writer sees its own rows, a
+ * rollback takes them back. */
+static void case_last_position(es_backend *b) {
+  es_txn *t = rbegin(b);
+  CHECK(last_pos(t) == 0);
+  OPS->read_end(BK(t), t);
+  populate(b);
+  t = wbegin(b);
+  CHECK(last_pos(t) == 10);
+  CHECK_RC(ins(t, mkrow("a", 7, "a7", NULL)), ES_OK);
+  CHECK(last_pos(t) == 11);  /* the writer sees its own rows */
+  OPS->write_rollback(BK(t), t);
+  t = rbegin(b);
+  CHECK(last_pos(t) == 10);
+  OPS->read_end(BK(t), t);
+}
+
+
+/* Moved from sqlite_backend_test.c: every field as written (ES_NONE, NUL
+ * bytes, the dispatch record's times and the origin, set and unset),
+ * missing rows, range and all bounds, last_position, event_update's rules
+ * (dispatch fields only, the origin never, NULL / ES_NONE clear). Its
+ * update of a missing row stays in sqlite_backend_test.c. */
+static void case_events_fixture(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  /* An embedded NUL: every byte must come back. Canonical JSON (the
+   * payload store.h promises) has none, and PostgreSQL refuses it, so the
+   * 0xFF run (memory and sqlite) uses it and the UTF-8 run its escape. */
+  static const char nul_payload[] = "\"a\0b\"", esc_payload[] = "\"a\\u0000b\"";
+  const int raw = HI[0] == '\xff';
+  const char *pl = raw ? nul_payload : esc_payload;
+  const size_t pl_len = raw ? sizeof nul_payload - 1 : sizeof esc_payload - 1;
+  es_event e[4], got;
+  collect c = {0};
+  ev_make(&e[0], "s", 1, "id-1", "{\"x\":1}");
+  ev_make(&e[1], "s", 2, "id-2", NULL);
+  e[1].payload = (char *)pl;
+  e[1].payload_len = pl_len;
+  e[1].lane = (char *)"lane-a";
+  e[1].cause_index = 1;
+  e[1].cause_attempt = 2;
+  e[1].not_before = 5000;
+  e[1].status = ES_STATUS_PROCESSED;
+  e[1].attempts = 3;
+  e[1].failures = 1;
+  e[1].last_error = (char *)"boom";
+  e[1].processed_at = 4242;
+  e[1].claim_holder = (char *)"w1";
+  e[1].claim_expires_at = 9999;
+  e[1].retry_at = 7777;
+  e[1].queued = 1;
+  e[1].due_at = 8888;
+  e[1].last_failed_attempt = 2;
+  e[1].returned = 4;
+  e[1].first_claimed_at = 4000;
+  e[1].last_claimed_at = 4100;
+  e[1].failed_at = 4150;
+  e[1].processed_by_attempt = 3;
+  char origin[32];
+  snprintf(origin, sizeof origin, "parent-%s", HI);
+  e[1].origin_session = origin;  /* a fork's copy */
+  e[1].origin_index = 12;
+  ev_make(&e[2], "s", 3, "id-3", "null");
+  e[2].created_at = ES_NONE;
+  e[2].attempts = ES_NONE;
+  e[2].failures = ES_NONE;
+  e[2].returned = ES_NONE;
+  ev_make(&e[3], "other", 1, "id-4", "[]");
+
+  t = wbegin(b);
+  int ok = 1;
+  for (int i = 0; i < 4; i++) {
+    int rc = OPS->event_insert(BK(t), t, &e[i], &err);
+    if (rc != ES_OK) printf("#   event_insert %d: %s\n", i, err.msg);
+    ok &= rc == ES_OK;
+  }
+  CHECK(ok); /* event_insert x4 */
+  /* event_insert assigns increasing positions */
+  CHECK(e[0].position > 0 && e[1].position > e[0].position && e[2].position > e[1].position &&
+        e[3].position > e[2].position);
+  commit(t);
+
+  t = rbegin(b);
+  ok = 1;
+  for (int i = 0; i < 4; i++) {
+    es_event_init(&got);
+    ok &= OPS->event_get(BK(t), t, e[i].session, e[i].index, &got, &err) == ES_OK &&
+          ev_eq(&got, &e[i]);
+    es_event_destroy(&got);
+  }
+  /* event_get returns every field as written (ES_NONE as NULL, NUL bytes
+   * kept; the dispatch record's times and the origin, set and unset) */
+  CHECK(ok);
+  es_event_init(&got);
+  /* payload with an embedded NUL round-trips, NUL-terminated */
+  CHECK(OPS->event_get(BK(t), t, "s", 2, &got, &err) == ES_OK && got.payload_len == pl_len &&
+        memcmp(got.payload, pl, pl_len) == 0 && got.payload[pl_len] == '\0');
+  es_event_destroy(&got);
+  CHECK(OPS->event_get(BK(t), t, "s", 9, &got, &err) == ES_NOT_FOUND);    /* missing index */
+  CHECK(OPS->event_get(BK(t), t, "nope", 1, &got, &err) == ES_NOT_FOUND); /* missing session */
+  /* event_get_by_id finds an event of any session */
+  CHECK(OPS->event_get_by_id(BK(t), t, "id-4", &got, &err) == ES_OK && ev_eq(&got, &e[3]));
+  es_event_destroy(&got);
+  CHECK(OPS->event_get_by_id(BK(t), t, "id-x", &got, &err) == ES_NOT_FOUND); /* unknown id */
+
+  /* event_range: whole session in index order */
+  CHECK(OPS->event_range(BK(t), t, "s", 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 3 && c.evs.v[0].index == 1 && c.evs.v[2].index == 3 &&
+        ev_eq(&c.evs.v[1], &e[1]));
+  collect_reset(&c);
+  /* event_range: after/through/limit */
+  CHECK(OPS->event_range(BK(t), t, "s", 1, 3, 1, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 1 && c.evs.v[0].index == 2);
+  collect_reset(&c);
+  /* event_range: through bounds inclusive */
+  CHECK(OPS->event_range(BK(t), t, "s", 0, 2, ES_NONE, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 2);
+  collect_reset(&c);
+  /* event_range: callback returning nonzero stops early */
+  ints st = {.which = 0, .stop_at = 1};
+  CHECK(OPS->event_range(BK(t), t, "s", 0, ES_NONE, ES_NONE, collect_int, &st, &err) == ES_OK &&
+        st.n == 1);
+  /* event_all: position > after, ascending */
+  CHECK(OPS->event_all(BK(t), t, NULL, e[0].position, ES_NONE, collect_event, &c, &err) == ES_OK &&
+        c.evs.n == 3 && c.evs.v[0].position == e[1].position &&
+        c.evs.v[2].position == e[3].position);
+  collect_reset(&c);
+  /* event_all: limit */
+  CHECK(OPS->event_all(BK(t), t, NULL, 0, 2, collect_event, &c, &err) == ES_OK && c.evs.n == 2);
+  collect_reset(&c);
+  int64_t last = -1;
+  CHECK(OPS->last_position(BK(t), t, &last, &err) == ES_OK && last == e[3].position);
+  OPS->read_end(BK(t), t);
+
+  /* event_update rewrites the dispatch fields only */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK); /* the core writes nothing before one */
+  es_event u = e[0];
+  u.status = ES_STATUS_DEAD;
+  u.attempts = 7;
+  u.failures = 3;
+  u.last_error = (char *)"err\ntrace";
+  u.processed_at = 12;
+  u.claim_holder = (char *)"h";
+  u.claim_expires_at = 13;
+  u.retry_at = 14;
+  u.queued = 1;
+  u.due_at = 15;
+  u.last_failed_attempt = 16;
+  u.returned = 17;
+  u.first_claimed_at = 18;
+  u.last_claimed_at = 19;
+  u.failed_at = 20;
+  u.processed_by_attempt = 21;
+  u.type = (char *)"changed-type-ignored";
+  u.origin_session = (char *)"origin-ignored"; /* immutable: written by insert only */
+  u.origin_index = 22;
+  CHECK_RC(OPS->event_update(BK(t), t, &u, &err), ES_OK);
+  es_event_init(&got);
+  /* dispatch fields rewritten, the rest kept; the write txn sees its own writes */
+  CHECK(OPS->event_get(BK(t), t, "s", 1, &got, &err) == ES_OK && got.status == ES_STATUS_DEAD &&
+        got.attempts == 7 && got.failures == 3 && str_eq(got.last_error, "err\ntrace") &&
+        got.processed_at == 12 && str_eq(got.claim_holder, "h") && got.claim_expires_at == 13 &&
+        got.retry_at == 14 && got.queued == 1 && got.due_at == 15 &&
+        got.last_failed_attempt == 16 && got.returned == 17 && got.first_claimed_at == 18 &&
+        got.last_claimed_at == 19 && got.failed_at == 20 && got.processed_by_attempt == 21 &&
+        str_eq(got.type, "t") && got.position == e[0].position);
+  /* the origin is not written (none stays none) */
+  CHECK(got.origin_session == NULL && got.origin_index == ES_NONE);
+  es_event_destroy(&got);
+  u = e[1];
+  u.origin_session = (char *)"origin-ignored";
+  u.origin_index = ES_NONE;
+  u.first_claimed_at = ES_NONE;
+  /* a fork's copy keeps its origin */
+  CHECK(OPS->event_update(BK(t), t, &u, &err) == ES_OK &&
+        OPS->event_get(BK(t), t, "s", 2, &got, &err) == ES_OK &&
+        str_eq(got.origin_session, origin) && got.origin_index == 12 &&
+        got.first_claimed_at == ES_NONE && got.last_claimed_at == 4100);
+  es_event_destroy(&got);
+  u = e[0];
+  u.status = ES_STATUS_DEAD;
+  u.claim_holder = NULL;
+  u.claim_expires_at = ES_NONE;
+  u.last_error = NULL;
+  /* NULL / ES_NONE clear fields */
+  CHECK(OPS->event_update(BK(t), t, &u, &err) == ES_OK &&
+        OPS->event_get(BK(t), t, "s", 1, &got, &err) == ES_OK && got.claim_holder == NULL &&
+        got.claim_expires_at == ES_NONE && got.last_error == NULL &&
+        got.first_claimed_at == ES_NONE && got.last_claimed_at == ES_NONE &&
+        got.failed_at == ES_NONE && got.processed_by_attempt == ES_NONE);
+  es_event_destroy(&got);
+  /* a missing row: sqlite_backend_test.c (backend.h promises no error for
+   * it; PostgreSQL reports it at commit) */
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+}
+
+/* Moved from memory_backend_test.c: e read back through every read op
+ * that returns it equals want. */
+static void check_reads(es_txn *t, const es_event *want) {
+  es_err err;
+  es_event g;
+  es_event_init(&g);
+  CHECK_RC(OPS->event_get(BK(t), t, want->session, want->index, &g, &err), ES_OK);
+  CHECK(ev_eq(want, &g));
+  /* memory hands out a row in one allocation (store.h: packed) */
+  CHECK(OPS != &es_backend_memory || g.packed == 1);
+  es_event_destroy(&g);
+  CHECK_RC(OPS->event_get_by_id(BK(t), t, want->id, &g, &err), ES_OK);
+  CHECK(ev_eq(want, &g));
+  es_event_destroy(&g);
+  /* The borrowed views of the walks. */
+  collect r = {0}, a = {0};
+  CHECK_RC(OPS->event_range(BK(t), t, want->session, want->index - 1, want->index, ES_NONE,
+                            collect_event, &r, &err),
+           ES_OK);
+  CHECK(r.evs.n == 1 && ev_eq(want, &r.evs.v[0]));
+  CHECK_RC(OPS->event_all(BK(t), t, NULL, want->position - 1, 1, collect_event, &a, &err), ES_OK);
+  CHECK(a.evs.n == 1 && ev_eq(want, &a.evs.v[0]));
+  collect_reset(&r);
+  collect_reset(&a);
+}
+
+static int64_t ins_row(es_txn *t, es_event *e) {
+  es_err err;
+  CHECK_RC(OPS->event_insert(BK(t), t, e, &err), ES_OK);
+  return e->position;
+}
+
+/* Moved from memory_backend_test.c: origins (none, the own session, a name
+ * that is no session, half an origin, new sessions) and the new dispatch
+ * fields, through inserts, claims, a failure, a completion, each field
+ * alone at the int64 edges, back to untouched, in the write and a read
+ * transaction. Its undo compared over the whole state stays there. */
+static void case_event_fields(es_backend *b) {
+  es_txn *t = wbegin(b);
+  es_err err;
+  es_event rows[8];
+  int n = origin_rows(rows);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  for (int i = 0; i < n; i++) CHECK(ins_row(t, &rows[i]) == i + 1);
+  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
+  /* An origin name is stored, not made a session. */
+  es_session_info si;
+  es_session_info_init(&si);
+  CHECK_RC(OPS->session_get(BK(t), t, "ghost", &si, &err), ES_NOT_FOUND);
+  names sl = list_sessions(t, "", NULL, ES_NONE);
+  CHECK(sl.n == 0);
+  ints c = range(t, "ghost", 0, ES_NONE, ES_NONE);
+  WANT_NONE(c);
+  OPS->read_end(BK(t), t);
+
+  /* The dispatch fields through claims, a failure, a completion; each new
+   * field alone; back to untouched. Origins do not change. */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  es_event u = rows[1];
+  u.status = ES_STATUS_PENDING;
+  u.queued = 1;
+  u.due_at = 50;
+  u.attempts = 1;
+  u.claim_holder = "w";
+  u.claim_expires_at = 60;
+  u.first_claimed_at = u.last_claimed_at = 50;
+  u.processed_at = ES_NONE;
+  u.returned = 0;
+  u.origin_session = "changed";  /* immutable: ignored */
+  u.origin_index = 77;
+  CHECK_RC(upd(t, &u), ES_OK);
+  u.origin_session = rows[1].origin_session;
+  u.origin_index = rows[1].origin_index;
+  check_reads(t, &u);
+  ints q = due_pos(t, NULL, 50, ES_NONE);
+  WANT(q, 2);
+  CHECK_RC(upd(t, &u), ES_OK);  /* the same record again */
+  check_reads(t, &u);
+  u.status = ES_STATUS_DEAD;
+  u.queued = 0;
+  u.due_at = ES_NONE;
+  u.failures = 1;
+  u.failed_at = 61;
+  u.last_failed_attempt = 1;
+  u.last_error = "bad";
+  u.claim_holder = NULL;
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  collect d = {0};
+  CHECK_RC(OPS->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, collect_event, &d, &err), ES_OK);
+  CHECK(d.evs.n == 1 && ev_eq(&u, &d.evs.v[0]));
+  collect_reset(&d);
+  u.status = ES_STATUS_PENDING;
+  u.queued = 1;
+  u.due_at = 70;
+  u.attempts = 2;
+  u.last_claimed_at = 70;
+  u.claim_holder = "w2";
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  u.status = ES_STATUS_PROCESSED;
+  u.queued = 0;
+  u.due_at = ES_NONE;
+  u.processed_at = 80;
+  u.processed_by_attempt = 2;
+  u.returned = 3;
+  CHECK_RC(upd(t, &u), ES_OK);
+  check_reads(t, &u);
+  es_event base = rows[3];
+  for (int f = 0; f < 4; f++) {
+    es_event one = base;
+    int64_t *field[] = {&one.first_claimed_at, &one.last_claimed_at, &one.failed_at,
+                        &one.processed_by_attempt};
+    *field[f] = INT64_MAX - f;
+    CHECK_RC(upd(t, &one), ES_OK);
+    check_reads(t, &one);
+    *field[f] = INT64_MIN + 1;  /* anything but ES_NONE is stored */
+    CHECK_RC(upd(t, &one), ES_OK);
+    check_reads(t, &one);
+  }
+  CHECK_RC(upd(t, &base), ES_OK);
+  check_reads(t, &base);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  check_reads(t, &u);
+  check_reads(t, &base);
+  OPS->read_end(BK(t), t);
+}
+
+/* Moved from sqlite_backend_test.c: every read of events returns the
+ * dispatch times and the origin (an SQL backend: one column list, one
+ * decoder; checked anyway, in a read and in the write transaction, which
+ * may copy rows differently). */
+static int fields_match(const es_events *got, const es_event *want) {
+  return got->n == 1 && ev_eq(&got->v[0], want);
+}
+
+static void case_event_fields_everywhere(es_backend *b) {
+  es_txn *t;
+  es_err err = {0};
+  es_event q, d, got;
+  collect c = {0};
+  ev_make(&q, "f", 1, "f-1", "1");
+  q.type = (char *)"ft";
+  q.queued = 1;
+  q.due_at = 10;
+  ev_make(&d, "f", 2, "f-2", "2");
+  d.status = ES_STATUS_DEAD;
+  es_event *both[2] = {&q, &d};
+  for (int i = 0; i < 2; i++) {
+    both[i]->first_claimed_at = 100 + i;
+    both[i]->last_claimed_at = 200 + i;
+    both[i]->failed_at = 300 + i;
+    both[i]->processed_by_attempt = 4 + i;
+    both[i]->origin_session = (char *)"from";
+    both[i]->origin_index = 7 + i;
+  }
+  t = wbegin(b);
+  /* insert rows with every dispatch time and the origin set */
+  CHECK(OPS->savepoint(BK(t), t, &err) == ES_OK && OPS->event_insert(BK(t), t, &q, &err) == ES_OK &&
+        OPS->event_insert(BK(t), t, &d, &err) == ES_OK &&
+        OPS->savepoint_release(BK(t), t, &err) == ES_OK);
+  commit(t);
+  for (int pass = 0; pass < 2; pass++) {
+    int ok = 1;
+    t = pass == 0 ? rbegin(b) : wbegin(b);
+    ok &= OPS->event_get(BK(t), t, "f", 1, &got, &err) == ES_OK && ev_eq(&got, &q);
+    es_event_destroy(&got);
+    ok &= OPS->event_get_by_id(BK(t), t, "f-2", &got, &err) == ES_OK && ev_eq(&got, &d);
+    es_event_destroy(&got);
+#define EACH(call, want)                                        \
+  do {                                                          \
+    ok &= (call) == ES_OK && fields_match(&c.evs, (want));      \
+    collect_reset(&c);                                          \
+  } while (0)
+    EACH(OPS->event_range(BK(t), t, "f", 1, 2, ES_NONE, collect_event, &c, &err), &d);
+    EACH(OPS->event_all(BK(t), t, NULL, q.position, ES_NONE, collect_event, &c, &err), &d);
+    EACH(OPS->queued_due(BK(t), t, NULL, NULL, 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(OPS->queued_due(BK(t), t, "f", NULL, 10, 1, collect_event, &c, &err),
+         &q); /* the index window */
+    EACH(OPS->queued_due(BK(t), t, "f", NULL, 10, ES_NONE, collect_event, &c, &err),
+         &q); /* by due time */
+    EACH(OPS->queued_due_type(BK(t), t, NULL, "ft", 10, ES_NONE, collect_event, &c, &err), &q);
+    EACH(OPS->dead_list(BK(t), t, NULL, NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+    EACH(OPS->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, collect_event, &c, &err), &d);
+#undef EACH
+    CHECK(ok); /* in the read (pass 0) and the write transaction (pass 1) */
+    if (pass == 0)
+      OPS->read_end(BK(t), t);
+    else
+      OPS->write_rollback(BK(t), t);
+  }
+}
+
+/* ---- refs: get, put, delete, list (moved from both old files) -------------- */
+
+/* s with every '~' replaced by HI (in one of 4 buffers). */
+static const char *hs(int k, const char *s) {
+  static char buf[4][512];
+  char *o = buf[k];
+  size_t n = 0;
+  for (; *s && n + 8 < sizeof buf[k]; s++) {
+    if (*s == '~') n += (size_t)snprintf(o + n, sizeof buf[k] - n, "%s", HI);
+    else o[n++] = *s;
+  }
+  o[n] = '\0';
+  return o;
+}
+
+/* Moved from memory_backend_test.c: put, replace, get (the row owned by the
+ * caller), byte order with HI last, after and limit, a stopping callback,
+ * delete, nested savepoints that undo every kind of ref write, beyond one
+ * walk chunk. Its read-transaction writes, NULL names, negative limit,
+ * whole-state undo and walks that write stay in memory_backend_test.c. */
+static void case_refs(es_backend *b) {
+  es_err err;
+  es_ref r;
+  es_ref_init(&r);
+  es_txn *t = rbegin(b);
+  rtext c = {.n = 0};
+  CHECK_RC(OPS->ref_get(BK(t), t, "main", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "") == 0);
+  OPS->read_end(BK(t), t);
+  t = wbegin(b);
+  CHECK_RC(ref_put(t, "b", "s1", 1, 2), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s2", 3, 4), ES_OK);
+  CHECK_RC(ref_put(t, HI, "s3", 5, 6), ES_OK);
+  CHECK_RC(ref_put(t, "a/1", "s4", 7, 8), ES_OK);
+  CHECK_RC(ref_put(t, "ab", "", 9, 10), ES_OK);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.name, "a") == 0 && strcmp(r.session, "s2") == 0 && r.head == ES_NONE);
+  CHECK(r.created_at == 3 && r.updated_at == 4);
+  es_ref_destroy(&r);
+  /* Replaced in place of the old one (insert or replace). */
+  CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.session, "s5") == 0 && r.created_at == 3 && r.updated_at == 11);
+  r.name[0] = 'Z'; /* owned by the caller */
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
+  CHECK(strcmp(r.name, "a") == 0);
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_OK);
+  CHECK(strcmp(r.session, "") == 0);
+  es_ref_destroy(&r);
+  CHECK_RC(OPS->ref_get(BK(t), t, "a/", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 ab= b=s1 ~=s3 ")) == 0);
+  CHECK(strcmp(refs(t, "a", ES_NONE, &c), hs(0, "a/1=s4 ab= b=s1 ~=s3 ")) == 0);
+  CHECK(strcmp(refs(t, "a0", 2, &c), "ab= b=s1 ") == 0);
+  CHECK(strcmp(refs(t, "", 1, &c), "a=s5 ") == 0);
+  CHECK(strcmp(refs(t, NULL, ES_MAX_LIMIT, &c), hs(0, "a=s5 a/1=s4 ab= b=s1 ~=s3 ")) == 0);
+  CHECK(strcmp(refs(t, NULL, 0, &c), "") == 0);
+  CHECK(strcmp(refs(t, HI, ES_NONE, &c), "") == 0);
+  c.stop_at = 3;
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= ") == 0);
+  c.stop_at = 0;
+  OPS->read_end(BK(t), t);
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK); /* the core writes nothing before one */
+  CHECK_RC(ref_del(t, "ab"), ES_OK);
+  CHECK_RC(ref_del(t, "ab"), ES_NOT_FOUND);
+  CHECK_RC(ref_del(t, "nope"), ES_NOT_FOUND);
+  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_NOT_FOUND);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 b=s1 ~=s3 ")) == 0);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+
+  /* Undo: every kind of ref write, nested, restores the exact list (an
+   * outer savepoint first: the core writes nothing outside one). */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s6", 3, 12), ES_OK);
+  CHECK_RC(ref_del(t, "b"), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(ref_put(t, "b", "s7", 13, 13), ES_OK);
+  CHECK_RC(ref_put(t, "b", "s8", 13, 14), ES_OK);
+  CHECK_RC(ref_del(t, "a/1"), ES_OK);
+  CHECK_RC(ref_put(t, "c", "s9", 15, 15), ES_OK);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s6 b=s8 c=s9 ~=s3 ")) == 0);
+  OPS->savepoint_rollback(BK(t), t);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s6 a/1=s4 ~=s3 ")) == 0);
+  OPS->savepoint_rollback(BK(t), t);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 b=s1 ~=s3 ")) == 0);
+  CHECK_RC(ref_del(t, "a"), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s10", 16, 16), ES_OK);
+  OPS->write_rollback(BK(t), t);
+  t = rbegin(b);
+  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), hs(0, "a=s5 a/1=s4 b=s1 ~=s3 ")) == 0);
+  OPS->read_end(BK(t), t);
+
+  /* Beyond one walk chunk. */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(ref_del(t, HI), ES_OK); /* the only name after "r" */
+  for (int i = 0; i < 100; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "r%03d", i);
+    CHECK_RC(ref_put(t, name, "s", i, i), ES_OK);
+  }
+  refs(t, "r", ES_NONE, &c);
+  CHECK(c.calls == 100 && strncmp(c.s, "r000=s r001=s ", 14) == 0);
+  refs(t, "r049", 60, &c);
+  CHECK(c.calls == 50 && strncmp(c.s, "r050=s ", 7) == 0);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+}
+
+/* Moved from sqlite_backend_test.c: inserted in reverse, listed in byte
+ * order; head never stored; no prefix match; after need not be a ref; a
+ * replace keeping ES_NONE times, deletes, a savepoint undoing puts,
+ * replaces and deletes, a released one's delete committed. Its
+ * read-transaction writes, a reader beside the write and reopening the file
+ * stay in sqlite_backend_test.c. */
+static void case_refs_fixture(es_backend *b) {
+  es_err err = {0};
+  rtext c = {.n = 0};
+  es_ref ref, got;
+  /* in byte order; inserted in reverse ('~' is HI) */
+  static const char *const rnames[] = {"main", "main%", "main/x", "main_", "prod", "prod~", "~"};
+  const int nn = (int)(sizeof rnames / sizeof rnames[0]);
+  es_txn *t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  int ok = 1;
+  for (int i = nn - 1; i >= 0; i--) {
+    char sess[16];
+    es_ref_init(&ref);
+    snprintf(sess, sizeof sess, "s%d", i);
+    ref.name = (char *)hs(0, rnames[i]);
+    ref.session = sess;
+    ref.head = 999; /* never stored */
+    ref.created_at = 10 + i;
+    ref.updated_at = 20 + i;
+    ok &= OPS->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  }
+  CHECK(ok); /* ref_put (insert) */
+  es_ref_init(&got);
+  /* ref_get inside the write transaction; head is not stored (ES_NONE) */
+  CHECK(OPS->ref_get(BK(t), t, "main/x", &got, &err) == ES_OK && str_eq(got.name, "main/x") &&
+        str_eq(got.session, "s2") && got.created_at == 12 && got.updated_at == 22 &&
+        got.head == ES_NONE);
+  es_ref_destroy(&got);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+
+  t = rbegin(b);
+  CHECK(OPS->ref_get(BK(t), t, hs(0, "prod~"), &got, &err) == ES_OK && str_eq(got.session, "s5") &&
+        got.head == ES_NONE);
+  es_ref_destroy(&got);
+  /* unknown is ES_NOT_FOUND (no prefix match) */
+  CHECK(OPS->ref_get(BK(t), t, "nope", &got, &err) == ES_NOT_FOUND &&
+        OPS->ref_get(BK(t), t, "mai", &got, &err) == ES_NOT_FOUND);
+  /* all, in ascending byte order (HI last), head ES_NONE (rtext_cb) */
+  refs(t, NULL, ES_NONE, &c);
+  CHECK(c.calls == nn);
+  CHECK(strcmp(c.s, hs(1, "main=s0 main%=s1 main/x=s2 main_=s3 prod=s4 prod~=s5 ~=s6 ")) == 0);
+  refs(t, NULL, ES_MAX_LIMIT, &c); /* a limit of 2^62 is no limit */
+  CHECK(c.calls == nn);
+  /* name > after, at most limit */
+  CHECK(strcmp(refs(t, "main%", 2, &c), "main/x=s2 main_=s3 ") == 0);
+  /* after need not be a ref */
+  refs(t, "n", ES_NONE, &c);
+  CHECK(c.calls == 3 && strncmp(c.s, "prod=s4 ", 8) == 0);
+  /* after the last, limit 0: nothing */
+  CHECK(strcmp(refs(t, HI, ES_NONE, &c), "") == 0 && strcmp(refs(t, NULL, 0, &c), "") == 0);
+  c.stop_at = 2; /* a callback returning nonzero stops early */
+  refs(t, NULL, ES_NONE, &c);
+  CHECK(c.calls == 2);
+  c.stop_at = 0;
+  OPS->read_end(BK(t), t);
+
+  /* replace, delete, savepoints */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  es_ref_init(&ref);
+  ref.name = (char *)"main";
+  ref.session = (char *)"moved";
+  ref.created_at = 10;
+  ref.updated_at = ES_NONE;
+  /* ref_put replaces (ES_NONE times kept) */
+  CHECK(OPS->ref_put(BK(t), t, &ref, &err) == ES_OK &&
+        OPS->ref_get(BK(t), t, "main", &got, &err) == ES_OK && str_eq(got.session, "moved") &&
+        got.created_at == 10 && got.updated_at == ES_NONE);
+  es_ref_destroy(&got);
+  CHECK(OPS->ref_delete(BK(t), t, "prod", &err) == ES_OK &&
+        OPS->ref_get(BK(t), t, "prod", &got, &err) == ES_NOT_FOUND);
+  /* absent is ES_NOT_FOUND */
+  CHECK(OPS->ref_delete(BK(t), t, "prod", &err) == ES_NOT_FOUND &&
+        OPS->ref_delete(BK(t), t, "nope", &err) == ES_NOT_FOUND);
+  ok = OPS->savepoint(BK(t), t, &err) == ES_OK;
+  ref.name = (char *)"main_";
+  ref.session = (char *)"sp";
+  ok &= OPS->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  ok &= OPS->ref_delete(BK(t), t, "main%", &err) == ES_OK;
+  ref.name = (char *)"new";
+  ok &= OPS->ref_put(BK(t), t, &ref, &err) == ES_OK;
+  OPS->savepoint_rollback(BK(t), t);
+  ok &= OPS->ref_get(BK(t), t, "main_", &got, &err) == ES_OK && str_eq(got.session, "s3");
+  es_ref_destroy(&got);
+  ok &= OPS->ref_get(BK(t), t, "main%", &got, &err) == ES_OK;
+  es_ref_destroy(&got);
+  ok &= OPS->ref_get(BK(t), t, "new", &got, &err) == ES_NOT_FOUND;
+  CHECK(ok); /* savepoint_rollback undoes ref puts, replaces and deletes made in it */
+  ok = OPS->savepoint(BK(t), t, &err) == ES_OK;
+  ok &= OPS->ref_delete(BK(t), t, HI, &err) == ES_OK;
+  ok &= OPS->savepoint_release(BK(t), t, &err) == ES_OK;
+  ok &= OPS->savepoint_release(BK(t), t, &err) == ES_OK;
+  CHECK(ok && OPS->write_commit(BK(t), t, &err) == ES_OK); /* a released savepoint's delete commits */
+  t = rbegin(b);
+  /* after commit: the replace and both deletes, nothing of the rolled-back savepoint */
+  refs(t, NULL, ES_NONE, &c);
+  CHECK(c.calls == nn - 2 && strncmp(c.s, "main=moved ", 11) == 0 &&
+        strcmp(c.s + c.n - strlen(hs(0, "prod~=s5 ")), hs(0, "prod~=s5 ")) == 0);
+  OPS->read_end(BK(t), t);
+}
+
 /* ---- event_copy: the dispatch record is es_event_settle_copy's ------------- */
 
 static int next_id(void *ctx, char *out, size_t cap, es_err *err) {
@@ -1485,6 +2288,25 @@ int main(void) {
       {"presence: put, get, list by (participant, field), expire", case_presence, 0, 0, NULL},
       {"presence: tombstones, missing rows, expired rows skipped, namespaces apart",
        case_presence_fixture, 0, 0, NULL},
+      {"event_insert / event_get / event_get_by_id round-trip every field", case_insert_get, 0, 0,
+       NULL},
+      {"event_range and event_all: order, bounds, limits", case_range_all, 0, 0, NULL},
+      {"event_update rewrites exactly the dispatch fields", case_update, 0, 0, NULL},
+      {"last_position: the highest position stored", case_last_position, 0, 0, NULL},
+      {"events: every field as written, bounds, last_position, event_update's rules",
+       case_events_fixture, 0, 0, NULL},
+      {"events: the same with a 0xFF byte in an origin and a NUL byte in a payload",
+       case_events_fixture, 0, 1, NULL},
+      {"event origins and the new dispatch fields through inserts, updates and every read",
+       case_event_fields, 0, 0, NULL},
+      {"every event read returns the dispatch times and the origin, in read and write transactions",
+       case_event_fields_everywhere, 0, 0, NULL},
+      {"refs: put, replace, get, delete, list in byte order, nested savepoints, one walk chunk",
+       case_refs, 0, 0, NULL},
+      {"refs: the same with a 0xFF byte sorting last", case_refs, 0, 1, NULL},
+      {"refs: reverse inserts in byte order, after, limits, replace, delete, savepoints",
+       case_refs_fixture, 0, 0, NULL},
+      {"refs: the same fixture with 0xFF names", case_refs_fixture, 0, 1, NULL},
       {"counts follow the core's rule (es_counts_move): puts, markers, deletes, savepoints",
        case_counts, 0, 0, NULL},
       {"event_copy writes es_event_settle_copy's dispatch record and the origin", case_event_copy,

@@ -647,72 +647,19 @@ static void test_open(void) {
   OPS->close(NULL);
 }
 
-static void test_insert_get(void) {
-  es_backend *b = open_mem();
-  populate(b);
-  es_txn *t = rbegin(b);
-  es_event e;
+static int64_t last_pos(es_txn *t) {
+  int64_t p = -1;
   es_err err;
-  es_event_init(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
-  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.type, "t") == 0 && strcmp(e.session, "a") == 0);
-  CHECK(e.payload_len == strlen("[1,\"\\u0000\"]") && memcmp(e.payload, "[1,\"\\u0000\"]", e.payload_len) == 0);
-  CHECK(e.payload[e.payload_len] == '\0');
-  CHECK(e.lane == NULL && e.index == 6 && e.position == 6 && e.created_at == 1006);
-  CHECK(e.cause_index == 3 && e.cause_attempt == 1 && e.not_before == 1010);
-  CHECK(e.status == ES_STATUS_PENDING && e.queued == 1 && e.due_at == 1010);
-  CHECK(e.attempts == 0 && e.failures == 0 && e.last_error == NULL && e.claim_holder == NULL);
-  CHECK(e.processed_at == ES_NONE && e.claim_expires_at == ES_NONE && e.retry_at == ES_NONE);
-  CHECK(e.last_failed_attempt == ES_NONE && e.returned == 0);
-  /* Owned: the caller may scribble on it and frees it. */
-  e.id[0] = 'Z';
-  e.session[0] = 'Z';
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 6, &e, &err), ES_OK);
-  CHECK(strcmp(e.id, "a6") == 0 && strcmp(e.session, "a") == 0);
-  es_event_destroy(&e);
-
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 4, &e, &err), ES_OK);
-  CHECK(strcmp(e.lane, "l2") == 0 && e.status == ES_STATUS_DEAD && e.failures == 3);
-  CHECK(strcmp(e.last_error, "boom") == 0 && e.last_failed_attempt == 3 && e.attempts == 3);
-  CHECK(e.cause_index == ES_NONE && e.not_before == ES_NONE);
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 3, &e, &err), ES_OK);
-  CHECK(e.status == ES_STATUS_PROCESSED && e.processed_at == e.created_at && e.returned == -1);
-  CHECK(e.attempts == 0 && e.claim_holder == NULL && e.retry_at == ES_NONE);
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get_by_id(BK(t), t, "c1", &e, &err), ES_OK);
-  CHECK(strcmp(e.session, "c") == 0 && e.index == 1 && e.position == 10);
-  CHECK(strcmp(e.claim_holder, "w1") == 0 && e.claim_expires_at == 1600 && e.processed_at == 1500);
-  CHECK(e.returned == 2 && e.attempts == 1);
-  es_event_destroy(&e);
-  CHECK_RC(OPS->event_get_by_id(BK(t), t, "b3", &e, &err), ES_OK);
-  CHECK(strcmp(e.lane, "l1") == 0 && strcmp(e.session, "b") == 0 && e.position == 9);
-  es_event_destroy(&e);
-
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 0, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 7, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get(BK(t), t, "zz", 1, &e, &err), ES_NOT_FOUND);
-  CHECK_RC(OPS->event_get_by_id(BK(t), t, "nope", &e, &err), ES_NOT_FOUND);
-  OPS->read_end(BK(t), t);
-
-  /* Positions keep increasing across sessions and transactions; a NULL
-   * payload and empty strings survive. */
-  t = wbegin(b);
-  es_event r = mkrow("d", 1, "d1", "");
-  r.payload = NULL;
-  r.payload_len = 0;
-  r.type = "";
-  CHECK(ins_pos(t, r) == 11);
-  commit(t);
-  t = rbegin(b);
-  CHECK_RC(OPS->event_get(BK(t), t, "d", 1, &e, &err), ES_OK);
-  CHECK(e.payload == NULL && e.payload_len == 0 && strcmp(e.type, "") == 0 && strcmp(e.lane, "") == 0);
-  es_event_destroy(&e);
-  OPS->read_end(BK(t), t);
-  OPS->close(b);
+  CHECK_RC(OPS->last_position(BK(t), t, &p, &err), ES_OK);
+  return p;
 }
 
+/* event_insert, event_get, event_get_by_id, event_range, event_all,
+ * event_update and last_position are cases of backend_test.c (run on every
+ * backend). This one is memory's own: which error a write in a read
+ * transaction gets and the rows memory refuses itself (a gap, a taken index,
+ * an id of another row, an unknown status; the core never passes them), with
+ * the state compared whole (dump_state). */
 static void test_insert_rejects(void) {
   es_backend *b = open_mem();
   populate(b);
@@ -744,133 +691,6 @@ static void test_insert_rejects(void) {
   commit(t);
   free(before);
   free(after);
-  OPS->close(b);
-}
-
-static void test_range_all(void) {
-  es_backend *b = open_mem();
-  populate(b);
-  es_txn *t = rbegin(b);
-  ints c = range(t, "a", 0, ES_NONE, ES_NONE);
-  WANT(c, 1, 2, 3, 4, 5, 6);
-  c = range(t, "a", ES_NONE, ES_NONE, ES_NONE);
-  WANT(c, 1, 2, 3, 4, 5, 6);
-  c = range(t, "a", 2, 5, ES_NONE);
-  WANT(c, 3, 4, 5);
-  c = range(t, "a", 2, 5, 2);
-  WANT(c, 3, 4);
-  c = range(t, "a", 2, 100, ES_NONE);
-  WANT(c, 3, 4, 5, 6);
-  c = range(t, "a", 5, 5, ES_NONE);
-  WANT_NONE(c);
-  c = range(t, "a", 0, ES_NONE, 0);
-  WANT_NONE(c);
-  c = range(t, "nobody", 0, ES_NONE, ES_NONE);
-  WANT_NONE(c);
-  c = (ints){.which = 0, .stop_at = 2};
-  es_err err;
-  CHECK_RC(OPS->event_range(BK(t), t, "a", 0, ES_NONE, ES_NONE, collect_int, &c, &err), ES_OK);
-  WANT(c, 1, 2);
-  c = all_pos(t, 0, ES_NONE);
-  WANT(c, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10);
-  c = all_pos(t, 7, ES_NONE);
-  WANT(c, 8, 9, 10);
-  c = all_pos(t, 3, 2);
-  WANT(c, 4, 5);
-  c = all_pos(t, 10, ES_NONE);
-  WANT_NONE(c);
-  c = all_pos(t, ES_NONE, 1);
-  WANT(c, 1);
-  OPS->read_end(BK(t), t);
-  OPS->close(b);
-}
-
-static void test_update(void) {
-  es_backend *b = open_mem();
-  populate(b);
-  es_txn *t = wbegin(b);
-  es_event e;
-  es_err err;
-  es_event_init(&e);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &e, &err), ES_OK);
-  es_event u = e;
-  u.status = ES_STATUS_PENDING;
-  u.attempts = 4;
-  u.failures = 2;
-  u.last_error = "e2";
-  u.processed_at = 77;
-  u.claim_holder = "h";
-  u.claim_expires_at = 88;
-  u.retry_at = 99;
-  u.queued = 1;
-  u.due_at = 1234;
-  u.last_failed_attempt = 3;
-  u.returned = 5;
-  /* Immutable fields are not the update's business. */
-  u.type = "changed";
-  u.payload = "1";
-  u.payload_len = 1;
-  u.created_at = 1;
-  CHECK_RC(upd(t, &u), ES_OK);
-  es_event g;
-  es_event_init(&g);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
-  CHECK(g.attempts == 4 && g.failures == 2 && strcmp(g.last_error, "e2") == 0);
-  CHECK(g.processed_at == 77 && strcmp(g.claim_holder, "h") == 0 && g.claim_expires_at == 88);
-  CHECK(g.retry_at == 99 && g.queued == 1 && g.due_at == 1234 && g.last_failed_attempt == 3);
-  CHECK(g.returned == 5 && strcmp(g.type, "t") == 0 && strcmp(g.payload, "{}") == 0);
-  CHECK(g.created_at == 1001 && g.position == 1 && strcmp(g.lane, "l1") == 0);
-  es_event_destroy(&g);
-  /* Forms a backend may store compactly read back exactly too. */
-  const struct {
-    int64_t processed_at, returned, attempts;
-  } forms[] = {{1001, -1, 0}, {1001, 0, 0}, {ES_NONE, -1, 0}, {1001, -1, 1}, {1002, -1, 0}, {0, 0, 0}};
-  for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
-    es_event f = e;
-    f.processed_at = forms[i].processed_at;
-    f.returned = forms[i].returned;
-    f.attempts = forms[i].attempts;
-    CHECK_RC(upd(t, &f), ES_OK);
-    CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
-    CHECK(g.processed_at == f.processed_at && g.returned == f.returned && g.attempts == f.attempts);
-    es_event_destroy(&g);
-  }
-  /* Back to the untouched record: the row reads back exactly that. */
-  CHECK_RC(upd(t, &e), ES_OK);
-  CHECK_RC(OPS->event_get(BK(t), t, "a", 1, &g, &err), ES_OK);
-  sbuf x = {0}, y = {0};
-  dump_event(&x, &e);
-  dump_event(&y, &g);
-  CHECK(same_dump(x.p, y.p));
-  free(x.p);
-  free(y.p);
-  es_event_destroy(&g);
-  es_event_destroy(&e);
-  commit(t);
-  OPS->close(b);
-}
-
-static int64_t last_pos(es_txn *t) {
-  int64_t p = -1;
-  es_err err;
-  CHECK_RC(OPS->last_position(BK(t), t, &p, &err), ES_OK);
-  return p;
-}
-
-static void test_last_position(void) {
-  es_backend *b = open_mem();
-  es_txn *t = rbegin(b);
-  CHECK(last_pos(t) == 0);
-  OPS->read_end(BK(t), t);
-  populate(b);
-  t = wbegin(b);
-  CHECK(last_pos(t) == 10);
-  CHECK_RC(ins(t, mkrow("a", 7, "a7", NULL)), ES_OK);
-  CHECK(last_pos(t) == 11);  /* the writer sees its own rows */
-  OPS->write_rollback(BK(t), t);
-  t = rbegin(b);
-  CHECK(last_pos(t) == 10);
-  OPS->read_end(BK(t), t);
   OPS->close(b);
 }
 
@@ -930,142 +750,18 @@ static int64_t ins_row(es_txn *t, es_event *e) {
   return e->position;
 }
 
+/* The origins and dispatch fields through every read are a case of
+ * backend_test.c (case_event_fields); this is memory's own: undone, rows
+ * and the origin names they brought leave the whole state (dump_state) as
+ * it was, and done again they take the same positions (backend.h promises
+ * only positions above every committed one). */
 static void test_event_fields(void) {
   es_backend *b = open_mem();
   es_txn *t = wbegin(b);
-  es_err err;
   es_event rows[8];
-  int n = 0;
-  rows[n++] = mkrow("o", 1, "o1", NULL);  /* ordinary: no origin */
-  es_event e = mkrow("f", 1, "f1", "l1");  /* a fork's copy, as fork writes them */
-  e.origin_session = "o";
-  e.origin_index = 1;
-  e.status = ES_STATUS_PROCESSED;
-  e.processed_at = 7;
-  e.returned = -1;
-  e.queued = 0;
-  e.due_at = ES_NONE;
-  e.cause_index = 3;
-  e.cause_attempt = 2;
-  e.not_before = 44;
-  e.payload = NULL;
-  e.payload_len = 0;
-  rows[n++] = e;
-  e = mkrow("f", 2, "f2", NULL);  /* origin: the row's own session */
-  e.origin_session = "f";
-  e.origin_index = 1;
-  rows[n++] = e;
-  e = mkrow("f", 3, "f3", "l1");  /* origin: a name that is no session here */
-  e.origin_session = "ghost";
-  e.origin_index = 9;
-  rows[n++] = e;
-  e = mkrow("f", 4, "f4", NULL);  /* stored verbatim, even half an origin */
-  e.origin_index = 4;
-  rows[n++] = e;
-  e = mkrow("g", 1, "g1", NULL);  /* a new session copied from a new name */
-  e.origin_session = "ghost2";
-  e.origin_index = 1;
-  rows[n++] = e;
-  e = mkrow("h", 1, "h1", NULL);  /* a new session copied from itself */
-  e.origin_session = "h";
-  e.origin_index = 1;
-  rows[n++] = e;
-  e = mkrow("f", 5, "f5", NULL);  /* a fresh row given every new dispatch field */
-  e.attempts = 2;
-  e.first_claimed_at = 1;
-  e.last_claimed_at = 2;
-  e.failed_at = 3;
-  e.processed_by_attempt = 4;
-  rows[n++] = e;
+  int n = origin_rows(rows);
   for (int i = 0; i < n; i++) CHECK(ins_row(t, &rows[i]) == i + 1);
-  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
   commit(t);
-  t = rbegin(b);
-  for (int i = 0; i < n; i++) check_reads(t, &rows[i]);
-  /* An origin name is stored, not made a session. */
-  es_session_info si;
-  es_session_info_init(&si);
-  CHECK_RC(OPS->session_get(BK(t), t, "ghost", &si, &err), ES_NOT_FOUND);
-  names sl = list_sessions(t, "", NULL, ES_NONE);
-  CHECK(sl.n == 0);
-  ints c = range(t, "ghost", 0, ES_NONE, ES_NONE);
-  WANT_NONE(c);
-  OPS->read_end(BK(t), t);
-
-  /* The dispatch fields through claims, a failure, a completion; each new
-   * field alone; back to untouched. Origins do not change. */
-  t = wbegin(b);
-  es_event u = rows[1];
-  u.status = ES_STATUS_PENDING;
-  u.queued = 1;
-  u.due_at = 50;
-  u.attempts = 1;
-  u.claim_holder = "w";
-  u.claim_expires_at = 60;
-  u.first_claimed_at = u.last_claimed_at = 50;
-  u.processed_at = ES_NONE;
-  u.returned = 0;
-  u.origin_session = "changed";  /* immutable: ignored */
-  u.origin_index = 77;
-  CHECK_RC(upd(t, &u), ES_OK);
-  u.origin_session = rows[1].origin_session;
-  u.origin_index = rows[1].origin_index;
-  check_reads(t, &u);
-  ints q = due_pos(t, NULL, 50, ES_NONE);
-  WANT(q, 2);
-  CHECK_RC(upd(t, &u), ES_OK);  /* the same record again */
-  check_reads(t, &u);
-  u.status = ES_STATUS_DEAD;
-  u.queued = 0;
-  u.due_at = ES_NONE;
-  u.failures = 1;
-  u.failed_at = 61;
-  u.last_failed_attempt = 1;
-  u.last_error = "bad";
-  u.claim_holder = NULL;
-  CHECK_RC(upd(t, &u), ES_OK);
-  check_reads(t, &u);
-  sbuf w = {0}, d = {0};
-  dump_event(&w, &u);
-  CHECK_RC(OPS->dead_list(BK(t), t, "f", NULL, 0, ES_NONE, dump_event_cb, &d, &err), ES_OK);
-  CHECK(d.p && same_dump(w.p, d.p));
-  free(w.p);
-  free(d.p);
-  u.status = ES_STATUS_PENDING;
-  u.queued = 1;
-  u.due_at = 70;
-  u.attempts = 2;
-  u.last_claimed_at = 70;
-  u.claim_holder = "w2";
-  CHECK_RC(upd(t, &u), ES_OK);
-  check_reads(t, &u);
-  u.status = ES_STATUS_PROCESSED;
-  u.queued = 0;
-  u.due_at = ES_NONE;
-  u.processed_at = 80;
-  u.processed_by_attempt = 2;
-  u.returned = 3;
-  CHECK_RC(upd(t, &u), ES_OK);
-  check_reads(t, &u);
-  es_event base = rows[3];
-  for (int f = 0; f < 4; f++) {
-    es_event one = base;
-    int64_t *field[] = {&one.first_claimed_at, &one.last_claimed_at, &one.failed_at,
-                        &one.processed_by_attempt};
-    *field[f] = INT64_MAX - f;
-    CHECK_RC(upd(t, &one), ES_OK);
-    check_reads(t, &one);
-    *field[f] = INT64_MIN + 1;  /* anything but ES_NONE is stored */
-    CHECK_RC(upd(t, &one), ES_OK);
-    check_reads(t, &one);
-  }
-  CHECK_RC(upd(t, &base), ES_OK);
-  check_reads(t, &base);
-  commit(t);
-  t = rbegin(b);
-  check_reads(t, &u);
-  check_reads(t, &base);
-  OPS->read_end(BK(t), t);
 
   /* Undone, the rows and the origin names they brought go; done again,
    * they read back the same. */
@@ -1276,43 +972,11 @@ static void test_children(void) {
   OPS->close(b);
 }
 
-/* ref_list's names as one string. */
-typedef struct rtext {
-  char s[4096];
-  size_t n;
-  int calls;
-  size_t stop_at;
-  es_txn *t;
-  int mode;  /* 1: the first call replaces each odd ref r001..r099 and deletes r010,
-                r020, ..., r090 */
-} rtext;
-
-static int rtext_cb(void *ctx, const es_ref *r) {
-  rtext *c = ctx;
-  c->calls++;
-  CHECK(r->head == ES_NONE);
-  int k = snprintf(c->s + c->n, sizeof c->s - c->n, "%s=%s ", r->name, r->session);
-  if (k > 0 && (size_t)k < sizeof c->s - c->n) c->n += (size_t)k;
-  if (c->mode == 1 && c->calls == 1) {
-    for (int i = 1; i < 100; i++) {
-      char name[16];
-      snprintf(name, sizeof name, "r%03d", i);
-      if (i % 10 == 0) CHECK_RC(ref_del(c->t, name), ES_OK);
-      else if (i % 2) CHECK_RC(ref_put(c->t, name, "moved", 0, 1), ES_OK);
-    }
-  }
-  return c->stop_at && (size_t)c->calls >= c->stop_at;
-}
-
-static const char *refs(es_txn *t, const char *after, int64_t limit, rtext *c) {
-  es_err err;
-  c->n = 0;
-  c->s[0] = '\0';
-  c->calls = 0;
-  CHECK_RC(OPS->ref_list(BK(t), t, after, limit, rtext_cb, c, &err), ES_OK);
-  return c->s;
-}
-
+/* The ref cases every backend shares are in backend_test.c (case_refs);
+ * what stays here is memory's own: which error a write in a read
+ * transaction gets and NULL names and a negative limit (outside backend.h's
+ * promises), the undo compared over the whole state (dump_state), walks
+ * whose callback writes, and closing with ref writes open. */
 static void test_refs(void) {
   es_backend *b = open_mem();
   es_err err;
@@ -1320,62 +984,25 @@ static void test_refs(void) {
   es_ref_init(&r);
   es_txn *t = rbegin(b);
   rtext c = {.n = 0};
-  CHECK_RC(OPS->ref_get(BK(t), t, "main", &r, &err), ES_NOT_FOUND);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "") == 0);
-  /* Writes need a write transaction. */
+  /* Writes need a write transaction (memory's error: ES_INVALID_ARGUMENT). */
   CHECK_RC(ref_put(t, "main", "s", 1, 1), ES_INVALID_ARGUMENT);
   CHECK_RC(ref_del(t, "main"), ES_INVALID_ARGUMENT);
   OPS->read_end(BK(t), t);
   t = wbegin(b);
   CHECK_RC(ref_put(t, "b", "s1", 1, 2), ES_OK);
-  CHECK_RC(ref_put(t, "a", "s2", 3, 4), ES_OK);
+  CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
   CHECK_RC(ref_put(t, "\xff", "s3", 5, 6), ES_OK);
   CHECK_RC(ref_put(t, "a/1", "s4", 7, 8), ES_OK);
-  CHECK_RC(ref_put(t, "ab", "", 9, 10), ES_OK);
   CHECK_RC(ref_put(t, NULL, "s", 1, 1), ES_INVALID_ARGUMENT);
   CHECK_RC(ref_put(t, "x", NULL, 1, 1), ES_INVALID_ARGUMENT);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
-  CHECK(strcmp(r.name, "a") == 0 && strcmp(r.session, "s2") == 0 && r.head == ES_NONE);
-  CHECK(r.created_at == 3 && r.updated_at == 4);
-  es_ref_destroy(&r);
-  /* Replaced in place of the old one (insert or replace). */
-  CHECK_RC(ref_put(t, "a", "s5", 3, 11), ES_OK);
+  CHECK_RC(ref_del(t, NULL), ES_NOT_FOUND);
   commit(t);
   t = rbegin(b);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
-  CHECK(strcmp(r.session, "s5") == 0 && r.created_at == 3 && r.updated_at == 11);
-  r.name[0] = 'Z';  /* owned by the caller */
-  es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a", &r, &err), ES_OK);
-  CHECK(strcmp(r.name, "a") == 0);
-  es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_OK);
-  CHECK(strcmp(r.session, "") == 0);
-  es_ref_destroy(&r);
-  CHECK_RC(OPS->ref_get(BK(t), t, "a/", &r, &err), ES_NOT_FOUND);
   CHECK_RC(OPS->ref_get(BK(t), t, NULL, &r, &err), ES_NOT_FOUND);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= b=s1 \xff=s3 ") == 0);
-  CHECK(strcmp(refs(t, "a", ES_NONE, &c), "a/1=s4 ab= b=s1 \xff=s3 ") == 0);
-  CHECK(strcmp(refs(t, "a0", 2, &c), "ab= b=s1 ") == 0);
-  CHECK(strcmp(refs(t, "", 1, &c), "a=s5 ") == 0);
-  CHECK(strcmp(refs(t, NULL, ES_MAX_LIMIT, &c), "a=s5 a/1=s4 ab= b=s1 \xff=s3 ") == 0);
-  CHECK(strcmp(refs(t, NULL, 0, &c), "") == 0);
   CHECK(strcmp(refs(t, NULL, -1, &c), "") == 0);
-  CHECK(strcmp(refs(t, "\xff", ES_NONE, &c), "") == 0);
-  c.stop_at = 3;
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 ab= ") == 0);
-  c.stop_at = 0;
   OPS->read_end(BK(t), t);
-  t = wbegin(b);
-  CHECK_RC(ref_del(t, "ab"), ES_OK);
-  CHECK_RC(ref_del(t, "ab"), ES_NOT_FOUND);
-  CHECK_RC(ref_del(t, "nope"), ES_NOT_FOUND);
-  CHECK_RC(ref_del(t, NULL), ES_NOT_FOUND);
-  CHECK_RC(OPS->ref_get(BK(t), t, "ab", &r, &err), ES_NOT_FOUND);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
-  commit(t);
 
-  /* Undo: every kind of ref write, nested, restores the exact list. */
+  /* Undo: every kind of ref write, nested, restores the exact state. */
   char *before = dump_now(b);
   t = wbegin(b);
   CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
@@ -1386,19 +1013,13 @@ static void test_refs(void) {
   CHECK_RC(ref_put(t, "b", "s8", 13, 14), ES_OK);
   CHECK_RC(ref_del(t, "a/1"), ES_OK);
   CHECK_RC(ref_put(t, "c", "s9", 15, 15), ES_OK);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 b=s8 c=s9 \xff=s3 ") == 0);
   OPS->savepoint_rollback(BK(t), t);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s6 a/1=s4 \xff=s3 ") == 0);
   OPS->savepoint_rollback(BK(t), t);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
   CHECK_RC(ref_del(t, "a"), ES_OK);
   CHECK_RC(ref_put(t, "a", "s10", 16, 16), ES_OK);
   OPS->write_rollback(BK(t), t);
   char *after = dump_now(b);
   CHECK(same_dump(before, after));
-  t = rbegin(b);
-  CHECK(strcmp(refs(t, NULL, ES_NONE, &c), "a=s5 a/1=s4 b=s1 \xff=s3 ") == 0);
-  OPS->read_end(BK(t), t);
   free(before);
   free(after);
 
@@ -1412,10 +1033,6 @@ static void test_refs(void) {
     snprintf(name, sizeof name, "r%03d", i);
     CHECK_RC(ref_put(t, name, "s", i, i), ES_OK);
   }
-  refs(t, "r", ES_NONE, &c);
-  CHECK(c.calls == 100 && strncmp(c.s, "r000=s r001=s ", 14) == 0);
-  refs(t, "r049", 60, &c);
-  CHECK(c.calls == 50 && strncmp(c.s, "r050=s ", 7) == 0);
   c.t = t;
   c.mode = 1;
   refs(t, "r", ES_NONE, &c);
@@ -3698,11 +3315,7 @@ int main(int argc, char **argv) {
   if (scale_n < 1000) scale_n = 1000;
 
   run("open: only \"memory:\"", test_open);
-  run("event_insert / event_get / event_get_by_id round-trip every field", test_insert_get);
   run("event_insert / event_update reject bad rows and change nothing", test_insert_rejects);
-  run("event_range and event_all: order, bounds, limits", test_range_all);
-  run("event_update rewrites exactly the dispatch fields", test_update);
-  run("last_position: the highest position stored", test_last_position);
   run("lane_next: a NULL lane is refused (memory only)", test_lane_next_null);
   run("event fields: origin (immutable, only on forked rows) and the dispatch record round-trip",
       test_event_fields);
@@ -3710,7 +3323,8 @@ int main(int argc, char **argv) {
       test_session_fields);
   run("session_children: byte order, after, limit, moves with the parent, undo, callbacks",
       test_children);
-  run("refs: put, replace, get, delete, list in byte order, undo, callbacks", test_refs);
+  run("refs: read-transaction writes, NULL names, negative limit, whole-state undo, walks that write",
+      test_refs);
   run("savepoint_rollback restores the exact state, indexes included", test_savepoint_rollback);
   run("write_rollback restores the exact state and reuses positions", test_write_rollback);
   run("nested savepoints", test_nested_savepoints);
