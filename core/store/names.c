@@ -6,38 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/json_scan.h"
 #include "store/internal.h"
 #include "store/store.h"
 
 /* The length (1-4) of the valid UTF-8 sequence at s (n bytes left), or 0
  * when s does not start one (a stray continuation byte, an overlong form,
- * a surrogate, a code point above U+10FFFF, a sequence cut short). */
+ * a surrogate, a code point above U+10FFFF, a sequence cut short). One
+ * UTF-8 rule for the whole project: the codec's (esj_utf8_seq, which
+ * judges the multi-byte forms), so a name and a payload string can never
+ * disagree on what is valid. */
 static size_t utf8_seq(const unsigned char *s, size_t n) {
-  unsigned c = s[0];
-  if (c < 0x80) return 1;
-  size_t len;
-  uint32_t cp;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-    cp = c & 0x1F;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    cp = c & 0x0F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (len > n) return 0;
-  for (size_t k = 1; k < len; k++) {
-    if ((s[k] & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (s[k] & 0x3F);
-  }
-  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-      (cp >= 0xD800 && cp <= 0xDFFF))
-    return 0;
-  return len;
+  return s[0] < 0x80 ? 1 : esj_utf8_seq(s, s + n);
 }
 
 static int utf8_valid(const unsigned char *s, size_t n) {
