@@ -159,7 +159,7 @@ check: test
 
 # Holds core/'s includes to the rooms and layers of docs/architecture.md,
 # whose table it reads (tools/check_layers.lua; spec/72-layers_spec.lua).
-.PHONY: check-layers
+.PHONY: check-layers san-build
 check-layers:
 	@$(LUA) tools/check_layers.lua core docs/architecture.md
 
@@ -176,16 +176,21 @@ SAN_OPTS := ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   LSAN_OPTIONS=suppressions='$(CURDIR)/spec/lsan.supp':print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-check-sanitize:
+# The ASan + UBSan build (build-san/) and the preload helper, for
+# check-sanitize and fuzz-api; SAN_ENV is the environment their lua5.4 runs in.
+san-build:
 	@$(MAKE) --no-print-directory BUILD=build-san OPT='-O1 -g -fno-omit-frame-pointer' \
 	  SAN='-fsanitize=address,undefined -fno-sanitize-recover=all' all
 	@mkdir -p build-san/sanitize
 	@$(CC) -std=c11 -shared -fPIC -O2 $(WARN) -o build-san/sanitize/unpreload.so spec/sanitize/unpreload.c
-	@lua=$$(command -v $(LUA)) && \
-	  PATH='$(CURDIR)/spec/sanitize':"$$PATH" ES_SAN_LUA="$$lua" \
-	  ES_SAN_PRELOAD="$$($(CC) -print-file-name=libasan.so):$(CURDIR)/build-san/lib/eventstore/core.so:$(CURDIR)/build-san/sanitize/unpreload.so" \
-	  $(SAN_OPTS) LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build-san/lib/?.so;;' BUILD=build-san \
-	  $(PG_RUN) sh spec/run.sh
+
+SAN_ENV = lua=$$(command -v $(LUA)) && \
+  PATH='$(CURDIR)/spec/sanitize':"$$PATH" ES_SAN_LUA="$$lua" \
+  ES_SAN_PRELOAD="$$($(CC) -print-file-name=libasan.so):$(CURDIR)/build-san/lib/eventstore/core.so:$(CURDIR)/build-san/sanitize/unpreload.so" \
+  $(SAN_OPTS) LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build-san/lib/?.so;;'
+
+check-sanitize: san-build
+	@$(SAN_ENV) BUILD=build-san $(PG_RUN) sh spec/run.sh
 
 check-valgrind: all
 	@$(LUA_ENV) $(PG_RUN) sh spec/valgrind.sh
@@ -293,16 +298,8 @@ fuzz:
 FIRST_SEED ?= 1
 SEEDS ?= 20
 CALLS ?= 2000
-fuzz-api:
-	@$(MAKE) --no-print-directory BUILD=build-san OPT='-O1 -g -fno-omit-frame-pointer' \
-	  SAN='-fsanitize=address,undefined -fno-sanitize-recover=all' all
-	@mkdir -p build-san/sanitize
-	@$(CC) -std=c11 -shared -fPIC -O2 $(WARN) -o build-san/sanitize/unpreload.so spec/sanitize/unpreload.c
-	@lua=$$(command -v $(LUA)) && \
-	  PATH='$(CURDIR)/spec/sanitize':"$$PATH" ES_SAN_LUA="$$lua" \
-	  ES_SAN_PRELOAD="$$($(CC) -print-file-name=libasan.so):$(CURDIR)/build-san/lib/eventstore/core.so:$(CURDIR)/build-san/sanitize/unpreload.so" \
-	  $(SAN_OPTS) LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='build-san/lib/?.so;;' \
-	  $(PG_RUN) lua5.4 fuzz/api_fuzz.lua $(FIRST_SEED) $(SEEDS) $(CALLS)
+fuzz-api: san-build
+	@$(SAN_ENV) $(PG_RUN) lua5.4 fuzz/api_fuzz.lua $(FIRST_SEED) $(SEEDS) $(CALLS)
 
 clean:
 	rm -rf build build-san
