@@ -63,8 +63,10 @@ static void *writer(void *arg) {
     int pending;
     es_err err = {0};
     /* Alternate: the shared session (contended) and this writer's own. */
-    if (es_store_append(c->s, i % 2 ? "shared" : own, &e, 1, ES_NONE, ES_NONE, NULL, &pending, &err))
+    if (es_store_append(c->s, i % 2 ? "shared" : own, &e, 1, ES_NONE, ES_NONE, NULL, &pending, &err)) {
+      printf("# writer %d: append: %s\n", c->id, err.msg);
       atomic_fetch_add(c->errors, 1);
+    }
   }
   atomic_fetch_sub(c->writers_left, 1);
   return NULL;
@@ -79,6 +81,7 @@ static void *worker(void *arg) {
     int64_t retry;
     es_err err = {0};
     if (es_store_claim_next(c->s, holder, 60000, 2, NULL, 0, NULL, 0, &got, &retry, &err)) {
+      printf("# %s: claim_next: %s\n", holder, err.msg);
       atomic_fetch_add(c->errors, 1);
       return NULL;
     }
@@ -101,11 +104,14 @@ static void *worker(void *arg) {
       r.type = "done";
       r.settled = 1;
       es_events out;
-      int outcome;
+      int outcome = 0;
       if (es_store_complete(c->s, got.v[i].session, got.v[i].index, got.v[i].attempts, &r, 1, ES_NONE,
                             &outcome, &out, &err) ||
-          outcome != ES_COMPLETED)
+          outcome != ES_COMPLETED) {
+        printf("# %s: complete %s #%lld: %s (outcome %d)\n", holder, got.v[i].session,
+               (long long)got.v[i].index, err.msg, outcome);
         atomic_fetch_add(c->errors, 1);
+      }
       else
         atomic_fetch_add(c->completed, 1);
       es_events_destroy(&out);
