@@ -325,23 +325,6 @@ static void sessions_listing(es_backend *b) {
   OPS->read_end(BK(t), t);
 }
 
-/* Session rows, every field (deep copies). */
-typedef struct {
-  es_session_info v[32];
-  int n;
-} sess_rows;
-
-static int collect_session_row(void *ctx, const es_session_info *row) {
-  sess_rows *r = ctx;
-  if (r->n < 32 && es_session_info_copy(&r->v[r->n], row) == ES_OK) r->n++;
-  return 0;
-}
-
-static void sess_rows_reset(sess_rows *r) {
-  for (int i = 0; i < r->n; i++) es_session_info_destroy(&r->v[i]);
-  r->n = 0;
-}
-
 /* Moved from sqlite_backend_test.c: byte order with HI last, '%' and '_' in a
  * prefix taken literally (an SQL backend must not LIKE), ES_NONE kept,
  * every field of the row (fence, seal, lease, lineage) set and unset. */

@@ -1,7 +1,8 @@
 /*
  * row_eq.h: field-by-field equality of the rows the backend ops return,
  * shared by backend_test.c and sqlite_backend_test.c: strings (NULL equal
- * only to NULL), event rows and session rows, every field.
+ * only to NULL), event rows and session rows, every field; and a
+ * collector of session rows (deep copies) for listings.
  */
 #ifndef ES_SPEC_ROW_EQ_H
 #define ES_SPEC_ROW_EQ_H
@@ -43,6 +44,23 @@ static inline int si_eq(const es_session_info *a, const es_session_info *b) {
          a->lease_token == b->lease_token && a->lease_expires_at == b->lease_expires_at &&
          str_eq(a->parent, b->parent) && a->fork_at == b->fork_at && a->forked_at == b->forked_at &&
          a->first_index == b->first_index;
+}
+
+/* Session rows, every field (deep copies). */
+typedef struct {
+  es_session_info v[32];
+  int n;
+} sess_rows;
+
+static inline int collect_session_row(void *ctx, const es_session_info *row) {
+  sess_rows *r = ctx;
+  if (r->n < 32 && es_session_info_copy(&r->v[r->n], row) == ES_OK) r->n++;
+  return 0;
+}
+
+static inline void sess_rows_reset(sess_rows *r) {
+  for (int i = 0; i < r->n; i++) es_session_info_destroy(&r->v[i]);
+  r->n = 0;
 }
 
 #endif

@@ -263,23 +263,6 @@ static int collect_ref(void *ctx, const es_ref *row) {
   return c->stop_after && c->n >= c->stop_after;
 }
 
-/* Session rows, every field (deep copies). */
-typedef struct {
-  es_session_info v[32];
-  int n;
-} sess_rows;
-
-static int collect_session_row(void *ctx, const es_session_info *row) {
-  sess_rows *r = ctx;
-  if (r->n < 32 && es_session_info_copy(&r->v[r->n], row) == ES_OK) r->n++;
-  return 0;
-}
-
-static void sess_rows_reset(sess_rows *r) {
-  for (int i = 0; i < r->n; i++) es_session_info_destroy(&r->v[i]);
-  r->n = 0;
-}
-
 static void collect_reset(collect *c) {
   es_events_destroy(&c->evs);
   memset(c, 0, sizeof *c);
