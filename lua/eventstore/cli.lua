@@ -724,6 +724,9 @@ socket listens, prints one line to stdout:
   --max-per-client N      open connections from one address (default half
                           of --max-connections)
   --max-streams N         open live tails at once (default 128)
+  --max-response-bytes BYTES  a listing's page ends before the item that
+                          would take its answer past this, marked
+                          "capped" (default 8388608; one item always)
 ]],
   args = { 0, 0 },
   options = {
@@ -733,6 +736,7 @@ socket listens, prints one line to stdout:
     ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
     ["max-streams"] = { int = 1, max = 100000 },
     ["header-timeout-ms"] = { int = 1, max = 86400000 }, ["max-per-client"] = { int = 1, max = 100000 },
+    ["max-response-bytes"] = { int = 1, max = 1 << 40 },
   },
 })
 
@@ -1526,6 +1530,7 @@ function commands.serve.run(o)
     max_body = o["max-body"], max_batch = o["max-batch"], max_connections = o["max-connections"],
     request_timeout = o["request-timeout"], max_streams = o["max-streams"],
     header_timeout_ms = o["header-timeout-ms"], max_per_client = o["max-per-client"],
+    max_response_bytes = o["max-response-bytes"],
   })
   if not ok then
     if engine then engine:close() end
