@@ -714,6 +714,8 @@ socket listens, prints one line to stdout:
   --static DIR    the inspector's files (default: the ones installed with
                   the binary)
   --workers N     engine worker threads, 1 to 256 (default 1)
+  --fold-runners N  threads that fold reducers for state requests, in
+                  parallel, 1 to 256 (default: the cores, at least 2)
   --max-body BYTES        largest request body (default 16777216)
   --max-batch N           most events in one append or complete (default 1000)
   --max-connections N     open connections at once (default 256)
@@ -732,6 +734,7 @@ socket listens, prints one line to stdout:
   options = {
     db = "string", scripts = "string", listen = "string", tokens = "string",
     ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
+    ["fold-runners"] = { int = 1, max = MAX_WORKERS },
     ["max-body"] = { int = 1, max = 1 << 40 }, ["max-batch"] = { int = 1, max = 1000000 },
     ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
     ["max-streams"] = { int = 1, max = 100000 },
@@ -1520,7 +1523,9 @@ function commands.serve.run(o)
   local dir = scripts_dir(o, not o["no-engine"], "; or --no-engine to serve without handlers")
   local store <close> = open_store(o, true)
   local engine
-  if dir ~= nil then engine = new_engine(store, dir, { workers = o.workers }) end
+  if dir ~= nil then
+    engine = new_engine(store, dir, { workers = o.workers, fold_runners = o["fold-runners"] })
+  end
   -- Signals are counted from before the line below, so a SIGTERM sent as
   -- soon as it is read stops the server cleanly.
   if tty and tty.watch_signals then tty.watch_signals() end
