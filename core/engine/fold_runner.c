@@ -189,11 +189,17 @@ int es_engine_state_json(es_engine *e, const char *session, const char *reducer,
   return engine_state(e, session, reducer, at, 0, 1, not_json, out, index, err);
 }
 
-/* Takes a fold runner for one call (under e->fold_mu): an idle one, else
- * a new one in an empty slot, else waits for one to be given back. Idle
- * runners are reused before a slot is filled, so a quiet engine keeps one
- * warm Lua state, and only calls at once start more. *slot: its slot.
- * NULL with *err when none exists and none can start. */
+/* Stands in a slot while its runner is being made, outside fold_mu (a
+ * new Lua state takes a while, and the runners' handoffs need the lock):
+ * neither empty nor idle to other callers. */
+static runner starting;
+
+/* Takes a fold runner for one call (under e->fold_mu, which it may let go
+ * of meanwhile): an idle one, else a new one in an empty slot, else waits
+ * for one to be given back. Idle runners are reused before a slot is
+ * filled, so a quiet engine keeps one warm Lua state, and only calls at
+ * once start more. *slot: its slot. NULL with *err when none exists and
+ * none can start. */
 static runner *take_folder(es_engine *e, int *slot, es_err *err) {
   for (;;) {
     int empty = -1, any = 0;
@@ -204,12 +210,14 @@ static runner *take_folder(es_engine *e, int *slot, es_err *err) {
         continue;
       }
       any = 1;
-      if (!r->fold_taken) {
+      if (r != &starting && !r->fold_taken) {
         *slot = i;
         return r;
       }
     }
     if (empty >= 0) {
+      e->folders[empty] = &starting;
+      pthread_mutex_unlock(&e->fold_mu);
       es_err why = {0};
       runner *r = es_runner_new(e, 0, &why);
       if (r && pthread_create(&r->thread, NULL, fold_main, r) != 0) {
@@ -217,16 +225,19 @@ static runner *take_folder(es_engine *e, int *slot, es_err *err) {
         r = NULL;
         es_fail(&why, ES_STORAGE, "cannot start a fold thread");
       }
+      pthread_mutex_lock(&e->fold_mu);
+      e->folders[empty] = r;
       if (r) {
-        e->folders[empty] = r;
         *slot = empty;
         return r;
       }
-      /* With runners busy, wait for one rather than fail this call. */
+      pthread_cond_broadcast(&e->fold_free); /* the slot is empty again */
+      /* With other runners, wait for one rather than fail this call. */
       if (!any) {
         *err = why;
         return NULL;
       }
+      continue; /* one may have come back meanwhile */
     }
     pthread_cond_wait(&e->fold_free, &e->fold_mu);
   }
