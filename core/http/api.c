@@ -140,11 +140,12 @@ static int page_fill(page *p, es_err *err) {
     if (k > p->limit - p->n) k = p->limit - p->n;
     size_t got = 0;
     int rc = p->read(p, k, &got, err);
-    if (rc && p->keep_all && p->n > 0) { /* what is claimed is answered; the next claim errs */
-      p->capped = 1;
+    if (rc) {
+      p->drop(p);
+      if (!p->keep_all || p->n == 0) return rc;
+      p->capped = 1; /* what was claimed is answered; the next claim meets the error */
       break;
     }
-    if (rc) return rc;
     more = (int64_t)got == k; /* fewer than asked: the store has no more */
     for (size_t i = 0; i < got; i++) {
       size_t before = p->b->len;
