@@ -106,7 +106,7 @@ static int fold_job(lua_State *L) {
   return 0;
 }
 
-/* Polls flag for up to FOLD_SPIN_US: handing a fold to the fold thread
+/* Polls flag for up to FOLD_SPIN_US: handing a fold to a fold runner
  * and back costs two thread wake-ups when either side blocks (tens of
  * microseconds each on a VM, ten times a small fold); a short poll finds a
  * quick fold's answer, or back-to-back calls' next job, without them. */
