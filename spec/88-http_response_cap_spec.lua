@@ -10,22 +10,14 @@ local null = eventstore.json.null
 
 local MIB = 1024 * 1024
 
--- The server's resident set in KiB (VmRSS).
-local function rss_kib(srv)
-  local text = assert(helpers.read_file(("/proc/%d/status"):format(srv.proc.pid)))
-  return assert(math.tointeger(tonumber(text:match("VmRSS:%s*(%d+)"))))
-end
+local rss_kib = hh.rss_kib
 
--- Runs fn(srv) on a fresh server (opts as hh.serve_on), then stops it and
--- asserts it exited 0.
+-- Runs fn(srv) on a fresh server on one backend template (opts as
+-- hh.serve_on).
 local function with_server(template, opts, fn)
-  local srv = hh.serve_on(template, opts)
-  local ok, err = pcall(fn, srv)
-  if not ok then
-    hh.stop(srv)
-    error(err, 0)
-  end
-  hh.stop_clean(srv)
+  local o = { db = hh.backend_db(template) }
+  for k, v in pairs(opts) do o[k] = v end
+  hh.with_server(o, fn)
 end
 
 -- An event whose payload's canonical text is about `bytes` long.

@@ -634,6 +634,25 @@ function hh.send_large(srv, method, path, token, body)
   return status, ok and decoded or payload, text
 end
 
+-- The server's resident set in KiB (VmRSS of /proc/PID/status): the
+-- attack specs' measure of what a client made it hold.
+function hh.rss_kib(srv)
+  local text = assert(helpers.read_file(("/proc/%d/status"):format(srv.proc.pid)))
+  return assert(math.tointeger(tonumber(text:match("VmRSS:%s*(%d+)"))))
+end
+
+-- Runs fn(srv) on a fresh server (opts as hh.serve), then stops it and
+-- asserts it exited 0 (hh.stop_clean); a failing fn stops it and raises.
+function hh.with_server(opts, fn)
+  local srv = hh.serve(opts)
+  local ok, err = pcall(fn, srv)
+  if not ok then
+    hh.stop(srv)
+    error(err, 0)
+  end
+  hh.stop_clean(srv)
+end
+
 -- Stops a server (SIGTERM), removes its directory and asserts it exited 0:
 -- under AddressSanitizer (make check-sanitize) a leak or a memory error
 -- in the server shows as a non-zero exit, with its log's tail.
