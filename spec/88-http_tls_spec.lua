@@ -15,6 +15,17 @@ local sh_quote = helpers.sh_quote
 local CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
   .. "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
+describe("the security headers' policy", function()
+  it("is the inspector's own <meta> policy plus frame-ancestors 'none'", function()
+    -- so that the header never forbids what the page needs, nor allows
+    -- what its <meta> forbids
+    local html = assert(helpers.read_file("web/inspector/index.html"))
+    local meta = html:match('<meta http%-equiv="Content%-Security%-Policy"%s+content="([^"]*)"')
+    assert.is_string(meta)
+    assert.equal(meta .. "; frame-ancestors 'none'", CSP)
+  end)
+end)
+
 -- Asserts the security headers of one answer; hsts: whether
 -- Strict-Transport-Security must be there (TLS) or must not (plain HTTP).
 local function check_security_headers(headers, what, hsts)
