@@ -248,8 +248,9 @@ static void count_answer(es_http *h, int route, int status) {
 /* The headers every answer carries (docs/http.md "Security headers"). The
  * policy is the inspector's own (its index.html repeats it in a meta
  * tag): everything from this origin, nothing inline, and frame-ancestors
- * 'none', which only a header can say, so no other site can frame the
- * inspector. JSON and streams get the same: one policy, nothing to choose.
+ * 'none', which only a header can say, so no page (not even this
+ * server's) can frame the inspector to steal a click. JSON and streams
+ * get the same: one policy, nothing to choose per answer.
  * Strict-Transport-Security only over TLS: over plain HTTP a browser
  * ignores it, and it would promise HTTPS this server does not serve. */
 #define CSP "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; " \
