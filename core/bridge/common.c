@@ -13,14 +13,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A box is this header, then the caller's bytes (aligned for anything). */
+/* A box is this header, then the caller's bytes. Lua aligns a userdata
+ * for its LUAI_MAXALIGN types only (not for max_align_t's long double), so
+ * the header is padded for those: what a box holds needs no more. */
 typedef union box_head {
   struct {
     es_box_release release; /* NULL once it ran */
     es_box_tracker *tracker; /* NULL: untracked */
     size_t slot;             /* its index in tracker->boxes */
   } h;
-  max_align_t align;
+  void *align_p;
+  double align_d;
+  long long align_ll;
 } box_head;
 
 #define BOX_MT "eventstore.Box"
