@@ -1,4 +1,4 @@
--- Listings cut at max_response_bytes (docs/http-api.md "Pages",
+-- Listings cut at max_response_bytes (docs/http-api.md "Pages cut at",
 -- docs/limits.md "Answers"): the answer a slow client holds open is
 -- bounded by the cap, not by `limit` times the events' size, and a client
 -- that pages on with the route's cursor gets every item exactly once.
