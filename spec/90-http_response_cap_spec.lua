@@ -1,5 +1,5 @@
--- Listings cut at max_response_bytes (docs/http-api.md "Pages cut at",
--- docs/limits.md "Answers"): the answer a slow client holds open is
+-- Listings cut at max_response_bytes (docs/http-api.md "Pages cut at
+-- max_response_bytes", docs/limits.md "Answers"): the answer a slow client holds open is
 -- bounded by the cap, not by `limit` times the events' size, and a client
 -- that pages on with the route's cursor gets every item exactly once.
 local eventstore = require("eventstore")
