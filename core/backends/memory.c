@@ -2820,6 +2820,7 @@ static mref *ref_find(const es_backend *b, const char *name) {
 }
 
 static void ref_view(const mref *m, es_ref *v) {
+  es_ref_init(v); /* parent and at are the core's to fill */
   v->name = (char *)m->data;
   v->session = (char *)ref_session(m);
   v->head = ES_NONE;  /* not stored: the core reads it from the session row */

@@ -906,6 +906,9 @@ static void put_ref(es_buf *b, const es_ref *ref) {
   es_wire_cstr(b, ref->name);
   es_wire_str_field(b, "session", ref->session);
   es_wire_int_field(b, "head", ref->head);
+  /* §3.7 the named session's lineage; null when it was not forked */
+  es_wire_str_field(b, "parent", ref->parent);
+  es_wire_int_field(b, "at", ref->parent ? ref->at : ES_NONE);
   es_wire_int_field(b, "created_at", ref->created_at);
   es_wire_int_field(b, "updated_at", ref->updated_at);
   es_buf_addc(b, '}');

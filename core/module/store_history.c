@@ -25,10 +25,12 @@ static void push_lineage(lua_State *L, const es_lineage *l) {
 }
 
 static void push_ref(lua_State *L, const es_ref *r) {
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 7);
   es_lua_set_str(L, "name", r->name);
   es_lua_set_str(L, "session", r->session);
   es_lua_set_int(L, "head", r->head);
+  es_lua_set_str(L, "parent", r->parent);
+  es_lua_set_int(L, "at", r->parent ? r->at : ES_NONE);
   es_lua_set_int(L, "created_at", r->created_at);
   es_lua_set_int(L, "updated_at", r->updated_at);
 }

@@ -383,14 +383,23 @@ int es_core_children(es_store *s, const char *session, const char *after, int64_
   return rc;
 }
 
-/* A ref as shown: with the head its session has now. */
+/* A ref as shown: with the head its session has now and (§3.7) the
+ * session's lineage, read in the same transaction. */
 static int ref_with_head(es_store *s, es_txn *t, es_ref *ref, es_err *err) {
   es_session_info si;
   int rc = s->ops->session_get(s->bk, t, ref->session, &si, err);
   ref->head = 0;
+  free(ref->parent);
+  ref->parent = NULL;
+  ref->at = ES_NONE;
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   ref->head = si.head;
+  if (si.parent) {
+    ref->parent = si.parent; /* taken over from si */
+    si.parent = NULL;
+    ref->at = si.fork_at;
+  }
   es_session_info_destroy(&si);
   return ES_OK;
 }
@@ -402,7 +411,8 @@ static int ref_point(es_store *s, es_txn *t, const char *name, const char *sessi
   es_ref_init(&old);
   int rc = s->ops->ref_get(s->bk, t, name, &old, err);
   if (rc != ES_OK && rc != ES_NOT_FOUND) return rc;
-  es_ref row = {(char *)name, (char *)session, ES_NONE, rc == ES_OK ? old.created_at : now, now};
+  es_ref row = {(char *)name, (char *)session, ES_NONE, rc == ES_OK ? old.created_at : now, now,
+                NULL, ES_NONE};
   es_ref_destroy(&old);
   if ((rc = s->ops->ref_put(s->bk, t, &row, err))) return rc;
   if (es_ref_copy(out, &row)) return nomem(err);

@@ -123,6 +123,15 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
   return s->impl->append(s, NULL, session, evs, n, expected, fence, out, pending, err);
 }
 
+int es_store_append_many(es_store *s, es_append_batch *v, size_t n, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_APPEND_MANY, es_store_append_many(s, v, n, err));
+  for (size_t i = 0; i < n; i++) {
+    memset(&v[i].out, 0, sizeof v[i].out);
+    v[i].pending = 0;
+  }
+  return s->impl->append_many(s, NULL, v, n, err);
+}
+
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
                   es_events *out, es_err *err) {
   ES_STATS_CALL(s, ES_OP_READ, es_store_read(s, session, after, through, limit, out, err));
@@ -419,4 +428,10 @@ int es_store_read_at_rest(es_store *s, const char *session, int64_t after, int64
 int es_store_counts(es_store *s, es_counts *out, es_err *err) {
   ES_STATS_CALL(s, ES_OP_COUNTS, es_store_counts(s, out, err));
   return s->impl->counts(s, NULL, out, err);
+}
+
+/* Not counted in stats: it reads fields of the handle, no storage. */
+int es_store_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  return s->impl->capabilities(s, out, err);
 }

@@ -524,6 +524,43 @@ static int shards_append(es_store *s, const char *scope, const char *session, co
          st->impl->append(st, scope, session, evs, n, expected, fence, out, pending, err));
 }
 
+/* §3.1 append_many: one shard's transaction, so every session must live
+ * on one shard (no distributed transaction); else INVALID_ARGUMENT naming
+ * two sessions on different shards. A session moved meanwhile sends the
+ * call round again, every session routed anew (by then a move still under
+ * way ends in STORAGE "try again", as for any call, never half-written). */
+static int shards_append_many(es_store *s, const char *scope, es_append_batch *v, size_t n,
+                              es_err *err) {
+  route r;
+  memset(&r, 0, sizeof r);
+  int rc;
+  if (n == 0) return sh_enter(s, err);
+  for (;;) {
+    es_store *st = NULL;
+    rc = es_sh_route_store(s, "batches[1].session", v[0].session, &r, &st, err);
+    for (size_t i = 1; rc == ES_OK && i < n; i++) {
+      route ri;
+      memset(&ri, 0, sizeof ri);
+      es_store *other = NULL;
+      char label[48];
+      snprintf(label, sizeof label, "batches[%zu].session", i + 1);
+      rc = es_sh_route_store(s, label, v[i].session, &ri, &other, err);
+      if (rc == ES_OK && other != st)
+        rc = es_fail(err, ES_INVALID_ARGUMENT,
+                     "append_many: sessions '%s' and '%s' live on different shards, and one call "
+                     "commits on one shard only (append them separately)",
+                     v[0].session, v[i].session);
+    }
+    if (rc) return rc;
+    rc = st->impl->append_many(st, scope, v, n, err);
+    if (!es_sh_route_again(s, &r, &rc, err)) break;
+    /* the moved session may be any of them: the shard it names is no
+     * route for the first one, so route by the reloaded plan only */
+    r.has_target = 0;
+  }
+  return rc;
+}
+
 static int shards_read(es_store *s, const char *session, int64_t after, int64_t through,
                    int64_t limit, es_events *out, es_err *err) {
   memset(out, 0, sizeof *out);
@@ -757,6 +794,29 @@ static void shards_presence_unwatch(es_store *s, uint64_t token) {
 
 static int shards_check_open(es_store *s, es_err *err) { return sh_enter(s, err); }
 
+/* §3.1: "shards", durable and shared by processes only if the catalog
+ * and every shard are, keys and archive only if every shard has them
+ * (each shard is a full store opened with the router's options). */
+static int shards_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  shard_set set;
+  es_capabilities c;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_store_capabilities(SH(s)->catalog, &c, err);
+  if (rc) return rc;
+  *out = c;
+  out->backend = "shards";
+  out->sharded = 1;
+  rc = es_sh_all_shards(s, &set, err);
+  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
+    if ((rc = es_store_capabilities(set.st[i], &c, err))) break;
+    out->durable &= c.durable;
+    out->processes &= c.processes;
+    out->keys = (i == 0 ? c.keys : out->keys & c.keys);
+    out->archive = (i == 0 ? c.archive : out->archive & c.archive);
+  }
+  return rc;
+}
+
 static const es_store_ops shards_ops = {
     .close = shards_close,
     .free = shards_free,
@@ -767,6 +827,7 @@ static const es_store_ops shards_ops = {
     .tenant = es_tenant_open,
     .tenant_name = NULL,
     .append = shards_append,
+    .append_many = shards_append_many,
     .read = shards_read,
     .events_page = shards_events_page,
     .head = es_sh_head,
@@ -815,4 +876,5 @@ static const es_store_ops shards_ops = {
     .shred = es_sh_shred,
     .read_at_rest = shards_read_at_rest,
     .counts = es_sh_counts,
+    .capabilities = shards_capabilities,
 };

@@ -214,6 +214,20 @@ int es_core_data_version(es_store *s, uint64_t *version, es_err *err) {
   return rc;
 }
 
+/* §3.1 capabilities: what the backend and the open options give. A
+ * memory: store lives and dies with its process; sqlite: and postgres:
+ * are durable and shared by processes (docs/store.md). */
+static int es_core_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  int rc = es_core_check_open(s, err);
+  if (rc) return rc;
+  const es_backend_ops *b = s->real_ops ? s->real_ops : s->ops;
+  out->backend = b == &es_backend_postgresql ? es_backend_postgres.scheme : b->scheme;
+  out->durable = out->processes = b != &es_backend_memory;
+  out->keys = s->crypto != NULL;
+  out->archive = s->archive_dir != NULL;
+  return ES_OK;
+}
+
 /* ---------------------------------------------------------------------- */
 /* transactions */
 
@@ -230,6 +244,7 @@ const es_store_ops es_core_ops = {
     .tenant = es_tenant_open,
     .tenant_name = NULL,
     .append = es_core_append,
+    .append_many = es_core_append_many,
     .read = es_core_read_events,
     .events_page = es_core_events_page,
     .head = es_core_head,
@@ -278,4 +293,5 @@ const es_store_ops es_core_ops = {
     .shred = es_core_shred,
     .read_at_rest = es_core_read_at_rest,
     .counts = es_core_counts,
+    .capabilities = es_core_capabilities,
 };

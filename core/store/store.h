@@ -225,6 +225,28 @@ int es_store_data_version(es_store *s, uint64_t *version, es_err *err);
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
 
+/* §3.1 one batch of es_store_append_many: append's arguments, and its
+ * results once the call succeeded (out is then the caller's to destroy). */
+typedef struct es_append_batch {
+  const char *session;
+  const es_new_event *evs;
+  size_t n;
+  int64_t expected;  /* ES_NONE: any head */
+  int64_t fence;     /* ES_NONE: unfenced */
+  es_events out;     /* the stored events, in the batch's order */
+  int pending;       /* the session has pending events after the call */
+} es_append_batch;
+
+/* §3.1 several appends, to one or more sessions, in one transaction: every
+ * batch commits or none does. Each batch follows append's rules
+ * (idempotency, expected, fence, sealed) in the order given, so a later
+ * batch of the same session sees the earlier one's events. A refused
+ * batch fails the call with its error, the message starting with
+ * "batches[i]"; every out is then empty. The batches together hold at
+ * most max_batch events (else TOO_LARGE). On shards: every session must
+ * live on one shard, else INVALID_ARGUMENT naming two that do not. */
+int es_store_append_many(es_store *s, es_append_batch *v, size_t n, es_err *err);
+
 /* Events with after < index <= through (ES_NONE: the head), at most limit
  * (ES_NONE: no limit), in index order. */
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through,
@@ -557,6 +579,11 @@ typedef struct es_ref {
   int64_t head;   /* the session's head when read (never stored) */
   int64_t created_at;
   int64_t updated_at;
+  /* §3.7 the lineage of the session it names (never stored with the ref):
+   * the session it was forked from (owned) and at which index; NULL and
+   * ES_NONE when it was not forked. */
+  char *parent;
+  int64_t at;
 } es_ref;
 
 typedef struct es_refs {
@@ -772,6 +799,20 @@ int es_store_tenant(es_store *s, const char *name, es_store **out, es_err *err);
 /* The tenant's name, or NULL for a store that is not a tenant handle.
  * Borrowed: valid while the handle lives. */
 const char *es_store_tenant_name(const es_store *s);
+
+/* §3.1 what a handle can do, so callers need not guess from its URL.
+ * The strings are static or borrowed from the handle (valid while it
+ * lives). CLOSED on a closed handle. */
+typedef struct es_capabilities {
+  const char *backend; /* "memory", "sqlite", "postgres" or "shards" */
+  const char *tenant;  /* the tenant's name on a tenant handle, else NULL */
+  int durable;         /* 1: a commit survives the process that made it */
+  int processes;       /* 1: other processes may use the same store at once */
+  int keys;            /* 1: opened with keys (§3.10): appends may seal payloads */
+  int archive;         /* 1: opened with an archive (§3.9): archive() may move events out */
+  int sharded;         /* 1: a shards: router (§5) */
+} es_capabilities;
+int es_store_capabilities(es_store *s, es_capabilities *out, es_err *err);
 
 /* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
 /* Makes room for `need` elements of `elem` bytes in the array *v of *cap

@@ -59,6 +59,9 @@ typedef struct es_store_ops {
   /* §3.1 append n events to a session. */
   int (*append)(es_store *s, const char *scope, const char *session, const es_new_event *evs,
       size_t n, int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
+  /* §3.1 several appends in one transaction; the front door has emptied
+   * each batch's results. */
+  int (*append_many)(es_store *s, const char *scope, es_append_batch *v, size_t n, es_err *err);
   /* §3.1 a session's events in (after, through]. */
   int (*read)(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
       es_events *out, es_err *err);
@@ -183,6 +186,8 @@ typedef struct es_store_ops {
       int64_t limit, es_events *out, es_err *err);
   /* §3.12 the handle's counts (a tenant's: its own sessions). */
   int (*counts)(es_store *s, const char *scope, es_counts *out, es_err *err);
+  /* §3.1 what the handle can do (a view: its base's, with its tenant). */
+  int (*capabilities)(es_store *s, es_capabilities *out, es_err *err);
 } es_store_ops;
 
 /* The core store's table (store.c). */

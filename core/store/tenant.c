@@ -202,6 +202,7 @@ static void strip_lineage(const es_store *s, es_lineage *l) {
 static void strip_ref(const es_store *s, es_ref *r) {
   strip(s, r->name);
   strip(s, r->session);
+  strip(s, r->parent);
 }
 
 /* Drops every copy of the prefix from a text, in place. */
@@ -343,6 +344,42 @@ static int tenant_append(es_store *s, const char *scope, const char *session, co
                         err);
   free(mine);
   if (!rc) strip_events(s, out);
+  return t_done(s, rc, err);
+}
+
+/* §3.1 append_many: every session and id behind the prefix, in one call
+ * of the base (so the batches still commit together). */
+static int tenant_append_many(es_store *s, const char *scope, es_append_batch *v, size_t n,
+                              es_err *err) {
+  tname sc;
+  size_t m = n ? n : 1;
+  es_append_batch *mine = calloc(m, sizeof *mine);
+  tname *ss = calloc(m, sizeof *ss);
+  es_new_event **evs = calloc(m, sizeof *evs);
+  int rc = t_enter(s, err);
+  if (!rc && (!mine || !ss || !evs)) rc = nomem(err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  for (size_t i = 0; !rc && i < n; i++) {
+    char label[48];
+    snprintf(label, sizeof label, "batches[%zu].session", i + 1);
+    rc = name_in(s, label, v[i].session, &ss[i], err);
+    if (!rc) rc = batch_in(s, v[i].evs, v[i].n, &evs[i], err);
+    mine[i] = v[i];
+    mine[i].session = ss[i].v;
+    mine[i].evs = evs[i];
+  }
+  if (!rc) rc = B(s)->impl->append_many(B(s), sc.v, mine, n, err);
+  for (size_t i = 0; i < n && evs; i++) {
+    if (!rc) {
+      v[i].out = mine[i].out;
+      v[i].pending = mine[i].pending;
+      strip_events(s, &v[i].out);
+    }
+    free(evs[i]);
+  }
+  free(mine);
+  free(ss);
+  free(evs);
   return t_done(s, rc, err);
 }
 
@@ -1056,6 +1093,14 @@ static int tenant_read_at_rest(es_store *s, const char *session, int64_t after, 
   return t_done(s, rc, err);
 }
 
+/* §3.1: the store's capabilities, with this view's tenant. */
+static int tenant_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  int rc = t_enter(s, err);
+  if (!rc) rc = es_store_capabilities(B(s), out, err);
+  if (!rc) out->tenant = tenant_tenant_name(s);
+  return t_done(s, rc, err);
+}
+
 /* ---- the table (store_impl.h) ----------------------------------------- */
 
 static const es_store_ops tenant_ops = {
@@ -1068,6 +1113,7 @@ static const es_store_ops tenant_ops = {
     .tenant = tenant_tenant,
     .tenant_name = tenant_tenant_name,
     .append = tenant_append,
+    .append_many = tenant_append_many,
     .read = tenant_read,
     .events_page = tenant_events_page,
     .head = tenant_head,
@@ -1116,4 +1162,5 @@ static const es_store_ops tenant_ops = {
     .shred = tenant_shred,
     .read_at_rest = tenant_read_at_rest,
     .counts = tenant_counts,
+    .capabilities = tenant_capabilities,
 };
