@@ -449,6 +449,85 @@ int es_api_append(const es_http_req *r, es_http_resp *out) {
   return answer(out);
 }
 
+static const char *const append_many_fields[] = {"batches", NULL};
+static const char *const batch_fields[] = {"session", "events", "expected", "fence", NULL};
+
+/* POST /v1/events {batches: [{session, events, expected?, fence?}]} ->
+ * {batches: [{events, pending}]}: §3.1 append_many, every batch or none. */
+int es_api_append_many(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  if (read_body(r, out, 1, &bd)) return 0;
+  const es_jval *arr = member(bd.root, "batches");
+  if (check_fields(out, bd.root, "", append_many_fields)) goto done;
+  if (!arr || arr->type != ES_JARRAY) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'batches' must be an array of {session, events}, got %s",
+                 arr ? es_jtype_name(arr->type) : "nothing");
+    goto done;
+  }
+  if (arr->n > max_batch(r)) {
+    es_http_fail(out, 413, "TOO_LARGE", "%zu batches, over the limit of %zu", arr->n, max_batch(r));
+    goto done;
+  }
+  size_t n = arr->n;
+  es_append_batch *v = calloc(n ? n : 1, sizeof *v);
+  batch *bs = calloc(n ? n : 1, sizeof *bs);
+  size_t read = 0, total = 0;
+  int bad = !v || !bs;
+  if (bad) es_http_fail(out, 503, "STORAGE", "out of memory");
+  for (size_t i = 0; !bad && i < n; i++) {
+    const es_jval *b = &arr->items[i];
+    char ctx[48];
+    snprintf(ctx, sizeof ctx, "batches[%zu].", i + 1);
+    if (b->type != ES_JOBJECT) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "batches[%zu] must be an object {session, events}, got %s",
+                   i + 1, es_jtype_name(b->type));
+      bad = 1;
+      break;
+    }
+    char uctx[48];
+    snprintf(uctx, sizeof uctx, "batches[%zu]: ", i + 1);
+    bad = check_fields(out, b, uctx, batch_fields) ||
+          get_name(out, b, ctx, "session", 1, &v[i].session) ||
+          get_int(out, b, ctx, "expected", 0, ES_NONE, &v[i].expected, NULL) ||
+          get_int(out, b, ctx, "fence", 0, ES_NONE, &v[i].fence, NULL) ||
+          read_events(r, out, b, "events", 1, &bs[i]);
+    read = i + 1;
+    v[i].evs = bs[i].v;
+    v[i].n = bs[i].n;
+    total += bs[i].n;
+    if (!bad && total > max_batch(r)) {
+      /* the limit is on the call: one transaction holds them all */
+      es_http_fail(out, 413, "TOO_LARGE", "%zu events in all batches so far, over the limit of %zu",
+                   total, max_batch(r));
+      bad = 1;
+    }
+  }
+  if (!bad) {
+    es_err err = {0};
+    if (es_store_append_many(r->store, v, n, &err)) {
+      es_http_fail_err(out, &err);
+    } else {
+      es_buf_adds(&out->body, "{\"batches\":[");
+      for (size_t i = 0; i < n; i++) {
+        es_buf_adds(&out->body, i ? ",{\"events\":" : "{\"events\":");
+        es_wire_events_array(&out->body, &v[i].out, 0);
+        es_buf_adds(&out->body, ",\"pending\":");
+        put_bool(&out->body, v[i].pending);
+        es_buf_addc(&out->body, '}');
+        es_events_destroy(&v[i].out);
+      }
+      es_buf_adds(&out->body, "]}");
+      answer(out);
+    }
+  }
+  for (size_t i = 0; i < read; i++) batch_free(&bs[i]);
+  free(bs);
+  free(v);
+done:
+  body_free(&bd);
+  return 0;
+}
+
 int es_api_read(const es_http_req *r, es_http_resp *out) {
   int64_t after, through, limit;
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||

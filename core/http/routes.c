@@ -21,6 +21,7 @@ const es_http_route es_http_routes[] = {
     {"POST", "v1/sessions/*/events/*/renew", ES_RIGHT_WORK, es_api_renew},
     {"GET", "v1/sessions", ES_RIGHT_READ, es_api_sessions},
     {"GET", "v1/events", ES_RIGHT_READ, es_api_read_all},
+    {"POST", "v1/events", ES_RIGHT_APPEND, es_api_append_many},
     {"GET", "v1/stream", ES_RIGHT_READ, es_sse_all},
     {"GET", "v1/dead-letters", ES_RIGHT_READ, es_api_dead_letters},
     {"POST", "v1/claims", ES_RIGHT_WORK, es_api_claims},

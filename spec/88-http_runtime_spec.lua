@@ -1,0 +1,132 @@
+-- spec/88-http_runtime_spec.lua: the routes of issue 28 (docs/http-api.md,
+-- docs/contract.md §6) over real HTTP: POST /v1/events (§3.1 append_many,
+-- every batch or none), and the lineage in ref answers (§3.7). Each route
+-- with its right, tenant scoping, exact answers, and 4xx for bad input
+-- that changes nothing. One server per backend (helpers.urls()).
+local eventstore = require("eventstore")
+local helpers = require("helpers")
+local hh = require("http_helpers")
+
+local json = eventstore.json
+local ADMIN = "admin-token"
+
+local function shown(v) return type(v) == "table" and json.encode(v) or tostring(v) end
+
+for _, template in ipairs(helpers.urls()) do
+  describe("HTTP runtime routes on " .. template, function()
+    local srv
+    local serial = 0
+    local function name(p)
+      serial = serial + 1
+      return ("%s-%d"):format(p, serial)
+    end
+
+    setup(function()
+      srv = hh.serve_on(template, { no_engine = true, args = { "--max-batch", "20" } })
+    end)
+    teardown(function() hh.stop(srv) end)
+
+    -- A session's events as the admin sees them (all of them).
+    local function read(session, token)
+      local st, b = hh.get(srv, token or ADMIN, hh.spath(session, "events"))
+      return hh.check_ok(st, b, "read " .. session).events
+    end
+
+    describe("POST /v1/events", function()
+      it("appends every batch in one call and answers per batch", function()
+        local a, b = name("am-a"), name("am-b")
+        hh.append_ok(srv, ADMIN, b, { { type = "old" } })
+        local st, body = hh.post(srv, ADMIN, "/v1/events", { batches = {
+          { session = a, events = { { type = "x", payload = { n = 1 } }, { type = "y", settled = true } } },
+          { session = b, events = { { type = "z", id = name("id") } }, expected = 1 },
+        } })
+        hh.check_ok(st, body, "append_many")
+        assert.equal(2, #body.batches)
+        assert.same({ 1, 2 }, { body.batches[1].events[1].index, body.batches[1].events[2].index })
+        assert.same({ n = 1 }, body.batches[1].events[1].payload)
+        assert.is_true(body.batches[1].pending)
+        assert.equal(2, body.batches[2].events[1].index)
+        assert.equal(b, body.batches[2].events[1].session)
+        assert.equal(2, #read(a))
+        assert.equal(2, #read(b))
+      end)
+
+      it("a refused batch in the middle leaves nothing written (409 for the head)", function()
+        local a, b, c = name("at-a"), name("at-b"), name("at-c")
+        hh.append_ok(srv, ADMIN, b, { { type = "old" } })
+        local st, body = hh.post(srv, ADMIN, "/v1/events", { batches = {
+          { session = a, events = { { type = "x" } } },
+          { session = b, events = { { type = "y" } }, expected = 0 },
+          { session = c, events = { { type = "z" } } },
+        } })
+        hh.check_error(409, "WRONG_EXPECTED_HEAD", st, body, "stale head")
+        assert.truthy(body.message:find("batches[2]", 1, true), body.message)
+        assert.same({}, read(a))
+        assert.equal(1, #read(b))
+        assert.same({}, read(c))
+      end)
+
+      it("refuses bad bodies with 4xx and writes nothing", function()
+        local s = name("bad")
+        local cases = {
+          { { events = {} }, 400 },
+          { { batches = { session = s, events = {} } }, 400 },
+          { { batches = { { session = s } } }, 400 },
+          { { batches = { { events = { { type = "x" } } } } }, 400 },
+          { { batches = { { session = s, events = { { type = "x" } }, extra = 1 } } }, 400 },
+          { { batches = { { session = s, events = { { type = "x" } }, expected = -1 } } }, 400 },
+          { { batches = { { session = s, events = { { type = "x" } } }, "no" } }, 400 },
+          { { batches = { { session = s, events = { { type = "x" } } }, { session = "", events = { { type = "x" } } } } }, 400 },
+          { { batches = { { session = s, events = { { type = "" } } } } }, 400 },
+        }
+        for _, c in ipairs(cases) do
+          local st, body = hh.post(srv, ADMIN, "/v1/events", c[1])
+          hh.check_error(c[2], nil, st, body, json.encode(c[1]))
+        end
+        -- over the server's batch limit, in all
+        local many = {}
+        for i = 1, 21 do many[i] = { type = "x" } end
+        local st, body = hh.post(srv, ADMIN, "/v1/events", { batches = {
+          { session = s, events = { many[1] } }, { session = s, events = { table.unpack(many, 1, 20) } } } })
+        hh.check_error(413, "TOO_LARGE", st, body, "over max_batch in all")
+        assert.same({}, read(s))
+      end)
+
+      it("needs the append right, and a tenant's token writes the tenant's sessions", function()
+        local s = name("tn")
+        local st, body = hh.post(srv, "acme-read", "/v1/events", { batches = { { session = s, events = { { type = "x" } } } } })
+        hh.check_error(403, nil, st, body, "read-only token")
+        st, body = hh.post(srv, nil, "/v1/events", { batches = { { session = s, events = { { type = "x" } } } } })
+        hh.check_error(401, nil, st, body, "no token")
+        st, body = hh.post(srv, "acme-rw", "/v1/events", { batches = { { session = s, events = { { type = "x" } } } } })
+        hh.check_ok(st, body, "tenant append_many")
+        assert.equal(s, body.batches[1].events[1].session)
+        assert.equal(1, #read(s, "acme-rw"))
+        assert.same({}, read(s, "globex-rw"))
+        assert.equal(1, #read("acme\31" .. s))
+        assert.same({}, read(s))
+      end)
+    end)
+
+    describe("refs carry the lineage", function()
+      -- the fork is made beside the server: not on its own memory: store
+      if not template:match("^memory:") then it("GET /v1/refs/{name} shows parent and at of a forked session, null when not forked", function()
+        local src, dst, r1, r2 = name("src"), name("dst"), name("ref"), name("ref")
+        hh.append_ok(srv, ADMIN, src, { { type = "a", settled = true }, { type = "b", settled = true } })
+        local store = eventstore.open(srv.db)
+        store:fork(src, 1, dst)
+        store:close()
+        hh.check_ok(hh.put(srv, ADMIN, "/v1/refs/" .. hh.enc(r1), { session = dst }))
+        hh.check_ok(hh.put(srv, ADMIN, "/v1/refs/" .. hh.enc(r2), { session = src }))
+        local st, body, _, text = hh.get(srv, ADMIN, "/v1/refs/" .. hh.enc(r1))
+        hh.check_ok(st, body, "get_ref")
+        assert.equal(src, body.parent, shown(body))
+        assert.equal(1, body.at)
+        st, body, _, text = hh.get(srv, ADMIN, "/v1/refs/" .. hh.enc(r2))
+        hh.check_ok(st, body, "get_ref")
+        assert.truthy(text:find('"parent":null', 1, true), text)
+        assert.truthy(text:find('"at":null', 1, true), text)
+      end) end
+    end)
+  end)
+end
