@@ -1,5 +1,5 @@
--- Conformance: docs/contract.md §3.1 capabilities and append_many, §3.7
--- get_ref's lineage (parent, at). Runs once per backend URL
+-- Conformance: docs/contract.md §3.1 capabilities and append_many, §3.2
+-- cancel, §3.7 get_ref's lineage (parent, at). Runs once per backend URL
 -- (helpers.urls()), through a tenant handle where the rule names tenants,
 -- and over a shards: store of three memory: shards.
 local eventstore = require("eventstore")
@@ -224,6 +224,85 @@ for _, url in ipairs(helpers.urls()) do
       end)
     end)
 
+    describe("cancel", function()
+      it("makes a pending event (a timer not yet due) processed without handling, showing the reason", function()
+        local store, clock = new()
+        store:append("s", { { type = "order" }, { type = "remind", not_before = helpers.T0 + 60000 } })
+        local e = store:cancel("s", 2, { reason = "paid" })
+        assert.equal("processed", e.status)
+        assert.equal("paid", e.cancelled)
+        assert.is_nil(e.last_error)
+        assert.equal(helpers.T0, e.processed_at)
+        assert.same(e, helpers.event(store, "s", 2))
+        -- never handed out, even once due
+        clock:advance(120000)
+        local c = helpers.claim(store, "s", { limit = 10 })
+        assert.same({ 1 }, helpers.pluck(c.events, "index"))
+        assert.equal(1, helpers.session_row(store, "s").pending)
+        -- the default reason
+        store:append("t", { { type = "x" } })
+        assert.equal("cancelled", store:cancel("t", 1).cancelled)
+        assert.is_false(select(2, store:append("t", {})))
+      end)
+
+      it("a cancelled event is a no-op to cancel again; processed, dead and live-claimed ones are refused naming their state", function()
+        local store, clock = new()
+        store:append("s", { { type = "a" }, { type = "b" }, { type = "c" }, { type = "d" }, { type = "e", settled = true } })
+        store:cancel("s", 1, { reason = "first" })
+        local before = helpers.world(store)
+        assert.equal("first", store:cancel("s", 1, { reason = "second" }).cancelled)
+        assert.equal(before, helpers.world(store))
+        -- live claim on 2
+        local c = helpers.claim(store, "s", { limit = 1 })
+        assert.equal(2, c.events[1].index)
+        local err = helpers.refused(store, "INVALID_ARGUMENT", function() return store:cancel("s", 2) end)
+        assert.matches("claimed", tostring(err), 1, true)
+        -- once the claim expired nobody holds it: cancellable, and the late attempt is superseded
+        clock:advance(1000)
+        assert.equal("cancelled", store:cancel("s", 2).cancelled)
+        assert.equal("superseded", store:complete("s", 2, c.events[1].attempt, {}).outcome)
+        -- processed
+        err = helpers.refused(store, "INVALID_ARGUMENT", function() return store:cancel("s", 5) end)
+        assert.matches("processed", tostring(err), 1, true)
+        -- dead
+        local d = helpers.claim(store, "s", { limit = 1 })
+        store:fail("s", d.events[1].index, d.events[1].attempt, { error = "boom", max_failures = 1 })
+        err = helpers.refused(store, "INVALID_ARGUMENT", function() return store:cancel("s", d.events[1].index) end)
+        assert.matches("dead letter", tostring(err), 1, true)
+        helpers.refused(store, "NO_SUCH_EVENT", function() return store:cancel("s", 99) end)
+        helpers.refused(store, "INVALID_ARGUMENT", function() return store:cancel("s", 0) end)
+        helpers.expect_arg_error(store.cancel, store, "s", "1")
+      end)
+
+      it("cancelling the head of a lane lets the next event of the lane go", function()
+        local store = new()
+        store:append("s", { { type = "a", lane = "L" }, { type = "b", lane = "L" }, { type = "c", lane = "L" } })
+        -- cancelling one behind the head does not unblock the lane
+        store:cancel("s", 2)
+        local c = helpers.claim(store, "s", { limit = 10 })
+        assert.same({ 1 }, helpers.pluck(c.events, "index"))
+        store:complete("s", 1, c.events[1].attempt, {})
+        c = helpers.claim(store, "s", { limit = 10 })
+        assert.same({ 3 }, helpers.pluck(c.events, "index"))
+        local store2 = new()
+        store2:append("s", { { type = "a", lane = "L" }, { type = "b", lane = "L" } })
+        store2:cancel("s", 1)
+        c = helpers.claim(store2, "s", { limit = 10 })
+        assert.same({ 2 }, helpers.pluck(c.events, "index"))
+      end)
+
+      it("through a tenant: its own sessions only", function()
+        local store = new()
+        local t = store:tenant("acme")
+        t:append("s", { { type = "x" } })
+        store:append("s", { { type = "x" } })
+        local e = t:cancel("s", 1, { reason = "r" })
+        assert.equal("s", e.session)
+        assert.equal("r", helpers.event(store, "acme\31s", 1).cancelled)
+        assert.equal("pending", helpers.event(store, "s", 1).status)
+      end)
+    end)
+
     describe("get_ref lineage", function()
       it("gives parent and at of a forked session, nil for one that was not forked", function()
         local store = new()
@@ -311,6 +390,14 @@ describe("shards:", function()
     end)
     local t = s:tenant("acme")
     assert.equal(1, t:append_many({ { session = "alpha", events = { { type = "x" } } } })[1].events[1].index)
+    s:close()
+  end)
+
+  it("cancel routes to the session's shard", function()
+    local s = sharded(helpers.manual_clock(helpers.T0))
+    s:append("beta", { { type = "x" } })
+    assert.equal("why", s:cancel("beta", 1, { reason = "why" }).cancelled)
+    assert.equal("why", s:read("beta")[1].cancelled)
     s:close()
   end)
 

@@ -124,6 +124,10 @@ ATTACKS.append_many = function(c)
   c.try("append_many", { { session = "mine2", events = { { type = "t", id = c.b.generated_id } } },
     { session = "sealed1", events = { { type = "t" } }, opts = { fence = c.b.fence } } })
 end
+ATTACKS.cancel = function(c)
+  for _, s in ipairs(b_names("c1")) do c.try("cancel", s, 1, { reason = "A" }) end
+  for _, s in ipairs(b_names("s1")) do c.try("cancel", s, 1, { reason = "A" }) end
+end
 ATTACKS.read = function(c)
   for _, s in ipairs(b_names("s1")) do c.try("read", s) end
 end

@@ -1,5 +1,5 @@
 -- The `eventstore` commands of issue 28 (docs/cli.md): append-many (§3.1
--- append_many from NDJSON batches).
+-- append_many from NDJSON batches) and cancel (§3.2).
 --
 -- Like 50-cli_spec.lua: every test runs the built binary in a fresh
 -- working directory against its own SQLite file (./eventstore.db, the
@@ -82,5 +82,37 @@ describe("eventstore append-many", function()
     local r = es({ "append-many", "s" })
     assert.equal(2, r.code)
     assert.truthy(r.err:find("append-many", 1, true), r.err)
+  end)
+end)
+
+describe("eventstore cancel", function()
+  before_each(function() work = ch.mkdtemp() end)
+  after_each(function() os.execute("rm -rf " .. sh_quote(work)) end)
+
+  it("cancels a pending event and prints it with its reason", function()
+    ok(es({ "append", "s", "remind" }))
+    local e = ndjson(ok(es({ "cancel", "s", "1", "--reason", "paid" })))[1]
+    assert.equal("processed", e.status)
+    assert.equal("paid", e.cancelled)
+    -- again: a no-op that prints the same event
+    assert.same(e, ndjson(ok(es({ "cancel", "s", "1", "--reason", "other" })))[1])
+    ok(es({ "append", "s", "x" }))
+    assert.equal("cancelled", ndjson(ok(es({ "cancel", "s", "2" })))[1].cancelled)
+  end)
+
+  it("refuses what cannot be cancelled, changing nothing", function()
+    ok(es({ "append", "s", "x" }))
+    local s = open_db()
+    local c = s:claim("s", { holder = "w", ttl_ms = 3600 * 1000 })
+    s:close()
+    assert.equal("claimed", c.outcome)
+    local before = world()
+    fails_one_line(es({ "cancel", "s", "1" }), 1, "INVALID_ARGUMENT: event 1 in session 's' is claimed by 'w'")
+    fails_one_line(es({ "cancel", "s", "7" }), 1, "NO_SUCH_EVENT: ")
+    assert.equal(before, world())
+    local r = es({ "cancel", "s", "0" })
+    assert.equal(2, r.code)
+    r = es({ "cancel", "s" })
+    assert.equal(2, r.code)
   end)
 end)

@@ -1,6 +1,7 @@
 -- spec/88-http_runtime_spec.lua: the routes of issue 28 (docs/http-api.md,
 -- docs/contract.md §6) over real HTTP: POST /v1/events (§3.1 append_many,
--- every batch or none), and the lineage in ref answers (§3.7). Each route
+-- every batch or none), POST .../events/{i}/cancel (§3.2), and the
+-- lineage in ref answers (§3.7). Each route
 -- with its right, tenant scoping, exact answers, and 4xx for bad input
 -- that changes nothing. One server per backend (helpers.urls()).
 local eventstore = require("eventstore")
@@ -9,6 +10,9 @@ local hh = require("http_helpers")
 
 local json = eventstore.json
 local ADMIN = "admin-token"
+-- the default tokens and a work-only one of tenant acme
+local TOKENS = { { "acme-work", "acme", "work" } }
+for _, t in ipairs(hh.TOKENS) do TOKENS[#TOKENS + 1] = t end
 
 local function shown(v) return type(v) == "table" and json.encode(v) or tostring(v) end
 
@@ -22,7 +26,7 @@ for _, template in ipairs(helpers.urls()) do
     end
 
     setup(function()
-      srv = hh.serve_on(template, { no_engine = true, args = { "--max-batch", "20" } })
+      srv = hh.serve_on(template, { no_engine = true, tokens = TOKENS, args = { "--max-batch", "20" } })
     end)
     teardown(function() hh.stop(srv) end)
 
@@ -105,6 +109,49 @@ for _, template in ipairs(helpers.urls()) do
         assert.same({}, read(s, "globex-rw"))
         assert.equal(1, #read("acme\31" .. s))
         assert.same({}, read(s))
+      end)
+    end)
+
+    describe("POST /v1/sessions/{s}/events/{i}/cancel", function()
+      it("cancels a pending event with the work right and answers {event}", function()
+        local s = name("cx")
+        hh.append_ok(srv, ADMIN, s, { { type = "order" }, { type = "remind", delay_ms = 60000 } })
+        local st, body = hh.post(srv, "acme-read", hh.spath(s, "events", 2, "cancel"), { reason = "paid" })
+        hh.check_error(403, nil, st, body, "read-only token")
+        st, body = hh.post(srv, ADMIN, hh.spath(s, "events", 2, "cancel"), { reason = "paid" })
+        hh.check_ok(st, body, "cancel")
+        assert.equal("processed", body.event.status)
+        assert.equal("paid", body.event.cancelled)
+        assert.is_nil(body.event.last_error)
+        assert.equal("paid", read(s)[2].cancelled)
+        -- again: the same answer, nothing changes
+        local st2, again = hh.post(srv, ADMIN, hh.spath(s, "events", 2, "cancel"), {})
+        hh.check_ok(st2, again, "cancel again")
+        assert.same(body.event, again.event)
+        -- no body: the default reason
+        st, body = hh.post(srv, ADMIN, hh.spath(s, "events", 1, "cancel"))
+        assert.equal("cancelled", hh.check_ok(st, body, "cancel").event.cancelled)
+      end)
+
+      it("refuses a live-claimed event, a missing index and bad bodies, changing nothing", function()
+        local s = name("cy")
+        hh.append_ok(srv, "acme-rw", s, { { type = "x" } })
+        local st, body = hh.post(srv, "acme-work", "/v1/claims", { holder = "h", ttl_ms = 3600000, limit = 100 })
+        hh.check_ok(st, body, "claim")
+        local before = json.encode(read(s, "acme-rw"))
+        st, body = hh.post(srv, "acme-work", hh.spath(s, "events", 1, "cancel"), {})
+        hh.check_error(400, "INVALID_ARGUMENT", st, body, "claimed")
+        assert.truthy(body.message:find("claimed", 1, true), body.message)
+        st, body = hh.post(srv, "acme-work", hh.spath(s, "events", 5, "cancel"), {})
+        hh.check_error(404, "NO_SUCH_EVENT", st, body, "missing")
+        st, body = hh.post(srv, "acme-work", hh.spath(s, "events", 1, "cancel"), { why = "x" })
+        hh.check_error(400, "INVALID_ARGUMENT", st, body, "unknown field")
+        st, body = hh.post(srv, "acme-work", hh.spath(s, "events", 1, "cancel"), { reason = 5 })
+        hh.check_error(400, "INVALID_ARGUMENT", st, body, "reason not text")
+        -- another tenant's token does not reach it
+        st, body = hh.post(srv, "globex-rw", hh.spath(s, "events", 1, "cancel"), {})
+        hh.check_error(404, "NO_SUCH_EVENT", st, body, "other tenant")
+        assert.equal(before, json.encode(read(s, "acme-rw")))
       end)
     end)
 

@@ -805,6 +805,27 @@ int es_api_settle(const es_http_req *r, es_http_resp *out) {
   return answer_event(r, out, r->seg[2], index);
 }
 
+/* POST .../events/{i}/cancel {reason?} -> {event} (§3.2 cancel; right work) */
+int es_api_cancel(const es_http_req *r, es_http_resp *out) {
+  int64_t index;
+  body bd;
+  char *reason = NULL;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 0, &bd)) return 0;
+  int bad = check_fields(out, bd.root, "", settle_fields) || get_text(out, bd.root, "reason", 0, &reason);
+  body_free(&bd);
+  if (bad) return 0;
+  es_event e;
+  es_err err = {0};
+  int rc = es_store_cancel(r->store, r->seg[2], index, reason, &e, &err);
+  free(reason);
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"event\":");
+  es_wire_event(&out->body, &e, 0);
+  es_buf_addc(&out->body, '}');
+  es_event_destroy(&e);
+  return answer(out);
+}
+
 /* ------------------------------------------------------------------------ */
 /* remote workers: claims, complete, fail, renew */
 

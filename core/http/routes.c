@@ -19,6 +19,7 @@ const es_http_route es_http_routes[] = {
     {"POST", "v1/sessions/*/events/*/complete", ES_RIGHT_WORK, es_api_complete},
     {"POST", "v1/sessions/*/events/*/fail", ES_RIGHT_WORK, es_api_fail},
     {"POST", "v1/sessions/*/events/*/renew", ES_RIGHT_WORK, es_api_renew},
+    {"POST", "v1/sessions/*/events/*/cancel", ES_RIGHT_WORK, es_api_cancel},
     {"GET", "v1/sessions", ES_RIGHT_READ, es_api_sessions},
     {"GET", "v1/events", ES_RIGHT_READ, es_api_read_all},
     {"POST", "v1/events", ES_RIGHT_APPEND, es_api_append_many},

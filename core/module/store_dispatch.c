@@ -285,6 +285,28 @@ static int m_settle(lua_State *L) {
   return push_one(L, h, session, index);
 }
 
+/* store:cancel(session, index, {reason}) -> the event (§3.2). */
+static int m_cancel(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t index = es_lua_check_int(L, 3, "index");
+  check_opt_table(L, 4);
+  size_t rlen = 0;
+  const char *reason = es_lua_opt_text_field(L, 4, "reason", &rlen);
+  char **text = owned_push(L, sizeof *text, destroy_cstr); /* free text, as settle's reason */
+  if (reason && es_text_clean(reason, rlen, ES_MAX_TEXT_BYTES, text, NULL))
+    return luaL_error(L, "out of memory");
+  es_event *out = owned_push(L, sizeof *out, destroy_event);
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_store_cancel(s, session, index, *text, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_event(L, out, 0);
+  es_event_destroy(out);
+  return es_lstore_done(L, h, 1);
+}
+
 static int m_dead_letters(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
@@ -378,6 +400,7 @@ const luaL_Reg es_lstore_dispatch_methods[] = {
     {"fail", m_fail},
     {"revive", m_revive},
     {"settle", m_settle},
+    {"cancel", m_cancel},
     {"dead_letters", m_dead_letters},
     {"fence", m_fence},
     {"lease", m_lease},

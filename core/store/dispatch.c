@@ -1015,6 +1015,100 @@ int es_core_settle(es_store *s, const char *session, int64_t index, const char *
   return dead_change(s, &a, err);
 }
 
+/* --- cancel --- */
+
+/* §3.2 cancels event `index` of si's session (si loaded by the caller,
+ * counted here; the caller puts it): processed by no attempt
+ * (processed_by_attempt 0, es_event_cancelled), the reason in last_error
+ * (replacing an earlier failure's text: the record shows one of them).
+ * Refuses, before writing anything, what is not cancellable; a cancelled
+ * event is left as it is. *out (may be NULL) the event after. */
+int es_rule_cancel(es_store *s, es_txn *t, es_session_info *si, int64_t index, const char *reason,
+                   int64_t now, es_event *out, es_err *err) {
+  es_event row;
+  int rc = es_rule_get_event(s, t, si->session, index, &row, err);
+  if (rc) return rc;
+  const char *state = NULL;
+  if (row.status == ES_STATUS_DEAD)
+    state = "a dead letter (settle it instead)";
+  else if (row.status == ES_STATUS_PROCESSED && !es_event_cancelled(&row))
+    state = "processed";
+  else if (row.status == ES_STATUS_PENDING && row.claim_holder && now < row.claim_expires_at)
+    state = "claimed";
+  if (state) {
+    if (strcmp(state, "claimed") == 0)
+      rc = es_fail(err, ES_INVALID_ARGUMENT,
+                   "event %lld in session '%s' is claimed by '%s' until %lld: it cannot be "
+                   "cancelled while its handler may run",
+                   (long long)index, si->session, row.claim_holder, (long long)row.claim_expires_at);
+    else
+      rc = es_fail(err, ES_INVALID_ARGUMENT, "event %lld in session '%s' is %s: only a pending "
+                   "event can be cancelled", (long long)index, si->session, state);
+  } else if (row.status == ES_STATUS_PENDING) {
+    char *why = NULL;
+    size_t nwhy = 0;
+    const char *r = reason && *reason ? reason : "cancelled";
+    if (es_text_clean(r, strlen(r), ES_MAX_TEXT_BYTES, &why, &nwhy)) {
+      rc = nomem(err);
+    } else {
+      int was_head = row.queued; /* a laned event behind its lane's head is not queued */
+      free(row.last_error);
+      row.last_error = why;
+      row.status = ES_STATUS_PROCESSED;
+      row.processed_at = now;
+      row.processed_by_attempt = 0;
+      row.returned = -1;
+      row.retry_at = ES_NONE;
+      row.queued = 0;
+      si->pending--;
+      si->updated_at = now;
+      rc = s->ops->event_update(s->bk, t, &row, err);
+      if (rc == ES_OK && was_head) rc = es_rule_advance_lane(s, t, &row, now, err);
+    }
+  }
+  if (rc == ES_OK && out && es_event_copy(out, &row)) rc = nomem(err);
+  es_event_destroy(&row);
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  int64_t index;
+  const char *reason;
+  int64_t now;
+  es_event *out;
+} cancel_args;
+
+static int do_cancel(es_store *s, es_txn *t, void *arg, es_err *err) {
+  cancel_args *a = arg;
+  es_session_info si;
+  int rc = es_rule_load_session(s, t, a->session, &si, err);
+  if (rc) return rc;
+  int64_t pending = si.pending;
+  rc = es_rule_cancel(s, t, &si, a->index, a->reason, a->now, a->out, err);
+  if (rc == ES_OK && si.pending != pending) rc = s->ops->session_put(s->bk, t, &si, err);
+  if (rc == ES_OK) rc = es_crypto_reveal(s, t, NULL, a->out, 1, err); /* §3.10 as every read */
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_core_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                   es_event *out, es_err *err) {
+  int rc;
+  es_event unused;
+  es_event_init(&unused);
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if (index < 1) return es_fail(err, ES_INVALID_ARGUMENT, "index must be >= 1");
+  if ((rc = es_core_enter(s, err))) return rc;
+  cancel_args a = {session, index, reason, 0, out ? out : &unused};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = es_core_write(s, do_cancel, &a, err);
+  es_core_leave(s);
+  es_event_destroy(&unused);
+  if (rc && out) es_event_destroy(out);
+  return rc;
+}
+
 static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {
   all_args *a = arg;
   collector c = {a->out, 0};

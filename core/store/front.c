@@ -245,6 +245,13 @@ int es_store_settle(es_store *s, const char *session, int64_t index, const char 
   return s->impl->settle(s, session, index, reason, err);
 }
 
+int es_store_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                    es_event *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_CANCEL, es_store_cancel(s, session, index, reason, out, err));
+  if (out) es_event_init(out);
+  return s->impl->cancel(s, session, index, reason, out, err);
+}
+
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
                           es_events *out, es_err *err) {
   ES_STATS_CALL(s, ES_OP_DEAD_LETTERS, es_store_dead_letters(s, session, after, limit, out, err));

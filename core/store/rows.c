@@ -266,6 +266,11 @@ void es_lineages_destroy(es_lineages *list) {
   memset(list, 0, sizeof *list);
 }
 
+const char *es_event_cancelled(const es_event *e) {
+  if (e->status != ES_STATUS_PROCESSED || e->processed_by_attempt != 0) return NULL;
+  return e->last_error ? e->last_error : "";
+}
+
 void es_ref_init(es_ref *r) {
   memset(r, 0, sizeof *r);
   r->head = r->created_at = r->updated_at = r->at = ES_NONE;

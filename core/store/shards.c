@@ -630,6 +630,11 @@ static int shards_settle(es_store *s, const char *session, int64_t index, const 
   ROUTED("session", session, es_store_settle(st, session, index, reason, err));
 }
 
+static int shards_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                         es_event *out, es_err *err) {
+  ROUTED("session", session, es_store_cancel(st, session, index, reason, out, err));
+}
+
 int es_sh_read_state(es_store *s, const char *session, const char *reducer, int *found,
                      es_snapshot *snap, es_events *events, es_err *err) {
   memset(events, 0, sizeof *events);
@@ -843,6 +848,7 @@ static const es_store_ops shards_ops = {
     .fail = shards_fail,
     .revive = shards_revive,
     .settle = shards_settle,
+    .cancel = shards_cancel,
     .dead_letters = es_sh_dead_letters,
     .read_state = es_sh_read_state,
     .read_states = es_sh_read_states,

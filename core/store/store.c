@@ -260,6 +260,7 @@ const es_store_ops es_core_ops = {
     .fail = es_core_fail,
     .revive = es_core_revive,
     .settle = es_core_settle,
+    .cancel = es_core_cancel,
     .dead_letters = es_core_dead_letters,
     .read_state = es_core_read_state,
     .read_states = es_core_read_states,

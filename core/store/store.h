@@ -368,6 +368,20 @@ int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attem
 int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err);
 int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason, es_err *err);
 
+/* §3.2 cancel: a pending event that no live claim holds (a timer not yet
+ * due included) becomes processed without being handled; reason (NULL:
+ * "cancelled") is kept as its record's `cancelled`. *out (may be NULL)
+ * the event after the call. Cancelling a cancelled event changes nothing;
+ * a processed, dead or live-claimed one is INVALID_ARGUMENT naming its
+ * state; a missing index NO_SUCH_EVENT. */
+int es_store_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                    es_event *out, es_err *err);
+/* The reason an event was cancelled with, NULL when it was not. A
+ * cancelled event is stored processed by no attempt
+ * (processed_by_attempt 0) with the reason as its last_error; every face
+ * shows it as `cancelled` through this. Borrowed from e. */
+const char *es_event_cancelled(const es_event *e);
+
 /* Dead letters (session NULL: all) with position > after, position order. */
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
                           es_events *out, es_err *err);

@@ -103,6 +103,9 @@ typedef struct es_store_ops {
   int (*revive)(es_store *s, const char *session, int64_t index, es_err *err);
   /* §3.3 mark a dead letter handled. */
   int (*settle)(es_store *s, const char *session, int64_t index, const char *reason, es_err *err);
+  /* §3.2 cancel a pending event that no live claim holds. */
+  int (*cancel)(es_store *s, const char *session, int64_t index, const char *reason,
+                es_event *out, es_err *err);
   /* §3.3 dead letters, of one session or (session NULL) of all. */
   int (*dead_letters)(es_store *s, const char *scope, const char *session, int64_t after,
       int64_t limit, es_events *out, es_err *err);

@@ -548,6 +548,16 @@ static int tenant_settle(es_store *s, const char *session, int64_t index, const 
   return t_done(s, rc, err);
 }
 
+static int tenant_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                         es_event *out, es_err *err) {
+  tname ss;
+  int rc = t_enter(s, err);
+  if (!rc) rc = name_in(s, "session", session, &ss, err);
+  if (!rc) rc = es_store_cancel(B(s), ss.v, index, reason, out, err);
+  if (!rc && out) strip_event(s, out);
+  return t_done(s, rc, err);
+}
+
 static int tenant_dead_letters(es_store *s, const char *scope, const char *session, int64_t after, int64_t limit,
                            es_events *out, es_err *err) {
   tname sc;
@@ -1129,6 +1139,7 @@ static const es_store_ops tenant_ops = {
     .fail = tenant_fail,
     .revive = tenant_revive,
     .settle = tenant_settle,
+    .cancel = tenant_cancel,
     .dead_letters = tenant_dead_letters,
     .read_state = tenant_read_state,
     .read_states = tenant_read_states,

@@ -423,6 +423,24 @@ prints the updated event as JSON.
   options = { db = "string", reason = "string" },
 })
 
+command("cancel", {
+  synopsis = "cancel SESSION INDEX [--reason TEXT] [--db URL]",
+  summary = "cancel a pending event (a timer, say) so it is never handled",
+  help = [[
+Cancels pending event INDEX of SESSION (store:cancel): it becomes
+processed without being handled, its record showing "cancelled": TEXT
+(default "cancelled"). A timer not yet due can be cancelled; an event a
+worker holds a live claim on, a processed one or a dead letter cannot
+(INVALID_ARGUMENT naming its state). Cancelling a cancelled event changes
+nothing. Prints the event as JSON.
+]],
+  options_help = DB_HELP .. [[
+  --reason TEXT   why (default "cancelled")
+]],
+  args = { 2, 2 },
+  options = { db = "string", reason = "string" },
+})
+
 command("snapshots", {
   synopsis = "snapshots SESSION [--db URL]",
   summary = "list a session's snapshots as NDJSON",
@@ -1356,6 +1374,16 @@ function commands.settle.run(o, args)
   local store <close> = open_store(o, false)
   dead_letter(store, args[1], o.index)
   out(event_json(store:settle(args[1], o.index, o.reason)))
+  return 0
+end
+
+function commands.cancel.check(o, args)
+  o.index = parse_int("cancel", "INDEX", args[2], 1)
+end
+
+function commands.cancel.run(o, args)
+  local store <close> = open_store(o, false)
+  out(event_json(store:cancel(args[1], o.index, { reason = o.reason })))
   return 0
 end
 
