@@ -291,6 +291,39 @@ for _, url in ipairs(helpers.urls()) do
         assert.same({ 2 }, helpers.pluck(c.events, "index"))
       end)
 
+      it("complete{cancel}: cancels with the completion; indexes no longer cancellable come back in not_cancelled", function()
+        for _, tenant in ipairs({ false, true }) do
+          local root = new()
+          local store = tenant and root:tenant("acme") or root
+          store:append("s", { { type = "pay" }, { type = "remind", not_before = helpers.T0 + 60000 },
+            { type = "audit", not_before = helpers.T0 + 60000 }, { type = "done", settled = true } })
+          local c = helpers.claim(store, "s", { limit = 1 })
+          local r = store:complete("s", 1, c.events[1].attempt, { { type = "receipt", settled = true } },
+            { cancel = { 2, { index = 3, reason = "paid" }, 4, 9, 1 } })
+          assert.equal("completed", r.outcome)
+          assert.equal(1, #r.events)
+          assert.same({ 4, 9, 1 }, r.not_cancelled)
+          local ev = store:read("s")
+          assert.equal("cancelled", ev[2].cancelled)
+          assert.equal("paid", ev[3].cancelled)
+          assert.is_nil(ev[4].cancelled)
+          assert.equal(0, helpers.session_row(store, "s").pending)
+          -- a superseded completion cancels nothing
+          store:append("s", { { type = "again" }, { type = "t2", not_before = helpers.T0 + 60000 } })
+          local c2 = helpers.claim(store, "s", { limit = 1 })
+          local r2 = store:complete("s", c2.events[1].index, c2.events[1].attempt + 1, {}, { cancel = { 7 } })
+          assert.equal("superseded", r2.outcome)
+          assert.equal("pending", helpers.event(store, "s", 7).status)
+          -- a refused completion (a sealed session with events) cancels nothing either
+          store:seal("s")
+          helpers.refused(root, "SEALED", function()
+            return store:complete("s", c2.events[1].index, c2.events[1].attempt, { { type = "x" } }, { cancel = { 7 } })
+          end)
+          helpers.expect_arg_error(store.complete, store, "s", 6, 1, {}, { cancel = { "x" } })
+          helpers.expect_arg_error(store.complete, store, "s", 6, 1, {}, { cancel = 7 })
+        end
+      end)
+
       it("through a tenant: its own sessions only", function()
         local store = new()
         local t = store:tenant("acme")
@@ -393,11 +426,15 @@ describe("shards:", function()
     s:close()
   end)
 
-  it("cancel routes to the session's shard", function()
+  it("cancel and complete{cancel} route to the session's shard", function()
     local s = sharded(helpers.manual_clock(helpers.T0))
-    s:append("beta", { { type = "x" } })
+    s:append("beta", { { type = "x" }, { type = "y" }, { type = "z" } })
     assert.equal("why", s:cancel("beta", 1, { reason = "why" }).cancelled)
     assert.equal("why", s:read("beta")[1].cancelled)
+    local c = s:claim("beta", { holder = "w", ttl_ms = 1000, limit = 1 })
+    local r = s:complete("beta", 2, c.events[1].attempt, {}, { cancel = { 3 } })
+    assert.same({}, r.not_cancelled)
+    assert.equal("cancelled", s:read("beta")[3].cancelled)
     s:close()
   end)
 

@@ -155,6 +155,34 @@ for _, template in ipairs(helpers.urls()) do
       end)
     end)
 
+    describe("POST .../complete with cancel", function()
+      it("cancels with the completion and answers not_cancelled", function()
+        local s = name("cc")
+        hh.append_ok(srv, "acme-rw", s, { { type = "pay" }, { type = "remind", delay_ms = 600000 },
+          { type = "done", settled = true } })
+        local st, body = hh.post(srv, "acme-work", "/v1/claims", { holder = "h", ttl_ms = 3600000, limit = 100 })
+        hh.check_ok(st, body, "claim")
+        local attempt
+        for _, e in ipairs(body.events) do if e.session == s then attempt = e.attempt end end
+        assert.is_not_nil(attempt)
+        -- a bad cancel list changes nothing
+        st, body = hh.post(srv, "acme-work", hh.spath(s, "events", 1, "complete"), { attempt = attempt,
+          cancel = { "2" } })
+        hh.check_error(400, "INVALID_ARGUMENT", st, body, "cancel not an index")
+        st, body = hh.post(srv, "acme-work", hh.spath(s, "events", 1, "complete"), { attempt = attempt,
+          cancel = { { index = 2, why = "x" } } })
+        hh.check_error(400, "INVALID_ARGUMENT", st, body, "unknown field in a cancel")
+        assert.equal("pending", read(s, "acme-rw")[1].status)
+        assert.equal("pending", read(s, "acme-rw")[2].status)
+        st, body = hh.post(srv, "acme-work", hh.spath(s, "events", 1, "complete"), { attempt = attempt,
+          cancel = { { index = 2, reason = "paid" }, 3, 8 } })
+        hh.check_ok(st, body, "complete with cancel")
+        assert.equal("completed", body.outcome)
+        assert.same({ 3, 8 }, body.not_cancelled)
+        assert.equal("paid", read(s, "acme-rw")[2].cancelled)
+      end)
+    end)
+
     describe("refs carry the lineage", function()
       -- the fork is made beside the server: not on its own memory: store
       if not template:match("^memory:") then it("GET /v1/refs/{name} shows parent and at of a forked session, null when not forked", function()

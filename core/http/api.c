@@ -895,7 +895,56 @@ done:
   return 0;
 }
 
-static const char *const complete_fields[] = {"attempt", "events", "fence", NULL};
+static const char *const complete_fields[] = {"attempt", "events", "fence", "cancel", NULL};
+static const char *const cancel_item_fields[] = {"index", "reason", NULL};
+
+/* complete's "cancel" (§3.2): an array of indexes or {index, reason}; *v
+ * NULL when absent (malloc'd otherwise, reasons borrowed from the body).
+ * -1 with out made when it is not that. */
+static int read_cancels(es_http_resp *out, const es_jval *root, size_t limit, es_cancel **v,
+                        size_t *n) {
+  *v = NULL;
+  *n = 0;
+  const es_jval *arr = member(root, "cancel");
+  if (!arr) return 0;
+  if (arr->type != ES_JARRAY) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'cancel' must be an array of event indexes");
+    return -1;
+  }
+  if (arr->n > limit) {
+    es_http_fail(out, 413, "TOO_LARGE", "%zu events to cancel, over the limit of %zu", arr->n, limit);
+    return -1;
+  }
+  es_cancel *c = calloc(arr->n ? arr->n : 1, sizeof *c);
+  if (!c) return es_http_fail(out, 503, "STORAGE", "out of memory"), -1;
+  for (size_t i = 0; i < arr->n; i++) {
+    const es_jval *it = &arr->items[i];
+    const es_jval *ix = it;
+    char ctx[48];
+    snprintf(ctx, sizeof ctx, "cancel[%zu]: ", i + 1);
+    if (it->type == ES_JOBJECT) {
+      const char *reason = NULL;
+      snprintf(ctx, sizeof ctx, "cancel[%zu].", i + 1);
+      if (check_fields(out, it, ctx, cancel_item_fields) ||
+          get_name(out, it, ctx, "reason", 0, &reason)) {
+        free(c);
+        return -1;
+      }
+      c[i].reason = reason;
+      ix = member(it, "index");
+    }
+    if (!ix || ix->type != ES_JINT || ix->i < 1) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT",
+                   "cancel[%zu] must be an event index (an integer >= 1) or {index, reason}", i + 1);
+      free(c);
+      return -1;
+    }
+    c[i].index = ix->i;
+  }
+  *v = c;
+  *n = arr->n;
+  return 0;
+}
 
 int es_api_complete(const es_http_req *r, es_http_resp *out) {
   int64_t index, attempt, fence;
@@ -909,20 +958,51 @@ int es_api_complete(const es_http_req *r, es_http_resp *out) {
     body_free(&bd);
     return 0;
   }
+  es_cancel *cancel;
+  size_t n_cancel;
+  if (read_cancels(out, bd.root, max_batch(r), &cancel, &n_cancel)) {
+    batch_free(&b);
+    body_free(&bd);
+    return 0;
+  }
   es_events list = {0};
   int outcome = 0;
   es_err err = {0};
-  int rc = es_store_complete(r->store, r->seg[2], index, attempt, b.v, b.n, fence, &outcome, &list,
-                             &err);
+  int rc;
+  if (cancel) {
+    es_completion c = {.session = r->seg[2], .index = index, .attempt = attempt, .evs = b.v,
+                       .n = b.n, .fence = fence, .cancel = cancel, .n_cancel = n_cancel};
+    rc = es_store_complete_cancel(r->store, &c, &list, &err);
+    outcome = c.outcome;
+  } else {
+    rc = es_store_complete(r->store, r->seg[2], index, attempt, b.v, b.n, fence, &outcome, &list,
+                           &err);
+  }
   batch_free(&b);
-  body_free(&bd);
-  if (rc) return es_http_fail_err(out, &err);
+  if (rc) {
+    free(cancel);
+    body_free(&bd);
+    return es_http_fail_err(out, &err);
+  }
   es_buf_adds(&out->body, "{\"outcome\":");
   es_buf_adds(&out->body, outcome == ES_COMPLETED ? "\"completed\"" : "\"superseded\"");
   es_buf_adds(&out->body, ",\"events\":");
   es_wire_events_array(&out->body, &list, 0);
+  if (cancel && outcome == ES_COMPLETED) { /* §3.2: the indexes no longer cancellable */
+    es_buf_adds(&out->body, ",\"not_cancelled\":[");
+    int first = 1;
+    for (size_t i = 0; i < n_cancel; i++) {
+      if (cancel[i].cancelled) continue;
+      if (!first) es_buf_addc(&out->body, ',');
+      es_json_write_int(&out->body, cancel[i].index);
+      first = 0;
+    }
+    es_buf_addc(&out->body, ']');
+  }
   es_buf_addc(&out->body, '}');
   es_events_destroy(&list);
+  free(cancel);
+  body_free(&bd);
   return answer(out);
 }
 

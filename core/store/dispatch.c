@@ -595,7 +595,26 @@ typedef struct {
   int outcome;
   es_events *out;
   const char *scope;  /* §3.11: the tenant prefix of generated ids, or NULL */
+  es_cancel *cancel;  /* §3.2 complete{cancel}, answered in place */
+  size_t n_cancel;
 } complete_args;
+
+/* §3.2 the completion's cancels, in its step: an index no longer
+ * cancellable is answered not cancelled and fails nothing; only a
+ * storage error fails the completion. */
+static int complete_cancels(es_store *s, es_txn *t, complete_args *a, es_session_info *si,
+                            es_err *err) {
+  for (size_t i = 0; i < a->n_cancel; i++) {
+    es_err why = {0};
+    int rc = es_rule_cancel(s, t, si, a->cancel[i].index, a->cancel[i].reason, a->now, NULL, &why);
+    a->cancel[i].cancelled = rc == ES_OK;
+    if (rc == ES_STORAGE || rc == ES_CLOSED) {
+      if (err) *err = why;
+      return rc;
+    }
+  }
+  return ES_OK;
+}
 
 /* A repeated complete() of the attempt that completed the event: the same
  * ids return the same events; anything else is PARTIAL_DUPLICATE_BATCH. */
@@ -671,8 +690,9 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = s->ops->event_update(s->bk, t, &parent, err);
   }
   if (rc == ES_OK) rc = es_rule_advance_lane(s, t, &parent, a->now, err);
+  if (rc == ES_OK) si.pending--; /* before the cancels, which count their own */
+  if (rc == ES_OK) rc = complete_cancels(s, t, a, &si, err);
   if (rc == ES_OK) {
-    si.pending--;
     si.updated_at = a->now;
     rc = s->ops->session_put(s->bk, t, &si, err);
   }
@@ -690,7 +710,7 @@ int es_core_complete(es_store *s, const char *scope, const char *session, int64_
   if ((rc = es_check_name("session", session, err)) || (rc = es_rule_check_batch(s, evs, n, err))) return rc;
   if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
   if ((rc = es_core_enter(s, err))) return rc;
-  complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out, scope};
+  complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out, scope, NULL, 0};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = es_core_write(s, do_complete, &a, err);
   es_core_leave(s);
@@ -698,6 +718,28 @@ int es_core_complete(es_store *s, const char *scope, const char *session, int64_
   if (rc) return rc;
   *outcome = a.outcome;
   return ES_OK;
+}
+
+int es_core_complete_cancel(es_store *s, const char *scope, es_completion *c, es_events *out,
+                            es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_check_name("session", c->session, err)) ||
+      (rc = es_rule_check_batch(s, c->evs, c->n, err)))
+    return rc;
+  if (c->fence != ES_NONE && c->fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  if (c->n_cancel > s->max_batch)
+    return es_fail(err, ES_TOO_LARGE, "%zu events to cancel, over the limit of %zu", c->n_cancel,
+                   s->max_batch);
+  if ((rc = es_core_enter(s, err))) return rc;
+  complete_args a = {c->session, c->index, c->attempt, c->evs, c->n, c->fence, 0, 0, out, scope,
+                     c->cancel, c->n_cancel};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = es_core_write(s, do_complete, &a, err);
+  es_core_leave(s);
+  if (rc || a.outcome != ES_COMPLETED) es_events_destroy(out);
+  c->outcome = rc ? 0 : a.outcome;
+  return rc;
 }
 
 /* --- complete_many: several completions, one transaction --- */
@@ -718,6 +760,7 @@ typedef struct {
  * fail). Only such items need a savepoint, so that one failing halfway
  * leaves nothing. */
 static int completion_needs_savepoint(const es_completion *c) {
+  if (c->n_cancel) return 1; /* a cancel may fail on storage after the completion's writes */
   for (size_t i = 0; i < c->n; i++)
     if (!c->evs[i].id || c->evs[i].key) return 1;
   return 0;
@@ -766,7 +809,7 @@ static int do_complete_many(es_store *s, es_txn *t, void *arg, es_err *err) {
     es_events out;
     memset(&out, 0, sizeof out);
     complete_args a = {c->session, c->index, c->attempt, c->evs, c->n, c->fence, m->now, 0, &out,
-                       NULL};
+                       NULL, c->cancel, c->n_cancel};
     memset(&c->err, 0, sizeof c->err);
     int own_sp = completion_needs_savepoint(c);
     int rc = own_sp ? s->ops->savepoint(s->bk, t, &c->err) : ES_OK;

@@ -210,15 +210,29 @@ int es_store_complete_many(es_store *s, es_completion *v, size_t n, es_err *err)
     v[i].rc = ES_OK;
     v[i].outcome = 0;
     memset(&v[i].err, 0, sizeof v[i].err);
+    for (size_t j = 0; j < v[i].n_cancel; j++) v[i].cancel[j].cancelled = 0;
   }
   return s->impl->complete_many(s, v, n, err);
+}
+
+int es_store_complete_cancel(es_store *s, es_completion *c, es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_COMPLETE, es_store_complete_cancel(s, c, out, err));
+  memset(out, 0, sizeof *out);
+  c->outcome = 0;
+  for (size_t i = 0; i < c->n_cancel; i++) c->cancel[i].cancelled = 0;
+  c->rc = s->impl->complete_cancel(s, NULL, c, out, err);
+  if (c->rc && err) c->err = *err;
+  return c->rc;
 }
 
 int es_complete_many_each(es_store *s, es_completion *v, size_t n, es_err *err) {
   for (size_t i = 0; i < n; i++) {
     es_events out;
-    v[i].rc = es_store_complete(s, v[i].session, v[i].index, v[i].attempt, v[i].evs, v[i].n,
-                                v[i].fence, &v[i].outcome, &out, &v[i].err);
+    if (v[i].n_cancel) /* through the op that keeps them in the completion's step */
+      v[i].rc = es_store_complete_cancel(s, &v[i], &out, &v[i].err);
+    else
+      v[i].rc = es_store_complete(s, v[i].session, v[i].index, v[i].attempt, v[i].evs, v[i].n,
+                                  v[i].fence, &v[i].outcome, &out, &v[i].err);
     if (v[i].rc == ES_OK) es_events_destroy(&out);
     if (v[i].rc == ES_CLOSED) return es_fail(err, ES_CLOSED, "%s", v[i].err.msg);
   }

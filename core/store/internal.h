@@ -239,6 +239,8 @@ int es_core_complete(es_store *s, const char *scope, const char *session, int64_
                      int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
                      int *outcome, es_events *out, es_err *err);
 int es_core_complete_many(es_store *s, es_completion *v, size_t n, es_err *err);
+int es_core_complete_cancel(es_store *s, const char *scope, es_completion *c, es_events *out,
+                            es_err *err);
 int es_core_cancel(es_store *s, const char *session, int64_t index, const char *reason,
                    es_event *out, es_err *err);
 int es_rule_cancel(es_store *s, es_txn *t, es_session_info *si, int64_t index, const char *reason,

@@ -613,6 +613,12 @@ static int shards_complete(es_store *s, const char *scope, const char *session, 
          st->impl->complete(st, scope, session, index, attempt, evs, n, fence, outcome, out, err));
 }
 
+static int shards_complete_cancel(es_store *s, const char *scope, es_completion *c,
+                                  es_events *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  ROUTED("session", c->session, st->impl->complete_cancel(st, scope, c, out, err));
+}
+
 static int shards_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                    const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                    int64_t *failures, es_err *err) {
@@ -845,6 +851,7 @@ static const es_store_ops shards_ops = {
     .release_claims = shards_release_claims,
     .complete = shards_complete,
     .complete_many = es_complete_many_each,
+    .complete_cancel = shards_complete_cancel,
     .fail = shards_fail,
     .revive = shards_revive,
     .settle = shards_settle,

@@ -257,6 +257,7 @@ const es_store_ops es_core_ops = {
     .release_claims = es_core_release_claims,
     .complete = es_core_complete,
     .complete_many = es_core_complete_many,
+    .complete_cancel = es_core_complete_cancel,
     .fail = es_core_fail,
     .revive = es_core_revive,
     .settle = es_core_settle,

@@ -336,6 +336,16 @@ int es_store_release_claims(es_store *s, const char *session, const char *holder
                             const es_claim_ref *claims, size_t n, es_renew_result *out,
                             es_err *err);
 
+/* §3.2 an event to cancel with a completion: its index in the completed
+ * event's session and the reason (NULL: "cancelled"); `cancelled` is the
+ * answer: 1 when it is cancelled after the call, 0 when it was no longer
+ * cancellable (processed, dead, live-claimed or missing: not_cancelled). */
+typedef struct es_cancel {
+  int64_t index;
+  const char *reason;
+  int cancelled;
+} es_cancel;
+
 /* One completion of es_store_complete_many: the arguments of
  * es_store_complete (borrowed), and its answer. */
 typedef struct es_completion {
@@ -344,6 +354,11 @@ typedef struct es_completion {
   const es_new_event *evs;
   size_t n;
   int64_t fence;
+  /* §3.2 complete{cancel}: events of the same session cancelled in the
+   * same step as the completion (answers written into the array); only
+   * when the completion itself is ES_COMPLETED and not a replay. */
+  es_cancel *cancel;
+  size_t n_cancel;
   int rc;        /* out: what es_store_complete would have returned */
   int outcome;   /* out: ES_COMPLETED or ES_SUPERSEDED when rc is ES_OK */
   es_err err;    /* out: when rc is not ES_OK */
@@ -356,6 +371,9 @@ typedef struct es_completion {
  * CLOSED) is returned and also set on every item that passed the argument
  * checks. A tenant or sharded store completes the items one by one. */
 int es_store_complete_many(es_store *s, es_completion *v, size_t n, es_err *err);
+/* One completion with its cancels (es_store_complete with c->cancel):
+ * c's rc is also returned, c->outcome set, *out the appended events. */
+int es_store_complete_cancel(es_store *s, es_completion *c, es_events *out, es_err *err);
 
 /* *outcome: ES_FAILED, ES_DEAD_LETTERED or ES_SUPERSEDED; *failures the
  * count after the call. max_failures >= 1; retry_after_ms >= 0. */

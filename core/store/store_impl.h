@@ -94,6 +94,9 @@ typedef struct es_store_ops {
   int (*complete)(es_store *s, const char *scope, const char *session, int64_t index,
       int64_t attempt, const es_new_event *evs, size_t n, int64_t fence, int *outcome,
       es_events *out, es_err *err);
+  /* §3.2 one completion with cancels of the same session, atomically. */
+  int (*complete_cancel)(es_store *s, const char *scope, es_completion *c, es_events *out,
+                         es_err *err);
   /* §3.2 several completions; the front door has reset each item's result. */
   int (*complete_many)(es_store *s, es_completion *v, size_t n, es_err *err);
   /* §3.2 fail a claimed event (backoff or dead letter). */

@@ -519,6 +519,28 @@ static int tenant_complete(es_store *s, const char *scope, const char *session, 
   return t_done(s, rc, err);
 }
 
+static int tenant_complete_cancel(es_store *s, const char *scope, es_completion *c,
+                                  es_events *out, es_err *err) {
+  tname sc;
+  tname ss;
+  es_new_event *mine = NULL;
+  memset(out, 0, sizeof *out);
+  int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  if (!rc) rc = name_in(s, "session", c->session, &ss, err);
+  if (!rc) rc = batch_in(s, c->evs, c->n, &mine, err);
+  if (!rc) {
+    es_completion in = *c;
+    in.session = ss.v;
+    in.evs = mine;
+    rc = B(s)->impl->complete_cancel(B(s), sc.v, &in, out, err);
+    c->outcome = in.outcome;
+  }
+  free(mine);
+  if (!rc) strip_events(s, out);
+  return t_done(s, rc, err);
+}
+
 static int tenant_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                    const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                    int64_t *failures, es_err *err) {
@@ -1136,6 +1158,7 @@ static const es_store_ops tenant_ops = {
     .release_claims = tenant_release_claims,
     .complete = tenant_complete,
     .complete_many = es_complete_many_each,
+    .complete_cancel = tenant_complete_cancel,
     .fail = tenant_fail,
     .revive = tenant_revive,
     .settle = tenant_settle,
