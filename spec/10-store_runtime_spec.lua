@@ -1,5 +1,6 @@
 -- Conformance: docs/contract.md §3.1 capabilities and append_many, §3.2
--- cancel, §3.7 get_ref's lineage (parent, at). Runs once per backend URL
+-- cancel and complete{cancel}, §3.7 get_ref's lineage (parent, at), §3.9
+-- archived{}. Runs once per backend URL
 -- (helpers.urls()), through a tenant handle where the rule names tenants,
 -- and over a shards: store of three memory: shards.
 local eventstore = require("eventstore")
@@ -336,6 +337,49 @@ for _, url in ipairs(helpers.urls()) do
       end)
     end)
 
+    describe("archived", function()
+      it("lists the sessions that have segments, in byte order, paged by cursor", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        local store = new({ archive = dir })
+        local names = { "b", "a", "é", "B", "c" }
+        for _, n in ipairs(names) do
+          store:append(n, { { type = "x", settled = true }, { type = "y", settled = true }, { type = "z", settled = true } })
+        end
+        store:archive("b", { through = 2 })
+        store:archive("a", { through = 1 })
+        store:archive("a", { through = 3 })
+        store:archive("é", { through = 1 })
+        store:archive("B", { through = 3 })
+        store:append("live", { { type = "x" } })
+        local all = store:archived()
+        assert.same({ { session = "B", archived_through = 3 }, { session = "a", archived_through = 3 },
+          { session = "b", archived_through = 2 }, { session = "é", archived_through = 1 } }, all.sessions)
+        assert.is_nil(all.cursor)
+        local p1 = store:archived({ limit = 2 })
+        assert.same({ "B", "a" }, helpers.pluck(p1.sessions, "session"))
+        assert.equal("a", p1.cursor)
+        local p2 = store:archived({ after = p1.cursor, limit = 2 })
+        assert.same({ "b", "é" }, helpers.pluck(p2.sessions, "session"))
+        assert.is_nil(p2.cursor)
+        assert.same({}, store:archived({ after = "é" }).sessions)
+        -- a deleted session leaves the list
+        store:delete("b")
+        assert.same({ "B", "a", "é" }, helpers.pluck(store:archived().sessions, "session"))
+        helpers.expect_error("INVALID_ARGUMENT", store.archived, store, { limit = 0 })
+        helpers.expect_arg_error(store.archived, store, { limit = "x" })
+        -- a tenant sees its own, unprefixed
+        local t = store:tenant("acme")
+        t:append("s", { { type = "x", settled = true } })
+        t:archive("s", { through = 1 })
+        assert.same({ { session = "s", archived_through = 1 } }, t:archived().sessions)
+        assert.same({ "B", "a", "acme\31s", "é" }, helpers.pluck(store:archived().sessions, "session"))
+        assert.same({}, store:tenant("other"):archived().sessions)
+        store:close()
+        os.execute("rm -rf '" .. dir .. "'")
+      end)
+    end)
+
     describe("get_ref lineage", function()
       it("gives parent and at of a forked session, nil for one that was not forked", function()
         local store = new()
@@ -436,6 +480,27 @@ describe("shards:", function()
     assert.same({}, r.not_cancelled)
     assert.equal("cancelled", s:read("beta")[3].cancelled)
     s:close()
+  end)
+
+  it("archived merges the shards' lists", function()
+    -- a sharded store takes no archive option: each sqlite: shard archives beside its file
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p '" .. dir .. "'")
+    local s = eventstore.open("shards:", { catalog = "memory:", clock = helpers.manual_clock(helpers.T0),
+      plan = { version = 1, shards = { a = "sqlite:" .. dir .. "/a.db", b = "sqlite:" .. dir .. "/b.db",
+        c = "sqlite:" .. dir .. "/c.db" } } })
+    for _, n in ipairs({ "alpha", "beta", "user-42" }) do
+      s:append(n, { { type = "x", settled = true } })
+      s:archive(n, { through = 1 })
+    end
+    assert.same({ "alpha", "beta", "user-42" }, helpers.pluck(s:archived().sessions, "session"))
+    local p1 = s:archived({ limit = 2 })
+    assert.same({ "alpha", "beta" }, helpers.pluck(p1.sessions, "session"))
+    assert.equal("beta", p1.cursor)
+    assert.same({ "user-42" }, helpers.pluck(s:archived({ after = "beta" }).sessions, "session"))
+    s:close()
+    os.execute("rm -rf '" .. dir .. "'")
   end)
 
   it("get_ref reads the lineage from the shard of the session it names", function()

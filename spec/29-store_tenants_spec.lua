@@ -128,6 +128,11 @@ ATTACKS.cancel = function(c)
   for _, s in ipairs(b_names("c1")) do c.try("cancel", s, 1, { reason = "A" }) end
   for _, s in ipairs(b_names("s1")) do c.try("cancel", s, 1, { reason = "A" }) end
 end
+ATTACKS.archived = function(c)
+  c.try("archived", {})
+  c.try("archived", { after = "B" })
+  c.try("archived", { after = "", limit = 1 })
+end
 ATTACKS.read = function(c)
   for _, s in ipairs(b_names("s1")) do c.try("read", s) end
 end

@@ -1,7 +1,8 @@
 -- spec/88-http_runtime_spec.lua: the routes of issue 28 (docs/http-api.md,
 -- docs/contract.md §6) over real HTTP: POST /v1/events (§3.1 append_many,
--- every batch or none), POST .../events/{i}/cancel (§3.2), and the
--- lineage in ref answers (§3.7). Each route
+-- every batch or none), POST .../events/{i}/cancel and complete with
+-- cancel (§3.2), GET /v1/archived (§3.9), and the lineage in ref answers
+-- (§3.7). Each route
 -- with its right, tenant scoping, exact answers, and 4xx for bad input
 -- that changes nothing. One server per backend (helpers.urls()).
 local eventstore = require("eventstore")
@@ -180,6 +181,37 @@ for _, template in ipairs(helpers.urls()) do
         assert.equal("completed", body.outcome)
         assert.same({ 3, 8 }, body.not_cancelled)
         assert.equal("paid", read(s, "acme-rw")[2].cancelled)
+      end)
+    end)
+
+    describe("GET /v1/archived", function()
+      it("lists the token's tenant's archived sessions with the read right", function()
+        local st, body, _, text = hh.get(srv, "globex-rw", "/v1/archived")
+        hh.check_ok(st, body, "archived")
+        assert.truthy(text:find('"sessions":[]', 1, true), text)
+        assert.truthy(text:find('"cursor":null', 1, true), text)
+        st, body = hh.get(srv, nil, "/v1/archived")
+        hh.check_error(401, nil, st, body, "no token")
+        st, body = hh.get(srv, ADMIN, "/v1/archived?limit=0")
+        hh.check_error(400, "INVALID_ARGUMENT", st, body, "limit 0")
+        -- sqlite: the test archives beside the server's file (the default place both use)
+        if not template:match("^sqlite:") then return end
+        local s1, s2 = name("ar-a"), name("ar-b")
+        hh.append_ok(srv, "acme-rw", s1, { { type = "a", settled = true }, { type = "b", settled = true } })
+        hh.append_ok(srv, "acme-rw", s2, { { type = "a", settled = true } })
+        local store = eventstore.open(srv.db)
+        store:archive("acme\31" .. s1, { through = 2 })
+        store:archive("acme\31" .. s2, { through = 1 })
+        store:close()
+        st, body = hh.get(srv, "acme-read", "/v1/archived?limit=1")
+        hh.check_ok(st, body, "archived page 1")
+        assert.same({ { session = s1, archived_through = 2 } }, body.sessions)
+        assert.equal(s1, body.cursor)
+        st, body = hh.get(srv, "acme-read", "/v1/archived?after=" .. hh.enc(body.cursor))
+        hh.check_ok(st, body, "archived page 2")
+        assert.same({ { session = s2, archived_through = 1 } }, body.sessions)
+        st, body = hh.get(srv, "globex-rw", "/v1/archived")
+        assert.same({}, hh.check_ok(st, body, "other tenant").sessions)
       end)
     end)
 

@@ -528,6 +528,29 @@ done:
   return 0;
 }
 
+/* GET /v1/archived?after&limit -> {sessions: [{session, archived_through}],
+ * cursor} (§3.9 store:archived). */
+int es_api_archived(const es_http_req *r, es_http_resp *out) {
+  int64_t limit;
+  if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
+  es_archived list = {0};
+  es_err err = {0};
+  if (es_store_archived(r->store, query_str(r, "after"), limit, &list, &err))
+    return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"sessions\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    es_buf_adds(&out->body, i ? ",{\"session\":" : "{\"session\":");
+    es_wire_cstr(&out->body, list.v[i].session);
+    es_wire_int_field(&out->body, "archived_through", list.v[i].archived_through);
+    es_buf_addc(&out->body, '}');
+  }
+  es_buf_addc(&out->body, ']');
+  es_wire_str_field(&out->body, "cursor", list.cursor);
+  es_buf_addc(&out->body, '}');
+  es_archived_destroy(&list);
+  return answer(out);
+}
+
 int es_api_read(const es_http_req *r, es_http_resp *out) {
   int64_t after, through, limit;
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||

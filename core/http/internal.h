@@ -110,6 +110,7 @@ extern const es_http_route es_http_routes[]; /* routes.c; ends with a {NULL} ent
 int es_api_append(const es_http_req *r, es_http_resp *out);
 int es_api_append_many(const es_http_req *r, es_http_resp *out);
 int es_api_cancel(const es_http_req *r, es_http_resp *out);
+int es_api_archived(const es_http_req *r, es_http_resp *out);
 int es_api_read(const es_http_req *r, es_http_resp *out);
 int es_api_read_all(const es_http_req *r, es_http_resp *out);
 int es_api_head(const es_http_req *r, es_http_resp *out);

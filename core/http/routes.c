@@ -25,6 +25,7 @@ const es_http_route es_http_routes[] = {
     {"POST", "v1/events", ES_RIGHT_APPEND, es_api_append_many},
     {"GET", "v1/stream", ES_RIGHT_READ, es_sse_all},
     {"GET", "v1/dead-letters", ES_RIGHT_READ, es_api_dead_letters},
+    {"GET", "v1/archived", ES_RIGHT_READ, es_api_archived},
     {"POST", "v1/claims", ES_RIGHT_WORK, es_api_claims},
     {"GET", "v1/refs", ES_RIGHT_READ, es_api_list_refs},
     {"GET", "v1/refs/*", ES_RIGHT_READ, es_api_get_ref},

@@ -28,18 +28,9 @@ static int no_session(es_err *err, const char *session) {
   return es_fail(err, ES_NOT_FOUND, "no session '%s'", session);
 }
 
-static int check_limit(int64_t limit, es_err *err) {
-  if (limit < 1) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  return ES_OK;
-}
+static int check_limit(int64_t limit, es_err *err) { return es_rule_check_limit(limit, err); }
 
-/* `after` bounds of listings may be any string (they need not name a
- * session or ref that exists); only their length is bounded. */
-static int check_after(const char *after, es_err *err) {
-  if (after && strlen(after) - es_name_prefix_len(after, strlen(after)) > ES_MAX_ID_BYTES)
-    return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
-  return ES_OK;
-}
+static int check_after(const char *after, es_err *err) { return es_rule_check_after(after, err); }
 
 static int lineage_of(const es_session_info *si, es_lineage *out) {
   memset(out, 0, sizeof *out);

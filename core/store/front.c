@@ -423,6 +423,12 @@ int es_store_segments(es_store *s, const char *session, es_segments *out, es_err
   return s->impl->segments(s, session, out, err);
 }
 
+int es_store_archived(es_store *s, const char *after, int64_t limit, es_archived *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_ARCHIVED, es_store_archived(s, after, limit, out, err));
+  memset(out, 0, sizeof *out);
+  return s->impl->archived(s, "", after, limit, out, err);
+}
+
 int es_store_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
                              es_err *err) {
   ES_STATS_CALL(s, ES_OP_COMPACT_ARCHIVE, es_store_compact_archive(s, session, before, after, err));

@@ -735,6 +735,36 @@ static int shards_segments(es_store *s, const char *session, es_segments *out, e
   ROUTED("session", session, es_store_segments(st, session, out, err));
 }
 
+static void archived_row_free(void *e) { free(((es_archived_row *)e)->session); }
+static const es_list_kind archived_kind = {sizeof(es_archived_row),
+                                           offsetof(es_archived_row, session), archived_row_free};
+
+/* §3.9 archived: every shard's page merged by name (a session in the
+ * middle of a move listed once), then cut to limit; more follow when a
+ * shard had more or the merge dropped some. */
+static int shards_archived(es_store *s, const char *prefix, const char *after, int64_t limit,
+                           es_archived *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  shard_set set;
+  int more = 0;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_sh_all_shards(s, &set, err);
+  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
+    es_archived part;
+    rc = set.st[i]->impl->archived(set.st[i], prefix, after, limit, &part, err);
+    if (rc) break;
+    more |= part.cursor != NULL;
+    free(part.cursor);
+    part.cursor = NULL;
+    rc = es_list_take(&archived_kind, (es_list *)out, (es_list *)&part, err);
+  }
+  if (rc == ES_OK) more |= es_list_sort_unique(&archived_kind, (es_list *)out, limit);
+  if (rc == ES_OK && more && out->n && !(out->cursor = strdup(out->v[out->n - 1].session)))
+    rc = es_fail(err, ES_STORAGE, "out of memory");
+  if (rc) es_archived_destroy(out);
+  return rc;
+}
+
 static int shards_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
                               es_err *err) {
   ROUTED("session", session, es_store_compact_archive(st, session, before, after, err));
@@ -884,6 +914,7 @@ static const es_store_ops shards_ops = {
     .delete = shards_delete,
     .archive = shards_archive,
     .segments = shards_segments,
+    .archived = shards_archived,
     .compact_archive = shards_compact_archive,
     .verify_archive = es_sh_verify_archive,
     .shred = es_sh_shred,

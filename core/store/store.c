@@ -290,6 +290,7 @@ const es_store_ops es_core_ops = {
     .delete = es_core_delete,
     .archive = es_core_archive,
     .segments = es_core_segments,
+    .archived = es_core_archived,
     .compact_archive = es_core_compact_archive,
     .verify_archive = es_core_verify_archive,
     .shred = es_core_shred,

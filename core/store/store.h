@@ -721,6 +721,25 @@ void es_segment_destroy(es_segment *g);
 int es_segment_copy(es_segment *dst, const es_segment *src); /* ES_OK or ES_STORAGE */
 void es_segments_destroy(es_segments *list);
 
+/* §3.9 archived: one session that has segments, and the highest index
+ * they hold. */
+typedef struct es_archived_row {
+  char *session;             /* owned */
+  int64_t archived_through;
+} es_archived_row;
+
+typedef struct es_archived {
+  es_archived_row *v;        /* owned array, byte order of session */
+  size_t n;
+  size_t cap;
+  char *cursor;              /* owned: the last session when more follow, else NULL */
+} es_archived;
+void es_archived_destroy(es_archived *list);
+
+/* The sessions that have segments, name > after (NULL: from the start),
+ * byte order, at most limit (>= 1, else INVALID_ARGUMENT). */
+int es_store_archived(es_store *s, const char *after, int64_t limit, es_archived *out, es_err *err);
+
 /* Moves the session's events first_index..through (those not archived
  * yet) into a new segment file under the store's archive directory and
  * drops their rows, in one write step: the file is written under a

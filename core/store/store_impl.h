@@ -180,6 +180,10 @@ typedef struct es_store_ops {
       es_err *err);
   /* §3.9 a session's segment files. */
   int (*segments)(es_store *s, const char *session, es_segments *out, es_err *err);
+  /* §3.9 sessions with segments whose name starts with prefix ("" or a
+   * tenant's), after a cursor. */
+  int (*archived)(es_store *s, const char *prefix, const char *after, int64_t limit,
+                  es_archived *out, es_err *err);
   /* §3.9 merge a session's segment files. */
   int (*compact_archive)(es_store *s, const char *session, int64_t *before, int64_t *after,
       es_err *err);

@@ -668,6 +668,21 @@ static int tenant_sessions(es_store *s, const char *prefix, const char *after, i
   return t_done(s, rc, err);
 }
 
+/* §3.9 archived: the base's listing under this tenant's prefix, names
+ * unprefixed (the cursor too). */
+static int tenant_archived(es_store *s, const char *prefix, const char *after, int64_t limit,
+                           es_archived *out, es_err *err) {
+  tname pre, aft;
+  memset(out, 0, sizeof *out);
+  int rc = t_enter(s, err);
+  if (!rc) rc = bound_in(s, "prefix", prefix ? prefix : "", &pre, err);
+  if (!rc && after) rc = bound_in(s, "after", after, &aft, err);
+  if (!rc) rc = B(s)->impl->archived(B(s), pre.v, after ? aft.v : NULL, limit, out, err);
+  for (size_t i = 0; !rc && i < out->n; i++) strip(s, out->v[i].session);
+  if (!rc) strip(s, out->cursor);
+  return t_done(s, rc, err);
+}
+
 static int tenant_pending_types(es_store *s, const char *scope, es_type_counts *out, es_err *err) {
   tname sc;
   memset(out, 0, sizeof *out);
@@ -1191,6 +1206,7 @@ static const es_store_ops tenant_ops = {
     .delete = tenant_delete,
     .archive = tenant_archive,
     .segments = tenant_segments,
+    .archived = tenant_archived,
     .compact_archive = tenant_compact_archive,
     .verify_archive = tenant_verify_archive,
     .shred = tenant_shred,
