@@ -702,24 +702,6 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
-                     int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
-                     int *outcome, es_events *out, es_err *err) {
-  int rc;
-  memset(out, 0, sizeof *out);
-  if ((rc = es_check_name("session", session, err)) || (rc = es_rule_check_batch(s, evs, n, err))) return rc;
-  if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
-  if ((rc = es_core_enter(s, err))) return rc;
-  complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out, scope, NULL, 0};
-  rc = es_store_now(s, &a.now, err);
-  if (rc == ES_OK) rc = es_core_write(s, do_complete, &a, err);
-  es_core_leave(s);
-  if (rc || a.outcome != ES_COMPLETED) es_events_destroy(out);
-  if (rc) return rc;
-  *outcome = a.outcome;
-  return ES_OK;
-}
-
 int es_core_complete_cancel(es_store *s, const char *scope, es_completion *c, es_events *out,
                             es_err *err) {
   int rc;
@@ -739,6 +721,17 @@ int es_core_complete_cancel(es_store *s, const char *scope, es_completion *c, es
   es_core_leave(s);
   if (rc || a.outcome != ES_COMPLETED) es_events_destroy(out);
   c->outcome = rc ? 0 : a.outcome;
+  return rc;
+}
+
+/* complete is complete_cancel without cancels */
+int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
+                     int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
+                     int *outcome, es_events *out, es_err *err) {
+  es_completion c = {.session = session, .index = index, .attempt = attempt, .evs = evs, .n = n,
+                     .fence = fence};
+  int rc = es_core_complete_cancel(s, scope, &c, out, err);
+  if (rc == ES_OK) *outcome = c.outcome;
   return rc;
 }
 

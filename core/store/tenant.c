@@ -500,25 +500,6 @@ static int tenant_release_claims(es_store *s, const char *session, const char *h
   return t_done(s, rc, err);
 }
 
-static int tenant_complete(es_store *s, const char *scope, const char *session, int64_t index, int64_t attempt,
-                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
-                       es_events *out, es_err *err) {
-  tname sc;
-  tname ss;
-  es_new_event *mine = NULL;
-  memset(out, 0, sizeof *out);
-  int rc = t_enter(s, err);
-  if (!rc) rc = scope_in(s, scope, &sc, err);
-  if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = batch_in(s, evs, n, &mine, err);
-  if (!rc)
-    rc = B(s)->impl->complete(B(s), sc.v, ss.v, index, attempt, mine, n, fence,
-                          outcome, out, err);
-  free(mine);
-  if (!rc) strip_events(s, out);
-  return t_done(s, rc, err);
-}
-
 static int tenant_complete_cancel(es_store *s, const char *scope, es_completion *c,
                                   es_events *out, es_err *err) {
   tname sc;
@@ -539,6 +520,17 @@ static int tenant_complete_cancel(es_store *s, const char *scope, es_completion 
   free(mine);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
+}
+
+/* complete is complete_cancel without cancels: one path behind the prefix */
+static int tenant_complete(es_store *s, const char *scope, const char *session, int64_t index,
+                           int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
+                           int *outcome, es_events *out, es_err *err) {
+  es_completion c = {.session = session, .index = index, .attempt = attempt, .evs = evs, .n = n,
+                     .fence = fence};
+  int rc = tenant_complete_cancel(s, scope, &c, out, err);
+  *outcome = c.outcome;
+  return rc;
 }
 
 static int tenant_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
