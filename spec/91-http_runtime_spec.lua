@@ -1,4 +1,4 @@
--- spec/88-http_runtime_spec.lua: the routes of issue 28 (docs/http-api.md,
+-- spec/91-http_runtime_spec.lua: the routes of issue 28 (docs/http-api.md,
 -- docs/contract.md §6) over real HTTP: POST /v1/events (§3.1 append_many,
 -- every batch or none), POST .../events/{i}/cancel and complete with
 -- cancel (§3.2), GET /v1/archived (§3.9), and the lineage in ref answers
