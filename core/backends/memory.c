@@ -1399,6 +1399,35 @@ static int mem_segment_list(es_backend *b, es_txn *t, const char *session, es_se
   return ES_OK;
 }
 
+static int cmp_seglist(const void *x, const void *y) {
+  return strcmp((*(const mseglist *const *)x)->name, (*(const mseglist *const *)y)->name);
+}
+
+/* The map has no order: the lists that match are sorted per call, which
+ * costs the archived sessions (not all sessions) per page. */
+static int mem_segment_sessions(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                                int64_t limit,
+                                int (*cb)(void *ctx, const char *session, int64_t through),
+                                void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  size_t plen = prefix ? strlen(prefix) : 0, n = 0, cap = 0, pos = 0;
+  const mseglist **v = NULL;
+  for (const mseglist *l; (l = es_hmap_next(&t->b->segs, &pos));) {
+    if (l->n == 0 || strncmp(l->name, prefix ? prefix : "", plen) != 0) continue;
+    if (after && strcmp(l->name, after) <= 0) continue;
+    if (es_grow((void **)&v, &cap, n + 1, sizeof *v)) {
+      free(v);
+      return oom(err);
+    }
+    v[n++] = l;
+  }
+  if (n) qsort(v, n, sizeof *v, cmp_seglist);
+  for (size_t i = 0; i < n && (limit == ES_NONE || (int64_t)i < limit); i++)
+    if (cb(ctx, v[i]->name, v[i]->v[v[i]->n - 1].through)) break;
+  free(v);
+  return ES_OK;
+}
+
 static int mem_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
                            es_err *err) {
   (void)b; /* t carries it (t->b) */
@@ -2820,6 +2849,7 @@ static mref *ref_find(const es_backend *b, const char *name) {
 }
 
 static void ref_view(const mref *m, es_ref *v) {
+  es_ref_init(v); /* parent and at are the core's to fill */
   v->name = (char *)m->data;
   v->session = (char *)ref_session(m);
   v->head = ES_NONE;  /* not stored: the core reads it from the session row */
@@ -3288,6 +3318,7 @@ const es_backend_ops es_backend_memory = {
     .scrub = NULL,
     .data_version = NULL,
     .segment_list = mem_segment_list,
+    .segment_sessions = mem_segment_sessions,
     .segment_put = mem_segment_put,
     .segment_delete = mem_segment_delete,
     .counts = mem_counts,

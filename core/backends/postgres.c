@@ -201,7 +201,7 @@ enum {
   ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
   ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
   ST_SNAPSHOT_DELETE_FROM,
-  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
+  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE, ST_SEGMENT_SESSIONS,
   ST_EVENT_COPY,
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
@@ -362,6 +362,10 @@ static const char *const pg_sql[ST_COUNT] = {
                        " checksum = excluded.checksum, file = excluded.file,"
                        " created_at = excluded.created_at",
     [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = $1 AND first = $2",
+    /* $2 (after) "" when unbounded: every session name is non-empty */
+    [ST_SEGMENT_SESSIONS] = "SELECT session, MAX(through) FROM segments WHERE session > $2"
+                            " AND starts_with(session, $1)"
+                            " GROUP BY session ORDER BY session LIMIT $3",
     /* fork (pg_event_copy): one chunk of the source's indexes $5 ..
      * $5 + $7 - 1 copied inside the server, each row with the id of the
      * same rank in $6 (ids from the core's generator); positions $1 + idx
@@ -3360,6 +3364,26 @@ static int pg_segment_list(es_backend *b, es_txn *t, const char *session, es_seg
   return ES_OK;
 }
 
+static int pg_segment_sessions(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                               int64_t limit,
+                               int (*cb)(void *ctx, const char *session, int64_t through),
+                               void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_params p = {0};
+  PGresult *res;
+  int code;
+  pp_str(&p, prefix ? prefix : "");
+  pp_str(&p, after ? after : "");
+  if (limit == ES_NONE) pp_null(&p);
+  else pp_int(&p, limit);
+  if ((code = pg_run(t, ST_SEGMENT_SESSIONS, &p, &res, err)) != ES_OK) return code;
+  int n = PQntuples(res);
+  for (int i = 0; i < n; i++)
+    if (cb(ctx, PQgetvalue(res, i, 0), pg_int(res, i, 1))) break;
+  PQclear(res);
+  return ES_OK;
+}
+
 static int pg_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
                           es_err *err) {
   (void)b; /* t carries it (t->b) */
@@ -3643,6 +3667,7 @@ static void pg_wake(es_backend *b) {
       .snapshot_delete_all = pg_snapshot_delete_all,            \
       .ref_delete_session = pg_ref_delete_session,              \
       .segment_list = pg_segment_list,                          \
+      .segment_sessions = pg_segment_sessions,                  \
       .segment_put = pg_segment_put,                            \
       .segment_delete = pg_segment_delete,                      \
       .key_get = pg_key_get,                                    \

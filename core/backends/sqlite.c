@@ -123,7 +123,7 @@ enum {
   ST_SNAPSHOT_DELETE_FROM,
   ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
   ST_DATA_VERSION,
-  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
+  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE, ST_SEGMENT_SESSIONS,
   /* §3.11 scoped listings (a tenant's): ?scope <= session < ?scope_end */
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
@@ -323,6 +323,11 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SEGMENT_PUT] = "INSERT OR REPLACE INTO segments(session, first, through, count, bytes,"
                        " checksum, file, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = ?1 AND first = ?2",
+    /* ?2 (after) "" when unbounded: every session name is non-empty;
+     * substr and length count characters on both sides alike */
+    [ST_SEGMENT_SESSIONS] = "SELECT session, MAX(through) FROM segments WHERE session > ?2"
+                            " AND substr(session, 1, length(?1)) = ?1"
+                            " GROUP BY session ORDER BY session LIMIT ?3",
     /* §3.11: a tenant's rows are one range of session names, but the
      * listings below are in position or due order across sessions, so
      * each walks the same index as its unscoped statement and passes over
@@ -2900,6 +2905,35 @@ static int sq_ref_delete_session(es_backend *b, es_txn *t, const char *session, 
 
 /* The rows are copied out and the statement finished before the first
  * callback (the list is a handful of rows), so a callback may write. */
+static int sq_segment_sessions(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                               int64_t limit,
+                               int (*cb)(void *ctx, const char *session, int64_t through),
+                               void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  if ((code = sq_op(t, ST_SEGMENT_SESSIONS, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, prefix ? prefix : "");
+  sq_bind_str(st, 2, after ? after : "");
+  sqlite3_bind_int64(st, 3, limit == ES_NONE ? -1 : limit);
+  /* copied out before the callbacks, as segment_list does */
+  es_archived rows = {0};
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (es_grow((void **)&rows.v, &rows.cap, rows.n + 1, sizeof *rows.v) != ES_OK ||
+        sq_col_str(st, 0, 1, &rows.v[rows.n].session, NULL) != ES_OK) {
+      code = sq_oom(err);
+      break;
+    }
+    rows.v[rows.n++].archived_through = sqlite3_column_int64(st, 1);
+  }
+  if (code == ES_OK && rc != SQLITE_DONE && rc != SQLITE_ROW) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, ST_SEGMENT_SESSIONS, st, temp);
+  for (size_t i = 0; code == ES_OK && i < rows.n; i++)
+    if (cb(ctx, rows.v[i].session, rows.v[i].archived_through)) break;
+  es_archived_destroy(&rows);
+  return code;
+}
+
 static int sq_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
                            void *ctx, es_err *err) {
   (void)b; /* t carries it (t->b) */
@@ -3203,6 +3237,7 @@ const es_backend_ops es_backend_sqlite = {
     .lazy_begin = sq_lazy_begin,
     .lazy_end = sq_lazy_end,
     .segment_list = sq_segment_list,
+    .segment_sessions = sq_segment_sessions,
     .segment_put = sq_segment_put,
     .segment_delete = sq_segment_delete,
     .counts = sq_counts,

@@ -172,7 +172,7 @@ enum {
   N_CAUSE, N_LANE, N_NOT_BEFORE, N_STATUS, N_ATTEMPTS, N_FAILURES, N_LAST_ERROR, N_PROCESSED_AT,
   N_CLAIM_HOLDER, N_CLAIM_EXPIRES_AT, N_RETRY_AT, N_FIRST_CLAIMED_AT, N_LAST_CLAIMED_AT,
   N_FAILED_AT, N_PROCESSED_BY_ATTEMPT, N_ORIGIN, N_ATTEMPT, N_SETTLED, N_AT, N_DELAY_MS,
-  N_PENDING, N_PROCESSED, N_DEAD, N_COUNT_PLUS_ONE
+  N_PENDING, N_PROCESSED, N_DEAD, N_CANCELLED, N_COUNT_PLUS_ONE
 };
 
 static const char *const names_text[N_COUNT_PLUS_ONE] = {
@@ -180,7 +180,7 @@ static const char *const names_text[N_COUNT_PLUS_ONE] = {
     "cause", "lane", "not_before", "status", "attempts", "failures", "last_error", "processed_at",
     "claim_holder", "claim_expires_at", "retry_at", "first_claimed_at", "last_claimed_at",
     "failed_at", "processed_by_attempt", "origin", "attempt", "settled", "at", "delay_ms",
-    "pending", "processed", "dead"};
+    "pending", "processed", "dead", "cancelled"};
 
 /* Its address is the registry key of the names array. */
 static const char names_key = 'n';
@@ -366,7 +366,11 @@ static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
                                             : N_PENDING);
   put_int(p, t, N_ATTEMPTS, e->attempts);
   put_int(p, t, N_FAILURES, e->failures);
-  put_str(p, t, N_LAST_ERROR, e->last_error, -1);
+  /* §3.2: a cancelled event's record shows its reason as `cancelled`
+   * (stored as last_error, processed by no attempt: es_event_cancelled) */
+  const char *cancelled = es_event_cancelled(e);
+  put_str(p, t, N_LAST_ERROR, cancelled ? NULL : e->last_error, -1);
+  put_str(p, t, N_CANCELLED, cancelled, -1);
   put_int(p, t, N_PROCESSED_AT, e->processed_at);
   put_str(p, t, N_CLAIM_HOLDER, e->claim_holder, C_HOLDER);
   put_int(p, t, N_CLAIM_EXPIRES_AT, e->claim_expires_at);
@@ -374,7 +378,7 @@ static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
   put_int(p, t, N_FIRST_CLAIMED_AT, e->first_claimed_at);
   put_int(p, t, N_LAST_CLAIMED_AT, e->last_claimed_at);
   put_int(p, t, N_FAILED_AT, e->failed_at);
-  put_int(p, t, N_PROCESSED_BY_ATTEMPT, e->processed_by_attempt);
+  put_int(p, t, N_PROCESSED_BY_ATTEMPT, cancelled ? ES_NONE : e->processed_by_attempt);
   if (e->origin_session) {
     push_name(p, N_ORIGIN);
     lua_createtable(L, 0, 2);

@@ -144,7 +144,10 @@ static int run_job(lua_State *L) {
   lua_pop(L, 2);
   es_lua_push_event(L, ev, 1);
   es_push_ctx(L, j->r, ev);
+  lua_pushvalue(L, -1);
+  lua_insert(L, -4); /* a copy of ctx below the call: its cancels are read after */
   lua_call(L, 2, 1);
+  es_ctx_cancels(L, -2, j);
   j->result = RUN_HANDLED;
   if (lua_isnil(L, -1)) return 0; /* nothing to append: no clock, no conversion */
   int64_t now;
@@ -401,7 +404,7 @@ static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
 static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   es_engine *e = r->e;
   lua_State *L = r->L;
-  job j = {r, ev, RUN_FAILED, NULL, NULL, 0};
+  job j = {r, ev, RUN_FAILED, NULL, NULL, 0, NULL, 0};
   claim_info c = {ev->session, ev->type, ev->index, ev->attempts, ev->failures,
                   es_lost_attempts(ev)};
   if (c.failures + c.lost >= e->o.max_failures) {
@@ -450,6 +453,7 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   pthread_mutex_unlock(&r->mu);
   if (abandoned) {
     free(j.error);
+    free(j.cancel);
     return 1;
   }
   if (j.result == RUN_RELEASE)
@@ -463,6 +467,7 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   if (run_t0 && j.result != RUN_RELEASE)
     es_type_stats_run(&e->tstats, ev->type, run_ns, j.result == RUN_FAILED);
   free(j.error);
+  free(j.cancel);
   lua_settop(L, 0);
   pthread_mutex_lock(&r->mu);
   r->busy = 0;

@@ -93,6 +93,8 @@ typedef struct completion {
   claim_info c;             /* session and type point into this allocation */
   es_new_event *evs;        /* what the handler returned, ids fixed; in this allocation */
   size_t n;
+  es_cancel *cancel;        /* its ctx.cancel calls (§3.2); in this allocation */
+  size_t n_cancel;
   int64_t renewed_ms;       /* monotonic: when its claim was made or last renewed */
   int64_t handed_ms;        /* monotonic: when the worker handed it over */
 } completion;
@@ -264,7 +266,14 @@ typedef struct job {
   char *error;       /* malloc'd, for RUN_FAILED */
   es_new_event *evs; /* what the handler returned (anchored on the stack) */
   size_t n;
+  es_cancel *cancel; /* malloc'd: the handler's ctx.cancel calls (§3.2), with their reasons */
+  size_t n_cancel;
 } job;
+
+/* The ctx.cancel calls of the ctx at idx (pushed by es_push_ctx), copied
+ * into j (malloc'd with their reasons; the caller frees j->cancel).
+ * fold.c. */
+void es_ctx_cancels(lua_State *L, int idx, job *j);
 
 /* engine.c (each commented where it is defined) */
 void es_sleep_ms(int64_t ms);

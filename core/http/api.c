@@ -587,6 +587,108 @@ static int read_page(page *p, int64_t k, size_t *got, es_err *err) {
   return rc;
 }
 
+static const char *const append_many_fields[] = {"batches", NULL};
+static const char *const batch_fields[] = {"session", "events", "expected", "fence", NULL};
+
+/* POST /v1/events {batches: [{session, events, expected?, fence?}]} ->
+ * {batches: [{events, pending}]}: §3.1 append_many, every batch or none. */
+int es_api_append_many(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  if (read_body(r, out, 1, &bd)) return 0;
+  const es_jval *arr = member(bd.root, "batches");
+  if (check_fields(out, bd.root, "", append_many_fields)) goto done;
+  if (!arr || arr->type != ES_JARRAY) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'batches' must be an array of {session, events}, got %s",
+                 arr ? es_jtype_name(arr->type) : "nothing");
+    goto done;
+  }
+  if (arr->n > max_batch(r)) {
+    es_http_fail(out, 413, "TOO_LARGE", "%zu batches, over the limit of %zu", arr->n, max_batch(r));
+    goto done;
+  }
+  size_t n = arr->n;
+  es_append_batch *v = calloc(n ? n : 1, sizeof *v);
+  batch *bs = calloc(n ? n : 1, sizeof *bs);
+  size_t read = 0, total = 0;
+  int bad = !v || !bs;
+  if (bad) es_http_fail(out, 503, "STORAGE", "out of memory");
+  for (size_t i = 0; !bad && i < n; i++) {
+    const es_jval *b = &arr->items[i];
+    char ctx[48];
+    snprintf(ctx, sizeof ctx, "batches[%zu].", i + 1);
+    if (b->type != ES_JOBJECT) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "batches[%zu] must be an object {session, events}, got %s",
+                   i + 1, es_jtype_name(b->type));
+      bad = 1;
+      break;
+    }
+    char uctx[48];
+    snprintf(uctx, sizeof uctx, "batches[%zu]: ", i + 1);
+    bad = check_fields(out, b, uctx, batch_fields) ||
+          get_name(out, b, ctx, "session", 1, &v[i].session) ||
+          get_int(out, b, ctx, "expected", 0, ES_NONE, &v[i].expected, NULL) ||
+          get_int(out, b, ctx, "fence", 0, ES_NONE, &v[i].fence, NULL) ||
+          read_events(r, out, b, "events", 1, &bs[i]);
+    read = i + 1;
+    v[i].evs = bs[i].v;
+    v[i].n = bs[i].n;
+    total += bs[i].n;
+    if (!bad && total > max_batch(r)) {
+      /* the limit is on the call: one transaction holds them all */
+      es_http_fail(out, 413, "TOO_LARGE", "%zu events in all batches so far, over the limit of %zu",
+                   total, max_batch(r));
+      bad = 1;
+    }
+  }
+  if (!bad) {
+    es_err err = {0};
+    if (es_store_append_many(r->store, v, n, &err)) {
+      es_http_fail_err(out, &err);
+    } else {
+      es_buf_adds(&out->body, "{\"batches\":[");
+      for (size_t i = 0; i < n; i++) {
+        es_buf_adds(&out->body, i ? ",{\"events\":" : "{\"events\":");
+        es_wire_events_array(&out->body, &v[i].out, 0);
+        es_buf_adds(&out->body, ",\"pending\":");
+        put_bool(&out->body, v[i].pending);
+        es_buf_addc(&out->body, '}');
+        es_events_destroy(&v[i].out);
+      }
+      es_buf_adds(&out->body, "]}");
+      answer(out);
+    }
+  }
+  for (size_t i = 0; i < read; i++) batch_free(&bs[i]);
+  free(bs);
+  free(v);
+done:
+  body_free(&bd);
+  return 0;
+}
+
+/* GET /v1/archived?after&limit -> {sessions: [{session, archived_through}],
+ * cursor} (§3.9 store:archived). */
+int es_api_archived(const es_http_req *r, es_http_resp *out) {
+  int64_t limit;
+  if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
+  es_archived list = {0};
+  es_err err = {0};
+  if (es_store_archived(r->store, query_str(r, "after"), limit, &list, &err))
+    return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"sessions\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    es_buf_adds(&out->body, i ? ",{\"session\":" : "{\"session\":");
+    es_wire_cstr(&out->body, list.v[i].session);
+    es_wire_int_field(&out->body, "archived_through", list.v[i].archived_through);
+    es_buf_addc(&out->body, '}');
+  }
+  es_buf_addc(&out->body, ']');
+  es_wire_str_field(&out->body, "cursor", list.cursor);
+  es_buf_addc(&out->body, '}');
+  es_archived_destroy(&list);
+  return answer(out);
+}
+
 int es_api_read(const es_http_req *r, es_http_resp *out) {
   int64_t after, through, limit;
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
@@ -979,6 +1081,27 @@ int es_api_settle(const es_http_req *r, es_http_resp *out) {
   return answer_event(r, out, r->seg[2], index);
 }
 
+/* POST .../events/{i}/cancel {reason?} -> {event} (§3.2 cancel; right work) */
+int es_api_cancel(const es_http_req *r, es_http_resp *out) {
+  int64_t index;
+  body bd;
+  char *reason = NULL;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 0, &bd)) return 0;
+  int bad = check_fields(out, bd.root, "", settle_fields) || get_text(out, bd.root, "reason", 0, &reason);
+  body_free(&bd);
+  if (bad) return 0;
+  es_event e;
+  es_err err = {0};
+  int rc = es_store_cancel(r->store, r->seg[2], index, reason, &e, &err);
+  free(reason);
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"event\":");
+  es_wire_event(&out->body, &e, 0);
+  es_buf_addc(&out->body, '}');
+  es_event_destroy(&e);
+  return answer(out);
+}
+
 /* ------------------------------------------------------------------------ */
 /* remote workers: claims, complete, fail, renew */
 
@@ -1065,7 +1188,56 @@ done:
   return 0;
 }
 
-static const char *const complete_fields[] = {"attempt", "events", "fence", NULL};
+static const char *const complete_fields[] = {"attempt", "events", "fence", "cancel", NULL};
+static const char *const cancel_item_fields[] = {"index", "reason", NULL};
+
+/* complete's "cancel" (§3.2): an array of indexes or {index, reason}; *v
+ * NULL when absent (malloc'd otherwise, reasons borrowed from the body).
+ * -1 with out made when it is not that. */
+static int read_cancels(es_http_resp *out, const es_jval *root, size_t limit, es_cancel **v,
+                        size_t *n) {
+  *v = NULL;
+  *n = 0;
+  const es_jval *arr = member(root, "cancel");
+  if (!arr) return 0;
+  if (arr->type != ES_JARRAY) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'cancel' must be an array of event indexes");
+    return -1;
+  }
+  if (arr->n > limit) {
+    es_http_fail(out, 413, "TOO_LARGE", "%zu events to cancel, over the limit of %zu", arr->n, limit);
+    return -1;
+  }
+  es_cancel *c = calloc(arr->n ? arr->n : 1, sizeof *c);
+  if (!c) return es_http_fail(out, 503, "STORAGE", "out of memory"), -1;
+  for (size_t i = 0; i < arr->n; i++) {
+    const es_jval *it = &arr->items[i];
+    const es_jval *ix = it;
+    char ctx[48];
+    snprintf(ctx, sizeof ctx, "cancel[%zu]: ", i + 1);
+    if (it->type == ES_JOBJECT) {
+      const char *reason = NULL;
+      snprintf(ctx, sizeof ctx, "cancel[%zu].", i + 1);
+      if (check_fields(out, it, ctx, cancel_item_fields) ||
+          get_name(out, it, ctx, "reason", 0, &reason)) {
+        free(c);
+        return -1;
+      }
+      c[i].reason = reason;
+      ix = member(it, "index");
+    }
+    if (!ix || ix->type != ES_JINT || ix->i < 1) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT",
+                   "cancel[%zu] must be an event index (an integer >= 1) or {index, reason}", i + 1);
+      free(c);
+      return -1;
+    }
+    c[i].index = ix->i;
+  }
+  *v = c;
+  *n = arr->n;
+  return 0;
+}
 
 int es_api_complete(const es_http_req *r, es_http_resp *out) {
   int64_t index, attempt, fence;
@@ -1079,20 +1251,51 @@ int es_api_complete(const es_http_req *r, es_http_resp *out) {
     body_free(&bd);
     return 0;
   }
+  es_cancel *cancel;
+  size_t n_cancel;
+  if (read_cancels(out, bd.root, max_batch(r), &cancel, &n_cancel)) {
+    batch_free(&b);
+    body_free(&bd);
+    return 0;
+  }
   es_events list = {0};
   int outcome = 0;
   es_err err = {0};
-  int rc = es_store_complete(r->store, r->seg[2], index, attempt, b.v, b.n, fence, &outcome, &list,
-                             &err);
+  int rc;
+  if (cancel) {
+    es_completion c = {.session = r->seg[2], .index = index, .attempt = attempt, .evs = b.v,
+                       .n = b.n, .fence = fence, .cancel = cancel, .n_cancel = n_cancel};
+    rc = es_store_complete_cancel(r->store, &c, &list, &err);
+    outcome = c.outcome;
+  } else {
+    rc = es_store_complete(r->store, r->seg[2], index, attempt, b.v, b.n, fence, &outcome, &list,
+                           &err);
+  }
   batch_free(&b);
-  body_free(&bd);
-  if (rc) return es_http_fail_err(out, &err);
+  if (rc) {
+    free(cancel);
+    body_free(&bd);
+    return es_http_fail_err(out, &err);
+  }
   es_buf_adds(&out->body, "{\"outcome\":");
   es_buf_adds(&out->body, outcome == ES_COMPLETED ? "\"completed\"" : "\"superseded\"");
   es_buf_adds(&out->body, ",\"events\":");
   es_wire_events_array(&out->body, &list, 0);
+  if (cancel && outcome == ES_COMPLETED) { /* §3.2: the indexes no longer cancellable */
+    es_buf_adds(&out->body, ",\"not_cancelled\":[");
+    int first = 1;
+    for (size_t i = 0; i < n_cancel; i++) {
+      if (cancel[i].cancelled) continue;
+      if (!first) es_buf_addc(&out->body, ',');
+      es_json_write_int(&out->body, cancel[i].index);
+      first = 0;
+    }
+    es_buf_addc(&out->body, ']');
+  }
   es_buf_addc(&out->body, '}');
   es_events_destroy(&list);
+  free(cancel);
+  body_free(&bd);
   return answer(out);
 }
 
@@ -1176,6 +1379,9 @@ static void put_ref(es_buf *b, const es_ref *ref) {
   es_wire_cstr(b, ref->name);
   es_wire_str_field(b, "session", ref->session);
   es_wire_int_field(b, "head", ref->head);
+  /* §3.7 the named session's lineage; null when it was not forked */
+  es_wire_str_field(b, "parent", ref->parent);
+  es_wire_int_field(b, "at", ref->parent ? ref->at : ES_NONE);
   es_wire_int_field(b, "created_at", ref->created_at);
   es_wire_int_field(b, "updated_at", ref->updated_at);
   es_buf_addc(b, '}');

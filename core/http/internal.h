@@ -108,6 +108,9 @@ extern const es_http_route es_http_routes[]; /* routes.c; ends with a {NULL} ent
 /* Handlers (each returns 0; the status and body are in out). ------------- */
 /* api.c */
 int es_api_append(const es_http_req *r, es_http_resp *out);
+int es_api_append_many(const es_http_req *r, es_http_resp *out);
+int es_api_cancel(const es_http_req *r, es_http_resp *out);
+int es_api_archived(const es_http_req *r, es_http_resp *out);
 int es_api_read(const es_http_req *r, es_http_resp *out);
 int es_api_read_all(const es_http_req *r, es_http_resp *out);
 int es_api_head(const es_http_req *r, es_http_resp *out);

@@ -512,6 +512,95 @@ int es_core_append(es_store *s, const char *scope, const char *session, const es
   return ES_OK;
 }
 
+/* --- append_many: several appends, one transaction --- */
+
+typedef struct {
+  append_args *a;  /* [n] one per batch */
+  size_t n;
+} append_many_args;
+
+/* rc with err's message behind the batch it is about, so a caller of
+ * many batches knows which one was refused. */
+static int batch_failed(es_err *err, int rc, size_t i, const char *session) {
+  if (!err) return rc;
+  char msg[ES_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", err->msg);
+  if (session && es_check_name("session", session, NULL) == ES_OK)
+    return es_fail(err, rc, "batches[%zu] (session '%s'): %s", i + 1, session, msg);
+  return es_fail(err, rc, "batches[%zu]: %s", i + 1, msg);
+}
+
+/* Each batch as append would run it; the first refused one fails the
+ * whole work, whose savepoint then drops the batches written before it. */
+static int do_append_many(es_store *s, es_txn *t, void *arg, es_err *err) {
+  append_many_args *m = arg;
+  for (size_t i = 0; i < m->n; i++) {
+    append_args *a = &m->a[i];
+    int rc;
+    if (a->n == 0) {
+      /* as append's empty batch: writes nothing (no session row either),
+       * answers whether the session has pending work */
+      es_session_info si;
+      if ((rc = es_rule_load_session(s, t, a->session, &si, err)) == ES_OK) {
+        a->pending = si.pending > 0;
+        es_session_info_destroy(&si);
+      }
+    } else {
+      rc = do_append(s, t, a, err);
+    }
+    if (rc) return batch_failed(err, rc, i, a->session);
+  }
+  return ES_OK;
+}
+
+/* What append checks before its transaction, for one batch. */
+static int check_append_batch(es_store *s, const es_append_batch *b, es_err *err) {
+  int rc;
+  if ((rc = es_check_name("session", b->session, err)) ||
+      (rc = check_nonneg("expected", b->expected, err)) ||
+      (rc = es_rule_check_batch(s, b->evs, b->n, err)))
+    return rc;
+  if (b->fence != ES_NONE && b->fence < 1)
+    return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  return ES_OK;
+}
+
+int es_core_append_many(es_store *s, const char *scope, es_append_batch *v, size_t n,
+                        es_err *err) {
+  int rc;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    if ((rc = check_append_batch(s, &v[i], err))) return batch_failed(err, rc, i, v[i].session);
+    total += v[i].n;
+  }
+  if (n > s->max_batch || total > s->max_batch)
+    return es_fail(err, ES_TOO_LARGE, "%zu batches of %zu events in all, over the limit of %zu",
+                   n, total, s->max_batch);
+  if (n == 0) return ES_OK;
+  if ((rc = es_core_enter(s, err))) return rc;
+  append_args *a = calloc(n, sizeof *a);
+  char **ids = calloc(n, sizeof *ids);
+  int64_t now = 0;
+  rc = a && ids ? es_store_now(s, &now, err) : nomem(err);
+  for (size_t i = 0; i < n && rc == ES_OK; i++) {
+    append_args one = {v[i].session, v[i].evs, v[i].n, v[i].expected, v[i].fence, now,
+                       &v[i].out, 0, 1, scope, NULL, 0};
+    a[i] = one;
+    rc = pregenerate_ids(s, &a[i], &ids[i], err);
+  }
+  append_many_args m = {a, n};
+  if (rc == ES_OK) rc = es_core_write(s, do_append_many, &m, err);
+  for (size_t i = 0; i < n; i++) {
+    if (ids) free(ids[i]);
+    if (rc) es_events_destroy(&v[i].out);
+    else if (a) v[i].pending = a[i].pending;
+  }
+  free(ids);
+  free(a);
+  es_core_leave(s);
+  return rc;
+}
+
 /* --- reads --- */
 
 /* §3.9: a read of (after, through] needs no event below the session's

@@ -703,6 +703,66 @@ int es_core_segments(es_store *s, const char *session, es_segments *out, es_err 
   return rc;
 }
 
+/* ---- archived() ------------------------------------------------------------------ */
+
+void es_archived_destroy(es_archived *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) free(list->v[i].session);
+  free(list->v);
+  free(list->cursor);
+  memset(list, 0, sizeof *list);
+}
+
+typedef struct {
+  const char *prefix, *after;
+  int64_t limit;  /* one more than asked: whether more follow */
+  es_archived *out;
+  int oom;
+} archived_args;
+
+static int collect_archived_row(void *ctx, const char *session, int64_t through) {
+  archived_args *a = ctx;
+  es_archived *o = a->out;
+  if (es_grow((void **)&o->v, &o->cap, o->n + 1, sizeof *o->v) ||
+      !(o->v[o->n].session = strdup(session))) {
+    a->oom = 1;
+    return 1;
+  }
+  o->v[o->n++].archived_through = through;
+  return 0;
+}
+
+static int do_archived(es_store *s, es_txn *t, void *arg, es_err *err) {
+  archived_args *a = arg;
+  int rc = s->ops->segment_sessions(s->bk, t, a->prefix, a->after, a->limit, collect_archived_row, a,
+                                    err);
+  return rc == ES_OK && a->oom ? nomem(err) : rc;
+}
+
+/* A page: the rows of limit + 1 read; the extra one says more follow and
+ * goes, leaving the last kept session as the cursor. */
+static int archived_page(es_archived *out, int64_t limit, es_err *err) {
+  if ((int64_t)out->n <= limit) return ES_OK;
+  while ((int64_t)out->n > limit) free(out->v[--out->n].session);
+  if (!(out->cursor = strdup(out->v[out->n - 1].session))) return nomem(err);
+  return ES_OK;
+}
+
+int es_core_archived(es_store *s, const char *prefix, const char *after, int64_t limit,
+                     es_archived *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_rule_check_limit(limit, err)) || (rc = es_rule_check_after(after, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
+  /* one more than asked (a limit near ES_MAX_LIMIT: as good as none) */
+  archived_args a = {prefix ? prefix : "", after, limit < ES_MAX_LIMIT ? limit + 1 : ES_NONE, out, 0};
+  rc = es_core_read(s, do_archived, &a, err);
+  es_core_leave(s);
+  if (rc == ES_OK) rc = archived_page(out, limit, err);
+  if (rc) es_archived_destroy(out);
+  return rc;
+}
+
 /* ---- truncate and delete ----------------------------------------------------------- */
 
 int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through,

@@ -266,15 +266,21 @@ void es_lineages_destroy(es_lineages *list) {
   memset(list, 0, sizeof *list);
 }
 
+const char *es_event_cancelled(const es_event *e) {
+  if (e->status != ES_STATUS_PROCESSED || e->processed_by_attempt != 0) return NULL;
+  return e->last_error ? e->last_error : "";
+}
+
 void es_ref_init(es_ref *r) {
   memset(r, 0, sizeof *r);
-  r->head = r->created_at = r->updated_at = ES_NONE;
+  r->head = r->created_at = r->updated_at = r->at = ES_NONE;
 }
 
 void es_ref_destroy(es_ref *r) {
   if (!r) return;
   free(r->name);
   free(r->session);
+  free(r->parent);
   es_ref_init(r);
 }
 
@@ -287,8 +293,9 @@ void es_refs_destroy(es_refs *list) {
 
 int es_ref_copy(es_ref *dst, const es_ref *src) {
   *dst = *src;
-  dst->name = dst->session = NULL;
-  if (dup_str(&dst->name, src->name) || dup_str(&dst->session, src->session)) {
+  dst->name = dst->session = dst->parent = NULL;
+  if (dup_str(&dst->name, src->name) || dup_str(&dst->session, src->session) ||
+      dup_str(&dst->parent, src->parent)) {
     es_ref_destroy(dst);
     return ES_STORAGE;
   }

@@ -306,6 +306,25 @@ already processed (facts nothing will handle).
   options = { db = "string", scripts = "string", id = "string", lane = "string", key = "string" },
 })
 
+command("append-many", {
+  synopsis = "append-many < NDJSON [--db URL]",
+  summary = "append to several sessions at once, atomically, from NDJSON",
+  help = [[
+Reads batches from stdin, one JSON object per line
+  {"session": "...", "events": [EVENT, ...], "expected": N}
+where each EVENT is an object as a line of `append` takes and "expected"
+(optional) is the head the session must have. Blank lines are skipped.
+Every line is checked before anything is written; then every batch is
+appended in one transaction: all of them are stored or none is (a refused
+batch names its line). On a shards: store every session must live on one
+shard. Prints the stored events of every batch as NDJSON, in the lines'
+order.
+]],
+  options_help = DB_HELP,
+  args = { 0, 0 },
+  options = { db = "string" },
+})
+
 command("read", {
   synopsis = "read SESSION [--after N] [--limit N] [--follow | --at-rest] [--db URL]",
   summary = "print a session's events as NDJSON",
@@ -399,6 +418,24 @@ prints the updated event as JSON.
 ]],
   options_help = DB_HELP .. [[
   --reason TEXT   why (added to the event's last_error)
+]],
+  args = { 2, 2 },
+  options = { db = "string", reason = "string" },
+})
+
+command("cancel", {
+  synopsis = "cancel SESSION INDEX [--reason TEXT] [--db URL]",
+  summary = "cancel a pending event (a timer, say) so it is never handled",
+  help = [[
+Cancels pending event INDEX of SESSION (store:cancel): it becomes
+processed without being handled, its record showing "cancelled": TEXT
+(default "cancelled"). A timer not yet due can be cancelled; an event a
+worker holds a live claim on, a processed one or a dead letter cannot
+(INVALID_ARGUMENT naming its state). Cancelling a cancelled event changes
+nothing. Prints the event as JSON.
+]],
+  options_help = DB_HELP .. [[
+  --reason TEXT   why (default "cancelled")
 ]],
   args = { 2, 2 },
   options = { db = "string", reason = "string" },
@@ -1155,6 +1192,79 @@ function commands.append.run(o, args)
   return 0
 end
 
+local BATCH_FIELDS = { session = true, events = true, expected = true }
+
+-- Checks one append-many line; returns the batch or raises "stdin line N: why".
+local function parse_batch_line(n, text)
+  local ok, v = pcall(json.decode, text)
+  if not ok then
+    fail("stdin line %d: invalid JSON: %s", n, type(v) == "table" and tostring(v.message) or tostring(v))
+  end
+  local array_mt = getmetatable(json.array({}))
+  local function is_array(x) return array_mt ~= nil and getmetatable(x) == array_mt end
+  if type(v) ~= "table" or is_array(v) then
+    fail("stdin line %d: expected a JSON object {\"session\": ..., \"events\": [...]}", n)
+  end
+  for k in pairs(v) do
+    if not BATCH_FIELDS[k] then
+      fail("stdin line %d: unknown field '%s' (expected session, events, expected)", n, tostring(k))
+    end
+  end
+  if type(v.session) ~= "string" or v.session == "" then
+    fail("stdin line %d: \"session\" must be a non-empty string", n)
+  end
+  if type(v.events) ~= "table" or (next(v.events) ~= nil and not is_array(v.events)) then
+    fail("stdin line %d: \"events\" must be an array of events", n)
+  end
+  if v.expected ~= nil and (math.type(v.expected) ~= "integer" or v.expected < 0) then
+    fail("stdin line %d: \"expected\" must be an integer >= 0", n)
+  end
+  -- each event by append's rule for one stdin line, so both take the same fields
+  local events = {}
+  for i, e in ipairs(v.events) do
+    local ok_e, ev = pcall(parse_line, n, type(e) == "table" and json.encode(e) or "[]")
+    if not ok_e then
+      local why = tostring(type(ev) == "table" and ev.message or ev):gsub("^stdin line %d+: ", "")
+      fail("stdin line %d: events[%d]: %s", n, i, why)
+    end
+    events[i] = ev
+  end
+  return { session = v.session, events = events, opts = { expected = v.expected } }
+end
+
+commands["append-many"].run = function(o)
+  if tty and tty.isatty(0) then
+    io.stderr:write(PROG, ": reading NDJSON batches from stdin, Ctrl-D to end\n")
+    io.stderr:flush()
+  end
+  local batches, lines = {}, {}
+  local n = 0
+  for line in io.stdin:lines() do
+    n = n + 1
+    line = line:gsub("\r$", "")
+    if line:match("%S") then
+      batches[#batches + 1] = parse_batch_line(n, line)
+      lines[#batches] = n
+    end
+  end
+  local store <close> = open_store(o, true)
+  local ok, res = pcall(store.append_many, store, batches)
+  if not ok then
+    -- the store names the batch; the user wrote lines
+    local e = res
+    if eventstore.is_error(e) then
+      local i = tonumber(tostring(e.message):match("^batches%[(%d+)%]"))
+      if i and lines[i] then
+        local rest = tostring(e.message):gsub("^batches%[%d+%]", "")
+        fail("%s: stdin line %d%s%s", e.code, lines[i], rest:match("^[:%s]") and "" or " ", rest)
+      end
+    end
+    error(e, 0)
+  end
+  for _, r in ipairs(res) do print_events(r.events) end
+  return 0
+end
+
 function commands.read.check(o)
   if o.follow and o["at-rest"] then
     usage_error("read", true, "read: --follow and --at-rest exclude each other")
@@ -1275,6 +1385,16 @@ function commands.settle.run(o, args)
   local store <close> = open_store(o, false)
   dead_letter(store, args[1], o.index)
   out(event_json(store:settle(args[1], o.index, o.reason)))
+  return 0
+end
+
+function commands.cancel.check(o, args)
+  o.index = parse_int("cancel", "INDEX", args[2], 1)
+end
+
+function commands.cancel.run(o, args)
+  local store <close> = open_store(o, false)
+  out(event_json(store:cancel(args[1], o.index, { reason = o.reason })))
   return 0
 end
 
