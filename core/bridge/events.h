@@ -88,4 +88,19 @@ void es_lua_push_lease(lua_State *L, es_lease *l);
 es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_now,
                                   size_t max_payload, size_t *n_out);
 
+/* Members added to every event's meta where it lacks them (§4: a handler's
+ * results get correlation and causation): keys[k] = vals[k], vals[k]
+ * NULL: none. Borrowed. */
+typedef struct es_meta_defaults {
+  const char *keys[4];
+  const char *vals[4];
+  size_t n;
+} es_meta_defaults;
+
+/* es_lua_check_events, each event's meta given the members of defaults
+ * (NULL: none) that it lacks; an event without meta gets them alone. */
+es_new_event *es_lua_check_events_meta(lua_State *L, int idx, int arg, int64_t timer_now,
+                                       size_t max_payload, const es_meta_defaults *defaults,
+                                       size_t *n_out);
+
 #endif
