@@ -6,6 +6,8 @@
  *     (size or checksum), and decoding a damaged raw body (the checksum
  *     bypassed) never reads out of bounds (run under ASan by make
  *     check-sanitize) and never yields an event that was not written;
+ *   - a file of format version 1 (before §3.1's revision and meta) still
+ *     reads, its events with revision 1 and no meta;
  *   - compact_archive sees a segment list changed between its build and
  *     its install (the archive_race hook), builds again and ends right;
  *     a list that keeps changing is STORAGE, with nothing lost.
@@ -22,6 +24,8 @@
 #include "store/internal.h"
 #include "store/segment.h"
 #include "store/store.h"
+
+#include <sodium.h>
 
 #include "tap.h"
 
@@ -53,6 +57,9 @@ static void sample(es_event *v) {
   v[4].key = "customer-1";
   v[4].payload = NULL;
   v[4].payload_len = 0;
+  v[0].revision = 2147483647;
+  v[0].meta = "{\"correlation\":\"c-1\"}";
+  v[2].revision = 3;
 }
 
 typedef struct {
@@ -70,7 +77,8 @@ static int same_event(const es_event *a, const es_event *b) {
          a->cause_attempt == b->cause_attempt && a->origin_index == b->origin_index &&
          same_str(a->id, b->id) && same_str(a->type, b->type) && same_str(a->lane, b->lane) &&
          same_str(a->last_error, b->last_error) && same_str(a->origin_session, b->origin_session) &&
-         same_str(a->key, b->key) && a->payload_len == b->payload_len &&
+         same_str(a->key, b->key) && a->revision == b->revision && same_str(a->meta, b->meta) &&
+         a->payload_len == b->payload_len &&
          (a->payload == b->payload ||
           (a->payload && b->payload && memcmp(a->payload, b->payload, a->payload_len) == 0));
 }
@@ -159,6 +167,84 @@ static void codec(void) {
     free(r);
   }
   ok(safe, "each: 20000 damaged bodies decode without overrun, cuts always refused");
+  free(img);
+  es_buf_destroy(&raw);
+}
+
+/* ---- format version 1 ------------------------------------------------------ */
+
+static void put_le(unsigned char *p, uint64_t v, int n) {
+  for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* One event as version 1 wrote it (segment.h): 21 integers, 8 strings. */
+static void v1_add(es_buf *raw, const es_event *e) {
+  const int64_t ints[21] = {
+      e->index, e->position, e->created_at, e->cause_index, e->cause_attempt, e->not_before,
+      e->status, e->attempts, e->failures, e->processed_at, e->claim_expires_at, e->retry_at,
+      e->first_claimed_at, e->last_claimed_at, e->failed_at, e->processed_by_attempt,
+      e->origin_index, e->returned, e->last_failed_attempt, e->queued, e->due_at};
+  unsigned char b[8];
+  for (int i = 0; i < 21; i++) {
+    put_le(b, (uint64_t)ints[i], 8);
+    es_buf_add(raw, b, 8);
+  }
+  const char *strs[8] = {e->id,         e->type,         e->payload,        e->lane,
+                         e->last_error, e->claim_holder, e->origin_session, e->key};
+  for (int i = 0; i < 8; i++) {
+    size_t n = i == 2 ? e->payload_len : strs[i] ? strlen(strs[i]) : 0;
+    put_le(b, strs[i] ? n : 0xFFFFFFFFu, 4);
+    es_buf_add(raw, b, 4);
+    if (strs[i]) {
+      es_buf_add(raw, strs[i], n);
+      es_buf_addc(raw, '\0');
+    }
+  }
+}
+
+static int collect_v1(void *ctx, const es_event *e) {
+  decoded *d = ctx;
+  es_event want = written_ev[e->index - 10];
+  want.revision = 1; /* what version 1 files read as */
+  want.meta = NULL;
+  if (d->n < N_EV && same_event(e, &want)) d->got[d->n++] = *e;
+  else d->bad = 1;
+  return 0;
+}
+
+/* A version 1 image: the body in the old layout, the header's version and
+ * checksum as version 1 wrote them (es_seg_build writes only the current
+ * version). */
+static void old_format(void) {
+  sample(written_ev);
+  es_buf raw;
+  es_buf_init(&raw);
+  for (int i = 0; i < N_EV; i++) v1_add(&raw, &written_ev[i]);
+  unsigned char *img = NULL;
+  size_t len = 0;
+  es_seg_info info;
+  es_err err = {0};
+  es_seg_build("sess", 10, 14, N_EV, (unsigned char *)raw.data, raw.len, 3, &img, &len, &info, &err);
+  ok(img != NULL, "version 1: an image of the old body is made");
+  if (!img) return;
+  put_le(img + 8, 1, 4);
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, NULL, 0, ES_SEG_SUM);
+  crypto_generichash_update(&st, img, ES_SEG_FIXED + 5);
+  crypto_generichash_update(&st, img + info.header_len, (size_t)info.comp_len);
+  crypto_generichash_final(&st, img + ES_SEG_FIXED + 5, ES_SEG_SUM);
+  es_seg_info back;
+  const char *why = NULL;
+  unsigned char *body = NULL;
+  decoded d = {0};
+  ok(es_seg_parse(img, len, &back, &why) == 0 && back.version == 1 &&
+         es_seg_inflate(img, &back, &body, &why) == 0 &&
+         es_seg_each(&back, body, 1, INT64_MAX, collect_v1, &d, &why) == 0 && d.n == N_EV && !d.bad,
+     "version 1: every event reads back, with revision 1 and no meta");
+  put_le(img + 8, 3, 4);
+  ok(es_seg_parse(img, len, &back, &why) != 0 && strstr(why, "version") != NULL,
+     "a format version this build does not know is refused, naming the version");
+  free(body);
   free(img);
   es_buf_destroy(&raw);
 }
@@ -352,6 +438,7 @@ static void dir_races(void) {
 
 int main(void) {
   codec();
+  old_format();
   dir_races();
   cas("memory:", "memory:%.0s");
   cas("sqlite:", "sqlite:%s/db");
