@@ -7,7 +7,8 @@
  *     bypassed) never reads out of bounds (run under ASan by make
  *     check-sanitize) and never yields an event that was not written;
  *   - a file of format version 1 (before §3.1's revision and meta) still
- *     reads, its events with revision 1 and no meta;
+ *     reads, its events with revision 1 and no meta, and compact_archive
+ *     merges it with a current one into a current-format file;
  *   - compact_archive sees a segment list changed between its build and
  *     its install (the archive_race hook), builds again and ends right;
  *     a list that keeps changing is STORAGE, with nothing lost.
@@ -26,6 +27,7 @@
 #include "store/store.h"
 
 #include <sodium.h>
+#include <sqlite3.h>
 
 #include "tap.h"
 
@@ -212,27 +214,38 @@ static int collect_v1(void *ctx, const es_event *e) {
   return 0;
 }
 
-/* A version 1 image: the body in the old layout, the header's version and
- * checksum as version 1 wrote them (es_seg_build writes only the current
- * version). */
-static void old_format(void) {
-  sample(written_ev);
+/* A version 1 image of events[0..n) of session (from..): the body in the
+ * old layout, the header's version and checksum as version 1 wrote them
+ * (es_seg_build writes only the current version). NULL on failure. */
+static unsigned char *v1_image(const char *session, const es_event *events, int n, size_t *len,
+                               es_seg_info *info) {
   es_buf raw;
   es_buf_init(&raw);
-  for (int i = 0; i < N_EV; i++) v1_add(&raw, &written_ev[i]);
+  for (int i = 0; i < n; i++) v1_add(&raw, &events[i]);
   unsigned char *img = NULL;
-  size_t len = 0;
-  es_seg_info info;
   es_err err = {0};
-  es_seg_build("sess", 10, 14, N_EV, (unsigned char *)raw.data, raw.len, 3, &img, &len, &info, &err);
-  ok(img != NULL, "version 1: an image of the old body is made");
-  if (!img) return;
+  es_seg_build(session, events[0].index, events[n - 1].index, n, (unsigned char *)raw.data, raw.len,
+               3, &img, len, info, &err);
+  es_buf_destroy(&raw);
+  if (!img) return NULL;
+  size_t head = ES_SEG_FIXED + strlen(session) + 1;
   put_le(img + 8, 1, 4);
   crypto_generichash_state st;
   crypto_generichash_init(&st, NULL, 0, ES_SEG_SUM);
-  crypto_generichash_update(&st, img, ES_SEG_FIXED + 5);
-  crypto_generichash_update(&st, img + info.header_len, (size_t)info.comp_len);
-  crypto_generichash_final(&st, img + ES_SEG_FIXED + 5, ES_SEG_SUM);
+  crypto_generichash_update(&st, img, head);
+  crypto_generichash_update(&st, img + info->header_len, (size_t)info->comp_len);
+  crypto_generichash_final(&st, img + head, ES_SEG_SUM);
+  es_seg_parse(img, *len, info, NULL); /* info as the patched file says */
+  return img;
+}
+
+static void old_format(void) {
+  sample(written_ev);
+  size_t len = 0;
+  es_seg_info info;
+  unsigned char *img = v1_image("sess", written_ev, N_EV, &len, &info);
+  ok(img != NULL, "version 1: an image of the old body is made");
+  if (!img) return;
   es_seg_info back;
   const char *why = NULL;
   unsigned char *body = NULL;
@@ -246,7 +259,112 @@ static void old_format(void) {
      "a format version this build does not know is refused, naming the version");
   free(body);
   free(img);
-  es_buf_destroy(&raw);
+}
+
+/* A store whose first segment is a version 1 file (as an older build
+ * archived it): it reads, and compact_archive merges it with a current
+ * one into one file of the current version, every event as it was. */
+static void old_format_compaction(void) {
+  char dir[] = "/tmp/es-seg-XXXXXX";
+  if (!mkdtemp(dir)) return;
+  char url[320], arch[300], db[300];
+  snprintf(db, sizeof db, "%s/db", dir);
+  snprintf(url, sizeof url, "sqlite:%s", db);
+  snprintf(arch, sizeof arch, "%s/archive", dir);
+  es_open_opts o = {0};
+  o.archive_dir = arch;
+  es_store *s = NULL;
+  es_err err = {0};
+  if (es_store_open(url, &o, &s, &err) != ES_OK) {
+    ok(0, err.msg);
+    return;
+  }
+  /* 1..2 as events were before §3.1, 3..4 with revision and meta */
+  es_new_event ev[4];
+  for (int i = 0; i < 4; i++) {
+    es_new_event_init(&ev[i]);
+    ev[i].type = "t";
+    ev[i].settled = 1;
+    if (i >= 2) {
+      ev[i].revision = 5;
+      ev[i].meta = "{\"c\":\"x\"}";
+      ev[i].meta_len = strlen(ev[i].meta);
+    }
+  }
+  int pending, written;
+  es_segment g;
+  es_store_append(s, "s", ev, 4, ES_NONE, ES_NONE, NULL, &pending, &err);
+  es_store_archive(s, "s", 2, &written, &g, &err);
+  es_segment_destroy(&g);
+  es_store_archive(s, "s", 4, &written, &g, &err);
+  es_segment_destroy(&g);
+  es_events before = {0};
+  es_segments list = {0};
+  es_store_read(s, "s", 0, ES_NONE, ES_NONE, &before, &err);
+  es_store_segments(s, "s", &list, &err);
+  int ready = before.n == 4 && list.n == 2;
+  ok(ready, "version 1 compaction: two segments of four events");
+  if (!ready) {
+    es_store_release(s);
+    return;
+  }
+  /* the first file replaced by its version 1 image, its record updated */
+  size_t len = 0;
+  es_seg_info info;
+  unsigned char *img = v1_image("s", before.v, 2, &len, &info);
+  char path[600], sum[2 * ES_SEG_SUM + 1], sql[400];
+  snprintf(path, sizeof path, "%s/%s", arch, list.v[0].file);
+  FILE *f = img ? fopen(path, "wb") : NULL;
+  if (f) {
+    fwrite(img, 1, len, f);
+    fclose(f);
+  }
+  es_seg_hex(info.checksum, ES_SEG_SUM, sum);
+  snprintf(sql, sizeof sql, "UPDATE segments SET bytes = %zu, checksum = '%s' WHERE session = 's' AND first = 1",
+           len, sum);
+  sqlite3 *raw_db = NULL;
+  int updated = f && sqlite3_open(db, &raw_db) == SQLITE_OK &&
+                sqlite3_exec(raw_db, sql, NULL, NULL, NULL) == SQLITE_OK && sqlite3_changes(raw_db) == 1;
+  sqlite3_close(raw_db);
+  free(img);
+  es_events mid = {0};
+  int reads = updated && es_store_read(s, "s", 0, ES_NONE, ES_NONE, &mid, &err) == ES_OK && mid.n == 4;
+  for (size_t i = 0; reads && i < 4; i++) reads = same_event(&mid.v[i], &before.v[i]);
+  if (!reads) printf("# updated %d, read: %s\n", updated, err.msg);
+  ok(reads, "version 1 compaction: a store reads its version 1 segment like the one it replaced");
+  int64_t nb = 0, na = 0;
+  int rc = es_store_compact_archive(s, "s", &nb, &na, &err);
+  es_events after = {0};
+  int same = rc == ES_OK && nb == 2 && na == 1 &&
+             es_store_read(s, "s", 0, ES_NONE, ES_NONE, &after, &err) == ES_OK && after.n == 4;
+  for (size_t i = 0; same && i < 4; i++) same = same_event(&after.v[i], &before.v[i]);
+  ok(same && after.v[0].revision == 1 && !after.v[0].meta && after.v[3].revision == 5 &&
+         after.v[3].meta && strcmp(after.v[3].meta, "{\"c\":\"x\"}") == 0,
+     "version 1 compaction: one file, every event as it was (old ones revision 1, no meta)");
+  es_segments merged = {0};
+  es_store_segments(s, "s", &merged, &err);
+  unsigned char head[12] = {0};
+  snprintf(path, sizeof path, "%s/%s", arch, merged.n == 1 ? merged.v[0].file : "");
+  f = fopen(path, "rb");
+  if (f) {
+    if (fread(head, 1, sizeof head, f) != sizeof head) memset(head, 0, sizeof head);
+    fclose(f);
+  }
+  ok(merged.n == 1 && head[8] == ES_SEG_VERSION && head[9] == 0,
+     "version 1 compaction: the merged file is of the current format version");
+  es_archive_report rep;
+  ok(es_store_verify_archive(s, NULL, &rep, &err) == ES_OK && rep.n_problems == 0,
+     "version 1 compaction: verify_archive finds no problem");
+  es_archive_report_destroy(&rep);
+  es_segments_destroy(&merged);
+  es_segments_destroy(&list);
+  es_events_destroy(&before);
+  es_events_destroy(&mid);
+  es_events_destroy(&after);
+  es_store_release(s);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) ok(0, "cleanup");
 }
 
 /* ---- compact_archive compare-and-set -------------------------------------- */
@@ -439,6 +557,7 @@ static void dir_races(void) {
 int main(void) {
   codec();
   old_format();
+  old_format_compaction();
   dir_races();
   cas("memory:", "memory:%.0s");
   cas("sqlite:", "sqlite:%s/db");
