@@ -173,6 +173,25 @@ static void codec(void) {
   es_buf_destroy(&raw);
 }
 
+/* A fresh temporary directory made from dir (a "/tmp/es-seg-XXXXXX"
+ * buffer, rewritten) and a store of url_fmt (its %s: that directory)
+ * archiving into DIR/archive; NULL on failure (reported). */
+static es_store *open_archiving(char *dir, const char *url_fmt) {
+  if (!mkdtemp(dir)) return NULL;
+  char url[320], arch[300];
+  snprintf(url, sizeof url, url_fmt, dir);
+  snprintf(arch, sizeof arch, "%s/archive", dir);
+  es_open_opts o = {0};
+  o.archive_dir = arch; /* copied by the store */
+  es_store *s = NULL;
+  es_err err = {0};
+  if (es_store_open(url, &o, &s, &err) != ES_OK) {
+    ok(0, err.msg);
+    return NULL;
+  }
+  return s;
+}
+
 /* ---- format version 1 ------------------------------------------------------ */
 
 static void put_le(unsigned char *p, uint64_t v, int n) {
@@ -266,19 +285,12 @@ static void old_format(void) {
  * one into one file of the current version, every event as it was. */
 static void old_format_compaction(void) {
   char dir[] = "/tmp/es-seg-XXXXXX";
-  if (!mkdtemp(dir)) return;
-  char url[320], arch[300], db[300];
+  es_store *s = open_archiving(dir, "sqlite:%s/db");
+  if (!s) return;
+  char arch[300], db[300];
   snprintf(db, sizeof db, "%s/db", dir);
-  snprintf(url, sizeof url, "sqlite:%s", db);
   snprintf(arch, sizeof arch, "%s/archive", dir);
-  es_open_opts o = {0};
-  o.archive_dir = arch;
-  es_store *s = NULL;
   es_err err = {0};
-  if (es_store_open(url, &o, &s, &err) != ES_OK) {
-    ok(0, err.msg);
-    return;
-  }
   /* 1..2 as events were before §3.1, 3..4 with revision and meta */
   es_new_event ev[4];
   for (int i = 0; i < 4; i++) {
@@ -420,18 +432,9 @@ static int64_t read_count(es_store *s) {
 
 static void cas(const char *label, const char *url_fmt) {
   char dir[] = "/tmp/es-seg-XXXXXX";
-  if (!mkdtemp(dir)) return;
-  char url[256], arch[300];
-  snprintf(url, sizeof url, url_fmt, dir);
-  snprintf(arch, sizeof arch, "%s/archive", dir);
-  es_open_opts o = {0};
-  o.archive_dir = arch;
-  es_store *s = NULL;
+  es_store *s = open_archiving(dir, url_fmt);
+  if (!s) return;
   es_err err = {0};
-  if (es_store_open(url, &o, &s, &err) != ES_OK) {
-    ok(0, err.msg);
-    return;
-  }
   int written;
   es_segment g;
   append_settled(s, "s", 6);
