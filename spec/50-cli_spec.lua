@@ -697,10 +697,10 @@ end
     local function run_and_signal(sig, after, again, ready)
       local script = ([[
 cd %s || exit 99
-timeout --foreground -k 2 30 %s run >run.out 2>run.err &
+timeout --foreground -k 2 120 %s run >run.out 2>run.err &
 pid=$!
 i=0
-while [ $i -lt 200 ] && ! { %s ; } >/dev/null 2>&1; do sleep 0.1; i=$((i + 1)); done
+while [ $i -lt 600 ] && ! { %s ; } >/dev/null 2>&1; do sleep 0.1; i=$((i + 1)); done
 sleep %s
 kill -%s $pid
 %s
@@ -713,7 +713,10 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
         again and ("sleep %s; kill -%s $pid"):format(again, sig) or "")
       -- timeout forwards the signal to the binary alone (--foreground: not
       -- to its process group, so a handler's child is not killed with it)
-      -- and exits with its status
+      -- and exits with its status. Its 120 s, and the 60 s the handler may
+      -- take to start, are hang ceilings only: with two busy loops and a
+      -- parallel suite on two cores, a run took over 30 s from its start to
+      -- its exit (the stop itself is timed by each test).
       local p = assert(io.popen("sh -c " .. sh_quote(script)))
       local line = p:read("l")
       p:close()

@@ -437,23 +437,15 @@ void es_lua_push_lease(lua_State *L, es_lease *l) {
   es_lua_set_int(L, "expires_at", expires_at);
 }
 
-static int events_box_gc(lua_State *L) {
-  es_events_destroy(lua_touserdata(L, 1));
-  return 0;
-}
+static void events_release(void *box) { es_events_destroy(box); }
 
 /* Pushes an array of events and frees the list. The list moves into a
  * userdata first, so a Lua error while building the tables (out of memory,
  * a stored payload that does not decode) cannot leak it. */
 void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
-  es_events *box = lua_newuserdatauv(L, sizeof *box, 0);
+  es_events *box = es_lua_push_box(L, sizeof *box, 0, events_release);
   *box = *list; /* the caller's list is ours now, even if the next lines raise */
   memset(list, 0, sizeof *list);
-  if (luaL_newmetatable(L, "eventstore.EventsBox")) {
-    lua_pushcfunction(L, events_box_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
   lua_createtable(L, (int)(box->n > 1000000 ? 0 : box->n), 0);
   int arr = lua_gettop(L);
   pusher p;
@@ -463,7 +455,7 @@ void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
     lua_rawseti(L, arr, (lua_Integer)i + 1);
   }
   pusher_end(&p);
-  es_events_destroy(box);
+  es_box_release_now(box);
   lua_remove(L, -2);
 }
 
@@ -576,19 +568,11 @@ static const char *event_str(conv *c, int t, size_t i, int name, int last) {
   return v;
 }
 
-static int buf_box_gc(lua_State *L) {
-  es_buf_destroy(lua_touserdata(L, 1));
-  return 0;
-}
+static void buf_release(void *box) { es_buf_destroy(box); }
 
 es_buf *es_lua_push_buf_box(lua_State *L) {
-  es_buf *b = lua_newuserdatauv(L, sizeof *b, 0);
-  es_buf_init(b); /* empty before anything can raise: a box without its __gc leaks nothing */
-  if (luaL_newmetatable(L, "eventstore.BufBox")) {
-    lua_pushcfunction(L, buf_box_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
+  es_buf *b = es_lua_push_box(L, sizeof *b, 0, buf_release);
+  es_buf_init(b);
   return b;
 }
 

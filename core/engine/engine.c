@@ -176,7 +176,7 @@ void es_loader_call(lua_State *L, const char *fn, const char *name) {
 }
 
 void es_runner_free_now(runner *r) {
-  if (r->L) lua_close(r->L);
+  es_budget_close(&r->b);
   es_buf_destroy(&r->fold_out);
   pthread_mutex_destroy(&r->mu);
   free(r);

@@ -16,28 +16,22 @@
 #include "bridge/common.h"
 #include "bridge/events.h"
 
-/* C-owned event lists held by a userdata, so a Lua error in a reducer
- * step never leaks them. */
+/* C-owned event lists held by a box (bridge/common.h), so a Lua error in
+ * a reducer step never leaks them. */
 typedef struct box {
   es_events events;
   es_snapshot snap;
 } box;
 
-static int box_gc(lua_State *L) {
-  box *x = lua_touserdata(L, 1);
+static void box_release(void *p) {
+  box *x = p;
   es_events_destroy(&x->events);
   es_snapshot_destroy(&x->snap);
-  return 0;
 }
 
 static box *push_box(lua_State *L) {
-  box *x = lua_newuserdatauv(L, sizeof *x, 0);
-  memset(x, 0, sizeof *x);
+  box *x = es_lua_push_box(L, sizeof *x, 0, box_release);
   es_snapshot_init(&x->snap);
-  lua_newtable(L);
-  lua_pushcfunction(L, box_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
   return x;
 }
 
@@ -334,6 +328,7 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     else lua_replace(L, st);
   }
   lua_settop(L, st); /* the builder's slots */
+  es_box_release_now(x); /* the events are folded: free them now, not at the next collection */
   if (e->o.snapshot_every > 0 || force) {
     /* With snapshots on, an unserialisable state is an error even before
      * the first snapshot is due, so it shows up on the first fold. */

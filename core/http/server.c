@@ -5,7 +5,8 @@
  * percent-decoding, routing (routes.c), bearer-token authentication
  * (tokens.c), one tenant handle per tenant, the inspector's static files,
  * and turning a handler's es_http_resp into a response (a buffer, or an
- * SSE stream).
+ * SSE stream), each with the same security headers. With a certificate
+ * and key (tls.c checks them) libmicrohttpd serves HTTPS only.
  *
  * One thread per connection (MHD_USE_THREAD_PER_CONNECTION): handlers make
  * blocking store calls and SSE streams block in es_store_wait, so a slow
@@ -37,6 +38,7 @@
 
 #include "codec/json_scan.h" /* esj_utf8_seq: the one UTF-8 rule */
 #include "http/internal.h"
+#include "http/tls.h"
 #include "http/tokens.h"
 
 #define STREAM_BLOCK (16 * 1024)          /* bytes MHD asks a stream for at once */
@@ -83,6 +85,7 @@ struct es_http {
   int64_t tokens_checked_ms;
   tenant_entry *tenants;
   int port;
+  es_tls_pem tls;          /* owned; tls.cert NULL: plain HTTP */
   /* While MHD_start_daemon runs, its log lines are kept here instead of
    * printed: they say "Failed to bind to port 0" (it does not know the
    * address we gave it), and the start's own error says it better. */
@@ -243,6 +246,26 @@ static void count_answer(es_http *h, int route, int status) {
     atomic_fetch_add_explicit(&h->counters.by_route[route], 1, memory_order_relaxed);
 }
 
+/* The headers every answer carries (docs/http.md "Security headers"). The
+ * policy is the inspector's own (its index.html repeats it in a meta
+ * tag): everything from this origin, nothing inline, and frame-ancestors
+ * 'none', which only a header can say, so no page (not even this
+ * server's) can frame the inspector to steal a click. JSON and streams
+ * get the same: one policy, nothing to choose per answer.
+ * Strict-Transport-Security only over TLS: over plain HTTP a browser
+ * ignores it, and it would promise HTTPS this server does not serve. */
+#define CSP "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; " \
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "   \
+            "frame-ancestors 'none'"
+#define HSTS "max-age=31536000"
+
+static void security_headers(const es_http *h, struct MHD_Response *mr) {
+  MHD_add_response_header(mr, "Content-Security-Policy", CSP);
+  MHD_add_response_header(mr, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(mr, "Referrer-Policy", "no-referrer");
+  if (h->tls.cert) MHD_add_response_header(mr, "Strict-Transport-Security", HSTS);
+}
+
 /* Queues o (its body and stream are consumed) as the answer to r. api: the
  * JSON API's Cache-Control; www: a 401's WWW-Authenticate value. */
 static enum MHD_Result answer(struct MHD_Connection *c, rec *r, es_http_resp *o, const char *www,
@@ -298,7 +321,7 @@ static enum MHD_Result answer(struct MHD_Connection *c, rec *r, es_http_resp *o,
     if (r->route != -1) MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     else MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
   }
-  MHD_add_response_header(mr, "X-Content-Type-Options", "nosniff");
+  security_headers(h, mr);
   if (o->allow) MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, o->allow);
   if (www) MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, www);
   if (close) MHD_add_response_header(mr, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -1088,6 +1111,7 @@ static void http_free(es_http *h) {
   if (h->root) es_store_release(h->root);
   free(h->static_dir);
   free(h->tokens_path);
+  es_tls_pem_free(&h->tls);
   pthread_mutex_destroy(&h->mu);
   pthread_mutex_destroy(&h->conns_mu);
   free(h);
@@ -1101,6 +1125,9 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
     return es_fail(err, ES_INVALID_ARGUMENT, "serve the store itself, not a tenant handle (tokens choose tenants)");
   if (!o->tokens_path || !*o->tokens_path)
     return es_fail(err, ES_INVALID_ARGUMENT, "a tokens file is required (eventstore token new TENANT RIGHTS makes a line of one)");
+  if (!o->tls_cert_path != !o->tls_key_path)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "TLS needs both a certificate and its key (--tls-cert FILE --tls-key FILE), or neither");
   struct sockaddr_storage ss;
   socklen_t sslen = 0;
   int v6 = 0;
@@ -1139,12 +1166,25 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
   }
   warn_loaded(h->tokens_path, plain);
   free(plain);
+  if (o->tls_cert_path && es_tls_pem_load(o->tls_cert_path, o->tls_key_path, &h->tls, err) != ES_OK) {
+    http_free(h);
+    return err->code;
+  }
+  /* HTTPS only, when asked: libmicrohttpd then answers nothing to plain
+   * HTTP (its handshake fails and the connection is closed). An array,
+   * so that the call below is the same with TLS or without. */
+  struct MHD_OptionItem tls_opts[] = {
+      {MHD_OPTION_HTTPS_MEM_CERT, 0, h->tls.cert},
+      {MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls.key},
+      {MHD_OPTION_END, 0, NULL},
+  };
 
   /* MHD's own cap sits a little above ours so that the connections past
    * max_connections get a 503 that says why, instead of a silent close. */
   unsigned slack = h->limits.max_connections / 8 + 8;
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
   if (v6) flags |= MHD_USE_IPv6;
+  if (h->tls.cert) flags |= MHD_USE_TLS;
   errno = 0;
   atomic_store(&h->starting, 1);
   h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
@@ -1156,6 +1196,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                           MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, h,
+                          MHD_OPTION_ARRAY, h->tls.cert ? tls_opts : tls_opts + 2,
                           MHD_OPTION_END);
   int e = errno;
   atomic_store(&h->starting, 0);
@@ -1182,6 +1223,8 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
 }
 
 int es_http_port(const es_http *h) { return h ? h->port : 0; }
+
+int es_http_tls(const es_http *h) { return h && h->tls.cert; }
 
 void es_http_stop(es_http *h) {
   if (!h) return;

@@ -692,7 +692,7 @@ tenant's counts. With --json, one JSON object:
 local DEFAULT_LISTEN = "127.0.0.1:8080"
 
 command("serve", {
-  synopsis = "serve --tokens FILE [--db URL] [--scripts DIR] [--listen ADDR] [--no-engine] [--static DIR] [limits]",
+  synopsis = "serve --tokens FILE [--db URL] [--scripts DIR] [--listen ADDR] [--tls-cert FILE --tls-key FILE] [--no-engine] [--static DIR] [limits]",
   store_help = STORE_HELP_COMMON
     .. "  --tenant NAME   not taken: each token names its tenant (a usage error)\n",
   summary = "serve the store over HTTP (JSON API, live tails, metrics, inspector)",
@@ -710,11 +710,15 @@ SIGINT or SIGTERM (exit 0); with --no-engine it does not, but the scripts
 directory's reducers still answer state requests when it exists. Once the
 socket listens, prints one line to stdout:
   listening on http://HOST:PORT
+(https:// with --tls-cert and --tls-key: HTTPS only, plain HTTP is refused).
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
   --listen ADDR   HOST:PORT, [IPV6]:PORT or :PORT (every IPv4 address);
                   port 0 picks a free one (default ]] .. DEFAULT_LISTEN .. [[)
   --tokens FILE   the tokens file (required)
+  --tls-cert FILE         serve HTTPS only, with this PEM certificate (the
+                          server's first, then its chain); needs --tls-key
+  --tls-key FILE          that certificate's unencrypted PEM private key
   --no-engine     do not run handlers here (remote workers claim through
                   the API); the scripts directory may then be missing
   --static DIR    the inspector's files (default: the ones installed with
@@ -734,7 +738,7 @@ socket listens, prints one line to stdout:
   args = { 0, 0 },
   options = {
     db = "string", scripts = "string", listen = "string", tokens = "string",
-    ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
+    ["tls-cert"] = "string", ["tls-key"] = "string", ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
     ["max-body"] = { int = 1, max = 1 << 40 }, ["max-batch"] = { int = 1, max = 1000000 },
     ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
     ["max-streams"] = { int = 1, max = 100000 },
@@ -1528,6 +1532,10 @@ function commands.serve.check(o)
   if o.tenant ~= nil then
     usage_error("serve", false, "serve: --tenant does not apply: each token names its tenant")
   end
+  if (o["tls-cert"] == nil) ~= (o["tls-key"] == nil) then
+    usage_error("serve", false, "serve: --tls-cert and --tls-key go together (a certificate and its key), got only %s",
+      o["tls-cert"] and "--tls-cert" or "--tls-key")
+  end
   local listen = o.listen or DEFAULT_LISTEN
   local port
   for _, shape in ipairs(LISTEN_SHAPES) do
@@ -1557,6 +1565,7 @@ function commands.serve.run(o)
     max_body = o["max-body"], max_batch = o["max-batch"], max_connections = o["max-connections"],
     request_timeout = o["request-timeout"], max_streams = o["max-streams"],
     header_timeout_ms = o["header-timeout-ms"], max_per_client = o["max-per-client"],
+    tls_cert = o["tls-cert"], tls_key = o["tls-key"],
   })
   if not ok then
     if engine then engine:close() end
@@ -1564,7 +1573,7 @@ function commands.serve.run(o)
   end
   local host = (o.listen or DEFAULT_LISTEN):match("^(.*):%d+$")
   if host == "" then host = "0.0.0.0" end
-  out(("listening on http://%s:%d"):format(host, server:port()))
+  out(("listening on %s://%s:%d"):format(server:tls() and "https" or "http", host, server:port()))
   io.stdout:flush()
   local function signalled() return tty ~= nil and tty.signals ~= nil and tty.signals() ~= 0 end
   local ran, err = pcall(function()
