@@ -1,7 +1,8 @@
 /*
  * json_doc.h: a strict JSON document read into a small tree, for callers
  * that take JSON from outside and must look at its fields (the HTTP API's
- * request bodies, http/api.c).
+ * request bodies, http/api.c; an event's meta, §3.1, §4: the engine reads
+ * its correlation, and es_json_object_defaults adds members to it).
  *
  * Acceptance is exactly es_json_validate's (duplicate keys, trailing
  * characters, invalid UTF-8, lone surrogates, nesting deeper than
