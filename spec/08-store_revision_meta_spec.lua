@@ -127,6 +127,26 @@ for _, url in ipairs(helpers.urls()) do
       conformance(function() return helpers.new(url):tenant("T") end)
     end)
 
+    it("meta is never sealed: a shredded event keeps its meta and revision (§3.10)", function()
+      local reserved = os.tmpname()
+      local store = helpers.new(url, { keys = reserved .. ".key" })
+      local ok, err = pcall(function()
+        store:append("s", { { type = "a", payload = { pan = "4111" }, key = "k", revision = 4, meta = META } })
+        -- at rest the payload is ciphertext, the meta and revision as given
+        local rest = store:read_at_rest("s")[1]
+        assert.truthy(rest.ciphertext)
+        assert.same({ (WANT[1]:gsub("^a:7:", "a:4:")) }, shape({ rest }))
+        assert.is_true(store:shred("k"))
+        local e = store:read("s")[1]
+        assert.is_true(e.shredded)
+        assert.is_nil(e.payload)
+        assert.same({ (WANT[1]:gsub("^a:7:", "a:4:")) }, shape({ e }))
+      end)
+      os.remove(reserved)
+      os.remove(reserved .. ".key")
+      assert(ok, err)
+    end)
+
     if url:match("^sqlite:") or url:match("^postgres") then
       it("revision and meta survive closing and reopening", function()
         local store, _, concrete = helpers.new(url)
