@@ -63,15 +63,6 @@ static int answer(es_http_resp *out) {
 
 static void put_bool(es_buf *b, int v) { es_buf_adds(b, v ? "true" : "false"); }
 
-/* Ends a listing's array and its answer: `],"cursor":...}`. A full page
- * may have more after it: its last name (`last`) is the next page's
- * `after` (that page may be empty); a shorter page has none (null). */
-static void end_page(es_buf *b, size_t n, int64_t limit, const char *last) {
-  es_buf_adds(b, "],\"cursor\":");
-  es_wire_cstr(b, n > 0 && (int64_t)n == limit ? last : NULL);
-  es_buf_addc(b, '}');
-}
-
 /* A latency in microseconds, with the nanoseconds as a fraction (as
  * store:stats() gives it). */
 static void put_us(es_buf *b, uint64_t ns) {
@@ -87,6 +78,142 @@ static void put_percentiles(es_buf *b, uint64_t p50_ns, uint64_t p99_ns, uint64_
   put_us(b, p99_ns);
   es_buf_adds(b, ",\"max_us\":");
   put_us(b, max_ns);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pages: a listing ends early at max_response_bytes */
+
+#define DEFAULT_MAX_RESPONSE ((size_t)8 << 20)
+
+static size_t max_response(const es_http_req *r) {
+  size_t m = r->ctx && r->ctx->limits ? r->ctx->limits->max_response_bytes : 0;
+  return m ? m : DEFAULT_MAX_RESPONSE;
+}
+
+/* A listing of unbounded rows (events with their payloads, session rows
+ * with their seal reasons), written as it is read so that the answer, which
+ * libmicrohttpd holds until a slow client has read it, stays near
+ * max_response_bytes (docs/limits.md "Answers"). The store is asked for
+ * chunks of items after the last one written, each sized by the room left
+ * at item_max bytes an item (READ_AHEAD), so what is read is bounded too;
+ * each item is written, and the page ends at `limit`, when
+ * the store has no more, or before the item that would take the answer
+ * past the cap: that item is left out and the route's cursor goes on
+ * from the one before it (capped = 1). The first item is always written,
+ * however large, so a client paging on never stalls on one large item. */
+typedef struct page page;
+struct page {
+  const es_http_req *r;
+  es_buf *b;
+  int64_t limit, n;   /* at most, and written */
+  size_t item_max;    /* the most bytes one item can take (ES_WIRE_*) */
+  int keep_all;       /* every item read is written (claims: a claimed event must reach its
+                       * worker), so no chunk is read without room for all of it */
+  int capped;         /* the page ended at the cap */
+  /* the route's: reads up to k items after the last one taken; *got: how many */
+  int (*read)(page *p, int64_t k, size_t *got, es_err *err);
+  void (*put)(page *p, size_t i);  /* writes item i of the last read */
+  void (*take)(page *p, size_t i); /* item i is in the page: the next read goes on after it */
+  void (*drop)(page *p);           /* frees the last read */
+};
+
+/* A listing that drops what does not fit reads up to this many times the
+ * room left at the items' largest size per store call: fewer calls where
+ * items are small (a page of 100 small events in 5 calls, not 20, at the
+ * defaults), a few dropped where they are large. */
+#define READ_AHEAD 4
+
+static int page_fill(page *p, es_err *err) {
+  size_t cap = max_response(p->r);
+  int more = 1;
+  while (more && p->n < p->limit) {
+    size_t room = cap > p->b->len ? cap - p->b->len : 0;
+    /* a listing that drops what does not fit may read ahead of the room */
+    int64_t k = (int64_t)(room / p->item_max * (p->keep_all ? 1 : READ_AHEAD));
+    if (k < 1) {
+      if (p->keep_all && p->n > 0) {
+        p->capped = 1;
+        break;
+      }
+      k = 1; /* one more may fit: written and measured */
+    }
+    if (k > p->limit - p->n) k = p->limit - p->n;
+    size_t got = 0;
+    int rc = p->read(p, k, &got, err);
+    if (rc) {
+      p->drop(p);
+      if (!p->keep_all || p->n == 0) return rc;
+      p->capped = 1; /* what was claimed is answered; the next claim meets the error */
+      break;
+    }
+    more = (int64_t)got == k; /* fewer than asked: the store has no more */
+    for (size_t i = 0; i < got; i++) {
+      size_t before = p->b->len;
+      if (p->n) es_buf_addc(p->b, ',');
+      p->put(p, i);
+      if (!p->keep_all && p->n > 0 && p->b->len > cap) {
+        p->b->len = before;
+        p->capped = 1;
+        more = 0;
+        break;
+      }
+      p->take(p, i);
+      p->n++;
+    }
+    p->drop(p);
+  }
+  return ES_OK;
+}
+
+/* ,"capped":true when the page ended at the cap (nothing otherwise: an
+ * answer within the cap is written as before the cap existed). */
+static void put_capped(es_buf *b, const page *p) {
+  if (p->capped) es_buf_adds(b, ",\"capped\":true");
+}
+
+/* A page of events (read, read_all, dead letters, claims). */
+typedef struct event_page {
+  page p;
+  es_events list;
+  int claimed;         /* write each event's attempt */
+  int by_index;        /* the route goes on after an index (else a position) */
+  int64_t after;       /* the last event written's index or position */
+  /* the route's arguments */
+  const char *session;
+  int64_t through;
+  const char *holder;
+  int64_t ttl;
+  const char **types;
+  size_t n_types;
+  int64_t retry_at;
+} event_page;
+
+static void event_put(page *p, size_t i) {
+  event_page *e = (event_page *)p;
+  es_wire_event(p->b, &e->list.v[i], e->claimed);
+}
+
+static void event_take(page *p, size_t i) {
+  event_page *e = (event_page *)p;
+  e->after = e->by_index ? e->list.v[i].index : e->list.v[i].position;
+}
+
+static void event_drop(page *p) { es_events_destroy(&((event_page *)p)->list); }
+
+/* Starts an event page of r, written into out's body. */
+static void event_page_init(event_page *e, const es_http_req *r, es_http_resp *out,
+                            int64_t limit, int64_t after,
+                            int (*read)(page *, int64_t, size_t *, es_err *)) {
+  memset(e, 0, sizeof *e);
+  e->p.r = r;
+  e->p.b = &out->body;
+  e->p.limit = limit;
+  e->p.item_max = ES_WIRE_EVENT_MAX(es_store_max_payload(r->store));
+  e->p.read = read;
+  e->p.put = event_put;
+  e->p.take = event_take;
+  e->p.drop = event_drop;
+  e->after = after;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -506,22 +633,50 @@ int es_api_append(const es_http_req *r, es_http_resp *out) {
   return answer(out);
 }
 
+static int read_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int64_t through = ES_NONE;
+  int rc = es_store_events_page(p->r->store, e->session, e->after, e->through, k, &e->list,
+                                &through, err);
+  /* the first chunk pins the head (through left out); every later one reads below it */
+  if (rc == ES_OK && e->through == ES_NONE) e->through = through;
+  *got = e->list.n;
+  return rc;
+}
+
 int es_api_read(const es_http_req *r, es_http_resp *out) {
   int64_t after, through, limit;
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       es_http_query_int(r, "through", 0, INT64_MAX, ES_NONE, &through, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
-  es_events list = {0};
-  int64_t through_out = 0;
+  event_page e;
+  event_page_init(&e, r, out, limit, after, read_page);
+  e.by_index = 1;
+  e.session = r->seg[2];
+  e.through = through;
   es_err err = {0};
-  if (es_store_events_page(r->store, r->seg[2], after, through, limit, &list, &through_out, &err))
-    return es_http_fail_err(out, &err);
-  es_buf_adds(&out->body, "{\"events\":");
-  es_wire_events_array(&out->body, &list, 0);
-  es_wire_int_field(&out->body, "through", through_out);
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) return es_http_fail_err(out, &err);
+  es_buf_addc(&out->body, ']');
+  es_wire_int_field(&out->body, "through", e.through == ES_NONE ? 0 : e.through);
+  put_capped(&out->body, &e.p);
   es_buf_addc(&out->body, '}');
-  es_events_destroy(&list);
+  return answer(out);
+}
+
+static int read_all_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int rc = es_store_read_all(p->r->store, e->after, k, &e->list, err);
+  *got = e->list.n;
+  return rc;
+}
+
+/* Ends an event page's answer: `]` (,"capped":true) `}`. */
+static int end_events(es_http_resp *out, const event_page *e) {
+  es_buf_addc(&out->body, ']');
+  put_capped(&out->body, &e->p);
+  es_buf_addc(&out->body, '}');
   return answer(out);
 }
 
@@ -530,12 +685,12 @@ int es_api_read_all(const es_http_req *r, es_http_resp *out) {
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
-  es_events list = {0};
+  event_page e;
+  event_page_init(&e, r, out, limit, after, read_all_page);
   es_err err = {0};
-  if (es_store_read_all(r->store, after, limit, &list, &err)) return es_http_fail_err(out, &err);
-  es_wire_events(&out->body, &list, 0);
-  es_events_destroy(&list);
-  return answer(out);
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) return es_http_fail_err(out, &err);
+  return end_events(out, &e);
 }
 
 int es_api_head(const es_http_req *r, es_http_resp *out) {
@@ -664,23 +819,94 @@ static void put_session_row(es_buf *b, const es_session_info *si) {
   es_buf_addc(b, '}');
 }
 
+/* A page of named rows (sessions, children, refs): goes on after the last
+ * name written, and its cursor is that name when the page was cut. */
+typedef struct row_page {
+  page p;
+  char last[ES_MAX_ID_BYTES + 1]; /* the last name written ("" before the first) */
+  char *cursor;                   /* sessions: the store's cursor of the last chunk (owned) */
+  const char *prefix;
+  es_sessions sessions;
+  es_lineages children;
+  es_refs refs;
+} row_page;
+
+static void row_take_name(row_page *w, const char *name) {
+  snprintf(w->last, sizeof w->last, "%s", name);
+}
+
+static const char *row_after(const row_page *w, const char *after) {
+  return w->p.n > 0 ? w->last : after;
+}
+
+/* Starts a row page of r, written into out's body; item_max: one row's most bytes. */
+static void row_page_init(row_page *w, const es_http_req *r, es_http_resp *out, int64_t limit,
+                          size_t item_max, int (*read)(page *, int64_t, size_t *, es_err *),
+                          void (*put)(page *, size_t), void (*take)(page *, size_t),
+                          void (*drop)(page *)) {
+  memset(w, 0, sizeof *w);
+  w->p.r = r;
+  w->p.b = &out->body;
+  w->p.limit = limit;
+  w->p.item_max = item_max;
+  w->p.read = read;
+  w->p.put = put;
+  w->p.take = take;
+  w->p.drop = drop;
+}
+
+/* Ends a row page's answer: `],"cursor":...` (,"capped":true) `}`. A
+ * page cut at the cap goes on after its last row; otherwise the cursor is
+ * the route's own (uncut). */
+static int end_rows(es_http_resp *out, row_page *w, const char *uncut) {
+  es_buf_adds(&out->body, "],\"cursor\":");
+  es_wire_cstr(&out->body, w->p.capped ? w->last : uncut);
+  put_capped(&out->body, &w->p);
+  es_buf_addc(&out->body, '}');
+  free(w->cursor);
+  return answer(out);
+}
+
+static int sessions_read(page *p, int64_t k, size_t *got, es_err *err) {
+  row_page *w = (row_page *)p;
+  int rc = es_store_sessions(p->r->store, w->prefix, row_after(w, query_str(p->r, "after")), k,
+                             &w->sessions, err);
+  free(w->cursor);
+  w->cursor = NULL;
+  if (rc == ES_OK && w->sessions.cursor && !(w->cursor = strdup(w->sessions.cursor)))
+    rc = es_fail(err, ES_STORAGE, "out of memory");
+  *got = w->sessions.n;
+  return rc;
+}
+
+static void sessions_put(page *p, size_t i) {
+  put_session_row(p->b, &((row_page *)p)->sessions.v[i]);
+}
+
+static void sessions_take(page *p, size_t i) {
+  row_page *w = (row_page *)p;
+  row_take_name(w, w->sessions.v[i].session);
+}
+
+static void sessions_drop(page *p) { es_sessions_destroy(&((row_page *)p)->sessions); }
+
+/* A session row: 3 names (session, lease holder, parent), a seal reason. */
+#define SESSION_ROW_MAX (3 * ES_WIRE_NAME_MAX + ES_WIRE_TEXT_MAX + ES_WIRE_FIELDS_MAX)
+
 int es_api_sessions(const es_http_req *r, es_http_resp *out) {
   int64_t limit;
   if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
-  es_sessions list = {0};
+  row_page w;
+  row_page_init(&w, r, out, limit, SESSION_ROW_MAX, sessions_read, sessions_put, sessions_take,
+                sessions_drop);
+  w.prefix = query_str(r, "prefix");
   es_err err = {0};
-  if (es_store_sessions(r->store, query_str(r, "prefix"), query_str(r, "after"), limit, &list, &err))
-    return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"sessions\":[");
-  for (size_t i = 0; i < list.n; i++) {
-    if (i) es_buf_addc(&out->body, ',');
-    put_session_row(&out->body, &list.v[i]);
+  if (page_fill(&w.p, &err)) {
+    free(w.cursor);
+    return es_http_fail_err(out, &err);
   }
-  es_buf_adds(&out->body, "],\"cursor\":");
-  es_wire_cstr(&out->body, list.cursor);
-  es_buf_addc(&out->body, '}');
-  es_sessions_destroy(&list);
-  return answer(out);
+  return end_rows(out, &w, w.cursor);
 }
 
 static void put_lineage(es_buf *b, const es_lineage *l) {
@@ -706,21 +932,48 @@ int es_api_lineage(const es_http_req *r, es_http_resp *out) {
   return answer(out);
 }
 
+static int children_read(page *p, int64_t k, size_t *got, es_err *err) {
+  row_page *w = (row_page *)p;
+  int rc = es_store_children(p->r->store, p->r->seg[2], row_after(w, query_str(p->r, "after")), k,
+                             &w->children, err);
+  *got = w->children.n;
+  return rc;
+}
+
+static void children_put(page *p, size_t i) { put_lineage(p->b, &((row_page *)p)->children.v[i]); }
+
+static void children_take(page *p, size_t i) {
+  row_page *w = (row_page *)p;
+  row_take_name(w, w->children.v[i].session);
+}
+
+static void children_drop(page *p) { es_lineages_destroy(&((row_page *)p)->children); }
+
+/* The cursor of a listing that has none from the store: a full page may
+ * have more after it: its last name is the next page's `after` (that page
+ * may be empty); a shorter page has none (null). */
+static const char *full_page_cursor(const row_page *w) {
+  return w->p.n > 0 && w->p.n == w->p.limit ? w->last : NULL;
+}
+
 int es_api_children(const es_http_req *r, es_http_resp *out) {
   int64_t limit;
   if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
-  es_lineages list = {0};
+  row_page w;
+  /* a lineage row: 2 names */
+  row_page_init(&w, r, out, limit, 2 * ES_WIRE_NAME_MAX + ES_WIRE_FIELDS_MAX, children_read,
+                children_put, children_take, children_drop);
   es_err err = {0};
-  if (es_store_children(r->store, r->seg[2], query_str(r, "after"), limit, &list, &err))
-    return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"children\":[");
-  for (size_t i = 0; i < list.n; i++) {
-    if (i) es_buf_addc(&out->body, ',');
-    put_lineage(&out->body, &list.v[i]);
-  }
-  end_page(&out->body, list.n, limit, list.n ? list.v[list.n - 1].session : NULL);
-  es_lineages_destroy(&list);
-  return answer(out);
+  if (page_fill(&w.p, &err)) return es_http_fail_err(out, &err);
+  return end_rows(out, &w, full_page_cursor(&w));
+}
+
+static int dead_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int rc = es_store_dead_letters(p->r->store, e->session, e->after, k, &e->list, err);
+  *got = e->list.n;
+  return rc;
 }
 
 int es_api_dead_letters(const es_http_req *r, es_http_resp *out) {
@@ -728,13 +981,13 @@ int es_api_dead_letters(const es_http_req *r, es_http_resp *out) {
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
-  es_events list = {0};
+  event_page e;
+  event_page_init(&e, r, out, limit, after, dead_page);
+  e.session = query_str(r, "session");
   es_err err = {0};
-  if (es_store_dead_letters(r->store, query_str(r, "session"), after, limit, &list, &err))
-    return es_http_fail_err(out, &err);
-  es_wire_events(&out->body, &list, 0);
-  es_events_destroy(&list);
-  return answer(out);
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) return es_http_fail_err(out, &err);
+  return end_events(out, &e);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -788,6 +1041,17 @@ int es_api_settle(const es_http_req *r, es_http_resp *out) {
 
 static const char *const claim_fields[] = {"holder", "ttl_ms", "limit", "types", NULL};
 
+/* Claims in chunks (page_fill with keep_all): a chunk claims no more than
+ * fits, and once the room left cannot hold one more event at its largest,
+ * the answer ends (capped) and the rest stays ready for the next claim. */
+static int claim_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int rc = es_store_claim_next(p->r->store, e->holder, e->ttl, k, e->types, e->n_types, NULL, 0,
+                               &e->list, &e->retry_at, err);
+  *got = e->list.n;
+  return rc;
+}
+
 int es_api_claims(const es_http_req *r, es_http_resp *out) {
   body bd;
   const char *holder;
@@ -832,19 +1096,25 @@ int es_api_claims(const es_http_req *r, es_http_resp *out) {
     }
     n_types = tv->n;
   }
-  es_events list = {0};
-  int64_t retry_at = ES_NONE;
+  event_page e;
+  event_page_init(&e, r, out, limit, 0, claim_page);
+  e.claimed = 1;
+  e.p.keep_all = 1;
+  e.holder = holder;
+  e.ttl = ttl;
+  e.types = types;
+  e.n_types = n_types;
+  e.retry_at = ES_NONE;
   es_err err = {0};
-  if (es_store_claim_next(r->store, holder, ttl, limit, types, n_types, NULL, 0, &list, &retry_at,
-                          &err)) {
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) {
     es_http_fail_err(out, &err);
     goto done;
   }
-  es_buf_adds(&out->body, "{\"events\":");
-  es_wire_events_array(&out->body, &list, 1);
-  es_wire_int_field(&out->body, "retry_at", retry_at);
+  es_buf_addc(&out->body, ']');
+  es_wire_int_field(&out->body, "retry_at", e.retry_at);
+  put_capped(&out->body, &e.p);
   es_buf_addc(&out->body, '}');
-  es_events_destroy(&list);
   answer(out);
 done:
   free(types);
@@ -974,21 +1244,33 @@ static int answer_ref(es_http_resp *out, es_ref *ref) {
   return answer(out);
 }
 
+static int refs_read(page *p, int64_t k, size_t *got, es_err *err) {
+  row_page *w = (row_page *)p;
+  int rc = es_store_list_refs(p->r->store, row_after(w, query_str(p->r, "after")), k, &w->refs, err);
+  *got = w->refs.n;
+  return rc;
+}
+
+static void refs_put(page *p, size_t i) { put_ref(p->b, &((row_page *)p)->refs.v[i]); }
+
+static void refs_take(page *p, size_t i) {
+  row_page *w = (row_page *)p;
+  row_take_name(w, w->refs.v[i].name);
+}
+
+static void refs_drop(page *p) { es_refs_destroy(&((row_page *)p)->refs); }
+
 int es_api_list_refs(const es_http_req *r, es_http_resp *out) {
   int64_t limit;
   if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
-  es_refs list = {0};
+  row_page w;
+  /* a ref row: 2 names */
+  row_page_init(&w, r, out, limit, 2 * ES_WIRE_NAME_MAX + ES_WIRE_FIELDS_MAX, refs_read, refs_put,
+                refs_take, refs_drop);
   es_err err = {0};
-  if (es_store_list_refs(r->store, query_str(r, "after"), limit, &list, &err))
-    return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"refs\":[");
-  for (size_t i = 0; i < list.n; i++) {
-    if (i) es_buf_addc(&out->body, ',');
-    put_ref(&out->body, &list.v[i]);
-  }
-  end_page(&out->body, list.n, limit, list.n ? list.v[list.n - 1].name : NULL);
-  es_refs_destroy(&list);
-  return answer(out);
+  if (page_fill(&w.p, &err)) return es_http_fail_err(out, &err);
+  return end_rows(out, &w, full_page_cursor(&w));
 }
 
 int es_api_get_ref(const es_http_req *r, es_http_resp *out) {

@@ -192,8 +192,23 @@ void es_wire_presence_rows(es_buf *b, const es_presence_rows *rows);
  * that is set, "payload" always (null when absent or shredded), "cause"
  * and "origin" as objects, "status" as text; `claimed` adds "attempt". */
 void es_wire_event(es_buf *b, const es_event *e, int claimed);
-/* {"events":[...]} and the same array alone. */
-void es_wire_events(es_buf *b, const es_events *list, int claimed);
+/* [event, ...] */
 void es_wire_events_array(es_buf *b, const es_events *list, int claimed);
+
+/* The most bytes one item can take in an answer, for a page read in
+ * chunks that cannot pass max_response_bytes (api.c "Pages"): JSON
+ * writes a byte of a string as at most 6 ("\u001f"), a name is at most
+ * ES_MAX_ID_BYTES and free text ES_MAX_TEXT_BYTES (plus its cut mark).
+ * An event's payload is its stored canonical text, at most the store's
+ * max_payload_bytes. */
+#define ES_WIRE_NAME_MAX (ES_MAX_ID_BYTES * 6 + 2)
+#define ES_WIRE_TEXT_MAX ((ES_MAX_TEXT_BYTES + 8) * 6 + 2)
+#define ES_WIRE_FIELDS_MAX 1024 /* every key, integer and punctuation of one item */
+/* es_wire_event: 7 names (id, type, key, session, lane, claim_holder,
+ * origin's session), last_error and the meta (§3.1: its stored canonical
+ * text, at most ES_MAX_META_BYTES). */
+#define ES_WIRE_EVENT_MAX(max_payload)                                                  \
+  ((max_payload) + 7 * ES_WIRE_NAME_MAX + ES_WIRE_TEXT_MAX + ES_MAX_META_BYTES + \
+   ES_WIRE_FIELDS_MAX)
 
 #endif

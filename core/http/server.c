@@ -1045,6 +1045,7 @@ static void apply_defaults(es_http_limits *l) {
   if (!l->max_per_client) l->max_per_client = l->max_connections / 2 ? l->max_connections / 2 : 1;
   if (!l->stream_buffer) l->stream_buffer = 1024 * 1024;
   if (!l->max_limit) l->max_limit = 1000;
+  if (!l->max_response_bytes) l->max_response_bytes = (size_t)8 << 20;
 }
 
 /* "HOST:PORT", "[V6]:PORT" or ":PORT" -> a socket address. */

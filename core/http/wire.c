@@ -148,12 +148,6 @@ void es_wire_events_array(es_buf *b, const es_events *list, int claimed) {
   es_buf_addc(b, ']');
 }
 
-void es_wire_events(es_buf *b, const es_events *list, int claimed) {
-  es_buf_adds(b, "{\"events\":");
-  es_wire_events_array(b, list, claimed);
-  es_buf_addc(b, '}');
-}
-
 int es_http_status_of(int code) {
   switch (code) {
   case ES_INVALID_ARGUMENT: return 400;

@@ -724,6 +724,8 @@ socket listens, prints one line to stdout:
   --static DIR    the inspector's files (default: the ones installed with
                   the binary)
   --workers N     engine worker threads, 1 to 256 (default 1)
+  --fold-runners N  threads that fold reducers for state requests, in
+                  parallel, 1 to 256 (default: the cores, at least 2)
   --max-body BYTES        largest request body (default 16777216)
   --max-batch N           most events in one append or complete (default 1000)
   --max-connections N     open connections at once (default 256)
@@ -734,15 +736,20 @@ socket listens, prints one line to stdout:
   --max-per-client N      open connections from one address (default half
                           of --max-connections)
   --max-streams N         open live tails at once (default 128)
+  --max-response-bytes BYTES  a listing's page ends before the item that
+                          would take its answer past this, marked
+                          "capped" (default 8388608; one item always)
 ]],
   args = { 0, 0 },
   options = {
     db = "string", scripts = "string", listen = "string", tokens = "string",
     ["tls-cert"] = "string", ["tls-key"] = "string", ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
+    ["fold-runners"] = { int = 1, max = MAX_WORKERS },
     ["max-body"] = { int = 1, max = 1 << 40 }, ["max-batch"] = { int = 1, max = 1000000 },
     ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
     ["max-streams"] = { int = 1, max = 100000 },
     ["header-timeout-ms"] = { int = 1, max = 86400000 }, ["max-per-client"] = { int = 1, max = 100000 },
+    ["max-response-bytes"] = { int = 1, max = 1 << 40 },
   },
 })
 
@@ -1555,7 +1562,9 @@ function commands.serve.run(o)
   local dir = scripts_dir(o, not o["no-engine"], "; or --no-engine to serve without handlers")
   local store <close> = open_store(o, true)
   local engine
-  if dir ~= nil then engine = new_engine(store, dir, { workers = o.workers }) end
+  if dir ~= nil then
+    engine = new_engine(store, dir, { workers = o.workers, fold_runners = o["fold-runners"] })
+  end
   -- Signals are counted from before the line below, so a SIGTERM sent as
   -- soon as it is read stops the server cleanly.
   if tty and tty.watch_signals then tty.watch_signals() end
@@ -1565,6 +1574,7 @@ function commands.serve.run(o)
     max_body = o["max-body"], max_batch = o["max-batch"], max_connections = o["max-connections"],
     request_timeout = o["request-timeout"], max_streams = o["max-streams"],
     header_timeout_ms = o["header-timeout-ms"], max_per_client = o["max-per-client"],
+    max_response_bytes = o["max-response-bytes"],
     tls_cert = o["tls-cert"], tls_key = o["tls-key"],
   })
   if not ok then
