@@ -57,7 +57,8 @@ static completion *completion_new(int worker, const claim_info *c, const es_new_
   for (size_t i = 0; i < n_cancel; i++) room += str_room(cancel[i].reason);
   for (size_t i = 0; i < n; i++)
     room += str_room(evs[i].id) + str_room(evs[i].type) + str_room(evs[i].lane) +
-            str_room(evs[i].key) + (evs[i].payload ? evs[i].payload_len + 1 : 0);
+            str_room(evs[i].key) + (evs[i].payload ? evs[i].payload_len + 1 : 0) +
+            (evs[i].meta ? evs[i].meta_len + 1 : 0);
   completion *p = malloc(room);
   if (!p) return NULL;
   memset(p, 0, sizeof *p);
@@ -86,6 +87,12 @@ static completion *completion_new(int worker, const claim_info *c, const es_new_
       at[evs[i].payload_len] = '\0';
       d->payload = at;
       at += evs[i].payload_len + 1;
+    }
+    if (evs[i].meta) { /* §3.1, §4: the correlation the worker added */
+      memcpy(at, evs[i].meta, evs[i].meta_len);
+      at[evs[i].meta_len] = '\0';
+      d->meta = at;
+      at += evs[i].meta_len + 1;
     }
   }
   return p;

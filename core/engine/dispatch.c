@@ -18,6 +18,7 @@
 #include "engine/internal.h"
 #include "bridge/common.h"
 #include "bridge/events.h"
+#include "codec/json_doc.h"
 
 /* ---------------------------------------------------------------------- */
 /* dispatch */
@@ -121,6 +122,24 @@ void es_job_error(job *j, const char *msg) {
   j->result = RUN_FAILED;
 }
 
+/* §4: the correlation a handler's results carry: the handled event's
+ * meta.correlation when it is a string (copied into buf, cap bytes), else
+ * the event's own id (the first of a chain correlates as itself). */
+static const char *correlation_of(const es_event *ev, char *buf, size_t cap) {
+  const char *c = ev->id;
+  es_json_doc *doc = NULL;
+  es_err err = {0};
+  if (ev->meta && es_json_doc_parse(ev->meta, strlen(ev->meta), &doc, &err) == ES_OK) {
+    const es_jval *v = es_jval_get(es_json_doc_root(doc), "correlation");
+    if (v && v->type == ES_JSTRING && v->len < cap && !memchr(v->str, '\0', v->len)) {
+      memcpy(buf, v->str, v->len + 1);
+      c = buf;
+    }
+  }
+  es_json_doc_free(doc);
+  return c;
+}
+
 /* Everything of one event that runs Lua, as one budgeted call: finding
  * and loading the handler, calling it, and converting what it returned
  * (metamethods included) and encoding the payloads (within the size
@@ -156,7 +175,11 @@ static int run_job(lua_State *L) {
   int rc = es_store_now(e->s, &now, &err);
   atomic_fetch_sub(&j->r->b.trusted, 1);
   if (rc) return es_lua_raise(L, &err);
-  j->evs = es_lua_check_events(L, -1, 0, now, es_store_max_payload(e->s), &j->n);
+  /* §4: each result's meta gets the chain's correlation and this event as
+   * its causation, where the handler did not set them itself */
+  char corr[ES_MAX_META_BYTES + 1];
+  es_meta_defaults caused = {{"correlation", "causation"}, {correlation_of(ev, corr, sizeof corr), ev->id}, 2};
+  j->evs = es_lua_check_events_meta(L, -1, 0, now, es_store_max_payload(e->s), &caused, &j->n);
   return 3; /* the returned table (it holds the events' strings), the events, their payloads */
 }
 

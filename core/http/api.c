@@ -408,8 +408,9 @@ static int get_bool(es_http_resp *out, const es_jval *obj, const char *ctx, cons
 /* ------------------------------------------------------------------------ */
 /* events in a body (append, complete): the Lua event table's shape */
 
-static const char *const event_fields[] = {"type", "payload", "id", "lane", "key", "settled",
-                                           "not_before", "at", "delay_ms", "cause", NULL};
+static const char *const event_fields[] = {"type",       "payload", "id",       "lane",
+                                           "key",        "settled", "not_before", "at",
+                                           "delay_ms",   "cause",   "revision", "meta", NULL};
 static const char *const cause_fields[] = {"index", "attempt", NULL};
 
 typedef struct batch {
@@ -422,6 +423,56 @@ static void batch_free(batch *b) {
   free(b->v);
   es_buf_destroy(&b->payloads);
   memset(b, 0, sizeof *b);
+}
+
+int es_http_traceparent_ok(const char *v) {
+  size_t n = strlen(v);
+  if (n < 55 || n > ES_HTTP_TRACEPARENT_MAX || (n > 55 && v[55] != '-')) return 0;
+  if (!strncmp(v, "00", 2) && n != 55) return 0;
+  if (!strncmp(v, "ff", 2) || v[2] != '-' || v[35] != '-' || v[52] != '-') return 0;
+  int zero_trace = 1, zero_parent = 1;
+  for (size_t i = 0; i < 55; i++) {
+    if (i == 2 || i == 35 || i == 52) continue;
+    if (!((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f'))) return 0;
+    if (i > 2 && i < 35 && v[i] != '0') zero_trace = 0;
+    if (i > 35 && i < 52 && v[i] != '0') zero_parent = 0;
+  }
+  for (size_t i = 55; i < n; i++)
+    if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] > 0x7e) return 0;
+  return !zero_trace && !zero_parent;
+}
+
+/* An event's `meta` (absent or null: none; else an object) as canonical
+ * text into buf at *at (SIZE_MAX: none), its length in *len; §6: the
+ * request's traceparent added as meta.traceparent where the event has
+ * none. -1 with out made on failure. */
+static int read_meta(const es_http_req *r, es_http_resp *out, const es_jval *ev, const char *ctx,
+                     es_buf *buf, size_t *at, size_t *len) {
+  const es_jval *meta = es_jval_get(ev, "meta");
+  if (meta && meta->type == ES_JNULL) meta = NULL;
+  if (meta && meta->type != ES_JOBJECT) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%smeta' must be an object, got %s", ctx,
+                 es_jtype_name(meta->type));
+    return -1;
+  }
+  if (!meta && !r->traceparent) return 0;
+  es_buf canon;
+  es_buf_init(&canon);
+  es_err err = {0};
+  const char *key = "traceparent";
+  int rc = meta ? es_json_canonicalize(meta->raw, meta->raw_len, &canon, &err) : ES_OK;
+  *at = buf->len;
+  if (rc == ES_OK)
+    rc = es_json_object_defaults(meta ? canon.data : NULL, canon.len, &key, &r->traceparent,
+                                 r->traceparent ? 1 : 0, buf, &err);
+  es_buf_destroy(&canon);
+  if (rc == ES_OK && es_buf_addc(buf, '\0') != ES_OK) rc = es_fail(&err, ES_STORAGE, "out of memory");
+  if (rc != ES_OK) {
+    es_http_fail_err(out, &err);
+    return -1;
+  }
+  *len = buf->len - *at - 1;
+  return 0;
 }
 
 /* Reads the member `field` of obj (an array of events; absent or null: an
@@ -449,7 +500,7 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
     return -1;
   }
   size_t n = arr->n;
-  b->v = calloc(n ? n : 1, sizeof *b->v + sizeof(size_t));
+  b->v = calloc(n ? n : 1, sizeof *b->v + 2 * sizeof(size_t));
   if (!b->v) {
     es_http_fail(out, 503, "STORAGE", "out of memory");
     return -1;
@@ -457,13 +508,14 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
   /* where each payload starts in b->payloads (SIZE_MAX: none); pointers
    * are set once the buffer stops growing */
   size_t *at = (size_t *)(void *)(b->v + (n ? n : 1));
+  size_t *meta_at = at + (n ? n : 1); /* the same for each meta */
   int64_t now = ES_NONE;
   for (size_t i = 0; i < n; i++) {
     const es_jval *ev = &arr->items[i];
     es_new_event *e = &b->v[i];
     char ctx[64], cctx[80];
     es_new_event_init(e);
-    at[i] = SIZE_MAX;
+    at[i] = meta_at[i] = SIZE_MAX;
     snprintf(ctx, sizeof ctx, "%s[%zu].", field, i + 1);
     if (ev->type != ES_JOBJECT) {
       es_http_fail(out, 400, "INVALID_ARGUMENT", "%s[%zu] must be an object (an event), got %s",
@@ -518,6 +570,9 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
           get_int(out, cause, cctx, "attempt", 1, ES_NONE, &e->cause_attempt, NULL))
         goto fail;
     }
+    if (get_int(out, ev, ctx, "revision", 0, ES_NONE, &e->revision, NULL) ||
+        read_meta(r, out, ev, ctx, &b->payloads, &meta_at[i], &e->meta_len))
+      goto fail;
     const es_jval *payload = es_jval_get(ev, "payload");
     if (payload) {
       es_err err = {0};
@@ -533,8 +588,10 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
       }
     }
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     if (at[i] != SIZE_MAX) b->v[i].payload = b->payloads.data + at[i];
+    if (meta_at[i] != SIZE_MAX) b->v[i].meta = b->payloads.data + meta_at[i];
+  }
   b->n = n;
   return 0;
 fail:

@@ -115,6 +115,7 @@ typedef struct rec {
   char *qk[ES_HTTP_MAX_QUERY];
   char *qv[ES_HTTP_MAX_QUERY];
   char *last_event_id;
+  char traceparent[ES_HTTP_TRACEPARENT_MAX + 1];
   char static_name[256];
   es_http_req req;
 } rec;
@@ -835,6 +836,11 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
       return refuse(c, r, 413, "TOO_LARGE", NULL, 1,
                     "the body is %llu bytes; this server takes at most %zu (--max-body)", n,
                     h->limits.max_body);
+  }
+  const char *tp = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "traceparent");
+  if (tp && es_http_traceparent_ok(tp)) {
+    memcpy(r->traceparent, tp, strlen(tp) + 1);
+    r->req.traceparent = r->traceparent;
   }
   const char *lei = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
   if (lei) {

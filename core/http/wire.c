@@ -88,6 +88,11 @@ void es_wire_event(es_buf *b, const es_event *e, int claimed) {
   key(b, "payload");
   if (e->payload) es_buf_add(b, e->payload, e->payload_len);
   else es_buf_adds(b, "null");
+  opt_int(b, "revision", e->revision);
+  if (e->meta) { /* §3.1: the stored canonical text, as the payload */
+    key(b, "meta");
+    es_buf_adds(b, e->meta);
+  }
   opt_str(b, "key", e->key);
   if (e->shredded) {
     key(b, "shredded");

@@ -57,6 +57,19 @@ int es_rule_get_event(es_store *s, es_txn *t, const char *session, int64_t index
   return rc;
 }
 
+int es_rule_check_meta(const char *meta, size_t len, size_t i, es_err *err) {
+  if (len > ES_MAX_META_BYTES)
+    return es_fail(err, ES_TOO_LARGE, "events[%zu].meta is %zu bytes, over the limit of %d", i + 1,
+                   len, ES_MAX_META_BYTES);
+  es_err jerr = {0};
+  if (es_json_validate(meta, len, &jerr) != ES_OK)
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].meta: %s", i + 1, jerr.msg);
+  /* canonical text has no leading space: an object starts with '{' */
+  if (len == 0 || meta[0] != '{')
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].meta must be a JSON object", i + 1);
+  return ES_OK;
+}
+
 /* Checks one event to append (everything that needs no transaction). */
 static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err *err) {
   char what[64];
@@ -90,6 +103,10 @@ static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err 
     if (es_json_validate(e->payload, e->payload_len, &jerr) != ES_OK)
       return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].payload: %s", i + 1, jerr.msg);
   }
+  if (e->revision != ES_NONE && (e->revision < 1 || e->revision > ES_MAX_REVISION))
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].revision must be an integer 1..%d", i + 1,
+                   ES_MAX_REVISION);
+  if (e->meta && (rc = es_rule_check_meta(e->meta, e->meta_len, i, err))) return rc;
   if ((e->cause_index == ES_NONE) != (e->cause_attempt == ES_NONE))
     return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].cause needs both index and attempt", i + 1);
   if (e->cause_index != ES_NONE && (e->cause_index < 1 || e->cause_attempt < 1))
@@ -138,6 +155,17 @@ static int payload_equal(const es_new_event *e, const es_event *row) {
   return n == row->payload_len && memcmp(p, row->payload, n) == 0;
 }
 
+/* §3.1: what of a replay differs from the stored event (NULL: nothing);
+ * the payload is compared last, after the key check opened it. */
+static const char *replay_differs(const es_new_event *e, const es_event *row) {
+  if (strcmp(row->type, e->type) != 0) return "type";
+  if ((e->revision == ES_NONE ? 1 : e->revision) != row->revision) return "revision";
+  if (!e->meta != !row->meta ||
+      (e->meta && (strlen(row->meta) != e->meta_len || memcmp(row->meta, e->meta, e->meta_len))))
+    return "meta";
+  return payload_equal(e, row) ? NULL : "payload";
+}
+
 /* §3.10: a replay must name the same key as the stored event, and its
  * payload is compared with the stored one opened (row's payload is
  * replaced by the plaintext, which the replay then returns). A shredded
@@ -163,6 +191,7 @@ int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_n
                          size_t n, int *replayed, es_events *out, es_err *err) {
   size_t found = 0;
   int rc = ES_OK;
+  const char *differs;
   *replayed = 0;
   if (n == 0) return ES_OK;
   es_event row;
@@ -180,10 +209,9 @@ int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_n
                    "event id '%s' already exists in another session", evs[i].id);
     } else if ((rc = replay_key_check(s, t, &evs[i], &row, err)) != ES_OK) {
       /* a different key, or the stored payload cannot be compared */
-    } else if (strcmp(row.type, evs[i].type) != 0 || !payload_equal(&evs[i], &row)) {
-      rc = es_fail(err, ES_ID_CONFLICT,
-                   "event id '%s' is already stored with a different %s", evs[i].id,
-                   strcmp(row.type, evs[i].type) != 0 ? "type" : "payload");
+    } else if ((differs = replay_differs(&evs[i], &row)) != NULL) {
+      rc = es_fail(err, ES_ID_CONFLICT, "event id '%s' is already stored with a different %s",
+                   evs[i].id, differs);
     } else {
       found++;
       rc = es_events_push_copy(out, &row);
@@ -295,6 +323,8 @@ static int insert_rows(es_store *s, es_txn *t, es_session_info *si, const es_new
     row->cause_index = cause_index != ES_NONE ? cause_index : e->cause_index;
     row->cause_attempt = cause_index != ES_NONE ? cause_attempt : e->cause_attempt;
     row->not_before = e->not_before;
+    row->revision = e->revision == ES_NONE ? 1 : e->revision;
+    row->meta = (char *)e->meta; /* canonical text: no NUL inside, NUL-terminated by the caller */
     row->returned = 0;
     if (e->settled) {
       row->status = ES_STATUS_PROCESSED;

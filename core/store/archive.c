@@ -861,6 +861,10 @@ static void merges_free(merge *m, size_t n) {
   free(m);
 }
 
+/* es_seg_each's callback: appends the event to the raw body ctx (an out of
+ * memory stops the walk and leaves the buffer's oom flag set). */
+static int reencode(void *ctx, const es_event *e) { return es_seg_raw_add(ctx, e) != ES_OK; }
+
 /* Plans and builds the merged files for `list`, without any lock: runs of
  * adjacent segments whose decoded bodies fit ES_ARCHIVE_MERGE_MAX_RAW
  * together, each run of two or more becoming one file (the raw bodies
@@ -885,13 +889,17 @@ static int build_merges(es_store *s, const char *session, const es_segments *lis
       loaded l;
       if ((rc = seg_load(s, session, g, &l, err))) break;
       const char *why = NULL;
-      if (es_seg_each(&l.info, l.raw, 1, 0, NULL, NULL, &why) < 0) /* checks every event */
+      int fits = j == i || total + (int64_t)l.info.raw_len <= ES_ARCHIVE_MERGE_MAX_RAW;
+      /* an older format's events are re-encoded in the current one while
+       * they are checked; the current format's body is taken as it is */
+      int old = l.info.version != ES_SEG_VERSION;
+      if (es_seg_each(&l.info, l.raw, 1, fits && old ? INT64_MAX : 0, reencode, &raw, &why) < 0)
         rc = es_fail(err, ES_STORAGE, "archive segment '%s' is corrupt: %s (session '%s')", l.path,
                      why, session);
-      int fits = j == i || total + (int64_t)l.info.raw_len <= ES_ARCHIVE_MERGE_MAX_RAW;
       if (rc == ES_OK && fits) {
         total += (int64_t)l.info.raw_len;
-        if (es_buf_add(&raw, l.raw, (size_t)l.info.raw_len) != ES_OK) rc = nomem(err);
+        if ((!old && es_buf_add(&raw, l.raw, (size_t)l.info.raw_len) != ES_OK) || raw.oom)
+          rc = nomem(err);
       }
       loaded_free(&l);
       if (!fits) break;

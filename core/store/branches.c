@@ -109,6 +109,8 @@ static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *
   row.cause_index = src->cause_index;
   row.cause_attempt = src->cause_attempt;
   row.not_before = src->not_before;
+  row.revision = src->revision;
+  row.meta = src->meta;
   es_event_settle_copy(&row, a->now); /* backend.h event_copy writes the same */
   row.origin_session = (char *)a->from;
   row.origin_index = src->index;

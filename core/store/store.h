@@ -114,6 +114,14 @@ typedef struct es_event {
                              replace those fields of a packed event (but see payload_own) */
   int payload_own;        /* 1: payload is its own allocation even in a packed event (the
                              core replaced the sealed text with the opened payload) */
+  /* §3.1: the payload's schema revision (1..ES_MAX_REVISION; rows stored
+   * before revisions existed read 1) and the event's metadata: canonical
+   * JSON object text, NUL-terminated, NULL: none. Both immutable like the
+   * payload; meta is never sealed (§3.10: it carries correlation and
+   * tracing data, not secrets). In a packed event meta shares the
+   * allocation. */
+  int64_t revision;
+  char *meta;
 } es_event;
 
 typedef struct es_events {
@@ -142,7 +150,14 @@ typedef struct es_new_event {
   int64_t not_before;      /* ES_NONE: none */
   const char *key;         /* §3.10: the data key to seal the payload under (a name); NULL:
                               stored as given. Needs a store opened with keys_path. */
+  int64_t revision;        /* §3.1: 1..ES_MAX_REVISION; ES_NONE: not given, stored as 1 */
+  const char *meta;        /* §3.1: canonical JSON object text (at most ES_MAX_META_BYTES),
+                              NUL-terminated after meta_len; NULL: none */
+  size_t meta_len;
 } es_new_event;
+
+#define ES_MAX_REVISION 2147483647 /* 2^31 - 1 (§3.1) */
+#define ES_MAX_META_BYTES 8192     /* a meta's canonical text (§3.1) */
 
 void es_new_event_init(es_new_event *e);  /* NULL strings, ES_NONE optionals */
 

@@ -281,13 +281,15 @@ At the end prints to stdout:
 })
 
 command("append", {
-  synopsis = "append SESSION TYPE [JSON] [--id ID] [--lane LANE] [--key KEY] | append SESSION < NDJSON",
+  synopsis = "append SESSION TYPE [JSON] [--id ID] [--lane LANE] [--key KEY] [--revision N] [--meta JSON]"
+    .. " | append SESSION < NDJSON",
   summary = "append one event, or NDJSON events from stdin",
   help = [[
 With TYPE: appends one event of that type to SESSION, its payload the JSON
 argument (null when omitted).
 Without TYPE: reads events from stdin, one JSON object per line
-  {"type": "...", "payload": ..., "id": "...", "lane": "...", "key": "..."}
+  {"type": "...", "payload": ..., "id": "...", "lane": "...", "key": "...",
+   "revision": N, "meta": {...}}
 (only type is required; blank lines are skipped). Every line is checked
 before anything is written; all of them are appended as one batch (at most
 10,000 events), atomically.
@@ -301,9 +303,13 @@ already processed (facts nothing will handle).
   --lane LANE     the event's lane
   --key KEY       seal the payload under data key KEY (needs --keys; see
                   shred and docs/shredding.md)
+  --revision N    the payload's schema revision, 1 to 2147483647 (default 1)
+  --meta JSON     the event's metadata, a JSON object (correlation, tracing;
+                  never sealed)
 ]],
   args = { 1, 3 },
-  options = { db = "string", scripts = "string", id = "string", lane = "string", key = "string" },
+  options = { db = "string", scripts = "string", id = "string", lane = "string", key = "string",
+    revision = { int = 1, max = 2147483647 }, meta = "string" },
 })
 
 command("append-many", {
@@ -1110,7 +1116,14 @@ function commands.run.run(o)
   return 0
 end
 
-local LINE_FIELDS = { type = true, payload = true, id = true, lane = true, key = true }
+local LINE_FIELDS = { type = true, payload = true, id = true, lane = true, key = true, revision = true, meta = true }
+local MAX_REVISION = 2147483647
+
+-- Whether v is a decoded JSON object (a table without the array mark).
+local function is_object(v)
+  local array_mt = getmetatable(json.array({}))
+  return type(v) == "table" and (array_mt == nil or getmetatable(v) ~= array_mt)
+end
 
 -- Checks one stdin line; returns the event or raises "stdin line N: why".
 local function parse_line(n, text)
@@ -1118,14 +1131,21 @@ local function parse_line(n, text)
   if not ok then
     fail("stdin line %d: invalid JSON: %s", n, type(v) == "table" and tostring(v.message) or tostring(v))
   end
-  local array_mt = getmetatable(json.array({}))
-  if type(v) ~= "table" or (array_mt ~= nil and getmetatable(v) == array_mt) then
+  if not is_object(v) then
     fail("stdin line %d: expected a JSON object {\"type\": ..., \"payload\": ...}", n)
   end
   for k in pairs(v) do
     if not LINE_FIELDS[k] then
-      fail("stdin line %d: unknown field '%s' (expected type, payload, id, lane, key)", n, tostring(k))
+      fail("stdin line %d: unknown field '%s' (expected type, payload, id, lane, key, revision, meta)", n,
+        tostring(k))
     end
+  end
+  if v.revision ~= nil and (math.type(v.revision) ~= "integer" or v.revision < 1 or v.revision > MAX_REVISION) then
+    fail("stdin line %d: \"revision\" must be a whole number from 1 to %d", n, MAX_REVISION)
+  end
+  if v.meta == json.null then v.meta = nil end
+  if v.meta ~= nil and not is_object(v.meta) then
+    fail("stdin line %d: \"meta\" must be a JSON object", n)
   end
   if type(v.type) ~= "string" or v.type == "" then
     fail("stdin line %d: \"type\" must be a non-empty string", n)
@@ -1135,7 +1155,8 @@ local function parse_line(n, text)
       fail("stdin line %d: \"%s\" must be a string", n, f)
     end
   end
-  return { type = v.type, payload = v.payload, id = v.id, lane = v.lane, key = v.key }
+  return { type = v.type, payload = v.payload, id = v.id, lane = v.lane, key = v.key, revision = v.revision,
+    meta = v.meta }
 end
 
 function commands.append.check(o, args)
@@ -1144,6 +1165,8 @@ function commands.append.check(o, args)
       usage_error("append", true, "append: --id and --lane need TYPE (stdin lines carry their own)")
     elseif o.key then
       usage_error("append", true, "append: --key needs TYPE (stdin lines carry their own \"key\")")
+    elseif o.revision or o.meta then
+      usage_error("append", true, "append: --revision and --meta need TYPE (stdin lines carry their own)")
     end
   elseif args[3] ~= nil then
     local ok, v = pcall(json.decode, args[3])
@@ -1152,6 +1175,13 @@ function commands.append.check(o, args)
         type(v) == "table" and tostring(v.message) or tostring(v))
     end
     o.payload = v
+  end
+  if o.meta then
+    local ok, v = pcall(json.decode, o.meta)
+    if not ok or not is_object(v) then
+      usage_error("append", false, "append: --meta expects a JSON object, got '%s'", o.meta)
+    end
+    o.meta = v
   end
 end
 
@@ -1173,7 +1203,8 @@ function commands.append.run(o, args)
       if line:match("%S") then events[#events + 1] = parse_line(n, line) end
     end
   else
-    events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane, key = o.key } }
+    events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane, key = o.key, revision = o.revision,
+      meta = o.meta } }
   end
   -- Only an explicit --scripts: a ./scripts that belongs to another app
   -- must not decide that this app's events need no handling (docs/contract.md §4).
