@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "engine/internal.h"
@@ -32,16 +31,23 @@ int64_t es_lost_attempts(const es_event *ev) {
   return lost > 0 ? lost : 0;
 }
 
-/* The n-th retry waits between half and all of min(backoff * 2^(n-1), cap). */
-static int64_t backoff_for(const es_engine *e, int64_t n) {
+/* The n-th retry waits between half and all of min(backoff * 2^(n-1), cap).
+ * The point in that range comes from the event and its attempt, not from
+ * the machine (docs/contract.md §4 "Deterministic scripts"): events that
+ * failed together still spread their retries, and a replay (§9) sees each
+ * retry at the virtual time it had live. */
+static int64_t backoff_for(const es_engine *e, const claim_info *c, int64_t n) {
   int64_t base = e->o.backoff_ms;
   for (int64_t i = 1; i < n && base < e->o.backoff_cap_ms; i++) base *= 2;
   if (base > e->o.backoff_cap_ms) base = e->o.backoff_cap_ms;
   if (base <= 0) return 0;
-  uint32_t r = 0;
-  if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)es_mono_ms();
+  uint64_t h = 14695981039346656037ULL; /* FNV-1a of session, index, attempt */
+  for (const unsigned char *p = (const unsigned char *)c->session; *p; p++) h = (h ^ *p) * 1099511628211ULL;
+  int64_t nums[2] = {c->index, c->attempt};
+  for (int k = 0; k < 2; k++)
+    for (int b = 0; b < 8; b++) h = (h ^ (unsigned char)(nums[k] >> (8 * b))) * 1099511628211ULL;
   int64_t half = base / 2;
-  return half + (int64_t)(r % (uint64_t)(base - half + 1));
+  return half + (int64_t)((h >> 16) % (uint64_t)(base - half + 1));
 }
 
 /* Records a failed attempt (from the worker, or from the keeper for an
@@ -57,7 +63,7 @@ void es_record_failure(es_engine *e, int id, const claim_info *c, const char *er
    * them (never below this failure, which always counts). */
   int64_t max = e->o.max_failures - c->lost;
   if (max < c->failures + 1) max = c->failures + 1;
-  int64_t wait = retry_now ? 0 : backoff_for(e, c->failures + c->lost + 1);
+  int64_t wait = retry_now ? 0 : backoff_for(e, c, c->failures + c->lost + 1);
   store_retry retry = {0, STORE_WAIT_FIRST_MS};
   int rc;
   /* The same fail again is idempotent (the same outcome, counted once). */
@@ -142,6 +148,7 @@ static int run_job(lua_State *L) {
     return 0;
   }
   lua_pop(L, 2);
+  es_determinism_seed(L, ev);
   es_lua_push_event(L, ev, 1);
   es_push_ctx(L, j->r, ev);
   lua_call(L, 2, 1);

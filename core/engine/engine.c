@@ -132,7 +132,8 @@ static int l_execute(lua_State *L) {
  * handlers' require needs no .so search), and the loader
  * (lua/eventstore/loader.lua). */
 static int setup_state(lua_State *L) {
-  es_engine *e = lua_touserdata(L, 1);
+  runner *r = lua_touserdata(L, 1);
+  es_engine *e = r->e;
   lua_getglobal(L, "package");
   if (e->lua_path) {
     lua_pushstring(L, e->lua_path);
@@ -153,6 +154,7 @@ static int setup_state(lua_State *L) {
   lua_pushcfunction(L, l_execute);
   lua_setfield(L, -2, "execute");
   lua_pop(L, 1);
+  es_determinism_setup(L, r);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "eventstore.loader");
   lua_call(L, 1, 1);
@@ -201,7 +203,7 @@ runner *es_runner_new(es_engine *e, int id, es_err *err) {
     return NULL;
   }
   lua_pushcfunction(r->L, setup_state);
-  lua_pushlightuserdata(r->L, e);
+  lua_pushlightuserdata(r->L, r);
   if (lua_pcall(r->L, 1, 0, 0) != LUA_OK) {
     es_fail(err, ES_INVALID_ARGUMENT, "cannot set up an engine Lua state: %s",
             lua_tostring(r->L, -1));

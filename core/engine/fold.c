@@ -398,7 +398,7 @@ static int ctx_log(lua_State *L) {
 static const char ctx_now_key = 'n'; /* registry: this state's ctx.now (its runner's) */
 
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
-  lua_createtable(L, 0, 6);
+  lua_createtable(L, 0, 7);
   int ctx = lua_gettop(L);
   lua_pushstring(L, ev->session); /* interned once, shared by the fields below */
   int session = lua_gettop(L);
@@ -427,5 +427,7 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
   lua_pushstring(L, ev->type);
   lua_pushcclosure(L, ctx_log, 3);
   lua_setfield(L, ctx, "log");
+  es_determinism_push_random(L);
+  lua_setfield(L, ctx, "random");
   lua_settop(L, ctx); /* the session string goes */
 }

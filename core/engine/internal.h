@@ -230,6 +230,13 @@ void es_engine_leases_free(es_engine *e);
 /* Pushes the ctx table for a handler of ev (fold.c). */
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
 
+/* Deterministic scripts (determinism.c, docs/contract.md §4): setup at a
+ * state's making, the generator seeded from ev before its handler runs,
+ * and the state's own math.random pushed (for ctx.random). */
+void es_determinism_setup(lua_State *L, runner *r);
+void es_determinism_seed(lua_State *L, const es_event *ev);
+void es_determinism_push_random(lua_State *L);
+
 /* The engine's timings (engine.c, dispatch.c, completions.c, fold_runner.c). */
 #define IDLE_POLL_MS 50      /* how often an idle worker looks for ready events */
 #define WATCH_EVERY_MS 50    /* the keeper's period */
