@@ -55,7 +55,7 @@ local function is_dir(path)
 end
 
 -- A URL opened read-only where the backend can.
-local function read_only(url)
+function M.read_only(url)
   if url:sub(1, 7) == "sqlite:" and not url:find("[?&]mode=") then
     return url .. (url:find("?", 1, true) and "&" or "?") .. "mode=ro"
   end
@@ -330,11 +330,26 @@ local function check_opts(opts)
   if opts.engine ~= nil and type(opts.engine) ~= "table" then bad("engine must be a table of engine options") end
 end
 
+-- Every script of dir loads (as an engine makes sure at its start), or the
+-- replay is an error naming the file, before any session is replayed:
+-- never a report of sessions all failed by one typo.
+local function check_loads(dir, eopts)
+  local scratch = core.open("memory:")
+  local o = { store = scratch, scripts = dir, workers = 1, holder = "replay" }
+  for k, v in pairs(eopts or {}) do o[k] = v end
+  local ok, engine = pcall(new_engine, o)
+  if ok then engine:close() end
+  scratch:close()
+  if not ok then error(engine, 0) end
+end
+
 function M.replay(opts)
   check_opts(opts)
+  check_loads(opts.scripts, opts.engine)
+  if opts.baseline then check_loads(opts.baseline, opts.engine) end
   local store, owned = opts.store, false
   if type(store) == "string" then
-    store, owned = core.open(read_only(store)), true
+    store, owned = core.open(M.read_only(store)), true
   end
   local ok, report = pcall(function()
     -- The names first (names only: a page at a time), for the total.
