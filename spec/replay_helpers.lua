@@ -72,7 +72,7 @@ local ENGINE = {}
 -- Makes history: the inputs at their times through an engine of `dir`,
 -- firing timers and retries when due (as a live clock would).
 local function make_history(store, clock, dir, inputs)
-  local o = { store = store, scripts = dir }
+  local o = { store = store, scripts = dir, quiet = true }
   for k, v in pairs(ENGINE) do o[k] = v end
   local engine = eh.engine(o)
   local function fire_until(t)

@@ -65,6 +65,7 @@ static int64_t cpu_ns(clockid_t c) {
 }
 
 void es_engine_log(es_engine *e, int id, const char *fmt, ...) {
+  if (e->o.quiet) return;
   va_list ap;
   char line[1024];
   va_start(ap, fmt);

@@ -202,7 +202,7 @@ local function run_session(dir, session, inputs, eopts, max_events)
   local scratch = core.open("memory:", { clock = clock, ids = core.counter_ids("replay-", 1) })
   local engine
   local ok, err = pcall(function()
-    local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", snapshot_every = 0 }
+    local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", snapshot_every = 0, quiet = true }
     for k, v in pairs(eopts or {}) do o[k] = v end
     engine = new_engine(o)
     local function run() engine:run({ until_idle = true }) end
@@ -335,7 +335,7 @@ end
 -- never a report of sessions all failed by one typo.
 local function check_loads(dir, eopts)
   local scratch = core.open("memory:")
-  local o = { store = scratch, scripts = dir, workers = 1, holder = "replay" }
+  local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", quiet = true }
   for k, v in pairs(eopts or {}) do o[k] = v end
   local ok, engine = pcall(new_engine, o)
   if ok then engine:close() end
