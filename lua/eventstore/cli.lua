@@ -682,7 +682,7 @@ tenant's counts. With --json, one JSON object:
 })
 
 command("replay", {
-  synopsis = "replay --scripts NEW [--baseline OLD] [--sessions PREFIX] [--limit N] [--format text|ndjson] [--out FILE] [--db URL]",
+  synopsis = "replay --scripts NEW [--baseline OLD [--reducers-only]] [--sessions PREFIX] [--limit N] [--format text|ndjson|html] [--out FILE] [--db URL]",
   summary = "run changed scripts over the store's history and show what differs",
   help = [[
 Replays each session's outside inputs (events without a cause) through the
@@ -694,8 +694,11 @@ scripts OLD (--baseline). The store is only read (sqlite: opened
 baseline and replayed event; each reducer's state diff by JSON path) or
 failed (a script over a budget, a reducer that raised); then a summary.
 Text prints the sessions that are not identical and the summary; NDJSON
-one object per session and a last {"summary": ...} line. On a terminal,
-progress on stderr. Exit 0 when every session is identical, 1 when one
+one object per session and a last {"summary": ...} line; HTML one
+self-contained page (the summary, a table of the sessions that are not
+identical, each divergence side by side). With --reducers-only no handler
+runs: each session's stored events are folded with OLD's reducers and
+NEW's, and the states compared. On a terminal, progress on stderr. Exit 0 when every session is identical, 1 when one
 diverged or failed, 2 on an error (usable as a CI gate).
 ]],
   options_help = DB_HELP .. [[
@@ -703,13 +706,16 @@ diverged or failed, 2 on an error (usable as a CI gate).
   --baseline OLD  compare with a replay of these scripts, not with history
   --sessions P    only sessions whose name starts with P
   --limit N       at most N sessions
-  --format F      text (default) or ndjson
+  --reducers-only fold the stored events with OLD's and NEW's reducers
+                  and compare the states, running no handler (needs
+                  --baseline)
+  --format F      text (default), ndjson or html
   --out FILE      write the report to FILE instead of stdout
 ]],
   args = { 0, 0 },
   options = {
     db = "string", scripts = "string", baseline = "string", sessions = "string",
-    limit = { int = 1 }, format = "string", out = "string",
+    limit = { int = 1 }, format = "string", out = "string", ["reducers-only"] = "flag",
   },
 })
 
@@ -1255,12 +1261,15 @@ function commands.stats.run(o)
   return 0
 end
 
-local REPLAY_FORMATS = { text = true, ndjson = true }
+local REPLAY_FORMATS = { text = true, ndjson = true, html = true }
 
 function commands.replay.check(o)
   if o.scripts == nil then usage_error("replay", true, "replay: --scripts NEW is required") end
   if o.format ~= nil and not REPLAY_FORMATS[o.format] then
-    usage_error("replay", false, "replay: --format expects text or ndjson, got '%s'", o.format)
+    usage_error("replay", false, "replay: --format expects text, ndjson or html, got '%s'", o.format)
+  end
+  if o["reducers-only"] and o.baseline == nil then
+    usage_error("replay", false, "replay: --reducers-only needs --baseline OLD (the reducers to compare with)")
   end
 end
 
@@ -1318,6 +1327,10 @@ function commands.replay.run(o)
     if not ok then fail("cannot write the report: %s", tostring(err)) end
   end
   local ndjson = o.format == "ndjson"
+  local html = o.format == "html" and require("eventstore.replay_html").writer(function(text)
+    local ok, err = sink:write(text)
+    if not ok then fail("cannot write the report: %s", tostring(err)) end
+  end) or nil
   local on_tty = tty ~= nil and tty.isatty(2)
   local started = on_tty and tty.now_ms() or 0
   local function progress(done, total)
@@ -1333,9 +1346,15 @@ function commands.replay.run(o)
     local db = replay.read_only(o.db)
     local store <close> = open_store({ db = db, archive = o.archive, keys = o.keys, tenant = o.tenant }, false)
     return replay.replay({ store = store, scripts = o.scripts, baseline = o.baseline, sessions = o.sessions,
-      limit = o.limit, progress = progress,
+      limit = o.limit, progress = progress, reducers_only = o["reducers-only"],
       each = function(s)
-        if ndjson then write(replay_json(s)) elseif s.status ~= "identical" then replay_text(s, write) end
+        if html then
+          html.session(s)
+        elseif ndjson then
+          write(replay_json(s))
+        elseif s.status ~= "identical" then
+          replay_text(s, write)
+        end
       end })
   end)
   if not ok then
@@ -1344,7 +1363,9 @@ function commands.replay.run(o)
     return 2
   end
   local m = report.summary
-  if ndjson then
+  if html then
+    html.finish(m)
+  elseif ndjson then
     write(json.encode({ summary = m }))
   else
     write(("replayed %d, identical %d, diverged %d, failed %d (%.1f sessions/s)"):format(m.replayed,

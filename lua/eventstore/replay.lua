@@ -3,6 +3,8 @@
 --
 --   local report = eventstore.replay{store = store_or_url, scripts = "NEW",
 --     baseline = "OLD" (optional), sessions = PREFIX, limit = N,
+--     reducers_only = true (fold the stored events with OLD's and NEW's
+--     reducers and diff the states, no handler runs; needs baseline),
 --     engine = {max_failures, backoff_ms, ...}, each = fn(session_report),
 --     progress = fn(done, total)}
 --   --> {sessions = {...} (unless `each` took them), summary = {replayed,
@@ -255,9 +257,16 @@ local function replay_session(o, session, stored)
   end
   local max_events = (#stored + 100) * 10
   local rep = { session = session }
-  local replayed, errors, failure = run_session(o.scripts, session, inputs, o.engine, max_events)
-  local baseline = stored
-  if o.baseline then
+  local replayed, errors, failure, baseline
+  if o.reducers_only then
+    -- No handler runs: both sides are the stored events, folded with
+    -- OLD's reducers and NEW's (check_opts asks for a baseline).
+    replayed, baseline, errors = stored, stored, {}
+  else
+    replayed, errors, failure = run_session(o.scripts, session, inputs, o.engine, max_events)
+    baseline = stored
+  end
+  if o.baseline and not o.reducers_only then
     local berrors, bfail
     baseline, berrors, bfail = run_session(o.baseline, session, inputs, o.engine, max_events)
     for _, e in ipairs(berrors) do
@@ -328,6 +337,9 @@ local function check_opts(opts)
     bad("limit must be a positive integer")
   end
   if opts.engine ~= nil and type(opts.engine) ~= "table" then bad("engine must be a table of engine options") end
+  if opts.reducers_only and opts.baseline == nil then
+    bad("reducers_only needs a baseline: the scripts whose reducers the new ones are compared with")
+  end
 end
 
 -- Every script of dir loads (as an engine makes sure at its start), or the
@@ -362,7 +374,8 @@ function M.replay(opts)
       end
       cursor = page.cursor
     until cursor == nil or (opts.limit and #names >= opts.limit)
-    local o = { scripts = opts.scripts, baseline = opts.baseline, engine = opts.engine }
+    local o = { scripts = opts.scripts, baseline = opts.baseline, engine = opts.engine,
+      reducers_only = opts.reducers_only == true }
     local seen, reducers = {}, {}
     for _, dir in ipairs({ opts.scripts, opts.baseline }) do
       for _, n in ipairs(reducer_names(dir)) do
