@@ -94,6 +94,24 @@ for _, url in ipairs(helpers.urls()) do
       assert.same({ { path = "$.confirmed", baseline = 2, replayed = 4 } }, d.states.order)
     end)
 
+    it("with reducers_only folds the stored events with both reducers and runs no handler", function()
+      local store, live = history()
+      -- A handler that would fail every session if it ran.
+      local new = scripts({
+        reducers = { order = APP.reducers.order:gsub("s.confirmed %+ 1", "s.confirmed + 2") },
+        handlers = { ["order.placed"] = "return function() error('must not run') end" },
+      })
+      local report = eventstore.replay({ store = store, scripts = new, baseline = live, reducers_only = true })
+      assert.same({ 0, 3, 0 }, { report.summary.identical, report.summary.diverged, report.summary.failed })
+      local d = by_session(report)["order-2"]
+      assert.is_nil(d.divergence)
+      assert.same({}, d.errors)
+      assert.same({ { path = "$.confirmed", baseline = 2, replayed = 4 } }, d.states.order)
+      local ok, err = pcall(eventstore.replay, { store = store, scripts = new, reducers_only = true })
+      assert.is_false(ok)
+      assert.truthy(eventstore.is_error(err, "INVALID_ARGUMENT"), tostring(err))
+    end)
+
     it("fails a session whose handler loops with the budget error, and goes on", function()
       local store = history()
       local new = scripts({ handlers = { ["order.priced"] = [[

@@ -84,6 +84,40 @@ for _, url in ipairs(helpers.urls()) do
         assert.equal(3, lines[#lines].summary.identical)
       end)
 
+      it("writes one self-contained HTML page with the summary and the divergence", function()
+        local t = setup()
+        local file = t.work .. "/report.html"
+        local r = ch.run(t.work, { "replay", "--db", t.db, "--scripts", changed_scripts(), "--format", "html",
+          "--out", file })
+        assert.equal(1, r.code, r.err)
+        assert.equal("", r.out)
+        local page = read_all(file)
+        assert.truthy(page:find("^<!DOCTYPE html>"))
+        assert.truthy(page:find("replayed 3</strong>", 1, true), page)
+        assert.truthy(page:find("first divergence at #2", 1, true), page)
+        assert.truthy(page:find("order-2", 1, true), page)
+        -- nothing fetched from elsewhere
+        assert.is_nil(page:find("https?://"), "the page names a URL")
+        assert.is_nil(page:find("<script", 1, true))
+        assert.is_nil(page:find("<link", 1, true))
+        assert.is_nil(page:find("<img", 1, true))
+        -- A browser shows the summary and the divergence side by side.
+        local wd = require("webdriver")
+        if wd.missing() then
+          pending("chromium: " .. wd.missing())
+          return
+        end
+        local d = wd.start()
+        finally(function() d:quit() end)
+        d:navigate("file://" .. file)
+        local summary = d:text(d:find("#summary"))
+        assert.truthy(summary:find("replayed 3: identical 2, diverged 1, failed 0", 1, true), summary)
+        local sides = d:find_all(".side > div")
+        assert.equal(2, #sides)
+        assert.truthy(d:text(sides[1]):find('"total":30', 1, true), d:text(sides[1]))
+        assert.truthy(d:text(sides[2]):find('"total":27', 1, true), d:text(sides[2]))
+      end)
+
       it("exits 2 on an error, before replaying anything", function()
         local t = setup()
         local bad = rh.scripts({ handlers = { ["order.placed"] = "return function(" } })
