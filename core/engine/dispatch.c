@@ -493,6 +493,30 @@ void es_engine_sleep(es_engine *e, int64_t ms) {
   pthread_mutex_unlock(&e->mu);
 }
 
+/* Waits on run_cond for at most ms while *v is not `until`: the run's
+ * thread for its last worker (running 0), the keeper for its quit. */
+void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&e->mu);
+  if (atomic_load(v) != until) pthread_cond_clockwait(&e->run_cond, &e->mu, CLOCK_MONOTONIC, &t);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* One worker fewer in the run: its thread waits for the last one. */
+static void run_left(es_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  atomic_fetch_sub(&e->running, 1);
+  pthread_cond_broadcast(&e->run_cond);
+  pthread_mutex_unlock(&e->mu);
+}
+
 /* Ends the run: wakes idle workers and interrupts busy ones. */
 void es_begin_stop(es_engine *e) {
   pthread_mutex_lock(&e->mu);
@@ -523,7 +547,7 @@ static void run_error(es_engine *e, int code, const char *msg) {
 
 static void worker_exit(runner *r) {
   if (!r->abandoned) {
-    atomic_fetch_sub(&r->e->running, 1);
+    run_left(r->e);
     return;
   }
   es_engine *e = r->e;
@@ -689,7 +713,10 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
   }
   pthread_mutex_lock(&e->mu);
   e->slots[slot] = fresh;
-  if (!fresh) atomic_fetch_sub(&e->running, 1);
+  if (!fresh) {
+    atomic_fetch_sub(&e->running, 1);
+    pthread_cond_broadcast(&e->run_cond);
+  }
   pthread_mutex_unlock(&e->mu);
 }
 
@@ -700,7 +727,8 @@ void *es_keeper_main(void *arg) {
   es_engine *e = arg;
   int64_t every = es_renew_every(e);
   while (!atomic_load(&e->keeper_quit)) {
-    es_sleep_ms(WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every);
+    es_run_wait(e, WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every, &e->keeper_quit, 1);
+    if (atomic_load(&e->keeper_quit)) break;
     int64_t now = es_mono_ms();
     if (now - e->types_at >= 1000) es_types_refresh(e);
     es_engine_renew_leases(e, now);

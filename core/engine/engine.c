@@ -418,6 +418,7 @@ static void engine_free(es_engine *e) {
   free(e->lua_cpath);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cond);
+  pthread_cond_destroy(&e->run_cond);
   pthread_mutex_destroy(&e->fold_mu);
   pthread_mutex_destroy(&e->state_mu);
   pthread_mutex_destroy(&e->types_mu);
@@ -464,6 +465,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   atomic_init(&e->refs, 1);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cond, NULL);
+  pthread_cond_init(&e->run_cond, NULL);
   pthread_mutex_init(&e->fold_mu, NULL);
   pthread_mutex_init(&e->state_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
@@ -641,7 +643,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   int keeper_started = pthread_create(&keeper, NULL, es_keeper_main, e) == 0;
   int64_t next = es_mono_ms() + every;
   while (atomic_load(&e->running) > 0) {
-    es_sleep_ms(20);
+    es_run_wait(e, 20, &e->running, 0);
     if (atomic_load(&e->stop_req)) es_begin_stop(e);
     if (ro->progress && es_mono_ms() >= next) {
       next = es_mono_ms() + every;
@@ -651,7 +653,10 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
     }
   }
   es_begin_stop(e);
+  pthread_mutex_lock(&e->mu);
   atomic_store(&e->keeper_quit, 1);
+  pthread_cond_broadcast(&e->run_cond);
+  pthread_mutex_unlock(&e->mu);
   if (keeper_started) pthread_join(keeper, NULL);
   /* Every worker still in a slot has finished (running is 0); the
    * abandoned ones were detached and left their slots. */

@@ -113,6 +113,9 @@ struct es_engine {
   runner **slots;             /* NULL where a worker could not be replaced */
   pthread_mutex_t mu;         /* slots; with cond, idle workers sleep and stop wakes them */
   pthread_cond_t cond;
+  pthread_cond_t run_cond;    /* with mu: a worker left the run (the run's thread waits for
+                               * the last), or keeper_quit was set (the keeper sleeps on it),
+                               * so a run ends when its work does, not a poll period later */
 
   es_type_set *types;         /* what workers claim (under types_mu); the keeper rescans it */
   pthread_mutex_t types_mu;
@@ -226,6 +229,9 @@ void es_engine_skip_free(char **v, size_t n);
 /* The keeper's turn: renews leases due (every ttl_ms/3). */
 void es_engine_renew_leases(es_engine *e, int64_t now_ms);
 void es_engine_leases_free(es_engine *e);
+
+/* Waits on run_cond (with mu) for at most ms while *v != until (dispatch.c). */
+void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until);
 
 /* Pushes the ctx table for a handler of ev (fold.c). */
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
