@@ -117,7 +117,8 @@ for _, url in ipairs(helpers.urls()) do
       local new = scripts({ handlers = { ["order.priced"] = [[
 return function(event, ctx)
   if event.payload.total == 30 then while true do end end
-  return { { type = "order.confirmed", payload = { total = event.payload.total, at = os.time() } } }
+  return { { type = "order.confirmed", payload = { total = event.payload.total, at = os.time(),
+    key = "confirm-" .. event.id } } }
 end
 ]] } })
       local o = { instruction_budget = 1000000, max_failures = 3 }

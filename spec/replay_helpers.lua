@@ -26,7 +26,10 @@ end
 ]],
     ["order.priced"] = [[
 return function(event, ctx)
-  return { { type = "order.confirmed", payload = { total = event.payload.total, at = os.time() } } }
+  -- The event's id as an idempotency key: generated, so another one in a
+  -- replay, which compares ids as names (docs/replay.md).
+  return { { type = "order.confirmed", payload = { total = event.payload.total, at = os.time(),
+    key = "confirm-" .. event.id } } }
 end
 ]],
     ["order.reminder"] = [[

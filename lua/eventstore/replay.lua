@@ -124,6 +124,49 @@ local function view(e)
   }
 end
 
+-- Ids are names, not behaviour: an event a handler wrote has a generated
+-- id, another one in the scratch store than live, and a handler that uses
+-- its event's id (an idempotency key, "ch_" .. event.id) puts it in what
+-- it returns. Each side's events are compared and folded as copies in
+-- which every id of the session, wherever it appears in a payload string
+-- and as the event's own id, reads "<id #INDEX>" (the index of the event
+-- that has it). Sessions over MAX_NAMED events are left as they are (the
+-- search is per string and id).
+local MAX_NAMED = 2000
+
+local function named(events)
+  if #events > MAX_NAMED then return events end
+  local ids = {}
+  for _, e in ipairs(events) do
+    if type(e.id) == "string" and #e.id >= 8 then ids[#ids + 1] = { e.id, "<id #" .. e.index .. ">" } end
+  end
+  local function str(v)
+    for _, p in ipairs(ids) do
+      if v:find(p[1], 1, true) then
+        v = v:gsub(p[1]:gsub("%p", "%%%0"), (p[2]:gsub("%%", "%%%%")))
+      end
+    end
+    return v
+  end
+  local function copy(v)
+    if type(v) == "string" then return str(v) end
+    if type(v) ~= "table" then return v end
+    local t = {}
+    for k, x in pairs(v) do t[copy(k)] = copy(x) end
+    if json.is_array(v) then json.array(t) end
+    return t
+  end
+  local out = {}
+  for i, e in ipairs(events) do
+    local c = {}
+    for k, v in pairs(e) do c[k] = v end
+    c.id = "<id #" .. e.index .. ">"
+    c.payload = copy(e.payload)
+    out[i] = c
+  end
+  return out
+end
+
 local function first_divergence(baseline, replayed)
   local n = math.max(#baseline, #replayed)
   for i = 1, n do
@@ -150,15 +193,35 @@ local function budgeted(limit, fn, ...)
   return table.unpack(res, 1, res.n)
 end
 
-local function fold(dir, name, events, budget)
+-- The reducer `name` of dir, loaded once per replay (as an engine's state
+-- loads it once): its table, false when dir has none; raises when it does
+-- not load.
+local function reducer_module(modules, dir, name, budget)
   local path = dir .. "/reducers/" .. name .. ".lua"
-  local f = io.open(path, "rb")
-  if not f then return nil end -- no such reducer there: no state
-  f:close()
+  local m = modules[path]
+  if m == nil then
+    local f = io.open(path, "rb")
+    if f then
+      f:close()
+      local ok, r = budgeted(budget, function()
+        local chunk = assert(loadfile(path, "t"))
+        return chunk()
+      end)
+      if not ok then r = tostring(r) elseif type(r) ~= "table" then r = path .. " must return a table" end
+      m = r
+    else
+      m = false
+    end
+    modules[path] = m
+  end
+  if type(m) == "string" then error(("reducer '%s': %s"):format(name, m), 0) end
+  return m
+end
+
+local function fold(modules, dir, name, events, budget)
+  local r = reducer_module(modules, dir, name, budget)
+  if not r then return nil end -- no such reducer there: no state
   local ok, state = budgeted(budget, function()
-    local chunk = assert(loadfile(path, "t"))
-    local r = chunk()
-    assert(type(r) == "table", path .. " must return a table")
     local s = r.init and r.init() or {}
     for _, e in ipairs(events) do
       local step = r[e.type]
@@ -197,16 +260,42 @@ local function next_due(events)
   return due
 end
 
--- Runs `inputs` through the scripts in `dir`: the session's events as the
--- scratch store ended, the errors met, and a budget error if one was met.
-local function run_session(dir, session, inputs, eopts, max_events)
-  local clock = core.manual_clock(inputs[1] and inputs[1].created_at or 0)
+-- A scratch memory: store on a manual clock and an engine of the scripts
+-- of dir over it, kept for the whole replay: making an engine loads every
+-- script, which would cost more than most sessions' replay. Each session
+-- is deleted from it once replayed, so memory stays flat; ids come from a
+-- counter (compared as names: `named`); the clock is set back to each
+-- session's first input.
+local function new_sandbox(dir, eopts)
+  local clock = core.manual_clock(0)
   local scratch = core.open("memory:", { clock = clock, ids = core.counter_ids("replay-", 1) })
-  local engine
+  local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", snapshot_every = 0, quiet = true }
+  for k, v in pairs(eopts or {}) do o[k] = v end
+  local ok, engine = pcall(new_engine, o)
+  if not ok then
+    scratch:close()
+    error(engine, 0)
+  end
+  return { clock = clock, scratch = scratch, engine = engine }
+end
+
+local function close_sandbox(sb)
+  pcall(sb.engine.close, sb.engine)
+  pcall(sb.scratch.close, sb.scratch)
+end
+
+-- Runs `inputs` through the scripts in `dir` (in the sandbox kept in
+-- sandboxes[dir]): the session's events as the scratch store ended, the
+-- errors met, and a budget error if one was met.
+local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
+  local sb = sandboxes[dir]
+  if not sb then
+    sb = new_sandbox(dir, eopts)
+    sandboxes[dir] = sb
+  end
+  local clock, scratch, engine = sb.clock, sb.scratch, sb.engine
+  clock:set(inputs[1] and inputs[1].created_at or 0)
   local ok, err = pcall(function()
-    local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", snapshot_every = 0, quiet = true }
-    for k, v in pairs(eopts or {}) do o[k] = v end
-    engine = new_engine(o)
     local function run() engine:run({ until_idle = true }) end
     -- Fires what falls due before `t` (timers, backoffs), in time order.
     local function advance_to(t)
@@ -233,8 +322,12 @@ local function run_session(dir, session, inputs, eopts, max_events)
     advance_to(nil)
   end)
   local events = scratch:read(session)
-  if engine then engine:close() end
-  scratch:close()
+  local gone = pcall(scratch.delete, scratch, session)
+  if not ok or not gone then
+    -- Whatever state a failed replay left is not the next session's.
+    close_sandbox(sb)
+    sandboxes[dir] = nil
+  end
   local errors, budget = {}, nil
   for _, e in ipairs(events) do
     if e.failures > 0 or e.status == "dead" then
@@ -263,12 +356,12 @@ local function replay_session(o, session, stored)
     -- OLD's reducers and NEW's (check_opts asks for a baseline).
     replayed, baseline, errors = stored, stored, {}
   else
-    replayed, errors, failure = run_session(o.scripts, session, inputs, o.engine, max_events)
+    replayed, errors, failure = run_session(o.sandboxes, o.scripts, session, inputs, o.engine, max_events)
     baseline = stored
   end
   if o.baseline and not o.reducers_only then
     local berrors, bfail
-    baseline, berrors, bfail = run_session(o.baseline, session, inputs, o.engine, max_events)
+    baseline, berrors, bfail = run_session(o.sandboxes, o.baseline, session, inputs, o.engine, max_events)
     for _, e in ipairs(berrors) do
       e.baseline = true
       errors[#errors + 1] = e
@@ -276,6 +369,7 @@ local function replay_session(o, session, stored)
     failure = failure or bfail
   end
   rep.errors = errors
+  baseline, replayed = named(baseline), named(replayed)
   rep.divergence = first_divergence(baseline, replayed)
   -- §9: without a baseline each reducer under test folds the stored events
   -- and the replayed ones; with one, the baseline's states are OLD's
@@ -285,8 +379,8 @@ local function replay_session(o, session, stored)
   if budget == 0 then budget = math.maxinteger end
   for _, name in ipairs(o.reducers) do
     local ok, res = pcall(function()
-      local b = fold(o.baseline or o.scripts, name, baseline, budget)
-      local r = fold(o.scripts, name, replayed, budget)
+      local b = fold(o.modules, o.baseline or o.scripts, name, baseline, budget)
+      local r = fold(o.modules, o.scripts, name, replayed, budget)
       return diff(b, r, "$", {})
     end)
     if ok then
@@ -342,28 +436,33 @@ local function check_opts(opts)
   end
 end
 
--- Every script of dir loads (as an engine makes sure at its start), or the
--- replay is an error naming the file, before any session is replayed:
--- never a report of sessions all failed by one typo.
-local function check_loads(dir, eopts)
-  local scratch = core.open("memory:")
-  local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", quiet = true }
-  for k, v in pairs(eopts or {}) do o[k] = v end
-  local ok, engine = pcall(new_engine, o)
-  if ok then engine:close() end
-  scratch:close()
-  if not ok then error(engine, 0) end
-end
-
 function M.replay(opts)
   check_opts(opts)
-  check_loads(opts.scripts, opts.engine)
-  if opts.baseline then check_loads(opts.baseline, opts.engine) end
-  local store, owned = opts.store, false
-  if type(store) == "string" then
-    store, owned = core.open(M.read_only(store)), true
+  -- The sandboxes are made first: every script of the scripts under test
+  -- and of the baseline loads (as an engine makes sure at its start), or
+  -- the replay is an error naming the file before any session is replayed,
+  -- never a report of sessions all failed by one typo.
+  local sandboxes = {}
+  local ok, err = pcall(function()
+    for _, dir in ipairs({ opts.scripts, opts.baseline }) do
+      if not sandboxes[dir] then sandboxes[dir] = new_sandbox(dir, opts.engine) end
+    end
+  end)
+  if not ok then
+    for _, sb in pairs(sandboxes) do close_sandbox(sb) end
+    error(err, 0)
   end
-  local ok, report = pcall(function()
+  local store, owned = opts.store, false
+  local report
+  if type(store) == "string" then
+    ok, store = pcall(core.open, M.read_only(store))
+    if not ok then
+      for _, sb in pairs(sandboxes) do close_sandbox(sb) end
+      error(store, 0)
+    end
+    owned = true
+  end
+  ok, report = pcall(function()
     -- The names first (names only: a page at a time), for the total.
     local names, cursor = {}, nil
     repeat
@@ -375,7 +474,7 @@ function M.replay(opts)
       cursor = page.cursor
     until cursor == nil or (opts.limit and #names >= opts.limit)
     local o = { scripts = opts.scripts, baseline = opts.baseline, engine = opts.engine,
-      reducers_only = opts.reducers_only == true }
+      reducers_only = opts.reducers_only == true, sandboxes = sandboxes, modules = {} }
     local seen, reducers = {}, {}
     for _, dir in ipairs({ opts.scripts, opts.baseline }) do
       for _, n in ipairs(reducer_names(dir)) do
@@ -399,6 +498,7 @@ function M.replay(opts)
     summary.rate = secs > 0 and math.floor(summary.replayed / secs * 10 + 0.5) / 10 or summary.replayed
     return { sessions = sessions, summary = summary }
   end)
+  for _, sb in pairs(sandboxes) do close_sandbox(sb) end
   if owned then store:close() end
   if not ok then error(report, 0) end
   return report
