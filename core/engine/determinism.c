@@ -72,14 +72,16 @@ void es_determinism_setup(lua_State *L, runner *r) {
   lua_pop(L, 1);
 }
 
+uint64_t es_fnv1a(uint64_t h, const void *data, size_t n) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
 void es_determinism_seed(lua_State *L, const es_event *ev) {
-  /* FNV-1a of the id: ids are unique in a store and kept by a replay's
+  /* The id's hash: ids are unique in a store and kept by a replay's
    * inputs (docs/replay.md), so the seed is the event's own. */
-  uint64_t h = 14695981039346656037ULL;
-  for (const unsigned char *p = (const unsigned char *)ev->id; p && *p; p++) {
-    h ^= *p;
-    h *= 1099511628211ULL;
-  }
+  uint64_t h = es_fnv1a(ES_FNV_BASIS, ev->id, ev->id ? strlen(ev->id) : 0);
   lua_rawgetp(L, LUA_REGISTRYINDEX, &randomseed_key);
   lua_pushinteger(L, (lua_Integer)h);
   lua_pushinteger(L, ev->attempts);

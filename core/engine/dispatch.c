@@ -41,11 +41,8 @@ static int64_t backoff_for(const es_engine *e, const claim_info *c, int64_t n) {
   for (int64_t i = 1; i < n && base < e->o.backoff_cap_ms; i++) base *= 2;
   if (base > e->o.backoff_cap_ms) base = e->o.backoff_cap_ms;
   if (base <= 0) return 0;
-  uint64_t h = 14695981039346656037ULL; /* FNV-1a of session, index, attempt */
-  for (const unsigned char *p = (const unsigned char *)c->session; *p; p++) h = (h ^ *p) * 1099511628211ULL;
   int64_t nums[2] = {c->index, c->attempt};
-  for (int k = 0; k < 2; k++)
-    for (int b = 0; b < 8; b++) h = (h ^ (unsigned char)(nums[k] >> (8 * b))) * 1099511628211ULL;
+  uint64_t h = es_fnv1a(es_fnv1a(ES_FNV_BASIS, c->session, strlen(c->session)), nums, sizeof nums);
   int64_t half = base / 2;
   return half + (int64_t)((h >> 16) % (uint64_t)(base - half + 1));
 }

@@ -242,6 +242,9 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
 void es_determinism_setup(lua_State *L, runner *r);
 void es_determinism_seed(lua_State *L, const es_event *ev);
 void es_determinism_push_random(lua_State *L);
+/* FNV-1a 64 of n bytes, continuing from h (ES_FNV_BASIS to start). */
+#define ES_FNV_BASIS 14695981039346656037ULL
+uint64_t es_fnv1a(uint64_t h, const void *data, size_t n);
 
 /* The engine's timings (engine.c, dispatch.c, completions.c, fold_runner.c). */
 #define IDLE_POLL_MS 50      /* how often an idle worker looks for ready events */
