@@ -63,22 +63,29 @@ print(("live dispatch: %d sessions, %d events stored, %d handled in %.2f s: %.0f
 
 local rss_early, replayed = nil, 0
 t0 = wall()
+local c0 = os.clock()
 local report = eventstore.replay({ store = store, scripts = SCRIPTS,
   each = function(s) replayed = replayed + 1 end,
   progress = function(done, total) if done == math.max(1, total // 10) then rss_early = rss_kb() end end })
 local replay_s = wall() - t0
+local replay_cpu = os.clock() - c0
 local rss_end = rss_kb()
 local m = report.summary
 print(("replay: %d sessions (%d identical, %d diverged, %d failed) in %.2f s: %.0f sessions/s, %.0f events/s "
   .. "(%.2fx the live dispatch's handled/s)"):format(m.replayed, m.identical, m.diverged, m.failed, replay_s,
   m.replayed / replay_s, events / replay_s, (events / replay_s) / (handled / live_s)))
+print(("replay CPU (every thread of the process): %.2f s, %.0f sessions per CPU second"):format(replay_cpu,
+  m.replayed / replay_cpu))
 print(("replay RSS: %d kB after %d sessions, %d kB after %d"):format(rss_early or 0, math.max(1, N // 10),
   rss_end, N))
 
 t0 = wall()
+c0 = os.clock()
 report = eventstore.replay({ store = store, scripts = SCRIPTS, baseline = SCRIPTS, reducers_only = true,
   each = function() end })
 local red_s = wall() - t0
+local red_cpu = os.clock() - c0
 print(("reducers-only: %d sessions in %.2f s: %.0f sessions/s, %.0f events folded/s (x2 reducers, x2 sides)")
   :format(report.summary.replayed, red_s, report.summary.replayed / red_s, events / red_s))
+print(("reducers-only CPU: %.2f s, %.0f sessions per CPU second"):format(red_cpu, report.summary.replayed / red_cpu))
 store:close()

@@ -395,6 +395,12 @@ static int ctx_log(lua_State *L) {
   return 0;
 }
 
+/* ctx.log in a quiet engine (es_engine_opts.quiet). */
+static int ctx_log_quiet(lua_State *L) {
+  (void)L;
+  return 0;
+}
+
 static const char ctx_now_key = 'n'; /* registry: this state's ctx.now (its runner's) */
 
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
@@ -422,10 +428,14 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
   lua_pushinteger(L, ev->index);
   lua_pushcclosure(L, ctx_state, 3);
   lua_setfield(L, ctx, "state");
-  lua_pushvalue(L, session);
-  lua_pushinteger(L, ev->index);
-  lua_pushstring(L, ev->type);
-  lua_pushcclosure(L, ctx_log, 3);
+  if (r->e->o.quiet) {
+    lua_pushcfunction(L, ctx_log_quiet); /* a replay's handlers log nothing */
+  } else {
+    lua_pushvalue(L, session);
+    lua_pushinteger(L, ev->index);
+    lua_pushstring(L, ev->type);
+    lua_pushcclosure(L, ctx_log, 3);
+  }
   lua_setfield(L, ctx, "log");
   es_determinism_push_random(L);
   lua_setfield(L, ctx, "random");

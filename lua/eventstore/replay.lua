@@ -369,7 +369,12 @@ local function replay_session(o, session, stored)
     failure = failure or bfail
   end
   rep.errors = errors
-  baseline, replayed = named(baseline), named(replayed)
+  if baseline == replayed then -- reducers only: one list, named once
+    baseline = named(baseline)
+    replayed = baseline
+  else
+    baseline, replayed = named(baseline), named(replayed)
+  end
   rep.divergence = first_divergence(baseline, replayed)
   -- §9: without a baseline each reducer under test folds the stored events
   -- and the replayed ones; with one, the baseline's states are OLD's
