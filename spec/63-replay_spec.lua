@@ -132,6 +132,27 @@ end
       assert.equal(1, report.summary.failed)
     end)
 
+    it("fails a session whose handler exhausts its memory budget, and goes on", function()
+      local store = history()
+      local new = scripts({ handlers = { ["order.priced"] = [[
+return function(event, ctx)
+  if event.payload.total == 30 then
+    local t = {}
+    for i = 1, 1e9 do t[i] = ("x"):rep(64) .. i end
+  end
+  return { { type = "order.confirmed", payload = { total = event.payload.total, at = os.time(),
+    key = "confirm-" .. event.id } } }
+end
+]] } })
+      local report = eventstore.replay({ store = store, scripts = new,
+        engine = { memory_budget = 32 * 1024 * 1024, max_failures = 3 } })
+      local s = by_session(report)
+      assert.equal("failed", s["order-2"].status)
+      assert.truthy(s["order-2"].failure:find("memory budget exceeded", 1, true), s["order-2"].failure)
+      assert.equal("identical", s["order-1"].status)
+      assert.equal("identical", s["order-3"].status)
+    end)
+
     it("selects sessions by prefix and limit", function()
       local store, live = history()
       local report = eventstore.replay({ store = store, scripts = live, sessions = "order-", limit = 2, engine = ENGINE })
