@@ -46,8 +46,8 @@ local HEAD = [[<!DOCTYPE html>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; display: flex; flex-direction: column; }
 #summary { order: -1; padding: 1em; background: #f4f4f4; border-radius: 6px; margin-bottom: 1em; }
 table { border-collapse: collapse; margin-bottom: 1em; }
-#sessions { width: 100%; table-layout: fixed; } #sessions th:last-child { width: 65%; }
-td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: left; overflow-wrap: anywhere; vertical-align: top; }
+#sessions { width: 100%; table-layout: fixed; } #sessions th:last-child { width: 55%; }
+td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: left; overflow-wrap: break-word; vertical-align: top; }
 .diverged { color: #b35c00; } .failed { color: #b00020; } .identical { color: #2e7d32; }
 .side { display: flex; gap: 1em; } .side > div { flex: 1; min-width: 0; }
 pre { background: #fafafa; border: 1px solid #ddd; padding: 6px; overflow-x: auto; white-space: pre-wrap; }
