@@ -118,6 +118,23 @@ for _, url in ipairs(helpers.urls()) do
         assert.truthy(d:text(sides[2]):find('"total":27', 1, true), d:text(sides[2]))
       end)
 
+      it("shows progress on a terminal's stderr, nothing on a pipe", function()
+        local t = setup()
+        -- On a pipe (ch.run): stderr stays empty.
+        local r = ch.run(t.work, { "replay", "--db", t.db, "--scripts", t.live, "--format", "ndjson",
+          "--out", t.work .. "/r.ndjson" })
+        assert.equal("", ch.ok(r))
+        -- On a terminal: script(1) gives the binary a pseudo-terminal.
+        local cmd = table.concat({ helpers.sh_quote(ch.BIN), "replay", "--db", helpers.sh_quote(t.db), "--scripts",
+          helpers.sh_quote(t.live), "--format", "ndjson", "--out", helpers.sh_quote(t.work .. "/r.ndjson") }, " ")
+        local p = assert(io.popen("cd " .. helpers.sh_quote(t.work) .. " && timeout 60 script -qec "
+          .. helpers.sh_quote(cmd) .. " /dev/null"))
+        local shown = p:read("a")
+        p:close()
+        assert.truthy(shown:find("replay: 1 of 3 sessions", 1, true), shown)
+        assert.truthy(shown:find("replay: 3 of 3 sessions, [%d.]+/s, 0 s left"), shown)
+      end)
+
       it("exits 2 on an error, before replaying anything", function()
         local t = setup()
         local bad = rh.scripts({ handlers = { ["order.placed"] = "return function(" } })

@@ -1338,7 +1338,7 @@ function commands.replay.run(o)
     local secs = (tty.now_ms() - started) / 1000
     local rate = secs > 0 and done / secs or 0
     local left = rate > 0 and (total - done) / rate or 0
-    io.stderr:write(("\r%s: replay: %d of %d sessions, %.1f/s, %d s left   "):format(PROG, done, total, rate, left))
+    io.stderr:write(("\r%s: replay: %d of %d sessions, %.1f/s, %.0f s left   "):format(PROG, done, total, rate, left))
     if done == total then io.stderr:write("\n") end
   end
   local ok, report = pcall(function()
