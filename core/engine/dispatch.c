@@ -476,23 +476,8 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   return 0;
 }
 
-void es_engine_sleep(es_engine *e, int64_t ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&e->mu);
-  if (!atomic_load(&e->stopping)) pthread_cond_clockwait(&e->cond, &e->mu, CLOCK_MONOTONIC, &until);
-  pthread_mutex_unlock(&e->mu);
-}
-
-/* Waits on run_cond for at most ms while *v is not `until`: the run's
- * thread for its last worker (running 0), the keeper for its quit. */
-void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until) {
+/* CLOCK_MONOTONIC now + ms, for pthread_cond_clockwait. */
+static struct timespec mono_in(int64_t ms) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   t.tv_sec += ms / 1000;
@@ -501,6 +486,20 @@ void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until) {
     t.tv_sec++;
     t.tv_nsec -= 1000000000L;
   }
+  return t;
+}
+
+void es_engine_sleep(es_engine *e, int64_t ms) {
+  struct timespec until = mono_in(ms);
+  pthread_mutex_lock(&e->mu);
+  if (!atomic_load(&e->stopping)) pthread_cond_clockwait(&e->cond, &e->mu, CLOCK_MONOTONIC, &until);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Waits on run_cond for at most ms while *v is not `until`: the run's
+ * thread for its last worker (running 0), the keeper for its quit. */
+void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until) {
+  struct timespec t = mono_in(ms);
   pthread_mutex_lock(&e->mu);
   if (atomic_load(v) != until) pthread_cond_clockwait(&e->run_cond, &e->mu, CLOCK_MONOTONIC, &t);
   pthread_mutex_unlock(&e->mu);
