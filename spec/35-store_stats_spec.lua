@@ -166,13 +166,14 @@ for _, url in ipairs(helpers.urls()) do
         store:close()
         local schema = concrete:match("schema=([%w_]+)")
         psql(concrete, ("SET search_path TO %s; DROP TABLE counts; DROP FUNCTION counts_apply() CASCADE;"
+          .. " ALTER TABLE events DROP COLUMN revision, DROP COLUMN meta;"
           .. " UPDATE meta SET value = 1 WHERE key = 'schema_version'"):format(schema))
         local again = helpers.open_same(concrete)
         assert.same({ sessions = 3, events = 4, pending = 2, dead = 1 }, counts(again))
         assert.same({ sessions = 1, events = 1, pending = 1, dead = 0 }, counts(again:tenant("T")))
         again:append("c", { { type = "t" } })
         assert.same({ sessions = 4, events = 5, pending = 3, dead = 1 }, counts(again))
-        assert.equal("2", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
+        assert.equal("3", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
       end)
     end
 
@@ -195,14 +196,15 @@ for _, url in ipairs(helpers.urls()) do
         store:fail("b", 1, got[1].attempt, { error = "x", max_failures = 1 })
         store:tenant("T"):append("x", { { type = "t" } })
         store:close()
-        -- back to what version 6 wrote: no counts, no triggers
+        -- back to what version 6 wrote: no counts, no triggers, no revision or meta
         local path = concrete:match("^sqlite:(.*)$")
         sqlite3(path, "DROP TRIGGER counts_insert; DROP TRIGGER counts_delete; DROP TRIGGER counts_update;"
-          .. "DROP TABLE counts; PRAGMA user_version = 6")
+          .. "DROP TABLE counts; ALTER TABLE events DROP COLUMN revision; ALTER TABLE events DROP COLUMN meta;"
+          .. " PRAGMA user_version = 6")
         local again = helpers.open_same(concrete)
         assert.same({ sessions = 3, events = 4, pending = 2, dead = 1 }, counts(again))
         assert.same({ sessions = 1, events = 1, pending = 1, dead = 0 }, counts(again:tenant("T")))
-        assert.equal("7", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
+        assert.equal("8", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
         -- and kept up to date from then on
         again:append("c", { { type = "t" } })
         assert.same({ sessions = 4, events = 5, pending = 3, dead = 1 }, counts(again))

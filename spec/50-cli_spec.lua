@@ -238,6 +238,30 @@ describe("eventstore binary", function()
       assert.are.equal(1, again.index)
     end)
 
+    it("--revision and --meta, and revision and meta on stdin lines, are stored and printed", function()
+      local e = ndjson(ok(es({ "append", "s", "t", "--revision", "3", "--meta", '{"corr":"c-1","n":[1]}' })))[1]
+      assert.are.equal(3, e.revision)
+      assert.are.same({ corr = "c-1", n = { 1 } }, e.meta)
+      local got = ndjson(ok(es({ "append", "s" }, '{"type":"u","revision":2,"meta":{"k":1}}\n{"type":"v"}\n')))
+      assert.are.equal(2, got[1].revision)
+      assert.are.same({ k = 1 }, got[1].meta)
+      assert.are.equal(1, got[2].revision)
+      assert.is_nil(got[2].meta)
+      -- read prints them as stored
+      local back = ndjson(ok(es({ "read", "s" })))
+      assert.are.same({ 3, 2, 1 }, { back[1].revision, back[2].revision, back[3].revision })
+      assert.are.same({ corr = "c-1", n = { 1 } }, back[1].meta)
+      -- bad values: one line, nothing written
+      fails(es({ "append", "s", "t", "--revision", "0" }), 2, "append: --revision expects a whole number from 1 to 2147483647")
+      fails(es({ "append", "s", "t", "--meta", "[1]" }), 2, "append: --meta expects a JSON object")
+      fails(es({ "append", "s" }, '{"type":"u"}\n{"type":"u","revision":1.5}\n'), 1,
+        'stdin line 2: "revision" must be a whole number')
+      fails(es({ "append", "s" }, '{"type":"u","meta":"x"}\n'), 1, 'stdin line 1: "meta" must be a JSON object')
+      local store = open_db()
+      assert.are.equal(3, store:head("s"))
+      store:close()
+    end)
+
     it("takes a negative number or a string as the JSON argument", function()
       assert.are.equal(-5, ndjson(ok(es({ "append", "s", "t", "-5" })))[1].payload)
       assert.are.equal("x", ndjson(ok(es({ "append", "s", "t", '"x"' })))[1].payload)

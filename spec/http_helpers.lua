@@ -635,6 +635,25 @@ function hh.send_large(srv, method, path, token, body)
   return status, ok and decoded or payload, text
 end
 
+-- The server's resident set in KiB (VmRSS of /proc/PID/status): the
+-- attack specs' measure of what a client made it hold.
+function hh.rss_kib(srv)
+  local text = assert(helpers.read_file(("/proc/%d/status"):format(srv.proc.pid)))
+  return assert(math.tointeger(tonumber(text:match("VmRSS:%s*(%d+)"))))
+end
+
+-- Runs fn(srv) on a fresh server (opts as hh.serve), then stops it and
+-- asserts it exited 0 (hh.stop_clean); a failing fn stops it and raises.
+function hh.with_server(opts, fn)
+  local srv = hh.serve(opts)
+  local ok, err = pcall(fn, srv)
+  if not ok then
+    hh.stop(srv)
+    error(err, 0)
+  end
+  hh.stop_clean(srv)
+end
+
 -- A throwaway certificate authority and a server certificate it signed
 -- for 127.0.0.1 and localhost, made with openssl in a fresh directory
 -- (`make deps` installs openssl): {dir, ca, cert, key, spki}. ca is the

@@ -7,6 +7,7 @@
 #include <lua.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codec/json.h"
@@ -401,10 +402,69 @@ static int ctx_log_quiet(lua_State *L) {
   return 0;
 }
 
+/* ctx.cancel(index, reason): §3.2 cancel of an event of this session,
+ * applied with the completion (complete{cancel}); the upvalue is the list
+ * of {index, reason} the engine reads after the handler returned. */
+static int ctx_cancel(lua_State *L) {
+  lua_Integer index = luaL_checkinteger(L, 1);
+  if (index < 1) luaL_argerror(L, 1, "an event index (>= 1)");
+  const char *reason = luaL_optstring(L, 2, NULL);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, lua_upvalueindex(1));
+  if (n >= 10000) return luaL_error(L, "ctx.cancel: at most 10000 cancels per handler call");
+  lua_createtable(L, 2, 0);
+  lua_pushinteger(L, index);
+  lua_rawseti(L, -2, 1);
+  if (reason) {
+    lua_pushstring(L, reason);
+    lua_rawseti(L, -2, 2);
+  }
+  lua_rawseti(L, lua_upvalueindex(1), n + 1);
+  return 0;
+}
+
+void es_ctx_cancels(lua_State *L, int idx, job *j) {
+  idx = lua_absindex(L, idx);
+  int top = lua_gettop(L);
+  if (lua_getfield(L, idx, "cancel") != LUA_TFUNCTION || lua_tocfunction(L, -1) != ctx_cancel ||
+      !lua_getupvalue(L, -1, 1)) {
+    lua_settop(L, top);
+    return;
+  }
+  int list = lua_gettop(L);
+  size_t k = (size_t)lua_rawlen(L, list), room = k * sizeof(es_cancel);
+  for (size_t i = 0; i < k; i++) {
+    lua_rawgeti(L, list, (lua_Integer)i + 1);
+    lua_rawgeti(L, -1, 2);
+    if (lua_type(L, -1) == LUA_TSTRING) room += lua_rawlen(L, -1) + 1;
+    lua_pop(L, 2);
+  }
+  es_cancel *v = k ? malloc(room) : NULL;
+  char *at = v ? (char *)(v + k) : NULL;
+  for (size_t i = 0; v && i < k; i++) {
+    lua_rawgeti(L, list, (lua_Integer)i + 1);
+    lua_rawgeti(L, -1, 1);
+    lua_rawgeti(L, -2, 2);
+    v[i].index = lua_tointeger(L, -2);
+    v[i].reason = NULL;
+    v[i].cancelled = 0;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      size_t len;
+      const char *r = lua_tolstring(L, -1, &len);
+      memcpy(at, r, len + 1);
+      v[i].reason = at;
+      at += len + 1;
+    }
+    lua_pop(L, 3);
+  }
+  j->cancel = v;
+  j->n_cancel = v ? k : 0;
+  lua_settop(L, top);
+}
+
 static const char ctx_now_key = 'n'; /* registry: this state's ctx.now (its runner's) */
 
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
-  lua_createtable(L, 0, 7);
+  lua_createtable(L, 0, 8);
   int ctx = lua_gettop(L);
   lua_pushstring(L, ev->session); /* interned once, shared by the fields below */
   int session = lua_gettop(L);
@@ -439,5 +499,8 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
   lua_setfield(L, ctx, "log");
   es_determinism_push_random(L);
   lua_setfield(L, ctx, "random");
+  lua_newtable(L); /* the cancels this call asks for */
+  lua_pushcclosure(L, ctx_cancel, 1);
+  lua_setfield(L, ctx, "cancel");
   lua_settop(L, ctx); /* the session string goes */
 }

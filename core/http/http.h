@@ -38,6 +38,9 @@ typedef struct es_http_limits {
   size_t stream_buffer;        /* bytes an SSE client may leave unread before it is dropped;
                                   default 1 MiB */
   int64_t max_limit;           /* the largest `limit` a listing takes; default 1000 */
+  size_t max_response_bytes;   /* a listing's page ends before the item that would take its
+                                  answer past this (the first item is always sent);
+                                  default 8 MiB */
 } es_http_limits;
 
 typedef struct es_http_opts {

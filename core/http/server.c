@@ -115,6 +115,7 @@ typedef struct rec {
   char *qk[ES_HTTP_MAX_QUERY];
   char *qv[ES_HTTP_MAX_QUERY];
   char *last_event_id;
+  char traceparent[ES_HTTP_TRACEPARENT_MAX + 1];
   char static_name[256];
   es_http_req req;
 } rec;
@@ -836,6 +837,11 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
                     "the body is %llu bytes; this server takes at most %zu (--max-body)", n,
                     h->limits.max_body);
   }
+  const char *tp = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "traceparent");
+  if (tp && es_http_traceparent_ok(tp)) {
+    memcpy(r->traceparent, tp, strlen(tp) + 1);
+    r->req.traceparent = r->traceparent;
+  }
   const char *lei = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
   if (lei) {
     /* Dropping it would resume the stream from the start (or the live
@@ -1039,6 +1045,7 @@ static void apply_defaults(es_http_limits *l) {
   if (!l->max_per_client) l->max_per_client = l->max_connections / 2 ? l->max_connections / 2 : 1;
   if (!l->stream_buffer) l->stream_buffer = 1024 * 1024;
   if (!l->max_limit) l->max_limit = 1000;
+  if (!l->max_response_bytes) l->max_response_bytes = (size_t)8 << 20;
 }
 
 /* "HOST:PORT", "[V6]:PORT" or ":PORT" -> a socket address. */

@@ -8,7 +8,7 @@
  *              tokens = PATH, static = DIR|nil, max_body = N, max_batch = N,
  *              max_connections = N, request_timeout = S, header_timeout_ms = MS,
  *              max_per_client = N, max_streams = N,
- *              stream_buffer = N, max_limit = N,
+ *              stream_buffer = N, max_limit = N, max_response_bytes = N,
  *              tls_cert = PATH, tls_key = PATH (both or neither: HTTPS)} -> server
  *   server:port() -> the TCP port;  server:tls() -> whether it serves HTTPS
  *   server:stop() (also __close, __gc)
@@ -93,6 +93,7 @@ static int l_start(lua_State *L) {
   o.limits.max_streams = (unsigned)opt_limit(L, 1, "max_streams", 100000);
   o.limits.stream_buffer = (size_t)opt_limit(L, 1, "stream_buffer", (int64_t)1 << 34);
   o.limits.max_limit = opt_limit(L, 1, "max_limit", 1000000);
+  o.limits.max_response_bytes = (size_t)opt_limit(L, 1, "max_response_bytes", (int64_t)1 << 40);
 
   lserver *s = lua_newuserdatauv(L, sizeof *s, 2);
   s->h = NULL;

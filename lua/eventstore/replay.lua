@@ -314,7 +314,8 @@ local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
     for _, input in ipairs(inputs) do
       advance_to(input.created_at)
       if input.created_at > clock:now() then clock:set(input.created_at) end
-      local ev = { id = input.id, type = input.type, payload = input.payload, lane = input.lane }
+      local ev = { id = input.id, type = input.type, payload = input.payload, lane = input.lane,
+        revision = input.revision, meta = input.meta }
       if input.not_before ~= nil then ev.at = input.not_before end
       engine:append(session, { ev })
       run()
