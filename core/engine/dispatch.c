@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "engine/internal.h"
@@ -33,16 +32,20 @@ int64_t es_lost_attempts(const es_event *ev) {
   return lost > 0 ? lost : 0;
 }
 
-/* The n-th retry waits between half and all of min(backoff * 2^(n-1), cap). */
-static int64_t backoff_for(const es_engine *e, int64_t n) {
+/* The n-th retry waits between half and all of min(backoff * 2^(n-1), cap).
+ * The point in that range comes from the event and its attempt, not from
+ * the machine (docs/contract.md §4 "Deterministic scripts"): events that
+ * failed together still spread their retries, and a replay (§9) sees each
+ * retry at the virtual time it had live. */
+static int64_t backoff_for(const es_engine *e, const claim_info *c, int64_t n) {
   int64_t base = e->o.backoff_ms;
   for (int64_t i = 1; i < n && base < e->o.backoff_cap_ms; i++) base *= 2;
   if (base > e->o.backoff_cap_ms) base = e->o.backoff_cap_ms;
   if (base <= 0) return 0;
-  uint32_t r = 0;
-  if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint32_t)es_mono_ms();
+  int64_t nums[2] = {c->index, c->attempt};
+  uint64_t h = es_fnv1a(es_fnv1a(ES_FNV_BASIS, c->session, strlen(c->session)), nums, sizeof nums);
   int64_t half = base / 2;
-  return half + (int64_t)(r % (uint64_t)(base - half + 1));
+  return half + (int64_t)((h >> 16) % (uint64_t)(base - half + 1));
 }
 
 /* Records a failed attempt (from the worker, or from the keeper for an
@@ -58,7 +61,7 @@ void es_record_failure(es_engine *e, int id, const claim_info *c, const char *er
    * them (never below this failure, which always counts). */
   int64_t max = e->o.max_failures - c->lost;
   if (max < c->failures + 1) max = c->failures + 1;
-  int64_t wait = retry_now ? 0 : backoff_for(e, c->failures + c->lost + 1);
+  int64_t wait = retry_now ? 0 : backoff_for(e, c, c->failures + c->lost + 1);
   store_retry retry = {0, STORE_WAIT_FIRST_MS};
   int rc;
   /* The same fail again is idempotent (the same outcome, counted once). */
@@ -161,6 +164,7 @@ static int run_job(lua_State *L) {
     return 0;
   }
   lua_pop(L, 2);
+  es_determinism_seed(L, ev);
   es_lua_push_event(L, ev, 1);
   es_push_ctx(L, j->r, ev);
   lua_pushvalue(L, -1);
@@ -500,17 +504,40 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   return 0;
 }
 
-void es_engine_sleep(es_engine *e, int64_t ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
+/* CLOCK_MONOTONIC now + ms, for pthread_cond_clockwait. */
+static struct timespec mono_in(int64_t ms) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
   }
+  return t;
+}
+
+void es_engine_sleep(es_engine *e, int64_t ms) {
+  struct timespec until = mono_in(ms);
   pthread_mutex_lock(&e->mu);
   if (!atomic_load(&e->stopping)) pthread_cond_clockwait(&e->cond, &e->mu, CLOCK_MONOTONIC, &until);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Waits on run_cond for at most ms while *v is not `until`: the run's
+ * thread for its last worker (running 0), the keeper for its quit. */
+void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until) {
+  struct timespec t = mono_in(ms);
+  pthread_mutex_lock(&e->mu);
+  if (atomic_load(v) != until) pthread_cond_clockwait(&e->run_cond, &e->mu, CLOCK_MONOTONIC, &t);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* One worker fewer in the run: its thread waits for the last one. */
+static void run_left(es_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  atomic_fetch_sub(&e->running, 1);
+  pthread_cond_broadcast(&e->run_cond);
   pthread_mutex_unlock(&e->mu);
 }
 
@@ -544,7 +571,7 @@ static void run_error(es_engine *e, int code, const char *msg) {
 
 static void worker_exit(runner *r) {
   if (!r->abandoned) {
-    atomic_fetch_sub(&r->e->running, 1);
+    run_left(r->e);
     return;
   }
   es_engine *e = r->e;
@@ -710,7 +737,10 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
   }
   pthread_mutex_lock(&e->mu);
   e->slots[slot] = fresh;
-  if (!fresh) atomic_fetch_sub(&e->running, 1);
+  if (!fresh) {
+    atomic_fetch_sub(&e->running, 1);
+    pthread_cond_broadcast(&e->run_cond);
+  }
   pthread_mutex_unlock(&e->mu);
 }
 
@@ -721,7 +751,8 @@ void *es_keeper_main(void *arg) {
   es_engine *e = arg;
   int64_t every = es_renew_every(e);
   while (!atomic_load(&e->keeper_quit)) {
-    es_sleep_ms(WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every);
+    es_run_wait(e, WATCH_EVERY_MS < every ? WATCH_EVERY_MS : every, &e->keeper_quit, 1);
+    if (atomic_load(&e->keeper_quit)) break;
     int64_t now = es_mono_ms();
     if (now - e->types_at >= 1000) es_types_refresh(e);
     es_engine_renew_leases(e, now);

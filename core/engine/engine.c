@@ -65,6 +65,7 @@ static int64_t cpu_ns(clockid_t c) {
 }
 
 void es_engine_log(es_engine *e, int id, const char *fmt, ...) {
+  if (e->o.quiet) return;
   va_list ap;
   char line[1024];
   va_start(ap, fmt);
@@ -132,7 +133,8 @@ static int l_execute(lua_State *L) {
  * handlers' require needs no .so search), and the loader
  * (lua/eventstore/loader.lua). */
 static int setup_state(lua_State *L) {
-  es_engine *e = lua_touserdata(L, 1);
+  runner *r = lua_touserdata(L, 1);
+  es_engine *e = r->e;
   lua_getglobal(L, "package");
   if (e->lua_path) {
     lua_pushstring(L, e->lua_path);
@@ -153,6 +155,7 @@ static int setup_state(lua_State *L) {
   lua_pushcfunction(L, l_execute);
   lua_setfield(L, -2, "execute");
   lua_pop(L, 1);
+  es_determinism_setup(L, r);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "eventstore.loader");
   lua_call(L, 1, 1);
@@ -201,7 +204,7 @@ runner *es_runner_new(es_engine *e, int id, es_err *err) {
     return NULL;
   }
   lua_pushcfunction(r->L, setup_state);
-  lua_pushlightuserdata(r->L, e);
+  lua_pushlightuserdata(r->L, r);
   if (lua_pcall(r->L, 1, 0, 0) != LUA_OK) {
     es_fail(err, ES_INVALID_ARGUMENT, "cannot set up an engine Lua state: %s",
             lua_tostring(r->L, -1));
@@ -418,6 +421,7 @@ static void engine_free(es_engine *e) {
   free(e->lua_cpath);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cond);
+  pthread_cond_destroy(&e->run_cond);
   pthread_mutex_destroy(&e->fold_mu);
   pthread_mutex_destroy(&e->types_mu);
   es_engine_leases_free(e);
@@ -464,6 +468,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   atomic_init(&e->refs, 1);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cond, NULL);
+  pthread_cond_init(&e->run_cond, NULL);
   pthread_mutex_init(&e->fold_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
   pthread_mutex_init(&e->good_mu, NULL);
@@ -647,7 +652,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   int keeper_started = pthread_create(&keeper, NULL, es_keeper_main, e) == 0;
   int64_t next = es_mono_ms() + every;
   while (atomic_load(&e->running) > 0) {
-    es_sleep_ms(20);
+    es_run_wait(e, 20, &e->running, 0);
     if (atomic_load(&e->stop_req)) es_begin_stop(e);
     if (ro->progress && es_mono_ms() >= next) {
       next = es_mono_ms() + every;
@@ -657,7 +662,10 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
     }
   }
   es_begin_stop(e);
+  pthread_mutex_lock(&e->mu);
   atomic_store(&e->keeper_quit, 1);
+  pthread_cond_broadcast(&e->run_cond);
+  pthread_mutex_unlock(&e->mu);
   if (keeper_started) pthread_join(keeper, NULL);
   /* Every worker still in a slot has finished (running is 0); the
    * abandoned ones were detached and left their slots. */

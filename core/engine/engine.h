@@ -64,6 +64,8 @@ typedef struct es_engine_opts {
                                * a C program that links libeventstore.a and
                                * whose scripts require "eventstore". NULL:
                                * nothing preloaded. */
+  int quiet;                  /* 1: log nothing on stderr (a replay, docs/replay.md,
+                               * reports the failures it meets itself) */
 } es_engine_opts;
 
 void es_engine_opts_init(es_engine_opts *o);

@@ -396,6 +396,12 @@ static int ctx_log(lua_State *L) {
   return 0;
 }
 
+/* ctx.log in a quiet engine (es_engine_opts.quiet). */
+static int ctx_log_quiet(lua_State *L) {
+  (void)L;
+  return 0;
+}
+
 /* ctx.cancel(index, reason): §3.2 cancel of an event of this session,
  * applied with the completion (complete{cancel}); the upvalue is the list
  * of {index, reason} the engine reads after the handler returned. */
@@ -458,7 +464,7 @@ void es_ctx_cancels(lua_State *L, int idx, job *j) {
 static const char ctx_now_key = 'n'; /* registry: this state's ctx.now (its runner's) */
 
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
-  lua_createtable(L, 0, 6);
+  lua_createtable(L, 0, 8);
   int ctx = lua_gettop(L);
   lua_pushstring(L, ev->session); /* interned once, shared by the fields below */
   int session = lua_gettop(L);
@@ -482,11 +488,17 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
   lua_pushinteger(L, ev->index);
   lua_pushcclosure(L, ctx_state, 3);
   lua_setfield(L, ctx, "state");
-  lua_pushvalue(L, session);
-  lua_pushinteger(L, ev->index);
-  lua_pushstring(L, ev->type);
-  lua_pushcclosure(L, ctx_log, 3);
+  if (r->e->o.quiet) {
+    lua_pushcfunction(L, ctx_log_quiet); /* a replay's handlers log nothing */
+  } else {
+    lua_pushvalue(L, session);
+    lua_pushinteger(L, ev->index);
+    lua_pushstring(L, ev->type);
+    lua_pushcclosure(L, ctx_log, 3);
+  }
   lua_setfield(L, ctx, "log");
+  es_determinism_push_random(L);
+  lua_setfield(L, ctx, "random");
   lua_newtable(L); /* the cancels this call asks for */
   lua_pushcclosure(L, ctx_cancel, 1);
   lua_setfield(L, ctx, "cancel");

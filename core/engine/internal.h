@@ -116,6 +116,9 @@ struct es_engine {
   runner **slots;             /* NULL where a worker could not be replaced */
   pthread_mutex_t mu;         /* slots; with cond, idle workers sleep and stop wakes them */
   pthread_cond_t cond;
+  pthread_cond_t run_cond;    /* with mu: a worker left the run (the run's thread waits for
+                               * the last), or keeper_quit was set (the keeper sleeps on it),
+                               * so a run ends when its work does, not a poll period later */
 
   es_type_set *types;         /* what workers claim (under types_mu); the keeper rescans it */
   pthread_mutex_t types_mu;
@@ -233,8 +236,21 @@ void es_engine_skip_free(char **v, size_t n);
 void es_engine_renew_leases(es_engine *e, int64_t now_ms);
 void es_engine_leases_free(es_engine *e);
 
+/* Waits on run_cond (with mu) for at most ms while *v != until (dispatch.c). */
+void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until);
+
 /* Pushes the ctx table for a handler of ev (fold.c). */
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
+
+/* Deterministic scripts (determinism.c, docs/contract.md §4): setup at a
+ * state's making, the generator seeded from ev before its handler runs,
+ * and the state's own math.random pushed (for ctx.random). */
+void es_determinism_setup(lua_State *L, runner *r);
+void es_determinism_seed(lua_State *L, const es_event *ev);
+void es_determinism_push_random(lua_State *L);
+/* FNV-1a 64 of n bytes, continuing from h (ES_FNV_BASIS to start). */
+#define ES_FNV_BASIS 14695981039346656037ULL
+uint64_t es_fnv1a(uint64_t h, const void *data, size_t n);
 
 /* The engine's timings (engine.c, dispatch.c, completions.c, fold_runner.c). */
 #define IDLE_POLL_MS 50      /* how often an idle worker looks for ready events */

@@ -80,6 +80,12 @@ static int l_engine_new(lua_State *L) {
   o.deadline_ms = es_lua_opt_int_field(L, 2, "deadline_ms", o.deadline_ms);
   o.snapshot_every = es_lua_opt_int_field(L, 2, "snapshot_every", o.snapshot_every);
   o.outage_ms = es_lua_opt_int_field(L, 2, "outage_ms", o.outage_ms);
+  if (lua_getfield(L, 2, "quiet") != LUA_TNIL) {
+    if (!lua_isboolean(L, -1))
+      luaL_error(L, "bad option 'quiet' (boolean expected, got %s)", luaL_typename(L, -1));
+    o.quiet = lua_toboolean(L, -1);
+  }
+  lua_pop(L, 1);
   const char *scripts = opt_name(L, 2, "scripts");
   if (scripts) o.scripts = scripts;
   o.holder = opt_name(L, 2, "holder");

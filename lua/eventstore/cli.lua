@@ -724,6 +724,44 @@ tenant's counts. With --json, one JSON object:
   options = { db = "string", json = "flag" },
 })
 
+command("replay", {
+  synopsis = "replay --scripts NEW [--baseline OLD [--reducers-only]] [--sessions PREFIX] [--limit N] [--format text|ndjson|html] [--out FILE] [--db URL]",
+  summary = "run changed scripts over the store's history and show what differs",
+  help = [[
+Replays each session's outside inputs (events without a cause) through the
+scripts NEW on a scratch in-memory store whose clock is set to each input's
+time, timers and retries firing in virtual time (docs/replay.md), and
+compares with the session as stored, or with the same replay of the
+scripts OLD (--baseline). The store is only read (sqlite: opened
+?mode=ro). Per session: identical, diverged (the first divergence: index,
+baseline and replayed event; each reducer's state diff by JSON path) or
+failed (a script over a budget, a reducer that raised); then a summary.
+Text prints the sessions that are not identical and the summary; NDJSON
+one object per session and a last {"summary": ...} line; HTML one
+self-contained page (the summary, a table of the sessions that are not
+identical, each divergence side by side). With --reducers-only no handler
+runs: each session's stored events are folded with OLD's reducers and
+NEW's, and the states compared. On a terminal, progress on stderr. Exit 0 when every session is identical, 1 when one
+diverged or failed, 2 on an error (usable as a CI gate).
+]],
+  options_help = DB_HELP .. [[
+  --scripts NEW   the scripts under test (required)
+  --baseline OLD  compare with a replay of these scripts, not with history
+  --sessions P    only sessions whose name starts with P
+  --limit N       at most N sessions
+  --reducers-only fold the stored events with OLD's and NEW's reducers
+                  and compare the states, running no handler (needs
+                  --baseline)
+  --format F      text (default), ndjson or html
+  --out FILE      write the report to FILE instead of stdout
+]],
+  args = { 0, 0 },
+  options = {
+    db = "string", scripts = "string", baseline = "string", sessions = "string",
+    limit = { int = 1 }, format = "string", out = "string", ["reducers-only"] = "flag",
+  },
+})
+
 -- ---- serve and token (docs/http.md) --------------------------------------
 
 local DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -822,8 +860,9 @@ command("help", {
 -- EXIT STATUS say the same; spec/71 compares them).
 local EXIT_STATUS = {
   { 0, "done (also run or serve stopped by SIGINT or SIGTERM, and --help)" },
-  { 1, "a runtime error: the store failed or refused, a script does not load, ..." },
-  { 2, "a usage error: unknown command or option, a bad argument" },
+  { 1, "a runtime error: the store failed or refused, a script does not load, ...;"
+    .. " replay: a session diverged or failed" },
+  { 2, "a usage error: unknown command or option, a bad argument; replay: an error" },
   { 3, "run --until-done dead-lettered events (the summary says how many)" },
 }
 
@@ -1368,6 +1407,120 @@ function commands.stats.run(o)
     end
   end
   return 0
+end
+
+local REPLAY_FORMATS = { text = true, ndjson = true, html = true }
+
+function commands.replay.check(o)
+  if o.scripts == nil then usage_error("replay", true, "replay: --scripts NEW is required") end
+  if o.format ~= nil and not REPLAY_FORMATS[o.format] then
+    usage_error("replay", false, "replay: --format expects text, ndjson or html, got '%s'", o.format)
+  end
+  if o["reducers-only"] and o.baseline == nil then
+    usage_error("replay", false, "replay: --reducers-only needs --baseline OLD (the reducers to compare with)")
+  end
+end
+
+-- One replayed session as text lines (only what is not identical).
+local function replay_text(s, write)
+  local head = ("%s  %s"):format(printable(s.session), s.status)
+  if s.divergence then head = head .. ("  first divergence at #%d"):format(s.divergence.index) end
+  if s.failure then head = head .. ": " .. printable(s.failure):gsub("\n.*", "") end
+  write(head)
+  if s.divergence then
+    local d = s.divergence
+    write("  baseline: " .. json.encode(d.baseline))
+    write("  replayed: " .. json.encode(d.replayed))
+    local b = d.baseline ~= json.null and d.baseline or {}
+    local r = d.replayed ~= json.null and d.replayed or {}
+    for _, p in ipairs(require("eventstore.replay").diff(b, r)) do
+      write(("    %s: %s -> %s"):format(p.path, json.encode(p.baseline), json.encode(p.replayed)))
+    end
+  end
+  local names = {}
+  for name in pairs(s.states) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    for _, p in ipairs(s.states[name]) do
+      write(("  state %s %s: %s -> %s"):format(name, p.path, json.encode(p.baseline), json.encode(p.replayed)))
+    end
+  end
+  for _, e in ipairs(s.errors) do
+    local where = e.index and ("#%d %s "):format(e.index, e.type) or ""
+    local what = e.dead and "dead-lettered" or (e.failures and ("failed %d times"):format(e.failures) or "error")
+    local first = tostring(e.error ~= json.null and e.error or ""):match("[^\n]*")
+    write(("  %s%s%s: %s"):format(e.baseline and "(baseline) " or "", where, what, printable(first)))
+  end
+end
+
+-- An NDJSON line of a session: §9's shape (states an object, errors an
+-- array, also when empty; no divergence when there is none).
+local function replay_json(s)
+  return json.encode({ session = s.session, status = s.status, divergence = s.divergence,
+    states = s.states, errors = json.array(s.errors), failure = s.failure })
+end
+
+function commands.replay.run(o)
+  local sink, close_sink = io.stdout, function() end
+  if o.out then
+    local f, err = io.open(o.out, "wb")
+    if not f then
+      io.stderr:write(("%s: replay: cannot write --out %s: %s\n"):format(PROG, o.out, tostring(err)))
+      return 2
+    end
+    sink, close_sink = f, function() f:close() end
+  end
+  local function write(line)
+    local ok, err = sink:write(line, "\n")
+    if not ok then fail("cannot write the report: %s", tostring(err)) end
+  end
+  local ndjson = o.format == "ndjson"
+  local html = o.format == "html" and require("eventstore.replay_html").writer(function(text)
+    local ok, err = sink:write(text)
+    if not ok then fail("cannot write the report: %s", tostring(err)) end
+  end) or nil
+  local on_tty = tty ~= nil and tty.isatty(2)
+  local started = on_tty and tty.now_ms() or 0
+  local function progress(done, total)
+    if not on_tty then return end
+    local secs = (tty.now_ms() - started) / 1000
+    local rate = secs > 0 and done / secs or 0
+    local left = rate > 0 and (total - done) / rate or 0
+    io.stderr:write(("\r%s: replay: %d of %d sessions, %.1f/s, %.0f s left   "):format(PROG, done, total, rate, left))
+    if done == total then io.stderr:write("\n") end
+  end
+  local ok, report = pcall(function()
+    local replay = require("eventstore.replay")
+    local db = replay.read_only(o.db)
+    local store <close> = open_store({ db = db, archive = o.archive, keys = o.keys, tenant = o.tenant }, false)
+    return replay.replay({ store = store, scripts = o.scripts, baseline = o.baseline, sessions = o.sessions,
+      limit = o.limit, progress = progress, reducers_only = o["reducers-only"],
+      each = function(s)
+        if html then
+          html.session(s)
+        elseif ndjson then
+          write(replay_json(s))
+        elseif s.status ~= "identical" then
+          replay_text(s, write)
+        end
+      end })
+  end)
+  if not ok then
+    close_sink()
+    io.stderr:write(("%s: replay: %s\n"):format(PROG, printable(tostring(report))))
+    return 2
+  end
+  local m = report.summary
+  if html then
+    html.finish(m)
+  elseif ndjson then
+    write(json.encode({ summary = m }))
+  else
+    write(("replayed %d, identical %d, diverged %d, failed %d (%.1f sessions/s)"):format(m.replayed,
+      m.identical, m.diverged, m.failed, m.rate))
+  end
+  close_sink()
+  return (m.diverged > 0 or m.failed > 0) and 1 or 0
 end
 
 function commands.sessions.run(o)

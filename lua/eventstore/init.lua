@@ -17,6 +17,10 @@ local M = {
   engine = require("eventstore.engine"),
 }
 
+-- eventstore.replay{store, scripts, baseline?, sessions?, limit?} -> report
+-- (docs/replay.md); loaded on first use.
+function M.replay(opts) return require("eventstore.replay").replay(opts) end
+
 -- Whether e is an eventstore error object (with the given code, if any).
 function M.is_error(e, code)
   if type(e) ~= "table" or getmetatable(e) ~= core.error_mt then return false end

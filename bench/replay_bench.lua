@@ -1,0 +1,91 @@
+-- replay_bench.lua: eventstore.replay over the demo app's history
+-- (bench/README.md, "Replay").
+--
+--   lua5.4 bench/replay_bench.lua [SESSIONS]     (default 10000)
+--
+-- 1. Live: SESSIONS orders of the demo app (scripts/) appended to a
+--    memory: store on a manual clock and dispatched by one engine worker
+--    until nothing is pending (the clock moved on for the backoffs and
+--    timers): the dispatch rate, handled events per second.
+-- 2. Replay of the same scripts over that history: sessions and events
+--    per second (every stored event of a session is replayed or compared),
+--    and the process's RSS after the first tenth of the sessions and at
+--    the end: memory must not grow with the number of sessions.
+-- 3. --reducers-only of the same scripts: folded events per second.
+-- Handlers' ctx.log lines go to stderr: run it with 2>/dev/null.
+local eventstore = require("eventstore")
+
+local N = tonumber(arg[1] or 10000)
+local SCRIPTS = "scripts"
+
+local function wall()
+  local p = io.popen("date +%s%N")
+  local ns = tonumber(p:read("l"))
+  p:close()
+  return ns / 1e9
+end
+
+local function rss_kb()
+  local f = io.open("/proc/self/status")
+  local s = f:read("a")
+  f:close()
+  return tonumber(s:match("VmRSS:%s*(%d+)"))
+end
+
+local CARDS = { "tok_visa", "tok_visa", "tok_visa", "tok_flaky", "tok_declined" }
+local SKUS = { "TEA-01", "MUG-02", "POT-03" }
+
+local clock = eventstore.manual_clock(1000000)
+local store = eventstore.open("memory:", { clock = clock })
+local engine = eventstore.engine({ store = store, scripts = SCRIPTS, quiet = true })
+for i = 1, N do
+  clock:set(1000000 + i)
+  engine:append(("order-%06d"):format(i), { {
+    type = "order.placed",
+    payload = { customer = "c" .. i, card = CARDS[i % #CARDS + 1],
+      items = { { sku = SKUS[i % #SKUS + 1], qty = i % 4 + 1 } } },
+  } })
+end
+-- The first run handles every order.placed and what follows at once; the
+-- backoffs and timers are then fired by moving the clock an hour on (the
+-- demo's handlers never read the clock, so firing late changes nothing).
+local t0 = wall()
+local handled = engine:run({ until_idle = true }).handled
+while store:stats().pending > 0 do
+  clock:advance(3600 * 1000)
+  handled = handled + engine:run({ until_idle = true }).handled
+end
+local live_s = wall() - t0
+engine:close()
+local events = #store:read_all()
+print(("live dispatch: %d sessions, %d events stored, %d handled in %.2f s: %.0f handled/s"):format(N, events,
+  handled, live_s, handled / live_s))
+
+local rss_early, replayed = nil, 0
+t0 = wall()
+local c0 = os.clock()
+local report = eventstore.replay({ store = store, scripts = SCRIPTS,
+  each = function(s) replayed = replayed + 1 end,
+  progress = function(done, total) if done == math.max(1, total // 10) then rss_early = rss_kb() end end })
+local replay_s = wall() - t0
+local replay_cpu = os.clock() - c0
+local rss_end = rss_kb()
+local m = report.summary
+print(("replay: %d sessions (%d identical, %d diverged, %d failed) in %.2f s: %.0f sessions/s, %.0f events/s "
+  .. "(%.2fx the live dispatch's handled/s)"):format(m.replayed, m.identical, m.diverged, m.failed, replay_s,
+  m.replayed / replay_s, events / replay_s, (events / replay_s) / (handled / live_s)))
+print(("replay CPU (every thread of the process): %.2f s, %.0f sessions per CPU second"):format(replay_cpu,
+  m.replayed / replay_cpu))
+print(("replay RSS: %d kB after %d sessions, %d kB after %d"):format(rss_early or 0, math.max(1, N // 10),
+  rss_end, N))
+
+t0 = wall()
+c0 = os.clock()
+report = eventstore.replay({ store = store, scripts = SCRIPTS, baseline = SCRIPTS, reducers_only = true,
+  each = function() end })
+local red_s = wall() - t0
+local red_cpu = os.clock() - c0
+print(("reducers-only: %d sessions in %.2f s: %.0f sessions/s, %.0f events folded/s (x2 reducers, x2 sides)")
+  :format(report.summary.replayed, red_s, report.summary.replayed / red_s, events / red_s))
+print(("reducers-only CPU: %.2f s, %.0f sessions per CPU second"):format(red_cpu, report.summary.replayed / red_cpu))
+store:close()

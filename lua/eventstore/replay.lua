@@ -1,0 +1,513 @@
+-- eventstore.replay: what-if over real history (docs/contract.md §9,
+-- docs/replay.md).
+--
+--   local report = eventstore.replay{store = store_or_url, scripts = "NEW",
+--     baseline = "OLD" (optional), sessions = PREFIX, limit = N,
+--     reducers_only = true (fold the stored events with OLD's and NEW's
+--     reducers and diff the states, no handler runs; needs baseline),
+--     engine = {max_failures, backoff_ms, ...}, each = fn(session_report),
+--     progress = fn(done, total)}
+--   --> {sessions = {...} (unless `each` took them), summary = {replayed,
+--        identical, diverged, failed, rate}}
+--
+-- For each selected session the outside inputs (events without a cause)
+-- are fed one at a time into a scratch memory: store on a manual clock set
+-- to each input's created_at; the engine of the scripts under test runs to
+-- idle between inputs, and timers and backoffs fire in virtual time: the
+-- clock jumps to the next one due. Each session gets its own scratch store
+-- and engine, so memory does not grow with the number of sessions and no
+-- session's ids or clock depend on another's. The source store is only
+-- read: a URL is opened read-only where the backend allows (sqlite:
+-- ?mode=ro).
+--
+-- Upcasters (§7) are not applied yet: the seam is `upcast` below, which
+-- every event read from the source goes through.
+local core = require("eventstore.core")
+local new_engine = require("eventstore.engine")
+
+local json = core.json
+local null = json.null
+
+local M = {}
+
+-- §7's seam: the events as handlers and reducers would see them. Stored
+-- events are handed on as stored until upcasters exist.
+local function upcast(events) return events end
+
+local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- The names of the reducers of a scripts directory (reducers/**/*.lua).
+local function reducer_names(dir)
+  local names = {}
+  local p = io.popen("find " .. quote(dir .. "/reducers") .. " -name '*.lua' -type f 2>/dev/null")
+  if not p then return names end
+  local base = dir .. "/reducers/"
+  for line in p:lines() do
+    local name = line:sub(#base + 1):gsub("%.lua$", "")
+    names[#names + 1] = name
+  end
+  p:close()
+  table.sort(names)
+  return names
+end
+
+local function is_dir(path)
+  local ok = os.execute("test -d " .. quote(path))
+  return ok == true or ok == 0
+end
+
+-- A URL opened read-only where the backend can.
+function M.read_only(url)
+  if url:sub(1, 7) == "sqlite:" and not url:find("[?&]mode=") then
+    return url .. (url:find("?", 1, true) and "&" or "?") .. "mode=ro"
+  end
+  return url
+end
+
+---------------------------------------------------------------------------
+-- Diffs by JSON path
+
+local function seg(t, k)
+  if math.type(k) == "integer" and json.is_array(t) then return "[" .. (k - 1) .. "]" end
+  if type(k) == "string" and k:match("^[%a_][%w_]*$") then return "." .. k end
+  return "[" .. json.encode(type(k) == "string" and k or tostring(k)) .. "]"
+end
+
+local function keys_of(a, b)
+  local seen, keys = {}, {}
+  for _, t in ipairs({ a, b }) do
+    for k in pairs(t) do
+      if not seen[k] then seen[k], keys[#keys + 1] = true, k end
+    end
+  end
+  table.sort(keys, function(x, y)
+    if type(x) == type(y) and (type(x) == "number" or type(x) == "string") then return x < y end
+    return type(x) < type(y)
+  end)
+  return keys
+end
+
+local MAX_DIFFS = 100 -- paths kept per compared pair: a diff is for reading
+
+-- Appends {path, baseline, replayed} for each place a and b differ.
+local function diff(a, b, path, out)
+  if #out >= MAX_DIFFS then return out end
+  if type(a) == "table" and type(b) == "table" then
+    local arr = json.is_array(a) or json.is_array(b)
+    for _, k in ipairs(keys_of(a, b)) do
+      diff(a[k], b[k], path .. seg(arr and a or (a[k] ~= nil and a or b), k), out)
+    end
+  elseif a ~= b then
+    out[#out + 1] = { path = path, baseline = a == nil and null or a, replayed = b == nil and null or b }
+  end
+  return out
+end
+M.diff = function(a, b) return diff(a, b, "$", {}) end
+
+---------------------------------------------------------------------------
+-- Events as compared: what a handler decided (§9: type, payload, lane,
+-- cause, timer). Ids, positions and dispatch records are not behaviour; a
+-- cause is its index (a result of attempt 3 live is a result of attempt 1
+-- in a replay that did not meet the outside failure); a timer is its delay
+-- after the event was written, as live completions ran later than their
+-- inputs while a replay's run at the input's instant.
+local function view(e)
+  if e == nil then return nil end
+  local timer = null
+  if e.not_before ~= nil then timer = { delay_ms = e.not_before - e.created_at } end
+  return {
+    type = e.type,
+    payload = e.payload == nil and null or e.payload,
+    lane = e.lane == nil and null or e.lane,
+    cause = e.cause and e.cause.index or null,
+    timer = timer,
+  }
+end
+
+-- Ids are names, not behaviour: an event a handler wrote has a generated
+-- id, another one in the scratch store than live, and a handler that uses
+-- its event's id (an idempotency key, "ch_" .. event.id) puts it in what
+-- it returns. Each side's events are compared and folded as copies in
+-- which every id of the session, wherever it appears in a payload string
+-- and as the event's own id, reads "<id #INDEX>" (the index of the event
+-- that has it). Sessions over MAX_NAMED events are left as they are (the
+-- search is per string and id).
+local MAX_NAMED = 2000
+
+local function named(events)
+  if #events > MAX_NAMED then return events end
+  local ids = {}
+  for _, e in ipairs(events) do
+    if type(e.id) == "string" and #e.id >= 8 then ids[#ids + 1] = { e.id, "<id #" .. e.index .. ">" } end
+  end
+  local function str(v)
+    for _, p in ipairs(ids) do
+      if v:find(p[1], 1, true) then
+        v = v:gsub(p[1]:gsub("%p", "%%%0"), (p[2]:gsub("%%", "%%%%")))
+      end
+    end
+    return v
+  end
+  local function copy(v)
+    if type(v) == "string" then return str(v) end
+    if type(v) ~= "table" then return v end
+    local t = {}
+    for k, x in pairs(v) do t[copy(k)] = copy(x) end
+    if json.is_array(v) then json.array(t) end
+    return t
+  end
+  local out = {}
+  for i, e in ipairs(events) do
+    local c = {}
+    for k, v in pairs(e) do c[k] = v end
+    c.id = "<id #" .. e.index .. ">"
+    c.payload = copy(e.payload)
+    out[i] = c
+  end
+  return out
+end
+
+local function first_divergence(baseline, replayed)
+  local n = math.max(#baseline, #replayed)
+  for i = 1, n do
+    local b, r = view(baseline[i]), view(replayed[i])
+    if b == nil or r == nil or #diff(b, r, "$", {}) > 0 then
+      return { index = i, baseline = b or null, replayed = r or null }
+    end
+  end
+  return nil
+end
+
+---------------------------------------------------------------------------
+-- Reducer folds, in this state under an instruction budget (a reducer
+-- that loops fails the session, not the replay).
+
+local function budgeted(limit, fn, ...)
+  local left = limit
+  debug.sethook(function()
+    left = left - 1000
+    if left < 0 then error(("instruction budget exceeded (%d instructions)"):format(limit), 2) end
+  end, "", 1000)
+  local res = table.pack(pcall(fn, ...))
+  debug.sethook()
+  return table.unpack(res, 1, res.n)
+end
+
+-- The reducer `name` of dir, loaded once per replay (as an engine's state
+-- loads it once): its table, false when dir has none; raises when it does
+-- not load.
+local function reducer_module(modules, dir, name, budget)
+  local path = dir .. "/reducers/" .. name .. ".lua"
+  local m = modules[path]
+  if m == nil then
+    local f = io.open(path, "rb")
+    if f then
+      f:close()
+      local ok, r = budgeted(budget, function()
+        local chunk = assert(loadfile(path, "t"))
+        return chunk()
+      end)
+      if not ok then r = tostring(r) elseif type(r) ~= "table" then r = path .. " must return a table" end
+      m = r
+    else
+      m = false
+    end
+    modules[path] = m
+  end
+  if type(m) == "string" then error(("reducer '%s': %s"):format(name, m), 0) end
+  return m
+end
+
+local function fold(modules, dir, name, events, budget)
+  local r = reducer_module(modules, dir, name, budget)
+  if not r then return nil end -- no such reducer there: no state
+  local ok, state = budgeted(budget, function()
+    local s = r.init and r.init() or {}
+    for _, e in ipairs(events) do
+      local step = r[e.type]
+      if step then
+        local out = step(s, e)
+        if out ~= nil then s = out end
+      end
+    end
+    return s
+  end)
+  if not ok then error(("reducer '%s': %s"):format(name, tostring(state)), 0) end
+  return state
+end
+
+---------------------------------------------------------------------------
+-- One session under one set of scripts
+
+local BUDGET_RE = { "budget exceeded", "deadline exceeded" }
+
+local function budget_error(msg)
+  for _, p in ipairs(BUDGET_RE) do
+    if tostring(msg):find(p, 1, true) then return true end
+  end
+  return false
+end
+
+-- The earliest time a pending event of the session becomes ready.
+local function next_due(events)
+  local due
+  for _, e in ipairs(events) do
+    if e.status == "pending" then
+      local t = math.max(e.not_before or 0, e.retry_at or 0)
+      if due == nil or t < due then due = t end
+    end
+  end
+  return due
+end
+
+-- A scratch memory: store on a manual clock and an engine of the scripts
+-- of dir over it, kept for the whole replay: making an engine loads every
+-- script, which would cost more than most sessions' replay. Each session
+-- is deleted from it once replayed, so memory stays flat; ids come from a
+-- counter (compared as names: `named`); the clock is set back to each
+-- session's first input.
+local function new_sandbox(dir, eopts)
+  local clock = core.manual_clock(0)
+  local scratch = core.open("memory:", { clock = clock, ids = core.counter_ids("replay-", 1) })
+  local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", snapshot_every = 0, quiet = true }
+  for k, v in pairs(eopts or {}) do o[k] = v end
+  local ok, engine = pcall(new_engine, o)
+  if not ok then
+    scratch:close()
+    error(engine, 0)
+  end
+  return { clock = clock, scratch = scratch, engine = engine }
+end
+
+local function close_sandbox(sb)
+  pcall(sb.engine.close, sb.engine)
+  pcall(sb.scratch.close, sb.scratch)
+end
+
+-- Runs `inputs` through the scripts in `dir` (in the sandbox kept in
+-- sandboxes[dir]): the session's events as the scratch store ended, the
+-- errors met, and a budget error if one was met.
+local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
+  local sb = sandboxes[dir]
+  if not sb then
+    sb = new_sandbox(dir, eopts)
+    sandboxes[dir] = sb
+  end
+  local clock, scratch, engine = sb.clock, sb.scratch, sb.engine
+  clock:set(inputs[1] and inputs[1].created_at or 0)
+  local ok, err = pcall(function()
+    local function run() engine:run({ until_idle = true }) end
+    -- Fires what falls due before `t` (timers, backoffs), in time order.
+    local function advance_to(t)
+      while true do
+        local events = scratch:read(session)
+        if #events > max_events then
+          error(("more than %d events in the replayed session (a handler that never stops "
+            .. "scheduling work?)"):format(max_events), 0)
+        end
+        local due = next_due(events)
+        if due == nil or (t and due >= t) or due < clock:now() then return end
+        clock:set(due)
+        run()
+      end
+    end
+    for _, input in ipairs(inputs) do
+      advance_to(input.created_at)
+      if input.created_at > clock:now() then clock:set(input.created_at) end
+      local ev = { id = input.id, type = input.type, payload = input.payload, lane = input.lane,
+        revision = input.revision, meta = input.meta }
+      if input.not_before ~= nil then ev.at = input.not_before end
+      engine:append(session, { ev })
+      run()
+    end
+    advance_to(nil)
+  end)
+  local events = scratch:read(session)
+  local gone = pcall(scratch.delete, scratch, session)
+  if not ok or not gone then
+    -- Whatever state a failed replay left is not the next session's.
+    close_sandbox(sb)
+    sandboxes[dir] = nil
+  end
+  local errors, budget = {}, nil
+  for _, e in ipairs(events) do
+    if e.failures > 0 or e.status == "dead" then
+      errors[#errors + 1] = { index = e.index, type = e.type, failures = e.failures,
+        dead = e.status == "dead", error = e.last_error or null }
+      if budget == nil and e.last_error and budget_error(e.last_error) then budget = e.last_error end
+    end
+  end
+  if not ok then
+    errors[#errors + 1] = { error = tostring(err) }
+    budget = budget or tostring(err)
+  end
+  return upcast(events), errors, budget
+end
+
+local function replay_session(o, session, stored)
+  local inputs = {}
+  for _, e in ipairs(stored) do
+    if e.cause == nil then inputs[#inputs + 1] = e end
+  end
+  local max_events = (#stored + 100) * 10
+  local rep = { session = session }
+  local replayed, errors, failure, baseline
+  if o.reducers_only then
+    -- No handler runs: both sides are the stored events, folded with
+    -- OLD's reducers and NEW's (check_opts asks for a baseline).
+    replayed, baseline, errors = stored, stored, {}
+  else
+    replayed, errors, failure = run_session(o.sandboxes, o.scripts, session, inputs, o.engine, max_events)
+    baseline = stored
+  end
+  if o.baseline and not o.reducers_only then
+    local berrors, bfail
+    baseline, berrors, bfail = run_session(o.sandboxes, o.baseline, session, inputs, o.engine, max_events)
+    for _, e in ipairs(berrors) do
+      e.baseline = true
+      errors[#errors + 1] = e
+    end
+    failure = failure or bfail
+  end
+  rep.errors = errors
+  if baseline == replayed then -- reducers only: one list, named once
+    baseline = named(baseline)
+    replayed = baseline
+  else
+    baseline, replayed = named(baseline), named(replayed)
+  end
+  rep.divergence = first_divergence(baseline, replayed)
+  -- §9: without a baseline each reducer under test folds the stored events
+  -- and the replayed ones; with one, the baseline's states are OLD's
+  -- reducers over OLD's replay.
+  rep.states = {}
+  local budget = o.engine and o.engine.instruction_budget or 100000000
+  if budget == 0 then budget = math.maxinteger end
+  for _, name in ipairs(o.reducers) do
+    local ok, res = pcall(function()
+      local b = fold(o.modules, o.baseline or o.scripts, name, baseline, budget)
+      local r = fold(o.modules, o.scripts, name, replayed, budget)
+      return diff(b, r, "$", {})
+    end)
+    if ok then
+      if #res > 0 then rep.states[name] = res end
+    else
+      errors[#errors + 1] = { error = tostring(res) }
+      failure = failure or tostring(res)
+    end
+  end
+  if failure then
+    rep.status, rep.failure = "failed", failure
+  elseif rep.divergence or next(rep.states) then
+    rep.status = "diverged"
+  else
+    rep.status = "identical"
+  end
+  return rep
+end
+
+---------------------------------------------------------------------------
+
+-- An eventstore error object, as the C face raises them.
+local function core_error(code, message)
+  return setmetatable({ code = code, message = message }, core.error_mt)
+end
+
+-- Wall-clock milliseconds, for the rate only (nothing replayed reads it).
+local function wall_ms()
+  local p = io.popen("date +%s%3N")
+  local ms = p and tonumber(p:read("l"))
+  if p then p:close() end
+  return ms or os.time() * 1000
+end
+
+local function check_opts(opts)
+  if type(opts) ~= "table" then
+    error("bad argument #1 to 'replay' (table expected, got " .. type(opts) .. ")", 3)
+  end
+  local function bad(msg) error(core_error("INVALID_ARGUMENT", "replay: " .. msg), 3) end
+  if opts.store == nil then bad("store is required (an open store or a URL)") end
+  if type(opts.scripts) ~= "string" then bad("scripts is required (the scripts directory under test)") end
+  if not is_dir(opts.scripts) then bad("the scripts directory " .. opts.scripts .. " does not exist") end
+  if opts.baseline ~= nil and (type(opts.baseline) ~= "string" or not is_dir(opts.baseline)) then
+    bad("baseline must be an existing scripts directory")
+  end
+  if opts.sessions ~= nil and type(opts.sessions) ~= "string" then bad("sessions must be a prefix string") end
+  if opts.limit ~= nil and (math.type(opts.limit) ~= "integer" or opts.limit < 1) then
+    bad("limit must be a positive integer")
+  end
+  if opts.engine ~= nil and type(opts.engine) ~= "table" then bad("engine must be a table of engine options") end
+  if opts.reducers_only and opts.baseline == nil then
+    bad("reducers_only needs a baseline: the scripts whose reducers the new ones are compared with")
+  end
+end
+
+function M.replay(opts)
+  check_opts(opts)
+  -- The sandboxes are made first: every script of the scripts under test
+  -- and of the baseline loads (as an engine makes sure at its start), or
+  -- the replay is an error naming the file before any session is replayed,
+  -- never a report of sessions all failed by one typo.
+  local sandboxes = {}
+  local ok, err = pcall(function()
+    for _, dir in ipairs({ opts.scripts, opts.baseline }) do
+      if not sandboxes[dir] then sandboxes[dir] = new_sandbox(dir, opts.engine) end
+    end
+  end)
+  if not ok then
+    for _, sb in pairs(sandboxes) do close_sandbox(sb) end
+    error(err, 0)
+  end
+  local store, owned = opts.store, false
+  local report
+  if type(store) == "string" then
+    ok, store = pcall(core.open, M.read_only(store))
+    if not ok then
+      for _, sb in pairs(sandboxes) do close_sandbox(sb) end
+      error(store, 0)
+    end
+    owned = true
+  end
+  ok, report = pcall(function()
+    -- The names first (names only: a page at a time), for the total.
+    local names, cursor = {}, nil
+    repeat
+      local page = store:sessions({ prefix = opts.sessions or "", after = cursor, limit = 100 })
+      for _, s in ipairs(page.sessions) do
+        if opts.limit and #names >= opts.limit then break end
+        names[#names + 1] = s.session
+      end
+      cursor = page.cursor
+    until cursor == nil or (opts.limit and #names >= opts.limit)
+    local o = { scripts = opts.scripts, baseline = opts.baseline, engine = opts.engine,
+      reducers_only = opts.reducers_only == true, sandboxes = sandboxes, modules = {} }
+    local seen, reducers = {}, {}
+    for _, dir in ipairs({ opts.scripts, opts.baseline }) do
+      for _, n in ipairs(reducer_names(dir)) do
+        if not seen[n] then seen[n], reducers[#reducers + 1] = true, n end
+      end
+    end
+    table.sort(reducers)
+    o.reducers = reducers
+    local summary = { replayed = 0, identical = 0, diverged = 0, failed = 0, rate = 0 }
+    local sessions = {}
+    local started = wall_ms()
+    for i, name in ipairs(names) do
+      local stored = upcast(store:read(name))
+      local rep = replay_session(o, name, stored)
+      summary.replayed = summary.replayed + 1
+      summary[rep.status] = summary[rep.status] + 1
+      if opts.each then opts.each(rep) else sessions[#sessions + 1] = rep end
+      if opts.progress then opts.progress(i, #names) end
+    end
+    local secs = (wall_ms() - started) / 1000
+    summary.rate = secs > 0 and math.floor(summary.replayed / secs * 10 + 0.5) / 10 or summary.replayed
+    return { sessions = sessions, summary = summary }
+  end)
+  for _, sb in pairs(sandboxes) do close_sandbox(sb) end
+  if owned then store:close() end
+  if not ok then error(report, 0) end
+  return report
+end
+
+return M
