@@ -172,7 +172,7 @@ for _, url in ipairs(helpers.urls()) do
         assert.same({ sessions = 1, events = 1, pending = 1, dead = 0 }, counts(again:tenant("T")))
         again:append("c", { { type = "t" } })
         assert.same({ sessions = 4, events = 5, pending = 3, dead = 1 }, counts(again))
-        assert.equal("2", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
+        assert.equal("3", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
       end)
     end
 
@@ -202,7 +202,7 @@ for _, url in ipairs(helpers.urls()) do
         local again = helpers.open_same(concrete)
         assert.same({ sessions = 3, events = 4, pending = 2, dead = 1 }, counts(again))
         assert.same({ sessions = 1, events = 1, pending = 1, dead = 0 }, counts(again:tenant("T")))
-        assert.equal("7", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
+        assert.equal("8", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
         -- and kept up to date from then on
         again:append("c", { { type = "t" } })
         assert.same({ sessions = 4, events = 5, pending = 3, dead = 1 }, counts(again))

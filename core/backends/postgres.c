@@ -167,7 +167,15 @@ static int pq_ready(es_err *err) {
 
 /* ---- settings --------------------------------------------------------- */
 
-#define PG_SCHEMA_VERSION 2          /* meta.schema_version of the current schema */
+#define PG_SCHEMA_VERSION 3          /* meta.schema_version of the current schema */
+/* A stored name's tenant scope (counts.h: its start through its first
+ * separator when that makes a tenant's prefix) as SQL over column c, and
+ * the condition that it has one: the key and the WHERE of events_scope,
+ * spelled once so that the statements using the index match it (the
+ * planner uses an index on an expression for that same expression, and a
+ * partial index for a WHERE that implies its own). */
+#define PG_SCOPE_OF(c) "substr(" c ", 1, strpos(" c ", " ES_SQL_SEP "))"
+#define PG_SCOPED(c) "strpos(" c ", " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
 #define PG_DEFAULT_SCHEMA "eventstore"
 #define PG_DEFAULT_READERS 8         /* read connections at most */
 #define PG_MAX_READERS 64
@@ -373,11 +381,18 @@ static const char *const pg_sql[ST_COUNT] = {
                       " e.key FROM events e JOIN unnest($6::text[]) WITH ORDINALITY AS i(id, n)"
                       " ON e.idx = $5 + i.n - 1"
                       " WHERE e.session = $4 AND e.idx >= $5 AND e.idx < $5 + $7 ORDER BY e.idx",
-    /* §3.11: a tenant's rows are one range of session names; the listings
-     * below walk the same order as their unscoped statements and pass over
-     * other tenants' rows (docs/postgres.md). */
-    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE position > $1"
-                            " AND session >= $3 AND session < $4 ORDER BY position LIMIT $2",
+    /* §3.11: a tenant's rows are one range of session names. A tenant's
+     * events by position are one range of events_scope (schema version
+     * 3): "after P for tenant T" is an index seek, so a tenant's read_all,
+     * and every wait or tail on it, costs its own rows, never the store's.
+     * The ORDER BY is the index's own order (the scope is fixed by the
+     * WHERE, so it orders nothing), so that no plan, generic or custom,
+     * finds walking the primary key and sorting cheaper. The queued
+     * listings below walk the same order as their unscoped statements and
+     * pass over other tenants' rows (docs/postgres.md). */
+    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE " PG_SCOPE_OF("session")
+                            " = $3 AND " PG_SCOPED("session") " AND position > $1"
+                            " ORDER BY " PG_SCOPE_OF("session") ", position LIMIT $2",
     [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_COLS
                                  " FROM events WHERE queued = 1 AND due_at <= $1"
                                  " AND session >= $3 AND session < $4"
@@ -639,8 +654,19 @@ static const char pg_schema_v2[] =
     " IS DISTINCT FROM " ES_SQL_LIVE("NEW") ")"
     "  EXECUTE FUNCTION counts_apply();";
 
+/* Version 3 (issue: idle tails of an empty tenant rescanned the store):
+ * each tenant's events by position, so that a tenant's read_all, and the
+ * waits and live tails built on it, seek to "after P" within the tenant
+ * instead of walking every later event of the store. Partial: events of
+ * sessions without a tenant have no entry, so a store without tenants
+ * pays nothing for it. Built from the rows as they are. */
+static const char pg_schema_v3[] =
+    "CREATE INDEX IF NOT EXISTS events_scope ON events(" PG_SCOPE_OF("session") ", position)"
+    "  WHERE " PG_SCOPED("session") ";";
+
 /* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
-static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1, pg_schema_v2};
+static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1, pg_schema_v2,
+                                                              pg_schema_v3};
 
 /* ---- types ------------------------------------------------------------ */
 
@@ -2931,12 +2957,11 @@ static int pg_event_all(es_backend *b, es_txn *t, const char *scope, int64_t aft
                         es_event_cb cb, void *ctx, es_err *err) {
   (void)b; /* t carries it (t->b) */
   pg_params p = {0};
-  pg_scope_end end;
   int code;
   if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
   pp_int(&p, after == ES_NONE ? 0 : after);
   pp_limit(&p, limit);
-  if (scope) pp_scope(&p, scope, end.v);
+  if (scope) pp_str(&p, scope); /* the scope itself: events_scope's key */
   return pg_iterate(t, scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL, &p, ROW_EVENT, (pg_fn)cb, ctx,
                     err);
 }

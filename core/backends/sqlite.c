@@ -66,7 +66,15 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 7            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 8            /* PRAGMA user_version of the current schema */
+/* A stored name's tenant scope (counts.h: its start through its first
+ * separator when that makes a tenant's prefix) as SQL over column c, and
+ * the condition that it has one: the key and the WHERE of events_scope,
+ * spelled once so that the statements that use the index match it
+ * exactly (SQLite uses an index on an expression only for that same
+ * expression). */
+#define SQ_SCOPE_OF(c) "substr(" c ", 1, instr(" c ", " ES_SQL_SEP "))"
+#define SQ_SCOPED(c) "instr(" c ", " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -324,14 +332,17 @@ static const char *const sq_sql[ST_COUNT] = {
                        " checksum, file, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = ?1 AND first = ?2",
     /* §3.11: a tenant's rows are one range of session names, but the
-     * listings below are in position or due order across sessions, so
-     * each walks the same index as its unscoped statement and passes over
-     * other tenants' rows (one row lookup each). The unscoped statements
-     * are unchanged: users without tenants pay nothing. `+session` keeps
-     * the planner off UNIQUE(session, idx) (which would sort a tenant's
-     * whole history for every page). */
-    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE position > ?1"
-                            " AND +session >= ?3 AND +session < ?4 ORDER BY position LIMIT ?2",
+     * listings below are in position or due order across sessions. A
+     * tenant's events by position are one range of events_scope (schema
+     * version 8): "after P for tenant T" is an index seek, so a tenant's
+     * read_all (and every wait or tail on it) costs its own rows, never
+     * the store's. The queued listings below walk the same index as their unscoped
+     * statement and pass over other tenants' rows (one row lookup each).
+     * The unscoped statements are unchanged: users without tenants pay
+     * nothing. */
+    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events INDEXED BY events_scope"
+                            " WHERE " SQ_SCOPE_OF("session") " = ?3 AND " SQ_SCOPED("session")
+                            " AND position > ?1 ORDER BY position LIMIT ?2",
     [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_COLS
                                  " FROM events INDEXED BY events_queued WHERE queued = 1"
                                  " AND due_at <= ?1 AND session >= ?3 AND session < ?4"
@@ -570,8 +581,8 @@ static const char sq_schema_v6[] =
  * attempts, costs nothing more). The migration computes the rows once
  * from the sessions as they are. */
 #define SQ_COUNTED(r) ES_SQL_COUNTED(r)
-#define SQ_SCOPE(r) "substr(" r ".session, 1, instr(" r ".session, " ES_SQL_SEP "))"
-#define SQ_HAS_SCOPE(r) "instr(" r ".session, " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
+#define SQ_SCOPE(r) SQ_SCOPE_OF(r ".session")
+#define SQ_HAS_SCOPE(r) SQ_SCOPED(r ".session")
 /* The statements of a trigger body moving the counts by (ds, de, dp, dd)
  * for the session row r. */
 #define SQ_COUNTS_MOVE(r, ds, de, dp, dd)                                                        \
@@ -607,6 +618,16 @@ static const char sq_schema_v7[] =
                    "(" ES_SQL_LIVE("NEW") " * NEW.dead - " ES_SQL_LIVE("OLD")
                    " * OLD.dead)") " END;";
 
+/* Version 8 (issue: idle tails of an empty tenant rescanned the store):
+ * each tenant's events by position, so that a tenant's read_all, and the
+ * waits and live tails built on it, seek to "after P" within the tenant
+ * instead of walking every later event of the store. Partial: events of
+ * sessions without a tenant have no entry, so a store without tenants
+ * pays nothing for it. Built from the rows as they are. */
+static const char sq_schema_v8[] =
+    "CREATE INDEX IF NOT EXISTS events_scope ON events(" SQ_SCOPE_OF("session") ", position)"
+    "  WHERE " SQ_SCOPED("session") ";";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -615,6 +636,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v5,
     sq_schema_v6,
     sq_schema_v7,
+    sq_schema_v8,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -2458,12 +2480,11 @@ static int sq_event_all(es_backend *b, es_txn *t, const char *scope, int64_t aft
   (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL;
-  sq_scope_end end;
   if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   sqlite3_bind_int64(st, 1, after == ES_NONE ? 0 : after);
   sqlite3_bind_int64(st, 2, sq_limit(limit));
-  if (scope) sq_bind_scope(st, 3, scope, end.v);
+  if (scope) sq_bind_str(st, 3, scope); /* the scope itself: events_scope's key */
   return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 

@@ -144,8 +144,11 @@ typedef struct es_backend_ops {
    * every session's rows; otherwise only rows whose session starts with
    * scope (a tenant's prefix, §3.11, ending in ES_TENANT_SEP), so the
    * session lies in [scope, scope with its last byte + 1). The unscoped
-   * form must cost exactly what it did without scopes; a scoped one may
-   * pass over other sessions' rows in the same order (documented cost). */
+   * form must cost exactly what it did without scopes. The scoped one
+   * (here only) must cost what the scope's own rows cost, never a walk of
+   * other scopes' rows: tenants' waits and live tails read it after every
+   * commit that concerns them (sqlite and postgres: an index on (scope,
+   * position); memory: a merge of the scope's sessions). */
   int (*event_all)(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
                    es_event_cb cb, void *ctx, es_err *err);
   /* The highest position stored (0 when the store is empty). */

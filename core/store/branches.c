@@ -127,6 +127,7 @@ static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *
     rc = es_crypto_fork_payload(s, t, a->ring, src, &row, &sealed, &row.payload_len, err);
   if (sealed) row.payload = sealed;
   else row.payload_len = src->payload_len; /* no key, or shredded: copied as stored */
+  if (rc == ES_OK) es_core_touch(s, row.session);
   if (rc == ES_OK) rc = s->ops->event_insert(s->bk, t, &row, err);
   free(sealed);
   if (rc) return rc;

@@ -109,6 +109,7 @@ void es_core_handle_destroy(es_store *s) {
   pthread_cond_destroy(&s->qcond);
   pthread_mutex_destroy(&s->vmu);
   pthread_cond_destroy(&s->vcond);
+  free(s->touched);
   pthread_mutex_destroy(&s->umu);
   pthread_mutex_destroy(&s->pmu);
 }
@@ -158,7 +159,7 @@ void es_core_close(es_store *s) {
   /* No call is in flight, so no group transaction is open. */
   s->ops->close(s->bk);
   s->bk = NULL;
-  es_core_notify_commit(s); /* wake waiters so they see CLOSED */
+  es_core_notify_commit(s, -1); /* wake every wait so it sees CLOSED */
 }
 
 /* The last reference went (es_store_release). */
