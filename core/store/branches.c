@@ -90,6 +90,7 @@ static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_inf
   if (rc) return rc;
   fork_id_ctx ids = {s, a->now, a->scope};
   int64_t copied = 0;
+  es_core_touch(s, dst->session);
   rc = s->ops->event_copy(s->bk, t, a->from, a->at, dst->session, a->now, fork_id, &ids, &copied,
                           err);
   if (rc == ES_OK && copied != a->at)
