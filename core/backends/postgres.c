@@ -62,6 +62,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +94,7 @@
   X(PQresultErrorMessage) X(PQresultStatus) X(PQsetNoticeProcessor) X(PQstatus)             \
   X(PQtransactionStatus) X(PQsocket) X(PQresultErrorField) X(PQenterPipelineMode)          \
   X(PQexitPipelineMode) X(PQpipelineSync) X(PQpipelineStatus) X(PQsendQueryPrepared)        \
-  X(PQsendQueryParams) X(PQsendPrepare) X(PQgetResult)
+  X(PQsendQueryParams) X(PQsendPrepare) X(PQgetResult) X(PQbackendPID)
 
 #define PQ_FIELD(name) __typeof__(&name) name;
 static struct {
@@ -145,6 +146,7 @@ static int pq_ready(es_err *err) {
 #define PQgetvalue (pq.PQgetvalue)
 #define PQisthreadsafe (pq.PQisthreadsafe)
 #define PQnotifies (pq.PQnotifies)
+#define PQbackendPID (pq.PQbackendPID)
 #define PQntuples (pq.PQntuples)
 #define PQparameterStatus (pq.PQparameterStatus)
 #define PQprepare (pq.PQprepare)
@@ -770,8 +772,11 @@ struct es_backend {
   pthread_cond_t watch_cv;         /* notes changed, or the thread polling stopped */
   pg_conn watch;                   /* LISTENs on the store's channel */
   uint64_t notes;                  /* notifications (and reconnects) seen by watch */
+  uint64_t foreign;                /* those not sent by w (ext_version) */
+  atomic_int own_pid;              /* w's server process: its NOTIFYs are our own commits */
   int polling;                     /* a wait_change thread is in poll() on watch's socket */
   int closing;                     /* wake() was called: every wait_change returns at once */
+  uint64_t kicks;                  /* kick() calls: the wait_change calls then in progress return */
   int kick[2];                     /* a pipe: a byte written wakes the thread polling */
 };
 
@@ -1111,6 +1116,7 @@ static int pg_conn_connect(es_backend *b, pg_conn *c, es_err *err) {
     pg_trim(PQerrorMessage(c->db), m, sizeof m);
     return es_fail(err, ES_STORAGE, "postgres %s: cannot connect: %s", b->schema, m);
   }
+  if (c == &b->w) atomic_store(&b->own_pid, PQbackendPID(c->db));
   const char *enc = PQparameterStatus(c->db, "server_encoding");
   if (enc && strcmp(enc, "UTF8") != 0 && strcmp(enc, "SQL_ASCII") != 0)
     return es_fail(err, ES_STORAGE,
@@ -3529,6 +3535,7 @@ static int pg_watch_consume(es_backend *b, es_err *err) {
   if (!b->watch.db || PQstatus(b->watch.db) != CONNECTION_OK) {
     code = pg_watch_connect(b, err);
     b->notes++;
+    b->foreign++;
   }
   if (code == ES_OK) {
     if (!PQconsumeInput(b->watch.db)) {
@@ -3538,6 +3545,7 @@ static int pg_watch_consume(es_backend *b, es_err *err) {
        * reconnect now, as the other connections do before a call, rather
        * than fail a wait that has done nothing yet. */
       b->notes++;
+      b->foreign++;
       code = PQstatus(b->watch.db) == CONNECTION_BAD
                  ? pg_watch_connect(b, err)
                  : pg_fail_msg(err, b, "data_version", PQerrorMessage(b->watch.db));
@@ -3545,6 +3553,9 @@ static int pg_watch_consume(es_backend *b, es_err *err) {
       PGnotify *n;
       while ((n = PQnotifies(b->watch.db)) != NULL) {
         b->notes++;
+        /* a NOTIFY of w (a commit of this handle) is not foreign; one of
+         * w's earlier process (before a reconnect) counts, spuriously */
+        if (n->be_pid != atomic_load(&b->own_pid)) b->foreign++;
         PQfreemem(n);
       }
     }
@@ -3561,7 +3572,15 @@ static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
   return code;
 }
 
-/* Blocks until data_version differs from since, timeout_ms passed, or
+static int pg_ext_version(es_backend *b, uint64_t *version, es_err *err) {
+  pthread_mutex_lock(&b->watch_mu);
+  int code = pg_watch_consume(b, err);
+  *version = b->foreign;
+  pthread_mutex_unlock(&b->watch_mu);
+  return code;
+}
+
+/* Blocks until ext_version differs from since, timeout_ms passed, or
  * wake() was called: one thread at a time poll()s the watch connection's
  * socket together with the kick pipe (no sleep loop: a NOTIFY wakes it as
  * it arrives); the others wait on watch_cv for what it finds. */
@@ -3569,9 +3588,10 @@ static int pg_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_
   int64_t deadline = pg_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
   int code = ES_OK;
   pthread_mutex_lock(&b->watch_mu);
+  uint64_t kicks = b->kicks;
   for (;;) {
     if ((code = pg_watch_consume(b, err)) != ES_OK) break;
-    if (b->notes != since || b->closing) break;
+    if (b->foreign != since || b->closing || b->kicks != kicks) break;
     int64_t left = deadline - pg_now_ms();
     if (left <= 0) break;
     if (!b->polling) {
@@ -3606,6 +3626,14 @@ static int pg_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_
   }
   pthread_mutex_unlock(&b->watch_mu);
   return code;
+}
+
+/* The wait_change calls in progress return now. */
+static void pg_kick(es_backend *b) {
+  pthread_mutex_lock(&b->watch_mu);
+  b->kicks++;
+  pg_watch_changed(b);
+  pthread_mutex_unlock(&b->watch_mu);
 }
 
 /* close() is coming: every wait_change returns now, and at once from now
@@ -3681,6 +3709,8 @@ static void pg_wake(es_backend *b) {
       .claim_begin = pg_claim_begin,                            \
       .claim_retry = pg_claim_retry,                            \
       .wait_change = pg_wait_change,                            \
+      .ext_version = pg_ext_version,                            \
+      .kick = pg_kick,                                          \
       .wake = pg_wake,                                          \
       .release_commit = pg_release_commit,                      \
       .claim_ready = pg_claim_ready,                            \

@@ -773,39 +773,6 @@ int es_core_get(es_store *s, const char *session, int64_t index, es_event *out, 
 
 /* --- waiting --- */
 
-/* es_core_wait on a backend that can block until data_version moves
- * (ops->wait_change, postgres: woken by LISTEN/NOTIFY): no polling loop.
- * The version is taken before each read, so a commit that the read missed
- * has moved it and the wait returns at once. Every commit of this process
- * moves it too (postgres NOTIFYs on each), and close() wakes the wait
- * (ops->wake), after which the next read says CLOSED. */
-static int wait_notified(es_store *s, const char *scope, const char *session, int64_t after,
-                         const struct timespec *deadline, int64_t limit, es_events *out,
-                         es_err *err) {
-  for (;;) {
-    uint64_t v = 0;
-    int rc = es_store_data_version(s, &v, err);
-    if (rc == ES_OK)
-      rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
-                   : es_core_read_all(s, scope, after, limit, out, err);
-    if (rc || out->n > 0) return rc;
-    es_events_destroy(out);
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    int64_t left = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000 +
-                   (deadline->tv_nsec - now.tv_nsec) / 1000000;
-    if (left <= 0) {
-      /* less than a millisecond left counts as none */
-      return ES_OK;
-    }
-    /* inside enter/leave: close() waits for this call, after waking it */
-    if ((rc = es_core_enter(s, err))) return rc;
-    rc = s->ops->wait_change(s->bk, v, left, err);
-    es_core_leave(s);
-    if (rc) return rc;
-  }
-}
-
 /* A moment `ms` after *from. */
 static struct timespec ms_after(const struct timespec *from, int64_t ms) {
   struct timespec t = *from;
@@ -829,9 +796,11 @@ static int before(const struct timespec *a, const struct timespec *b) {
  *   - it sleeps on its key (wakes.c: its session, its scope, or every
  *     session), which only the commits that add or drop events there
  *     wake, and reads again only then;
- *   - other processes' commits are seen by data_version, polled every
- *     WAIT_POLL_MS (O(1), no read of events); the wait reads again only
- *     when it moved.
+ *   - other processes' commits: on a backend with wait_change (postgres)
+ *     the handle's ext_watch thread wakes every key when one comes
+ *     (wakes.c); on the others (sqlite) data_version is polled every
+ *     WAIT_POLL_MS (O(1), no read of events) and the wait reads again
+ *     only when it moved.
  * The read itself is an index seek within the scope (backend.h
  * event_all), so what a wake costs is what is new there. */
 static int wait_polled(es_store *s, const char *scope, const char *session, int64_t after,
@@ -840,8 +809,10 @@ static int wait_polled(es_store *s, const char *scope, const char *session, int6
   wait_key *k = es_core_wait_key_get(s, session ? session : scope ? scope : "");
   if (!k) return nomem(err);
   uint64_t ext = 0;
-  int rc = ES_OK, read = 1;
-  if (s->ops->data_version) rc = es_store_data_version(s, &ext, err);
+  int rc = ES_OK, read = 1, poll = s->ops->data_version && !s->ops->wait_change;
+  /* with the key held, so that the thread does not end under it */
+  if (s->ops->wait_change) rc = es_core_ext_start(s, err);
+  if (poll) rc = es_store_data_version(s, &ext, err);
   while (rc == ES_OK) {
     /* the sequence is taken before the read: a commit the read missed
      * has moved it, and the sleep below returns at once */
@@ -856,12 +827,12 @@ static int wait_polled(es_store *s, const char *scope, const char *session, int6
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (!before(&now, deadline)) break;
     until = *deadline;
-    if (s->ops->data_version) {
-      struct timespec poll = ms_after(&now, WAIT_POLL_MS);
-      if (before(&poll, &until)) until = poll;
+    if (poll) {
+      struct timespec next = ms_after(&now, WAIT_POLL_MS);
+      if (before(&next, &until)) until = next;
     }
     read = es_core_wait_key_sleep(s, k, seen, &until);
-    if (!read && s->ops->data_version) {
+    if (!read && poll) {
       uint64_t v = 0;
       if ((rc = es_store_data_version(s, &v, err))) break;
       read = v != ext; /* another process committed: read again */
@@ -879,7 +850,6 @@ int es_core_wait(es_store *s, const char *scope, const char *session, int64_t af
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   struct timespec deadline = ms_after(&now, timeout_ms);
-  if (s->ops->wait_change) return wait_notified(s, scope, session, after, &deadline, limit, out, err);
   return wait_polled(s, scope, session, after, &deadline, limit, out, err);
 }
 

@@ -309,9 +309,20 @@ typedef struct es_backend_ops {
    * the whole claim again may succeed; 0 otherwise. Before the rollback. */
   int (*claim_retry)(es_backend *b, es_txn *t);
   /* Optional (NULL: es_store_wait polls data_version): blocks until
-   * data_version differs from since, timeout_ms passed, or wake() was
+   * ext_version differs from since, timeout_ms passed, or wake() was
    * called, without a polling loop. Spurious returns are allowed. */
   int (*wait_change)(es_backend *b, uint64_t since, int64_t timeout_ms, es_err *err);
+  /* With wait_change: a number that changes when a commit not made
+   * through this backend's own write connection is seen (another process,
+   * another handle; a reconnect of the watch counts too, as commits may
+   * have been missed). The core wakes its own waits on its own commits
+   * (wakes.c) and, through wait_change on this number, on the others'. */
+  int (*ext_version)(es_backend *b, uint64_t *version, es_err *err);
+  /* With wait_change: makes the wait_change calls in progress return now
+   * (once; later calls block as usual). The core's thread that waits on
+   * ext_version ends when no wait needs it any more: it must not linger
+   * (it would reconnect a dropped watch connection nobody uses). */
+  void (*kick)(es_backend *b);
   /* Optional, with wait_change: makes every wait_change in progress return
    * now and every later one return at once; close() calls it before it
    * waits for the calls in flight. */

@@ -19,6 +19,7 @@
 /* A caller of es_core_write queued for a group commit (store.c). */
 typedef struct group_waiter group_waiter;
 typedef struct wait_key wait_key;
+enum { EXT_NONE, EXT_RUNNING, EXT_ENDED };
 
 typedef struct presence_watch {
   uint64_t token;
@@ -72,6 +73,10 @@ struct es_store {
   pthread_cond_t vcond;      /* broadcast after every commit */
   atomic_uint_least64_t version;
   wait_key *wkeys;           /* under vmu: the keys waits sleep on */
+  pthread_mutex_t emu;       /* guards ext_state (taken before vmu) */
+  pthread_t ext_thread;      /* wakes.c: turns other processes' commits into wakes */
+  int ext_state;             /* EXT_NONE, EXT_RUNNING, EXT_ENDED (to be joined) */
+  uint64_t ext_since;        /* ext_version when ext_thread started */
   /* under wmu: the sessions the open write transaction adds events to or
    * drops events from (es_core_touch), or touched_all */
   char (*touched)[ES_MAX_NAME_BYTES + 1];
@@ -175,6 +180,12 @@ void es_core_touch_clear(es_store *s);
  * sequence moves from seen or `until` (CLOCK_MONOTONIC): 1 when it
  * moved. */
 wait_key *es_core_wait_key_get(es_store *s, const char *key);
+/* wakes.c: on a backend with wait_change, a wait holding its key starts
+ * the thread that wakes every wait when another process commits, unless
+ * it runs (it ends when no wait is left); es_core_ext_stop joins it
+ * (close, after the backend's wake()). */
+int es_core_ext_start(es_store *s, es_err *err);
+void es_core_ext_stop(es_store *s);
 void es_core_wait_key_put(es_store *s, wait_key *k);
 uint64_t es_core_wait_key_seq(es_store *s, wait_key *k);
 int es_core_wait_key_sleep(es_store *s, wait_key *k, uint64_t seen, const struct timespec *until);

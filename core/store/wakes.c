@@ -21,6 +21,14 @@
  * (es_store_version's subscribers poll it). Keys are few (one per tenant
  * or session with a wait), so a commit compares each touched name with
  * each key.
+ *
+ * Other processes' commits: a backend that can block until one comes
+ * (wait_change, postgres: LISTEN/NOTIFY, telling its own NOTIFYs from
+ * the others') gets one thread per handle (ext_watch), while it has
+ * waits, that wakes every wait when one comes (and ends, kicked, when the
+ * last wait ends); the waits themselves never block in the backend,
+ * so this handle's own commits wake only the waits they concern. Other
+ * backends are polled by the waits (append.c wait_polled).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -28,8 +36,11 @@
 #include <time.h>
 
 #include "store/internal.h"
+#include "store/rules.h"
 
 #define TOUCH_MAX 16 /* distinct sessions a transaction names before it wakes every wait */
+
+static void ext_idle(es_store *s);
 
 struct wait_key {
   char *key; /* owned */
@@ -68,6 +79,12 @@ static int wakes(const es_store *s, const wait_key *k) {
   return 0;
 }
 
+/* Wakes key k (vmu held). */
+static void wake(wait_key *k) {
+  k->seq++;
+  pthread_cond_broadcast(&k->cond);
+}
+
 /* touched: 1 when the write transaction that committed recorded what it
  * touched (wmu is still held, so no other transaction adds to it); 0 for
  * a commit that added or dropped no event (claims: none is woken) and -1
@@ -76,12 +93,8 @@ void es_core_notify_commit(es_store *s, int touched) {
   pthread_mutex_lock(&s->vmu);
   atomic_fetch_add(&s->version, 1);
   pthread_cond_broadcast(&s->vcond);
-  for (wait_key *k = s->wkeys; k && touched; k = k->next) {
-    if (touched < 0 || wakes(s, k)) {
-      k->seq++;
-      pthread_cond_broadcast(&k->cond);
-    }
-  }
+  for (wait_key *k = s->wkeys; k && touched; k = k->next)
+    if (touched < 0 || wakes(s, k)) wake(k);
   pthread_mutex_unlock(&s->vmu);
   if (touched > 0) es_core_touch_clear(s);
 }
@@ -117,6 +130,7 @@ wait_key *es_core_wait_key_get(es_store *s, const char *key) {
 
 void es_core_wait_key_put(es_store *s, wait_key *k) {
   pthread_mutex_lock(&s->vmu);
+  int last = 0;
   if (--k->refs == 0) {
     for (wait_key **p = &s->wkeys; *p; p = &(*p)->next) {
       if (*p == k) {
@@ -127,8 +141,10 @@ void es_core_wait_key_put(es_store *s, wait_key *k) {
     pthread_cond_destroy(&k->cond);
     free(k->key);
     free(k);
+    last = s->wkeys == NULL;
   }
   pthread_mutex_unlock(&s->vmu);
+  if (last) ext_idle(s);
 }
 
 uint64_t es_core_wait_key_seq(es_store *s, wait_key *k) {
@@ -147,4 +163,86 @@ int es_core_wait_key_sleep(es_store *s, wait_key *k, uint64_t seen,
   int woken = k->seq != seen;
   pthread_mutex_unlock(&s->vmu);
   return woken;
+}
+
+/* Another process committed (or the backend failed: the waits read again
+ * and meet the failure themselves): every wait looks again. */
+static void wake_all(es_store *s) {
+  pthread_mutex_lock(&s->vmu);
+  for (wait_key *k = s->wkeys; k; k = k->next) wake(k);
+  pthread_mutex_unlock(&s->vmu);
+}
+
+/* The thread of es_core_ext_start: while waits exist and the handle is
+ * open, blocks in wait_change (close's wake() and the last wait's kick()
+ * end it at once) and wakes every wait when ext_version moved. */
+static void *ext_watch(void *arg) {
+  es_store *s = arg;
+  uint64_t since = s->ext_since;
+  for (;;) {
+    /* no wait left: end (emu held across the look and the state, so a
+     * wait that comes meanwhile sees the thread ended and starts one) */
+    pthread_mutex_lock(&s->emu);
+    pthread_mutex_lock(&s->vmu);
+    int idle = s->wkeys == NULL;
+    pthread_mutex_unlock(&s->vmu);
+    if (idle) s->ext_state = EXT_ENDED;
+    pthread_mutex_unlock(&s->emu);
+    if (idle) break;
+    es_err err = {0};
+    if (es_core_enter(s, &err) != ES_OK) break; /* closed: close joins */
+    uint64_t v = since;
+    int rc = s->ops->wait_change(s->bk, since, 1000, &err);
+    if (rc == ES_OK) rc = s->ops->ext_version(s->bk, &v, &err);
+    es_core_leave(s);
+    if (rc != ES_OK) {
+      wake_all(s);
+      struct timespec pause = {0, WAIT_POLL_MS * 1000000L}; /* not a busy loop while it fails */
+      nanosleep(&pause, NULL);
+    } else if (v != since) {
+      since = v;
+      wake_all(s);
+    }
+  }
+  return NULL;
+}
+
+int es_core_ext_start(es_store *s, es_err *err) {
+  /* entered: close waits for this call before it joins the thread */
+  int rc = es_core_enter(s, err);
+  if (rc) return rc;
+  pthread_mutex_lock(&s->emu);
+  if (s->ext_state == EXT_ENDED) {
+    pthread_join(s->ext_thread, NULL);
+    s->ext_state = EXT_NONE;
+  }
+  if (s->ext_state == EXT_NONE) {
+    /* the version is taken before the wait's first read: a commit after
+     * it wakes that wait */
+    rc = s->ops->ext_version(s->bk, &s->ext_since, err);
+    if (rc == ES_OK && pthread_create(&s->ext_thread, NULL, ext_watch, s) != 0)
+      rc = es_fail(err, ES_STORAGE, "cannot start the thread that watches other processes' commits");
+    if (rc == ES_OK) s->ext_state = EXT_RUNNING;
+  }
+  pthread_mutex_unlock(&s->emu);
+  es_core_leave(s);
+  return rc;
+}
+
+void es_core_ext_stop(es_store *s) {
+  pthread_mutex_lock(&s->emu);
+  int state = s->ext_state;
+  s->ext_state = EXT_NONE;
+  pthread_mutex_unlock(&s->emu);
+  /* not under emu: the thread takes it before it ends */
+  if (state != EXT_NONE) pthread_join(s->ext_thread, NULL);
+}
+
+/* The last wait gave its key back: the thread blocked in wait_change for
+ * it returns now and ends. */
+static void ext_idle(es_store *s) {
+  es_err err = {0};
+  if (!s->ops->kick || es_core_enter(s, &err) != ES_OK) return;
+  s->ops->kick(s->bk);
+  es_core_leave(s);
 }
