@@ -70,7 +70,6 @@ struct es_store {
 
   /* change notification (es_store_wait, subscriptions; wakes.c) */
   pthread_mutex_t vmu;
-  pthread_cond_t vcond;      /* broadcast after every commit */
   atomic_uint_least64_t version;
   wait_key *wkeys;           /* under vmu: the keys waits sleep on */
   pthread_mutex_t emu;       /* guards ext_state (taken before vmu) */

@@ -92,7 +92,6 @@ void es_core_handle_init(es_store *s, const es_open_opts *opts) {
   es_core_group_init(s);
   pthread_mutex_init(&s->vmu, NULL);
   pthread_mutex_init(&s->emu, NULL);
-  pthread_cond_init(&s->vcond, NULL);
   pthread_mutex_init(&s->umu, NULL);
   pthread_mutex_init(&s->pmu, NULL);
   atomic_init(&s->refs, 1);
@@ -110,7 +109,6 @@ void es_core_handle_destroy(es_store *s) {
   pthread_cond_destroy(&s->qcond);
   pthread_mutex_destroy(&s->vmu);
   pthread_mutex_destroy(&s->emu);
-  pthread_cond_destroy(&s->vcond);
   free(s->touched);
   pthread_mutex_destroy(&s->umu);
   pthread_mutex_destroy(&s->pmu);

@@ -17,8 +17,8 @@
  *     ("" is a prefix of every name, a tenant's scope of each of its
  *     sessions), and only those: a tenant's tail sleeps through another
  *     tenant's commits.
- * Every commit still bumps the handle's version and broadcasts vcond
- * (es_store_version's subscribers poll it). Keys are few (one per tenant
+ * Every commit still bumps the handle's version (es_store_version's
+ * subscribers poll it). Keys are few (one per tenant
  * or session with a wait), so a commit compares each touched name with
  * each key.
  *
@@ -92,7 +92,6 @@ static void wake(wait_key *k) {
 void es_core_notify_commit(es_store *s, int touched) {
   pthread_mutex_lock(&s->vmu);
   atomic_fetch_add(&s->version, 1);
-  pthread_cond_broadcast(&s->vcond);
   for (wait_key *k = s->wkeys; k && touched; k = k->next)
     if (touched < 0 || wakes(s, k)) wake(k);
   pthread_mutex_unlock(&s->vmu);
