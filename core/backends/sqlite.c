@@ -711,6 +711,12 @@ struct es_backend {
   int n_readers;                   /* opened or being opened */
   pthread_mutex_t watch_mu;
   sq_conn watch;                   /* data_version */
+  /* ext_version (under watch_mu): commits of other connections seen, the
+   * watch connection's data_version that is accounted for, and the write
+   * connection's after its last commit (it moves only when another
+   * connection commits) */
+  uint64_t foreign;
+  int64_t watch_dv, w_dv;
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -2081,6 +2087,8 @@ static void sq_vacuum_pass(es_backend *b) {
   b->vacuum_due = free_pages > pass;
 }
 
+static void sq_own_commit(es_backend *b);
+
 static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
@@ -2112,6 +2120,7 @@ static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
       goto fail;
     }
   }
+  sq_own_commit(t->b);
   t->depth = 0;
   if (t->b->incremental && (t->removed || t->b->vacuum_due)) sq_vacuum_pass(t->b);
   t->removed = 0;
@@ -3147,20 +3156,60 @@ static int sq_scrub(es_backend *b, es_err *err) {
 
 /* ---- data version --------------------------------------------------------- */
 
-static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
+/* PRAGMA data_version on connection c (watch_mu held for the watch
+ * connection; the write connection only on the writing thread). */
+static int sq_dv(sq_conn *c, int64_t *v, es_err *err) {
   sqlite3_stmt *st;
   int temp, code, rc;
-  pthread_mutex_lock(&b->watch_mu);
-  if ((code = sq_stmt(&b->watch, ST_DATA_VERSION, &st, &temp, err)) != ES_OK) {
-    pthread_mutex_unlock(&b->watch_mu);
-    return code;
-  }
+  if ((code = sq_stmt(c, ST_DATA_VERSION, &st, &temp, err)) != ES_OK) return code;
   rc = sqlite3_step(st);
-  if (rc == SQLITE_ROW) *version = (uint64_t)sqlite3_column_int64(st, 0);
-  sq_stmt_done(&b->watch, ST_DATA_VERSION, st, temp);
-  code = rc == SQLITE_ROW ? ES_OK : sq_fail(err, &b->watch, rc, "data_version");
+  if (rc == SQLITE_ROW) *v = sqlite3_column_int64(st, 0);
+  sq_stmt_done(c, ST_DATA_VERSION, st, temp);
+  return rc == SQLITE_ROW ? ES_OK : sq_fail(err, c, rc, "data_version");
+}
+
+static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
+  int64_t v = 0;
+  pthread_mutex_lock(&b->watch_mu);
+  int code = sq_dv(&b->watch, &v, err);
+  if (code == ES_OK) *version = (uint64_t)v;
   pthread_mutex_unlock(&b->watch_mu);
   return code;
+}
+
+/* ext_version: the watch connection's data_version moves with every
+ * commit of another connection, this handle's write connection included;
+ * sq_own_commit accounts for those, so what is left moved for another
+ * process (or handle). O(1): no read of events. */
+static int sq_ext_version(es_backend *b, uint64_t *version, es_err *err) {
+  int64_t v = 0;
+  pthread_mutex_lock(&b->watch_mu);
+  int code = sq_dv(&b->watch, &v, err);
+  if (code == ES_OK && v != b->watch_dv) {
+    b->foreign++;
+    b->watch_dv = v;
+  }
+  *version = b->foreign;
+  pthread_mutex_unlock(&b->watch_mu);
+  return code;
+}
+
+/* After a commit of the write connection (on the writing thread): the
+ * watch connection's data_version read now includes this commit, so
+ * ext_version does not count it; a commit of another connection that
+ * came in between is caught by the write connection's own data_version,
+ * which moves only for other connections' commits and is read after it.
+ * A look that fails counts as another's commit (a spurious wake, never a
+ * missed one). */
+static void sq_own_commit(es_backend *b) {
+  int64_t w = 0, d = 0;
+  es_err ignored = {0};
+  pthread_mutex_lock(&b->watch_mu);
+  int ok = sq_dv(&b->watch, &w, &ignored) == ES_OK && sq_dv(&b->w, &d, &ignored) == ES_OK;
+  if (!ok || d != b->w_dv) b->foreign++;
+  b->watch_dv = w;
+  b->w_dv = d;
+  pthread_mutex_unlock(&b->watch_mu);
 }
 
 /* ---- the ops table ---------------------------------------------------------- */
@@ -3221,6 +3270,7 @@ const es_backend_ops es_backend_sqlite = {
     .snapshot_delete_from = sq_snapshot_delete_from,
     .scrub = sq_scrub,
     .data_version = sq_data_version,
+    .ext_version = sq_ext_version,
     .lazy_begin = sq_lazy_begin,
     .lazy_end = sq_lazy_end,
     .segment_list = sq_segment_list,

@@ -789,30 +789,22 @@ static int before(const struct timespec *a, const struct timespec *b) {
   return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
-/* es_core_wait on a backend that cannot block on other processes'
- * commits. A wait costs nothing while nothing it could read happens
+/* es_core_wait. A wait costs nothing while nothing it could read happens
  * (issue 24: idle tails of an empty tenant used to read again on every
- * commit of any tenant and every poll):
- *   - it sleeps on its key (wakes.c: its session, its scope, or every
- *     session), which only the commits that add or drop events there
- *     wake, and reads again only then;
- *   - other processes' commits: on a backend with wait_change (postgres)
- *     the handle's ext_watch thread wakes every key when one comes
- *     (wakes.c); on the others (sqlite) data_version is polled every
- *     WAIT_POLL_MS (O(1), no read of events) and the wait reads again
- *     only when it moved.
- * The read itself is an index seek within the scope (backend.h
+ * commit of any tenant and every 50 ms poll): it sleeps on its key
+ * (wakes.c: its session, its scope, or every session), which only this
+ * handle's commits that add or drop events there wake, and the handle's
+ * ext_watch thread on another process's commit; it reads again only
+ * then. The read itself is an index seek within the scope (backend.h
  * event_all), so what a wake costs is what is new there. */
-static int wait_polled(es_store *s, const char *scope, const char *session, int64_t after,
-                       const struct timespec *deadline, int64_t limit, es_events *out,
-                       es_err *err) {
+static int wait_keyed(es_store *s, const char *scope, const char *session, int64_t after,
+                      const struct timespec *deadline, int64_t limit, es_events *out,
+                      es_err *err) {
   wait_key *k = es_core_wait_key_get(s, session ? session : scope ? scope : "");
   if (!k) return nomem(err);
-  uint64_t ext = 0;
-  int rc = ES_OK, read = 1, poll = s->ops->data_version && !s->ops->wait_change;
+  int rc = ES_OK, read = 1;
   /* with the key held, so that the thread does not end under it */
-  if (s->ops->wait_change) rc = es_core_ext_start(s, err);
-  if (poll) rc = es_store_data_version(s, &ext, err);
+  if (s->ops->ext_version) rc = es_core_ext_start(s, err);
   while (rc == ES_OK) {
     /* the sequence is taken before the read: a commit the read missed
      * has moved it, and the sleep below returns at once */
@@ -823,21 +815,10 @@ static int wait_polled(es_store *s, const char *scope, const char *session, int6
       if (rc || out->n > 0) break;
       es_events_destroy(out);
     }
-    struct timespec now, until;
+    struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (!before(&now, deadline)) break;
-    until = *deadline;
-    if (poll) {
-      struct timespec next = ms_after(&now, WAIT_POLL_MS);
-      if (before(&next, &until)) until = next;
-    }
-    read = es_core_wait_key_sleep(s, k, seen, &until);
-    if (!read && poll) {
-      uint64_t v = 0;
-      if ((rc = es_store_data_version(s, &v, err))) break;
-      read = v != ext; /* another process committed: read again */
-      ext = v;
-    }
+    read = es_core_wait_key_sleep(s, k, seen, deadline);
   }
   es_core_wait_key_put(s, k);
   return rc;
@@ -850,7 +831,7 @@ int es_core_wait(es_store *s, const char *scope, const char *session, int64_t af
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   struct timespec deadline = ms_after(&now, timeout_ms);
-  return wait_polled(s, scope, session, after, &deadline, limit, out, err);
+  return wait_keyed(s, scope, session, after, &deadline, limit, out, err);
 }
 
 /* ---------------------------------------------------------------------- */

@@ -308,15 +308,17 @@ typedef struct es_backend_ops {
    * lock contention (a lock wait timed out, a deadlock), so that running
    * the whole claim again may succeed; 0 otherwise. Before the rollback. */
   int (*claim_retry)(es_backend *b, es_txn *t);
-  /* Optional (NULL: es_store_wait polls data_version): blocks until
+  /* Optional (NULL: the core polls ext_version): blocks until
    * ext_version differs from since, timeout_ms passed, or wake() was
    * called, without a polling loop. Spurious returns are allowed. */
   int (*wait_change)(es_backend *b, uint64_t since, int64_t timeout_ms, es_err *err);
-  /* With wait_change: a number that changes when a commit not made
-   * through this backend's own write connection is seen (another process,
-   * another handle; a reconnect of the watch counts too, as commits may
-   * have been missed). The core wakes its own waits on its own commits
-   * (wakes.c) and, through wait_change on this number, on the others'. */
+  /* Optional (NULL: nothing else can write, as memory:): a number that
+   * changes when a commit not made through this backend's own write
+   * connection is seen (another process, another handle; a reconnect of
+   * a watch counts too, as commits may have been missed), in O(1). The
+   * core wakes its own waits on its own commits (wakes.c) and on the
+   * others' through this number: one thread per handle with waits blocks
+   * in wait_change on it, or looks at it every 50 ms. */
   int (*ext_version)(es_backend *b, uint64_t *version, es_err *err);
   /* With wait_change: makes the wait_change calls in progress return now
    * (once; later calls block as usual). The core's thread that waits on

@@ -179,7 +179,7 @@ void es_core_touch_clear(es_store *s);
  * sequence moves from seen or `until` (CLOCK_MONOTONIC): 1 when it
  * moved. */
 wait_key *es_core_wait_key_get(es_store *s, const char *key);
-/* wakes.c: on a backend with wait_change, a wait holding its key starts
+/* wakes.c: on a backend with ext_version, a wait holding its key starts
  * the thread that wakes every wait when another process commits, unless
  * it runs (it ends when no wait is left); es_core_ext_stop joins it
  * (close, after the backend's wake()). */

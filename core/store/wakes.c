@@ -22,13 +22,14 @@
  * or session with a wait), so a commit compares each touched name with
  * each key.
  *
- * Other processes' commits: a backend that can block until one comes
- * (wait_change, postgres: LISTEN/NOTIFY, telling its own NOTIFYs from
- * the others') gets one thread per handle (ext_watch), while it has
- * waits, that wakes every wait when one comes (and ends, kicked, when the
- * last wait ends); the waits themselves never block in the backend,
- * so this handle's own commits wake only the waits they concern. Other
- * backends are polled by the waits (append.c wait_polled).
+ * Other processes' commits: a backend that tells them from its own
+ * (ext_version: postgres by the NOTIFY's sender, sqlite by the write
+ * connection's data_version) gets one thread per handle (ext_watch),
+ * while it has waits, that wakes every wait when one comes: it blocks in
+ * wait_change (postgres: LISTEN/NOTIFY; kicked when the last wait ends)
+ * or looks every WAIT_POLL_MS (sqlite). The waits themselves never block
+ * in the backend nor poll it, so this handle's own commits wake only the
+ * waits they concern, and an idle wait costs nothing.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -174,7 +175,8 @@ static void wake_all(es_store *s) {
 
 /* The thread of es_core_ext_start: while waits exist and the handle is
  * open, blocks in wait_change (close's wake() and the last wait's kick()
- * end it at once) and wakes every wait when ext_version moved. */
+ * end it at once) or sleeps WAIT_POLL_MS, and wakes every wait when
+ * ext_version moved. */
 static void *ext_watch(void *arg) {
   es_store *s = arg;
   uint64_t since = s->ext_since;
@@ -191,16 +193,17 @@ static void *ext_watch(void *arg) {
     es_err err = {0};
     if (es_core_enter(s, &err) != ES_OK) break; /* closed: close joins */
     uint64_t v = since;
-    int rc = s->ops->wait_change(s->bk, since, 1000, &err);
+    int rc = s->ops->wait_change ? s->ops->wait_change(s->bk, since, 1000, &err) : ES_OK;
     if (rc == ES_OK) rc = s->ops->ext_version(s->bk, &v, &err);
     es_core_leave(s);
-    if (rc != ES_OK) {
-      wake_all(s);
-      struct timespec pause = {0, WAIT_POLL_MS * 1000000L}; /* not a busy loop while it fails */
-      nanosleep(&pause, NULL);
-    } else if (v != since) {
+    if (rc == ES_OK && v != since) {
       since = v;
       wake_all(s);
+    } else if (rc != ES_OK || !s->ops->wait_change) {
+      if (rc != ES_OK) wake_all(s);
+      /* the next look (polled), or not a busy loop while it fails */
+      struct timespec pause = {0, WAIT_POLL_MS * 1000000L};
+      nanosleep(&pause, NULL);
     }
   }
   return NULL;
