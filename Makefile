@@ -34,11 +34,14 @@ LUA_LMOD_DIR ?= $(PREFIX)/share/lua/5.4
 
 # Debian packages the build and the tests need (installed by `make deps`);
 # lua-cjson only as the benches' reference decoder (bench/fold_bench.lua);
-# libmicrohttpd for `eventstore serve`; lua-socket as the HTTP specs'
-# client; chromium and its driver for the inspector's browser spec; wrk
-# for the HTTP bench and luarocks for the packaging spec.
+# libmicrohttpd for `eventstore serve` and GnuTLS, which serves its HTTPS
+# and checks its certificate (core/http/tls.c); lua-socket as the HTTP
+# specs' client; openssl and curl make and call the HTTPS spec's throwaway
+# certificates; chromium and its driver for the inspector's browser spec;
+# wrk for the HTTP bench and luarocks for the packaging spec.
 DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libzstd-dev libsodium-dev pkg-config valgrind libpq-dev postgresql lua-cjson \
-  libmicrohttpd-dev lua-socket
+  libmicrohttpd-dev libgnutls28-dev lua-socket
+DEB_PKGS += openssl curl
 DEB_PKGS += chromium chromium-driver
 DEB_PKGS += wrk luarocks
 
@@ -58,10 +61,11 @@ MODULE   := $(BUILD)/lib/eventstore/core.so
 LIB      := $(BUILD)/libeventstore.a
 MAIN_OBJ := $(patsubst core/%.c,$(BUILD)/obj/%.o,$(wildcard core/main/*.c))
 # The HTTP room (core/http/, docs/http.md) is linked into the binary and its
-# C tests only: the Lua module and libeventstore.a never load libmicrohttpd.
+# C tests only: the Lua module and libeventstore.a never load libmicrohttpd
+# (nor GnuTLS, which tls.c calls to check a certificate before serving it).
 HTTP_SRC := $(wildcard core/http/*.c)
 HTTP_OBJ := $(HTTP_SRC:core/%.c=$(BUILD)/obj/%.o)
-HTTP_LIBS := -lmicrohttpd
+HTTP_LIBS := -lmicrohttpd -lgnutls
 BIN      := $(BUILD)/bin/eventstore
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)

@@ -35,6 +35,7 @@ external_dependencies = {
   ZSTD = { header = "zstd.h" },
   SODIUM = { header = "sodium.h" },
   MICROHTTPD = { header = "microhttpd.h" },
+  GNUTLS = { header = "gnutls/gnutls.h" }, -- serve's TLS certificate checks (core/http/tls.c)
   LIBPQ = { header = "postgresql/libpq-fe.h" },
 }
 

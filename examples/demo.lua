@@ -84,6 +84,8 @@ local function describe(e)
     -- commit stamps created_at a moment later, so round to 100 ms.
     local delay = (e.not_before - e.created_at + 50) // 100 * 100
     return ("timer: due %d ms after it was written"):format(delay)
+  elseif e.type == "payment.reminder" then
+    return e.cancelled and "timer cancelled: " .. e.cancelled or "timer: pending"
   elseif e.type == "order.shipped" then
     return ("%s, tracking %s"):format(p.carrier, p.tracking)
   end

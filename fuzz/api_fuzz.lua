@@ -307,6 +307,15 @@ function M.run(o)
   end
 
   local TYPES = { "ok", "fail", "loop", "bad", "timer", "cancel", "state", "done", "other" }
+  local REVISIONS = { 1, 2, 3, 0, 2147483647, 2147483648, 1.5 }
+  local METAS = {
+    function() return { trace = "t" } end,
+    function() return {} end,
+    function() return { n = 1, deep = { 1, { x = 0.5 } } } end,
+    function() return eventstore.json.array({ 1 }) end,       -- not an object
+    function() return { big = ("m"):rep(9000) } end,          -- over 8 KiB
+  }
+  local metas_drawn = 0
 
   -- An event table, sometimes with a metamethod that changes the list it
   -- is in (events) while it is read.
@@ -319,8 +328,14 @@ function M.run(o)
     if R.chance(0.05) then e.settled = maybe(0.8, true) end
     if R.chance(0.05) then e.not_before = maybe(0.6, T0 + R.int(100)) end
     if not W.clean and R.chance(0.05) then e.cause = maybe(0.6, { index = small_int(), attempt = small_int() }) end
-    if R.chance(0.05) then e.revision = maybe(0.6, R.int(3)) end
-    if R.chance(0.05) then e.meta = maybe(0.6, { trace = "t" }) end
+    -- §3.1: valid revisions and metas, and the edges just past them. Each
+    -- takes as many draws as before they were varied (one pick; metas by
+    -- turns), so a seed still draws the calls it drew then.
+    if R.chance(0.05) then e.revision = maybe(0.6, R.pick(REVISIONS)) end
+    if R.chance(0.05) then
+      metas_drawn = metas_drawn % #METAS + 1
+      e.meta = maybe(0.6, METAS[metas_drawn]())
+    end
     if not W.clean and R.chance(0.04) then e.key = hostile() end
     if events and not W.clean and R.chance(0.04) then
       local later = R.int(4)
@@ -568,6 +583,15 @@ function M.run(o)
   end)
   op(1, "revive", store_call("revive", function() return session(), small_int() end))
   op(1, "settle", store_call("settle", function() return session(), small_int(), maybe(0.8, "why") end))
+  op(1, "cancel", store_call("cancel", function()
+    return session(), small_int(), opts_table({ reason = function() return maybe(0.8, "paid") end })
+  end))
+  op(2, "append_many", store_call("append_many", function()
+    return { { session = session(), events = events(), opts = opts_table({ expected = small_int }) },
+      { session = session(), events = events() } }
+  end))
+  op(1, "capabilities", store_call("capabilities", function() end))
+  op(1, "archived", store_call("archived", function() return opts_table({ after = session, limit = small_int }) end))
   op(1, "dead_letters", store_call("dead_letters", function()
     return opts_table({ session = session, after = small_int, limit = small_int })
   end))
@@ -843,6 +867,14 @@ function M.run(o)
               end
               if math.type(ev.created_at) ~= "integer" then
                 return ("session %q: event %d has created_at %s"):format(name, ev.index, describe(ev.created_at))
+              end
+              -- §3.1: nothing out of range is ever stored
+              if math.type(ev.revision) ~= "integer" or ev.revision < 1 or ev.revision > 2147483647 then
+                return ("session %q: event %d has revision %s"):format(name, ev.index, describe(ev.revision))
+              end
+              if ev.meta ~= nil and (type(ev.meta) ~= "table" or #eventstore.json.encode(ev.meta) > 8192
+                  or eventstore.json.encode(ev.meta):sub(1, 1) ~= "{") then
+                return ("session %q: event %d has meta %s"):format(name, ev.index, describe(ev.meta))
               end
             end
             local touched = false

@@ -525,7 +525,7 @@ end }
 
       it("engine options: not integers are argument errors; out of range, INVALID_ARGUMENT naming the option", function()
         local t = eh.setup(url)
-        for _, c in ipairs({ { "ttl_ms", 3.5 }, { "workers", "2" }, { "deadline_ms", 2 ^ 63 } }) do
+        for _, c in ipairs({ { "ttl_ms", 3.5 }, { "workers", "2" }, { "deadline_ms", 2 ^ 63 }, { "fold_runners", 1.5 } }) do
           local msg = expect_arg_error(function() return t.engine({ [c[1]] = c[2] }) end)
           assert.truthy(msg:find(c[1], 1, true), msg)
         end
@@ -534,6 +534,7 @@ end }
           { "backoff_ms", -1 }, { "backoff_cap_ms", -1 }, { "instruction_budget", -1 },
           { "memory_budget", -1 }, { "snapshot_every", -1 }, { "deadline_ms", 0 },
           { "ttl_ms", math.maxinteger }, { "outage_ms", -1 }, { "outage_ms", math.maxinteger },
+          { "fold_runners", -1 }, { "fold_runners", 257 },
         }
         for _, c in ipairs(cases) do
           local e = expect_error("INVALID_ARGUMENT", function() return t.engine({ [c[1]] = c[2] }) end)

@@ -809,8 +809,8 @@ for _, url in ipairs(helpers.urls()) do
 
           local again = helpers.open_same(full, { clock = clock })
           assert.same(refs_before, again:list_refs({}))
-          assert.same({ name = "main", session = "dst", head = 2, created_at = T0 + 10, updated_at = T0 + 20 },
-            again:get_ref("main"))
+          assert.same({ name = "main", session = "dst", head = 2, created_at = T0 + 10, updated_at = T0 + 20,
+            parent = lin.parent, at = lin.at }, again:get_ref("main"))
           assert.same(lin, again:lineage("dst"))
           assert.same({ "dst", "dst0" }, pluck(again:children("src"), "session"))
           assert.equal(0, again:lineage("dst0").at)

@@ -116,6 +116,23 @@ ATTACKS.append = function(c)
   c.try("append", "s1", { { type = "t", id = "e1" } }) -- A's own e1: a replay of A's
   c.try("append", "sealed1", { { type = "t" } }, { fence = c.b.fence })
 end
+ATTACKS.append_many = function(c)
+  for _, s in ipairs(b_names("s1")) do
+    c.try("append_many", { { session = s, events = { { type = "t", payload = { who = "A" } } } } })
+  end
+  -- B's ids are free in A; a fenced write at B's sealed session is A's own session
+  c.try("append_many", { { session = "mine2", events = { { type = "t", id = c.b.generated_id } } },
+    { session = "sealed1", events = { { type = "t" } }, opts = { fence = c.b.fence } } })
+end
+ATTACKS.cancel = function(c)
+  for _, s in ipairs(b_names("c1")) do c.try("cancel", s, 1, { reason = "A" }) end
+  for _, s in ipairs(b_names("s1")) do c.try("cancel", s, 1, { reason = "A" }) end
+end
+ATTACKS.archived = function(c)
+  c.try("archived", {})
+  c.try("archived", { after = "B" })
+  c.try("archived", { after = "", limit = 1 })
+end
 ATTACKS.read = function(c)
   for _, s in ipairs(b_names("s1")) do c.try("read", s) end
 end
@@ -318,6 +335,10 @@ ATTACKS._pause_after = function(c)
   expect_error("INVALID_ARGUMENT", c.A._pause_after, c.A, 1, "gate")
 end
 -- §3.12: a tenant's stats count its own sessions and calls only.
+-- §3.1: the store's capabilities, naming A and never B
+ATTACKS.capabilities = function(c)
+  assert.equal("A", c.try("capabilities").tenant)
+end
 ATTACKS.stats = function(c)
   local st = c.A:stats()
   local n = 0

@@ -166,16 +166,17 @@ for _, url in ipairs(helpers.urls()) do
         store:close()
         local schema = concrete:match("schema=([%w_]+)")
         psql(concrete, ("SET search_path TO %s; DROP TABLE counts; DROP FUNCTION counts_apply() CASCADE;"
+          .. " ALTER TABLE events DROP COLUMN revision, DROP COLUMN meta;"
           .. " UPDATE meta SET value = 1 WHERE key = 'schema_version'"):format(schema))
         local again = helpers.open_same(concrete)
         assert.same({ sessions = 3, events = 4, pending = 2, dead = 1 }, counts(again))
         assert.same({ sessions = 1, events = 1, pending = 1, dead = 0 }, counts(again:tenant("T")))
         again:append("c", { { type = "t" } })
         assert.same({ sessions = 4, events = 5, pending = 3, dead = 1 }, counts(again))
-        assert.equal("3", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
+        assert.equal("4", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
       end)
 
-      it("a schema of version 2 gets events_scope at open: a tenant's read_all seeks in it", function()
+      it("a schema of version 3 gets events_scope at open: a tenant's read_all seeks in it", function()
         local store, _, concrete = helpers.new(url)
         local t, u = store:tenant("T"), store:tenant("U")
         t:append("a", { { type = "t1" } })
@@ -187,10 +188,10 @@ for _, url in ipairs(helpers.urls()) do
         local has = ("SELECT count(*) FROM pg_indexes WHERE schemaname = '%s' AND indexname = 'events_scope'")
           :format(schema)
         psql(concrete, ("SET search_path TO %s; DROP INDEX events_scope;"
-          .. " UPDATE meta SET value = 2 WHERE key = 'schema_version'"):format(schema))
+          .. " UPDATE meta SET value = 3 WHERE key = 'schema_version'"):format(schema))
         assert.equal("0", psql(concrete, has))
         local again = helpers.open_same(concrete)
-        assert.equal("3", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
+        assert.equal("4", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
         assert.equal("1", psql(concrete, has))
         local got = again:tenant("T"):read_all()
         assert.same({ "t1", "t2" }, helpers.pluck(got, "type"))
@@ -220,20 +221,21 @@ for _, url in ipairs(helpers.urls()) do
         store:fail("b", 1, got[1].attempt, { error = "x", max_failures = 1 })
         store:tenant("T"):append("x", { { type = "t" } })
         store:close()
-        -- back to what version 6 wrote: no counts, no triggers
+        -- back to what version 6 wrote: no counts, no triggers, no revision or meta
         local path = concrete:match("^sqlite:(.*)$")
         sqlite3(path, "DROP TRIGGER counts_insert; DROP TRIGGER counts_delete; DROP TRIGGER counts_update;"
-          .. "DROP TABLE counts; PRAGMA user_version = 6")
+          .. "DROP TABLE counts; ALTER TABLE events DROP COLUMN revision; ALTER TABLE events DROP COLUMN meta;"
+          .. " PRAGMA user_version = 6")
         local again = helpers.open_same(concrete)
         assert.same({ sessions = 3, events = 4, pending = 2, dead = 1 }, counts(again))
         assert.same({ sessions = 1, events = 1, pending = 1, dead = 0 }, counts(again:tenant("T")))
-        assert.equal("8", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
+        assert.equal("9", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
         -- and kept up to date from then on
         again:append("c", { { type = "t" } })
         assert.same({ sessions = 4, events = 5, pending = 3, dead = 1 }, counts(again))
       end)
 
-      it("a file of schema version 7 gets events_scope at open: a tenant's read_all seeks in it", function()
+      it("a file of schema version 8 gets events_scope at open: a tenant's read_all seeks in it", function()
         local store, _, concrete = helpers.new(url)
         local t, u = store:tenant("T"), store:tenant("U")
         t:append("a", { { type = "t1" } })
@@ -242,10 +244,10 @@ for _, url in ipairs(helpers.urls()) do
         store:append("plain", { { type = "p" } })
         store:close()
         local path = concrete:match("^sqlite:(.*)$")
-        sqlite3(path, "DROP INDEX events_scope; PRAGMA user_version = 7")
+        sqlite3(path, "DROP INDEX events_scope; PRAGMA user_version = 8")
         assert.equal("", sqlite3(path, "SELECT name FROM sqlite_master WHERE name = 'events_scope'"))
         local again = helpers.open_same(concrete)
-        assert.equal("8", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
+        assert.equal("9", (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
         assert.equal("events_scope\n", sqlite3(path, "SELECT name FROM sqlite_master WHERE name = 'events_scope'"))
         -- only tenants' events have an entry (the index's own WHERE, its
         -- separator byte included, so the planner can use it)

@@ -21,6 +21,7 @@ local FIELD_TYPES = {
   claim_holder = "string", claim_expires_at = "integer", retry_at = "integer",
   first_claimed_at = "integer", last_claimed_at = "integer", failed_at = "integer",
   processed_by_attempt = "integer", origin = "table", attempt = "integer",
+  revision = "integer", meta = "table",
 }
 
 -- The sorted names of e's fields, after checking each one's type.
@@ -54,18 +55,22 @@ for _, url in ipairs(helpers.urls()) do
         { type = "settled.one", payload = { n = 1 }, settled = true },
         { type = "pending.one", lane = "L", not_before = T0 },
         { type = "no.payload" },
+        { type = "with.meta", revision = 2, meta = { k = 1 } },
       })
-      local base = "attempts created_at failures id index position session status type"
-      assert.equal("attempts created_at failures id index payload position processed_at session status type",
+      -- revision is always set (1 by default), meta only when given
+      local base = "attempts created_at failures id index position revision session status type"
+      assert.equal("attempts created_at failures id index payload position processed_at revision session status type",
         fields_of(stored[1]))
-      assert.equal("attempts created_at failures id index lane not_before position session status type",
+      assert.equal("attempts created_at failures id index lane not_before position revision session status type",
         fields_of(stored[2]))
       assert.equal(base, fields_of(stored[3]))
+      assert.equal("attempts created_at failures id index meta position revision session status type",
+        fields_of(stored[4]))
       assert.equal("processed", stored[1].status)
       assert.equal("pending", stored[2].status)
       -- a read returns the same tables' worth of fields
       local read = store:read("s")
-      for i = 1, 3 do assert.equal(fields_of(stored[i]), fields_of(read[i])) end
+      for i = 1, 4 do assert.equal(fields_of(stored[i]), fields_of(read[i])) end
 
       -- claimed: the claim's record, and `attempt` on the claimed copy only
       local ev = helpers.claimed(store, "s", { holder = "w9", ttl_ms = 500 })[1]
@@ -74,7 +79,7 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal("w9", ev.claim_holder)
       assert.equal(T0 + 500, ev.claim_expires_at)
       assert.equal("attempt attempts claim_expires_at claim_holder created_at failures first_claimed_at id index "
-        .. "lane last_claimed_at not_before position session status type", fields_of(ev))
+        .. "lane last_claimed_at not_before position revision session status type", fields_of(ev))
       assert.is_nil(store:read("s", { after = 1, limit = 1 })[1].attempt)
 
       -- failed: last_error, failed_at, retry_at

@@ -226,6 +226,41 @@ end
         assert.equal(1, again[1].index)
         assert.equal(1, t.store:head("s"))
       end)
+
+      it("results carry meta.correlation and meta.causation beside the handler's own meta (§4)", function()
+        local t = setup()
+        -- the handler's meta is kept; its own correlation wins over the chain's
+        t.handler("order.placed", [[
+return function(event, ctx)
+  return {
+    { type = "order.confirmed", revision = 2 },
+    { type = "order.audit", meta = { who = "clerk", n = 1 } },
+    { type = "order.audit", meta = { correlation = "own" } },
+  }
+end
+]])
+        t.handler("order.confirmed", [[
+return function(event, ctx) return { { type = "order.shipped" } } end
+]])
+        local engine = t.engine()
+        local placed = engine:append("s", { { type = "order.placed" } })[1]
+        local traced = engine:append("u", { { type = "order.placed", meta = { correlation = "req-42" } } })[1]
+        assert.same({ handled = 4, failed = 0, dead = 0 }, run(engine))
+        local s = t.store:read("s")
+        local root = placed.id
+        assert.equal(nil, s[1].meta) -- the first of a chain has none: it correlates as its own id
+        assert.same({ correlation = root, causation = root }, s[2].meta)
+        assert.equal(2, s[2].revision)
+        assert.same({ correlation = root, causation = root, who = "clerk", n = 1 }, s[3].meta)
+        assert.same({ correlation = "own", causation = root }, s[4].meta)
+        -- a result of a result: the chain's correlation, its own cause
+        assert.equal("order.shipped", s[5].type)
+        assert.same({ correlation = root, causation = s[2].id }, s[5].meta)
+        -- an event that carries a correlation passes it on
+        local u = t.store:read("u")
+        assert.same({ correlation = "req-42", causation = traced.id }, u[2].meta)
+        assert.same({ correlation = "req-42", causation = u[2].id }, u[5].meta)
+      end)
     end)
 
     -------------------------------------------------------------------------

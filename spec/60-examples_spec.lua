@@ -74,20 +74,24 @@ describe("examples", function()
     -- An ordinary order: accepted, reserved, paid, shipped after its timer.
     local o1 = block(out, "order-1001 (ada)")
     has(o1, "#2 order.accepted     total 29.00  <- #1")
-    has(o1, "#6 shipment.due       timer: due 300 ms after it was written  <- #5")
-    has(o1, "#7 order.shipped      tortoise-post, tracking TRK-ORDER-1001  <- #6")
+    -- §3.2: the payment's handler cancelled the reminder timer (ctx.cancel)
+    has(o1, "#5 payment.reminder   timer cancelled: paid  <- #1")
+    has(o1, "#7 shipment.due       timer: due 300 ms after it was written  <- #6")
+    has(o1, "#8 order.shipped      tortoise-post, tracking TRK-ORDER-1001  <- #7")
     has(o1, "=> shipped, paid 29.00 after 1 payment attempt(s), tracking TRK-ORDER-1001")
     has(o1, "inventory: held none; shipped MUG-02 x1, TEA-01 x2; released none")
 
     -- The flaky gateway: attempt 1 failed, the retry captured, then shipped.
     local o2 = block(out, "order-1002 (grace)")
     has(o2, "1 failed attempt(s) (payment gateway timed out), retried: 2 attempts in all")
-    has(o2, "#5 payment.captured   34.00 on attempt 2  <- #4")
+    has(o2, "#5 payment.reminder   timer cancelled: paid  <- #1")
+    has(o2, "#6 payment.captured   34.00 on attempt 2  <- #4")
     has(o2, "=> shipped, paid 34.00 after 2 payment attempt(s), tracking TRK-ORDER-1002")
 
     -- The declined card: stock released, order cancelled, nothing shipped.
     local o3 = block(out, "order-1003 (linus)")
-    has(o3, "#6 stock.released     TEA-01 x5  <- #5")
+    has(o3, "#5 payment.reminder   timer cancelled: order cancelled  <- #1")
+    has(o3, "#7 stock.released     TEA-01 x5  <- #6")
     has(o3, "=> cancelled (card declined)")
     has(o3, "inventory: held none; shipped none; released TEA-01 x5")
 

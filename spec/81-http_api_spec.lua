@@ -147,6 +147,61 @@ for _, template in ipairs(helpers.urls()) do
         assert.same(b.events, got)
       end)
 
+      it("revision and meta (§3.1) go in and come back in every event answer", function()
+        local s = name("meta")
+        local st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { events = {
+          { type = "v", revision = 3, meta = { z = 1, a = { "x" }, corr = "c-1" } },
+          { type = "w", meta = null },
+        } })
+        assert.equal(200, st, shown(b))
+        assert.equal(3, b.events[1].revision)
+        assert.same({ a = { "x" }, corr = "c-1", z = 1 }, b.events[1].meta)
+        assert.equal(1, b.events[2].revision)
+        assert.is_nil(b.events[2].meta)
+        local got = hh.events(srv, ADMIN, s)
+        assert.same(b.events, got)
+        -- the stored meta is canonical text, as a payload
+        local _, _, _, text = hh.get(srv, ADMIN, hh.spath(s, "events"))
+        assert.truthy(text:find('"meta":{"a":["x"],"corr":"c-1","z":1}', 1, true), text)
+        -- a replay with another revision is ID_CONFLICT; bad values are 400s
+        local id = b.events[1].id
+        local p0 = last_position()
+        st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { events = { { id = id, type = "v", revision = 4,
+          meta = { z = 1, a = { "x" }, corr = "c-1" } } } })
+        hh.check_error(409, "ID_CONFLICT", st, b, "replay with another revision")
+        for _, bad in ipairs({ { revision = 0 }, { revision = 1.5 }, { revision = "2" }, { meta = { 1 } },
+          { meta = "x" }, { meta = { s = ("x"):rep(8200) } } }) do
+          bad.type = "v"
+          st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { events = { bad } })
+          assert.truthy(st == 400 or st == 413, shown(bad) .. " -> " .. tostring(st))
+          assert.truthy(b.message:find("revision", 1, true) or b.message:find("meta", 1, true), shown(b))
+        end
+        nothing_appended_since(p0, "refused revision or meta")
+      end)
+
+      it("a traceparent header is stored as meta.traceparent on each event without one (§6)", function()
+        local s = name("trace")
+        local tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        local st, b = hh.request(srv, "POST", hh.spath(s, "events"), { token = ADMIN,
+          headers = { traceparent = tp }, body = { events = {
+            { type = "a" },
+            { type = "b", meta = { k = 1 } },
+            { type = "c", meta = { traceparent = "00-11111111111111111111111111111111-2222222222222222-00" } },
+          } } })
+        assert.equal(200, st, shown(b))
+        assert.same({ traceparent = tp }, b.events[1].meta)
+        assert.same({ k = 1, traceparent = tp }, b.events[2].meta)
+        assert.equal("00-11111111111111111111111111111111-2222222222222222-00", b.events[3].meta.traceparent)
+        -- a malformed header is ignored (W3C Trace Context), never stored
+        for _, badtp in ipairs({ "garbage", "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+          "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", tp .. "-more" }) do
+          st, b = hh.request(srv, "POST", hh.spath(s, "events"), { token = ADMIN,
+            headers = { traceparent = badtp }, body = { events = { { type = "d" } } } })
+          assert.equal(200, st, shown(b))
+          assert.is_nil(b.events[1].meta, badtp)
+        end
+      end)
+
       it("names round-trip: UTF-8, '/', spaces and '%' in a percent-encoded session name", function()
         local s = name("ünï/cödé x%y")
         local b = hh.append_ok(srv, ADMIN, s, { { type = "t", settled = true } })

@@ -2,7 +2,10 @@
 -- docs/inspector.md) in a real headless Chromium, driven over WebDriver
 -- (spec/webdriver.lua): the page as a user sees it, against a real
 -- `eventstore serve`. One browser and one server for the whole file; the
--- tests run in order and build on each other's data.
+-- tests run in order and build on each other's data. One test runs the
+-- page over HTTPS too, from a second server on the same database started
+-- with a throwaway certificate (hh.tls_files) whose key the browser
+-- trusts (wd.start's trust_spki).
 --
 -- Without chromium or chromedriver the file reports one skip "chromium:
 -- ...", naming the package to install (make deps installs both), which
@@ -38,7 +41,7 @@ if wd.missing() then
 end
 
 describe("the inspector in a headless browser", function()
-  local srv, d, scripts
+  local srv, d, scripts, tls
 
   local function path_of(session, rest)
     return "/v1/sessions/" .. hh.enc(session) .. (rest or "")
@@ -102,13 +105,15 @@ describe("the inspector in a headless browser", function()
     -- No engine dispatching: the test is the only worker (through
     -- /v1/claims), so which event is claimed when is the test's choice.
     srv = hh.serve({ scripts = scripts, no_engine = true })
-    d = wd.start()
+    tls = hh.tls_files()
+    d = wd.start({ trust_spki = tls.spki })
   end)
 
   lazy_teardown(function()
     if d then d:quit() end
     if srv then hh.stop(srv) end
     if scripts then os.execute("rm -rf " .. helpers.sh_quote(scripts)) end
+    if tls then hh.rm(tls.dir) end
   end)
 
   it("serves the page and its files, with nothing from elsewhere", function()
@@ -422,6 +427,52 @@ describe("the inspector in a headless browser", function()
       assert.are.equal(0, js("document.querySelectorAll('main img, main b, main script, #error img').length"))
       assert.is_nil(js("window.__xss"))
     end)
+  end)
+
+  it("works over HTTPS: signs in, opens a session, shows an event live, and cannot be framed", function()
+    -- a second server on the same database, serving HTTPS only
+    local tsrv = hh.serve({ db = srv.db, scripts = scripts, no_engine = true,
+      args = { "--tls-cert", tls.cert, "--tls-key", tls.key } })
+    local ok, err = pcall(d.check, d, function()
+      assert.are.equal("https", tsrv.scheme)
+      d:navigate(tsrv.url .. "/#token=" .. hh.enc(ADMIN))
+      d:wait_until("order-1 in the sessions list over HTTPS", function()
+        return js([[document.querySelector('#sessions li[data-test="session-row"][data-session="order-1"]') !== null]])
+      end)
+      assert.is_nil(banner())
+      assert.are.equal("https:", js("location.protocol"))
+      d:click('#sessions li[data-session="order-1"] a')
+      d:wait_until("events #1 to #3", function() return row_text(1) and row_text(3) end)
+      d:wait_until("the live tail connected", function()
+        return js("document.getElementById('live-status').textContent") == "live"
+      end)
+      -- an append over HTTPS (curl trusting the test CA) reaches the page
+      -- through its live tail on the same server
+      local after = js([[document.querySelectorAll('#events li[data-test="event-row"]').length]])
+      local rc, status, _, body, cerr = hh.curl({ "--cacert", tls.ca, "-X", "POST",
+        "-H", "Authorization: Bearer " .. ADMIN, "-H", "Content-Type: application/json",
+        "--data-binary", json.encode({ events = json.array({ { type = "order.note",
+          payload = { text = "hello over tls" }, settled = true } }) }),
+        tsrv.url .. path_of("order-1", "/events") })
+      assert.are.equal(0, rc, cerr)
+      assert.are.equal(200, status, body)
+      local text = d:wait_until("the new event live", function() return row_text(after + 1) end)
+      assert.truthy(text:find("hello over tls", 1, true), text)
+      -- frame-ancestors 'none' (a header: a meta tag cannot say it): even
+      -- the page's own origin gets no inspector in a frame, only the
+      -- browser's error page, which the page cannot read
+      d:execute([[var f = document.createElement('iframe'); f.id = '__frame'; f.src = '/';
+        document.body.appendChild(f); return null;]])
+      d:wait_until("the frame refused or loaded", function()
+        return js([[(function(f){ var doc = f.contentDocument;
+          return doc === null || (doc.readyState === 'complete' && doc.URL !== 'about:blank'); })
+          (document.getElementById('__frame'))]])
+      end)
+      assert.is_nil(js([[(function(f){ return f.contentDocument && f.contentDocument.title; })
+        (document.getElementById('__frame'))]]))
+    end)
+    hh.stop_clean(tsrv)
+    if not ok then error(err, 0) end
   end)
 
   it("leaves a server that stops cleanly with the page's live streams still open", function()

@@ -8,25 +8,7 @@ local helpers = require("helpers")
 local hh = require("http_helpers")
 local ch = require("cli_helpers")
 
--- The server's resident set in KiB (VmRSS).
-local function rss_kib(srv)
-  local text = assert(helpers.read_file(("/proc/%d/status"):format(srv.proc.pid)))
-  return assert(math.tointeger(tonumber(text:match("VmRSS:%s*(%d+)"))))
-end
-
-local connect, read_head = hh.connect, hh.read_head
-
--- Runs fn(srv) on a fresh server (opts as hh.serve), then stops it and
--- asserts it exited 0.
-local function with_server(opts, fn)
-  local srv = hh.serve(opts)
-  local ok, err = pcall(fn, srv)
-  if not ok then
-    hh.stop(srv)
-    error(err, 0)
-  end
-  hh.stop_clean(srv)
-end
+local connect, read_head, rss_kib, with_server = hh.connect, hh.read_head, hh.rss_kib, hh.with_server
 
 -- Asks with token until the answer's status is want (the tokens file is
 -- looked at once a second at most, when a request comes); returns the

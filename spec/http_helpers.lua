@@ -45,7 +45,8 @@ return {
 -- the server's directory), scripts (a directory; default none: an empty
 -- one), tokens (as hh.TOKENS; written in plain text unless hashed = true:
 -- then through `eventstore token hash`), args (more command line words),
--- no_engine (adds --no-engine). Returns {url, host, port, proc, log, dir,
+-- no_engine (adds --no-engine). Returns {url, scheme ("http", or "https"
+-- when args hold --tls-cert and --tls-key), host, port, proc, log, dir,
 -- db, tokens_file}. Raises, with the server's log, when it does not start.
 function hh.serve(opts)
   opts = opts or {}
@@ -74,10 +75,10 @@ function hh.serve(opts)
   local deadline = helpers.wall() + 60 -- ends when it listens; only a hang runs out
   repeat
     local text = helpers.read_file(srv.log) or ""
-    local host, port = text:match("listening on http://([%d%.]+):(%d+)")
+    local scheme, host, port = text:match("listening on (https?)://([%d%.]+):(%d+)")
     if port then
-      srv.host, srv.port = host, math.tointeger(tonumber(port))
-      srv.url = ("http://%s:%d"):format(host, srv.port)
+      srv.scheme, srv.host, srv.port = scheme, host, math.tointeger(tonumber(port))
+      srv.url = ("%s://%s:%d"):format(scheme, host, srv.port)
       return srv
     end
     if ph.status(srv.proc) then break end
@@ -632,6 +633,83 @@ function hh.send_large(srv, method, path, token, body)
   local payload = text:match("\r\n\r\n(.*)$") or ""
   local ok, decoded = pcall(json.decode, payload)
   return status, ok and decoded or payload, text
+end
+
+-- The server's resident set in KiB (VmRSS of /proc/PID/status): the
+-- attack specs' measure of what a client made it hold.
+function hh.rss_kib(srv)
+  local text = assert(helpers.read_file(("/proc/%d/status"):format(srv.proc.pid)))
+  return assert(math.tointeger(tonumber(text:match("VmRSS:%s*(%d+)"))))
+end
+
+-- Runs fn(srv) on a fresh server (opts as hh.serve), then stops it and
+-- asserts it exited 0 (hh.stop_clean); a failing fn stops it and raises.
+function hh.with_server(opts, fn)
+  local srv = hh.serve(opts)
+  local ok, err = pcall(fn, srv)
+  if not ok then
+    hh.stop(srv)
+    error(err, 0)
+  end
+  hh.stop_clean(srv)
+end
+
+-- A throwaway certificate authority and a server certificate it signed
+-- for 127.0.0.1 and localhost, made with openssl in a fresh directory
+-- (`make deps` installs openssl): {dir, ca, cert, key, spki}. ca is the
+-- CA's certificate (curl --cacert trusts it), cert and key the server's
+-- (serve --tls-cert, --tls-key; the key mode 0600), spki the base64
+-- SHA-256 of the server's public key (Chromium's
+-- --ignore-certificate-errors-spki-list). Remove dir with hh.rm.
+function hh.tls_files()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. helpers.sh_quote(dir)))
+  local t = { dir = dir, ca = dir .. "/ca.pem", cert = dir .. "/cert.pem", key = dir .. "/key.pem" }
+  helpers.write_file(dir .. "/ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+    .. "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+  local newkey = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes"
+  local script = table.concat({
+    "set -e; cd " .. helpers.sh_quote(dir),
+    "umask 077",
+    "openssl req -x509 " .. newkey .. " -keyout ca.key -out ca.pem -days 2 -subj '/CN=eventstore spec CA'"
+      .. " -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign",
+    "openssl req " .. newkey .. " -keyout key.pem -out cert.csr -subj /CN=127.0.0.1",
+    "openssl x509 -req -in cert.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cert.pem -days 2 -extfile ext",
+    "openssl x509 -in cert.pem -pubkey -noout | openssl pkey -pubin -outform der"
+      .. " | openssl dgst -sha256 -binary | openssl base64 -A > spki",
+  }, "\n")
+  local p = assert(io.popen("sh -c " .. helpers.sh_quote(script) .. " 2>&1"))
+  local out = p:read("a")
+  local ok = p:close()
+  assert(ok, "openssl could not make the test certificates (make deps installs openssl):\n" .. out)
+  t.spki = assert(helpers.read_file(dir .. "/spki")):match("^%s*(.-)%s*$")
+  return t
+end
+
+-- Runs curl (`make deps` installs it) with args (a list of words) and
+-- returns its exit code, the status, the headers (lower-case names; nil
+-- when no answer came), the body and curl's stderr.
+function hh.curl(args)
+  local base = os.tmpname()
+  local words = { "curl", "-sS", "-D", base .. ".head", "-o", base .. ".body" }
+  for _, a in ipairs(args) do words[#words + 1] = a end
+  for i, w in ipairs(words) do words[i] = helpers.sh_quote(w) end
+  local p = assert(io.popen(table.concat(words, " ") .. " 2>" .. helpers.sh_quote(base .. ".err")
+    .. "; echo $?"))
+  local rc = math.tointeger(tonumber(p:read("a"):match("(%d+)%s*$")))
+  p:close()
+  local head = helpers.read_file(base .. ".head") or ""
+  local body = helpers.read_file(base .. ".body")
+  local err = helpers.read_file(base .. ".err") or ""
+  for _, f in ipairs({ base, base .. ".head", base .. ".body", base .. ".err" }) do os.remove(f) end
+  local status = math.tointeger(tonumber(head:match("^HTTP/[%d%.]+ (%d%d%d)")))
+  local headers
+  if status then
+    headers = {}
+    for k, v in head:gmatch("\n([^:\r\n]+):%s*([^\r\n]*)") do headers[k:lower()] = v end
+  end
+  return rc, status, headers, body, err
 end
 
 -- Stops a server (SIGTERM), removes its directory and asserts it exited 0:

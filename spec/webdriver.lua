@@ -244,9 +244,15 @@ function wd.missing()
   end
 end
 
--- Starts chromedriver and a headless Chromium session. Raises (loudly,
--- naming what to install) when either program is missing or the session
--- cannot start; in that case nothing is left running.
+-- Starts chromedriver and a headless Chromium session. opts.trust_spki:
+-- the base64 SHA-256 of a test server's public key (hh.tls_files), whose
+-- certificate Chromium then accepts: Chromium on Linux trusts a CA only
+-- through an NSS database (certutil, which Debian's chromium does not
+-- bring), so the test server's one key is trusted instead, and every
+-- other certificate error still fails (not --ignore-certificate-errors;
+-- Chromium honours the list only beside --user-data-dir, given below).
+-- Raises (loudly, naming what to install) when either program is missing
+-- or the session cannot start; in that case nothing is left running.
 function wd.start(opts)
   opts = opts or {}
   local missing = wd.missing()
@@ -284,7 +290,8 @@ function wd.start(opts)
               args = json.array({ "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-quic", "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--disable-default-apps",
-                "--window-size=1280,900", "--user-data-dir=" .. dir .. "/profile" }),
+                "--window-size=1280,900", "--user-data-dir=" .. dir .. "/profile",
+                opts.trust_spki and ("--ignore-certificate-errors-spki-list=" .. opts.trust_spki) or nil }),
             },
             ["goog:loggingPrefs"] = { browser = "ALL" },
             timeouts = { pageLoad = 30000, script = 30000, implicit = 0 },

@@ -137,7 +137,12 @@ enum {
    * ids are stored as text, NUL-terminated. A canonical UUID text is always
    * stored binary, so each id has one representation (the id index relies
    * on it). */
-  RF_BINID = 256
+  RF_BINID = 256,
+  /* §3.1: a revision other than 1 (the default, which costs nothing):
+   * the last tail word holds it. */
+  RF_REVISION = 512,
+  /* §3.1: meta's canonical text and its NUL end the row (after the key) */
+  RF_META = 1024
 };
 
 /* A row: a 64-byte header, then only what the event has. Its due_at is
@@ -152,9 +157,9 @@ struct mrow {
   uint32_t payload_len;
   unsigned status : 2, queued : 1;
   unsigned nslots : 3;   /* nodes in the links block */
-  unsigned flags : 9;    /* RF_* */
+  unsigned flags : 11;   /* RF_* */
   uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before][origin ptr origin_index]
-                      id (16 bytes, or text NUL) payload NUL [key NUL] */
+                      [revision] id (16 bytes, or text NUL) payload NUL [key NUL] [meta NUL] */
 };
 
 /* An event type: shared by its rows, with its own ready queue and the count
@@ -498,7 +503,8 @@ static int check_write(es_txn *t, es_err *err) {
 
 static size_t tail_words(unsigned flags) {
   return ((flags & RF_LANE) ? 1 : 0) + ((flags & RF_CAUSE) ? 2 : 0) +
-         ((flags & RF_NOT_BEFORE) ? 1 : 0) + ((flags & RF_ORIGIN) ? 2 : 0);
+         ((flags & RF_NOT_BEFORE) ? 1 : 0) + ((flags & RF_ORIGIN) ? 2 : 0) +
+         ((flags & RF_REVISION) ? 1 : 0);
 }
 
 static mlane *row_lane(const mrow *r) {
@@ -510,7 +516,8 @@ static mlane *row_lane(const mrow *r) {
 /* A fork copy's origin session (NULL: none, or an origin_index alone). */
 static msess *row_origin(const mrow *r) {
   msess *o = NULL;
-  if (r->flags & RF_ORIGIN) memcpy(&o, &r->tail[tail_words(r->flags & ~(unsigned)RF_ORIGIN)], sizeof o);
+  if (r->flags & RF_ORIGIN)
+    memcpy(&o, &r->tail[tail_words(r->flags & ~(unsigned)(RF_ORIGIN | RF_REVISION))], sizeof o);
   return o;
 }
 
@@ -806,6 +813,7 @@ static void row_view(const mrow *r, es_event *e, char idbuf[ID_TEXT]) {
     e->origin_index = (int64_t)r->tail[w + 1];
     w += 2;
   }
+  e->revision = (r->flags & RF_REVISION) ? (int64_t)r->tail[w++] : 1;
   char *id = (char *)(r->tail + w);
   char *payload;
   if (r->flags & RF_BINID) {
@@ -829,6 +837,8 @@ static void row_view(const mrow *r, es_event *e, char idbuf[ID_TEXT]) {
   e->packed = 0;
   e->payload_own = 0;
   e->key = (r->flags & RF_KEY) ? payload + r->payload_len + 1 : NULL; /* §3.10 */
+  e->meta = NULL;
+  if (r->flags & RF_META) e->meta = e->key ? e->key + strlen(e->key) + 1 : payload + r->payload_len + 1;
   e->shredded = 0;
   const mdisp *d = r->disp;
   if (d) {
@@ -1399,6 +1409,35 @@ static int mem_segment_list(es_backend *b, es_txn *t, const char *session, es_se
   return ES_OK;
 }
 
+static int cmp_seglist(const void *x, const void *y) {
+  return strcmp((*(const mseglist *const *)x)->name, (*(const mseglist *const *)y)->name);
+}
+
+/* The map has no order: the lists that match are sorted per call, which
+ * costs the archived sessions (not all sessions) per page. */
+static int mem_segment_sessions(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                                int64_t limit,
+                                int (*cb)(void *ctx, const char *session, int64_t through),
+                                void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  size_t plen = prefix ? strlen(prefix) : 0, n = 0, cap = 0, pos = 0;
+  const mseglist **v = NULL;
+  for (const mseglist *l; (l = es_hmap_next(&t->b->segs, &pos));) {
+    if (l->n == 0 || strncmp(l->name, prefix ? prefix : "", plen) != 0) continue;
+    if (after && strcmp(l->name, after) <= 0) continue;
+    if (es_grow((void **)&v, &cap, n + 1, sizeof *v)) {
+      free(v);
+      return oom(err);
+    }
+    v[n++] = l;
+  }
+  if (n) qsort(v, n, sizeof *v, cmp_seglist);
+  for (size_t i = 0; i < n && (limit == ES_NONE || (int64_t)i < limit); i++)
+    if (cb(ctx, v[i]->name, v[i]->v[v[i]->n - 1].through)) break;
+  free(v);
+  return ES_OK;
+}
+
 static int mem_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
                            es_err *err) {
   (void)b; /* t carries it (t->b) */
@@ -1870,7 +1909,10 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
   if (!row->payload) flags |= RF_NO_PAYLOAD;
   if (row->key) flags |= RF_KEY;
   if (!key.text) flags |= RF_BINID;
+  if (row->revision != 1) flags |= RF_REVISION;
+  if (row->meta) flags |= RF_META;
   size_t lkey = row->key ? strlen(row->key) + 1 : 0;
+  size_t lmeta = row->meta ? strlen(row->meta) + 1 : 0;
   size_t lid = key.text ? strlen(row->id) + 1 : 16;
   size_t lpay = row->payload ? row->payload_len : 0;
   unsigned sets = sets_of(row->status, row->queued, flags);
@@ -1922,7 +1964,7 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
   }
   if (need_disp && !(disp = disp_new(row))) goto fail;
   if (sets && !(links = links_new(NULL, slots_for(sets)))) goto fail;
-  r = malloc(sizeof *r + tail_words(flags) * 8 + lid + lpay + 1 + lkey);
+  r = malloc(sizeof *r + tail_words(flags) * 8 + lid + lpay + 1 + lkey + lmeta);
   if (!r) goto fail;
 
   /* Nothing below can fail. */
@@ -1951,11 +1993,13 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
     memcpy(&r->tail[w++], &origin, sizeof origin);
     r->tail[w++] = (uint64_t)row->origin_index;
   }
+  if (flags & RF_REVISION) r->tail[w++] = (uint64_t)row->revision;
   char *p = (char *)(r->tail + w);
   memcpy(p, key.text ? (const void *)row->id : key.u, lid);
   if (lpay) memcpy(p + lid, row->payload, lpay);
   p[lid + lpay] = '\0';
   if (lkey) memcpy(p + lid + lpay + 1, row->key, lkey);
+  if (lmeta) memcpy(p + lid + lpay + 1 + lkey, row->meta, lmeta);
 
   sess_publish(b, s, fresh);
   if (new_origin) {
@@ -2893,6 +2937,7 @@ static mref *ref_find(const es_backend *b, const char *name) {
 }
 
 static void ref_view(const mref *m, es_ref *v) {
+  es_ref_init(v); /* parent and at are the core's to fill */
   v->name = (char *)m->data;
   v->session = (char *)ref_session(m);
   v->head = ES_NONE;  /* not stored: the core reads it from the session row */
@@ -3361,6 +3406,7 @@ const es_backend_ops es_backend_memory = {
     .scrub = NULL,
     .data_version = NULL,
     .segment_list = mem_segment_list,
+    .segment_sessions = mem_segment_sessions,
     .segment_put = mem_segment_put,
     .segment_delete = mem_segment_delete,
     .counts = mem_counts,

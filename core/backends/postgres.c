@@ -169,7 +169,7 @@ static int pq_ready(es_err *err) {
 
 /* ---- settings --------------------------------------------------------- */
 
-#define PG_SCHEMA_VERSION 3          /* meta.schema_version of the current schema */
+#define PG_SCHEMA_VERSION 4          /* meta.schema_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -188,7 +188,8 @@ static int pq_ready(es_err *err) {
 /* ---- statements ------------------------------------------------------- */
 
 /* Column order of every event SELECT, as in sqlite.c; pg_bind_event binds
- * the same order as $1..$29 (the insert binds `key` as $30). */
+ * the same order as $1..$29 (the insert binds `key`, `revision` and `meta`
+ * as $30..$32). */
 #define EV_COLS ES_SQL_EV_COLS
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
@@ -211,7 +212,7 @@ enum {
   ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
   ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
   ST_SNAPSHOT_DELETE_FROM,
-  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
+  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE, ST_SEGMENT_SESSIONS,
   ST_EVENT_COPY,
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
@@ -278,7 +279,7 @@ static const char *const pg_sql[ST_COUNT] = {
     [ST_EVENT_INSERT] = "INSERT INTO events(" EV_COLS
                         ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
                         " $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28,"
-                        " $29, $30)",
+                        " $29, $30, $31, $32)",
     /* It must change its row, and is sent without waiting (pipelined):
      * when it changes none the server itself must fail (1/0, division
      * by zero: PEND_CHANGED), so that the statements queued after it
@@ -372,6 +373,10 @@ static const char *const pg_sql[ST_COUNT] = {
                        " checksum = excluded.checksum, file = excluded.file,"
                        " created_at = excluded.created_at",
     [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = $1 AND first = $2",
+    /* $2 (after) "" when unbounded: every session name is non-empty */
+    [ST_SEGMENT_SESSIONS] = "SELECT session, MAX(through) FROM segments WHERE session > $2"
+                            " AND starts_with(session, $1)"
+                            " GROUP BY session ORDER BY session LIMIT $3",
     /* fork (pg_event_copy): one chunk of the source's indexes $5 ..
      * $5 + $7 - 1 copied inside the server, each row with the id of the
      * same rank in $6 (ids from the core's generator); positions $1 + idx
@@ -380,12 +385,12 @@ static const char *const pg_sql[ST_COUNT] = {
                       " SELECT $1 + e.idx - 1, $2, e.idx, i.id, e.type, e.payload, e.lane,"
                       " e.created_at, e.cause_index, e.cause_attempt, e.not_before, "
                       ES_SQL_COPY_DISPATCH("$3") ", $4, e.idx, " ES_SQL_COPY_CLAIMS ","
-                      " e.key FROM events e JOIN unnest($6::text[]) WITH ORDINALITY AS i(id, n)"
+                      " e.key, e.revision, e.meta FROM events e JOIN unnest($6::text[]) WITH ORDINALITY AS i(id, n)"
                       " ON e.idx = $5 + i.n - 1"
                       " WHERE e.session = $4 AND e.idx >= $5 AND e.idx < $5 + $7 ORDER BY e.idx",
     /* §3.11: a tenant's rows are one range of session names. A tenant's
      * events by position are one range of events_scope (schema version
-     * 3): "after P for tenant T" is an index seek, so a tenant's read_all,
+     * 4): "after P for tenant T" is an index seek, so a tenant's read_all,
      * and every wait or tail on it, costs its own rows, never the store's.
      * The ORDER BY is the index's own order (the scope is fixed by the
      * WHERE, so it orders nothing), so that no plan, generic or custom,
@@ -482,7 +487,8 @@ static const char *const pg_sql[ST_COUNT] = {
                              " $16::bigint[], $17::text[], $18::bigint[], $19::bigint[],"
                              " $20::bigint[], $21::bigint[], $22::bigint[], $23::bigint[],"
                              " $24::text[], $25::bigint[], $26::bigint[], $27::bigint[],"
-                             " $28::bigint[], $29::bigint[], $30::text[])",
+                             " $28::bigint[], $29::bigint[], $30::text[], $31::bigint[],"
+                             " $32::text[])",
 };
 
 /* The schema, version 1 (the tables of SQLite's version 6), created inside
@@ -656,19 +662,26 @@ static const char pg_schema_v2[] =
     " IS DISTINCT FROM " ES_SQL_LIVE("NEW") ")"
     "  EXECUTE FUNCTION counts_apply();";
 
-/* Version 3 (issue: idle tails of an empty tenant rescanned the store):
+/* Version 3 (§3.1): an event's revision and meta. Rows written before
+ * read revision 1 (the default every event had) and meta NULL (none); a
+ * constant default makes ADD COLUMN a catalog change, not a table rewrite. */
+static const char pg_schema_v3[] =
+    "ALTER TABLE events ADD COLUMN revision BIGINT NOT NULL DEFAULT 1;"
+    "ALTER TABLE events ADD COLUMN meta TEXT;";
+
+/* Version 4 (issue: idle tails of an empty tenant rescanned the store):
  * each tenant's events by position, so that a tenant's read_all, and the
  * waits and live tails built on it, seek to "after P" within the tenant
  * instead of walking every later event of the store. Partial: events of
  * sessions without a tenant have no entry, so a store without tenants
  * pays nothing for it. Built from the rows as they are. */
-static const char pg_schema_v3[] =
+static const char pg_schema_v4[] =
     "CREATE INDEX IF NOT EXISTS events_scope ON events(" PG_SCOPE_OF("session") ", position)"
     "  WHERE " PG_SCOPED("session") ";";
 
 /* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
 static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1, pg_schema_v2,
-                                                              pg_schema_v3};
+                                                             pg_schema_v3, pg_schema_v4};
 
 /* ---- types ------------------------------------------------------------ */
 
@@ -971,7 +984,8 @@ static int pg_decode_event(const PGresult *r, int i, int copy, es_event *e) {
   e->last_claimed_at = pg_opt(r, i, 26);
   e->failed_at = pg_opt(r, i, 27);
   e->processed_by_attempt = pg_opt(r, i, 28);
-  if (pg_str(r, i, 29, copy, &e->key, NULL) || pg_str(r, i, 1, copy, &e->session, NULL) ||
+  e->revision = pg_int(r, i, 30); /* NOT NULL DEFAULT 1 */
+  if (pg_str(r, i, 29, copy, &e->key, NULL) || pg_str(r, i, 31, copy, &e->meta, NULL) || pg_str(r, i, 1, copy, &e->session, NULL) ||
       pg_str(r, i, 3, copy, &e->id, NULL) || pg_str(r, i, 4, copy, &e->type, NULL) ||
       pg_str(r, i, 5, copy, &e->payload, &e->payload_len) ||
       pg_str(r, i, 6, copy, &e->lane, NULL) || pg_str(r, i, 14, copy, &e->last_error, NULL) ||
@@ -1162,7 +1176,7 @@ static void pg_txn_break(es_txn *t, const char *msg) {
  * still reach the server in the order the core made them. A batch of 100
  * events is one statement instead of 100. */
 
-#define PG_INS_COLS 30
+#define PG_INS_COLS 32
 #define PG_INS_MAX_ROWS 1000             /* rows per INSERT at most */
 #define PG_INS_MAX_BYTES (4u << 20)      /* bytes buffered before a flush */
 
@@ -2752,7 +2766,8 @@ static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
   return code;
 }
 
-/* The single-row INSERT's parameters (EV_COLS's order, key as $30). */
+/* The single-row INSERT's parameters (EV_COLS's order, key, revision and
+ * meta as $30..$32). */
 static void pg_insert_params(pg_params *p, const es_event *row) {
   pp_int(p, row->position);
   pp_str(p, row->session);
@@ -2784,6 +2799,8 @@ static void pg_insert_params(pg_params *p, const es_event *row) {
   pp_opt(p, row->failed_at);
   pp_opt(p, row->processed_by_attempt);
   pp_str(p, row->key);
+  pp_int(p, row->revision);
+  pp_str(p, row->meta);
 }
 
 /* Adds a row (its position set) to the column arrays; -1: out of memory. */
@@ -2806,7 +2823,8 @@ static int pg_ins_add(es_txn *t, const es_event *row) {
                  pg_buf_int(&c[24], row->origin_index) ||
                  pg_buf_int(&c[25], row->first_claimed_at) ||
                  pg_buf_int(&c[26], row->last_claimed_at) || pg_buf_int(&c[27], row->failed_at) ||
-                 pg_buf_int(&c[28], row->processed_by_attempt) || pg_buf_str(&c[29], row->key)
+                 pg_buf_int(&c[28], row->processed_by_attempt) || pg_buf_str(&c[29], row->key) ||
+                 pg_buf_int(&c[30], row->revision) || pg_buf_str(&c[31], row->meta)
              ? -1
              : 0;
 }
@@ -3391,6 +3409,26 @@ static int pg_segment_list(es_backend *b, es_txn *t, const char *session, es_seg
   return ES_OK;
 }
 
+static int pg_segment_sessions(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                               int64_t limit,
+                               int (*cb)(void *ctx, const char *session, int64_t through),
+                               void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_params p = {0};
+  PGresult *res;
+  int code;
+  pp_str(&p, prefix ? prefix : "");
+  pp_str(&p, after ? after : "");
+  if (limit == ES_NONE) pp_null(&p);
+  else pp_int(&p, limit);
+  if ((code = pg_run(t, ST_SEGMENT_SESSIONS, &p, &res, err)) != ES_OK) return code;
+  int n = PQntuples(res);
+  for (int i = 0; i < n; i++)
+    if (cb(ctx, PQgetvalue(res, i, 0), pg_int(res, i, 1))) break;
+  PQclear(res);
+  return ES_OK;
+}
+
 static int pg_segment_put(es_backend *b, es_txn *t, const char *session, const es_segment *row,
                           es_err *err) {
   (void)b; /* t carries it (t->b) */
@@ -3696,6 +3734,7 @@ static void pg_wake(es_backend *b) {
       .snapshot_delete_all = pg_snapshot_delete_all,            \
       .ref_delete_session = pg_ref_delete_session,              \
       .segment_list = pg_segment_list,                          \
+      .segment_sessions = pg_segment_sessions,                  \
       .segment_put = pg_segment_put,                            \
       .segment_delete = pg_segment_delete,                      \
       .key_get = pg_key_get,                                    \

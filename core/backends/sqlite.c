@@ -66,7 +66,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 8            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 9            /* PRAGMA user_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -98,7 +98,7 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
 
 /* Column order of every event SELECT; bind_event() binds the same order as
  * ?1..?29, so INSERT and UPDATE share one binder (the insert binds the
- * immutable `key`, ?30, itself: §3.10). The columns of version 4
+ * immutable `key`, `revision` and `meta`, ?30..?32, itself: §3.10, §3.1). The columns of version 4
  * come last; the immutable origin before the dispatch fields, so that the
  * UPDATE's highest parameter is the last one bound (binding a number above
  * a statement's highest parameter is an error, one below it that the
@@ -131,7 +131,7 @@ enum {
   ST_SNAPSHOT_DELETE_FROM,
   ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
   ST_DATA_VERSION,
-  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE,
+  ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE, ST_SEGMENT_SESSIONS,
   /* §3.11 scoped listings (a tenant's): ?scope <= session < ?scope_end */
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
@@ -143,12 +143,12 @@ enum {
 };
 
 /* One row of an INSERT's VALUES in EV_COLS order (anonymous parameters:
- * row r's column c is parameter 30 * r + c + 1), and 4, 16 and 64 of them. */
-#define EV_ROW "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+ * row r's column c is parameter 32 * r + c + 1), and 4, 16 and 64 of them. */
+#define EV_ROW "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 #define EV_ROWS4 EV_ROW "," EV_ROW "," EV_ROW "," EV_ROW
 #define EV_ROWS16 EV_ROWS4 "," EV_ROWS4 "," EV_ROWS4 "," EV_ROWS4
 #define EV_ROWS64 EV_ROWS16 "," EV_ROWS16 "," EV_ROWS16 "," EV_ROWS16
-#define EV_NCOLS 30
+#define EV_NCOLS 32
 
 /* The WHERE terms `queued = 1`, `status = 2`, `status <> 1` and
  * `lane IS NOT NULL` repeat the partial indexes' terms literally: that is
@@ -209,7 +209,7 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_EVENT_INSERT] = "INSERT INTO events(" EV_COLS
                         ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
                         " ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
-                        " ?29, ?30)",
+                        " ?29, ?30, ?31, ?32)",
     /* The mutable dispatch record only: the origin (?24, ?25) is bound but
      * not used, a fork's copy keeps it. */
     [ST_EVENT_UPDATE] = "UPDATE events SET status = ?12, attempts = ?13, failures = ?14,"
@@ -233,7 +233,7 @@ static const char *const sq_sql[ST_COUNT] = {
                       " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type,"
                       " payload, lane, created_at, cause_index, cause_attempt, not_before, "
                       ES_SQL_COPY_DISPATCH("?3") ", ?4, idx, " ES_SQL_COPY_CLAIMS ","
-                      " key FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
+                      " key, revision, meta FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
     [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
                      " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
                      " AND lane IS NOT NULL AND status <> " ES_SQL_PROCESSED
@@ -331,10 +331,15 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SEGMENT_PUT] = "INSERT OR REPLACE INTO segments(session, first, through, count, bytes,"
                        " checksum, file, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [ST_SEGMENT_DELETE] = "DELETE FROM segments WHERE session = ?1 AND first = ?2",
+    /* ?2 (after) "" when unbounded: every session name is non-empty;
+     * substr and length count characters on both sides alike */
+    [ST_SEGMENT_SESSIONS] = "SELECT session, MAX(through) FROM segments WHERE session > ?2"
+                            " AND substr(session, 1, length(?1)) = ?1"
+                            " GROUP BY session ORDER BY session LIMIT ?3",
     /* §3.11: a tenant's rows are one range of session names, but the
      * listings below are in position or due order across sessions. A
      * tenant's events by position are one range of events_scope (schema
-     * version 8): "after P for tenant T" is an index seek, so a tenant's
+     * version 9): "after P for tenant T" is an index seek, so a tenant's
      * read_all (and every wait or tail on it) costs its own rows, never
      * the store's. The queued listings below walk the same index as their unscoped
      * statement and pass over other tenants' rows (one row lookup each).
@@ -618,13 +623,20 @@ static const char sq_schema_v7[] =
                    "(" ES_SQL_LIVE("NEW") " * NEW.dead - " ES_SQL_LIVE("OLD")
                    " * OLD.dead)") " END;";
 
-/* Version 8 (issue: idle tails of an empty tenant rescanned the store):
+/* Version 8 (§3.1): an event's revision and meta. Rows written before
+ * read revision 1 (the default every event had) and meta NULL (none);
+ * ADD COLUMN with a constant default rewrites only the schema text. */
+static const char sq_schema_v8[] =
+    "ALTER TABLE events ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;"
+    "ALTER TABLE events ADD COLUMN meta TEXT;";
+
+/* Version 9 (issue: idle tails of an empty tenant rescanned the store):
  * each tenant's events by position, so that a tenant's read_all, and the
  * waits and live tails built on it, seek to "after P" within the tenant
  * instead of walking every later event of the store. Partial: events of
  * sessions without a tenant have no entry, so a store without tenants
  * pays nothing for it. Built from the rows as they are. */
-static const char sq_schema_v8[] =
+static const char sq_schema_v9[] =
     "CREATE INDEX IF NOT EXISTS events_scope ON events(" SQ_SCOPE_OF("session") ", position)"
     "  WHERE " SQ_SCOPED("session") ";";
 
@@ -637,6 +649,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v6,
     sq_schema_v7,
     sq_schema_v8,
+    sq_schema_v9,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -998,6 +1011,13 @@ static int sq_bind_event_at(sqlite3_stmt *st, int o, const es_event *e, int64_t 
   return rc;
 }
 
+/* Binds the columns only an insert writes (o as sq_bind_event_at): key,
+ * revision, meta (?30..?32). */
+static int sq_bind_immutable(sqlite3_stmt *st, int o, const es_event *e) {
+  return sq_bind_str(st, o + 30, e->key) | sqlite3_bind_int64(st, o + 31, e->revision) |
+         sq_bind_str(st, o + 32, e->meta);
+}
+
 /* Decodes the current row (EV_COLS) into e: strings borrowed from the
  * statement (copy 0) or owned (copy 1; on failure e is left empty). */
 static int sq_decode_event(sqlite3_stmt *st, int copy, es_event *e) {
@@ -1023,7 +1043,8 @@ static int sq_decode_event(sqlite3_stmt *st, int copy, es_event *e) {
   e->last_claimed_at = sq_col_opt(st, 26);
   e->failed_at = sq_col_opt(st, 27);
   e->processed_by_attempt = sq_col_opt(st, 28);
-  if (sq_col_str(st, 29, copy, &e->key, NULL) ||
+  e->revision = sqlite3_column_int64(st, 30); /* NOT NULL DEFAULT 1 */
+  if (sq_col_str(st, 29, copy, &e->key, NULL) || sq_col_str(st, 31, copy, &e->meta, NULL) ||
       sq_col_str(st, 1, copy, &e->session, NULL) || sq_col_str(st, 3, copy, &e->id, NULL) ||
       sq_col_str(st, 4, copy, &e->type, NULL) ||
       sq_col_str(st, 5, copy, &e->payload, &e->payload_len) ||
@@ -2383,7 +2404,7 @@ static int sq_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err)
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
   if ((code = sq_op(t, ST_EVENT_INSERT, &st, &temp, err)) != ES_OK) return code;
-  if (sq_bind_event(st, row, t->next_position) != SQLITE_OK || sq_bind_str(st, 30, row->key) != SQLITE_OK)
+  if (sq_bind_event(st, row, t->next_position) != SQLITE_OK || sq_bind_immutable(st, 0, row) != SQLITE_OK)
     return sq_bind_fail(t, ST_EVENT_INSERT, st, temp, err);
   if ((code = sq_run(t, ST_EVENT_INSERT, st, temp, "insert", err)) != ES_OK) return code;
   row->position = t->next_position++;
@@ -2416,7 +2437,7 @@ static int sq_event_insert_many(es_backend *b, es_txn *t, es_event *rows, size_t
     for (size_t r = 0; r < k; r++) {
       int o = (int)r * EV_NCOLS;
       bad |= sq_bind_event_at(st, o, &rows[i + r], t->next_position + (int64_t)r) != SQLITE_OK ||
-             sq_bind_str(st, o + EV_NCOLS, rows[i + r].key) != SQLITE_OK;
+             sq_bind_immutable(st, o, &rows[i + r]) != SQLITE_OK;
     }
     if (bad) return sq_bind_fail(t, id, st, temp, err);
     if ((code = sq_run(t, id, st, temp, "insert", err)) != ES_OK) return code;
@@ -2930,6 +2951,35 @@ static int sq_ref_delete_session(es_backend *b, es_txn *t, const char *session, 
 
 /* The rows are copied out and the statement finished before the first
  * callback (the list is a handful of rows), so a callback may write. */
+static int sq_segment_sessions(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                               int64_t limit,
+                               int (*cb)(void *ctx, const char *session, int64_t through),
+                               void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  if ((code = sq_op(t, ST_SEGMENT_SESSIONS, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, prefix ? prefix : "");
+  sq_bind_str(st, 2, after ? after : "");
+  sqlite3_bind_int64(st, 3, limit == ES_NONE ? -1 : limit);
+  /* copied out before the callbacks, as segment_list does */
+  es_archived rows = {0};
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (es_grow((void **)&rows.v, &rows.cap, rows.n + 1, sizeof *rows.v) != ES_OK ||
+        sq_col_str(st, 0, 1, &rows.v[rows.n].session, NULL) != ES_OK) {
+      code = sq_oom(err);
+      break;
+    }
+    rows.v[rows.n++].archived_through = sqlite3_column_int64(st, 1);
+  }
+  if (code == ES_OK && rc != SQLITE_DONE && rc != SQLITE_ROW) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, ST_SEGMENT_SESSIONS, st, temp);
+  for (size_t i = 0; code == ES_OK && i < rows.n; i++)
+    if (cb(ctx, rows.v[i].session, rows.v[i].archived_through)) break;
+  es_archived_destroy(&rows);
+  return code;
+}
+
 static int sq_segment_list(es_backend *b, es_txn *t, const char *session, es_segment_cb cb,
                            void *ctx, es_err *err) {
   (void)b; /* t carries it (t->b) */
@@ -3274,6 +3324,7 @@ const es_backend_ops es_backend_sqlite = {
     .lazy_begin = sq_lazy_begin,
     .lazy_end = sq_lazy_end,
     .segment_list = sq_segment_list,
+    .segment_sessions = sq_segment_sessions,
     .segment_put = sq_segment_put,
     .segment_delete = sq_segment_delete,
     .counts = sq_counts,

@@ -2,13 +2,110 @@
  * bridge/common.c: the eventstore error object shared by every Lua-facing C
  * file (bridge/common.h, docs/contract.md §2): a table {code = "CODE", message =
  * "..."} whose metatable, registered as "eventstore.Error", makes
- * tostring(e) read "CODE: message".
+ * tostring(e) read "CODE: message". And boxes (common.h).
  */
 #include "bridge/common.h"
 
 #include <lauxlib.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A box is this header, then the caller's bytes. Lua aligns a userdata
+ * for its LUAI_MAXALIGN types only (not for max_align_t's long double), so
+ * the header is padded for those: what a box holds needs no more. */
+typedef union box_head {
+  struct {
+    es_box_release release; /* NULL once it ran */
+    es_box_tracker *tracker; /* NULL: untracked */
+    size_t slot;             /* its index in tracker->boxes */
+  } h;
+  void *align_p;
+  double align_d;
+  long long align_ll;
+} box_head;
+
+#define BOX_MT "eventstore.Box"
+
+static const char tracker_key = 't'; /* registry: the state's es_box_tracker */
+
+static box_head *head_of(void *box) { return (box_head *)box - 1; }
+
+static void untrack(box_head *h) {
+  es_box_tracker *t = h->h.tracker;
+  if (!t) return;
+  h->h.tracker = NULL;
+  void *last = t->boxes[--t->n];
+  if (h->h.slot < t->n) { /* the last one takes its slot */
+    t->boxes[h->h.slot] = last;
+    head_of(last)->h.slot = h->h.slot;
+  }
+}
+
+void es_box_release_now(void *box) {
+  box_head *h = head_of(box);
+  es_box_release release = h->h.release;
+  h->h.release = NULL;
+  untrack(h);
+  if (release) release(box);
+}
+
+static int box_gc(lua_State *L) {
+  box_head *h = lua_touserdata(L, 1);
+  if (h) es_box_release_now(h + 1);
+  return 0;
+}
+
+void *es_lua_push_box(lua_State *L, size_t size, int nuv, es_box_release release) {
+  luaL_checkstack(L, 3, "box");
+  box_head *h = lua_newuserdatauv(L, sizeof *h + size, nuv);
+  memset(h, 0, sizeof *h + size);
+  if (luaL_newmetatable(L, BOX_MT)) {
+    lua_pushcfunction(L, box_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &tracker_key);
+  es_box_tracker *t = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  /* Only now: nothing above can raise once the box holds something. */
+  h->h.release = release;
+  if (t && t->n == t->cap) {
+    size_t cap = t->cap ? 2 * t->cap : 16;
+    void **v = realloc(t->boxes, cap * sizeof *v);
+    if (v) {
+      t->boxes = v;
+      t->cap = cap;
+    }
+  }
+  if (t && t->n < t->cap) { /* else untracked: its __gc alone releases it */
+    h->h.tracker = t;
+    h->h.slot = t->n;
+    t->boxes[t->n++] = h + 1;
+  }
+  return h + 1;
+}
+
+void es_lua_set_box_tracker(lua_State *L, es_box_tracker *t) {
+  lua_pushlightuserdata(L, t);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, &tracker_key);
+}
+
+void es_box_tracker_freeing(es_box_tracker *t, const void *block, size_t len) {
+  const char *from = block;
+  for (size_t i = 0; i < t->n;) {
+    const char *box = t->boxes[i];
+    if (box >= from && box < from + len) es_box_release_now(t->boxes[i]); /* i now holds another */
+    else i++;
+  }
+}
+
+void es_box_tracker_destroy(es_box_tracker *t) {
+  free(t->boxes);
+  memset(t, 0, sizeof *t);
+}
 
 static int error_tostring(lua_State *L) {
   /* Raw reads: the fields are ours, and a user-set __index on an error

@@ -1,7 +1,7 @@
 /*
  * bridge/common.h: helpers shared by every Lua-facing C file (the bridge
  * itself, the engine, the module's handles, the binary's eventstore.http):
- * the eventstore error object, and pushing a buffer safely.
+ * the eventstore error object, pushing a buffer safely, and boxes.
  *
  * An error object is a table {code = "CODE", message = "..."} whose
  * metatable ("eventstore.Error" in the registry) gives
@@ -44,5 +44,32 @@ typedef int (*es_lua_decoder)(lua_State *L, const char *data, size_t len, es_err
  * return 1, or raise err as an error object (memory freed first). */
 int es_lua_encode_arg(lua_State *L, es_lua_encoder enc, const char *what);
 int es_lua_decode_arg(lua_State *L, es_lua_decoder dec);
+
+/* A box: C-owned memory (an event list, a buffer) held by a userdata, so
+ * that a Lua error raised while the C code holds it cannot strand it.
+ * release(box) runs once: from es_box_release_now (the holder is done with
+ * it), from the userdata's __gc, or, in a state with a box tracker, when
+ * the userdata's memory is freed although its finalizer never ran. That
+ * last way matters in the engine's budgeted states: a finalizer is a call,
+ * a call may need memory (a CallInfo, stack room), a tripped or exhausted
+ * budget refuses it, and Lua then drops the finalizer without a word and
+ * frees the userdata anyway. The box starts zeroed; nuv: its user values. */
+typedef void (*es_box_release)(void *box);
+void *es_lua_push_box(lua_State *L, size_t size, int nuv, es_box_release release);
+/* Runs a box's release now if it has not run yet (idempotent). */
+void es_box_release_now(void *box);
+
+/* The boxes of one state not released yet. A state whose allocator can
+ * refuse a finalizer's call (engine/budget.c) sets one up with
+ * es_lua_set_box_tracker; its allocator calls es_box_tracker_freeing for
+ * every block it frees, and es_box_tracker_destroy after lua_close. */
+typedef struct es_box_tracker {
+  void **boxes;
+  size_t n, cap;
+} es_box_tracker;
+void es_lua_set_box_tracker(lua_State *L, es_box_tracker *t);
+/* Releases the boxes inside the block [block, block + len). */
+void es_box_tracker_freeing(es_box_tracker *t, const void *block, size_t len);
+void es_box_tracker_destroy(es_box_tracker *t);
 
 #endif

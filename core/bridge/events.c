@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "codec/json.h"
+#include "codec/json_doc.h"
 #include "bridge/json_lua.h"
 #include "bridge/common.h"
 #include "bridge/events.h"
@@ -172,7 +173,7 @@ enum {
   N_CAUSE, N_LANE, N_NOT_BEFORE, N_STATUS, N_ATTEMPTS, N_FAILURES, N_LAST_ERROR, N_PROCESSED_AT,
   N_CLAIM_HOLDER, N_CLAIM_EXPIRES_AT, N_RETRY_AT, N_FIRST_CLAIMED_AT, N_LAST_CLAIMED_AT,
   N_FAILED_AT, N_PROCESSED_BY_ATTEMPT, N_ORIGIN, N_ATTEMPT, N_SETTLED, N_AT, N_DELAY_MS,
-  N_PENDING, N_PROCESSED, N_DEAD, N_COUNT_PLUS_ONE
+  N_PENDING, N_PROCESSED, N_DEAD, N_CANCELLED, N_REVISION, N_META, N_COUNT_PLUS_ONE
 };
 
 static const char *const names_text[N_COUNT_PLUS_ONE] = {
@@ -180,7 +181,7 @@ static const char *const names_text[N_COUNT_PLUS_ONE] = {
     "cause", "lane", "not_before", "status", "attempts", "failures", "last_error", "processed_at",
     "claim_holder", "claim_expires_at", "retry_at", "first_claimed_at", "last_claimed_at",
     "failed_at", "processed_by_attempt", "origin", "attempt", "settled", "at", "delay_ms",
-    "pending", "processed", "dead"};
+    "pending", "processed", "dead", "cancelled", "revision", "meta"};
 
 /* Its address is the registry key of the names array. */
 static const char names_key = 'n';
@@ -294,7 +295,9 @@ static void put_name(pusher *p, int t, int name, int value) {
  * rounds the size up to a power of two; 26, the count of every possible
  * field, would allocate 32 slots for the ~14 a typical event has). */
 static int field_count(const es_event *e, int claimed, int has_payload) {
-  int n = 2 + has_payload + 4; /* status, attempts; index, position, created_at, failures */
+  /* status, attempts; index, position, created_at, failures; revision */
+  int n = 2 + has_payload + 5;
+  n += e->meta != NULL;
   n += e->id != NULL;
   n += e->type != NULL;
   n += e->key != NULL;
@@ -317,6 +320,19 @@ static int field_count(const es_event *e, int claimed, int has_payload) {
   return n;
 }
 
+/* Pushes the JSON text[0..n) decoded, as push_one decodes a payload. */
+static void push_json(pusher *p, const char *text, size_t n) {
+  if (p->jd) {
+    /* Raises the same INVALID_ARGUMENT error object for bad text; holds
+     * no C memory of its own (the list is in its box), so unwinding
+     * leaks nothing. */
+    es_json_decoder_decode(p->L, p->jd, text, n);
+  } else {
+    es_err err = {0};
+    if (es_json_decode_lua(p->L, text, n, &err) != ES_OK) es_lua_raise(p->L, &err);
+  }
+}
+
 /* Pushes one event table (see es_lua_push_event); `extra` more hash slots
  * are reserved for fields the caller adds. */
 static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
@@ -330,15 +346,13 @@ static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
   put_str(p, t, N_TYPE, e->type, C_TYPE);
   if (e->payload) { /* NULL: a shredded payload (§3.10), absent */
     push_name(p, N_PAYLOAD);
-    if (p->jd) {
-      /* Raises the same INVALID_ARGUMENT error object for bad text; holds
-       * no C memory of its own (the list is in its box), so unwinding
-       * leaks nothing. */
-      es_json_decoder_decode(L, p->jd, e->payload, e->payload_len);
-    } else {
-      es_err err = {0};
-      if (es_json_decode_lua(L, e->payload, e->payload_len, &err) != ES_OK) es_lua_raise(L, &err);
-    }
+    push_json(p, e->payload, e->payload_len);
+    lua_rawset(L, t);
+  }
+  put_int(p, t, N_REVISION, e->revision);
+  if (e->meta) { /* §3.1: decoded as a payload is */
+    push_name(p, N_META);
+    push_json(p, e->meta, strlen(e->meta));
     lua_rawset(L, t);
   }
   put_str(p, t, N_KEY, e->key, -1);
@@ -366,7 +380,11 @@ static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
                                             : N_PENDING);
   put_int(p, t, N_ATTEMPTS, e->attempts);
   put_int(p, t, N_FAILURES, e->failures);
-  put_str(p, t, N_LAST_ERROR, e->last_error, -1);
+  /* §3.2: a cancelled event's record shows its reason as `cancelled`
+   * (stored as last_error, processed by no attempt: es_event_cancelled) */
+  const char *cancelled = es_event_cancelled(e);
+  put_str(p, t, N_LAST_ERROR, cancelled ? NULL : e->last_error, -1);
+  put_str(p, t, N_CANCELLED, cancelled, -1);
   put_int(p, t, N_PROCESSED_AT, e->processed_at);
   put_str(p, t, N_CLAIM_HOLDER, e->claim_holder, C_HOLDER);
   put_int(p, t, N_CLAIM_EXPIRES_AT, e->claim_expires_at);
@@ -374,7 +392,7 @@ static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
   put_int(p, t, N_FIRST_CLAIMED_AT, e->first_claimed_at);
   put_int(p, t, N_LAST_CLAIMED_AT, e->last_claimed_at);
   put_int(p, t, N_FAILED_AT, e->failed_at);
-  put_int(p, t, N_PROCESSED_BY_ATTEMPT, e->processed_by_attempt);
+  put_int(p, t, N_PROCESSED_BY_ATTEMPT, cancelled ? ES_NONE : e->processed_by_attempt);
   if (e->origin_session) {
     push_name(p, N_ORIGIN);
     lua_createtable(L, 0, 2);
@@ -423,23 +441,15 @@ void es_lua_push_lease(lua_State *L, es_lease *l) {
   es_lua_set_int(L, "expires_at", expires_at);
 }
 
-static int events_box_gc(lua_State *L) {
-  es_events_destroy(lua_touserdata(L, 1));
-  return 0;
-}
+static void events_release(void *box) { es_events_destroy(box); }
 
 /* Pushes an array of events and frees the list. The list moves into a
  * userdata first, so a Lua error while building the tables (out of memory,
  * a stored payload that does not decode) cannot leak it. */
 void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
-  es_events *box = lua_newuserdatauv(L, sizeof *box, 0);
+  es_events *box = es_lua_push_box(L, sizeof *box, 0, events_release);
   *box = *list; /* the caller's list is ours now, even if the next lines raise */
   memset(list, 0, sizeof *list);
-  if (luaL_newmetatable(L, "eventstore.EventsBox")) {
-    lua_pushcfunction(L, events_box_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
   lua_createtable(L, (int)(box->n > 1000000 ? 0 : box->n), 0);
   int arr = lua_gettop(L);
   pusher p;
@@ -449,7 +459,7 @@ void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
     lua_rawseti(L, arr, (lua_Integer)i + 1);
   }
   pusher_end(&p);
-  es_events_destroy(box);
+  es_box_release_now(box);
   lua_remove(L, -2);
 }
 
@@ -562,19 +572,11 @@ static const char *event_str(conv *c, int t, size_t i, int name, int last) {
   return v;
 }
 
-static int buf_box_gc(lua_State *L) {
-  es_buf_destroy(lua_touserdata(L, 1));
-  return 0;
-}
+static void buf_release(void *box) { es_buf_destroy(box); }
 
 es_buf *es_lua_push_buf_box(lua_State *L) {
-  es_buf *b = lua_newuserdatauv(L, sizeof *b, 0);
-  es_buf_init(b); /* empty before anything can raise: a box without its __gc leaks nothing */
-  if (luaL_newmetatable(L, "eventstore.BufBox")) {
-    lua_pushcfunction(L, buf_box_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
+  es_buf *b = es_lua_push_box(L, sizeof *b, 0, buf_release);
+  es_buf_init(b);
   return b;
 }
 
@@ -595,6 +597,66 @@ size_t es_lua_check_seq(lua_State *L, int idx, int arg, const char *what) {
 
 es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_now,
                                   size_t max_payload, size_t *n_out) {
+  return es_lua_check_events_meta(L, idx, arg, timer_now, max_payload, NULL, n_out);
+}
+
+/* events[i].revision (ES_NONE: absent). A number that is no integer in
+ * range is INVALID_ARGUMENT naming the field, a value of another type a
+ * bad argument; the range itself is the store's rule (append.c), checked
+ * here too so that 2^40 is refused rather than stored cut. */
+static int64_t event_revision(conv *c, int t, size_t i) {
+  lua_State *L = c->L;
+  int64_t v = ES_NONE;
+  int type = get_field(c, t, N_REVISION);
+  if (type != LUA_TNIL) {
+    int ok = 0;
+    if (type != LUA_TNUMBER) bad_event(L, c->arg, "events[%d].revision must be an integer", (int)i + 1);
+    v = lua_tointegerx(L, -1, &ok);
+    if (!ok || v < 1 || v > ES_MAX_REVISION)
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d].revision must be an integer 1..%d",
+                    (int)i + 1, ES_MAX_REVISION);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* Encodes events[i].meta (the table at the top, or nil) into buf at its
+ * end, with the defaults' members added (§4); returns whether a meta was
+ * written. scratch: an empty buffer for the merge. Pops the value. */
+static int event_meta(conv *c, size_t i, es_buf *buf, es_buf *scratch,
+                      const es_meta_defaults *defaults) {
+  lua_State *L = c->L;
+  int type = lua_type(L, -1);
+  size_t mark = buf->len;
+  char what[48];
+  es_err err = {0};
+  event_what(what, i, ".meta");
+  if (type != LUA_TNIL && type != LUA_TTABLE)
+    bad_event(L, c->arg, "%s must be a table (a JSON object)", what);
+  if (type == LUA_TTABLE) {
+    buf->max = mark + ES_MAX_META_BYTES;
+    int rc = es_json_encode_lua(L, -1, what, buf, &err);
+    buf->max = 0;
+    if (rc != ES_OK) es_lua_raise(L, &err);
+    if (buf->data[mark] != '{') es_lua_raisef(L, ES_INVALID_ARGUMENT, "%s must be a JSON object", what);
+  }
+  lua_pop(L, 1);
+  if (defaults && defaults->n) {
+    scratch->len = 0;
+    if (es_json_object_defaults(type == LUA_TTABLE ? buf->data + mark : NULL, buf->len - mark,
+                                defaults->keys, defaults->vals, defaults->n, scratch, &err) != ES_OK)
+      es_lua_raise(L, &err);
+    buf->len = mark;
+    if (es_buf_add(buf, scratch->data, scratch->len) != ES_OK)
+      es_lua_raisef(L, ES_STORAGE, "out of memory while encoding JSON");
+    return 1;
+  }
+  return type == LUA_TTABLE;
+}
+
+es_new_event *es_lua_check_events_meta(lua_State *L, int idx, int arg, int64_t timer_now,
+                                       size_t max_payload, const es_meta_defaults *defaults,
+                                       size_t *n_out) {
   idx = lua_absindex(L, idx);
   if (!lua_istable(L, idx)) {
     if (arg > 0) luaL_checktype(L, arg, LUA_TTABLE);
@@ -634,11 +696,12 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
     lua_pop(L, 1);
     if (type != LUA_TTABLE) bad_event(L, arg, "events[%d] must be a table", (int)i + 1);
   }
-  /* The events, then where each payload starts in the shared buffer
-   * (SIZE_MAX: none): the texts are placed only when the buffer has
-   * stopped growing. */
-  es_new_event *evs = lua_newuserdatauv(L, (n ? n : 1) * (sizeof *evs + sizeof(size_t)), 0);
+  /* The events, then where each payload and each meta starts in the
+   * shared buffer (SIZE_MAX: none): the texts are placed only when the
+   * buffer has stopped growing. */
+  es_new_event *evs = lua_newuserdatauv(L, (n ? n : 1) * (sizeof *evs + 2 * sizeof(size_t)), 0);
   size_t *payload_at = (size_t *)(void *)(evs + (n ? n : 1));
+  size_t *meta_at = payload_at + (n ? n : 1);
   lua_createtable(L, (int)(n > 25000 ? 0 : 2 * n + 1), 0); /* anchors names and the buffer */
   conv c = {L, arg, 0, lua_gettop(L), 0, {NULL, NULL, NULL, NULL}};
   /* Every payload is encoded into one buffer held by a box in the anchor
@@ -647,12 +710,17 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
    * (the box is freed with the anchor table). */
   es_buf *buf = es_lua_push_buf_box(L);
   anchor_top(&c);
+  es_buf *scratch = NULL; /* the meta merge's (§4), only with defaults */
+  if (defaults && defaults->n) {
+    scratch = es_lua_push_buf_box(L);
+    anchor_top(&c);
+  }
   push_names(L);
   c.names = lua_gettop(L);
   for (size_t i = 0; i < n; i++) {
     es_new_event *e = &evs[i];
     es_new_event_init(e);
-    payload_at[i] = SIZE_MAX;
+    payload_at[i] = meta_at[i] = SIZE_MAX;
     /* Checked again: an __index metamethod or a finalizer that ran while
      * an earlier event was read may have replaced this one. */
     if (lua_rawgeti(L, idx, (lua_Integer)i + 1) != LUA_TTABLE)
@@ -717,10 +785,21 @@ es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_
       if (es_buf_addc(buf, '\0') != ES_OK)
         es_lua_raisef(L, ES_STORAGE, "out of memory while encoding JSON");
     }
-    lua_pop(L, 2); /* payload, event table */
+    lua_pop(L, 1); /* payload */
+    e->revision = event_revision(&c, t, i);
+    size_t mark = buf->len;
+    get_field(&c, t, N_META);
+    if (event_meta(&c, i, buf, scratch, defaults)) {
+      e->meta_len = buf->len - mark;
+      meta_at[i] = mark;
+      if (es_buf_addc(buf, '\0') != ES_OK) es_lua_raisef(L, ES_STORAGE, "out of memory while encoding JSON");
+    }
+    lua_pop(L, 1); /* event table */
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     if (payload_at[i] != SIZE_MAX) evs[i].payload = buf->data + payload_at[i];
+    if (meta_at[i] != SIZE_MAX) evs[i].meta = buf->data + meta_at[i];
+  }
   lua_settop(L, c.anchor); /* the names: callers get exactly the two slots documented */
   *n_out = n;
   return evs;

@@ -84,8 +84,26 @@ void es_lua_push_lease(lua_State *L, es_lease *l);
  * Names with a NUL, payloads that JSON cannot carry and timer values out of
  * range raise INVALID_ARGUMENT error objects; a payload whose text would
  * pass max_payload (0: no limit) raises TOO_LARGE as soon as the encoder
- * gets there. */
+ * gets there. §3.1: `revision` must be an integer 1..2^31-1 (another
+ * number: INVALID_ARGUMENT; another type: misuse) and `meta` a table that
+ * encodes as a JSON object (TOO_LARGE past 8 KiB), encoded beside the
+ * payloads. */
 es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_now,
                                   size_t max_payload, size_t *n_out);
+
+/* Members added to every event's meta where it lacks them (§4: a handler's
+ * results get correlation and causation): keys[k] = vals[k], vals[k]
+ * NULL: none. Borrowed. */
+typedef struct es_meta_defaults {
+  const char *keys[4];
+  const char *vals[4];
+  size_t n;
+} es_meta_defaults;
+
+/* es_lua_check_events, each event's meta given the members of defaults
+ * (NULL: none) that it lacks; an event without meta gets them alone. */
+es_new_event *es_lua_check_events_meta(lua_State *L, int idx, int arg, int64_t timer_now,
+                                       size_t max_payload, const es_meta_defaults *defaults,
+                                       size_t *n_out);
 
 #endif

@@ -695,27 +695,17 @@ struct es_json_decoder {
   int idx;      /* cache is used while it is still found there */
 };
 
-#define DECODER_MT_NAME "eventstore.json.Decoder"
-
-static int decoder_gc(lua_State *L) {
-  es_json_decoder *jd = lua_touserdata(L, 1);
-  /* Idempotent: debug.getmetatable can reach this function. */
+static void decoder_release(void *box) {
+  es_json_decoder *jd = box;
   esj_parser_destroy(&jd->d.P);
   es_buf_destroy(&jd->d.str);
-  return 0;
 }
 
 es_json_decoder *es_json_decoder_push(lua_State *L) {
   luaL_checkstack(L, 3, "JSON decoder");
-  es_json_decoder *jd = lua_newuserdatauv(L, sizeof *jd, 1);
-  memset(jd, 0, sizeof *jd);
+  es_json_decoder *jd = es_lua_push_box(L, sizeof *jd, 1, decoder_release);
   esj_parser_init(&jd->d.P, "", 0, NULL);
   es_buf_init(&jd->d.str);
-  if (luaL_newmetatable(L, DECODER_MT_NAME)) {
-    lua_pushcfunction(L, decoder_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_setmetatable(L, -2);
   lua_createtable(L, DEC_CACHE + 1, 0);
   push_array_mt(L);
   lua_rawseti(L, -2, DEC_CACHE + 1);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/json.h"
 #include "codec/json_scan.h"
 
 /* The arena ---------------------------------------------------------------- */
@@ -300,4 +301,58 @@ const char *es_jtype_name(es_jtype t) {
     case ES_JOBJECT: return "an object";
   }
   return "a value";
+}
+
+typedef struct member {
+  const char *key;
+  size_t key_len;
+  const char *raw; /* a member obj had: its canonical value text */
+  size_t raw_len;
+  const char *str; /* else: the string value added */
+} member;
+
+static int member_cmp(const void *a, const void *b) {
+  const member *x = a, *y = b;
+  size_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
+  int c = memcmp(x->key, y->key, n);
+  return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
+}
+
+int es_json_object_defaults(const char *obj, size_t obj_len, const char *const *keys,
+                            const char *const *vals, size_t n, es_buf *out, es_err *err) {
+  es_json_doc *doc = NULL;
+  const es_jval *root = NULL;
+  int rc;
+  if (obj) {
+    if ((rc = es_json_doc_parse(obj, obj_len, &doc, err)) != ES_OK) return rc;
+    root = es_json_doc_root(doc);
+    if (root->type != ES_JOBJECT) {
+      es_json_doc_free(doc);
+      return es_fail(err, ES_INVALID_ARGUMENT, "not a JSON object");
+    }
+  }
+  size_t have = root ? root->n : 0, m = 0;
+  member *v = malloc((have + n + 1) * sizeof *v);
+  if (!v) {
+    es_json_doc_free(doc);
+    return es_fail(err, ES_STORAGE, "out of memory");
+  }
+  for (size_t k = 0; k < have; k++)
+    v[m++] = (member){root->keys[k], root->key_lens[k], root->items[k].raw, root->items[k].raw_len, NULL};
+  for (size_t k = 0; k < n; k++)
+    if (vals[k] && !es_jval_get(root, keys[k]))
+      v[m++] = (member){keys[k], strlen(keys[k]), NULL, 0, vals[k]};
+  qsort(v, m, sizeof *v, member_cmp);
+  es_buf_addc(out, '{');
+  for (size_t k = 0; k < m; k++) {
+    if (k) es_buf_addc(out, ',');
+    es_json_write_text(out, v[k].key, v[k].key_len);
+    es_buf_addc(out, ':');
+    if (v[k].raw) es_buf_add(out, v[k].raw, v[k].raw_len);
+    else es_json_write_text(out, v[k].str, strlen(v[k].str));
+  }
+  es_buf_addc(out, '}');
+  free(v);
+  es_json_doc_free(doc);
+  return out->oom ? es_fail(err, ES_STORAGE, "out of memory") : ES_OK;
 }

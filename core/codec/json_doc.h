@@ -1,7 +1,8 @@
 /*
  * json_doc.h: a strict JSON document read into a small tree, for callers
  * that take JSON from outside and must look at its fields (the HTTP API's
- * request bodies, http/api.c).
+ * request bodies, http/api.c; an event's meta, §3.1, §4: the engine reads
+ * its correlation, and es_json_object_defaults adds members to it).
  *
  * Acceptance is exactly es_json_validate's (duplicate keys, trailing
  * characters, invalid UTF-8, lone surrogates, nesting deeper than
@@ -23,6 +24,7 @@
 #include <stdint.h>
 
 #include "es.h"
+#include "util/buf.h"
 
 typedef enum es_jtype {
   ES_JNULL,
@@ -71,6 +73,16 @@ const es_jval *es_jval_get(const es_jval *v, const char *key);
 
 /* The element i of an array (NULL when v is not an array or i >= n). */
 const es_jval *es_jval_at(const es_jval *v, size_t i);
+
+/* Appends to out the JSON object obj (obj_len bytes of canonical text;
+ * NULL: an empty object) with a string member keys[k] = vals[k] added for
+ * each k whose key obj lacks (vals[k] NULL: none); members obj has are
+ * kept as they are. The result is canonical: members in key byte order.
+ * ES_OK, ES_INVALID_ARGUMENT (obj is not a JSON object; nothing appended)
+ * or ES_STORAGE. Used to add correlation and tracing members to an
+ * event's meta (§4, §6). */
+int es_json_object_defaults(const char *obj, size_t obj_len, const char *const *keys,
+                            const char *const *vals, size_t n, es_buf *out, es_err *err);
 
 /* The name of a type, for messages ("an object", "a string", ...). */
 const char *es_jtype_name(es_jtype t);

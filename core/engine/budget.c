@@ -25,6 +25,8 @@ static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   es_budget *b = ud;
   size_t old = ptr ? osize : 0; /* with ptr NULL, osize is a type tag */
   if (nsize == 0) {
+    /* A box whose finalizer a refusal below dropped (bridge/common.h). */
+    if (ptr && b->boxes.n) es_box_tracker_freeing(&b->boxes, ptr, old);
     free(ptr);
     b->used -= old;
     return NULL;
@@ -137,6 +139,8 @@ static const char TEXT_ONLY[] =
     "end\n";
 
 static int open_state(lua_State *L) {
+  es_budget *b = es_budget_of(L);
+  es_lua_set_box_tracker(L, &b->boxes);
   luaL_openlibs(L);
   lua_getglobal(L, "debug");
   lua_pushcfunction(L, refuse_sethook);
@@ -163,18 +167,24 @@ lua_State *es_budget_newstate(es_budget *b, size_t limit, int64_t instr_limit,
   lua_pushcfunction(L, open_state);
   if (lua_pcall(L, 0, 0, 0) != LUA_OK) {
     snprintf(err, errlen, "cannot open the standard libraries: %s", lua_tostring(L, -1));
-    lua_close(L);
+    es_budget_close(b);
     return NULL;
   }
   if (limit && b->used > limit / 2) {
     snprintf(err, errlen,
              "memory_budget %zu is too small: the standard libraries alone take %zu bytes", limit,
              b->used);
-    lua_close(L);
+    es_budget_close(b);
     return NULL;
   }
   lua_sethook(L, count_hook, LUA_MASKCOUNT, ES_BUDGET_HOOK_EVERY);
   return L;
+}
+
+void es_budget_close(es_budget *b) {
+  if (b->main) lua_close(b->main); /* frees every block: every box is released */
+  b->main = NULL;
+  es_box_tracker_destroy(&b->boxes);
 }
 
 /* The message handler: the error with a traceback. It runs inside the

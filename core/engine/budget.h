@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bridge/common.h"
+
 /* Why a call was stopped; 0: it was not. */
 enum {
   ES_TRIP_NONE = 0,
@@ -49,6 +51,10 @@ typedef struct es_budget {
   const void *refused_ptr;
   size_t refused_size;
   int refused;
+  /* The boxes of the state not released yet (bridge/common.h): one whose
+   * finalizer a refused allocation dropped is released when its memory is
+   * freed. */
+  es_box_tracker boxes;
 } es_budget;
 
 /* Creates a state whose allocator is b's (b must outlive it), with the
@@ -58,6 +64,9 @@ typedef struct es_budget {
  * for the libraries (err then says so). */
 lua_State *es_budget_newstate(es_budget *b, size_t limit, int64_t instr_limit,
                               int64_t deadline_ms, char *err, size_t errlen);
+/* Closes b's state (its finalizers run, every box is released) and frees
+ * what b holds. b->main NULL: only the latter. */
+void es_budget_close(es_budget *b);
 
 /* Like lua_pcall with a traceback handler, as one budgeted call: the
  * instruction count starts at 0 (the caller's is restored after, so a

@@ -51,12 +51,14 @@ static const char *str_put(char **at, const char *s) {
 /* A completion owning copies of the claim's names and of the n returned
  * events (NULL: out of memory). */
 static completion *completion_new(int worker, const claim_info *c, const es_new_event *evs,
-                                  size_t n) {
-  size_t room = sizeof(completion) + n * sizeof(es_new_event) + str_room(c->session) +
-                str_room(c->type);
+                                  size_t n, const es_cancel *cancel, size_t n_cancel) {
+  size_t room = sizeof(completion) + n * sizeof(es_new_event) + n_cancel * sizeof(es_cancel) +
+                str_room(c->session) + str_room(c->type);
+  for (size_t i = 0; i < n_cancel; i++) room += str_room(cancel[i].reason);
   for (size_t i = 0; i < n; i++)
     room += str_room(evs[i].id) + str_room(evs[i].type) + str_room(evs[i].lane) +
-            str_room(evs[i].key) + (evs[i].payload ? evs[i].payload_len + 1 : 0);
+            str_room(evs[i].key) + (evs[i].payload ? evs[i].payload_len + 1 : 0) +
+            (evs[i].meta ? evs[i].meta_len + 1 : 0);
   completion *p = malloc(room);
   if (!p) return NULL;
   memset(p, 0, sizeof *p);
@@ -64,7 +66,13 @@ static completion *completion_new(int worker, const claim_info *c, const es_new_
   p->c = *c;
   p->n = n;
   p->evs = n ? (es_new_event *)(p + 1) : NULL;
-  char *at = (char *)(p + 1) + n * sizeof(es_new_event);
+  p->n_cancel = n_cancel;
+  p->cancel = n_cancel ? (es_cancel *)((char *)(p + 1) + n * sizeof(es_new_event)) : NULL;
+  char *at = (char *)(p + 1) + n * sizeof(es_new_event) + n_cancel * sizeof(es_cancel);
+  for (size_t i = 0; i < n_cancel; i++) {
+    p->cancel[i] = cancel[i];
+    p->cancel[i].reason = str_put(&at, cancel[i].reason);
+  }
   p->c.session = str_put(&at, c->session);
   p->c.type = str_put(&at, c->type);
   for (size_t i = 0; i < n; i++) {
@@ -79,6 +87,12 @@ static completion *completion_new(int worker, const claim_info *c, const es_new_
       at[evs[i].payload_len] = '\0';
       d->payload = at;
       at += evs[i].payload_len + 1;
+    }
+    if (evs[i].meta) { /* §3.1, §4: the correlation the worker added */
+      memcpy(at, evs[i].meta, evs[i].meta_len);
+      at[evs[i].meta_len] = '\0';
+      d->meta = at;
+      at += evs[i].meta_len + 1;
     }
   }
   return p;
@@ -112,7 +126,7 @@ void es_hand_over(job *j, const claim_info *c) {
       j->evs[i].id = ids[i];
     }
   }
-  completion *p = completion_new(j->r->id, c, j->evs, j->n);
+  completion *p = completion_new(j->r->id, c, j->evs, j->n, j->cancel, j->n_cancel);
   free(ids);
   if (!p) {
     es_job_error(j, "out of memory");
@@ -141,7 +155,7 @@ static void complete_batch(es_engine *e, completion **items, es_completion *v, s
   for (size_t i = 0; i < n; i++) {
     completion *p = items[i];
     v[i] = (es_completion){.session = p->c.session, .index = p->c.index, .attempt = p->c.attempt,
-                           .evs = p->evs, .n = p->n};
+                           .evs = p->evs, .n = p->n, .cancel = p->cancel, .n_cancel = p->n_cancel};
   }
   while (n > 0) {
     /* Fenced out (the keeper found another holder, or another completion

@@ -18,6 +18,7 @@
 #include "engine/internal.h"
 #include "bridge/common.h"
 #include "bridge/events.h"
+#include "codec/json_doc.h"
 
 /* ---------------------------------------------------------------------- */
 /* dispatch */
@@ -121,6 +122,24 @@ void es_job_error(job *j, const char *msg) {
   j->result = RUN_FAILED;
 }
 
+/* §4: the correlation a handler's results carry: the handled event's
+ * meta.correlation when it is a string (copied into buf, cap bytes), else
+ * the event's own id (the first of a chain correlates as itself). */
+static const char *correlation_of(const es_event *ev, char *buf, size_t cap) {
+  const char *c = ev->id;
+  es_json_doc *doc = NULL;
+  es_err err = {0};
+  if (ev->meta && es_json_doc_parse(ev->meta, strlen(ev->meta), &doc, &err) == ES_OK) {
+    const es_jval *v = es_jval_get(es_json_doc_root(doc), "correlation");
+    if (v && v->type == ES_JSTRING && v->len < cap && !memchr(v->str, '\0', v->len)) {
+      memcpy(buf, v->str, v->len + 1);
+      c = buf;
+    }
+  }
+  es_json_doc_free(doc);
+  return c;
+}
+
 /* Everything of one event that runs Lua, as one budgeted call: finding
  * and loading the handler, calling it, and converting what it returned
  * (metamethods included) and encoding the payloads (within the size
@@ -144,7 +163,10 @@ static int run_job(lua_State *L) {
   lua_pop(L, 2);
   es_lua_push_event(L, ev, 1);
   es_push_ctx(L, j->r, ev);
+  lua_pushvalue(L, -1);
+  lua_insert(L, -4); /* a copy of ctx below the call: its cancels are read after */
   lua_call(L, 2, 1);
+  es_ctx_cancels(L, -2, j);
   j->result = RUN_HANDLED;
   if (lua_isnil(L, -1)) return 0; /* nothing to append: no clock, no conversion */
   int64_t now;
@@ -153,7 +175,11 @@ static int run_job(lua_State *L) {
   int rc = es_store_now(e->s, &now, &err);
   atomic_fetch_sub(&j->r->b.trusted, 1);
   if (rc) return es_lua_raise(L, &err);
-  j->evs = es_lua_check_events(L, -1, 0, now, es_store_max_payload(e->s), &j->n);
+  /* §4: each result's meta gets the chain's correlation and this event as
+   * its causation, where the handler did not set them itself */
+  char corr[ES_MAX_META_BYTES + 1];
+  es_meta_defaults caused = {{"correlation", "causation"}, {correlation_of(ev, corr, sizeof corr), ev->id}, 2};
+  j->evs = es_lua_check_events_meta(L, -1, 0, now, es_store_max_payload(e->s), &caused, &j->n);
   return 3; /* the returned table (it holds the events' strings), the events, their payloads */
 }
 
@@ -401,7 +427,7 @@ static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
 static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   es_engine *e = r->e;
   lua_State *L = r->L;
-  job j = {r, ev, RUN_FAILED, NULL, NULL, 0};
+  job j = {r, ev, RUN_FAILED, NULL, NULL, 0, NULL, 0};
   claim_info c = {ev->session, ev->type, ev->index, ev->attempts, ev->failures,
                   es_lost_attempts(ev)};
   if (c.failures + c.lost >= e->o.max_failures) {
@@ -450,6 +476,7 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   pthread_mutex_unlock(&r->mu);
   if (abandoned) {
     free(j.error);
+    free(j.cancel);
     return 1;
   }
   if (j.result == RUN_RELEASE)
@@ -463,6 +490,7 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   if (run_t0 && j.result != RUN_RELEASE)
     es_type_stats_run(&e->tstats, ev->type, run_ns, j.result == RUN_FAILED);
   free(j.error);
+  free(j.cancel);
   lua_settop(L, 0);
   pthread_mutex_lock(&r->mu);
   r->busy = 0;

@@ -4,7 +4,7 @@
  * The rest is a file per concern, sharing engine/internal.h: dispatch.c
  * (handling an event, the prefetch queue, the workers and the keeper:
  * claim renewal and watchdog), completions.c (the completer thread),
- * fold_runner.c (es_engine_state on the fold runner), fold.c (the reducer
+ * fold_runner.c (es_engine_state on the fold runners), fold.c (the reducer
  * fold itself), budget.c, handlers.c, leases.c, type_stats.c.
  *
  * Dispatch: a worker claims one event with claim_next, runs the job (load
@@ -176,7 +176,7 @@ void es_loader_call(lua_State *L, const char *fn, const char *name) {
 }
 
 void es_runner_free_now(runner *r) {
-  if (r->L) lua_close(r->L);
+  es_budget_close(&r->b);
   es_buf_destroy(&r->fold_out);
   pthread_mutex_destroy(&r->mu);
   free(r);
@@ -371,6 +371,7 @@ static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi, es_e
 static int check_opts(const es_engine_opts *o, es_err *err) {
   int rc;
   if ((rc = check_range("workers", o->workers, 1, ES_ENGINE_MAX_WORKERS, err)) ||
+      (rc = check_range("fold_runners", o->fold_runners, 0, ES_ENGINE_MAX_WORKERS, err)) ||
       (rc = check_range("ttl_ms", o->ttl_ms, 1, MAX_MS, err)) ||
       (rc = check_range("max_failures", o->max_failures, 1, 1000000000, err)) ||
       (rc = check_range("backoff_ms", o->backoff_ms, 0, MAX_MS, err)) ||
@@ -397,8 +398,9 @@ static void engine_free(es_engine *e) {
   for (int i = 0; i < e->n && e->slots; i++)
     if (e->slots[i]) runner_free(e->slots[i]);
   free(e->slots);
-  if (e->folder) {
-    runner *r = e->folder;
+  for (int i = 0; i < e->n_folders && e->folders; i++) {
+    runner *r = e->folders[i];
+    if (!r) continue;
     pthread_mutex_lock(&e->fold_mu);
     r->quit = 1;
     pthread_cond_broadcast(&e->fold_cond);
@@ -408,6 +410,7 @@ static void engine_free(es_engine *e) {
     free(r->fold_reducer);
     runner_free(r);
   }
+  free(e->folders);
   if (e->s) es_store_release(e->s);
   free(e->scripts);
   free(e->holder);
@@ -416,7 +419,6 @@ static void engine_free(es_engine *e) {
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cond);
   pthread_mutex_destroy(&e->fold_mu);
-  pthread_mutex_destroy(&e->state_mu);
   pthread_mutex_destroy(&e->types_mu);
   es_engine_leases_free(e);
   pthread_mutex_destroy(&e->lease_mu);
@@ -435,6 +437,7 @@ static void engine_free(es_engine *e) {
   pthread_cond_destroy(&e->c_done);
   es_type_set_release(e->types);
   pthread_cond_destroy(&e->fold_cond);
+  pthread_cond_destroy(&e->fold_free);
   es_type_stats_destroy(&e->tstats); /* §3.12 */
   es_scripts_free(e);
   pthread_mutex_destroy(&e->good_mu);
@@ -462,7 +465,6 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cond, NULL);
   pthread_mutex_init(&e->fold_mu, NULL);
-  pthread_mutex_init(&e->state_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
   pthread_mutex_init(&e->good_mu, NULL);
   pthread_mutex_init(&e->lease_mu, NULL);
@@ -473,6 +475,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_cond_init(&e->c_done, NULL);
   atomic_init(&e->any_fenced, 0);
   pthread_cond_init(&e->fold_cond, NULL);
+  pthread_cond_init(&e->fold_free, NULL);
   es_store_retain(s);
   e->s = s;
   e->o = *o;
@@ -493,7 +496,13 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   e->o.lua_cpath = e->lua_cpath;
   e->n = (int)o->workers;
   e->slots = calloc((size_t)e->n, sizeof *e->slots);
-  if (oom || !e->slots) {
+  e->n_folders = (int)o->fold_runners;
+  if (e->n_folders == 0) { /* the cores, so that state requests fold in parallel */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    e->n_folders = cores < 2 ? 2 : cores > ES_ENGINE_MAX_WORKERS ? ES_ENGINE_MAX_WORKERS : (int)cores;
+  }
+  e->folders = calloc((size_t)e->n_folders, sizeof *e->folders);
+  if (oom || !e->slots || !e->folders) {
     es_engine_unref(e);
     return es_fail(err, ES_STORAGE, "out of memory");
   }

@@ -8,11 +8,13 @@
  * with exponential backoff, dead letter at max_failures). A keeper thread
  * renews the claims of long handlers and is the watchdog: it stops calls
  * past their deadline, and abandons (and replaces) a worker stuck where no
- * hook reaches. It also folds reducers, with snapshots, in its own Lua
- * state (es_engine_state), so no user code runs in the caller's state.
+ * hook reaches. It also folds reducers, with snapshots, on fold runners
+ * (es_engine_state): threads with a Lua state each, so no user code runs
+ * in the caller's state, and calls from several threads fold in parallel.
  *
  * Threads: es_engine_stop may be called from any thread and from a signal
- * handler; every other call from one thread at a time.
+ * handler; es_engine_state and es_engine_state_json from any threads at
+ * once; every other call from one thread at a time.
  *
  * The engine installs no signal handlers: a host that wants SIGINT or
  * SIGTERM to stop a run installs its own and calls es_engine_stop.
@@ -33,6 +35,9 @@ typedef struct es_engine_opts {
   const char *scripts;        /* scripts directory; must exist (copied) */
   const char *holder;         /* claim holder name; NULL: "engine-<pid>-<random>" (copied) */
   int64_t workers;            /* worker threads, 1..ES_ENGINE_MAX_WORKERS */
+  int64_t fold_runners;       /* threads that fold for es_engine_state, each with its own
+                               * Lua state, started as calls need them; 0: the number of
+                               * cores, at least 2 (ES_ENGINE_MAX_WORKERS at most) */
   int64_t ttl_ms;             /* claim TTL (renewed every ttl_ms/3 while a handler runs) */
   int64_t max_failures;       /* failures before an event is dead-lettered */
   int64_t backoff_ms;         /* the n-th retry waits between half and all of */

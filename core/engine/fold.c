@@ -7,6 +7,7 @@
 #include <lua.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codec/json.h"
@@ -16,28 +17,22 @@
 #include "bridge/common.h"
 #include "bridge/events.h"
 
-/* C-owned event lists held by a userdata, so a Lua error in a reducer
- * step never leaks them. */
+/* C-owned event lists held by a box (bridge/common.h), so a Lua error in
+ * a reducer step never leaks them. */
 typedef struct box {
   es_events events;
   es_snapshot snap;
 } box;
 
-static int box_gc(lua_State *L) {
-  box *x = lua_touserdata(L, 1);
+static void box_release(void *p) {
+  box *x = p;
   es_events_destroy(&x->events);
   es_snapshot_destroy(&x->snap);
-  return 0;
 }
 
 static box *push_box(lua_State *L) {
-  box *x = lua_newuserdatauv(L, sizeof *x, 0);
-  memset(x, 0, sizeof *x);
+  box *x = es_lua_push_box(L, sizeof *x, 0, box_release);
   es_snapshot_init(&x->snap);
-  lua_newtable(L);
-  lua_pushcfunction(L, box_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_setmetatable(L, -2);
   return x;
 }
 
@@ -334,6 +329,7 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     else lua_replace(L, st);
   }
   lua_settop(L, st); /* the builder's slots */
+  es_box_release_now(x); /* the events are folded: free them now, not at the next collection */
   if (e->o.snapshot_every > 0 || force) {
     /* With snapshots on, an unserialisable state is an error even before
      * the first snapshot is due, so it shows up on the first fold. */
@@ -400,6 +396,65 @@ static int ctx_log(lua_State *L) {
   return 0;
 }
 
+/* ctx.cancel(index, reason): §3.2 cancel of an event of this session,
+ * applied with the completion (complete{cancel}); the upvalue is the list
+ * of {index, reason} the engine reads after the handler returned. */
+static int ctx_cancel(lua_State *L) {
+  lua_Integer index = luaL_checkinteger(L, 1);
+  if (index < 1) luaL_argerror(L, 1, "an event index (>= 1)");
+  const char *reason = luaL_optstring(L, 2, NULL);
+  lua_Integer n = (lua_Integer)lua_rawlen(L, lua_upvalueindex(1));
+  if (n >= 10000) return luaL_error(L, "ctx.cancel: at most 10000 cancels per handler call");
+  lua_createtable(L, 2, 0);
+  lua_pushinteger(L, index);
+  lua_rawseti(L, -2, 1);
+  if (reason) {
+    lua_pushstring(L, reason);
+    lua_rawseti(L, -2, 2);
+  }
+  lua_rawseti(L, lua_upvalueindex(1), n + 1);
+  return 0;
+}
+
+void es_ctx_cancels(lua_State *L, int idx, job *j) {
+  idx = lua_absindex(L, idx);
+  int top = lua_gettop(L);
+  if (lua_getfield(L, idx, "cancel") != LUA_TFUNCTION || lua_tocfunction(L, -1) != ctx_cancel ||
+      !lua_getupvalue(L, -1, 1)) {
+    lua_settop(L, top);
+    return;
+  }
+  int list = lua_gettop(L);
+  size_t k = (size_t)lua_rawlen(L, list), room = k * sizeof(es_cancel);
+  for (size_t i = 0; i < k; i++) {
+    lua_rawgeti(L, list, (lua_Integer)i + 1);
+    lua_rawgeti(L, -1, 2);
+    if (lua_type(L, -1) == LUA_TSTRING) room += lua_rawlen(L, -1) + 1;
+    lua_pop(L, 2);
+  }
+  es_cancel *v = k ? malloc(room) : NULL;
+  char *at = v ? (char *)(v + k) : NULL;
+  for (size_t i = 0; v && i < k; i++) {
+    lua_rawgeti(L, list, (lua_Integer)i + 1);
+    lua_rawgeti(L, -1, 1);
+    lua_rawgeti(L, -2, 2);
+    v[i].index = lua_tointeger(L, -2);
+    v[i].reason = NULL;
+    v[i].cancelled = 0;
+    if (lua_type(L, -1) == LUA_TSTRING) {
+      size_t len;
+      const char *r = lua_tolstring(L, -1, &len);
+      memcpy(at, r, len + 1);
+      v[i].reason = at;
+      at += len + 1;
+    }
+    lua_pop(L, 3);
+  }
+  j->cancel = v;
+  j->n_cancel = v ? k : 0;
+  lua_settop(L, top);
+}
+
 static const char ctx_now_key = 'n'; /* registry: this state's ctx.now (its runner's) */
 
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
@@ -432,5 +487,8 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
   lua_pushstring(L, ev->type);
   lua_pushcclosure(L, ctx_log, 3);
   lua_setfield(L, ctx, "log");
+  lua_newtable(L); /* the cancels this call asks for */
+  lua_pushcclosure(L, ctx_cancel, 1);
+  lua_setfield(L, ctx, "cancel");
   lua_settop(L, ctx); /* the session string goes */
 }

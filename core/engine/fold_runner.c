@@ -1,8 +1,15 @@
 /*
  * engine/fold_runner.c: es_engine_state, folds run on the engine's fold
- * runner (its own budgeted Lua state and thread) and watched by the
+ * runners (each its own budgeted Lua state and thread) and watched by the
  * caller; the fold itself is fold.c. Also which reducers exist and
  * whether a truncate would cut under a snapshot.
+ *
+ * Several runners (es_engine_opts.fold_runners) let state calls from
+ * several threads (the HTTP server's connections) fold at once, so one
+ * long fold does not hold up a short one. Nothing a fold relies on lives
+ * in one runner: snapshots are the store's, read by every runner, and each
+ * call asks its runner's loader to look at the script files again
+ * (new_run), so an edited reducer reaches every runner at its next call.
  */
 #include "engine/engine.h"
 
@@ -24,7 +31,7 @@
 #include "bridge/common.h"
 
 /* ---------------------------------------------------------------------- */
-/* es_engine_state: folds on the fold runner, watched by the caller */
+/* es_engine_state: folds on a fold runner, watched by the caller */
 
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                         int force, int json, int *not_json, es_buf *out, int64_t *index,
@@ -99,7 +106,7 @@ static int fold_job(lua_State *L) {
   return 0;
 }
 
-/* Polls flag for up to FOLD_SPIN_US: handing a fold to the fold thread
+/* Polls flag for up to FOLD_SPIN_US: handing a fold to a fold runner
  * and back costs two thread wake-ups when either side blocks (tens of
  * microseconds each on a VM, ten times a small fold); a short poll finds a
  * quick fold's answer, or back-to-back calls' next job, without them. */
@@ -174,18 +181,66 @@ static void *fold_main(void *arg) {
 
 int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                     es_buf *out, int64_t *index, es_err *err) {
-  pthread_mutex_lock(&e->state_mu);
-  int rc = engine_state(e, session, reducer, at, 0, 0, NULL, out, index, err);
-  pthread_mutex_unlock(&e->state_mu);
-  return rc;
+  return engine_state(e, session, reducer, at, 0, 0, NULL, out, index, err);
 }
 
 int es_engine_state_json(es_engine *e, const char *session, const char *reducer, int64_t at,
                          es_buf *out, int64_t *index, int *not_json, es_err *err) {
-  pthread_mutex_lock(&e->state_mu);
-  int rc = engine_state(e, session, reducer, at, 0, 1, not_json, out, index, err);
-  pthread_mutex_unlock(&e->state_mu);
-  return rc;
+  return engine_state(e, session, reducer, at, 0, 1, not_json, out, index, err);
+}
+
+/* Stands in a slot while its runner is being made, outside fold_mu (a
+ * new Lua state takes a while, and the runners' handoffs need the lock):
+ * neither empty nor idle to other callers. */
+static runner starting;
+
+/* Takes a fold runner for one call (under e->fold_mu, which it may let go
+ * of meanwhile): an idle one, else a new one in an empty slot, else waits
+ * for one to be given back. Idle runners are reused before a slot is
+ * filled, so a quiet engine keeps one warm Lua state, and only calls at
+ * once start more. *slot: its slot. NULL with *err when none exists and
+ * none can start. */
+static runner *take_folder(es_engine *e, int *slot, es_err *err) {
+  for (;;) {
+    int empty = -1, any = 0;
+    for (int i = 0; i < e->n_folders; i++) {
+      runner *r = e->folders[i];
+      if (!r) {
+        if (empty < 0) empty = i;
+        continue;
+      }
+      any = 1;
+      if (r != &starting && !r->fold_taken) {
+        *slot = i;
+        return r;
+      }
+    }
+    if (empty >= 0) {
+      e->folders[empty] = &starting;
+      pthread_mutex_unlock(&e->fold_mu);
+      es_err why = {0};
+      runner *r = es_runner_new(e, 0, &why);
+      if (r && pthread_create(&r->thread, NULL, fold_main, r) != 0) {
+        es_runner_free_now(r);
+        r = NULL;
+        es_fail(&why, ES_STORAGE, "cannot start a fold thread");
+      }
+      pthread_mutex_lock(&e->fold_mu);
+      e->folders[empty] = r;
+      if (r) {
+        *slot = empty;
+        return r;
+      }
+      pthread_cond_broadcast(&e->fold_free); /* the slot is empty again */
+      /* With other runners, wait for one rather than fail this call. */
+      if (!any) {
+        *err = why;
+        return NULL;
+      }
+      continue; /* one may have come back meanwhile */
+    }
+    pthread_cond_wait(&e->fold_free, &e->fold_mu);
+  }
 }
 
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
@@ -193,25 +248,20 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
                         es_err *err) {
   if (not_json) *not_json = 0;
   pthread_mutex_lock(&e->fold_mu);
-  runner *r = e->folder;
+  int slot = 0;
+  runner *r = take_folder(e, &slot, err);
   if (!r) {
-    r = es_runner_new(e, 0, err);
-    if (r && pthread_create(&r->thread, NULL, fold_main, r) != 0) {
-      es_runner_free_now(r);
-      r = NULL;
-      es_fail(err, ES_STORAGE, "cannot start the fold thread");
-    }
-    if (!r) {
-      pthread_mutex_unlock(&e->fold_mu);
-      return err->code;
-    }
-    e->folder = r;
+    pthread_mutex_unlock(&e->fold_mu);
+    return err->code;
   }
+  r->fold_taken = 1;
   free(r->fold_session);
   free(r->fold_reducer);
   r->fold_session = strdup(session);
   r->fold_reducer = strdup(reducer);
   if (!r->fold_session || !r->fold_reducer) {
+    r->fold_taken = 0;
+    pthread_cond_signal(&e->fold_free);
     pthread_mutex_unlock(&e->fold_mu);
     return es_fail(err, ES_STORAGE, "out of memory");
   }
@@ -247,7 +297,8 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
     if (gone) {
       atomic_fetch_add(&e->refs, 1); /* the thread's, until it comes back */
       pthread_detach(r->thread);
-      e->folder = NULL;
+      e->folders[slot] = NULL; /* a fresh runner takes the slot when a call needs it */
+      pthread_cond_signal(&e->fold_free);
       pthread_mutex_unlock(&e->fold_mu);
       return es_fail(err, ES_INVALID_ARGUMENT, "reducer '%s': %s", reducer, cause);
     }
@@ -258,6 +309,8 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
   else if (es_buf_add(out, r->fold_out.data ? r->fold_out.data : "", r->fold_out.len) != ES_OK)
     rc = es_fail(err, ES_STORAGE, "out of memory");
   if (index) *index = r->fold_index;
+  r->fold_taken = 0;
+  pthread_cond_signal(&e->fold_free);
   pthread_mutex_unlock(&e->fold_mu);
   return rc;
 }
@@ -334,12 +387,10 @@ int es_engine_truncate(es_engine *e, const char *session, int64_t through, int64
    * events are gone, that snapshot is where every later fold starts. */
   es_buf state;
   es_buf_init(&state);
-  pthread_mutex_lock(&e->state_mu);
   for (size_t i = 0; rc == ES_OK && through > 0 && i < n; i++) {
     state.len = 0;
     rc = engine_state(e, session, names[i], through, 1, 0, NULL, &state, NULL, err);
   }
-  pthread_mutex_unlock(&e->state_mu);
   es_buf_destroy(&state);
   for (size_t i = 0; i < n; i++) free(names[i]);
   free(names);

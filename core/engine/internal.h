@@ -44,7 +44,7 @@ typedef struct claim_info {
 
 typedef struct runner {
   es_engine *e;
-  int id;                  /* 1..workers; 0: the fold runner */
+  int id;                  /* 1..workers; 0: a fold runner */
   lua_State *L;            /* its own state, budgeted by b */
   es_budget b;
   pthread_t thread;
@@ -64,8 +64,9 @@ typedef struct runner {
   const char *session, *type; /* of the claim in flight: borrowed from its event */
   claim_info claim;
 
-  /* The fold runner's job (under e->fold_mu; the flags are also polled
+  /* A fold runner's job (under e->fold_mu; the flags are also polled
    * without it for a moment before blocking, see spin_until). */
+  int fold_taken;          /* a caller of es_engine_state holds it */
   atomic_int fold_pending, fold_done, quit;
   char *fold_session, *fold_reducer;
   int64_t fold_at, fold_index;
@@ -92,6 +93,8 @@ typedef struct completion {
   claim_info c;             /* session and type point into this allocation */
   es_new_event *evs;        /* what the handler returned, ids fixed; in this allocation */
   size_t n;
+  es_cancel *cancel;        /* its ctx.cancel calls (§3.2); in this allocation */
+  size_t n_cancel;
   int64_t renewed_ms;       /* monotonic: when its claim was made or last renewed */
   int64_t handed_ms;        /* monotonic: when the worker handed it over */
 } completion;
@@ -132,10 +135,13 @@ struct es_engine {
   size_t n_fenced, cap_fenced;
   atomic_int any_fenced;      /* n_fenced > 0, read without the lock on the claim path */
 
-  runner *folder;             /* runs es_engine_state's folds; NULL until needed */
-  pthread_mutex_t state_mu;   /* one es_engine_state at a time */
-  pthread_mutex_t fold_mu;    /* the job handoff */
-  pthread_cond_t fold_cond;
+  /* Fold runners (fold_runner.c): es_engine_state takes an idle one (or
+   * starts one in an empty slot) and gives it back; under fold_mu. */
+  runner **folders;           /* n_folders slots; NULL until needed or after an abandon */
+  int n_folders;
+  pthread_mutex_t fold_mu;    /* the slots, the runners' fold_taken and their job handoff */
+  pthread_cond_t fold_cond;   /* a job for a runner, or a job done */
+  pthread_cond_t fold_free;   /* a runner given back or a slot emptied */
 
   /* one run */
   int in_run;
@@ -260,7 +266,14 @@ typedef struct job {
   char *error;       /* malloc'd, for RUN_FAILED */
   es_new_event *evs; /* what the handler returned (anchored on the stack) */
   size_t n;
+  es_cancel *cancel; /* malloc'd: the handler's ctx.cancel calls (§3.2), with their reasons */
+  size_t n_cancel;
 } job;
+
+/* The ctx.cancel calls of the ctx at idx (pushed by es_push_ctx), copied
+ * into j (malloc'd with their reasons; the caller frees j->cancel).
+ * fold.c. */
+void es_ctx_cancels(lua_State *L, int idx, job *j);
 
 /* engine.c (each commented where it is defined) */
 void es_sleep_ms(int64_t ms);

@@ -63,15 +63,6 @@ static int answer(es_http_resp *out) {
 
 static void put_bool(es_buf *b, int v) { es_buf_adds(b, v ? "true" : "false"); }
 
-/* Ends a listing's array and its answer: `],"cursor":...}`. A full page
- * may have more after it: its last name (`last`) is the next page's
- * `after` (that page may be empty); a shorter page has none (null). */
-static void end_page(es_buf *b, size_t n, int64_t limit, const char *last) {
-  es_buf_adds(b, "],\"cursor\":");
-  es_wire_cstr(b, n > 0 && (int64_t)n == limit ? last : NULL);
-  es_buf_addc(b, '}');
-}
-
 /* A latency in microseconds, with the nanoseconds as a fraction (as
  * store:stats() gives it). */
 static void put_us(es_buf *b, uint64_t ns) {
@@ -87,6 +78,142 @@ static void put_percentiles(es_buf *b, uint64_t p50_ns, uint64_t p99_ns, uint64_
   put_us(b, p99_ns);
   es_buf_adds(b, ",\"max_us\":");
   put_us(b, max_ns);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Pages: a listing ends early at max_response_bytes */
+
+#define DEFAULT_MAX_RESPONSE ((size_t)8 << 20)
+
+static size_t max_response(const es_http_req *r) {
+  size_t m = r->ctx && r->ctx->limits ? r->ctx->limits->max_response_bytes : 0;
+  return m ? m : DEFAULT_MAX_RESPONSE;
+}
+
+/* A listing of unbounded rows (events with their payloads, session rows
+ * with their seal reasons), written as it is read so that the answer, which
+ * libmicrohttpd holds until a slow client has read it, stays near
+ * max_response_bytes (docs/limits.md "Answers"). The store is asked for
+ * chunks of items after the last one written, each sized by the room left
+ * at item_max bytes an item (READ_AHEAD), so what is read is bounded too;
+ * each item is written, and the page ends at `limit`, when
+ * the store has no more, or before the item that would take the answer
+ * past the cap: that item is left out and the route's cursor goes on
+ * from the one before it (capped = 1). The first item is always written,
+ * however large, so a client paging on never stalls on one large item. */
+typedef struct page page;
+struct page {
+  const es_http_req *r;
+  es_buf *b;
+  int64_t limit, n;   /* at most, and written */
+  size_t item_max;    /* the most bytes one item can take (ES_WIRE_*) */
+  int keep_all;       /* every item read is written (claims: a claimed event must reach its
+                       * worker), so no chunk is read without room for all of it */
+  int capped;         /* the page ended at the cap */
+  /* the route's: reads up to k items after the last one taken; *got: how many */
+  int (*read)(page *p, int64_t k, size_t *got, es_err *err);
+  void (*put)(page *p, size_t i);  /* writes item i of the last read */
+  void (*take)(page *p, size_t i); /* item i is in the page: the next read goes on after it */
+  void (*drop)(page *p);           /* frees the last read */
+};
+
+/* A listing that drops what does not fit reads up to this many times the
+ * room left at the items' largest size per store call: fewer calls where
+ * items are small (a page of 100 small events in 5 calls, not 20, at the
+ * defaults), a few dropped where they are large. */
+#define READ_AHEAD 4
+
+static int page_fill(page *p, es_err *err) {
+  size_t cap = max_response(p->r);
+  int more = 1;
+  while (more && p->n < p->limit) {
+    size_t room = cap > p->b->len ? cap - p->b->len : 0;
+    /* a listing that drops what does not fit may read ahead of the room */
+    int64_t k = (int64_t)(room / p->item_max * (p->keep_all ? 1 : READ_AHEAD));
+    if (k < 1) {
+      if (p->keep_all && p->n > 0) {
+        p->capped = 1;
+        break;
+      }
+      k = 1; /* one more may fit: written and measured */
+    }
+    if (k > p->limit - p->n) k = p->limit - p->n;
+    size_t got = 0;
+    int rc = p->read(p, k, &got, err);
+    if (rc) {
+      p->drop(p);
+      if (!p->keep_all || p->n == 0) return rc;
+      p->capped = 1; /* what was claimed is answered; the next claim meets the error */
+      break;
+    }
+    more = (int64_t)got == k; /* fewer than asked: the store has no more */
+    for (size_t i = 0; i < got; i++) {
+      size_t before = p->b->len;
+      if (p->n) es_buf_addc(p->b, ',');
+      p->put(p, i);
+      if (!p->keep_all && p->n > 0 && p->b->len > cap) {
+        p->b->len = before;
+        p->capped = 1;
+        more = 0;
+        break;
+      }
+      p->take(p, i);
+      p->n++;
+    }
+    p->drop(p);
+  }
+  return ES_OK;
+}
+
+/* ,"capped":true when the page ended at the cap (nothing otherwise: an
+ * answer within the cap is written as before the cap existed). */
+static void put_capped(es_buf *b, const page *p) {
+  if (p->capped) es_buf_adds(b, ",\"capped\":true");
+}
+
+/* A page of events (read, read_all, dead letters, claims). */
+typedef struct event_page {
+  page p;
+  es_events list;
+  int claimed;         /* write each event's attempt */
+  int by_index;        /* the route goes on after an index (else a position) */
+  int64_t after;       /* the last event written's index or position */
+  /* the route's arguments */
+  const char *session;
+  int64_t through;
+  const char *holder;
+  int64_t ttl;
+  const char **types;
+  size_t n_types;
+  int64_t retry_at;
+} event_page;
+
+static void event_put(page *p, size_t i) {
+  event_page *e = (event_page *)p;
+  es_wire_event(p->b, &e->list.v[i], e->claimed);
+}
+
+static void event_take(page *p, size_t i) {
+  event_page *e = (event_page *)p;
+  e->after = e->by_index ? e->list.v[i].index : e->list.v[i].position;
+}
+
+static void event_drop(page *p) { es_events_destroy(&((event_page *)p)->list); }
+
+/* Starts an event page of r, written into out's body. */
+static void event_page_init(event_page *e, const es_http_req *r, es_http_resp *out,
+                            int64_t limit, int64_t after,
+                            int (*read)(page *, int64_t, size_t *, es_err *)) {
+  memset(e, 0, sizeof *e);
+  e->p.r = r;
+  e->p.b = &out->body;
+  e->p.limit = limit;
+  e->p.item_max = ES_WIRE_EVENT_MAX(es_store_max_payload(r->store));
+  e->p.read = read;
+  e->p.put = event_put;
+  e->p.take = event_take;
+  e->p.drop = event_drop;
+  e->after = after;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -281,8 +408,9 @@ static int get_bool(es_http_resp *out, const es_jval *obj, const char *ctx, cons
 /* ------------------------------------------------------------------------ */
 /* events in a body (append, complete): the Lua event table's shape */
 
-static const char *const event_fields[] = {"type", "payload", "id", "lane", "key", "settled",
-                                           "not_before", "at", "delay_ms", "cause", NULL};
+static const char *const event_fields[] = {"type",       "payload", "id",       "lane",
+                                           "key",        "settled", "not_before", "at",
+                                           "delay_ms",   "cause",   "revision", "meta", NULL};
 static const char *const cause_fields[] = {"index", "attempt", NULL};
 
 typedef struct batch {
@@ -295,6 +423,56 @@ static void batch_free(batch *b) {
   free(b->v);
   es_buf_destroy(&b->payloads);
   memset(b, 0, sizeof *b);
+}
+
+int es_http_traceparent_ok(const char *v) {
+  size_t n = strlen(v);
+  if (n < 55 || n > ES_HTTP_TRACEPARENT_MAX || (n > 55 && v[55] != '-')) return 0;
+  if (!strncmp(v, "00", 2) && n != 55) return 0;
+  if (!strncmp(v, "ff", 2) || v[2] != '-' || v[35] != '-' || v[52] != '-') return 0;
+  int zero_trace = 1, zero_parent = 1;
+  for (size_t i = 0; i < 55; i++) {
+    if (i == 2 || i == 35 || i == 52) continue;
+    if (!((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f'))) return 0;
+    if (i > 2 && i < 35 && v[i] != '0') zero_trace = 0;
+    if (i > 35 && i < 52 && v[i] != '0') zero_parent = 0;
+  }
+  for (size_t i = 55; i < n; i++)
+    if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] > 0x7e) return 0;
+  return !zero_trace && !zero_parent;
+}
+
+/* An event's `meta` (absent or null: none; else an object) as canonical
+ * text into buf at *at (SIZE_MAX: none), its length in *len; §6: the
+ * request's traceparent added as meta.traceparent where the event has
+ * none. -1 with out made on failure. */
+static int read_meta(const es_http_req *r, es_http_resp *out, const es_jval *ev, const char *ctx,
+                     es_buf *buf, size_t *at, size_t *len) {
+  const es_jval *meta = es_jval_get(ev, "meta");
+  if (meta && meta->type == ES_JNULL) meta = NULL;
+  if (meta && meta->type != ES_JOBJECT) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field '%smeta' must be an object, got %s", ctx,
+                 es_jtype_name(meta->type));
+    return -1;
+  }
+  if (!meta && !r->traceparent) return 0;
+  es_buf canon;
+  es_buf_init(&canon);
+  es_err err = {0};
+  const char *key = "traceparent";
+  int rc = meta ? es_json_canonicalize(meta->raw, meta->raw_len, &canon, &err) : ES_OK;
+  *at = buf->len;
+  if (rc == ES_OK)
+    rc = es_json_object_defaults(meta ? canon.data : NULL, canon.len, &key, &r->traceparent,
+                                 r->traceparent ? 1 : 0, buf, &err);
+  es_buf_destroy(&canon);
+  if (rc == ES_OK && es_buf_addc(buf, '\0') != ES_OK) rc = es_fail(&err, ES_STORAGE, "out of memory");
+  if (rc != ES_OK) {
+    es_http_fail_err(out, &err);
+    return -1;
+  }
+  *len = buf->len - *at - 1;
+  return 0;
 }
 
 /* Reads the member `field` of obj (an array of events; absent or null: an
@@ -322,7 +500,7 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
     return -1;
   }
   size_t n = arr->n;
-  b->v = calloc(n ? n : 1, sizeof *b->v + sizeof(size_t));
+  b->v = calloc(n ? n : 1, sizeof *b->v + 2 * sizeof(size_t));
   if (!b->v) {
     es_http_fail(out, 503, "STORAGE", "out of memory");
     return -1;
@@ -330,13 +508,14 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
   /* where each payload starts in b->payloads (SIZE_MAX: none); pointers
    * are set once the buffer stops growing */
   size_t *at = (size_t *)(void *)(b->v + (n ? n : 1));
+  size_t *meta_at = at + (n ? n : 1); /* the same for each meta */
   int64_t now = ES_NONE;
   for (size_t i = 0; i < n; i++) {
     const es_jval *ev = &arr->items[i];
     es_new_event *e = &b->v[i];
     char ctx[64], cctx[80];
     es_new_event_init(e);
-    at[i] = SIZE_MAX;
+    at[i] = meta_at[i] = SIZE_MAX;
     snprintf(ctx, sizeof ctx, "%s[%zu].", field, i + 1);
     if (ev->type != ES_JOBJECT) {
       es_http_fail(out, 400, "INVALID_ARGUMENT", "%s[%zu] must be an object (an event), got %s",
@@ -391,6 +570,9 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
           get_int(out, cause, cctx, "attempt", 1, ES_NONE, &e->cause_attempt, NULL))
         goto fail;
     }
+    if (get_int(out, ev, ctx, "revision", 0, ES_NONE, &e->revision, NULL) ||
+        read_meta(r, out, ev, ctx, &b->payloads, &meta_at[i], &e->meta_len))
+      goto fail;
     const es_jval *payload = es_jval_get(ev, "payload");
     if (payload) {
       es_err err = {0};
@@ -406,8 +588,10 @@ static int read_events(const es_http_req *r, es_http_resp *out, const es_jval *o
       }
     }
   }
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
     if (at[i] != SIZE_MAX) b->v[i].payload = b->payloads.data + at[i];
+    if (meta_at[i] != SIZE_MAX) b->v[i].meta = b->payloads.data + meta_at[i];
+  }
   b->n = n;
   return 0;
 fail:
@@ -449,22 +633,152 @@ int es_api_append(const es_http_req *r, es_http_resp *out) {
   return answer(out);
 }
 
+static int read_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int64_t through = ES_NONE;
+  int rc = es_store_events_page(p->r->store, e->session, e->after, e->through, k, &e->list,
+                                &through, err);
+  /* the first chunk pins the head (through left out); every later one reads below it */
+  if (rc == ES_OK && e->through == ES_NONE) e->through = through;
+  *got = e->list.n;
+  return rc;
+}
+
+static const char *const append_many_fields[] = {"batches", NULL};
+static const char *const batch_fields[] = {"session", "events", "expected", "fence", NULL};
+
+/* POST /v1/events {batches: [{session, events, expected?, fence?}]} ->
+ * {batches: [{events, pending}]}: §3.1 append_many, every batch or none. */
+int es_api_append_many(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  if (read_body(r, out, 1, &bd)) return 0;
+  const es_jval *arr = member(bd.root, "batches");
+  if (check_fields(out, bd.root, "", append_many_fields)) goto done;
+  if (!arr || arr->type != ES_JARRAY) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'batches' must be an array of {session, events}, got %s",
+                 arr ? es_jtype_name(arr->type) : "nothing");
+    goto done;
+  }
+  if (arr->n > max_batch(r)) {
+    es_http_fail(out, 413, "TOO_LARGE", "%zu batches, over the limit of %zu", arr->n, max_batch(r));
+    goto done;
+  }
+  size_t n = arr->n;
+  es_append_batch *v = calloc(n ? n : 1, sizeof *v);
+  batch *bs = calloc(n ? n : 1, sizeof *bs);
+  size_t read = 0, total = 0;
+  int bad = !v || !bs;
+  if (bad) es_http_fail(out, 503, "STORAGE", "out of memory");
+  for (size_t i = 0; !bad && i < n; i++) {
+    const es_jval *b = &arr->items[i];
+    char ctx[48];
+    snprintf(ctx, sizeof ctx, "batches[%zu].", i + 1);
+    if (b->type != ES_JOBJECT) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT", "batches[%zu] must be an object {session, events}, got %s",
+                   i + 1, es_jtype_name(b->type));
+      bad = 1;
+      break;
+    }
+    char uctx[48];
+    snprintf(uctx, sizeof uctx, "batches[%zu]: ", i + 1);
+    bad = check_fields(out, b, uctx, batch_fields) ||
+          get_name(out, b, ctx, "session", 1, &v[i].session) ||
+          get_int(out, b, ctx, "expected", 0, ES_NONE, &v[i].expected, NULL) ||
+          get_int(out, b, ctx, "fence", 0, ES_NONE, &v[i].fence, NULL) ||
+          read_events(r, out, b, "events", 1, &bs[i]);
+    read = i + 1;
+    v[i].evs = bs[i].v;
+    v[i].n = bs[i].n;
+    total += bs[i].n;
+    if (!bad && total > max_batch(r)) {
+      /* the limit is on the call: one transaction holds them all */
+      es_http_fail(out, 413, "TOO_LARGE", "%zu events in all batches so far, over the limit of %zu",
+                   total, max_batch(r));
+      bad = 1;
+    }
+  }
+  if (!bad) {
+    es_err err = {0};
+    if (es_store_append_many(r->store, v, n, &err)) {
+      es_http_fail_err(out, &err);
+    } else {
+      es_buf_adds(&out->body, "{\"batches\":[");
+      for (size_t i = 0; i < n; i++) {
+        es_buf_adds(&out->body, i ? ",{\"events\":" : "{\"events\":");
+        es_wire_events_array(&out->body, &v[i].out, 0);
+        es_buf_adds(&out->body, ",\"pending\":");
+        put_bool(&out->body, v[i].pending);
+        es_buf_addc(&out->body, '}');
+        es_events_destroy(&v[i].out);
+      }
+      es_buf_adds(&out->body, "]}");
+      answer(out);
+    }
+  }
+  for (size_t i = 0; i < read; i++) batch_free(&bs[i]);
+  free(bs);
+  free(v);
+done:
+  body_free(&bd);
+  return 0;
+}
+
+/* GET /v1/archived?after&limit -> {sessions: [{session, archived_through}],
+ * cursor} (§3.9 store:archived). */
+int es_api_archived(const es_http_req *r, es_http_resp *out) {
+  int64_t limit;
+  if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
+  es_archived list = {0};
+  es_err err = {0};
+  if (es_store_archived(r->store, query_str(r, "after"), limit, &list, &err))
+    return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"sessions\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    es_buf_adds(&out->body, i ? ",{\"session\":" : "{\"session\":");
+    es_wire_cstr(&out->body, list.v[i].session);
+    es_wire_int_field(&out->body, "archived_through", list.v[i].archived_through);
+    es_buf_addc(&out->body, '}');
+  }
+  es_buf_addc(&out->body, ']');
+  es_wire_str_field(&out->body, "cursor", list.cursor);
+  es_buf_addc(&out->body, '}');
+  es_archived_destroy(&list);
+  return answer(out);
+}
+
 int es_api_read(const es_http_req *r, es_http_resp *out) {
   int64_t after, through, limit;
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       es_http_query_int(r, "through", 0, INT64_MAX, ES_NONE, &through, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
-  es_events list = {0};
-  int64_t through_out = 0;
+  event_page e;
+  event_page_init(&e, r, out, limit, after, read_page);
+  e.by_index = 1;
+  e.session = r->seg[2];
+  e.through = through;
   es_err err = {0};
-  if (es_store_events_page(r->store, r->seg[2], after, through, limit, &list, &through_out, &err))
-    return es_http_fail_err(out, &err);
-  es_buf_adds(&out->body, "{\"events\":");
-  es_wire_events_array(&out->body, &list, 0);
-  es_wire_int_field(&out->body, "through", through_out);
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) return es_http_fail_err(out, &err);
+  es_buf_addc(&out->body, ']');
+  es_wire_int_field(&out->body, "through", e.through == ES_NONE ? 0 : e.through);
+  put_capped(&out->body, &e.p);
   es_buf_addc(&out->body, '}');
-  es_events_destroy(&list);
+  return answer(out);
+}
+
+static int read_all_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int rc = es_store_read_all(p->r->store, e->after, k, &e->list, err);
+  *got = e->list.n;
+  return rc;
+}
+
+/* Ends an event page's answer: `]` (,"capped":true) `}`. */
+static int end_events(es_http_resp *out, const event_page *e) {
+  es_buf_addc(&out->body, ']');
+  put_capped(&out->body, &e->p);
+  es_buf_addc(&out->body, '}');
   return answer(out);
 }
 
@@ -473,12 +787,12 @@ int es_api_read_all(const es_http_req *r, es_http_resp *out) {
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
-  es_events list = {0};
+  event_page e;
+  event_page_init(&e, r, out, limit, after, read_all_page);
   es_err err = {0};
-  if (es_store_read_all(r->store, after, limit, &list, &err)) return es_http_fail_err(out, &err);
-  es_wire_events(&out->body, &list, 0);
-  es_events_destroy(&list);
-  return answer(out);
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) return es_http_fail_err(out, &err);
+  return end_events(out, &e);
 }
 
 int es_api_head(const es_http_req *r, es_http_resp *out) {
@@ -607,23 +921,94 @@ static void put_session_row(es_buf *b, const es_session_info *si) {
   es_buf_addc(b, '}');
 }
 
+/* A page of named rows (sessions, children, refs): goes on after the last
+ * name written, and its cursor is that name when the page was cut. */
+typedef struct row_page {
+  page p;
+  char last[ES_MAX_ID_BYTES + 1]; /* the last name written ("" before the first) */
+  char *cursor;                   /* sessions: the store's cursor of the last chunk (owned) */
+  const char *prefix;
+  es_sessions sessions;
+  es_lineages children;
+  es_refs refs;
+} row_page;
+
+static void row_take_name(row_page *w, const char *name) {
+  snprintf(w->last, sizeof w->last, "%s", name);
+}
+
+static const char *row_after(const row_page *w, const char *after) {
+  return w->p.n > 0 ? w->last : after;
+}
+
+/* Starts a row page of r, written into out's body; item_max: one row's most bytes. */
+static void row_page_init(row_page *w, const es_http_req *r, es_http_resp *out, int64_t limit,
+                          size_t item_max, int (*read)(page *, int64_t, size_t *, es_err *),
+                          void (*put)(page *, size_t), void (*take)(page *, size_t),
+                          void (*drop)(page *)) {
+  memset(w, 0, sizeof *w);
+  w->p.r = r;
+  w->p.b = &out->body;
+  w->p.limit = limit;
+  w->p.item_max = item_max;
+  w->p.read = read;
+  w->p.put = put;
+  w->p.take = take;
+  w->p.drop = drop;
+}
+
+/* Ends a row page's answer: `],"cursor":...` (,"capped":true) `}`. A
+ * page cut at the cap goes on after its last row; otherwise the cursor is
+ * the route's own (uncut). */
+static int end_rows(es_http_resp *out, row_page *w, const char *uncut) {
+  es_buf_adds(&out->body, "],\"cursor\":");
+  es_wire_cstr(&out->body, w->p.capped ? w->last : uncut);
+  put_capped(&out->body, &w->p);
+  es_buf_addc(&out->body, '}');
+  free(w->cursor);
+  return answer(out);
+}
+
+static int sessions_read(page *p, int64_t k, size_t *got, es_err *err) {
+  row_page *w = (row_page *)p;
+  int rc = es_store_sessions(p->r->store, w->prefix, row_after(w, query_str(p->r, "after")), k,
+                             &w->sessions, err);
+  free(w->cursor);
+  w->cursor = NULL;
+  if (rc == ES_OK && w->sessions.cursor && !(w->cursor = strdup(w->sessions.cursor)))
+    rc = es_fail(err, ES_STORAGE, "out of memory");
+  *got = w->sessions.n;
+  return rc;
+}
+
+static void sessions_put(page *p, size_t i) {
+  put_session_row(p->b, &((row_page *)p)->sessions.v[i]);
+}
+
+static void sessions_take(page *p, size_t i) {
+  row_page *w = (row_page *)p;
+  row_take_name(w, w->sessions.v[i].session);
+}
+
+static void sessions_drop(page *p) { es_sessions_destroy(&((row_page *)p)->sessions); }
+
+/* A session row: 3 names (session, lease holder, parent), a seal reason. */
+#define SESSION_ROW_MAX (3 * ES_WIRE_NAME_MAX + ES_WIRE_TEXT_MAX + ES_WIRE_FIELDS_MAX)
+
 int es_api_sessions(const es_http_req *r, es_http_resp *out) {
   int64_t limit;
   if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
-  es_sessions list = {0};
+  row_page w;
+  row_page_init(&w, r, out, limit, SESSION_ROW_MAX, sessions_read, sessions_put, sessions_take,
+                sessions_drop);
+  w.prefix = query_str(r, "prefix");
   es_err err = {0};
-  if (es_store_sessions(r->store, query_str(r, "prefix"), query_str(r, "after"), limit, &list, &err))
-    return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"sessions\":[");
-  for (size_t i = 0; i < list.n; i++) {
-    if (i) es_buf_addc(&out->body, ',');
-    put_session_row(&out->body, &list.v[i]);
+  if (page_fill(&w.p, &err)) {
+    free(w.cursor);
+    return es_http_fail_err(out, &err);
   }
-  es_buf_adds(&out->body, "],\"cursor\":");
-  es_wire_cstr(&out->body, list.cursor);
-  es_buf_addc(&out->body, '}');
-  es_sessions_destroy(&list);
-  return answer(out);
+  return end_rows(out, &w, w.cursor);
 }
 
 static void put_lineage(es_buf *b, const es_lineage *l) {
@@ -649,21 +1034,48 @@ int es_api_lineage(const es_http_req *r, es_http_resp *out) {
   return answer(out);
 }
 
+static int children_read(page *p, int64_t k, size_t *got, es_err *err) {
+  row_page *w = (row_page *)p;
+  int rc = es_store_children(p->r->store, p->r->seg[2], row_after(w, query_str(p->r, "after")), k,
+                             &w->children, err);
+  *got = w->children.n;
+  return rc;
+}
+
+static void children_put(page *p, size_t i) { put_lineage(p->b, &((row_page *)p)->children.v[i]); }
+
+static void children_take(page *p, size_t i) {
+  row_page *w = (row_page *)p;
+  row_take_name(w, w->children.v[i].session);
+}
+
+static void children_drop(page *p) { es_lineages_destroy(&((row_page *)p)->children); }
+
+/* The cursor of a listing that has none from the store: a full page may
+ * have more after it: its last name is the next page's `after` (that page
+ * may be empty); a shorter page has none (null). */
+static const char *full_page_cursor(const row_page *w) {
+  return w->p.n > 0 && w->p.n == w->p.limit ? w->last : NULL;
+}
+
 int es_api_children(const es_http_req *r, es_http_resp *out) {
   int64_t limit;
   if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
-  es_lineages list = {0};
+  row_page w;
+  /* a lineage row: 2 names */
+  row_page_init(&w, r, out, limit, 2 * ES_WIRE_NAME_MAX + ES_WIRE_FIELDS_MAX, children_read,
+                children_put, children_take, children_drop);
   es_err err = {0};
-  if (es_store_children(r->store, r->seg[2], query_str(r, "after"), limit, &list, &err))
-    return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"children\":[");
-  for (size_t i = 0; i < list.n; i++) {
-    if (i) es_buf_addc(&out->body, ',');
-    put_lineage(&out->body, &list.v[i]);
-  }
-  end_page(&out->body, list.n, limit, list.n ? list.v[list.n - 1].session : NULL);
-  es_lineages_destroy(&list);
-  return answer(out);
+  if (page_fill(&w.p, &err)) return es_http_fail_err(out, &err);
+  return end_rows(out, &w, full_page_cursor(&w));
+}
+
+static int dead_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int rc = es_store_dead_letters(p->r->store, e->session, e->after, k, &e->list, err);
+  *got = e->list.n;
+  return rc;
 }
 
 int es_api_dead_letters(const es_http_req *r, es_http_resp *out) {
@@ -671,13 +1083,13 @@ int es_api_dead_letters(const es_http_req *r, es_http_resp *out) {
   if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
       query_limit(r, DEFAULT_LIMIT, &limit, out))
     return 0;
-  es_events list = {0};
+  event_page e;
+  event_page_init(&e, r, out, limit, after, dead_page);
+  e.session = query_str(r, "session");
   es_err err = {0};
-  if (es_store_dead_letters(r->store, query_str(r, "session"), after, limit, &list, &err))
-    return es_http_fail_err(out, &err);
-  es_wire_events(&out->body, &list, 0);
-  es_events_destroy(&list);
-  return answer(out);
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) return es_http_fail_err(out, &err);
+  return end_events(out, &e);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -726,10 +1138,42 @@ int es_api_settle(const es_http_req *r, es_http_resp *out) {
   return answer_event(r, out, r->seg[2], index);
 }
 
+/* POST .../events/{i}/cancel {reason?} -> {event} (§3.2 cancel; right work) */
+int es_api_cancel(const es_http_req *r, es_http_resp *out) {
+  int64_t index;
+  body bd;
+  char *reason = NULL;
+  if (seg_index(r, 4, &index, out) || read_body(r, out, 0, &bd)) return 0;
+  int bad = check_fields(out, bd.root, "", settle_fields) || get_text(out, bd.root, "reason", 0, &reason);
+  body_free(&bd);
+  if (bad) return 0;
+  es_event e;
+  es_err err = {0};
+  int rc = es_store_cancel(r->store, r->seg[2], index, reason, &e, &err);
+  free(reason);
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"event\":");
+  es_wire_event(&out->body, &e, 0);
+  es_buf_addc(&out->body, '}');
+  es_event_destroy(&e);
+  return answer(out);
+}
+
 /* ------------------------------------------------------------------------ */
 /* remote workers: claims, complete, fail, renew */
 
 static const char *const claim_fields[] = {"holder", "ttl_ms", "limit", "types", NULL};
+
+/* Claims in chunks (page_fill with keep_all): a chunk claims no more than
+ * fits, and once the room left cannot hold one more event at its largest,
+ * the answer ends (capped) and the rest stays ready for the next claim. */
+static int claim_page(page *p, int64_t k, size_t *got, es_err *err) {
+  event_page *e = (event_page *)p;
+  int rc = es_store_claim_next(p->r->store, e->holder, e->ttl, k, e->types, e->n_types, NULL, 0,
+                               &e->list, &e->retry_at, err);
+  *got = e->list.n;
+  return rc;
+}
 
 int es_api_claims(const es_http_req *r, es_http_resp *out) {
   body bd;
@@ -775,19 +1219,25 @@ int es_api_claims(const es_http_req *r, es_http_resp *out) {
     }
     n_types = tv->n;
   }
-  es_events list = {0};
-  int64_t retry_at = ES_NONE;
+  event_page e;
+  event_page_init(&e, r, out, limit, 0, claim_page);
+  e.claimed = 1;
+  e.p.keep_all = 1;
+  e.holder = holder;
+  e.ttl = ttl;
+  e.types = types;
+  e.n_types = n_types;
+  e.retry_at = ES_NONE;
   es_err err = {0};
-  if (es_store_claim_next(r->store, holder, ttl, limit, types, n_types, NULL, 0, &list, &retry_at,
-                          &err)) {
+  es_buf_adds(&out->body, "{\"events\":[");
+  if (page_fill(&e.p, &err)) {
     es_http_fail_err(out, &err);
     goto done;
   }
-  es_buf_adds(&out->body, "{\"events\":");
-  es_wire_events_array(&out->body, &list, 1);
-  es_wire_int_field(&out->body, "retry_at", retry_at);
+  es_buf_addc(&out->body, ']');
+  es_wire_int_field(&out->body, "retry_at", e.retry_at);
+  put_capped(&out->body, &e.p);
   es_buf_addc(&out->body, '}');
-  es_events_destroy(&list);
   answer(out);
 done:
   free(types);
@@ -795,7 +1245,56 @@ done:
   return 0;
 }
 
-static const char *const complete_fields[] = {"attempt", "events", "fence", NULL};
+static const char *const complete_fields[] = {"attempt", "events", "fence", "cancel", NULL};
+static const char *const cancel_item_fields[] = {"index", "reason", NULL};
+
+/* complete's "cancel" (§3.2): an array of indexes or {index, reason}; *v
+ * NULL when absent (malloc'd otherwise, reasons borrowed from the body).
+ * -1 with out made when it is not that. */
+static int read_cancels(es_http_resp *out, const es_jval *root, size_t limit, es_cancel **v,
+                        size_t *n) {
+  *v = NULL;
+  *n = 0;
+  const es_jval *arr = member(root, "cancel");
+  if (!arr) return 0;
+  if (arr->type != ES_JARRAY) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'cancel' must be an array of event indexes");
+    return -1;
+  }
+  if (arr->n > limit) {
+    es_http_fail(out, 413, "TOO_LARGE", "%zu events to cancel, over the limit of %zu", arr->n, limit);
+    return -1;
+  }
+  es_cancel *c = calloc(arr->n ? arr->n : 1, sizeof *c);
+  if (!c) return es_http_fail(out, 503, "STORAGE", "out of memory"), -1;
+  for (size_t i = 0; i < arr->n; i++) {
+    const es_jval *it = &arr->items[i];
+    const es_jval *ix = it;
+    char ctx[48];
+    snprintf(ctx, sizeof ctx, "cancel[%zu]: ", i + 1);
+    if (it->type == ES_JOBJECT) {
+      const char *reason = NULL;
+      snprintf(ctx, sizeof ctx, "cancel[%zu].", i + 1);
+      if (check_fields(out, it, ctx, cancel_item_fields) ||
+          get_name(out, it, ctx, "reason", 0, &reason)) {
+        free(c);
+        return -1;
+      }
+      c[i].reason = reason;
+      ix = member(it, "index");
+    }
+    if (!ix || ix->type != ES_JINT || ix->i < 1) {
+      es_http_fail(out, 400, "INVALID_ARGUMENT",
+                   "cancel[%zu] must be an event index (an integer >= 1) or {index, reason}", i + 1);
+      free(c);
+      return -1;
+    }
+    c[i].index = ix->i;
+  }
+  *v = c;
+  *n = arr->n;
+  return 0;
+}
 
 int es_api_complete(const es_http_req *r, es_http_resp *out) {
   int64_t index, attempt, fence;
@@ -809,20 +1308,51 @@ int es_api_complete(const es_http_req *r, es_http_resp *out) {
     body_free(&bd);
     return 0;
   }
+  es_cancel *cancel;
+  size_t n_cancel;
+  if (read_cancels(out, bd.root, max_batch(r), &cancel, &n_cancel)) {
+    batch_free(&b);
+    body_free(&bd);
+    return 0;
+  }
   es_events list = {0};
   int outcome = 0;
   es_err err = {0};
-  int rc = es_store_complete(r->store, r->seg[2], index, attempt, b.v, b.n, fence, &outcome, &list,
-                             &err);
+  int rc;
+  if (cancel) {
+    es_completion c = {.session = r->seg[2], .index = index, .attempt = attempt, .evs = b.v,
+                       .n = b.n, .fence = fence, .cancel = cancel, .n_cancel = n_cancel};
+    rc = es_store_complete_cancel(r->store, &c, &list, &err);
+    outcome = c.outcome;
+  } else {
+    rc = es_store_complete(r->store, r->seg[2], index, attempt, b.v, b.n, fence, &outcome, &list,
+                           &err);
+  }
   batch_free(&b);
-  body_free(&bd);
-  if (rc) return es_http_fail_err(out, &err);
+  if (rc) {
+    free(cancel);
+    body_free(&bd);
+    return es_http_fail_err(out, &err);
+  }
   es_buf_adds(&out->body, "{\"outcome\":");
   es_buf_adds(&out->body, outcome == ES_COMPLETED ? "\"completed\"" : "\"superseded\"");
   es_buf_adds(&out->body, ",\"events\":");
   es_wire_events_array(&out->body, &list, 0);
+  if (cancel && outcome == ES_COMPLETED) { /* §3.2: the indexes no longer cancellable */
+    es_buf_adds(&out->body, ",\"not_cancelled\":[");
+    int first = 1;
+    for (size_t i = 0; i < n_cancel; i++) {
+      if (cancel[i].cancelled) continue;
+      if (!first) es_buf_addc(&out->body, ',');
+      es_json_write_int(&out->body, cancel[i].index);
+      first = 0;
+    }
+    es_buf_addc(&out->body, ']');
+  }
   es_buf_addc(&out->body, '}');
   es_events_destroy(&list);
+  free(cancel);
+  body_free(&bd);
   return answer(out);
 }
 
@@ -906,6 +1436,9 @@ static void put_ref(es_buf *b, const es_ref *ref) {
   es_wire_cstr(b, ref->name);
   es_wire_str_field(b, "session", ref->session);
   es_wire_int_field(b, "head", ref->head);
+  /* §3.7 the named session's lineage; null when it was not forked */
+  es_wire_str_field(b, "parent", ref->parent);
+  es_wire_int_field(b, "at", ref->parent ? ref->at : ES_NONE);
   es_wire_int_field(b, "created_at", ref->created_at);
   es_wire_int_field(b, "updated_at", ref->updated_at);
   es_buf_addc(b, '}');
@@ -917,21 +1450,33 @@ static int answer_ref(es_http_resp *out, es_ref *ref) {
   return answer(out);
 }
 
+static int refs_read(page *p, int64_t k, size_t *got, es_err *err) {
+  row_page *w = (row_page *)p;
+  int rc = es_store_list_refs(p->r->store, row_after(w, query_str(p->r, "after")), k, &w->refs, err);
+  *got = w->refs.n;
+  return rc;
+}
+
+static void refs_put(page *p, size_t i) { put_ref(p->b, &((row_page *)p)->refs.v[i]); }
+
+static void refs_take(page *p, size_t i) {
+  row_page *w = (row_page *)p;
+  row_take_name(w, w->refs.v[i].name);
+}
+
+static void refs_drop(page *p) { es_refs_destroy(&((row_page *)p)->refs); }
+
 int es_api_list_refs(const es_http_req *r, es_http_resp *out) {
   int64_t limit;
   if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
-  es_refs list = {0};
+  row_page w;
+  /* a ref row: 2 names */
+  row_page_init(&w, r, out, limit, 2 * ES_WIRE_NAME_MAX + ES_WIRE_FIELDS_MAX, refs_read, refs_put,
+                refs_take, refs_drop);
   es_err err = {0};
-  if (es_store_list_refs(r->store, query_str(r, "after"), limit, &list, &err))
-    return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"refs\":[");
-  for (size_t i = 0; i < list.n; i++) {
-    if (i) es_buf_addc(&out->body, ',');
-    put_ref(&out->body, &list.v[i]);
-  }
-  end_page(&out->body, list.n, limit, list.n ? list.v[list.n - 1].name : NULL);
-  es_refs_destroy(&list);
-  return answer(out);
+  if (page_fill(&w.p, &err)) return es_http_fail_err(out, &err);
+  return end_rows(out, &w, full_page_cursor(&w));
 }
 
 int es_api_get_ref(const es_http_req *r, es_http_resp *out) {

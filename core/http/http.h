@@ -38,6 +38,9 @@ typedef struct es_http_limits {
   size_t stream_buffer;        /* bytes an SSE client may leave unread before it is dropped;
                                   default 1 MiB */
   int64_t max_limit;           /* the largest `limit` a listing takes; default 1000 */
+  size_t max_response_bytes;   /* a listing's page ends before the item that would take its
+                                  answer past this (the first item is always sent);
+                                  default 8 MiB */
 } es_http_limits;
 
 typedef struct es_http_opts {
@@ -45,6 +48,8 @@ typedef struct es_http_opts {
                                picks a free one (es_http_port tells which) */
   const char *tokens_path;  /* the tokens file (docs/http.md "Tokens"); required */
   const char *static_dir;   /* the inspector's files; NULL: none served */
+  const char *tls_cert_path; /* PEM certificate (chain) file: HTTPS only when given, with */
+  const char *tls_key_path;  /* its unencrypted PEM private key; both or neither */
   es_http_limits limits;
 } es_http_opts;
 
@@ -54,12 +59,18 @@ void es_http_opts_init(es_http_opts *o);
  * borrowed, may be NULL: state is then NOT_FOUND; the caller runs or does
  * not run it, and keeps it open until es_http_stop returns). Returns once
  * the socket listens. Errors: INVALID_ARGUMENT (listen address, tokens
- * file: the message names the line), STORAGE (cannot bind, out of memory). */
+ * file: the message names the line; a TLS certificate or key that is
+ * missing, unreadable, not PEM or not a pair: the message names the file;
+ * TLS asked of a libmicrohttpd built without it), STORAGE (cannot bind,
+ * out of memory). */
 int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_http **out,
                   es_err *err);
 
 /* The TCP port it listens on. */
 int es_http_port(const es_http *h);
+
+/* Whether it serves HTTPS (started with a certificate and key). */
+int es_http_tls(const es_http *h);
 
 /* Stops accepting, ends open SSE streams, waits for requests in flight
  * (each is one atomic store call, answered or not), frees everything. */

@@ -51,6 +51,13 @@ typedef struct es_http_ctx {
 #define ES_HTTP_MAX_SEGS 8
 #define ES_HTTP_MAX_QUERY 16
 
+/* §6: a W3C Trace Context traceparent (version-traceid-parentid-flags,
+ * lowercase hex; version 00 is exactly 55 characters, a later version may
+ * append "-..."), at most ES_HTTP_TRACEPARENT_MAX bytes. An all-zero trace
+ * or parent id, version ff, or anything else malformed is not one. */
+#define ES_HTTP_TRACEPARENT_MAX 256
+int es_http_traceparent_ok(const char *v);
+
 /* One request, as a handler sees it. Every string is borrowed, valid for
  * the handler's call (and a stream's life: server.c keeps the request
  * until the stream ends). */
@@ -69,6 +76,8 @@ typedef struct es_http_req {
   const char *body;                   /* NULL when the request has none */
   size_t body_len;
   const char *last_event_id;          /* the Last-Event-ID header, or NULL */
+  const char *traceparent;            /* §6: a valid W3C traceparent header, or NULL (an
+                                         invalid one is ignored, as Trace Context says) */
   es_store *store;                    /* the token's store: a tenant handle, or the root for '*' */
   const char *tenant;                 /* the token's tenant; NULL for '*' */
   int rights;                         /* the token's ES_RIGHT_* bits */
@@ -108,6 +117,9 @@ extern const es_http_route es_http_routes[]; /* routes.c; ends with a {NULL} ent
 /* Handlers (each returns 0; the status and body are in out). ------------- */
 /* api.c */
 int es_api_append(const es_http_req *r, es_http_resp *out);
+int es_api_append_many(const es_http_req *r, es_http_resp *out);
+int es_api_cancel(const es_http_req *r, es_http_resp *out);
+int es_api_archived(const es_http_req *r, es_http_resp *out);
 int es_api_read(const es_http_req *r, es_http_resp *out);
 int es_api_read_all(const es_http_req *r, es_http_resp *out);
 int es_api_head(const es_http_req *r, es_http_resp *out);
@@ -183,8 +195,23 @@ void es_wire_presence_rows(es_buf *b, const es_presence_rows *rows);
  * that is set, "payload" always (null when absent or shredded), "cause"
  * and "origin" as objects, "status" as text; `claimed` adds "attempt". */
 void es_wire_event(es_buf *b, const es_event *e, int claimed);
-/* {"events":[...]} and the same array alone. */
-void es_wire_events(es_buf *b, const es_events *list, int claimed);
+/* [event, ...] */
 void es_wire_events_array(es_buf *b, const es_events *list, int claimed);
+
+/* The most bytes one item can take in an answer, for a page read in
+ * chunks that cannot pass max_response_bytes (api.c "Pages"): JSON
+ * writes a byte of a string as at most 6 ("\u001f"), a name is at most
+ * ES_MAX_ID_BYTES and free text ES_MAX_TEXT_BYTES (plus its cut mark).
+ * An event's payload is its stored canonical text, at most the store's
+ * max_payload_bytes. */
+#define ES_WIRE_NAME_MAX (ES_MAX_ID_BYTES * 6 + 2)
+#define ES_WIRE_TEXT_MAX ((ES_MAX_TEXT_BYTES + 8) * 6 + 2)
+#define ES_WIRE_FIELDS_MAX 1024 /* every key, integer and punctuation of one item */
+/* es_wire_event: 7 names (id, type, key, session, lane, claim_holder,
+ * origin's session), last_error and the meta (§3.1: its stored canonical
+ * text, at most ES_MAX_META_BYTES). */
+#define ES_WIRE_EVENT_MAX(max_payload)                                                  \
+  ((max_payload) + 7 * ES_WIRE_NAME_MAX + ES_WIRE_TEXT_MAX + ES_MAX_META_BYTES + \
+   ES_WIRE_FIELDS_MAX)
 
 #endif

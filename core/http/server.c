@@ -5,7 +5,8 @@
  * percent-decoding, routing (routes.c), bearer-token authentication
  * (tokens.c), one tenant handle per tenant, the inspector's static files,
  * and turning a handler's es_http_resp into a response (a buffer, or an
- * SSE stream).
+ * SSE stream), each with the same security headers. With a certificate
+ * and key (tls.c checks them) libmicrohttpd serves HTTPS only.
  *
  * One thread per connection (MHD_USE_THREAD_PER_CONNECTION): handlers make
  * blocking store calls and SSE streams block in es_store_wait, so a slow
@@ -37,6 +38,7 @@
 
 #include "codec/json_scan.h" /* esj_utf8_seq: the one UTF-8 rule */
 #include "http/internal.h"
+#include "http/tls.h"
 #include "http/tokens.h"
 
 #define STREAM_BLOCK (16 * 1024)          /* bytes MHD asks a stream for at once */
@@ -83,6 +85,7 @@ struct es_http {
   int64_t tokens_checked_ms;
   tenant_entry *tenants;
   int port;
+  es_tls_pem tls;          /* owned; tls.cert NULL: plain HTTP */
   /* While MHD_start_daemon runs, its log lines are kept here instead of
    * printed: they say "Failed to bind to port 0" (it does not know the
    * address we gave it), and the start's own error says it better. */
@@ -112,6 +115,7 @@ typedef struct rec {
   char *qk[ES_HTTP_MAX_QUERY];
   char *qv[ES_HTTP_MAX_QUERY];
   char *last_event_id;
+  char traceparent[ES_HTTP_TRACEPARENT_MAX + 1];
   char static_name[256];
   es_http_req req;
 } rec;
@@ -242,6 +246,26 @@ static void count_answer(es_http *h, int route, int status) {
     atomic_fetch_add_explicit(&h->counters.by_route[route], 1, memory_order_relaxed);
 }
 
+/* The headers every answer carries (docs/http.md "Security headers"). The
+ * policy is the inspector's own (its index.html repeats it in a meta
+ * tag): everything from this origin, nothing inline, and frame-ancestors
+ * 'none', which only a header can say, so no page (not even this
+ * server's) can frame the inspector to steal a click. JSON and streams
+ * get the same: one policy, nothing to choose per answer.
+ * Strict-Transport-Security only over TLS: over plain HTTP a browser
+ * ignores it, and it would promise HTTPS this server does not serve. */
+#define CSP "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; " \
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "   \
+            "frame-ancestors 'none'"
+#define HSTS "max-age=31536000"
+
+static void security_headers(const es_http *h, struct MHD_Response *mr) {
+  MHD_add_response_header(mr, "Content-Security-Policy", CSP);
+  MHD_add_response_header(mr, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(mr, "Referrer-Policy", "no-referrer");
+  if (h->tls.cert) MHD_add_response_header(mr, "Strict-Transport-Security", HSTS);
+}
+
 /* Queues o (its body and stream are consumed) as the answer to r. api: the
  * JSON API's Cache-Control; www: a 401's WWW-Authenticate value. */
 static enum MHD_Result answer(struct MHD_Connection *c, rec *r, es_http_resp *o, const char *www,
@@ -297,7 +321,7 @@ static enum MHD_Result answer(struct MHD_Connection *c, rec *r, es_http_resp *o,
     if (r->route != -1) MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     else MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
   }
-  MHD_add_response_header(mr, "X-Content-Type-Options", "nosniff");
+  security_headers(h, mr);
   if (o->allow) MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, o->allow);
   if (www) MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, www);
   if (close) MHD_add_response_header(mr, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -813,6 +837,11 @@ static enum MHD_Result first_look(struct MHD_Connection *c, rec *r, const char *
                     "the body is %llu bytes; this server takes at most %zu (--max-body)", n,
                     h->limits.max_body);
   }
+  const char *tp = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "traceparent");
+  if (tp && es_http_traceparent_ok(tp)) {
+    memcpy(r->traceparent, tp, strlen(tp) + 1);
+    r->req.traceparent = r->traceparent;
+  }
   const char *lei = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
   if (lei) {
     /* Dropping it would resume the stream from the start (or the live
@@ -1016,6 +1045,7 @@ static void apply_defaults(es_http_limits *l) {
   if (!l->max_per_client) l->max_per_client = l->max_connections / 2 ? l->max_connections / 2 : 1;
   if (!l->stream_buffer) l->stream_buffer = 1024 * 1024;
   if (!l->max_limit) l->max_limit = 1000;
+  if (!l->max_response_bytes) l->max_response_bytes = (size_t)8 << 20;
 }
 
 /* "HOST:PORT", "[V6]:PORT" or ":PORT" -> a socket address. */
@@ -1082,6 +1112,7 @@ static void http_free(es_http *h) {
   if (h->root) es_store_release(h->root);
   free(h->static_dir);
   free(h->tokens_path);
+  es_tls_pem_free(&h->tls);
   pthread_mutex_destroy(&h->mu);
   pthread_mutex_destroy(&h->conns_mu);
   free(h);
@@ -1095,6 +1126,9 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
     return es_fail(err, ES_INVALID_ARGUMENT, "serve the store itself, not a tenant handle (tokens choose tenants)");
   if (!o->tokens_path || !*o->tokens_path)
     return es_fail(err, ES_INVALID_ARGUMENT, "a tokens file is required (eventstore token new TENANT RIGHTS makes a line of one)");
+  if (!o->tls_cert_path != !o->tls_key_path)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "TLS needs both a certificate and its key (--tls-cert FILE --tls-key FILE), or neither");
   struct sockaddr_storage ss;
   socklen_t sslen = 0;
   int v6 = 0;
@@ -1133,12 +1167,25 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
   }
   warn_loaded(h->tokens_path, plain);
   free(plain);
+  if (o->tls_cert_path && es_tls_pem_load(o->tls_cert_path, o->tls_key_path, &h->tls, err) != ES_OK) {
+    http_free(h);
+    return err->code;
+  }
+  /* HTTPS only, when asked: libmicrohttpd then answers nothing to plain
+   * HTTP (its handshake fails and the connection is closed). An array,
+   * so that the call below is the same with TLS or without. */
+  struct MHD_OptionItem tls_opts[] = {
+      {MHD_OPTION_HTTPS_MEM_CERT, 0, h->tls.cert},
+      {MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls.key},
+      {MHD_OPTION_END, 0, NULL},
+  };
 
   /* MHD's own cap sits a little above ours so that the connections past
    * max_connections get a 503 that says why, instead of a silent close. */
   unsigned slack = h->limits.max_connections / 8 + 8;
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
   if (v6) flags |= MHD_USE_IPv6;
+  if (h->tls.cert) flags |= MHD_USE_TLS;
   errno = 0;
   atomic_store(&h->starting, 1);
   h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h,
@@ -1150,6 +1197,7 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
                           MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                           MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
                           MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, h,
+                          MHD_OPTION_ARRAY, h->tls.cert ? tls_opts : tls_opts + 2,
                           MHD_OPTION_END);
   int e = errno;
   atomic_store(&h->starting, 0);
@@ -1176,6 +1224,8 @@ int es_http_start(es_store *root, es_engine *engine, const es_http_opts *o, es_h
 }
 
 int es_http_port(const es_http *h) { return h ? h->port : 0; }
+
+int es_http_tls(const es_http *h) { return h && h->tls.cert; }
 
 void es_http_stop(es_http *h) {
   if (!h) return;

@@ -44,8 +44,8 @@
  * the event size is not known yet), and the largest. */
 #define FIRST_LIMIT 64
 #define MAX_LIMIT 1000
-/* Bytes an event costs on the wire beyond its payload (the other fields
- * and the SSE framing), for sizing pages. */
+/* Bytes an event costs on the wire beyond its payload and meta (the other
+ * fields and the SSE framing), for sizing pages. */
 #define EVENT_OVERHEAD 300
 
 enum { SSE_SESSION, SSE_ALL, SSE_PRESENCE };
@@ -248,7 +248,10 @@ static void put_keepalive(sse *st) { es_buf_adds(&st->out, ": keep-alive\n\n"); 
 static void size_next_page(sse *st) {
   if (!st->page.n) return;
   uint64_t bytes = 0;
-  for (size_t i = 0; i < st->page.n; i++) bytes += st->page.v[i].payload_len + EVENT_OVERHEAD;
+  for (size_t i = 0; i < st->page.n; i++) {
+    const es_event *e = &st->page.v[i];
+    bytes += e->payload_len + (e->meta ? strlen(e->meta) : 0) + EVENT_OVERHEAD;
+  }
   uint64_t avg = bytes / st->page.n;
   uint64_t lim = st->ctx->limits->stream_buffer / (avg ? avg : 1);
   st->limit = lim < 1 ? 1 : lim > MAX_LIMIT ? MAX_LIMIT : (int64_t)lim;

@@ -88,6 +88,11 @@ void es_wire_event(es_buf *b, const es_event *e, int claimed) {
   key(b, "payload");
   if (e->payload) es_buf_add(b, e->payload, e->payload_len);
   else es_buf_adds(b, "null");
+  opt_int(b, "revision", e->revision);
+  if (e->meta) { /* §3.1: the stored canonical text, as the payload */
+    key(b, "meta");
+    es_buf_adds(b, e->meta);
+  }
   opt_str(b, "key", e->key);
   if (e->shredded) {
     key(b, "shredded");
@@ -113,7 +118,10 @@ void es_wire_event(es_buf *b, const es_event *e, int claimed) {
                                                   : "\"pending\"");
   opt_int(b, "attempts", e->attempts);
   opt_int(b, "failures", e->failures);
-  opt_str(b, "last_error", e->last_error);
+  /* §3.2: a cancelled event shows its reason (es_event_cancelled) */
+  const char *cancelled = es_event_cancelled(e);
+  opt_str(b, "last_error", cancelled ? NULL : e->last_error);
+  opt_str(b, "cancelled", cancelled);
   opt_int(b, "processed_at", e->processed_at);
   opt_str(b, "claim_holder", e->claim_holder);
   opt_int(b, "claim_expires_at", e->claim_expires_at);
@@ -121,7 +129,7 @@ void es_wire_event(es_buf *b, const es_event *e, int claimed) {
   opt_int(b, "first_claimed_at", e->first_claimed_at);
   opt_int(b, "last_claimed_at", e->last_claimed_at);
   opt_int(b, "failed_at", e->failed_at);
-  opt_int(b, "processed_by_attempt", e->processed_by_attempt);
+  opt_int(b, "processed_by_attempt", cancelled ? ES_NONE : e->processed_by_attempt);
   if (e->origin_session) {
     key(b, "origin");
     es_buf_adds(b, "{\"index\":");
@@ -141,12 +149,6 @@ void es_wire_events_array(es_buf *b, const es_events *list, int claimed) {
     es_wire_event(b, &list->v[i], claimed);
   }
   es_buf_addc(b, ']');
-}
-
-void es_wire_events(es_buf *b, const es_events *list, int claimed) {
-  es_buf_adds(b, "{\"events\":");
-  es_wire_events_array(b, list, claimed);
-  es_buf_addc(b, '}');
 }
 
 int es_http_status_of(int code) {

@@ -8,8 +8,10 @@
  *              tokens = PATH, static = DIR|nil, max_body = N, max_batch = N,
  *              max_connections = N, request_timeout = S, header_timeout_ms = MS,
  *              max_per_client = N, max_streams = N,
- *              stream_buffer = N, max_limit = N} -> server
- *   server:port() -> the TCP port;  server:stop() (also __close, __gc)
+ *              stream_buffer = N, max_limit = N, max_response_bytes = N,
+ *              tls_cert = PATH, tls_key = PATH (both or neither: HTTPS)} -> server
+ *   server:port() -> the TCP port;  server:tls() -> whether it serves HTTPS
+ *   server:stop() (also __close, __gc)
  *   http.hash_token(token) -> "sha256:<hex>"
  *   http.new_token() -> 64 hex digits from libsodium's randombytes_buf
  *   http.default_static() -> the inspector's directory next to the binary, or nil
@@ -80,6 +82,8 @@ static int l_start(lua_State *L) {
   o.tokens_path = opt_text(L, 1, "tokens");
   if (!o.tokens_path) es_lua_raisef(L, ES_INVALID_ARGUMENT, "start needs tokens = PATH (a tokens file)");
   o.static_dir = opt_text(L, 1, "static");
+  o.tls_cert_path = opt_text(L, 1, "tls_cert");
+  o.tls_key_path = opt_text(L, 1, "tls_key");
   o.limits.max_body = (size_t)opt_limit(L, 1, "max_body", (int64_t)1 << 40);
   o.limits.max_batch = (size_t)opt_limit(L, 1, "max_batch", 1000000);
   o.limits.max_connections = (unsigned)opt_limit(L, 1, "max_connections", 100000);
@@ -89,6 +93,7 @@ static int l_start(lua_State *L) {
   o.limits.max_streams = (unsigned)opt_limit(L, 1, "max_streams", 100000);
   o.limits.stream_buffer = (size_t)opt_limit(L, 1, "stream_buffer", (int64_t)1 << 34);
   o.limits.max_limit = opt_limit(L, 1, "max_limit", 1000000);
+  o.limits.max_response_bytes = (size_t)opt_limit(L, 1, "max_response_bytes", (int64_t)1 << 40);
 
   lserver *s = lua_newuserdatauv(L, sizeof *s, 2);
   s->h = NULL;
@@ -106,6 +111,13 @@ static int l_port(lua_State *L) {
   lserver *s = luaL_checkudata(L, 1, SERVER_MT);
   if (!s->h) return es_lua_raisef(L, ES_CLOSED, "the server is stopped");
   lua_pushinteger(L, es_http_port(s->h));
+  return 1;
+}
+
+static int l_tls(lua_State *L) {
+  lserver *s = luaL_checkudata(L, 1, SERVER_MT);
+  if (!s->h) return es_lua_raisef(L, ES_CLOSED, "the server is stopped");
+  lua_pushboolean(L, es_http_tls(s->h));
   return 1;
 }
 
@@ -171,6 +183,7 @@ static int l_default_static(lua_State *L) {
 
 static const luaL_Reg server_methods[] = {
     {"port", l_port},
+    {"tls", l_tls},
     {"stop", l_stop},
     {NULL, NULL},
 };

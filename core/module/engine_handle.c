@@ -70,6 +70,7 @@ static int l_engine_new(lua_State *L) {
   es_engine_opts o;
   es_engine_opts_init(&o);
   o.workers = es_lua_opt_int_field(L, 2, "workers", o.workers);
+  o.fold_runners = es_lua_opt_int_field(L, 2, "fold_runners", o.fold_runners);
   o.ttl_ms = es_lua_opt_int_field(L, 2, "ttl_ms", o.ttl_ms);
   o.max_failures = es_lua_opt_int_field(L, 2, "max_failures", o.max_failures);
   o.backoff_ms = es_lua_opt_int_field(L, 2, "backoff_ms", o.backoff_ms);

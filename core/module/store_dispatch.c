@@ -178,6 +178,43 @@ static int m_renew(lua_State *L) {
   return es_lstore_done(L, h, 1);
 }
 
+/* opts.cancel of complete (§3.2): a list of indexes, or of {index,
+ * reason}. NULL when not given; else an owned array (pushed on the stack)
+ * of *n. The reasons stay anchored by opts. */
+static es_cancel *check_cancels(lua_State *L, int opts, size_t *n) {
+  *n = 0;
+  if (lua_getfield(L, opts, "cancel") == LUA_TNIL) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  if (!lua_istable(L, -1)) luaL_argerror(L, opts, "'cancel' must be a list of indexes");
+  int list = lua_gettop(L);
+  size_t k = es_lua_check_seq(L, list, opts, "cancel");
+  es_cancel *v = lua_newuserdatauv(L, (k ? k : 1) * sizeof *v, 0);
+  for (size_t i = 0; i < k; i++) {
+    lua_rawgeti(L, list, (lua_Integer)i + 1);
+    v[i].reason = NULL;
+    v[i].cancelled = 0;
+    if (lua_istable(L, -1)) {
+      lua_getfield(L, -1, "index");
+      lua_getfield(L, -2, "reason");
+      if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
+        luaL_argerror(L, opts, "cancel[i].reason must be a string");
+      v[i].reason = lua_tostring(L, -1); /* anchored by the entry, itself by opts */
+      lua_pop(L, 1);
+    } else {
+      lua_pushvalue(L, -1);
+    }
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 1)
+      luaL_argerror(L, opts, "cancel must list event indexes (integers >= 1) or {index, reason}");
+    v[i].index = lua_tointeger(L, -1);
+    lua_pop(L, 2);
+  }
+  lua_remove(L, list); /* the userdata stays on the stack */
+  *n = k;
+  return v;
+}
+
 static int m_complete(lua_State *L) {
   lstore *h = check_store(L);
   const char *session = es_lua_check_name(L, 2, "session");
@@ -193,18 +230,38 @@ static int m_complete(lua_State *L) {
   evs = es_lua_check_events(L, 5, 5, ES_NONE, es_store_max_payload(h->held), &n);
   check_opt_table(L, 6);
   int64_t fence = es_lua_opt_int_field(L, 6, "fence", ES_NONE);
+  size_t n_cancel = 0;
+  es_cancel *cancel = lua_istable(L, 6) ? check_cancels(L, 6, &n_cancel) : NULL;
   int outcome = 0;
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_store_complete(s, session, index, attempt, evs, n, fence, &outcome, out, &err);
+  int rc;
+  if (cancel) {
+    es_completion c = {.session = session, .index = index, .attempt = attempt, .evs = evs,
+                       .n = n, .fence = fence, .cancel = cancel, .n_cancel = n_cancel};
+    rc = es_store_complete_cancel(s, &c, out, &err);
+    outcome = c.outcome;
+  } else {
+    rc = es_store_complete(s, session, index, attempt, evs, n, fence, &outcome, out, &err);
+  }
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 3);
   if (outcome == ES_COMPLETED) {
     es_lua_set_str(L, "outcome", "completed");
     es_lua_push_events(L, out, 0);
     lua_setfield(L, -2, "events");
+    if (cancel) { /* §3.2: the indexes no longer cancellable */
+      lua_newtable(L);
+      lua_Integer k = 0;
+      for (size_t i = 0; i < n_cancel; i++)
+        if (!cancel[i].cancelled) {
+          lua_pushinteger(L, cancel[i].index);
+          lua_rawseti(L, -2, ++k);
+        }
+      lua_setfield(L, -2, "not_cancelled");
+    }
   } else {
     es_lua_set_str(L, "outcome", "superseded");
   }
@@ -283,6 +340,28 @@ static int m_settle(lua_State *L) {
   core_leave(L, h);
   if (rc) return raise(L, &err);
   return push_one(L, h, session, index);
+}
+
+/* store:cancel(session, index, {reason}) -> the event (§3.2). */
+static int m_cancel(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *session = es_lua_check_name(L, 2, "session");
+  int64_t index = es_lua_check_int(L, 3, "index");
+  check_opt_table(L, 4);
+  size_t rlen = 0;
+  const char *reason = es_lua_opt_text_field(L, 4, "reason", &rlen);
+  char **text = owned_push(L, sizeof *text, destroy_cstr); /* free text, as settle's reason */
+  if (reason && es_text_clean(reason, rlen, ES_MAX_TEXT_BYTES, text, NULL))
+    return luaL_error(L, "out of memory");
+  es_event *out = owned_push(L, sizeof *out, destroy_event);
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_store_cancel(s, session, index, *text, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  es_lua_push_event(L, out, 0);
+  es_event_destroy(out);
+  return es_lstore_done(L, h, 1);
 }
 
 static int m_dead_letters(lua_State *L) {
@@ -378,6 +457,7 @@ const luaL_Reg es_lstore_dispatch_methods[] = {
     {"fail", m_fail},
     {"revive", m_revive},
     {"settle", m_settle},
+    {"cancel", m_cancel},
     {"dead_letters", m_dead_letters},
     {"fence", m_fence},
     {"lease", m_lease},

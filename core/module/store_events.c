@@ -42,6 +42,105 @@ static int m_append(lua_State *L) {
   return es_lstore_done(L, h, 2);
 }
 
+/* append_many's batches, with their results (owned: a Lua error frees
+ * them). */
+typedef struct {
+  size_t n;
+  es_append_batch v[];
+} batch_list;
+
+static void destroy_batches(void *p) {
+  batch_list *b = p;
+  for (size_t i = 0; i < b->n; i++) es_events_destroy(&b->v[i].out);
+}
+
+/* batches[i].opts[field]: an optional integer, ES_NONE when absent. */
+static int64_t batch_opt_int(lua_State *L, int opts, size_t i, const char *field) {
+  if (opts == 0) return ES_NONE;
+  lua_getfield(L, opts, field);
+  int64_t v = ES_NONE;
+  if (!lua_isnil(L, -1)) {
+    if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) == ES_NONE) {
+      lua_pushfstring(L, "batches[%d].opts.%s must be an integer", (int)i + 1, field);
+      luaL_argerror(L, 2, lua_tostring(L, -1));
+    }
+    v = lua_tointeger(L, -1);
+  }
+  lua_pop(L, 1);
+  return v;
+}
+
+/* store:append_many{{session, events, opts = {expected, fence}}, ...}
+ * -> {{events, pending}, ...} (§3.1): one transaction for all batches. */
+static int m_append_many(lua_State *L) {
+  lstore *h = check_store(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  if (lua_gettop(L) > 2) return luaL_argerror(L, 3, "append_many takes one list of batches");
+  size_t n = es_lua_check_seq(L, 2, 2, "batches");
+  /* a list and nothing else: one batch passed without its enclosing list
+   * must not read as no batches */
+  size_t keys = 0;
+  lua_pushnil(L);
+  while (lua_next(L, 2)) {
+    lua_pop(L, 1);
+    keys++;
+  }
+  if (keys != n) return luaL_argerror(L, 2, "batches must be a list of {session, events, opts}");
+  if (n > (size_t)INT_MAX / 4) return luaL_argerror(L, 2, "too many batches");
+  luaL_checkstack(L, (int)(4 * n + 8), "too many batches");
+  size_t maxp = es_store_max_payload(h->held);
+  batch_list *b = owned_push(L, sizeof *b + n * sizeof *b->v, destroy_batches);
+  for (size_t i = 0; i < n; i++) {
+    lua_rawgeti(L, 2, (lua_Integer)i + 1); /* stays: anchors the batch's strings */
+    int t = lua_gettop(L);
+    if (!lua_istable(L, t)) {
+      lua_pushfstring(L, "batches[%d] must be a table {session, events, opts}", (int)i + 1);
+      return luaL_argerror(L, 2, lua_tostring(L, -1));
+    }
+    lua_getfield(L, t, "session");
+    if (lua_type(L, -1) != LUA_TSTRING) {
+      lua_pushfstring(L, "batches[%d].session must be a string", (int)i + 1);
+      return luaL_argerror(L, 2, lua_tostring(L, -1));
+    }
+    b->v[i].session = es_lua_name(L, -1, "session");
+    lua_pop(L, 1); /* the batch table anchors it */
+    lua_getfield(L, t, "opts");
+    int opts = 0;
+    if (!lua_isnil(L, -1)) {
+      if (!lua_istable(L, -1)) {
+        lua_pushfstring(L, "batches[%d].opts must be a table", (int)i + 1);
+        return luaL_argerror(L, 2, lua_tostring(L, -1));
+      }
+      opts = lua_gettop(L);
+    }
+    b->v[i].expected = batch_opt_int(L, opts, i, "expected");
+    b->v[i].fence = batch_opt_int(L, opts, i, "fence");
+    lua_pop(L, 1);
+    lua_getfield(L, t, "events"); /* stays under the two slots check_events pushes */
+    if (!lua_istable(L, -1)) {
+      lua_pushfstring(L, "batches[%d].events must be a list of events", (int)i + 1);
+      return luaL_argerror(L, 2, lua_tostring(L, -1));
+    }
+    b->v[i].evs = es_lua_check_events(L, -1, 2, ES_NONE, maxp, &b->v[i].n);
+    b->n = i + 1;
+  }
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_store_append_many(s, b->v, n, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    lua_createtable(L, 0, 2);
+    es_lua_push_events(L, &b->v[i].out, 0);
+    lua_setfield(L, -2, "events");
+    lua_pushboolean(L, b->v[i].pending);
+    lua_setfield(L, -2, "pending");
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return es_lstore_done(L, h, 1);
+}
+
 typedef int (*range_reader)(es_store *s, const char *session, int64_t after, int64_t through,
                             int64_t limit, es_events *out, es_err *err);
 
@@ -416,6 +515,7 @@ static int m_read_at_rest(lua_State *L) { return read_with(L, es_store_read_at_r
 
 const luaL_Reg es_lstore_events_methods[] = {
     {"append", m_append},
+    {"append_many", m_append_many},
     {"read", m_read},
     {"head", m_head},
     {"read_state", m_read_state},

@@ -601,8 +601,32 @@ static int m_tenant(lua_State *L) {
   return 1;
 }
 
+/* store:capabilities() -> {backend, durable, processes, keys, archive,
+ * tenant, sharded} (§3.1). */
+static int m_capabilities(lua_State *L) {
+  lstore *h = check_store(L);
+  if (lua_gettop(L) > 1) return luaL_argerror(L, 2, "capabilities takes no arguments");
+  es_capabilities c;
+  es_err err = {0};
+  es_store *s = core_enter(L, h);
+  int rc = es_store_capabilities(s, &c, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, 7);
+  es_lua_set_str(L, "backend", c.backend);
+  es_lua_set_str(L, "tenant", c.tenant);
+  const char *names[] = {"durable", "processes", "keys", "archive", "sharded"};
+  const int flags[] = {c.durable, c.processes, c.keys, c.archive, c.sharded};
+  for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+    lua_pushboolean(L, flags[i]);
+    lua_setfield(L, -2, names[i]);
+  }
+  return es_lstore_done(L, h, 1);
+}
+
 static const luaL_Reg store_methods[] = {
     {"read_all", m_read_all},
+    {"capabilities", m_capabilities},
     {"plan", m_plan},
     {"set_plan", m_set_plan},
     {"_crash_after", m_shards_crash_after},

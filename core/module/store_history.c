@@ -25,10 +25,12 @@ static void push_lineage(lua_State *L, const es_lineage *l) {
 }
 
 static void push_ref(lua_State *L, const es_ref *r) {
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 7);
   es_lua_set_str(L, "name", r->name);
   es_lua_set_str(L, "session", r->session);
   es_lua_set_int(L, "head", r->head);
+  es_lua_set_str(L, "parent", r->parent);
+  es_lua_set_int(L, "at", r->parent ? r->at : ES_NONE);
   es_lua_set_int(L, "created_at", r->created_at);
   es_lua_set_int(L, "updated_at", r->updated_at);
 }
@@ -298,6 +300,33 @@ static int m_compact_archive(lua_State *L) {
   return es_lstore_done(L, h, 1);
 }
 
+/* store:archived{after, limit = 100} -> {sessions = {{session,
+ * archived_through}}, cursor} (§3.9). */
+static int m_archived(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *after;
+  int64_t limit;
+  listing_opts(L, 2, &after, &limit);
+  es_archived *out = owned_push(L, sizeof *out, destroy_archived);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_archived(st, after, limit, out, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_createtable(L, 0, 2);
+  lua_createtable(L, (int)out->n, 0);
+  for (size_t i = 0; i < out->n; i++) {
+    lua_createtable(L, 0, 2);
+    es_lua_set_str(L, "session", out->v[i].session);
+    es_lua_set_int(L, "archived_through", out->v[i].archived_through);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  lua_setfield(L, -2, "sessions");
+  es_lua_set_str(L, "cursor", out->cursor);
+  es_archived_destroy(out);
+  return es_lstore_done(L, h, 1);
+}
+
 static void push_problems(lua_State *L, const es_archive_problem *v, size_t n) {
   lua_createtable(L, (int)n, 0);
   for (size_t i = 0; i < n; i++) {
@@ -342,6 +371,7 @@ const luaL_Reg es_lstore_history_methods[] = {
     {"delete", m_delete},
     {"archive", m_archive},
     {"segments", m_segments},
+    {"archived", m_archived},
     {"compact_archive", m_compact_archive},
     {"verify_archive", m_verify_archive},
     {NULL, NULL},

@@ -204,6 +204,7 @@ static inline void destroy_lineages(void *p) { es_lineages_destroy(p); }
 static inline void destroy_ref(void *p) { es_ref_destroy(p); }
 static inline void destroy_refs(void *p) { es_refs_destroy(p); }
 static inline void destroy_lease(void *p) { es_lease_destroy(p); }
+static inline void destroy_archived(void *p) { es_archived_destroy(p); }
 
 static inline void check_opt_table(lua_State *L, int arg) {
   if (!lua_isnoneornil(L, arg)) luaL_checktype(L, arg, LUA_TTABLE);

@@ -57,6 +57,19 @@ int es_rule_get_event(es_store *s, es_txn *t, const char *session, int64_t index
   return rc;
 }
 
+int es_rule_check_meta(const char *meta, size_t len, size_t i, es_err *err) {
+  if (len > ES_MAX_META_BYTES)
+    return es_fail(err, ES_TOO_LARGE, "events[%zu].meta is %zu bytes, over the limit of %d", i + 1,
+                   len, ES_MAX_META_BYTES);
+  es_err jerr = {0};
+  if (es_json_validate(meta, len, &jerr) != ES_OK)
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].meta: %s", i + 1, jerr.msg);
+  /* canonical text has no leading space: an object starts with '{' */
+  if (len == 0 || meta[0] != '{')
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].meta must be a JSON object", i + 1);
+  return ES_OK;
+}
+
 /* Checks one event to append (everything that needs no transaction). */
 static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err *err) {
   char what[64];
@@ -90,6 +103,10 @@ static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err 
     if (es_json_validate(e->payload, e->payload_len, &jerr) != ES_OK)
       return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].payload: %s", i + 1, jerr.msg);
   }
+  if (e->revision != ES_NONE && (e->revision < 1 || e->revision > ES_MAX_REVISION))
+    return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].revision must be an integer 1..%d", i + 1,
+                   ES_MAX_REVISION);
+  if (e->meta && (rc = es_rule_check_meta(e->meta, e->meta_len, i, err))) return rc;
   if ((e->cause_index == ES_NONE) != (e->cause_attempt == ES_NONE))
     return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].cause needs both index and attempt", i + 1);
   if (e->cause_index != ES_NONE && (e->cause_index < 1 || e->cause_attempt < 1))
@@ -138,6 +155,17 @@ static int payload_equal(const es_new_event *e, const es_event *row) {
   return n == row->payload_len && memcmp(p, row->payload, n) == 0;
 }
 
+/* §3.1: what of a replay differs from the stored event (NULL: nothing);
+ * the payload is compared last, after the key check opened it. */
+static const char *replay_differs(const es_new_event *e, const es_event *row) {
+  if (strcmp(row->type, e->type) != 0) return "type";
+  if ((e->revision == ES_NONE ? 1 : e->revision) != row->revision) return "revision";
+  if (!e->meta != !row->meta ||
+      (e->meta && (strlen(row->meta) != e->meta_len || memcmp(row->meta, e->meta, e->meta_len))))
+    return "meta";
+  return payload_equal(e, row) ? NULL : "payload";
+}
+
 /* §3.10: a replay must name the same key as the stored event, and its
  * payload is compared with the stored one opened (row's payload is
  * replaced by the plaintext, which the replay then returns). A shredded
@@ -163,6 +191,7 @@ int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_n
                          size_t n, int *replayed, es_events *out, es_err *err) {
   size_t found = 0;
   int rc = ES_OK;
+  const char *differs;
   *replayed = 0;
   if (n == 0) return ES_OK;
   es_event row;
@@ -180,10 +209,9 @@ int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_n
                    "event id '%s' already exists in another session", evs[i].id);
     } else if ((rc = replay_key_check(s, t, &evs[i], &row, err)) != ES_OK) {
       /* a different key, or the stored payload cannot be compared */
-    } else if (strcmp(row.type, evs[i].type) != 0 || !payload_equal(&evs[i], &row)) {
-      rc = es_fail(err, ES_ID_CONFLICT,
-                   "event id '%s' is already stored with a different %s", evs[i].id,
-                   strcmp(row.type, evs[i].type) != 0 ? "type" : "payload");
+    } else if ((differs = replay_differs(&evs[i], &row)) != NULL) {
+      rc = es_fail(err, ES_ID_CONFLICT, "event id '%s' is already stored with a different %s",
+                   evs[i].id, differs);
     } else {
       found++;
       rc = es_events_push_copy(out, &row);
@@ -296,6 +324,8 @@ static int insert_rows(es_store *s, es_txn *t, es_session_info *si, const es_new
     row->cause_index = cause_index != ES_NONE ? cause_index : e->cause_index;
     row->cause_attempt = cause_index != ES_NONE ? cause_attempt : e->cause_attempt;
     row->not_before = e->not_before;
+    row->revision = e->revision == ES_NONE ? 1 : e->revision;
+    row->meta = (char *)e->meta; /* canonical text: no NUL inside, NUL-terminated by the caller */
     row->returned = 0;
     if (e->settled) {
       row->status = ES_STATUS_PROCESSED;
@@ -511,6 +541,95 @@ int es_core_append(es_store *s, const char *scope, const char *session, const es
   }
   *pending = a.pending;
   return ES_OK;
+}
+
+/* --- append_many: several appends, one transaction --- */
+
+typedef struct {
+  append_args *a;  /* [n] one per batch */
+  size_t n;
+} append_many_args;
+
+/* rc with err's message behind the batch it is about, so a caller of
+ * many batches knows which one was refused. */
+static int batch_failed(es_err *err, int rc, size_t i, const char *session) {
+  if (!err) return rc;
+  char msg[ES_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", err->msg);
+  if (session && es_check_name("session", session, NULL) == ES_OK)
+    return es_fail(err, rc, "batches[%zu] (session '%s'): %s", i + 1, session, msg);
+  return es_fail(err, rc, "batches[%zu]: %s", i + 1, msg);
+}
+
+/* Each batch as append would run it; the first refused one fails the
+ * whole work, whose savepoint then drops the batches written before it. */
+static int do_append_many(es_store *s, es_txn *t, void *arg, es_err *err) {
+  append_many_args *m = arg;
+  for (size_t i = 0; i < m->n; i++) {
+    append_args *a = &m->a[i];
+    int rc;
+    if (a->n == 0) {
+      /* as append's empty batch: writes nothing (no session row either),
+       * answers whether the session has pending work */
+      es_session_info si;
+      if ((rc = es_rule_load_session(s, t, a->session, &si, err)) == ES_OK) {
+        a->pending = si.pending > 0;
+        es_session_info_destroy(&si);
+      }
+    } else {
+      rc = do_append(s, t, a, err);
+    }
+    if (rc) return batch_failed(err, rc, i, a->session);
+  }
+  return ES_OK;
+}
+
+/* What append checks before its transaction, for one batch. */
+static int check_append_batch(es_store *s, const es_append_batch *b, es_err *err) {
+  int rc;
+  if ((rc = es_check_name("session", b->session, err)) ||
+      (rc = check_nonneg("expected", b->expected, err)) ||
+      (rc = es_rule_check_batch(s, b->evs, b->n, err)))
+    return rc;
+  if (b->fence != ES_NONE && b->fence < 1)
+    return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  return ES_OK;
+}
+
+int es_core_append_many(es_store *s, const char *scope, es_append_batch *v, size_t n,
+                        es_err *err) {
+  int rc;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    if ((rc = check_append_batch(s, &v[i], err))) return batch_failed(err, rc, i, v[i].session);
+    total += v[i].n;
+  }
+  if (n > s->max_batch || total > s->max_batch)
+    return es_fail(err, ES_TOO_LARGE, "%zu batches of %zu events in all, over the limit of %zu",
+                   n, total, s->max_batch);
+  if (n == 0) return ES_OK;
+  if ((rc = es_core_enter(s, err))) return rc;
+  append_args *a = calloc(n, sizeof *a);
+  char **ids = calloc(n, sizeof *ids);
+  int64_t now = 0;
+  rc = a && ids ? es_store_now(s, &now, err) : nomem(err);
+  for (size_t i = 0; i < n && rc == ES_OK; i++) {
+    append_args one = {v[i].session, v[i].evs, v[i].n, v[i].expected, v[i].fence, now,
+                       &v[i].out, 0, 1, scope, NULL, 0};
+    a[i] = one;
+    rc = pregenerate_ids(s, &a[i], &ids[i], err);
+  }
+  append_many_args m = {a, n};
+  if (rc == ES_OK) rc = es_core_write(s, do_append_many, &m, err);
+  for (size_t i = 0; i < n; i++) {
+    if (ids) free(ids[i]);
+    if (rc) es_events_destroy(&v[i].out);
+    else if (a) v[i].pending = a[i].pending;
+  }
+  free(ids);
+  free(a);
+  es_core_leave(s);
+  return rc;
 }
 
 /* --- reads --- */

@@ -703,6 +703,66 @@ int es_core_segments(es_store *s, const char *session, es_segments *out, es_err 
   return rc;
 }
 
+/* ---- archived() ------------------------------------------------------------------ */
+
+void es_archived_destroy(es_archived *list) {
+  if (!list) return;
+  for (size_t i = 0; i < list->n; i++) free(list->v[i].session);
+  free(list->v);
+  free(list->cursor);
+  memset(list, 0, sizeof *list);
+}
+
+typedef struct {
+  const char *prefix, *after;
+  int64_t limit;  /* one more than asked: whether more follow */
+  es_archived *out;
+  int oom;
+} archived_args;
+
+static int collect_archived_row(void *ctx, const char *session, int64_t through) {
+  archived_args *a = ctx;
+  es_archived *o = a->out;
+  if (es_grow((void **)&o->v, &o->cap, o->n + 1, sizeof *o->v) ||
+      !(o->v[o->n].session = strdup(session))) {
+    a->oom = 1;
+    return 1;
+  }
+  o->v[o->n++].archived_through = through;
+  return 0;
+}
+
+static int do_archived(es_store *s, es_txn *t, void *arg, es_err *err) {
+  archived_args *a = arg;
+  int rc = s->ops->segment_sessions(s->bk, t, a->prefix, a->after, a->limit, collect_archived_row, a,
+                                    err);
+  return rc == ES_OK && a->oom ? nomem(err) : rc;
+}
+
+/* A page: the rows of limit + 1 read; the extra one says more follow and
+ * goes, leaving the last kept session as the cursor. */
+static int archived_page(es_archived *out, int64_t limit, es_err *err) {
+  if ((int64_t)out->n <= limit) return ES_OK;
+  while ((int64_t)out->n > limit) free(out->v[--out->n].session);
+  if (!(out->cursor = strdup(out->v[out->n - 1].session))) return nomem(err);
+  return ES_OK;
+}
+
+int es_core_archived(es_store *s, const char *prefix, const char *after, int64_t limit,
+                     es_archived *out, es_err *err) {
+  int rc;
+  memset(out, 0, sizeof *out);
+  if ((rc = es_rule_check_limit(limit, err)) || (rc = es_rule_check_after(after, err))) return rc;
+  if ((rc = es_core_enter(s, err))) return rc;
+  /* one more than asked (a limit near ES_MAX_LIMIT: as good as none) */
+  archived_args a = {prefix ? prefix : "", after, limit < ES_MAX_LIMIT ? limit + 1 : ES_NONE, out, 0};
+  rc = es_core_read(s, do_archived, &a, err);
+  es_core_leave(s);
+  if (rc == ES_OK) rc = archived_page(out, limit, err);
+  if (rc) es_archived_destroy(out);
+  return rc;
+}
+
 /* ---- truncate and delete ----------------------------------------------------------- */
 
 int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through,
@@ -801,6 +861,10 @@ static void merges_free(merge *m, size_t n) {
   free(m);
 }
 
+/* es_seg_each's callback: appends the event to the raw body ctx (an out of
+ * memory stops the walk and leaves the buffer's oom flag set). */
+static int reencode(void *ctx, const es_event *e) { return es_seg_raw_add(ctx, e) != ES_OK; }
+
 /* Plans and builds the merged files for `list`, without any lock: runs of
  * adjacent segments whose decoded bodies fit ES_ARCHIVE_MERGE_MAX_RAW
  * together, each run of two or more becoming one file (the raw bodies
@@ -825,13 +889,17 @@ static int build_merges(es_store *s, const char *session, const es_segments *lis
       loaded l;
       if ((rc = seg_load(s, session, g, &l, err))) break;
       const char *why = NULL;
-      if (es_seg_each(&l.info, l.raw, 1, 0, NULL, NULL, &why) < 0) /* checks every event */
+      int fits = j == i || total + (int64_t)l.info.raw_len <= ES_ARCHIVE_MERGE_MAX_RAW;
+      /* an older format's events are re-encoded in the current one while
+       * they are checked; the current format's body is taken as it is */
+      int old = l.info.version != ES_SEG_VERSION;
+      if (es_seg_each(&l.info, l.raw, 1, fits && old ? INT64_MAX : 0, reencode, &raw, &why) < 0)
         rc = es_fail(err, ES_STORAGE, "archive segment '%s' is corrupt: %s (session '%s')", l.path,
                      why, session);
-      int fits = j == i || total + (int64_t)l.info.raw_len <= ES_ARCHIVE_MERGE_MAX_RAW;
       if (rc == ES_OK && fits) {
         total += (int64_t)l.info.raw_len;
-        if (es_buf_add(&raw, l.raw, (size_t)l.info.raw_len) != ES_OK) rc = nomem(err);
+        if ((!old && es_buf_add(&raw, l.raw, (size_t)l.info.raw_len) != ES_OK) || raw.oom)
+          rc = nomem(err);
       }
       loaded_free(&l);
       if (!fits) break;

@@ -250,6 +250,13 @@ typedef struct es_backend_ops {
                      es_err *err);
   /* Removes the row keyed (session, from); ES_NOT_FOUND when absent. */
   int (*segment_delete)(es_backend *b, es_txn *t, const char *session, int64_t from, es_err *err);
+  /* §3.9 archived: each session with segment rows whose name starts with
+   * prefix and is > after (NULL: no bound), ascending byte order, at most
+   * limit: cb(ctx, session, the highest `through` of its rows); a nonzero
+   * return stops. */
+  int (*segment_sessions)(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                          int64_t limit, int (*cb)(void *ctx, const char *session, int64_t through),
+                          void *ctx, es_err *err);
 
   /* Crypto-shredding (§3.10, crypto.c): wrapped data keys and where they
    * are used. Events store `key` (es_event.key) with the row: event_insert

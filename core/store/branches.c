@@ -28,18 +28,9 @@ static int no_session(es_err *err, const char *session) {
   return es_fail(err, ES_NOT_FOUND, "no session '%s'", session);
 }
 
-static int check_limit(int64_t limit, es_err *err) {
-  if (limit < 1) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
-  return ES_OK;
-}
+static int check_limit(int64_t limit, es_err *err) { return es_rule_check_limit(limit, err); }
 
-/* `after` bounds of listings may be any string (they need not name a
- * session or ref that exists); only their length is bounded. */
-static int check_after(const char *after, es_err *err) {
-  if (after && strlen(after) - es_name_prefix_len(after, strlen(after)) > ES_MAX_ID_BYTES)
-    return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
-  return ES_OK;
-}
+static int check_after(const char *after, es_err *err) { return es_rule_check_after(after, err); }
 
 static int lineage_of(const es_session_info *si, es_lineage *out) {
   memset(out, 0, sizeof *out);
@@ -119,6 +110,8 @@ static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *
   row.cause_index = src->cause_index;
   row.cause_attempt = src->cause_attempt;
   row.not_before = src->not_before;
+  row.revision = src->revision;
+  row.meta = src->meta;
   es_event_settle_copy(&row, a->now); /* backend.h event_copy writes the same */
   row.origin_session = (char *)a->from;
   row.origin_index = src->index;
@@ -385,14 +378,23 @@ int es_core_children(es_store *s, const char *session, const char *after, int64_
   return rc;
 }
 
-/* A ref as shown: with the head its session has now. */
+/* A ref as shown: with the head its session has now and (§3.7) the
+ * session's lineage, read in the same transaction. */
 static int ref_with_head(es_store *s, es_txn *t, es_ref *ref, es_err *err) {
   es_session_info si;
   int rc = s->ops->session_get(s->bk, t, ref->session, &si, err);
   ref->head = 0;
+  free(ref->parent);
+  ref->parent = NULL;
+  ref->at = ES_NONE;
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   ref->head = si.head;
+  if (si.parent) {
+    ref->parent = si.parent; /* taken over from si */
+    si.parent = NULL;
+    ref->at = si.fork_at;
+  }
   es_session_info_destroy(&si);
   return ES_OK;
 }
@@ -404,7 +406,8 @@ static int ref_point(es_store *s, es_txn *t, const char *name, const char *sessi
   es_ref_init(&old);
   int rc = s->ops->ref_get(s->bk, t, name, &old, err);
   if (rc != ES_OK && rc != ES_NOT_FOUND) return rc;
-  es_ref row = {(char *)name, (char *)session, ES_NONE, rc == ES_OK ? old.created_at : now, now};
+  es_ref row = {(char *)name, (char *)session, ES_NONE, rc == ES_OK ? old.created_at : now, now,
+                NULL, ES_NONE};
   es_ref_destroy(&old);
   if ((rc = s->ops->ref_put(s->bk, t, &row, err))) return rc;
   if (es_ref_copy(out, &row)) return nomem(err);

@@ -595,7 +595,26 @@ typedef struct {
   int outcome;
   es_events *out;
   const char *scope;  /* §3.11: the tenant prefix of generated ids, or NULL */
+  es_cancel *cancel;  /* §3.2 complete{cancel}, answered in place */
+  size_t n_cancel;
 } complete_args;
+
+/* §3.2 the completion's cancels, in its step: an index no longer
+ * cancellable is answered not cancelled and fails nothing; only a
+ * storage error fails the completion. */
+static int complete_cancels(es_store *s, es_txn *t, complete_args *a, es_session_info *si,
+                            es_err *err) {
+  for (size_t i = 0; i < a->n_cancel; i++) {
+    es_err why = {0};
+    int rc = es_rule_cancel(s, t, si, a->cancel[i].index, a->cancel[i].reason, a->now, NULL, &why);
+    a->cancel[i].cancelled = rc == ES_OK;
+    if (rc == ES_STORAGE || rc == ES_CLOSED) {
+      if (err) *err = why;
+      return rc;
+    }
+  }
+  return ES_OK;
+}
 
 /* A repeated complete() of the attempt that completed the event: the same
  * ids return the same events; anything else is PARTIAL_DUPLICATE_BATCH. */
@@ -671,8 +690,9 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
     rc = s->ops->event_update(s->bk, t, &parent, err);
   }
   if (rc == ES_OK) rc = es_rule_advance_lane(s, t, &parent, a->now, err);
+  if (rc == ES_OK) si.pending--; /* before the cancels, which count their own */
+  if (rc == ES_OK) rc = complete_cancels(s, t, a, &si, err);
   if (rc == ES_OK) {
-    si.pending--;
     si.updated_at = a->now;
     rc = s->ops->session_put(s->bk, t, &si, err);
   }
@@ -682,22 +702,37 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
   return rc;
 }
 
-int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
-                     int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
-                     int *outcome, es_events *out, es_err *err) {
+int es_core_complete_cancel(es_store *s, const char *scope, es_completion *c, es_events *out,
+                            es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if ((rc = es_check_name("session", session, err)) || (rc = es_rule_check_batch(s, evs, n, err))) return rc;
-  if (fence != ES_NONE && fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  if ((rc = es_check_name("session", c->session, err)) ||
+      (rc = es_rule_check_batch(s, c->evs, c->n, err)))
+    return rc;
+  if (c->fence != ES_NONE && c->fence < 1) return es_fail(err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  if (c->n_cancel > s->max_batch)
+    return es_fail(err, ES_TOO_LARGE, "%zu events to cancel, over the limit of %zu", c->n_cancel,
+                   s->max_batch);
   if ((rc = es_core_enter(s, err))) return rc;
-  complete_args a = {session, index, attempt, evs, n, fence, 0, 0, out, scope};
+  complete_args a = {c->session, c->index, c->attempt, c->evs, c->n, c->fence, 0, 0, out, scope,
+                     c->cancel, c->n_cancel};
   rc = es_store_now(s, &a.now, err);
   if (rc == ES_OK) rc = es_core_write(s, do_complete, &a, err);
   es_core_leave(s);
   if (rc || a.outcome != ES_COMPLETED) es_events_destroy(out);
-  if (rc) return rc;
-  *outcome = a.outcome;
-  return ES_OK;
+  c->outcome = rc ? 0 : a.outcome;
+  return rc;
+}
+
+/* complete is complete_cancel without cancels */
+int es_core_complete(es_store *s, const char *scope, const char *session, int64_t index,
+                     int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
+                     int *outcome, es_events *out, es_err *err) {
+  es_completion c = {.session = session, .index = index, .attempt = attempt, .evs = evs, .n = n,
+                     .fence = fence};
+  int rc = es_core_complete_cancel(s, scope, &c, out, err);
+  if (rc == ES_OK) *outcome = c.outcome;
+  return rc;
 }
 
 /* --- complete_many: several completions, one transaction --- */
@@ -718,6 +753,7 @@ typedef struct {
  * fail). Only such items need a savepoint, so that one failing halfway
  * leaves nothing. */
 static int completion_needs_savepoint(const es_completion *c) {
+  if (c->n_cancel) return 1; /* a cancel may fail on storage after the completion's writes */
   for (size_t i = 0; i < c->n; i++)
     if (!c->evs[i].id || c->evs[i].key) return 1;
   return 0;
@@ -766,7 +802,7 @@ static int do_complete_many(es_store *s, es_txn *t, void *arg, es_err *err) {
     es_events out;
     memset(&out, 0, sizeof out);
     complete_args a = {c->session, c->index, c->attempt, c->evs, c->n, c->fence, m->now, 0, &out,
-                       NULL};
+                       NULL, c->cancel, c->n_cancel};
     memset(&c->err, 0, sizeof c->err);
     int own_sp = completion_needs_savepoint(c);
     int rc = own_sp ? s->ops->savepoint(s->bk, t, &c->err) : ES_OK;
@@ -1013,6 +1049,100 @@ int es_core_settle(es_store *s, const char *session, int64_t index, const char *
                    es_err *err) {
   dead_args a = {session, index, reason, 0, 0};
   return dead_change(s, &a, err);
+}
+
+/* --- cancel --- */
+
+/* §3.2 cancels event `index` of si's session (si loaded by the caller,
+ * counted here; the caller puts it): processed by no attempt
+ * (processed_by_attempt 0, es_event_cancelled), the reason in last_error
+ * (replacing an earlier failure's text: the record shows one of them).
+ * Refuses, before writing anything, what is not cancellable; a cancelled
+ * event is left as it is. *out (may be NULL) the event after. */
+int es_rule_cancel(es_store *s, es_txn *t, es_session_info *si, int64_t index, const char *reason,
+                   int64_t now, es_event *out, es_err *err) {
+  es_event row;
+  int rc = es_rule_get_event(s, t, si->session, index, &row, err);
+  if (rc) return rc;
+  const char *state = NULL;
+  if (row.status == ES_STATUS_DEAD)
+    state = "a dead letter (settle it instead)";
+  else if (row.status == ES_STATUS_PROCESSED && !es_event_cancelled(&row))
+    state = "processed";
+  else if (row.status == ES_STATUS_PENDING && row.claim_holder && now < row.claim_expires_at)
+    state = "claimed";
+  if (state) {
+    if (strcmp(state, "claimed") == 0)
+      rc = es_fail(err, ES_INVALID_ARGUMENT,
+                   "event %lld in session '%s' is claimed by '%s' until %lld: it cannot be "
+                   "cancelled while its handler may run",
+                   (long long)index, si->session, row.claim_holder, (long long)row.claim_expires_at);
+    else
+      rc = es_fail(err, ES_INVALID_ARGUMENT, "event %lld in session '%s' is %s: only a pending "
+                   "event can be cancelled", (long long)index, si->session, state);
+  } else if (row.status == ES_STATUS_PENDING) {
+    char *why = NULL;
+    size_t nwhy = 0;
+    const char *r = reason && *reason ? reason : "cancelled";
+    if (es_text_clean(r, strlen(r), ES_MAX_TEXT_BYTES, &why, &nwhy)) {
+      rc = nomem(err);
+    } else {
+      int was_head = row.queued; /* a laned event behind its lane's head is not queued */
+      free(row.last_error);
+      row.last_error = why;
+      row.status = ES_STATUS_PROCESSED;
+      row.processed_at = now;
+      row.processed_by_attempt = 0;
+      row.returned = -1;
+      row.retry_at = ES_NONE;
+      row.queued = 0;
+      si->pending--;
+      si->updated_at = now;
+      rc = s->ops->event_update(s->bk, t, &row, err);
+      if (rc == ES_OK && was_head) rc = es_rule_advance_lane(s, t, &row, now, err);
+    }
+  }
+  if (rc == ES_OK && out && es_event_copy(out, &row)) rc = nomem(err);
+  es_event_destroy(&row);
+  return rc;
+}
+
+typedef struct {
+  const char *session;
+  int64_t index;
+  const char *reason;
+  int64_t now;
+  es_event *out;
+} cancel_args;
+
+static int do_cancel(es_store *s, es_txn *t, void *arg, es_err *err) {
+  cancel_args *a = arg;
+  es_session_info si;
+  int rc = es_rule_load_session(s, t, a->session, &si, err);
+  if (rc) return rc;
+  int64_t pending = si.pending;
+  rc = es_rule_cancel(s, t, &si, a->index, a->reason, a->now, a->out, err);
+  if (rc == ES_OK && si.pending != pending) rc = s->ops->session_put(s->bk, t, &si, err);
+  if (rc == ES_OK) rc = es_crypto_reveal(s, t, NULL, a->out, 1, err); /* §3.10 as every read */
+  es_session_info_destroy(&si);
+  return rc;
+}
+
+int es_core_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                   es_event *out, es_err *err) {
+  int rc;
+  es_event unused;
+  es_event_init(&unused);
+  if ((rc = es_check_name("session", session, err))) return rc;
+  if (index < 1) return es_fail(err, ES_INVALID_ARGUMENT, "index must be >= 1");
+  if ((rc = es_core_enter(s, err))) return rc;
+  cancel_args a = {session, index, reason, 0, out ? out : &unused};
+  rc = es_store_now(s, &a.now, err);
+  if (rc == ES_OK) rc = es_core_write(s, do_cancel, &a, err);
+  es_core_leave(s);
+  es_event_destroy(&unused);
+  if (rc && out) es_event_destroy(out);
+  return rc;
 }
 
 static int do_dead_list(es_store *s, es_txn *t, void *arg, es_err *err) {

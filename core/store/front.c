@@ -123,6 +123,15 @@ int es_store_append(es_store *s, const char *session, const es_new_event *evs, s
   return s->impl->append(s, NULL, session, evs, n, expected, fence, out, pending, err);
 }
 
+int es_store_append_many(es_store *s, es_append_batch *v, size_t n, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_APPEND_MANY, es_store_append_many(s, v, n, err));
+  for (size_t i = 0; i < n; i++) {
+    memset(&v[i].out, 0, sizeof v[i].out);
+    v[i].pending = 0;
+  }
+  return s->impl->append_many(s, NULL, v, n, err);
+}
+
 int es_store_read(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
                   es_events *out, es_err *err) {
   ES_STATS_CALL(s, ES_OP_READ, es_store_read(s, session, after, through, limit, out, err));
@@ -201,15 +210,29 @@ int es_store_complete_many(es_store *s, es_completion *v, size_t n, es_err *err)
     v[i].rc = ES_OK;
     v[i].outcome = 0;
     memset(&v[i].err, 0, sizeof v[i].err);
+    for (size_t j = 0; j < v[i].n_cancel; j++) v[i].cancel[j].cancelled = 0;
   }
   return s->impl->complete_many(s, v, n, err);
+}
+
+int es_store_complete_cancel(es_store *s, es_completion *c, es_events *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_COMPLETE, es_store_complete_cancel(s, c, out, err));
+  memset(out, 0, sizeof *out);
+  c->outcome = 0;
+  for (size_t i = 0; i < c->n_cancel; i++) c->cancel[i].cancelled = 0;
+  c->rc = s->impl->complete_cancel(s, NULL, c, out, err);
+  if (c->rc && err) c->err = *err;
+  return c->rc;
 }
 
 int es_complete_many_each(es_store *s, es_completion *v, size_t n, es_err *err) {
   for (size_t i = 0; i < n; i++) {
     es_events out;
-    v[i].rc = es_store_complete(s, v[i].session, v[i].index, v[i].attempt, v[i].evs, v[i].n,
-                                v[i].fence, &v[i].outcome, &out, &v[i].err);
+    if (v[i].n_cancel) /* through the op that keeps them in the completion's step */
+      v[i].rc = es_store_complete_cancel(s, &v[i], &out, &v[i].err);
+    else
+      v[i].rc = es_store_complete(s, v[i].session, v[i].index, v[i].attempt, v[i].evs, v[i].n,
+                                  v[i].fence, &v[i].outcome, &out, &v[i].err);
     if (v[i].rc == ES_OK) es_events_destroy(&out);
     if (v[i].rc == ES_CLOSED) return es_fail(err, ES_CLOSED, "%s", v[i].err.msg);
   }
@@ -234,6 +257,13 @@ int es_store_settle(es_store *s, const char *session, int64_t index, const char 
                     es_err *err) {
   ES_STATS_CALL(s, ES_OP_SETTLE, es_store_settle(s, session, index, reason, err));
   return s->impl->settle(s, session, index, reason, err);
+}
+
+int es_store_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                    es_event *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_CANCEL, es_store_cancel(s, session, index, reason, out, err));
+  if (out) es_event_init(out);
+  return s->impl->cancel(s, session, index, reason, out, err);
 }
 
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
@@ -393,6 +423,12 @@ int es_store_segments(es_store *s, const char *session, es_segments *out, es_err
   return s->impl->segments(s, session, out, err);
 }
 
+int es_store_archived(es_store *s, const char *after, int64_t limit, es_archived *out, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_ARCHIVED, es_store_archived(s, after, limit, out, err));
+  memset(out, 0, sizeof *out);
+  return s->impl->archived(s, "", after, limit, out, err);
+}
+
 int es_store_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
                              es_err *err) {
   ES_STATS_CALL(s, ES_OP_COMPACT_ARCHIVE, es_store_compact_archive(s, session, before, after, err));
@@ -419,4 +455,10 @@ int es_store_read_at_rest(es_store *s, const char *session, int64_t after, int64
 int es_store_counts(es_store *s, es_counts *out, es_err *err) {
   ES_STATS_CALL(s, ES_OP_COUNTS, es_store_counts(s, out, err));
   return s->impl->counts(s, NULL, out, err);
+}
+
+/* Not counted in stats: it reads fields of the handle, no storage. */
+int es_store_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  return s->impl->capabilities(s, out, err);
 }

@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "store/backend.h"
 #include "store/stats.h"
@@ -158,6 +159,20 @@ int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *e
  * with (through its ES_TENANT_SEP), 0 when it has none. */
 size_t es_name_prefix_len(const char *v, size_t n);
 
+/* A listing's limit: a positive integer, else INVALID_ARGUMENT. */
+static inline int es_rule_check_limit(int64_t limit, es_err *err) {
+  if (limit < 1) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be a positive integer");
+  return ES_OK;
+}
+
+/* `after` bounds of listings may be any string (they need not name a
+ * session or ref that exists); only their length is bounded. */
+static inline int es_rule_check_after(const char *after, es_err *err) {
+  if (after && strlen(after) - es_name_prefix_len(after, strlen(after)) > ES_MAX_ID_BYTES)
+    return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
+  return ES_OK;
+}
+
 /* group.c: sets up a handle's group-commit queue (es_core_handle_init). */
 void es_core_group_init(es_store *s);
 /* wakes.c: after every commit, bumps the handle's version and wakes the
@@ -275,6 +290,15 @@ int es_core_complete(es_store *s, const char *scope, const char *session, int64_
                      int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
                      int *outcome, es_events *out, es_err *err);
 int es_core_complete_many(es_store *s, es_completion *v, size_t n, es_err *err);
+int es_core_complete_cancel(es_store *s, const char *scope, es_completion *c, es_events *out,
+                            es_err *err);
+int es_core_archived(es_store *s, const char *prefix, const char *after, int64_t limit,
+                     es_archived *out, es_err *err);
+int es_core_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                   es_event *out, es_err *err);
+int es_rule_cancel(es_store *s, es_txn *t, es_session_info *si, int64_t index, const char *reason,
+                   int64_t now, es_event *out, es_err *err);
+int es_core_append_many(es_store *s, const char *scope, es_append_batch *v, size_t n, es_err *err);
 int es_core_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                  const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                  int64_t *failures, es_err *err);

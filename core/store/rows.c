@@ -41,6 +41,7 @@ void es_event_init(es_event *e) {
   e->first_claimed_at = e->last_claimed_at = e->failed_at = ES_NONE;
   e->processed_by_attempt = ES_NONE;
   e->origin_index = ES_NONE;
+  e->revision = 1;
 }
 
 void es_event_settle_copy(es_event *e, int64_t processed_at) {
@@ -64,6 +65,7 @@ void es_event_destroy(es_event *e) {
     free(e->lane);
     free(e->origin_session);
     free(e->key);
+    free(e->meta);
   } else if (e->payload_own) {
     free(e->payload);
   }
@@ -73,23 +75,25 @@ void es_event_destroy(es_event *e) {
   es_event_init(e);
 }
 
-/* A stored event's id, type, session, lane, origin, key and payload never
- * change, so a copy puts them in one allocation anchored at id: one
- * malloc, not seven. (Rows without an id, which no store returns, are copied
+/* A stored event's id, type, session, lane, origin, key, meta and payload
+ * never change, so a copy puts them in one allocation anchored at id: one
+ * malloc, not eight. (Rows without an id, which no store returns, are copied
  * field by field.) */
 int es_event_copy(es_event *dst, const es_event *src) {
   *dst = *src;
   dst->id = dst->type = dst->payload = dst->session = dst->lane = dst->origin_session = NULL;
-  dst->key = dst->last_error = dst->claim_holder = NULL;
+  dst->key = dst->last_error = dst->claim_holder = dst->meta = NULL;
   dst->packed = dst->payload_own = 0;
   if (src->id) {
-    const char *strs[6] = {src->id, src->type, src->session, src->lane, src->origin_session, src->key};
-    char **outs[6] = {&dst->id, &dst->type, &dst->session, &dst->lane, &dst->origin_session, &dst->key};
-    size_t lens[6], total = src->payload ? src->payload_len + 1 : 0;
-    for (int i = 0; i < 6; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
+    const char *strs[7] = {src->id,  src->type, src->session, src->lane, src->origin_session,
+                           src->key, src->meta};
+    char **outs[7] = {&dst->id,  &dst->type, &dst->session, &dst->lane, &dst->origin_session,
+                      &dst->key, &dst->meta};
+    size_t lens[7], total = src->payload ? src->payload_len + 1 : 0;
+    for (int i = 0; i < 7; i++) total += lens[i] = strs[i] ? strlen(strs[i]) + 1 : 0;
     char *p = malloc(total);
     if (!p) return ES_STORAGE;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
       if (!strs[i]) continue;
       *outs[i] = memcpy(p, strs[i], lens[i]);
       p += lens[i];
@@ -103,7 +107,8 @@ int es_event_copy(es_event *dst, const es_event *src) {
   } else if (dup_str(&dst->type, src->type) ||
              dup_bytes(&dst->payload, src->payload, src->payload_len) ||
              dup_str(&dst->session, src->session) || dup_str(&dst->lane, src->lane) ||
-             dup_str(&dst->origin_session, src->origin_session) || dup_str(&dst->key, src->key)) {
+             dup_str(&dst->origin_session, src->origin_session) || dup_str(&dst->key, src->key) ||
+             dup_str(&dst->meta, src->meta)) {
     es_event_destroy(dst);
     return ES_STORAGE;
   }
@@ -145,6 +150,7 @@ void es_new_event_init(es_new_event *e) {
   memset(e, 0, sizeof *e);
   e->cause_index = e->cause_attempt = ES_NONE;
   e->not_before = ES_NONE;
+  e->revision = ES_NONE;
 }
 
 void es_renew_result_destroy(es_renew_result *r) {
@@ -266,15 +272,21 @@ void es_lineages_destroy(es_lineages *list) {
   memset(list, 0, sizeof *list);
 }
 
+const char *es_event_cancelled(const es_event *e) {
+  if (e->status != ES_STATUS_PROCESSED || e->processed_by_attempt != 0) return NULL;
+  return e->last_error ? e->last_error : "";
+}
+
 void es_ref_init(es_ref *r) {
   memset(r, 0, sizeof *r);
-  r->head = r->created_at = r->updated_at = ES_NONE;
+  r->head = r->created_at = r->updated_at = r->at = ES_NONE;
 }
 
 void es_ref_destroy(es_ref *r) {
   if (!r) return;
   free(r->name);
   free(r->session);
+  free(r->parent);
   es_ref_init(r);
 }
 
@@ -287,8 +299,9 @@ void es_refs_destroy(es_refs *list) {
 
 int es_ref_copy(es_ref *dst, const es_ref *src) {
   *dst = *src;
-  dst->name = dst->session = NULL;
-  if (dup_str(&dst->name, src->name) || dup_str(&dst->session, src->session)) {
+  dst->name = dst->session = dst->parent = NULL;
+  if (dup_str(&dst->name, src->name) || dup_str(&dst->session, src->session) ||
+      dup_str(&dst->parent, src->parent)) {
     es_ref_destroy(dst);
     return ES_STORAGE;
   }

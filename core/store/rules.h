@@ -67,6 +67,9 @@ int es_rule_get_event(es_store *s, es_txn *t, const char *session, int64_t index
                       es_err *err);
 int es_rule_cmp_str_ptr(const void *a, const void *b);
 int es_rule_check_batch(es_store *s, const es_new_event *evs, size_t n, es_err *err);
+/* §3.1: events[i + 1].meta (len bytes) is a JSON object of at most
+ * ES_MAX_META_BYTES: ES_OK, TOO_LARGE or INVALID_ARGUMENT naming the field. */
+int es_rule_check_meta(const char *meta, size_t len, size_t i, es_err *err);
 int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
                          size_t n, int *replayed, es_events *out, es_err *err);
 int es_rule_insert_events(es_store *s, es_txn *t, es_session_info *si, const es_new_event *evs,

@@ -61,12 +61,13 @@ int es_seg_raw_add(es_buf *raw, const es_event *e) {
       e->index, e->position, e->created_at, e->cause_index, e->cause_attempt, e->not_before,
       e->status, e->attempts, e->failures, e->processed_at, e->claim_expires_at, e->retry_at,
       e->first_claimed_at, e->last_claimed_at, e->failed_at, e->processed_by_attempt,
-      e->origin_index, e->returned, e->last_failed_attempt, e->queued, e->due_at};
+      e->origin_index, e->returned, e->last_failed_attempt, e->queued, e->due_at, e->revision};
   unsigned char b[ES_SEG_INTS * 8];
   for (int i = 0; i < ES_SEG_INTS; i++) put_u64(b + 8 * i, (uint64_t)ints[i]);
   int rc = es_buf_add(raw, b, sizeof b);
-  const char *strs[ES_SEG_STRS] = {e->id,         e->type,           e->payload,        e->lane,
-                                   e->last_error, e->claim_holder, e->origin_session, e->key};
+  const char *strs[ES_SEG_STRS] = {e->id,         e->type,         e->payload,
+                                   e->lane,       e->last_error,   e->claim_holder,
+                                   e->origin_session, e->key,      e->meta};
   for (int i = 0; rc == ES_OK && i < ES_SEG_STRS; i++) {
     size_t n = i == 2 ? e->payload_len : (strs[i] ? strlen(strs[i]) : 0);
     rc = add_str(raw, strs[i], n);
@@ -123,6 +124,10 @@ int es_seg_build(const char *session, int64_t from, int64_t through, int64_t cou
   return ES_OK;
 }
 
+/* The integers and strings of an event in info's format version. */
+static size_t seg_ints(const es_seg_info *info) { return info->version == 1 ? 21 : ES_SEG_INTS; }
+static size_t seg_strs(const es_seg_info *info) { return info->version == 1 ? 8 : ES_SEG_STRS; }
+
 static int bad(const char **why, const char *text) {
   if (why) *why = text;
   return -1;
@@ -132,7 +137,9 @@ int es_seg_parse(const unsigned char *file, size_t len, es_seg_info *info, const
   memset(info, 0, sizeof *info);
   if (len < ES_SEG_FIXED || memcmp(file, ES_SEG_MAGIC, 8) != 0)
     return bad(why, "not a segment file (no ESSEGMNT header)");
-  if (get_u32(file + 8) != ES_SEG_VERSION) return bad(why, "unknown segment format version");
+  uint32_t version = get_u32(file + 8);
+  if (version != 1 && version != ES_SEG_VERSION) return bad(why, "unknown segment format version");
+  info->version = (int)version;
   uint32_t sl = get_u32(file + 12);
   if (sl > ES_SEG_MAX_SESSION) return bad(why, "header: session name length out of range");
   size_t head = ES_SEG_FIXED + (size_t)sl + 1, hl = head + ES_SEG_SUM;
@@ -151,8 +158,8 @@ int es_seg_parse(const unsigned char *file, size_t len, es_seg_info *info, const
   if (info->from < 1 || info->through < info->from || info->count != info->through - info->from + 1)
     return bad(why, "header: index range and event count disagree");
   if (info->comp_len != len - hl) return bad(why, "file size differs from its header (cut or extended)");
-  /* every event takes at least its integers and 8 string lengths */
-  if (info->raw_len / (ES_SEG_INTS * 8 + ES_SEG_STRS * 4) < (uint64_t)info->count)
+  /* every event takes at least its integers and its string lengths */
+  if (info->raw_len / (seg_ints(info) * 8 + seg_strs(info) * 4) < (uint64_t)info->count)
     return bad(why, "header: raw length too small for its event count");
   unsigned char sum[ES_SEG_SUM];
   checksum(file, head, file + hl, (size_t)info->comp_len, sum);
@@ -201,19 +208,22 @@ int es_seg_each(const es_seg_info *info, const unsigned char *raw, int64_t lo, i
                 es_event_cb cb, void *ctx, const char **why) {
   const unsigned char *p = raw, *end = raw + info->raw_len;
   int64_t k = 0;
+  size_t n_ints = seg_ints(info), n_strs = seg_strs(info);
   for (; p < end; k++) {
     if (k >= info->count) return bad(why, "body: more events than the header says");
-    if ((size_t)(end - p) < ES_SEG_INTS * 8) return bad(why, "body: an event is cut short");
+    if ((size_t)(end - p) < n_ints * 8) return bad(why, "body: an event is cut short");
     int64_t v[ES_SEG_INTS];
-    for (int i = 0; i < ES_SEG_INTS; i++) v[i] = (int64_t)get_u64(p + 8 * i);
-    p += ES_SEG_INTS * 8;
-    const char *s[ES_SEG_STRS];
-    size_t sl[ES_SEG_STRS];
-    for (int i = 0; i < ES_SEG_STRS; i++)
+    v[21] = 1; /* version 1: every event had revision 1 */
+    for (size_t i = 0; i < n_ints; i++) v[i] = (int64_t)get_u64(p + 8 * i);
+    p += n_ints * 8;
+    const char *s[ES_SEG_STRS] = {NULL};
+    size_t sl[ES_SEG_STRS] = {0};
+    for (size_t i = 0; i < n_strs; i++)
       if (get_str(&p, end, i != 2, &s[i], &sl[i]) != 0) return bad(why, "body: a string is cut short or malformed");
     if (v[0] != info->from + k) return bad(why, "body: event indexes are not the header's range");
     if (v[6] != ES_STATUS_PROCESSED) return bad(why, "body: an archived event is not processed");
     if (!s[0] || !s[1] || !sl[0] || !sl[1]) return bad(why, "body: an event without id or type");
+    if (v[21] < 1 || v[21] > ES_MAX_REVISION) return bad(why, "body: an event's revision is out of range");
     if (v[0] < lo || v[0] > hi) continue;
     es_event e;
     es_event_init(&e);
@@ -247,6 +257,8 @@ int es_seg_each(const es_seg_info *info, const unsigned char *raw, int64_t lo, i
     e.claim_holder = (char *)s[5];
     e.origin_session = (char *)s[6];
     e.key = (char *)s[7];
+    e.revision = v[21];
+    e.meta = (char *)s[8];
     e.session = (char *)info->session;
     if (cb(ctx, &e)) return 1;
   }

@@ -6,7 +6,7 @@
  *
  *   off  size  field
  *   0    8     magic "ESSEGMNT"
- *   8    4     format version (1)
+ *   8    4     format version (2; 1 still reads)
  *   12   4     session name length L (bytes, at most ES_SEG_MAX_SESSION)
  *   16   8     from       first index it holds
  *   24   8     through    last index it holds
@@ -25,10 +25,13 @@
  * origin_index, returned, last_failed_attempt, queued, due_at), then 8
  * strings (id, type, payload, lane, last_error, claim_holder,
  * origin_session, key), each a 32-bit length (0xFFFFFFFF: absent), the
- * bytes and a NUL. Payloads are kept as stored (a sealed payload's
- * ciphertext with its key name), so a read gives back exactly the row.
- * The raw bodies of adjacent segments concatenate into the raw body of
- * their merge (compact_archive does not re-encode events).
+ * bytes and a NUL. Version 2 (§3.1) adds a 22nd integer, revision, and a
+ * 9th string, meta; a version 1 file (written before events had them)
+ * reads its events with revision 1 and no meta. Payloads are kept as
+ * stored (a sealed payload's ciphertext with its key name), so a read
+ * gives back exactly the row. The raw bodies of adjacent segments of the
+ * current version concatenate into the raw body of their merge
+ * (compact_archive re-encodes only the events of older files).
  *
  * Decoding never trusts a length: every read is bounds-checked, so a
  * damaged or hostile file is an error naming what is wrong, never a read
@@ -44,12 +47,12 @@
 #include "util/buf.h"
 
 #define ES_SEG_MAGIC "ESSEGMNT"
-#define ES_SEG_VERSION 1
+#define ES_SEG_VERSION 2
 #define ES_SEG_FIXED 56          /* header bytes before the session name */
 #define ES_SEG_SUM 32            /* checksum bytes */
 #define ES_SEG_MAX_SESSION 4096  /* a session name longer than this is not ours */
-#define ES_SEG_INTS 21
-#define ES_SEG_STRS 8
+#define ES_SEG_INTS 22             /* version 1: 21 (no revision) */
+#define ES_SEG_STRS 9              /* version 1: 8 (no meta) */
 
 /* What a file's header says (session borrowed from the file image). */
 typedef struct es_seg_info {
@@ -59,9 +62,11 @@ typedef struct es_seg_info {
   uint64_t raw_len, comp_len;
   unsigned char checksum[ES_SEG_SUM];
   size_t header_len;
+  int version;               /* the body's format: 1 or ES_SEG_VERSION */
 } es_seg_info;
 
-/* Appends one event to a raw body (the caller keeps indexes dense). */
+/* Appends one event to a raw body, in the current version (the caller
+ * keeps indexes dense). */
 int es_seg_raw_add(es_buf *raw, const es_event *e);
 
 /* Builds a whole file image from a raw body of count events from..through

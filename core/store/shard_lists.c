@@ -323,14 +323,27 @@ int es_sh_children(es_store *s, const char *session, const char *after, int64_t 
  * and a plan change never moves them. The catalog's own rows know no
  * session's head: it is read from the session's shard. */
 
-/* ref->head from the shard of the session it names (0 when none). */
+/* ref->head and (§3.7) the lineage from the shard of the session it
+ * names (0 and none when there is no such session). */
 static int ref_head(es_store *s, es_ref *ref, es_err *err) {
   ref->head = 0;
+  free(ref->parent);
+  ref->parent = NULL;
+  ref->at = ES_NONE;
   if (!ref->session || strcmp(ref->session, CATALOG_SESSION) == 0) return ES_OK;
   int rc = es_sh_head(s, ref->session, &ref->head, err);
   if (rc == ES_NOT_FOUND) {
     ref->head = 0;
     rc = ES_OK;
+  }
+  es_lineage l;
+  int found = 0;
+  if (rc == ES_OK) rc = es_sh_lineage(s, ref->session, &found, &l, err);
+  if (rc == ES_OK && found) {
+    ref->parent = l.parent; /* taken over from l */
+    l.parent = NULL;
+    ref->at = l.at;
+    es_lineage_destroy(&l);
   }
   return rc;
 }

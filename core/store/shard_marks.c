@@ -302,6 +302,14 @@ static int m_segment_list(es_backend *b, es_txn *t, const char *session, es_segm
   return w_segment_list(b->real, b->inner, t, session, cb, ctx, err);
 }
 
+/* Listing only: a moved session's rows are the mover's to clean up. */
+static int m_segment_sessions(es_backend *b, es_txn *t, const char *prefix, const char *after,
+                              int64_t limit,
+                              int (*cb)(void *ctx, const char *session, int64_t through),
+                              void *ctx, es_err *err) {
+  return b->real->segment_sessions(b->inner, t, prefix, after, limit, cb, ctx, err);
+}
+
 static void m_close(es_backend *b) {
   b->real->close(b->inner);
   free(b);
@@ -627,6 +635,7 @@ static void marked_ops(es_backend_ops *o) {
   if (o->segment_list) o->segment_list = m_segment_list;
   if (o->segment_put) o->segment_put = m_segment_put;
   if (o->segment_delete) o->segment_delete = m_segment_delete;
+  if (o->segment_sessions) o->segment_sessions = m_segment_sessions;
   if (o->key_get) o->key_get = m_key_get;
   if (o->key_put) o->key_put = m_key_put;
   if (o->key_use_put) o->key_use_put = m_key_use_put;

@@ -888,6 +888,8 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
     row.cause_index = e->cause_index;
     row.cause_attempt = e->cause_attempt;
     row.not_before = e->not_before;
+    row.revision = e->revision;
+    row.meta = e->meta;
     row.status = ES_STATUS_PROCESSED;
     row.processed_at = f->now;
     row.returned = -1;

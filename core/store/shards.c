@@ -524,6 +524,43 @@ static int shards_append(es_store *s, const char *scope, const char *session, co
          st->impl->append(st, scope, session, evs, n, expected, fence, out, pending, err));
 }
 
+/* §3.1 append_many: one shard's transaction, so every session must live
+ * on one shard (no distributed transaction); else INVALID_ARGUMENT naming
+ * two sessions on different shards. A session moved meanwhile sends the
+ * call round again, every session routed anew (by then a move still under
+ * way ends in STORAGE "try again", as for any call, never half-written). */
+static int shards_append_many(es_store *s, const char *scope, es_append_batch *v, size_t n,
+                              es_err *err) {
+  route r;
+  memset(&r, 0, sizeof r);
+  int rc;
+  if (n == 0) return sh_enter(s, err);
+  for (;;) {
+    es_store *st = NULL;
+    rc = es_sh_route_store(s, "batches[1].session", v[0].session, &r, &st, err);
+    for (size_t i = 1; rc == ES_OK && i < n; i++) {
+      route ri;
+      memset(&ri, 0, sizeof ri);
+      es_store *other = NULL;
+      char label[48];
+      snprintf(label, sizeof label, "batches[%zu].session", i + 1);
+      rc = es_sh_route_store(s, label, v[i].session, &ri, &other, err);
+      if (rc == ES_OK && other != st)
+        rc = es_fail(err, ES_INVALID_ARGUMENT,
+                     "append_many: sessions '%s' and '%s' live on different shards, and one call "
+                     "commits on one shard only (append them separately)",
+                     v[0].session, v[i].session);
+    }
+    if (rc) return rc;
+    rc = st->impl->append_many(st, scope, v, n, err);
+    if (!es_sh_route_again(s, &r, &rc, err)) break;
+    /* the moved session may be any of them: the shard it names is no
+     * route for the first one, so route by the reloaded plan only */
+    r.has_target = 0;
+  }
+  return rc;
+}
+
 static int shards_read(es_store *s, const char *session, int64_t after, int64_t through,
                    int64_t limit, es_events *out, es_err *err) {
   memset(out, 0, sizeof *out);
@@ -576,6 +613,12 @@ static int shards_complete(es_store *s, const char *scope, const char *session, 
          st->impl->complete(st, scope, session, index, attempt, evs, n, fence, outcome, out, err));
 }
 
+static int shards_complete_cancel(es_store *s, const char *scope, es_completion *c,
+                                  es_events *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  ROUTED("session", c->session, st->impl->complete_cancel(st, scope, c, out, err));
+}
+
 static int shards_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
                    const char *error, int64_t max_failures, int64_t retry_after_ms, int *outcome,
                    int64_t *failures, es_err *err) {
@@ -591,6 +634,11 @@ static int shards_revive(es_store *s, const char *session, int64_t index, es_err
 static int shards_settle(es_store *s, const char *session, int64_t index, const char *reason,
                      es_err *err) {
   ROUTED("session", session, es_store_settle(st, session, index, reason, err));
+}
+
+static int shards_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                         es_event *out, es_err *err) {
+  ROUTED("session", session, es_store_cancel(st, session, index, reason, out, err));
 }
 
 int es_sh_read_state(es_store *s, const char *session, const char *reducer, int *found,
@@ -687,6 +735,36 @@ static int shards_segments(es_store *s, const char *session, es_segments *out, e
   ROUTED("session", session, es_store_segments(st, session, out, err));
 }
 
+static void archived_row_free(void *e) { free(((es_archived_row *)e)->session); }
+static const es_list_kind archived_kind = {sizeof(es_archived_row),
+                                           offsetof(es_archived_row, session), archived_row_free};
+
+/* §3.9 archived: every shard's page merged by name (a session in the
+ * middle of a move listed once), then cut to limit; more follow when a
+ * shard had more or the merge dropped some. */
+static int shards_archived(es_store *s, const char *prefix, const char *after, int64_t limit,
+                           es_archived *out, es_err *err) {
+  memset(out, 0, sizeof *out);
+  shard_set set;
+  int more = 0;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_sh_all_shards(s, &set, err);
+  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
+    es_archived part;
+    rc = set.st[i]->impl->archived(set.st[i], prefix, after, limit, &part, err);
+    if (rc) break;
+    more |= part.cursor != NULL;
+    free(part.cursor);
+    part.cursor = NULL;
+    rc = es_list_take(&archived_kind, (es_list *)out, (es_list *)&part, err);
+  }
+  if (rc == ES_OK) more |= es_list_sort_unique(&archived_kind, (es_list *)out, limit);
+  if (rc == ES_OK && more && out->n && !(out->cursor = strdup(out->v[out->n - 1].session)))
+    rc = es_fail(err, ES_STORAGE, "out of memory");
+  if (rc) es_archived_destroy(out);
+  return rc;
+}
+
 static int shards_compact_archive(es_store *s, const char *session, int64_t *before, int64_t *after,
                               es_err *err) {
   ROUTED("session", session, es_store_compact_archive(st, session, before, after, err));
@@ -757,6 +835,29 @@ static void shards_presence_unwatch(es_store *s, uint64_t token) {
 
 static int shards_check_open(es_store *s, es_err *err) { return sh_enter(s, err); }
 
+/* §3.1: "shards", durable and shared by processes only if the catalog
+ * and every shard are, keys and archive only if every shard has them
+ * (each shard is a full store opened with the router's options). */
+static int shards_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  shard_set set;
+  es_capabilities c;
+  int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_store_capabilities(SH(s)->catalog, &c, err);
+  if (rc) return rc;
+  *out = c;
+  out->backend = "shards";
+  out->sharded = 1;
+  rc = es_sh_all_shards(s, &set, err);
+  for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
+    if ((rc = es_store_capabilities(set.st[i], &c, err))) break;
+    out->durable &= c.durable;
+    out->processes &= c.processes;
+    out->keys = (i == 0 ? c.keys : out->keys & c.keys);
+    out->archive = (i == 0 ? c.archive : out->archive & c.archive);
+  }
+  return rc;
+}
+
 static const es_store_ops shards_ops = {
     .close = shards_close,
     .free = shards_free,
@@ -767,6 +868,7 @@ static const es_store_ops shards_ops = {
     .tenant = es_tenant_open,
     .tenant_name = NULL,
     .append = shards_append,
+    .append_many = shards_append_many,
     .read = shards_read,
     .events_page = shards_events_page,
     .head = es_sh_head,
@@ -779,9 +881,11 @@ static const es_store_ops shards_ops = {
     .release_claims = shards_release_claims,
     .complete = shards_complete,
     .complete_many = es_complete_many_each,
+    .complete_cancel = shards_complete_cancel,
     .fail = shards_fail,
     .revive = shards_revive,
     .settle = shards_settle,
+    .cancel = shards_cancel,
     .dead_letters = es_sh_dead_letters,
     .read_state = es_sh_read_state,
     .read_states = es_sh_read_states,
@@ -810,9 +914,11 @@ static const es_store_ops shards_ops = {
     .delete = shards_delete,
     .archive = shards_archive,
     .segments = shards_segments,
+    .archived = shards_archived,
     .compact_archive = shards_compact_archive,
     .verify_archive = es_sh_verify_archive,
     .shred = es_sh_shred,
     .read_at_rest = shards_read_at_rest,
     .counts = es_sh_counts,
+    .capabilities = shards_capabilities,
 };

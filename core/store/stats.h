@@ -45,7 +45,8 @@
   X(SEAL, "seal") X(TRUNCATE, "truncate") X(DELETE, "delete") X(ARCHIVE, "archive")            \
   X(SEGMENTS, "segments") X(COMPACT_ARCHIVE, "compact_archive")                                \
   X(VERIFY_ARCHIVE, "verify_archive") X(SHRED, "shred") X(READ_AT_REST, "read_at_rest")        \
-  X(COUNTS, "stats") X(COMPLETE_MANY, "complete_many") X(RELEASE_CLAIMS, "release_claims")
+  X(COUNTS, "stats") X(COMPLETE_MANY, "complete_many") X(RELEASE_CLAIMS, "release_claims")    \
+  X(APPEND_MANY, "append_many") X(CANCEL, "cancel") X(ARCHIVED, "archived")
 
 #define ES_STATS_ENUM_(e, name) ES_OP_##e,
 enum { ES_STATS_OPS(ES_STATS_ENUM_) ES_OP_COUNT };

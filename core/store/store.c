@@ -216,6 +216,20 @@ int es_core_data_version(es_store *s, uint64_t *version, es_err *err) {
   return rc;
 }
 
+/* §3.1 capabilities: what the backend and the open options give. A
+ * memory: store lives and dies with its process; sqlite: and postgres:
+ * are durable and shared by processes (docs/store.md). */
+static int es_core_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  int rc = es_core_check_open(s, err);
+  if (rc) return rc;
+  const es_backend_ops *b = s->real_ops ? s->real_ops : s->ops;
+  out->backend = b == &es_backend_postgresql ? es_backend_postgres.scheme : b->scheme;
+  out->durable = out->processes = b != &es_backend_memory;
+  out->keys = s->crypto != NULL;
+  out->archive = s->archive_dir != NULL;
+  return ES_OK;
+}
+
 /* ---------------------------------------------------------------------- */
 /* transactions */
 
@@ -232,6 +246,7 @@ const es_store_ops es_core_ops = {
     .tenant = es_tenant_open,
     .tenant_name = NULL,
     .append = es_core_append,
+    .append_many = es_core_append_many,
     .read = es_core_read_events,
     .events_page = es_core_events_page,
     .head = es_core_head,
@@ -244,9 +259,11 @@ const es_store_ops es_core_ops = {
     .release_claims = es_core_release_claims,
     .complete = es_core_complete,
     .complete_many = es_core_complete_many,
+    .complete_cancel = es_core_complete_cancel,
     .fail = es_core_fail,
     .revive = es_core_revive,
     .settle = es_core_settle,
+    .cancel = es_core_cancel,
     .dead_letters = es_core_dead_letters,
     .read_state = es_core_read_state,
     .read_states = es_core_read_states,
@@ -275,9 +292,11 @@ const es_store_ops es_core_ops = {
     .delete = es_core_delete,
     .archive = es_core_archive,
     .segments = es_core_segments,
+    .archived = es_core_archived,
     .compact_archive = es_core_compact_archive,
     .verify_archive = es_core_verify_archive,
     .shred = es_core_shred,
     .read_at_rest = es_core_read_at_rest,
     .counts = es_core_counts,
+    .capabilities = es_core_capabilities,
 };

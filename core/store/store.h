@@ -114,6 +114,14 @@ typedef struct es_event {
                              replace those fields of a packed event (but see payload_own) */
   int payload_own;        /* 1: payload is its own allocation even in a packed event (the
                              core replaced the sealed text with the opened payload) */
+  /* §3.1: the payload's schema revision (1..ES_MAX_REVISION; rows stored
+   * before revisions existed read 1) and the event's metadata: canonical
+   * JSON object text, NUL-terminated, NULL: none. Both immutable like the
+   * payload; meta is never sealed (§3.10: it carries correlation and
+   * tracing data, not secrets). In a packed event meta shares the
+   * allocation. */
+  int64_t revision;
+  char *meta;
 } es_event;
 
 typedef struct es_events {
@@ -142,7 +150,14 @@ typedef struct es_new_event {
   int64_t not_before;      /* ES_NONE: none */
   const char *key;         /* §3.10: the data key to seal the payload under (a name); NULL:
                               stored as given. Needs a store opened with keys_path. */
+  int64_t revision;        /* §3.1: 1..ES_MAX_REVISION; ES_NONE: not given, stored as 1 */
+  const char *meta;        /* §3.1: canonical JSON object text (at most ES_MAX_META_BYTES),
+                              NUL-terminated after meta_len; NULL: none */
+  size_t meta_len;
 } es_new_event;
+
+#define ES_MAX_REVISION 2147483647 /* 2^31 - 1 (§3.1) */
+#define ES_MAX_META_BYTES 8192     /* a meta's canonical text (§3.1) */
 
 void es_new_event_init(es_new_event *e);  /* NULL strings, ES_NONE optionals */
 
@@ -224,6 +239,28 @@ int es_store_data_version(es_store *s, uint64_t *version, es_err *err);
  * SEALED, STORAGE, CLOSED. */
 int es_store_append(es_store *s, const char *session, const es_new_event *evs, size_t n,
                     int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
+
+/* §3.1 one batch of es_store_append_many: append's arguments, and its
+ * results once the call succeeded (out is then the caller's to destroy). */
+typedef struct es_append_batch {
+  const char *session;
+  const es_new_event *evs;
+  size_t n;
+  int64_t expected;  /* ES_NONE: any head */
+  int64_t fence;     /* ES_NONE: unfenced */
+  es_events out;     /* the stored events, in the batch's order */
+  int pending;       /* the session has pending events after the call */
+} es_append_batch;
+
+/* §3.1 several appends, to one or more sessions, in one transaction: every
+ * batch commits or none does. Each batch follows append's rules
+ * (idempotency, expected, fence, sealed) in the order given, so a later
+ * batch of the same session sees the earlier one's events. A refused
+ * batch fails the call with its error, the message starting with
+ * "batches[i]"; every out is then empty. The batches together hold at
+ * most max_batch events (else TOO_LARGE). On shards: every session must
+ * live on one shard, else INVALID_ARGUMENT naming two that do not. */
+int es_store_append_many(es_store *s, es_append_batch *v, size_t n, es_err *err);
 
 /* Events with after < index <= through (ES_NONE: the head), at most limit
  * (ES_NONE: no limit), in index order. */
@@ -314,6 +351,16 @@ int es_store_release_claims(es_store *s, const char *session, const char *holder
                             const es_claim_ref *claims, size_t n, es_renew_result *out,
                             es_err *err);
 
+/* §3.2 an event to cancel with a completion: its index in the completed
+ * event's session and the reason (NULL: "cancelled"); `cancelled` is the
+ * answer: 1 when it is cancelled after the call, 0 when it was no longer
+ * cancellable (processed, dead, live-claimed or missing: not_cancelled). */
+typedef struct es_cancel {
+  int64_t index;
+  const char *reason;
+  int cancelled;
+} es_cancel;
+
 /* One completion of es_store_complete_many: the arguments of
  * es_store_complete (borrowed), and its answer. */
 typedef struct es_completion {
@@ -322,6 +369,11 @@ typedef struct es_completion {
   const es_new_event *evs;
   size_t n;
   int64_t fence;
+  /* §3.2 complete{cancel}: events of the same session cancelled in the
+   * same step as the completion (answers written into the array); only
+   * when the completion itself is ES_COMPLETED and not a replay. */
+  es_cancel *cancel;
+  size_t n_cancel;
   int rc;        /* out: what es_store_complete would have returned */
   int outcome;   /* out: ES_COMPLETED or ES_SUPERSEDED when rc is ES_OK */
   es_err err;    /* out: when rc is not ES_OK */
@@ -334,6 +386,9 @@ typedef struct es_completion {
  * CLOSED) is returned and also set on every item that passed the argument
  * checks. A tenant or sharded store completes the items one by one. */
 int es_store_complete_many(es_store *s, es_completion *v, size_t n, es_err *err);
+/* One completion with its cancels (es_store_complete with c->cancel):
+ * c's rc is also returned, c->outcome set, *out the appended events. */
+int es_store_complete_cancel(es_store *s, es_completion *c, es_events *out, es_err *err);
 
 /* *outcome: ES_FAILED, ES_DEAD_LETTERED or ES_SUPERSEDED; *failures the
  * count after the call. max_failures >= 1; retry_after_ms >= 0. */
@@ -345,6 +400,20 @@ int es_store_fail(es_store *s, const char *session, int64_t index, int64_t attem
  * NO_SUCH_EVENT for a missing index; INVALID_ARGUMENT when it is not dead. */
 int es_store_revive(es_store *s, const char *session, int64_t index, es_err *err);
 int es_store_settle(es_store *s, const char *session, int64_t index, const char *reason, es_err *err);
+
+/* §3.2 cancel: a pending event that no live claim holds (a timer not yet
+ * due included) becomes processed without being handled; reason (NULL:
+ * "cancelled") is kept as its record's `cancelled`. *out (may be NULL)
+ * the event after the call. Cancelling a cancelled event changes nothing;
+ * a processed, dead or live-claimed one is INVALID_ARGUMENT naming its
+ * state; a missing index NO_SUCH_EVENT. */
+int es_store_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                    es_event *out, es_err *err);
+/* The reason an event was cancelled with, NULL when it was not. A
+ * cancelled event is stored processed by no attempt
+ * (processed_by_attempt 0) with the reason as its last_error; every face
+ * shows it as `cancelled` through this. Borrowed from e. */
+const char *es_event_cancelled(const es_event *e);
 
 /* Dead letters (session NULL: all) with position > after, position order. */
 int es_store_dead_letters(es_store *s, const char *session, int64_t after, int64_t limit,
@@ -557,6 +626,11 @@ typedef struct es_ref {
   int64_t head;   /* the session's head when read (never stored) */
   int64_t created_at;
   int64_t updated_at;
+  /* §3.7 the lineage of the session it names (never stored with the ref):
+   * the session it was forked from (owned) and at which index; NULL and
+   * ES_NONE when it was not forked. */
+  char *parent;
+  int64_t at;
 } es_ref;
 
 typedef struct es_refs {
@@ -661,6 +735,25 @@ void es_segment_init(es_segment *g);
 void es_segment_destroy(es_segment *g);
 int es_segment_copy(es_segment *dst, const es_segment *src); /* ES_OK or ES_STORAGE */
 void es_segments_destroy(es_segments *list);
+
+/* §3.9 archived: one session that has segments, and the highest index
+ * they hold. */
+typedef struct es_archived_row {
+  char *session;             /* owned */
+  int64_t archived_through;
+} es_archived_row;
+
+typedef struct es_archived {
+  es_archived_row *v;        /* owned array, byte order of session */
+  size_t n;
+  size_t cap;
+  char *cursor;              /* owned: the last session when more follow, else NULL */
+} es_archived;
+void es_archived_destroy(es_archived *list);
+
+/* The sessions that have segments, name > after (NULL: from the start),
+ * byte order, at most limit (>= 1, else INVALID_ARGUMENT). */
+int es_store_archived(es_store *s, const char *after, int64_t limit, es_archived *out, es_err *err);
 
 /* Moves the session's events first_index..through (those not archived
  * yet) into a new segment file under the store's archive directory and
@@ -772,6 +865,20 @@ int es_store_tenant(es_store *s, const char *name, es_store **out, es_err *err);
 /* The tenant's name, or NULL for a store that is not a tenant handle.
  * Borrowed: valid while the handle lives. */
 const char *es_store_tenant_name(const es_store *s);
+
+/* §3.1 what a handle can do, so callers need not guess from its URL.
+ * The strings are static or borrowed from the handle (valid while it
+ * lives). CLOSED on a closed handle. */
+typedef struct es_capabilities {
+  const char *backend; /* "memory", "sqlite", "postgres" or "shards" */
+  const char *tenant;  /* the tenant's name on a tenant handle, else NULL */
+  int durable;         /* 1: a commit survives the process that made it */
+  int processes;       /* 1: other processes may use the same store at once */
+  int keys;            /* 1: opened with keys (§3.10): appends may seal payloads */
+  int archive;         /* 1: opened with an archive (§3.9): archive() may move events out */
+  int sharded;         /* 1: a shards: router (§5) */
+} es_capabilities;
+int es_store_capabilities(es_store *s, es_capabilities *out, es_err *err);
 
 /* Row helpers (rows.c): init to empty, deep copy (ES_STORAGE on OOM). */
 /* Makes room for `need` elements of `elem` bytes in the array *v of *cap

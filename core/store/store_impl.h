@@ -59,6 +59,9 @@ typedef struct es_store_ops {
   /* §3.1 append n events to a session. */
   int (*append)(es_store *s, const char *scope, const char *session, const es_new_event *evs,
       size_t n, int64_t expected, int64_t fence, es_events *out, int *pending, es_err *err);
+  /* §3.1 several appends in one transaction; the front door has emptied
+   * each batch's results. */
+  int (*append_many)(es_store *s, const char *scope, es_append_batch *v, size_t n, es_err *err);
   /* §3.1 a session's events in (after, through]. */
   int (*read)(es_store *s, const char *session, int64_t after, int64_t through, int64_t limit,
       es_events *out, es_err *err);
@@ -91,6 +94,9 @@ typedef struct es_store_ops {
   int (*complete)(es_store *s, const char *scope, const char *session, int64_t index,
       int64_t attempt, const es_new_event *evs, size_t n, int64_t fence, int *outcome,
       es_events *out, es_err *err);
+  /* §3.2 one completion with cancels of the same session, atomically. */
+  int (*complete_cancel)(es_store *s, const char *scope, es_completion *c, es_events *out,
+                         es_err *err);
   /* §3.2 several completions; the front door has reset each item's result. */
   int (*complete_many)(es_store *s, es_completion *v, size_t n, es_err *err);
   /* §3.2 fail a claimed event (backoff or dead letter). */
@@ -100,6 +106,9 @@ typedef struct es_store_ops {
   int (*revive)(es_store *s, const char *session, int64_t index, es_err *err);
   /* §3.3 mark a dead letter handled. */
   int (*settle)(es_store *s, const char *session, int64_t index, const char *reason, es_err *err);
+  /* §3.2 cancel a pending event that no live claim holds. */
+  int (*cancel)(es_store *s, const char *session, int64_t index, const char *reason,
+                es_event *out, es_err *err);
   /* §3.3 dead letters, of one session or (session NULL) of all. */
   int (*dead_letters)(es_store *s, const char *scope, const char *session, int64_t after,
       int64_t limit, es_events *out, es_err *err);
@@ -171,6 +180,10 @@ typedef struct es_store_ops {
       es_err *err);
   /* §3.9 a session's segment files. */
   int (*segments)(es_store *s, const char *session, es_segments *out, es_err *err);
+  /* §3.9 sessions with segments whose name starts with prefix ("" or a
+   * tenant's), after a cursor. */
+  int (*archived)(es_store *s, const char *prefix, const char *after, int64_t limit,
+                  es_archived *out, es_err *err);
   /* §3.9 merge a session's segment files. */
   int (*compact_archive)(es_store *s, const char *session, int64_t *before, int64_t *after,
       es_err *err);
@@ -183,6 +196,8 @@ typedef struct es_store_ops {
       int64_t limit, es_events *out, es_err *err);
   /* §3.12 the handle's counts (a tenant's: its own sessions). */
   int (*counts)(es_store *s, const char *scope, es_counts *out, es_err *err);
+  /* §3.1 what the handle can do (a view: its base's, with its tenant). */
+  int (*capabilities)(es_store *s, es_capabilities *out, es_err *err);
 } es_store_ops;
 
 /* The core store's table (store.c). */

@@ -202,6 +202,7 @@ static void strip_lineage(const es_store *s, es_lineage *l) {
 static void strip_ref(const es_store *s, es_ref *r) {
   strip(s, r->name);
   strip(s, r->session);
+  strip(s, r->parent);
 }
 
 /* Drops every copy of the prefix from a text, in place. */
@@ -346,6 +347,42 @@ static int tenant_append(es_store *s, const char *scope, const char *session, co
   return t_done(s, rc, err);
 }
 
+/* §3.1 append_many: every session and id behind the prefix, in one call
+ * of the base (so the batches still commit together). */
+static int tenant_append_many(es_store *s, const char *scope, es_append_batch *v, size_t n,
+                              es_err *err) {
+  tname sc;
+  size_t m = n ? n : 1;
+  es_append_batch *mine = calloc(m, sizeof *mine);
+  tname *ss = calloc(m, sizeof *ss);
+  es_new_event **evs = calloc(m, sizeof *evs);
+  int rc = t_enter(s, err);
+  if (!rc && (!mine || !ss || !evs)) rc = nomem(err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  for (size_t i = 0; !rc && i < n; i++) {
+    char label[48];
+    snprintf(label, sizeof label, "batches[%zu].session", i + 1);
+    rc = name_in(s, label, v[i].session, &ss[i], err);
+    if (!rc) rc = batch_in(s, v[i].evs, v[i].n, &evs[i], err);
+    mine[i] = v[i];
+    mine[i].session = ss[i].v;
+    mine[i].evs = evs[i];
+  }
+  if (!rc) rc = B(s)->impl->append_many(B(s), sc.v, mine, n, err);
+  for (size_t i = 0; i < n && evs; i++) {
+    if (!rc) {
+      v[i].out = mine[i].out;
+      v[i].pending = mine[i].pending;
+      strip_events(s, &v[i].out);
+    }
+    free(evs[i]);
+  }
+  free(mine);
+  free(ss);
+  free(evs);
+  return t_done(s, rc, err);
+}
+
 static int tenant_read(es_store *s, const char *session, int64_t after, int64_t through,
                    int64_t limit, es_events *out, es_err *err) {
   tname ss;
@@ -463,23 +500,37 @@ static int tenant_release_claims(es_store *s, const char *session, const char *h
   return t_done(s, rc, err);
 }
 
-static int tenant_complete(es_store *s, const char *scope, const char *session, int64_t index, int64_t attempt,
-                       const es_new_event *evs, size_t n, int64_t fence, int *outcome,
-                       es_events *out, es_err *err) {
+static int tenant_complete_cancel(es_store *s, const char *scope, es_completion *c,
+                                  es_events *out, es_err *err) {
   tname sc;
   tname ss;
   es_new_event *mine = NULL;
   memset(out, 0, sizeof *out);
   int rc = t_enter(s, err);
   if (!rc) rc = scope_in(s, scope, &sc, err);
-  if (!rc) rc = name_in(s, "session", session, &ss, err);
-  if (!rc) rc = batch_in(s, evs, n, &mine, err);
-  if (!rc)
-    rc = B(s)->impl->complete(B(s), sc.v, ss.v, index, attempt, mine, n, fence,
-                          outcome, out, err);
+  if (!rc) rc = name_in(s, "session", c->session, &ss, err);
+  if (!rc) rc = batch_in(s, c->evs, c->n, &mine, err);
+  if (!rc) {
+    es_completion in = *c;
+    in.session = ss.v;
+    in.evs = mine;
+    rc = B(s)->impl->complete_cancel(B(s), sc.v, &in, out, err);
+    c->outcome = in.outcome;
+  }
   free(mine);
   if (!rc) strip_events(s, out);
   return t_done(s, rc, err);
+}
+
+/* complete is complete_cancel without cancels: one path behind the prefix */
+static int tenant_complete(es_store *s, const char *scope, const char *session, int64_t index,
+                           int64_t attempt, const es_new_event *evs, size_t n, int64_t fence,
+                           int *outcome, es_events *out, es_err *err) {
+  es_completion c = {.session = session, .index = index, .attempt = attempt, .evs = evs, .n = n,
+                     .fence = fence};
+  int rc = tenant_complete_cancel(s, scope, &c, out, err);
+  *outcome = c.outcome;
+  return rc;
 }
 
 static int tenant_fail(es_store *s, const char *session, int64_t index, int64_t attempt,
@@ -508,6 +559,16 @@ static int tenant_settle(es_store *s, const char *session, int64_t index, const 
   int rc = t_enter(s, err);
   if (!rc) rc = name_in(s, "session", session, &ss, err);
   if (!rc) rc = es_store_settle(B(s), ss.v, index, reason, err);
+  return t_done(s, rc, err);
+}
+
+static int tenant_cancel(es_store *s, const char *session, int64_t index, const char *reason,
+                         es_event *out, es_err *err) {
+  tname ss;
+  int rc = t_enter(s, err);
+  if (!rc) rc = name_in(s, "session", session, &ss, err);
+  if (!rc) rc = es_store_cancel(B(s), ss.v, index, reason, out, err);
+  if (!rc && out) strip_event(s, out);
   return t_done(s, rc, err);
 }
 
@@ -595,6 +656,21 @@ static int tenant_sessions(es_store *s, const char *prefix, const char *after, i
     strip(s, out->v[i].session);
     strip(s, out->v[i].parent);
   }
+  if (!rc) strip(s, out->cursor);
+  return t_done(s, rc, err);
+}
+
+/* §3.9 archived: the base's listing under this tenant's prefix, names
+ * unprefixed (the cursor too). */
+static int tenant_archived(es_store *s, const char *prefix, const char *after, int64_t limit,
+                           es_archived *out, es_err *err) {
+  tname pre, aft;
+  memset(out, 0, sizeof *out);
+  int rc = t_enter(s, err);
+  if (!rc) rc = bound_in(s, "prefix", prefix ? prefix : "", &pre, err);
+  if (!rc && after) rc = bound_in(s, "after", after, &aft, err);
+  if (!rc) rc = B(s)->impl->archived(B(s), pre.v, after ? aft.v : NULL, limit, out, err);
+  for (size_t i = 0; !rc && i < out->n; i++) strip(s, out->v[i].session);
   if (!rc) strip(s, out->cursor);
   return t_done(s, rc, err);
 }
@@ -1056,6 +1132,14 @@ static int tenant_read_at_rest(es_store *s, const char *session, int64_t after, 
   return t_done(s, rc, err);
 }
 
+/* §3.1: the store's capabilities, with this view's tenant. */
+static int tenant_capabilities(es_store *s, es_capabilities *out, es_err *err) {
+  int rc = t_enter(s, err);
+  if (!rc) rc = es_store_capabilities(B(s), out, err);
+  if (!rc) out->tenant = tenant_tenant_name(s);
+  return t_done(s, rc, err);
+}
+
 /* ---- the table (store_impl.h) ----------------------------------------- */
 
 static const es_store_ops tenant_ops = {
@@ -1068,6 +1152,7 @@ static const es_store_ops tenant_ops = {
     .tenant = tenant_tenant,
     .tenant_name = tenant_tenant_name,
     .append = tenant_append,
+    .append_many = tenant_append_many,
     .read = tenant_read,
     .events_page = tenant_events_page,
     .head = tenant_head,
@@ -1080,9 +1165,11 @@ static const es_store_ops tenant_ops = {
     .release_claims = tenant_release_claims,
     .complete = tenant_complete,
     .complete_many = es_complete_many_each,
+    .complete_cancel = tenant_complete_cancel,
     .fail = tenant_fail,
     .revive = tenant_revive,
     .settle = tenant_settle,
+    .cancel = tenant_cancel,
     .dead_letters = tenant_dead_letters,
     .read_state = tenant_read_state,
     .read_states = tenant_read_states,
@@ -1111,9 +1198,11 @@ static const es_store_ops tenant_ops = {
     .delete = tenant_delete,
     .archive = tenant_archive,
     .segments = tenant_segments,
+    .archived = tenant_archived,
     .compact_archive = tenant_compact_archive,
     .verify_archive = tenant_verify_archive,
     .shred = tenant_shred,
     .read_at_rest = tenant_read_at_rest,
     .counts = tenant_counts,
+    .capabilities = tenant_capabilities,
 };

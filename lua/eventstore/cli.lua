@@ -281,13 +281,15 @@ At the end prints to stdout:
 })
 
 command("append", {
-  synopsis = "append SESSION TYPE [JSON] [--id ID] [--lane LANE] [--key KEY] | append SESSION < NDJSON",
+  synopsis = "append SESSION TYPE [JSON] [--id ID] [--lane LANE] [--key KEY] [--revision N] [--meta JSON]"
+    .. " | append SESSION < NDJSON",
   summary = "append one event, or NDJSON events from stdin",
   help = [[
 With TYPE: appends one event of that type to SESSION, its payload the JSON
 argument (null when omitted).
 Without TYPE: reads events from stdin, one JSON object per line
-  {"type": "...", "payload": ..., "id": "...", "lane": "...", "key": "..."}
+  {"type": "...", "payload": ..., "id": "...", "lane": "...", "key": "...",
+   "revision": N, "meta": {...}}
 (only type is required; blank lines are skipped). Every line is checked
 before anything is written; all of them are appended as one batch (at most
 10,000 events), atomically.
@@ -301,9 +303,32 @@ already processed (facts nothing will handle).
   --lane LANE     the event's lane
   --key KEY       seal the payload under data key KEY (needs --keys; see
                   shred and docs/shredding.md)
+  --revision N    the payload's schema revision, 1 to 2147483647 (default 1)
+  --meta JSON     the event's metadata, a JSON object (correlation, tracing;
+                  never sealed)
 ]],
   args = { 1, 3 },
-  options = { db = "string", scripts = "string", id = "string", lane = "string", key = "string" },
+  options = { db = "string", scripts = "string", id = "string", lane = "string", key = "string",
+    revision = { int = 1, max = 2147483647 }, meta = "string" },
+})
+
+command("append-many", {
+  synopsis = "append-many < NDJSON [--db URL]",
+  summary = "append to several sessions at once, atomically, from NDJSON",
+  help = [[
+Reads batches from stdin, one JSON object per line
+  {"session": "...", "events": [EVENT, ...], "expected": N}
+where each EVENT is an object as a line of `append` takes and "expected"
+(optional) is the head the session must have. Blank lines are skipped.
+Every line is checked before anything is written; then every batch is
+appended in one transaction: all of them are stored or none is (a refused
+batch names its line). On a shards: store every session must live on one
+shard. Prints the stored events of every batch as NDJSON, in the lines'
+order.
+]],
+  options_help = DB_HELP,
+  args = { 0, 0 },
+  options = { db = "string" },
 })
 
 command("read", {
@@ -399,6 +424,24 @@ prints the updated event as JSON.
 ]],
   options_help = DB_HELP .. [[
   --reason TEXT   why (added to the event's last_error)
+]],
+  args = { 2, 2 },
+  options = { db = "string", reason = "string" },
+})
+
+command("cancel", {
+  synopsis = "cancel SESSION INDEX [--reason TEXT] [--db URL]",
+  summary = "cancel a pending event (a timer, say) so it is never handled",
+  help = [[
+Cancels pending event INDEX of SESSION (store:cancel): it becomes
+processed without being handled, its record showing "cancelled": TEXT
+(default "cancelled"). A timer not yet due can be cancelled; an event a
+worker holds a live claim on, a processed one or a dead letter cannot
+(INVALID_ARGUMENT naming its state). Cancelling a cancelled event changes
+nothing. Prints the event as JSON.
+]],
+  options_help = DB_HELP .. [[
+  --reason TEXT   why (default "cancelled")
 ]],
   args = { 2, 2 },
   options = { db = "string", reason = "string" },
@@ -686,7 +729,7 @@ tenant's counts. With --json, one JSON object:
 local DEFAULT_LISTEN = "127.0.0.1:8080"
 
 command("serve", {
-  synopsis = "serve --tokens FILE [--db URL] [--scripts DIR] [--listen ADDR] [--no-engine] [--static DIR] [limits]",
+  synopsis = "serve --tokens FILE [--db URL] [--scripts DIR] [--listen ADDR] [--tls-cert FILE --tls-key FILE] [--no-engine] [--static DIR] [limits]",
   store_help = STORE_HELP_COMMON
     .. "  --tenant NAME   not taken: each token names its tenant (a usage error)\n",
   summary = "serve the store over HTTP (JSON API, live tails, metrics, inspector)",
@@ -704,16 +747,22 @@ SIGINT or SIGTERM (exit 0); with --no-engine it does not, but the scripts
 directory's reducers still answer state requests when it exists. Once the
 socket listens, prints one line to stdout:
   listening on http://HOST:PORT
+(https:// with --tls-cert and --tls-key: HTTPS only, plain HTTP is refused).
 ]],
   options_help = DB_HELP .. SCRIPTS_HELP .. [[
   --listen ADDR   HOST:PORT, [IPV6]:PORT or :PORT (every IPv4 address);
                   port 0 picks a free one (default ]] .. DEFAULT_LISTEN .. [[)
   --tokens FILE   the tokens file (required)
+  --tls-cert FILE         serve HTTPS only, with this PEM certificate (the
+                          server's first, then its chain); needs --tls-key
+  --tls-key FILE          that certificate's unencrypted PEM private key
   --no-engine     do not run handlers here (remote workers claim through
                   the API); the scripts directory may then be missing
   --static DIR    the inspector's files (default: the ones installed with
                   the binary)
   --workers N     engine worker threads, 1 to 256 (default 1)
+  --fold-runners N  threads that fold reducers for state requests, in
+                  parallel, 1 to 256 (default: the cores, at least 2)
   --max-body BYTES        largest request body (default 16777216)
   --max-batch N           most events in one append or complete (default 1000)
   --max-connections N     open connections at once (default 256)
@@ -724,15 +773,20 @@ socket listens, prints one line to stdout:
   --max-per-client N      open connections from one address (default half
                           of --max-connections)
   --max-streams N         open live tails at once (default 128)
+  --max-response-bytes BYTES  a listing's page ends before the item that
+                          would take its answer past this, marked
+                          "capped" (default 8388608; one item always)
 ]],
   args = { 0, 0 },
   options = {
     db = "string", scripts = "string", listen = "string", tokens = "string",
-    ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
+    ["tls-cert"] = "string", ["tls-key"] = "string", ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
+    ["fold-runners"] = { int = 1, max = MAX_WORKERS },
     ["max-body"] = { int = 1, max = 1 << 40 }, ["max-batch"] = { int = 1, max = 1000000 },
     ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
     ["max-streams"] = { int = 1, max = 100000 },
     ["header-timeout-ms"] = { int = 1, max = 86400000 }, ["max-per-client"] = { int = 1, max = 100000 },
+    ["max-response-bytes"] = { int = 1, max = 1 << 40 },
   },
 })
 
@@ -1062,7 +1116,14 @@ function commands.run.run(o)
   return 0
 end
 
-local LINE_FIELDS = { type = true, payload = true, id = true, lane = true, key = true }
+local LINE_FIELDS = { type = true, payload = true, id = true, lane = true, key = true, revision = true, meta = true }
+local MAX_REVISION = 2147483647
+
+-- Whether v is a decoded JSON object (a table without the array mark).
+local function is_object(v)
+  local array_mt = getmetatable(json.array({}))
+  return type(v) == "table" and (array_mt == nil or getmetatable(v) ~= array_mt)
+end
 
 -- Checks one stdin line; returns the event or raises "stdin line N: why".
 local function parse_line(n, text)
@@ -1070,14 +1131,21 @@ local function parse_line(n, text)
   if not ok then
     fail("stdin line %d: invalid JSON: %s", n, type(v) == "table" and tostring(v.message) or tostring(v))
   end
-  local array_mt = getmetatable(json.array({}))
-  if type(v) ~= "table" or (array_mt ~= nil and getmetatable(v) == array_mt) then
+  if not is_object(v) then
     fail("stdin line %d: expected a JSON object {\"type\": ..., \"payload\": ...}", n)
   end
   for k in pairs(v) do
     if not LINE_FIELDS[k] then
-      fail("stdin line %d: unknown field '%s' (expected type, payload, id, lane, key)", n, tostring(k))
+      fail("stdin line %d: unknown field '%s' (expected type, payload, id, lane, key, revision, meta)", n,
+        tostring(k))
     end
+  end
+  if v.revision ~= nil and (math.type(v.revision) ~= "integer" or v.revision < 1 or v.revision > MAX_REVISION) then
+    fail("stdin line %d: \"revision\" must be a whole number from 1 to %d", n, MAX_REVISION)
+  end
+  if v.meta == json.null then v.meta = nil end
+  if v.meta ~= nil and not is_object(v.meta) then
+    fail("stdin line %d: \"meta\" must be a JSON object", n)
   end
   if type(v.type) ~= "string" or v.type == "" then
     fail("stdin line %d: \"type\" must be a non-empty string", n)
@@ -1087,7 +1155,8 @@ local function parse_line(n, text)
       fail("stdin line %d: \"%s\" must be a string", n, f)
     end
   end
-  return { type = v.type, payload = v.payload, id = v.id, lane = v.lane, key = v.key }
+  return { type = v.type, payload = v.payload, id = v.id, lane = v.lane, key = v.key, revision = v.revision,
+    meta = v.meta }
 end
 
 function commands.append.check(o, args)
@@ -1096,6 +1165,8 @@ function commands.append.check(o, args)
       usage_error("append", true, "append: --id and --lane need TYPE (stdin lines carry their own)")
     elseif o.key then
       usage_error("append", true, "append: --key needs TYPE (stdin lines carry their own \"key\")")
+    elseif o.revision or o.meta then
+      usage_error("append", true, "append: --revision and --meta need TYPE (stdin lines carry their own)")
     end
   elseif args[3] ~= nil then
     local ok, v = pcall(json.decode, args[3])
@@ -1104,6 +1175,13 @@ function commands.append.check(o, args)
         type(v) == "table" and tostring(v.message) or tostring(v))
     end
     o.payload = v
+  end
+  if o.meta then
+    local ok, v = pcall(json.decode, o.meta)
+    if not ok or not is_object(v) then
+      usage_error("append", false, "append: --meta expects a JSON object, got '%s'", o.meta)
+    end
+    o.meta = v
   end
 end
 
@@ -1125,7 +1203,8 @@ function commands.append.run(o, args)
       if line:match("%S") then events[#events + 1] = parse_line(n, line) end
     end
   else
-    events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane, key = o.key } }
+    events = { { type = args[2], payload = o.payload, id = o.id, lane = o.lane, key = o.key, revision = o.revision,
+      meta = o.meta } }
   end
   -- Only an explicit --scripts: a ./scripts that belongs to another app
   -- must not decide that this app's events need no handling (docs/contract.md §4).
@@ -1141,6 +1220,79 @@ function commands.append.run(o, args)
     stored = store:append(session, events)
   end
   print_events(stored)
+  return 0
+end
+
+local BATCH_FIELDS = { session = true, events = true, expected = true }
+
+-- Checks one append-many line; returns the batch or raises "stdin line N: why".
+local function parse_batch_line(n, text)
+  local ok, v = pcall(json.decode, text)
+  if not ok then
+    fail("stdin line %d: invalid JSON: %s", n, type(v) == "table" and tostring(v.message) or tostring(v))
+  end
+  local array_mt = getmetatable(json.array({}))
+  local function is_array(x) return array_mt ~= nil and getmetatable(x) == array_mt end
+  if type(v) ~= "table" or is_array(v) then
+    fail("stdin line %d: expected a JSON object {\"session\": ..., \"events\": [...]}", n)
+  end
+  for k in pairs(v) do
+    if not BATCH_FIELDS[k] then
+      fail("stdin line %d: unknown field '%s' (expected session, events, expected)", n, tostring(k))
+    end
+  end
+  if type(v.session) ~= "string" or v.session == "" then
+    fail("stdin line %d: \"session\" must be a non-empty string", n)
+  end
+  if type(v.events) ~= "table" or (next(v.events) ~= nil and not is_array(v.events)) then
+    fail("stdin line %d: \"events\" must be an array of events", n)
+  end
+  if v.expected ~= nil and (math.type(v.expected) ~= "integer" or v.expected < 0) then
+    fail("stdin line %d: \"expected\" must be an integer >= 0", n)
+  end
+  -- each event by append's rule for one stdin line, so both take the same fields
+  local events = {}
+  for i, e in ipairs(v.events) do
+    local ok_e, ev = pcall(parse_line, n, type(e) == "table" and json.encode(e) or "[]")
+    if not ok_e then
+      local why = tostring(type(ev) == "table" and ev.message or ev):gsub("^stdin line %d+: ", "")
+      fail("stdin line %d: events[%d]: %s", n, i, why)
+    end
+    events[i] = ev
+  end
+  return { session = v.session, events = events, opts = { expected = v.expected } }
+end
+
+commands["append-many"].run = function(o)
+  if tty and tty.isatty(0) then
+    io.stderr:write(PROG, ": reading NDJSON batches from stdin, Ctrl-D to end\n")
+    io.stderr:flush()
+  end
+  local batches, lines = {}, {}
+  local n = 0
+  for line in io.stdin:lines() do
+    n = n + 1
+    line = line:gsub("\r$", "")
+    if line:match("%S") then
+      batches[#batches + 1] = parse_batch_line(n, line)
+      lines[#batches] = n
+    end
+  end
+  local store <close> = open_store(o, true)
+  local ok, res = pcall(store.append_many, store, batches)
+  if not ok then
+    -- the store names the batch; the user wrote lines
+    local e = res
+    if eventstore.is_error(e) then
+      local i = tonumber(tostring(e.message):match("^batches%[(%d+)%]"))
+      if i and lines[i] then
+        local rest = tostring(e.message):gsub("^batches%[%d+%]", "")
+        fail("%s: stdin line %d%s%s", e.code, lines[i], rest:match("^[:%s]") and "" or " ", rest)
+      end
+    end
+    error(e, 0)
+  end
+  for _, r in ipairs(res) do print_events(r.events) end
   return 0
 end
 
@@ -1264,6 +1416,16 @@ function commands.settle.run(o, args)
   local store <close> = open_store(o, false)
   dead_letter(store, args[1], o.index)
   out(event_json(store:settle(args[1], o.index, o.reason)))
+  return 0
+end
+
+function commands.cancel.check(o, args)
+  o.index = parse_int("cancel", "INDEX", args[2], 1)
+end
+
+function commands.cancel.run(o, args)
+  local store <close> = open_store(o, false)
+  out(event_json(store:cancel(args[1], o.index, { reason = o.reason })))
   return 0
 end
 
@@ -1497,6 +1659,10 @@ function commands.serve.check(o)
   if o.tenant ~= nil then
     usage_error("serve", false, "serve: --tenant does not apply: each token names its tenant")
   end
+  if (o["tls-cert"] == nil) ~= (o["tls-key"] == nil) then
+    usage_error("serve", false, "serve: --tls-cert and --tls-key go together (a certificate and its key), got only %s",
+      o["tls-cert"] and "--tls-cert" or "--tls-key")
+  end
   local listen = o.listen or DEFAULT_LISTEN
   local port
   for _, shape in ipairs(LISTEN_SHAPES) do
@@ -1516,7 +1682,9 @@ function commands.serve.run(o)
   local dir = scripts_dir(o, not o["no-engine"], "; or --no-engine to serve without handlers")
   local store <close> = open_store(o, true)
   local engine
-  if dir ~= nil then engine = new_engine(store, dir, { workers = o.workers }) end
+  if dir ~= nil then
+    engine = new_engine(store, dir, { workers = o.workers, fold_runners = o["fold-runners"] })
+  end
   -- Signals are counted from before the line below, so a SIGTERM sent as
   -- soon as it is read stops the server cleanly.
   if tty and tty.watch_signals then tty.watch_signals() end
@@ -1526,6 +1694,8 @@ function commands.serve.run(o)
     max_body = o["max-body"], max_batch = o["max-batch"], max_connections = o["max-connections"],
     request_timeout = o["request-timeout"], max_streams = o["max-streams"],
     header_timeout_ms = o["header-timeout-ms"], max_per_client = o["max-per-client"],
+    max_response_bytes = o["max-response-bytes"],
+    tls_cert = o["tls-cert"], tls_key = o["tls-key"],
   })
   if not ok then
     if engine then engine:close() end
@@ -1533,7 +1703,7 @@ function commands.serve.run(o)
   end
   local host = (o.listen or DEFAULT_LISTEN):match("^(.*):%d+$")
   if host == "" then host = "0.0.0.0" end
-  out(("listening on http://%s:%d"):format(host, server:port()))
+  out(("listening on %s://%s:%d"):format(server:tls() and "https" or "http", host, server:port()))
   io.stdout:flush()
   local function signalled() return tty ~= nil and tty.signals ~= nil and tty.signals() ~= 0 end
   local ran, err = pcall(function()

@@ -1,7 +1,11 @@
 -- order.placed: a customer placed an order {customer, card, items = {{sku, qty}}}.
 -- Prices come from our own catalog, never from the client. A known order is
--- accepted (priced), its stock reserved, and a payment requested; the three
--- events are appended together, exactly once, when this handler completes.
+-- accepted (priced), its stock reserved, and a payment requested, with a
+-- reminder timer for a payment that never comes (payment.captured and
+-- payment.declined cancel it); the four events are appended together,
+-- exactly once, when this handler completes.
+local REMIND_AFTER_MS = 24 * 3600 * 1000 -- a day; every demo payment is answered first
+
 local CATALOG = { -- sku -> price in cents
   ["TEA-01"] = 850,  -- loose-leaf tea, 100 g
   ["MUG-02"] = 1200, -- stoneware mug
@@ -27,5 +31,6 @@ return function(event, ctx)
     { type = "order.accepted", payload = { lines = lines, total_cents = total } },
     { type = "stock.reserved", payload = { items = reserve } },
     { type = "payment.requested", payload = { card = order.card } },
+    { type = "payment.reminder", payload = { customer = order.customer }, delay_ms = REMIND_AFTER_MS },
   }
 end

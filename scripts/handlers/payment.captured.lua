@@ -5,5 +5,9 @@
 local PICK_AND_PACK_MS = 300
 
 return function(event, ctx)
+  -- Paid: the reminder timer order.placed set must never fire. The cancel
+  -- is applied with this handler's completion, in the same step.
+  local order = ctx.state("order")
+  if order.reminder then ctx.cancel(order.reminder, "paid") end
   return { { type = "shipment.due", payload = { carrier = "tortoise-post" }, delay_ms = PICK_AND_PACK_MS } }
 end

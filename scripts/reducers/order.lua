@@ -22,6 +22,10 @@ return {
   ["payment.declined"] = function(s, e)
     s.status, s.payment_attempts = "payment_declined", e.payload.attempt
   end,
+  -- where the reminder timer is, for the handler that cancels it
+  ["payment.reminder"] = function(s, e)
+    s.reminder = e.index
+  end,
   ["order.cancelled"] = function(s, e)
     s.status, s.reason = "cancelled", e.payload.reason
   end,

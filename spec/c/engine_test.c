@@ -2,12 +2,13 @@
  * engine_test.c: the engine's C API (core/engine/engine.h) without any Lua
  * host: options checked, engine-written events without a handler settled,
  * dispatch through a Lua handler with its results appended, a fold through
- * es_engine_state, a budget that holds against pcall, a stop from the
+ * es_engine_state (from many threads at once too), a budget that holds against pcall, a stop from the
  * progress callback that interrupts a handler, and a call stuck in C code
  * abandoned by the watchdog. Needs lua/eventstore/loader.lua on LUA_PATH
  * (the Makefile's test targets set it). TAP-style output; non-zero exit
  * on failure.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,31 @@ static int append(es_engine *e, const char *session, const char *type) {
 static int stop_when_busy(void *ctx, const es_engine_stats *st) {
   if (st->busy > 0) es_engine_stop(ctx);
   return 0;
+}
+
+/* Many threads asking for one state at once (fold_state_main): each call
+ * takes a fold runner, or waits for one, and gets the same answer. */
+typedef struct fold_caller {
+  pthread_t t;
+  es_engine *e;
+  int bad; /* calls that failed or answered another state */
+  const char *want;
+  size_t want_len;
+} fold_caller;
+
+static void *fold_state_main(void *arg) {
+  fold_caller *c = arg;
+  for (int i = 0; i < 25; i++) {
+    es_buf state;
+    es_buf_init(&state);
+    int64_t through = 0;
+    es_err err = {0};
+    if (es_engine_state(c->e, "s", "count", ES_NONE, &state, &through, &err) != ES_OK ||
+        through != 4 || state.len != c->want_len || memcmp(state.data, c->want, state.len) != 0)
+      c->bad++;
+    es_buf_destroy(&state);
+  }
+  return NULL;
 }
 
 static es_event get(es_store *s, const char *session, int64_t index) {
@@ -103,6 +129,7 @@ int main(void) {
   o.backoff_ms = 0;
   o.instruction_budget = 1000000;
   o.deadline_ms = 1500;
+  o.fold_runners = 2;
   int rc = es_engine_open(s, &o, &e, &err);
   ok(rc == ES_OK, "es_engine_open");
   if (rc) {
@@ -135,6 +162,19 @@ int main(void) {
   int64_t through = 0;
   rc = es_engine_state(e, "s", "count", ES_NONE, &state, &through, &err);
   ok(rc == ES_OK && through == 4 && state.len > 0, "es_engine_state folds through the head");
+  /* more callers than fold runners (o.fold_runners = 2): some wait for one */
+  fold_caller callers[6];
+  int bad = 0;
+  for (int i = 0; i < 6; i++) {
+    callers[i] = (fold_caller){.e = e, .want = state.data, .want_len = state.len};
+    if (pthread_create(&callers[i].t, NULL, fold_state_main, &callers[i]) != 0) return 2;
+  }
+  for (int i = 0; i < 6; i++) {
+    pthread_join(callers[i].t, NULL);
+    bad += callers[i].bad;
+  }
+  if (bad) printf("# %d calls failed or answered another state\n", bad);
+  ok(bad == 0, "6 threads x 25 es_engine_state calls on 2 fold runners all get the state");
   es_buf_destroy(&state);
   es_buf_init(&state);
   ok(es_engine_state(e, "s", "missing", ES_NONE, &state, NULL, &err) == ES_NOT_FOUND,

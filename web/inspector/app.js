@@ -503,6 +503,10 @@
     $('events-more').hidden = !(S.lastPaged < through);
   }
 
+  // A page the server ended early at its max_response_bytes (docs/http-api.md):
+  // shorter than asked, and not the end.
+  function capped(body) { return isObject(body) && body.capped === true; }
+
   async function loadEventsPage() {
     const gen = S.gen;
     const name = S.name;
@@ -519,8 +523,9 @@
       S.through = isObject(body) && body.through !== undefined && body.through !== null
         ? Number(String(body.through)) : S.lastPaged;
     }
-    // A short page is the end, whatever `through` says.
-    if (evs.length < PAGE && S.lastPaged < S.through) S.through = S.lastPaged;
+    // A short page is the end, whatever `through` says, unless the server
+    // cut it at its max_response_bytes (capped: read on from its last event).
+    if (evs.length < PAGE && !capped(body) && S.lastPaged < S.through) S.through = S.lastPaged;
     summarize();
   }
 
@@ -660,7 +665,7 @@
     }
     const cursor = isObject(body) ? body.cursor : undefined;
     if (cursor !== undefined && cursor !== null) D.cursor = String(cursor);
-    $('dead-more').hidden = evs.length < PAGE;
+    $('dead-more').hidden = evs.length < PAGE && !capped(body);
     $('dead-empty').hidden = $('dead-letters').children.length > 0;
   }
 
@@ -681,7 +686,8 @@
     }
     const cursor = isObject(body) ? body.cursor : undefined;
     if (cursor !== undefined && cursor !== null) R.cursor = String(cursor);
-    $('refs-more').hidden = refs.length < PAGE || (isObject(body) && 'cursor' in body && body.cursor === null);
+    $('refs-more').hidden = (refs.length < PAGE && !capped(body)) ||
+      (isObject(body) && 'cursor' in body && body.cursor === null);
     $('refs-empty').hidden = $('refs').children.length > 0;
   }
 
