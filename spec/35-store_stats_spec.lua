@@ -38,6 +38,28 @@ local function sqlite3(path, sql)
   return out
 end
 
+-- A closed store (its URL returned) holding tenants T (two events, in
+-- sessions a and c) and U and a session of no tenant, for the migration
+-- tests of events_scope; tenant_reads checks a tenant's read_all on it.
+local function tenants_store(url)
+  local store, _, concrete = helpers.new(url)
+  local t, u = store:tenant("T"), store:tenant("U")
+  t:append("a", { { type = "t1" } })
+  u:append("b", { { type = "u1" }, { type = "u2" } })
+  t:append("c", { { type = "t2" } })
+  store:append("plain", { { type = "p" } })
+  store:close()
+  return concrete
+end
+
+local function tenant_reads(again)
+  local got = again:tenant("T"):read_all()
+  assert.same({ "t1", "t2" }, helpers.pluck(got, "type"))
+  assert.same({ "a", "c" }, helpers.pluck(got, "session"))
+  assert.same({ "t2" }, helpers.pluck(again:tenant("T"):read_all({ after = got[1].position }), "type"))
+  assert.same({}, again:tenant("V"):read_all())
+end
+
 local function psql(url, sql)
   -- psql takes the libpq URI itself (our schema= option stripped)
   local base = url:gsub("[?&]schema=[%w_]*", "")
@@ -177,13 +199,7 @@ for _, url in ipairs(helpers.urls()) do
       end)
 
       it("a schema of version 3 gets events_scope at open: a tenant's read_all seeks in it", function()
-        local store, _, concrete = helpers.new(url)
-        local t, u = store:tenant("T"), store:tenant("U")
-        t:append("a", { { type = "t1" } })
-        u:append("b", { { type = "u1" }, { type = "u2" } })
-        t:append("c", { { type = "t2" } })
-        store:append("plain", { { type = "p" } })
-        store:close()
+        local concrete = tenants_store(url)
         local schema = concrete:match("schema=([%w_]+)")
         local has = ("SELECT count(*) FROM pg_indexes WHERE schemaname = '%s' AND indexname = 'events_scope'")
           :format(schema)
@@ -193,11 +209,7 @@ for _, url in ipairs(helpers.urls()) do
         local again = helpers.open_same(concrete)
         assert.equal("4", psql(concrete, ("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))
         assert.equal("1", psql(concrete, has))
-        local got = again:tenant("T"):read_all()
-        assert.same({ "t1", "t2" }, helpers.pluck(got, "type"))
-        assert.same({ "a", "c" }, helpers.pluck(got, "session"))
-        assert.same({ "t2" }, helpers.pluck(again:tenant("T"):read_all({ after = got[1].position }), "type"))
-        assert.same({}, again:tenant("V"):read_all())
+        tenant_reads(again)
         assert.equal(5, #again:read_all())
       end)
     end
@@ -236,13 +248,7 @@ for _, url in ipairs(helpers.urls()) do
       end)
 
       it("a file of schema version 8 gets events_scope at open: a tenant's read_all seeks in it", function()
-        local store, _, concrete = helpers.new(url)
-        local t, u = store:tenant("T"), store:tenant("U")
-        t:append("a", { { type = "t1" } })
-        u:append("b", { { type = "u1" }, { type = "u2" } })
-        t:append("c", { { type = "t2" } })
-        store:append("plain", { { type = "p" } })
-        store:close()
+        local concrete = tenants_store(url)
         local path = concrete:match("^sqlite:(.*)$")
         sqlite3(path, "DROP INDEX events_scope; PRAGMA user_version = 8")
         assert.equal("", sqlite3(path, "SELECT name FROM sqlite_master WHERE name = 'events_scope'"))
@@ -253,11 +259,7 @@ for _, url in ipairs(helpers.urls()) do
         -- separator byte included, so the planner can use it)
         assert.equal("4\n", sqlite3(path, "SELECT count(*) FROM events INDEXED BY events_scope"
           .. " WHERE instr(session, '\31') BETWEEN 2 AND 65"))
-        local got = again:tenant("T"):read_all()
-        assert.same({ "t1", "t2" }, helpers.pluck(got, "type"))
-        assert.same({ "a", "c" }, helpers.pluck(got, "session"))
-        assert.same({ "t2" }, helpers.pluck(again:tenant("T"):read_all({ after = got[1].position }), "type"))
-        assert.same({}, again:tenant("V"):read_all())
+        tenant_reads(again)
         assert.equal(5, #again:read_all())
       end)
 
