@@ -62,6 +62,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +94,7 @@
   X(PQresultErrorMessage) X(PQresultStatus) X(PQsetNoticeProcessor) X(PQstatus)             \
   X(PQtransactionStatus) X(PQsocket) X(PQresultErrorField) X(PQenterPipelineMode)          \
   X(PQexitPipelineMode) X(PQpipelineSync) X(PQpipelineStatus) X(PQsendQueryPrepared)        \
-  X(PQsendQueryParams) X(PQsendPrepare) X(PQgetResult)
+  X(PQsendQueryParams) X(PQsendPrepare) X(PQgetResult) X(PQbackendPID)
 
 #define PQ_FIELD(name) __typeof__(&name) name;
 static struct {
@@ -145,6 +146,7 @@ static int pq_ready(es_err *err) {
 #define PQgetvalue (pq.PQgetvalue)
 #define PQisthreadsafe (pq.PQisthreadsafe)
 #define PQnotifies (pq.PQnotifies)
+#define PQbackendPID (pq.PQbackendPID)
 #define PQntuples (pq.PQntuples)
 #define PQparameterStatus (pq.PQparameterStatus)
 #define PQprepare (pq.PQprepare)
@@ -167,7 +169,15 @@ static int pq_ready(es_err *err) {
 
 /* ---- settings --------------------------------------------------------- */
 
-#define PG_SCHEMA_VERSION 3          /* meta.schema_version of the current schema */
+#define PG_SCHEMA_VERSION 4          /* meta.schema_version of the current schema */
+/* A stored name's tenant scope (counts.h: its start through its first
+ * separator when that makes a tenant's prefix) as SQL over column c, and
+ * the condition that it has one: the key and the WHERE of events_scope,
+ * spelled once so that the statements using the index match it (the
+ * planner uses an index on an expression for that same expression, and a
+ * partial index for a WHERE that implies its own). */
+#define PG_SCOPE_OF(c) "substr(" c ", 1, strpos(" c ", " ES_SQL_SEP "))"
+#define PG_SCOPED(c) "strpos(" c ", " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
 #define PG_DEFAULT_SCHEMA "eventstore"
 #define PG_DEFAULT_READERS 8         /* read connections at most */
 #define PG_MAX_READERS 64
@@ -378,11 +388,18 @@ static const char *const pg_sql[ST_COUNT] = {
                       " e.key, e.revision, e.meta FROM events e JOIN unnest($6::text[]) WITH ORDINALITY AS i(id, n)"
                       " ON e.idx = $5 + i.n - 1"
                       " WHERE e.session = $4 AND e.idx >= $5 AND e.idx < $5 + $7 ORDER BY e.idx",
-    /* §3.11: a tenant's rows are one range of session names; the listings
-     * below walk the same order as their unscoped statements and pass over
-     * other tenants' rows (docs/postgres.md). */
-    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE position > $1"
-                            " AND session >= $3 AND session < $4 ORDER BY position LIMIT $2",
+    /* §3.11: a tenant's rows are one range of session names. A tenant's
+     * events by position are one range of events_scope (schema version
+     * 4): "after P for tenant T" is an index seek, so a tenant's read_all,
+     * and every wait or tail on it, costs its own rows, never the store's.
+     * The ORDER BY is the index's own order (the scope is fixed by the
+     * WHERE, so it orders nothing), so that no plan, generic or custom,
+     * finds walking the primary key and sorting cheaper. The queued
+     * listings below walk the same order as their unscoped statements and
+     * pass over other tenants' rows (docs/postgres.md). */
+    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE " PG_SCOPE_OF("session")
+                            " = $3 AND " PG_SCOPED("session") " AND position > $1"
+                            " ORDER BY " PG_SCOPE_OF("session") ", position LIMIT $2",
     [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_COLS
                                  " FROM events WHERE queued = 1 AND due_at <= $1"
                                  " AND session >= $3 AND session < $4"
@@ -645,7 +662,6 @@ static const char pg_schema_v2[] =
     " IS DISTINCT FROM " ES_SQL_LIVE("NEW") ")"
     "  EXECUTE FUNCTION counts_apply();";
 
-/* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
 /* Version 3 (§3.1): an event's revision and meta. Rows written before
  * read revision 1 (the default every event had) and meta NULL (none); a
  * constant default makes ADD COLUMN a catalog change, not a table rewrite. */
@@ -653,9 +669,19 @@ static const char pg_schema_v3[] =
     "ALTER TABLE events ADD COLUMN revision BIGINT NOT NULL DEFAULT 1;"
     "ALTER TABLE events ADD COLUMN meta TEXT;";
 
+/* Version 4 (issue: idle tails of an empty tenant rescanned the store):
+ * each tenant's events by position, so that a tenant's read_all, and the
+ * waits and live tails built on it, seek to "after P" within the tenant
+ * instead of walking every later event of the store. Partial: events of
+ * sessions without a tenant have no entry, so a store without tenants
+ * pays nothing for it. Built from the rows as they are. */
+static const char pg_schema_v4[] =
+    "CREATE INDEX IF NOT EXISTS events_scope ON events(" PG_SCOPE_OF("session") ", position)"
+    "  WHERE " PG_SCOPED("session") ";";
+
 /* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
 static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1, pg_schema_v2,
-                                                             pg_schema_v3};
+                                                             pg_schema_v3, pg_schema_v4};
 
 /* ---- types ------------------------------------------------------------ */
 
@@ -759,8 +785,11 @@ struct es_backend {
   pthread_cond_t watch_cv;         /* notes changed, or the thread polling stopped */
   pg_conn watch;                   /* LISTENs on the store's channel */
   uint64_t notes;                  /* notifications (and reconnects) seen by watch */
+  uint64_t foreign;                /* those not sent by w (ext_version) */
+  atomic_int own_pid;              /* w's server process: its NOTIFYs are our own commits */
   int polling;                     /* a wait_change thread is in poll() on watch's socket */
   int closing;                     /* wake() was called: every wait_change returns at once */
+  uint64_t kicks;                  /* kick() calls: the wait_change calls then in progress return */
   int kick[2];                     /* a pipe: a byte written wakes the thread polling */
 };
 
@@ -1101,6 +1130,7 @@ static int pg_conn_connect(es_backend *b, pg_conn *c, es_err *err) {
     pg_trim(PQerrorMessage(c->db), m, sizeof m);
     return es_fail(err, ES_STORAGE, "postgres %s: cannot connect: %s", b->schema, m);
   }
+  if (c == &b->w) atomic_store(&b->own_pid, PQbackendPID(c->db));
   const char *enc = PQparameterStatus(c->db, "server_encoding");
   if (enc && strcmp(enc, "UTF8") != 0 && strcmp(enc, "SQL_ASCII") != 0)
     return es_fail(err, ES_STORAGE,
@@ -2951,12 +2981,11 @@ static int pg_event_all(es_backend *b, es_txn *t, const char *scope, int64_t aft
                         es_event_cb cb, void *ctx, es_err *err) {
   (void)b; /* t carries it (t->b) */
   pg_params p = {0};
-  pg_scope_end end;
   int code;
   if ((code = pg_scope_ok(scope, err)) != ES_OK) return code;
   pp_int(&p, after == ES_NONE ? 0 : after);
   pp_limit(&p, limit);
-  if (scope) pp_scope(&p, scope, end.v);
+  if (scope) pp_str(&p, scope); /* the scope itself: events_scope's key */
   return pg_iterate(t, scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL, &p, ROW_EVENT, (pg_fn)cb, ctx,
                     err);
 }
@@ -3544,6 +3573,7 @@ static int pg_watch_consume(es_backend *b, es_err *err) {
   if (!b->watch.db || PQstatus(b->watch.db) != CONNECTION_OK) {
     code = pg_watch_connect(b, err);
     b->notes++;
+    b->foreign++;
   }
   if (code == ES_OK) {
     if (!PQconsumeInput(b->watch.db)) {
@@ -3553,6 +3583,7 @@ static int pg_watch_consume(es_backend *b, es_err *err) {
        * reconnect now, as the other connections do before a call, rather
        * than fail a wait that has done nothing yet. */
       b->notes++;
+      b->foreign++;
       code = PQstatus(b->watch.db) == CONNECTION_BAD
                  ? pg_watch_connect(b, err)
                  : pg_fail_msg(err, b, "data_version", PQerrorMessage(b->watch.db));
@@ -3560,6 +3591,9 @@ static int pg_watch_consume(es_backend *b, es_err *err) {
       PGnotify *n;
       while ((n = PQnotifies(b->watch.db)) != NULL) {
         b->notes++;
+        /* a NOTIFY of w (a commit of this handle) is not foreign; one of
+         * w's earlier process (before a reconnect) counts, spuriously */
+        if (n->be_pid != atomic_load(&b->own_pid)) b->foreign++;
         PQfreemem(n);
       }
     }
@@ -3576,7 +3610,15 @@ static int pg_data_version(es_backend *b, uint64_t *version, es_err *err) {
   return code;
 }
 
-/* Blocks until data_version differs from since, timeout_ms passed, or
+static int pg_ext_version(es_backend *b, uint64_t *version, es_err *err) {
+  pthread_mutex_lock(&b->watch_mu);
+  int code = pg_watch_consume(b, err);
+  *version = b->foreign;
+  pthread_mutex_unlock(&b->watch_mu);
+  return code;
+}
+
+/* Blocks until ext_version differs from since, timeout_ms passed, or
  * wake() was called: one thread at a time poll()s the watch connection's
  * socket together with the kick pipe (no sleep loop: a NOTIFY wakes it as
  * it arrives); the others wait on watch_cv for what it finds. */
@@ -3584,9 +3626,10 @@ static int pg_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_
   int64_t deadline = pg_now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
   int code = ES_OK;
   pthread_mutex_lock(&b->watch_mu);
+  uint64_t kicks = b->kicks;
   for (;;) {
     if ((code = pg_watch_consume(b, err)) != ES_OK) break;
-    if (b->notes != since || b->closing) break;
+    if (b->foreign != since || b->closing || b->kicks != kicks) break;
     int64_t left = deadline - pg_now_ms();
     if (left <= 0) break;
     if (!b->polling) {
@@ -3621,6 +3664,14 @@ static int pg_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_
   }
   pthread_mutex_unlock(&b->watch_mu);
   return code;
+}
+
+/* The wait_change calls in progress return now. */
+static void pg_kick(es_backend *b) {
+  pthread_mutex_lock(&b->watch_mu);
+  b->kicks++;
+  pg_watch_changed(b);
+  pthread_mutex_unlock(&b->watch_mu);
 }
 
 /* close() is coming: every wait_change returns now, and at once from now
@@ -3697,6 +3748,8 @@ static void pg_wake(es_backend *b) {
       .claim_begin = pg_claim_begin,                            \
       .claim_retry = pg_claim_retry,                            \
       .wait_change = pg_wait_change,                            \
+      .ext_version = pg_ext_version,                            \
+      .kick = pg_kick,                                          \
       .wake = pg_wake,                                          \
       .release_commit = pg_release_commit,                      \
       .claim_ready = pg_claim_ready,                            \

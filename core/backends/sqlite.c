@@ -66,7 +66,15 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 8            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 9            /* PRAGMA user_version of the current schema */
+/* A stored name's tenant scope (counts.h: its start through its first
+ * separator when that makes a tenant's prefix) as SQL over column c, and
+ * the condition that it has one: the key and the WHERE of events_scope,
+ * spelled once so that the statements that use the index match it
+ * exactly (SQLite uses an index on an expression only for that same
+ * expression). */
+#define SQ_SCOPE_OF(c) "substr(" c ", 1, instr(" c ", " ES_SQL_SEP "))"
+#define SQ_SCOPED(c) "instr(" c ", " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
 #define SQ_APPLICATION_ID 0x45535442   /* PRAGMA application_id: "ESTB" */
 #define SQ_DEFAULT_BUSY_MS 10000       /* how long to wait for another writer */
 #define SQ_DEFAULT_READERS 8           /* read connections at most */
@@ -329,14 +337,17 @@ static const char *const sq_sql[ST_COUNT] = {
                             " AND substr(session, 1, length(?1)) = ?1"
                             " GROUP BY session ORDER BY session LIMIT ?3",
     /* §3.11: a tenant's rows are one range of session names, but the
-     * listings below are in position or due order across sessions, so
-     * each walks the same index as its unscoped statement and passes over
-     * other tenants' rows (one row lookup each). The unscoped statements
-     * are unchanged: users without tenants pay nothing. `+session` keeps
-     * the planner off UNIQUE(session, idx) (which would sort a tenant's
-     * whole history for every page). */
-    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events WHERE position > ?1"
-                            " AND +session >= ?3 AND +session < ?4 ORDER BY position LIMIT ?2",
+     * listings below are in position or due order across sessions. A
+     * tenant's events by position are one range of events_scope (schema
+     * version 9): "after P for tenant T" is an index seek, so a tenant's
+     * read_all (and every wait or tail on it) costs its own rows, never
+     * the store's. The queued listings below walk the same index as their unscoped
+     * statement and pass over other tenants' rows (one row lookup each).
+     * The unscoped statements are unchanged: users without tenants pay
+     * nothing. */
+    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events INDEXED BY events_scope"
+                            " WHERE " SQ_SCOPE_OF("session") " = ?3 AND " SQ_SCOPED("session")
+                            " AND position > ?1 ORDER BY position LIMIT ?2",
     [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_COLS
                                  " FROM events INDEXED BY events_queued WHERE queued = 1"
                                  " AND due_at <= ?1 AND session >= ?3 AND session < ?4"
@@ -575,8 +586,8 @@ static const char sq_schema_v6[] =
  * attempts, costs nothing more). The migration computes the rows once
  * from the sessions as they are. */
 #define SQ_COUNTED(r) ES_SQL_COUNTED(r)
-#define SQ_SCOPE(r) "substr(" r ".session, 1, instr(" r ".session, " ES_SQL_SEP "))"
-#define SQ_HAS_SCOPE(r) "instr(" r ".session, " ES_SQL_SEP ")" ES_SQL_SCOPE_BOUNDS
+#define SQ_SCOPE(r) SQ_SCOPE_OF(r ".session")
+#define SQ_HAS_SCOPE(r) SQ_SCOPED(r ".session")
 /* The statements of a trigger body moving the counts by (ds, de, dp, dd)
  * for the session row r. */
 #define SQ_COUNTS_MOVE(r, ds, de, dp, dd)                                                        \
@@ -619,6 +630,16 @@ static const char sq_schema_v8[] =
     "ALTER TABLE events ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;"
     "ALTER TABLE events ADD COLUMN meta TEXT;";
 
+/* Version 9 (issue: idle tails of an empty tenant rescanned the store):
+ * each tenant's events by position, so that a tenant's read_all, and the
+ * waits and live tails built on it, seek to "after P" within the tenant
+ * instead of walking every later event of the store. Partial: events of
+ * sessions without a tenant have no entry, so a store without tenants
+ * pays nothing for it. Built from the rows as they are. */
+static const char sq_schema_v9[] =
+    "CREATE INDEX IF NOT EXISTS events_scope ON events(" SQ_SCOPE_OF("session") ", position)"
+    "  WHERE " SQ_SCOPED("session") ";";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -628,6 +649,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v6,
     sq_schema_v7,
     sq_schema_v8,
+    sq_schema_v9,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -702,6 +724,12 @@ struct es_backend {
   int n_readers;                   /* opened or being opened */
   pthread_mutex_t watch_mu;
   sq_conn watch;                   /* data_version */
+  /* ext_version (under watch_mu): commits of other connections seen, the
+   * watch connection's data_version that is accounted for, and the write
+   * connection's after its last commit (it moves only when another
+   * connection commits) */
+  uint64_t foreign;
+  int64_t watch_dv, w_dv;
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -2080,6 +2108,8 @@ static void sq_vacuum_pass(es_backend *b) {
   b->vacuum_due = free_pages > pass;
 }
 
+static void sq_own_commit(es_backend *b);
+
 static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
@@ -2111,6 +2141,7 @@ static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
       goto fail;
     }
   }
+  sq_own_commit(t->b);
   t->depth = 0;
   if (t->b->incremental && (t->removed || t->b->vacuum_due)) sq_vacuum_pass(t->b);
   t->removed = 0;
@@ -2479,12 +2510,11 @@ static int sq_event_all(es_backend *b, es_txn *t, const char *scope, int64_t aft
   (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, id = scope ? ST_EVENT_ALL_SCOPED : ST_EVENT_ALL;
-  sq_scope_end end;
   if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   sqlite3_bind_int64(st, 1, after == ES_NONE ? 0 : after);
   sqlite3_bind_int64(st, 2, sq_limit(limit));
-  if (scope) sq_bind_scope(st, 3, scope, end.v);
+  if (scope) sq_bind_str(st, 3, scope); /* the scope itself: events_scope's key */
   return sq_iterate(t, id, st, temp, ROW_EVENT, (sq_fn)cb, ctx, err);
 }
 
@@ -3176,20 +3206,60 @@ static int sq_scrub(es_backend *b, es_err *err) {
 
 /* ---- data version --------------------------------------------------------- */
 
-static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
+/* PRAGMA data_version on connection c (watch_mu held for the watch
+ * connection; the write connection only on the writing thread). */
+static int sq_dv(sq_conn *c, int64_t *v, es_err *err) {
   sqlite3_stmt *st;
   int temp, code, rc;
-  pthread_mutex_lock(&b->watch_mu);
-  if ((code = sq_stmt(&b->watch, ST_DATA_VERSION, &st, &temp, err)) != ES_OK) {
-    pthread_mutex_unlock(&b->watch_mu);
-    return code;
-  }
+  if ((code = sq_stmt(c, ST_DATA_VERSION, &st, &temp, err)) != ES_OK) return code;
   rc = sqlite3_step(st);
-  if (rc == SQLITE_ROW) *version = (uint64_t)sqlite3_column_int64(st, 0);
-  sq_stmt_done(&b->watch, ST_DATA_VERSION, st, temp);
-  code = rc == SQLITE_ROW ? ES_OK : sq_fail(err, &b->watch, rc, "data_version");
+  if (rc == SQLITE_ROW) *v = sqlite3_column_int64(st, 0);
+  sq_stmt_done(c, ST_DATA_VERSION, st, temp);
+  return rc == SQLITE_ROW ? ES_OK : sq_fail(err, c, rc, "data_version");
+}
+
+static int sq_data_version(es_backend *b, uint64_t *version, es_err *err) {
+  int64_t v = 0;
+  pthread_mutex_lock(&b->watch_mu);
+  int code = sq_dv(&b->watch, &v, err);
+  if (code == ES_OK) *version = (uint64_t)v;
   pthread_mutex_unlock(&b->watch_mu);
   return code;
+}
+
+/* ext_version: the watch connection's data_version moves with every
+ * commit of another connection, this handle's write connection included;
+ * sq_own_commit accounts for those, so what is left moved for another
+ * process (or handle). O(1): no read of events. */
+static int sq_ext_version(es_backend *b, uint64_t *version, es_err *err) {
+  int64_t v = 0;
+  pthread_mutex_lock(&b->watch_mu);
+  int code = sq_dv(&b->watch, &v, err);
+  if (code == ES_OK && v != b->watch_dv) {
+    b->foreign++;
+    b->watch_dv = v;
+  }
+  *version = b->foreign;
+  pthread_mutex_unlock(&b->watch_mu);
+  return code;
+}
+
+/* After a commit of the write connection (on the writing thread): the
+ * watch connection's data_version read now includes this commit, so
+ * ext_version does not count it; a commit of another connection that
+ * came in between is caught by the write connection's own data_version,
+ * which moves only for other connections' commits and is read after it.
+ * A look that fails counts as another's commit (a spurious wake, never a
+ * missed one). */
+static void sq_own_commit(es_backend *b) {
+  int64_t w = 0, d = 0;
+  es_err ignored = {0};
+  pthread_mutex_lock(&b->watch_mu);
+  int ok = sq_dv(&b->watch, &w, &ignored) == ES_OK && sq_dv(&b->w, &d, &ignored) == ES_OK;
+  if (!ok || d != b->w_dv) b->foreign++;
+  b->watch_dv = w;
+  b->w_dv = d;
+  pthread_mutex_unlock(&b->watch_mu);
 }
 
 /* ---- the ops table ---------------------------------------------------------- */
@@ -3250,6 +3320,7 @@ const es_backend_ops es_backend_sqlite = {
     .snapshot_delete_from = sq_snapshot_delete_from,
     .scrub = sq_scrub,
     .data_version = sq_data_version,
+    .ext_version = sq_ext_version,
     .lazy_begin = sq_lazy_begin,
     .lazy_end = sq_lazy_end,
     .segment_list = sq_segment_list,

@@ -258,6 +258,7 @@ static int chunk_flush(es_store *s, es_txn *t, insert_chunk *c, es_session_info 
                        es_events *out, es_err *err) {
   int rc = ES_OK;
   if (c->n == 0) return ES_OK;
+  es_core_touch(s, c->rows[0].session); /* a chunk holds one session's rows */
   if (s->ops->event_insert_many) {
     rc = s->ops->event_insert_many(s->bk, t, c->rows, c->n, err);
   } else {
@@ -891,91 +892,65 @@ int es_core_get(es_store *s, const char *session, int64_t index, es_event *out, 
 
 /* --- waiting --- */
 
-/* es_core_wait on a backend that can block until data_version moves
- * (ops->wait_change, postgres: woken by LISTEN/NOTIFY): no polling loop.
- * The version is taken before each read, so a commit that the read missed
- * has moved it and the wait returns at once. Every commit of this process
- * moves it too (postgres NOTIFYs on each), and close() wakes the wait
- * (ops->wake), after which the next read says CLOSED. */
-static int wait_notified(es_store *s, const char *scope, const char *session, int64_t after,
-                         const struct timespec *deadline, int64_t limit, es_events *out,
-                         es_err *err) {
-  for (;;) {
-    uint64_t v = 0;
-    int rc = es_store_data_version(s, &v, err);
-    if (rc == ES_OK)
+/* A moment `ms` after *from. */
+static struct timespec ms_after(const struct timespec *from, int64_t ms) {
+  struct timespec t = *from;
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000;
+  }
+  return t;
+}
+
+static int before(const struct timespec *a, const struct timespec *b) {
+  return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/* es_core_wait. A wait costs nothing while nothing it could read happens
+ * (issue 24: idle tails of an empty tenant used to read again on every
+ * commit of any tenant and every 50 ms poll): it sleeps on its key
+ * (wakes.c: its session, its scope, or every session), which only this
+ * handle's commits that add or drop events there wake, and the handle's
+ * ext_watch thread on another process's commit; it reads again only
+ * then. The read itself is an index seek within the scope (backend.h
+ * event_all), so what a wake costs is what is new there. */
+static int wait_keyed(es_store *s, const char *scope, const char *session, int64_t after,
+                      const struct timespec *deadline, int64_t limit, es_events *out,
+                      es_err *err) {
+  wait_key *k = es_core_wait_key_get(s, session ? session : scope ? scope : "");
+  if (!k) return nomem(err);
+  int rc = ES_OK, read = 1;
+  /* with the key held, so that the thread does not end under it */
+  if (s->ops->ext_version) rc = es_core_ext_start(s, err);
+  while (rc == ES_OK) {
+    /* the sequence is taken before the read: a commit the read missed
+     * has moved it, and the sleep below returns at once */
+    uint64_t seen = es_core_wait_key_seq(s, k);
+    if (read) {
       rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
                    : es_core_read_all(s, scope, after, limit, out, err);
-    if (rc || out->n > 0) return rc;
-    es_events_destroy(out);
+      if (rc || out->n > 0) break;
+      es_events_destroy(out);
+    }
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    int64_t left = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000 +
-                   (deadline->tv_nsec - now.tv_nsec) / 1000000;
-    if (left <= 0) {
-      /* less than a millisecond left counts as none */
-      return ES_OK;
-    }
-    /* inside enter/leave: close() waits for this call, after waking it */
-    if ((rc = es_core_enter(s, err))) return rc;
-    rc = s->ops->wait_change(s->bk, v, left, err);
-    es_core_leave(s);
-    if (rc) return rc;
+    if (!before(&now, deadline)) break;
+    read = es_core_wait_key_sleep(s, k, seen, deadline);
   }
+  es_core_wait_key_put(s, k);
+  return rc;
 }
 
 int es_core_wait(es_store *s, const char *scope, const char *session, int64_t after,
                  int64_t timeout_ms, int64_t limit, es_events *out, es_err *err) {
-  struct timespec deadline;
   memset(out, 0, sizeof *out);
   if (timeout_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "timeout_ms must be >= 0");
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += timeout_ms / 1000;
-  deadline.tv_nsec += (timeout_ms % 1000) * 1000000;
-  if (deadline.tv_nsec >= 1000000000) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000;
-  }
-  if (s->ops->wait_change) return wait_notified(s, scope, session, after, &deadline, limit, out, err);
-  uint64_t ext = 0;
-  int have_ext = 0;
-  for (;;) {
-    uint64_t seen = es_store_version(s);
-    int rc = session ? es_store_read(s, session, after, ES_NONE, limit, out, err)
-                     : es_core_read_all(s, scope, after, limit, out, err);
-    if (rc || out->n > 0) return rc;
-    es_events_destroy(out);
-    if (s->ops->data_version) {
-      uint64_t v = 0;
-      if ((rc = es_store_data_version(s, &v, err))) return rc;
-      if (have_ext && v != ext) {
-        ext = v;
-        continue; /* another process committed: read again */
-      }
-      ext = v;
-      have_ext = 1;
-    }
-    struct timespec now, until;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec > deadline.tv_sec ||
-        (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec))
-      return ES_OK;
-    /* Sleep until a commit here, the deadline, or the next external poll. */
-    until = now;
-    until.tv_nsec += WAIT_POLL_MS * 1000000L;
-    if (until.tv_nsec >= 1000000000) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000;
-    }
-    if (until.tv_sec > deadline.tv_sec ||
-        (until.tv_sec == deadline.tv_sec && until.tv_nsec > deadline.tv_nsec))
-      until = deadline;
-    pthread_mutex_lock(&s->vmu);
-    while (es_store_version(s) == seen) {
-      if (pthread_cond_clockwait(&s->vcond, &s->vmu, CLOCK_MONOTONIC, &until) != 0) break;
-    }
-    pthread_mutex_unlock(&s->vmu);
-  }
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  struct timespec deadline = ms_after(&now, timeout_ms);
+  return wait_keyed(s, scope, session, after, &deadline, limit, out, err);
 }
 
 /* ---------------------------------------------------------------------- */

@@ -144,8 +144,11 @@ typedef struct es_backend_ops {
    * every session's rows; otherwise only rows whose session starts with
    * scope (a tenant's prefix, §3.11, ending in ES_TENANT_SEP), so the
    * session lies in [scope, scope with its last byte + 1). The unscoped
-   * form must cost exactly what it did without scopes; a scoped one may
-   * pass over other sessions' rows in the same order (documented cost). */
+   * form must cost exactly what it did without scopes. The scoped one
+   * (here only) must cost what the scope's own rows cost, never a walk of
+   * other scopes' rows: tenants' waits and live tails read it after every
+   * commit that concerns them (sqlite and postgres: an index on (scope,
+   * position); memory: a merge of the scope's sessions). */
   int (*event_all)(es_backend *b, es_txn *t, const char *scope, int64_t after, int64_t limit,
                    es_event_cb cb, void *ctx, es_err *err);
   /* The highest position stored (0 when the store is empty). */
@@ -312,10 +315,23 @@ typedef struct es_backend_ops {
    * lock contention (a lock wait timed out, a deadlock), so that running
    * the whole claim again may succeed; 0 otherwise. Before the rollback. */
   int (*claim_retry)(es_backend *b, es_txn *t);
-  /* Optional (NULL: es_store_wait polls data_version): blocks until
-   * data_version differs from since, timeout_ms passed, or wake() was
+  /* Optional (NULL: the core polls ext_version): blocks until
+   * ext_version differs from since, timeout_ms passed, or wake() was
    * called, without a polling loop. Spurious returns are allowed. */
   int (*wait_change)(es_backend *b, uint64_t since, int64_t timeout_ms, es_err *err);
+  /* Optional (NULL: nothing else can write, as memory:): a number that
+   * changes when a commit not made through this backend's own write
+   * connection is seen (another process, another handle; a reconnect of
+   * a watch counts too, as commits may have been missed), in O(1). The
+   * core wakes its own waits on its own commits (wakes.c) and on the
+   * others' through this number: one thread per handle with waits blocks
+   * in wait_change on it, or looks at it every 50 ms. */
+  int (*ext_version)(es_backend *b, uint64_t *version, es_err *err);
+  /* With wait_change: makes the wait_change calls in progress return now
+   * (once; later calls block as usual). The core's thread that waits on
+   * ext_version ends when no wait needs it any more: it must not linger
+   * (it would reconnect a dropped watch connection nobody uses). */
+  void (*kick)(es_backend *b);
   /* Optional, with wait_change: makes every wait_change in progress return
    * now and every later one return at once; close() calls it before it
    * waits for the calls in flight. */

@@ -81,6 +81,7 @@ static int fork_events_bulk(es_store *s, es_txn *t, fork_args *a, es_session_inf
   if (rc) return rc;
   fork_id_ctx ids = {s, a->now, a->scope};
   int64_t copied = 0;
+  es_core_touch(s, dst->session);
   rc = s->ops->event_copy(s->bk, t, a->from, a->at, dst->session, a->now, fork_id, &ids, &copied,
                           err);
   if (rc == ES_OK && copied != a->at)
@@ -120,6 +121,7 @@ static int fork_copy_row(es_store *s, es_txn *t, fork_args *a, es_session_info *
     rc = es_crypto_fork_payload(s, t, a->ring, src, &row, &sealed, &row.payload_len, err);
   if (sealed) row.payload = sealed;
   else row.payload_len = src->payload_len; /* no key, or shredded: copied as stored */
+  if (rc == ES_OK) es_core_touch(s, row.session);
   if (rc == ES_OK) rc = s->ops->event_insert(s->bk, t, &row, err);
   free(sealed);
   if (rc) return rc;

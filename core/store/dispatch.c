@@ -359,7 +359,7 @@ static int claim_write(es_store *s, claim_next_args *a, es_err *err) {
   }
   if (lazy) s->ops->lazy_end(s->bk);
   pthread_mutex_unlock(&s->wmu);
-  if (rc == ES_OK) es_core_notify_commit(s);
+  if (rc == ES_OK) es_core_notify_commit(s, 0); /* claims add and drop no event */
   return rc;
 }
 

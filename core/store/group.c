@@ -18,14 +18,6 @@
 
 #define GROUP_MAX 1024        /* callers per group commit at most */
 
-/* Every commit bumps the handle's version and wakes its waiters. */
-void es_core_notify_commit(es_store *s) {
-  pthread_mutex_lock(&s->vmu);
-  atomic_fetch_add(&s->version, 1);
-  pthread_cond_broadcast(&s->vcond);
-  pthread_mutex_unlock(&s->vmu);
-}
-
 /* Group commit (backends with group_commit = 1; docs/store.md
  * "Transactions, threads and group commit").
  *
@@ -228,8 +220,10 @@ static void group_lead(es_store *s, group_waiter *me) {
   } else if (committed) {
     committed = group->rc == ES_OK;
   }
+  /* still under wmu: what this transaction touched is its own */
+  if (committed) es_core_notify_commit(s, 1);
+  else es_core_touch_clear(s);
   pthread_mutex_unlock(&s->wmu);
-  if (committed) es_core_notify_commit(s);
   pthread_mutex_lock(&s->qmu);
   s->taken = 0;
   if (brc == ES_OK) {
@@ -303,8 +297,10 @@ int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
       s->ops->write_rollback(s->bk, t);
     }
   }
+  /* still under wmu: what this transaction touched is its own */
+  if (rc == ES_OK) es_core_notify_commit(s, 1);
+  else es_core_touch_clear(s);
   pthread_mutex_unlock(&s->wmu);
-  if (rc == ES_OK) es_core_notify_commit(s);
   return rc;
 }
 

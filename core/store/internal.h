@@ -19,6 +19,8 @@
 
 /* A caller of es_core_write queued for a group commit (store.c). */
 typedef struct group_waiter group_waiter;
+typedef struct wait_key wait_key;
+enum { EXT_NONE, EXT_RUNNING, EXT_ENDED };
 
 typedef struct presence_watch {
   uint64_t token;
@@ -67,10 +69,19 @@ struct es_store {
   int last_group;            /* callers in the last group */
   int64_t commit_ns;         /* how long the last group's commit took */
 
-  /* change notification (es_store_wait, subscriptions) */
+  /* change notification (es_store_wait, subscriptions; wakes.c) */
   pthread_mutex_t vmu;
-  pthread_cond_t vcond;      /* broadcast after every commit */
   atomic_uint_least64_t version;
+  wait_key *wkeys;           /* under vmu: the keys waits sleep on */
+  pthread_mutex_t emu;       /* guards ext_state (taken before vmu) */
+  pthread_t ext_thread;      /* wakes.c: turns other processes' commits into wakes */
+  int ext_state;             /* EXT_NONE, EXT_RUNNING, EXT_ENDED (to be joined) */
+  uint64_t ext_since;        /* ext_version when ext_thread started */
+  /* under wmu: the sessions the open write transaction adds events to or
+   * drops events from (es_core_touch), or touched_all */
+  char (*touched)[ES_MAX_NAME_BYTES + 1];
+  size_t ntouched;
+  int touched_all;
 
   /* UUIDv7 generation: strictly increasing within this handle */
   pthread_mutex_t umu;
@@ -164,9 +175,34 @@ static inline int es_rule_check_after(const char *after, es_err *err) {
 
 /* group.c: sets up a handle's group-commit queue (es_core_handle_init). */
 void es_core_group_init(es_store *s);
-/* group.c: bumps the handle's version and wakes its waiters (after every
- * commit). */
-void es_core_notify_commit(es_store *s);
+/* wakes.c: after every commit, bumps the handle's version and wakes the
+ * waits the commit concerns. touched: 1 for a write transaction that
+ * recorded (es_core_touch) the sessions whose events it added or dropped,
+ * called with wmu still held (it then forgets them); 0 for a commit that
+ * added or dropped none (wakes no wait); -1 wakes every wait (close). */
+void es_core_notify_commit(es_store *s, int touched);
+/* wakes.c: in a write transaction (wmu held), records that it adds events
+ * to session or drops some (NULL: it cannot say which sessions: every
+ * wait is woken at its commit). */
+void es_core_touch(es_store *s, const char *session);
+/* wakes.c: forgets what a transaction that did not commit touched (wmu
+ * held). */
+void es_core_touch_clear(es_store *s);
+/* wakes.c: the key a wait sleeps on (its session, its scope, or "" for
+ * every session), taken (NULL: out of memory) and given back; its
+ * sequence (bumped by each commit that wakes it); sleeping until the
+ * sequence moves from seen or `until` (CLOCK_MONOTONIC): 1 when it
+ * moved. */
+wait_key *es_core_wait_key_get(es_store *s, const char *key);
+/* wakes.c: on a backend with ext_version, a wait holding its key starts
+ * the thread that wakes every wait when another process commits, unless
+ * it runs (it ends when no wait is left); es_core_ext_stop joins it
+ * (close, after the backend's wake()). */
+int es_core_ext_start(es_store *s, es_err *err);
+void es_core_ext_stop(es_store *s);
+void es_core_wait_key_put(es_store *s, wait_key *k);
+uint64_t es_core_wait_key_seq(es_store *s, wait_key *k);
+int es_core_wait_key_sleep(es_store *s, wait_key *k, uint64_t seen, const struct timespec *until);
 
 /* ids.c: a UUIDv7 of the handle, strictly increasing within it. */
 int es_core_uuid7(es_store *s, int64_t now, char out[37], es_err *err);

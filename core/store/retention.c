@@ -72,6 +72,7 @@ static int do_truncate(es_store *s, es_txn *t, void *arg, es_err *err) {
                    "can be dropped: let it complete, or settle it)",
                    a->session, (long long)a->through, (long long)a->bad_index,
                    a->bad_status == ES_STATUS_DEAD ? "a dead letter" : "pending");
+    es_core_touch(s, a->session); /* a wait on it must see TRUNCATED */
     if (rc == ES_OK) rc = s->ops->event_delete_range(s->bk, t, a->session, a->through, err);
     /* §3.9: archived events in the range go too (they count in `events`),
      * and the segments that end at or before through */
@@ -112,6 +113,7 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
   es_session_info_destroy(&si);
+  es_core_touch(s, a->session);
   if ((rc = s->ops->event_delete_range(s->bk, t, a->session, INT64_MAX, err)) ||
       (rc = es_archive_drop(s, t, a->session, INT64_MAX, &a->drop, err)) || /* §3.9 */
       (rc = s->ops->snapshot_delete_all(s->bk, t, a->session, err)) ||

@@ -535,6 +535,12 @@ static int m_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_e
   return b->real->wait_change(b->inner, since, timeout_ms, err);
 }
 
+static int m_ext_version(es_backend *b, uint64_t *version, es_err *err) {
+  return b->real->ext_version(b->inner, version, err);
+}
+
+static void m_kick(es_backend *b) { b->real->kick(b->inner); }
+
 static void m_wake(es_backend *b) {
   b->real->wake(b->inner);
 }
@@ -641,6 +647,8 @@ static void marked_ops(es_backend_ops *o) {
   if (o->claim_begin) o->claim_begin = m_claim_begin;
   if (o->claim_retry) o->claim_retry = m_claim_retry;
   if (o->wait_change) o->wait_change = m_wait_change;
+  if (o->ext_version) o->ext_version = m_ext_version;
+  if (o->kick) o->kick = m_kick;
   if (o->wake) o->wake = m_wake;
   if (o->release_commit) o->release_commit = m_release_commit;
   if (o->claim_ready) o->claim_ready = m_claim_ready;

@@ -414,6 +414,7 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
       break;
     }
     es_sh_decode_frozen(e);
+    es_core_touch(st, NULL); /* a move: every wait on this shard looks again */
     rc = ops->event_insert(real_bk(st), t, e, err);
   }
   for (size_t i = 0; rc == ES_OK && i < c->snaps.n; i++)
@@ -434,6 +435,7 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
   int rc = plan_guard(st, t, a->version, err);
   if (rc == ES_OK) rc = do_state(st, t, arg, err);
   if (rc || a->state != ST_FROZEN) return rc;
+  es_core_touch(st, a->session);
   rc = ops->event_delete_range(real_bk(st), t, a->session, INT64_MAX, err);
   if (rc == ES_OK) rc = ops->snapshot_delete_all(real_bk(st), t, a->session, err);
   if (rc == ES_OK) rc = ops->key_use_delete_session(real_bk(st), t, a->session, err);
@@ -893,6 +895,7 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
     row.returned = -1;
     row.origin_session = (char *)f->from;
     row.origin_index = e->index;
+    es_core_touch(st, NULL); /* a fork across shards: every wait on this shard looks again */
     rc = ops->event_insert(st->bk, t, &row, err);
   }
   for (size_t i = 0; rc == ES_OK && i < f->snaps.n; i++)

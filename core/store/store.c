@@ -91,7 +91,7 @@ void es_core_handle_init(es_store *s, const es_open_opts *opts) {
   pthread_mutex_init(&s->dmu, NULL);
   es_core_group_init(s);
   pthread_mutex_init(&s->vmu, NULL);
-  pthread_cond_init(&s->vcond, NULL);
+  pthread_mutex_init(&s->emu, NULL);
   pthread_mutex_init(&s->umu, NULL);
   pthread_mutex_init(&s->pmu, NULL);
   atomic_init(&s->refs, 1);
@@ -108,7 +108,8 @@ void es_core_handle_destroy(es_store *s) {
   pthread_mutex_destroy(&s->qmu);
   pthread_cond_destroy(&s->qcond);
   pthread_mutex_destroy(&s->vmu);
-  pthread_cond_destroy(&s->vcond);
+  pthread_mutex_destroy(&s->emu);
+  free(s->touched);
   pthread_mutex_destroy(&s->umu);
   pthread_mutex_destroy(&s->pmu);
 }
@@ -155,10 +156,11 @@ void es_core_close(es_store *s) {
   if (s->ops->wake) s->ops->wake(s->bk); /* a wait blocked in the backend returns now */
   while (s->inflight > 0) pthread_cond_wait(&s->lcond, &s->lmu);
   pthread_mutex_unlock(&s->lmu);
+  es_core_ext_stop(s); /* its next enter fails: it ends */
   /* No call is in flight, so no group transaction is open. */
   s->ops->close(s->bk);
   s->bk = NULL;
-  es_core_notify_commit(s); /* wake waiters so they see CLOSED */
+  es_core_notify_commit(s, -1); /* wake every wait so it sees CLOSED */
 }
 
 /* The last reference went (es_store_release). */

@@ -214,10 +214,11 @@ static void *waiter(void *arg) {
   return NULL;
 }
 
-/* Waits until a call is inside the store: the waiter, once its read found
- * nothing and it blocks in the backend (es_core_enter before wait_change;
- * a commit or a close from then on wakes it). Polled, not a pause assumed
- * long enough; the deadline only ends a hang. */
+/* Waits until a call is inside the store: the handle's thread that blocks
+ * in the backend for other processes' commits (es_core_enter before
+ * wait_change), which the first wait starts before its first read (a
+ * commit or a close from then on wakes the wait). Polled, not a pause
+ * assumed long enough; the deadline only ends a hang. */
 static int waiter_blocked(es_store *s) {
   for (int i = 0; i < 60000; i++) {
     pthread_mutex_lock(&s->lmu);
