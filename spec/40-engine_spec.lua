@@ -240,7 +240,10 @@ return function(event, ctx)
 end
 ]])
         t.handler("order.confirmed", [[
-return function(event, ctx) return { { type = "order.shipped" } } end
+return function(event, ctx)
+  -- ctx.meta is the handled event's meta (§4)
+  return { { type = "order.shipped", payload = { seen = ctx.meta and ctx.meta.causation or "none" } } }
+end
 ]])
         local engine = t.engine()
         local placed = engine:append("s", { { type = "order.placed" } })[1]
@@ -256,6 +259,7 @@ return function(event, ctx) return { { type = "order.shipped" } } end
         -- a result of a result: the chain's correlation, its own cause
         assert.equal("order.shipped", s[5].type)
         assert.same({ correlation = root, causation = s[2].id }, s[5].meta)
+        assert.same({ seen = root }, s[5].payload) -- order.confirmed's handler read its ctx.meta
         -- an event that carries a correlation passes it on
         local u = t.store:read("u")
         assert.same({ correlation = "req-42", causation = traced.id }, u[2].meta)

@@ -167,6 +167,8 @@ static int run_job(lua_State *L) {
   es_determinism_seed(L, ev);
   es_lua_push_event(L, ev, 1);
   es_push_ctx(L, j->r, ev);
+  lua_getfield(L, -2, "meta"); /* ctx.meta: the handled event's (§4), the same table */
+  lua_setfield(L, -2, "meta");
   lua_pushvalue(L, -1);
   lua_insert(L, -4); /* a copy of ctx below the call: its cancels are read after */
   lua_call(L, 2, 1);
