@@ -97,7 +97,10 @@ end
         { type = "sealed", payload = { secret = "x", list = json.array({ 1, json.null }) }, key = "k1" },
         { type = "sealed", payload = { secret = "y" }, key = "k2" },
         { type = "empty" }, -- no payload: null
+        { type = "traced", payload = {}, revision = 3, meta = { correlation = "c-1", list = json.array({ 1 }) } },
+        { type = "reminder", payload = {}, not_before = clock:now() + 60000 },
       })
+      store:cancel("s", store:head("s"), { reason = "paid" })
       assert.is_true(store:shred("k2"))
       store:fork("s", store:head("s"), "copy")
       store:append("copy", { { type = "after.fork", payload = { u = "\u{e9}\0z" } } })
@@ -117,9 +120,12 @@ end
         if e.shredded then has.shredded = true end
         if e.processed_by_attempt then has.processed_by_attempt = true end
         if e.claim_holder then has.claim_holder = true end
+        if e.meta then has.meta = true end
+        if e.revision == 3 then has.revision = true end
+        if e.cancelled then has.cancelled = true end
       end
       assert.same({ cause = true, dead = true, lane = true, not_before = true, key = true, shredded = true,
-        processed_by_attempt = true, claim_holder = true }, has)
+        processed_by_attempt = true, claim_holder = true, meta = true, revision = true, cancelled = true }, has)
       assert.truthy(engine:state("copy", "keep")[1].origin)
     end)
 

@@ -109,7 +109,8 @@ enum {
   F_ID, F_TYPE, F_PAYLOAD, F_KEY, F_SHREDDED, F_INDEX, F_SESSION, F_POSITION, F_CREATED_AT,
   F_CAUSE, F_ATTEMPT, F_LANE, F_NOT_BEFORE, F_STATUS, F_ATTEMPTS, F_FAILURES, F_LAST_ERROR,
   F_PROCESSED_AT, F_CLAIM_HOLDER, F_CLAIM_EXPIRES_AT, F_RETRY_AT, F_FIRST_CLAIMED_AT,
-  F_LAST_CLAIMED_AT, F_FAILED_AT, F_PROCESSED_BY_ATTEMPT, F_ORIGIN,
+  F_LAST_CLAIMED_AT, F_FAILED_AT, F_PROCESSED_BY_ATTEMPT, F_ORIGIN, F_REVISION, F_META,
+  F_CANCELLED,
   V_PENDING, V_PROCESSED, V_DEAD, /* status values */
   F_COUNT
 };
@@ -118,7 +119,8 @@ static const char *const field_names[F_COUNT] = {
     "id", "type", "payload", "key", "shredded", "index", "session", "position", "created_at",
     "cause", "attempt", "lane", "not_before", "status", "attempts", "failures", "last_error",
     "processed_at", "claim_holder", "claim_expires_at", "retry_at", "first_claimed_at",
-    "last_claimed_at", "failed_at", "processed_by_attempt", "origin",
+    "last_claimed_at", "failed_at", "processed_by_attempt", "origin", "revision", "meta",
+    "cancelled",
     "pending", "processed", "dead",
 };
 
@@ -178,7 +180,8 @@ static inline int has_int(int64_t v) { return v != ES_NONE; }
 /* Pushes ev as es_lua_push_event(L, ev, 0) does (same fields, in the same
  * cases). */
 static void evb_push(lua_State *L, evb *b, const es_event *ev) {
-  int n = 3 /* type, payload, status */ + (ev->id != NULL) + (ev->key != NULL) + (ev->shredded != 0) +
+  const char *cancelled = es_event_cancelled(ev); /* §3.2: shown instead of last_error */
+  int n = 4 /* type, payload, status, revision */ + (ev->meta != NULL) + (ev->id != NULL) + (ev->key != NULL) + (ev->shredded != 0) +
           has_int(ev->index) + (ev->session != NULL) + has_int(ev->position) +
           has_int(ev->created_at) + has_int(ev->cause_index) + (ev->lane != NULL) +
           has_int(ev->not_before) + has_int(ev->attempts) + has_int(ev->failures) +
@@ -197,6 +200,12 @@ static void evb_push(lua_State *L, evb *b, const es_event *ev) {
   if (!ev->payload) lua_pushnil(L); /* §3.10: a shredded payload */
   else es_json_decoder_decode(L, b->jd, ev->payload, ev->payload_len);
   lua_rawset(L, -3);
+  evb_set_int(L, b, F_REVISION, ev->revision);
+  if (ev->meta) { /* §3.1: decoded as a payload is */
+    lua_pushvalue(L, b->names + F_META);
+    es_json_decoder_decode(L, b->jd, ev->meta, strlen(ev->meta));
+    lua_rawset(L, -3);
+  }
   evb_set_str(L, b, F_KEY, ev->key);
   if (ev->shredded) {
     lua_pushvalue(L, b->names + F_SHREDDED);
@@ -228,7 +237,8 @@ static void evb_push(lua_State *L, evb *b, const es_event *ev) {
   lua_rawset(L, -3);
   evb_set_int(L, b, F_ATTEMPTS, ev->attempts);
   evb_set_int(L, b, F_FAILURES, ev->failures);
-  evb_set_str(L, b, F_LAST_ERROR, ev->last_error);
+  evb_set_str(L, b, F_LAST_ERROR, cancelled ? NULL : ev->last_error);
+  evb_set_str(L, b, F_CANCELLED, cancelled);
   evb_set_int(L, b, F_PROCESSED_AT, ev->processed_at);
   evb_set_str(L, b, F_CLAIM_HOLDER, ev->claim_holder);
   evb_set_int(L, b, F_CLAIM_EXPIRES_AT, ev->claim_expires_at);
@@ -236,7 +246,7 @@ static void evb_push(lua_State *L, evb *b, const es_event *ev) {
   evb_set_int(L, b, F_FIRST_CLAIMED_AT, ev->first_claimed_at);
   evb_set_int(L, b, F_LAST_CLAIMED_AT, ev->last_claimed_at);
   evb_set_int(L, b, F_FAILED_AT, ev->failed_at);
-  evb_set_int(L, b, F_PROCESSED_BY_ATTEMPT, ev->processed_by_attempt);
+  evb_set_int(L, b, F_PROCESSED_BY_ATTEMPT, cancelled ? ES_NONE : ev->processed_by_attempt);
   if (ev->origin_session) {
     lua_pushvalue(L, b->names + F_ORIGIN);
     lua_createtable(L, 0, 2);
