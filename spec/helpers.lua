@@ -321,6 +321,10 @@ end
 local ROOT = assert(io.popen("pwd")):read("l")
 local BUILD = os.getenv("BUILD") or "build"
 helpers.BIN = (BUILD:sub(1, 1) == "/" and "" or ROOT .. "/") .. BUILD .. "/bin/eventstore"
+-- Whether this run is the sanitizer pass (make check-sanitize), where every
+-- instruction of the build costs several times what it does in make test:
+-- a bound on CPU time is the release build's, and checked there.
+helpers.SANITIZED = BUILD:match("build%-san$") ~= nil
 
 -- A file's bytes, or nil when it cannot be read.
 function helpers.read_file(path)
