@@ -47,6 +47,31 @@ for _, url in ipairs(helpers.urls()) do
         expect_error("CLOSED", function() return engine:has_handler("x") end)
       end)
 
+      it("type confusion: a handler calling the box finalizer on another value changes nothing", function()
+        local t = eh.setup(url)
+        -- ctx.state makes a box (its metatable is in the registry); then
+        -- the handler calls that __gc on a file handle, a table and twice
+        -- more: before the check, the file's bytes were run as a function.
+        t.reducer("r", "return { init = function() return {} end }")
+        t.handler("x", [[
+return function(event, ctx)
+  ctx.state("r")
+  local mt = debug.getregistry()["eventstore.Box"]
+  assert(mt and mt.__gc, "no box metatable")
+  mt.__gc(io.stdout)
+  mt.__gc({})
+  mt.__gc("text")
+  return { { type = "done" } }
+end
+]])
+        local engine = t.engine()
+        t.store:append("s", { { type = "x" } })
+        local r = engine:run({ until_idle = true })
+        assert.equal(1, r.handled)
+        assert.equal("done", t.store:read("s")[2].type)
+        engine:close()
+      end)
+
       it("raw error: close() from a progress function raises an error object", function()
         local t = eh.setup(url)
         local engine = t.engine()

@@ -53,7 +53,9 @@ void es_box_release_now(void *box) {
 }
 
 static int box_gc(lua_State *L) {
-  box_head *h = lua_touserdata(L, 1);
+  /* Checked: a script can reach this function (debug.getregistry) and
+   * call it with any value; only a box has a release to run. */
+  box_head *h = luaL_testudata(L, 1, BOX_MT);
   if (h) es_box_release_now(h + 1);
   return 0;
 }
