@@ -69,6 +69,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
 #include "store/backend.h"
 #include "store/backend_sql.h"
 #include "store/counts.h"
@@ -3651,14 +3652,7 @@ static int pg_wait_change(es_backend *b, uint64_t since, int64_t timeout_ms, es_
         break;
       }
     } else {
-      struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_sec += left / 1000;
-      until.tv_nsec += (left % 1000) * 1000000L;
-      if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-      }
+      struct timespec until = es_timespec_in(CLOCK_MONOTONIC, left);
       pthread_cond_clockwait(&b->watch_cv, &b->watch_mu, CLOCK_MONOTONIC, &until);
     }
   }

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "engine/internal.h"
+#include "util/clock.h"
 #include "bridge/common.h"
 #include "bridge/events.h"
 #include "codec/json_doc.h"
@@ -507,17 +508,7 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
 }
 
 /* CLOCK_MONOTONIC now + ms, for pthread_cond_clockwait. */
-static struct timespec mono_in(int64_t ms) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  t.tv_sec += ms / 1000;
-  t.tv_nsec += (ms % 1000) * 1000000L;
-  if (t.tv_nsec >= 1000000000L) {
-    t.tv_sec++;
-    t.tv_nsec -= 1000000000L;
-  }
-  return t;
-}
+static struct timespec mono_in(int64_t ms) { return es_timespec_in(CLOCK_MONOTONIC, ms); }
 
 void es_engine_sleep(es_engine *e, int64_t ms) {
   struct timespec until = mono_in(ms);

@@ -41,3 +41,15 @@ int es_manual_clock_now(void *ctx, int64_t *now_ms, es_err *err) {
   *now_ms = es_manual_clock_get(ctx);
   return ES_OK;
 }
+
+struct timespec es_timespec_in(clockid_t clock, int64_t ms) {
+  struct timespec t;
+  clock_gettime(clock, &t);
+  t.tv_sec += (time_t)(ms / 1000);
+  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}

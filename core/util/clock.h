@@ -5,6 +5,8 @@
 #ifndef ES_CLOCK_H
 #define ES_CLOCK_H
 
+#include <time.h>
+
 #include "es.h"
 
 typedef struct es_manual_clock es_manual_clock;
@@ -19,5 +21,9 @@ void es_manual_clock_set(es_manual_clock *c, int64_t ms);
 int64_t es_manual_clock_advance(es_manual_clock *c, int64_t ms);
 /* An es_clock_fn reading the es_manual_clock passed as ctx. */
 int es_manual_clock_now(void *ctx, int64_t *now_ms, es_err *err);
+
+/* The time `ms` milliseconds from now on clock `clock` (a deadline for
+ * pthread_cond_clockwait and the like). */
+struct timespec es_timespec_in(clockid_t clock, int64_t ms);
 
 #endif
