@@ -7,10 +7,12 @@
 -- (read back after each refusal). One server per backend (helpers.urls()),
 -- with an engine (a reducer, so truncate keeps state readable), an
 -- archive directory and a master key file. Tenant scoping of these routes
--- is spec/82's.
+-- is spec/82's. Every answer is checked against the OpenAPI document's
+-- schema for its route at the end (spec/openapi_helpers.lua).
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local hh = require("http_helpers")
+local oh = require("openapi_helpers")
 
 local json = eventstore.json
 local ADMIN = "admin-token"
@@ -30,7 +32,7 @@ end
 
 for _, template in ipairs(helpers.urls()) do
   describe("HTTP §3.7-§3.10 routes on " .. template, function()
-    local srv, scripts, dir
+    local srv, scripts, dir, records
     local serial = 0
     local function name(p)
       serial = serial + 1
@@ -44,8 +46,10 @@ for _, template in ipairs(helpers.urls()) do
       assert(os.execute("mkdir -p " .. helpers.sh_quote(dir)))
       srv = hh.serve_on(template, { scripts = scripts, tokens = TOKENS,
         args = { "--archive", dir .. "/archive", "--keys", dir .. "/master.key" } })
+      records = oh.record()
     end)
     teardown(function()
+      oh.stop()
       hh.stop_clean(srv)
       hh.rm(scripts)
       hh.rm(dir)
@@ -385,6 +389,12 @@ for _, template in ipairs(helpers.urls()) do
         st, b = hh.post(srv, ADMIN, path, {})
         assert.same({ shredded = false }, b)
       end)
+    end)
+
+    it("every answer above met the OpenAPI document's schema for its route", function()
+      local failures, n = oh.check(records)
+      assert.same({}, failures)
+      assert.is_true(n >= 100, n)
     end)
   end)
 end

@@ -202,6 +202,8 @@ function hh.request(srv, method, path, o)
   if (headers["content-type"] or ""):find("json", 1, true) and text ~= "" then
     body = json.decode(text)
   end
+  -- spec/openapi_helpers.lua's oh.record(): answers checked against the document
+  if hh.recorder then hh.recorder(method, path, status, headers, text) end
   return status, body, headers, text
 end
 
