@@ -19,6 +19,7 @@
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local hh = require("http_helpers")
+local oh = require("openapi_helpers")
 
 local json = eventstore.json
 local null = json.null
@@ -56,7 +57,7 @@ local function shown(v) return type(v) == "table" and json.encode(v) or tostring
 
 for _, template in ipairs(helpers.urls()) do
   describe("HTTP API on " .. template, function()
-    local srv, scripts
+    local srv, scripts, records
     local serial, wserial = 0, 0
 
     -- A session name no other test of this server uses.
@@ -76,9 +77,11 @@ for _, template in ipairs(helpers.urls()) do
         ["reducers/raises.lua"] = REDUCER_RAISES })
       srv = hh.serve_on(template, { scripts = scripts, tokens = TOKENS,
         args = { "--max-batch", tostring(MAX_BATCH), "--max-body", tostring(MAX_BODY) } })
+      records = oh.record()
     end)
 
     teardown(function()
+      oh.stop()
       hh.rm(scripts)
       hh.stop_clean(srv)
     end)
@@ -1415,6 +1418,14 @@ for _, template in ipairs(helpers.urls()) do
           assert.is_true(st ~= 401 and st ~= 403, ("%s %s with %s: %s %s"):format(r[1], r[2], tok, tostring(st), shown(b)))
         end
       end)
+    end)
+
+    -- every answer of the routes above against the OpenAPI document
+    -- (spec/openapi_helpers.lua): its schema for the route, or Error
+    it("every answer met the OpenAPI document's schema for its route", function()
+      local failures, n = oh.check(records)
+      assert.same({}, failures)
+      assert.is_true(n > 0)
     end)
   end)
 end
