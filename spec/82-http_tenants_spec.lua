@@ -49,7 +49,6 @@ for _, template in ipairs(helpers.urls()) do
     -- unique per run, so a hit cannot come from an earlier run's data
     local SECRET = ("acme-secret-%d-%d"):format(os.time(), math.random(1, 1 << 30))
     local acme_positions = {} -- position -> true, for every event of acme
-    local extra -- the server's archive directory and master key file
     local acme_lease -- acme's lease on its ledger
 
     -- acme's events (all sessions) in position order.
@@ -115,11 +114,7 @@ for _, template in ipairs(helpers.urls()) do
 
     setup(function()
       scripts = hh.scripts({ ["reducers/count.lua"] = REDUCER })
-      extra = os.tmpname()
-      os.remove(extra)
-      assert(os.execute("mkdir -p " .. helpers.sh_quote(extra)))
-      srv = hh.serve_on(template, { scripts = scripts, tokens = TOKENS,
-        args = { "--archive", extra .. "/archive", "--keys", extra .. "/master.key" } })
+      srv = hh.serve_full(template, { scripts = scripts, tokens = TOKENS })
       -- acme's data, through acme's tokens
       hh.append_ok(srv, "acme-rw", "orders", { { id = "o-1", type = "placed", payload = { secret = SECRET }, settled = true },
         { type = "placed", payload = { n = 2 }, settled = true } })
@@ -159,8 +154,7 @@ for _, template in ipairs(helpers.urls()) do
 
     teardown(function()
       hh.rm(scripts)
-      hh.stop_clean(srv)
-      hh.rm(extra)
+      hh.stop_full(srv)
     end)
 
     it("acme sees its own data with unprefixed names", function()

@@ -32,7 +32,7 @@ end
 
 for _, template in ipairs(helpers.urls()) do
   describe("HTTP §3.7-§3.10 routes on " .. template, function()
-    local srv, scripts, dir, records
+    local srv, records
     local serial = 0
     local function name(p)
       serial = serial + 1
@@ -40,19 +40,12 @@ for _, template in ipairs(helpers.urls()) do
     end
 
     setup(function()
-      scripts = hh.scripts({ ["reducers/count.lua"] = hh.SUM_REDUCER })
-      dir = os.tmpname()
-      os.remove(dir)
-      assert(os.execute("mkdir -p " .. helpers.sh_quote(dir)))
-      srv = hh.serve_on(template, { scripts = scripts, tokens = TOKENS,
-        args = { "--archive", dir .. "/archive", "--keys", dir .. "/master.key" } })
+      srv = hh.serve_full(template, { tokens = TOKENS })
       records = oh.record()
     end)
     teardown(function()
       oh.stop()
-      hh.stop_clean(srv)
-      hh.rm(scripts)
-      hh.rm(dir)
+      hh.stop_full(srv)
     end)
 
     local function post(token, session, what, body)

@@ -103,22 +103,15 @@ end)
 
 for _, template in ipairs(helpers.urls()) do
   describe("a client made from /v1/openapi.json alone on " .. template, function()
-    local srv, scripts, dir, records
+    local srv, records
 
     setup(function()
-      scripts = hh.scripts({ ["reducers/count.lua"] = hh.SUM_REDUCER })
-      dir = os.tmpname()
-      os.remove(dir)
-      assert(os.execute("mkdir -p " .. helpers.sh_quote(dir)))
-      srv = hh.serve_on(template, { scripts = scripts,
-        args = { "--archive", dir .. "/archive", "--keys", dir .. "/master.key" } })
+      srv = hh.serve_full(template)
       records = oh.record()
     end)
     teardown(function()
       oh.stop()
-      hh.stop_clean(srv)
-      hh.rm(scripts)
-      hh.rm(dir)
+      hh.stop_full(srv)
     end)
 
     it("reaches every route with the document's own examples; every answer meets its schema", function()
