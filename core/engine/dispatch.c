@@ -101,14 +101,25 @@ es_type_set *es_types_get(es_engine *e) {
   return t;
 }
 
-/* Replaces the claimed types with fresh (taking its reference). */
-static void types_set(es_engine *e, es_type_set *fresh) {
+/* Replaces the claimed types with fresh, and the handler types with
+ * handlers unless NULL (taking their references). */
+static void types_set(es_engine *e, es_type_set *fresh, es_type_set *handlers) {
   pthread_mutex_lock(&e->types_mu);
-  es_type_set *old = e->types;
+  es_type_set *old = e->types, *old_handlers = handlers ? e->handlers : NULL;
   e->types = fresh;
+  if (handlers) e->handlers = handlers;
   e->types_at = es_mono_ms();
   pthread_mutex_unlock(&e->types_mu);
   es_type_set_release(old);
+  es_type_set_release(old_handlers);
+}
+
+es_type_set *es_handlers_get(es_engine *e) {
+  pthread_mutex_lock(&e->types_mu);
+  es_type_set *t = e->handlers;
+  if (t) atomic_fetch_add(&t->refs, 1);
+  pthread_mutex_unlock(&e->types_mu);
+  return t;
 }
 
 /* Rescans scripts/handlers and scripts/upcasters (at a run's start, then
@@ -129,8 +140,8 @@ void es_types_refresh(es_engine *e) {
   pthread_mutex_lock(&e->up_mu);
   es_type_set *fresh = es_type_set_union(handlers, e->upcasters, e->elsewhere, e->n_elsewhere);
   pthread_mutex_unlock(&e->up_mu);
-  es_type_set_release(handlers);
-  if (fresh) types_set(e, fresh);
+  if (fresh) types_set(e, fresh, handlers);
+  else es_type_set_release(handlers);
 }
 
 /* §7: events of the stored type `type` were found to upcast to a type
@@ -157,7 +168,7 @@ void es_types_exclude(es_engine *e, const char *type) {
   char *minus[1] = {(char *)type};
   es_type_set *fresh = es_type_set_union(cur, NULL, minus, 1);
   es_type_set_release(cur);
-  if (fresh) types_set(e, fresh);
+  if (fresh) types_set(e, fresh, NULL);
 }
 
 void es_job_error(job *j, const char *msg) {

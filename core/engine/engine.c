@@ -443,6 +443,7 @@ static void engine_free(es_engine *e) {
   pthread_cond_destroy(&e->c_cond);
   pthread_cond_destroy(&e->c_done);
   es_type_set_release(e->types);
+  es_type_set_release(e->handlers);
   pthread_cond_destroy(&e->fold_cond);
   pthread_cond_destroy(&e->fold_free);
   es_type_stats_destroy(&e->tstats); /* §3.12 */

@@ -130,6 +130,7 @@ struct es_engine {
                                * so a run ends when its work does, not a poll period later */
 
   es_type_set *types;         /* what workers claim (under types_mu); the keeper rescans it */
+  es_type_set *handlers;      /* the types with a handler file (under types_mu, rescanned with it) */
   pthread_mutex_t types_mu;
   int64_t types_at;           /* when it was scanned (monotonic ms) */
   int types_failing;          /* the last rescan failed (logged once); the keeper's */
@@ -333,6 +334,7 @@ int64_t es_lost_attempts(const es_event *ev);
 void es_record_failure(es_engine *e, int id, const claim_info *c, const char *error,
                        int retry_now, int patient);
 es_type_set *es_types_get(es_engine *e);
+es_type_set *es_handlers_get(es_engine *e);
 void es_types_refresh(es_engine *e);
 void es_types_exclude(es_engine *e, const char *type);
 void es_job_error(job *j, const char *msg);
