@@ -54,6 +54,7 @@ typedef struct runner {
   lua_State *L;            /* its own state, budgeted by b */
   es_budget b;
   es_type_set *up;         /* the upcaster types of its job (upcast.c; a reference) */
+  unsigned up_gen, up_cache_gen; /* its job, and the job its upcaster cache is of (upcast.c) */
   pthread_t thread;
   clockid_t cpu;           /* the thread's CPU clock, for the watchdog */
   int has_cpu;

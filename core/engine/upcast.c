@@ -58,6 +58,7 @@ static es_type_set *set_get(es_engine *e) {
 }
 
 void es_upcast_begin(runner *r) {
+  r->up_gen++; /* the job's module cache starts empty: files are looked at again */
   es_type_set *t = set_get(r->e);
   es_type_set_release(r->up);
   r->up = t;
@@ -116,17 +117,15 @@ static int push_module(lua_State *L, runner *r, const char *type) {
     return 0;
   }
   lua_pop(L, 2);
-  lua_getfield(L, -1, "current"); /* checked by the loader: an integer revision */
-  remember_current(r->e, type, lua_tointeger(L, -1));
-  lua_pop(L, 1);
   return 1;
 }
 
 int64_t es_upcast_current_L(lua_State *L, runner *r, const char *type) {
   if (!push_module(L, r, type)) return 1;
-  lua_getfield(L, -1, "current");
+  lua_getfield(L, -1, "current"); /* checked by the loader: an integer revision */
   int64_t c = lua_tointeger(L, -1);
   lua_pop(L, 2);
+  remember_current(r->e, type, c);
   return c;
 }
 
@@ -150,22 +149,49 @@ static int fail(lua_State *L, runner *r, int ev, const char *type, int64_t rev, 
                        (long long)lua_tointeger(L, -2), id ? id : "?", why);
 }
 
-/* "a -> b -> c" from the chain's types (a Lua array at path), then last. */
-static void path_text(lua_State *L, int path, const char *last, char *out, size_t cap) {
+/* "a -> b -> c": the chain's types so far, then last. */
+static void path_text(const char *const *types, int n, const char *last, char *out, size_t cap) {
   size_t used = 0;
   out[0] = '\0';
-  lua_Integer n = (lua_Integer)lua_rawlen(L, path);
-  for (lua_Integer i = 1; i <= n + 1 && used < cap; i++) {
-    const char *t = last;
-    if (i <= n) {
-      lua_rawgeti(L, path, i);
-      t = lua_tostring(L, -1);
-      lua_pop(L, 1); /* still anchored in the path table */
-    }
-    int k = snprintf(out + used, cap - used, "%s%s", i > 1 ? " -> " : "", t ? t : "?");
+  for (int i = 0; i <= n && used < cap; i++) {
+    const char *t = i < n ? types[i] : last;
+    int k = snprintf(out + used, cap - used, "%s%s", i ? " -> " : "", t ? t : "?");
     if (k < 0) break;
     used += (size_t)k;
   }
+}
+
+static const char cache_key = 'u'; /* registry: {[type] = upcaster table} of r's current job */
+
+/* Pushes type's upcaster table, as push_module, through the job's cache:
+ * a fold of many events of one type asks the loader once, not per event
+ * (the loader itself looks at the file at most once a second anyway). */
+static int cached_module(lua_State *L, runner *r, const char *type, int type_idx) {
+  if (r->up_cache_gen != r->up_gen) {
+    lua_newtable(L);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &cache_key);
+    r->up_cache_gen = r->up_gen;
+  }
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &cache_key);
+  lua_pushvalue(L, type_idx);
+  if (lua_rawget(L, -2) == LUA_TTABLE) {
+    lua_remove(L, -2);
+    return 1;
+  }
+  int none = lua_type(L, -1) == LUA_TBOOLEAN; /* false: no file */
+  lua_pop(L, 1);
+  if (none) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  int has = push_module(L, r, type);
+  lua_pushvalue(L, type_idx);
+  if (has) lua_pushvalue(L, -2);
+  else lua_pushboolean(L, 0);
+  lua_rawset(L, -3 - has);
+  if (has) lua_remove(L, -2);
+  else lua_pop(L, 1);
+  return has;
 }
 
 void es_upcast_event(lua_State *L, runner *r, int idx) {
@@ -175,54 +201,45 @@ void es_upcast_event(lua_State *L, runner *r, int idx) {
     lua_pop(L, 1);
     return;
   }
-  luaL_checkstack(L, 16, "upcast");
-  int type_slot = lua_gettop(L);
+  luaL_checkstack(L, ES_UPCAST_MAX_STEPS + 16, "upcast");
+  int base = lua_gettop(L); /* the stored type; each renamed type is pushed above it */
   lua_getfield(L, idx, "revision");
   int64_t rev = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : 1;
   lua_pop(L, 1);
   lua_getfield(L, idx, "payload");
-  int pay = lua_gettop(L);
-  lua_createtable(L, 4, 0); /* the chain's (type, revision) pairs: the loop check */
-  int path = lua_gettop(L);
-  lua_createtable(L, 4, 0);
-  int revs = lua_gettop(L);
-  int steps = 0, changed = 0;
+  lua_insert(L, base); /* the payload below the types */
+  int pay = base, type_slot = base + 1;
+  /* The (type, revision) pairs the chain was at, for the loop check: the
+   * type strings stay anchored on the stack while the chain runs. */
+  const char *types[ES_UPCAST_MAX_STEPS + 1];
+  int64_t revs[ES_UPCAST_MAX_STEPS + 1];
+  int steps = 0;
+  int have = 0; /* the module of types[..] at type_slot is on the stack */
   for (;;) {
     const char *type = lua_tostring(L, type_slot);
-    if (!push_module(L, r, type)) break;
+    if (!have && !cached_module(L, r, type, type_slot)) break;
+    have = 1;
     int mod = lua_gettop(L);
     lua_getfield(L, mod, "current");
     int64_t cur = lua_tointeger(L, -1);
     lua_pop(L, 1);
-    if (rev == cur) {
-      lua_settop(L, mod - 1);
-      break;
-    }
+    if (rev == cur) break;
     if (rev > cur)
       fail(L, r, idx, type, rev, "the event's revision is newer than current (%lld): these "
            "scripts are older than the event", (long long)cur);
-    /* The loop check: a (type, revision) the chain was at already. */
-    lua_Integer n = (lua_Integer)lua_rawlen(L, path);
-    for (lua_Integer i = 1; i <= n; i++) {
-      lua_rawgeti(L, path, i);
-      lua_rawgeti(L, revs, i);
-      int same = strcmp(lua_tostring(L, -2), type) == 0 && lua_tointeger(L, -1) == rev;
-      lua_pop(L, 2);
-      if (same) {
+    for (int i = 0; i < steps; i++)
+      if (revs[i] == rev && strcmp(types[i], type) == 0) {
         char p[512];
-        path_text(L, path, type, p, sizeof p);
+        path_text(types, steps, type, p, sizeof p);
         fail(L, r, idx, type, rev, "the upcasters loop: %s", p);
       }
-    }
     if (steps == ES_UPCAST_MAX_STEPS) {
       char p[512];
-      path_text(L, path, type, p, sizeof p);
+      path_text(types, steps, type, p, sizeof p);
       fail(L, r, idx, type, rev, "the chain is longer than %d steps: %s", ES_UPCAST_MAX_STEPS, p);
     }
-    lua_pushvalue(L, type_slot);
-    lua_rawseti(L, path, n + 1);
-    lua_pushinteger(L, rev);
-    lua_rawseti(L, revs, n + 1);
+    types[steps] = type;
+    revs[steps] = rev;
     if (lua_rawgeti(L, mod, rev) != LUA_TFUNCTION)
       fail(L, r, idx, type, rev, "no step [%lld] (revision %lld -> %lld) in the file",
            (long long)rev, (long long)rev, (long long)rev + 1);
@@ -230,13 +247,13 @@ void es_upcast_event(lua_State *L, runner *r, int idx) {
     lua_pushvalue(L, idx);
     if (es_budget_pcall(L, 2, 3) != LUA_OK) fail(L, r, idx, type, rev, "%s", lua_tostring(L, -1));
     steps++;
-    changed = 1;
-    int out = lua_gettop(L) - 2; /* payload, type, revision */
+    int out = mod + 1; /* payload, type, revision */
     if (!lua_isnil(L, out)) { /* nil: the payload was changed in place */
       lua_pushvalue(L, out);
       lua_replace(L, pay);
     }
     int64_t next = rev + 1;
+    int renamed = 0;
     if (!lua_isnil(L, out + 1)) {
       size_t len;
       const char *to = lua_type(L, out + 1) == LUA_TSTRING ? lua_tolstring(L, out + 1, &len) : NULL;
@@ -245,6 +262,7 @@ void es_upcast_event(lua_State *L, runner *r, int idx) {
         fail(L, r, idx, type, rev, "step [%lld] must return a type name second (or nothing), not %s",
              (long long)rev, to ? "that string" : luaL_typename(L, out + 1));
       if (strcmp(to, type) != 0) {
+        renamed = 1;
         next = 1;
         if (!lua_isnil(L, out + 2)) {
           if (!lua_isinteger(L, out + 2) || lua_tointeger(L, out + 2) < 1 ||
@@ -253,14 +271,20 @@ void es_upcast_event(lua_State *L, runner *r, int idx) {
                  "is not a revision (an integer 1..%d)", (long long)rev, to, ES_MAX_REVISION);
           next = lua_tointeger(L, out + 2);
         }
-        lua_pushvalue(L, out + 1);
-        lua_replace(L, type_slot);
       }
     }
     rev = next;
-    lua_settop(L, revs);
+    if (renamed) { /* the new type takes the module's slot and stays anchored there */
+      lua_pushvalue(L, out + 1);
+      lua_replace(L, mod);
+      lua_settop(L, mod);
+      type_slot = mod;
+      have = 0;
+    } else {
+      lua_settop(L, mod);
+    }
   }
-  if (changed) {
+  if (steps) {
     lua_pushvalue(L, type_slot);
     lua_setfield(L, idx, "type");
     lua_pushinteger(L, rev);
@@ -268,7 +292,7 @@ void es_upcast_event(lua_State *L, runner *r, int idx) {
     lua_pushvalue(L, pay);
     lua_setfield(L, idx, "payload");
   }
-  lua_settop(L, type_slot - 1);
+  lua_settop(L, base - 1);
 }
 
 void es_upcast_push_version(lua_State *L, runner *r) {
