@@ -93,13 +93,7 @@ void es_record_failure(es_engine *e, int id, const claim_info *c, const char *er
 }
 
 /* The current type set, with a reference for the caller (NULL: none). */
-es_type_set *es_types_get(es_engine *e) {
-  pthread_mutex_lock(&e->types_mu);
-  es_type_set *t = e->types;
-  if (t) atomic_fetch_add(&t->refs, 1);
-  pthread_mutex_unlock(&e->types_mu);
-  return t;
-}
+es_type_set *es_types_get(es_engine *e) { return es_type_set_get(&e->types_mu, &e->types); }
 
 /* Replaces the claimed types with fresh, and the handler types with
  * handlers unless NULL (taking their references). */
@@ -114,13 +108,7 @@ static void types_set(es_engine *e, es_type_set *fresh, es_type_set *handlers) {
   es_type_set_release(old_handlers);
 }
 
-es_type_set *es_handlers_get(es_engine *e) {
-  pthread_mutex_lock(&e->types_mu);
-  es_type_set *t = e->handlers;
-  if (t) atomic_fetch_add(&t->refs, 1);
-  pthread_mutex_unlock(&e->types_mu);
-  return t;
-}
+es_type_set *es_handlers_get(es_engine *e) { return es_type_set_get(&e->types_mu, &e->handlers); }
 
 /* Rescans scripts/handlers and scripts/upcasters (at a run's start, then
  * every second by the keeper), so a file added while the engine runs is

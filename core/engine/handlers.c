@@ -111,6 +111,14 @@ int es_type_set_has(const es_type_set *t, const char *type) {
   return t && t->n && bsearch(&type, t->v, t->n, sizeof *t->v, cmp_str) != NULL;
 }
 
+es_type_set *es_type_set_get(pthread_mutex_t *mu, es_type_set *const *slot) {
+  pthread_mutex_lock(mu);
+  es_type_set *t = *slot;
+  if (t) atomic_fetch_add(&t->refs, 1);
+  pthread_mutex_unlock(mu);
+  return t;
+}
+
 void es_type_set_release(es_type_set *t) {
   if (!t || atomic_fetch_sub(&t->refs, 1) != 1) return;
   for (size_t i = 0; i < t->n; i++) free(t->v[i]);

@@ -38,6 +38,9 @@ int es_type_set_has(const es_type_set *t, const char *type);
 es_type_set *es_type_set_union(const es_type_set *a, const es_type_set *b, char *const *minus,
                                size_t n_minus);
 void es_type_set_release(es_type_set *t);
+/* The set in *slot (guarded by mu) with a reference for the caller; NULL:
+ * none yet. */
+es_type_set *es_type_set_get(pthread_mutex_t *mu, es_type_set *const *slot);
 
 /* The claim a worker is handling. Strings borrowed from the runner. */
 typedef struct claim_info {

@@ -48,18 +48,9 @@ void es_upcast_refresh(es_engine *e, int force) {
   es_type_set_release(old);
 }
 
-/* The engine's set, with a reference for the caller (NULL: none yet). */
-static es_type_set *set_get(es_engine *e) {
-  pthread_mutex_lock(&e->up_mu);
-  es_type_set *t = e->upcasters;
-  if (t) atomic_fetch_add(&t->refs, 1);
-  pthread_mutex_unlock(&e->up_mu);
-  return t;
-}
-
 void es_upcast_begin(runner *r) {
   r->up_gen++; /* the job's module cache starts empty: files are looked at again */
-  es_type_set *t = set_get(r->e);
+  es_type_set *t = es_type_set_get(&r->e->up_mu, &r->e->upcasters);
   es_type_set_release(r->up);
   r->up = t;
 }
