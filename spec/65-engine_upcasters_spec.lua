@@ -71,18 +71,24 @@ for _, url in ipairs(helpers.urls()) do
       local t = eh.setup(url)
       chain(t)
       t.handler("order.created", [[
-return function(ev) return {{type = "seen", payload = {type = ev.type, revision = ev.revision, cents = ev.payload.cents}}} end]])
+return function(ev, ctx)
+  return {{type = "seen", payload = {type = ev.type, revision = ev.revision, cents = ev.payload.cents,
+                                     before = ctx.state("total").cents}}}
+end]])
+      t.reducer("total", [[return {["order.created"] = function(s, e) s.cents = (s.cents or 0) + e.payload.cents end}]])
+      t.store:append("o1", { { type = "order.placed", payload = { amount = 1, sku = "Z" }, settled = true } })
       t.store:append("o1", { { type = "order.placed", payload = { amount = 2, sku = "A" } } })
       local e = t.engine()
       local r = e:run({ until_idle = true })
       assert.are.same({ handled = 1, failed = 0, dead = 0 }, eh.counts(r))
       assert.are.equal(0, r.unhandled)
-      local evs = t.store:read("o1")
+      local evs = t.store:read("o1", { after = 1 })
       assert.are.equal("processed", evs[1].status)
       assert.are.equal("order.placed", evs[1].type)
       assert.are.equal(1, evs[1].revision)
       assert.are.equal(json.encode({ amount = 2, sku = "A" }), json.encode(evs[1].payload))
-      assert.are.same({ type = "order.created", revision = 2, cents = 200 }, evs[2].payload)
+      -- ctx.state folds upcast events too: the settled order before it
+      assert.are.same({ type = "order.created", revision = 2, cents = 200, before = 100 }, evs[2].payload)
     end)
 
     it("leaves events whose chain ends at a type with no handler here pending, unclaimed by this engine", function()
