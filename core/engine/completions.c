@@ -113,7 +113,7 @@ void es_hand_over(job *j, const claim_info *c) {
       es_job_error(j, "out of memory");
       return;
     }
-    es_type_set *ts = es_types_get(e);
+    es_type_set *ts = es_handlers_get(e); /* not the claimed types (§7: those add upcasters') */
     for (size_t i = 0; i < j->n; i++)
       if (!j->evs[i].settled && !es_type_set_has(ts, j->evs[i].type)) j->evs[i].settled = 1;
     es_type_set_release(ts);

@@ -93,31 +93,70 @@ void es_record_failure(es_engine *e, int id, const claim_info *c, const char *er
 }
 
 /* The current type set, with a reference for the caller (NULL: none). */
-es_type_set *es_types_get(es_engine *e) {
+es_type_set *es_types_get(es_engine *e) { return es_type_set_get(&e->types_mu, &e->types); }
+
+/* Replaces the claimed types with fresh, and the handler types with
+ * handlers unless NULL (taking their references). */
+static void types_set(es_engine *e, es_type_set *fresh, es_type_set *handlers) {
   pthread_mutex_lock(&e->types_mu);
-  es_type_set *t = e->types;
-  if (t) atomic_fetch_add(&t->refs, 1);
+  es_type_set *old = e->types, *old_handlers = handlers ? e->handlers : NULL;
+  e->types = fresh;
+  if (handlers) e->handlers = handlers;
+  e->types_at = es_mono_ms();
   pthread_mutex_unlock(&e->types_mu);
-  return t;
+  es_type_set_release(old);
+  es_type_set_release(old_handlers);
 }
 
-/* Rescans scripts/handlers (at a run's start, then every second by the
- * keeper), so a handler file added while the engine runs is picked up. */
+es_type_set *es_handlers_get(es_engine *e) { return es_type_set_get(&e->types_mu, &e->handlers); }
+
+/* Rescans scripts/handlers and scripts/upcasters (at a run's start, then
+ * every second by the keeper), so a file added while the engine runs is
+ * picked up. The engine claims the types it has a handler for and (§7)
+ * the types with an upcaster file, whose chains may end at one, less
+ * those found to end elsewhere this run (es_types_exclude). */
 void es_types_refresh(es_engine *e) {
   es_err err = {0};
-  es_type_set *fresh = es_type_set_scan(e->scripts, &err);
-  if (!fresh) { /* keep the old set; say why once, not every second */
+  es_type_set *handlers = es_type_set_scan(e->scripts, &err);
+  if (!handlers) { /* keep the old set; say why once, not every second */
     if (!e->types_failing) es_engine_log(e, 0, "cannot rescan the handlers: %s", err.msg);
     e->types_failing = 1;
     return;
   }
   e->types_failing = 0;
-  pthread_mutex_lock(&e->types_mu);
-  es_type_set *old = e->types;
-  e->types = fresh;
-  e->types_at = es_mono_ms();
-  pthread_mutex_unlock(&e->types_mu);
-  es_type_set_release(old);
+  es_upcast_refresh(e, 1);
+  pthread_mutex_lock(&e->up_mu);
+  es_type_set *fresh = es_type_set_union(handlers, e->upcasters, e->elsewhere, e->n_elsewhere);
+  pthread_mutex_unlock(&e->up_mu);
+  if (fresh) types_set(e, fresh, handlers);
+  else es_type_set_release(handlers);
+}
+
+/* §7: events of the stored type `type` were found to upcast to a type
+ * with no handler here: this engine stops claiming the type for the rest
+ * of the run (a chain ends where its steps say, which only running them
+ * tells), leaving the events to an engine that has the handler. */
+void es_types_exclude(es_engine *e, const char *type) {
+  pthread_mutex_lock(&e->up_mu);
+  int known = 0;
+  for (size_t i = 0; i < e->n_elsewhere && !known; i++) known = strcmp(e->elsewhere[i], type) == 0;
+  char *copy = known ? NULL : strdup(type);
+  char **v = copy ? realloc(e->elsewhere, (e->n_elsewhere + 1) * sizeof *v) : NULL;
+  if (v) {
+    e->elsewhere = v;
+    e->elsewhere[e->n_elsewhere++] = copy;
+  } else {
+    free(copy);
+  }
+  pthread_mutex_unlock(&e->up_mu);
+  if (known) return;
+  es_engine_log(e, 0, "events of type %s upcast to a type with no handler here: left to an engine "
+                "that has one (scripts: %s)", type, e->scripts);
+  es_type_set *cur = es_types_get(e);
+  char *minus[1] = {(char *)type};
+  es_type_set *fresh = es_type_set_union(cur, NULL, minus, 1);
+  es_type_set_release(cur);
+  if (fresh) types_set(e, fresh, NULL);
 }
 
 void es_job_error(job *j, const char *msg) {
@@ -152,21 +191,27 @@ static int run_job(lua_State *L) {
   job *j = lua_touserdata(L, 1);
   const es_event *ev = j->ev;
   es_engine *e = j->r->e;
-  es_loader_call(L, "handler", ev->type);
+  es_determinism_seed(L, ev);
+  /* §7: the handler sees the event upcast, and is its upcast type's */
+  es_upcast_begin(j->r);
+  es_lua_push_event(L, ev, 1);
+  es_upcast_event(L, j->r, -1);
+  lua_getfield(L, -1, "type");
+  es_loader_call(L, "handler", lua_tostring(L, -1));
   if (!lua_isnil(L, -2)) { /* the load error */
     lua_pushvalue(L, -2);
     return lua_error(L);
   }
   if (lua_isnil(L, -3)) {
-    /* Its handler file went away between the scan and the claim: never
-     * settle work this engine cannot do; the claim expires and an engine
-     * with the handler takes it. */
-    j->result = RUN_RELEASE;
+    /* Its handler file went away between the scan and the claim, or (§7)
+     * the chain ends at a type with no handler here: never settle work
+     * this engine cannot do. */
+    j->result = es_upcast_has(j->r, ev->type) ? RUN_ELSEWHERE : RUN_RELEASE;
     return 0;
   }
   lua_pop(L, 2);
-  es_determinism_seed(L, ev);
-  es_lua_push_event(L, ev, 1);
+  lua_remove(L, -2);  /* the type */
+  lua_insert(L, -2);  /* the handler below the event */
   es_push_ctx(L, j->r, ev);
   lua_getfield(L, -2, "meta"); /* ctx.meta: the handled event's (§4), the same table */
   lua_setfield(L, -2, "meta");
@@ -187,6 +232,10 @@ static int run_job(lua_State *L) {
   char corr[ES_MAX_META_BYTES + 1];
   es_meta_defaults caused = {{"correlation", "causation"}, {correlation_of(ev, corr, sizeof corr), ev->id}, 2};
   j->evs = es_lua_check_events_meta(L, -1, 0, now, es_store_max_payload(e->s), &caused, &j->n);
+  /* §7: what the engine writes without a revision is its type's current */
+  for (size_t i = 0; i < j->n; i++)
+    if (j->evs[i].revision == ES_NONE && es_upcast_has(j->r, j->evs[i].type))
+      j->evs[i].revision = es_upcast_current_L(L, j->r, j->evs[i].type);
   return 3; /* the returned table (it holds the events' strings), the events, their payloads */
 }
 
@@ -489,12 +538,17 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   if (j.result == RUN_RELEASE)
     es_engine_log(e, r->id, "%s #%lld %s: its handler file is gone; left for its claim to expire",
                   ev->session, (long long)ev->index, ev->type);
+  if (j.result == RUN_ELSEWHERE) { /* unrun: the release charges no attempt */
+    es_event *mine = (es_event *)ev;
+    release_events(e, &mine, 1);
+    es_types_exclude(e, ev->type);
+  }
   else if (j.result == RUN_HANDLED) es_hand_over(&j, &c);
   if (j.result == RUN_FAILED) {
     int stop = j.error && strstr(j.error, "interrupted: the engine is stopping") != NULL;
     es_record_failure(e, r->id, &c, j.error ? j.error : "unknown error", stop, 1);
   }
-  if (run_t0 && j.result != RUN_RELEASE)
+  if (run_t0 && j.result != RUN_RELEASE && j.result != RUN_ELSEWHERE)
     es_type_stats_run(&e->tstats, ev->type, run_ns, j.result == RUN_FAILED);
   free(j.error);
   free(j.cancel);

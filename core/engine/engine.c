@@ -180,7 +180,9 @@ void es_loader_call(lua_State *L, const char *fn, const char *name) {
 
 void es_runner_free_now(runner *r) {
   es_budget_close(&r->b);
+  es_upcast_end(r);
   es_buf_destroy(&r->fold_out);
+  es_buf_destroy(&r->fold_in);
   pthread_mutex_destroy(&r->mu);
   free(r);
 }
@@ -195,6 +197,7 @@ runner *es_runner_new(es_engine *e, int id, es_err *err) {
   r->id = id;
   pthread_mutex_init(&r->mu, NULL);
   es_buf_init(&r->fold_out);
+  es_buf_init(&r->fold_in);
   char msg[512];
   r->L = es_budget_newstate(&r->b, (size_t)e->o.memory_budget, e->o.instruction_budget,
                             e->o.deadline_ms, msg, sizeof msg);
@@ -440,11 +443,16 @@ static void engine_free(es_engine *e) {
   pthread_cond_destroy(&e->c_cond);
   pthread_cond_destroy(&e->c_done);
   es_type_set_release(e->types);
+  es_type_set_release(e->handlers);
   pthread_cond_destroy(&e->fold_cond);
   pthread_cond_destroy(&e->fold_free);
   es_type_stats_destroy(&e->tstats); /* §3.12 */
   es_scripts_free(e);
   pthread_mutex_destroy(&e->good_mu);
+  es_upcast_free(e);
+  for (size_t i = 0; i < e->n_elsewhere; i++) free(e->elsewhere[i]);
+  free(e->elsewhere);
+  pthread_mutex_destroy(&e->up_mu);
   free(e);
 }
 
@@ -472,6 +480,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_mutex_init(&e->fold_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
   pthread_mutex_init(&e->good_mu, NULL);
+  pthread_mutex_init(&e->up_mu, NULL);
   pthread_mutex_init(&e->lease_mu, NULL);
   pthread_mutex_init(&e->q_mu, NULL);
   pthread_cond_init(&e->q_cond, NULL);
@@ -613,6 +622,12 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   atomic_store(&e->failed, 0);
   atomic_store(&e->dead, 0);
   atomic_store(&e->abandoned, 0);
+  /* §7: what a run learnt of chains that end elsewhere, the next one
+   * learns again (the scripts may have changed in between) */
+  pthread_mutex_lock(&e->up_mu);
+  for (size_t i = 0; i < e->n_elsewhere; i++) free(e->elsewhere[i]);
+  e->n_elsewhere = 0;
+  pthread_mutex_unlock(&e->up_mu);
   es_types_refresh(e);
   e->c_quit = 0;
   pthread_t completer;
@@ -707,6 +722,8 @@ int es_engine_append(es_engine *e, const char *session, es_new_event *evs, size_
       if (has[k] >= 0 && strcmp(evs[k].type, evs[i].type) == 0) has[i] = has[k];
     if (has[i] < 0) has[i] = (signed char)es_engine_has_handler(e, evs[i].type);
     if (!has[i]) evs[i].settled = 1;
+    /* §7: written by the engine without a revision: its type's current */
+    if (evs[i].revision == ES_NONE) evs[i].revision = es_upcast_current(e, evs[i].type);
   }
   free(has);
   int64_t fence = es_engine_fence_of(e, session);

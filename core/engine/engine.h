@@ -145,6 +145,13 @@ int es_engine_state(es_engine *e, const char *session, const char *reducer, int6
 int es_engine_state_json(es_engine *e, const char *session, const char *reducer, int64_t at,
                          es_buf *out, int64_t *index, int *not_json, es_err *err);
 
+/* §7: upcasts a list of event tables (encoded with the reducer-state
+ * codec, bridge/state.h: events[0..len), borrowed) on a fold runner, as
+ * handlers would see them, and appends the list's encoding to out.
+ * Errors: INVALID_ARGUMENT (bytes that do not decode; an upcaster that
+ * fails: the message names it and the event), STORAGE. */
+int es_engine_upcast(es_engine *e, const char *events, size_t len, es_buf *out, es_err *err);
+
 /* §3.9 with state kept readable: snapshots every reducer of
  * scripts/reducers at `through` (whatever snapshot_every says), then
  * es_store_truncate. A reducer that fails to fold (or needs events already

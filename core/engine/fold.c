@@ -268,7 +268,14 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
   const char *version = lua_tostring(L, -1);
   lua_pop(L, 2);
   int mod = lua_gettop(L);
-  lua_pushstring(L, version);
+  /* §7: the version covers the upcasters too, every file of them: a step
+   * may rename a type into one the reducer handles, which only running it
+   * tells. Without upcaster files it is the reducer's hash alone. */
+  es_upcast_push_version(L, r);
+  if (lua_rawlen(L, -1) > 0) lua_pushfstring(L, "%s+%s", version, lua_tostring(L, -1));
+  else lua_pushstring(L, version);
+  lua_remove(L, -2);
+  version = lua_tostring(L, -1);
   int ver = lua_gettop(L);
 
   int64_t head;
@@ -324,14 +331,28 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
       evb_init(L, &b, session);
       have_b = 1;
     }
-    evb_push_type(L, &b, ev);
-    lua_gettable(L, mod);
-    if (!lua_isfunction(L, -1)) {
-      lua_pop(L, 1);
-      continue;
+    if (es_upcast_has(r, ev->type)) { /* §7: the step of its upcast type, given the upcast event */
+      evb_push(L, &b, ev);
+      es_upcast_event(L, r, -1);
+      lua_getfield(L, -1, "type");
+      lua_gettable(L, mod);
+      if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 2);
+        continue;
+      }
+      lua_insert(L, -2);
+      lua_pushvalue(L, st);
+      lua_insert(L, -2);
+    } else {
+      evb_push_type(L, &b, ev);
+      lua_gettable(L, mod);
+      if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 1);
+        continue;
+      }
+      lua_pushvalue(L, st);
+      evb_push(L, &b, ev);
     }
-    lua_pushvalue(L, st);
-    evb_push(L, &b, ev);
     if (es_budget_pcall(L, 2, 1) != LUA_OK)
       es_lua_raisef(L, ES_INVALID_ARGUMENT, "reducer '%s' at %s #%lld (%s): %s", reducer, session,
                     (long long)ev->index, ev->type, lua_tostring(L, -1));

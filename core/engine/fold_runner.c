@@ -36,6 +36,9 @@
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                         int force, int json, int *not_json, es_buf *out, int64_t *index,
                         es_err *err);
+static int engine_job(es_engine *e, const char *session, const char *reducer, int64_t at,
+                      int force, int json, int *not_json, const es_buf *upcast, es_buf *out,
+                      int64_t *index, es_err *err);
 
 /* The error at idx as an es_err: an eventstore error object keeps its
  * code; anything else (a reducer's own error) is INVALID_ARGUMENT. */
@@ -69,6 +72,21 @@ static int fold_job_inner(lua_State *L) {
   lua_getfield(L, -1, "new_run");
   lua_call(L, 0, 0);
   lua_settop(L, 0);
+  es_upcast_refresh(r->e, 0); /* an upcaster file added a moment ago counts too */
+  es_upcast_begin(r);
+  if (r->fold_upcast) { /* es_engine_upcast: a list of event tables in, upcast, out */
+    es_err err = {0};
+    if (es_state_decode(L, r->fold_in.data ? r->fold_in.data : "", r->fold_in.len, &err) != ES_OK)
+      es_lua_raise(L, &err);
+    lua_Integer n = lua_istable(L, 1) ? (lua_Integer)lua_rawlen(L, 1) : 0;
+    for (lua_Integer i = 1; i <= n; i++) {
+      if (lua_rawgeti(L, 1, i) == LUA_TTABLE) es_upcast_event(L, r, -1);
+      lua_pop(L, 1);
+    }
+    r->fold_out.len = 0;
+    if (es_state_encode(L, 1, "events", &r->fold_out, &err) != ES_OK) es_lua_raise(L, &err);
+    return 0;
+  }
   es_fold(L, r, r->fold_session, r->fold_reducer, r->fold_at, &r->fold_out, &r->fold_index,
           r->fold_force);
   if (r->fold_json) {
@@ -151,8 +169,9 @@ static void *fold_main(void *arg) {
     lua_pushcfunction(L, fold_job);
     lua_pushlightuserdata(L, r);
     if (es_budget_pcall(L, 1, 0) != LUA_OK) {
-      es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "reducer '%s': %s", r->fold_reducer,
-              lua_tostring(L, -1));
+      if (r->fold_upcast) es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "upcasting: %s", lua_tostring(L, -1));
+      else es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "reducer '%s': %s", r->fold_reducer,
+                   lua_tostring(L, -1));
       r->fold_rc = ES_INVALID_ARGUMENT;
     }
     lua_settop(L, 0);
@@ -177,6 +196,13 @@ static void *fold_main(void *arg) {
     es_engine_unref(e);
   }
   return NULL;
+}
+
+int es_engine_upcast(es_engine *e, const char *events, size_t len, es_buf *out, es_err *err) {
+  es_buf in = {0};
+  in.data = (char *)events;
+  in.len = in.cap = len;
+  return engine_job(e, "", "(upcasting)", ES_NONE, 0, 0, NULL, &in, out, NULL, err);
 }
 
 int es_engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
@@ -246,6 +272,13 @@ static runner *take_folder(es_engine *e, int *slot, es_err *err) {
 static int engine_state(es_engine *e, const char *session, const char *reducer, int64_t at,
                         int force, int json, int *not_json, es_buf *out, int64_t *index,
                         es_err *err) {
+  return engine_job(e, session, reducer, at, force, json, not_json, NULL, out, index, err);
+}
+
+/* A job on a fold runner: a fold, or (upcast not NULL) es_engine_upcast's. */
+static int engine_job(es_engine *e, const char *session, const char *reducer, int64_t at,
+                      int force, int json, int *not_json, const es_buf *upcast, es_buf *out,
+                      int64_t *index, es_err *err) {
   if (not_json) *not_json = 0;
   pthread_mutex_lock(&e->fold_mu);
   int slot = 0;
@@ -260,6 +293,14 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
   r->fold_session = strdup(session);
   r->fold_reducer = strdup(reducer);
   if (!r->fold_session || !r->fold_reducer) {
+    r->fold_taken = 0;
+    pthread_cond_signal(&e->fold_free);
+    pthread_mutex_unlock(&e->fold_mu);
+    return es_fail(err, ES_STORAGE, "out of memory");
+  }
+  r->fold_upcast = upcast != NULL;
+  r->fold_in.len = 0; /* copied: an abandoned runner may read it after the caller left */
+  if (upcast && es_buf_add(&r->fold_in, upcast->data, upcast->len) != ES_OK) {
     r->fold_taken = 0;
     pthread_cond_signal(&e->fold_free);
     pthread_mutex_unlock(&e->fold_mu);
@@ -300,7 +341,8 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
       e->folders[slot] = NULL; /* a fresh runner takes the slot when a call needs it */
       pthread_cond_signal(&e->fold_free);
       pthread_mutex_unlock(&e->fold_mu);
-      return es_fail(err, ES_INVALID_ARGUMENT, "reducer '%s': %s", reducer, cause);
+      return es_fail(err, ES_INVALID_ARGUMENT, "%s%s%s: %s", upcast ? "" : "reducer '", reducer,
+                     upcast ? "" : "'", cause);
     }
   }
   int rc = r->fold_rc;

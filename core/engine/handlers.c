@@ -111,9 +111,41 @@ int es_type_set_has(const es_type_set *t, const char *type) {
   return t && t->n && bsearch(&type, t->v, t->n, sizeof *t->v, cmp_str) != NULL;
 }
 
+es_type_set *es_type_set_get(pthread_mutex_t *mu, es_type_set *const *slot) {
+  pthread_mutex_lock(mu);
+  es_type_set *t = *slot;
+  if (t) atomic_fetch_add(&t->refs, 1);
+  pthread_mutex_unlock(mu);
+  return t;
+}
+
 void es_type_set_release(es_type_set *t) {
   if (!t || atomic_fetch_sub(&t->refs, 1) != 1) return;
   for (size_t i = 0; i < t->n; i++) free(t->v[i]);
   free(t->v);
   free(t);
+}
+
+/* a ∪ b (either may be NULL) without the names of minus[0..n_minus), as a
+ * new set with one reference; NULL when out of memory. */
+es_type_set *es_type_set_union(const es_type_set *a, const es_type_set *b, char *const *minus,
+                               size_t n_minus) {
+  es_type_set *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  atomic_init(&t->refs, 1);
+  size_t cap = 0;
+  const es_type_set *both[2] = {a, b};
+  for (int k = 0; k < 2; k++) {
+    for (size_t i = 0; both[k] && i < both[k]->n; i++) {
+      const char *name = both[k]->v[i];
+      int skip = k == 1 && es_type_set_has(a, name);
+      for (size_t m = 0; m < n_minus && !skip; m++) skip = strcmp(minus[m], name) == 0;
+      if (!skip && add(t, &cap, name)) {
+        es_type_set_release(t);
+        return NULL;
+      }
+    }
+  }
+  if (t->n) qsort(t->v, t->n, sizeof *t->v, cmp_str);
+  return t;
 }

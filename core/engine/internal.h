@@ -16,9 +16,11 @@
 #include "engine/budget.h"
 #include "engine/engine.h"
 #include "engine/type_stats.h"
+#include "engine/upcast.h"
 
-/* The event types with a handler file (handlers.c), sorted; shared and
- * replaced whole, so refcounted. */
+/* A sorted set of script names (handlers.c): the event types with a
+ * handler file, with an upcaster file, or the types an engine claims;
+ * shared and replaced whole, so refcounted. */
 typedef struct es_type_set {
   atomic_int refs;
   char **v;
@@ -31,7 +33,14 @@ es_type_set *es_type_set_scan(const char *scripts, es_err *err);
 /* The same for scripts/<kind> ("handlers", "reducers"): the script names. */
 es_type_set *es_script_scan(const char *scripts, const char *kind, es_err *err);
 int es_type_set_has(const es_type_set *t, const char *type);
+/* a ∪ b (either may be NULL) less the names minus[0..n_minus): a new set
+ * with one reference, NULL when out of memory (handlers.c). */
+es_type_set *es_type_set_union(const es_type_set *a, const es_type_set *b, char *const *minus,
+                               size_t n_minus);
 void es_type_set_release(es_type_set *t);
+/* The set in *slot (guarded by mu) with a reference for the caller; NULL:
+ * none yet. */
+es_type_set *es_type_set_get(pthread_mutex_t *mu, es_type_set *const *slot);
 
 /* The claim a worker is handling. Strings borrowed from the runner. */
 typedef struct claim_info {
@@ -47,6 +56,8 @@ typedef struct runner {
   int id;                  /* 1..workers; 0: a fold runner */
   lua_State *L;            /* its own state, budgeted by b */
   es_budget b;
+  es_type_set *up;         /* the upcaster types of its job (upcast.c; a reference) */
+  unsigned up_gen, up_cache_gen; /* its job, and the job its upcaster cache is of (upcast.c) */
   pthread_t thread;
   clockid_t cpu;           /* the thread's CPU clock, for the watchdog */
   int has_cpu;
@@ -71,6 +82,8 @@ typedef struct runner {
   char *fold_session, *fold_reducer;
   int64_t fold_at, fold_index;
   int fold_force;          /* snapshot at fold_at whatever snapshot_every says (truncate) */
+  int fold_upcast;         /* the job is es_engine_upcast's: fold_in upcast into fold_out */
+  es_buf fold_in;          /* its events (state codec), copied */
   int fold_json;           /* fold_out gets the state as JSON (es_engine_state_json) */
   int fold_not_json;       /* set by the job: the state folded, but JSON cannot carry it */
   int fold_rc;
@@ -121,9 +134,23 @@ struct es_engine {
                                * so a run ends when its work does, not a poll period later */
 
   es_type_set *types;         /* what workers claim (under types_mu); the keeper rescans it */
+  es_type_set *handlers;      /* the types with a handler file (under types_mu, rescanned with it) */
   pthread_mutex_t types_mu;
   int64_t types_at;           /* when it was scanned (monotonic ms) */
   int types_failing;          /* the last rescan failed (logged once); the keeper's */
+
+  /* upcast.c (§7): the types with an upcaster file (refcounted like
+   * types; the mtime of scripts/upcasters when scanned) and the `current`
+   * of each as the states last loaded it; and (dispatch.c) the stored
+   * types whose chains were found to end at a type with no handler here,
+   * left out of this run's claims. All under up_mu. */
+  pthread_mutex_t up_mu;
+  es_type_set *upcasters;
+  int64_t up_mtime;
+  struct es_upcast_current *currents;
+  size_t n_currents, cap_currents;
+  char **elsewhere;
+  size_t n_elsewhere;
 
   /* scripts.c: the last source of each script that loaded, and failed reloads */
   pthread_mutex_t good_mu;
@@ -273,7 +300,10 @@ typedef struct store_retry {
 } store_retry;
 
 /* What handling one event came to. */
-enum { RUN_HANDLED, RUN_FAILED, RUN_RELEASE };
+enum {
+  RUN_HANDLED, RUN_FAILED, RUN_RELEASE,
+  RUN_ELSEWHERE /* §7: its upcast type has no handler here: give the claim back */
+};
 
 typedef struct job {
   runner *r;
@@ -308,7 +338,9 @@ int64_t es_lost_attempts(const es_event *ev);
 void es_record_failure(es_engine *e, int id, const claim_info *c, const char *error,
                        int retry_now, int patient);
 es_type_set *es_types_get(es_engine *e);
+es_type_set *es_handlers_get(es_engine *e);
 void es_types_refresh(es_engine *e);
+void es_types_exclude(es_engine *e, const char *type);
 void es_job_error(job *j, const char *msg);
 int64_t es_hold_ms(const es_engine *e);
 void es_queue_release_before(es_engine *e, int64_t cutoff);

@@ -132,9 +132,12 @@ void es_scripts_free(es_engine *e) {
   e->n_good = e->cap_good = 0;
 }
 
-/* load_one(fn, name) -> why it does not load, or nil */
+/* load_one(fn, name, runner) -> why it does not load, or nil. An
+ * upcaster's `current` is noted for es_engine_append (upcast.h). */
 static int load_one(lua_State *L) {
   es_loader_call(L, lua_tostring(L, 1), lua_tostring(L, 2));
+  if (lua_isnil(L, -2) && strcmp(lua_tostring(L, 1), "upcaster") == 0)
+    es_upcast_current_L(L, lua_touserdata(L, 3), lua_tostring(L, 2));
   lua_pushvalue(L, -2);
   return 1;
 }
@@ -181,12 +184,14 @@ int es_scripts_load_all(runner *r, es_err *err) {
 }
 
 static int load_all(runner *r, es_err *err) {
-  static const char *const kinds[] = {"handlers", "reducers"};
-  static const char *const fns[] = {"handler", "reducer"};
+  static const char *const kinds[] = {"handlers", "reducers", "upcasters"};
+  static const char *const fns[] = {"handler", "reducer", "upcaster"};
   lua_State *L = r->L;
   size_t bad = 0;
   int late = 0; /* past the deadline: the watchdog is spent, load no more */
-  for (int k = 0; k < 2 && !late; k++) {
+  es_upcast_refresh(r->e, 1);
+  es_upcast_begin(r);
+  for (int k = 0; k < 3 && !late; k++) {
     es_type_set *names = es_script_scan(r->e->scripts, kinds[k], err);
     if (!names) return err->code;
     for (size_t i = 0; i < names->n && !late; i++) {
@@ -194,8 +199,9 @@ static int load_all(runner *r, es_err *err) {
       lua_pushcfunction(L, load_one);
       lua_pushstring(L, fns[k]);
       lua_pushstring(L, names->v[i]);
+      lua_pushlightuserdata(L, r);
       /* budgeted: a top level that loops or allocates without end fails */
-      int st = es_budget_pcall(L, 2, 1);
+      int st = es_budget_pcall(L, 3, 1);
       if (st == LUA_OK && lua_isnil(L, -1)) continue;
       const char *why = lua_tostring(L, -1);
       late = st != LUA_OK && why && strncmp(why, "deadline exceeded", 17) == 0;

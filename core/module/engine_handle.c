@@ -203,6 +203,31 @@ static int l_engine_state(lua_State *L) {
   return 1;
 }
 
+/* upcast(events) -> events as handlers see them (§7): a copy of the list
+ * crosses into an engine state through the reducer-state codec, is upcast
+ * there (user code never runs in this state), and comes back. */
+static int l_engine_upcast(lua_State *L) {
+  es_engine *e = check_engine(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  es_buf in, out;
+  es_buf_init(&in);
+  es_buf_init(&out);
+  es_err err = {0};
+  int rc = es_state_encode(L, 2, "events", &in, &err);
+  if (rc == ES_OK) rc = es_engine_upcast(e, in.data ? in.data : "", in.len, &out, &err);
+  es_buf_destroy(&in);
+  if (rc != ES_OK) {
+    es_buf_destroy(&out);
+    return es_lua_raise(L, &err);
+  }
+  es_lua_push_buf(L, &out); /* into a Lua string first: decoding may raise */
+  es_buf_destroy(&out);
+  size_t n;
+  const char *data = lua_tolstring(L, -1, &n);
+  if (es_state_decode(L, data, n, &err) != ES_OK) return es_lua_raise(L, &err);
+  return 1;
+}
+
 /* append(session, events, opts) -> stored, pending: store:append with the
  * engine's rules (timers; no handler: stored processed). */
 static int l_engine_append(lua_State *L) {
@@ -357,6 +382,7 @@ static const luaL_Reg engine_methods[] = {
     {"stop", l_engine_stop},
     {"state", l_engine_state},
     {"append", l_engine_append},
+    {"upcast", l_engine_upcast},
     {"has_handler", l_engine_has_handler},
     {"lease", l_engine_lease},
     {"truncate", l_engine_truncate},

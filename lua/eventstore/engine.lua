@@ -47,6 +47,24 @@ function Engine:has_handler(event_type) return handle(self, "has_handler"):has_h
 -- become `not_before` (a timer).
 function Engine:append(session, events, opts) return handle(self, "append"):append(session, events, opts) end
 
+-- upcast(events) -> a copy of the list of event tables, each read as
+-- handlers see it (docs/upcasting.md): its upcasters applied in one of
+-- the engine's states, under its budgets.
+function Engine:upcast(events)
+  local h = handle(self, "upcast")
+  if type(events) ~= "table" then
+    error("bad argument #1 to 'upcast' (table expected, got " .. type(events) .. ")", 2)
+  end
+  return h:upcast(events)
+end
+
+-- read(session, {after, through, limit}) -> store:read's events as
+-- handlers see them (§7): upcast; the stored bytes never change.
+function Engine:read(session, opts)
+  local h = handle(self, "read")
+  return h:upcast(self.store:read(session, opts))
+end
+
 -- lease(session, {ttl_ms = 30000}) -> as store:lease, for this engine's
 -- holder: while it holds the lease its writes there carry the token
 -- (docs/branches.md).

@@ -7,6 +7,7 @@
 --   local loader = require("eventstore.loader")(dir, stat, hash, shared)
 --   loader.handler(type, now_ms)  --> fn | nil, err | nil, exists
 --   loader.reducer(name, now_ms)  --> tbl | nil, err | nil, version
+--   loader.upcaster(type, now_ms) --> tbl | nil, err | nil, version (docs/upcasting.md)
 --   loader.new_run()              -- look at every file again
 --
 -- stat(path) gives a file's signature (mtime, size, inode) or nil; hash(src)
@@ -22,7 +23,7 @@
 -- (a fresh worker), the shared source. Only a file that never loaded
 -- anywhere is an error for the events that need it.
 return function(dir, stat, hash, shared)
-  local handlers, reducers, gen = {}, {}, 0
+  local handlers, reducers, upcasters, gen = {}, {}, {}, 0
   local M = {}
 
   function M.new_run() gen = gen + 1 end
@@ -37,13 +38,35 @@ return function(dir, stat, hash, shared)
     return true
   end
 
+  -- An upcaster file's table (§7): `current`, an integer revision, and
+  -- steps [r] (r -> r + 1) for revisions below it, nothing else, so a
+  -- misspelt `Current` or a step past the end is an error at load, not an
+  -- event that silently skips its upcasting.
+  local MAX_REVISION = 2147483647
+  local function check_upcaster(t)
+    local cur = t.current
+    if math.type(cur) ~= "integer" or cur < 1 or cur > MAX_REVISION then
+      return "current must be an integer revision from 1 to " .. MAX_REVISION .. ", not " .. tostring(cur)
+    end
+    for k, v in pairs(t) do
+      if k ~= "current" then
+        if math.type(k) ~= "integer" or k < 1 or k >= cur then
+          return "unexpected key " .. tostring(k) .. " (steps are [1] to [current - 1] = [" .. (cur - 1) .. "])"
+        end
+        if type(v) ~= "function" then return "step [" .. k .. "] must be a function, not " .. type(v) end
+      end
+    end
+  end
+
   -- Compiles and runs a script's source: its value, or nil and why.
-  local function compile(path, src, want)
+  local function compile(path, src, want, check)
     local chunk, err = load(src, "@" .. path, "t")
     if not chunk then return nil, err end
     local ok, res = pcall(chunk)
     if not ok then return nil, tostring(res) end
     if type(res) ~= want then return nil, "must return a " .. want .. ", not " .. type(res) end
+    local bad = check and check(res)
+    if bad then return nil, bad end
     return res
   end
 
@@ -55,7 +78,7 @@ return function(dir, stat, hash, shared)
     return "cannot load " .. path .. ": " .. why
   end
 
-  local function lookup(cache, kind, name, now, want)
+  local function lookup(cache, kind, name, now, want, check)
     local c = cache[name]
     if c and c.gen == gen and now - c.checked < 1000 then return c end
     local path = dir .. "/" .. kind .. "/" .. name .. ".lua"
@@ -72,7 +95,7 @@ return function(dir, stat, hash, shared)
       local src = f and f:read("a")
       if f then f:close() end
       local value
-      if src then value, err = compile(path, src, want) end
+      if src then value, err = compile(path, src, want, check) end
       if value ~= nil then
         new.value, new.version = value, hash(src)
         if shared then shared.put(path, src) end
@@ -82,7 +105,7 @@ return function(dir, stat, hash, shared)
           new.value, new.version = c.value, c.version
         elseif shared then
           local good = shared.get(path)
-          local v = good and compile(path, good, want)
+          local v = good and compile(path, good, want, check)
           if v ~= nil then new.value, new.version = v, hash(good) end
         end
         if new.value == nil then
@@ -107,6 +130,11 @@ return function(dir, stat, hash, shared)
 
   function M.reducer(name, now)
     local c = lookup(reducers, "reducers", name, now, "table")
+    return c.value, c.err, c.version
+  end
+
+  function M.upcaster(name, now)
+    local c = lookup(upcasters, "upcasters", name, now, "table", check_upcaster)
     return c.value, c.err, c.version
   end
 

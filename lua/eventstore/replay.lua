@@ -20,8 +20,10 @@
 -- read: a URL is opened read-only where the backend allows (sqlite:
 -- ?mode=ro).
 --
--- Upcasters (§7) are not applied yet: the seam is `upcast` below, which
--- every event read from the source goes through.
+-- Upcasters (§7): events are compared and folded as the scripts read them,
+-- upcast by the upcasters of the side they belong to (`upcast` below); the
+-- inputs are fed to the scratch engine as stored, and its engine upcasts
+-- them as a live one would.
 local core = require("eventstore.core")
 local new_engine = require("eventstore.engine")
 
@@ -30,9 +32,6 @@ local null = json.null
 
 local M = {}
 
--- §7's seam: the events as handlers and reducers would see them. Stored
--- events are handed on as stored until upcasters exist.
-local function upcast(events) return events end
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -279,6 +278,17 @@ local function new_sandbox(dir, eopts)
   return { clock = clock, scratch = scratch, engine = engine }
 end
 
+-- §7: events as the scripts of dir read them (upcast in the engine of its
+-- sandbox, under its budgets). Raises when an upcaster fails.
+local function upcast(sandboxes, dir, eopts, events)
+  local sb = sandboxes[dir]
+  if not sb then
+    sb = new_sandbox(dir, eopts)
+    sandboxes[dir] = sb
+  end
+  return sb.engine:upcast(events)
+end
+
 local function close_sandbox(sb)
   pcall(sb.engine.close, sb.engine)
   pcall(sb.scratch.close, sb.scratch)
@@ -323,6 +333,7 @@ local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
     advance_to(nil)
   end)
   local events = scratch:read(session)
+  local seen_ok, seen = pcall(engine.upcast, engine, events)
   local gone = pcall(scratch.delete, scratch, session)
   if not ok or not gone then
     -- Whatever state a failed replay left is not the next session's.
@@ -341,7 +352,12 @@ local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
     errors[#errors + 1] = { error = tostring(err) }
     budget = budget or tostring(err)
   end
-  return upcast(events), errors, budget
+  if not seen_ok then
+    errors[#errors + 1] = { error = tostring(seen) }
+    budget = budget or tostring(seen)
+    seen = events
+  end
+  return seen, errors, budget
 end
 
 local function replay_session(o, session, stored)
@@ -352,13 +368,22 @@ local function replay_session(o, session, stored)
   local max_events = (#stored + 100) * 10
   local rep = { session = session }
   local replayed, errors, failure, baseline
+  -- §7: each side's events as its own scripts read them
+  local function read_as(dir)
+    local ok, res = pcall(upcast, o.sandboxes, dir, o.engine, stored)
+    if ok then return res end
+    errors[#errors + 1] = { error = tostring(res) }
+    failure = failure or tostring(res)
+    return stored
+  end
   if o.reducers_only then
     -- No handler runs: both sides are the stored events, folded with
     -- OLD's reducers and NEW's (check_opts asks for a baseline).
-    replayed, baseline, errors = stored, stored, {}
+    errors = {}
+    baseline, replayed = read_as(o.baseline), read_as(o.scripts)
   else
     replayed, errors, failure = run_session(o.sandboxes, o.scripts, session, inputs, o.engine, max_events)
-    baseline = stored
+    baseline = read_as(o.scripts)
   end
   if o.baseline and not o.reducers_only then
     local berrors, bfail
@@ -493,7 +518,7 @@ function M.replay(opts)
     local sessions = {}
     local started = wall_ms()
     for i, name in ipairs(names) do
-      local stored = upcast(store:read(name))
+      local stored = store:read(name)
       local rep = replay_session(o, name, stored)
       summary.replayed = summary.replayed + 1
       summary[rep.status] = summary[rep.status] + 1
