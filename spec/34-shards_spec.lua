@@ -290,8 +290,20 @@ describe("sharded store over " .. kind.name, function()
       assert.are.equal("id-" .. i, evs[1].id)
       assert.are.equal(i, evs[1].payload)
     end
-    -- dispatch records moved with the events: each pending event once
-    assert.are.equal(N, #s:claim_next({ holder = "h", ttl_ms = 60000, limit = 1000 }))
+    -- dispatch records moved with the events: each pending event once.
+    -- claim_next skips a shard that fails this call (docs/sharding.md),
+    -- which a loaded machine's PostgreSQL did once here: so ask until
+    -- every event is claimed, each exactly once, or a call claims none.
+    local claimed, calls = {}, 0
+    repeat
+      local got = s:claim_next({ holder = "h", ttl_ms = 60000, limit = 1000 })
+      calls = calls + 1
+      for _, e in ipairs(got) do
+        assert.is_nil(claimed[e.id], e.id .. " claimed twice")
+        claimed[e.id] = true
+      end
+    until #got == 0 or count(claimed) >= N or calls == 20
+    assert.are.equal(N, count(claimed))
     -- a handle opened on the catalog alone routes by its plan
     local other = track(eventstore.open("shards:" .. catalog))
     assert.are.equal(2, other:plan().version)
