@@ -352,7 +352,7 @@ ATTACKS.close = function(c)
   c.close_last = true -- closing A (last) leaves B open: checked at the end
 end
 
-for _, url in ipairs(helpers.urls()) do
+for _, url in ipairs(helpers.urls_and_shards()) do
   describe(url, function()
     after_each(helpers.cleanup)
 
