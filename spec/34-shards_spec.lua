@@ -781,5 +781,186 @@ describe("sharded store over " .. kind.name, function()
     assert.are.equal(0, #events)
     assert.are.equal(1000000 + 1000, retry_at)
   end)
+
+  -- §5: each shard is a full store: keys (§3.10) and archive (§3.9) go to
+  -- every shard (docs/sharding.md "Keys and archive").
+  local function key_file()
+    local base = os.tmpname()
+    files[#files + 1] = base
+    files[#files + 1] = base .. ".key"
+    return base .. ".key"
+  end
+
+  local function archive_dir()
+    local d = os.tmpname()
+    os.remove(d)
+    finally(function() os.execute("rm -rf " .. sh_quote(d)) end)
+    return d
+  end
+
+  -- n sessions on each shard of `shards` (by where()), names prefix .. i
+  local function spread(s, shards, prefix, n, batch)
+    for i = 1, n do s:append(prefix .. i, batch(i)) end
+    local at = where(shards)
+    local by = {}
+    for session, name in pairs(at) do
+      if session:sub(1, #prefix) == prefix then by[name] = (by[name] or 0) + 1 end
+    end
+    return by
+  end
+
+  it("keys: sealed on every shard, read back opened; shred reaches every shard, also one added later", function()
+    local keys = key_file()
+    local shards = plan_of(2)
+    local catalog = kind.url()
+    local s = track(eventstore.open("shards:", { catalog = catalog, keys = keys, plan = { version = 1, shards = shards } }))
+    local by = spread(s, shards, "c", 20, function(i)
+      return { { type = "signed", payload = { mail = "m" .. i .. "@example.com" }, key = "k" }, { type = "plain", payload = { i = i } } }
+    end)
+    assert.is_true(by.s1 > 0 and by.s2 > 0, "sessions on both shards")
+    assert.are.equal("m7@example.com", s:read("c7")[1].payload.mail)
+    assert.truthy(s:read_at_rest("c7")[1].ciphertext:match("^es1:"))
+    -- a shard opened directly without keys refuses to open a live sealed payload
+    for _, url in pairs(shards) do
+      local st = track(eventstore.open(url))
+      local any = st:sessions({ limit = 1 }).sessions[1].session
+      expect_error("INVALID_ARGUMENT", st.read, st, any)
+      st:close()
+    end
+    -- a wrong key file: refused by the open
+    local wrong = key_file()
+    helpers.write_file(wrong, ("ab"):rep(32) .. "\n")
+    os.execute("chmod 600 " .. sh_quote(wrong))
+    expect_error("INVALID_ARGUMENT", eventstore.open, "shards:" .. catalog, { keys = wrong })
+    assert.is_true(s:shred("k"))
+    assert.is_false(s:shred("k"))
+    for i = 1, 20 do
+      local evs = s:read("c" .. i)
+      assert.is_true(evs[1].shredded, "c" .. i)
+      assert.is_nil(evs[1].payload)
+      assert.are.same({ i = i }, evs[2].payload)
+    end
+    -- a shard added after the shred burns the name before any session lands on it
+    local bigger = { s1 = shards.s1, s2 = shards.s2, s3 = kind.url() }
+    s:set_plan({ version = 2, shards = bigger })
+    local on3
+    for i = 1, 200 do
+      s:append("n" .. i, { { type = "t", settled = true } })
+    end
+    for session, name in pairs(where(bigger)) do
+      if name == "s3" and session:match("^n") then on3 = session end
+    end
+    assert.is_string(on3)
+    local err = expect_error("INVALID_ARGUMENT", s.append, s, on3, { { type = "t", key = "k" } })
+    assert.truthy(tostring(err):find("shredded", 1, true), tostring(err))
+    -- so is a name shredded before it was ever used
+    assert.is_false(s:shred("never-used"))
+    for _, session in ipairs({ on3, "c1", "c2" }) do
+      expect_error("INVALID_ARGUMENT", s.append, s, session, { { type = "t", key = "never-used" } })
+    end
+  end)
+
+  it("keys: a plan change moves sealed sessions (sealed again on the target) and shredded ones (still shredded)", function()
+    local keys = key_file()
+    local shards = plan_of(1)
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), keys = keys, plan = { version = 1, shards = shards } }))
+    for i = 1, 30 do
+      s:append("m" .. i, {
+        { type = "a", payload = { secret = "live-" .. i }, key = "live-" .. (i % 3) },
+        { type = "b", payload = { secret = "gone-" .. i }, key = "gone" },
+        { type = "c", payload = { i = i }, key = "live-" .. (i % 3) },
+      })
+    end
+    local rest_before = {}
+    for i = 1, 30 do rest_before[i] = s:read_at_rest("m" .. i) end
+    assert.is_true(s:shred("gone"))
+    local bigger = { s1 = shards.s1, s2 = kind.url() }
+    local moved = s:set_plan({ version = 2, shards = bigger }).moved
+    assert.is_true(moved > 0)
+    local at = where(bigger)
+    local n2 = 0
+    for i = 1, 30 do
+      local evs = s:read("m" .. i)
+      assert.are.same({ secret = "live-" .. i }, evs[1].payload)
+      assert.is_true(evs[2].shredded)
+      assert.is_nil(evs[2].payload)
+      assert.are.same({ i = i }, evs[3].payload)
+      local rest = s:read_at_rest("m" .. i)
+      assert.are.equal(rest_before[i][1].id, rest[1].id)
+      -- the shredded one keeps its sealed text; a live one moved to s2 is
+      -- sealed again under s2's data key
+      assert.are.equal(rest_before[i][2].ciphertext, rest[2].ciphertext)
+      if at["m" .. i] == "s2" then
+        n2 = n2 + 1
+        assert.are_not.equal(rest_before[i][1].ciphertext, rest[1].ciphertext)
+      else
+        assert.are.equal(rest_before[i][1].ciphertext, rest[1].ciphertext)
+      end
+    end
+    assert.are.equal(moved, n2)
+    -- the moved sessions' keys are s2's own: a shred there reaches them
+    assert.is_true(s:shred("live-1"))
+    for i = 1, 30 do
+      assert.are.equal(i % 3 == 1, s:read("m" .. i)[1].shredded == true, "m" .. i)
+    end
+  end)
+
+  it("keys: fork between shards seals the copies under the target's key; shred reaches both", function()
+    local keys = key_file()
+    local shards = plan_of(2)
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), keys = keys, plan = { version = 1, shards = shards } }))
+    s:append("src", { { type = "a", payload = { v = 1 }, key = "k" }, { type = "b", payload = { v = 2 }, key = "gone" } })
+    assert.is_true(s:shred("gone"))
+    -- forty targets: some on src's shard, some across
+    local targets = {}
+    for i = 1, 40 do
+      local name = "f" .. i
+      s:fork("src", 2, name)
+      local evs = s:read(name)
+      assert.are.same({ v = 1 }, evs[1].payload)
+      assert.is_true(evs[2].shredded)
+      targets[#targets + 1] = name
+    end
+    local at = where(shards)
+    local crossed = 0
+    for _, name in ipairs(targets) do
+      if at[name] ~= at.src then crossed = crossed + 1 end
+    end
+    assert.is_true(crossed > 0 and crossed < #targets, "forks on both shards")
+    assert.is_true(s:shred("k"))
+    for _, name in ipairs(targets) do assert.is_true(s:read(name)[1].shredded, name) end
+    assert.is_true(s:read("src")[1].shredded)
+  end)
+
+  it("archive: each shard's segments in DIR/NAME (name bytes escaped); paths relative to DIR; a session with segments does not move", function()
+    local dir = archive_dir()
+    local shards = { a = kind.url(), ["../x y"] = kind.url() }
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), archive = dir, plan = { version = 1, shards = shards } }))
+    local per = {}
+    for i = 1, 30 do
+      s:append("s" .. i, { { type = "t", payload = { i = i }, settled = true }, { type = "u", settled = true } })
+      local g = s:archive("s" .. i, { through = 1 })
+      assert.truthy(helpers.read_file(dir .. "/" .. g.file), g.file)
+      local top = g.file:match("^([^/]+)/")
+      per[top] = (per[top] or 0) + 1
+      assert.are.same({ g.file }, helpers.pluck(s:segments("s" .. i), "file"))
+      assert.are.same({ i = i }, s:read("s" .. i)[1].payload)
+    end
+    assert.is_true(per.a > 0 and per["%2E.%2Fx%20y"] > 0, helpers.dump(per))
+    assert.are.equal(2, count(per))
+    local v = s:verify_archive()
+    assert.are.equal(30, v.checked)
+    assert.are.same({}, v.problems)
+    -- a file damaged on one shard is named relative to DIR
+    local g = s:segments("s1")[1]
+    os.remove(dir .. "/" .. g.file)
+    v = s:verify_archive()
+    assert.are.equal(1, #v.problems)
+    assert.are.equal(g.file, v.problems[1].file)
+    -- a plan change cannot move a session with segments: it stays pending
+    local bigger = { a = shards.a, ["../x y"] = shards["../x y"], z = kind.url() }
+    expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = bigger })
+    assert.are.equal(1, s:plan().version)
+  end)
 end)
 end
