@@ -905,6 +905,27 @@ describe("sharded store over " .. kind.name, function()
     end
   end)
 
+  it("keys: a plan change through a handle without keys leaves sealed sessions where they are, usable", function()
+    local keys = key_file()
+    local shards = plan_of(1)
+    local catalog = kind.url()
+    local s = track(eventstore.open("shards:", { catalog = catalog, keys = keys, plan = { version = 1, shards = shards } }))
+    for i = 1, 20 do s:append("k" .. i, { { type = "t", payload = { v = i }, key = "k" } }) end
+    local plain = track(eventstore.open("shards:" .. catalog))
+    local bigger = { s1 = shards.s1, s2 = kind.url() }
+    local err = expect_error("INVALID_ARGUMENT", plain.set_plan, plain, { version = 2, shards = bigger })
+    assert.truthy(tostring(err):find("opened without keys", 1, true), tostring(err))
+    -- nothing moved, nothing frozen: every session reads and takes appends
+    for session, shard in pairs(where(bigger)) do assert.are.equal("s1", shard, session) end
+    for i = 1, 20 do
+      assert.are.same({ v = i }, s:read("k" .. i)[1].payload)
+      s:append("k" .. i, { { type = "u", payload = { w = i }, key = "k" } })
+    end
+    -- the handle with keys finishes the pending plan
+    assert.is_true(s:set_plan({ version = 2, shards = bigger }).moved > 0)
+    for i = 1, 20 do assert.are.same({ w = i }, s:read("k" .. i)[2].payload) end
+  end)
+
   it("keys: fork between shards seals the copies under the target's key; shred reaches both", function()
     local keys = key_file()
     local shards = plan_of(2)
