@@ -953,7 +953,7 @@ describe("sharded store over " .. kind.name, function()
     assert.is_true(s:read("src")[1].shredded)
   end)
 
-  it("archive: each shard's segments in DIR/NAME (name bytes escaped); paths relative to DIR; a session with segments does not move", function()
+  it("archive: each shard's segments in DIR/NAME (name bytes escaped); paths relative to DIR; a plan change moves them", function()
     local dir = archive_dir()
     local shards = { a = kind.url(), ["../x y"] = kind.url() }
     local s = track(eventstore.open("shards:", { catalog = kind.url(), archive = dir, plan = { version = 1, shards = shards } }))
@@ -974,14 +974,55 @@ describe("sharded store over " .. kind.name, function()
     assert.are.same({}, v.problems)
     -- a file damaged on one shard is named relative to DIR
     local g = s:segments("s1")[1]
+    local bytes = helpers.read_file(dir .. "/" .. g.file)
     os.remove(dir .. "/" .. g.file)
     v = s:verify_archive()
     assert.are.equal(1, #v.problems)
     assert.are.equal(g.file, v.problems[1].file)
-    -- a plan change cannot move a session with segments: it stays pending
+    helpers.write_file(dir .. "/" .. g.file, bytes)
+    -- a plan change moves sessions with segments: their files go to the
+    -- new owner's directory, the old ones are removed
     local bigger = { a = shards.a, ["../x y"] = shards["../x y"], z = kind.url() }
-    expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = bigger })
+    local moved = s:set_plan({ version = 2, shards = bigger }).moved
+    assert.is_true(moved > 0)
+    local at = where(bigger)
+    local on_z = 0
+    for i = 1, 30 do
+      local segs = s:segments("s" .. i)
+      assert.are.equal(1, #segs)
+      local want = at["s" .. i] == "../x y" and "%2E.%2Fx%20y" or at["s" .. i]
+      assert.are.equal(want, segs[1].file:match("^([^/]+)/"), "s" .. i)
+      if want == "z" then on_z = on_z + 1 end
+      assert.are.same({ i = i }, s:read("s" .. i)[1].payload)
+      assert.are.same({ 1, 2 }, helpers.indexes(s:read("s" .. i)))
+    end
+    assert.are.equal(moved, on_z)
+    v = s:verify_archive()
+    assert.are.equal(30, v.checked)
+    assert.are.same({}, v.problems)
+    assert.are.same({}, v.orphans)
+    local p = io.popen("find " .. sh_quote(dir) .. " -name '*.seg' | wc -l")
+    assert.are.equal(30, tonumber(p:read("a")))
+    p:close()
+  end)
+
+  it("archive: a session whose archived events are sealed does not move; it stays usable, the plan pending", function()
+    local dir = archive_dir()
+    local keys = key_file()
+    local shards = plan_of(1)
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), archive = dir, keys = keys, plan = { version = 1, shards = shards } }))
+    for i = 1, 20 do
+      s:append("a" .. i, { { type = "t", payload = { i = i }, key = "k", settled = true }, { type = "u", settled = true } })
+      s:archive("a" .. i, { through = 1 })
+    end
+    local bigger = { s1 = shards.s1, s2 = kind.url() }
+    local err = expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = bigger })
+    assert.truthy(tostring(err):find("sealed under key 'k'", 1, true), tostring(err))
     assert.are.equal(1, s:plan().version)
+    for i = 1, 20 do
+      assert.are.same({ i = i }, s:read("a" .. i)[1].payload)
+      s:append("a" .. i, { { type = "v", settled = true } })
+    end
   end)
 end)
 end

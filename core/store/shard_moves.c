@@ -253,6 +253,9 @@ typedef struct {
   const char *source;  /* incoming: the shard it comes from */
   int state;           /* out: the state found before the step */
   int64_t version;     /* the plan the move is for (0: no guard) */
+  int target_archive;  /* freeze: the target shard has an archive directory */
+  const es_segments *segs; /* drop: the session's segment rows (read when frozen) */
+  es_archive_files *drop;  /* drop: their files, to remove once the drop committed */
 } session_step;
 
 /* Every move step checks, in its own transaction, that the shard does not
@@ -314,6 +317,43 @@ static int collect_row(void *ctx, const es_event *row) {
   return es_events_push_copy(l, row) != ES_OK;
 }
 
+/* An archived event sealed under a key, if any (archived_movable). */
+typedef struct {
+  int64_t index;
+  char key[ES_MAX_NAME_BYTES + 1];
+} keyed_seen;
+
+static int find_keyed(void *ctx, const es_event *row) {
+  keyed_seen *k = ctx;
+  if (!row->key) return 0;
+  k->index = row->index;
+  snprintf(k->key, sizeof k->key, "%s", row->key);
+  return 1;
+}
+
+/* A session with segments moves when the target has an archive directory
+ * and none of its archived events is sealed: the segment files are copied
+ * as they are (es_archive_copy_files), and a sealed payload inside one
+ * would have to be sealed again under the target's key
+ * (docs/sharding.md "Keys and archive"). */
+static int archived_movable(es_store *st, es_txn *t, const session_step *a,
+                            const es_session_info *si, es_err *err) {
+  if (!a->target_archive)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "cannot move session '%s' to another shard: it has archived segments and "
+                   "the sharded store was opened without an archive directory for the target "
+                   "(docs/sharding.md)",
+                   a->session);
+  keyed_seen k = {0};
+  int rc = es_archive_each(st, t, si, 0, si->archived_through, find_keyed, &k, err);
+  if (rc == ES_OK && k.index)
+    rc = es_fail(err, ES_INVALID_ARGUMENT,
+                 "cannot move session '%s' to another shard: its archived event %lld is sealed "
+                 "under key '%s' (docs/sharding.md)",
+                 a->session, (long long)k.index, k.key);
+  return rc;
+}
+
 /* (b) on the source: freeze. */
 static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
@@ -329,11 +369,7 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
     return ES_OK;
   }
   es_events rows = {0};
-  if (si.archived_through > 0)
-    rc = es_fail(err, ES_INVALID_ARGUMENT,
-                 "cannot move session '%s' to another shard: it has archived segments "
-                 "(docs/sharding.md)",
-                 a->session);
+  if (si.archived_through > 0) rc = archived_movable(st, t, a, &si, err);
   if (rc == ES_OK)
     rc = ops->event_range(real_bk(st), t, a->session, 0, INT64_MAX, ES_NONE, collect_row, &rows, err);
   for (size_t i = 0; rc == ES_OK && i < rows.n; i++) {
@@ -367,6 +403,7 @@ typedef struct {
   int have_si;
   es_events events;
   es_events plain;    /* events as a read shows them (n 0: none is keyed) */
+  es_segments segs;   /* its segment rows (the files: es_archive_copy_files) */
   es_snapshots snaps; /* with state */
   es_refs refs;       /* naming the session */
   size_t refs_cap;
@@ -377,6 +414,7 @@ static void copy_destroy(session_copy *c) {
   if (c->have_si) es_session_info_destroy(&c->si);
   es_events_destroy(&c->events);
   es_events_destroy(&c->plain);
+  es_segments_destroy(&c->segs);
   es_snapshots_destroy(&c->snaps);
   es_refs_destroy(&c->refs);
 }
@@ -386,6 +424,18 @@ static int collect_snap_name(void *ctx, const es_snapshot *row) {
   es_snapshots *l = &c->snaps;
   if (es_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v) ||
       es_snapshot_copy(&l->v[l->n], row)) {
+    c->oom = 1;
+    return 1;
+  }
+  l->n++;
+  return 0;
+}
+
+static int collect_seg(void *ctx, const es_segment *row) {
+  session_copy *c = ctx;
+  es_segments *l = &c->segs;
+  if (es_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v) ||
+      es_segment_copy(&l->v[l->n], row)) {
     c->oom = 1;
     return 1;
   }
@@ -407,6 +457,8 @@ static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
     if (es_events_push_copy(&c->plain, &c->events.v[i])) rc = nomem(err);
   if (rc == ES_OK && keyed) rc = es_crypto_reveal(st, t, NULL, c->plain.v, c->plain.n, err);
   if (rc == ES_OK) rc = ops->snapshot_list(real_bk(st), t, c->session, collect_snap_name, c, err);
+  if (rc == ES_OK && c->si.archived_through > 0)
+    rc = ops->segment_list(real_bk(st), t, c->session, collect_seg, c, err);
   for (size_t i = 0; rc == ES_OK && !c->oom && i < c->snaps.n; i++) {
     es_snapshot full;
     es_snapshot_init(&full);
@@ -474,6 +526,8 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   es_keyring_destroy(&ring);
   for (size_t i = 0; rc == ES_OK && i < c->snaps.n; i++)
     rc = ops->snapshot_put(real_bk(st), t, c->session, &c->snaps.v[i], err);
+  for (size_t i = 0; rc == ES_OK && i < c->segs.n; i++) /* their files are in by now */
+    rc = ops->segment_put(real_bk(st), t, c->session, &c->segs.v[i], err);
   if (rc == ES_OK) {
     es_session_info si = c->si;
     si.fence = FENCE_FROZEN_BASE - c->si.fence;
@@ -481,6 +535,20 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   }
   if (rc == ES_OK) a->copied = a->present = 1;
   return rc;
+}
+
+/* Lists dir/file in drop (removed by es_archive_files_finish once the
+ * transaction committed). */
+static int drop_later(es_archive_files *drop, const char *dir, const char *file, es_err *err) {
+  es_buf b;
+  es_buf_init(&b);
+  if (es_grow((void **)&drop->v, &drop->cap, drop->n + 1, sizeof *drop->v) || es_buf_adds(&b, dir) ||
+      es_buf_addc(&b, '/') || es_buf_adds(&b, file) || es_buf_addc(&b, '\0')) {
+    es_buf_destroy(&b);
+    return nomem(err);
+  }
+  drop->v[drop->n++] = b.data;
+  return ES_OK;
 }
 
 /* (d) on the source: the rows go, a tombstone stays. */
@@ -492,6 +560,13 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
   if (rc || a->state != ST_FROZEN) return rc;
   es_core_touch(st, a->session);
   rc = ops->event_delete_range(real_bk(st), t, a->session, INT64_MAX, err);
+  /* the segment rows through the real backend (the marker-checking one
+   * answers "moved" for a frozen session) */
+  for (size_t i = 0; rc == ES_OK && a->segs && i < a->segs->n; i++) {
+    rc = ops->segment_delete(real_bk(st), t, a->session, a->segs->v[i].from, err);
+    if (rc == ES_NOT_FOUND) rc = ES_OK; /* a retried transaction */
+    if (rc == ES_OK && st->archive_dir) rc = drop_later(a->drop, st->archive_dir, a->segs->v[i].file, err);
+  }
   if (rc == ES_OK) rc = ops->snapshot_delete_all(real_bk(st), t, a->session, err);
   if (rc == ES_OK) rc = ops->key_use_delete_session(real_bk(st), t, a->session, err);
   if (rc == ES_OK) {
@@ -511,7 +586,9 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
 static int move_one(es_store *s, int64_t version, const char *session, const char *from,
                     es_store *a, const char *to, es_store *b, int *copied, es_err *err) {
   *copied = 0;
-  session_step sa = {session, from, 0, version}, sb = {session, from, 0, version};
+  session_step sa = {session, from, 0, version, 0, NULL, NULL},
+               sb = {session, from, 0, version, 0, NULL, NULL};
+  sa.target_archive = b->archive_dir != NULL;
   int rc = shard_read(a, do_state, &sa, err);
   if (rc == ES_OK) rc = shard_read(b, do_state, &sb, err);
   if (rc) return rc;
@@ -547,10 +624,20 @@ static int move_one(es_store *s, int64_t version, const char *session, const cha
   copy_in_args ca = {&c, to, from, version, 0, 0};
   if (rc == ES_OK && c.have_si && c.si.fence <= FENCE_FROZEN_BASE) {
     rc = burn_shredded(b, &c.plain, err);
+    /* segment files first: the rows copied in name them */
+    if (rc == ES_OK) rc = es_archive_copy_files(a, b, session, &c.segs, err);
     if (rc == ES_OK) rc = shard_write(s, b, do_copy_in, &ca, err);
-    /* the source's rows go only once the target holds the session */
-    if (rc == ES_OK && ca.present) rc = shard_write(s, a, do_drop, &sa, err);
-    else if (rc == ES_OK)
+    /* the source's rows go only once the target holds the session; its
+     * segment files once that commit is in */
+    if (rc == ES_OK && ca.present) {
+      es_archive_files drop = {0};
+      sa.segs = &c.segs;
+      sa.drop = &drop;
+      rc = shard_write(s, a, do_drop, &sa, err);
+      es_archive_files_finish(a, &drop, rc == ES_OK);
+      sa.segs = NULL;
+      sa.drop = NULL;
+    } else if (rc == ES_OK)
       rc = es_fail(err, ES_STORAGE,
                    "session '%s' is frozen on shard '%s' but shard '%s' does not wait for it",
                    session, from, to);
@@ -634,7 +721,7 @@ typedef struct {
 static int do_clear_tomb(es_store *st, es_txn *t, void *arg, es_err *err) {
   tomb_args *a = arg;
   int rc = plan_guard(st, t, a->version, err);
-  session_step probe = {a->session, NULL, 0, 0};
+  session_step probe = {a->session, NULL, 0, 0, 0, NULL, NULL};
   if (rc == ES_OK) rc = do_state(st, t, &probe, err);
   if (rc || probe.state != ST_TOMBSTONE) return rc;
   return real(st)->session_delete(real_bk(st), t, a->session, err);
@@ -716,17 +803,17 @@ static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan
           /* a move into this shard that stopped half-way: finished when
            * its source froze the session, else the incoming row goes */
           es_store *src = x->source ? store_named(all, n, x->source) : NULL;
-          session_step st = {x->name, NULL, 0, 0};
+          session_step st = {x->name, NULL, 0, 0, 0, NULL, NULL};
           if (src && src != all[i].st) rc = shard_read(src, do_state, &st, err);
           if (rc == ES_OK && st.state == ST_FROZEN)
             rc = move_one(s, to->version, x->name, x->source, src, all[i].name, all[i].st,
                           &copied, err);
           if (rc == ES_OK) {
-            session_step sb = {x->name, NULL, 0, to->version};
+            session_step sb = {x->name, NULL, 0, to->version, 0, NULL, NULL};
             rc = shard_write(s, all[i].st, do_unincoming, &sb, err); /* nothing came */
           }
           /* and if it landed off its owner under this plan, on it goes */
-          session_step here = {x->name, NULL, 0, 0};
+          session_step here = {x->name, NULL, 0, 0, 0, NULL, NULL};
           if (rc == ES_OK && strcmp(owner, all[i].name) != 0)
             rc = shard_read(all[i].st, do_state, &here, err);
           if (rc == ES_OK && here.state == ST_LIVE) {
