@@ -1006,6 +1006,52 @@ describe("sharded store over " .. kind.name, function()
     p:close()
   end)
 
+  it("keys and archive: a move interrupted at any step is finished by the next set_plan, nothing lost or left", function()
+    local dirs = {}
+    finally(function() for _, d in ipairs(dirs) do os.execute("rm -rf " .. sh_quote(d)) end end)
+    for _, crash_at in ipairs({ 1, 3, 6, 10, 17 }) do
+      local dir = os.tmpname()
+      os.remove(dir)
+      dirs[#dirs + 1] = dir
+      local keys = key_file()
+      local shards = plan_of(1)
+      local catalog = kind.url()
+      local opts = { catalog = catalog, archive = dir, keys = keys, plan = { version = 1, shards = shards } }
+      local s = track(eventstore.open("shards:", opts))
+      for i = 1, 12 do
+        s:append("x" .. i, { { type = "t", payload = { i = i }, settled = true }, { type = "u", payload = { s = "sealed-" .. i }, key = "k" .. (i % 2) } })
+        s:archive("x" .. i, { through = 1 })
+      end
+      assert.is_true(s:shred("k0"))
+      local grown = { s1 = shards.s1, s2 = kind.url() }
+      s:_crash_after(crash_at)
+      expect_error("STORAGE", s.set_plan, s, { version = 2, shards = grown })
+      s:close()
+      local again = track(eventstore.open("shards:" .. catalog, { archive = dir, keys = keys }))
+      again:set_plan({ version = 2, shards = grown })
+      local on2 = 0
+      for session, shard in pairs(where(grown)) do
+        if shard == "s2" then on2 = on2 + 1 end
+        assert.are.equal(shard == "s2" and "s2" or "s1", again:segments(session)[1].file:match("^([^/]+)/"), session)
+      end
+      assert.is_true(on2 > 0, "crash at " .. crash_at)
+      for i = 1, 12 do
+        local evs = again:read("x" .. i)
+        assert.are.same({ i = i }, evs[1].payload)
+        if i % 2 == 0 then
+          assert.is_true(evs[2].shredded, "x" .. i)
+        else
+          assert.are.same({ s = "sealed-" .. i }, evs[2].payload, "x" .. i)
+        end
+      end
+      local v = again:verify_archive()
+      assert.are.equal(12, v.checked)
+      assert.are.same({}, v.problems)
+      assert.are.same({}, v.orphans, "crash at " .. crash_at)
+      again:close()
+    end
+  end)
+
   it("archive: a session whose archived events are sealed does not move; it stays usable, the plan pending", function()
     local dir = archive_dir()
     local keys = key_file()
