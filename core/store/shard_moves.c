@@ -624,8 +624,13 @@ static int move_one(es_store *s, int64_t version, const char *session, const cha
   copy_in_args ca = {&c, to, from, version, 0, 0};
   if (rc == ES_OK && c.have_si && c.si.fence <= FENCE_FROZEN_BASE) {
     rc = burn_shredded(b, &c.plain, err);
-    /* segment files first: the rows copied in name them */
-    if (rc == ES_OK) rc = es_archive_copy_files(a, b, session, &c.segs, err);
+    /* segment files first: the rows copied in name them (only while the
+     * target still waits: once the session is in, it may have compacted
+     * them, and copies would be orphans) */
+    session_step wait_b = {session, NULL, 0, 0, 0, NULL, NULL};
+    if (rc == ES_OK && c.segs.n) rc = shard_read(b, do_state, &wait_b, err);
+    if (rc == ES_OK && wait_b.state == ST_INCOMING)
+      rc = es_archive_copy_files(a, b, session, &c.segs, err);
     if (rc == ES_OK) rc = shard_write(s, b, do_copy_in, &ca, err);
     /* the source's rows go only once the target holds the session; its
      * segment files once that commit is in */
