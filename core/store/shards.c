@@ -27,7 +27,9 @@
  *       ES_MOVED for X and claim_next on A no longer returns its events;
  *   (c) read every row of X from A; on B, in one write that first checks
  *       the row is still incoming, insert them (same ids and dispatch
- *       records, new positions) and X's row;
+ *       records, new positions; sealed payloads sealed again under B's
+ *       data key, segment files copied into B's directory before) and X's
+ *       row;
  *   (d) on A, drop X's rows and keep a tombstone row (fence -1).
  * Each step checks the state it expects, so a move interrupted anywhere is
  * finished by running it again (and two movers at once do it once).
