@@ -798,6 +798,14 @@ describe("sharded store over " .. kind.name, function()
     return d
   end
 
+  -- Installs plan version 2 of `shards` on s; it must move some sessions.
+  -- Returns how many it moved and where() every session is then.
+  local function grow(s, shards)
+    local moved = s:set_plan({ version = 2, shards = shards }).moved
+    assert.is_true(moved > 0)
+    return moved, where(shards)
+  end
+
   -- n sessions on each shard of `shards` (by where()), names prefix .. i
   local function spread(s, shards, prefix, n, batch)
     for i = 1, n do s:append(prefix .. i, batch(i)) end
@@ -875,9 +883,7 @@ describe("sharded store over " .. kind.name, function()
     for i = 1, 30 do rest_before[i] = s:read_at_rest("m" .. i) end
     assert.is_true(s:shred("gone"))
     local bigger = { s1 = shards.s1, s2 = kind.url() }
-    local moved = s:set_plan({ version = 2, shards = bigger }).moved
-    assert.is_true(moved > 0)
-    local at = where(bigger)
+    local moved, at = grow(s, bigger)
     local n2 = 0
     for i = 1, 30 do
       local evs = s:read("m" .. i)
@@ -982,10 +988,7 @@ describe("sharded store over " .. kind.name, function()
     helpers.write_file(dir .. "/" .. g.file, bytes)
     -- a plan change moves sessions with segments: their files go to the
     -- new owner's directory, the old ones are removed
-    local bigger = { a = shards.a, ["../x y"] = shards["../x y"], z = kind.url() }
-    local moved = s:set_plan({ version = 2, shards = bigger }).moved
-    assert.is_true(moved > 0)
-    local at = where(bigger)
+    local moved, at = grow(s, { a = shards.a, ["../x y"] = shards["../x y"], z = kind.url() })
     local on_z = 0
     for i = 1, 30 do
       local segs = s:segments("s" .. i)
