@@ -84,7 +84,7 @@ local function rich_history(store, clock)
   return store:read("s")
 end
 
-for _, url in ipairs(helpers.urls()) do
+for _, url in ipairs(helpers.urls_and_shards()) do
   describe(url, function()
     after_each(function()
       helpers.cleanup()
@@ -106,7 +106,8 @@ for _, url in ipairs(helpers.urls()) do
         local g = store:archive("s", { through = 8 })
         assert.same({ 1, 8, 8 }, { g.from, g.through, g.count })
         assert.truthy(g.checksum:match("^%x+$") and #g.checksum == 64, g.checksum)
-        assert.truthy(g.file:match("^%x+/.+%.seg$"), g.file)
+        -- HASH/FILE.seg; on shards: behind the shard's directory (docs/sharding.md)
+        assert.truthy(g.file:match("^%x+/[^/]+%.seg$") or (url:match("^shards:") and g.file:match("^[^/]+/%x+/[^/]+%.seg$")), g.file)
         local f = io.open(dir .. "/" .. g.file, "rb")
         assert.equal(g.bytes, f:seek("end"))
         f:close()
@@ -381,7 +382,7 @@ for _, url in ipairs(helpers.urls()) do
         local store, _, _, dir = new()
         settled(store, "s", 6)
         local g = store:archive("s", { through = 2 })
-        local sdir = dir .. "/" .. g.file:match("^(%x+)/")
+        local sdir = dir .. "/" .. g.file:match("^(.*)/[^/]+$") -- the session's directory
         -- a crash leaves a file of the next range (even a valid one) and a temporary
         helpers.write_file(sdir .. "/00000000000000000003-00000000000000000004-0000000000000000.seg",
           helpers.read_file(dir .. "/" .. g.file))

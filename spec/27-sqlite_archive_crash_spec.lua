@@ -14,7 +14,10 @@
 --   - verify_archive finds no problem (orphans, from a kill between the
 --     file's rename and the commit, are allowed: they are never read).
 -- At the end an archive of each session removes the orphans.
--- SQLite only: memory stores do not outlive their process.
+-- Run on one SQLite file, and on a shards: store of three SQLite files
+-- (each shard's segments in a directory of its own under the archive
+-- directory, docs/sharding.md "Keys and archive"). SQLite only: memory
+-- stores do not outlive their process.
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 
@@ -35,16 +38,30 @@ end
 
 local function read_file(path) return helpers.read_file(path) or "" end
 
-describe("sqlite: archive under kill -9", function()
-  local base, db, dir, ackfile, logfile
+-- The stores to run on: each makes its URL from a base path (and lists
+-- the database files it made).
+local kinds = {
+  { name = "sqlite:", url = function(base) return "sqlite:" .. base .. ".db", { base .. ".db" } end },
+  { name = "shards: over sqlite files", url = function(base)
+      local dbs = { base .. ".catalog.db", base .. ".a.db", base .. ".b.db", base .. ".c.db" }
+      local plan = { version = 1, shards = { a = "sqlite:" .. dbs[2], b = "sqlite:" .. dbs[3], c = "sqlite:" .. dbs[4] } }
+      eventstore.open("shards:", { catalog = "sqlite:" .. dbs[1], plan = plan }):close()
+      return "shards:sqlite:" .. dbs[1], dbs
+    end },
+}
+
+for _, kind in ipairs(kinds) do
+describe(kind.name .. " archive under kill -9", function()
+  local base, url, dbs, dir, ackfile, logfile
 
   before_each(function()
     base = os.tmpname()
-    db, dir, ackfile, logfile = base .. ".db", base .. ".archive", base .. ".ack", base .. ".log"
+    dir, ackfile, logfile = base .. ".archive", base .. ".ack", base .. ".log"
+    url, dbs = kind.url(base)
   end)
 
   after_each(function()
-    helpers.remove_db(db)
+    for _, db in ipairs(dbs) do helpers.remove_db(db) end
     os.execute("rm -rf " .. sh_quote(dir))
     os.remove(ackfile)
     os.remove(logfile)
@@ -64,7 +81,7 @@ describe("sqlite: archive under kill -9", function()
         archived[s] = math.max(archived[s] or 0, tonumber(through))
       end
     end
-    local store <close> = eventstore.open("sqlite:" .. db, { archive = dir })
+    local store <close> = eventstore.open(url, { archive = dir })
     local seen = {} -- id -> count
     local per_batch = {} -- n -> events seen
     for _, session in ipairs({ "s0", "s1", "s2" }) do
@@ -103,10 +120,10 @@ describe("sqlite: archive under kill -9", function()
 
   it("reads every event exactly once after each kill; verify_archive finds no problem", function()
     helpers.seed("archive crash: kill moments")
-    eventstore.open("sqlite:" .. db, { archive = dir }):close()
+    eventstore.open(url, { archive = dir }):close()
     local orphans_seen = 0
     for run = 1, KILLS do
-      local cmd = ("%s %s %s %s %s %d >>%s 2>&1 & echo $!"):format(LUA, sh_quote(CHILD), sh_quote(db),
+      local cmd = ("%s %s %s %s %s %d >>%s 2>&1 & echo $!"):format(LUA, sh_quote(CHILD), sh_quote(url),
         sh_quote(dir), sh_quote(ackfile), run, sh_quote(logfile))
       local p = assert(io.popen(cmd, "r"))
       local pid = math.tointeger(tonumber(p:read("l")))
@@ -134,7 +151,7 @@ describe("sqlite: archive under kill -9", function()
     local acked = check("at the end")
     assert.is_true(acked >= KILLS, ("only %d batches acknowledged"):format(acked))
     -- the next archive of each session removes its orphans
-    local store <close> = eventstore.open("sqlite:" .. db, { archive = dir })
+    local store <close> = eventstore.open(url, { archive = dir })
     for _, session in ipairs({ "s0", "s1", "s2" }) do
       store:append(session, { { type = "t", settled = true, payload = { n = 0 } } })
       store:archive(session, { through = store:head(session) })
@@ -145,3 +162,4 @@ describe("sqlite: archive under kill -9", function()
     print(("\n  (%d kills, %d batches acknowledged, %d orphan sightings)"):format(KILLS, acked, orphans_seen))
   end)
 end)
+end

@@ -63,7 +63,7 @@ local function payloads(events)
   return out
 end
 
-for _, url in ipairs(helpers.urls()) do
+for _, url in ipairs(helpers.urls_and_shards()) do
   describe(url, function()
     after_each(cleanup)
 
@@ -390,10 +390,13 @@ end
         local store = new({ archive = dir })
         return store, dir
       end
+      -- every segment file under dir (a sharded store keeps each shard's
+      -- in a directory of its own below it), at least one
       local function segment_bytes(dir)
-        local p = io.popen("cat " .. helpers.sh_quote(dir) .. "/*/*.seg")
+        local p = io.popen("find " .. helpers.sh_quote(dir) .. " -name '*.seg' -exec cat {} +")
         local bytes = p:read("a")
         p:close()
+        assert(#bytes > 0, "no segment file under " .. dir)
         return bytes
       end
 

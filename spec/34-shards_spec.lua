@@ -793,5 +793,297 @@ describe("sharded store over " .. kind.name, function()
     assert.are.equal(0, #events)
     assert.are.equal(1000000 + 1000, retry_at)
   end)
+
+  -- §5: each shard is a full store: keys (§3.10) and archive (§3.9) go to
+  -- every shard (docs/sharding.md "Keys and archive").
+  local function key_file()
+    local base = os.tmpname()
+    files[#files + 1] = base
+    files[#files + 1] = base .. ".key"
+    return base .. ".key"
+  end
+
+  local function archive_dir()
+    local d = os.tmpname()
+    os.remove(d)
+    finally(function() os.execute("rm -rf " .. sh_quote(d)) end)
+    return d
+  end
+
+  -- Installs plan version 2 of `shards` on s; it must move some sessions.
+  -- Returns how many it moved and where() every session is then.
+  local function grow(s, shards)
+    local moved = s:set_plan({ version = 2, shards = shards }).moved
+    assert.is_true(moved > 0)
+    return moved, where(shards)
+  end
+
+  -- n sessions on each shard of `shards` (by where()), names prefix .. i
+  local function spread(s, shards, prefix, n, batch)
+    for i = 1, n do s:append(prefix .. i, batch(i)) end
+    local at = where(shards)
+    local by = {}
+    for session, name in pairs(at) do
+      if session:sub(1, #prefix) == prefix then by[name] = (by[name] or 0) + 1 end
+    end
+    return by
+  end
+
+  it("keys: sealed on every shard, read back opened; shred reaches every shard, also one added later", function()
+    local keys = key_file()
+    local shards = plan_of(2)
+    local catalog = kind.url()
+    local s = track(eventstore.open("shards:", { catalog = catalog, keys = keys, plan = { version = 1, shards = shards } }))
+    local by = spread(s, shards, "c", 20, function(i)
+      return { { type = "signed", payload = { mail = "m" .. i .. "@example.com" }, key = "k" }, { type = "plain", payload = { i = i } } }
+    end)
+    assert.is_true(by.s1 > 0 and by.s2 > 0, "sessions on both shards")
+    assert.are.equal("m7@example.com", s:read("c7")[1].payload.mail)
+    assert.truthy(s:read_at_rest("c7")[1].ciphertext:match("^es1:"))
+    -- a shard opened directly without keys refuses to open a live sealed payload
+    for _, url in pairs(shards) do
+      local st = track(eventstore.open(url))
+      local any = st:sessions({ limit = 1 }).sessions[1].session
+      expect_error("INVALID_ARGUMENT", st.read, st, any)
+      st:close()
+    end
+    -- a wrong key file: refused by the open
+    local wrong = key_file()
+    helpers.write_file(wrong, ("ab"):rep(32) .. "\n")
+    os.execute("chmod 600 " .. sh_quote(wrong))
+    expect_error("INVALID_ARGUMENT", eventstore.open, "shards:" .. catalog, { keys = wrong })
+    assert.is_true(s:shred("k"))
+    assert.is_false(s:shred("k"))
+    for i = 1, 20 do
+      local evs = s:read("c" .. i)
+      assert.is_true(evs[1].shredded, "c" .. i)
+      assert.is_nil(evs[1].payload)
+      assert.are.same({ i = i }, evs[2].payload)
+    end
+    -- a shard added after the shred burns the name before any session lands on it
+    local bigger = { s1 = shards.s1, s2 = shards.s2, s3 = kind.url() }
+    s:set_plan({ version = 2, shards = bigger })
+    local on3
+    for i = 1, 200 do
+      s:append("n" .. i, { { type = "t", settled = true } })
+    end
+    for session, name in pairs(where(bigger)) do
+      if name == "s3" and session:match("^n") then on3 = session end
+    end
+    assert.is_string(on3)
+    local err = expect_error("INVALID_ARGUMENT", s.append, s, on3, { { type = "t", key = "k" } })
+    assert.truthy(tostring(err):find("shredded", 1, true), tostring(err))
+    -- so is a name shredded before it was ever used
+    assert.is_false(s:shred("never-used"))
+    for _, session in ipairs({ on3, "c1", "c2" }) do
+      expect_error("INVALID_ARGUMENT", s.append, s, session, { { type = "t", key = "never-used" } })
+    end
+  end)
+
+  it("keys: a plan change moves sealed sessions (sealed again on the target) and shredded ones (still shredded)", function()
+    local keys = key_file()
+    local shards = plan_of(1)
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), keys = keys, plan = { version = 1, shards = shards } }))
+    for i = 1, 30 do
+      s:append("m" .. i, {
+        { type = "a", payload = { secret = "live-" .. i }, key = "live-" .. (i % 3) },
+        { type = "b", payload = { secret = "gone-" .. i }, key = "gone" },
+        { type = "c", payload = { i = i }, key = "live-" .. (i % 3) },
+      })
+    end
+    local rest_before = {}
+    for i = 1, 30 do rest_before[i] = s:read_at_rest("m" .. i) end
+    assert.is_true(s:shred("gone"))
+    local bigger = { s1 = shards.s1, s2 = kind.url() }
+    local moved, at = grow(s, bigger)
+    local n2 = 0
+    for i = 1, 30 do
+      local evs = s:read("m" .. i)
+      assert.are.same({ secret = "live-" .. i }, evs[1].payload)
+      assert.is_true(evs[2].shredded)
+      assert.is_nil(evs[2].payload)
+      assert.are.same({ i = i }, evs[3].payload)
+      local rest = s:read_at_rest("m" .. i)
+      assert.are.equal(rest_before[i][1].id, rest[1].id)
+      -- the shredded one keeps its sealed text; a live one moved to s2 is
+      -- sealed again under s2's data key
+      assert.are.equal(rest_before[i][2].ciphertext, rest[2].ciphertext)
+      if at["m" .. i] == "s2" then
+        n2 = n2 + 1
+        assert.are_not.equal(rest_before[i][1].ciphertext, rest[1].ciphertext)
+      else
+        assert.are.equal(rest_before[i][1].ciphertext, rest[1].ciphertext)
+      end
+    end
+    assert.are.equal(moved, n2)
+    -- the moved sessions' keys are s2's own: a shred there reaches them
+    assert.is_true(s:shred("live-1"))
+    for i = 1, 30 do
+      assert.are.equal(i % 3 == 1, s:read("m" .. i)[1].shredded == true, "m" .. i)
+    end
+  end)
+
+  it("keys: a plan change through a handle without keys leaves sealed sessions where they are, usable", function()
+    local keys = key_file()
+    local shards = plan_of(1)
+    local catalog = kind.url()
+    local s = track(eventstore.open("shards:", { catalog = catalog, keys = keys, plan = { version = 1, shards = shards } }))
+    for i = 1, 20 do s:append("k" .. i, { { type = "t", payload = { v = i }, key = "k" } }) end
+    local plain = track(eventstore.open("shards:" .. catalog))
+    local bigger = { s1 = shards.s1, s2 = kind.url() }
+    local err = expect_error("INVALID_ARGUMENT", plain.set_plan, plain, { version = 2, shards = bigger })
+    assert.truthy(tostring(err):find("opened without keys", 1, true), tostring(err))
+    -- nothing moved, nothing frozen: every session reads and takes appends
+    for session, shard in pairs(where(bigger)) do assert.are.equal("s1", shard, session) end
+    for i = 1, 20 do
+      assert.are.same({ v = i }, s:read("k" .. i)[1].payload)
+      s:append("k" .. i, { { type = "u", payload = { w = i }, key = "k" } })
+    end
+    -- the handle with keys finishes the pending plan
+    assert.is_true(s:set_plan({ version = 2, shards = bigger }).moved > 0)
+    for i = 1, 20 do assert.are.same({ w = i }, s:read("k" .. i)[2].payload) end
+  end)
+
+  it("keys: fork between shards seals the copies under the target's key; shred reaches both", function()
+    local keys = key_file()
+    local shards = plan_of(2)
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), keys = keys, plan = { version = 1, shards = shards } }))
+    s:append("src", { { type = "a", payload = { v = 1 }, key = "k" }, { type = "b", payload = { v = 2 }, key = "gone" } })
+    assert.is_true(s:shred("gone"))
+    -- forty targets: some on src's shard, some across
+    local targets = {}
+    for i = 1, 40 do
+      local name = "f" .. i
+      s:fork("src", 2, name)
+      local evs = s:read(name)
+      assert.are.same({ v = 1 }, evs[1].payload)
+      assert.is_true(evs[2].shredded)
+      targets[#targets + 1] = name
+    end
+    local at = where(shards)
+    local crossed = 0
+    for _, name in ipairs(targets) do
+      if at[name] ~= at.src then crossed = crossed + 1 end
+    end
+    assert.is_true(crossed > 0 and crossed < #targets, "forks on both shards")
+    assert.is_true(s:shred("k"))
+    for _, name in ipairs(targets) do assert.is_true(s:read(name)[1].shredded, name) end
+    assert.is_true(s:read("src")[1].shredded)
+  end)
+
+  it("archive: each shard's segments in DIR/NAME (name bytes escaped); paths relative to DIR; a plan change moves them", function()
+    local dir = archive_dir()
+    local shards = { a = kind.url(), ["../x y"] = kind.url() }
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), archive = dir, plan = { version = 1, shards = shards } }))
+    local per = {}
+    for i = 1, 30 do
+      s:append("s" .. i, { { type = "t", payload = { i = i }, settled = true }, { type = "u", settled = true } })
+      local g = s:archive("s" .. i, { through = 1 })
+      assert.truthy(helpers.read_file(dir .. "/" .. g.file), g.file)
+      local top = g.file:match("^([^/]+)/")
+      per[top] = (per[top] or 0) + 1
+      assert.are.same({ g.file }, helpers.pluck(s:segments("s" .. i), "file"))
+      assert.are.same({ i = i }, s:read("s" .. i)[1].payload)
+    end
+    assert.is_true(per.a > 0 and per["%2E.%2Fx%20y"] > 0, helpers.dump(per))
+    assert.are.equal(2, count(per))
+    local v = s:verify_archive()
+    assert.are.equal(30, v.checked)
+    assert.are.same({}, v.problems)
+    -- a file damaged on one shard is named relative to DIR
+    local g = s:segments("s1")[1]
+    local bytes = helpers.read_file(dir .. "/" .. g.file)
+    os.remove(dir .. "/" .. g.file)
+    v = s:verify_archive()
+    assert.are.equal(1, #v.problems)
+    assert.are.equal(g.file, v.problems[1].file)
+    helpers.write_file(dir .. "/" .. g.file, bytes)
+    -- a plan change moves sessions with segments: their files go to the
+    -- new owner's directory, the old ones are removed
+    local moved, at = grow(s, { a = shards.a, ["../x y"] = shards["../x y"], z = kind.url() })
+    local on_z = 0
+    for i = 1, 30 do
+      local segs = s:segments("s" .. i)
+      assert.are.equal(1, #segs)
+      local want = at["s" .. i] == "../x y" and "%2E.%2Fx%20y" or at["s" .. i]
+      assert.are.equal(want, segs[1].file:match("^([^/]+)/"), "s" .. i)
+      if want == "z" then on_z = on_z + 1 end
+      assert.are.same({ i = i }, s:read("s" .. i)[1].payload)
+      assert.are.same({ 1, 2 }, helpers.indexes(s:read("s" .. i)))
+    end
+    assert.are.equal(moved, on_z)
+    v = s:verify_archive()
+    assert.are.equal(30, v.checked)
+    assert.are.same({}, v.problems)
+    assert.are.same({}, v.orphans)
+    local p = io.popen("find " .. sh_quote(dir) .. " -name '*.seg' | wc -l")
+    assert.are.equal(30, tonumber(p:read("a")))
+    p:close()
+  end)
+
+  it("keys and archive: a move interrupted at any step is finished by the next set_plan, nothing lost or left", function()
+    local dirs = {}
+    finally(function() for _, d in ipairs(dirs) do os.execute("rm -rf " .. sh_quote(d)) end end)
+    for _, crash_at in ipairs({ 1, 3, 6, 10, 17 }) do
+      local dir = os.tmpname()
+      os.remove(dir)
+      dirs[#dirs + 1] = dir
+      local keys = key_file()
+      local shards = plan_of(1)
+      local catalog = kind.url()
+      local opts = { catalog = catalog, archive = dir, keys = keys, plan = { version = 1, shards = shards } }
+      local s = track(eventstore.open("shards:", opts))
+      for i = 1, 12 do
+        s:append("x" .. i, { { type = "t", payload = { i = i }, settled = true }, { type = "u", payload = { s = "sealed-" .. i }, key = "k" .. (i % 2) } })
+        s:archive("x" .. i, { through = 1 })
+      end
+      assert.is_true(s:shred("k0"))
+      local grown = { s1 = shards.s1, s2 = kind.url() }
+      s:_crash_after(crash_at)
+      expect_error("STORAGE", s.set_plan, s, { version = 2, shards = grown })
+      s:close()
+      local again = track(eventstore.open("shards:" .. catalog, { archive = dir, keys = keys }))
+      again:set_plan({ version = 2, shards = grown })
+      local on2 = 0
+      for session, shard in pairs(where(grown)) do
+        if shard == "s2" then on2 = on2 + 1 end
+        assert.are.equal(shard == "s2" and "s2" or "s1", again:segments(session)[1].file:match("^([^/]+)/"), session)
+      end
+      assert.is_true(on2 > 0, "crash at " .. crash_at)
+      for i = 1, 12 do
+        local evs = again:read("x" .. i)
+        assert.are.same({ i = i }, evs[1].payload)
+        if i % 2 == 0 then
+          assert.is_true(evs[2].shredded, "x" .. i)
+        else
+          assert.are.same({ s = "sealed-" .. i }, evs[2].payload, "x" .. i)
+        end
+      end
+      local v = again:verify_archive()
+      assert.are.equal(12, v.checked)
+      assert.are.same({}, v.problems)
+      assert.are.same({}, v.orphans, "crash at " .. crash_at)
+      again:close()
+    end
+  end)
+
+  it("archive: a session whose archived events are sealed does not move; it stays usable, the plan pending", function()
+    local dir = archive_dir()
+    local keys = key_file()
+    local shards = plan_of(1)
+    local s = track(eventstore.open("shards:", { catalog = kind.url(), archive = dir, keys = keys, plan = { version = 1, shards = shards } }))
+    for i = 1, 20 do
+      s:append("a" .. i, { { type = "t", payload = { i = i }, key = "k", settled = true }, { type = "u", settled = true } })
+      s:archive("a" .. i, { through = 1 })
+    end
+    local bigger = { s1 = shards.s1, s2 = kind.url() }
+    local err = expect_error("INVALID_ARGUMENT", s.set_plan, s, { version = 2, shards = bigger })
+    assert.truthy(tostring(err):find("sealed under key 'k'", 1, true), tostring(err))
+    assert.are.equal(1, s:plan().version)
+    for i = 1, 20 do
+      assert.are.same({ i = i }, s:read("a" .. i)[1].payload)
+      s:append("a" .. i, { { type = "v", settled = true } })
+    end
+  end)
 end)
 end

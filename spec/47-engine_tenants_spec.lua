@@ -25,7 +25,7 @@ local function of_type(store, session, t)
   return eh.of_type(store:read(session), t)
 end
 
-for _, url in ipairs(helpers.urls()) do
+for _, url in ipairs(helpers.urls_and_shards()) do
   describe(url, function()
     after_each(eh.cleanup)
 

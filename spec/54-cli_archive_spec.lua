@@ -109,6 +109,29 @@ describe("eventstore archive commands", function()
       json.decode(ok(es({ "verify-archive", "--archive", "elsewhere" }))))
   end)
 
+  it("on a shards: store: --archive DIR holds each shard's segments in DIR/NAME; paths are relative to DIR", function()
+    local db = ch.sharded(work)
+    local function run(args)
+      local all = { "--db", db, "--archive", "arch" }
+      for _, a in ipairs(args) do all[#all + 1] = a end
+      return es(all)
+    end
+    local s = eventstore.open(db)
+    for i = 1, 9 do s:append("s" .. i, { { type = "e", payload = { n = 1 }, settled = true }, { type = "e", settled = true } }) end
+    s:close()
+    local tops = {}
+    for i = 1, 9 do
+      local g = json.decode(ok(run({ "archive", "s" .. i, "1" })))
+      assert.is_true(g.written)
+      assert.is_not_nil(read_file(work .. "/arch/" .. g.file), g.file)
+      tops[g.file:match("^([abc])/")] = true
+      assert.equal(g.file, ndjson(ok(run({ "segments", "s" .. i })))[1].file)
+      assert.equal(2, #ndjson(ok(run({ "read", "s" .. i }))))
+    end
+    assert.is_true((tops.a and 1 or 0) + (tops.b and 1 or 0) + (tops.c and 1 or 0) >= 2, "segments of two shards")
+    assert.same({ checked = 9, problems = 0, orphans = 0 }, json.decode(ok(run({ "verify-archive" }))))
+  end)
+
   it("every command has --help", function()
     for _, c in ipairs({ "archive", "segments", "verify-archive", "compact-archive" }) do
       local out = ok(es({ c, "--help" }))

@@ -112,6 +112,33 @@ describe("eventstore with --keys", function()
     assert.equal(before, helpers.read_file(work .. "/eventstore.db"))
   end)
 
+  it("on a shards: store: --key seals on every shard, shred burns the name on each (docs/sharding.md)", function()
+    local db, paths = ch.sharded(work)
+    local function run(args, stdin)
+      local all = { "--db", db, "--keys", "master.key" }
+      for _, a in ipairs(args) do all[#all + 1] = a end
+      return es(all, stdin)
+    end
+    for i = 1, 12 do
+      ok(run({ "append", "c-" .. i, "signed-up", '{"email":"ann' .. i .. '@example.com"}', "--key", "c" }))
+    end
+    assert.equal("ann3@example.com", ndjson(ok(run({ "read", "c-3" })))[1].payload.email)
+    local holding = 0
+    for _, path in pairs(paths) do
+      local file = (helpers.read_file(path) or "") .. (helpers.read_file(path .. "-wal") or "")
+      assert.falsy(file:find("@example.com", 1, true), path)
+      if file:find("c-", 1, true) then holding = holding + 1 end
+    end
+    assert.is_true(holding >= 2, "sessions on more than one shard")
+    assert.same({ { key = "c", shredded = true } }, ndjson(ok(es({ "shred", "c", "--yes", "--db", db }))))
+    for i = 1, 12 do
+      local e = ndjson(ok(run({ "read", "c-" .. i })))[1]
+      assert.is_true(e.shredded, "c-" .. i)
+      assert.equal(eventstore.json.null, e.payload)
+    end
+    fails(run({ "append", "c-1", "x", "{}", "--key", "c" }), 1, "INVALID_ARGUMENT: key 'c' was shredded")
+  end)
+
   it("shred --help documents the command", function()
     local out = ok(es({ "shred", "--help" }))
     assert.truthy(out:find("usage: eventstore shred KEY --yes", 1, true))

@@ -56,6 +56,32 @@ describe("eventstore --tenant", function()
     assert.same({}, ndjson(ok(es({ "dead", "--tenant", "B" }))))
   end)
 
+  it("on a shards: store: each tenant's sessions on every shard, seen only through it", function()
+    local db, paths = ch.sharded(work)
+    for i = 1, 9 do
+      ok(es({ "append", "s" .. i, "note", '{"who":"A"}', "--tenant", "A", "--db", db }))
+      ok(es({ "append", "s" .. i, "note", '{"who":"B"}', "--tenant", "B", "--db", db }))
+    end
+    local names = {}
+    for _, row in ipairs(ndjson(ok(es({ "sessions", "--tenant", "A", "--db", db })))) do names[#names + 1] = row.session end
+    table.sort(names)
+    assert.same({ "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9" }, names)
+    for i = 1, 9 do
+      local a = ndjson(ok(es({ "read", "s" .. i, "--tenant", "A", "--db", db })))
+      assert.equal(1, #a)
+      assert.equal("A", a[1].payload.who)
+    end
+    -- the tenant's sessions are spread over the shards
+    local holding = 0
+    for _, path in pairs(paths) do
+      local st = eventstore.open("sqlite:" .. path)
+      local n = #st:tenant("A"):sessions({ limit = 100 }).sessions
+      st:close()
+      if n > 0 then holding = holding + 1 end
+    end
+    assert.is_true(holding >= 2, "tenant A's sessions on more than one shard")
+  end)
+
   it("a bad tenant name is INVALID_ARGUMENT, exit 1, one line", function()
     ch.fails_one_line(es({ "append", "s", "t", "--tenant", "" }), 1, "INVALID_ARGUMENT")
     ch.fails_one_line(es({ "append", "s", "t", "--tenant", ("x"):rep(65) }), 1, "INVALID_ARGUMENT")

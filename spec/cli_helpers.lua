@@ -79,4 +79,16 @@ function ch.fails_one_line(r, code, prefix)
   return err
 end
 
+-- A sharded store in directory `work`: catalog.db and three shards
+-- a.db, b.db, c.db (SQLite files), its plan installed. Returns the --db
+-- URL that opens it ("shards:sqlite:WORK/catalog.db") and the shards'
+-- database paths.
+function ch.sharded(work)
+  local paths = { a = work .. "/a.db", b = work .. "/b.db", c = work .. "/c.db" }
+  local plan = { version = 1, shards = {} }
+  for name, path in pairs(paths) do plan.shards[name] = "sqlite:" .. path end
+  eventstore.open("shards:", { catalog = "sqlite:" .. work .. "/catalog.db", plan = plan }):close()
+  return "shards:sqlite:" .. work .. "/catalog.db", paths
+end
+
 return ch

@@ -39,8 +39,41 @@ function helpers.urls()
   return urls
 end
 
+-- The templates of helpers.urls() and a sharded store over SQLite files
+-- ("shards:sqlite:", unless a shards: template is there already): for the
+-- conformance specs of what a shards: store must take like any store
+-- (docs/contract.md §5: keys, archive, tenants).
+function helpers.urls_and_shards()
+  local urls = helpers.urls()
+  for _, u in ipairs(urls) do
+    if u:match("^shards:") then return urls end
+  end
+  urls[#urls + 1] = "shards:sqlite:"
+  return urls
+end
+
+local fresh_url
+
+-- "shards:INNER" (INNER a template other than memory:, default sqlite:):
+-- a fresh sharded store of three shards a, b, c and a catalog, each a
+-- fresh INNER store, its plan installed by one open here. The concrete
+-- URL is "shards:" .. the catalog's URL, which opens it again (open_same).
+local function fresh_shards_url(inner)
+  if inner == "" then inner = "sqlite:" end
+  if inner:match("^memory:") then
+    error("a shards: test template needs shards that outlive a handle (shards:sqlite:, "
+      .. "shards:postgres://...), not memory:", 0)
+  end
+  local catalog = fresh_url(inner)
+  local plan = { version = 1, shards = { a = fresh_url(inner), b = fresh_url(inner), c = fresh_url(inner) } }
+  eventstore.open("shards:", { catalog = catalog, plan = plan }):close()
+  return "shards:" .. catalog
+end
+
 -- A fresh concrete URL for one test, from a URL template.
-local function fresh_url(template)
+function fresh_url(template)
+  local inner = template:match("^shards:(.*)$")
+  if inner ~= nil then return fresh_shards_url(inner) end
   local dir = template:match("^sqlite:(.*)$")
   if dir ~= nil and (dir == "" or dir:sub(-1) == "/") then
     -- os.tmpname creates an empty file: keep it as a reservation of the

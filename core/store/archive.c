@@ -549,6 +549,31 @@ static int put_file(const char *dir, const char *hash, const unsigned char *img,
   return ES_OK;
 }
 
+/* ---- copies between stores (a shard move) ---------------------------------------- */
+
+int es_archive_copy_files(es_store *from, es_store *to, const char *session,
+                          const es_segments *segs, es_err *err) {
+  if (!segs->n) return ES_OK;
+  if (!from->archive_dir || !to->archive_dir)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "session '%s' has archived segments and a store it moves between has no "
+                   "archive directory",
+                   session);
+  char *dir = NULL, hash[33];
+  int rc = session_dir(to, session, &dir, hash, err);
+  for (size_t i = 0; rc == ES_OK && i < segs->n; i++) {
+    loaded l;
+    if ((rc = seg_load(from, session, &segs->v[i], &l, err))) break; /* checked before copied */
+    char *path = join(to->archive_dir, segs->v[i].file);
+    rc = path ? write_file(path, l.file, l.len, err) : nomem(err);
+    free(path);
+    loaded_free(&l);
+  }
+  if (rc == ES_OK) rc = sync_dir(dir, err);
+  free(dir);
+  return rc;
+}
+
 /* ---- archive() ------------------------------------------------------------------ */
 
 typedef struct {

@@ -247,6 +247,12 @@ int es_archive_retryable(int rc, const es_err *err);
  * all) and lists their files in `drop` for es_archive_files_finish. */
 int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through,
                     es_archive_files *drop, es_err *err);
+/* A shard move: each segment file of segs (rows of `session` in from's
+ * archive directory, checked as a read checks them) written into to's
+ * under the same relative path, synced; a file already there is
+ * replaced. INVALID_ARGUMENT when either store has no archive directory. */
+int es_archive_copy_files(es_store *from, es_store *to, const char *session,
+                          const es_segments *segs, es_err *err);
 /* After the transaction: committed (1) removes the files, then each
  * directory they emptied, else only forgets them; frees the list either
  * way. */

@@ -431,10 +431,20 @@ int es_sh_delete_refs_of(es_store *s, const char *session, es_err *err) {
   return rc;
 }
 
+/* §3.10 shred on a sharded store: every shard that may hold a payload
+ * under the name has a data key of its own for it, so the key is burnt on
+ * every shard of the current and a pending plan. The name goes to the
+ * catalog first, and the plans are read after that write: a plan change
+ * running at the same time either sees the name when it gives the new
+ * shards their tombstones (shard_moves.c run_moves), or was recorded
+ * before it, and then this call reaches the new shards itself. */
 int es_sh_shred(es_store *s, const char *name, int *was_live, es_err *err) {
   *was_live = 0;
   shard_set set;
   int rc = sh_enter(s, err);
+  if (rc == ES_OK) rc = es_check_name("key", name, err);
+  if (rc == ES_OK) rc = es_sh_catalog_shredded_put(SH(s)->catalog, name, err);
+  if (rc == ES_OK) rc = es_sh_reload(s, err);
   if (rc == ES_OK) rc = es_sh_all_shards(s, &set, err);
   for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
     int live = 0;
@@ -444,16 +454,29 @@ int es_sh_shred(es_store *s, const char *name, int *was_live, es_err *err) {
   return rc;
 }
 
+/* verify_archive on the shard st, the files named relative to the
+ * router's archive directory (es_sh_segment_path). */
+static int verify_on(es_store *s, es_store *st, const char *session, es_archive_report *out,
+                     es_err *err) {
+  int rc = es_store_verify_archive(st, session, out, err);
+  for (size_t i = 0; rc == ES_OK && i < out->n_problems; i++)
+    rc = es_sh_segment_path(s, st, &out->problems[i].file, err);
+  for (size_t i = 0; rc == ES_OK && i < out->n_orphans; i++)
+    rc = es_sh_segment_path(s, st, &out->orphans[i].file, err);
+  if (rc) es_archive_report_destroy(out);
+  return rc;
+}
+
 int es_sh_verify_archive(es_store *s, const char *session, es_archive_report *out,
                          es_err *err) {
   memset(out, 0, sizeof *out);
-  if (session) ROUTED("session", session, es_store_verify_archive(st, session, out, err));
+  if (session) ROUTED("session", session, verify_on(s, st, session, out, err));
   shard_set set;
   int rc = sh_enter(s, err);
   if (rc == ES_OK) rc = es_sh_all_shards(s, &set, err);
   for (size_t i = 0; rc == ES_OK && i < set.n; i++) {
     es_archive_report part;
-    rc = es_store_verify_archive(set.st[i], NULL, &part, err);
+    rc = verify_on(s, set.st[i], NULL, &part, err);
     if (rc) break;
     out->checked += part.checked;
     int oom = 0;

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "codec/json.h"
+#include "store/crypto.h"
 #include "store/internal.h"
 #include "store/listing.h"
 #include "store/shards.h"
@@ -25,6 +26,48 @@
 
 static const es_backend_ops *real(es_store *st) { return st->real_ops ? st->real_ops : st->ops; }
 static es_backend *real_bk(es_store *st) { return st->real_ops ? st->real_bk : st->bk; }
+
+/* ---- sealed payloads between shards (§3.10) ---------------------------------- */
+
+/* Each shard has a data key of its own for a key name (docs/sharding.md
+ * "Keys"), so a keyed row copied to another shard (a move, a fork) cannot
+ * keep its sealed text: it is opened where it comes from and sealed again
+ * under the target's key (a move keeps the id, which is associated data;
+ * a fork seals for the copy's id). A row whose key was shredded where it
+ * comes from keeps its sealed text: nothing can open it, and the target
+ * burns the name first (burn_shredded), so it reads as shredded there. */
+
+/* Inserts row on st through ops: row as stored, plain the same event as a
+ * read shows it (payload opened, or shredded). */
+static int insert_resealed(es_store *st, const es_backend_ops *ops, es_backend *bk, es_txn *t,
+                           es_keyring *ring, es_event *row, const es_event *plain,
+                           es_err *err) {
+  if (!row->key || !plain || plain->shredded) return ops->event_insert(bk, t, row, err);
+  es_event copy = *row;
+  char *sealed = NULL;
+  int rc = es_crypto_seal(st, t, ring, &copy, plain->payload, plain->payload_len, &sealed,
+                          &copy.payload_len, err);
+  copy.payload = sealed;
+  if (rc == ES_OK) rc = ops->event_insert(bk, t, &copy, err);
+  free(sealed);
+  return rc;
+}
+
+/* Before rows of v (as a read shows them) are copied to st: every key name
+ * shredded among them is burnt on st too (idempotent; once per name in a
+ * row of names). */
+static int burn_shredded(es_store *st, const es_events *v, es_err *err) {
+  const char *last = NULL;
+  for (size_t i = 0; i < v->n; i++) {
+    const es_event *e = &v->v[i];
+    if (!e->key || !e->shredded || (last && strcmp(last, e->key) == 0)) continue;
+    int was_live = 0;
+    int rc = es_store_shred(st, e->key, &was_live, err);
+    if (rc) return rc;
+    last = e->key;
+  }
+  return ES_OK;
+}
 
 typedef struct {
   int64_t version;
@@ -210,6 +253,9 @@ typedef struct {
   const char *source;  /* incoming: the shard it comes from */
   int state;           /* out: the state found before the step */
   int64_t version;     /* the plan the move is for (0: no guard) */
+  int target_archive;  /* freeze: the target shard has an archive directory */
+  const es_segments *segs; /* drop: the session's segment rows (read when frozen) */
+  es_archive_files *drop;  /* drop: their files, to remove once the drop committed */
 } session_step;
 
 /* Every move step checks, in its own transaction, that the shard does not
@@ -271,6 +317,43 @@ static int collect_row(void *ctx, const es_event *row) {
   return es_events_push_copy(l, row) != ES_OK;
 }
 
+/* An archived event sealed under a key, if any (archived_movable). */
+typedef struct {
+  int64_t index;
+  char key[ES_MAX_NAME_BYTES + 1];
+} keyed_seen;
+
+static int find_keyed(void *ctx, const es_event *row) {
+  keyed_seen *k = ctx;
+  if (!row->key) return 0;
+  k->index = row->index;
+  snprintf(k->key, sizeof k->key, "%s", row->key);
+  return 1;
+}
+
+/* A session with segments moves when the target has an archive directory
+ * and none of its archived events is sealed: the segment files are copied
+ * as they are (es_archive_copy_files), and a sealed payload inside one
+ * would have to be sealed again under the target's key
+ * (docs/sharding.md "Keys and archive"). */
+static int archived_movable(es_store *st, es_txn *t, const session_step *a,
+                            const es_session_info *si, es_err *err) {
+  if (!a->target_archive)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "cannot move session '%s' to another shard: it has archived segments and "
+                   "the sharded store was opened without an archive directory for the target "
+                   "(docs/sharding.md)",
+                   a->session);
+  keyed_seen k = {0};
+  int rc = es_archive_each(st, t, si, 0, si->archived_through, find_keyed, &k, err);
+  if (rc == ES_OK && k.index)
+    rc = es_fail(err, ES_INVALID_ARGUMENT,
+                 "cannot move session '%s' to another shard: its archived event %lld is sealed "
+                 "under key '%s' (docs/sharding.md)",
+                 a->session, (long long)k.index, k.key);
+  return rc;
+}
+
 /* (b) on the source: freeze. */
 static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_step *a = arg;
@@ -286,19 +369,16 @@ static int do_freeze(es_store *st, es_txn *t, void *arg, es_err *err) {
     return ES_OK;
   }
   es_events rows = {0};
-  if (si.archived_through > 0)
-    rc = es_fail(err, ES_INVALID_ARGUMENT,
-                 "cannot move session '%s' to another shard: it has archived segments "
-                 "(docs/sharding.md)",
-                 a->session);
+  if (si.archived_through > 0) rc = archived_movable(st, t, a, &si, err);
   if (rc == ES_OK)
     rc = ops->event_range(real_bk(st), t, a->session, 0, INT64_MAX, ES_NONE, collect_row, &rows, err);
   for (size_t i = 0; rc == ES_OK && i < rows.n; i++) {
     es_event *e = &rows.v[i];
-    if (e->key) {
+    if (e->key && !st->crypto) {
+      /* refused before the freeze: the copy must open it (insert_resealed) */
       rc = es_fail(err, ES_INVALID_ARGUMENT,
                    "cannot move session '%s' to another shard: event %lld is encrypted under "
-                   "key '%s' (docs/sharding.md)",
+                   "key '%s' and the sharded store was opened without keys",
                    a->session, (long long)e->index, e->key);
       break;
     }
@@ -322,6 +402,8 @@ typedef struct {
   es_session_info si;
   int have_si;
   es_events events;
+  es_events plain;    /* events as a read shows them (n 0: none is keyed) */
+  es_segments segs;   /* its segment rows (the files: es_archive_copy_files) */
   es_snapshots snaps; /* with state */
   es_refs refs;       /* naming the session */
   size_t refs_cap;
@@ -331,6 +413,8 @@ typedef struct {
 static void copy_destroy(session_copy *c) {
   if (c->have_si) es_session_info_destroy(&c->si);
   es_events_destroy(&c->events);
+  es_events_destroy(&c->plain);
+  es_segments_destroy(&c->segs);
   es_snapshots_destroy(&c->snaps);
   es_refs_destroy(&c->refs);
 }
@@ -347,6 +431,18 @@ static int collect_snap_name(void *ctx, const es_snapshot *row) {
   return 0;
 }
 
+static int collect_seg(void *ctx, const es_segment *row) {
+  session_copy *c = ctx;
+  es_segments *l = &c->segs;
+  if (es_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v) ||
+      es_segment_copy(&l->v[l->n], row)) {
+    c->oom = 1;
+    return 1;
+  }
+  l->n++;
+  return 0;
+}
+
 static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
   session_copy *c = arg;
   const es_backend_ops *ops = real(st);
@@ -355,7 +451,14 @@ static int do_read_frozen(es_store *st, es_txn *t, void *arg, es_err *err) {
   c->have_si = 1;
   if (c->si.fence > FENCE_FROZEN_BASE) return ES_OK; /* not frozen: nothing to copy */
   rc = ops->event_range(real_bk(st), t, c->session, 0, INT64_MAX, ES_NONE, collect_row, &c->events, err);
+  int keyed = 0;
+  for (size_t i = 0; rc == ES_OK && i < c->events.n; i++) keyed |= c->events.v[i].key != NULL;
+  for (size_t i = 0; rc == ES_OK && keyed && i < c->events.n; i++)
+    if (es_events_push_copy(&c->plain, &c->events.v[i])) rc = nomem(err);
+  if (rc == ES_OK && keyed) rc = es_crypto_reveal(st, t, NULL, c->plain.v, c->plain.n, err);
   if (rc == ES_OK) rc = ops->snapshot_list(real_bk(st), t, c->session, collect_snap_name, c, err);
+  if (rc == ES_OK && c->si.archived_through > 0)
+    rc = ops->segment_list(real_bk(st), t, c->session, collect_seg, c, err);
   for (size_t i = 0; rc == ES_OK && !c->oom && i < c->snaps.n; i++) {
     es_snapshot full;
     es_snapshot_init(&full);
@@ -396,6 +499,8 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   a->present = state == ST_LIVE;
   if (!ours) return ES_OK;
   rc = ES_OK;
+  es_keyring ring;
+  es_keyring_init(&ring);
   for (size_t i = 0; rc == ES_OK && i < c->events.n; i++) {
     es_event *e = &c->events.v[i];
     es_event other;
@@ -415,10 +520,14 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
     }
     es_sh_decode_frozen(e);
     es_core_touch(st, NULL); /* a move: every wait on this shard looks again */
-    rc = ops->event_insert(real_bk(st), t, e, err);
+    rc = insert_resealed(st, ops, real_bk(st), t, &ring, e, c->plain.n ? &c->plain.v[i] : NULL,
+                         err);
   }
+  es_keyring_destroy(&ring);
   for (size_t i = 0; rc == ES_OK && i < c->snaps.n; i++)
     rc = ops->snapshot_put(real_bk(st), t, c->session, &c->snaps.v[i], err);
+  for (size_t i = 0; rc == ES_OK && i < c->segs.n; i++) /* their files are in by now */
+    rc = ops->segment_put(real_bk(st), t, c->session, &c->segs.v[i], err);
   if (rc == ES_OK) {
     es_session_info si = c->si;
     si.fence = FENCE_FROZEN_BASE - c->si.fence;
@@ -426,6 +535,20 @@ static int do_copy_in(es_store *st, es_txn *t, void *arg, es_err *err) {
   }
   if (rc == ES_OK) a->copied = a->present = 1;
   return rc;
+}
+
+/* Lists dir/file in drop (removed by es_archive_files_finish once the
+ * transaction committed). */
+static int drop_later(es_archive_files *drop, const char *dir, const char *file, es_err *err) {
+  es_buf b;
+  es_buf_init(&b);
+  if (es_grow((void **)&drop->v, &drop->cap, drop->n + 1, sizeof *drop->v) || es_buf_adds(&b, dir) ||
+      es_buf_addc(&b, '/') || es_buf_adds(&b, file) || es_buf_addc(&b, '\0')) {
+    es_buf_destroy(&b);
+    return nomem(err);
+  }
+  drop->v[drop->n++] = b.data;
+  return ES_OK;
 }
 
 /* (d) on the source: the rows go, a tombstone stays. */
@@ -437,6 +560,13 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
   if (rc || a->state != ST_FROZEN) return rc;
   es_core_touch(st, a->session);
   rc = ops->event_delete_range(real_bk(st), t, a->session, INT64_MAX, err);
+  /* the segment rows through the real backend (the marker-checking one
+   * answers "moved" for a frozen session) */
+  for (size_t i = 0; rc == ES_OK && a->segs && i < a->segs->n; i++) {
+    rc = ops->segment_delete(real_bk(st), t, a->session, a->segs->v[i].from, err);
+    if (rc == ES_NOT_FOUND) rc = ES_OK; /* a retried transaction */
+    if (rc == ES_OK && st->archive_dir) rc = drop_later(a->drop, st->archive_dir, a->segs->v[i].file, err);
+  }
   if (rc == ES_OK) rc = ops->snapshot_delete_all(real_bk(st), t, a->session, err);
   if (rc == ES_OK) rc = ops->key_use_delete_session(real_bk(st), t, a->session, err);
   if (rc == ES_OK) {
@@ -456,7 +586,9 @@ static int do_drop(es_store *st, es_txn *t, void *arg, es_err *err) {
 static int move_one(es_store *s, int64_t version, const char *session, const char *from,
                     es_store *a, const char *to, es_store *b, int *copied, es_err *err) {
   *copied = 0;
-  session_step sa = {session, from, 0, version}, sb = {session, from, 0, version};
+  session_step sa = {session, from, 0, version, 0, NULL, NULL},
+               sb = {session, from, 0, version, 0, NULL, NULL};
+  sa.target_archive = b->archive_dir != NULL;
   int rc = shard_read(a, do_state, &sa, err);
   if (rc == ES_OK) rc = shard_read(b, do_state, &sb, err);
   if (rc) return rc;
@@ -491,10 +623,26 @@ static int move_one(es_store *s, int64_t version, const char *session, const cha
   if (rc == ES_NOT_FOUND) rc = ES_OK; /* moved meanwhile by another mover */
   copy_in_args ca = {&c, to, from, version, 0, 0};
   if (rc == ES_OK && c.have_si && c.si.fence <= FENCE_FROZEN_BASE) {
-    rc = shard_write(s, b, do_copy_in, &ca, err);
-    /* the source's rows go only once the target holds the session */
-    if (rc == ES_OK && ca.present) rc = shard_write(s, a, do_drop, &sa, err);
-    else if (rc == ES_OK)
+    rc = burn_shredded(b, &c.plain, err);
+    /* segment files first: the rows copied in name them (only while the
+     * target still waits: once the session is in, it may have compacted
+     * them, and copies would be orphans) */
+    session_step wait_b = {session, NULL, 0, 0, 0, NULL, NULL};
+    if (rc == ES_OK && c.segs.n) rc = shard_read(b, do_state, &wait_b, err);
+    if (rc == ES_OK && wait_b.state == ST_INCOMING)
+      rc = es_archive_copy_files(a, b, session, &c.segs, err);
+    if (rc == ES_OK) rc = shard_write(s, b, do_copy_in, &ca, err);
+    /* the source's rows go only once the target holds the session; its
+     * segment files once that commit is in */
+    if (rc == ES_OK && ca.present) {
+      es_archive_files drop = {0};
+      sa.segs = &c.segs;
+      sa.drop = &drop;
+      rc = shard_write(s, a, do_drop, &sa, err);
+      es_archive_files_finish(a, &drop, rc == ES_OK);
+      sa.segs = NULL;
+      sa.drop = NULL;
+    } else if (rc == ES_OK)
       rc = es_fail(err, ES_STORAGE,
                    "session '%s' is frozen on shard '%s' but shard '%s' does not wait for it",
                    session, from, to);
@@ -578,7 +726,7 @@ typedef struct {
 static int do_clear_tomb(es_store *st, es_txn *t, void *arg, es_err *err) {
   tomb_args *a = arg;
   int rc = plan_guard(st, t, a->version, err);
-  session_step probe = {a->session, NULL, 0, 0};
+  session_step probe = {a->session, NULL, 0, 0, 0, NULL, NULL};
   if (rc == ES_OK) rc = do_state(st, t, &probe, err);
   if (rc || probe.state != ST_TOMBSTONE) return rc;
   return real(st)->session_delete(real_bk(st), t, a->session, err);
@@ -609,6 +757,12 @@ static int clear_tombstones(es_store *s, const es_shard_plan *to, const char *me
   return rc;
 }
 
+/* A key name shredded through the router, burnt on shard st too. */
+static int burn_key(void *st, const char *name, es_err *err) {
+  int was_live = 0;
+  return es_store_shred(st, name, &was_live, err);
+}
+
 /* Moves every session whose owner under `to` is not where it is. */
 static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan *to,
                      int64_t *moved_n, es_err *err) {
@@ -623,6 +777,14 @@ static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan
       rc = es_sh_shard_store(s, ps[k]->v[i].name, ps[k]->v[i].url, &all[n].st, err);
       if (rc == ES_OK) n++;
     }
+  /* 0. a shard new to the fleet burns every key name shredded before it
+   *    joined (es_sh_shred), before any session can land on it */
+  for (size_t i = 0; rc == ES_OK && i < to->n; i++) {
+    const es_shard_def *old = es_sh_plan_find(from, to->v[i].name);
+    if (old && strcmp(old->url, to->v[i].url) == 0) continue;
+    rc = es_sh_catalog_shredded_each(SH(s)->catalog, burn_key, store_named(all, n, to->v[i].name),
+                                     err);
+  }
   /* 1. every shard learns the new plan: from now on it refuses to create
    *    a session it does not own under it */
   for (size_t i = 0; rc == ES_OK && i < n; i++) {
@@ -646,17 +808,17 @@ static int run_moves(es_store *s, const es_shard_plan *from, const es_shard_plan
           /* a move into this shard that stopped half-way: finished when
            * its source froze the session, else the incoming row goes */
           es_store *src = x->source ? store_named(all, n, x->source) : NULL;
-          session_step st = {x->name, NULL, 0, 0};
+          session_step st = {x->name, NULL, 0, 0, 0, NULL, NULL};
           if (src && src != all[i].st) rc = shard_read(src, do_state, &st, err);
           if (rc == ES_OK && st.state == ST_FROZEN)
             rc = move_one(s, to->version, x->name, x->source, src, all[i].name, all[i].st,
                           &copied, err);
           if (rc == ES_OK) {
-            session_step sb = {x->name, NULL, 0, to->version};
+            session_step sb = {x->name, NULL, 0, to->version, 0, NULL, NULL};
             rc = shard_write(s, all[i].st, do_unincoming, &sb, err); /* nothing came */
           }
           /* and if it landed off its owner under this plan, on it goes */
-          session_step here = {x->name, NULL, 0, 0};
+          session_step here = {x->name, NULL, 0, 0, 0, NULL, NULL};
           if (rc == ES_OK && strcmp(owner, all[i].name) != 0)
             rc = shard_read(all[i].st, do_state, &here, err);
           if (rc == ES_OK && here.state == ST_LIVE) {
@@ -788,7 +950,8 @@ int es_shards_set_plan(es_store *s, const es_shard_plan *plan, int64_t *moved_n,
 typedef struct {
   const char *from, *to;
   int64_t at, now;
-  es_events src;       /* from's events 1..at */
+  es_events src;       /* from's events 1..at, as a read shows them */
+  es_events rest;      /* the same as stored (read_at_rest; n 0: none is keyed) */
   es_snapshots snaps;  /* from's snapshots at or below at, with state */
   char (*ids)[ES_MAX_NAME_BYTES + 1]; /* generated ids, behind the scope */
   es_lineage *out;
@@ -834,6 +997,12 @@ static int fork_source(es_store *st, void *arg, es_err *err) {
   if (f->at > 0 && (rc = es_store_read(st, f->from, 0, f->at, ES_NONE, &f->src, err))) return rc;
   if ((int64_t)f->src.n != f->at)
     return es_fail(err, ES_STORAGE, "session '%s' changed while it was forked", f->from);
+  es_events_destroy(&f->rest);
+  int keyed = 0;
+  for (size_t i = 0; i < f->src.n; i++) keyed |= f->src.v[i].key != NULL;
+  if (keyed && (rc = es_store_read_at_rest(st, f->from, 0, f->at, ES_NONE, &f->rest, err))) return rc;
+  if (keyed && f->rest.n != f->src.n)
+    return es_fail(err, ES_STORAGE, "session '%s' changed while it was forked", f->from);
   if ((rc = es_core_enter(st, err))) return rc;
   rc = es_core_read(st, do_fork_source, f, err);
   es_core_leave(st);
@@ -861,12 +1030,10 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
   else if (f->at > 0 && dst.sealed_at != ES_NONE)
     rc = es_fail(err, ES_SEALED, "session '%s' is sealed%s%s", f->to, dst.seal_reason ? ": " : "",
                  dst.seal_reason ? dst.seal_reason : "");
+  es_keyring ring;
+  es_keyring_init(&ring);
   for (size_t i = 0; rc == ES_OK && i < f->src.n; i++) {
     const es_event *e = &f->src.v[i];
-    if (e->key) {
-      rc = es_fail(err, ES_INVALID_ARGUMENT, "cannot fork encrypted events on a sharded store");
-      break;
-    }
     es_event other;
     es_event_init(&other);
     if (ops->event_get_by_id(st->bk, t, f->ids[i], &other, err) == ES_OK) {
@@ -895,9 +1062,15 @@ static int do_fork_target(es_store *st, es_txn *t, void *arg, es_err *err) {
     row.returned = -1;
     row.origin_session = (char *)f->from;
     row.origin_index = e->index;
+    row.key = e->key;
+    if (e->key && e->shredded) { /* as stored: it reads as shredded here too */
+      row.payload = f->rest.v[i].payload;
+      row.payload_len = f->rest.v[i].payload_len;
+    }
     es_core_touch(st, NULL); /* a fork across shards: every wait on this shard looks again */
-    rc = ops->event_insert(st->bk, t, &row, err);
+    rc = insert_resealed(st, ops, st->bk, t, &ring, &row, e->key ? e : NULL, err);
   }
+  es_keyring_destroy(&ring);
   for (size_t i = 0; rc == ES_OK && i < f->snaps.n; i++)
     rc = ops->snapshot_put(st->bk, t, f->to, &f->snaps.v[i], err);
   if (rc == ES_OK) {
@@ -923,7 +1096,8 @@ static int fork_target(es_store *st, void *arg, es_err *err) {
   xfork *f = arg;
   es_lineage_destroy(f->out);
   memset(f->out, 0, sizeof *f->out);
-  int rc = es_core_enter(st, err);
+  int rc = burn_shredded(st, &f->src, err);
+  if (rc == ES_OK) rc = es_core_enter(st, err);
   if (rc) return rc;
   rc = es_core_write(st, do_fork_target, f, err);
   es_core_leave(st);
@@ -974,6 +1148,7 @@ int es_sh_fork(es_store *s, const char *scope, const char *from, int64_t at, con
   if (rc == ES_OK) rc = es_store_now(s, &f.now, err);
   if (rc == ES_OK) rc = es_sh_routed(s, "to", to, fork_target, &f, err);
   es_events_destroy(&f.src);
+  es_events_destroy(&f.rest);
   es_snapshots_destroy(&f.snaps);
   free(f.ids);
   if (rc) es_lineage_destroy(out);

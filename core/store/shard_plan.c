@@ -371,6 +371,21 @@ int es_sh_catalog_load(es_store *cat, catalog_view *v, es_err *err) {
   return rc;
 }
 
+/* Appends one settled event (nothing to dispatch) of `type` with the
+ * canonical JSON in text to the catalog's `session`; head: ES_NONE, or
+ * the head to compare-and-set on. */
+static int catalog_append(es_store *cat, const char *session, const char *type, es_buf *text,
+                          int64_t head, es_err *err) {
+  es_new_event ev;
+  es_new_event_init(&ev);
+  ev.type = type;
+  ev.payload = es_buf_cstr(text);
+  ev.payload_len = text->len;
+  ev.settled = 1;
+  int pending = 0;
+  return es_store_append(cat, session, &ev, 1, head, ES_NONE, NULL, &pending, err);
+}
+
 /* Appends a plan event with compare-and-set on the head: ES_OK, or
  * WRONG_EXPECTED_HEAD when another process installed one first. */
 int es_sh_catalog_put(es_store *cat, const es_shard_plan *p, const char *state, int64_t head,
@@ -378,16 +393,49 @@ int es_sh_catalog_put(es_store *cat, const es_shard_plan *p, const char *state, 
   es_buf text;
   es_buf_init(&text);
   int rc = plan_json(p, state, &text, err);
-  if (rc == ES_OK) {
-    es_new_event ev;
-    es_new_event_init(&ev);
-    ev.type = strcmp(state, "pending") == 0 ? "plan_pending" : "plan";
-    ev.payload = es_buf_cstr(&text);
-    ev.payload_len = text.len;
-    ev.settled = 1; /* nothing to dispatch */
-    int pending = 0;
-    rc = es_store_append(cat, CATALOG_SESSION, &ev, 1, head, ES_NONE, NULL, &pending, err);
-  }
+  if (rc == ES_OK)
+    rc = catalog_append(cat, CATALOG_SESSION,
+                        strcmp(state, "pending") == 0 ? "plan_pending" : "plan", &text, head, err);
   es_buf_destroy(&text);
   return rc;
+}
+
+/* ---- shredded key names ------------------------------------------------------ */
+
+/* §3.10 on a sharded store: every key name shredded through the router,
+ * one event each (payload: the name as a JSON string) in the catalog's
+ * session SHREDDED_SESSION. A shard that joins the fleet later is given a
+ * tombstone for each (run_moves), so a name burnt by shred stays burnt
+ * on every shard a session may land on. */
+int es_sh_catalog_shredded_put(es_store *cat, const char *name, es_err *err) {
+  es_buf text, raw;
+  es_buf_init(&text);
+  es_buf_init(&raw);
+  es_json_write_text(&raw, name, strlen(name));
+  int rc = raw.oom ? nomem(err) : es_json_canonicalize(raw.data, raw.len, &text, err);
+  es_buf_destroy(&raw);
+  if (rc == ES_OK) rc = catalog_append(cat, SHREDDED_SESSION, "shredded", &text, ES_NONE, err);
+  es_buf_destroy(&text);
+  return rc;
+}
+
+int es_sh_catalog_shredded_each(es_store *cat, int (*fn)(void *ctx, const char *name, es_err *err),
+                                void *ctx, es_err *err) {
+  int64_t after = 0;
+  for (;;) {
+    es_events evs = {0};
+    int rc = es_store_read(cat, SHREDDED_SESSION, after, ES_NONE, 1000, &evs, err);
+    for (size_t i = 0; rc == ES_OK && i < evs.n; i++) {
+      jcur c = {evs.v[i].payload, evs.v[i].payload + evs.v[i].payload_len};
+      char *name = evs.v[i].payload ? jstring(&c) : NULL;
+      rc = name ? fn(ctx, name, err)
+                : es_fail(err, ES_STORAGE, "the shard catalog's shredded key %lld is not a name",
+                          (long long)evs.v[i].index);
+      free(name);
+      after = evs.v[i].index;
+    }
+    size_t n = evs.n;
+    es_events_destroy(&evs);
+    if (rc || n < 1000) return rc;
+  }
 }

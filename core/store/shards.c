@@ -27,7 +27,9 @@
  *       ES_MOVED for X and claim_next on A no longer returns its events;
  *   (c) read every row of X from A; on B, in one write that first checks
  *       the row is still incoming, insert them (same ids and dispatch
- *       records, new positions) and X's row;
+ *       records, new positions; sealed payloads sealed again under B's
+ *       data key, segment files copied into B's directory before) and X's
+ *       row;
  *   (d) on A, drop X's rows and keep a tombstone row (fence -1).
  * Each step checks the state it expects, so a move interrupted anywhere is
  * finished by running it again (and two movers at once do it once).
@@ -162,14 +164,24 @@ int es_sh_shard_store(es_store *s, const char *name, const char *url, es_store *
     c->url = strdup(url);
     if (!c->name || !c->url) rc = nomem(err);
   }
+  char *archive = NULL;
+  if (rc == ES_OK && sh->archive_root && !(archive = es_sh_archive_dir(sh->archive_root, name)))
+    rc = nomem(err);
   if (rc == ES_OK) {
-    rc = es_store_open(url, &sh->opts, &c->st, err);
+    /* each shard is a full store: the catalog's options, and the keys
+     * and an archive directory of its own (docs/sharding.md "Keys and
+     * archive") */
+    es_open_opts o = sh->opts;
+    o.keys_path = sh->keys_path;
+    o.archive_dir = archive;
+    rc = es_store_open(url, &o, &c->st, err);
     if (rc && err) {
       char why[ES_ERRMSG_MAX];
       memcpy(why, err->msg, sizeof why);
       es_fail(err, rc, "shard '%s': %s", name, why);
     }
   }
+  free(archive);
   if (rc == ES_OK) {
     c->next = sh->conns;
     sh->conns = c;
@@ -181,6 +193,60 @@ int es_sh_shard_store(es_store *s, const char *name, const char *url, es_store *
   }
   pthread_mutex_unlock(&sh->mu);
   return rc;
+}
+
+/* Shard `name`'s directory below the archive directory: the name's bytes
+ * kept when they are letters, digits, '-', '_' or a '.' that is not the
+ * first, each other byte written %XX (a name may hold '/', or be "..").
+ * The name and not the url: a shard moved to another url (same name,
+ * docs/sharding.md) keeps its segments. */
+static int add_shard_dir(es_buf *b, const char *name) {
+  int bad = 0;
+  for (const unsigned char *p = (const unsigned char *)name; !bad && *p; p++) {
+    int keep = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+               *p == '-' || *p == '_' || (*p == '.' && p != (const unsigned char *)name);
+    bad = keep ? es_buf_addc(b, (char)*p) : es_buf_addf(b, "%%%02X", *p);
+  }
+  return bad;
+}
+
+/* Where shard `name` keeps its segment files: root/DIR (add_shard_dir).
+ * NULL: out of memory. */
+char *es_sh_archive_dir(const char *root, const char *name) {
+  es_buf b;
+  es_buf_init(&b);
+  if (es_buf_adds(&b, root) || es_buf_addc(&b, '/') || add_shard_dir(&b, name) ||
+      es_buf_addc(&b, '\0')) {
+    es_buf_destroy(&b);
+    return NULL;
+  }
+  return b.data;
+}
+
+/* A segment file's path as the shard store st gives it (relative to its
+ * own archive directory) made relative to the router's archive directory:
+ * DIR/ in front, so a caller joins it to the directory it opened the
+ * store with, as on one store. Unchanged when the router has no archive
+ * directory (each sqlite: shard keeps its default, PATH.archive). */
+int es_sh_segment_path(es_store *s, es_store *st, char **file, es_err *err) {
+  struct es_shards *sh = SH(s);
+  if (!sh->archive_root || !*file) return ES_OK;
+  const char *name = NULL;
+  pthread_mutex_lock(&sh->mu);
+  for (conn *c = sh->conns; c && !name; c = c->next)
+    if (c->st == st) name = c->name; /* conns and their names stay until the handle goes */
+  pthread_mutex_unlock(&sh->mu);
+  if (!name) return ES_OK;
+  es_buf b;
+  es_buf_init(&b);
+  if (add_shard_dir(&b, name) || es_buf_addc(&b, '/') || es_buf_adds(&b, *file) ||
+      es_buf_addc(&b, '\0')) {
+    es_buf_destroy(&b);
+    return nomem(err);
+  }
+  free(*file);
+  *file = b.data;
+  return ES_OK;
 }
 
 /* Adopts the catalog's plans (a copy kept until the handle goes). */
@@ -366,9 +432,8 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
     return es_fail(err, ES_INVALID_ARGUMENT, "shards: needs a catalog url");
   if (strncmp(catalog, "shards:", 7) == 0)
     return es_fail(err, ES_INVALID_ARGUMENT, "the shard catalog cannot itself be shards:");
-  if (opts->archive_dir || opts->keys_path)
-    return es_fail(err, ES_INVALID_ARGUMENT,
-                   "a sharded store is opened without archive or keys (docs/sharding.md)");
+  if (opts->archive_dir && !*opts->archive_dir)
+    return es_fail(err, ES_INVALID_ARGUMENT, "archive must be a directory path, not empty");
   es_shard_plan want = {0};
   int rc = ES_OK;
   if (plan) {
@@ -395,7 +460,12 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
   sh->opts.max_batch_events = opts->max_batch_events;
   sh->opts.durability = opts->durability;
   sh->next_token = 1;
-  rc = es_store_open(catalog, &sh->opts, &sh->catalog, err);
+  if ((opts->keys_path && !(sh->keys_path = strdup(opts->keys_path))) ||
+      (opts->archive_dir && !(sh->archive_root = strdup(opts->archive_dir))))
+    rc = nomem(err);
+  /* the catalog holds plans, refs and shredded key names, never a
+   * payload or a segment: it is opened without keys and archive */
+  if (rc == ES_OK) rc = es_store_open(catalog, &sh->opts, &sh->catalog, err);
   int needs_move = 0;
   for (int tries = 0; rc == ES_OK; tries++) {
     catalog_view v;
@@ -429,6 +499,11 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
     int64_t n = 0;
     rc = es_sh_set_plan_locked(s, &want, &n, err);
   }
+  /* a key file another store was sealed with, or an archive directory
+   * that cannot be made, is refused by the open, not by the first call
+   * that reaches the shard */
+  shard_set set;
+  if (rc == ES_OK && (sh->keys_path || sh->archive_root)) rc = es_sh_all_shards(s, &set, err);
   es_shard_plan_destroy(&want);
   if (rc) {
     es_store_release(s);
@@ -476,6 +551,8 @@ static void shards_free(es_store *s) {
   }
   if (sh->catalog) es_store_release(sh->catalog);
   free(sh->pause_path);
+  free(sh->keys_path);
+  free(sh->archive_root);
   pthread_mutex_destroy(&sh->mu);
   es_core_handle_destroy(s);
   es_stats_destroy(&s->stats); /* §3.12 */
@@ -724,15 +801,31 @@ static int shards_read_at_rest(es_store *s, const char *session, int64_t after, 
          es_store_read_at_rest(st, session, after, through, limit, out, err));
 }
 
+/* archive and segments on the shard st, segment paths made the router's
+ * (es_sh_segment_path) */
+static int archive_on(es_store *s, es_store *st, const char *session, int64_t through,
+                      int *written, es_segment *out, es_err *err) {
+  int rc = es_store_archive(st, session, through, written, out, err);
+  return rc ? rc : es_sh_segment_path(s, st, &out->file, err);
+}
+
+static int segments_on(es_store *s, es_store *st, const char *session, es_segments *out,
+                       es_err *err) {
+  int rc = es_store_segments(st, session, out, err);
+  for (size_t i = 0; rc == ES_OK && i < out->n; i++)
+    rc = es_sh_segment_path(s, st, &out->v[i].file, err);
+  return rc;
+}
+
 static int shards_archive(es_store *s, const char *session, int64_t through, int *written,
                       es_segment *out, es_err *err) {
   *written = 0;
-  ROUTED("session", session, es_store_archive(st, session, through, written, out, err));
+  ROUTED("session", session, archive_on(s, st, session, through, written, out, err));
 }
 
 static int shards_segments(es_store *s, const char *session, es_segments *out, es_err *err) {
   memset(out, 0, sizeof *out);
-  ROUTED("session", session, es_store_segments(st, session, out, err));
+  ROUTED("session", session, segments_on(s, st, session, out, err));
 }
 
 static void archived_row_free(void *e) { free(((es_archived_row *)e)->session); }

@@ -51,7 +51,10 @@ uint64_t es_shard_score(const char *key, const char *shard);
  * version (the sessions whose shard changed are moved first); an equal
  * version with other shards is INVALID_ARGUMENT; an older one is ignored
  * (the catalog's wins). opts: the clock, limits and id source, passed to
- * the catalog and every shard. *out: es_store_release() it. */
+ * the catalog and every shard; keys_path and archive_dir to every shard,
+ * not the catalog (shard NAME's segments in archive_dir/NAME,
+ * docs/sharding.md "Keys and archive"), and with either every shard is
+ * opened here. *out: es_store_release() it. */
 int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open_opts *opts,
                    es_store **out, es_err *err);
 /* 1 when s is a sharded handle. */

@@ -19,6 +19,9 @@ static inline int nomem(es_err *err) { return es_fail(err, ES_STORAGE, "out of m
 
 /* The catalog session holding the plans (one event per plan change). */
 #define CATALOG_SESSION "eventstore.shard_plan"
+/* The catalog session naming every key shredded through the router
+ * (es_sh_catalog_shredded_put). */
+#define SHREDDED_SESSION "eventstore.shredded_keys"
 /* Markers in a shard's session rows (fence values no user can make:
  * es_store_fence only counts up from 0). */
 #define FENCE_TOMBSTONE (-1)
@@ -61,6 +64,9 @@ void es_sh_view_destroy(catalog_view *v);
 int es_sh_catalog_load(es_store *cat, catalog_view *v, es_err *err);
 int es_sh_catalog_put(es_store *cat, const es_shard_plan *p, const char *state, int64_t head,
                       es_err *err);
+int es_sh_catalog_shredded_put(es_store *cat, const char *name, es_err *err);
+int es_sh_catalog_shredded_each(es_store *cat, int (*fn)(void *ctx, const char *name, es_err *err),
+                                void *ctx, es_err *err);
 void es_sh_record_destroy(plan_record *r);
 int es_sh_record_get(const es_backend_ops *ops, es_backend *bk, es_txn *t, plan_record *r,
                      es_err *err);
@@ -97,7 +103,10 @@ struct es_shards {
   es_store h;                /* first: a router's es_store * is its struct es_shards * */
   pthread_mutex_t mu;        /* guards every field below but the atomics */
   es_store *catalog;         /* owned reference */
-  es_open_opts opts;         /* for the shards' opens (clock, limits, ids; borrowed ctxs) */
+  es_open_opts opts;         /* the catalog's open (clock, limits, ids; borrowed ctxs) */
+  char *keys_path;           /* owned, or NULL: §3.10 keys, given to every shard (not the catalog) */
+  char *archive_root;        /* owned, or NULL: §3.9 archive; shard NAME's segments go in
+                                archive_root/NAME (es_sh_archive_dir) */
   const es_shard_plan *cur;  /* the plan calls route by (a node of plans) */
   const es_shard_plan *pend; /* a pending plan (moves under way), or NULL */
   plan_node *plans;
@@ -156,6 +165,8 @@ int es_sh_step(es_store *s, es_err *err);
 int es_sh_crashed(es_store *s, es_err *err);
 int es_sh_shard_store(es_store *s, const char *name, const char *url, es_store **out,
                       es_err *err);
+char *es_sh_archive_dir(const char *root, const char *name);
+int es_sh_segment_path(es_store *s, es_store *st, char **file, es_err *err);
 int es_sh_adopt(es_store *s, catalog_view *v, es_err *err);
 int es_sh_reload(es_store *s, es_err *err);
 int es_sh_all_shards(es_store *s, shard_set *set, es_err *err);

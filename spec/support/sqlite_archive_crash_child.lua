@@ -1,10 +1,11 @@
 -- spec/support/sqlite_archive_crash_child.lua: the victim of
 -- spec/27-sqlite_archive_crash_spec.lua.
 --
---   lua5.4 spec/support/sqlite_archive_crash_child.lua DB ARCHIVE ACKFILE RUN
+--   lua5.4 spec/support/sqlite_archive_crash_child.lua URL ARCHIVE ACKFILE RUN
 --
 -- Appends settled batches, archives them and now and then compacts the
--- segments, against sqlite:DB with archive directory ARCHIVE, in a loop
+-- segments, against the store at URL (sqlite:PATH, or shards: over SQLite
+-- files) with archive directory ARCHIVE, in a loop
 -- until it is killed (kill -9, at a random moment). After each call
 -- RETURNS it appends one line to ACKFILE and flushes:
 --   "a N SESSION SIZE"     batch N (ids bN-1..bN-SIZE) was appended
@@ -12,10 +13,10 @@
 -- RUN makes batch numbers unique across restarts (N = RUN * 100000 + k).
 local eventstore = require("eventstore")
 
-local db, dir, ackpath, run = arg[1], arg[2], arg[3], math.tointeger(tonumber(arg[4]))
-assert(db and dir and ackpath and run, "usage: sqlite_archive_crash_child.lua DB ARCHIVE ACKFILE RUN")
+local url, dir, ackpath, run = arg[1], arg[2], arg[3], math.tointeger(tonumber(arg[4]))
+assert(url and dir and ackpath and run, "usage: sqlite_archive_crash_child.lua URL ARCHIVE ACKFILE RUN")
 
-local store = eventstore.open("sqlite:" .. db, { archive = dir })
+local store = eventstore.open(url, { archive = dir })
 local ack = assert(io.open(ackpath, "a"))
 
 local function acknowledge(line)
