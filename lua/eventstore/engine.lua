@@ -21,7 +21,7 @@ local function new(opts)
   local every = opts.retention_every_ms
   local ok, rules = pcall(function()
     if every ~= nil and (math.type(every) ~= "integer" or every < 1) then
-      error("bad option 'retention_every_ms' (an integer >= 1 expected, got " .. tostring(every) .. ")", 0)
+      retention.invalid("bad option 'retention_every_ms' (an integer >= 1 expected, got %s)", tostring(every))
     end
     return retention.load(opts.scripts or "scripts")
   end)

@@ -15,6 +15,8 @@
 -- state or lock is involved. The store's own rules stay the last word: a
 -- truncate or archive of a range holding a pending or dead event is refused
 -- by the store even if a race slipped past the scan below.
+local core = require("eventstore.core")
+
 local M = {}
 
 M.FILE = "retention.lua"
@@ -26,8 +28,15 @@ M.ACTIONS = { truncate = true, archive = true, delete = true }
 
 local PAGE = 500 -- events read per step while scanning a session
 
+-- Raises INVALID_ARGUMENT as the C face does (an error object), so callers
+-- (the CLI) report it as the store's own errors, without a traceback.
+local function invalid(fmt, ...)
+  error(setmetatable({ code = "INVALID_ARGUMENT", message = fmt:format(...) }, core.error_mt), 0)
+end
+M.invalid = invalid
+
 local function bad(path, i, msg, ...)
-  error(("%s: rule %d: " .. msg):format(path, i, ...), 0)
+  invalid("%s: rule %d: " .. msg, path, i, ...)
 end
 
 local function check_int(path, i, rule, field, min)
@@ -44,7 +53,7 @@ end
 function M.check(rules, path)
   path = path or M.FILE
   if type(rules) ~= "table" then
-    error(("%s must return a list of rules, got %s"):format(path, type(rules)), 0)
+    invalid("%s must return a list of rules, got %s", path, type(rules))
   end
   local known = { sessions = true, keep_last = true, max_age_ms = true, action = true }
   for i, rule in ipairs(rules) do
@@ -69,7 +78,7 @@ function M.check(rules, path)
   end
   local n = 0
   for _ in pairs(rules) do n = n + 1 end
-  if n ~= #rules then error(("%s must return a list (a sequence) of rules"):format(path), 0) end
+  if n ~= #rules then invalid("%s must return a list (a sequence) of rules", path) end
   return rules
 end
 
@@ -89,9 +98,9 @@ function M.load(scripts)
   local text = read_file(path)
   if text == nil then return nil end
   local chunk, err = load(text, "@" .. path, "t", {})
-  if not chunk then error(err, 0) end
+  if not chunk then invalid("cannot load %s", err) end
   local ok, rules = pcall(chunk)
-  if not ok then error(rules, 0) end
+  if not ok then invalid("cannot load %s", tostring(rules)) end
   return M.check(rules, path)
 end
 
