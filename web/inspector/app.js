@@ -425,6 +425,7 @@
       meta.appendChild(el('span', { class: 'meta' }, 'claimed by ' + ev.claim_holder + ' until ' + fmtTime(ev.claim_expires_at)));
     }
     if (ev.processed_at !== undefined) meta.appendChild(el('span', { class: 'meta' }, 'processed ' + fmtTime(ev.processed_at)));
+    if (ev.cancelled !== undefined) meta.appendChild(el('span', { class: 'meta', 'data-test': 'event-cancelled' }, 'cancelled: ' + ev.cancelled));
     if (ev.key !== undefined) meta.appendChild(el('span', { class: 'meta' }, 'key ' + ev.key));
     li.appendChild(meta);
 
@@ -479,6 +480,20 @@
     const list = $('events');
     const idx = Number(String(ev.index));
     const row = eventItem(ev, 'session');
+    // A pending timer (not_before set) can be called off (§3.2 cancel, right
+    // `work`): it becomes processed without being handled.
+    if (ev.status === 'pending' && ev.not_before !== undefined) {
+      const name = S.name;
+      row.appendChild(el('div', { class: 'actions' },
+        el('button', {
+          type: 'button', 'data-test': 'cancel', class: 'cancel',
+          onclick: guard(async () => {
+            await api('POST', '/v1/sessions/' + seg(name) + '/events/' + seg(ev.index) + '/cancel',
+              { reason: 'cancelled from the inspector' });
+            if (name === S.name) await refreshEvent(idx);
+          }),
+        }, 'Cancel')));
+    }
     const old = list.querySelector('li[data-test="event-row"][data-index="' + CSS.escape(String(ev.index)) + '"]');
     if (old) {
       if (old.classList.contains('highlight')) row.classList.add('highlight');
