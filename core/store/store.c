@@ -166,6 +166,7 @@ void es_core_close(es_store *s) {
 /* The last reference went (es_store_release). */
 void es_core_free(es_store *s) {
   es_core_close(s);
+  es_presence_ext_free(s);
   presence_watch *w = s->watches;
   while (w) {
     presence_watch *next = w->next;
