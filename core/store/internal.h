@@ -275,6 +275,9 @@ int es_core_read_events(es_store *s, const char *session, int64_t after, int64_t
 int es_core_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                         int64_t limit, es_events *out, int64_t *through_out, es_err *err);
 int es_core_head(es_store *s, const char *session, int64_t *head, es_err *err);
+/* read_all_cursor of the core store: the cursor is a position in decimal. */
+int es_core_read_all_cursor(es_store *s, const char *scope, const char *cursor, int64_t limit,
+                            es_events *out, char ***cursors, es_err *err);
 int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
                      es_err *err);
 int es_core_last_position(es_store *s, const char *scope, int64_t *position, es_err *err);
