@@ -333,6 +333,8 @@ int es_core_presence_set(es_store *s, const char *ns, const char *participant,
 int es_core_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
 uint64_t es_core_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
 void es_core_presence_unwatch(es_store *s, uint64_t token);
+/* Appends a copy of row to rows (presence.c); ES_STORAGE when out of memory. */
+int es_presence_push(es_presence_rows *rows, const es_presence_row *row);
 /* presence_ext.c: other processes' presence writes reach the watches.
  * watched / unwatched: a watch of ns was added / removed (not under pmu);
  * own: this handle's write applied these rows (under pmu, before its

@@ -29,7 +29,7 @@ typedef struct {
   es_presence_rows *applied;
 } presence_args;
 
-static int push_presence(es_presence_rows *rows, const es_presence_row *row) {
+int es_presence_push(es_presence_rows *rows, const es_presence_row *row) {
   if (es_grow((void **)&rows->v, &rows->cap, rows->n + 1, sizeof *rows->v) ||
       es_presence_row_copy(&rows->v[rows->n], row))
     return ES_STORAGE;
@@ -64,7 +64,7 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
         .expires_at = a->expires,
     };
     rc = s->ops->presence_put(s->bk, t, a->ns, &row, err);
-    if (rc == ES_OK && push_presence(a->applied, &row)) rc = nomem(err);
+    if (rc == ES_OK && es_presence_push(a->applied, &row)) rc = nomem(err);
   }
   return rc;
 }
@@ -121,7 +121,7 @@ typedef struct {
 static int collect_presence(void *ctx, const es_presence_row *row) {
   collector *c = ctx;
   if (!row->value) return 0; /* tombstones only guard against older writes */
-  if (push_presence(c->list, row) == ES_OK) return 0;
+  if (es_presence_push(c->list, row) == ES_OK) return 0;
   c->oom = 1;
   return 1;
 }

@@ -58,17 +58,9 @@ static int same_row(const es_presence_row *a, const es_presence_row *b) {
   return a->value_len == b->value_len && memcmp(a->value, b->value, a->value_len) == 0;
 }
 
-static int push_row(es_presence_rows *rows, const es_presence_row *row) {
-  if (es_grow((void **)&rows->v, &rows->cap, rows->n + 1, sizeof *rows->v) ||
-      es_presence_row_copy(&rows->v[rows->n], row))
-    return ES_STORAGE;
-  rows->n++;
-  return ES_OK;
-}
-
 static int collect_all(void *ctx, const es_presence_row *row) {
   collector *c = ctx;
-  if (push_row(c->list, row) == ES_OK) return 0;
+  if (es_presence_push(c->list, row) == ES_OK) return 0;
   c->oom = 1;
   return 1;
 }
@@ -193,7 +185,7 @@ static int changed_rows(const es_presence_rows *seen, const es_presence_rows *no
     while (i < seen->n && key_cmp(&seen->v[i], &now->v[j]) < 0) i++;
     if (i < seen->n && key_cmp(&seen->v[i], &now->v[j]) == 0 && same_row(&seen->v[i], &now->v[j]))
       continue;
-    if (push_row(out, &now->v[j])) return ES_STORAGE;
+    if (es_presence_push(out, &now->v[j])) return ES_STORAGE;
   }
   return ES_OK;
 }
