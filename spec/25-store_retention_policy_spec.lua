@@ -8,15 +8,6 @@ local eh = require("engine_helpers")
 
 local row_of = helpers.session_row
 
-local dirs = {}
-local function fresh_dir()
-  local d = os.tmpname()
-  os.remove(d)
-  d = d .. ".archive"
-  dirs[#dirs + 1] = d
-  return d
-end
-
 -- n settled events (processed at once: nobody handles them).
 local function settled(store, session, n)
   local batch = {}
@@ -29,8 +20,9 @@ local function rules(t, text) eh.write_script(t.dir .. "/retention.lua", text) e
 -- A store (with an archive directory, for the archive action), its clock,
 -- a scripts directory holding `policy`, and an engine on them.
 local function setup(url, policy, opts)
-  local store, clock = helpers.new(url, { archive = fresh_dir() })
-  local t = { store = store, clock = clock, dir = eh.scripts_dir() }
+  local dir = eh.scripts_dir() -- removed by eh.cleanup, the archive inside it too
+  local store, clock = helpers.new(url, { archive = dir .. "/archive" })
+  local t = { store = store, clock = clock, dir = dir }
   rules(t, policy)
   local o = { store = store, scripts = t.dir, retention_every_ms = 60000 }
   for k, v in pairs(opts or {}) do o[k] = v end
@@ -45,12 +37,7 @@ end
 
 for _, url in ipairs(helpers.urls()) do
   describe(url, function()
-    after_each(function()
-      eh.cleanup()
-      helpers.cleanup()
-      for _, d in ipairs(dirs) do os.execute("rm -rf " .. helpers.sh_quote(d)) end
-      dirs = {}
-    end)
+    after_each(eh.cleanup)
 
     it("keep_last truncates all but the newest n; the first rule whose prefix matches wins", function()
       local t = setup(url, [[return {
