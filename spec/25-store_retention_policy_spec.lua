@@ -157,6 +157,9 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal(0, other:stats().retention.sweeps)
       t.engine:close() -- gives the lease back
       other:run({ until_idle = true })
+      assert.equal(3, first_index(t.store, "s"), "the other engine looks again a period later")
+      t.clock:advance(60000)
+      other:run({ until_idle = true })
       assert.equal(6, first_index(t.store, "s"))
       assert.equal(1, other:stats().retention.sweeps)
     end)

@@ -23,7 +23,9 @@ local function new(opts)
     if every ~= nil and (math.type(every) ~= "integer" or every < 1) then
       retention.invalid("bad option 'retention_every_ms' (an integer >= 1 expected, got %s)", tostring(every))
     end
-    return retention.load(opts.scripts or "scripts")
+    local scripts = opts.scripts or "scripts"
+    -- anything but a string is the C engine's to refuse, with its message
+    if type(scripts) == "string" then return retention.load(scripts) end
   end)
   local handle
   if ok then ok, handle = pcall(core.engine, store, opts) else handle = rules end
@@ -63,9 +65,12 @@ function Engine:_retain_if_due()
   local ok, err = pcall(function()
     local now = self.store:now()
     if r.last ~= nil and now - r.last < r.every then return end
+    -- Due: tried once this period, whatever comes of it (a store that
+    -- refuses the lease, a read-only one, is not asked every progress tick).
+    r.last = now
     local lease = self.store:lease(retention.LEASE_SESSION, { holder = r.holder, ttl_ms = math.max(3 * r.every, 1000) })
-    if lease.outcome == "held" then return end -- another engine sweeps this store
-    r.last, r.token = now, lease.token
+    if lease.outcome == "held" then return end -- another engine sweeps this store: look again next period
+    r.token = lease.token
     -- The file is read again (edits apply at the next sweep); one that no
     -- longer loads keeps the last good rules, as a handler reload does.
     local okr, rules = pcall(retention.load, r.scripts)
