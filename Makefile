@@ -44,6 +44,9 @@ DEB_PKGS := gcc make lua5.4 liblua5.4-dev lua-busted libsqlite3-dev sqlite3 libz
 DEB_PKGS += openssl curl
 DEB_PKGS += chromium chromium-driver
 DEB_PKGS += wrk luarocks
+# python3-jsonschema: the OpenAPI spec (spec/94) validates the server's
+# real answers against the document's schemas with it (JSON Schema 2020-12).
+DEB_PKGS += python3-jsonschema
 
 # ---- sources ---------------------------------------------------------------
 # One folder per room, each using only the rooms below it
@@ -64,7 +67,10 @@ MAIN_OBJ := $(patsubst core/%.c,$(BUILD)/obj/%.o,$(wildcard core/main/*.c))
 # C tests only: the Lua module and libeventstore.a never load libmicrohttpd
 # (nor GnuTLS, which tls.c calls to check a certificate before serving it).
 HTTP_SRC := $(wildcard core/http/*.c)
-HTTP_OBJ := $(HTTP_SRC:core/%.c=$(BUILD)/obj/%.o)
+# The OpenAPI document (core/http/openapi.json) as a C string: generated
+# into the build directory, linked with the HTTP room.
+HTTP_GEN := $(BUILD)/gen/openapi_doc.c
+HTTP_OBJ := $(HTTP_SRC:core/%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/openapi_doc.o
 HTTP_LIBS := -lmicrohttpd -lgnutls
 BIN      := $(BUILD)/bin/eventstore
 BENCH_SRC := $(wildcard bench/*.c)
@@ -101,6 +107,14 @@ DEPS_FIRST := $(if $(filter $(DEPS_GOALS),$(MAKECMDGOALS)),deps)
 $(DEPS_GOALS): deps
 
 $(BUILD)/obj/%.o: core/%.c | $(DEPS_FIRST)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(HTTP_GEN): core/http/openapi.json tools/embed.lua
+	@mkdir -p $(dir $@)
+	$(LUA) tools/embed.lua es_openapi_json core/http/openapi.json > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/obj/gen/openapi_doc.o: $(HTTP_GEN)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -262,7 +276,7 @@ uninstall:
 # the reducer-state codec (decode, and re-encode against the input) and over
 # the store's Lua face (hostile Lua values through append, claim, presence);
 # see fuzz/README.md. Bounded: FUZZ_TIME seconds per target (default 60).
-fuzz:
+fuzz: $(HTTP_GEN)
 	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/state_corpus $(BUILD)/fuzz/store_corpus $(BUILD)/fuzz/segment_corpus $(BUILD)/fuzz/http_corpus
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
@@ -281,7 +295,7 @@ fuzz:
 	  -o $(BUILD)/fuzz/segment_fuzz -lzstd -lsodium -lm
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(WARN) -I$(LUA_INC) -I$(PG_INC) -Icore \
 	  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  fuzz/http_fuzz.c $(CORE_SRC) $(HTTP_SRC) -o $(BUILD)/fuzz/http_fuzz -llua5.4 $(LDLIBS) $(HTTP_LIBS)
+	  fuzz/http_fuzz.c $(CORE_SRC) $(HTTP_SRC) $(HTTP_GEN) -o $(BUILD)/fuzz/http_fuzz -llua5.4 $(LDLIBS) $(HTTP_LIBS)
 	$(BUILD)/fuzz/json_fuzz -max_total_time=$${FUZZ_TIME:-60} -dict=fuzz/json.dict -print_final_stats=1 \
 	  -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus
 	$(BUILD)/fuzz/state_fuzz -max_total_time=$${FUZZ_TIME:-60} -print_final_stats=1 \

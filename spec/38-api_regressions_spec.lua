@@ -47,28 +47,46 @@ for _, url in ipairs(helpers.urls()) do
         expect_error("CLOSED", function() return engine:has_handler("x") end)
       end)
 
-      it("type confusion: a handler calling the box finalizer on another value changes nothing", function()
+      it("type confusion: handlers cannot reach the engine's C functions or the registry", function()
         local t = eh.setup(url)
-        -- ctx.state makes a box (its metatable is in the registry); then
-        -- the handler calls that __gc on a file handle, a table and twice
-        -- more: before the check, the file's bytes were run as a function.
+        -- Before the cut-down debug library, a handler could take the
+        -- box finalizer from debug.getregistry() or the engine's protected
+        -- call from debug.getinfo(level, "f").func and call it on a file
+        -- handle, whose bytes were then used as the engine's structs.
         t.reducer("r", "return { init = function() return {} end }")
         t.handler("x", [[
 return function(event, ctx)
   ctx.state("r")
-  local mt = debug.getregistry()["eventstore.Box"]
-  assert(mt and mt.__gc, "no box metatable")
-  mt.__gc(io.stdout)
-  mt.__gc({})
-  mt.__gc("text")
-  return { { type = "done" } }
+  local refused = {}
+  for _, name in ipairs({ "getregistry", "getmetatable", "setmetatable", "getupvalue",
+                          "setupvalue", "upvaluejoin", "getlocal", "setlocal",
+                          "getuservalue", "setuservalue", "sethook", "gethook" }) do
+    local ok, err = pcall(debug[name], io.stdout, 1, 1)
+    if ok or not tostring(err):find("debug." .. name .. " is not available", 1, true) then
+      error("debug." .. name .. " was not refused: " .. tostring(err))
+    end
+    refused[#refused + 1] = name
+  end
+  local levels = 0
+  for level = 1, 50 do
+    local info = debug.getinfo(level, "fSl")
+    if not info then break end
+    assert(info.func == nil, "getinfo gave a function at level " .. level)
+    levels = levels + 1
+  end
+  assert(debug.getinfo(1, "S").short_src:find("x", 1, true), "getinfo(1) is not the handler")
+  assert(debug.traceback("m"):find("^m\n"), "traceback")
+  return { { type = "done", payload = { refused = #refused, levels = levels } } }
 end
 ]])
         local engine = t.engine()
         t.store:append("s", { { type = "x" } })
         local r = engine:run({ until_idle = true })
-        assert.equal(1, r.handled)
-        assert.equal("done", t.store:read("s")[2].type)
+        assert.equal(1, r.handled, tostring(t.store:read("s")[1].last_error))
+        local done = t.store:read("s")[2]
+        assert.equal("done", done.type)
+        assert.equal(12, done.payload.refused)
+        assert.is_true(done.payload.levels >= 2)
         engine:close()
       end)
 

@@ -19,6 +19,7 @@
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local hh = require("http_helpers")
+local oh = require("openapi_helpers")
 
 local json = eventstore.json
 local null = json.null
@@ -56,7 +57,7 @@ local function shown(v) return type(v) == "table" and json.encode(v) or tostring
 
 for _, template in ipairs(helpers.urls()) do
   describe("HTTP API on " .. template, function()
-    local srv, scripts
+    local srv, scripts, records
     local serial, wserial = 0, 0
 
     -- A session name no other test of this server uses.
@@ -76,9 +77,11 @@ for _, template in ipairs(helpers.urls()) do
         ["reducers/raises.lua"] = REDUCER_RAISES })
       srv = hh.serve_on(template, { scripts = scripts, tokens = TOKENS,
         args = { "--max-batch", tostring(MAX_BATCH), "--max-body", tostring(MAX_BODY) } })
+      records = oh.record()
     end)
 
     teardown(function()
+      oh.stop()
       hh.rm(scripts)
       hh.stop_clean(srv)
     end)
@@ -1115,19 +1118,11 @@ for _, template in ipairs(helpers.urls()) do
         end
       end)
 
-      -- fork is not an HTTP endpoint: the fork is made beside the server,
-      -- which memory: cannot share
-      local it_shared = template:match("^memory:") and pending or it
-      it_shared("lineage and children of a fork made beside the server", function()
+      it("lineage and children of forks made over HTTP", function()
         local s = name("parent")
         hh.append_ok(srv, ADMIN, s, { { type = "x", settled = true }, { type = "y", settled = true } })
-        local store = eventstore.open(srv.db)
-        local ok, err = pcall(function()
-          store:fork(s, 1, s .. "/b")
-          store:fork(s, 2, s .. "/a")
-        end)
-        store:close()
-        assert(ok, tostring(err))
+        hh.check_ok(hh.post(srv, ADMIN, hh.spath(s, "fork"), { at = 1, to = s .. "/b" }))
+        hh.check_ok(hh.post(srv, ADMIN, hh.spath(s, "fork"), { at = 2, to = s .. "/a" }))
         local st, l = hh.get(srv, ADMIN, hh.spath(s .. "/b", "lineage"))
         hh.check_ok(st, l, "lineage")
         local rec = l.lineage
@@ -1245,20 +1240,12 @@ for _, template in ipairs(helpers.urls()) do
         nothing_appended_since(p)
       end)
 
-      -- seal and truncate are not HTTP calls: they are made beside the server,
-      -- which memory: cannot share
-      local it_shared = template:match("^memory:") and pending or it
-      it_shared("SEALED (409) and TRUNCATED (410), with the session sealed/truncated beside the server", function()
+      it("SEALED (409) and TRUNCATED (410), with the session sealed/truncated over HTTP", function()
         local sealed, cut = name("sealed"), name("cut")
         hh.append_ok(srv, ADMIN, sealed, { { type = "x", settled = true } })
         hh.append_ok(srv, ADMIN, cut, { { type = "x", settled = true }, { type = "x", settled = true }, { type = "x", settled = true } })
-        local store = eventstore.open(srv.db)
-        local ok, err = pcall(function()
-          store:seal(sealed, { reason = "done" })
-          store:truncate(cut, 2)
-        end)
-        store:close()
-        assert(ok, tostring(err))
+        hh.check_ok(hh.post(srv, ADMIN, hh.spath(sealed, "seal"), { reason = "done" }))
+        hh.check_ok(hh.post(srv, ADMIN, hh.spath(cut, "truncate"), { through = 2 }))
         local p = last_position()
         local st, b = hh.post(srv, ADMIN, hh.spath(sealed, "events"), { events = { { type = "y" } } })
         hh.check_error(409, "SEALED", st, b, "append to a sealed session")
@@ -1415,6 +1402,14 @@ for _, template in ipairs(helpers.urls()) do
           assert.is_true(st ~= 401 and st ~= 403, ("%s %s with %s: %s %s"):format(r[1], r[2], tok, tostring(st), shown(b)))
         end
       end)
+    end)
+
+    -- every answer of the routes above against the OpenAPI document
+    -- (spec/openapi_helpers.lua): its schema for the route, or Error
+    it("every answer met the OpenAPI document's schema for its route", function()
+      local failures, n = oh.check(records)
+      assert.same({}, failures)
+      assert.is_true(n > 0)
     end)
   end)
 end

@@ -7,6 +7,10 @@
 -- through acme's tokens after each attempt) never changes. Names come back
 -- unprefixed; the `*` token sees both tenants under the stored names
 -- (`acme\x1forders`); a `%1F` in a tenant's name stays inside the tenant.
+-- The §3.7-§3.10 routes (fork, fences, leases, seals, snapshots, truncate,
+-- delete, archive, segments, shred) are tried too: the server has an
+-- archive directory and a master key, and acme has a lease, fences, a
+-- segment and a sealed payload for globex to reach for.
 --
 -- One server per backend (helpers.urls()); SSE streams and /metrics have
 -- their own specs.
@@ -45,7 +49,7 @@ for _, template in ipairs(helpers.urls()) do
     -- unique per run, so a hit cannot come from an earlier run's data
     local SECRET = ("acme-secret-%d-%d"):format(os.time(), math.random(1, 1 << 30))
     local acme_positions = {} -- position -> true, for every event of acme
-    local acme_forked = false
+    local acme_lease -- acme's lease on its ledger
 
     -- acme's events (all sessions) in position order.
     local function acme_events()
@@ -66,7 +70,8 @@ for _, template in ipairs(helpers.urls()) do
         "/v1/sessions/work/head", "/v1/sessions/ledger/state/count",
         "/v1/sessions", "/v1/events", "/v1/dead-letters", "/v1/refs", "/v1/refs/main",
         "/v1/refs/acme-only", "/v1/presence/room", "/v1/sessions/ledger/children",
-        "/v1/sessions/ledger-fork/lineage",
+        "/v1/sessions/ledger-fork/lineage", "/v1/sessions/vault/events", "/v1/sessions/orders/segments",
+        "/v1/sessions/ledger/snapshots", "/v1/archived",
       }
       local view = {}
       for _, path in ipairs(paths) do
@@ -109,7 +114,7 @@ for _, template in ipairs(helpers.urls()) do
 
     setup(function()
       scripts = hh.scripts({ ["reducers/count.lua"] = REDUCER })
-      srv = hh.serve_on(template, { scripts = scripts, tokens = TOKENS })
+      srv = hh.serve_full(template, { scripts = scripts, tokens = TOKENS })
       -- acme's data, through acme's tokens
       hh.append_ok(srv, "acme-rw", "orders", { { id = "o-1", type = "placed", payload = { secret = SECRET }, settled = true },
         { type = "placed", payload = { n = 2 }, settled = true } })
@@ -132,20 +137,24 @@ for _, template in ipairs(helpers.urls()) do
       hh.check_ok(hh.put(srv, "acme-admin", "/v1/refs/main", { session = "orders" }))
       hh.check_ok(hh.put(srv, "acme-admin", "/v1/refs/acme-only", { session = "ledger" }))
       hh.check_ok(hh.put(srv, "acme-rw", "/v1/presence/room/alice", { values = { secret = SECRET }, ttl_ms = 3600000 }))
-      -- a fork of acme's ledger, made beside the server (fork is not an HTTP call)
-      if hh.shared_db(srv) then
-        local store = eventstore.open(srv.db)
-        local ok, err = pcall(function() store:tenant("acme"):fork("ledger", 1, "ledger-fork") end)
-        store:close()
-        assert(ok, tostring(err))
-        acme_forked = true
-      end
+      -- a fork of acme's ledger; fences and a live lease on it; a segment
+      -- of its orders; a payload sealed under its data key card-1
+      hh.check_ok(hh.post(srv, "acme-admin", "/v1/sessions/ledger/fork", { at = 1, to = "ledger-fork" }))
+      hh.check_ok(hh.post(srv, "acme-admin", "/v1/sessions/ledger/fence", {}))
+      hh.check_ok(hh.post(srv, "acme-admin", "/v1/sessions/ledger/fence", {}))
+      local st3, lease = hh.post(srv, "acme-rw", "/v1/sessions/ledger/lease", { holder = "acme-w", ttl_ms = 3600000 })
+      acme_lease = hh.check_ok(st3, lease, "acme lease")
+      assert(acme_lease.token == 3, shown(acme_lease))
+      hh.append_ok(srv, "acme-rw", "vault", { { type = "card", key = "card-1", payload = { secret = SECRET }, settled = true } })
       note_acme_positions()
+      -- after noting its position: read_all reads live rows only (docs/retention.md)
+      local st4, seg = hh.post(srv, "acme-admin", "/v1/sessions/orders/archive", { through = 1 })
+      assert(hh.check_ok(st4, seg, "acme archive").segment ~= null, shown(seg))
     end)
 
     teardown(function()
       hh.rm(scripts)
-      hh.stop_clean(srv)
+      hh.stop_full(srv)
     end)
 
     it("acme sees its own data with unprefixed names", function()
@@ -162,8 +171,7 @@ for _, template in ipairs(helpers.urls()) do
       assert.equal("ledger", ls.sessions[1].session)
       assert.equal("ledger", ls.cursor)
       local _, all = hh.get(srv, "acme-read", "/v1/sessions")
-      local expect = acme_forked and { "ledger", "ledger-fork", "orders", "work" } or { "ledger", "orders", "work" }
-      assert.same(expect, helpers.pluck(all.sessions, "session"))
+      assert.same({ "ledger", "ledger-fork", "orders", "vault", "work" }, helpers.pluck(all.sessions, "session"))
       local _, ref = hh.get(srv, "acme-read", "/v1/refs/main")
       assert.equal("main", ref.name)
       assert.equal("orders", ref.session)
@@ -179,21 +187,24 @@ for _, template in ipairs(helpers.urls()) do
       local _, state = hh.get(srv, "acme-read", "/v1/sessions/ledger/state/count")
       assert.same({ n = 2, sum = 7 }, state.state)
       local _, stats = hh.get(srv, "acme-read", "/v1/stats")
-      assert.equal(#evs, stats.events)
+      -- stats counts orders/1 in its segment too; read_all reads live rows only
+      assert.equal(#evs + 1, stats.events)
       -- error messages name acme's names without the prefix too
       local st, err = hh.post(srv, "acme-admin", "/v1/sessions/work/events/99/revive", {})
       hh.check_error(404, "NO_SUCH_EVENT", st, err, "acme revive of a missing index")
       assert.truthy(err.message:find("'work'", 1, true), err.message)
       assert.is_nil(err.message:find(SEP, 1, true), err.message)
       assert.is_nil(err.message:find("acme", 1, true), err.message)
-      if acme_forked then
-        local _, lin = hh.get(srv, "acme-read", "/v1/sessions/ledger-fork/lineage")
-        local rec = lin.lineage
-        assert.equal("ledger", rec.parent)
-        assert.equal("ledger-fork", rec.session)
-        local _, ch = hh.get(srv, "acme-read", "/v1/sessions/ledger/children")
-        assert.same({ "ledger-fork" }, helpers.pluck(ch.children, "session"))
-      end
+      local _, lin = hh.get(srv, "acme-read", "/v1/sessions/ledger-fork/lineage")
+      local rec = lin.lineage
+      assert.equal("ledger", rec.parent)
+      assert.equal("ledger-fork", rec.session)
+      local _, ch = hh.get(srv, "acme-read", "/v1/sessions/ledger/children")
+      assert.same({ "ledger-fork" }, helpers.pluck(ch.children, "session"))
+      local _, segs = hh.get(srv, "acme-read", "/v1/sessions/orders/segments")
+      assert.equal(1, #segs.segments)
+      local _, vault = hh.get(srv, "acme-read", "/v1/sessions/vault/events")
+      assert.equal(SECRET, vault.events[1].payload.secret)
     end)
 
     it("every read route as globex shows none of acme's data", function()
@@ -363,6 +374,73 @@ for _, template in ipairs(helpers.urls()) do
       assert.equal(1, #b.rows)
       assert.equal("g", b.rows[1].field)
       assert.equal(before, acme_view())
+    end)
+
+    it("fork, fence, lease, release, seal, snapshots, truncate, delete, archive, segments, shred as globex never reach acme's", function()
+      local before = acme_view()
+      for _, tok in ipairs({ "globex-rw", "globex-admin" }) do
+        local st, b = gx(tok, "GET", "/v1/sessions/ledger/snapshots")
+        hh.check_ok(st, b, "globex snapshots of ledger")
+        assert.same({ snapshots = {} }, b)
+        st, b = gx(tok, "GET", "/v1/sessions/orders/segments")
+        hh.check_ok(st, b, "globex segments of orders")
+        assert.same({ segments = {} }, b)
+        st, b = gx(tok, "GET", "/v1/archived")
+        hh.check_ok(st, b, "globex archived")
+        assert.same({ sessions = {}, cursor = null }, b)
+      end
+      -- admin routes need globex's admin token, whatever the session
+      for _, r in ipairs({ { "/v1/sessions/ledger/fork", { at = 1, to = "stolen" } },
+        { "/v1/sessions/ledger/fence", {} }, { "/v1/sessions/orders/seal", {} },
+        { "/v1/sessions/orders/truncate", { through = 1 } }, { "/v1/sessions/orders/archive", { through = 1 } },
+        { "/v1/keys/card-1/shred", {} } }) do
+        local st, b = gx("globex-rw", "POST", r[1], r[2])
+        hh.check_error(403, "FORBIDDEN", st, b, "globex-rw " .. r[1])
+      end
+      local st, b = gx("globex-rw", "DELETE", "/v1/sessions/ledger")
+      hh.check_error(403, "FORBIDDEN", st, b, "globex-rw delete")
+      -- fork: acme's sessions do not exist for globex
+      st, b = gx("globex-admin", "POST", "/v1/sessions/ledger/fork", { at = 1, to = "stolen" })
+      hh.check_error(404, "NOT_FOUND", st, b, "globex fork of acme's ledger")
+      st, b = gx("globex-admin", "POST", "/v1/sessions/vault/fork", { at = 0, to = "stolen" })
+      hh.check_error(404, "NOT_FOUND", st, b, "globex fork of acme's vault")
+      assert.equal(0, hh.head(srv, "globex-rw", "stolen"))
+      -- fences and leases: globex's own counters, acme's lease unseen
+      st, b = gx("globex-admin", "POST", "/v1/sessions/ledger/fence", { if_token = acme_lease.token })
+      hh.check_error(409, "STALE_FENCE", st, b, "globex fence with acme's token")
+      st, b = gx("globex-admin", "POST", "/v1/sessions/ledger/fence", {})
+      hh.check_ok(st, b, "globex fence")
+      assert.same({ token = 1 }, b)
+      st, b = gx("globex-rw", "POST", "/v1/sessions/ledger/release", { holder = "acme-w", token = acme_lease.token })
+      hh.check_ok(st, b, "globex release of acme's lease")
+      assert.same({ released = false }, b)
+      st, b = gx("globex-rw", "POST", "/v1/sessions/ledger/lease", { holder = "globex-w", ttl_ms = 60000 })
+      hh.check_ok(st, b, "globex lease")
+      assert.equal("acquired", b.outcome, shown(b))
+      assert.equal(2, b.token)
+      -- seal, truncate, archive, delete, shred: globex's own names only
+      st, b = gx("globex-admin", "POST", "/v1/sessions/vault/seal", { reason = "globex" })
+      hh.check_ok(st, b, "globex seal")
+      st, b = gx("globex-admin", "POST", "/v1/sessions/ledger/truncate", { through = 1 })
+      hh.check_error(404, "NO_SUCH_EVENT", st, b, "globex truncate of acme's ledger")
+      st, b = gx("globex-admin", "POST", "/v1/sessions/work/archive", { through = 1 })
+      hh.check_error(404, "NO_SUCH_EVENT", st, b, "globex archive of acme's work")
+      st, b = gx("globex-admin", "DELETE", "/v1/sessions/ledger-fork")
+      hh.check_ok(st, b, "globex delete")
+      assert.same({ deleted = false }, b)
+      st, b = gx("globex-admin", "POST", "/v1/keys/card-1/shred", {})
+      hh.check_ok(st, b, "globex shred")
+      assert.same({ shredded = false }, b)
+      st, b = gx("globex-admin", "DELETE", "/v1/sessions/ledger")
+      hh.check_ok(st, b, "globex delete of its own ledger row")
+      assert.equal(before, acme_view())
+      -- acme's lease, fences, seal state and key are its own still
+      local _, rows = hh.get(srv, "acme-read", "/v1/sessions?prefix=ledger&limit=1")
+      assert.same({ holder = "acme-w", token = acme_lease.token, expires_at = acme_lease.expires_at }, rows.sessions[1].lease)
+      hh.append_ok(srv, "acme-rw", "vault", { { type = "card", key = "card-1", payload = { n = 2 }, settled = true } })
+      local _, vault = hh.get(srv, "acme-read", "/v1/sessions/vault/events")
+      assert.same({ secret = SECRET }, vault.events[1].payload)
+      note_acme_positions()
     end)
 
     it("a %1F in a globex name stays inside globex", function()

@@ -8,6 +8,7 @@
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local hh = require("http_helpers")
+local oh = require("openapi_helpers")
 
 local json = eventstore.json
 local ADMIN = "admin-token"
@@ -19,7 +20,7 @@ local function shown(v) return type(v) == "table" and json.encode(v) or tostring
 
 for _, template in ipairs(helpers.urls()) do
   describe("HTTP runtime routes on " .. template, function()
-    local srv
+    local srv, records
     local serial = 0
     local function name(p)
       serial = serial + 1
@@ -28,8 +29,12 @@ for _, template in ipairs(helpers.urls()) do
 
     setup(function()
       srv = hh.serve_on(template, { no_engine = true, tokens = TOKENS, args = { "--max-batch", "20" } })
+      records = oh.record()
     end)
-    teardown(function() hh.stop(srv) end)
+    teardown(function()
+      oh.stop()
+      hh.stop(srv)
+    end)
 
     -- A session's events as the admin sees them (all of them).
     local function read(session, token)
@@ -234,6 +239,14 @@ for _, template in ipairs(helpers.urls()) do
         assert.truthy(text:find('"parent":null', 1, true), text)
         assert.truthy(text:find('"at":null', 1, true), text)
       end) end
+    end)
+
+    -- every answer of the routes above against the OpenAPI document
+    -- (spec/openapi_helpers.lua): its schema for the route, or Error
+    it("every answer met the OpenAPI document's schema for its route", function()
+      local failures, n = oh.check(records)
+      assert.same({}, failures)
+      assert.is_true(n > 0)
     end)
   end)
 end

@@ -105,10 +105,36 @@ static void count_hook(lua_State *L, lua_Debug *ar) {
   luaL_error(L, "%s", es_budget_message(b, t, msg, sizeof msg));
 }
 
-static int refuse_sethook(lua_State *L) {
-  return luaL_error(L, "debug.sethook is not available to engine scripts "
-                       "(the engine's budgets use the hook)");
-}
+/* The debug library, cut down to what cannot reach past the Lua
+ * language. The rest of it hands a script the C functions and raw
+ * pointers the engine keeps out of reach: the registry, any metatable,
+ * the C functions on the call stack (getinfo's `func`, which the engine's
+ * own protected calls would then run on a file handle), C closures'
+ * upvalues and C frames' stack slots (getlocal/setlocal). sethook would
+ * lift the budgets, which are a hook. What is left: traceback, and
+ * getinfo without `func`. The rest raises, naming itself. */
+static const char SAFE_DEBUG[] =
+    "local getinfo, traceback, type, error = debug.getinfo, debug.traceback, type, error\n"
+    "local safe = { traceback = traceback }\n"
+    "function safe.getinfo(a, b, c)\n"
+    "  local t\n"
+    "  if type(a) == 'thread' then t = getinfo(a, b, c)\n"
+    "  elseif type(a) == 'number' then t = getinfo(a + 1, b)\n" /* this wrapper is a level */
+    "  else t = getinfo(a, b) end\n"
+    "  if t then t.func = nil end\n"
+    "  return t\n"
+    "end\n"
+    "for name in pairs(debug) do\n"
+    "  if not safe[name] then\n"
+    "    local why = name == 'sethook' and 'the engine\\'s budgets use the hook'\n"
+    "      or 'it reaches the engine\\'s C internals'\n"
+    "    safe[name] = function()\n"
+    "      error(('debug.%s is not available to engine scripts (%s)'):format(name, why), 2)\n"
+    "    end\n"
+    "  end\n"
+    "end\n"
+    "debug = safe\n"
+    "package.loaded.debug = safe\n";
 
 /* Text chunks only in engine scripts: Lua 5.4 has no bytecode verifier,
  * so a crafted binary chunk (load, loadfile, dofile, require of a .luac)
@@ -142,10 +168,9 @@ static int open_state(lua_State *L) {
   es_budget *b = es_budget_of(L);
   es_lua_set_box_tracker(L, &b->boxes);
   luaL_openlibs(L);
-  lua_getglobal(L, "debug");
-  lua_pushcfunction(L, refuse_sethook);
-  lua_setfield(L, -2, "sethook");
-  lua_pop(L, 1);
+  if (luaL_loadbufferx(L, SAFE_DEBUG, sizeof SAFE_DEBUG - 1, "=eventstore.debug", "t") != LUA_OK)
+    return lua_error(L);
+  lua_call(L, 0, 0);
   if (luaL_loadbufferx(L, TEXT_ONLY, sizeof TEXT_ONLY - 1, "=eventstore.textonly", "t") != LUA_OK)
     return lua_error(L);
   lua_call(L, 0, 0);

@@ -59,7 +59,8 @@ typedef struct es_budget {
 
 /* Creates a state whose allocator is b's (b must outlive it), with the
  * count hook installed on its main thread (so every coroutine inherits
- * it) and debug.sethook replaced by a function that refuses. Standard
+ * it) and the debug library cut to traceback and getinfo without `func`
+ * (the rest refuses: see SAFE_DEBUG in budget.c). Standard
  * libraries are opened. NULL when out of memory or the budget is too small
  * for the libraries (err then says so). */
 lua_State *es_budget_newstate(es_budget *b, size_t limit, int64_t instr_limit,

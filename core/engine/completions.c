@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "engine/internal.h"
+#include "util/clock.h"
 
 /* ---------------------------------------------------------------------- */
 /* Completions
@@ -335,11 +336,7 @@ int es_completions_lag(es_engine *e) {
 
 /* Waits until the completer answered something or ms passed. */
 void es_wait_acked(es_engine *e, int64_t ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_nsec += (long)(ms % 1000) * 1000000L;
-  until.tv_sec += ms / 1000 + until.tv_nsec / 1000000000L;
-  until.tv_nsec %= 1000000000L;
+  struct timespec until = es_timespec_in(CLOCK_REALTIME, ms);
   pthread_mutex_lock(&e->c_mu);
   if (atomic_load(&e->unacked) > 0 && !atomic_load(&e->stopping))
     pthread_cond_timedwait(&e->c_done, &e->c_mu, &until);

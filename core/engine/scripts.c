@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "engine/internal.h"
+#include "util/clock.h"
 
 typedef struct es_good_script {
   char *path;
@@ -151,14 +152,7 @@ typedef struct load_watch {
 
 static void *load_watch_main(void *arg) {
   load_watch *w = arg;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += (time_t)(w->ms / 1000);
-  until.tv_nsec += (long)(w->ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  struct timespec until = es_timespec_in(CLOCK_REALTIME, w->ms);
   pthread_mutex_lock(&w->mu);
   int rc = 0;
   while (!w->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&w->cond, &w->mu, &until);

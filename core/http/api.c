@@ -878,6 +878,29 @@ static void unprefix(char *msg, const char *tenant) {
   while ((p = strstr(msg, pre))) memmove(p, p + pn, strlen(p + pn) + 1);
 }
 
+/* The engine works on the root store: a tenant's session by its stored
+ * name, tenant + ES_TENANT_SEP + session (docs/tenants.md). *session is
+ * pointed at stored (ES_MAX_NAME_BYTES + 1 bytes) for a tenant token.
+ * -1 with out made when the name is too long. */
+static int engine_session(const es_http_req *r, const char **session, char *stored,
+                          es_http_resp *out) {
+  if (!r->tenant) return 0;
+  int n = snprintf(stored, ES_MAX_NAME_BYTES + 1, "%s%s%s", r->tenant, ES_TENANT_SEP, *session);
+  if (n < 0 || n > ES_MAX_NAME_BYTES) {
+    es_http_fail(out, 400, "INVALID_ARGUMENT", "session name too long");
+    return -1;
+  }
+  *session = stored;
+  return 0;
+}
+
+/* An engine error as a tenant and a remote client may see it: without
+ * the tenant prefix and the server's scripts directory. */
+static void engine_err_clean(const es_http_req *r, es_engine *engine, es_err *err) {
+  if (r->tenant) unprefix(err->msg, r->tenant);
+  hide_dir(err->msg, es_engine_scripts(engine));
+}
+
 int es_api_state(const es_http_req *r, es_http_resp *out) {
   const char *session = r->seg[2], *reducer = r->seg[4];
   es_engine *engine = r->ctx ? r->ctx->engine : NULL;
@@ -889,15 +912,8 @@ int es_api_state(const es_http_req *r, es_http_resp *out) {
   es_err err = {0};
   if (es_check_name("session", session, &err) || es_check_name("reducer", reducer, &err))
     return es_http_fail_err(out, &err);
-  /* The engine folds on the root store: a tenant's session by its stored
-   * name (docs/tenants.md). */
   char stored[ES_MAX_NAME_BYTES + 1];
-  if (r->tenant) {
-    int n = snprintf(stored, sizeof stored, "%s%s%s", r->tenant, ES_TENANT_SEP, session);
-    if (n < 0 || (size_t)n >= sizeof stored)
-      return es_http_fail(out, 400, "INVALID_ARGUMENT", "session name too long");
-    session = stored;
-  }
+  if (engine_session(r, &session, stored, out)) return 0;
   es_buf state;
   es_buf_init(&state);
   int64_t index = 0;
@@ -905,8 +921,7 @@ int es_api_state(const es_http_req *r, es_http_resp *out) {
   int rc = es_engine_state_json(engine, session, reducer, at, &state, &index, &not_json, &err);
   if (rc != ES_OK) {
     es_buf_destroy(&state);
-    if (r->tenant) unprefix(err.msg, r->tenant);
-    hide_dir(err.msg, es_engine_scripts(engine));
+    engine_err_clean(r, engine, &err);
     /* The reducer ran; only its JSON view fails: 422, not the 400 of a
      * reducer that raised. */
     if (not_json) return es_http_fail(out, 422, es_strerror(err.code), "%s", err.msg);
@@ -1616,6 +1631,272 @@ int es_api_promote(const es_http_req *r, es_http_resp *out) {
 bad:
   body_free(&bd);
   return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* §3.7-§3.10 over HTTP: fork, fences, leases, seals, snapshots, truncate,
+ * delete, archive, segments, shred. Each reads its whole body first, then
+ * makes its one store call, and answers what the Lua face returns as JSON
+ * (a bare value wrapped in an object named after it). */
+
+/* Reads the body (required or not) and refuses fields not in `allowed`:
+ * -1 with out made. */
+static int read_fields(const es_http_req *r, es_http_resp *out, int required,
+                       const char *const *allowed, body *bd) {
+  if (read_body(r, out, required, bd)) return -1;
+  if (check_fields(out, bd->root, "", allowed)) {
+    body_free(bd);
+    return -1;
+  }
+  return 0;
+}
+
+/* {"name": true|false} */
+static int answer_bool(es_http_resp *out, const char *name, int v) {
+  es_buf_addc(&out->body, '{');
+  es_wire_key(&out->body, name, 1);
+  put_bool(&out->body, v);
+  es_buf_addc(&out->body, '}');
+  return answer(out);
+}
+
+static const char *const fork_fields[] = {"at", "to", NULL};
+
+/* POST /v1/sessions/{s}/fork {at, to} -> the lineage record of `to`. */
+int es_api_fork(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  const char *to;
+  int64_t at;
+  if (read_fields(r, out, 1, fork_fields, &bd)) return 0;
+  if (get_int(out, bd.root, "", "at", 1, 0, &at, NULL) || get_name(out, bd.root, "", "to", 1, &to)) {
+    body_free(&bd);
+    return 0;
+  }
+  es_lineage l;
+  memset(&l, 0, sizeof l);
+  es_err err = {0};
+  int rc = es_store_fork(r->store, r->seg[2], at, to, &l, &err);
+  body_free(&bd);
+  if (rc) return es_http_fail_err(out, &err);
+  put_lineage(&out->body, &l);
+  es_lineage_destroy(&l);
+  return answer(out);
+}
+
+static const char *const fence_fields[] = {"if_token", NULL};
+
+/* POST /v1/sessions/{s}/fence {if_token?} -> {token} (STALE_FENCE: 409). */
+int es_api_fence(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  int64_t if_token, token = 0;
+  if (read_fields(r, out, 0, fence_fields, &bd)) return 0;
+  int bad = get_int(out, bd.root, "", "if_token", 0, ES_NONE, &if_token, NULL);
+  body_free(&bd);
+  if (bad) return 0;
+  es_err err = {0};
+  if (es_store_fence(r->store, r->seg[2], if_token, &token, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"token\":");
+  es_wire_int(&out->body, token);
+  es_buf_addc(&out->body, '}');
+  return answer(out);
+}
+
+static const char *const lease_fields[] = {"holder", "ttl_ms", NULL};
+
+/* POST /v1/sessions/{s}/lease {holder, ttl_ms} -> {outcome: "acquired",
+ * holder, token, expires_at} or {outcome: "held", holder, expires_at}. */
+int es_api_lease(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  const char *holder;
+  int64_t ttl;
+  if (read_fields(r, out, 1, lease_fields, &bd)) return 0;
+  if (get_name(out, bd.root, "", "holder", 1, &holder) ||
+      get_int(out, bd.root, "", "ttl_ms", 1, 0, &ttl, NULL)) {
+    body_free(&bd);
+    return 0;
+  }
+  es_lease l;
+  memset(&l, 0, sizeof l);
+  es_err err = {0};
+  int rc = es_store_lease(r->store, r->seg[2], holder, ttl, &l, &err);
+  body_free(&bd);
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"outcome\":");
+  es_wire_cstr(&out->body, l.acquired ? "acquired" : "held");
+  es_wire_str_field(&out->body, "holder", l.holder ? l.holder : "");
+  if (l.acquired) es_wire_int_field(&out->body, "token", l.token);
+  es_wire_int_field(&out->body, "expires_at", l.expires_at);
+  es_buf_addc(&out->body, '}');
+  es_lease_destroy(&l);
+  return answer(out);
+}
+
+static const char *const release_fields[] = {"holder", "token", NULL};
+
+/* POST /v1/sessions/{s}/release {holder, token} -> {released}. */
+int es_api_release(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  const char *holder;
+  int64_t token;
+  int released = 0;
+  if (read_fields(r, out, 1, release_fields, &bd)) return 0;
+  if (get_name(out, bd.root, "", "holder", 1, &holder) ||
+      get_int(out, bd.root, "", "token", 1, 0, &token, NULL)) {
+    body_free(&bd);
+    return 0;
+  }
+  es_err err = {0};
+  int rc = es_store_lease_release(r->store, r->seg[2], holder, token, &released, &err);
+  body_free(&bd);
+  if (rc) return es_http_fail_err(out, &err);
+  return answer_bool(out, "released", released);
+}
+
+static const char *const seal_fields[] = {"reason", NULL};
+
+/* POST /v1/sessions/{s}/seal {reason?} -> {sealed: true} (again: a no-op
+ * with the same answer; the first reason stays). */
+int es_api_seal(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  char *reason = NULL;
+  if (read_fields(r, out, 0, seal_fields, &bd)) return 0;
+  int bad = get_text(out, bd.root, "reason", 0, &reason);
+  body_free(&bd);
+  if (bad) return 0;
+  es_err err = {0};
+  int rc = es_store_seal(r->store, r->seg[2], reason, &err);
+  free(reason);
+  if (rc) return es_http_fail_err(out, &err);
+  return answer_bool(out, "sealed", 1);
+}
+
+/* GET /v1/sessions/{s}/snapshots -> {snapshots: [{reducer, index, version,
+ * updated_at}]} by reducer name (one row per reducer: not paged). */
+int es_api_snapshots(const es_http_req *r, es_http_resp *out) {
+  es_snapshots list = {0};
+  es_err err = {0};
+  if (es_store_snapshots(r->store, r->seg[2], &list, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"snapshots\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    es_buf_adds(&out->body, i ? ",{\"reducer\":" : "{\"reducer\":");
+    es_wire_cstr(&out->body, list.v[i].reducer);
+    es_wire_int_field(&out->body, "index", list.v[i].index);
+    es_wire_str_field(&out->body, "version", list.v[i].version);
+    es_wire_int_field(&out->body, "updated_at", list.v[i].updated_at);
+    es_buf_addc(&out->body, '}');
+  }
+  es_buf_adds(&out->body, "]}");
+  es_snapshots_destroy(&list);
+  return answer(out);
+}
+
+static const char *const through_fields[] = {"through", NULL};
+
+/* POST /v1/sessions/{s}/truncate {through} -> {first_index}. With an
+ * engine, as engine:truncate: every reducer is snapshotted at `through`
+ * first, so GET .../state keeps answering (§3.9); without one, the store's
+ * truncate. */
+int es_api_truncate(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  int64_t through, first = 0;
+  if (read_fields(r, out, 1, through_fields, &bd)) return 0;
+  int bad = get_int(out, bd.root, "", "through", 1, 0, &through, NULL);
+  body_free(&bd);
+  if (bad) return 0;
+  es_engine *engine = r->ctx ? r->ctx->engine : NULL;
+  es_err err = {0};
+  int rc;
+  if (engine) {
+    const char *session = r->seg[2];
+    char stored[ES_MAX_NAME_BYTES + 1];
+    if (es_check_name("session", session, &err)) return es_http_fail_err(out, &err);
+    if (engine_session(r, &session, stored, out)) return 0;
+    rc = es_engine_truncate(engine, session, through, &first, &err);
+    if (rc) engine_err_clean(r, engine, &err);
+  } else {
+    rc = es_store_truncate(r->store, r->seg[2], through, &first, &err);
+  }
+  if (rc) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"first_index\":");
+  es_wire_int(&out->body, first);
+  es_buf_addc(&out->body, '}');
+  return answer(out);
+}
+
+/* DELETE /v1/sessions/{s} -> {deleted}: whether it existed. */
+int es_api_delete_session(const es_http_req *r, es_http_resp *out) {
+  int deleted = 0;
+  es_err err = {0};
+  if (es_store_delete(r->store, r->seg[2], &deleted, &err)) return es_http_fail_err(out, &err);
+  return answer_bool(out, "deleted", deleted);
+}
+
+/* A segment as store:segments gives it; `file` is relative to the
+ * archive directory, so it names nothing of the server's file system. */
+static void put_segment(es_buf *b, const es_segment *g) {
+  es_buf_adds(b, "{\"from\":");
+  es_wire_int(b, g->from);
+  es_wire_int_field(b, "through", g->through);
+  es_wire_int_field(b, "count", g->count);
+  es_wire_int_field(b, "bytes", g->bytes);
+  es_wire_str_field(b, "checksum", g->checksum);
+  es_wire_str_field(b, "file", g->file);
+  es_wire_int_field(b, "created_at", g->created_at);
+  es_buf_addc(b, '}');
+}
+
+/* POST /v1/sessions/{s}/archive {through} -> {segment}: the new segment,
+ * or null when everything through there was archived already. */
+int es_api_archive(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  int64_t through;
+  if (read_fields(r, out, 1, through_fields, &bd)) return 0;
+  int bad = get_int(out, bd.root, "", "through", 1, 0, &through, NULL);
+  body_free(&bd);
+  if (bad) return 0;
+  es_segment g;
+  es_segment_init(&g);
+  int written = 0;
+  es_err err = {0};
+  if (es_store_archive(r->store, r->seg[2], through, &written, &g, &err)) {
+    es_segment_destroy(&g);
+    return es_http_fail_err(out, &err);
+  }
+  es_buf_adds(&out->body, "{\"segment\":");
+  if (written) put_segment(&out->body, &g);
+  else es_buf_adds(&out->body, "null");
+  es_buf_addc(&out->body, '}');
+  es_segment_destroy(&g);
+  return answer(out);
+}
+
+/* GET /v1/sessions/{s}/segments -> {segments: [...]}, ascending `from`
+ * (small rows: not paged). */
+int es_api_segments(const es_http_req *r, es_http_resp *out) {
+  es_segments list = {0};
+  es_err err = {0};
+  if (es_store_segments(r->store, r->seg[2], &list, &err)) return es_http_fail_err(out, &err);
+  es_buf_adds(&out->body, "{\"segments\":[");
+  for (size_t i = 0; i < list.n; i++) {
+    if (i) es_buf_addc(&out->body, ',');
+    put_segment(&out->body, &list.v[i]);
+  }
+  es_buf_adds(&out->body, "]}");
+  es_segments_destroy(&list);
+  return answer(out);
+}
+
+/* POST /v1/keys/{name}/shred -> {shredded}: true when a live key was
+ * destroyed now, false when it was gone already (idempotent). A tenant
+ * token shreds its own tenant's key of that name only (§3.11). */
+int es_api_shred(const es_http_req *r, es_http_resp *out) {
+  body bd;
+  if (read_fields(r, out, 0, no_fields, &bd)) return 0;
+  body_free(&bd);
+  int was_live = 0;
+  es_err err = {0};
+  if (es_store_shred(r->store, r->seg[2], &was_live, &err)) return es_http_fail_err(out, &err);
+  return answer_bool(out, "shredded", was_live);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -142,6 +142,22 @@ int es_api_promote(const es_http_req *r, es_http_resp *out);
 int es_api_presence_read(const es_http_req *r, es_http_resp *out);
 int es_api_presence_set(const es_http_req *r, es_http_resp *out);
 int es_api_stats(const es_http_req *r, es_http_resp *out);
+/* api.c, §3.7-§3.10 */
+int es_api_fork(const es_http_req *r, es_http_resp *out);
+int es_api_fence(const es_http_req *r, es_http_resp *out);
+int es_api_lease(const es_http_req *r, es_http_resp *out);
+int es_api_release(const es_http_req *r, es_http_resp *out);
+int es_api_seal(const es_http_req *r, es_http_resp *out);
+int es_api_snapshots(const es_http_req *r, es_http_resp *out);
+int es_api_truncate(const es_http_req *r, es_http_resp *out);
+int es_api_delete_session(const es_http_req *r, es_http_resp *out);
+int es_api_archive(const es_http_req *r, es_http_resp *out);
+int es_api_segments(const es_http_req *r, es_http_resp *out);
+int es_api_shred(const es_http_req *r, es_http_resp *out);
+/* openapi.c: GET /v1/openapi.json, the document core/http/openapi.json
+ * (embedded at build time as es_openapi_json, NUL-terminated) */
+extern const char es_openapi_json[];
+int es_openapi(const es_http_req *r, es_http_resp *out);
 /* sse.c */
 int es_sse_session(const es_http_req *r, es_http_resp *out);
 int es_sse_all(const es_http_req *r, es_http_resp *out);

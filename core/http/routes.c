@@ -3,6 +3,10 @@
  * table for users). server.c matches the method and the segments in
  * order; "*" matches one segment. A path that matches a pattern with
  * another method is 405 with Allow; no pattern at all is 404.
+ *
+ * core/http/openapi.json describes every route of this table, and nothing
+ * else: spec/c/http_openapi_test.c holds the two to each other, so a route
+ * added here fails that test until its path is written there too.
  */
 #include "http/internal.h"
 
@@ -14,6 +18,16 @@ const es_http_route es_http_routes[] = {
     {"GET", "v1/sessions/*/stream", ES_RIGHT_READ, es_sse_session},
     {"GET", "v1/sessions/*/lineage", ES_RIGHT_READ, es_api_lineage},
     {"GET", "v1/sessions/*/children", ES_RIGHT_READ, es_api_children},
+    {"GET", "v1/sessions/*/snapshots", ES_RIGHT_READ, es_api_snapshots},
+    {"GET", "v1/sessions/*/segments", ES_RIGHT_READ, es_api_segments},
+    {"POST", "v1/sessions/*/fork", ES_RIGHT_ADMIN, es_api_fork},
+    {"POST", "v1/sessions/*/fence", ES_RIGHT_ADMIN, es_api_fence},
+    {"POST", "v1/sessions/*/lease", ES_RIGHT_WORK, es_api_lease},
+    {"POST", "v1/sessions/*/release", ES_RIGHT_WORK, es_api_release},
+    {"POST", "v1/sessions/*/seal", ES_RIGHT_ADMIN, es_api_seal},
+    {"POST", "v1/sessions/*/truncate", ES_RIGHT_ADMIN, es_api_truncate},
+    {"POST", "v1/sessions/*/archive", ES_RIGHT_ADMIN, es_api_archive},
+    {"DELETE", "v1/sessions/*", ES_RIGHT_ADMIN, es_api_delete_session},
     {"POST", "v1/sessions/*/events/*/revive", ES_RIGHT_ADMIN, es_api_revive},
     {"POST", "v1/sessions/*/events/*/settle", ES_RIGHT_ADMIN, es_api_settle},
     {"POST", "v1/sessions/*/events/*/complete", ES_RIGHT_WORK, es_api_complete},
@@ -36,6 +50,8 @@ const es_http_route es_http_routes[] = {
     {"GET", "v1/presence/*/stream", ES_RIGHT_READ, es_sse_presence},
     {"PUT", "v1/presence/*/*", ES_RIGHT_APPEND, es_api_presence_set},
     {"GET", "v1/stats", ES_RIGHT_READ, es_api_stats},
+    {"POST", "v1/keys/*/shred", ES_RIGHT_ADMIN, es_api_shred},
+    {"GET", "v1/openapi.json", ES_RIGHT_NONE, es_openapi},
     {"GET", "metrics", ES_RIGHT_READ, es_metrics},
     {"GET", "healthz", ES_RIGHT_NONE, es_healthz},
     {NULL, NULL, 0, NULL},

@@ -34,6 +34,7 @@
 
 #include "http/internal.h"
 #include "store/stats.h"
+#include "util/clock.h"
 
 #define SLICE_MS 1000
 #define KEEPALIVE_S 15
@@ -535,23 +536,12 @@ static void on_presence(void *ctx, const char *ns, const es_presence_rows *appli
   pthread_mutex_unlock(&st->mu);
 }
 
-static void deadline_after_ms(struct timespec *t, long ms) {
-  clock_gettime(CLOCK_MONOTONIC, t);
-  t->tv_sec += ms / 1000;
-  t->tv_nsec += (ms % 1000) * 1000000L;
-  if (t->tv_nsec >= 1000000000L) {
-    t->tv_sec++;
-    t->tv_nsec -= 1000000000L;
-  }
-}
-
 static ssize_t presence_cb(void *state, char *buf, size_t max) {
   sse *st = state;
   for (;;) {
     ssize_t now;
     if (answer_now(st, buf, max, &now)) return now;
-    struct timespec until;
-    deadline_after_ms(&until, SLICE_MS);
+    struct timespec until = es_timespec_in(CLOCK_MONOTONIC, SLICE_MS);
     pthread_mutex_lock(&st->mu);
     while (!st->queued.len && !st->overflow && !stopping(st))
       if (pthread_cond_timedwait(&st->cv, &st->mu, &until) == ETIMEDOUT) break;

@@ -19,6 +19,7 @@
 #include "store/internal.h"
 #include "store/rules.h"
 #include "store/store.h"
+#include "util/clock.h"
 #include "util/parse.h"
 
 /* ---------------------------------------------------------------------- */
@@ -924,18 +925,6 @@ int es_core_get(es_store *s, const char *session, int64_t index, es_event *out, 
 
 /* --- waiting --- */
 
-/* A moment `ms` after *from. */
-static struct timespec ms_after(const struct timespec *from, int64_t ms) {
-  struct timespec t = *from;
-  t.tv_sec += ms / 1000;
-  t.tv_nsec += (ms % 1000) * 1000000L;
-  if (t.tv_nsec >= 1000000000) {
-    t.tv_sec++;
-    t.tv_nsec -= 1000000000;
-  }
-  return t;
-}
-
 static int before(const struct timespec *a, const struct timespec *b) {
   return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
@@ -981,7 +970,7 @@ int es_core_wait(es_store *s, const char *scope, const char *session, int64_t af
   if (timeout_ms < 0) return es_fail(err, ES_INVALID_ARGUMENT, "timeout_ms must be >= 0");
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
-  struct timespec deadline = ms_after(&now, timeout_ms);
+  struct timespec deadline = es_timespec_add(&now, timeout_ms);
   return wait_keyed(s, scope, session, after, &deadline, limit, out, err);
 }
 

@@ -42,9 +42,8 @@ int es_manual_clock_now(void *ctx, int64_t *now_ms, es_err *err) {
   return ES_OK;
 }
 
-struct timespec es_timespec_in(clockid_t clock, int64_t ms) {
-  struct timespec t;
-  clock_gettime(clock, &t);
+struct timespec es_timespec_add(const struct timespec *from, int64_t ms) {
+  struct timespec t = *from;
   t.tv_sec += (time_t)(ms / 1000);
   t.tv_nsec += (long)(ms % 1000) * 1000000L;
   if (t.tv_nsec >= 1000000000L) {
@@ -52,4 +51,10 @@ struct timespec es_timespec_in(clockid_t clock, int64_t ms) {
     t.tv_nsec -= 1000000000L;
   }
   return t;
+}
+
+struct timespec es_timespec_in(clockid_t clock, int64_t ms) {
+  struct timespec now;
+  clock_gettime(clock, &now);
+  return es_timespec_add(&now, ms);
 }

@@ -22,8 +22,10 @@ int64_t es_manual_clock_advance(es_manual_clock *c, int64_t ms);
 /* An es_clock_fn reading the es_manual_clock passed as ctx. */
 int es_manual_clock_now(void *ctx, int64_t *now_ms, es_err *err);
 
+/* The time `ms` (>= 0) milliseconds after *from, normalised. */
+struct timespec es_timespec_add(const struct timespec *from, int64_t ms);
 /* The time `ms` milliseconds from now on clock `clock` (a deadline for
- * pthread_cond_clockwait and the like). */
+ * pthread_cond_timedwait and the like). */
 struct timespec es_timespec_in(clockid_t clock, int64_t ms);
 
 #endif
