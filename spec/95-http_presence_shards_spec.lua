@@ -6,6 +6,7 @@
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local hh = require("http_helpers")
+local oh = require("openapi_helpers")
 
 local json = eventstore.json
 
@@ -65,7 +66,7 @@ for _, template in ipairs(shared_templates()) do
 end
 
 describe("serve over shards:", function()
-  local srv, dir
+  local srv, dir, records
   local ADMIN = "admin-token"
 
   setup(function()
@@ -76,8 +77,10 @@ describe("serve over shards:", function()
     local plan = { version = 1, shards = { a = "sqlite:" .. dir .. "/a.db", b = "sqlite:" .. dir .. "/b.db" } }
     eventstore.open("shards:", { catalog = catalog, plan = plan }):close()
     srv = hh.serve({ db = "shards:" .. catalog, no_engine = true })
+    records = oh.record()
   end)
   teardown(function()
+    oh.stop()
     assert.equals(0, hh.stop(srv))
     hh.rm(dir)
   end)
@@ -151,6 +154,13 @@ describe("serve over shards:", function()
     assert.equals("t-1", mine[1] and mine[1].data.session)
     assert.equals(mine[1].data.cursor, mine[1].id)
     ts:close()
+  end)
+
+  -- the sharded answers (events with `cursor`) against the OpenAPI document
+  it("every answer met the OpenAPI document's schema for its route", function()
+    local failures, n = oh.check(records)
+    assert.same({}, failures)
+    assert.is_true(n > 0)
   end)
 end)
 
