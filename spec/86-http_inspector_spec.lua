@@ -499,6 +499,42 @@ describe("the inspector in a headless browser", function()
     if not ok then error(err, 0) end
   end)
 
+  it("follows a shards: store's feed from its read_all cursor", function()
+    local sdir = os.tmpname()
+    os.remove(sdir)
+    assert(os.execute("mkdir -p " .. helpers.sh_quote(sdir)))
+    local catalog = "sqlite:" .. sdir .. "/catalog.db"
+    eventstore.open("shards:", { catalog = catalog,
+      plan = { version = 1, shards = { a = "sqlite:" .. sdir .. "/a.db", b = "sqlite:" .. sdir .. "/b.db" } } }):close()
+    local ssrv = hh.serve({ db = "shards:" .. catalog, no_engine = true })
+    local ok, err = pcall(d.check, d, function()
+      for i = 1, 3 do
+        assert.are.equal(200, (hh.post(ssrv, ADMIN, path_of("old-" .. i, "/events"),
+          { events = json.array({ { type = "old", settled = true } }) })))
+      end
+      d:navigate(ssrv.url .. "/#token=" .. hh.enc(ADMIN))
+      d:wait_until("signed in", function()
+        return js([[document.querySelector('#sessions li[data-test="session-row"]') !== null]])
+      end)
+      d:click("#nav-feed")
+      d:wait_until("the feed connected", function() return d:text("#feed-status") == "live" end)
+      local from = d:text("#feed-from")
+      assert.truthy(from:find("^from cursor c1"), from)
+      assert.are.equal(0, #d:find_all("#feed li"))
+      assert.are.equal(200, (hh.post(ssrv, ADMIN, path_of("new-1", "/events"),
+        { events = json.array({ { type = "new", settled = true } }) })))
+      local rows = d:wait_until("the new event", function()
+        local r = d:find_all('#feed li[data-test="feed-row"]')
+        return #r == 1 and r
+      end)
+      assert.are.equal("new-1", d:attr(rows[1], "data-session"))
+      assert.is_nil(banner())
+    end)
+    hh.stop_clean(ssrv)
+    hh.rm(sdir)
+    if not ok then error(err, 0) end
+  end)
+
   it("leaves a server that stops cleanly with the page's live streams still open", function()
     -- the page holds streams open (the session's tail, the feed): SIGTERM
     -- must still end the server with status 0 (under ASan: no leak)

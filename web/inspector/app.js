@@ -805,15 +805,33 @@
     }
   }
 
+  // Where "now" is for the feed: {id (Last-Event-ID), text}. A shards:
+  // store's events carry a read_all cursor (positions are per shard, so
+  // there is no last position to search for): its last page's last cursor.
+  async function feedStart() {
+    const first = listOf(await api('GET', '/v1/events' + query({ limit: 1 })), 'events')[0];
+    if (first === undefined) return { id: '0', text: 'from position 0' };
+    if (typeof first.cursor === 'string') {
+      let after = first.cursor;
+      for (;;) {
+        const evs = listOf(await api('GET', '/v1/events' + query({ after, limit: PAGE })), 'events');
+        if (evs.length === 0) return { id: after, text: 'from cursor ' + after };
+        after = String(evs[evs.length - 1].cursor);
+      }
+    }
+    const from = await lastPosition();
+    return { id: from.toString(), text: 'from position ' + from };
+  }
+
   async function openFeed() {
     if (F.live) return;
     const gen = ++F.gen;
     setBadge($('feed-status'), 'connecting');
-    const from = await lastPosition();
+    const from = await feedStart();
     if (gen !== F.gen) return;
-    $('feed-from').textContent = 'from position ' + from;
+    $('feed-from').textContent = from.text;
     F.live = openStream('/v1/stream', {
-      lastId: from.toString(),
+      lastId: from.id,
       status: (st) => setBadge($('feed-status'), st),
       onEvent: (msg) => {
         if (msg.event === 'error') { showError(streamError(msg.data)); return; }
