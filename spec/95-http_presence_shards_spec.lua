@@ -183,6 +183,7 @@ describe("retention over serve", function()
     local deadline = helpers.wall() + 30
     repeat
       m = hh.metrics(srv, "admin-token")
+      -- a sweep is counted once its actions are
       local sweeps = m.value("eventstore_retention_sweeps_total", {})
       if sweeps and sweeps >= 1 then break end
       helpers.sleep(0.05)

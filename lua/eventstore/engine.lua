@@ -76,7 +76,6 @@ function Engine:_retain_if_due()
     local okr, rules = pcall(retention.load, r.scripts)
     if okr and rules then r.rules = rules
     elseif not okr then io.stderr:write("eventstore: retention: ", tostring(rules), " (the last good rules apply)\n") end
-    h:_retain_count("sweeps")
     retention.apply(self.store, r.rules, {
       truncate = function(session, through) return h:truncate(session, through) end,
       on_action = function(a)
@@ -84,6 +83,7 @@ function Engine:_retain_if_due()
         if a.error then io.stderr:write("eventstore: retention: ", retention.describe(a), "\n") end
       end,
     })
+    h:_retain_count("sweeps") -- once its actions are counted: a reader seeing it sees them
   end)
   if not ok then
     h:_retain_count("failed")
@@ -120,8 +120,7 @@ function Engine:retain(opts)
   if not r then return nil end
   opts = opts or {}
   local rules = retention.load(r.scripts) or r.rules
-  if not opts.dry_run then h:_retain_count("sweeps") end
-  return retention.apply(self.store, rules, {
+  local actions = retention.apply(self.store, rules, {
     dry_run = opts.dry_run,
     truncate = function(session, through) return h:truncate(session, through) end,
     on_action = function(a)
@@ -129,6 +128,8 @@ function Engine:retain(opts)
       if opts.on_action then opts.on_action(a) end
     end,
   })
+  if not opts.dry_run then h:_retain_count("sweeps") end
+  return actions
 end
 
 function Engine:stop() handle(self, "stop"):stop() end
