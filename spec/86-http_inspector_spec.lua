@@ -307,6 +307,30 @@ describe("the inspector in a headless browser", function()
     end)
   end)
 
+  it("cancels a pending timer from its session's view", function()
+    append("reminder-1", { { type = "reminder.due", payload = { n = 1 }, delay_ms = 3600000 } })
+    assert.are.equal("pending", event_of("reminder-1", 1).status)
+    d:check(function()
+      d:click("#nav-sessions")
+      d:type("#session-open-input", "reminder-1")
+      d:click('#session-open button[type="submit"]')
+      d:wait_until("the timer with its Cancel button", function()
+        return js("document.querySelector(arguments[0]) !== null", row_sel(1) .. ' button[data-test="cancel"]')
+      end)
+      d:click(row_sel(1) .. ' button[data-test="cancel"]')
+      local text = d:wait_until("the row refreshed as cancelled", function()
+        local t = row_text(1)
+        return t and t:find("cancelled: cancelled from the inspector", 1, true) and t
+      end)
+      assert.truthy(text:find("processed", 1, true), text)
+      assert.is_true(js("document.querySelector(arguments[0]) === null", row_sel(1) .. ' button[data-test="cancel"]'))
+      assert.is_nil(banner())
+    end)
+    local e = event_of("reminder-1", 1)
+    assert.are.equal("processed", e.status)
+    assert.are.equal("cancelled from the inspector", e.cancelled)
+  end)
+
   it("lists refs and shows one", function()
     local status = hh.put(srv, ADMIN, "/v1/refs/" .. hh.enc("release/v1"), { session = "order-1" })
     assert.are.equal(200, status)
@@ -472,6 +496,42 @@ describe("the inspector in a headless browser", function()
         (document.getElementById('__frame'))]]))
     end)
     hh.stop_clean(tsrv)
+    if not ok then error(err, 0) end
+  end)
+
+  it("follows a shards: store's feed from its read_all cursor", function()
+    local sdir = os.tmpname()
+    os.remove(sdir)
+    assert(os.execute("mkdir -p " .. helpers.sh_quote(sdir)))
+    local catalog = "sqlite:" .. sdir .. "/catalog.db"
+    eventstore.open("shards:", { catalog = catalog,
+      plan = { version = 1, shards = { a = "sqlite:" .. sdir .. "/a.db", b = "sqlite:" .. sdir .. "/b.db" } } }):close()
+    local ssrv = hh.serve({ db = "shards:" .. catalog, no_engine = true })
+    local ok, err = pcall(d.check, d, function()
+      for i = 1, 3 do
+        assert.are.equal(200, (hh.post(ssrv, ADMIN, path_of("old-" .. i, "/events"),
+          { events = json.array({ { type = "old", settled = true } }) })))
+      end
+      d:navigate(ssrv.url .. "/#token=" .. hh.enc(ADMIN))
+      d:wait_until("signed in", function()
+        return js([[document.querySelector('#sessions li[data-test="session-row"]') !== null]])
+      end)
+      d:click("#nav-feed")
+      d:wait_until("the feed connected", function() return d:text("#feed-status") == "live" end)
+      local from = d:text("#feed-from")
+      assert.truthy(from:find("^from cursor c1"), from)
+      assert.are.equal(0, #d:find_all("#feed li"))
+      assert.are.equal(200, (hh.post(ssrv, ADMIN, path_of("new-1", "/events"),
+        { events = json.array({ { type = "new", settled = true } }) })))
+      local rows = d:wait_until("the new event", function()
+        local r = d:find_all('#feed li[data-test="feed-row"]')
+        return #r == 1 and r
+      end)
+      assert.are.equal("new-1", d:attr(rows[1], "data-session"))
+      assert.is_nil(banner())
+    end)
+    hh.stop_clean(ssrv)
+    hh.rm(sdir)
     if not ok then error(err, 0) end
   end)
 

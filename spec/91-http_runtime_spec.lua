@@ -243,10 +243,6 @@ for _, template in ipairs(helpers.urls()) do
 
     -- every answer of the routes above against the OpenAPI document
     -- (spec/openapi_helpers.lua): its schema for the route, or Error
-    it("every answer met the OpenAPI document's schema for its route", function()
-      local failures, n = oh.check(records)
-      assert.same({}, failures)
-      assert.is_true(n > 0)
-    end)
+    it("every answer met the OpenAPI document's schema for its route", oh.checks(function() return records end))
   end)
 end

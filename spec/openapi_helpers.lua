@@ -138,4 +138,16 @@ function oh.schema_pointers(doc)
   return out
 end
 
+-- The body of the closing test of a describe that recorded its answers
+-- (oh.record()): each met the document's schema for its route, or Error.
+-- records() gives the list (made in setup, after the test is declared).
+function oh.checks(records)
+  return function()
+    local luassert = require("luassert")
+    local failures, n = oh.check(records())
+    luassert.same({}, failures)
+    luassert.is_true(n > 0)
+  end
+end
+
 return oh

@@ -85,6 +85,18 @@ const char *es_engine_scripts(es_engine *e);
  * version ran on; docs/contract.md §4). */
 int64_t es_engine_reload_failures(es_engine *e);
 
+/* §3.9 retention policies: lua/eventstore/retention.lua applies them (over
+ * the store's public calls, from the thread that drives the run); the
+ * engine only keeps the counts, so that engine:stats() and /metrics show
+ * them (docs/retention.md "Retention policies"). */
+enum { ES_RETAIN_TRUNCATE, ES_RETAIN_ARCHIVE, ES_RETAIN_DELETE, ES_RETAIN_FAILED, ES_RETAIN_SWEEPS,
+       ES_RETAIN_KINDS };
+/* The names of the kinds above, as stats() and /metrics show them. Static. */
+const char *es_retain_kind_name(int kind);
+/* Counts one of kind; an unknown kind is ignored (-1 returned, else 0). */
+int es_engine_retain_count(es_engine *e, int kind);
+int64_t es_engine_retain_counted(es_engine *e, int kind);
+
 /* The store the engine works on (borrowed: valid while the engine is). */
 es_store *es_engine_store(es_engine *e);
 

@@ -157,6 +157,7 @@ struct es_engine {
   struct es_good_script *good;
   size_t n_good, cap_good;
   atomic_llong reload_failures; /* reloads that failed (the last good version ran on) */
+  atomic_llong retained[ES_RETAIN_KINDS]; /* retention_counts.c */
 
   pthread_mutex_t lease_mu;   /* the two lists below */
   engine_lease *leases;       /* held leases */

@@ -767,11 +767,43 @@ int es_api_read(const es_http_req *r, es_http_resp *out) {
   return answer(out);
 }
 
-static int read_all_page(page *p, int64_t k, size_t *got, es_err *err) {
-  event_page *e = (event_page *)p;
-  int rc = es_store_read_all(p->r->store, e->after, k, &e->list, err);
-  *got = e->list.n;
+/* GET /v1/events reads with cursors (§5, store.h es_store_read_all_cursor):
+ * a sharded store's events carry theirs ("cursor", the next `after`);
+ * any other store's cursor is the position, and its answer is as before. */
+typedef struct cursor_page {
+  event_page e;
+  char **cursors;      /* of the last read, one per event */
+  size_t n_cursors;
+  char *after;         /* owned: the cursor after the last event written; NULL: the start */
+  int oom;
+} cursor_page;
+
+static int cursor_read(page *p, int64_t k, size_t *got, es_err *err) {
+  cursor_page *c = (cursor_page *)p;
+  int rc = es_store_read_all_cursor(p->r->store, c->after, k, &c->e.list, &c->cursors, err);
+  c->n_cursors = rc ? 0 : c->e.list.n;
+  *got = c->e.list.n;
   return rc;
+}
+
+static void cursor_put(page *p, size_t i) {
+  cursor_page *c = (cursor_page *)p;
+  es_wire_event(p->b, &c->e.list.v[i], 0);
+  es_wire_cursor(p->b, &c->e.list.v[i], c->cursors[i]);
+}
+
+static void cursor_take(page *p, size_t i) {
+  cursor_page *c = (cursor_page *)p;
+  free(c->after);
+  if (!(c->after = strdup(c->cursors[i]))) c->oom = 1;
+}
+
+static void cursor_drop(page *p) {
+  cursor_page *c = (cursor_page *)p;
+  es_store_cursors_free(c->cursors, c->n_cursors);
+  c->cursors = NULL;
+  c->n_cursors = 0;
+  es_events_destroy(&c->e.list);
 }
 
 /* Ends an event page's answer: `]` (,"capped":true) `}`. */
@@ -782,17 +814,25 @@ static int end_events(es_http_resp *out, const event_page *e) {
   return answer(out);
 }
 
+/* `after`: a position, or a sharded store's cursor (0 or none: the start). */
 int es_api_read_all(const es_http_req *r, es_http_resp *out) {
-  int64_t after, limit;
-  if (es_http_query_int(r, "after", 0, INT64_MAX, 0, &after, out) ||
-      query_limit(r, DEFAULT_LIMIT, &limit, out))
-    return 0;
-  event_page e;
-  event_page_init(&e, r, out, limit, after, read_all_page);
+  int64_t limit;
+  if (query_limit(r, DEFAULT_LIMIT, &limit, out)) return 0;
+  const char *after = query_str(r, "after");
+  cursor_page c = {0};
+  event_page_init(&c.e, r, out, limit, 0, cursor_read);
+  c.e.p.put = cursor_put;
+  c.e.p.take = cursor_take;
+  c.e.p.drop = cursor_drop;
+  if (after && strcmp(after, "0") != 0 && !(c.after = strdup(after)))
+    return es_http_fail(out, 503, "STORAGE", "out of memory");
   es_err err = {0};
   es_buf_adds(&out->body, "{\"events\":[");
-  if (page_fill(&e.p, &err)) return es_http_fail_err(out, &err);
-  return end_events(out, &e);
+  int rc = page_fill(&c.e.p, &err);
+  free(c.after);
+  if (rc) return es_http_fail_err(out, &err);
+  if (c.oom) return es_http_fail(out, 503, "STORAGE", "out of memory");
+  return end_events(out, &c.e);
 }
 
 int es_api_head(const es_http_req *r, es_http_resp *out) {

@@ -211,6 +211,11 @@ void es_wire_presence_rows(es_buf *b, const es_presence_rows *rows);
  * that is set, "payload" always (null when absent or shredded), "cause"
  * and "origin" as objects, "status" as text; `claimed` adds "attempt". */
 void es_wire_event(es_buf *b, const es_event *e, int claimed);
+/* §5: after es_wire_event of an event read with a read_all cursor (store.h
+ * es_store_read_all_cursor), adds "cursor" to it when the cursor is not
+ * the event's position (a sharded store's): unsharded answers stay as
+ * they were. */
+void es_wire_cursor(es_buf *b, const es_event *e, const char *cursor);
 /* [event, ...] */
 void es_wire_events_array(es_buf *b, const es_events *list, int claimed);
 

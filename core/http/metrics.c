@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "engine/type_stats.h"
 #include "http/internal.h"
 #include "store/stats.h"
@@ -227,6 +228,16 @@ static void engine_figures(es_buf *b, es_engine *e) {
     type_walk w = {b, fams[i].what};
     es_type_stats_each(ts, type_one, &w);
   }
+  /* §3.9 retention policies (lua/eventstore/retention.lua) */
+  family(b, "eventstore_retention_actions_total", "counter",
+         "Retention policy actions applied (failed: tried and refused), by action.");
+  for (int k = ES_RETAIN_TRUNCATE; k <= ES_RETAIN_FAILED; k++)
+    sample_i(b, "eventstore_retention_actions_total", "action", es_retain_kind_name(k),
+             es_engine_retain_counted(e, k));
+  family(b, "eventstore_retention_sweeps_total", "counter",
+         "Times this engine applied the retention rules.");
+  sample_i(b, "eventstore_retention_sweeps_total", NULL, NULL,
+           es_engine_retain_counted(e, ES_RETAIN_SWEEPS));
 }
 
 /* ---- the server's figures ------------------------------------------------------------ */

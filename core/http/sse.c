@@ -73,6 +73,13 @@ typedef struct sse {
   es_buf queued;               /* under mu */
   int overflow;                /* under mu: more than stream_buffer bytes were queued */
   uint64_t watch;              /* the watch's token; 0: none */
+  /* SSE_ALL on a store that cannot wait across sessions (shards:, §5):
+   * followed by read_all cursors, which are the `id:`s. */
+  int by_cursor;
+  char *cursor;                /* owned: after the last event formatted; NULL: the start */
+  char **cursors;              /* of `page`, one per event */
+  size_t n_cursors;
+  uint64_t seen_version;       /* the store's versions when it was last read */
 } sse;
 
 /* ---- the resume point ---------------------------------------------------- */
@@ -176,6 +183,8 @@ static void sse_destroy(sse *st) {
     pthread_cond_destroy(&st->cv);
   }
   es_events_destroy(&st->page);
+  es_store_cursors_free(st->cursors, st->n_cursors);
+  free(st->cursor);
   es_buf_destroy(&st->out);
   es_buf_destroy(&st->queued);
   free(st->name);
@@ -217,16 +226,35 @@ static void put_data(es_buf *b, const char *s, size_t n) {
   es_buf_adds(b, "\n\n");
 }
 
-static void put_event(sse *st, const es_event *e) {
+/* Event i of the page. */
+static void put_event(sse *st, size_t i) {
+  const es_event *e = &st->page.v[i];
   es_buf json;
   es_buf_init(&json);
   es_wire_event(&json, e, 0);
-  int64_t id = st->kind == SSE_ALL ? e->position : e->index;
-  es_buf_addf(&st->out, "id: %lld\nevent: event\n", (long long)id);
+  if (st->by_cursor) {
+    const char *cursor = st->cursors[i];
+    es_wire_cursor(&json, e, cursor);
+    es_buf_addf(&st->out, "id: %s\nevent: event\n", cursor);
+    free(st->cursor);
+    if (!(st->cursor = strdup(cursor))) st->out.oom = 1; /* closes the stream: no torn resume */
+  } else {
+    int64_t id = st->kind == SSE_ALL ? e->position : e->index;
+    es_buf_addf(&st->out, "id: %lld\nevent: event\n", (long long)id);
+    st->after = id;
+  }
   if (json.oom) st->out.oom = 1;
   else put_data(&st->out, json.data, json.len);
   es_buf_destroy(&json);
-  st->after = id;
+}
+
+/* The page (and its cursors) is done with. */
+static void page_done(sse *st) {
+  es_events_destroy(&st->page);
+  es_store_cursors_free(st->cursors, st->n_cursors);
+  st->cursors = NULL;
+  st->n_cursors = 0;
+  st->next = 0;
 }
 
 /* An error the stream cannot go on after (a store failure, a truncation
@@ -261,11 +289,10 @@ static void size_next_page(sse *st) {
 /* Formats events of the page until CHUNK bytes wait or the page is done. */
 static void format_page(sse *st) {
   while (st->next < st->page.n && st->out.len - st->off < CHUNK && !st->out.oom)
-    put_event(st, &st->page.v[st->next++]);
+    put_event(st, st->next++);
   if (st->next >= st->page.n) {
     size_next_page(st);
-    es_events_destroy(&st->page);
-    st->next = 0;
+    page_done(st);
   }
 }
 
@@ -325,6 +352,37 @@ static int open_stream(const es_http_req *r, es_http_resp *out, sse *st, es_http
 
 /* ---- the events' callback (session and all) --------------------------------------- */
 
+/* A sum of the store's versions: moves with every commit it can see, this
+ * process's or another's. */
+static uint64_t versions(es_store *s) {
+  uint64_t d = 0;
+  es_err err = {0};
+  es_store_data_version(s, &d, &err); /* failing: the next read meets the failure */
+  return es_store_version(s) + d * 7919;
+}
+
+/* The next page of a stream followed by cursors: read after the cursor; when
+ * nothing is new, look at the store's versions every CURSOR_POLL_MS until
+ * one moves or SLICE_MS passed (a sharded store has no wait across
+ * sessions: positions are per shard). */
+#define CURSOR_POLL_MS 50
+static int cursor_fetch(sse *st, es_err *err) {
+  for (int waited = 0; waited < SLICE_MS; waited += CURSOR_POLL_MS) {
+    uint64_t v = versions(st->store);
+    if (waited == 0 || v != st->seen_version) {
+      st->seen_version = v; /* taken before the read: a commit after it moves it */
+      page_done(st);
+      int rc = es_store_read_all_cursor(st->store, st->cursor, st->limit, &st->page, &st->cursors, err);
+      st->n_cursors = rc ? 0 : st->page.n;
+      if (rc || st->page.n) return rc;
+    }
+    if (stopping(st)) return ES_OK;
+    struct timespec pause = {0, CURSOR_POLL_MS * 1000000L};
+    nanosleep(&pause, NULL);
+  }
+  return ES_OK;
+}
+
 static ssize_t events_cb(void *state, char *buf, size_t max) {
   sse *st = state;
   for (;;) {
@@ -335,8 +393,9 @@ static ssize_t events_cb(void *state, char *buf, size_t max) {
       continue;
     }
     es_err err = {0};
-    int rc = es_store_wait(st->store, st->kind == SSE_SESSION ? st->name : NULL, st->after,
-                           SLICE_MS, st->limit, &st->page, &err);
+    int rc = st->by_cursor ? cursor_fetch(st, &err)
+                           : es_store_wait(st->store, st->kind == SSE_SESSION ? st->name : NULL,
+                                           st->after, SLICE_MS, st->limit, &st->page, &err);
     if (rc) {
       put_error(st, es_strerror(err.code), err.msg);
       continue;
@@ -345,7 +404,7 @@ static ssize_t events_cb(void *state, char *buf, size_t max) {
       st->next = 0;
       continue;
     }
-    es_events_destroy(&st->page);
+    page_done(st);
     if (es_stats_now_ns() - st->last_out_ns >= st->keepalive_ns) put_keepalive(st);
   }
 }
@@ -353,19 +412,50 @@ static ssize_t events_cb(void *state, char *buf, size_t max) {
 /* The common part of the two event streams: a state with the first page
  * read (so that a bad name, a truncated start or a store that is down is
  * an HTTP error). */
+/* Whether the store waits across sessions (a sharded one does not: it is
+ * followed by read_all cursors). Asked with a wait that reads nothing. */
+static int waits_across(es_store *s) {
+  es_events none;
+  es_err err = {0};
+  int rc = es_store_wait(s, NULL, INT64_MAX, 0, 1, &none, &err);
+  if (rc == ES_OK) es_events_destroy(&none);
+  return rc != ES_INVALID_ARGUMENT;
+}
+
+/* A cursor stream's resume point: Last-Event-ID (the `id:` of the last event
+ * seen, a cursor), else ?after; "0" or none: the start. */
+static const char *resume_cursor(const es_http_req *r) {
+  const char *c = r->last_event_id && *r->last_event_id ? r->last_event_id : es_http_query(r, "after");
+  return c && *c && strcmp(c, "0") != 0 ? c : NULL;
+}
+
 static int events_stream(const es_http_req *r, es_http_resp *out, int kind, const char *session) {
-  int64_t after;
-  if (resume_point(r, &after, out)) return 0;
+  int64_t after = 0;
+  int by_cursor = kind == SSE_ALL && !waits_across(r->store);
+  if (!by_cursor && resume_point(r, &after, out)) return 0;
   if (admit(r, out)) return 0;
   sse *st = sse_new(r, kind, session, after);
+  const char *cursor = by_cursor ? resume_cursor(r) : NULL;
+  if (st && cursor && !(st->cursor = strdup(cursor))) {
+    sse_destroy(st);
+    st = NULL;
+  }
   if (!st) {
     unadmit(r);
     return es_http_fail(out, 503, "STORAGE", "out of memory");
   }
+  st->by_cursor = by_cursor;
   es_err err = {0};
-  int rc = kind == SSE_SESSION
-               ? es_store_read(st->store, session, after, ES_NONE, st->limit, &st->page, &err)
-               : es_store_read_all(st->store, after, st->limit, &st->page, &err);
+  int rc;
+  if (by_cursor) {
+    st->seen_version = versions(st->store);
+    rc = es_store_read_all_cursor(st->store, st->cursor, st->limit, &st->page, &st->cursors, &err);
+    st->n_cursors = rc ? 0 : st->page.n;
+  } else {
+    rc = kind == SSE_SESSION
+             ? es_store_read(st->store, session, after, ES_NONE, st->limit, &st->page, &err)
+             : es_store_read_all(st->store, after, st->limit, &st->page, &err);
+  }
   if (rc) {
     sse_destroy(st);
     unadmit(r);

@@ -221,3 +221,13 @@ int es_http_query_int(const es_http_req *r, const char *name, int64_t lo, int64_
   *v = (int64_t)x;
   return 0;
 }
+
+void es_wire_cursor(es_buf *b, const es_event *e, const char *cursor) {
+  char pos[24];
+  snprintf(pos, sizeof pos, "%lld", (long long)e->position);
+  if (!cursor || strcmp(cursor, pos) == 0 || b->len == 0 || b->data[b->len - 1] != '}') return;
+  b->len--; /* the event's closing brace */
+  es_buf_adds(b, ",\"cursor\":");
+  es_wire_cstr(b, cursor);
+  es_buf_addc(b, '}');
+}

@@ -342,6 +342,10 @@ static int l_engine_stats(lua_State *L) {
   es_lua_set_int(L, "failed", p.failed);
   es_lua_set_int(L, "dead", p.dead);
   es_lua_set_int(L, "reload_failures", es_engine_reload_failures(e));
+  lua_createtable(L, 0, ES_RETAIN_KINDS);
+  for (int k = 0; k < ES_RETAIN_KINDS; k++)
+    es_lua_set_int(L, es_retain_kind_name(k), es_engine_retain_counted(e, k));
+  lua_setfield(L, -2, "retention");
   lua_pushvalue(L, store);
   lua_setfield(L, -2, "store");
   return 1;
@@ -355,6 +359,17 @@ static int l_engine_stats_enabled(lua_State *L) {
   es_type_stats_enable(es_engine_type_stats(e), lua_toboolean(L, 2));
   es_store_stats_enable(es_engine_store(e), lua_toboolean(L, 2));
   return 0;
+}
+
+/* _retain_count(kind): lua/eventstore/retention.lua counts one action
+ * ("truncate", "archive", "delete", "failed") or sweep ("sweeps") of §3.9's
+ * policies here, where stats() and /metrics read it. */
+static int l_engine_retain_count(lua_State *L) {
+  es_engine *e = check_engine(L);
+  const char *kind = luaL_checkstring(L, 2);
+  for (int k = 0; k < ES_RETAIN_KINDS; k++)
+    if (strcmp(kind, es_retain_kind_name(k)) == 0) return es_engine_retain_count(e, k), 0;
+  return luaL_argerror(L, 2, lua_pushfstring(L, "unknown retention count '%s'", kind));
 }
 
 static int l_engine_close(lua_State *L) {
@@ -389,6 +404,7 @@ static const luaL_Reg engine_methods[] = {
     {"release", l_engine_release},
     {"stats", l_engine_stats},
     {"_stats_enabled", l_engine_stats_enabled},
+    {"_retain_count", l_engine_retain_count},
     {"close", l_engine_close},
     {NULL, NULL},
 };

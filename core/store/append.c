@@ -20,6 +20,7 @@
 #include "store/rules.h"
 #include "store/store.h"
 #include "util/clock.h"
+#include "util/parse.h"
 
 /* ---------------------------------------------------------------------- */
 /* the rules */
@@ -783,6 +784,37 @@ int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limi
   es_core_leave(s);
   if (rc) es_events_destroy(out);
   return rc;
+}
+
+/* §5 read_all_cursor: a core store's cursor is the position, in decimal
+ * (digits only: "+1" or " 1" is not one), so clients paging with cursors
+ * work on sharded and unsharded stores alike. */
+int es_core_read_all_cursor(es_store *s, const char *scope, const char *cursor, int64_t limit,
+                            es_events *out, char ***cursors, es_err *err) {
+  *cursors = NULL;
+  memset(out, 0, sizeof *out);
+  int64_t after = 0;
+  if (cursor && *cursor &&
+      (cursor[0] < '0' || cursor[0] > '9' || es_parse_int(cursor, 0, INT64_MAX, &after)))
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "a read_all cursor of this store is a position (a whole number >= 0)");
+  int rc = es_core_read_all(s, scope, after, limit, out, err);
+  if (rc || out->n == 0) return rc;
+  char **v = calloc(out->n, sizeof *v);
+  for (size_t i = 0; v && i < out->n; i++) {
+    char buf[24];
+    snprintf(buf, sizeof buf, "%lld", (long long)out->v[i].position);
+    if (!(v[i] = strdup(buf))) {
+      es_store_cursors_free(v, i);
+      v = NULL;
+    }
+  }
+  if (!v) {
+    es_events_destroy(out);
+    return nomem(err);
+  }
+  *cursors = v;
+  return ES_OK;
 }
 
 /* last_position with a scope (a tenant's): the highest position among

@@ -150,6 +150,17 @@ int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err) 
   return s->impl->head(s, session, head, err);
 }
 
+int es_store_read_all_cursor(es_store *s, const char *cursor, int64_t limit, es_events *out,
+                             char ***cursors, es_err *err) {
+  ES_STATS_CALL(s, ES_OP_READ_ALL, es_store_read_all_cursor(s, cursor, limit, out, cursors, err));
+  return s->impl->read_all_cursor(s, NULL, cursor, limit, out, cursors, err);
+}
+
+void es_store_cursors_free(char **cursors, size_t n) {
+  for (size_t i = 0; cursors && i < n; i++) free(cursors[i]);
+  free(cursors);
+}
+
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err) {
   ES_STATS_CALL(s, ES_OP_READ_ALL, es_store_read_all(s, after, limit, out, err));
   return s->impl->read_all(s, NULL, after, limit, out, err);

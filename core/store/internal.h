@@ -94,6 +94,10 @@ struct es_store {
   pthread_mutex_t pmu;
   presence_watch *watches;
   uint64_t next_token;
+  /* presence_ext.c, under pmu: the watched namespaces' rows as last seen,
+   * and the wait key that keeps the ext_watch thread running for them */
+  struct presence_seen *pseen;
+  wait_key *pkey;
 
   /* §3.9 archive (archive.c): NULL when the store was opened without one */
   char *archive_dir;         /* owned, absolute or as given; created at open */
@@ -277,6 +281,9 @@ int es_core_read_events(es_store *s, const char *session, int64_t after, int64_t
 int es_core_events_page(es_store *s, const char *session, int64_t after, int64_t through,
                         int64_t limit, es_events *out, int64_t *through_out, es_err *err);
 int es_core_head(es_store *s, const char *session, int64_t *head, es_err *err);
+/* read_all_cursor of the core store: the cursor is a position in decimal. */
+int es_core_read_all_cursor(es_store *s, const char *scope, const char *cursor, int64_t limit,
+                            es_events *out, char ***cursors, es_err *err);
 int es_core_read_all(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
                      es_err *err);
 int es_core_last_position(es_store *s, const char *scope, int64_t *position, es_err *err);
@@ -332,6 +339,18 @@ int es_core_presence_set(es_store *s, const char *ns, const char *participant,
 int es_core_presence_read(es_store *s, const char *ns, es_presence_rows *out, es_err *err);
 uint64_t es_core_presence_watch(es_store *s, const char *ns, es_presence_cb cb, void *ctx);
 void es_core_presence_unwatch(es_store *s, uint64_t token);
+/* Appends a copy of row to rows (presence.c); ES_STORAGE when out of memory. */
+int es_presence_push(es_presence_rows *rows, const es_presence_row *row);
+/* presence_ext.c: other processes' presence writes reach the watches.
+ * watched / unwatched: a watch of ns was added / removed (not under pmu);
+ * own: this handle's write applied these rows (under pmu, before its
+ * watches are told); change: another process committed (the ext_watch
+ * thread); free: the handle is going (after close). */
+void es_presence_ext_watched(es_store *s, const char *ns);
+void es_presence_ext_unwatched(es_store *s, const char *ns);
+void es_presence_ext_own(es_store *s, const char *ns, const es_presence_rows *applied);
+void es_presence_ext_change(es_store *s);
+void es_presence_ext_free(es_store *s);
 int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to,
                  es_lineage *out, es_err *err);
 int es_core_lineage(es_store *s, const char *session, int *found, es_lineage *out, es_err *err);

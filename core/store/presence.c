@@ -29,7 +29,7 @@ typedef struct {
   es_presence_rows *applied;
 } presence_args;
 
-static int push_presence(es_presence_rows *rows, const es_presence_row *row) {
+int es_presence_push(es_presence_rows *rows, const es_presence_row *row) {
   if (es_grow((void **)&rows->v, &rows->cap, rows->n + 1, sizeof *rows->v) ||
       es_presence_row_copy(&rows->v[rows->n], row))
     return ES_STORAGE;
@@ -64,7 +64,7 @@ static int do_presence_set(es_store *s, es_txn *t, void *arg, es_err *err) {
         .expires_at = a->expires,
     };
     rc = s->ops->presence_put(s->bk, t, a->ns, &row, err);
-    if (rc == ES_OK && push_presence(a->applied, &row)) rc = nomem(err);
+    if (rc == ES_OK && es_presence_push(a->applied, &row)) rc = nomem(err);
   }
   return rc;
 }
@@ -105,6 +105,7 @@ int es_core_presence_set(es_store *s, const char *ns, const char *participant,
   if (applied->n == 0) return ES_OK;
   /* Tell in-process watchers, after commit, on this thread. */
   pthread_mutex_lock(&s->pmu);
+  es_presence_ext_own(s, ns, applied);
   for (presence_watch *w = s->watches; w; w = w->next)
     if (strcmp(w->ns, ns) == 0) w->cb(w->ctx, ns, applied);
   pthread_mutex_unlock(&s->pmu);
@@ -120,7 +121,7 @@ typedef struct {
 static int collect_presence(void *ctx, const es_presence_row *row) {
   collector *c = ctx;
   if (!row->value) return 0; /* tombstones only guard against older writes */
-  if (push_presence(c->list, row) == ES_OK) return 0;
+  if (es_presence_push(c->list, row) == ES_OK) return 0;
   c->oom = 1;
   return 1;
 }
@@ -156,23 +157,27 @@ uint64_t es_core_presence_watch(es_store *s, const char *ns, es_presence_cb cb, 
   w->cb = cb;
   w->ctx = ctx;
   pthread_mutex_lock(&s->pmu);
-  w->token = s->next_token++;
+  uint64_t token = w->token = s->next_token++;
   w->next = s->watches;
   s->watches = w;
   pthread_mutex_unlock(&s->pmu);
-  return w->token;
+  es_presence_ext_watched(s, ns); /* writes of other processes too */
+  return token;
 }
 
 void es_core_presence_unwatch(es_store *s, uint64_t token) {
+  char *ns = NULL;
   pthread_mutex_lock(&s->pmu);
   for (presence_watch **p = &s->watches; *p; p = &(*p)->next) {
     if ((*p)->token == token) {
       presence_watch *w = *p;
       *p = w->next;
-      free(w->ns);
+      ns = w->ns;
       free(w);
       break;
     }
   }
   pthread_mutex_unlock(&s->pmu);
+  if (ns) es_presence_ext_unwatched(s, ns);
+  free(ns);
 }

@@ -966,6 +966,7 @@ static const es_store_ops shards_ops = {
     .events_page = shards_events_page,
     .head = es_sh_head,
     .read_all = es_sh_read_all,
+    .read_all_cursor = es_sh_read_all_cursor,
     .last_position = es_sh_last_position,
     .get = shards_get,
     .claim = shards_claim,

@@ -166,6 +166,7 @@ void es_core_close(es_store *s) {
 /* The last reference went (es_store_release). */
 void es_core_free(es_store *s) {
   es_core_close(s);
+  es_presence_ext_free(s);
   presence_watch *w = s->watches;
   while (w) {
     presence_watch *next = w->next;
@@ -251,6 +252,7 @@ const es_store_ops es_core_ops = {
     .events_page = es_core_events_page,
     .head = es_core_head,
     .read_all = es_core_read_all,
+    .read_all_cursor = es_core_read_all_cursor,
     .last_position = es_core_last_position,
     .get = es_core_get,
     .claim = es_core_claim,

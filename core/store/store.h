@@ -269,6 +269,16 @@ int es_store_read(es_store *s, const char *session, int64_t after, int64_t throu
 int es_store_head(es_store *s, const char *session, int64_t *head, es_err *err);
 /* Events of every session with position > after, in position order. */
 int es_store_read_all(es_store *s, int64_t after, int64_t limit, es_events *out, es_err *err);
+/* §5 read_all for any store, resumed from a cursor: events after `cursor`
+ * (NULL or "": from the start), at most limit (ES_NONE: 1000); cursors[i]
+ * (an owned array of owned strings, n = out->n; es_store_cursors_free) is
+ * the cursor just after out->v[i]. A sharded store's cursors are opaque
+ * strings (shards.h es_shards_read_all_cursor); every other store's are
+ * positions written in decimal, so a client that keeps cursors works on
+ * both. A cursor the store cannot read: INVALID_ARGUMENT. */
+int es_store_read_all_cursor(es_store *s, const char *cursor, int64_t limit, es_events *out,
+                             char ***cursors, es_err *err);
+void es_store_cursors_free(char **cursors, size_t n);
 /* The highest position stored so far (0 when empty): where a subscriber
  * to every session starts. */
 int es_store_last_position(es_store *s, int64_t *position, es_err *err);

@@ -73,6 +73,9 @@ typedef struct es_store_ops {
   /* §3.1 every session's events by position (spans sessions). */
   int (*read_all)(es_store *s, const char *scope, int64_t after, int64_t limit, es_events *out,
       es_err *err);
+  /* §5 read_all resumed from a cursor (spans sessions): es_store_read_all_cursor. */
+  int (*read_all_cursor)(es_store *s, const char *scope, const char *cursor, int64_t limit,
+      es_events *out, char ***cursors, es_err *err);
   /* §3.1 the highest position stored (spans sessions). */
   int (*last_position)(es_store *s, const char *scope, int64_t *position, es_err *err);
   /* §3.1 one event by (session, index). */

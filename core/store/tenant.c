@@ -424,6 +424,18 @@ static int tenant_read_all(es_store *s, const char *scope, int64_t after, int64_
   return t_done(s, rc, err);
 }
 
+static int tenant_read_all_cursor(es_store *s, const char *scope, const char *cursor, int64_t limit,
+                                  es_events *out, char ***cursors, es_err *err) {
+  tname sc;
+  memset(out, 0, sizeof *out);
+  *cursors = NULL;
+  int rc = t_enter(s, err);
+  if (!rc) rc = scope_in(s, scope, &sc, err);
+  if (!rc) rc = B(s)->impl->read_all_cursor(B(s), sc.v, cursor, limit, out, cursors, err);
+  if (!rc) strip_events(s, out);
+  return t_done(s, rc, err);
+}
+
 /* last_position: the highest position among the tenant's own events (a
  * tenant does not see how far other tenants have written): the base's,
  * scoped to the prefix. */
@@ -1157,6 +1169,7 @@ static const es_store_ops tenant_ops = {
     .events_page = tenant_events_page,
     .head = tenant_head,
     .read_all = tenant_read_all,
+    .read_all_cursor = tenant_read_all_cursor,
     .last_position = tenant_last_position,
     .get = tenant_get,
     .claim = tenant_claim,

@@ -199,6 +199,7 @@ static void *ext_watch(void *arg) {
     if (rc == ES_OK && v != since) {
       since = v;
       wake_all(s);
+      es_presence_ext_change(s); /* presence_ext.c: their presence writes */
     } else if (rc != ES_OK || !s->ops->wait_change) {
       if (rc != ES_OK) wake_all(s);
       /* the next look (polled), or not a busy loop while it fails */

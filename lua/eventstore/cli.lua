@@ -681,6 +681,32 @@ nothing to merge: before = after and nothing is written.
   options = { db = "string" },
 })
 
+command("retain", {
+  synopsis = "retain [--db URL] [--scripts DIR] [--dry-run]",
+  summary = "apply the retention rules of DIR/retention.lua once",
+  help = [[
+Applies the retention rules of DIR/retention.lua once, now (docs/contract.md
+§3.9, docs/retention.md "Retention policies"): for each session the first
+rule whose prefix matches decides; events beyond the newest keep_last or
+older than max_age_ms are truncated (every reducer of DIR/reducers is
+snapshotted first, as truncate --scripts does) or archived, and a delete
+rule removes whole sessions whose newest event is older than max_age_ms. A
+rule never drops a pending or dead event (it stops below the first one) and
+never touches a session with a live lease. Prints one JSON line per action
+({"action", "session", "from", "through"}, "stopped_at" and
+"stopped_status" when a pending or dead event ended the range, "error" when
+the store refused it); nothing to do: nothing printed. Exit 1 when an
+action failed (the others are still applied). `run` and `serve` apply the
+same rules by themselves, every 60 s of the store's clock (the engine's
+retention_every_ms), one engine per store at a time.
+]],
+  options_help = DB_HELP .. SCRIPTS_HELP .. [[
+  --dry-run       print what it would do, change nothing
+]],
+  args = { 0, 0 },
+  options = { db = "string", scripts = "string", ["dry-run"] = "flag" },
+})
+
 command("shred", {
   synopsis = "shred KEY --yes [--db URL]",
   summary = "destroy a data key: its sealed payloads become unreadable",
@@ -1780,6 +1806,28 @@ commands["compact-archive"].run = function(o, args)
   local r = store:compact_archive(args[1])
   out(row_json({ session = args[1], before = r.before, after = r.after }))
   return 0
+end
+
+function commands.retain.run(o)
+  local dir = scripts_dir(o, true)
+  local store <close> = open_store(o, false)
+  local engine <close> = new_engine(store, dir)
+  local failed = false
+  local actions = engine:retain({
+    dry_run = o["dry-run"],
+    on_action = function(a)
+      failed = failed or a.error ~= nil
+      out(row_json({
+        action = a.action, session = a.session, from = a.from, through = a.through,
+        newest_at = a.newest_at, stopped_at = a.stopped_at, stopped_status = a.stopped_status,
+        error = a.error, dry_run = o["dry-run"] or nil,
+      }))
+    end,
+  })
+  if actions == nil then
+    fail("no retention rules: '%s/retention.lua' does not exist (docs/retention.md)", dir)
+  end
+  return failed and 1 or 0
 end
 
 commands.shred.check = needs_yes("shred", "destroys the key")

@@ -2,6 +2,7 @@
 -- C (core/engine/, its handle core/module/engine_handle.c); this file only
 -- opens a store from a URL (and closes it with the engine).
 local core = require("eventstore.core")
+local retention = require("eventstore.retention")
 
 local Engine = {}
 Engine.__index = Engine
@@ -15,12 +16,31 @@ local function new(opts)
     store = core.open(store, {clock = opts.clock, max_payload_bytes = opts.max_payload_bytes})
     owned = true
   end
-  local ok, handle = pcall(core.engine, store, opts)
+  -- §3.9 retention policies: scripts/retention.lua is checked here, as
+  -- every script is at open (§4), and read again at each sweep.
+  local every = opts.retention_every_ms
+  local ok, rules = pcall(function()
+    if every ~= nil and (math.type(every) ~= "integer" or every < 1) then
+      retention.invalid("bad option 'retention_every_ms' (an integer >= 1 expected, got %s)", tostring(every))
+    end
+    local scripts = opts.scripts or "scripts"
+    -- anything but a string is the C engine's to refuse, with its message
+    if type(scripts) == "string" then return retention.load(scripts) end
+  end)
+  local handle
+  if ok then ok, handle = pcall(core.engine, store, opts) else handle = rules end
   if not ok then
     if owned then store:close() end
     error(handle, 2)
   end
-  return setmetatable({store = store, _handle = handle, _owned = owned}, Engine)
+  local self = setmetatable({store = store, _handle = handle, _owned = owned}, Engine)
+  if rules then
+    self._retention = {
+      rules = rules, scripts = opts.scripts or "scripts", every = every or 60000,
+      holder = (opts.holder or "engine") .. "/retention-" .. tostring(math.random(0, 1 << 40)),
+    }
+  end
+  return self
 end
 
 -- The C handle behind self, which stays after close (a closed handle
@@ -34,8 +54,83 @@ local function handle(self, method)
   return self._handle
 end
 
--- run{until_idle = true} -> {handled, failed, dead, abandoned}
-function Engine:run(opts) return handle(self, "run"):run(opts) end
+-- One sweep of the retention rules when one is due by the store's clock
+-- (every retention_every_ms), under the store-wide lease that makes one
+-- engine per store the sweeper. Errors are logged and counted, never
+-- raised: a policy must not stop the engine's run.
+function Engine:_retain_if_due()
+  local r = self._retention
+  if not r then return end
+  local h = self._handle
+  local ok, err = pcall(function()
+    local now = self.store:now()
+    if r.last ~= nil and now - r.last < r.every then return end
+    -- Due: tried once this period, whatever comes of it (a store that
+    -- refuses the lease, a read-only one, is not asked every progress tick).
+    r.last = now
+    local lease = self.store:lease(retention.LEASE_SESSION, { holder = r.holder, ttl_ms = math.max(3 * r.every, 1000) })
+    if lease.outcome == "held" then return end -- another engine sweeps this store: look again next period
+    r.token = lease.token
+    -- The file is read again (edits apply at the next sweep); one that no
+    -- longer loads keeps the last good rules, as a handler reload does.
+    local okr, rules = pcall(retention.load, r.scripts)
+    if okr and rules then r.rules = rules
+    elseif not okr then io.stderr:write("eventstore: retention: ", tostring(rules), " (the last good rules apply)\n") end
+    retention.apply(self.store, r.rules, {
+      truncate = function(session, through) return h:truncate(session, through) end,
+      on_action = function(a)
+        h:_retain_count(a.error and "failed" or a.action)
+        if a.error then io.stderr:write("eventstore: retention: ", retention.describe(a), "\n") end
+      end,
+    })
+    h:_retain_count("sweeps") -- once its actions are counted: a reader seeing it sees them
+  end)
+  if not ok then
+    h:_retain_count("failed")
+    io.stderr:write("eventstore: retention: ", type(err) == "table" and tostring(err.message) or tostring(err), "\n")
+  end
+end
+
+-- run{until_idle = true} -> {handled, failed, dead, abandoned}. With
+-- retention rules, they are applied while it runs (from its progress
+-- function, on this thread) and, with until_idle, once more before it
+-- returns when they are due.
+function Engine:run(opts)
+  local h = handle(self, "run")
+  if not self._retention then return h:run(opts) end
+  if opts ~= nil and type(opts) ~= "table" then return h:run(opts) end -- its own argument error
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local user = o.progress
+  o.progress = function(st)
+    self:_retain_if_due()
+    if user then return user(st) end
+  end
+  local result = h:run(o)
+  if o.until_idle then self:_retain_if_due() end
+  return result
+end
+
+-- retain{dry_run} -> the actions (retention.lua's plan): the rules applied
+-- once, now, whatever retention_every_ms says (eventstore retain). nil
+-- when the scripts directory has no retention.lua.
+function Engine:retain(opts)
+  local h = handle(self, "retain")
+  local r = self._retention
+  if not r then return nil end
+  opts = opts or {}
+  local rules = retention.load(r.scripts) or r.rules
+  local actions = retention.apply(self.store, rules, {
+    dry_run = opts.dry_run,
+    truncate = function(session, through) return h:truncate(session, through) end,
+    on_action = function(a)
+      if not opts.dry_run then h:_retain_count(a.error and "failed" or a.action) end
+      if opts.on_action then opts.on_action(a) end
+    end,
+  })
+  if not opts.dry_run then h:_retain_count("sweeps") end
+  return actions
+end
 
 function Engine:stop() handle(self, "stop"):stop() end
 
@@ -100,6 +195,11 @@ function Engine:_stats_enabled(on) return handle(self, "_stats_enabled"):_stats_
 function Engine:close()
   local h = handle(self, "close")
   if not self._closed then
+    local r = self._retention
+    if r and r.token then
+      -- Give the sweep to another engine at once rather than at expiry.
+      pcall(self.store.release, self.store, retention.LEASE_SESSION, { holder = r.holder, token = r.token })
+    end
     h:close()
     self._closed = true
     if self._owned then self.store:close() end

@@ -425,6 +425,7 @@
       meta.appendChild(el('span', { class: 'meta' }, 'claimed by ' + ev.claim_holder + ' until ' + fmtTime(ev.claim_expires_at)));
     }
     if (ev.processed_at !== undefined) meta.appendChild(el('span', { class: 'meta' }, 'processed ' + fmtTime(ev.processed_at)));
+    if (ev.cancelled !== undefined) meta.appendChild(el('span', { class: 'meta', 'data-test': 'event-cancelled' }, 'cancelled: ' + ev.cancelled));
     if (ev.key !== undefined) meta.appendChild(el('span', { class: 'meta' }, 'key ' + ev.key));
     li.appendChild(meta);
 
@@ -479,6 +480,20 @@
     const list = $('events');
     const idx = Number(String(ev.index));
     const row = eventItem(ev, 'session');
+    // A pending timer (not_before set) can be called off (§3.2 cancel, right
+    // `work`): it becomes processed without being handled.
+    if (ev.status === 'pending' && ev.not_before !== undefined) {
+      const name = S.name;
+      row.appendChild(el('div', { class: 'actions' },
+        el('button', {
+          type: 'button', 'data-test': 'cancel', class: 'cancel',
+          onclick: guard(async () => {
+            await api('POST', '/v1/sessions/' + seg(name) + '/events/' + seg(ev.index) + '/cancel',
+              { reason: 'cancelled from the inspector' });
+            if (name === S.name) await refreshEvent(idx);
+          }),
+        }, 'Cancel')));
+    }
     const old = list.querySelector('li[data-test="event-row"][data-index="' + CSS.escape(String(ev.index)) + '"]');
     if (old) {
       if (old.classList.contains('highlight')) row.classList.add('highlight');
@@ -790,15 +805,33 @@
     }
   }
 
+  // Where "now" is for the feed: {id (Last-Event-ID), text}. A shards:
+  // store's events carry a read_all cursor (positions are per shard, so
+  // there is no last position to search for): its last page's last cursor.
+  async function feedStart() {
+    const first = listOf(await api('GET', '/v1/events' + query({ limit: 1 })), 'events')[0];
+    if (first === undefined) return { id: '0', text: 'from position 0' };
+    if (typeof first.cursor === 'string') {
+      let after = first.cursor;
+      for (;;) {
+        const evs = listOf(await api('GET', '/v1/events' + query({ after, limit: PAGE })), 'events');
+        if (evs.length === 0) return { id: after, text: 'from cursor ' + after };
+        after = String(evs[evs.length - 1].cursor);
+      }
+    }
+    const from = await lastPosition();
+    return { id: from.toString(), text: 'from position ' + from };
+  }
+
   async function openFeed() {
     if (F.live) return;
     const gen = ++F.gen;
     setBadge($('feed-status'), 'connecting');
-    const from = await lastPosition();
+    const from = await feedStart();
     if (gen !== F.gen) return;
-    $('feed-from').textContent = 'from position ' + from;
+    $('feed-from').textContent = from.text;
     F.live = openStream('/v1/stream', {
-      lastId: from.toString(),
+      lastId: from.id,
       status: (st) => setBadge($('feed-status'), st),
       onEvent: (msg) => {
         if (msg.event === 'error') { showError(streamError(msg.data)); return; }
