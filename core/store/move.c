@@ -34,6 +34,7 @@
 #include "codec/json.h"
 #include "codec/json_doc.h"
 #include "store/backend.h"
+#include "store/crypto.h"
 #include "store/internal.h"
 #include "store/shards.h"
 #include "store/shards_internal.h"
@@ -67,8 +68,8 @@ typedef struct field {
  * shredded excepted (the core's reading, not a stored value). */
 static const field event_fields[] = {
     I64(es_event, position), STR(es_event, session), I64(es_event, index), STR(es_event, id),
-    STR(es_event, type), {"payload", F_PAYLOAD, offsetof(es_event, payload)},
-    STR(es_event, key), I64(es_event, revision), {"meta", F_JSON, offsetof(es_event, meta)},
+    STR(es_event, type), STR(es_event, key), /* before payload: it says how payload reads */
+    {"payload", F_PAYLOAD, offsetof(es_event, payload)}, I64(es_event, revision), {"meta", F_JSON, offsetof(es_event, meta)},
     STR(es_event, lane), I64(es_event, created_at), I64(es_event, cause_index),
     I64(es_event, cause_attempt), I64(es_event, not_before), INT(es_event, status),
     I64(es_event, attempts), I64(es_event, failures), STR(es_event, last_error),
@@ -974,6 +975,7 @@ static int do_import(es_store *st, es_txn *t, void *arg, es_err *err) {
       default: break;
     }
   }
+  if (rc == ES_OK && st->crypto) rc = es_crypto_check(st, t, err);
   /* sessions none of whose rows is stored: their prefixes go last */
   for (need *n; rc == ES_OK && (n = next_due(a));) rc = put_filler(st, t, a, n, err);
   for (size_t i = 0; rc == ES_OK && i < a->n_needs; i++)
