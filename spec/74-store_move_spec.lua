@@ -91,6 +91,12 @@ local function view(store)
   local v = { sessions = pages(function(after) return store:sessions({ after = after, limit = 3 }) end) }
   v.read_all = store:read_all({ after = 0, limit = 10000 })
   for _, e in ipairs(v.read_all) do e.cursor = nil end -- shards:' resume token, opaque
+  if store:capabilities().sharded then
+    -- shards: merges its shards' streams in an order of its own (§5: a
+    -- cursor, not a position, resumes it); the events and their positions
+    -- must be the source's
+    table.sort(v.read_all, function(a, b) return a.position < b.position end)
+  end
   v.dead = store:dead_letters({ limit = 100 })
   v.refs = store:list_refs({ limit = 100 })
   v.per = {}

@@ -116,7 +116,21 @@ static int m_import_lines(lua_State *L) {
   return es_lstore_done(L, h, 1);
 }
 
+/* store:backup(path) -> true (move.h es_store_backup). */
+static int m_backup(lua_State *L) {
+  lstore *h = check_store(L);
+  const char *to = luaL_checkstring(L, 2);
+  es_err err = {0};
+  es_store *st = core_enter(L, h);
+  int rc = es_store_backup(st, to, &err);
+  core_leave(L, h);
+  if (rc) return raise(L, &err);
+  lua_pushboolean(L, 1);
+  return es_lstore_done(L, h, 1);
+}
+
 const luaL_Reg es_lstore_move_methods[] = {
+    {"backup", m_backup},
     {"_export", m_export_lines},
     {"_import", m_import_lines},
     {NULL, NULL},

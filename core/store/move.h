@@ -65,4 +65,11 @@ typedef struct es_import_result {
  * INVALID_ARGUMENT, nothing written. */
 int es_import_run(es_store *s, es_import *im, int mode, es_import_result *out, es_err *err);
 
+/* eventstore backup (docs/moving.md "Backups"): a verified copy of the
+ * store's storage at `to` (a new file), made while writers go on, by the
+ * backend's backup op (sqlite:). A backend without one (memory:,
+ * postgres://: pg_basebackup or pg_dump is its backup), a sharded store or
+ * a tenant handle: INVALID_ARGUMENT saying what to use. */
+int es_store_backup(es_store *s, const char *to, es_err *err);
+
 #endif
