@@ -885,6 +885,7 @@ static int import_event(es_store *st, es_txn *t, import_args *a, const rec *r, e
       return ops->event_update(st->bk, t, &e, err);
     }
     if (rc != ES_NOT_FOUND) return rc;
+    rc = ES_OK;
   }
   if (e.position < a->next_pos)
     return es_fail(err, ES_INVALID_ARGUMENT,
