@@ -717,7 +717,7 @@ transaction per backend (on shards:, one per shard). Presence is not
 exported (it is ephemeral). Archived segments are not carried yet (a store
 with some is refused).
 ]],
-  options_help = DB_HELP .. STORE_HELP_COMMON .. [[
+  options_help = DB_HELP .. [[
   --sessions PREFIX  only the sessions whose names start with PREFIX
   --out FILE      write to FILE (default: stdout)
 ]],
@@ -739,7 +739,7 @@ and a rerun ends with the same store; a rerun on a finished import changes
 nothing (exit 0). Prints {"imported", "sessions", "events", "position"}
 (imported false: the store already held this export).
 ]],
-  options_help = DB_HELP .. STORE_HELP_COMMON .. [[
+  options_help = DB_HELP .. [[
   --in FILE       read from FILE (default: stdin)
 ]],
   args = { 0, 0 },
