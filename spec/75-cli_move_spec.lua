@@ -133,6 +133,9 @@ for i = 1, 2000 do
     if c.outcome == "claimed" then s:complete(c.events[1].session, c.events[1].index, c.events[1].attempt, {}) end
   end
 end
+-- a dispatch change with no append after it: only the last pass sees it
+local c = s:claim("w0", { holder = "h", ttl_ms = 1000, limit = 1 })
+s:fail("w0", c.events[1].index, c.events[1].attempt, { error = "late", max_failures = 1 })
 ]])
     local w = ph.spawn({ "lua5.4", writer, dir }, { LUA_PATH = os.getenv("LUA_PATH") or "",
       LUA_CPATH = os.getenv("LUA_CPATH") or "" }, dir .. "/writer.log")

@@ -51,15 +51,32 @@ static int gather(void *ctx, const char *line, size_t len) {
   return 0;
 }
 
-/* store:_export(prefix, after) -> {line, ...} (move.h es_store_export). */
+/* store:_export(prefix, after, rows_only, names) -> {line, ...} (move.h
+ * es_store_export; names: a list of session names, or nil). */
 static int m_export_lines(lua_State *L) {
   lstore *h = check_store(L);
-  const char *prefix = luaL_optstring(L, 2, "");
-  lua_Integer after = luaL_optinteger(L, 3, 0);
+  es_export_opts o = {0};
+  o.prefix = luaL_optstring(L, 2, "");
+  o.after = (int64_t)luaL_optinteger(L, 3, 0);
+  o.rows_only = lua_toboolean(L, 4);
+  const char **names = NULL;
+  if (!lua_isnoneornil(L, 5)) {
+    luaL_checktype(L, 5, LUA_TTABLE);
+    o.n_names = (size_t)luaL_len(L, 5);
+    /* a userdata, so a raise below frees it */
+    names = lua_newuserdatauv(L, (o.n_names + 1) * sizeof *names, 0);
+    for (size_t i = 0; i < o.n_names; i++) {
+      lua_rawgeti(L, 5, (lua_Integer)i + 1);
+      names[i] = lua_tostring(L, -1);
+      if (!names[i]) return luaL_argerror(L, 5, "session names must be strings");
+      lua_pop(L, 1); /* the string stays alive: argument 5 holds it */
+    }
+    o.names = names;
+  }
   gathered *g = owned_push(L, sizeof *g, destroy_gathered);
   es_err err = {0};
   es_store *st = core_enter(L, h);
-  int rc = es_store_export(st, prefix, (int64_t)after, gather, g, &err);
+  int rc = es_store_export(st, &o, gather, g, &err);
   core_leave(L, h);
   if (rc == ES_OK && g->oom) rc = es_fail(&err, ES_STORAGE, "out of memory");
   if (rc) {

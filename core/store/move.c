@@ -467,6 +467,9 @@ typedef struct export_args {
   const part *pt;
   const char *prefix;
   int64_t after;
+  int rows_only;
+  names only; /* sorted; used when has_only */
+  int has_only;
   lines *out;
   int64_t last_position;
   names sess, keys;
@@ -475,6 +478,7 @@ typedef struct export_args {
 
 static int list_cb(void *ctx, const es_session_info *row) {
   export_args *a = ctx;
+  if (a->has_only && names_find(&a->only, row->session) < 0) return 0;
   if (!internal_name(row->session)) names_add(&a->sess, row->session);
   return a->sess.oom;
 }
@@ -484,6 +488,8 @@ static int event_cb(void *ctx, const es_event *row) {
   ptrdiff_t i = names_find(&a->sess, row->session);
   if (i < 0) return 0;
   a->sess.touched[i] = 1;
+  /* an increment's first pass only finds the sessions with new events */
+  if (a->after > 0 && !a->has_only) return 0;
   if (row->key && names_find(&a->keys, row->key) < 0) {
     if (names_add(&a->keys, row->key)) return 1;
     qsort(a->keys.v, a->keys.n, sizeof *a->keys.v, cmp_pstr);
@@ -548,7 +554,7 @@ static int export_session(es_store *st, es_txn *t, export_args *a, const char *n
     add_line(a->out, SEC_SESSION, session_fields, sizeof session_fields / sizeof *session_fields,
              &r, name, 0, NULL);
   es_session_info_destroy(&r.si);
-  if (rc || a->after > 0) return rc;
+  if (rc || a->after > 0 || a->rows_only) return rc;
   names reducers = {0};
   rc = ops->snapshot_list(st->bk, t, name, snap_name_cb, &reducers, err);
   if (rc == ES_OK && reducers.oom) rc = nomem(err);
@@ -594,34 +600,48 @@ static int do_export(es_store *st, es_txn *t, void *arg, es_err *err) {
         !(a->sess.touched = calloc(a->sess.n, 1)))
       a->sess.oom = 1;
     if (rc == ES_OK && a->sess.oom) rc = nomem(err);
-    if (rc == ES_OK) rc = ops->event_all(st->bk, t, NULL, a->after, ES_NONE, event_cb, a, err);
+    if (rc == ES_OK && !a->rows_only && !a->has_only)
+      rc = ops->event_all(st->bk, t, NULL, a->after, ES_NONE, event_cb, a, err);
+    /* a few named sessions, or an increment's sessions with new events
+     * (whole: the dispatch records of their older events moved too, and
+     * their rows, replaced on the target, count them): their own rows, not
+     * a walk of the store's */
+    if (rc == ES_OK && a->after > 0) a->has_only = 1;
+    for (size_t i = 0; rc == ES_OK && a->has_only && i < a->sess.n; i++)
+      if (a->after <= 0 || a->sess.touched[i])
+        rc = ops->event_range(st->bk, t, a->sess.v[i], 0, INT64_MAX, ES_NONE, event_cb, a, err);
     for (size_t i = 0; rc == ES_OK && i < a->sess.n; i++)
       if (a->after <= 0 || a->sess.touched[i]) rc = export_session(st, t, a, a->sess.v[i], err);
     if (rc == ES_OK) rc = export_key(st, t, a, "", err);
     for (size_t i = 0; rc == ES_OK && i < a->keys.n; i++) rc = export_key(st, t, a, a->keys.v[i], err);
   }
-  if (rc == ES_OK && a->pt->refs && a->after <= 0)
+  if (rc == ES_OK && a->pt->refs && a->after <= 0 && !a->has_only)
     rc = ops->ref_list(st->bk, t, NULL, ES_NONE, ref_cb, a, err);
   if (rc == ES_OK && (a->out->oom || a->keys.oom)) rc = nomem(err);
   return rc;
 }
 
 /* The lines of one part (unsorted), and its last position. */
-static int export_part(const part *pt, const char *prefix, int64_t after, lines *out,
-                       int64_t *last_position, es_err *err) {
+static int export_part(const part *pt, const es_export_opts *o, lines *out, int64_t *last_position,
+                       es_err *err) {
   export_args a;
   memset(&a, 0, sizeof a);
   a.pt = pt;
-  a.prefix = prefix && *prefix ? prefix : NULL;
-  a.after = after;
+  a.prefix = o->prefix && *o->prefix ? o->prefix : NULL;
+  a.after = o->after;
+  a.rows_only = o->rows_only;
   a.out = out;
-  int rc = es_core_enter(pt->st, err);
+  a.has_only = o->names != NULL;
+  for (size_t i = 0; i < o->n_names; i++) names_add(&a.only, o->names[i]);
+  if (a.only.n) qsort(a.only.v, a.only.n, sizeof *a.only.v, cmp_pstr);
+  int rc = a.only.oom ? nomem(err) : es_core_enter(pt->st, err);
   if (rc == ES_OK) {
     rc = es_core_read(pt->st, do_export, &a, err);
     es_core_leave(pt->st);
   }
   names_destroy(&a.sess);
   names_destroy(&a.keys);
+  names_destroy(&a.only);
   if (rc == ES_OK && a.last_position > *last_position) *last_position = a.last_position;
   return rc;
 }
@@ -633,8 +653,9 @@ static int emit(es_line_fn fn, void *ctx, es_buf *b, es_err *err) {
   return stop ? es_fail(err, ES_INVALID_ARGUMENT, "export stopped by its caller") : ES_OK;
 }
 
-int es_store_export(es_store *s, const char *prefix, int64_t after, es_line_fn fn, void *ctx,
-                    es_err *err) {
+int es_store_export(es_store *s, const es_export_opts *o, es_line_fn fn, void *ctx, es_err *err) {
+  static const es_export_opts all;
+  if (!o) o = &all;
   es_capabilities caps;
   parts p;
   int rc = es_store_capabilities(s, &caps, err);
@@ -643,7 +664,7 @@ int es_store_export(es_store *s, const char *prefix, int64_t after, es_line_fn f
   lines l = {0};
   int64_t position = 0;
   for (size_t i = 0; rc == ES_OK && i < p.n; i++)
-    rc = export_part(&p.v[i], prefix, after, &l, &position, err);
+    rc = export_part(&p.v[i], o, &l, &position, err);
   parts_destroy(&p);
   if (rc) {
     lines_destroy(&l);
@@ -1047,7 +1068,8 @@ enum { PART_EMPTY, PART_SAME, PART_OTHER };
 static int part_state(import_args *a, int *state, char *what, size_t what_len, es_err *err) {
   lines l = {0};
   int64_t last = 0;
-  int rc = export_part(a->pt, NULL, 0, &l, &last, err);
+  static const es_export_opts all;
+  int rc = export_part(a->pt, &all, &l, &last, err);
   if (rc) return rc;
   qsort(l.v, l.n, sizeof *l.v, cmp_line);
   size_t data = 0;

@@ -23,17 +23,27 @@
 /* One line of an export (without its newline); nonzero stops. */
 typedef int (*es_line_fn)(void *ctx, const char *line, size_t len);
 
-/* Writes the export of s: the sessions whose names start with prefix
- * (NULL or "": all) and what belongs to them. after > 0: an increment for
- * a follower (eventstore copy --follow): only the events with a position
- * past `after`, the rows of their sessions, the keys they use, and no
- * snapshots or refs. Consistent: one read transaction per backend (on
- * shards: one per shard, plus the catalog's for refs). The lines are made
- * in memory and handed to fn after every transaction ended, so fn may
- * call the store. A tenant handle is INVALID_ARGUMENT (export the store);
- * so is a store with archived segments (not carried yet). */
-int es_store_export(es_store *s, const char *prefix, int64_t after, es_line_fn fn, void *ctx,
-                    es_err *err);
+/* What an export holds (all zero: the whole store). */
+typedef struct es_export_opts {
+  const char *prefix; /* only sessions whose names start with it (NULL or "": all) */
+  int64_t after;      /* > 0: an increment for a follower (eventstore copy --follow): the
+                         sessions with events past this position, whole (every event, as
+                         their older events' dispatch records may have moved too), their
+                         rows and the keys they use; no snapshots or refs */
+  int rows_only;      /* session rows, the master key's check row and refs only: what a
+                         follower compares to find the sessions that changed */
+  const char *const *names; /* non-NULL: only these sessions (and no refs), read session by
+                               session rather than by a walk of every event */
+  size_t n_names;
+} es_export_opts;
+
+/* Writes the export of s that o asks for (NULL: all of it). Consistent:
+ * one read transaction per backend (on shards: one per shard, plus the
+ * catalog's for refs). The lines are made in memory and handed to fn
+ * after every transaction ended, so fn may call the store. A tenant
+ * handle is INVALID_ARGUMENT (export the store); so is a store with
+ * archived segments (not carried yet). */
+int es_store_export(es_store *s, const es_export_opts *o, es_line_fn fn, void *ctx, es_err *err);
 
 /* An import being read: es_import_line each line of a stream in order,
  * then es_import_run. */

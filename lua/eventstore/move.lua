@@ -30,7 +30,7 @@ local function export_lines(store, opts)
   if opts.sessions ~= nil and type(opts.sessions) ~= "string" then
     error("bad argument #2 to 'export' (sessions: string expected, got " .. type(opts.sessions) .. ")", 3)
   end
-  return store:_export(opts.sessions or "", opts.after or 0)
+  return store:_export(opts.sessions or "", opts.after or 0, opts.rows_only, opts.names)
 end
 
 -- store:export(fn, opts) -> number of lines: fn(line) for each line, in
@@ -77,8 +77,9 @@ function M.copy(from, to, opts)
   return M.import(to, export_lines(from, opts))
 end
 
--- One step of a follower: the events of `from` past position `after`,
--- their sessions' rows and the keys they use, applied to `to`. Returns the
+-- One step of a follower: the sessions of `from` with events past
+-- position `after`, whole (rows, every event, the keys they use), applied
+-- to `to`. Returns the
 -- position the increment is consistent at (the next step's `after`) and
 -- how many events it carried.
 function M.catch_up(from, to, after, opts)
@@ -89,10 +90,30 @@ function M.catch_up(from, to, after, opts)
   return math.max(position, after), r.events
 end
 
--- The last step of a move: every row of `from` applied to `to` (dispatch
--- records brought up to date, snapshots and refs replaced).
+-- The last step of a move, after the writers stopped: every session row,
+-- the check row of the keys and the refs of `from`, then the whole state
+-- (every event's dispatch record, snapshots) of each session whose row
+-- differs on `to` (a claim, a completion, a failure, a revive, a fence
+-- moves the row's counts, tokens or updated_at), applied to `to`. Costs
+-- what the sessions and the changed sessions hold, not the whole store.
 function M.sync(from, to, opts)
-  return M.import(to, export_lines(from, opts), { mode = "upsert" })
+  local prefix = opts and opts.sessions
+  local rows = export_lines(from, { sessions = prefix, rows_only = true })
+  local theirs = {}
+  for _, line in ipairs(export_lines(to, { sessions = prefix, rows_only = true })) do
+    local r = json.decode(line).session
+    if r then theirs[r.session] = line end
+  end
+  local changed = {}
+  for _, line in ipairs(rows) do
+    local r = json.decode(line).session
+    if r and theirs[r.session] ~= line then changed[#changed + 1] = r.session end
+  end
+  local r = M.import(to, rows, { mode = "upsert" })
+  if #changed > 0 then
+    r = M.import(to, export_lines(from, { sessions = prefix, names = changed }), { mode = "upsert" })
+  end
+  return r
 end
 
 return M
