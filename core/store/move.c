@@ -244,7 +244,10 @@ static int get_fields(const es_jval *obj, const char *what, const field *f, size
           es_buf b;
           es_buf_init(&b);
           int rc = es_json_canonicalize(v->raw, v->raw_len, &b, err);
-          if (rc) return rc;
+          if (rc) {
+            es_buf_destroy(&b);
+            return rc;
+          }
           char *s = keep(o, es_buf_take(&b, NULL));
           if (!s) return nomem(err);
           *(char **)at = s;
@@ -264,7 +267,10 @@ static int get_fields(const es_jval *obj, const char *what, const field *f, size
           es_buf b;
           es_buf_init(&b);
           int rc = es_json_canonicalize(v->raw, v->raw_len, &b, err);
-          if (rc) return rc;
+          if (rc) {
+            es_buf_destroy(&b);
+            return rc;
+          }
           size_t len = 0;
           char *s = keep(o, es_buf_take(&b, &len));
           if (!s) return nomem(err);
@@ -773,8 +779,10 @@ int es_import_line(es_import *im, const char *text, size_t len, es_err *err) {
   copy[len] = '\0';
   int rc = es_json_doc_parse(copy, len, &doc, err);
   if (rc) {
+    char why[sizeof err->msg];
+    snprintf(why, sizeof why, "%s", err->msg); /* es_fail writes over err->msg */
     free(copy);
-    return bad_line(im, err, err->msg);
+    return bad_line(im, err, why);
   }
   const es_jval *root = es_json_doc_root(doc);
   if (!im->have_header) {
