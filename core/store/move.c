@@ -214,6 +214,20 @@ static int hexval(char c) {
   return -1;
 }
 
+/* The canonical text of a JSON value read (a payload, a meta), kept in o. */
+static int canonical(const es_jval *v, owned_strs *o, char **out, size_t *len, es_err *err) {
+  es_buf b;
+  es_buf_init(&b);
+  int rc = es_json_canonicalize(v->raw, v->raw_len, &b, err);
+  if (rc) {
+    es_buf_destroy(&b);
+    return rc;
+  }
+  *len = 0;
+  *out = keep(o, es_buf_take(&b, len));
+  return *out ? ES_OK : nomem(err);
+}
+
 /* Fills row from obj by the table; strings borrowed from the document
  * (decoded, NUL-terminated) or kept in o. */
 static int get_fields(const es_jval *obj, const char *what, const field *f, size_t n, void *row,
@@ -241,16 +255,9 @@ static int get_fields(const es_jval *obj, const char *what, const field *f, size
         if (null) {
           *(char **)at = NULL;
         } else {
-          es_buf b;
-          es_buf_init(&b);
-          int rc = es_json_canonicalize(v->raw, v->raw_len, &b, err);
-          if (rc) {
-            es_buf_destroy(&b);
-            return rc;
-          }
-          char *s = keep(o, es_buf_take(&b, NULL));
-          if (!s) return nomem(err);
-          *(char **)at = s;
+          size_t len;
+          int rc = canonical(v, o, (char **)at, &len, err);
+          if (rc) return rc;
         }
         break;
       case F_PAYLOAD: {
@@ -264,18 +271,8 @@ static int get_fields(const es_jval *obj, const char *what, const field *f, size
           e->payload = (char *)v->str;
           e->payload_len = v->len;
         } else {
-          es_buf b;
-          es_buf_init(&b);
-          int rc = es_json_canonicalize(v->raw, v->raw_len, &b, err);
-          if (rc) {
-            es_buf_destroy(&b);
-            return rc;
-          }
-          size_t len = 0;
-          char *s = keep(o, es_buf_take(&b, &len));
-          if (!s) return nomem(err);
-          e->payload = s;
-          e->payload_len = len;
+          int rc = canonical(v, o, &e->payload, &e->payload_len, err);
+          if (rc) return rc;
         }
         break;
       }
