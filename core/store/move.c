@@ -42,9 +42,12 @@
 #include "store/store_impl.h"
 #include "util/buf.h"
 
-/* The scratch session and type of gap fillers: a control byte no name a
- * caller passes can hold (es_check_name), so no session collides. */
-#define FILLER_SESSION "\x01" "import-filler"
+/* The tag of gap fillers: their scratch session's name and their ids'
+ * prefix, with "~" added until no session and no event id of the stream
+ * uses it (names may hold any UTF-8, control bytes included), so a filler
+ * never meets a row it would clash with. */
+#define FILLER_TAG "\x01" "import-filler"
+#define FILLER_TAG_MAX 64
 #define FILLER_TYPE "\x01"
 
 
@@ -460,10 +463,10 @@ static ptrdiff_t names_find(const names *l, const char *s) {
   return hit ? hit - l->v : -1;
 }
 
-/* Names a caller cannot give (the import's scratch session, a shard's
- * plan record and the catalog's plan session) are never exported. */
-static int internal_name(const char *s) {
-  return !*s || s[0] == '\x01' || strcmp(s, CATALOG_SESSION) == 0;
+/* A shard's own rows (its plan record "", no name a caller can give, and
+ * the catalog's plan session, refused by the router) are never exported. */
+static int internal_name(const part *pt, const char *s) {
+  return !*s || (pt->shard && strcmp(s, CATALOG_SESSION) == 0);
 }
 
 typedef struct export_args {
@@ -482,7 +485,7 @@ typedef struct export_args {
 static int list_cb(void *ctx, const es_session_info *row) {
   export_args *a = ctx;
   if (a->has_only && names_find(&a->only, row->session) < 0) return 0;
-  if (!internal_name(row->session)) names_add(&a->sess, row->session);
+  if (!internal_name(a->pt, row->session)) names_add(&a->sess, row->session);
   return a->sess.oom;
 }
 
@@ -840,6 +843,7 @@ typedef struct import_args {
   need *needs;
   size_t n_needs, needs_cap, next_need;
   int64_t next_pos, fillers;
+  const char *tag; /* FILLER_TAG made unique (es_import_run) */
   const char *gate; /* test hook (ES_TEST_IMPORT_GATE): pause before the commit */
 } import_args;
 
@@ -853,15 +857,15 @@ static int mine(const import_args *a, const rec *r) {
 /* Inserts one filler row at a->next_pos: of the session whose prefix is
  * due first, else of the scratch session. */
 static int put_filler(es_store *st, es_txn *t, import_args *a, need *n, es_err *err) {
-  char id[40];
-  snprintf(id, sizeof id, "\x01%lld", (long long)a->next_pos);
+  char id[FILLER_TAG_MAX + 24];
+  snprintf(id, sizeof id, "%s:%lld", a->tag, (long long)a->next_pos);
   es_event e;
   es_event_init(&e);
   e.id = id;
   e.type = FILLER_TYPE;
   e.payload = "null";
   e.payload_len = 4;
-  e.session = n ? (char *)n->session : FILLER_SESSION;
+  e.session = n ? (char *)n->session : (char *)a->tag;
   e.index = n ? ++n->done : ++a->fillers;
   e.created_at = 0;
   e.revision = 1;
@@ -1032,8 +1036,8 @@ static int do_import(es_store *st, es_txn *t, void *arg, es_err *err) {
   for (size_t i = 0; rc == ES_OK && i < a->n_needs; i++)
     rc = ops->event_delete_range(st->bk, t, a->needs[i].session, a->needs[i].count, err);
   if (rc == ES_OK && a->fillers) {
-    rc = ops->event_delete_range(st->bk, t, FILLER_SESSION, INT64_MAX, err);
-    if (rc == ES_OK) rc = ops->session_delete(st->bk, t, FILLER_SESSION, err);
+    rc = ops->event_delete_range(st->bk, t, a->tag, INT64_MAX, err);
+    if (rc == ES_OK) rc = ops->session_delete(st->bk, t, a->tag, err);
     if (rc == ES_NOT_FOUND) rc = ES_OK;
   }
   /* the rows that count and route: after the events they describe */
@@ -1124,6 +1128,16 @@ int es_import_run(es_store *s, es_import *im, int mode, es_import_result *out, e
   parts p;
   int rc = get_parts(s, &p, err);
   if (rc) return rc;
+  char tag[FILLER_TAG_MAX] = FILLER_TAG;
+  for (int clash = 1; clash && strlen(tag) + 1 < sizeof tag;) {
+    clash = 0;
+    for (size_t i = 0; !clash && i < im->n; i++) {
+      const es_jval *id = im->v[i].sec == SEC_EVENT ? es_jval_get(im->v[i].body, "id") : NULL;
+      clash = (im->v[i].session && strcmp(im->v[i].session, tag) == 0) ||
+              (id && id->type == ES_JSTRING && strncmp(id->str, tag, strlen(tag)) == 0);
+    }
+    if (clash) strcat(tag, "~");
+  }
   int state[ES_MAX_SHARDS * 2 + 1];
   size_t same = 0;
   for (size_t i = 0; rc == ES_OK && i < im->n; i++)
@@ -1145,7 +1159,7 @@ int es_import_run(es_store *s, es_import *im, int mode, es_import_result *out, e
   }
   for (size_t i = 0; rc == ES_OK && i < p.n; i++) {
     if (state[i] != PART_EMPTY) continue;
-    import_args a = {.im = im, .p = &p, .pt = &p.v[i], .mode = mode, .res = out};
+    import_args a = {.im = im, .p = &p, .pt = &p.v[i], .mode = mode, .res = out, .tag = tag};
     if (i + 1 == p.n) a.gate = getenv("ES_TEST_IMPORT_GATE");
     rc = es_core_enter(a.pt->st, err);
     if (rc == ES_OK) {
