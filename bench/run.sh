@@ -29,6 +29,10 @@ lua5.4 bench/replay_bench.lua 10000 2>/dev/null
 # PostgreSQL: a throwaway server for this step only, started and removed by
 # the same script as make test's (bench/README.md, "PostgreSQL").
 sh spec/support/pg_cluster.sh run "$BUILD"/bench/pg_bench
+# Moving a store (bench/README.md, "Moving a store"): export and import
+# beside sqlite3 .dump and pg_dump, and copy --follow's switch-over.
+ES_BIN="$BUILD"/bin/eventstore sh spec/support/pg_cluster.sh run sh -c \
+  'lua5.4 bench/move_bench.lua "$1" 100000 "$(echo "$ES_TEST_URLS" | tr " " "\n" | grep postgres)"' sh "$dir"
 # HTTP: eventstore serve under wrk beside the Lua API, and many SSE clients
 # (bench/README.md, "HTTP (issue 13)"); about 90 s.
 BUILD="$BUILD" sh bench/http_bench.sh

@@ -323,6 +323,27 @@ end
 ATTACKS.read_at_rest = function(c)
   for _, s in ipairs(b_names("k1")) do c.try("read_at_rest", s) end
 end
+-- §10: moving works on whole stores; a tenant handle is refused, so it
+-- can neither read B's rows out nor write rows under B's names in.
+ATTACKS.export = function(c)
+  expect_error("INVALID_ARGUMENT", c.A.export, c.A, function() end)
+end
+ATTACKS._export = function(c)
+  expect_error("INVALID_ARGUMENT", c.A._export, c.A, "", 0)
+end
+ATTACKS._import = function(c)
+  -- a valid stream writing under B's stored names
+  local lines = {}
+  local m = require("eventstore").open("memory:")
+  m:append("B" .. SEP .. "s1", { { type = "t", payload = "A wrote this" } })
+  m:export(function(l) lines[#lines + 1] = l end)
+  m:close()
+  expect_error("INVALID_ARGUMENT", c.A._import, c.A, lines, "upsert")
+  expect_error("INVALID_ARGUMENT", c.A._import, c.A, lines, "empty")
+end
+ATTACKS.backup = function(c)
+  expect_error("INVALID_ARGUMENT", c.A.backup, c.A, os.tmpname() .. ".backup")
+end
 ATTACKS.tenant = function(c)
   expect_error("INVALID_ARGUMENT", c.A.tenant, c.A, "B") -- no nesting
 end

@@ -3195,6 +3195,62 @@ static int sq_snapshot_delete_from(es_backend *b, es_txn *t, const char *session
  * there) and truncates the WAL to zero bytes. It waits for readers (up to
  * the busy timeout); when it cannot finish, the caller reports it and a
  * later shred finishes it. */
+/* §10 eventstore backup (backend.h): the online backup API, from a read
+ * connection of its own (one read transaction over the whole copy, so it
+ * is consistent while the write connection, the engine's or another
+ * process's, goes on), into a new file; then the copy's integrity check. */
+static int sq_backup(es_backend *b, const char *to, es_err *err) {
+  sqlite3 *src = NULL, *dst = NULL;
+  struct stat st;
+  if (stat(to, &st) == 0)
+    return es_fail(err, ES_INVALID_ARGUMENT, "backup: %s already exists (a backup makes a new file)", to);
+  int rc = sqlite3_open_v2(b->full_path, &src, SQLITE_OPEN_READONLY, NULL);
+  if (rc == SQLITE_OK) rc = sqlite3_open_v2(to, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+  int code = ES_STORAGE;
+  const char *what = "open";
+  if (rc == SQLITE_OK) {
+    sqlite3_busy_timeout(src, b->busy_ms);
+    sqlite3_backup *bk = sqlite3_backup_init(dst, "main", src, "main");
+    what = "copy";
+    if (!bk) {
+      rc = sqlite3_errcode(dst);
+    } else {
+      do {
+        rc = sqlite3_backup_step(bk, -1);
+      } while (rc == SQLITE_BUSY || rc == SQLITE_LOCKED);
+      int fin = sqlite3_backup_finish(bk);
+      rc = rc == SQLITE_DONE ? fin : rc;
+    }
+  }
+  if (rc == SQLITE_OK) {
+    sqlite3_stmt *q = NULL;
+    what = "integrity check";
+    rc = sqlite3_prepare_v2(dst, "PRAGMA integrity_check", -1, &q, NULL);
+    if (rc == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW) {
+      const char *r = (const char *)sqlite3_column_text(q, 0);
+      if (!r || strcmp(r, "ok") != 0) {
+        es_fail(err, ES_STORAGE, "backup: the copy %s fails its integrity check: %s", to,
+                r ? r : "(no answer)");
+        rc = SQLITE_CORRUPT;
+        code = ES_OK; /* err is filled */
+      }
+    } else if (rc == SQLITE_OK) {
+      rc = sqlite3_errcode(dst);
+    }
+    sqlite3_finalize(q);
+  }
+  if (rc != SQLITE_OK && code != ES_OK)
+    es_fail(err, code, "backup of %s to %s: %s failed: %s", b->path, to, what,
+            dst ? sqlite3_errmsg(dst) : src ? sqlite3_errmsg(src) : sqlite3_errstr(rc));
+  sqlite3_close(src);
+  sqlite3_close(dst);
+  if (rc != SQLITE_OK) {
+    remove(to);
+    return ES_STORAGE;
+  }
+  return ES_OK;
+}
+
 static int sq_scrub(es_backend *b, es_err *err) {
   int log = -1, done = -1;
   if (b->mode == SQ_MODE_RO) return ES_OK;
@@ -3323,6 +3379,7 @@ const es_backend_ops es_backend_sqlite = {
     .ext_version = sq_ext_version,
     .lazy_begin = sq_lazy_begin,
     .lazy_end = sq_lazy_end,
+    .backup = sq_backup,
     .segment_list = sq_segment_list,
     .segment_sessions = sq_segment_sessions,
     .segment_put = sq_segment_put,

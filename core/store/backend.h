@@ -405,6 +405,13 @@ typedef struct es_backend_ops {
    * next write_begin restores durability or fails. */
   int (*lazy_begin)(es_backend *b);
   void (*lazy_end)(es_backend *b);
+  /* Optional (NULL: the backend has no file to copy; docs/moving.md says
+   * what to use instead): §10 eventstore backup. Copies the whole storage
+   * into a new file at `to` (which must not exist) consistently while
+   * writers go on (sqlite: the online backup API from a read connection of
+   * its own), then checks the copy (sqlite: PRAGMA integrity_check), and
+   * removes it when the check fails. Outside any transaction. */
+  int (*backup)(es_backend *b, const char *to, es_err *err);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

@@ -279,6 +279,13 @@ static int check_row(es_store *s, es_txn *t, int *found, es_err *err) {
   return ES_OK;
 }
 
+/* §10 import: the check row just written (the source's) must open under
+ * this handle's master key, or nothing imported could be read. */
+int es_crypto_check(es_store *s, es_txn *t, es_err *err) {
+  int found = 0;
+  return check_row(s, t, &found, err);
+}
+
 /* Writes the check row when the store has none (the first data key). */
 static int ensure_check_row(es_store *s, es_txn *t, int64_t now, es_err *err) {
   int found = 0;

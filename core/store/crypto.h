@@ -61,6 +61,10 @@ int es_crypto_mark_at_rest(es_store *s, es_txn *t, es_event *v, size_t n, es_err
 int es_crypto_fork_payload(es_store *s, es_txn *t, es_keyring *r, const es_event *src,
                            const es_event *row, char **out, size_t *out_len, es_err *err);
 
+/* Checks the store's check row (if any) against this handle's master key:
+ * INVALID_ARGUMENT naming the keys file when it does not open. */
+int es_crypto_check(es_store *s, es_txn *t, es_err *err);
+
 /* 1 when data keys were ever used in this store (its check row exists) or
  * the store has a master key: a fork must then copy row by row. */
 int es_crypto_in_use(es_store *s, es_txn *t, int *yes, es_err *err);

@@ -264,8 +264,8 @@ struct es_backend {
 };
 
 _Static_assert(sizeof(es_backend_ops) ==
-                   offsetof(es_backend_ops, lazy_end) + sizeof(void (*)(void)),
-               "es_backend_ops has an op after lazy_end: give it a forwarder in marked_ops");
+                   offsetof(es_backend_ops, backup) + sizeof(void (*)(void)),
+               "es_backend_ops has an op after backup: give it a forwarder in marked_ops");
 
 static int m_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
                          es_err *err) {
@@ -585,6 +585,10 @@ static void m_lazy_end(es_backend *b) {
   b->real->lazy_end(b->inner);
 }
 
+static int m_backup(es_backend *b, const char *to, es_err *err) {
+  return b->real->backup(b->inner, to, err);
+}
+
 /* Fills o (a copy of the wrapped backend's table: its scheme, flags and
  * the ops it lacks stay) with the forwarders. */
 static void marked_ops(es_backend_ops *o) {
@@ -659,6 +663,7 @@ static void marked_ops(es_backend_ops *o) {
   if (o->read_ahead) o->read_ahead = m_read_ahead;
   if (o->lazy_begin) o->lazy_begin = m_lazy_begin;
   if (o->lazy_end) o->lazy_end = m_lazy_end;
+  if (o->backup) o->backup = m_backup;
 }
 
 int es_shards_wrap_ops(es_store *s, es_err *err) {

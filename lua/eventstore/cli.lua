@@ -728,6 +728,92 @@ burned either way). docs/shredding.md says what is and is not guaranteed
   options = { db = "string", yes = "flag" },
 })
 
+command("export", {
+  synopsis = "export [--db URL] [--sessions PREFIX] [--out FILE]",
+  summary = "write the whole store as NDJSON (docs/moving.md)",
+  help = [[
+Writes the store (docs/contract.md §10, docs/moving.md): a header line
+{"eventstore_export": 1, "backend", "position"}, then every session's rows,
+its events with their whole dispatch record and positions, snapshots,
+refs, lineage, fence and lease tokens, seals, truncation, and data keys as
+stored (sealed payloads stay ciphertext, keys stay wrapped), ending with an
+{"end": {...counts}} line. Two exports of equal stores are byte-identical
+apart from the header's backend. Consistent while writers run: one read
+transaction per backend (on shards:, one per shard). Presence is not
+exported (it is ephemeral). Archived segments are not carried yet (a store
+with some is refused).
+]],
+  options_help = DB_HELP .. [[
+  --sessions PREFIX  only the sessions whose names start with PREFIX
+  --out FILE      write to FILE (default: stdout)
+]],
+  args = { 0, 0 },
+  options = { db = "string", sessions = "string", out = "string" },
+})
+
+command("import", {
+  synopsis = "import [--db URL] [--in FILE]",
+  summary = "recreate an exported store in an empty store",
+  help = [[
+Reads an export (eventstore export; default: stdin) and recreates the store
+in the empty store --db: ids, positions, dispatch records, tokens, seals,
+snapshots, refs and wrapped keys as they were (--keys: the source's master
+key file). A non-empty store, a newer format, or a stream cut short (no end
+line): exit 1, nothing written. The whole import is one transaction (on
+shards:, one per shard), so an import killed halfway wrote nothing there,
+and a rerun ends with the same store; a rerun on a finished import changes
+nothing (exit 0). Prints {"imported", "sessions", "events", "position"}
+(imported false: the store already held this export).
+]],
+  options_help = DB_HELP .. [[
+  --in FILE       read from FILE (default: stdin)
+]],
+  args = { 0, 0 },
+  options = { db = "string", ["in"] = "string" },
+})
+
+command("copy", {
+  synopsis = "copy --from URL --to URL [--sessions PREFIX] [--keys PATH] [--follow]",
+  summary = "copy a store into an empty one, optionally following it",
+  help = [[
+Copies the store --from into the empty store --to, as export then import
+would. With --follow it then keeps copying: the events appended after the
+cut (by position), their sessions' rows and keys, as they come, until
+SIGINT or SIGTERM; then a last full pass brings every dispatch record,
+snapshot and ref up to date, and it exits 0. docs/moving.md is the runbook
+(copy --follow, fence the old store, let it drain, stop the copy, switch
+the URL). Prints {"copied", "events", "position"} at the end.
+]],
+  options_help = [[
+  --from URL      the store to copy (any URL --db takes)
+  --to URL        the empty store to copy into
+  --sessions PREFIX  only the sessions whose names start with PREFIX
+  --keys PATH     the master key file, opened on both sides
+  --follow        keep copying new events until SIGINT or SIGTERM
+]],
+  args = { 0, 0 },
+  options = { from = "string", to = "string", sessions = "string", keys = "string", follow = "flag" },
+})
+
+command("backup", {
+  synopsis = "backup --to FILE [--db sqlite:PATH]",
+  summary = "copy a sqlite: store into a new, verified file",
+  help = [[
+Copies the sqlite: store into the new file FILE with SQLite's online
+backup API: consistent while an engine or another process writes. Then
+checks the copy: SQLite's integrity check, and its counts (sessions and
+events as the store's counters say) against its rows. Prints {"backup",
+"integrity", "sessions", "events"}. The master key file (--keys) is not in
+the database: back it up apart (docs/moving.md "Backups"). For postgres://
+use pg_basebackup or pg_dump of the store's schema.
+]],
+  options_help = DB_HELP .. [[
+  --to FILE       the backup file to create (must not exist)
+]],
+  args = { 0, 0 },
+  options = { db = "string", to = "string" },
+})
+
 command("stats", {
   synopsis = "stats [--json] [--db URL]",
   summary = "print the store's counts and call statistics",
@@ -1835,6 +1921,94 @@ commands.shred.check = needs_yes("shred", "destroys the key")
 function commands.shred.run(o, args)
   local store <close> = open_store(o, false)
   out(row_json({ key = args[1], shredded = store:shred(args[1]) }))
+  return 0
+end
+
+-- ---- moving a store (docs/moving.md) ----------------------------------------
+
+local move = require("eventstore.move")
+
+function commands.export.run(o)
+  local store <close> = open_store(o, false)
+  local f = io.stdout
+  if o.out then f = assert(io.open(o.out, "wb")) end
+  local lines = {}
+  store:export(function(line) lines[#lines + 1] = line end, { sessions = o.sessions })
+  for i = 1, #lines do f:write(lines[i], "\n") end
+  if o.out then assert(f:close()) else f:flush() end
+  return 0
+end
+
+function commands.import.run(o)
+  local store <close> = open_store(o, true)
+  local f = io.stdin
+  if o["in"] then
+    local err
+    f, err = io.open(o["in"], "rb")
+    if not f then fail("cannot read --in %s: %s", o["in"], err) end
+  end
+  local r = eventstore.import(store, f:lines())
+  if o["in"] then f:close() end
+  out(row_json({ imported = not r.already, sessions = r.sessions, events = r.events, position = r.position }))
+  return 0
+end
+
+function commands.copy.check(o)
+  if not o.from or not o.to then usage_error("copy", true, "copy: --from URL and --to URL are required") end
+end
+
+function commands.copy.run(o)
+  local from <close> = open_store({ db = o.from, keys = o.keys }, false)
+  local to <close> = open_store({ db = o.to, keys = o.keys }, true)
+  local r = eventstore.copy(from, to, { sessions = o.sessions })
+  local after, events = r.position, r.events
+  if o.follow then
+    -- Woken by the source's appends (wait on every session after the
+    -- position copied last), checking for SIGINT/SIGTERM in between.
+    if tty and tty.watch_signals then tty.watch_signals() end
+    while not (tty and tty.signals and tty.signals() ~= 0) do
+      from:wait(nil, after, SIGNAL_POLL_MS)
+      local n
+      after, n = move.catch_up(from, to, after, { sessions = o.sessions })
+      events = events + n
+    end
+    move.sync(from, to, { sessions = o.sessions })
+  end
+  out(row_json({ copied = true, events = events, position = after }))
+  return 0
+end
+
+function commands.backup.check(o)
+  if not o.to then usage_error("backup", true, "backup: --to FILE is required") end
+end
+
+function commands.backup.run(o)
+  if not o.db:match("^sqlite:") then
+    fail("backup copies a sqlite: store (--db %s): for postgres:// use pg_basebackup or pg_dump "
+      .. "of the store's schema, or eventstore export (docs/moving.md)", o.db)
+  end
+  local store <close> = open_store(o, false)
+  store:backup(o.to)
+  -- the copy's counters against its rows: every session listed, every event read
+  local copy <close> = eventstore.open("sqlite:" .. o.to .. "?mode=ro")
+  local st = copy:stats()
+  local sessions, events, cursor = 0, 0, nil
+  repeat
+    local page = copy:sessions({ after = cursor, limit = PAGE })
+    sessions = sessions + #page.sessions
+    cursor = page.cursor
+  until not cursor
+  local after = 0
+  repeat
+    local batch = copy:read_all({ after = after, limit = READ_PAGE })
+    events = events + #batch
+    if #batch > 0 then after = batch[#batch].position end
+  until #batch == 0
+  if st.sessions ~= sessions or st.events ~= events then
+    fail("backup %s: its counts (%d sessions, %d events) do not match its rows (%d, %d)",
+      o.to, st.sessions, st.events, sessions, events)
+  end
+  out(row_json({ backup = o.to, integrity = "ok", sessions = sessions, events = events }))
   return 0
 end
 

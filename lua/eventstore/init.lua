@@ -29,6 +29,13 @@ end
 
 local methods = core.store_methods
 
+-- Moving a store (docs/moving.md): store:export(fn, opts),
+-- eventstore.import(store, source, opts), eventstore.copy(from, to, opts).
+local move = require("eventstore.move")
+methods.export = move.export
+M.import = move.import
+M.copy = move.copy
+
 -- store:stream(session, {after = 0, timeout_ms = nil}): history first, then
 -- live events, no gaps, no duplicates; ends once no new event has come for
 -- timeout_ms (nil: never ends).
