@@ -6,11 +6,7 @@
 -- the header's backend. An engine on the last copy then goes on where the
 -- source stopped.
 --
--- TODO(h22-shardsfull): sealed payloads (keys), archived segments and
--- tenant handles on shards: come with that branch; until it is merged the
--- shards: step carries tenants' sessions as plain prefixed names, the keyed
--- store moves memory: -> sqlite: -> postgres: -> sqlite: without the
--- shards: step, and archived segments are refused by export (below).
+-- Archived segments are refused by export for now (below; docs/moving.md).
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local eh = require("engine_helpers")
@@ -60,6 +56,17 @@ local function open_kind(kind, clock, opts)
   o.catalog = fresh_url(shard)
   o.plan = { version = 1, shards = { a = fresh_url(shard), b = fresh_url(shard) } }
   return track(eventstore.open("shards:", o))
+end
+
+-- The steps of a move, those whose backend this run has (a table
+-- constructor with a nil in the middle would end ipairs there).
+local function steps(...)
+  local out = {}
+  for i = 1, select("#", ...) do
+    local k = select(i, ...)
+    if k then out[#out + 1] = k end
+  end
+  return out
 end
 
 local function export_of(store)
@@ -174,7 +181,7 @@ describe("moving a store (§10)", function()
     build(src, clock)
     local lines = export_of(src)
     local want = view(src)
-    local chain = { "sqlite", pg_url and "postgres" or nil, "shards", "sqlite" }
+    local chain = steps("sqlite", pg_url and "postgres", "shards", "sqlite")
     local prev = src
     for _, kind in ipairs(chain) do
       local dst = open_kind(kind, clock)
@@ -186,10 +193,8 @@ describe("moving a store (§10)", function()
       assert.equal(('"backend":"%s"'):format(dst:capabilities().backend), got[1]:match('"backend":"[^"]*"'))
       local v = view(dst)
       assert.same(want, v, kind)
-      -- the tenant reads through its handle as on the source (TODO(h22): on shards too)
-      if not dst:capabilities().sharded then
-        assert.same(src:tenant("acme"):read("t/1"), dst:tenant("acme"):read("t/1"))
-      end
+      -- the tenant reads through its handle as on the source
+      assert.same(src:tenant("acme"):read("t/1"), dst:tenant("acme"):read("t/1"))
       -- a new event gets a position past every moved one
       assert.is_true(dst:append("new/1", { { type = "note", settled = true } })[1].position > want.read_all[#want.read_all].position)
       lines = export_of(dst)
@@ -250,8 +255,7 @@ end
     local text = table.concat(lines, "\n")
     assert.is_nil(text:find("4111", 1, true), "no plaintext in the export")
     local want = view(src)
-    -- TODO(h22-shardsfull): add "shards" once shards: takes keys
-    for _, kind in ipairs({ "sqlite", pg_url and "postgres" or nil, "sqlite" }) do
+    for _, kind in ipairs(steps("sqlite", pg_url and "postgres", "shards", "sqlite")) do
       local dst = open_kind(kind, clock, { keys = keys })
       eventstore.import(dst, lines)
       assert.same(want, view(dst), kind)
@@ -268,6 +272,24 @@ end
     dst:append("x", {}) -- opening with keys wrote the check row; the store is still empty
     expect_error("INVALID_ARGUMENT", eventstore.import, dst, lines)
     assert.equal(0, #dst:sessions({}).sessions)
+  end)
+
+  it("refuses to export a shards: store whose shards made different data keys of one name", function()
+    local keys = os.tmpname()
+    files[#files + 1] = keys
+    os.remove(keys)
+    local clock = helpers.manual_clock(T0)
+    local src = open_kind("shards", clock, { keys = keys })
+    -- enough sessions that both shards seal under "alice" on their own
+    for i = 1, 40 do
+      src:append("k/" .. i, { { type = "pii", payload = { n = i }, key = "alice" } })
+    end
+    local err = expect_error("INVALID_ARGUMENT", src.export, src, function() end)
+    assert.truthy(tostring(err):find("'alice'", 1, true), tostring(err))
+    -- once shredded, "alice" is the same tombstone on every shard: it exports
+    src:shred("alice")
+    local _, rows = table.concat(export_of(src), "\n"):gsub('"name":"alice"', "")
+    assert.equal(1, rows)
   end)
 
   it("refuses a non-empty target, a newer format and a stream cut short, writing nothing", function()

@@ -652,6 +652,23 @@ static int export_part(const part *pt, const es_export_opts *o, lines *out, int6
   return rc;
 }
 
+/* Every shard of a keyed shards: store holds key rows of its own: the
+ * master key's check row (any one of them checks the same master key)
+ * and, for a store that was imported into shards:, copies of the same
+ * data keys; those are exported once. A name whose data key differs
+ * between shards (each sealed under it on its own) has no single row a
+ * store could import: refused, naming it (docs/moving.md). Lines are
+ * sorted: a name's rows are next to each other. */
+static int shared_key_line(const lines *l, size_t i, es_err *err) {
+  const line *a = i ? &l->v[i - 1] : NULL, *b = &l->v[i];
+  if (!a || b->sec != SEC_KEY || a->sec != SEC_KEY || cmp_line(a, b) != 0) return ES_OK;
+  if (!*b->k1 || (a->len == b->len && memcmp(a->text, b->text, a->len) == 0)) return ES_OK;
+  return es_fail(err, ES_INVALID_ARGUMENT,
+                 "export: the shards hold different data keys named '%s' (each sealed under "
+                 "that name on its own); such a store cannot be exported yet (docs/moving.md)",
+                 b->k1);
+}
+
 static int emit(es_line_fn fn, void *ctx, es_buf *b, es_err *err) {
   if (b->oom) return nomem(err);
   int stop = fn(ctx, b->data, b->len);
@@ -687,6 +704,8 @@ int es_store_export(es_store *s, const es_export_opts *o, es_line_fn fn, void *c
   es_buf_addc(&b, '}');
   rc = emit(fn, ctx, &b, err);
   for (size_t i = 0; rc == ES_OK && i < l.n; i++) {
+    if ((rc = shared_key_line(&l, i, err))) break;
+    if (i > 0 && l.v[i].sec == SEC_KEY && cmp_line(&l.v[i - 1], &l.v[i]) == 0) continue;
     count[l.v[i].sec]++;
     int stop = fn(ctx, l.v[i].text, l.v[i].len);
     if (stop) rc = es_fail(err, ES_INVALID_ARGUMENT, "export stopped by its caller");
