@@ -98,6 +98,7 @@ extern const luaL_Reg es_lstore_subs_methods[];
 extern const luaL_Reg es_lstore_events_methods[];
 extern const luaL_Reg es_lstore_dispatch_methods[];
 extern const luaL_Reg es_lstore_history_methods[];
+extern const luaL_Reg es_lstore_projection_methods[]; /* store_projections.c (§8) */
 
 /* ---------------------------------------------------------------------- */
 /* helpers */
