@@ -157,7 +157,7 @@ int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *e
 
 /* projections.c (§8): the core store's projection ops (store_impl.h). */
 int es_core_projection_read(es_store *s, const char *scope, const char *name, const char *key,
-                            char **value, size_t *len, es_projection *info, es_err *err);
+                            int64_t gen, char **value, size_t *len, es_projection *info, es_err *err);
 int es_core_projection_keys(es_store *s, const char *scope, const char *name, const char *prefix,
                             const char *after, int64_t limit, es_proj_keys *out, es_err *err);
 int es_core_projections(es_store *s, const char *name, es_projections *out, es_err *err);

@@ -220,6 +220,7 @@ static int check_proj_name(const char *name, es_err *err) {
 
 typedef struct read_args {
   const char *name, *key;
+  int64_t gen;
   char **value;
   size_t *len;
   es_projection *info;
@@ -230,9 +231,10 @@ static int do_read(es_store *s, es_txn *t, void *arg, es_err *err) {
   es_projection p;
   int found, rc = get_record(s, t, a->name, &p, &found, err);
   if (rc || !found) return rc;
-  if (p.generation > 0) {
+  int64_t g = a->gen > 0 ? a->gen : p.generation;
+  if (g > 0) {
     char ns[NS_CAP];
-    gen_ns(ns, sizeof ns, a->name, p.generation);
+    gen_ns(ns, sizeof ns, a->name, g);
     rc = s->ops->proj_get(s->bk, t, ns, a->key, a->value, a->len, err);
     if (rc == ES_NOT_FOUND) rc = ES_OK;
   }
@@ -246,7 +248,7 @@ static int do_read(es_store *s, es_txn *t, void *arg, es_err *err) {
 }
 
 int es_core_projection_read(es_store *s, const char *scope, const char *name, const char *key,
-                            char **value, size_t *len, es_projection *info, es_err *err) {
+                            int64_t gen, char **value, size_t *len, es_projection *info, es_err *err) {
   char k[ES_MAX_NAME_BYTES + 1];
   int rc;
   *value = NULL;
@@ -254,7 +256,7 @@ int es_core_projection_read(es_store *s, const char *scope, const char *name, co
   if ((rc = check_proj_name(name, err)) || (rc = stored_key(scope, key, k, err))) return rc;
   if (info && !(info->name = strdup(name))) return es_fail(err, ES_STORAGE, "out of memory");
   if ((rc = es_core_enter(s, err))) return rc;
-  read_args a = {name, k, value, len, info};
+  read_args a = {name, k, gen, value, len, info};
   rc = es_core_read(s, do_read, &a, err);
   es_core_leave(s);
   if (rc) {
@@ -540,7 +542,12 @@ int es_core_projection_control(es_store *s, const char *scope, const char *name,
 int es_store_projection_read(es_store *s, const char *name, const char *key, char **value,
                              size_t *len, es_projection *info, es_err *err) {
   if (info) es_projection_init(info);
-  return s->impl->projection_read(s, NULL, name, key, value, len, info, err);
+  return s->impl->projection_read(s, NULL, name, key, 0, value, len, info, err);
+}
+
+int es_store_projection_read_gen(es_store *s, const char *scope, const char *name, const char *key,
+                                 int64_t gen, char **value, size_t *len, es_err *err) {
+  return s->impl->projection_read(s, scope, name, key, gen, value, len, NULL, err);
 }
 
 int es_store_projection_keys(es_store *s, const char *name, const char *prefix, const char *after,

@@ -79,6 +79,11 @@ void es_proj_keys_destroy(es_proj_keys *k);
  * (name only when the projection does not exist). */
 int es_store_projection_read(es_store *s, const char *name, const char *key, char **value,
                              size_t *len, es_projection *info, es_err *err);
+/* The engine's read while it folds: the state of key in generation gen
+ * (the one it builds), the key behind scope (the tenant prefix of the
+ * event's session, or NULL). */
+int es_store_projection_read_gen(es_store *s, const char *scope, const char *name, const char *key,
+                                 int64_t gen, char **value, size_t *len, es_err *err);
 /* Keys of the live generation starting with prefix, after `after` (NULL:
  * from the first), ascending byte order, at most limit (1..1000). */
 int es_store_projection_keys(es_store *s, const char *name, const char *prefix, const char *after,

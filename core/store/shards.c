@@ -80,9 +80,9 @@ static void sleep_ms(int64_t ms) {
 #define CAT(s) (SH(s)->catalog)
 
 static int shards_projection_read(es_store *s, const char *scope, const char *name,
-                                  const char *key, char **value, size_t *len, es_projection *info,
+                                  const char *key, int64_t gen, char **value, size_t *len, es_projection *info,
                                   es_err *err) {
-  return CAT(s)->impl->projection_read(CAT(s), scope, name, key, value, len, info, err);
+  return CAT(s)->impl->projection_read(CAT(s), scope, name, key, gen, value, len, info, err);
 }
 
 static int shards_projection_keys(es_store *s, const char *scope, const char *name,

@@ -202,7 +202,7 @@ typedef struct es_store_ops {
   /* §8 projections (projections.h). scope: the keys' tenant prefix (NULL:
    * the keys outside any tenant); commit and control refuse a scope. */
   int (*projection_read)(es_store *s, const char *scope, const char *name, const char *key,
-                         char **value, size_t *len, es_projection *info, es_err *err);
+                         int64_t gen, char **value, size_t *len, es_projection *info, es_err *err);
   int (*projection_keys)(es_store *s, const char *scope, const char *name, const char *prefix,
                          const char *after, int64_t limit, es_proj_keys *out, es_err *err);
   int (*projections)(es_store *s, const char *name, es_projections *out, es_err *err);

@@ -1145,10 +1145,10 @@ static int tenant_capabilities(es_store *s, es_capabilities *out, es_err *err) {
 /* ---- §8 projections: the tenant's keys, behind its prefix ---------------- */
 
 static int tenant_projection_read(es_store *s, const char *scope, const char *name, const char *key,
-                                  char **value, size_t *len, es_projection *info, es_err *err) {
+                                  int64_t gen, char **value, size_t *len, es_projection *info, es_err *err) {
   (void)scope; /* a view's keys are its tenant's */
   int rc = t_enter(s, err);
-  if (!rc) rc = B(s)->impl->projection_read(B(s), T(s)->prefix, name, key, value, len, info, err);
+  if (!rc) rc = B(s)->impl->projection_read(B(s), T(s)->prefix, name, key, gen, value, len, info, err);
   return t_done(s, rc, err);
 }
 

@@ -7,6 +7,7 @@
 --   local loader = require("eventstore.loader")(dir, stat, hash, shared)
 --   loader.handler(type, now_ms)  --> fn | nil, err | nil, exists
 --   loader.reducer(name, now_ms)  --> tbl | nil, err | nil, version
+--   loader.projection(name, now_ms) --> tbl | nil, err | nil, version (§8)
 --   loader.new_run()              -- look at every file again
 --
 -- stat(path) gives a file's signature (mtime, size, inode) or nil; hash(src)
@@ -22,7 +23,7 @@
 -- (a fresh worker), the shared source. Only a file that never loaded
 -- anywhere is an error for the events that need it.
 return function(dir, stat, hash, shared)
-  local handlers, reducers, gen = {}, {}, 0
+  local handlers, reducers, projections, gen = {}, {}, {}, 0
   local M = {}
 
   function M.new_run() gen = gen + 1 end
@@ -107,6 +108,11 @@ return function(dir, stat, hash, shared)
 
   function M.reducer(name, now)
     local c = lookup(reducers, "reducers", name, now, "table")
+    return c.value, c.err, c.version
+  end
+
+  function M.projection(name, now)
+    local c = lookup(projections, "projections", name, now, "table")
     return c.value, c.err, c.version
   end
 
