@@ -93,6 +93,35 @@ static void set_str(char **dst, const char *src) {
   *dst = src ? strdup(src) : NULL;
 }
 
+/* The runner's pace per projection, kept in its state's registry as
+ * name -> monotonic ms before which an idle pass commits nothing: a
+ * holder with nothing new renews its lease every ttl/3 (not every pass),
+ * and an engine standing by tries to take over as often, so neither
+ * writes to the store at the idle loop's pace. */
+static const char pace_key = 0;
+
+static int64_t pace_get(lua_State *L, const char *name) {
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &pace_key);
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &pace_key);
+  }
+  lua_getfield(L, -1, name);
+  int64_t v = lua_isinteger(L, -1) ? (int64_t)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 2);
+  return v;
+}
+
+static void pace_set(lua_State *L, const char *name, int64_t until) {
+  (void)pace_get(L, name); /* makes the table */
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &pace_key);
+  lua_pushinteger(L, (lua_Integer)until);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 1);
+}
+
 /* Commits next (and the states) over the record p was; STALE_FENCE means
  * someone else holds or moved it: this engine stands by. */
 static int commit(lua_State *L, pass *ps, fold_box *x, int64_t gen) {
@@ -102,8 +131,12 @@ static int commit(lua_State *L, pass *ps, fold_box *x, int64_t gen) {
   es_projection out;
   int rc = es_store_projection_commit(e->s, &x->next, x->p.seq, e->o.ttl_ms, gen, x->states,
                                       x->n_states, &out, &err);
-  if (rc == ES_STALE_FENCE) return 0;
+  if (rc == ES_STALE_FENCE) {
+    pace_set(L, ps->name, es_mono_ms() + e->o.ttl_ms / 3);
+    return 0;
+  }
   if (rc) store_fail(L, &err);
+  pace_set(L, ps->name, es_mono_ms() + e->o.ttl_ms / 3);
   es_projection_destroy(&x->p);
   x->p = out;
   return 1;
@@ -155,6 +188,8 @@ static int pass_main(lua_State *L) {
     if (es_projection_copy(&x->next, &x->p)) es_lua_raisef(L, ES_STORAGE, "out of memory");
   }
   if (x->p.failed) return 0; /* stopped at an event until retry or skip */
+  int mine = x->p.holder && strcmp(x->p.holder, e->holder) == 0;
+  if (!mine && x->p.holder && es_mono_ms() < pace_get(L, ps->name)) return 0; /* standing by */
 
   int building = x->p.building > 0;
   int64_t gen = building ? x->p.building : x->p.generation;
@@ -316,17 +351,19 @@ static int pass_main(lua_State *L) {
     set_str(&x->next.building_version, NULL);
     set_str(&x->next.building_cursor, NULL);
   }
-  if (x->events.n == 0 && !building && x->p.holder && strcmp(x->p.holder, e->holder) == 0 &&
-      x->p.lease_expires_at != ES_NONE) {
-    /* nothing new: the lease is renewed by the idle loop's own pace */
+  if (x->events.n == 0 && !building && mine && es_mono_ms() < pace_get(L, ps->name)) {
+    ps->outcome = P_CAUGHT_UP; /* nothing new, and the lease is young */
+    return 0;
   }
   if (!commit(L, ps, x, gen)) return 0;
   ps->outcome = failed_at ? P_IDLE : caught_up ? P_CAUGHT_UP : P_MORE;
   return 0;
 }
 
-/* Runs one pass of every projection; *more: one has events left. */
-static int run_passes(es_engine *e, int *more, es_err *err) {
+/* Runs one pass of every projection; *more: one has events left. fresh:
+ * a run starts, so every script file is looked at again (§4), as the
+ * workers' are. */
+static int run_passes(es_engine *e, int fresh, int *more, es_err *err) {
   *more = 0;
   es_type_set *names = es_script_scan(e->scripts, "projections", err);
   if (!names) return err->code;
@@ -335,6 +372,13 @@ static int run_passes(es_engine *e, int *more, es_err *err) {
   if (names->n && !e->proj_runner) e->proj_runner = es_runner_new(e, 0, err);
   runner *r = e->proj_runner;
   if (names->n && !r) rc = err->code;
+  if (r && fresh) {
+    lua_State *L = r->L;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
+    lua_getfield(L, -1, "new_run");
+    lua_pcall(L, 0, 0, 0);
+    lua_settop(L, 0);
+  }
   for (size_t i = 0; rc == ES_OK && i < names->n; i++) {
     lua_State *L = r->L;
     pass ps = {r, names->v[i], P_IDLE, {0}};
@@ -356,17 +400,22 @@ static int run_passes(es_engine *e, int *more, es_err *err) {
 }
 
 int es_projections_catch_up(es_engine *e, es_err *err) {
-  int more = 1, rc = ES_OK;
-  while (rc == ES_OK && more && !atomic_load(&e->stop_req)) rc = run_passes(e, &more, err);
+  int more = 1, rc = ES_OK, fresh = 1;
+  while (rc == ES_OK && more && !atomic_load(&e->stop_req)) {
+    rc = run_passes(e, fresh, &more, err);
+    fresh = 0;
+  }
   return rc;
 }
 
 void *es_projections_main(void *arg) {
   es_engine *e = arg;
+  int fresh = 1;
   while (!atomic_load(&e->keeper_quit)) {
     es_err err = {0};
     int more = 0;
-    if (run_passes(e, &more, &err) != ES_OK) es_engine_log(e, 0, "projections: %s", err.msg);
+    if (run_passes(e, fresh, &more, &err) != ES_OK) es_engine_log(e, 0, "projections: %s", err.msg);
+    fresh = 0;
     if (!more) es_run_wait(e, IDLE_POLL_MS, &e->keeper_quit, 1);
   }
   return NULL;
