@@ -27,6 +27,7 @@
 
 #include "bridge/common.h"
 #include "bridge/events.h"
+#include "bridge/json_lua.h"
 #include "bridge/state.h"
 #include "engine/internal.h"
 #include "store/projections.h"
@@ -425,4 +426,47 @@ void es_projections_free(es_engine *e) {
   if (e->proj_runner) es_runner_free_now(e->proj_runner);
   e->proj_runner = NULL;
   pthread_mutex_destroy(&e->proj_mu);
+}
+
+/* The conversion of es_engine_projection_json, in the runner's state. */
+typedef struct to_json {
+  const char *data;
+  size_t len;
+  es_buf *out;
+  int not_json;
+  es_err err;
+} to_json;
+
+static int to_json_main(lua_State *L) {
+  to_json *j = lua_touserdata(L, 1);
+  if (es_state_decode(L, j->data, j->len, &j->err) != ES_OK) return 0;
+  if (es_json_encode_lua(L, -1, "state", j->out, &j->err) != ES_OK) j->not_json = 1;
+  return 0;
+}
+
+int es_engine_projection_json(es_engine *e, const char *data, size_t len, es_buf *out,
+                              int *not_json, es_err *err) {
+  to_json j = {data, len, out, 0, {0}};
+  int rc = ES_OK;
+  *not_json = 0;
+  pthread_mutex_lock(&e->proj_mu);
+  if (!e->proj_runner) e->proj_runner = es_runner_new(e, 0, err);
+  if (!e->proj_runner) {
+    rc = err->code;
+  } else {
+    lua_State *L = e->proj_runner->L;
+    lua_settop(L, 0);
+    lua_pushcfunction(L, to_json_main);
+    lua_pushlightuserdata(L, &j);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+      rc = es_fail(err, ES_STORAGE, "%s", lua_isstring(L, -1) ? lua_tostring(L, -1) : "error");
+    } else if (j.err.code) {
+      *err = j.err;
+      rc = j.err.code;
+      *not_json = j.not_json;
+    }
+    lua_settop(L, 0);
+  }
+  pthread_mutex_unlock(&e->proj_mu);
+  return rc;
 }

@@ -142,6 +142,11 @@ int es_api_promote(const es_http_req *r, es_http_resp *out);
 int es_api_presence_read(const es_http_req *r, es_http_resp *out);
 int es_api_presence_set(const es_http_req *r, es_http_resp *out);
 int es_api_stats(const es_http_req *r, es_http_resp *out);
+/* projections.c (§8) */
+int es_api_projections(const es_http_req *r, es_http_resp *out);
+int es_api_projection_keys(const es_http_req *r, es_http_resp *out);
+int es_api_projection_state(const es_http_req *r, es_http_resp *out);
+int es_api_projection_control(const es_http_req *r, es_http_resp *out);
 /* sse.c */
 int es_sse_session(const es_http_req *r, es_http_resp *out);
 int es_sse_all(const es_http_req *r, es_http_resp *out);

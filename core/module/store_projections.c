@@ -26,7 +26,7 @@ static void destroy_value(void *p) {
 /* A projection's record as a Lua table: what a reader, the binary and the
  * inspector need (the lease and the building generation included). */
 static void push_record(lua_State *L, const es_projection *p) {
-  lua_createtable(L, 0, 20);
+  lua_createtable(L, 0, 24);
   es_lua_set_str(L, "name", p->name);
   es_lua_set_int(L, "generation", p->generation);
   es_lua_set_str(L, "version", p->version);
@@ -100,7 +100,8 @@ static int m_projection_keys(lua_State *L) {
   return es_lstore_done(L, h, 1);
 }
 
-/* store:projections([name]) -> {record, ...} by name */
+/* store:projections([name]) -> {record, ...} by name, each with its
+ * head, lag and lag_ms (es_store_projection_lag) */
 static int m_projections(lua_State *L) {
   lstore *h = check_store(L);
   const char *name = lua_isnoneornil(L, 2) ? NULL : es_lua_check_name(L, 2, "projection");
@@ -112,7 +113,15 @@ static int m_projections(lua_State *L) {
   if (rc) return raise(L, &err);
   lua_createtable(L, (int)list->n, 0);
   for (size_t i = 0; i < list->n; i++) {
+    int64_t head, lag, lag_ms;
+    s = core_enter(L, h);
+    rc = es_store_projection_lag(s, &list->v[i], &head, &lag, &lag_ms, &err);
+    core_leave(L, h);
+    if (rc) return raise(L, &err);
     push_record(L, &list->v[i]);
+    es_lua_set_int(L, "head", head);
+    es_lua_set_int(L, "lag", lag);
+    es_lua_set_int(L, "lag_ms", lag_ms);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   es_projections_destroy(list);

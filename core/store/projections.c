@@ -17,6 +17,7 @@
 #include "store/backend.h"
 #include "store/internal.h"
 #include "store/projections.h"
+#include "store/shards.h"
 #include "store/store_impl.h"
 #include "util/buf.h"
 
@@ -570,4 +571,33 @@ int es_store_projection_control(es_store *s, const char *name, const char *actio
                                 es_projection *out, es_err *err) {
   if (out) es_projection_init(out);
   return s->impl->projection_control(s, NULL, name, action, out, err);
+}
+
+#define SHARD_LAG_CAP 1000 /* events after a shards: cursor counted at most */
+
+int es_store_projection_lag(es_store *s, const es_projection *p, int64_t *head, int64_t *lag,
+                            int64_t *lag_ms, es_err *err) {
+  int building = p->building > 0;
+  int64_t pos = building ? p->building_position : p->position;
+  const char *cursor = building ? p->building_cursor : p->cursor;
+  es_capabilities caps;
+  es_events next = {0};
+  char **cursors = NULL;
+  int64_t now = 0;
+  *head = ES_NONE;
+  *lag = *lag_ms = 0;
+  int rc = es_store_capabilities(s, &caps, err);
+  if (rc == ES_OK && caps.sharded) {
+    rc = es_shards_read_all_cursor(s, cursor, SHARD_LAG_CAP, &next, &cursors, err);
+    if (rc == ES_OK) *lag = (int64_t)next.n;
+  } else if (rc == ES_OK) {
+    rc = es_store_last_position(s, head, err);
+    if (rc == ES_OK) *lag = *head > pos ? *head - pos : 0;
+    if (rc == ES_OK && *lag) rc = es_store_read_all(s, pos, 1, &next, err);
+  }
+  if (rc == ES_OK && next.n) rc = es_store_now(s, &now, err);
+  if (rc == ES_OK && next.n && now > next.v[0].created_at) *lag_ms = now - next.v[0].created_at;
+  es_shards_cursors_free(cursors, next.n);
+  es_events_destroy(&next);
+  return rc;
 }

@@ -84,6 +84,15 @@ int es_store_projection_read(es_store *s, const char *name, const char *key, cha
  * event's session, or NULL). */
 int es_store_projection_read_gen(es_store *s, const char *scope, const char *name, const char *key,
                                  int64_t gen, char **value, size_t *len, es_err *err);
+/* How far p (a record of s) is behind s's head: *head the newest
+ * position (ES_NONE on shards:, which have none), *lag the positions
+ * after the checkpoint of the generation being folded (on shards: the
+ * events after its cursor, at most 1000 counted), *lag_ms how long ago
+ * (store clock) the oldest event after it was written; 0 and 0 when it
+ * is caught up. O(log n): a last position and one event read. On a
+ * tenant handle, the tenant's events only. */
+int es_store_projection_lag(es_store *s, const es_projection *p, int64_t *head, int64_t *lag,
+                            int64_t *lag_ms, es_err *err);
 /* Keys of the live generation starting with prefix, after `after` (NULL:
  * from the first), ascending byte order, at most limit (1..1000). */
 int es_store_projection_keys(es_store *s, const char *name, const char *prefix, const char *after,
