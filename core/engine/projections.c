@@ -366,6 +366,12 @@ static int pass_main(lua_State *L) {
  * workers' are. */
 static int run_passes(es_engine *e, int fresh, int *more, es_err *err) {
   *more = 0;
+  /* A projection folds every tenant's events and keeps each tenant's
+   * keys apart (§8): it is run by an engine on the root handle; one given
+   * a tenant handle leaves them to it (docs/projections.md "Tenants"). */
+  es_capabilities caps;
+  if (es_store_capabilities(e->s, &caps, err)) return err->code;
+  if (caps.tenant) return ES_OK;
   es_type_set *names = es_script_scan(e->scripts, "projections", err);
   if (!names) return err->code;
   int rc = ES_OK;
