@@ -91,6 +91,15 @@ for _, url in ipairs(helpers.urls()) do
       assert.same(totals, (t.store:projection("totals", "")))
     end)
 
+    it("a projection that does not load is an error at eventstore.engine, naming the file", function()
+      local t = setup(url)
+      projection(t, "broken", "return { x = \n")
+      local ok, err = pcall(t.engine)
+      assert.is_false(ok)
+      assert.equal("INVALID_ARGUMENT", err.code)
+      assert.matches("projections/broken.lua:2", err.message, 1, true)
+    end)
+
     it("pages keys by prefix and cursor", function()
       local t = setup(url)
       projection(t, "by_key", [[

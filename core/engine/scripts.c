@@ -187,12 +187,12 @@ int es_scripts_load_all(runner *r, es_err *err) {
 }
 
 static int load_all(runner *r, es_err *err) {
-  static const char *const kinds[] = {"handlers", "reducers"};
-  static const char *const fns[] = {"handler", "reducer"};
+  static const char *const kinds[] = {"handlers", "reducers", "projections"};
+  static const char *const fns[] = {"handler", "reducer", "projection"};
   lua_State *L = r->L;
   size_t bad = 0;
   int late = 0; /* past the deadline: the watchdog is spent, load no more */
-  for (int k = 0; k < 2 && !late; k++) {
+  for (int k = 0; k < 3 && !late; k++) {
     es_type_set *names = es_script_scan(r->e->scripts, kinds[k], err);
     if (!names) return err->code;
     for (size_t i = 0; i < names->n && !late; i++) {
