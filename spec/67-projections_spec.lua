@@ -185,8 +185,10 @@ return { ["order.placed"] = function(s, e) s.n = (s.n or 0) + 10 end }
       projection(t, "totals", TOTALS)
       projection(t, "picky", [[
 return { ["order.placed"] = function(s, e)
+  -- changes its state in place, then raises: nothing of it may stay
+  s.n = (s.n or 0) + 1; s.seen = (s.seen or 0) + e.payload.amount
   if e.payload.amount == 5 and not os.getenv("NEVER_SET") then error("amount 5 refused") end
-  s.n = (s.n or 0) + 1; s.seen = (s.seen or 0) + e.payload.amount end }
+end }
 ]])
       orders(t.store, 9)
       local bad = t.store:read_all({ after = 0, limit = 100 })[5]

@@ -215,7 +215,8 @@ static int pass_main(lua_State *L) {
   int cache = lua_gettop(L);
   int64_t last = pos, failed_at = 0;
   const char *last_cursor = cursor;
-  for (size_t i = 0; i < x->events.n; i++) {
+  size_t n_events = x->events.n;
+  for (size_t i = 0; i < n_events; i++) {
     const es_event *ev = &x->events.v[i];
     size_t tl = tenant_len(ev->session);
     int wanted = !prefix || strncmp(ev->session + tl, prefix, strlen(prefix)) == 0;
@@ -303,8 +304,18 @@ static int pass_main(lua_State *L) {
         set_str(&x->next.error_cursor, x->cursors ? x->cursors[i] : NULL);
         failed_at = ev->position;
         es_engine_log(e, 0, "%s", msg);
+        /* The step may have changed its state in place before it raised,
+         * and that state may hold this batch's earlier events: fold the
+         * events before this one again from the stored states, so that
+         * nothing of the failed step is committed. */
         lua_settop(L, top);
-        break;
+        lua_newtable(L);
+        lua_replace(L, cache);
+        n_events = i;
+        last = pos;
+        last_cursor = cursor;
+        i = (size_t)-1; /* the loop's i++ starts again at 0 */
+        continue;
       }
       lua_settop(L, top);
     }
