@@ -3,6 +3,7 @@
  *   GET  /v1/projections                        read   {projections: [row]}
  *   GET  /v1/projections/{p}/keys               read   ?prefix&after&limit -> {keys, cursor}
  *   GET  /v1/projections/{p}/state/{key}        read   -> {state, position, version, generation}
+ *   GET  /v1/projections/{p}/state              read   the same for the key "" (one state)
  *   POST /v1/projections/{p}/rebuild|retry|skip admin  -> {projection: row}
  * A tenant's token reads its tenant's keys (the request's store is its
  * tenant handle); rebuilding, retrying and skipping act on the whole
@@ -103,7 +104,10 @@ int es_api_projection_state(const es_http_req *r, es_http_resp *out) {
   size_t len = 0;
   es_projection info;
   es_err err = {0};
-  if (es_store_projection_read(r->store, r->seg[2], r->seg[4], &value, &len, &info, &err))
+  /* .../state alone: the key "" of a projection without a key function
+   * (a path cannot end in an empty segment) */
+  const char *key = r->nseg > 4 ? r->seg[4] : "";
+  if (es_store_projection_read(r->store, r->seg[2], key, &value, &len, &info, &err))
     return es_http_fail_err(out, &err);
   es_buf_adds(&out->body, "{\"state\":");
   int rc = ES_OK, not_json = 0;

@@ -39,6 +39,7 @@ const es_http_route es_http_routes[] = {
     {"GET", "v1/projections", ES_RIGHT_READ, es_api_projections},
     {"GET", "v1/projections/*/keys", ES_RIGHT_READ, es_api_projection_keys},
     {"GET", "v1/projections/*/state/*", ES_RIGHT_READ, es_api_projection_state},
+    {"GET", "v1/projections/*/state", ES_RIGHT_READ, es_api_projection_state},
     {"POST", "v1/projections/*/rebuild", ES_RIGHT_ADMIN, es_api_projection_control},
     {"POST", "v1/projections/*/retry", ES_RIGHT_ADMIN, es_api_projection_control},
     {"POST", "v1/projections/*/skip", ES_RIGHT_ADMIN, es_api_projection_control},
