@@ -100,6 +100,19 @@ for _, url in ipairs(helpers.urls()) do
       assert.matches("projections/broken.lua:2", err.message, 1, true)
     end)
 
+    it("a run gives its leases back at its end: the next engine's run folds at once", function()
+      local t = setup(url)
+      projection(t, "totals", TOTALS)
+      orders(t.store, 3)
+      local a = t.engine({ holder = "a", ttl_ms = 3600000 })
+      eh.run(a)
+      assert.is_nil(t.store:projections("totals")[1].holder)
+      orders(t.store, 2, 100)
+      -- another holder, within what would have been a's lease
+      eh.run(t.engine({ holder = "b", ttl_ms = 3600000 }))
+      assert.equal(7, t.store:projection("totals", "").n) -- 5 orders, 2 outside the prefix (totals has none)
+    end)
+
     it("pages keys by prefix and cursor", function()
       local t = setup(url)
       projection(t, "by_key", [[

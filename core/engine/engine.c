@@ -687,6 +687,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
     es_err perr = {0};
     if (es_projections_catch_up(e, &perr) != ES_OK) e->run_err = perr;
   }
+  es_projections_release(e);
   fill_stats(e, stats);
   stats->busy = 0;
   report_unhandled(e, stats);

@@ -327,6 +327,11 @@ void *es_keeper_main(void *arg);
 int es_projections_catch_up(es_engine *e, es_err *err);
 void *es_projections_main(void *arg);
 void es_projections_free(es_engine *e);
+/* At a run's end: gives back the leases of the projections this engine
+ * runs, so that the next run (of this engine or another, e.g. the next
+ * `eventstore run --until-idle`) takes them at once instead of after the
+ * TTL. */
+void es_projections_release(es_engine *e);
 
 /* completions.c (each commented where it is defined) */
 void es_hand_over(job *j, const claim_info *c);

@@ -487,3 +487,23 @@ int es_engine_projection_json(es_engine *e, const char *data, size_t len, es_buf
   pthread_mutex_unlock(&e->proj_mu);
   return rc;
 }
+
+void es_projections_release(es_engine *e) {
+  es_projections list = {0};
+  es_err err = {0};
+  if (es_store_projections(e->s, NULL, &list, &err) != ES_OK) return;
+  for (size_t i = 0; i < list.n; i++) {
+    es_projection *p = &list.v[i];
+    if (!p->holder || strcmp(p->holder, e->holder) != 0) continue;
+    es_projection next;
+    if (es_projection_copy(&next, p) != ES_OK) break;
+    free(next.holder);
+    next.holder = NULL;
+    next.lease_expires_at = 0;
+    /* a record moved on meanwhile (a control command) keeps its lease to
+     * run out: nothing is lost, another engine waits the TTL */
+    (void)es_store_projection_commit(e->s, &next, p->seq, 0, 0, NULL, 0, NULL, &err);
+    es_projection_destroy(&next);
+  }
+  es_projections_destroy(&list);
+}
