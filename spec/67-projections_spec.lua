@@ -4,6 +4,7 @@
 -- generations (an edit or a rebuild never shows a half-built model), a
 -- raising step that stops only its projection (retry, skip), tenants, and
 -- a store written by the previous schema, migrated at open.
+local eventstore = require("eventstore")
 local helpers = require("helpers")
 local eh = require("engine_helpers")
 
@@ -258,6 +259,45 @@ return { key = function(e) return e.session end,
     end)
   end)
 end
+
+describe("projections on a sharded store", function()
+  after_each(eh.cleanup)
+
+  it("fold every shard's events into states in the catalog, the checkpoint a cursor", function()
+    local urls = {}
+    for i = 1, 3 do
+      local _, _, u = helpers.new("sqlite:")
+      urls[i] = u
+    end
+    local store = eventstore.open("shards:", { catalog = urls[1],
+      plan = { version = 1, shards = { a = urls[2], b = urls[3] } } })
+    local t = setup("memory:")
+    projection(t, "per_customer", PER_CUSTOMER)
+    projection(t, "totals", TOTALS)
+    orders(store, 300)
+    eh.run(eh.engine({ store = store, scripts = t.dir }))
+    local per, totals = {}, { n = 0, sum = 0 }
+    local after = 0
+    repeat -- every shard's events, by cursor
+      local page = store:read_all({ after = after, limit = 100 })
+      for _, e in ipairs(page) do
+        totals.n, totals.sum = totals.n + 1, totals.sum + e.payload.amount
+        if e.session:sub(1, 6) == "order-" then
+          local c = e.payload.customer
+          per[c] = per[c] or { orders = 0, total = 0, key = c }
+          per[c].orders, per[c].total = per[c].orders + 1, per[c].total + e.payload.amount
+        end
+        after = e.cursor
+      end
+    until #page < 100
+    for c, want in pairs(per) do assert.same(want, (store:projection("per_customer", c))) end
+    assert.same(totals, (store:projection("totals", "")))
+    local rec = store:projections("totals")[1]
+    assert.is_string(rec.cursor)
+    assert.equal(0, rec.lag)
+    store:close()
+  end)
+end)
 
 describe("a store of the previous schema gets projections at open", function()
   after_each(eh.cleanup)
