@@ -374,6 +374,56 @@ end
 ATTACKS._stats_enabled = function(c)
   c.A:_stats_enabled(true)
 end
+-- §8 projections: an engine on the root folds every tenant's events into
+-- p (keyed by session, each state holding its events' payloads, B's
+-- secret included), once per test; A then reads at B's keys.
+local function projected(c)
+  if c.projected then return end
+  c.projected = true
+  local eventstore = require("eventstore")
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. helpers.sh_quote(dir .. "/projections")))
+  helpers.write_file(dir .. "/projections/p.lua", [[
+return { key = function(e) return e.session end,
+         ["t"] = function(s, e) s[#s + 1] = e.payload end }
+]])
+  local engine = eventstore.engine({ store = c.root, scripts = dir })
+  engine:run({ until_idle = true })
+  engine:close()
+  os.execute("rm -rf " .. helpers.sh_quote(dir))
+  -- B's states exist (the root sees them only through B's handle)
+  local s1 = c.root:tenant("B"):projection("p", "s1")
+  assert.equal("B-secret", s1[1].who)
+end
+ATTACKS.projection = function(c)
+  projected(c)
+  for _, s in ipairs(b_names("s1")) do c.try("projection", "p", s) end
+  -- A's own states read (the earlier cases may have removed A's s1)
+  local mine = c.A:projection_keys("p", {}).keys[1]
+  assert.is_string(mine)
+  assert.equal("A", c.try("projection", "p", mine)[1].who)
+end
+ATTACKS.projection_keys = function(c)
+  projected(c)
+  c.try("projection_keys", "p", {})
+  c.try("projection_keys", "p", { prefix = "B" .. SEP })
+  c.try("projection_keys", "p", { after = "B" .. SEP .. "s1", limit = 1000 })
+  for _, k in ipairs(c.A:projection_keys("p", {}).keys) do assert.is_nil(k:find(SEP, 1, true), k) end
+end
+ATTACKS.projections = function(c)
+  projected(c)
+  c.try("projections")
+  c.try("projections", "p")
+end
+ATTACKS.projection_control = function(c)
+  projected(c)
+  for _, action in ipairs({ "rebuild", "retry", "skip" }) do
+    local _, err = c.try("projection_control", "p", action)
+    assert.equal("INVALID_ARGUMENT", err.code) -- a tenant steers no projection
+  end
+  assert.is_false(c.root:projections("p")[1].rebuild)
+end
 ATTACKS.close = function(c)
   c.close_last = true -- closing A (last) leaves B open: checked at the end
 end

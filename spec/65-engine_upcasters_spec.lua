@@ -217,6 +217,46 @@ return t]])
       assert.is_true(contains(tostring(err), "upcasters/x.lua"), tostring(err))
       assert.is_true(contains(tostring(err), "current must be an integer"), tostring(err))
     end)
+
+    it("projections fold upcast events (by their upcast type), are rebuilt when an upcaster changes, and stop at a raising one", function()
+      local t = eh.setup(url)
+      chain(t)
+      os.execute("mkdir -p " .. eh.sh_quote(t.dir .. "/projections"))
+      eh.write_script(t.dir .. "/projections/cents.lua", [[
+return { key = function(e) return e.payload.sku end,
+         ["order.created"] = function(s, e) s.cents = (s.cents or 0) + e.payload.cents; s.cur = e.payload.currency end }]])
+      t.store:append("o1", {
+        { type = "order.placed", payload = { amount = 3, sku = "A" }, settled = true },      -- revision 1
+        { type = "order.created", payload = { cents = 50, sku = "A" }, settled = true },
+      })
+      local e = t.engine()
+      eh.run(e)
+      local state, info = t.store:projection("cents", "A")
+      assert.are.same({ cents = 350, cur = "EUR" }, state)
+      local v1 = info.version
+      -- an edited upcaster is a new version: a new generation, folded by the new chain
+      upcaster(t, "order.created", [[
+return { current = 2, [1] = function(p) p.currency = "SEK"; return p end }]])
+      e:close()
+      e = t.engine()
+      eh.run(e)
+      state, info = t.store:projection("cents", "A")
+      assert.are.same({ cents = 350, cur = "SEK" }, state)
+      assert.are_not.equal(v1, info.version)
+      assert.are.equal(2, info.generation)
+      -- a raising upcaster stops the projection at that event, naming it
+      upcaster(t, "order.created", [[
+return { current = 2, [1] = function(p) if p.sku == "B" then error("no B") end return p end }]])
+      local bad = t.store:append("o2", { { type = "order.placed", payload = { amount = 1, sku = "B" }, settled = true } })
+      e:close()
+      e = t.engine()
+      eh.run(e)
+      local row
+      for _, r in ipairs(e:projections()) do if r.name == "cents" then row = r end end
+      assert.are.equal("failed", row.status)
+      assert.is_true(contains(row.error, "no B"), row.error)
+      assert.is_true(contains(row.error, bad[1].id), row.error)
+    end)
   end)
 end
 

@@ -453,6 +453,75 @@ describe("the inspector in a headless browser", function()
     end)
   end)
 
+  it("shows projections: status and lag, keys with paging, a key's state", function()
+    -- a second server on the same database, with an engine to fold
+    -- scripts/projections (the first runs none)
+    local pscripts = os.tmpname()
+    os.remove(pscripts)
+    assert(os.execute("mkdir -p " .. helpers.sh_quote(pscripts .. "/projections")))
+    helpers.write_file(pscripts .. "/projections/tally.lua", [[
+return { key = function(e) return e.session end, sessions = "tally-",
+         ["tally"] = function(s, e) s.n = (s.n or 0) + 1; s.last = e.payload.v end }
+]])
+    helpers.write_file(pscripts .. "/projections/stuck.lua", [[
+return { ["tally"] = function(s, e) if e.payload.v == 3 then error("v 3 refused") end end }
+]])
+    local psrv = hh.serve({ db = srv.db, scripts = pscripts })
+    local ok, err = pcall(d.check, d, function()
+      local batches = {}
+      for i = 1, 105 do
+        batches[i] = { session = ("tally-%03d"):format(i), events = json.array({ { type = "tally", payload = { v = i }, settled = true } }) }
+      end
+      local st, b = hh.post(psrv, ADMIN, "/v1/events", { batches = json.array(batches) })
+      assert.are.equal(200, st, json.encode(b))
+      helpers.wait_until(function()
+        local s2, list = hh.get(psrv, ADMIN, "/v1/projections")
+        if s2 ~= 200 then return false end
+        for _, r in ipairs(list.projections) do
+          if r.name == "tally" then return r.lag == 0 and r.generation > 0 end
+        end
+        return false
+      end, "tally to catch up")
+      d:navigate(psrv.url .. "/#token=" .. hh.enc(ADMIN))
+      d:click("#nav-projections")
+      local row = '#projections tr[data-test="projection-row"][data-projection="tally"]'
+      local status = d:wait_until("tally's row", function()
+        return js("(function(e){return e ? e.querySelector('[data-test=status]').textContent : null;})(document.querySelector(arguments[0]))", row)
+      end)
+      assert.are.equal("running", status)
+      assert.are.equal("0", d:text(row .. ' [data-test="lag"]'))
+      -- the failed one names the event it stopped at
+      local stuck = '#projections tr[data-projection="stuck"]'
+      local stuck_text = d:wait_until("stuck's row", function()
+        return js("(function(e){return e ? e.textContent : null;})(document.querySelector(arguments[0]))", stuck)
+      end)
+      assert.truthy(stuck_text:find("failed", 1, true), stuck_text)
+      assert.truthy(stuck_text:find("v 3 refused", 1, true), stuck_text)
+      -- keys, a page of 100 then the rest
+      d:click(row .. " a")
+      local keys = '#projection-keys li[data-test="key-row"]'
+      d:wait_until("a page of keys", function() return js("document.querySelectorAll(arguments[0]).length", keys) == 100 end)
+      d:click("#projection-keys-more")
+      d:wait_until("all 105 keys", function() return js("document.querySelectorAll(arguments[0]).length", keys) == 105 end)
+      assert.is_true(js("document.getElementById('projection-keys-more').hidden"))
+      -- a prefix, and a key's state
+      d:type("#projection-prefix", "tally-10")
+      d:click("#projection-keys-button")
+      d:wait_until("the keys tally-100..105", function() return js("document.querySelectorAll(arguments[0]).length", keys) == 6 end)
+      d:click('#projection-keys li[data-key="tally-104"] button')
+      local text = d:wait_until("tally-104's state", function()
+        return js("document.getElementById('projection-state').hidden ? null : document.getElementById('projection-state-json').textContent")
+      end)
+      assert.truthy(text:find('"last": 104', 1, true), text)
+      assert.truthy(text:find('"n": 1', 1, true), text)
+      assert.truthy(d:text("#projection-state-meta"):find("generation 1", 1, true))
+      assert.is_nil(banner())
+    end)
+    hh.stop(psrv)
+    os.execute("rm -rf " .. helpers.sh_quote(pscripts))
+    if not ok then error(err, 0) end
+  end)
+
   it("works over HTTPS: signs in, opens a session, shows an event live, and cannot be framed", function()
     -- a second server on the same database, serving HTTPS only
     local tsrv = hh.serve({ db = srv.db, scripts = scripts, no_engine = true,

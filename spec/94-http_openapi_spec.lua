@@ -103,15 +103,29 @@ end)
 
 for _, template in ipairs(helpers.urls()) do
   describe("a client made from /v1/openapi.json alone on " .. template, function()
-    local srv, records
+    local srv, records, scripts
 
     setup(function()
-      srv = hh.serve_full(template)
+      -- the projections the examples name: by_session (keyed), totals
+      -- (one state), failing_a and failing_b (stopped at a "boom" event
+      -- until retried or skipped)
+      local failing = 'return { boom = function() error("boom") end }'
+      scripts = hh.scripts({
+        ["reducers/count.lua"] = hh.SUM_REDUCER,
+        ["projections/by_session.lua"] = [[
+return { key = function(e) return e.session end,
+         add = function(s, e) s.n = (s.n or 0) + 1 end }]],
+        ["projections/totals.lua"] = "return { add = function(s, e) s.n = (s.n or 0) + 1 end }",
+        ["projections/failing_a.lua"] = failing,
+        ["projections/failing_b.lua"] = failing,
+      })
+      srv = hh.serve_full(template, { scripts = scripts })
       records = oh.record()
     end)
     teardown(function()
       oh.stop()
       hh.stop_full(srv)
+      hh.rm(scripts)
     end)
 
     it("reaches every route with the document's own examples; every answer meets its schema", function()
@@ -131,6 +145,16 @@ for _, template in ipairs(helpers.urls()) do
       end
       hh.check_ok(hh.put(srv, ADMIN, "/v1/refs/main", { session = "order-1" }))
       hh.append_ok(srv, ADMIN, "order-gone", { { type = "x", settled = true } })
+      -- retry and skip need a failed projection: wait until both met "boom"
+      hh.append_ok(srv, ADMIN, "fail-1", { { type = "boom", settled = true } })
+      helpers.wait_until(function()
+        local pst, pb = hh.get(srv, ADMIN, "/v1/projections")
+        local failed = 0
+        for _, row in ipairs(pst == 200 and pb.projections or {}) do
+          if row.status == "failed" then failed = failed + 1 end
+        end
+        return failed == 2
+      end, "failing_a and failing_b to stop at the boom event")
       local reached, ok2xx, failed = 0, 0, {}
       local ops = operations(doc)
       for _, o in ipairs(ops) do

@@ -525,7 +525,11 @@ function hh.scripts(files)
   os.remove(dir)
   assert(os.execute("mkdir -p " .. helpers.sh_quote(dir .. "/handlers") .. " " ..
     helpers.sh_quote(dir .. "/reducers")))
-  for rel, text in pairs(files or {}) do helpers.write_file(dir .. "/" .. rel, text) end
+  for rel, text in pairs(files or {}) do
+    local sub = rel:match("^(.*)/[^/]*$")
+    if sub then assert(os.execute("mkdir -p " .. helpers.sh_quote(dir .. "/" .. sub))) end
+    helpers.write_file(dir .. "/" .. rel, text)
+  end
   return dir
 end
 

@@ -239,7 +239,8 @@ typedef struct mref {
 /* One undo step. */
 enum { U_EV_INSERT, U_EV_UPDATE, U_SESS_PUT, U_SNAP_PUT, U_PRES_PUT, U_PRES_DEL, U_REF_PUT,
        U_REF_DEL, U_EV_DELETE, U_SNAP_DEL, U_SESS_DETACH, U_SEG /* §3.9 */,
-       U_KEY_PUT, U_USE_PUT, U_USE_DEL, U_SNAP_DEL_FROM /* §3.10 */ };
+       U_KEY_PUT, U_USE_PUT, U_USE_DEL, U_SNAP_DEL_FROM /* §3.10 */,
+       U_PROJ_PUT, U_PROJ_DEL /* §8 */ };
 typedef struct urec {
   /* Bit fields, so that a step stays 48 bytes (a big transaction's log). */
   unsigned kind : 5;
@@ -310,6 +311,7 @@ struct es_backend {
   es_tree keys;      /* §3.10: mkey by name */
   es_tree uses;      /* §3.10: muse by (key, session) */
   es_tree uses_by_sess; /* §3.10: muse by (session, key): key_use_delete_session */
+  es_tree projs;     /* §8: mproj by (ns, key) */
   urec *undo;        /* owned log of the open write transaction */
   size_t nundo, capundo;
   size_t *marks;     /* savepoint stack: undo log lengths */
@@ -1560,6 +1562,8 @@ static int cmp_key(const es_tree_node *x, const es_tree_node *y);
 static int cmp_use(const es_tree_node *x, const es_tree_node *y);
 static int cmp_use_sess(const es_tree_node *x, const es_tree_node *y);
 
+static int cmp_proj(const es_tree_node *x, const es_tree_node *y); /* §8, below */
+
 static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend **out, es_err *err) {
   (void)opts;
   *out = NULL;
@@ -1593,12 +1597,14 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_tree_init(&b->keys, cmp_key);
   es_tree_init(&b->uses, cmp_use);
   es_tree_init(&b->uses_by_sess, cmp_use_sess);
+  es_tree_init(&b->projs, cmp_proj);
   es_tree_init(&b->queued, cmp_qg);
   es_tree_init(&b->dead, cmp_dg);
   es_hmap_init(&b->scopes, scope_key); /* §3.12 */
   *out = b;
   return ES_OK;
 }
+
 
 /* ord is the first member of a prow, node of an mref: the node is the
  * allocation. */
@@ -1632,6 +1638,7 @@ static void mem_close(es_backend *b) {
     free(ns);
   }
   es_tree_clear(&b->refs, free_node);
+  es_tree_clear(&b->projs, free_node);
   mseglist *sl;
   it = 0;
   while ((sl = es_hmap_next(&b->segs, &it))) seglist_free(sl);
@@ -3322,6 +3329,147 @@ static void snap_del_from_commit(urec *u) {
   free(v);
 }
 
+/* ---- projections (§8) --------------------------------------------------- */
+
+/* A projection row: one block, replaced (never changed) by a put, like a
+ * ref, so undo re-links the old block and commit frees it. */
+typedef struct mproj {
+  es_tree_node node;   /* first: in es_backend.projs by (ns, key) while current */
+  unsigned char linked;
+  size_t klen, vlen;   /* key and value bytes (no NUL counted) */
+  char data[];         /* ns NUL key NUL value NUL */
+} mproj;
+
+typedef struct projkey {
+  const char *ns, *key;
+} projkey;
+
+static const char *proj_key(const mproj *m) { return m->data + strlen(m->data) + 1; }
+static const char *proj_value(const mproj *m) { return proj_key(m) + m->klen + 1; }
+
+static int projkey_cmp(const projkey *k, const mproj *m) {
+  int c = strcmp(k->ns, m->data);
+  return c ? c : strcmp(k->key, proj_key(m));
+}
+static int probe_proj(const void *key, const es_tree_node *n) { return projkey_cmp(key, (const mproj *)n); }
+static int cmp_proj(const es_tree_node *x, const es_tree_node *y) {
+  const mproj *a = (const mproj *)x;
+  projkey k = {a->data, proj_key(a)};
+  return projkey_cmp(&k, (const mproj *)y);
+}
+
+static mproj *proj_find(const es_backend *b, const char *ns, const char *key) {
+  projkey k = {ns, key};
+  es_tree_node *n = es_tree_seek(&b->projs, probe_proj, &k, 0);
+  return n && probe_proj(&k, n) == 0 ? (mproj *)n : NULL;
+}
+
+static void proj_link(es_backend *b, mproj *m) {
+  es_tree_insert(&b->projs, &m->node);
+  m->linked = 1;
+}
+static void proj_unlink(es_backend *b, mproj *m) {
+  es_tree_remove(&b->projs, &m->node);
+  m->linked = 0;
+}
+
+static int mem_proj_get(es_backend *b, es_txn *t, const char *ns, const char *key, char **value,
+                        size_t *len, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  mproj *m = proj_find(t->b, ns, key);
+  *value = NULL;
+  *len = 0;
+  if (!m) return ES_NOT_FOUND;
+  char *v = malloc(m->vlen + 1);
+  if (!v) return oom(err);
+  memcpy(v, proj_value(m), m->vlen + 1);
+  *value = v;
+  *len = m->vlen;
+  return ES_OK;
+}
+
+static int mem_proj_put(es_backend *b, es_txn *t, const char *ns, const char *key, const char *value,
+                        size_t len, es_err *err) {
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  mproj *old = proj_find(b, ns, key), *m = NULL;
+  if (!value && !old) return ES_OK;
+  size_t ln = strlen(ns) + 1, lk = strlen(key);
+  if (undo_reserve(b, 1) != 0 || (value && !(m = malloc(sizeof *m + ln + lk + len + 2)))) {
+    free(m);
+    return oom(err);
+  }
+  if (m) {
+    m->klen = lk;
+    m->vlen = len;
+    memcpy(m->data, ns, ln);
+    memcpy(m->data + ln, key, lk + 1);
+    memcpy(m->data + ln + lk + 1, value, len);
+    m->data[ln + lk + 1 + len] = 0;
+  }
+  if (old) proj_unlink(b, old);
+  if (m) proj_link(b, m);
+  urec *u = undo_push(b, m ? U_PROJ_PUT : U_PROJ_DEL, NULL);
+  u->old = old;
+  u->neu = m;
+  return ES_OK;
+}
+
+static void undo_proj(es_backend *b, urec *u) {
+  if (u->neu) {
+    proj_unlink(b, u->neu);
+    free(u->neu);
+  }
+  if (u->old) proj_link(b, u->old);
+}
+
+/* Chunked like mem_ref_list (the tree may not change under a walk, and
+ * callbacks do not write, but a chunk costs nothing more). */
+static int mem_proj_list(es_backend *b, es_txn *t, const char *ns, const char *prefix,
+                         const char *after, int64_t limit, es_proj_cb cb, void *ctx, es_err *err) {
+  (void)t; /* the backend (b) is all it needs */
+  (void)err;
+  const char *pre = prefix ? prefix : "";
+  size_t plen = strlen(pre);
+  if (limit != ES_NONE && limit <= 0) return ES_OK;
+  projkey k = {ns, pre};
+  int strict = 0;
+  if (after && strcmp(after, pre) >= 0) {
+    k.key = after;
+    strict = 1;
+  }
+  es_tree_iter it;
+  for (es_tree_node *nd = es_tree_iter_seek(&it, &b->projs, probe_proj, &k, strict); nd;
+       nd = es_tree_iter_next(&it)) {
+    mproj *m = (mproj *)nd;
+    if (strcmp(m->data, ns) != 0 || strncmp(proj_key(m), pre, plen) != 0) break;
+    if (cb(ctx, proj_key(m), proj_value(m), m->vlen)) break;
+    if (limit != ES_NONE && --limit == 0) break;
+  }
+  return ES_OK;
+}
+
+/* O((k + 1) log P): counted first (one undo step each, reserved at once). */
+static int mem_proj_drop(es_backend *b, es_txn *t, const char *ns, es_err *err) {
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  projkey k = {ns, ""};
+  es_tree_iter it;
+  size_t n = 0;
+  for (es_tree_node *nd = es_tree_iter_seek(&it, &b->projs, probe_proj, &k, 0);
+       nd && strcmp(((mproj *)nd)->data, ns) == 0; nd = es_tree_iter_next(&it))
+    n++;
+  if (!n) return ES_OK;
+  if (undo_reserve(b, n) != 0) return oom(err);
+  es_tree_node *nd;
+  while ((nd = es_tree_seek(&b->projs, probe_proj, &k, 0)) && strcmp(((mproj *)nd)->data, ns) == 0) {
+    proj_unlink(b, (mproj *)nd);
+    urec *u = undo_push(b, U_PROJ_DEL, NULL);
+    u->old = nd;
+  }
+  return ES_OK;
+}
+
 /* ---- undo dispatch ------------------------------------------------------ */
 
 static void undo_one(es_backend *b, urec *u) {
@@ -3347,6 +3495,8 @@ static void undo_one(es_backend *b, urec *u) {
     case U_USE_PUT:
     case U_USE_DEL: undo_key_use(b, u); break;
     case U_SNAP_DEL_FROM: undo_snap_del_from(u); break;
+    case U_PROJ_PUT:
+    case U_PROJ_DEL: undo_proj(b, u); break;
     default: undo_pres(b, u); break;
   }
 }
@@ -3410,4 +3560,8 @@ const es_backend_ops es_backend_memory = {
     .segment_put = mem_segment_put,
     .segment_delete = mem_segment_delete,
     .counts = mem_counts,
+    .proj_get = mem_proj_get,
+    .proj_put = mem_proj_put,
+    .proj_list = mem_proj_list,
+    .proj_drop = mem_proj_drop,
 };

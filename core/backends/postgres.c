@@ -170,7 +170,7 @@ static int pq_ready(es_err *err) {
 
 /* ---- settings --------------------------------------------------------- */
 
-#define PG_SCHEMA_VERSION 4          /* meta.schema_version of the current schema */
+#define PG_SCHEMA_VERSION 5          /* meta.schema_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -226,6 +226,7 @@ enum {
   ST_SESSION_CLAIMED, ST_EVENT_INSERT_MANY,
   ST_COUNTS, /* §3.12 */
   ST_AHEAD_EVENTS, ST_AHEAD_SESSIONS, ST_AHEAD_IDS, /* pg_read_ahead */
+  ST_PROJ_GET, ST_PROJ_PUT, ST_PROJ_DELETE, ST_PROJ_LIST, ST_PROJ_LIST_ALL, ST_PROJ_DROP, /* §8 */
   ST_COUNT
 };
 
@@ -235,6 +236,17 @@ enum {
  * `LIMIT NULL` is no limit. */
 static const char *const pg_sql[ST_COUNT] = {
     [ST_COUNTS] = "SELECT sessions, events, pending, dead FROM counts WHERE scope = $1",
+    /* §8: keys are bytea, so that the range of a prefix (es_proj_range)
+     * is a range of the primary key whatever its bytes. */
+    [ST_PROJ_GET] = "SELECT value FROM projections WHERE ns = $1 AND key = $2",
+    [ST_PROJ_PUT] = "INSERT INTO projections(ns, key, value) VALUES ($1, $2, $3)"
+                    " ON CONFLICT (ns, key) DO UPDATE SET value = excluded.value",
+    [ST_PROJ_DELETE] = "DELETE FROM projections WHERE ns = $1 AND key = $2",
+    [ST_PROJ_LIST] = "SELECT key, value FROM projections WHERE ns = $1 AND key >= $2 AND key < $3"
+                     " ORDER BY key LIMIT $4",
+    [ST_PROJ_LIST_ALL] = "SELECT key, value FROM projections WHERE ns = $1 AND key >= $2"
+                         " ORDER BY key LIMIT $3",
+    [ST_PROJ_DROP] = "DELETE FROM projections WHERE ns = $1",
     /* pg_read_ahead: what complete_many's completions will read, locked as
      * ST_EVENT_GET_LOCK and ST_SESSION_GET_LOCK lock it */
     [ST_AHEAD_EVENTS] = "SELECT " EV_COLS " FROM events"
@@ -680,9 +692,18 @@ static const char pg_schema_v4[] =
     "CREATE INDEX IF NOT EXISTS events_scope ON events(" PG_SCOPE_OF("session") ", position)"
     "  WHERE " PG_SCOPED("session") ";";
 
+/* Version 5 (§8): projections' records and keyed states, one table of
+ * (ns, key) -> bytes (store/projections.c says what each row is). */
+static const char pg_schema_v5[] =
+    "CREATE TABLE IF NOT EXISTS projections("
+    "  ns TEXT COLLATE \"C\" NOT NULL,"
+    "  key BYTEA NOT NULL,"
+    "  value BYTEA NOT NULL,"
+    "  PRIMARY KEY(ns, key));";
+
 /* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
-static const char *const pg_migrations[PG_SCHEMA_VERSION] = {pg_schema_v1, pg_schema_v2,
-                                                             pg_schema_v3, pg_schema_v4};
+static const char *const pg_migrations[PG_SCHEMA_VERSION] = {
+    pg_schema_v1, pg_schema_v2, pg_schema_v3, pg_schema_v4, pg_schema_v5};
 
 /* ---- types ------------------------------------------------------------ */
 
@@ -3256,6 +3277,92 @@ static int pg_snapshot_list(es_backend *b, es_txn *t, const char *session, es_sn
   return pg_iterate(t, ST_SNAPSHOT_LIST, &p, ROW_SNAPSHOT, (pg_fn)cb, ctx, err);
 }
 
+/* ---- projections (§8) ------------------------------------------------------ */
+
+static int pg_proj_get(es_backend *b, es_txn *t, const char *ns, const char *key, char **value,
+                       size_t *len, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_params p = {0};
+  PGresult *res;
+  *value = NULL;
+  *len = 0;
+  pp_str(&p, ns);
+  pp_bytes(&p, key, strlen(key));
+  int code = pg_run(t, ST_PROJ_GET, &p, &res, err);
+  if (code != ES_OK) return code;
+  if (PQntuples(res) == 0) {
+    code = ES_NOT_FOUND;
+  } else {
+    size_t n = (size_t)PQgetlength(res, 0, 0);
+    char *v = malloc(n + 1);
+    if (!v) {
+      code = pg_oom(err);
+    } else {
+      memcpy(v, PQgetvalue(res, 0, 0), n);
+      v[n] = 0;
+      *value = v;
+      *len = n;
+    }
+  }
+  PQclear(res);
+  return code;
+}
+
+static int pg_proj_put(es_backend *b, es_txn *t, const char *ns, const char *key, const char *value,
+                       size_t len, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_params p = {0};
+  pp_str(&p, ns);
+  pp_bytes(&p, key, strlen(key));
+  if (!value) return pg_write(t, ST_PROJ_DELETE, &p, NULL, err);
+  if (pp_bytes(&p, len ? value : "", len))
+    return es_fail(err, ES_TOO_LARGE, "postgres: projection state too large");
+  return pg_write(t, ST_PROJ_PUT, &p, NULL, err);
+}
+
+static int pg_proj_list(es_backend *b, es_txn *t, const char *ns, const char *prefix,
+                        const char *after, int64_t limit, es_proj_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_params p = {0};
+  PGresult *res;
+  char *lower, *upper;
+  size_t llen, ulen;
+  if (es_proj_range(prefix, after, &lower, &llen, &upper, &ulen) != ES_OK) return pg_oom(err);
+  pp_str(&p, ns);
+  pp_bytes(&p, lower, llen);
+  if (ulen) pp_bytes(&p, upper, ulen);
+  pp_limit(&p, limit);
+  int code = pg_run(t, ulen ? ST_PROJ_LIST : ST_PROJ_LIST_ALL, &p, &res, err);
+  if (code == ES_OK) {
+    int n = PQntuples(res);
+    for (int i = 0; i < n && code == ES_OK; i++) {
+      /* the key's bytes are not NUL-terminated in a binary result */
+      size_t kl = (size_t)PQgetlength(res, i, 0);
+      char *k = malloc(kl + 1);
+      if (!k) {
+        code = pg_oom(err);
+        break;
+      }
+      memcpy(k, PQgetvalue(res, i, 0), kl);
+      k[kl] = 0;
+      int stop = cb(ctx, k, PQgetvalue(res, i, 1), (size_t)PQgetlength(res, i, 1));
+      free(k);
+      if (stop) break;
+    }
+    PQclear(res);
+  }
+  free(lower);
+  free(upper);
+  return code;
+}
+
+static int pg_proj_drop(es_backend *b, es_txn *t, const char *ns, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_params p = {0};
+  pp_str(&p, ns);
+  return pg_write(t, ST_PROJ_DROP, &p, NULL, err);
+}
+
 /* ---- refs ------------------------------------------------------------------ */
 
 static int pg_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
@@ -3737,6 +3844,10 @@ static void pg_wake(es_backend *b) {
       .key_use_list = pg_key_use_list,                          \
       .key_use_delete_session = pg_key_use_delete_session,      \
       .snapshot_delete_from = pg_snapshot_delete_from,          \
+      .proj_get = pg_proj_get,                                  \
+      .proj_put = pg_proj_put,                                  \
+      .proj_list = pg_proj_list,                                \
+      .proj_drop = pg_proj_drop,                                \
       .scrub = pg_scrub,                                        \
       .data_version = pg_data_version,                          \
       .claim_begin = pg_claim_begin,                            \

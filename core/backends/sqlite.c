@@ -66,7 +66,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 9            /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 10           /* PRAGMA user_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -139,6 +139,7 @@ enum {
   ST_COUNTS, /* §3.12 */
   /* several rows per INSERT (sq_event_insert_many) */
   ST_EVENT_INSERT_4, ST_EVENT_INSERT_16, ST_EVENT_INSERT_64,
+  ST_PROJ_GET, ST_PROJ_PUT, ST_PROJ_DELETE, ST_PROJ_LIST, ST_PROJ_DROP, /* §8 */
   ST_COUNT
 };
 
@@ -158,6 +159,14 @@ enum {
  * is at open, if an index ever stops being usable). */
 static const char *const sq_sql[ST_COUNT] = {
     [ST_COUNTS] = "SELECT sessions, events, pending, dead FROM counts WHERE scope = ?1",
+    /* §8: a range of the primary key (ns, key); ?3 is a zero-length blob
+     * when there is no upper bound (every text sorts before a blob). */
+    [ST_PROJ_GET] = "SELECT value FROM projections WHERE ns = ?1 AND key = ?2",
+    [ST_PROJ_PUT] = "INSERT OR REPLACE INTO projections(ns, key, value) VALUES (?1, ?2, ?3)",
+    [ST_PROJ_DELETE] = "DELETE FROM projections WHERE ns = ?1 AND key = ?2",
+    [ST_PROJ_LIST] = "SELECT key, value FROM projections WHERE ns = ?1 AND key >= ?2 AND key < ?3"
+                     " ORDER BY key LIMIT ?4",
+    [ST_PROJ_DROP] = "DELETE FROM projections WHERE ns = ?1",
     [ST_BEGIN_WRITE] = "BEGIN IMMEDIATE",
     [ST_BEGIN_READ] = "BEGIN",
     [ST_COMMIT] = "COMMIT",
@@ -640,6 +649,15 @@ static const char sq_schema_v9[] =
     "CREATE INDEX IF NOT EXISTS events_scope ON events(" SQ_SCOPE_OF("session") ", position)"
     "  WHERE " SQ_SCOPED("session") ";";
 
+/* Version 10 (§8): projections' records and keyed states, one table of
+ * (ns, key) -> bytes (store/projections.c says what each row is). */
+static const char sq_schema_v10[] =
+    "CREATE TABLE IF NOT EXISTS projections("
+    "  ns TEXT NOT NULL,"
+    "  key TEXT NOT NULL,"
+    "  value BLOB NOT NULL,"
+    "  PRIMARY KEY(ns, key)) WITHOUT ROWID;";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -650,6 +668,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v7,
     sq_schema_v8,
     sq_schema_v9,
+    sq_schema_v10,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -2793,6 +2812,99 @@ static int sq_snapshot_list(es_backend *b, es_txn *t, const char *session, es_sn
   return sq_iterate(t, ST_SNAPSHOT_LIST, st, temp, ROW_SNAPSHOT, (sq_fn)cb, ctx, err);
 }
 
+/* ---- projections (§8) ------------------------------------------------------ */
+
+static int sq_remove(es_txn *t, int id, const char *session, int64_t through, int64_t *removed,
+                     es_err *err);
+
+static int sq_proj_get(es_backend *b, es_txn *t, const char *ns, const char *key, char **value,
+                       size_t *len, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  sqlite3_stmt *st;
+  int temp, code;
+  *value = NULL;
+  *len = 0;
+  if ((code = sq_op(t, ST_PROJ_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, ns);
+  sq_bind_str(st, 2, key);
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    size_t n = (size_t)sqlite3_column_bytes(st, 0);
+    const void *p = sqlite3_column_blob(st, 0);
+    char *v = malloc(n + 1);
+    if (!v) {
+      code = sq_oom(err);
+    } else {
+      if (n) memcpy(v, p, n);
+      v[n] = 0;
+      *value = v;
+      *len = n;
+    }
+  } else if (rc == SQLITE_DONE) {
+    code = ES_NOT_FOUND;
+  } else {
+    code = sq_txn_fail(t, rc, "read", err);
+  }
+  sq_stmt_done(t->c, ST_PROJ_GET, st, temp);
+  return code;
+}
+
+static int sq_proj_put(es_backend *b, es_txn *t, const char *ns, const char *key, const char *value,
+                       size_t len, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  sqlite3_stmt *st;
+  int temp, code, rc = 0, id = value ? ST_PROJ_PUT : ST_PROJ_DELETE;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, ns);
+  rc |= sq_bind_str(st, 2, key);
+  if (value) rc |= sqlite3_bind_blob64(st, 3, len ? value : "", len, SQLITE_STATIC);
+  if (rc) return sq_bind_fail(t, id, st, temp, err);
+  return sq_run(t, id, st, temp, "write", err);
+}
+
+static int sq_proj_list(es_backend *b, es_txn *t, const char *ns, const char *prefix,
+                        const char *after, int64_t limit, es_proj_cb cb, void *ctx, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  char *lower, *upper;
+  size_t llen, ulen;
+  if (es_proj_range(prefix, after, &lower, &llen, &upper, &ulen) != ES_OK) return sq_oom(err);
+  if ((code = sq_op(t, ST_PROJ_LIST, &st, &temp, err)) != ES_OK) goto done;
+  rc |= sq_bind_str(st, 1, ns);
+  rc |= sqlite3_bind_text64(st, 2, lower, llen, SQLITE_STATIC, SQLITE_UTF8);
+  rc |= ulen ? sqlite3_bind_text64(st, 3, upper, ulen, SQLITE_STATIC, SQLITE_UTF8)
+             : sqlite3_bind_zeroblob(st, 3, 0);
+  rc |= sqlite3_bind_int64(st, 4, sq_limit(limit));
+  if (rc) {
+    code = sq_bind_fail(t, ST_PROJ_LIST, st, temp, err);
+    goto done;
+  }
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    const char *k = (const char *)sqlite3_column_text(st, 0);
+    const char *v = sqlite3_column_blob(st, 1);
+    size_t n = (size_t)sqlite3_column_bytes(st, 1);
+    if (!k) {
+      code = sq_oom(err);
+      break;
+    }
+    if (cb(ctx, k, v ? v : "", n)) break;
+  }
+  if (code == ES_OK && rc != SQLITE_ROW && rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, ST_PROJ_LIST, st, temp);
+done:
+  free(lower);
+  free(upper);
+  return code;
+}
+
+static int sq_proj_drop(es_backend *b, es_txn *t, const char *ns, es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  int64_t removed;
+  return sq_remove(t, ST_PROJ_DROP, ns, 0, &removed, err);
+}
+
 /* ---- refs ------------------------------------------------------------------ */
 
 static int sq_ref_get(es_backend *b, es_txn *t, const char *name, es_ref *out, es_err *err) {
@@ -3374,6 +3486,10 @@ const es_backend_ops es_backend_sqlite = {
     .key_use_list = sq_key_use_list,
     .key_use_delete_session = sq_key_use_delete_session,
     .snapshot_delete_from = sq_snapshot_delete_from,
+    .proj_get = sq_proj_get,
+    .proj_put = sq_proj_put,
+    .proj_list = sq_proj_list,
+    .proj_drop = sq_proj_drop,
     .scrub = sq_scrub,
     .data_version = sq_data_version,
     .ext_version = sq_ext_version,

@@ -426,6 +426,7 @@ static void engine_free(es_engine *e) {
   pthread_cond_destroy(&e->cond);
   pthread_cond_destroy(&e->run_cond);
   pthread_mutex_destroy(&e->fold_mu);
+  es_projections_free(e);
   pthread_mutex_destroy(&e->types_mu);
   es_engine_leases_free(e);
   pthread_mutex_destroy(&e->lease_mu);
@@ -478,6 +479,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_cond_init(&e->cond, NULL);
   pthread_cond_init(&e->run_cond, NULL);
   pthread_mutex_init(&e->fold_mu, NULL);
+  pthread_mutex_init(&e->proj_mu, NULL);
   pthread_mutex_init(&e->types_mu, NULL);
   pthread_mutex_init(&e->good_mu, NULL);
   pthread_mutex_init(&e->up_mu, NULL);
@@ -665,6 +667,10 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   }
   pthread_t keeper;
   int keeper_started = pthread_create(&keeper, NULL, es_keeper_main, e) == 0;
+  /* §8: a run that goes on keeps the projections caught up beside it */
+  pthread_t projector;
+  int projector_started =
+      !ro->until_idle && pthread_create(&projector, NULL, es_projections_main, e) == 0;
   int64_t next = es_mono_ms() + every;
   while (atomic_load(&e->running) > 0) {
     es_run_wait(e, 20, &e->running, 0);
@@ -682,6 +688,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   pthread_cond_broadcast(&e->run_cond);
   pthread_mutex_unlock(&e->mu);
   if (keeper_started) pthread_join(keeper, NULL);
+  if (projector_started) pthread_join(projector, NULL);
   /* Every worker still in a slot has finished (running is 0); the
    * abandoned ones were detached and left their slots. */
   for (int i = 0; i < e->n; i++)
@@ -690,6 +697,12 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
    * returns; prefetched events nobody started are given back. */
   end_completer(e, completer);
   es_queue_release_before(e, INT64_MAX);
+  /* §8: an until-idle run returns with every projection caught up */
+  if (ro->until_idle && !e->run_err.code) {
+    es_err perr = {0};
+    if (es_projections_catch_up(e, &perr) != ES_OK) e->run_err = perr;
+  }
+  es_projections_release(e);
   fill_stats(e, stats);
   stats->busy = 0;
   report_unhandled(e, stats);

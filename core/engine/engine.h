@@ -197,6 +197,13 @@ int es_engine_release(es_engine *e, const char *session, int *released, es_err *
 
 /* Frees the engine (must not be running). A Lua state that does not close
  * within a second (a finalizer that never returns) is left to its thread. */
+/* §8: a projection state as stored (the reducer-state codec's bytes,
+ * store/projections.h) as JSON text appended to out, converted in the
+ * engine's projection state (HTTP needs no Lua of its own). A state JSON
+ * cannot carry (a binary string, a float key): *not_json set and an
+ * error. */
+int es_engine_projection_json(es_engine *e, const char *data, size_t len, es_buf *out,
+                              int *not_json, es_err *err);
 void es_engine_close(es_engine *e);
 
 /* §3.12: the engine's per-event-type figures since it opened

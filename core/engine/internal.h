@@ -217,6 +217,11 @@ struct es_engine {
    * holder with no worker on it, and ready again when the claim expires.
    * An until-idle run does not end before then (monotonic ms; 0: none). */
   _Atomic int64_t orphans_until;
+
+  /* Projections (projections.c, §8): their runner's state, made at the
+   * first pass that has a projection, used by one pass at a time. */
+  pthread_mutex_t proj_mu;
+  runner *proj_runner;
 };
 
 /* scripts.c: pushes the table the loader shares with the other states
@@ -348,6 +353,18 @@ void es_queue_release_before(es_engine *e, int64_t cutoff);
 void es_begin_stop(es_engine *e);
 void *es_worker_main(void *arg);
 void *es_keeper_main(void *arg);
+
+/* projections.c (§8): passes until every projection is caught up (an
+ * until-idle run's end); the thread that keeps them caught up while a run
+ * goes on; what es_engine_close frees. */
+int es_projections_catch_up(es_engine *e, es_err *err);
+void *es_projections_main(void *arg);
+void es_projections_free(es_engine *e);
+/* At a run's end: gives back the leases of the projections this engine
+ * runs, so that the next run (of this engine or another, e.g. the next
+ * `eventstore run --until-idle`) takes them at once instead of after the
+ * TTL. */
+void es_projections_release(es_engine *e);
 
 /* completions.c (each commented where it is defined) */
 void es_hand_over(job *j, const claim_info *c);

@@ -184,14 +184,14 @@ int es_scripts_load_all(runner *r, es_err *err) {
 }
 
 static int load_all(runner *r, es_err *err) {
-  static const char *const kinds[] = {"handlers", "reducers", "upcasters"};
-  static const char *const fns[] = {"handler", "reducer", "upcaster"};
+  static const char *const kinds[] = {"handlers", "reducers", "upcasters", "projections"};
+  static const char *const fns[] = {"handler", "reducer", "upcaster", "projection"};
   lua_State *L = r->L;
   size_t bad = 0;
   int late = 0; /* past the deadline: the watchdog is spent, load no more */
   es_upcast_refresh(r->e, 1);
   es_upcast_begin(r);
-  for (int k = 0; k < 3 && !late; k++) {
+  for (int k = 0; k < (int)(sizeof kinds / sizeof *kinds) && !late; k++) {
     es_type_set *names = es_script_scan(r->e->scripts, kinds[k], err);
     if (!names) return err->code;
     for (size_t i = 0; i < names->n && !late; i++) {

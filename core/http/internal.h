@@ -158,6 +158,11 @@ int es_api_shred(const es_http_req *r, es_http_resp *out);
  * (embedded at build time as es_openapi_json, NUL-terminated) */
 extern const char es_openapi_json[];
 int es_openapi(const es_http_req *r, es_http_resp *out);
+/* projections.c (§8) */
+int es_api_projections(const es_http_req *r, es_http_resp *out);
+int es_api_projection_keys(const es_http_req *r, es_http_resp *out);
+int es_api_projection_state(const es_http_req *r, es_http_resp *out);
+int es_api_projection_control(const es_http_req *r, es_http_resp *out);
 /* sse.c */
 int es_sse_session(const es_http_req *r, es_http_resp *out);
 int es_sse_all(const es_http_req *r, es_http_resp *out);

@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/type_stats.h"
 #include "http/internal.h"
+#include "store/projections.h"
 #include "store/stats.h"
 
 #define LE_FIRST 10 /* 2^10 ns: about 1 us */
@@ -277,6 +278,39 @@ static void server_figures(es_buf *b, const es_http_ctx *ctx) {
 
 /* ---- the handlers ------------------------------------------------------------------------- */
 
+/* §8: each projection's lag (positions and seconds behind the head) and
+ * whether it stopped at an event; one last position and one event read
+ * per projection (es_store_projection_lag), never a scan. A tenant's
+ * token sees the lag over its tenant's events. */
+static int projection_figures(es_buf *b, es_store *s, es_err *err) {
+  es_projections list = {0};
+  int rc = es_store_projections(s, NULL, &list, err);
+  int64_t *lag = calloc(list.n ? list.n : 1, 2 * sizeof *lag);
+  if (rc == ES_OK && !lag) rc = es_fail(err, ES_STORAGE, "out of memory");
+  for (size_t i = 0; rc == ES_OK && i < list.n; i++) {
+    int64_t head;
+    rc = es_store_projection_lag(s, &list.v[i], &head, &lag[2 * i], &lag[2 * i + 1], err);
+  }
+  if (rc == ES_OK && list.n) {
+    family(b, "eventstore_projection_lag_events", "gauge",
+           "Positions after the projection's checkpoint (the generation being folded).");
+    for (size_t i = 0; i < list.n; i++)
+      sample_i(b, "eventstore_projection_lag_events", "projection", list.v[i].name, lag[2 * i]);
+    family(b, "eventstore_projection_lag_seconds", "gauge",
+           "How long ago the oldest event the projection has not folded was written.");
+    for (size_t i = 0; i < list.n; i++)
+      sample_secs(b, "eventstore_projection_lag_seconds", "projection", list.v[i].name,
+                  (uint64_t)lag[2 * i + 1] * 1000000u);
+    family(b, "eventstore_projection_failed", "gauge",
+           "1 while the projection is stopped at an event that raised (retry or skip it).");
+    for (size_t i = 0; i < list.n; i++)
+      sample_i(b, "eventstore_projection_failed", "projection", list.v[i].name, list.v[i].failed);
+  }
+  free(lag);
+  es_projections_destroy(&list);
+  return rc;
+}
+
 int es_metrics(const es_http_req *r, es_http_resp *out) {
   es_buf *b = &out->body;
   es_err err = {0};
@@ -285,6 +319,10 @@ int es_metrics(const es_http_req *r, es_http_resp *out) {
     return es_http_fail_err(out, &err);
   }
   store_calls(b, r->store);
+  if (projection_figures(b, r->store, &err)) {
+    es_buf_destroy(b);
+    return es_http_fail_err(out, &err);
+  }
   if (!r->tenant) {
     if (r->ctx->engine) engine_figures(b, r->ctx->engine);
     server_figures(b, r->ctx);

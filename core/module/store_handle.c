@@ -680,6 +680,7 @@ int es_lua_open_store(lua_State *L) {
   luaL_setfuncs(L, es_lstore_dispatch_methods, 0);
   luaL_setfuncs(L, es_lstore_history_methods, 0);
   luaL_setfuncs(L, es_lstore_move_methods, 0);
+  luaL_setfuncs(L, es_lstore_projection_methods, 0);
   lua_setfield(L, -2, "__index");
   lua_pop(L, 1);
   luaL_newmetatable(L, CLOCK_MT);

@@ -99,6 +99,7 @@ extern const luaL_Reg es_lstore_events_methods[];
 extern const luaL_Reg es_lstore_dispatch_methods[];
 extern const luaL_Reg es_lstore_history_methods[];
 extern const luaL_Reg es_lstore_move_methods[];
+extern const luaL_Reg es_lstore_projection_methods[]; /* store_projections.c (§8) */
 
 /* ---------------------------------------------------------------------- */
 /* helpers */

@@ -26,6 +26,9 @@
 #ifndef ES_BACKEND_H
 #define ES_BACKEND_H
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "store/store.h"
 
 typedef int (*es_event_cb)(void *ctx, const es_event *row);
@@ -36,6 +39,8 @@ typedef int (*es_presence_cb_row)(void *ctx, const es_presence_row *row);
 typedef int (*es_type_count_cb)(void *ctx, const char *type, int64_t pending);
 typedef int (*es_ref_cb)(void *ctx, const es_ref *row);
 typedef int (*es_segment_cb)(void *ctx, const es_segment *row);
+/* §8: one projection row (key, value bytes), borrowed for the callback. */
+typedef int (*es_proj_cb)(void *ctx, const char *key, const char *value, size_t len);
 /* §3.10: one session holding events under a key, from first_index on. */
 typedef int (*es_key_use_cb)(void *ctx, const char *session, int64_t first_index);
 
@@ -56,6 +61,38 @@ void es_key_row_destroy(es_key_row *k);
  * last_error and claim_holder become NULL, not freed: e is a row being
  * built (es_event_init) or borrowing its strings. */
 void es_event_settle_copy(es_event *e, int64_t processed_at);
+
+/* §8 proj_list's key range as bytes, for a backend whose index is ordered
+ * by bytes (SQL): rows with lower <= key < upper (*ulen 0: no upper bound).
+ * Keys hold no NUL, so `after` + NUL is the least key > after. lower and
+ * upper: malloc'd (free both); ES_STORAGE when out of memory. Written once
+ * here so that the SQL backends agree with the memory one's walk. */
+static inline int es_proj_range(const char *prefix, const char *after, char **lower, size_t *llen,
+                                char **upper, size_t *ulen) {
+  size_t pl = prefix ? strlen(prefix) : 0, al = after ? strlen(after) : 0;
+  *lower = malloc(pl + al + 2);
+  *upper = malloc(pl + 1);
+  if (!*lower || !*upper) {
+    free(*lower);
+    free(*upper);
+    *lower = *upper = NULL;
+    return ES_STORAGE;
+  }
+  if (after && (!prefix || strcmp(after, prefix) >= 0)) {
+    memcpy(*lower, after, al + 1);
+    *llen = al + 1; /* with its NUL: strictly after */
+  } else {
+    memcpy(*lower, prefix ? prefix : "", pl + 1);
+    *llen = pl;
+  }
+  /* The least string above every string starting with prefix: prefix
+   * with trailing 0xff bytes dropped and its last byte + 1. */
+  size_t n = pl;
+  while (n > 0 && (unsigned char)prefix[n - 1] == 0xff) n--;
+  if (n) memcpy(*upper, prefix, n), (*upper)[n - 1] = (char)((unsigned char)prefix[n - 1] + 1);
+  *ulen = n;
+  return ES_OK;
+}
 
 typedef struct es_backend es_backend;  /* a backend's own state, opaque to the core */
 /* A transaction (read or write) of a backend, opaque to the core. Row
@@ -412,6 +449,27 @@ typedef struct es_backend_ops {
    * its own), then checks the copy (sqlite: PRAGMA integrity_check), and
    * removes it when the check fails. Outside any transaction. */
   int (*backup)(es_backend *b, const char *to, es_err *err);
+
+  /* §8 projections (store/projections.c): rows keyed (ns, key) holding
+   * opaque bytes, what a projection keeps (its record under ns "", its
+   * states under one ns per generation). ns and key are NUL-free strings
+   * (key may be empty); the value may hold any bytes. The core writes
+   * them inside its write transactions, beside anything else, so a
+   * projection's checkpoint and the states it changed commit together. */
+  /* The row's value (owned by the caller, free it; NUL-terminated past
+   * *len) or ES_NOT_FOUND. */
+  int (*proj_get)(es_backend *b, es_txn *t, const char *ns, const char *key, char **value,
+                  size_t *len, es_err *err);
+  /* Inserts or replaces the row; value NULL removes it (absent: no-op). */
+  int (*proj_put)(es_backend *b, es_txn *t, const char *ns, const char *key, const char *value,
+                  size_t len, es_err *err);
+  /* Rows of ns whose key starts with prefix and is > after (NULL: no
+   * bound), ascending byte order of key, at most limit (ES_NONE: all);
+   * O(log n + rows returned). The callback must not write. */
+  int (*proj_list)(es_backend *b, es_txn *t, const char *ns, const char *prefix, const char *after,
+                   int64_t limit, es_proj_cb cb, void *ctx, es_err *err);
+  /* Removes every row of ns (a generation dropped after a swap). */
+  int (*proj_drop)(es_backend *b, es_txn *t, const char *ns, es_err *err);
 } es_backend_ops;
 
 extern const es_backend_ops es_backend_memory;

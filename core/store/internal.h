@@ -159,6 +159,19 @@ int es_core_read(es_store *s, txn_fn fn, void *arg, es_err *err);
 int es_core_outside_txn(es_store *s, int (*fn)(es_store *s, void *arg, es_err *err), void *arg,
                         es_err *err);
 
+/* projections.c (§8): the core store's projection ops (store_impl.h). */
+int es_core_projection_read(es_store *s, const char *scope, const char *name, const char *key,
+                            int64_t gen, char **value, size_t *len, es_projection *info, es_err *err);
+int es_core_projection_keys(es_store *s, const char *scope, const char *name, const char *prefix,
+                            const char *after, int64_t limit, es_proj_keys *out, es_err *err);
+int es_core_projections(es_store *s, const char *name, es_projections *out, es_err *err);
+int es_core_projection_commit(es_store *s, const char *scope, const es_projection *next,
+                              int64_t expect_seq, int64_t ttl_ms, int64_t gen,
+                              const es_proj_state *states, size_t n, es_projection *out,
+                              es_err *err);
+int es_core_projection_control(es_store *s, const char *scope, const char *name, const char *action,
+                               es_projection *out, es_err *err);
+
 /* names.c (§3.11): the length of the tenant prefix a stored name starts
  * with (through its ES_TENANT_SEP), 0 when it has none. */
 size_t es_name_prefix_len(const char *v, size_t n);

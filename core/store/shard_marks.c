@@ -264,8 +264,8 @@ struct es_backend {
 };
 
 _Static_assert(sizeof(es_backend_ops) ==
-                   offsetof(es_backend_ops, backup) + sizeof(void (*)(void)),
-               "es_backend_ops has an op after backup: give it a forwarder in marked_ops");
+                   offsetof(es_backend_ops, proj_drop) + sizeof(void (*)(void)),
+               "es_backend_ops has an op after proj_drop: give it a forwarder in marked_ops");
 
 static int m_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
                          es_err *err) {
@@ -589,6 +589,26 @@ static int m_backup(es_backend *b, const char *to, es_err *err) {
   return b->real->backup(b->inner, to, err);
 }
 
+/* §8: projection rows are not a session's: nothing to check on the way. */
+static int m_proj_get(es_backend *b, es_txn *t, const char *ns, const char *key, char **value,
+                      size_t *len, es_err *err) {
+  return b->real->proj_get(b->inner, t, ns, key, value, len, err);
+}
+
+static int m_proj_put(es_backend *b, es_txn *t, const char *ns, const char *key, const char *value,
+                      size_t len, es_err *err) {
+  return b->real->proj_put(b->inner, t, ns, key, value, len, err);
+}
+
+static int m_proj_list(es_backend *b, es_txn *t, const char *ns, const char *prefix,
+                       const char *after, int64_t limit, es_proj_cb cb, void *ctx, es_err *err) {
+  return b->real->proj_list(b->inner, t, ns, prefix, after, limit, cb, ctx, err);
+}
+
+static int m_proj_drop(es_backend *b, es_txn *t, const char *ns, es_err *err) {
+  return b->real->proj_drop(b->inner, t, ns, err);
+}
+
 /* Fills o (a copy of the wrapped backend's table: its scheme, flags and
  * the ops it lacks stay) with the forwarders. */
 static void marked_ops(es_backend_ops *o) {
@@ -664,6 +684,10 @@ static void marked_ops(es_backend_ops *o) {
   if (o->lazy_begin) o->lazy_begin = m_lazy_begin;
   if (o->lazy_end) o->lazy_end = m_lazy_end;
   if (o->backup) o->backup = m_backup;
+  if (o->proj_get) o->proj_get = m_proj_get;
+  if (o->proj_put) o->proj_put = m_proj_put;
+  if (o->proj_list) o->proj_list = m_proj_list;
+  if (o->proj_drop) o->proj_drop = m_proj_drop;
 }
 
 int es_shards_wrap_ops(es_store *s, es_err *err) {

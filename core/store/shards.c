@@ -73,6 +73,43 @@ static void sleep_ms(int64_t ms) {
 
 /* ---- the handle --------------------------------------------------------- */
 
+/* ---- §8 projections: all in the catalog store -----------------------------
+ * A projection folds every shard's events into one read model: its
+ * record and states live in the catalog, so a batch commits in one
+ * transaction there whatever shards its events came from; the checkpoint
+ * is a read_all cursor. */
+
+#define CAT(s) (SH(s)->catalog)
+
+static int shards_projection_read(es_store *s, const char *scope, const char *name,
+                                  const char *key, int64_t gen, char **value, size_t *len, es_projection *info,
+                                  es_err *err) {
+  return CAT(s)->impl->projection_read(CAT(s), scope, name, key, gen, value, len, info, err);
+}
+
+static int shards_projection_keys(es_store *s, const char *scope, const char *name,
+                                  const char *prefix, const char *after, int64_t limit,
+                                  es_proj_keys *out, es_err *err) {
+  return CAT(s)->impl->projection_keys(CAT(s), scope, name, prefix, after, limit, out, err);
+}
+
+static int shards_projections(es_store *s, const char *name, es_projections *out, es_err *err) {
+  return CAT(s)->impl->projections(CAT(s), name, out, err);
+}
+
+static int shards_projection_commit(es_store *s, const char *scope, const es_projection *next,
+                                    int64_t expect_seq, int64_t ttl_ms, int64_t gen,
+                                    const es_proj_state *states, size_t n, es_projection *out,
+                                    es_err *err) {
+  return CAT(s)->impl->projection_commit(CAT(s), scope, next, expect_seq, ttl_ms, gen, states, n,
+                                         out, err);
+}
+
+static int shards_projection_control(es_store *s, const char *scope, const char *name,
+                                     const char *action, es_projection *out, es_err *err) {
+  return CAT(s)->impl->projection_control(CAT(s), scope, name, action, out, err);
+}
+
 static const es_store_ops shards_ops;
 
 
@@ -1015,4 +1052,9 @@ static const es_store_ops shards_ops = {
     .read_at_rest = shards_read_at_rest,
     .counts = es_sh_counts,
     .capabilities = shards_capabilities,
+    .projection_read = shards_projection_read,
+    .projection_keys = shards_projection_keys,
+    .projections = shards_projections,
+    .projection_commit = shards_projection_commit,
+    .projection_control = shards_projection_control,
 };

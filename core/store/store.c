@@ -301,4 +301,9 @@ const es_store_ops es_core_ops = {
     .read_at_rest = es_core_read_at_rest,
     .counts = es_core_counts,
     .capabilities = es_core_capabilities,
+    .projection_read = es_core_projection_read,
+    .projection_keys = es_core_projection_keys,
+    .projections = es_core_projections,
+    .projection_commit = es_core_projection_commit,
+    .projection_control = es_core_projection_control,
 };

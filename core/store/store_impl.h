@@ -37,6 +37,7 @@
 #ifndef ES_STORE_IMPL_H
 #define ES_STORE_IMPL_H
 
+#include "store/projections.h"
 #include "store/store.h"
 
 typedef struct es_store_ops {
@@ -201,6 +202,18 @@ typedef struct es_store_ops {
   int (*counts)(es_store *s, const char *scope, es_counts *out, es_err *err);
   /* §3.1 what the handle can do (a view: its base's, with its tenant). */
   int (*capabilities)(es_store *s, es_capabilities *out, es_err *err);
+  /* §8 projections (projections.h). scope: the keys' tenant prefix (NULL:
+   * the keys outside any tenant); commit and control refuse a scope. */
+  int (*projection_read)(es_store *s, const char *scope, const char *name, const char *key,
+                         int64_t gen, char **value, size_t *len, es_projection *info, es_err *err);
+  int (*projection_keys)(es_store *s, const char *scope, const char *name, const char *prefix,
+                         const char *after, int64_t limit, es_proj_keys *out, es_err *err);
+  int (*projections)(es_store *s, const char *name, es_projections *out, es_err *err);
+  int (*projection_commit)(es_store *s, const char *scope, const es_projection *next,
+                           int64_t expect_seq, int64_t ttl_ms, int64_t gen,
+                           const es_proj_state *states, size_t n, es_projection *out, es_err *err);
+  int (*projection_control)(es_store *s, const char *scope, const char *name, const char *action,
+                            es_projection *out, es_err *err);
 } es_store_ops;
 
 /* The core store's table (store.c). */

@@ -1154,6 +1154,53 @@ static int tenant_capabilities(es_store *s, es_capabilities *out, es_err *err) {
 
 /* ---- the table (store_impl.h) ----------------------------------------- */
 
+/* ---- §8 projections: the tenant's keys, behind its prefix ---------------- */
+
+static int tenant_projection_read(es_store *s, const char *scope, const char *name, const char *key,
+                                  int64_t gen, char **value, size_t *len, es_projection *info, es_err *err) {
+  (void)scope; /* a view's keys are its tenant's */
+  int rc = t_enter(s, err);
+  if (!rc) rc = B(s)->impl->projection_read(B(s), T(s)->prefix, name, key, gen, value, len, info, err);
+  return t_done(s, rc, err);
+}
+
+static int tenant_projection_keys(es_store *s, const char *scope, const char *name,
+                                  const char *prefix, const char *after, int64_t limit,
+                                  es_proj_keys *out, es_err *err) {
+  (void)scope;
+  int rc = t_enter(s, err);
+  if (!rc)
+    rc = B(s)->impl->projection_keys(B(s), T(s)->prefix, name, prefix, after, limit, out, err);
+  return t_done(s, rc, err);
+}
+
+static int tenant_projections(es_store *s, const char *name, es_projections *out, es_err *err) {
+  int rc = t_enter(s, err);
+  if (!rc) rc = B(s)->impl->projections(B(s), name, out, err);
+  return t_done(s, rc, err);
+}
+
+static int tenant_projection_commit(es_store *s, const char *scope, const es_projection *next,
+                                    int64_t expect_seq, int64_t ttl_ms, int64_t gen,
+                                    const es_proj_state *states, size_t n, es_projection *out,
+                                    es_err *err) {
+  (void)scope;
+  int rc = t_enter(s, err);
+  /* the base refuses a scope: a tenant never writes another's keys */
+  if (!rc)
+    rc = B(s)->impl->projection_commit(B(s), T(s)->prefix, next, expect_seq, ttl_ms, gen, states,
+                                       n, out, err);
+  return t_done(s, rc, err);
+}
+
+static int tenant_projection_control(es_store *s, const char *scope, const char *name,
+                                     const char *action, es_projection *out, es_err *err) {
+  (void)scope;
+  int rc = t_enter(s, err);
+  if (!rc) rc = B(s)->impl->projection_control(B(s), T(s)->prefix, name, action, out, err);
+  return t_done(s, rc, err);
+}
+
 static const es_store_ops tenant_ops = {
     .close = tenant_close,
     .free = tenant_free,
@@ -1218,4 +1265,9 @@ static const es_store_ops tenant_ops = {
     .read_at_rest = tenant_read_at_rest,
     .counts = tenant_counts,
     .capabilities = tenant_capabilities,
+    .projection_read = tenant_projection_read,
+    .projection_keys = tenant_projection_keys,
+    .projections = tenant_projections,
+    .projection_commit = tenant_projection_commit,
+    .projection_control = tenant_projection_control,
 };

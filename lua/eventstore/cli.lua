@@ -836,6 +836,38 @@ tenant's counts. With --json, one JSON object:
   options = { db = "string", json = "flag" },
 })
 
+command("projection", {
+  synopsis = "projection list | state NAME KEY | keys NAME [--prefix P] [--after KEY] [--limit N] | rebuild NAME | retry NAME | skip NAME [--db URL]",
+  summary = "show projections and their states; rebuild, retry or skip one",
+  help = [[
+Projections are folds of the whole store into keyed states, kept up to
+date by the engine (docs/projections.md).
+  list          one JSON object per projection: {"name", "version",
+                "position", "head", "lag", "lag_ms", "status", "error",
+                "error_position", "error_id", "generation", "rebuilding",
+                "skipped", "holder"}
+  state NAME KEY  the live generation's state of KEY as JSON, or null
+                (exit 1) when it has none
+  keys NAME     its keys, one a line, in byte order
+  rebuild NAME  build a new generation from the first position; the live
+                one answers reads until the new one has caught up
+  retry NAME    a failed projection folds the event it stopped at again
+  skip NAME     a failed projection records that event as skipped and
+                goes on
+rebuild, retry and skip print the projection's record as JSON and take
+effect at the engine's next pass (an engine that runs it: `eventstore run`
+or `serve`). With --tenant, state and keys read that tenant's keys only;
+rebuild, retry and skip need the root handle.
+]],
+  options_help = DB_HELP .. [[
+  --prefix P      keys: only keys starting with P
+  --after KEY     keys: start after this key (to page)
+  --limit N       keys: print at most N keys
+]],
+  args = { 1, 3 },
+  options = { db = "string", prefix = "string", after = "string", limit = { int = 1 } },
+})
+
 command("replay", {
   synopsis = "replay --scripts NEW [--baseline OLD [--reducers-only]] [--sessions PREFIX] [--limit N] [--format text|ndjson|html] [--out FILE] [--db URL]",
   summary = "run changed scripts over the store's history and show what differs",
@@ -1502,12 +1534,24 @@ end
 function commands.stats.run(o)
   local store <close> = open_store(o, false)
   local st = store:stats()
+  -- §8: each projection's lag (events and ms behind the head)
+  local projections = {}
+  for _, r in ipairs(require("eventstore.projections").rows(store)) do
+    projections[r.name] = { lag = r.lag, lag_ms = r.lag_ms, status = r.status, position = r.position }
+  end
   if o.json then
     out(json.encode({ sessions = st.sessions, events = st.events, pending = st.pending, dead = st.dead,
-      calls = st.calls }))
+      calls = st.calls, projections = next(projections) and projections or nil }))
     return 0
   end
   out(("sessions %d\nevents %d\npending %d\ndead %d"):format(st.sessions, st.events, st.pending, st.dead))
+  local pnames = {}
+  for name in pairs(projections) do pnames[#pnames + 1] = name end
+  table.sort(pnames)
+  for _, name in ipairs(pnames) do
+    local r = projections[name]
+    out(("projection %s %s lag %d lag_ms %d"):format(name, r.status, r.lag, r.lag_ms))
+  end
   local names = {}
   for name in pairs(st.calls) do names[#names + 1] = name end
   table.sort(names)
@@ -1517,6 +1561,45 @@ function commands.stats.run(o)
       local c = st.calls[name]
       out(("%-16s %10d %8d %10.1f %10.1f %10.1f"):format(name, c.count, c.errors, c.p50_us, c.p99_us, c.max_us))
     end
+  end
+  return 0
+end
+
+-- projection SUBCOMMAND: how many arguments each takes after its name.
+local PROJECTION_ARGS = { list = 0, state = 2, keys = 1, rebuild = 1, retry = 1, skip = 1 }
+
+function commands.projection.check(o, args)
+  local want = PROJECTION_ARGS[args[1]]
+  if want == nil then
+    usage_error("projection", true,
+      "projection: expected list, state, keys, rebuild, retry or skip, got '%s'", args[1])
+  end
+  if #args - 1 ~= want then
+    usage_error("projection", true, "projection %s: expected %d argument%s, got %d", args[1], want,
+      want == 1 and "" or "s", #args - 1)
+  end
+end
+
+function commands.projection.run(o, args)
+  local store <close> = open_store(o, false)
+  local sub, name = args[1], args[2]
+  if sub == "list" then
+    for _, r in ipairs(require("eventstore.projections").rows(store)) do out(row_json(r)) end
+  elseif sub == "state" then
+    local state = store:projection(name, args[3])
+    out(json.encode(state == nil and json.null or state))
+    if state == nil then return 1 end
+  elseif sub == "keys" then
+    local left, after = o.limit, o.after
+    repeat
+      local n = left ~= nil and math.min(left, PAGE) or PAGE
+      local page = store:projection_keys(name, { prefix = o.prefix, after = after, limit = n })
+      for _, k in ipairs(page.keys) do out(k) end
+      if left ~= nil then left = left - #page.keys end
+      after = page.cursor
+    until after == nil or left == 0
+  else
+    out(row_json(store:projection_control(name, sub)))
   end
   return 0
 end

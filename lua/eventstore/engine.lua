@@ -3,6 +3,7 @@
 -- opens a store from a URL (and closes it with the engine).
 local core = require("eventstore.core")
 local retention = require("eventstore.retention")
+local projections = require("eventstore.projections")
 
 local Engine = {}
 Engine.__index = Engine
@@ -182,9 +183,21 @@ function Engine:state(session, reducer, opts)
 end
 
 -- stats() -> {types = {[type] = {handled, failed, dead, runs, p50_us,
--- p99_us, max_us}}, handled, failed, dead, store = store:stats()}
--- (docs/stats.md)
-function Engine:stats(...) return handle(self, "stats"):stats(...) end
+-- p99_us, max_us}}, handled, failed, dead, store = store:stats(),
+-- projections = engine:projections()} (docs/stats.md)
+function Engine:stats(...)
+  local st = handle(self, "stats"):stats(...)
+  st.projections = projections.rows(self.store)
+  return st
+end
+
+-- projections() -> one row per projection (§8): name, version, position,
+-- head, lag, lag_ms, status, error, generation, rebuilding, ...
+-- (eventstore.projections)
+function Engine:projections()
+  handle(self, "projections")
+  return projections.rows(self.store)
+end
 
 -- Bench only (bench/README.md "Stats cost"): stop or restart counting.
 function Engine:_stats_enabled(on) return handle(self, "_stats_enabled"):_stats_enabled(on) end

@@ -8,6 +8,7 @@
 --   loader.handler(type, now_ms)  --> fn | nil, err | nil, exists
 --   loader.reducer(name, now_ms)  --> tbl | nil, err | nil, version
 --   loader.upcaster(type, now_ms) --> tbl | nil, err | nil, version (docs/upcasting.md)
+--   loader.projection(name, now_ms) --> tbl | nil, err | nil, version (§8)
 --   loader.new_run()              -- look at every file again
 --
 -- stat(path) gives a file's signature (mtime, size, inode) or nil; hash(src)
@@ -23,7 +24,7 @@
 -- (a fresh worker), the shared source. Only a file that never loaded
 -- anywhere is an error for the events that need it.
 return function(dir, stat, hash, shared)
-  local handlers, reducers, upcasters, gen = {}, {}, {}, 0
+  local handlers, reducers, upcasters, projections, gen = {}, {}, {}, {}, 0
   local M = {}
 
   function M.new_run() gen = gen + 1 end
@@ -135,6 +136,11 @@ return function(dir, stat, hash, shared)
 
   function M.upcaster(name, now)
     local c = lookup(upcasters, "upcasters", name, now, "table", check_upcaster)
+    return c.value, c.err, c.version
+  end
+
+  function M.projection(name, now)
+    local c = lookup(projections, "projections", name, now, "table")
     return c.value, c.err, c.version
   end
 

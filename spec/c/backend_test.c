@@ -140,6 +140,113 @@ static void commit(es_txn *t) {
   if (err.msg[0]) printf("#   write_commit: %s\n", err.msg);
 }
 
+/* ---- projection rows (§8, backend.h proj_*) --------------------------------- */
+
+typedef struct pkeys {
+  int n;
+  char key[16][16];
+  size_t len[16];
+} pkeys;
+
+static int collect_pkey(void *ctx, const char *key, const char *value, size_t len) {
+  pkeys *c = ctx;
+  (void)value;
+  if (c->n < 16) {
+    snprintf(c->key[c->n], sizeof c->key[c->n], "%s", key);
+    c->len[c->n] = len;
+  }
+  c->n++;
+  return 0;
+}
+
+static pkeys plist(es_txn *t, const char *ns, const char *prefix, const char *after, int64_t limit) {
+  pkeys c = {0};
+  es_err err;
+  CHECK_RC(OPS->proj_list(BK(t), t, ns, prefix, after, limit, collect_pkey, &c, &err), ES_OK);
+  return c;
+}
+
+/* Put, replace, delete, get with binary values; listing by prefix (one
+ * ending in a byte that carries), after and limit, namespaces apart; drop;
+ * a rolled-back savepoint undoes puts, replaces and drops. */
+static void case_projection_rows(es_backend *b) {
+  es_err err;
+  char *v;
+  size_t len;
+  es_txn *t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "b", "x\0y", 3, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "a", "A", 1, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "", "", 0, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "az", "AZ", 2, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "b", "B2", 2, &err), ES_OK); /* replaces */
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "c", "C", 1, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "c", NULL, 0, &err), ES_OK);  /* removes */
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "zz", NULL, 0, &err), ES_OK); /* absent: no-op */
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@2", "a", "other", 5, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "", "p", "record", 6, &err), ES_OK);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->proj_get(BK(t), t, "p@1", "b", &v, &len, &err), ES_OK);
+  CHECK(len == 2 && memcmp(v, "B2", 3) == 0);
+  free(v);
+  CHECK_RC(OPS->proj_get(BK(t), t, "p@1", "", &v, &len, &err), ES_OK);
+  CHECK(len == 0 && v && v[0] == 0);
+  free(v);
+  CHECK_RC(OPS->proj_get(BK(t), t, "p@1", "c", &v, &len, &err), ES_NOT_FOUND);
+  CHECK_RC(OPS->proj_get(BK(t), t, "p@3", "a", &v, &len, &err), ES_NOT_FOUND);
+  pkeys c = plist(t, "p@1", NULL, NULL, ES_NONE);
+  CHECK(c.n == 4 && strcmp(c.key[0], "") == 0 && strcmp(c.key[1], "a") == 0 &&
+        strcmp(c.key[2], "az") == 0 && strcmp(c.key[3], "b") == 0 && c.len[3] == 2);
+  c = plist(t, "p@1", "a", NULL, ES_NONE);
+  CHECK(c.n == 2 && strcmp(c.key[1], "az") == 0);
+  c = plist(t, "p@1", "a", "a", ES_NONE); /* strictly after */
+  CHECK(c.n == 1 && strcmp(c.key[0], "az") == 0);
+  c = plist(t, "p@1", NULL, "", 2);
+  CHECK(c.n == 2 && strcmp(c.key[0], "a") == 0 && strcmp(c.key[1], "az") == 0);
+  c = plist(t, "p@1", "b", "a", ES_NONE); /* after before the prefix: the prefix wins */
+  CHECK(c.n == 1 && strcmp(c.key[0], "b") == 0);
+  c = plist(t, "p@2", NULL, NULL, ES_NONE);
+  CHECK(c.n == 1);
+  c = plist(t, "", NULL, NULL, ES_NONE);
+  CHECK(c.n == 1 && strcmp(c.key[0], "p") == 0);
+  OPS->read_end(BK(t), t);
+
+  /* a rolled-back savepoint undoes a put, a replace, a delete and a drop */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "x", "X", 1, &err), ES_OK);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "a", "changed", 7, &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "az", NULL, 0, &err), ES_OK);
+  CHECK_RC(OPS->proj_drop(BK(t), t, "p@2", &err), ES_OK);
+  CHECK_RC(OPS->proj_put(BK(t), t, "p@1", "new", "N", 1, &err), ES_OK);
+  OPS->savepoint_rollback(BK(t), t);
+  commit(t);
+  t = rbegin(b);
+  CHECK_RC(OPS->proj_get(BK(t), t, "p@1", "a", &v, &len, &err), ES_OK);
+  CHECK(len == 1 && v[0] == 'A');
+  free(v);
+  c = plist(t, "p@1", NULL, NULL, ES_NONE);
+  CHECK(c.n == 5 && strcmp(c.key[3], "b") == 0 && strcmp(c.key[4], "x") == 0);
+  CHECK(plist(t, "p@2", NULL, NULL, ES_NONE).n == 1);
+  OPS->read_end(BK(t), t);
+
+  /* drop removes one namespace only */
+  t = wbegin(b);
+  CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+  CHECK_RC(OPS->proj_drop(BK(t), t, "p@1", &err), ES_OK);
+  CHECK_RC(OPS->savepoint_release(BK(t), t, &err), ES_OK);
+  commit(t);
+  t = rbegin(b);
+  CHECK(plist(t, "p@1", NULL, NULL, ES_NONE).n == 0);
+  CHECK(plist(t, "p@2", NULL, NULL, ES_NONE).n == 1);
+  CHECK(plist(t, "", NULL, NULL, ES_NONE).n == 1);
+  OPS->read_end(BK(t), t);
+}
+
 /* ---- snapshots (moved from memory_backend_test.c) -------------------------- */
 
 static void case_snapshots(es_backend *b) {
@@ -2241,6 +2348,8 @@ int main(void) {
   };
   static const bcase cases[] = {
       {"snapshots: put, replace, get, list by reducer", case_snapshots, 0, 0, NULL},
+      {"projection rows: put, replace, delete, get, prefix/after/limit listing, drop, savepoints",
+       case_projection_rows, 0, 0, NULL},
       {"snapshots: binary and empty states, listing without states, replacing",
        case_snapshots_binary, 0, 0, NULL},
       {"sessions: get, replace, listing by prefix, after and limit", sessions_listing, 0, 0, NULL},

@@ -721,6 +721,69 @@
     box.appendChild(dl);
   }
 
+  // ---- projections (§8) -------------------------------------------------------------
+  // The list with status and lag; a projection's keys, paged by cursor; a
+  // key's state as the live generation answers it.
+
+  const J = { name: null, cursor: null, gen: 0 };
+
+  async function loadProjections() {
+    const body = await api('GET', '/v1/projections');
+    const rows = listOf(body, 'projections');
+    clear($('projections'));
+    for (const r of rows) {
+      const name = String(r.name);
+      const err = r.status === 'failed'
+        ? String(r.error || '') + ' (position ' + r.error_position + ', event ' + r.error_id + ')' : '';
+      $('projections').appendChild(el('tr', { 'data-test': 'projection-row', 'data-projection': name },
+        el('td', {}, el('a', { href: '#/projections/' + seg(name), class: 'projection-link' }, name)),
+        el('td', { 'data-test': 'status' }, String(r.status) + (r.rebuilding ? ' (rebuilding)' : '')),
+        el('td', {}, String(r.generation)),
+        el('td', {}, String(r.position)),
+        el('td', { 'data-test': 'lag' }, String(r.lag)),
+        el('td', {}, String(r.lag_ms)),
+        el('td', { class: 'error' }, err)));
+    }
+    $('projections-empty').hidden = rows.length > 0;
+  }
+
+  async function openProjection(name) {
+    J.name = name;
+    J.gen++;
+    $('projection-name').textContent = name;
+    $('projection-detail').hidden = false;
+    $('projection-state').hidden = true;
+    await loadKeys(false);
+  }
+
+  async function loadKeys(more) {
+    const gen = J.gen;
+    if (!more) { J.cursor = null; clear($('projection-keys')); }
+    const body = await api('GET', '/v1/projections/' + seg(J.name) + '/keys' +
+      query({ prefix: $('projection-prefix').value, after: more ? J.cursor : null, limit: PAGE }));
+    if (gen !== J.gen) return;
+    const keys = listOf(body, 'keys');
+    for (const k of keys) {
+      const key = String(k);
+      $('projection-keys').appendChild(el('li', { 'data-test': 'key-row', 'data-key': key },
+        el('button', { type: 'button', class: 'key-link', 'data-test': 'key-link', onclick: guard(() => showKey(key)) },
+          key === '' ? '(the one state)' : key)));
+    }
+    J.cursor = isObject(body) && body.cursor !== undefined && body.cursor !== null ? String(body.cursor) : null;
+    $('projection-keys-more').hidden = J.cursor === null;
+    $('projection-keys-empty').hidden = $('projection-keys').children.length > 0;
+  }
+
+  async function showKey(key) {
+    const gen = J.gen;
+    const body = await api('GET', '/v1/projections/' + seg(J.name) + '/state/' + seg(key));
+    if (gen !== J.gen) return;
+    $('projection-state-meta').textContent = 'key ' + (key === '' ? '""' : key) + ': generation ' +
+      body.generation + ' at position ' + body.position;
+    $('projection-state-json').textContent = pretty(isObject(body) ? body.state : body);
+    $('projection-state').hidden = false;
+  }
+
   // ---- presence -------------------------------------------------------------------
 
   const P = { ns: null, live: null, timer: null };
@@ -850,7 +913,7 @@
   }
 
   // ---- routing -------------------------------------------------------------------
-  // #/sessions[/NAME[/INDEX]], #/dead, #/refs[/NAME], #/presence[/NS], #/feed
+  // #/sessions[/NAME[/INDEX]], #/dead, #/refs[/NAME], #/presence[/NS], #/projections[/NAME], #/feed
 
   // #token=TOKEN opens the inspector signed in (a link a script prints, a
   // headless browser's screenshot): a URL fragment never reaches the server,
@@ -874,7 +937,7 @@
     if (!token) { askToken(); return; }
     const parts = location.hash.replace(/^#\/?/, '').split('/');
     const dec = (s) => { try { return decodeURIComponent(s); } catch (_) { return null; } };
-    const view = ['sessions', 'dead', 'refs', 'presence', 'feed'].includes(parts[0]) ? parts[0] : 'sessions';
+    const view = ['sessions', 'dead', 'refs', 'presence', 'projections', 'feed'].includes(parts[0]) ? parts[0] : 'sessions';
     for (const v of document.querySelectorAll('section.view')) v.hidden = v.getAttribute('data-view') !== view;
     for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.getAttribute('data-view') === view);
     if (view !== 'feed') closeFeed();
@@ -893,6 +956,11 @@
     } else if (view === 'presence') {
       const ns = parts.length > 1 ? dec(parts[1]) : null;
       if (ns && ns !== P.ns) openPresence(ns);
+    } else if (view === 'projections') {
+      guard(loadProjections)();
+      const name = parts.length > 1 ? dec(parts[1]) : null;
+      if (name) guard(openProjection)(name);
+      else $('projection-detail').hidden = true;
     } else if (view === 'feed') {
       guard(openFeed)();
     }
@@ -952,6 +1020,8 @@
         else location.hash = '#/presence/' + seg(ns);
       }
     });
+    $('projection-keys-form').addEventListener('submit', (e) => { e.preventDefault(); guard(loadKeys)(false); });
+    $('projection-keys-more').addEventListener('click', guard(() => loadKeys(true)));
     window.addEventListener('hashchange', route);
     setToken(token);
     route();
