@@ -83,7 +83,7 @@ FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run $(BUILD)/ctest/http_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
-.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http install uninstall programs clean demo fuzz fuzz-api
+.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http install uninstall programs clean demo fuzz fuzz-api failover-demo soak
 
 all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
@@ -102,7 +102,7 @@ deps:
 # The targets that call `make deps` first (the README's `make demo` and
 # `make test` stay one command each). Every object waits for deps when one of
 # them is asked for, so that -j never compiles beside a running apt-get.
-DEPS_GOALS := test check check-sanitize check-valgrind fuzz-api bench bench-pg bench-http demo
+DEPS_GOALS := test check check-sanitize check-valgrind fuzz-api bench bench-pg bench-http demo failover-demo soak
 DEPS_FIRST := $(if $(filter $(DEPS_GOALS),$(MAKECMDGOALS)),deps)
 $(DEPS_GOALS): deps
 
@@ -228,6 +228,19 @@ bench-http: programs $(BUILD)/bench/sse_fanout
 
 demo: all
 	@$(LUA_ENV) $(LUA) examples/demo.lua
+
+# PostgreSQL failover under load, shown (docs/postgres.md "Failover"): a
+# primary and a standby, engines, serve and clients, the primary killed
+# with -9, the standby promoted. FAILOVER_RUNS=N repeats it; FAILOVER_MODE
+# is sync, async or both (default).
+failover-demo: all
+	@$(LUA_ENV) BUILD=$(BUILD) $(LUA) spec/support/failover_demo.lua
+
+# A long run under mixed load with engine kills, failing on an upward trend
+# of serve's memory, descriptors, threads or latency (bench/soak.lua,
+# bench/README.md "Soak"). SOAK_SECONDS sets its length (default 3600).
+soak: all
+	@$(LUA_ENV) BUILD=$(BUILD) SOAK_LATENCY=1 $(LUA) bench/soak.lua
 
 # ---- install ---------------------------------------------------------------
 # The one list of what is installed where (DESTDIR in front of each). The

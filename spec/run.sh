@@ -29,7 +29,7 @@ ALONE="spec/33-postgres_restart_spec.lua spec/84-http_metrics_spec.lua"
 # The longest files start first (longest first, as measured), so that the
 # last ones to finish are short; but a short one third, so that the first
 # progress line comes within seconds, not minutes.
-FIRST="spec/43-engine_budgets_spec.lua spec/16-store_hostile_input_spec.lua spec/01-json_spec.lua spec/34-shards_spec.lua
+FIRST="spec/99-soak_spec.lua spec/43-engine_budgets_spec.lua spec/01-json_spec.lua spec/16-store_hostile_input_spec.lua spec/34-shards_spec.lua
   spec/32-postgres_engines_spec.lua spec/42-engine_crash_spec.lua spec/49-engine_ack_crash_spec.lua
   spec/10-store_append_spec.lua spec/40-engine_spec.lua spec/50-cli_spec.lua spec/11-store_dispatch_spec.lua
   spec/31-postgres_spec.lua $BUILD/ctest/memory_backend_test spec/15-store_errors_spec.lua

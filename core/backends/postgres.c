@@ -74,6 +74,7 @@
 #include "store/backend_sql.h"
 #include "store/counts.h"
 #include "util/parse.h"
+#include "util/watchdog.h"
 
 /* ---- libpq, loaded when the first postgres:// store opens --------------
  *
@@ -182,6 +183,13 @@ static int pq_ready(es_err *err) {
 #define PG_DEFAULT_SCHEMA "eventstore"
 #define PG_DEFAULT_READERS 8         /* read connections at most */
 #define PG_MAX_READERS 64
+/* Every round trip gives up after this long without an answer (the
+ * `timeout_ms` option; docs/postgres.md "Deadlines"): a server that went
+ * silent without closing (a dropped network, a stalled proxy) must not
+ * hold a call, nor the engine, for ever. Long enough for any statement
+ * the store sends, a wait for the store's lock included. */
+#define PG_DEFAULT_TIMEOUT_MS 60000
+#define PG_MAX_TIMEOUT_MS 86400000
 #define PG_MAX_SAVEPOINTS 64         /* nesting depth whose positions are given back on rollback */
 #define PG_MAX_SCHEMA 63             /* NAMEDATALEN - 1 */
 #define PG_MAX_PARAMS 32
@@ -737,6 +745,8 @@ typedef struct pg_conn {
   unsigned char prepared[ST_COUNT];
   int64_t deadlock_ms;             /* claim connections: deadlock_timeout as last read; 0: not yet */
   int n_pend;                      /* statements sent in pipeline mode whose answers are not read */
+  es_wd_slot wd;                   /* the round trip in progress, under the watchdog */
+  int timed_out;                   /* the last round trip passed timeout_ms: its socket was shut */
   pg_pend pend[PG_MAX_PEND];
 } pg_conn;
 
@@ -796,6 +806,8 @@ struct es_backend {
   char *notify_sql;                /* owned: NOTIFY on the store's channel */
   char *listen_sql;                /* owned: LISTEN on it */
   int max_readers;
+  int64_t timeout_ms;              /* a round trip's deadline; 0: none (the `timeout_ms` option) */
+  es_watchdog *wd;                 /* owned: enforces it */
   int async_commit;                /* durability = 1: synchronous_commit off */
   pg_conn w;                       /* the write connection */
   es_txn wt;                       /* the write transaction (one at a time: the core serialises) */
@@ -834,6 +846,16 @@ static void pg_trim(const char *msg, char *out, size_t cap) {
   while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == ' ')) out[--n] = '\0';
 }
 
+/* Why c was lost, for a message: libpq's words, or the deadline when the
+ * watchdog cut it (libpq then says only "server closed the connection"). */
+static void pg_lost_msg(pg_conn *c, const char *msg, char *out, size_t cap) {
+  if (c->timed_out || (c->b && es_watchdog_fired(c->b->wd, &c->wd)))
+    snprintf(out, cap, "no answer within %lld ms (timeout_ms); the connection was dropped",
+             (long long)c->b->timeout_ms);
+  else
+    pg_trim(msg, out, cap);
+}
+
 /* ES_STORAGE: "postgres SCHEMA: WHAT: server message". */
 static int pg_fail_msg(es_err *err, es_backend *b, const char *what, const char *msg) {
   char m[ES_ERRMSG_MAX];
@@ -846,7 +868,7 @@ static int pg_fail_res(es_err *err, pg_conn *c, PGresult *res, const char *what)
   if (!msg || !*msg) msg = PQerrorMessage(c->db);
   if (PQstatus(c->db) == CONNECTION_BAD) {
     char m[ES_ERRMSG_MAX];
-    pg_trim(msg, m, sizeof m);
+    pg_lost_msg(c, msg, m, sizeof m);
     return es_fail(err, ES_STORAGE, "postgres %s: %s: connection lost (%s)", c->b->schema, what, m);
   }
   return pg_fail_msg(err, c->b, what, msg);
@@ -1117,6 +1139,28 @@ static int pg_call(int kind, pg_fn cb, void *ctx, const pg_row *r) {
 
 /* ---- connections ------------------------------------------------------ */
 
+/* A round trip on c begins: the watchdog shuts c's socket if no answer
+ * came within timeout_ms, which ends libpq's wait (it polls with no limit
+ * of its own) as a dropped connection would. Every blocking libpq call on
+ * a connection sits between pg_arm and pg_disarm; wait_change's poll for
+ * notifications does not (it has its own limit, and silence is normal). */
+static void pg_arm(pg_conn *c) {
+  c->timed_out = 0;
+  if (c->db && c->b && c->b->timeout_ms > 0)
+    (void)es_watchdog_arm(c->b->wd, &c->wd, PQsocket(c->db), c->b->timeout_ms);
+}
+
+static void pg_disarm(pg_conn *c) {
+  if (c->b && es_watchdog_disarm(c->b->wd, &c->wd)) c->timed_out = 1;
+}
+
+static PGresult *pg_exec(pg_conn *c, const char *sql) {
+  pg_arm(c);
+  PGresult *res = PQexec(c->db, sql);
+  pg_disarm(c);
+  return res;
+}
+
 /* Server notices (e.g. "schema already exists, skipping") are not ours to
  * print. */
 static void pg_quiet(void *arg, const char *message) {
@@ -1127,7 +1171,7 @@ static void pg_quiet(void *arg, const char *message) {
 /* Runs sql (no parameters, possibly several statements) on c; ES_OK when
  * the last result is a success. */
 static int pg_simple(pg_conn *c, const char *sql, const char *what, es_err *err) {
-  PGresult *res = PQexec(c->db, sql);
+  PGresult *res = pg_exec(c, sql);
   ExecStatusType st = PQresultStatus(res);
   int code = ES_OK;
   if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) code = pg_fail_res(err, c, res, what);
@@ -1491,15 +1535,21 @@ static int pg_send_keep(es_txn *t, int id, const pg_params *p, int kind, int kee
   pg_conn *c = t->c;
   char name[16];
   snprintf(name, sizeof name, "s%d", id);
+  /* a send blocks when the socket's buffer is full (a large insert) */
+  pg_arm(c);
   if (!c->prepared[id]) {
-    if (!PQsendPrepare(c->db, name, pg_sql[id], 0, NULL)) return pg_send_fail(t, "prepare", err);
+    if (!PQsendPrepare(c->db, name, pg_sql[id], 0, NULL)) {
+      pg_disarm(c);
+      return pg_send_fail(t, "prepare", err);
+    }
     c->prepared[id] = 1;
     c->pend[c->n_pend].id = (short)id;
     c->pend[c->n_pend++].kind = PEND_PREPARE;
   }
-  if (!PQsendQueryPrepared(c->db, name, p ? p->n : 0, p ? p->v : NULL, p ? p->len : NULL,
-                           p ? p->fmt : NULL, 1))
-    return pg_send_fail(t, pg_what(t), err);
+  int sent = PQsendQueryPrepared(c->db, name, p ? p->n : 0, p ? p->v : NULL, p ? p->len : NULL,
+                                 p ? p->fmt : NULL, 1);
+  pg_disarm(c);
+  if (!sent) return pg_send_fail(t, pg_what(t), err);
   c->pend[c->n_pend].id = (short)id;
   c->pend[c->n_pend++].kind = (unsigned char)kind;
   return ES_OK;
@@ -1512,8 +1562,10 @@ static int pg_send_sql(es_txn *t, const char *sql, int kind, es_err *err) {
   if (code == ES_OK) code = pg_pipe(t, err);
   if (code != ES_OK) return code;
   pg_conn *c = t->c;
-  if (!PQsendQueryParams(c->db, sql, 0, NULL, NULL, NULL, NULL, 0))
-    return pg_send_fail(t, pg_what(t), err);
+  pg_arm(c);
+  int sent = PQsendQueryParams(c->db, sql, 0, NULL, NULL, NULL, NULL, 0);
+  pg_disarm(c);
+  if (!sent) return pg_send_fail(t, pg_what(t), err);
   c->pend[c->n_pend].id = -1;
   c->pend[c->n_pend++].kind = (unsigned char)kind;
   return ES_OK;
@@ -1628,6 +1680,7 @@ static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err) {
   for (int i = 0; i < n_want; i++) want[i] = NULL;
   if (t->ins_n && (code = pg_ins_flush(t, err)) != ES_OK) return code;
   if (c->n_pend == 0) return pg_txn_check(t, err);
+  pg_arm(c);
   if (!PQpipelineSync(c->db)) lost = 1;
   for (int i = 0; !lost && i < c->n_pend; i++) {
     PGresult *res = PQgetResult(c->db), *mine = NULL;
@@ -1654,6 +1707,7 @@ static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err) {
   }
   c->n_pend = 0;
   if (!lost && !PQexitPipelineMode(c->db)) lost = 1;
+  pg_disarm(c);
   if (code != ES_OK || lost || PQstatus(c->db) == CONNECTION_BAD)
     for (int i = 0; i < n_want; i++) {
       PQclear(want[i]);
@@ -1661,7 +1715,7 @@ static int pg_sync_n(es_txn *t, PGresult **want, int n_want, es_err *err) {
     }
   if (lost || PQstatus(c->db) == CONNECTION_BAD) {
     char m[ES_ERRMSG_MAX];
-    pg_trim(PQerrorMessage(c->db), m, sizeof m);
+    pg_lost_msg(c, PQerrorMessage(c->db), m, sizeof m);
     if (code == ES_OK) code = es_fail(err, ES_STORAGE, "postgres %s: %s: connection lost (%s)",
                                       t->b->schema, pg_what(t), m);
     pg_txn_break(t, err ? err->msg : "connection lost");
@@ -1702,7 +1756,9 @@ static int pg_run(es_txn *t, int id, const pg_params *p, PGresult **out, es_err 
   if (!c->prepared[id]) {
     char name[16];
     snprintf(name, sizeof name, "s%d", id);
+    pg_arm(c);
     res = PQprepare(c->db, name, pg_sql[id], 0, NULL);
+    pg_disarm(c);
     if (PQresultStatus(res) != PGRES_COMMAND_OK) {
       code = pg_fail_res(err, c, res, "prepare");
       PQclear(res);
@@ -1714,8 +1770,10 @@ static int pg_run(es_txn *t, int id, const pg_params *p, PGresult **out, es_err 
   }
   char name[16];
   snprintf(name, sizeof name, "s%d", id);
+  pg_arm(c);
   res = PQexecPrepared(c->db, name, p ? p->n : 0, p ? p->v : NULL, p ? p->len : NULL,
                        p ? p->fmt : NULL, 1);
+  pg_disarm(c);
   ExecStatusType st = PQresultStatus(res);
   if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
     code = pg_fail_res(err, c, res, t->claim ? "claim" : t->write ? "write" : "read");
@@ -1793,15 +1851,50 @@ static int pg_one_int(es_txn *t, int id, const pg_params *p, int64_t *v, es_err 
 
 /* ---- URL ------------------------------------------------------------- */
 
+/* libpq's TCP settings that bound a silent network, unless the URL sets
+ * them (docs/postgres.md "Deadlines"): a connection attempt gives up
+ * after connect_timeout (per host); the kernel probes an idle connection
+ * after 10 s, every 5 s, 3 times (keepalives), and drops one whose sent
+ * data stays unacknowledged for timeout_ms (tcp_user_timeout). A Unix
+ * socket ignores all but connect_timeout. Appended to out (the URI so
+ * far; first: it has no '?' yet), which has room for them. */
+static void pg_tcp_defaults(const es_backend *b, char *out, int first) {
+  char v[32];
+  const char *set[][2] = {{"connect_timeout", v},
+                          {"keepalives_idle", "10"},
+                          {"keepalives_interval", "5"},
+                          {"keepalives_count", "3"},
+                          {"tcp_user_timeout", NULL}};
+  char user_ms[32];
+  /* libpq's connect_timeout is whole seconds, 2 at least */
+  snprintf(v, sizeof v, "%lld", (long long)(b->timeout_ms > 0 ? (b->timeout_ms + 999) / 1000 : 0));
+  if (b->timeout_ms > 0 && b->timeout_ms < 2000) snprintf(v, sizeof v, "2");
+  snprintf(user_ms, sizeof user_ms, "%lld", (long long)b->timeout_ms);
+  set[4][1] = user_ms;
+  const char *q = strchr(out, '?');
+  char *o = out + strlen(out);
+  for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+    size_t kn = strlen(set[i][0]);
+    int given = 0;
+    for (const char *k = q; k && !given; k = strchr(k + 1, '&'))
+      given = strncmp(k + 1, set[i][0], kn) == 0 && k[1 + kn] == '=';
+    if (given) continue;
+    o += sprintf(o, "%c%s=%s", first ? '?' : '&', set[i][0], set[i][1]);
+    first = 0;
+  }
+}
+
 /* rest: the URL after "postgres:" / "postgresql:" ("//..."). Takes our own
- * options out of the query (schema=NAME, readers=N) and keeps every other
- * one for libpq. */
+ * options out of the query (schema=NAME, readers=N, timeout_ms=N) and keeps
+ * every other one for libpq, adding the TCP defaults the URL does not set. */
 static int pg_parse_url(es_backend *b, const char *rest, const es_open_opts *opts, es_err *err) {
   const char *q = strchr(rest, '?');
   size_t base = q ? (size_t)(q - rest) : strlen(rest);
-  size_t cap = strlen(rest) + sizeof "postgresql:";
+  /* room for the TCP defaults pg_tcp_defaults adds */
+  size_t cap = strlen(rest) + sizeof "postgresql:" + 160;
   char *out = malloc(cap), *o = out;
   b->max_readers = PG_DEFAULT_READERS;
+  b->timeout_ms = PG_DEFAULT_TIMEOUT_MS;
   if (!out) return pg_oom(err);
   if (strncmp(rest, "//", 2) != 0) {
     free(out);
@@ -1860,12 +1953,25 @@ static int pg_parse_url(es_backend *b, const char *rest, const es_open_opts *opt
       b->max_readers = (int)x;
       continue;
     }
+    if (strncmp(k, "timeout_ms=", 11) == 0) {
+      char v[32];
+      int64_t x;
+      if (n - 11 >= sizeof v ||
+          (memcpy(v, k + 11, n - 11), v[n - 11] = '\0', es_parse_int(v, 0, PG_MAX_TIMEOUT_MS, &x))) {
+        free(out);
+        return es_fail(err, ES_INVALID_ARGUMENT, "postgres: timeout_ms must be 0 (none) to %d",
+                       PG_MAX_TIMEOUT_MS);
+      }
+      b->timeout_ms = x;
+      continue;
+    }
     *o++ = first ? '?' : '&';
     first = 0;
     memcpy(o, k, n);
     o += n;
   }
   *o = '\0';
+  pg_tcp_defaults(b, out, first);
   b->conninfo = out;
   if (!b->schema && !(b->schema = pg_dup(PG_DEFAULT_SCHEMA, strlen(PG_DEFAULT_SCHEMA)))) return pg_oom(err);
   /* libpq's own judgement of the rest (unknown parameters, bad syntax):
@@ -1907,11 +2013,13 @@ static int pg_schema_read(es_backend *b, pg_conn *c, int64_t *version, int *fore
   const char *v[1] = {b->schema};
   *version = 0;
   *foreign = 0;
+  pg_arm(c);
   PGresult *res = PQexecParams(c->db,
                                "SELECT to_regclass(quote_ident($1) || '.meta') IS NOT NULL,"
                                " (SELECT count(*) FROM pg_class k JOIN pg_namespace n"
                                "  ON n.oid = k.relnamespace WHERE n.nspname = $1)",
                                1, NULL, v, NULL, NULL, 0);
+  pg_disarm(c);
   if (PQresultStatus(res) != PGRES_TUPLES_OK) {
     int code = pg_fail_res(err, c, res, "cannot read the schema");
     PQclear(res);
@@ -1926,7 +2034,7 @@ static int pg_schema_read(es_backend *b, pg_conn *c, int64_t *version, int *fore
   }
   char sql[160];
   snprintf(sql, sizeof sql, "SELECT value FROM \"%s\".meta WHERE key = 'schema_version'", b->schema);
-  res = PQexec(c->db, sql);
+  res = pg_exec(c, sql);
   if (PQresultStatus(res) != PGRES_TUPLES_OK) {
     int code = pg_fail_res(err, c, res, "cannot read the schema version");
     PQclear(res);
@@ -1984,7 +2092,7 @@ static int pg_setup_schema(es_backend *b, es_err *err) {
   return ES_OK;
 rollback:
   if (PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
-    PGresult *res = PQexec(c->db, "ROLLBACK");
+    PGresult *res = pg_exec(c, "ROLLBACK");
     PQclear(res);
   }
   return code;
@@ -2012,6 +2120,7 @@ static void pg_close(es_backend *b) {
   pg_pool_close(&b->claimers);
   pg_conn_close(&b->watch);
   pg_conn_close(&b->w);
+  es_watchdog_free(b->wd);
   if (b->kick[0] >= 0) close(b->kick[0]);
   if (b->kick[1] >= 0) close(b->kick[1]);
   pthread_mutex_destroy(&b->pool_mu);
@@ -2046,6 +2155,11 @@ static int pg_open(const char *url_rest, const es_open_opts *opts, es_backend **
   pthread_mutex_init(&b->watch_mu, NULL);
   pthread_cond_init(&b->watch_cv, NULL);
   b->claimers.claim = 1;
+  if (!(b->wd = es_watchdog_new())) {
+    b->kick[0] = b->kick[1] = -1;
+    code = pg_oom(err);
+    goto fail;
+  }
   /* wait_change polls this pipe beside the watch connection: wake() and
    * a notification another thread consumed write a byte to it */
   if (pipe2(b->kick, O_NONBLOCK | O_CLOEXEC) != 0) {
@@ -2085,7 +2199,7 @@ static void pg_rollback_txn(es_txn *t) {
   if (c->db && PQpipelineStatus(c->db) != PQ_PIPELINE_OFF && !PQexitPipelineMode(c->db))
     pg_conn_close(c);
   if (c->db && PQstatus(c->db) == CONNECTION_OK && PQtransactionStatus(c->db) != PQTRANS_IDLE) {
-    PGresult *res = PQexec(c->db, "ROLLBACK");
+    PGresult *res = pg_exec(c, "ROLLBACK");
     PQclear(res);
   }
 }
@@ -2352,7 +2466,7 @@ static void pg_read_end(es_backend *b, es_txn *t) {
   (void)b; /* t carries it (t->b) */
   pg_reader *r = t->reader;
   if (r->c.db && PQstatus(r->c.db) == CONNECTION_OK && PQtransactionStatus(r->c.db) != PQTRANS_IDLE) {
-    PGresult *res = PQexec(r->c.db, "COMMIT");
+    PGresult *res = pg_exec(&r->c, "COMMIT");
     PQclear(res);
   }
   pg_reader_put_back(t->b, r);
@@ -2433,7 +2547,7 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
   code = pg_conn_fresh(b, &r->c, err);
   if (code == ES_OK && (r->c.deadlock_ms == 0 || !r->c.prepared[ST_CLAIM_SETUP])) {
     /* a new connection: deadlock_timeout as it is now, once */
-    PGresult *res = PQexec(r->c.db, "SELECT current_setting('deadlock_timeout')");
+    PGresult *res = pg_exec(&r->c, "SELECT current_setting('deadlock_timeout')");
     if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1)
       code = pg_fail_res(err, &r->c, res, "cannot begin a claim transaction");
     else
