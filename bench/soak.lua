@@ -26,9 +26,9 @@
 -- 180), SOAK_PAUSE_MS (pause between loops, default 20: the load is steady,
 -- not the most the machine can do), BUILD.
 --
--- PROJECTIONS: when projections land (branch h18-proj), run a projection
--- runner beside the engine here, read a projection state in the loop, and
--- sample the runner's figures too (issue 29 item 4).
+-- The engine also runs a projection (§8: jobs per session); the loop reads
+-- its row over HTTP, and at the end each session's state must equal a
+-- fold from scratch, across the kills (exactly once).
 package.path = "spec/?.lua;" .. package.path
 local eventstore = require("eventstore")
 local helpers = require("helpers")
@@ -52,6 +52,9 @@ return function(event, ctx)
   return { { type = "job.done", id = ("d-%s-%d-%d"):format(event.session, event.index, ctx.attempt),
   payload = { of = event.index } } }
 end
+]],
+  ["projections/jobs_per_session.lua"] = [[
+return { key = function(e) return e.session end, job = function(s) s.n = (s.n or 0) + 1 end }
 ]],
   ["reducers/jobs.lua"] = [[
 return {
@@ -132,6 +135,8 @@ while helpers.wall() - started < SECONDS do
   end
   st, body = timed(function() return hh.get(srv, TOKEN, hh.spath(session, "state", "jobs")) end)
   if st ~= 200 then failures[#failures + 1] = ("state: %s %s"):format(st, json.encode(body)) end
+  st, body = timed(function() return hh.get(srv, TOKEN, "/v1/projections") end)
+  if st ~= 200 then failures[#failures + 1] = ("projections: %s %s"):format(st, json.encode(body)) end
   tailed = tailed + #hh.sse_take(tail, 200, 0.01)
   if #failures > 0 then break end
   local now = helpers.wall()
@@ -169,6 +174,17 @@ while (store:pending_types().job or 0) > 0 do
   end
   helpers.sleep(0.2)
 end
+-- ... and its projection catches up with the head
+since = helpers.wall()
+while #failures == 0 do
+  local row = store:projections("jobs_per_session")[1]
+  if row and row.lag == 0 and row.status == "running" and not row.building then break end
+  if helpers.wall() - since > 120 or ph.status(engine) then
+    failures[#failures + 1] = ("the projection did not catch up: %s\n%s"):format(json.encode(row or {}),
+      ph.tail(engine_log, 20))
+  end
+  helpers.sleep(0.2)
+end
 local jobs, tasks = 0, 0
 for s = 0, 19 do
   local results = {}
@@ -186,9 +202,11 @@ for s = 0, 19 do
       results[key] = true
     end
   end
+  local session_jobs = 0
   for _, e in ipairs(events) do
     if e.type == "job" then
       jobs = jobs + 1
+      session_jobs = session_jobs + 1
       if not results[e.index] or e.status ~= "processed" then
         failures[#failures + 1] = ("job s%02d/%d is %s, with %s result"):format(s, e.index, e.status,
           results[e.index] and "a" or "no")
@@ -196,6 +214,11 @@ for s = 0, 19 do
     elseif e.type == "task" then
       tasks = tasks + 1
     end
+  end
+  local state = store:projection("jobs_per_session", ("s%02d"):format(s))
+  if session_jobs > 0 and (not state or state.n ~= session_jobs) then
+    failures[#failures + 1] = ("projection state of s%02d: %s, a fold from scratch: %d jobs"):format(s,
+      json.encode(state), session_jobs)
   end
 end
 store:close()

@@ -11,8 +11,8 @@
 -- - the HTTP client got only right answers or 503 (never another status,
 --   never a wrong body), saw /healthz go 200 -> 503 -> 200, and appended
 --   again after the switch.
--- PROJECTIONS: when projections land, their states must equal a fold from
--- scratch here too (spec/support/failover.lua says where they run).
+-- - the engines' two projections (one keyed by session, one global)
+--   equal a fold from scratch of what the new primary holds.
 -- `make failover-demo` repeats the run (and runs it asynchronous), printing
 -- each report. Needs PostgreSQL (pg_basebackup) and LuaSocket.
 local F = require("support.failover")
@@ -50,5 +50,8 @@ describe("postgres: failover", function()
     assert.is_false(r.web_wrong, why)
     assert.is_true(r.web_503 >= 1, "the HTTP client never met the switch\n" .. why)
     assert.same({ "200", "503", "200" }, r.health, why)
+    assert.equal(r.jobs // 50, r.proj_keys, why)
+    assert.equal(0, r.proj_wrong, why)
+    assert.is_false(r.proj_total_wrong, why)
   end)
 end)

@@ -16,11 +16,15 @@
 --   batches missing), extra (stored batches never acknowledged: allowed,
 --   an answer lost with the primary), dup_events (ids stored twice),
 --   web_acked, web_lost, web_dup, web_503, health (the /healthz statuses
---   the client saw, in order), seconds, logs (what to print on failure)}
+--   the client saw, in order), proj_keys (keys of the keyed projection),
+--   proj_wrong (its keys whose state is not a fold from scratch),
+--   proj_total (the global projection's count of jobs), seconds, logs
+--   (what to print on failure)}
 --
--- PROJECTIONS: when projections land (branch h18-proj), run a projection
--- runner here beside the engines and add to the report whether each
--- projection's state equals a fold from scratch (issue 29 item 1).
+-- The engines also run two projections (§8; one runner each, by lease,
+-- among the three engines): done_per_session (keyed: job results per
+-- session) and jobs_total (one state); after the switch both must equal a
+-- fold from scratch of what the new primary holds.
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 local ph = require("proc_helpers")
@@ -31,6 +35,13 @@ local q = helpers.sh_quote
 local LUA = os.getenv("LUA") or "lua5.4"
 local support = debug.getinfo(1, "S").source:match("^@(.*[/\\])") or "./"
 local PAIR = support .. "pg_pair.sh"
+
+local PROJECTIONS = {
+  done_per_session = [[
+return { key = function(e) return e.session end,
+         ["job.done"] = function(s) s.n = (s.n or 0) + 1 end }]],
+  jobs_total = [[return { job = function(s) s.n = (s.n or 0) + 1 end }]],
+}
 
 local HANDLER = [[
 return function(event, ctx)
@@ -82,6 +93,11 @@ function F.run(opts)
     assert(os.execute("mkdir -p " .. q(scripts .. "/handlers")))
     helpers.write_file(scripts .. "/handlers/job.lua", HANDLER)
     files[#files + 1] = scripts .. "/handlers/job.lua"
+    assert(os.execute("mkdir -p " .. q(scripts .. "/projections")))
+    for name, src in pairs(PROJECTIONS) do
+      helpers.write_file(scripts .. "/projections/" .. name .. ".lua", src)
+      files[#files + 1] = scripts .. "/projections/" .. name .. ".lua"
+    end
     local store = eventstore.open(url)
     local per = 50
     for s = 1, jobs // per do
@@ -124,6 +140,11 @@ function F.run(opts)
       parts[#parts + 1] = "--- serve:\n" .. ph.tail(srv.log, 8)
       return table.concat(parts, "\n")
     end
+    local function alive_all_engines()
+      for _, p in ipairs(engines) do
+        if ph.status(p) then error("an engine ended early", 0) end
+      end
+    end
     local function alive_all()
       for _, p in ipairs({ engines[1], engines[2], engines[3], appender, web, srv.proc }) do
         if ph.status(p) then error("a process ended early", 0) end
@@ -165,17 +186,38 @@ function F.run(opts)
     helpers.write_file(stop_file, "stop\n")
     report.appender_rc = ph.wait(appender, 120)
     report.web_rc = ph.wait(web, 120)
+    -- the clients have stopped: the projections catch up with the head
+    helpers.wait_until(function()
+      alive_all_engines()
+      local okp, rows = pcall(store.projections, store)
+      if not okp or #rows < 2 then return false end
+      for _, row in ipairs(rows) do
+        if row.lag ~= 0 or row.status ~= "running" or row.building then return false end
+      end
+      return true
+    end, "the projections to catch up", stall_s)
     for _, e in ipairs(engines) do ph.signal(e, "TERM") end
     for _, e in ipairs(engines) do ph.wait(e, 60) end
 
     -- Count, against the new primary.
     report.processed, report.no_result, report.doubled = 0, 0, 0
+    report.proj_keys, report.proj_wrong = 0, 0
+    local total = 0
     for s = 1, jobs // per do
-      local events = store:read(("j-%03d"):format(s))
-      local results = {}
+      local session = ("j-%03d"):format(s)
+      local events = store:read(session)
+      local results, done = {}, 0
       for _, e in ipairs(events) do
-        if e.type == "job.done" then results[e.cause.index] = (results[e.cause.index] or 0) + 1 end
+        if e.type == "job.done" then
+          results[e.cause.index] = (results[e.cause.index] or 0) + 1
+          done = done + 1
+        elseif e.type == "job" then
+          total = total + 1
+        end
       end
+      local state = store:projection("done_per_session", session)
+      if state then report.proj_keys = report.proj_keys + 1 end
+      if not state or state.n ~= done then report.proj_wrong = report.proj_wrong + 1 end
       for _, e in ipairs(events) do
         if e.type == "job" then
           if e.status == "processed" then report.processed = report.processed + 1 end
@@ -212,6 +254,9 @@ function F.run(opts)
     report.web_503 = count(text(wlog), "\n503 ")
     report.health = {}
     for st in text(wlog):gmatch("healthz (%S+)") do report.health[#report.health + 1] = st end
+    local totals = store:projection("jobs_total", "")
+    report.proj_total = totals and totals.n or -1
+    report.proj_total_wrong = report.proj_total ~= total
     report.web_wrong = text(wlog):find("wrong answer", 1, true) ~= nil or text(wlog):find("\nstatus ", 1, true) ~= nil
     store:close()
   end)
@@ -226,9 +271,11 @@ end
 -- One line for a person.
 function F.summary(r)
   return ("%s: %d jobs, %d processed, %d without result, %d with two; appender %d batches acked, %d lost, %d dup ids, "
-    .. "%d stored unacked; http %d acked, %d lost, %d dup, %d x 503; /healthz %s; switch %.1f s; run %.0f s")
+    .. "%d stored unacked; http %d acked, %d lost, %d dup, %d x 503; /healthz %s; projections %d keys, %d wrong, "
+    .. "total %d; switch %.1f s; run %.0f s")
       :format(r.mode, r.jobs, r.processed, r.no_result, r.doubled, r.acked, r.lost, r.dup_events, r.extra,
-        r.web_acked, r.web_lost, r.web_dup, r.web_503, table.concat(r.health, ">"), r.switch_s or -1, r.seconds)
+        r.web_acked, r.web_lost, r.web_dup, r.web_503, table.concat(r.health, ">"), r.proj_keys or -1,
+        r.proj_wrong or -1, r.proj_total or -1, r.switch_s or -1, r.seconds)
 end
 
 return F
