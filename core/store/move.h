@@ -17,8 +17,9 @@
 
 #include "store/store.h"
 
-/* The format version this build writes and the newest it reads. */
-#define ES_EXPORT_VERSION 1
+/* The format version this build writes and the newest it reads (2 added
+ * archived events, §10; 1 still reads). */
+#define ES_EXPORT_VERSION 2
 
 /* One line of an export (without its newline); nonzero stops. */
 typedef int (*es_line_fn)(void *ctx, const char *line, size_t len);
