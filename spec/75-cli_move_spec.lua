@@ -171,6 +171,16 @@ for i = 1, 2000 do
     local c = s:claim("w" .. (i % 13), { holder = "h", ttl_ms = 1000, limit = 1 })
     if c.outcome == "claimed" then s:complete(c.events[1].session, c.events[1].index, c.events[1].attempt, {}) end
   end
+  -- archiving while the copy follows: a segment of events it copied as
+  -- rows, then one more of a session that gets no append after it
+  if i == 1000 then
+    local settled = {}
+    for k = 1, 50 do settled[k] = { type = "z", payload = k, settled = true } end
+    s:append("z", settled)
+    s:archive("z", { through = 20 })
+  elseif i == 1500 then
+    s:archive("z", { through = 40 })
+  end
 end
 -- a dispatch change with no append after it: only the last pass sees it
 local c = s:claim("w0", { holder = "h", ttl_ms = 1000, limit = 1 })
@@ -186,12 +196,12 @@ s:fail("w0", c.events[1].index, c.events[1].attempt, { error = "late", max_failu
         local d <close> = eventstore.open("sqlite:" .. dir .. "/dst.db?mode=ro")
         return d:stats().events
       end)
-      return ok and n == 2100
+      return ok and n == 2150
     end, "copy --follow to catch up", 120, 0.05)
     ph.signal(copy, "TERM")
     assert.equal(0, ph.wait(copy, 60), ph.tail(dir .. "/copy.log", 20))
     local last = ch.lines(helpers.read_file(dir .. "/copy.log"))
-    assert.same({ copied = true, events = 2100, position = 2100 }, eventstore.json.decode(last[#last]))
+    assert.same({ copied = true, events = 2150, position = 2150 }, eventstore.json.decode(last[#last]))
     assert.equal(export_text(dir, "sqlite:src.db"), export_text(dir, "sqlite:dst.db"))
   end)
 end)

@@ -1022,6 +1022,12 @@ typedef struct seg_seen {
   int64_t through; /* the highest through of its rows */
 } seg_seen;
 
+static int count_row(void *ctx, const es_event *row) {
+  (void)row;
+  ++*(int64_t *)ctx;
+  return 0;
+}
+
 static int seg_seen_cb(void *ctx, const es_segment *row) {
   seg_seen *c = ctx;
   if (row->from == c->want->from && row->through == c->want->through) c->same = 1;
@@ -1048,10 +1054,19 @@ static int put_archived(es_store *st, es_txn *t, import_args *a, const char *ses
                      "carries new segments only; export and import the store again",
                      session, (long long)g->from, (long long)g->through, (long long)c.through);
   }
-  int rc = es_archive_import_segment(st, t, session, g->from, g->through,
-                                     (const unsigned char *)raw->data, raw->len, g->created_at, err);
+  /* the result counts the events the target did not hold: in an
+   * increment, those a segment brings that were not rows there yet */
+  int64_t held = 0;
+  int rc = a->mode == ES_IMPORT_UPSERT ? st->ops->event_range(st->bk, t, session, g->from - 1,
+                                                              g->through, ES_NONE, count_row,
+                                                              &held, err)
+                                       : ES_OK;
+  if (rc == ES_OK)
+    rc = es_archive_import_segment(st, t, session, g->from, g->through,
+                                   (const unsigned char *)raw->data, raw->len, g->created_at, err);
   if (rc == ES_OK && a->mode == ES_IMPORT_UPSERT)
     rc = st->ops->event_delete_range(st->bk, t, session, g->through, err);
+  if (rc == ES_OK) a->res->events += g->through - g->from + 1 - held;
   return rc;
 }
 
