@@ -417,6 +417,29 @@ end
       assert.equal(0, #dst:sessions({}).sessions, kind)
       assert.equal(0, #dst:read_all({ after = 0 }), kind)
     end
+    -- a segment whose events are not all there, or not the segment's own
+    src:append("b", { { type = "note", settled = true }, { type = "note", settled = true } })
+    src:archive("b", { through = 2 })
+    lines = export_of(src)
+    local function without(pred, fix)
+      local out = {}
+      for _, l in ipairs(lines) do
+        if not pred(l) then out[#out + 1] = fix and fix(l) or l end
+      end
+      return out
+    end
+    local first_b = '"event":{"position":3,"session":"b","index":1'
+    local cut = without(function(l) return l:find('"event":{"position":4,"session":"b","index":2', 1, true) end,
+      function(l) return (l:gsub('"archived_events":3', '"archived_events":2')) end)
+    local moved = without(function() return false end,
+      function(l) return l:find(first_b, 1, true) and (l:gsub('"through":2', '"through":3', 1)) or l end)
+    for what, stream in pairs({ ["not all in the stream"] = cut, ["disagree about their segment"] = moved }) do
+      local dst = open_kind("sqlite", clock)
+      local err = expect_error("INVALID_ARGUMENT", eventstore.import, dst, stream)
+      assert.truthy(tostring(err):find(what, 1, true), tostring(err))
+      assert.equal(0, #dst:sessions({}).sessions)
+      assert.same({}, dst:segments("a"))
+    end
   end)
 
   it("exports one prefix of sessions, and refuses a tenant handle", function()
