@@ -735,7 +735,7 @@ int es_store_export(es_store *s, const es_export_opts *o, es_line_fn fn, void *c
     lines_destroy(&l);
     return rc;
   }
-  qsort(l.v, l.n, sizeof *l.v, cmp_line);
+  if (l.n) qsort(l.v, l.n, sizeof *l.v, cmp_line); /* qsort(NULL, 0): undefined */
   int64_t count[SEC_N] = {0};
   es_buf b;
   es_buf_init(&b);
@@ -1272,7 +1272,7 @@ static int part_state(import_args *a, int *state, char *what, size_t what_len, e
   static const es_export_opts all;
   int rc = export_part(a->pt, &all, &l, &last, err);
   if (rc) return rc;
-  qsort(l.v, l.n, sizeof *l.v, cmp_line);
+  if (l.n) qsort(l.v, l.n, sizeof *l.v, cmp_line); /* qsort(NULL, 0): undefined */
   size_t data = 0;
   const char *master = NULL;
   for (size_t i = 0; i < l.n; i++) {
