@@ -410,7 +410,8 @@ end
     src:append("a", { { type = "note", settled = true }, { type = "note", settled = true } })
     src:archive("a", { through = 1 })
     local lines = export_of(src)
-    for _, kind in ipairs(steps("memory", pg_url and "postgres")) do
+    -- (shards: of postgres:// shards, which have no default archive directory)
+    for _, kind in ipairs(steps("memory", pg_url and "postgres", pg_url and "shards")) do
       local dst = open_kind(kind, clock, { archive = false })
       local err = expect_error("INVALID_ARGUMENT", eventstore.import, dst, lines)
       assert.truthy(tostring(err):find("archive = DIR", 1, true), tostring(err))
