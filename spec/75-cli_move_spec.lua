@@ -47,6 +47,19 @@ local function seed(dir, n)
   s:put_ref("main", "s3")
 end
 
+-- Archived sessions beside the seed (§3.9; sqlite:PATH keeps its segments
+-- in PATH.archive): a1 in two segments, a2 archived whole.
+local function archive_some(dir)
+  local s <close> = eventstore.open("sqlite:" .. dir .. "/src.db")
+  local settled = {}
+  for i = 1, 300 do settled[i] = { type = "t", payload = { i = i }, settled = true } end
+  s:append("a1", settled)
+  s:append("a2", { settled[1], settled[2] })
+  s:archive("a1", { through = 100 })
+  s:archive("a1", { through = 250 })
+  s:archive("a2", { through = 2 })
+end
+
 local function export_text(dir, url)
   return ch.ok(ch.run(dir, { "export", "--db", url }))
 end
@@ -60,7 +73,7 @@ describe("eventstore export / import", function()
     assert.equal("", ch.ok(ch.run(dir, { "export", "--db", "sqlite:src.db", "--out", "x.ndjson" })))
     local text = helpers.read_file(dir .. "/x.ndjson")
     local lines = ch.lines(text)
-    assert.same({ eventstore_export = 1, backend = "sqlite", position = 50 }, eventstore.json.decode(lines[1]))
+    assert.same({ eventstore_export = 2, backend = "sqlite", position = 50 }, eventstore.json.decode(lines[1]))
     assert.truthy(lines[#lines]:match('^{"end":'))
 
     local r = eventstore.json.decode(ch.ok(ch.run(dir, { "import", "--db", "sqlite:dst.db", "--in", "x.ndjson" })))
@@ -75,7 +88,7 @@ describe("eventstore export / import", function()
     local err = ch.fails_one_line(ch.run(dir, { "import", "--db", "sqlite:other.db", "--in", "x.ndjson" }), 1,
       "INVALID_ARGUMENT: import: the target store is not empty")
     assert.truthy(err:find("nothing written", 1, true))
-    local newer = text:gsub('"eventstore_export":1', '"eventstore_export":9', 1)
+    local newer = text:gsub('"eventstore_export":2', '"eventstore_export":9', 1)
     ch.fails_one_line(ch.run(dir, { "import", "--db", "sqlite:new.db" }, newer), 1,
       "INVALID_ARGUMENT: import: the export is format version 9, newer")
     ch.fails_one_line(ch.run(dir, { "import", "--db", "sqlite:cut.db" }, text:sub(1, #text // 2)), 1,
@@ -84,10 +97,12 @@ describe("eventstore export / import", function()
     assert.equal(0, #s:sessions({}).sessions)
   end)
 
-  it("an import killed with -9 halfway and rerun ends with the same store", function()
+  it("an import killed with -9 halfway and rerun ends with the same store, archived segments too", function()
     local dir = workdir()
     seed(dir, 3000)
+    archive_some(dir)
     ch.ok(ch.run(dir, { "export", "--db", "sqlite:src.db", "--out", "x.ndjson" }))
+    assert.truthy(helpers.read_file(dir .. "/x.ndjson"):find('"archived_event"', 1, true))
     local gate = dir .. "/gate"
     local p = ph.spawn({ "sh", "-c", "cd " .. q(dir) .. " && exec " .. q(ch.BIN)
       .. " import --db sqlite:dst.db --in x.ndjson" }, { ES_TEST_IMPORT_GATE = gate }, dir .. "/import.log")
@@ -97,9 +112,33 @@ describe("eventstore export / import", function()
       "the import to reach its commit", 120, 0.02)
     ph.signal(p, "KILL")
     assert.equal(137, ph.wait(p, 30))
+    -- the killed import wrote its segment files before the commit that
+    -- never came: orphans, which nothing reads
+    local vr = ch.run(dir, { "verify-archive", "--db", "sqlite:dst.db" })
+    assert.equal(0, vr.code, vr.err)
+    assert.same({ checked = 0, problems = 0, orphans = 3 }, eventstore.json.decode(vr.out))
+    local _, notes = vr.err:gsub("eventstore: note: orphan ", "")
+    assert.equal(3, notes, vr.err)
     local r = eventstore.json.decode(ch.ok(ch.run(dir, { "import", "--db", "sqlite:dst.db", "--in", "x.ndjson" })))
     assert.is_true(r.imported)
     assert.equal(helpers.read_file(dir .. "/x.ndjson"), export_text(dir, "sqlite:dst.db"))
+    -- the rerun swept them as it wrote the sessions' segments again
+    assert.same({ checked = 3, problems = 0, orphans = 0 },
+      eventstore.json.decode(ch.ok(ch.run(dir, { "verify-archive", "--db", "sqlite:dst.db" }))))
+    -- the same segments (a file's name holds a random nonce: not compared)
+    local function segments(session, db)
+      local out = {}
+      for _, l in ipairs(ch.lines(ch.ok(ch.run(dir, { "segments", session, "--db", db })))) do
+        local g = eventstore.json.decode(l)
+        g.file = nil
+        out[#out + 1] = g
+      end
+      return out
+    end
+    assert.equal(2, #segments("a1", "sqlite:src.db"))
+    for _, session in ipairs({ "a1", "a2" }) do
+      assert.same(segments(session, "sqlite:src.db"), segments(session, "sqlite:dst.db"))
+    end
   end)
 end)
 
@@ -132,6 +171,16 @@ for i = 1, 2000 do
     local c = s:claim("w" .. (i % 13), { holder = "h", ttl_ms = 1000, limit = 1 })
     if c.outcome == "claimed" then s:complete(c.events[1].session, c.events[1].index, c.events[1].attempt, {}) end
   end
+  -- archiving while the copy follows: a segment of events it copied as
+  -- rows, then one more of a session that gets no append after it
+  if i == 1000 then
+    local settled = {}
+    for k = 1, 50 do settled[k] = { type = "z", payload = k, settled = true } end
+    s:append("z", settled)
+    s:archive("z", { through = 20 })
+  elseif i == 1500 then
+    s:archive("z", { through = 40 })
+  end
 end
 -- a dispatch change with no append after it: only the last pass sees it
 local c = s:claim("w0", { holder = "h", ttl_ms = 1000, limit = 1 })
@@ -147,12 +196,12 @@ s:fail("w0", c.events[1].index, c.events[1].attempt, { error = "late", max_failu
         local d <close> = eventstore.open("sqlite:" .. dir .. "/dst.db?mode=ro")
         return d:stats().events
       end)
-      return ok and n == 2100
+      return ok and n == 2150
     end, "copy --follow to catch up", 120, 0.05)
     ph.signal(copy, "TERM")
     assert.equal(0, ph.wait(copy, 60), ph.tail(dir .. "/copy.log", 20))
     local last = ch.lines(helpers.read_file(dir .. "/copy.log"))
-    assert.same({ copied = true, events = 2100, position = 2100 }, eventstore.json.decode(last[#last]))
+    assert.same({ copied = true, events = 2150, position = 2150 }, eventstore.json.decode(last[#last]))
     assert.equal(export_text(dir, "sqlite:src.db"), export_text(dir, "sqlite:dst.db"))
   end)
 end)

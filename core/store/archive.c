@@ -574,6 +574,92 @@ int es_archive_copy_files(es_store *from, es_store *to, const char *session,
   return rc;
 }
 
+/* ---- writing and walking whole segments ---------------------------------------- */
+
+/* Writes the raw body of events from..through of session as a new segment
+ * file and records its row (created_at as given), inside the caller's
+ * write transaction: the file is written, synced and its directory synced
+ * before the row exists, so a crash before the commit leaves an orphan
+ * (never read: reads go by the rows), swept here by the session's next
+ * segment write. *row (when non-NULL) gets the recorded row. */
+static int write_segment(es_store *s, es_txn *t, const char *session, int64_t from,
+                         int64_t through, const unsigned char *raw, size_t raw_len,
+                         int64_t created_at, es_segment *row, es_err *err) {
+  unsigned char *img = NULL;
+  size_t len = 0;
+  es_seg_info info;
+  char *dir = NULL, hash[33];
+  es_segment mine;
+  es_segment_init(&mine);
+  int rc = es_seg_build(session, from, through, through - from + 1, raw, raw_len, ZSTD_LEVEL, &img,
+                        &len, &info, err);
+  if (rc == ES_OK) {
+    /* dmu: no emptied-directory removal between making it and our file */
+    pthread_mutex_lock(&s->dmu);
+    if ((rc = session_dir(s, session, &dir, hash, err)) == ES_OK &&
+        (rc = sweep_orphans(s, t, session, dir, err)) == ES_OK)
+      rc = put_file(dir, hash, img, len, &info, &mine, err);
+    pthread_mutex_unlock(&s->dmu);
+  }
+  if (rc == ES_OK) rc = sync_dir(dir, err);
+  mine.created_at = created_at;
+  /* From here a failure (or a failed commit) leaves the file as an orphan. */
+  if (rc == ES_OK) rc = s->ops->segment_put(s->bk, t, session, &mine, err);
+  if (rc == ES_OK && row && es_segment_copy(row, &mine) != ES_OK) rc = nomem(err);
+  es_segment_destroy(&mine);
+  free(img);
+  free(dir);
+  return rc;
+}
+
+int es_archive_import_segment(es_store *s, es_txn *t, const char *session, int64_t from,
+                              int64_t through, const unsigned char *raw, size_t raw_len,
+                              int64_t created_at, es_err *err) {
+  if (!s->archive_dir)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "session '%s' has archived events and this store has no archive directory: "
+                   "open it with {archive = DIR} (--archive DIR)",
+                   session);
+  return write_segment(s, t, session, from, through, raw, raw_len, created_at, NULL, err);
+}
+
+typedef struct {
+  const es_segment *g;
+  es_archive_seg_cb cb;
+  void *ctx;
+} whole_ctx;
+
+static int whole_row(void *ctx, const es_event *row) {
+  whole_ctx *c = ctx;
+  return c->cb(c->ctx, c->g, row);
+}
+
+int es_archive_each_segment(es_store *s, es_txn *t, const char *session, es_archive_seg_cb cb,
+                            void *ctx, es_err *err) {
+  es_segments list;
+  int rc = list_segments(s, t, session, &list, err);
+  if (rc == ES_OK && list.n && !s->archive_dir)
+    rc = es_fail(err, ES_STORAGE,
+                 "session '%s' has archived segments, but this store was opened without an "
+                 "archive directory (open it with {archive = DIR})",
+                 session);
+  for (size_t i = 0; rc == ES_OK && i < list.n; i++) {
+    loaded l;
+    if ((rc = seg_load(s, session, &list.v[i], &l, err))) break;
+    whole_ctx c = {&list.v[i], cb, ctx};
+    const char *why = NULL;
+    int w = es_seg_each(&l.info, l.raw, list.v[i].from, list.v[i].through, whole_row, &c, &why);
+    if (w < 0)
+      rc = es_fail(err, ES_STORAGE, "archive segment '%s' is corrupt: %s (session '%s')", l.path,
+                   why, session);
+    else if (w > 0)
+      rc = es_fail(err, ES_STORAGE, "archive: out of memory walking session '%s'", session);
+    loaded_free(&l);
+  }
+  es_segments_destroy(&list);
+  return rc;
+}
+
 /* ---- archive() ------------------------------------------------------------------ */
 
 typedef struct {
@@ -621,10 +707,6 @@ static int do_archive(es_store *s, es_txn *t, void *arg, es_err *err) {
   int64_t from = si.archived_through + 1 > first ? si.archived_through + 1 : first;
   enc_ctx c = {.next = from};
   es_buf_init(&c.raw);
-  char *dir = NULL, hash[33];
-  unsigned char *img = NULL;
-  size_t len = 0;
-  es_seg_info info;
   es_segment row;
   es_segment_init(&row);
   if (a->through > si.head) {
@@ -649,20 +731,8 @@ static int do_archive(es_store *s, es_txn *t, void *arg, es_err *err) {
                  (long long)c.next);
   }
   if (rc) goto out;
-  if ((rc = es_seg_build(a->session, from, a->through, a->through - from + 1,
-                         (const unsigned char *)c.raw.data, c.raw.len, ZSTD_LEVEL, &img, &len, &info,
-                         err)))
-    goto out;
-  /* dmu: no emptied-directory removal between making it and our file */
-  pthread_mutex_lock(&s->dmu);
-  if ((rc = session_dir(s, a->session, &dir, hash, err)) == ES_OK &&
-      (rc = sweep_orphans(s, t, a->session, dir, err)) == ES_OK)
-    rc = put_file(dir, hash, img, len, &info, &row, err);
-  pthread_mutex_unlock(&s->dmu);
-  if (rc || (rc = sync_dir(dir, err))) goto out;
-  row.created_at = a->now;
-  /* From here a failure (or a failed commit) leaves the file as an orphan. */
-  if ((rc = s->ops->segment_put(s->bk, t, a->session, &row, err)) ||
+  if ((rc = write_segment(s, t, a->session, from, a->through, (const unsigned char *)c.raw.data,
+                          c.raw.len, a->now, &row, err)) ||
       (rc = s->ops->event_delete_range(s->bk, t, a->session, a->through, err)))
     goto out;
   si.archived_through = a->through;
@@ -674,8 +744,6 @@ static int do_archive(es_store *s, es_txn *t, void *arg, es_err *err) {
   a->written = 1;
 out:
   es_segment_destroy(&row);
-  free(img);
-  free(dir);
   es_buf_destroy(&c.raw);
   es_session_info_destroy(&si);
   return rc;

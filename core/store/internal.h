@@ -270,6 +270,22 @@ int es_archive_drop(es_store *s, es_txn *t, const char *session, int64_t through
  * replaced. INVALID_ARGUMENT when either store has no archive directory. */
 int es_archive_copy_files(es_store *from, es_store *to, const char *session,
                           const es_segments *segs, es_err *err);
+/* Moving a store (move.c, §10 "archived events inline"): each event of
+ * each recorded segment of the session, whole (events below first_index
+ * that a segment still holds included, so the segments move unchanged),
+ * with its segment's row; every file checked as a read checks it. cb
+ * returns nonzero to stop: then STORAGE (it ran out of memory). */
+typedef int (*es_archive_seg_cb)(void *ctx, const es_segment *g, const es_event *e);
+int es_archive_each_segment(es_store *s, es_txn *t, const char *session, es_archive_seg_cb cb,
+                            void *ctx, es_err *err);
+/* An import: writes a raw body (segment.h) of events from..through as a
+ * new segment of the session with that created_at, and records it, in the
+ * caller's write transaction (the file durable before the row; a crash
+ * leaves an orphan the session's next segment write sweeps).
+ * INVALID_ARGUMENT without an archive directory. */
+int es_archive_import_segment(es_store *s, es_txn *t, const char *session, int64_t from,
+                              int64_t through, const unsigned char *raw, size_t raw_len,
+                              int64_t created_at, es_err *err);
 /* After the transaction: committed (1) removes the files, then each
  * directory they emptied, else only forgets them; frees the list either
  * way. */

@@ -37,6 +37,7 @@
 #include "store/backend.h"
 #include "store/crypto.h"
 #include "store/internal.h"
+#include "store/segment.h"
 #include "store/shards.h"
 #include "store/shards_internal.h"
 #include "store/store_impl.h"
@@ -124,6 +125,13 @@ static const field ref_fields[] = {
 static const field key_fields[] = {
     STR(es_key_row, name), {"wrapped", F_HEX, offsetof(es_key_row, wrapped)},
     I64(es_key_row, created_at), I64(es_key_row, shredded_at),
+};
+
+/* The segment an archived event is in (§3.9): its row's range and time,
+ * written with each of its events so an import rebuilds the same
+ * segments. */
+static const field segment_fields[] = {
+    I64(es_segment, from), I64(es_segment, through), I64(es_segment, created_at),
 };
 
 typedef struct key_use_rec {
@@ -309,15 +317,16 @@ static int get_fields(const es_jval *obj, const char *what, const field *f, size
 /* ---- lines -------------------------------------------------------------- */
 
 /* The sections of a stream, in their order. */
-enum { SEC_KEY, SEC_KEY_USE, SEC_SESSION, SEC_EVENT, SEC_SNAPSHOT, SEC_REF, SEC_N };
-static const char *const sec_names[SEC_N] = {"key", "key_use", "session", "event", "snapshot", "ref"};
+enum { SEC_KEY, SEC_KEY_USE, SEC_SESSION, SEC_EVENT, SEC_ARCHIVED, SEC_SNAPSHOT, SEC_REF, SEC_N };
+static const char *const sec_names[SEC_N] = {"key",      "key_use",        "session", "event",
+                                             "archived_event", "snapshot", "ref"};
 
 typedef struct line {
   int sec;
   char *text; /* owned, no newline */
   size_t len;
   char *k1, *k3; /* owned sort keys: a name; a second name (NULL: none) */
-  int64_t k2;    /* events: the position (their first key) */
+  int64_t k2;    /* events: the position (their first key); archived events: the index */
 } line;
 
 typedef struct lines {
@@ -336,24 +345,19 @@ static void lines_destroy(lines *l) {
   memset(l, 0, sizeof *l);
 }
 
-static void add_line(lines *l, int sec, const field *f, size_t nf, const void *row, const char *k1,
-                     int64_t k2, const char *k3) {
-  if (l->oom) return;
-  es_buf b;
-  es_buf_init(&b);
-  es_buf_addf(&b, "{\"%s\":", sec_names[sec]);
-  put_fields(&b, f, nf, row);
-  es_buf_addc(&b, '}');
+/* Keeps the line built in b (taken from it) with its sort keys. */
+static void push_line(lines *l, int sec, es_buf *b, const char *k1, int64_t k2, const char *k3) {
+  es_buf_addc(b, '}');
   line ln = {sec, NULL, 0, k1 ? strdup(k1) : NULL, k3 ? strdup(k3) : NULL, k2};
-  if (b.oom || (k1 && !ln.k1) || (k3 && !ln.k3) ||
+  if (b->oom || (k1 && !ln.k1) || (k3 && !ln.k3) ||
       es_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) {
-    es_buf_destroy(&b);
+    es_buf_destroy(b);
     free(ln.k1);
     free(ln.k3);
     l->oom = 1;
     return;
   }
-  ln.text = es_buf_take(&b, &ln.len);
+  ln.text = es_buf_take(b, &ln.len);
   if (!ln.text) {
     free(ln.k1);
     free(ln.k3);
@@ -361,6 +365,30 @@ static void add_line(lines *l, int sec, const field *f, size_t nf, const void *r
     return;
   }
   l->v[l->n++] = ln;
+}
+
+static void add_line(lines *l, int sec, const field *f, size_t nf, const void *row, const char *k1,
+                     int64_t k2, const char *k3) {
+  if (l->oom) return;
+  es_buf b;
+  es_buf_init(&b);
+  es_buf_addf(&b, "{\"%s\":", sec_names[sec]);
+  put_fields(&b, f, nf, row);
+  push_line(l, sec, &b, k1, k2, k3);
+}
+
+/* {"archived_event":{"segment":{from,through,created_at},"event":{...}}}:
+ * the event whole, as an event line has it, with the segment it is in. */
+static void add_archived_line(lines *l, const es_segment *g, const es_event *e) {
+  if (l->oom) return;
+  es_buf b;
+  es_buf_init(&b);
+  es_buf_addf(&b, "{\"%s\":{\"segment\":", sec_names[SEC_ARCHIVED]);
+  put_fields(&b, segment_fields, sizeof segment_fields / sizeof *segment_fields, g);
+  es_buf_adds(&b, ",\"event\":");
+  put_fields(&b, event_fields, sizeof event_fields / sizeof *event_fields, e);
+  es_buf_addc(&b, '}');
+  push_line(l, SEC_ARCHIVED, &b, e->session, e->index, NULL);
 }
 
 static int cmp_str(const char *a, const char *b) {
@@ -374,6 +402,7 @@ static int cmp_line(const void *pa, const void *pb) {
   if (a->sec == SEC_EVENT && a->k2 != b->k2) return a->k2 < b->k2 ? -1 : 1;
   int c = cmp_str(a->k1, b->k1);
   if (c) return c;
+  if (a->sec == SEC_ARCHIVED && a->k2 != b->k2) return a->k2 < b->k2 ? -1 : 1;
   return cmp_str(a->k3, b->k3);
 }
 
@@ -489,6 +518,21 @@ static int list_cb(void *ctx, const es_session_info *row) {
   return a->sess.oom;
 }
 
+/* The data key a sealed event is under is exported with it. */
+static int note_key(export_args *a, const es_event *row) {
+  if (!row->key || names_find(&a->keys, row->key) >= 0) return 0;
+  if (names_add(&a->keys, row->key)) return 1;
+  qsort(a->keys.v, a->keys.n, sizeof *a->keys.v, cmp_pstr);
+  return 0;
+}
+
+static int archived_cb(void *ctx, const es_segment *g, const es_event *row) {
+  export_args *a = ctx;
+  if (note_key(a, row)) return 1;
+  add_archived_line(a->out, g, row);
+  return a->out->oom;
+}
+
 static int event_cb(void *ctx, const es_event *row) {
   export_args *a = ctx;
   ptrdiff_t i = names_find(&a->sess, row->session);
@@ -496,10 +540,7 @@ static int event_cb(void *ctx, const es_event *row) {
   a->sess.touched[i] = 1;
   /* an increment's first pass only finds the sessions with new events */
   if (a->after > 0 && !a->has_only) return 0;
-  if (row->key && names_find(&a->keys, row->key) < 0) {
-    if (names_add(&a->keys, row->key)) return 1;
-    qsort(a->keys.v, a->keys.n, sizeof *a->keys.v, cmp_pstr);
-  }
+  if (note_key(a, row)) return 1;
   add_line(a->out, SEC_EVENT, event_fields, sizeof event_fields / sizeof *event_fields, row,
            row->session, row->position, NULL);
   return a->out->oom;
@@ -544,12 +585,13 @@ static int export_session(es_store *st, es_txn *t, export_args *a, const char *n
   int rc = ops->session_get(st->bk, t, name, &r.si, err);
   if (rc == ES_NOT_FOUND) return ES_OK; /* listed but gone: a shard mid-move */
   if (rc) return rc;
-  if (r.si.archived_through > 0) {
+  /* §10: archived events inline, each with its segment (an increment's
+   * too: the follower adds the segments archived meanwhile) */
+  if (r.si.archived_through > 0 && !a->rows_only)
+    rc = es_archive_each_segment(st, t, name, archived_cb, a, err);
+  if (rc) {
     es_session_info_destroy(&r.si);
-    return es_fail(err, ES_INVALID_ARGUMENT,
-                   "session '%s' has archived segments, which export does not carry yet "
-                   "(docs/moving.md)",
-                   name);
+    return rc;
   }
   a->first_row = r.si.head + 1;
   a->first_position = 0;
@@ -693,7 +735,7 @@ int es_store_export(es_store *s, const es_export_opts *o, es_line_fn fn, void *c
     lines_destroy(&l);
     return rc;
   }
-  qsort(l.v, l.n, sizeof *l.v, cmp_line);
+  if (l.n) qsort(l.v, l.n, sizeof *l.v, cmp_line); /* qsort(NULL, 0): undefined */
   int64_t count[SEC_N] = {0};
   es_buf b;
   es_buf_init(&b);
@@ -781,6 +823,8 @@ static int read_end(es_import *im, const es_jval *body, es_err *err) {
     char key[32];
     snprintf(key, sizeof key, "%ss", sec_names[k]);
     const es_jval *c = es_jval_get(body, key);
+    /* version 1 had no archived events (export refused them) */
+    if (!c && k == SEC_ARCHIVED && im->version < 2 && !im->count[k]) continue;
     if (!c || c->type != ES_JINT || c->i != im->count[k])
       return bad_line(im, err, "the end record's counts do not match the lines before it");
   }
@@ -827,7 +871,9 @@ int es_import_line(es_import *im, const char *text, size_t len, es_err *err) {
     } else if (es_grow((void **)&im->v, &im->cap, im->n + 1, sizeof *im->v)) {
       rc = nomem(err);
     } else {
-      const es_jval *sv = es_jval_get(body, "session");
+      /* an archived event's session is its event's */
+      const es_jval *sv = es_jval_get(sec == SEC_ARCHIVED ? es_jval_get(body, "event") : body,
+                                      "session");
       im->count[sec]++;
       im->v[im->n++] = (rec){sec, copy, len, doc, body,
                              sec != SEC_REF && sv && sv->type == ES_JSTRING ? sv->str : NULL};
@@ -969,6 +1015,130 @@ static int import_event(es_store *st, es_txn *t, import_args *a, const rec *r, e
   return rc;
 }
 
+/* What the target holds of one session's segments (an increment). */
+typedef struct seg_seen {
+  const es_segment *want;
+  int same;        /* a row with want's range */
+  int64_t through; /* the highest through of its rows */
+} seg_seen;
+
+static int count_row(void *ctx, const es_event *row) {
+  (void)row;
+  ++*(int64_t *)ctx;
+  return 0;
+}
+
+static int seg_seen_cb(void *ctx, const es_segment *row) {
+  seg_seen *c = ctx;
+  if (row->from == c->want->from && row->through == c->want->through) c->same = 1;
+  if (row->through > c->through) c->through = row->through;
+  return 0;
+}
+
+/* Writes one segment rebuilt from its events (raw). Into an empty store
+ * it is new. In an increment (UPSERT) a segment the target has already is
+ * left as it is; one past the target's archive is written and the rows it
+ * covers dropped (archived on the source since the last pass); any other
+ * (the source compacted or truncated its archive meanwhile) is refused,
+ * as the target's segments could not be made the source's. */
+static int put_archived(es_store *st, es_txn *t, import_args *a, const char *session,
+                        const es_segment *g, const es_buf *raw, es_err *err) {
+  if (a->mode == ES_IMPORT_UPSERT) {
+    seg_seen c = {g, 0, 0};
+    int rc = st->ops->segment_list(st->bk, t, session, seg_seen_cb, &c, err);
+    if (rc || c.same) return rc;
+    if (g->from <= c.through)
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "import: the archive of session '%s' changed on the source (segment "
+                     "%lld..%lld overlaps the target's, archived through %lld): a follower "
+                     "carries new segments only; export and import the store again",
+                     session, (long long)g->from, (long long)g->through, (long long)c.through);
+  }
+  /* the result counts the events the target did not hold: in an
+   * increment, those a segment brings that were not rows there yet */
+  int64_t held = 0;
+  int rc = a->mode == ES_IMPORT_UPSERT ? st->ops->event_range(st->bk, t, session, g->from - 1,
+                                                              g->through, ES_NONE, count_row,
+                                                              &held, err)
+                                       : ES_OK;
+  if (rc == ES_OK)
+    rc = es_archive_import_segment(st, t, session, g->from, g->through,
+                                   (const unsigned char *)raw->data, raw->len, g->created_at, err);
+  if (rc == ES_OK && a->mode == ES_IMPORT_UPSERT)
+    rc = st->ops->event_delete_range(st->bk, t, session, g->through, err);
+  if (rc == ES_OK) a->res->events += g->through - g->from + 1 - held;
+  return rc;
+}
+
+static int bad_archived(es_err *err, const char *session, const es_segment *g, const char *why) {
+  return es_fail(err, ES_INVALID_ARGUMENT,
+                 "import: the archived events of segment %lld..%lld of session '%s' %s",
+                 (long long)g->from, (long long)g->through, session, why);
+}
+
+/* §10: the archived events of this part, rebuilt into their segments. An
+ * export writes each segment's events together, whole and in index order
+ * (sorted by session, then index), each with its segment's range and
+ * time: the same events encoded the same way make the same segment
+ * (segment.h), so from, through, count, bytes and checksum come out as on
+ * the source (docs/moving.md says when bytes and checksum cannot). */
+static int import_archived(es_store *st, es_txn *t, import_args *a, es_err *err) {
+  es_buf raw;
+  es_buf_init(&raw);
+  es_segment cur;
+  es_segment_init(&cur);
+  const char *session = NULL; /* the open segment's; NULL: none open */
+  int64_t next = 0;           /* the index its next event must have */
+  int rc = ES_OK;
+  for (size_t i = 0; rc == ES_OK && i <= a->im->n; i++) {
+    const rec *r = i < a->im->n ? &a->im->v[i] : NULL;
+    if (r && (r->sec != SEC_ARCHIVED || !mine(a, r))) continue;
+    es_segment g;
+    es_segment_init(&g);
+    es_event e;
+    es_event_init(&e);
+    if (r) {
+      rc = get_fields(es_jval_get(r->body, "segment"), "archived_event segment", segment_fields,
+                      sizeof segment_fields / sizeof *segment_fields, &g, &a->strs, err);
+      if (rc == ES_OK)
+        rc = get_fields(es_jval_get(r->body, "event"), "archived_event", event_fields,
+                        sizeof event_fields / sizeof *event_fields, &e, &a->strs, err);
+      if (rc) break;
+      if (!e.session || !e.id || !e.type || e.position < 1 || g.from < 1 || g.through < g.from)
+        rc = es_fail(err, ES_INVALID_ARGUMENT,
+                     "import: an archived event without session, id, type or position, or with "
+                     "a bad segment range");
+      else if (e.status != ES_STATUS_PROCESSED)
+        rc = bad_archived(err, e.session, &g, "hold an event not processed");
+      if (rc) break;
+    }
+    /* a new segment starts (or the stream ends): the open one is whole */
+    if (session && (!r || strcmp(e.session, session) != 0 || g.from != cur.from)) {
+      rc = next == cur.through + 1 ? put_archived(st, t, a, session, &cur, &raw, err)
+                                   : bad_archived(err, session, &cur, "are not all in the stream");
+      raw.len = 0;
+      session = NULL;
+    }
+    if (!r || rc) break;
+    if (!session) {
+      cur = g;
+      session = e.session;
+      next = g.from;
+    } else if (g.through != cur.through || g.created_at != cur.created_at) {
+      rc = bad_archived(err, session, &cur, "disagree about their segment");
+      break;
+    }
+    if (e.index != next) {
+      rc = bad_archived(err, session, &cur, "are not whole and in index order");
+      break;
+    }
+    next++;
+    if (es_seg_raw_add(&raw, &e) != ES_OK) rc = nomem(err);
+  }
+  es_buf_destroy(&raw);
+  return rc;
+}
+
 /* Test hook (spec/75): with ES_TEST_IMPORT_GATE=PATH in the environment,
  * the import of the last part, its rows written but not committed (earlier
  * parts of a sharded store committed), creates PATH.paused and waits until
@@ -1059,6 +1229,9 @@ static int do_import(es_store *st, es_txn *t, void *arg, es_err *err) {
     if (rc == ES_OK) rc = ops->session_delete(st->bk, t, a->tag, err);
     if (rc == ES_NOT_FOUND) rc = ES_OK;
   }
+  /* the archived events' positions were gaps like those of truncated ones
+   * (their rows are fillers, gone again): they go into segments */
+  if (rc == ES_OK) rc = import_archived(st, t, a, err);
   /* the rows that count and route: after the events they describe */
   for (size_t i = 0; rc == ES_OK && i < im->n; i++) {
     const rec *r = &im->v[i];
@@ -1099,7 +1272,7 @@ static int part_state(import_args *a, int *state, char *what, size_t what_len, e
   static const es_export_opts all;
   int rc = export_part(a->pt, &all, &l, &last, err);
   if (rc) return rc;
-  qsort(l.v, l.n, sizeof *l.v, cmp_line);
+  if (l.n) qsort(l.v, l.n, sizeof *l.v, cmp_line); /* qsort(NULL, 0): undefined */
   size_t data = 0;
   const char *master = NULL;
   for (size_t i = 0; i < l.n; i++) {
@@ -1163,6 +1336,19 @@ int es_import_run(es_store *s, es_import *im, int mode, es_import_result *out, e
     if (im->v[i].sec != SEC_REF && im->v[i].sec != SEC_KEY && im->v[i].session &&
         !owner_of(&p, im->v[i].session))
       rc = es_fail(err, ES_STORAGE, "import: no shard owns session '%s'", im->v[i].session);
+  /* archived events need the archive directory of the part that will hold
+   * them: refused before anything is written, naming the option */
+  for (size_t i = 0; rc == ES_OK && i < im->n; i++) {
+    const part *pt = im->v[i].sec == SEC_ARCHIVED && im->v[i].session
+                         ? owner_of(&p, im->v[i].session)
+                         : NULL;
+    if (pt && !pt->st->archive_dir)
+      rc = es_fail(err, ES_INVALID_ARGUMENT,
+                   "import: the export holds archived events (session '%s') and the target "
+                   "store has no archive directory: open it with {archive = DIR} (--archive "
+                   "DIR); nothing written",
+                   im->v[i].session);
+  }
   /* every part is checked before any is written: a refused import writes nothing */
   for (size_t i = 0; rc == ES_OK && i < p.n; i++) {
     import_args a = {.im = im, .p = &p, .pt = &p.v[i], .mode = mode, .res = out};

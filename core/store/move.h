@@ -7,6 +7,7 @@
  * then the data keys (as stored: wrapped), where each key is used, the
  * session rows, the events by position (every field of the row, dispatch
  * record and bookkeeping included, sealed payloads as ciphertext), the
+ * archived events by session and index (with their segments' ranges), the
  * snapshots, the refs, and a last line {"end":{...counts}} without which
  * an import refuses the stream as cut short. Every record is written from
  * one table of fields (move.c), in a fixed order, so two exports of equal
@@ -17,8 +18,9 @@
 
 #include "store/store.h"
 
-/* The format version this build writes and the newest it reads. */
-#define ES_EXPORT_VERSION 1
+/* The format version this build writes and the newest it reads (2 added
+ * archived events, §10; 1 still reads). */
+#define ES_EXPORT_VERSION 2
 
 /* One line of an export (without its newline); nonzero stops. */
 typedef int (*es_line_fn)(void *ctx, const char *line, size_t len);
@@ -40,9 +42,11 @@ typedef struct es_export_opts {
 /* Writes the export of s that o asks for (NULL: all of it). Consistent:
  * one read transaction per backend (on shards: one per shard, plus the
  * catalog's for refs). The lines are made in memory and handed to fn
- * after every transaction ended, so fn may call the store. A tenant
- * handle is INVALID_ARGUMENT (export the store); so is a store with
- * archived segments (not carried yet). */
+ * after every transaction ended, so fn may call the store. Archived
+ * events are inline (§10): each segment's events, whole, each with its
+ * segment's range and time, read from the files as a read checks them (a
+ * damaged or missing segment is STORAGE naming it). A tenant handle is
+ * INVALID_ARGUMENT (export the store). */
 int es_store_export(es_store *s, const es_export_opts *o, es_line_fn fn, void *ctx, es_err *err);
 
 /* An import being read: es_import_line each line of a stream in order,
@@ -70,7 +74,11 @@ typedef struct es_import_result {
 
 /* Writes what was read into s: one write transaction per backend (on
  * shards, one per shard and the catalog's), after checking every part
- * first, so a refused import writes nothing. A stream cut short (no end
+ * first, so a refused import writes nothing. Archived events become
+ * segments again, in the archive directory of the part that holds their
+ * session (none there: INVALID_ARGUMENT naming the option); their files
+ * are written before the commit that records them, so an import killed
+ * halfway leaves orphans that its rerun sweeps. A stream cut short (no end
  * record), of a newer version, or into a non-empty store:
  * INVALID_ARGUMENT, nothing written. */
 int es_import_run(es_store *s, es_import *im, int mode, es_import_result *out, es_err *err);

@@ -733,15 +733,16 @@ command("export", {
   summary = "write the whole store as NDJSON (docs/moving.md)",
   help = [[
 Writes the store (docs/contract.md §10, docs/moving.md): a header line
-{"eventstore_export": 1, "backend", "position"}, then every session's rows,
-its events with their whole dispatch record and positions, snapshots,
+{"eventstore_export": 2, "backend", "position"}, then every session's rows,
+its events with their whole dispatch record and positions, its archived
+events (each with its segment's range, read from the segment files),
+snapshots,
 refs, lineage, fence and lease tokens, seals, truncation, and data keys as
 stored (sealed payloads stay ciphertext, keys stay wrapped), ending with an
 {"end": {...counts}} line. Two exports of equal stores are byte-identical
 apart from the header's backend. Consistent while writers run: one read
 transaction per backend (on shards:, one per shard). Presence is not
-exported (it is ephemeral). Archived segments are not carried yet (a store
-with some is refused).
+exported (it is ephemeral).
 ]],
   options_help = DB_HELP .. [[
   --sessions PREFIX  only the sessions whose names start with PREFIX
@@ -758,7 +759,9 @@ command("import", {
 Reads an export (eventstore export; default: stdin) and recreates the store
 in the empty store --db: ids, positions, dispatch records, tokens, seals,
 snapshots, refs and wrapped keys as they were (--keys: the source's master
-key file). A non-empty store, a newer format, or a stream cut short (no end
+key file), archived events as the same segments (--archive DIR: a memory:
+or postgres:// store needs one when the export has archived events; else
+exit 1, nothing written). A non-empty store, a newer format, or a stream cut short (no end
 line): exit 1, nothing written. The whole import is one transaction (on
 shards:, one per shard), so an import killed halfway wrote nothing there,
 and a rerun ends with the same store; a rerun on a finished import changes
