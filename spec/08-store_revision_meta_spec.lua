@@ -224,7 +224,7 @@ describe("a store of the previous schema", function()
     check_migrated(store)
     store:close()
     local v = io.popen(("sqlite3 %s 'PRAGMA user_version'"):format(helpers.sh_quote(path))):read("a")
-    assert.equal("10", (v:gsub("%s", "")))
+    assert.equal(helpers.SQLITE_SCHEMA, (v:gsub("%s", "")))
     helpers.remove_db(path)
   end)
 
@@ -246,7 +246,7 @@ describe("a store of the previous schema", function()
       check_migrated(store)
       local v = io.popen(("psql %s -XAtqc %s"):format(helpers.sh_quote(base),
         helpers.sh_quote(("SELECT value FROM %s.meta WHERE key = 'schema_version'"):format(schema)))):read("a")
-      assert.equal("5", (v:gsub("%s", "")))
+      assert.equal(helpers.PG_SCHEMA, (v:gsub("%s", "")))
     end)
   end
 end)

@@ -359,6 +359,11 @@ helpers.BIN = (BUILD:sub(1, 1) == "/" and "" or ROOT .. "/") .. BUILD .. "/bin/e
 -- a bound on CPU time is the release build's, and checked there.
 helpers.SANITIZED = BUILD:match("build%-san$") ~= nil
 
+-- The schema versions this build writes (a migration spec checks that an
+-- older store is brought up to them): one place to change with the next.
+helpers.SQLITE_SCHEMA = "10"
+helpers.PG_SCHEMA = "5"
+
 -- A file's bytes, or nil when it cannot be read.
 function helpers.read_file(path)
   local f = io.open(path, "rb")

@@ -90,7 +90,7 @@ typedef struct fold_box {
 
 static void fold_box_release(void *v) {
   fold_box *x = v;
-  es_shards_cursors_free(x->cursors, x->events.n);
+  es_store_cursors_free(x->cursors, x->events.n);
   x->cursors = NULL;
   es_events_destroy(&x->events);
   es_projection_destroy(&x->p);
@@ -223,7 +223,7 @@ static int pass_main(lua_State *L) {
   rc = es_store_capabilities(e->s, &caps, &err);
   if (rc) store_fail(L, &err);
   if (caps.sharded)
-    rc = es_shards_read_all_cursor(e->s, cursor, BATCH, &x->events, &x->cursors, &err);
+    rc = es_store_read_all_cursor(e->s, cursor, BATCH, &x->events, &x->cursors, &err);
   else
     rc = es_store_read_all(e->s, pos, BATCH, &x->events, &err);
   if (rc) store_fail(L, &err);

@@ -500,7 +500,7 @@ typedef struct {
 
 static void destroy_cursor_page(void *p) {
   cursor_page *c = p;
-  es_shards_cursors_free(c->cursors, c->n_cursors);
+  es_store_cursors_free(c->cursors, c->n_cursors);
   c->cursors = NULL;
   c->n_cursors = 0;
   es_events_destroy(&c->events);
@@ -523,7 +523,7 @@ static int read_all_sharded(lua_State *L, lstore *h) {
   cursor_page *page = owned_push(L, sizeof *page, destroy_cursor_page);
   es_err err = {0};
   es_store *s = core_enter(L, h);
-  int rc = es_shards_read_all_cursor(s, cursor, limit, &page->events, &page->cursors, &err);
+  int rc = es_store_read_all_cursor(s, cursor, limit, &page->events, &page->cursors, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
   page->n_cursors = page->events.n;

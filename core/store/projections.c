@@ -588,7 +588,7 @@ int es_store_projection_lag(es_store *s, const es_projection *p, int64_t *head, 
   *lag = *lag_ms = 0;
   int rc = es_store_capabilities(s, &caps, err);
   if (rc == ES_OK && caps.sharded) {
-    rc = es_shards_read_all_cursor(s, cursor, SHARD_LAG_CAP, &next, &cursors, err);
+    rc = es_store_read_all_cursor(s, cursor, SHARD_LAG_CAP, &next, &cursors, err);
     if (rc == ES_OK) *lag = (int64_t)next.n;
   } else if (rc == ES_OK) {
     rc = es_store_last_position(s, head, err);
@@ -597,7 +597,7 @@ int es_store_projection_lag(es_store *s, const es_projection *p, int64_t *head, 
   }
   if (rc == ES_OK && next.n) rc = es_store_now(s, &now, err);
   if (rc == ES_OK && next.n && now > next.v[0].created_at) *lag_ms = now - next.v[0].created_at;
-  es_shards_cursors_free(cursors, next.n);
+  es_store_cursors_free(cursors, next.n);
   es_events_destroy(&next);
   return rc;
 }
