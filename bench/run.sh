@@ -19,6 +19,8 @@ lua5.4 bench/engine_bench.lua "$dir"
 lua5.4 bench/fold_bench.lua "$dir"
 # A 1 -> 3 upcaster chain in a fold beside a plain fold (bench/README.md, "Upcasting").
 lua5.4 bench/upcast_bench.lua 100000
+# A projection's catch-up beside the reducer fold, and its steady lag (bench/README.md, "Projections").
+BUILD="$BUILD" lua5.4 bench/projection_bench.lua "$dir" 1000000 20
 # Replay of 10,000 demo-app sessions and its RSS (bench/README.md, "Replay").
 lua5.4 bench/replay_bench.lua 10000 2>/dev/null
 # dispatch beside raw SQLite and the C API in the same run (bench/README.md "Dispatch")
