@@ -125,9 +125,25 @@ for _, template in ipairs(crash_urls()) do
         seen = folded()
         if seen > 0 and seen < EVENTS then midway = midway + 1 end
       end
-      local last = ph.spawn({ LUA, script, root, url, dir }, nil, logfile)
-      assert.equal(0, ph.wait(last, 600), helpers.read_file(logfile))
-      ph.reap(last)
+      -- The last children fold to the head. A child that starts while a
+      -- killed one's lease (ttl 300 ms) is still live stands by, and its
+      -- run until idle ends with the projections not its own: run one
+      -- more until they are caught up (each start outlasts the lease).
+      local function caught_up()
+        local rows = store:projections()
+        if #rows < 2 then return false end
+        for _, r in ipairs(rows) do
+          if r.lag ~= 0 or r.building or r.status ~= "running" then return false end
+        end
+        return true
+      end
+      local children = 0
+      repeat
+        local last = ph.spawn({ LUA, script, root, url, dir }, nil, logfile)
+        assert.equal(0, ph.wait(last, 600), helpers.read_file(logfile))
+        ph.reap(last)
+        children = children + 1
+      until caught_up() or children == 20
       -- the kills landed while it folded (not all before it started or after it ended)
       assert.is_true(kills >= KILLS // 2, ("only %d kills landed\n%s"):format(kills, helpers.read_file(logfile)))
       assert.is_true(midway >= KILLS // 2, ("only %d kills left the projection half way"):format(midway))
