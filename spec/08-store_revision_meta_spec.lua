@@ -228,10 +228,7 @@ describe("a store of the previous schema", function()
     helpers.remove_db(path)
   end)
 
-  local template
-  for _, u in ipairs(helpers.urls()) do
-    if u:match("^postgres") then template = u end
-  end
+  local template = helpers.pg_url()
   if template then
     it("postgres: a version 2 schema is migrated at open", function()
       local url = helpers.pg_fresh_url(template)

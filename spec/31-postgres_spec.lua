@@ -10,10 +10,7 @@
 local eventstore = require("eventstore")
 local helpers = require("helpers")
 
-local template
-for _, u in ipairs(helpers.urls()) do
-  if u:match("^postgres") then template = u end
-end
+local template = helpers.pg_url()
 
 local function psql(url, sql)
   -- psql takes the libpq URI itself (our schema= option stripped)

@@ -321,10 +321,7 @@ describe("a store of the previous schema gets projections at open", function()
     assert.equal(helpers.SQLITE_SCHEMA, (v:gsub("%s", "")))
   end)
 
-  local template
-  for _, u in ipairs(helpers.urls()) do
-    if u:match("^postgres") then template = u end
-  end
+  local template = helpers.pg_url()
   if template then
     it("postgres: a version 4 schema (no projections table) is migrated to 5", function()
       local url = helpers.pg_fresh_url(template)

@@ -62,15 +62,7 @@ local GLOBAL = [[
 return { ["tick"] = function(s, e) s.n = (s.n or 0) + 1; s.sum = (s.sum or 0) + e.payload.v end }
 ]]
 
-local function crash_urls()
-  local out = {}
-  for _, u in ipairs(helpers.urls()) do
-    if u:match("^sqlite:") or u:match("^postgres") then out[#out + 1] = u end
-  end
-  return out
-end
-
-for _, template in ipairs(crash_urls()) do
+for _, template in ipairs(helpers.durable_urls()) do
   describe("projections under kill -9 on " .. template, function()
     local base, script, logfile, dir
     before_each(function()

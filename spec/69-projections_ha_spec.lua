@@ -44,15 +44,7 @@ return { key = function(e) return e.session end,
            s.n = (s.n or 0) + 10; s.sum = (s.sum or 0) + e.payload.v end }
 ]]
 
-local function ha_urls()
-  local out = {}
-  for _, u in ipairs(helpers.urls()) do
-    if u:match("^sqlite:") or u:match("^postgres") then out[#out + 1] = u end
-  end
-  return out
-end
-
-for _, template in ipairs(ha_urls()) do
+for _, template in ipairs(helpers.durable_urls()) do
   describe("projections with two engines on " .. template, function()
     local base, script, logfile, dir, procs
     before_each(function()

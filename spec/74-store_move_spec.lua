@@ -14,10 +14,7 @@ local eh = require("engine_helpers")
 local T0 = helpers.T0
 local expect_error = helpers.expect_error
 
-local pg_url
-for _, u in ipairs(helpers.urls()) do
-  if u:match("^postgres") then pg_url = u end
-end
+local pg_url = helpers.pg_url()
 
 local files, opened = {}, {}
 local function track(store)

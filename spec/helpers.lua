@@ -39,6 +39,24 @@ function helpers.urls()
   return urls
 end
 
+-- The postgres URL of this run (the last one), or nil.
+function helpers.pg_url()
+  local pg
+  for _, u in ipairs(helpers.urls()) do
+    if u:match("^postgres") then pg = u end
+  end
+  return pg
+end
+
+-- The URLs of this run whose stores outlive a process (sqlite:, postgres:).
+function helpers.durable_urls()
+  local out = {}
+  for _, u in ipairs(helpers.urls()) do
+    if u:match("^sqlite:") or u:match("^postgres") then out[#out + 1] = u end
+  end
+  return out
+end
+
 -- The templates of helpers.urls() and a sharded store over SQLite files
 -- ("shards:sqlite:", unless a shards: template is there already): for the
 -- conformance specs of what a shards: store must take like any store
