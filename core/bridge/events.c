@@ -200,34 +200,24 @@ static void push_names(lua_State *L) {
   lua_rawsetp(L, LUA_REGISTRYINDEX, &names_key);
 }
 
-/* Strings that repeat from one event to the next of a list (the session of
- * a read, the type and lane of a batch, a claim's holder): the Lua string
- * made for the previous event is reused when the text is the same, which
- * costs a strcmp instead of hashing and interning the text again. */
-enum { C_SESSION, C_TYPE, C_LANE, C_HOLDER, C_COUNT };
+/* The cache slots of es_lua_pusher (bridge/events.h): strings that repeat
+ * from one event to the next of a list (the session of a read, the type
+ * and lane of a batch, a claim's holder): the Lua string made for the
+ * previous event is reused when the text is the same, which costs a
+ * strcmp instead of hashing and interning the text again. */
+enum { C_SESSION = ES_PUSHER_SESSION, C_TYPE = ES_PUSHER_TYPE, C_LANE, C_HOLDER, C_COUNT };
+_Static_assert((int)C_COUNT == (int)ES_PUSHER_SLOTS, "es_lua_pusher's slots");
 
-/* What building event tables needs, found once per call. */
-typedef struct pusher {
-  lua_State *L;
-  int names; /* stack index of the names array */
-  int slots; /* stack index of the first of C_COUNT cache slots; 0: no cache */
-  int keys;  /* with a cache: the names are also on the stack, name k at keys + k */
-  /* With a cache: the payload decoder of the list (its userdata is on the
-   * stack, above the names), which decodes without a lua_pcall per payload
-   * and keeps its scratch buffers from one payload to the next; NULL: each
-   * payload is decoded by es_json_decode_lua. */
-  es_json_decoder *jd;
-  /* the text each slot holds, borrowed from the event list being pushed
-   * (alive until the pushing ends); NULL: the slot is empty */
-  const char *text[C_COUNT];
-} pusher;
+typedef es_lua_pusher pusher;
 
 /* Starts a pusher: the names array and, for a list (`cache`), the cache
  * slots, a copy of the names on the stack (lua_pushvalue is cheaper than
  * lua_rawgeti, 15 times per event) and the list's payload decoder; popped
  * by pusher_end. */
 static void pusher_begin(lua_State *L, pusher *p, int cache) {
-  luaL_checkstack(L, 2 + C_COUNT + N_COUNT_PLUS_ONE + 8, "event tables");
+  /* its slots, and room for an event table being built (a nested table,
+   * a key and a value) with a caller's few values above the slots */
+  luaL_checkstack(L, 2 + C_COUNT + N_COUNT_PLUS_ONE + 24, "event tables");
   p->L = L;
   push_names(L);
   p->names = lua_gettop(L);
@@ -256,12 +246,9 @@ static void push_name(pusher *p, int k) {
 
 static void pusher_end(pusher *p) { lua_settop(p->L, p->names - 1); }
 
-/* t[name] = v for a string v (nothing when NULL), through the cache slot
- * `slot` (-1: none). t is an absolute index. */
-static void put_str(pusher *p, int t, int name, const char *v, int slot) {
+/* Pushes the string v through the cache slot `slot` (-1: none). */
+static void push_text(pusher *p, const char *v, int slot) {
   lua_State *L = p->L;
-  if (!v) return;
-  push_name(p, name);
   if (slot < 0 || !p->slots) {
     lua_pushstring(L, v);
   } else if (p->text[slot] && strcmp(p->text[slot], v) == 0) {
@@ -272,7 +259,15 @@ static void put_str(pusher *p, int t, int name, const char *v, int slot) {
     lua_replace(L, p->slots + slot);
     p->text[slot] = v;
   }
-  lua_rawset(L, t);
+}
+
+/* t[name] = v for a string v (nothing when NULL), through the cache slot
+ * `slot` (-1: none). t is an absolute index. */
+static void put_str(pusher *p, int t, int name, const char *v, int slot) {
+  if (!v) return;
+  push_name(p, name);
+  push_text(p, v, slot);
+  lua_rawset(p->L, t);
 }
 
 /* t[name] = v, nothing when v is ES_NONE. */
@@ -402,6 +397,14 @@ static void push_one(pusher *p, const es_event *e, int claimed, int extra) {
   }
   if (claimed) put_int(p, t, N_ATTEMPT, e->attempts);
 }
+
+void es_lua_pusher_begin(lua_State *L, es_lua_pusher *p) { pusher_begin(L, p, 1); }
+
+void es_lua_pusher_push(es_lua_pusher *p, const es_event *e) { push_one(p, e, 0, 0); }
+
+void es_lua_pusher_push_text(es_lua_pusher *p, const char *text, int slot) { push_text(p, text, slot); }
+
+void es_lua_pusher_end(es_lua_pusher *p) { pusher_end(p); }
 
 void es_lua_push_event(lua_State *L, const es_event *e, int claimed) {
   pusher p;

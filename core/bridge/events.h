@@ -64,6 +64,39 @@ void es_lua_set_str(lua_State *L, const char *k, const char *v);
 /* Pushes a stored event as a Lua table (payload decoded); `claimed` adds
  * `attempt`. */
 void es_lua_push_event(lua_State *L, const es_event *e, int claimed);
+/* Builds the tables of many events in a row, as es_lua_push_event does
+ * (the same fields, values and subtypes), but cheaper per event: the field
+ * names are pushed once and copied from the stack, a session, type, lane
+ * or holder that repeats from the previous event reuses its Lua string,
+ * and payloads are decoded by one decoder without a lua_pcall each (the
+ * reducer fold and the projection runner, which build one table per event
+ * of a long history). es_lua_pusher_begin pushes the pusher's slots (may
+ * raise: out of memory) and makes room for a caller's few values above
+ * them; es_lua_pusher_push pushes one event's table; es_lua_pusher_end
+ * pops everything from the slots up. Event texts are borrowed: the events
+ * must stay alive until the end. es_lua_pusher_push_text pushes a string
+ * through a cache slot (ES_PUSHER_TYPE: look a step up by the event's type
+ * before building its table). */
+enum { ES_PUSHER_SESSION, ES_PUSHER_TYPE, ES_PUSHER_SLOTS = 4 };
+typedef struct es_lua_pusher {
+  lua_State *L;
+  int names; /* stack index of the names array */
+  int slots; /* stack index of the first of the cache slots; 0: no cache */
+  int keys;  /* with a cache: the names are also on the stack, name k at keys + k */
+  /* With a cache: the payload decoder of the list (its userdata is on the
+   * stack, above the names), which decodes without a lua_pcall per payload
+   * and keeps its scratch buffers from one payload to the next; NULL: each
+   * payload is decoded by es_json_decode_lua. */
+  struct es_json_decoder *jd;
+  /* the text each slot holds, borrowed from the event list being pushed;
+   * NULL: the slot is empty */
+  const char *text[ES_PUSHER_SLOTS];
+} es_lua_pusher;
+void es_lua_pusher_begin(lua_State *L, es_lua_pusher *p);
+void es_lua_pusher_push(es_lua_pusher *p, const es_event *e);
+void es_lua_pusher_push_text(es_lua_pusher *p, const char *text, int slot);
+void es_lua_pusher_end(es_lua_pusher *p);
+
 /* §3.10 read_at_rest: a keyed event with its stored (sealed) text as
  * `ciphertext` and no payload; others as es_lua_push_event. */
 void es_lua_push_event_at_rest(lua_State *L, const es_event *e);

@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec/json.h"
-#include "bridge/json_lua.h"
 #include "bridge/state.h"
 #include "engine/internal.h"
 #include "bridge/common.h"
@@ -93,168 +91,10 @@ static int fold_from_floor(lua_State *L, runner *r, const char *session, const c
   return used;
 }
 
-/* The event tables of a fold ------------------------------------------------
- *
- * A reducer step gets the stored event exactly as es_lua_push_event
- * (bridge/events.c) builds it for store:read: the same fields, values and
- * subtypes (spec/48 compares the two). The fold builds them itself because
- * it builds one per event of a long history, in a row: the field names are
- * pushed once per fold and copied from the stack (no string lookup per
- * field), the session and the event type are pushed once and reused while
- * they repeat, the table is created with exactly the room its fields take,
- * and payloads are decoded by one es_json_decoder (no lua_pcall and no
- * scratch allocation per event). */
-
-enum {
-  F_ID, F_TYPE, F_PAYLOAD, F_KEY, F_SHREDDED, F_INDEX, F_SESSION, F_POSITION, F_CREATED_AT,
-  F_CAUSE, F_ATTEMPT, F_LANE, F_NOT_BEFORE, F_STATUS, F_ATTEMPTS, F_FAILURES, F_LAST_ERROR,
-  F_PROCESSED_AT, F_CLAIM_HOLDER, F_CLAIM_EXPIRES_AT, F_RETRY_AT, F_FIRST_CLAIMED_AT,
-  F_LAST_CLAIMED_AT, F_FAILED_AT, F_PROCESSED_BY_ATTEMPT, F_ORIGIN, F_REVISION, F_META,
-  F_CANCELLED,
-  V_PENDING, V_PROCESSED, V_DEAD, /* status values */
-  F_COUNT
-};
-
-static const char *const field_names[F_COUNT] = {
-    "id", "type", "payload", "key", "shredded", "index", "session", "position", "created_at",
-    "cause", "attempt", "lane", "not_before", "status", "attempts", "failures", "last_error",
-    "processed_at", "claim_holder", "claim_expires_at", "retry_at", "first_claimed_at",
-    "last_claimed_at", "failed_at", "processed_by_attempt", "origin", "revision", "meta",
-    "cancelled",
-    "pending", "processed", "dead",
-};
-
-typedef struct evb {
-  int names;            /* stack index of field_names[0]; the others follow */
-  int session_slot;     /* the fold's session as a Lua string */
-  const char *session;
-  int type_slot;        /* the last event type pushed, as a Lua string ... */
-  const char *type;     /* ... and as C text (borrowed from an event of the fold's list) */
-  es_json_decoder *jd;  /* its userdata sits at names - 1 */
-} evb;
-
-/* Pushes what the builder keeps on the stack (F_COUNT + 3 slots), and
- * makes sure of room for a step above them: its function, the state, the
- * event table and, while it is built, a nested table with a key and a
- * value (the payload decoder checks its own). */
-static void evb_init(lua_State *L, evb *b, const char *session) {
-  luaL_checkstack(L, F_COUNT + 3 + 16, "fold");
-  b->jd = es_json_decoder_push(L);
-  b->names = lua_gettop(L) + 1;
-  for (int i = 0; i < F_COUNT; i++) lua_pushstring(L, field_names[i]);
-  lua_pushstring(L, session);
-  b->session_slot = lua_gettop(L);
-  b->session = lua_tostring(L, -1);
-  lua_pushnil(L);
-  b->type_slot = lua_gettop(L);
-  b->type = NULL;
-}
-
-/* Pushes ev's type as a Lua string, the one already pushed while it
- * repeats. */
-static void evb_push_type(lua_State *L, evb *b, const es_event *ev) {
-  if (!b->type || strcmp(b->type, ev->type) != 0) {
-    lua_pushstring(L, ev->type);
-    lua_replace(L, b->type_slot);
-    b->type = ev->type;
-  }
-  lua_pushvalue(L, b->type_slot);
-}
-
-static inline void evb_set_int(lua_State *L, const evb *b, int f, int64_t v) {
-  if (v == ES_NONE) return;
-  lua_pushvalue(L, b->names + f);
-  lua_pushinteger(L, (lua_Integer)v);
-  lua_rawset(L, -3);
-}
-
-static inline void evb_set_str(lua_State *L, const evb *b, int f, const char *v) {
-  if (!v) return;
-  lua_pushvalue(L, b->names + f);
-  lua_pushstring(L, v);
-  lua_rawset(L, -3);
-}
-
-static inline int has_int(int64_t v) { return v != ES_NONE; }
-
-/* Pushes ev as es_lua_push_event(L, ev, 0) does (same fields, in the same
- * cases). */
-static void evb_push(lua_State *L, evb *b, const es_event *ev) {
-  const char *cancelled = es_event_cancelled(ev); /* §3.2: shown instead of last_error */
-  int n = 4 /* type, payload, status, revision */ + (ev->meta != NULL) + (ev->id != NULL) + (ev->key != NULL) + (ev->shredded != 0) +
-          has_int(ev->index) + (ev->session != NULL) + has_int(ev->position) +
-          has_int(ev->created_at) + has_int(ev->cause_index) + (ev->lane != NULL) +
-          has_int(ev->not_before) + has_int(ev->attempts) + has_int(ev->failures) +
-          (ev->last_error != NULL) + has_int(ev->processed_at) + (ev->claim_holder != NULL) +
-          has_int(ev->claim_expires_at) + has_int(ev->retry_at) + has_int(ev->first_claimed_at) +
-          has_int(ev->last_claimed_at) + has_int(ev->failed_at) +
-          has_int(ev->processed_by_attempt) + (ev->origin_session != NULL);
-  lua_createtable(L, 0, n);
-  evb_set_str(L, b, F_ID, ev->id);
-  if (ev->type) {
-    lua_pushvalue(L, b->names + F_TYPE);
-    evb_push_type(L, b, ev);
-    lua_rawset(L, -3);
-  }
-  lua_pushvalue(L, b->names + F_PAYLOAD);
-  if (!ev->payload) lua_pushnil(L); /* §3.10: a shredded payload */
-  else es_json_decoder_decode(L, b->jd, ev->payload, ev->payload_len);
-  lua_rawset(L, -3);
-  evb_set_int(L, b, F_REVISION, ev->revision);
-  if (ev->meta) { /* §3.1: decoded as a payload is */
-    lua_pushvalue(L, b->names + F_META);
-    es_json_decoder_decode(L, b->jd, ev->meta, strlen(ev->meta));
-    lua_rawset(L, -3);
-  }
-  evb_set_str(L, b, F_KEY, ev->key);
-  if (ev->shredded) {
-    lua_pushvalue(L, b->names + F_SHREDDED);
-    lua_pushboolean(L, 1);
-    lua_rawset(L, -3);
-  }
-  evb_set_int(L, b, F_INDEX, ev->index);
-  if (ev->session) {
-    lua_pushvalue(L, b->names + F_SESSION);
-    if (strcmp(ev->session, b->session) == 0) lua_pushvalue(L, b->session_slot);
-    else lua_pushstring(L, ev->session);
-    lua_rawset(L, -3);
-  }
-  evb_set_int(L, b, F_POSITION, ev->position);
-  evb_set_int(L, b, F_CREATED_AT, ev->created_at);
-  if (ev->cause_index != ES_NONE) {
-    lua_pushvalue(L, b->names + F_CAUSE);
-    lua_createtable(L, 0, 2);
-    evb_set_int(L, b, F_INDEX, ev->cause_index);
-    evb_set_int(L, b, F_ATTEMPT, ev->cause_attempt);
-    lua_rawset(L, -3);
-  }
-  evb_set_str(L, b, F_LANE, ev->lane);
-  evb_set_int(L, b, F_NOT_BEFORE, ev->not_before);
-  lua_pushvalue(L, b->names + F_STATUS);
-  lua_pushvalue(L, b->names + (ev->status == ES_STATUS_PROCESSED ? V_PROCESSED
-                               : ev->status == ES_STATUS_DEAD    ? V_DEAD
-                                                                 : V_PENDING));
-  lua_rawset(L, -3);
-  evb_set_int(L, b, F_ATTEMPTS, ev->attempts);
-  evb_set_int(L, b, F_FAILURES, ev->failures);
-  evb_set_str(L, b, F_LAST_ERROR, cancelled ? NULL : ev->last_error);
-  evb_set_str(L, b, F_CANCELLED, cancelled);
-  evb_set_int(L, b, F_PROCESSED_AT, ev->processed_at);
-  evb_set_str(L, b, F_CLAIM_HOLDER, ev->claim_holder);
-  evb_set_int(L, b, F_CLAIM_EXPIRES_AT, ev->claim_expires_at);
-  evb_set_int(L, b, F_RETRY_AT, ev->retry_at);
-  evb_set_int(L, b, F_FIRST_CLAIMED_AT, ev->first_claimed_at);
-  evb_set_int(L, b, F_LAST_CLAIMED_AT, ev->last_claimed_at);
-  evb_set_int(L, b, F_FAILED_AT, ev->failed_at);
-  evb_set_int(L, b, F_PROCESSED_BY_ATTEMPT, cancelled ? ES_NONE : ev->processed_by_attempt);
-  if (ev->origin_session) {
-    lua_pushvalue(L, b->names + F_ORIGIN);
-    lua_createtable(L, 0, 2);
-    evb_set_str(L, b, F_SESSION, ev->origin_session);
-    evb_set_int(L, b, F_INDEX, ev->origin_index);
-    lua_rawset(L, -3);
-  }
-}
+/* A reducer step gets the stored event exactly as store:read returns it
+ * (spec/48 compares the two): the fold builds its tables with the event
+ * list builder (es_lua_pusher, bridge/events.h), one per event of a long
+ * history in a row. */
 
 void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, int64_t at,
              es_buf *encoded, int64_t *through, int force) {
@@ -319,7 +159,7 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     }
   }
   int st = lua_gettop(L);
-  evb b;
+  es_lua_pusher b;
   int have_b = 0; /* the builder is set up at the first event to fold: a call at the head needs none */
   int64_t folded = 0;
   for (size_t i = 0; i < x->events.n; i++) {
@@ -328,11 +168,11 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
     if (ev->index > at) break;
     folded++;
     if (!have_b) {
-      evb_init(L, &b, session);
+      es_lua_pusher_begin(L, &b);
       have_b = 1;
     }
     if (es_upcast_has(r, ev->type)) { /* §7: the step of its upcast type, given the upcast event */
-      evb_push(L, &b, ev);
+      es_lua_pusher_push(&b, ev);
       es_upcast_event(L, r, -1);
       lua_getfield(L, -1, "type");
       lua_gettable(L, mod);
@@ -344,14 +184,14 @@ void es_fold(lua_State *L, runner *r, const char *session, const char *reducer, 
       lua_pushvalue(L, st);
       lua_insert(L, -2);
     } else {
-      evb_push_type(L, &b, ev);
+      es_lua_pusher_push_text(&b, ev->type, ES_PUSHER_TYPE);
       lua_gettable(L, mod);
       if (!lua_isfunction(L, -1)) {
         lua_pop(L, 1);
         continue;
       }
       lua_pushvalue(L, st);
-      evb_push(L, &b, ev);
+      es_lua_pusher_push(&b, ev);
     }
     if (es_budget_pcall(L, 2, 1) != LUA_OK)
       es_lua_raisef(L, ES_INVALID_ARGUMENT, "reducer '%s' at %s #%lld (%s): %s", reducer, session,

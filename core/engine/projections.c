@@ -65,12 +65,11 @@ static int upcast_protected(lua_State *L) {
  * session as its tenant names it, upcast (§7) by r's upcasters. NULL, or
  * the upcaster's error (the message is then what was pushed): it stops
  * the projection at this event like a raising step. */
-static const char *push_step_event(lua_State *L, runner *r, const es_event *ev, size_t tl) {
-  es_lua_push_event(L, ev, 0);
-  if (tl) {
-    lua_pushstring(L, ev->session + tl);
-    lua_setfield(L, -2, "session");
-  }
+static const char *push_step_event(lua_State *L, runner *r, es_lua_pusher *b, const es_event *ev,
+                                   size_t tl) {
+  es_event shown = *ev; /* borrowed fields */
+  shown.session = ev->session + tl;
+  es_lua_pusher_push(b, &shown);
   if (!es_upcast_has(r, ev->type)) return NULL;
   lua_pushcfunction(L, upcast_protected);
   lua_insert(L, -2);
@@ -229,54 +228,64 @@ static int pass_main(lua_State *L) {
   if (rc) store_fail(L, &err);
 
   lua_getfield(L, mod, "sessions");
-  const char *prefix = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
-  int prefix_at = lua_gettop(L); /* keeps prefix alive */
-  (void)prefix_at;
+  const char *prefix = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL; /* kept alive by the stack */
+  size_t prefix_len = prefix ? strlen(prefix) : 0;
   lua_getfield(L, mod, "key");
   int keyfn = lua_gettop(L);
+  int has_keyfn = lua_isfunction(L, keyfn);
   lua_newtable(L); /* stored key -> state, the states this batch touched */
   int cache = lua_gettop(L);
+  es_lua_pusher b;
+  es_lua_pusher_begin(L, &b);
   int64_t last = pos, failed_at = 0;
   const char *last_cursor = cursor;
   size_t n_events = x->events.n;
   for (size_t i = 0; i < n_events; i++) {
     const es_event *ev = &x->events.v[i];
     size_t tl = tenant_len(ev->session);
-    int wanted = !prefix || strncmp(ev->session + tl, prefix, strlen(prefix)) == 0;
     int top = lua_gettop(L);
     const char *why = NULL;
-    int evt = 0; /* the event as the steps see it: its type after upcasting */
-    if (wanted) {
-      why = push_step_event(L, ps->r, ev, tl);
-      evt = lua_gettop(L);
+    /* The step for the event's type (after upcasting) at top + 1, the
+     * event as the steps see it at top + 2; events of no step's type, or
+     * of sessions the projection does not want, are passed over. */
+    int wanted = !prefix || strncmp(ev->session + tl, prefix, prefix_len) == 0;
+    if (wanted && es_upcast_has(ps->r, ev->type)) {
+      why = push_step_event(L, ps->r, &b, ev, tl);
       if (!why) {
-        lua_getfield(L, evt, "type");
+        lua_getfield(L, -1, "type");
         lua_gettable(L, mod);
-        wanted = lua_isfunction(L, -1);
-        lua_pop(L, 1);
+        lua_insert(L, -2);
       }
+    } else if (wanted) {
+      es_lua_pusher_push_text(&b, ev->type, ES_PUSHER_TYPE);
+      lua_gettable(L, mod);
+      if (lua_isfunction(L, -1)) why = push_step_event(L, ps->r, &b, ev, tl);
     }
-    if (!wanted) lua_settop(L, top);
+    if (wanted && !why) wanted = lua_isfunction(L, top + 1);
     if (wanted) {
+      int step = top + 1, evt = top + 2;
       /* key(event): nil skips the event; one state "" without a key function */
-      lua_pushfstring(L, "%s", "");
       if (why) {
         /* the upcaster failed: the projection stops here (below) */
-      } else if (lua_isfunction(L, keyfn)) {
-        lua_pop(L, 1);
+      } else if (has_keyfn) {
         lua_pushvalue(L, keyfn);
         lua_pushvalue(L, evt);
         if (es_budget_pcall(L, 1, 1) != LUA_OK) why = lua_tostring(L, -1);
         else if (lua_type(L, -1) == LUA_TNUMBER) lua_tostring(L, -1);
         else if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING) why = "key() must return a string, a number or nil";
+      } else {
+        lua_pushliteral(L, "");
       }
       if (!why && !lua_isnil(L, -1)) {
         const char *key = lua_tostring(L, -1);
         int k = lua_gettop(L);
-        lua_pushlstring(L, ev->session, tl);
-        lua_pushvalue(L, k);
-        lua_concat(L, 2);
-        int sk = lua_gettop(L);
+        int sk = k; /* the key as stored: its tenant's prefix and the key */
+        if (tl) {
+          lua_pushlstring(L, ev->session, tl);
+          lua_pushvalue(L, k);
+          lua_concat(L, 2);
+          sk = lua_gettop(L);
+        }
         lua_pushvalue(L, sk);
         lua_rawget(L, cache);
         if (lua_isnil(L, -1)) {
@@ -305,8 +314,7 @@ static int pass_main(lua_State *L) {
         }
         if (!why) {
           int st = lua_gettop(L);
-          lua_getfield(L, evt, "type");
-          lua_gettable(L, mod);
+          lua_pushvalue(L, step);
           lua_pushvalue(L, st);
           lua_pushvalue(L, evt);
           lua_createtable(L, 0, 1); /* ctx */
@@ -350,11 +358,12 @@ static int pass_main(lua_State *L) {
         i = (size_t)-1; /* the loop's i++ starts again at 0 */
         continue;
       }
-      lua_settop(L, top);
     }
+    lua_settop(L, top);
     last = ev->position;
     last_cursor = x->cursors ? x->cursors[i] : NULL;
   }
+  es_lua_pusher_end(&b);
 
   /* The touched states, encoded (the stack keeps the table alive). */
   size_t n = 0;
