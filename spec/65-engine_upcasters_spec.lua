@@ -323,4 +323,30 @@ describe("replay with upcasters", function()
     assert.is_true(tostring(report.sessions[1].failure):find("no old orders", 1, true) ~= nil,
       tostring(report.sessions[1].failure))
   end)
+
+  -- A reducer-only replay upcasts many sessions' events in one call per
+  -- side (replay.lua, upcast_chunk): an upcaster that raises on one
+  -- session's event still fails that session alone.
+  it("with reducers_only fails only the session whose upcaster raises, and compares the others", function()
+    local store = helpers.new("memory:")
+    for i, customer in ipairs({ "ada", "bob", "cy" }) do
+      store:append("order-" .. i, { { type = "order.placed", revision = 1,
+        payload = { customer = customer, card = "tok_visa", sku = "TEA-01", qty = i } } })
+    end
+    local dir = eh.scripts_dir()
+    os.execute("cp -r scripts/handlers scripts/reducers scripts/upcasters " .. eh.sh_quote(dir))
+    eh.write_script(dir .. "/upcasters/order.placed.lua", [[
+return { current = 2, [1] = function(p)
+  if p.customer == "bob" then error("no orders from bob") end
+  return { customer = p.customer, card = p.card, items = { { sku = p.sku, qty = p.qty } } }
+end }]])
+    local report = eventstore.replay({ store = store, scripts = dir, baseline = "scripts", reducers_only = true })
+    local by = {}
+    for _, s in ipairs(report.sessions) do by[s.session] = s end
+    assert.are.equal("failed", by["order-2"].status, helpers.dump(by["order-2"]))
+    assert.truthy(tostring(by["order-2"].failure):find("no orders from bob", 1, true), tostring(by["order-2"].failure))
+    for _, name in ipairs({ "order-1", "order-3" }) do
+      assert.are.equal("identical", by[name].status, helpers.dump(by[name]))
+    end
+  end)
 end)

@@ -50,6 +50,19 @@ local function reducer_names(dir)
   return names
 end
 
+-- The event types with an upcaster file in a scripts directory
+-- (upcasters/<type>.lua, §7): only events of these types can read
+-- differently once upcast, so only they cross into an engine to be.
+local function upcaster_types(dir)
+  local types = {}
+  local p = io.popen("find " .. quote(dir .. "/upcasters") .. " -name '*.lua' -type f 2>/dev/null")
+  if not p then return types end
+  local base = dir .. "/upcasters/"
+  for line in p:lines() do types[(line:sub(#base + 1):gsub("%.lua$", ""))] = true end
+  p:close()
+  return types
+end
+
 local function is_dir(path)
   local ok = os.execute("test -d " .. quote(path))
   return ok == true or ok == 0
@@ -88,9 +101,24 @@ end
 
 local MAX_DIFFS = 100 -- paths kept per compared pair: a diff is for reading
 
+-- Whether a and b hold the same values at every path (what diff finds no
+-- difference in), without making a path or a key list: most of what a
+-- replay compares is the same, and diff's paths cost more than the walk.
+local function same(a, b)
+  if a == b then return true end
+  if type(a) ~= "table" or type(b) ~= "table" then return false end
+  for k, v in pairs(a) do
+    if not same(v, b[k]) then return false end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false end
+  end
+  return true
+end
+
 -- Appends {path, baseline, replayed} for each place a and b differ.
 local function diff(a, b, path, out)
-  if #out >= MAX_DIFFS then return out end
+  if #out >= MAX_DIFFS or same(a, b) then return out end
   if type(a) == "table" and type(b) == "table" then
     local arr = json.is_array(a) or json.is_array(b)
     for _, k in ipairs(keys_of(a, b)) do
@@ -169,9 +197,12 @@ end
 local function first_divergence(baseline, replayed)
   local n = math.max(#baseline, #replayed)
   for i = 1, n do
-    local b, r = view(baseline[i]), view(replayed[i])
-    if b == nil or r == nil or #diff(b, r, "$", {}) > 0 then
-      return { index = i, baseline = b or null, replayed = r or null }
+    -- one event table on both sides (reducers only: an event not upcast) is the same
+    if baseline[i] ~= replayed[i] then
+      local b, r = view(baseline[i]), view(replayed[i])
+      if b == nil or r == nil or #diff(b, r, "$", {}) > 0 then
+        return { index = i, baseline = b or null, replayed = r or null }
+      end
     end
   end
   return nil
@@ -279,14 +310,26 @@ local function new_sandbox(dir, eopts)
 end
 
 -- §7: events as the scripts of dir read them (upcast in the engine of its
--- sandbox, under its budgets). Raises when an upcaster fails.
-local function upcast(sandboxes, dir, eopts, events)
-  local sb = sandboxes[dir]
-  if not sb then
-    sb = new_sandbox(dir, eopts)
-    sandboxes[dir] = sb
+-- sandbox, under its budgets). Raises when an upcaster fails. Only the
+-- events of a type with an upcaster file (o.upcasters[dir]) are sent (a
+-- copy of each crosses into the engine's state and back); the list itself
+-- comes back when it has none.
+local function upcast(o, dir, events)
+  local types = o.upcasters[dir]
+  local picked, at = {}, {}
+  for i, e in ipairs(events) do
+    if types[e.type] then picked[#picked + 1], at[#at + 1] = e, i end
   end
-  return sb.engine:upcast(events)
+  if #picked == 0 then return events end
+  local sb = o.sandboxes[dir]
+  if not sb then
+    sb = new_sandbox(dir, o.engine)
+    o.sandboxes[dir] = sb
+  end
+  local up = sb.engine:upcast(picked)
+  local out = table.move(events, 1, #events, 1, {})
+  for k, i in ipairs(at) do out[i] = up[k] end
+  return out
 end
 
 local function close_sandbox(sb)
@@ -297,10 +340,11 @@ end
 -- Runs `inputs` through the scripts in `dir` (in the sandbox kept in
 -- sandboxes[dir]): the session's events as the scratch store ended, the
 -- errors met, and a budget error if one was met.
-local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
+local function run_session(o, dir, session, inputs, max_events)
+  local sandboxes = o.sandboxes
   local sb = sandboxes[dir]
   if not sb then
-    sb = new_sandbox(dir, eopts)
+    sb = new_sandbox(dir, o.engine)
     sandboxes[dir] = sb
   end
   local clock, scratch, engine = sb.clock, sb.scratch, sb.engine
@@ -333,7 +377,7 @@ local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
     advance_to(nil)
   end)
   local events = scratch:read(session)
-  local seen_ok, seen = pcall(engine.upcast, engine, events)
+  local seen_ok, seen = pcall(upcast, o, dir, events)
   local gone = pcall(scratch.delete, scratch, session)
   if not ok or not gone then
     -- Whatever state a failed replay left is not the next session's.
@@ -360,7 +404,10 @@ local function run_session(sandboxes, dir, session, inputs, eopts, max_events)
   return seen, errors, budget
 end
 
-local function replay_session(o, session, stored)
+-- sides: in a reducer-only replay, the stored events as OLD's and as
+-- NEW's scripts read them when they were upcast for many sessions at once
+-- (upcast_chunk), else nil.
+local function replay_session(o, session, stored, sides)
   local inputs = {}
   for _, e in ipairs(stored) do
     if e.cause == nil then inputs[#inputs + 1] = e end
@@ -370,7 +417,7 @@ local function replay_session(o, session, stored)
   local replayed, errors, failure, baseline
   -- §7: each side's events as its own scripts read them
   local function read_as(dir)
-    local ok, res = pcall(upcast, o.sandboxes, dir, o.engine, stored)
+    local ok, res = pcall(upcast, o, dir, stored)
     if ok then return res end
     errors[#errors + 1] = { error = tostring(res) }
     failure = failure or tostring(res)
@@ -380,14 +427,19 @@ local function replay_session(o, session, stored)
     -- No handler runs: both sides are the stored events, folded with
     -- OLD's reducers and NEW's (check_opts asks for a baseline).
     errors = {}
-    baseline, replayed = read_as(o.baseline), read_as(o.scripts)
+    if sides then
+      baseline, replayed = sides[1], sides[2]
+    else
+      baseline = read_as(o.baseline)
+      replayed = o.scripts == o.baseline and baseline or read_as(o.scripts)
+    end
   else
-    replayed, errors, failure = run_session(o.sandboxes, o.scripts, session, inputs, o.engine, max_events)
+    replayed, errors, failure = run_session(o, o.scripts, session, inputs, max_events)
     baseline = read_as(o.scripts)
   end
   if o.baseline and not o.reducers_only then
     local berrors, bfail
-    baseline, berrors, bfail = run_session(o.sandboxes, o.baseline, session, inputs, o.engine, max_events)
+    baseline, berrors, bfail = run_session(o, o.baseline, session, inputs, max_events)
     for _, e in ipairs(berrors) do
       e.baseline = true
       errors[#errors + 1] = e
@@ -395,13 +447,15 @@ local function replay_session(o, session, stored)
     failure = failure or bfail
   end
   rep.errors = errors
-  if baseline == replayed then -- reducers only: one list, named once
-    baseline = named(baseline)
-    replayed = baseline
+  if o.reducers_only then
+    -- Both sides are the stored events (upcast by each side's scripts):
+    -- the same ids, nothing to rename; folded as stored, as live reducers
+    -- fold them. They differ only where the upcasters do.
+    if baseline ~= replayed then rep.divergence = first_divergence(baseline, replayed) end
   else
     baseline, replayed = named(baseline), named(replayed)
+    rep.divergence = first_divergence(baseline, replayed)
   end
-  rep.divergence = first_divergence(baseline, replayed)
   -- §9: without a baseline each reducer under test folds the stored events
   -- and the replayed ones; with one, the baseline's states are OLD's
   -- reducers over OLD's replay.
@@ -429,6 +483,37 @@ local function replay_session(o, session, stored)
     rep.status = "identical"
   end
   return rep
+end
+
+-- A reducer-only replay reads CHUNK sessions at a time and upcasts their
+-- events with one engine:upcast call per side (a call crosses into an
+-- engine's state and back, which costs more than most sessions' folds).
+-- Returns sides[k] = {OLD's list, NEW's list} for lists[k], or nil when an
+-- upcaster failed on one of them: each session is then upcast alone, so
+-- only the sessions it fails on fail.
+local CHUNK = 100
+
+local function upcast_chunk(o, lists)
+  local function side(dir)
+    local all, from = {}, {}
+    for k, list in ipairs(lists) do
+      from[k] = #all
+      table.move(list, 1, #list, #all + 1, all)
+    end
+    local ok, up = pcall(upcast, o, dir, all)
+    if not ok then return nil end
+    local out = {}
+    for k, list in ipairs(lists) do
+      out[k] = up == all and list or table.move(up, from[k] + 1, from[k] + #list, 1, {})
+    end
+    return out
+  end
+  local b = side(o.baseline)
+  local r = b and (o.scripts == o.baseline and b or side(o.scripts))
+  if not r then return nil end
+  local sides = {}
+  for k in ipairs(lists) do sides[k] = { b[k], r[k] } end
+  return sides
 end
 
 ---------------------------------------------------------------------------
@@ -505,7 +590,8 @@ function M.replay(opts)
       cursor = page.cursor
     until cursor == nil or (opts.limit and #names >= opts.limit)
     local o = { scripts = opts.scripts, baseline = opts.baseline, engine = opts.engine,
-      reducers_only = opts.reducers_only == true, sandboxes = sandboxes, modules = {} }
+      reducers_only = opts.reducers_only == true, sandboxes = sandboxes, modules = {}, upcasters = {} }
+    for _, dir in ipairs({ opts.scripts, opts.baseline }) do o.upcasters[dir] = upcaster_types(dir) end
     local seen, reducers = {}, {}
     for _, dir in ipairs({ opts.scripts, opts.baseline }) do
       for _, n in ipairs(reducer_names(dir)) do
@@ -517,13 +603,23 @@ function M.replay(opts)
     local summary = { replayed = 0, identical = 0, diverged = 0, failed = 0, rate = 0 }
     local sessions = {}
     local started = wall_ms()
-    for i, name in ipairs(names) do
-      local stored = store:read(name)
-      local rep = replay_session(o, name, stored)
+    local function done(i, rep)
       summary.replayed = summary.replayed + 1
       summary[rep.status] = summary[rep.status] + 1
       if opts.each then opts.each(rep) else sessions[#sessions + 1] = rep end
       if opts.progress then opts.progress(i, #names) end
+    end
+    if o.reducers_only then
+      for first = 1, #names, CHUNK do
+        local lists = {}
+        for i = first, math.min(first + CHUNK - 1, #names) do lists[#lists + 1] = store:read(names[i]) end
+        local sides = upcast_chunk(o, lists)
+        for k, list in ipairs(lists) do
+          done(first + k - 1, replay_session(o, names[first + k - 1], list, sides and sides[k]))
+        end
+      end
+    else
+      for i, name in ipairs(names) do done(i, replay_session(o, name, store:read(name))) end
     end
     local secs = (wall_ms() - started) / 1000
     summary.rate = secs > 0 and math.floor(summary.replayed / secs * 10 + 0.5) / 10 or summary.replayed
