@@ -92,6 +92,21 @@ for _, url in ipairs(helpers.urls()) do
       assert.same(totals, (t.store:projection("totals", "")))
     end)
 
+    it("gives each step its state's key as ctx.key, keys interleaved in one batch", function()
+      local t = setup(url)
+      projection(t, "keys_seen", [[
+return { key = function(e) return e.payload.k end,
+         ["x"] = function(s, e, ctx) s.seen = s.seen or {}; s.seen[#s.seen + 1] = ctx.key end }
+]])
+      for i = 1, 30 do t.store:append("s", { { type = "x", settled = true, payload = { k = "k" .. (i % 3) } } }) end
+      eh.run(t.engine())
+      for k = 0, 2 do
+        local st = t.store:projection("keys_seen", "k" .. k)
+        assert.equal(10, #st.seen)
+        for _, seen in ipairs(st.seen) do assert.equal("k" .. k, seen) end
+      end
+    end)
+
     it("a projection that does not load is an error at eventstore.engine, naming the file", function()
       local t = setup(url)
       projection(t, "broken", "return { x = \n")

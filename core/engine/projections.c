@@ -51,7 +51,7 @@ static int store_fail(lua_State *L, const es_err *err) { return es_lua_raise(L, 
  * separator), or 0 when it has none: the keys of its events are that
  * tenant's (§8 "Tenants"). */
 static size_t tenant_len(const char *session) {
-  const char *sep = strstr(session, ES_TENANT_SEP);
+  const char *sep = strchr(session, ES_TENANT_SEP[0]); /* one byte: strchr, not strstr */
   return sep ? (size_t)(sep - session) + 1 : 0;
 }
 
@@ -235,6 +235,8 @@ static int pass_main(lua_State *L) {
   int has_keyfn = lua_isfunction(L, keyfn);
   lua_newtable(L); /* stored key -> state, the states this batch touched */
   int cache = lua_gettop(L);
+  lua_newtable(L); /* stored key -> the steps' ctx for that key, made once per batch */
+  int ctxs = lua_gettop(L);
   es_lua_pusher b;
   es_lua_pusher_begin(L, &b);
   int64_t last = pos, failed_at = 0;
@@ -317,9 +319,16 @@ static int pass_main(lua_State *L) {
           lua_pushvalue(L, step);
           lua_pushvalue(L, st);
           lua_pushvalue(L, evt);
-          lua_createtable(L, 0, 1); /* ctx */
-          lua_pushvalue(L, k);
-          lua_setfield(L, -2, "key");
+          lua_pushvalue(L, sk);
+          if (lua_rawget(L, ctxs) == LUA_TNIL) {
+            lua_pop(L, 1);
+            lua_createtable(L, 0, 1); /* ctx */
+            lua_pushvalue(L, k);
+            lua_setfield(L, -2, "key");
+            lua_pushvalue(L, sk);
+            lua_pushvalue(L, -2);
+            lua_rawset(L, ctxs);
+          }
           if (es_budget_pcall(L, 3, 1) != LUA_OK) {
             why = lua_tostring(L, -1);
           } else {
