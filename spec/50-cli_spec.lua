@@ -182,6 +182,10 @@ describe("eventstore binary", function()
         { { "state", "s", "r", "--at", "1.5" }, "state: --at expects a whole number >= 0, got '1.5'" },
         { { "run", "--workers", "0" }, "run: --workers expects a whole number from 1 to 256, got '0'" },
         { { "run", "--ttl-ms", "0" }, "run: --ttl-ms expects a whole number from 1 to 3153600000000, got '0'" },
+        { { "run", "--retention-every-ms", "0" },
+          "run: --retention-every-ms expects a whole number from 1 to 31536000000, got '0'" },
+        { { "serve", "--tokens", "t", "--retention-every-ms", "x" },
+          "serve: --retention-every-ms expects a whole number from 1 to 31536000000, got 'x'" },
         { { "sessions", "--limit", "many" }, "sessions: --limit expects a whole number >= 1" },
         { { "dead", "--limit", "" }, "dead: --limit expects a whole number >= 1" },
       }

@@ -31,6 +31,7 @@ local PENDING_EVERY_MS = 2000  -- how often the progress line rereads pending (s
 local UNHANDLED_EVERY_MS = 30000 -- how often it recounts pending by type (pending_types: a count per type)
 local PROGRESS_LOG_EVERY_MS = 5000 -- run --progress off a terminal: one log line this often
 local MAX_WORKERS = 256        -- the engine's limit (docs/engine.md)
+local RETENTION_EVERY = { int = 1, max = 365 * 24 * 3600 * 1000 } -- run and serve: --retention-every-ms (a year at most)
 local DEFAULT_DEADLINE_S = 300 -- run --until-done gives up after this long
 
 -- The terminal helpers only the binary has (core/main/main.c); a plain lua5.4
@@ -241,7 +242,8 @@ local function command(name, def)
 end
 
 command("run", {
-  synopsis = "run [--db URL] [--scripts DIR] [--workers N] [--holder NAME] [--ttl-ms MS] [--until-idle | --until-done [--deadline S]] [--progress]",
+  synopsis = "run [--db URL] [--scripts DIR] [--workers N] [--holder NAME] [--ttl-ms MS] [--retention-every-ms MS]"
+    .. " [--until-idle | --until-done [--deadline S]] [--progress]",
   summary = "dispatch pending events to their handlers",
   help = [[
 Dispatches every pending event of the store to its handler in the scripts
@@ -260,6 +262,9 @@ At the end prints to stdout:
                   engine-<pid>-<random>); one per engine sharing a store
   --ttl-ms MS     claim TTL in ms (default 30000): how soon another engine
                   takes over the claims of one that died
+  --retention-every-ms MS  with DIR/retention.lua: how often (store clock)
+                  its rules are applied, 1 to 31536000000 (default 60000;
+                  docs/retention.md)
   --until-idle    return once no event is ready now (timers and backoffs
                   stay pending)
   --until-done    also wait for events that become ready later (timers,
@@ -275,6 +280,7 @@ At the end prints to stdout:
   options = {
     db = "string", scripts = "string", workers = { int = 1, max = MAX_WORKERS },
     holder = "string", ["ttl-ms"] = { int = 1, max = 100 * 365 * 24 * 3600 * 1000 },
+    ["retention-every-ms"] = RETENTION_EVERY,
     ["until-idle"] = "flag", ["until-done"] = "flag", deadline = { int = 1, max = 365 * 24 * 3600 },
     progress = "flag",
   },
@@ -948,6 +954,9 @@ socket listens, prints one line to stdout:
   --workers N     engine worker threads, 1 to 256 (default 1)
   --fold-runners N  threads that fold reducers for state requests, in
                   parallel, 1 to 256 (default: the cores, at least 2)
+  --retention-every-ms MS  with DIR/retention.lua: how often (store clock)
+                  its rules are applied, 1 to 31536000000 (default 60000;
+                  docs/retention.md)
   --max-body BYTES        largest request body (default 16777216)
   --max-batch N           most events in one append or complete (default 1000)
   --max-connections N     open connections at once (default 256)
@@ -966,7 +975,7 @@ socket listens, prints one line to stdout:
   options = {
     db = "string", scripts = "string", listen = "string", tokens = "string",
     ["tls-cert"] = "string", ["tls-key"] = "string", ["no-engine"] = "flag", static = "string", workers = { int = 1, max = MAX_WORKERS },
-    ["fold-runners"] = { int = 1, max = MAX_WORKERS },
+    ["fold-runners"] = { int = 1, max = MAX_WORKERS }, ["retention-every-ms"] = RETENTION_EVERY,
     ["max-body"] = { int = 1, max = 1 << 40 }, ["max-batch"] = { int = 1, max = 1000000 },
     ["max-connections"] = { int = 1, max = 100000 }, ["request-timeout"] = { int = 1, max = 86400 },
     ["max-streams"] = { int = 1, max = 100000 },
@@ -1235,7 +1244,8 @@ function commands.run.run(o)
     io.stderr:flush()
   end
 
-  engine = new_engine(store, dir, { workers = o.workers, holder = o.holder, ttl_ms = o["ttl-ms"] })
+  engine = new_engine(store, dir, { workers = o.workers, holder = o.holder, ttl_ms = o["ttl-ms"],
+    retention_every_ms = o["retention-every-ms"] })
   -- SIGINT/SIGTERM (counted by the binary, which owns signals) stop the
   -- engine: running handlers are interrupted and retried later.
   local stopping = false
@@ -2144,7 +2154,8 @@ function commands.serve.run(o)
   local store <close> = open_store(o, true)
   local engine
   if dir ~= nil then
-    engine = new_engine(store, dir, { workers = o.workers, fold_runners = o["fold-runners"] })
+    engine = new_engine(store, dir, { workers = o.workers, fold_runners = o["fold-runners"],
+      retention_every_ms = o["retention-every-ms"] })
   end
   -- Signals are counted from before the line below, so a SIGTERM sent as
   -- soon as it is read stops the server cleanly.
