@@ -9,6 +9,8 @@
 #   make bench      print benchmark figures (see bench/README.md)
 #   make bench-pg   only the PostgreSQL ones (a throwaway server, as make test)
 #   make bench-http only the HTTP ones (eventstore serve under wrk, SSE clients)
+#   make bench-redis  eventstore beside Redis Streams on this machine (issue 26;
+#                   installs redis-server and libhiredis-dev: make deps-bench-redis)
 #   make install    put the module where the system Lua 5.4 finds it, the binary,
 #                   its man page and the inspector's files (make uninstall: remove them;
 #                   eventstore-*.rockspec runs the same target for luarocks make)
@@ -73,7 +75,9 @@ HTTP_GEN := $(BUILD)/gen/openapi_doc.c
 HTTP_OBJ := $(HTTP_SRC:core/%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/openapi_doc.o
 HTTP_LIBS := -lmicrohttpd -lgnutls
 BIN      := $(BUILD)/bin/eventstore
-BENCH_SRC := $(wildcard bench/*.c)
+# redis_bench needs hiredis, which only make deps-bench-redis installs:
+# built by make bench-redis alone, not with the others.
+BENCH_SRC := $(filter-out bench/redis_bench.c,$(wildcard bench/*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 CTEST_SRC := $(wildcard spec/c/*.c)
 CTEST_BIN := $(CTEST_SRC:spec/c/%.c=$(BUILD)/ctest/%)
@@ -83,7 +87,7 @@ FUZZ_RUN  := $(BUILD)/ctest/store_fuzz_run $(BUILD)/ctest/http_fuzz_run
 
 LUA_ENV := LUA_PATH='lua/?.lua;lua/?/init.lua;;' LUA_CPATH='$(BUILD)/lib/?.so;;'
 
-.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http install uninstall programs clean demo fuzz fuzz-api failover-demo soak
+.PHONY: all deps test check check-sanitize check-valgrind bench bench-pg bench-http bench-redis deps-bench-redis install uninstall programs clean demo fuzz fuzz-api failover-demo soak
 
 all: $(MODULE) $(LIB) $(BIN) $(CTEST_BIN) $(FUZZ_RUN)
 
@@ -102,7 +106,7 @@ deps:
 # The targets that call `make deps` first (the README's `make demo` and
 # `make test` stay one command each). Every object waits for deps when one of
 # them is asked for, so that -j never compiles beside a running apt-get.
-DEPS_GOALS := test check check-sanitize check-valgrind fuzz-api bench bench-pg bench-http demo failover-demo soak
+DEPS_GOALS := test check check-sanitize check-valgrind fuzz-api bench bench-pg bench-http bench-redis demo failover-demo soak
 DEPS_FIRST := $(if $(filter $(DEPS_GOALS),$(MAKECMDGOALS)),deps)
 $(DEPS_GOALS): deps
 
@@ -225,6 +229,30 @@ bench-pg: all $(BUILD)/bench/pg_bench
 # under wrk on loopback beside the Lua API, and many SSE clients.
 bench-http: programs $(BUILD)/bench/sse_fanout
 	@$(LUA_ENV) BUILD=$(BUILD) sh bench/http_bench.sh
+
+# eventstore beside Redis Streams (bench/README.md, "Redis Streams (issue
+# 26)"): redis-server(s) of its own on loopback, in a temporary directory,
+# stopped and removed at the end. REDIS_BENCH_ROUNDS, REDIS_BENCH_SCALE,
+# REDIS_BENCH_COUNT and REDIS_BENCH_ONLY as bench/redis_bench.c says.
+# Its Debian packages are not in DEB_PKGS (make deps, which CI runs): only
+# this target needs them.
+REDIS_DEB_PKGS := redis-server libhiredis-dev
+deps-bench-redis: deps
+	@missing=""; for p in $(REDIS_DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# links hiredis (waits for its headers when bench-redis installs them)
+$(BUILD)/bench/redis_bench: bench/redis_bench.c $(LIB) $(MODULE) | $(if $(filter bench-redis,$(MAKECMDGOALS)),deps-bench-redis)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(LIB) $(LUA_LIB) $(LDLIBS) -lhiredis
+
+bench-redis: deps-bench-redis $(BUILD)/bench/redis_bench
+	@$(LUA_ENV) BUILD=$(BUILD) sh bench/redis_bench.sh
 
 demo: all
 	@$(LUA_ENV) $(LUA) examples/demo.lua
