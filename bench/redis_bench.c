@@ -159,6 +159,12 @@ static redisReply *check(redisContext *c, redisReply *r, int type, const char *w
   return r;
 }
 
+static redisContext *must_connect(int port) {
+  redisContext *c = rconnect(port);
+  if (!c) die("redis", "cannot connect to our server");
+  return c;
+}
+
 static redisReply *next_reply(redisContext *c, int type, const char *what) {
   void *r = NULL;
   if (redisGetReply(c, &r) != REDIS_OK) die(what, c->errstr);
@@ -167,6 +173,22 @@ static redisReply *next_reply(redisContext *c, int type, const char *what) {
 
 static void command_ok(redisContext *c, const char *what, int type, int argc, const char **argv) {
   freeReplyObject(check(c, redisCommandArgv(c, argc, argv, NULL), type, what));
+}
+
+/* The server runs with the persistence asked for (a figure of a server
+ * configured otherwise would be a figure of something else). */
+static void check_config(int port, int durable) {
+  redisContext *c = must_connect(port);
+  static const char *const keys[3] = {"appendonly", "appendfsync", "save"};
+  const char *want[3] = {durable ? "yes" : "no", durable ? "always" : "everysec", ""};
+  for (int i = 0; i < 3; i++) {
+    const char *argv[3] = {"CONFIG", "GET", keys[i]};
+    redisReply *r = check(c, redisCommandArgv(c, 3, argv, NULL), REDIS_REPLY_ARRAY, "CONFIG GET");
+    if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_STRING || strcmp(r->element[1]->str, want[i]))
+      die("CONFIG GET", keys[i]);
+    freeReplyObject(r);
+  }
+  redisFree(c);
 }
 
 static server start_redis(int durable) {
@@ -209,7 +231,10 @@ static server start_redis(int durable) {
         int up = r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
         if (r) freeReplyObject(r);
         redisFree(c);
-        if (up) return s;
+        if (up) {
+          check_config(s.port, durable);
+          return s;
+        }
       }
       usleep(10000);
     }
@@ -236,12 +261,6 @@ static void stop_redis(server *s) {
   snprintf(pidfile, sizeof pidfile, "%s/redis.pid", dir);
   unlink(pidfile);
   rm_tree(s->dir);
-}
-
-static redisContext *must_connect(int port) {
-  redisContext *c = rconnect(port);
-  if (!c) die("redis", "cannot connect to our server");
-  return c;
 }
 
 /* ---- Redis workloads ------------------------------------------------------ */
