@@ -8,8 +8,8 @@
  *
  * Environment:
  *   REDIS_BENCH_ROUNDS   rounds (5; at most 15)
- *   REDIS_BENCH_SCALE    scales every workload's size and time (1: about
- *                        3-5 minutes on an idle 2-core machine; 0.05: seconds)
+ *   REDIS_BENCH_SCALE    scales every workload's size and time (1: several
+ *                        minutes; 0.05: about 15 seconds)
  *   REDIS_BENCH_COUNT    XREADGROUP's COUNT (per stream) for the consumers (10)
  *   REDIS_BENCH_ONLY     run only the workloads whose key contains this
  *                        (keys: append100 append1 memappend memappend-lua
