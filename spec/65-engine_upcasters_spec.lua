@@ -327,6 +327,22 @@ describe("replay with upcasters", function()
   -- A reducer-only replay upcasts many sessions' events in one call per
   -- side (replay.lua, upcast_chunk): an upcaster that raises on one
   -- session's event still fails that session alone.
+  it("with reducers_only reads an upcasters folder that is a symlink, as the engine does", function()
+    local store = helpers.new("memory:")
+    store:append("order-1", { { type = "order.placed", revision = 1,
+      payload = { customer = "ada", card = "tok_visa", sku = "TEA-01", qty = 1 } } })
+    local dir, ups = eh.scripts_dir(), eh.scripts_dir()
+    os.execute("cp -r scripts/handlers scripts/reducers " .. eh.sh_quote(dir))
+    eh.write_script(ups .. "/order.placed.lua", [[
+return { current = 2, [1] = function(p) return { customer = "renamed", card = p.card, items = {} } end }]])
+    assert(os.execute("ln -s " .. eh.sh_quote(ups) .. " " .. eh.sh_quote(dir .. "/upcasters")))
+    local report = eventstore.replay({ store = store, scripts = dir, baseline = "scripts", reducers_only = true })
+    local s = report.sessions[1]
+    -- NEW's upcaster renames the customer: the order reducer's state differs there
+    assert.are.equal("diverged", s.status, helpers.dump(s))
+    assert.same({ { path = "$.customer", baseline = "ada", replayed = "renamed" } }, s.states.order)
+  end)
+
   it("with reducers_only fails only the session whose upcaster raises, and compares the others", function()
     local store = helpers.new("memory:")
     for i, customer in ipairs({ "ada", "bob", "cy" }) do

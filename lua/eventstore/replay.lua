@@ -35,31 +35,26 @@ local M = {}
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
--- The names of the reducers of a scripts directory (reducers/**/*.lua).
-local function reducer_names(dir)
+-- The script names of one kind in a scripts directory (DIR/KIND/**/*.lua,
+-- as the engine's loader names them), sorted. -L: a symlinked folder is
+-- followed, as the loader's open of the file would follow it.
+local function script_names(dir, kind)
   local names = {}
-  local p = io.popen("find " .. quote(dir .. "/reducers") .. " -name '*.lua' -type f 2>/dev/null")
+  local p = io.popen("find -L " .. quote(dir .. "/" .. kind) .. " -name '*.lua' -type f 2>/dev/null")
   if not p then return names end
-  local base = dir .. "/reducers/"
-  for line in p:lines() do
-    local name = line:sub(#base + 1):gsub("%.lua$", "")
-    names[#names + 1] = name
-  end
+  local base = dir .. "/" .. kind .. "/"
+  for line in p:lines() do names[#names + 1] = (line:sub(#base + 1):gsub("%.lua$", "")) end
   p:close()
   table.sort(names)
   return names
 end
 
--- The event types with an upcaster file in a scripts directory
--- (upcasters/<type>.lua, §7): only events of these types can read
--- differently once upcast, so only they cross into an engine to be.
+-- The event types with an upcaster file (upcasters/<type>.lua, §7): only
+-- events of these types can read differently once upcast, so only they
+-- cross into an engine to be.
 local function upcaster_types(dir)
   local types = {}
-  local p = io.popen("find " .. quote(dir .. "/upcasters") .. " -name '*.lua' -type f 2>/dev/null")
-  if not p then return types end
-  local base = dir .. "/upcasters/"
-  for line in p:lines() do types[(line:sub(#base + 1):gsub("%.lua$", ""))] = true end
-  p:close()
+  for _, t in ipairs(script_names(dir, "upcasters")) do types[t] = true end
   return types
 end
 
@@ -594,7 +589,7 @@ function M.replay(opts)
     for _, dir in ipairs({ opts.scripts, opts.baseline }) do o.upcasters[dir] = upcaster_types(dir) end
     local seen, reducers = {}, {}
     for _, dir in ipairs({ opts.scripts, opts.baseline }) do
-      for _, n in ipairs(reducer_names(dir)) do
+      for _, n in ipairs(script_names(dir, "reducers")) do
         if not seen[n] then seen[n], reducers[#reducers + 1] = true, n end
       end
     end
