@@ -33,6 +33,8 @@ local PROGRESS_LOG_EVERY_MS = 5000 -- run --progress off a terminal: one log lin
 local MAX_WORKERS = 256        -- the engine's limit (docs/engine.md)
 local RETENTION_EVERY = { int = 1, max = 365 * 24 * 3600 * 1000 } -- run and serve: --retention-every-ms (a year at most)
 local DEFAULT_DEADLINE_S = 300 -- run --until-done gives up after this long
+local OUTAGE_MS = 60000        -- run's own store calls ride an outage out this long (the engine's outage_ms)
+local OUTAGE_WAIT_MAX_MS = 2000 -- ... retrying after 50 ms, doubling up to this
 
 -- The terminal helpers only the binary has (core/main/main.c); a plain lua5.4
 -- running this module sees "not a terminal" and no progress line.
@@ -1190,6 +1192,41 @@ local function next_wake(store, now)
   return wake, waiting, first
 end
 
+-- fn(...) with a store outage ridden out as the engine rides out its own
+-- (docs/cli.md "run", docs/engine.md "When the store fails"): a call that
+-- fails with STORAGE is tried again, after 50 ms doubling up to 2 s, until
+-- it answers or has failed for OUTAGE_MS; one line when the store begins
+-- failing, one when it answers again. `what` names the call in that line;
+-- stopped() (a signal) gives the call up. For run's own store calls around
+-- the engine's runs (the clock, the look for the next timer, the wait, the
+-- summary's count): without it a run that rode a restart out in the engine
+-- ended with exit 1 on its summary's count when the server went down.
+local function ride_out(what, stopped, fn, ...)
+  local first, wait
+  while true do
+    local r = table.pack(pcall(fn, ...))
+    if r[1] then
+      if first then
+        io.stderr:write(("%s: the store answers again (it failed for %d ms)\n"):format(PROG, tty.now_ms() - first))
+      end
+      return table.unpack(r, 2, r.n)
+    end
+    local err = r[2]
+    -- Without the binary's clock and sleep (a plain lua5.4) nothing waits.
+    if not (tty and eventstore.is_error(err, "STORAGE")) then error(err, 0) end
+    local now = tty.now_ms()
+    if not first then
+      first, wait = now, 50
+      io.stderr:write(("%s: %s failed: %s; retrying with backoff until the store answers\n")
+        :format(PROG, what, (tostring(err):gsub("[\n\t]", " "))))
+    end
+    local left = first + OUTAGE_MS - now
+    if left <= 0 or stopped() then error(err, 0) end
+    tty.sleep_ms(math.min(wait, left))
+    wait = math.min(wait * 2, OUTAGE_WAIT_MAX_MS)
+  end
+end
+
 function commands.run.run(o)
   local dir = scripts_dir(o, true)
   need_engine()
@@ -1268,7 +1305,10 @@ function commands.run.run(o)
   end
   if tty and tty.watch_signals then tty.watch_signals() end
 
-  local deadline_at = store:now() + (o.deadline or DEFAULT_DEADLINE_S) * 1000
+  -- run's own store calls ride an outage out as the engine's do.
+  local function stopped() return poll_signals(0) end
+  local function clock() return ride_out("reading the store's clock", stopped, store.now, store) end
+  local deadline_at = clock() + (o.deadline or DEFAULT_DEADLINE_S) * 1000
   local overdue -- {waiting, first, wake}: --until-done could not finish in time
   while true do
     local stats = engine:run({
@@ -1278,8 +1318,8 @@ function commands.run.run(o)
     }) or {}
     for k in pairs(total) do total[k] = total[k] + (stats[k] or 0) end
     if not until_done or stopping then break end
-    local now = store:now()
-    local wake, waiting, first = next_wake(store, now)
+    local now = clock()
+    local wake, waiting, first = ride_out("looking for the next timer", stopped, next_wake, store, now)
     if wake == nil then break end
     if wake > deadline_at then
       overdue = { waiting = waiting, first = first, wake = wake, now = now }
@@ -1288,17 +1328,21 @@ function commands.run.run(o)
     -- Sleep until the next event is due, polling signals (store:wait
     -- after the last possible position is a plain sleep on the store).
     while not poll_signals(0) do
-      local left = wake - store:now()
+      local left = wake - clock()
       if left <= 0 then break end
-      store:wait(nil, math.maxinteger, math.min(left, SIGNAL_POLL_MS))
+      ride_out("waiting", stopped, store.wait, store, nil, math.maxinteger, math.min(left, SIGNAL_POLL_MS))
       show({})
     end
     if stopping then break end
   end
   engine:close()
   if drawn then io.stderr:write("\r\27[K") io.stderr:flush() end
-  out(("handled %d, failed %d, dead %d, pending %d"):format(
-    total.handled, total.failed, total.dead, store:stats().pending))
+  -- The summary's count; the line is printed whatever comes of it (after a
+  -- stop the count is not waited for).
+  local ok, st = pcall(ride_out, "counting pending events", stopped, store.stats, store)
+  out(("handled %d, failed %d, dead %d, pending %s"):format(
+    total.handled, total.failed, total.dead, ok and tostring(st.pending) or "unknown"))
+  if not ok then error(st, 0) end
   if overdue then
     local e = overdue.first
     fail("run --until-done: %d pending event%s will not be ready before the deadline (--deadline %d s); "
