@@ -185,6 +185,41 @@ for _, url in ipairs(helpers.urls_and_shards()) do
         end
       end)
 
+      it("takes the archive location as a file: URL; another scheme, a remote host or %00 is refused", function()
+        for _, form in ipairs({ "file://%s", "file://localhost%s", "file:%s", "FILE://%s" }) do
+          local dir = fresh_dir()
+          -- "a b" percent-encoded: the URL's path is decoded
+          local store = helpers.new(url, { archive = form:format(dir .. "/a%20b") })
+          settled(store, "s", 3)
+          local seg = store:archive("s", { through = 2 })
+          assert.is_table(seg, form)
+          local files = files_in(dir .. "/a b")
+          assert.is_true(#files >= 1, form .. ": no segment file under the decoded path")
+          assert.same({ 1, 2, 3 }, indexes(store:read("s")))
+          assert.same({}, files_in(dir .. "/a%20b"))
+        end
+        for _, bad in ipairs({
+          { "s3://bucket/segments", "'s3:'" },
+          { "https://example.com/x", "'https:'" },
+          { "file://example.com/x", "'example.com'" },
+          { "file:relative/dir", "absolute path" },
+          { "file:///x%00y", "NUL" },
+          { "file:///x?mode=ro", "query" },
+        }) do
+          -- (helpers.new turns an open's error into text naming the URL)
+          local ok, err = pcall(helpers.new, url, { archive = bad[1] })
+          assert.is_false(ok, bad[1] .. " was taken")
+          assert.truthy(tostring(err):find("INVALID_ARGUMENT: archive: ", 1, true), bad[1] .. ": " .. tostring(err))
+          assert.truthy(tostring(err):find(bad[2], 1, true), bad[1] .. ": " .. tostring(err))
+        end
+        -- a directory whose name merely holds a colon is a path, as before
+        local dir = fresh_dir() .. "/odd:name"
+        local store = helpers.new(url, { archive = dir })
+        settled(store, "s", 2)
+        store:archive("s", { through = 1 })
+        assert.is_true(#files_in(dir) >= 1)
+      end)
+
       it("keeps archived events in sessions{} counts (they stay readable)", function()
         local store = new()
         settled(store, "s", 5)

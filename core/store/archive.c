@@ -28,6 +28,7 @@
  * (size, checksum, header against its row, every length while decoding):
  * a damaged or missing file is STORAGE naming it, never wrong events.
  */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -298,6 +300,65 @@ static int files_add(es_archive_files *f, char *path, es_err *err) {
 }
 
 /* ---- open / close ----------------------------------------------------------- */
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* §3.9: the archive location is a directory path or a URL of it. A URL is
+ * "scheme://..." or "file:..."; a file: URL (RFC 8089: file:///abs,
+ * file://localhost/abs, file:/abs; %XX decoded) names a local (or
+ * mounted) directory, which is all this build keeps segments in; another
+ * scheme (s3://, ...) or a remote host is refused, naming it, rather than
+ * taken for a relative directory called "s3:". *out: the path (owned),
+ * or NULL when `given` is a plain path (used as it is). */
+int es_archive_location(const char *given, char **out, es_err *err) {
+  *out = NULL;
+  size_t n = 0;
+  if (isalpha((unsigned char)given[0]))
+    while (isalnum((unsigned char)given[n]) || (given[n] && strchr("+.-", given[n]))) n++;
+  int file = n == 4 && strncasecmp(given, "file", 4) == 0 && given[4] == ':';
+  if (!(n && given[n] == ':' && (file || strncmp(given + n + 1, "//", 2) == 0))) return ES_OK;
+  if (!file)
+    return es_fail(err, ES_INVALID_ARGUMENT,
+                   "archive: '%.*s:' URLs are not supported: give a directory or a file: URL", (int)n, given);
+  const char *p = given + 5;
+  if (strncmp(p, "//", 2) == 0) {
+    p += 2;
+    size_t host = strcspn(p, "/");
+    if (host && !(host == 9 && strncasecmp(p, "localhost", 9) == 0))
+      return es_fail(err, ES_INVALID_ARGUMENT,
+                     "archive: file: URL names the host '%.*s': only a local directory (file:///PATH)",
+                     (int)host, p);
+    p += host;
+  }
+  if (*p != '/')
+    return es_fail(err, ES_INVALID_ARGUMENT, "archive: a file: URL needs an absolute path (file:///PATH), got '%s'",
+                   given);
+  char *path = malloc(strlen(p) + 1), *w = path;
+  if (!path) return nomem(err);
+  for (; *p; p++) {
+    int hi, lo;
+    if (*p == '%' && (hi = hexval(p[1])) >= 0 && (lo = hexval(p[2])) >= 0) {
+      if (!(*w++ = (char)(hi * 16 + lo))) {
+        free(path);
+        return es_fail(err, ES_INVALID_ARGUMENT, "archive: a file: URL decodes to a NUL byte (%%00)");
+      }
+      p += 2;
+    } else if (*p == '?' || *p == '#') {
+      free(path);
+      return es_fail(err, ES_INVALID_ARGUMENT, "archive: a file: URL takes no query or fragment ('%s')", given);
+    } else {
+      *w++ = *p;
+    }
+  }
+  *w = '\0';
+  *out = path;
+  return ES_OK;
+}
 
 int es_archive_setup(es_store *s, const char *scheme, const char *url_rest,
                      const es_open_opts *opts, es_err *err) {

@@ -56,11 +56,25 @@ int es_store_open(const char *url, const es_open_opts *opts, es_store **out, es_
   *out = NULL;
   if (!opts) opts = &defaults;
   if (!url) url = "memory:";
+  /* §3.9: an archive location given as a file: URL opens as its path, on
+   * every backend and on each shard alike */
+  char *archive = NULL;
+  if (opts->archive_dir && es_archive_location(opts->archive_dir, &archive, err) != ES_OK) return err->code;
+  es_open_opts with_path;
+  if (archive) {
+    with_path = *opts;
+    with_path.archive_dir = archive;
+    opts = &with_path;
+  }
   const char *colon = strchr(url, ':');
   size_t n = colon ? (size_t)(colon - url) : 0;
   for (size_t i = 0; colon && i < sizeof schemes / sizeof *schemes; i++)
-    if (strlen(schemes[i].name) == n && memcmp(schemes[i].name, url, n) == 0)
-      return schemes[i].open(schemes[i].backend, colon + 1, opts, out, err);
+    if (strlen(schemes[i].name) == n && memcmp(schemes[i].name, url, n) == 0) {
+      int rc = schemes[i].open(schemes[i].backend, colon + 1, opts, out, err);
+      free(archive);
+      return rc;
+    }
+  free(archive);
   return es_fail(err, ES_INVALID_ARGUMENT,
                  "unknown store url '%s' (expected memory:, sqlite:PATH, postgres://..., "
                  "shards:CATALOG_URL)", url);

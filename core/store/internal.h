@@ -239,6 +239,9 @@ typedef struct es_archive_files {
   size_t n, cap;
 } es_archive_files;
 
+/* The directory a file: URL given as the archive location names (*out,
+ * owned; NULL for a plain path); INVALID_ARGUMENT for another scheme. */
+int es_archive_location(const char *given, char **out, es_err *err);
 /* At open: the archive directory (opts->archive_dir, else for sqlite:PATH
  * the default PATH.archive, created at the first archive). */
 int es_archive_setup(es_store *s, const char *scheme, const char *url_rest,

@@ -471,17 +471,25 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
     return es_fail(err, ES_INVALID_ARGUMENT, "the shard catalog cannot itself be shards:");
   if (opts->archive_dir && !*opts->archive_dir)
     return es_fail(err, ES_INVALID_ARGUMENT, "archive must be a directory path, not empty");
+  /* §3.9: a file: URL's path is the root of every shard's directory */
+  char *root = NULL;
+  if (opts->archive_dir && es_archive_location(opts->archive_dir, &root, err) != ES_OK) return err->code;
   es_shard_plan want = {0};
   int rc = ES_OK;
   if (plan) {
-    if (es_sh_plan_copy(&want, plan)) return nomem(err);
+    if (es_sh_plan_copy(&want, plan)) {
+      free(root);
+      return nomem(err);
+    }
     if ((rc = es_shard_plan_check(&want, err))) {
+      free(root);
       es_shard_plan_destroy(&want);
       return rc;
     }
   }
   struct es_shards *sh = calloc(1, sizeof *sh);
   if (!sh) {
+    free(root);
     es_shard_plan_destroy(&want);
     return nomem(err);
   }
@@ -498,8 +506,9 @@ int es_shards_open(const char *catalog, const es_shard_plan *plan, const es_open
   sh->opts.durability = opts->durability;
   sh->next_token = 1;
   if ((opts->keys_path && !(sh->keys_path = strdup(opts->keys_path))) ||
-      (opts->archive_dir && !(sh->archive_root = strdup(opts->archive_dir))))
+      (opts->archive_dir && !(sh->archive_root = root ? root : strdup(opts->archive_dir))))
     rc = nomem(err);
+  if (root && sh->archive_root != root) free(root); /* the keys' copy failed first */
   /* the catalog holds plans, refs and shredded key names, never a
    * payload or a segment: it is opened without keys and archive */
   if (rc == ES_OK) rc = es_store_open(catalog, &sh->opts, &sh->catalog, err);
