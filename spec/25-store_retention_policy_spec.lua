@@ -2,7 +2,7 @@
 -- policies"): scripts/retention.lua applied by the engine every
 -- retention_every_ms of the store's clock, under a lease, and by
 -- run{until_idle} before it returns. A manual clock drives every test; runs
--- once per backend URL (helpers.urls()).
+-- once per backend URL and on shards: (helpers.urls_and_shards()).
 local helpers = require("helpers")
 local eh = require("engine_helpers")
 
@@ -35,7 +35,7 @@ local function first_index(store, session)
   return row and row.first_index
 end
 
-for _, url in ipairs(helpers.urls()) do
+for _, url in ipairs(helpers.urls_and_shards()) do
   describe(url, function()
     after_each(eh.cleanup)
 
