@@ -228,6 +228,32 @@ for _, kind in ipairs(kinds()) do
           end
           assert.is_true(overlapped, way .. ": no export was taken while the writer wrote")
         end
+        -- --sessions under the writer: only those sessions, each whole
+        -- (indexes 1..head, its row agreeing), every batch whole
+        local lines = ch.lines(ch.ok(ch.run(dir, { "export", "--db", url, "--sessions", "b" })))
+        local idx, rows, batches = {}, {}, {}
+        for i = 2, #lines do
+          local rec = json.decode(lines[i])
+          if rec.event then
+            local e = rec.event
+            idx[e.session] = idx[e.session] or {}
+            table.insert(idx[e.session], e.index)
+            batches[e.payload.batch] = (batches[e.payload.batch] or 0) + 1
+          elseif rec.session then
+            rows[rec.session.session] = rec.session
+          end
+        end
+        assert.is_not_nil(rows.b1, "the writer's session b1")
+        for name, row in pairs(rows) do
+          assert.equal("b", name:sub(1, 1))
+          assert.equal(row.head, row.events)
+          local want = {}
+          for i = 1, row.head do want[i] = i end
+          assert.same(want, idx[name], name)
+          idx[name] = nil
+        end
+        assert.is_nil(next(idx))
+        for tag, n in pairs(batches) do assert.equal(4, n, tag) end
         stop_writer(dir, w)
         assert.is_true(last_position(source) > exports[#exports].P)
         -- each cut imports into a fresh store that reads as the source did
@@ -342,5 +368,114 @@ describe("eventstore backup while an engine and a writer run on the sqlite: file
     stop_writer(dir, w)
     ph.signal(engine, "TERM")
     assert.equal(0, ph.wait(engine, 60), ph.tail(dir .. "/engine.log", 20))
+  end)
+end)
+
+-- A store at url whose sessions' events interleave: a/1 (a dead letter, a
+-- completion, a snapshot), a/2 (fenced), ab and b/1 (named by no prefix
+-- "a/"), refs to a/1 and b/1.
+local function seed_static(url)
+  local s <close> = eventstore.open(url)
+  for i = 1, 12 do
+    for _, session in ipairs({ "a/1", "ab", "a/2", "b/1" }) do
+      s:append(session, { { type = "t", payload = { i = i, session = session } },
+                          { type = "u", payload = { i = i } } })
+    end
+  end
+  local c = s:claim("a/1", { holder = "h", ttl_ms = 60000, limit = 2 })
+  s:complete("a/1", c.events[1].index, c.events[1].attempt, {})
+  s:fail("a/1", c.events[2].index, c.events[2].attempt, { error = "boom", max_failures = 1 })
+  c = s:claim("b/1", { holder = "h", ttl_ms = 60000, limit = 1 })
+  s:complete("b/1", c.events[1].index, c.events[1].attempt, {})
+  s:fence("a/2")
+  s:put_snapshot("a/1", "r", 3, "state", "v1")
+  s:put_ref("ra", "a/1")
+  s:put_ref("rb", "b/1")
+end
+
+-- What a store answers (the sessions whose names start with prefix):
+-- every session's row, its events, snapshots and dead letters, read_all,
+-- the refs and the counts.
+local function reads(store, prefix)
+  prefix = prefix or ""
+  local out = { sessions = store:sessions({ prefix = prefix, limit = 1000 }).sessions, by = {}, all = {}, refs = {} }
+  for _, row in ipairs(out.sessions) do
+    out.by[row.session] = { events = store:read(row.session), snapshots = store:snapshots(row.session),
+                            dead = store:dead_letters({ session = row.session }) }
+  end
+  for _, e in ipairs(events_upto(store, nil)) do
+    if e.session:sub(1, #prefix) == prefix then out.all[#out.all + 1] = e end
+  end
+  for _, r in ipairs(store:list_refs()) do
+    if r.session:sub(1, #prefix) == prefix then out.refs[#out.refs + 1] = r end
+  end
+  local st = store:stats()
+  st.calls = nil
+  out.stats = prefix == "" and st or nil
+  return out
+end
+
+describe("eventstore export --sessions PREFIX", function()
+  after_each(cleanup)
+
+  it("carries only the sessions whose names start with it, each whole, and the refs naming them", function()
+    local dir = workdir()
+    seed_static("sqlite:" .. dir .. "/src.db")
+    local text = ch.ok(ch.run(dir, { "export", "--db", "sqlite:src.db", "--sessions", "a/", "--out", "a.ndjson" }))
+    assert.equal("", text)
+    local lines = ch.lines(helpers.read_file(dir .. "/a.ndjson"))
+    local sessions, events, refs = {}, {}, {}
+    for i = 2, #lines do
+      local r = json.decode(lines[i])
+      if r.session then sessions[#sessions + 1] = r.session.session end
+      if r.event then
+        events[r.event.session] = events[r.event.session] or {}
+        table.insert(events[r.event.session], r.event.index)
+      end
+      if r.ref then refs[#refs + 1] = r.ref.name end
+    end
+    assert.same({ "a/1", "a/2" }, sessions)
+    assert.same({ "ra" }, refs)
+    local whole = {}
+    for i = 1, 24 do whole[i] = i end
+    assert.same({ ["a/1"] = whole, ["a/2"] = whole }, events)
+    -- imported, those sessions read as on the source; nothing else is there
+    local r = json.decode(ch.ok(ch.run(dir, { "import", "--db", "sqlite:dst.db", "--in", "a.ndjson" })))
+    assert.same({ imported = true, sessions = 2, events = 48, position = json.decode(lines[1]).position }, r)
+    local src = track(eventstore.open("sqlite:" .. dir .. "/src.db"))
+    local dst = track(eventstore.open("sqlite:" .. dir .. "/dst.db"))
+    assert.same(reads(src, "a/"), reads(dst, "a/"))
+    assert.equal(1, #reads(dst, "a/").by["a/1"].dead)
+    assert.same({ sessions = 2, events = 48, pending = 46, dead = 1 },
+      (function(st) return { sessions = st.sessions, events = st.events, pending = st.pending, dead = st.dead } end)(dst:stats()))
+  end)
+end)
+
+describe("eventstore copy (no --follow) between sqlite: and postgres://", function()
+  after_each(cleanup)
+
+  it("copies sqlite: to postgres:// and back, each target answering reads as its source", function()
+    if not pg_url then
+      pending("postgres: copy sqlite: <-> postgres:// needs a postgres URL in ES_TEST_URLS (spec/support/pg_cluster.sh run)")
+      return
+    end
+    local dir = workdir()
+    seed_static("sqlite:" .. dir .. "/src.db")
+    local pg = helpers.pg_fresh_url(pg_url)
+    local r = json.decode(ch.ok(ch.run(dir, { "copy", "--from", "sqlite:src.db", "--to", pg })))
+    assert.same({ copied = true, events = 96, position = 96 }, r)
+    r = json.decode(ch.ok(ch.run(dir, { "copy", "--from", pg, "--to", "sqlite:back.db" })))
+    assert.same({ copied = true, events = 96, position = 96 }, r)
+    local src = track(eventstore.open("sqlite:" .. dir .. "/src.db"))
+    local want = reads(src)
+    assert.same(want, reads(track(eventstore.open(pg))))
+    assert.same(want, reads(track(eventstore.open("sqlite:" .. dir .. "/back.db"))))
+    -- byte for byte apart from the header's backend
+    local function body(url)
+      local t = ch.ok(ch.run(dir, { "export", "--db", url }))
+      return (t:gsub('^{"eventstore_export":2,"backend":"%a+"', ""))
+    end
+    assert.equal(body("sqlite:src.db"), body(pg))
+    assert.equal(body("sqlite:src.db"), body("sqlite:back.db"))
   end)
 end)
