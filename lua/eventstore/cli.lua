@@ -1338,8 +1338,9 @@ function commands.run.run(o)
   engine:close()
   if drawn then io.stderr:write("\r\27[K") io.stderr:flush() end
   -- The summary's count; the line is printed whatever comes of it (after a
-  -- stop the count is not waited for).
-  local ok, st = pcall(ride_out, "counting pending events", stopped, store.stats, store)
+  -- stop the count is not waited for; the engine is closed: no poll_signals).
+  local function signalled() return stopping or (tty.signals ~= nil and tty.signals() ~= 0) end
+  local ok, st = pcall(ride_out, "counting pending events", signalled, store.stats, store)
   out(("handled %d, failed %d, dead %d, pending %s"):format(
     total.handled, total.failed, total.dead, ok and tostring(st.pending) or "unknown"))
   if not ok then error(st, 0) end
