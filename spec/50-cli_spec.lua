@@ -755,7 +755,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       ok(es({ "append", "s", "slow", '{"seconds":19.7}' }))
       -- signalled once the handler's command runs (a loaded machine may take
       -- longer than the pause alone to claim the event and start it)
-      local rc, ms = run_and_signal("TERM", 0.5, nil, "pgrep -f 'sleep 19.7'")
+      local rc, ms = run_and_signal("TERM", 0.5, nil, "pgrep -f 'slee[p] 19.7'")
       assert.are.equal("0", rc, read_file(work .. "/run.err"))
       -- the handler sleeps over 19 s: stopping in under 15 s proves it was
       -- interrupted (it takes well under a second; no tighter bound, so a
@@ -779,7 +779,7 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       ok(es({ "append", "s", "slow", '{"seconds":19.3}' }))
       -- signalled once the handler's command runs (a loaded machine may take
       -- longer than the pause alone to claim the event and start it)
-      local rc, ms = run_and_signal("INT", 0.5, nil, "pgrep -f 'sleep 19.3'")
+      local rc, ms = run_and_signal("INT", 0.5, nil, "pgrep -f 'slee[p] 19.3'")
       assert.are.equal("0", rc, read_file(work .. "/run.err"))
       -- the handler sleeps over 19 s: stopping in under 15 s proves it was
       -- interrupted (it takes well under a second; no tighter bound, so a
@@ -792,7 +792,12 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
     it("a second signal quits at once, saying so", function()
       write_scripts(work .. "/scripts")
       ok(es({ "append", "s", "slow", '{"seconds":19.1}' }))
-      local rc, ms = run_and_signal("TERM", 0.5, 0.4)
+      -- the first signal once the handler runs (the line about a second
+      -- Ctrl-C is printed only while handlers run; a loaded machine once
+      -- signalled before). `slee[p]`: 'sleep 19.1' would also match the
+      -- waiting shell's own command line, which holds the pattern, so the
+      -- wait would end at once (it did, in all three tests that wait so).
+      local rc, ms = run_and_signal("TERM", 0.5, 0.4, "pgrep -f 'slee[p] 19.1'")
       os.execute("pkill -f 'sleep 19.1' >/dev/null 2>&1")
       assert.are.equal("143", rc, read_file(work .. "/run.err"))
       -- "at once": long before the 19 s handler would end (no tighter
