@@ -8,23 +8,8 @@ local ph = require("proc_helpers")
 
 local q = helpers.sh_quote
 
-local dirs, procs = {}, {}
-local function workdir()
-  local d = ch.mkdtemp()
-  dirs[#dirs + 1] = d
-  return d
-end
-
-local function cleanup()
-  for i = #procs, 1, -1 do
-    ph.reap(procs[i])
-    procs[i] = nil
-  end
-  for i = #dirs, 1, -1 do
-    os.execute("rm -rf " .. q(dirs[i]))
-    dirs[i] = nil
-  end
-end
+local scratch = ch.scratch()
+local procs, workdir, cleanup = scratch.procs, scratch.workdir, scratch.cleanup
 
 -- A source store at dir/src.db with n events over a few sessions, some of
 -- them dispatched, one dead, one fenced, a snapshot and a ref.

@@ -16,30 +16,8 @@ local json = eventstore.json
 local q = helpers.sh_quote
 local pg_url = helpers.pg_url()
 
-local dirs, procs, opened = {}, {}, {}
-local function workdir()
-  local d = ch.mkdtemp()
-  dirs[#dirs + 1] = d
-  return d
-end
-local function track(store)
-  opened[#opened + 1] = store
-  return store
-end
-local function cleanup()
-  for i = #procs, 1, -1 do
-    ph.reap(procs[i])
-    procs[i] = nil
-  end
-  for i = #opened, 1, -1 do
-    pcall(function() opened[i]:close() end)
-    opened[i] = nil
-  end
-  for i = #dirs, 1, -1 do
-    os.execute("rm -rf " .. q(dirs[i]))
-    dirs[i] = nil
-  end
-end
+local scratch = ch.scratch()
+local procs, workdir, track, cleanup = scratch.procs, scratch.workdir, scratch.track, scratch.cleanup
 
 local function lua_env()
   return { LUA_PATH = os.getenv("LUA_PATH") or "", LUA_CPATH = os.getenv("LUA_CPATH") or "" }

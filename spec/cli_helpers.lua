@@ -21,6 +21,38 @@ function ch.mkdtemp()
   return dir
 end
 
+-- What a test makes and must undo: temporary directories (workdir()),
+-- child processes (put in .procs, reaped), stores (track(store), closed);
+-- cleanup() undoes them all, for after_each.
+function ch.scratch()
+  local ph = require("proc_helpers")
+  local t = { procs = {}, dirs = {}, opened = {} }
+  function t.workdir()
+    local d = ch.mkdtemp()
+    t.dirs[#t.dirs + 1] = d
+    return d
+  end
+  function t.track(store)
+    t.opened[#t.opened + 1] = store
+    return store
+  end
+  function t.cleanup()
+    for i = #t.procs, 1, -1 do
+      ph.reap(t.procs[i])
+      t.procs[i] = nil
+    end
+    for i = #t.opened, 1, -1 do
+      pcall(function() t.opened[i]:close() end)
+      t.opened[i] = nil
+    end
+    for i = #t.dirs, 1, -1 do
+      os.execute("rm -rf " .. sh_quote(t.dirs[i]))
+      t.dirs[i] = nil
+    end
+  end
+  return t
+end
+
 -- Runs the binary in directory `work` with the arguments (a list) and
 -- stdin text; returns {code, how, out, err, ms} (code: the exit status,
 -- ms: wall time).
