@@ -23,11 +23,12 @@ local function lua_env()
   return { LUA_PATH = os.getenv("LUA_PATH") or "", LUA_CPATH = os.getenv("LUA_CPATH") or "" }
 end
 
--- The writer: batches until DIR/stop exists, each one write transaction.
--- Two of three are an append of 4 events to one session, the third an
--- append_many of 2 + 2 events across two sessions. Every event's payload
--- names its batch and the batch's size, so a reader can tell a whole batch
--- from a part of one. DIR/started appears after the 20th batch.
+-- The writer: batches until DIR/stop exists, each one write transaction,
+-- but only while DIR/go exists (see while_writing). Two of three are an
+-- append of 4 events to one session, the third an append_many of 2 + 2
+-- events across two sessions. Every event's payload names its batch and
+-- the batch's size, so a reader can tell a whole batch from a part of one.
+-- DIR/started appears after the 20th batch.
 local WRITER = [[
 local eventstore = require("eventstore")
 local url, dir = arg[1], arg[2]
@@ -37,32 +38,39 @@ local function events(tag, n)
   for j = 1, n do b[j] = { type = "t", payload = { batch = tag, total = 4, j = j } } end
   return b
 end
+local function exists(name)
+  local f = io.open(dir .. "/" .. name)
+  if f then f:close() end
+  return f ~= nil
+end
 local k = 0
-while true do
-  k = k + 1
-  local tag = "k" .. k
-  if k % 3 == 0 then
-    s:append_many({ { session = "m" .. (k % 5), events = events(tag, 2) },
-                    { session = "n" .. (k % 4), events = events(tag, 2) } })
+while not exists("stop") do
+  if exists("go") then
+    k = k + 1
+    local tag = "k" .. k
+    if k % 3 == 0 then
+      s:append_many({ { session = "m" .. (k % 5), events = events(tag, 2) },
+                      { session = "n" .. (k % 4), events = events(tag, 2) } })
+    else
+      s:append("b" .. (k % 7), events(tag, 4))
+    end
+    if k == 20 then io.open(dir .. "/started", "w"):close() end
   else
-    s:append("b" .. (k % 7), events(tag, 4))
-  end
-  if k == 20 then io.open(dir .. "/started", "w"):close() end
-  if k % 5 == 0 then
-    local f = io.open(dir .. "/stop")
-    if f then f:close() break end
+    s:wait("writer-pause", 0, 5) -- a session nobody writes: a 5 ms pause
   end
 end
 ]]
 
 local function start_writer(dir, url)
   helpers.write_file(dir .. "/writer.lua", WRITER)
+  helpers.write_file(dir .. "/go", "")
   local w = ph.spawn({ "lua5.4", dir .. "/writer.lua", url, dir }, lua_env(), dir .. "/writer.log")
   procs[#procs + 1] = w
   helpers.wait_until(function()
     if ph.status(w) then error("the writer ended: " .. ph.tail(dir .. "/writer.log", 20)) end
     return helpers.read_file(dir .. "/started") ~= nil
   end, "the writer's first batches", 120)
+  os.remove(dir .. "/go")
   return w
 end
 
@@ -90,6 +98,25 @@ local function last_position(store)
   return store:stats().events -- no event is ever deleted here: the count is the last position
 end
 
+-- Runs fn while the writer writes: it starts writing, fn runs once it has
+-- committed a batch, and it stops when fn returns. Writing only then, the
+-- store grows with what the test exports, not with how long the machine
+-- takes over everything else (unpaced throughout, a loaded machine grew
+-- the store until an export outlived its hang ceiling).
+local function while_writing(dir, w, source, fn)
+  local p = last_position(source)
+  helpers.write_file(dir .. "/go", "")
+  local ok, err = pcall(function()
+    helpers.wait_until(function()
+      if ph.status(w) then error("the writer ended: " .. ph.tail(dir .. "/writer.log", 20)) end
+      return last_position(source) > p
+    end, "the writer's next batch", 120)
+    fn()
+  end)
+  os.remove(dir .. "/go")
+  if not ok then error(err, 0) end
+end
+
 -- Checks that the lines of an export are a consistent cut of the writer's
 -- store (and of what an engine did to it): returns the header's position.
 local function check_cut(lines, what)
@@ -103,8 +130,12 @@ local function check_cut(lines, what)
     local r = json.decode(lines[i])
     if r.event then
       local e = r.event
-      -- positions without gaps, up to the header's and no further
-      assert.equal(next_pos, e.position, what .. ": positions must run 1.." .. P .. " without gaps")
+      -- positions without gaps, up to the header's and no further (a plain
+      -- comparison first: a busted assert per event of a 20,000-line
+      -- export costs seconds on a loaded machine)
+      if e.position ~= next_pos then
+        assert.equal(next_pos, e.position, what .. ": positions must run 1.." .. P .. " without gaps")
+      end
       next_pos = next_pos + 1
       per_session[e.session] = (per_session[e.session] or 0) + 1
       if e.status == 0 then pending[e.session] = (pending[e.session] or 0) + 1 end
@@ -119,7 +150,7 @@ local function check_cut(lines, what)
   end
   assert.equal(P, next_pos - 1, what .. ": the last event is at the header's position")
   for tag, b in pairs(batches) do
-    assert.equal(b.total, b.n, what .. ": batch " .. tag .. " is whole")
+    if b.total ~= b.n then assert.equal(b.total, b.n, what .. ": batch " .. tag .. " is whole") end
   end
   -- each session row says what its events say (read at the same instant)
   for _, s in ipairs(sessions) do
@@ -179,36 +210,55 @@ for _, kind in ipairs(kinds()) do
         local dir = workdir()
         local url = kind == "postgres" and helpers.pg_fresh_url(pg_url) or "sqlite:" .. dir .. "/src.db"
         local source = track(eventstore.open(url)) -- creates the store (and its schema) before the writer opens it
+        -- 5,000 events first: an export of the writer's few hundred alone
+        -- can end, in process on an idle machine, between two of its
+        -- commits, so that no export ever meets writes on both sides of
+        -- its cut
+        for i = 1, 50 do
+          local batch = {}
+          for j = 1, 100 do batch[j] = { type = "s", payload = { i = i, j = j } } end
+          source:append("seed" .. i, batch)
+        end
         local w = start_writer(dir, url)
-        -- Exports until each way has made one that writes surround: the
-        -- writer committed between the start of the export and its cut,
-        -- and again before it ended (an event, not a duration).
+        -- Exports until each way has made one that writes surround (an
+        -- event, not a duration): the writer committed after its cut and
+        -- before it ended and, for the CLI, also between the start of the
+        -- export and its cut. In process, the cut comes microseconds after
+        -- the call, so a commit in between is rare luck; the CLI's export
+        -- is that same store:export call behind a process start, and the
+        -- commits before its cut are the ones that catch a position read
+        -- apart from the events.
         local exports = {}
         for _, way in ipairs({ "cli", "lua" }) do
           local overlapped = false
           for round = 1, 50 do
-            local before = last_position(source)
-            local lines
-            if way == "cli" then
-              lines = ch.lines(ch.ok(ch.run(dir, { "export", "--db", url })))
-            else
-              lines = {}
-              source:export(function(line) lines[#lines + 1] = line end)
-            end
-            local after = last_position(source)
+            local before, after, lines
+            while_writing(dir, w, source, function()
+              before = last_position(source)
+              if way == "cli" then
+                lines = ch.lines(ch.ok(ch.run(dir, { "export", "--db", url })))
+              else
+                lines = {}
+                source:export(function(line) lines[#lines + 1] = line end)
+              end
+              after = last_position(source)
+            end)
             local what = ("%s export %d"):format(way, round)
             local P = check_cut(lines, what)
             exports[#exports + 1] = { lines = lines, P = P, what = what }
-            if before < P and P < after then
-              overlapped = true
-              break
-            end
+            overlapped = overlapped or ((before < P or way == "lua") and P < after)
+            -- ten at least: a position read in a transaction apart from the
+            -- events is caught only when a commit falls between the two
+            if overlapped and round >= 10 then break end
           end
           assert.is_true(overlapped, way .. ": no export was taken while the writer wrote")
         end
         -- --sessions under the writer: only those sessions, each whole
         -- (indexes 1..head, its row agreeing), every batch whole
-        local lines = ch.lines(ch.ok(ch.run(dir, { "export", "--db", url, "--sessions", "b" })))
+        local lines
+        while_writing(dir, w, source, function()
+          lines = ch.lines(ch.ok(ch.run(dir, { "export", "--db", url, "--sessions", "b" })))
+        end)
         local idx, rows, batches = {}, {}, {}
         for i = 2, #lines do
           local rec = json.decode(lines[i])
@@ -298,10 +348,13 @@ describe("eventstore backup while an engine and a writer run on the sqlite: file
     -- before it ended.
     local overlapped, handled = false, 0
     for round = 1, 50 do
-      local before, done_before = last_position(source), processed()
+      local before, done_before, after, done_after, r
       local name = "b" .. round .. ".db"
-      local r = json.decode(ch.ok(ch.run(dir, { "backup", "--db", "sqlite:src.db", "--to", name })))
-      local after, done_after = last_position(source), processed()
+      while_writing(dir, w, source, function()
+        before, done_before = last_position(source), processed()
+        r = json.decode(ch.ok(ch.run(dir, { "backup", "--db", "sqlite:src.db", "--to", name })))
+        after, done_after = last_position(source), processed()
+      end)
       local what = "backup " .. round
       assert.equal("ok", r.integrity, what)
       local copy = track(eventstore.open("sqlite:" .. dir .. "/" .. name .. "?mode=ro"))
