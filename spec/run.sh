@@ -29,15 +29,18 @@ NEEDS="postgres chromium"
 # ran alone after all the others, which left one core idle for their
 # whole time at the end of every run.)
 OWN_CLUSTER="spec/33-postgres_restart_spec.lua spec/84-http_metrics_spec.lua"
-# The longest files start first (longest first, as measured), so that the
-# last ones to finish are short; but a short one third, so that the first
-# progress line comes within seconds, not minutes.
-FIRST="spec/99-soak_spec.lua spec/43-engine_budgets_spec.lua spec/01-json_spec.lua spec/16-store_hostile_input_spec.lua spec/34-shards_spec.lua
-  spec/32-postgres_engines_spec.lua spec/42-engine_crash_spec.lua spec/49-engine_ack_crash_spec.lua
-  spec/10-store_append_spec.lua spec/40-engine_spec.lua spec/50-cli_spec.lua spec/11-store_dispatch_spec.lua
-  spec/31-postgres_spec.lua $BUILD/ctest/memory_backend_test spec/15-store_errors_spec.lua
-  $BUILD/ctest/sqlite_backend_test spec/83-http_sse_spec.lua spec/86-http_inspector_spec.lua
-  $BUILD/ctest/store_threads_test spec/48-engine_prefetch_spec.lua"
+# The longest files start first (longest first, as measured: spec/README.md
+# "How long"), so that the last ones to finish are short; but a short one
+# third, so that the first progress line comes within seconds, not minutes.
+FIRST="spec/34-shards_spec.lua spec/16-store_hostile_input_spec.lua spec/01-json_spec.lua spec/99-soak_spec.lua
+  spec/43-engine_budgets_spec.lua spec/33-postgres_silent_net_spec.lua spec/40-engine_spec.lua
+  spec/32-postgres_engines_spec.lua spec/10-store_append_spec.lua spec/87-http_attacks_spec.lua
+  spec/33-postgres_restart_spec.lua spec/11-store_dispatch_spec.lua spec/50-cli_spec.lua
+  spec/63-replay_spec.lua spec/48-engine_prefetch_spec.lua spec/64-cli_replay_spec.lua
+  spec/15-store_errors_spec.lua spec/31-postgres_spec.lua spec/86-http_inspector_spec.lua
+  spec/18-store_branches_spec.lua spec/26-store_archive_spec.lua spec/42-engine_crash_spec.lua
+  $BUILD/ctest/memory_backend_test $BUILD/ctest/sqlite_backend_test spec/83-http_sse_spec.lua
+  $BUILD/ctest/store_threads_test spec/49-engine_ack_crash_spec.lua"
 SKIP_RE='^ok( [0-9]+)?( -)? # skip'
 
 # Runs one test file, keeps its output in $ES_RUN_DIR/NAME.out and its
