@@ -79,10 +79,12 @@ run_one() {
   s=$(grep -ciE "$SKIP_RE" "$out")
   p=$(($(grep -c '^ok ' "$out") - s))
   f=$(grep -c '^not ok' "$out")
-  echo "$p $f $s" >"$ES_RUN_DIR/$name.res"
-  # one writer at a time: the lines of two files never interleave
+  # one writer at a time: the lines of two files never interleave, and
+  # the counts are written under the lock too, so that two files ending
+  # together get two numbers ([47/112], [48/112]), not the same one twice
   (
     flock 9
+    echo "$p $f $s" >"$ES_RUN_DIR/$name.res"
     done_n=$(ls "$ES_RUN_DIR" | grep -c '\.res$')
     printf '[%2d/%d] %-44s %5d passed, %d failed, %d skipped  %6s s\n' \
       "$done_n" "$ES_RUN_TOTAL" "$t" "$p" "$f" "$s" "$secs"
