@@ -1,5 +1,5 @@
 -- bench/soak.lua: a long run under a mixed load, looking for slow leaks
--- (issue 29 item 4; `make soak`, bench/README.md "Soak"; a 3-minute run is
+-- (issue 29 item 4; `make soak`, bench/README.md "Soak"; a 90-second run is
 -- spec/99-soak_spec.lua).
 --
 -- `eventstore serve --no-engine` on a sqlite: file, and an `eventstore run`

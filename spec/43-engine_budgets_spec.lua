@@ -19,11 +19,28 @@ end
 -- machine never fails them. What proves the budget is the error it names.
 local HANG_MS = 60000
 
+-- milliseconds (luasystem's clock, as helpers.wall: no process started)
 local function wall()
-  local p = io.popen("date +%s%N")
-  local ns = tonumber(p:read("l"))
-  p:close()
-  return ns // 1000000
+  return math.floor(helpers.wall() * 1000)
+end
+
+-- This process's threads (Linux).
+local function threads()
+  local f = assert(io.open("/proc/self/status", "r"))
+  local n = tonumber(f:read("a"):match("Threads:%s*(%d+)"))
+  f:close()
+  return n
+end
+
+-- Closes engine, then waits until the process is back to `before` threads
+-- (counted before the engine was made): an abandoned worker's thread
+-- (detached, still in its C call) ends when that call returns and frees
+-- its state. Waiting for it keeps its CPU out of the next test; it was a
+-- fixed 3 s sleep, more than the thread needs on an idle machine and less
+-- than on a loaded one. The deadline only catches a thread that never ends.
+local function close_and_wait_threads(engine, before)
+  engine:close()
+  helpers.wait_until(function() return threads() <= before end, "the abandoned worker's thread to end", 120)
 end
 
 -- Handlers that try to escape the instruction budget, each a whole file.
@@ -237,6 +254,7 @@ end]])
       local t = setup()
       t.handler("x", "return function() return ('a'):rep(118):find('.-.-.-.-b') end")
       t.handler("ok", "return function() return {{type = 'done'}} end")
+      local before = threads()
       local engine = t.engine({ max_failures = 1, backoff_ms = 0, workers = 1 })
       t.store:append("s", { { type = "x" } })
       t.store:append("t", { { type = "ok" } })
@@ -244,13 +262,14 @@ end]])
       assert.equal("dead", eh.event(t.store, "s", 1).status)
       assert.equal(1, r.abandoned)
       assert.equal("done", eh.event(t.store, "t", 2).type)
-      os.execute("sleep 3") -- let the abandoned worker come back and free itself
+      close_and_wait_threads(engine, before)
     end)
 
     it("a call blocked past deadline_ms is failed as over its deadline and its worker replaced", function()
       local t = setup()
       t.handler("x", "return function() os.execute('sleep 2') end")
       t.handler("ok", "return function() return {{type = 'done'}} end")
+      local before = threads()
       local engine = t.engine({ max_failures = 1, backoff_ms = 0, deadline_ms = 200 })
       t.store:append("s", { { type = "x" } })
       t.store:append("t", { { type = "ok" } })
@@ -260,7 +279,7 @@ end]])
       assert.is_true(contains(ev.last_error, "deadline exceeded (200 ms)"), ev.last_error)
       assert.equal(1, r.abandoned)
       assert.equal("done", eh.event(t.store, "t", 2).type)
-      os.execute("sleep 1.5")
+      close_and_wait_threads(engine, before)
     end)
 
     it("engine:stop() interrupts a handler that catches every error; its attempt is retried later", function()
@@ -299,6 +318,7 @@ return { a = function(s) while true do pcall(function() while true do end end) e
       local t = setup()
       t.reducer("r", "return { a = function(s) ('a'):rep(118):find('.-.-.-.-b') end }")
       t.reducer("ok", "return { a = function(s) s.n = 1 end }")
+      local before = threads()
       local engine = t.engine({ deadline_ms = 300 })
       t.store:append("s", { { type = "a" } })
       local started = wall()
@@ -306,7 +326,7 @@ return { a = function(s) while true do pcall(function() while true do end end) e
       assert.is_true(wall() - started < HANG_MS)
       assert.is_true(contains(err.message, "reducer 'r'"), err.message)
       assert.same({ n = 1 }, engine:state("s", "ok"))
-      os.execute("sleep 3")
+      close_and_wait_threads(engine, before)
     end)
 
     it("engine:state runs no reducer code in the caller's Lua state", function()

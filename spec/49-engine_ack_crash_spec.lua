@@ -27,12 +27,16 @@ end
 
 -- The child: runs the engine, reporting `handled` into a file (written
 -- whole, then renamed, so the parent never reads half of it) every 5 ms.
+-- Its claims last 5 s, not the default 30: the later engine can take the
+-- events the killed child held only once those claims expire, and waited
+-- out the default ttl on every run (the keeper renews a claim every ttl/3
+-- while its handler runs, so 5 s is no risk to the child itself).
 local CHILD = [==[
 local root, db, scripts, report, workers = arg[1], arg[2], arg[3], arg[4], tonumber(arg[5])
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 package.cpath = root .. "/build/lib/?.so;" .. package.cpath
 local eventstore = require("eventstore")
-local engine = eventstore.engine({ store = "sqlite:" .. db, scripts = scripts, workers = workers })
+local engine = eventstore.engine({ store = "sqlite:" .. db, scripts = scripts, workers = workers, ttl_ms = 5000 })
 engine:run({
   until_idle = true,
   progress_ms = 5,

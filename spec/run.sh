@@ -23,18 +23,24 @@ BUILD=${BUILD:-build}
 LUA=${LUA:-lua5.4}
 JOBS=${ES_JOBS:-$(($(nproc 2>/dev/null || echo 2) + 1))}
 NEEDS="postgres chromium"
-# Files that stop or restart the run's one PostgreSQL server: they run alone,
-# after the others, which would fail meanwhile.
-ALONE="spec/33-postgres_restart_spec.lua spec/84-http_metrics_spec.lua"
-# The longest files start first (longest first, as measured), so that the
-# last ones to finish are short; but a short one third, so that the first
-# progress line comes within seconds, not minutes.
-FIRST="spec/99-soak_spec.lua spec/43-engine_budgets_spec.lua spec/01-json_spec.lua spec/16-store_hostile_input_spec.lua spec/34-shards_spec.lua
-  spec/32-postgres_engines_spec.lua spec/42-engine_crash_spec.lua spec/49-engine_ack_crash_spec.lua
-  spec/10-store_append_spec.lua spec/40-engine_spec.lua spec/50-cli_spec.lua spec/11-store_dispatch_spec.lua
-  spec/31-postgres_spec.lua $BUILD/ctest/memory_backend_test spec/15-store_errors_spec.lua
-  $BUILD/ctest/sqlite_backend_test spec/83-http_sse_spec.lua spec/86-http_inspector_spec.lua
-  $BUILD/ctest/store_threads_test spec/48-engine_prefetch_spec.lua"
+# Files that stop or restart PostgreSQL: each gets a throwaway cluster of
+# its own (spec/support/pg_cluster.sh run; a few seconds of initdb), so
+# that the run's shared server stays up for the files beside them. (They
+# ran alone after all the others, which left one core idle for their
+# whole time at the end of every run.)
+OWN_CLUSTER="spec/33-postgres_restart_spec.lua spec/84-http_metrics_spec.lua"
+# The longest files start first (longest first, as measured: spec/README.md
+# "How long"), so that the last ones to finish are short; but a short one
+# third, so that the first progress line comes within seconds, not minutes.
+FIRST="spec/34-shards_spec.lua spec/16-store_hostile_input_spec.lua spec/01-json_spec.lua spec/99-soak_spec.lua
+  spec/43-engine_budgets_spec.lua spec/33-postgres_silent_net_spec.lua spec/40-engine_spec.lua
+  spec/32-postgres_engines_spec.lua spec/10-store_append_spec.lua spec/87-http_attacks_spec.lua
+  spec/33-postgres_restart_spec.lua spec/11-store_dispatch_spec.lua spec/50-cli_spec.lua
+  spec/63-replay_spec.lua spec/48-engine_prefetch_spec.lua spec/64-cli_replay_spec.lua
+  spec/15-store_errors_spec.lua spec/31-postgres_spec.lua spec/86-http_inspector_spec.lua
+  spec/18-store_branches_spec.lua spec/26-store_archive_spec.lua spec/42-engine_crash_spec.lua
+  $BUILD/ctest/memory_backend_test $BUILD/ctest/sqlite_backend_test spec/83-http_sse_spec.lua
+  $BUILD/ctest/store_threads_test spec/49-engine_ack_crash_spec.lua"
 SKIP_RE='^ok( [0-9]+)?( -)? # skip'
 
 # Runs one test file, keeps its output in $ES_RUN_DIR/NAME.out and its
@@ -48,6 +54,11 @@ run_one() {
     *.lua) set -- $LUA /usr/bin/busted --config-file=spec/.busted --output=TAP "$t" ;;
     *) set -- "$t" ;;
   esac
+  if [ -n "${ES_PG_DIR:-}" ] && is_in "$t" "$OWN_CLUSTER"; then
+    # its own cluster; --own-cluster puts its URL in ES_TEST_URLS in place
+    # of the shared one's
+    set -- env ES_SHARED_PG_URL="${ES_PG_URL:-}" sh spec/support/pg_cluster.sh run sh "$0" --own-cluster "$@"
+  fi
   # --foreground: in the run's process group, so that Ctrl-C reaches the test
   timeout --foreground -k 10 "${ES_FILE_TIMEOUT:-1800}" "$@" >"$out" 2>&1 </dev/null
   status=$?
@@ -68,10 +79,12 @@ run_one() {
   s=$(grep -ciE "$SKIP_RE" "$out")
   p=$(($(grep -c '^ok ' "$out") - s))
   f=$(grep -c '^not ok' "$out")
-  echo "$p $f $s" >"$ES_RUN_DIR/$name.res"
-  # one writer at a time: the lines of two files never interleave
+  # one writer at a time: the lines of two files never interleave, and
+  # the counts are written under the lock too, so that two files ending
+  # together get two numbers ([47/112], [48/112]), not the same one twice
   (
     flock 9
+    echo "$p $f $s" >"$ES_RUN_DIR/$name.res"
     done_n=$(ls "$ES_RUN_DIR" | grep -c '\.res$')
     printf '[%2d/%d] %-44s %5d passed, %d failed, %d skipped  %6s s\n' \
       "$done_n" "$ES_RUN_TOTAL" "$t" "$p" "$f" "$s" "$secs"
@@ -108,15 +121,12 @@ main() {
       for t in "$BUILD"/ctest/*; do [ -f "$t" ] && [ -x "$t" ] && ! is_in "$t" "$FIRST" && echo "$t"; done
     )
   fi
-  pool=$(for t in $all; do is_in "$t" "$ALONE" || echo "$t"; done)
-  alone=$(for t in $all; do is_in "$t" "$ALONE" && echo "$t"; done)
   ES_RUN_TOTAL=$(printf '%s\n' $all | grep -c .)
   export ES_RUN_TOTAL
   echo "# $ES_RUN_TOTAL test files, $JOBS at a time (ES_JOBS); backends: ${ES_TEST_URLS:-memory: sqlite:}"
 
   started=$(date +%s)
-  [ -z "$pool" ] || printf '%s\n' $pool | xargs -P "$JOBS" -n 1 sh "$0" --one
-  for t in $alone; do sh "$0" --one "$t"; done
+  printf '%s\n' $all | xargs -P "$JOBS" -n 1 sh "$0" --one
 
   passed=0
   failed=0
@@ -152,4 +162,17 @@ main() {
 }
 
 if [ "${1:-}" = "--one" ]; then run_one "$2"; exit 0; fi
+if [ "${1:-}" = "--own-cluster" ]; then
+  shift
+  set -f # the URLs hold '?'
+  urls=
+  for u in ${ES_TEST_URLS:-}; do
+    [ "$u" = "$ES_SHARED_PG_URL" ] && u=$ES_PG_URL
+    urls="$urls${urls:+ }$u"
+  done
+  set +f
+  ES_TEST_URLS=$urls
+  export ES_TEST_URLS
+  exec "$@"
+fi
 main "$@"; exit $?
