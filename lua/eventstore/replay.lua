@@ -296,6 +296,10 @@ local function new_sandbox(dir, eopts)
   local scratch = core.open("memory:", { clock = clock, ids = core.counter_ids("replay-", 1) })
   local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", snapshot_every = 0, quiet = true }
   for k, v in pairs(eopts or {}) do o[k] = v end
+  -- Each run to idle on this thread, no threads started per run (docs/
+  -- engine.md "Inline runs"): nothing else claims from the scratch store.
+  -- Only with one worker; engine options that ask for more get threads.
+  if o.inline_runs == nil and o.workers == 1 then o.inline_runs = true end
   local ok, engine = pcall(new_engine, o)
   if not ok then
     scratch:close()
@@ -344,12 +348,19 @@ local function run_session(o, dir, session, inputs, max_events)
   end
   local clock, scratch, engine = sb.clock, sb.scratch, sb.engine
   clock:set(inputs[1] and inputs[1].created_at or 0)
+  -- The session as the last look found it, while no run has changed it
+  -- since (the final read below is then that one).
+  local last
   local ok, err = pcall(function()
-    local function run() engine:run({ until_idle = true }) end
+    local function run()
+      last = nil
+      engine:run({ until_idle = true })
+    end
     -- Fires what falls due before `t` (timers, backoffs), in time order.
     local function advance_to(t)
       while true do
         local events = scratch:read(session)
+        last = events
         if #events > max_events then
           error(("more than %d events in the replayed session (a handler that never stops "
             .. "scheduling work?)"):format(max_events), 0)
@@ -366,12 +377,13 @@ local function run_session(o, dir, session, inputs, max_events)
       local ev = { id = input.id, type = input.type, payload = input.payload, lane = input.lane,
         revision = input.revision, meta = input.meta }
       if input.not_before ~= nil then ev.at = input.not_before end
+      last = nil
       engine:append(session, { ev })
       run()
     end
     advance_to(nil)
   end)
-  local events = scratch:read(session)
+  local events = ok and last or scratch:read(session)
   local seen_ok, seen = pcall(upcast, o, dir, events)
   local gone = pcall(scratch.delete, scratch, session)
   if not ok or not gone then
