@@ -1003,6 +1003,27 @@ end
         assert.same({ handled = left, failed = 0, dead = 0 }, run(engine))
       end)
 
+      it("folds engine:state on the calling thread, under the same budgets", function()
+        local t = setup()
+        t.handler("job", returns("job.done"))
+        t.reducer("count", [[
+return { init = function() return { n = 0 } end,
+  ["job.done"] = function(s, e) s.n = s.n + 1 end }
+]])
+        t.reducer("spin", [[
+return { init = function() return {} end,
+  ["job.done"] = function(s, e) while true do end end }
+]])
+        local engine = t.engine({ inline_runs = true, instruction_budget = 0, deadline_ms = 200 })
+        append_pending(engine, "s", { { type = "job" }, { type = "job" } })
+        assert.same({ handled = 2, failed = 0, dead = 0 }, run(engine))
+        assert.same({ n = 2 }, engine:state("s", "count"))
+        local err = expect_error("INVALID_ARGUMENT", engine.state, engine, "s", "spin")
+        assert.truthy(contains(tostring(err), "deadline exceeded (200 ms)"), tostring(err))
+        -- the runner is usable after the trip
+        assert.same({ n = 2 }, engine:state("s", "count"))
+      end)
+
       it("runs without until_idle on threads as before, and refuses more than one worker", function()
         local t = setup()
         t.handler("job", returns("job.done"))
