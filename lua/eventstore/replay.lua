@@ -411,9 +411,9 @@ local function run_session(o, dir, session, inputs, max_events)
   return seen, errors, budget
 end
 
--- sides: in a reducer-only replay, the stored events as OLD's and as
--- NEW's scripts read them when they were upcast for many sessions at once
--- (upcast_chunk), else nil.
+-- sides: the stored events as OLD's and as NEW's scripts read them (in a
+-- full replay, {nil, NEW's}) when they were upcast for many sessions at
+-- once (upcast_chunk), else nil.
 local function replay_session(o, session, stored, sides)
   local inputs = {}
   for _, e in ipairs(stored) do
@@ -442,7 +442,7 @@ local function replay_session(o, session, stored, sides)
     end
   else
     replayed, errors, failure = run_session(o, o.scripts, session, inputs, max_events)
-    baseline = read_as(o.scripts)
+    baseline = sides and sides[2] or read_as(o.scripts)
   end
   if o.baseline and not o.reducers_only then
     local berrors, bfail
@@ -492,15 +492,18 @@ local function replay_session(o, session, stored, sides)
   return rep
 end
 
--- A reducer-only replay reads CHUNK sessions at a time and upcasts their
--- events with one engine:upcast call per side (a call crosses into an
--- engine's state and back, which costs more than most sessions' folds).
--- Returns sides[k] = {OLD's list, NEW's list} for lists[k], or nil when an
+-- A replay reads CHUNK sessions at a time and upcasts their stored events
+-- with one engine:upcast call per side (a call crosses into an engine's
+-- state and back, which costs more than most sessions' folds): both sides
+-- in a reducer-only replay, NEW's alone in a full one (the stored side
+-- of the comparison when there is no baseline; the replayed events are
+-- upcast as each session ends). Returns sides[k] = {OLD's list, NEW's
+-- list} for lists[k] (OLD's nil when not asked for), or nil when an
 -- upcaster failed on one of them: each session is then upcast alone, so
 -- only the sessions it fails on fail.
 local CHUNK = 100
 
-local function upcast_chunk(o, lists)
+local function upcast_chunk(o, lists, new_only)
   local function side(dir)
     local all, from = {}, {}
     for k, list in ipairs(lists) do
@@ -515,11 +518,15 @@ local function upcast_chunk(o, lists)
     end
     return out
   end
-  local b = side(o.baseline)
-  local r = b and (o.scripts == o.baseline and b or side(o.scripts))
+  local b, r
+  if not new_only then
+    b = side(o.baseline)
+    if not b then return nil end
+  end
+  r = o.scripts == o.baseline and b or side(o.scripts)
   if not r then return nil end
   local sides = {}
-  for k in ipairs(lists) do sides[k] = { b[k], r[k] } end
+  for k in ipairs(lists) do sides[k] = { b and b[k], r[k] } end
   return sides
 end
 
@@ -616,11 +623,13 @@ function M.replay(opts)
       if opts.each then opts.each(rep) else sessions[#sessions + 1] = rep end
       if opts.progress then opts.progress(i, #names) end
     end
-    if o.reducers_only then
+    -- With a baseline, a full replay compares with the baseline's replay,
+    -- not with the stored events: it reads one session at a time.
+    if o.reducers_only or not o.baseline then
       for first = 1, #names, CHUNK do
         local lists = {}
         for i = first, math.min(first + CHUNK - 1, #names) do lists[#lists + 1] = store:read(names[i]) end
-        local sides = upcast_chunk(o, lists)
+        local sides = upcast_chunk(o, lists, not o.reducers_only)
         for k, list in ipairs(lists) do
           done(first + k - 1, replay_session(o, names[first + k - 1], list, sides and sides[k]))
         end
