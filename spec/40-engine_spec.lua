@@ -923,5 +923,122 @@ end
         assert.equal(3, t.store:head("s"))
       end)
     end)
+
+    -------------------------------------------------------------------------
+    -- inline_runs (docs/engine.md "Inline runs"): an until-idle run on the
+    -- calling thread, as a replay's scratch engine runs. The same outcomes
+    -- as a run with threads; the deadline tripped by the budget hook.
+    describe("inline runs", function()
+      it("handles chains, retries with backoff, timers and dead letters as a run with threads does", function()
+        local outcomes = {}
+        for _, inline in ipairs({ false, true }) do
+          local t = setup()
+          t.handler("a", returns("b"))
+          t.handler("b", returns("c"))
+          t.handler("flaky", [[
+return function(event, ctx)
+  if event.attempt < 2 then error("not yet") end
+  return { { type = "flaky.done", payload = { attempt = event.attempt } } }
+end
+]])
+          t.handler("broken", "return function(event, ctx) error('always') end\n")
+          t.handler("tick", returns("tock"))
+          local engine = t.engine({ inline_runs = inline, max_failures = 2, backoff_ms = 1000 })
+          append_pending(engine, "s", { { type = "a" }, { type = "flaky" }, { type = "broken" },
+            { type = "tick", delay_ms = 5000 } })
+          local got = { run(engine) }
+          t.clock:advance(1000) -- the retries are due, the timer is not
+          got[#got + 1] = run(engine)
+          t.clock:advance(5000)
+          got[#got + 1] = run(engine)
+          got[#got + 1] = run(engine)
+          local events = {}
+          for _, e in ipairs(t.store:read("s")) do
+            events[#events + 1] = { e.type, e.status, e.attempts, e.failures, e.cause and e.cause.index }
+          end
+          got[#got + 1] = events
+          outcomes[#outcomes + 1] = got
+          engine:close()
+        end
+        assert.same(outcomes[1], outcomes[2])
+        -- and what they agree on is what the options say
+        assert.same({ handled = 2, failed = 2, dead = 0 }, outcomes[2][1])
+        assert.same({ handled = 1, failed = 0, dead = 1 }, outcomes[2][2])
+        assert.same({ handled = 1, failed = 0, dead = 0 }, outcomes[2][3])
+        assert.same({ handled = 0, failed = 0, dead = 0 }, outcomes[2][4])
+      end)
+
+      it("trips a handler past its deadline through the budget hook (no watchdog thread)", function()
+        local t = setup()
+        t.handler("spin", "return function(event, ctx) while true do end end\n")
+        local engine = t.engine({ inline_runs = true, instruction_budget = 0, deadline_ms = 200,
+          max_failures = 1 })
+        append_pending(engine, "s", { { type = "spin" } })
+        assert.same({ handled = 0, failed = 0, dead = 1 }, run(engine))
+        local e = event(t.store, "s", 1)
+        assert.equal("dead", e.status)
+        assert.truthy(contains(e.last_error, "deadline exceeded (200 ms)"), e.last_error)
+      end)
+
+      it("calls the progress function between events, and its error stops the run", function()
+        local t = setup()
+        t.handler("wait", "return function(event, ctx) local n = 0; for i = 1, 3e6 do n = n + i end end\n")
+        local engine = t.engine({ inline_runs = true, instruction_budget = 0 })
+        local evs = {}
+        for i = 1, 40 do evs[i] = { type = "wait" } end
+        append_pending(engine, "s", evs)
+        local calls = 0
+        local ok, err = pcall(engine.run, engine, { until_idle = true, progress_ms = 1, progress = function(st)
+          calls = calls + 1
+          assert.is_table(st)
+          if calls == 2 then error("enough") end
+        end })
+        assert.is_false(ok)
+        assert.truthy(contains(tostring(err), "enough"), tostring(err))
+        assert.equal(2, calls)
+        local left = 0
+        for _, e in ipairs(t.store:read("s")) do if e.status == "pending" then left = left + 1 end end
+        assert.is_true(left > 0, "the run did not stop when the progress function failed")
+        -- the next run takes up what is left
+        assert.same({ handled = left, failed = 0, dead = 0 }, run(engine))
+      end)
+
+      it("folds engine:state on the calling thread, under the same budgets", function()
+        local t = setup()
+        t.handler("job", returns("job.done"))
+        t.reducer("count", [[
+return { init = function() return { n = 0 } end,
+  ["job.done"] = function(s, e) s.n = s.n + 1 end }
+]])
+        t.reducer("spin", [[
+return { init = function() return {} end,
+  ["job.done"] = function(s, e) while true do end end }
+]])
+        local engine = t.engine({ inline_runs = true, instruction_budget = 0, deadline_ms = 200 })
+        append_pending(engine, "s", { { type = "job" }, { type = "job" } })
+        assert.same({ handled = 2, failed = 0, dead = 0 }, run(engine))
+        assert.same({ n = 2 }, engine:state("s", "count"))
+        local err = expect_error("INVALID_ARGUMENT", engine.state, engine, "s", "spin")
+        assert.truthy(contains(tostring(err), "deadline exceeded (200 ms)"), tostring(err))
+        -- the runner is usable after the trip
+        assert.same({ n = 2 }, engine:state("s", "count"))
+      end)
+
+      it("runs without until_idle on threads as before, and refuses more than one worker", function()
+        local t = setup()
+        t.handler("job", returns("job.done"))
+        local engine = t.engine({ inline_runs = true })
+        append_pending(engine, "s", { { type = "job" } })
+        local stopped = engine:run({ progress_ms = 20, progress = function(st)
+          if st.handled >= 1 then engine:stop() end
+        end })
+        assert.equal(1, stopped.handled)
+        local err = expect_error("INVALID_ARGUMENT", t.engine, { inline_runs = true, workers = 2 })
+        assert.truthy(contains(tostring(err), "inline_runs needs workers = 1"), tostring(err))
+        local ok, why = pcall(t.engine, { inline_runs = 1 })
+        assert.is_false(ok)
+        assert.truthy(contains(tostring(why), "inline_runs"), tostring(why))
+      end)
+    end)
   end)
 end

@@ -60,6 +60,25 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal(before, dump(store))
     end)
 
+    it("reports the same with the scratch engine's runs on threads as inline (docs/engine.md)", function()
+      local store, live = history()
+      local changed = scripts({ handlers = { ["order.priced"] = [[
+return function(event, ctx)
+  return { { type = "order.confirmed", payload = { total = event.payload.total * 2, at = os.time(),
+    key = "confirm-" .. event.id } } }
+end
+]] } })
+      for _, dir in ipairs({ live, changed }) do
+        local threaded = {}
+        for k, v in pairs(ENGINE) do threaded[k] = v end
+        threaded.inline_runs = false
+        local a = eventstore.replay({ store = store, scripts = dir, engine = threaded })
+        local b = eventstore.replay({ store = store, scripts = dir, engine = ENGINE })
+        a.summary.rate, b.summary.rate = nil, nil
+        assert.same(a, b)
+      end
+    end)
+
     it("replays identical against a baseline of the same scripts", function()
       local store, live = history()
       local report = eventstore.replay({ store = store, scripts = live, baseline = scripts(), engine = ENGINE })

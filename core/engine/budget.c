@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 es_budget *es_budget_of(lua_State *L) {
   void *ud = NULL;
@@ -81,6 +82,12 @@ const char *es_budget_message(const es_budget *b, int reason, char *buf, size_t 
   return buf;
 }
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* The count hook: counts instructions, and once the call has tripped,
  * raises at every instruction of whichever thread runs (a coroutine's
  * error surfaces in its resumer, which then raises in turn). */
@@ -95,8 +102,12 @@ static void count_hook(lua_State *L, lua_Debug *ar) {
     if (every != ES_BUDGET_HOOK_EVERY) /* left at 1 by an earlier trip */
       lua_sethook(L, count_hook, LUA_MASKCOUNT, ES_BUDGET_HOOK_EVERY);
     b->instr += every;
-    if (!b->instr_limit || b->instr <= b->instr_limit) return;
-    es_budget_trip(b, ES_TRIP_INSTRUCTIONS);
+    if (b->deadline_at && mono_ms() > b->deadline_at) {
+      es_budget_trip(b, ES_TRIP_DEADLINE);
+    } else {
+      if (!b->instr_limit || b->instr <= b->instr_limit) return;
+      es_budget_trip(b, ES_TRIP_INSTRUCTIONS);
+    }
     t = atomic_load(&b->trip);
   }
   lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);

@@ -41,6 +41,10 @@ typedef struct es_budget {
   int64_t instr;           /* instructions counted in the current call */
   int64_t instr_limit;     /* per call; 0: none */
   int64_t deadline_ms;     /* per call, for the trip message */
+  int64_t deadline_at;     /* monotonic ms past which the hook trips the call
+                            * (ES_TRIP_DEADLINE); 0: none. Set by an engine
+                            * whose calls no watchdog thread watches (an
+                            * inline run, engine.h inline_runs). */
   int depth;               /* budgeted calls in progress (nesting) */
   atomic_int trip;         /* ES_TRIP_*: sticky until the tripped call unwinds */
   atomic_uint ticks;       /* hook calls so far: the watchdog's sign of life */

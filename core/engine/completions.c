@@ -317,6 +317,28 @@ void *es_completer_main(void *arg) {
   return NULL;
 }
 
+void es_complete_waiting(es_engine *e) {
+  /* An inline run hands over one completion at a time: a few slots on the
+   * stack are plenty (an es_completion carries an error message). */
+  enum { AT_ONCE = 8 };
+  completion *items[AT_ONCE];
+  es_completion v[AT_ONCE];
+  for (;;) {
+    pthread_mutex_lock(&e->c_mu);
+    size_t n = 0;
+    while (e->c_head && n < AT_ONCE) {
+      items[n++] = e->c_head;
+      e->c_head = e->c_head->next;
+    }
+    if (!e->c_head) e->c_tail = NULL;
+    e->c_n -= n;
+    pthread_mutex_unlock(&e->c_mu);
+    if (n == 0) return;
+    complete_batch(e, items, v, n);
+    atomic_fetch_sub(&e->unacked, (long long)n);
+  }
+}
+
 /* Whether the completions are falling behind: the oldest one not yet
  * answered was handed over more than LAG_MS (or es_hold_ms / 2) ago. Workers
  * then run what they have queued but claim nothing more until the store

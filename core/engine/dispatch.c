@@ -553,6 +553,7 @@ static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
   free(j.error);
   free(j.cancel);
   lua_settop(L, 0);
+  r->b.deadline_at = 0; /* an inline run's deadline was this call's */
   pthread_mutex_lock(&r->mu);
   r->busy = 0;
   r->finishing = 0;
@@ -647,6 +648,10 @@ void *es_worker_main(void *arg) {
    * none: between two events of a streak it is never seen idle. */
   int active = 0;
   while (!atomic_load(&e->stopping)) {
+    if (e->inline_now) {
+      es_inline_tick(e);
+      if (atomic_load(&e->stopping)) break;
+    }
     if (!active) {
       atomic_fetch_add(&e->busy, 1);
       active = 1;
@@ -668,6 +673,9 @@ void *es_worker_main(void *arg) {
       }
       int gone = handle(r, &q.ev, q.claimed_ms);
       es_event_destroy(&q.ev);
+      /* Inline: the completion is written before the next claim, which may
+       * then see what it made ready (the next of a lane, its results). */
+      if (e->inline_now) es_complete_waiting(e);
       if (gone) {
         active = 0; /* abandon() took it out of e->busy: this run may be long over */
         break;

@@ -247,7 +247,13 @@ void es_watch_start(runner *r) {
   r->last_ticks = atomic_load(&r->b.ticks);
   r->last_cpu_ns = -1; /* the watchdog takes its baseline at its first look */
   atomic_store(&r->b.trip, ES_TRIP_NONE);
-  if (r->id && atomic_load(&r->e->stopping)) { /* a worker; folds are not the run's */
+  es_engine *e = r->e;
+  /* An inline run has no watchdog thread: the budget hook trips the call
+   * at its deadline itself (a worker; folds are not the run's). */
+  r->b.deadline_at = r->id && e->inline_now ? r->started_ms + e->o.deadline_ms : 0;
+  /* a worker; folds are not the run's. Inline, a stop asked for since the
+   * loop last looked is not seen by anyone else. */
+  if (r->id && (atomic_load(&e->stopping) || (e->inline_now && atomic_load(&e->stop_req)))) {
     es_budget_trip(&r->b, ES_TRIP_STOP);
     r->tripped_ms = r->started_ms;
   }
@@ -397,6 +403,9 @@ static int check_opts(const es_engine_opts *o, es_err *err) {
     return es_fail(err, ES_INVALID_ARGUMENT, "scripts '%s' is not a directory", o->scripts);
   if (o->holder && (!*o->holder || strlen(o->holder) > ES_MAX_ID_BYTES))
     return es_fail(err, ES_INVALID_ARGUMENT, "holder must be 1 to %d bytes", ES_MAX_ID_BYTES);
+  if (o->inline_runs && o->workers != 1)
+    return es_fail(err, ES_INVALID_ARGUMENT, "inline_runs needs workers = 1 (got %lld)",
+                   (long long)o->workers);
   return ES_OK;
 }
 
@@ -417,6 +426,11 @@ static void engine_free(es_engine *e) {
     runner_free(r);
   }
   free(e->folders);
+  if (e->inline_folder) {
+    free(e->inline_folder->fold_session);
+    free(e->inline_folder->fold_reducer);
+    runner_free(e->inline_folder);
+  }
   if (e->s) es_store_release(e->s);
   free(e->scripts);
   free(e->holder);
@@ -538,7 +552,14 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   return ES_OK;
 }
 
-void es_engine_stop(es_engine *e) { atomic_store(&e->stop_req, 1); }
+void es_engine_stop(es_engine *e) {
+  atomic_store(&e->stop_req, 1);
+  /* An inline run's handler is interrupted here: the thread that would
+   * notice the stop is the one running it. (Lock-free atomics only: this
+   * may run in a signal handler.) */
+  runner *r = atomic_load(&e->inline_runner);
+  if (r) es_budget_trip(&r->b, ES_TRIP_STOP);
+}
                     
                     es_store *es_engine_store(es_engine *e) { return e->s; }
                     
@@ -606,37 +627,67 @@ static void end_completer(es_engine *e, pthread_t completer) {
   pthread_join(completer, NULL);
 }
 
-int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, es_err *err) {
-  memset(stats, 0, sizeof *stats);
-  if (e->in_run) return es_fail(err, ES_INVALID_ARGUMENT, "the engine is already running");
-  static const es_run_opts none = {0};
-  if (!ro) ro = &none;
-  int64_t every = ro->progress_ms > 0 ? ro->progress_ms : 500;
-  e->in_run = 1;
-  memset(&e->run_err, 0, sizeof e->run_err);
-  atomic_store(&e->stop_req, 0);
-  atomic_store(&e->stopping, 0);
-  atomic_store(&e->keeper_quit, 0);
-  atomic_store(&e->until_idle, ro->until_idle);
-  atomic_store(&e->orphans_until, 0); /* a new run waits only for the claims it lost itself */
-  atomic_store(&e->busy, 0);
-  atomic_store(&e->handled, 0);
-  atomic_store(&e->failed, 0);
-  atomic_store(&e->dead, 0);
-  atomic_store(&e->abandoned, 0);
-  /* §7: what a run learnt of chains that end elsewhere, the next one
-   * learns again (the scripts may have changed in between) */
-  pthread_mutex_lock(&e->up_mu);
-  for (size_t i = 0; i < e->n_elsewhere; i++) free(e->elsewhere[i]);
-  e->n_elsewhere = 0;
-  pthread_mutex_unlock(&e->up_mu);
+/* A new run looks at every script file again (the loader's new_run). */
+static void loader_new_run(runner *r) {
+  lua_State *L = r->L;
+  lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
+  lua_getfield(L, -1, "new_run");
+  lua_pcall(L, 0, 0, 0);
+  lua_settop(L, 0);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Inline runs
+ *
+ * With inline_runs (engine.h), an until_idle run is the worker loop
+ * (es_worker_main) called on the calling thread, with the run's thread,
+ * the completer and the keeper folded into it: each completion is written
+ * as soon as its handler returned (es_complete_waiting), and between two
+ * events the loop looks at what those threads would (es_inline_tick). No
+ * thread is started or joined, nothing is handed between threads: a run
+ * costs its claims, handler calls and store writes. A replay runs its
+ * scratch engine to idle once per input and once per timer or retry, most
+ * of them with one or two events to handle, where starting and joining
+ * three threads cost several times the handlers' work (bench/README.md,
+ * "Replay").
+ *
+ * What the other threads did that an inline run does otherwise, or not:
+ * - the deadline: the budget hook trips a call past it (budget.h
+ *   deadline_at), where the keeper did; the message is the same;
+ * - es_engine_stop trips the handler running, as the run's thread did;
+ * - the scripts are scanned (and the loader told to look at its files)
+ *   when the last scan is a second old, where the keeper rescanned every
+ *   second and each run began with a scan: the scripts of a replay do not
+ *   change under it, and a scan per run was a good part of its cost;
+ * - not done: renewing claims while a handler runs, releasing prefetched
+ *   events that waited, and abandoning a call stuck where no hook reaches
+ *   (a C function that blocks): the loop waits for it. Hence an option for
+ *   a store no other engine claims from, whose handlers are the engine's
+ *   own business (the replay's scratch store on a manual clock). */
+
+void es_inline_tick(es_engine *e) {
+  if (atomic_load(&e->stop_req)) es_begin_stop(e);
+  int64_t now = es_mono_ms();
+  if (now - e->types_at >= 1000) {
+    es_types_refresh(e);
+    if (e->slots[0]) loader_new_run(e->slots[0]);
+  }
+  const es_run_opts *ro = e->run_opts;
+  if (ro && ro->progress && now >= e->progress_next) {
+    e->progress_next = now + e->progress_every;
+    es_engine_stats st;
+    fill_stats(e, &st);
+    if (ro->progress(ro->progress_ctx, &st)) es_begin_stop(e);
+  }
+}
+
+/* The threads of a run, until its work is done or it is stopped. */
+static int run_threads(es_engine *e, const es_run_opts *ro, int64_t every, es_err *err) {
   es_types_refresh(e);
   e->c_quit = 0;
   pthread_t completer;
-  if (pthread_create(&completer, NULL, es_completer_main, e) != 0) {
-    e->in_run = 0;
+  if (pthread_create(&completer, NULL, es_completer_main, e) != 0)
     return es_fail(err, ES_STORAGE, "cannot start the completer thread");
-  }
   int started = 0;
   for (int i = 0; i < e->n; i++) {
     runner *r = e->slots[i];
@@ -645,12 +696,7 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
       r = e->slots[i] = es_runner_new(e, i + 1, &ignored);
       if (!r) continue;
     }
-    /* A new run looks at every script file again. */
-    lua_State *L = r->L;
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
-    lua_getfield(L, -1, "new_run");
-    lua_pcall(L, 0, 0, 0);
-    lua_settop(L, 0);
+    loader_new_run(r);
     atomic_fetch_add(&e->running, 1);
     if (pthread_create(&r->thread, NULL, es_worker_main, r) != 0) {
       atomic_fetch_sub(&e->running, 1);
@@ -662,7 +708,6 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   }
   if (started == 0) {
     end_completer(e, completer);
-    e->in_run = 0;
     return es_fail(err, ES_STORAGE, "cannot start worker threads");
   }
   pthread_t keeper;
@@ -694,8 +739,66 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   for (int i = 0; i < e->n; i++)
     if (e->slots[i]) pthread_join(e->slots[i]->thread, NULL);
   /* Every handed-over completion is stored (or given up) before the run
-   * returns; prefetched events nobody started are given back. */
+   * returns. */
   end_completer(e, completer);
+  return ES_OK;
+}
+
+/* An inline run ("Inline runs" above): the worker loop on this thread. */
+static int run_inline(es_engine *e, const es_run_opts *ro, int64_t every, int relearn,
+                      es_err *err) {
+  runner *r = e->slots[0];
+  if (!r && !(r = e->slots[0] = es_runner_new(e, 1, err))) return err->code;
+  /* §7: the types the last run left out as ending elsewhere are claimed
+   * again (es_engine_run forgot them), so the set is made anew now */
+  if (relearn) es_types_refresh(e);
+  e->run_opts = ro;
+  e->progress_every = every;
+  e->progress_next = es_mono_ms() + every;
+  e->inline_now = 1;
+  atomic_store(&e->inline_runner, r);
+  atomic_store(&e->running, 1);
+  es_worker_main(r); /* its end counts it out of running */
+  atomic_store(&e->inline_runner, NULL);
+  e->inline_now = 0;
+  e->run_opts = NULL;
+  es_begin_stop(e);
+  es_complete_waiting(e); /* nothing is left: each was written after its handler */
+  return ES_OK;
+}
+
+int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, es_err *err) {
+  memset(stats, 0, sizeof *stats);
+  if (e->in_run) return es_fail(err, ES_INVALID_ARGUMENT, "the engine is already running");
+  static const es_run_opts none = {0};
+  if (!ro) ro = &none;
+  int64_t every = ro->progress_ms > 0 ? ro->progress_ms : 500;
+  e->in_run = 1;
+  memset(&e->run_err, 0, sizeof e->run_err);
+  atomic_store(&e->stop_req, 0);
+  atomic_store(&e->stopping, 0);
+  atomic_store(&e->keeper_quit, 0);
+  atomic_store(&e->until_idle, ro->until_idle);
+  atomic_store(&e->orphans_until, 0); /* a new run waits only for the claims it lost itself */
+  atomic_store(&e->busy, 0);
+  atomic_store(&e->handled, 0);
+  atomic_store(&e->failed, 0);
+  atomic_store(&e->dead, 0);
+  atomic_store(&e->abandoned, 0);
+  /* §7: what a run learnt of chains that end elsewhere, the next one
+   * learns again (the scripts may have changed in between) */
+  pthread_mutex_lock(&e->up_mu);
+  int relearn = e->n_elsewhere > 0;
+  for (size_t i = 0; i < e->n_elsewhere; i++) free(e->elsewhere[i]);
+  e->n_elsewhere = 0;
+  pthread_mutex_unlock(&e->up_mu);
+  int rc = e->o.inline_runs && ro->until_idle ? run_inline(e, ro, every, relearn, err)
+                                              : run_threads(e, ro, every, err);
+  if (rc != ES_OK) {
+    e->in_run = 0;
+    return rc;
+  }
+  /* Prefetched events nobody started are given back. */
   es_queue_release_before(e, INT64_MAX);
   /* §8: an until-idle run returns with every projection caught up */
   if (ro->until_idle && !e->run_err.code) {

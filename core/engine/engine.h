@@ -66,6 +66,16 @@ typedef struct es_engine_opts {
                                * nothing preloaded. */
   int quiet;                  /* 1: log nothing on stderr (a replay, docs/replay.md,
                                * reports the failures it meets itself) */
+  int inline_runs;            /* 1: an until_idle run works on the calling thread
+                               * (workers must be 1): no thread is started, each
+                               * completion is written as soon as its handler
+                               * returns, the deadline is checked by the budget
+                               * hook, and the scripts are looked at again at most
+                               * once a second. For a store no other engine works
+                               * on (the replay's scratch store, docs/replay.md):
+                               * no claim is renewed while a handler runs and a
+                               * call stuck where no hook reaches is waited for,
+                               * not abandoned (docs/engine.md "Inline runs"). */
 } es_engine_opts;
 
 void es_engine_opts_init(es_engine_opts *o);

@@ -67,12 +67,18 @@ static int fold_job_inner(lua_State *L) {
   runner *r = lua_touserdata(L, 1);
   lua_settop(L, 0);
   /* engine:state never acts on a stale view of the scripts: a reducer
-   * edited a moment ago is used now (a stat per call is cheap). */
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
-  lua_getfield(L, -1, "new_run");
-  lua_call(L, 0, 0);
-  lua_settop(L, 0);
-  es_upcast_refresh(r->e, 0); /* an upcaster file added a moment ago counts too */
+   * edited a moment ago is used now (a stat per call is cheap). An inline
+   * engine (a replay's, called for every session) looks at most once a
+   * second, as its runs do (engine.c "Inline runs"). */
+  int64_t now = es_mono_ms();
+  if (!r->e->o.inline_runs || now - r->looked_ms >= 1000) {
+    r->looked_ms = now;
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
+    lua_getfield(L, -1, "new_run");
+    lua_call(L, 0, 0);
+    lua_settop(L, 0);
+    es_upcast_refresh(r->e, 0); /* an upcaster file added a moment ago counts too */
+  }
   es_upcast_begin(r);
   if (r->fold_upcast) { /* es_engine_upcast: a list of event tables in, upcast, out */
     es_err err = {0};
@@ -143,6 +149,31 @@ static int spin_until(atomic_int *flag) {
   }
 }
 
+/* Runs r's job (set up by engine_job) in its state, as one watched,
+ * budgeted call; its outcome in r->fold_rc, fold_err, fold_out. */
+static void run_job(runner *r) {
+  pthread_mutex_lock(&r->mu);
+  es_watch_start(r);
+  /* an inline engine's fold runs on the caller, whom nobody watches: the
+   * budget hook trips it at its deadline (engine.c "Inline runs") */
+  if (r->e->o.inline_runs) r->b.deadline_at = r->started_ms + r->e->o.deadline_ms;
+  pthread_mutex_unlock(&r->mu);
+  lua_State *L = r->L;
+  lua_settop(L, 0);
+  lua_pushcfunction(L, fold_job);
+  lua_pushlightuserdata(L, r);
+  if (es_budget_pcall(L, 1, 0) != LUA_OK) {
+    if (r->fold_upcast) es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "upcasting: %s", lua_tostring(L, -1));
+    else es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "reducer '%s': %s", r->fold_reducer,
+                 lua_tostring(L, -1));
+    r->fold_rc = ES_INVALID_ARGUMENT;
+  }
+  r->b.deadline_at = 0;
+  lua_settop(L, 0);
+  lua_gc(L, LUA_GCRESTART);
+  lua_gc(L, LUA_GCSTEP, 0);
+}
+
 static void *fold_main(void *arg) {
   runner *r = arg;
   es_engine *e = r->e;
@@ -161,23 +192,7 @@ static void *fold_main(void *arg) {
     r->fold_pending = 0;
     pthread_mutex_unlock(&e->fold_mu);
 
-    pthread_mutex_lock(&r->mu);
-    es_watch_start(r);
-    pthread_mutex_unlock(&r->mu);
-    lua_State *L = r->L;
-    lua_settop(L, 0);
-    lua_pushcfunction(L, fold_job);
-    lua_pushlightuserdata(L, r);
-    if (es_budget_pcall(L, 1, 0) != LUA_OK) {
-      if (r->fold_upcast) es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "upcasting: %s", lua_tostring(L, -1));
-      else es_fail(&r->fold_err, ES_INVALID_ARGUMENT, "reducer '%s': %s", r->fold_reducer,
-                   lua_tostring(L, -1));
-      r->fold_rc = ES_INVALID_ARGUMENT;
-    }
-    lua_settop(L, 0);
-    lua_gc(L, LUA_GCRESTART);
-    lua_gc(L, LUA_GCSTEP, 0);
-
+    run_job(r);
     pthread_mutex_lock(&e->fold_mu);
     pthread_mutex_lock(&r->mu);
     int gone = r->abandoned;
@@ -282,8 +297,18 @@ static int engine_job(es_engine *e, const char *session, const char *reducer, in
   if (not_json) *not_json = 0;
   pthread_mutex_lock(&e->fold_mu);
   int slot = 0;
-  runner *r = take_folder(e, &slot, err);
-  if (!r) {
+  runner *r;
+  if (e->o.inline_runs) {
+    /* An inline engine folds on the calling thread, in one runner with no
+     * thread of its own, one call at a time (fold_mu held throughout):
+     * handing a replay's small upcasts to a thread and back cost more
+     * than the upcasting (engine.c "Inline runs"). */
+    if (!e->inline_folder && !(e->inline_folder = es_runner_new(e, 0, err))) {
+      pthread_mutex_unlock(&e->fold_mu);
+      return err->code;
+    }
+    r = e->inline_folder;
+  } else if (!(r = take_folder(e, &slot, err))) {
     pthread_mutex_unlock(&e->fold_mu);
     return err->code;
   }
@@ -313,6 +338,18 @@ static int engine_job(es_engine *e, const char *session, const char *reducer, in
   r->fold_rc = ES_OK;
   memset(&r->fold_err, 0, sizeof r->fold_err);
   r->fold_out.len = 0;
+  if (r == e->inline_folder) {
+    run_job(r);
+    int rc = r->fold_rc;
+    if (rc && not_json) *not_json = r->fold_not_json;
+    if (rc) *err = r->fold_err;
+    else if (es_buf_add(out, r->fold_out.data ? r->fold_out.data : "", r->fold_out.len) != ES_OK)
+      rc = es_fail(err, ES_STORAGE, "out of memory");
+    if (index) *index = r->fold_index;
+    r->fold_taken = 0;
+    pthread_mutex_unlock(&e->fold_mu);
+    return rc;
+  }
   r->fold_done = 0;
   r->fold_pending = 1;
   pthread_cond_broadcast(&e->fold_cond);

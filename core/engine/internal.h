@@ -72,6 +72,8 @@ typedef struct runner {
   unsigned last_ticks;     /* hook ticks at the last look ... */
   int64_t last_cpu_ns;     /* ... and the thread's CPU time then */
   unsigned gc_due;         /* handled events since the last explicit collector step */
+  int64_t looked_ms;       /* an inline engine's fold runner: when its job last had the
+                            * script files looked at again (fold_runner.c) */
   const char *session, *type; /* of the claim in flight: borrowed from its event */
   claim_info claim;
 
@@ -173,9 +175,17 @@ struct es_engine {
   pthread_mutex_t fold_mu;    /* the slots, the runners' fold_taken and their job handoff */
   pthread_cond_t fold_cond;   /* a job for a runner, or a job done */
   pthread_cond_t fold_free;   /* a runner given back or a slot emptied */
+  runner *inline_folder;      /* inline_runs: the one fold runner, with no thread (under
+                               * fold_mu for a whole call; fold_runner.c engine_job) */
 
   /* one run */
   int in_run;
+  /* An inline run (engine.h inline_runs, engine.c "Inline runs"): set for
+   * the run's length by es_engine_run before any thread it starts. */
+  int inline_now;
+  _Atomic(runner *) inline_runner; /* its runner, for es_engine_stop to interrupt */
+  const es_run_opts *run_opts;     /* its progress callback ... */
+  int64_t progress_next, progress_every; /* ... and when it is called next (monotonic ms) */
   atomic_int stop_req;        /* es_engine_stop (signal-safe) */
   atomic_int stopping;        /* the run is ending: claim no more */
   atomic_int keeper_quit;
@@ -353,6 +363,10 @@ void es_queue_release_before(es_engine *e, int64_t cutoff);
 void es_begin_stop(es_engine *e);
 void *es_worker_main(void *arg);
 void *es_keeper_main(void *arg);
+/* engine.c: what an inline run's worker loop does between two events in
+ * place of the run's thread and the keeper (a stop asked for, the progress
+ * callback, the scripts looked at again once a second). */
+void es_inline_tick(es_engine *e);
 
 /* projections.c (§8): passes until every projection is caught up (an
  * until-idle run's end); the thread that keeps them caught up while a run
@@ -372,6 +386,9 @@ int64_t es_renew_every(const es_engine *e);
 void es_renew_waiting(es_engine *e, int64_t now);
 void *es_completer_main(void *arg);
 int es_completions_lag(es_engine *e);
+/* An inline run's completer: writes every completion waiting, on the
+ * calling thread, before it returns. */
+void es_complete_waiting(es_engine *e);
 void es_wait_acked(es_engine *e, int64_t ms);
 
 #endif

@@ -86,6 +86,12 @@ static int l_engine_new(lua_State *L) {
     o.quiet = lua_toboolean(L, -1);
   }
   lua_pop(L, 1);
+  if (lua_getfield(L, 2, "inline_runs") != LUA_TNIL) {
+    if (!lua_isboolean(L, -1))
+      luaL_error(L, "bad option 'inline_runs' (boolean expected, got %s)", luaL_typename(L, -1));
+    o.inline_runs = lua_toboolean(L, -1);
+  }
+  lua_pop(L, 1);
   const char *scripts = opt_name(L, 2, "scripts");
   if (scripts) o.scripts = scripts;
   o.holder = opt_name(L, 2, "holder");

@@ -296,6 +296,10 @@ local function new_sandbox(dir, eopts)
   local scratch = core.open("memory:", { clock = clock, ids = core.counter_ids("replay-", 1) })
   local o = { store = scratch, scripts = dir, workers = 1, holder = "replay", snapshot_every = 0, quiet = true }
   for k, v in pairs(eopts or {}) do o[k] = v end
+  -- Each run to idle on this thread, no threads started per run (docs/
+  -- engine.md "Inline runs"): nothing else claims from the scratch store.
+  -- Only with one worker; engine options that ask for more get threads.
+  if o.inline_runs == nil and o.workers == 1 then o.inline_runs = true end
   local ok, engine = pcall(new_engine, o)
   if not ok then
     scratch:close()
@@ -344,12 +348,19 @@ local function run_session(o, dir, session, inputs, max_events)
   end
   local clock, scratch, engine = sb.clock, sb.scratch, sb.engine
   clock:set(inputs[1] and inputs[1].created_at or 0)
+  -- The session as the last look found it, while no run has changed it
+  -- since (the final read below is then that one).
+  local last
   local ok, err = pcall(function()
-    local function run() engine:run({ until_idle = true }) end
+    local function run()
+      last = nil
+      engine:run({ until_idle = true })
+    end
     -- Fires what falls due before `t` (timers, backoffs), in time order.
     local function advance_to(t)
       while true do
         local events = scratch:read(session)
+        last = events
         if #events > max_events then
           error(("more than %d events in the replayed session (a handler that never stops "
             .. "scheduling work?)"):format(max_events), 0)
@@ -366,12 +377,13 @@ local function run_session(o, dir, session, inputs, max_events)
       local ev = { id = input.id, type = input.type, payload = input.payload, lane = input.lane,
         revision = input.revision, meta = input.meta }
       if input.not_before ~= nil then ev.at = input.not_before end
+      last = nil
       engine:append(session, { ev })
       run()
     end
     advance_to(nil)
   end)
-  local events = scratch:read(session)
+  local events = ok and last or scratch:read(session)
   local seen_ok, seen = pcall(upcast, o, dir, events)
   local gone = pcall(scratch.delete, scratch, session)
   if not ok or not gone then
@@ -399,9 +411,9 @@ local function run_session(o, dir, session, inputs, max_events)
   return seen, errors, budget
 end
 
--- sides: in a reducer-only replay, the stored events as OLD's and as
--- NEW's scripts read them when they were upcast for many sessions at once
--- (upcast_chunk), else nil.
+-- sides: the stored events as OLD's and as NEW's scripts read them (in a
+-- full replay, {nil, NEW's}) when they were upcast for many sessions at
+-- once (upcast_chunk), else nil.
 local function replay_session(o, session, stored, sides)
   local inputs = {}
   for _, e in ipairs(stored) do
@@ -430,7 +442,7 @@ local function replay_session(o, session, stored, sides)
     end
   else
     replayed, errors, failure = run_session(o, o.scripts, session, inputs, max_events)
-    baseline = read_as(o.scripts)
+    baseline = sides and sides[2] or read_as(o.scripts)
   end
   if o.baseline and not o.reducers_only then
     local berrors, bfail
@@ -480,15 +492,18 @@ local function replay_session(o, session, stored, sides)
   return rep
 end
 
--- A reducer-only replay reads CHUNK sessions at a time and upcasts their
--- events with one engine:upcast call per side (a call crosses into an
--- engine's state and back, which costs more than most sessions' folds).
--- Returns sides[k] = {OLD's list, NEW's list} for lists[k], or nil when an
+-- A replay reads CHUNK sessions at a time and upcasts their stored events
+-- with one engine:upcast call per side (a call crosses into an engine's
+-- state and back, which costs more than most sessions' folds): both sides
+-- in a reducer-only replay, NEW's alone in a full one (the stored side
+-- of the comparison when there is no baseline; the replayed events are
+-- upcast as each session ends). Returns sides[k] = {OLD's list, NEW's
+-- list} for lists[k] (OLD's nil when not asked for), or nil when an
 -- upcaster failed on one of them: each session is then upcast alone, so
 -- only the sessions it fails on fail.
 local CHUNK = 100
 
-local function upcast_chunk(o, lists)
+local function upcast_chunk(o, lists, new_only)
   local function side(dir)
     local all, from = {}, {}
     for k, list in ipairs(lists) do
@@ -503,11 +518,15 @@ local function upcast_chunk(o, lists)
     end
     return out
   end
-  local b = side(o.baseline)
-  local r = b and (o.scripts == o.baseline and b or side(o.scripts))
+  local b, r
+  if not new_only then
+    b = side(o.baseline)
+    if not b then return nil end
+  end
+  r = o.scripts == o.baseline and b or side(o.scripts)
   if not r then return nil end
   local sides = {}
-  for k in ipairs(lists) do sides[k] = { b[k], r[k] } end
+  for k in ipairs(lists) do sides[k] = { b and b[k], r[k] } end
   return sides
 end
 
@@ -604,11 +623,13 @@ function M.replay(opts)
       if opts.each then opts.each(rep) else sessions[#sessions + 1] = rep end
       if opts.progress then opts.progress(i, #names) end
     end
-    if o.reducers_only then
+    -- With a baseline, a full replay compares with the baseline's replay,
+    -- not with the stored events: it reads one session at a time.
+    if o.reducers_only or not o.baseline then
       for first = 1, #names, CHUNK do
         local lists = {}
         for i = first, math.min(first + CHUNK - 1, #names) do lists[#lists + 1] = store:read(names[i]) end
-        local sides = upcast_chunk(o, lists)
+        local sides = upcast_chunk(o, lists, not o.reducers_only)
         for k, list in ipairs(lists) do
           done(first + k - 1, replay_session(o, names[first + k - 1], list, sides and sides[k]))
         end
