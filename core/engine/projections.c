@@ -143,7 +143,7 @@ static void pace_set(lua_State *L, const char *name, int64_t until) {
 /* Whether the last pass over a projection left events to fold (its read
  * was full): the next reads CATCH_UP_BATCH. Kept in the runner state's
  * registry as name -> true. */
-static const char behind_key = 0;
+static const char behind_key = 'b'; /* its own address: not merged with pace_key */
 
 static int behind_get(lua_State *L, const char *name) {
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &behind_key) != LUA_TTABLE) {
