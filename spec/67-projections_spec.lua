@@ -252,6 +252,50 @@ end }
       assert.equal(45 + 1000 - 5, s.seen)
     end)
 
+    it("budgets apply to key() and to each step: a runaway one stops its projection, named", function()
+      local t = setup(url)
+      projection(t, "totals", TOTALS)
+      projection(t, "spin_key", [[
+return { key = function(e) if e.payload.amount == 3 then while true do end end return "k" end,
+         ["order.placed"] = function(s, e) s.n = (s.n or 0) + 1 end }
+]])
+      projection(t, "spin_step", [[
+return { key = function(e) return e.payload.customer end,
+         ["order.placed"] = function(s, e)
+           s.n = (s.n or 0) + 1
+           if e.payload.amount == 4 then while true do end end
+         end }
+]])
+      projection(t, "bad_key", [[
+return { key = function(e) return e.payload.amount == 2 and {} or "k" end,
+         ["order.placed"] = function(s, e) s.n = (s.n or 0) + 1 end }
+]])
+      orders(t.store, 9)
+      local all = t.store:read_all({ after = 0, limit = 100 })
+      local e = t.engine({ instruction_budget = 100000 })
+      eh.run(e)
+      local rows = {}
+      for _, r in ipairs(e:projections()) do rows[r.name] = r end
+      assert.equal("running", rows.totals.status)
+      assert.equal(0, rows.totals.lag)
+      for name, at in pairs({ spin_key = 3, spin_step = 4, bad_key = 2 }) do
+        assert.equal("failed", rows[name].status, name)
+        assert.equal(all[at].position, rows[name].error_position, name)
+        assert.equal(at - 1, rows[name].position, name)
+      end
+      assert.matches("key(): ", rows.spin_key.error, 1, true)
+      assert.matches("instruction budget exceeded", rows.spin_key.error, 1, true)
+      assert.matches("the step: ", rows.spin_step.error, 1, true)
+      assert.matches("instruction budget exceeded", rows.spin_step.error, 1, true)
+      assert.matches("key() must return a string, a number or nil", rows.bad_key.error, 1, true)
+      -- a retry runs the runaway code again, and the budget stops it again
+      t.store:projection_control("spin_step", "retry")
+      eh.run(e)
+      for _, r in ipairs(e:projections()) do rows[r.name] = r end
+      assert.equal("failed", rows.spin_step.status)
+      assert.equal(all[4].position, rows.spin_step.error_position)
+    end)
+
     it("tenants: each handle reads only its own keys; key() sees the session as its tenant names it", function()
       local t = setup(url)
       projection(t, "by_session", [[

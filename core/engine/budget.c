@@ -57,6 +57,8 @@ static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   return p;
 }
 
+void es_budget_recount(es_budget *b) { b->instr = 0; }
+
 void es_budget_trip(es_budget *b, int reason) {
   int none = ES_TRIP_NONE;
   atomic_compare_exchange_strong(&b->trip, &none, reason);

@@ -82,6 +82,12 @@ void es_budget_close(es_budget *b);
  * one made by es_budget_newstate. */
 int es_budget_pcall(lua_State *L, int nargs, int nresults);
 
+/* Inside a budgeted call, starts its instruction count again at 0: a
+ * C function that runs two pieces of user code in one es_budget_pcall
+ * (the projection runner's key() and step) gives the second the budget a
+ * call of its own would have. */
+void es_budget_recount(es_budget *b);
+
 /* Stops the call in progress with reason (ES_TRIP_*); callable from any
  * thread. The first reason stands. */
 void es_budget_trip(es_budget *b, int reason);

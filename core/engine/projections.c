@@ -1,7 +1,7 @@
 /*
  * projections.c: the engine's projection runner (docs/contract.md §8,
  * docs/projections.md). Each scripts/projections/<name>.lua is folded
- * over the store's events in position order, BATCH events at a time, in
+ * over the store's events in position order, a batch of events at a time, in
  * a Lua state of its own (a runner, budgeted like the workers'). A batch
  * is read, folded into the states it touches (read from the generation
  * being folded, or made by init), and committed with the checkpoint in
@@ -33,7 +33,11 @@
 #include "store/projections.h"
 #include "store/shards.h"
 
-#define BATCH 500 /* events per commit at most (docs/projections.md "Batches") */
+/* Events per commit at most (docs/projections.md "Batches"): BATCH, and
+ * CATCH_UP_BATCH after a pass that left events to fold (a catch-up:
+ * fewer commits, and fewer of each pass's fixed costs, per event). */
+#define BATCH 500
+#define CATCH_UP_BATCH 2000
 
 /* What one pass over one projection came to. */
 enum { P_CAUGHT_UP, P_MORE, P_IDLE /* failed, or another engine runs it */ };
@@ -136,6 +140,36 @@ static void pace_set(lua_State *L, const char *name, int64_t until) {
   lua_pop(L, 1);
 }
 
+/* Whether the last pass over a projection left events to fold (its read
+ * was full): the next reads CATCH_UP_BATCH. Kept in the runner state's
+ * registry as name -> true. */
+static const char behind_key = 'b'; /* its own address: not merged with pace_key */
+
+static int behind_get(lua_State *L, const char *name) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &behind_key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  lua_getfield(L, -1, name);
+  int v = lua_toboolean(L, -1);
+  lua_pop(L, 2);
+  return v;
+}
+
+static void behind_set(lua_State *L, const char *name, int behind) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &behind_key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    if (!behind) return;
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &behind_key);
+  }
+  if (behind) lua_pushboolean(L, 1);
+  else lua_pushnil(L);
+  lua_setfield(L, -2, name);
+  lua_pop(L, 1);
+}
+
 /* Commits next (and the states) over the record p was; STALE_FENCE means
  * someone else holds or moved it: this engine stands by. */
 static int commit(lua_State *L, pass *ps, fold_box *x, int64_t gen) {
@@ -154,6 +188,145 @@ static int commit(lua_State *L, pass *ps, fold_box *x, int64_t gen) {
   es_projection_destroy(&x->p);
   x->p = out;
   return 1;
+}
+
+/* One event's fold, key() and the step, in one budgeted call where it can
+ * be (fold_event): the runner's budgeted call per event costs what the
+ * reducer fold's one call per event does, and everything the engine does
+ * for a key the batch has not met yet (reading its state, init, its ctx)
+ * stays outside the budget, in fold_first. */
+enum { PH_KEY, PH_INIT, PH_STEP };   /* which user code ran last: names a failure */
+enum { FE_DONE, FE_BAD_KEY, FE_MISS }; /* what fold_event came to */
+
+typedef struct fold_call {
+  runner *r;
+  int has_keyfn;
+  int phase;
+  int outcome;
+} fold_call;
+
+/* Upvalues: key() (or "", the one key of a projection without one), the
+ * batch's states by stored key, their ctxs, the fold_call. Arguments: the
+ * step, the event, its tenant's prefix (nil: none). key() then, if the
+ * batch holds that key's state, the step with the budget of a call of its
+ * own. Returns nothing, or (FE_MISS: the key's state or ctx is not in the
+ * batch yet) the step, the event, the key and the key as stored. A nil
+ * key skips the event (FE_DONE). */
+static int fold_event(lua_State *L) {
+  fold_call *c = lua_touserdata(L, lua_upvalueindex(4));
+  lua_pushvalue(L, lua_upvalueindex(1));
+  if (c->has_keyfn) {
+    lua_pushvalue(L, 2);
+    lua_call(L, 1, 1);
+    int t = lua_type(L, -1);
+    if (t == LUA_TNIL) return 0;
+    if (t == LUA_TNUMBER) {
+      lua_tostring(L, -1); /* its decimal text, in place */
+    } else if (t != LUA_TSTRING) {
+      c->outcome = FE_BAD_KEY;
+      return 0;
+    }
+  }
+  int k = lua_gettop(L);
+  /* the key as stored: behind its tenant's prefix. A short string the
+   * batch met before is found, not made. */
+  if (!lua_isnil(L, 3)) {
+    lua_pushvalue(L, 3);
+    lua_pushvalue(L, k);
+    lua_concat(L, 2);
+  } else {
+    lua_pushvalue(L, k);
+  }
+  int sk = k + 1;
+  lua_pushvalue(L, sk); /* where a new state goes */
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, sk);
+  if (lua_rawget(L, lua_upvalueindex(2)) != LUA_TNIL) {
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, sk);
+    if (lua_rawget(L, lua_upvalueindex(3)) != LUA_TNIL) {
+      c->phase = PH_STEP;
+      es_budget_recount(&c->r->b);
+      lua_call(L, 3, 1);
+      if (lua_isnil(L, -1)) return 0; /* changed in place */
+      lua_rawset(L, lua_upvalueindex(2)); /* sk is in the table already: nothing to allocate */
+      return 0;
+    }
+  }
+  c->outcome = FE_MISS;
+  lua_settop(L, sk);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_rotate(L, k, 2);
+  return 4;
+}
+
+/* The error fold_event (or an init or a step below) left at the top, led
+ * by the user code that raised it. */
+static const char *failure(lua_State *L, int phase) {
+  return lua_pushfstring(L, "%s: %s",
+                         phase == PH_KEY ? "key()" : phase == PH_INIT ? "init()" : "the step",
+                         lua_tostring(L, -1));
+}
+
+/* The fold of an event whose key the batch has not met (FE_MISS): step,
+ * event, key and stored key at top + 1..4. Reads the key's state from the
+ * generation being folded, or makes it with init, makes the key's ctx,
+ * and runs the step as a budgeted call of its own. NULL, or why the
+ * projection stops at this event (a string on the stack or in err). */
+static const char *fold_first(lua_State *L, pass *ps, int top, int mod, int cache, int ctxs,
+                              int64_t gen, const es_event *ev, size_t tl, es_err *err) {
+  es_engine *e = ps->r->e;
+  int step = top + 1, evt = top + 2, k = top + 3, sk = top + 4;
+  const char *key = lua_tostring(L, k);
+  lua_pushvalue(L, sk);
+  if (lua_rawget(L, cache) == LUA_TNIL) {
+    lua_pop(L, 1);
+    char *v = NULL;
+    size_t len = 0;
+    char scope[ES_MAX_TENANT_BYTES + 2];
+    memcpy(scope, ev->session, tl);
+    scope[tl] = 0;
+    if (es_store_projection_read_gen(e->s, tl ? scope : NULL, ps->name, key, gen, &v, &len, err))
+      return err->msg;
+    if (v) {
+      int rc = es_state_decode(L, v, len, err);
+      free(v);
+      if (rc) return err->msg;
+    } else {
+      lua_getfield(L, mod, "init");
+      if (lua_isfunction(L, -1)) {
+        lua_pushvalue(L, k);
+        if (es_budget_pcall(L, 1, 1) != LUA_OK) return failure(L, PH_INIT);
+      } else {
+        lua_pop(L, 1);
+        lua_newtable(L);
+      }
+    }
+  }
+  int st = lua_gettop(L);
+  lua_pushvalue(L, step);
+  lua_pushvalue(L, st);
+  lua_pushvalue(L, evt);
+  lua_pushvalue(L, sk);
+  if (lua_rawget(L, ctxs) == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 1); /* ctx */
+    lua_pushvalue(L, k);
+    lua_setfield(L, -2, "key");
+    lua_pushvalue(L, sk);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, ctxs);
+  }
+  if (es_budget_pcall(L, 3, 1) != LUA_OK) return failure(L, PH_STEP);
+  if (lua_isnil(L, -1)) { /* changed in place */
+    lua_pop(L, 1);
+    lua_pushvalue(L, st);
+  }
+  lua_pushvalue(L, sk);
+  lua_insert(L, -2);
+  lua_rawset(L, cache);
+  return NULL;
 }
 
 /* One pass: takes (or renews) the lease, starts a generation when the
@@ -221,10 +394,11 @@ static int pass_main(lua_State *L) {
   es_capabilities caps;
   rc = es_store_capabilities(e->s, &caps, &err);
   if (rc) store_fail(L, &err);
+  int64_t limit = behind_get(L, ps->name) ? CATCH_UP_BATCH : BATCH;
   if (caps.sharded)
-    rc = es_store_read_all_cursor(e->s, cursor, BATCH, &x->events, &x->cursors, &err);
+    rc = es_store_read_all_cursor(e->s, cursor, limit, &x->events, &x->cursors, &err);
   else
-    rc = es_store_read_all(e->s, pos, BATCH, &x->events, &err);
+    rc = es_store_read_all(e->s, pos, limit, &x->events, &err);
   if (rc) store_fail(L, &err);
 
   lua_getfield(L, mod, "sessions");
@@ -237,6 +411,14 @@ static int pass_main(lua_State *L) {
   int cache = lua_gettop(L);
   lua_newtable(L); /* stored key -> the steps' ctx for that key, made once per batch */
   int ctxs = lua_gettop(L);
+  fold_call fc = {ps->r, has_keyfn, PH_KEY, FE_DONE};
+  if (has_keyfn) lua_pushvalue(L, keyfn);
+  else lua_pushliteral(L, ""); /* one state, key "" */
+  lua_pushvalue(L, cache);
+  lua_pushvalue(L, ctxs);
+  lua_pushlightuserdata(L, &fc);
+  lua_pushcclosure(L, fold_event, 4);
+  int fold_fn = lua_gettop(L);
   es_lua_pusher b;
   es_lua_pusher_begin(L, &b);
   int64_t last = pos, failed_at = 0;
@@ -247,8 +429,9 @@ static int pass_main(lua_State *L) {
     size_t tl = tenant_len(ev->session);
     int top = lua_gettop(L);
     const char *why = NULL;
-    /* The step for the event's type (after upcasting) at top + 1, the
-     * event as the steps see it at top + 2; events of no step's type, or
+    lua_pushvalue(L, fold_fn);
+    /* The step for the event's type (after upcasting) at top + 2, the
+     * event as the steps see it at top + 3; events of no step's type, or
      * of sessions the projection does not want, are passed over. */
     int wanted = !prefix || strncmp(ev->session + tl, prefix, prefix_len) == 0;
     if (wanted && es_upcast_has(ps->r, ev->type)) {
@@ -263,110 +446,44 @@ static int pass_main(lua_State *L) {
       lua_gettable(L, mod);
       if (lua_isfunction(L, -1)) why = push_step_event(L, ps->r, &b, ev, tl);
     }
-    if (wanted && !why) wanted = lua_isfunction(L, top + 1);
-    if (wanted) {
-      int step = top + 1, evt = top + 2;
-      /* key(event): nil skips the event; one state "" without a key function */
-      if (why) {
-        /* the upcaster failed: the projection stops here (below) */
-      } else if (has_keyfn) {
-        lua_pushvalue(L, keyfn);
-        lua_pushvalue(L, evt);
-        if (es_budget_pcall(L, 1, 1) != LUA_OK) why = lua_tostring(L, -1);
-        else if (lua_type(L, -1) == LUA_TNUMBER) lua_tostring(L, -1);
-        else if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING) why = "key() must return a string, a number or nil";
-      } else {
-        lua_pushliteral(L, "");
-      }
-      if (!why && !lua_isnil(L, -1)) {
-        const char *key = lua_tostring(L, -1);
-        int k = lua_gettop(L);
-        int sk = k; /* the key as stored: its tenant's prefix and the key */
-        if (tl) {
-          lua_pushlstring(L, ev->session, tl);
-          lua_pushvalue(L, k);
-          lua_concat(L, 2);
-          sk = lua_gettop(L);
-        }
-        lua_pushvalue(L, sk);
-        lua_rawget(L, cache);
-        if (lua_isnil(L, -1)) {
-          lua_pop(L, 1);
-          char *v = NULL;
-          size_t len = 0;
-          char scope[ES_MAX_TENANT_BYTES + 2];
-          memcpy(scope, ev->session, tl);
-          scope[tl] = 0;
-          rc = es_store_projection_read_gen(e->s, tl ? scope : NULL, ps->name, key, gen, &v, &len, &err);
-          if (rc) why = err.msg;
-          else if (v) {
-            rc = es_state_decode(L, v, len, &err);
-            free(v);
-            if (rc) why = err.msg;
-          } else {
-            lua_getfield(L, mod, "init");
-            if (lua_isfunction(L, -1)) {
-              lua_pushvalue(L, k);
-              if (es_budget_pcall(L, 1, 1) != LUA_OK) why = lua_tostring(L, -1);
-            } else {
-              lua_pop(L, 1);
-              lua_newtable(L);
-            }
-          }
-        }
-        if (!why) {
-          int st = lua_gettop(L);
-          lua_pushvalue(L, step);
-          lua_pushvalue(L, st);
-          lua_pushvalue(L, evt);
-          lua_pushvalue(L, sk);
-          if (lua_rawget(L, ctxs) == LUA_TNIL) {
-            lua_pop(L, 1);
-            lua_createtable(L, 0, 1); /* ctx */
-            lua_pushvalue(L, k);
-            lua_setfield(L, -2, "key");
-            lua_pushvalue(L, sk);
-            lua_pushvalue(L, -2);
-            lua_rawset(L, ctxs);
-          }
-          if (es_budget_pcall(L, 3, 1) != LUA_OK) {
-            why = lua_tostring(L, -1);
-          } else {
-            if (lua_isnil(L, -1)) { /* changed in place */
-              lua_pop(L, 1);
-              lua_pushvalue(L, st);
-            }
-            lua_pushvalue(L, sk);
-            lua_insert(L, -2);
-            lua_rawset(L, cache);
-          }
-        }
-      }
-      if (why) {
-        /* §8: the projection stops at this event; what came before it commits. */
-        char msg[4 * ES_ERRMSG_MAX];
-        snprintf(msg, sizeof msg, "projection '%s' failed at position %lld (event %s, type %s): %.1000s",
-                 ps->name, (long long)ev->position, ev->id ? ev->id : "?", ev->type, why);
-        x->next.failed = 1;
-        set_str(&x->next.error, msg);
-        x->next.error_position = ev->position;
-        set_str(&x->next.error_id, ev->id);
-        set_str(&x->next.error_cursor, x->cursors ? x->cursors[i] : NULL);
-        failed_at = ev->position;
-        es_engine_log(e, 0, "%s", msg);
-        /* The step may have changed its state in place before it raised,
-         * and that state may hold this batch's earlier events: fold the
-         * events before this one again from the stored states, so that
-         * nothing of the failed step is committed. */
-        lua_settop(L, top);
-        lua_newtable(L);
-        lua_replace(L, cache);
-        n_events = i;
-        last = pos;
-        last_cursor = cursor;
-        i = (size_t)-1; /* the loop's i++ starts again at 0 */
-        continue;
-      }
+    if (wanted && !why) wanted = lua_isfunction(L, top + 2);
+    if (wanted && !why) {
+      /* key(event), and the step when this batch holds its key's state:
+       * one budgeted call (fold_event) */
+      if (tl) lua_pushlstring(L, ev->session, tl);
+      else lua_pushnil(L);
+      fc.phase = PH_KEY;
+      fc.outcome = FE_DONE;
+      if (es_budget_pcall(L, 3, 4) != LUA_OK) why = failure(L, fc.phase);
+      else if (fc.outcome == FE_BAD_KEY) why = "key() must return a string, a number or nil";
+      else if (fc.outcome == FE_MISS) why = fold_first(L, ps, top, mod, cache, ctxs, gen, ev, tl, &err);
+    }
+    if (why) {
+      /* §8: the projection stops at this event; what came before it commits. */
+      char msg[4 * ES_ERRMSG_MAX];
+      snprintf(msg, sizeof msg, "projection '%s' failed at position %lld (event %s, type %s): %.1000s",
+               ps->name, (long long)ev->position, ev->id ? ev->id : "?", ev->type, why);
+      x->next.failed = 1;
+      set_str(&x->next.error, msg);
+      x->next.error_position = ev->position;
+      set_str(&x->next.error_id, ev->id);
+      set_str(&x->next.error_cursor, x->cursors ? x->cursors[i] : NULL);
+      failed_at = ev->position;
+      es_engine_log(e, 0, "%s", msg);
+      /* The step may have changed its state in place before it raised,
+       * and that state may hold this batch's earlier events: fold the
+       * events before this one again from the stored states, so that
+       * nothing of the failed step is committed. */
+      lua_settop(L, top);
+      lua_newtable(L);
+      lua_pushvalue(L, -1);
+      lua_setupvalue(L, fold_fn, 2);
+      lua_replace(L, cache);
+      n_events = i;
+      last = pos;
+      last_cursor = cursor;
+      i = (size_t)-1; /* the loop's i++ starts again at 0 */
+      continue;
     }
     lua_settop(L, top);
     last = ev->position;
@@ -403,7 +520,14 @@ static int pass_main(lua_State *L) {
     x->next.position = last;
     set_str(&x->next.cursor, last_cursor);
   }
-  int caught_up = !failed_at && x->events.n < BATCH;
+  /* The batch's events are folded: freed now, as the reducer fold frees
+   * its own, rather than whenever the collector gets to the box (a
+   * catch-up would otherwise hold several batches at once). */
+  size_t n_read = x->events.n;
+  es_store_cursors_free(x->cursors, n_read);
+  x->cursors = NULL;
+  es_events_destroy(&x->events);
+  int caught_up = !failed_at && n_read < (size_t)limit;
   if (building && caught_up) { /* blue/green: the new generation answers from this commit on */
     x->next.generation = x->next.building;
     set_str(&x->next.version, x->next.building_version);
@@ -414,12 +538,13 @@ static int pass_main(lua_State *L) {
     set_str(&x->next.building_version, NULL);
     set_str(&x->next.building_cursor, NULL);
   }
-  if (x->events.n == 0 && !building && mine && es_mono_ms() < pace_get(L, ps->name)) {
+  if (n_read == 0 && !building && mine && es_mono_ms() < pace_get(L, ps->name)) {
     ps->outcome = P_CAUGHT_UP; /* nothing new, and the lease is young */
     return 0;
   }
   if (!commit(L, ps, x, gen)) return 0;
   ps->outcome = failed_at ? P_IDLE : caught_up ? P_CAUGHT_UP : P_MORE;
+  behind_set(L, ps->name, ps->outcome == P_MORE);
   return 0;
 }
 
@@ -468,13 +593,36 @@ static int run_passes(es_engine *e, int fresh, int *more, es_err *err) {
   return rc;
 }
 
-int es_projections_catch_up(es_engine *e, es_err *err) {
-  int more = 1, rc = ES_OK, fresh = 1;
-  while (rc == ES_OK && more && !atomic_load(&e->stop_req)) {
-    rc = run_passes(e, fresh, &more, err);
+typedef struct catch_up {
+  es_engine *e;
+  es_err *err;
+  int rc;
+} catch_up;
+
+static void *catch_up_main(void *arg) {
+  catch_up *c = arg;
+  int more = 1, fresh = 1;
+  c->rc = ES_OK;
+  while (c->rc == ES_OK && more && !atomic_load(&c->e->stop_req)) {
+    c->rc = run_passes(c->e, fresh, &more, c->err);
     fresh = 0;
   }
-  return rc;
+  return NULL;
+}
+
+/* The catch-up of an until-idle run, on a thread of its own as in a run
+ * that goes on (es_projections_main) and as the reducer folds it is
+ * measured against (fold runners): the runner's allocations then come
+ * from that thread's malloc arena rather than the caller's, which may be
+ * crowded by everything the caller holds (a memory: store's events, for
+ * one; bench/README.md "Projections"). The caller waits for it; without
+ * a thread it runs here. */
+int es_projections_catch_up(es_engine *e, es_err *err) {
+  catch_up c = {e, err, ES_OK};
+  pthread_t t;
+  if (pthread_create(&t, NULL, catch_up_main, &c) == 0) pthread_join(t, NULL);
+  else catch_up_main(&c);
+  return c.rc;
 }
 
 void *es_projections_main(void *arg) {
