@@ -290,6 +290,17 @@ static int engine_state(es_engine *e, const char *session, const char *reducer, 
   return engine_job(e, session, reducer, at, force, json, not_json, NULL, out, index, err);
 }
 
+/* What a finished job gives its caller (under fold_mu). */
+static int job_result(runner *r, int *not_json, es_buf *out, int64_t *index, es_err *err) {
+  int rc = r->fold_rc;
+  if (rc && not_json) *not_json = r->fold_not_json;
+  if (rc) *err = r->fold_err;
+  else if (es_buf_add(out, r->fold_out.data ? r->fold_out.data : "", r->fold_out.len) != ES_OK)
+    rc = es_fail(err, ES_STORAGE, "out of memory");
+  if (index) *index = r->fold_index;
+  return rc;
+}
+
 /* A job on a fold runner: a fold, or (upcast not NULL) es_engine_upcast's. */
 static int engine_job(es_engine *e, const char *session, const char *reducer, int64_t at,
                       int force, int json, int *not_json, const es_buf *upcast, es_buf *out,
@@ -340,12 +351,7 @@ static int engine_job(es_engine *e, const char *session, const char *reducer, in
   r->fold_out.len = 0;
   if (r == e->inline_folder) {
     run_job(r);
-    int rc = r->fold_rc;
-    if (rc && not_json) *not_json = r->fold_not_json;
-    if (rc) *err = r->fold_err;
-    else if (es_buf_add(out, r->fold_out.data ? r->fold_out.data : "", r->fold_out.len) != ES_OK)
-      rc = es_fail(err, ES_STORAGE, "out of memory");
-    if (index) *index = r->fold_index;
+    int rc = job_result(r, not_json, out, index, err);
     r->fold_taken = 0;
     pthread_mutex_unlock(&e->fold_mu);
     return rc;
@@ -382,12 +388,7 @@ static int engine_job(es_engine *e, const char *session, const char *reducer, in
                      upcast ? "" : "'", cause);
     }
   }
-  int rc = r->fold_rc;
-  if (rc && not_json) *not_json = r->fold_not_json;
-  if (rc) *err = r->fold_err;
-  else if (es_buf_add(out, r->fold_out.data ? r->fold_out.data : "", r->fold_out.len) != ES_OK)
-    rc = es_fail(err, ES_STORAGE, "out of memory");
-  if (index) *index = r->fold_index;
+  int rc = job_result(r, not_json, out, index, err);
   r->fold_taken = 0;
   pthread_cond_signal(&e->fold_free);
   pthread_mutex_unlock(&e->fold_mu);
