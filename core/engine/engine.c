@@ -627,8 +627,7 @@ static void end_completer(es_engine *e, pthread_t completer) {
   pthread_join(completer, NULL);
 }
 
-/* A new run looks at every script file again (the loader's new_run). */
-static void loader_new_run(runner *r) {
+void es_loader_new_run(runner *r) {
   lua_State *L = r->L;
   lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
   lua_getfield(L, -1, "new_run");
@@ -670,7 +669,7 @@ void es_inline_tick(es_engine *e) {
   int64_t now = es_mono_ms();
   if (now - e->types_at >= 1000) {
     es_types_refresh(e);
-    if (e->slots[0]) loader_new_run(e->slots[0]);
+    if (e->slots[0]) es_loader_new_run(e->slots[0]);
   }
   const es_run_opts *ro = e->run_opts;
   if (ro && ro->progress && now >= e->progress_next) {
@@ -696,7 +695,7 @@ static int run_threads(es_engine *e, const es_run_opts *ro, int64_t every, es_er
       r = e->slots[i] = es_runner_new(e, i + 1, &ignored);
       if (!r) continue;
     }
-    loader_new_run(r);
+    es_loader_new_run(r);
     atomic_fetch_add(&e->running, 1);
     if (pthread_create(&r->thread, NULL, es_worker_main, r) != 0) {
       atomic_fetch_sub(&e->running, 1);

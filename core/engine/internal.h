@@ -367,6 +367,9 @@ void *es_keeper_main(void *arg);
  * place of the run's thread and the keeper (a stop asked for, the progress
  * callback, the scripts looked at again once a second). */
 void es_inline_tick(es_engine *e);
+/* engine.c: tells r's script loader a new run began, so that it looks at
+ * every script file again (errors there are the next load's to report). */
+void es_loader_new_run(runner *r);
 
 /* projections.c (§8): passes until every projection is caught up (an
  * until-idle run's end); the thread that keeps them caught up while a run

@@ -566,13 +566,7 @@ static int run_passes(es_engine *e, int fresh, int *more, es_err *err) {
   if (names->n && !e->proj_runner) e->proj_runner = es_runner_new(e, 0, err);
   runner *r = e->proj_runner;
   if (names->n && !r) rc = err->code;
-  if (r && fresh) {
-    lua_State *L = r->L;
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
-    lua_getfield(L, -1, "new_run");
-    lua_pcall(L, 0, 0, 0);
-    lua_settop(L, 0);
-  }
+  if (r && fresh) es_loader_new_run(r);
   for (size_t i = 0; rc == ES_OK && i < names->n; i++) {
     lua_State *L = r->L;
     pass ps = {r, names->v[i], P_IDLE, {0}};
