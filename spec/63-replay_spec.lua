@@ -131,6 +131,36 @@ end
       assert.truthy(eventstore.is_error(err, "INVALID_ARGUMENT"), tostring(err))
     end)
 
+    it("with reducers_only folds a reducer unchanged on both sides once, and still fails a session on it", function()
+      local store, live = history()
+      local new = scripts({ reducers = { order = APP.reducers.order:gsub("s.confirmed %+ 1", "s.confirmed + 2") } })
+      -- The same reducer on both sides: it counts its folds (the replay's
+      -- folds run in the caller's state) and breaks on order-1's payment.
+      local tally = [[
+return {
+  init = function() TALLY_FOLDS = (TALLY_FOLDS or 0) + 1; return { n = 0 } end,
+  ["order.placed"] = function(s) s.n = s.n + 1 end,
+  ["payment.recorded"] = function() error("tally broke") end,
+}
+]]
+      for _, dir in ipairs({ live, new }) do eh.write_file(dir .. "/reducers/tally.lua", tally) end
+      _G.TALLY_FOLDS = 0 -- busted gives a spec file an environment of its own
+      local report = eventstore.replay({ store = store, scripts = new, baseline = live, reducers_only = true })
+      local folds = _G.TALLY_FOLDS
+      _G.TALLY_FOLDS = nil
+      assert.equal(3, folds) -- one per session, not one per side
+      assert.same({ 0, 2, 1 }, { report.summary.identical, report.summary.diverged, report.summary.failed })
+      local s = by_session(report)
+      assert.equal("failed", s["order-1"].status)
+      assert.truthy(s["order-1"].failure:find("reducer 'tally': .*tally broke"), s["order-1"].failure)
+      assert.same({ { path = "$.confirmed", baseline = 2, replayed = 4 } }, s["order-2"].states.order)
+      assert.is_nil(s["order-2"].states.tally)
+      -- Changed on one side, the same reducer is folded on both and diffed.
+      eh.write_file(new .. "/reducers/tally.lua", tally:gsub("s.n %+ 1", "s.n + 2"))
+      report = eventstore.replay({ store = store, scripts = new, baseline = live, reducers_only = true })
+      assert.same({ { path = "$.n", baseline = 2, replayed = 4 } }, by_session(report)["order-2"].states.tally)
+    end)
+
     it("fails a session whose handler loops with the budget error, and goes on", function()
       local store = history()
       local new = scripts({ handlers = { ["order.priced"] = [[
