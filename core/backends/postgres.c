@@ -2176,7 +2176,11 @@ static int pg_open(const char *url_rest, const es_open_opts *opts, es_backend **
    * search_path is only looked up by statements that use it. */
   if ((code = pg_conn_connect(b, &b->w, err)) != ES_OK) goto fail;
   if ((code = pg_setup_schema(b, err)) != ES_OK) goto fail;
-  if ((code = pg_watch_connect(b, err)) != ES_OK) goto fail;
+  /* The watch connection is made by the first data_version, ext_version
+   * or wait (pg_watch_consume): a connection costs ~15 ms on a small
+   * machine, and most handles never wait. Whoever compares versions took
+   * its first one from such a call, so the LISTEN was in place before it
+   * read what the version guards. */
   *out = b;
   return ES_OK;
 fail:
@@ -3787,8 +3791,9 @@ static void pg_watch_changed(es_backend *b) {
 
 /* Counts the NOTIFYs every write commit sends on the store's channel (the
  * watch connection LISTENs on it); a reconnect counts as a change too, as
- * commits may have been missed meanwhile. Never blocks. Called with
- * watch_mu held. */
+ * commits may have been missed meanwhile, and so does the first connect
+ * (made here, not at open): a spurious wake, never a missed one. Never
+ * blocks on anything but that connect. Called with watch_mu held. */
 static int pg_watch_consume(es_backend *b, es_err *err) {
   int code = ES_OK;
   uint64_t before = b->notes;
