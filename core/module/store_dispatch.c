@@ -328,7 +328,10 @@ static int read_item_unprotected(lua_State *L) {
     else c->attempt = v;
     lua_pop(L, 1);
   }
-  lua_getfield(L, 1, "events"); /* slot 6 */
+  int et = lua_getfield(L, 1, "events"); /* slot 6 */
+  if (et != LUA_TNIL && et != LUA_TTABLE)
+    luaL_argerror(L, 1, lua_pushfstring(L, "field 'events' must be a list of events, got %s",
+                                        luaL_typename(L, 6)));
   check_completion(L, max_payload, 6, 1, 1, c);
   for (int i = 5, top = lua_gettop(L); i <= top; i++) {
     lua_pushvalue(L, i);
