@@ -194,6 +194,22 @@ for _, url in ipairs(helpers.urls_and_shards()) do
       assert.equal("processed", helpers.event(store, "sealed", 1).status)
     end)
 
+    it("what the store checks in an item's events is that item's error, as complete raises it", function()
+      local store = new()
+      local jobs = claimed_jobs(store, { "a" }, 3)
+      local long = { { type = ("x"):rep(300) } }
+      local twice = { { type = "done", id = "d" }, { type = "done", id = "d" } }
+      local r = store:complete_many({ item(jobs[1], { events = long }), item(jobs[2]), item(jobs[3], { events = twice }) })
+      local ok, alone = pcall(store.complete, store, "a", jobs[1].index, jobs[1].attempt, long)
+      assert.is_false(ok)
+      assert.equal(tostring(alone), tostring(r[1].error))
+      assert.is_true(eventstore.is_error(r[1].error, "INVALID_ARGUMENT"))
+      assert.same({ outcome = "completed" }, r[2])
+      assert.is_true(eventstore.is_error(r[3].error, "PARTIAL_DUPLICATE_BATCH"))
+      assert.equal("pending", helpers.event(store, "a", 1).status)
+      assert.equal("pending", helpers.event(store, "a", 3).status)
+    end)
+
     it("cancels inside an item, in that completion's step", function()
       local store, clock = new()
       store:append("o", { { type = "job" } })
