@@ -585,9 +585,11 @@ function M.run(o)
       local item = opts_table({ fence = small_int, cancel = function()
         return maybe(0.7, { math.type(index) == "integer" and index + 1 or 2 })
       end })
-      if type(item) == "table" then
-        item.session, item.index, item.attempt = maybe(0.95, name), maybe(0.95, index), maybe(0.95, attempt)
-        item.events = maybe(0.8, events())
+      if type(item) == "table" then -- raw: a hostile table's __newindex raises
+        rawset(item, "session", maybe(0.95, name))
+        rawset(item, "index", maybe(0.95, index))
+        rawset(item, "attempt", maybe(0.95, attempt))
+        rawset(item, "events", maybe(0.8, events()))
       end
       list[i] = item
     end
