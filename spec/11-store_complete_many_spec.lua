@@ -208,6 +208,16 @@ for _, url in ipairs(helpers.urls_and_shards()) do
       assert.is_true(eventstore.is_error(r[3].error, "PARTIAL_DUPLICATE_BATCH"))
       assert.equal("pending", helpers.event(store, "a", 1).status)
       assert.equal("pending", helpers.event(store, "a", 3).status)
+      -- more cancels than a batch may hold: TOO_LARGE, for complete and for the item
+      local many = {}
+      for i = 1, 10001 do many[i] = 1000 + i end
+      ok, alone = pcall(store.complete, store, "a", jobs[1].index, jobs[1].attempt, {}, { cancel = many })
+      assert.is_false(ok)
+      assert.is_true(eventstore.is_error(alone, "TOO_LARGE"), tostring(alone))
+      r = store:complete_many({ item(jobs[1], { events = {}, cancel = many }), item(jobs[3]) })
+      assert.equal(tostring(alone), tostring(r[1].error))
+      assert.same({ outcome = "completed" }, r[2])
+      assert.equal("pending", helpers.event(store, "a", 1).status)
     end)
 
     it("cancels inside an item, in that completion's step", function()
