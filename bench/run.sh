@@ -11,6 +11,8 @@ lua5.4 bench/store_bench.lua memory: 1000000
 "$BUILD"/bench/lua_path_bench 100000
 "$BUILD"/bench/store_bench "sqlite:$dir/store_bench.db" 1000000
 lua5.4 bench/store_bench.lua "sqlite:$dir/fork_bench.db" 0 fork
+# Claimed work completed one by one beside store:complete_many, on SQLite.
+lua5.4 bench/store_bench.lua "sqlite:$dir/cm.db" 0 complete
 "$BUILD"/bench/sqlite_bench "$dir" 3
 # How soon a wait sees another process's append (bench/README.md, "Waits across processes").
 lua5.4 bench/wait_latency.lua "$dir"

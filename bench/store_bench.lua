@@ -1,9 +1,11 @@
 -- store_bench.lua: the per-call figures of store_bench.c through the Lua
 -- module (argument checking, payload encoding and decoding included), on
--- sessions of 1,000 and of BIG events held in one store; then store:fork
+-- sessions of 1,000 and of BIG events held in one store; then claimed
+-- events completed one by one beside store:complete_many; then store:fork
 -- of a 100,000-event session beside copying it the way a user would
 -- without fork (read it, append its events in batches of 1,000).
 --   lua5.4 bench/store_bench.lua [URL] [BIG] [fork]    ("fork": only the fork figures)
+--   lua5.4 bench/store_bench.lua [URL] [BIG] complete  (only complete vs complete_many)
 --   lua5.4 bench/store_bench.lua memory: FILL lua ...  (only the Lua path figures: below)
 local eventstore = require("eventstore")
 local url = arg[1] or "memory:"
@@ -187,6 +189,73 @@ local function bench_lua_path(fill, rounds, calls, only)
   s:close()
 end
 
+-- Completing claimed work one by one beside store:complete_many. Each
+-- round and way opens a fresh store (sqlite: a new file next to URL's)
+-- with CM_EVENTS pending events over 20 sessions; then loops
+-- claim_next{limit = 100} until nothing is ready, completing each claimed
+-- event with one result event:
+--   complete: store:complete per event (one transaction, one sync each)
+--   complete_many: one store:complete_many per claimed page of 100
+local CM_ROUNDS = 3
+local function bench_complete_many()
+  local n = durable and 1000 or 10000
+  local per_session = n // 20
+  local page = {}
+  for i = 1, per_session do page[i] = {type = "order.paid", payload = payload} end
+  local result = {{type = "order.shipped", payload = payload, settled = true}}
+  local ways = {
+    {"complete (one by one)", function(s)
+      while true do
+        local got = s:claim_next({holder = "bench", ttl_ms = 60000, limit = 100})
+        if #got == 0 then return end
+        for _, e in ipairs(got) do s:complete(e.session, e.index, e.attempt, result) end
+      end
+    end},
+    {"complete_many (100 a call)", function(s)
+      while true do
+        local got = s:claim_next({holder = "bench", ttl_ms = 60000, limit = 100})
+        if #got == 0 then return end
+        local list = {}
+        for i, e in ipairs(got) do
+          list[i] = {session = e.session, index = e.index, attempt = e.attempt, events = result}
+        end
+        for _, r in ipairs(s:complete_many(list)) do assert(r.outcome == "completed", r.error) end
+      end
+    end},
+  }
+  local spent = {}
+  for round = 1, CM_ROUNDS do
+    for k = 0, #ways - 1 do
+      local w = (round + k - 1) % #ways + 1
+      local u = url
+      if durable then
+        u = url .. ".cm" .. w
+        remove_db(u:sub(8))
+      end
+      local s = eventstore.open(u)
+      for j = 1, 20 do s:append(("job-%02d"):format(j), page) end
+      local t0 = now()
+      ways[w][2](s)
+      spent[w] = (spent[w] or 0) + (now() - t0)
+      assert(#s:claim_next({holder = "check", ttl_ms = 1000}) == 0, "all completed")
+      s:close()
+      if durable then remove_db(u:sub(8)) end
+    end
+  end
+  print(string.format("# store_bench.lua %s claim_next{limit = 100} + completing %d events, %d rounds, a fresh store each",
+    url, n, CM_ROUNDS))
+  print("# (x: the one-by-one loop's time / this row's; wall time, claims included)")
+  print(string.format("%-28s %12s %8s", "# what", "events/s", "x"))
+  for w, way in ipairs(ways) do
+    print(string.format("%-28s %12.0f %8.2f", way[1], n * CM_ROUNDS / spent[w], spent[1] / spent[w]))
+  end
+end
+
+if arg[3] == "complete" then
+  bench_complete_many()
+  os.exit(0)
+end
+
 if arg[3] == "lua" then
   bench_lua_path(big > 100 and big or 100000, tonumber(arg[4] or "5"), tonumber(arg[5] or "300"), arg[6])
   return
@@ -250,4 +319,5 @@ for _, op in ipairs(ops) do
 end
 store:close()
 if path then remove_db(path) end
+bench_complete_many()
 bench_fork()

@@ -574,6 +574,27 @@ function M.run(o)
         return maybe(0.7, { math.type(index) == "integer" and index + 1 or 2 })
       end }))
   end)
+  op(2, "complete_many", function()
+    local s = a_store()
+    if not s then return nil end
+    -- up to three remembered claims (or drawn ones) of any store: an item
+    -- of another store's session is an error of that item alone
+    local list = {}
+    for i = 1, R.int(3) do
+      local _, name, index, attempt = claimed()
+      local item = opts_table({ fence = small_int, cancel = function()
+        return maybe(0.7, { math.type(index) == "integer" and index + 1 or 2 })
+      end })
+      if type(item) == "table" then -- raw: a hostile table's __newindex raises
+        rawset(item, "session", maybe(0.95, name))
+        rawset(item, "index", maybe(0.95, index))
+        rawset(item, "attempt", maybe(0.95, attempt))
+        rawset(item, "events", maybe(0.8, events()))
+      end
+      list[i] = item
+    end
+    return methods.complete_many, table.pack(s, maybe(0.95, list))
+  end)
   op(3, "fail", function()
     local s, name, index, attempt = claimed()
     if not s then return nil end

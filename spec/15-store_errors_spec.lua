@@ -22,6 +22,8 @@ local every_call = {
   { "claim_next", function(s) return s:claim_next({ holder = "w", ttl_ms = 1000 }) end },
   { "renew", function(s) return s:renew("s", { holder = "w", claims = { { index = 1, attempt = 1 } }, ttl_ms = 1000 }) end },
   { "complete", function(s) return s:complete("s", 1, 1, {}) end },
+  { "complete_many", function(s) return s:complete_many({ { session = "s", index = 1, attempt = 1 } }) end },
+  { "complete_many (empty list)", function(s) return s:complete_many({}) end },
   { "fail", function(s) return s:fail("s", 1, 1, { error = "x" }) end },
   { "revive", function(s) return s:revive("s", 1) end },
   { "settle", function(s) return s:settle("s", 1, "why") end },

@@ -330,6 +330,10 @@ for _, url in ipairs(helpers.urls()) do
           return s:renew("s", { holder = "w", ttl_ms = 10, claims = { closing_table(s, { 1, 1 }) } })
         end },
         { "fail", function(s) return s:fail("s", 1, 1, closing_table(s, { error = "x" })) end },
+        { "complete_many", function(s)
+          return s:complete_many({ { session = "s", index = 1, attempt = 1 },
+            closing_table(s, { session = "s", index = 1, attempt = 1 }) })
+        end },
         { "dead_letters", function(s) return s:dead_letters(closing_table(s)) end },
         { "sessions", function(s) return s:sessions(closing_table(s)) end },
         { "events_page", function(s) return s:events_page("s", closing_table(s)) end },

@@ -166,6 +166,15 @@ ATTACKS.complete = function(c)
     c.try("complete", s, 1, c.b.claim.attempt, { { type = "t" } })
   end
 end
+ATTACKS.complete_many = function(c)
+  local all = {}
+  for _, s in ipairs(b_names("c1")) do
+    local item = { session = s, index = 1, attempt = c.b.claim.attempt, events = { { type = "t" } }, cancel = { 1, 2 } }
+    c.try("complete_many", { item }) -- alone: a name refused for the whole call hides no other
+    all[#all + 1] = item
+  end
+  c.try("complete_many", all)
+end
 ATTACKS.fail = function(c)
   for _, s in ipairs(b_names("c1")) do
     c.try("fail", s, 1, c.b.claim.attempt, { error = "x", max_failures = 1 })

@@ -1,7 +1,7 @@
 /*
  * module/store_dispatch.c: the store handle's dispatch methods (§3.2:
- * claim, claim_next, renew, complete, fail, revive, settle, dead
- * letters) and fences, leases and seals (§3.8).
+ * claim, claim_next, renew, complete, complete_many, fail, revive,
+ * settle, dead letters) and fences, leases and seals (§3.8).
  */
 #include <lauxlib.h>
 #include <lua.h>
@@ -179,8 +179,10 @@ static int m_renew(lua_State *L) {
 }
 
 /* opts.cancel of complete (§3.2): a list of indexes, or of {index,
- * reason}. NULL when not given; else an owned array (pushed on the stack)
- * of *n. The reasons stay anchored by opts. */
+ * reason}. NULL when not given; else an array of *n held by a userdata
+ * left on the stack, which also anchors the reasons (its user value): a
+ * Lua clock running inside the core call may change opts.cancel and
+ * collect garbage before the core reads them. Errors name argument opts. */
 static es_cancel *check_cancels(lua_State *L, int opts, size_t *n) {
   *n = 0;
   if (lua_getfield(L, opts, "cancel") == LUA_TNIL) {
@@ -190,7 +192,10 @@ static es_cancel *check_cancels(lua_State *L, int opts, size_t *n) {
   if (!lua_istable(L, -1)) luaL_argerror(L, opts, "'cancel' must be a list of indexes");
   int list = lua_gettop(L);
   size_t k = es_lua_check_seq(L, list, opts, "cancel");
-  es_cancel *v = lua_newuserdatauv(L, (k ? k : 1) * sizeof *v, 0);
+  es_cancel *v = lua_newuserdatauv(L, (k ? k : 1) * sizeof *v, 1);
+  lua_createtable(L, 0, 0); /* the reasons */
+  int reasons = lua_gettop(L);
+  lua_Integer n_reasons = 0;
   for (size_t i = 0; i < k; i++) {
     lua_rawgeti(L, list, (lua_Integer)i + 1);
     v[i].reason = NULL;
@@ -200,8 +205,12 @@ static es_cancel *check_cancels(lua_State *L, int opts, size_t *n) {
       lua_getfield(L, -2, "reason");
       if (!lua_isnil(L, -1) && lua_type(L, -1) != LUA_TSTRING)
         luaL_argerror(L, opts, "cancel[i].reason must be a string");
-      v[i].reason = lua_tostring(L, -1); /* anchored by the entry, itself by opts */
-      lua_pop(L, 1);
+      if (!lua_isnil(L, -1)) {
+        v[i].reason = lua_tostring(L, -1);
+        lua_rawseti(L, reasons, ++n_reasons);
+      } else {
+        lua_pop(L, 1);
+      }
     } else {
       lua_pushvalue(L, -1);
     }
@@ -210,40 +219,64 @@ static es_cancel *check_cancels(lua_State *L, int opts, size_t *n) {
     v[i].index = lua_tointeger(L, -1);
     lua_pop(L, 2);
   }
+  lua_setiuservalue(L, reasons - 1, 1);
   lua_remove(L, list); /* the userdata stays on the stack */
   *n = k;
   return v;
 }
 
+/* What complete and complete_many read alike: the events at stack index ev
+ * (nil or none: none; a misuse names argument arg), and `fence` and
+ * `cancel` of the table at opts (nil or none: neither) into c. Leaves what
+ * anchors them on the stack (3 slots at most). A fence below 1 is refused
+ * here, with the store's own message, so that complete_many refuses it for
+ * the whole call, before anything is written. */
+static void check_completion(lua_State *L, size_t max_payload, int ev, int arg, int opts,
+                             es_completion *c) {
+  luaL_checkstack(L, 12, "complete");
+  if (lua_isnoneornil(L, ev)) {
+    lua_newtable(L);
+    lua_replace(L, ev);
+  }
+  c->evs = es_lua_check_events(L, ev, arg, ES_NONE, max_payload, &c->n);
+  check_opt_table(L, opts);
+  c->fence = es_lua_opt_int_field(L, opts, "fence", ES_NONE);
+  if (c->fence != ES_NONE && c->fence < 1) es_lua_raisef(L, ES_INVALID_ARGUMENT, "fence must be >= 1");
+  c->cancel = lua_istable(L, opts) ? check_cancels(L, opts, &c->n_cancel) : NULL;
+}
+
+/* §3.2 the indexes of c's cancels that were no longer cancellable, as a
+ * list set as field not_cancelled of the table at the top. */
+static void set_not_cancelled(lua_State *L, const es_completion *c) {
+  lua_newtable(L);
+  lua_Integer k = 0;
+  for (size_t i = 0; i < c->n_cancel; i++)
+    if (!c->cancel[i].cancelled) {
+      lua_pushinteger(L, c->cancel[i].index);
+      lua_rawseti(L, -2, ++k);
+    }
+  lua_setfield(L, -2, "not_cancelled");
+}
+
 static int m_complete(lua_State *L) {
   lstore *h = check_store(L);
-  const char *session = es_lua_check_name(L, 2, "session");
-  int64_t index = es_lua_check_int(L, 3, "index");
-  int64_t attempt = es_lua_check_int(L, 4, "attempt");
-  size_t n = 0;
-  es_new_event *evs = NULL;
+  es_completion c = {0};
+  c.session = es_lua_check_name(L, 2, "session");
+  c.index = es_lua_check_int(L, 3, "index");
+  c.attempt = es_lua_check_int(L, 4, "attempt");
   lua_settop(L, 6); /* events and options at fixed slots, whatever was given */
-  if (lua_isnoneornil(L, 5)) {
-    lua_newtable(L);
-    lua_replace(L, 5);
-  }
-  evs = es_lua_check_events(L, 5, 5, ES_NONE, es_store_max_payload(h->held), &n);
-  check_opt_table(L, 6);
-  int64_t fence = es_lua_opt_int_field(L, 6, "fence", ES_NONE);
-  size_t n_cancel = 0;
-  es_cancel *cancel = lua_istable(L, 6) ? check_cancels(L, 6, &n_cancel) : NULL;
+  check_completion(L, es_store_max_payload(h->held), 5, 5, 6, &c);
   int outcome = 0;
   es_events *out = owned_push(L, sizeof *out, destroy_events);
   es_err err = {0};
   es_store *s = core_enter(L, h);
   int rc;
-  if (cancel) {
-    es_completion c = {.session = session, .index = index, .attempt = attempt, .evs = evs,
-                       .n = n, .fence = fence, .cancel = cancel, .n_cancel = n_cancel};
+  if (c.cancel) {
     rc = es_store_complete_cancel(s, &c, out, &err);
     outcome = c.outcome;
   } else {
-    rc = es_store_complete(s, session, index, attempt, evs, n, fence, &outcome, out, &err);
+    rc = es_store_complete(s, c.session, c.index, c.attempt, c.evs, c.n, c.fence, &outcome, out,
+                           &err);
   }
   core_leave(L, h);
   if (rc) return raise(L, &err);
@@ -252,18 +285,175 @@ static int m_complete(lua_State *L) {
     es_lua_set_str(L, "outcome", "completed");
     es_lua_push_events(L, out, 0);
     lua_setfield(L, -2, "events");
-    if (cancel) { /* §3.2: the indexes no longer cancellable */
-      lua_newtable(L);
-      lua_Integer k = 0;
-      for (size_t i = 0; i < n_cancel; i++)
-        if (!cancel[i].cancelled) {
-          lua_pushinteger(L, cancel[i].index);
-          lua_rawseti(L, -2, ++k);
-        }
-      lua_setfield(L, -2, "not_cancelled");
-    }
+    if (c.cancel) set_not_cancelled(L, &c);
   } else {
     es_lua_set_str(L, "outcome", "superseded");
+  }
+  return es_lstore_done(L, h, 1);
+}
+
+/* The most completions one complete_many takes, and the most events they
+ * append in all (as append_many's batches: one transaction). */
+#define COMPLETE_MANY_MAX 1000
+#define COMPLETE_MANY_MAX_EVENTS ES_DEFAULT_MAX_BATCH
+
+/* complete_many's reading of one item, run protected (read_item) so that
+ * its errors can be made to name the item: (item, anchors, completion,
+ * max_payload). Every value the completion borrows is put into the
+ * anchors table, which the caller keeps on its stack until the call is
+ * answered. */
+static int read_item_unprotected(lua_State *L) {
+  es_completion *c = lua_touserdata(L, 3);
+  size_t max_payload = (size_t)lua_tointeger(L, 4);
+  lua_settop(L, 4);
+  if (!lua_istable(L, 1))
+    luaL_argerror(L, 1, "must be a table {session = s, index = i, attempt = a, events?, fence?, cancel?}");
+  if (lua_getfield(L, 1, "session") != LUA_TSTRING) /* slot 5 */
+    luaL_argerror(L, 1, lua_pushfstring(L, "field 'session' must be a string, got %s",
+                                        luaL_typename(L, 5)));
+  c->session = es_lua_name(L, 5, "session");
+  es_err err = {0};
+  if (es_check_name("session", c->session, &err)) es_lua_raise(L, &err);
+  static const char *const ints[] = {"index", "attempt"};
+  for (int k = 0; k < 2; k++) {
+    int ok = 0;
+    lua_Integer v = 0;
+    int type = lua_getfield(L, 1, ints[k]);
+    if (type == LUA_TNUMBER) v = lua_tointegerx(L, -1, &ok);
+    if (!ok)
+      luaL_argerror(L, 1, lua_pushfstring(L, "field '%s' must be an integer, got %s", ints[k],
+                                          type == LUA_TNUMBER ? "a number without an integer value"
+                                                              : luaL_typename(L, -1)));
+    if (k == 0) c->index = v;
+    else c->attempt = v;
+    lua_pop(L, 1);
+  }
+  int et = lua_getfield(L, 1, "events"); /* slot 6 */
+  if (et != LUA_TNIL && et != LUA_TTABLE)
+    luaL_argerror(L, 1, lua_pushfstring(L, "field 'events' must be a list of events, got %s",
+                                        luaL_typename(L, 6)));
+  check_completion(L, max_payload, 6, 1, 1, c);
+  for (int i = 5, top = lua_gettop(L); i <= top; i++) {
+    lua_pushvalue(L, i);
+    lua_rawseti(L, 2, (lua_Integer)lua_rawlen(L, 2) + 1);
+  }
+  return 0;
+}
+
+/* Reads list[i] (the value at the top, popped) into c, its anchors into
+ * the table at anchors. An error names the item: "list[i]: " before a
+ * misuse's text (then an argument error of argument 2) or an error
+ * object's message; any other error (out of memory) goes on unchanged. */
+static void read_item(lua_State *L, int anchors, size_t i, es_completion *c, size_t max_payload) {
+  int item = lua_gettop(L);
+  lua_pushcfunction(L, read_item_unprotected);
+  lua_insert(L, item);
+  lua_pushvalue(L, anchors);
+  lua_pushlightuserdata(L, c);
+  lua_pushinteger(L, (lua_Integer)max_payload);
+  int rc = lua_pcall(L, 4, 0, 0);
+  if (rc == LUA_OK) return;
+  if (rc != LUA_ERRRUN) lua_error(L);
+  static const char bad[] = "bad argument #1 to '?' (";
+  size_t len;
+  const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+  if (msg && len > sizeof bad && memcmp(msg, bad, sizeof bad - 1) == 0 && msg[len - 1] == ')') {
+    lua_pushfstring(L, "list[%d]: ", (int)i + 1);
+    lua_pushlstring(L, msg + sizeof bad - 1, len - sizeof bad);
+    lua_concat(L, 2);
+    luaL_argerror(L, 2, lua_tostring(L, -1));
+  }
+  int err = lua_gettop(L);
+  if (lua_istable(L, err) && lua_getmetatable(L, err)) {
+    luaL_getmetatable(L, ES_LUA_ERROR_MT);
+    int ours = lua_rawequal(L, -1, -2);
+    lua_pop(L, 1); /* the error's metatable stays */
+    if (ours) { /* a copy, its message naming the item */
+      lua_createtable(L, 0, 2);
+      lua_pushliteral(L, "code");
+      lua_rawget(L, err);
+      lua_setfield(L, -2, "code");
+      lua_pushfstring(L, "list[%d]: ", (int)i + 1);
+      lua_pushliteral(L, "message");
+      lua_rawget(L, err);
+      if (lua_type(L, -1) != LUA_TSTRING) {
+        lua_pop(L, 1);
+        lua_pushliteral(L, "");
+      }
+      lua_concat(L, 2);
+      lua_setfield(L, -2, "message");
+      lua_insert(L, -2);
+      lua_setmetatable(L, -2);
+      lua_error(L);
+    }
+    lua_pop(L, 1);
+  }
+  lua_error(L);
+}
+
+/* store:complete_many{{session, index, attempt, events?, fence?, cancel?},
+ * ...} -> {{outcome = "completed", not_cancelled?} | {outcome =
+ * "superseded"} | {error = e}, ...} (§3.2): the completions in one
+ * transaction (es_store_complete_many), each answered as complete would
+ * have; the appended events are not returned. The whole list is read
+ * before the store is called: what reading refuses raises, naming the
+ * item, and nothing is written. */
+static int m_complete_many(lua_State *L) {
+  lstore *h = check_store(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  if (lua_gettop(L) > 2) return luaL_argerror(L, 3, "complete_many takes one list of completions");
+  size_t n = es_lua_check_seq(L, 2, 2, "list");
+  /* a list and nothing else: one item passed without its enclosing list
+   * must not read as no completions */
+  size_t keys = 0;
+  lua_pushnil(L);
+  while (lua_next(L, 2)) {
+    lua_pop(L, 1);
+    keys++;
+  }
+  if (keys != n)
+    return luaL_argerror(L, 2, "must be a list of {session, index, attempt, ...} (keys 1..n only)");
+  if (n > COMPLETE_MANY_MAX)
+    es_lua_raisef(L, ES_TOO_LARGE, "%zu completions, over the limit of %d", n, COMPLETE_MANY_MAX);
+  size_t max_payload = es_store_max_payload(h->held);
+  es_completion *v = lua_newuserdatauv(L, (n ? n : 1) * sizeof *v, 0);
+  memset(v, 0, (n ? n : 1) * sizeof *v);
+  lua_createtable(L, (int)(5 * n), 0);
+  int anchors = lua_gettop(L);
+  size_t n_events = 0;
+  for (size_t i = 0; i < n; i++) {
+    lua_rawgeti(L, 2, (lua_Integer)i + 1);
+    read_item(L, anchors, i, &v[i], max_payload);
+    n_events += v[i].n;
+    if (n_events > COMPLETE_MANY_MAX_EVENTS)
+      es_lua_raisef(L, ES_TOO_LARGE,
+                    "list[%d]: the completions append %zu events so far, over the limit of %d in "
+                    "one call",
+                    (int)i + 1, n_events, COMPLETE_MANY_MAX_EVENTS);
+  }
+  es_err err = {0};
+  int rc = ES_OK;
+  if (n) {
+    es_store *s = core_enter(L, h);
+    rc = es_store_complete_many(s, v, n, &err);
+    core_leave(L, h);
+  }
+  if (rc) return raise(L, &err);
+  luaL_checkstack(L, 6, "complete_many");
+  lua_createtable(L, (int)n, 0);
+  for (size_t i = 0; i < n; i++) {
+    es_completion *c = &v[i];
+    lua_createtable(L, 0, 2);
+    if (c->rc != ES_OK) {
+      es_lua_push_error(L, c->rc, c->err.msg);
+      lua_setfield(L, -2, "error");
+    } else if (c->outcome == ES_COMPLETED) {
+      es_lua_set_str(L, "outcome", "completed");
+      if (c->cancel) set_not_cancelled(L, c);
+    } else {
+      es_lua_set_str(L, "outcome", "superseded");
+    }
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   return es_lstore_done(L, h, 1);
 }
@@ -454,6 +644,7 @@ const luaL_Reg es_lstore_dispatch_methods[] = {
     {"claim_next", m_claim_next},
     {"renew", m_renew},
     {"complete", m_complete},
+    {"complete_many", m_complete_many},
     {"fail", m_fail},
     {"revive", m_revive},
     {"settle", m_settle},

@@ -833,6 +833,9 @@ int es_core_complete_many(es_store *s, es_completion *v, size_t n, es_err *err) 
       continue;
     if (c->fence != ES_NONE && c->fence < 1)
       c->rc = es_fail(&c->err, ES_INVALID_ARGUMENT, "fence must be >= 1");
+    else if (c->n_cancel > s->max_batch) /* as es_core_complete_cancel */
+      c->rc = es_fail(&c->err, ES_TOO_LARGE, "%zu events to cancel, over the limit of %zu",
+                      c->n_cancel, s->max_batch);
   }
   /* the items that passed the checks, in order */
   es_completion *ok = n ? malloc(n * sizeof *ok) : NULL;

@@ -31,6 +31,16 @@ for _, url in ipairs(urls) do
     end
   end
   store:settle("a", 2, "skip")
+  -- many completions: one completed with a cancel, one item's error, and
+  -- a list refused half-way through reading it (nothing kept)
+  store:append("m", {{type = "t"}, {type = "t"}, {type = "t"}})
+  local m = store:claim("m", {holder = "h", ttl_ms = 100, limit = 2}).events
+  store:complete_many{{session = "m", index = m[1].index, attempt = m[1].attempt,
+                       events = {{type = "done", id = "m-done", payload = {k = "v"}}}, cancel = {{index = 3, reason = "r"}}},
+                      {session = "m", index = 99, attempt = 1}}
+  pcall(store.complete_many, store, {{session = "m", index = m[2].index, attempt = m[2].attempt,
+                                      events = {{type = "done", payload = {1, 2}}}},
+                                     {session = "m", index = 1, attempt = 1, events = {{type = "x\0"}}}})
   store:renew("a", {holder = "h", ttl_ms = 10, claims = {{index = 3, attempt = 1}}})
   store:claim_next{holder = "h", ttl_ms = 10, limit = 5}
   store:dead_letters{}
