@@ -459,6 +459,48 @@ for _, url in ipairs(helpers.urls()) do
   end)
 end
 
+-- The core has threads of its own: the presence watcher reads the rows
+-- another handle (another process) wrote, and reads the clock to leave out
+-- expired ones. A Lua clock function must never run there (a Lua state
+-- entered from two threads: ASan showed a crash in that thread while the
+-- caller was inside a call); the watcher uses the time it last gave. And
+-- the rows it finds reach a subscriber as one patch per write, each its
+-- own participant's (they came as one patch of the first participant).
+for _, url in ipairs(helpers.durable_urls()) do
+  describe(url .. " a Lua clock function and the core's own threads", function()
+    after_each(helpers.cleanup)
+
+    it("delivers another handle's presence writes, one patch each, read at the time the clock last gave", function()
+      local t = helpers.T0
+      local ticks = 0
+      local mine, concrete = helpers.open(url, { clock = function() ticks = ticks + 1; t = t + 1; return t end })
+      local other = helpers.open_same(concrete, { clock = helpers.manual_clock(helpers.T0) })
+      local got = {}
+      mine:presence_subscribe("room", function(p) got[#got + 1] = p end)
+      mine:append("s", { { type = "a" } }) -- the clock gives a time
+      for i = 1, 20 do
+        other:presence_set("room", "p" .. i, { n = i }, { ttl_ms = 600000 })
+        -- calls of mine run its clock on this thread while the watcher reads
+        for _ = 1, 5 do mine:read("s") end
+      end
+      helpers.wait_until(function()
+        mine:read("s") -- delivers what the watcher found
+        local seen = {}
+        for _, p in ipairs(got) do seen[p.participant] = true end
+        for i = 1, 20 do if not seen["p" .. i] then return false end end
+        return true
+      end, "the other handle's 20 participants to reach the subscriber", 60)
+      for _, p in ipairs(got) do
+        assert.equal(p.participant, "p" .. p.values.n, "a patch carries its own participant's fields")
+        local fields = 0
+        for _ in pairs(p.values) do fields = fields + 1 end
+        assert.equal(1, fields)
+      end
+      assert.is_true(ticks >= 2) -- the clock ran on this thread (open, append)
+    end)
+  end)
+end
+
 describe("eventstore.open that fails", function()
   -- The handle exists before the open (it is created closed, liolib's
   -- pattern): a failed open must still release the clock it took, a Lua

@@ -76,15 +76,31 @@ static const char *clock_error_text(lua_State *L) {
   return "(error object)";
 }
 
+_Thread_local lstore *es_lstore_calling;
+
+/* Whether this thread is making a call through h (or through a tenant
+ * handle of h, whose calls run h's clock). */
+static int calling_through(const lstore *h) {
+  const lstore *c = es_lstore_calling;
+  return c && (c == h || c->parent == h);
+}
+
 /* The core's clock when `clock` is a Lua function. It runs only inside a
- * call of this handle (in_core; the engine refuses such stores, so no
- * other thread calls it), on the state making that call. */
+ * call of this handle, on the thread and the state making that call (the
+ * engine refuses such stores). Anywhere else (the core's presence
+ * watcher, a thread of its own reading other processes' rows) the time it
+ * last gave stands: a Lua state is never entered from two threads. */
 static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
   lstore *h = ctx;
-  lua_State *L = h->L;
-  if (!L || !h->in_core)
+  if (!calling_through(h) || !h->L || !h->in_core) {
+    if (atomic_load(&h->clock_known)) {
+      *now = atomic_load(&h->clock_last);
+      return ES_OK;
+    }
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "the clock function runs only inside a call made through its store");
+  }
+  lua_State *L = h->L;
   if (!lua_checkstack(L, 3)) return es_fail(err, ES_STORAGE, "out of memory (Lua stack)");
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->clock_ref);
   int status = lua_pcall(L, 0, 1, 0);
@@ -104,6 +120,8 @@ static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
   lua_pop(L, 1);
   if (!ok) return es_fail(err, ES_INVALID_ARGUMENT, "the clock function must return integer milliseconds");
   *now = v;
+  atomic_store(&h->clock_last, v);
+  atomic_store(&h->clock_known, 1);
   return ES_OK;
 }
 
@@ -111,10 +129,10 @@ static int lua_fn_clock(void *ctx, int64_t *now, es_err *err) {
  * runs only inside a call of this handle, on the state making it. */
 static int lua_fn_ids(void *ctx, char *out, size_t cap, es_err *err) {
   lstore *h = ctx;
-  lua_State *L = h->L;
-  if (!L || !h->in_core)
+  if (!calling_through(h) || !h->L || !h->in_core)
     return es_fail(err, ES_INVALID_ARGUMENT,
                    "the id function runs only inside a call made through its store");
+  lua_State *L = h->L;
   if (!lua_checkstack(L, 3)) return es_fail(err, ES_STORAGE, "out of memory (Lua stack)");
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->ids_ref);
   int status = lua_pcall(L, 0, 1, 0);
@@ -266,6 +284,7 @@ static int l_open(lua_State *L) {
   es_store *s = NULL;
   h->L = L;
   h->in_core = 1; /* as core_enter: should opening ever read the clock */
+  calling_begin(h);
   int rc = sharded ? es_shards_open(catalog, plan, &o, &s, &err) : es_store_open(url, &o, &s, &err);
   h->s = h->held = s;
   core_leave(L, h);

@@ -12,6 +12,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,6 +67,11 @@ typedef struct lstore {
   uint64_t seen_data;    /* data version (other processes' commits) at the last drain */
   int draining;          /* drain() is walking subs/psubs: es_lstore_reap() must wait */
   int in_core;           /* a call into the core is running (only the clock may run Lua) */
+  struct lstore *calling_prev; /* es_lstore_calling when this handle's call began */
+  /* The time a Lua clock function last gave: what the core's other
+   * threads (the presence watcher) read, where the function cannot run. */
+  _Atomic int64_t clock_last;
+  atomic_int clock_known;
   int close_requested;   /* close() came while in_core: done when that call returns */
   patch *delivering;     /* the patch drain() is converting (freed if that raises) */
   /* §3.11: a tenant handle's store handle (kept from collection by this
@@ -128,6 +134,17 @@ static inline lstore *check_store(lua_State *L) {
   return h;
 }
 
+/* The handle whose call into the core this thread is making (NULL: none).
+ * A Lua clock or id function runs only there: the core has threads of its
+ * own (the presence watcher reads the clock), and a Lua state is never
+ * entered from two threads. */
+extern _Thread_local lstore *es_lstore_calling;
+
+static inline void calling_begin(lstore *h) {
+  h->calling_prev = es_lstore_calling;
+  es_lstore_calling = h;
+}
+
 /* The es_store for one call into the core, made after the call's arguments
  * were read: reading them may have run a metamethod that closed the
  * handle (CLOSED then). Every core_enter is followed by core_leave before
@@ -137,6 +154,7 @@ static inline es_store *core_enter(lua_State *L, lstore *h) {
   if (closed(h, &e)) es_lua_raise(L, &e);
   h->L = L;
   h->in_core = 1;
+  calling_begin(h);
   if (h->parent) {
     h->parent->L = L;
     h->parent->in_core = 1;
@@ -146,6 +164,7 @@ static inline es_store *core_enter(lua_State *L, lstore *h) {
 
 /* Ends a call into the core; a close() its clock asked for happens now. */
 static inline void core_leave(lua_State *L, lstore *h) {
+  if (es_lstore_calling == h) es_lstore_calling = h->calling_prev;
   h->in_core = 0;
   h->L = NULL;
   if (h->parent) core_leave(L, h->parent); /* a close the clock asked for */

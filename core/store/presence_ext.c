@@ -190,6 +190,37 @@ static int changed_rows(const es_presence_rows *seen, const es_presence_rows *no
   return ES_OK;
 }
 
+/* Hands changed (sorted by participant, field) to the watches of ns one
+ * write at a time, as an in-process write reaches them: the rows of one
+ * participant with one (at, seen). A watch's patch is one participant's
+ * fields (§3.6 `{participant, values, seen, at}`), so rows of several
+ * participants in one callback would be read as the first one's. The
+ * groups borrow the rows. */
+static void deliver_writes(es_store *s, const char *ns, const es_presence_rows *changed) {
+  es_presence_row *group = malloc(changed->n * sizeof *group);
+  char *done = calloc(changed->n, 1);
+  if (group && done) {
+    for (size_t i = 0; i < changed->n;) {
+      size_t j = i;
+      while (j < changed->n && strcmp(changed->v[j].participant, changed->v[i].participant) == 0) j++;
+      for (size_t a = i; a < j; a++) {
+        if (done[a]) continue;
+        es_presence_rows g = {group, 0, changed->n};
+        for (size_t b = a; b < j; b++)
+          if (!done[b] && changed->v[b].at == changed->v[a].at && changed->v[b].seen == changed->v[a].seen) {
+            group[g.n++] = changed->v[b];
+            done[b] = 1;
+          }
+        for (presence_watch *w = s->watches; w; w = w->next)
+          if (strcmp(w->ns, ns) == 0) w->cb(w->ctx, ns, &g);
+      }
+      i = j;
+    }
+  }
+  free(group);
+  free(done);
+}
+
 void es_presence_ext_change(es_store *s) {
   pthread_mutex_lock(&s->pmu);
   for (struct presence_seen *p = s->pseen; p; p = p->next) {
@@ -200,10 +231,7 @@ void es_presence_ext_change(es_store *s) {
     es_presence_rows_destroy(&p->rows);
     p->rows = now;
     p->known = 1;
-    if (rc == ES_OK && changed.n) {
-      for (presence_watch *w = s->watches; w; w = w->next)
-        if (strcmp(w->ns, p->ns) == 0) w->cb(w->ctx, p->ns, &changed);
-    }
+    if (rc == ES_OK && changed.n) deliver_writes(s, p->ns, &changed);
     es_presence_rows_destroy(&changed);
   }
   pthread_mutex_unlock(&s->pmu);
