@@ -583,6 +583,17 @@ es_buf *es_lua_push_buf_box(lua_State *L) {
   return b;
 }
 
+size_t es_lua_check_list(lua_State *L, int arg, const char *what, const char *shape) {
+  size_t n = es_lua_check_seq(L, arg, arg, what), keys = 0;
+  lua_pushnil(L);
+  while (lua_next(L, arg)) {
+    lua_pop(L, 1);
+    keys++;
+  }
+  if (keys != n) luaL_argerror(L, arg, shape);
+  return n;
+}
+
 size_t es_lua_check_seq(lua_State *L, int idx, int arg, const char *what) {
   idx = lua_absindex(L, idx);
   size_t n = (size_t)lua_rawlen(L, idx);

@@ -57,6 +57,11 @@ es_buf *es_lua_push_buf_box(lua_State *L);
  * or a plain error naming `what`. */
 size_t es_lua_check_seq(lua_State *L, int idx, int arg, const char *what);
 
+/* es_lua_check_seq of argument arg, which must also hold nothing but its
+ * elements: one item passed without its enclosing list must not read as
+ * an empty list. Otherwise an argument error saying `shape`. */
+size_t es_lua_check_list(lua_State *L, int arg, const char *what, const char *shape);
+
 /* t[k] = v on the table at the top; nothing when v is ES_NONE / NULL. */
 void es_lua_set_int(lua_State *L, const char *k, int64_t v);
 void es_lua_set_str(lua_State *L, const char *k, const char *v);

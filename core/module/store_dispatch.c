@@ -402,17 +402,8 @@ static int m_complete_many(lua_State *L) {
   lstore *h = check_store(L);
   luaL_checktype(L, 2, LUA_TTABLE);
   if (lua_gettop(L) > 2) return luaL_argerror(L, 3, "complete_many takes one list of completions");
-  size_t n = es_lua_check_seq(L, 2, 2, "list");
-  /* a list and nothing else: one item passed without its enclosing list
-   * must not read as no completions */
-  size_t keys = 0;
-  lua_pushnil(L);
-  while (lua_next(L, 2)) {
-    lua_pop(L, 1);
-    keys++;
-  }
-  if (keys != n)
-    return luaL_argerror(L, 2, "must be a list of {session, index, attempt, ...} (keys 1..n only)");
+  size_t n = es_lua_check_list(L, 2, "list",
+                               "must be a list of {session, index, attempt, ...} (keys 1..n only)");
   if (n > COMPLETE_MANY_MAX)
     es_lua_raisef(L, ES_TOO_LARGE, "%zu completions, over the limit of %d", n, COMPLETE_MANY_MAX);
   size_t max_payload = es_store_max_payload(h->held);

@@ -76,16 +76,8 @@ static int m_append_many(lua_State *L) {
   lstore *h = check_store(L);
   luaL_checktype(L, 2, LUA_TTABLE);
   if (lua_gettop(L) > 2) return luaL_argerror(L, 3, "append_many takes one list of batches");
-  size_t n = es_lua_check_seq(L, 2, 2, "batches");
-  /* a list and nothing else: one batch passed without its enclosing list
-   * must not read as no batches */
-  size_t keys = 0;
-  lua_pushnil(L);
-  while (lua_next(L, 2)) {
-    lua_pop(L, 1);
-    keys++;
-  }
-  if (keys != n) return luaL_argerror(L, 2, "batches must be a list of {session, events, opts}");
+  size_t n =
+      es_lua_check_list(L, 2, "batches", "batches must be a list of {session, events, opts}");
   if (n > (size_t)INT_MAX / 4) return luaL_argerror(L, 2, "too many batches");
   luaL_checkstack(L, (int)(4 * n + 8), "too many batches");
   size_t maxp = es_store_max_payload(h->held);
