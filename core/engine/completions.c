@@ -32,10 +32,18 @@
  * The list is bounded (COMPLETE_BACKLOG): workers wait when the store
  * falls that far behind. */
 
-/* Completions per transaction at most: enough to share one sync among
- * many, few enough that one commit stays short beside a claim's TTL (on
- * a busy PostgreSQL a completion costs a millisecond or two). */
-#define COMPLETE_MAX 64
+/* Completions per transaction: enough to share one sync (and the pages a
+ * commit writes) among many, few enough that one commit stays short
+ * beside a claim's TTL. What a completion costs differs by two orders of
+ * magnitude between backends (tens of microseconds on SQLite, a
+ * millisecond or two on a busy PostgreSQL), so the completer sizes its
+ * batches from the time its commits took: as many completions as fit in
+ * COMPLETE_COMMIT_US at the running mean cost of one, never fewer than
+ * COMPLETE_MIN (what every backend took before) nor more than
+ * COMPLETE_MAX. */
+#define COMPLETE_MIN 64
+#define COMPLETE_MAX 512
+#define COMPLETE_COMMIT_US 25000
 #define COMPLETE_BACKLOG 1024 /* completions waiting before workers wait too */
 
 static size_t str_room(const char *s) { return s ? strlen(s) + 1 : 0; }
@@ -283,12 +291,21 @@ void es_renew_waiting(es_engine *e, int64_t now) {
   for (size_t i = 0; i < n; i++) free(sessions[i]);
 }
 
-/* The completer: takes every completion waiting (up to COMPLETE_MAX) and
+/* How many completions the next batch may hold, from the running mean
+ * cost of one (us_each, microseconds; 0 while nothing is known). */
+static size_t batch_limit(int64_t us_each) {
+  if (us_each <= 0) return COMPLETE_MIN;
+  int64_t k = COMPLETE_COMMIT_US / us_each;
+  return k < COMPLETE_MIN ? COMPLETE_MIN : k > COMPLETE_MAX ? COMPLETE_MAX : (size_t)k;
+}
+
+/* The completer: takes every completion waiting (up to batch_limit) and
  * commits them together, until the run's end has drained the list. */
 void *es_completer_main(void *arg) {
   es_engine *e = arg;
   completion *items[COMPLETE_MAX];
   es_completion *v = malloc(COMPLETE_MAX * sizeof *v);
+  int64_t us_each = 0; /* running mean of a completion's share of its batch's time */
   pthread_mutex_lock(&e->c_mu);
   for (;;) {
     while (!e->c_head && !e->c_quit) pthread_cond_wait(&e->c_cond, &e->c_mu);
@@ -296,7 +313,7 @@ void *es_completer_main(void *arg) {
     size_t n = 0;
     /* out of memory for v: one at a time through the stack */
     es_completion one;
-    size_t max = v ? COMPLETE_MAX : 1;
+    size_t max = v ? batch_limit(us_each) : 1;
     while (e->c_head && n < max) {
       items[n++] = e->c_head;
       e->c_head = e->c_head->next;
@@ -306,7 +323,11 @@ void *es_completer_main(void *arg) {
     pthread_cond_broadcast(&e->c_done); /* room for workers waiting to hand over */
     e->c_busy_since = items[0]->handed_ms;
     pthread_mutex_unlock(&e->c_mu);
+    int64_t t0 = es_mono_us();
     complete_batch(e, items, v ? v : &one, n);
+    int64_t each = (es_mono_us() - t0) / (int64_t)n;
+    if (each < 1) each = 1;
+    us_each = us_each ? us_each + (each - us_each) / 4 : each;
     pthread_mutex_lock(&e->c_mu);
     e->c_busy_since = 0;
     atomic_fetch_sub(&e->unacked, (long long)n);

@@ -243,6 +243,7 @@ int es_scripts_load_all(runner *r, es_err *err);
 void es_scripts_free(es_engine *e);
 
 int64_t es_mono_ms(void);
+int64_t es_mono_us(void);
 void es_engine_log(es_engine *e, int id, const char *fmt, ...)
                    #if defined(__GNUC__)
                    __attribute__((format(printf, 3, 4)))
