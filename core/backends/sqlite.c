@@ -62,6 +62,7 @@
 #include "store/backend_sql.h"
 #include "store/counts.h"
 #include "util/dirsync.h"
+#include "util/hmap.h"
 #include "util/parse.h"
 
 /* ---- settings --------------------------------------------------------- */
@@ -700,6 +701,7 @@ struct es_txn {
                                       commit; a savepoint rolling them back leaves it set,
                                       which costs one look at the free-page count) */
   struct sq_reader *reader;        /* read: the pool entry */
+  es_hmap behind;                  /* write: session rows put, not yet written (sq_behind_*) */
 };
 
 typedef struct sq_reader {
@@ -1254,9 +1256,34 @@ static int sq_iterate(es_txn *t, int id, sqlite3_stmt *st, int temp, int kind, s
 }
 
 /* Begins a row operation on t: checks the transaction, borrows statement id. */
+static int sq_behind_flush(es_txn *t, es_err *err);
+
+/* Statements that neither read nor write the sessions table (nor the
+ * counts its triggers keep): session rows written behind may wait past
+ * them (sq_behind_flush). */
+static int sq_behind_may_wait(int id) {
+  switch (id) {
+    case ST_EVENT_GET: case ST_EVENT_GET_BY_ID: case ST_EVENT_UPDATE: case ST_EVENT_INSERT:
+    case ST_EVENT_INSERT_4: case ST_EVENT_INSERT_16: case ST_EVENT_INSERT_64: case ST_LANE_NEXT:
+    case ST_QUEUED_DUE_ALL: case ST_QUEUED_DUE_SESSION: case ST_QUEUED_DUE_SESSION_BY_DUE:
+    case ST_QUEUED_WINDOW_COUNT: case ST_QUEUED_NEXT_ALL: case ST_QUEUED_NEXT_SESSION:
+    case ST_QUEUED_DUE_TYPE: case ST_QUEUED_NEXT_TYPE: case ST_QUEUED_DUE_ALL_SCOPED:
+    case ST_QUEUED_NEXT_ALL_SCOPED: case ST_QUEUED_DUE_TYPE_SCOPED: case ST_QUEUED_NEXT_TYPE_SCOPED:
+    case ST_SESSION_GET: case ST_SESSION_PUT:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+static const char *sq_behind_key(const void *item);
+static void sq_behind_forget(es_txn *t);
+
 static int sq_op(es_txn *t, int id, sqlite3_stmt **st, int *temp, es_err *err) {
   int code = sq_txn_check(t, err);
   if (code != ES_OK) return code;
+  if (t->behind.count && !sq_behind_may_wait(id) && (code = sq_behind_flush(t, err)) != ES_OK)
+    return code;
   return sq_stmt(t->c, id, st, temp, err);
 }
 
@@ -1789,6 +1816,7 @@ static void sq_close(es_backend *b) {
   }
   sq_conn_close(&b->watch);
   sq_conn_close(&b->w); /* the last connection: checkpoints and removes the WAL */
+  sq_behind_forget(&b->wt); /* empty unless a write transaction was left open */
   pthread_mutex_destroy(&b->pool_mu);
   pthread_cond_destroy(&b->pool_cv);
   pthread_mutex_destroy(&b->watch_mu);
@@ -1815,6 +1843,7 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
   b->wt.b = b;
   b->wt.c = &b->w;
   b->wt.write = 1;
+  es_hmap_init(&b->wt.behind, sq_behind_key);
   b->secure_delete = opts && opts->secure_delete;
   if ((code = sq_parse_url(b, url_rest, opts, err)) != ES_OK) goto fail;
   if ((code = sq_check_dir(b, err)) != ES_OK) goto fail;
@@ -2070,6 +2099,7 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
 
 static void sq_write_rollback(es_backend *b, es_txn *t) {
   (void)b; /* t carries it (t->b) */
+  sq_behind_forget(t);
   if (!sqlite3_get_autocommit(t->c->db)) {
     if (sq_exec_id(t->c, ST_ROLLBACK, NULL) != ES_OK)
       sqlite3_exec(t->c->db, "ROLLBACK", NULL, NULL, NULL);
@@ -2132,6 +2162,7 @@ static void sq_own_commit(es_backend *b);
 static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
+  if (code == ES_OK) code = sq_behind_flush(t, err);
   if (code != ES_OK) {
     sq_write_rollback(t->b, t);
     return code;
@@ -2173,6 +2204,7 @@ fail:
 static int sq_savepoint(es_backend *b, es_txn *t, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
+  if (code == ES_OK) code = sq_behind_flush(t, err);
   if (code != ES_OK) return code;
   if ((code = sq_exec_id(t->c, ST_SAVEPOINT, err)) != ES_OK) return code;
   if (t->depth < SQ_MAX_SAVEPOINTS) t->sp_next[t->depth] = t->next_position;
@@ -2185,6 +2217,7 @@ static int sq_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
   int code = sq_txn_check(t, err);
   if (code != ES_OK) return code;
   if (t->depth <= 0) return es_fail(err, ES_STORAGE, "sqlite: release without a savepoint");
+  if ((code = sq_behind_flush(t, err)) != ES_OK) return code;
   if ((code = sq_exec_id(t->c, ST_RELEASE, err)) != ES_OK) {
     if (sqlite3_get_autocommit(t->c->db)) sq_txn_break(t, err ? err->msg : "release failed");
     return code;
@@ -2195,6 +2228,8 @@ static int sq_savepoint_release(es_backend *b, es_txn *t, es_err *err) {
 
 static void sq_savepoint_rollback(es_backend *b, es_txn *t) {
   (void)b; /* t carries it (t->b) */
+  /* every row waiting was put since the savepoint began (it was flushed then) */
+  sq_behind_forget(t);
   if (t->broken || t->depth <= 0) return;
   if (sq_exec_id(t->c, ST_ROLLBACK_TO, NULL) != ES_OK || sq_exec_id(t->c, ST_RELEASE, NULL) != ES_OK) {
     /* cannot undo only this caller's work: fail the whole transaction */
@@ -2291,11 +2326,61 @@ static void sq_read_end(es_backend *b, es_txn *t) {
 
 /* ---- sessions ------------------------------------------------------------ */
 
+/* Session rows written behind. A write transaction's session_put only
+ * keeps a copy of the row here, and session_get answers from it; the rows
+ * are written (the upsert, and the counts triggers it fires) before any
+ * statement that could see the sessions table or the counts
+ * (sq_behind_may_wait: every statement but the event rows' reads and
+ * writes and the queue's reads), before a savepoint begins or is
+ * released, and before the commit. A batch of completions (the engine's,
+ * up to 512 in one transaction) often completes several events of one
+ * session: its row is then written once per batch instead of once per
+ * completion. A savepoint's rollback forgets the rows waiting (all put
+ * since it began), as does the transaction's. A write that fails at a
+ * flush fails the call that caused it, with STORAGE, as the put would
+ * have; the core then rolls back. At most SQ_BEHIND_MAX rows wait, so a
+ * transaction putting many sessions (an import) holds no more. */
+#define SQ_BEHIND_MAX 1024
+
+typedef struct sq_behind_row {
+  es_session_info row; /* owned copy; row.session is the key */
+} sq_behind_row;
+
+static const char *sq_behind_key(const void *item) {
+  return ((const sq_behind_row *)item)->row.session;
+}
+
+static void sq_behind_forget(es_txn *t) {
+  size_t pos = 0;
+  sq_behind_row *r;
+  while ((r = es_hmap_next(&t->behind, &pos))) {
+    es_session_info_destroy(&r->row);
+    free(r);
+  }
+  es_hmap_destroy(&t->behind);
+  es_hmap_init(&t->behind, sq_behind_key);
+}
+
+static int sq_session_write(es_txn *t, const es_session_info *row, es_err *err);
+
+static int sq_behind_flush(es_txn *t, es_err *err) {
+  int code = ES_OK;
+  size_t pos = 0;
+  sq_behind_row *r;
+  /* sq_session_write's statement may wait (sq_behind_may_wait): no re-entry */
+  while (code == ES_OK && t->behind.count && (r = es_hmap_next(&t->behind, &pos)))
+    code = sq_session_write(t, &r->row, err);
+  sq_behind_forget(t);
+  return code;
+}
+
 static int sq_session_get(es_backend *b, es_txn *t, const char *session, es_session_info *out,
                           es_err *err) {
   (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
+  sq_behind_row *r = t->behind.count ? es_hmap_get(&t->behind, session) : NULL;
+  if (r) return es_session_info_copy(out, &r->row) == 0 ? ES_OK : sq_oom(err);
   if ((code = sq_op(t, ST_SESSION_GET, &st, &temp, err)) != ES_OK) return code;
   sq_bind_str(st, 1, session);
   return sq_get_one(t, ST_SESSION_GET, st, temp, ROW_SESSION, out, err);
@@ -2303,9 +2388,34 @@ static int sq_session_get(es_backend *b, es_txn *t, const char *session, es_sess
 
 static int sq_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
   (void)b; /* t carries it (t->b) */
+  if (!t->write) return sq_read_only_txn(err);
+  int code = sq_txn_check(t, err);
+  if (code != ES_OK) return code;
+  sq_behind_row *r = es_hmap_get(&t->behind, row->session);
+  es_session_info copy;
+  if (es_session_info_copy(&copy, row) != 0) return sq_oom(err);
+  if (r) { /* the newer row replaces the one waiting */
+    es_session_info_destroy(&r->row);
+    r->row = copy;
+    return ES_OK;
+  }
+  if (t->behind.count >= SQ_BEHIND_MAX && (code = sq_behind_flush(t, err)) != ES_OK) {
+    es_session_info_destroy(&copy);
+    return code;
+  }
+  if (!(r = malloc(sizeof *r)) || (r->row = copy, es_hmap_put(&t->behind, r) != 0)) {
+    free(r);
+    es_session_info_destroy(&copy);
+    /* not kept: written now, as without the write-behind */
+    return sq_session_write(t, row, err);
+  }
+  return ES_OK;
+}
+
+/* The upsert of one session row. */
+static int sq_session_write(es_txn *t, const es_session_info *row, es_err *err) {
   sqlite3_stmt *st;
   int temp, code, rc = 0;
-  if (!t->write) return sq_read_only_txn(err);
   if ((code = sq_op(t, ST_SESSION_PUT, &st, &temp, err)) != ES_OK) return code;
   rc |= sq_bind_str(st, 1, row->session);
   rc |= sqlite3_bind_int64(st, 2, row->head);
