@@ -749,6 +749,96 @@ static void test_savepoints(void) {
   free(p);
 }
 
+/* Session rows written behind (docs/sqlite.md "Group commit"): a put waits
+ * in memory within the write transaction; every read in it sees the
+ * newest row, whatever statement comes next, and a savepoint's rollback
+ * or the transaction's forgets what was put since. */
+static int list_events_of(void *ctx, const es_session_info *row) {
+  int64_t *out = ctx;
+  if (strcmp(row->session, "wb") == 0) *out = row->events;
+  return 0;
+}
+
+static int64_t events_of(es_txn *t, const char *session) {
+  es_session_info si;
+  es_err err = {0};
+  if (B->session_get(BK(t), t, session, &si, &err) != ES_OK) return -1;
+  int64_t n = si.events;
+  es_session_info_destroy(&si);
+  return n;
+}
+
+static int put_events(es_txn *t, const char *session, int64_t events) {
+  es_session_info si;
+  es_err err = {0};
+  es_session_info_init(&si);
+  si.session = (char *)session;
+  si.head = si.events = si.pending = events;
+  return B->session_put(BK(t), t, &si, &err);
+}
+
+static void test_sessions_behind(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t, *r;
+  es_err err = {0};
+  es_counts c;
+  int64_t listed = -1;
+  if (!b) {
+    CHECK(0, "open for the write-behind tests");
+    free(p);
+    return;
+  }
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK && put_events(t, "wb", 1) == ES_OK &&
+            put_events(t, "wb", 2) == ES_OK && events_of(t, "wb") == 2,
+        "write-behind: a session read in the transaction is the newest put");
+  CHECK(B->session_list(BK(t), t, "", NULL, 10, list_events_of, &listed, &err) == ES_OK &&
+            listed == 2,
+        "write-behind: a listing in the transaction sees the rows put");
+  CHECK(put_events(t, "wb", 3) == ES_OK && B->counts(BK(t), t, NULL, &c, &err) == ES_OK &&
+            c.sessions == 1 && c.events == 3 && c.pending == 3,
+        "write-behind: the counts in the transaction include the rows put");
+  CHECK(put_events(t, "wb", 4) == ES_OK && B->savepoint(BK(t), t, &err) == ES_OK &&
+            put_events(t, "wb", 5) == ES_OK && put_events(t, "wb2", 1) == ES_OK &&
+            events_of(t, "wb") == 5,
+        "write-behind: puts inside a savepoint");
+  B->savepoint_rollback(BK(t), t);
+  CHECK(events_of(t, "wb") == 4 && events_of(t, "wb2") == -1,
+        "write-behind: a savepoint's rollback forgets its puts, keeps the ones before");
+  CHECK(tx_read_begin(B, b, &r, &err) == ES_OK && events_of(r, "wb") == -1,
+        "write-behind: a reader sees nothing before the commit");
+  B->read_end(BK(r), r);
+  CHECK(put_events(t, "wb", 6) == ES_OK && B->write_commit(BK(t), t, &err) == ES_OK,
+        "write-behind: commit");
+  CHECK(tx_read_begin(B, b, &r, &err) == ES_OK && events_of(r, "wb") == 6 &&
+            B->counts(BK(r), r, NULL, &c, &err) == ES_OK && c.events == 6 && c.sessions == 1,
+        "write-behind: the commit holds the last put, and the counts its values");
+  B->read_end(BK(r), r);
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK && put_events(t, "wb", 7) == ES_OK, "put, then");
+  B->write_rollback(BK(t), t);
+  CHECK(tx_write_begin(B, b, &t, &err) == ES_OK && events_of(t, "wb") == 6,
+        "write-behind: a rolled-back transaction's puts are gone");
+  /* more sessions than wait at once */
+  int ok = 1;
+  char name[32];
+  for (int i = 0; i < 3000 && ok; i++) {
+    snprintf(name, sizeof name, "many-%04d", i);
+    ok = put_events(t, name, i + 1) == ES_OK && put_events(t, name, i + 2) == ES_OK;
+  }
+  CHECK(ok && B->write_commit(BK(t), t, &err) == ES_OK, "write-behind: 3,000 sessions put twice");
+  ok = tx_read_begin(B, b, &r, &err) == ES_OK;
+  for (int i = 0; i < 3000 && ok; i++) {
+    snprintf(name, sizeof name, "many-%04d", i);
+    ok = events_of(r, name) == i + 2;
+  }
+  CHECK(ok && B->counts(BK(r), r, NULL, &c, &err) == ES_OK && c.sessions == 3001,
+        "write-behind: every one stored with its last put");
+  B->read_end(BK(r), r);
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
 /* callbacks that call back into the backend */
 typedef struct reenter {
   es_txn *t;
@@ -2815,6 +2905,7 @@ int main(void) {
   test_types();
   test_refs();
   test_savepoints();
+  test_sessions_behind();
   test_reentrancy();
   test_concurrency();
   test_relative_path();
