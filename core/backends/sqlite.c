@@ -1255,7 +1255,6 @@ static int sq_iterate(es_txn *t, int id, sqlite3_stmt *st, int temp, int kind, s
   return code;
 }
 
-/* Begins a row operation on t: checks the transaction, borrows statement id. */
 static int sq_behind_flush(es_txn *t, es_err *err);
 
 /* Statements that neither read nor write the sessions table (nor the
@@ -1279,6 +1278,8 @@ static int sq_behind_may_wait(int id) {
 static const char *sq_behind_key(const void *item);
 static void sq_behind_forget(es_txn *t);
 
+/* Begins a row operation on t: checks the transaction, writes the session
+ * rows waiting unless the statement may pass them, borrows statement id. */
 static int sq_op(es_txn *t, int id, sqlite3_stmt **st, int *temp, es_err *err) {
   int code = sq_txn_check(t, err);
   if (code != ES_OK) return code;
