@@ -63,7 +63,7 @@ typedef struct es_budget {
    * (budget.c, "The pool"): free lists of ES_BUDGET_POOL_CLASSES classes
    * of 16 bytes, at most ES_BUDGET_POOL_BYTES in all. Not counted in
    * `used` (which is what Lua holds, as before). */
-  void *pool[16];
+  void *pool[32];
   size_t pooled;
 } es_budget;
 
