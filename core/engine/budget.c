@@ -26,19 +26,21 @@ es_budget *es_budget_of(lua_State *L) {
  * to give back (glibc's per-thread cache holds 7 blocks a size: a sweep's
  * burst overflows it), about a fifth of a trivial handler's dispatch. So
  * freed blocks of up to 512 bytes (an event table's 16-slot hash part is
- * 512) are kept on per-class free lists and
- * handed out again; a block of such a size is always made with its
- * class's full size (16-byte steps), so any freed block of the class fits
- * any request of it. The lists hold at most ES_BUDGET_POOL_BYTES and are
+ * 512) are kept on per-class free lists and handed out again; a block of
+ * such a size is always made with its class's full size (16-byte steps),
+ * so any freed block of the class fits any request of it. The lists hold at most ES_BUDGET_POOL_BYTES and are
  * freed with the state. Only the state's own thread allocates (a Lua state
  * is never used by two threads at once), so no lock. Under AddressSanitizer
- * the pool is off, so that a use after free of a Lua block still shows. */
+ * the pool is off, so that a use after free of a Lua block still shows
+ * (-DES_BUDGET_POOL_FORCE keeps it on: ASan then checks the pool's sizes). */
 #define POOL_CLASSES 32
 #define POOL_MAX (POOL_CLASSES * 16)
 #define ES_BUDGET_POOL_BYTES (256 * 1024)
 _Static_assert(POOL_CLASSES == sizeof ((es_budget *)0)->pool / sizeof(void *), "the pool's classes");
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(ES_BUDGET_POOL_FORCE) /* testing the pool itself under a sanitizer */
+#define POOL_ON 1
+#elif defined(__SANITIZE_ADDRESS__)
 #define POOL_ON 0
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)

@@ -60,9 +60,9 @@ typedef struct es_budget {
    * freed. */
   es_box_tracker boxes;
   /* Freed small blocks kept for the next allocation of their size class
-   * (budget.c, "The pool"): free lists of ES_BUDGET_POOL_CLASSES classes
-   * of 16 bytes, at most ES_BUDGET_POOL_BYTES in all. Not counted in
-   * `used` (which is what Lua holds, as before). */
+   * (budget.c, "The pool"): free lists of 32 classes of 16 bytes (up to
+   * 512), at most 256 KiB in all. Not counted in `used` (which is what
+   * Lua holds, as before). */
   void *pool[32];
   size_t pooled;
 } es_budget;
