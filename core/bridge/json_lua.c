@@ -693,6 +693,7 @@ struct es_json_decoder {
   dec_slot slots[DEC_CACHE]; /* the string cache's bytes */
   lua_State *L; /* where it was pushed, and at which stack index: the */
   int idx;      /* cache is used while it is still found there */
+  void *ud;     /* its userdata: the box's block, which starts before jd */
 };
 
 static void decoder_release(void *box) {
@@ -713,6 +714,7 @@ es_json_decoder *es_json_decoder_push(lua_State *L) {
   jd->d.slots = jd->slots;
   jd->L = L;
   jd->idx = lua_gettop(L);
+  jd->ud = lua_touserdata(L, -1);
   return jd;
 }
 
@@ -732,7 +734,7 @@ void es_json_decoder_decode(lua_State *L, es_json_decoder *jd, const char *text,
   /* The cache only while the decoder is where it was pushed (json.h asks
    * callers to keep it on the stack, not at one index): a check costs a
    * few instructions, a lookup for it would cost more than it saves. */
-  if (L == jd->L && jd->idx <= lua_gettop(L) && lua_touserdata(L, jd->idx) == jd)
+  if (L == jd->L && jd->idx <= lua_gettop(L) && lua_touserdata(L, jd->idx) == jd->ud)
     lua_getiuservalue(L, jd->idx, 1);
   else
     lua_pushnil(L);

@@ -19,6 +19,95 @@ es_budget *es_budget_of(lua_State *L) {
   return ud;
 }
 
+/* The pool. A handler call allocates a few dozen small blocks (the event
+ * and ctx tables, their hash parts, closures, the payload's tables and
+ * strings) that the collector frees a little later, in bursts of its
+ * sweep. Through malloc each block cost ~250 instructions to get and ~100
+ * to give back (glibc's per-thread cache holds 7 blocks a size: a sweep's
+ * burst overflows it), about a fifth of a trivial handler's dispatch. So
+ * freed blocks of up to 512 bytes (an event table's 16-slot hash part is
+ * 512) are kept on per-class free lists and handed out again; a block of
+ * such a size is always made with its class's full size (16-byte steps),
+ * so any freed block of the class fits any request of it. The lists hold at most ES_BUDGET_POOL_BYTES and are
+ * freed with the state. Only the state's own thread allocates (a Lua state
+ * is never used by two threads at once), so no lock. Under AddressSanitizer
+ * the pool is off, so that a use after free of a Lua block still shows
+ * (-DES_BUDGET_POOL_FORCE keeps it on: ASan then checks the pool's sizes). */
+#define POOL_CLASSES 32
+#define POOL_MAX (POOL_CLASSES * 16)
+#define ES_BUDGET_POOL_BYTES (256 * 1024)
+_Static_assert(POOL_CLASSES == sizeof ((es_budget *)0)->pool / sizeof(void *), "the pool's classes");
+
+#if defined(ES_BUDGET_POOL_FORCE) /* testing the pool itself under a sanitizer */
+#define POOL_ON 1
+#elif defined(__SANITIZE_ADDRESS__)
+#define POOL_ON 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define POOL_ON 0
+#endif
+#endif
+#ifndef POOL_ON
+#define POOL_ON 1
+#endif
+
+/* The size malloc is asked for a block of n bytes: its class's, for a
+ * pooled size. */
+static size_t block_size(size_t n) { return POOL_ON && n <= POOL_MAX ? (n + 15) & ~(size_t)15 : n; }
+
+static void *block_get(es_budget *b, size_t n) {
+  if (POOL_ON && n <= POOL_MAX) {
+    size_t c = (n - 1) >> 4;
+    void *p = b->pool[c];
+    if (p) {
+      memcpy(&b->pool[c], p, sizeof p);
+      b->pooled -= (c + 1) << 4;
+      return p;
+    }
+  }
+  return malloc(block_size(n));
+}
+
+/* Gives back a block Lua held at size n. */
+static void block_put(es_budget *b, void *p, size_t n) {
+  if (POOL_ON && n <= POOL_MAX && n > 0 && b->pooled + POOL_MAX <= ES_BUDGET_POOL_BYTES) {
+    size_t c = (n - 1) >> 4;
+    memcpy(p, &b->pool[c], sizeof p);
+    b->pool[c] = p;
+    b->pooled += (c + 1) << 4;
+    return;
+  }
+  free(p);
+}
+
+static void pool_drain(es_budget *b) {
+  for (int c = 0; c < POOL_CLASSES; c++) {
+    void *p = b->pool[c];
+    while (p) {
+      void *next;
+      memcpy(&next, p, sizeof next);
+      free(p);
+      p = next;
+    }
+    b->pool[c] = NULL;
+  }
+  b->pooled = 0;
+}
+
+/* A block of nsize bytes for ptr (Lua's block of old bytes; NULL: none):
+ * the same block when both sizes are of one class, else a new one with
+ * the contents moved. NULL when out of memory (ptr is then untouched). */
+static void *block_resize(es_budget *b, void *ptr, size_t old, size_t nsize) {
+  if (!ptr) return block_get(b, nsize);
+  if (!POOL_ON || (old > POOL_MAX && nsize > POOL_MAX)) return realloc(ptr, nsize);
+  if (block_size(old) == block_size(nsize) && old <= POOL_MAX && nsize <= POOL_MAX) return ptr;
+  void *p = block_get(b, nsize);
+  if (!p) return NULL;
+  memcpy(p, ptr, old < nsize ? old : nsize);
+  block_put(b, ptr, old);
+  return p;
+}
+
 /* The allocator. Growth is refused past the limit only inside a budgeted
  * call (the engine's own bookkeeping between calls must not fail halfway),
  * and refused altogether once a call tripped, until it unwinds. */
@@ -28,7 +117,7 @@ static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   if (nsize == 0) {
     /* A box whose finalizer a refusal below dropped (bridge/common.h). */
     if (ptr && b->boxes.n) es_box_tracker_freeing(&b->boxes, ptr, old);
-    free(ptr);
+    if (ptr) block_put(b, ptr, old);
     b->used -= old;
     return NULL;
   }
@@ -50,7 +139,7 @@ static void *budget_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
       return NULL;
     }
   }
-  void *p = realloc(ptr, nsize);
+  void *p = block_resize(b, ptr, old, nsize);
   if (!p) return NULL;
   b->used = b->used - old + nsize;
   if (nsize > old) b->refused = 0;
@@ -222,6 +311,7 @@ lua_State *es_budget_newstate(es_budget *b, size_t limit, int64_t instr_limit,
 void es_budget_close(es_budget *b) {
   if (b->main) lua_close(b->main); /* frees every block: every box is released */
   b->main = NULL;
+  pool_drain(b); /* what the close gave back */
   es_box_tracker_destroy(&b->boxes);
 }
 

@@ -59,6 +59,12 @@ typedef struct es_budget {
    * finalizer a refused allocation dropped is released when its memory is
    * freed. */
   es_box_tracker boxes;
+  /* Freed small blocks kept for the next allocation of their size class
+   * (budget.c, "The pool"): free lists of 32 classes of 16 bytes (up to
+   * 512), at most 256 KiB in all. Not counted in `used` (which is what
+   * Lua holds, as before). */
+  void *pool[32];
+  size_t pooled;
 } es_budget;
 
 /* Creates a state whose allocator is b's (b must outlive it), with the

@@ -214,7 +214,7 @@ static int run_job(lua_State *L) {
   lua_insert(L, -2);  /* the handler below the event */
   es_push_ctx(L, j->r, ev);
   lua_getfield(L, -2, "meta"); /* ctx.meta: the handled event's (§4), the same table */
-  lua_setfield(L, -2, "meta");
+  es_ctx_set_meta(L, -2);
   lua_pushvalue(L, -1);
   lua_insert(L, -4); /* a copy of ctx below the call: its cancels are read after */
   lua_call(L, 2, 1);

@@ -275,11 +275,18 @@ static int ctx_log_quiet(lua_State *L) {
 
 /* ctx.cancel(index, reason): §3.2 cancel of an event of this session,
  * applied with the completion (complete{cancel}); the upvalue is the list
- * of {index, reason} the engine reads after the handler returned. */
+ * of {index, reason} the engine reads after the handler returned, made by
+ * the first cancel (nil until then: most handlers never cancel, and a
+ * table per call was an allocation per event; a C closure's upvalue is
+ * out of a script's reach, so nothing else can tell). */
 static int ctx_cancel(lua_State *L) {
   lua_Integer index = luaL_checkinteger(L, 1);
   if (index < 1) luaL_argerror(L, 1, "an event index (>= 1)");
   const char *reason = luaL_optstring(L, 2, NULL);
+  if (lua_type(L, lua_upvalueindex(1)) != LUA_TTABLE) {
+    lua_newtable(L);
+    lua_replace(L, lua_upvalueindex(1));
+  }
   lua_Integer n = (lua_Integer)lua_rawlen(L, lua_upvalueindex(1));
   if (n >= 10000) return luaL_error(L, "ctx.cancel: at most 10000 cancels per handler call");
   lua_createtable(L, 2, 0);
@@ -297,7 +304,7 @@ void es_ctx_cancels(lua_State *L, int idx, job *j) {
   idx = lua_absindex(L, idx);
   int top = lua_gettop(L);
   if (lua_getfield(L, idx, "cancel") != LUA_TFUNCTION || lua_tocfunction(L, -1) != ctx_cancel ||
-      !lua_getupvalue(L, -1, 1)) {
+      !lua_getupvalue(L, -1, 1) || lua_type(L, -1) != LUA_TTABLE) { /* nil: no cancel */
     lua_settop(L, top);
     return;
   }
@@ -333,18 +340,48 @@ void es_ctx_cancels(lua_State *L, int idx, job *j) {
 }
 
 static const char ctx_now_key = 'n'; /* registry: this state's ctx.now (its runner's) */
+static const char ctx_keys_key = 'k'; /* registry: the ctx field names (K_*) */
+
+/* The ctx field names, made into Lua strings once per state: a field is
+ * then set with lua_rawset (the ctx is a new table of ours, with no
+ * metatable: what lua_setfield did, without looking the C string up in
+ * Lua's string cache and taking the metamethod-aware path each time). */
+enum { K_SESSION = 1, K_ATTEMPT, K_INDEX, K_NOW, K_STATE, K_LOG, K_RANDOM, K_CANCEL, K_META, K_COUNT };
+static const char *const ctx_keys[K_COUNT] = {NULL,  "session", "attempt", "index", "now",
+                                              "state", "log",     "random", "cancel", "meta"};
+
+/* ctx[k] = the value on top (popped); keys is the names array's index. */
+static void ctx_set(lua_State *L, int ctx, int keys, int k) {
+  lua_rawgeti(L, keys, k);
+  lua_insert(L, -2);
+  lua_rawset(L, ctx);
+}
 
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
-  lua_createtable(L, 0, 8);
+  /* The 8 fields below. `meta` (run_job) makes it 16 slots when the event
+   * has one; made with 16 from the start, the same keys would sit in
+   * another order, which pairs(ctx) would show: kept as it always was. */
+  lua_createtable(L, 0, K_COUNT - 2);
   int ctx = lua_gettop(L);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ctx_keys_key) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_createtable(L, K_COUNT - 1, 0);
+    for (int k = 1; k < K_COUNT; k++) {
+      lua_pushstring(L, ctx_keys[k]);
+      lua_rawseti(L, -2, k);
+    }
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &ctx_keys_key);
+  }
+  int keys = lua_gettop(L);
   lua_pushstring(L, ev->session); /* interned once, shared by the fields below */
   int session = lua_gettop(L);
   lua_pushvalue(L, session);
-  lua_setfield(L, ctx, "session");
+  ctx_set(L, ctx, keys, K_SESSION);
   lua_pushinteger(L, ev->attempts);
-  lua_setfield(L, ctx, "attempt");
+  ctx_set(L, ctx, keys, K_ATTEMPT);
   lua_pushinteger(L, ev->index);
-  lua_setfield(L, ctx, "index");
+  ctx_set(L, ctx, keys, K_INDEX);
   /* A state belongs to one runner: its now() is made once. */
   if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ctx_now_key) != LUA_TFUNCTION) {
     lua_pop(L, 1);
@@ -353,12 +390,12 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &ctx_now_key);
   }
-  lua_setfield(L, ctx, "now");
+  ctx_set(L, ctx, keys, K_NOW);
   lua_pushlightuserdata(L, r);
   lua_pushvalue(L, session);
   lua_pushinteger(L, ev->index);
   lua_pushcclosure(L, ctx_state, 3);
-  lua_setfield(L, ctx, "state");
+  ctx_set(L, ctx, keys, K_STATE);
   if (r->e->o.quiet) {
     lua_pushcfunction(L, ctx_log_quiet); /* a replay's handlers log nothing */
   } else {
@@ -367,11 +404,24 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
     lua_pushstring(L, ev->type);
     lua_pushcclosure(L, ctx_log, 3);
   }
-  lua_setfield(L, ctx, "log");
+  ctx_set(L, ctx, keys, K_LOG);
   es_determinism_push_random(L);
-  lua_setfield(L, ctx, "random");
-  lua_newtable(L); /* the cancels this call asks for */
+  ctx_set(L, ctx, keys, K_RANDOM);
+  lua_pushnil(L); /* the cancels this call asks for: made by the first */
   lua_pushcclosure(L, ctx_cancel, 1);
-  lua_setfield(L, ctx, "cancel");
-  lua_settop(L, ctx); /* the session string goes */
+  ctx_set(L, ctx, keys, K_CANCEL);
+  lua_settop(L, ctx); /* the names and the session string go */
+}
+
+void es_ctx_set_meta(lua_State *L, int ctx) {
+  ctx = lua_absindex(L, ctx);
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ctx_keys_key) != LUA_TTABLE) { /* es_push_ctx made it */
+    lua_pop(L, 1);
+    lua_setfield(L, ctx, "meta");
+    return;
+  }
+  lua_rawgeti(L, -1, K_META);
+  lua_replace(L, -2);
+  lua_insert(L, -2);
+  lua_rawset(L, ctx);
 }

@@ -285,6 +285,9 @@ void es_run_wait(es_engine *e, int64_t ms, atomic_int *v, int until);
 
 /* Pushes the ctx table for a handler of ev (fold.c). */
 void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
+/* ctx.meta = the value on top of the stack (popped), for the ctx at idx
+ * (es_push_ctx's, which has room for it). */
+void es_ctx_set_meta(lua_State *L, int idx);
 
 /* Deterministic scripts (determinism.c, docs/contract.md §4): setup at a
  * state's making, the generator seeded from ev before its handler runs,
