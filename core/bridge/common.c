@@ -208,6 +208,18 @@ static int push_buf_unprotected(lua_State *L) {
   return 1;
 }
 
+void es_lua_push_names(lua_State *L, const void *key, const char *const *names, int n) {
+  if (lua_rawgetp(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_createtable(L, n - 1, 0);
+  for (int i = 1; i < n; i++) {
+    lua_pushstring(L, names[i]);
+    lua_rawseti(L, -2, i);
+  }
+  lua_pushvalue(L, -1);
+  lua_rawsetp(L, LUA_REGISTRYINDEX, key);
+}
+
 void es_lua_push_buf(lua_State *L, es_buf *b) {
   lua_pushcfunction(L, push_buf_unprotected);
   lua_pushlightuserdata(L, b);

@@ -21,6 +21,12 @@
  * memory error cannot leak b: on one, b is destroyed and the error
  * re-raised; otherwise b is left to the caller (to reuse or destroy). */
 void es_lua_push_buf(lua_State *L, es_buf *b);
+/* Pushes the array {names[1], ..., names[n - 1]} of Lua strings, made
+ * once per lua_State and kept in the registry under key (its address):
+ * a field set or read with a name from it (lua_rawgeti, then
+ * lua_rawset/lua_rawget) skips interning the C string each time. May
+ * raise (out of memory). */
+void es_lua_push_names(lua_State *L, const void *key, const char *const *names, int n);
 
 /* Pushes a new error object (creating the metatable on first use). */
 void es_lua_push_error(lua_State *L, int code, const char *message);

@@ -189,15 +189,7 @@ static const char names_key = 'n';
 /* Pushes the names array, making it on first use in this lua_State (may
  * raise: out of memory). */
 static void push_names(lua_State *L) {
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &names_key) == LUA_TTABLE) return;
-  lua_pop(L, 1);
-  lua_createtable(L, N_COUNT_PLUS_ONE - 1, 0);
-  for (int i = 1; i < N_COUNT_PLUS_ONE; i++) {
-    lua_pushstring(L, names_text[i]);
-    lua_rawseti(L, -2, i);
-  }
-  lua_pushvalue(L, -1);
-  lua_rawsetp(L, LUA_REGISTRYINDEX, &names_key);
+  es_lua_push_names(L, &names_key, names_text, N_COUNT_PLUS_ONE);
 }
 
 /* The cache slots of es_lua_pusher (bridge/events.h): strings that repeat

@@ -363,16 +363,7 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev) {
    * another order, which pairs(ctx) would show: kept as it always was. */
   lua_createtable(L, 0, K_COUNT - 2);
   int ctx = lua_gettop(L);
-  if (lua_rawgetp(L, LUA_REGISTRYINDEX, &ctx_keys_key) != LUA_TTABLE) {
-    lua_pop(L, 1);
-    lua_createtable(L, K_COUNT - 1, 0);
-    for (int k = 1; k < K_COUNT; k++) {
-      lua_pushstring(L, ctx_keys[k]);
-      lua_rawseti(L, -2, k);
-    }
-    lua_pushvalue(L, -1);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &ctx_keys_key);
-  }
+  es_lua_push_names(L, &ctx_keys_key, ctx_keys, K_COUNT);
   int keys = lua_gettop(L);
   lua_pushstring(L, ev->session); /* interned once, shared by the fields below */
   int session = lua_gettop(L);
