@@ -2181,7 +2181,8 @@ static void sq_reclaim_wal(es_backend *b) {
     /* The WAL at its limit (sq_wal_hook): a RESTART checkpoint copies
      * what the checkpointer has not and, when no reader is on old frames,
      * leaves the WAL for this write to start again from its beginning
-     * (journal_size_limit then cuts the file back). As the TRUNCATE it
+     * (the file keeps its size, up to journal_size_limit, to be written
+     * over again). As the TRUNCATE it
      * never waits: with a reader on old frames, another process's writer,
      * or another checkpoint in the way, it is tried again at the next
      * write, and the WAL grows by that write meanwhile. */
