@@ -24,7 +24,10 @@
  *     transaction is a deferred BEGIN ... COMMIT on one of them, so reads see
  *     only committed data and run while a write transaction is open;
  *   - one "watch" connection answering data_version (PRAGMA data_version
- *     changes when any other connection, in any process, commits).
+ *     changes when any other connection, in any process, commits);
+ *   - read-write handles: one checkpointer connection, used only by the
+ *     handle's checkpointer thread (sq_ckpt_main), which copies the WAL
+ *     into the main file off the commit path (see "Checkpoints" below).
  * Every statement is prepared once per connection (SQLITE_PREPARE_PERSISTENT)
  * and reused; a statement needed again while it is still being stepped (a
  * callback calling back into the backend) gets a temporary one instead.
@@ -43,6 +46,15 @@
  * page: sq_open). After a write transaction that removed rows commits, one
  * bounded pass of incremental vacuum gives freed pages back to the file
  * system (sq_vacuum_pass); older files keep their mode and reuse freed pages.
+ *
+ * Checkpoints (docs/sqlite.md "Checkpoints"): SQLite's automatic checkpoint
+ * would run in the commit of the group leader, with the core's write lock
+ * held. The write connection has it off (wal_autocheckpoint = 0); its WAL
+ * hook (sq_wal_hook) wakes a thread of the handle (sq_ckpt_main) that runs
+ * PASSIVE checkpoints on its own connection, never waiting for the writer
+ * or readers. A WAL the thread cannot get to restart (a constant writer
+ * keeps appending while it copies) is restarted by the write path itself
+ * once it is SQ_CKPT_LIMIT times the threshold (sq_reclaim_wal).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -83,6 +95,21 @@
 #define SQ_MAX_SAVEPOINTS 64           /* nesting depth whose positions are given back on rollback */
 #define SQ_LOW_SPACE_BYTES (64 << 20)  /* less free space than this: keep the WAL small (sq_reclaim_wal) */
 #define SQ_SPACE_CHECK_EVERY 256       /* writes between two looks at the free space */
+/* WAL pages (frames) at which the checkpointer is woken: SQLite's own
+ * default, and short of space the small WAL of sq_reclaim_wal. */
+#define SQ_CKPT_PAGES 1000
+#define SQ_CKPT_PAGES_LOW 64
+/* Times SQ_CKPT_PAGES the WAL may hold before the write path restarts it
+ * itself (sq_wal_hook, sq_reclaim_wal): 16 MiB of WAL with 4 KiB pages. */
+#define SQ_CKPT_LIMIT 4
+/* Pages the WAL grows by between two wakes of the checkpointer. A pass
+ * copies each page changed since the last one (appends change the same
+ * few pages again and again) and syncs the main file, so a pass per
+ * commit would multiply both; a pass per 1000 pages copies what SQLite's
+ * own checkpoint did (measured: 250 cost more CPU per event than 1000).
+ * What the last pass left is copied by the next one, by the write path's
+ * restart, or at close. */
+#define SQ_CKPT_STEP SQ_CKPT_PAGES
 /* Pages (4 KiB) one incremental-vacuum pass gives back at most: bounds what
  * a commit after a removal pays on top of the removal (sq_vacuum_pass).
  * Short of space the passes are smaller, since each one first writes the
@@ -728,6 +755,10 @@ struct es_backend {
   int imm_changed;                 /* immutable: the file changed since (sticky; under pool_mu) */
   int ckpt_due;                    /* write path only: try a WAL checkpoint (TRUNCATE) before the
                                       next write, to give back the WAL's disk space */
+  int restart_due;                 /* write path only: the WAL reached its limit (sq_wal_hook):
+                                      try a RESTART checkpoint before the next write */
+  int ck_woken_at;                 /* write path only: the WAL's pages when the checkpointer
+                                      was last woken (0: since the WAL started again) */
   int low_space;                   /* write path only: 0 normal; 1 short of space (a write met a
                                       full disk, or little space is free); 2 the small-WAL
                                       settings of sq_reclaim_wal are applied */
@@ -751,6 +782,19 @@ struct es_backend {
    * connection commits) */
   uint64_t foreign;
   int64_t watch_dv, w_dv;
+  /* The checkpointer (sq_ckpt_main; read-write handles). ck_started is
+   * set at open before the WAL hook is installed; ck is used by the
+   * thread alone between its start and its join. */
+  int ck_started;
+  pthread_t ck_thread;
+  sq_conn ck;
+  pthread_mutex_t ck_mu;
+  pthread_cond_t ck_cv;            /* the thread sleeps on it */
+  pthread_cond_t ck_idle_cv;       /* sq_ckpt_pause waits on it for a pass to end */
+  int ck_wake;                     /* under ck_mu: a commit asked for a pass */
+  int ck_stop;                     /* under ck_mu: close: end the thread */
+  int ck_paused;                   /* under ck_mu: no pass may start (sq_ckpt_pause) */
+  int ck_in_pass;                  /* under ck_mu: a checkpoint is running */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -1804,10 +1848,137 @@ static int sq_space_short(es_backend *b) {
   return (uint64_t)vfs.f_bavail * vfs.f_frsize < (uint64_t)SQ_LOW_SPACE_BYTES;
 }
 
+/* ---- checkpoints --------------------------------------------------------- */
+
+/* The checkpointer thread of a read-write handle: each time a commit asks
+ * (sq_wal_hook) it copies the WAL into the main file with a PASSIVE
+ * checkpoint on its own connection. PASSIVE takes no lock the writer or
+ * the readers need and never waits for one: it copies the frames no
+ * reader still needs, then syncs the main file (the connection has the
+ * handle's synchronous setting, so the copy is durable before any writer
+ * may overwrite the WAL). When it has copied every frame and no commit
+ * came meanwhile, the next write transaction starts the WAL again from
+ * its beginning. Its result is not looked at: a checkpoint that fails
+ * (a full disk, an I/O error) or stops short changes nothing, the WAL
+ * stays authoritative and the next pass, or the write path's own
+ * checkpoint (sq_reclaim_wal), or the last connection's close, tries
+ * again. A write's own errors are the write connection's, never this
+ * connection's. */
+static void *sq_ckpt_main(void *arg) {
+  es_backend *b = arg;
+  pthread_mutex_lock(&b->ck_mu);
+  for (;;) {
+    while (!b->ck_stop && (!b->ck_wake || b->ck_paused)) pthread_cond_wait(&b->ck_cv, &b->ck_mu);
+    if (b->ck_stop) break;
+    b->ck_wake = 0;
+    b->ck_in_pass = 1;
+    pthread_mutex_unlock(&b->ck_mu);
+    (void)sqlite3_wal_checkpoint_v2(b->ck.db, "main", SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+    pthread_mutex_lock(&b->ck_mu);
+    b->ck_in_pass = 0;
+    pthread_cond_broadcast(&b->ck_idle_cv);
+  }
+  pthread_mutex_unlock(&b->ck_mu);
+  return NULL;
+}
+
+/* The write connection's WAL hook: SQLite calls it after each commit of
+ * that connection (on the writing thread, so the write path's fields are
+ * its own), with the frames the WAL now holds. At the threshold it wakes
+ * the checkpointer, and again each SQ_CKPT_STEP pages the WAL grows by
+ * after. The checkpointer copies while the writer appends, so
+ * under a constant writer its passes may never end with every frame
+ * copied and the WAL would grow without bound; at SQ_CKPT_LIMIT times the
+ * threshold the next write restarts it itself (sq_reclaim_wal), and the
+ * checkpointer is left asleep meanwhile so that the two do not take each
+ * other's checkpoint lock (the same while a TRUNCATE after a full disk is
+ * due). Short of space, or without a checkpointer, the limit is the
+ * threshold: the write path checkpoints every 64 (or 1000) pages itself,
+ * before its next write, as SQLite's automatic checkpoint did after the
+ * commit. Always SQLITE_OK: an error here would fail a commit that has
+ * happened. */
+static int sq_wal_hook(void *arg, sqlite3 *db, const char *name, int pages) {
+  es_backend *b = arg;
+  (void)db;
+  (void)name;
+  int threshold = b->low_space ? SQ_CKPT_PAGES_LOW : SQ_CKPT_PAGES;
+  int limit = b->ck_started && !b->low_space ? SQ_CKPT_LIMIT * threshold : threshold;
+  b->restart_due = pages >= limit;
+  if (pages < b->ck_woken_at) b->ck_woken_at = 0; /* the WAL started again */
+  if (b->ck_started && pages >= threshold && pages - b->ck_woken_at >= SQ_CKPT_STEP &&
+      !b->restart_due && !b->ckpt_due) {
+    b->ck_woken_at = pages;
+    pthread_mutex_lock(&b->ck_mu);
+    b->ck_wake = 1;
+    pthread_cond_signal(&b->ck_cv);
+    pthread_mutex_unlock(&b->ck_mu);
+  }
+  return SQLITE_OK;
+}
+
+/* A checkpoint that must not meet the checkpointer's (sq_scrub's: it
+ * fails at once when another connection holds the checkpoint lock) runs
+ * between these two: the pass in progress ends first, none starts until
+ * sq_ckpt_resume. */
+static void sq_ckpt_pause(es_backend *b) {
+  if (!b->ck_started) return;
+  pthread_mutex_lock(&b->ck_mu);
+  b->ck_paused++;
+  while (b->ck_in_pass) pthread_cond_wait(&b->ck_idle_cv, &b->ck_mu);
+  pthread_mutex_unlock(&b->ck_mu);
+}
+
+static void sq_ckpt_resume(es_backend *b) {
+  if (!b->ck_started) return;
+  pthread_mutex_lock(&b->ck_mu);
+  b->ck_paused--;
+  pthread_cond_signal(&b->ck_cv);
+  pthread_mutex_unlock(&b->ck_mu);
+}
+
+/* Sets up the checkpoints of a read-write handle at the end of open: the
+ * checkpointer's connection and thread, then the write connection's hook.
+ * Without a checkpointer (its connection or thread cannot be had) the
+ * handle still works: the write path checkpoints itself (sq_wal_hook). */
+static int sq_ckpt_start(es_backend *b, es_err *err) {
+  es_err ignored = {0};
+  int64_t v = 0;
+  int code;
+  /* the connection reads once now, so it has the WAL open before its
+   * first checkpoint */
+  if (sq_conn_open(b, &b->ck, 0, &ignored) == ES_OK &&
+      sq_pragma_int(&b->ck, "PRAGMA user_version", &v, &ignored) == ES_OK &&
+      pthread_create(&b->ck_thread, NULL, sq_ckpt_main, b) == 0)
+    b->ck_started = 1;
+  else
+    sq_conn_close(&b->ck);
+  if ((code = sq_conn_exec(&b->w, "PRAGMA wal_autocheckpoint = 0", "cannot set up the file", err)) !=
+      ES_OK)
+    return code;
+  sqlite3_wal_hook(b->w.db, sq_wal_hook, b);
+  return ES_OK;
+}
+
+/* Ends the checkpointer (close): the pass in progress ends first. */
+static void sq_ckpt_stop(es_backend *b) {
+  if (b->ck_started) {
+    pthread_mutex_lock(&b->ck_mu);
+    b->ck_stop = 1;
+    pthread_cond_signal(&b->ck_cv);
+    pthread_mutex_unlock(&b->ck_mu);
+    pthread_join(b->ck_thread, NULL);
+    b->ck_started = 0;
+  }
+  sq_conn_close(&b->ck);
+}
+
 /* ---- open / close ------------------------------------------------------- */
 
 static void sq_close(es_backend *b) {
   if (!b) return;
+  /* first: the thread uses its connection until it is joined, and the
+   * write connection must stay the last one closed */
+  sq_ckpt_stop(b);
   sq_reader *r = b->all_readers;
   while (r) {
     sq_reader *next = r->next_all;
@@ -1821,6 +1992,9 @@ static void sq_close(es_backend *b) {
   pthread_mutex_destroy(&b->pool_mu);
   pthread_cond_destroy(&b->pool_cv);
   pthread_mutex_destroy(&b->watch_mu);
+  pthread_mutex_destroy(&b->ck_mu);
+  pthread_cond_destroy(&b->ck_cv);
+  pthread_cond_destroy(&b->ck_idle_cv);
   free(b->path);
   free(b->full_path);
   free(b->wal_path);
@@ -1841,6 +2015,9 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
   pthread_mutex_init(&b->pool_mu, NULL);
   pthread_cond_init(&b->pool_cv, NULL);
   pthread_mutex_init(&b->watch_mu, NULL);
+  pthread_mutex_init(&b->ck_mu, NULL);
+  pthread_cond_init(&b->ck_cv, NULL);
+  pthread_cond_init(&b->ck_idle_cv, NULL);
   b->wt.b = b;
   b->wt.c = &b->w;
   b->wt.write = 1;
@@ -1976,6 +2153,7 @@ static int sq_open(const char *url_rest, const es_open_opts *opts, es_backend **
     code = es_fail(err, ES_STORAGE, "sqlite %s: cannot sync its directory: %s", b->path, strerror(errno));
     goto fail;
   }
+  if (b->mode != SQ_MODE_RO && (code = sq_ckpt_start(b, err)) != ES_OK) goto fail;
   *out = b;
   return ES_OK;
 fail:
@@ -2008,7 +2186,7 @@ static int sq_load_next_position(es_txn *t, es_err *err) {
 
 /* WAL frames are whole pages, so on a small disk the WAL, not the data, is
  * what fills it (each commit adds the ~10 pages it touched, for a few
- * hundred bytes of events), and SQLite checkpoints only every 1000 pages.
+ * hundred bytes of events), and it is checkpointed only every 1000 pages.
  * Once the disk is full the WAL cannot be checkpointed (that needs the main
  * file to grow) and, without a checkpoint, never restarts from its
  * beginning: every later write appends to it and fails, even after space is
@@ -2023,19 +2201,31 @@ static int sq_load_next_position(es_txn *t, es_err *err) {
  * Short of space (a write met a full disk, or less than SQ_LOW_SPACE_BYTES
  * are free: looked at when the store opens and every SQ_SPACE_CHECK_EVERY
  * writes) the handle keeps its WAL small from then on (a checkpoint every 64
- * pages instead of 1000, the file cut back to 256 KiB when it restarts), so
+ * pages instead of 1000, made by the write path itself before its next
+ * write, sq_wal_hook; the file cut back to 256 KiB when it restarts), so
  * the log does not grow into the space the data needs, and a checkpoint
  * after a full disk needs little room. */
 static void sq_reclaim_wal(es_backend *b) {
+  /* (the checkpoints every 64 pages: sq_wal_hook reads low_space) */
   if (b->low_space == 1 &&
-      sqlite3_exec(b->w.db, "PRAGMA wal_autocheckpoint = 64; PRAGMA journal_size_limit = 262144",
-                   NULL, NULL, NULL) == SQLITE_OK)
+      sqlite3_exec(b->w.db, "PRAGMA journal_size_limit = 262144", NULL, NULL, NULL) == SQLITE_OK)
     b->low_space = 2;
-  if (b->ckpt_due) {
+  if (b->ckpt_due || b->restart_due) {
+    /* The WAL at its limit (sq_wal_hook): a RESTART checkpoint copies
+     * what the checkpointer has not and, when no reader is on old frames,
+     * leaves the WAL for this write to start again from its beginning
+     * (the file keeps its size, up to journal_size_limit, to be written
+     * over again). As the TRUNCATE it
+     * never waits: with a reader on old frames, another process's writer,
+     * or another checkpoint in the way, it is tried again at the next
+     * write, and the WAL grows by that write meanwhile. */
     b->w.no_wait = 1;
-    int rc = sqlite3_wal_checkpoint_v2(b->w.db, "main", SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+    int rc = sqlite3_wal_checkpoint_v2(b->w.db, "main",
+                                       b->ckpt_due ? SQLITE_CHECKPOINT_TRUNCATE
+                                                   : SQLITE_CHECKPOINT_RESTART,
+                                       NULL, NULL);
     b->w.no_wait = 0;
-    if (rc == SQLITE_OK) b->ckpt_due = 0;
+    if (rc == SQLITE_OK) b->ckpt_due = b->restart_due = 0;
   }
 }
 
@@ -2088,7 +2278,7 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
   if (!b->low_space && ++b->space_checks % SQ_SPACE_CHECK_EVERY == 0 && sq_space_short(b))
     b->low_space = 1;
-  if (b->ckpt_due || b->low_space == 1) sq_reclaim_wal(b);
+  if (b->ckpt_due || b->restart_due || b->low_space == 1) sq_reclaim_wal(b);
   if ((code = sq_exec_id(&b->w, ST_BEGIN_WRITE, err)) != ES_OK) return code;
   if ((code = sq_load_next_position(t, err)) != ES_OK) {
     sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
@@ -3477,9 +3667,13 @@ static int sq_backup(es_backend *b, const char *to, es_err *err) {
 static int sq_scrub(es_backend *b, es_err *err) {
   int log = -1, done = -1;
   if (b->mode == SQ_MODE_RO) return ES_OK;
+  /* not beside a pass of the checkpointer: its checkpoint lock would
+   * fail this one at once */
+  sq_ckpt_pause(b);
   int rc = sqlite3_wal_checkpoint_v2(b->w.db, "main", SQLITE_CHECKPOINT_TRUNCATE, &log, &done);
+  sq_ckpt_resume(b);
   if (rc != SQLITE_OK) return sq_fail(err, &b->w, rc, "checkpoint after shred");
-  b->ckpt_due = 0;
+  b->ckpt_due = b->restart_due = 0;
   return ES_OK;
 }
 
