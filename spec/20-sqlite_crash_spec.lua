@@ -28,13 +28,7 @@ local sleep = helpers.sleep
 
 local alive = helpers.alive
 
-local function file_size(path)
-  local f = io.open(path, "rb")
-  if not f then return 0 end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
+local function file_size(path) return helpers.file_size(path) or 0 end
 
 local function read_file(path)
   local f = io.open(path, "rb")

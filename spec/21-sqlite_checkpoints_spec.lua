@@ -29,13 +29,7 @@ local FRAME = PAGE + 24 -- a WAL frame: its header and one page
 local THRESHOLD = 1000
 local BOUND = (4 * THRESHOLD + 1000) * FRAME
 
-local function size(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
+local size = helpers.file_size
 
 -- Threads of this process (the checkpointer is one of them).
 local function threads()

@@ -28,13 +28,7 @@ local KILLS = 20
 
 local sh_quote, sleep, alive = helpers.sh_quote, helpers.sleep, helpers.alive
 
-local function file_size(path)
-  local f = io.open(path, "rb")
-  if not f then return 0 end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
+local function file_size(path) return helpers.file_size(path) or 0 end
 
 local function read_file(path) return helpers.read_file(path) or "" end
 

@@ -382,6 +382,15 @@ helpers.SANITIZED = BUILD:match("build%-san$") ~= nil
 helpers.SQLITE_SCHEMA = "10"
 helpers.PG_SCHEMA = "5"
 
+-- A file's size in bytes, or nil when it cannot be opened.
+function helpers.file_size(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
 -- A file's bytes, or nil when it cannot be read.
 function helpers.read_file(path)
   local f = io.open(path, "rb")
