@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+# split_schema.py: a measurement for a design decision of issue 26, not
+# part of `make bench` (bench/README.md "A dispatch table apart from the
+# log: the SQL ceiling"). Needs Debian's python3 (its sqlite3 module is
+# the same SQLite library the store links); `make deps` does not install
+# it. Run: python3 bench/split_schema.py [EVENTS]
+#
+# The same claim + complete loop, in plain SQL through prepared statements
+# (executemany), on two schemas of one SQLite file (WAL; claims committed
+# with synchronous=NORMAL, completions with FULL, as the store does):
+#   current  the store's events table (schema 10) with its queue indexes:
+#            a claim and a completion each rewrite the event row;
+#   split    the same events table holding the log (rows appended settled,
+#            out of every queue index), a `queue` table of small rows
+#            (position, session, index, type, due time, claim fields) with
+#            two indexes, and a `done` table: a claim updates the small
+#            row, a completion deletes it and appends the processed record.
+# Batches of 256 over 100 sessions, as the engine's claims and completions.
+import os, random, sqlite3, sys, tempfile, time
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 60000
+B = 256
+PATH = os.path.join(tempfile.mkdtemp(), "split.db")
+def fresh(path):
+    for x in ("", "-wal", "-shm"):
+        try: os.remove(path + x)
+        except FileNotFoundError: pass
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("pragma journal_mode=wal"); db.execute("pragma synchronous=full")
+    return db
+PAY = '{"customer":"c-000123","items":[{"qty":2,"sku":"SKU-42"}],"note":"leave at the door"}'
+def cur_schema(db):
+    # the store's events table and its queue indexes (as of schema v10)
+    db.executescript("""
+    create table events(position integer primary key, session text not null, idx integer not null, id text not null unique,
+      type text, payload text, lane text, created_at integer, cause_index integer, cause_attempt integer, not_before integer,
+      status integer not null, attempts integer, failures integer, last_error text, processed_at integer, claim_holder text,
+      claim_expires_at integer, retry_at integer, queued integer not null, due_at integer, last_failed_attempt integer,
+      returned integer, origin_session text, origin_index integer, first_claimed_at integer, last_claimed_at integer,
+      failed_at integer, processed_by_attempt integer, key text, revision integer not null default 1, meta text, unique(session, idx));
+    create index events_queued on events(due_at, position) where queued = 1;
+    create index events_session_queued on events(session, idx, due_at) where queued = 1;
+    create index events_lane on events(session, lane, idx) where lane is not null and status <> 1;
+    create index events_dead on events(position) where status = 2;
+    create index events_session_dead on events(session, position) where status = 2;
+    create index events_session_due on events(session, due_at) where queued = 1;
+    create index events_type_pending on events(type, queued, due_at, position) where status = 0;
+    """)
+def fill(db, split):
+    db.execute("begin")
+    rows = []
+    for p in range(1, N + 1):
+        s = "sess-%03d" % (p % 100); i = p // 100 + 1
+        rows.append((p, s, i, "%032x" % random.getrandbits(128), "job", PAY, p, 0 if not split else 0, 1, p))
+    if split:
+        db.executemany("insert into events(position, session, idx, id, type, payload, created_at, status, queued, due_at) values (?,?,?,?,?,?,?,?,0,NULL)", [r[:8] for r in rows])
+        db.executemany("insert into queue(position, session, idx, type, due_at) values (?,?,?,?,?)", [(r[0], r[1], r[2], r[4], r[9]) for r in rows])
+    else:
+        db.executemany("insert into events(position, session, idx, id, type, payload, created_at, status, queued, due_at) values (?,?,?,?,?,?,?,?,?,?)", rows)
+    db.execute("commit")
+def split_schema(db):
+    cur_schema(db)
+    db.executescript("""
+    create table queue(position integer primary key, session text not null, idx integer not null, type text,
+      due_at integer, attempts integer default 0, claim_holder text, claim_expires_at integer, first_claimed_at integer);
+    create index queue_due on queue(due_at, position);
+    create index queue_session on queue(session, idx);
+    create table done(position integer primary key, processed_at integer, attempts integer, first_claimed_at integer,
+      last_claimed_at integer, returned integer);
+    """)
+def run(split):
+    db = fresh(PATH)
+    (split_schema if split else cur_schema)(db); fill(db, split)
+    now = N + 10; done = 0; t = time.perf_counter()
+    while done < N:
+        db.execute("pragma synchronous=normal"); db.execute("begin immediate")
+        if split:
+            ps = [r[0] for r in db.execute("select position from queue where due_at <= ? order by due_at, position limit ?", (now, B))]
+            db.executemany("update queue set due_at = ?, attempts = attempts + 1, claim_holder = 'h', claim_expires_at = ?, first_claimed_at = ? where position = ?",
+                           [(now + 10**9, now + 10**9, now, p) for p in ps])
+        else:
+            ps = [r[0] for r in db.execute("select position from events indexed by events_queued where queued = 1 and due_at <= ? order by due_at, position limit ?", (now, B))]
+            db.executemany("update events set status = 0, attempts = 1, failures = 0, last_error = NULL, processed_at = NULL, claim_holder = 'h', claim_expires_at = ?, retry_at = NULL, queued = 1, due_at = ?, last_failed_attempt = NULL, returned = NULL, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = NULL where position = ?",
+                           [(now + 10**9, now + 10**9, now, now, p) for p in ps])
+        db.execute("commit"); db.execute("pragma synchronous=full"); db.execute("begin immediate")
+        if split:
+            db.executemany("delete from queue where position = ?", [(p,) for p in ps])
+            db.executemany("insert into done(position, processed_at, attempts, first_claimed_at, last_claimed_at, returned) values (?,?,1,?,?,0)", [(p, now, now, now) for p in ps])
+        else:
+            db.executemany("update events set status = 1, attempts = 1, failures = 0, last_error = NULL, processed_at = ?, claim_holder = NULL, claim_expires_at = NULL, retry_at = NULL, queued = 0, due_at = NULL, last_failed_attempt = NULL, returned = 0, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = 1 where position = ?",
+                           [(now, now, now, p) for p in ps])
+        db.execute("commit")
+        done += len(ps)
+    d = time.perf_counter() - t
+    db.close()
+    return N / d
+for r in range(2):  # alternating rounds: compare within a round
+    for split in (False, True):
+        print("round %d %-8s %.0f events/s" % (r + 1, "split" if split else "current", run(split)))
+fresh(PATH).close()
+os.remove(PATH)
+os.rmdir(os.path.dirname(PATH))
