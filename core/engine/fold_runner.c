@@ -139,9 +139,7 @@ static int spin_until(atomic_int *flag) {
   for (int i = 0;; i++) {
     if (atomic_load(flag)) return 1;
     if ((i & 63) == 63) {
-      struct timespec ts;
-      clock_gettime(CLOCK_MONOTONIC, &ts);
-      int64_t now = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+      int64_t now = es_mono_us();
       if (!until) until = now + FOLD_SPIN_US;
       else if (now >= until) return 0;
       sched_yield();
