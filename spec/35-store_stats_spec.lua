@@ -235,7 +235,7 @@ for _, url in ipairs(helpers.urls()) do
         store:close()
         -- back to what version 6 wrote: no counts, no triggers, no revision or meta
         local path = concrete:match("^sqlite:(.*)$")
-        sqlite3(path, "DROP TRIGGER counts_insert; DROP TRIGGER counts_delete; DROP TRIGGER counts_update;"
+        sqlite3(path, helpers.SQLITE_BACK_TO_10 .. " DROP TRIGGER counts_insert; DROP TRIGGER counts_delete; DROP TRIGGER counts_update;"
           .. "DROP TABLE counts; ALTER TABLE events DROP COLUMN revision; ALTER TABLE events DROP COLUMN meta;"
           .. " PRAGMA user_version = 6")
         local again = helpers.open_same(concrete)
@@ -250,7 +250,7 @@ for _, url in ipairs(helpers.urls()) do
       it("a file of schema version 8 gets events_scope at open: a tenant's read_all seeks in it", function()
         local concrete = tenants_store(url)
         local path = concrete:match("^sqlite:(.*)$")
-        sqlite3(path, "DROP INDEX events_scope; PRAGMA user_version = 8")
+        sqlite3(path, helpers.SQLITE_BACK_TO_10 .. " DROP INDEX events_scope; PRAGMA user_version = 8")
         assert.equal("", sqlite3(path, "SELECT name FROM sqlite_master WHERE name = 'events_scope'"))
         local again = helpers.open_same(concrete)
         assert.equal(helpers.SQLITE_SCHEMA, (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))

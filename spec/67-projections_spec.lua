@@ -369,7 +369,7 @@ describe("a store of the previous schema gets projections at open", function()
     store:close()
     -- what schema 9 wrote: everything but the projections table
     local p = assert(io.popen(("sqlite3 %s"):format(helpers.sh_quote(path)), "w"))
-    p:write("DROP TABLE projections; PRAGMA user_version = 9;\n")
+    p:write(helpers.SQLITE_BACK_TO_10 .. " DROP TABLE projections; PRAGMA user_version = 9;\n")
     assert(p:close())
     local t = setup(url)
     t.store = helpers.open_same(url)

@@ -79,7 +79,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 10           /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 11           /* PRAGMA user_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -132,6 +132,17 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
  * a statement's highest parameter is an error, one below it that the
  * statement does not use is not). */
 #define EV_COLS ES_SQL_EV_COLS
+/* An event's due time. A claim (and a renewal) keeps the due time it sets
+ * (the claim's end) in claim_due and leaves due_at as it was, so that it
+ * moves the row only in the two indexes ordered by due time across
+ * sessions (events_queued, events_type_pending, keyed on this expression),
+ * never in the per-session ones (schema version 11, sq_event_update). Any
+ * other write of the dispatch record sets due_at and clears claim_due.
+ * Hence due_at <= SQ_DUE on every row, which the per-session reads by
+ * due_at rely on. */
+#define SQ_DUE "coalesce(claim_due, due_at)"
+/* EV_COLS as every event SELECT reads it: due_at is SQ_DUE. */
+#define EV_SEL ES_SQL_EV_COLS_HEAD SQ_DUE ES_SQL_EV_COLS_TAIL
 /* Column order of every session SELECT; sq_session_put binds it as ?1..?20. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
@@ -145,11 +156,12 @@ enum {
   ST_SESSION_GET, ST_SESSION_PUT,
   ST_SESSION_LIST_GE, ST_SESSION_LIST_GE_LT, ST_SESSION_LIST_GT, ST_SESSION_LIST_GT_LT,
   ST_SESSION_CHILDREN, ST_SESSION_CHILDREN_GT,
-  ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_RANGE, ST_EVENT_ALL,
+  ST_EVENT_GET, ST_EVENT_GET_BY_ID, ST_EVENT_INSERT, ST_EVENT_UPDATE, ST_EVENT_CLAIM, ST_EVENT_RANGE,
+  ST_EVENT_ALL,
   ST_EVENT_COPY,
   ST_LANE_NEXT, ST_QUEUED_DUE_ALL, ST_QUEUED_DUE_SESSION, ST_QUEUED_DUE_SESSION_BY_DUE,
   ST_QUEUED_WINDOW_COUNT, ST_QUEUED_NEXT_ALL,
-  ST_QUEUED_NEXT_SESSION, ST_QUEUED_DUE_TYPE, ST_QUEUED_NEXT_TYPE, ST_PENDING_TYPES,
+  ST_QUEUED_NEXT_SESSION, ST_QUEUED_NEXT_SESSION_CLAIMED, ST_QUEUED_DUE_TYPE, ST_QUEUED_NEXT_TYPE, ST_PENDING_TYPES,
   ST_DEAD_ALL, ST_DEAD_SESSION,
   ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
   ST_REF_GET, ST_REF_PUT, ST_REF_DELETE, ST_REF_LIST, ST_REF_LIST_GT,
@@ -241,8 +253,8 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_SESSION_CHILDREN_GT] = "SELECT " SESS_COLS " FROM sessions INDEXED BY sessions_parent"
                                " WHERE parent IS NOT NULL AND parent = ?1 AND session > ?2"
                                " ORDER BY session LIMIT ?3",
-    [ST_EVENT_GET] = "SELECT " EV_COLS " FROM events WHERE session = ?1 AND idx = ?2",
-    [ST_EVENT_GET_BY_ID] = "SELECT " EV_COLS " FROM events WHERE id = ?1",
+    [ST_EVENT_GET] = "SELECT " EV_SEL " FROM events WHERE session = ?1 AND idx = ?2",
+    [ST_EVENT_GET_BY_ID] = "SELECT " EV_SEL " FROM events WHERE id = ?1",
     [ST_EVENT_INSERT] = "INSERT INTO events(" EV_COLS
                         ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
                         " ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
@@ -253,12 +265,24 @@ static const char *const sq_sql[ST_COUNT] = {
                         " last_error = ?15, processed_at = ?16, claim_holder = ?17,"
                         " claim_expires_at = ?18, retry_at = ?19, queued = ?20, due_at = ?21,"
                         " last_failed_attempt = ?22, returned = ?23, first_claimed_at = ?26,"
-                        " last_claimed_at = ?27, failed_at = ?28, processed_by_attempt = ?29"
-                        " WHERE session = ?2 AND idx = ?3",
-    [ST_EVENT_RANGE] = "SELECT " EV_COLS
+                        " last_claimed_at = ?27, failed_at = ?28, processed_by_attempt = ?29,"
+                        " claim_due = NULL WHERE session = ?2 AND idx = ?3",
+    /* A claim or a renewal of a queued pending row (sq_event_update): the
+     * dispatch record without status, queued and due_at, whose indexes it
+     * then leaves alone; the due time goes to claim_due. Only on a row
+     * whose due_at is at most the new due time (SQ_DUE's invariant); on
+     * any other row it changes nothing and ST_EVENT_UPDATE runs instead.
+     * ?12 and ?20 are bound, not used. */
+    [ST_EVENT_CLAIM] = "UPDATE events SET attempts = ?13, failures = ?14, last_error = ?15,"
+                       " processed_at = ?16, claim_holder = ?17, claim_expires_at = ?18,"
+                       " retry_at = ?19, claim_due = ?21, last_failed_attempt = ?22, returned = ?23,"
+                       " first_claimed_at = ?26, last_claimed_at = ?27, failed_at = ?28,"
+                       " processed_by_attempt = ?29 WHERE session = ?2 AND idx = ?3 AND queued = 1"
+                       " AND status = " ES_SQL_PENDING " AND due_at <= ?21",
+    [ST_EVENT_RANGE] = "SELECT " EV_SEL
                        " FROM events WHERE session = ?1 AND idx > ?2 AND idx <= ?3"
                        " ORDER BY idx LIMIT ?4",
-    [ST_EVENT_ALL] = "SELECT " EV_COLS " FROM events WHERE position > ?1 ORDER BY position LIMIT ?2",
+    [ST_EVENT_ALL] = "SELECT " EV_SEL " FROM events WHERE position > ?1 ORDER BY position LIMIT ?2",
     /* fork: one statement copies the prefix inside SQLite (no row goes
      * through C); es_copy_id() is the core's id generator (sq_fn_copy_id).
      * The columns follow EV_COLS; the dispatch record is the core's
@@ -275,44 +299,53 @@ static const char *const sq_sql[ST_COUNT] = {
                      " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
                      " AND lane IS NOT NULL AND status <> " ES_SQL_PROCESSED
                      " ORDER BY idx LIMIT 1",
-    [ST_QUEUED_DUE_ALL] = "SELECT " EV_COLS
-                          " FROM events INDEXED BY events_queued WHERE queued = 1 AND due_at <= ?1"
-                          " ORDER BY due_at, position LIMIT ?2",
+    [ST_QUEUED_DUE_ALL] = "SELECT " EV_SEL
+                          " FROM events INDEXED BY events_queued WHERE queued = 1 AND " SQ_DUE " <= ?1"
+                          " ORDER BY " SQ_DUE ", position LIMIT ?2",
     /* The ready rows among the first ?4 queued rows of the session (by
      * index): what a claim wants when ready rows come first. */
-    [ST_QUEUED_DUE_SESSION] = "SELECT " EV_COLS " FROM events"
-                              " WHERE queued = 1 AND session = ?1 AND due_at <= ?2 AND idx IN"
+    [ST_QUEUED_DUE_SESSION] = "SELECT " EV_SEL " FROM events"
+                              " WHERE queued = 1 AND session = ?1 AND " SQ_DUE " <= ?2 AND idx IN"
                               " (SELECT idx FROM events INDEXED BY events_session_queued"
                               "  WHERE queued = 1 AND session = ?1 ORDER BY idx LIMIT ?4)"
                               " ORDER BY idx LIMIT ?3",
     /* Only the ready rows, found by due time, then put in index order: when
-     * many rows that are not due (claims, timers) come first. */
-    [ST_QUEUED_DUE_SESSION_BY_DUE] = "SELECT " EV_COLS
+     * many rows that are not due (claims, timers) come first. due_at <= ?2
+     * holds for every row with SQ_DUE <= ?2; the rows it adds are live
+     * claims, dropped by the second term. */
+    [ST_QUEUED_DUE_SESSION_BY_DUE] = "SELECT " EV_SEL
                                      " FROM events INDEXED BY events_session_due"
                                      " WHERE queued = 1 AND session = ?1 AND due_at <= ?2"
-                                     " ORDER BY idx LIMIT ?3",
+                                     " AND " SQ_DUE " <= ?2 ORDER BY idx LIMIT ?3",
     [ST_QUEUED_WINDOW_COUNT] = "SELECT count(*) FROM (SELECT 1 FROM events INDEXED BY events_session_queued"
                                " WHERE queued = 1 AND session = ?1 LIMIT ?2)",
-    [ST_QUEUED_NEXT_ALL] = "SELECT min(due_at) FROM events INDEXED BY events_queued"
-                           " WHERE queued = 1 AND due_at > ?1",
-    [ST_QUEUED_NEXT_SESSION] = "SELECT min(due_at) FROM events INDEXED BY events_session_due"
-                               " WHERE queued = 1 AND session = ?1 AND due_at > ?2",
+    [ST_QUEUED_NEXT_ALL] = "SELECT min(" SQ_DUE ") FROM events INDEXED BY events_queued"
+                           " WHERE queued = 1 AND " SQ_DUE " > ?1",
+    /* sq_queued_next_due: the session's rows from due_at > ?2 on, by due_at
+     * (a row's SQ_DUE is at least its due_at, so the walk stops at the
+     * first due_at past the least SQ_DUE seen), and the claims' due times
+     * among the rows with due_at <= ?2. */
+    [ST_QUEUED_NEXT_SESSION] = "SELECT due_at, claim_due FROM events INDEXED BY events_session_due"
+                               " WHERE queued = 1 AND session = ?1 AND due_at > ?2 ORDER BY due_at",
+    [ST_QUEUED_NEXT_SESSION_CLAIMED] = "SELECT min(claim_due) FROM events INDEXED BY events_session_due"
+                                       " WHERE queued = 1 AND session = ?1 AND due_at <= ?2"
+                                       " AND claim_due > ?2",
     /* `status = 0` selects the partial index events_type_pending; queued
      * rows are all pending, so it filters nothing else. */
-    [ST_QUEUED_DUE_TYPE] = "SELECT " EV_COLS
+    [ST_QUEUED_DUE_TYPE] = "SELECT " EV_SEL
                            " FROM events INDEXED BY events_type_pending"
                            " WHERE status = " ES_SQL_PENDING
-                           " AND type = ?1 AND queued = 1 AND due_at <= ?2"
-                           " ORDER BY due_at, position LIMIT ?3",
-    [ST_QUEUED_NEXT_TYPE] = "SELECT min(due_at) FROM events INDEXED BY events_type_pending"
+                           " AND type = ?1 AND queued = 1 AND " SQ_DUE " <= ?2"
+                           " ORDER BY " SQ_DUE ", position LIMIT ?3",
+    [ST_QUEUED_NEXT_TYPE] = "SELECT min(" SQ_DUE ") FROM events INDEXED BY events_type_pending"
                             " WHERE status = " ES_SQL_PENDING
-                            " AND type = ?1 AND queued = 1 AND due_at > ?2",
+                            " AND type = ?1 AND queued = 1 AND " SQ_DUE " > ?2",
     [ST_PENDING_TYPES] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
                          " WHERE status = " ES_SQL_PENDING " GROUP BY type ORDER BY type",
-    [ST_DEAD_ALL] = "SELECT " EV_COLS
+    [ST_DEAD_ALL] = "SELECT " EV_SEL
                     " FROM events INDEXED BY events_dead"
                     " WHERE status = " ES_SQL_DEAD " AND position > ?1 ORDER BY position LIMIT ?2",
-    [ST_DEAD_SESSION] = "SELECT " EV_COLS
+    [ST_DEAD_SESSION] = "SELECT " EV_SEL
                         " FROM events INDEXED BY events_session_dead"
                         " WHERE status = " ES_SQL_DEAD " AND session = ?1 AND position > ?2"
                         " ORDER BY position LIMIT ?3",
@@ -382,31 +415,31 @@ static const char *const sq_sql[ST_COUNT] = {
      * statement and pass over other tenants' rows (one row lookup each).
      * The unscoped statements are unchanged: users without tenants pay
      * nothing. */
-    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_COLS " FROM events INDEXED BY events_scope"
+    [ST_EVENT_ALL_SCOPED] = "SELECT " EV_SEL " FROM events INDEXED BY events_scope"
                             " WHERE " SQ_SCOPE_OF("session") " = ?3 AND " SQ_SCOPED("session")
                             " AND position > ?1 ORDER BY position LIMIT ?2",
-    [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_COLS
+    [ST_QUEUED_DUE_ALL_SCOPED] = "SELECT " EV_SEL
                                  " FROM events INDEXED BY events_queued WHERE queued = 1"
-                                 " AND due_at <= ?1 AND session >= ?3 AND session < ?4"
-                                 " ORDER BY due_at, position LIMIT ?2",
-    [ST_QUEUED_NEXT_ALL_SCOPED] = "SELECT due_at FROM events INDEXED BY events_queued"
-                                  " WHERE queued = 1 AND due_at > ?1 AND session >= ?2"
-                                  " AND session < ?3 ORDER BY due_at LIMIT 1",
-    [ST_QUEUED_DUE_TYPE_SCOPED] = "SELECT " EV_COLS
+                                 " AND " SQ_DUE " <= ?1 AND session >= ?3 AND session < ?4"
+                                 " ORDER BY " SQ_DUE ", position LIMIT ?2",
+    [ST_QUEUED_NEXT_ALL_SCOPED] = "SELECT " SQ_DUE " FROM events INDEXED BY events_queued"
+                                  " WHERE queued = 1 AND " SQ_DUE " > ?1 AND session >= ?2"
+                                  " AND session < ?3 ORDER BY " SQ_DUE " LIMIT 1",
+    [ST_QUEUED_DUE_TYPE_SCOPED] = "SELECT " EV_SEL
                                   " FROM events INDEXED BY events_type_pending"
                                   " WHERE status = " ES_SQL_PENDING
-                                  " AND type = ?1 AND queued = 1 AND due_at <= ?2"
+                                  " AND type = ?1 AND queued = 1 AND " SQ_DUE " <= ?2"
                                   " AND session >= ?4 AND session < ?5"
-                                  " ORDER BY due_at, position LIMIT ?3",
-    [ST_QUEUED_NEXT_TYPE_SCOPED] = "SELECT due_at FROM events INDEXED BY events_type_pending"
+                                  " ORDER BY " SQ_DUE ", position LIMIT ?3",
+    [ST_QUEUED_NEXT_TYPE_SCOPED] = "SELECT " SQ_DUE " FROM events INDEXED BY events_type_pending"
                                    " WHERE status = " ES_SQL_PENDING
-                                   " AND type = ?1 AND queued = 1 AND due_at > ?2"
-                                   " AND session >= ?3 AND session < ?4 ORDER BY due_at LIMIT 1",
+                                   " AND type = ?1 AND queued = 1 AND " SQ_DUE " > ?2"
+                                   " AND session >= ?3 AND session < ?4 ORDER BY " SQ_DUE " LIMIT 1",
     [ST_PENDING_TYPES_SCOPED] = "SELECT type, count(*) FROM events INDEXED BY events_type_pending"
                                 " WHERE status = " ES_SQL_PENDING
                                 " AND session >= ?1 AND session < ?2"
                                 " GROUP BY type ORDER BY type",
-    [ST_DEAD_ALL_SCOPED] = "SELECT " EV_COLS
+    [ST_DEAD_ALL_SCOPED] = "SELECT " EV_SEL
                            " FROM events INDEXED BY events_dead"
                            " WHERE status = " ES_SQL_DEAD
                            " AND position > ?1 AND session >= ?3 AND session < ?4"
@@ -686,6 +719,20 @@ static const char sq_schema_v10[] =
     "  value BLOB NOT NULL,"
     "  PRIMARY KEY(ns, key)) WITHOUT ROWID;";
 
+/* Version 11 (issue 26, docs/sqlite.md "Claims in place"): a claim keeps
+ * its due time in claim_due (SQ_DUE), so the two indexes ordered by due
+ * time across sessions are rebuilt on SQ_DUE; the per-session ones keep
+ * due_at. Rows written before keep their meaning: a live claim's due_at is
+ * its end, which is also its SQ_DUE (claim_due NULL). Rebuilding the two
+ * indexes reads the queued and pending rows once. */
+static const char sq_schema_v11[] =
+    "ALTER TABLE events ADD COLUMN claim_due INTEGER;"
+    "DROP INDEX IF EXISTS events_queued;"
+    "CREATE INDEX events_queued ON events(" SQ_DUE ", position) WHERE queued = 1;"
+    "DROP INDEX IF EXISTS events_type_pending;"
+    "CREATE INDEX events_type_pending ON events(type, queued, " SQ_DUE ", position)"
+    "  WHERE status = " ES_SQL_PENDING ";";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -697,6 +744,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v8,
     sq_schema_v9,
     sq_schema_v10,
+    sq_schema_v11,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -1306,10 +1354,12 @@ static int sq_behind_flush(es_txn *t, es_err *err);
  * them (sq_behind_flush). */
 static int sq_behind_may_wait(int id) {
   switch (id) {
-    case ST_EVENT_GET: case ST_EVENT_GET_BY_ID: case ST_EVENT_UPDATE: case ST_EVENT_INSERT:
+    case ST_EVENT_GET: case ST_EVENT_GET_BY_ID: case ST_EVENT_UPDATE: case ST_EVENT_CLAIM:
+    case ST_EVENT_INSERT:
     case ST_EVENT_INSERT_4: case ST_EVENT_INSERT_16: case ST_EVENT_INSERT_64: case ST_LANE_NEXT:
     case ST_QUEUED_DUE_ALL: case ST_QUEUED_DUE_SESSION: case ST_QUEUED_DUE_SESSION_BY_DUE:
     case ST_QUEUED_WINDOW_COUNT: case ST_QUEUED_NEXT_ALL: case ST_QUEUED_NEXT_SESSION:
+    case ST_QUEUED_NEXT_SESSION_CLAIMED:
     case ST_QUEUED_DUE_TYPE: case ST_QUEUED_NEXT_TYPE: case ST_QUEUED_DUE_ALL_SCOPED:
     case ST_QUEUED_NEXT_ALL_SCOPED: case ST_QUEUED_DUE_TYPE_SCOPED: case ST_QUEUED_NEXT_TYPE_SCOPED:
     case ST_SESSION_GET: case ST_SESSION_PUT:
@@ -2800,11 +2850,26 @@ static int sq_event_copy(es_backend *b, es_txn *t, const char *from, int64_t thr
   return ES_OK;
 }
 
+/* 1: row is a claim's (or a renewal's) write: pending, queued, held, due
+ * when the claim ends (store/dispatch.c claim_row). */
+static int sq_claim_shaped(const es_event *row) {
+  return row->status == ES_STATUS_PENDING && row->queued && row->claim_holder &&
+         row->due_at != ES_NONE && row->due_at == row->claim_expires_at;
+}
+
 static int sq_event_update(es_backend *b, es_txn *t, const es_event *row, es_err *err) {
   (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
   if (!t->write) return sq_read_only_txn(err);
+  if (sq_claim_shaped(row)) {
+    /* In place: ST_EVENT_CLAIM, unless the row is not one it may write. */
+    if ((code = sq_op(t, ST_EVENT_CLAIM, &st, &temp, err)) != ES_OK) return code;
+    if (sq_bind_event(st, row, ES_NONE) != SQLITE_OK)
+      return sq_bind_fail(t, ST_EVENT_CLAIM, st, temp, err);
+    if ((code = sq_run(t, ST_EVENT_CLAIM, st, temp, "update", err)) != ES_OK) return code;
+    if (sqlite3_changes(t->c->db) > 0) return ES_OK;
+  }
   if ((code = sq_op(t, ST_EVENT_UPDATE, &st, &temp, err)) != ES_OK) return code;
   if (sq_bind_event(st, row, ES_NONE) != SQLITE_OK)
     return sq_bind_fail(t, ST_EVENT_UPDATE, st, temp, err);
@@ -2959,25 +3024,50 @@ static int sq_queued_due(es_backend *b, es_txn *t, const char *session, const ch
                     err);
 }
 
+/* A session's least due time > now (ST_QUEUED_NEXT_SESSION's two parts):
+ * O(log n + rows of the session with due_at <= now + rows walked past the
+ * answer). The core asks when nothing of the session was claimable, so the
+ * rows with due_at <= now are mostly its live claims. */
+static int sq_queued_next_due_session(es_txn *t, const char *session, int64_t now, int64_t *due,
+                                      es_err *err) {
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  int64_t least = ES_NONE;
+  if ((code = sq_op(t, ST_QUEUED_NEXT_SESSION_CLAIMED, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sqlite3_bind_int64(st, 2, now);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) least = sq_col_opt(st, 0);
+  sq_stmt_done(t->c, ST_QUEUED_NEXT_SESSION_CLAIMED, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  if ((code = sq_op(t, ST_QUEUED_NEXT_SESSION, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  sqlite3_bind_int64(st, 2, now);
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    int64_t at = sqlite3_column_int64(st, 0), d = sq_col_opt(st, 1);
+    if (least != ES_NONE && at >= least) break; /* every later row is due at >= at */
+    if (d == ES_NONE) d = at;
+    if (least == ES_NONE || d < least) least = d;
+  }
+  sq_stmt_done(t->c, ST_QUEUED_NEXT_SESSION, st, temp);
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return sq_txn_fail(t, rc, "read", err);
+  *due = least;
+  return ES_OK;
+}
+
 static int sq_queued_next_due(es_backend *b, es_txn *t, const char *session, const char *scope,
                               int64_t now, int64_t *due, es_err *err) {
   (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code, rc;
-  int id = session ? ST_QUEUED_NEXT_SESSION : scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL;
+  int id = scope ? ST_QUEUED_NEXT_ALL_SCOPED : ST_QUEUED_NEXT_ALL;
   sq_scope_end end;
   *due = ES_NONE;
-  if (!session && (code = sq_scope_ok(scope, err)) != ES_OK) return code;
+  if (session) return sq_queued_next_due_session(t, session, now, due, err);
+  if ((code = sq_scope_ok(scope, err)) != ES_OK) return code;
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
-  if (session) {
-    sq_bind_str(st, 1, session);
-    sqlite3_bind_int64(st, 2, now);
-  } else if (scope) {
-    sqlite3_bind_int64(st, 1, now);
-    sq_bind_scope(st, 2, scope, end.v);
-  } else {
-    sqlite3_bind_int64(st, 1, now);
-  }
+  sqlite3_bind_int64(st, 1, now);
+  if (scope) sq_bind_scope(st, 2, scope, end.v);
   rc = sqlite3_step(st);
   if (rc == SQLITE_ROW) *due = sq_col_opt(st, 0);
   sq_stmt_done(t->c, id, st, temp);

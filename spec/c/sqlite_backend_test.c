@@ -52,7 +52,7 @@
 static const es_backend_ops *B = &es_backend_sqlite;
 static int n_tests, n_failed;
 
-#define SCHEMA_VERSION 10 /* the user_version this build writes */
+#define SCHEMA_VERSION 11 /* the user_version this build writes */
 
 static void check(int cond, const char *name, int line) {
   n_tests++;
