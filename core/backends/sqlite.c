@@ -260,24 +260,30 @@ static const char *const sq_sql[ST_COUNT] = {
                         " ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
                         " ?29, ?30, ?31, ?32)",
     /* The mutable dispatch record only: the origin (?24, ?25) is bound but
-     * not used, a fork's copy keeps it. */
+     * not used, a fork's copy keeps it. The row is found by its position
+     * when ?1 gives it (the rowid: one search fewer than through
+     * UNIQUE(session, idx)), else by (session, idx). */
     [ST_EVENT_UPDATE] = "UPDATE events SET status = ?12, attempts = ?13, failures = ?14,"
                         " last_error = ?15, processed_at = ?16, claim_holder = ?17,"
                         " claim_expires_at = ?18, retry_at = ?19, queued = ?20, due_at = ?21,"
                         " last_failed_attempt = ?22, returned = ?23, first_claimed_at = ?26,"
                         " last_claimed_at = ?27, failed_at = ?28, processed_by_attempt = ?29,"
-                        " claim_due = NULL WHERE session = ?2 AND idx = ?3",
+                        " claim_due = NULL WHERE position = coalesce(?1, (SELECT position FROM events"
+                        " WHERE session = ?2 AND idx = ?3)) AND session = ?2 AND idx = ?3",
     /* A claim or a renewal of a queued pending row (sq_event_update): the
      * dispatch record without status, queued and due_at, whose indexes it
      * then leaves alone; the due time goes to claim_due. Only on a row
      * whose due_at is at most the new due time (SQ_DUE's invariant); on
      * any other row it changes nothing and ST_EVENT_UPDATE runs instead.
+     * The row is found by its position (the rowid: one search fewer than
+     * through UNIQUE(session, idx)), checked against (session, idx).
      * ?12 and ?20 are bound, not used. */
     [ST_EVENT_CLAIM] = "UPDATE events SET attempts = ?13, failures = ?14, last_error = ?15,"
                        " processed_at = ?16, claim_holder = ?17, claim_expires_at = ?18,"
                        " retry_at = ?19, claim_due = ?21, last_failed_attempt = ?22, returned = ?23,"
                        " first_claimed_at = ?26, last_claimed_at = ?27, failed_at = ?28,"
-                       " processed_by_attempt = ?29 WHERE session = ?2 AND idx = ?3 AND queued = 1"
+                       " processed_by_attempt = ?29 WHERE position = ?1 AND session = ?2 AND idx = ?3"
+                       " AND queued = 1"
                        " AND status = " ES_SQL_PENDING " AND due_at <= ?21",
     [ST_EVENT_RANGE] = "SELECT " EV_SEL
                        " FROM events WHERE session = ?1 AND idx > ?2 AND idx <= ?3"
@@ -2865,11 +2871,18 @@ static int sq_event_update(es_backend *b, es_txn *t, const es_event *row, es_err
   if (sq_claim_shaped(row)) {
     /* In place: ST_EVENT_CLAIM, unless the row is not one it may write. */
     if ((code = sq_op(t, ST_EVENT_CLAIM, &st, &temp, err)) != ES_OK) return code;
-    if (sq_bind_event(st, row, ES_NONE) != SQLITE_OK)
+    if (sq_bind_event(st, row, row->position) != SQLITE_OK)
       return sq_bind_fail(t, ST_EVENT_CLAIM, st, temp, err);
     if ((code = sq_run(t, ST_EVENT_CLAIM, st, temp, "update", err)) != ES_OK) return code;
     if (sqlite3_changes(t->c->db) > 0) return ES_OK;
   }
+  if ((code = sq_op(t, ST_EVENT_UPDATE, &st, &temp, err)) != ES_OK) return code;
+  int64_t at = row->position > 0 ? row->position : ES_NONE;
+  if (sq_bind_event(st, row, at) != SQLITE_OK) return sq_bind_fail(t, ST_EVENT_UPDATE, st, temp, err);
+  if ((code = sq_run(t, ST_EVENT_UPDATE, st, temp, "update", err)) != ES_OK) return code;
+  if (sqlite3_changes(t->c->db) > 0) return ES_OK;
+  if (at == ES_NONE) return ES_NOT_FOUND;
+  /* A row whose position is not the stored one's: by (session, idx). */
   if ((code = sq_op(t, ST_EVENT_UPDATE, &st, &temp, err)) != ES_OK) return code;
   if (sq_bind_event(st, row, ES_NONE) != SQLITE_OK)
     return sq_bind_fail(t, ST_EVENT_UPDATE, st, temp, err);
