@@ -488,6 +488,95 @@ static void test_events(void) {
   free(p);
 }
 
+static int count_rows(void *ctx, const es_event *row) {
+  (void)row;
+  (*(int64_t *)ctx)++;
+  return 0;
+}
+
+/* One event update on its own write transaction. */
+static int update_one(es_backend *b, const es_event *e) {
+  es_txn *t;
+  es_err err = {0};
+  if (tx_write_begin(B, b, &t, &err) != ES_OK) return -1;
+  int rc = B->savepoint(BK(t), t, &err);
+  if (rc == ES_OK) rc = B->event_update(BK(t), t, e, &err);
+  if (rc == ES_OK) rc = B->savepoint_release(BK(t), t, &err);
+  if (rc == ES_OK) return B->write_commit(BK(t), t, &err);
+  B->write_rollback(BK(t), t);
+  return rc;
+}
+
+/* docs/sqlite.md "Claims in place": a claim's due time goes to claim_due,
+ * due_at (which the per-session indexes hold) stays; reads give the due
+ * time the core wrote; a write that would put due_at above the due time,
+ * and every other write, sets due_at and clears claim_due. */
+static void test_claims_in_place(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_txn *t;
+  es_err err = {0};
+  es_event e, got;
+  int64_t due = 0, n = 0;
+  if (!b) {
+    CHECK(0, "open for the claims-in-place tests");
+    free(p);
+    return;
+  }
+  ev_make(&e, "c", 1, "id-c1", "{}");
+  e.queued = 1;
+  e.due_at = 1000;
+  CHECK(put_event(b, &e) > 0, "claims in place: a queued row due at 1000");
+  es_event c = e;
+  c.claim_holder = (char *)"w";
+  c.attempts = 1;
+  c.first_claimed_at = c.last_claimed_at = 1000;
+  c.claim_expires_at = c.due_at = 5000;
+  CHECK(update_one(b, &c) == ES_OK, "claims in place: claimed until 5000");
+  CHECK(raw_int(p, "SELECT due_at FROM events WHERE idx = 1") == 1000 &&
+            raw_int(p, "SELECT claim_due FROM events WHERE idx = 1") == 5000,
+        "claims in place: due_at kept (1000), the claim's due time in claim_due (5000)");
+  CHECK(tx_read_begin(B, b, &t, &err) == ES_OK && B->event_get(BK(t), t, "c", 1, &got, &err) == ES_OK &&
+            got.due_at == 5000 && got.claim_expires_at == 5000 && got.attempts == 1 &&
+            got.claim_holder && strcmp(got.claim_holder, "w") == 0,
+        "claims in place: a read gives the due time the claim wrote");
+  es_event_destroy(&got);
+  CHECK(B->queued_next_due(BK(t), t, "c", NULL, 2000, &due, &err) == ES_OK && due == 5000,
+        "claims in place: the session's next due time is the claim's end");
+  CHECK(B->queued_next_due(BK(t), t, NULL, NULL, 2000, &due, &err) == ES_OK && due == 5000,
+        "claims in place: the store's next due time is the claim's end");
+  CHECK(B->queued_due(BK(t), t, NULL, NULL, 4999, ES_NONE, count_rows, &n, &err) == ES_OK && n == 0 &&
+            B->queued_due(BK(t), t, "c", NULL, 4999, ES_NONE, count_rows, &n, &err) == ES_OK && n == 0,
+        "claims in place: not due before its end (store, session)");
+  CHECK(B->queued_due(BK(t), t, NULL, NULL, 5000, ES_NONE, count_rows, &n, &err) == ES_OK && n == 1 &&
+            B->queued_due(BK(t), t, "c", NULL, 5000, ES_NONE, count_rows, &n, &err) == ES_OK && n == 2 &&
+            B->queued_due_type(BK(t), t, NULL, "t", 5000, ES_NONE, count_rows, &n, &err) == ES_OK &&
+            n == 3,
+        "claims in place: due at its end (store, session, type)");
+  B->read_end(BK(t), t);
+  c.claim_expires_at = c.due_at = 500; /* a renewal after the clock went back */
+  CHECK(update_one(b, &c) == ES_OK && raw_int(p, "SELECT due_at FROM events WHERE idx = 1") == 500 &&
+            raw_int(p, "SELECT claim_due IS NULL FROM events WHERE idx = 1") == 1,
+        "claims in place: a due time below due_at is written to due_at (the full update)");
+  c.claim_expires_at = c.due_at = 7000;
+  CHECK(update_one(b, &c) == ES_OK && raw_int(p, "SELECT due_at FROM events WHERE idx = 1") == 500 &&
+            raw_int(p, "SELECT claim_due FROM events WHERE idx = 1") == 7000,
+        "claims in place: renewed in place again");
+  es_event done = c;
+  done.claim_holder = NULL;
+  done.claim_expires_at = ES_NONE;
+  done.status = ES_STATUS_PROCESSED;
+  done.queued = 0;
+  done.due_at = ES_NONE;
+  done.processed_at = 7000;
+  CHECK(update_one(b, &done) == ES_OK &&
+            raw_int(p, "SELECT due_at IS NULL AND claim_due IS NULL FROM events WHERE idx = 1") == 1,
+        "claims in place: a completion clears due_at and claim_due");
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
 /* event_copy's id generator for the tests: "copy-N", failing at `fail_at`. */
 typedef struct copy_ids {
   int next, fail_at;
@@ -2906,6 +2995,7 @@ int main(void) {
   test_refs();
   test_savepoints();
   test_sessions_behind();
+  test_claims_in_place();
   test_reentrancy();
   test_concurrency();
   test_relative_path();
