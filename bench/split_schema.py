@@ -10,6 +10,9 @@
 # with synchronous=NORMAL, completions with FULL, as the store does):
 #   current  the store's events table (schema 10) with its queue indexes:
 #            a claim and a completion each rewrite the event row;
+#   inplace  schema 11 (docs/sqlite.md "Claims in place"): the same table,
+#            a claim writes its due time to claim_due and moves the row in
+#            the two indexes ordered by due time across sessions only;
 #   split    the same events table holding the log (rows appended settled,
 #            out of every queue index), a `queue` table of small rows
 #            (position, session, index, type, due time, claim fields) with
@@ -29,9 +32,11 @@ def fresh(path):
     db.execute("pragma journal_mode=wal"); db.execute("pragma synchronous=full")
     return db
 PAY = '{"customer":"c-000123","items":[{"qty":2,"sku":"SKU-42"}],"note":"leave at the door"}'
-def cur_schema(db):
-    # the store's events table and its queue indexes (as of schema v10)
-    db.executescript("""
+INPLACE_DUE = "coalesce(claim_due, due_at)"
+def cur_schema(db, inplace=False):
+    # the store's events table and its queue indexes (as of schema v10; v11
+    # with inplace)
+    script = """
     create table events(position integer primary key, session text not null, idx integer not null, id text not null unique,
       type text, payload text, lane text, created_at integer, cause_index integer, cause_attempt integer, not_before integer,
       status integer not null, attempts integer, failures integer, last_error text, processed_at integer, claim_holder text,
@@ -45,7 +50,12 @@ def cur_schema(db):
     create index events_session_dead on events(session, position) where status = 2;
     create index events_session_due on events(session, due_at) where queued = 1;
     create index events_type_pending on events(type, queued, due_at, position) where status = 0;
-    """)
+    """
+    if inplace:
+        script = script.replace("key text, revision", "key text, claim_due integer, revision")
+        script = script.replace("on events(due_at, position)", "on events(%s, position)" % INPLACE_DUE)
+        script = script.replace("on events(type, queued, due_at, position)", "on events(type, queued, %s, position)" % INPLACE_DUE)
+    db.executescript(script)
 def fill(db, split):
     db.execute("begin")
     rows = []
@@ -68,9 +78,12 @@ def split_schema(db):
     create table done(position integer primary key, processed_at integer, attempts integer, first_claimed_at integer,
       last_claimed_at integer, returned integer);
     """)
-def run(split):
+def run(mode):
+    split, inplace = mode == "split", mode == "inplace"
     db = fresh(PATH)
-    (split_schema if split else cur_schema)(db); fill(db, split)
+    if split: split_schema(db)
+    else: cur_schema(db, inplace)
+    fill(db, split)
     now = N + 10; done = 0; t = time.perf_counter()
     while done < N:
         db.execute("pragma synchronous=normal"); db.execute("begin immediate")
@@ -78,6 +91,10 @@ def run(split):
             ps = [r[0] for r in db.execute("select position from queue where due_at <= ? order by due_at, position limit ?", (now, B))]
             db.executemany("update queue set due_at = ?, attempts = attempts + 1, claim_holder = 'h', claim_expires_at = ?, first_claimed_at = ? where position = ?",
                            [(now + 10**9, now + 10**9, now, p) for p in ps])
+        elif inplace:
+            ps = [r[0] for r in db.execute("select position from events indexed by events_queued where queued = 1 and %s <= ? order by %s, position limit ?" % (INPLACE_DUE, INPLACE_DUE), (now, B))]
+            db.executemany("update events set attempts = 1, failures = 0, last_error = NULL, processed_at = NULL, claim_holder = 'h', claim_expires_at = ?, retry_at = NULL, claim_due = ?, last_failed_attempt = NULL, returned = NULL, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = NULL where position = ? and queued = 1 and status = 0 and due_at <= ?",
+                           [(now + 10**9, now + 10**9, now, now, p, now + 10**9) for p in ps])
         else:
             ps = [r[0] for r in db.execute("select position from events indexed by events_queued where queued = 1 and due_at <= ? order by due_at, position limit ?", (now, B))]
             db.executemany("update events set status = 0, attempts = 1, failures = 0, last_error = NULL, processed_at = NULL, claim_holder = 'h', claim_expires_at = ?, retry_at = NULL, queued = 1, due_at = ?, last_failed_attempt = NULL, returned = NULL, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = NULL where position = ?",
@@ -87,7 +104,7 @@ def run(split):
             db.executemany("delete from queue where position = ?", [(p,) for p in ps])
             db.executemany("insert into done(position, processed_at, attempts, first_claimed_at, last_claimed_at, returned) values (?,?,1,?,?,0)", [(p, now, now, now) for p in ps])
         else:
-            db.executemany("update events set status = 1, attempts = 1, failures = 0, last_error = NULL, processed_at = ?, claim_holder = NULL, claim_expires_at = NULL, retry_at = NULL, queued = 0, due_at = NULL, last_failed_attempt = NULL, returned = 0, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = 1 where position = ?",
+            db.executemany("update events set status = 1, attempts = 1, failures = 0, last_error = NULL, processed_at = ?, claim_holder = NULL, claim_expires_at = NULL, retry_at = NULL, queued = 0, due_at = NULL, last_failed_attempt = NULL, returned = 0, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = 1" + (", claim_due = NULL" if inplace else "") + " where position = ?",
                            [(now, now, now, p) for p in ps])
         db.execute("commit")
         done += len(ps)
@@ -95,8 +112,8 @@ def run(split):
     db.close()
     return N / d
 for r in range(2):  # alternating rounds: compare within a round
-    for split in (False, True):
-        print("round %d %-8s %.0f events/s" % (r + 1, "split" if split else "current", run(split)))
+    for mode in ("current", "inplace", "split"):
+        print("round %d %-8s %.0f events/s" % (r + 1, mode, run(mode)))
 fresh(PATH).close()
 os.remove(PATH)
 os.rmdir(os.path.dirname(PATH))
