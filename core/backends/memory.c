@@ -249,7 +249,7 @@ typedef struct urec {
   unsigned disp_kept : 1;   /* U_EV_UPDATE: the dispatch block did not change */
   unsigned old_nslots : 3;
   unsigned old_status : 2, old_queued : 1;
-  unsigned old_flags : 9;
+  unsigned old_flags : 11;  /* every RF_ bit: undo puts them all back */
   void *obj;                /* the row, session or namespace */
   void *old;                /* the replaced block (owned by the log until commit), or NULL;
                                U_EV_INSERT: the removed row whose id the new row took;

@@ -793,6 +793,54 @@ static void test_event_fields(void) {
   OPS->close(b);
 }
 
+/* The immutable fields dump_event leaves out read back as inserted. */
+static void check_extras(es_txn *t, const char *session, int64_t index, int64_t revision,
+                         const char *meta, const char *key) {
+  es_err err;
+  es_event g;
+  es_event_init(&g);
+  CHECK_RC(OPS->event_get(BK(t), t, session, index, &g, &err), ES_OK);
+  CHECK(g.revision == revision);
+  CHECK(g.meta && meta && strcmp(g.meta, meta) == 0);
+  CHECK(g.key && key && strcmp(g.key, key) == 0);
+  es_event_destroy(&g);
+}
+
+/* An update undone gives back every flag of the row, not only the
+ * dispatch ones: a row with a revision, meta and a key (flags beyond the
+ * low nine bits) reads back whole after write_rollback and
+ * savepoint_rollback of a claim. */
+static void test_update_undo_flags(void) {
+  es_backend *b = open_mem();
+  es_txn *t = wbegin(b);
+  es_event e = mkrow("s", 1, "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", NULL);
+  e.revision = 3;
+  e.meta = "{\"trace\":\"x\"}";
+  e.key = "k1";
+  ins_row(t, &e);
+  commit(t);
+  for (int sp = 0; sp < 2; sp++) {
+    es_err err;
+    t = wbegin(b);
+    if (sp) CHECK_RC(OPS->savepoint(BK(t), t, &err), ES_OK);
+    es_event c = e;
+    c.attempts = 1;
+    c.claim_holder = "w";
+    c.first_claimed_at = c.last_claimed_at = 1005;
+    c.claim_expires_at = c.due_at = 2000;
+    CHECK_RC(upd(t, &c), ES_OK);
+    check_reads(t, &c);
+    if (sp) OPS->savepoint_rollback(BK(t), t);
+    else OPS->write_rollback(BK(t), t);
+    if (sp) commit(t);
+    t = rbegin(b);
+    check_reads(t, &e);
+    check_extras(t, "s", 1, 3, e.meta, "k1");
+    OPS->read_end(BK(t), t);
+  }
+  OPS->close(b);
+}
+
 static void check_session(es_txn *t, const char *name, const char *want) {
   es_session_info si;
   es_err err;
@@ -3338,6 +3386,7 @@ int main(int argc, char **argv) {
   run("lane_next: a NULL lane is refused (memory only)", test_lane_next_null);
   run("event fields: origin (immutable, only on forked rows) and the dispatch record round-trip",
       test_event_fields);
+  run("event_update undone: every row flag back (revision, meta, key)", test_update_undo_flags);
   run("session rows: every field and string round-trips, copied, replaced, undone",
       test_session_fields);
   run("session_children: byte order, after, limit, moves with the parent, undo, callbacks",
