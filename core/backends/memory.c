@@ -11,7 +11,9 @@
  *     block; the session, type, lane and origin session names are shared,
  *     the dispatch record (attempts, claim, errors, ...) is a separate
  *     block that exists only once it differs from "never touched" and
- *     holds only the fields that differ;
+ *     holds only the fields that differ, but for the commonest processed
+ *     record (claimed once, completed by that attempt), which a word in
+ *     the header holds (RF_COMPACT);
  *   - rows are found by position (a dense array: position p at p - 1 -
  *     pbase), by (session, index) (a dense array per session: index i at
  *     i - 1 - base) and by id (an open-addressing index of its own);
@@ -142,8 +144,16 @@ enum {
    * the last tail word holds it. */
   RF_REVISION = 512,
   /* §3.1: meta's canonical text and its NUL end the row (after the key) */
-  RF_META = 1024
+  RF_META = 1024,
+  /* The dispatch record is the common processed one (cdisp_fit): claimed
+   * once and completed by that attempt, nothing else set. Most of history
+   * is such events, and a block for them costs 64 bytes with malloc's
+   * overhead; so the few integers that vary live in the row's disp slot as
+   * a word (mrow.cdisp) and the rest is implied. */
+  RF_COMPACT = 2048
 };
+/* The flags an update recomputes: those of the dispatch record. */
+#define RF_DISP ((unsigned)(RF_PROC_AT_CREATED | RF_RETURNED_NONE | RF_COMPACT))
 
 /* A row: a 64-byte header, then only what the event has. Its due_at is
  * not here (row_due): a queued row keeps it in its links block, any other
@@ -151,13 +161,16 @@ enum {
 struct mrow {
   msess *sess;     /* shared: the session name lives there */
   mtype *type;     /* shared: the type name lives there */
-  mdisp *disp;     /* NULL: the untouched dispatch record */
+  union {
+    mdisp *disp;     /* without RF_COMPACT; NULL: the untouched dispatch record */
+    uint64_t cdisp;  /* with RF_COMPACT: the packed word of cdisp_fit */
+  };
   mlinks *links;   /* NULL: in no ordered set; never NULL while queued */
   int64_t index, position, created_at;
   uint32_t payload_len;
   unsigned status : 2, queued : 1;
   unsigned nslots : 3;   /* nodes in the links block */
-  unsigned flags : 11;   /* RF_* */
+  unsigned flags : 12;   /* RF_* */
   uint64_t tail[]; /* [lane ptr][cause_index cause_attempt][not_before][origin ptr origin_index]
                       [revision] id (16 bytes, or text NUL) payload NUL [key NUL] [meta NUL] */
 };
@@ -249,7 +262,7 @@ typedef struct urec {
   unsigned disp_kept : 1;   /* U_EV_UPDATE: the dispatch block did not change */
   unsigned old_nslots : 3;
   unsigned old_status : 2, old_queued : 1;
-  unsigned old_flags : 9;
+  unsigned old_flags : 12;  /* every RF_ bit: undo puts them all back */
   void *obj;                /* the row, session or namespace */
   void *old;                /* the replaced block (owned by the log until commit), or NULL;
                                U_EV_INSERT: the removed row whose id the new row took;
@@ -260,7 +273,8 @@ typedef struct urec {
   int64_t old_due;          /* U_EV_DELETE: the session's gone before; U_SNAP_DEL: its
                                snapshot count */
   int64_t aux;              /* U_EV_DELETE: its gone after; U_SNAP_DEL_FROM: the index from
-                               which snapshots were removed */
+                               which snapshots were removed; U_EV_UPDATE: the old cdisp
+                               (old_flags has RF_COMPACT) */
 } urec;
 _Static_assert(sizeof(urec) <= 48, "an undo step fits in 48 bytes");
 
@@ -733,12 +747,64 @@ static void disp_unpack(const mdisp *d, int64_t f[NDF]) {
   for (int i = 0, j = 0; i < NDF; i++) f[i] = (d->mask & (1u << i)) ? d->v[j++] : DF_DEFAULT[i];
 }
 
-/* Whether e's dispatch record needs a block; when not, *disp_flags holds the
- * RF_PROC_AT_CREATED / RF_RETURNED_NONE flags that make up the difference. */
-static int disp_needed(const es_event *e, int64_t created_at, unsigned *disp_flags) {
+/* The compact record (RF_COMPACT): an event a handler claimed once and
+ * that attempt completed, with nothing else set. Such a record differs
+ * from a fresh event's only in attempts = processed_by_attempt = 1,
+ * first_claimed_at = last_claimed_at, processed_at and returned; the word
+ * holds the three that vary, relative to created_at so that they fit:
+ *   bits  0..31  first_claimed_at - created_at   (ms: 49 days)
+ *   bits 32..51  processed_at - first_claimed_at (ms: 17 minutes, a handler's run)
+ *   bits 52..63  returned                        (0..4095)
+ * Anything else (a failure, a second attempt, an error or holder text, a
+ * due_at, a status other than PROCESSED, a time before the one it follows,
+ * a value too big for its bits) takes a block: exactness first, the common
+ * case second. */
+#define CD_PROC_BITS 20
+#define CD_RET_BITS 12
+static int cdisp_fit(const es_event *e, const int64_t f[NDF], int64_t created_at, uint64_t *word) {
+  if (e->status != ES_STATUS_PROCESSED || e->queued || e->due_at != ES_NONE || e->last_error ||
+      e->claim_holder || created_at == ES_NONE)
+    return 0;
+  if (f[DF_ATTEMPTS] != 1 || f[DF_PROCESSED_BY_ATTEMPT] != 1 ||
+      f[DF_LAST_CLAIMED_AT] != f[DF_FIRST_CLAIMED_AT])
+    return 0;
+  static const int fresh[] = {DF_FAILURES, DF_CLAIM_EXPIRES_AT, DF_RETRY_AT, DF_LAST_FAILED_ATTEMPT,
+                              DF_FAILED_AT, DF_DUE_AT};
+  for (size_t i = 0; i < sizeof fresh / sizeof fresh[0]; i++)
+    if (f[fresh[i]] != DF_DEFAULT[fresh[i]]) return 0;
+  int64_t claimed, ran, ret = f[DF_RETURNED];
+  if (__builtin_sub_overflow(f[DF_FIRST_CLAIMED_AT], created_at, &claimed) || claimed < 0 ||
+      claimed > (int64_t)UINT32_MAX)
+    return 0;
+  if (__builtin_sub_overflow(f[DF_PROCESSED_AT], f[DF_FIRST_CLAIMED_AT], &ran) || ran < 0 ||
+      ran >= (INT64_C(1) << CD_PROC_BITS))
+    return 0;
+  if (ret < 0 || ret >= (INT64_C(1) << CD_RET_BITS)) return 0;
+  *word = (uint64_t)claimed | (uint64_t)ran << 32 | (uint64_t)ret << (32 + CD_PROC_BITS);
+  return 1;
+}
+
+/* The record cdisp_fit packed, back into e (created_at: the row's). */
+static void cdisp_view(uint64_t w, int64_t created_at, es_event *e) {
+  disp_set_fields(e, DF_DEFAULT);
+  e->attempts = e->processed_by_attempt = 1;
+  e->first_claimed_at = e->last_claimed_at = created_at + (int64_t)(w & UINT32_MAX);
+  e->processed_at = e->first_claimed_at + (int64_t)(w >> 32 & ((UINT64_C(1) << CD_PROC_BITS) - 1));
+  e->returned = (int64_t)(w >> (32 + CD_PROC_BITS));
+}
+
+/* How a row keeps e's dispatch record: no block (the flags RF_PROC_AT_CREATED
+ * / RF_RETURNED_NONE make up the difference), the compact word (RF_COMPACT,
+ * *word), or a block. *disp_flags: the RF_DISP flags of the row. */
+enum { DISP_NONE, DISP_COMPACT, DISP_BLOCK };
+static int disp_form(const es_event *e, int64_t created_at, unsigned *disp_flags, uint64_t *word) {
   int64_t f[NDF];
   unsigned flags = 0;
   disp_fields(e, f);
+  if (cdisp_fit(e, f, created_at, word)) {
+    *disp_flags = RF_COMPACT;
+    return DISP_COMPACT;
+  }
   if (f[DF_PROCESSED_AT] == created_at && created_at != ES_NONE) {
     f[DF_PROCESSED_AT] = ES_NONE;
     flags |= RF_PROC_AT_CREATED;
@@ -749,7 +815,7 @@ static int disp_needed(const es_event *e, int64_t created_at, unsigned *disp_fla
   }
   int needed = disp_any(f) || e->last_error || e->claim_holder;
   *disp_flags = needed ? 0 : flags;
-  return needed;
+  return needed ? DISP_BLOCK : DISP_NONE;
 }
 
 static int str_eq(const char *a, const char *b) { return a == b || (a && b && strcmp(a, b) == 0); }
@@ -842,8 +908,11 @@ static void row_view(const mrow *r, es_event *e, char idbuf[ID_TEXT]) {
   e->meta = NULL;
   if (r->flags & RF_META) e->meta = e->key ? e->key + strlen(e->key) + 1 : payload + r->payload_len + 1;
   e->shredded = 0;
-  const mdisp *d = r->disp;
-  if (d) {
+  const mdisp *d = (r->flags & RF_COMPACT) ? NULL : r->disp;
+  if (r->flags & RF_COMPACT) {
+    cdisp_view(r->cdisp, r->created_at, e);
+    e->last_error = e->claim_holder = NULL;
+  } else if (d) {
     int64_t f[NDF];
     disp_unpack(d, f);
     disp_set_fields(e, f);
@@ -859,7 +928,7 @@ static void row_view(const mrow *r, es_event *e, char idbuf[ID_TEXT]) {
 }
 
 static void row_free(mrow *r) {
-  free(r->disp);
+  if (!(r->flags & RF_COMPACT)) free(r->disp);
   free(r->links);
   free(r);
 }
@@ -900,6 +969,7 @@ typedef struct tkey {
  * else its dispatch block's or ES_NONE. */
 static int64_t row_due(const mrow *r) {
   if (r->queued) return r->links->due;
+  if (r->flags & RF_COMPACT) return ES_NONE;  /* cdisp_fit: only with due_at ES_NONE */
   const mdisp *d = r->disp;
   if (!d || !(d->mask & (1u << DF_DUE_AT))) return ES_NONE;
   return d->v[__builtin_popcount(d->mask) - 1];  /* the last field of DF_ order */
@@ -985,9 +1055,11 @@ static void row_unlink(es_backend *b, mrow *r, unsigned mask) {
 
 /* Moves r to a new dispatch state, relinking only the sets whose membership
  * or key changes; with another links block (big enough for the new sets),
- * every set moves to it. Cannot fail. */
+ * every set moves to it. The record is cdisp when flags has RF_COMPACT,
+ * else disp. Cannot fail. */
 static void row_set_state(es_backend *b, mrow *r, int status, int queued, int64_t due_at,
-                          unsigned flags, mdisp *disp, mlinks *links, unsigned nslots) {
+                          unsigned flags, mdisp *disp, uint64_t cdisp, mlinks *links,
+                          unsigned nslots) {
   unsigned before = row_sets(r), after = sets_of(status, queued, flags);
   unsigned moved = 0;
   /* QS is keyed by index but summarises due_at: relinking refreshes it. */
@@ -999,7 +1071,8 @@ static void row_set_state(es_backend *b, mrow *r, int status, int queued, int64_
   r->status = (unsigned)status & 3u;
   r->queued = queued != 0;
   r->flags = flags;
-  r->disp = disp;
+  if (flags & RF_COMPACT) r->cdisp = cdisp;
+  else r->disp = disp;
   r->links = links;
   r->nslots = nslots;
   /* A queued row's due_at lives in its links block (there is one: the
@@ -1908,7 +1981,8 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
 
   /* Every allocation first; nothing is visible until they all succeeded. */
   unsigned flags;
-  int need_disp = disp_needed(row, row->created_at, &flags);
+  uint64_t cdisp = 0;
+  int form = disp_form(row, row->created_at, &flags, &cdisp);
   if (row->lane) flags |= RF_LANE;
   if (row->cause_index != ES_NONE || row->cause_attempt != ES_NONE) flags |= RF_CAUSE;
   if (row->not_before != ES_NONE) flags |= RF_NOT_BEFORE;
@@ -1969,7 +2043,7 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
       origin = new_origin;
     }
   }
-  if (need_disp && !(disp = disp_new(row))) goto fail;
+  if (form == DISP_BLOCK && !(disp = disp_new(row))) goto fail;
   if (sets && !(links = links_new(NULL, slots_for(sets)))) goto fail;
   r = malloc(sizeof *r + tail_words(flags) * 8 + lid + lpay + 1 + lkey + lmeta);
   if (!r) goto fail;
@@ -1977,7 +2051,8 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
   /* Nothing below can fail. */
   r->sess = s;
   r->type = type;
-  r->disp = disp;
+  if (form == DISP_COMPACT) r->cdisp = cdisp;
+  else r->disp = disp;
   r->links = links;
   if (links) links->row = r;
   r->index = row->index;
@@ -2074,12 +2149,15 @@ static int mem_event_update(es_backend *b, es_txn *t, const es_event *row, es_er
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
   if (row_lookup(t, row->session, row->index, &r) != ES_OK) return ES_NOT_FOUND;
   unsigned dflags;
-  int need_disp = disp_needed(row, r->created_at, &dflags);
-  unsigned flags = (r->flags & ~(unsigned)(RF_PROC_AT_CREATED | RF_RETURNED_NONE)) | dflags;
-  int kept = need_disp ? disp_same(r->disp, row) : r->disp == NULL;
-  mdisp *disp = kept ? r->disp : NULL;
+  uint64_t cdisp = 0;
+  int form = disp_form(row, r->created_at, &dflags, &cdisp);
+  unsigned flags = (r->flags & ~RF_DISP) | dflags;
+  /* kept: the block (or its absence: a compact word is no block) stays. */
+  mdisp *cur = (r->flags & RF_COMPACT) ? NULL : r->disp;
+  int kept = form == DISP_BLOCK ? disp_same(cur, row) : cur == NULL;
+  mdisp *disp = kept ? cur : NULL;
   if (undo_reserve(b, 1) != 0) return oom(err);
-  if (need_disp && !kept && !(disp = disp_new(row))) return oom(err);
+  if (form == DISP_BLOCK && !kept && !(disp = disp_new(row))) return oom(err);
   /* A links block only grows (within a transaction, undo needs the old one). */
   unsigned nslots = slots_for(sets_of(row->status, row->queued, flags));
   mlinks *links = r->links;
@@ -2100,17 +2178,18 @@ static int mem_event_update(es_backend *b, es_txn *t, const es_event *row, es_er
   u->old_queued = r->queued;
   u->old_flags = r->flags;
   u->old_due = row_due(r);
-  u->old = r->disp;
-  row_set_state(b, r, row->status, row->queued, row->due_at, flags, disp, links, nslots);
+  u->old = cur;
+  u->aux = (r->flags & RF_COMPACT) ? (int64_t)r->cdisp : 0;
+  row_set_state(b, r, row->status, row->queued, row->due_at, flags, disp, cdisp, links, nslots);
   return ES_OK;
 }
 
 static void undo_update(es_backend *b, urec *u) {
   mrow *r = u->obj;
-  mdisp *cur = r->disp;
+  mdisp *cur = (r->flags & RF_COMPACT) ? NULL : r->disp;
   mlinks *cur_links = r->links;
-  row_set_state(b, r, u->old_status, u->old_queued, u->old_due, u->old_flags, u->old, u->neu,
-                u->old_nslots);
+  row_set_state(b, r, u->old_status, u->old_queued, u->old_due, u->old_flags, u->old,
+                (uint64_t)u->aux, u->neu, u->old_nslots);
   if (!u->disp_kept) free(cur);
   if (u->new_links) free(cur_links);
 }
