@@ -76,6 +76,17 @@ void *realloc(void *p, size_t n) { return should_fail() ? NULL : __libc_realloc(
 void free(void *p) { __libc_free(p); }
 #endif
 
+/* 1: this run counts allocations (the wrappers above are ours, not
+ * valgrind's or AddressSanitizer's, which put their own malloc in front). */
+static int allocs_counted(void) {
+  void *(*volatile alloc)(size_t) = malloc; /* a call the compiler cannot elide */
+  fail_countdown = 0;
+  void *probe = alloc(1);
+  fail_countdown = -1;
+  free(probe);
+  return probe == NULL;
+}
+
 /* ---- TAP ---------------------------------------------------------------- */
 
 static const es_backend_ops *OPS = &es_backend_memory;
@@ -1983,13 +1994,7 @@ static void test_ref_delete_session(void) {
  * presence_expire, which may stop half-way), and rolling back must restore
  * the committed state exactly. */
 static void test_out_of_memory(void) {
-  /* valgrind and AddressSanitizer put their own malloc in front of ours. */
-  void *(*volatile alloc)(size_t) = malloc;  /* a call the compiler cannot elide */
-  fail_countdown = 0;
-  void *probe = alloc(1);
-  fail_countdown = -1;
-  if (probe) {
-    free(probe);
+  if (!allocs_counted()) {
     skip_case("allocation failures cannot be injected here (valgrind, ASan own malloc)");
     return;
   }
@@ -3358,17 +3363,6 @@ static const dcase DCASES[] = {
     {"created_at ES_NONE", 3, 7, 1, tw_created_none, 1},
 };
 #define NDCASES (sizeof DCASES / sizeof DCASES[0])
-
-/* 1: this run counts allocations (the wrappers above are ours, not
- * valgrind's or AddressSanitizer's). */
-static int allocs_counted(void) {
-  void *(*volatile alloc)(size_t) = malloc;
-  fail_countdown = 0;
-  void *probe = alloc(1);
-  fail_countdown = -1;
-  free(probe);
-  return probe == NULL;
-}
 
 static es_event dcase_row(size_t i, const char *session, char id[16]) {
   snprintf(id, 16, "d%zu", i);
