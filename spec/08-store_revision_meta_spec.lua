@@ -184,10 +184,7 @@ end)
 -- kept as SQL text in spec/fixtures/) opened by this build: migrated at
 -- open, its events read with revision 1 and no meta, new ones take both.
 local function read_file(path)
-  local f = assert(io.open(path, "rb"))
-  local text = f:read("a")
-  f:close()
-  return text
+  return (assert(helpers.read_file(path), path))
 end
 
 local WRITTEN_AT = 1700000000000 -- the writer's clock: its pending events are due

@@ -17,13 +17,7 @@ local function changed_scripts()
     (rh.APP.handlers["order.placed"]:gsub("p.qty %* 10", "p.qty * (p.qty > 2 and 9 or 10)")) } })
 end
 
-local function read_all(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local read_all = helpers.read_file
 
 for _, url in ipairs(helpers.urls()) do
   if url:sub(1, 7) ~= "memory:" then

@@ -389,22 +389,24 @@ helpers.SQLITE_BACK_TO_10 = "UPDATE events SET due_at = claim_due WHERE claim_du
   .. " CREATE INDEX events_type_pending ON events(type, queued, due_at, position) WHERE status = 0;"
 helpers.PG_SCHEMA = "5"
 
--- A file's size in bytes, or nil when it cannot be opened.
-function helpers.file_size(path)
+-- use(f) on the file opened for reading, closed after; nil when it cannot
+-- be opened.
+local function with_file(path, use)
   local f = io.open(path, "rb")
   if not f then return nil end
-  local n = f:seek("end")
+  local v = use(f)
   f:close()
-  return n
+  return v
+end
+
+-- A file's size in bytes, or nil when it cannot be opened.
+function helpers.file_size(path)
+  return with_file(path, function(f) return f:seek("end") end)
 end
 
 -- A file's bytes, or nil when it cannot be read.
 function helpers.read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
+  return with_file(path, function(f) return f:read("a") end)
 end
 
 function helpers.write_file(path, bytes)
