@@ -1353,9 +1353,13 @@ typedef struct pg_ahead {
   size_t n_ev;
   es_session_info *si;             /* [n_si] their sessions' rows, as the transaction left them */
   unsigned char *si_dirty;         /* [n_si] 1: put since, not yet sent (pg_ahead_flush) */
+  unsigned char *si_absent;        /* [n_si] 1: no such row (only .session is set) until put */
   size_t n_si, n_dirty;
   char **absent;                   /* [n_absent] ids not stored; NULL once inserted */
   size_t n_absent;
+  /* read for a group's appends (no event asked): each session's rows go
+   * in an INSERT of their own (pg_event_insert) */
+  int per_session;
 } pg_ahead;
 
 static void pg_ahead_drop(es_txn *t) {
@@ -1369,6 +1373,7 @@ static void pg_ahead_drop(es_txn *t) {
   free(a->ev_live);
   free(a->si);
   free(a->si_dirty);
+  free(a->si_absent);
   free(a->absent);
   free(a);
   t->ahead = NULL;
@@ -2657,6 +2662,7 @@ static int pg_session_get(es_backend *b, es_txn *t, const char *session, es_sess
   int code;
   if ((code = pg_claim_may_wait(t, err)) != ES_OK) return code;
   es_session_info *ahead = pg_ahead_session(t, session);
+  if (ahead && t->ahead->si_absent[ahead - t->ahead->si]) return ES_NOT_FOUND;
   if (ahead) return es_session_info_copy(out, ahead) == ES_OK ? ES_OK : pg_oom(err);
   if (t->pre_name && strcmp(t->pre_name, session) == 0) {
     /* read (locked) with the event just before, unchanged since */
@@ -2707,6 +2713,7 @@ static int pg_session_put(es_backend *b, es_txn *t, const es_session_info *row, 
       size_t i = (size_t)(ahead - t->ahead->si);
       if (!t->ahead->si_dirty[i]) t->ahead->n_dirty++;
       t->ahead->si_dirty[i] = 1;
+      t->ahead->si_absent[i] = 0; /* a new row: the flush's upsert inserts it */
       return ES_OK;
     }
     int code = pg_ahead_end(t, err); /* the others go now; this one below */
@@ -2844,10 +2851,13 @@ static int pg_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event
   return pg_get_one(t, ST_EVENT_GET_BY_ID, &p, ROW_EVENT, out, err);
 }
 
-/* The reads complete_many's completions will make, in one round trip
- * (the rows read ahead, above). Only a hint: anything it cannot do leaves
- * the calls to read for themselves, except a failed statement, which has
- * aborted the transaction (STORAGE). */
+/* The reads complete_many's completions, or the appends of a group
+ * commit, will make, in one round trip (the rows read ahead, above): the
+ * events at (sessions[i], indexes[i]) (index 0: none, the session's row
+ * only), those sessions' rows, and which of ids are stored. A session
+ * with no row is known absent until put. Only a hint: anything it cannot
+ * do leaves the calls to read for themselves, except a failed statement,
+ * which has aborted the transaction (STORAGE). */
 static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
                          const int64_t *indexes, size_t n, const char *const *ids, size_t n_ids,
                          es_err *err) {
@@ -2855,33 +2865,45 @@ static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
   int code = pg_ahead_end(t, err);
   if (code != ES_OK || !t->write || t->claim || n == 0) return code;
   pg_pre_drop(t);
+  int want_ev = 0;
+  for (size_t i = 0; i < n; i++) want_ev |= indexes[i] > 0;
   char *s_arr = pg_text_array(sessions, n), *id_arr = n_ids ? pg_text_array(ids, n_ids) : NULL;
   pg_buf i_arr = {0};
   int bad = 0;
-  for (size_t i = 0; i < n && !bad; i++) bad = pg_buf_int(&i_arr, indexes[i]);
+  for (size_t i = 0; i < n && want_ev && !bad; i++) bad = pg_buf_int(&i_arr, indexes[i]);
   pg_ahead *a = calloc(1, sizeof *a);
-  if (!s_arr || bad || pg_buf_end(&i_arr) || !a || (n_ids && !id_arr)) code = pg_oom(err);
+  if (!s_arr || bad || (want_ev && pg_buf_end(&i_arr)) || !a || (n_ids && !id_arr))
+    code = pg_oom(err);
+  else a->per_session = !want_ev;
   t->ahead = a;
+  /* the answers: [0] events (want_ev), [1] sessions, [2] ids (n_ids) */
+  PGresult *res[3] = {NULL, NULL, NULL};
+  int slot[3] = {-1, -1, -1}, n_res = 0;
   if (code == ES_OK) {
     pg_params pe = {0}, ps = {0}, pi = {0};
     pp_str(&pe, s_arr);
     pp_str(&pe, i_arr.p);
     pp_str(&ps, s_arr);
     pp_str(&pi, id_arr);
-    code = pg_send(t, ST_AHEAD_EVENTS, &pe, PEND_WANT, err);
-    if (code == ES_OK) code = pg_send(t, ST_AHEAD_SESSIONS, &ps, PEND_WANT, err);
-    if (code == ES_OK && n_ids) code = pg_send(t, ST_AHEAD_IDS, &pi, PEND_WANT, err);
+    if (want_ev && (code = pg_send(t, ST_AHEAD_EVENTS, &pe, PEND_WANT, err)) == ES_OK) slot[0] = n_res++;
+    if (code == ES_OK && (code = pg_send(t, ST_AHEAD_SESSIONS, &ps, PEND_WANT, err)) == ES_OK)
+      slot[1] = n_res++;
+    if (code == ES_OK && n_ids && (code = pg_send(t, ST_AHEAD_IDS, &pi, PEND_WANT, err)) == ES_OK)
+      slot[2] = n_res++;
   }
-  PGresult *res[3] = {NULL, NULL, NULL};
-  if (code == ES_OK) code = pg_sync_n(t, res, n_ids ? 3 : 2, err);
-  if (code == ES_OK && (!res[0] || !res[1] || (n_ids && !res[2])))
+  PGresult *got[3] = {NULL, NULL, NULL};
+  if (code == ES_OK) code = pg_sync_n(t, got, n_res, err);
+  for (int k = 0; k < 3; k++) res[k] = slot[k] >= 0 ? got[slot[k]] : NULL;
+  if (code == ES_OK && ((want_ev && !res[0]) || !res[1] || (n_ids && !res[2])))
     code = es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
-  size_t ne = code == ES_OK ? (size_t)PQntuples(res[0]) : 0;
+  size_t ne = code == ES_OK && want_ev ? (size_t)PQntuples(res[0]) : 0;
   size_t ns = code == ES_OK ? (size_t)PQntuples(res[1]) : 0;
+  /* room for every session asked: those without a row are listed absent */
   if (code == ES_OK && ((ne && (!(a->ev = calloc(ne, sizeof *a->ev)) ||
                                 !(a->ev_live = calloc(ne, 1)))) ||
-                        (ns && (!(a->si = calloc(ns, sizeof *a->si)) ||
-                                !(a->si_dirty = calloc(ns, 1)))) ||
+                        !(a->si = calloc(n > ns ? n : ns, sizeof *a->si)) ||
+                        !(a->si_dirty = calloc(n > ns ? n : ns, 1)) ||
+                        !(a->si_absent = calloc(n > ns ? n : ns, 1)) ||
                         (n_ids && !(a->absent = calloc(n_ids, sizeof *a->absent)))))
     code = pg_oom(err);
   for (size_t i = 0; code == ES_OK && i < ne; i++, a->n_ev++) {
@@ -2890,6 +2912,12 @@ static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
   }
   for (size_t i = 0; code == ES_OK && i < ns; i++, a->n_si++)
     if (pg_decode_session(res[1], (int)i, 1, &a->si[i]) != ES_OK) code = pg_oom(err);
+  for (size_t i = 0; code == ES_OK && i < n; i++) {
+    if (pg_ahead_session(t, sessions[i])) continue; /* read, or listed absent already */
+    es_session_info_init(&a->si[a->n_si]);
+    if (!(a->si[a->n_si].session = strdup(sessions[i]))) code = pg_oom(err);
+    else a->si_absent[a->n_si++] = 1;
+  }
   /* the ids no row has (a few: n_ids x the rows found) */
   for (size_t i = 0; code == ES_OK && i < n_ids; i++) {
     int stored = 0;
@@ -2980,6 +3008,12 @@ static int pg_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err)
   if (row->payload_len > INT_MAX) return es_fail(err, ES_TOO_LARGE, "postgres: payload too large");
   if ((code = pg_positions(t, err)) != ES_OK) return code;
   if (!t->ins && !(t->ins = calloc(PG_INS_COLS, sizeof *t->ins))) return pg_oom(err);
+  /* Measured (bench/README.md "Appends of a group in one savepoint"): a
+   * group's appends of one row each to different sessions ran at half the
+   * rate as one unnest INSERT of their rows than as single-row INSERTs */
+  if (t->ins_n && t->ahead && t->ahead->per_session && strcmp(t->ins_first.session, row->session) &&
+      (code = pg_ins_flush(t, err)) != ES_OK)
+    return code;
   int64_t position = row->position;
   row->position = t->next_position;
   int bad;

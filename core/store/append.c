@@ -5,6 +5,7 @@
  * Moved out of store.c as they were (store.c's top comment says how a
  * call runs).
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -533,7 +534,17 @@ int es_core_append(es_store *s, const char *scope, const char *session, const es
   rc = es_store_now(s, &a.now, err);
   char *ids = NULL;
   if (rc == ES_OK) rc = pregenerate_ids(s, &a, &ids, err);
-  if (rc == ES_OK) rc = es_core_write(s, do_append, &a, err);
+  if (rc == ES_OK) {
+    /* do_append reads the session row and looks the ids up before its
+     * first write, and after it meets only STORAGE, unless an event is
+     * sealed (a key may be refused halfway) or its payload is over what
+     * PostgreSQL takes (TOO_LARGE from the backend, with a max_payload
+     * raised past 2 GiB) */
+    es_write_hint hint = {session, evs, n, 1};
+    for (size_t i = 0; i < n; i++)
+      if (evs[i].key || evs[i].payload_len > INT_MAX) hint.shared = 0;
+    rc = es_core_write_hinted(s, do_append, &a, &hint, err);
+  }
   free(ids);
   es_core_leave(s);
   es_events_destroy(&unused);

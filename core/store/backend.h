@@ -419,8 +419,10 @@ typedef struct es_backend_ops {
   int (*event_insert_many)(es_backend *b, es_txn *t, es_event *rows, size_t n, es_err *err);
   /* Optional (NULL: none): a hint that the calls to come in this write
    * transaction will read the events at (sessions[i], indexes[i]) for i <
-   * n (event_get), their sessions' rows (session_get) and look up the ids
-   * ids[0..n_ids) (event_get_by_id), as complete_many does. A backend whose
+   * n (event_get; index 0: no event, the session's row only), their
+   * sessions' rows (session_get) and look up the ids ids[0..n_ids)
+   * (event_get_by_id), as complete_many does and as the appends of a
+   * group commit do (group.c). A backend whose
    * reads are round trips reads them all now, in one step, locked as
    * event_get and session_get lock them, and answers those calls from what
    * it read. The answers must be exactly those the calls would give

@@ -54,7 +54,24 @@
  * A member whose fn fails has its savepoint rolled back and gets its own
  * error; the others are not touched. A failed begin fails the callers
  * taken for that transaction (they ran nothing); a failed commit fails
- * every member whose fn succeeded. */
+ * every member whose fn succeeded.
+ *
+ * Shared savepoints and reads ahead (es_core_write_hinted). On
+ * PostgreSQL every savepoint's release is a round trip (the member's
+ * statements must all be answered before it counts as done), and so is
+ * every member's first read, its session row: a group of 16 appends cost
+ * 33 round trips under the store's lock. So a member may say what it
+ * will read and that it may share a savepoint (es_write_hint):
+ *   - before running the callers it took, the leader hands the backend
+ *     their sessions and ids (read_ahead: one round trip for all);
+ *   - consecutive members that may share run in one savepoint, released
+ *     once. Sharing is safe because such a member writes nothing until
+ *     every check that can refuse it has passed: an error other than
+ *     STORAGE is its own answer and left nothing to undo. A STORAGE
+ *     error ends the run: its savepoint is rolled back, the members run
+ *     in it before get STORAGE (their work is gone, as with a failed
+ *     commit: a retry is safe), and the members after it run in a new
+ *     savepoint. */
 /* A member's turn to run its own fn (a store with an id source). */
 typedef struct group_turn {
   int alone;        /* group_run's argument */
@@ -65,6 +82,7 @@ typedef struct group_turn {
 struct group_waiter {
   txn_fn fn;        /* the caller's work, run by the leader */
   void *arg;
+  const es_write_hint *hint; /* or NULL */
   int rc;           /* set by the leader before it posts wake */
   es_err err;
   int lead;         /* woken to lead the next group, not done */
@@ -125,31 +143,101 @@ static void group_wait_late(es_store *s, int n, int64_t *deadline) {
   s->want = 0;
 }
 
-/* Runs one member's work in its own savepoint of the group transaction.
- * *committed is set when the member was alone and took the backend's
- * release_commit (release and commit in one step): the transaction is
- * then over. */
-static int group_run(es_store *s, group_waiter *m, int alone, int *committed) {
+static int shares(const group_waiter *m) { return m->hint && m->hint->shared; }
+
+/* Runs the members from first up to end (exclusive) in one savepoint of
+ * the group transaction: a range of one, or of members that may share
+ * (shares). Stops after a member whose error forbids going on in the
+ * savepoint (STORAGE, or any error of a member that does not share);
+ * *rest: the first member not run (end when all ran). Returns how many
+ * succeeded and were kept. *committed is set when the range is the whole
+ * transaction and took the backend's release_commit (release and commit
+ * in one step): the transaction is then over. */
+static int group_run(es_store *s, group_waiter *first, group_waiter *end, int alone,
+                     int *committed, group_waiter **rest) {
   es_txn *t = s->wtxn;
-  int rc = s->ops->savepoint(s->bk, t, &m->err);
-  if (rc != ES_OK) return rc;
-  rc = m->fn(s, t, m->arg, &m->err);
-  if (rc == ES_OK && alone && s->ops->release_commit) {
-    pthread_mutex_lock(&s->qmu);
-    alone = s->queued == 0;
-    pthread_mutex_unlock(&s->qmu);
+  es_err err = {0};
+  group_waiter *w = first, *broke = NULL;
+  int ok = 0, rc = s->ops->savepoint(s->bk, t, &err);
+  if (rc != ES_OK) {
+    for (; w != end; w = w->next) w->rc = rc, w->err = err;
+    *rest = end;
+    return 0;
+  }
+  while (w != end && !broke) {
+    group_waiter *m = w;
+    w = w->next;
+    m->rc = m->fn(s, t, m->arg, &m->err);
+    if (m->rc == ES_OK) ok++;
+    else if (m->rc == ES_STORAGE || !shares(m)) broke = m;
+  }
+  *rest = w;
+  if (!broke && ok > 0) {
+    if (alone && w == end && s->ops->release_commit) {
+      pthread_mutex_lock(&s->qmu);
+      alone = s->queued == 0;
+      pthread_mutex_unlock(&s->qmu);
+    } else {
+      alone = 0;
+    }
     if (alone) {
       /* Alone in the transaction, nobody queued to join: release and
        * commit in one step (one round trip on PostgreSQL). The
-       * transaction holds this caller's work only, so a failure is this
-       * caller's alone, as a failed release would be. */
+       * transaction holds this range's work only, so a failure is its
+       * members' alone, as a failed release would be. */
       *committed = 1;
       s->wtxn = NULL;
-      return s->ops->release_commit(s->bk, t, &m->err);
+      rc = s->ops->release_commit(s->bk, t, &err);
+    } else {
+      rc = s->ops->savepoint_release(s->bk, t, &err);
+      if (rc != ES_OK) s->ops->savepoint_rollback(s->bk, t);
     }
+    if (rc == ES_OK) return ok;
+  } else {
+    s->ops->savepoint_rollback(s->bk, t);
+    if (broke) err = broke->err;
   }
-  if (rc == ES_OK) rc = s->ops->savepoint_release(s->bk, t, &m->err);
-  if (rc != ES_OK) s->ops->savepoint_rollback(s->bk, t);
+  /* what succeeded in the savepoint is gone with it */
+  for (group_waiter *m = first; m != w; m = m->next) {
+    if (m->rc != ES_OK) continue;
+    m->rc = ES_STORAGE;
+    if (!broke) m->err = err; /* the release's (or release_commit's) error */
+    else
+      es_fail(&m->err, ES_STORAGE, "rolled back with a write it shared a savepoint with: %s",
+              err.msg);
+  }
+  return 0;
+}
+
+/* Hands the backend what the members of batch will read (read_ahead):
+ * their sessions' rows (index 0: no event) and the ids they look up;
+ * nothing for a batch of one, whose own reads cost the same round trip. */
+static int group_read_ahead(es_store *s, group_waiter *batch, es_err *err) {
+  if (!s->ops->read_ahead) return ES_OK;
+  size_t n = 0, n_ids = 0;
+  for (group_waiter *m = batch; m; m = m->next) {
+    if (!m->hint || !m->hint->session) continue;
+    n++;
+    for (size_t i = 0; i < m->hint->n; i++) n_ids += m->hint->evs[i].id != NULL;
+  }
+  if (n < 2) return ES_OK; /* one member reads as fast itself */
+  const char **sessions = malloc(n * sizeof *sessions);
+  const char **ids = n_ids ? malloc(n_ids * sizeof *ids) : NULL;
+  int64_t *indexes = calloc(n, sizeof *indexes);
+  int rc = ES_OK;
+  if (sessions && indexes && (ids || !n_ids)) { /* else no hint: each reads for itself */
+    size_t k = 0, j = 0;
+    for (group_waiter *m = batch; m; m = m->next) {
+      if (!m->hint || !m->hint->session) continue;
+      sessions[k++] = m->hint->session;
+      for (size_t i = 0; i < m->hint->n; i++)
+        if (m->hint->evs[i].id) ids[j++] = m->hint->evs[i].id;
+    }
+    rc = s->ops->read_ahead(s->bk, s->wtxn, sessions, indexes, n, ids, n_ids, err);
+  }
+  free(sessions);
+  free(ids);
+  free(indexes);
   return rc;
 }
 
@@ -169,34 +257,46 @@ static void group_lead(es_store *s, group_waiter *me) {
     group_waiter *batch = group_take(s, GROUP_MAX - n);
     pthread_mutex_unlock(&s->qmu);
     if (!batch) break;
-    for (group_waiter *m = batch; m; m = m->next) {
-      n++;
-      if (brc != ES_OK) {
-        m->rc = brc;
-        m->err = berr;
-      } else if (committed) {
+    es_err aerr = {0};
+    int arc = brc == ES_OK && !committed ? group_read_ahead(s, batch, &aerr) : ES_OK;
+    for (group_waiter *m = batch, *rest; m; m = rest) {
+      rest = m->next;
+      if (brc != ES_OK || arc != ES_OK) {
+        n++;
+        m->rc = brc != ES_OK ? brc : arc;
+        m->err = brc != ES_OK ? berr : aerr;
+        continue;
+      }
+      if (committed) {
         /* cannot happen: release_commit is taken with nobody queued, and
          * only this leader takes callers off the queue */
+        n++;
         m->rc = es_fail(&m->err, ES_STORAGE, "group commit: transaction already committed");
-      } else {
-        int alone = n == 1 && !m->next && s->last_group <= 1;
-        if (m == me || !s->ids) {
-          m->rc = group_run(s, m, alone, &committed);
-        } else {
-          group_turn turn = {alone, &committed, {{0}}};
-          sem_init(&turn.back, 0, 0);
-          m->turn = &turn;
-          sem_post(&m->wake);
-          while (sem_wait(&turn.back) != 0) {
-          }
-          sem_destroy(&turn.back);
-        }
-        if (m->rc == ES_OK) n_ok++;
+        continue;
       }
+      /* one savepoint for m, and the members right after it if all share */
+      group_waiter *end = m->next;
+      int k = 1;
+      if (!s->ids && shares(m))
+        for (; end && shares(end); end = end->next) k++;
+      int alone = n == 0 && !end && k >= s->last_group;
+      if (m == me || !s->ids) {
+        n_ok += group_run(s, m, end, alone, &committed, &rest);
+      } else {
+        group_turn turn = {alone, &committed, {{0}}};
+        sem_init(&turn.back, 0, 0);
+        m->turn = &turn;
+        sem_post(&m->wake);
+        while (sem_wait(&turn.back) != 0) {
+        }
+        sem_destroy(&turn.back);
+        n_ok += m->rc == ES_OK;
+      }
+      for (group_waiter *r = m; r != rest; r = r->next) n++;
     }
     *tail = batch;
     while (*tail) tail = &(*tail)->next;
-    if (brc != ES_OK || committed || n >= GROUP_MAX) break;
+    if (brc != ES_OK || arc != ES_OK || committed || n >= GROUP_MAX) break;
   }
   int64_t commit_ns = 0;
   if (brc == ES_OK && !committed) {
@@ -218,7 +318,7 @@ static void group_lead(es_store *s, group_waiter *me) {
     }
     committed = n_ok > 0 && crc == ES_OK;
   } else if (committed) {
-    committed = group->rc == ES_OK;
+    committed = n_ok > 0; /* release_commit: its range held the whole group */
   }
   /* still under wmu: what this transaction touched is its own */
   if (committed) es_core_notify_commit(s, 1);
@@ -245,11 +345,13 @@ static void group_lead(es_store *s, group_waiter *me) {
   }
 }
 
-static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
+static int run_write_group(es_store *s, txn_fn fn, void *arg, const es_write_hint *hint,
+                           es_err *err) {
   group_waiter me;
   memset(&me, 0, sizeof me);
   me.fn = fn;
   me.arg = arg;
+  me.hint = hint;
   sem_init(&me.wake, 0, 0);
   pthread_mutex_lock(&s->qmu);
   *s->queue_tail = &me;
@@ -271,7 +373,8 @@ static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
     if (me.turn) {
       group_turn *turn = me.turn;
       me.turn = NULL;
-      me.rc = group_run(s, &me, turn->alone, turn->committed);
+      group_waiter *rest;
+      group_run(s, &me, me.next, turn->alone, turn->committed, &rest); /* sets me.rc */
       sem_post(&turn->back); /* the leader reads me.rc; turn is on its stack */
       continue;
     }
@@ -285,7 +388,11 @@ static int run_write_group(es_store *s, txn_fn fn, void *arg, es_err *err) {
 }
 
 int es_core_write(es_store *s, txn_fn fn, void *arg, es_err *err) {
-  if (s->ops->group_commit) return run_write_group(s, fn, arg, err);
+  return es_core_write_hinted(s, fn, arg, NULL, err);
+}
+
+int es_core_write_hinted(es_store *s, txn_fn fn, void *arg, const es_write_hint *hint, es_err *err) {
+  if (s->ops->group_commit) return run_write_group(s, fn, arg, hint, err);
   es_txn *t = NULL;
   pthread_mutex_lock(&s->wmu);
   int rc = s->ops->write_begin(s->bk, &t, err);
