@@ -678,7 +678,8 @@ static void run_one_savepoint(const char *url, const char *label) {
       printf("# round %d: %d savepoints for four appends\n", r, sp);
       one_sp = 0;
     }
-    if (pg && atomic_load(&os_ahead_sessions) != 4) {
+    /* the leader may have run alone first, reading for itself */
+    if (pg && atomic_load(&os_ahead_sessions) < 3) {
       printf("# round %d: %d reads ahead naming %d sessions\n", r, atomic_load(&os_read_aheads),
              atomic_load(&os_ahead_sessions));
       ahead = 0;
@@ -694,7 +695,7 @@ static void run_one_savepoint(const char *url, const char *label) {
            pg ? "at most two savepoints (the leader may run alone first)" : "one savepoint");
   ok(one_sp, name);
   if (pg) {
-    snprintf(name, sizeof name, "%s: one savepoint: every session is read ahead (4 named in all)", label);
+    snprintf(name, sizeof name, "%s: one savepoint: the sessions are read ahead together (at least the 3 after the leader)", label);
     ok(ahead, name);
   }
 
