@@ -167,9 +167,11 @@ void es_lstore_close(lua_State *L, lstore *h) {
     if (h->s) h->close_requested = 1;
     return;
   }
+  /* even when the store is already gone: nothing may stay subscribed to a
+   * closed handle (psub_end leaves the core's watch to the closed store) */
+  for (sub *x = h->subs; x; x = x->next) es_lstore_sub_end(L, x);
+  for (psub *p = h->psubs; p; p = p->next) es_lstore_psub_end(L, h, p);
   if (h->s) {
-    for (sub *x = h->subs; x; x = x->next) es_lstore_sub_end(L, x);
-    for (psub *p = h->psubs; p; p = p->next) es_lstore_psub_end(L, h, p);
     es_store_close(h->s);
     h->s = NULL; /* h->held keeps the struct until __gc */
   }

@@ -335,10 +335,22 @@ static int m_presence_subscribe(lua_State *L) {
   es_store *s = core_enter(L, h);
   x->token = es_store_presence_watch(s, ns, on_presence, x);
   core_leave(L, h);
-  if (!x->token) {
+  int gone = closed(h, &cerr);
+  if (!x->token || gone) {
+    /* No watch, or the clock function (which the watch may read) closed
+     * the store: core_leave closed it just now, and the watch went with
+     * it (a tenant handle whose store's clock closed that store still
+     * has its own, as psub_end does). A subscription linked to a closed
+     * handle would never end. */
+    if (x->token && h->s) es_store_presence_unwatch(h->s, x->token);
     pthread_mutex_destroy(&x->mu);
     free(x);
     luaL_unref(L, LUA_REGISTRYINDEX, fn_ref);
+    if (gone) {
+      cerr.code = ES_CLOSED;
+      snprintf(cerr.msg, sizeof cerr.msg, "the store was closed by its clock function");
+      return raise(L, &cerr);
+    }
     return luaL_error(L, "out of memory");
   }
   x->id = ++h->next_id;

@@ -51,6 +51,7 @@ local calls = {
   presence_set = function() return store:presence_set("ns", "p", { a = 2 }, { ttl_ms = 1000, at = 9 }) end,
   presence_read = function() return store:presence_read("ns") end,
   now = function() return store:now() end,
+  presence_subscribe = function() return store:presence_subscribe("ns", function() end) end,
 }
 local fn = assert(calls[call], "unknown call " .. tostring(call))
 
