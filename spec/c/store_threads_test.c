@@ -402,15 +402,20 @@ typedef struct {
   es_events out;
 } sh_ctx;
 
-static void *sh_writer(void *arg) {
-  sh_ctx *c = arg;
-  es_new_event e[3];
-  for (int i = 0; i < 3; i++) {
+/* n events of type "job", payload {"n":1}. */
+static void job_events(es_new_event *e, int n) {
+  for (int i = 0; i < n; i++) {
     es_new_event_init(&e[i]);
     e[i].type = "job";
     e[i].payload = "{\"n\":1}";
     e[i].payload_len = 7;
   }
+}
+
+static void *sh_writer(void *arg) {
+  sh_ctx *c = arg;
+  es_new_event e[3];
+  job_events(e, 3);
   size_t n = c->role == 3 ? 1 : 2;
   if (c->role == 1) {
     /* e[0] is inserted before e[1] (a laned pending event: the rows
@@ -590,12 +595,7 @@ typedef struct {
 static void *os_writer(void *arg) {
   os_ctx *c = arg;
   es_new_event e[2];
-  for (int i = 0; i < 2; i++) {
-    es_new_event_init(&e[i]);
-    e[i].type = "job";
-    e[i].payload = "{\"n\":1}";
-    e[i].payload_len = 7;
-  }
+  job_events(e, 2);
   e[0].id = c->id;
   int pending;
   es_err err = {0};
