@@ -207,8 +207,11 @@ local function hold(sql, seconds)
     helpers.sh_quote(("BEGIN; %s; SELECT pg_sleep(%d); COMMIT"):format(sql, seconds))), "r"))
   local deadline = helpers.wall() + 120 -- ends when the sleep began; only a hang runs out
   repeat
+    -- in the sleep itself, so after the statements before it: the query
+    -- text names pg_sleep from the moment the whole string starts (a
+    -- complete() spec under ASan once ran before the UPDATE had its lock)
     local n = psql(template, ("SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'"
-      .. " AND query LIKE '%%pg_sleep%%'"):format(app))
+      .. " AND wait_event = 'PgSleep'"):format(app))
     if n == "1" then
       return {
         release = function(commit)
