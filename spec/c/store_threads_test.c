@@ -654,15 +654,13 @@ static void os_init(os_ctx *c, es_store *s, const char *fmt, int r) {
 }
 
 static void run_one_savepoint(const char *url, const char *label) {
-  char name[200];
   es_store *s = NULL, *h2 = NULL;
   es_err err = {0};
   es_open_opts o = {0}, o2 = {0};
   o2.ids = hold_ids;
   if (es_store_open(url, &o, &s, &err) || es_store_open(url, &o2, &h2, &err)) {
     printf("# open %s: %s\n", url, err.msg);
-    snprintf(name, sizeof name, "%s: one savepoint: open", label);
-    ok(0, name);
+    okf(0, "%s: one savepoint: open", label);
     if (s) es_store_release(s);
     return;
   }
@@ -712,19 +710,12 @@ static void run_one_savepoint(const char *url, const char *label) {
       ahead = 0;
     }
   }
-  snprintf(name, sizeof name, "%s: one savepoint: four appends queued together (and their leader) all succeed", label);
-  ok(all_ok, name);
-  snprintf(name, sizeof name, "%s: one savepoint: their events and session heads are stored, new sessions and old", label);
-  ok(stored, name);
-  snprintf(name, sizeof name, "%s: one savepoint: the four share one commit", label);
-  ok(one_commit && held, name);
-  snprintf(name, sizeof name, "%s: one savepoint: the five share %s", label,
-           pg ? "at most two savepoints (the leader runs alone first)" : "one savepoint");
-  ok(one_sp, name);
-  if (pg) {
-    snprintf(name, sizeof name, "%s: one savepoint: the four sessions behind the leader are read ahead together", label);
-    ok(ahead, name);
-  }
+  okf(all_ok, "%s: one savepoint: four appends queued together (and their leader) all succeed", label);
+  okf(stored, "%s: one savepoint: their events and session heads are stored, new sessions and old", label);
+  okf(one_commit && held, "%s: one savepoint: the four share one commit", label);
+  okf(one_sp, "%s: one savepoint: the five share %s", label,
+      pg ? "at most two savepoints (the leader runs alone first)" : "one savepoint");
+  if (pg) okf(ahead, "%s: one savepoint: the four sessions behind the leader are read ahead together", label);
 
   /* 2. A good, B refused (wrong expected head), C fails with STORAGE, D good */
   int b_own = 1, c_storage = 1, d_kept = 1, a_atomic = 1, a_taken_back = 1, none = 1;
@@ -754,19 +745,13 @@ static void run_one_savepoint(const char *url, const char *label) {
     if (rows_of(s, c[1].session) != 0 || rows_of(s, c[2].session) != 0) none = 0;
     for (int i = 0; i < 4; i++) es_events_destroy(&c[i].out);
   }
-  snprintf(name, sizeof name, "%s: one savepoint: a member refused on its own (wrong head) gets its error", label);
-  ok(b_own, name);
-  snprintf(name, sizeof name, "%s: one savepoint: the member whose insert fails gets STORAGE", label);
-  ok(c_storage, name);
-  snprintf(name, sizeof name, "%s: one savepoint: the member queued after the failure commits", label);
-  ok(d_kept, name);
-  snprintf(name, sizeof name, "%s: one savepoint: the member before it is all or nothing, STORAGE when taken back",
-           label);
-  ok(a_atomic, name);
-  snprintf(name, sizeof name, "%s: one savepoint: ... and was taken back with the failing member's savepoint", label);
-  ok(a_taken_back, name);
-  snprintf(name, sizeof name, "%s: one savepoint: the refused and the failed member left no row", label);
-  ok(none, name);
+  okf(b_own, "%s: one savepoint: a member refused on its own (wrong head) gets its error", label);
+  okf(c_storage, "%s: one savepoint: the member whose insert fails gets STORAGE", label);
+  okf(d_kept, "%s: one savepoint: the member queued after the failure commits", label);
+  okf(a_atomic, "%s: one savepoint: the member before it is all or nothing, STORAGE when taken back",
+      label);
+  okf(a_taken_back, "%s: one savepoint: ... and was taken back with the failing member's savepoint", label);
+  okf(none, "%s: one savepoint: the refused and the failed member left no row", label);
 
   /* 3. one id three times in a group: stored by the first, refused in
    * another session, replayed in the same one (the ids read ahead are
@@ -791,10 +776,8 @@ static void run_one_savepoint(const char *url, const char *label) {
     }
     for (int i = 0; i < 4; i++) es_events_destroy(&c[i].out);
   }
-  snprintf(name, sizeof name,
-           "%s: one savepoint: one id in a group: stored once, refused in another session, replayed in its own",
-           label);
-  ok(dup_ok, name);
+  okf(dup_ok, "%s: one savepoint: one id in a group: stored once, refused in another session, replayed in its own",
+      label);
   s->ops = os_real;
   es_store_release(h2);
   es_store_release(s);

@@ -8,6 +8,7 @@
 #ifndef ES_SPEC_TAP_H
 #define ES_SPEC_TAP_H
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +20,17 @@ static inline void ok(int cond, const char *name) {
   test_no++;
   if (!cond) failures++;
   printf("%sok %d - %s\n", cond ? "" : "not ", test_no, name);
+}
+
+/* ok() with a name made from fmt (printf's). */
+static inline void okf(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline void okf(int cond, const char *fmt, ...) {
+  char name[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(name, sizeof name, fmt, ap);
+  va_end(ap);
+  ok(cond, name);
 }
 
 /* A case this run cannot test (no PostgreSQL, a sanitizer that cannot
