@@ -786,6 +786,7 @@ es_new_event *es_lua_check_events_meta(lua_State *L, int idx, int arg, int64_t t
       if (max_payload && buf->len - mark > max_payload)
         es_lua_raisef(L, ES_TOO_LARGE, "%s is over the limit of %zu bytes", what, max_payload);
       e->payload_len = buf->len - mark;
+      e->payload_encoded = 1; /* valid JSON by construction: not parsed again */
       payload_at[i] = mark;
       /* NUL-terminated, as a Lua string was: C readers may rely on it. */
       if (es_buf_addc(buf, '\0') != ES_OK)

@@ -143,6 +143,10 @@ typedef struct es_new_event {
   const char *type;        /* required, non-empty */
   const char *payload;     /* canonical JSON (see json.h); NULL: null */
   size_t payload_len;
+  int payload_encoded;     /* 1: the payload is text this process's own encoder wrote from a
+                              value (es_json_encode_lua), valid JSON by construction, so the
+                              append does not parse it again. 0 (es_new_event_init): text from
+                              outside, checked with es_json_validate. */
   const char *lane;        /* NULL: unlaned */
   int settled;             /* 1: stored processed, never dispatched */
   int64_t cause_index;     /* ES_NONE: none (complete() sets its own) */

@@ -5,7 +5,9 @@
  * (es_check_name), and the core refusing times that would overflow
  * (claim, renew, fail, presence) on a memory: store with a clock at the
  * edges of int64; claim_next skipping sessions (what a fenced-out engine
- * uses), on both backends. TAP-style output; non-zero exit on failure.
+ * uses), on both backends; an append's checks of each event, which name
+ * the event and field at fault and store nothing. TAP-style output;
+ * non-zero exit on failure.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -218,6 +220,59 @@ static void claim_skip(const char *url) {
   es_store_release(s);
 }
 
+/* es_store_append's per-event checks: the error names events[i] and the
+ * field (the label is only formatted for an error), the call stores
+ * nothing, and a C caller's payload text is parsed (payload_encoded 0). */
+static void append_checks(void) {
+  es_store *s = NULL;
+  es_err err = {0};
+  if (es_store_open("memory:", NULL, &s, &err)) {
+    ok(0, "append checks: open");
+    return;
+  }
+  char long_id[300];
+  memset(long_id, 'i', 256);
+  long_id[256] = '\0';
+  struct {
+    const char *field, *value, *msg;
+  } bad[] = {
+      {"type", "", "events[2].type must not be empty"},
+      {"type", "t\xff", "events[2].type is not valid UTF-8"},
+      {"id", long_id, "events[2].id is 256 bytes"},
+      {"lane", "", "events[2].lane must not be empty"},
+      {"key", "k\xc3", "events[2].key is not valid UTF-8"},
+      {"payload", "{\"a\":1,}", "events[2].payload: invalid JSON at byte"},
+      {"payload", "{\"a\":1,\"a\":2}", "events[2].payload: invalid JSON at byte"},
+      {"payload", "\"\xff\"", "events[2].payload: invalid JSON at byte"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    es_new_event e[3];
+    for (int k = 0; k < 3; k++) {
+      es_new_event_init(&e[k]);
+      e[k].type = "t";
+      e[k].payload = "{}";
+      e[k].payload_len = 2;
+    }
+    if (strcmp(bad[i].field, "type") == 0) e[1].type = bad[i].value;
+    else if (strcmp(bad[i].field, "id") == 0) e[1].id = bad[i].value;
+    else if (strcmp(bad[i].field, "lane") == 0) e[1].lane = bad[i].value;
+    else if (strcmp(bad[i].field, "key") == 0) e[1].key = bad[i].value;
+    else e[1].payload = bad[i].value, e[1].payload_len = strlen(bad[i].value);
+    int pending = 0;
+    memset(&err, 0, sizeof err);
+    int rc = es_store_append(s, "checks", e, 3, ES_NONE, ES_NONE, NULL, &pending, &err);
+    es_events got;
+    es_err rerr = {0};
+    int read = es_store_read(s, "checks", 0, ES_NONE, ES_NONE, &got, &rerr) == ES_OK;
+    int empty = read && got.n == 0;
+    if (read) es_events_destroy(&got);
+    okf(rc == ES_INVALID_ARGUMENT && says(&err, bad[i].msg) && empty,
+        "append checks: %s -> \"%s\" (got \"%s\"), nothing stored", bad[i].field, bad[i].msg,
+        err.msg);
+  }
+  es_store_release(s);
+}
+
 int main(void) {
   char path[] = "/tmp/es_rules_XXXXXX";
   int fd = mkstemp(path);
@@ -235,6 +290,7 @@ int main(void) {
   timer_rule();
   text_clean();
   names();
+  append_checks();
   overflowing_times();
   return tap_done();
 }
