@@ -383,8 +383,8 @@ int es_json_encode_lua(lua_State *L, int idx, const char *what, es_buf *out, es_
   e->mark = mark;
   e->err = err;
   e->what = what ? what : "value";
-  e->m.v = NULL;
-  e->m.len = e->m.cap = 0;
+  esj_member local[ESJ_LOCAL_MEMBERS];
+  esj_members_init(&e->m, local, ESJ_LOCAL_MEMBERS);
   es_buf_init(&e->tmp);
   if (!lua_checkstack(L, 6)) return es_fail(err, ES_STORAGE, "out of memory while encoding JSON");
   e->array_mt = 0;

@@ -600,10 +600,15 @@ int es_json_format_double(double d, es_buf *out, es_err *err) {
 
 /* Object members ----------------------------------------------------------- */
 
+void esj_members_init(esj_members *m, esj_member *local, size_t n) {
+  m->v = m->local = local;
+  m->len = 0;
+  m->cap = local ? n : 0;
+}
+
 void esj_members_destroy(esj_members *m) {
-  free(m->v);
-  m->v = NULL;
-  m->len = m->cap = 0;
+  if (m->v != m->local) free(m->v);
+  esj_members_init(m, NULL, 0);
 }
 
 int esj_members_push(esj_members *m, const esj_member *x) {
@@ -611,7 +616,12 @@ int esj_members_push(esj_members *m, const esj_member *x) {
     size_t cap = m->cap ? m->cap * 2 : 32;
     esj_member *v;
     if (cap > SIZE_MAX / sizeof *v) return ES_STORAGE;
-    if (!(v = realloc(m->v, cap * sizeof *v))) return ES_STORAGE;
+    if (m->v && m->v == m->local) {
+      if (!(v = malloc(cap * sizeof *v))) return ES_STORAGE;
+      memcpy(v, m->v, m->len * sizeof *v);
+    } else if (!(v = realloc(m->v, cap * sizeof *v))) {
+      return ES_STORAGE;
+    }
     m->v = v;
     m->cap = cap;
   }
@@ -831,6 +841,7 @@ static int canon_value(canon *c, int depth) {
 
 static int canon_run(const char *text, size_t len, es_buf *out, es_err *err) {
   canon c;
+  esj_member local[ESJ_LOCAL_MEMBERS];
   size_t mark = out ? out->len : 0;
   int rc;
   esj_parser_init(&c.P, text, len, err);
@@ -838,8 +849,7 @@ static int canon_run(const char *text, size_t len, es_buf *out, es_err *err) {
   es_buf_init(&c.keys);
   es_buf_init(&c.str);
   es_buf_init(&c.tmp);
-  c.m.v = NULL;
-  c.m.len = c.m.cap = 0;
+  esj_members_init(&c.m, local, ESJ_LOCAL_MEMBERS);
   rc = canon_value(&c, 0);
   if (rc == ES_OK) {
     esj_skip_ws(&c.P);

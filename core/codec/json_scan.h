@@ -143,11 +143,19 @@ typedef struct esj_member {
  * owns [base, len) while it is open and pops back to base when it closes,
  * so nested objects reuse the same allocation. */
 typedef struct esj_members {
-  esj_member *v; /* owned */
+  esj_member *v;     /* owned, unless it is `local` */
   size_t len;
   size_t cap;
+  esj_member *local; /* the caller's array v starts in (NULL: none): most
+                        texts have a few small objects, so a validation or
+                        an encoding mallocs nothing for its members */
 } esj_members;
 
+/* How many members a caller's own array holds (16 x 56 bytes of stack). */
+#define ESJ_LOCAL_MEMBERS 16
+
+/* Starts empty in local[0..n) (local may be NULL, n 0); grows onto the heap. */
+void esj_members_init(esj_members *m, esj_member *local, size_t n);
 void esj_members_destroy(esj_members *m);
 /* ES_OK or ES_STORAGE. */
 int esj_members_push(esj_members *m, const esj_member *x);

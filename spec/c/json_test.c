@@ -306,6 +306,33 @@ static void test_nesting(void) {
   free(s);
 }
 
+/* Objects whose members outgrow the array on the validator's stack
+ * (ESJ_LOCAL_MEMBERS): still sorted, duplicates still found, at any depth. */
+static void test_many_members(void) {
+  char in[4096], want[4096];
+  size_t n = 0, w = 0;
+  es_err err;
+  char *out = NULL;
+  /* {"k39":39, ..., "k00":0, "in":{"j19":..., "j00":...}}: 41 + 20 members, in reverse */
+  n += (size_t)snprintf(in + n, sizeof in - n, "{");
+  for (int i = 39; i >= 0; i--) n += (size_t)snprintf(in + n, sizeof in - n, "\"k%02d\":%d,", i, i);
+  n += (size_t)snprintf(in + n, sizeof in - n, "\"in\":{");
+  for (int i = 19; i >= 0; i--) n += (size_t)snprintf(in + n, sizeof in - n, "\"j%02d\":%d%s", i, i, i ? "," : "");
+  n += (size_t)snprintf(in + n, sizeof in - n, "}}");
+  w += (size_t)snprintf(want + w, sizeof want - w, "{\"in\":{");
+  for (int i = 0; i < 20; i++) w += (size_t)snprintf(want + w, sizeof want - w, "%s\"j%02d\":%d", i ? "," : "", i, i);
+  w += (size_t)snprintf(want + w, sizeof want - w, "}");
+  for (int i = 0; i < 40; i++) w += (size_t)snprintf(want + w, sizeof want - w, ",\"k%02d\":%d", i, i);
+  w += (size_t)snprintf(want + w, sizeof want - w, "}");
+  ok(canon(in, n, &out, &err) == ES_OK && strcmp(out, want) == 0, "60 members in two objects are put in key order");
+  free(out);
+  ok(validate(in, n, &err) == ES_OK, "60 members in two objects validate");
+  /* the 41st member repeats the 3rd */
+  memcpy(in + n - 1, ",\"k02\":7}", 10);
+  ok(validate(in, n + 8, &err) == ES_INVALID_ARGUMENT && strstr(err.msg, "duplicate object key \"k02\""),
+     "a duplicate past the 16th member is found: %s", err.msg);
+}
+
 static void test_output_untouched_on_error(void) {
   es_buf b;
   es_err err;
@@ -326,6 +353,9 @@ static void test_out_of_memory(void) {
   static const char *texts[] = {
       "{\"b\":[1,2.5,{\"y\":\"\\u00e9\",\"x\":[]}],\"a\":\"q\\n\",\"c\\u0000\":null}",
       "[\"0.10000000000000000000000000000000000000000000000000000000000000000001\",1e-7]",
+      /* more members than the caller's own array holds: they move to the heap */
+      "{\"t\":1,\"s\":1,\"r\":1,\"q\":1,\"p\":1,\"o\":1,\"n\":1,\"m\":1,\"l\":1,\"k\":1,"
+      "\"j\":1,\"i\":1,\"h\":{\"z\":[{\"y\":2,\"x\":3}]},\"g\":1,\"f\":1,\"e\":1,\"d\":1,\"c\":1,\"b\":1}",
   };
   size_t t;
   int bad_n = 0, hits = 0;
@@ -686,6 +716,7 @@ int main(void) {
   test_buf();
   test_vectors();
   test_nesting();
+  test_many_members();
   test_output_untouched_on_error();
   test_out_of_memory();
   test_doubles("C locale");
