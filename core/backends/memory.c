@@ -1952,6 +1952,12 @@ static msess *origin_find(es_backend *b, const char *name) {
   return s;
 }
 
+/* a row keeps its payload's length in 32 bits */
+static size_t mem_max_payload(es_backend *b) {
+  (void)b;
+  return UINT32_MAX;
+}
+
 static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
   int rc;
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
@@ -3639,6 +3645,7 @@ const es_backend_ops es_backend_memory = {
     .segment_put = mem_segment_put,
     .segment_delete = mem_segment_delete,
     .counts = mem_counts,
+    .max_payload = mem_max_payload,
     .proj_get = mem_proj_get,
     .proj_put = mem_proj_put,
     .proj_list = mem_proj_list,

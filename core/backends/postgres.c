@@ -2997,6 +2997,14 @@ static int pg_ins_add(es_txn *t, const es_event *row) {
              : 0;
 }
 
+/* PostgreSQL takes no protocol message and no field value of 1 GiB or
+ * more (MaxAllocSize); a buffered INSERT sends up to PG_INS_MAX_BYTES of
+ * other rows in the same message, and each row its other columns. */
+static size_t pg_max_payload(es_backend *b) {
+  (void)b;
+  return ((size_t)1 << 30) - 2 * PG_INS_MAX_BYTES - ((size_t)1 << 20);
+}
+
 /* Buffers the row (pg_ins_flush sends it): the first row is kept as is
  * (sent alone, it is the single-row INSERT, cheaper for the server than
  * unnest of one element); from the second on, the rows go into the
@@ -4015,6 +4023,7 @@ static void pg_wake(es_backend *b) {
       .claim_commit = pg_claim_commit,                          \
       .read_ahead = pg_read_ahead,                              \
       .counts = pg_counts,                                      \
+      .max_payload = pg_max_payload,                            \
   }
 
 /* Both URI schemes libpq accepts. */

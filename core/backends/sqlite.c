@@ -2891,6 +2891,17 @@ static int sq_event_update(es_backend *b, es_txn *t, const es_event *row, es_err
   return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
+/* SQLite refuses a row over SQLITE_LIMIT_LENGTH (SQLITE_TOOBIG) as a
+ * whole: the payload gets what the row's other columns leave, with room
+ * to spare (names of at most 320 bytes, a meta of 8 KiB, a last_error of
+ * 64 KiB). */
+#define SQ_ROW_ROOM (1 << 20)
+
+static size_t sq_max_payload(es_backend *b) {
+  int limit = b->w.db ? sqlite3_limit(b->w.db, SQLITE_LIMIT_LENGTH, -1) : 1000000000;
+  return limit > SQ_ROW_ROOM ? (size_t)(limit - SQ_ROW_ROOM) : 0;
+}
+
 static int sq_event_range(es_backend *b, es_txn *t, const char *session, int64_t after,
                           int64_t through, int64_t limit, es_event_cb cb, void *ctx, es_err *err) {
   (void)b; /* t carries it (t->b) */
@@ -3910,4 +3921,5 @@ const es_backend_ops es_backend_sqlite = {
     .segment_put = sq_segment_put,
     .segment_delete = sq_segment_delete,
     .counts = sq_counts,
+    .max_payload = sq_max_payload,
 };

@@ -208,7 +208,8 @@ static void event_page_init(event_page *e, const es_http_req *r, es_http_resp *o
   e->p.r = r;
   e->p.b = &out->body;
   e->p.limit = limit;
-  e->p.item_max = ES_WIRE_EVENT_MAX(es_store_max_payload(r->store));
+  size_t max_payload = es_store_max_payload(r->store); /* a router's may be SIZE_MAX: saturate */
+  e->p.item_max = max_payload > SIZE_MAX - ES_WIRE_EVENT_MAX(0) ? SIZE_MAX : ES_WIRE_EVENT_MAX(max_payload);
   e->p.read = read;
   e->p.put = event_put;
   e->p.take = event_take;

@@ -5,7 +5,6 @@
  * Moved out of store.c as they were (store.c's top comment says how a
  * call runs).
  */
-#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -537,12 +536,12 @@ int es_core_append(es_store *s, const char *scope, const char *session, const es
   if (rc == ES_OK) {
     /* do_append reads the session row and looks the ids up before its
      * first write, and after it meets only STORAGE, unless an event is
-     * sealed (a key may be refused halfway) or its payload is over what
-     * PostgreSQL takes (TOO_LARGE from the backend, with a max_payload
-     * raised past 2 GiB) */
+     * sealed (a key may be refused halfway). A payload the backend could
+     * not store was refused by the checks (max_payload is capped by the
+     * backend's own limit at open). */
     es_write_hint hint = {session, evs, n, 1};
     for (size_t i = 0; i < n; i++)
-      if (evs[i].key || evs[i].payload_len > INT_MAX) hint.shared = 0;
+      if (evs[i].key) hint.shared = 0;
     rc = es_core_write_hinted(s, do_append, &a, &hint, err);
   }
   free(ids);

@@ -451,6 +451,14 @@ typedef struct es_backend_ops {
    * its own), then checks the copy (sqlite: PRAGMA integrity_check), and
    * removes it when the check fails. Outside any transaction. */
   int (*backup)(es_backend *b, const char *to, es_err *err);
+  /* Optional (NULL: no limit of its own): the largest payload, in bytes,
+   * that event_insert stores (memory: a 32-bit length; SQLite: its
+   * SQLITE_LIMIT_LENGTH for a whole row; PostgreSQL: the 1 GiB of a
+   * protocol message or a field). The core caps max_payload_bytes with it
+   * (es_store_max_payload), so a payload over it is refused with
+   * TOO_LARGE by the append's checks before any write, never met as a
+   * failure halfway through a transaction. */
+  size_t (*max_payload)(es_backend *b);
 
   /* §8 projections (store/projections.c): rows keyed (ns, key) holding
    * opaque bytes, what a projection keeps (its record under ns "", its

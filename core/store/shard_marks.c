@@ -527,6 +527,8 @@ static int m_claim_begin(es_backend *b, const char *const *skip, size_t n_skip, 
   return b->real->claim_begin(b->inner, skip, n_skip, t, err);
 }
 
+static size_t m_max_payload(es_backend *b) { return b->real->max_payload(b->inner); }
+
 static int m_claim_retry(es_backend *b, es_txn *t) {
   return b->real->claim_retry(b->inner, t);
 }
@@ -684,6 +686,7 @@ static void marked_ops(es_backend_ops *o) {
   if (o->lazy_begin) o->lazy_begin = m_lazy_begin;
   if (o->lazy_end) o->lazy_end = m_lazy_end;
   if (o->backup) o->backup = m_backup;
+  if (o->max_payload) o->max_payload = m_max_payload;
   if (o->proj_get) o->proj_get = m_proj_get;
   if (o->proj_put) o->proj_put = m_proj_put;
   if (o->proj_list) o->proj_list = m_proj_list;

@@ -130,6 +130,9 @@ int es_core_open(const es_backend_ops *ops, int (*wrap)(es_store *s, es_err *err
   es_open_opts bo = *opts;
   if (opts->keys_path) bo.secure_delete = 1;
   int rc = ops->open(rest, &bo, &s->bk, err);
+  /* max_payload_bytes never promises more than the backend stores */
+  if (rc == ES_OK && ops->max_payload && s->max_payload > ops->max_payload(s->bk))
+    s->max_payload = ops->max_payload(s->bk);
   if (rc == ES_OK && wrap) rc = wrap(s, err);
   if (rc == ES_OK) rc = es_archive_setup(s, ops->scheme, rest, opts, err); /* §3.9 */
   if (rc == ES_OK && opts->keys_path) rc = es_crypto_open(s, opts->keys_path, err);

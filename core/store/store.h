@@ -50,7 +50,7 @@ typedef int (*es_id_fn)(void *ctx, char *out, size_t cap, es_err *err);
 typedef struct es_open_opts {
   es_clock_fn clock;         /* NULL: the system clock */
   void *clock_ctx;           /* borrowed; must outlive the store */
-  size_t max_payload_bytes;  /* 0: ES_DEFAULT_MAX_PAYLOAD */
+  size_t max_payload_bytes;  /* 0: ES_DEFAULT_MAX_PAYLOAD; capped by the backend (es_store_max_payload) */
   size_t max_batch_events;   /* 0: ES_DEFAULT_MAX_BATCH (more is TOO_LARGE) */
   int durability;            /* backend-specific; 0: the backend's durable default */
   es_id_fn ids;              /* NULL: UUIDv7; else where generated event ids come from */
@@ -211,7 +211,10 @@ void es_store_close(es_store *s);
 void es_store_retain(es_store *s);
 void es_store_release(es_store *s);
 
-/* The payload size limit the store was opened with (max_payload_bytes). */
+/* The payload size limit: max_payload_bytes as opened, capped by what the
+ * backend stores (memory: 4 GiB - 1; sqlite: its row limit less 1 MiB;
+ * postgres: 1 GiB less 9 MiB), so a payload the backend could not store
+ * is TOO_LARGE before any write. */
 size_t es_store_max_payload(const es_store *s);
 
 /* The current time by the store's clock. */

@@ -6,7 +6,8 @@
  * (claim, renew, fail, presence) on a memory: store with a clock at the
  * edges of int64; claim_next skipping sessions (what a fenced-out engine
  * uses), on both backends; an append's checks of each event, which name
- * the event and field at fault and store nothing. TAP-style output;
+ * the event and field at fault and store nothing; max_payload_bytes capped
+ * by what each backend stores (postgres too when ES_PG_URL is set). TAP-style output;
  * non-zero exit on failure.
  */
 #include <stdint.h>
@@ -14,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <sqlite3.h>
 
 #include "store/store.h"
 
@@ -273,6 +276,47 @@ static void append_checks(void) {
   es_store_release(s);
 }
 
+/* max_payload_bytes is capped by what the backend stores (backend.h
+ * max_payload): a payload over it is TOO_LARGE from the append's checks,
+ * before any byte of it is read or written (the lengths below are claimed
+ * by payload_len over a 2-byte text: the check must not read it). */
+static void backend_limit(const char *url, const char *tag, size_t backend_max) {
+  es_open_opts o = {0};
+  o.max_payload_bytes = SIZE_MAX;
+  es_store *s = NULL;
+  es_err err = {0};
+  if (es_store_open(url, &o, &s, &err)) {
+    okf(0, "backend limit (%s): open: %s", tag, err.msg);
+    return;
+  }
+  okf(es_store_max_payload(s) == backend_max, "backend limit (%s): max_payload_bytes = SIZE_MAX is capped at %zu (got %zu)",
+      tag, backend_max, es_store_max_payload(s));
+  es_new_event e[2];
+  for (int k = 0; k < 2; k++) {
+    es_new_event_init(&e[k]);
+    e[k].type = "t";
+    e[k].payload = "{}";
+    e[k].payload_len = 2;
+  }
+  e[1].payload_len = backend_max + 1;
+  int pending = 0;
+  int rc = es_store_append(s, "big", e, 2, ES_NONE, ES_NONE, NULL, &pending, &err);
+  char want[96];
+  snprintf(want, sizeof want, "events[2].payload is %zu bytes, over the limit of %zu", backend_max + 1, backend_max);
+  int64_t head = -1;
+  es_err herr = {0};
+  int untouched = es_store_head(s, "big", &head, &herr) == ES_OK && head == 0;
+  okf(rc == ES_TOO_LARGE && says(&err, want) && untouched,
+      "backend limit (%s): one byte over is TOO_LARGE before any write (got %d \"%s\", head %lld)", tag, rc,
+      err.msg, (long long)head);
+  es_store_release(s);
+  o.max_payload_bytes = 0;
+  if (es_store_open(url, &o, &s, &err) == ES_OK) {
+    okf(es_store_max_payload(s) == ES_DEFAULT_MAX_PAYLOAD, "backend limit (%s): the default stays 1 MiB", tag);
+    es_store_release(s);
+  }
+}
+
 int main(void) {
   char path[] = "/tmp/es_rules_XXXXXX";
   int fd = mkstemp(path);
@@ -281,6 +325,19 @@ int main(void) {
   snprintf(url, sizeof url, "sqlite:%s", path);
   claim_skip("memory:");
   claim_skip(url);
+  backend_limit("memory:", "memory", UINT32_MAX);
+  sqlite3 *db = NULL; /* the library's row limit, as the backend reads it */
+  int sq_limit = sqlite3_open(":memory:", &db) == SQLITE_OK ? sqlite3_limit(db, SQLITE_LIMIT_LENGTH, -1) : 0;
+  sqlite3_close(db);
+  backend_limit(url, "sqlite", (size_t)sq_limit - ((size_t)1 << 20));
+  const char *pg = getenv("ES_PG_URL");
+  if (pg && *pg) {
+    char pu[1024];
+    pg_url(pg, "rules_limit", pu, sizeof pu);
+    backend_limit(pu, "postgres", ((size_t)1 << 30) - ((size_t)9 << 20));
+  } else {
+    skip("backend limit (postgres): ES_PG_URL is not set (make test sets it)");
+  }
   unlink(path);
   for (const char *suffix = "-wal"; suffix; suffix = strcmp(suffix, "-wal") == 0 ? "-shm" : NULL) {
     char p2[96];
