@@ -250,9 +250,13 @@ end]])
       assert.equal("done", eh.event(t.store, "t", 2).type)
     end)
 
+    -- ('a'):rep(140):find('.-.-.-.-b') backtracks for ~2.7 s on this kind
+    -- of machine (2026-12; it grows as n^4): the watchdog abandons a call
+    -- that burns a second of CPU without a hook, so a faster machine still
+    -- leaves a margin (rep(118), 1.2 s here, left 0.2 s).
     it("a pathological string.find (C code, no hook) is abandoned; the run goes on", function()
       local t = setup()
-      t.handler("x", "return function() return ('a'):rep(118):find('.-.-.-.-b') end")
+      t.handler("x", "return function() return ('a'):rep(140):find('.-.-.-.-b') end")
       t.handler("ok", "return function() return {{type = 'done'}} end")
       local before = threads()
       local engine = t.engine({ max_failures = 1, backoff_ms = 0, workers = 1 })
@@ -316,7 +320,7 @@ return { a = function(s) while true do pcall(function() while true do end end) e
 
     it("a reducer stuck in C code makes engine:state fail promptly; the next fold works", function()
       local t = setup()
-      t.reducer("r", "return { a = function(s) ('a'):rep(118):find('.-.-.-.-b') end }")
+      t.reducer("r", "return { a = function(s) ('a'):rep(140):find('.-.-.-.-b') end }")
       t.reducer("ok", "return { a = function(s) s.n = 1 end }")
       local before = threads()
       local engine = t.engine({ deadline_ms = 300 })
