@@ -223,6 +223,16 @@ static void claim_skip(const char *url) {
   es_store_release(s);
 }
 
+/* n events of type "t" with the payload {} */
+static void plain_events(es_new_event *e, int n) {
+  for (int k = 0; k < n; k++) {
+    es_new_event_init(&e[k]);
+    e[k].type = "t";
+    e[k].payload = "{}";
+    e[k].payload_len = 2;
+  }
+}
+
 /* es_store_append's per-event checks: the error names events[i] and the
  * field (the label is only formatted for an error), the call stores
  * nothing, and a C caller's payload text is parsed (payload_encoded 0). */
@@ -250,12 +260,7 @@ static void append_checks(void) {
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     es_new_event e[3];
-    for (int k = 0; k < 3; k++) {
-      es_new_event_init(&e[k]);
-      e[k].type = "t";
-      e[k].payload = "{}";
-      e[k].payload_len = 2;
-    }
+    plain_events(e, 3);
     if (strcmp(bad[i].field, "type") == 0) e[1].type = bad[i].value;
     else if (strcmp(bad[i].field, "id") == 0) e[1].id = bad[i].value;
     else if (strcmp(bad[i].field, "lane") == 0) e[1].lane = bad[i].value;
@@ -292,12 +297,7 @@ static void backend_limit(const char *url, const char *tag, size_t backend_max) 
   okf(es_store_max_payload(s) == backend_max, "backend limit (%s): max_payload_bytes = SIZE_MAX is capped at %zu (got %zu)",
       tag, backend_max, es_store_max_payload(s));
   es_new_event e[2];
-  for (int k = 0; k < 2; k++) {
-    es_new_event_init(&e[k]);
-    e[k].type = "t";
-    e[k].payload = "{}";
-    e[k].payload_len = 2;
-  }
+  plain_events(e, 2);
   e[1].payload_len = backend_max + 1;
   int pending = 0;
   int rc = es_store_append(s, "big", e, 2, ES_NONE, ES_NONE, NULL, &pending, &err);
