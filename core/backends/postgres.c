@@ -2410,16 +2410,22 @@ static void pg_reader_put_back(es_backend *b, pg_reader *r) {
   pthread_mutex_unlock(&b->pool_mu);
 }
 
-/* A free connection of pool (a new one while there are fewer than
- * max_readers), waiting for one to be put back otherwise. */
-static int pg_pool_take(es_backend *b, pg_pool *pool, pg_reader **out, es_err *err) {
+/* A free connection of pool; else a free one of `other`, lent (it goes
+ * back to its own pool: a connection costs ~15 ms to open, and a short
+ * run, an `eventstore run --until-idle` whose last read follows its last
+ * claim, need not open a third); else a new one while pool has fewer than
+ * max_readers; else waits for one to be put back. The caller sets the
+ * transaction's kind (write, claim) on what it gets. */
+static int pg_pool_take(es_backend *b, pg_pool *pool, pg_pool *other, pg_reader **out, es_err *err) {
   pg_reader *r;
   *out = NULL;
   pthread_mutex_lock(&b->pool_mu);
-  while (!pool->free && pool->n >= b->max_readers) pthread_cond_wait(&b->pool_cv, &b->pool_mu);
-  if (pool->free) {
-    r = pool->free;
-    pool->free = r->next_free;
+  while (!pool->free && !other->free && pool->n >= b->max_readers)
+    pthread_cond_wait(&b->pool_cv, &b->pool_mu);
+  pg_pool *from = pool->free ? pool : other->free ? other : NULL;
+  if (from) {
+    r = from->free;
+    from->free = r->next_free;
     pthread_mutex_unlock(&b->pool_mu);
     *out = r;
     return ES_OK;
@@ -2453,7 +2459,11 @@ static int pg_read_begin(es_backend *b, es_txn **out, es_err *err) {
   pg_reader *r = NULL;
   int code;
   *out = NULL;
-  if ((code = pg_pool_take(b, &b->readers, &r, err)) != ES_OK) return code;
+  if ((code = pg_pool_take(b, &b->readers, &b->claimers, &r, err)) != ES_OK) return code;
+  /* a claim connection lent: left idle by its last claim (as a failed
+   * one is rolled back), made sure of as claim_begin does */
+  if (r->pool != &b->readers) pg_rollback_txn(&r->t);
+  r->t.write = r->t.claim = 0;
   r->t.broken = 0;
   static const char begin[] = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
   code = pg_conn_ready(b, &r->c, err);
@@ -2540,9 +2550,10 @@ static int pg_claim_begin(es_backend *b, const char *const *skip, size_t n_skip,
   pg_reader *r = NULL;
   int code;
   *out = NULL;
-  if ((code = pg_pool_take(b, &b->claimers, &r, err)) != ES_OK) return code;
+  if ((code = pg_pool_take(b, &b->claimers, &b->readers, &r, err)) != ES_OK) return code;
   es_txn *t = &r->t;
   pg_rollback_txn(t);
+  t->write = t->claim = 1; /* on a read connection lent, too */
   t->broken = 0;
   t->retry = 0;
   t->depth = 0;

@@ -19,6 +19,11 @@
  *   callers of its group commit, appending meanwhile, all succeed, and
  *   nothing of the failed calls is committed (docs/postgres.md "Round
  *   trips"). Needs psql on PATH to create the trigger.
+ * - A read with no free read connection borrows an idle claim connection,
+ *   and a claim an idle read connection, instead of opening one more
+ *   (docs/postgres.md "Connections"): a handle that appended, claimed and
+ *   read holds two connections, counted in pg_stat_activity of a database
+ *   of its own. Needs psql on PATH.
  * TAP-style output; non-zero exit on failure.
  */
 #include <pthread.h>
@@ -424,6 +429,89 @@ static void group_commit_unchanged_row(const char *base) {
   es_store_release(s);
 }
 
+/* The number psql prints for `sql` run against `url` (0 when it prints
+ * nothing; -1: it failed). */
+static long psql_number(const char *url, const char *sql) {
+  char cmd[4096], line[64] = "";
+  snprintf(cmd, sizeof cmd, "psql '%s' -XAtqc \"%s\"", url, sql);
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  char *got = fgets(line, sizeof line, p);
+  int rc = pclose(p);
+  return rc != 0 ? -1 : got ? strtol(line, NULL, 10) : 0;
+}
+
+/* How many connections database db has (the store handle's: nothing else uses it). */
+static long connections(const char *base, const char *db) {
+  char sql[256];
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM pg_stat_activity WHERE datname = '%s'", db);
+  return psql_number(base, sql);
+}
+
+static void connection_lending(const char *base) {
+  char db[64], url[1200], sql[256];
+  if (strchr(base, '\'') || strlen(base) > 1024) {
+    skip("ES_PG_URL holds a quote: the psql command line cannot carry it");
+    return;
+  }
+  snprintf(db, sizeof db, "es_lend_%ld", (long)getpid());
+  snprintf(sql, sizeof sql, "CREATE DATABASE %s", db);
+  if (psql_number(base, sql) != 0) {
+    ok(0, "connection lending: psql created a database");
+    return;
+  }
+  int lent_to_read = 0, lent_to_claim = 0, after_both = 0;
+  for (int order = 0; order < 2; order++) {
+    /* libpq takes dbname from the query string over the URI's path */
+    snprintf(url, sizeof url, "%s%sdbname=%s&schema=lend%d", base, strchr(base, '?') ? "&" : "?", db, order);
+    es_store *s = open_or_die(url);
+    if (!s) break;
+    es_new_event e[3];
+    for (int i = 0; i < 3; i++) {
+      es_new_event_init(&e[i]);
+      e[i].type = "job";
+    }
+    int pending;
+    es_err err = {0};
+    es_events got, claimed;
+    int64_t retry;
+    int rc = es_store_append(s, order ? "o1" : "o0", e, 3, ES_NONE, ES_NONE, NULL, &pending, &err);
+    /* order 0: a claim, then a read; order 1: a read, then a claim */
+    for (int step = 0; rc == ES_OK && step < 2; step++) {
+      if ((step == 0) == (order == 0)) {
+        rc = es_store_claim_next(s, "w", 60000, 1, NULL, 0, NULL, 0, &claimed, &retry, &err);
+        if (rc == ES_OK && claimed.n != 1) rc = ES_INVALID_ARGUMENT;
+        if (rc == ES_OK) es_events_destroy(&claimed);
+      } else {
+        rc = es_store_read(s, order ? "o1" : "o0", 0, ES_NONE, ES_NONE, &got, &err);
+        if (rc == ES_OK && got.n != 3) rc = ES_INVALID_ARGUMENT;
+        if (rc == ES_OK) es_events_destroy(&got);
+      }
+    }
+    long n = rc == ES_OK ? connections(base, db) : -1;
+    if (rc != ES_OK) printf("# order %d: %s\n", order, err.msg);
+    else printf("# order %d: %ld connections\n", order, n);
+    if (order == 0) lent_to_read = n == 2;
+    else lent_to_claim = n == 2;
+    /* and each pool still serves its own kind after lending */
+    rc = es_store_claim_next(s, "w", 60000, 1, NULL, 0, NULL, 0, &claimed, &retry, &err);
+    if (rc == ES_OK) {
+      after_both += claimed.n == 1;
+      es_events_destroy(&claimed);
+    }
+    if (es_store_read(s, order ? "o1" : "o0", 0, ES_NONE, ES_NONE, &got, &err) == ES_OK) {
+      after_both += got.n == 3 && got.v[1].status == ES_STATUS_PENDING && got.v[1].claim_holder;
+      es_events_destroy(&got);
+    }
+    es_store_release(s);
+  }
+  ok(lent_to_read, "a read after a claim takes the idle claim connection: two connections, not three");
+  ok(lent_to_claim, "a claim after a read takes the idle read connection: two connections, not three");
+  ok(after_both == 4, "claims and reads go on after their connections were lent");
+  snprintf(sql, sizeof sql, "DROP DATABASE %s WITH (FORCE)", db);
+  if (psql_number(base, sql) != 0) printf("# could not drop database %s\n", db);
+}
+
 int main(void) {
   const char *base = getenv("ES_PG_URL");
   printf("# pg_claims_test: claim transactions and waits on PostgreSQL\n");
@@ -435,5 +523,6 @@ int main(void) {
   close_wakes_waiter(base);
   commit_wakes_waiter(base);
   group_commit_unchanged_row(base);
+  connection_lending(base);
   return tap_done();
 }
