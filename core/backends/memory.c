@@ -1963,7 +1963,7 @@ static int mem_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err
   if ((rc = check_write(t, err)) || (rc = check_status(row, err))) return rc;
   if (!row->id || !*row->id || !row->type)
     return es_fail(err, ES_INVALID_ARGUMENT, "memory backend: an event needs an id and a type");
-  if (row->payload && row->payload_len > UINT32_MAX)
+  if (row->payload && row->payload_len > mem_max_payload(b)) /* the core checked it; never wrapped */
     return es_fail(err, ES_TOO_LARGE, "memory backend: payload over 4 GiB");
   idkey key;
   idkey_of_text(&key, row->id);

@@ -101,6 +101,11 @@ static int check_new_event(es_store *s, const es_new_event *e, size_t i, es_err 
     if (e->payload_len > s->max_payload)
       return es_fail(err, ES_TOO_LARGE, "events[%zu].payload is %zu bytes, over the limit of %zu",
                      i + 1, e->payload_len, s->max_payload);
+    /* sealed, it is stored ~4/3 as long: that too must fit the backend */
+    if (e->key && es_crypto_sealed_len(e->payload_len) > s->max_stored)
+      return es_fail(err, ES_TOO_LARGE,
+                     "events[%zu].payload is %zu bytes, %zu once sealed, over the %zu the backend stores",
+                     i + 1, e->payload_len, es_crypto_sealed_len(e->payload_len), s->max_stored);
     es_err jerr = {0};
     if (!e->payload_encoded && es_json_validate(e->payload, e->payload_len, &jerr) != ES_OK)
       return es_fail(err, ES_INVALID_ARGUMENT, "events[%zu].payload: %s", i + 1, jerr.msg);

@@ -466,6 +466,11 @@ static void set_payload(es_event *e, char *p, size_t n) {
   if (e->packed) e->payload_own = p != NULL;
 }
 
+size_t es_crypto_sealed_len(size_t n) {
+  if (n > SIZE_MAX / 2) return SIZE_MAX;
+  return SEALED_PREFIX_LEN + sodium_base64_ENCODED_LEN(NONCE_BYTES + n + TAG_BYTES, B64) - 1;
+}
+
 static int seal_text(const unsigned char *key, const char *key_name, const char *id,
                      const char *plain, size_t n, char **out, size_t *out_len, es_err *err) {
   unsigned char ad[AD_CAP];

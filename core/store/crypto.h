@@ -27,6 +27,10 @@ void es_keyring_destroy(es_keyring *r);
  * other than the one the store was sealed with (nothing is changed then).
  * STORAGE: I/O. */
 int es_crypto_open(es_store *s, const char *path, es_err *err);
+/* The stored length of an n-byte payload once sealed ("es1:" and the
+ * base64 of nonce, ciphertext and tag): about 4/3 of n. SIZE_MAX when it
+ * would not fit a size_t. */
+size_t es_crypto_sealed_len(size_t n);
 /* Wipes and frees (NULL: nothing). */
 void es_crypto_free(struct es_crypto *c);
 

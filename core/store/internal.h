@@ -45,6 +45,8 @@ struct es_store {
   es_id_fn ids;              /* NULL: UUIDv7 */
   void *ids_ctx;
   size_t max_payload;
+  size_t max_stored;         /* the backend's max_payload (SIZE_MAX: none): what a payload
+                                takes stored, sealed (§3.10) or not */
   size_t max_batch;
 
   /* lifecycle */

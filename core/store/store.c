@@ -84,6 +84,7 @@ void es_core_handle_init(es_store *s, const es_open_opts *opts) {
   s->ids = opts->ids;
   s->ids_ctx = opts->ids_ctx;
   s->max_payload = opts->max_payload_bytes ? opts->max_payload_bytes : ES_DEFAULT_MAX_PAYLOAD;
+  s->max_stored = SIZE_MAX;
   s->max_batch = opts->max_batch_events ? opts->max_batch_events : ES_DEFAULT_MAX_BATCH;
   pthread_mutex_init(&s->lmu, NULL);
   pthread_cond_init(&s->lcond, NULL);
@@ -131,8 +132,8 @@ int es_core_open(const es_backend_ops *ops, int (*wrap)(es_store *s, es_err *err
   if (opts->keys_path) bo.secure_delete = 1;
   int rc = ops->open(rest, &bo, &s->bk, err);
   /* max_payload_bytes never promises more than the backend stores */
-  if (rc == ES_OK && ops->max_payload && s->max_payload > ops->max_payload(s->bk))
-    s->max_payload = ops->max_payload(s->bk);
+  if (rc == ES_OK && ops->max_payload) s->max_stored = ops->max_payload(s->bk);
+  if (s->max_payload > s->max_stored) s->max_payload = s->max_stored;
   if (rc == ES_OK && wrap) rc = wrap(s, err);
   if (rc == ES_OK) rc = es_archive_setup(s, ops->scheme, rest, opts, err); /* §3.9 */
   if (rc == ES_OK && opts->keys_path) rc = es_crypto_open(s, opts->keys_path, err);

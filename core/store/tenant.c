@@ -259,6 +259,7 @@ int es_tenant_open(es_store *s, const char *name, es_store **out, es_err *err) {
   h->impl = &tenant_ops;
   h->stats_also = &s->stats; /* a tenant's calls count in its store's stats too */
   h->max_payload = s->max_payload;
+  h->max_stored = s->max_stored;
   h->max_batch = s->max_batch;
   h->clock = s->clock; /* es_store_now: the store's clock */
   h->clock_ctx = s->clock_ctx;
