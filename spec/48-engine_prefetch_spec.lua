@@ -15,6 +15,25 @@ local helpers = require("helpers")
 local eh = require("engine_helpers")
 
 local FAST = [[return function(e) return {{type = "fast.done", payload = {of = e.index}}} end]]
+-- A handler that returns once the file `gate` exists (the test creates it
+-- when it has seen what it waits for), and fails after ~20 s without it.
+local function gated(gate, why)
+  return ([[return function(e)
+    for _ = 1, 2000 do
+      local f = io.open(%q)
+      if f then f:close() return nil end
+      os.execute("sleep 0.01")
+    end
+    error(%q)
+  end]]):format(gate, "the gate never opened: " .. why)
+end
+
+local function new_gate()
+  local gate = os.tmpname()
+  os.remove(gate)
+  return gate
+end
+
 local SLOW = [[return function(e)
   os.execute("sleep 1.5")
   return {{type = "slow.done", payload = {of = e.index}}}
@@ -146,6 +165,91 @@ for _, url in ipairs(helpers.urls()) do
       for i = 1, 6 do assert.are.equal(1, #eh.caused_by(events, i)) end
     end)
 
+    it("with one worker, the next event is claimed while a handler runs (claims ahead)", function()
+      -- The engine's first claim takes one event; taking it off the queue
+      -- wakes the prefetcher, which claims the next while the only worker
+      -- is still in the first handler. That handler waits for a gate the
+      -- test opens once it has seen the second event claimed by A; without
+      -- claims ahead it never opens, and the handler gives up.
+      local t = eh.setup(url)
+      local gate = new_gate()
+      t.handler("gated", gated(gate, "nothing was claimed while this handler ran"))
+      t.handler("fast", FAST)
+      local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1 })
+      t.store:append("s", { { type = "gated" }, { type = "fast" }, { type = "fast" } })
+      local seen
+      local r = a:run({
+        until_idle = true,
+        progress_ms = 10,
+        progress = function(now)
+          if seen or now.busy == 0 then return end
+          local second = eh.event(t.store, "s", 2)
+          if second.status == "pending" and second.claim_holder == "A" then
+            seen = true
+            eh.write_file(gate, "open")
+          end
+        end,
+      })
+      os.remove(gate)
+      assert.is_true(seen, "the second event was not claimed while the first handler ran")
+      assert.are.same({ handled = 3, failed = 0, dead = 0 }, eh.counts(r))
+      for i = 1, 3 do
+        local ev = eh.event(t.store, "s", i)
+        assert.are.equal("processed", ev.status)
+        assert.are.equal(1, ev.attempts)
+      end
+      assert.are.equal(2, #results(t.store, "s", "fast.done"))
+    end)
+
+    it("a claim ahead that meets an attempt after a lost one keeps only it: it runs alone", function()
+      -- L's first attempt was claimed by X and never ended (the claim
+      -- expires when the test moves the clock). A's first claim takes
+      -- hold and three fast events; while hold runs, L's claim expires and
+      -- g is appended; then the queue going down wakes the prefetcher,
+      -- whose claim meets L and g. It keeps L alone and gives g back, and
+      -- nothing is claimed ahead while L is queued or runs: while L runs,
+      -- g is not claimed.
+      local t, a = setup({ ttl_ms = 600000 })
+      local gate1, gate2 = new_gate(), new_gate()
+      t.handler("hold", gated(gate1, "the test did not move on"))
+      t.handler("lost", gated(gate2, "the test did not see L run"))
+      t.store:append("L", { { type = "lost" } })
+      assert.are.equal(1, #t.store:claim_next({ holder = "X", ttl_ms = 10, limit = 1 }))
+      t.store:append("s", { { type = "hold" }, { type = "fast" }, { type = "fast" }, { type = "fast" } })
+      local step, samples, beside = 0, 0, false
+      local r = a:run({
+        until_idle = true,
+        progress_ms = 10,
+        progress = function(now)
+          if now.busy == 0 then return end
+          if step == 0 and eh.event(t.store, "s", 1).claim_holder == "A" then
+            t.clock:advance(1000) -- X's claim of L expires: an attempt that never ended
+            t.store:append("g", { { type = "fast" } })
+            eh.write_file(gate1, "open")
+            step = 1
+          elseif step == 1 then
+            local l = eh.event(t.store, "L", 1)
+            if l.status == "pending" and l.claim_holder == "A" then -- L runs
+              local g = eh.event(t.store, "g", 1)
+              if g.status == "pending" and g.claim_holder == "A" then beside = true end
+              samples = samples + 1
+              if beside or samples >= 5 then
+                eh.write_file(gate2, "open")
+                step = 2
+              end
+            end
+          end
+        end,
+      })
+      os.remove(gate1)
+      os.remove(gate2)
+      assert.are.equal(2, step, "L never ran")
+      assert.is_false(beside, "g was claimed while L ran")
+      assert.are.same({ handled = 6, failed = 0, dead = 0 }, eh.counts(r))
+      assert.are.equal(2, eh.event(t.store, "L", 1).attempts) -- X's lost one, then A's
+      assert.are.equal(1, eh.event(t.store, "g", 1).attempts)
+    end)
+
     for _, workers in ipairs({ 1, 3 }) do
       it(("handles the events of a lane in index order with %d worker(s)"):format(workers), function()
         local t = eh.setup(url)
@@ -177,3 +281,57 @@ for _, url in ipairs(helpers.urls()) do
     end
   end)
 end
+
+describe("sqlite: claims ahead and attempts that never ended", function()
+  after_each(eh.cleanup)
+
+  it("an attempt after a lost one still runs alone: nothing is claimed ahead beside it", function()
+    -- boom kills its process a moment after it starts, long enough for a
+    -- claim ahead to land (a queued claim is released only after
+    -- ttl_ms / 3). Before each run after the first, a fresh fast event
+    -- g<i> is appended once boom's last claim expired, so boom comes first
+    -- in the queue and g<i> right behind it. From the second run on,
+    -- boom's attempt comes after lost ones and runs alone: no g<i> is ever
+    -- claimed while it runs (each would lose that attempt with the crash).
+    local eventstore = require("eventstore")
+    local dir = eh.scripts_dir()
+    eh.handler(dir, "boom", [[return function() os.execute("sleep 0.2") os.exit(3) end]])
+    eh.handler(dir, "fast", FAST)
+    local db = os.tmpname()
+    local store = eventstore.open("sqlite:" .. db)
+    store:append("b", { { type = "boom" } })
+    store:close()
+    local script = os.tmpname()
+    eh.write_file(script, ([[
+local eventstore = require("eventstore")
+local e = eventstore.engine{store = "sqlite:%s", scripts = %q, workers = 1, max_failures = 3,
+  ttl_ms = 1000, backoff_ms = 0}
+e:run{until_idle = true}
+e:close()
+os.exit(0)
+]]):format(db, dir))
+    local codes = {}
+    for i = 1, 6 do
+      if i > 1 then
+        store = eventstore.open("sqlite:" .. db)
+        store:append("g" .. i, { { type = "fast" } })
+        store:close()
+      end
+      local _, _, code = os.execute("lua5.4 " .. eh.sh_quote(script) .. " 2>/dev/null")
+      codes[i] = code
+      if code == 0 then break end
+      os.execute("sleep 1.1") -- the dead run's claims expire
+    end
+    assert.are.same({ 3, 3, 3, 0 }, codes)
+    store = eventstore.open("sqlite:" .. db)
+    assert.are.equal("dead", store:read("b")[1].status)
+    for i = 2, 4 do
+      local ev = store:read("g" .. i)[1]
+      assert.are.equal("processed", ev.status, "g" .. i .. ": " .. tostring(ev.last_error))
+      assert.are.equal(1, ev.attempts, "g" .. i .. " was claimed beside boom")
+    end
+    store:close()
+    for _, s in ipairs({ "", "-wal", "-shm" }) do os.remove(db .. s) end
+    os.remove(script)
+  end)
+end)

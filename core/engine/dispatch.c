@@ -263,7 +263,24 @@ static int run_job(lua_State *L) {
  * that never finished (es_lost_attempts). So that a handler that kills its
  * process cannot drag the events it was claimed with to the dead-letter
  * queue, a claim that returns such an event keeps only the first of them
- * and releases the rest: an attempt after a lost one runs alone. */
+ * and releases the rest: an attempt after a lost one runs alone.
+ *
+ * Claims ahead. A worker that finds the queue empty claims for it, and
+ * runs no handler meanwhile; with one worker, the claims were a sixth of
+ * its time on memory: (bench/README.md "Claims ahead"). So a threaded run
+ * has a prefetcher thread: the pop that takes the queue down to half the
+ * last claim (pf_low) wakes it, and it claims the next batch on another
+ * core while the workers run the rest. It claims only what a worker would
+ * (the same types, skip list and size), never while completions lag nor
+ * once the run is stopping, and what it claimed is released like any
+ * prefetched event. A claim ahead that finds nothing or fails holds the
+ * prefetcher until a worker's own claim finds work again (errors are a
+ * worker's claim's to report and ride out). An attempt after a lost one
+ * still runs alone: a claim ahead that returns one keeps only it, as a
+ * worker's claim does, queued after the events claimed before it (with one
+ * worker they end before it starts; with more, other workers' events ran
+ * beside it before as well), and no claim ahead is made while it is
+ * queued or running (lone_out). */
 
 /* Events per claim at most. Each claim and each batch of completions is a
  * commit whose cost on SQLite is mostly the pages it touches (the rows,
@@ -330,17 +347,46 @@ static void release_events(es_engine *e, es_event **evs, size_t n) {
   free(refs);
 }
 
-/* Takes the oldest queued event into *out; 0 when the queue is empty. */
-static int queue_pop(es_engine *e, queued_event *out) {
+/* Takes the oldest queued event into *out; 0 when the queue is empty.
+ * Taking the queue down to its low-water mark wakes the prefetcher
+ * ("Claims ahead"), unless the event taken is an attempt after a lost
+ * one, which runs alone. */
+static int queue_pop(es_engine *e, queued_event *out, int *lone) {
   pthread_mutex_lock(&e->q_mu);
   int got = e->q_n > 0;
+  *lone = 0;
   if (got) {
     *out = e->q[e->q_head];
     e->q_head = (e->q_head + 1) % e->q_cap;
     e->q_n--;
+    *lone = es_lost_attempts(&out->ev) > 0;
+    if (*lone)
+      e->lone_out++; /* no claim ahead until it ends (lone_done) */
+    else if (e->pf_on && !e->pf_want && !e->claiming && e->q_n <= e->pf_low) {
+      e->pf_want = 1;
+      pthread_cond_signal(&e->pf_cond);
+    }
   }
   pthread_mutex_unlock(&e->q_mu);
   return got;
+}
+
+/* The worker is done with an event queue_pop took (lone: its *lone). */
+static void lone_done(es_engine *e, int lone) {
+  if (!lone) return;
+  pthread_mutex_lock(&e->q_mu);
+  e->lone_out--;
+  pthread_mutex_unlock(&e->q_mu);
+}
+
+/* Whether an attempt after a lost one is queued or running (under q_mu):
+ * no claim ahead may then put events beside it. A worker's claim queues
+ * such an attempt only alone, so the scan is of one event then. */
+static int lone_attempt_out(es_engine *e) {
+  if (e->lone_out > 0) return 1;
+  for (size_t i = 0; i < e->q_n; i++)
+    if (es_lost_attempts(&e->q[(e->q_head + i) % e->q_cap].ev) > 0) return 1;
+  return 0;
 }
 
 /* Appends ev (moved in) to the queue, under q_mu. ES_STORAGE when out of memory. */
@@ -393,14 +439,16 @@ void es_queue_release_before(es_engine *e, int64_t cutoff) {
   free(evs);
 }
 
-/* Claims ready events into the queue. ES_OK with *claimed the number
- * claimed; *claimed = -1 when there was no need (the queue has events) or
- * another worker was claiming (then after it ended, or IDLE_POLL_MS):
+/* Claims ready events into the queue: a worker's claim (ahead 0) when the
+ * queue is empty, the prefetcher's (ahead 1) when it is down to pf_low.
+ * ES_OK with *claimed the number claimed; *claimed = -1 when there was no
+ * need (the queue has events) or another claim was under way (a worker's
+ * then returns after it ended, or IDLE_POLL_MS; the prefetcher's at once):
  * the caller looks at the queue again. Otherwise the claim's error. */
-static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
+static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *err) {
   *claimed = -1;
   pthread_mutex_lock(&e->q_mu);
-  if (e->q_n > 0) {
+  if (ahead ? !e->pf_on || e->claiming || e->q_n > e->pf_low || lone_attempt_out(e) : e->q_n > 0) {
     pthread_mutex_unlock(&e->q_mu);
     return ES_OK;
   }
@@ -438,7 +486,9 @@ static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
   es_type_set_release(ts);
   size_t keep = rc == ES_OK ? got.n : 0;
   if (keep > 1) {
-    /* An attempt after a lost one runs alone (the section comment). */
+    /* An attempt after a lost one runs alone (the section comment): from
+     * a claim ahead, after the events still queued, and nothing is claimed
+     * ahead behind it (lone_attempt_out). */
     size_t first = got.n;
     for (size_t i = 0; i < got.n && first == got.n; i++)
       if (es_lost_attempts(&got.v[i]) > 0) first = i;
@@ -461,6 +511,16 @@ static int claim_into_queue(es_engine *e, int64_t *claimed, es_err *err) {
   for (; pushed < keep; pushed++)
     if (queue_push_locked(e, &got.v[pushed], now) != ES_OK) break;
   e->claiming = 0;
+  /* A claim that found work sets the next low-water mark; a worker's
+   * turns claims ahead on again. One ahead that found nothing or failed
+   * holds them until a worker's claim finds work: each pop would
+   * otherwise pay a claim that finds nothing. */
+  if (pushed > 0) {
+    e->pf_low = pushed / 2;
+    if (!ahead) e->pf_on = e->pf_run;
+  } else if (ahead) {
+    e->pf_on = 0;
+  }
   pthread_cond_broadcast(&e->q_cond);
   pthread_mutex_unlock(&e->q_mu);
   /* What did not fit (out of memory) is released, not held. */
@@ -638,6 +698,29 @@ static void note_orphaned_claim(es_engine *e) {
   }
 }
 
+void *es_prefetcher_main(void *arg) {
+  es_engine *e = arg;
+  pthread_mutex_lock(&e->q_mu);
+  while (!e->pf_quit) {
+    if (!e->pf_want) {
+      pthread_cond_wait(&e->pf_cond, &e->q_mu);
+      continue;
+    }
+    e->pf_want = 0;
+    pthread_mutex_unlock(&e->q_mu);
+    if (!atomic_load(&e->stopping) && !es_completions_lag(e)) {
+      int64_t claimed;
+      es_err err = {0};
+      /* a failed claim holds the prefetcher (claim_into_queue); one that
+       * failed with STORAGE may have been committed all the same */
+      if (claim_into_queue(e, 1, &claimed, &err) == ES_STORAGE) note_orphaned_claim(e);
+    }
+    pthread_mutex_lock(&e->q_mu);
+  }
+  pthread_mutex_unlock(&e->q_mu);
+  return NULL;
+}
+
 void *es_worker_main(void *arg) {
   runner *r = arg;
   es_engine *e = r->e;
@@ -658,7 +741,8 @@ void *es_worker_main(void *arg) {
       active = 1;
     }
     queued_event q;
-    if (queue_pop(e, &q)) {
+    int lone;
+    if (queue_pop(e, &q, &lone)) {
       /* Fenced out of its session since the claim: give the event back to
        * the lease's holder, unrun (the release undoes the attempt). This is
        * also what closes the race with a claim in flight: the completer
@@ -670,10 +754,12 @@ void *es_worker_main(void *arg) {
         es_event *ev = &q.ev;
         release_events(e, &ev, 1);
         es_event_destroy(&q.ev);
+        lone_done(e, lone);
         continue;
       }
       int gone = handle(r, &q.ev, q.claimed_ms);
       es_event_destroy(&q.ev);
+      lone_done(e, lone);
       /* Inline: the completion is written before the next claim, which may
        * then see what it made ready (the next of a lane, its results). */
       if (e->inline_now) es_complete_waiting(e);
@@ -692,7 +778,7 @@ void *es_worker_main(void *arg) {
       es_wait_acked(e, IDLE_POLL_MS);
       continue;
     }
-    int rc = claim_into_queue(e, &claimed, &err);
+    int rc = claim_into_queue(e, 0, &claimed, &err);
     if (rc == ES_OK && claimed >= 0) {
       if (retry.first_ms) retry = (store_retry){0, IDLE_POLL_MS};
       es_store_answered(e, r->id);

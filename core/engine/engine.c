@@ -2,8 +2,9 @@
  * engine.c: the engine of engine.h: runners (a thread and a budgeted Lua
  * state each), riding out a store outage, opening, running and closing.
  * The rest is a file per concern, sharing engine/internal.h: dispatch.c
- * (handling an event, the prefetch queue, the workers and the keeper:
- * claim renewal and watchdog), completions.c (the completer thread),
+ * (handling an event, the prefetch queue and the prefetcher claiming
+ * ahead, the workers and the keeper: claim renewal and watchdog),
+ * completions.c (the completer thread),
  * fold_runner.c (es_engine_state on the fold runners), fold.c (the reducer
  * fold itself), budget.c, handlers.c, leases.c, type_stats.c.
  *
@@ -460,6 +461,7 @@ static void engine_free(es_engine *e) {
   }
   pthread_mutex_destroy(&e->q_mu);
   pthread_cond_destroy(&e->q_cond);
+  pthread_cond_destroy(&e->pf_cond);
   pthread_mutex_destroy(&e->c_mu);
   pthread_cond_destroy(&e->c_cond);
   pthread_cond_destroy(&e->c_done);
@@ -506,6 +508,7 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_mutex_init(&e->lease_mu, NULL);
   pthread_mutex_init(&e->q_mu, NULL);
   pthread_cond_init(&e->q_cond, NULL);
+  pthread_cond_init(&e->pf_cond, NULL);
   pthread_mutex_init(&e->c_mu, NULL);
   pthread_cond_init(&e->c_cond, NULL);
   pthread_cond_init(&e->c_done, NULL);
@@ -623,6 +626,17 @@ static void report_unhandled(es_engine *e, es_engine_stats *st) {
                   st->unhandled == 1 ? "has" : "have", e->scripts);
 }
 
+/* Stops the prefetcher (when the run has one) and joins it. */
+static void end_prefetcher(es_engine *e, pthread_t prefetcher) {
+  pthread_mutex_lock(&e->q_mu);
+  int had = e->pf_run;
+  e->pf_quit = 1;
+  e->pf_run = e->pf_on = 0;
+  pthread_cond_signal(&e->pf_cond);
+  pthread_mutex_unlock(&e->q_mu);
+  if (had) pthread_join(prefetcher, NULL);
+}
+
 /* Lets the completer drain the list, and joins it. */
 static void end_completer(es_engine *e, pthread_t completer) {
   pthread_mutex_lock(&e->c_mu);
@@ -693,6 +707,16 @@ static int run_threads(es_engine *e, const es_run_opts *ro, int64_t every, es_er
   pthread_t completer;
   if (pthread_create(&completer, NULL, es_completer_main, e) != 0)
     return es_fail(err, ES_STORAGE, "cannot start the completer thread");
+  /* Claims ahead (dispatch.c): off until a worker's first claim finds work */
+  pthread_mutex_lock(&e->q_mu);
+  e->pf_on = e->pf_want = e->pf_quit = 0;
+  e->pf_low = 0;
+  pthread_mutex_unlock(&e->q_mu);
+  pthread_t prefetcher;
+  int pf = pthread_create(&prefetcher, NULL, es_prefetcher_main, e) == 0;
+  pthread_mutex_lock(&e->q_mu);
+  e->pf_run = pf;
+  pthread_mutex_unlock(&e->q_mu);
   int started = 0;
   for (int i = 0; i < e->n; i++) {
     runner *r = e->slots[i];
@@ -712,6 +736,7 @@ static int run_threads(es_engine *e, const es_run_opts *ro, int64_t every, es_er
     started++;
   }
   if (started == 0) {
+    end_prefetcher(e, prefetcher);
     end_completer(e, completer);
     return es_fail(err, ES_STORAGE, "cannot start worker threads");
   }
@@ -743,6 +768,9 @@ static int run_threads(es_engine *e, const es_run_opts *ro, int64_t every, es_er
    * abandoned ones were detached and left their slots. */
   for (int i = 0; i < e->n; i++)
     if (e->slots[i]) pthread_join(e->slots[i]->thread, NULL);
+  /* What it claims after this point the run's end releases with the rest
+   * of the queue. */
+  end_prefetcher(e, prefetcher);
   /* Every handed-over completion is stored (or given up) before the run
    * returns. */
   end_completer(e, completer);

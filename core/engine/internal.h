@@ -202,7 +202,17 @@ struct es_engine {
   pthread_cond_t q_cond;      /* a claim for the queue ended */
   queued_event *q;
   size_t q_head, q_n, q_cap;
-  int claiming;               /* a worker is claiming for the queue (under q_mu) */
+  int claiming;               /* a worker or the prefetcher is claiming for the queue (under q_mu) */
+  /* Claims ahead (dispatch.c "Claims ahead"), all under q_mu: the
+   * prefetcher thread of a threaded run claims the next batch while the
+   * workers still have events queued. */
+  pthread_cond_t pf_cond;     /* the prefetcher is wanted, or is to quit */
+  int pf_run;                 /* this run has a prefetcher thread */
+  int pf_on;                  /* ... not held back (a claim ahead found nothing or failed) */
+  int pf_want;                /* a worker took the queue down to pf_low: claim ahead */
+  int pf_quit;
+  size_t pf_low;              /* the queue's low-water mark: half the last claim */
+  int lone_out;               /* attempts after a lost one taken off the queue, not yet done */
   atomic_llong handler_us;    /* running mean of a handler call's wall time (0: none yet) */
   atomic_llong claim_cap;     /* events per claim at most now: halved when queued events had
                                * to be released, grown back while claims are used up */
@@ -367,6 +377,8 @@ void es_queue_release_before(es_engine *e, int64_t cutoff);
 void es_begin_stop(es_engine *e);
 void *es_worker_main(void *arg);
 void *es_keeper_main(void *arg);
+/* The prefetcher thread of a threaded run (dispatch.c "Claims ahead"). */
+void *es_prefetcher_main(void *arg);
 /* engine.c: what an inline run's worker loop does between two events in
  * place of the run's thread and the keeper (a stop asked for, the progress
  * callback, the scripts looked at again once a second). */
