@@ -374,6 +374,42 @@ end
         end
       end)
 
+      it("a changed handler file is picked up during a run, about a second after it was last looked at", function()
+        -- The workers keep the handler the loader found for as long as the
+        -- loader itself would: a run that goes on uses the new file once
+        -- that second is over. One event is appended per progress tick
+        -- until one is handled by the new version (or ~10 s went by).
+        local t = setup()
+        t.handler("job", version_handler(1))
+        local engine = t.engine()
+        append_pending(engine, "s", { { type = "job" } })
+        local changed, seen, ticks = false, false, 0
+        engine:run({
+          progress_ms = 20,
+          progress = function()
+            local outs = eh.of_type(t.store:read("s"), "out")
+            if not changed then
+              if #outs == 1 then
+                t.handler("job", version_handler(2))
+                changed = true
+              end
+              return
+            end
+            for _, e in ipairs(outs) do
+              if e.payload.version == 2 then seen = true end
+            end
+            ticks = ticks + 1
+            if seen or ticks > 500 then
+              engine:stop()
+              return
+            end
+            t.store:append("s", { { type = "job" } })
+          end,
+        })
+        assert.is_true(seen, "the run went on with the old handler")
+        assert.equal(1, event(t.store, "s", 2).payload.version)
+      end)
+
       it("a handler file with a syntax error is an error at eventstore.engine naming the file and line (§4)", function()
         local t = setup()
         t.handler("broken", "return function(event, ctx)\n  return { { type = \n")

@@ -197,7 +197,9 @@ static int run_job(lua_State *L) {
   es_lua_push_event(L, ev, 1);
   es_upcast_event(L, j->r, -1);
   lua_getfield(L, -1, "type");
-  es_loader_call(L, "handler", lua_tostring(L, -1));
+  size_t type_len;
+  const char *type = lua_tolstring(L, -1, &type_len);
+  es_loader_handler(j->r, type, type_len);
   if (!lua_isnil(L, -2)) { /* the load error */
     lua_pushvalue(L, -2);
     return lua_error(L);

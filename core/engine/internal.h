@@ -51,6 +51,14 @@ typedef struct claim_info {
   int64_t lost;       /* earlier attempts that never ended (count as failures) */
 } claim_info;
 
+/* A handler a worker found through its loader (runner.hcache). */
+typedef struct handler_slot {
+  unsigned gen;  /* the runner's loader_gen when filled; 0: empty */
+  int64_t until; /* monotonic ms */
+  size_t len;
+  char type[64]; /* longer types are not kept */
+} handler_slot;
+
 typedef struct runner {
   es_engine *e;
   int id;                  /* 1..workers; 0: a fold runner */
@@ -76,6 +84,12 @@ typedef struct runner {
                             * script files looked at again (fold_runner.c) */
   const char *session, *type; /* of the claim in flight: borrowed from its event */
   claim_info claim;
+  /* Handlers found through the loader lately (es_loader_handler): the
+   * function is in a registry table at the slot's index + 1. A slot
+   * serves until a second after the loader last looked at the file, or
+   * the next es_loader_new_run (loader_gen), as the loader's own cache. */
+  unsigned loader_gen;      /* from 1 */
+  handler_slot hcache[8];
 
   /* A fold runner's job (under e->fold_mu; the flags are also polled
    * without it for a moment before blocking, see spin_until). */
@@ -263,6 +277,10 @@ void es_engine_unref(es_engine *e);
 
 /* Pushes loader[fn](name, now) of L's loader: value, err, extra. Raises. */
 void es_loader_call(lua_State *L, const char *fn, const char *name);
+
+/* es_loader_call(r->L, "handler", type) through r's cache of handlers
+ * (runner.hcache): the same three values. Raises. */
+void es_loader_handler(runner *r, const char *type, size_t len);
 
 /* Folds reducer over session through at (ES_NONE: the head) in r's state
  * and pushes the state (fold.c). With snapshots on, encoded (if not NULL)

@@ -124,9 +124,12 @@ return function(dir, stat, hash, shared)
     return new
   end
 
+  -- The fourth result, when the first is the handler, is when its file was
+  -- last looked at: the engine's workers use the function again without
+  -- asking until a second later or the next new_run, as lookup would.
   function M.handler(name, now)
     local c = lookup(handlers, "handlers", name, now, "function")
-    return c.value, c.err, c.sig ~= nil
+    return c.value, c.err, c.sig ~= nil, c.checked
   end
 
   function M.reducer(name, now)
