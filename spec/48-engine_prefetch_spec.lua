@@ -201,6 +201,36 @@ for _, url in ipairs(helpers.urls()) do
       assert.are.equal(2, #results(t.store, "s", "fast.done"))
     end)
 
+    it("behind handlers slower than a claim's window nothing is claimed ahead: another engine takes the next event", function()
+      -- A learns that its handlers take ~0.3 s, more than the ~20 ms one
+      -- claim is meant to last. Its next claim takes the slow event alone;
+      -- a claim ahead would hold the fast one behind it (until released,
+      -- a second later), while B, idle, can run it at once.
+      local t = eh.setup(url)
+      t.handler("slowish", [[return function(e) os.execute("sleep 0.3") return nil end]])
+      t.handler("fast", FAST)
+      local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1 })
+      t.store:append("warm", { { type = "slowish" } })
+      assert.are.equal(1, eh.run(a).handled)
+      t.store:append("s", { { type = "slowish" }, { type = "fast" } })
+      local taken = {}
+      local r = a:run({
+        until_idle = true,
+        progress_ms = 20,
+        progress = function(now)
+          if now.busy == 0 or #taken > 0 then return end
+          for _, e in ipairs(t.store:claim_next({ holder = "B", ttl_ms = 60000, limit = 10 })) do
+            taken[#taken + 1] = e
+            assert.are.equal("completed", t.store:complete(e.session, e.index, e.attempt, {}).outcome)
+          end
+        end,
+      })
+      assert.are.equal(1, #taken, "B found nothing to claim while A ran its slow handler")
+      assert.are.equal("fast", taken[1].type)
+      assert.are.equal(1, taken[1].attempt)
+      assert.are.same({ handled = 1, failed = 0, dead = 0 }, eh.counts(r))
+    end)
+
     it("a claim ahead that meets an attempt after a lost one keeps only it: it runs alone", function()
       -- L's first attempt was claimed by X and never ended (the claim
       -- expires when the test moves the clock). A's first claim takes

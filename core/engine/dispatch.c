@@ -275,7 +275,10 @@ static int run_job(lua_State *L) {
  * core while the workers run the rest. It claims only what a worker would
  * (the same types, skip list and size), never while completions lag nor
  * once the run is stopping, and what it claimed is released like any
- * prefetched event. A claim ahead that finds nothing or fails holds the
+ * prefetched event. Nor while a handler call takes a batch window or more
+ * on average: such handlers leave a claim's time out of account, and what
+ * was claimed ahead would wait for a free worker while another engine
+ * could have run it at once. A claim ahead that finds nothing or fails holds the
  * prefetcher until a worker's own claim finds work again (errors are a
  * worker's claim's to report and ride out). An attempt after a lost one
  * still runs alone: a claim ahead that returns one keeps only it, as a
@@ -302,15 +305,20 @@ int64_t es_hold_ms(const es_engine *e) {
   return h > 0 ? h : 1;
 }
 
-/* How many events to claim at once: as many as the workers handle in
- * BATCH_WINDOW_US (a quarter of es_hold_ms when that is shorter), from the
- * running mean of a handler call; 1 while nothing is known. */
+/* The time one claim's events are meant to keep the workers busy:
+ * BATCH_WINDOW_US, or a quarter of es_hold_ms when that is shorter. */
+static int64_t batch_window_us(const es_engine *e) {
+  int64_t window = es_hold_ms(e) * 1000 / 4;
+  return window > BATCH_WINDOW_US ? BATCH_WINDOW_US : window;
+}
+
+/* How many events to claim at once: as many as the workers handle in the
+ * batch window, from the running mean of a handler call; 1 while nothing
+ * is known. */
 static int64_t claim_limit(es_engine *e) {
   int64_t us = atomic_load(&e->handler_us);
   if (us <= 0) return 1;
-  int64_t window = es_hold_ms(e) * 1000 / 4;
-  if (window > BATCH_WINDOW_US) window = BATCH_WINDOW_US;
-  int64_t k = window * e->n / us;
+  int64_t k = batch_window_us(e) * e->n / us;
   /* what the handlers alone would allow; the store's pace sets the cap */
   int64_t cap = atomic_load(&e->claim_cap);
   if (cap < 1 || cap > BATCH_MAX) cap = BATCH_MAX;
@@ -450,7 +458,9 @@ void es_queue_release_before(es_engine *e, int64_t cutoff) {
 static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *err) {
   *claimed = -1;
   pthread_mutex_lock(&e->q_mu);
-  if (ahead ? !e->pf_on || e->claiming || e->q_n > e->pf_low || lone_attempt_out(e) : e->q_n > 0) {
+  if (ahead ? !e->pf_on || e->claiming || e->q_n > e->pf_low || lone_attempt_out(e) ||
+                  atomic_load(&e->handler_us) >= batch_window_us(e)
+            : e->q_n > 0) {
     pthread_mutex_unlock(&e->q_mu);
     return ES_OK;
   }
