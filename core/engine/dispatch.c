@@ -276,16 +276,16 @@ static int run_job(lua_State *L) {
  * (the same types, skip list and size), never while completions lag nor
  * once the run is stopping, and what it claimed is released like any
  * prefetched event. Nor while a handler call takes a batch window or more
- * on average: such handlers leave a claim's time out of account, and what
- * was claimed ahead would wait for a free worker while another engine
- * could have run it at once. A claim ahead that finds nothing or fails holds the
- * prefetcher until a worker's own claim finds work again (errors are a
- * worker's claim's to report and ride out). An attempt after a lost one
- * still runs alone: a claim ahead that returns one keeps only it, as a
- * worker's claim does, queued after the events claimed before it (with one
- * worker they end before it starts; with more, other workers' events ran
- * beside it before as well), and no claim ahead is made while it is
- * queued or running (lone_out). */
+ * on average: behind such handlers a claim's own time hardly counts, and
+ * an event claimed ahead would wait for a free worker while another
+ * engine could have run it at once. A claim ahead that finds nothing or
+ * fails holds the prefetcher until a worker's own claim finds work again
+ * (errors are a worker's claim's to report and ride out). An attempt
+ * after a lost one still runs alone: a claim ahead that returns one keeps
+ * only it, as a worker's claim does, queued after the events claimed
+ * before it (with one worker they end before it starts; with more, other
+ * workers' events ran beside it before as well), and no claim ahead is
+ * made while it is queued or running (lone_out). */
 
 /* Events per claim at most. Each claim and each batch of completions is a
  * commit whose cost on SQLite is mostly the pages it touches (the rows,
@@ -390,8 +390,8 @@ static void lone_done(es_engine *e, int lone) {
 }
 
 /* Whether an attempt after a lost one is queued or running (under q_mu):
- * no claim ahead may then put events beside it. A worker's claim queues
- * such an attempt only alone, so the scan is of one event then. */
+ * no claim ahead may then put events beside it. The queue holds a claim
+ * and a half at most, and the scan runs once per claim ahead. */
 static int lone_attempt_out(es_engine *e) {
   if (e->lone_out > 0) return 1;
   for (size_t i = 0; i < e->q_n; i++)
