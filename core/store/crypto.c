@@ -466,6 +466,8 @@ static void set_payload(es_event *e, char *p, size_t n) {
   if (e->packed) e->payload_own = p != NULL;
 }
 
+/* seal_text writes exactly this many bytes: one formula for the text and
+ * for the check against the backend's limit. */
 size_t es_crypto_sealed_len(size_t n) {
   if (n > SIZE_MAX / 2) return SIZE_MAX;
   return SEALED_PREFIX_LEN + sodium_base64_ENCODED_LEN(NONCE_BYTES + n + TAG_BYTES, B64) - 1;
@@ -478,19 +480,21 @@ static int seal_text(const unsigned char *key, const char *key_name, const char 
   if (ad_len == 0) return ad_too_long(err);
   unsigned char *bin = NULL;
   size_t bin_len = 0;
+  /* the length the append's checks held against the backend's limit */
+  size_t total = es_crypto_sealed_len(n);
+  if (total == SIZE_MAX) return es_fail(err, ES_TOO_LARGE, "payload too large to seal");
   int rc = seal_bytes(key, (const unsigned char *)plain, n, ad, ad_len, &bin, &bin_len, err);
   if (rc) return rc;
-  size_t b64 = sodium_base64_ENCODED_LEN(bin_len, B64); /* with its NUL */
-  char *text = malloc(SEALED_PREFIX_LEN + b64);
+  char *text = malloc(total + 1);
   if (!text) {
     free(bin);
     return nomem(err);
   }
   memcpy(text, SEALED_PREFIX, SEALED_PREFIX_LEN);
-  sodium_bin2base64(text + SEALED_PREFIX_LEN, b64, bin, bin_len, B64);
+  sodium_bin2base64(text + SEALED_PREFIX_LEN, total - SEALED_PREFIX_LEN + 1, bin, bin_len, B64);
   free(bin);
   *out = text;
-  *out_len = SEALED_PREFIX_LEN + strlen(text + SEALED_PREFIX_LEN);
+  *out_len = total;
   return ES_OK;
 }
 

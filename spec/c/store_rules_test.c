@@ -18,6 +18,7 @@
 
 #include <sqlite3.h>
 
+#include "store/crypto.h" /* es_crypto_sealed_len */
 #include "store/store.h"
 
 #include "tap.h"
@@ -322,6 +323,21 @@ static void backend_limit(const char *url, const char *tag, size_t backend_max, 
     okf(rc == ES_TOO_LARGE && says(&err, "once sealed, over the") && untouched,
         "backend limit (%s): a payload within it but over it sealed is TOO_LARGE before any write (got %d \"%s\")",
         tag, rc, err.msg);
+    /* and the length the check uses is what a sealed payload takes at rest */
+    static const char small[] = "{\"note\":\"leave at the door\"}";
+    plain_events(e, 1);
+    e[0].key = "k";
+    e[0].payload = small;
+    e[0].payload_len = sizeof small - 1;
+    es_events rest = {0};
+    int read = es_store_append(s, "sealed", e, 1, ES_NONE, ES_NONE, NULL, &pending, &err) == ES_OK &&
+               es_store_read_at_rest(s, "sealed", 0, ES_NONE, ES_NONE, &rest, &err) == ES_OK;
+    int stored = read && rest.n == 1;
+    size_t at_rest = stored ? rest.v[0].payload_len : 0;
+    okf(stored && at_rest == es_crypto_sealed_len(sizeof small - 1) && strlen(rest.v[0].payload) == at_rest,
+        "backend limit (%s): a %zu-byte payload takes %zu bytes sealed, as the check counts (got %zu: %s)", tag,
+        sizeof small - 1, es_crypto_sealed_len(sizeof small - 1), at_rest, stored ? "" : err.msg);
+    if (read) es_events_destroy(&rest);
     es_store_release(s);
   } else {
     okf(0, "backend limit (%s): open with keys: %s", tag, err.msg);
