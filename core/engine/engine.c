@@ -175,14 +175,22 @@ static int setup_state(lua_State *L) {
   return 0;
 }
 
-/* Pushes loader[fn](name, now): value, err, extra. Raises. */
-void es_loader_call(lua_State *L, const char *fn, const char *name) {
+/* Pushes nres results of loader[fn](name[0..len), now) (name NULL: nil).
+ * Raises. */
+static void loader_call(lua_State *L, const char *fn, const char *name, size_t len, int64_t now,
+                        int nres) {
   lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
   lua_getfield(L, -1, fn);
   lua_remove(L, -2);
-  lua_pushstring(L, name);
-  lua_pushinteger(L, es_mono_ms());
-  lua_call(L, 2, 3);
+  if (name) lua_pushlstring(L, name, len);
+  else lua_pushnil(L);
+  lua_pushinteger(L, now);
+  lua_call(L, 2, nres);
+}
+
+/* Pushes loader[fn](name, now): value, err, extra. Raises. */
+void es_loader_call(lua_State *L, const char *fn, const char *name) {
+  loader_call(L, fn, name, name ? strlen(name) : 0, es_mono_ms(), 3);
 }
 
 void es_runner_free_now(runner *r) {
@@ -674,12 +682,7 @@ void es_loader_handler(runner *r, const char *type, size_t len) {
     lua_settop(L, top); /* no longer there: asked for again */
   }
   c->gen = 0;
-  lua_rawgetp(L, LUA_REGISTRYINDEX, &es_loader_key);
-  lua_getfield(L, -1, "handler");
-  lua_remove(L, -2);
-  lua_pushlstring(L, type, len);
-  lua_pushinteger(L, now);
-  lua_call(L, 2, 4);
+  loader_call(L, "handler", type, len, now, 4);
   int isnum;
   lua_Integer checked = lua_tointegerx(L, -1, &isnum);
   if (lua_type(L, -4) == LUA_TFUNCTION && lua_isnil(L, -3) && isnum && len < sizeof c->type) {
