@@ -37,6 +37,7 @@
 #include "store/internal.h"
 #include "store/store.h"
 
+#include "new_events.h"
 #include "tap.h"
 
 #define HANDLES 3
@@ -467,10 +468,7 @@ static void connection_lending(const char *base) {
     es_store *s = open_or_die(url);
     if (!s) break;
     es_new_event e[3];
-    for (int i = 0; i < 3; i++) {
-      es_new_event_init(&e[i]);
-      e[i].type = "job";
-    }
+    new_events(e, 3, "job", NULL);
     int pending;
     es_err err = {0};
     es_events got, claimed;

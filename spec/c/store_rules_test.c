@@ -21,6 +21,7 @@
 #include "store/crypto.h" /* es_crypto_sealed_len */
 #include "store/store.h"
 
+#include "new_events.h"
 #include "tap.h"
 
 /* Whether err's message contains part. */
@@ -225,14 +226,7 @@ static void claim_skip(const char *url) {
 }
 
 /* n events of type "t" with the payload {} */
-static void plain_events(es_new_event *e, int n) {
-  for (int k = 0; k < n; k++) {
-    es_new_event_init(&e[k]);
-    e[k].type = "t";
-    e[k].payload = "{}";
-    e[k].payload_len = 2;
-  }
-}
+static void plain_events(es_new_event *e, int n) { new_events(e, n, "t", "{}"); }
 
 /* es_store_append's per-event checks: the error names events[i] and the
  * field (the label is only formatted for an error), the call stores

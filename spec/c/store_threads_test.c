@@ -36,6 +36,7 @@
 #include "store/internal.h" /* run_shared: how many callers are queued */
 #include "store/store.h"
 
+#include "new_events.h"
 #include "tap.h"
 
 #define WRITERS 6
@@ -258,10 +259,7 @@ static void *gc_writer(void *arg) {
     atomic_fetch_add(&gc_started, 1);
   }
   es_new_event e[2];
-  for (int i = 0; i < 2; i++) {
-    es_new_event_init(&e[i]);
-    e[i].type = "job";
-  }
+  new_events(e, 2, "job", NULL);
   int pending;
   es_err err = {0};
   c->rc = es_store_append(c->s, c->session, e, 2, ES_NONE, ES_NONE, &c->out, &pending, &err);
@@ -403,14 +401,7 @@ typedef struct {
 } sh_ctx;
 
 /* n events of type "job", payload {"n":1}. */
-static void job_events(es_new_event *e, int n) {
-  for (int i = 0; i < n; i++) {
-    es_new_event_init(&e[i]);
-    e[i].type = "job";
-    e[i].payload = "{\"n\":1}";
-    e[i].payload_len = 7;
-  }
-}
+static void job_events(es_new_event *e, int n) { new_events(e, n, "job", "{\"n\":1}"); }
 
 static void *sh_writer(void *arg) {
   sh_ctx *c = arg;
