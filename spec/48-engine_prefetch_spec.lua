@@ -203,28 +203,37 @@ for _, url in ipairs(helpers.urls()) do
 
     it("behind handlers slower than a claim's window nothing is claimed ahead: another engine takes the next event", function()
       -- A learns that its handlers take ~0.3 s, more than the ~20 ms one
-      -- claim is meant to last. Its next claim takes the slow event alone;
+      -- claim is meant to last. Its next claim takes the held event alone;
       -- a claim ahead would hold the fast one behind it (until released,
-      -- a second later), while B, idle, can run it at once.
+      -- a second later), while B, idle, can run it at once. The held
+      -- handler returns once B has claimed (or B tried 25 times).
       local t = eh.setup(url)
+      local gate = new_gate()
       t.handler("slowish", [[return function(e) os.execute("sleep 0.3") return nil end]])
+      t.handler("held", gated(gate, "the test did not move on"))
       t.handler("fast", FAST)
       local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1 })
       t.store:append("warm", { { type = "slowish" } })
       assert.are.equal(1, eh.run(a).handled)
-      t.store:append("s", { { type = "slowish" }, { type = "fast" } })
-      local taken = {}
+      t.store:append("s", { { type = "held" }, { type = "fast" } })
+      local taken, tries = {}, 0
       local r = a:run({
         until_idle = true,
         progress_ms = 20,
         progress = function(now)
-          if now.busy == 0 or #taken > 0 then return end
+          if now.busy == 0 or tries >= 25 then return end
+          tries = tries + 1
           for _, e in ipairs(t.store:claim_next({ holder = "B", ttl_ms = 60000, limit = 10 })) do
             taken[#taken + 1] = e
             assert.are.equal("completed", t.store:complete(e.session, e.index, e.attempt, {}).outcome)
           end
+          if #taken > 0 or tries >= 25 then
+            tries = 25
+            eh.write_file(gate, "open")
+          end
         end,
       })
+      os.remove(gate)
       assert.are.equal(1, #taken, "B found nothing to claim while A ran its slow handler")
       assert.are.equal("fast", taken[1].type)
       assert.are.equal(1, taken[1].attempt)
