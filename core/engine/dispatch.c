@@ -478,7 +478,8 @@ static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *e
   }
   e->claiming = 1;
   pthread_mutex_unlock(&e->q_mu);
-  /* The queue was used up: claims may grow again (by a quarter). */
+  /* The queue ran low (empty, or down to pf_low for a claim ahead): claims
+   * may grow again (by a quarter). */
   int64_t cap = atomic_load(&e->claim_cap);
   if (cap >= 1 && cap < BATCH_MAX) atomic_store(&e->claim_cap, cap + cap / 4 + 1);
 
