@@ -32,15 +32,7 @@ local BOUND = (4 * THRESHOLD + 1000) * FRAME
 local size = helpers.file_size
 
 -- Threads of this process (the checkpointer is one of them).
-local function threads()
-  local f = assert(io.open("/proc/self/stat", "r"))
-  local pid = f:read("a"):match("^(%d+)")
-  f:close()
-  local p = assert(io.popen("ls /proc/" .. pid .. "/task | wc -l", "r"))
-  local n = tonumber((p:read("a"):gsub("%s", "")))
-  p:close()
-  return n
-end
+local threads = helpers.threads
 
 -- Pages of the database as a read-only connection of the sqlite3 shell
 -- sees it (through the WAL): what the main file holds once every commit

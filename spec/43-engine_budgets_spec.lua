@@ -24,13 +24,7 @@ local function wall()
   return math.floor(helpers.wall() * 1000)
 end
 
--- This process's threads (Linux).
-local function threads()
-  local f = assert(io.open("/proc/self/status", "r"))
-  local n = tonumber(f:read("a"):match("Threads:%s*(%d+)"))
-  f:close()
-  return n
-end
+local threads = helpers.threads
 
 -- Closes engine, then waits until the process is back to `before` threads
 -- (counted before the engine was made): an abandoned worker's thread

@@ -289,6 +289,52 @@ for _, url in ipairs(helpers.urls()) do
       assert.are.equal(1, eh.event(t.store, "g", 1).attempts)
     end)
 
+    it("an abandoned attempt after a lost one holds claims ahead off no longer, though its call never returns", function()
+      -- L's first attempt was claimed by X and never ended. A runs its
+      -- next attempt alone, and it blocks in one C call (a shell waiting
+      -- for a gate that opens only at the end), so the watchdog abandons
+      -- it past deadline_ms and starts a replacement worker. The attempt
+      -- ended there (failed: L is dead at max_failures 2), and claims
+      -- ahead go on: while the replacement runs s#1, s#2 is claimed ahead
+      -- (s#1's handler waits for that), though L's thread is still blocked.
+      local t = eh.setup(url)
+      local gate_l, gate_s = new_gate(), new_gate()
+      t.handler("blocked", ([[return function()
+        os.execute(%q)
+      end]]):format("while [ ! -e " .. helpers.sh_quote(gate_l) .. " ]; do sleep 0.01; done"))
+      t.handler("gated", gated(gate_s, "nothing was claimed ahead after the abandon"))
+      t.handler("fast", FAST)
+      local before = helpers.threads()
+      local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1, deadline_ms = 200, max_failures = 2 })
+      t.store:append("L", { { type = "blocked" } })
+      assert.are.equal(1, #t.store:claim_next({ holder = "X", ttl_ms = 10, limit = 1 }))
+      t.clock:advance(1000) -- X's claim of L expires: an attempt that never ended
+      t.store:append("s", { { type = "gated" }, { type = "fast" } })
+      local seen
+      local ok, r = pcall(a.run, a, {
+        until_idle = true,
+        progress_ms = 10,
+        progress = function(now)
+          if seen or now.busy == 0 or eh.event(t.store, "L", 1).status ~= "dead" then return end
+          local first, second = eh.event(t.store, "s", 1), eh.event(t.store, "s", 2)
+          if first.claim_holder == "A" and second.status == "pending" and second.claim_holder == "A" then
+            seen = true
+            eh.write_file(gate_s, "open")
+          end
+        end,
+      })
+      eh.write_file(gate_l, "open") -- L's thread comes back and frees itself
+      a:close()
+      helpers.wait_until(function() return helpers.threads() <= before end, "the abandoned worker's thread to end")
+      os.remove(gate_l)
+      os.remove(gate_s)
+      assert(ok, r)
+      assert.is_true(seen, "s#2 was not claimed ahead while s#1 ran after L's worker was abandoned")
+      assert.are.same({ handled = 2, failed = 0, dead = 1 }, eh.counts(r))
+      assert.are.equal(1, r.abandoned)
+      for i = 1, 2 do assert.are.equal(1, eh.event(t.store, "s", i).attempts) end
+    end)
+
     for _, workers in ipairs({ 1, 3 }) do
       it(("handles the events of a lane in index order with %d worker(s)"):format(workers), function()
         local t = eh.setup(url)

@@ -436,6 +436,15 @@ function helpers.seed(what)
   return seed
 end
 
+-- This process's threads (Linux): an engine's workers, a store's
+-- checkpointer, an abandoned worker's thread still in its C call.
+function helpers.threads()
+  local f = assert(io.open("/proc/self/status", "r"))
+  local n = tonumber(f:read("a"):match("Threads:%s*(%d+)"))
+  f:close()
+  return n
+end
+
 -- Polls cond() every `every` seconds (default 0.02) until it returns a true
 -- value, and returns that value. Raises "timed out waiting for WHAT" after
 -- `seconds` (default 120): a deadline that only a hang reaches, never a

@@ -772,7 +772,7 @@ void *es_worker_main(void *arg) {
       }
       int gone = handle(r, &q.ev, q.claimed_ms);
       es_event_destroy(&q.ev);
-      lone_done(e, lone);
+      if (!gone) lone_done(e, lone); /* abandon() ended an abandoned one */
       /* Inline: the completion is written before the next claim, which may
        * then see what it made ready (the next of a lane, its results). */
       if (e->inline_now) es_complete_waiting(e);
@@ -873,6 +873,9 @@ static void abandon(es_engine *e, int slot, runner *r, const char *cause) {
   if (!ok) return;
   atomic_fetch_add(&e->refs, 1); /* the thread's, until it comes back */
   atomic_fetch_add(&e->abandoned, 1);
+  /* Its attempt ends here (failed below): an attempt after a lost one no
+   * longer holds claims ahead off, though its thread may never come back. */
+  lone_done(e, c.lost > 0);
   /* It was busy (in a handler); its thread, whenever it comes back, must
    * not count itself out of a later run's e->busy. */
   atomic_fetch_sub(&e->busy, 1);
