@@ -94,6 +94,30 @@ end
       assert.are_not.equal(a1, a2)
     end)
 
+    it("draws from a script's own math.randomseed; the next event draws its own numbers again", function()
+      -- The seed for each call is applied at its first draw: a seed the
+      -- script sets first must win, and must not reach the next event.
+      local seeding = [[
+return function(event, ctx)
+  if event.session == "dice-a" then math.randomseed(7) end
+  return { { type = "rolled", payload = { draw = math.random(1, 1000000000) } } }
+end
+]]
+      local plain = [[
+return function(event, ctx)
+  return { { type = "rolled", payload = { draw = math.random(1, 1000000000) } } }
+end
+]]
+      local got = live_run(url, INPUTS, seeding)
+      local unseeded = live_run(url, INPUTS, plain)
+      math.randomseed(7)
+      local want = math.random(1, 1000000000)
+      math.randomseed()
+      assert.equal(want, got[1].draw)
+      assert.are_not.equal(want, unseeded[1].draw)
+      assert.equal(unseeded[2].draw, got[2].draw)
+    end)
+
     it("keeps the generator when a script replaces math.randomseed", function()
       local meddler = [[
 return function(event, ctx)

@@ -191,7 +191,7 @@ static int run_job(lua_State *L) {
   job *j = lua_touserdata(L, 1);
   const es_event *ev = j->ev;
   es_engine *e = j->r->e;
-  es_determinism_seed(L, ev);
+  es_determinism_seed(j->r, ev);
   /* §7: the handler sees the event upcast, and is its upcast type's */
   es_upcast_begin(j->r);
   es_lua_push_event(L, ev, 1);

@@ -80,6 +80,10 @@ typedef struct runner {
   unsigned last_ticks;     /* hook ticks at the last look ... */
   int64_t last_cpu_ns;     /* ... and the thread's CPU time then */
   unsigned gc_due;         /* handled events since the last explicit collector step */
+  /* The generator's seed for the call in flight, applied at its first
+   * draw (determinism.c): set by es_determinism_seed. */
+  int seed_due;
+  lua_Integer seed_hash, seed_attempt;
   int64_t looked_ms;       /* an inline engine's fold runner: when its job last had the
                             * script files looked at again (fold_runner.c) */
   const char *session, *type; /* of the claim in flight: borrowed from its event */
@@ -318,10 +322,10 @@ void es_push_ctx(lua_State *L, runner *r, const es_event *ev);
 void es_ctx_set_meta(lua_State *L, int idx);
 
 /* Deterministic scripts (determinism.c, docs/contract.md §4): setup at a
- * state's making, the generator seeded from ev before its handler runs,
- * and the state's own math.random pushed (for ctx.random). */
+ * state's making, the generator seeded from ev for its handler (at the
+ * first draw), and the state's own math.random pushed (for ctx.random). */
 void es_determinism_setup(lua_State *L, runner *r);
-void es_determinism_seed(lua_State *L, const es_event *ev);
+void es_determinism_seed(runner *r, const es_event *ev);
 void es_determinism_push_random(lua_State *L);
 /* FNV-1a 64 of n bytes, continuing from h (ES_FNV_BASIS to start). */
 #define ES_FNV_BASIS 14695981039346656037ULL
