@@ -2,6 +2,7 @@
 -- docs/json.md). Every rule of the canonical form and of strict decoding has
 -- an assert here that fails if the rule is broken.
 
+local helpers = require("helpers")
 local ok, es = pcall(require, "eventstore")
 local json = ok and es.json or require("eventstore.core").json
 
@@ -34,23 +35,7 @@ local function bad_json(text, ...)
 end
 
 -- Deep equality that also compares number subtypes, array marks and -0.0.
-local function same(a, b)
-  if type(a) ~= type(b) then return false end
-  if type(a) == "number" then
-    if math.type(a) ~= math.type(b) then return false end
-    if a == 0 and b == 0 and math.type(a) == "float" then return 1 / a == 1 / b end
-    return a == b
-  end
-  if type(a) ~= "table" then return a == b end
-  if json.is_array(a) ~= json.is_array(b) then return false end
-  for k, v in pairs(a) do
-    if not same(v, b[k]) then return false end
-  end
-  for k in pairs(b) do
-    if a[k] == nil then return false end
-  end
-  return true
-end
+local same = helpers.json_same
 
 local function nested(n, open, close)
   return open:rep(n) .. close:rep(n)
@@ -463,37 +448,9 @@ describe("eventstore.json", function()
 
     it("holds for many generated values", function()
       math.randomseed(42)
-      local function gen_string()
-        local b = {}
-        for i = 1, math.random(0, 8) do
-          -- mostly valid code points, sometimes a surrogate (which must be refused)
-          b[i] = utf8.char(math.random(2) == 1 and math.random(0, 0x7f) or math.random(0, 0x10FFFF))
-        end
-        return table.concat(b)
-      end
-      local function gen(depth)
-        local r = math.random(depth > 3 and 6 or 8)
-        if r == 1 then return math.random(math.mininteger, math.maxinteger)
-        elseif r == 2 then
-          local f = string.unpack("<d", string.pack("<i8", math.random(math.mininteger, math.maxinteger)))
-          if f ~= f or f == math.huge or f == -math.huge then return 0.5 end
-          return f
-        elseif r == 3 then return math.random() * 10 ^ math.random(-20, 20)
-        elseif r == 4 then return gen_string()
-        elseif r == 5 then return math.random(2) == 1
-        elseif r == 6 then return depth > 0 and json.null or -0.0
-        elseif r == 7 then
-          local t = json.array {}
-          for i = 1, math.random(0, 5) do t[i] = gen(depth + 1) end
-          return t
-        else
-          local t = {}
-          for _ = 1, math.random(0, 5) do t[gen_string()] = gen(depth + 1) end
-          return t
-        end
-      end
       for _ = 1, 3000 do
-        local v = gen(0)
+        -- mostly valid code points, sometimes a surrogate (which must be refused)
+        local v = helpers.random_json(0)
         local ok_enc, text = pcall(encode, v)
         if ok_enc then
           local back = decode(text)

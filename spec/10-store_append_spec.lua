@@ -249,6 +249,49 @@ for _, url in ipairs(helpers.urls()) do
         end)
       end
 
+      it("answers an append with the payloads read decodes, for many generated values", function()
+        -- every payload in append's answer (a first append, and one of
+        -- the same ids answered with the events stored first) is what
+        -- decoding its canonical text gives, json.decode(json.encode(v)),
+        -- as read gives it: to the number subtype, the array mark and the
+        -- null, in tables of its own
+        local store = new()
+        helpers.seed("append answers")
+        local shared = { k = json.array { 1, 2 } }
+        local edge = {
+          json.null, -0.0, 2.0, 0.1, "", "a\0b", {}, json.array {}, { 1, 2, 3 },
+          json.array { [1] = 1, [3] = 3 }, setmetatable({ a = 1 }, { __index = function() return 9 end }),
+          { a = shared, b = shared }, { x = { y = { z = json.array { json.null, { false } } } } },
+        }
+        local values = {}
+        for i, v in ipairs(edge) do values[i] = v end
+        for i = #edge + 1, 600 do values[i] = helpers.random_json(0, true) end
+        local batch = {}
+        for i, v in ipairs(values) do batch[i] = { type = "t", payload = v } end
+        for from = 1, #batch, 100 do
+          local part = table.move(batch, from, math.min(from + 99, #batch), 1, {})
+          store:append("gen", part)
+        end
+        local answered = {}
+        for from = 1, #batch, 100 do
+          -- again with the same ids: the answer is the events stored first
+          local part = table.move(batch, from, math.min(from + 99, #batch), 1, {})
+          for i, e in ipairs(part) do part[i] = { type = e.type, payload = e.payload, id = "gen-" .. (from + i - 1) } end
+          for _, e in ipairs(store:append("ids", part)) do answered[#answered + 1] = e end
+          for _, e in ipairs(store:append("ids", part)) do assert.is_true(helpers.json_same(answered[e.index].payload, e.payload)) end
+        end
+        local read = store:read("ids", { limit = 1000 })
+        assert.equal(#values, #read)
+        for i, v in ipairs(values) do
+          local want = json.decode(json.encode(v))
+          assert.is_true(helpers.json_same(want, read[i].payload), json.encode(v))
+          assert.is_true(helpers.json_same(want, answered[i].payload), json.encode(v))
+          if type(v) == "table" then assert.are_not.equal(v, answered[i].payload, "a copy, not the caller's table") end
+        end
+        -- the answer's tables are the event's own: two events never share one
+        assert.are_not.equal(answered[12].payload.a, answered[12].payload.b)
+      end)
+
       it("rejects a payload over max_payload_bytes with TOO_LARGE, writing nothing", function()
         local store = new({ max_payload_bytes = 100 })
         store:append("p", { { type = "t", payload = "small" } })

@@ -436,6 +436,65 @@ function helpers.seed(what)
   return seed
 end
 
+-- Whether two Lua values are the same JSON value as the codec sees it:
+-- number subtypes (and the sign of a float zero), array marks and any
+-- other metatable, json.null, every key.
+function helpers.json_same(a, b)
+  if type(a) ~= type(b) then return false end
+  if type(a) == "number" then
+    if math.type(a) ~= math.type(b) then return false end
+    if a == 0 and b == 0 and math.type(a) == "float" then return 1 / a == 1 / b end
+    return a == b
+  end
+  if type(a) ~= "table" then return a == b end
+  if getmetatable(a) ~= getmetatable(b) then return false end
+  for k, v in pairs(a) do
+    if not helpers.json_same(v, b[k]) then return false end
+  end
+  for k in pairs(b) do
+    if a[k] == nil then return false end
+  end
+  return true
+end
+
+-- A random value for the JSON codec, drawn with math.random (seed it
+-- first): integers and floats over their whole ranges, short strings of
+-- random code points (a surrogate now and then, which the codec refuses:
+-- pass valid_utf8 to draw none), booleans, json.null below the top (-0.0
+-- at it), arrays (json.array) and objects, up to a few levels deep.
+function helpers.random_json(depth, valid_utf8)
+  local json = eventstore.json
+  depth = depth or 0
+  local function gen_string()
+    local b = {}
+    for i = 1, math.random(0, 8) do
+      local cp = math.random(2) == 1 and math.random(0, 0x7f) or math.random(0, 0x10FFFF)
+      if valid_utf8 and cp >= 0xD800 and cp <= 0xDFFF then cp = 0xFFFD end
+      b[i] = utf8.char(cp)
+    end
+    return table.concat(b)
+  end
+  local r = math.random(depth > 3 and 6 or 8)
+  if r == 1 then return math.random(math.mininteger, math.maxinteger)
+  elseif r == 2 then
+    local f = string.unpack("<d", string.pack("<i8", math.random(math.mininteger, math.maxinteger)))
+    if f ~= f or f == math.huge or f == -math.huge then return 0.5 end
+    return f
+  elseif r == 3 then return math.random() * 10 ^ math.random(-20, 20)
+  elseif r == 4 then return gen_string()
+  elseif r == 5 then return math.random(2) == 1
+  elseif r == 6 then return depth > 0 and json.null or -0.0
+  elseif r == 7 then
+    local t = json.array {}
+    for i = 1, math.random(0, 5) do t[i] = helpers.random_json(depth + 1, valid_utf8) end
+    return t
+  else
+    local t = {}
+    for _ = 1, math.random(0, 5) do t[gen_string()] = helpers.random_json(depth + 1, valid_utf8) end
+    return t
+  end
+end
+
 -- This process's threads (Linux): an engine's workers, a store's
 -- checkpointer, an abandoned worker's thread still in its C call.
 function helpers.threads()
