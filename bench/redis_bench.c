@@ -13,7 +13,8 @@
  *   REDIS_BENCH_COUNT    XREADGROUP's COUNT (per stream) for the consumers (10)
  *   REDIS_BENCH_ONLY     run only the workloads whose key contains this
  *                        (keys: append100 append1 memappend memappend-lua
- *                        consume8 produce8 memconsume1 bytes)
+ *                        memappend-lua-ids consume8 produce8 memconsume1
+ *                        bytes)
  *   REDIS_SERVER         the redis-server binary (redis-server on PATH)
  *
  * Needs lua/eventstore/loader.lua on LUA_PATH for the engine (make sets it).
@@ -589,7 +590,7 @@ static double es_consume(int durable, long n, int workers, int produce) {
 /* store:append of 100 events from Lua (the Lua module linked into this
  * program, as lua_path_bench does), one thread, memory:. */
 static const char LUA_APPEND[] =
-    "local seconds, sessions, now = ...\n"
+    "local seconds, sessions, now, answer = ...\n"
     "local eventstore = require 'eventstore'\n"
     "local s = eventstore.open('memory:')\n"
     "local payload = {customer = 'c-000123', items = {{qty = 2, sku = 'SKU-42'}}, note = 'leave at the door'}\n"
@@ -598,7 +599,7 @@ static const char LUA_APPEND[] =
     "local n, k, t0 = 0, 0, now()\n"
     "local t1 = t0\n"
     "while t1 - t0 < seconds do\n"
-    "  s:append(sessions[k % #sessions + 1], b)\n"
+    "  s:append(sessions[k % #sessions + 1], b, {answer = answer})\n"
     "  k = k + 1; n = n + 100; t1 = now()\n"
     "end\n"
     "s:close()\n"
@@ -609,7 +610,9 @@ static int l_now(lua_State *L) {
   return 1;
 }
 
-static double es_append_lua(double seconds) {
+/* answer: append's opts.answer ("events": every stored event back, as
+ * tables; "ids": their ids alone, what XADD answers). */
+static double es_append_lua(double seconds, const char *answer) {
   lua_State *L = luaL_newstate();
   if (!L) die("lua", "no state");
   luaL_openlibs(L);
@@ -625,7 +628,8 @@ static double es_append_lua(double seconds) {
     lua_rawseti(L, -2, i + 1);
   }
   lua_pushcfunction(L, l_now);
-  if (lua_pcall(L, 3, 1, 0) != LUA_OK) die("lua", lua_tostring(L, -1));
+  lua_pushstring(L, answer);
+  if (lua_pcall(L, 4, 1, 0) != LUA_OK) die("lua", lua_tostring(L, -1));
   double rate = lua_tonumber(L, -1);
   lua_close(L);
   return rate;
@@ -721,13 +725,14 @@ typedef struct workload {
   const char *target;
 } workload;
 
-enum { APP100, APP1, MEMAPP, MEMAPP_LUA, CON8, PROD8, MEMCON1, NW };
+enum { APP100, APP1, MEMAPP, MEMAPP_LUA, MEMAPP_LUA_IDS, CON8, PROD8, MEMCON1, NW };
 
 static const workload W[NW] = {
     {"append100", "durable append, 16 threads x batch 100", ">= 1.0"},
     {"append1", "durable append, 16 threads x batch 1", ">= 1.0"},
     {"memappend", "in-memory append, batch 100, C API", "(1.20 in issue)"},
     {"memappend-lua", "in-memory append, batch 100, Lua", ">= 1.0"},
+    {"memappend-lua-ids", "in-memory append, batch 100, Lua, ids answer", "(as XADD)"},
     {"consume8", "durable consume + ack, 8 workers", ">= 1.0"},
     {"produce8", "durable consume + produce one, 8 workers", ">= 1.0"},
     {"memconsume1", "in-memory consume + ack, 1 worker", ">= 1.0"},
@@ -742,7 +747,8 @@ static void run_side(int w, int redis, double *rate) {
     case APP100: *rate = redis ? redis_append(1, 16, 100, secs) : es_append(1, 16, 100, secs); break;
     case APP1: *rate = redis ? redis_append(1, 16, 1, secs) : es_append(1, 16, 1, secs); break;
     case MEMAPP: *rate = redis ? redis_append(0, 1, 100, secs) : es_append(0, 1, 100, secs); break;
-    case MEMAPP_LUA: *rate = redis ? redis_append(0, 1, 100, secs) : es_append_lua(secs); break;
+    case MEMAPP_LUA: *rate = redis ? redis_append(0, 1, 100, secs) : es_append_lua(secs, "events"); break;
+    case MEMAPP_LUA_IDS: *rate = redis ? redis_append(0, 1, 100, secs) : es_append_lua(secs, "ids"); break;
     case CON8: *rate = redis ? redis_consume(1, n8, 8, 0) : es_consume(1, n8, 8, 0); break;
     case PROD8: *rate = redis ? redis_consume(1, n8, 8, 1) : es_consume(1, n8, 8, 1); break;
     case MEMCON1: *rate = redis ? redis_consume(0, n1, 1, 0) : es_consume(0, n1, 1, 0); break;

@@ -368,6 +368,45 @@ for _, url in ipairs(helpers.urls()) do
         for _, e in ipairs(store:read("s")) do assert.equal("integer", math.type(e.index)) end
       end)
 
+      it("answers with the ids alone under opts.answer = \"ids\", the stored events' own", function()
+        local store = new()
+        store:append("s", { { type = "first" } })
+        local ids, pending = store:append("s", { { type = "a", id = "given-1", payload = { n = 1 } },
+          { type = "b" }, { type = "c", settled = true } }, { answer = "ids" })
+        assert.is_true(pending)
+        local read = store:read("s")
+        assert.equal(4, #read)
+        assert.same({ read[2].id, read[3].id, read[4].id }, ids)
+        assert.equal("given-1", ids[1])
+        for _, id in ipairs(ids) do assert.equal("string", type(id)) end
+        -- a replay of the batch answers with the ids stored first, writes nothing
+        local again = store:append("s", { { type = "a", id = "given-1", payload = { n = 1 } } }, { answer = "ids" })
+        assert.same({ "given-1" }, again)
+        assert.equal(4, store:head("s"))
+        -- "events" is the default answer
+        assert.equal("given-1", store:append("s", { { type = "a", id = "given-1", payload = { n = 1 } } },
+          { answer = "events" })[1].id)
+        -- the ids of a tenant's events, as its reads give them
+        local ok, t = pcall(store.tenant, store, "acme")
+        if ok then
+          local tids = t:append("s", { { type = "t" }, { type = "t", id = "mine" } }, { answer = "ids" })
+          assert.same({ t:read("s")[1].id, "mine" }, tids)
+        end
+        local empty, none = store:append("quiet", {}, { answer = "ids" })
+        assert.same({}, empty)
+        assert.is_false(none)
+      end)
+
+      it("refuses another opts.answer before writing anything", function()
+        local store = new()
+        local err = expect_error("INVALID_ARGUMENT", store.append, store, "s", { { type = "a" } }, { answer = "rows" })
+        assert.truthy(tostring(err.message):find("opts.answer", 1, true), err.message)
+        local ok, msg = pcall(store.append, store, "s", { { type = "a" } }, { answer = 5 })
+        assert.is_false(ok)
+        assert.truthy(tostring(msg):find("answer", 1, true), tostring(msg))
+        assert.equal(0, store:head("s"))
+      end)
+
       it("head is 0 for an unknown session and the last index otherwise", function()
         local store = new()
         assert.equal(0, store:head("nobody"))

@@ -225,6 +225,12 @@ end
         local again = engine:append("s", { { id = "w1", type = "work", payload = { n = 1 } } })
         assert.equal(1, again[1].index)
         assert.equal(1, t.store:head("s"))
+        -- opts.answer as store:append's: the ids alone, or refused before any write
+        local ids, pending = engine:append("s", { { type = "work" }, { id = "w3", type = "work" } }, { answer = "ids" })
+        assert.same({ eh.event(t.store, "s", 2).id, "w3" }, ids)
+        assert.is_true(pending)
+        expect_error("INVALID_ARGUMENT", engine.append, engine, "s", { { type = "work" } }, { answer = "all" })
+        assert.equal(3, t.store:head("s"))
       end)
 
       it("results carry meta.correlation and meta.causation beside the handler's own meta (§4)", function()

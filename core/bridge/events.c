@@ -441,6 +441,26 @@ static void events_release(void *box) { es_events_destroy(box); }
 /* Pushes an array of events and frees the list. The list moves into a
  * userdata first, so a Lua error while building the tables (out of memory,
  * a stored payload that does not decode) cannot leak it. */
+void es_lua_push_event_ids(lua_State *L, es_events *list) {
+  es_events *box = es_lua_push_box(L, sizeof *box, 0, events_release);
+  *box = *list; /* ours now, even if the next lines raise */
+  memset(list, 0, sizeof *list);
+  lua_createtable(L, (int)(box->n > 1000000 ? 0 : box->n), 0);
+  for (size_t i = 0; i < box->n; i++) {
+    lua_pushstring(L, box->v[i].id);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  es_box_release_now(box);
+  lua_remove(L, -2);
+}
+
+int es_lua_opt_answer_ids(lua_State *L, int arg) {
+  const char *a = es_lua_opt_str_field(L, arg, "answer");
+  if (!a || strcmp(a, "events") == 0) return 0;
+  if (strcmp(a, "ids") == 0) return 1;
+  return es_lua_raisef(L, ES_INVALID_ARGUMENT, "opts.answer must be \"events\" or \"ids\"");
+}
+
 void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
   es_events *box = es_lua_push_box(L, sizeof *box, 0, events_release);
   *box = *list; /* the caller's list is ours now, even if the next lines raise */

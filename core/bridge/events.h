@@ -107,6 +107,13 @@ void es_lua_pusher_end(es_lua_pusher *p);
 void es_lua_push_event_at_rest(lua_State *L, const es_event *e);
 /* Pushes an array of events and destroys the list. */
 void es_lua_push_events(lua_State *L, es_events *list, int claimed);
+/* Pushes the array of the events' ids, in order, and destroys the list:
+ * an append's answer under opts.answer = "ids". */
+void es_lua_push_event_ids(lua_State *L, es_events *list);
+/* opts.answer of an append (opts at stack index arg, a table or nil): 1
+ * for "ids", 0 for "events" or none. A value that is no string is an
+ * argument error, another string INVALID_ARGUMENT. */
+int es_lua_opt_answer_ids(lua_State *L, int arg);
 /* Pushes a lease answer {outcome = "acquired"|"held", holder, token?,
  * expires_at} and frees l first (so a Lua error cannot leak it). */
 void es_lua_push_lease(lua_State *L, es_lease *l);

@@ -235,13 +235,14 @@ static int l_engine_upcast(lua_State *L) {
 }
 
 /* append(session, events, opts) -> stored, pending: store:append with the
- * engine's rules (timers; no handler: stored processed). */
+ * engine's rules (timers; no handler: stored processed), opts.answer too. */
 static int l_engine_append(lua_State *L) {
   es_engine *e = check_engine(L);
   es_store *s = es_engine_store(e);
   const char *session = es_lua_check_name(L, 2, "session");
   if (!lua_isnoneornil(L, 4)) luaL_checktype(L, 4, LUA_TTABLE);
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
+  int ids = es_lua_opt_answer_ids(L, 4);
   int64_t now;
   es_err err = {0};
   if (es_store_now(s, &now, &err)) return es_lua_raise(L, &err);
@@ -251,7 +252,8 @@ static int l_engine_append(lua_State *L) {
   int pending = 0;
   if (es_engine_append(e, session, evs, n, expected, &out, &pending, &err) != ES_OK)
     return es_lua_raise(L, &err);
-  es_lua_push_events(L, &out, 0);
+  if (ids) es_lua_push_event_ids(L, &out);
+  else es_lua_push_events(L, &out, 0);
   lua_pushboolean(L, pending);
   return 2;
 }

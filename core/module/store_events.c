@@ -28,6 +28,7 @@ static int m_append(lua_State *L) {
   check_opt_table(L, 4);
   int64_t expected = es_lua_opt_int_field(L, 4, "expected", ES_NONE);
   int64_t fence = es_lua_opt_int_field(L, 4, "fence", ES_NONE);
+  int ids = es_lua_opt_answer_ids(L, 4);
   size_t n;
   es_new_event *evs = es_lua_check_events(L, 3, 3, ES_NONE, es_store_max_payload(h->held), &n);
   es_events *out = owned_push(L, sizeof *out, destroy_events);
@@ -37,7 +38,8 @@ static int m_append(lua_State *L) {
   int rc = es_store_append(s, session, evs, n, expected, fence, out, &pending, &err);
   core_leave(L, h);
   if (rc) return raise(L, &err);
-  es_lua_push_events(L, out, 0);
+  if (ids) es_lua_push_event_ids(L, out); /* no event table, no payload decoded */
+  else es_lua_push_events(L, out, 0);
   lua_pushboolean(L, pending);
   return es_lstore_done(L, h, 2);
 }
