@@ -438,9 +438,6 @@ void es_lua_push_lease(lua_State *L, es_lease *l) {
 
 static void events_release(void *box) { es_events_destroy(box); }
 
-/* Pushes an array of events and frees the list. The list moves into a
- * userdata first, so a Lua error while building the tables (out of memory,
- * a stored payload that does not decode) cannot leak it. */
 void es_lua_push_event_ids(lua_State *L, es_events *list) {
   es_events *box = es_lua_push_box(L, sizeof *box, 0, events_release);
   *box = *list; /* ours now, even if the next lines raise */
@@ -461,6 +458,9 @@ int es_lua_opt_answer_ids(lua_State *L, int arg) {
   return es_lua_raisef(L, ES_INVALID_ARGUMENT, "opts.answer must be \"events\" or \"ids\"");
 }
 
+/* Pushes an array of events and frees the list. The list moves into a
+ * userdata first, so a Lua error while building the tables (out of memory,
+ * a stored payload that does not decode) cannot leak it. */
 void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
   es_events *box = es_lua_push_box(L, sizeof *box, 0, events_release);
   *box = *list; /* the caller's list is ours now, even if the next lines raise */
