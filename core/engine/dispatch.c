@@ -420,6 +420,15 @@ static int queue_push_locked(es_engine *e, es_event *ev, int64_t now) {
 
 /* Takes out of the queue (under q_mu) and releases every event claimed
  * before cutoff (INT64_MAX: all of them). */
+/* A release of events taken off the queue (e->releasing) is done: a
+ * worker's claim waiting for it looks at the store again. */
+static void released_done(es_engine *e) {
+  pthread_mutex_lock(&e->q_mu);
+  e->releasing--;
+  pthread_cond_broadcast(&e->q_cond);
+  pthread_mutex_unlock(&e->q_mu);
+}
+
 void es_queue_release_before(es_engine *e, int64_t cutoff) {
   es_event *evs = NULL;
   size_t n = 0;
@@ -430,6 +439,7 @@ void es_queue_release_before(es_engine *e, int64_t cutoff) {
     for (size_t i = 0; i < n; i++) evs[i] = e->q[(e->q_head + i) % e->q_cap].ev;
     e->q_head = (e->q_head + n) % e->q_cap;
     e->q_n -= n;
+    e->releasing++; /* until the store has them back (released_done) */
   } else {
     n = 0;
   }
@@ -447,6 +457,7 @@ void es_queue_release_before(es_engine *e, int64_t cutoff) {
   free(ptrs);
   for (size_t i = 0; i < n; i++) es_event_destroy(&evs[i]);
   free(evs);
+  released_done(e);
 }
 
 /* Claims ready events into the queue: a worker's claim (ahead 0) when the
@@ -458,19 +469,23 @@ void es_queue_release_before(es_engine *e, int64_t cutoff) {
 static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *err) {
   *claimed = -1;
   pthread_mutex_lock(&e->q_mu);
-  if (ahead ? !e->pf_on || e->claiming || e->q_n > e->pf_low || lone_attempt_out(e) ||
+  if (ahead ? !e->pf_on || e->claiming || e->releasing || e->q_n > e->pf_low || lone_attempt_out(e) ||
                   atomic_load(&e->handler_us) >= batch_window_us(e)
             : e->q_n > 0) {
     pthread_mutex_unlock(&e->q_mu);
     return ES_OK;
   }
-  if (e->claiming) {
+  /* Another claim under way, or events on their way back to the store
+   * (es_queue_release_before): a claim now could find nothing while they
+   * are still ours, and an until_idle run would end with them pending.
+   * Wait for either, then look at the queue again. */
+  if (e->claiming || e->releasing) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_nsec += IDLE_POLL_MS * 1000000L;
     until.tv_sec += until.tv_nsec / 1000000000L;
     until.tv_nsec %= 1000000000L;
-    while (e->claiming && !atomic_load(&e->stopping) &&
+    while ((e->claiming || e->releasing) && !atomic_load(&e->stopping) &&
            pthread_cond_timedwait(&e->q_cond, &e->q_mu, &until) == 0) {
     }
     pthread_mutex_unlock(&e->q_mu);
@@ -534,6 +549,7 @@ static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *e
   } else if (ahead) {
     e->pf_on = 0;
   }
+  if (pushed < keep) e->releasing++;
   pthread_cond_broadcast(&e->q_cond);
   pthread_mutex_unlock(&e->q_mu);
   /* What did not fit (out of memory) is released, not held. */
@@ -542,6 +558,7 @@ static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *e
     release_events(e, &ev, 1);
     es_event_destroy(ev);
   }
+  if (pushed < keep) released_done(e);
   if (rc == ES_OK) free(got.v); /* the events themselves moved into the queue */
   if (rc == ES_OK && pushed > 1 && atomic_load(&e->sleeping) > 0) {
     pthread_mutex_lock(&e->mu); /* idle workers: work is here */

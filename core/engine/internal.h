@@ -221,6 +221,9 @@ struct es_engine {
   queued_event *q;
   size_t q_head, q_n, q_cap;
   int claiming;               /* a worker or the prefetcher is claiming for the queue (under q_mu) */
+  int releasing;              /* events off the queue whose release is not done (under q_mu):
+                               * still claimed by this engine, so a claim that finds nothing
+                               * then does not mean idle */
   /* Claims ahead (dispatch.c "Claims ahead"), all under q_mu: the
    * prefetcher thread of a threaded run claims the next batch while the
    * workers still have events queued. */

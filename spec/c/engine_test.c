@@ -9,14 +9,18 @@
  * on failure.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
 #include "module/module.h" /* open_core: the engine's states preload this library's module */
+#include "store/internal.h"   /* the handle's ops table, patched below */
+#include "store/store_impl.h"
 
 #include "tap.h"
 
@@ -69,6 +73,53 @@ static int append(es_engine *e, const char *session, const char *type) {
 
 static int stop_when_busy(void *ctx, const es_engine_stats *st) {
   if (st->busy > 0) es_engine_stop(ctx);
+  return 0;
+}
+
+/* A release held open (the until-idle scenario in main): the store's
+ * first release_claims writes release_gate, then waits until the run's
+ * progress callback lets it go; claim_next counts the claims made while
+ * it is held. */
+static const es_store_ops *plain_ops;
+static es_store_ops held_ops;
+static char release_gate[128];
+static atomic_int release_seen, release_held, release_go, claims_in_release;
+static atomic_llong release_at;
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int held_release(es_store *s, const char *session, const char *holder, const es_claim_ref *claims,
+                        size_t n, es_renew_result *out, es_err *err) {
+  if (!atomic_exchange(&release_seen, 1)) {
+    atomic_store(&release_at, now_ms());
+    atomic_store(&release_held, 1);
+    FILE *f = fopen(release_gate, "w");
+    if (f) fclose(f);
+    for (int i = 0; i < 5000 && !atomic_load(&release_go); i++) usleep(1000);
+    atomic_store(&release_held, 0);
+  }
+  return plain_ops->release_claims(s, session, holder, claims, n, out, err);
+}
+
+static int counting_claim(es_store *s, const char *scope, const char *holder, int64_t ttl_ms, int64_t limit,
+                          const char *const *types, size_t n_types, const char *const *skip, size_t n_skip,
+                          es_events *out, int64_t *retry_at, es_err *err) {
+  if (atomic_load(&release_held)) atomic_fetch_add(&claims_in_release, 1);
+  return plain_ops->claim_next(s, scope, holder, ttl_ms, limit, types, n_types, skip, n_skip, out, retry_at, err);
+}
+
+/* Lets the held release go once a claim was made meanwhile, or half a
+ * second after it began (a worker that waits for it makes none). */
+static int let_release_go(void *ctx, const es_engine_stats *st) {
+  (void)ctx;
+  (void)st;
+  if (atomic_load(&release_held) &&
+      (atomic_load(&claims_in_release) > 0 || now_ms() - atomic_load(&release_at) >= 500))
+    atomic_store(&release_go, 1);
   return 0;
 }
 
@@ -251,6 +302,50 @@ int main(void) {
      "es_engine_stop interrupts a running handler; its event stays pending");
   es_event_destroy(&fact);
   es_engine_close(e);
+  es_store_release(s);
+
+  /* An until-idle run does not end while events taken off its queue are on
+   * their way back to the store: they are still this engine's claims, so
+   * a claim made meanwhile finds nothing, and the run must not read that
+   * as idle. One worker: `waiter` runs first (a claim takes one event at
+   * first) and greet is claimed ahead; waiter waits until the keeper,
+   * greet having waited its hold time (ttl_ms / 3), starts releasing it.
+   * The release is held, so the worker meets an empty queue while greet
+   * is in flight. */
+  snprintf(release_gate, sizeof release_gate, "%s/release.gate", dir);
+  char waiter[512];
+  snprintf(waiter, sizeof waiter,
+           "return function() for _ = 1, 3000 do local f = io.open('%s') if f then f:close() return end "
+           "os.execute('sleep 0.01') end error('the release never began') end\n",
+           release_gate);
+  write_file("handlers/waiter.lua", waiter);
+  if (es_store_open("memory:", NULL, &s, &err)) return 2;
+  plain_ops = s->impl;
+  held_ops = *plain_ops;
+  held_ops.release_claims = held_release;
+  held_ops.claim_next = counting_claim;
+  s->impl = &held_ops;
+  es_engine_opts_init(&o);
+  o.scripts = dir;
+  o.open_core = luaopen_eventstore_core;
+  o.workers = 1;
+  o.ttl_ms = 3000;
+  o.deadline_ms = 60000;
+  rc = es_engine_open(s, &o, &e, &err);
+  ok(rc == ES_OK && append(e, "r", "waiter") == ES_OK && append(e, "r2", "greet") == ES_OK,
+     "an engine on a store whose release is held");
+  es_run_opts held = {0};
+  held.until_idle = 1;
+  held.progress = let_release_go;
+  held.progress_ms = 10;
+  rc = es_engine_run(e, &held, &st, &err);
+  if (!atomic_load(&release_seen)) printf("# greet was not released (not claimed ahead, or run in time)\n");
+  ok(rc == ES_OK && st.handled == 2 && atomic_load(&release_seen) && atomic_load(&claims_in_release) == 0,
+     "an until-idle run waits for a release in flight instead of ending with its events pending");
+  if (st.handled != 2 || atomic_load(&claims_in_release))
+    printf("# handled %lld, claims during the release %d\n", (long long)st.handled, atomic_load(&claims_in_release));
+  es_engine_close(e);
+  s->impl = plain_ops;
   es_store_release(s);
 
   char cmd[128];
