@@ -418,8 +418,6 @@ static int queue_push_locked(es_engine *e, es_event *ev, int64_t now) {
   return ES_OK;
 }
 
-/* Takes out of the queue (under q_mu) and releases every event claimed
- * before cutoff (INT64_MAX: all of them). */
 /* A release of events taken off the queue (e->releasing) is done: a
  * worker's claim waiting for it looks at the store again. */
 static void released_done(es_engine *e) {
@@ -429,6 +427,8 @@ static void released_done(es_engine *e) {
   pthread_mutex_unlock(&e->q_mu);
 }
 
+/* Takes out of the queue (under q_mu) and releases every event claimed
+ * before cutoff (INT64_MAX: all of them). */
 void es_queue_release_before(es_engine *e, int64_t cutoff) {
   es_event *evs = NULL;
   size_t n = 0;

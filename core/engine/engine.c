@@ -661,8 +661,8 @@ static const char hcache_key = 'h'; /* registry: the functions of r->hcache */
 /* A handler call found its function by calling the loader, a Lua call of
  * ~2,800 instructions for a table lookup (a sixth of a trivial handler's
  * dispatch on memory:); the runner now keeps what the loader answered for
- * as long as the loader itself would (a second after it looked at the
- * file, until the next new_run), and asks again after that. */
+ * as long as the loader itself would (until the time it answers with, or
+ * the next new_run), and asks again after that. */
 void es_loader_handler(runner *r, const char *type, size_t len) {
   lua_State *L = r->L;
   int64_t now = es_mono_ms();
@@ -684,7 +684,7 @@ void es_loader_handler(runner *r, const char *type, size_t len) {
   c->gen = 0;
   loader_call(L, "handler", type, len, now, 4);
   int isnum;
-  lua_Integer checked = lua_tointegerx(L, -1, &isnum);
+  lua_Integer until = lua_tointegerx(L, -1, &isnum); /* the loader's: until when it stands */
   if (lua_type(L, -4) == LUA_TFUNCTION && lua_isnil(L, -3) && isnum && len < sizeof c->type) {
     if (lua_rawgetp(L, LUA_REGISTRYINDEX, &hcache_key) != LUA_TTABLE) {
       lua_pop(L, 1);
@@ -697,10 +697,10 @@ void es_loader_handler(runner *r, const char *type, size_t len) {
     lua_pop(L, 1);
     memcpy(c->type, type, len);
     c->len = len;
-    c->until = checked + 1000;
+    c->until = until;
     c->gen = r->loader_gen;
   }
-  lua_pop(L, 1); /* checked */
+  lua_pop(L, 1); /* until */
 }
 
 void es_loader_new_run(runner *r) {

@@ -90,8 +90,8 @@ typedef struct runner {
   claim_info claim;
   /* Handlers found through the loader lately (es_loader_handler): the
    * function is in a registry table at the slot's index + 1. A slot
-   * serves until a second after the loader last looked at the file, or
-   * the next es_loader_new_run (loader_gen), as the loader's own cache. */
+   * serves until the time the loader answered with (its own cache's), or
+   * the next es_loader_new_run (loader_gen). */
   unsigned loader_gen;      /* from 1 */
   handler_slot hcache[8];
 

@@ -23,6 +23,9 @@
 -- (docs/contract.md §4): this state's own, or, in a state that never ran the file
 -- (a fresh worker), the shared source. Only a file that never loaded
 -- anywhere is an error for the events that need it.
+-- How long (ms) a file's answer stands before the file is looked at again.
+local RECHECK_MS = 1000
+
 return function(dir, stat, hash, shared)
   local handlers, reducers, upcasters, projections, gen = {}, {}, {}, {}, 0
   local M = {}
@@ -81,7 +84,7 @@ return function(dir, stat, hash, shared)
 
   local function lookup(cache, kind, name, now, want, check)
     local c = cache[name]
-    if c and c.gen == gen and now - c.checked < 1000 then return c end
+    if c and c.gen == gen and now - c.checked < RECHECK_MS then return c end
     local path = dir .. "/" .. kind .. "/" .. name .. ".lua"
     local sig = valid(name) and stat(path) or nil
     if c and c.sig == sig then
@@ -124,12 +127,13 @@ return function(dir, stat, hash, shared)
     return new
   end
 
-  -- The fourth result, when the first is the handler, is when its file was
-  -- last looked at: the engine's workers use the function again without
-  -- asking until a second later or the next new_run, as lookup would.
+  -- The fourth result, when the first is the handler, is until when (ms,
+  -- on now's clock) this answer stands: the engine's workers use the
+  -- function again without asking until then or the next new_run, as
+  -- lookup would.
   function M.handler(name, now)
     local c = lookup(handlers, "handlers", name, now, "function")
-    return c.value, c.err, c.sig ~= nil, c.checked
+    return c.value, c.err, c.sig ~= nil, c.checked + RECHECK_MS
   end
 
   function M.reducer(name, now)
