@@ -523,8 +523,10 @@ function M.run(o)
     return name
   end
 
+  -- opts.answer (§3.1): both answers, or a refused one
+  local function answer() return R.pick({ "ids", "events", "rows", 1 }) end
   op(12, "append", store_call("append", function()
-    return session(), events(), opts_table({ expected = small_int, fence = small_int })
+    return session(), events(), opts_table({ expected = small_int, fence = small_int, answer = answer })
   end))
   op(3, "read", store_call("read", function()
     return session(), opts_table({ after = small_int, through = small_int, limit = small_int })
@@ -609,7 +611,7 @@ function M.run(o)
   end))
   op(2, "append_many", store_call("append_many", function()
     return { { session = session(), events = events(), opts = opts_table({ expected = small_int }) },
-      { session = session(), events = events() } }
+      { session = session(), events = events() } }, opts_table({ answer = answer })
   end))
   op(1, "capabilities", store_call("capabilities", function() end))
   op(1, "archived", store_call("archived", function() return opts_table({ after = session, limit = small_int }) end))
@@ -826,7 +828,7 @@ function M.run(o)
     return e.run, table.pack(e, o)
   end)
   op(2, "engine:append", engine_call("append", function()
-    return session(), events(), opts_table({ expected = small_int })
+    return session(), events(), opts_table({ expected = small_int, answer = answer })
   end))
   op(1, "engine:state", engine_call("state", function()
     return session(), name_of({ "count", "nope" }), opts_table({ at = small_int })

@@ -201,6 +201,54 @@ for _, url in ipairs(helpers.urls()) do
         assert.equal(0, store:head("a"))
       end)
 
+      it("answers with each batch's ids under {answer = \"ids\"}, the stored events' own", function()
+        local store = new()
+        store:append("b", { { type = "old" } })
+        local res = store:append_many({
+          { session = "a", events = { { type = "x", id = "given-a" }, { type = "y", settled = true } } },
+          { session = "b", events = { { type = "z" } }, opts = { expected = 1 } },
+          { session = "c", events = {} },
+        }, { answer = "ids" })
+        assert.equal(3, #res)
+        local a, b = store:read("a"), store:read("b")
+        assert.same({ ids = { "given-a", a[2].id }, pending = true }, res[1])
+        assert.same({ ids = { b[2].id }, pending = true }, res[2])
+        assert.same({ ids = {}, pending = false }, res[3])
+        -- a replay answers with the ids stored first and writes nothing
+        local again = store:append_many({ { session = "a", events = { { type = "x", id = "given-a" } } } },
+          { answer = "ids" })
+        assert.same({ "given-a" }, again[1].ids)
+        assert.equal(2, store:head("a"))
+        -- "events" is the default answer, and nil options are none
+        assert.equal("given-a", store:append_many({ { session = "a", events = { { type = "x", id = "given-a" } } } },
+          { answer = "events" })[1].events[1].id)
+        assert.equal("given-a", store:append_many({ { session = "a", events = { { type = "x", id = "given-a" } } } },
+          nil)[1].events[1].id)
+        -- a tenant's ids are the ones its reads give
+        local ok, t = pcall(store.tenant, store, "acme")
+        if ok then
+          local tres = t:append_many({ { session = "s", events = { { type = "t" }, { type = "t", id = "mine" } } } },
+            { answer = "ids" })
+          assert.same({ t:read("s")[1].id, "mine" }, tres[1].ids)
+        end
+      end)
+
+      it("refuses bad options before writing anything, a second list of batches among them", function()
+        local store = new()
+        local one = { { session = "a", events = { { type = "x" } } } }
+        local err = helpers.expect_error("INVALID_ARGUMENT", store.append_many, store, one, { answer = "rows" })
+        assert.truthy(tostring(err.message):find("opts.answer", 1, true), err.message)
+        for _, opts in ipairs({ { answer = 5 }, { { session = "b", events = { { type = "y" } } } },
+          { answer = "ids", expected = 1 }, "ids" }) do
+          local before = helpers.world(store)
+          helpers.expect_arg_error(store.append_many, store, one, opts)
+          assert.equal(before, helpers.world(store))
+        end
+        helpers.expect_arg_error(store.append_many, store, one, nil, {})
+        assert.equal(0, store:head("a"))
+        assert.equal(0, store:head("b"))
+      end)
+
       it("through a tenant: names are the tenant's, the root sees them behind its prefix", function()
         local store = new()
         local t = store:tenant("acme")

@@ -150,6 +150,29 @@ for _, template in ipairs(helpers.urls()) do
         assert.same(b.events, got)
       end)
 
+      it("answers {ids, pending} under \"answer\": \"ids\", and refuses another answer", function()
+        local s, id = name("append-ids"), name("p")
+        local st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { answer = "ids", events = {
+          { type = "placed", id = id }, { type = "fact", settled = true } } })
+        assert.equal(200, st, shown(b))
+        local got = hh.events(srv, ADMIN, s)
+        assert.same({ ids = { id, got[2].id }, pending = true }, b)
+        -- a replay answers with the ids stored first, "events" is the default
+        st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { answer = "ids", events = { { type = "placed", id = id } } })
+        assert.equal(200, st, shown(b))
+        assert.same({ id }, b.ids)
+        st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { answer = "events", events = { { type = "placed", id = id } } })
+        assert.equal(200, st, shown(b))
+        assert.equal(1, b.events[1].index)
+        for _, bad in ipairs({ "rows", 2, { "ids" } }) do
+          st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { answer = bad, events = { { type = "x" } } })
+          assert.equal(400, st, shown(b))
+          assert.equal("INVALID_ARGUMENT", b.code)
+          assert.truthy(b.message:find("answer", 1, true), b.message)
+        end
+        assert.equal(2, #hh.events(srv, ADMIN, s))
+      end)
+
       it("revision and meta (§3.1) go in and come back in every event answer", function()
         local s = name("meta")
         local st, b = hh.post(srv, ADMIN, hh.spath(s, "events"), { events = {

@@ -61,6 +61,31 @@ for _, template in ipairs(helpers.urls()) do
         assert.equal(2, #read(b))
       end)
 
+      it("answers each batch's ids under \"answer\": \"ids\", and refuses another answer", function()
+        local a, b = name("ids-a"), name("ids-b")
+        local st, body = hh.post(srv, ADMIN, "/v1/events", { answer = "ids", batches = {
+          { session = a, events = { { type = "x", id = name("given") }, { type = "y", settled = true } } },
+          { session = b, events = json.array({}) },
+        } })
+        hh.check_ok(st, body, "append_many answering ids")
+        local stored = read(a)
+        assert.same({ { ids = { stored[1].id, stored[2].id }, pending = true }, { ids = {}, pending = false } },
+          body.batches)
+        -- a tenant's token gets its own names of the ids
+        local mine = name("mine")
+        st, body = hh.post(srv, "acme-rw", "/v1/events", { answer = "ids", batches = {
+          { session = a, events = { { type = "x", id = mine } } } } })
+        hh.check_ok(st, body, "tenant append_many answering ids")
+        assert.same({ mine }, body.batches[1].ids)
+        for _, bad in ipairs({ "rows", 1, { "ids" } }) do
+          st, body = hh.post(srv, ADMIN, "/v1/events", { answer = bad, batches = {
+            { session = name("ids-bad"), events = { { type = "x" } } } } })
+          hh.check_error(400, "INVALID_ARGUMENT", st, body, "answer " .. json.encode(bad))
+          assert.truthy(body.message:find("answer", 1, true), body.message)
+        end
+        assert.equal(2, #read(a))
+      end)
+
       it("a refused batch in the middle leaves nothing written (409 for the head)", function()
         local a, b, c = name("at-a"), name("at-b"), name("at-c")
         hh.append_ok(srv, ADMIN, b, { { type = "old" } })

@@ -603,15 +603,44 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* append and read */
 
-static const char *const append_fields[] = {"events", "expected", "fence", NULL};
+static const char *const append_fields[] = {"events", "expected", "fence", "answer", NULL};
+
+/* The body's optional `answer` (§3.1 opts.answer): *ids = 1 for "ids", 0
+ * for "events" or none; another value is 400 naming the field. */
+static int get_answer(es_http_resp *out, const es_jval *root, int *ids) {
+  const char *a;
+  *ids = 0;
+  if (get_name(out, root, "", "answer", 0, &a)) return -1;
+  if (!a || strcmp(a, "events") == 0) return 0;
+  if (strcmp(a, "ids") == 0) return *ids = 1, 0;
+  es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'answer' must be \"events\" or \"ids\"");
+  return -1;
+}
+
+/* `"events":[...]` or, under answer = "ids", `"ids":[...]`: an append's
+ * stored events (the list is left to the caller). */
+static void put_stored(es_buf *b, const es_events *stored, int ids) {
+  if (!ids) {
+    es_buf_adds(b, "\"events\":");
+    es_wire_events_array(b, stored, 0);
+    return;
+  }
+  es_buf_adds(b, "\"ids\":[");
+  for (size_t i = 0; i < stored->n; i++) {
+    if (i) es_buf_addc(b, ',');
+    es_wire_cstr(b, stored->v[i].id);
+  }
+  es_buf_addc(b, ']');
+}
 
 int es_api_append(const es_http_req *r, es_http_resp *out) {
   const char *session = r->seg[2];
   body bd;
   batch b;
   int64_t expected, fence;
+  int ids;
   if (read_body(r, out, 1, &bd)) return 0;
-  if (check_fields(out, bd.root, "", append_fields) ||
+  if (check_fields(out, bd.root, "", append_fields) || get_answer(out, bd.root, &ids) ||
       get_int(out, bd.root, "", "expected", 0, ES_NONE, &expected, NULL) ||
       get_int(out, bd.root, "", "fence", 0, ES_NONE, &fence, NULL) ||
       read_events(r, out, bd.root, "events", 1, &b)) {
@@ -625,8 +654,8 @@ int es_api_append(const es_http_req *r, es_http_resp *out) {
   batch_free(&b);
   body_free(&bd);
   if (rc != ES_OK) return es_http_fail_err(out, &err);
-  es_buf_adds(&out->body, "{\"events\":");
-  es_wire_events_array(&out->body, &stored, 0);
+  es_buf_addc(&out->body, '{');
+  put_stored(&out->body, &stored, ids);
   es_buf_adds(&out->body, ",\"pending\":");
   put_bool(&out->body, pending);
   es_buf_addc(&out->body, '}');
@@ -645,16 +674,18 @@ static int read_page(page *p, int64_t k, size_t *got, es_err *err) {
   return rc;
 }
 
-static const char *const append_many_fields[] = {"batches", NULL};
+static const char *const append_many_fields[] = {"batches", "answer", NULL};
 static const char *const batch_fields[] = {"session", "events", "expected", "fence", NULL};
 
-/* POST /v1/events {batches: [{session, events, expected?, fence?}]} ->
- * {batches: [{events, pending}]}: §3.1 append_many, every batch or none. */
+/* POST /v1/events {batches: [{session, events, expected?, fence?}],
+ * answer?} -> {batches: [{events | ids, pending}]}: §3.1 append_many,
+ * every batch or none. */
 int es_api_append_many(const es_http_req *r, es_http_resp *out) {
   body bd;
+  int ids;
   if (read_body(r, out, 1, &bd)) return 0;
   const es_jval *arr = member(bd.root, "batches");
-  if (check_fields(out, bd.root, "", append_many_fields)) goto done;
+  if (check_fields(out, bd.root, "", append_many_fields) || get_answer(out, bd.root, &ids)) goto done;
   if (!arr || arr->type != ES_JARRAY) {
     es_http_fail(out, 400, "INVALID_ARGUMENT", "field 'batches' must be an array of {session, events}, got %s",
                  arr ? es_jtype_name(arr->type) : "nothing");
@@ -705,8 +736,8 @@ int es_api_append_many(const es_http_req *r, es_http_resp *out) {
     } else {
       es_buf_adds(&out->body, "{\"batches\":[");
       for (size_t i = 0; i < n; i++) {
-        es_buf_adds(&out->body, i ? ",{\"events\":" : "{\"events\":");
-        es_wire_events_array(&out->body, &v[i].out, 0);
+        es_buf_adds(&out->body, i ? ",{" : "{");
+        put_stored(&out->body, &v[i].out, ids);
         es_buf_adds(&out->body, ",\"pending\":");
         put_bool(&out->body, v[i].pending);
         es_buf_addc(&out->body, '}');

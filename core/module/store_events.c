@@ -72,12 +72,31 @@ static int64_t batch_opt_int(lua_State *L, int opts, size_t i, const char *field
   return v;
 }
 
-/* store:append_many{{session, events, opts = {expected, fence}}, ...}
- * -> {{events, pending}, ...} (§3.1): one transaction for all batches. */
+/* append_many's options (argument 3): nil, or a table whose only key is
+ * `answer`. Anything else is refused, so that a second list of batches
+ * passed by mistake (append_many(b1, b2)) is not taken for options and
+ * silently dropped. Returns whether the answer is ids. */
+static int append_many_opts(lua_State *L) {
+  if (lua_isnoneornil(L, 3)) return 0;
+  luaL_checktype(L, 3, LUA_TTABLE);
+  lua_pushnil(L);
+  while (lua_next(L, 3)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "answer") != 0)
+      return luaL_argerror(L, 3, "append_many's options take only `answer`");
+  }
+  return es_lua_opt_answer_ids(L, 3);
+}
+
+/* store:append_many({{session, events, opts = {expected, fence}}, ...},
+ * {answer}) -> {{events, pending}, ...} (§3.1): one transaction for all
+ * batches; with answer = "ids", {{ids, pending}, ...}. */
 static int m_append_many(lua_State *L) {
   lstore *h = check_store(L);
   luaL_checktype(L, 2, LUA_TTABLE);
-  if (lua_gettop(L) > 2) return luaL_argerror(L, 3, "append_many takes one list of batches");
+  if (lua_gettop(L) > 3) return luaL_argerror(L, 4, "append_many takes one list of batches and its options");
+  int ids = append_many_opts(L);
+  lua_settop(L, 2);
   size_t n =
       es_lua_check_list(L, 2, "batches", "batches must be a list of {session, events, opts}");
   if (n > (size_t)INT_MAX / 4) return luaL_argerror(L, 2, "too many batches");
@@ -126,8 +145,9 @@ static int m_append_many(lua_State *L) {
   lua_createtable(L, (int)n, 0);
   for (size_t i = 0; i < n; i++) {
     lua_createtable(L, 0, 2);
-    es_lua_push_events(L, &b->v[i].out, 0);
-    lua_setfield(L, -2, "events");
+    if (ids) es_lua_push_event_ids(L, &b->v[i].out);
+    else es_lua_push_events(L, &b->v[i].out, 0);
+    lua_setfield(L, -2, ids ? "ids" : "events");
     lua_pushboolean(L, b->v[i].pending);
     lua_setfield(L, -2, "pending");
     lua_rawseti(L, -2, (lua_Integer)i + 1);
