@@ -74,6 +74,7 @@ static const route ROUTES[] = {
     {"GET", es_api_presence_read, 0, "v1/presence/S"},
     {"PUT", es_api_presence_set, 1, "v1/presence/S/S"},
     {"GET", es_api_stats, 0, "v1/stats"},
+    {"POST", es_api_append_many, 1, "v1/events"},
 };
 #define NROUTES (sizeof ROUTES / sizeof ROUTES[0])
 
@@ -250,11 +251,15 @@ static const char *const SEEDS[] = {
     "\x12\x00\x05{\"from\":\"main\",\"expect\":\"s\"}",
     "\x14\x00\x06{\"values\":{\"typing\":true,\"gone\":null},\"ttl_ms\":1000,\"at\":5,\"seen\":1}",
     "\x09\x00\x00{\"reason\":\"by hand\"}",
+    "\x00\x00\x00{\"events\":[{\"type\":\"t\",\"id\":\"i1\"}],\"answer\":\"ids\"}",
+    "\x16\x00\x00{\"batches\":[{\"session\":\"s\",\"events\":[{\"type\":\"t\"}]},"
+    "{\"session\":\"u\",\"events\":[],\"expected\":0}],\"answer\":\"ids\"}",
 };
 #define NSEEDS (sizeof SEEDS / sizeof SEEDS[0])
 static const char *const TOKENS[] = {"{", "}", "[", "]", ",", ":", "\"", "null", "true", "1e309",
                                      "-0", "9223372036854775808", "\\u0000", "\"events\"",
-                                     "\"type\"", "\"ttl_ms\"", "{\"a\":1,\"a\":2}", "0.1", "\xc3"};
+                                     "\"type\"", "\"ttl_ms\"", "\"answer\"", "\"ids\"",
+                                     "{\"a\":1,\"a\":2}", "0.1", "\xc3"};
 #define NTOKENS (sizeof TOKENS / sizeof TOKENS[0])
 
 static uint64_t rnd(uint64_t *x) {
