@@ -363,6 +363,11 @@ static int m_event_update(es_backend *b, es_txn *t, const es_event *row, es_err 
   return b->real->event_update(b->inner, t, row, err);
 }
 
+static int m_event_complete(es_backend *b, es_txn *t, const char *session, int64_t index,
+                            int64_t attempt, int64_t now, int *done, es_err *err) {
+  return b->real->event_complete(b->inner, t, session, index, attempt, now, done, err);
+}
+
 static int m_event_copy(es_backend *b, es_txn *t, const char *from, int64_t through, const char *to,
                         int64_t processed_at, es_id_fn new_id, void *id_ctx, int64_t *copied,
                         es_err *err) {
@@ -632,6 +637,7 @@ static void marked_ops(es_backend_ops *o) {
   if (o->event_get_by_id) o->event_get_by_id = m_event_get_by_id;
   if (o->event_insert) o->event_insert = m_event_insert;
   if (o->event_update) o->event_update = m_event_update;
+  if (o->event_complete) o->event_complete = m_event_complete;
   if (o->event_copy) o->event_copy = m_event_copy;
   if (o->event_range) o->event_range = m_event_range;
   if (o->event_all) o->event_all = m_event_all;
