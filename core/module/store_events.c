@@ -94,7 +94,8 @@ static int append_many_opts(lua_State *L) {
 static int m_append_many(lua_State *L) {
   lstore *h = check_store(L);
   luaL_checktype(L, 2, LUA_TTABLE);
-  if (lua_gettop(L) > 3) return luaL_argerror(L, 4, "append_many takes one list of batches and its options");
+  if (lua_gettop(L) > 3)
+    return luaL_argerror(L, 4, "append_many takes one list of batches and its options");
   int ids = append_many_opts(L);
   lua_settop(L, 2);
   size_t n =
