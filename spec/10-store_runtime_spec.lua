@@ -239,7 +239,7 @@ for _, url in ipairs(helpers.urls()) do
         local err = helpers.expect_error("INVALID_ARGUMENT", store.append_many, store, one, { answer = "rows" })
         assert.truthy(tostring(err.message):find("opts.answer", 1, true), err.message)
         for _, opts in ipairs({ { answer = 5 }, { { session = "b", events = { { type = "y" } } } },
-          { answer = "ids", expected = 1 }, "ids" }) do
+          { answer = "ids", expected = 1 }, "ids", { ["answer\0x"] = "ids" } }) do
           local before = helpers.world(store)
           helpers.expect_arg_error(store.append_many, store, one, opts)
           assert.equal(before, helpers.world(store))

@@ -287,14 +287,11 @@ static const char *const sq_sql[ST_COUNT] = {
                        " AND queued = 1"
                        " AND status = " ES_SQL_PENDING " AND due_at <= ?21",
     /* A completion without results by the attempt that owns the row
-     * (sq_event_complete): what ST_EVENT_UPDATE writes for it, in the same
-     * step as the checks the core would make on the row it read first. */
-    [ST_EVENT_COMPLETE] = "UPDATE events SET status = " ES_SQL_PROCESSED ", processed_at = ?4,"
-                          " claim_holder = NULL, claim_expires_at = NULL, retry_at = NULL,"
-                          " queued = 0, due_at = NULL, claim_due = NULL, returned = 0,"
-                          " processed_by_attempt = ?3 WHERE session = ?1 AND idx = ?2"
-                          " AND status = " ES_SQL_PENDING " AND attempts = ?3"
-                          " AND claim_holder IS NOT NULL AND returned > -2 AND lane IS NULL",
+     * (sq_event_complete): es_event_complete_record's fields and
+     * es_rule_owns's checks, spelled once in backend_sql.h. */
+    [ST_EVENT_COMPLETE] = "UPDATE events SET " ES_SQL_COMPLETED("?4", "?3") ", claim_due = NULL"
+                          " WHERE session = ?1 AND idx = ?2 AND " ES_SQL_OWNED("?3")
+                          " AND returned > -2 AND lane IS NULL",
     [ST_EVENT_RANGE] = "SELECT " EV_SEL
                        " FROM events WHERE session = ?1 AND idx > ?2 AND idx <= ?3"
                        " ORDER BY idx LIMIT ?4",

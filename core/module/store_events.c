@@ -82,7 +82,9 @@ static int append_many_opts(lua_State *L) {
   lua_pushnil(L);
   while (lua_next(L, 3)) {
     lua_pop(L, 1);
-    if (lua_type(L, -1) != LUA_TSTRING || strcmp(lua_tostring(L, -1), "answer") != 0)
+    size_t len = 0; /* with its length: "answer\0x" is another key */
+    const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    if (!k || len != 6 || memcmp(k, "answer", 6) != 0)
       return luaL_argerror(L, 3, "append_many's options take only `answer`");
   }
   return es_lua_opt_answer_ids(L, 3);

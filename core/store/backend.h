@@ -62,6 +62,16 @@ void es_key_row_destroy(es_key_row *k);
  * built (es_event_init) or borrowing its strings. */
 void es_event_settle_copy(es_event *e, int64_t processed_at);
 
+/* The dispatch record of an event completed by `attempt` at `now` with
+ * `returned` results (§3.2 complete): status PROCESSED, processed_at,
+ * processed_by_attempt and returned set; claim_holder, claim_expires_at,
+ * retry_at and due_at empty, not queued; attempts, failures, last_error
+ * and the claim and failure times kept. Written over e's; claim_holder
+ * becomes NULL, not freed (as es_event_settle_copy). The core's
+ * completion writes it; event_complete spells it in SQL (backend_sql.h
+ * ES_SQL_COMPLETED), checked against this by spec/c/backend_test.c. */
+void es_event_complete_record(es_event *e, int64_t now, int64_t attempt, int64_t returned);
+
 /* §8 proj_list's key range as bytes, for a backend whose index is ordered
  * by bytes (SQL): rows with lower <= key < upper (*ulen 0: no upper bound).
  * Keys hold no NUL, so `after` + NUL is the least key > after. lower and

@@ -708,15 +708,7 @@ static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
                        err);
   if (rc == ES_OK) {
     free(parent.claim_holder);
-    parent.claim_holder = NULL;
-    parent.status = ES_STATUS_PROCESSED;
-    parent.processed_at = a->now;
-    parent.claim_expires_at = ES_NONE;
-    parent.retry_at = ES_NONE;
-    parent.queued = 0;
-    parent.due_at = ES_NONE;
-    parent.returned = (int64_t)a->n;
-    parent.processed_by_attempt = a->attempt;
+    es_event_complete_record(&parent, a->now, a->attempt, (int64_t)a->n);
     rc = s->ops->event_update(s->bk, t, &parent, err);
   }
   if (rc == ES_OK) rc = es_rule_advance_lane(s, t, &parent, a->now, err);

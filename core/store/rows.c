@@ -56,6 +56,16 @@ void es_event_settle_copy(es_event *e, int64_t processed_at) {
   e->processed_by_attempt = ES_NONE;
 }
 
+void es_event_complete_record(es_event *e, int64_t now, int64_t attempt, int64_t returned) {
+  e->status = ES_STATUS_PROCESSED;
+  e->processed_at = now;
+  e->processed_by_attempt = attempt;
+  e->returned = returned;
+  e->claim_holder = NULL;
+  e->claim_expires_at = e->retry_at = e->due_at = ES_NONE;
+  e->queued = 0;
+}
+
 void es_event_destroy(es_event *e) {
   if (!e) return;
   if (!e->packed) {
