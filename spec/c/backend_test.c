@@ -2246,6 +2246,19 @@ static int str_same(const char *a, const char *b) {
   return (!a && !b) || (a && b && strcmp(a, b) == 0);
 }
 
+/* got's dispatch record is want's, field by field. */
+static void same_dispatch(const es_event *got, const es_event *want) {
+  CHECK(got->status == want->status && got->attempts == want->attempts &&
+        got->failures == want->failures && str_same(got->last_error, want->last_error));
+  CHECK(got->processed_at == want->processed_at && str_same(got->claim_holder, want->claim_holder) &&
+        got->claim_expires_at == want->claim_expires_at && got->retry_at == want->retry_at);
+  CHECK(got->queued == want->queued && got->due_at == want->due_at &&
+        got->last_failed_attempt == want->last_failed_attempt && got->returned == want->returned);
+  CHECK(got->first_claimed_at == want->first_claimed_at &&
+        got->last_claimed_at == want->last_claimed_at && got->failed_at == want->failed_at &&
+        got->processed_by_attempt == want->processed_by_attempt);
+}
+
 static void case_event_copy(es_backend *b) {
   es_txn *t = wbegin(b);
   es_err err;
@@ -2303,15 +2316,7 @@ static void case_event_copy(es_backend *b) {
     }
     es_event want = src; /* borrows src's strings */
     es_event_settle_copy(&want, 77);
-    CHECK(got.status == want.status && got.attempts == want.attempts &&
-          got.failures == want.failures && str_same(got.last_error, want.last_error));
-    CHECK(got.processed_at == want.processed_at && str_same(got.claim_holder, want.claim_holder) &&
-          got.claim_expires_at == want.claim_expires_at && got.retry_at == want.retry_at);
-    CHECK(got.queued == want.queued && got.due_at == want.due_at &&
-          got.last_failed_attempt == want.last_failed_attempt && got.returned == want.returned);
-    CHECK(got.first_claimed_at == want.first_claimed_at &&
-          got.last_claimed_at == want.last_claimed_at && got.failed_at == want.failed_at &&
-          got.processed_by_attempt == want.processed_by_attempt);
+    same_dispatch(&got, &want);
     /* what a copy keeps of its source, and its origin */
     CHECK(str_same(got.type, src.type) && got.payload_len == src.payload_len &&
           memcmp(got.payload, src.payload, src.payload_len) == 0 && str_same(got.lane, src.lane));
@@ -2394,15 +2399,7 @@ static void case_event_complete(es_backend *b) {
     CHECK_RC(OPS->event_get(BK(t), t, "c", i, &got, &err), ES_OK);
     es_event want = before[i]; /* borrows before[i]'s strings */
     if (i == 1) es_event_complete_record(&want, 777, 2, 0);
-    CHECK(got.status == want.status && got.attempts == want.attempts &&
-          got.failures == want.failures && str_same(got.last_error, want.last_error));
-    CHECK(got.processed_at == want.processed_at && str_same(got.claim_holder, want.claim_holder) &&
-          got.claim_expires_at == want.claim_expires_at && got.retry_at == want.retry_at);
-    CHECK(got.queued == want.queued && got.due_at == want.due_at &&
-          got.last_failed_attempt == want.last_failed_attempt && got.returned == want.returned);
-    CHECK(got.first_claimed_at == want.first_claimed_at &&
-          got.last_claimed_at == want.last_claimed_at && got.failed_at == want.failed_at &&
-          got.processed_by_attempt == want.processed_by_attempt);
+    same_dispatch(&got, &want);
     es_event_destroy(&got);
     es_event_destroy(&before[i]);
   }
