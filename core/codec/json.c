@@ -677,15 +677,25 @@ size_t esj_members_sort(esj_member *v, size_t n, const char *keys_base) {
 }
 
 int esj_members_permute(const esj_member *v, size_t n, es_buf *out, size_t body, es_buf *tmp) {
-  size_t i;
+  /* A small object's members are copied aside on the stack: tmp is often
+   * a fresh buffer per call (an encoder's), and its allocation and free
+   * cost more than a typical payload's whole reordering. */
+  char local[512];
+  const char *from = local;
+  size_t len = out->len - body;
   if (out->oom) return ES_STORAGE;
-  tmp->len = 0;
-  esj_put(tmp, out->data + body, out->len - body);
-  if (tmp->oom) return ES_STORAGE;
+  if (len <= sizeof local) {
+    memcpy(local, out->data + body, len);
+  } else {
+    tmp->len = 0;
+    esj_put(tmp, out->data + body, len);
+    if (tmp->oom) return ES_STORAGE;
+    from = tmp->data;
+  }
   out->len = body;
-  for (i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++) {
     if (i) esj_putc(out, ',');
-    esj_put(out, tmp->data + (v[i].start - body), v[i].end - v[i].start);
+    esj_put(out, from + (v[i].start - body), v[i].end - v[i].start);
   }
   return out->oom ? ES_STORAGE : ES_OK;
 }

@@ -170,7 +170,8 @@ size_t esj_members_sort(esj_member *v, size_t n, const char *keys_base);
 
 /* Rewrites out[body, out->len), which holds the members' texts separated
  * by commas in any order, as the same members in v's order. tmp is a
- * scratch buffer (its content is replaced). ES_OK or ES_STORAGE. */
+ * scratch buffer for objects too long for the stack copy (its content is
+ * replaced). ES_OK or ES_STORAGE. */
 int esj_members_permute(const esj_member *v, size_t n, es_buf *out, size_t body, es_buf *tmp);
 
 #endif

@@ -294,6 +294,8 @@ static int insert_rows(es_store *s, es_txn *t, es_session_info *si, const es_new
                        const char *scope, const char *ids, size_t ids_stride, es_events *out,
                        es_err *err) {
   int rc = ES_OK;
+  /* The batch's room in out at once, not one reallocation per doubling. */
+  if (out && es_grow((void **)&out->v, &out->cap, out->n + n, sizeof *out->v)) return nomem(err);
   insert_chunk c = {0};
   c.cap = n < INSERT_CHUNK ? n : INSERT_CHUNK;
   if (c.cap == 0) c.cap = 1;
