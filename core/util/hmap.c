@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define EMPTY 0u
 #define REMOVED 1u
@@ -40,6 +41,28 @@ uint32_t es_hmap_hash_bytes(const void *p, size_t len) {
   return r < 2 ? r + 2 : r;
 }
 
+/* A table's arrays: a large one is its own mapping on transparent huge
+ * pages where the system allows them (THP "madvise"): filling a fresh
+ * array of millions of slots otherwise takes a page fault every 4 KiB. */
+#define BIG (4u << 20)
+#define HUGE_PAGE (2u << 20)
+
+static size_t big_size(size_t bytes) { return (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE; }
+
+static void *arr_alloc(size_t bytes, int zero) {
+  if (bytes < BIG) return zero ? calloc(1, bytes) : malloc(bytes);
+  void *p = mmap(NULL, big_size(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  (void)madvise(p, big_size(bytes), MADV_HUGEPAGE);
+  return p;
+}
+
+static void arr_free(void *p, size_t bytes) {
+  if (!p) return;
+  if (bytes < BIG) free(p);
+  else munmap(p, big_size(bytes));
+}
+
 static size_t home(uint32_t h, size_t cap) { return (size_t)(((uint64_t)h * cap) >> 32); }
 
 void es_hmap_init(es_hmap *m, es_hmap_key_fn key) {
@@ -48,8 +71,8 @@ void es_hmap_init(es_hmap *m, es_hmap_key_fn key) {
 }
 
 void es_hmap_destroy(es_hmap *m) {
-  free(m->items);
-  free(m->hashes);
+  arr_free(m->items, m->cap * sizeof *m->items);
+  arr_free(m->hashes, m->cap * sizeof *m->hashes);
   es_hmap_init(m, m->key);
 }
 
@@ -104,17 +127,17 @@ static int full(size_t used, size_t cap) { return used * 8 > cap * 7; }
  * dropped). -1 when out of memory (m unchanged). */
 static int rehash(es_hmap *m, size_t cap) {
   if (cap > UINT32_MAX || cap > SIZE_MAX / sizeof(void *)) return -1;
-  void **items = malloc(cap * sizeof *items);
-  uint32_t *hashes = calloc(cap, sizeof *hashes);
+  void **items = arr_alloc(cap * sizeof *items, 0);
+  uint32_t *hashes = arr_alloc(cap * sizeof *hashes, 1);
   if (!items || !hashes) {
-    free(items);
-    free(hashes);
+    arr_free(items, cap * sizeof *items);
+    arr_free(hashes, cap * sizeof *hashes);
     return -1;
   }
   for (size_t i = 0; i < m->cap; i++)
     if (m->hashes[i] > REMOVED) place(items, hashes, cap, m->hashes[i], m->items[i]);
-  free(m->items);
-  free(m->hashes);
+  arr_free(m->items, m->cap * sizeof *m->items);
+  arr_free(m->hashes, m->cap * sizeof *m->hashes);
   m->items = items;
   m->hashes = hashes;
   m->cap = cap;
