@@ -62,6 +62,7 @@
 #include "engine/engine.h"
 #include "module/module.h" /* open_core: the engine's states preload this library's module */
 #include "store/store.h"
+#include "util/hmap.h" /* es_hmap_mapped_bytes: the tables malloc does not count */
 
 static const char PAYLOAD[] =
     "{\"customer\":\"c-000123\",\"items\":[{\"qty\":2,\"sku\":\"SKU-42\"}],\"note\":\"leave at the door\"}";
@@ -643,7 +644,7 @@ static double es_append_lua(double seconds, const char *answer) {
  * within a byte of the RSS growth. */
 static double heap_bytes(void) {
   struct mallinfo2 m = mallinfo2();
-  return (double)m.uordblks + (double)m.hblkhd;
+  return (double)m.uordblks + (double)m.hblkhd + (double)es_hmap_mapped_bytes();
 }
 
 static long used_memory(redisContext *c) {

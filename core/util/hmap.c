@@ -6,6 +6,7 @@
  */
 #include "util/hmap.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,10 @@ uint32_t es_hmap_hash_bytes(const void *p, size_t len) {
 #define BIG (4u << 20)
 #define HUGE_PAGE (2u << 20)
 
+static atomic_size_t mapped;
+
+size_t es_hmap_mapped_bytes(void) { return atomic_load(&mapped); }
+
 static size_t big_size(size_t bytes) { return (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE; }
 
 static void *arr_alloc(size_t bytes, int zero) {
@@ -54,13 +59,17 @@ static void *arr_alloc(size_t bytes, int zero) {
   void *p = mmap(NULL, big_size(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return NULL;
   (void)madvise(p, big_size(bytes), MADV_HUGEPAGE);
+  atomic_fetch_add(&mapped, big_size(bytes));
   return p;
 }
 
 static void arr_free(void *p, size_t bytes) {
   if (!p) return;
   if (bytes < BIG) free(p);
-  else munmap(p, big_size(bytes));
+  else {
+    munmap(p, big_size(bytes));
+    atomic_fetch_sub(&mapped, big_size(bytes));
+  }
 }
 
 static size_t home(uint32_t h, size_t cap) { return (size_t)(((uint64_t)h * cap) >> 32); }

@@ -2927,10 +2927,10 @@ static void make_id(char *out, uint64_t n) {
 }
 
 /* Heap chunks plus mmapped blocks (big arrays are mmapped or not depending
- * on glibc's dynamic threshold). */
+ * on glibc's dynamic threshold), plus the hash tables' own mappings. */
 static size_t heap_used(void) {
   struct mallinfo2 mi = mallinfo2();
-  return mi.uordblks + mi.hblkhd;
+  return mi.uordblks + mi.hblkhd + es_hmap_mapped_bytes();
 }
 
 static long rss_bytes(void) {
