@@ -286,10 +286,10 @@ static const char *const sq_sql[ST_COUNT] = {
                        " processed_by_attempt = ?29 WHERE position = ?1 AND session = ?2 AND idx = ?3"
                        " AND queued = 1"
                        " AND status = " ES_SQL_PENDING " AND due_at <= ?21",
-    /* A completion without results by the attempt that owns the row
-     * (sq_event_complete): es_event_complete_record's fields and
+    /* A completion by the attempt that owns the row (sq_event_complete;
+     * ?5: how many events it returned): es_event_complete_record's fields and
      * es_rule_owns's checks, spelled once in backend_sql.h. */
-    [ST_EVENT_COMPLETE] = "UPDATE events SET " ES_SQL_COMPLETED("?4", "?3") ", claim_due = NULL"
+    [ST_EVENT_COMPLETE] = "UPDATE events SET " ES_SQL_COMPLETED("?4", "?3", "?5") ", claim_due = NULL"
                           " WHERE session = ?1 AND idx = ?2 AND " ES_SQL_OWNED("?3")
                           " AND returned > -2 AND lane IS NULL",
     [ST_EVENT_RANGE] = "SELECT " EV_SEL
@@ -2898,14 +2898,14 @@ static int sq_event_update(es_backend *b, es_txn *t, const es_event *row, es_err
   return sqlite3_changes(t->c->db) > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
-/* A completion without results in one statement (backend.h
- * event_complete): the core's read of the row before its update was
+/* A completion's write in one statement (backend.h event_complete; the
+ * core inserts the events it returned): the core's read of the row before its update was
  * about a third of a completion (bench/README.md "A completion in one
  * statement"). Not `RETURNING lane`, which doubled the statement's cost
  * (SQLite runs it through a temporary trigger and table): a laned row is
  * left to the core's general path, which advances its lane. */
 static int sq_event_complete(es_backend *b, es_txn *t, const char *session, int64_t index,
-                             int64_t attempt, int64_t now, int *done, es_err *err) {
+                             int64_t attempt, int64_t returned, int64_t now, int *done, es_err *err) {
   (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
   int temp, code;
@@ -2913,7 +2913,8 @@ static int sq_event_complete(es_backend *b, es_txn *t, const char *session, int6
   if (!t->write) return sq_read_only_txn(err);
   if ((code = sq_op(t, ST_EVENT_COMPLETE, &st, &temp, err)) != ES_OK) return code;
   if ((sq_bind_str(st, 1, session) | sqlite3_bind_int64(st, 2, index) |
-       sqlite3_bind_int64(st, 3, attempt) | sqlite3_bind_int64(st, 4, now)) != SQLITE_OK)
+       sqlite3_bind_int64(st, 3, attempt) | sqlite3_bind_int64(st, 4, now) |
+       sqlite3_bind_int64(st, 5, returned)) != SQLITE_OK)
     return sq_bind_fail(t, ST_EVENT_COMPLETE, st, temp, err);
   if ((code = sq_run(t, ST_EVENT_COMPLETE, st, temp, "update", err)) != ES_OK) return code;
   *done = sqlite3_changes(t->c->db) > 0;

@@ -175,14 +175,16 @@ typedef struct es_backend_ops {
    * (session, index), if it has no lane, is pending, claimed
    * (claim_holder set), not frozen by a shard move (returned > -2) and
    * its attempts equal `attempt`, becomes what event_update would make of
-   * it for a completion by that attempt with no results: status
-   * PROCESSED, processed_at `now`, processed_by_attempt `attempt`,
-   * returned 0, claim_holder, claim_expires_at, retry_at and due_at
-   * empty, not queued; nothing else changes. *done: 1 when it did, 0 when
-   * no row matched and nothing was written (the core then takes its
-   * general path, which reads the row, says why, and moves a lane on). */
+   * it for a completion by that attempt that returned `returned` events
+   * (es_event_complete_record): status PROCESSED, processed_at `now`,
+   * processed_by_attempt `attempt`, returned `returned`, claim_holder,
+   * claim_expires_at, retry_at and due_at empty, not queued; nothing else
+   * changes (the core inserts the returned events). *done: 1 when it did,
+   * 0 when no row matched and nothing was written (the core then takes
+   * its general path, which reads the row, says why, and moves a lane
+   * on). */
   int (*event_complete)(es_backend *b, es_txn *t, const char *session, int64_t index,
-                        int64_t attempt, int64_t now, int *done, es_err *err);
+                        int64_t attempt, int64_t returned, int64_t now, int *done, es_err *err);
   /* Optional (NULL: the core copies row by row with event_range and
    * event_insert). For fork: for each row of session `from` with index <=
    * through, in index order, inserts a row of session `to` with the same

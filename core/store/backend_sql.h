@@ -57,13 +57,12 @@ _Static_assert(ES_SQL_STATUS_DEAD_N == ES_STATUS_DEAD, "store.h changed ES_STATU
 #define ES_SQL_OWNED(attempt) \
   "status = " ES_SQL_PENDING " AND attempts = " attempt " AND claim_holder IS NOT NULL"
 
-/* es_event_complete_record (backend.h) with no results, as an UPDATE's SET
- * list (sqlite's claim_due, its own column, cleared by the caller);
- * spec/c/backend_test.c compares event_complete's row with it field by
- * field. */
-#define ES_SQL_COMPLETED(now, attempt)                                                  \
+/* es_event_complete_record (backend.h) as an UPDATE's SET list (sqlite's
+ * claim_due, its own column, cleared by the caller); spec/c/backend_test.c
+ * compares event_complete's row with it field by field. */
+#define ES_SQL_COMPLETED(now, attempt, returned)                                        \
   "status = " ES_SQL_PROCESSED ", processed_at = " now ", processed_by_attempt = " attempt \
-  ", returned = 0, claim_holder = NULL, claim_expires_at = NULL, retry_at = NULL,"       \
-  " due_at = NULL, queued = 0"
+  ", returned = " returned ", claim_holder = NULL, claim_expires_at = NULL,"             \
+  " retry_at = NULL, due_at = NULL, queued = 0"
 
 #endif

@@ -642,20 +642,40 @@ static int complete_replay(es_store *s, es_txn *t, complete_args *a, const es_ev
 }
 
 /* do_complete's common case in one step, where the backend has one
- * (event_complete): a completion with no results, cancels or fence, by
- * the attempt that owns an event without a lane. What do_complete would
- * check and write, without reading the row first: the session is read
- * first (a shard move's marks are checked there, before anything is
- * written), the backend's update checks what es_rule_owns does, then the
- * session's row is written as below. *done = 0 when the update found no
- * such row: nothing was written, and do_complete goes on (not found,
- * superseded, a lost acknowledgement's replay, a lane to move on). */
+ * (event_complete): a completion without cancels or fence, by the attempt
+ * that owns an event without a lane. What do_complete would check and
+ * write, without reading the row first: the session is read first (a
+ * shard move's marks are checked there, before anything is written), the
+ * backend's update checks what es_rule_owns does, then the returned
+ * events are inserted and the session's row is written as below.
+ *
+ * Returned events are taken only where do_complete would take them: a
+ * session that is not sealed, and ids none of which is stored (checked
+ * before the update). Otherwise do_complete answers, as it does, with
+ * what comes first there (a superseded attempt's outcome before SEALED or
+ * a duplicate id). *done = 0 when nothing was written and do_complete
+ * goes on (no such row, superseded, a lost acknowledgement's replay, a
+ * lane to move on, the cases above). */
 static int complete_owned(es_store *s, es_txn *t, complete_args *a, int *done, es_err *err) {
   *done = 0;
   es_session_info si;
   int rc = es_rule_load_session(s, t, a->session, &si, err);
   if (rc) return rc; /* si holds nothing */
-  rc = s->ops->event_complete(s->bk, t, a->session, a->index, a->attempt, a->now, done, err);
+  if (a->n > 0) {
+    int replayed = 0;
+    if (si.sealed_at != ES_NONE ||
+        es_rule_check_replay(s, t, a->session, a->evs, a->n, &replayed, a->out, err) != ES_OK ||
+        replayed) {
+      es_events_destroy(a->out);
+      es_session_info_destroy(&si);
+      return ES_OK;
+    }
+  }
+  rc = s->ops->event_complete(s->bk, t, a->session, a->index, a->attempt, (int64_t)a->n, a->now,
+                              done, err);
+  if (rc == ES_OK && *done && a->n > 0)
+    rc = es_rule_insert_events(s, t, &si, a->evs, a->n, a->index, a->attempt, a->now, a->scope,
+                               a->out, err);
   if (rc == ES_OK && *done) {
     si.pending--;
     si.updated_at = a->now;
@@ -668,7 +688,7 @@ static int complete_owned(es_store *s, es_txn *t, complete_args *a, int *done, e
 
 static int do_complete(es_store *s, es_txn *t, void *arg, es_err *err) {
   complete_args *a = arg;
-  if (s->ops->event_complete && a->n == 0 && a->n_cancel == 0 && a->fence == ES_NONE) {
+  if (s->ops->event_complete && a->n_cancel == 0 && a->fence == ES_NONE) {
     int done;
     int rc = complete_owned(s, t, a, &done, err);
     if (rc || done) return rc;

@@ -364,8 +364,8 @@ static int m_event_update(es_backend *b, es_txn *t, const es_event *row, es_err 
 }
 
 static int m_event_complete(es_backend *b, es_txn *t, const char *session, int64_t index,
-                            int64_t attempt, int64_t now, int *done, es_err *err) {
-  return b->real->event_complete(b->inner, t, session, index, attempt, now, done, err);
+                            int64_t attempt, int64_t returned, int64_t now, int *done, es_err *err) {
+  return b->real->event_complete(b->inner, t, session, index, attempt, returned, now, done, err);
 }
 
 static int m_event_copy(es_backend *b, es_txn *t, const char *from, int64_t through, const char *to,
