@@ -2899,9 +2899,9 @@ static int sq_event_update(es_backend *b, es_txn *t, const es_event *row, es_err
 }
 
 /* A completion's write in one statement (backend.h event_complete; the
- * core inserts the events it returned): the core's read of the row before its update was
- * about a third of a completion (bench/README.md "A completion in one
- * statement"). Not `RETURNING lane`, which doubled the statement's cost
+ * core inserts the events it returned): the core's read of the row
+ * before its update was about a third of a completion (bench/README.md
+ * "A completion in one statement"). Not `RETURNING lane`, which doubled the statement's cost
  * (SQLite runs it through a temporary trigger and table): a laned row is
  * left to the core's general path, which advances its lane. */
 static int sq_event_complete(es_backend *b, es_txn *t, const char *session, int64_t index,

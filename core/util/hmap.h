@@ -72,11 +72,6 @@ int es_hmap_shrink(es_hmap *m);
 typedef int (*es_hmap_match_fn)(const void *item, const void *key);
 /* es_hmap_hash of len bytes (es_hmap_hash(s) is that of strlen(s) bytes). */
 uint32_t es_hmap_hash_bytes(const void *p, size_t len);
-
-/* Bytes the process's tables hold in their own mappings (arrays of 4 MiB
- * or more, on huge pages: hmap.c), which malloc's statistics (mallinfo2)
- * do not see: memory measurements add it. */
-size_t es_hmap_mapped_bytes(void);
 /* The item with hash h that match says is key's, or NULL. */
 void *es_hmap_find(const es_hmap *m, uint32_t h, es_hmap_match_fn match, const void *key);
 /* es_hmap_replace by a caller's key: item takes the slot of the item that
@@ -90,5 +85,10 @@ int es_hmap_remove_item(es_hmap *m, const void *item, uint32_t h);
 /* Walks the items: start with *pos = 0; returns NULL at the end. Any put or
  * remove invalidates the walk. */
 void *es_hmap_next(const es_hmap *m, size_t *pos);
+
+/* Bytes the process's tables hold in their own mappings (arrays of 4 MiB
+ * or more, on huge pages: hmap.c), which malloc's statistics (mallinfo2)
+ * do not see: memory measurements add it. */
+size_t es_hmap_mapped_bytes(void);
 
 #endif
