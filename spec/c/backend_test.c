@@ -2259,39 +2259,52 @@ static void same_dispatch(const es_event *got, const es_event *want) {
         got->processed_by_attempt == want->processed_by_attempt);
 }
 
+/* Into e: session's row at index i (id "<session>-<i>" written into id,
+ * at least 24 bytes), claimed by attempt 2 after a failed first one. */
+static void claimed_row(es_event *e, const char *session, int64_t i, char *id, const char *lane) {
+  es_event_init(e);
+  snprintf(id, 24, "%s-%lld", session, (long long)i);
+  e->session = (char *)session;
+  e->index = i;
+  e->id = id;
+  e->type = "t";
+  e->payload = "{}";
+  e->payload_len = 2;
+  e->lane = (char *)lane;
+  e->created_at = 100;
+  e->status = ES_STATUS_PENDING;
+  e->attempts = 2;
+  e->failures = 1;
+  e->last_error = "boom";
+  e->claim_holder = "worker";
+  e->claim_expires_at = 900;
+  e->queued = 1;
+  e->due_at = 900;
+  e->last_failed_attempt = 1;
+  e->returned = 0;
+  e->first_claimed_at = 200;
+  e->last_claimed_at = 300;
+  e->failed_at = 250;
+}
+
 static void case_event_copy(es_backend *b) {
   es_txn *t = wbegin(b);
   es_err err;
   for (int i = 1; i <= 3; i++) {
     /* a source row with every dispatch field set, none of which a copy keeps */
     es_event e;
-    es_event_init(&e);
     char id[24];
-    snprintf(id, sizeof id, "src-%d", i);
-    e.session = "src";
-    e.index = i;
-    e.id = id;
-    e.type = "t";
+    claimed_row(&e, "src", i, id, i == 2 ? "ln" : NULL);
     e.payload = "{\"i\":1}";
     e.payload_len = strlen(e.payload);
-    e.lane = i == 2 ? "ln" : NULL;
     e.created_at = 100 + i;
     e.cause_index = i > 1 ? i - 1 : ES_NONE;
     e.cause_attempt = i > 1 ? 1 : ES_NONE;
     e.not_before = 150;
     e.status = i == 3 ? ES_STATUS_DEAD : ES_STATUS_PENDING;
-    e.attempts = 2;
-    e.failures = 1;
-    e.last_error = "boom";
-    e.claim_holder = "worker";
-    e.claim_expires_at = 900;
     e.retry_at = 800;
-    e.queued = 1;
     e.due_at = 800;
-    e.last_failed_attempt = 1;
     e.returned = 2;
-    e.first_claimed_at = 200;
-    e.last_claimed_at = 300;
     e.failed_at = 400;
     e.processed_by_attempt = 2;
     CHECK_RC(OPS->event_insert(BK(t), t, &e, &err), ES_OK);
@@ -2338,30 +2351,8 @@ static void case_event_copy(es_backend *b) {
 /* A claimed row of session "c" at index i with a failure behind it. */
 static void put_claimed(es_txn *t, int64_t i, const char *lane, es_err *err) {
   es_event e;
-  es_event_init(&e);
   char id[24];
-  snprintf(id, sizeof id, "c-%lld", (long long)i);
-  e.session = "c";
-  e.index = i;
-  e.id = id;
-  e.type = "t";
-  e.payload = "{}";
-  e.payload_len = 2;
-  e.lane = (char *)lane;
-  e.created_at = 100;
-  e.status = ES_STATUS_PENDING;
-  e.attempts = 2;
-  e.failures = 1;
-  e.last_error = "boom";
-  e.claim_holder = "worker";
-  e.claim_expires_at = 900;
-  e.queued = 1;
-  e.due_at = 900;
-  e.last_failed_attempt = 1;
-  e.returned = 0;
-  e.first_claimed_at = 200;
-  e.last_claimed_at = 300;
-  e.failed_at = 250;
+  claimed_row(&e, "c", i, id, lane);
   CHECK_RC(OPS->event_insert(BK(t), t, &e, err), ES_OK);
 }
 
