@@ -180,6 +180,9 @@ static void wake_all(es_store *s) {
 static void *ext_watch(void *arg) {
   es_store *s = arg;
   uint64_t since = s->ext_since;
+  /* Named for top -H and /proc/PID/task/TID/comm: its cost is the other
+   * commits' (one look per commit on PostgreSQL), not its waiters'. */
+  pthread_setname_np(pthread_self(), "es-watch");
   for (;;) {
     /* no wait left: end (emu held across the look and the state, so a
      * wait that comes meanwhile sees the thread ended and starts one) */
