@@ -201,6 +201,40 @@ for _, url in ipairs(helpers.urls()) do
       assert.are.equal(2, #results(t.store, "s", "fast.done"))
     end)
 
+    it("a handled event's completion lands while the same worker's next handler still runs", function()
+      -- The completer naps briefly after each batch instead of being woken
+      -- by every hand-over (docs/engine.md "Completions"); what is handed
+      -- over during a nap must still be written when the nap ends, not
+      -- held until the worker is done with its next handler. The one
+      -- worker runs twenty fast events, then one that waits for a gate the
+      -- test opens once all twenty results are stored.
+      local t = eh.setup(url)
+      local gate = new_gate()
+      t.handler("gated", gated(gate, "the fast events' completions did not land while this handler ran"))
+      t.handler("fast", FAST)
+      local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1 })
+      local batch = {}
+      for i = 1, 20 do batch[i] = { type = "fast" } end
+      batch[21] = { type = "gated" }
+      t.store:append("s", batch)
+      local seen
+      local r = a:run({
+        until_idle = true,
+        progress_ms = 10,
+        progress = function()
+          if seen then return end
+          if #results(t.store, "s", "fast.done") == 20 then
+            seen = true
+            eh.write_file(gate, "open")
+          end
+        end,
+      })
+      os.remove(gate)
+      assert.is_true(seen, "the fast events' results were not all stored while the gated handler ran")
+      assert.are.same({ handled = 21, failed = 0, dead = 0 }, eh.counts(r))
+      assert.are.equal("processed", eh.event(t.store, "s", 21).status)
+    end)
+
     it("behind handlers slower than a claim's window nothing is claimed ahead: another engine takes the next event", function()
       -- A learns that its handlers take ~0.3 s, more than the ~20 ms one
       -- claim is meant to last. Its next claim takes the held event alone;

@@ -30,7 +30,28 @@
  * (outage_ms), a lease re-taken meanwhile is tried with its new token,
  * STALE_FENCE fences the session out, any other error fails the attempt.
  * The list is bounded (COMPLETE_BACKLOG): workers wait when the store
- * falls that far behind. */
+ * falls that far behind.
+ *
+ * Naps. A completer that finds the list empty after a cheap batch waits
+ * NAP_US before it sleeps, and a worker handing over meanwhile does not
+ * wake it: what is handed over during the nap is taken when it ends. On
+ * memory: a completion costs less than a handler call, so the completer
+ * used to empty the list after one or two completions and sleep, and
+ * every other hand-over woke it: a futex call and a context switch per
+ * event or two, with one worker a third of the dispatch rate
+ * (bench/README.md "Completions in naps"). What stays prompt: a nap ends
+ * at once when NAP_FULL completions wait, when a worker hands over the
+ * last event it had queued (awaited: what it claims next may wait on
+ * it, the next of a lane, an until_idle run's end), or when a worker
+ * finds its queue empty (es_completer_kick); after a nap that found
+ * nothing the completer sleeps until the next hand-over wakes it. No nap
+ * after a batch that took NAP_US / 2 or more (a sync, a round trip:
+ * hand-overs gather meanwhile), nor after a lone awaited completion (one
+ * lane run in turn: a nap would only add a timer per event). So a
+ * completion waits at most NAP_US longer than before, and only while its
+ * worker still has events to run. */
+#define NAP_US 500
+#define NAP_FULL COMPLETE_MIN
 
 /* Completions per transaction: enough to share one sync (and the pages a
  * commit writes) among many, few enough that one commit stays short
@@ -145,14 +166,32 @@ void es_hand_over(job *j, const claim_info *c) {
   p->renewed_ms = j->r->renewed_ms; /* the keeper renews it while it waits (es_renew_waiting) */
   pthread_mutex_unlock(&j->r->mu);
   p->handed_ms = es_mono_ms();
+  p->awaited = j->last;
   pthread_mutex_lock(&e->c_mu);
   while (e->c_n >= COMPLETE_BACKLOG && !e->c_quit) pthread_cond_wait(&e->c_done, &e->c_mu);
   atomic_fetch_add(&e->unacked, 1);
   if (e->c_tail) e->c_tail->next = p;
   else e->c_head = p;
   e->c_tail = p;
-  /* the completer waits only on an empty list */
-  if (e->c_n++ == 0) pthread_cond_signal(&e->c_cond);
+  /* the completer waits only on an empty list; a nap ends by itself
+   * ("Naps"), or here once NAP_FULL wait or this worker has nothing
+   * queued (what it claims next may wait on this completion) */
+  size_t was = e->c_n++;
+  if (e->c_napping ? e->c_n >= NAP_FULL || p->awaited : was == 0) {
+    e->c_napping = 0;
+    pthread_cond_signal(&e->c_cond);
+  }
+  pthread_mutex_unlock(&e->c_mu);
+}
+
+/* A worker out of queued events: a napping completer takes what waits
+ * now ("Naps"), since what the worker claims next may wait on it. */
+void es_completer_kick(es_engine *e) {
+  pthread_mutex_lock(&e->c_mu);
+  if (e->c_napping && e->c_head) {
+    e->c_napping = 0;
+    pthread_cond_signal(&e->c_cond);
+  }
   pthread_mutex_unlock(&e->c_mu);
 }
 
@@ -306,8 +345,16 @@ void *es_completer_main(void *arg) {
   completion *items[COMPLETE_MAX];
   es_completion *v = malloc(COMPLETE_MAX * sizeof *v);
   int64_t us_each = 0; /* running mean of a completion's share of its batch's time */
+  int nap = 0; /* after this batch: nap before sleeping ("Naps") */
   pthread_mutex_lock(&e->c_mu);
   for (;;) {
+    if (nap && !e->c_head && !e->c_quit) {
+      struct timespec until = es_timespec_in_us(CLOCK_MONOTONIC, NAP_US);
+      e->c_napping = 1;
+      while (e->c_napping && !e->c_quit && pthread_cond_timedwait(&e->c_cond, &e->c_mu, &until) == 0) {
+      }
+      e->c_napping = 0;
+    }
     while (!e->c_head && !e->c_quit) pthread_cond_wait(&e->c_cond, &e->c_mu);
     if (!e->c_head) break;
     size_t n = 0;
@@ -322,10 +369,19 @@ void *es_completer_main(void *arg) {
     e->c_n -= n;
     pthread_cond_broadcast(&e->c_done); /* room for workers waiting to hand over */
     e->c_busy_since = items[0]->handed_ms;
+    /* After a lone completion its worker was waiting for, no nap: the
+     * next will be awaited too (one lane, run in turn), and a nap would
+     * only add a timer to each. (Read here: complete_batch frees items.) */
+    nap = n > 1 || !items[0]->awaited;
     pthread_mutex_unlock(&e->c_mu);
     int64_t t0 = es_mono_us();
     complete_batch(e, items, v ? v : &one, n);
-    int64_t each = (es_mono_us() - t0) / (int64_t)n;
+    int64_t took = es_mono_us() - t0;
+    /* Nor after a batch that took half a nap or more (a sync, a round
+     * trip): hand-overs gather while it runs, and a nap would only delay
+     * the next. */
+    if (took >= NAP_US / 2) nap = 0;
+    int64_t each = took / (int64_t)n;
     if (each < 1) each = 1;
     us_each = us_each ? us_each + (each - us_each) / 4 : each;
     pthread_mutex_lock(&e->c_mu);

@@ -358,17 +358,19 @@ static void release_events(es_engine *e, es_event **evs, size_t n) {
 }
 
 /* Takes the oldest queued event into *out; 0 when the queue is empty.
- * Taking the queue down to its low-water mark wakes the prefetcher
- * ("Claims ahead"), unless the event taken is an attempt after a lost
- * one, which runs alone. */
-static int queue_pop(es_engine *e, queued_event *out, int *lone) {
+ * *last: it was the last one queued. Taking the queue down to its
+ * low-water mark wakes the prefetcher ("Claims ahead"), unless the event
+ * taken is an attempt after a lost one, which runs alone. */
+static int queue_pop(es_engine *e, queued_event *out, int *lone, int *last) {
   pthread_mutex_lock(&e->q_mu);
   int got = e->q_n > 0;
   *lone = 0;
+  *last = 0;
   if (got) {
     *out = e->q[e->q_head];
     e->q_head = (e->q_head + 1) % e->q_cap;
     e->q_n--;
+    *last = e->q_n == 0;
     *lone = es_lost_attempts(&out->ev) > 0;
     if (*lone)
       e->lone_out++; /* no claim ahead until it ends (lone_done) */
@@ -571,10 +573,10 @@ static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *e
 
 /* Handles one claimed event. Returns 0, or 1 when the runner was
  * abandoned meanwhile (its thread must then only clean up). */
-static int handle(runner *r, const es_event *ev, int64_t claimed_ms) {
+static int handle(runner *r, const es_event *ev, int64_t claimed_ms, int last) {
   es_engine *e = r->e;
   lua_State *L = r->L;
-  job j = {r, ev, RUN_FAILED, NULL, NULL, 0, NULL, 0};
+  job j = {r, ev, RUN_FAILED, NULL, NULL, 0, NULL, 0, last};
   claim_info c = {ev->session, ev->type, ev->index, ev->attempts, ev->failures,
                   es_lost_attempts(ev)};
   if (c.failures + c.lost >= e->o.max_failures) {
@@ -771,8 +773,8 @@ void *es_worker_main(void *arg) {
       active = 1;
     }
     queued_event q;
-    int lone;
-    if (queue_pop(e, &q, &lone)) {
+    int lone, last;
+    if (queue_pop(e, &q, &lone, &last)) {
       /* Fenced out of its session since the claim: give the event back to
        * the lease's holder, unrun (the release undoes the attempt). This is
        * also what closes the race with a claim in flight: the completer
@@ -787,7 +789,7 @@ void *es_worker_main(void *arg) {
         lone_done(e, lone);
         continue;
       }
-      int gone = handle(r, &q.ev, q.claimed_ms);
+      int gone = handle(r, &q.ev, q.claimed_ms, last);
       es_event_destroy(&q.ev);
       if (!gone) lone_done(e, lone); /* abandon() ended an abandoned one */
       /* Inline: the completion is written before the next claim, which may
@@ -802,6 +804,7 @@ void *es_worker_main(void *arg) {
     /* Read before the claim: completions answered after it may have made
      * events ready (the next of a lane) that the claim did not see. */
     int64_t unacked = atomic_load(&e->unacked);
+    if (unacked > 0) es_completer_kick(e); /* they are to be written now, not after a nap */
     int64_t claimed;
     es_err err = {0};
     if (es_completions_lag(e)) {

@@ -519,7 +519,15 @@ int es_engine_open(es_store *s, const es_engine_opts *o, es_engine **out, es_err
   pthread_cond_init(&e->q_cond, NULL);
   pthread_cond_init(&e->pf_cond, NULL);
   pthread_mutex_init(&e->c_mu, NULL);
-  pthread_cond_init(&e->c_cond, NULL);
+  {
+    /* the completer's naps are timed on the monotonic clock: a step of
+     * the wall clock must not stretch one (completions.c "Naps") */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->c_cond, &ca);
+    pthread_condattr_destroy(&ca);
+  }
   pthread_cond_init(&e->c_done, NULL);
   atomic_init(&e->any_fenced, 0);
   pthread_cond_init(&e->fold_cond, NULL);

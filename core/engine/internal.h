@@ -130,6 +130,7 @@ typedef struct completion {
   size_t n_cancel;
   int64_t renewed_ms;       /* monotonic: when its claim was made or last renewed */
   int64_t handed_ms;        /* monotonic: when the worker handed it over */
+  int awaited;              /* its worker had nothing queued: wanted at once (completions.c "Naps") */
 } completion;
 
 /* A session lease this engine holds (engine:lease): its writes to the
@@ -248,6 +249,7 @@ struct es_engine {
   size_t c_n;                 /* waiting in the list */
   int64_t c_busy_since;       /* handed_ms of the oldest completion being committed (0: none) */
   int c_quit;
+  int c_napping;              /* the completer's short wait after a batch (completions.c) */
   atomic_llong unacked;       /* handed over and not yet answered by the store */
 
   /* Store outages (engine.c "Riding out a store outage"): */
@@ -369,6 +371,7 @@ typedef struct job {
   size_t n;
   es_cancel *cancel; /* malloc'd: the handler's ctx.cancel calls (§3.2), with their reasons */
   size_t n_cancel;
+  int last;          /* the queue was empty once this event was taken: its completion is awaited */
 } job;
 
 /* The ctx.cancel calls of the ctx at idx (pushed by es_push_ctx), copied
@@ -434,5 +437,6 @@ int es_completions_lag(es_engine *e);
  * calling thread, before it returns. */
 void es_complete_waiting(es_engine *e);
 void es_wait_acked(es_engine *e, int64_t ms);
+void es_completer_kick(es_engine *e);
 
 #endif

@@ -58,3 +58,15 @@ struct timespec es_timespec_in(clockid_t clock, int64_t ms) {
   clock_gettime(clock, &now);
   return es_timespec_add(&now, ms);
 }
+
+struct timespec es_timespec_in_us(clockid_t clock, int64_t us) {
+  struct timespec t;
+  clock_gettime(clock, &t);
+  t.tv_sec += (time_t)(us / 1000000);
+  t.tv_nsec += (long)(us % 1000000) * 1000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}

@@ -27,5 +27,7 @@ struct timespec es_timespec_add(const struct timespec *from, int64_t ms);
 /* The time `ms` milliseconds from now on clock `clock` (a deadline for
  * pthread_cond_timedwait and the like). */
 struct timespec es_timespec_in(clockid_t clock, int64_t ms);
+/* The same, `us` (>= 0) microseconds from now. */
+struct timespec es_timespec_in_us(clockid_t clock, int64_t us);
 
 #endif
