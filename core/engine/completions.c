@@ -165,7 +165,7 @@ void es_hand_over(job *j, const claim_info *c) {
   pthread_mutex_lock(&j->r->mu);
   p->renewed_ms = j->r->renewed_ms; /* the keeper renews it while it waits (es_renew_waiting) */
   pthread_mutex_unlock(&j->r->mu);
-  p->handed_ms = es_mono_ms();
+  p->handed_ms = j->done_ms;
   p->awaited = j->last;
   pthread_mutex_lock(&e->c_mu);
   while (e->c_n >= COMPLETE_BACKLOG && !e->c_quit) pthread_cond_wait(&e->c_done, &e->c_mu);

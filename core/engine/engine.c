@@ -59,6 +59,12 @@ int64_t es_mono_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+int64_t es_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 void es_sleep_ms(int64_t ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -254,11 +260,11 @@ static void runner_free(runner *r) {
   if (pthread_timedjoin_np(t, NULL, &until) != 0) pthread_detach(t);
 }
 
-/* Marks the start of a watched call (under r->mu). */
-void es_watch_start(runner *r) {
+/* Marks the start of a watched call (under r->mu), now_ms its es_mono_ms. */
+void es_watch_start(runner *r, int64_t now_ms) {
   r->busy = 1;
   r->finishing = 0;
-  r->started_ms = es_mono_ms();
+  r->started_ms = now_ms;
   r->tripped_ms = 0;
   r->last_ticks = atomic_load(&r->b.ticks);
   r->last_cpu_ns = -1; /* the watchdog takes its baseline at its first look */
@@ -670,10 +676,10 @@ static const char hcache_key = 'h'; /* registry: the functions of r->hcache */
  * ~2,800 instructions for a table lookup (a sixth of a trivial handler's
  * dispatch on memory:); the runner now keeps what the loader answered for
  * as long as the loader itself would (until the time it answers with, or
- * the next new_run), and asks again after that. */
-void es_loader_handler(runner *r, const char *type, size_t len) {
+ * the next new_run), and asks again after that. now: es_mono_ms (the
+ * call's start: one clock read per event serves it all). */
+void es_loader_handler(runner *r, const char *type, size_t len, int64_t now) {
   lua_State *L = r->L;
-  int64_t now = es_mono_ms();
   unsigned h = (unsigned)len;
   for (size_t i = 0; i < len; i++) h = h * 31u + (unsigned char)type[i];
   size_t slot = h % (sizeof r->hcache / sizeof r->hcache[0]);

@@ -151,7 +151,7 @@ static int spin_until(atomic_int *flag) {
  * budgeted call; its outcome in r->fold_rc, fold_err, fold_out. */
 static void run_job(runner *r) {
   pthread_mutex_lock(&r->mu);
-  es_watch_start(r);
+  es_watch_start(r, es_mono_ms());
   /* an inline engine's fold runs on the caller, whom nobody watches: the
    * budget hook trips it at its deadline (engine.c "Inline runs") */
   if (r->e->o.inline_runs) r->b.deadline_at = r->started_ms + r->e->o.deadline_ms;

@@ -277,6 +277,7 @@ void es_scripts_free(es_engine *e);
 
 int64_t es_mono_ms(void);
 int64_t es_mono_us(void);
+int64_t es_mono_ns(void);
 void es_engine_log(es_engine *e, int id, const char *fmt, ...)
                    #if defined(__GNUC__)
                    __attribute__((format(printf, 3, 4)))
@@ -289,7 +290,7 @@ void es_loader_call(lua_State *L, const char *fn, const char *name);
 
 /* es_loader_call(r->L, "handler", type) through r's cache of handlers
  * (runner.hcache): the same three values. Raises. */
-void es_loader_handler(runner *r, const char *type, size_t len);
+void es_loader_handler(runner *r, const char *type, size_t len, int64_t now);
 
 /* Folds reducer over session through at (ES_NONE: the head) in r's state
  * and pushes the state (fold.c). With snapshots on, encoded (if not NULL)
@@ -372,6 +373,8 @@ typedef struct job {
   es_cancel *cancel; /* malloc'd: the handler's ctx.cancel calls (§3.2), with their reasons */
   size_t n_cancel;
   int last;          /* the queue was empty once this event was taken: its completion is awaited */
+  int64_t start_ms;  /* es_mono_ms when the call began */
+  int64_t done_ms;   /* ... and when it returned (the hand-over's time) */
 } job;
 
 /* The ctx.cancel calls of the ctx at idx (pushed by es_push_ctx), copied
@@ -383,7 +386,7 @@ void es_ctx_cancels(lua_State *L, int idx, job *j);
 void es_sleep_ms(int64_t ms);
 void es_runner_free_now(runner *r);
 runner *es_runner_new(es_engine *e, int id, es_err *err);
-void es_watch_start(runner *r);
+void es_watch_start(runner *r, int64_t now_ms);
 int es_watch(es_engine *e, runner *r, int64_t now, char *cause, size_t len);
 void es_store_answered(es_engine *e, int id);
 void es_store_failed(es_engine *e, int id, store_retry *t, const char *what, int rc,

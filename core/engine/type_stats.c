@@ -66,12 +66,12 @@ static es_type_stat *get(es_type_stats *t, const char *type) {
   }
 }
 
-uint64_t es_type_stats_begin(es_type_stats *t) {
-  return atomic_load_explicit(&t->off, memory_order_relaxed) ? 0 : es_stats_now_ns();
+uint64_t es_type_stats_begin(es_type_stats *t, uint64_t now_ns) {
+  return atomic_load_explicit(&t->off, memory_order_relaxed) ? 0 : now_ns;
 }
 
-uint64_t es_type_stats_end(es_type_stats *t, uint64_t t0) {
-  return t0 && !atomic_load_explicit(&t->off, memory_order_relaxed) ? es_stats_now_ns() - t0 : 0;
+uint64_t es_type_stats_end(es_type_stats *t, uint64_t t0, uint64_t now_ns) {
+  return t0 && !atomic_load_explicit(&t->off, memory_order_relaxed) ? now_ns - t0 : 0;
 }
 
 void es_type_stats_enable(es_type_stats *t, int on) { atomic_store(&t->off, !on); }

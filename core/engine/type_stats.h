@@ -41,10 +41,11 @@ void es_type_stats_count(es_type_stats *t, const char *type, int kind);
  * something that is not a list of events, or its completion failed). */
 void es_type_stats_run(es_type_stats *t, const char *type, uint64_t ns, int failed);
 
-/* Around a handler run: begin's time (0 when counting is off) goes to
- * end, whose nanoseconds go to es_type_stats_run. */
-uint64_t es_type_stats_begin(es_type_stats *t);
-uint64_t es_type_stats_end(es_type_stats *t, uint64_t t0);
+/* Around a handler run: begin's time (now_ns, monotonic; 0 when counting
+ * is off) goes to end, whose nanoseconds go to es_type_stats_run. The
+ * caller reads the clock (it has the times anyway). */
+uint64_t es_type_stats_begin(es_type_stats *t, uint64_t now_ns);
+uint64_t es_type_stats_end(es_type_stats *t, uint64_t t0, uint64_t now_ns);
 /* Bench only (bench/README.md "Stats cost"). */
 void es_type_stats_enable(es_type_stats *t, int on);
 
