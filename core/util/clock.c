@@ -42,15 +42,22 @@ int es_manual_clock_now(void *ctx, int64_t *now_ms, es_err *err) {
   return ES_OK;
 }
 
-struct timespec es_timespec_add(const struct timespec *from, int64_t ms) {
+/* *from + sec seconds + ns (0 <= ns < 1e9) nanoseconds, normalised. The
+ * parts, not one count of nanoseconds: a far deadline (a timeout of
+ * math.maxinteger ms) must not overflow. */
+static struct timespec add_parts(const struct timespec *from, int64_t sec, long ns) {
   struct timespec t = *from;
-  t.tv_sec += (time_t)(ms / 1000);
-  t.tv_nsec += (long)(ms % 1000) * 1000000L;
+  t.tv_sec += (time_t)sec;
+  t.tv_nsec += ns;
   if (t.tv_nsec >= 1000000000L) {
     t.tv_sec++;
     t.tv_nsec -= 1000000000L;
   }
   return t;
+}
+
+struct timespec es_timespec_add(const struct timespec *from, int64_t ms) {
+  return add_parts(from, ms / 1000, (long)(ms % 1000) * 1000000L);
 }
 
 struct timespec es_timespec_in(clockid_t clock, int64_t ms) {
@@ -60,13 +67,7 @@ struct timespec es_timespec_in(clockid_t clock, int64_t ms) {
 }
 
 struct timespec es_timespec_in_us(clockid_t clock, int64_t us) {
-  struct timespec t;
-  clock_gettime(clock, &t);
-  t.tv_sec += (time_t)(us / 1000000);
-  t.tv_nsec += (long)(us % 1000000) * 1000L;
-  if (t.tv_nsec >= 1000000000L) {
-    t.tv_sec++;
-    t.tv_nsec -= 1000000000L;
-  }
-  return t;
+  struct timespec now;
+  clock_gettime(clock, &now);
+  return add_parts(&now, us / 1000000, (long)(us % 1000000) * 1000L);
 }
