@@ -358,7 +358,8 @@ static void release_events(es_engine *e, es_event **evs, size_t n) {
 }
 
 /* Takes the oldest queued event into *out; 0 when the queue is empty.
- * *last: it was the last one queued. Taking the queue down to its
+ * *last: it was the last one queued, and no claim is under way. Taking
+ * the queue down to its
  * low-water mark wakes the prefetcher ("Claims ahead"), unless the event
  * taken is an attempt after a lost one, which runs alone. */
 static int queue_pop(es_engine *e, queued_event *out, int *lone, int *last) {
@@ -370,7 +371,6 @@ static int queue_pop(es_engine *e, queued_event *out, int *lone, int *last) {
     *out = e->q[e->q_head];
     e->q_head = (e->q_head + 1) % e->q_cap;
     e->q_n--;
-    *last = e->q_n == 0;
     *lone = es_lost_attempts(&out->ev) > 0;
     if (*lone)
       e->lone_out++; /* no claim ahead until it ends (lone_done) */
@@ -378,6 +378,9 @@ static int queue_pop(es_engine *e, queued_event *out, int *lone, int *last) {
       e->pf_want = 1;
       pthread_cond_signal(&e->pf_cond);
     }
+    /* nothing more queued nor being claimed: what this worker runs next
+     * may wait on this event's completion */
+    *last = e->q_n == 0 && !e->claiming;
   }
   pthread_mutex_unlock(&e->q_mu);
   return got;

@@ -250,6 +250,7 @@ struct es_engine {
   int64_t c_busy_since;       /* handed_ms of the oldest completion being committed (0: none) */
   int c_quit;
   int c_napping;              /* the completer's short wait after a batch (completions.c) */
+  atomic_int c_cheap;         /* the completer's last batch took under NAP_US / 2 (completions.c) */
   atomic_llong unacked;       /* handed over and not yet answered by the store */
 
   /* Store outages (engine.c "Riding out a store outage"): */
@@ -372,7 +373,8 @@ typedef struct job {
   size_t n;
   es_cancel *cancel; /* malloc'd: the handler's ctx.cancel calls (§3.2), with their reasons */
   size_t n_cancel;
-  int last;          /* the queue was empty once this event was taken: its completion is awaited */
+  int last;          /* nothing was queued or being claimed once this event was taken: its
+                      * completion is awaited (completions.c "Naps") */
   int64_t start_ms;  /* es_mono_ms when the call began */
   int64_t done_ms;   /* ... and when it returned (the hand-over's time) */
 } job;
