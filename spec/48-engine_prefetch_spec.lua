@@ -34,6 +34,32 @@ local function new_gate()
   return gate
 end
 
+-- One worker of a fresh engine A (on a new store at url, handlers "fast"
+-- and "gated") runs `events` in session "s" until idle; the gated handler
+-- waits for a gate the run's progress opens once opened(t, now) holds
+-- (looked at every 10 ms). Returns t, the run's result, and whether the
+-- gate was opened.
+local function run_gated(url, why, events, opened)
+  local t = eh.setup(url)
+  local gate = new_gate()
+  t.handler("gated", gated(gate, why))
+  t.handler("fast", FAST)
+  local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1 })
+  t.store:append("s", events)
+  local seen
+  local r = a:run({
+    until_idle = true,
+    progress_ms = 10,
+    progress = function(now)
+      if seen or not opened(t, now) then return end
+      seen = true
+      eh.write_file(gate, "open")
+    end,
+  })
+  os.remove(gate)
+  return t, r, seen
+end
+
 local SLOW = [[return function(e)
   os.execute("sleep 1.5")
   return {{type = "slow.done", payload = {of = e.index}}}
@@ -171,26 +197,13 @@ for _, url in ipairs(helpers.urls()) do
       -- is still in the first handler. That handler waits for a gate the
       -- test opens once it has seen the second event claimed by A; without
       -- claims ahead it never opens, and the handler gives up.
-      local t = eh.setup(url)
-      local gate = new_gate()
-      t.handler("gated", gated(gate, "nothing was claimed while this handler ran"))
-      t.handler("fast", FAST)
-      local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1 })
-      t.store:append("s", { { type = "gated" }, { type = "fast" }, { type = "fast" } })
-      local seen
-      local r = a:run({
-        until_idle = true,
-        progress_ms = 10,
-        progress = function(now)
-          if seen or now.busy == 0 then return end
+      local t, r, seen = run_gated(url, "nothing was claimed while this handler ran",
+        { { type = "gated" }, { type = "fast" }, { type = "fast" } },
+        function(t, now)
+          if now.busy == 0 then return false end
           local second = eh.event(t.store, "s", 2)
-          if second.status == "pending" and second.claim_holder == "A" then
-            seen = true
-            eh.write_file(gate, "open")
-          end
-        end,
-      })
-      os.remove(gate)
+          return second.status == "pending" and second.claim_holder == "A"
+        end)
       assert.is_true(seen, "the second event was not claimed while the first handler ran")
       assert.are.same({ handled = 3, failed = 0, dead = 0 }, eh.counts(r))
       for i = 1, 3 do
@@ -208,28 +221,11 @@ for _, url in ipairs(helpers.urls()) do
       -- held until the worker is done with its next handler. The one
       -- worker runs twenty fast events, then one that waits for a gate the
       -- test opens once all twenty results are stored.
-      local t = eh.setup(url)
-      local gate = new_gate()
-      t.handler("gated", gated(gate, "the fast events' completions did not land while this handler ran"))
-      t.handler("fast", FAST)
-      local a = t.engine({ holder = "A", ttl_ms = 600000, workers = 1 })
       local batch = {}
       for i = 1, 20 do batch[i] = { type = "fast" } end
       batch[21] = { type = "gated" }
-      t.store:append("s", batch)
-      local seen
-      local r = a:run({
-        until_idle = true,
-        progress_ms = 10,
-        progress = function()
-          if seen then return end
-          if #results(t.store, "s", "fast.done") == 20 then
-            seen = true
-            eh.write_file(gate, "open")
-          end
-        end,
-      })
-      os.remove(gate)
+      local t, r, seen = run_gated(url, "the fast events' completions did not land while this handler ran",
+        batch, function(t) return #results(t.store, "s", "fast.done") == 20 end)
       assert.is_true(seen, "the fast events' results were not all stored while the gated handler ran")
       assert.are.same({ handled = 21, failed = 0, dead = 0 }, eh.counts(r))
       assert.are.equal("processed", eh.event(t.store, "s", 21).status)
