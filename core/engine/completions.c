@@ -41,8 +41,9 @@
  * event or two, with one worker a third of the dispatch rate
  * (bench/README.md "Completions in naps"). What stays prompt: a nap ends
  * at once when NAP_FULL completions wait, when a worker hands over the
- * last event it had queued (awaited: what it claims next may wait on
- * it, the next of a lane, an until_idle run's end), or when a worker
+ * last event it had queued with no claim under way (awaited: what it
+ * claims next may wait on it, the next of a lane, an until_idle run's
+ * end), or when a worker
  * finds its queue empty (es_completer_kick); after a nap that found
  * nothing the completer sleeps until the next hand-over wakes it. No nap
  * after a batch that took NAP_US / 2 or more (a sync, a round trip:
@@ -199,8 +200,8 @@ void es_hand_over(job *j, const claim_info *c) {
   else e->c_head = p;
   e->c_tail = p;
   /* the completer waits only on an empty list; a nap ends by itself
-   * ("Naps"), or here once NAP_FULL wait or this worker has nothing
-   * queued (what it claims next may wait on this completion) */
+   * ("Naps"), or here once NAP_FULL wait or this completion is awaited
+   * (what the worker claims next may wait on it) */
   size_t was = e->c_n++;
   if (e->c_napping ? e->c_n >= NAP_FULL || p->awaited : was == 0) {
     e->c_napping = 0;
