@@ -60,8 +60,9 @@
  * completer's, then the worker's on c_done) for a write of a few
  * microseconds. One lane run in turn went from ~36,000 to ~116,000
  * events a second on memory: (bench/README.md "Awaited completions").
- * Where a completion is a sync or a round trip, the hand-over stays: the
- * completer shares one commit among workers. */
+ * Where batches take longer (a sync; a round trip, unless the server is
+ * fast and near), the hand-over stays: the completer shares one commit
+ * among workers. The rule is the measured time, not the backend. */
 #define NAP_US 500
 #define NAP_FULL COMPLETE_MIN
 
