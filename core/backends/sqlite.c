@@ -70,6 +70,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sqlite_vfs.h"
 #include "store/backend.h"
 #include "store/backend_sql.h"
 #include "store/counts.h"
@@ -1506,7 +1507,9 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
     name = uri;
     flags |= SQLITE_OPEN_URI;
   }
-  rc = sqlite3_open_v2(name, &c->db, flags, NULL);
+  /* sqlite_vfs.c: the default VFS, with WAL writes gathered where a
+   * connection turns that on; the default itself if it cannot be had */
+  rc = sqlite3_open_v2(name, &c->db, flags, sq_vfs_register() == SQLITE_OK ? SQ_VFS_NAME : NULL);
   free(uri);
   if (rc != SQLITE_OK) {
     int sys = c->db ? sqlite3_system_errno(c->db) : 0;
@@ -1547,6 +1550,8 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
     snprintf(sql, sizeof sql, "PRAGMA synchronous = %s",
              b->sync == SQ_SYNC_FULL ? "FULL" : "NORMAL");
     if ((code = sq_conn_exec(c, sql, "cannot read the file", err)) != ES_OK) goto fail;
+    /* docs/sqlite.md "WAL writes gathered": only where every commit syncs */
+    if (primary && b->sync == SQ_SYNC_FULL) sq_vfs_gather(c->db, 1);
   }
   /* §3.10: deleted rows and freed pages are overwritten with zeros, so a
    * shredded key or a dropped snapshot is not left in the file's free
@@ -2305,8 +2310,13 @@ enum { SQ_LAZY_OFF = 0, SQ_LAZY_ON, SQ_LAZY_STUCK };
 
 static int sq_lazy_begin(es_backend *b) {
   if (b->sync != SQ_SYNC_FULL || b->mode == SQ_MODE_RO || b->lazy != SQ_LAZY_OFF) return ES_STORAGE;
-  if (sqlite3_exec(b->w.db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL) != SQLITE_OK)
+  /* a NORMAL commit does not sync the WAL, where gathered frames are
+   * written out (sqlite_vfs.h): off first */
+  sq_vfs_gather(b->w.db, 0);
+  if (sqlite3_exec(b->w.db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL) != SQLITE_OK) {
+    sq_vfs_gather(b->w.db, 1);
     return ES_STORAGE;
+  }
   b->lazy = SQ_LAZY_ON;
   return ES_OK;
 }
@@ -2317,6 +2327,7 @@ static int sq_lazy_restore(es_backend *b) {
     b->lazy = SQ_LAZY_STUCK;
     return ES_STORAGE;
   }
+  sq_vfs_gather(b->w.db, 1);
   b->lazy = SQ_LAZY_OFF;
   return ES_OK;
 }
