@@ -4,7 +4,8 @@
  * transactions and savepoints, read isolation, the read pool, several
  * handles on one file, the schema version rule and migration, and the
  * failures that must be ES_STORAGE with a message naming the cause (newer
- * schema, corrupt file, read-only, missing directory, full disk).
+ * schema, corrupt file, read-only, missing directory, full disk), and the
+ * VFS's gathered WAL writes (sqlite_vfs.c).
  *
  * Cases every backend shares are written once in backend_test.c (memory,
  * sqlite and postgres): snapshots, sessions, session_children, lanes,
@@ -34,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/sqlite_vfs.h"
 #include "store/backend.h"
 #include "backend_txn.h"
 #include "row_eq.h"
@@ -1689,6 +1691,229 @@ static void test_disk_full(void) {
   free(p);
 }
 
+/* ---- the VFS's gathered WAL writes (docs/sqlite.md "WAL writes gathered")
+ *
+ * A VFS of the test's own, made the default before the backend's first
+ * open, sits below the backend's VFS (which wraps whatever is the default
+ * when it registers): it sees the system calls the backend's VFS makes.
+ * It counts the writes to WAL files and, while armed, fails them as a full
+ * disk does (SQLITE_FULL, what the unix VFS returns for ENOSPC). */
+static sqlite3_vfs fv_vfs;
+static sqlite3_vfs *fv_real;
+static int fv_fail;           /* 1: every WAL write fails with SQLITE_FULL */
+static long fv_writes;        /* WAL writes seen */
+static long long fv_bytes;    /* ... and their bytes */
+
+typedef struct fv_file {
+  sqlite3_file base;
+  sqlite3_file *real;
+  int wal;
+} fv_file;
+static sqlite3_io_methods fv_methods;
+#define FV_HEAD ((int)((sizeof(fv_file) + 15) & ~(size_t)15))
+
+static int fv_write(sqlite3_file *file, const void *in, int amt, sqlite3_int64 off) {
+  fv_file *f = (fv_file *)file;
+  if (f->wal) {
+    if (fv_fail) return SQLITE_FULL;
+    fv_writes++;
+    fv_bytes += amt;
+  }
+  return f->real->pMethods->xWrite(f->real, in, amt, off);
+}
+
+/* Every other method forwards: the real file's table is copied once, with
+ * xWrite replaced and each method given the real file (fv_file's first
+ * member is the base, so the real methods get f->real through these). */
+#define FV_FWD(name, args, call)                                                                   \
+  static int fv_##name args {                                                                      \
+    fv_file *f = (fv_file *)file;                                                                  \
+    return f->real->pMethods->x##call;                                                             \
+  }
+FV_FWD(close_, (sqlite3_file * file), Close(f->real))
+FV_FWD(read, (sqlite3_file * file, void *o, int n, sqlite3_int64 off), Read(f->real, o, n, off))
+FV_FWD(truncate, (sqlite3_file * file, sqlite3_int64 n), Truncate(f->real, n))
+FV_FWD(sync, (sqlite3_file * file, int fl), Sync(f->real, fl))
+FV_FWD(size, (sqlite3_file * file, sqlite3_int64 *n), FileSize(f->real, n))
+FV_FWD(lock, (sqlite3_file * file, int l), Lock(f->real, l))
+FV_FWD(unlock, (sqlite3_file * file, int l), Unlock(f->real, l))
+FV_FWD(reserved, (sqlite3_file * file, int *o), CheckReservedLock(f->real, o))
+FV_FWD(fcntl_, (sqlite3_file * file, int op, void *a), FileControl(f->real, op, a))
+FV_FWD(sector, (sqlite3_file * file), SectorSize(f->real))
+FV_FWD(devchar, (sqlite3_file * file), DeviceCharacteristics(f->real))
+FV_FWD(shm_map, (sqlite3_file * file, int pg, int sz, int ext, void volatile **o),
+       ShmMap(f->real, pg, sz, ext, o))
+FV_FWD(shm_lock, (sqlite3_file * file, int off, int n, int fl), ShmLock(f->real, off, n, fl))
+FV_FWD(shm_unmap, (sqlite3_file * file, int del), ShmUnmap(f->real, del))
+FV_FWD(fetch, (sqlite3_file * file, sqlite3_int64 off, int n, void **o), Fetch(f->real, off, n, o))
+FV_FWD(unfetch, (sqlite3_file * file, sqlite3_int64 off, void *p), Unfetch(f->real, off, p))
+static void fv_barrier(sqlite3_file *file) {
+  fv_file *f = (fv_file *)file;
+  f->real->pMethods->xShmBarrier(f->real);
+}
+
+static int fv_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *file, int flags, int *out) {
+  (void)vfs;
+  fv_file *f = (fv_file *)file;
+  memset(f, 0, sizeof *f);
+  f->real = (sqlite3_file *)((char *)f + FV_HEAD);
+  f->wal = (flags & SQLITE_OPEN_WAL) != 0;
+  int rc = fv_real->xOpen(fv_real, name, f->real, flags, out);
+  f->base.pMethods = f->real->pMethods ? &fv_methods : NULL;
+  return rc;
+}
+
+/* Registers the test's VFS as the default: first thing in main, before
+ * the backend's VFS registers on top of it. */
+static void fv_register(void) {
+  fv_real = sqlite3_vfs_find(NULL);
+  fv_vfs = *fv_real;
+  fv_vfs.zName = "es-test-faults";
+  fv_vfs.szOsFile = FV_HEAD + fv_real->szOsFile;
+  fv_vfs.xOpen = fv_open;
+  fv_vfs.pNext = NULL;
+  fv_methods = (sqlite3_io_methods){3,         fv_close_, fv_read,    fv_write,  fv_truncate,
+                                    fv_sync,   fv_size,   fv_lock,    fv_unlock, fv_reserved,
+                                    fv_fcntl_, fv_sector, fv_devchar, fv_shm_map, fv_shm_lock,
+                                    fv_barrier, fv_shm_unmap, fv_fetch, fv_unfetch};
+  if (sqlite3_vfs_register(&fv_vfs, 1) != SQLITE_OK) printf("# could not register the test VFS\n");
+}
+
+/* One transaction of n events of ~1 KB into session s; the WAL writes it
+ * made. ES_OK or the commit's code (err filled). */
+static int gather_commit(es_backend *b, int lazy, const char *s, int n, long *writes, long long *bytes,
+                         es_err *err) {
+  char payload[1000], id[64];
+  memset(payload, 'g', sizeof payload);
+  payload[0] = '"';
+  payload[sizeof payload - 2] = '"';
+  payload[sizeof payload - 1] = '\0';
+  es_txn *t;
+  int is_lazy = lazy && B->lazy_begin(b) == ES_OK;
+  fv_writes = 0;
+  fv_bytes = 0;
+  int rc = tx_write_begin(B, b, &t, err);
+  for (int i = 1; rc == ES_OK && i <= n; i++) {
+    es_event e;
+    snprintf(id, sizeof id, "%s-%d", s, i);
+    ev_make(&e, s, i, id, payload);
+    rc = B->event_insert(BK(t), t, &e, err);
+  }
+  if (rc == ES_OK) rc = B->write_commit(BK(t), t, err);
+  else B->write_rollback(BK(t), t);
+  if (is_lazy) B->lazy_end(b);
+  *writes = fv_writes;
+  *bytes = fv_bytes;
+  return rc;
+}
+
+/* The number of events of session s another handle on the file reads. */
+static int64_t events_seen(const char *path, const char *s) {
+  es_backend *r = open_ok(path, NULL);
+  es_txn *t;
+  es_err err = {0};
+  collect c = {0};
+  int64_t n = -1;
+  if (r && tx_read_begin(B, r, &t, &err) == ES_OK) {
+    if (B->event_range(BK(t), t, s, 0, ES_NONE, ES_NONE, collect_event, &c, &err) == ES_OK)
+      n = (int64_t)c.evs.n;
+    B->read_end(BK(t), t);
+  }
+  collect_reset(&c);
+  if (r) B->close(r);
+  return n;
+}
+
+static void test_wal_gathered(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  es_err err = {0};
+  long w;
+  long long bytes;
+  if (!b || !fv_real) {
+    CHECK(0, "open a store over the test VFS");
+    if (b) B->close(b);
+    free(p);
+    return;
+  }
+  /* Gathering: a commit of ~200 pages is written in a handful of calls,
+   * where SQLite alone makes two per page (header, then page). */
+  int rc = gather_commit(b, 0, "a", 300, &w, &bytes, &err);
+  long frames = (long)(bytes / (4096 + 24));
+  printf("# sync=full: %lld WAL bytes (%ld frames) in %ld writes\n", bytes, frames, w);
+  CHECK(rc == ES_OK && frames >= 100 && w <= bytes / SQ_VFS_GATHER_BYTES + 3,
+        "sync=full: a commit's WAL frames are written one call per 128 KiB, not two per page");
+  /* A claim's lazy (NORMAL) commit has no sync to write a buffer out at:
+   * gathering is off for it, and back on after it. */
+  rc = gather_commit(b, 1, "b", 300, &w, &bytes, &err);
+  frames = (long)(bytes / (4096 + 24));
+  printf("# lazy commit: %lld WAL bytes (%ld frames) in %ld writes\n", bytes, frames, w);
+  CHECK(rc == ES_OK && frames >= 100 && w >= 2 * frames,
+        "a lazy commit writes its frames itself, two calls per page (nothing left buffered)");
+  rc = gather_commit(b, 0, "c", 300, &w, &bytes, &err);
+  CHECK(rc == ES_OK && w <= bytes / SQ_VFS_GATHER_BYTES + 3, "... and the next durable commit gathers again");
+
+  /* A full disk when the gathered frames are written at the commit's
+   * sync (a commit smaller than the buffer, so no write happens before):
+   * the commit fails with the disk's error, no reader ever sees its rows,
+   * and the store goes on from where it was. */
+  fv_fail = 1;
+  rc = gather_commit(b, 0, "d", 20, &w, &bytes, &err);
+  fv_fail = 0;
+  printf("# commit over a full WAL: %s %s\n", es_strerror(rc), err.msg);
+  CHECK(rc == ES_STORAGE && has(err.msg, "disk full"),
+        "gathered frames that cannot be written fail their commit: ES_STORAGE 'disk full'");
+  CHECK(events_seen(p, "d") == 0 && events_seen(p, "c") == 300,
+        "... and another handle sees none of its rows, and every row before it");
+  es_txn *t;
+  es_event got;
+  int seen = 0;
+  if (tx_read_begin(B, b, &t, &err) == ES_OK) {
+    if (B->event_get(BK(t), t, "d", 1, &got, &err) == ES_OK) {
+      seen = 1;
+      es_event_destroy(&got);
+    }
+    B->read_end(BK(t), t);
+  }
+  CHECK(!seen, "... nor does the handle that committed");
+  /* the same for a lazy commit, whose frames are never buffered */
+  fv_fail = 1;
+  rc = gather_commit(b, 1, "d", 10, &w, &bytes, &err);
+  fv_fail = 0;
+  CHECK(rc == ES_STORAGE && events_seen(p, "d") == 0,
+        "a lazy commit over a full WAL fails too, and stores nothing");
+  rc = gather_commit(b, 0, "d", 300, &w, &bytes, &err);
+  CHECK(rc == ES_OK && events_seen(p, "d") == 300, "the store takes the same commit once there is room");
+  B->close(b);
+  b = open_ok(p, NULL);
+  CHECK(b && events_seen(p, "a") == 300 && events_seen(p, "b") == 300 && events_seen(p, "d") == 300,
+        "reopened, every acknowledged commit is there");
+  if (b) B->close(b);
+  rm_db(p);
+
+  /* The last guard, which the backend's rules never reach: a connection
+   * that gathers without syncing its commits (here one opened by hand,
+   * synchronous = NORMAL) has its frames written out at the shm barrier,
+   * before the commit is published. That write failing cannot fail the
+   * commit (the barrier returns nothing), so the WAL refuses every later
+   * write: no commit is ever made on top of frames that are not there. */
+  sqlite3 *db = NULL;
+  int ok = sqlite3_open_v2(p, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, SQ_VFS_NAME) == SQLITE_OK &&
+           sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; CREATE TABLE t(x)", NULL,
+                        NULL, NULL) == SQLITE_OK &&
+           sq_vfs_gather(db, 1) == SQLITE_OK;
+  fv_fail = 1;
+  int first = sqlite3_exec(db, "INSERT INTO t VALUES (1)", NULL, NULL, NULL);
+  fv_fail = 0;
+  int later = sqlite3_exec(db, "INSERT INTO t VALUES (2)", NULL, NULL, NULL);
+  printf("# gathering without a sync, the barrier's write failing: %s, then %s\n", sqlite3_errstr(first),
+         sqlite3_errstr(later));
+  CHECK(ok && later != SQLITE_OK, "a gathered write that failed at the barrier fails every later commit");
+  sqlite3_close(db);
+  rm_db(p);
+  free(p);
+}
+
 /* O(log n): the indexed ops must not slow down with the number of rows. */
 static void test_scale(void) {
   char *p = tmp_path();
@@ -2988,6 +3213,7 @@ static void test_throughput(void) {
 }
 
 int main(void) {
+  fv_register();
   test_open_fresh();
   test_events();
   test_event_copy();
@@ -3010,6 +3236,7 @@ int main(void) {
   test_foreign_files();
   test_read_only_media();
   test_disk_full();
+  test_wal_gathered();
   test_scale();
   test_fork_copy();
   test_throughput();
