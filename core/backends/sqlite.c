@@ -807,6 +807,7 @@ struct es_backend {
   int mode;                        /* SQ_MODE_* */
   int sync;                        /* SQ_SYNC_* */
   int lazy;                        /* SQ_LAZY_*: a claim's transaction without sync (sq_lazy_begin) */
+  int gathered;                    /* 1: the write connection's WAL writes are gathered (sqlite_vfs.h) */
   int busy_ms;
   int max_readers;
   int64_t max_pages;               /* 0: no cap */
@@ -1551,7 +1552,7 @@ static int sq_conn_open(es_backend *b, sq_conn *c, int primary, es_err *err) {
              b->sync == SQ_SYNC_FULL ? "FULL" : "NORMAL");
     if ((code = sq_conn_exec(c, sql, "cannot read the file", err)) != ES_OK) goto fail;
     /* docs/sqlite.md "WAL writes gathered": only where every commit syncs */
-    if (primary && b->sync == SQ_SYNC_FULL) sq_vfs_gather(c->db, 1);
+    if (primary && b->sync == SQ_SYNC_FULL) b->gathered = sq_vfs_gather(c->db, 1) == SQLITE_OK;
   }
   /* §3.10: deleted rows and freed pages are overwritten with zeros, so a
    * shredded key or a dropped snapshot is not left in the file's free
@@ -2299,17 +2300,27 @@ static void sq_reclaim_wal(es_backend *b) {
 }
 
 /* Claims and power loss (docs/sqlite.md): with sync=full, a claim_next
- * alone in its transaction commits with synchronous=NORMAL: in WAL mode
- * the commit is in the WAL (safe from a process crash) without an fsync,
- * and the next FULL commit's fsync of the WAL makes it durable with
- * everything before it. SQLite refuses to change synchronous inside a
- * transaction, so it is set before BEGIN and back after the end; a
- * restore that failed is done again (or the write refused) by the next
- * sq_write_begin, so no other transaction ever commits without its sync. */
-enum { SQ_LAZY_OFF = 0, SQ_LAZY_ON, SQ_LAZY_STUCK };
+ * alone in its transaction commits as synchronous=NORMAL does: in WAL
+ * mode the commit is in the WAL (safe from a process crash) without an
+ * fsync, and the next FULL commit's fsync of the WAL makes it durable
+ * with everything before it.
+ *
+ * With the WAL's writes gathered (sqlite_vfs.h), the VFS does it: the
+ * connection stays FULL and the commit's sync writes the frames out
+ * without syncing them (sq_vfs_lazy), so the claim's frames are gathered
+ * too and a write error is the commit's. Without, synchronous is set to
+ * NORMAL before BEGIN (SQLite refuses to change it inside a transaction)
+ * and back after the end; a restore that failed is done again (or the
+ * write refused) by the next sq_write_begin, so no other transaction ever
+ * commits without its sync. */
+enum { SQ_LAZY_OFF = 0, SQ_LAZY_ON, SQ_LAZY_STUCK, SQ_LAZY_VFS };
 
 static int sq_lazy_begin(es_backend *b) {
   if (b->sync != SQ_SYNC_FULL || b->mode == SQ_MODE_RO || b->lazy != SQ_LAZY_OFF) return ES_STORAGE;
+  if (b->gathered && sq_vfs_lazy(b->w.db, 1) == SQLITE_OK) {
+    b->lazy = SQ_LAZY_VFS;
+    return ES_OK;
+  }
   /* a NORMAL commit does not sync the WAL, where gathered frames are
    * written out (sqlite_vfs.h): off first */
   sq_vfs_gather(b->w.db, 0);
@@ -2323,6 +2334,11 @@ static int sq_lazy_begin(es_backend *b) {
 
 static int sq_lazy_restore(es_backend *b) {
   if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
+  if (b->lazy == SQ_LAZY_VFS) {
+    sq_vfs_lazy(b->w.db, 0);
+    b->lazy = SQ_LAZY_OFF;
+    return ES_OK;
+  }
   if (sqlite3_exec(b->w.db, "PRAGMA synchronous = FULL", NULL, NULL, NULL) != SQLITE_OK) {
     b->lazy = SQ_LAZY_STUCK;
     return ES_STORAGE;

@@ -14,10 +14,12 @@
  * SQLite writes the new WAL-index header, after the frames are written
  * and, with synchronous = FULL, after the WAL's sync. So:
  *   - gathering is on only while the connection commits with FULL
- *     (sq_vfs_gather; the backend turns it off before a claim's NORMAL
- *     commit), and xSync writes the buffer out before it syncs: the bytes
- *     are in the file before the header that points at them, and an error
- *     writing them is the sync's error, which fails the commit;
+ *     (sq_vfs_gather), and xSync writes the buffer out before it syncs:
+ *     the bytes are in the file before the header that points at them,
+ *     and an error writing them is the sync's error, which fails the
+ *     commit. A lazy commit (sq_vfs_lazy: a claim's) is still a FULL
+ *     commit to SQLite, so it has that sync too; only its fsync is
+ *     skipped (vf_sync);
  *   - any other call on the WAL file that could see the file (a read, its
  *     size, a truncation, a write that is not the next append, closing
  *     it) writes the buffer out first, and returns that error;
@@ -42,8 +44,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A custom file control: the opcodes SQLite defines are small integers. */
+/* Custom file controls: the opcodes SQLite defines are small integers. */
 #define SQ_FCNTL_GATHER 0x45530001
+#define SQ_FCNTL_LAZY 0x45530002
 
 typedef struct vf_file vf_file;
 struct vf_file {
@@ -54,6 +57,7 @@ struct vf_file {
   vf_file *wal;       /* main database: its connection's WAL file, when open */
   vf_file *db;        /* WAL: its connection's main database file */
   int gather;         /* main database: 1 while its WAL's appends are gathered */
+  int lazy;           /* main database: 1 while its commits' WAL syncs are skipped (sq_vfs_lazy) */
   int broken;         /* WAL: a buffer could not be written where no error could be told */
   unsigned char *buf; /* WAL: pending bytes, to go at off */
   size_t len;
@@ -128,11 +132,20 @@ static int vf_truncate(sqlite3_file *file, sqlite3_int64 size) {
   return rc != SQLITE_OK ? rc : f->real->pMethods->xTruncate(f->real, size);
 }
 
+/* A lazy commit's sync (sq_vfs_lazy) writes its gathered frames out and
+ * stops there. Which sync is a commit's: frames are buffered and none of
+ * them is the WAL's header at offset 0. The header's sync (SQLite syncs a
+ * new header before the first frame after it) sees the header alone in
+ * the buffer, and a checkpoint's sees an empty one (the commit before it
+ * wrote its frames out): those two are done as always, which is what
+ * synchronous = NORMAL does too. */
 static int vf_sync(sqlite3_file *file, int flags) {
   vf_file *f = (vf_file *)file;
   if (f->broken) return SQLITE_IOERR_FSYNC;
+  int commit_only = f->db && f->db->lazy && f->len > 0 && f->off > 0;
   int rc = vf_flush(f);
-  return rc != SQLITE_OK ? rc : f->real->pMethods->xSync(f->real, flags);
+  if (rc != SQLITE_OK || commit_only) return rc;
+  return f->real->pMethods->xSync(f->real, flags);
 }
 
 static int vf_file_size(sqlite3_file *file, sqlite3_int64 *size) {
@@ -160,6 +173,10 @@ static int vf_file_control(sqlite3_file *file, int op, void *arg) {
   vf_file *f = (vf_file *)file;
   if (op == SQ_FCNTL_GATHER && f->name) {
     f->gather = *(int *)arg != 0;
+    return SQLITE_OK;
+  }
+  if (op == SQ_FCNTL_LAZY && f->name) {
+    f->lazy = *(int *)arg != 0;
     return SQLITE_OK;
   }
   return f->real->pMethods->xFileControl(f->real, op, arg);
@@ -338,9 +355,13 @@ int sq_vfs_register(void) {
   return vf_registered;
 }
 
-int sq_vfs_gather(sqlite3 *db, int on) {
+static int vf_control(sqlite3 *db, int op, int on) {
   sqlite3_vfs *v = NULL;
   if (sqlite3_file_control(db, "main", SQLITE_FCNTL_VFS_POINTER, &v) != SQLITE_OK || v != &vf_vfs)
     return SQLITE_NOTFOUND;
-  return sqlite3_file_control(db, "main", SQ_FCNTL_GATHER, &on);
+  return sqlite3_file_control(db, "main", op, &on);
 }
+
+int sq_vfs_gather(sqlite3 *db, int on) { return vf_control(db, SQ_FCNTL_GATHER, on); }
+
+int sq_vfs_lazy(sqlite3 *db, int on) { return vf_control(db, SQ_FCNTL_LAZY, on); }

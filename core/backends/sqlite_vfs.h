@@ -28,4 +28,12 @@ int sq_vfs_register(void);
  * is not on this VFS. */
 int sq_vfs_gather(sqlite3 *db, int on);
 
+/* Lazy commits on (1) or off (0) for db's main file, whose gathering is
+ * on: a commit's sync of the WAL writes the frames out without syncing
+ * them, as synchronous = NORMAL commits (the WAL header's sync and a
+ * checkpoint's are still made). For a claim's transaction (docs/sqlite.md
+ * "Claims and power loss"): its frames are gathered too, and a write
+ * error is still the commit's. SQLITE_OK, or SQLITE_NOTFOUND as above. */
+int sq_vfs_lazy(sqlite3 *db, int on);
+
 #endif

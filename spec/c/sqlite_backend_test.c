@@ -1696,13 +1696,16 @@ static void test_disk_full(void) {
  * A VFS of the test's own, made the default before the backend's first
  * open, sits below the backend's VFS (which wraps whatever is the default
  * when it registers): it sees the system calls the backend's VFS makes.
- * It counts the writes to WAL files and, while armed, fails them as a full
- * disk does (SQLITE_FULL, what the unix VFS returns for ENOSPC). */
+ * It counts the writes and syncs of WAL files and, while armed, fails the
+ * writes as a full disk does (SQLITE_FULL, what the unix VFS returns for
+ * ENOSPC). */
 static sqlite3_vfs fv_vfs;
 static sqlite3_vfs *fv_real;
 static int fv_fail;           /* 1: every WAL write fails with SQLITE_FULL */
 static long fv_writes;        /* WAL writes seen */
 static long long fv_bytes;    /* ... and their bytes */
+static long fv_headers;       /* ... of them at offset 0: a new WAL header */
+static long fv_syncs;         /* WAL syncs seen */
 
 typedef struct fv_file {
   sqlite3_file base;
@@ -1718,8 +1721,15 @@ static int fv_write(sqlite3_file *file, const void *in, int amt, sqlite3_int64 o
     if (fv_fail) return SQLITE_FULL;
     fv_writes++;
     fv_bytes += amt;
+    fv_headers += off == 0;
   }
   return f->real->pMethods->xWrite(f->real, in, amt, off);
+}
+
+static int fv_sync(sqlite3_file *file, int flags) {
+  fv_file *f = (fv_file *)file;
+  fv_syncs += f->wal;
+  return f->real->pMethods->xSync(f->real, flags);
 }
 
 /* Every other method forwards: the real file's table is copied once, with
@@ -1733,7 +1743,6 @@ static int fv_write(sqlite3_file *file, const void *in, int amt, sqlite3_int64 o
 FV_FWD(close_, (sqlite3_file * file), Close(f->real))
 FV_FWD(read, (sqlite3_file * file, void *o, int n, sqlite3_int64 off), Read(f->real, o, n, off))
 FV_FWD(truncate, (sqlite3_file * file, sqlite3_int64 n), Truncate(f->real, n))
-FV_FWD(sync, (sqlite3_file * file, int fl), Sync(f->real, fl))
 FV_FWD(size, (sqlite3_file * file, sqlite3_int64 *n), FileSize(f->real, n))
 FV_FWD(lock, (sqlite3_file * file, int l), Lock(f->real, l))
 FV_FWD(unlock, (sqlite3_file * file, int l), Unlock(f->real, l))
@@ -1779,10 +1788,11 @@ static void fv_register(void) {
   if (sqlite3_vfs_register(&fv_vfs, 1) != SQLITE_OK) printf("# could not register the test VFS\n");
 }
 
-/* One transaction of n events of ~1 KB into session s; the WAL writes it
- * made. ES_OK or the commit's code (err filled). */
-static int gather_commit(es_backend *b, int lazy, const char *s, int n, long *writes, long long *bytes,
-                         es_err *err) {
+/* One transaction of n events of ~1 KB into session s, lazy (a claim's
+ * kind of commit, backend.h lazy_begin) or not; the fv_ counters then
+ * hold the WAL writes and syncs it made. ES_OK or the commit's code (err
+ * filled). */
+static int gather_commit(es_backend *b, int lazy, const char *s, int n, es_err *err) {
   char payload[1000], id[64];
   memset(payload, 'g', sizeof payload);
   payload[0] = '"';
@@ -1790,7 +1800,7 @@ static int gather_commit(es_backend *b, int lazy, const char *s, int n, long *wr
   payload[sizeof payload - 1] = '\0';
   es_txn *t;
   int is_lazy = lazy && B->lazy_begin(b) == ES_OK;
-  fv_writes = 0;
+  fv_writes = fv_headers = fv_syncs = 0;
   fv_bytes = 0;
   int rc = tx_write_begin(B, b, &t, err);
   for (int i = 1; rc == ES_OK && i <= n; i++) {
@@ -1802,8 +1812,6 @@ static int gather_commit(es_backend *b, int lazy, const char *s, int n, long *wr
   if (rc == ES_OK) rc = B->write_commit(BK(t), t, err);
   else B->write_rollback(BK(t), t);
   if (is_lazy) B->lazy_end(b);
-  *writes = fv_writes;
-  *bytes = fv_bytes;
   return rc;
 }
 
@@ -1824,41 +1832,68 @@ static int64_t events_seen(const char *path, const char *s) {
   return n;
 }
 
+/* A commit's WAL frames in one write per SQ_VFS_GATHER_BYTES (at most
+ * two more: a new WAL header, and a run that straddles the buffer's end),
+ * where SQLite alone makes two per page (frame header, then page). */
+static int gathered(void) { return fv_writes <= fv_bytes / SQ_VFS_GATHER_BYTES + 3; }
+
+/* Checkpoints the file to an empty WAL, from a connection of its own: the
+ * next commit starts the WAL over, with a new header at offset 0. */
+static int wal_truncate(const char *path) {
+  sqlite3 *db = NULL;
+  int log = -1;
+  /* a read first: a connection learns the file is in WAL mode then */
+  int rc = sqlite3_open(path, &db);
+  if (rc == SQLITE_OK) rc = sqlite3_exec(db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);
+  if (rc == SQLITE_OK) rc = sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, NULL);
+  sqlite3_close(db);
+  return rc == SQLITE_OK && log == 0;
+}
+
 static void test_wal_gathered(void) {
   char *p = tmp_path();
   es_backend *b = open_ok(p, NULL);
   es_err err = {0};
-  long w;
-  long long bytes;
   if (!b || !fv_real) {
     CHECK(0, "open a store over the test VFS");
     if (b) B->close(b);
     free(p);
     return;
   }
-  /* Gathering: a commit of ~200 pages is written in a handful of calls,
-   * where SQLite alone makes two per page (header, then page). */
-  int rc = gather_commit(b, 0, "a", 300, &w, &bytes, &err);
-  long frames = (long)(bytes / (4096 + 24));
-  printf("# sync=full: %lld WAL bytes (%ld frames) in %ld writes\n", bytes, frames, w);
-  CHECK(rc == ES_OK && frames >= 100 && w <= bytes / SQ_VFS_GATHER_BYTES + 3,
+  int rc = gather_commit(b, 0, "a", 300, &err);
+  long frames = (long)(fv_bytes / (4096 + 24));
+  printf("# durable commit: %lld WAL bytes (%ld frames) in %ld writes, %ld syncs (%ld new header)\n",
+         fv_bytes, frames, fv_writes, fv_syncs, fv_headers);
+  CHECK(rc == ES_OK && frames >= 100 && gathered(),
         "sync=full: a commit's WAL frames are written one call per 128 KiB, not two per page");
-  /* A claim's lazy (NORMAL) commit has no sync to write a buffer out at:
-   * gathering is off for it, and back on after it. */
-  rc = gather_commit(b, 1, "b", 300, &w, &bytes, &err);
-  frames = (long)(bytes / (4096 + 24));
-  printf("# lazy commit: %lld WAL bytes (%ld frames) in %ld writes\n", bytes, frames, w);
-  CHECK(rc == ES_OK && frames >= 100 && w >= 2 * frames,
-        "a lazy commit writes its frames itself, two calls per page (nothing left buffered)");
-  rc = gather_commit(b, 0, "c", 300, &w, &bytes, &err);
-  CHECK(rc == ES_OK && w <= bytes / SQ_VFS_GATHER_BYTES + 3, "... and the next durable commit gathers again");
+  CHECK(fv_syncs == 1 + fv_headers, "... and synced once (and its new WAL header once before them)");
+  /* A claim's lazy commit (docs/sqlite.md "Claims and power loss"): its
+   * frames are gathered too, and written out without a sync of their own */
+  rc = gather_commit(b, 1, "b", 300, &err);
+  frames = (long)(fv_bytes / (4096 + 24));
+  printf("# lazy commit: %lld WAL bytes (%ld frames) in %ld writes, %ld syncs (%ld new header)\n", fv_bytes,
+         frames, fv_writes, fv_syncs, fv_headers);
+  CHECK(rc == ES_OK && frames >= 100 && gathered() && fv_syncs == fv_headers,
+        "a lazy commit's frames are gathered and not synced");
+  rc = gather_commit(b, 0, "c", 300, &err);
+  CHECK(rc == ES_OK && gathered() && fv_syncs == 1 + fv_headers,
+        "... and the next durable commit is synced, which makes the lazy one durable too");
+  /* A lazy commit that starts the WAL over still syncs the new header
+   * before its frames, as synchronous = NORMAL does: a header not on disk
+   * could make recovery drop frames after it that later commits synced. */
+  int truncated = wal_truncate(p);
+  rc = gather_commit(b, 1, "e", 10, &err);
+  printf("# lazy commit on an emptied WAL: %ld writes, %ld syncs (%ld new header)\n", fv_writes, fv_syncs,
+         fv_headers);
+  CHECK(truncated && rc == ES_OK && fv_headers == 1 && fv_syncs == 1,
+        "a lazy commit that starts the WAL over syncs its new header, and only that");
 
   /* A full disk when the gathered frames are written at the commit's
    * sync (a commit smaller than the buffer, so no write happens before):
    * the commit fails with the disk's error, no reader ever sees its rows,
    * and the store goes on from where it was. */
   fv_fail = 1;
-  rc = gather_commit(b, 0, "d", 20, &w, &bytes, &err);
+  rc = gather_commit(b, 0, "d", 20, &err);
   fv_fail = 0;
   printf("# commit over a full WAL: %s %s\n", es_strerror(rc), err.msg);
   CHECK(rc == ES_STORAGE && has(err.msg, "disk full"),
@@ -1876,17 +1911,19 @@ static void test_wal_gathered(void) {
     B->read_end(BK(t), t);
   }
   CHECK(!seen, "... nor does the handle that committed");
-  /* the same for a lazy commit, whose frames are never buffered */
+  /* the same for a lazy commit, whose gathered frames are written out at
+   * its sync all the same */
   fv_fail = 1;
-  rc = gather_commit(b, 1, "d", 10, &w, &bytes, &err);
+  rc = gather_commit(b, 1, "d", 10, &err);
   fv_fail = 0;
   CHECK(rc == ES_STORAGE && events_seen(p, "d") == 0,
         "a lazy commit over a full WAL fails too, and stores nothing");
-  rc = gather_commit(b, 0, "d", 300, &w, &bytes, &err);
+  rc = gather_commit(b, 0, "d", 300, &err);
   CHECK(rc == ES_OK && events_seen(p, "d") == 300, "the store takes the same commit once there is room");
   B->close(b);
   b = open_ok(p, NULL);
-  CHECK(b && events_seen(p, "a") == 300 && events_seen(p, "b") == 300 && events_seen(p, "d") == 300,
+  CHECK(b && events_seen(p, "a") == 300 && events_seen(p, "b") == 300 && events_seen(p, "e") == 10 &&
+            events_seen(p, "d") == 300,
         "reopened, every acknowledged commit is there");
   if (b) B->close(b);
   rm_db(p);
