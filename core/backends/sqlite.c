@@ -806,7 +806,7 @@ struct es_backend {
                                       (the process may change directory meanwhile) */
   int mode;                        /* SQ_MODE_* */
   int sync;                        /* SQ_SYNC_* */
-  int lazy;                        /* SQ_LAZY_*: a claim's transaction without sync (sq_lazy_begin) */
+  int lazy;                        /* 1: a claim's transaction, committed without fsync (sq_lazy_begin) */
   int gathered;                    /* 1: the write connection's WAL writes are gathered (sqlite_vfs.h) */
   int busy_ms;
   int max_readers;
@@ -2303,53 +2303,24 @@ static void sq_reclaim_wal(es_backend *b) {
  * alone in its transaction commits as synchronous=NORMAL does: in WAL
  * mode the commit is in the WAL (safe from a process crash) without an
  * fsync, and the next FULL commit's fsync of the WAL makes it durable
- * with everything before it.
- *
- * With the WAL's writes gathered (sqlite_vfs.h), the VFS does it: the
- * connection stays FULL and the commit's sync writes the frames out
- * without syncing them (sq_vfs_lazy), so the claim's frames are gathered
- * too and a write error is the commit's. Without, synchronous is set to
- * NORMAL before BEGIN (SQLite refuses to change it inside a transaction)
- * and back after the end; a restore that failed is done again (or the
- * write refused) by the next sq_write_begin, so no other transaction ever
- * commits without its sync. */
-enum { SQ_LAZY_OFF = 0, SQ_LAZY_ON, SQ_LAZY_STUCK, SQ_LAZY_VFS };
-
+ * with everything before it. The VFS does it (sqlite_vfs.h sq_vfs_lazy):
+ * the connection stays FULL, the claim's frames are gathered like any
+ * commit's, and the commit's sync writes them out without the fsync, so
+ * a write error is still the commit's. Without the VFS (SQLite could not
+ * register it) a claim cannot go lazy and commits synced: slower, never
+ * less safe. */
 static int sq_lazy_begin(es_backend *b) {
-  if (b->sync != SQ_SYNC_FULL || b->mode == SQ_MODE_RO || b->lazy != SQ_LAZY_OFF) return ES_STORAGE;
-  if (b->gathered && sq_vfs_lazy(b->w.db, 1) == SQLITE_OK) {
-    b->lazy = SQ_LAZY_VFS;
-    return ES_OK;
-  }
-  /* a NORMAL commit does not sync the WAL, where gathered frames are
-   * written out (sqlite_vfs.h): off first */
-  sq_vfs_gather(b->w.db, 0);
-  if (sqlite3_exec(b->w.db, "PRAGMA synchronous = NORMAL", NULL, NULL, NULL) != SQLITE_OK) {
-    sq_vfs_gather(b->w.db, 1);
+  if (b->sync != SQ_SYNC_FULL || b->mode == SQ_MODE_RO || b->lazy || !b->gathered ||
+      sq_vfs_lazy(b->w.db, 1) != SQLITE_OK)
     return ES_STORAGE;
-  }
-  b->lazy = SQ_LAZY_ON;
-  return ES_OK;
-}
-
-static int sq_lazy_restore(es_backend *b) {
-  if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
-  if (b->lazy == SQ_LAZY_VFS) {
-    sq_vfs_lazy(b->w.db, 0);
-    b->lazy = SQ_LAZY_OFF;
-    return ES_OK;
-  }
-  if (sqlite3_exec(b->w.db, "PRAGMA synchronous = FULL", NULL, NULL, NULL) != SQLITE_OK) {
-    b->lazy = SQ_LAZY_STUCK;
-    return ES_STORAGE;
-  }
-  sq_vfs_gather(b->w.db, 1);
-  b->lazy = SQ_LAZY_OFF;
+  b->lazy = 1;
   return ES_OK;
 }
 
 static void sq_lazy_end(es_backend *b) {
-  if (b->lazy != SQ_LAZY_OFF) sq_lazy_restore(b);
+  if (!b->lazy) return;
+  sq_vfs_lazy(b->w.db, 0);
+  b->lazy = 0;
 }
 
 static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
@@ -2358,10 +2329,6 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   *out = NULL;
   if (b->mode == SQ_MODE_RO)
     return es_fail(err, ES_STORAGE, "sqlite %s: opened read-only (mode=ro): cannot write", b->path);
-  /* a lazy claim's synchronous=NORMAL never outlives it (sq_lazy_begin) */
-  if (b->lazy == SQ_LAZY_STUCK && sq_lazy_restore(b) != ES_OK)
-    return es_fail(err, ES_STORAGE, "sqlite %s: cannot restore synchronous=FULL: %s", b->path,
-                   sqlite3_errmsg(b->w.db));
   t->broken = 0;
   t->depth = 0;
   t->removed = 0;
