@@ -816,15 +816,21 @@ echo "$rc $(( (t1 - t0) / 1000000 ))"
       -- and died of the signal (130). A non-interactive shell starts its
       -- background jobs with SIGINT ignored; the binary's own handler
       -- replaces that. timeout (a hang ceiling only) exits with its status.
+      -- The child must already be the binary (its exe): between timeout's
+      -- fork and its exec the child is timeout, whose inherited SIGINT
+      -- handler shows in SigCgt too and exits 130 (a busy CI run caught
+      -- that window).
       local script = ([[
 cd %s || exit 99
-timeout --foreground -k 2 120 %s run >run.out 2>run.err &
+bin=$(readlink -f %s)
+timeout --foreground -k 2 120 "$bin" run >run.out 2>run.err &
 tpid=$!
 i=0
 while [ $i -lt 600 ]; do
   c=$(pgrep -P $tpid)
+  x=$(readlink /proc/$c/exe 2>/dev/null)
   m=$(awk '/^SigCgt:/ { print $2 }' /proc/$c/status 2>/dev/null)
-  [ -n "$c" ] && [ -n "$m" ] && [ $(( 0x$m & 2 )) -ne 0 ] && break
+  [ -n "$c" ] && [ "$x" = "$bin" ] && [ -n "$m" ] && [ $(( 0x$m & 2 )) -ne 0 ] && break
   sleep 0.1
   i=$((i + 1))
 done
