@@ -80,7 +80,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 11           /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 12           /* PRAGMA user_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -178,7 +178,7 @@ enum {
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
   ST_QUEUED_DUE_TYPE_SCOPED, ST_QUEUED_NEXT_TYPE_SCOPED, ST_PENDING_TYPES_SCOPED,
   ST_DEAD_ALL_SCOPED,
-  ST_COUNTS, /* §3.12 */
+  ST_COUNTS, ST_COUNTS_MOVE, ST_COUNTS_ADD, /* §3.12 */
   /* several rows per INSERT (sq_event_insert_many) */
   ST_EVENT_INSERT_4, ST_EVENT_INSERT_16, ST_EVENT_INSERT_64,
   ST_PROJ_GET, ST_PROJ_PUT, ST_PROJ_DELETE, ST_PROJ_LIST, ST_PROJ_DROP, /* §8 */
@@ -201,6 +201,15 @@ enum {
  * is at open, if an index ever stops being usable). */
 static const char *const sq_sql[ST_COUNT] = {
     [ST_COUNTS] = "SELECT sessions, events, pending, dead FROM counts WHERE scope = ?1",
+    /* sq_counts_add: a scope's sums moved by a flush's session rows; the
+     * plain UPDATE first (the row is there but for a scope's first row),
+     * which costs half the upsert */
+    [ST_COUNTS_MOVE] = "UPDATE counts SET sessions = sessions + ?2, events = events + ?3,"
+                       " pending = pending + ?4, dead = dead + ?5 WHERE scope = ?1",
+    [ST_COUNTS_ADD] = "INSERT INTO counts(scope, sessions, events, pending, dead)"
+                      " VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(scope) DO UPDATE SET"
+                      " sessions = sessions + excluded.sessions, events = events + excluded.events,"
+                      " pending = pending + excluded.pending, dead = dead + excluded.dead",
     /* §8: a range of the primary key (ns, key); ?3 is a zero-length blob
      * when there is no upper bound (every text sorts before a blob). */
     [ST_PROJ_GET] = "SELECT value FROM projections WHERE ns = ?1 AND key = ?2",
@@ -220,9 +229,10 @@ static const char *const sq_sql[ST_COUNT] = {
     [ST_META_GET] = "SELECT value FROM meta WHERE key = ?1",
     [ST_META_PUT] = "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
     [ST_SESSION_GET] = "SELECT " SESS_COLS " FROM sessions WHERE session = ?1",
-    /* An upsert, not INSERT OR REPLACE: a replace deletes the old row
-     * without firing the delete trigger, and the counts triggers (§3.12,
-     * schema version 7) need the old row's values. */
+    /* An upsert, not INSERT OR REPLACE: a replace deletes the old row and
+     * inserts a new one, moving its index entries, where the upsert
+     * rewrites it in place. (The counts move from the row the file held:
+     * sq_counts_row.) */
     [ST_SESSION_PUT] = "INSERT INTO sessions(" SESS_COLS
                        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,"
                        " ?15, ?16, ?17, ?18, ?19, ?20) ON CONFLICT(session) DO UPDATE SET"
@@ -747,6 +757,14 @@ static const char sq_schema_v11[] =
     "CREATE INDEX events_type_pending ON events(type, queued, " SQ_DUE ", position)"
     "  WHERE status = " ES_SQL_PENDING ";";
 
+/* Version 12 (issue 26, docs/stats.md): the counts are moved in C where
+ * a session row is written or deleted (sq_counts_row), no longer by
+ * triggers; the sums the triggers kept are the ones to move from. */
+static const char sq_schema_v12[] =
+    "DROP TRIGGER IF EXISTS counts_insert;"
+    "DROP TRIGGER IF EXISTS counts_delete;"
+    "DROP TRIGGER IF EXISTS counts_update;";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -759,6 +777,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v9,
     sq_schema_v10,
     sq_schema_v11,
+    sq_schema_v12,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -776,6 +795,21 @@ typedef struct sq_conn {
   int copy_rc;
 } sq_conn;
 
+/* A session row's counted values as the file holds them: the counts move
+ * by the difference when a row is written (sq_behind_flush). */
+typedef struct sq_counted {
+  int exists; /* 0: the file has no row */
+  int64_t events, pending, dead, fence;
+} sq_counted;
+
+/* The row the last session_get of a write transaction read from the file
+ * (valid until a session row is written or a rollback: sq_base_take). */
+typedef struct sq_base {
+  int valid;
+  char name[ES_MAX_NAME_BYTES + 1];
+  sq_counted v;
+} sq_base;
+
 struct es_txn {
   es_backend *b;
   sq_conn *c;
@@ -791,6 +825,10 @@ struct es_txn {
                                       which costs one look at the free-page count) */
   struct sq_reader *reader;        /* read: the pool entry */
   es_hmap behind;                  /* write: session rows put, not yet written (sq_behind_*) */
+  sq_base last;                    /* write: the session row the last session_get read from the
+                                      file, as it is there (sq_base_*) */
+  es_counts all_wait;              /* write: the store's sums moved, not yet written (sq_counts_*) */
+  es_counts sp_all[SQ_MAX_SAVEPOINTS]; /* all_wait when each savepoint began */
 };
 
 typedef struct sq_reader {
@@ -1363,6 +1401,7 @@ static int sq_iterate(es_txn *t, int id, sqlite3_stmt *st, int temp, int kind, s
 }
 
 static int sq_behind_flush(es_txn *t, es_err *err);
+static int sq_counts_write(es_txn *t, es_err *err);
 
 /* Statements that neither read nor write the sessions table (nor the
  * counts its triggers keep): session rows written behind may wait past
@@ -2332,6 +2371,8 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
   t->broken = 0;
   t->depth = 0;
   t->removed = 0;
+  t->last.valid = 0;
+  memset(&t->all_wait, 0, sizeof t->all_wait);
   /* never build on a transaction a failed rollback left behind */
   if (!sqlite3_get_autocommit(b->w.db)) sqlite3_exec(b->w.db, "ROLLBACK", NULL, NULL, NULL);
   if (!b->low_space && ++b->space_checks % SQ_SPACE_CHECK_EVERY == 0 && sq_space_short(b))
@@ -2349,6 +2390,7 @@ static int sq_write_begin(es_backend *b, es_txn **out, es_err *err) {
 static void sq_write_rollback(es_backend *b, es_txn *t) {
   (void)b; /* t carries it (t->b) */
   sq_behind_forget(t);
+  memset(&t->all_wait, 0, sizeof t->all_wait);
   if (!sqlite3_get_autocommit(t->c->db)) {
     if (sq_exec_id(t->c, ST_ROLLBACK, NULL) != ES_OK)
       sqlite3_exec(t->c->db, "ROLLBACK", NULL, NULL, NULL);
@@ -2412,6 +2454,7 @@ static int sq_write_commit(es_backend *b, es_txn *t, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code == ES_OK) code = sq_behind_flush(t, err);
+  if (code == ES_OK) code = sq_counts_write(t, err);
   if (code != ES_OK) {
     sq_write_rollback(t->b, t);
     return code;
@@ -2456,7 +2499,10 @@ static int sq_savepoint(es_backend *b, es_txn *t, es_err *err) {
   if (code == ES_OK) code = sq_behind_flush(t, err);
   if (code != ES_OK) return code;
   if ((code = sq_exec_id(t->c, ST_SAVEPOINT, err)) != ES_OK) return code;
-  if (t->depth < SQ_MAX_SAVEPOINTS) t->sp_next[t->depth] = t->next_position;
+  if (t->depth < SQ_MAX_SAVEPOINTS) {
+    t->sp_next[t->depth] = t->next_position;
+    t->sp_all[t->depth] = t->all_wait;
+  }
   t->depth++;
   return ES_OK;
 }
@@ -2488,7 +2534,10 @@ static void sq_savepoint_rollback(es_backend *b, es_txn *t) {
     return;
   }
   t->depth--;
-  if (t->depth < SQ_MAX_SAVEPOINTS) t->next_position = t->sp_next[t->depth];
+  if (t->depth < SQ_MAX_SAVEPOINTS) {
+    t->next_position = t->sp_next[t->depth];
+    t->all_wait = t->sp_all[t->depth];
+  }
 }
 
 /* An immutable open reads the main file without locks and keeps pages in
@@ -2577,7 +2626,7 @@ static void sq_read_end(es_backend *b, es_txn *t) {
 
 /* Session rows written behind. A write transaction's session_put only
  * keeps a copy of the row here, and session_get answers from it; the rows
- * are written (the upsert, and the counts triggers it fires) before any
+ * are written (the upsert, and the counts it moves) before any
  * statement that could see the sessions table or the counts
  * (sq_behind_may_wait: every statement but the event rows' reads and
  * writes and the queue's reads), before a savepoint begins or is
@@ -2593,6 +2642,7 @@ static void sq_read_end(es_backend *b, es_txn *t) {
 
 typedef struct sq_behind_row {
   es_session_info row; /* owned copy; row.session is the key */
+  sq_counted base;     /* the row as the file holds it (the counts move from it) */
 } sq_behind_row;
 
 static const char *sq_behind_key(const void *item) {
@@ -2602,6 +2652,7 @@ static const char *sq_behind_key(const void *item) {
 static void sq_behind_forget(es_txn *t) {
   size_t pos = 0;
   sq_behind_row *r;
+  t->last.valid = 0; /* a flush wrote session rows, or a rollback undid some */
   while ((r = es_hmap_next(&t->behind, &pos))) {
     es_session_info_destroy(&r->row);
     free(r);
@@ -2612,13 +2663,114 @@ static void sq_behind_forget(es_txn *t) {
 
 static int sq_session_write(es_txn *t, const es_session_info *row, es_err *err);
 
+/* ---- counts (§3.12; docs/stats.md) ----
+ *
+ * The sums of the counted session rows, of the store (scope '') and of
+ * each tenant scope, are moved in C where a session row is written or
+ * deleted, by the difference between the row as the file held it and the
+ * row written (es_counts_move: the core's rule), in the same transaction
+ * and savepoint as the row. Up to schema version 11 triggers on
+ * `sessions` did it; a trigger cost ~29,000 instructions per session row
+ * written (a single append's whole write is ~280,000), and the flush of
+ * many rows now moves the store's sums with one statement. Every process
+ * that writes a file of this version runs this code (an older build
+ * refuses the newer schema). */
+
+static void sq_counted_of(sq_counted *c, const es_session_info *row) {
+  c->exists = row != NULL;
+  c->events = row ? row->events : 0;
+  c->pending = row ? row->pending : 0;
+  c->dead = row ? row->dead : 0;
+  c->fence = row ? row->fence : 0;
+}
+
+/* d moved by session `name` going from `from` (as the file held it) to
+ * `to` (NULL: deleted). */
+static void sq_counts_moved(es_counts *d, const char *name, const sq_counted *from,
+                            const es_session_info *to) {
+  es_session_info f;
+  memset(&f, 0, sizeof f);
+  f.events = from->events;
+  f.pending = from->pending;
+  f.dead = from->dead;
+  f.fence = from->fence;
+  es_counts_move(d, name, from->exists ? &f : NULL, to);
+}
+
+/* Adds d to the sums of scope[0..len) ('' when len is 0). Not through
+ * sq_op: it runs inside sq_behind_flush. */
+static int sq_counts_add(es_txn *t, const char *scope, size_t len, const es_counts *d, es_err *err) {
+  if (!d->sessions && !d->events && !d->pending && !d->dead) return ES_OK;
+  int code = sq_txn_check(t, err);
+  for (int id = ST_COUNTS_MOVE; code == ES_OK; id = ST_COUNTS_ADD) {
+    sqlite3_stmt *st;
+    int temp;
+    if ((code = sq_stmt(t->c, id, &st, &temp, err)) != ES_OK) return code;
+    if ((sqlite3_bind_text(st, 1, scope, (int)len, SQLITE_STATIC) |
+         sqlite3_bind_int64(st, 2, d->sessions) | sqlite3_bind_int64(st, 3, d->events) |
+         sqlite3_bind_int64(st, 4, d->pending) | sqlite3_bind_int64(st, 5, d->dead)) != SQLITE_OK)
+      return sq_bind_fail(t, id, st, temp, err);
+    if ((code = sq_run(t, id, st, temp, "write", err)) != ES_OK) return code;
+    if (id == ST_COUNTS_ADD || sqlite3_changes(t->c->db) > 0) break;
+  }
+  return code;
+}
+
+/* Moves the sums for session `name` going from `from` to `to`: a scope's
+ * at once (a tenant's rows are fewer), the store's in t->all_wait, written
+ * once per transaction (sq_counts_write) unless savepoints nest deeper
+ * than t->sp_all remembers (then at once too). */
+static int sq_counts_row(es_txn *t, const char *name, const sq_counted *from,
+                         const es_session_info *to, es_err *err) {
+  es_counts d = {0};
+  sq_counts_moved(&d, name, from, to);
+  t->all_wait.sessions += d.sessions;
+  t->all_wait.events += d.events;
+  t->all_wait.pending += d.pending;
+  t->all_wait.dead += d.dead;
+  size_t k = es_scope_len(name);
+  int code = k > 0 ? sq_counts_add(t, name, k, &d, err) : ES_OK;
+  return code == ES_OK && t->depth >= SQ_MAX_SAVEPOINTS ? sq_counts_write(t, err) : code;
+}
+
+/* Writes the store's sums moved in this transaction: before the commit,
+ * and before anything reads them (sq_counts). */
+static int sq_counts_write(es_txn *t, es_err *err) {
+  int code = sq_counts_add(t, "", 0, &t->all_wait, err);
+  if (code == ES_OK) memset(&t->all_wait, 0, sizeof t->all_wait);
+  return code;
+}
+
+/* The row of `session` as the file holds it: the last session_get's when
+ * it read that one (the common case: a call reads its session row, then
+ * puts it), else read now. */
+static int sq_base_take(es_txn *t, const char *session, sq_counted *out, es_err *err) {
+  if (t->last.valid && strcmp(t->last.name, session) == 0) {
+    *out = t->last.v;
+    t->last.valid = 0;
+    return ES_OK;
+  }
+  sqlite3_stmt *st;
+  int temp, code;
+  es_session_info row;
+  if ((code = sq_op(t, ST_SESSION_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  code = sq_get_one(t, ST_SESSION_GET, st, temp, ROW_SESSION, &row, err);
+  if (code != ES_OK && code != ES_NOT_FOUND) return code;
+  sq_counted_of(out, code == ES_OK ? &row : NULL);
+  if (code == ES_OK) es_session_info_destroy(&row);
+  return ES_OK;
+}
+
 static int sq_behind_flush(es_txn *t, es_err *err) {
   int code = ES_OK;
   size_t pos = 0;
   sq_behind_row *r;
   /* sq_session_write's statement may wait (sq_behind_may_wait): no re-entry */
-  while (code == ES_OK && t->behind.count && (r = es_hmap_next(&t->behind, &pos)))
+  while (code == ES_OK && t->behind.count && (r = es_hmap_next(&t->behind, &pos))) {
     code = sq_session_write(t, &r->row, err);
+    if (code == ES_OK) code = sq_counts_row(t, r->row.session, &r->base, &r->row, err);
+  }
   sq_behind_forget(t);
   return code;
 }
@@ -2632,7 +2784,14 @@ static int sq_session_get(es_backend *b, es_txn *t, const char *session, es_sess
   if (r) return es_session_info_copy(out, &r->row) == 0 ? ES_OK : sq_oom(err);
   if ((code = sq_op(t, ST_SESSION_GET, &st, &temp, err)) != ES_OK) return code;
   sq_bind_str(st, 1, session);
-  return sq_get_one(t, ST_SESSION_GET, st, temp, ROW_SESSION, out, err);
+  code = sq_get_one(t, ST_SESSION_GET, st, temp, ROW_SESSION, out, err);
+  /* the row as the file holds it: what a put of it moves the counts from */
+  if (t->write && (code == ES_OK || code == ES_NOT_FOUND) && strlen(session) < sizeof t->last.name) {
+    strcpy(t->last.name, session);
+    sq_counted_of(&t->last.v, code == ES_OK ? out : NULL);
+    t->last.valid = 1;
+  }
+  return code;
 }
 
 static int sq_session_put(es_backend *b, es_txn *t, const es_session_info *row, es_err *err) {
@@ -2643,20 +2802,26 @@ static int sq_session_put(es_backend *b, es_txn *t, const es_session_info *row, 
   sq_behind_row *r = es_hmap_get(&t->behind, row->session);
   es_session_info copy;
   if (es_session_info_copy(&copy, row) != 0) return sq_oom(err);
-  if (r) { /* the newer row replaces the one waiting */
+  if (r) { /* the newer row replaces the one waiting (its base stays) */
     es_session_info_destroy(&r->row);
     r->row = copy;
     return ES_OK;
   }
-  if (t->behind.count >= SQ_BEHIND_MAX && (code = sq_behind_flush(t, err)) != ES_OK) {
+  /* the base first: a flush below writes other sessions, not this one */
+  sq_counted base;
+  if ((code = sq_base_take(t, row->session, &base, err)) != ES_OK ||
+      (t->behind.count >= SQ_BEHIND_MAX && (code = sq_behind_flush(t, err)) != ES_OK)) {
     es_session_info_destroy(&copy);
     return code;
   }
-  if (!(r = malloc(sizeof *r)) || (r->row = copy, es_hmap_put(&t->behind, r) != 0)) {
+  if (!(r = malloc(sizeof *r)) || (r->row = copy, r->base = base, es_hmap_put(&t->behind, r) != 0)) {
     free(r);
     es_session_info_destroy(&copy);
     /* not kept: written now, as without the write-behind */
-    return sq_session_write(t, row, err);
+    if ((code = sq_session_write(t, row, err)) == ES_OK)
+      code = sq_counts_row(t, row->session, &base, row, err);
+    t->last.valid = 0;
+    return code;
   }
   return ES_OK;
 }
@@ -2958,6 +3123,10 @@ static int sq_counts(es_backend *b, es_txn *t, const char *scope, es_counts *out
   sqlite3_stmt *st;
   int temp, code, rc;
   memset(out, 0, sizeof *out);
+  /* a write transaction's own moves first: the rows waiting, the sums */
+  if (t->write && ((code = sq_txn_check(t, err)) != ES_OK || (code = sq_behind_flush(t, err)) != ES_OK ||
+                   (code = sq_counts_write(t, err)) != ES_OK))
+    return code;
   if ((code = sq_op(t, ST_COUNTS, &st, &temp, err)) != ES_OK) return code;
   sq_bind_str(st, 1, scope ? scope : "");
   rc = sqlite3_step(st);
@@ -3481,8 +3650,15 @@ static int sq_event_delete_range(es_backend *b, es_txn *t, const char *session, 
 
 static int sq_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
   (void)b; /* t carries it (t->b) */
-  int64_t removed;
-  int code = sq_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
+  int64_t removed = 0;
+  sq_counted base;
+  if (!t->write) return sq_read_only_txn(err);
+  /* the rows waiting first (this one may be among them), then the row as
+   * the file holds it, whose counts leave the sums */
+  int code = sq_behind_flush(t, err);
+  if (code == ES_OK) code = sq_base_take(t, session, &base, err);
+  if (code == ES_OK) code = sq_remove(t, ST_SESSION_DELETE, session, 0, &removed, err);
+  if (code == ES_OK && removed > 0) code = sq_counts_row(t, session, &base, NULL, err);
   if (code != ES_OK) return code;
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
 }

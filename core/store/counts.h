@@ -6,11 +6,12 @@
  * pending and dead (es_counts). Which rows count and what a name's scope is
  * are the core's rule (here); a backend stores the sums and moves them in
  * the same transaction as the session row (backend.h `counts`):
- * - the memory backend calls es_counts_move where a session row changes;
- * - the SQL backends must do it in the database itself (every process that
- *   writes, and the schema migration that fills the sums, run the same
- *   triggers), so their trigger SQL is built from the ES_SQL_* fragments
- *   below instead of restating the rule.
+ * - the memory and SQLite backends call es_counts_move where a session row
+ *   changes (SQLite from the row its file holds: docs/sqlite.md "The
+ *   counts");
+ * - PostgreSQL does it in the database (a trigger), and the SQLite
+ *   migration that first fills the sums is SQL too, so that SQL is built
+ *   from the ES_SQL_* fragments below instead of restating the rule.
  */
 #ifndef ES_COUNTS_H
 #define ES_COUNTS_H

@@ -37,6 +37,7 @@
 
 #include "backends/sqlite_vfs.h"
 #include "store/backend.h"
+#include "store/counts.h"
 #include "backend_txn.h"
 #include "row_eq.h"
 
@@ -54,7 +55,7 @@
 static const es_backend_ops *B = &es_backend_sqlite;
 static int n_tests, n_failed;
 
-#define SCHEMA_VERSION 11 /* the user_version this build writes */
+#define SCHEMA_VERSION 12 /* the user_version this build writes */
 
 static void check(int cond, const char *name, int line) {
   n_tests++;
@@ -1951,6 +1952,165 @@ static void test_wal_gathered(void) {
   free(p);
 }
 
+/* ---- the counts the backend moves itself (schema version 12) --------------
+ *
+ * docs/stats.md: the sums of the counted session rows are moved in C where
+ * a row is written or deleted, from the row as the file held it (the last
+ * session_get's, or read) to the row written, and the store's sums are
+ * written once per transaction. A random mix of gets, puts (with and
+ * without a get first, shard-move markers with a negative fence, tenant
+ * names), deletes, savepoints released and rolled back, and transactions
+ * committed and rolled back, with the sums read back inside the
+ * transaction and after it and compared with a walk of the session rows. */
+static es_counts walk_sums;
+static const char *walk_scope;
+
+static int walk_sum(void *ctx, const es_session_info *row) {
+  (void)ctx;
+  if (!es_counted(row->session, row)) return 0;
+  if (walk_scope && strncmp(row->session, walk_scope, strlen(walk_scope)) != 0) return 0;
+  walk_sums.sessions++;
+  walk_sums.events += row->events;
+  walk_sums.pending += row->pending;
+  walk_sums.dead += row->dead;
+  return 0;
+}
+
+/* Whether t's counts of scope ("" for the store) are those of a walk. */
+static int counts_agree(es_txn *t, const char *scope) {
+  es_counts c;
+  es_err err = {0};
+  memset(&walk_sums, 0, sizeof walk_sums);
+  walk_scope = *scope ? scope : NULL;
+  if (B->session_list(BK(t), t, scope, NULL, -1, walk_sum, NULL, &err) != ES_OK ||
+      B->counts(BK(t), t, scope, &c, &err) != ES_OK)
+    return 0;
+  int same = memcmp(&c, &walk_sums, sizeof c) == 0;
+  if (!same)
+    printf("# counts of '%s': %lld %lld %lld %lld, walked %lld %lld %lld %lld\n", scope,
+           (long long)c.sessions, (long long)c.events, (long long)c.pending, (long long)c.dead,
+           (long long)walk_sums.sessions, (long long)walk_sums.events, (long long)walk_sums.pending,
+           (long long)walk_sums.dead);
+  return same;
+}
+
+static void test_counts_moved(void) {
+  char *p = tmp_path();
+  es_backend *b = open_ok(p, NULL);
+  if (!b) {
+    CHECK(0, "open for the counts");
+    free(p);
+    return;
+  }
+  static const char *const names[] = {"c0", "c1", "c2", "c3", "T" ES_TENANT_SEP "a",
+                                      "T" ES_TENANT_SEP "b", "U" ES_TENANT_SEP "a"};
+  const int n_names = (int)(sizeof names / sizeof *names);
+  unsigned seed = 12345;
+  int agree_in = 1, agree_after = 1, ops = 0;
+  /* a row read and put back later, with savepoints and other writes in
+   * between (the base must then be the file's row at the put, not this) */
+  es_session_info held;
+  int holding = 0;
+  for (int round = 0; round < 2000 && agree_in && agree_after; round++) {
+    es_txn *t;
+    es_err err = {0};
+    if (tx_write_begin(B, b, &t, &err) != ES_OK) {
+      agree_in = 0;
+      break;
+    }
+    int depth = 0, n = 1 + (int)(rand_r(&seed) % 10);
+    for (int k = 0; k < n; k++, ops++) {
+      const char *name = names[rand_r(&seed) % (unsigned)n_names];
+      unsigned op = rand_r(&seed) % 11;
+      es_session_info si;
+      if (op < 3 || op == 9 || (op == 10 && holding)) {
+        /* a put: after a get of the same row (op < 3), of none (9), or of
+         * the row read earlier (10) */
+        int have = 0;
+        if (op == 10) {
+          si = held;
+          holding = 0;
+          have = 1;
+        } else if (op < 3) {
+          have = B->session_get(BK(t), t, name, &si, &err) == ES_OK;
+        }
+        if (!have) {
+          es_session_info_init(&si);
+          si.session = strdup(name);
+        }
+        si.events += 1 + (int64_t)(rand_r(&seed) % 3);
+        si.pending = (int64_t)(rand_r(&seed) % 4);
+        si.dead = (int64_t)(rand_r(&seed) % 2);
+        si.fence = rand_r(&seed) % 7 == 0 ? -1 : 0; /* now and then a move marker */
+        B->session_put(BK(t), t, &si, &err);
+        es_session_info_destroy(&si);
+      } else if (op == 3 && !holding) {
+        holding = B->session_get(BK(t), t, name, &held, &err) == ES_OK;
+      } else if (op == 4) {
+        B->session_delete(BK(t), t, name, &err);
+      } else if (op == 5 && depth < 3) {
+        if (B->savepoint(BK(t), t, &err) == ES_OK) depth++;
+      } else if (op == 6 && depth > 0) {
+        if (rand_r(&seed) % 2) B->savepoint_rollback(BK(t), t);
+        else B->savepoint_release(BK(t), t, &err);
+        depth--;
+      } else if (op == 7) {
+        agree_in &= counts_agree(t, "") && counts_agree(t, "T" ES_TENANT_SEP);
+      } else if (B->session_get(BK(t), t, name, &si, &err) == ES_OK) { /* a get alone */
+        es_session_info_destroy(&si);
+      }
+    }
+    while (depth-- > 0) B->savepoint_release(BK(t), t, &err);
+    if (rand_r(&seed) % 5 == 0) B->write_rollback(BK(t), t);
+    else if (B->write_commit(BK(t), t, &err) != ES_OK) agree_after = 0;
+    if (holding) es_session_info_destroy(&held);
+    holding = 0;
+    if (tx_read_begin(B, b, &t, &err) == ES_OK) {
+      agree_after &= counts_agree(t, "") && counts_agree(t, "T" ES_TENANT_SEP) &&
+                     counts_agree(t, "U" ES_TENANT_SEP);
+      B->read_end(BK(t), t);
+    }
+  }
+  printf("# counts after %d random session ops\n", ops);
+  CHECK(agree_in, "inside a write transaction the counts are those of the session rows (store, scope)");
+  CHECK(agree_after, "after each commit or rollback the counts are those of the session rows");
+
+  /* A row read inside a savepoint that is then rolled back is not what
+   * the file holds any more: a put after the rollback moves the counts
+   * from the file's row. */
+  es_txn *t;
+  es_err err = {0};
+  es_session_info si;
+  int ok = tx_write_begin(B, b, &t, &err) == ES_OK;
+  es_session_info_init(&si);
+  si.session = strdup("d1");
+  si.events = 1;
+  ok = ok && B->session_put(BK(t), t, &si, &err) == ES_OK && B->write_commit(BK(t), t, &err) == ES_OK;
+  ok = ok && tx_write_begin(B, b, &t, &err) == ES_OK && B->savepoint(BK(t), t, &err) == ES_OK;
+  si.events = 5;
+  ok = ok && B->session_put(BK(t), t, &si, &err) == ES_OK &&
+       B->savepoint(BK(t), t, &err) == ES_OK; /* writes d1 (5) in the outer savepoint */
+  es_session_info got;
+  if (ok && B->session_get(BK(t), t, "d1", &got, &err) == ES_OK) es_session_info_destroy(&got);
+  if (ok) {
+    B->savepoint_rollback(BK(t), t);
+    B->savepoint_rollback(BK(t), t); /* the file holds d1 (1) again */
+  }
+  si.events = 7;
+  ok = ok && B->session_put(BK(t), t, &si, &err) == ES_OK && counts_agree(t, "") &&
+       B->write_commit(BK(t), t, &err) == ES_OK;
+  es_session_info_destroy(&si);
+  ok = ok && tx_read_begin(B, b, &t, &err) == ES_OK;
+  if (ok) {
+    ok = counts_agree(t, "");
+    B->read_end(BK(t), t);
+  }
+  CHECK(ok, "a put after a rolled-back savepoint moves the counts from the row the file holds");
+  B->close(b);
+  rm_db(p);
+  free(p);
+}
+
 /* O(log n): the indexed ops must not slow down with the number of rows. */
 static void test_scale(void) {
   char *p = tmp_path();
@@ -3274,6 +3434,7 @@ int main(void) {
   test_read_only_media();
   test_disk_full();
   test_wal_gathered();
+  test_counts_moved();
   test_scale();
   test_fork_copy();
   test_throughput();
