@@ -1404,7 +1404,7 @@ static int sq_behind_flush(es_txn *t, es_err *err);
 static int sq_counts_write(es_txn *t, es_err *err);
 
 /* Statements that neither read nor write the sessions table (nor the
- * counts its triggers keep): session rows written behind may wait past
+ * counts moved with it): session rows written behind may wait past
  * them (sq_behind_flush). */
 static int sq_behind_may_wait(int id) {
   switch (id) {
@@ -2497,6 +2497,9 @@ static int sq_savepoint(es_backend *b, es_txn *t, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int code = sq_txn_check(t, err);
   if (code == ES_OK) code = sq_behind_flush(t, err);
+  /* deeper than sp_all remembers: the store's sums moved so far are
+   * written before it, so that its rollback cannot take them back */
+  if (code == ES_OK && t->depth >= SQ_MAX_SAVEPOINTS) code = sq_counts_write(t, err);
   if (code != ES_OK) return code;
   if ((code = sq_exec_id(t->c, ST_SAVEPOINT, err)) != ES_OK) return code;
   if (t->depth < SQ_MAX_SAVEPOINTS) {

@@ -2106,6 +2106,38 @@ static void test_counts_moved(void) {
     B->read_end(BK(t), t);
   }
   CHECK(ok, "a put after a rolled-back savepoint moves the counts from the row the file holds");
+
+  /* Savepoints nested deeper than the backend remembers each one's sums
+   * (SQ_MAX_SAVEPOINTS, 64): a rollback there takes back its own moves,
+   * never those of the savepoints around it. */
+  enum { DEEP = 70 };
+  ok = tx_write_begin(B, b, &t, &err) == ES_OK;
+  es_session_info_init(&si);
+  si.session = strdup("deep-a");
+  si.events = 3;
+  ok = ok && B->session_put(BK(t), t, &si, &err) == ES_OK;
+  int depth = 0;
+  for (; ok && depth < DEEP; depth++) {
+    ok = B->savepoint(BK(t), t, &err) == ES_OK;
+    if (ok && depth == DEEP - 3) { /* a row put deep down, then rolled back */
+      free(si.session);
+      si.session = strdup("deep-b");
+      ok = B->session_put(BK(t), t, &si, &err) == ES_OK;
+    }
+  }
+  for (int k = 0; ok && k < 3; k++, depth--) B->savepoint_rollback(BK(t), t);
+  while (ok && depth > 0) {
+    ok = B->savepoint_release(BK(t), t, &err) == ES_OK;
+    depth--;
+  }
+  ok = ok && counts_agree(t, "") && B->write_commit(BK(t), t, &err) == ES_OK;
+  es_session_info_destroy(&si);
+  ok = ok && tx_read_begin(B, b, &t, &err) == ES_OK;
+  if (ok) {
+    ok = counts_agree(t, "");
+    B->read_end(BK(t), t);
+  }
+  CHECK(ok, "savepoints nested past 64: a rollback takes back its own moves of the counts only");
   B->close(b);
   rm_db(p);
   free(p);
