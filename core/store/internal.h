@@ -392,11 +392,15 @@ int es_presence_push(es_presence_rows *rows, const es_presence_row *row);
 /* presence_ext.c: other processes' presence writes reach the watches.
  * watched / unwatched: a watch of ns was added / removed (not under pmu);
  * own: this handle's write applied these rows (under pmu, before its
- * watches are told); change: another process committed (the ext_watch
- * thread); free: the handle is going (after close). */
+ * watches are told): *give is what the watches must still be told (applied
+ * itself, or *fresh: those of its rows the ext_watch thread has not handed
+ * over already; fresh borrows them, its v is freed by the caller);
+ * change: another process committed (the ext_watch thread); free: the
+ * handle is going (after close). */
 void es_presence_ext_watched(es_store *s, const char *ns);
 void es_presence_ext_unwatched(es_store *s, const char *ns);
-void es_presence_ext_own(es_store *s, const char *ns, const es_presence_rows *applied);
+void es_presence_ext_own(es_store *s, const char *ns, const es_presence_rows *applied,
+                         es_presence_rows *fresh, const es_presence_rows **give);
 void es_presence_ext_change(es_store *s);
 void es_presence_ext_free(es_store *s);
 int es_core_fork(es_store *s, const char *scope, const char *from, int64_t at, const char *to,

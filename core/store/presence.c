@@ -103,12 +103,16 @@ int es_core_presence_set(es_store *s, const char *ns, const char *participant,
     return rc;
   }
   if (applied->n == 0) return ES_OK;
-  /* Tell in-process watchers, after commit, on this thread. */
+  /* Tell in-process watchers, after commit, on this thread: what the
+   * ext_watch thread did not already (presence_ext.c) */
   pthread_mutex_lock(&s->pmu);
-  es_presence_ext_own(s, ns, applied);
-  for (presence_watch *w = s->watches; w; w = w->next)
-    if (strcmp(w->ns, ns) == 0) w->cb(w->ctx, ns, applied);
+  es_presence_rows fresh = {0};
+  const es_presence_rows *give;
+  es_presence_ext_own(s, ns, applied, &fresh, &give);
+  for (presence_watch *w = s->watches; w && give->n; w = w->next)
+    if (strcmp(w->ns, ns) == 0) w->cb(w->ctx, ns, give);
   pthread_mutex_unlock(&s->pmu);
+  free(fresh.v);
   return ES_OK;
 }
 

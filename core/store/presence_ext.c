@@ -15,7 +15,11 @@
  * that won those fields gives. A row that expired is gone from the read
  * and gives no patch (expiry is not a change, docs/http-live.md). The
  * handle's own writes update the rows as seen before they tell the
- * watches, so they are not told twice.
+ * watches, so they are not told twice; and an own write's rows that are
+ * already seen as they are were handed over by that thread (it can read
+ * the write between its commit and es_presence_ext_own: the backend
+ * learns that a commit was its own only after it), so the write tells
+ * only the others.
  *
  * The ext_watch thread runs only while the handle has a wait key: a
  * watched namespace holds one (PRESENCE_KEY, a name no session can start
@@ -147,15 +151,21 @@ void es_presence_ext_unwatched(es_store *s, const char *ns) {
   if (drop) es_core_wait_key_put(s, drop);
 }
 
-/* Replaces or inserts row in the sorted rows (out of memory: forgotten,
- * so the next change of another process reports it again, harmless). */
-static void seen_put(es_presence_rows *rows, const es_presence_row *row) {
+/* Where row's (participant, field) is or would go in the sorted rows. */
+static size_t seen_at(const es_presence_rows *rows, const es_presence_row *row) {
   size_t lo = 0, hi = rows->n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     if (key_cmp(&rows->v[mid], row) < 0) lo = mid + 1;
     else hi = mid;
   }
+  return lo;
+}
+
+/* Replaces or inserts row in the sorted rows (out of memory: forgotten,
+ * so the next change of another process reports it again, harmless). */
+static void seen_put(es_presence_rows *rows, const es_presence_row *row) {
+  size_t lo = seen_at(rows, row);
   es_presence_row copy;
   if (es_presence_row_copy(&copy, row)) return;
   if (lo < rows->n && key_cmp(&rows->v[lo], row) == 0) {
@@ -172,9 +182,23 @@ static void seen_put(es_presence_rows *rows, const es_presence_row *row) {
   rows->n++;
 }
 
-void es_presence_ext_own(es_store *s, const char *ns, const es_presence_rows *applied) {
+void es_presence_ext_own(es_store *s, const char *ns, const es_presence_rows *applied,
+                         es_presence_rows *fresh, const es_presence_rows **give) {
   struct presence_seen *p = s->pseen ? find_seen(s, ns) : NULL;
-  for (size_t i = 0; p && p->known && i < applied->n; i++) seen_put(&p->rows, &applied->v[i]);
+  *give = applied;
+  if (!p || !p->known) return;
+  /* out of memory: every row is told (at worst one twice) */
+  fresh->v = malloc((applied->n ? applied->n : 1) * sizeof *fresh->v);
+  fresh->n = 0;
+  fresh->cap = applied->n;
+  for (size_t i = 0; i < applied->n; i++) {
+    const es_presence_row *row = &applied->v[i];
+    size_t at = seen_at(&p->rows, row);
+    int told = at < p->rows.n && key_cmp(&p->rows.v[at], row) == 0 && same_row(&p->rows.v[at], row);
+    if (fresh->v && !told) fresh->v[fresh->n++] = *row;
+    seen_put(&p->rows, row);
+  }
+  if (fresh->v) *give = fresh;
 }
 
 /* The rows of now that are not in seen as they are (both sorted). */
