@@ -444,18 +444,33 @@ describe("engine: attempts that never ended", function()
     store:close()
     local child = ([[
 local eventstore = require("eventstore")
-local e = eventstore.engine{store = "sqlite:%s", scripts = %q, max_failures = 3, ttl_ms = 100, backoff_ms = 0}
+local e = eventstore.engine{store = "sqlite:%s", scripts = %q, max_failures = 3, ttl_ms = 1000, backoff_ms = 0}
 e:run{until_idle = true}
 e:close()
 os.exit(0)
 ]]):format(db, dir)
     local script = os.tmpname()
     eh.write_file(script, child)
+    -- The children's claims last 1 s: a 100 ms one could end under a
+    -- sanitizer before its worker ran the handler, and the run then took
+    -- a second attempt (a CI run read {3, 3, 0, 0}). The next child starts
+    -- once the dead run's claim has ended as the store sees it.
+    local function claim_ended()
+      local s = eventstore.open("sqlite:" .. db)
+      local ev = s:read("s")[1]
+      local ended = ev.claim_expires_at == nil or ev.claim_expires_at <= s:now()
+      s:close()
+      return ended
+    end
     local codes = {}
     for i = 1, 4 do
       local _, _, code = os.execute("lua5.4 " .. eh.sh_quote(script) .. " 2>/dev/null")
       codes[i] = code
-      os.execute("sleep 0.2") -- the dead run's claim expires
+      local waited = 0
+      while not claim_ended() and waited < 600 do -- a 60 s ceiling: only a hang runs out
+        os.execute("sleep 0.1")
+        waited = waited + 1
+      end
     end
     assert.same({ 3, 3, 3, 0 }, codes)
     store = eventstore.open("sqlite:" .. db)
