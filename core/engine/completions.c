@@ -76,9 +76,9 @@
  * COMPLETE_MIN (what every backend took before) nor more than
  * COMPLETE_MAX. */
 #define COMPLETE_MIN 64
-#define COMPLETE_MAX 512
+#define COMPLETE_MAX 2048
 #define COMPLETE_COMMIT_US 25000
-#define COMPLETE_BACKLOG 1024 /* completions waiting before workers wait too */
+#define COMPLETE_BACKLOG 4096 /* completions waiting before workers wait too: two claims' worth */
 
 static size_t str_room(const char *s) { return s ? strlen(s) + 1 : 0; }
 

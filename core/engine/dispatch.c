@@ -291,10 +291,12 @@ static int run_job(lua_State *L) {
  * commit whose cost on SQLite is mostly the pages it touches (the rows,
  * the queue indexes, the session rows), which a bigger batch shares among
  * more events: with 8 workers and a trivial handler on sqlite:, 256
- * dispatched ~1.4x what 64 did (bench/README.md "Larger batches"). What
- * the handlers get through in BATCH_WINDOW_US and claim_cap (halved by
- * each release) keep slow handlers' claims small. */
-#define BATCH_MAX 256
+ * dispatched ~1.4x what 64 did (bench/README.md "Larger batches"), and
+ * 1024 (with completions of up to 2048, completions.c) ~1.15x what 256
+ * did; 2048 was slower again ("Batches of 1024"). What the handlers get
+ * through in BATCH_WINDOW_US and claim_cap (halved by each release) keep
+ * slow handlers' claims small. */
+#define BATCH_MAX 1024
 #define BATCH_WINDOW_US 20000  /* a claim takes what the handlers get through in this */
 #define HOLD_MAX_MS 1000       /* queued longer than this (or ttl_ms / 3): released */
 #define GC_EVERY 64            /* handled events between explicit collector steps */
