@@ -17,12 +17,17 @@
 #            out of every queue index), a `queue` table of small rows
 #            (position, session, index, type, due time, claim fields) with
 #            two indexes, and a `done` table: a claim updates the small
-#            row, a completion deletes it and appends the processed record.
-# Batches of 256 over 100 sessions, as the engine's claims and completions.
+#            row, a completion deletes it and appends the processed record;
+#   split4   the split with the four queue orders the store answers (by due
+#            time, by session and index, by type and due time, by session
+#            and due time), not two: what a split store would have to keep.
+# Batches of B (256, or the environment's B) over 100 sessions, as the
+# engine's claims and completions. MODES (environment) picks the schemas.
 import os, random, sqlite3, sys, tempfile, time
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 60000
-B = 256
+B = int(os.environ.get("B", "256"))
+MODES = os.environ.get("MODES", "current inplace split split4").split()
 PATH = os.path.join(tempfile.mkdtemp(), "split.db")
 def fresh(path):
     for x in ("", "-wal", "-shm"):
@@ -68,26 +73,37 @@ def fill(db, split):
     else:
         db.executemany("insert into events(position, session, idx, id, type, payload, created_at, status, queued, due_at) values (?,?,?,?,?,?,?,?,?,?)", rows)
     db.execute("commit")
-def split_schema(db):
+def split_schema(db, four=False):
     cur_schema(db)
     db.executescript("""
     create table queue(position integer primary key, session text not null, idx integer not null, type text,
-      due_at integer, attempts integer default 0, claim_holder text, claim_expires_at integer, first_claimed_at integer);
+      due_at integer, claim_due integer, attempts integer default 0, claim_holder text, claim_expires_at integer,
+      first_claimed_at integer);
     create index queue_due on queue(due_at, position);
     create index queue_session on queue(session, idx);
+""" + ("""
+    drop index queue_due;
+    create index queue_due on queue(coalesce(claim_due, due_at), position);
+    create index queue_type on queue(type, coalesce(claim_due, due_at), position);
+    create index queue_session_due on queue(session, due_at);
+""" if four else "") + """
     create table done(position integer primary key, processed_at integer, attempts integer, first_claimed_at integer,
       last_claimed_at integer, returned integer);
     """)
 def run(mode):
-    split, inplace = mode == "split", mode == "inplace"
+    split, inplace = mode.startswith("split"), mode == "inplace"
     db = fresh(PATH)
-    if split: split_schema(db)
+    if split: split_schema(db, mode == "split4")
     else: cur_schema(db, inplace)
     fill(db, split)
     now = N + 10; done = 0; t = time.perf_counter()
     while done < N:
         db.execute("pragma synchronous=normal"); db.execute("begin immediate")
-        if split:
+        if mode == "split4":  # claims in place, as schema 11: the per-session orders do not move
+            ps = [r[0] for r in db.execute("select position from queue where coalesce(claim_due, due_at) <= ? order by coalesce(claim_due, due_at), position limit ?", (now, B))]
+            db.executemany("update queue set claim_due = ?, attempts = attempts + 1, claim_holder = 'h', claim_expires_at = ?, first_claimed_at = ? where position = ?",
+                           [(now + 10**9, now + 10**9, now, p) for p in ps])
+        elif split:
             ps = [r[0] for r in db.execute("select position from queue where due_at <= ? order by due_at, position limit ?", (now, B))]
             db.executemany("update queue set due_at = ?, attempts = attempts + 1, claim_holder = 'h', claim_expires_at = ?, first_claimed_at = ? where position = ?",
                            [(now + 10**9, now + 10**9, now, p) for p in ps])
@@ -112,7 +128,7 @@ def run(mode):
     db.close()
     return N / d
 for r in range(2):  # alternating rounds: compare within a round
-    for mode in ("current", "inplace", "split"):
+    for mode in MODES:
         print("round %d %-8s %.0f events/s" % (r + 1, mode, run(mode)))
 fresh(PATH).close()
 os.remove(PATH)
