@@ -379,7 +379,7 @@ helpers.SANITIZED = BUILD:match("build%-san$") ~= nil
 
 -- The schema versions this build writes (a migration spec checks that an
 -- older store is brought up to them): one place to change with the next.
-helpers.SQLITE_SCHEMA = "12"
+helpers.SQLITE_SCHEMA = "13"
 -- SQL that takes a version 12 file back to what version 10 wrote (a claim's
 -- due time in due_at, no claim_due), for the specs that make an older file
 -- out of a new one: prepend it to their own step back. (Version 12 only

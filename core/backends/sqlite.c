@@ -80,7 +80,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 12           /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 13           /* PRAGMA user_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -142,8 +142,16 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
  * Hence due_at <= SQ_DUE on every row, which the per-session reads by
  * due_at rely on. */
 #define SQ_DUE "coalesce(claim_due, due_at)"
-/* EV_COLS as every event SELECT reads it: due_at is SQ_DUE. */
-#define EV_SEL ES_SQL_EV_COLS_HEAD SQ_DUE ES_SQL_EV_COLS_TAIL
+/* An event's payload (schema version 13, docs/sqlite.md "Long payloads
+ * apart"): a payload longer than SQ_PAYLOAD_INLINE is kept in `payloads`
+ * under the event's position and the row's own column is NULL, so that the
+ * claims and completions that rewrite the row do not rewrite the payload
+ * with it. COALESCE stops at a row's own payload: only a NULL one (a long
+ * payload, or none at all) looks further. */
+#define SQ_PAYLOAD_INLINE 512
+#define SQ_PAYLOAD "coalesce(payload, (SELECT p.payload FROM payloads p WHERE p.position = events.position))"
+/* EV_COLS as every event SELECT reads it: payload is SQ_PAYLOAD, due_at SQ_DUE. */
+#define EV_SEL ES_SQL_EV_COLS_ID SQ_PAYLOAD ES_SQL_EV_COLS_MID SQ_DUE ES_SQL_EV_COLS_TAIL
 /* Column order of every session SELECT; sq_session_put binds it as ?1..?20. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
@@ -168,7 +176,8 @@ enum {
   ST_SNAPSHOT_GET, ST_SNAPSHOT_PUT, ST_SNAPSHOT_LIST,
   ST_REF_GET, ST_REF_PUT, ST_REF_DELETE, ST_REF_LIST, ST_REF_LIST_GT,
   ST_PRESENCE_GET, ST_PRESENCE_PUT, ST_PRESENCE_EXPIRE, ST_PRESENCE_LIST,
-  ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
+  ST_EVENT_DELETE_RANGE, ST_PAYLOAD_DELETE_RANGE, ST_PAYLOAD_PUT,
+  ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
   ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
   ST_SNAPSHOT_DELETE_FROM,
   ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
@@ -315,8 +324,8 @@ static const char *const sq_sql[ST_COUNT] = {
      * leaving a gap if the source lacks an index (allowed: positions need
      * only increase; the core refuses such a copy anyway). */
     [ST_EVENT_COPY] = "INSERT INTO events(" EV_COLS ")"
-                      " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type,"
-                      " payload, lane, created_at, cause_index, cause_attempt, not_before, "
+                      " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type, " SQ_PAYLOAD ","
+                      " lane, created_at, cause_index, cause_attempt, not_before, "
                       ES_SQL_COPY_DISPATCH("?3") ", ?4, idx, " ES_SQL_COPY_CLAIMS ","
                       " key, revision, meta FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
     [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
@@ -396,6 +405,10 @@ static const char *const sq_sql[ST_COUNT] = {
      * one range of it: O(log n + removed), each removed row also leaving
      * the partial indexes it is in (queues, types, lanes, dead). */
     [ST_EVENT_DELETE_RANGE] = "DELETE FROM events WHERE session = ?1 AND idx <= ?2",
+    /* the long payloads of the same rows, removed first (by the range above) */
+    [ST_PAYLOAD_DELETE_RANGE] = "DELETE FROM payloads WHERE position IN"
+                                " (SELECT position FROM events WHERE session = ?1 AND idx <= ?2)",
+    [ST_PAYLOAD_PUT] = "INSERT INTO payloads(position, payload) VALUES (?1, ?2)",
     [ST_SESSION_DELETE] = "DELETE FROM sessions WHERE session = ?1",
     /* a prefix range of the primary key (session, reducer) */
     [ST_SNAPSHOT_DELETE_ALL] = "DELETE FROM snapshots WHERE session = ?1",
@@ -765,6 +778,16 @@ static const char sq_schema_v12[] =
     "DROP TRIGGER IF EXISTS counts_delete;"
     "DROP TRIGGER IF EXISTS counts_update;";
 
+/* Version 13 (issue 26, docs/sqlite.md "Long payloads apart"): payloads
+ * longer than SQ_PAYLOAD_INLINE, kept apart from their rows. Rows written
+ * before keep theirs in the row, which every read looks at first
+ * (SQ_PAYLOAD), so nothing is moved: the migration takes the same time on
+ * any file. */
+static const char sq_schema_v13[] =
+    "CREATE TABLE IF NOT EXISTS payloads("
+    "  position INTEGER PRIMARY KEY,"  /* the event's */
+    "  payload TEXT NOT NULL);";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -778,6 +801,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v10,
     sq_schema_v11,
     sq_schema_v12,
+    sq_schema_v13,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -1150,7 +1174,9 @@ static int sq_bind_event_at(sqlite3_stmt *st, int o, const es_event *e, int64_t 
   rc |= sqlite3_bind_int64(st, o + 3, e->index);
   rc |= sq_bind_str(st, o + 4, e->id);
   rc |= sq_bind_str(st, o + 5, e->type);
-  rc |= sq_bind_bytes_text(st, o + 6, e->payload, e->payload_len);
+  /* a long payload goes to `payloads` (sq_payloads_put): NULL here */
+  rc |= e->payload_len > SQ_PAYLOAD_INLINE ? sqlite3_bind_null(st, o + 6)
+                                           : sq_bind_bytes_text(st, o + 6, e->payload, e->payload_len);
   rc |= sq_bind_str(st, o + 7, e->lane);
   rc |= sq_bind_opt(st, o + 8, e->created_at);
   rc |= sq_bind_opt(st, o + 9, e->cause_index);
@@ -1411,7 +1437,8 @@ static int sq_behind_may_wait(int id) {
     case ST_EVENT_GET: case ST_EVENT_GET_BY_ID: case ST_EVENT_UPDATE: case ST_EVENT_CLAIM:
     case ST_EVENT_COMPLETE:
     case ST_EVENT_INSERT:
-    case ST_EVENT_INSERT_4: case ST_EVENT_INSERT_16: case ST_EVENT_INSERT_64: case ST_LANE_NEXT:
+    case ST_EVENT_INSERT_4: case ST_EVENT_INSERT_16: case ST_EVENT_INSERT_64: case ST_PAYLOAD_PUT:
+    case ST_LANE_NEXT:
     case ST_QUEUED_DUE_ALL: case ST_QUEUED_DUE_SESSION: case ST_QUEUED_DUE_SESSION_BY_DUE:
     case ST_QUEUED_WINDOW_COUNT: case ST_QUEUED_NEXT_ALL: case ST_QUEUED_NEXT_SESSION:
     case ST_QUEUED_NEXT_SESSION_CLAIMED:
@@ -2944,6 +2971,22 @@ static int sq_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event
   return sq_get_one(t, ST_EVENT_GET_BY_ID, st, temp, ROW_EVENT, out, err);
 }
 
+/* The long payloads of rows[0..n), inserted at positions first.. (their
+ * rows hold NULL: sq_bind_event_at). */
+static int sq_payloads_put(es_txn *t, const es_event *rows, size_t n, int64_t first, es_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    if (rows[i].payload_len <= SQ_PAYLOAD_INLINE) continue;
+    sqlite3_stmt *st;
+    int temp, code;
+    if ((code = sq_op(t, ST_PAYLOAD_PUT, &st, &temp, err)) != ES_OK) return code;
+    if (sqlite3_bind_int64(st, 1, first + (int64_t)i) != SQLITE_OK ||
+        sq_bind_bytes_text(st, 2, rows[i].payload, rows[i].payload_len) != SQLITE_OK)
+      return sq_bind_fail(t, ST_PAYLOAD_PUT, st, temp, err);
+    if ((code = sq_run(t, ST_PAYLOAD_PUT, st, temp, "insert", err)) != ES_OK) return code;
+  }
+  return ES_OK;
+}
+
 static int sq_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err) {
   (void)b; /* t carries it (t->b) */
   sqlite3_stmt *st;
@@ -2953,6 +2996,7 @@ static int sq_event_insert(es_backend *b, es_txn *t, es_event *row, es_err *err)
   if (sq_bind_event(st, row, t->next_position) != SQLITE_OK || sq_bind_immutable(st, 0, row) != SQLITE_OK)
     return sq_bind_fail(t, ST_EVENT_INSERT, st, temp, err);
   if ((code = sq_run(t, ST_EVENT_INSERT, st, temp, "insert", err)) != ES_OK) return code;
+  if ((code = sq_payloads_put(t, row, 1, t->next_position, err)) != ES_OK) return code;
   row->position = t->next_position++;
   return ES_OK;
 }
@@ -2987,6 +3031,7 @@ static int sq_event_insert_many(es_backend *b, es_txn *t, es_event *rows, size_t
     }
     if (bad) return sq_bind_fail(t, id, st, temp, err);
     if ((code = sq_run(t, id, st, temp, "insert", err)) != ES_OK) return code;
+    if ((code = sq_payloads_put(t, &rows[i], k, t->next_position, err)) != ES_OK) return code;
     for (size_t r = 0; r < k; r++) rows[i + r].position = t->next_position++;
     i += k;
   }
@@ -3631,7 +3676,7 @@ static int sq_remove(es_txn *t, int id, const char *session, int64_t through, in
   if (!t->write) return sq_read_only_txn(err);
   if ((code = sq_op(t, id, &st, &temp, err)) != ES_OK) return code;
   sq_bind_str(st, 1, session);
-  if (id == ST_EVENT_DELETE_RANGE) sqlite3_bind_int64(st, 2, through);
+  if (id == ST_EVENT_DELETE_RANGE || id == ST_PAYLOAD_DELETE_RANGE) sqlite3_bind_int64(st, 2, through);
   if ((code = sq_run(t, id, st, temp, "delete", err)) != ES_OK) return code;
   *removed = sqlite3_changes64(t->c->db);
   if (*removed > 0) t->removed = 1;
@@ -3648,7 +3693,8 @@ static int sq_event_delete_range(es_backend *b, es_txn *t, const char *session, 
                                  es_err *err) {
   (void)b; /* t carries it (t->b) */
   int64_t removed;
-  return sq_remove(t, ST_EVENT_DELETE_RANGE, session, through, &removed, err);
+  int code = sq_remove(t, ST_PAYLOAD_DELETE_RANGE, session, through, &removed, err);
+  return code == ES_OK ? sq_remove(t, ST_EVENT_DELETE_RANGE, session, through, &removed, err) : code;
 }
 
 static int sq_session_delete(es_backend *b, es_txn *t, const char *session, es_err *err) {
