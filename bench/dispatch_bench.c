@@ -23,6 +23,10 @@
  *   the store itself costs, no Lua: the anchor of the memory: figures.
  * - the engine (es_engine_run, until idle) with 1..8 workers, the handler
  *   `return function(e) return nil end`.
+ *
+ * Environment: DISPATCH_ONLY=k runs figure k alone; DISPATCH_PAYLOAD_BYTES=N
+ * gives every event a payload of N bytes (a JSON string) instead of the
+ * ~85-byte object.
  */
 #include <sqlite3.h>
 #include <stdio.h>
@@ -38,6 +42,12 @@
 
 static const char PAYLOAD[] =
     "{\"customer\":\"c-000123\",\"items\":[{\"qty\":2,\"sku\":\"SKU-42\"}],\"note\":\"leave at the door\"}";
+
+/* The payload every event carries: PAYLOAD, or with DISPATCH_PAYLOAD_BYTES=N
+ * a JSON string of N bytes (long payloads: docs/sqlite.md "Long payloads
+ * apart"). */
+static const char *payload = PAYLOAD;
+static size_t payload_len = sizeof PAYLOAD - 1;
 
 #define RAW_BATCH 64
 #define MAX_ROUNDS 9
@@ -89,7 +99,7 @@ static sqlite3 *raw_open(const char *path, long n) {
     die("raw prepare", sqlite3_errmsg(db));
   for (long i = 1; i <= n; i++) {
     sqlite3_bind_int64(st, 1, i);
-    sqlite3_bind_blob(st, 2, PAYLOAD, (int)sizeof PAYLOAD - 1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 2, payload, (int)payload_len, SQLITE_STATIC);
     if (sqlite3_step(st) != SQLITE_DONE) die("raw fill", sqlite3_errmsg(db));
     sqlite3_reset(st);
   }
@@ -187,8 +197,8 @@ static es_store *filled_store(const char *url, long n) {
   for (int k = 0; k < 100; k++) {
     es_new_event_init(&b[k]);
     b[k].type = "job";
-    b[k].payload = PAYLOAD;
-    b[k].payload_len = sizeof PAYLOAD - 1;
+    b[k].payload = payload;
+    b[k].payload_len = payload_len;
   }
   for (long i = 0; i < n; i += 100) {
     int pending;
@@ -282,6 +292,16 @@ int main(int argc, char **argv) {
   if (rounds < 1) rounds = 1;
   if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
   long n_raw1 = (long)(1000 * scale), n_sq = (long)(20000 * scale), n_mem = (long)(200000 * scale);
+  const char *bytes = getenv("DISPATCH_PAYLOAD_BYTES");
+  if (bytes && atol(bytes) >= 2) {
+    payload_len = (size_t)atol(bytes);
+    char *p = malloc(payload_len + 1);
+    if (!p) die("payload", "out of memory");
+    memset(p, 'x', payload_len);
+    p[0] = p[payload_len - 1] = '"';
+    p[payload_len] = '\0';
+    payload = p; /* the process's life */
+  }
 
   snprintf(scripts, sizeof scripts, "%s/dispatch_scripts", dir);
   char sub[1200];
