@@ -211,12 +211,7 @@ describe("a store of the previous schema", function()
   after_each(helpers.cleanup)
 
   it("sqlite: a version 7 file is migrated at open", function()
-    local _, _, url = helpers.new("sqlite:")
-    helpers.cleanup() -- only its name: the fixture makes the file
-    local path = url:match("^sqlite:(.*)$")
-    local p = assert(io.popen(("sqlite3 %s 2>&1"):format(helpers.sh_quote(path)), "w"))
-    p:write(read_file("spec/fixtures/sqlite_schema_v7.sql"))
-    assert(p:close())
+    local url, path = helpers.sqlite_fixture("sqlite_schema_v7.sql")
     local store = helpers.open_same(url, { clock = helpers.manual_clock(WRITTEN_AT) })
     check_migrated(store)
     store:close()

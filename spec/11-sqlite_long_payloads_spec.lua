@@ -30,12 +30,7 @@ local function append_sized(store, session, settled)
   store:append(session, evs)
 end
 
-local function sqlite3(path, sql)
-  local p = assert(io.popen(("sqlite3 %s %s 2>&1"):format(helpers.sh_quote(path), helpers.sh_quote(sql))))
-  local out = p:read("a")
-  assert(p:close(), "sqlite3 failed: " .. out)
-  return (out:gsub("%s+$", ""))
-end
+local function sqlite3(path, sql) return (helpers.sqlite3(path, sql):gsub("%s+$", "")) end
 
 for _, url in ipairs(helpers.urls()) do
   describe(url, function()
@@ -134,12 +129,7 @@ describe("sqlite: a file of schema version 12 with long payloads in their rows",
 
   it("is migrated at open: the old rows read the same, dispatch goes on, new long payloads go apart", function()
     local T = 1700000000000
-    local _, _, url = helpers.new("sqlite:")
-    helpers.cleanup() -- only its name: the fixture makes the file
-    local path = url:match("^sqlite:(.*)$")
-    local p = assert(io.popen(("sqlite3 %s 2>&1"):format(helpers.sh_quote(path)), "w"))
-    p:write(helpers.read_file("spec/fixtures/sqlite_schema_v12.sql"))
-    assert(p:close())
+    local url, path = helpers.sqlite_fixture("sqlite_schema_v12.sql")
     local clock = helpers.manual_clock(T)
     local store = helpers.open_same(url, { clock = clock })
     local function text(tag, bytes) return { tag = tag, text = string.rep(tag:sub(1, 1), bytes) } end

@@ -115,12 +115,7 @@ describe("sqlite: a file of schema version 10 with live claims", function()
 
   it("is migrated at open, its claims still live until they end", function()
     local T = 1700000000000
-    local _, _, url = helpers.new("sqlite:")
-    helpers.cleanup() -- only its name: the fixture makes the file
-    local path = url:match("^sqlite:(.*)$")
-    local p = assert(io.popen(("sqlite3 %s 2>&1"):format(helpers.sh_quote(path)), "w"))
-    p:write(helpers.read_file("spec/fixtures/sqlite_schema_v10.sql"))
-    assert(p:close())
+    local url, path = helpers.sqlite_fixture("sqlite_schema_v10.sql")
     local clock = helpers.manual_clock(T)
     local store = helpers.open_same(url, { clock = clock })
     assert.same({ 3, 4 }, indexes(claimed(store, "jobs", { holder = "w2", ttl_ms = 120000 })))

@@ -31,12 +31,7 @@ local function walked(store)
   return c
 end
 
-local function sqlite3(path, sql)
-  local p = assert(io.popen(("sqlite3 %s %s 2>&1"):format(helpers.sh_quote(path), helpers.sh_quote(sql))))
-  local out = p:read("a")
-  assert(p:close(), "sqlite3 failed: " .. out)
-  return out
-end
+local sqlite3 = helpers.sqlite3
 
 -- A closed store (its URL returned) holding tenants T (two events, in
 -- sessions a and c) and U and a session of no tenant, for the migration

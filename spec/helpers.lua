@@ -423,6 +423,28 @@ function helpers.sh_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
+-- What the sqlite3 shell prints for sql run on the file at path (raises
+-- when the shell fails).
+function helpers.sqlite3(path, sql)
+  local p = assert(io.popen(("sqlite3 %s %s 2>&1"):format(helpers.sh_quote(path), helpers.sh_quote(sql))))
+  local out = p:read("a")
+  assert(p:close(), "sqlite3 failed: " .. out)
+  return out
+end
+
+-- A sqlite: file made by the sqlite3 shell from spec/fixtures/NAME (the
+-- SQL text of a store an older build wrote), not opened: its concrete URL
+-- and its path. helpers.remove_db(path) removes it.
+function helpers.sqlite_fixture(name)
+  local _, _, url = helpers.new("sqlite:")
+  helpers.cleanup() -- only its name: the fixture makes the file
+  local path = url:match("^sqlite:(.*)$")
+  local p = assert(io.popen(("sqlite3 %s 2>&1"):format(helpers.sh_quote(path)), "w"))
+  p:write(helpers.read_file("spec/fixtures/" .. name))
+  assert(p:close())
+  return url, path
+end
+
 -- Seeds math.random for a randomised test: from ES_SEED when it is set (to
 -- replay a failure), from the clock otherwise. Prints the seed as a TAP
 -- comment, which spec/run.sh shows with the test's failure.
