@@ -77,6 +77,28 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal(want[4], revived.payload.text)
     end)
 
+    it("a long meta reads back exactly, beside a short payload or a long one, through dispatch and forks", function()
+      local store = helpers.new(url)
+      local meta = { note = string.rep("m", 3000) }
+      store:append("m", {
+        { type = "t", payload = { n = 1 }, meta = meta },
+        { type = "t", payload = sized(2000, "p"), meta = meta },
+        { type = "t", payload = sized(2000, "q"), meta = { short = true } },
+      })
+      local function check(events)
+        assert.same({ { n = 1 }, sized(2000, "p"), sized(2000, "q") },
+          { events[1].payload, events[2].payload, events[3].payload })
+        assert.same({ meta, meta, { short = true } }, { events[1].meta, events[2].meta, events[3].meta })
+      end
+      check(store:read("m"))
+      local got = helpers.claim(store, "m", { holder = "w", ttl_ms = 60000, limit = 3 })
+      check(got.events)
+      for _, e in ipairs(got.events) do store:complete("m", e.index, e.attempt) end
+      check(store:read("m"))
+      store:fork("m", 3, "m2")
+      check(store:read("m2"))
+    end)
+
     it("a fork copies long payloads, and truncating the source leaves the copies whole", function()
       local store = helpers.new(url)
       append_sized(store, "src", true)
@@ -100,12 +122,21 @@ describe("sqlite: long payloads apart from their rows", function()
     local path = url:match("^sqlite:(.*)$")
     append_sized(store, "s")
     append_sized(store, "gone", true)
+    store:append("meta", { { type = "t", payload = { n = 1 }, meta = { note = string.rep("m", 600) }, settled = true } })
+    store:close()
+    -- a long meta beside a short payload: the meta apart, the payload in the row
+    assert.equal("1|0|1", sqlite3(path, "SELECT p.payload IS NULL, e.payload IS NULL, e.meta IS NULL"
+      .. " FROM events e JOIN payloads p ON p.position = e.position WHERE e.session = 'meta'"))
+    store = helpers.open_same(url)
+    assert.same({ note = string.rep("m", 600) }, store:read("meta")[1].meta)
+    store:truncate("meta", 1)
     store:close()
     -- 513 bytes and more apart; 511 and 512 in the row
     assert.equal("3|3", sqlite3(path, "SELECT count(*), sum(length(payload) > 512) FROM payloads"
       .. " WHERE position IN (SELECT position FROM events WHERE session = 's')"))
     assert.equal("2", sqlite3(path, "SELECT count(*) FROM events WHERE session = 's' AND payload IS NOT NULL"))
     assert.equal("0", sqlite3(path, "SELECT count(*) FROM events WHERE length(payload) > 512"))
+
     store = helpers.open_same(url)
     local got = helpers.claim(store, "s", { holder = "w", ttl_ms = 60000, limit = 5 })
     for _, e in ipairs(got.events) do store:complete("s", e.index, e.attempt) end

@@ -142,16 +142,21 @@ enum { SQ_MODE_RWC = 0, SQ_MODE_RW, SQ_MODE_RO };
  * Hence due_at <= SQ_DUE on every row, which the per-session reads by
  * due_at rely on. */
 #define SQ_DUE "coalesce(claim_due, due_at)"
-/* An event's payload (schema version 13, docs/sqlite.md "Long payloads
- * apart"): a payload longer than SQ_PAYLOAD_INLINE is kept in `payloads`
- * under the event's position and the row's own column is NULL, so that the
- * claims and completions that rewrite the row do not rewrite the payload
- * with it. COALESCE stops at a row's own payload: only a NULL one (a long
- * payload, or none at all) looks further. */
+/* An event's payload and meta (schema version 13, docs/sqlite.md "Long
+ * payloads apart"): one longer than SQ_PAYLOAD_INLINE bytes is kept in
+ * `payloads` under the event's position and the row's own column is NULL,
+ * so that the claims and completions that rewrite the row do not rewrite
+ * it too. COALESCE stops at the row's own value: only a NULL one (a long
+ * value, or none at all) looks further. */
 #define SQ_PAYLOAD_INLINE 512
-#define SQ_PAYLOAD "coalesce(payload, (SELECT p.payload FROM payloads p WHERE p.position = events.position))"
-/* EV_COLS as every event SELECT reads it: payload is SQ_PAYLOAD, due_at SQ_DUE. */
-#define EV_SEL ES_SQL_EV_COLS_ID SQ_PAYLOAD ES_SQL_EV_COLS_MID SQ_DUE ES_SQL_EV_COLS_TAIL
+#define SQ_APART(col) \
+  "coalesce(" col ", (SELECT p." col " FROM payloads p WHERE p.position = events.position))"
+#define SQ_PAYLOAD SQ_APART("payload")
+#define SQ_META SQ_APART("meta")
+/* EV_COLS as every event SELECT reads it: payload, due_at and meta through
+ * SQ_PAYLOAD, SQ_DUE and SQ_META. */
+#define EV_SEL                                                                        \
+  ES_SQL_EV_COLS_ID SQ_PAYLOAD ES_SQL_EV_COLS_MID SQ_DUE ES_SQL_EV_COLS_AFTER_DUE SQ_META
 /* Column order of every session SELECT; sq_session_put binds it as ?1..?20. */
 #define SESS_COLS                                                                         \
   "session, head, events, pending, dead, attempts, failures, first_at, updated_at, fence, " \
@@ -327,7 +332,7 @@ static const char *const sq_sql[ST_COUNT] = {
                       " SELECT ?1 + idx - 1, ?2, idx, es_copy_id(), type, " SQ_PAYLOAD ","
                       " lane, created_at, cause_index, cause_attempt, not_before, "
                       ES_SQL_COPY_DISPATCH("?3") ", ?4, idx, " ES_SQL_COPY_CLAIMS ","
-                      " key, revision, meta FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
+                      " key, revision, " SQ_META " FROM events WHERE session = ?4 AND idx <= ?5 ORDER BY idx",
     [ST_LANE_NEXT] = "SELECT idx FROM events INDEXED BY events_lane"
                      " WHERE session = ?1 AND lane = ?2 AND idx > ?3"
                      " AND lane IS NOT NULL AND status <> " ES_SQL_PROCESSED
@@ -408,7 +413,7 @@ static const char *const sq_sql[ST_COUNT] = {
     /* the long payloads of the same rows, removed first (by the range above) */
     [ST_PAYLOAD_DELETE_RANGE] = "DELETE FROM payloads WHERE position IN"
                                 " (SELECT position FROM events WHERE session = ?1 AND idx <= ?2)",
-    [ST_PAYLOAD_PUT] = "INSERT INTO payloads(position, payload) VALUES (?1, ?2)",
+    [ST_PAYLOAD_PUT] = "INSERT INTO payloads(position, payload, meta) VALUES (?1, ?2, ?3)",
     [ST_SESSION_DELETE] = "DELETE FROM sessions WHERE session = ?1",
     /* a prefix range of the primary key (session, reducer) */
     [ST_SNAPSHOT_DELETE_ALL] = "DELETE FROM snapshots WHERE session = ?1",
@@ -779,14 +784,16 @@ static const char sq_schema_v12[] =
     "DROP TRIGGER IF EXISTS counts_update;";
 
 /* Version 13 (issue 26, docs/sqlite.md "Long payloads apart"): payloads
- * longer than SQ_PAYLOAD_INLINE, kept apart from their rows. Rows written
- * before keep theirs in the row, which every read looks at first
- * (SQ_PAYLOAD), so nothing is moved: the migration takes the same time on
- * any file. */
+ * and metas longer than SQ_PAYLOAD_INLINE, kept apart from their rows (a
+ * row of `payloads` holds the event's long ones, NULL for a short one).
+ * Rows written before keep theirs in the row, which every read looks at
+ * first (SQ_APART), so nothing is moved: the migration takes the same time
+ * on any file. */
 static const char sq_schema_v13[] =
     "CREATE TABLE IF NOT EXISTS payloads("
     "  position INTEGER PRIMARY KEY,"  /* the event's */
-    "  payload TEXT NOT NULL);";
+    "  payload TEXT,"
+    "  meta TEXT);";
 
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
@@ -1203,11 +1210,14 @@ static int sq_bind_event_at(sqlite3_stmt *st, int o, const es_event *e, int64_t 
   return rc;
 }
 
+/* Whether e's meta is kept apart (SQ_META). */
+static int sq_meta_apart(const es_event *e) { return e->meta && strlen(e->meta) > SQ_PAYLOAD_INLINE; }
+
 /* Binds the columns only an insert writes (o as sq_bind_event_at): key,
- * revision, meta (?30..?32). */
+ * revision, meta (?30..?32; a long meta goes to `payloads`: NULL here). */
 static int sq_bind_immutable(sqlite3_stmt *st, int o, const es_event *e) {
   return sq_bind_str(st, o + 30, e->key) | sqlite3_bind_int64(st, o + 31, e->revision) |
-         sq_bind_str(st, o + 32, e->meta);
+         (sq_meta_apart(e) ? sqlite3_bind_null(st, o + 32) : sq_bind_str(st, o + 32, e->meta));
 }
 
 /* Decodes the current row (EV_COLS) into e: strings borrowed from the
@@ -2971,16 +2981,19 @@ static int sq_event_get_by_id(es_backend *b, es_txn *t, const char *id, es_event
   return sq_get_one(t, ST_EVENT_GET_BY_ID, st, temp, ROW_EVENT, out, err);
 }
 
-/* The long payloads of rows[0..n), inserted at positions first.. (their
- * rows hold NULL: sq_bind_event_at). */
+/* The long payloads and metas of rows[0..n), inserted at positions
+ * first.. (their rows hold NULL: sq_bind_event_at, sq_bind_immutable). */
 static int sq_payloads_put(es_txn *t, const es_event *rows, size_t n, int64_t first, es_err *err) {
   for (size_t i = 0; i < n; i++) {
-    if (rows[i].payload_len <= SQ_PAYLOAD_INLINE) continue;
+    int payload = rows[i].payload_len > SQ_PAYLOAD_INLINE, meta = sq_meta_apart(&rows[i]);
+    if (!payload && !meta) continue;
     sqlite3_stmt *st;
     int temp, code;
     if ((code = sq_op(t, ST_PAYLOAD_PUT, &st, &temp, err)) != ES_OK) return code;
     if (sqlite3_bind_int64(st, 1, first + (int64_t)i) != SQLITE_OK ||
-        sq_bind_bytes_text(st, 2, rows[i].payload, rows[i].payload_len) != SQLITE_OK)
+        (payload ? sq_bind_bytes_text(st, 2, rows[i].payload, rows[i].payload_len)
+                 : sqlite3_bind_null(st, 2)) != SQLITE_OK ||
+        sq_bind_str(st, 3, meta ? rows[i].meta : NULL) != SQLITE_OK)
       return sq_bind_fail(t, ST_PAYLOAD_PUT, st, temp, err);
     if ((code = sq_run(t, ST_PAYLOAD_PUT, st, temp, "insert", err)) != ES_OK) return code;
   }

@@ -28,18 +28,19 @@ _Static_assert(ES_SQL_STATUS_DEAD_N == ES_STATUS_DEAD, "store.h changed ES_STATU
 
 /* The events table's columns in the order every event SELECT and INSERT
  * of both backends uses. The immutable columns added later (key, §3.10;
- * revision and meta, §3.1) come last. The columns around payload and
- * due_at are apart so that a backend can read those two through an
- * expression (sqlite: a long payload is kept in a table of its own, a
- * claim's due time in a column of its own). */
+ * revision and meta, §3.1) come last. The columns around payload,
+ * due_at and meta are apart so that a backend can read them through an
+ * expression (sqlite: a long payload or meta is kept in a table of its
+ * own, a claim's due time in a column of its own). */
 #define ES_SQL_EV_COLS_ID "position, session, idx, id, type, "
 #define ES_SQL_EV_COLS_MID                                                               \
   ", lane, created_at, cause_index, cause_attempt, not_before, status, attempts, "     \
   "failures, last_error, processed_at, claim_holder, claim_expires_at, retry_at, queued, "
 #define ES_SQL_EV_COLS_HEAD ES_SQL_EV_COLS_ID "payload" ES_SQL_EV_COLS_MID
-#define ES_SQL_EV_COLS_TAIL                                                              \
+#define ES_SQL_EV_COLS_AFTER_DUE                                                         \
   ", last_failed_attempt, returned, origin_session, origin_index, first_claimed_at, " \
-  "last_claimed_at, failed_at, processed_by_attempt, key, revision, meta"
+  "last_claimed_at, failed_at, processed_by_attempt, key, revision, "
+#define ES_SQL_EV_COLS_TAIL ES_SQL_EV_COLS_AFTER_DUE "meta"
 #define ES_SQL_EV_COLS ES_SQL_EV_COLS_HEAD "due_at" ES_SQL_EV_COLS_TAIL
 
 /* The dispatch record of a copied event (es_event_settle_copy, rows.c), as
