@@ -359,6 +359,25 @@ static void release_events(es_engine *e, es_event **evs, size_t n) {
   free(refs);
 }
 
+/* Attempts that ended in the store since the run began: completed,
+ * failed, dead-lettered. What a claim could not see ready may be ready once
+ * this moves (the next event of a lane, a retry); pf_mark compares it. */
+static long long settled_count(es_engine *e) {
+  return atomic_load(&e->handled) + atomic_load(&e->failed) + atomic_load(&e->dead);
+}
+
+/* Whether a claim ahead would find nothing worth its write (under q_mu):
+ * after a claim that took everything ready (pf_mark), until attempts have
+ * ended since (what they made ready, the next events of lanes, is what it
+ * would find), and once the queue is empty (nothing is left to overlap
+ * with but the running handlers). With one lane run in turn a claim ahead
+ * found nothing for every event, and while it ran the worker's completion
+ * could not be awaited ("Awaited completions" in completions.c): 2-7x
+ * slower (bench/README.md "No futile claims ahead"). */
+static int ahead_futile(es_engine *e) {
+  return e->pf_mark >= 0 && (e->q_n == 0 || settled_count(e) == e->pf_mark);
+}
+
 /* Takes the oldest queued event into *out; 0 when the queue is empty.
  * *last: it was the last one queued, and no claim is under way. Taking
  * the queue down to its
@@ -376,7 +395,7 @@ static int queue_pop(es_engine *e, queued_event *out, int *lone, int *last) {
     *lone = es_lost_attempts(&out->ev) > 0;
     if (*lone)
       e->lone_out++; /* no claim ahead until it ends (lone_done) */
-    else if (e->pf_on && !e->pf_want && !e->claiming && e->q_n <= e->pf_low) {
+    else if (e->pf_on && !e->pf_want && !e->claiming && e->q_n <= e->pf_low && !ahead_futile(e)) {
       e->pf_want = 1;
       pthread_cond_signal(&e->pf_cond);
     }
@@ -467,6 +486,7 @@ void es_queue_release_before(es_engine *e, int64_t cutoff) {
   released_done(e);
 }
 
+
 /* Claims ready events into the queue: a worker's claim (ahead 0) when the
  * queue is empty, the prefetcher's (ahead 1) when it is down to pf_low.
  * ES_OK with *claimed the number claimed; *claimed = -1 when there was no
@@ -477,7 +497,7 @@ static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *e
   *claimed = -1;
   pthread_mutex_lock(&e->q_mu);
   if (ahead ? !e->pf_on || e->claiming || e->releasing || e->q_n > e->pf_low || lone_attempt_out(e) ||
-                  atomic_load(&e->handler_us) >= batch_window_us(e)
+                  atomic_load(&e->handler_us) >= batch_window_us(e) || ahead_futile(e)
             : e->q_n > 0) {
     pthread_mutex_unlock(&e->q_mu);
     return ES_OK;
@@ -513,7 +533,9 @@ static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *e
   es_type_set *ts = es_types_get(e);
   size_t n_skip;
   char **skip = es_engine_skip_list(e, &n_skip); /* sessions another holder owns */
-  int rc = ts ? es_store_claim_next(e->s, e->holder, e->o.ttl_ms, claim_limit(e),
+  long long settled = settled_count(e);
+  int64_t want = claim_limit(e);
+  int rc = ts ? es_store_claim_next(e->s, e->holder, e->o.ttl_ms, want,
                                     ts->n ? (const char *const *)ts->v : no_types, ts->n,
                                     (const char *const *)skip, n_skip, &got, &retry_at, err)
               : es_fail(err, ES_STORAGE, "out of memory");
@@ -546,6 +568,7 @@ static int claim_into_queue(es_engine *e, int ahead, int64_t *claimed, es_err *e
   for (; pushed < keep; pushed++)
     if (queue_push_locked(e, &got.v[pushed], now) != ES_OK) break;
   e->claiming = 0;
+  e->pf_mark = rc == ES_OK && (int64_t)got.n < want ? settled : -1;
   /* A claim that found work sets the next low-water mark; a worker's
    * turns claims ahead on again. One ahead that found nothing or failed
    * holds them until a worker's claim finds work: each pop would

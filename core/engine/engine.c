@@ -782,6 +782,7 @@ static int run_threads(es_engine *e, const es_run_opts *ro, int64_t every, es_er
   pthread_mutex_lock(&e->q_mu);
   e->pf_on = e->pf_want = e->pf_quit = 0;
   e->pf_low = 0;
+  e->pf_mark = -1;
   pthread_mutex_unlock(&e->q_mu);
   pthread_t prefetcher;
   int pf = pthread_create(&prefetcher, NULL, es_prefetcher_main, e) == 0;
