@@ -486,7 +486,6 @@ void es_queue_release_before(es_engine *e, int64_t cutoff) {
   released_done(e);
 }
 
-
 /* Claims ready events into the queue: a worker's claim (ahead 0) when the
  * queue is empty, the prefetcher's (ahead 1) when it is down to pf_low.
  * ES_OK with *claimed the number claimed; *claimed = -1 when there was no

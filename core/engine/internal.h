@@ -234,8 +234,9 @@ struct es_engine {
   int pf_want;                /* a worker took the queue down to pf_low: claim ahead */
   int pf_quit;
   size_t pf_low;              /* the queue's low-water mark: half the last claim */
-  long long pf_mark;          /* es_settled_count before the last claim, when it got less than it
-                               * asked for (everything ready then); -1 when it got all */
+  long long pf_mark;          /* settled_count (dispatch.c) before the last claim, when it got
+                               * less than it asked for (everything ready then); -1 when it got
+                               * all, or failed */
   int lone_out;               /* attempts after a lost one taken off the queue, not yet done */
   atomic_llong handler_us;    /* running mean of a handler call's wall time (0: none yet) */
   atomic_llong claim_cap;     /* events per claim at most now: halved when queued events had
