@@ -136,7 +136,6 @@ describe("sqlite: long payloads apart from their rows", function()
       .. " WHERE position IN (SELECT position FROM events WHERE session = 's')"))
     assert.equal("2", sqlite3(path, "SELECT count(*) FROM events WHERE session = 's' AND payload IS NOT NULL"))
     assert.equal("0", sqlite3(path, "SELECT count(*) FROM events WHERE length(payload) > 512"))
-
     store = helpers.open_same(url)
     local got = helpers.claim(store, "s", { holder = "w", ttl_ms = 60000, limit = 5 })
     for _, e in ipairs(got.events) do store:complete("s", e.index, e.attempt) end

@@ -51,11 +51,7 @@ local function file_has(path, needle)
   return bytes ~= nil and bytes:find(needle, 1, true) ~= nil
 end
 
-local function sqlite_exec(path, sql)
-  local ok, out = sh("sqlite3 " .. q(path) .. " " .. q(sql))
-  assert(ok, "sqlite3 failed: " .. out)
-  return out
-end
+local sqlite_exec = helpers.sqlite3
 
 local function payloads(events)
   local out = {}

@@ -376,7 +376,7 @@ describe("a store of the previous schema gets projections at open", function()
     projection(t, "per_customer", PER_CUSTOMER)
     eh.run(eh.engine({ store = t.store, scripts = t.dir }))
     assert.same({ orders = 1, total = 3, key = "c1" }, (t.store:projection("per_customer", "c1")))
-    local v = io.popen(("sqlite3 %s 'PRAGMA user_version'"):format(helpers.sh_quote(path))):read("a")
+    local v = helpers.sqlite3(path, "PRAGMA user_version")
     assert.equal(helpers.SQLITE_SCHEMA, (v:gsub("%s", "")))
   end)
 

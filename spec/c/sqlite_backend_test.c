@@ -1629,6 +1629,14 @@ static void test_disk_full(void) {
             (int)c.evs.n == committed,
         "after the full disk exactly the acknowledged events are stored");
   B->read_end(BK(t), t);
+  /* their payloads are long (kept apart, docs/sqlite.md "Long payloads
+   * apart"): each whole, and no payload row without its event */
+  int whole = 1;
+  for (size_t i = 0; i < c.evs.n; i++)
+    whole &= c.evs.v[i].payload && c.evs.v[i].payload_len == strlen(payload);
+  CHECK(whole && raw_int(p, "SELECT count(*) FROM payloads") == committed &&
+            raw_int(p, "SELECT count(*) FROM payloads WHERE position NOT IN (SELECT position FROM events)") == 0,
+        "... each with its whole payload, and no payload stored without its event");
   collect_reset(&c);
 
   /* group commit after a failure inside one caller's savepoint: either the
