@@ -6,7 +6,10 @@
 -- cause {index, attempt} of the completing attempt, and every completion a
 -- worker was told about is in the file. Some claims are left to expire on
 -- purpose, so the other process re-takes the event and the late completion
--- must come back superseded.
+-- must come back superseded. Every seventh event carries a payload over
+-- 512 bytes, and its result event one too (docs/sqlite.md "Long payloads
+-- apart": kept beside the row that the other process's claims and
+-- completions rewrite); both must read back whole.
 --
 -- And: store:wait in one process wakes for an append made by another
 -- (how soon is a figure of bench/wait_latency.lua, not a test: latency
@@ -32,6 +35,13 @@ local function now_ms()
   local ms = math.tointeger(tonumber(p:read("l")))
   p:close()
   return ms
+end
+
+-- Every seventh work event's payload carries 600 bytes more (kept apart
+-- on sqlite:), different from event to event; nil for the others.
+local function long_pad(s, i)
+  if (s * 1000 + i) % 7 ~= 0 then return nil end
+  return (("%02d/%03d:"):format(s, i)):rep(100):sub(1, 600)
 end
 
 -- The shared stores to run on: a SQLite file (db: its path, url: its URL)
@@ -76,7 +86,8 @@ describe(target.name, function()
       local batch = {}
       for i = 1, N // SESSIONS do
         -- a few lanes too: their events must still go one after another
-        batch[i] = { type = "work", payload = { s = s, i = i }, lane = (s % 4 == 0) and "l" or nil }
+        batch[i] = { type = "work", payload = { s = s, i = i, pad = long_pad(s, i) },
+          lane = (s % 4 == 0) and "l" or nil }
       end
       store:append(("mp-%02d"):format(s), batch)
     end
@@ -136,6 +147,9 @@ describe(target.name, function()
           assert.is_not_nil(t, key .. " completed, but no worker was told")
           assert.equal(t.attempt, r.cause.attempt)
           assert.equal(t.holder, r.payload.by)
+          -- the long payloads, through the other processes' rewrites
+          assert.equal(long_pad(e.payload.s, e.payload.i), e.payload.pad)
+          assert.equal(e.payload.pad and ("r"):rep(600) or nil, r.payload.pad)
           completed = completed + 1
         end
       end

@@ -8,7 +8,9 @@
 -- Claims ready events with claim_next and completes each with one settled
 -- "done" event, until nothing is pending. Every SLOW_EVERY-th claimed event
 -- (0: never) is held past its TTL before completing, so the other process
--- may re-take it and this completion must come back superseded.
+-- may re-take it and this completion must come back superseded. The result
+-- of an event whose payload has a `pad` carries a 600-byte `pad` too (a
+-- long payload written by this process).
 -- Prints one line per completion that came back "completed":
 --   "completed SESSION INDEX ATTEMPT"
 -- and at the end "superseded N" and "done".
@@ -45,7 +47,7 @@ while true do
     seen = seen + 1
     if slow_every > 0 and seen % slow_every == 0 then sleep_ms(ttl + 50) end
     local res = store:complete(e.session, e.index, e.attempt,
-      { { type = "done", settled = true, payload = { by = holder, attempt = e.attempt } } })
+      { { type = "done", settled = true, payload = { by = holder, attempt = e.attempt, pad = e.payload.pad and ("r"):rep(600) or nil } } })
     if res.outcome == "completed" then
       out:write(("completed %s %d %d\n"):format(e.session, e.index, e.attempt))
     else
