@@ -4,7 +4,8 @@
 -- sqlite: a payload over 512 bytes is kept apart from its row (docs/sqlite.md
 -- "Long payloads apart", schema version 13), so these cases cross that line
 -- both ways; a file of schema version 12, whose long payloads are in their
--- rows, is migrated at open and read the same.
+-- rows, is migrated at open and read the same, unless it holds a `payloads`
+-- table of its own (then it is left at version 12, and the error says why).
 local helpers = require("helpers")
 
 -- {"text":"xxx..."}: k + 11 bytes of canonical JSON
@@ -193,6 +194,25 @@ describe("sqlite: a file of schema version 12 with long payloads in their rows",
     assert.same(text("dead", 1500), store:dead_letters({})[1].payload)
     store:close()
     assert.equal("0", sqlite3(path, "SELECT count(*) FROM payloads"))
+    helpers.remove_db(path)
+  end)
+
+  it("is left at version 12, and says why, when it already holds a table named payloads", function()
+    local url, path = helpers.sqlite_fixture("sqlite_schema_v12.sql")
+    sqlite3(path, "CREATE TABLE payloads(x); INSERT INTO payloads VALUES ('a user''s row')")
+    local ok, err = pcall(helpers.open_same, url)
+    assert.is_false(ok)
+    assert.matches("migrating schema 12 to 13 failed", tostring(err), 1, true)
+    assert.matches("payloads already exists", tostring(err), 1, true)
+    -- nothing of the migration stayed: the file is as it was
+    assert.equal("12", sqlite3(path, "PRAGMA user_version"))
+    assert.equal("a user's row", sqlite3(path, "SELECT x FROM payloads"))
+    -- once the table has another name the migration goes through
+    sqlite3(path, "ALTER TABLE payloads RENAME TO my_payloads")
+    local store = helpers.open_same(url)
+    assert.same({ n = 1 }, store:read("orders")[1].payload)
+    store:close()
+    assert.equal(helpers.SQLITE_SCHEMA, sqlite3(path, "PRAGMA user_version"))
     helpers.remove_db(path)
   end)
 end)

@@ -788,9 +788,12 @@ static const char sq_schema_v12[] =
  * row of `payloads` holds the event's long ones, NULL for a short one).
  * Rows written before keep theirs in the row, which every read looks at
  * first (SQ_APART), so nothing is moved: the migration takes the same time
- * on any file. */
+ * on any file. No IF NOT EXISTS: a `payloads` table that a user added to a
+ * version 12 file is not ours, and taking it would leave a file that says
+ * 13 and cannot be read; the migration fails instead (the whole of it is
+ * rolled back, the file stays at 12) and the error names the table. */
 static const char sq_schema_v13[] =
-    "CREATE TABLE IF NOT EXISTS payloads("
+    "CREATE TABLE payloads("
     "  position INTEGER PRIMARY KEY,"  /* the event's */
     "  payload TEXT,"
     "  meta TEXT);";
