@@ -20,14 +20,20 @@
 #            row, a completion deletes it and appends the processed record;
 #   split4   the split with the four queue orders the store answers (by due
 #            time, by session and index, by type and due time, by session
-#            and due time), not two: what a split store would have to keep.
+#            and due time), not two: what a split store would have to keep;
+#   memq     schema 11's table without the four queue orders: the SQL left
+#            if the queues were held in memory (claims and completions by
+#            position, the positions known without a query). DROP
+#            (environment) names which of the four it drops (default: all);
+#            NOCLAIM=1 writes no claim to the file either (claims that
+#            would live in memory only).
 # Batches of B (256, or the environment's B) over 100 sessions, as the
 # engine's claims and completions. MODES (environment) picks the schemas.
 import os, random, sqlite3, sys, tempfile, time
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 60000
 B = int(os.environ.get("B", "256"))
-MODES = os.environ.get("MODES", "current inplace split split4").split()
+MODES = os.environ.get("MODES", "current inplace split split4 memq").split()
 PATH = os.path.join(tempfile.mkdtemp(), "split.db")
 def fresh(path):
     for x in ("", "-wal", "-shm"):
@@ -94,7 +100,11 @@ def run(mode):
     split, inplace = mode.startswith("split"), mode == "inplace"
     db = fresh(PATH)
     if split: split_schema(db, mode == "split4")
-    else: cur_schema(db, inplace)
+    else: cur_schema(db, inplace or mode == "memq")
+    if mode == "memq":
+        for ix in os.environ.get("DROP", "events_queued events_session_queued events_session_due events_type_pending").split():
+            db.execute("drop index " + ix)
+        pending = list(range(1, N + 1))
     fill(db, split)
     now = N + 10; done = 0; t = time.perf_counter()
     while done < N:
@@ -107,6 +117,10 @@ def run(mode):
             ps = [r[0] for r in db.execute("select position from queue where due_at <= ? order by due_at, position limit ?", (now, B))]
             db.executemany("update queue set due_at = ?, attempts = attempts + 1, claim_holder = 'h', claim_expires_at = ?, first_claimed_at = ? where position = ?",
                            [(now + 10**9, now + 10**9, now, p) for p in ps])
+        elif mode == "memq":
+            ps, pending = pending[:B], pending[B:]
+            if not os.environ.get("NOCLAIM"): db.executemany("update events set attempts = 1, failures = 0, last_error = NULL, processed_at = NULL, claim_holder = 'h', claim_expires_at = ?, retry_at = NULL, claim_due = ?, last_failed_attempt = NULL, returned = NULL, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = NULL where position = ? and queued = 1 and status = 0 and due_at <= ?",
+                           [(now + 10**9, now + 10**9, now, now, p, now + 10**9) for p in ps])
         elif inplace:
             ps = [r[0] for r in db.execute("select position from events indexed by events_queued where queued = 1 and %s <= ? order by %s, position limit ?" % (INPLACE_DUE, INPLACE_DUE), (now, B))]
             db.executemany("update events set attempts = 1, failures = 0, last_error = NULL, processed_at = NULL, claim_holder = 'h', claim_expires_at = ?, retry_at = NULL, claim_due = ?, last_failed_attempt = NULL, returned = NULL, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = NULL where position = ? and queued = 1 and status = 0 and due_at <= ?",
@@ -120,7 +134,7 @@ def run(mode):
             db.executemany("delete from queue where position = ?", [(p,) for p in ps])
             db.executemany("insert into done(position, processed_at, attempts, first_claimed_at, last_claimed_at, returned) values (?,?,1,?,?,0)", [(p, now, now, now) for p in ps])
         else:
-            db.executemany("update events set status = 1, attempts = 1, failures = 0, last_error = NULL, processed_at = ?, claim_holder = NULL, claim_expires_at = NULL, retry_at = NULL, queued = 0, due_at = NULL, last_failed_attempt = NULL, returned = 0, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = 1" + (", claim_due = NULL" if inplace else "") + " where position = ?",
+            db.executemany("update events set status = 1, attempts = 1, failures = 0, last_error = NULL, processed_at = ?, claim_holder = NULL, claim_expires_at = NULL, retry_at = NULL, queued = 0, due_at = NULL, last_failed_attempt = NULL, returned = 0, first_claimed_at = ?, last_claimed_at = ?, failed_at = NULL, processed_by_attempt = 1" + (", claim_due = NULL" if inplace or mode == "memq" else "") + " where position = ?",
                            [(now, now, now, p) for p in ps])
         db.execute("commit")
         done += len(ps)
