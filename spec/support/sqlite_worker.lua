@@ -46,8 +46,9 @@ while true do
   for _, e in ipairs(events) do
     seen = seen + 1
     if slow_every > 0 and seen % slow_every == 0 then sleep_ms(ttl + 50) end
+    local pad = e.payload.pad and ("r"):rep(600) or nil
     local res = store:complete(e.session, e.index, e.attempt,
-      { { type = "done", settled = true, payload = { by = holder, attempt = e.attempt, pad = e.payload.pad and ("r"):rep(600) or nil } } })
+      { { type = "done", settled = true, payload = { by = holder, attempt = e.attempt, pad = pad } } })
     if res.outcome == "completed" then
       out:write(("completed %s %d %d\n"):format(e.session, e.index, e.attempt))
     else
