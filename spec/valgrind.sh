@@ -12,13 +12,23 @@ skipped=0
 check() {
   name=$1
   shift
-  if valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect \
-      --show-leak-kinds=definite,indirect "$@" >"$BUILD/valgrind.out" 2>"$BUILD/valgrind.log"; then
+  valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect \
+    --show-leak-kinds=definite,indirect "$@" >"$BUILD/valgrind.out" 2>"$BUILD/valgrind.log"
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
     echo "ok - valgrind $name"
     passed=$((passed + 1))
   else
     echo "not ok - valgrind $name"
+    # How it ended: --quiet prints nothing for a program killed by a signal,
+    # and a test's own failures are on its standard output.
+    if [ "$rc" -eq 99 ]; then echo "# valgrind found errors (exit 99):"
+    elif [ "$rc" -gt 128 ]; then echo "# killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null))"
+    else echo "# exit status $rc"; fi
     cat "$BUILD/valgrind.log"
+    sed -n 's/^not ok/#   not ok/p' "$BUILD/valgrind.out"
+    echo "# the last lines of its output:"
+    tail -n 5 "$BUILD/valgrind.out" | sed 's/^/#   /'
     failed=$((failed + 1))
   fi
   s=$(grep -ciE '^ok( [0-9]+)?( -)? # skip' "$BUILD/valgrind.out")
