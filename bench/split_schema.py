@@ -31,10 +31,6 @@
 # engine's claims and completions. MODES (environment) picks the schemas.
 import os, random, sqlite3, sys, tempfile, time
 
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 60000
-B = int(os.environ.get("B", "256"))
-MODES = os.environ.get("MODES", "current inplace split split4 memq").split()
-PATH = os.path.join(tempfile.mkdtemp(), "split.db")
 def fresh(path):
     for x in ("", "-wal", "-shm"):
         try: os.remove(path + x)
@@ -44,11 +40,11 @@ def fresh(path):
     return db
 PAY = '{"customer":"c-000123","items":[{"qty":2,"sku":"SKU-42"}],"note":"leave at the door"}'
 INPLACE_DUE = "coalesce(claim_due, due_at)"
-def cur_schema(db, inplace=False):
+def cur_schema(db, inplace=False, id_type="text"):
     # the store's events table and its queue indexes (as of schema v10; v11
-    # with inplace)
+    # with inplace); bench/sqlite_ids.py takes it with id_type "blob"
     script = """
-    create table events(position integer primary key, session text not null, idx integer not null, id text not null unique,
+    create table events(position integer primary key, session text not null, idx integer not null, id %s not null unique,
       type text, payload text, lane text, created_at integer, cause_index integer, cause_attempt integer, not_before integer,
       status integer not null, attempts integer, failures integer, last_error text, processed_at integer, claim_holder text,
       claim_expires_at integer, retry_at integer, queued integer not null, due_at integer, last_failed_attempt integer,
@@ -62,6 +58,7 @@ def cur_schema(db, inplace=False):
     create index events_session_due on events(session, due_at) where queued = 1;
     create index events_type_pending on events(type, queued, due_at, position) where status = 0;
     """
+    script = script.replace("id %s not", "id %s not" % id_type)
     if inplace:
         script = script.replace("key text, revision", "key text, claim_due integer, revision")
         script = script.replace("on events(due_at, position)", "on events(%s, position)" % INPLACE_DUE)
@@ -141,9 +138,14 @@ def run(mode):
     d = time.perf_counter() - t
     db.close()
     return N / d
-for r in range(2):  # alternating rounds: compare within a round
-    for mode in MODES:
-        print("round %d %-8s %.0f events/s" % (r + 1, mode, run(mode)))
-fresh(PATH).close()
-os.remove(PATH)
-os.rmdir(os.path.dirname(PATH))
+if __name__ == "__main__":  # bench/sqlite_ids.py imports cur_schema alone
+    N = int(sys.argv[1]) if len(sys.argv) > 1 else 60000
+    B = int(os.environ.get("B", "256"))
+    MODES = os.environ.get("MODES", "current inplace split split4 memq").split()
+    PATH = os.path.join(tempfile.mkdtemp(), "split.db")
+    for r in range(2):  # alternating rounds: compare within a round
+        for mode in MODES:
+            print("round %d %-8s %.0f events/s" % (r + 1, mode, run(mode)))
+    fresh(PATH).close()
+    os.remove(PATH)
+    os.rmdir(os.path.dirname(PATH))

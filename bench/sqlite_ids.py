@@ -5,11 +5,15 @@
 # library the store links. Run: python3 bench/sqlite_ids.py [EVENTS]
 #
 # Appends of settled events in batches of 100 (one transaction each, WAL,
-# synchronous=NORMAL) into the store's events table, with the ids as their
+# synchronous=NORMAL) into the store's events table (split_schema.py's, with
+# every index: a settled event enters none of the queue ones), with the ids as their
 # 36-character text (as the store keeps them) and as 16-byte blobs, in
 # alternating rounds; prints events/s and the file's bytes per event. The
 # ids are in time order, as the store's UUIDv7 ids are.
 import os, shutil, sqlite3, sys, tempfile, time, uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from split_schema import cur_schema  # the store's events table and indexes
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 200000
 PAY = '{"customer":"c-000123","items":[{"qty":2,"sku":"SKU-42"}],"note":"leave at the door"}'
@@ -19,16 +23,7 @@ def run(blob):
     path = os.path.join(DIR, "ids%d.db" % blob)
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("pragma journal_mode=wal"); db.execute("pragma synchronous=normal")
-    db.executescript("""create table events(position integer primary key, session text not null, idx integer not null,
-      id %s not null unique, type text, payload text, lane text, created_at integer, cause_index integer,
-      cause_attempt integer, not_before integer, status integer not null, attempts integer, failures integer,
-      last_error text, processed_at integer, claim_holder text, claim_expires_at integer, retry_at integer,
-      queued integer not null, due_at integer, last_failed_attempt integer, returned integer, origin_session text,
-      origin_index integer, first_claimed_at integer, last_claimed_at integer, failed_at integer,
-      processed_by_attempt integer, key text, claim_due integer, revision integer not null default 1, meta text,
-      unique(session, idx));
-    create index events_lane on events(session, lane, idx) where lane is not null and status <> 1;
-    """ % ("blob" if blob else "text"))
+    cur_schema(db, id_type="blob" if blob else "text")
     ms = int(time.time() * 1000)
     ids = []
     for i in range(N):
