@@ -182,7 +182,7 @@ describe("sqlite: a file of schema version 12 with long payloads in their rows",
     store:complete("orders", 2, got[1].attempt)
     assert.same(text("result", 900), store:read("orders", { after = 4 })[1].payload)
     store:close()
-    assert.equal(helpers.SQLITE_SCHEMA, sqlite3(path, "PRAGMA user_version"))
+    assert.equal(helpers.SQLITE_SCHEMA, helpers.sqlite_version(path))
     -- the old rows kept theirs in place; the new long one is apart
     assert.equal("1", sqlite3(path, "SELECT count(*) FROM payloads"))
     assert.equal("0", sqlite3(path, "SELECT count(*) FROM events WHERE payload IS NULL AND position <= 5"))
@@ -205,14 +205,14 @@ describe("sqlite: a file of schema version 12 with long payloads in their rows",
     assert.matches("migrating schema 12 to 13 failed", tostring(err), 1, true)
     assert.matches("payloads already exists", tostring(err), 1, true)
     -- nothing of the migration stayed: the file is as it was
-    assert.equal("12", sqlite3(path, "PRAGMA user_version"))
+    assert.equal("12", helpers.sqlite_version(path))
     assert.equal("a user's row", sqlite3(path, "SELECT x FROM payloads"))
     -- once the table has another name the migration goes through
     sqlite3(path, "ALTER TABLE payloads RENAME TO my_payloads")
     local store = helpers.open_same(url)
     assert.same({ n = 1 }, store:read("orders")[1].payload)
     store:close()
-    assert.equal(helpers.SQLITE_SCHEMA, sqlite3(path, "PRAGMA user_version"))
+    assert.equal(helpers.SQLITE_SCHEMA, helpers.sqlite_version(path))
     helpers.remove_db(path)
   end)
 end)

@@ -235,7 +235,7 @@ for _, url in ipairs(helpers.urls()) do
         local again = helpers.open_same(concrete)
         assert.same({ sessions = 3, events = 4, pending = 2, dead = 1 }, counts(again))
         assert.same({ sessions = 1, events = 1, pending = 1, dead = 0 }, counts(again:tenant("T")))
-        assert.equal(helpers.SQLITE_SCHEMA, (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
+        assert.equal(helpers.SQLITE_SCHEMA, helpers.sqlite_version(path))
         -- by the store itself since version 12: the triggers version 7 made are gone
         assert.equal("0", (sqlite3(path, "SELECT count(*) FROM sqlite_master WHERE type = 'trigger'"):gsub("%s", "")))
         -- and kept up to date from then on
@@ -249,7 +249,7 @@ for _, url in ipairs(helpers.urls()) do
         sqlite3(path, helpers.SQLITE_BACK_TO_10 .. " DROP INDEX events_scope; PRAGMA user_version = 8")
         assert.equal("", sqlite3(path, "SELECT name FROM sqlite_master WHERE name = 'events_scope'"))
         local again = helpers.open_same(concrete)
-        assert.equal(helpers.SQLITE_SCHEMA, (sqlite3(path, "PRAGMA user_version"):gsub("%s", "")))
+        assert.equal(helpers.SQLITE_SCHEMA, helpers.sqlite_version(path))
         assert.equal("events_scope\n", sqlite3(path, "SELECT name FROM sqlite_master WHERE name = 'events_scope'"))
         -- only tenants' events have an entry (the index's own WHERE, its
         -- separator byte included, so the planner can use it)

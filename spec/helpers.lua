@@ -438,6 +438,12 @@ function helpers.sqlite3(path, sql)
   return out
 end
 
+-- The schema version a sqlite: file records (PRAGMA user_version), as a
+-- string to compare with helpers.SQLITE_SCHEMA.
+function helpers.sqlite_version(path)
+  return (helpers.sqlite3(path, "PRAGMA user_version"):gsub("%s", ""))
+end
+
 -- A sqlite: file made by the sqlite3 shell from spec/fixtures/NAME (the
 -- SQL text of a store an older build wrote), not opened: its concrete URL
 -- and its path. helpers.remove_db(path) removes it.
