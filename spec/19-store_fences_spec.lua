@@ -45,6 +45,37 @@ for _, url in ipairs(helpers.urls()) do
         assert.equal(2, session_row(store, "t").fence)
       end)
 
+      it("a session deleted and made again fences past every token the deleted one gave", function()
+        -- a writer fenced out before the delete must not match the new
+        -- session's tokens (docs/retention.md "delete")
+        local store = new()
+        store:append("s", { { type = "a" } })
+        local zombie = store:fence("s")
+        assert.equal(2, store:fence("s"))
+        assert.is_true(store:delete("s"))
+        assert.equal(0, store:head("s"))
+        assert.same({}, store:sessions({ prefix = "s" }).sessions) -- the floor is no session row
+        assert.equal(3, store:fence("s"))
+        refused(store, "STALE_FENCE", function()
+          return store:append("s", { { type = "b" } }, { fence = zombie })
+        end)
+        assert.equal(0, store:head("s"))
+        assert.equal(1, store:append("s", { { type = "b" } }, { fence = 3 })[1].index)
+        -- deleted twice: the floor only rises
+        store:delete("s")
+        assert.equal(4, store:fence("s"))
+        -- a lease's token counts too, and an append first does not reset it
+        local l1 = store:lease("l", { holder = "h", ttl_ms = 1000 })
+        store:delete("l")
+        store:append("l", { { type = "a" } })
+        local l2 = store:lease("l", { holder = "h2", ttl_ms = 1000 })
+        assert.is_true(l2.token > l1.token, ("lease token %d after %d"):format(l2.token, l1.token))
+        -- a name never fenced starts at 1 as before
+        store:append("n", { { type = "a" } })
+        store:delete("n")
+        assert.equal(1, store:fence("n"))
+      end)
+
       it("fencing writes no event", function()
         local store = new()
         store:append("s", { { type = "a" } })

@@ -379,15 +379,16 @@ helpers.SANITIZED = BUILD:match("build%-san$") ~= nil
 
 -- The schema versions this build writes (a migration spec checks that an
 -- older store is brought up to them): one place to change with the next.
-helpers.SQLITE_SCHEMA = "13"
--- SQL that takes a version 13 file back to what version 10 wrote (long
+helpers.SQLITE_SCHEMA = "14"
+-- SQL that takes a version 14 file back to what version 10 wrote (no
+-- fence_floors table; long
 -- payloads and metas back in their rows, no payloads table; a claim's due time in
 -- due_at, no claim_due), for the specs that make an older file out of a
 -- new one: prepend it to their own step back. (Version 12 only dropped the
 -- counts triggers, which the migrations from a version before 7 make again
 -- and 12 drops; a version 8 to 10 file made this way lacks them, which
 -- changes nothing a spec reads: the store moves the counts itself.)
-helpers.SQLITE_BACK_TO_10 = "UPDATE events SET"
+helpers.SQLITE_BACK_TO_10 = "DROP TABLE fence_floors; UPDATE events SET"
   .. " payload = coalesce(payload, (SELECT p.payload FROM payloads p WHERE p.position = events.position)),"
   .. " meta = coalesce(meta, (SELECT p.meta FROM payloads p WHERE p.position = events.position))"
   .. " WHERE position IN (SELECT position FROM payloads);"
@@ -396,7 +397,7 @@ helpers.SQLITE_BACK_TO_10 = "UPDATE events SET"
   .. " DROP INDEX events_queued; DROP INDEX events_type_pending; ALTER TABLE events DROP COLUMN claim_due;"
   .. " CREATE INDEX events_queued ON events(due_at, position) WHERE queued = 1;"
   .. " CREATE INDEX events_type_pending ON events(type, queued, due_at, position) WHERE status = 0;"
-helpers.PG_SCHEMA = "5"
+helpers.PG_SCHEMA = "6"
 
 -- use(f) on the file opened for reading, closed after; nil when it cannot
 -- be opened.

@@ -334,6 +334,7 @@ struct es_backend {
    * of the store and per tenant scope */
   es_counts counts;
   es_hmap scopes;    /* owned mscope by scope */
+  es_hmap floors;    /* §3.8: owned mfloor by the name of a deleted session */
 };
 
 /* §3.9 archive: a session's segment rows, ascending `from`. Immutable:
@@ -1603,6 +1604,54 @@ static void scopes_free(es_backend *b) {
   es_hmap_destroy(&b->scopes);
 }
 
+/* §3.8 fence floors (backend.h fence_floor_get): the token a deleted
+ * session had, by its name. Kept outside the undo log: a floor is never
+ * above the token of the row it came from, so one left by a delete that
+ * was rolled back changes no answer (that row still holds a token at
+ * least as high). */
+typedef struct mfloor {
+  int64_t token;
+  char name[];
+} mfloor;
+
+static const char *floor_key(const void *item) { return ((const mfloor *)item)->name; }
+
+static int mem_fence_floor_get(es_backend *b, es_txn *t, const char *session, int64_t *token,
+                               es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  (void)err;
+  const mfloor *f = es_hmap_get(&t->b->floors, session);
+  *token = f ? f->token : 0;
+  return ES_OK;
+}
+
+static int mem_fence_floor_put(es_backend *b, es_txn *t, const char *session, int64_t token,
+                               es_err *err) {
+  int rc;
+  if ((rc = check_write(t, err))) return rc;
+  mfloor *f = es_hmap_get(&b->floors, session);
+  if (f) {
+    if (token > f->token) f->token = token;
+    return ES_OK;
+  }
+  size_t n = strlen(session) + 1;
+  if (!(f = malloc(sizeof *f + n))) return oom(err);
+  f->token = token;
+  memcpy(f->name, session, n);
+  if (es_hmap_put(&b->floors, f) != 0) {
+    free(f);
+    return oom(err);
+  }
+  return ES_OK;
+}
+
+static void floors_free(es_backend *b) {
+  size_t it = 0;
+  mfloor *f;
+  while ((f = es_hmap_next(&b->floors, &it))) free(f);
+  es_hmap_destroy(&b->floors);
+}
+
 static void counts_swap(es_backend *b, const char *name, const es_session_info *from,
                         const es_session_info *to) {
   if (!es_counted(name, from) && !es_counted(name, to)) return;
@@ -1674,6 +1723,7 @@ static int mem_open(const char *url_rest, const es_open_opts *opts, es_backend *
   es_tree_init(&b->queued, cmp_qg);
   es_tree_init(&b->dead, cmp_dg);
   es_hmap_init(&b->scopes, scope_key); /* §3.12 */
+  es_hmap_init(&b->floors, floor_key); /* §3.8 */
   *out = b;
   return ES_OK;
 }
@@ -1723,6 +1773,7 @@ static void mem_close(es_backend *b) {
   es_hmap_destroy(&b->types);
   es_hmap_destroy(&b->spaces);
   scopes_free(b); /* §3.12 */
+  floors_free(b); /* §3.8 */
   free(b->undo);
   free(b->marks);
   pthread_rwlock_destroy(&b->lock);
@@ -3630,6 +3681,8 @@ const es_backend_ops es_backend_memory = {
     .presence_list = mem_presence_list,
     .event_delete_range = mem_event_delete_range,
     .session_delete = mem_session_delete,
+    .fence_floor_get = mem_fence_floor_get,
+    .fence_floor_put = mem_fence_floor_put,
     .snapshot_delete_all = mem_snapshot_delete_all,
     .ref_delete_session = mem_ref_delete_session,
     .key_get = mem_key_get,

@@ -171,7 +171,7 @@ static int pq_ready(es_err *err) {
 
 /* ---- settings --------------------------------------------------------- */
 
-#define PG_SCHEMA_VERSION 5          /* meta.schema_version of the current schema */
+#define PG_SCHEMA_VERSION 6          /* meta.schema_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -221,6 +221,7 @@ enum {
   ST_EVENT_DELETE_RANGE, ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
   ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
   ST_SNAPSHOT_DELETE_FROM,
+  ST_FLOOR_GET, ST_FLOOR_PUT, ST_AHEAD_FLOORS, /* §3.8 */
   ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE, ST_SEGMENT_SESSIONS,
   ST_EVENT_COPY,
   ST_EVENT_ALL_SCOPED, ST_QUEUED_DUE_ALL_SCOPED, ST_QUEUED_NEXT_ALL_SCOPED,
@@ -372,6 +373,11 @@ static const char *const pg_sql[ST_COUNT] = {
                          " WHERE ns = $1 AND expires_at > $2 ORDER BY participant, field",
     [ST_EVENT_DELETE_RANGE] = "DELETE FROM events WHERE session = $1 AND idx <= $2",
     [ST_SESSION_DELETE] = "DELETE FROM sessions WHERE session = $1",
+    [ST_FLOOR_GET] = "SELECT token FROM fence_floors WHERE session = $1",
+    [ST_FLOOR_PUT] = "INSERT INTO fence_floors(session, token) VALUES ($1, $2)"
+                     " ON CONFLICT (session) DO UPDATE SET"
+                     " token = greatest(fence_floors.token, excluded.token)",
+    [ST_AHEAD_FLOORS] = "SELECT session, token FROM fence_floors WHERE session = ANY($1::text[])",
     [ST_SNAPSHOT_DELETE_ALL] = "DELETE FROM snapshots WHERE session = $1",
     [ST_REF_DELETE_SESSION] = "DELETE FROM refs WHERE session = $1",
     [ST_KEY_GET] = "SELECT name, wrapped, created_at, shredded_at FROM keys WHERE name = $1",
@@ -709,9 +715,16 @@ static const char pg_schema_v5[] =
     "  value BYTEA NOT NULL,"
     "  PRIMARY KEY(ns, key));";
 
+/* Version 6 (§3.8, backend.h fence_floor_get): the fence tokens of
+ * deleted sessions, by name. */
+static const char pg_schema_v6[] =
+    "CREATE TABLE IF NOT EXISTS fence_floors("
+    "  session TEXT COLLATE \"C\" PRIMARY KEY,"
+    "  token BIGINT NOT NULL);";
+
 /* migrations[v] takes a schema from version v to v + 1 (0: a new schema). */
 static const char *const pg_migrations[PG_SCHEMA_VERSION] = {
-    pg_schema_v1, pg_schema_v2, pg_schema_v3, pg_schema_v4, pg_schema_v5};
+    pg_schema_v1, pg_schema_v2, pg_schema_v3, pg_schema_v4, pg_schema_v5, pg_schema_v6};
 
 /* ---- types ------------------------------------------------------------ */
 
@@ -2887,9 +2900,11 @@ static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
     code = pg_oom(err);
   else a->per_session = !want_ev;
   t->ahead = a;
-  /* the answers: [0] events (want_ev), [1] sessions, [2] ids (n_ids) */
-  PGresult *res[3] = {NULL, NULL, NULL};
-  int slot[3] = {-1, -1, -1}, n_res = 0;
+  /* the answers: [0] events (want_ev), [1] sessions, [2] ids (n_ids), [3]
+   * the fence floors of the sessions asked (§3.8: what a session without a
+   * row starts from) */
+  PGresult *res[4] = {NULL, NULL, NULL, NULL};
+  int slot[4] = {-1, -1, -1, -1}, n_res = 0;
   if (code == ES_OK) {
     pg_params pe = {0}, ps = {0}, pi = {0};
     pp_str(&pe, s_arr);
@@ -2901,11 +2916,13 @@ static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
       slot[1] = n_res++;
     if (code == ES_OK && n_ids && (code = pg_send(t, ST_AHEAD_IDS, &pi, PEND_WANT, err)) == ES_OK)
       slot[2] = n_res++;
+    if (code == ES_OK && (code = pg_send(t, ST_AHEAD_FLOORS, &ps, PEND_WANT, err)) == ES_OK)
+      slot[3] = n_res++;
   }
-  PGresult *got[3] = {NULL, NULL, NULL};
+  PGresult *got[4] = {NULL, NULL, NULL, NULL};
   if (code == ES_OK) code = pg_sync_n(t, got, n_res, err);
-  for (int k = 0; k < 3; k++) res[k] = slot[k] >= 0 ? got[slot[k]] : NULL;
-  if (code == ES_OK && ((want_ev && !res[0]) || !res[1] || (n_ids && !res[2])))
+  for (int k = 0; k < 4; k++) res[k] = slot[k] >= 0 ? got[slot[k]] : NULL;
+  if (code == ES_OK && ((want_ev && !res[0]) || !res[1] || (n_ids && !res[2]) || !res[3]))
     code = es_fail(err, ES_STORAGE, "postgres %s: no answer", t->b->schema);
   size_t ne = code == ES_OK && want_ev ? (size_t)PQntuples(res[0]) : 0;
   size_t ns = code == ES_OK ? (size_t)PQntuples(res[1]) : 0;
@@ -2929,6 +2946,11 @@ static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
     if (!(a->si[a->n_si].session = strdup(sessions[i]))) code = pg_oom(err);
     else a->si_absent[a->n_si++] = 1;
   }
+  /* an absent row's fence is its name's floor (pg_fence_floor_get) */
+  for (int r = 0; code == ES_OK && r < PQntuples(res[3]); r++)
+    for (size_t i = 0; i < a->n_si; i++)
+      if (a->si_absent[i] && strcmp(a->si[i].session, PQgetvalue(res[3], r, 0)) == 0)
+        a->si[i].fence = pg_int(res[3], r, 1);
   /* the ids no row has (a few: n_ids x the rows found) */
   for (size_t i = 0; code == ES_OK && i < n_ids; i++) {
     int stored = 0;
@@ -2937,7 +2959,7 @@ static int pg_read_ahead(es_backend *b, es_txn *t, const char *const *sessions,
     if (!stored && !pg_ahead_absent(t, ids[i]) && !(a->absent[a->n_absent++] = strdup(ids[i])))
       code = pg_oom(err);
   }
-  for (int i = 0; i < 3; i++) PQclear(res[i]);
+  for (int i = 0; i < 4; i++) PQclear(res[i]);
   free(s_arr);
   free(i_arr.p);
   free(id_arr);
@@ -3649,6 +3671,38 @@ static int pg_session_delete(es_backend *b, es_txn *t, const char *session, es_e
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
+/* §3.8: the floor of a session the transaction read ahead and found
+ * absent was read with it (pg_read_ahead): no round trip in a group's
+ * appends to new sessions. */
+static int pg_fence_floor_get(es_backend *b, es_txn *t, const char *session, int64_t *token,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_ahead *a = t->ahead;
+  for (size_t i = 0; a && i < a->n_si; i++)
+    if (a->si_absent[i] && strcmp(a->si[i].session, session) == 0) {
+      *token = a->si[i].fence;
+      return ES_OK;
+    }
+  pg_params p = {0};
+  PGresult *res;
+  int code;
+  *token = 0;
+  pp_str(&p, session);
+  if ((code = pg_run(t, ST_FLOOR_GET, &p, &res, err)) != ES_OK) return code;
+  if (PQntuples(res) > 0) *token = pg_int(res, 0, 0);
+  PQclear(res);
+  return ES_OK;
+}
+
+static int pg_fence_floor_put(es_backend *b, es_txn *t, const char *session, int64_t token,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  pg_params p = {0};
+  pp_str(&p, session);
+  pp_int(&p, token);
+  return pg_write(t, ST_FLOOR_PUT, &p, NULL, err);
+}
+
 static int pg_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int64_t removed;
@@ -4004,6 +4058,8 @@ static void pg_wake(es_backend *b) {
       .presence_list = pg_presence_list,                        \
       .event_delete_range = pg_event_delete_range,              \
       .session_delete = pg_session_delete,                      \
+      .fence_floor_get = pg_fence_floor_get,                    \
+      .fence_floor_put = pg_fence_floor_put,                    \
       .snapshot_delete_all = pg_snapshot_delete_all,            \
       .ref_delete_session = pg_ref_delete_session,              \
       .segment_list = pg_segment_list,                          \

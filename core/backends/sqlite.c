@@ -80,7 +80,7 @@
 
 /* ---- settings --------------------------------------------------------- */
 
-#define SQ_SCHEMA_VERSION 13           /* PRAGMA user_version of the current schema */
+#define SQ_SCHEMA_VERSION 14           /* PRAGMA user_version of the current schema */
 /* A stored name's tenant scope (counts.h: its start through its first
  * separator when that makes a tenant's prefix) as SQL over column c, and
  * the condition that it has one: the key and the WHERE of events_scope,
@@ -185,6 +185,7 @@ enum {
   ST_SESSION_DELETE, ST_SNAPSHOT_DELETE_ALL, ST_REF_DELETE_SESSION,
   ST_KEY_GET, ST_KEY_PUT, ST_KEY_USE_PUT, ST_KEY_USE_LIST, ST_KEY_USE_DELETE_SESSION,
   ST_SNAPSHOT_DELETE_FROM,
+  ST_FLOOR_GET, ST_FLOOR_PUT, /* §3.8 */
   ST_FREELIST_COUNT, ST_INCREMENTAL_VACUUM, ST_INCREMENTAL_VACUUM_LOW,
   ST_DATA_VERSION,
   ST_SEGMENT_LIST, ST_SEGMENT_PUT, ST_SEGMENT_DELETE, ST_SEGMENT_SESSIONS,
@@ -432,6 +433,9 @@ static const char *const sq_sql[ST_COUNT] = {
                                   " WHERE session = ?1",
     /* a range of the primary key prefix (session), filtered by idx */
     [ST_SNAPSHOT_DELETE_FROM] = "DELETE FROM snapshots WHERE session = ?1 AND idx >= ?2",
+    [ST_FLOOR_GET] = "SELECT token FROM fence_floors WHERE session = ?1",
+    [ST_FLOOR_PUT] = "INSERT INTO fence_floors(session, token) VALUES (?1, ?2)"
+                     " ON CONFLICT(session) DO UPDATE SET token = max(token, excluded.token)",
     [ST_FREELIST_COUNT] = "PRAGMA freelist_count",
     /* one row per page given back; a pragma takes no bound parameter */
     [ST_INCREMENTAL_VACUUM] = "PRAGMA incremental_vacuum(" SQ_STR(SQ_VACUUM_PAGES) ")",
@@ -798,6 +802,15 @@ static const char sq_schema_v13[] =
     "  payload TEXT,"
     "  meta TEXT);";
 
+/* Version 14 (§3.8, backend.h fence_floor_get): the fence tokens of
+ * deleted sessions, by name, so that a session made again under a name
+ * fences past every token the deleted one gave. No IF NOT EXISTS, as in
+ * version 13: a table of that name a user added is not ours. */
+static const char sq_schema_v14[] =
+    "CREATE TABLE fence_floors("
+    "  session TEXT PRIMARY KEY,"
+    "  token INTEGER NOT NULL) WITHOUT ROWID;";
+
 static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v1,
     sq_schema_v2,
@@ -812,6 +825,7 @@ static const char *const sq_migrations[SQ_SCHEMA_VERSION] = {
     sq_schema_v11,
     sq_schema_v12,
     sq_schema_v13,
+    sq_schema_v14,
 };
 
 /* ---- types ------------------------------------------------------------ */
@@ -3728,6 +3742,34 @@ static int sq_session_delete(es_backend *b, es_txn *t, const char *session, es_e
   return removed > 0 ? ES_OK : ES_NOT_FOUND;
 }
 
+static int sq_fence_floor_get(es_backend *b, es_txn *t, const char *session, int64_t *token,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  sqlite3_stmt *st;
+  int temp, code, rc;
+  *token = 0;
+  if ((code = sq_op(t, ST_FLOOR_GET, &st, &temp, err)) != ES_OK) return code;
+  sq_bind_str(st, 1, session);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *token = sqlite3_column_int64(st, 0);
+  else if (rc != SQLITE_DONE) code = sq_txn_fail(t, rc, "read", err);
+  sq_stmt_done(t->c, ST_FLOOR_GET, st, temp);
+  return code;
+}
+
+static int sq_fence_floor_put(es_backend *b, es_txn *t, const char *session, int64_t token,
+                              es_err *err) {
+  (void)b; /* t carries it (t->b) */
+  sqlite3_stmt *st;
+  int temp, code, rc = 0;
+  if (!t->write) return sq_read_only_txn(err);
+  if ((code = sq_op(t, ST_FLOOR_PUT, &st, &temp, err)) != ES_OK) return code;
+  rc |= sq_bind_str(st, 1, session);
+  rc |= sqlite3_bind_int64(st, 2, token);
+  if (rc) return sq_bind_fail(t, ST_FLOOR_PUT, st, temp, err);
+  return sq_run(t, ST_FLOOR_PUT, st, temp, "write", err);
+}
+
 static int sq_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
   (void)b; /* t carries it (t->b) */
   int64_t removed;
@@ -4164,6 +4206,8 @@ const es_backend_ops es_backend_sqlite = {
     .presence_list = sq_presence_list,
     .event_delete_range = sq_event_delete_range,
     .session_delete = sq_session_delete,
+    .fence_floor_get = sq_fence_floor_get,
+    .fence_floor_put = sq_fence_floor_put,
     .snapshot_delete_all = sq_snapshot_delete_all,
     .ref_delete_session = sq_ref_delete_session,
     .key_get = sq_key_get,

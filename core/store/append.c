@@ -45,7 +45,14 @@ int es_rule_load_session(es_store *s, es_txn *t, const char *session, es_session
   if (rc == ES_NOT_FOUND) {
     es_session_info_init(si);
     si->session = strdup(session);
-    return si->session ? ES_OK : nomem(err);
+    if (!si->session) return nomem(err);
+    /* §3.8: a name used before starts from its deleted session's token
+     * (backend.h fence_floor_get), so no earlier token is ever current */
+    if (s->ops->fence_floor_get && (rc = s->ops->fence_floor_get(s->bk, t, session, &si->fence, err))) {
+      es_session_info_destroy(si);
+      return rc;
+    }
+    return ES_OK;
   }
   return rc;
 }

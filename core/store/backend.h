@@ -297,6 +297,18 @@ typedef struct es_backend_ops {
   /* Removes the session's row (ES_NOT_FOUND when absent); its name may be
    * put again. */
   int (*session_delete)(es_backend *b, es_txn *t, const char *session, es_err *err);
+  /* §3.8 fence floors: a token is greater than every earlier token of its
+   * session, a deleted one's included, so the fence token of a session
+   * that delete removed (retention.c) is kept by name, apart from the
+   * session rows (no listing, count or export sees it), and a row made
+   * again under that name starts from it (es_rule_load_session): a writer
+   * fenced out before the delete stays STALE_FENCE. fence_floor_get sets
+   * *token to the name's floor, 0 when it has none; fence_floor_put raises
+   * it to token (never lowers it). Optional (NULL: no floors kept). */
+  int (*fence_floor_get)(es_backend *b, es_txn *t, const char *session, int64_t *token,
+                         es_err *err);
+  int (*fence_floor_put)(es_backend *b, es_txn *t, const char *session, int64_t token,
+                         es_err *err);
   /* Removes every snapshot of the session. */
   int (*snapshot_delete_all)(es_backend *b, es_txn *t, const char *session, es_err *err);
   /* Removes every ref whose session is `session`; O(log n + removed) (an

@@ -112,7 +112,12 @@ static int do_delete(es_store *s, es_txn *t, void *arg, es_err *err) {
   int rc = s->ops->session_get(s->bk, t, a->session, &si, err);
   if (rc == ES_NOT_FOUND) return ES_OK;
   if (rc) return rc;
+  /* §3.8: the row goes, its fence token stays (backend.h fence_floor_put):
+   * a session made again under this name fences past it */
+  int64_t token = si.fence > si.lease_token ? si.fence : si.lease_token;
   es_session_info_destroy(&si);
+  if (token > 0 && s->ops->fence_floor_put && (rc = s->ops->fence_floor_put(s->bk, t, a->session, token, err)))
+    return rc;
   es_core_touch(s, a->session);
   if ((rc = s->ops->event_delete_range(s->bk, t, a->session, INT64_MAX, err)) ||
       (rc = es_archive_drop(s, t, a->session, INT64_MAX, &a->drop, err)) || /* §3.9 */

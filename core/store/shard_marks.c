@@ -474,6 +474,16 @@ static int m_session_delete(es_backend *b, es_txn *t, const char *session, es_er
   return b->real->session_delete(b->inner, t, session, err);
 }
 
+static int m_fence_floor_get(es_backend *b, es_txn *t, const char *session, int64_t *token,
+                             es_err *err) {
+  return b->real->fence_floor_get(b->inner, t, session, token, err);
+}
+
+static int m_fence_floor_put(es_backend *b, es_txn *t, const char *session, int64_t token,
+                             es_err *err) {
+  return b->real->fence_floor_put(b->inner, t, session, token, err);
+}
+
 static int m_snapshot_delete_all(es_backend *b, es_txn *t, const char *session, es_err *err) {
   return b->real->snapshot_delete_all(b->inner, t, session, err);
 }
@@ -662,6 +672,8 @@ static void marked_ops(es_backend_ops *o) {
   if (o->presence_list) o->presence_list = m_presence_list;
   if (o->event_delete_range) o->event_delete_range = m_event_delete_range;
   if (o->session_delete) o->session_delete = m_session_delete;
+  if (o->fence_floor_get) o->fence_floor_get = m_fence_floor_get;
+  if (o->fence_floor_put) o->fence_floor_put = m_fence_floor_put;
   if (o->snapshot_delete_all) o->snapshot_delete_all = m_snapshot_delete_all;
   if (o->ref_delete_session) o->ref_delete_session = m_ref_delete_session;
   if (o->segment_list) o->segment_list = m_segment_list;

@@ -55,7 +55,7 @@
 static const es_backend_ops *B = &es_backend_sqlite;
 static int n_tests, n_failed;
 
-#define SCHEMA_VERSION 13 /* the user_version this build writes */
+#define SCHEMA_VERSION 14 /* the user_version this build writes */
 
 static void check(int cond, const char *name, int line) {
   n_tests++;
