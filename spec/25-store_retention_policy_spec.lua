@@ -145,6 +145,72 @@ for _, url in ipairs(helpers.urls_and_shards()) do
       assert.equal(1, t.engine:stats().retention.delete)
     end)
 
+    -- A delete rule ages a session by its newest event; once every event
+    -- was truncated that event is gone (a read of it is TRUNCATED), and
+    -- the session's last write stands in for it. That session must not
+    -- stop the sweep: the other sessions' actions are planned and applied.
+    it("delete takes a fully truncated session by its last write, and the other actions still apply", function()
+      local t = setup(url, [[return {
+        { sessions = "tmp/", max_age_ms = 1000, action = "delete" },
+        { sessions = "t/", keep_last = 1, action = "truncate" },
+      }]])
+      settled(t.store, "tmp/gone", 2)
+      settled(t.store, "t/keep", 3)
+      assert.equal(3, t.store:truncate("tmp/gone", 2)) -- every event truncated
+      t.clock:advance(1000) -- not older than max_age_ms yet
+      local function planned()
+        local out = {}
+        for i, a in ipairs(t.engine:retain({ dry_run = true })) do
+          out[i] = { a.action, a.session, a.through or a.newest_at, a.error }
+        end
+        return out
+      end
+      assert.same({ { "truncate", "t/keep", 2 } }, planned())
+      t.clock:advance(1)
+      assert.same({ { "truncate", "t/keep", 2 }, { "delete", "tmp/gone", helpers.T0 } }, planned())
+      assert.equal(3, first_index(t.store, "tmp/gone"), "a dry run changes nothing")
+      assert.equal(1, first_index(t.store, "t/keep"), "a dry run changes nothing")
+      t.engine:run({ until_idle = true })
+      assert.is_nil(row_of(t.store, "tmp/gone"))
+      assert.equal(0, t.store:head("tmp/gone"))
+      assert.equal(3, first_index(t.store, "t/keep"))
+      assert.same({ truncate = 1, archive = 0, delete = 1, failed = 0, sweeps = 1 }, t.engine:stats().retention)
+    end)
+
+    if url:match("^sqlite:") then
+      -- A read that fails (here a payload the sqlite3 shell garbled) is
+      -- that session's failure, reported on its action and counted; it
+      -- is never applied, and it never keeps the others from applying.
+      it("a session whose plan fails is reported with its error; the other actions apply", function()
+        local dir = eh.scripts_dir()
+        local store, clock, concrete = helpers.new(url)
+        settled(store, "t/keep", 3)
+        settled(store, "tmp/bad", 1)
+        settled(store, "tmp/old", 1)
+        store:close()
+        helpers.sqlite3(concrete:match("^sqlite:(.*)$"),
+          "UPDATE events SET payload = '{not json' WHERE session = 'tmp/bad'")
+        store = helpers.open_same(concrete, { clock = clock })
+        local t = { store = store, clock = clock, dir = dir }
+        rules(t, [[return {
+          { sessions = "tmp/", max_age_ms = 1000, action = "delete" },
+          { sessions = "t/", keep_last = 1, action = "truncate" },
+        }]])
+        local engine = eh.engine({ store = store, scripts = dir })
+        clock:advance(1001)
+        local actions = engine:retain()
+        assert.same({ "t/keep", "tmp/bad", "tmp/old" }, helpers.pluck(actions, "session"))
+        assert.is_nil(actions[1].error)
+        assert.equal("delete", actions[2].action)
+        assert.is_string(actions[2].error)
+        assert.is_nil(actions[3].error)
+        assert.equal(3, first_index(store, "t/keep"))
+        assert.equal(1, store:head("tmp/bad"))
+        assert.is_nil(row_of(store, "tmp/old"))
+        assert.same({ truncate = 1, archive = 0, delete = 1, failed = 1, sweeps = 1 }, engine:stats().retention)
+      end)
+    end
+
     it("one engine per store sweeps: another one's sweep waits for the lease", function()
       local t = setup(url, [[return {{ sessions = "s", keep_last = 1, action = "truncate" }}]])
       local other = eh.engine({ store = t.store, scripts = t.dir, retention_every_ms = 60000 })

@@ -139,9 +139,16 @@ local function plan_session(store, rule, row, now)
   if head == 0 then return nil end
   if rule.action == "delete" then
     if row.pending > 0 or row.dead > 0 then return nil end -- never drops pending or dead
-    local newest = store:read(session, { after = head - 1, limit = 1 })[1]
-    if newest and now - newest.created_at > rule.max_age_ms then
-      return { action = "delete", session = session, newest_at = newest.created_at }
+    -- Every event truncated (first_index past the head): the newest is
+    -- gone, and the session's last write (updated_at) is no earlier than it.
+    local newest_at
+    if (row.first_index or 1) > head then
+      newest_at = row.updated_at
+    else
+      newest_at = store:read(session, { after = head - 1, limit = 1 })[1].created_at
+    end
+    if now - newest_at > rule.max_age_ms then
+      return { action = "delete", session = session, newest_at = newest_at }
     end
     return nil
   end
@@ -168,6 +175,11 @@ local function plan_session(store, rule, row, now)
   }
 end
 
+-- An error's text: "CODE: message" for the store's error objects.
+local function error_text(err)
+  return type(err) == "table" and (tostring(err.code) .. ": " .. tostring(err.message)) or tostring(err)
+end
+
 -- Every action the rules give the store now, in session byte order.
 function M.plan(store, rules, now)
   local actions, after = {}, nil
@@ -175,8 +187,13 @@ function M.plan(store, rules, now)
     local page = store:sessions({ after = after, limit = 100 })
     for _, row in ipairs(page.sessions) do
       local rule = M.rule_for(rules, row.session)
-      local a = rule and plan_session(store, rule, row, now)
-      if a then actions[#actions + 1] = a end
+      if rule then
+        -- One session that cannot be planned (a read failing) is reported
+        -- as its action's failure; the others still apply.
+        local ok, a = pcall(plan_session, store, rule, row, now)
+        if not ok then a = { action = rule.action, session = row.session, error = error_text(a) } end
+        if a then actions[#actions + 1] = a end
+      end
     end
     after = page.cursor
   until after == nil
@@ -204,9 +221,9 @@ function M.apply(store, rules, opts)
   local truncate = opts.truncate or function(session, through) return store:truncate(session, through) end
   local actions = M.plan(store, rules, store:now())
   for _, a in ipairs(actions) do
-    if not opts.dry_run then
+    if not opts.dry_run and not a.error then
       local ok, err = pcall(apply, store, truncate, a)
-      if not ok then a.error = type(err) == "table" and (tostring(err.code) .. ": " .. tostring(err.message)) or tostring(err) end
+      if not ok then a.error = error_text(err) end
     end
     if opts.on_action then opts.on_action(a) end
   end
@@ -216,7 +233,9 @@ end
 -- One line of text for an action (the CLI prints these).
 function M.describe(a)
   local what
-  if a.action == "delete" then
+  if a.error and not (a.through or a.newest_at) then -- it could not be planned
+    what = ("%s %s"):format(a.action, a.session)
+  elseif a.action == "delete" then
     what = ("delete %s (newest event at %d)"):format(a.session, a.newest_at)
   else
     what = ("%s %s %d..%d"):format(a.action, a.session, a.from, a.through)
