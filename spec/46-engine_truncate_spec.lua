@@ -51,6 +51,28 @@ for _, url in ipairs(helpers.urls()) do
       end)
     end
 
+    -- A truncate sent again (a retried request, a retention sweep that
+    -- runs twice) must not fail for what is already gone: below
+    -- first_index the engine answers as store:truncate does, first_index
+    -- and nothing changed, instead of refolding at `through` (TRUNCATED).
+    it("through below first_index answers first_index and changes nothing, as store:truncate", function()
+      local t = eh.setup(url)
+      t.reducer("count", COUNT)
+      local engine = t.engine({})
+      ticks(engine, "s", 5)
+      assert.equal(4, engine:truncate("s", 3))
+      local snapshots = t.store:snapshots("s")
+      assert.equal(4, engine:truncate("s", 2))
+      assert.equal(4, engine:truncate("s", 3)) -- the same call again
+      assert.equal(4, t.store:truncate("s", 2)) -- what the store answers
+      assert.equal(4, t.store:sessions().sessions[1].first_index)
+      assert.same(snapshots, t.store:snapshots("s"))
+      assert.same({ 4, 5 }, helpers.indexes(t.store:read("s", { after = 3 })))
+      assert.same({ n = 5, sum = 15 }, engine:state("s", "count"))
+      ticks(engine, "s", 1)
+      assert.same({ n = 6, sum = 16 }, engine:state("s", "count"))
+    end)
+
     it("a reducer edited after the truncate cannot refold: TRUNCATED, never a wrong state", function()
       local t = eh.setup(url)
       t.reducer("count", COUNT)

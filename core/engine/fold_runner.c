@@ -427,9 +427,12 @@ static int reducer_names(es_engine *e, char ***out, size_t *n, es_err *err) {
   return rc;
 }
 
-/* Whether the store would drop 1..through: every live event in the range
- * processed, through within the head. (An answer of 0 is checked again by
- * the store itself, which then says why.) */
+/* Whether the store would drop 1..through and something is left to drop:
+ * every live event in the range processed, through within the head, and
+ * not all of 1..through gone already. An answer of 0 leaves the call to
+ * the store itself, which then says why it refuses, or (through below
+ * first_index) answers the idempotent no-op that store:truncate answers:
+ * folding at such a `through` would need the events that are gone. */
 static int truncate_allowed(es_engine *e, const char *session, int64_t through) {
   es_sessions rows;
   es_err err = {0};
@@ -438,8 +441,7 @@ static int truncate_allowed(es_engine *e, const char *session, int64_t through) 
   int64_t first = known && rows.v[0].first_index > 1 ? rows.v[0].first_index : 1;
   int64_t head = known ? rows.v[0].head : 0;
   es_sessions_destroy(&rows);
-  if (through > head) return 0;
-  if (through < first) return 1;
+  if (through > head || through < first) return 0;
   es_events range;
   if (es_store_read(e->s, session, first - 1, through, ES_NONE, &range, &err) != ES_OK) return 0;
   int ok = 1;
