@@ -602,6 +602,42 @@ end }
         arg_refused(store, "claims", function(s) return s:renew("s", { holder = "w", ttl_ms = 10, claims = claims }) end)
       end)
 
+      it("a list with a key past a hole is refused, never read up to its border", function()
+        -- {1, [3] = 3}: `#` may say 1, and [3] was skipped without a word:
+        -- an index listed in exclude was claimed all the same
+        local store = seeded_to_refuse()
+        arg_refused(store, "exclude", function(s)
+          return s:claim("s", { holder = "w2", ttl_ms = 10, exclude = { 2, [4] = 4 } })
+        end)
+        arg_refused(store, "exclude", function(s)
+          return s:claim("s", { holder = "w2", ttl_ms = 10, exclude = { 2, extra = 1 } })
+        end)
+        arg_refused(store, "types", function(s)
+          return s:claim_next({ holder = "w2", ttl_ms = 10, types = { "zz", [3] = "b" } })
+        end)
+        arg_refused(store, "claims", function(s)
+          return s:renew("s", { holder = "w", ttl_ms = 10, claims = { [2] = { 1, 1 } } })
+        end)
+        arg_refused(store, "cancel", function(s)
+          return s:complete("s", 1, 1, {}, { cancel = { [2] = 2 } })
+        end)
+        arg_refused(store, "sessions", function(s) return s:read_states({ "s", [3] = "d" }, "r") end)
+      end)
+
+      it("listings and snapshot versions take valid UTF-8 only, on every backend alike", function()
+        -- PostgreSQL keeps these as text: it answered STORAGE where the
+        -- other backends answered; now every backend refuses them first
+        local store = seeded_to_refuse()
+        refused(store, "prefix", function(s) return s:sessions({ prefix = "\xff" }) end)
+        refused(store, "after", function(s) return s:sessions({ after = "s\xc3" }) end)
+        refused(store, "after", function(s) return s:list_refs({ after = "\xed\xa0\x80" }) end)
+        refused(store, "after", function(s) return s:children("s", { after = "\xff" }) end)
+        refused(store, "version", function(s) return s:put_snapshot("s", "r", 1, "x", "v\xff") end)
+        refused(store, "prefix", function(s) return s:projection_keys("p", { prefix = "\xc0\xaf" }) end)
+        -- valid UTF-8 beyond ASCII is fine
+        assert.same({}, store:sessions({ prefix = "\u{e9}" }).sessions)
+      end)
+
       it("event fields made by __index metamethods are read and kept alive", function()
         local store = new()
         local function lazy(t)

@@ -595,29 +595,43 @@ es_buf *es_lua_push_buf_box(lua_State *L) {
   return b;
 }
 
-size_t es_lua_check_list(lua_State *L, int arg, const char *what, const char *shape) {
-  size_t n = es_lua_check_seq(L, arg, arg, what), keys = 0;
-  lua_pushnil(L);
-  while (lua_next(L, arg)) {
+/* Raises msg as an argument error for arg (arg > 0) or a plain error. */
+static void seq_error(lua_State *L, int arg, const char *msg) {
+  if (arg > 0) luaL_argerror(L, arg, msg);
+  lua_error(L);
+}
+
+/* The length of the table at idx (absolute) once each of its elements
+ * 1..n is checked to exist (es_lua_check_seq), and in *keys how many keys
+ * it holds in all. */
+static size_t seq_elements(lua_State *L, int idx, int arg, const char *what, size_t *keys) {
+  size_t n = (size_t)lua_rawlen(L, idx);
+  for (size_t i = 0; i < n; i++) {
+    int t = lua_rawgeti(L, idx, (lua_Integer)i + 1);
     lua_pop(L, 1);
-    keys++;
+    if (t == LUA_TNIL)
+      seq_error(L, arg, lua_pushfstring(L, "%s is not a sequence (no [%d])", what, (int)i + 1));
   }
+  *keys = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    ++*keys;
+  }
+  return n;
+}
+
+size_t es_lua_check_list(lua_State *L, int arg, const char *what, const char *shape) {
+  size_t keys, n = seq_elements(L, lua_absindex(L, arg), arg, what, &keys);
   if (keys != n) luaL_argerror(L, arg, shape);
   return n;
 }
 
 size_t es_lua_check_seq(lua_State *L, int idx, int arg, const char *what) {
-  idx = lua_absindex(L, idx);
-  size_t n = (size_t)lua_rawlen(L, idx);
-  for (size_t i = 0; i < n; i++) {
-    int t = lua_rawgeti(L, idx, (lua_Integer)i + 1);
-    lua_pop(L, 1);
-    if (t == LUA_TNIL) {
-      const char *msg = lua_pushfstring(L, "%s is not a sequence (no [%d])", what, (int)i + 1);
-      if (arg > 0) luaL_argerror(L, arg, msg);
-      lua_error(L);
-    }
-  }
+  size_t keys, n = seq_elements(L, lua_absindex(L, idx), arg, what, &keys);
+  if (keys != n)
+    seq_error(L, arg,
+              lua_pushfstring(L, "%s is not a sequence (it has keys other than 1..%d)", what, (int)n));
   return n;
 }
 

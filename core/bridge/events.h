@@ -53,8 +53,11 @@ es_buf *es_lua_push_buf_box(lua_State *L);
 /* The length of the sequence at idx, after checking that each of its
  * elements exists (lua_rawlen alone may report a border far beyond the
  * elements, e.g. for {[1]=x, [2]=x, [4]=x, ..., [2^62]=x}), so callers can
- * size arrays by it. A hole raises an argument error for arg (arg > 0)
- * or a plain error naming `what`. */
+ * size arrays by it, and that the table holds nothing else: a key past a
+ * hole ({1, [3] = 3}: `#` may say 1) would otherwise be skipped without a
+ * word, an index a caller listed in `exclude` claimed all the same. A hole
+ * or another key raises an argument error for arg (arg > 0) or a plain
+ * error naming `what`. */
 size_t es_lua_check_seq(lua_State *L, int idx, int arg, const char *what);
 
 /* es_lua_check_seq of argument arg, which must also hold nothing but its

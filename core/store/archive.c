@@ -906,7 +906,9 @@ int es_core_archived(es_store *s, const char *prefix, const char *after, int64_t
                      es_archived *out, es_err *err) {
   int rc;
   memset(out, 0, sizeof *out);
-  if ((rc = es_rule_check_limit(limit, err)) || (rc = es_rule_check_after(after, err))) return rc;
+  if ((rc = es_rule_check_limit(limit, err)) || (rc = es_rule_check_after(after, err)) ||
+      (rc = es_check_utf8("prefix", prefix, err)))
+    return rc;
   if ((rc = es_core_enter(s, err))) return rc;
   /* one more than asked (a limit near ES_MAX_LIMIT: as good as none) */
   archived_args a = {prefix ? prefix : "", after, limit < ES_MAX_LIMIT ? limit + 1 : ES_NONE, out, 0};

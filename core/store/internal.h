@@ -203,7 +203,7 @@ static inline int es_rule_check_limit(int64_t limit, es_err *err) {
 static inline int es_rule_check_after(const char *after, es_err *err) {
   if (after && strlen(after) - es_name_prefix_len(after, strlen(after)) > ES_MAX_ID_BYTES)
     return es_fail(err, ES_INVALID_ARGUMENT, "after is longer than %d bytes", ES_MAX_ID_BYTES);
-  return ES_OK;
+  return es_check_utf8("after", after, err);
 }
 
 /* group.c: sets up a handle's group-commit queue (es_core_handle_init). */

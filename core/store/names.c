@@ -29,6 +29,12 @@ static int utf8_valid(const unsigned char *s, size_t n) {
   return 1;
 }
 
+int es_check_utf8(const char *what, const char *v, es_err *err) {
+  if (v && !utf8_valid((const unsigned char *)v, strlen(v)))
+    return es_fail(err, ES_INVALID_ARGUMENT, "%s is not valid UTF-8", what);
+  return ES_OK;
+}
+
 /* §3.11: the length of the tenant prefix a stored name starts with (the
  * bytes up to and including an ES_TENANT_SEP among its first
  * ES_MAX_TENANT_BYTES + 1 bytes), 0 when it has none. */

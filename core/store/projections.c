@@ -328,6 +328,7 @@ int es_core_projection_keys(es_store *s, const char *scope, const char *name, co
     return es_fail(err, ES_INVALID_ARGUMENT, "limit must be 1..%d", KEYS_MAX);
   if ((prefix && strlen(prefix) > ES_MAX_ID_BYTES) || (after && strlen(after) > ES_MAX_ID_BYTES))
     return es_fail(err, ES_INVALID_ARGUMENT, "prefix and after are at most %d bytes", ES_MAX_ID_BYTES);
+  if ((rc = es_check_utf8("prefix", prefix, err)) || (rc = es_check_utf8("after", after, err))) return rc;
   if ((rc = es_core_enter(s, err))) return rc;
   keys_args a = {name, scope, prefix, after, limit, out, 0, 0};
   rc = es_core_read(s, do_keys, &a, err);

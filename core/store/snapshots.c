@@ -182,6 +182,7 @@ int es_core_put_snapshot(es_store *s, const char *session, const char *reducer, 
   if (index < 0) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot index must be >= 0");
   if (!state) return es_fail(err, ES_INVALID_ARGUMENT, "snapshot state is required");
   if (!version) version = "";
+  if ((rc = es_check_utf8("snapshot version", version, err))) return rc;
   if ((rc = es_core_enter(s, err))) return rc;
   put_snap_args a = {session, {0}, 0};
   a.row.reducer = (char *)reducer;
@@ -272,6 +273,7 @@ int es_core_sessions(es_store *s, const char *prefix, const char *after, int64_t
   int rc;
   memset(out, 0, sizeof *out);
   if (limit <= 0) return es_fail(err, ES_INVALID_ARGUMENT, "limit must be > 0");
+  if ((rc = es_check_utf8("prefix", prefix, err)) || (rc = es_check_utf8("after", after, err))) return rc;
   if ((rc = es_core_enter(s, err))) return rc;
   sessions_args a = {prefix ? prefix : "", after, cap_limit(limit), out};
   rc = es_core_read(s, do_sessions, &a, err);

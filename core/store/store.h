@@ -176,6 +176,12 @@ void es_new_event_init(es_new_event *e);  /* NULL strings, ES_NONE optionals */
  * strings, so a NUL byte inside a name can only be seen (and must be
  * refused) by a caller holding the string with its length (lua/events.h). */
 int es_check_name(const char *what, const char *v, es_err *err);
+/* A text that is compared with names but need not be one (a listing's
+ * `prefix` or `after`, a snapshot's `version`): NULL or valid UTF-8, by
+ * the same rule, else ES_INVALID_ARGUMENT naming `what`. PostgreSQL keeps
+ * these as text and refuses other bytes, so without this check one backend
+ * would fail with STORAGE where the others answer (docs/limits.md). */
+int es_check_utf8(const char *what, const char *v, es_err *err);
 
 /* Free text as the store keeps it (a failure's `error`, a settle `reason`):
  * n bytes of s, which may hold anything, made valid UTF-8 without NUL:
