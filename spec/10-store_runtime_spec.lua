@@ -199,6 +199,24 @@ for _, url in ipairs(helpers.urls()) do
           { { session = "a", events = { { type = "x" } } }, { session = "b", events = { { type = "" } } } })
         assert.matches("batches[2]", tostring(err), 1, true)
         assert.equal(0, store:head("a"))
+        -- what is wrong inside a batch's events names the batch too, whether
+        -- the conversion finds it (an error object or an argument error) or
+        -- the store does
+        local ok_batch = { session = "a", events = { { type = "x" } } }
+        local function names_batch2(events, code)
+          local e = code and helpers.refused(store, code, function()
+            return store:append_many({ ok_batch, { session = "b", events = events } })
+          end) or helpers.expect_arg_error(store.append_many, store, { ok_batch, { session = "b", events = events } })
+          assert.matches("batches[2]: events[1]", tostring(e), 1, true)
+        end
+        names_batch2({ { type = "x", revision = 0 } }, "INVALID_ARGUMENT")
+        names_batch2({ { type = "x", payload = { f = print } } }, "INVALID_ARGUMENT")
+        names_batch2({ { type = "x", meta = { big = ("m"):rep(9000) } } }, "TOO_LARGE")
+        names_batch2({ { type = 5 } })
+        names_batch2({ { type = "x", meta = 5 } })
+        -- an append's own messages are as before: no batch to name
+        local e = helpers.expect_error("INVALID_ARGUMENT", store.append, store, "a", { { type = "x", revision = 0 } })
+        assert.matches("^INVALID_ARGUMENT: events%[1%]%.revision", tostring(e))
       end)
 
       it("answers with each batch's ids under {answer = \"ids\"}, the stored events' own", function()

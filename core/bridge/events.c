@@ -478,6 +478,14 @@ void es_lua_push_events(lua_State *L, es_events *list, int claimed) {
   lua_remove(L, -2);
 }
 
+/* What the messages about an events argument start with: "" for an
+ * append's, "batches[i]: " while append_many reads its batch i
+ * (es_lua_check_batch_events), so a refused batch's error names it as the
+ * store's own errors for it do. Per thread: the engine's workers convert
+ * their handlers' results at the same time. Every conversion sets it
+ * first, so one that raised leaves nothing behind for the next. */
+static _Thread_local char batch_prefix[48];
+
 /* A bad event: an argument error when the events came as argument `arg`,
  * else a plain error (events a handler returned). Never returns. */
 static int bad_event(lua_State *L, int arg, const char *fmt, ...) {
@@ -485,6 +493,8 @@ static int bad_event(lua_State *L, int arg, const char *fmt, ...) {
   va_start(ap, fmt);
   const char *msg = lua_pushvfstring(L, fmt, ap);
   va_end(ap);
+  size_t pl = strlen(batch_prefix);
+  if (pl && strncmp(msg, batch_prefix, pl) != 0) msg = lua_pushfstring(L, "%s%s", batch_prefix, msg);
   if (arg > 0) return luaL_argerror(L, arg, msg);
   return luaL_error(L, "returned %s", msg);
 }
@@ -509,7 +519,7 @@ static int get_field(conv *c, int t, int name) {
   return lua_gettable(c->L, t);
 }
 
-/* "events[i + 1]<suffix>" into out (at least 48 bytes), for the codec's and
+/* "[batches[b]: ]events[i + 1]<suffix>" into out (at least 96 bytes), for the codec's and
  * the timer rule's messages: built by hand, since snprintf for every event
  * of a batch was a visible share of an append. */
 static const char *event_what(char *out, size_t i, const char *suffix) {
@@ -521,6 +531,9 @@ static const char *event_what(char *out, size_t i, const char *suffix) {
     v /= 10;
   } while (v);
   char *p = out;
+  size_t pl = strlen(batch_prefix);
+  memcpy(p, batch_prefix, pl);
+  p += pl;
   memcpy(p, "events[", 7);
   p += 7;
   while (n) *p++ = digits[--n];
@@ -544,8 +557,8 @@ static int64_t event_int(conv *c, int t, size_t i, const char *sub, int name, in
     if (type == LUA_TNUMBER) v = lua_tointegerx(L, -1, &ok);
     if (!ok) bad_event(L, c->arg, "events[%d].%s%s must be an integer", (int)i + 1, sub, field);
     if (v == ES_NONE)
-      es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d].%s%s is out of range (math.mininteger)",
-                    (int)i + 1, sub, field);
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "%sevents[%d].%s%s is out of range (math.mininteger)",
+                    batch_prefix, (int)i + 1, sub, field);
   }
   lua_pop(L, 1);
   return v;
@@ -570,8 +583,8 @@ static const char *event_str(conv *c, int t, size_t i, int name, int last) {
       bad_event(L, c->arg, "events[%d].%s must be a string", (int)i + 1, names_text[name]);
     v = lua_tolstring(L, -1, &n);
     if (memchr(v, '\0', n))
-      es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d].%s must not contain a NUL byte", (int)i + 1,
-                    names_text[name]);
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "%sevents[%d].%s must not contain a NUL byte", batch_prefix,
+                    (int)i + 1, names_text[name]);
     /* The same address as the string anchored last for this field is the
      * same Lua string (that one is alive, so no other string can have its
      * address): already anchored. */
@@ -653,7 +666,7 @@ static int64_t event_revision(conv *c, int t, size_t i) {
     if (type != LUA_TNUMBER) bad_event(L, c->arg, "events[%d].revision must be an integer", (int)i + 1);
     v = lua_tointegerx(L, -1, &ok);
     if (!ok || v < 1 || v > ES_MAX_REVISION)
-      es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d].revision must be an integer 1..%d",
+      es_lua_raisef(L, ES_INVALID_ARGUMENT, "%sevents[%d].revision must be an integer 1..%d", batch_prefix,
                     (int)i + 1, ES_MAX_REVISION);
   }
   lua_pop(L, 1);
@@ -668,7 +681,7 @@ static int event_meta(conv *c, size_t i, es_buf *buf, es_buf *scratch,
   lua_State *L = c->L;
   int type = lua_type(L, -1);
   size_t mark = buf->len;
-  char what[48];
+  char what[96];
   es_err err = {0};
   event_what(what, i, ".meta");
   if (type != LUA_TNIL && type != LUA_TTABLE)
@@ -694,9 +707,26 @@ static int event_meta(conv *c, size_t i, es_buf *buf, es_buf *scratch,
   return type == LUA_TTABLE;
 }
 
+static es_new_event *check_events(lua_State *L, int idx, int arg, int64_t timer_now, size_t max_payload,
+                                  const es_meta_defaults *defaults, size_t *n_out);
+
 es_new_event *es_lua_check_events_meta(lua_State *L, int idx, int arg, int64_t timer_now,
                                        size_t max_payload, const es_meta_defaults *defaults,
                                        size_t *n_out) {
+  batch_prefix[0] = '\0';
+  return check_events(L, idx, arg, timer_now, max_payload, defaults, n_out);
+}
+
+es_new_event *es_lua_check_batch_events(lua_State *L, int idx, int arg, size_t max_payload, size_t batch,
+                                        size_t *n_out) {
+  snprintf(batch_prefix, sizeof batch_prefix, "batches[%zu]: ", batch + 1);
+  es_new_event *v = check_events(L, idx, arg, ES_NONE, max_payload, NULL, n_out);
+  batch_prefix[0] = '\0';
+  return v;
+}
+
+static es_new_event *check_events(lua_State *L, int idx, int arg, int64_t timer_now, size_t max_payload,
+                                  const es_meta_defaults *defaults, size_t *n_out) {
   idx = lua_absindex(L, idx);
   if (!lua_istable(L, idx)) {
     if (arg > 0) luaL_checktype(L, arg, LUA_TTABLE);
@@ -787,7 +817,7 @@ es_new_event *es_lua_check_events_meta(lua_State *L, int idx, int arg, int64_t t
         if (e->not_before != ES_NONE)
           es_lua_raisef(L, ES_INVALID_ARGUMENT, "events[%d] has both not_before and %s", (int)i + 1,
                         has_at ? "at" : "delay_ms");
-        char what[48];
+        char what[96];
         int64_t nb;
         es_err err = {0};
         event_what(what, i, "");
@@ -807,7 +837,7 @@ es_new_event *es_lua_check_events_meta(lua_State *L, int idx, int arg, int64_t t
     }
     lua_pop(L, 1);
     if (get_field(&c, t, N_PAYLOAD) != LUA_TNIL) {
-      char what[48];
+      char what[96];
       es_err err = {0};
       size_t mark = buf->len;
       event_what(what, i, ".payload");

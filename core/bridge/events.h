@@ -139,6 +139,12 @@ void es_lua_push_lease(lua_State *L, es_lease *l);
 es_new_event *es_lua_check_events(lua_State *L, int idx, int arg, int64_t timer_now,
                                   size_t max_payload, size_t *n_out);
 
+/* es_lua_check_events of append_many's batch `batch` (0-based): every
+ * message about its events starts "batches[batch + 1]: ", as the store's
+ * own errors about a batch do. */
+es_new_event *es_lua_check_batch_events(lua_State *L, int idx, int arg, size_t max_payload, size_t batch,
+                                        size_t *n_out);
+
 /* Members added to every event's meta where it lacks them (§4: a handler's
  * results get correlation and causation): keys[k] = vals[k], vals[k]
  * NULL: none. Borrowed. */

@@ -137,7 +137,7 @@ static int m_append_many(lua_State *L) {
       lua_pushfstring(L, "batches[%d].events must be a list of events", (int)i + 1);
       return luaL_argerror(L, 2, lua_tostring(L, -1));
     }
-    b->v[i].evs = es_lua_check_events(L, -1, 2, ES_NONE, maxp, &b->v[i].n);
+    b->v[i].evs = es_lua_check_batch_events(L, -1, 2, maxp, i, &b->v[i].n);
     b->n = i + 1;
   }
   es_err err = {0};
