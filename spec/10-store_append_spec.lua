@@ -839,6 +839,21 @@ for _, url in ipairs(helpers.urls()) do
         assert.equal(1, store:head("b"))
         assert.equal(1, store:head("a"))
       end)
+
+      it("a batch that is no whole replay is PARTIAL_DUPLICATE_BATCH even when a stored id differs, in any order", function()
+        local store = new()
+        store:append("s", { { id = "A", type = "t" } })
+        store:append("o", { { id = "B", type = "t" } })
+        -- A changed beside a fresh id, or beside another session's id: the
+        -- batch is no replay, whichever event comes first
+        rejects("PARTIAL_DUPLICATE_BATCH", store, "s", { { id = "A", type = "X" }, { id = "NEW", type = "t" } })
+        rejects("PARTIAL_DUPLICATE_BATCH", store, "s", { { id = "NEW", type = "t" }, { id = "A", type = "X" } })
+        rejects("PARTIAL_DUPLICATE_BATCH", store, "s", { { id = "A", type = "X" }, { id = "B", type = "t" } })
+        rejects("PARTIAL_DUPLICATE_BATCH", store, "s", { { id = "B", type = "t" }, { id = "A", type = "X" } })
+        rejects("PARTIAL_DUPLICATE_BATCH", store, "s", { { id = "A", type = "X" }, { type = "t" } })
+        -- every id stored here: a replay, which the change makes ID_CONFLICT
+        rejects("ID_CONFLICT", store, "s", { { id = "A", type = "X" } })
+      end)
     end)
 
     -------------------------------------------------------------------------
@@ -907,6 +922,10 @@ for _, url in ipairs(helpers.urls()) do
         local c2 = claim(store, "s", { holder = "w2" })
         assert.equal(2, c2.events[1].attempt)
         rejects("SUPERSEDED_ATTEMPT", store, "s", { { type = "reply", cause = { index = 1, attempt = 1 } } })
+        local err = expect_error("SUPERSEDED_ATTEMPT", function()
+          return store:append("s", { { type = "reply", cause = { index = 1, attempt = 1 } } })
+        end)
+        assert.equal("attempt 1 no longer owns event 1 in session 's'", err.message)
         local ok = store:append("s", { { type = "reply", cause = { index = 1, attempt = 2 } } })
         assert.equal(2, ok[1].index)
       end)

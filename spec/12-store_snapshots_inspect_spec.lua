@@ -389,6 +389,20 @@ for _, url in ipairs(helpers.urls()) do
         assert.same({}, p.events)
         assert.equal(0, p.through)
       end)
+
+      it("a page of limit 0 holds no events and still pins the head", function()
+        local store = new()
+        append_n(store, "s", 3)
+        local p = store:events_page("s", { limit = 0 })
+        assert.same({}, p.events)
+        assert.equal(3, p.through)
+        assert.equal(2, store:events_page("s", { limit = 0, through = 2 }).through)
+        assert.equal(3, store:events_page("s", { limit = 0, through = 9 }).through)
+        assert.equal(0, store:events_page("nobody", { limit = 0 }).through)
+        -- and the pages after it read through that head
+        append_n(store, "s", 2)
+        assert.same({ 1, 2, 3 }, indexes(store:events_page("s", { through = p.through }).events))
+      end)
     end)
   end)
 end

@@ -200,11 +200,16 @@ static int replay_key_check(es_store *s, es_txn *t, const es_new_event *e, es_ev
 /* Batch idempotency (docs/contract.md §3.1). Returns ES_OK with *replayed = 1 and
  * the originals in out when every id is already stored in this session;
  * *replayed = 0 when none is; an error otherwise. `cause` (complete()) also
- * requires the stored events to carry that cause. */
+ * requires the stored events to carry that cause. What decides the error
+ * is the batch as a whole, never the order of its events: an id stored in
+ * another session, or a batch of stored and new ids, is
+ * PARTIAL_DUPLICATE_BATCH even when one of its stored ids also differs;
+ * ID_CONFLICT (or a key's error) only when every id is stored here. */
 int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_new_event *evs,
                          size_t n, int *replayed, es_events *out, es_err *err) {
-  size_t found = 0;
-  int rc = ES_OK;
+  size_t found = 0, stored = 0; /* matching the stored event; stored here at all */
+  int rc = ES_OK, conflict = ES_OK;
+  es_err first = {0}; /* the first stored event that does not match */
   const char *differs;
   *replayed = 0;
   if (n == 0) return ES_OK;
@@ -218,24 +223,35 @@ int es_rule_check_replay(es_store *s, es_txn *t, const char *session, const es_n
       continue;
     }
     if (rc != ES_OK) break;
+    int key_rc;
+    es_err key_err = {0};
     if (strcmp(row.session, session) != 0) {
       rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
                    "event id '%s' already exists in another session", evs[i].id);
-    } else if ((rc = replay_key_check(s, t, &evs[i], &row, err)) != ES_OK) {
+    } else if ((key_rc = replay_key_check(s, t, &evs[i], &row, &key_err)) != ES_OK) {
       /* a different key, or the stored payload cannot be compared */
+      if (key_rc == ES_STORAGE) {
+        rc = es_fail(err, ES_STORAGE, "%s", key_err.msg);
+      } else if (conflict == ES_OK) {
+        conflict = key_rc;
+        first = key_err;
+      }
     } else if ((differs = replay_differs(&evs[i], &row)) != NULL) {
-      rc = es_fail(err, ES_ID_CONFLICT, "event id '%s' is already stored with a different %s",
-                   evs[i].id, differs);
+      if (conflict == ES_OK)
+        conflict = es_fail(&first, ES_ID_CONFLICT, "event id '%s' is already stored with a different %s",
+                           evs[i].id, differs);
     } else {
       found++;
       rc = es_events_push_copy(out, &row);
       if (rc) nomem(err);
     }
+    if (rc == ES_OK) stored++;
     es_event_destroy(&row);
   }
-  if (rc == ES_OK && found > 0 && found < n)
+  if (rc == ES_OK && stored > 0 && stored < n)
     rc = es_fail(err, ES_PARTIAL_DUPLICATE_BATCH,
-                 "the batch mixes %zu already-stored and %zu new events", found, n - found);
+                 "the batch mixes %zu already-stored and %zu new events", stored, n - stored);
+  if (rc == ES_OK && conflict != ES_OK) rc = es_fail(err, conflict, "%s", first.msg);
   if (rc != ES_OK || found < n) {
     es_events_destroy(out);
     return rc;
@@ -448,7 +464,7 @@ static int check_causes(es_store *s, es_txn *t, const char *session, const es_ne
     es_event_destroy(&parent);
     if (!ok)
       return es_fail(err, ES_SUPERSEDED_ATTEMPT,
-                     "attempt %lld no longer es_rule_owns event %lld in session '%s'",
+                     "attempt %lld no longer owns event %lld in session '%s'",
                      (long long)evs[i].cause_attempt, (long long)evs[i].cause_index, session);
   }
   return ES_OK;
@@ -756,6 +772,8 @@ int es_core_events_page(es_store *s, const char *session, int64_t after, int64_t
                         int64_t limit, es_events *out, int64_t *through_out, es_err *err) {
   range_args a = {session, after, through, limit, out, 0, 0};
   int rc = read_range(s, &a, err);
+  /* A page of no events still pins the head (§3.4): read_range read nothing */
+  if (rc == ES_OK && limit == 0 && (rc = es_core_head(s, session, &a.head, err))) es_events_destroy(out);
   if (rc == ES_OK) *through_out = through == ES_NONE ? a.head : (through < a.head ? through : a.head);
   return rc;
 }
