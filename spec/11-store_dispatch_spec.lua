@@ -1215,6 +1215,22 @@ for _, url in ipairs(helpers.urls()) do
         assert.same({}, store:dead_letters({ session = "s" }))
       end)
 
+      it("the fail that dead-lettered an event, repeated after its revive, is superseded and writes nothing", function()
+        local store = new()
+        store:append("s", { { type = "a" } })
+        claimed(store, "s")
+        local first = of(store:fail("s", 1, 1, { error = "e", max_failures = 1 }))
+        assert.same({ outcome = "dead_lettered", failures = 1 }, first)
+        -- repeated before anything else happened: the same outcome, counted once
+        assert.same(first, of(store:fail("s", 1, 1, { error = "e", max_failures = 1 })))
+        store:revive("s", 1)
+        local before = helpers.log_state(store)
+        local again = of(store:fail("s", 1, 1, { error = "e", max_failures = 1 }))
+        assert.equal("superseded", again.outcome)
+        assert.equal(before, helpers.log_state(store))
+        assert.equal("pending", event(store, "s", 1).status)
+      end)
+
       it("revive and settle raise NO_SUCH_EVENT for a missing index", function()
         local store = new()
         store:append("s", { { type = "a" } })

@@ -472,7 +472,7 @@ int es_core_claim_next(es_store *s, const char *scope, const char *holder, int64
 }
 
 /* renew and release (claims taken and never started) share one walk over
- * the caller's claims: a claim the holder no longer es_rule_owns is reported
+ * the caller's claims: a claim the holder no longer owns is reported
  * superseded, one of another holder is left alone, and each of the
  * holder's own is renewed (release 0) or undone (release 1). */
 typedef struct {
@@ -923,8 +923,9 @@ static int do_fail(es_store *s, es_txn *t, void *arg, es_err *err) {
   if (rc) return rc;
   a->failures = row.failures;
   if (row.status != ES_STATUS_PROCESSED && row.attempts == a->attempt &&
-      row.last_failed_attempt == a->attempt && !row.claim_holder) {
-    /* The same fail again: same outcome, counted once. */
+      row.last_failed_attempt == a->attempt && !row.claim_holder && row.failures > 0) {
+    /* The same fail again: same outcome, counted once. (No failures left:
+     * a revive reset them since, and the attempt is superseded below.) */
     a->outcome = row.status == ES_STATUS_DEAD ? ES_DEAD_LETTERED : ES_FAILED;
     es_event_destroy(&row);
     return ES_OK;
