@@ -246,6 +246,21 @@ end
           assert.equal(T0, store:read("s")[1].created_at)
         end
       end)
+
+      it("generated ids stay in time order past the 48 bits of milliseconds a UUIDv7 holds", function()
+        local clock = eventstore.manual_clock((1 << 48) - 2)
+        local store = helpers.open(url, { clock = clock })
+        local ids = {}
+        for _, t in ipairs({ (1 << 48) - 2, (1 << 48) - 1, 1 << 48, (1 << 48) + 5, math.maxinteger }) do
+          clock:set(t)
+          ids[#ids + 1] = store:append("s", { { type = "t" } })[1].id
+        end
+        for i = 2, #ids do
+          assert.is_true(ids[i] > ids[i - 1], ("id %d sorts before id %d: %s, %s"):format(i, i - 1, ids[i], ids[i - 1]))
+        end
+        assert.equal("ffffffff-ffff-", ids[#ids]:sub(1, 14))
+        assert.equal(math.maxinteger, store:read("s")[5].created_at)
+      end)
     end)
   end)
 end

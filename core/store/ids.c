@@ -19,6 +19,8 @@
 /* ---------------------------------------------------------------------- */
 /* event ids: UUIDv7 (RFC 9562), strictly increasing per handle */
 
+#define UUID_MS_MAX (((int64_t)1 << 48) - 1)
+
 int es_core_uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
   unsigned char r[10];
   pthread_mutex_lock(&s->umu);
@@ -33,13 +35,17 @@ int es_core_uuid7(es_store *s, int64_t now, char out[37], es_err *err) {
   }
   memcpy(r, s->rand_pool + s->rand_used, sizeof r);
   s->rand_used += sizeof r;
+  /* The id holds 48 bits of milliseconds (to the year 10889): a clock past
+   * them (a test's manual clock) keeps the last one, so ids stay in time
+   * order instead of wrapping to 0, counted on as a stuck clock is. */
+  if (now > UUID_MS_MAX) now = UUID_MS_MAX;
   if (now > s->uuid_ms) {
     s->uuid_ms = now;
     s->uuid_seq = ((uint32_t)r[8] << 8 | r[9]) & 0x3FF; /* random start, room to count */
   } else if (++s->uuid_seq > 0xFFF) {
     /* Borrow the next millisecond rather than repeat (a clock stuck at the
      * largest time keeps it; the 62 random bits still tell ids apart). */
-    if (s->uuid_ms < INT64_MAX) s->uuid_ms++;
+    if (s->uuid_ms < UUID_MS_MAX) s->uuid_ms++;
     s->uuid_seq = 0;
   }
   uint64_t ms = (uint64_t)s->uuid_ms;
