@@ -292,6 +292,23 @@ end
         assert.equal(4, t.store:head("s"))
       end)
 
+      -- A type names a handler the way the scan of handlers/ finds them
+      -- (docs/engine.md): "./t" or ".hidden" never does, even where a path
+      -- of that name reaches a file, since no run claims that type: stored
+      -- pending, such an event would wait for ever.
+      it("engine:append judges a type by the handler scan's rule: './t' and '.hidden' are stored processed", function()
+        local t = setup()
+        t.handler("t", returns("t.done"))
+        t.handler(".hidden", returns("hidden.done")) -- a hidden file: never a handler
+        local engine = t.engine()
+        local stored = engine:append("s", { { type = "./t" }, { type = "t" }, { type = ".hidden" } })
+        assert.same({ "processed", "pending", "processed" }, helpers.pluck(stored, "status"))
+        assert.same({ "processed", "pending", "processed" }, helpers.pluck(t.store:read("s"), "status"))
+        assert.same({ handled = 1, failed = 0, dead = 0 }, run(engine))
+        assert.same({ "./t", "t", ".hidden", "t.done" }, helpers.pluck(t.store:read("s"), "type"))
+        assert.same({}, t.store:pending_types())
+      end)
+
       it("the engine leaves events appended straight to the store pending, for an engine with their handler", function()
         local t = setup()
         local engine = t.engine()

@@ -143,6 +143,20 @@ for _, url in ipairs(helpers.urls()) do
         assert.equal(2, engine:state("s", "counter").n)
       end)
 
+      -- A negative `at` names no index. math.mininteger is the store's
+      -- "no value" inside; taken as "at the head" it answered a state
+      -- for an index nobody asked about.
+      it("a negative at is INVALID_ARGUMENT, math.mininteger included (never the head's state)", function()
+        local t = setup()
+        t.reducer("counter", COUNTER)
+        local engine = t.engine()
+        engine:append("s", { { type = "a" }, { type = "a" } })
+        expect_error("INVALID_ARGUMENT", function() engine:state("s", "counter", { at = math.mininteger }) end)
+        expect_error("INVALID_ARGUMENT", function() engine:state("s", "counter", { at = -1 }) end)
+        assert.equal(0, engine:state("s", "counter", { at = 0 }).n)
+        assert.equal(2, engine:state("s", "counter").n)
+      end)
+
       it("each call returns its own state (changing a result changes no later result)", function()
         local t = setup()
         t.reducer("counter", COUNTER)

@@ -922,10 +922,23 @@ int es_engine_run(es_engine *e, const es_run_opts *ro, es_engine_stats *stats, e
   return ES_OK;
 }
 
+/* Whether a type can name a handler file as the scan of handlers/ finds
+ * them (handlers.c): parts between '/' that are not empty and do not
+ * start with '.' (".", "..", hidden files are never a type). Otherwise a
+ * file the path happens to reach ("./t" is t.lua) would make engine:append
+ * store an event pending that no run ever claims. */
+static int script_type_name(const char *type) {
+  for (const char *p = type;; p++) {
+    if (*p == '\0' || *p == '/' || *p == '.') return 0; /* an empty part, or a dot first */
+    p = strchr(p, '/');
+    if (!p) return 1;
+  }
+}
+
 int es_engine_has_handler(es_engine *e, const char *type) {
   char path[4096];
   struct stat st;
-  if (strchr(type, '/') && (strstr(type, "..") || type[0] == '/')) return 0;
+  if (!script_type_name(type)) return 0;
   int n = snprintf(path, sizeof path, "%s/handlers/%s.lua", e->scripts, type);
   return n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }

@@ -190,8 +190,7 @@ static int l_engine_state(lua_State *L) {
   es_engine *e = check_engine(L);
   const char *session = es_lua_check_name(L, 2, "session");
   const char *reducer = es_lua_check_name(L, 3, "reducer");
-  int64_t at = ES_NONE;
-  if (!lua_isnoneornil(L, 4)) at = es_lua_check_int(L, 4, "at");
+  int64_t at = es_lua_opt_int(L, 4, "at", ES_NONE); /* math.mininteger is ES_NONE: refused */
   es_buf buf;
   es_buf_init(&buf);
   es_err err = {0};
