@@ -296,6 +296,34 @@ return { key = function(e) return e.payload.amount == 2 and {} or "k" end,
       assert.equal(all[4].position, rows.spin_step.error_position)
     end)
 
+    -- Keys are names: stored as C strings, "a\0b" would be "a", and the
+    -- two keys' states would overwrite each other. So a key() that returns
+    -- one fails its projection at that event (what came before stays),
+    -- and a read of such a key is refused, never answered with "a"'s.
+    it("a key with a NUL byte fails the projection at its event; reading one is INVALID_ARGUMENT", function()
+      local t = setup(url)
+      projection(t, "by_k", [[
+return { key = function(e) return e.payload.k end,
+         ["x"] = function(s, e) s.n = (s.n or 0) + 1 end }
+]])
+      t.store:append("s", { { type = "x", settled = true, payload = { k = "a" } },
+        { type = "x", settled = true, payload = { k = "a" } } })
+      local e = t.engine()
+      eh.run(e)
+      assert.same({ n = 2 }, (t.store:projection("by_k", "a")))
+      local bad = t.store:append("s", { { type = "x", settled = true, payload = { k = "a\0b" } },
+        { type = "x", settled = true, payload = { k = "a" } } })[1]
+      eh.run(e)
+      local row = e:projections()[1]
+      assert.equal("failed", row.status)
+      assert.equal(bad.position, row.error_position)
+      assert.equal(bad.id, row.error_id)
+      assert.matches("NUL", row.error, 1, true)
+      assert.same({ n = 2 }, (t.store:projection("by_k", "a"))) -- neither the bad event nor the one after it
+      assert.same({ "a" }, t.store:projection_keys("by_k").keys)
+      helpers.expect_error("INVALID_ARGUMENT", t.store.projection, t.store, "by_k", "a\0zzz")
+    end)
+
     it("tenants: each handle reads only its own keys; key() sees the session as its tenant names it", function()
       local t = setup(url)
       projection(t, "by_session", [[

@@ -196,7 +196,7 @@ static int commit(lua_State *L, pass *ps, fold_box *x, int64_t gen) {
  * for a key the batch has not met yet (reading its state, init, its ctx)
  * stays outside the budget, in fold_first. */
 enum { PH_KEY, PH_INIT, PH_STEP };   /* which user code ran last: names a failure */
-enum { FE_DONE, FE_BAD_KEY, FE_MISS }; /* what fold_event came to */
+enum { FE_DONE, FE_BAD_KEY, FE_NUL_KEY, FE_MISS }; /* what fold_event came to */
 
 typedef struct fold_call {
   runner *r;
@@ -224,6 +224,14 @@ static int fold_event(lua_State *L) {
       lua_tostring(L, -1); /* its decimal text, in place */
     } else if (t != LUA_TSTRING) {
       c->outcome = FE_BAD_KEY;
+      return 0;
+    }
+    /* A key is a name: stored as a C string, "a\0b" would be "a", and
+     * the states of "a\0b" and "a" would overwrite each other. */
+    size_t len;
+    const char *key = lua_tolstring(L, -1, &len);
+    if (memchr(key, '\0', len)) {
+      c->outcome = FE_NUL_KEY;
       return 0;
     }
   }
@@ -456,6 +464,7 @@ static int pass_main(lua_State *L) {
       fc.outcome = FE_DONE;
       if (es_budget_pcall(L, 3, 4) != LUA_OK) why = failure(L, fc.phase);
       else if (fc.outcome == FE_BAD_KEY) why = "key() must return a string, a number or nil";
+      else if (fc.outcome == FE_NUL_KEY) why = "key() returned a key with a NUL byte (keys are names)";
       else if (fc.outcome == FE_MISS) why = fold_first(L, ps, top, mod, cache, ctxs, gen, ev, tl, &err);
     }
     if (why) {

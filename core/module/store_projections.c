@@ -56,7 +56,7 @@ static void push_record(lua_State *L, const es_projection *p) {
 static int m_projection(lua_State *L) {
   lstore *h = check_store(L);
   const char *name = es_lua_check_name(L, 2, "projection");
-  const char *key = luaL_checkstring(L, 3);
+  const char *key = es_lua_check_name(L, 3, "key");
   value_box *vb = owned_push(L, sizeof *vb, destroy_value);
   es_projection *info = owned_push(L, sizeof *info, destroy_projection);
   size_t len = 0;
