@@ -566,10 +566,18 @@ static int read_all_sharded(lua_State *L, lstore *h) {
   return es_lstore_done(L, h, 1);
 }
 
+/* Whether read_all goes by cursors: a shards: store, or a tenant handle
+ * of one (the tenant's capabilities are its base's). */
+static int reads_by_cursor(lstore *h) {
+  es_capabilities c;
+  es_err err = {0};
+  return es_store_capabilities(h->s, &c, &err) == ES_OK && c.sharded;
+}
+
 static int m_read_all(lua_State *L) {
   lstore *h = check_store(L);
   check_opt_table(L, 2);
-  if (es_store_is_sharded(h->s)) {
+  if (reads_by_cursor(h)) {
     if (lua_isnoneornil(L, 2)) {
       lua_settop(L, 1);
       lua_newtable(L);
