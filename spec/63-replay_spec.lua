@@ -60,6 +60,75 @@ for _, url in ipairs(helpers.urls()) do
       assert.equal(before, dump(store))
     end)
 
+    -- Histories made by hand (store, clock, engine of `dir`) whose replay
+    -- with the same scripts must be identical: what a user relies on
+    -- before trusting a report that some session diverged.
+    local function by_hand(handlers)
+      local store, clock = helpers.new(url)
+      local dir = eh.scripts_dir()
+      for event_type, src in pairs(handlers) do eh.write_file(eh.handler_path(dir, event_type), src) end
+      local engine = eh.engine({ store = store, scripts = dir, quiet = true })
+      return store, clock, dir, engine
+    end
+
+    local function status_of(store, dir)
+      local report = eventstore.replay({ store = store, scripts = dir, engine = ENGINE })
+      assert.equal(1, #report.sessions)
+      local s = report.sessions[1]
+      return s.status, s
+    end
+
+    -- docs/replay.md "The virtual clock": a timer due at the very
+    -- millisecond an input came was ready before it (not_before <= now),
+    -- so live it fired first; the replay fires it first too.
+    it("replays identical a timer that fired at the very millisecond an input came", function()
+      local store, clock, dir, engine = by_hand({
+        a = "return function() return { { type = 'tick', delay_ms = 1000 } } end",
+        tick = "return function() return { { type = 'ticked' } } end",
+      })
+      engine:append("s", { { type = "a" } })
+      engine:run({ until_idle = true })
+      clock:advance(1000)
+      engine:run({ until_idle = true }) -- the timer fires at T0 + 1000
+      engine:append("s", { { type = "note" } }) -- an input at the same ms
+      assert.same({ "a", "tick", "ticked", "note" }, helpers.pluck(store:read("s"), "type"))
+      local status, s = status_of(store, dir)
+      assert.equal("identical", status, s.divergence and eventstore.json.encode(s.divergence))
+    end)
+
+    -- docs/replay.md "Inputs that never ran live stay unrun": appended
+    -- settled, an event is a fact, not work, though its type has a handler.
+    it("replays identical an input appended settled whose type has a handler", function()
+      local store, _, dir, engine = by_hand({
+        job = "return function() return { { type = 'done' } } end",
+      })
+      engine:append("s", { { type = "job", settled = true } })
+      engine:append("s", { { type = "job" } })
+      engine:run({ until_idle = true })
+      assert.same({ "job", "job", "done" }, helpers.pluck(store:read("s"), "type"))
+      local status, s = status_of(store, dir)
+      assert.equal("identical", status, s.divergence and eventstore.json.encode(s.divergence))
+    end)
+
+    -- The same: a timer cancelled from outside (store:cancel) before it
+    -- ran never ran live; the cancel is no event, and the replay cancels
+    -- it again before the engine runs.
+    it("replays identical an input timer cancelled with store:cancel before it ran", function()
+      local store, clock, dir, engine = by_hand({
+        job = "return function() return { { type = 'done' } } end",
+      })
+      local timer = engine:append("s", { { type = "job", delay_ms = 5000 } })[1]
+      engine:run({ until_idle = true })
+      store:cancel("s", timer.index, { reason = "paid" })
+      clock:advance(5000)
+      engine:run({ until_idle = true })
+      local events = store:read("s")
+      assert.same({ "job" }, helpers.pluck(events, "type"))
+      assert.equal("paid", events[1].cancelled)
+      local status, s = status_of(store, dir)
+      assert.equal("identical", status, s.divergence and eventstore.json.encode(s.divergence))
+    end)
+
     it("reports the same with the scratch engine's runs on threads as inline (docs/engine.md)", function()
       local store, live = history()
       local changed = scripts({ handlers = { ["order.priced"] = [[

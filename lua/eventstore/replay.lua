@@ -373,11 +373,15 @@ local function run_session(o, dir, session, inputs, max_events)
   -- since (the final read below is then that one).
   local last
   local ok, err = pcall(function()
+    local ran_at -- the virtual time of the last run to idle
     local function run()
       last = nil
+      ran_at = clock:now()
       engine:run({ until_idle = true })
     end
-    -- Fires what falls due before `t` (timers, backoffs), in time order.
+    -- Fires what falls due by `t` (timers, backoffs), in time order: one
+    -- due at t itself first, since live it was ready (not_before <= now)
+    -- before an input that came at t.
     local function advance_to(t)
       while true do
         local events = scratch:read(session)
@@ -387,7 +391,10 @@ local function run_session(o, dir, session, inputs, max_events)
             .. "scheduling work?)"):format(max_events), 0)
         end
         local due = next_due(events)
-        if due == nil or (t and due >= t) or due < clock:now() then return end
+        if due == nil or (t and due > t) or due < clock:now() then return end
+        -- still due at the instant of the last run to idle: it cannot run
+        -- here (its type's handler is another engine's), and time must move
+        if due == ran_at then return end
         clock:set(due)
         run()
       end
@@ -398,8 +405,17 @@ local function run_session(o, dir, session, inputs, max_events)
       local ev = { id = input.id, type = input.type, payload = input.payload, lane = input.lane,
         revision = input.revision, meta = input.meta }
       if input.not_before ~= nil then ev.at = input.not_before end
+      -- Never dispatched live (processed without an attempt): appended
+      -- settled, it is a fact here too; cancelled before it ran (an
+      -- outside cancel is no event to replay), it is cancelled again here
+      -- before it can run.
+      local unrun = input.status == "processed" and input.attempts == 0
+      if unrun and input.cancelled == nil then ev.settled = true end
       last = nil
-      engine:append(session, { ev })
+      local stored = engine:append(session, { ev })[1]
+      if unrun and input.cancelled ~= nil and stored.status == "pending" then
+        scratch:cancel(session, stored.index, { reason = input.cancelled })
+      end
       run()
     end
     advance_to(nil)
