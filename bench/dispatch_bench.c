@@ -28,7 +28,6 @@
  * gives every event a payload of N bytes (a JSON string) instead of the
  * ~85-byte object.
  */
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "raw_queue.h" /* the raw SQLite figures */
 #include "engine/engine.h"
 #include "module/module.h" /* open_core: the engine's states preload this library's module */
 #include "store/store.h"
@@ -76,68 +76,7 @@ static void db_path(char *out, size_t cap, const char *name) {
   }
 }
 
-/* --- raw SQLite ------------------------------------------------------- */
-
-static void sq(sqlite3 *db, const char *sql) {
-  char *msg = NULL;
-  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) die(sql, msg ? msg : "?");
-}
-
-static sqlite3 *raw_open(const char *path, long n) {
-  sqlite3 *db;
-  if (sqlite3_open(path, &db) != SQLITE_OK) die("raw open", sqlite3_errmsg(db));
-  sq(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"
-         "CREATE TABLE jobs(id INTEGER PRIMARY KEY, session TEXT NOT NULL, idx INTEGER NOT NULL,"
-         " type TEXT NOT NULL, payload BLOB NOT NULL, state INTEGER NOT NULL DEFAULT 0,"
-         " holder TEXT, expires INTEGER, attempts INTEGER NOT NULL DEFAULT 0,"
-         " done_at INTEGER, UNIQUE(session, idx));"
-         "CREATE INDEX jobs_ready ON jobs(id) WHERE state = 0;");
-  sqlite3_stmt *st;
-  sq(db, "BEGIN");
-  if (sqlite3_prepare_v2(db, "INSERT INTO jobs(session, idx, type, payload) VALUES('d', ?, 'job', ?)",
-                         -1, &st, NULL) != SQLITE_OK)
-    die("raw prepare", sqlite3_errmsg(db));
-  for (long i = 1; i <= n; i++) {
-    sqlite3_bind_int64(st, 1, i);
-    sqlite3_bind_blob(st, 2, payload, (int)payload_len, SQLITE_STATIC);
-    if (sqlite3_step(st) != SQLITE_DONE) die("raw fill", sqlite3_errmsg(db));
-    sqlite3_reset(st);
-  }
-  sqlite3_finalize(st);
-  sq(db, "COMMIT");
-  return db;
-}
-
-static size_t payload_bytes; /* read, so the payloads are fetched as a handler's would be */
-
-/* Claims up to limit ready rows (the statement's own transaction unless
- * one is open) and touches each one's payload as a handler would get it;
- * returns how many, their ids and attempts in ids/att. */
-static int raw_claim(sqlite3 *db, sqlite3_stmt *claim, int limit, int64_t *ids, int64_t *att) {
-  int n = 0;
-  size_t bytes = 0;
-  sqlite3_bind_int64(claim, 1, (int64_t)(now_s() * 1000) + 30000);
-  sqlite3_bind_int(claim, 2, limit);
-  int rc;
-  while ((rc = sqlite3_step(claim)) == SQLITE_ROW) {
-    ids[n] = sqlite3_column_int64(claim, 0);
-    att[n] = sqlite3_column_int64(claim, 1);
-    bytes += (size_t)sqlite3_column_bytes(claim, 2);
-    n++;
-  }
-  if (rc != SQLITE_DONE) die("raw claim", sqlite3_errmsg(db));
-  sqlite3_reset(claim);
-  payload_bytes += bytes;
-  return n;
-}
-
-static void raw_done(sqlite3 *db, sqlite3_stmt *done, int64_t id, int64_t attempt) {
-  sqlite3_bind_int64(done, 1, (int64_t)(now_s() * 1000));
-  sqlite3_bind_int64(done, 2, id);
-  sqlite3_bind_int64(done, 3, attempt);
-  if (sqlite3_step(done) != SQLITE_DONE || sqlite3_changes(db) != 1) die("raw done", sqlite3_errmsg(db));
-  sqlite3_reset(done);
-}
+/* --- raw SQLite (bench/raw_queue.h) ---------------------------------- */
 
 /* batch 1: every claim and every completion its own synced commit.
  * batch > 1: claims committed with synchronous=NORMAL, completions of a
@@ -145,44 +84,9 @@ static void raw_done(sqlite3 *db, sqlite3_stmt *done, int64_t id, int64_t attemp
 static double raw_sqlite(long n, int batch) {
   char path[1100];
   db_path(path, sizeof path, "dispatch_raw.db");
-  sqlite3 *db = raw_open(path, n);
-  sqlite3_stmt *claim, *done;
-  if (sqlite3_prepare_v2(db,
-                         "UPDATE jobs SET state = 1, holder = 'bench', expires = ?1,"
-                         " attempts = attempts + 1 WHERE id IN (SELECT id FROM jobs WHERE state = 0"
-                         " ORDER BY id LIMIT ?2) RETURNING id, attempts, payload",
-                         -1, &claim, NULL) != SQLITE_OK ||
-      sqlite3_prepare_v2(db,
-                         "UPDATE jobs SET state = 2, holder = NULL, done_at = ?1"
-                         " WHERE id = ?2 AND attempts = ?3 AND state = 1",
-                         -1, &done, NULL) != SQLITE_OK)
-    die("raw prepare", sqlite3_errmsg(db));
-  int64_t ids[RAW_BATCH], att[RAW_BATCH];
-  long handled = 0;
-  double t0 = now_s();
-  for (;;) {
-    int got;
-    if (batch == 1) {
-      got = raw_claim(db, claim, 1, ids, att);
-      if (!got) break;
-      raw_done(db, done, ids[0], att[0]);
-    } else {
-      /* synchronous can change only between transactions */
-      sq(db, "PRAGMA synchronous=NORMAL");
-      got = raw_claim(db, claim, batch, ids, att);
-      sq(db, "PRAGMA synchronous=FULL");
-      if (!got) break;
-      sq(db, "BEGIN IMMEDIATE");
-      for (int i = 0; i < got; i++) raw_done(db, done, ids[i], att[i]);
-      sq(db, "COMMIT");
-    }
-    handled += got;
-  }
-  double rate = (double)handled / (now_s() - t0);
-  if (handled != n) die("raw", "not every job was done");
-  sqlite3_finalize(claim);
-  sqlite3_finalize(done);
-  sqlite3_close(db);
+  raw_queue q = {.path = path, .payload = payload, .payload_len = payload_len, .n = n, .sessions = 1, .batch = batch};
+  double rate = raw_queue_run(&q);
+  if (rate < 0) die("raw", q.err);
   db_path(path, sizeof path, "dispatch_raw.db");
   return rate;
 }

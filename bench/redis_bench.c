@@ -14,7 +14,7 @@
  *   REDIS_BENCH_ONLY     run only the workloads whose key contains this
  *                        (keys: append100 append1 memappend memappend-lua
  *                        memappend-lua-ids consume8 produce8 memconsume1
- *                        bound8 bytes)
+ *                        bound8 rawqueue rawsqlite100 rawsqlite1 bytes)
  *   REDIS_SERVER         the redis-server binary (redis-server on PATH)
  *
  * Needs lua/eventstore/loader.lua on LUA_PATH for the engine (make sets it).
@@ -59,6 +59,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "raw_queue.h" /* the rawqueue bound */
 #include "engine/engine.h"
 #include "module/module.h" /* open_core: the engine's states preload this library's module */
 #include "store/store.h"
@@ -534,6 +535,73 @@ static double es_append(int durable, int threads, int batch, double seconds) {
   return rate;
 }
 
+/* The ceiling of any store kept in SQLite, for the durable append rows
+ * (rawsqlite100, rawsqlite1): plain SQLite from one thread, as a perfect
+ * group commit of the 16 writers would write, `rows` rows a commit (1,600:
+ * 16 batches of 100; 16: 16 batches of 1), WAL and synchronous=FULL as the
+ * store's durability. The table is the least an event log can be: an id
+ * unique across the log and an index unique in its session, the payload;
+ * no dispatch record, no session row, no JSON check. Ids are 36-character
+ * texts in time order, as the store's UUIDv7 ids are, made by a counter. */
+static double raw_sqlite_append(int rows, double seconds) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/raw.db", dir);
+  remove_db(path);
+  sqlite3 *db;
+  if (sqlite3_open(path, &db) != SQLITE_OK) die("raw sqlite", sqlite3_errmsg(db));
+  char *msg = NULL;
+  if (sqlite3_exec(db,
+                   "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
+                   "CREATE TABLE ev(id TEXT NOT NULL UNIQUE, session TEXT NOT NULL, idx INTEGER NOT NULL,"
+                   " payload TEXT NOT NULL, PRIMARY KEY(session, idx)) WITHOUT ROWID;",
+                   NULL, NULL, &msg) != SQLITE_OK)
+    die("raw sqlite", msg ? msg : "schema");
+  sqlite3_stmt *ins;
+  if (sqlite3_prepare_v2(db, "INSERT INTO ev(id, session, idx, payload) VALUES (?, ?, ?, ?)", -1, &ins, NULL) !=
+      SQLITE_OK)
+    die("raw sqlite", sqlite3_errmsg(db));
+  long n = 0, head[SESSIONS] = {0};
+  double t0 = now_s(), t1 = t0;
+  for (long k = 0; t1 - t0 < seconds; k++) {
+    if (sqlite3_exec(db, "BEGIN", NULL, NULL, &msg) != SQLITE_OK) die("raw sqlite", msg ? msg : "begin");
+    for (int i = 0; i < rows; i++, n++) {
+      char id[64];
+      int sess = (int)((n / (rows >= 100 ? 100 : 1)) % SESSIONS); /* batches of 100 (or 1) to a session in turn */
+      snprintf(id, sizeof id, "0193a5c4-%04lx-7%03lx-8%03lx-%012lx", (unsigned long)(n >> 32) & 0xffff,
+               (unsigned long)(n >> 20) & 0xfff, (unsigned long)(n >> 8) & 0xfff, (unsigned long)n & 0xffffffffffffUL);
+      sqlite3_bind_text(ins, 1, id, 36, SQLITE_TRANSIENT);
+      sqlite3_bind_text(ins, 2, session_name[sess], -1, SQLITE_STATIC);
+      sqlite3_bind_int64(ins, 3, ++head[sess]);
+      sqlite3_bind_text(ins, 4, PAYLOAD, (int)PAYLOAD_LEN, SQLITE_STATIC);
+      if (sqlite3_step(ins) != SQLITE_DONE) die("raw sqlite", sqlite3_errmsg(db));
+      sqlite3_reset(ins);
+    }
+    if (sqlite3_exec(db, "COMMIT", NULL, NULL, &msg) != SQLITE_OK) die("raw sqlite", msg ? msg : "commit");
+    t1 = now_s();
+  }
+  sqlite3_finalize(ins);
+  sqlite3_close(db);
+  remove_db(path);
+  return (double)n / (t1 - t0);
+}
+
+/* The ceiling of any queue kept in SQLite, for the durable consume rows
+ * (rawqueue): n jobs in bench/raw_queue.h's table (one partial index),
+ * claimed 1,024 at a time (synchronous=NORMAL) and completed in one synced
+ * commit per claim, from one thread (a SQLite file has one writer at a
+ * time), no handler. */
+static double raw_queue_consume(long n) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/rawq.db", dir);
+  remove_db(path);
+  raw_queue q = {.path = path, .payload = PAYLOAD, .payload_len = PAYLOAD_LEN, .n = n, .sessions = SESSIONS,
+                 .batch = RAW_QUEUE_MAX_BATCH};
+  double rate = raw_queue_run(&q);
+  if (rate < 0) die("raw queue", q.err);
+  remove_db(path);
+  return rate;
+}
+
 /* n pending "job" events (settled: stored processed, as history), 100 per
  * session in turn, batches of 100. */
 static void es_fill(es_store *s, long n, int settled) {
@@ -726,7 +794,7 @@ typedef struct workload {
   const char *target;
 } workload;
 
-enum { APP100, APP1, MEMAPP, MEMAPP_LUA, MEMAPP_LUA_IDS, CON8, PROD8, MEMCON1, BOUND8, NW };
+enum { APP100, APP1, MEMAPP, MEMAPP_LUA, MEMAPP_LUA_IDS, CON8, PROD8, MEMCON1, BOUND8, RAWQ, RAW100, RAW1, NW };
 
 static const workload W[NW] = {
     {"append100", "durable append, 16 threads x batch 100", ">= 1.0"},
@@ -738,6 +806,9 @@ static const workload W[NW] = {
     {"produce8", "durable consume + produce one, 8 workers", ">= 1.0"},
     {"memconsume1", "in-memory consume + ack, 1 worker", ">= 1.0"},
     {"bound8", "bound: in-memory engine / durable Redis, 8", "(consume8's ceiling)"},
+    {"rawqueue", "bound: raw SQLite queue / durable Redis, 8", "(consume8's ceiling)"},
+    {"rawsqlite100", "bound: raw SQLite 1,600 rows a commit / 16x100", "(append100's ceiling)"},
+    {"rawsqlite1", "bound: raw SQLite 16 rows a commit / 16x1", "(append1's ceiling)"},
 };
 
 static void run_side(int w, int redis, double *rate) {
@@ -757,6 +828,11 @@ static void run_side(int w, int redis, double *rate) {
     /* consume8 with nothing stored on our side: what the engine would do
      * if durable storage cost nothing, against the same durable Redis */
     case BOUND8: *rate = redis ? redis_consume(1, n8, 8, 0) : es_consume(0, n8, 8, 0); break;
+    /* the durable rows' Redis side against plain SQLite (raw_queue_consume,
+     * raw_sqlite_append) */
+    case RAWQ: *rate = redis ? redis_consume(1, n8, 8, 0) : raw_queue_consume(n8); break;
+    case RAW100: *rate = redis ? redis_append(1, 16, 100, secs) : raw_sqlite_append(1600, secs); break;
+    case RAW1: *rate = redis ? redis_append(1, 16, 1, secs) : raw_sqlite_append(16, secs); break;
   }
 }
 
