@@ -121,6 +121,11 @@ describe("eventstore binary", function()
     it("--help wins over missing or bad arguments", function()
       assert.truthy(ok(es({ "revive", "--help" })):match("^usage: eventstore revive SESSION INDEX"))
       assert.truthy(ok(es({ "read", "--after", "x", "--help" })):match("^usage: eventstore read"))
+      -- over unknown options and options without their value too, in any order
+      assert.truthy(ok(es({ "read", "--help", "--bogus" })):match("^usage: eventstore read"))
+      assert.truthy(ok(es({ "append", "--bogus", "-h" })):match("^usage: eventstore append"))
+      assert.truthy(ok(es({ "read", "s", "--after", "--help" })):match("^usage: eventstore read"))
+      assert.is_false(exists(db_path()))
     end)
 
     it("--version prints the version", function()
@@ -198,12 +203,26 @@ describe("eventstore binary", function()
     it("an option without its value is a usage error", function()
       fails(es({ "read", "s", "--after" }), 2, "read: option --after needs a value")
       fails(es({ "--db" }), 2, "option --db needs a value")
+      -- only an argument that does not look like an option is a value
+      fails(es({ "read", "s", "--limit", "--db", "memory:" }), 2, "read: option --limit needs a value")
+    end)
+
+    it("a missing subcommand is named", function()
+      fails(es({ "projection" }), 2, "projection: missing argument SUBCOMMAND")
     end)
 
     it("a write error on stdout is an error, not a silent exit 0", function()
       local _, _, code = os.execute(("cd %s && %s --help >/dev/full 2>.err"):format(sh_quote(work), sh_quote(BIN)))
       assert.are.equal(1, code)
       assert.truthy(read_file(work .. "/.err"):match("^eventstore: cannot write to stdout: "))
+      -- an export, whose own writes and flush were not checked
+      ok(es({ "append", "s", "t" }))
+      _, _, code = os.execute(("cd %s && %s export >/dev/full 2>.err"):format(sh_quote(work), sh_quote(BIN)))
+      assert.are.equal(1, code)
+      assert.truthy(read_file(work .. "/.err"):match("^eventstore: cannot write the export to stdout: "))
+      local r = es({ "export", "--out", "/dev/full" })
+      assert.are.equal(1, r.code)
+      assert.truthy(r.err:match("^eventstore: cannot write the export to /dev/full: [^\n]*\n$"), r.err) -- one line
     end)
 
     it("a flag given a value is a usage error", function()
@@ -261,6 +280,10 @@ describe("eventstore binary", function()
       fails(es({ "append", "s" }, '{"type":"u"}\n{"type":"u","revision":1.5}\n'), 1,
         'stdin line 2: "revision" must be a whole number')
       fails(es({ "append", "s" }, '{"type":"u","meta":"x"}\n'), 1, 'stdin line 1: "meta" must be a JSON object')
+      -- over 8 KiB (§3.1): a usage error for the option, the line named for stdin
+      local big = '{"x":"' .. ("a"):rep(9000) .. '"}'
+      fails(es({ "append", "s", "t", "--meta", big }), 2, "append: --meta is over 8192 bytes of JSON")
+      fails(es({ "append", "s" }, '{"type":"u","meta":' .. big .. '}\n'), 1, 'stdin line 1: "meta" is over 8192 bytes')
       local store = open_db()
       assert.are.equal(3, store:head("s"))
       store:close()

@@ -78,6 +78,22 @@ for _, url in ipairs(helpers.urls()) do
         assert.equal(3, lines[#lines].summary.identical)
       end)
 
+      -- A report that cannot be written is an error (exit 2): 1 means
+      -- only "not identical", and 0 must not hide a lost report.
+      it("exits 2 when the report cannot be written, to stdout or to --out", function()
+        local t = setup()
+        for _, format in ipairs({ "text", "ndjson", "html" }) do
+          local _, _, code = os.execute(("cd %s && %s replay --db %s --scripts %s --format %s >/dev/full 2>.err")
+            :format(helpers.sh_quote(t.work), helpers.sh_quote(ch.BIN), helpers.sh_quote(t.db),
+              helpers.sh_quote(t.live), format))
+          assert.equal(2, code, format)
+          assert.truthy(read_all(t.work .. "/.err"):match("^eventstore: replay: cannot write the report: "), format)
+        end
+        local r = ch.run(t.work, { "replay", "--db", t.db, "--scripts", t.live, "--out", "/dev/full" })
+        assert.equal(2, r.code, r.err)
+        assert.truthy(r.err:match("^eventstore: replay: cannot write"), r.err)
+      end)
+
       it("writes one self-contained HTML page with the summary and the divergence", function()
         local t = setup()
         local file = t.work .. "/report.html"

@@ -80,6 +80,16 @@ describe("eventstore export / import", function()
       "INVALID_ARGUMENT: import:")
     local s <close> = eventstore.open("sqlite:" .. dir .. "/cut.db")
     assert.equal(0, #s:sessions({}).sessions)
+    -- an input that is no export at all is refused before the target is
+    -- opened: no file is left behind (docs/cli.md "A failed command writes nothing")
+    ch.fails_one_line(ch.run(dir, { "import", "--db", "sqlite:empty.db" }, ""), 1, "import: the stream is empty")
+    ch.fails_one_line(ch.run(dir, { "import", "--db", "sqlite:junk.db" }, "garbage\n"), 1,
+      "import: line 1: not an eventstore export")
+    ch.fails_one_line(ch.run(dir, { "import", "--db", "sqlite:nofile.db", "--in", "nowhere.ndjson" }), 1,
+      "cannot read --in nowhere.ndjson")
+    for _, name in ipairs({ "empty.db", "junk.db", "nofile.db" }) do
+      assert.is_nil(io.open(dir .. "/" .. name), name .. " was made")
+    end
   end)
 
   it("an import killed with -9 halfway and rerun ends with the same store, archived segments too", function()

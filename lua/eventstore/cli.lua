@@ -1060,6 +1060,10 @@ end
 -- ("fork FROM AT TO [--db URL]": FROM, AT, TO; up to a "|").
 local function arg_names(def)
   local names = {}
+  -- "projection list | state NAME KEY | ...": the first argument is a
+  -- subcommand, named so when it is missing
+  local second = def.synopsis:match("^%S+%s+(%S+)")
+  if second and second:match("^[a-z]") then names[1] = "SUBCOMMAND" end
   for word in def.synopsis:gmatch("%S+") do
     if word == "|" then break end
     local n = word:gsub("[%[%]]", "")
@@ -1074,6 +1078,12 @@ local function parse(def, argv, i)
   local name = def.name
   local o, args = {}, {}
   local only_args = false
+  -- The first usage error met among the options, raised after them unless
+  -- --help came too (docs/cli.md: it wins over any other argument).
+  local bad
+  local function later(fmt, ...)
+    if not bad then bad = table.pack(fmt, ...) end
+  end
   while i <= #argv do
     local a = argv[i]
     if only_args or not looks_like_option(a) then
@@ -1089,23 +1099,25 @@ local function parse(def, argv, i)
       key = key or a:match("^%-%-(.+)$")
       local kind = key and (def.options[key] or (def.options.db and STORE_OPTIONS[key]))
       if kind == nil then
-        usage_error(name, true, "%s: unknown option '%s'", name, a)
-      end
-      if kind == "flag" then
-        if value ~= nil then usage_error(name, true, "%s: option --%s takes no value", name, key) end
+        later("%s: unknown option '%s'", name, a)
+      elseif kind == "flag" then
+        if value ~= nil then later("%s: option --%s takes no value", name, key) end
         o[key] = true
       else
-        if value == nil then
+        -- only an argument that does not look like an option is a value:
+        -- `--after --help` is --after without one, and help
+        if value == nil and argv[i + 1] ~= nil and not looks_like_option(argv[i + 1]) then
           i = i + 1
           value = argv[i]
-          if value == nil then usage_error(name, true, "%s: option --%s needs a value", name, key) end
         end
+        if value == nil then later("%s: option --%s needs a value", name, key) end
         o[key] = value -- numbers are checked below, so --help still wins
       end
     end
     i = i + 1
   end
   if o.help then return o, args end
+  if bad then usage_error(name, true, table.unpack(bad, 1, bad.n)) end
   for key, kind in pairs(def.options) do
     if type(kind) == "table" and o[key] ~= nil then
       o[key] = parse_int(name, "--" .. key, o[key], kind.int, kind.max)
@@ -1359,6 +1371,10 @@ end
 
 local LINE_FIELDS = { type = true, payload = true, id = true, lane = true, key = true, revision = true, meta = true }
 local MAX_REVISION = 2147483647
+-- §3.1: an event's meta is at most 8 KiB of canonical JSON (the store's
+-- rule, docs/limits.md), checked here too so that --meta is a usage error
+-- and a line's names its line, before the store is opened.
+local MAX_META_BYTES = 8192
 
 -- Whether v is a decoded JSON object (a table without the array mark).
 local function is_object(v)
@@ -1387,6 +1403,9 @@ local function parse_line(n, text)
   if v.meta == json.null then v.meta = nil end
   if v.meta ~= nil and not is_object(v.meta) then
     fail("stdin line %d: \"meta\" must be a JSON object", n)
+  end
+  if v.meta ~= nil and #json.encode(v.meta) > MAX_META_BYTES then
+    fail("stdin line %d: \"meta\" is over %d bytes of JSON", n, MAX_META_BYTES)
   end
   if type(v.type) ~= "string" or v.type == "" then
     fail("stdin line %d: \"type\" must be a non-empty string", n)
@@ -1421,6 +1440,9 @@ function commands.append.check(o, args)
     local ok, v = pcall(json.decode, o.meta)
     if not ok or not is_object(v) then
       usage_error("append", false, "append: --meta expects a JSON object, got '%s'", o.meta)
+    end
+    if #json.encode(v) > MAX_META_BYTES then
+      usage_error("append", false, "append: --meta is over %d bytes of JSON", MAX_META_BYTES)
     end
     o.meta = v
   end
@@ -1721,7 +1743,7 @@ function commands.replay.run(o)
       io.stderr:write(("%s: replay: cannot write --out %s: %s\n"):format(PROG, o.out, tostring(err)))
       return 2
     end
-    sink, close_sink = f, function() f:close() end
+    sink, close_sink = f, function() return f:close() end
   end
   local function write(line)
     local ok, err = sink:write(line, "\n")
@@ -1764,15 +1786,26 @@ function commands.replay.run(o)
     return 2
   end
   local m = report.summary
-  if html then
-    html.finish(m)
-  elseif ndjson then
-    write(json.encode({ summary = m }))
-  else
-    write(("replayed %d, identical %d, diverged %d, failed %d (%.1f sessions/s)"):format(m.replayed,
-      m.identical, m.diverged, m.failed, m.rate))
+  -- The report is the answer: one that cannot be written (a full disk) is
+  -- an error, exit 2, so that 1 still means only "not identical".
+  local wrote, werr = pcall(function()
+    if html then
+      html.finish(m)
+    elseif ndjson then
+      write(json.encode({ summary = m }))
+    else
+      write(("replayed %d, identical %d, diverged %d, failed %d (%.1f sessions/s)"):format(m.replayed,
+        m.identical, m.diverged, m.failed, m.rate))
+    end
+    local ok, err = sink:flush()
+    if not ok then fail("cannot write the report: %s", tostring(err)) end
+  end)
+  local closed, cerr = close_sink()
+  if not wrote or (o.out and not closed) then
+    io.stderr:write(("%s: replay: %s\n"):format(PROG, printable(tostring(wrote and
+      ("cannot write --out %s: %s"):format(o.out, tostring(cerr)) or werr))))
+    return 2
   end
-  close_sink()
   return (m.diverged > 0 or m.failed > 0) and 1 or 0
 end
 
@@ -2071,24 +2104,57 @@ local move = require("eventstore.move")
 
 function commands.export.run(o)
   local store <close> = open_store(o, false)
-  local f = io.stdout
-  if o.out then f = assert(io.open(o.out, "wb")) end
+  local f, where = io.stdout, "stdout"
+  if o.out then
+    local err
+    f, err = io.open(o.out, "wb")
+    if not f then fail("cannot write --out %s: %s", o.out, tostring(err)) end
+    where = o.out
+  end
   local lines = {}
   store:export(function(line) lines[#lines + 1] = line end, { sessions = o.sessions })
-  for i = 1, #lines do f:write(lines[i], "\n") end
-  if o.out then assert(f:close()) else f:flush() end
+  -- A full disk must not pass for an export: every write, and the flush or
+  -- close that writes the rest, is checked.
+  local ok, err = true, nil
+  for i = 1, #lines do
+    ok, err = f:write(lines[i], "\n")
+    if not ok then break end
+  end
+  if ok then
+    if o.out then ok, err = f:close() else ok, err = f:flush() end
+  elseif o.out then
+    f:close()
+  end
+  if not ok then fail("cannot write the export to %s: %s", where, tostring(err)) end
   return 0
 end
 
 function commands.import.run(o)
-  local store <close> = open_store(o, true)
+  -- The input first, then the store: a command that fails writes nothing,
+  -- and opening a sqlite: target makes its file (docs/cli.md).
   local f = io.stdin
   if o["in"] then
     local err
     f, err = io.open(o["in"], "rb")
     if not f then fail("cannot read --in %s: %s", o["in"], err) end
   end
-  local r = eventstore.import(store, f:lines())
+  local next_line = f:lines()
+  local header = next_line()
+  if header == nil then fail("import: the stream is empty") end
+  local ok, h = pcall(json.decode, header)
+  if not ok or type(h) ~= "table" or math.type(h.eventstore_export) ~= "integer"
+      or math.type(h.position) ~= "integer" or h.backend == nil then
+    fail("import: line 1: not an eventstore export (the first line is its header)")
+  end
+  local store <close> = open_store(o, true)
+  local first = true
+  local r = eventstore.import(store, function()
+    if first then
+      first = false
+      return header
+    end
+    return next_line()
+  end)
   if o["in"] then f:close() end
   out(row_json({ imported = not r.already, sessions = r.sessions, events = r.events, position = r.position }))
   return 0
