@@ -30,6 +30,14 @@ local function setup(url, policy, opts)
   return t
 end
 
+-- Whole "tmp/" sessions go a second after their newest event; "t/"
+-- sessions keep their newest event (the specs of a session the sweep
+-- must age or cannot plan, beside one it applies as usual).
+local TMP_DELETE_T_TRUNCATE = [[return {
+  { sessions = "tmp/", max_age_ms = 1000, action = "delete" },
+  { sessions = "t/", keep_last = 1, action = "truncate" },
+}]]
+
 local function first_index(store, session)
   local row = row_of(store, session)
   return row and row.first_index
@@ -150,10 +158,7 @@ for _, url in ipairs(helpers.urls_and_shards()) do
     -- the session's last write stands in for it. That session must not
     -- stop the sweep: the other sessions' actions are planned and applied.
     it("delete takes a fully truncated session by its last write, and the other actions still apply", function()
-      local t = setup(url, [[return {
-        { sessions = "tmp/", max_age_ms = 1000, action = "delete" },
-        { sessions = "t/", keep_last = 1, action = "truncate" },
-      }]])
+      local t = setup(url, TMP_DELETE_T_TRUNCATE)
       settled(t.store, "tmp/gone", 2)
       settled(t.store, "t/keep", 3)
       assert.equal(3, t.store:truncate("tmp/gone", 2)) -- every event truncated
@@ -192,10 +197,7 @@ for _, url in ipairs(helpers.urls_and_shards()) do
           "UPDATE events SET payload = '{not json' WHERE session = 'tmp/bad'")
         store = helpers.open_same(concrete, { clock = clock })
         local t = { store = store, clock = clock, dir = dir }
-        rules(t, [[return {
-          { sessions = "tmp/", max_age_ms = 1000, action = "delete" },
-          { sessions = "t/", keep_last = 1, action = "truncate" },
-        }]])
+        rules(t, TMP_DELETE_T_TRUNCATE)
         local engine = eh.engine({ store = store, scripts = dir })
         clock:advance(1001)
         local actions = engine:retain()

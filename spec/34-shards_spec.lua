@@ -198,15 +198,27 @@ describe("sharded store over " .. kind.name, function()
     end
   end)
 
-  it("makes tenant views of a sharded store that see only their own tenant (a view over the router)", function()
-    local SEP = "\31"
-    local shards = plan_of(3)
+  -- A sharded store over n shards with tenants acme and globex, m sessions
+  -- "w-i" each (one event, type "a" or "b", payload i); and the set of
+  -- shards acme's sessions landed on.
+  local function two_tenants(n, m)
+    local shards = plan_of(n)
     local s = open(shards)
     local A, B = s:tenant("acme"), s:tenant("globex")
-    for i = 1, 12 do
+    for i = 1, m do
       A:append("w-" .. i, { { type = "a", payload = i } })
       B:append("w-" .. i, { { type = "b", payload = i } })
     end
+    local used = {}
+    for session, shard in pairs(where(shards)) do
+      if session:find("acme\31", 1, true) == 1 then used[shard] = true end
+    end
+    return s, A, B, used
+  end
+
+  it("makes tenant views of a sharded store that see only their own tenant (a view over the router)", function()
+    local SEP = "\31"
+    local s, A, B, used = two_tenants(3, 12)
     local function names(h)
       local out, cursor = {}, nil
       repeat
@@ -220,10 +232,6 @@ describe("sharded store over " .. kind.name, function()
     assert.are.equal(12, #an)
     for _, n in ipairs(an) do assert.is_nil(n:find(SEP, 1, true), n) end
     assert.are.equal(24, #names(s))
-    local used = {}
-    for session, shard in pairs(where(shards)) do
-      if session:find("acme" .. SEP, 1, true) == 1 then used[shard] = true end
-    end
     assert.is_true(count(used) > 1, "the tenant's sessions spread over the shards")
     -- cross-session calls see the tenant's own sessions only
     assert.are.same({ a = 12 }, A:pending_types())
@@ -264,18 +272,7 @@ describe("sharded store over " .. kind.name, function()
   -- read_all goes by cursors too (docs/sharding.md), and a client pages
   -- it exactly as it pages the store's.
   it("pages a tenant view's read_all with cursors: its own events once each, sessions unprefixed", function()
-    local SEP = "\31"
-    local shards = plan_of(2)
-    local s = open(shards)
-    local A, B = s:tenant("acme"), s:tenant("globex")
-    for i = 1, 6 do
-      A:append("w-" .. i, { { type = "a", payload = i } })
-      B:append("w-" .. i, { { type = "b", payload = i } })
-    end
-    local used = {}
-    for session, shard in pairs(where(shards)) do
-      if session:find("acme" .. SEP, 1, true) == 1 then used[shard] = true end
-    end
+    local _, A, _, used = two_tenants(2, 6)
     assert.are.equal(2, count(used), "the tenant's sessions on both shards")
     local page = A:read_all({ limit = 2 })
     assert.are.equal(2, #page)

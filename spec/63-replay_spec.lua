@@ -71,11 +71,12 @@ for _, url in ipairs(helpers.urls()) do
       return store, clock, dir, engine
     end
 
-    local function status_of(store, dir)
+    -- The one session of store replays identical through dir's scripts.
+    local function replays_identical(store, dir)
       local report = eventstore.replay({ store = store, scripts = dir, engine = ENGINE })
       assert.equal(1, #report.sessions)
       local s = report.sessions[1]
-      return s.status, s
+      assert.equal("identical", s.status, s.divergence and eventstore.json.encode(s.divergence))
     end
 
     -- docs/replay.md "The virtual clock": a timer due at the very
@@ -92,8 +93,7 @@ for _, url in ipairs(helpers.urls()) do
       engine:run({ until_idle = true }) -- the timer fires at T0 + 1000
       engine:append("s", { { type = "note" } }) -- an input at the same ms
       assert.same({ "a", "tick", "ticked", "note" }, helpers.pluck(store:read("s"), "type"))
-      local status, s = status_of(store, dir)
-      assert.equal("identical", status, s.divergence and eventstore.json.encode(s.divergence))
+      replays_identical(store, dir)
     end)
 
     -- docs/replay.md "Inputs that never ran live stay unrun": appended
@@ -106,8 +106,7 @@ for _, url in ipairs(helpers.urls()) do
       engine:append("s", { { type = "job" } })
       engine:run({ until_idle = true })
       assert.same({ "job", "job", "done" }, helpers.pluck(store:read("s"), "type"))
-      local status, s = status_of(store, dir)
-      assert.equal("identical", status, s.divergence and eventstore.json.encode(s.divergence))
+      replays_identical(store, dir)
     end)
 
     -- The same: a timer cancelled from outside (store:cancel) before it
@@ -125,8 +124,7 @@ for _, url in ipairs(helpers.urls()) do
       local events = store:read("s")
       assert.same({ "job" }, helpers.pluck(events, "type"))
       assert.equal("paid", events[1].cancelled)
-      local status, s = status_of(store, dir)
-      assert.equal("identical", status, s.divergence and eventstore.json.encode(s.divergence))
+      replays_identical(store, dir)
     end)
 
     it("reports the same with the scratch engine's runs on threads as inline (docs/engine.md)", function()
